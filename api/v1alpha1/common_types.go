@@ -1,0 +1,56 @@
+package v1alpha1
+
+// EngineName names one transfer engine. The composite engine tries them in this order for every
+// (source, destination) pair: xgmi, fabric, rdma, tcp.
+// +kubebuilder:validation:Enum=xgmi;fabric;rdma;tcp
+type EngineName string
+
+const (
+	EngineXGMI   EngineName = "xgmi"
+	EngineFabric EngineName = "fabric"
+	EngineRDMA   EngineName = "rdma"
+	EngineTCP    EngineName = "tcp"
+)
+
+// AllEngines lists every engine in the composite's order.
+var AllEngines = []EngineName{EngineXGMI, EngineFabric, EngineRDMA, EngineTCP}
+
+// FabricKind names a scale-up fabric whose domains span nodes.
+// +kubebuilder:validation:Enum=ualink;nvlink
+type FabricKind string
+
+const (
+	FabricUALink FabricKind = "ualink"
+	FabricNVLink FabricKind = "nvlink"
+)
+
+// Condition types and reasons shared by the kinds of this package.
+const (
+	ConditionReady       = "Ready"
+	ConditionProgressing = "Progressing"
+	ConditionDegraded    = "Degraded"
+
+	ReasonAllNodesReady     = "AllNodesReady"
+	ReasonNodesNotReady     = "NodesNotReady"
+	ReasonNoMatchingNodes   = "NoMatchingNodes"
+	ReasonConflict          = "Conflict"
+	ReasonReconcileError    = "ReconcileError"
+	ReasonAgentsRolledOut   = "AgentsRolledOut"
+	ReasonWaitingForReports = "WaitingForReports"
+	ReasonAsExpected        = "AsExpected"
+	ReasonMembersMissing    = "MembersMissing"
+	ReasonMembersComplete   = "MembersComplete"
+	ReasonNoMembers         = "NoMembers"
+)
+
+// Labels and annotations the operator and agents set.
+const (
+	// LabelPoolName and LabelPoolNamespace mark objects that belong to one TransferPool.
+	LabelPoolName      = "fabricxfer.io/pool"
+	LabelPoolNamespace = "fabricxfer.io/pool-namespace"
+	// LabelDiscovered marks a VPodTopology the operator created from reports; one without it was declared by
+	// an admin and is never deleted by the operator.
+	LabelDiscovered = "fabricxfer.io/discovered"
+	// LabelFabricKind carries a VPodTopology's fabric kind for cheap selection.
+	LabelFabricKind = "fabricxfer.io/fabric-kind"
+)

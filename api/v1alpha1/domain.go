@@ -1,0 +1,40 @@
+package v1alpha1
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+)
+
+// DomainObjectName derives a VPodTopology name from a domain key. Keys hold ':', '/' and '.', which names may
+// not, so the readable part is sanitised and a short hash of the whole key keeps distinct keys distinct.
+func DomainObjectName(key string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(key) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	readable := strings.Trim(b.String(), "-")
+	if len(readable) > 50 {
+		readable = strings.Trim(readable[:50], "-")
+	}
+	sum := sha256.Sum256([]byte(key))
+	return fmt.Sprintf("%s-%s", readable, hex.EncodeToString(sum[:])[:8])
+}
+
+// DomainKind returns the fabric kind a domain key names, or an error for a key of no known kind.
+func DomainKind(key string) (FabricKind, error) {
+	kind, _, ok := strings.Cut(key, ":")
+	switch FabricKind(kind) {
+	case FabricUALink, FabricNVLink:
+		if ok {
+			return FabricKind(kind), nil
+		}
+	}
+	return "", fmt.Errorf("domain key %q: want ualink:<ppod>/<vpod> or nvlink:<clusterUUID>.<cliqueId>", key)
+}
