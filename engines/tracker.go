@@ -1,0 +1,192 @@
+package engines
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Tracker is the Transfer that Registry.Begin returns. Engines run each Work and report it with Finish; the
+// tracker enforces the deadline, turns context endings into ErrDeadline/ErrCancelled/ErrDeregistered, unpins
+// regions when the last plan ends, and implements Wait/Done/Cancel/Outcomes.
+type Tracker struct {
+	engine string
+	plans  []Plan
+	start  time.Time
+
+	ctx      context.Context
+	cancelFn context.CancelCauseFunc
+	stopWait func() bool
+
+	mu        sync.Mutex
+	outcomes  []Outcome
+	finished  []bool
+	remaining int
+	armed     bool
+	result    error
+	done      chan struct{}
+
+	finalize func(ctx context.Context, outcomes []Outcome)
+	pinned   []*region
+	release  func()
+}
+
+func newTracker(parent context.Context, engine string, plans []Plan, opts SubmitOptions,
+	finalize func(context.Context, []Outcome)) *Tracker {
+	t := &Tracker{
+		engine:    engine,
+		plans:     plans,
+		start:     time.Now(),
+		outcomes:  make([]Outcome, len(plans)),
+		finished:  make([]bool, len(plans)),
+		remaining: len(plans),
+		done:      make(chan struct{}),
+		finalize:  finalize,
+	}
+	// The earlier of the context's deadline and now+Timeout; DefaultTimeout when neither is set.
+	parentDeadline, hasParent := parent.Deadline()
+	var deadline time.Time
+	switch {
+	case opts.Timeout > 0:
+		deadline = t.start.Add(opts.Timeout)
+		if hasParent && parentDeadline.Before(deadline) {
+			deadline = parentDeadline
+		}
+	case hasParent:
+		deadline = parentDeadline
+	default:
+		deadline = t.start.Add(DefaultTimeout)
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	t.ctx, t.cancelFn = ctx, cancel
+	timer := time.AfterFunc(time.Until(deadline), func() { cancel(errDeadline) })
+	t.stopWait = timer.Stop
+	return t
+}
+
+// Context is cancelled when the transfer must stop: Cancel, deadline, deregistration of one of its regions,
+// engine Close, or the submitter's context ending. Engines watch it.
+func (t *Tracker) Context() context.Context { return t.ctx }
+
+// Deadline returns the transfer's deadline.
+func (t *Tracker) Deadline() time.Time {
+	d, _ := t.ctx.Deadline()
+	return d
+}
+
+func (t *Tracker) cancel(cause error) { t.cancelFn(cause) }
+
+// Cancel implements Transfer.
+func (t *Tracker) Cancel() { t.cancelFn(errCancelled) }
+
+// Done implements Transfer.
+func (t *Tracker) Done() <-chan struct{} { return t.done }
+
+// StopCause returns the typed reason the transfer's context ended (nil while it is live).
+func (t *Tracker) StopCause() error {
+	if t.ctx.Err() == nil {
+		return nil
+	}
+	return stopCause(t.ctx)
+}
+
+func stopCause(ctx context.Context) error {
+	cause := context.Cause(ctx)
+	switch {
+	case cause == nil:
+		return nil
+	case errors.Is(cause, ErrDeadline), errors.Is(cause, ErrCancelled), errors.Is(cause, ErrDeregistered),
+		errors.Is(cause, ErrClosed):
+		return cause
+	case errors.Is(cause, context.DeadlineExceeded):
+		return errDeadline
+	case errors.Is(cause, context.Canceled):
+		return errCancelled
+	}
+	return fmt.Errorf("%w: %w", ErrCancelled, cause)
+}
+
+// Finish records plan i's outcome (nil = success). Later calls for the same plan are ignored. An error that
+// is only the context ending is replaced by the typed reason it ended.
+func (t *Tracker) Finish(i int, err error) {
+	if err != nil && t.ctx.Err() != nil &&
+		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		err = stopCause(t.ctx)
+	}
+	t.mu.Lock()
+	if i < 0 || i >= len(t.finished) || t.finished[i] {
+		t.mu.Unlock()
+		return
+	}
+	t.finished[i] = true
+	t.outcomes[i] = Outcome{Err: err, Elapsed: time.Since(t.start)}
+	t.remaining--
+	complete := t.armed && t.remaining == 0
+	t.mu.Unlock()
+	if complete {
+		t.complete()
+	}
+}
+
+// arm allows completion; Begin calls it once every refused plan is recorded.
+func (t *Tracker) arm() {
+	t.mu.Lock()
+	t.armed = true
+	complete := t.remaining == 0
+	t.mu.Unlock()
+	if complete {
+		t.complete()
+	}
+}
+
+func (t *Tracker) complete() {
+	if t.finalize != nil {
+		t.finalize(t.ctx, t.outcomes)
+	}
+	t.stopWait()
+	var failures []Failure
+	for i, o := range t.outcomes {
+		if o.Err != nil {
+			p := &t.plans[i]
+			failures = append(failures, Failure{Engine: t.engine, Plan: i, Src: p.Src, Dst: p.Dst, Tags: p.Tags, Err: o.Err})
+		}
+	}
+	if len(failures) > 0 {
+		t.result = &TransferError{Failures: failures}
+	}
+	if t.release != nil {
+		t.release()
+	}
+	t.cancelFn(context.Canceled) // releases the context's resources; the outcome is already fixed
+	close(t.done)
+}
+
+// Wait implements Transfer.
+func (t *Tracker) Wait(ctx context.Context) error {
+	select {
+	case <-t.done:
+		return t.result
+	case <-ctx.Done():
+		select {
+		case <-t.done:
+			return t.result
+		default:
+		}
+		return fmt.Errorf("waiting for %s transfer: %w", t.engine, ctx.Err())
+	}
+}
+
+// Outcomes implements Transfer; nil until Done is closed.
+func (t *Tracker) Outcomes() []Outcome {
+	select {
+	case <-t.done:
+		return t.outcomes
+	default:
+		return nil
+	}
+}
+
+// Plans returns the plans this tracker follows, in PlanSet order.
+func (t *Tracker) Plans() []Plan { return t.plans }
