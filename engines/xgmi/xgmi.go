@@ -1,0 +1,275 @@
+package xgmi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// Backend copies between two local regions of the kinds it claims. The engine calls Claims only for pairs
+// whose regions both belong to this node.
+type Backend interface {
+	// Name identifies the backend in refusal reasons ("host", "cuda", "hip").
+	Name() string
+	// Claims reports whether the backend copies from src to dst, and why not.
+	Claims(src, dst *engines.MemoryDesc) (bool, string)
+	// Register fills the handles this backend produces for local memory (returns desc unchanged if none).
+	Register(ctx context.Context, desc engines.MemoryDesc) (engines.MemoryDesc, error)
+	// Release drops what Register set up for desc; called once no copy uses the region any more.
+	Release(ctx context.Context, desc *engines.MemoryDesc) error
+	// Copy moves every segment of w.Plan and returns once the bytes have landed. When ctx ends it stops
+	// promptly and returns ctx's error, but never before the hardware has stopped touching the memory.
+	Copy(ctx context.Context, w engines.Work) error
+	// Limits are the backend's planning limits (zero: none).
+	Limits() engines.Limits
+}
+
+// Options configure the engine.
+type Options struct {
+	// Node is this node's name; regions registered here carry it.
+	Node string
+	// Workers is how many plans run at once (default 4).
+	Workers int
+	// Grace bounds how long Deregister and Close wait for cancelled copies (engines.DefaultGrace when zero).
+	Grace time.Duration
+	// CheckDisjoint makes CanHandle ask every backend and refuse a pair that two claim (tests, debugging).
+	CheckDisjoint bool
+}
+
+// Engine is the same-node engine.
+type Engine struct {
+	opts     Options
+	backends []Backend
+	reg      *engines.Registry
+	limits   engines.Limits
+	slots    chan struct{}
+
+	mu     sync.Mutex
+	notify engines.NotifyFunc
+}
+
+var _ engines.Engine = (*Engine)(nil)
+
+// New returns the engine over the given backends, tried in order.
+func New(opts Options, backends ...Backend) (*Engine, error) {
+	if opts.Node == "" {
+		return nil, fmt.Errorf("xgmi engine: %w: node name required", engines.ErrInvalid)
+	}
+	if len(backends) == 0 {
+		return nil, fmt.Errorf("xgmi engine: %w: no backend", engines.ErrInvalid)
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = 4
+	}
+	e := &Engine{opts: opts, backends: backends, reg: engines.NewRegistry(opts.Node, opts.Grace),
+		slots: make(chan struct{}, opts.Workers)}
+	for _, b := range backends {
+		e.limits = tighter(e.limits, b.Limits())
+	}
+	return e, nil
+}
+
+func tighter(a, b engines.Limits) engines.Limits {
+	if b.MaxSegmentBytes > 0 && (a.MaxSegmentBytes == 0 || b.MaxSegmentBytes < a.MaxSegmentBytes) {
+		a.MaxSegmentBytes = b.MaxSegmentBytes
+	}
+	if b.MaxPlanSegments > 0 && (a.MaxPlanSegments == 0 || b.MaxPlanSegments < a.MaxPlanSegments) {
+		a.MaxPlanSegments = b.MaxPlanSegments
+	}
+	return a
+}
+
+// Name implements engines.Engine.
+func (e *Engine) Name() string { return engines.EngineXGMI }
+
+// Register implements engines.Engine: every backend fills what it can.
+func (e *Engine) Register(ctx context.Context, desc engines.MemoryDesc) (engines.MemoryDesc, error) {
+	if desc.Node != e.opts.Node {
+		return desc, fmt.Errorf("xgmi: registering %s: %w: memory of node %q on node %q", desc.ID, engines.ErrInvalid, desc.Node, e.opts.Node)
+	}
+	if err := desc.Validate(); err != nil {
+		return desc, fmt.Errorf("xgmi: registering %s: %w", desc.ID, err)
+	}
+	out := desc
+	var done []Backend
+	for _, b := range e.backends {
+		next, err := b.Register(ctx, out)
+		if err != nil {
+			e.release(ctx, done, &out)
+			return desc, fmt.Errorf("xgmi: registering %s with %s backend: %w", desc.ID, b.Name(), err)
+		}
+		out = next
+		done = append(done, b)
+	}
+	if err := e.reg.AddLocal(out); err != nil {
+		e.release(ctx, done, &out)
+		return desc, fmt.Errorf("xgmi: registering %s: %w", desc.ID, err)
+	}
+	return out, nil
+}
+
+func (e *Engine) release(ctx context.Context, bs []Backend, d *engines.MemoryDesc) error {
+	var errs []error
+	for _, b := range bs {
+		if err := b.Release(ctx, d); err != nil {
+			errs = append(errs, fmt.Errorf("%s backend: %w", b.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Import implements engines.Engine. Remote memory is never this engine's, but knowing it lets CanHandle and
+// planning say why instead of "unknown".
+func (e *Engine) Import(_ context.Context, desc engines.MemoryDesc) error {
+	if err := e.reg.AddRemote(desc); err != nil {
+		return fmt.Errorf("xgmi: importing %s: %w", desc.ID, err)
+	}
+	return nil
+}
+
+// Deregister implements engines.Engine.
+func (e *Engine) Deregister(ctx context.Context, id engines.MemoryID) error {
+	d, local, err := e.reg.Lookup(id)
+	if err != nil {
+		return fmt.Errorf("xgmi: deregistering: %w", err)
+	}
+	if err := e.reg.Remove(ctx, id); err != nil {
+		return fmt.Errorf("xgmi: %w", err)
+	}
+	if local {
+		// The copy that might have used backend state is over; release with a fresh bound.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := e.release(rctx, e.backends, d); err != nil {
+			return fmt.Errorf("xgmi: deregistered %s, releasing backend state: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// CanHandle implements engines.Engine: both regions on this node, and a backend that claims them.
+func (e *Engine) CanHandle(src, dst *engines.MemoryDesc) (bool, string) {
+	if src.Node != e.opts.Node || dst.Node != e.opts.Node {
+		return false, fmt.Sprintf("not both on this node (%s on %s, %s on %s)", src.ID, src.Node, dst.ID, dst.Node)
+	}
+	b, reason := e.backendFor(src, dst)
+	return b != nil, reason
+}
+
+func (e *Engine) backendFor(src, dst *engines.MemoryDesc) (Backend, string) {
+	var chosen Backend
+	var reasons []string
+	for _, b := range e.backends {
+		ok, why := b.Claims(src, dst)
+		if !ok {
+			reasons = append(reasons, b.Name()+": "+why)
+			continue
+		}
+		if chosen == nil {
+			chosen = b
+			if !e.opts.CheckDisjoint {
+				break
+			}
+			continue
+		}
+		return nil, fmt.Sprintf("backends %s and %s both claim the pair (they must be disjoint)", chosen.Name(), b.Name())
+	}
+	if chosen == nil {
+		return nil, "no backend claims the pair (" + strings.Join(reasons, "; ") + ")"
+	}
+	return chosen, ""
+}
+
+// NewPlan implements engines.Engine.
+func (e *Engine) NewPlan() engines.PlanBuilder {
+	return engines.NewPlanner(e.Name(), e.reg, e.limits, e.CanHandle)
+}
+
+// SetNotifyHandler implements engines.Engine.
+func (e *Engine) SetNotifyHandler(fn engines.NotifyFunc) {
+	e.mu.Lock()
+	e.notify = fn
+	e.mu.Unlock()
+}
+
+// Submit implements engines.Engine.
+func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.SubmitOptions) (engines.Transfer, error) {
+	var finalize func(context.Context, []engines.Outcome)
+	if opts.Notify != nil {
+		payload := append([]byte(nil), opts.Notify...)
+		finalize = func(_ context.Context, outcomes []engines.Outcome) {
+			e.deliver(ps.Plans, outcomes, payload)
+		}
+	}
+	t, work, err := e.reg.Begin(ctx, e.Name(), ps, opts, finalize)
+	if err != nil {
+		return nil, fmt.Errorf("xgmi: %w", err)
+	}
+	if len(work) > 0 {
+		go e.run(t, work)
+	}
+	return t, nil
+}
+
+// deliver hands the notification to this node's handler: every destination of this engine is local.
+func (e *Engine) deliver(plans []engines.Plan, outcomes []engines.Outcome, payload []byte) {
+	if !engines.AllSucceeded(outcomes) || len(plans) == 0 {
+		return
+	}
+	e.mu.Lock()
+	fn := e.notify
+	e.mu.Unlock()
+	if fn == nil {
+		return
+	}
+	ptrs := make([]*engines.Plan, len(plans))
+	for i := range plans {
+		ptrs[i] = &plans[i]
+	}
+	fn(engines.BuildNotification(e.opts.Node, ptrs, payload))
+}
+
+func (e *Engine) run(t *engines.Tracker, work []engines.Work) {
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	for _, w := range work {
+		select {
+		case e.slots <- struct{}{}:
+		case <-ctx.Done():
+			t.Finish(w.Index, ctx.Err())
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-e.slots; wg.Done() }()
+			b, reason := e.backendFor(w.Src, w.Dst)
+			if b == nil {
+				t.Finish(w.Index, fmt.Errorf("xgmi: %w: %s", engines.ErrUnplannable, reason))
+				return
+			}
+			if err := ctx.Err(); err != nil {
+				t.Finish(w.Index, err)
+				return
+			}
+			if err := b.Copy(ctx, w); err != nil {
+				t.Finish(w.Index, fmt.Errorf("xgmi %s copy %s -> %s: %w", b.Name(), w.Plan.Src, w.Plan.Dst, err))
+				return
+			}
+			t.Finish(w.Index, nil)
+		}()
+	}
+	wg.Wait()
+}
+
+// Close implements engines.Engine.
+func (e *Engine) Close() error {
+	if err := e.reg.Close(); err != nil {
+		return fmt.Errorf("xgmi: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+package xgmi_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/enginetest"
+	"github.com/fabricxfer/fabricxfer/engines/xgmi"
+)
+
+// gatedHost is the host backend with a gate in front of its copies, so the suite can hold a transfer in flight.
+type gatedHost struct {
+	*xgmi.HostBackend
+	mu   sync.Mutex
+	gate chan struct{}
+}
+
+func (g *gatedHost) Copy(ctx context.Context, w engines.Work) error {
+	g.mu.Lock()
+	gate := g.gate
+	g.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return g.HostBackend.Copy(ctx, w)
+}
+
+func (g *gatedHost) close(t testing.TB) func() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ch := make(chan struct{})
+	g.gate = ch
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			g.gate = nil
+			g.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
+func newHostHarness(t *testing.T) (enginetest.Harness, *xgmi.Engine) {
+	backend := &gatedHost{HostBackend: xgmi.NewHostBackend()}
+	eng, err := xgmi.New(xgmi.Options{Node: "node-a", CheckDisjoint: true}, backend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	var next atomic.Uint64
+	return enginetest.Harness{
+		Engine:     eng,
+		Directions: []engines.Direction{engines.DirLocal},
+		NewPair: func(t testing.TB, _ engines.Direction, size uint64) enginetest.Pair {
+			src, dst := make([]byte, size), make([]byte, size)
+			var ids [2]engines.MemoryID
+			for i, buf := range [][]byte{src, dst} {
+				ids[i] = engines.MemoryID(fmt.Sprintf("node-a/%d", next.Add(1)))
+				d := engines.MemoryDesc{ID: ids[i], Node: "node-a", Location: engines.Location{Kind: engines.LocationHost},
+					Size: size, Handles: engines.Handles{Host: buf}}
+				if _, err := eng.Register(context.Background(), d); err != nil {
+					t.Fatalf("Register: %v", err)
+				}
+			}
+			return enginetest.Pair{Src: ids[0], Dst: ids[1], Size: size,
+				Fill: func(off uint64, b []byte) { copy(src[off:], b) },
+				Read: func(off, n uint64) []byte { return append([]byte(nil), dst[off:off+n]...) },
+			}
+		},
+		Gate:         backend.close,
+		SetDstNotify: func(_ engines.Direction, fn engines.NotifyFunc) { eng.SetNotifyHandler(fn) },
+	}, eng
+}
+
+func TestContract(t *testing.T) {
+	h, _ := newHostHarness(t)
+	enginetest.Run(t, h)
+}
+
+func TestRefusesWhatItCannotMove(t *testing.T) {
+	eng, err := xgmi.New(xgmi.Options{Node: "node-a"}, xgmi.NewHostBackend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	host := engines.MemoryDesc{ID: "node-a/h", Node: "node-a", Location: engines.Location{Kind: engines.LocationHost}, Size: 64,
+		Handles: engines.Handles{Host: make([]byte, 64)}}
+	gpu := engines.MemoryDesc{ID: "node-a/g", Node: "node-a", Size: 64,
+		Location: engines.Location{Kind: engines.LocationGPU, Vendor: engines.VendorAMD, Device: 1}}
+	remote := engines.MemoryDesc{ID: "node-b/h", Node: "node-b", Location: engines.Location{Kind: engines.LocationHost}, Size: 64,
+		Handles: engines.Handles{TCP: "10.0.0.2:7000"}}
+	for _, c := range []struct {
+		src, dst *engines.MemoryDesc
+		want     string
+	}{
+		{&host, &gpu, "node-a/g is gpu memory"},
+		{&host, &remote, "not both on this node"},
+	} {
+		ok, reason := eng.CanHandle(c.src, c.dst)
+		if ok || !strings.Contains(reason, c.want) {
+			t.Errorf("CanHandle(%s, %s) = %v %q, want refusal mentioning %q", c.src.ID, c.dst.ID, ok, reason, c.want)
+		}
+	}
+	if _, err := eng.Register(context.Background(), remote); err == nil {
+		t.Error("Register accepted another node's memory")
+	}
+	bad := host
+	bad.Handles.Host = make([]byte, 10)
+	if _, err := eng.Register(context.Background(), bad); err == nil {
+		t.Error("Register accepted a host view shorter than the region")
+	}
+}
