@@ -1,0 +1,10 @@
+// Package fdpass is the wire format of the agent's fd socket (<socket dir>/<pool>/agent.fd.sock), shared by
+// the agent and its Go client: a caller hands the agent a file descriptor with SCM_RIGHTS and gets a one-time
+// token back to name in a gRPC call, or presents a token and receives the descriptor the agent lends it.
+//
+// One exchange per connection keeps the protocol trivial to speak from any language (Python's
+// socket.send_fds / recv_fds):
+//
+//	PUT\n            + SCM_RIGHTS(1 fd)   ->  OK <token>\n   |  ERR <reason>\n
+//	GET <token>\n                         ->  OK\n + SCM_RIGHTS(1 fd)  |  ERR <reason>\n
+package fdpass

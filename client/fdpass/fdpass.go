@@ -1,0 +1,177 @@
+package fdpass
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// MaxLine bounds one protocol line; a longer one is malformed.
+const MaxLine = 256
+
+// DefaultTimeout bounds one exchange when the context has no deadline.
+const DefaultTimeout = 5 * time.Second
+
+// ErrRefused wraps the reason the agent gave in an ERR line.
+var ErrRefused = errors.New("fd socket refused the request")
+
+// Put hands f to the agent listening on socketPath and returns the token that names it. The caller keeps
+// its own f open (the agent received a duplicate).
+func Put(ctx context.Context, socketPath string, f *os.File) (string, error) {
+	conn, err := dial(ctx, socketPath)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	rights := syscall.UnixRights(int(f.Fd()))
+	if _, _, err := conn.WriteMsgUnix([]byte("PUT\n"), rights, nil); err != nil {
+		return "", fmt.Errorf("sending fd to %s: %w", socketPath, err)
+	}
+	line, _, err := ReadLine(conn, false)
+	if err != nil {
+		return "", fmt.Errorf("reading the token from %s: %w", socketPath, err)
+	}
+	token, err := parseReply(line)
+	if err != nil {
+		return "", err
+	}
+	if token == "" {
+		return "", fmt.Errorf("fd socket %s answered OK without a token", socketPath)
+	}
+	return token, nil
+}
+
+// Get presents token to the agent on socketPath and returns the descriptor it lends.
+func Get(ctx context.Context, socketPath, token string) (*os.File, error) {
+	if token == "" || strings.ContainsAny(token, " \n") {
+		return nil, fmt.Errorf("fd token %q is malformed", token)
+	}
+	conn, err := dial(ctx, socketPath)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("GET " + token + "\n")); err != nil {
+		return nil, fmt.Errorf("asking %s for token: %w", socketPath, err)
+	}
+	line, fds, err := ReadLine(conn, true)
+	if err != nil {
+		return nil, fmt.Errorf("reading the fd from %s: %w", socketPath, err)
+	}
+	if _, err := parseReply(line); err != nil {
+		closeAll(fds)
+		return nil, err
+	}
+	if len(fds) != 1 {
+		closeAll(fds)
+		return nil, fmt.Errorf("fd socket %s sent %d descriptors, want 1", socketPath, len(fds))
+	}
+	return os.NewFile(uintptr(fds[0]), "fabricxfer-lent"), nil
+}
+
+func dial(ctx context.Context, socketPath string) (*net.UnixConn, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", socketPath)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to fd socket %s: %w", socketPath, err)
+	}
+	conn := c.(*net.UnixConn)
+	deadline, _ := ctx.Deadline()
+	_ = conn.SetDeadline(deadline)
+	return conn, nil
+}
+
+func parseReply(line string) (string, error) {
+	switch {
+	case line == "OK":
+		return "", nil
+	case strings.HasPrefix(line, "OK "):
+		return strings.TrimPrefix(line, "OK "), nil
+	case strings.HasPrefix(line, "ERR "):
+		return "", fmt.Errorf("%w: %s", ErrRefused, strings.TrimPrefix(line, "ERR "))
+	default:
+		return "", fmt.Errorf("fd socket sent a malformed reply %q", line)
+	}
+}
+
+// ReadLine reads one newline-terminated line from conn and, when wantFDs is set, the descriptors that came
+// with it. Descriptors that arrive when none are wanted are closed, so a peer cannot leak fds into us.
+func ReadLine(conn *net.UnixConn, wantFDs bool) (string, []int, error) {
+	var (
+		line []byte
+		fds  []int
+		buf  = make([]byte, MaxLine)
+		oob  = make([]byte, syscall.CmsgSpace(4*4))
+	)
+	for {
+		n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
+		if oobn > 0 {
+			got, perr := parseRights(oob[:oobn])
+			if perr != nil {
+				closeAll(fds)
+				return "", nil, perr
+			}
+			fds = append(fds, got...)
+		}
+		if flags&syscall.MSG_CTRUNC != 0 {
+			closeAll(fds)
+			return "", nil, errors.New("too many descriptors in one message")
+		}
+		line = append(line, buf[:n]...)
+		if i := bytes.IndexByte(line, '\n'); i >= 0 {
+			if !wantFDs {
+				closeAll(fds)
+				fds = nil
+			}
+			return string(line[:i]), fds, nil
+		}
+		if len(line) >= MaxLine {
+			closeAll(fds)
+			return "", nil, fmt.Errorf("line longer than %d bytes", MaxLine)
+		}
+		if err != nil {
+			closeAll(fds)
+			return "", nil, fmt.Errorf("connection ended before a full line: %w", err)
+		}
+		if n == 0 {
+			closeAll(fds)
+			return "", nil, errors.New("connection ended before a full line")
+		}
+	}
+}
+
+func parseRights(oob []byte) ([]int, error) {
+	msgs, err := syscall.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("parsing control message: %w", err)
+	}
+	var fds []int
+	for _, m := range msgs {
+		got, err := syscall.ParseUnixRights(&m)
+		if err != nil {
+			continue // credentials or other control data: not ours to use
+		}
+		fds = append(fds, got...)
+	}
+	return fds, nil
+}
+
+// CloseFDs closes raw descriptors, ignoring errors (used on every refusal path).
+func CloseFDs(fds []int) { closeAll(fds) }
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		_ = syscall.Close(fd)
+	}
+}
