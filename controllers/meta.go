@@ -1,0 +1,5 @@
+package controllers
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+func objectMeta(name string) metav1.ObjectMeta { return metav1.ObjectMeta{Name: name} }

@@ -1,0 +1,182 @@
+package controllers
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+// heartbeatTimeout is how old a TransferNode's heartbeat may be before its node counts as not ready: three
+// periods, so one lost or late write does not flap the pool.
+func heartbeatTimeout(heartbeatSeconds int32) time.Duration {
+	if heartbeatSeconds <= 0 {
+		heartbeatSeconds = 10
+	}
+	return 3 * time.Duration(heartbeatSeconds) * time.Second
+}
+
+// poolHeartbeatTimeout is heartbeatTimeout for a pool's configured period.
+func poolHeartbeatTimeout(pool *fxv1.TransferPool) time.Duration {
+	return heartbeatTimeout(pool.Spec.Agent.HeartbeatSeconds)
+}
+
+// heartbeatFresh reports whether a TransferNode heartbeat is younger than timeout at now.
+func heartbeatFresh(tn *fxv1.TransferNode, now time.Time, timeout time.Duration) bool {
+	hb := tn.Status.LastHeartbeat
+	return hb != nil && now.Sub(hb.Time) < timeout
+}
+
+// selects reports whether a pool's node selector matches a node.
+func selects(pool *fxv1.TransferPool, node *corev1.Node) bool {
+	return labels.SelectorFromSet(pool.Spec.NodeSelector).Matches(labels.Set(node.Labels))
+}
+
+// allowedEngines is the pool's engine list, defaulted.
+func allowedEngines(pool *fxv1.TransferPool) []fxv1.EngineName {
+	if len(pool.Spec.Engines) == 0 {
+		return fxv1.AllEngines
+	}
+	return pool.Spec.Engines
+}
+
+// PoolObservation is what the reconciler read from the API server for one pool.
+type PoolObservation struct {
+	// Nodes are every Node object (the pool's selector is applied here).
+	Nodes []corev1.Node
+	// TransferNodes are every TransferNode, keyed by node name.
+	TransferNodes map[string]*fxv1.TransferNode
+	// OtherPools are every other TransferPool in the cluster.
+	OtherPools []fxv1.TransferPool
+	// ApplyError is set when the owned objects could not be applied.
+	ApplyError error
+	Now        time.Time
+}
+
+// ComputePoolStatus derives a pool's status from what was observed. It is pure: same inputs, same status.
+func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.TransferPoolStatus {
+	status := fxv1.TransferPoolStatus{ObservedGeneration: pool.Generation}
+	status.Conditions = slices.Clone(pool.Status.Conditions)
+	timeout := poolHeartbeatTimeout(pool)
+	allowed := allowedEngines(pool)
+	engineNodes := map[fxv1.EngineName]int32{}
+	vpods := map[string]bool{}
+	var notReady, stale []string
+	selected := map[string]bool{}
+
+	for i := range obs.Nodes {
+		node := &obs.Nodes[i]
+		if !selects(pool, node) {
+			continue
+		}
+		selected[node.Name] = true
+		status.DesiredNodes++
+		tn := obs.TransferNodes[node.Name]
+		if tn == nil || !heartbeatFresh(tn, obs.Now, timeout) {
+			notReady = append(notReady, node.Name)
+			if tn != nil {
+				stale = append(stale, node.Name)
+			}
+			continue
+		}
+		status.ReadyNodes++
+		for _, e := range tn.Status.Engines {
+			if e.Available && slices.Contains(allowed, e.Name) {
+				engineNodes[e.Name]++
+			}
+		}
+		for _, g := range tn.Status.GPUs {
+			if g.Fabric != nil && g.Fabric.Domain != "" {
+				vpods[fxv1.DomainObjectName(g.Fabric.Domain)] = true
+			}
+		}
+	}
+
+	var summary []string
+	for _, e := range allowed {
+		status.Engines = append(status.Engines, fxv1.EngineCount{Name: e, Nodes: engineNodes[e]})
+		summary = append(summary, fmt.Sprintf("%s=%d", e, engineNodes[e]))
+	}
+	status.EngineSummary = strings.Join(summary, " ")
+	status.Nodes = fmt.Sprintf("%d/%d", status.ReadyNodes, status.DesiredNodes)
+	for name := range vpods {
+		status.VPods = append(status.VPods, name)
+	}
+	slices.Sort(status.VPods)
+	slices.Sort(notReady)
+	if len(notReady) > 32 {
+		notReady = notReady[:32]
+	}
+	status.NotReadyNodes = notReady
+
+	for i := range obs.OtherPools {
+		other := &obs.OtherPools[i]
+		if other.UID == pool.UID || (other.Namespace == pool.Namespace && other.Name == pool.Name) {
+			continue
+		}
+		for j := range obs.Nodes {
+			if selected[obs.Nodes[j].Name] && selects(other, &obs.Nodes[j]) {
+				status.ConflictingPools = append(status.ConflictingPools, other.Namespace+"/"+other.Name)
+				break
+			}
+		}
+	}
+	slices.Sort(status.ConflictingPools)
+	if len(status.ConflictingPools) > 32 {
+		status.ConflictingPools = status.ConflictingPools[:32]
+	}
+
+	setPoolConditions(pool, &status, len(stale), obs.ApplyError)
+	return status
+}
+
+func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus, staleNodes int, applyErr error) {
+	set := func(condType string, s metav1.ConditionStatus, reason, msg string) {
+		meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+			Type: condType, Status: s, Reason: reason, Message: msg, ObservedGeneration: pool.Generation,
+		})
+	}
+	ready, desired := status.ReadyNodes, status.DesiredNodes
+	switch {
+	case applyErr != nil:
+		msg := "applying the agent DaemonSet and RBAC failed: " + applyErr.Error()
+		set(fxv1.ConditionReady, metav1.ConditionFalse, fxv1.ReasonReconcileError, msg)
+		set(fxv1.ConditionProgressing, metav1.ConditionFalse, fxv1.ReasonReconcileError, msg)
+		set(fxv1.ConditionDegraded, metav1.ConditionTrue, fxv1.ReasonReconcileError, msg)
+	case len(status.ConflictingPools) > 0:
+		msg := fmt.Sprintf("nodes selected by this pool are also selected by %s; one agent per node, so narrow a nodeSelector",
+			strings.Join(status.ConflictingPools, ", "))
+		set(fxv1.ConditionReady, metav1.ConditionFalse, fxv1.ReasonConflict, msg)
+		set(fxv1.ConditionProgressing, metav1.ConditionFalse, fxv1.ReasonConflict, msg)
+		set(fxv1.ConditionDegraded, metav1.ConditionTrue, fxv1.ReasonConflict, msg)
+	case desired == 0:
+		msg := "no Node matches spec.nodeSelector; check the node labels"
+		set(fxv1.ConditionReady, metav1.ConditionFalse, fxv1.ReasonNoMatchingNodes, msg)
+		set(fxv1.ConditionProgressing, metav1.ConditionFalse, fxv1.ReasonNoMatchingNodes, msg)
+		set(fxv1.ConditionDegraded, metav1.ConditionFalse, fxv1.ReasonNoMatchingNodes, msg)
+	case ready == desired:
+		msg := fmt.Sprintf("%d/%d selected nodes have a reporting agent", ready, desired)
+		set(fxv1.ConditionReady, metav1.ConditionTrue, fxv1.ReasonAllNodesReady, msg)
+		set(fxv1.ConditionProgressing, metav1.ConditionFalse, fxv1.ReasonAgentsRolledOut, msg)
+		set(fxv1.ConditionDegraded, metav1.ConditionFalse, fxv1.ReasonAsExpected, msg)
+	default:
+		msg := fmt.Sprintf("%d/%d selected nodes have a reporting agent; not reporting: %s",
+			ready, desired, strings.Join(status.NotReadyNodes, ", "))
+		set(fxv1.ConditionReady, metav1.ConditionFalse, fxv1.ReasonNodesNotReady, msg)
+		set(fxv1.ConditionProgressing, metav1.ConditionTrue, fxv1.ReasonWaitingForReports, msg)
+		// Nodes that never reported are still rolling out; a node whose agent reported and went quiet is Degraded.
+		if staleNodes > 0 {
+			set(fxv1.ConditionDegraded, metav1.ConditionTrue, fxv1.ReasonNodesNotReady,
+				fmt.Sprintf("%d selected nodes stopped heartbeating; %s", staleNodes, msg))
+		} else {
+			set(fxv1.ConditionDegraded, metav1.ConditionFalse, fxv1.ReasonAsExpected, msg)
+		}
+	}
+}

@@ -1,0 +1,204 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+// FieldManager is the operator's server-side-apply field manager.
+const FieldManager = "fabricxfer-operator"
+
+// poolFinalizer removes the pool's cluster-scoped RBAC, which cannot carry an owner reference to a namespaced pool.
+const poolFinalizer = "fabricxfer.io/cluster-rbac"
+
+// TransferPoolReconciler runs the agents of each TransferPool and keeps its status true to what agents report.
+type TransferPoolReconciler struct {
+	client.Client
+	Scheme *runtime.Scheme
+	Clock  clock.PassiveClock
+	Agent  AgentSettings
+	// Secrets issues the pool's agent-to-agent certificates; nil leaves the Secret alone.
+	Secrets PoolSecretIssuer
+}
+
+// PoolSecretIssuer creates or rotates the Secret that holds a pool's agent-to-agent certificates.
+type PoolSecretIssuer interface {
+	EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, name string) error
+}
+
+// +kubebuilder:rbac:groups=fabricxfer.io,resources=transferpools,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=fabricxfer.io,resources=transferpools/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=fabricxfer.io,resources=transferpools/finalizers,verbs=update
+// +kubebuilder:rbac:groups=fabricxfer.io,resources=transfernodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=fabricxfer.io,resources=vpodtopologies,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=fabricxfer.io,resources=vpodtopologies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=serviceaccounts;secrets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings;clusterroles;clusterrolebindings,verbs=get;list;watch;create;update;patch;delete;bind;escalate
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// Reconcile applies the pool's agent objects and records what the agents report.
+func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+	pool := &fxv1.TransferPool{}
+	if err := r.Get(ctx, req.NamespacedName, pool); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !pool.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.finalize(ctx, pool)
+	}
+	if !controllerutil.ContainsFinalizer(pool, poolFinalizer) {
+		patch := client.MergeFrom(pool.DeepCopy())
+		controllerutil.AddFinalizer(pool, poolFinalizer)
+		if err := r.Patch(ctx, pool, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("adding finalizer to pool %s: %w", req, err)
+		}
+	}
+
+	before := pool.DeepCopy()
+	obs := PoolObservation{Now: r.Clock.Now()}
+	defer func() {
+		pool.Status = ComputePoolStatus(pool, obs)
+		if err := r.Status().Patch(ctx, pool, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+			retErr = errors.Join(retErr, fmt.Errorf("patching status of pool %s: %w", req, err))
+		}
+	}()
+
+	obs.ApplyError = r.applyOwned(ctx, pool)
+	if err := r.observe(ctx, pool, &obs); err != nil {
+		return ctrl.Result{}, err
+	}
+	if obs.ApplyError != nil {
+		return ctrl.Result{}, obs.ApplyError
+	}
+	// Heartbeats age without any event, so look again when the oldest fresh one could expire.
+	return ctrl.Result{RequeueAfter: poolHeartbeatTimeout(pool) / 3}, nil
+}
+
+func (r *TransferPoolReconciler) applyOwned(ctx context.Context, pool *fxv1.TransferPool) error {
+	opts := []client.ApplyOption{client.FieldOwner(FieldManager), client.ForceOwnership}
+	for _, obj := range []runtime.ApplyConfiguration{
+		DesiredServiceAccount(pool),
+		DesiredRole(pool),
+		DesiredRoleBinding(pool),
+		DesiredClusterRole(pool),
+		DesiredClusterRoleBinding(pool),
+		DesiredDaemonSet(pool, r.Agent),
+	} {
+		if err := r.Apply(ctx, obj, opts...); err != nil {
+			return fmt.Errorf("applying %T for pool %s/%s: %w", obj, pool.Namespace, pool.Name, err)
+		}
+	}
+	if r.Secrets != nil {
+		if err := r.Secrets.EnsurePoolSecret(ctx, pool, tlsSecretName(pool)); err != nil {
+			return fmt.Errorf("issuing agent certificates for pool %s/%s: %w", pool.Namespace, pool.Name, err)
+		}
+	}
+	return nil
+}
+
+func (r *TransferPoolReconciler) observe(ctx context.Context, pool *fxv1.TransferPool, obs *PoolObservation) error {
+	nodes := &corev1.NodeList{}
+	if err := r.List(ctx, nodes); err != nil {
+		return fmt.Errorf("listing nodes for pool %s/%s: %w", pool.Namespace, pool.Name, err)
+	}
+	obs.Nodes = nodes.Items
+	tns := &fxv1.TransferNodeList{}
+	if err := r.List(ctx, tns); err != nil {
+		return fmt.Errorf("listing transfer nodes for pool %s/%s: %w", pool.Namespace, pool.Name, err)
+	}
+	obs.TransferNodes = make(map[string]*fxv1.TransferNode, len(tns.Items))
+	for i := range tns.Items {
+		obs.TransferNodes[tns.Items[i].Name] = &tns.Items[i]
+	}
+	pools := &fxv1.TransferPoolList{}
+	if err := r.List(ctx, pools); err != nil {
+		return fmt.Errorf("listing pools to find conflicts with %s/%s: %w", pool.Namespace, pool.Name, err)
+	}
+	for _, p := range pools.Items {
+		if p.UID != pool.UID && p.DeletionTimestamp.IsZero() {
+			obs.OtherPools = append(obs.OtherPools, p)
+		}
+	}
+	return nil
+}
+
+// finalize deletes the pool's cluster-scoped RBAC; namespaced objects go with their owner reference.
+func (r *TransferPoolReconciler) finalize(ctx context.Context, pool *fxv1.TransferPool) error {
+	if !controllerutil.ContainsFinalizer(pool, poolFinalizer) {
+		return nil
+	}
+	for _, obj := range []client.Object{
+		&rbacv1.ClusterRoleBinding{ObjectMeta: objectMeta(clusterRBACName(pool))},
+		&rbacv1.ClusterRole{ObjectMeta: objectMeta(clusterRBACName(pool))},
+	} {
+		if err := r.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting %T %s of pool %s/%s: %w", obj, obj.GetName(), pool.Namespace, pool.Name, err)
+		}
+	}
+	patch := client.MergeFrom(pool.DeepCopy())
+	controllerutil.RemoveFinalizer(pool, poolFinalizer)
+	if err := r.Patch(ctx, pool, patch); err != nil {
+		return fmt.Errorf("removing finalizer from pool %s/%s: %w", pool.Namespace, pool.Name, err)
+	}
+	return nil
+}
+
+// SetupWithManager watches pools, what they own, and everything their status is computed from.
+func (r *TransferPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	allPools := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		pools := &fxv1.TransferPoolList{}
+		if err := mgr.GetClient().List(ctx, pools); err != nil {
+			mgr.GetLogger().Error(err, "listing pools to requeue")
+			return nil
+		}
+		reqs := make([]reconcile.Request, 0, len(pools.Items))
+		for _, p := range pools.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&p)})
+		}
+		return reqs
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("transferpool").
+		For(&fxv1.TransferPool{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&appsv1.DaemonSet{}).
+		Owns(&corev1.ServiceAccount{}).
+		Owns(&rbacv1.Role{}).
+		Owns(&rbacv1.RoleBinding{}).
+		// Node labels decide selection; any pool may be affected, and another pool's selector decides conflicts.
+		Watches(&corev1.Node{}, allPools, builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		Watches(&fxv1.TransferPool{}, allPools, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&fxv1.TransferNode{}, handler.EnqueueRequestsFromMapFunc(poolOfTransferNode)).
+		Complete(r)
+}
+
+// poolOfTransferNode routes a report to the pool whose agent wrote it.
+func poolOfTransferNode(_ context.Context, obj client.Object) []reconcile.Request {
+	tn, ok := obj.(*fxv1.TransferNode)
+	if !ok || tn.Spec.PoolName == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: tn.Spec.PoolNamespace, Name: tn.Spec.PoolName}}}
+}

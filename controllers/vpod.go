@@ -1,0 +1,123 @@
+package controllers
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+// DomainObservation is one scale-up domain as the TransferNodes report it.
+type DomainObservation struct {
+	Key  string
+	Kind fxv1.FabricKind
+	// Members are nodes with a fresh heartbeat that report GPUs in the domain, sorted by node.
+	Members []fxv1.VPodMember
+	// Stale are nodes that still report the domain but whose heartbeat expired, sorted.
+	Stale []string
+}
+
+// AggregateDomains groups the GPUs of every TransferNode by fabric domain key. timeout gives each report's
+// heartbeat timeout (it depends on the pool of the agent that wrote it).
+func AggregateDomains(tns []fxv1.TransferNode, now time.Time, timeout func(*fxv1.TransferNode) time.Duration) map[string]*DomainObservation {
+	domains := map[string]*DomainObservation{}
+	for i := range tns {
+		tn := &tns[i]
+		fresh := heartbeatFresh(tn, now, timeout(tn))
+		perDomain := map[string][]int32{}
+		for _, g := range tn.Status.GPUs {
+			if g.Fabric == nil || g.Fabric.Domain == "" {
+				continue
+			}
+			perDomain[g.Fabric.Domain] = append(perDomain[g.Fabric.Domain], g.Index)
+		}
+		for key, gpus := range perDomain {
+			kind, err := fxv1.DomainKind(key)
+			if err != nil {
+				continue // an agent of another version; nothing sensible to aggregate
+			}
+			d := domains[key]
+			if d == nil {
+				d = &DomainObservation{Key: key, Kind: kind}
+				domains[key] = d
+			}
+			if fresh {
+				slices.Sort(gpus)
+				d.Members = append(d.Members, fxv1.VPodMember{Node: tn.Name, GPUs: gpus})
+			} else {
+				d.Stale = append(d.Stale, tn.Name)
+			}
+		}
+	}
+	for _, d := range domains {
+		slices.SortFunc(d.Members, func(a, b fxv1.VPodMember) int { return strings.Compare(a.Node, b.Node) })
+		slices.Sort(d.Stale)
+	}
+	return domains
+}
+
+// ComputeVPodStatus derives a VPodTopology's status from its declaration and the observed domain (nil when no
+// node reports it).
+func ComputeVPodStatus(vp *fxv1.VPodTopology, obs *DomainObservation) fxv1.VPodTopologyStatus {
+	status := fxv1.VPodTopologyStatus{
+		ObservedGeneration: vp.Generation,
+		Conditions:         slices.Clone(vp.Status.Conditions),
+	}
+	reporting := map[string]bool{}
+	missing := map[string]bool{}
+	if obs != nil {
+		status.Members = obs.Members
+		for _, m := range obs.Members {
+			reporting[m.Node] = true
+			status.GPUs += int32(len(m.GPUs))
+		}
+		// A member whose agent went quiet is missing until it returns or its Node goes away.
+		for _, n := range obs.Stale {
+			missing[n] = true
+		}
+	}
+	status.Nodes = int32(len(status.Members))
+	declared := map[string]bool{}
+	for _, m := range vp.Spec.Members {
+		declared[m.Node] = true
+		if !reporting[m.Node] {
+			missing[m.Node] = true
+		}
+	}
+	if len(declared) > 0 {
+		for _, m := range status.Members {
+			if !declared[m.Node] {
+				status.UndeclaredMembers = append(status.UndeclaredMembers, m.Node)
+			}
+		}
+	}
+	for n := range missing {
+		status.MissingMembers = append(status.MissingMembers, n)
+	}
+	slices.Sort(status.MissingMembers)
+
+	set := func(condType string, s metav1.ConditionStatus, reason, msg string) {
+		meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+			Type: condType, Status: s, Reason: reason, Message: msg, ObservedGeneration: vp.Generation,
+		})
+	}
+	switch {
+	case status.Nodes == 0:
+		msg := "no node with a fresh heartbeat reports this domain"
+		set(fxv1.ConditionReady, metav1.ConditionFalse, fxv1.ReasonNoMembers, msg)
+		set(fxv1.ConditionDegraded, metav1.ConditionTrue, fxv1.ReasonNoMembers, msg)
+	case len(status.MissingMembers) > 0:
+		msg := "members not reporting: " + strings.Join(status.MissingMembers, ", ")
+		set(fxv1.ConditionReady, metav1.ConditionFalse, fxv1.ReasonMembersMissing, msg)
+		set(fxv1.ConditionDegraded, metav1.ConditionTrue, fxv1.ReasonMembersMissing, msg)
+	default:
+		msg := "every member reports the domain"
+		set(fxv1.ConditionReady, metav1.ConditionTrue, fxv1.ReasonMembersComplete, msg)
+		set(fxv1.ConditionDegraded, metav1.ConditionFalse, fxv1.ReasonMembersComplete, msg)
+	}
+	return status
+}

@@ -1,0 +1,129 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+// vpodKey is the one work item of the VPodTopology reconciler: domains are a function of all reports together,
+// so every event coalesces into one pass, which keeps a thousand heartbeating nodes to one list per period.
+var vpodKey = reconcile.Request{NamespacedName: client.ObjectKey{Name: "vpodtopologies"}}
+
+// VPodTopologyReconciler keeps VPodTopology objects equal to what TransferNodes report.
+type VPodTopologyReconciler struct {
+	client.Client
+	Clock clock.PassiveClock
+}
+
+// Reconcile creates a VPodTopology for every reported domain, updates members and status of every domain, and
+// deletes discovered domains nobody reports any more. Declared domains are never deleted.
+func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
+	tns := &fxv1.TransferNodeList{}
+	if err := r.List(ctx, tns); err != nil {
+		return ctrl.Result{}, fmt.Errorf("listing transfer nodes: %w", err)
+	}
+	vps := &fxv1.VPodTopologyList{}
+	if err := r.List(ctx, vps); err != nil {
+		return ctrl.Result{}, fmt.Errorf("listing vpod topologies: %w", err)
+	}
+	timeouts, err := r.heartbeatTimeouts(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	domains := AggregateDomains(tns.Items, r.Clock.Now(), timeouts)
+
+	var errs []error
+	existing := map[string]bool{}
+	for i := range vps.Items {
+		vp := &vps.Items[i]
+		existing[vp.Spec.Domain] = true
+		obs := domains[vp.Spec.Domain]
+		if obs == nil && vp.Labels[fxv1.LabelDiscovered] == "true" {
+			if err := r.Delete(ctx, vp); client.IgnoreNotFound(err) != nil {
+				errs = append(errs, fmt.Errorf("deleting empty discovered domain %s: %w", vp.Name, err))
+			}
+			continue
+		}
+		errs = append(errs, r.patchStatus(ctx, vp, obs))
+	}
+	for key, obs := range domains {
+		if existing[key] {
+			continue
+		}
+		vp := &fxv1.VPodTopology{
+			ObjectMeta: metav1.ObjectMeta{
+				Name:   fxv1.DomainObjectName(key),
+				Labels: map[string]string{fxv1.LabelDiscovered: "true", fxv1.LabelFabricKind: string(obs.Kind)},
+			},
+			Spec: fxv1.VPodTopologySpec{Kind: obs.Kind, Domain: key},
+		}
+		if err := r.Create(ctx, vp); err != nil && !apierrors.IsAlreadyExists(err) {
+			errs = append(errs, fmt.Errorf("creating domain %s for %s: %w", vp.Name, key, err))
+			continue
+		}
+		errs = append(errs, r.patchStatus(ctx, vp, obs))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return ctrl.Result{}, err
+	}
+	// Heartbeats expire without events: look again within the shortest timeout.
+	return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+}
+
+func (r *VPodTopologyReconciler) patchStatus(ctx context.Context, vp *fxv1.VPodTopology, obs *DomainObservation) error {
+	before := vp.DeepCopy()
+	vp.Status = ComputeVPodStatus(vp, obs)
+	if equality.Semantic.DeepEqual(before.Status, vp.Status) {
+		return nil
+	}
+	if err := r.Status().Patch(ctx, vp, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("patching status of domain %s: %w", vp.Name, err)
+	}
+	return nil
+}
+
+// heartbeatTimeouts maps each report to the heartbeat timeout of the pool whose agent wrote it.
+func (r *VPodTopologyReconciler) heartbeatTimeouts(ctx context.Context) (func(*fxv1.TransferNode) time.Duration, error) {
+	pools := &fxv1.TransferPoolList{}
+	if err := r.List(ctx, pools); err != nil {
+		return nil, fmt.Errorf("listing pools for heartbeat periods: %w", err)
+	}
+	byPool := map[client.ObjectKey]time.Duration{}
+	for i := range pools.Items {
+		byPool[client.ObjectKeyFromObject(&pools.Items[i])] = poolHeartbeatTimeout(&pools.Items[i])
+	}
+	return func(tn *fxv1.TransferNode) time.Duration {
+		if d, ok := byPool[client.ObjectKey{Namespace: tn.Spec.PoolNamespace, Name: tn.Spec.PoolName}]; ok {
+			return d
+		}
+		return heartbeatTimeout(0)
+	}, nil
+}
+
+// SetupWithManager funnels every TransferNode and VPodTopology event into the single work item.
+func (r *VPodTopologyReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{vpodKey}
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("vpodtopology").
+		Watches(&fxv1.TransferNode{}, one).
+		Watches(&fxv1.VPodTopology{}, one).
+		Complete(r)
+}
