@@ -155,7 +155,7 @@ func (p *planner) Build() *PlanSet {
 		return out
 	}
 	internIDs(acc)
-	acc = p.rejectOverlaps(acc)
+	acc = rejectOverlaps(acc, func(it Item, err error) { p.reject(it, err) })
 
 	// Group by pair, then order by source offset so runs contiguous on both sides meet.
 	slices.SortFunc(acc, func(a, b accepted) int {
@@ -194,9 +194,9 @@ func internIDs(acc []accepted) {
 	}
 }
 
-// rejectOverlaps drops (and records) every item whose destination range starts inside the range of an item
-// added before it in destination order.
-func (p *planner) rejectOverlaps(acc []accepted) []accepted {
+// rejectOverlaps drops every item whose destination range starts inside the range of an item before it in
+// destination order (ties broken by the order items were added), calling reject for each.
+func rejectOverlaps(acc []accepted, reject func(Item, error)) []accepted {
 	slices.SortFunc(acc, func(a, b accepted) int {
 		return cmp.Or(cmp.Compare(a.dstKey, b.dstKey), cmp.Compare(a.item.DstOffset, b.item.DstOffset), cmp.Compare(a.seq, b.seq))
 	})
@@ -207,7 +207,7 @@ func (p *planner) rejectOverlaps(acc []accepted) []accepted {
 		if a.dstKey != lastKey {
 			lastKey, end = a.dstKey, 0
 		} else if a.item.DstOffset < end {
-			p.reject(a.item, fmt.Errorf("%w: [%d, +%d) of %s", ErrOverlap, a.item.DstOffset, a.item.Size, a.item.Dst))
+			reject(a.item, fmt.Errorf("%w: [%d, +%d) of %s", ErrOverlap, a.item.DstOffset, a.item.Size, a.item.Dst))
 			continue
 		}
 		end = max(end, a.item.DstOffset+a.item.Size) // cannot overflow: bounds were checked

@@ -1,0 +1,476 @@
+package engines
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// CompositeName is what the composite engine answers to Name.
+const CompositeName = "composite"
+
+// routeCacheLimit bounds the route cache; it is emptied when full (routes are cheap to recompute).
+const routeCacheLimit = 1 << 16
+
+// CompositeOptions configure a Composite.
+type CompositeOptions struct {
+	// Node is this node's name.
+	Node string
+	// Metrics, when set, is charged for every plan and every rejected item.
+	Metrics *Metrics
+	// CheckDisjoint makes routing ask every engine and refuse a pair two engines claim (tests, debugging).
+	CheckDisjoint bool
+}
+
+// Composite routes each (source, destination) pair to the first engine, in the fixed order xgmi, fabric, rdma,
+// tcp, whose CanHandle claims it. Registration fans out to every engine and merges their handles. It is itself
+// an Engine, so callers (the agent, xferbench) use one object.
+type Composite struct {
+	opts    CompositeOptions
+	engines []Engine
+	reg     *Registry
+
+	mu     sync.Mutex
+	routes map[[2]MemoryID]route
+	notify NotifyFunc
+}
+
+type route struct {
+	engine   int // index into engines; -1 when none claims the pair
+	refusals []Refusal
+	conflict string
+}
+
+var _ Engine = (*Composite)(nil)
+
+// NewComposite returns a composite over the given engines (any subset of the four, each at most once).
+func NewComposite(opts CompositeOptions, engs ...Engine) (*Composite, error) {
+	if opts.Node == "" {
+		return nil, fmt.Errorf("composite engine: %w: node name required", ErrInvalid)
+	}
+	sorted := slices.Clone(engs)
+	seen := map[string]bool{}
+	for _, e := range sorted {
+		if _, ok := EngineRank(e.Name()); !ok {
+			return nil, fmt.Errorf("composite engine: %w: unknown engine %q", ErrInvalid, e.Name())
+		}
+		if seen[e.Name()] {
+			return nil, fmt.Errorf("composite engine: %w: engine %q given twice", ErrInvalid, e.Name())
+		}
+		seen[e.Name()] = true
+	}
+	slices.SortFunc(sorted, func(a, b Engine) int {
+		ra, _ := EngineRank(a.Name())
+		rb, _ := EngineRank(b.Name())
+		return ra - rb
+	})
+	c := &Composite{opts: opts, engines: sorted, reg: NewRegistry(opts.Node, 0), routes: map[[2]MemoryID]route{}}
+	for _, e := range sorted {
+		e.SetNotifyHandler(c.deliver)
+	}
+	return c, nil
+}
+
+// Name implements Engine.
+func (c *Composite) Name() string { return CompositeName }
+
+// Engines returns the configured engines in routing order.
+func (c *Composite) Engines() []Engine { return slices.Clone(c.engines) }
+
+// Register implements Engine: every engine registers the region in turn, each adding its handles to what the
+// ones before it produced; if one fails, the others are undone.
+func (c *Composite) Register(ctx context.Context, desc MemoryDesc) (MemoryDesc, error) {
+	if err := desc.Validate(); err != nil {
+		return desc, fmt.Errorf("registering %s: %w", desc.ID, err)
+	}
+	if desc.Node != c.opts.Node {
+		return desc, fmt.Errorf("registering %s: %w: memory of node %q on node %q", desc.ID, ErrInvalid, desc.Node, c.opts.Node)
+	}
+	if _, _, err := c.reg.Lookup(desc.ID); err == nil {
+		return desc, fmt.Errorf("registering %s: %w: id already registered", desc.ID, ErrInvalid)
+	}
+	merged := desc
+	for i, e := range c.engines {
+		next, err := e.Register(ctx, merged)
+		if err != nil {
+			c.undo(ctx, c.engines[:i], desc.ID)
+			return desc, fmt.Errorf("registering %s: %w", desc.ID, err)
+		}
+		merged = next
+	}
+	if err := c.reg.AddLocal(merged); err != nil {
+		c.undo(ctx, c.engines, desc.ID)
+		return desc, fmt.Errorf("registering %s: %w", desc.ID, err)
+	}
+	return merged, nil
+}
+
+func (c *Composite) undo(ctx context.Context, engs []Engine, id MemoryID) {
+	for _, e := range engs {
+		_ = e.Deregister(ctx, id) // best effort: nothing was submitted against the region yet
+	}
+}
+
+// Import implements Engine.
+func (c *Composite) Import(ctx context.Context, desc MemoryDesc) error {
+	if err := c.reg.AddRemote(desc); err != nil {
+		return fmt.Errorf("importing %s: %w", desc.ID, err)
+	}
+	for i, e := range c.engines {
+		if err := e.Import(ctx, desc); err != nil {
+			c.undo(ctx, c.engines[:i], desc.ID)
+			_ = c.reg.Remove(ctx, desc.ID)
+			return fmt.Errorf("importing %s: %w", desc.ID, err)
+		}
+	}
+	return nil
+}
+
+// Deregister implements Engine: every engine deregisters the region at once (each waits for, then cancels, its
+// own transfers using it). The region stays known here until all of them succeeded, so it can be retried.
+func (c *Composite) Deregister(ctx context.Context, id MemoryID) error {
+	if _, _, err := c.reg.Lookup(id); err != nil {
+		return fmt.Errorf("deregistering: %w", err)
+	}
+	errs := make([]error, len(c.engines))
+	var wg sync.WaitGroup
+	for i, e := range c.engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.Deregister(ctx, id); err != nil && !errors.Is(err, ErrUnknownMemory) {
+				errs[i] = err
+			}
+		}()
+	}
+	wg.Wait()
+	c.mu.Lock()
+	clear(c.routes)
+	c.mu.Unlock()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("deregistering %s: %w", id, err)
+	}
+	return c.reg.Remove(ctx, id)
+}
+
+// CanHandle implements Engine: some engine claims the pair.
+func (c *Composite) CanHandle(src, dst *MemoryDesc) (bool, string) {
+	r := c.decide(src, dst)
+	if r.engine < 0 {
+		return false, (&UnplannableError{Src: src.ID, Dst: dst.ID, Refusals: r.refusals}).Error()
+	}
+	return true, ""
+}
+
+// decide asks the engines in order. In CheckDisjoint mode it asks all of them and refuses a pair claimed twice.
+func (c *Composite) decide(src, dst *MemoryDesc) route {
+	r := route{engine: -1}
+	for i, e := range c.engines {
+		ok, reason := e.CanHandle(src, dst)
+		if !ok {
+			if r.engine < 0 {
+				r.refusals = append(r.refusals, Refusal{Engine: e.Name(), Reason: reason})
+			}
+			continue
+		}
+		if r.engine < 0 {
+			r.engine = i
+			if !c.opts.CheckDisjoint {
+				break
+			}
+			continue
+		}
+		r.conflict = fmt.Sprintf("engines %s and %s both claim the pair; engines must be disjoint", c.engines[r.engine].Name(), e.Name())
+		r.refusals = append(r.refusals, Refusal{Engine: CompositeName, Reason: r.conflict})
+		r.engine = -1
+		break
+	}
+	return r
+}
+
+// routeFor returns the cached route of a pair, deciding it on a miss.
+func (c *Composite) routeFor(src, dst *MemoryDesc) route {
+	key := [2]MemoryID{src.ID, dst.ID}
+	c.mu.Lock()
+	r, ok := c.routes[key]
+	c.mu.Unlock()
+	if ok {
+		return r
+	}
+	r = c.decide(src, dst)
+	c.mu.Lock()
+	if len(c.routes) >= routeCacheLimit {
+		clear(c.routes)
+	}
+	c.routes[key] = r
+	c.mu.Unlock()
+	return r
+}
+
+// Explanation is how the composite routes a pair.
+type Explanation struct {
+	Src, Dst  MemoryID
+	Direction Direction
+	// Engine is the engine that moves the pair; empty when none does.
+	Engine string
+	// Refusals are the reasons of every engine tried before Engine (all of them when Engine is empty).
+	Refusals []Refusal
+}
+
+// Explain returns the engine chosen for a pair and every earlier engine's refusal. It bypasses the route cache.
+func (c *Composite) Explain(src, dst MemoryID) (Explanation, error) {
+	s, sLocal, err := c.reg.Lookup(src)
+	if err != nil {
+		return Explanation{}, fmt.Errorf("explaining %s -> %s: source: %w", src, dst, err)
+	}
+	d, dLocal, err := c.reg.Lookup(dst)
+	if err != nil {
+		return Explanation{}, fmt.Errorf("explaining %s -> %s: destination: %w", src, dst, err)
+	}
+	ex := Explanation{Src: src, Dst: dst}
+	dir, ok := PairDirection(sLocal, dLocal)
+	if !ok {
+		ex.Refusals = []Refusal{{Engine: CompositeName, Reason: "neither region belongs to this node"}}
+		return ex, nil
+	}
+	ex.Direction = dir
+	r := c.decide(s, d)
+	ex.Refusals = r.refusals
+	if r.engine >= 0 {
+		ex.Engine = c.engines[r.engine].Name()
+	}
+	return ex, nil
+}
+
+// SetNotifyHandler implements Engine; notifications from every engine reach fn.
+func (c *Composite) SetNotifyHandler(fn NotifyFunc) {
+	c.mu.Lock()
+	c.notify = fn
+	c.mu.Unlock()
+}
+
+func (c *Composite) deliver(n Notification) {
+	c.mu.Lock()
+	fn := c.notify
+	c.mu.Unlock()
+	if fn != nil {
+		fn(n)
+	}
+}
+
+// Close implements Engine.
+func (c *Composite) Close() error {
+	var errs []error
+	for _, e := range c.engines {
+		if err := e.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", e.Name(), err))
+		}
+	}
+	c.reg.Close()
+	return errors.Join(errs...)
+}
+
+// NewPlan implements Engine.
+func (c *Composite) NewPlan() PlanBuilder {
+	return &compositePlanner{c: c}
+}
+
+type compositePlanner struct {
+	c        *Composite
+	accepted []accepted
+	engineOf []int // per accepted item
+	out      PlanSet
+	built    bool
+}
+
+func (p *compositePlanner) Add(it Item) error {
+	if p.built {
+		return fmt.Errorf("planning: %w: Build already called", ErrInvalid)
+	}
+	if it.Size == 0 {
+		p.out.Dropped = append(p.out.Dropped, it.Tag)
+		return nil
+	}
+	src, sLocal, err := p.c.reg.Lookup(it.Src)
+	if err != nil {
+		return p.reject(it, fmt.Errorf("source: %w", err), "")
+	}
+	dst, dLocal, err := p.c.reg.Lookup(it.Dst)
+	if err != nil {
+		return p.reject(it, fmt.Errorf("destination: %w", err), "")
+	}
+	dir, ok := PairDirection(sLocal, dLocal)
+	if !ok {
+		return p.reject(it, &UnplannableError{Src: it.Src, Dst: it.Dst,
+			Refusals: []Refusal{{Engine: CompositeName, Reason: "neither region belongs to this node"}}}, "")
+	}
+	if err := CheckBounds(it, src.Size, dst.Size); err != nil {
+		return p.reject(it, err, dir.String())
+	}
+	r := p.c.routeFor(src, dst)
+	if r.engine < 0 {
+		return p.reject(it, &UnplannableError{Src: it.Src, Dst: it.Dst, Refusals: r.refusals}, dir.String())
+	}
+	p.accepted = append(p.accepted, accepted{item: it, seq: len(p.accepted), dir: dir})
+	p.engineOf = append(p.engineOf, r.engine)
+	return nil
+}
+
+func (p *compositePlanner) reject(it Item, err error, dir string) error {
+	ie := &ItemError{Item: it, Err: err}
+	p.out.Rejected = append(p.out.Rejected, ie)
+	if m := p.c.opts.Metrics; m != nil {
+		if dir == "" {
+			dir = "unknown"
+		}
+		m.rejected(dir, it.Size)
+	}
+	return ie
+}
+
+func (p *compositePlanner) Build() *PlanSet {
+	out := &p.out
+	out.owner = p.c
+	if p.built {
+		return &PlanSet{owner: p.c}
+	}
+	p.built = true
+	if len(p.accepted) == 0 {
+		return out
+	}
+	// Overlap is checked across engines: two engines may write one destination.
+	internIDs(p.accepted)
+	kept := rejectOverlaps(p.accepted, func(it Item, err error) { p.reject(it, err, "unknown") })
+	slices.SortFunc(kept, func(a, b accepted) int { return a.seq - b.seq })
+	perEngine := make([][]Item, len(p.c.engines))
+	for _, a := range kept {
+		e := p.engineOf[a.seq]
+		perEngine[e] = append(perEngine[e], a.item)
+	}
+	for i, items := range perEngine {
+		if len(items) == 0 {
+			continue
+		}
+		b := p.c.engines[i].NewPlan()
+		for _, it := range items {
+			_ = b.Add(it) // a refusal is recorded in the part's Rejected
+		}
+		part := b.Build()
+		out.parts = append(out.parts, part)
+		out.Plans = append(out.Plans, part.Plans...)
+		out.Rejected = append(out.Rejected, part.Rejected...)
+		out.Dropped = append(out.Dropped, part.Dropped...)
+	}
+	return out
+}
+
+// Submit implements Engine: each engine's part is submitted to it.
+func (c *Composite) Submit(ctx context.Context, ps *PlanSet, opts SubmitOptions) (Transfer, error) {
+	if ps == nil || ps.owner != any(c) {
+		return nil, fmt.Errorf("submitting: %w", ErrForeignPlan)
+	}
+	ct := &compositeTransfer{plans: ps.Plans, done: make(chan struct{}), metrics: c.opts.Metrics}
+	for _, part := range ps.parts {
+		if len(part.Plans) == 0 {
+			continue
+		}
+		e := c.engineNamed(part.Plans[0].Engine)
+		var sub Transfer
+		var err error
+		if e == nil {
+			err = fmt.Errorf("%w: engine %q is not configured", ErrInvalid, part.Plans[0].Engine)
+		} else {
+			sub, err = e.Submit(ctx, part, opts)
+		}
+		if err != nil {
+			sub = failedTransfer(len(part.Plans), err)
+		}
+		ct.subs = append(ct.subs, sub)
+	}
+	go ct.collect()
+	return ct, nil
+}
+
+func (c *Composite) engineNamed(name string) Engine {
+	for _, e := range c.engines {
+		if e.Name() == name {
+			return e
+		}
+	}
+	return nil
+}
+
+// compositeTransfer joins the transfers of each engine's part.
+type compositeTransfer struct {
+	plans   []Plan
+	subs    []Transfer
+	metrics *Metrics
+
+	done     chan struct{}
+	outcomes []Outcome
+	result   error
+}
+
+func (t *compositeTransfer) collect() {
+	for _, s := range t.subs {
+		<-s.Done()
+		t.outcomes = append(t.outcomes, s.Outcomes()...)
+	}
+	var failures []Failure
+	for i, o := range t.outcomes {
+		p := &t.plans[i]
+		if o.Err != nil {
+			failures = append(failures, Failure{Engine: p.Engine, Plan: i, Src: p.Src, Dst: p.Dst, Tags: p.Tags, Err: o.Err})
+		}
+		if t.metrics != nil {
+			t.metrics.plan(p, o)
+		}
+	}
+	if len(failures) > 0 {
+		t.result = &TransferError{Failures: failures}
+	}
+	close(t.done)
+}
+
+func (t *compositeTransfer) Done() <-chan struct{} { return t.done }
+
+func (t *compositeTransfer) Wait(ctx context.Context) error {
+	select {
+	case <-t.done:
+		return t.result
+	case <-ctx.Done():
+		select {
+		case <-t.done:
+			return t.result
+		default:
+		}
+		return fmt.Errorf("waiting for transfer: %w", ctx.Err())
+	}
+}
+
+func (t *compositeTransfer) Cancel() {
+	for _, s := range t.subs {
+		s.Cancel()
+	}
+}
+
+func (t *compositeTransfer) Outcomes() []Outcome {
+	select {
+	case <-t.done:
+		return t.outcomes
+	default:
+		return nil
+	}
+}
+
+// failedTransfer is a transfer whose n plans all failed with err before starting.
+func failedTransfer(n int, err error) Transfer {
+	t := &compositeTransfer{done: make(chan struct{})}
+	for range n {
+		t.outcomes = append(t.outcomes, Outcome{Err: err})
+	}
+	close(t.done)
+	return t
+}

@@ -1,0 +1,236 @@
+package engines
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"math/bits"
+	"slices"
+	"testing"
+)
+
+func testRegistry(t testing.TB, sizes map[MemoryID]uint64, remote ...MemoryID) *Registry {
+	t.Helper()
+	r := NewRegistry("node-a", 0)
+	for id, size := range sizes {
+		d := MemoryDesc{ID: id, Node: "node-a", Location: Location{Kind: LocationHost}, Size: size}
+		var err error
+		if slices.Contains(remote, id) {
+			d.Node = "node-b"
+			err = r.AddRemote(d)
+		} else {
+			err = r.AddLocal(d)
+		}
+		if err != nil {
+			t.Fatalf("adding %s: %v", id, err)
+		}
+	}
+	return r
+}
+
+func always(*MemoryDesc, *MemoryDesc) (bool, string) { return true, "" }
+
+func TestPlannerSplitsAtLimits(t *testing.T) {
+	reg := testRegistry(t, map[MemoryID]uint64{"a/1": 1 << 20, "a/2": 1 << 20})
+	p := NewPlanner("test", reg, Limits{MaxSegmentBytes: 100, MaxPlanSegments: 4}, always)
+	items := []Item{
+		{Src: "a/1", Dst: "a/2", SrcOffset: 0, DstOffset: 0, Size: 250, Tag: 1},        // 3 segments
+		{Src: "a/1", Dst: "a/2", SrcOffset: 1000, DstOffset: 1000, Size: 50, Tag: 2},   // 1: plan 1 full (4)
+		{Src: "a/1", Dst: "a/2", SrcOffset: 2000, DstOffset: 2000, Size: 50, Tag: 3},   // new plan
+		{Src: "a/1", Dst: "a/2", SrcOffset: 3000, DstOffset: 3000, Size: 1000, Tag: 4}, // 10 pieces: plan of its own
+		{Src: "a/1", Dst: "a/2", SrcOffset: 5000, DstOffset: 5000, Size: 10, Tag: 5},
+	}
+	for _, it := range items {
+		if err := p.Add(it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps := p.Build()
+	var got [][]Tag
+	for _, pl := range ps.Plans {
+		got = append(got, pl.Tags)
+		for _, s := range pl.Segments {
+			if s.Size > 100 {
+				t.Fatalf("segment %+v over the limit", s)
+			}
+		}
+	}
+	want := [][]Tag{{1, 2}, {3}, {4}, {5}}
+	if !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("plan tags %v, want %v", got, want)
+	}
+	if n := len(ps.Plans[2].Segments); n != 10 {
+		t.Fatalf("1000-byte run split into %d segments, want 10", n)
+	}
+}
+
+func TestPlannerRefusesTwoRemoteSidesAndRefusedPairs(t *testing.T) {
+	reg := testRegistry(t, map[MemoryID]uint64{"a/1": 64, "b/1": 64, "b/2": 64}, "b/1", "b/2")
+	p := NewPlanner("test", reg, Limits{}, func(src, dst *MemoryDesc) (bool, string) { return false, "no wire" })
+	err := p.Add(Item{Src: "b/1", Dst: "b/2", Size: 1, Tag: 1})
+	var ue *UnplannableError
+	if !errors.As(err, &ue) || ue.Refusals[0].Reason != "neither region belongs to this node" {
+		t.Fatalf("remote->remote: %v", err)
+	}
+	err = p.Add(Item{Src: "a/1", Dst: "b/2", Size: 1, Tag: 2})
+	if !errors.As(err, &ue) || ue.Refusals[0].Reason != "no wire" || !errors.Is(err, ErrUnplannable) {
+		t.Fatalf("refused pair: %v", err)
+	}
+}
+
+func TestPlannerRefusesReRegisteredRegionAtSubmit(t *testing.T) {
+	reg := testRegistry(t, map[MemoryID]uint64{"a/1": 64, "a/2": 64})
+	p := NewPlanner("test", reg, Limits{}, always)
+	if err := p.Add(Item{Src: "a/1", Dst: "a/2", Size: 64, Tag: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ps := p.Build()
+	if err := reg.Remove(t.Context(), "a/2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.AddLocal(MemoryDesc{ID: "a/2", Node: "node-a", Location: Location{Kind: LocationHost}, Size: 8}); err != nil {
+		t.Fatal(err)
+	}
+	tr, work, err := reg.Begin(t.Context(), "test", ps, SubmitOptions{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(work) != 0 {
+		t.Fatal("a plan checked against a 64-byte region was handed out for its 8-byte successor")
+	}
+	if err := tr.Wait(t.Context()); !errors.Is(err, ErrUnknownMemory) {
+		t.Fatalf("Wait = %v, want ErrUnknownMemory", err)
+	}
+}
+
+// FuzzPlanner feeds random items with offsets near the bounds (up to 2^64) and repeated tags, and checks that
+// nothing out of bounds is planned and every item is accounted for exactly once.
+func FuzzPlanner(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 16, 1, 2, 3})
+	f.Add(binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, math.MaxUint64), math.MaxUint64-1))
+	seed := []byte{}
+	for i := 0; i < 40; i++ {
+		seed = append(seed, byte(i*37), byte(i*11), byte(i), byte(255-i), 0, 1, byte(i%3), byte(i%5), 0, 0, 0, byte(i))
+	}
+	f.Add(seed)
+	f.Add([]byte{255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 1, 2, 3, 4, 5})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		sizes := map[MemoryID]uint64{"a/1": 4096, "a/2": 1 << 20, "b/1": math.MaxUint64, "b/2": 1}
+		reg := testRegistry(t, sizes, "b/1", "b/2")
+		ids := []MemoryID{"a/1", "a/2", "b/1", "b/2", "x/unknown"}
+		p := NewPlanner("fuzz", reg, Limits{MaxSegmentBytes: 777, MaxPlanSegments: 5}, always)
+
+		next := func(n int) uint64 {
+			var v uint64
+			for i := 0; i < n; i++ {
+				v <<= 8
+				if len(data) > 0 {
+					v |= uint64(data[0])
+					data = data[1:]
+				}
+			}
+			return v
+		}
+		nearBound := func(size uint64) uint64 {
+			switch next(1) % 4 {
+			case 0:
+				return next(2) % 8192
+			case 1:
+				return size - next(1)%16
+			case 2:
+				return math.MaxUint64 - next(1)%16
+			default:
+				return next(8)
+			}
+		}
+		added := map[Tag]int{}
+		type rec struct {
+			it       Item
+			accepted bool
+		}
+		var recs []rec
+		for len(data) > 0 && len(recs) < 200 {
+			src, dst := ids[next(1)%uint64(len(ids))], ids[next(1)%uint64(len(ids))]
+			size := nearBound(sizes[dst]) % (1 << 21)
+			if next(1)%8 == 0 {
+				size = nearBound(math.MaxUint64)
+			}
+			it := Item{Src: src, Dst: dst, SrcOffset: nearBound(sizes[src]), DstOffset: nearBound(sizes[dst]), Size: size, Tag: Tag(next(1) % 8)}
+			err := p.Add(it)
+			added[it.Tag]++
+			inBounds := func(off, size, total uint64) bool {
+				end, carry := bits.Add64(off, size, 0)
+				return carry == 0 && end <= total
+			}
+			_, srcKnown := sizes[src]
+			_, dstKnown := sizes[dst]
+			valid := it.Size == 0 || (srcKnown && dstKnown && inBounds(it.SrcOffset, it.Size, sizes[src]) &&
+				inBounds(it.DstOffset, it.Size, sizes[dst]) && !(src[0] == 'b' && dst[0] == 'b'))
+			if valid != (err == nil) {
+				t.Fatalf("Add(%+v) = %v, but the item is valid=%v", it, err, valid)
+			}
+			if err != nil {
+				var ie *ItemError
+				if !errors.As(err, &ie) || ie.Item != it {
+					t.Fatalf("Add error %v does not carry the item", err)
+				}
+			}
+			recs = append(recs, rec{it, err == nil && it.Size > 0})
+		}
+		ps := p.Build()
+		seen := map[Tag]int{}
+		var planned uint64
+		for _, pl := range ps.Plans {
+			var segBytes uint64
+			for _, s := range pl.Segments {
+				if s.Size == 0 || s.Size > 777 {
+					t.Fatalf("segment %+v violates limits", s)
+				}
+				if !fitsIn(s.SrcOffset, s.Size, sizes[pl.Src]) || !fitsIn(s.DstOffset, s.Size, sizes[pl.Dst]) {
+					t.Fatalf("segment %+v of %s -> %s out of bounds", s, pl.Src, pl.Dst)
+				}
+				segBytes += s.Size
+			}
+			if segBytes != pl.Bytes {
+				t.Fatalf("plan bytes %d != segment bytes %d", pl.Bytes, segBytes)
+			}
+			planned += pl.Bytes
+			for _, tag := range pl.Tags {
+				seen[tag]++
+			}
+		}
+		var overlapBytes, acceptedBytes uint64
+		for _, r := range ps.Rejected {
+			seen[r.Item.Tag]++
+			if errors.Is(r, ErrOverlap) {
+				overlapBytes += r.Item.Size
+			}
+		}
+		for _, tag := range ps.Dropped {
+			seen[tag]++
+		}
+		for _, r := range recs {
+			if r.accepted {
+				acceptedBytes += r.it.Size
+			}
+		}
+		if !mapsEqual(seen, added) {
+			t.Fatalf("tags accounted %v, added %v", seen, added)
+		}
+		if planned != acceptedBytes-overlapBytes {
+			t.Fatalf("planned %d bytes, accepted %d minus overlapping %d", planned, acceptedBytes, overlapBytes)
+		}
+	})
+}
+
+func mapsEqual(a, b map[Tag]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
