@@ -1,0 +1,3 @@
+// Package report turns what topology detected on a node into the TransferNode status the node's agent
+// writes, applying the API's size limits so a report is always accepted.
+package report

@@ -1,0 +1,63 @@
+// Command agent is fabricxfer's node agent. "agent detect" prints what the node can do; "agent run" keeps
+// the node's TransferNode current until it is stopped.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	os.Exit(runMain(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "detect":
+		err = detectCommand(ctx, args[1:], stdout, stderr)
+	case "run":
+		err = runCommand(ctx, args[1:], stderr)
+	case "version":
+		fmt.Fprintln(stdout, version)
+	case "-h", "--help", "help":
+		usage(stdout)
+	default:
+		fmt.Fprintf(stderr, "agent: unknown command %q\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	if err != nil {
+		if err == errUsage {
+			return 2
+		}
+		fmt.Fprintf(stderr, "agent %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `usage: agent <command> [flags]
+
+commands:
+  detect   detect GPUs, peer links, fabric domains and RDMA NICs; print the node report
+  run      detect and keep the node's TransferNode current until SIGTERM
+  version  print the agent version
+
+"agent <command> -h" lists a command's flags.
+`)
+}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/stdr"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fabricxfer/fabricxfer/agent/report"
+	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/topology"
+)
+
+// runConfig is everything "agent run" was told.
+type runConfig struct {
+	detection     detectionFlags
+	kubeconfig    string
+	poolNamespace string
+	poolName      string
+	heartbeat     time.Duration
+	endpoint      string
+}
+
+func (c *runConfig) register(fs *flag.FlagSet) {
+	c.detection.register(fs)
+	fs.StringVar(&c.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file; empty uses the in-cluster service account")
+	fs.StringVar(&c.poolNamespace, "pool-namespace", os.Getenv("POOL_NAMESPACE"), "namespace of the TransferPool this agent serves")
+	fs.StringVar(&c.poolName, "pool-name", os.Getenv("POOL_NAME"), "name of the TransferPool this agent serves")
+	fs.DurationVar(&c.heartbeat, "heartbeat", 10*time.Second, "heartbeat and re-detection period")
+	fs.StringVar(&c.endpoint, "endpoint", "", "host:port other agents reach this one at")
+}
+
+// component is one long-running part of the agent. Run returns when ctx ends (nil) or on a fatal error.
+type component interface {
+	Run(ctx context.Context) error
+}
+
+// agentRuntime is the running agent: the shared dependencies and the components that use them.
+type agentRuntime struct {
+	log        logr.Logger
+	client     client.Client
+	detect     func(context.Context) (topology.Report, error)
+	identity   report.Identity
+	components []component
+}
+
+// buildRuntime wires the agent from its configuration. Components that serve pods or peers (the socket
+// server, the agent-to-agent listener) are added here, next to the reporter, sharing the same detector,
+// client and identity.
+func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
+	if cfg.detection.nodeName == "" {
+		return nil, fmt.Errorf("--node-name (or $%s) is required", envNodeName)
+	}
+	if cfg.heartbeat <= 0 {
+		return nil, fmt.Errorf("--heartbeat %s must be positive", cfg.heartbeat)
+	}
+	detect, err := cfg.detection.detector()
+	if err != nil {
+		return nil, err
+	}
+	restCfg, err := restConfig(cfg.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("building scheme: %w", err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("building scheme: %w", err)
+	}
+	c, err := client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
+	}
+	rt := &agentRuntime{
+		log:      log,
+		client:   c,
+		detect:   detect,
+		identity: report.Identity{AgentVersion: version, Endpoint: cfg.endpoint},
+	}
+	rep, err := reporter.New(reporter.Config{
+		NodeName:      cfg.detection.nodeName,
+		PoolNamespace: cfg.poolNamespace,
+		PoolName:      cfg.poolName,
+		Period:        cfg.heartbeat,
+		Identity:      rt.identity,
+		Detect:        detect,
+		Client:        c,
+		Log:           log.WithName("reporter"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	rt.components = append(rt.components, rep)
+	return rt, nil
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no --kubeconfig and not in a cluster: %w", err)
+		}
+		return cfg, nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
+	}
+	return cfg, nil
+}
+
+// run starts every component and waits until ctx ends or one fails.
+func (rt *agentRuntime) run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	for _, c := range rt.components {
+		g.Go(func() error { return c.Run(ctx) })
+	}
+	return g.Wait()
+}
+
+func runCommand(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("agent run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg runConfig
+	cfg.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "agent run: unexpected arguments %q\n", fs.Args())
+		return errUsage
+	}
+	log := stdr.New(stdLogger{stderr})
+	rt, err := buildRuntime(cfg, log)
+	if err != nil {
+		return err
+	}
+	log.Info("agent started", "node", cfg.detection.nodeName, "hostRoot", cfg.detection.hostRoot, "heartbeat", cfg.heartbeat, "version", version)
+	err = rt.run(ctx)
+	log.Info("agent stopped", "node", cfg.detection.nodeName)
+	return err
+}
