@@ -1,0 +1,45 @@
+package cuda
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestLoadMissingLibrarySaysWhy(t *testing.T) {
+	_, err := Load("/nonexistent/libcuda.so.1")
+	if err == nil {
+		t.Fatal("Load of a missing library succeeded")
+	}
+	if !strings.HasPrefix(err.Error(), "no CUDA driver: ") || !strings.Contains(err.Error(), "/nonexistent/libcuda.so.1") {
+		t.Fatalf("error %q does not say which library failed", err)
+	}
+}
+
+func TestLoadNVRTCMissingLibrarySaysWhy(t *testing.T) {
+	_, err := LoadNVRTC("/nonexistent/libnvrtc.so")
+	if err == nil || !strings.HasPrefix(err.Error(), "no NVRTC: ") {
+		t.Fatalf("LoadNVRTC error = %v", err)
+	}
+}
+
+func TestErrorNamesTheCallAndResult(t *testing.T) {
+	e := &Error{Op: "cuMemCreate", Code: ErrNotPermitted, Name: "CUDA_ERROR_NOT_PERMITTED"}
+	if e.Error() != "cuMemCreate: CUDA_ERROR_NOT_PERMITTED" {
+		t.Fatalf("Error() = %q", e.Error())
+	}
+	if !IsResult(e, ErrNotPermitted) || IsResult(e, ErrNotSupported) {
+		t.Fatal("IsResult does not match on the code")
+	}
+	bare := &Error{Op: "cuInit", Code: 42}
+	if !strings.Contains(bare.Error(), "42") {
+		t.Fatalf("unnamed result hides its code: %q", bare.Error())
+	}
+}
+
+func TestRoundUp(t *testing.T) {
+	for _, c := range []struct{ size, g, want uint64 }{{1, 2 << 20, 2 << 20}, {2 << 20, 2 << 20, 2 << 20}, {3 << 20, 2 << 20, 4 << 20}, {5, 0, 5}} {
+		if got := RoundUp(c.size, c.g); got != c.want {
+			t.Errorf("RoundUp(%d, %d) = %d, want %d", c.size, c.g, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,348 @@
+package gpucopy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/fabricxfer/fabricxfer/engines/cuda"
+)
+
+// Mode is how a Copier moves scattered items.
+type Mode string
+
+// Copy modes.
+const (
+	// ModeKernel: one scatter-kernel launch per submission.
+	ModeKernel Mode = "kernel"
+	// ModeBatch: the driver's cuMemcpyBatchAsync.
+	ModeBatch Mode = "driver-batch"
+	// ModePerItem: one cuMemcpyAsync per item.
+	ModePerItem Mode = "driver-per-item"
+)
+
+// Options tune a Copier; the zero value is the production default.
+type Options struct {
+	// NVRTC compiles the kernels; nil means it is not available.
+	NVRTC *cuda.NVRTC
+	// CacheDir holds compiled kernels between runs; empty disables the cache.
+	CacheDir string
+	// CopyEngineMin sends items at least this large to the copy engine
+	// instead of the kernel (default 16 MiB: per-call overhead is a few
+	// microseconds, and the copy engine runs a large copy at full memory speed
+	// without occupying SMs).
+	CopyEngineMin uint64
+	// MaxPiece cuts items into pieces of at most this many bytes for the
+	// kernel, one warp each (default 32 KiB).
+	MaxPiece uint64
+	// HostDescriptors lets the kernel read descriptors straight from pinned
+	// host memory instead of uploading them first.
+	HostDescriptors bool
+	// Force picks a mode instead of the best available (benchmarks).
+	Force Mode
+}
+
+const (
+	defaultCopyEngineMin = 16 << 20
+	defaultMaxPiece      = 32 << 10
+	threadsPerBlock      = 256
+	warpsPerBlock        = threadsPerBlock / 32
+)
+
+// Copier executes copies on one device's stream in its primary context.
+type Copier struct {
+	drv     *cuda.Driver
+	dev     cuda.Device
+	ctx     cuda.Context
+	sms     int
+	stream  cuda.Stream
+	kernels *Kernels
+	mode    Mode
+	reason  string
+	opts    Options
+
+	mu    sync.Mutex // serializes submissions on the stream
+	slots slotPool
+}
+
+// NewCopier opens ordinal's primary context, creates a stream and loads the
+// kernels; when they cannot be loaded it falls back to driver copies and
+// Reason says why.
+func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
+	if opts.CopyEngineMin == 0 {
+		opts.CopyEngineMin = defaultCopyEngineMin
+	}
+	if opts.MaxPiece == 0 {
+		opts.MaxPiece = defaultMaxPiece
+	}
+	dev, err := drv.DeviceGet(ordinal)
+	if err != nil {
+		return nil, fmt.Errorf("opening GPU %d: %w", ordinal, err)
+	}
+	ctx, err := drv.PrimaryContextRetain(dev)
+	if err != nil {
+		return nil, fmt.Errorf("retaining GPU %d's primary context: %w", ordinal, err)
+	}
+	c := &Copier{drv: drv, dev: dev, ctx: ctx, opts: opts}
+	c.slots.drv = drv
+	err = drv.WithContext(ctx, func() error {
+		if c.sms, err = drv.DeviceAttribute(dev, cuda.AttrMultiprocessorCount); err != nil {
+			return err
+		}
+		if c.stream, err = drv.StreamCreate(); err != nil {
+			return err
+		}
+		c.chooseMode()
+		return nil
+	})
+	if err != nil {
+		_ = drv.PrimaryContextRelease(dev)
+		return nil, fmt.Errorf("setting up GPU %d: %w", ordinal, err)
+	}
+	return c, nil
+}
+
+func (c *Copier) chooseMode() {
+	switch c.opts.Force {
+	case ModeBatch, ModePerItem:
+		c.mode, c.reason = c.opts.Force, "forced by options"
+		if c.mode == ModeBatch && !c.drv.HasBatchCopy() {
+			c.mode, c.reason = ModePerItem, "forced batch copy, but the driver has no cuMemcpyBatchAsync"
+		}
+		return
+	}
+	k, err := LoadKernels(c.drv, c.opts.NVRTC, c.dev, c.opts.CacheDir)
+	if err == nil {
+		c.kernels, c.mode = k, ModeKernel
+		return
+	}
+	c.mode, c.reason = ModePerItem, err.Error()
+	if c.drv.HasBatchCopy() {
+		c.mode = ModeBatch
+	}
+}
+
+// Mode is how scattered items move; Reason says why it is not ModeKernel.
+func (c *Copier) Mode() Mode { return c.mode }
+
+// Reason explains a fallback from the kernel ("" when the kernel is used).
+func (c *Copier) Reason() string { return c.reason }
+
+// Kernels describes the loaded kernels (nil in a driver mode).
+func (c *Copier) Kernels() *Kernels { return c.kernels }
+
+// Context is the device's primary context the Copier runs in.
+func (c *Copier) Context() cuda.Context { return c.ctx }
+
+// Device is the Copier's device.
+func (c *Copier) Device() cuda.Device { return c.dev }
+
+// Stream is the stream copies are queued on.
+func (c *Copier) Stream() cuda.Stream { return c.stream }
+
+// Driver is the driver the Copier uses.
+func (c *Copier) Driver() *cuda.Driver { return c.drv }
+
+// Pending is a submitted copy; Wait reports how it ended.
+type Pending struct {
+	c     *Copier
+	event cuda.Event
+	slot  *slot
+	once  sync.Once
+	err   error
+	done  chan struct{}
+}
+
+// Submit queues segs on the stream and returns without waiting for the GPU.
+// Every segment must be non-empty and reachable from this device.
+func (c *Copier) Submit(segs []Segment) (*Pending, error) {
+	if len(segs) == 0 {
+		return nil, errors.New("nothing to copy")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := &Pending{c: c, done: make(chan struct{})}
+	err := c.drv.WithContext(c.ctx, func() error {
+		small := segs
+		var big []Segment
+		if c.mode == ModeKernel {
+			small, big = splitBySize(segs, c.opts.CopyEngineMin)
+		}
+		for _, s := range big {
+			if err := c.drv.MemcpyAsync(s.Dst, s.Src, s.Size, c.stream); err != nil {
+				return err
+			}
+		}
+		if len(small) > 0 {
+			if err := c.queueScattered(p, small); err != nil {
+				return err
+			}
+		}
+		ev, err := c.drv.EventCreate(false)
+		if err != nil {
+			return err
+		}
+		p.event = ev
+		return c.drv.EventRecord(ev, c.stream)
+	})
+	if err != nil {
+		// Work already queued may still run; wait it out so the staging slot and
+		// the caller's buffers are not reused under it.
+		_ = c.drv.WithContext(c.ctx, func() error { return c.drv.StreamSynchronize(c.stream) })
+		c.release(p)
+		return nil, fmt.Errorf("queueing %d segments on GPU %d: %w", len(segs), c.dev, err)
+	}
+	return p, nil
+}
+
+func splitBySize(segs []Segment, threshold uint64) (small, big []Segment) {
+	for _, s := range segs {
+		if s.Size >= threshold {
+			big = append(big, s)
+		} else {
+			small = append(small, s)
+		}
+	}
+	return small, big
+}
+
+func (c *Copier) queueScattered(p *Pending, segs []Segment) error {
+	switch c.mode {
+	case ModeKernel:
+		return c.launchScatter(p, segs)
+	case ModeBatch:
+		dsts := make([]cuda.DevicePtr, len(segs))
+		srcs := make([]cuda.DevicePtr, len(segs))
+		sizes := make([]uint64, len(segs))
+		for i, s := range segs {
+			dsts[i], srcs[i], sizes[i] = cuda.DevicePtr(s.Dst), cuda.DevicePtr(s.Src), s.Size
+		}
+		return c.drv.MemcpyBatchAsync(dsts, srcs, sizes, c.stream)
+	default:
+		for _, s := range segs {
+			if err := c.drv.MemcpyAsync(s.Dst, s.Src, s.Size, c.stream); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func (c *Copier) launchScatter(p *Pending, segs []Segment) error {
+	layout, err := planLayout(segs, c.opts.MaxPiece)
+	if err != nil {
+		return err
+	}
+	s, err := c.slots.get(uint64(layout.bytes()))
+	if err != nil {
+		return err
+	}
+	p.slot = s
+	writeDescriptors(s.host(), segs, layout, c.opts.MaxPiece)
+	descs := uint64(s.hostPtr)
+	if !c.opts.HostDescriptors {
+		if err := c.drv.MemcpyHtoDAsync(s.devPtr, s.hostPtr, uint64(layout.bytes()), c.stream); err != nil {
+			return err
+		}
+		descs = uint64(s.devPtr)
+	}
+	blocks := min((layout.pieces+warpsPerBlock-1)/warpsPerBlock, c.sms*8)
+	cfg := cuda.LaunchConfig{GridX: uint32(blocks), BlockX: threadsPerBlock, Stream: c.stream}
+	count := uint32(layout.pieces)
+	if layout.uniform {
+		size := layout.pieceSize
+		return c.drv.Launch(c.kernels.uniform, cfg, []unsafe.Pointer{
+			unsafe.Pointer(&layout.srcBase), unsafe.Pointer(&layout.dstBase), unsafe.Pointer(&descs),
+			unsafe.Pointer(&count), unsafe.Pointer(&size), unsafe.Pointer(&layout.shift)})
+	}
+	return c.drv.Launch(c.kernels.general, cfg, []unsafe.Pointer{unsafe.Pointer(&descs), unsafe.Pointer(&count)})
+}
+
+// LaunchContiguous queues the contiguous-copy kernel (benchmarks compare it
+// with the copy engine). The current context must be the Copier's.
+func (c *Copier) LaunchContiguous(dst, src, n uint64) error {
+	if c.kernels == nil {
+		return errors.New("no copy kernels loaded: " + c.reason)
+	}
+	blocks := min(int((n+threadsPerBlock*64-1)/(threadsPerBlock*64)), c.sms*8)
+	cfg := cuda.LaunchConfig{GridX: uint32(max(blocks, 1)), BlockX: threadsPerBlock, Stream: c.stream}
+	return c.drv.Launch(c.kernels.contig, cfg, []unsafe.Pointer{unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&n)})
+}
+
+// Done reports whether the copy has finished (successfully or not) without blocking.
+func (p *Pending) Done() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+	}
+	var finished bool
+	_ = p.c.drv.WithContext(p.c.ctx, func() error {
+		ok, err := p.c.drv.EventQuery(p.event)
+		if ok || err != nil {
+			p.finish(err)
+			finished = true
+		}
+		return nil
+	})
+	return finished
+}
+
+// Wait blocks until the copy finishes or ctx ends. It polls the completion
+// event (spinning briefly, then sleeping) so that it can honour ctx; it is
+// idempotent.
+func (p *Pending) Wait(ctx context.Context) error {
+	spin := time.Now().Add(200 * time.Microsecond)
+	sleep := 20 * time.Microsecond
+	for !p.Done() {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("waiting for a GPU copy: %w", err)
+		}
+		if time.Now().Before(spin) {
+			continue
+		}
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("waiting for a GPU copy: %w", ctx.Err())
+		case <-t.C:
+		}
+		sleep = min(sleep*2, time.Millisecond)
+	}
+	return p.err
+}
+
+func (p *Pending) finish(err error) {
+	p.once.Do(func() {
+		p.err = err
+		p.c.release(p)
+		close(p.done)
+	})
+}
+
+func (c *Copier) release(p *Pending) {
+	if p.event != 0 {
+		_ = c.drv.WithContext(c.ctx, func() error { return c.drv.EventDestroy(p.event) })
+	}
+	if p.slot != nil {
+		c.slots.put(p.slot)
+	}
+}
+
+// Close waits for queued work and frees the stream, staging memory and kernels.
+func (c *Copier) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err := c.drv.WithContext(c.ctx, func() error {
+		errs := []error{c.drv.StreamSynchronize(c.stream), c.slots.close(), c.drv.StreamDestroy(c.stream)}
+		if c.kernels != nil {
+			errs = append(errs, c.drv.ModuleUnload(c.kernels.module))
+		}
+		return errors.Join(errs...)
+	})
+	return errors.Join(err, c.drv.PrimaryContextRelease(c.dev))
+}

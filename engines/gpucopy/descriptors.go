@@ -1,0 +1,127 @@
+package gpucopy
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+
+	"github.com/fabricxfer/fabricxfer/native/kernels"
+)
+
+// Segment is one copy between two addresses the GPU can reach (device
+// memory of this or a peer GPU, imported memory, pinned or registered host
+// memory), in the unified address space.
+type Segment struct {
+	Dst, Src uint64
+	Size     uint64
+}
+
+// batchLayout is how a set of segments is described to the scatter kernel.
+type batchLayout struct {
+	uniform bool
+	pieces  int
+	// Uniform form: every piece is pieceSize bytes at base + (offset << shift).
+	srcBase, dstBase uint64
+	pieceSize        uint64
+	shift            uint32
+}
+
+func (l batchLayout) bytes() int {
+	if l.uniform {
+		return l.pieces * kernels.UniformDescriptorSize
+	}
+	return l.pieces * kernels.GeneralDescriptorSize
+}
+
+// planLayout chooses the descriptor form for segs, cutting each segment into
+// pieces of at most maxPiece bytes so that one warp's share stays small and
+// large items spread across the GPU.
+func planLayout(segs []Segment, maxPiece uint64) (batchLayout, error) {
+	if maxPiece == 0 {
+		return batchLayout{}, fmt.Errorf("piece size must be positive")
+	}
+	var l batchLayout
+	uniformSize := segs[0].Size
+	same := true
+	l.srcBase, l.dstBase = math.MaxUint64, math.MaxUint64
+	for _, s := range segs {
+		if s.Size == 0 {
+			return batchLayout{}, fmt.Errorf("empty segment at src %#x", s.Src)
+		}
+		l.pieces += int((s.Size + maxPiece - 1) / maxPiece)
+		same = same && s.Size == uniformSize
+		l.srcBase = min(l.srcBase, s.Src)
+		l.dstBase = min(l.dstBase, s.Dst)
+	}
+	if l.pieces > math.MaxUint32 {
+		return batchLayout{}, fmt.Errorf("%d pieces exceed one launch", l.pieces)
+	}
+	if !same || (uniformSize > maxPiece && uniformSize%maxPiece != 0) {
+		return l, nil
+	}
+	piece := min(uniformSize, maxPiece)
+	// The largest power of two dividing every offset (and the piece size, since
+	// pieces start at multiples of it) is the unit of the 32-bit offsets.
+	var or, maxOff uint64
+	if uniformSize > piece {
+		or = piece
+	}
+	for _, s := range segs {
+		so, do := s.Src-l.srcBase, s.Dst-l.dstBase
+		or |= so | do
+		maxOff = max(maxOff, so+uniformSize-piece, do+uniformSize-piece)
+	}
+	shift := uint32(31)
+	if or != 0 {
+		shift = min(uint32(bits.TrailingZeros64(or)), 31)
+	}
+	if maxOff>>shift > math.MaxUint32 {
+		return l, nil
+	}
+	l.uniform, l.pieceSize, l.shift = true, piece, shift
+	return l, nil
+}
+
+// writeDescriptors writes the descriptors for segs in layout l into buf,
+// which must hold l.bytes().
+func writeDescriptors(buf []byte, segs []Segment, l batchLayout, maxPiece uint64) {
+	le := binary.LittleEndian
+	i := 0
+	for _, s := range segs {
+		for off := uint64(0); off < s.Size; off += maxPiece {
+			n := min(maxPiece, s.Size-off)
+			if l.uniform {
+				le.PutUint32(buf[i:], uint32((s.Src+off-l.srcBase)>>l.shift))
+				le.PutUint32(buf[i+4:], uint32((s.Dst+off-l.dstBase)>>l.shift))
+				i += kernels.UniformDescriptorSize
+			} else {
+				le.PutUint64(buf[i:], s.Src+off)
+				le.PutUint64(buf[i+8:], s.Dst+off)
+				le.PutUint64(buf[i+16:], n)
+				i += kernels.GeneralDescriptorSize
+			}
+		}
+	}
+}
+
+// readDescriptors decodes descriptors the way the kernels read them; it is
+// the reference the tests hold the encoder to.
+func readDescriptors(buf []byte, l batchLayout) []Segment {
+	le := binary.LittleEndian
+	out := make([]Segment, 0, l.pieces)
+	for i := 0; i < l.pieces; i++ {
+		if l.uniform {
+			b := buf[i*kernels.UniformDescriptorSize:]
+			out = append(out, Segment{
+				Src:  l.srcBase + uint64(le.Uint32(b))<<l.shift,
+				Dst:  l.dstBase + uint64(le.Uint32(b[4:]))<<l.shift,
+				Size: l.pieceSize,
+			})
+			continue
+		}
+		b := buf[i*kernels.GeneralDescriptorSize:]
+		out = append(out, Segment{Src: le.Uint64(b), Dst: le.Uint64(b[8:]), Size: le.Uint64(b[16:])})
+	}
+	return out
+}

@@ -1,0 +1,101 @@
+package gpucopy
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// pieces is what the kernel must copy for segs: each segment cut at maxPiece.
+func pieces(segs []Segment, maxPiece uint64) []Segment {
+	var out []Segment
+	for _, s := range segs {
+		for off := uint64(0); off < s.Size; off += maxPiece {
+			out = append(out, Segment{Dst: s.Dst + off, Src: s.Src + off, Size: min(maxPiece, s.Size-off)})
+		}
+	}
+	return out
+}
+
+func roundTrip(t *testing.T, segs []Segment, maxPiece uint64) batchLayout {
+	t.Helper()
+	l, err := planLayout(segs, maxPiece)
+	if err != nil {
+		t.Fatalf("planLayout: %v", err)
+	}
+	buf := make([]byte, l.bytes())
+	writeDescriptors(buf, segs, l, maxPiece)
+	got := readDescriptors(buf, l)
+	want := pieces(segs, maxPiece)
+	if len(got) != len(want) {
+		t.Fatalf("%d descriptors, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("descriptor %d = %+v, want %+v (uniform=%v shift=%d)", i, got[i], want[i], l.uniform, l.shift)
+		}
+	}
+	return l
+}
+
+func TestUniformLayoutForEqualAlignedBlocks(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	const block = 720
+	var segs []Segment
+	for _, i := range r.Perm(15360) {
+		segs = append(segs, Segment{Src: 0x7f0000000000 + uint64(i)*block, Dst: 0x7e0000000000 + uint64(r.IntN(1<<20))*block, Size: block})
+	}
+	l := roundTrip(t, segs, 32<<10)
+	if !l.uniform {
+		t.Fatal("equal 720 B blocks should use the 8-byte uniform descriptors")
+	}
+	if l.shift != 4 {
+		t.Errorf("shift = %d, want 4 (720 = 45 * 16)", l.shift)
+	}
+	if l.bytes() != 15360*8 {
+		t.Errorf("descriptor bytes = %d", l.bytes())
+	}
+}
+
+func TestUniformLayoutSplitsLargeBlocks(t *testing.T) {
+	segs := []Segment{{Src: 0x1000000, Dst: 0x9000000, Size: 256 << 10}, {Src: 0x5000000, Dst: 0x2000000, Size: 256 << 10}}
+	l := roundTrip(t, segs, 32<<10)
+	if !l.uniform || l.pieces != 16 || l.pieceSize != 32<<10 {
+		t.Fatalf("layout %+v, want 16 uniform pieces of 32 KiB", l)
+	}
+}
+
+func TestGeneralLayoutForMixedSizesAndOddOffsets(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	var segs []Segment
+	for i := 0; i < 5000; i++ {
+		segs = append(segs, Segment{Src: 0x10000 + r.Uint64N(1<<34), Dst: 0x20000 + r.Uint64N(1<<34), Size: 1 + r.Uint64N(100<<10)})
+	}
+	l := roundTrip(t, segs, 32<<10)
+	if l.uniform {
+		t.Fatal("mixed sizes cannot use the uniform form")
+	}
+}
+
+func TestUniformFallsBackWhenOffsetsOverflow32Bits(t *testing.T) {
+	// Byte-granular offsets spanning more than 4 GiB do not fit 32-bit units.
+	segs := []Segment{{Src: 1, Dst: 0, Size: 3}, {Src: 1 + 5<<30, Dst: 7, Size: 3}}
+	if l := roundTrip(t, segs, 32<<10); l.uniform {
+		t.Fatalf("layout %+v should be general", l)
+	}
+}
+
+func TestPlanLayoutRejectsEmptySegments(t *testing.T) {
+	if _, err := planLayout([]Segment{{Src: 1, Dst: 2, Size: 0}}, 1024); err == nil {
+		t.Fatal("an empty segment was accepted")
+	}
+	if _, err := planLayout([]Segment{{Src: 1, Dst: 2, Size: 8}}, 0); err == nil {
+		t.Fatal("a zero piece size was accepted")
+	}
+}
+
+func TestSplitBySize(t *testing.T) {
+	small, big := splitBySize([]Segment{{Size: 1}, {Size: 16 << 20}, {Size: 5}, {Size: 1 << 30}}, 16<<20)
+	if len(small) != 2 || len(big) != 2 || big[0].Size != 16<<20 {
+		t.Fatalf("small %v big %v", small, big)
+	}
+}

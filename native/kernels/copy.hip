@@ -1,0 +1,110 @@
+// fabricxfer copy kernels (HIP). Compiled at run time with hipRTC for the GPU
+// present. AMD GPUs run 64-lane wavefronts, so a "warp" here is one
+// wavefront (FX_LANES); everything else matches copy.cu.
+//
+// fx_copy_contig      one contiguous range, every thread of the grid.
+// fx_scatter_general  one wavefront per descriptor {src, dst, size}: any sizes and
+//                     alignments.
+// fx_scatter_uniform  one wavefront per descriptor for equal-sized items whose
+//                     addresses are base + (offset << shift): 8 bytes of
+//                     descriptor per item instead of 24, since the host must
+//                     ship every descriptor before the kernel runs.
+//
+// Within a range, 16-byte vectors are used where source and destination share
+// their alignment modulo 16, then 8, 4, 2 bytes, with byte copies for the
+// unaligned head and the tail. Each thread keeps four vectors in flight.
+
+#define FX_LANES 64
+#define FX_LANE_SHIFT 6
+
+typedef unsigned long long fx_u64;
+typedef unsigned int fx_u32;
+
+struct alignas(16) fx_v16 { fx_u32 x, y, z, w; };
+
+struct alignas(8) fx_off {
+  fx_u32 src;
+  fx_u32 dst;
+};
+
+struct fx_desc {
+  fx_u64 src;
+  fx_u64 dst;
+  fx_u64 size;
+};
+
+template <typename T>
+__device__ __forceinline__ void fx_copy_words(T* __restrict__ d, const T* __restrict__ s, fx_u64 n,
+                                              fx_u64 lane, fx_u64 lanes) {
+  fx_u64 i = lane;
+  for (; i + 3 * lanes < n; i += 4 * lanes) {
+    T a = s[i];
+    T b = s[i + lanes];
+    T c = s[i + 2 * lanes];
+    T e = s[i + 3 * lanes];
+    d[i] = a;
+    d[i + lanes] = b;
+    d[i + 2 * lanes] = c;
+    d[i + 3 * lanes] = e;
+  }
+  for (; i < n; i += lanes) d[i] = s[i];
+}
+
+template <typename T>
+__device__ __forceinline__ void fx_copy_aligned(unsigned char* d, const unsigned char* s, fx_u64 n,
+                                                fx_u64 lane, fx_u64 lanes) {
+  const fx_u64 w = sizeof(T);
+  fx_u64 head = (w - ((fx_u64)d & (w - 1))) & (w - 1);
+  if (head > n) head = n;
+  for (fx_u64 i = lane; i < head; i += lanes) d[i] = s[i];
+  d += head;
+  s += head;
+  n -= head;
+  fx_u64 words = n / w;
+  fx_copy_words<T>((T*)d, (const T*)s, words, lane, lanes);
+  for (fx_u64 i = words * w + lane; i < n; i += lanes) d[i] = s[i];
+}
+
+__device__ __forceinline__ void fx_copy_span(fx_u64 dst, fx_u64 src, fx_u64 n, fx_u64 lane, fx_u64 lanes) {
+  unsigned char* d = (unsigned char*)dst;
+  const unsigned char* s = (const unsigned char*)src;
+  fx_u64 mis = dst ^ src;
+  if ((mis & 15) == 0) {
+    fx_copy_aligned<fx_v16>(d, s, n, lane, lanes);
+  } else if ((mis & 7) == 0) {
+    fx_copy_aligned<fx_u64>(d, s, n, lane, lanes);
+  } else if ((mis & 3) == 0) {
+    fx_copy_aligned<fx_u32>(d, s, n, lane, lanes);
+  } else if ((mis & 1) == 0) {
+    fx_copy_aligned<unsigned short>(d, s, n, lane, lanes);
+  } else {
+    fx_copy_words<unsigned char>(d, s, n, lane, lanes);
+  }
+}
+
+extern "C" __global__ void fx_copy_contig(fx_u64 dst, fx_u64 src, fx_u64 n) {
+  fx_u64 lane = (fx_u64)blockIdx.x * blockDim.x + threadIdx.x;
+  fx_u64 lanes = (fx_u64)gridDim.x * blockDim.x;
+  fx_copy_span(dst, src, n, lane, lanes);
+}
+
+extern "C" __global__ void fx_scatter_general(const fx_desc* __restrict__ descs, fx_u32 count) {
+  const fx_u32 lane = threadIdx.x & (FX_LANES - 1);
+  fx_u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) >> FX_LANE_SHIFT;
+  const fx_u32 warps = (gridDim.x * blockDim.x) >> FX_LANE_SHIFT;
+  for (; warp < count; warp += warps) {
+    fx_desc t = descs[warp];
+    fx_copy_span(t.dst, t.src, t.size, lane, FX_LANES);
+  }
+}
+
+extern "C" __global__ void fx_scatter_uniform(fx_u64 src_base, fx_u64 dst_base, const fx_off* __restrict__ offs,
+                                              fx_u32 count, fx_u64 size, fx_u32 shift) {
+  const fx_u32 lane = threadIdx.x & (FX_LANES - 1);
+  fx_u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) >> FX_LANE_SHIFT;
+  const fx_u32 warps = (gridDim.x * blockDim.x) >> FX_LANE_SHIFT;
+  for (; warp < count; warp += warps) {
+    fx_off o = offs[warp];
+    fx_copy_span(dst_base + ((fx_u64)o.dst << shift), src_base + ((fx_u64)o.src << shift), size, lane, FX_LANES);
+  }
+}
