@@ -70,26 +70,26 @@ type Driver struct {
 }
 
 type driverFuncs struct {
-	init, driverGetVersion, getErrorName                                      uintptr
-	deviceGet, deviceGetCount, deviceGetName, deviceGetAttribute              uintptr
-	deviceGetPCIBusID, deviceTotalMem, deviceCanAccessPeer                    uintptr
-	primaryCtxRetain, primaryCtxRelease                                       uintptr
-	ctxGetCurrent, ctxSetCurrent, ctxSynchronize, ctxEnablePeerAccess         uintptr
-	ctxGetDevice                                                              uintptr
-	memAlloc, memFree, memHostAlloc, memFreeHost, memHostRegister             uintptr
-	memHostUnregister, memGetInfo, memsetD8, memsetD8Async                    uintptr
-	memcpy, memcpyAsync, memcpyDtoD, memcpyDtoDAsync, memcpyHtoD, memcpyDtoH  uintptr
-	memcpyHtoDAsync, memcpyDtoHAsync, memcpyPeer, memcpyPeerAsync, batchCopy  uintptr
-	streamCreate, streamDestroy, streamSynchronize, streamQuery               uintptr
-	streamWaitEvent                                                           uintptr
-	eventCreate, eventDestroy, eventRecord, eventSynchronize, eventQuery      uintptr
-	eventElapsedTime                                                          uintptr
-	moduleLoadData, moduleUnload, moduleGetFunction, launchKernel             uintptr
-	memGetAllocationGranularity, memCreate, memRelease, memExport, memImport  uintptr
-	memAddressReserve, memAddressFree, memMap, memUnmap, memSetAccess         uintptr
-	memRetainAllocationHandle, memGetAllocationPropertiesFromHandle           uintptr
-	ipcGetMemHandle, ipcOpenMemHandle, ipcCloseMemHandle                      uintptr
-	pointerGetAttribute, memGetAddressRange                                   uintptr
+	init, driverGetVersion, getErrorName                                     uintptr
+	deviceGet, deviceGetCount, deviceGetName, deviceGetAttribute             uintptr
+	deviceGetPCIBusID, deviceTotalMem, deviceCanAccessPeer                   uintptr
+	primaryCtxRetain, primaryCtxRelease                                      uintptr
+	ctxGetCurrent, ctxSetCurrent, ctxSynchronize, ctxEnablePeerAccess        uintptr
+	ctxGetDevice                                                             uintptr
+	memAlloc, memFree, memHostAlloc, memFreeHost, memHostRegister            uintptr
+	memHostUnregister, memGetInfo, memsetD8, memsetD8Async                   uintptr
+	memcpy, memcpyAsync, memcpyDtoD, memcpyDtoDAsync, memcpyHtoD, memcpyDtoH uintptr
+	memcpyHtoDAsync, memcpyDtoHAsync, memcpyPeer, memcpyPeerAsync, batchCopy uintptr
+	streamCreate, streamDestroy, streamSynchronize, streamQuery              uintptr
+	streamWaitEvent                                                          uintptr
+	eventCreate, eventDestroy, eventRecord, eventSynchronize, eventQuery     uintptr
+	eventElapsedTime                                                         uintptr
+	moduleLoadData, moduleUnload, moduleGetFunction, launchKernel            uintptr
+	memGetAllocationGranularity, memCreate, memRelease, memExport, memImport uintptr
+	memAddressReserve, memAddressFree, memMap, memUnmap, memSetAccess        uintptr
+	memRetainAllocationHandle, memGetAllocationPropertiesFromHandle          uintptr
+	ipcGetMemHandle, ipcOpenMemHandle, ipcCloseMemHandle                     uintptr
+	pointerGetAttribute, memGetAddressRange                                  uintptr
 }
 
 // Load opens the CUDA driver library (the first of paths that opens, or the

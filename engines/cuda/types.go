@@ -49,19 +49,19 @@ const (
 )
 
 const (
-	memAllocationTypePinned    = 0x1
-	memLocationTypeDevice      = 0x1
-	memAccessFlagsReadWrite    = 0x3
-	memAllocGranularityMinimum = 0x0
-	memcpySrcAccessOrderStream = 0x1
-	ipcMemLazyEnablePeerAccess = 0x1
-	streamNonBlocking          = 0x1
-	eventDefault               = 0x0
-	eventDisableTiming         = 0x2
-	memHostAllocPortable       = 0x1
-	memHostAllocDeviceMap      = 0x2
-	memHostRegisterPortable    = 0x1
-	memHostRegisterDeviceMap   = 0x2
+	memAllocationTypePinned       = 0x1
+	memLocationTypeDevice         = 0x1
+	memAccessFlagsReadWrite       = 0x3
+	memAllocGranularityMinimum    = 0x0
+	memcpySrcAccessOrderStream    = 0x1
+	ipcMemLazyEnablePeerAccess    = 0x1
+	streamNonBlocking             = 0x1
+	eventDefault                  = 0x0
+	eventDisableTiming            = 0x2
+	memHostAllocPortable          = 0x1
+	memHostAllocDeviceMap         = 0x2
+	memHostRegisterPortable       = 0x1
+	memHostRegisterDeviceMap      = 0x2
 	pointerAttributeContext       = 1
 	pointerAttributeMemoryType    = 2
 	pointerAttributeDeviceOrdinal = 9
