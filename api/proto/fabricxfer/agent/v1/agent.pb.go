@@ -913,7 +913,7 @@ type Region struct {
 	SegmentName string                 `protobuf:"bytes,4,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
 	// An opaque descriptor a peer may name in a TransferItem (it carries a capability: share it only with the
 	// pods that should reach this memory).
-	Descriptor_ []byte `protobuf:"bytes,5,opt,name=descriptor,proto3" json:"descriptor,omitempty"`
+	Desc []byte `protobuf:"bytes,5,opt,name=desc,proto3" json:"desc,omitempty"`
 	// Engines that could register the memory.
 	Engines       []string `protobuf:"bytes,6,rep,name=engines,proto3" json:"engines,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -978,9 +978,9 @@ func (x *Region) GetSegmentName() string {
 	return ""
 }
 
-func (x *Region) GetDescriptor_() []byte {
+func (x *Region) GetDesc() []byte {
 	if x != nil {
-		return x.Descriptor_
+		return x.Desc
 	}
 	return nil
 }
@@ -1123,7 +1123,7 @@ type RemoteRef struct {
 	//
 	//	*RemoteRef_RegionId
 	//	*RemoteRef_Segment
-	//	*RemoteRef_Descriptor_
+	//	*RemoteRef_Desc
 	Target        isRemoteRef_Target `protobuf_oneof:"target"`
 	Node          string             `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1185,10 +1185,10 @@ func (x *RemoteRef) GetSegment() string {
 	return ""
 }
 
-func (x *RemoteRef) GetDescriptor_() []byte {
+func (x *RemoteRef) GetDesc() []byte {
 	if x != nil {
-		if x, ok := x.Target.(*RemoteRef_Descriptor_); ok {
-			return x.Descriptor_
+		if x, ok := x.Target.(*RemoteRef_Desc); ok {
+			return x.Desc
 		}
 	}
 	return nil
@@ -1215,16 +1215,16 @@ type RemoteRef_Segment struct {
 	Segment string `protobuf:"bytes,2,opt,name=segment,proto3,oneof"`
 }
 
-type RemoteRef_Descriptor_ struct {
-	// A descriptor from Region.descriptor or ResolveSegmentResponse.descriptor.
-	Descriptor_ []byte `protobuf:"bytes,3,opt,name=descriptor,proto3,oneof"`
+type RemoteRef_Desc struct {
+	// A descriptor from Region.desc or ResolveSegmentResponse.desc.
+	Desc []byte `protobuf:"bytes,3,opt,name=desc,proto3,oneof"`
 }
 
 func (*RemoteRef_RegionId) isRemoteRef_Target() {}
 
 func (*RemoteRef_Segment) isRemoteRef_Target() {}
 
-func (*RemoteRef_Descriptor_) isRemoteRef_Target() {}
+func (*RemoteRef_Desc) isRemoteRef_Target() {}
 
 type TransferItem struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1321,7 +1321,10 @@ type TransferRequest struct {
 	// How long the transfer may take from submission; zero means the agent's default.
 	Timeout *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// When set, delivered to the target side's Notifications stream once every item has landed.
-	Notify        []byte `protobuf:"bytes,5,opt,name=notify,proto3" json:"notify,omitempty"`
+	Notify []byte `protobuf:"bytes,5,opt,name=notify,proto3" json:"notify,omitempty"`
+	// Return only once the transfer has settled, with its status in the response (one round trip for small,
+	// latency-bound transfers).
+	Wait          bool `protobuf:"varint,6,opt,name=wait,proto3" json:"wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1391,6 +1394,13 @@ func (x *TransferRequest) GetNotify() []byte {
 	return nil
 }
 
+func (x *TransferRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
 type TransferResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	TransferId uint64                 `protobuf:"varint,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
@@ -1398,7 +1408,9 @@ type TransferResponse struct {
 	Items uint32 `protobuf:"varint,2,opt,name=items,proto3" json:"items,omitempty"`
 	Bytes uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	// Engines that carry the plans, in plan order.
-	Engines       []string `protobuf:"bytes,4,rep,name=engines,proto3" json:"engines,omitempty"`
+	Engines []string `protobuf:"bytes,4,rep,name=engines,proto3" json:"engines,omitempty"`
+	// The settled status when the request asked to wait.
+	Status        *TransferStatus `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1457,6 +1469,13 @@ func (x *TransferResponse) GetBytes() uint64 {
 func (x *TransferResponse) GetEngines() []string {
 	if x != nil {
 		return x.Engines
+	}
+	return nil
+}
+
+func (x *TransferResponse) GetStatus() *TransferStatus {
+	if x != nil {
+		return x.Status
 	}
 	return nil
 }
@@ -1803,7 +1822,7 @@ func (x *ResolveSegmentRequest) GetSegment() string {
 
 type ResolveSegmentResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Descriptor_   []byte                 `protobuf:"bytes,1,opt,name=descriptor,proto3" json:"descriptor,omitempty"`
+	Desc          []byte                 `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
 	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	Kind          MemoryKind             `protobuf:"varint,3,opt,name=kind,proto3,enum=fabricxfer.agent.v1.MemoryKind" json:"kind,omitempty"`
 	Length        uint64                 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
@@ -1841,9 +1860,9 @@ func (*ResolveSegmentResponse) Descriptor() ([]byte, []int) {
 	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
-func (x *ResolveSegmentResponse) GetDescriptor_() []byte {
+func (x *ResolveSegmentResponse) GetDesc() []byte {
 	if x != nil {
-		return x.Descriptor_
+		return x.Desc
 	}
 	return nil
 }
@@ -2014,7 +2033,7 @@ type Endpoint struct {
 	//
 	//	*Endpoint_RegionId
 	//	*Endpoint_Segment
-	//	*Endpoint_Descriptor_
+	//	*Endpoint_Desc
 	Target        isEndpoint_Target `protobuf_oneof:"target"`
 	Node          string            `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -2076,10 +2095,10 @@ func (x *Endpoint) GetSegment() string {
 	return ""
 }
 
-func (x *Endpoint) GetDescriptor_() []byte {
+func (x *Endpoint) GetDesc() []byte {
 	if x != nil {
-		if x, ok := x.Target.(*Endpoint_Descriptor_); ok {
-			return x.Descriptor_
+		if x, ok := x.Target.(*Endpoint_Desc); ok {
+			return x.Desc
 		}
 	}
 	return nil
@@ -2104,15 +2123,15 @@ type Endpoint_Segment struct {
 	Segment string `protobuf:"bytes,2,opt,name=segment,proto3,oneof"`
 }
 
-type Endpoint_Descriptor_ struct {
-	Descriptor_ []byte `protobuf:"bytes,3,opt,name=descriptor,proto3,oneof"`
+type Endpoint_Desc struct {
+	Desc []byte `protobuf:"bytes,3,opt,name=desc,proto3,oneof"`
 }
 
 func (*Endpoint_RegionId) isEndpoint_Target() {}
 
 func (*Endpoint_Segment) isEndpoint_Target() {}
 
-func (*Endpoint_Descriptor_) isEndpoint_Target() {}
+func (*Endpoint_Desc) isEndpoint_Target() {}
 
 type ExplainRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2591,27 +2610,23 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\tgpu_index\x18\t \x01(\x05R\bgpuIndex\x12\x19\n" +
 	"\bgpu_uuid\x18\n" +
 	" \x01(\tR\agpuUuid\x12!\n" +
-	"\fsegment_name\x18\v \x01(\tR\vsegmentName\"\xc2\x01\n" +
+	"\fsegment_name\x18\v \x01(\tR\vsegmentName\"\xb6\x01\n" +
 	"\x06Region\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x123\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12\x16\n" +
 	"\x06length\x18\x03 \x01(\x04R\x06length\x12!\n" +
-	"\fsegment_name\x18\x04 \x01(\tR\vsegmentName\x12\x1e\n" +
-	"\n" +
-	"descriptor\x18\x05 \x01(\fR\n" +
-	"descriptor\x12\x18\n" +
+	"\fsegment_name\x18\x04 \x01(\tR\vsegmentName\x12\x12\n" +
+	"\x04desc\x18\x05 \x01(\fR\x04desc\x12\x18\n" +
 	"\aengines\x18\x06 \x03(\tR\aengines\"M\n" +
 	"\x16RegisterMemoryResponse\x123\n" +
 	"\x06region\x18\x01 \x01(\v2\x1b.fabricxfer.agent.v1.RegionR\x06region\"6\n" +
 	"\x17DeregisterMemoryRequest\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\x04R\bregionId\"\x1a\n" +
-	"\x18DeregisterMemoryResponse\"\x86\x01\n" +
+	"\x18DeregisterMemoryResponse\"z\n" +
 	"\tRemoteRef\x12\x1d\n" +
 	"\tregion_id\x18\x01 \x01(\x04H\x00R\bregionId\x12\x1a\n" +
-	"\asegment\x18\x02 \x01(\tH\x00R\asegment\x12 \n" +
-	"\n" +
-	"descriptor\x18\x03 \x01(\fH\x00R\n" +
-	"descriptor\x12\x12\n" +
+	"\asegment\x18\x02 \x01(\tH\x00R\asegment\x12\x14\n" +
+	"\x04desc\x18\x03 \x01(\fH\x00R\x04desc\x12\x12\n" +
 	"\x04node\x18\x04 \x01(\tR\x04nodeB\b\n" +
 	"\x06target\"\xe0\x01\n" +
 	"\fTransferItem\x12&\n" +
@@ -2620,19 +2635,21 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x06remote\x18\x03 \x01(\v2\x1e.fabricxfer.agent.v1.RemoteRefR\x06remote\x12#\n" +
 	"\rremote_offset\x18\x04 \x01(\x04R\fremoteOffset\x12\x16\n" +
 	"\x06length\x18\x05 \x01(\x04R\x06length\x12\x10\n" +
-	"\x03tag\x18\x06 \x01(\tR\x03tag\"\xf8\x01\n" +
+	"\x03tag\x18\x06 \x01(\tR\x03tag\"\x8c\x02\n" +
 	"\x0fTransferRequest\x12'\n" +
 	"\x02op\x18\x01 \x01(\x0e2\x17.fabricxfer.agent.v1.OpR\x02op\x126\n" +
 	"\x06remote\x18\x02 \x01(\v2\x1e.fabricxfer.agent.v1.RemoteRefR\x06remote\x127\n" +
 	"\x05items\x18\x03 \x03(\v2!.fabricxfer.agent.v1.TransferItemR\x05items\x123\n" +
 	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x16\n" +
-	"\x06notify\x18\x05 \x01(\fR\x06notify\"y\n" +
+	"\x06notify\x18\x05 \x01(\fR\x06notify\x12\x12\n" +
+	"\x04wait\x18\x06 \x01(\bR\x04wait\"\xb6\x01\n" +
 	"\x10TransferResponse\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\x04R\n" +
 	"transferId\x12\x14\n" +
 	"\x05items\x18\x02 \x01(\rR\x05items\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12\x18\n" +
-	"\aengines\x18\x04 \x03(\tR\aengines\"L\n" +
+	"\aengines\x18\x04 \x03(\tR\aengines\x12;\n" +
+	"\x06status\x18\x05 \x01(\v2#.fabricxfer.agent.v1.TransferStatusR\x06status\"L\n" +
 	"\n" +
 	"TagFailure\x12\x10\n" +
 	"\x03tag\x18\x01 \x01(\tR\x03tag\x12\x12\n" +
@@ -2657,11 +2674,9 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"transferId\"E\n" +
 	"\x15ResolveSegmentRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
-	"\asegment\x18\x02 \x01(\tR\asegment\"\x99\x01\n" +
-	"\x16ResolveSegmentResponse\x12\x1e\n" +
-	"\n" +
-	"descriptor\x18\x01 \x01(\fR\n" +
-	"descriptor\x12\x12\n" +
+	"\asegment\x18\x02 \x01(\tR\asegment\"\x8d\x01\n" +
+	"\x16ResolveSegmentResponse\x12\x12\n" +
+	"\x04desc\x18\x01 \x01(\fR\x04desc\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x123\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12\x16\n" +
 	"\x06length\x18\x04 \x01(\x04R\x06length\"5\n" +
@@ -2676,13 +2691,11 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x12source_transfer_id\x18\x04 \x01(\x04R\x10sourceTransferId\x12'\n" +
 	"\x02op\x18\x05 \x01(\x0e2\x17.fabricxfer.agent.v1.OpR\x02op\x12\x14\n" +
 	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12\x18\n" +
-	"\apayload\x18\a \x01(\fR\apayload\"\x85\x01\n" +
+	"\apayload\x18\a \x01(\fR\apayload\"y\n" +
 	"\bEndpoint\x12\x1d\n" +
 	"\tregion_id\x18\x01 \x01(\x04H\x00R\bregionId\x12\x1a\n" +
-	"\asegment\x18\x02 \x01(\tH\x00R\asegment\x12 \n" +
-	"\n" +
-	"descriptor\x18\x03 \x01(\fH\x00R\n" +
-	"descriptor\x12\x12\n" +
+	"\asegment\x18\x02 \x01(\tH\x00R\asegment\x12\x14\n" +
+	"\x04desc\x18\x03 \x01(\fH\x00R\x04desc\x12\x12\n" +
 	"\x04node\x18\x04 \x01(\tR\x04nodeB\b\n" +
 	"\x06target\"\x88\x01\n" +
 	"\x0eExplainRequest\x125\n" +
@@ -2821,47 +2834,48 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	16, // 12: fabricxfer.agent.v1.TransferRequest.remote:type_name -> fabricxfer.agent.v1.RemoteRef
 	17, // 13: fabricxfer.agent.v1.TransferRequest.items:type_name -> fabricxfer.agent.v1.TransferItem
 	37, // 14: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
-	3,  // 15: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
-	20, // 16: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
-	37, // 17: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
-	37, // 18: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
-	0,  // 19: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	2,  // 20: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
-	29, // 21: fabricxfer.agent.v1.ExplainRequest.source:type_name -> fabricxfer.agent.v1.Endpoint
-	29, // 22: fabricxfer.agent.v1.ExplainRequest.destination:type_name -> fabricxfer.agent.v1.Endpoint
-	31, // 23: fabricxfer.agent.v1.ExplainResponse.verdicts:type_name -> fabricxfer.agent.v1.EngineVerdict
-	0,  // 24: fabricxfer.agent.v1.AllocateFromPoolRequest.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	1,  // 25: fabricxfer.agent.v1.AllocateFromPoolResponse.handle_type:type_name -> fabricxfer.agent.v1.HandleType
-	12, // 26: fabricxfer.agent.v1.AllocateFromPoolResponse.region:type_name -> fabricxfer.agent.v1.Region
-	4,  // 27: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
-	11, // 28: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
-	14, // 29: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
-	18, // 30: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
-	22, // 31: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
-	23, // 32: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
-	24, // 33: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
-	25, // 34: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
-	27, // 35: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
-	30, // 36: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
-	33, // 37: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
-	35, // 38: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
-	10, // 39: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
-	13, // 40: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
-	15, // 41: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
-	19, // 42: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
-	21, // 43: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
-	21, // 44: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
-	21, // 45: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
-	26, // 46: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
-	28, // 47: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
-	32, // 48: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
-	34, // 49: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
-	36, // 50: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
-	39, // [39:51] is the sub-list for method output_type
-	27, // [27:39] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	21, // 15: fabricxfer.agent.v1.TransferResponse.status:type_name -> fabricxfer.agent.v1.TransferStatus
+	3,  // 16: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
+	20, // 17: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
+	37, // 18: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
+	37, // 19: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	0,  // 20: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	2,  // 21: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
+	29, // 22: fabricxfer.agent.v1.ExplainRequest.source:type_name -> fabricxfer.agent.v1.Endpoint
+	29, // 23: fabricxfer.agent.v1.ExplainRequest.destination:type_name -> fabricxfer.agent.v1.Endpoint
+	31, // 24: fabricxfer.agent.v1.ExplainResponse.verdicts:type_name -> fabricxfer.agent.v1.EngineVerdict
+	0,  // 25: fabricxfer.agent.v1.AllocateFromPoolRequest.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	1,  // 26: fabricxfer.agent.v1.AllocateFromPoolResponse.handle_type:type_name -> fabricxfer.agent.v1.HandleType
+	12, // 27: fabricxfer.agent.v1.AllocateFromPoolResponse.region:type_name -> fabricxfer.agent.v1.Region
+	4,  // 28: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
+	11, // 29: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
+	14, // 30: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
+	18, // 31: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
+	22, // 32: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
+	23, // 33: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
+	24, // 34: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
+	25, // 35: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
+	27, // 36: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
+	30, // 37: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
+	33, // 38: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
+	35, // 39: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
+	10, // 40: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
+	13, // 41: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
+	15, // 42: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
+	19, // 43: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
+	21, // 44: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
+	21, // 45: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
+	21, // 46: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
+	26, // 47: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
+	28, // 48: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
+	32, // 49: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
+	34, // 50: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
+	36, // 51: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
+	40, // [40:52] is the sub-list for method output_type
+	28, // [28:40] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_agent_proto_init() }
@@ -2872,12 +2886,12 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 	file_fabricxfer_agent_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
 		(*RemoteRef_RegionId)(nil),
 		(*RemoteRef_Segment)(nil),
-		(*RemoteRef_Descriptor_)(nil),
+		(*RemoteRef_Desc)(nil),
 	}
 	file_fabricxfer_agent_v1_agent_proto_msgTypes[25].OneofWrappers = []any{
 		(*Endpoint_RegionId)(nil),
 		(*Endpoint_Segment)(nil),
-		(*Endpoint_Descriptor_)(nil),
+		(*Endpoint_Desc)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -222,7 +222,7 @@ func (x *PeerResolveSegmentRequest) GetSegment() string {
 
 type PeerResolveSegmentResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Descriptor_   []byte                 `protobuf:"bytes,1,opt,name=descriptor,proto3" json:"descriptor,omitempty"`
+	Desc          []byte                 `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -257,9 +257,9 @@ func (*PeerResolveSegmentResponse) Descriptor() ([]byte, []int) {
 	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{3}
 }
 
-func (x *PeerResolveSegmentResponse) GetDescriptor_() []byte {
+func (x *PeerResolveSegmentResponse) GetDesc() []byte {
 	if x != nil {
-		return x.Descriptor_
+		return x.Desc
 	}
 	return nil
 }
@@ -393,9 +393,9 @@ func (*PeerNotifyResponse) Descriptor() ([]byte, []int) {
 	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
-// SegmentDescriptor is what Region.descriptor holds (serialized). It names a region on one node and carries,
-// per engine, what that engine needs to reach it. The key makes it a capability: the owning agent refuses a
-// descriptor whose key does not match the region.
+// SegmentDescriptor is what Region.desc holds (serialized). It names a region on one node and carries
+// what the engines need to reach it. The key makes it a capability: the owning agent refuses a descriptor
+// whose key does not match the region.
 type SegmentDescriptor struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -408,8 +408,8 @@ type SegmentDescriptor struct {
 	Kind          MemoryKind `protobuf:"varint,7,opt,name=kind,proto3,enum=fabricxfer.agent.v1.MemoryKind" json:"kind,omitempty"`
 	Length        uint64     `protobuf:"varint,8,opt,name=length,proto3" json:"length,omitempty"`
 	Segment       string     `protobuf:"bytes,9,opt,name=segment,proto3" json:"segment,omitempty"`
-	// Engine name -> that engine's encoding of the remote endpoint (address, memory id, handles).
-	EngineHandles map[string][]byte `protobuf:"bytes,10,rep,name=engine_handles,json=engineHandles,proto3" json:"engine_handles,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The engines' wire descriptor of the region (engines.MarshalDesc: memory id, location, every handle).
+	Memory        []byte `protobuf:"bytes,10,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -507,9 +507,9 @@ func (x *SegmentDescriptor) GetSegment() string {
 	return ""
 }
 
-func (x *SegmentDescriptor) GetEngineHandles() map[string][]byte {
+func (x *SegmentDescriptor) GetMemory() []byte {
 	if x != nil {
-		return x.EngineHandles
+		return x.Memory
 	}
 	return nil
 }
@@ -533,11 +533,9 @@ const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
 	"\vapi_version\x18\x05 \x01(\tR\n" +
 	"apiVersion\"5\n" +
 	"\x19PeerResolveSegmentRequest\x12\x18\n" +
-	"\asegment\x18\x01 \x01(\tR\asegment\"<\n" +
-	"\x1aPeerResolveSegmentResponse\x12\x1e\n" +
-	"\n" +
-	"descriptor\x18\x01 \x01(\fR\n" +
-	"descriptor\"\xea\x01\n" +
+	"\asegment\x18\x01 \x01(\tR\asegment\"0\n" +
+	"\x1aPeerResolveSegmentResponse\x12\x12\n" +
+	"\x04desc\x18\x01 \x01(\fR\x04desc\"\xea\x01\n" +
 	"\x11PeerNotifyRequest\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\x04R\bregionId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x1f\n" +
@@ -547,7 +545,7 @@ const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
 	"\x02op\x18\x05 \x01(\x0e2\x17.fabricxfer.agent.v1.OpR\x02op\x12\x14\n" +
 	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12\x18\n" +
 	"\apayload\x18\a \x01(\fR\apayload\"\x14\n" +
-	"\x12PeerNotifyResponse\"\xcc\x03\n" +
+	"\x12PeerNotifyResponse\"\xc0\x02\n" +
 	"\x11SegmentDescriptor\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12%\n" +
 	"\x0epool_namespace\x18\x02 \x01(\tR\rpoolNamespace\x12\x1b\n" +
@@ -557,12 +555,9 @@ const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
 	"\x03key\x18\x06 \x01(\fR\x03key\x123\n" +
 	"\x04kind\x18\a \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12\x16\n" +
 	"\x06length\x18\b \x01(\x04R\x06length\x12\x18\n" +
-	"\asegment\x18\t \x01(\tR\asegment\x12`\n" +
-	"\x0eengine_handles\x18\n" +
-	" \x03(\v29.fabricxfer.agent.v1.SegmentDescriptor.EngineHandlesEntryR\rengineHandles\x1a@\n" +
-	"\x12EngineHandlesEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x012\xa4\x02\n" +
+	"\asegment\x18\t \x01(\tR\asegment\x12\x16\n" +
+	"\x06memory\x18\n" +
+	" \x01(\fR\x06memory2\xa4\x02\n" +
 	"\x04Peer\x12N\n" +
 	"\x05Hello\x12!.fabricxfer.agent.v1.HelloRequest\x1a\".fabricxfer.agent.v1.HelloResponse\x12q\n" +
 	"\x0eResolveSegment\x12..fabricxfer.agent.v1.PeerResolveSegmentRequest\x1a/.fabricxfer.agent.v1.PeerResolveSegmentResponse\x12Y\n" +
@@ -580,7 +575,7 @@ func file_fabricxfer_agent_v1_peer_proto_rawDescGZIP() []byte {
 	return file_fabricxfer_agent_v1_peer_proto_rawDescData
 }
 
-var file_fabricxfer_agent_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_fabricxfer_agent_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_fabricxfer_agent_v1_peer_proto_goTypes = []any{
 	(*HelloRequest)(nil),               // 0: fabricxfer.agent.v1.HelloRequest
 	(*HelloResponse)(nil),              // 1: fabricxfer.agent.v1.HelloResponse
@@ -589,25 +584,23 @@ var file_fabricxfer_agent_v1_peer_proto_goTypes = []any{
 	(*PeerNotifyRequest)(nil),          // 4: fabricxfer.agent.v1.PeerNotifyRequest
 	(*PeerNotifyResponse)(nil),         // 5: fabricxfer.agent.v1.PeerNotifyResponse
 	(*SegmentDescriptor)(nil),          // 6: fabricxfer.agent.v1.SegmentDescriptor
-	nil,                                // 7: fabricxfer.agent.v1.SegmentDescriptor.EngineHandlesEntry
-	(Op)(0),                            // 8: fabricxfer.agent.v1.Op
-	(MemoryKind)(0),                    // 9: fabricxfer.agent.v1.MemoryKind
+	(Op)(0),                            // 7: fabricxfer.agent.v1.Op
+	(MemoryKind)(0),                    // 8: fabricxfer.agent.v1.MemoryKind
 }
 var file_fabricxfer_agent_v1_peer_proto_depIdxs = []int32{
-	8, // 0: fabricxfer.agent.v1.PeerNotifyRequest.op:type_name -> fabricxfer.agent.v1.Op
-	9, // 1: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	7, // 2: fabricxfer.agent.v1.SegmentDescriptor.engine_handles:type_name -> fabricxfer.agent.v1.SegmentDescriptor.EngineHandlesEntry
-	0, // 3: fabricxfer.agent.v1.Peer.Hello:input_type -> fabricxfer.agent.v1.HelloRequest
-	2, // 4: fabricxfer.agent.v1.Peer.ResolveSegment:input_type -> fabricxfer.agent.v1.PeerResolveSegmentRequest
-	4, // 5: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
-	1, // 6: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
-	3, // 7: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
-	5, // 8: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	7, // 0: fabricxfer.agent.v1.PeerNotifyRequest.op:type_name -> fabricxfer.agent.v1.Op
+	8, // 1: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	0, // 2: fabricxfer.agent.v1.Peer.Hello:input_type -> fabricxfer.agent.v1.HelloRequest
+	2, // 3: fabricxfer.agent.v1.Peer.ResolveSegment:input_type -> fabricxfer.agent.v1.PeerResolveSegmentRequest
+	4, // 4: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
+	1, // 5: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
+	3, // 6: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
+	5, // 7: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
+	5, // [5:8] is the sub-list for method output_type
+	2, // [2:5] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_peer_proto_init() }
@@ -622,7 +615,7 @@ func file_fabricxfer_agent_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_peer_proto_rawDesc), len(file_fabricxfer_agent_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

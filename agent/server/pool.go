@@ -1,0 +1,109 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"syscall"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fabricxfer/fabricxfer/agent/poolmem"
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+)
+
+type allocation struct {
+	id     string
+	slice  *poolmem.Slice
+	region *region
+}
+
+// AllocateFromPool implements agentv1.AgentServer.
+func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFromPoolRequest) (*agentv1.AllocateFromPoolResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if s.opts.Pool == nil {
+		return nil, status.Error(codes.Unavailable, "this agent has no pool memory (the pool sets no memory for this node)")
+	}
+	if err := checkSegmentName(req.SegmentName); err != nil {
+		return nil, err
+	}
+	if req.Length == 0 {
+		return nil, status.Error(codes.InvalidArgument, "length must be positive")
+	}
+	want := agentv1.MemoryKind_MEMORY_KIND_HOST
+	if s.opts.Pool.Kind() == poolmem.GPU {
+		want = agentv1.MemoryKind_MEMORY_KIND_GPU
+	}
+	if req.Kind != agentv1.MemoryKind_MEMORY_KIND_UNSPECIFIED && req.Kind != want {
+		return nil, status.Errorf(codes.InvalidArgument, "this node's pool memory is %s, not %s", want, req.Kind)
+	}
+	if want != agentv1.MemoryKind_MEMORY_KIND_HOST {
+		return nil, status.Error(codes.Unimplemented, "GPU pool memory is not served by this agent build")
+	}
+	sl, err := s.opts.Pool.Allocate(req.Length)
+	if err != nil {
+		return nil, status.Errorf(codes.ResourceExhausted, "%v", err)
+	}
+	free := func() { _ = s.opts.Pool.Free(sl.ID) }
+	r, err := s.addRegion(ctx, sess, want, sl.View, req.SegmentName)
+	if err != nil {
+		free()
+		return nil, err
+	}
+	dup, err := syscall.Dup(int(sl.File.Fd()))
+	if err != nil {
+		_ = s.removeRegion(ctx, r)
+		free()
+		return nil, status.Errorf(codes.Internal, "duplicating the pool fd: %v", err)
+	}
+	syscall.CloseOnExec(dup)
+	token, err := s.tokens.add(sess.caller.Key, os.NewFile(uintptr(dup), "pool"), true)
+	if err != nil {
+		_ = s.removeRegion(ctx, r)
+		free()
+		return nil, status.Errorf(codes.ResourceExhausted, "%v", err)
+	}
+	a := &allocation{id: fmt.Sprintf("%s-%d", sl.ID, r.id), slice: sl, region: r}
+	s.mu.Lock()
+	r.alloc = a.id
+	sess.allocs[a.id] = a
+	s.mu.Unlock()
+	return &agentv1.AllocateFromPoolResponse{AllocationId: a.id, FdToken: token, HandleType: agentv1.HandleType_HANDLE_TYPE_SHM_FD,
+		Offset: sl.Offset, Length: sl.Length, Region: r.proto()}, nil
+}
+
+// Release implements agentv1.AgentServer.
+func (s *Server) Release(ctx context.Context, req *agentv1.ReleaseRequest) (*agentv1.ReleaseResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	a, ok := sess.allocs[req.AllocationId]
+	s.mu.Unlock()
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "allocation %q was not lent to this connection", req.AllocationId)
+	}
+	if err := s.releaseAllocation(ctx, sess, a); err != nil {
+		return nil, err
+	}
+	return &agentv1.ReleaseResponse{}, nil
+}
+
+// releaseAllocation deregisters the slice (waiting for its transfers) and gives it back to the pool.
+func (s *Server) releaseAllocation(ctx context.Context, sess *session, a *allocation) error {
+	if err := s.removeRegion(ctx, a.region); err != nil {
+		return status.Errorf(statusCode(err), "releasing %s: %v", a.id, err)
+	}
+	s.mu.Lock()
+	delete(sess.allocs, a.id)
+	s.mu.Unlock()
+	if err := s.opts.Pool.Free(a.slice.ID); err != nil {
+		return status.Errorf(codes.Internal, "releasing %s: %v", a.id, err)
+	}
+	return nil
+}

@@ -1,0 +1,425 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"syscall"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// MaxSegmentName bounds segment names.
+const MaxSegmentName = 128
+
+// region is registered memory of one caller.
+type region struct {
+	id      uint64
+	mem     engines.MemoryID
+	owner   string // caller key
+	session uint64
+	kind    agentv1.MemoryKind
+	length  uint64
+	segment string
+	key     []byte
+	engines []string
+	desc    []byte // serialized SegmentDescriptor
+	// mapping and file are released after the engines let go of the region.
+	mapping []byte
+	file    *os.File
+	alloc   string // pool slice id when the region is pool memory
+}
+
+func (r *region) proto() *agentv1.Region {
+	return &agentv1.Region{Id: r.id, Kind: r.kind, Length: r.length, SegmentName: r.segment,
+		Desc: r.desc, Engines: r.engines}
+}
+
+// GetInfo implements agentv1.AgentServer.
+func (s *Server) GetInfo(ctx context.Context, req *agentv1.GetInfoRequest) (*agentv1.GetInfoResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.ApiVersions) > 0 && !slices.Contains(req.ApiVersions, APIVersion) {
+		return nil, status.Errorf(codes.FailedPrecondition, "this agent speaks API %s; the client offers %v", APIVersion, req.ApiVersions)
+	}
+	c := sess.caller
+	resp := &agentv1.GetInfoResponse{
+		ApiVersion: APIVersion, SupportedApiVersions: []string{APIVersion}, AgentVersion: s.opts.AgentVersion,
+		NodeName: s.opts.NodeName, PoolNamespace: s.opts.PoolNamespace, PoolName: s.opts.PoolName,
+		Caller: &agentv1.CallerInfo{Namespace: c.Namespace, PodName: c.PodName, PodUid: c.PodUID,
+			Pid: c.Cred.PID, Uid: c.Cred.UID, Identity: c.Key},
+		Limits: &agentv1.Limits{MaxRegions: uint32(s.opts.Limits.MaxRegions), MaxRegisteredBytes: s.opts.Limits.MaxRegisteredBytes,
+			MaxInFlight: uint32(s.opts.Limits.MaxInFlight), MaxItemsPerTransfer: uint32(s.opts.Limits.MaxItemsPerTransfer)},
+		FdSocket: s.FDSocketPath(),
+	}
+	for _, e := range s.opts.Engines {
+		resp.Engines = append(resp.Engines, &agentv1.EngineInfo{Name: e.Name, Available: e.Available, Reason: e.Reason})
+	}
+	s.mu.Lock()
+	if u := s.callers[c.Key]; u != nil {
+		resp.Usage = &agentv1.Usage{Regions: uint32(u.regions), RegisteredBytes: u.bytes, InFlight: uint32(u.inFlight)}
+	} else {
+		resp.Usage = &agentv1.Usage{}
+	}
+	s.mu.Unlock()
+	if s.opts.Pool != nil {
+		total, free := s.opts.Pool.Usage()
+		kind := agentv1.MemoryKind_MEMORY_KIND_HOST
+		if s.opts.Pool.Kind() != 1 {
+			kind = agentv1.MemoryKind_MEMORY_KIND_GPU
+		}
+		resp.PoolMemory = &agentv1.PoolMemoryInfo{Kind: kind, TotalBytes: total, FreeBytes: free}
+	}
+	return resp, nil
+}
+
+// RegisterMemory implements agentv1.AgentServer.
+func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemoryRequest) (*agentv1.RegisterMemoryResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSegmentName(req.SegmentName); err != nil {
+		return nil, err
+	}
+	if req.Length == 0 {
+		return nil, status.Error(codes.InvalidArgument, "length must be positive")
+	}
+	if req.Kind != agentv1.MemoryKind_MEMORY_KIND_HOST {
+		return nil, status.Errorf(codes.Unimplemented, "memory kind %s: this agent registers host memory only (GPU engines not configured)", req.Kind)
+	}
+	var view, mapping []byte
+	var file *os.File
+	switch req.HandleType {
+	case agentv1.HandleType_HANDLE_TYPE_SHM_FD:
+		f, err := s.tokens.take(sess.caller.Key, req.FdToken, false)
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		view, mapping, err = mapShared(f, req.Offset, req.Length)
+		if err != nil {
+			f.Close()
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		file = f
+	case agentv1.HandleType_HANDLE_TYPE_POOL:
+		return nil, status.Error(codes.InvalidArgument, "pool slices are registered by AllocateFromPool already; use the region it returned")
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "handle type %s cannot carry host memory (use HANDLE_TYPE_SHM_FD)", req.HandleType)
+	}
+	r, err := s.addRegion(ctx, sess, req.Kind, view, req.SegmentName)
+	if err != nil {
+		syscall.Munmap(mapping)
+		file.Close()
+		return nil, err
+	}
+	s.mu.Lock()
+	r.mapping, r.file = mapping, file
+	s.mu.Unlock()
+	return &agentv1.RegisterMemoryResponse{Region: r.proto()}, nil
+}
+
+func checkSegmentName(name string) error {
+	if len(name) > MaxSegmentName {
+		return status.Errorf(codes.InvalidArgument, "segment name is %d bytes, at most %d", len(name), MaxSegmentName)
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] <= ' ' || name[i] > '~' || name[i] == '/' {
+			return status.Errorf(codes.InvalidArgument, "segment name %q: use printable ASCII without spaces or '/'", name)
+		}
+	}
+	return nil
+}
+
+// mapShared maps [off, off+length) of a shared-memory fd, checking what it is first so a bad fd gets a clear
+// error. It returns the region's view and the whole mapping (page-aligned) to unmap later.
+func mapShared(f *os.File, off, length uint64) (view, mapping []byte, err error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, nil, fmt.Errorf("inspecting the passed fd: %w", err)
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil, nil, fmt.Errorf("the passed fd is not shared memory (file type %#o; want a memfd or shm_open file)", st.Mode&syscall.S_IFMT)
+	}
+	if off+length < off || off+length > uint64(st.Size) {
+		return nil, nil, fmt.Errorf("range [%d, %d) is outside the passed memory of %d bytes", off, off+length, st.Size)
+	}
+	page := uint64(os.Getpagesize())
+	base := off / page * page
+	delta := off - base
+	m, err := syscall.Mmap(int(f.Fd()), int64(base), int(length+delta), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, nil, fmt.Errorf("mapping the passed memory read-write (is the fd opened O_RDWR?): %w", err)
+	}
+	return m[delta : delta+length : delta+length], m, nil
+}
+
+// addRegion checks limits, registers view with the engines and records the region. Nothing is left behind on
+// error.
+func (s *Server) addRegion(ctx context.Context, sess *session, kind agentv1.MemoryKind, view []byte, segment string) (*region, error) {
+	length := uint64(len(view))
+	key := make([]byte, 16)
+	idBytes := make([]byte, 8)
+	if _, err := rand.Read(key); err != nil {
+		return nil, status.Errorf(codes.Internal, "making a region key: %v", err)
+	}
+	if _, err := rand.Read(idBytes); err != nil {
+		return nil, status.Errorf(codes.Internal, "making a memory id: %v", err)
+	}
+	s.mu.Lock()
+	if sess.ended {
+		s.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "the connection is closing")
+	}
+	u := s.usageLocked(sess.caller.Key)
+	lim := s.opts.Limits
+	if u.regions+1 > lim.MaxRegions {
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d regions, the limit is %d", u.regions, lim.MaxRegions)
+	}
+	if u.bytes+length > lim.MaxRegisteredBytes || u.bytes+length < u.bytes {
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.ResourceExhausted, "registering %d bytes would bring the caller to %d bytes, the limit is %d", length, u.bytes+length, lim.MaxRegisteredBytes)
+	}
+	if segment != "" {
+		if _, taken := s.segments[segment]; taken {
+			s.mu.Unlock()
+			return nil, status.Errorf(codes.AlreadyExists, "segment %q is already registered on node %s", segment, s.opts.NodeName)
+		}
+	}
+	s.nextRegion++
+	r := &region{id: s.regionEpoch | s.nextRegion, owner: sess.caller.Key, session: sess.id, kind: kind, length: length,
+		segment: segment, key: key, mem: engines.MemoryID(s.opts.NodeName + "/" + hex.EncodeToString(idBytes))}
+	// Reserve the quota and the name before the (slow) engine registration; undone on failure.
+	u.regions++
+	u.bytes += length
+	if segment != "" {
+		s.segments[segment] = r
+	}
+	s.mu.Unlock()
+
+	undo := func() {
+		s.mu.Lock()
+		u.regions--
+		u.bytes -= length
+		if segment != "" && s.segments[segment] == r {
+			delete(s.segments, segment)
+		}
+		s.mu.Unlock()
+	}
+	desc := engines.MemoryDesc{ID: r.mem, Node: s.opts.NodeName, Location: engines.Location{Kind: engines.LocationHost},
+		Size: length, Handles: engines.Handles{Host: view}}
+	merged, err := s.opts.Engine.Register(ctx, desc)
+	if err != nil {
+		undo()
+		return nil, status.Errorf(statusCode(err), "registering %d bytes with the engines: %v", length, err)
+	}
+	r.engines = engineNamesFor(merged)
+	wire, err := engines.MarshalDesc(merged)
+	if err == nil {
+		r.desc, err = proto.Marshal(&agentv1.SegmentDescriptor{Node: s.opts.NodeName, PoolNamespace: s.opts.PoolNamespace,
+			PoolName: s.opts.PoolName, AgentEndpoint: s.opts.PeerEndpoint, RegionId: r.id, Key: key, Kind: kind,
+			Length: length, Segment: segment, Memory: wire})
+	}
+	if err != nil {
+		_ = s.opts.Engine.Deregister(ctx, r.mem)
+		undo()
+		return nil, status.Errorf(codes.Internal, "describing region: %v", err)
+	}
+	s.mu.Lock()
+	if sess.ended { // the connection went away while we registered
+		s.mu.Unlock()
+		_ = s.opts.Engine.Deregister(ctx, r.mem)
+		undo()
+		return nil, status.Error(codes.Unavailable, "the connection closed during registration")
+	}
+	s.regions[r.id] = r
+	s.byMemory[r.mem] = r
+	sess.regions[r.id] = r
+	s.mu.Unlock()
+	return r, nil
+}
+
+// engineNamesFor lists the engines that filled a handle: the ones that can reach the memory from elsewhere.
+func engineNamesFor(d engines.MemoryDesc) []string {
+	names := []string{engines.EngineXGMI} // same-node copies reach any registered memory
+	if d.Handles.Fabric != nil {
+		names = append(names, engines.EngineFabric)
+	}
+	if len(d.Handles.RDMA) > 0 {
+		names = append(names, engines.EngineRDMA)
+	}
+	if d.Handles.TCP != "" {
+		names = append(names, engines.EngineTCP)
+	}
+	return names
+}
+
+func (s *Server) usageLocked(key string) *usage {
+	u := s.callers[key]
+	if u == nil {
+		u = &usage{}
+		s.callers[key] = u
+	}
+	return u
+}
+
+// ownRegion returns a region the session's caller registered.
+func (s *Server) ownRegionLocked(sess *session, id uint64) (*region, error) {
+	r, ok := s.regions[id]
+	if !ok || r.owner != sess.caller.Key {
+		// Another caller's region must look exactly like a missing one.
+		return nil, status.Errorf(codes.NotFound, "region %d is not registered by this caller", id)
+	}
+	return r, nil
+}
+
+// DeregisterMemory implements agentv1.AgentServer.
+func (s *Server) DeregisterMemory(ctx context.Context, req *agentv1.DeregisterMemoryRequest) (*agentv1.DeregisterMemoryResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	r, err := s.ownRegionLocked(sess, req.RegionId)
+	if err == nil && r.alloc != "" {
+		err = status.Errorf(codes.FailedPrecondition, "region %d is pool memory: Release allocation %s instead", r.id, r.alloc)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.removeRegion(ctx, r); err != nil {
+		return nil, status.Errorf(statusCode(err), "deregistering region %d: %v", r.id, err)
+	}
+	return &agentv1.DeregisterMemoryResponse{}, nil
+}
+
+// removeRegion deregisters r from the engines (waiting for its in-flight transfers until ctx ends) and then
+// releases its memory. If a copy might still touch the memory, the region stays and the error says so.
+func (s *Server) removeRegion(ctx context.Context, r *region) error {
+	if err := s.opts.Engine.Deregister(ctx, r.mem); err != nil && !errors.Is(err, engines.ErrUnknownMemory) {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.regions, r.id)
+	delete(s.byMemory, r.mem)
+	if r.segment != "" && s.segments[r.segment] == r {
+		delete(s.segments, r.segment)
+	}
+	for _, sess := range s.sessions {
+		delete(sess.regions, r.id)
+	}
+	if u := s.callers[r.owner]; u != nil {
+		u.regions--
+		u.bytes -= r.length
+	}
+	s.mu.Unlock()
+	if r.mapping != nil {
+		_ = syscall.Munmap(r.mapping)
+	}
+	if r.file != nil {
+		r.file.Close()
+	}
+	return nil
+}
+
+// endSession releases everything a gone connection held.
+func (s *Server) endSession(sess *session) {
+	s.mu.Lock()
+	sess.ended = true
+	regs := make([]*region, 0, len(sess.regions))
+	for _, r := range sess.regions {
+		regs = append(regs, r)
+	}
+	allocs := make([]*allocation, 0, len(sess.allocs))
+	for _, a := range sess.allocs {
+		allocs = append(allocs, a)
+	}
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.SessionGrace)
+	defer cancel()
+	for _, r := range regs {
+		if r.alloc != "" {
+			continue // released with its allocation below
+		}
+		if err := s.removeRegion(ctx, r); err != nil {
+			s.log.Error("region of a gone caller stays registered", "region", r.id, "caller", sess.caller.Key, "error", err)
+		}
+	}
+	for _, a := range allocs {
+		if err := s.releaseAllocation(ctx, sess, a); err != nil {
+			s.log.Error("pool slice of a gone caller not released", "allocation", a.id, "error", err)
+		}
+	}
+	s.mu.Lock()
+	delete(s.sessions, sess.id)
+	s.mu.Unlock()
+	if sess.identErr == nil {
+		s.log.Debug("caller left", "caller", sess.caller.String(), "regions", len(regs), "allocations", len(allocs))
+	}
+}
+
+// statusCode maps engine errors to gRPC codes.
+func statusCode(err error) codes.Code {
+	switch {
+	case errors.Is(err, engines.ErrOutOfBounds):
+		return codes.OutOfRange
+	case errors.Is(err, engines.ErrInvalid), errors.Is(err, engines.ErrOverlap):
+		return codes.InvalidArgument
+	case errors.Is(err, engines.ErrUnknownMemory):
+		return codes.NotFound
+	case errors.Is(err, engines.ErrUnplannable):
+		return codes.FailedPrecondition
+	case errors.Is(err, engines.ErrBusy):
+		return codes.Aborted
+	case errors.Is(err, engines.ErrPeerLost), errors.Is(err, engines.ErrClosed):
+		return codes.Unavailable
+	case errors.Is(err, engines.ErrDeadline), errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
+	case errors.Is(err, engines.ErrCancelled), errors.Is(err, context.Canceled):
+		return codes.Canceled
+	}
+	return codes.Internal
+}
+
+// parseDescriptor decodes a SegmentDescriptor from a caller or a peer and checks it belongs to this pool.
+func (s *Server) parseDescriptor(b []byte) (*agentv1.SegmentDescriptor, engines.MemoryDesc, error) {
+	var sd agentv1.SegmentDescriptor
+	if err := proto.Unmarshal(b, &sd); err != nil {
+		return nil, engines.MemoryDesc{}, status.Errorf(codes.InvalidArgument, "descriptor is malformed: %v", err)
+	}
+	if sd.PoolNamespace != s.opts.PoolNamespace || sd.PoolName != s.opts.PoolName {
+		return nil, engines.MemoryDesc{}, status.Errorf(codes.InvalidArgument, "descriptor is of pool %s/%s, this agent serves %s/%s",
+			sd.PoolNamespace, sd.PoolName, s.opts.PoolNamespace, s.opts.PoolName)
+	}
+	md, err := engines.UnmarshalDesc(sd.Memory)
+	if err != nil {
+		return nil, engines.MemoryDesc{}, status.Errorf(codes.InvalidArgument, "descriptor's memory is malformed: %v", err)
+	}
+	if md.Node != sd.Node {
+		return nil, engines.MemoryDesc{}, status.Errorf(codes.InvalidArgument, "descriptor names node %q but its memory is on %q", sd.Node, md.Node)
+	}
+	return &sd, md, nil
+}
+
+// localByDescriptorLocked finds the local region a descriptor names, checking its key.
+func (s *Server) localByDescriptorLocked(sd *agentv1.SegmentDescriptor) (*region, error) {
+	r, ok := s.regions[sd.RegionId]
+	if !ok || !bytes.Equal(r.key, sd.Key) {
+		return nil, status.Errorf(codes.NotFound, "descriptor names region %d on this node, which is not registered (or the key does not match)", sd.RegionId)
+	}
+	return r, nil
+}

@@ -1,0 +1,167 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// maxImports bounds how many other nodes' regions stay imported into the engines.
+const maxImports = 4096
+
+type imported struct {
+	mem      engines.MemoryID
+	lastUsed time.Time
+}
+
+// importDescriptor makes the memory a descriptor names known to the engines and returns its id. A descriptor
+// of this node's memory resolves to the local region (its key must match).
+func (s *Server) importDescriptor(ctx context.Context, b []byte) (engines.MemoryID, error) {
+	sd, md, err := s.parseDescriptor(b)
+	if err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	if sd.Node == s.opts.NodeName {
+		defer s.mu.Unlock()
+		r, err := s.localByDescriptorLocked(sd)
+		if err != nil {
+			return "", err
+		}
+		return r.mem, nil
+	}
+	if im, ok := s.imports[md.ID]; ok {
+		im.lastUsed = time.Now()
+		s.mu.Unlock()
+		return md.ID, nil
+	}
+	s.mu.Unlock()
+
+	s.importMu.Lock()
+	defer s.importMu.Unlock()
+	s.mu.Lock()
+	_, ok := s.imports[md.ID]
+	s.mu.Unlock()
+	if ok {
+		return md.ID, nil // imported by a concurrent call
+	}
+	if err := s.opts.Engine.Import(ctx, md); err != nil {
+		return "", status.Errorf(statusCode(err), "importing memory %s of node %s: %v", md.ID, md.Node, err)
+	}
+	s.mu.Lock()
+	s.imports[md.ID] = &imported{mem: md.ID, lastUsed: time.Now()}
+	var evict engines.MemoryID
+	if len(s.imports) > maxImports {
+		oldest := time.Now()
+		for id, im := range s.imports {
+			if im.lastUsed.Before(oldest) {
+				oldest, evict = im.lastUsed, id
+			}
+		}
+		delete(s.imports, evict)
+	}
+	s.mu.Unlock()
+	if evict != "" {
+		// The engines wait for transfers still using it; this one is re-imported if named again.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), s.opts.SessionGrace)
+			defer cancel()
+			_ = s.opts.Engine.Deregister(ctx, evict)
+		}()
+	}
+	return md.ID, nil
+}
+
+// LookupSegment returns the descriptor of a segment registered on this node (the peer channel answers other
+// agents with it).
+func (s *Server) LookupSegment(segment string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.segments[segment]
+	if !ok || r.desc == nil {
+		return nil, status.Errorf(codes.NotFound, "no segment %q on node %s", segment, s.opts.NodeName)
+	}
+	return r.desc, nil
+}
+
+// ResolveSegment implements agentv1.AgentServer.
+func (s *Server) ResolveSegment(ctx context.Context, req *agentv1.ResolveSegmentRequest) (*agentv1.ResolveSegmentResponse, error) {
+	if _, err := s.sessionOf(ctx); err != nil {
+		return nil, err
+	}
+	if err := checkSegmentName(req.Segment); err != nil || req.Segment == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "segment name %q is not valid", req.Segment)
+	}
+	var desc []byte
+	var err error
+	if req.Node == "" || req.Node == s.opts.NodeName {
+		desc, err = s.LookupSegment(req.Segment)
+	} else if s.opts.Peers == nil {
+		err = status.Errorf(codes.Unavailable, "segment %q is on node %s and this agent has no peer channel", req.Segment, req.Node)
+	} else {
+		desc, err = s.opts.Peers.ResolveSegment(ctx, req.Node, req.Segment)
+		if err != nil {
+			err = status.Errorf(peerCode(err), "resolving segment %q on node %s: %v", req.Segment, req.Node, err)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	sd, _, err := s.parseDescriptor(desc)
+	if err != nil {
+		return nil, err
+	}
+	return &agentv1.ResolveSegmentResponse{Desc: desc, Node: sd.Node, Kind: sd.Kind, Length: sd.Length}, nil
+}
+
+// Explain implements agentv1.AgentServer.
+func (s *Server) Explain(ctx context.Context, req *agentv1.ExplainRequest) (*agentv1.ExplainResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.Source == nil || req.Destination == nil {
+		return nil, status.Error(codes.InvalidArgument, "explain needs a source and a destination")
+	}
+	src, err := s.resolveRemote(ctx, sess, endpointRef(req.Source))
+	if err != nil {
+		return nil, status.Errorf(status.Code(err), "source: %s", status.Convert(err).Message())
+	}
+	dst, err := s.resolveRemote(ctx, sess, endpointRef(req.Destination))
+	if err != nil {
+		return nil, status.Errorf(status.Code(err), "destination: %s", status.Convert(err).Message())
+	}
+	ex, err := s.opts.Engine.Explain(src, dst)
+	if err != nil {
+		return nil, status.Errorf(statusCode(err), "explaining: %v", err)
+	}
+	resp := &agentv1.ExplainResponse{Engine: ex.Engine}
+	for _, r := range ex.Refusals {
+		resp.Verdicts = append(resp.Verdicts, &agentv1.EngineVerdict{Engine: r.Engine, Reason: r.Reason})
+	}
+	if ex.Engine != "" {
+		resp.Verdicts = append(resp.Verdicts, &agentv1.EngineVerdict{Engine: ex.Engine, CanHandle: true,
+			Reason: "first engine in the order xgmi, fabric, rdma, tcp that claims the pair (" + ex.Direction.String() + ")"})
+	} else {
+		resp.Reason = "no configured engine moves this pair"
+	}
+	return resp, nil
+}
+
+func endpointRef(e *agentv1.Endpoint) *agentv1.RemoteRef {
+	r := &agentv1.RemoteRef{Node: e.Node}
+	switch t := e.Target.(type) {
+	case *agentv1.Endpoint_RegionId:
+		r.Target = &agentv1.RemoteRef_RegionId{RegionId: t.RegionId}
+	case *agentv1.Endpoint_Segment:
+		r.Target = &agentv1.RemoteRef_Segment{Segment: t.Segment}
+	case *agentv1.Endpoint_Desc:
+		r.Target = &agentv1.RemoteRef_Desc{Desc: t.Desc}
+	}
+	return r
+}

@@ -1,0 +1,330 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/fabricxfer/fabricxfer/agent/poolmem"
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// APIVersion is the sidecar API version this server speaks.
+const APIVersion = "v1"
+
+// Socket file names inside <socket dir>/<pool>/.
+const (
+	SocketName   = "agent.sock"
+	FDSocketName = "agent.fd.sock"
+)
+
+// Engine is what the server needs from the transfer layer: the composite engine.
+type Engine interface {
+	engines.Engine
+	Explain(src, dst engines.MemoryID) (engines.Explanation, error)
+}
+
+// NamespacePolicy says which namespaces may use the pool (the TransferPool's spec.allowedNamespaces).
+type NamespacePolicy interface {
+	AllowedNamespaces(ctx context.Context) ([]string, error)
+}
+
+// StaticPolicy is a fixed allowedNamespaces list (flags, tests).
+type StaticPolicy []string
+
+// AllowedNamespaces implements NamespacePolicy.
+func (p StaticPolicy) AllowedNamespaces(context.Context) ([]string, error) { return p, nil }
+
+// SegmentResolver finds named segments and delivers notifications on other nodes of the pool (agent/peers).
+type SegmentResolver interface {
+	// ResolveSegment returns the SegmentDescriptor (serialized) of segment on node.
+	ResolveSegment(ctx context.Context, node, segment string) ([]byte, error)
+}
+
+// Limits bound what one caller (one pod) may hold.
+type Limits struct {
+	MaxRegions          int
+	MaxRegisteredBytes  uint64
+	MaxInFlight         int
+	MaxItemsPerTransfer int
+}
+
+// DefaultLimits are generous for one inference pod and still bound a runaway one.
+var DefaultLimits = Limits{MaxRegions: 4096, MaxRegisteredBytes: 1 << 40, MaxInFlight: 1024, MaxItemsPerTransfer: 65536}
+
+// EngineStatus is one engine's availability on this node, as detection found it.
+type EngineStatus struct {
+	Name      string
+	Available bool
+	Reason    string
+}
+
+// Options configure a Server.
+type Options struct {
+	// SocketDir is the pool's host socket directory (TransferPool spec.socketDir); the sockets live in
+	// SocketDir/PoolName/.
+	SocketDir     string
+	PoolNamespace string
+	PoolName      string
+	NodeName      string
+	AgentVersion  string
+	// PeerEndpoint is this agent's agent-to-agent address (host:port), written into descriptors.
+	PeerEndpoint string
+
+	Engine     Engine
+	Engines    []EngineStatus
+	Identifier Identifier
+	Policy     NamespacePolicy
+	Limits     Limits
+	// Peers resolves segments on other nodes; nil limits segments to this node.
+	Peers SegmentResolver
+	// Pool lends pool memory; nil answers AllocateFromPool with Unavailable.
+	Pool poolmem.Allocator
+
+	// SocketGID, when >= 0, is the group given the sockets (mode 0660), so pods running under that group may
+	// connect. -1 leaves the agent's group.
+	SocketGID int
+	// TokenTTL is how long an fd token stays valid (default 30 s).
+	TokenTTL time.Duration
+	// SessionGrace bounds how long the regions of a gone caller wait for in-flight transfers (default 30 s).
+	SessionGrace time.Duration
+	// FinishedRetention is how long settled transfers stay visible to Wait (default 2 min).
+	FinishedRetention time.Duration
+	Logger            *slog.Logger
+}
+
+// Server is the sidecar socket server of one pool on one node.
+type Server struct {
+	agentv1.UnimplementedAgentServer
+	opts Options
+	log  *slog.Logger
+
+	grpc   *grpc.Server
+	ln     *net.UnixListener
+	fdLn   *net.UnixListener
+	tokens *fdTokens
+	wg     sync.WaitGroup
+
+	regionEpoch uint64
+
+	mu          sync.Mutex
+	nextSession uint64
+	sessions    map[uint64]*session
+	nextRegion  uint64
+	regions     map[uint64]*region
+	byMemory    map[engines.MemoryID]*region
+	segments    map[string]*region
+	callers     map[string]*usage
+	imports     map[engines.MemoryID]*imported
+	transfers   map[uint64]*transfer
+	nextXfer    uint64
+	watchers    map[string]map[*watcher]struct{}
+	listeners   map[string]map[*notifyListener]struct{}
+	importMu    sync.Mutex
+}
+
+// usage is what one caller holds, against its Limits.
+type usage struct {
+	regions  int
+	bytes    uint64
+	inFlight int
+}
+
+// New checks the options and prepares a server; Serve opens the sockets.
+func New(opts Options) (*Server, error) {
+	switch {
+	case opts.SocketDir == "":
+		return nil, errors.New("agent server: socket directory required")
+	case opts.PoolName == "" || opts.PoolNamespace == "":
+		return nil, errors.New("agent server: pool namespace and name required")
+	case opts.NodeName == "":
+		return nil, errors.New("agent server: node name required")
+	case opts.Engine == nil:
+		return nil, errors.New("agent server: engine required")
+	}
+	if opts.Policy == nil {
+		opts.Policy = StaticPolicy(nil)
+	}
+	if opts.Limits == (Limits{}) {
+		opts.Limits = DefaultLimits
+	}
+	if opts.TokenTTL <= 0 {
+		opts.TokenTTL = 30 * time.Second
+	}
+	if opts.SessionGrace <= 0 {
+		opts.SessionGrace = 30 * time.Second
+	}
+	if opts.FinishedRetention <= 0 {
+		opts.FinishedRetention = 2 * time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("agent server: %w", err)
+	}
+	s := &Server{
+		opts: opts, log: opts.Logger,
+		// Region ids carry a random epoch so an id from a previous agent instance never names a new region.
+		regionEpoch: uint64(binary.BigEndian.Uint32(b[:])|1) << 32,
+		tokens:      newFDTokens(opts.TokenTTL, 64),
+		sessions:    map[uint64]*session{}, regions: map[uint64]*region{}, byMemory: map[engines.MemoryID]*region{},
+		segments: map[string]*region{}, callers: map[string]*usage{}, imports: map[engines.MemoryID]*imported{},
+		transfers: map[uint64]*transfer{}, watchers: map[string]map[*watcher]struct{}{},
+		listeners: map[string]map[*notifyListener]struct{}{},
+	}
+	opts.Engine.SetNotifyHandler(s.deliverNotification)
+	return s, nil
+}
+
+// SocketPath is where the agent socket lives.
+func (s *Server) SocketPath() string {
+	return filepath.Join(s.opts.SocketDir, s.opts.PoolName, SocketName)
+}
+
+// FDSocketPath is where the fd socket lives.
+func (s *Server) FDSocketPath() string {
+	return filepath.Join(s.opts.SocketDir, s.opts.PoolName, FDSocketName)
+}
+
+// Serve opens both sockets and serves until ctx ends, then stops (in-flight calls get a bounded grace),
+// ends every session and removes the sockets.
+func (s *Server) Serve(ctx context.Context) error {
+	dir := filepath.Dir(s.SocketPath())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating socket directory %s: %w", dir, err)
+	}
+	ln, err := s.listen(s.SocketPath())
+	if err != nil {
+		return err
+	}
+	fdLn, err := s.listen(s.FDSocketPath())
+	if err != nil {
+		ln.Close()
+		os.Remove(s.SocketPath())
+		return err
+	}
+	s.ln, s.fdLn = ln, fdLn
+	s.grpc = grpc.NewServer(
+		grpc.Creds(peerCreds{srv: s}),
+		grpc.ChainUnaryInterceptor(s.unaryAuth),
+		grpc.ChainStreamInterceptor(s.streamAuth),
+	)
+	agentv1.RegisterAgentServer(s.grpc, s)
+
+	fds := &fdSocket{ln: fdLn, tokens: s.tokens, identify: s.identifyConn}
+	go fds.serve(ctx)
+	go s.sweep(ctx)
+	serveErr := make(chan error, 1)
+	go func() {
+		serveErr <- s.grpc.Serve(&trackedListener{UnixListener: ln, onClose: s.connClosed})
+	}()
+	s.log.Info("serving", "socket", s.SocketPath(), "fdSocket", s.FDSocketPath())
+
+	var err2 error
+	select {
+	case <-ctx.Done():
+	case err2 = <-serveErr:
+	}
+	s.shutdown()
+	if err2 != nil && !errors.Is(err2, grpc.ErrServerStopped) {
+		return fmt.Errorf("serving %s: %w", s.SocketPath(), err2)
+	}
+	return nil
+}
+
+func (s *Server) listen(path string) (*net.UnixListener, error) {
+	if err := removeStaleSocket(path); err != nil {
+		return nil, err
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, 0o660); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("setting mode 0660 on %s: %w", path, err)
+	}
+	if s.opts.SocketGID >= 0 {
+		if err := os.Chown(path, -1, s.opts.SocketGID); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("giving %s to group %d: %w", path, s.opts.SocketGID, err)
+		}
+	}
+	return ln, nil
+}
+
+// removeStaleSocket deletes a socket left by an agent that died, and refuses to steal one that is served.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("checking %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%s exists and is not a socket; not touching it", path)
+	}
+	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
+		c.Close()
+		return fmt.Errorf("%s is served by another process (a second agent for this pool?)", path)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("removing stale socket %s: %w", path, err)
+	}
+	return nil
+}
+
+func (s *Server) shutdown() {
+	done := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		s.grpc.Stop() // streams (Watch, Notifications) never end on their own
+	}
+	s.fdLn.Close()
+	s.ln.Close()
+	os.Remove(s.SocketPath())
+	os.Remove(s.FDSocketPath())
+	s.mu.Lock()
+	var live []*session
+	for _, sess := range s.sessions {
+		live = append(live, sess)
+	}
+	s.mu.Unlock()
+	for _, sess := range live {
+		sess.endedOnce.Do(func() { s.endSession(sess) })
+	}
+	s.wg.Wait()
+	s.tokens.closeAll()
+	s.log.Info("stopped", "socket", s.SocketPath())
+}
+
+func (s *Server) sweep(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			s.tokens.sweep(now)
+			s.forgetFinished(now)
+		}
+	}
+}

@@ -1,0 +1,184 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// A session is one client connection. Regions and pool slices belong to the session that created them and go
+// away with it; visibility and limits are per caller (Caller.Key), shared by a pod's connections.
+type session struct {
+	id        uint64
+	caller    Caller
+	identErr  error
+	regions   map[uint64]*region
+	allocs    map[string]*allocation
+	ended     bool
+	endedOnce sync.Once
+}
+
+// sessionInfo is the gRPC AuthInfo a connection carries; handlers find their session through it.
+type sessionInfo struct {
+	credentials.CommonAuthInfo
+	s *session
+}
+
+func (sessionInfo) AuthType() string { return "fabricxfer-peercred" }
+
+// trackedListener hands out connections that report their end, so the server can clean a session up even when
+// the client vanishes without a word.
+type trackedListener struct {
+	*net.UnixListener
+	onClose func(c *trackedConn)
+}
+
+type trackedConn struct {
+	*net.UnixConn
+	once    sync.Once
+	onClose func(c *trackedConn)
+	sess    *session
+}
+
+func (l *trackedListener) Accept() (net.Conn, error) {
+	c, err := l.UnixListener.AcceptUnix()
+	if err != nil {
+		return nil, err
+	}
+	return &trackedConn{UnixConn: c, onClose: l.onClose}, nil
+}
+
+func (c *trackedConn) Close() error {
+	err := c.UnixConn.Close()
+	c.once.Do(func() { c.onClose(c) })
+	return err
+}
+
+// peerCreds are transport credentials that identify the caller at connection time. Identification failures are
+// not handshake failures: the connection is kept so every call can answer PermissionDenied with the reason,
+// instead of the client seeing an unexplained closed connection.
+type peerCreds struct {
+	srv *Server
+}
+
+func (p peerCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	tc, ok := raw.(*trackedConn)
+	if !ok {
+		return nil, nil, fmt.Errorf("connection of type %T is not a Unix socket connection", raw)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s := p.srv.newSession(ctx, tc.UnixConn)
+	tc.sess = s
+	return raw, sessionInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, s: s}, nil
+}
+
+func (peerCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return nil, nil, fmt.Errorf("peer credentials are server-side only")
+}
+func (peerCreds) Info() credentials.ProtocolInfo {
+	return credentials.ProtocolInfo{SecurityProtocol: "fabricxfer-peercred"}
+}
+func (p peerCreds) Clone() credentials.TransportCredentials { return p }
+func (peerCreds) OverrideServerName(string) error           { return nil }
+
+// identifyConn identifies the process behind a Unix connection (used by the gRPC and the fd socket).
+func (s *Server) identifyConn(ctx context.Context, conn *net.UnixConn) (Caller, error) {
+	cred, err := PeerCredOf(conn)
+	if err != nil {
+		return Caller{}, err
+	}
+	c, err := s.opts.Identifier.Identify(ctx, cred)
+	if err != nil {
+		return Caller{}, err
+	}
+	if err := s.admit(ctx, c); err != nil {
+		return Caller{}, err
+	}
+	return c, nil
+}
+
+// admit applies the pool's allowedNamespaces to a caller.
+func (s *Server) admit(ctx context.Context, c Caller) error {
+	if c.Local {
+		return nil // only present when the agent admits local callers
+	}
+	allowed, err := s.opts.Policy.AllowedNamespaces(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the allowed namespaces of pool %s/%s: %w", s.opts.PoolNamespace, s.opts.PoolName, err)
+	}
+	if !NamespaceAllowed(s.opts.PoolNamespace, allowed, c.Namespace) {
+		shown := allowed
+		if len(shown) == 0 {
+			shown = []string{s.opts.PoolNamespace + " (the pool's own namespace)"}
+		}
+		return fmt.Errorf("%s: namespace %q may not use pool %s/%s (allowed: %v)", c, c.Namespace, s.opts.PoolNamespace, s.opts.PoolName, shown)
+	}
+	return nil
+}
+
+func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) *session {
+	caller, err := s.identifyConn(ctx, conn)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextSession++
+	sess := &session{id: s.nextSession, caller: caller, identErr: err, regions: map[uint64]*region{}, allocs: map[string]*allocation{}}
+	s.sessions[sess.id] = sess
+	if err != nil {
+		s.log.Info("refused a caller", "error", err)
+	}
+	return sess
+}
+
+// sessionOf returns the caller's session or a PermissionDenied status explaining why it has none.
+func (s *Server) sessionOf(ctx context.Context) (*session, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, status.Error(codes.Internal, "no connection information on the call")
+	}
+	info, ok := p.AuthInfo.(sessionInfo)
+	if !ok {
+		return nil, status.Error(codes.Internal, "connection was not identified")
+	}
+	if info.s.identErr != nil {
+		return nil, status.Error(codes.PermissionDenied, info.s.identErr.Error())
+	}
+	return info.s, nil
+}
+
+func (s *Server) unaryAuth(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if _, err := s.sessionOf(ctx); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func (s *Server) streamAuth(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if _, err := s.sessionOf(ss.Context()); err != nil {
+		return err
+	}
+	return h(srv, ss)
+}
+
+// connClosed ends the connection's session in the background: its regions are deregistered once their
+// in-flight transfers settle, its pool slices go back.
+func (s *Server) connClosed(c *trackedConn) {
+	if c.sess == nil {
+		return
+	}
+	c.sess.endedOnce.Do(func() {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.endSession(c.sess)
+		}()
+	})
+}

@@ -1,0 +1,408 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// maxFinished bounds how many settled transfers are kept for Wait, whatever their age.
+const maxFinished = 1 << 16
+
+type transfer struct {
+	id     uint64
+	owner  string
+	t      engines.Transfer
+	tags   []string // engines.Tag -> the caller's tag
+	bytes  uint64
+	start  time.Time
+	done   chan struct{} // closed once status is set
+	status *agentv1.TransferStatus
+	ended  time.Time
+}
+
+type watcher struct {
+	ids      map[uint64]bool // nil: every transfer of the caller
+	ch       chan *agentv1.TransferStatus
+	overflow bool
+}
+
+// Transfer implements agentv1.AgentServer. Every item is checked before anything moves: a request with one
+// bad item is refused whole, naming the item, and changes nothing.
+func (s *Server) Transfer(ctx context.Context, req *agentv1.TransferRequest) (*agentv1.TransferResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.Op != agentv1.Op_OP_READ && req.Op != agentv1.Op_OP_WRITE {
+		return nil, status.Errorf(codes.InvalidArgument, "op must be OP_READ or OP_WRITE, got %s", req.Op)
+	}
+	if len(req.Items) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "transfer has no items")
+	}
+	if max := s.opts.Limits.MaxItemsPerTransfer; len(req.Items) > max {
+		return nil, status.Errorf(codes.InvalidArgument, "transfer has %d items, at most %d", len(req.Items), max)
+	}
+	if len(req.Notify) > engines.MaxNotifyPayload {
+		return nil, status.Errorf(codes.InvalidArgument, "notification payload is %d bytes, at most %d", len(req.Notify), engines.MaxNotifyPayload)
+	}
+	var timeout time.Duration
+	if req.Timeout != nil {
+		if err := req.Timeout.CheckValid(); err != nil || req.Timeout.AsDuration() < 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "timeout %v is not a valid non-negative duration", req.Timeout)
+		}
+		timeout = req.Timeout.AsDuration()
+	}
+
+	plan := s.opts.Engine.NewPlan()
+	tagOf := map[string]engines.Tag{}
+	var tags []string
+	resolved := map[*agentv1.RemoteRef]engines.MemoryID{}
+	var total uint64
+	for i, it := range req.Items {
+		where := func() string { return fmt.Sprintf("item %d (tag %q)", i, it.Tag) }
+		s.mu.Lock()
+		local, err := s.ownRegionLocked(sess, it.LocalRegionId)
+		s.mu.Unlock()
+		if err != nil {
+			return nil, status.Errorf(codes.NotFound, "%s: %v", where(), status.Convert(err).Message())
+		}
+		ref := it.Remote
+		if ref == nil {
+			ref = req.Remote
+		}
+		if ref == nil {
+			return nil, status.Errorf(codes.InvalidArgument, "%s names no remote and the request has no default remote", where())
+		}
+		remote, ok := resolved[ref]
+		if !ok {
+			remote, err = s.resolveRemote(ctx, sess, ref)
+			if err != nil {
+				st := status.Convert(err)
+				return nil, status.Errorf(st.Code(), "%s: %s", where(), st.Message())
+			}
+			resolved[ref] = remote
+		}
+		tag, ok := tagOf[it.Tag]
+		if !ok {
+			tag = engines.Tag(len(tags))
+			tagOf[it.Tag] = tag
+			tags = append(tags, it.Tag)
+		}
+		item := engines.Item{Src: local.mem, SrcOffset: it.LocalOffset, Dst: remote, DstOffset: it.RemoteOffset, Size: it.Length, Tag: tag}
+		if req.Op == agentv1.Op_OP_READ {
+			item = engines.Item{Src: remote, SrcOffset: it.RemoteOffset, Dst: local.mem, DstOffset: it.LocalOffset, Size: it.Length, Tag: tag}
+		}
+		if err := plan.Add(item); err != nil {
+			return nil, status.Errorf(statusCode(err), "%s: %v", where(), err)
+		}
+		total += it.Length
+	}
+	ps := plan.Build()
+	if len(ps.Rejected) > 0 {
+		ie := ps.Rejected[0]
+		return nil, status.Errorf(statusCode(ie.Err), "item with tag %q: %v", tags[ie.Item.Tag], ie.Err)
+	}
+
+	s.mu.Lock()
+	u := s.usageLocked(sess.caller.Key)
+	if u.inFlight >= s.opts.Limits.MaxInFlight {
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d transfers in flight, the limit is %d", u.inFlight, s.opts.Limits.MaxInFlight)
+	}
+	u.inFlight++
+	s.nextXfer++
+	x := &transfer{id: s.nextXfer, owner: sess.caller.Key, tags: tags, bytes: total, start: time.Now(), done: make(chan struct{})}
+	s.mu.Unlock()
+
+	// The transfer outlives this call; its deadline comes from the request's timeout (or the engine default).
+	t, err := s.opts.Engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: req.Notify})
+	if err != nil {
+		s.mu.Lock()
+		u.inFlight--
+		s.mu.Unlock()
+		return nil, status.Errorf(statusCode(err), "submitting: %v", err)
+	}
+	x.t = t
+	s.mu.Lock()
+	s.transfers[x.id] = x
+	s.mu.Unlock()
+	go s.settle(x)
+
+	resp := &agentv1.TransferResponse{TransferId: x.id, Items: uint32(len(req.Items) - len(ps.Dropped)), Bytes: ps.Bytes()}
+	for i := range ps.Plans {
+		resp.Engines = append(resp.Engines, ps.Plans[i].Engine)
+	}
+	if req.Wait {
+		select {
+		case <-x.done:
+			resp.Status = x.status
+		case <-ctx.Done():
+			return nil, status.Errorf(codes.DeadlineExceeded, "transfer %d submitted but still pending when the call ended: %v", x.id, ctx.Err())
+		}
+	}
+	return resp, nil
+}
+
+// resolveRemote turns a RemoteRef into a memory id the engines know, importing a remote descriptor if needed.
+func (s *Server) resolveRemote(ctx context.Context, sess *session, ref *agentv1.RemoteRef) (engines.MemoryID, error) {
+	self := ref.Node == "" || ref.Node == s.opts.NodeName
+	switch t := ref.Target.(type) {
+	case *agentv1.RemoteRef_RegionId:
+		if !self {
+			return "", status.Errorf(codes.InvalidArgument, "a region id names memory on this node; use a segment or descriptor for node %q", ref.Node)
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		r, err := s.ownRegionLocked(sess, t.RegionId)
+		if err != nil {
+			return "", err
+		}
+		return r.mem, nil
+	case *agentv1.RemoteRef_Segment:
+		if self {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			r, ok := s.segments[t.Segment]
+			if !ok {
+				return "", status.Errorf(codes.NotFound, "no segment %q on node %s", t.Segment, s.opts.NodeName)
+			}
+			return r.mem, nil
+		}
+		if s.opts.Peers == nil {
+			return "", status.Errorf(codes.Unavailable, "segment %q is on node %s and this agent has no peer channel", t.Segment, ref.Node)
+		}
+		desc, err := s.opts.Peers.ResolveSegment(ctx, ref.Node, t.Segment)
+		if err != nil {
+			return "", status.Errorf(peerCode(err), "resolving segment %q on node %s: %v", t.Segment, ref.Node, err)
+		}
+		return s.importDescriptor(ctx, desc)
+	case *agentv1.RemoteRef_Desc:
+		return s.importDescriptor(ctx, t.Desc)
+	}
+	return "", status.Error(codes.InvalidArgument, "remote names no region, segment or descriptor")
+}
+
+func peerCode(err error) codes.Code {
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+		return st.Code()
+	}
+	return codes.Unavailable
+}
+
+// settle waits for a transfer to end, records its status and tells watchers.
+func (s *Server) settle(x *transfer) {
+	<-x.t.Done()
+	err := x.t.Wait(context.Background())
+	st := s.statusOf(x, err)
+	s.mu.Lock()
+	x.status = st
+	x.ended = time.Now()
+	if u := s.callers[x.owner]; u != nil {
+		u.inFlight--
+	}
+	for w := range s.watchers[x.owner] {
+		if w.ids != nil && !w.ids[x.id] {
+			continue
+		}
+		select {
+		case w.ch <- st:
+		default:
+			w.overflow = true
+		}
+	}
+	s.mu.Unlock()
+	close(x.done)
+}
+
+func (s *Server) statusOf(x *transfer, err error) *agentv1.TransferStatus {
+	st := &agentv1.TransferStatus{TransferId: x.id, Bytes: x.bytes, Elapsed: durationpb.New(time.Since(x.start))}
+	if err == nil {
+		st.State = agentv1.TransferState_TRANSFER_STATE_SUCCEEDED
+		return st
+	}
+	st.Error = err.Error()
+	st.State = agentv1.TransferState_TRANSFER_STATE_FAILED
+	var te *engines.TransferError
+	if !errors.As(err, &te) {
+		return st
+	}
+	allCancelled, allDeadline := true, true
+	seen := map[engines.Tag]bool{}
+	for _, f := range te.Failures {
+		code := statusCode(f.Err)
+		allCancelled = allCancelled && code == codes.Canceled
+		allDeadline = allDeadline && code == codes.DeadlineExceeded
+		for _, tag := range f.Tags {
+			if seen[tag] || int(tag) >= len(x.tags) {
+				continue
+			}
+			seen[tag] = true
+			st.Failures = append(st.Failures, &agentv1.TagFailure{Tag: x.tags[tag], Code: code.String(), Message: f.Err.Error()})
+		}
+	}
+	switch {
+	case allCancelled:
+		st.State = agentv1.TransferState_TRANSFER_STATE_CANCELLED
+	case allDeadline:
+		st.State = agentv1.TransferState_TRANSFER_STATE_DEADLINE_EXCEEDED
+	}
+	return st
+}
+
+func (s *Server) ownTransfer(sess *session, id uint64) (*transfer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	x, ok := s.transfers[id]
+	if !ok || x.owner != sess.caller.Key {
+		return nil, status.Errorf(codes.NotFound, "transfer %d is not known for this caller (settled more than %s ago, or never submitted)", id, s.opts.FinishedRetention)
+	}
+	return x, nil
+}
+
+func pending(id uint64) *agentv1.TransferStatus {
+	return &agentv1.TransferStatus{TransferId: id, State: agentv1.TransferState_TRANSFER_STATE_PENDING}
+}
+
+// Wait implements agentv1.AgentServer.
+func (s *Server) Wait(ctx context.Context, req *agentv1.WaitRequest) (*agentv1.TransferStatus, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	x, err := s.ownTransfer(sess, req.TransferId)
+	if err != nil {
+		return nil, err
+	}
+	var timer <-chan time.Time
+	if req.Timeout != nil && req.Timeout.AsDuration() > 0 {
+		t := time.NewTimer(req.Timeout.AsDuration())
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-x.done:
+		return x.status, nil
+	case <-timer:
+		return pending(x.id), nil
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// Cancel implements agentv1.AgentServer.
+func (s *Server) Cancel(ctx context.Context, req *agentv1.CancelRequest) (*agentv1.TransferStatus, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	x, err := s.ownTransfer(sess, req.TransferId)
+	if err != nil {
+		return nil, err
+	}
+	x.t.Cancel()
+	select {
+	case <-x.done:
+		return x.status, nil
+	case <-ctx.Done():
+		return pending(x.id), nil
+	case <-time.After(5 * time.Second):
+		return pending(x.id), nil
+	}
+}
+
+// Watch implements agentv1.AgentServer.
+func (s *Server) Watch(req *agentv1.WatchRequest, stream agentv1.Agent_WatchServer) error {
+	sess, err := s.sessionOf(stream.Context())
+	if err != nil {
+		return err
+	}
+	w := &watcher{ch: make(chan *agentv1.TransferStatus, 1024)}
+	remaining := 0
+	var already []*agentv1.TransferStatus
+	s.mu.Lock()
+	if len(req.TransferIds) > 0 {
+		w.ids = map[uint64]bool{}
+		for _, id := range req.TransferIds {
+			x, ok := s.transfers[id]
+			if !ok || x.owner != sess.caller.Key {
+				s.mu.Unlock()
+				return status.Errorf(codes.NotFound, "transfer %d is not known for this caller", id)
+			}
+			if w.ids[id] {
+				continue
+			}
+			w.ids[id] = true
+			if x.status != nil {
+				already = append(already, x.status)
+			} else {
+				remaining++
+			}
+		}
+	} else {
+		for _, x := range s.transfers {
+			if x.owner == sess.caller.Key && x.status == nil {
+				remaining++ // reported as they settle
+			}
+		}
+	}
+	if s.watchers[sess.caller.Key] == nil {
+		s.watchers[sess.caller.Key] = map[*watcher]struct{}{}
+	}
+	s.watchers[sess.caller.Key][w] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.watchers[sess.caller.Key], w)
+		s.mu.Unlock()
+	}()
+	for _, st := range already {
+		if err := stream.Send(st); err != nil {
+			return err
+		}
+	}
+	for w.ids == nil || remaining > 0 {
+		select {
+		case st := <-w.ch:
+			if err := stream.Send(st); err != nil {
+				return err
+			}
+			remaining--
+		case <-stream.Context().Done():
+			return nil
+		}
+		s.mu.Lock()
+		over := w.overflow
+		s.mu.Unlock()
+		if over && len(w.ch) == 0 {
+			return status.Error(codes.ResourceExhausted, "watch fell more than 1024 completions behind; use Wait for the ones missed")
+		}
+	}
+	return nil
+}
+
+// forgetFinished drops settled transfers older than the retention, and the oldest beyond maxFinished.
+func (s *Server) forgetFinished(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, x := range s.transfers {
+		if x.status != nil && now.Sub(x.ended) > s.opts.FinishedRetention {
+			delete(s.transfers, id)
+		}
+	}
+	if len(s.transfers) > maxFinished {
+		for id, x := range s.transfers {
+			if x.status != nil && len(s.transfers) > maxFinished {
+				delete(s.transfers, id)
+			}
+		}
+	}
+}
