@@ -86,6 +86,10 @@ func (s *Server) Notifications(req *agentv1.NotificationsRequest, stream agentv1
 		delete(s.listeners[key], l)
 		s.mu.Unlock()
 	}()
+	// The header tells the client the listener is in place: nothing sent after this is missed.
+	if err := stream.SendHeader(nil); err != nil {
+		return err
+	}
 	for {
 		select {
 		case n := <-l.ch:

@@ -364,6 +364,9 @@ func (s *Server) Watch(req *agentv1.WatchRequest, stream agentv1.Agent_WatchServ
 		delete(s.watchers[sess.caller.Key], w)
 		s.mu.Unlock()
 	}()
+	if err := stream.SendHeader(nil); err != nil {
+		return err
+	}
 	for _, st := range already {
 		if err := stream.Send(st); err != nil {
 			return err

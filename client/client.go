@@ -1,0 +1,220 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client/fdpass"
+)
+
+// ErrSessionLost means the agent restarted (or the connection was re-established) since the regions in use
+// were registered: they are gone on the agent side. Call Recover, then retry.
+var ErrSessionLost = errors.New("agent session lost (agent restarted?): call Recover and retry")
+
+// FDSocketName is the fd socket's name beside the agent socket.
+const FDSocketName = "agent.fd.sock"
+
+// Client talks to one agent socket. Safe for concurrent use.
+type Client struct {
+	conn     *grpc.ClientConn
+	api      agentv1.AgentClient
+	fdSocket string
+	dials    atomic.Uint64
+
+	mu      sync.Mutex
+	gen     uint64 // the dial generation regions are registered under
+	info    *agentv1.GetInfoResponse
+	regions map[*Region]struct{}
+}
+
+// Option tunes Dial.
+type Option func(*dialOptions)
+
+type dialOptions struct {
+	name string
+}
+
+// WithName names the client in the agent's logs.
+func WithName(name string) Option { return func(o *dialOptions) { o.name = name } }
+
+// Dial connects to the agent socket at socketPath and negotiates the API version.
+func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, error) {
+	var o dialOptions
+	for _, fn := range opts {
+		fn(&o)
+	}
+	c := &Client{fdSocket: filepath.Join(filepath.Dir(socketPath), FDSocketName), regions: map[*Region]struct{}{}}
+	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+		c.dials.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socketPath)
+	}
+	conn, err := grpc.NewClient("passthrough:///fabricxfer-agent",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(dialer),
+		// Reconnect quickly after an agent restart; calls never wait for readiness (fail fast).
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond,
+			Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: time.Second}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to agent socket %s: %w", socketPath, err)
+	}
+	c.conn = conn
+	c.api = agentv1.NewAgentClient(conn)
+	info, err := c.api.GetInfo(ctx, &agentv1.GetInfoRequest{ApiVersions: []string{"v1"}, ClientName: o.name})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("asking agent %s for its info: %w", socketPath, err)
+	}
+	c.info = info
+	c.gen = c.dials.Load()
+	return c, nil
+}
+
+// Close closes the connection; the agent then deregisters this client's regions.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	for r := range c.regions {
+		if r.keep != nil {
+			r.keep.Close()
+		}
+	}
+	c.regions = map[*Region]struct{}{}
+	c.mu.Unlock()
+	return c.conn.Close()
+}
+
+// Info returns what the agent said at Dial (or at the last Recover).
+func (c *Client) Info() *agentv1.GetInfoResponse {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.info
+}
+
+// API returns the raw gRPC client for calls this package does not wrap.
+func (c *Client) API() agentv1.AgentClient { return c.api }
+
+// check fails fast when the connection was re-established since the regions were registered.
+func (c *Client) check() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dials.Load() != c.gen {
+		return ErrSessionLost
+	}
+	return nil
+}
+
+// wrap turns an error of a call made under generation gen into ErrSessionLost when the connection changed.
+func (c *Client) wrap(what string, gen uint64, err error) error {
+	if err == nil {
+		return nil
+	}
+	if c.dials.Load() != gen {
+		return fmt.Errorf("%s: %w (%v)", what, ErrSessionLost, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+func (c *Client) generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
+// Recover re-registers every region this client registered from its own memory, after the agent restarted.
+// Pool slices are dropped (Region.Lost reports it).
+func (c *Client) Recover(ctx context.Context) error {
+	info, err := c.api.GetInfo(ctx, &agentv1.GetInfoRequest{ApiVersions: []string{"v1"}})
+	if err != nil {
+		return fmt.Errorf("recovering: reaching the agent: %w", err)
+	}
+	c.mu.Lock()
+	c.info = info
+	c.gen = c.dials.Load()
+	regs := make([]*Region, 0, len(c.regions))
+	for r := range c.regions {
+		regs = append(regs, r)
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, r := range regs {
+		if r.keep == nil {
+			r.mu.Lock()
+			r.lost = true
+			r.mu.Unlock()
+			c.forget(r)
+			continue
+		}
+		if err := c.register(ctx, r); err != nil {
+			errs = append(errs, fmt.Errorf("re-registering region %q: %w", r.segment, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Code returns the gRPC code of an error from this package (codes.OK for nil).
+func Code(err error) codes.Code {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if st, ok := status.FromError(e); ok {
+			return st.Code()
+		}
+	}
+	return status.Code(err)
+}
+
+// SharedMemory is host memory an agent can map: a memfd and this process's mapping of it.
+type SharedMemory struct {
+	File  *os.File
+	Bytes []byte
+}
+
+// NewSharedMemory creates size bytes of shared memory (memfd_create, rounded up to pages).
+func NewSharedMemory(name string, size uint64) (*SharedMemory, error) {
+	if size == 0 {
+		return nil, errors.New("creating shared memory: size must be positive")
+	}
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("creating shared memory %q: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if err := f.Truncate(int64(size)); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("sizing shared memory %q to %d bytes: %w", name, size, err)
+	}
+	b, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("mapping shared memory %q: %w", name, err)
+	}
+	return &SharedMemory{File: f, Bytes: b}, nil
+}
+
+// Size is the mapping's length.
+func (m *SharedMemory) Size() uint64 { return uint64(len(m.Bytes)) }
+
+// Close unmaps and closes the memory.
+func (m *SharedMemory) Close() error {
+	err := unix.Munmap(m.Bytes)
+	return errors.Join(err, m.File.Close())
+}
+
+// putFD hands f to the agent's fd socket and returns the token.
+func (c *Client) putFD(ctx context.Context, f *os.File) (string, error) {
+	return fdpass.Put(ctx, c.fdSocket, f)
+}

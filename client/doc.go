@@ -1,0 +1,14 @@
+// Package client is the Go client of the fabricxfer agent's sidecar socket: register memory, move it, wait.
+//
+//	c, err := client.Dial(ctx, "/var/run/fabricxfer/kv-pool/agent.sock")
+//	shm, err := client.NewSharedMemory("kv", 1<<30)          // memfd the agent can map
+//	kv, err := c.RegisterHost(ctx, shm.File, 0, shm.Size(), client.Segment("kv-0"))
+//	st, err := c.Write(ctx, kv, 0, client.ToSegment("node-b", "kv-0"), 0, 4096)
+//
+// Transfers are asynchronous (Submit, then Transfer.Wait) or one round trip (Write, Read). Every call takes a
+// context; its deadline bounds the call, TransferOptions.Timeout bounds the transfer itself.
+//
+// Regions belong to the client's connection. When the agent restarts, calls fail fast with ErrSessionLost
+// (never hang); Recover re-registers every region the client registered from its own memory (ids change,
+// *Region values stay valid). Pool slices cannot be recovered: their memory belonged to the old agent.
+package client

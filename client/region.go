@@ -1,0 +1,202 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client/fdpass"
+)
+
+// Region is memory registered with the agent. Its id changes on Recover; the value stays valid.
+type Region struct {
+	c       *Client
+	segment string
+	// keep is this client's duplicate of the memory's fd, so the region can be registered again after an
+	// agent restart; nil for pool slices.
+	keep   *os.File
+	offset uint64
+	length uint64
+
+	mu    sync.Mutex
+	id    uint64
+	gen   uint64
+	desc  []byte
+	alloc string
+	lost  bool
+}
+
+// ID is the region's current id at the agent.
+func (r *Region) ID() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.id
+}
+
+// Descriptor is the capability a peer names to reach this region (share it only with those who should).
+func (r *Region) Descriptor() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.desc
+}
+
+// Len is the region's length.
+func (r *Region) Len() uint64 { return r.length }
+
+// Segment is the name peers resolve, if any.
+func (r *Region) Segment() string { return r.segment }
+
+// Lost reports a pool slice whose agent restarted: it must be allocated again.
+func (r *Region) Lost() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lost
+}
+
+func (r *Region) current() (uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lost {
+		return 0, fmt.Errorf("region %q: %w (pool slice; allocate again)", r.segment, ErrSessionLost)
+	}
+	if r.gen != r.c.generation() {
+		return 0, ErrSessionLost
+	}
+	return r.id, nil
+}
+
+// RegionOption tunes a registration.
+type RegionOption func(*Region)
+
+// Segment publishes the region under name, so peers can name it without its descriptor.
+func Segment(name string) RegionOption { return func(r *Region) { r.segment = name } }
+
+// RegisterHost registers [offset, offset+length) of shared memory f (a memfd or shm_open file opened
+// read-write). The client keeps a duplicate of f until Deregister or Close.
+func (c *Client) RegisterHost(ctx context.Context, f *os.File, offset, length uint64, opts ...RegionOption) (*Region, error) {
+	if f == nil {
+		return nil, fmt.Errorf("registering host memory: no file")
+	}
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("registering host memory: duplicating its fd: %w", err)
+	}
+	r := &Region{c: c, keep: os.NewFile(uintptr(fd), f.Name()), offset: offset, length: length}
+	for _, o := range opts {
+		o(r)
+	}
+	if err := c.register(ctx, r); err != nil {
+		r.keep.Close()
+		return nil, err
+	}
+	c.mu.Lock()
+	c.regions[r] = struct{}{}
+	c.mu.Unlock()
+	return r, nil
+}
+
+func (c *Client) register(ctx context.Context, r *Region) error {
+	gen := c.generation()
+	token, err := c.putFD(ctx, r.keep)
+	if err != nil {
+		return c.wrap("registering host memory: passing its fd", gen, err)
+	}
+	resp, err := c.api.RegisterMemory(ctx, &agentv1.RegisterMemoryRequest{Kind: agentv1.MemoryKind_MEMORY_KIND_HOST,
+		HandleType: agentv1.HandleType_HANDLE_TYPE_SHM_FD, FdToken: token, Offset: r.offset, Length: r.length,
+		SegmentName: r.segment})
+	if err != nil {
+		return c.wrap("registering host memory", gen, err)
+	}
+	r.mu.Lock()
+	r.id, r.desc, r.gen, r.lost = resp.Region.Id, resp.Region.Desc, gen, false
+	r.mu.Unlock()
+	return nil
+}
+
+// Deregister forgets the region at the agent (after its in-flight transfers settle) and here.
+func (c *Client) Deregister(ctx context.Context, r *Region) error {
+	id, err := r.current()
+	if err != nil {
+		c.forget(r)
+		return nil // nothing left at the agent
+	}
+	if r.alloc != "" {
+		return fmt.Errorf("deregistering region %d: it is a pool slice; use Release", id)
+	}
+	if _, err := c.api.DeregisterMemory(ctx, &agentv1.DeregisterMemoryRequest{RegionId: id}); err != nil {
+		return c.wrap(fmt.Sprintf("deregistering region %d", id), r.gen, err)
+	}
+	c.forget(r)
+	return nil
+}
+
+func (c *Client) forget(r *Region) {
+	c.mu.Lock()
+	delete(c.regions, r)
+	c.mu.Unlock()
+	if r.keep != nil {
+		r.keep.Close()
+		r.keep = nil
+	}
+}
+
+// PoolSlice is pool memory lent by the agent, mapped into this process.
+type PoolSlice struct {
+	*Region
+	Bytes   []byte
+	mapping []byte
+}
+
+// AllocateFromPool borrows length bytes of the pool's memory, mapped here and registered already.
+func (c *Client) AllocateFromPool(ctx context.Context, length uint64, opts ...RegionOption) (*PoolSlice, error) {
+	gen := c.generation()
+	r := &Region{c: c, length: length}
+	for _, o := range opts {
+		o(r)
+	}
+	resp, err := c.api.AllocateFromPool(ctx, &agentv1.AllocateFromPoolRequest{Length: length, SegmentName: r.segment})
+	if err != nil {
+		return nil, c.wrap("allocating pool memory", gen, err)
+	}
+	f, err := fdpass.Get(ctx, c.fdSocket, resp.FdToken)
+	if err != nil {
+		_, _ = c.api.Release(ctx, &agentv1.ReleaseRequest{AllocationId: resp.AllocationId})
+		return nil, fmt.Errorf("fetching the pool fd: %w", err)
+	}
+	defer f.Close() // the mapping keeps the memory
+	page := uint64(os.Getpagesize())
+	base := resp.Offset / page * page
+	delta := resp.Offset - base
+	m, err := unix.Mmap(int(f.Fd()), int64(base), int(resp.Length+delta), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		_, _ = c.api.Release(ctx, &agentv1.ReleaseRequest{AllocationId: resp.AllocationId})
+		return nil, fmt.Errorf("mapping the pool slice: %w", err)
+	}
+	r.id, r.desc, r.gen, r.alloc = resp.Region.Id, resp.Region.Desc, gen, resp.AllocationId
+	c.mu.Lock()
+	c.regions[r] = struct{}{}
+	c.mu.Unlock()
+	return &PoolSlice{Region: r, Bytes: m[delta : delta+resp.Length], mapping: m}, nil
+}
+
+// Release gives the slice back and unmaps it here.
+func (c *Client) Release(ctx context.Context, s *PoolSlice) error {
+	defer func() {
+		if s.mapping != nil {
+			_ = unix.Munmap(s.mapping)
+			s.mapping, s.Bytes = nil, nil
+		}
+	}()
+	c.forget(s.Region)
+	if _, err := s.current(); err != nil {
+		return nil // the agent that lent it is gone
+	}
+	if _, err := c.api.Release(ctx, &agentv1.ReleaseRequest{AllocationId: s.alloc}); err != nil {
+		return c.wrap("releasing pool slice", s.gen, err)
+	}
+	return nil
+}

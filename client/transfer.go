@@ -1,0 +1,253 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+)
+
+// Remote names the other side of an item: one of this client's regions, a segment on a node, or a
+// descriptor a peer shared.
+type Remote struct {
+	region     *Region
+	node       string
+	segment    string
+	descriptor []byte
+}
+
+// ToRegion names another of this client's regions on this node.
+func ToRegion(r *Region) Remote { return Remote{region: r} }
+
+// ToSegment names a segment on node ("" for this node).
+func ToSegment(node, segment string) Remote { return Remote{node: node, segment: segment} }
+
+// ToDescriptor names memory by a descriptor (Region.Descriptor of the owner, or ResolveSegment).
+func ToDescriptor(desc []byte) Remote { return Remote{descriptor: desc} }
+
+func (r Remote) proto() (*agentv1.RemoteRef, error) {
+	switch {
+	case r.region != nil:
+		id, err := r.region.current()
+		if err != nil {
+			return nil, err
+		}
+		return &agentv1.RemoteRef{Target: &agentv1.RemoteRef_RegionId{RegionId: id}}, nil
+	case r.segment != "":
+		return &agentv1.RemoteRef{Node: r.node, Target: &agentv1.RemoteRef_Segment{Segment: r.segment}}, nil
+	case r.descriptor != nil:
+		return &agentv1.RemoteRef{Target: &agentv1.RemoteRef_Desc{Desc: r.descriptor}}, nil
+	}
+	return nil, errors.New("remote names no region, segment or descriptor")
+}
+
+// Item is one contiguous copy between a local region and the remote.
+type Item struct {
+	Local        *Region
+	LocalOffset  uint64
+	Remote       Remote
+	RemoteOffset uint64
+	Length       uint64
+	Tag          string
+}
+
+// Op is the direction of a transfer.
+type Op int
+
+const (
+	// Write copies local bytes to the remote.
+	Write Op = 1
+	// Read copies remote bytes into the local region.
+	Read Op = 2
+)
+
+// TransferOptions tune a submission.
+type TransferOptions struct {
+	// Timeout bounds the transfer on the agent (zero: the agent's default).
+	Timeout time.Duration
+	// Notify is delivered to the target's Notifications stream once every byte landed.
+	Notify []byte
+}
+
+// Transfer is a submitted transfer.
+type Transfer struct {
+	ID      uint64
+	Engines []string
+	c       *Client
+	gen     uint64
+}
+
+// Status is how a transfer ended.
+type Status = agentv1.TransferStatus
+
+// TransferError reports a transfer that did not succeed, with the failed tags.
+type TransferError struct {
+	Status *Status
+}
+
+func (e *TransferError) Error() string {
+	var tags []string
+	for _, f := range e.Status.Failures {
+		tags = append(tags, fmt.Sprintf("%s: %s %s", f.Tag, f.Code, f.Message))
+	}
+	return fmt.Sprintf("transfer %d %s: %s [%s]", e.Status.TransferId, strings.TrimPrefix(e.Status.State.String(), "TRANSFER_STATE_"),
+		e.Status.Error, strings.Join(tags, "; "))
+}
+
+func (c *Client) request(op Op, items []Item, opts TransferOptions, wait bool) (*agentv1.TransferRequest, error) {
+	req := &agentv1.TransferRequest{Items: make([]*agentv1.TransferItem, len(items)), Notify: opts.Notify, Wait: wait}
+	switch op {
+	case Write:
+		req.Op = agentv1.Op_OP_WRITE
+	case Read:
+		req.Op = agentv1.Op_OP_READ
+	default:
+		return nil, fmt.Errorf("unknown op %d", op)
+	}
+	if opts.Timeout > 0 {
+		req.Timeout = durationpb.New(opts.Timeout)
+	}
+	for i, it := range items {
+		if it.Local == nil {
+			return nil, fmt.Errorf("item %d (tag %q) has no local region", i, it.Tag)
+		}
+		id, err := it.Local.current()
+		if err != nil {
+			return nil, err
+		}
+		ref, err := it.Remote.proto()
+		if err != nil {
+			return nil, fmt.Errorf("item %d (tag %q): %w", i, it.Tag, err)
+		}
+		req.Items[i] = &agentv1.TransferItem{LocalRegionId: id, LocalOffset: it.LocalOffset, Remote: ref,
+			RemoteOffset: it.RemoteOffset, Length: it.Length, Tag: it.Tag}
+	}
+	return req, nil
+}
+
+// Submit starts a transfer and returns at once; Wait on the result.
+func (c *Client) Submit(ctx context.Context, op Op, items []Item, opts TransferOptions) (*Transfer, error) {
+	gen := c.generation()
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	req, err := c.request(op, items, opts, false)
+	if err != nil {
+		return nil, fmt.Errorf("submitting: %w", err)
+	}
+	resp, err := c.api.Transfer(ctx, req)
+	if err != nil {
+		return nil, c.wrap("submitting", gen, err)
+	}
+	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen}, nil
+}
+
+// Do submits a transfer and waits for it in one round trip; a transfer that did not succeed returns its
+// status and a *TransferError.
+func (c *Client) Do(ctx context.Context, op Op, items []Item, opts TransferOptions) (*Status, error) {
+	gen := c.generation()
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	req, err := c.request(op, items, opts, true)
+	if err != nil {
+		return nil, fmt.Errorf("transferring: %w", err)
+	}
+	resp, err := c.api.Transfer(ctx, req)
+	if err != nil {
+		return nil, c.wrap("transferring", gen, err)
+	}
+	return resp.Status, statusErr(resp.Status)
+}
+
+// Write copies length bytes from local at localOff to remote at remoteOff and waits.
+func (c *Client) Write(ctx context.Context, local *Region, localOff uint64, remote Remote, remoteOff, length uint64) (*Status, error) {
+	return c.Do(ctx, Write, []Item{{Local: local, LocalOffset: localOff, Remote: remote, RemoteOffset: remoteOff, Length: length}}, TransferOptions{})
+}
+
+// Read copies length bytes from remote at remoteOff into local at localOff and waits.
+func (c *Client) Read(ctx context.Context, local *Region, localOff uint64, remote Remote, remoteOff, length uint64) (*Status, error) {
+	return c.Do(ctx, Read, []Item{{Local: local, LocalOffset: localOff, Remote: remote, RemoteOffset: remoteOff, Length: length}}, TransferOptions{})
+}
+
+func statusErr(st *Status) error {
+	if st == nil || st.State == agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+		return nil
+	}
+	return &TransferError{Status: st}
+}
+
+// Wait blocks until the transfer settles or ctx ends. A transfer that did not succeed returns its status and
+// a *TransferError.
+func (t *Transfer) Wait(ctx context.Context) (*Status, error) {
+	st, err := t.c.api.Wait(ctx, &agentv1.WaitRequest{TransferId: t.ID})
+	if err != nil {
+		return nil, t.c.wrap(fmt.Sprintf("waiting for transfer %d", t.ID), t.gen, err)
+	}
+	return st, statusErr(st)
+}
+
+// Cancel stops the transfer and returns its status (still PENDING if it did not stop within the call).
+func (t *Transfer) Cancel(ctx context.Context) (*Status, error) {
+	st, err := t.c.api.Cancel(ctx, &agentv1.CancelRequest{TransferId: t.ID})
+	if err != nil {
+		return nil, t.c.wrap(fmt.Sprintf("cancelling transfer %d", t.ID), t.gen, err)
+	}
+	return st, nil
+}
+
+// ResolveSegment returns the descriptor of a segment on node ("" for this node).
+func (c *Client) ResolveSegment(ctx context.Context, node, segment string) ([]byte, error) {
+	resp, err := c.api.ResolveSegment(ctx, &agentv1.ResolveSegmentRequest{Node: node, Segment: segment})
+	if err != nil {
+		return nil, fmt.Errorf("resolving segment %q on node %q: %w", segment, node, err)
+	}
+	return resp.Desc, nil
+}
+
+// Notifications streams notifications for this client's regions (all of them when none are given) until ctx
+// ends. The channel is closed when the stream ends; the returned function reports why.
+func (c *Client) Notifications(ctx context.Context, regions ...*Region) (<-chan *agentv1.Notification, func() error, error) {
+	req := &agentv1.NotificationsRequest{}
+	for _, r := range regions {
+		id, err := r.current()
+		if err != nil {
+			return nil, nil, err
+		}
+		req.RegionIds = append(req.RegionIds, id)
+	}
+	stream, err := c.api.Notifications(ctx, req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening the notification stream: %w", err)
+	}
+	// The agent sends headers once it listens, so nothing that happens after this returns is missed.
+	if _, err := stream.Header(); err != nil {
+		return nil, nil, fmt.Errorf("opening the notification stream: %w", err)
+	}
+	ch := make(chan *agentv1.Notification, 64)
+	var end error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(ch)
+		for {
+			n, err := stream.Recv()
+			if err != nil {
+				end = err
+				return
+			}
+			select {
+			case ch <- n:
+			case <-ctx.Done():
+				end = ctx.Err()
+				return
+			}
+		}
+	}()
+	return ch, func() error { <-done; return end }, nil
+}
