@@ -156,11 +156,12 @@ func (t *Tracker) complete() {
 	if len(failures) > 0 {
 		t.result = &TransferError{Failures: failures}
 	}
+	t.cancelFn(context.Canceled) // releases the context's resources; the outcome is already fixed
+	// Done closes before the regions are unpinned, so a Deregister that waited for them returns after Done.
+	close(t.done)
 	if t.release != nil {
 		t.release()
 	}
-	t.cancelFn(context.Canceled) // releases the context's resources; the outcome is already fixed
-	close(t.done)
 }
 
 // Wait implements Transfer.

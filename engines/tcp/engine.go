@@ -1,0 +1,380 @@
+package tcp
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// Options configure the engine. Zero values take the defaults noted.
+type Options struct {
+	// Node is this node's name.
+	Node string
+	// Listener serves this node's host regions to peers. Nil: the engine only reaches out (local regions get
+	// no TCP handle and cannot be read or written by peers).
+	Listener net.Listener
+	// Advertise is the host:port peers dial, put into Handles.TCP (default: the listener's address).
+	Advertise string
+	// Dial opens connections to peers (default: a net.Dialer with TCP keep-alive).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// TLS, when set, wraps both accepted connections (tls.Server) and dialed ones (tls.Client; ServerName
+	// defaults to the peer's host). Give it the agents' mTLS configuration.
+	TLS *tls.Config
+	// ConnsPerPeer is the number of connections to each peer (default 4).
+	ConnsPerPeer int
+	// ChunkBytes is the striping unit: segments are cut into chunks of at most this size, spread over the
+	// connections (default 4 MiB, at most 64 MiB).
+	ChunkBytes int
+	// MaxInFlightBytes bounds the bytes sent or requested but not yet answered, per peer (default 256 MiB).
+	MaxInFlightBytes int64
+	// PeerTimeout is how long a peer may stay silent while requests wait for it before it counts as lost
+	// (default 15 s). It also bounds every write.
+	PeerTimeout time.Duration
+	// Grace bounds how long Deregister and Close wait for cancelled transfers (engines.DefaultGrace when zero).
+	Grace time.Duration
+	// Logf receives connection-level errors of the serving side (default: log.Printf).
+	Logf func(format string, args ...any)
+}
+
+// Engine is the TCP engine.
+type Engine struct {
+	opts Options
+	reg  *engines.Registry
+	wg   sync.WaitGroup
+
+	mu          sync.Mutex
+	closed      bool
+	peers       map[string]*peer
+	serverConns map[net.Conn]struct{}
+	notify      engines.NotifyFunc
+
+	stats struct{ sent, received, servedIn, servedOut atomic.Uint64 }
+}
+
+var _ engines.Engine = (*Engine)(nil)
+
+// Stats are payload byte counters since the engine started.
+type Stats struct {
+	// Sent and Received count bytes this node's transfers wrote to and read from peers.
+	Sent, Received uint64
+	// ServedIn and ServedOut count bytes peers wrote into and read from this node's regions.
+	ServedIn, ServedOut uint64
+}
+
+// New starts the engine; with a listener it begins serving at once.
+func New(opts Options) (*Engine, error) {
+	if opts.Node == "" {
+		return nil, fmt.Errorf("tcp engine: %w: node name required", engines.ErrInvalid)
+	}
+	if opts.ConnsPerPeer <= 0 {
+		opts.ConnsPerPeer = 4
+	}
+	if opts.ChunkBytes <= 0 {
+		opts.ChunkBytes = 4 << 20
+	}
+	if opts.ChunkBytes > maxChunk {
+		return nil, fmt.Errorf("tcp engine: %w: chunk of %d bytes, at most %d", engines.ErrInvalid, opts.ChunkBytes, maxChunk)
+	}
+	if opts.MaxInFlightBytes <= 0 {
+		opts.MaxInFlightBytes = 256 << 20
+	}
+	if opts.MaxInFlightBytes < int64(opts.ChunkBytes) {
+		opts.MaxInFlightBytes = int64(opts.ChunkBytes)
+	}
+	if opts.PeerTimeout <= 0 {
+		opts.PeerTimeout = 15 * time.Second
+	}
+	if opts.Dial == nil {
+		d := &net.Dialer{KeepAlive: 15 * time.Second}
+		opts.Dial = d.DialContext
+	}
+	if opts.Logf == nil {
+		opts.Logf = log.Printf
+	}
+	if opts.Listener != nil && opts.Advertise == "" {
+		opts.Advertise = opts.Listener.Addr().String()
+	}
+	e := &Engine{opts: opts, reg: engines.NewRegistry(opts.Node, opts.Grace),
+		peers: map[string]*peer{}, serverConns: map[net.Conn]struct{}{}}
+	if opts.Listener != nil {
+		e.wg.Add(1)
+		go e.serve(opts.Listener)
+	}
+	return e, nil
+}
+
+func (e *Engine) logf(format string, args ...any) { e.opts.Logf(format, args...) }
+
+// Name implements engines.Engine.
+func (e *Engine) Name() string { return engines.EngineTCP }
+
+// Addr is the address peers dial (empty without a listener).
+func (e *Engine) Addr() string { return e.opts.Advertise }
+
+// Stats returns the byte counters.
+func (e *Engine) Stats() Stats {
+	return Stats{Sent: e.stats.sent.Load(), Received: e.stats.received.Load(),
+		ServedIn: e.stats.servedIn.Load(), ServedOut: e.stats.servedOut.Load()}
+}
+
+// Register implements engines.Engine: host memory with a view in this process gets the TCP handle.
+func (e *Engine) Register(_ context.Context, desc engines.MemoryDesc) (engines.MemoryDesc, error) {
+	if desc.Location.Kind == engines.LocationHost && desc.Handles.Host != nil && e.opts.Advertise != "" {
+		desc.Handles.TCP = e.opts.Advertise
+	}
+	if err := e.reg.AddLocal(desc); err != nil {
+		return desc, fmt.Errorf("tcp: registering %s: %w", desc.ID, err)
+	}
+	return desc, nil
+}
+
+// Import implements engines.Engine.
+func (e *Engine) Import(_ context.Context, desc engines.MemoryDesc) error {
+	if err := e.reg.AddRemote(desc); err != nil {
+		return fmt.Errorf("tcp: importing %s: %w", desc.ID, err)
+	}
+	return nil
+}
+
+// Deregister implements engines.Engine. Peers' requests that are being served hold the region too.
+func (e *Engine) Deregister(ctx context.Context, id engines.MemoryID) error {
+	if err := e.reg.Remove(ctx, id); err != nil {
+		return fmt.Errorf("tcp: %w", err)
+	}
+	return nil
+}
+
+// CanHandle implements engines.Engine.
+func (e *Engine) CanHandle(src, dst *engines.MemoryDesc) (bool, string) {
+	srcLocal, dstLocal := src.Node == e.opts.Node, dst.Node == e.opts.Node
+	if srcLocal == dstLocal {
+		if srcLocal {
+			return false, "both regions are on this node"
+		}
+		return false, "neither region is on this node"
+	}
+	local, remote := src, dst
+	if dstLocal {
+		local, remote = dst, src
+	}
+	if local.Location.Kind != engines.LocationHost {
+		return false, fmt.Sprintf("%s is GPU memory; staging GPU memory through host is not implemented", local.ID)
+	}
+	if local.Handles.Host == nil {
+		return false, fmt.Sprintf("%s has no host view in this process", local.ID)
+	}
+	if remote.Location.Kind != engines.LocationHost {
+		return false, fmt.Sprintf("%s is GPU memory of node %s; tcp reaches host memory only", remote.ID, remote.Node)
+	}
+	if remote.Handles.TCP == "" {
+		return false, fmt.Sprintf("%s has no TCP endpoint", remote.ID)
+	}
+	if len(local.Handles.RDMA) > 0 && len(remote.Handles.RDMA) > 0 {
+		return false, "both regions carry RDMA keys: the rdma engine's pair"
+	}
+	return true, ""
+}
+
+// NewPlan implements engines.Engine. Plans are not split: chunking happens at submit, across connections.
+func (e *Engine) NewPlan() engines.PlanBuilder {
+	return engines.NewPlanner(e.Name(), e.reg, engines.Limits{}, e.CanHandle)
+}
+
+// SetNotifyHandler implements engines.Engine.
+func (e *Engine) SetNotifyHandler(fn engines.NotifyFunc) {
+	e.mu.Lock()
+	e.notify = fn
+	e.mu.Unlock()
+}
+
+func (e *Engine) deliver(n engines.Notification) {
+	e.mu.Lock()
+	fn := e.notify
+	e.mu.Unlock()
+	if fn != nil {
+		fn(n)
+	}
+}
+
+// peerFor returns the connected peer at addr, dialing it if needed.
+func (e *Engine) peerFor(ctx context.Context, node, addr string) (*peer, error) {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, engines.ErrClosed
+	}
+	p, ok := e.peers[addr]
+	if !ok || p.node != node {
+		p = &peer{e: e, node: node, addr: addr, name: fmt.Sprintf("%s (%s)", node, addr),
+			budget: semaphore.NewWeighted(e.opts.MaxInFlightBytes), ready: make(chan struct{}), dead: make(chan struct{})}
+		e.peers[addr] = p
+		go p.dial(context.WithoutCancel(ctx))
+	}
+	e.mu.Unlock()
+	select {
+	case <-p.ready:
+		if p.dialErr != nil {
+			return nil, p.dialErr
+		}
+		return p, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (e *Engine) forgetPeer(p *peer) {
+	e.mu.Lock()
+	if e.peers[p.addr] == p {
+		delete(e.peers, p.addr)
+	}
+	e.mu.Unlock()
+}
+
+// Submit implements engines.Engine.
+func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.SubmitOptions) (engines.Transfer, error) {
+	var finalize func(context.Context, []engines.Outcome)
+	if opts.Notify != nil {
+		payload := append([]byte(nil), opts.Notify...)
+		finalize = func(fctx context.Context, outcomes []engines.Outcome) { e.notifyAll(fctx, ps.Plans, outcomes, payload) }
+	}
+	t, work, err := e.reg.Begin(ctx, e.Name(), ps, opts, finalize)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: %w", err)
+	}
+	for _, w := range work {
+		go func() { t.Finish(w.Index, e.runPlan(t.Context(), w)) }()
+	}
+	return t, nil
+}
+
+// runPlan stripes one plan's segments over the peer's connections and waits for every chunk.
+func (e *Engine) runPlan(ctx context.Context, w engines.Work) error {
+	op, local, remote := opWrite, w.Src, w.Dst
+	if w.Plan.Direction == engines.DirRead {
+		op, local, remote = opRead, w.Dst, w.Src
+	}
+	p, err := e.peerFor(ctx, remote.Node, remote.Handles.TCP)
+	if err != nil {
+		return err
+	}
+	var (
+		mu       sync.Mutex
+		firstErr error
+		inflight []*request
+		wg       sync.WaitGroup
+	)
+	record := func(err error) {
+		if err != nil {
+			mu.Lock()
+			if firstErr == nil {
+				firstErr = err
+			}
+			mu.Unlock()
+		}
+	}
+	failed := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return firstErr != nil
+	}
+	chunk := uint64(e.opts.ChunkBytes)
+issue:
+	for _, s := range w.Plan.Segments {
+		for off := uint64(0); off < s.Size; off += chunk {
+			n := min(chunk, s.Size-off)
+			if failed() {
+				break issue
+			}
+			if err := p.budget.Acquire(ctx, int64(n)); err != nil {
+				record(err)
+				break issue
+			}
+			localOff, remoteOff := s.SrcOffset+off, s.DstOffset+off
+			if op == opRead {
+				localOff, remoteOff = s.DstOffset+off, s.SrcOffset+off
+			}
+			r := &request{op: op, mem: remote.ID, off: remoteOff, buf: local.Handles.Host[localOff : localOff+n]}
+			r.done = func(err error) {
+				p.budget.Release(int64(n))
+				record(err)
+				wg.Done()
+			}
+			c := p.pick()
+			wg.Add(1)
+			if err := c.enqueue(ctx, r); err != nil {
+				p.budget.Release(int64(n))
+				wg.Done()
+				record(err)
+				break issue
+			}
+			select {
+			case <-p.dead: // the sender may already have drained its queue
+				c.cancel(r, p.deadErr)
+			default:
+			}
+			mu.Lock()
+			inflight = append(inflight, r)
+			mu.Unlock()
+		}
+	}
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-ctx.Done():
+		// Abandon what is outstanding; each request completes once no I/O touches its buffer.
+		mu.Lock()
+		reqs := inflight
+		mu.Unlock()
+		for _, r := range reqs {
+			r.c.cancel(r, ctx.Err())
+		}
+		<-all
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if firstErr != nil {
+		return firstErr
+	}
+	return ctx.Err()
+}
+
+// Close implements engines.Engine: transfers are cancelled, the listener and every connection closed.
+func (e *Engine) Close() error {
+	err := e.reg.Close()
+	e.mu.Lock()
+	e.closed = true
+	peers := make([]*peer, 0, len(e.peers))
+	for _, p := range e.peers {
+		peers = append(peers, p)
+	}
+	for nc := range e.serverConns {
+		nc.Close()
+	}
+	e.mu.Unlock()
+	if e.opts.Listener != nil {
+		e.opts.Listener.Close()
+	}
+	for _, p := range peers {
+		select {
+		case <-p.ready:
+			p.kill(errors.New("engine closed"))
+		case <-time.After(handshakeTimeout):
+		}
+	}
+	e.wg.Wait()
+	if err != nil {
+		return fmt.Errorf("tcp: %w", err)
+	}
+	return nil
+}

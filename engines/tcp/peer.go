@@ -1,0 +1,401 @@
+package tcp
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// peer is the client side towards one remote agent: several connections and a budget of bytes in flight.
+type peer struct {
+	e      *Engine
+	node   string
+	addr   string
+	name   string // "node (addr)", for errors
+	conns  []*conn
+	budget *semaphore.Weighted
+	next   atomic.Uint64
+
+	ready   chan struct{} // closed once dialing finished (dialErr says how)
+	dialErr error
+
+	dead     chan struct{}
+	deadOnce sync.Once
+	deadErr  error
+}
+
+// request is one chunk (or notification) on a connection. Its buffer is touched by the sender while writing
+// and by the receiver while reading a reply into it; done runs once the outcome is known and nobody touches
+// the buffer any more.
+type request struct {
+	op   byte
+	mem  engines.MemoryID
+	off  uint64
+	buf  []byte
+	done func(error)
+	c    *conn // set by enqueue
+
+	// guarded by conn.mu
+	id        uint64
+	holds     int
+	result    error
+	hasResult bool
+	completed bool
+}
+
+type conn struct {
+	p     *peer
+	nc    net.Conn
+	sendq chan *request
+
+	mu      sync.Mutex
+	pending map[uint64]*request
+	lastID  uint64
+	failed  bool
+}
+
+func (p *peer) lost(err error) error {
+	return &engines.PeerLostError{Peer: p.name, Err: err}
+}
+
+// kill fails the peer: every connection is closed and every request fails with a PeerLostError.
+func (p *peer) kill(err error) {
+	p.deadOnce.Do(func() {
+		p.deadErr = p.lost(err)
+		close(p.dead)
+		p.e.forgetPeer(p)
+		for _, c := range p.conns {
+			c.fail(p.deadErr)
+		}
+	})
+}
+
+// dial opens the peer's connections; called once by whoever created the peer.
+func (p *peer) dial(ctx context.Context) {
+	defer close(p.ready)
+	for i := 0; i < p.e.opts.ConnsPerPeer; i++ {
+		nc, err := p.e.dialConn(ctx, p.addr, p.node)
+		if err != nil {
+			p.dialErr = p.lost(fmt.Errorf("dialing: %w", err))
+			for _, c := range p.conns {
+				c.nc.Close()
+			}
+			p.deadOnce.Do(func() { p.deadErr = p.dialErr; close(p.dead) })
+			p.e.forgetPeer(p)
+			return
+		}
+		p.conns = append(p.conns, &conn{p: p, nc: nc, sendq: make(chan *request, 256), pending: map[uint64]*request{}})
+	}
+	for _, c := range p.conns {
+		go c.sendLoop()
+		go c.recvLoop()
+	}
+}
+
+// pick returns the next connection, round robin.
+func (p *peer) pick() *conn {
+	return p.conns[p.next.Add(1)%uint64(len(p.conns))]
+}
+
+// dialConn connects, wraps with TLS when configured and exchanges hellos, all bounded by handshakeTimeout.
+func (e *Engine) dialConn(ctx context.Context, addr, node string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	raw, err := e.opts.Dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := raw.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	deadline, _ := ctx.Deadline()
+	raw.SetDeadline(deadline)
+	nc := raw
+	if e.opts.TLS != nil {
+		cfg := e.opts.TLS.Clone()
+		if cfg.ServerName == "" && !cfg.InsecureSkipVerify {
+			if host, _, err := net.SplitHostPort(addr); err == nil {
+				cfg.ServerName = host
+			}
+		}
+		tc := tls.Client(raw, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("TLS handshake: %w", err)
+		}
+		nc = tc
+	}
+	hello := append([]byte(magic), appendString16(appendString16(nil, e.opts.Node), node)...)
+	if _, err := nc.Write(hello); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("hello: %w", err)
+	}
+	var head [5]byte
+	if _, err := io.ReadFull(nc, head[:]); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("hello: %w", err)
+	}
+	server, err := readString16(nc, maxNameLen)
+	if err != nil || string(head[:4]) != magic {
+		raw.Close()
+		return nil, fmt.Errorf("hello: malformed answer (%v)", err)
+	}
+	if head[4] != statusOK || server != node {
+		raw.Close()
+		return nil, fmt.Errorf("hello: %s answers as node %q, expected %q", addr, server, node)
+	}
+	raw.SetDeadline(time.Time{})
+	return nc, nil
+}
+
+// enqueue hands a request to the connection's sender. It blocks while the queue is full (back-pressure).
+func (c *conn) enqueue(ctx context.Context, r *request) error {
+	r.c = c
+	select {
+	case c.sendq <- r:
+		return nil
+	case <-c.p.dead:
+		return c.p.deadErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// settle records r's outcome (first one wins) and completes it when nobody holds its buffer. Caller holds c.mu;
+// the returned function, if any, must be called after unlocking.
+func (r *request) settle(err error) func() {
+	if !r.hasResult {
+		r.hasResult, r.result = true, err
+	}
+	if r.holds > 0 || r.completed {
+		return nil
+	}
+	r.completed = true
+	done, result := r.done, r.result
+	return func() { done(result) }
+}
+
+func run(fns ...func()) {
+	for _, f := range fns {
+		if f != nil {
+			f()
+		}
+	}
+}
+
+// cancel abandons r: it fails with err as soon as no I/O touches its buffer.
+func (c *conn) cancel(r *request, err error) {
+	c.mu.Lock()
+	if r.id != 0 && c.pending[r.id] == r {
+		delete(c.pending, r.id)
+	}
+	f := r.settle(err)
+	c.mu.Unlock()
+	run(f)
+}
+
+func (c *conn) sendLoop() {
+	hdr := make([]byte, 0, reqHeaderSize+256)
+	for {
+		var r *request
+		select {
+		case r = <-c.sendq:
+		case <-c.p.dead:
+			c.drain()
+			return
+		}
+		c.mu.Lock()
+		if r.hasResult || c.failed {
+			f := r.settle(c.p.deadErr)
+			c.mu.Unlock()
+			run(f)
+			continue
+		}
+		c.lastID++
+		r.id = c.lastID
+		r.holds++
+		c.pending[r.id] = r
+		if len(c.pending) == 1 {
+			c.nc.SetReadDeadline(time.Now().Add(c.p.e.opts.PeerTimeout))
+		}
+		c.mu.Unlock()
+
+		length := uint64(len(r.buf))
+		hdr = appendReqHeader(hdr[:0], reqHeader{op: r.op, id: r.id, off: r.off, length: length, mem: r.mem})
+		bufs := net.Buffers{hdr}
+		if r.op != opRead {
+			bufs = append(bufs, r.buf)
+		}
+		c.nc.SetWriteDeadline(time.Now().Add(c.p.e.opts.PeerTimeout))
+		_, err := bufs.WriteTo(c.nc)
+		if err == nil && r.op == opWrite {
+			c.p.e.stats.sent.Add(length)
+		}
+
+		c.mu.Lock()
+		r.holds--
+		f := r.settleIfReady()
+		c.mu.Unlock()
+		run(f)
+		if err != nil {
+			c.p.kill(fmt.Errorf("sending: %w", err))
+			c.drain()
+			return
+		}
+	}
+}
+
+// settleIfReady completes r when a result is known and no I/O holds it. Caller holds c.mu.
+func (r *request) settleIfReady() func() {
+	if !r.hasResult {
+		return nil
+	}
+	return r.settle(nil)
+}
+
+// drain fails whatever is still queued after the peer died.
+func (c *conn) drain() {
+	for {
+		select {
+		case r := <-c.sendq:
+			c.mu.Lock()
+			f := r.settle(c.p.deadErr)
+			c.mu.Unlock()
+			run(f)
+		default:
+			return
+		}
+	}
+}
+
+// fail closes the connection and fails every request waiting for an answer on it.
+func (c *conn) fail(err error) {
+	c.nc.Close()
+	c.mu.Lock()
+	c.failed = true
+	var fs []func()
+	for id, r := range c.pending {
+		delete(c.pending, id)
+		fs = append(fs, r.settle(err))
+	}
+	c.mu.Unlock()
+	run(fs...)
+}
+
+func (c *conn) recvLoop() {
+	br := bufio.NewReaderSize(c.nc, 64<<10)
+	hdr := make([]byte, respHeaderSize)
+	for {
+		n, err := io.ReadFull(br, hdr)
+		if err != nil {
+			if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.idle() {
+				continue // the deadline was armed for requests that were abandoned since
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				err = fmt.Errorf("no answer for %v", c.p.e.opts.PeerTimeout)
+			}
+			c.p.kill(err)
+			return
+		}
+		h := parseRespHeader(hdr)
+		if err := c.handle(br, h); err != nil {
+			c.p.kill(err)
+			return
+		}
+		c.mu.Lock()
+		if len(c.pending) > 0 {
+			c.nc.SetReadDeadline(time.Now().Add(c.p.e.opts.PeerTimeout))
+		} else {
+			c.nc.SetReadDeadline(time.Time{})
+		}
+		c.mu.Unlock()
+	}
+}
+
+// idle reports whether nothing waits for an answer, and clears the read deadline if so.
+func (c *conn) idle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) > 0 {
+		return false
+	}
+	c.nc.SetReadDeadline(time.Time{})
+	return true
+}
+
+// handle processes one answer; an error means the stream is unusable.
+func (c *conn) handle(br *bufio.Reader, h respHeader) error {
+	if h.length > maxChunk {
+		return fmt.Errorf("answer of %d bytes, at most %d", h.length, maxChunk)
+	}
+	c.mu.Lock()
+	r := c.pending[h.id]
+	if r != nil {
+		delete(c.pending, h.id)
+	}
+	if r == nil {
+		c.mu.Unlock()
+		_, err := io.CopyN(io.Discard, br, int64(h.length)) // an abandoned request's answer
+		return err
+	}
+	if r.op != h.op {
+		c.mu.Unlock()
+		return fmt.Errorf("answer op %d for request op %d", h.op, r.op)
+	}
+	if h.status != statusOK {
+		c.mu.Unlock()
+		text := make([]byte, min(h.length, maxErrText))
+		if _, err := io.ReadFull(br, text); err != nil {
+			return err
+		}
+		if _, err := io.CopyN(io.Discard, br, int64(h.length)-int64(len(text))); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		f := r.settle(statusError(h.status, string(text)))
+		c.mu.Unlock()
+		run(f)
+		return nil
+	}
+	if r.op == opRead {
+		if h.length != uint64(len(r.buf)) {
+			c.mu.Unlock()
+			return fmt.Errorf("read answer of %d bytes for a %d-byte request", h.length, len(r.buf))
+		}
+		r.holds++
+		c.mu.Unlock()
+		_, err := io.ReadFull(br, r.buf)
+		c.mu.Lock()
+		r.holds--
+		var f func()
+		if err == nil {
+			c.p.e.stats.received.Add(h.length)
+			f = r.settle(nil)
+		} else {
+			f = r.settle(c.p.lost(err))
+		}
+		c.mu.Unlock()
+		run(f)
+		return err
+	}
+	if h.length != 0 {
+		c.mu.Unlock()
+		return fmt.Errorf("acknowledgement with %d bytes of payload", h.length)
+	}
+	f := r.settle(nil)
+	c.mu.Unlock()
+	run(f)
+	return nil
+}

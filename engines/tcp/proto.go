@@ -1,0 +1,220 @@
+package tcp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+const (
+	magic = "FXT1"
+
+	opWrite  byte = 1
+	opRead   byte = 2
+	opNotify byte = 3
+
+	statusOK      byte = 0
+	statusUnknown byte = 1
+	statusBounds  byte = 2
+	statusInvalid byte = 3
+	statusRefused byte = 4
+
+	reqHeaderSize  = 28
+	respHeaderSize = 20
+
+	// maxChunk bounds one request's payload; a peer asking for more is broken or hostile.
+	maxChunk = 64 << 20
+	// maxNotifyWire bounds an encoded notification.
+	maxNotifyWire = engines.MaxNotifyPayload + 1<<20
+	maxErrText    = 4096
+	maxNameLen    = 512
+)
+
+type reqHeader struct {
+	op     byte
+	id     uint64
+	off    uint64
+	length uint64
+	mem    engines.MemoryID
+}
+
+func appendReqHeader(b []byte, h reqHeader) []byte {
+	b = append(b, h.op, 0)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(h.mem)))
+	b = binary.BigEndian.AppendUint64(b, h.id)
+	b = binary.BigEndian.AppendUint64(b, h.off)
+	b = binary.BigEndian.AppendUint64(b, h.length)
+	return append(b, h.mem...)
+}
+
+func readReqHeader(r io.Reader, buf []byte) (reqHeader, error) {
+	var h reqHeader
+	if _, err := io.ReadFull(r, buf[:reqHeaderSize]); err != nil {
+		return h, err
+	}
+	h.op = buf[0]
+	idLen := int(binary.BigEndian.Uint16(buf[2:4]))
+	h.id = binary.BigEndian.Uint64(buf[4:12])
+	h.off = binary.BigEndian.Uint64(buf[12:20])
+	h.length = binary.BigEndian.Uint64(buf[20:28])
+	if idLen == 0 || idLen > 256 {
+		return h, fmt.Errorf("request with a %d-byte memory id", idLen)
+	}
+	if _, err := io.ReadFull(r, buf[:idLen]); err != nil {
+		return h, err
+	}
+	h.mem = engines.MemoryID(buf[:idLen])
+	return h, nil
+}
+
+type respHeader struct {
+	op     byte
+	status byte
+	id     uint64
+	length uint64
+}
+
+func appendRespHeader(b []byte, h respHeader) []byte {
+	b = append(b, h.op, h.status, 0, 0)
+	b = binary.BigEndian.AppendUint64(b, h.id)
+	return binary.BigEndian.AppendUint64(b, h.length)
+}
+
+func parseRespHeader(buf []byte) respHeader {
+	return respHeader{op: buf[0], status: buf[1], id: binary.BigEndian.Uint64(buf[4:12]), length: binary.BigEndian.Uint64(buf[12:20])}
+}
+
+// statusError turns a response status into the error the client reports.
+func statusError(status byte, text string) error {
+	switch status {
+	case statusUnknown:
+		return fmt.Errorf("peer: %w: %s", engines.ErrUnknownMemory, text)
+	case statusBounds:
+		return fmt.Errorf("peer: %w: %s", engines.ErrOutOfBounds, text)
+	case statusInvalid:
+		return fmt.Errorf("peer: %w: %s", engines.ErrInvalid, text)
+	}
+	return fmt.Errorf("peer refused the request: %s", text)
+}
+
+func errorStatus(err error) byte {
+	switch {
+	case errors.Is(err, engines.ErrUnknownMemory):
+		return statusUnknown
+	case errors.Is(err, engines.ErrOutOfBounds):
+		return statusBounds
+	case errors.Is(err, engines.ErrInvalid):
+		return statusInvalid
+	}
+	return statusRefused
+}
+
+func appendString16(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+func readString16(r io.Reader, max int) (string, error) {
+	var n [2]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return "", err
+	}
+	l := int(binary.BigEndian.Uint16(n[:]))
+	if l > max {
+		return "", fmt.Errorf("string of %d bytes, at most %d", l, max)
+	}
+	s := make([]byte, l)
+	if _, err := io.ReadFull(r, s); err != nil {
+		return "", err
+	}
+	return string(s), nil
+}
+
+// encodeNotification: from, regions, tags, payload; all length-prefixed.
+func encodeNotification(n engines.Notification) []byte {
+	b := appendString16(nil, n.From)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(n.Regions)))
+	for _, r := range n.Regions {
+		b = appendString16(b, string(r))
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(n.Tags)))
+	for _, t := range n.Tags {
+		b = binary.BigEndian.AppendUint64(b, uint64(t))
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(n.Payload)))
+	return append(b, n.Payload...)
+}
+
+func decodeNotification(b []byte) (engines.Notification, error) {
+	var n engines.Notification
+	rd := &sliceReader{b: b}
+	n.From = string(rd.take(int(rd.u16())))
+	count := int(rd.u32())
+	if count > len(b) {
+		return n, errors.New("notification: region count exceeds its size")
+	}
+	for i := 0; i < count && rd.err == nil; i++ {
+		n.Regions = append(n.Regions, engines.MemoryID(rd.take(int(rd.u16()))))
+	}
+	count = int(rd.u32())
+	if count > len(b)/8 {
+		return n, errors.New("notification: tag count exceeds its size")
+	}
+	for i := 0; i < count && rd.err == nil; i++ {
+		n.Tags = append(n.Tags, engines.Tag(rd.u64()))
+	}
+	n.Payload = append([]byte{}, rd.take(int(rd.u32()))...)
+	if rd.err != nil {
+		return n, fmt.Errorf("notification: %w", rd.err)
+	}
+	if rd.off != len(b) {
+		return n, fmt.Errorf("notification: %d trailing bytes", len(b)-rd.off)
+	}
+	if len(n.Payload) > engines.MaxNotifyPayload {
+		return n, fmt.Errorf("notification payload of %d bytes", len(n.Payload))
+	}
+	return n, nil
+}
+
+type sliceReader struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (r *sliceReader) take(n int) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n < 0 || len(r.b)-r.off < n {
+		r.err = errors.New("truncated")
+		return nil
+	}
+	s := r.b[r.off : r.off+n]
+	r.off += n
+	return s
+}
+
+func (r *sliceReader) u16() uint16 {
+	if s := r.take(2); s != nil {
+		return binary.BigEndian.Uint16(s)
+	}
+	return 0
+}
+
+func (r *sliceReader) u32() uint32 {
+	if s := r.take(4); s != nil {
+		return binary.BigEndian.Uint32(s)
+	}
+	return 0
+}
+
+func (r *sliceReader) u64() uint64 {
+	if s := r.take(8); s != nil {
+		return binary.BigEndian.Uint64(s)
+	}
+	return 0
+}

@@ -1,0 +1,208 @@
+package tcp
+
+import (
+	"bufio"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// handshakeTimeout bounds the TLS handshake and the hello exchange of a new connection.
+const handshakeTimeout = 10 * time.Second
+
+// serve accepts peers until the listener closes.
+func (e *Engine) serve(ln net.Listener) {
+	defer e.wg.Done()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return // listener closed
+		}
+		if !e.trackServerConn(nc, true) {
+			nc.Close()
+			return
+		}
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			defer e.trackServerConn(nc, false)
+			defer nc.Close()
+			if err := e.serveConn(nc); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				e.logf("tcp engine: serving %s: %v", nc.RemoteAddr(), err)
+			}
+		}()
+	}
+}
+
+func (e *Engine) trackServerConn(nc net.Conn, add bool) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if add {
+		if e.closed {
+			return false
+		}
+		e.serverConns[nc] = struct{}{}
+		return true
+	}
+	delete(e.serverConns, nc)
+	return true
+}
+
+// serveConn answers one client connection: requests are handled in order, payloads go straight between the
+// socket and registered memory.
+func (e *Engine) serveConn(raw net.Conn) error {
+	nc := raw
+	raw.SetDeadline(time.Now().Add(handshakeTimeout))
+	if e.opts.TLS != nil {
+		tc := tls.Server(raw, e.opts.TLS)
+		if err := tc.Handshake(); err != nil {
+			return fmt.Errorf("TLS handshake: %w", err)
+		}
+		nc = tc
+	}
+	client, err := e.serverHello(nc)
+	if err != nil {
+		return fmt.Errorf("hello: %w", err)
+	}
+	raw.SetDeadline(time.Time{})
+	br := bufio.NewReaderSize(nc, 64<<10)
+	hdr := make([]byte, 512)
+	out := make([]byte, 0, respHeaderSize+maxErrText)
+	for {
+		h, err := readReqHeader(br, hdr)
+		if err != nil {
+			return err
+		}
+		// A request's payload must arrive, and its answer leave, within the peer timeout.
+		nc.SetDeadline(time.Now().Add(e.opts.PeerTimeout))
+		resp := respHeader{op: h.op, id: h.id}
+		var data []byte
+		var unpin func()
+		switch h.op {
+		case opWrite:
+			if h.length > maxChunk {
+				return fmt.Errorf("write of %d bytes, at most %d", h.length, maxChunk)
+			}
+			dst, release, err := e.serveRegion(h)
+			if err != nil {
+				if _, derr := io.CopyN(io.Discard, br, int64(h.length)); derr != nil {
+					return derr
+				}
+				resp.status, data = errorStatus(err), []byte(err.Error())
+				break
+			}
+			_, err = io.ReadFull(br, dst)
+			release()
+			if err != nil {
+				return err
+			}
+			e.stats.servedIn.Add(h.length)
+		case opRead:
+			if h.length > maxChunk {
+				return fmt.Errorf("read of %d bytes, at most %d", h.length, maxChunk)
+			}
+			src, release, err := e.serveRegion(h)
+			if err != nil {
+				resp.status, data = errorStatus(err), []byte(err.Error())
+				break
+			}
+			resp.length, data, unpin = h.length, src, release
+		case opNotify:
+			if h.length > maxNotifyWire {
+				return fmt.Errorf("notification of %d bytes, at most %d", h.length, maxNotifyWire)
+			}
+			buf := make([]byte, h.length)
+			if _, err := io.ReadFull(br, buf); err != nil {
+				return err
+			}
+			n, err := decodeNotification(buf)
+			if err == nil && n.From != client {
+				err = fmt.Errorf("notification from %q on a connection of %q", n.From, client)
+			}
+			if err != nil {
+				resp.status, data = statusInvalid, []byte(err.Error())
+				break
+			}
+			e.deliver(n)
+		default:
+			return fmt.Errorf("unknown request op %d", h.op)
+		}
+		if resp.status != statusOK {
+			if len(data) > maxErrText {
+				data = data[:maxErrText]
+			}
+			resp.length = uint64(len(data))
+		}
+		out = appendRespHeader(out[:0], resp)
+		bufs := net.Buffers{out, data}
+		_, err = bufs.WriteTo(nc)
+		if unpin != nil {
+			unpin()
+			if err == nil {
+				e.stats.servedOut.Add(h.length)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		nc.SetDeadline(time.Time{})
+	}
+}
+
+// serveRegion pins the local region a request names and returns the requested slice of it.
+func (e *Engine) serveRegion(h reqHeader) ([]byte, func(), error) {
+	d, unpin, err := e.reg.Pin(h.mem)
+	if err != nil {
+		return nil, nil, err
+	}
+	if d.Node != e.opts.Node || d.Handles.Host == nil {
+		unpin()
+		return nil, nil, fmt.Errorf("%w: memory %s is not host memory served by this node", engines.ErrUnknownMemory, h.mem)
+	}
+	if h.length == 0 || h.off > d.Size || h.length > d.Size-h.off {
+		unpin()
+		return nil, nil, fmt.Errorf("%w: [%d, +%d) of %s (%d bytes)", engines.ErrOutOfBounds, h.off, h.length, h.mem, d.Size)
+	}
+	return d.Handles.Host[h.off : h.off+h.length], unpin, nil
+}
+
+// serverHello reads the client's hello and answers it; it returns the client's node name.
+func (e *Engine) serverHello(nc net.Conn) (string, error) {
+	var m [4]byte
+	if _, err := io.ReadFull(nc, m[:]); err != nil {
+		return "", err
+	}
+	if string(m[:]) != magic {
+		return "", fmt.Errorf("bad magic %q", m[:])
+	}
+	client, err := readString16(nc, maxNameLen)
+	if err != nil {
+		return "", err
+	}
+	want, err := readString16(nc, maxNameLen)
+	if err != nil {
+		return "", err
+	}
+	status := statusOK
+	if want != e.opts.Node {
+		status = statusRefused
+	}
+	reply := append([]byte(magic), status)
+	reply = appendString16(reply, e.opts.Node)
+	if _, err := nc.Write(reply); err != nil {
+		return "", err
+	}
+	if status != statusOK {
+		return "", fmt.Errorf("client %q expected node %q, this is %q", client, want, e.opts.Node)
+	}
+	return client, nil
+}

@@ -1,0 +1,231 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/enginetest"
+)
+
+// gate stalls every Read and Write of the connections a listener accepted while it is shut.
+type gate struct {
+	mu   sync.Mutex
+	open chan struct{} // nil while open
+}
+
+func (g *gate) wait(closed <-chan struct{}) {
+	g.mu.Lock()
+	ch := g.open
+	g.mu.Unlock()
+	if ch != nil {
+		select {
+		case <-ch:
+		case <-closed:
+		}
+	}
+}
+
+func (g *gate) shut(testing.TB) func() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ch := make(chan struct{})
+	g.open = ch
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			g.open = nil
+			g.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
+type gatedListener struct {
+	net.Listener
+	g *gate
+}
+
+func (l gatedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &gatedConn{Conn: c, g: l.g, closed: make(chan struct{})}, nil
+}
+
+type gatedConn struct {
+	net.Conn
+	g      *gate
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *gatedConn) Read(b []byte) (int, error)  { c.g.wait(c.closed); return c.Conn.Read(b) }
+func (c *gatedConn) Write(b []byte) (int, error) { c.g.wait(c.closed); return c.Conn.Write(b) }
+func (c *gatedConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+func listen(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+func newEngine(t testing.TB, node string, ln net.Listener) *Engine {
+	t.Helper()
+	e, err := New(Options{Node: node, Listener: ln, ChunkBytes: 64 << 10, PeerTimeout: 5 * time.Second, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// register adds size bytes of host memory to e and returns its descriptor as peers see it.
+func register(t testing.TB, e *Engine, id string, buf []byte) engines.MemoryDesc {
+	t.Helper()
+	d, err := e.Register(context.Background(), engines.MemoryDesc{ID: engines.MemoryID(id), Node: e.opts.Node,
+		Location: engines.Location{Kind: engines.LocationHost}, Size: uint64(len(buf)), Handles: engines.Handles{Host: buf}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// imp ships a descriptor the way agents do (wire encoding) and imports it.
+func imp(t testing.TB, e *Engine, d engines.MemoryDesc) {
+	t.Helper()
+	b, err := engines.MarshalDesc(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := engines.UnmarshalDesc(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Import(context.Background(), remote); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestContract(t *testing.T) {
+	g := &gate{}
+	a := newEngine(t, "node-a", listen(t))
+	b := newEngine(t, "node-b", gatedListener{listen(t), g})
+	var next atomic.Uint64
+	h := enginetest.Harness{
+		Engine:     a,
+		Directions: []engines.Direction{engines.DirWrite, engines.DirRead},
+		NewPair: func(t testing.TB, dir engines.Direction, size uint64) enginetest.Pair {
+			n := next.Add(1)
+			local, remote := make([]byte, size), make([]byte, size)
+			ld := register(t, a, fmt.Sprintf("node-a/%d", n), local)
+			rd := register(t, b, fmt.Sprintf("node-b/%d", n), remote)
+			imp(t, a, rd)
+			// The peer's memory is touched by its serving goroutines, ordered with this test only through
+			// the socket, which the race detector does not see; pinning the region there orders them.
+			onPeer := func(f func()) {
+				_, unpin, err := b.reg.Pin(rd.ID)
+				if err != nil {
+					t.Fatalf("pinning %s on the peer: %v", rd.ID, err)
+				}
+				defer unpin()
+				f()
+			}
+			p := enginetest.Pair{Src: ld.ID, Dst: rd.ID, Size: size,
+				Fill: func(off uint64, data []byte) { copy(local[off:], data) },
+				Read: func(off, n uint64) (out []byte) {
+					onPeer(func() { out = append([]byte(nil), remote[off:off+n]...) })
+					return out
+				}}
+			if dir == engines.DirRead {
+				p = enginetest.Pair{Src: rd.ID, Dst: ld.ID, Size: size,
+					Fill: func(off uint64, data []byte) { onPeer(func() { copy(remote[off:], data) }) },
+					Read: func(off, n uint64) []byte { return append([]byte(nil), local[off:off+n]...) }}
+			}
+			return p
+		},
+		Gate: g.shut,
+		SetDstNotify: func(dir engines.Direction, fn engines.NotifyFunc) {
+			if dir == engines.DirWrite {
+				b.SetNotifyHandler(fn)
+			} else {
+				a.SetNotifyHandler(fn)
+			}
+		},
+	}
+	enginetest.Run(t, h)
+}
+
+func TestCanHandle(t *testing.T) {
+	a := newEngine(t, "node-a", nil)
+	host := engines.MemoryDesc{ID: "node-a/1", Node: "node-a", Location: engines.Location{Kind: engines.LocationHost}, Size: 8,
+		Handles: engines.Handles{Host: make([]byte, 8)}}
+	gpu := engines.MemoryDesc{ID: "node-a/2", Node: "node-a", Size: 8,
+		Location: engines.Location{Kind: engines.LocationGPU, Vendor: engines.VendorNVIDIA}}
+	remote := engines.MemoryDesc{ID: "node-b/1", Node: "node-b", Location: engines.Location{Kind: engines.LocationHost}, Size: 8,
+		Handles: engines.Handles{TCP: "127.0.0.1:9"}}
+	noTCP := remote
+	noTCP.Handles.TCP = ""
+	rdmaLocal, rdmaRemote := host, remote
+	rdmaLocal.Handles.RDMA = []engines.RDMAKey{{Device: "mlx5_0", Addr: 1, RKey: 2}}
+	rdmaRemote.Handles.RDMA = []engines.RDMAKey{{Device: "mlx5_1", Addr: 1, RKey: 2}}
+	for _, c := range []struct {
+		src, dst engines.MemoryDesc
+		ok       bool
+		why      string
+	}{
+		{host, remote, true, ""},
+		{remote, host, true, ""},
+		{host, host, false, "both regions are on this node"},
+		{gpu, remote, false, "staging GPU memory through host is not implemented"},
+		{host, noTCP, false, "no TCP endpoint"},
+		{rdmaLocal, rdmaRemote, false, "rdma engine"},
+		{rdmaLocal, remote, true, ""},
+	} {
+		ok, why := a.CanHandle(&c.src, &c.dst)
+		if ok != c.ok || !strings.Contains(why, c.why) {
+			t.Errorf("CanHandle(%s, %s) = %v %q, want %v %q", c.src.ID, c.dst.ID, ok, why, c.ok, c.why)
+		}
+	}
+}
+
+// TestPeerRestartsAndWrongNode: a transfer to a peer that answers as another node fails with PeerLostError
+// naming it, and nothing hangs.
+func TestRefusesImpostorPeer(t *testing.T) {
+	a := newEngine(t, "node-a", nil)
+	other := newEngine(t, "node-c", listen(t))
+	local := register(t, a, "node-a/1", make([]byte, 1024))
+	fake := engines.MemoryDesc{ID: "node-b/1", Node: "node-b", Location: engines.Location{Kind: engines.LocationHost}, Size: 1024,
+		Handles: engines.Handles{TCP: other.Addr()}}
+	imp(t, a, fake)
+	b := a.NewPlan()
+	if err := b.Add(engines.Item{Src: local.ID, Dst: fake.ID, Size: 1024, Tag: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tr, err := a.Submit(ctx, b.Build(), engines.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = tr.Wait(ctx)
+	var pl *engines.PeerLostError
+	if !errors.As(err, &pl) || !strings.Contains(pl.Peer, "node-b") || !strings.Contains(err.Error(), "node-c") {
+		t.Fatalf("Wait = %v, want PeerLostError naming node-b and the impostor node-c", err)
+	}
+}
