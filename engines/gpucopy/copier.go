@@ -156,9 +156,25 @@ type Pending struct {
 	done  chan struct{}
 }
 
+// Route says which hardware may touch a submission's memory.
+type Route int
+
+const (
+	// RouteAuto: the kernel for scattered items, the copy engine for large ones.
+	RouteAuto Route = iota
+	// RouteDriver: driver copies only, for memory the GPU cannot address
+	// (pageable host memory, which the driver stages).
+	RouteDriver
+)
+
 // Submit queues segs on the stream and returns without waiting for the GPU.
 // Every segment must be non-empty and reachable from this device.
 func (c *Copier) Submit(segs []Segment) (*Pending, error) {
+	return c.SubmitRoute(segs, RouteAuto)
+}
+
+// SubmitRoute is Submit with a route.
+func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 	if len(segs) == 0 {
 		return nil, errors.New("nothing to copy")
 	}
@@ -168,7 +184,10 @@ func (c *Copier) Submit(segs []Segment) (*Pending, error) {
 	err := c.drv.WithContext(c.ctx, func() error {
 		small := segs
 		var big []Segment
-		if c.mode == ModeKernel {
+		switch {
+		case route == RouteDriver:
+			small, big = nil, segs
+		case c.mode == ModeKernel:
 			small, big = splitBySize(segs, c.opts.CopyEngineMin)
 		}
 		for _, s := range big {

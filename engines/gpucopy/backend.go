@@ -1,0 +1,423 @@
+package gpucopy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/cuda"
+)
+
+// Backend is the CUDA backend of the xgmi engine: same-node copies where at
+// least one side is NVIDIA GPU memory, between GPUs with peer access, inside
+// one GPU, and between a GPU and host memory.
+type Backend struct {
+	drv  *cuda.Driver
+	opts Options
+
+	mu      sync.Mutex
+	copiers map[int]*Copier // by CUDA ordinal
+	busIDs  map[string]int  // lowercase PCI address → CUDA ordinal
+	regions map[engines.MemoryID]*mapped
+	peers   map[[2]int]error // (from, to) ordinals → enabling peer access
+}
+
+// mapped is how this process reaches one registered region.
+type mapped struct {
+	ordinal int     // CUDA ordinal; -1 for host memory
+	addr    uint64  // address of the region's first byte, in this process
+	release func() error
+	// pinned host memory can be read by kernels; pageable host memory only by driver copies.
+	pinned bool
+}
+
+// waitAfterCancel bounds how long Copy waits for queued GPU work after its
+// context ended: a launched kernel cannot be recalled, and the contract says
+// Copy returns only once the hardware has stopped touching the memory.
+const waitAfterCancel = 30 * time.Second
+
+// NewBackend returns the CUDA backend; copiers are created per GPU on first use.
+func NewBackend(drv *cuda.Driver, opts Options) (*Backend, error) {
+	b := &Backend{drv: drv, opts: opts, copiers: map[int]*Copier{}, busIDs: map[string]int{},
+		regions: map[engines.MemoryID]*mapped{}, peers: map[[2]int]error{}}
+	n, err := drv.DeviceCount()
+	if err != nil {
+		return nil, fmt.Errorf("counting CUDA devices: %w", err)
+	}
+	for i := 0; i < n; i++ {
+		dev, err := drv.DeviceGet(i)
+		if err != nil {
+			return nil, err
+		}
+		bus, err := drv.DevicePCIBusID(dev)
+		if err != nil {
+			return nil, err
+		}
+		b.busIDs[strings.ToLower(bus)] = i
+	}
+	return b, nil
+}
+
+// Name implements xgmi.Backend.
+func (b *Backend) Name() string { return "cuda" }
+
+// Limits implements xgmi.Backend: one launch takes at most 2^32-1 pieces.
+func (b *Backend) Limits() engines.Limits { return engines.Limits{MaxPlanSegments: 1 << 24} }
+
+// ordinal maps a location to a CUDA ordinal: by PCI address when given (the
+// agent's index and CUDA's order differ), else the index itself.
+func (b *Backend) ordinal(loc engines.Location) (int, error) {
+	if loc.BusID != "" {
+		if o, ok := b.busIDs[strings.ToLower(loc.BusID)]; ok {
+			return o, nil
+		}
+		return 0, fmt.Errorf("no CUDA device at PCI address %s", loc.BusID)
+	}
+	if loc.Device < 0 || loc.Device >= len(b.busIDs) {
+		return 0, fmt.Errorf("no CUDA device %d (%d visible)", loc.Device, len(b.busIDs))
+	}
+	return loc.Device, nil
+}
+
+func (b *Backend) copier(ordinal int) (*Copier, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c, ok := b.copiers[ordinal]; ok {
+		return c, nil
+	}
+	c, err := NewCopier(b.drv, ordinal, b.opts)
+	if err != nil {
+		return nil, err
+	}
+	b.copiers[ordinal] = c
+	return c, nil
+}
+
+// Mode reports how scattered items move on GPU ordinal, and why not with the
+// kernel when they do not.
+func (b *Backend) Mode(ordinal int) (Mode, string, error) {
+	c, err := b.copier(ordinal)
+	if err != nil {
+		return "", "", err
+	}
+	return c.Mode(), c.Reason(), nil
+}
+
+func isNVIDIAGPU(d *engines.MemoryDesc) bool {
+	return d.Location.Kind == engines.LocationGPU && d.Location.Vendor == engines.VendorNVIDIA
+}
+
+// Claims implements xgmi.Backend.
+func (b *Backend) Claims(src, dst *engines.MemoryDesc) (bool, string) {
+	if !isNVIDIAGPU(src) && !isNVIDIAGPU(dst) {
+		return false, "neither side is NVIDIA GPU memory"
+	}
+	b.mu.Lock()
+	ms, okS := b.regions[src.ID]
+	md, okD := b.regions[dst.ID]
+	b.mu.Unlock()
+	for _, c := range []struct {
+		d  *engines.MemoryDesc
+		ok bool
+	}{{src, okS}, {dst, okD}} {
+		if !c.ok {
+			if c.d.Location.Kind == engines.LocationGPU && !isNVIDIAGPU(c.d) {
+				return false, fmt.Sprintf("%s is %s GPU memory", c.d.ID, c.d.Location.Vendor)
+			}
+			return false, fmt.Sprintf("%s is not reachable from this process (no pointer, VMM fd, IPC handle or host view)", c.d.ID)
+		}
+	}
+	if ms.ordinal >= 0 && md.ordinal >= 0 && ms.ordinal != md.ordinal {
+		if err := b.enablePeer(ms.ordinal, md.ordinal); err != nil {
+			return false, fmt.Sprintf("GPU %d cannot reach GPU %d directly: %v", ms.ordinal, md.ordinal, err)
+		}
+	}
+	return true, ""
+}
+
+// enablePeer makes from's context able to address to's memory (once).
+func (b *Backend) enablePeer(from, to int) error {
+	b.mu.Lock()
+	err, done := b.peers[[2]int{from, to}]
+	b.mu.Unlock()
+	if done {
+		return err
+	}
+	err = func() error {
+		fd, err := b.drv.DeviceGet(from)
+		if err != nil {
+			return err
+		}
+		td, err := b.drv.DeviceGet(to)
+		if err != nil {
+			return err
+		}
+		ok, err := b.drv.CanAccessPeer(fd, td)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New("no peer access between them (no NVLink or PCIe P2P)")
+		}
+		fc, err := b.copier(from)
+		if err != nil {
+			return err
+		}
+		tc, err := b.copier(to)
+		if err != nil {
+			return err
+		}
+		return b.drv.WithContext(fc.Context(), func() error { return b.drv.CtxEnablePeerAccess(tc.Context()) })
+	}()
+	b.mu.Lock()
+	b.peers[[2]int{from, to}] = err
+	b.mu.Unlock()
+	return err
+}
+
+// Register implements xgmi.Backend: GPU memory is mapped into this process
+// (imported from a VMM fd or IPC handle when it belongs to another process)
+// and checked against the driver's view of its allocation; host memory is
+// pinned when the driver allows, so kernels can address it.
+func (b *Backend) Register(ctx context.Context, d engines.MemoryDesc) (engines.MemoryDesc, error) {
+	switch {
+	case isNVIDIAGPU(&d):
+		m, out, err := b.registerGPU(d)
+		if err != nil {
+			return d, err
+		}
+		b.mu.Lock()
+		b.regions[d.ID] = m
+		b.mu.Unlock()
+		return out, nil
+	case d.Location.Kind == engines.LocationHost && d.Handles.Host != nil:
+		m := &mapped{ordinal: -1, addr: uint64(uintptr(unsafe.Pointer(&d.Handles.Host[0])))}
+		// Pinning is an optimisation: memory the driver will not pin (already
+		// pinned elsewhere, limits) still moves, through driver copies.
+		if len(b.busIDs) > 0 && b.withOrdinal(0, func() error { return b.drv.MemHostRegister(uintptr(m.addr), d.Size) }) == nil {
+			m.pinned = true
+			m.release = func() error {
+				return b.withOrdinal(0, func() error { return b.drv.MemHostUnregister(uintptr(m.addr)) })
+			}
+		}
+		b.mu.Lock()
+		b.regions[d.ID] = m
+		b.mu.Unlock()
+	}
+	return d, nil
+}
+
+func (b *Backend) registerGPU(d engines.MemoryDesc) (*mapped, engines.MemoryDesc, error) {
+	ord, err := b.ordinal(d.Location)
+	if err != nil {
+		return nil, d, err
+	}
+	c, err := b.copier(ord)
+	if err != nil {
+		return nil, d, err
+	}
+	m := &mapped{ordinal: ord}
+	err = b.drv.WithContext(c.Context(), func() error {
+		switch {
+		case d.Handles.Ptr != 0:
+			return b.adoptPointer(c, m, &d)
+		case d.Handles.VMM != nil:
+			return b.importVMM(c, m, &d)
+		case len(d.Handles.IPC) == engines.IPCHandleSize:
+			return b.openIPC(m, &d)
+		}
+		return fmt.Errorf("GPU memory %s has no pointer, VMM fd or IPC handle", d.ID)
+	})
+	if err != nil {
+		return nil, d, fmt.Errorf("mapping %s on GPU %d: %w", d.ID, ord, err)
+	}
+	return m, d, nil
+}
+
+// adoptPointer checks that [Ptr, Ptr+Size) is device memory of this GPU inside
+// one allocation (an overrun on a GPU is silent corruption), and exports the
+// handles other processes need to reach it.
+func (b *Backend) adoptPointer(c *Copier, m *mapped, d *engines.MemoryDesc) error {
+	info, err := b.drv.PointerGetInfo(uint64(d.Handles.Ptr))
+	if err != nil {
+		return fmt.Errorf("pointer %#x is not GPU memory the driver knows: %w", d.Handles.Ptr, err)
+	}
+	if info.Type != cuda.MemoryTypeDevice || info.Ordinal != m.ordinal {
+		return fmt.Errorf("pointer %#x is memory type %d on device %d, not device memory of GPU %d", d.Handles.Ptr, info.Type, info.Ordinal, m.ordinal)
+	}
+	start := uint64(d.Handles.Ptr)
+	if start+d.Size < start || start+d.Size > info.RangeStart+info.RangeSize {
+		return fmt.Errorf("region [%#x, +%d) runs past its allocation [%#x, +%d)", start, d.Size, info.RangeStart, info.RangeSize)
+	}
+	m.addr = start
+	types, err := b.drv.PointerHandleTypes(start)
+	if err == nil && types&cuda.HandleTypePosixFD != 0 && d.Handles.VMM == nil {
+		if h, base, size, err := b.drv.AllocationOf(cuda.DevicePtr(start)); err == nil {
+			if fd, err := b.drv.ExportPosixFD(h); err == nil {
+				f := newFile(fd, string(d.ID))
+				d.Handles.VMM = &engines.VMMHandle{FD: f, Offset: start - uint64(base), AllocSize: size}
+				m.release = f.Close
+			}
+			_ = b.drv.MemRelease(h)
+		}
+	}
+	if types == 0 && len(d.Handles.IPC) == 0 {
+		// cuMemAlloc memory: a legacy IPC handle names the allocation holding it.
+		if h, err := b.drv.IPCGetMemHandle(cuda.DevicePtr(info.RangeStart)); err == nil {
+			d.Handles.IPC, d.Handles.IPCOffset = h[:], start-info.RangeStart
+		}
+	}
+	return nil
+}
+
+// importVMM imports an allocation another process exported as a POSIX fd and
+// maps it readable and writable by every GPU that can reach it.
+func (b *Backend) importVMM(c *Copier, m *mapped, d *engines.MemoryDesc) error {
+	v := d.Handles.VMM
+	h, err := b.drv.ImportPosixFD(int(v.FD.Fd()))
+	if err != nil {
+		return err
+	}
+	g, err := b.drv.Granularity(c.Device(), cuda.HandleTypePosixFD)
+	if err != nil {
+		return errors.Join(err, b.drv.MemRelease(h))
+	}
+	if v.AllocSize%g != 0 {
+		return errors.Join(fmt.Errorf("VMM allocation size %d is not a multiple of the granularity %d", v.AllocSize, g), b.drv.MemRelease(h))
+	}
+	ptr, err := b.drv.MapHandle(h, v.AllocSize, g, b.accessors(m.ordinal))
+	if err != nil {
+		return errors.Join(err, b.drv.MemRelease(h))
+	}
+	m.addr = uint64(ptr) + v.Offset
+	size := v.AllocSize
+	m.release = func() error {
+		return b.withOrdinal(m.ordinal, func() error { return errors.Join(b.drv.UnmapRange(ptr, size), b.drv.MemRelease(h)) })
+	}
+	return nil
+}
+
+// accessors are the GPUs granted access to memory of GPU owner: itself and
+// every GPU with peer access to it.
+func (b *Backend) accessors(owner int) []cuda.Device {
+	od, _ := b.drv.DeviceGet(owner)
+	devs := []cuda.Device{od}
+	for i := range len(b.busIDs) {
+		if i == owner {
+			continue
+		}
+		d, err := b.drv.DeviceGet(i)
+		if err != nil {
+			continue
+		}
+		if ok, err := b.drv.CanAccessPeer(d, od); err == nil && ok {
+			devs = append(devs, d)
+		}
+	}
+	return devs
+}
+
+func (b *Backend) openIPC(m *mapped, d *engines.MemoryDesc) error {
+	var h cuda.IPCMemHandle
+	copy(h[:], d.Handles.IPC)
+	ptr, err := b.drv.IPCOpenMemHandle(h)
+	if err != nil {
+		return err
+	}
+	m.addr = uint64(ptr) + d.Handles.IPCOffset
+	m.release = func() error { return b.withOrdinal(m.ordinal, func() error { return b.drv.IPCCloseMemHandle(ptr) }) }
+	return nil
+}
+
+func (b *Backend) withOrdinal(ord int, fn func() error) error {
+	c, err := b.copier(ord)
+	if err != nil {
+		return err
+	}
+	return b.drv.WithContext(c.Context(), fn)
+}
+
+// Release implements xgmi.Backend.
+func (b *Backend) Release(_ context.Context, d *engines.MemoryDesc) error {
+	b.mu.Lock()
+	m, ok := b.regions[d.ID]
+	delete(b.regions, d.ID)
+	b.mu.Unlock()
+	if !ok || m.release == nil {
+		return nil
+	}
+	if err := m.release(); err != nil {
+		return fmt.Errorf("releasing %s: %w", d.ID, err)
+	}
+	return nil
+}
+
+// Copy implements xgmi.Backend: every segment of the plan in one submission
+// on the source GPU's stream (the destination's when the source is host
+// memory); pushing over NVLink keeps the reads local.
+func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
+	b.mu.Lock()
+	ms, okS := b.regions[w.Src.ID]
+	md, okD := b.regions[w.Dst.ID]
+	b.mu.Unlock()
+	if !okS || !okD {
+		return fmt.Errorf("%w: region not mapped by the cuda backend", engines.ErrUnknownMemory)
+	}
+	ord := ms.ordinal
+	if ord < 0 {
+		ord = md.ordinal
+	}
+	c, err := b.copier(ord)
+	if err != nil {
+		return err
+	}
+	segs := make([]Segment, len(w.Plan.Segments))
+	for i, s := range w.Plan.Segments {
+		segs[i] = Segment{Src: ms.addr + s.SrcOffset, Dst: md.addr + s.DstOffset, Size: s.Size}
+	}
+	route := RouteAuto
+	if (ms.ordinal < 0 && !ms.pinned) || (md.ordinal < 0 && !md.pinned) {
+		route = RouteDriver
+	}
+	p, err := c.SubmitRoute(segs, route)
+	if err != nil {
+		return err
+	}
+	if err := p.Wait(ctx); err != nil {
+		if ctx.Err() != nil {
+			wctx, cancel := context.WithTimeout(context.Background(), waitAfterCancel)
+			defer cancel()
+			if werr := p.Wait(wctx); werr != nil && wctx.Err() != nil {
+				return fmt.Errorf("%w; the GPU copy did not finish within %v afterwards", ctx.Err(), waitAfterCancel)
+			}
+			return ctx.Err()
+		}
+		return err
+	}
+	return nil
+}
+
+// Close releases every mapping and copier.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	regions, copiers := b.regions, b.copiers
+	b.regions, b.copiers = map[engines.MemoryID]*mapped{}, map[int]*Copier{}
+	b.mu.Unlock()
+	var errs []error
+	for id, m := range regions {
+		if m.release != nil {
+			if err := m.release(); err != nil {
+				errs = append(errs, fmt.Errorf("releasing %s: %w", id, err))
+			}
+		}
+	}
+	for _, c := range copiers {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}

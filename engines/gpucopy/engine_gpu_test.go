@@ -1,0 +1,158 @@
+package gpucopy_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/enginetest"
+	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+	"github.com/fabricxfer/fabricxfer/engines/xgmi"
+)
+
+// gatedCUDA holds copies at a gate so the suite can keep a transfer in flight.
+type gatedCUDA struct {
+	*gpucopy.Backend
+	mu   sync.Mutex
+	gate chan struct{}
+}
+
+func (g *gatedCUDA) Copy(ctx context.Context, w engines.Work) error {
+	g.mu.Lock()
+	gate := g.gate
+	g.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return g.Backend.Copy(ctx, w)
+}
+
+func (g *gatedCUDA) close(testing.TB) func() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ch := make(chan struct{})
+	g.gate = ch
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			g.gate = nil
+			g.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
+// gpuEngine is the xgmi engine over the CUDA backend (and the host backend,
+// with the disjointness check on).
+func gpuEngine(t *testing.T) (*xgmi.Engine, *gatedCUDA, *cuda.Driver, cuda.Context) {
+	drv, nv := gpuEnv(t)
+	b, err := gpucopy.NewBackend(drv, gpucopy.Options{NVRTC: nv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedCUDA{Backend: b}
+	eng, err := xgmi.New(xgmi.Options{Node: "node-a", CheckDisjoint: true}, g, xgmi.NewHostBackend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mode, reason, err := b.Mode(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cuda backend on GPU 0: %s %s", mode, reason)
+	dev, _ := drv.DeviceGet(0)
+	ctx, err := drv.PrimaryContextRetain(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		eng.Close()
+		b.Close()
+		drv.PrimaryContextRelease(dev)
+	})
+	return eng, g, drv, ctx
+}
+
+func gpuDesc(id engines.MemoryID, ptr cuda.DevicePtr, size uint64) engines.MemoryDesc {
+	return engines.MemoryDesc{ID: id, Node: "node-a", Size: size,
+		Location: engines.Location{Kind: engines.LocationGPU, Vendor: engines.VendorNVIDIA, Device: 0},
+		Handles:  engines.Handles{Ptr: uintptr(ptr)}}
+}
+
+func TestGPUEngineContract(t *testing.T) {
+	eng, g, drv, ctx := gpuEngine(t)
+	var next atomic.Uint64
+	alloc := func(t testing.TB, size uint64) cuda.DevicePtr {
+		var p cuda.DevicePtr
+		if err := drv.WithContext(ctx, func() (err error) { p, err = drv.MemAlloc(size); return }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { drv.WithContext(ctx, func() error { return drv.MemFree(p) }) })
+		return p
+	}
+	h := enginetest.Harness{
+		Engine:     eng,
+		Directions: []engines.Direction{engines.DirLocal},
+		NewPair: func(t testing.TB, _ engines.Direction, size uint64) enginetest.Pair {
+			src, dst := alloc(t, size), alloc(t, size)
+			var ids [2]engines.MemoryID
+			for i, p := range []cuda.DevicePtr{src, dst} {
+				ids[i] = engines.MemoryID(fmt.Sprintf("node-a/gpu-%d", next.Add(1)))
+				if _, err := eng.Register(context.Background(), gpuDesc(ids[i], p, size)); err != nil {
+					t.Fatalf("Register: %v", err)
+				}
+			}
+			return enginetest.Pair{Src: ids[0], Dst: ids[1], Size: size,
+				Fill: func(off uint64, b []byte) {
+					if err := drv.WithContext(ctx, func() error { return drv.MemcpyHtoD(src+cuda.DevicePtr(off), b) }); err != nil {
+						t.Fatal(err)
+					}
+				},
+				Read: func(off, n uint64) []byte {
+					b := make([]byte, n)
+					if err := drv.WithContext(ctx, func() error { return drv.MemcpyDtoH(b, dst+cuda.DevicePtr(off)) }); err != nil {
+						t.Fatal(err)
+					}
+					return b
+				},
+			}
+		},
+		Gate:         g.close,
+		SetDstNotify: func(_ engines.Direction, fn engines.NotifyFunc) { eng.SetNotifyHandler(fn) },
+	}
+	enginetest.Run(t, h)
+}
+
+func TestGPURegisterRefusesOverrunAndForeignPointers(t *testing.T) {
+	eng, _, drv, ctx := gpuEngine(t)
+	var p cuda.DevicePtr
+	if err := drv.WithContext(ctx, func() (err error) { p, err = drv.MemAlloc(1 << 20); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer drv.WithContext(ctx, func() error { return drv.MemFree(p) })
+	if _, err := eng.Register(context.Background(), gpuDesc("node-a/overrun", p+4096, 1<<20)); err == nil {
+		t.Error("a region running past its allocation was registered")
+	} else {
+		t.Logf("overrun refused: %v", err)
+	}
+	host := make([]byte, 4096)
+	if _, err := eng.Register(context.Background(), gpuDesc("node-a/hostptr", cuda.DevicePtr(hostAddr(host)), 4096)); err == nil {
+		t.Error("a host pointer was registered as GPU memory")
+	}
+	d, err := eng.Register(context.Background(), gpuDesc("node-a/ok", p, 1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Handles.IPC) != engines.IPCHandleSize {
+		t.Errorf("cuMemAlloc memory registered without an IPC handle for other processes")
+	}
+}

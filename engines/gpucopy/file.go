@@ -1,0 +1,9 @@
+package gpucopy
+
+import "os"
+
+// newFile wraps an fd the driver exported (close-on-exec) so it is closed with
+// the descriptor that carries it.
+func newFile(fd int, name string) *os.File {
+	return os.NewFile(uintptr(fd), "vmm:"+name)
+}

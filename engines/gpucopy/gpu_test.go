@@ -1,0 +1,271 @@
+package gpucopy_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+)
+
+// gpuEnv opens the driver (skipping with the reason when there is none) and
+// NVRTC (nil when missing: the copier then reports its fallback).
+func gpuEnv(t testing.TB) (*cuda.Driver, *cuda.NVRTC) {
+	t.Helper()
+	drv, err := cuda.Load()
+	if err != nil {
+		t.Skipf("needs a GPU: %v", err)
+	}
+	if n, err := drv.DeviceCount(); err != nil || n == 0 {
+		t.Skipf("needs a GPU: %d devices (%v)", n, err)
+	}
+	nv, err := cuda.LoadNVRTC()
+	if err != nil {
+		t.Logf("kernels unavailable: %v", err)
+	}
+	return drv, nv
+}
+
+func randomBytes(r *rand.Rand, n int) []byte {
+	b := make([]byte, n)
+	for i := 0; i+8 <= n; i += 8 {
+		v := r.Uint64()
+		for k := 0; k < 8; k++ {
+			b[i+k] = byte(v >> (8 * k))
+		}
+	}
+	for i := n &^ 7; i < n; i++ {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// shape makes a set of non-overlapping destination segments of one kind.
+type shape struct {
+	name  string
+	build func(r *rand.Rand, size uint64) []gpucopy.Segment // offsets, applied to bases later
+}
+
+var shapes = []shape{
+	{"uniform-720B", func(r *rand.Rand, size uint64) []gpucopy.Segment {
+		const blk = 720
+		n := int(size / blk)
+		src, dst := r.Perm(n), r.Perm(n)
+		segs := make([]gpucopy.Segment, 0, 15360)
+		for i := 0; i < min(n, 15360); i++ {
+			segs = append(segs, gpucopy.Segment{Src: uint64(src[i]) * blk, Dst: uint64(dst[i]) * blk, Size: blk})
+		}
+		return segs
+	}},
+	{"odd-sizes-odd-offsets", func(r *rand.Rand, size uint64) []gpucopy.Segment {
+		// Destinations in disjoint slots of 40 KiB, each item at a random odd
+		// offset inside its slot, random sizes, random source positions.
+		const slot = 40 << 10
+		n := int(size / slot)
+		segs := make([]gpucopy.Segment, 0, n)
+		for i := 0; i < n; i++ {
+			sz := 1 + r.Uint64N(slot-64)
+			off := r.Uint64N(slot - sz)
+			segs = append(segs, gpucopy.Segment{Src: r.Uint64N(size - sz), Dst: uint64(i)*slot + off, Size: sz})
+		}
+		return segs
+	}},
+	{"many-tiny", func(r *rand.Rand, size uint64) []gpucopy.Segment {
+		n := int(min(size/64, 100000))
+		segs := make([]gpucopy.Segment, 0, n)
+		for i, d := range r.Perm(n) {
+			sz := 1 + r.Uint64N(63)
+			segs = append(segs, gpucopy.Segment{Src: uint64(i)*64 + r.Uint64N(64-sz+1), Dst: uint64(d) * 64, Size: sz})
+		}
+		return segs
+	}},
+	{"large-and-small", func(r *rand.Rand, size uint64) []gpucopy.Segment {
+		// One item above the copy-engine threshold, the rest small.
+		big := uint64(20 << 20)
+		segs := []gpucopy.Segment{{Src: 3, Dst: 5, Size: big}}
+		for off := big + 4096; off+5000 < size; off += 8192 {
+			segs = append(segs, gpucopy.Segment{Src: off + 1, Dst: off + 3, Size: 1 + r.Uint64N(5000)})
+		}
+		return segs
+	}},
+}
+
+// checkCopies runs segs (offsets into src and dst buffers of size bytes) with
+// c and compares the whole destination with a host reference.
+func checkCopies(t *testing.T, drv *cuda.Driver, c *gpucopy.Copier, r *rand.Rand, segs []gpucopy.Segment, size uint64, srcPtr, dstPtr uint64) {
+	t.Helper()
+	src := randomBytes(r, int(size))
+	poison := bytes.Repeat([]byte{0xA5}, int(size))
+	want := append([]byte(nil), poison...)
+	abs := make([]gpucopy.Segment, len(segs))
+	for i, s := range segs {
+		copy(want[s.Dst:s.Dst+s.Size], src[s.Src:s.Src+s.Size])
+		abs[i] = gpucopy.Segment{Src: srcPtr + s.Src, Dst: dstPtr + s.Dst, Size: s.Size}
+	}
+	got := make([]byte, size)
+	err := drv.WithContext(c.Context(), func() error {
+		if err := drv.Memcpy(srcPtr, hostAddr(src), size); err != nil {
+			return err
+		}
+		if err := drv.Memcpy(dstPtr, hostAddr(poison), size); err != nil {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.Submit(abs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatalf("second Wait: %v", err)
+	}
+	if err := drv.WithContext(c.Context(), func() error { return drv.Memcpy(hostAddr(got), dstPtr, size) }); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("%d segments: first wrong byte at %d: got %#x want %#x", len(segs), i, got[i], want[i])
+			}
+		}
+	}
+	t.Logf("%d segments, %d bytes checked, crc32 %08x", len(segs), size, crc32.ChecksumIEEE(got))
+}
+
+func TestGPUCopierMovesEveryShapeInEveryMode(t *testing.T) {
+	drv, nv := gpuEnv(t)
+	const size = 64 << 20
+	modes := []struct {
+		name string
+		opts gpucopy.Options
+	}{
+		{"kernel", gpucopy.Options{NVRTC: nv}},
+		{"kernel-host-descriptors", gpucopy.Options{NVRTC: nv, HostDescriptors: true}},
+		{"driver-batch", gpucopy.Options{Force: gpucopy.ModeBatch}},
+		{"driver-per-item", gpucopy.Options{Force: gpucopy.ModePerItem}},
+	}
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			c, err := gpucopy.NewCopier(drv, 0, m.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			t.Logf("mode %s %s", c.Mode(), c.Reason())
+			var srcPtr, dstPtr cuda.DevicePtr
+			err = drv.WithContext(c.Context(), func() error {
+				var err error
+				if srcPtr, err = drv.MemAlloc(size); err != nil {
+					return err
+				}
+				dstPtr, err = drv.MemAlloc(size)
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer drv.WithContext(c.Context(), func() error { drv.MemFree(srcPtr); return drv.MemFree(dstPtr) })
+			r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 9))
+			for _, sh := range shapes {
+				if m.name == "driver-per-item" && sh.name == "many-tiny" {
+					continue // 100k driver calls: minutes, and proves nothing new
+				}
+				t.Run(sh.name, func(t *testing.T) {
+					checkCopies(t, drv, c, r, sh.build(r, size), size, uint64(srcPtr), uint64(dstPtr))
+				})
+			}
+		})
+	}
+}
+
+func TestGPUCopierHostAndDevice(t *testing.T) {
+	drv, nv := gpuEnv(t)
+	c, err := gpucopy.NewCopier(drv, 0, gpucopy.Options{NVRTC: nv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const size = 8 << 20
+	var dev cuda.DevicePtr
+	var pinned uintptr
+	err = drv.WithContext(c.Context(), func() error {
+		var err error
+		if dev, err = drv.MemAlloc(size); err != nil {
+			return err
+		}
+		pinned, err = drv.MemHostAlloc(size)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drv.WithContext(c.Context(), func() error { drv.MemFreeHost(pinned); return drv.MemFree(dev) })
+	r := rand.New(rand.NewPCG(5, 6))
+	segs := shapes[1].build(r, size)
+	t.Run("pinned-host-to-device", func(t *testing.T) { checkCopies(t, drv, c, r, segs, size, uint64(pinned), uint64(dev)) })
+	t.Run("device-to-pinned-host", func(t *testing.T) { checkCopies(t, drv, c, r, segs, size, uint64(dev), uint64(pinned)) })
+}
+
+func TestGPUKernelCache(t *testing.T) {
+	drv, nv := gpuEnv(t)
+	if nv == nil {
+		t.Skip("needs NVRTC to fill the cache")
+	}
+	dir := t.TempDir()
+	var origins []string
+	for i := 0; i < 2; i++ {
+		c, err := gpucopy.NewCopier(drv, 0, gpucopy.Options{NVRTC: nv, CacheDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Kernels() == nil {
+			t.Fatalf("no kernels: %s", c.Reason())
+		}
+		origins = append(origins, c.Kernels().Origin)
+		path := c.Kernels().CachePath
+		c.Close()
+		if _, err := os.Stat(path); err != nil {
+			t.Fatalf("cache entry: %v", err)
+		}
+	}
+	if origins[0] != "nvrtc" || origins[1] != "cache" {
+		t.Fatalf("origins %v, want [nvrtc cache]", origins)
+	}
+	// Without NVRTC the cached image still loads.
+	c, err := gpucopy.NewCopier(drv, 0, gpucopy.Options{CacheDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Mode() != gpucopy.ModeKernel {
+		t.Fatalf("cached kernels without NVRTC: mode %s (%s)", c.Mode(), c.Reason())
+	}
+}
+
+func TestGPUFallbackWithoutNVRTCSaysSo(t *testing.T) {
+	drv, _ := gpuEnv(t)
+	c, err := gpucopy.NewCopier(drv, 0, gpucopy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Mode() == gpucopy.ModeKernel || c.Reason() == "" {
+		t.Fatalf("mode %s reason %q: want a driver mode and a reason", c.Mode(), c.Reason())
+	}
+	t.Logf("mode %s: %s", c.Mode(), c.Reason())
+	fmt.Fprintln(os.Stderr, "fallback:", c.Mode(), c.Reason())
+}

@@ -1,0 +1,323 @@
+package gpubench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"time"
+	"unsafe"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+	"github.com/fabricxfer/fabricxfer/engines/xgmi"
+)
+
+// Config says what to measure.
+type Config struct {
+	// Reps is how many timed repetitions the fast methods get (median reported).
+	Reps int
+	// SlowReps is the repetitions for per-item and batch driver copies.
+	SlowReps int
+	// ContigBytes is the contiguous copy size (default 1 GiB).
+	ContigBytes uint64
+	// Scatter cases as count x block size.
+	Scatter []ScatterCase
+	// CacheDir for compiled kernels ("" = none).
+	CacheDir string
+}
+
+// ScatterCase is count blocks of size bytes, scattered in pools of PoolBlocks.
+type ScatterCase struct {
+	Count      int
+	Size       uint64
+	PoolBlocks int
+}
+
+// Row is one measurement.
+type Row struct {
+	Case, Method string
+	Bytes        uint64
+	Median       time.Duration
+	Min          time.Duration
+	Note         string
+}
+
+// GBps is bytes (counted once) per second, in 10^9.
+func (r Row) GBps() float64 { return float64(r.Bytes) / r.Median.Seconds() / 1e9 }
+
+type bench struct {
+	drv    *cuda.Driver
+	ctx    cuda.Context
+	kern   *gpucopy.Copier
+	hostD  *gpucopy.Copier
+	batch  *gpucopy.Copier
+	per    *gpucopy.Copier
+	eng    *xgmi.Engine
+	back   *gpucopy.Backend
+	cfg    Config
+	rows   []Row
+	out    io.Writer
+	nextID int
+}
+
+// Run measures everything in cfg on GPU 0 and writes a table to out.
+func Run(out io.Writer, cfg Config) ([]Row, error) {
+	if cfg.Reps <= 0 {
+		cfg.Reps = 20
+	}
+	if cfg.SlowReps <= 0 {
+		cfg.SlowReps = 3
+	}
+	if cfg.ContigBytes == 0 {
+		cfg.ContigBytes = 1 << 30
+	}
+	drv, err := cuda.Load()
+	if err != nil {
+		return nil, err
+	}
+	nv, nvErr := cuda.LoadNVRTC()
+	if nvErr != nil {
+		fmt.Fprintln(out, "NVRTC:", nvErr)
+	}
+	b := &bench{drv: drv, cfg: cfg, out: out}
+	opts := gpucopy.Options{NVRTC: nv, CacheDir: cfg.CacheDir}
+	if b.kern, err = gpucopy.NewCopier(drv, 0, opts); err != nil {
+		return nil, err
+	}
+	defer b.kern.Close()
+	b.ctx = b.kern.Context()
+	hopts := opts
+	hopts.HostDescriptors = true
+	if b.hostD, err = gpucopy.NewCopier(drv, 0, hopts); err != nil {
+		return nil, err
+	}
+	defer b.hostD.Close()
+	if b.batch, err = gpucopy.NewCopier(drv, 0, gpucopy.Options{Force: gpucopy.ModeBatch}); err != nil {
+		return nil, err
+	}
+	defer b.batch.Close()
+	if b.per, err = gpucopy.NewCopier(drv, 0, gpucopy.Options{Force: gpucopy.ModePerItem}); err != nil {
+		return nil, err
+	}
+	defer b.per.Close()
+	if b.back, err = gpucopy.NewBackend(drv, opts); err != nil {
+		return nil, err
+	}
+	defer b.back.Close()
+	if b.eng, err = xgmi.New(xgmi.Options{Node: "bench"}, b.back, xgmi.NewHostBackend()); err != nil {
+		return nil, err
+	}
+	defer b.eng.Close()
+	dev, _ := drv.DeviceGet(0)
+	name, _ := drv.DeviceName(dev)
+	mode, reason, _ := b.back.Mode(0)
+	fmt.Fprintf(out, "device %s, driver %d, engine copy mode %s %s, kernels %+v\n", name, drv.Version(), mode, reason, b.kern.Kernels())
+
+	if err := b.contiguous(); err != nil {
+		return b.rows, fmt.Errorf("contiguous: %w", err)
+	}
+	for _, sc := range cfg.Scatter {
+		if err := b.scatter(sc); err != nil {
+			return b.rows, fmt.Errorf("scatter %dx%d: %w", sc.Count, sc.Size, err)
+		}
+	}
+	return b.rows, nil
+}
+
+func (b *bench) add(r Row) {
+	b.rows = append(b.rows, r)
+	fmt.Fprintf(b.out, "%-22s %-34s %12.3f ms %10.2f GB/s  (min %.3f ms) %s\n", r.Case, r.Method,
+		float64(r.Median.Microseconds())/1000, r.GBps(), float64(r.Min.Microseconds())/1000, r.Note)
+}
+
+func summarize(c, m string, bytes uint64, times []time.Duration, note string) Row {
+	slices.Sort(times)
+	return Row{Case: c, Method: m, Bytes: bytes, Median: times[len(times)/2], Min: times[0], Note: note}
+}
+
+// deviceTime runs fn (which queues work on s) reps times after warmups and
+// returns the event-timed durations.
+func (b *bench) deviceTime(s cuda.Stream, warm, reps int, fn func(i int) error) ([]time.Duration, error) {
+	var out []time.Duration
+	err := b.drv.WithContext(b.ctx, func() error {
+		start, err := b.drv.EventCreate(true)
+		if err != nil {
+			return err
+		}
+		defer b.drv.EventDestroy(start)
+		end, err := b.drv.EventCreate(true)
+		if err != nil {
+			return err
+		}
+		defer b.drv.EventDestroy(end)
+		for i := -warm; i < reps; i++ {
+			if err := b.drv.EventRecord(start, s); err != nil {
+				return err
+			}
+			if err := fn(i); err != nil {
+				return err
+			}
+			if err := b.drv.EventRecord(end, s); err != nil {
+				return err
+			}
+			if err := b.drv.EventSynchronize(end); err != nil {
+				return err
+			}
+			ms, err := b.drv.EventElapsed(start, end)
+			if err != nil {
+				return err
+			}
+			if i >= 0 {
+				out = append(out, time.Duration(float64(ms)*1e6))
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+func (b *bench) alloc(n uint64) (cuda.DevicePtr, func(), error) {
+	var p cuda.DevicePtr
+	err := b.drv.WithContext(b.ctx, func() (err error) { p, err = b.drv.MemAlloc(n); return })
+	return p, func() { _ = b.drv.WithContext(b.ctx, func() error { return b.drv.MemFree(p) }) }, err
+}
+
+func (b *bench) register(p cuda.DevicePtr, n uint64) (engines.MemoryID, error) {
+	b.nextID++
+	id := engines.MemoryID(fmt.Sprintf("bench/%d", b.nextID))
+	_, err := b.eng.Register(context.Background(), engines.MemoryDesc{ID: id, Node: "bench", Size: n,
+		Location: engines.Location{Kind: engines.LocationGPU, Vendor: engines.VendorNVIDIA},
+		Handles:  engines.Handles{Ptr: uintptr(p)}})
+	return id, err
+}
+
+// engineRun plans, submits and waits for items, timing the whole host path
+// (planned == nil) or only submit and wait of a prepared plan set.
+func (b *bench) engineRun(items []engines.Item, planned *engines.PlanSet) (time.Duration, *engines.PlanSet, error) {
+	start := time.Now()
+	ps := planned
+	if ps == nil {
+		pb := b.eng.NewPlan()
+		for _, it := range items {
+			if err := pb.Add(it); err != nil {
+				return 0, nil, err
+			}
+		}
+		ps = pb.Build()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tr, err := b.eng.Submit(ctx, ps, engines.SubmitOptions{})
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := tr.Wait(ctx); err != nil {
+		return 0, nil, err
+	}
+	return time.Since(start), ps, nil
+}
+
+func (b *bench) contiguous() error {
+	n := b.cfg.ContigBytes
+	src, freeS, err := b.alloc(n)
+	if err != nil {
+		return err
+	}
+	defer freeS()
+	dst, freeD, err := b.alloc(n)
+	if err != nil {
+		return err
+	}
+	defer freeD()
+	if err := b.fillRandom(src, n, 1); err != nil {
+		return err
+	}
+	c := fmt.Sprintf("contig %d MiB", n>>20)
+	s := b.kern.Stream()
+	ce, err := b.deviceTime(s, 3, b.cfg.Reps, func(int) error { return b.drv.MemcpyDtoDAsync(dst, src, n, s) })
+	if err != nil {
+		return err
+	}
+	raw := summarize(c, "raw copy engine (cuMemcpyDtoDAsync)", n, ce, "device events")
+	b.add(raw)
+	if b.kern.Kernels() != nil {
+		kt, err := b.deviceTime(s, 3, b.cfg.Reps, func(int) error { return b.kern.LaunchContiguous(uint64(dst), uint64(src), n) })
+		if err != nil {
+			return err
+		}
+		b.add(summarize(c, "contiguous kernel", n, kt, "device events"))
+	}
+	srcID, err := b.register(src, n)
+	if err != nil {
+		return err
+	}
+	dstID, err := b.register(dst, n)
+	if err != nil {
+		return err
+	}
+	items := []engines.Item{{Src: srcID, Dst: dstID, Size: n, Tag: 1}}
+	var et []time.Duration
+	for i := -3; i < b.cfg.Reps; i++ {
+		d, _, err := b.engineRun(items, nil)
+		if err != nil {
+			return err
+		}
+		if i >= 0 {
+			et = append(et, d)
+		}
+	}
+	row := summarize(c, "xgmi engine (plan+submit+wait)", n, et, "host wall clock")
+	row.Note += fmt.Sprintf("; %.1f%% of raw copy engine", 100*raw.Median.Seconds()/row.Median.Seconds())
+	b.add(row)
+	if err := b.check(src, dst, []engines.Item{{Size: n}}); err != nil {
+		return err
+	}
+	return nil
+}
+
+// fillRandom writes seeded random bytes to the device.
+func (b *bench) fillRandom(p cuda.DevicePtr, n uint64, seed uint64) error {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	const chunk = 64 << 20
+	buf := make([]byte, min(n, chunk))
+	return b.drv.WithContext(b.ctx, func() error {
+		for off := uint64(0); off < n; off += chunk {
+			m := min(chunk, n-off)
+			w := unsafe.Slice((*uint64)(unsafe.Pointer(&buf[0])), m/8)
+			for i := range w {
+				w[i] = r.Uint64()
+			}
+			if err := b.drv.MemcpyHtoD(p+cuda.DevicePtr(off), buf[:m]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// check compares each item's destination bytes with its source on the host.
+func (b *bench) check(src, dst cuda.DevicePtr, items []engines.Item) error {
+	return b.drv.WithContext(b.ctx, func() error {
+		var sb, db []byte
+		for _, it := range items {
+			if uint64(cap(sb)) < it.Size {
+				sb, db = make([]byte, it.Size), make([]byte, it.Size)
+			}
+			sb, db = sb[:it.Size], db[:it.Size]
+			if err := b.drv.MemcpyDtoH(sb, src+cuda.DevicePtr(it.SrcOffset)); err != nil {
+				return err
+			}
+			if err := b.drv.MemcpyDtoH(db, dst+cuda.DevicePtr(it.DstOffset)); err != nil {
+				return err
+			}
+			if string(sb) != string(db) {
+				return fmt.Errorf("item tag %d: destination differs from source", it.Tag)
+			}
+		}
+		return nil
+	})
+}
+

@@ -1,0 +1,135 @@
+package gpubench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+)
+
+// itemSets are distinct random block choices; repetitions rotate through
+// them so no run finds the previous one's blocks in L2.
+const itemSets = 4
+
+func (b *bench) scatter(sc ScatterCase) error {
+	pool := uint64(sc.PoolBlocks) * sc.Size
+	src, freeS, err := b.alloc(pool)
+	if err != nil {
+		return err
+	}
+	defer freeS()
+	dst, freeD, err := b.alloc(pool)
+	if err != nil {
+		return err
+	}
+	defer freeD()
+	if err := b.fillRandom(src, pool, 2); err != nil {
+		return err
+	}
+	srcID, err := b.register(src, pool)
+	if err != nil {
+		return err
+	}
+	dstID, err := b.register(dst, pool)
+	if err != nil {
+		return err
+	}
+	r := rand.New(rand.NewPCG(uint64(sc.Count), sc.Size))
+	sets := make([][]engines.Item, itemSets)
+	segs := make([][]gpucopy.Segment, itemSets)
+	for k := range sets {
+		from, to := r.Perm(sc.PoolBlocks)[:sc.Count], r.Perm(sc.PoolBlocks)[:sc.Count]
+		for i := range from {
+			it := engines.Item{Src: srcID, SrcOffset: uint64(from[i]) * sc.Size, Dst: dstID, DstOffset: uint64(to[i]) * sc.Size,
+				Size: sc.Size, Tag: engines.Tag(i)}
+			sets[k] = append(sets[k], it)
+			segs[k] = append(segs[k], gpucopy.Segment{Src: uint64(src) + it.SrcOffset, Dst: uint64(dst) + it.DstOffset, Size: sc.Size})
+		}
+	}
+	bytes := uint64(sc.Count) * sc.Size
+	c := fmt.Sprintf("%d x %d B", sc.Count, sc.Size)
+
+	// Through the engine: the whole host path, then submit+wait of planned sets.
+	var full, sub []time.Duration
+	planned := make([]*engines.PlanSet, itemSets)
+	for i := -itemSets; i < b.cfg.Reps; i++ {
+		k := (i + itemSets) % itemSets
+		d, ps, err := b.engineRun(sets[k], nil)
+		if err != nil {
+			return err
+		}
+		planned[k] = ps
+		if i >= 0 {
+			full = append(full, d)
+		}
+	}
+	for i := -itemSets; i < b.cfg.Reps; i++ {
+		k := (i + itemSets) % itemSets
+		d, _, err := b.engineRun(nil, planned[k])
+		if err != nil {
+			return err
+		}
+		if i >= 0 {
+			sub = append(sub, d)
+		}
+	}
+	b.add(summarize(c, "xgmi engine (plan+submit+wait)", bytes, full, "host wall clock"))
+	b.add(summarize(c, "xgmi engine (submit+wait, planned)", bytes, sub, "host wall clock"))
+	if err := b.check(src, dst, sets[itemSets-1]); err != nil {
+		return fmt.Errorf("engine result: %w", err)
+	}
+
+	// The copier alone, device time: descriptor upload (if any) plus kernel.
+	for _, m := range []struct {
+		name string
+		c    *gpucopy.Copier
+		reps int
+	}{
+		{"kernel, descriptors uploaded", b.kern, b.cfg.Reps},
+		{"kernel, descriptors in host memory", b.hostD, b.cfg.Reps},
+		{"driver batch (cuMemcpyBatchAsync)", b.batch, b.cfg.SlowReps},
+		{"driver per block (cuMemcpyAsync)", b.per, b.cfg.SlowReps},
+	} {
+		if m.c.Mode() == gpucopy.ModeKernel || m.c == b.batch || m.c == b.per {
+			t, err := b.timeCopier(m.c, segs, m.reps)
+			if err != nil {
+				b.add(Row{Case: c, Method: m.name, Bytes: bytes, Median: 1, Min: 1, Note: "FAILED: " + err.Error()})
+				continue
+			}
+			b.add(summarize(c, m.name, bytes, t, fmt.Sprintf("device events; mode %s %s", m.c.Mode(), m.c.Reason())))
+		}
+	}
+	return b.check(src, dst, sets[(b.cfg.SlowReps-1+itemSets)%itemSets])
+}
+
+// timeCopier event-times Submit on the copier's own stream; the events
+// bracket everything the submission queues.
+func (b *bench) timeCopier(c *gpucopy.Copier, segs [][]gpucopy.Segment, reps int) ([]time.Duration, error) {
+	s := c.Stream()
+	var prev *gpucopy.Pending
+	// deviceTime synchronizes each repetition before the next, so the previous
+	// submission is complete and Wait only hands its staging back.
+	reap := func() error {
+		if prev == nil {
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err := prev.Wait(ctx)
+		prev = nil
+		return err
+	}
+	t, err := b.deviceTime(s, 1, reps, func(i int) error {
+		if err := reap(); err != nil {
+			return err
+		}
+		p, err := c.Submit(segs[(i+itemSets)%itemSets])
+		prev = p
+		return err
+	})
+	return t, errors.Join(err, reap())
+}

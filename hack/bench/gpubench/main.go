@@ -1,0 +1,31 @@
+// Command gpubench measures the GPU copy paths of the xgmi engine beside the
+// driver's own copies on GPU 0 and prints one table (see docs/gpu-benchmarks.md).
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/fabricxfer/fabricxfer/engines/gpucopy/gpubench"
+)
+
+func main() {
+	reps := flag.Int("reps", 20, "timed repetitions of the fast methods (median reported)")
+	slow := flag.Int("slow-reps", 3, "timed repetitions of per-block and batch driver copies")
+	contig := flag.Uint64("contig-mib", 1024, "contiguous copy size in MiB")
+	cache := flag.String("cache", "", "directory for compiled kernels")
+	flag.Parse()
+	cfg := gpubench.Config{
+		Reps: *reps, SlowReps: *slow, ContigBytes: *contig << 20, CacheDir: *cache,
+		Scatter: []gpubench.ScatterCase{
+			{Count: 15360, Size: 720, PoolBlocks: 262144},
+			{Count: 4096, Size: 32 << 10, PoolBlocks: 16384},
+			{Count: 1024, Size: 256 << 10, PoolBlocks: 2048},
+		},
+	}
+	if _, err := gpubench.Run(os.Stdout, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "gpubench:", err)
+		os.Exit(1)
+	}
+}
