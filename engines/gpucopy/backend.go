@@ -29,8 +29,8 @@ type Backend struct {
 
 // mapped is how this process reaches one registered region.
 type mapped struct {
-	ordinal int     // CUDA ordinal; -1 for host memory
-	addr    uint64  // address of the region's first byte, in this process
+	ordinal int    // CUDA ordinal; -1 for host memory
+	addr    uint64 // address of the region's first byte, in this process
 	release func() error
 	// pinned host memory can be read by kernels; pageable host memory only by driver copies.
 	pinned bool

@@ -320,4 +320,3 @@ func (b *bench) check(src, dst cuda.DevicePtr, items []engines.Item) error {
 		return nil
 	})
 }
-
