@@ -28,11 +28,12 @@ func main() {
 
 func run() error {
 	var (
-		metricsAddr = flag.String("metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 disables it)")
-		probeAddr   = flag.String("health-probe-bind-address", ":8081", "address of /healthz and /readyz")
-		leaderElect = flag.Bool("leader-elect", true, "elect one active operator among replicas")
-		leaderNS    = flag.String("leader-election-namespace", "", "namespace of the leader lease (default: the pod's namespace)")
-		agentImage  = flag.String("agent-image", "ghcr.io/fabricxfer/agent:v0.1.0", "agent image for pools that name none")
+		metricsAddr    = flag.String("metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 disables it)")
+		probeAddr      = flag.String("health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+		leaderElect    = flag.Bool("leader-elect", true, "elect one active operator among replicas")
+		leaderNS       = flag.String("leader-election-namespace", "", "namespace of the leader lease (default: the pod's namespace)")
+		agentImage     = flag.String("agent-image", "ghcr.io/fabricxfer/agent:v0.1.0", "agent image for pools that name none")
+		issueAgentCert = flag.Bool("issue-agent-certs", true, "issue each pool's agent-to-agent mTLS certificates into a Secret")
 	)
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
@@ -63,6 +64,9 @@ func run() error {
 		Client: mgr.GetClient(),
 		Scheme: scheme,
 		Agent:  controllers.AgentSettings{Image: *agentImage},
+	}
+	if *issueAgentCert {
+		pools.Secrets = controllers.NewCertIssuer(mgr.GetClient())
 	}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TransferPool controller: %w", err)

@@ -1,0 +1,98 @@
+package controllers
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+// TestAPIServerRefusesInvalidObjects sends malformed objects to the real API server and checks that the
+// CRD's OpenAPI and CEL rules refuse each with a message that says what is wrong.
+func TestAPIServerRefusesInvalidObjects(t *testing.T) {
+	c := apiClient(t)
+	ns := newNamespace(t, c)
+	pool := func(spec string) string {
+		return "apiVersion: fabricxfer.io/v1alpha1\nkind: TransferPool\nmetadata: {name: bad, namespace: " + ns + "}\nspec:\n" + spec
+	}
+	node := func(name, spec string) string {
+		return "apiVersion: fabricxfer.io/v1alpha1\nkind: TransferNode\nmetadata: {name: " + name + "}\nspec:\n" + spec
+	}
+	vpod := func(spec string) string {
+		return "apiVersion: fabricxfer.io/v1alpha1\nkind: VPodTopology\nmetadata: {name: bad-vpod}\nspec:\n" + spec
+	}
+	cases := []struct {
+		name, object, want string
+	}{
+		{"unknown engine", pool("  engines: [xgmi, nvme]"), `Unsupported value: "nvme"`},
+		{"duplicate engines", pool("  engines: [tcp, tcp]"), "engines must be unique"},
+		{"no engines", pool("  engines: []"), "should have at least 1 items"},
+		{"relative socket dir", pool("  socketDir: run/fx"), "spec.socketDir in body should match"},
+		{"socket dir escaping", pool("  socketDir: /var/../etc"), "socketDir must not contain '..'"},
+		{"negative GPU memory", pool("  memory: {perGPU: -1Gi}"), "memory.perGPU must not be negative"},
+		{"zero host staging", pool("  memory: {hostStaging: '0'}"), "memory.hostStaging must be positive"},
+		{"bad namespace name", pool("  allowedNamespaces: [Inference_NS]"), "spec.allowedNamespaces[0] in body should match"},
+		{"heartbeat too fast", pool("  agent: {heartbeatSeconds: 0}"), "spec.agent.heartbeatSeconds in body should be greater than or equal to 1"},
+		{"privileged port", pool("  agent: {port: 80}"), "spec.agent.port in body should be greater than or equal to 1024"},
+		{"bad domain override", pool("  fabricDomainOverride: hive:1"), "spec.fabricDomainOverride in body should match"},
+		{"too many tolerations", pool("  tolerations:\n" + strings.Repeat("  - {key: a, operator: Exists}\n", 33)), "must have at most 32 items"},
+		{"node name mismatch", node("n1", "  nodeName: n2"), "metadata.name must equal spec.nodeName"},
+		{"node without name", node("n1", "  poolName: p"), "spec.nodeName: Required value"},
+		{"vpod kind and key disagree", vpod("  kind: nvlink\n  domain: ualink:1/2"), "spec.domain must start with spec.kind"},
+		{"vpod unknown kind", vpod("  kind: hive\n  domain: hive:1"), `Unsupported value: "hive"`},
+		{"vpod malformed key", vpod("  kind: ualink\n  domain: ualink:one/two"), "spec.domain in body should match"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			obj := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal([]byte(tc.object), &obj.Object); err != nil {
+				t.Fatalf("test object does not parse: %v", err)
+			}
+			err := c.Create(context.Background(), obj)
+			if err == nil {
+				_ = c.Delete(context.Background(), obj)
+				t.Fatalf("the API server accepted %s", tc.name)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("refused with %q, want a message containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestImmutableFields checks the CEL transition rules: changing them would orphan agents or pods.
+func TestImmutableFields(t *testing.T) {
+	c := apiClient(t)
+	ctx := context.Background()
+	ns := newNamespace(t, c)
+	pool := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte("apiVersion: fabricxfer.io/v1alpha1\nkind: TransferPool\nmetadata: {name: imm, namespace: "+ns+"}\nspec: {socketDir: /run/fx-a}"), &pool.Object); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, pool); err != nil {
+		t.Fatalf("creating a valid pool: %v", err)
+	}
+	if err := unstructured.SetNestedField(pool.Object, "/run/fx-b", "spec", "socketDir"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Update(ctx, pool); err == nil || !strings.Contains(err.Error(), "socketDir is immutable") {
+		t.Fatalf("changing socketDir: got %v, want it refused as immutable", err)
+	}
+
+	vp := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte("apiVersion: fabricxfer.io/v1alpha1\nkind: VPodTopology\nmetadata: {name: imm-vpod}\nspec: {kind: ualink, domain: 'ualink:3/4'}"), &vp.Object); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, vp); err != nil {
+		t.Fatalf("creating a valid vpod: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), vp) })
+	if err := unstructured.SetNestedField(vp.Object, "ualink:3/5", "spec", "domain"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Update(ctx, vp); err == nil || !strings.Contains(err.Error(), "domain is immutable") {
+		t.Fatalf("changing the domain key: got %v, want it refused as immutable", err)
+	}
+}

@@ -1,0 +1,120 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+// cluster is the real kube-apiserver + etcd every test in this package shares, with the operator running.
+type cluster struct {
+	client client.Client
+	skip   string
+}
+
+var testCluster cluster
+
+func TestMain(m *testing.M) {
+	os.Exit(runSuite(m))
+}
+
+func runSuite(m *testing.M) int {
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		assets = filepath.Join("..", "bin")
+	}
+	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
+		testCluster.skip = fmt.Sprintf("kube-apiserver not built (%v): run make tools", err)
+		return m.Run()
+	}
+	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.WriteTo(os.Stderr), zap.Level(zapLevel())))
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     []string{filepath.Join("..", "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting envtest:", err)
+		return 1
+	}
+	defer func() { _ = env.Stop() }()
+
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(fxv1.AddToScheme(scheme))
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "creating manager:", err)
+		return 1
+	}
+	pools := &TransferPoolReconciler{Client: mgr.GetClient(), Scheme: scheme, Agent: AgentSettings{Image: "example.com/agent:test"}}
+	pools.Secrets = NewCertIssuer(mgr.GetClient())
+	if err := pools.SetupWithManager(mgr); err != nil {
+		fmt.Fprintln(os.Stderr, "setting up pools:", err)
+		return 1
+	}
+	if err := (&VPodTopologyReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+		fmt.Fprintln(os.Stderr, "setting up vpods:", err)
+		return 1
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "creating client:", err)
+		return 1
+	}
+	testCluster.client = c
+	return m.Run()
+}
+
+func zapLevel() zapcore.Level {
+	if os.Getenv("TEST_OPERATOR_LOGS") != "" {
+		return zapcore.DebugLevel
+	}
+	return zapcore.ErrorLevel // reconcile conflicts during tests are expected and retried
+}
+
+// apiClient returns the shared client or skips the test with the reason the cluster is missing.
+func apiClient(t *testing.T) client.Client {
+	t.Helper()
+	if testCluster.skip != "" {
+		t.Skip(testCluster.skip)
+	}
+	return testCluster.client
+}
+
+// eventually polls check until it returns nil or the deadline passes, then fails with the last error.
+func eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = check(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not true after %s: %v", what, timeout, err)
+}

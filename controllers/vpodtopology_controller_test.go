@@ -1,0 +1,154 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+func gpusIn(domain string, indexes ...int32) []fxv1.GPU {
+	kind, _ := fxv1.DomainKind(domain)
+	var gpus []fxv1.GPU
+	for _, i := range indexes {
+		gpus = append(gpus, fxv1.GPU{Index: i, Vendor: fxv1.VendorAMD, PCIBusID: fmt.Sprintf("0000:%02x:00.0", i+1),
+			Fabric: &fxv1.FabricMembership{Kind: kind, Domain: domain}})
+	}
+	return gpus
+}
+
+func waitVPod(t *testing.T, c client.Client, key string, check func(*fxv1.VPodTopology) error) {
+	t.Helper()
+	eventually(t, settle, "vpod "+key, func() error {
+		vp := &fxv1.VPodTopology{}
+		if err := c.Get(context.Background(), client.ObjectKey{Name: fxv1.DomainObjectName(key)}, vp); err != nil {
+			return err
+		}
+		return check(vp)
+	})
+}
+
+func memberNodes(vp *fxv1.VPodTopology) []string {
+	var names []string
+	for _, m := range vp.Status.Members {
+		names = append(names, m.Node)
+	}
+	return names
+}
+
+func TestVPodTopologyFollowsReports(t *testing.T) {
+	c := apiClient(t)
+	ctx := context.Background()
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "no-such-pool"}}
+	now := time.Now()
+	keyA, keyB := "ualink:7/1", "nvlink:7d3c2a9e-1f00-4c55-a3b2-000000000007.3"
+
+	report(t, c, pool, "vp-a-0", now, gpusIn(keyA, 0, 1, 2, 3))
+	report(t, c, pool, "vp-a-1", now, gpusIn(keyA, 0, 1, 2, 3))
+	report(t, c, pool, "vp-b-0", now, gpusIn(keyB, 0, 1))
+
+	waitVPod(t, c, keyA, func(vp *fxv1.VPodTopology) error {
+		if vp.Spec.Kind != fxv1.FabricUALink || vp.Spec.Domain != keyA || vp.Labels[fxv1.LabelDiscovered] != "true" {
+			return fmt.Errorf("spec %+v labels %v", vp.Spec, vp.Labels)
+		}
+		if !slices.Equal(memberNodes(vp), []string{"vp-a-0", "vp-a-1"}) || vp.Status.GPUs != 8 || vp.Status.Nodes != 2 {
+			return fmt.Errorf("members %v gpus %d", memberNodes(vp), vp.Status.GPUs)
+		}
+		return nil
+	})
+	waitVPod(t, c, keyB, func(vp *fxv1.VPodTopology) error {
+		if vp.Spec.Kind != fxv1.FabricNVLink || vp.Status.GPUs != 2 || !slices.Equal(memberNodes(vp), []string{"vp-b-0"}) {
+			return fmt.Errorf("kind %s members %v gpus %d", vp.Spec.Kind, memberNodes(vp), vp.Status.GPUs)
+		}
+		return nil
+	})
+
+	// An agent that stops heartbeating leaves the members and shows as missing.
+	report(t, c, pool, "vp-a-1", now.Add(-time.Hour), gpusIn(keyA, 0, 1, 2, 3))
+	waitVPod(t, c, keyA, func(vp *fxv1.VPodTopology) error {
+		if !slices.Equal(memberNodes(vp), []string{"vp-a-0"}) || !slices.Equal(vp.Status.MissingMembers, []string{"vp-a-1"}) {
+			return fmt.Errorf("members %v missing %v", memberNodes(vp), vp.Status.MissingMembers)
+		}
+		return nil
+	})
+
+	// A node leaving (its report deleted) takes it out; the last one leaving deletes the discovered domain.
+	if err := c.Delete(ctx, &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: "vp-b-0"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, settle, "empty discovered domain deleted", func() error {
+		err := c.Get(ctx, client.ObjectKey{Name: fxv1.DomainObjectName(keyB)}, &fxv1.VPodTopology{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+}
+
+func TestDeclaredVPodTopologyIsKeptAndCompared(t *testing.T) {
+	c := apiClient(t)
+	ctx := context.Background()
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "no-such-pool"}}
+	key := "ualink:8/2"
+	declared := &fxv1.VPodTopology{
+		ObjectMeta: metav1.ObjectMeta{Name: "rack-8-vpod-2"},
+		Spec: fxv1.VPodTopologySpec{Kind: fxv1.FabricUALink, Domain: key, Members: []fxv1.VPodMember{
+			{Node: "decl-0"}, {Node: "decl-1"},
+		}},
+	}
+	if err := c.Create(ctx, declared); err != nil {
+		t.Fatalf("declaring a domain: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), declared) })
+
+	wait := func(what string, check func(*fxv1.VPodTopology) error) {
+		t.Helper()
+		eventually(t, settle, what, func() error {
+			vp := &fxv1.VPodTopology{}
+			if err := c.Get(ctx, client.ObjectKeyFromObject(declared), vp); err != nil {
+				return err
+			}
+			return check(vp)
+		})
+	}
+	wait("declared domain with nobody reporting", func(vp *fxv1.VPodTopology) error {
+		if !slices.Equal(vp.Status.MissingMembers, []string{"decl-0", "decl-1"}) || vp.Status.Nodes != 0 {
+			return fmt.Errorf("missing %v nodes %d", vp.Status.MissingMembers, vp.Status.Nodes)
+		}
+		return nil
+	})
+
+	report(t, c, pool, "decl-0", time.Now(), gpusIn(key, 0, 1))
+	report(t, c, pool, "decl-9", time.Now(), gpusIn(key, 0))
+	wait("declared vs discovered members", func(vp *fxv1.VPodTopology) error {
+		if !slices.Equal(memberNodes(vp), []string{"decl-0", "decl-9"}) ||
+			!slices.Equal(vp.Status.MissingMembers, []string{"decl-1"}) ||
+			!slices.Equal(vp.Status.UndeclaredMembers, []string{"decl-9"}) {
+			return fmt.Errorf("members %v missing %v undeclared %v", memberNodes(vp), vp.Status.MissingMembers, vp.Status.UndeclaredMembers)
+		}
+		return nil
+	})
+	// The operator adopts the declaration instead of creating a discovered twin.
+	if err := c.Get(ctx, client.ObjectKey{Name: fxv1.DomainObjectName(key)}, &fxv1.VPodTopology{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a discovered twin of a declared domain exists: %v", err)
+	}
+
+	for _, n := range []string{"decl-0", "decl-9"} {
+		if err := c.Delete(ctx, &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait("declared domain kept when nobody reports", func(vp *fxv1.VPodTopology) error {
+		if vp.Status.Nodes != 0 || len(vp.Status.MissingMembers) != 2 {
+			return fmt.Errorf("nodes %d missing %v", vp.Status.Nodes, vp.Status.MissingMembers)
+		}
+		return nil
+	})
+}
