@@ -1,0 +1,243 @@
+package reporter_test
+
+import (
+	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/fabricxfer/fabricxfer/agent/report"
+	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/topology"
+)
+
+const repoRoot = "../.."
+
+// startAPIServer starts kube-apiserver and etcd from bin/ with the project's CRDs installed.
+func startAPIServer(t *testing.T) client.Client {
+	t.Helper()
+	assets, err := filepath.Abs(filepath.Join(repoRoot, "bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := os.Getenv("KUBEBUILDER_ASSETS"); v != "" {
+		assets = v
+	}
+	for _, b := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(assets, b)); err != nil {
+			t.Skipf("%s not built: run make tools", b)
+		}
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join(repoRoot, "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+		BinaryAssetsDirectory: assets,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("starting envtest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("stopping envtest: %v", err)
+		}
+	})
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// copyTree copies a fixture tree, symlinks as symlinks, so a test can change it.
+func copyTree(t *testing.T, src string) string {
+	t.Helper()
+	dst := t.TempDir()
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		target := filepath.Join(dst, rel)
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			link, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(link, target)
+		case d.IsDir():
+			return os.MkdirAll(target, 0o755)
+		default:
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(target, b, 0o644)
+		}
+	})
+	if err != nil {
+		t.Fatalf("copying fixture: %v", err)
+	}
+	return dst
+}
+
+// waitFor polls until cond holds or the deadline passes.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() (bool, error)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	deadline := start.Add(within)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return time.Since(start)
+		}
+		lastErr = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s (last error: %v)", what, within, lastErr)
+	return 0
+}
+
+func TestReporterWritesTransferNode(t *testing.T) {
+	c := startAPIServer(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mi300x-a"}}
+	if err := c.Create(ctx, node); err != nil {
+		t.Fatalf("creating Node: %v", err)
+	}
+	root := copyTree(t, filepath.Join(repoRoot, "topology", "testdata", "mi300x-8gpu-roce"))
+	host, err := topology.NewDirHost(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const period = 2 * time.Second
+	r, err := reporter.New(reporter.Config{
+		NodeName: node.Name, PoolNamespace: "inference", PoolName: "kv",
+		Period:   period,
+		Identity: report.Identity{AgentVersion: "test", Endpoint: "10.0.0.1:7470"},
+		Detect: func(ctx context.Context) (topology.Report, error) {
+			return topology.Detect(ctx, host, topology.Options{})
+		},
+		Client: c,
+		Log:    testr.New(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+
+	var tn v1alpha1.TransferNode
+	get := func() (bool, error) {
+		err := c.Get(ctx, client.ObjectKey{Name: node.Name}, &tn)
+		return err == nil && tn.Status.LastHeartbeat != nil, err
+	}
+	waitFor(t, 10*time.Second, "TransferNode with a heartbeat", get)
+
+	if len(tn.OwnerReferences) != 1 || tn.OwnerReferences[0].Kind != "Node" || tn.OwnerReferences[0].UID != node.UID {
+		t.Errorf("owner references %+v, want the Node %s (%s)", tn.OwnerReferences, node.Name, node.UID)
+	}
+	if tn.Spec.NodeName != node.Name || tn.Spec.PoolName != "kv" || tn.Labels[v1alpha1.LabelPoolName] != "kv" ||
+		tn.Labels[v1alpha1.LabelPoolNamespace] != "inference" {
+		t.Errorf("spec %+v labels %v", tn.Spec, tn.Labels)
+	}
+	st := tn.Status
+	if len(st.GPUs) != 8 || len(st.NICs) != 8 || st.NICs[3].State != "ACTIVE" || st.Endpoint != "10.0.0.1:7470" ||
+		st.AgentVersion != "test" || st.GPUDirect == nil || !st.GPUDirect.PeerMem {
+		t.Errorf("status %+v", st)
+	}
+	managers := map[string]bool{}
+	for _, mf := range tn.ManagedFields {
+		managers[mf.Manager+"/"+mf.Subresource] = mf.Operation == metav1.ManagedFieldsOperationApply
+	}
+	if !managers["fabricxfer-agent/"] || !managers["fabricxfer-agent/status"] {
+		t.Errorf("managed fields %v: want server-side apply by fabricxfer-agent of the object and its status", managers)
+	}
+
+	first := tn.Status.LastHeartbeat.Time
+	waitFor(t, 3*period, "heartbeat advancing", func() (bool, error) {
+		ok, err := get()
+		return ok && tn.Status.LastHeartbeat.After(first), err
+	})
+
+	// A NIC goes down on the node: the report shows it within one period (plus the API round trip).
+	state := filepath.Join(root, "sys", "class", "infiniband", "mlx5_3", "ports", "1", "state")
+	if err := os.WriteFile(state, []byte("1: DOWN\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, period+2*time.Second, "NIC down reported", func() (bool, error) {
+		ok, err := get()
+		return ok && tn.Status.NICs[3].State == "DOWN", err
+	})
+	t.Logf("NIC down reported after %s (period %s)", took.Round(time.Millisecond), period)
+	for _, e := range tn.Status.Engines {
+		if e.Name == v1alpha1.EngineRDMA && (!e.Available || !strings.HasPrefix(e.Reason, "7 of 8 ports usable (mlx5_3/1 DOWN)")) {
+			t.Errorf("rdma engine %+v", e)
+		}
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run returned %v after cancel", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("Run did not return within 5s of cancel")
+	}
+}
+
+func TestReporterNeedsItsNode(t *testing.T) {
+	c := startAPIServer(t)
+	r, err := reporter.New(reporter.Config{
+		NodeName: "no-such-node", Period: time.Second, Client: c, Log: testr.New(t),
+		Detect: func(context.Context) (topology.Report, error) { return topology.Report{}, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.ReportOnce(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "reading Node no-such-node") {
+		t.Fatalf("ReportOnce = %v, want an error about the missing Node", err)
+	}
+	var list v1alpha1.TransferNodeList
+	if err := c.List(t.Context(), &list); err != nil || len(list.Items) != 0 {
+		t.Errorf("TransferNodes after failure: %d (%v), want none", len(list.Items), err)
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	detect := func(context.Context) (topology.Report, error) { return topology.Report{}, nil }
+	for name, cfg := range map[string]reporter.Config{
+		"no node":     {Period: time.Second, Detect: detect},
+		"zero period": {NodeName: "n", Detect: detect},
+		"no detector": {NodeName: "n", Period: time.Second},
+	} {
+		if _, err := reporter.New(cfg); err == nil {
+			t.Errorf("%s: New accepted %+v", name, cfg)
+		}
+	}
+}
