@@ -379,16 +379,20 @@ func (c *conn) handle(br *bufio.Reader, h respHeader) error {
 		_, err := io.ReadFull(br, r.buf)
 		c.mu.Lock()
 		r.holds--
-		var f func()
-		if err == nil {
-			c.p.e.stats.received.Add(h.length)
-			f = r.settle(nil)
-		} else {
-			f = r.settle(c.p.lost(err))
+		if err != nil {
+			c.mu.Unlock()
+			c.p.kill(err)
+			c.mu.Lock()
+			f := r.settle(c.p.deadErr)
+			c.mu.Unlock()
+			run(f)
+			return err
 		}
+		c.p.e.stats.received.Add(h.length)
+		f := r.settle(nil)
 		c.mu.Unlock()
 		run(f)
-		return err
+		return nil
 	}
 	if h.length != 0 {
 		c.mu.Unlock()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,67 +13,6 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/enginetest"
 )
-
-// gate stalls every Read and Write of the connections a listener accepted while it is shut.
-type gate struct {
-	mu   sync.Mutex
-	open chan struct{} // nil while open
-}
-
-func (g *gate) wait(closed <-chan struct{}) {
-	g.mu.Lock()
-	ch := g.open
-	g.mu.Unlock()
-	if ch != nil {
-		select {
-		case <-ch:
-		case <-closed:
-		}
-	}
-}
-
-func (g *gate) shut(testing.TB) func() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	ch := make(chan struct{})
-	g.open = ch
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			g.mu.Lock()
-			g.open = nil
-			g.mu.Unlock()
-			close(ch)
-		})
-	}
-}
-
-type gatedListener struct {
-	net.Listener
-	g *gate
-}
-
-func (l gatedListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &gatedConn{Conn: c, g: l.g, closed: make(chan struct{})}, nil
-}
-
-type gatedConn struct {
-	net.Conn
-	g      *gate
-	once   sync.Once
-	closed chan struct{}
-}
-
-func (c *gatedConn) Read(b []byte) (int, error)  { c.g.wait(c.closed); return c.Conn.Read(b) }
-func (c *gatedConn) Write(b []byte) (int, error) { c.g.wait(c.closed); return c.Conn.Write(b) }
-func (c *gatedConn) Close() error {
-	c.once.Do(func() { close(c.closed) })
-	return c.Conn.Close()
-}
 
 func listen(t testing.TB) net.Listener {
 	t.Helper()
@@ -123,9 +61,9 @@ func imp(t testing.TB, e *Engine, d engines.MemoryDesc) {
 }
 
 func TestContract(t *testing.T) {
-	g := &gate{}
+	g := &enginetest.Gate{}
 	a := newEngine(t, "node-a", listen(t))
-	b := newEngine(t, "node-b", gatedListener{listen(t), g})
+	b := newEngine(t, "node-b", g.Listener(listen(t)))
 	var next atomic.Uint64
 	h := enginetest.Harness{
 		Engine:     a,
@@ -159,7 +97,7 @@ func TestContract(t *testing.T) {
 			}
 			return p
 		},
-		Gate: g.shut,
+		Gate: g.Shut,
 		SetDstNotify: func(dir engines.Direction, fn engines.NotifyFunc) {
 			if dir == engines.DirWrite {
 				b.SetNotifyHandler(fn)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -13,45 +12,21 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
-// gatedHost is the host backend with a gate in front of its copies, so the suite can hold a transfer in flight.
+// gatedHost is the host backend behind a gate, so the suite can hold a transfer in flight.
 type gatedHost struct {
 	*xgmi.HostBackend
-	mu   sync.Mutex
-	gate chan struct{}
+	gate *enginetest.Gate
 }
 
 func (g *gatedHost) Copy(ctx context.Context, w engines.Work) error {
-	g.mu.Lock()
-	gate := g.gate
-	g.mu.Unlock()
-	if gate != nil {
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := g.gate.Wait(ctx); err != nil {
+		return err
 	}
 	return g.HostBackend.Copy(ctx, w)
 }
 
-func (g *gatedHost) close(t testing.TB) func() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	ch := make(chan struct{})
-	g.gate = ch
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			g.mu.Lock()
-			g.gate = nil
-			g.mu.Unlock()
-			close(ch)
-		})
-	}
-}
-
 func newHostHarness(t *testing.T) (enginetest.Harness, *xgmi.Engine) {
-	backend := &gatedHost{HostBackend: xgmi.NewHostBackend()}
+	backend := &gatedHost{HostBackend: xgmi.NewHostBackend(), gate: &enginetest.Gate{}}
 	eng, err := xgmi.New(xgmi.Options{Node: "node-a", CheckDisjoint: true}, backend)
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +52,7 @@ func newHostHarness(t *testing.T) (enginetest.Harness, *xgmi.Engine) {
 				Read: func(off, n uint64) []byte { return append([]byte(nil), dst[off:off+n]...) },
 			}
 		},
-		Gate:         backend.close,
+		Gate:         backend.gate.Shut,
 		SetDstNotify: func(_ engines.Direction, fn engines.NotifyFunc) { eng.SetNotifyHandler(fn) },
 	}, eng
 }
