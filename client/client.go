@@ -136,10 +136,10 @@ func (c *Client) generation() uint64 {
 	return c.gen
 }
 
-// Recover re-registers every region this client registered from its own memory, after the agent restarted.
-// Pool slices are dropped (Region.Lost reports it).
+// Recover waits (until ctx ends) for the agent to answer again and re-registers every region this client
+// registered from its own memory. Pool slices are dropped (Region.Lost reports it).
 func (c *Client) Recover(ctx context.Context) error {
-	info, err := c.api.GetInfo(ctx, &agentv1.GetInfoRequest{ApiVersions: []string{"v1"}})
+	info, err := c.api.GetInfo(ctx, &agentv1.GetInfoRequest{ApiVersions: []string{"v1"}}, grpc.WaitForReady(true))
 	if err != nil {
 		return fmt.Errorf("recovering: reaching the agent: %w", err)
 	}

@@ -98,6 +98,8 @@ func (s *Server) Notifications(req *agentv1.NotificationsRequest, stream agentv1
 			}
 		case <-stream.Context().Done():
 			return nil
+		case <-s.stopping:
+			return status.Error(codes.Unavailable, "the agent is shutting down")
 		}
 		s.mu.Lock()
 		over := l.overflow

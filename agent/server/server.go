@@ -117,6 +117,9 @@ type Server struct {
 	wg     sync.WaitGroup
 
 	regionEpoch uint64
+	// stopping is closed when shutdown begins, ending the streams (Watch, Notifications) that would otherwise
+	// hold a graceful stop open.
+	stopping chan struct{}
 
 	mu          sync.Mutex
 	nextSession uint64
@@ -183,7 +186,7 @@ func New(opts Options) (*Server, error) {
 		sessions:    map[uint64]*session{}, regions: map[uint64]*region{}, byMemory: map[engines.MemoryID]*region{},
 		segments: map[string]*region{}, callers: map[string]*usage{}, imports: map[engines.MemoryID]*imported{},
 		transfers: map[uint64]*transfer{}, watchers: map[string]map[*watcher]struct{}{},
-		listeners: map[string]map[*notifyListener]struct{}{},
+		listeners: map[string]map[*notifyListener]struct{}{}, stopping: make(chan struct{}),
 	}
 	opts.Engine.SetNotifyHandler(s.deliverNotification)
 	return s, nil
@@ -290,6 +293,7 @@ func removeStaleSocket(path string) error {
 }
 
 func (s *Server) shutdown() {
+	close(s.stopping)
 	done := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(done) }()
 	select {

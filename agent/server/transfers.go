@@ -381,6 +381,8 @@ func (s *Server) Watch(req *agentv1.WatchRequest, stream agentv1.Agent_WatchServ
 			remaining--
 		case <-stream.Context().Done():
 			return nil
+		case <-s.stopping:
+			return status.Error(codes.Unavailable, "the agent is shutting down")
 		}
 		s.mu.Lock()
 		over := w.overflow

@@ -1,0 +1,50 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+// APIPoolPolicy reads the pool's spec.allowedNamespaces from its TransferPool, so an admin's edit applies to
+// the next connection without restarting agents. Answers are cached for TTL (default 10 s) to keep connection
+// setup cheap; if the API server cannot be reached, the last answer is used for up to ten times as long.
+type APIPoolPolicy struct {
+	Reader    client.Reader
+	Namespace string
+	Name      string
+	TTL       time.Duration
+
+	mu     sync.Mutex
+	cached []string
+	at     time.Time
+}
+
+// AllowedNamespaces implements NamespacePolicy.
+func (p *APIPoolPolicy) AllowedNamespaces(ctx context.Context) ([]string, error) {
+	ttl := p.TTL
+	if ttl <= 0 {
+		ttl = 10 * time.Second
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.at.IsZero() && time.Since(p.at) < ttl {
+		return slices.Clone(p.cached), nil
+	}
+	var pool fxv1.TransferPool
+	if err := p.Reader.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, &pool); err != nil {
+		if !p.at.IsZero() && time.Since(p.at) < 10*ttl {
+			return slices.Clone(p.cached), nil
+		}
+		return nil, fmt.Errorf("reading TransferPool %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	p.cached, p.at = slices.Clone(pool.Spec.AllowedNamespaces), time.Now()
+	return slices.Clone(p.cached), nil
+}

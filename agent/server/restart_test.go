@@ -1,0 +1,125 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/client"
+)
+
+// TestAgentRestartFailsFastAndClientsReregister stops the agent under a client with registered regions and a
+// pending wait, starts a new one on the same socket, and checks that nothing hangs, that stale regions fail
+// fast, and that Recover makes the client whole again.
+func TestAgentRestartFailsFastAndClientsReregister(t *testing.T) {
+	proc := newProcFixture(t)
+	opts := baseOptions(t, proc)
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	ctx := ctxT(t)
+	src, dst := shm(t, 1<<20), shm(t, 1<<20)
+	fill(t, src.Bytes)
+	rs, err := c.RegisterHost(ctx, src.File, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := c.RegisterHost(ctx, dst.File, 0, 1<<20, client.Segment("dst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldID := rs.ID()
+	if _, err := c.Write(ctx, rs, 0, client.ToRegion(rd), 0, 4096); err != nil {
+		t.Fatal(err)
+	}
+	// A watch is open while the agent goes away: it must end, not hang.
+	watch, err := c.API().Watch(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watchEnded := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := watch.Recv(); err != nil {
+				watchEnded <- err
+				return
+			}
+		}
+	}()
+
+	a.stop(t)
+	select {
+	case err := <-watchEnded:
+		t.Logf("watch ended with: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a watch stream hung across the agent's shutdown")
+	}
+
+	// While no agent runs, calls fail fast.
+	start := time.Now()
+	_, err = c.Write(ctx, rs, 0, client.ToRegion(rd), 0, 4096)
+	if err == nil {
+		t.Fatal("a write succeeded with no agent running")
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("a write with no agent took %s to fail, want fast", d)
+	}
+	t.Logf("with no agent: %v", err)
+
+	// A new agent on the same socket: the client's regions are gone there, and it is told so.
+	b := startAgent(t, opts)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err = c.Write(ctx, rs, 0, client.ToRegion(rd), 0, 4096)
+		if errors.Is(err, client.ErrSessionLost) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("write after restart: %v, want ErrSessionLost", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := c.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rs.ID() == oldID {
+		t.Errorf("region id %d survived a restart: ids must differ between agent instances", oldID)
+	}
+	clear(dst.Bytes)
+	if _, err := c.Write(ctx, rs, 0, client.ToSegment("", "dst"), 0, 1<<20); err != nil {
+		t.Fatalf("write after Recover: %v", err)
+	}
+	if !bytes.Equal(src.Bytes, dst.Bytes) {
+		t.Fatal("bytes differ after Recover")
+	}
+	_ = b
+}
+
+// TestWaitNeverOutlivesItsDeadline: a Wait on a transfer that cannot finish returns PENDING at its timeout,
+// and a call context's deadline bounds it too.
+func TestWaitNeverOutlivesItsDeadline(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	c := dial(t, a)
+	ctx := ctxT(t)
+	m := shm(t, 64<<20)
+	r1, _ := c.RegisterHost(ctx, m.File, 0, 32<<20)
+	r2, err := c.RegisterHost(ctx, m.File, 32<<20, 32<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := c.Submit(ctx, client.Write, []client.Item{{Local: r1, Remote: client.ToRegion(r2), Length: 32 << 20}}, client.TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _ = tr.Wait(short) // either settled in time or cut by the deadline
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("wait with a 50 ms deadline took %s", d)
+	}
+	if _, err := tr.Wait(ctx); err != nil {
+		t.Fatalf("full wait: %v", err)
+	}
+}
