@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 	"unsafe"
 
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
@@ -50,6 +49,7 @@ const (
 	defaultMaxPiece      = 32 << 10
 	threadsPerBlock      = 256
 	warpsPerBlock        = threadsPerBlock / 32
+	blocksPerSM          = 8 // 2048 resident threads per SM on Hopper
 )
 
 // Copier executes copies on one device's stream in its primary context.
@@ -207,6 +207,9 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		p.event = ev
 		return c.drv.EventRecord(ev, c.stream)
 	})
+	if err == nil {
+		go p.watch()
+	}
 	if err != nil {
 		// Work already queued may still run; wait it out so the staging slot and
 		// the caller's buffers are not reused under it.
@@ -251,24 +254,41 @@ func (c *Copier) queueScattered(p *Pending, segs []Segment) error {
 }
 
 func (c *Copier) launchScatter(p *Pending, segs []Segment) error {
-	layout, err := planLayout(segs, c.opts.MaxPiece)
-	if err != nil {
-		return err
-	}
-	s, err := c.slots.get(uint64(layout.bytes()))
+	layout, s, descs, err := c.stageDescriptors(segs)
 	if err != nil {
 		return err
 	}
 	p.slot = s
-	writeDescriptors(s.host(), segs, layout, c.opts.MaxPiece)
-	descs := uint64(s.hostPtr)
 	if !c.opts.HostDescriptors {
 		if err := c.drv.MemcpyHtoDAsync(s.devPtr, s.hostPtr, uint64(layout.bytes()), c.stream); err != nil {
 			return err
 		}
-		descs = uint64(s.devPtr)
 	}
-	blocks := min((layout.pieces+warpsPerBlock-1)/warpsPerBlock, c.sms*8)
+	return c.launch(layout, descs)
+}
+
+// stageDescriptors writes segs' descriptors into a staging slot and returns
+// the address the kernel will read them from.
+func (c *Copier) stageDescriptors(segs []Segment) (batchLayout, *slot, uint64, error) {
+	layout, err := planLayout(segs, c.opts.MaxPiece)
+	if err != nil {
+		return layout, nil, 0, err
+	}
+	s, err := c.slots.get(uint64(layout.bytes()))
+	if err != nil {
+		return layout, nil, 0, err
+	}
+	writeDescriptors(s.host(), segs, layout, c.opts.MaxPiece)
+	descs := uint64(s.devPtr)
+	if c.opts.HostDescriptors {
+		descs = uint64(s.hostPtr)
+	}
+	return layout, s, descs, nil
+}
+
+// launch queues the scatter kernel over descriptors already in place.
+func (c *Copier) launch(layout batchLayout, descs uint64) error {
+	blocks := min((layout.pieces+warpsPerBlock-1)/warpsPerBlock, c.sms*blocksPerSM)
 	cfg := cuda.LaunchConfig{GridX: uint32(blocks), BlockX: threadsPerBlock, Stream: c.stream}
 	count := uint32(layout.pieces)
 	if layout.uniform {
@@ -278,6 +298,62 @@ func (c *Copier) launchScatter(p *Pending, segs []Segment) error {
 			unsafe.Pointer(&count), unsafe.Pointer(&size), unsafe.Pointer(&layout.shift)})
 	}
 	return c.drv.Launch(c.kernels.general, cfg, []unsafe.Pointer{unsafe.Pointer(&descs), unsafe.Pointer(&count)})
+}
+
+// Prepared is a descriptor set placed once and launchable many times, for
+// callers that repeat the same scattered copy (and for measuring the kernel
+// alone).
+type Prepared struct {
+	c      *Copier
+	layout batchLayout
+	slot   *slot
+	descs  uint64
+}
+
+// Prepare stages and uploads the descriptors for segs (kernel mode only).
+func (c *Copier) Prepare(segs []Segment) (*Prepared, error) {
+	if c.kernels == nil {
+		return nil, errors.New("no copy kernels loaded: " + c.reason)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := &Prepared{c: c}
+	err := c.drv.WithContext(c.ctx, func() error {
+		var err error
+		if p.layout, p.slot, p.descs, err = c.stageDescriptors(segs); err != nil {
+			return err
+		}
+		if c.opts.HostDescriptors {
+			return nil
+		}
+		if err := c.drv.MemcpyHtoDAsync(p.slot.devPtr, p.slot.hostPtr, uint64(p.layout.bytes()), c.stream); err != nil {
+			return err
+		}
+		return c.drv.StreamSynchronize(c.stream)
+	})
+	if err != nil {
+		if p.slot != nil {
+			c.slots.put(p.slot)
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+// Launch queues the kernel on the Copier's stream; completion is the
+// caller's to observe (stream or event).
+func (p *Prepared) Launch() error {
+	p.c.mu.Lock()
+	defer p.c.mu.Unlock()
+	return p.c.drv.WithContext(p.c.ctx, func() error { return p.c.launch(p.layout, p.descs) })
+}
+
+// Release hands the staging back; no launch of p may still be running.
+func (p *Prepared) Release() {
+	if p.slot != nil {
+		p.c.slots.put(p.slot)
+		p.slot = nil
+	}
 }
 
 // LaunchContiguous queues the contiguous-copy kernel (benchmarks compare it
@@ -291,48 +367,34 @@ func (c *Copier) LaunchContiguous(dst, src, n uint64) error {
 	return c.drv.Launch(c.kernels.contig, cfg, []unsafe.Pointer{unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&n)})
 }
 
-// Done reports whether the copy has finished (successfully or not) without blocking.
+// Done reports whether the copy has finished (successfully or not).
 func (p *Pending) Done() bool {
 	select {
 	case <-p.done:
 		return true
 	default:
+		return false
 	}
-	var finished bool
-	_ = p.c.drv.WithContext(p.c.ctx, func() error {
-		ok, err := p.c.drv.EventQuery(p.event)
-		if ok || err != nil {
-			p.finish(err)
-			finished = true
-		}
-		return nil
-	})
-	return finished
 }
 
-// Wait blocks until the copy finishes or ctx ends. It polls the completion
-// event (spinning briefly, then sleeping) so that it can honour ctx; it is
-// idempotent.
+// Wait blocks until the copy finishes or ctx ends; it is idempotent. When
+// ctx ends first the copy goes on (a launched kernel cannot be recalled) and
+// a later Wait still reports how it ended.
 func (p *Pending) Wait(ctx context.Context) error {
-	spin := time.Now().Add(200 * time.Microsecond)
-	sleep := 20 * time.Microsecond
-	for !p.Done() {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("waiting for a GPU copy: %w", err)
-		}
-		if time.Now().Before(spin) {
-			continue
-		}
-		t := time.NewTimer(sleep)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("waiting for a GPU copy: %w", ctx.Err())
-		case <-t.C:
-		}
-		sleep = min(sleep*2, time.Millisecond)
+	select {
+	case <-p.done:
+		return p.err
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for a GPU copy: %w", ctx.Err())
 	}
-	return p.err
+}
+
+// watch waits for the completion event on its own thread: the driver's
+// synchronize spins briefly and then yields, which reacts within
+// microseconds, where polling from Go would add timer latency.
+func (p *Pending) watch() {
+	err := p.c.drv.WithContext(p.c.ctx, func() error { return p.c.drv.EventSynchronize(p.event) })
+	p.finish(err)
 }
 
 func (p *Pending) finish(err error) {

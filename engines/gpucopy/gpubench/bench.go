@@ -21,7 +21,7 @@ type Config struct {
 	Reps int
 	// SlowReps is the repetitions for per-item and batch driver copies.
 	SlowReps int
-	// ContigBytes is the contiguous copy size (default 1 GiB).
+	// ContigBytes is the contiguous copy size (0: skip).
 	ContigBytes uint64
 	// Scatter cases as count x block size.
 	Scatter []ScatterCase
@@ -71,9 +71,6 @@ func Run(out io.Writer, cfg Config) ([]Row, error) {
 	if cfg.SlowReps <= 0 {
 		cfg.SlowReps = 3
 	}
-	if cfg.ContigBytes == 0 {
-		cfg.ContigBytes = 1 << 30
-	}
 	drv, err := cuda.Load()
 	if err != nil {
 		return nil, err
@@ -116,8 +113,10 @@ func Run(out io.Writer, cfg Config) ([]Row, error) {
 	mode, reason, _ := b.back.Mode(0)
 	fmt.Fprintf(out, "device %s, driver %d, engine copy mode %s %s, kernels %+v\n", name, drv.Version(), mode, reason, b.kern.Kernels())
 
-	if err := b.contiguous(); err != nil {
-		return b.rows, fmt.Errorf("contiguous: %w", err)
+	if cfg.ContigBytes > 0 {
+		if err := b.contiguous(); err != nil {
+			return b.rows, fmt.Errorf("contiguous: %w", err)
+		}
 	}
 	for _, sc := range cfg.Scatter {
 		if err := b.scatter(sc); err != nil {

@@ -83,6 +83,42 @@ func (b *bench) scatter(sc ScatterCase) error {
 		return fmt.Errorf("engine result: %w", err)
 	}
 
+	// The kernel alone: descriptors uploaded beforehand, launches timed.
+	if b.kern.Mode() == gpucopy.ModeKernel {
+		preps := make([]*gpucopy.Prepared, itemSets)
+		for k := range preps {
+			if preps[k], err = b.kern.Prepare(segs[k]); err != nil {
+				return err
+			}
+			defer preps[k].Release()
+		}
+		t, err := b.deviceTime(b.kern.Stream(), 2, b.cfg.Reps, func(i int) error { return preps[(i+itemSets)%itemSets].Launch() })
+		if err != nil {
+			return err
+		}
+		b.add(summarize(c, "kernel only (descriptors resident)", bytes, t, "device events"))
+		// Host cost of one submission: planning the descriptors, staging and queueing.
+		var host []time.Duration
+		for i := -2; i < b.cfg.Reps; i++ {
+			start := time.Now()
+			p, err := b.kern.Submit(segs[(i+itemSets)%itemSets])
+			d := time.Since(start)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			err = p.Wait(ctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+			if i >= 0 {
+				host = append(host, d)
+			}
+		}
+		b.add(summarize(c, "copier Submit call (host only)", bytes, host, "host wall clock, returns before the GPU is done"))
+	}
+
 	// The copier alone, device time: descriptor upload (if any) plus kernel.
 	for _, m := range []struct {
 		name string

@@ -15,6 +15,7 @@ func main() {
 	slow := flag.Int("slow-reps", 3, "timed repetitions of per-block and batch driver copies")
 	contig := flag.Uint64("contig-mib", 1024, "contiguous copy size in MiB")
 	cache := flag.String("cache", "", "directory for compiled kernels")
+	only := flag.String("only", "", "run only the scatter case with this block size in bytes (e.g. 720), and no contiguous copy")
 	flag.Parse()
 	cfg := gpubench.Config{
 		Reps: *reps, SlowReps: *slow, ContigBytes: *contig << 20, CacheDir: *cache,
@@ -23,6 +24,16 @@ func main() {
 			{Count: 4096, Size: 32 << 10, PoolBlocks: 16384},
 			{Count: 1024, Size: 256 << 10, PoolBlocks: 2048},
 		},
+	}
+	if *only != "" {
+		cfg.ContigBytes = 0
+		var keep []gpubench.ScatterCase
+		for _, sc := range cfg.Scatter {
+			if fmt.Sprint(sc.Size) == *only {
+				keep = append(keep, sc)
+			}
+		}
+		cfg.Scatter = keep
 	}
 	if _, err := gpubench.Run(os.Stdout, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
