@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // CompositeName is what the composite engine answers to Name.
@@ -372,25 +373,38 @@ func (c *Composite) Submit(ctx context.Context, ps *PlanSet, opts SubmitOptions)
 		return nil, fmt.Errorf("submitting: %w", ErrForeignPlan)
 	}
 	ct := &compositeTransfer{plans: ps.Plans, done: make(chan struct{}), metrics: c.opts.Metrics}
-	for _, part := range ps.parts {
-		if len(part.Plans) == 0 {
-			continue
-		}
-		e := c.engineNamed(part.Plans[0].Engine)
+	// One count per part plus one for this function, so the transfer completes only once every part is known.
+	ct.remaining.Store(int64(len(ps.parts)) + 1)
+	ct.subs = make([]Transfer, len(ps.parts))
+	for i, part := range ps.parts {
+		var once sync.Once
+		partDone := func() { once.Do(ct.partDone) }
+		opts.onDone = partDone
 		var sub Transfer
 		var err error
-		if e == nil {
-			err = fmt.Errorf("%w: engine %q is not configured", ErrInvalid, part.Plans[0].Engine)
+		if e := c.engineNamed(partEngine(part)); e == nil {
+			err = fmt.Errorf("%w: engine %q is not configured", ErrInvalid, partEngine(part))
 		} else {
 			sub, err = e.Submit(ctx, part, opts)
 		}
 		if err != nil {
 			sub = failedTransfer(len(part.Plans), err)
 		}
-		ct.subs = append(ct.subs, sub)
+		ct.subs[i] = sub
+		if _, tracked := sub.(*Tracker); !tracked {
+			// Transfers that may not call the hook are watched instead.
+			go func() { <-sub.Done(); partDone() }()
+		}
 	}
-	go ct.collect()
+	ct.partDone()
 	return ct, nil
+}
+
+func partEngine(ps *PlanSet) string {
+	if len(ps.Plans) == 0 {
+		return ""
+	}
+	return ps.Plans[0].Engine
 }
 
 func (c *Composite) engineNamed(name string) Engine {
@@ -404,18 +418,21 @@ func (c *Composite) engineNamed(name string) Engine {
 
 // compositeTransfer joins the transfers of each engine's part.
 type compositeTransfer struct {
-	plans   []Plan
-	subs    []Transfer
-	metrics *Metrics
+	plans     []Plan
+	subs      []Transfer
+	metrics   *Metrics
+	remaining atomic.Int64
 
 	done     chan struct{}
 	outcomes []Outcome
 	result   error
 }
 
-func (t *compositeTransfer) collect() {
+func (t *compositeTransfer) partDone() {
+	if t.remaining.Add(-1) != 0 {
+		return
+	}
 	for _, s := range t.subs {
-		<-s.Done()
 		t.outcomes = append(t.outcomes, s.Outcomes()...)
 	}
 	var failures []Failure

@@ -241,6 +241,10 @@ type SubmitOptions struct {
 	// Notify, when non-nil, is delivered to the destination node's notification handler after every byte of
 	// the submission has landed there (one Notification per destination node). At most MaxNotifyPayload bytes.
 	Notify []byte
+
+	// onDone is the composite's hook: trackers call it after Done closes and before unpinning regions, so the
+	// composite transfer is done before a Deregister waiting for those regions returns.
+	onDone func()
 }
 
 // Transfer is a submitted plan set.

@@ -29,6 +29,7 @@ type Tracker struct {
 	done      chan struct{}
 
 	finalize func(ctx context.Context, outcomes []Outcome)
+	onDone   func()
 	pinned   []*region
 	release  func()
 }
@@ -44,6 +45,7 @@ func newTracker(parent context.Context, engine string, plans []Plan, opts Submit
 		remaining: len(plans),
 		done:      make(chan struct{}),
 		finalize:  finalize,
+		onDone:    opts.onDone,
 	}
 	// The earlier of the context's deadline and now+Timeout; DefaultTimeout when neither is set.
 	parentDeadline, hasParent := parent.Deadline()
@@ -159,6 +161,9 @@ func (t *Tracker) complete() {
 	t.cancelFn(context.Canceled) // releases the context's resources; the outcome is already fixed
 	// Done closes before the regions are unpinned, so a Deregister that waited for them returns after Done.
 	close(t.done)
+	if t.onDone != nil {
+		t.onDone()
+	}
 	if t.release != nil {
 		t.release()
 	}

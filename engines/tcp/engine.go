@@ -378,3 +378,17 @@ func (e *Engine) Close() error {
 	}
 	return nil
 }
+
+// Pin returns the host view of a local region and keeps the region registered (Deregister waits) until unpin
+// is called. Use it to touch served memory in step with peers' requests.
+func (e *Engine) Pin(id engines.MemoryID) (view []byte, unpin func(), err error) {
+	d, unpin, err := e.reg.Pin(id)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tcp: %w", err)
+	}
+	if d.Node != e.opts.Node || d.Handles.Host == nil {
+		unpin()
+		return nil, nil, fmt.Errorf("tcp: %w: %s is not host memory of this node", engines.ErrInvalid, id)
+	}
+	return d.Handles.Host, unpin, nil
+}
