@@ -1,8 +1,6 @@
 package server
 
 import (
-	"bytes"
-
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -41,19 +39,22 @@ func (s *Server) deliverNotification(n engines.Notification) {
 	}
 }
 
-// DeliverPeerNotification is how the peer channel hands over a notification another agent sent for a
-// region of this node (engines without a wire of their own). The key proves the sender holds the region's
-// descriptor.
-func (s *Server) DeliverPeerNotification(req *agentv1.PeerNotifyRequest) error {
+// DeliverPeerNotification hands over a notification another agent of the pool sent for regions of this node
+// (engines without a wire of their own notify through the peer channel). Unknown memory ids are ignored; if
+// none is known the sender is told, so it can fail the transfer instead of reporting a notified success.
+func (s *Server) DeliverPeerNotification(n engines.Notification) error {
 	s.mu.Lock()
-	r, ok := s.regions[req.RegionId]
-	if !ok || !bytes.Equal(r.key, req.Key) {
-		s.mu.Unlock()
-		return status.Errorf(codes.NotFound, "region %d is not registered on node %s (or the key does not match)", req.RegionId, s.opts.NodeName)
+	known := 0
+	for _, id := range n.Regions {
+		if _, ok := s.byMemory[id]; ok {
+			known++
+		}
 	}
-	mem := r.mem
 	s.mu.Unlock()
-	s.deliverNotification(engines.Notification{From: req.SourceNode, Regions: []engines.MemoryID{mem}, Payload: req.Payload})
+	if known == 0 {
+		return status.Errorf(codes.NotFound, "none of the %d notified regions is registered on node %s", len(n.Regions), s.opts.NodeName)
+	}
+	s.deliverNotification(n)
 	return nil
 }
 

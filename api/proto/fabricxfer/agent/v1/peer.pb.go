@@ -266,16 +266,15 @@ func (x *PeerResolveSegmentResponse) GetDesc() []byte {
 
 type PeerNotifyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The target region, proven with the key from its descriptor.
-	RegionId         uint64 `protobuf:"varint,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
-	Key              []byte `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	SourceNode       string `protobuf:"bytes,3,opt,name=source_node,json=sourceNode,proto3" json:"source_node,omitempty"`
-	SourceTransferId uint64 `protobuf:"varint,4,opt,name=source_transfer_id,json=sourceTransferId,proto3" json:"source_transfer_id,omitempty"`
-	Op               Op     `protobuf:"varint,5,opt,name=op,proto3,enum=fabricxfer.agent.v1.Op" json:"op,omitempty"`
-	Bytes            uint64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Payload          []byte `protobuf:"bytes,7,opt,name=payload,proto3" json:"payload,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The node whose transfer landed.
+	FromNode string `protobuf:"bytes,1,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	// Memory ids (engines.MemoryID) of the receiving node's regions that were written; knowing them is the
+	// capability (they are unguessable and travel only inside descriptors).
+	MemoryIds     []string `protobuf:"bytes,2,rep,name=memory_ids,json=memoryIds,proto3" json:"memory_ids,omitempty"`
+	Tags          []uint64 `protobuf:"varint,3,rep,packed,name=tags,proto3" json:"tags,omitempty"`
+	Payload       []byte   `protobuf:"bytes,4,opt,name=payload,proto3" json:"payload,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerNotifyRequest) Reset() {
@@ -308,46 +307,25 @@ func (*PeerNotifyRequest) Descriptor() ([]byte, []int) {
 	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
-func (x *PeerNotifyRequest) GetRegionId() uint64 {
+func (x *PeerNotifyRequest) GetFromNode() string {
 	if x != nil {
-		return x.RegionId
-	}
-	return 0
-}
-
-func (x *PeerNotifyRequest) GetKey() []byte {
-	if x != nil {
-		return x.Key
-	}
-	return nil
-}
-
-func (x *PeerNotifyRequest) GetSourceNode() string {
-	if x != nil {
-		return x.SourceNode
+		return x.FromNode
 	}
 	return ""
 }
 
-func (x *PeerNotifyRequest) GetSourceTransferId() uint64 {
+func (x *PeerNotifyRequest) GetMemoryIds() []string {
 	if x != nil {
-		return x.SourceTransferId
+		return x.MemoryIds
 	}
-	return 0
+	return nil
 }
 
-func (x *PeerNotifyRequest) GetOp() Op {
+func (x *PeerNotifyRequest) GetTags() []uint64 {
 	if x != nil {
-		return x.Op
+		return x.Tags
 	}
-	return Op_OP_UNSPECIFIED
-}
-
-func (x *PeerNotifyRequest) GetBytes() uint64 {
-	if x != nil {
-		return x.Bytes
-	}
-	return 0
+	return nil
 }
 
 func (x *PeerNotifyRequest) GetPayload() []byte {
@@ -535,16 +513,13 @@ const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
 	"\x19PeerResolveSegmentRequest\x12\x18\n" +
 	"\asegment\x18\x01 \x01(\tR\asegment\"0\n" +
 	"\x1aPeerResolveSegmentResponse\x12\x12\n" +
-	"\x04desc\x18\x01 \x01(\fR\x04desc\"\xea\x01\n" +
+	"\x04desc\x18\x01 \x01(\fR\x04desc\"}\n" +
 	"\x11PeerNotifyRequest\x12\x1b\n" +
-	"\tregion_id\x18\x01 \x01(\x04R\bregionId\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\fR\x03key\x12\x1f\n" +
-	"\vsource_node\x18\x03 \x01(\tR\n" +
-	"sourceNode\x12,\n" +
-	"\x12source_transfer_id\x18\x04 \x01(\x04R\x10sourceTransferId\x12'\n" +
-	"\x02op\x18\x05 \x01(\x0e2\x17.fabricxfer.agent.v1.OpR\x02op\x12\x14\n" +
-	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12\x18\n" +
-	"\apayload\x18\a \x01(\fR\apayload\"\x14\n" +
+	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12\x1d\n" +
+	"\n" +
+	"memory_ids\x18\x02 \x03(\tR\tmemoryIds\x12\x12\n" +
+	"\x04tags\x18\x03 \x03(\x04R\x04tags\x12\x18\n" +
+	"\apayload\x18\x04 \x01(\fR\apayload\"\x14\n" +
 	"\x12PeerNotifyResponse\"\xc0\x02\n" +
 	"\x11SegmentDescriptor\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12%\n" +
@@ -584,23 +559,21 @@ var file_fabricxfer_agent_v1_peer_proto_goTypes = []any{
 	(*PeerNotifyRequest)(nil),          // 4: fabricxfer.agent.v1.PeerNotifyRequest
 	(*PeerNotifyResponse)(nil),         // 5: fabricxfer.agent.v1.PeerNotifyResponse
 	(*SegmentDescriptor)(nil),          // 6: fabricxfer.agent.v1.SegmentDescriptor
-	(Op)(0),                            // 7: fabricxfer.agent.v1.Op
-	(MemoryKind)(0),                    // 8: fabricxfer.agent.v1.MemoryKind
+	(MemoryKind)(0),                    // 7: fabricxfer.agent.v1.MemoryKind
 }
 var file_fabricxfer_agent_v1_peer_proto_depIdxs = []int32{
-	7, // 0: fabricxfer.agent.v1.PeerNotifyRequest.op:type_name -> fabricxfer.agent.v1.Op
-	8, // 1: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	0, // 2: fabricxfer.agent.v1.Peer.Hello:input_type -> fabricxfer.agent.v1.HelloRequest
-	2, // 3: fabricxfer.agent.v1.Peer.ResolveSegment:input_type -> fabricxfer.agent.v1.PeerResolveSegmentRequest
-	4, // 4: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
-	1, // 5: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
-	3, // 6: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
-	5, // 7: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
-	5, // [5:8] is the sub-list for method output_type
-	2, // [2:5] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	7, // 0: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	0, // 1: fabricxfer.agent.v1.Peer.Hello:input_type -> fabricxfer.agent.v1.HelloRequest
+	2, // 2: fabricxfer.agent.v1.Peer.ResolveSegment:input_type -> fabricxfer.agent.v1.PeerResolveSegmentRequest
+	4, // 3: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
+	1, // 4: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
+	3, // 5: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
+	5, // 6: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
+	4, // [4:7] is the sub-list for method output_type
+	1, // [1:4] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_peer_proto_init() }

@@ -35,7 +35,8 @@ type PeerClient interface {
 	Hello(ctx context.Context, in *HelloRequest, opts ...grpc.CallOption) (*HelloResponse, error)
 	// ResolveSegment returns the descriptor of a segment registered on the answering agent's node.
 	ResolveSegment(ctx context.Context, in *PeerResolveSegmentRequest, opts ...grpc.CallOption) (*PeerResolveSegmentResponse, error)
-	// Notify delivers a completion notification to the callers that own the target region.
+	// Notify delivers a completion notification to the callers that own the written regions (for engines that
+	// have no wire of their own; the tcp engine notifies on its own connections).
 	Notify(ctx context.Context, in *PeerNotifyRequest, opts ...grpc.CallOption) (*PeerNotifyResponse, error)
 }
 
@@ -85,7 +86,8 @@ type PeerServer interface {
 	Hello(context.Context, *HelloRequest) (*HelloResponse, error)
 	// ResolveSegment returns the descriptor of a segment registered on the answering agent's node.
 	ResolveSegment(context.Context, *PeerResolveSegmentRequest) (*PeerResolveSegmentResponse, error)
-	// Notify delivers a completion notification to the callers that own the target region.
+	// Notify delivers a completion notification to the callers that own the written regions (for engines that
+	// have no wire of their own; the tcp engine notifies on its own connections).
 	Notify(context.Context, *PeerNotifyRequest) (*PeerNotifyResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }

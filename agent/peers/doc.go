@@ -1,0 +1,10 @@
+// Package peers is the agent-to-agent channel of one pool: the fabricxfer.agent.v1 Peer gRPC service over TCP,
+// authenticated both ways with the pool's certificates (mTLS), for segment resolution, agent introductions and
+// notifications of engines that have no wire of their own. Bulk bytes do not travel here: the tcp engine carries
+// them on its own listener, with the same TLS configuration ([TLSFiles.Config]).
+//
+// Peers are found through a [Directory] (TransferNode .status.endpoint through the API server, or a static
+// list for the demo) and connected as soon as they appear, so the first transfer does not pay the handshake.
+// Certificates come from a directory holding tls.crt, tls.key and ca.crt (the pool's Secret, mounted); they
+// are re-read when the files change, and ca.crt may hold two CAs during a rotation.
+package peers
