@@ -1,0 +1,1 @@
+"""Python client of the fabricxfer agent's sidecar socket (see fabricxfer.client)."""

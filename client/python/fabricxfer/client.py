@@ -1,0 +1,252 @@
+"""Python client of the fabricxfer agent's sidecar socket.
+
+    from fabricxfer.client import Client, shared_memory, to_segment
+
+    with Client("/var/run/fabricxfer/kv/agent.sock") as c:
+        fd, buf = shared_memory("kv", 1 << 20)
+        kv = c.register_host(fd, 0, len(buf), segment="kv-0")
+        c.write(kv, 0, to_segment("node-b", "kv-0"), 0, 4096)
+
+File descriptors go to the agent's fd socket (agent.fd.sock beside agent.sock) with SCM_RIGHTS; the agent
+answers with a one-time token the gRPC call names. Needs grpcio and protobuf (Debian: python3-grpcio,
+python3-protobuf); the generated stubs live in fabricxfer/agent/v1 (hack/gen-proto.sh).
+"""
+
+import mmap
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional
+
+import grpc
+
+from fabricxfer.agent.v1 import agent_pb2 as pb
+from fabricxfer.agent.v1 import agent_pb2_grpc as pb_grpc
+
+FD_SOCKET_NAME = "agent.fd.sock"
+API_VERSION = "v1"
+
+
+class FdSocketError(Exception):
+    """The agent's fd socket refused a request (the message says why)."""
+
+
+def _read_line(sock: socket.socket, want_fds: bool):
+    data, fds = b"", []
+    while b"\n" not in data:
+        if want_fds:
+            chunk, got, _flags, _addr = socket.recv_fds(sock, 256, 4)
+            fds.extend(got)
+        else:
+            chunk = sock.recv(256)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > 256:
+            break
+    if b"\n" not in data:
+        for fd in fds:
+            os.close(fd)
+        raise FdSocketError("connection ended before a full reply")
+    return data.split(b"\n", 1)[0].decode(), fds
+
+
+def put_fd(fd_socket: str, fd: int, timeout: float = 5.0) -> str:
+    """Hands fd to the agent and returns the token naming it (the caller keeps its own fd)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(fd_socket)
+        socket.send_fds(s, [b"PUT\n"], [fd])
+        line, _ = _read_line(s, False)
+    if line.startswith("OK "):
+        return line[3:]
+    raise FdSocketError(line[4:] if line.startswith("ERR ") else "malformed reply %r" % line)
+
+
+def get_fd(fd_socket: str, token: str, timeout: float = 5.0) -> int:
+    """Presents a token and returns the descriptor the agent lends (the caller must close it)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(fd_socket)
+        s.sendall(("GET %s\n" % token).encode())
+        line, fds = _read_line(s, True)
+    if line != "OK" or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise FdSocketError(line[4:] if line.startswith("ERR ") else "expected one descriptor, got %d" % len(fds))
+    return fds[0]
+
+
+def shared_memory(name: str, size: int):
+    """Creates size bytes of shared memory (memfd) and maps it; returns (fd, mmap)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+@dataclass
+class Region:
+    """Memory registered with the agent."""
+
+    id: int
+    length: int
+    segment: str = ""
+    descriptor: bytes = b""
+    allocation_id: str = ""
+
+
+@dataclass
+class PoolSlice:
+    """Pool memory the agent lent, mapped here."""
+
+    region: Region
+    buffer: mmap.mmap
+    _mapping_offset: int = 0
+
+    @property
+    def data(self) -> memoryview:
+        """The slice's bytes (shared with the agent)."""
+        return memoryview(self.buffer)[self._mapping_offset:self._mapping_offset + self.region.length]
+
+
+@dataclass
+class Remote:
+    """The other side of an item; build with to_region, to_segment or to_descriptor."""
+
+    ref: pb.RemoteRef
+
+
+def to_region(r: Region) -> Remote:
+    return Remote(pb.RemoteRef(region_id=r.id))
+
+
+def to_segment(node: str, segment: str) -> Remote:
+    return Remote(pb.RemoteRef(node=node, segment=segment))
+
+
+def to_descriptor(desc: bytes) -> Remote:
+    return Remote(pb.RemoteRef(desc=desc))
+
+
+@dataclass
+class Item:
+    local: Region
+    remote: Remote
+    length: int
+    local_offset: int = 0
+    remote_offset: int = 0
+    tag: str = ""
+
+
+class TransferFailed(Exception):
+    """A transfer did not succeed; .status holds the per-tag failures."""
+
+    def __init__(self, status: pb.TransferStatus):
+        self.status = status
+        tags = "; ".join("%s: %s %s" % (f.tag, f.code, f.message) for f in status.failures)
+        super().__init__("transfer %d %s: %s [%s]" % (status.transfer_id, pb.TransferState.Name(status.state),
+                                                       status.error, tags))
+
+
+class Client:
+    """A connection to one agent socket. Regions belong to the connection: close() (or the process ending)
+    makes the agent deregister them."""
+
+    def __init__(self, socket_path: str, timeout: float = 10.0, name: str = "python"):
+        self.socket_path = socket_path
+        self.fd_socket = os.path.join(os.path.dirname(socket_path), FD_SOCKET_NAME)
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel("unix:" + socket_path)
+        self.stub = pb_grpc.AgentStub(self._channel)
+        self.info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=name), timeout=timeout)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def register_host(self, fd: int, offset: int, length: int, segment: str = "") -> Region:
+        """Registers [offset, offset+length) of shared memory fd (memfd or shm_open, read-write)."""
+        token = put_fd(self.fd_socket, fd, self.timeout)
+        resp = self.stub.RegisterMemory(pb.RegisterMemoryRequest(
+            kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD, fd_token=token, offset=offset,
+            length=length, segment_name=segment), timeout=self.timeout)
+        return self._region(resp.region)
+
+    @staticmethod
+    def _region(r) -> Region:
+        return Region(id=r.id, length=r.length, segment=r.segment_name, descriptor=r.desc)
+
+    def deregister(self, region: Region):
+        self.stub.DeregisterMemory(pb.DeregisterMemoryRequest(region_id=region.id), timeout=self.timeout)
+
+    def allocate_from_pool(self, length: int, segment: str = "") -> PoolSlice:
+        """Borrows pool memory; the returned buffer is shared with the agent."""
+        resp = self.stub.AllocateFromPool(pb.AllocateFromPoolRequest(length=length, segment_name=segment),
+                                          timeout=self.timeout)
+        fd = get_fd(self.fd_socket, resp.fd_token, self.timeout)
+        try:
+            page = mmap.PAGESIZE
+            base = resp.offset // page * page
+            buf = mmap.mmap(fd, resp.length + (resp.offset - base), mmap.MAP_SHARED,
+                            mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
+        finally:
+            os.close(fd)
+        region = self._region(resp.region)
+        region.allocation_id = resp.allocation_id
+        return PoolSlice(region=region, buffer=buf, _mapping_offset=resp.offset - base)
+
+    def release(self, s: PoolSlice):
+        self.stub.Release(pb.ReleaseRequest(allocation_id=s.region.allocation_id), timeout=self.timeout)
+        s.buffer.close()
+
+    def _request(self, op, items: List[Item], timeout: Optional[float], notify: Optional[bytes], wait: bool):
+        req = pb.TransferRequest(op=op, wait=wait, notify=notify or b"")
+        if timeout:
+            req.timeout.FromNanoseconds(int(timeout * 1e9))
+        for it in items:
+            req.items.add(local_region_id=it.local.id, local_offset=it.local_offset, remote=it.remote.ref,
+                          remote_offset=it.remote_offset, length=it.length, tag=it.tag)
+        return req
+
+    def transfer(self, op: str, items: List[Item], timeout: Optional[float] = None, notify: Optional[bytes] = None,
+                 wait: bool = True):
+        """op is "read" or "write". With wait (default) returns the settled status or raises TransferFailed;
+        without it returns the transfer id for wait()."""
+        code = {"read": pb.OP_READ, "write": pb.OP_WRITE}[op]
+        resp = self.stub.Transfer(self._request(code, items, timeout, notify, wait), timeout=self.timeout)
+        if not wait:
+            return resp.transfer_id
+        if resp.status.state != pb.TRANSFER_STATE_SUCCEEDED:
+            raise TransferFailed(resp.status)
+        return resp.status
+
+    def write(self, local: Region, local_offset: int, remote: Remote, remote_offset: int, length: int):
+        return self.transfer("write", [Item(local, remote, length, local_offset, remote_offset)])
+
+    def read(self, local: Region, local_offset: int, remote: Remote, remote_offset: int, length: int):
+        return self.transfer("read", [Item(local, remote, length, local_offset, remote_offset)])
+
+    def wait(self, transfer_id: int, timeout: Optional[float] = None) -> pb.TransferStatus:
+        """Waits for a submitted transfer; raises TransferFailed if it did not succeed."""
+        req = pb.WaitRequest(transfer_id=transfer_id)
+        if timeout:
+            req.timeout.FromNanoseconds(int(timeout * 1e9))
+        st = self.stub.Wait(req, timeout=(timeout or self.timeout) + 1.0)
+        if st.state not in (pb.TRANSFER_STATE_SUCCEEDED, pb.TRANSFER_STATE_PENDING):
+            raise TransferFailed(st)
+        return st
+
+    def resolve_segment(self, node: str, segment: str) -> bytes:
+        return self.stub.ResolveSegment(pb.ResolveSegmentRequest(node=node, segment=segment), timeout=self.timeout).desc
+
+    def notifications(self, regions: Optional[List[Region]] = None) -> Iterator[pb.Notification]:
+        """Streams notifications for this client's regions; cancel() the returned iterator to stop. Returns
+        once the agent listens, so nothing that lands afterwards is missed."""
+        call = self.stub.Notifications(pb.NotificationsRequest(region_ids=[r.id for r in regions or []]))
+        call.initial_metadata()
+        return call

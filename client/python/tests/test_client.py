@@ -1,0 +1,136 @@
+"""Tests of the Python client against a real agent socket: FABRICXFER_SOCKET names it (client/python_test.go
+starts an agent and runs this with /usr/bin/python3)."""
+
+import hashlib
+import os
+import threading
+import unittest
+
+import grpc
+
+from fabricxfer.agent.v1 import agent_pb2 as pb
+from fabricxfer.client import (Client, FdSocketError, Item, TransferFailed, shared_memory,
+                               to_descriptor, to_region, to_segment)
+
+SOCKET = os.environ.get("FABRICXFER_SOCKET", "")
+
+
+@unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.c = Client(SOCKET)
+        self.addCleanup(self.c.close)
+
+    def shm(self, size, fill=True):
+        fd, buf = shared_memory("py-test", size)
+        self.addCleanup(os.close, fd)
+        self.addCleanup(buf.close)
+        if fill:
+            buf[:] = os.urandom(size)
+        return fd, buf
+
+    def test_info_names_the_caller_and_version(self):
+        self.assertEqual(self.c.info.api_version, "v1")
+        self.assertEqual(self.c.info.caller.pid, os.getpid())
+        with self.assertRaises(grpc.RpcError) as e:
+            self.c.stub.GetInfo(pb.GetInfoRequest(api_versions=["v9"]))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+
+    def test_write_and_read_back_checksums_match(self):
+        size = 1 << 20
+        sfd, src = self.shm(size)
+        dfd, dst = self.shm(size, fill=False)
+        rs = self.c.register_host(sfd, 0, size)
+        rd = self.c.register_host(dfd, 0, size, segment="py-dst")
+        items = [Item(rs, to_segment("", "py-dst"), 64 << 10, off, off, tag="blk%d" % (off >> 16))
+                 for off in range(0, size // 2, 64 << 10)]
+        tid = self.c.transfer("write", items, timeout=5.0, wait=False)
+        st = self.c.wait(tid, timeout=5.0)
+        self.assertEqual(st.state, pb.TRANSFER_STATE_SUCCEEDED)
+        self.c.read(rd, size // 2, to_region(rs), size // 2, size // 2)
+        self.assertEqual(hashlib.sha256(src).hexdigest(), hashlib.sha256(dst).hexdigest())
+        # The descriptor is a capability another client may use.
+        other = Client(SOCKET)
+        self.addCleanup(other.close)
+        ofd, obuf = self.shm(4096, fill=False)
+        ro = other.register_host(ofd, 0, 4096)
+        other.read(ro, 0, to_descriptor(rd.descriptor), 0, 4096)
+        self.assertEqual(bytes(obuf[:4096]), bytes(src[:4096]))
+
+    def test_bad_fd_and_out_of_range_are_refused_and_change_nothing(self):
+        r, w = os.pipe()
+        self.addCleanup(os.close, r)
+        self.addCleanup(os.close, w)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.c.register_host(r, 0, 4096)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("not shared memory", e.exception.details())
+        with self.assertRaises(FdSocketError):
+            self._send_two_fds()
+
+        sfd, src = self.shm(8192)
+        dfd, dst = self.shm(8192, fill=False)
+        rs, rd = self.c.register_host(sfd, 0, 8192), self.c.register_host(dfd, 0, 8192)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.c.transfer("write", [Item(rs, to_region(rd), 4096, tag="ok"),
+                                      Item(rs, to_region(rd), 4096, 4096, 8000, tag="overrun")])
+        self.assertEqual(e.exception.code(), grpc.StatusCode.OUT_OF_RANGE)
+        self.assertIn('"overrun"', e.exception.details())
+        self.assertEqual(bytes(dst), bytes(8192), "a refused batch changed the destination")
+
+    def _send_two_fds(self):
+        # The fd socket takes exactly one descriptor per PUT.
+        import socket
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(self.c.fd_socket)
+            socket.send_fds(s, [b"PUT\n"], [0, 1])
+            line = s.recv(256).decode()
+        if line.startswith("ERR"):
+            raise FdSocketError(line)
+
+    def test_notification_reaches_the_target(self):
+        sfd, _ = self.shm(4096)
+        dfd, _ = self.shm(4096, fill=False)
+        rs, rd = self.c.register_host(sfd, 0, 4096), self.c.register_host(dfd, 0, 4096, segment="py-inbox")
+        stream = self.c.notifications([rd])
+        got = []
+        t = threading.Thread(target=lambda: got.append(next(stream)))
+        t.start()
+        self.c.transfer("write", [Item(rs, to_segment("", "py-inbox"), 4096)], notify=b"block ready")
+        t.join(5.0)
+        stream.cancel()
+        self.assertTrue(got, "no notification within 5 s")
+        self.assertEqual(got[0].payload, b"block ready")
+        self.assertEqual(got[0].region_id, rd.id)
+
+    def test_pool_memory_round_trip(self):
+        if not self.c.info.HasField("pool_memory"):
+            self.skipTest("the agent has no pool memory")
+        s = self.c.allocate_from_pool(64 << 10, segment="py-pool")
+        s.data[:] = os.urandom(64 << 10)
+        dfd, dst = self.shm(64 << 10, fill=False)
+        rd = self.c.register_host(dfd, 0, 64 << 10)
+        self.c.write(s.region, 0, to_region(rd), 0, 64 << 10)
+        self.assertEqual(bytes(s.data), bytes(dst))
+        self.c.release(s)
+
+    def test_unknown_segment_is_not_found(self):
+        sfd, _ = self.shm(4096)
+        rs = self.c.register_host(sfd, 0, 4096)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.c.transfer("write", [Item(rs, to_segment("", "no-such-segment"), 16, tag="t")])
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def test_transfer_past_its_deadline_fails_with_its_tag(self):
+        size = 64 << 20
+        sfd, _ = self.shm(size, fill=False)
+        dfd, _ = self.shm(size, fill=False)
+        rs, rd = self.c.register_host(sfd, 0, size), self.c.register_host(dfd, 0, size)
+        with self.assertRaises(TransferFailed) as e:
+            self.c.transfer("write", [Item(rs, to_region(rd), size, tag="big")], timeout=1e-9)
+        self.assertEqual(e.exception.status.state, pb.TRANSFER_STATE_DEADLINE_EXCEEDED)
+        self.assertEqual([f.tag for f in e.exception.status.failures], ["big"])
+
+
+if __name__ == "__main__":
+    unittest.main()
