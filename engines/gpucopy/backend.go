@@ -384,9 +384,18 @@ func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
 	if (ms.ordinal < 0 && !ms.pinned) || (md.ordinal < 0 && !md.pinned) {
 		route = RouteDriver
 	}
+	start := time.Now()
 	p, err := c.SubmitRoute(segs, route)
 	if err != nil {
 		return err
+	}
+	if b.opts.Observe != nil {
+		defer func() {
+			if p.Done() && p.err == nil {
+				b.opts.Observe(CopyStats{Ordinal: ord, Segments: len(segs), Bytes: w.Plan.Bytes, Mode: c.Mode(),
+					Device: p.DeviceTime(), Host: time.Since(start)})
+			}
+		}()
 	}
 	if err := p.Wait(ctx); err != nil {
 		if ctx.Err() != nil {

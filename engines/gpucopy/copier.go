@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
@@ -42,6 +43,20 @@ type Options struct {
 	HostDescriptors bool
 	// Force picks a mode instead of the best available (benchmarks).
 	Force Mode
+	// TimeDevice records GPU-side timing of every submission (Pending.DeviceTime).
+	TimeDevice bool
+	// Observe, when set, receives every completed copy of a Backend.
+	Observe func(CopyStats)
+}
+
+// CopyStats describes one completed Backend copy.
+type CopyStats struct {
+	Ordinal  int
+	Segments int
+	Bytes    uint64
+	Mode     Mode
+	// Device is the GPU time (Options.TimeDevice), Host the time Copy took.
+	Device, Host time.Duration
 }
 
 const (
@@ -77,6 +92,9 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 	}
 	if opts.MaxPiece == 0 {
 		opts.MaxPiece = defaultMaxPiece
+	}
+	if opts.MaxPiece&(opts.MaxPiece-1) != 0 {
+		return nil, fmt.Errorf("piece size %d is not a power of two", opts.MaxPiece)
 	}
 	dev, err := drv.DeviceGet(ordinal)
 	if err != nil {
@@ -149,11 +167,22 @@ func (c *Copier) Driver() *cuda.Driver { return c.drv }
 // Pending is a submitted copy; Wait reports how it ended.
 type Pending struct {
 	c     *Copier
+	start cuda.Event // with Options.TimeDevice
 	event cuda.Event
 	slot  *slot
 	once  sync.Once
 	err   error
 	done  chan struct{}
+	gpu   time.Duration
+}
+
+// DeviceTime is the GPU time of the copy, from its first queued operation to
+// its completion (Options.TimeDevice; 0 otherwise or before Done).
+func (p *Pending) DeviceTime() time.Duration {
+	if !p.Done() {
+		return 0
+	}
+	return p.gpu
 }
 
 // Route says which hardware may touch a submission's memory.
@@ -190,26 +219,53 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		case c.mode == ModeKernel:
 			small, big = splitBySize(segs, c.opts.CopyEngineMin)
 		}
+		// Host work first (descriptors), so a device timing covers only the GPU.
+		var layout batchLayout
+		var descs uint64
+		kernel := len(small) > 0 && c.mode == ModeKernel
+		if kernel {
+			var err error
+			if layout, p.slot, descs, err = c.stageDescriptors(small); err != nil {
+				return err
+			}
+		}
+		if c.opts.TimeDevice {
+			ev, err := c.drv.EventCreate(true)
+			if err != nil {
+				return err
+			}
+			p.start = ev
+			if err := c.drv.EventRecord(ev, c.stream); err != nil {
+				return err
+			}
+		}
 		for _, s := range big {
 			if err := c.drv.MemcpyAsync(s.Dst, s.Src, s.Size, c.stream); err != nil {
 				return err
 			}
 		}
-		if len(small) > 0 {
-			if err := c.queueScattered(p, small); err != nil {
+		switch {
+		case kernel:
+			if !c.opts.HostDescriptors {
+				if err := c.drv.MemcpyHtoDAsync(p.slot.devPtr, p.slot.hostPtr, uint64(layout.bytes()), c.stream); err != nil {
+					return err
+				}
+			}
+			if err := c.launch(layout, descs); err != nil {
+				return err
+			}
+		case len(small) > 0:
+			if err := c.queueDriver(small); err != nil {
 				return err
 			}
 		}
-		ev, err := c.drv.EventCreate(false)
+		ev, err := c.drv.EventCreate(c.opts.TimeDevice)
 		if err != nil {
 			return err
 		}
 		p.event = ev
 		return c.drv.EventRecord(ev, c.stream)
 	})
-	if err == nil {
-		go p.watch()
-	}
 	if err != nil {
 		// Work already queued may still run; wait it out so the staging slot and
 		// the caller's buffers are not reused under it.
@@ -217,10 +273,21 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		c.release(p)
 		return nil, fmt.Errorf("queueing %d segments on GPU %d: %w", len(segs), c.dev, err)
 	}
+	go p.watch()
 	return p, nil
 }
 
 func splitBySize(segs []Segment, threshold uint64) (small, big []Segment) {
+	nbig := 0
+	for _, s := range segs {
+		if s.Size >= threshold {
+			nbig++
+		}
+	}
+	if nbig == 0 {
+		return segs, nil // the common case: no copy of a large slice
+	}
+	small, big = make([]Segment, 0, len(segs)-nbig), make([]Segment, 0, nbig)
 	for _, s := range segs {
 		if s.Size >= threshold {
 			big = append(big, s)
@@ -231,11 +298,10 @@ func splitBySize(segs []Segment, threshold uint64) (small, big []Segment) {
 	return small, big
 }
 
-func (c *Copier) queueScattered(p *Pending, segs []Segment) error {
-	switch c.mode {
-	case ModeKernel:
-		return c.launchScatter(p, segs)
-	case ModeBatch:
+// queueDriver queues segs as driver copies: one batch call where the driver
+// has it (and the mode allows), else one call per segment.
+func (c *Copier) queueDriver(segs []Segment) error {
+	if c.mode == ModeBatch {
 		dsts := make([]cuda.DevicePtr, len(segs))
 		srcs := make([]cuda.DevicePtr, len(segs))
 		sizes := make([]uint64, len(segs))
@@ -243,28 +309,13 @@ func (c *Copier) queueScattered(p *Pending, segs []Segment) error {
 			dsts[i], srcs[i], sizes[i] = cuda.DevicePtr(s.Dst), cuda.DevicePtr(s.Src), s.Size
 		}
 		return c.drv.MemcpyBatchAsync(dsts, srcs, sizes, c.stream)
-	default:
-		for _, s := range segs {
-			if err := c.drv.MemcpyAsync(s.Dst, s.Src, s.Size, c.stream); err != nil {
-				return err
-			}
-		}
-		return nil
 	}
-}
-
-func (c *Copier) launchScatter(p *Pending, segs []Segment) error {
-	layout, s, descs, err := c.stageDescriptors(segs)
-	if err != nil {
-		return err
-	}
-	p.slot = s
-	if !c.opts.HostDescriptors {
-		if err := c.drv.MemcpyHtoDAsync(s.devPtr, s.hostPtr, uint64(layout.bytes()), c.stream); err != nil {
+	for _, s := range segs {
+		if err := c.drv.MemcpyAsync(s.Dst, s.Src, s.Size, c.stream); err != nil {
 			return err
 		}
 	}
-	return c.launch(layout, descs)
+	return nil
 }
 
 // stageDescriptors writes segs' descriptors into a staging slot and returns
@@ -288,9 +339,19 @@ func (c *Copier) stageDescriptors(segs []Segment) (batchLayout, *slot, uint64, e
 
 // launch queues the scatter kernel over descriptors already in place.
 func (c *Copier) launch(layout batchLayout, descs uint64) error {
+	count := uint32(layout.pieces)
+	if layout.flat16 {
+		// One thread per four vectors, at most one full wave of resident threads.
+		vecs := uint64(layout.pieces) * (layout.pieceSize / 16)
+		threads := min((vecs+3)/4, uint64(c.sms*blocksPerSM*threadsPerBlock))
+		cfg := cuda.LaunchConfig{GridX: uint32((threads + threadsPerBlock - 1) / threadsPerBlock), BlockX: threadsPerBlock, Stream: c.stream}
+		total, per := uint32(vecs), uint32(layout.pieceSize/16)
+		return c.drv.Launch(c.kernels.flat16, cfg, []unsafe.Pointer{
+			unsafe.Pointer(&layout.srcBase), unsafe.Pointer(&layout.dstBase), unsafe.Pointer(&descs),
+			unsafe.Pointer(&total), unsafe.Pointer(&per), unsafe.Pointer(&layout.shift)})
+	}
 	blocks := min((layout.pieces+warpsPerBlock-1)/warpsPerBlock, c.sms*blocksPerSM)
 	cfg := cuda.LaunchConfig{GridX: uint32(blocks), BlockX: threadsPerBlock, Stream: c.stream}
-	count := uint32(layout.pieces)
 	if layout.uniform {
 		size := layout.pieceSize
 		return c.drv.Launch(c.kernels.uniform, cfg, []unsafe.Pointer{
@@ -393,7 +454,17 @@ func (p *Pending) Wait(ctx context.Context) error {
 // synchronize spins briefly and then yields, which reacts within
 // microseconds, where polling from Go would add timer latency.
 func (p *Pending) watch() {
-	err := p.c.drv.WithContext(p.c.ctx, func() error { return p.c.drv.EventSynchronize(p.event) })
+	err := p.c.drv.WithContext(p.c.ctx, func() error {
+		if err := p.c.drv.EventSynchronize(p.event); err != nil {
+			return err
+		}
+		if p.start != 0 {
+			if ms, err := p.c.drv.EventElapsed(p.start, p.event); err == nil {
+				p.gpu = time.Duration(float64(ms) * 1e6)
+			}
+		}
+		return nil
+	})
 	p.finish(err)
 }
 
@@ -406,9 +477,14 @@ func (p *Pending) finish(err error) {
 }
 
 func (c *Copier) release(p *Pending) {
-	if p.event != 0 {
-		_ = c.drv.WithContext(c.ctx, func() error { return c.drv.EventDestroy(p.event) })
-	}
+	_ = c.drv.WithContext(c.ctx, func() error {
+		for _, ev := range []cuda.Event{p.start, p.event} {
+			if ev != 0 {
+				_ = c.drv.EventDestroy(ev)
+			}
+		}
+		return nil
+	})
 	if p.slot != nil {
 		c.slots.put(p.slot)
 	}

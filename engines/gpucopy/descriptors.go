@@ -25,6 +25,8 @@ type batchLayout struct {
 	srcBase, dstBase uint64
 	pieceSize        uint64
 	shift            uint32
+	// flat16: uniform, 16-byte aligned, launched as one flat range of vectors.
+	flat16 bool
 }
 
 func (l batchLayout) bytes() int {
@@ -38,9 +40,10 @@ func (l batchLayout) bytes() int {
 // pieces of at most maxPiece bytes so that one warp's share stays small and
 // large items spread across the GPU.
 func planLayout(segs []Segment, maxPiece uint64) (batchLayout, error) {
-	if maxPiece == 0 {
-		return batchLayout{}, fmt.Errorf("piece size must be positive")
+	if maxPiece == 0 || maxPiece&(maxPiece-1) != 0 {
+		return batchLayout{}, fmt.Errorf("piece size %d is not a power of two", maxPiece)
 	}
+	pieceShift := uint(bits.TrailingZeros64(maxPiece))
 	var l batchLayout
 	uniformSize := segs[0].Size
 	same := true
@@ -49,7 +52,7 @@ func planLayout(segs []Segment, maxPiece uint64) (batchLayout, error) {
 		if s.Size == 0 {
 			return batchLayout{}, fmt.Errorf("empty segment at src %#x", s.Src)
 		}
-		l.pieces += int((s.Size + maxPiece - 1) / maxPiece)
+		l.pieces += int((s.Size + maxPiece - 1) >> pieceShift)
 		same = same && s.Size == uniformSize
 		l.srcBase = min(l.srcBase, s.Src)
 		l.dstBase = min(l.dstBase, s.Dst)
@@ -57,7 +60,7 @@ func planLayout(segs []Segment, maxPiece uint64) (batchLayout, error) {
 	if l.pieces > math.MaxUint32 {
 		return batchLayout{}, fmt.Errorf("%d pieces exceed one launch", l.pieces)
 	}
-	if !same || (uniformSize > maxPiece && uniformSize%maxPiece != 0) {
+	if !same || (uniformSize > maxPiece && uniformSize&(maxPiece-1) != 0) {
 		return l, nil
 	}
 	piece := min(uniformSize, maxPiece)
@@ -80,6 +83,10 @@ func planLayout(segs []Segment, maxPiece uint64) (batchLayout, error) {
 		return l, nil
 	}
 	l.uniform, l.pieceSize, l.shift = true, piece, shift
+	// Flat form: every piece, and both bases, on 16-byte boundaries, and the
+	// vector count (plus a grid's stride of slack) within 32 bits.
+	vecs := uint64(l.pieces) * (piece / 16)
+	l.flat16 = shift >= 4 && piece%16 == 0 && l.srcBase%16 == 0 && l.dstBase%16 == 0 && vecs < 1<<31
 	return l, nil
 }
 

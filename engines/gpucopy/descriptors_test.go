@@ -99,3 +99,21 @@ func TestSplitBySize(t *testing.T) {
 		t.Fatalf("small %v big %v", small, big)
 	}
 }
+
+func BenchmarkDescriptors15360x720(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	segs := make([]Segment, 15360)
+	for i, p := range r.Perm(1 << 18)[:15360] {
+		segs[i] = Segment{Src: 0x7f0000000000 + uint64(p)*720, Dst: 0x7e0000000000 + uint64(r.IntN(1<<18))*720, Size: 720}
+	}
+	buf := make([]byte, 15360*24)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		small, _ := splitBySize(segs, 16<<20)
+		l, err := planLayout(small, 32<<10)
+		if err != nil {
+			b.Fatal(err)
+		}
+		writeDescriptors(buf, small, l, 32<<10)
+	}
+}

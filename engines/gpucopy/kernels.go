@@ -16,6 +16,7 @@ type Kernels struct {
 	contig  cuda.Function
 	general cuda.Function
 	uniform cuda.Function
+	flat16  cuda.Function
 	// Origin says where the image came from: "nvrtc" (compiled now) or "cache".
 	Origin string
 	// Arch is the target, e.g. "sm_90".
@@ -91,7 +92,7 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 	for _, f := range []struct {
 		dst  *cuda.Function
 		name string
-	}{{&k.contig, kernels.ContigCopy}, {&k.general, kernels.ScatterGeneral}, {&k.uniform, kernels.ScatterUniform}} {
+	}{{&k.contig, kernels.ContigCopy}, {&k.general, kernels.ScatterGeneral}, {&k.uniform, kernels.ScatterUniform}, {&k.flat16, kernels.ScatterFlat16}} {
 		if *f.dst, err = drv.ModuleFunction(k.module, f.name); err != nil {
 			_ = drv.ModuleUnload(k.module)
 			return nil, err

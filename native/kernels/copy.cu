@@ -8,6 +8,11 @@
 //                     addresses are base + (offset << shift): 8 bytes of
 //                     descriptor per item instead of 24, since the host must
 //                     ship every descriptor before the kernel runs.
+// fx_scatter_flat16   equal-sized, 16-byte aligned items as one flat range of
+//                     16-byte vectors: thread t moves vectors t, t+T, ... of
+//                     the concatenated items, so small items (a 720-byte KV
+//                     block is 45 vectors) keep every lane busy and several
+//                     loads in flight.
 //
 // Within a range, 16-byte vectors are used where source and destination share
 // their alignment modulo 16, then 8, 4, 2 bytes, with byte copies for the
@@ -102,5 +107,30 @@ extern "C" __global__ void fx_scatter_uniform(fx_u64 src_base, fx_u64 dst_base, 
   for (; warp < count; warp += warps) {
     fx_off o = offs[warp];
     fx_copy_span(dst_base + ((fx_u64)o.dst << shift), src_base + ((fx_u64)o.src << shift), size, lane, 32);
+  }
+}
+
+extern "C" __global__ void fx_scatter_flat16(fx_u64 src_base, fx_u64 dst_base, const fx_off* __restrict__ offs,
+                                             fx_u32 total, fx_u32 per_piece, fx_u32 shift) {
+  const fx_u32 stride = gridDim.x * blockDim.x;
+  for (fx_u32 v = blockIdx.x * blockDim.x + threadIdx.x; v < total; v += 4 * stride) {
+    fx_v16 r[4];
+    fx_v16* d[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      fx_u32 w = v + k * stride;
+      d[k] = 0;
+      if (w < total) {
+        fx_u32 piece = w / per_piece;
+        fx_u32 in = w - piece * per_piece;
+        fx_off o = offs[piece];
+        r[k] = ((const fx_v16*)(src_base + ((fx_u64)o.src << shift)))[in];
+        d[k] = ((fx_v16*)(dst_base + ((fx_u64)o.dst << shift))) + in;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      if (d[k]) *d[k] = r[k];
+    }
   }
 }

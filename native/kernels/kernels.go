@@ -21,6 +21,7 @@ const (
 	ContigCopy     = "fx_copy_contig"
 	ScatterGeneral = "fx_scatter_general"
 	ScatterUniform = "fx_scatter_uniform"
+	ScatterFlat16  = "fx_scatter_flat16"
 )
 
 // Descriptor sizes in bytes, as laid out by the kernels' structs.

@@ -68,6 +68,9 @@ func (b *bench) scatter(sc ScatterCase) error {
 		}
 	}
 	for i := -itemSets; i < b.cfg.Reps; i++ {
+		if i == 0 {
+			b.resetStats()
+		}
 		k := (i + itemSets) % itemSets
 		d, _, err := b.engineRun(nil, planned[k])
 		if err != nil {
@@ -79,6 +82,9 @@ func (b *bench) scatter(sc ScatterCase) error {
 	}
 	b.add(summarize(c, "xgmi engine (plan+submit+wait)", bytes, full, "host wall clock"))
 	b.add(summarize(c, "xgmi engine (submit+wait, planned)", bytes, sub, "host wall clock"))
+	if dr, ok := b.engineDevice(c, bytes); ok {
+		b.add(dr)
+	}
 	if err := b.check(src, dst, sets[itemSets-1]); err != nil {
 		return fmt.Errorf("engine result: %w", err)
 	}
