@@ -2,18 +2,32 @@ package xgmi
 
 import (
 	"context"
+	"runtime"
+	"sync"
 
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
-// hostChunk is how much a host copy moves between checks of its context.
-const hostChunk = 16 << 20
+const (
+	// hostChunk is how much a host copy moves between checks of its context.
+	hostChunk = 16 << 20
+	// parallelMinBytes is the least a goroutine is given when a plan is split: below it, starting goroutines
+	// costs more than the copy.
+	parallelMinBytes = 512 << 10
+)
 
-// HostBackend copies between two host regions of this node with the CPU.
-type HostBackend struct{}
+// HostBackend copies between two host regions of this node with the CPU. A plan of many scattered segments
+// is bound by memory latency rather than bandwidth, so large plans are split over several goroutines, which
+// keeps more cache misses in flight.
+type HostBackend struct {
+	threads int
+}
 
-// NewHostBackend returns the host-memory backend.
-func NewHostBackend() *HostBackend { return &HostBackend{} }
+// NewHostBackend returns the host-memory backend, copying each large plan on up to GOMAXPROCS goroutines.
+func NewHostBackend() *HostBackend { return &HostBackend{threads: runtime.GOMAXPROCS(0)} }
+
+// NewHostBackendThreads is NewHostBackend with an explicit number of goroutines per plan (at least 1).
+func NewHostBackendThreads(threads int) *HostBackend { return &HostBackend{threads: max(1, threads)} }
 
 // Name implements Backend.
 func (*HostBackend) Name() string { return "host" }
@@ -42,11 +56,35 @@ func (*HostBackend) Release(context.Context, *engines.MemoryDesc) error { return
 // Limits implements Backend: none.
 func (*HostBackend) Limits() engines.Limits { return engines.Limits{} }
 
-// Copy implements Backend. Large segments are copied in chunks so cancellation is prompt.
-func (*HostBackend) Copy(ctx context.Context, w engines.Work) error {
+// Copy implements Backend.
+func (h *HostBackend) Copy(ctx context.Context, w engines.Work) error {
 	src, dst := w.Src.Handles.Host, w.Dst.Handles.Host
+	parts := min(h.threads, int(w.Plan.Bytes/parallelMinBytes))
+	if parts <= 1 {
+		return copySegments(ctx, dst, src, w.Plan.Segments)
+	}
+	errs := make([]error, parts)
+	var wg sync.WaitGroup
+	for i, segs := range splitBytes(w.Plan.Segments, w.Plan.Bytes, parts) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = copySegments(ctx, dst, src, segs)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copySegments copies in chunks so cancellation is prompt.
+func copySegments(ctx context.Context, dst, src []byte, segs []engines.Segment) error {
 	var sinceCheck uint64
-	for _, s := range w.Plan.Segments {
+	for _, s := range segs {
 		for off := uint64(0); off < s.Size; {
 			n := min(s.Size-off, hostChunk)
 			copy(dst[s.DstOffset+off:s.DstOffset+off+n], src[s.SrcOffset+off:s.SrcOffset+off+n])
@@ -60,4 +98,27 @@ func (*HostBackend) Copy(ctx context.Context, w engines.Work) error {
 		}
 	}
 	return nil
+}
+
+// splitBytes cuts segments into parts of about total/parts bytes each, splitting segments where needed.
+func splitBytes(segs []engines.Segment, total uint64, parts int) [][]engines.Segment {
+	target := (total + uint64(parts) - 1) / uint64(parts)
+	out := make([][]engines.Segment, 0, parts)
+	var cur []engines.Segment
+	var filled uint64
+	for _, s := range segs {
+		for s.Size > 0 {
+			n := min(s.Size, target-filled)
+			cur = append(cur, engines.Segment{SrcOffset: s.SrcOffset, DstOffset: s.DstOffset, Size: n})
+			s.SrcOffset, s.DstOffset, s.Size = s.SrcOffset+n, s.DstOffset+n, s.Size-n
+			if filled += n; filled == target {
+				out = append(out, cur)
+				cur, filled = nil, 0
+			}
+		}
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
 }
