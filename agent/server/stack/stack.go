@@ -1,0 +1,259 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fabricxfer/fabricxfer/agent/peers"
+	"github.com/fabricxfer/fabricxfer/agent/poolmem"
+	"github.com/fabricxfer/fabricxfer/agent/server"
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/tcp"
+	"github.com/fabricxfer/fabricxfer/engines/xgmi"
+)
+
+// Environment variables that set flag defaults (the DaemonSet sets them from the pool and the downward API).
+const (
+	EnvPoolNamespace = "FABRICXFER_POOL_NAMESPACE"
+	EnvPoolName      = "FABRICXFER_POOL"
+	EnvPodIP         = "POD_IP"
+)
+
+// Config is the transfer side's configuration.
+type Config struct {
+	SocketDir     string
+	PoolNamespace string
+	PoolName      string
+	NodeName      string
+	// HostRoot is where the host's / is mounted; callers' cgroups are read from HostRoot/proc.
+	HostRoot   string
+	AllowLocal bool
+	SocketGID  int
+
+	// PeerListen and DataListen are the agent-to-agent (gRPC) and tcp-engine (bulk bytes) listen addresses;
+	// the Advertise forms are what peers dial (default: $POD_IP with the listen port).
+	PeerListen, PeerAdvertise string
+	DataListen, DataAdvertise string
+	// TLSDir holds the pool's tls.crt, tls.key and ca.crt. Empty: single-node mode, no peers, no tcp engine.
+	TLSDir string
+	// StaticPeers is "node=host:port,..." for running outside Kubernetes; otherwise TransferNodes are read.
+	StaticPeers string
+	// DisableTCP keeps the tcp engine off (a pool that disallows it).
+	DisableTCP bool
+
+	PoolHostBytes      uint64
+	MaxRegions         int
+	MaxRegisteredBytes uint64
+	MaxInFlight        int
+}
+
+// RegisterFlags adds the transfer side's flags to fs.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.SocketDir, "socket-dir", fxv1.DefaultSocketDir, "host directory of the pool's sockets (the socket is <dir>/<pool>/agent.sock)")
+	fs.StringVar(&c.PoolNamespace, "pool-namespace", os.Getenv(EnvPoolNamespace), "namespace of the TransferPool this agent serves (default $"+EnvPoolNamespace+")")
+	fs.StringVar(&c.PoolName, "pool", os.Getenv(EnvPoolName), "name of the TransferPool this agent serves (default $"+EnvPoolName+")")
+	fs.BoolVar(&c.AllowLocal, "allow-local", false, "admit socket callers that are in no pod (demo, development); never on a shared cluster")
+	fs.IntVar(&c.SocketGID, "socket-gid", -1, "group given the sockets (mode 0660); -1 keeps the agent's group")
+	fs.StringVar(&c.PeerListen, "peer-listen", ":7470", "listen address of the agent-to-agent channel (mTLS gRPC)")
+	fs.StringVar(&c.PeerAdvertise, "peer-advertise", "", "address peers dial for the agent-to-agent channel (default $"+EnvPodIP+" with the listen port); reported as the TransferNode endpoint")
+	fs.StringVar(&c.DataListen, "data-listen", ":7471", "listen address of the tcp engine's data path")
+	fs.StringVar(&c.DataAdvertise, "data-advertise", "", "address peers dial for the tcp engine (default $"+EnvPodIP+" with the listen port)")
+	fs.StringVar(&c.TLSDir, "tls-dir", "/etc/fabricxfer/tls", "directory with the pool's tls.crt, tls.key and ca.crt; empty runs this node alone (no peers, no tcp engine)")
+	fs.StringVar(&c.StaticPeers, "peers", "", "static peer list node=host:port,... (outside Kubernetes; otherwise TransferNode endpoints are used)")
+	fs.BoolVar(&c.DisableTCP, "disable-tcp", false, "keep the tcp engine off")
+	fs.Uint64Var(&c.PoolHostBytes, "pool-host-bytes", 0, "host shared memory the agent lends to callers (AllocateFromPool); 0 lends none")
+	fs.IntVar(&c.MaxRegions, "max-regions", server.DefaultLimits.MaxRegions, "regions one caller (pod) may hold")
+	fs.Uint64Var(&c.MaxRegisteredBytes, "max-registered-bytes", server.DefaultLimits.MaxRegisteredBytes, "bytes one caller may hold registered (spec.memory.maxRegisteredPerCaller)")
+	fs.IntVar(&c.MaxInFlight, "max-in-flight", server.DefaultLimits.MaxInFlight, "transfers one caller may have in flight")
+}
+
+// Deps are what the agent already has when it starts the stack.
+type Deps struct {
+	// Kube reads pods, the TransferPool and TransferNodes (nil outside Kubernetes: needs AllowLocal and
+	// StaticPeers for peers).
+	Kube         client.Reader
+	AgentVersion string
+	// Engines are the engine availabilities detection found (shown by GetInfo).
+	Engines []server.EngineStatus
+	// ExtraEngines are engines built elsewhere (GPU engines) added to the composite.
+	ExtraEngines []engines.Engine
+	// XGMIBackends are GPU backends for the same-node engine, tried before the host backend.
+	XGMIBackends []xgmi.Backend
+	Logger       *slog.Logger
+	// Ready, when set, is called once the sockets are open, with the advertised peer endpoint.
+	Ready func(peerEndpoint string)
+}
+
+// Validate checks the configuration before anything starts.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.PoolNamespace == "" || c.PoolName == "" {
+		errs = append(errs, fmt.Errorf("--pool-namespace and --pool are required (or $%s and $%s)", EnvPoolNamespace, EnvPoolName))
+	}
+	if c.NodeName == "" {
+		errs = append(errs, errors.New("node name is required"))
+	}
+	if c.SocketDir == "" || !filepath.IsAbs(c.SocketDir) {
+		errs = append(errs, fmt.Errorf("--socket-dir %q must be an absolute path", c.SocketDir))
+	}
+	if _, err := ParsePeers(c.StaticPeers); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// ParsePeers reads "node=host:port,...".
+func ParsePeers(s string) (peers.StaticDirectory, error) {
+	out := peers.StaticDirectory{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		node, addr, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok || node == "" {
+			return nil, fmt.Errorf("--peers: %q is not node=host:port", part)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("--peers: node %s: %w", node, err)
+		}
+		out[node] = addr
+	}
+	return out, nil
+}
+
+func advertise(explicit string, ln net.Listener) string {
+	if explicit != "" {
+		return explicit
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	if ip := os.Getenv(EnvPodIP); ip != "" {
+		return net.JoinHostPort(ip, port)
+	}
+	return ln.Addr().String()
+}
+
+// Run builds the stack and serves until ctx ends.
+func Run(ctx context.Context, cfg Config, deps Deps) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log := deps.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	x, err := xgmi.New(xgmi.Options{Node: cfg.NodeName}, append(deps.XGMIBackends, xgmi.NewHostBackend())...)
+	if err != nil {
+		return err
+	}
+	engs := append([]engines.Engine{x}, deps.ExtraEngines...)
+
+	var (
+		tlsFiles *peers.TLSFiles
+		pc       *peers.Peers
+		peerEP   string
+	)
+	if cfg.TLSDir != "" {
+		if tlsFiles, err = peers.NewTLSFiles(cfg.TLSDir, cfg.PoolNamespace, cfg.PoolName); err != nil {
+			return fmt.Errorf("agent-to-agent certificates: %w", err)
+		}
+		if !cfg.DisableTCP {
+			dataLn, err := net.Listen("tcp", cfg.DataListen)
+			if err != nil {
+				return fmt.Errorf("listening for the tcp engine on %s: %w", cfg.DataListen, err)
+			}
+			te, err := tcp.New(tcp.Options{Node: cfg.NodeName, Listener: dataLn, Advertise: advertise(cfg.DataAdvertise, dataLn),
+				TLS: tlsFiles.Config(), Logf: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "engine", "tcp") }})
+			if err != nil {
+				dataLn.Close()
+				return err
+			}
+			engs = append(engs, te)
+		}
+		peerLn, err := net.Listen("tcp", cfg.PeerListen)
+		if err != nil {
+			return fmt.Errorf("listening for peers on %s: %w", cfg.PeerListen, err)
+		}
+		peerEP = advertise(cfg.PeerAdvertise, peerLn)
+		var dir peers.Directory
+		if cfg.StaticPeers != "" || deps.Kube == nil {
+			dir, _ = ParsePeers(cfg.StaticPeers)
+		} else {
+			dir = &peers.APIDirectory{Reader: deps.Kube, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName}
+		}
+		if pc, err = peers.New(peers.Options{Node: cfg.NodeName, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName,
+			AgentVersion: deps.AgentVersion, Listener: peerLn, TLS: tlsFiles, Directory: dir, Logger: log}); err != nil {
+			peerLn.Close()
+			return err
+		}
+	}
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: cfg.NodeName}, engs...)
+	if err != nil {
+		return err
+	}
+	defer comp.Close()
+
+	var pool poolmem.Allocator
+	if cfg.PoolHostBytes > 0 {
+		hp, err := poolmem.NewHost("fabricxfer-"+cfg.PoolName, cfg.PoolHostBytes)
+		if err != nil {
+			return err
+		}
+		defer hp.Close()
+		pool = hp
+	}
+	id := server.Identifier{ProcRoot: filepath.Join(hostRoot(cfg.HostRoot), "proc"), AllowLocal: cfg.AllowLocal}
+	var policy server.NamespacePolicy = server.StaticPolicy(nil)
+	if deps.Kube != nil {
+		id.Pods = &server.APIPodResolver{Reader: deps.Kube, NodeName: cfg.NodeName}
+		policy = &server.APIPoolPolicy{Reader: deps.Kube, Namespace: cfg.PoolNamespace, Name: cfg.PoolName}
+	}
+	opts := server.Options{SocketDir: cfg.SocketDir, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName,
+		NodeName: cfg.NodeName, AgentVersion: deps.AgentVersion, PeerEndpoint: peerEP, Engine: comp, Engines: deps.Engines,
+		Identifier: id, Policy: policy, Pool: pool, SocketGID: cfg.SocketGID, Logger: log,
+		Limits: server.Limits{MaxRegions: cfg.MaxRegions, MaxRegisteredBytes: cfg.MaxRegisteredBytes, MaxInFlight: cfg.MaxInFlight,
+			MaxItemsPerTransfer: server.DefaultLimits.MaxItemsPerTransfer}}
+	if pc != nil {
+		opts.Peers = pc
+	}
+	srv, err := server.New(opts)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ctx) }()
+	running := 1
+	if pc != nil {
+		running++
+		go func() { errc <- pc.Serve(ctx, srv) }()
+	}
+	if deps.Ready != nil {
+		go waitReady(ctx, srv.FDSocketPath(), func() { deps.Ready(peerEP) })
+	}
+	var first error
+	for range running {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			cancel() // one part failed: stop the other
+		}
+	}
+	return first
+}
+
+func hostRoot(r string) string {
+	if r == "" {
+		return "/"
+	}
+	return r
+}

@@ -1,0 +1,122 @@
+package stack
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/agent/peers"
+	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/internal/pki"
+)
+
+func TestFlagsAndValidation(t *testing.T) {
+	var c Config
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if err := fs.Parse([]string{"--pool-namespace=infer", "--pool=kv", "--peers=node-b=10.0.0.2:7470,node-c=10.0.0.3:7470", "--socket-dir=relative"}); err != nil {
+		t.Fatal(err)
+	}
+	c.NodeName = "node-a"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "absolute") {
+		t.Fatalf("relative socket dir: %v", err)
+	}
+	c.SocketDir = "/run/fx"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := ParsePeers(c.StaticPeers)
+	if len(d) != 2 || d["node-c"] != "10.0.0.3:7470" {
+		t.Fatalf("peers %v", d)
+	}
+	if _, err := ParsePeers("node-b"); err == nil {
+		t.Fatal("a peer without an address was accepted")
+	}
+}
+
+func runStack(t *testing.T, cfg Config) (endpoint string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, Deps{AgentVersion: "test", Ready: func(ep string) { ready <- ep }}) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("stack stopped with %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("stack did not stop")
+		}
+	})
+	select {
+	case ep := <-ready:
+		return ep
+	case err := <-done:
+		t.Fatalf("stack ended early: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("stack not ready")
+	}
+	return ""
+}
+
+// TestTwoStacksTalk runs the stack twice, as two agents of one pool outside Kubernetes (static peers, the
+// pool's certificates on disk), and moves bytes between them.
+func TestTwoStacksTalk(t *testing.T) {
+	now := time.Now()
+	ca, _ := pki.NewCA("infer", "kv", now, time.Hour)
+	agent, err := pki.IssueAgent(ca, "infer", "kv", now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsDir := t.TempDir()
+	if err := peers.WriteFiles(tlsDir, agent, ca.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
+		PeerListen: "127.0.0.1:0", DataListen: "127.0.0.1:0", MaxRegions: 16, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16}
+	// Ports are known only once A listens, so B is told A's endpoint; A never needs to dial B here.
+	a := base
+	a.NodeName, a.SocketDir = "node-a", t.TempDir()
+	epA := runStack(t, a)
+	b := base
+	b.NodeName, b.SocketDir, b.StaticPeers = "node-b", t.TempDir(), "node-a="+epA
+	runStack(t, b)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ca1, err := client.Dial(ctx, filepath.Join(a.SocketDir, "kv", "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca1.Close()
+	cb, err := client.Dial(ctx, filepath.Join(b.SocketDir, "kv", "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cb.Close()
+	ma, _ := client.NewSharedMemory("a", 1<<20)
+	mb, _ := client.NewSharedMemory("b", 1<<20)
+	defer ma.Close()
+	defer mb.Close()
+	copy(ma.Bytes, bytes.Repeat([]byte("node-a "), 1<<17))
+	if _, err := ca1.RegisterHost(ctx, ma.File, 0, 1<<20, client.Segment("a")); err != nil {
+		t.Fatal(err)
+	}
+	rb, err := cb.RegisterHost(ctx, mb.File, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cb.Read(ctx, rb, 0, client.ToSegment("node-a", "a"), 0, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(ma.Bytes, mb.Bytes) {
+		t.Fatal("node B read different bytes from node A")
+	}
+}
