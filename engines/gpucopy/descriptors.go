@@ -45,39 +45,40 @@ func planLayout(segs []Segment, maxPiece uint64) (batchLayout, error) {
 	}
 	pieceShift := uint(bits.TrailingZeros64(maxPiece))
 	var l batchLayout
-	uniformSize := segs[0].Size
-	same := true
+	// One pass: piece count, whether all sizes match, the lowest and highest
+	// addresses, and which low address bits differ anywhere (an offset from
+	// the lowest address is a multiple of 2^k exactly when all addresses
+	// agree in their low k bits).
+	first := segs[0]
+	var sizeDiff, lowBits, maxSrc, maxDst uint64
 	l.srcBase, l.dstBase = math.MaxUint64, math.MaxUint64
 	for _, s := range segs {
 		if s.Size == 0 {
 			return batchLayout{}, fmt.Errorf("empty segment at src %#x", s.Src)
 		}
 		l.pieces += int((s.Size + maxPiece - 1) >> pieceShift)
-		same = same && s.Size == uniformSize
-		l.srcBase = min(l.srcBase, s.Src)
-		l.dstBase = min(l.dstBase, s.Dst)
+		sizeDiff |= s.Size ^ first.Size
+		lowBits |= (s.Src ^ first.Src) | (s.Dst ^ first.Dst)
+		l.srcBase, maxSrc = min(l.srcBase, s.Src), max(maxSrc, s.Src)
+		l.dstBase, maxDst = min(l.dstBase, s.Dst), max(maxDst, s.Dst)
 	}
 	if l.pieces > math.MaxUint32 {
 		return batchLayout{}, fmt.Errorf("%d pieces exceed one launch", l.pieces)
 	}
-	if !same || (uniformSize > maxPiece && uniformSize&(maxPiece-1) != 0) {
+	uniformSize := first.Size
+	if sizeDiff != 0 || (uniformSize > maxPiece && uniformSize&(maxPiece-1) != 0) {
 		return l, nil
 	}
 	piece := min(uniformSize, maxPiece)
-	// The largest power of two dividing every offset (and the piece size, since
-	// pieces start at multiples of it) is the unit of the 32-bit offsets.
-	var or, maxOff uint64
+	// The unit of the 32-bit offsets: the largest power of two dividing every
+	// offset and, when items are cut, the piece size.
 	if uniformSize > piece {
-		or = piece
+		lowBits |= piece
 	}
-	for _, s := range segs {
-		so, do := s.Src-l.srcBase, s.Dst-l.dstBase
-		or |= so | do
-		maxOff = max(maxOff, so+uniformSize-piece, do+uniformSize-piece)
-	}
+	maxOff := max(maxSrc-l.srcBase, maxDst-l.dstBase) + uniformSize - piece
 	shift := uint32(31)
-	if or != 0 {
-		shift = min(uint32(bits.TrailingZeros64(or)), 31)
+	if lowBits != 0 {
+		shift = min(uint32(bits.TrailingZeros64(lowBits)), 31)
 	}
 	if maxOff>>shift > math.MaxUint32 {
 		return l, nil

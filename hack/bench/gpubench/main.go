@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 
 	"github.com/fabricxfer/fabricxfer/engines/gpucopy/gpubench"
 )
@@ -16,7 +17,21 @@ func main() {
 	contig := flag.Uint64("contig-mib", 1024, "contiguous copy size in MiB")
 	cache := flag.String("cache", "", "directory for compiled kernels")
 	only := flag.String("only", "", "run only the scatter case with this block size in bytes (e.g. 720), and no contiguous copy")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "gpubench:", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "gpubench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	cfg := gpubench.Config{
 		Reps: *reps, SlowReps: *slow, ContigBytes: *contig << 20, CacheDir: *cache,
 		Scatter: []gpubench.ScatterCase{
@@ -37,6 +52,7 @@ func main() {
 	}
 	if _, err := gpubench.Run(os.Stdout, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
