@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/xgmi"
+)
+
+// latency summarizes one measured path.
+type latency struct {
+	Path       string  `json:"path"`
+	Iterations int     `json:"iterations"`
+	P50us      float64 `json:"p50_us"`
+	P99us      float64 `json:"p99_us"`
+	MeanUs     float64 `json:"mean_us"`
+	MaxUs      float64 `json:"max_us"`
+}
+
+func summarize(path string, d []time.Duration) latency {
+	slices.Sort(d)
+	var sum time.Duration
+	for _, x := range d {
+		sum += x
+	}
+	us := func(x time.Duration) float64 { return float64(x.Nanoseconds()) / 1e3 }
+	pick := func(q float64) time.Duration { return d[min(len(d)-1, int(q*float64(len(d))))] }
+	return latency{Path: path, Iterations: len(d), P50us: us(pick(0.50)), P99us: us(pick(0.99)),
+		MeanUs: us(sum / time.Duration(len(d))), MaxUs: us(d[len(d)-1])}
+}
+
+func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", "", "agent socket to measure (default: start a local agent process for the run)")
+	sizeFlag := fs.String("size", "4Ki", "bytes per transfer")
+	iterations := fs.Int("iterations", 20000, "measured transfers per path")
+	warmup := fs.Int("warmup", 2000, "unmeasured transfers per path first")
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	size, err := parseSize(*sizeFlag)
+	if err != nil {
+		return fmt.Errorf("--size: %w", err)
+	}
+	if *iterations < 1 || *warmup < 0 {
+		return fmt.Errorf("--iterations must be positive and --warmup not negative")
+	}
+	path := *socket
+	agentProc := "given socket"
+	if path == "" {
+		var stop func()
+		path, stop, err = spawnLocalAgent(ctx, stderr)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		agentProc = "local agent process"
+	}
+	var results []latency
+	viaSocket, err := benchSocket(ctx, path, size, *warmup, *iterations)
+	if err != nil {
+		return err
+	}
+	results = append(results, viaSocket...)
+	direct, err := benchDirect(ctx, size, *warmup, *iterations)
+	if err != nil {
+		return err
+	}
+	results = append(results, direct)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"size_bytes": size, "agent": agentProc, "results": results})
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "%d-byte transfers between two host regions on one node (%s)\n", size, agentProc)
+	fmt.Fprintln(tw, "PATH\tN\tP50 µs\tP99 µs\tMEAN µs\tMAX µs")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\n", r.Path, r.Iterations, r.P50us, r.P99us, r.MeanUs, r.MaxUs)
+	}
+	return tw.Flush()
+}
+
+// spawnLocalAgent starts "xferctl local-agent" as a separate process on a temporary socket directory, so the
+// measured path crosses processes as it does for an inference pod.
+func spawnLocalAgent(ctx context.Context, stderr io.Writer) (string, func(), error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", nil, fmt.Errorf("finding this executable to start a local agent: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "xferctl-bench")
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.CommandContext(ctx, self, "local-agent", "--socket-dir", dir, "--pool", "bench", "--node-name", "bench")
+	cmd.Stderr = stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("starting a local agent: %w", err)
+	}
+	stop := func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		os.RemoveAll(dir)
+	}
+	ready := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "ready:") {
+				ready <- nil
+				io.Copy(io.Discard, out)
+				return
+			}
+		}
+		ready <- fmt.Errorf("local agent exited before it was ready")
+	}()
+	select {
+	case err := <-ready:
+		if err != nil {
+			stop()
+			return "", nil, err
+		}
+	case <-time.After(15 * time.Second):
+		stop()
+		return "", nil, fmt.Errorf("local agent not ready within 15 s")
+	}
+	return filepath.Join(dir, "bench", "agent.sock"), stop, nil
+}
+
+func benchSocket(ctx context.Context, path string, size uint64, warmup, n int) ([]latency, error) {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(dctx, path, client.WithName("xferctl-bench"))
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	m, err := client.NewSharedMemory("bench", 2*size)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	src, err := c.RegisterHost(dctx, m.File, 0, size)
+	if err != nil {
+		return nil, err
+	}
+	dst, err := c.RegisterHost(dctx, m.File, size, size)
+	if err != nil {
+		return nil, err
+	}
+	items := []client.Item{{Local: src, Remote: client.ToRegion(dst), Length: size}}
+	oneTrip := func() error { _, err := c.Do(ctx, client.Write, items, client.TransferOptions{}); return err }
+	twoTrips := func() error {
+		t, err := c.Submit(ctx, client.Write, items, client.TransferOptions{})
+		if err != nil {
+			return err
+		}
+		_, err = t.Wait(ctx)
+		return err
+	}
+	var out []latency
+	for _, p := range []struct {
+		name string
+		fn   func() error
+	}{{"socket: Transfer(wait) — 1 round trip", oneTrip}, {"socket: Transfer + Wait — 2 round trips", twoTrips}} {
+		d, err := measure(p.fn, warmup, n)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p.name, err)
+		}
+		out = append(out, summarize(p.name, d))
+	}
+	return out, nil
+}
+
+// benchDirect measures the same copy as a direct in-process call of the composite engine: plan, submit, wait.
+func benchDirect(ctx context.Context, size uint64, warmup, n int) (latency, error) {
+	x, err := xgmi.New(xgmi.Options{Node: "bench"}, xgmi.NewHostBackend())
+	if err != nil {
+		return latency{}, err
+	}
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "bench"}, x)
+	if err != nil {
+		return latency{}, err
+	}
+	defer comp.Close()
+	buf := make([]byte, 2*size)
+	for i, id := range []engines.MemoryID{"bench/src", "bench/dst"} {
+		if _, err := comp.Register(ctx, engines.MemoryDesc{ID: id, Node: "bench", Location: engines.Location{Kind: engines.LocationHost},
+			Size: size, Handles: engines.Handles{Host: buf[uint64(i)*size : uint64(i+1)*size]}}); err != nil {
+			return latency{}, err
+		}
+	}
+	once := func() error {
+		b := comp.NewPlan()
+		if err := b.Add(engines.Item{Src: "bench/src", Dst: "bench/dst", Size: size}); err != nil {
+			return err
+		}
+		t, err := comp.Submit(ctx, b.Build(), engines.SubmitOptions{})
+		if err != nil {
+			return err
+		}
+		return t.Wait(ctx)
+	}
+	d, err := measure(once, warmup, n)
+	if err != nil {
+		return latency{}, fmt.Errorf("direct engine call: %w", err)
+	}
+	return summarize("direct in-process engine call (plan, submit, wait)", d), nil
+}
+
+func measure(fn func() error, warmup, n int) ([]time.Duration, error) {
+	for range warmup {
+		if err := fn(); err != nil {
+			return nil, err
+		}
+	}
+	d := make([]time.Duration, n)
+	for i := range d {
+		start := time.Now()
+		if err := fn(); err != nil {
+			return nil, err
+		}
+		d[i] = time.Since(start)
+	}
+	return d, nil
+}

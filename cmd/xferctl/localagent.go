@@ -1,0 +1,52 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/stack"
+)
+
+func localAgentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("local-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg stack.Config
+	cfg.RegisterFlags(fs)
+	fs.StringVar(&cfg.NodeName, "node-name", hostname(), "node name this agent reports")
+	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the host's / is (callers' cgroups are read from <host-root>/proc)")
+	verbose := fs.Bool("v", false, "log connections and errors to stderr")
+	_ = fs.Set("tls-dir", "") // alone unless given the pool's certificates
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	if cfg.PoolNamespace == "" {
+		cfg.PoolNamespace = "default"
+	}
+	if cfg.PoolName == "" {
+		cfg.PoolName = "default"
+	}
+	cfg.AllowLocal = true // there is no API server to identify pods with
+	log := slog.New(slog.DiscardHandler)
+	if *verbose {
+		log = slog.New(slog.NewTextHandler(stderr, nil))
+	}
+	return stack.Run(ctx, cfg, stack.Deps{AgentVersion: version, Logger: log,
+		Engines: []server.EngineStatus{{Name: "xgmi", Available: true, Reason: "host backend only (local agent)"}},
+		Ready: func(peer string) {
+			fmt.Fprintf(stdout, "ready: socket %s/%s/agent.sock", cfg.SocketDir, cfg.PoolName)
+			if peer != "" {
+				fmt.Fprintf(stdout, ", peers at %s", peer)
+			}
+			fmt.Fprintln(stdout)
+		}})
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}

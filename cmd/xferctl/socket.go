@@ -1,0 +1,268 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/client"
+)
+
+// socketFlags locate an agent socket.
+type socketFlags struct {
+	socket  string
+	timeout time.Duration
+}
+
+func (s *socketFlags) register(fs *flag.FlagSet) {
+	def := os.Getenv("FABRICXFER_SOCKET")
+	if def == "" {
+		def = filepath.Join(fxv1.DefaultSocketDir, "default", "agent.sock")
+	}
+	fs.StringVar(&s.socket, "socket", def, "agent socket (default $FABRICXFER_SOCKET or <default socket dir>/default/agent.sock)")
+	fs.DurationVar(&s.timeout, "timeout", 30*time.Second, "deadline of the whole command")
+}
+
+func (s *socketFlags) dial(ctx context.Context) (*client.Client, context.Context, context.CancelFunc, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	c, err := client.Dial(ctx, s.socket, client.WithName("xferctl"))
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return c, ctx, cancel, nil
+}
+
+// parseSize reads "4096", "4Ki", "1Mi", "2G".
+func parseSize(s string) (uint64, error) {
+	q, err := resource.ParseQuantity(s)
+	if err != nil || q.Sign() <= 0 {
+		return 0, fmt.Errorf("size %q: want a positive quantity such as 4096, 4Ki or 1Gi", s)
+	}
+	return uint64(q.Value()), nil
+}
+
+// parseSegmentRef reads "[node/]segment".
+func parseSegmentRef(s string) (node, segment string, err error) {
+	if s == "" {
+		return "", "", fmt.Errorf("segment reference is empty (want [node/]segment)")
+	}
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		node, segment = s[:i], s[i+1:]
+	} else {
+		segment = s
+	}
+	if segment == "" || strings.Contains(segment, "/") {
+		return "", "", fmt.Errorf("segment reference %q: want [node/]segment", s)
+	}
+	return node, segment, nil
+}
+
+func infoCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("info", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var sf socketFlags
+	sf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	c, _, cancel, err := sf.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer c.Close()
+	i := c.Info()
+	fmt.Fprintf(stdout, "agent %s (API %s) on node %s, pool %s/%s\n", i.AgentVersion, i.ApiVersion, i.NodeName, i.PoolNamespace, i.PoolName)
+	fmt.Fprintf(stdout, "caller: %s (pid %d, uid %d)\n", i.Caller.Identity, i.Caller.Pid, i.Caller.Uid)
+	for _, e := range i.Engines {
+		state := "available"
+		if !e.Available {
+			state = "unavailable"
+		}
+		fmt.Fprintf(stdout, "engine %-6s %s %s\n", e.Name, state, e.Reason)
+	}
+	fmt.Fprintf(stdout, "limits: %d regions, %d bytes, %d in flight, %d items per transfer\n", i.Limits.MaxRegions,
+		i.Limits.MaxRegisteredBytes, i.Limits.MaxInFlight, i.Limits.MaxItemsPerTransfer)
+	if pm := i.PoolMemory; pm != nil {
+		fmt.Fprintf(stdout, "pool memory: %s, %d of %d bytes free\n", pm.Kind, pm.FreeBytes, pm.TotalBytes)
+	}
+	return nil
+}
+
+func explainCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var sf socketFlags
+	sf.register(fs)
+	from := fs.String("from", "", "source segment, [node/]segment")
+	to := fs.String("to", "", "destination segment, [node/]segment")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	fn, fseg, err := parseSegmentRef(*from)
+	if err != nil {
+		return fmt.Errorf("--from: %w", err)
+	}
+	tn, tseg, err := parseSegmentRef(*to)
+	if err != nil {
+		return fmt.Errorf("--to: %w", err)
+	}
+	c, ctx, cancel, err := sf.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer c.Close()
+	resp, err := c.API().Explain(ctx, &agentv1.ExplainRequest{
+		Source:      &agentv1.Endpoint{Node: fn, Target: &agentv1.Endpoint_Segment{Segment: fseg}},
+		Destination: &agentv1.Endpoint{Node: tn, Target: &agentv1.Endpoint_Segment{Segment: tseg}}})
+	if err != nil {
+		return err
+	}
+	if resp.Engine != "" {
+		fmt.Fprintf(stdout, "%s -> %s: %s\n", *from, *to, resp.Engine)
+	} else {
+		fmt.Fprintf(stdout, "%s -> %s: no engine (%s)\n", *from, *to, resp.Reason)
+	}
+	for _, v := range resp.Verdicts {
+		mark := "no "
+		if v.CanHandle {
+			mark = "yes"
+		}
+		fmt.Fprintf(stdout, "  %-9s %s  %s\n", v.Engine, mark, v.Reason)
+	}
+	return nil
+}
+
+func registerCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("register", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var sf socketFlags
+	sf.register(fs)
+	size := fs.String("size", "1Mi", "bytes of shared memory to register")
+	segment := fs.String("segment", "", "segment name to publish (required)")
+	hold := fs.Duration("hold", 0, "how long to keep the region registered (0: until interrupted)")
+	fill := fs.String("fill", "", "fill the memory with this repeated text (default random bytes)")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	n, err := parseSize(*size)
+	if err != nil {
+		return fmt.Errorf("--size: %w", err)
+	}
+	if *segment == "" {
+		return fmt.Errorf("--segment is required (regions without a name cannot be reached by another process)")
+	}
+	c, err := client.Dial(ctx, sf.socket, client.WithName("xferctl"))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	m, err := client.NewSharedMemory(*segment, n)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if *fill != "" {
+		for off := 0; off < len(m.Bytes); off += copy(m.Bytes[off:], *fill) {
+		}
+	} else if _, err := rand.Read(m.Bytes); err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, sf.timeout)
+	r, err := c.RegisterHost(rctx, m.File, 0, n, client.Segment(*segment))
+	cancel()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "registered %d bytes as segment %q on node %s (region %d), sha256 %x\n", n, *segment,
+		c.Info().NodeName, r.ID(), sha256.Sum256(m.Bytes))
+	if *hold > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(*hold):
+		}
+	} else {
+		<-ctx.Done()
+	}
+	fmt.Fprintf(stdout, "final sha256 %x\n", sha256.Sum256(m.Bytes))
+	return nil
+}
+
+func transferCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("transfer", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var sf socketFlags
+	sf.register(fs)
+	to := fs.String("to", "", "target segment, [node/]segment")
+	size := fs.String("size", "1Mi", "bytes to move")
+	offset := fs.Uint64("offset", 0, "offset in the target segment")
+	read := fs.Bool("read", false, "read from the segment instead of writing to it")
+	verify := fs.Bool("verify", true, "after a write, read the bytes back and compare checksums")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	node, seg, err := parseSegmentRef(*to)
+	if err != nil {
+		return fmt.Errorf("--to: %w", err)
+	}
+	n, err := parseSize(*size)
+	if err != nil {
+		return fmt.Errorf("--size: %w", err)
+	}
+	c, ctx, cancel, err := sf.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer c.Close()
+	m, err := client.NewSharedMemory("xferctl", 2*n)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if _, err := rand.Read(m.Bytes[:n]); err != nil {
+		return err
+	}
+	r, err := c.RegisterHost(ctx, m.File, 0, 2*n)
+	if err != nil {
+		return err
+	}
+	remote := client.ToSegment(node, seg)
+	op, verb := client.Write, "wrote"
+	if *read {
+		op, verb = client.Read, "read"
+	}
+	st, err := c.Do(ctx, op, []client.Item{{Local: r, Remote: remote, RemoteOffset: *offset, Length: n, Tag: "smoke"}}, client.TransferOptions{})
+	if err != nil {
+		return err
+	}
+	el := st.Elapsed.AsDuration()
+	fmt.Fprintf(stdout, "%s %d bytes %s %s in %s (%.1f MB/s)\n", verb, n, map[bool]string{true: "from", false: "to"}[*read], *to,
+		el, float64(n)/el.Seconds()/1e6)
+	if *read || !*verify {
+		return nil
+	}
+	if _, err := c.Do(ctx, client.Read, []client.Item{{Local: r, LocalOffset: n, Remote: remote, RemoteOffset: *offset, Length: n, Tag: "verify"}},
+		client.TransferOptions{}); err != nil {
+		return fmt.Errorf("reading back: %w", err)
+	}
+	if !bytes.Equal(m.Bytes[:n], m.Bytes[n:]) {
+		return fmt.Errorf("read back different bytes: sha256 %x written, %x read", sha256.Sum256(m.Bytes[:n]), sha256.Sum256(m.Bytes[n:]))
+	}
+	fmt.Fprintf(stdout, "verified: read back %d bytes, sha256 %x\n", n, sha256.Sum256(m.Bytes[n:]))
+	return nil
+}
