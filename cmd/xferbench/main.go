@@ -41,6 +41,7 @@ type options struct {
 	rc        RunConfig
 	conns     int
 	chunk     uint64
+	hostThr   int
 	jsonPath  string
 	pngPath   string
 	title     string
@@ -64,6 +65,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.rc.Timeout, "timeout", 60*time.Second, "deadline of every operation")
 	fs.Uint64Var(&o.rc.Seed, "seed", 1, "seed of the scattered offsets")
 	fs.IntVar(&o.conns, "conns", 4, "tcp: connections per peer")
+	fs.IntVar(&o.hostThr, "host-threads", 0, "xgmi host backend: goroutines per plan (0: GOMAXPROCS)")
 	chunk := fs.String("chunk", "4MiB", "tcp: striping chunk")
 	fs.StringVar(&o.jsonPath, "json", "", "write results as JSON to this file")
 	fs.StringVar(&o.pngPath, "png", "", "write a GB/s plot (engine and baseline per op) to this PNG file")
@@ -135,7 +137,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	var results []*Result
 	for _, op := range o.ops {
 		t, err := mode.Setup(ctx, SetupConfig{Op: op, Capacity: capacity, Peer: o.peer, Conns: o.conns,
-			ChunkBytes: int(o.chunk), Self: self})
+			ChunkBytes: int(o.chunk), Self: self, HostThreads: o.hostThr})
 		if err != nil {
 			return fmt.Errorf("setting up %s %s: %w", o.engine, op, err)
 		}

@@ -36,6 +36,8 @@ type SetupConfig struct {
 	ChunkBytes int
 	// Self is the path of this executable, for modes that start a peer process.
 	Self string
+	// HostThreads is how many goroutines the host backend copies one plan with (0: GOMAXPROCS).
+	HostThreads int
 }
 
 // Target is a ready measurement: the engine, the two regions and the baseline to compare against.
@@ -152,8 +154,15 @@ func localPair(ctx context.Context, e engines.Engine, node string, capacity uint
 	return t, nil
 }
 
+func hostBackend(cfg SetupConfig) *xgmi.HostBackend {
+	if cfg.HostThreads > 0 {
+		return xgmi.NewHostBackendThreads(cfg.HostThreads)
+	}
+	return xgmi.NewHostBackend()
+}
+
 func setupHost(ctx context.Context, cfg SetupConfig) (*Target, error) {
-	e, err := xgmi.New(xgmi.Options{Node: benchNode}, xgmi.NewHostBackend())
+	e, err := xgmi.New(xgmi.Options{Node: benchNode}, hostBackend(cfg))
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +170,7 @@ func setupHost(ctx context.Context, cfg SetupConfig) (*Target, error) {
 }
 
 func setupAuto(ctx context.Context, cfg SetupConfig) (*Target, error) {
-	x, err := xgmi.New(xgmi.Options{Node: benchNode}, xgmi.NewHostBackend())
+	x, err := xgmi.New(xgmi.Options{Node: benchNode}, hostBackend(cfg))
 	if err != nil {
 		return nil, err
 	}

@@ -257,7 +257,12 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 	return t, nil
 }
 
-// runPlan stripes one plan's segments over the peer's connections and waits for every chunk.
+// chunk is one request's share of a plan.
+type chunk struct{ localOff, remoteOff, n uint64 }
+
+// runPlan stripes one plan over the peer's connections: chunks are dealt round robin to one lane per
+// connection, each lane writing on its own connection (this goroutine is lane 0, so a one-chunk plan costs no
+// hand-off), and waits for every chunk's answer.
 func (e *Engine) runPlan(ctx context.Context, w engines.Work) error {
 	op, local, remote := opWrite, w.Src, w.Dst
 	if w.Plan.Direction == engines.DirRead {
@@ -267,79 +272,97 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work) error {
 	if err != nil {
 		return err
 	}
+	size := uint64(e.opts.ChunkBytes)
+	var chunks []chunk
+	for _, s := range w.Plan.Segments {
+		for off := uint64(0); off < s.Size; off += size {
+			c := chunk{localOff: s.SrcOffset + off, remoteOff: s.DstOffset + off, n: min(size, s.Size-off)}
+			if op == opRead {
+				c.localOff, c.remoteOff = c.remoteOff, c.localOff
+			}
+			chunks = append(chunks, c)
+		}
+	}
+
 	var (
-		mu       sync.Mutex
-		firstErr error
-		inflight []*request
-		wg       sync.WaitGroup
+		mu        sync.Mutex
+		firstErr  error
+		inflight  []*request
+		cancelled bool
 	)
 	record := func(err error) {
-		if err != nil {
-			mu.Lock()
-			if firstErr == nil {
-				firstErr = err
-			}
-			mu.Unlock()
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
 		}
+		mu.Unlock()
 	}
 	failed := func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return firstErr != nil
+		return firstErr != nil || cancelled
 	}
-	chunk := uint64(e.opts.ChunkBytes)
-issue:
-	for _, s := range w.Plan.Segments {
-		for off := uint64(0); off < s.Size; off += chunk {
-			n := min(chunk, s.Size-off)
-			if failed() {
-				break issue
-			}
-			if err := p.budget.Acquire(ctx, int64(n)); err != nil {
+	// outstanding counts sent chunks without an answer, plus one per lane still issuing.
+	var outstanding atomic.Int64
+	finished := make(chan struct{})
+	release := func() {
+		if outstanding.Add(-1) == 0 {
+			close(finished)
+		}
+	}
+	lanes := min(len(p.conns), len(chunks))
+	first := p.next.Add(uint64(lanes))
+	outstanding.Add(int64(lanes))
+	lane := func(k int) {
+		defer release()
+		c := p.conns[(first+uint64(k))%uint64(len(p.conns))]
+		for i := k; i < len(chunks) && !failed(); i += lanes {
+			ch := chunks[i]
+			if err := p.budget.Acquire(ctx, int64(ch.n)); err != nil {
 				record(err)
-				break issue
+				return
 			}
-			localOff, remoteOff := s.SrcOffset+off, s.DstOffset+off
-			if op == opRead {
-				localOff, remoteOff = s.DstOffset+off, s.SrcOffset+off
-			}
-			r := &request{op: op, mem: remote.ID, off: remoteOff, buf: local.Handles.Host[localOff : localOff+n]}
+			r := &request{op: op, mem: remote.ID, off: ch.remoteOff, buf: local.Handles.Host[ch.localOff : ch.localOff+ch.n]}
 			r.done = func(err error) {
-				p.budget.Release(int64(n))
-				record(err)
-				wg.Done()
+				p.budget.Release(int64(ch.n))
+				if err != nil {
+					record(err)
+				}
+				release()
 			}
-			c := p.pick()
-			wg.Add(1)
-			if err := c.enqueue(ctx, r); err != nil {
-				p.budget.Release(int64(n))
-				wg.Done()
+			outstanding.Add(1)
+			if err := c.send(ctx, r); err != nil {
+				p.budget.Release(int64(ch.n))
+				outstanding.Add(-1)
 				record(err)
-				break issue
-			}
-			select {
-			case <-p.dead: // the sender may already have drained its queue
-				c.cancel(r, p.deadErr)
-			default:
+				return
 			}
 			mu.Lock()
+			if cancelled {
+				mu.Unlock()
+				c.cancel(r, ctx.Err())
+				return
+			}
 			inflight = append(inflight, r)
 			mu.Unlock()
 		}
 	}
-	all := make(chan struct{})
-	go func() { wg.Wait(); close(all) }()
+	for k := 1; k < lanes; k++ {
+		go lane(k)
+	}
+	lane(0)
 	select {
-	case <-all:
+	case <-finished:
 	case <-ctx.Done():
 		// Abandon what is outstanding; each request completes once no I/O touches its buffer.
 		mu.Lock()
+		cancelled = true
 		reqs := inflight
 		mu.Unlock()
 		for _, r := range reqs {
 			r.c.cancel(r, ctx.Err())
 		}
-		<-all
+		<-finished
 	}
 	mu.Lock()
 	defer mu.Unlock()

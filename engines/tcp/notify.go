@@ -64,13 +64,8 @@ func (e *Engine) sendNotification(ctx context.Context, anyPlan *engines.Plan, n 
 	result := make(chan error, 1)
 	r := &request{op: opNotify, mem: d.ID, buf: encodeNotification(n), done: func(err error) { result <- err }}
 	c := p.pick()
-	if err := c.enqueue(ctx, r); err != nil {
+	if err := c.send(ctx, r); err != nil {
 		return err
-	}
-	select {
-	case <-p.dead:
-		c.cancel(r, p.deadErr)
-	default:
 	}
 	select {
 	case err := <-result:

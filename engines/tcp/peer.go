@@ -45,7 +45,7 @@ type request struct {
 	off  uint64
 	buf  []byte
 	done func(error)
-	c    *conn // set by enqueue
+	c    *conn // set by send
 
 	// guarded by conn.mu
 	id        uint64
@@ -56,9 +56,10 @@ type request struct {
 }
 
 type conn struct {
-	p     *peer
-	nc    net.Conn
-	sendq chan *request
+	p  *peer
+	nc net.Conn
+	// wsem serialises writers; a channel so that waiting for it can be abandoned.
+	wsem chan struct{}
 
 	mu      sync.Mutex
 	pending map[uint64]*request
@@ -96,10 +97,9 @@ func (p *peer) dial(ctx context.Context) {
 			p.e.forgetPeer(p)
 			return
 		}
-		p.conns = append(p.conns, &conn{p: p, nc: nc, sendq: make(chan *request, 256), pending: map[uint64]*request{}})
+		p.conns = append(p.conns, &conn{p: p, nc: nc, wsem: make(chan struct{}, 1), pending: map[uint64]*request{}})
 	}
 	for _, c := range p.conns {
-		go c.sendLoop()
 		go c.recvLoop()
 	}
 }
@@ -160,17 +160,53 @@ func (e *Engine) dialConn(ctx context.Context, addr, node string) (net.Conn, err
 	return nc, nil
 }
 
-// enqueue hands a request to the connection's sender. It blocks while the queue is full (back-pressure).
-func (c *conn) enqueue(ctx context.Context, r *request) error {
+// send writes r on the connection, on the caller's goroutine, after the writers before it (waiting for them
+// can be abandoned through ctx). On nil, r.done will be called exactly once, when r's answer arrived, it was
+// cancelled, or the peer was lost; on an error, r was not sent and done will not be called.
+func (c *conn) send(ctx context.Context, r *request) error {
 	r.c = c
 	select {
-	case c.sendq <- r:
-		return nil
+	case c.wsem <- struct{}{}:
 	case <-c.p.dead:
 		return c.p.deadErr
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	defer func() { <-c.wsem }()
+	c.mu.Lock()
+	if c.failed {
+		c.mu.Unlock()
+		return c.p.deadErr
+	}
+	c.lastID++
+	r.id = c.lastID
+	r.holds++
+	c.pending[r.id] = r
+	if len(c.pending) == 1 {
+		c.nc.SetReadDeadline(time.Now().Add(c.p.e.opts.PeerTimeout))
+	}
+	c.mu.Unlock()
+
+	length := uint64(len(r.buf))
+	var hdr [reqHeaderSize + 256]byte
+	bufs := net.Buffers{appendReqHeader(hdr[:0], reqHeader{op: r.op, id: r.id, off: r.off, length: length, mem: r.mem})}
+	if r.op != opRead {
+		bufs = append(bufs, r.buf)
+	}
+	c.nc.SetWriteDeadline(time.Now().Add(c.p.e.opts.PeerTimeout))
+	_, err := bufs.WriteTo(c.nc)
+	if err == nil && r.op == opWrite {
+		c.p.e.stats.sent.Add(length)
+	}
+	c.mu.Lock()
+	r.holds--
+	f := r.settleIfReady()
+	c.mu.Unlock()
+	run(f)
+	if err != nil {
+		c.p.kill(fmt.Errorf("sending: %w", err)) // fails r, which is pending
+	}
+	return nil
 }
 
 // settle records r's outcome (first one wins) and completes it when nobody holds its buffer. Caller holds c.mu;
@@ -206,78 +242,12 @@ func (c *conn) cancel(r *request, err error) {
 	run(f)
 }
 
-func (c *conn) sendLoop() {
-	hdr := make([]byte, 0, reqHeaderSize+256)
-	for {
-		var r *request
-		select {
-		case r = <-c.sendq:
-		case <-c.p.dead:
-			c.drain()
-			return
-		}
-		c.mu.Lock()
-		if r.hasResult || c.failed {
-			f := r.settle(c.p.deadErr)
-			c.mu.Unlock()
-			run(f)
-			continue
-		}
-		c.lastID++
-		r.id = c.lastID
-		r.holds++
-		c.pending[r.id] = r
-		if len(c.pending) == 1 {
-			c.nc.SetReadDeadline(time.Now().Add(c.p.e.opts.PeerTimeout))
-		}
-		c.mu.Unlock()
-
-		length := uint64(len(r.buf))
-		hdr = appendReqHeader(hdr[:0], reqHeader{op: r.op, id: r.id, off: r.off, length: length, mem: r.mem})
-		bufs := net.Buffers{hdr}
-		if r.op != opRead {
-			bufs = append(bufs, r.buf)
-		}
-		c.nc.SetWriteDeadline(time.Now().Add(c.p.e.opts.PeerTimeout))
-		_, err := bufs.WriteTo(c.nc)
-		if err == nil && r.op == opWrite {
-			c.p.e.stats.sent.Add(length)
-		}
-
-		c.mu.Lock()
-		r.holds--
-		f := r.settleIfReady()
-		c.mu.Unlock()
-		run(f)
-		if err != nil {
-			c.p.kill(fmt.Errorf("sending: %w", err))
-			c.drain()
-			return
-		}
-	}
-}
-
 // settleIfReady completes r when a result is known and no I/O holds it. Caller holds c.mu.
 func (r *request) settleIfReady() func() {
 	if !r.hasResult {
 		return nil
 	}
 	return r.settle(nil)
-}
-
-// drain fails whatever is still queued after the peer died.
-func (c *conn) drain() {
-	for {
-		select {
-		case r := <-c.sendq:
-			c.mu.Lock()
-			f := r.settle(c.p.deadErr)
-			c.mu.Unlock()
-			run(f)
-		default:
-			return
-		}
-	}
 }
 
 // fail closes the connection and fails every request waiting for an answer on it.

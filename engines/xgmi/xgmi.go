@@ -210,10 +210,39 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 	if err != nil {
 		return nil, fmt.Errorf("xgmi: %w", err)
 	}
-	if len(work) > 0 {
+	if len(work) > 0 && !e.runInline(t, work) {
 		go e.run(t, work)
 	}
 	return t, nil
+}
+
+// inlineMaxBytes: host copies this small are done inside Submit; a goroutine hand-off costs more than they do.
+const inlineMaxBytes = 64 << 10
+
+// runInline copies small host-only submissions on the caller's goroutine and reports whether it did.
+func (e *Engine) runInline(t *engines.Tracker, work []engines.Work) bool {
+	var total uint64
+	for _, w := range work {
+		total += w.Plan.Bytes
+		if b, _ := e.backendFor(w.Src, w.Dst); b == nil {
+			return false
+		} else if _, host := b.(*HostBackend); !host {
+			return false
+		}
+	}
+	if total > inlineMaxBytes {
+		return false
+	}
+	ctx := t.Context()
+	for _, w := range work {
+		b, _ := e.backendFor(w.Src, w.Dst)
+		if err := b.Copy(ctx, w); err != nil {
+			t.Finish(w.Index, fmt.Errorf("xgmi %s copy %s -> %s: %w", b.Name(), w.Plan.Src, w.Plan.Dst, err))
+			continue
+		}
+		t.Finish(w.Index, nil)
+	}
+	return true
 }
 
 // deliver hands the notification to this node's handler: every destination of this engine is local.
