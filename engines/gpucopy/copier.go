@@ -81,6 +81,41 @@ type Copier struct {
 
 	mu    sync.Mutex // serializes submissions on the stream
 	slots slotPool
+
+	evMu   sync.Mutex
+	events [2][]cuda.Event // idle events: [0] without timing, [1] with
+}
+
+// getEvent reuses an idle event (creating one costs a driver round trip per
+// submission); the Copier's context must be current.
+func (c *Copier) getEvent(timing bool) (cuda.Event, error) {
+	k := 0
+	if timing {
+		k = 1
+	}
+	c.evMu.Lock()
+	if n := len(c.events[k]); n > 0 {
+		ev := c.events[k][n-1]
+		c.events[k] = c.events[k][:n-1]
+		c.evMu.Unlock()
+		return ev, nil
+	}
+	c.evMu.Unlock()
+	return c.drv.EventCreate(timing)
+}
+
+// putEvent returns a completed (or never recorded) event to the pool.
+func (c *Copier) putEvent(ev cuda.Event, timing bool) {
+	if ev == 0 {
+		return
+	}
+	k := 0
+	if timing {
+		k = 1
+	}
+	c.evMu.Lock()
+	c.events[k] = append(c.events[k], ev)
+	c.evMu.Unlock()
 }
 
 // NewCopier opens ordinal's primary context, creates a stream and loads the
@@ -230,7 +265,7 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 			}
 		}
 		if c.opts.TimeDevice {
-			ev, err := c.drv.EventCreate(true)
+			ev, err := c.getEvent(true)
 			if err != nil {
 				return err
 			}
@@ -259,7 +294,7 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 				return err
 			}
 		}
-		ev, err := c.drv.EventCreate(c.opts.TimeDevice)
+		ev, err := c.getEvent(c.opts.TimeDevice)
 		if err != nil {
 			return err
 		}
@@ -477,14 +512,8 @@ func (p *Pending) finish(err error) {
 }
 
 func (c *Copier) release(p *Pending) {
-	_ = c.drv.WithContext(c.ctx, func() error {
-		for _, ev := range []cuda.Event{p.start, p.event} {
-			if ev != 0 {
-				_ = c.drv.EventDestroy(ev)
-			}
-		}
-		return nil
-	})
+	c.putEvent(p.start, true)
+	c.putEvent(p.event, c.opts.TimeDevice)
 	if p.slot != nil {
 		c.slots.put(p.slot)
 	}
@@ -496,6 +525,14 @@ func (c *Copier) Close() error {
 	defer c.mu.Unlock()
 	err := c.drv.WithContext(c.ctx, func() error {
 		errs := []error{c.drv.StreamSynchronize(c.stream), c.slots.close(), c.drv.StreamDestroy(c.stream)}
+		c.evMu.Lock()
+		for _, evs := range c.events {
+			for _, ev := range evs {
+				errs = append(errs, c.drv.EventDestroy(ev))
+			}
+		}
+		c.events = [2][]cuda.Event{}
+		c.evMu.Unlock()
 		if c.kernels != nil {
 			errs = append(errs, c.drv.ModuleUnload(c.kernels.module))
 		}
