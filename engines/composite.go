@@ -275,15 +275,14 @@ func (c *Composite) Close() error {
 
 // NewPlan implements Engine.
 func (c *Composite) NewPlan() PlanBuilder {
-	return &compositePlanner{c: c}
+	return &compositePlanner{c: c, b: newBatch()}
 }
 
 type compositePlanner struct {
-	c        *Composite
-	accepted []accepted
-	engineOf []int // per accepted item
-	out      PlanSet
-	built    bool
+	c     *Composite
+	b     batch
+	out   PlanSet
+	built bool
 }
 
 func (p *compositePlanner) Add(it Item) error {
@@ -294,39 +293,46 @@ func (p *compositePlanner) Add(it Item) error {
 		p.out.Dropped = append(p.out.Dropped, it.Tag)
 		return nil
 	}
-	src, sLocal, err := p.c.reg.Lookup(it.Src)
-	if err != nil {
-		return p.reject(it, fmt.Errorf("source: %w", err), "")
+	i := p.b.pairOf(it.Src, it.Dst, func() pairInfo { return p.judgePair(it.Src, it.Dst) })
+	pi := &p.b.pairs[i]
+	if pi.err != nil {
+		return p.reject(it, pi.err, pi.dir)
 	}
-	dst, dLocal, err := p.c.reg.Lookup(it.Dst)
-	if err != nil {
-		return p.reject(it, fmt.Errorf("destination: %w", err), "")
+	if err := CheckBounds(it, pi.srcSize, pi.dstSize); err != nil {
+		return p.reject(it, err, pi.dir)
 	}
-	dir, ok := PairDirection(sLocal, dLocal)
-	if !ok {
-		return p.reject(it, &UnplannableError{Src: it.Src, Dst: it.Dst,
-			Refusals: []Refusal{{Engine: CompositeName, Reason: "neither region belongs to this node"}}}, "")
-	}
-	if err := CheckBounds(it, src.Size, dst.Size); err != nil {
-		return p.reject(it, err, dir.String())
-	}
-	r := p.c.routeFor(src, dst)
-	if r.engine < 0 {
-		return p.reject(it, &UnplannableError{Src: it.Src, Dst: it.Dst, Refusals: r.refusals}, dir.String())
-	}
-	p.accepted = append(p.accepted, accepted{item: it, seq: len(p.accepted), dir: dir})
-	p.engineOf = append(p.engineOf, r.engine)
+	p.b.accept(i, it)
 	return nil
 }
 
-func (p *compositePlanner) reject(it Item, err error, dir string) error {
+func (p *compositePlanner) judgePair(srcID, dstID MemoryID) pairInfo {
+	src, sLocal, err := p.c.reg.Lookup(srcID)
+	if err != nil {
+		return pairInfo{err: fmt.Errorf("source: %w", err)}
+	}
+	dst, dLocal, err := p.c.reg.Lookup(dstID)
+	if err != nil {
+		return pairInfo{err: fmt.Errorf("destination: %w", err)}
+	}
+	dir, ok := PairDirection(sLocal, dLocal)
+	if !ok {
+		return pairInfo{err: &UnplannableError{Src: srcID, Dst: dstID,
+			Refusals: []Refusal{{Engine: CompositeName, Reason: "neither region belongs to this node"}}}}
+	}
+	info := pairInfo{dir: dir, srcSize: src.Size, dstSize: dst.Size}
+	r := p.c.routeFor(src, dst)
+	if r.engine < 0 {
+		info.err = &UnplannableError{Src: srcID, Dst: dstID, Refusals: r.refusals}
+	}
+	info.engine = r.engine
+	return info
+}
+
+func (p *compositePlanner) reject(it Item, err error, dir Direction) error {
 	ie := &ItemError{Item: it, Err: err}
 	p.out.Rejected = append(p.out.Rejected, ie)
 	if m := p.c.opts.Metrics; m != nil {
-		if dir == "" {
-			dir = "unknown"
-		}
-		m.rejected(dir, it.Size)
+		m.rejected(dir.String(), it.Size)
 	}
 	return ie
 }
@@ -338,17 +344,20 @@ func (p *compositePlanner) Build() *PlanSet {
 		return &PlanSet{owner: p.c}
 	}
 	p.built = true
-	if len(p.accepted) == 0 {
+	if len(p.b.entries) == 0 {
 		return out
 	}
 	// Overlap is checked across engines: two engines may write one destination.
-	internIDs(p.accepted)
-	kept := rejectOverlaps(p.accepted, func(it Item, err error) { p.reject(it, err, "unknown") })
-	slices.SortFunc(kept, func(a, b accepted) int { return a.seq - b.seq })
+	p.b.intern()
+	p.b.rejectOverlaps(func(it Item, err error) {
+		p.reject(it, err, p.b.pairs[p.b.index[[2]MemoryID{it.Src, it.Dst}]].dir)
+	})
+	slices.SortFunc(p.b.entries, func(x, y entry) int { return int(x.seq - y.seq) })
 	perEngine := make([][]Item, len(p.c.engines))
-	for _, a := range kept {
-		e := p.engineOf[a.seq]
-		perEngine[e] = append(perEngine[e], a.item)
+	for i := range p.b.entries {
+		e := &p.b.entries[i]
+		eng := p.b.pairs[e.pair].engine
+		perEngine[eng] = append(perEngine[eng], p.b.item(e))
 	}
 	for i, items := range perEngine {
 		if len(items) == 0 {

@@ -1,7 +1,6 @@
 package engines
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 )
@@ -22,7 +21,135 @@ type CanHandleFunc func(src, dst *MemoryDesc) (bool, string)
 // in bounds, at least one side local, claimed by can) as they are added, and Build groups them per
 // (source, destination) pair, rejects overlapping destinations, coalesces, splits at lim and orders the plans.
 func NewPlanner(engine string, reg *Registry, lim Limits, can CanHandleFunc) PlanBuilder {
-	return &planner{engine: engine, reg: reg, lim: lim, can: can, pairs: map[[2]MemoryID]pairVerdict{}}
+	return &planner{engine: engine, reg: reg, lim: lim, can: can, b: newBatch()}
+}
+
+// pairInfo is what planning knows about one (source, destination) pair of a batch. Sizes and generations are
+// read once per pair: a region re-registered during planning is caught at Submit by its generation.
+type pairInfo struct {
+	src, dst         MemoryID
+	dir              Direction
+	srcGen, dstGen   uint64
+	srcSize, dstSize uint64
+	srcKey, dstKey   int32 // ids numbered in sort order, set by intern
+	engine           int   // composite: index of the engine that moves the pair
+	err              error // the pair is refused
+}
+
+// entry is one accepted item, kept small because batches of KV blocks run to tens of thousands.
+type entry struct {
+	srcOff, dstOff, size uint64
+	tag                  Tag
+	pair, seq            int32
+	srcKey, dstKey       int32
+}
+
+// batch holds a plan's items while they are added.
+type batch struct {
+	pairs   []pairInfo
+	index   map[[2]MemoryID]int32
+	entries []entry
+}
+
+func newBatch() batch { return batch{index: map[[2]MemoryID]int32{}} }
+
+func (b *batch) item(e *entry) Item {
+	p := &b.pairs[e.pair]
+	return Item{Src: p.src, Dst: p.dst, SrcOffset: e.srcOff, DstOffset: e.dstOff, Size: e.size, Tag: e.tag}
+}
+
+// pairOf returns the pair's index, judging it with judge the first time it is seen.
+func (b *batch) pairOf(src, dst MemoryID, judge func() pairInfo) int32 {
+	key := [2]MemoryID{src, dst}
+	if i, ok := b.index[key]; ok {
+		return i
+	}
+	info := judge()
+	info.src, info.dst = src, dst
+	i := int32(len(b.pairs))
+	b.pairs = append(b.pairs, info)
+	b.index[key] = i
+	return i
+}
+
+func (b *batch) accept(pair int32, it Item) {
+	b.entries = append(b.entries, entry{srcOff: it.SrcOffset, dstOff: it.DstOffset, size: it.Size, tag: it.Tag,
+		pair: pair, seq: int32(len(b.entries))})
+}
+
+// intern numbers the distinct ids in their sort order, so sorting compares integers.
+func (b *batch) intern() {
+	var ids []MemoryID
+	for _, p := range b.pairs {
+		ids = append(ids, p.src, p.dst)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	key := func(id MemoryID) int32 { i, _ := slices.BinarySearch(ids, id); return int32(i) }
+	for i := range b.pairs {
+		b.pairs[i].srcKey, b.pairs[i].dstKey = key(b.pairs[i].src), key(b.pairs[i].dst)
+	}
+	for i := range b.entries {
+		p := &b.pairs[b.entries[i].pair]
+		b.entries[i].srcKey, b.entries[i].dstKey = p.srcKey, p.dstKey
+	}
+}
+
+// rejectOverlaps drops every entry whose destination range starts inside the range of an entry before it in
+// destination order (ties broken by the order items were added), calling reject for each. Call intern first.
+func (b *batch) rejectOverlaps(reject func(Item, error)) {
+	slices.SortFunc(b.entries, func(x, y entry) int {
+		switch {
+		case x.dstKey != y.dstKey:
+			return int(x.dstKey - y.dstKey)
+		case x.dstOff != y.dstOff:
+			return compareU64(x.dstOff, y.dstOff)
+		}
+		return int(x.seq - y.seq)
+	})
+	kept := b.entries[:0]
+	var end uint64
+	lastKey := int32(-1)
+	for _, e := range b.entries {
+		if e.dstKey != lastKey {
+			lastKey, end = e.dstKey, 0
+		} else if e.dstOff < end {
+			it := b.item(&e)
+			reject(it, fmt.Errorf("%w: [%d, +%d) of %s", ErrOverlap, it.DstOffset, it.Size, it.Dst))
+			continue
+		}
+		end = max(end, e.dstOff+e.size) // cannot overflow: bounds were checked
+		kept = append(kept, e)
+	}
+	b.entries = kept
+}
+
+func compareU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// sortForPlans orders entries by pair, then source and destination offset, so runs contiguous on both sides
+// meet.
+func (b *batch) sortForPlans() {
+	slices.SortFunc(b.entries, func(x, y entry) int {
+		switch {
+		case x.srcKey != y.srcKey:
+			return int(x.srcKey - y.srcKey)
+		case x.dstKey != y.dstKey:
+			return int(x.dstKey - y.dstKey)
+		case x.srcOff != y.srcOff:
+			return compareU64(x.srcOff, y.srcOff)
+		case x.dstOff != y.dstOff:
+			return compareU64(x.dstOff, y.dstOff)
+		}
+		return int(x.seq - y.seq)
+	})
 }
 
 type planner struct {
@@ -31,26 +158,9 @@ type planner struct {
 	lim    Limits
 	can    CanHandleFunc
 
-	pairs    map[[2]MemoryID]pairVerdict
-	accepted []accepted
-	out      PlanSet
-	built    bool
-}
-
-type pairVerdict struct {
-	dir            Direction
-	srcGen, dstGen uint64
-	err            error
-}
-
-type accepted struct {
-	item Item
-	seq  int
-	dir  Direction
-	// gens of the regions at Add time
-	srcGen, dstGen uint64
-	// interned ids, ordered like the ids themselves
-	srcKey, dstKey int
+	b     batch
+	out   PlanSet
+	built bool
 }
 
 func (p *planner) Add(it Item) error {
@@ -61,34 +171,15 @@ func (p *planner) Add(it Item) error {
 		p.out.Dropped = append(p.out.Dropped, it.Tag)
 		return nil
 	}
-	key := [2]MemoryID{it.Src, it.Dst}
-	v, seen := p.pairs[key]
-	if !seen {
-		v = p.judgePair(it.Src, it.Dst)
-		p.pairs[key] = v
+	i := p.b.pairOf(it.Src, it.Dst, func() pairInfo { return p.judgePair(it.Src, it.Dst) })
+	pi := &p.b.pairs[i]
+	if pi.err != nil {
+		return p.reject(it, pi.err)
 	}
-	if v.err != nil {
-		return p.reject(it, v.err)
-	}
-	// Sizes are re-read on every Add: cheap, and the pair verdict holds the generation that matches them.
-	src, _, srcGen, err := p.reg.lookup(it.Src)
-	if err == nil && srcGen != v.srcGen {
-		err = fmt.Errorf("memory %s: %w: registered again during planning", it.Src, ErrUnknownMemory)
-	}
-	if err != nil {
-		return p.reject(it, fmt.Errorf("source: %w", err))
-	}
-	dst, _, dstGen, err := p.reg.lookup(it.Dst)
-	if err == nil && dstGen != v.dstGen {
-		err = fmt.Errorf("memory %s: %w: registered again during planning", it.Dst, ErrUnknownMemory)
-	}
-	if err != nil {
-		return p.reject(it, fmt.Errorf("destination: %w", err))
-	}
-	if err := CheckBounds(it, src.Size, dst.Size); err != nil {
+	if err := CheckBounds(it, pi.srcSize, pi.dstSize); err != nil {
 		return p.reject(it, err)
 	}
-	p.accepted = append(p.accepted, accepted{item: it, seq: len(p.accepted), dir: v.dir, srcGen: srcGen, dstGen: dstGen})
+	p.b.accept(i, it)
 	return nil
 }
 
@@ -116,24 +207,24 @@ func PairDirection(srcLocal, dstLocal bool) (Direction, bool) {
 	return 0, false
 }
 
-func (p *planner) judgePair(srcID, dstID MemoryID) pairVerdict {
+func (p *planner) judgePair(srcID, dstID MemoryID) pairInfo {
 	src, srcLocal, srcGen, err := p.reg.lookup(srcID)
 	if err != nil {
-		return pairVerdict{err: fmt.Errorf("source: %w", err)}
+		return pairInfo{err: fmt.Errorf("source: %w", err)}
 	}
 	dst, dstLocal, dstGen, err := p.reg.lookup(dstID)
 	if err != nil {
-		return pairVerdict{err: fmt.Errorf("destination: %w", err)}
+		return pairInfo{err: fmt.Errorf("destination: %w", err)}
 	}
 	dir, ok := PairDirection(srcLocal, dstLocal)
 	if !ok {
-		return pairVerdict{err: &UnplannableError{Src: srcID, Dst: dstID,
+		return pairInfo{err: &UnplannableError{Src: srcID, Dst: dstID,
 			Refusals: []Refusal{{Engine: p.engine, Reason: "neither region belongs to this node"}}}}
 	}
 	if ok, reason := p.can(src, dst); !ok {
-		return pairVerdict{err: &UnplannableError{Src: srcID, Dst: dstID, Refusals: []Refusal{{Engine: p.engine, Reason: reason}}}}
+		return pairInfo{err: &UnplannableError{Src: srcID, Dst: dstID, Refusals: []Refusal{{Engine: p.engine, Reason: reason}}}}
 	}
-	return pairVerdict{dir: dir, srcGen: srcGen, dstGen: dstGen}
+	return pairInfo{dir: dir, srcGen: srcGen, dstGen: dstGen, srcSize: src.Size, dstSize: dst.Size}
 }
 
 func (p *planner) reject(it Item, err error) error {
@@ -149,91 +240,37 @@ func (p *planner) Build() *PlanSet {
 	p.built = true
 	out := &p.out
 	out.owner = p.reg
-	acc := p.accepted
-	p.accepted = nil
-	if len(acc) == 0 {
+	if len(p.b.entries) == 0 {
 		return out
 	}
-	internIDs(acc)
-	acc = rejectOverlaps(acc, func(it Item, err error) { p.reject(it, err) })
-
-	// Group by pair, then order by source offset so runs contiguous on both sides meet.
-	slices.SortFunc(acc, func(a, b accepted) int {
-		return cmp.Or(cmp.Compare(a.srcKey, b.srcKey), cmp.Compare(a.dstKey, b.dstKey),
-			cmp.Compare(a.item.SrcOffset, b.item.SrcOffset), cmp.Compare(a.item.DstOffset, b.item.DstOffset),
-			cmp.Compare(a.seq, b.seq))
-	})
-	for start := 0; start < len(acc); {
+	p.b.intern()
+	p.b.rejectOverlaps(func(it Item, err error) { p.reject(it, err) })
+	p.b.sortForPlans()
+	es := p.b.entries
+	for start := 0; start < len(es); {
 		end := start + 1
-		for end < len(acc) && acc[end].srcKey == acc[start].srcKey && acc[end].dstKey == acc[start].dstKey {
+		for end < len(es) && es[end].pair == es[start].pair {
 			end++
 		}
-		p.planPair(acc[start:end])
+		p.planPair(es[start:end])
 		start = end
 	}
 	return out
 }
 
-// internIDs numbers the distinct ids in their sort order, so sorting compares integers.
-func internIDs(acc []accepted) {
-	set := map[MemoryID]int{}
-	for i := range acc {
-		set[acc[i].item.Src] = 0
-		set[acc[i].item.Dst] = 0
-	}
-	ids := make([]MemoryID, 0, len(set))
-	for id := range set {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for i, id := range ids {
-		set[id] = i
-	}
-	for i := range acc {
-		acc[i].srcKey, acc[i].dstKey = set[acc[i].item.Src], set[acc[i].item.Dst]
-	}
-}
-
-// rejectOverlaps drops every item whose destination range starts inside the range of an item before it in
-// destination order (ties broken by the order items were added), calling reject for each.
-func rejectOverlaps(acc []accepted, reject func(Item, error)) []accepted {
-	slices.SortFunc(acc, func(a, b accepted) int {
-		return cmp.Or(cmp.Compare(a.dstKey, b.dstKey), cmp.Compare(a.item.DstOffset, b.item.DstOffset), cmp.Compare(a.seq, b.seq))
-	})
-	kept := acc[:0]
-	var end uint64
-	lastKey := -1
-	for _, a := range acc {
-		if a.dstKey != lastKey {
-			lastKey, end = a.dstKey, 0
-		} else if a.item.DstOffset < end {
-			reject(a.item, fmt.Errorf("%w: [%d, +%d) of %s", ErrOverlap, a.item.DstOffset, a.item.Size, a.item.Dst))
-			continue
-		}
-		end = max(end, a.item.DstOffset+a.item.Size) // cannot overflow: bounds were checked
-		kept = append(kept, a)
-	}
-	return kept
-}
-
-// planPair turns one pair's items (sorted) into plans.
-func (p *planner) planPair(acc []accepted) {
-	first := acc[0]
+// planPair turns one pair's entries (sorted) into plans.
+func (p *planner) planPair(es []entry) {
+	info := &p.b.pairs[es[0].pair]
 	newPlan := func() Plan {
-		return Plan{Engine: p.engine, Direction: first.dir, Src: first.item.Src, Dst: first.item.Dst,
-			srcGen: first.srcGen, dstGen: first.dstGen}
+		return Plan{Engine: p.engine, Direction: info.dir, Src: info.src, Dst: info.dst, srcGen: info.srcGen, dstGen: info.dstGen}
 	}
 	plan := newPlan()
-	for start := 0; start < len(acc); {
-		// A run: items contiguous on both sides.
-		run := Segment{SrcOffset: acc[start].item.SrcOffset, DstOffset: acc[start].item.DstOffset, Size: acc[start].item.Size}
+	for start := 0; start < len(es); {
+		// A run: entries contiguous on both sides.
+		run := Segment{SrcOffset: es[start].srcOff, DstOffset: es[start].dstOff, Size: es[start].size}
 		end := start + 1
-		for end < len(acc) {
-			it := acc[end].item
-			if it.SrcOffset != run.SrcOffset+run.Size || it.DstOffset != run.DstOffset+run.Size {
-				break
-			}
-			run.Size += it.Size
+		for end < len(es) && es[end].srcOff == run.SrcOffset+run.Size && es[end].dstOff == run.DstOffset+run.Size {
+			run.Size += es[end].size
 			end++
 		}
 		pieces := 1
@@ -245,8 +282,8 @@ func (p *planner) planPair(acc []accepted) {
 			plan = newPlan()
 		}
 		appendSplit(&plan, run, p.lim.MaxSegmentBytes)
-		for _, a := range acc[start:end] {
-			plan.Tags = append(plan.Tags, a.item.Tag)
+		for _, e := range es[start:end] {
+			plan.Tags = append(plan.Tags, e.tag)
 		}
 		plan.Bytes += run.Size
 		start = end
