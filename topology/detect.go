@@ -50,11 +50,8 @@ func Detect(ctx context.Context, h Host, opts Options) (Report, error) {
 		if b, err := readTrimmed(h, nvidiaProcVersion); err == nil {
 			r.NVIDIADriver = strings.SplitN(b, "\n", 2)[0]
 		}
-		var imexWhy *Unreadable
-		r.IMEXChannels, imexWhy = readIMEX(h)
-		if imexWhy != nil {
-			r.Unreadable = append(r.Unreadable, *imexWhy)
-		}
+		r.IMEXRegistered, r.IMEXChannels, un = readIMEX(h)
+		r.Unreadable = append(r.Unreadable, un...)
 	}
 	r.NICs, un = detectNICs(h)
 	r.Unreadable = append(r.Unreadable, un...)
@@ -130,7 +127,7 @@ func xgmiEngine(r Report) Engine {
 	if r.GPUs[0].Vendor == VendorNVIDIA {
 		link = "NVLink"
 	}
-	e.Reason = fmt.Sprintf("%d GPUs, %d %s peer pairs; same-GPU copies always", len(r.GPUs), pairs, link)
+	e.Reason = fmt.Sprintf("%s, %d %s peer pairs; same-GPU copies always", plural(len(r.GPUs), "GPU"), pairs, link)
 	return e
 }
 
@@ -167,9 +164,13 @@ func fabricEngine(r Report) Engine {
 	for _, g := range r.GPUs {
 		pinned = pinned || (g.Fabric != nil && g.Fabric.Pinned)
 	}
-	if strings.HasPrefix(keys[0], FabricNVLink+":") && !r.IMEXChannels && !pinned {
+	if strings.HasPrefix(keys[0], FabricNVLink+":") && r.IMEXChannels == 0 && !pinned {
 		e.Available = false
-		parts = append(parts, "but the NVIDIA driver has no IMEX channels (nvidia-caps-imex-channels absent from /proc/devices)")
+		if r.IMEXRegistered {
+			parts = append(parts, "but no IMEX channel device in "+imexChannelDir+" (an IMEX domain must provide one)")
+		} else {
+			parts = append(parts, "but the NVIDIA driver has no IMEX channels (nvidia-caps-imex-channels absent from /proc/devices)")
+		}
 	}
 	if len(without) > 0 {
 		parts = append(parts, "not in a domain: "+groupNotes(without))
@@ -265,4 +266,11 @@ func intRanges(v []int) string {
 		i = j + 1
 	}
 	return strings.Join(parts, ",")
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

@@ -256,8 +256,8 @@ func TestHGXH200InfiniBand(t *testing.T) {
 	if e := engineOf(t, r, "rdma"); !e.Available || !strings.HasPrefix(e.Reason, "8 of 8 ports usable; GPUDirect dma-buf=true peer-mem=true: peer-mem /sys/module/nvidia_peermem/version") {
 		t.Errorf("rdma %+v", e)
 	}
-	if r.NVSwitches != 4 || !r.IMEXChannels || !strings.Contains(r.NVIDIADriver, "Open Kernel Module") || len(r.Unreadable) != 0 {
-		t.Errorf("node facts: switches %d imex %t driver %q unreadable %v", r.NVSwitches, r.IMEXChannels, r.NVIDIADriver, r.Unreadable)
+	if r.NVSwitches != 4 || !r.IMEXRegistered || r.IMEXChannels != 1 || !strings.Contains(r.NVIDIADriver, "Open Kernel Module") || len(r.Unreadable) != 0 {
+		t.Errorf("node facts: switches %d imex %t/%d driver %q unreadable %v", r.NVSwitches, r.IMEXRegistered, r.IMEXChannels, r.NVIDIADriver, r.Unreadable)
 	}
 
 	t.Run("NVML unavailable", func(t *testing.T) {
@@ -322,13 +322,19 @@ func TestGB200NVLinkClique(t *testing.T) {
 			t.Errorf("fabric %+v\nwant %q", e, want)
 		}
 	})
-	t.Run("no IMEX channels", func(t *testing.T) {
-		h := alteredHost{Host: fixture(t, "gb200-tray-4gpu-clique"), contents: map[string]string{
+	t.Run("no IMEX channel device", func(t *testing.T) {
+		noDevices := map[string]error{"/dev/nvidia-caps-imex-channels": syscall.ENOENT}
+		r := mustDetect(t, alteredHost{Host: fixture(t, "gb200-tray-4gpu-clique"), errs: noDevices}, topology.Options{OpenNVML: m.Opener()})
+		want := key + ": GPUs 0-3; but no IMEX channel device in /dev/nvidia-caps-imex-channels (an IMEX domain must provide one)"
+		if e := engineOf(t, r, "fabric"); e.Available || e.Reason != want || r.GPUs[0].Fabric == nil {
+			t.Errorf("fabric %+v, GPU 0 fabric %+v", e, r.GPUs[0].Fabric)
+		}
+		h := alteredHost{Host: fixture(t, "gb200-tray-4gpu-clique"), errs: noDevices, contents: map[string]string{
 			"/proc/devices": "Character devices:\n195 nvidia-frontend\n235 nvidia-caps\n\nBlock devices:\n  7 loop\n",
 		}}
-		r := mustDetect(t, h, topology.Options{OpenNVML: m.Opener()})
-		if e := engineOf(t, r, "fabric"); e.Available || !strings.Contains(e.Reason, "no IMEX channels") || r.GPUs[0].Fabric == nil {
-			t.Errorf("fabric %+v, GPU 0 fabric %+v", e, r.GPUs[0].Fabric)
+		r = mustDetect(t, h, topology.Options{OpenNVML: m.Opener()})
+		if e := engineOf(t, r, "fabric"); e.Available || !strings.HasSuffix(e.Reason, "(nvidia-caps-imex-channels absent from /proc/devices)") {
+			t.Errorf("fabric %+v", e)
 		}
 	})
 }

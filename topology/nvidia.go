@@ -244,14 +244,31 @@ func setNVLinkPeers(lib NVML, gpus []GPU, nvmlIndex map[string]int) {
 	}
 }
 
-// readIMEX reports whether the NVIDIA driver registered IMEX channels (needed to import fabric memory).
-func readIMEX(h Host) (bool, *Unreadable) {
-	raw, err := h.ReadFile("/proc/devices")
-	if err != nil {
-		return false, &Unreadable{Field: "imexChannels", Reason: whyUnreadable("/proc/devices", err)}
+// imexChannelDir holds the IMEX channel device nodes (made by tooling or a ComputeDomain, not the kernel).
+const imexChannelDir = "/dev/nvidia-caps-imex-channels"
+
+// readIMEX reports whether the NVIDIA driver registered its IMEX channel region (/proc/devices) and how many
+// channel devices exist. Importing fabric memory from another node needs a channel device, not just the
+// region.
+func readIMEX(h Host) (bool, int, []Unreadable) {
+	var un []Unreadable
+	registered := false
+	if raw, err := h.ReadFile("/proc/devices"); err != nil {
+		un = append(un, Unreadable{Field: "imexChannels", Reason: whyUnreadable("/proc/devices", err)})
+	} else {
+		_, registered = parseCharDevices(raw)["nvidia-caps-imex-channels"]
 	}
-	_, ok := parseCharDevices(raw)["nvidia-caps-imex-channels"]
-	return ok, nil
+	names, err := h.ReadDir(imexChannelDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		un = append(un, Unreadable{Field: "imexChannels", Reason: whyUnreadable(imexChannelDir, err)})
+	}
+	channels := 0
+	for _, n := range names {
+		if rest, ok := strings.CutPrefix(n, "channel"); ok && rest != "" && strings.Trim(rest, "0123456789") == "" {
+			channels++
+		}
+	}
+	return registered, channels, un
 }
 
 func errOr(err error, otherwise string) any {

@@ -151,9 +151,11 @@ type Report struct {
 	NICs      []NIC     `json:"nics"`
 	Engines   []Engine  `json:"engines"`
 	GPUDirect GPUDirect `json:"gpuDirect"`
-	// IMEXChannels is true when the NVIDIA driver registered IMEX channels (needed for NVLink fabric
-	// memory across nodes).
-	IMEXChannels bool `json:"imexChannels,omitempty"`
+	// IMEXRegistered is true when the NVIDIA driver registered its IMEX channel region (/proc/devices).
+	IMEXRegistered bool `json:"imexRegistered,omitempty"`
+	// IMEXChannels counts the IMEX channel devices in /dev/nvidia-caps-imex-channels; importing NVLink
+	// fabric memory from another node needs one.
+	IMEXChannels int `json:"imexChannels,omitempty"`
 	// NVIDIADriver is the first line of /proc/driver/nvidia/version, when present.
 	NVIDIADriver string `json:"nvidiaDriver,omitempty"`
 	// NVSwitches counts NVSwitch PCI functions (HGX boards; GB200 trays do not show theirs).

@@ -84,7 +84,7 @@ func WriteTable(w io.Writer, r Report) error {
 	p("\nGPUDirect RDMA: dma-buf %s, peer-mem %s (%s)\n", yesNo(r.GPUDirect.DMABuf), yesNo(r.GPUDirect.PeerMem), orDash(r.GPUDirect.Evidence))
 	if r.NVIDIADriver != "" {
 		p("NVIDIA driver: %s\n", r.NVIDIADriver)
-		p("NVSwitches on PCIe: %d; IMEX channels: %s\n", r.NVSwitches, yesNo(r.IMEXChannels))
+		p("NVSwitches on PCIe: %d; IMEX channel region registered: %s; IMEX channel devices: %d\n", r.NVSwitches, yesNo(r.IMEXRegistered), r.IMEXChannels)
 	}
 	var unread []string
 	for _, u := range r.Unreadable {

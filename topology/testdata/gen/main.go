@@ -253,6 +253,10 @@ func nvidiaProc(t *tree, gpuBDFs []string, model string, imex bool) {
 	}
 	devices += "\nBlock devices:\n  7 loop\n259 blkext\n"
 	t.file("/proc/devices", devices)
+	if imex {
+		// A character device in reality; the detector only lists the directory.
+		t.file("/dev/nvidia-caps-imex-channels/channel0", "")
+	}
 	t.file("/sys/module/nvidia_peermem/version", "580.159.04\n")
 	t.file("/proc/kallsyms", kallsymsCommon)
 }
