@@ -2,10 +2,12 @@ package xgmi_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/enginetest"
@@ -93,5 +95,57 @@ func TestRefusesWhatItCannotMove(t *testing.T) {
 	bad.Handles.Host = make([]byte, 10)
 	if _, err := eng.Register(context.Background(), bad); err == nil {
 		t.Error("Register accepted a host view shorter than the region")
+	}
+}
+
+// stuckHost ignores cancellation until released, like a GPU kernel that cannot be stopped.
+type stuckHost struct {
+	*xgmi.HostBackend
+	release chan struct{}
+}
+
+func (s stuckHost) Copy(ctx context.Context, w engines.Work) error {
+	<-s.release
+	return s.HostBackend.Copy(ctx, w)
+}
+
+func TestDeregisterNeverFreesUnderARunningCopy(t *testing.T) {
+	stuck := stuckHost{xgmi.NewHostBackend(), make(chan struct{})}
+	eng, err := xgmi.New(xgmi.Options{Node: "node-a", Grace: 100 * time.Millisecond}, stuck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	for _, id := range []string{"node-a/1", "node-a/2"} {
+		d := engines.MemoryDesc{ID: engines.MemoryID(id), Node: "node-a", Location: engines.Location{Kind: engines.LocationHost},
+			Size: 1 << 20, Handles: engines.Handles{Host: make([]byte, 1<<20)}}
+		if _, err := eng.Register(context.Background(), d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := eng.NewPlan()
+	if err := b.Add(engines.Item{Src: "node-a/1", Dst: "node-a/2", Size: 1 << 20, Tag: 1}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := eng.Submit(context.Background(), b.Build(), engines.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := eng.Deregister(ctx, "node-a/2"); !errors.Is(err, engines.ErrBusy) {
+		t.Fatalf("Deregister under a copy that cannot stop = %v, want ErrBusy", err)
+	}
+	if err := eng.NewPlan().Add(engines.Item{Src: "node-a/1", Dst: "node-a/2", Size: 8, Tag: 2}); !errors.Is(err, engines.ErrUnknownMemory) {
+		t.Fatalf("planning against a region being deregistered: %v, want ErrUnknownMemory", err)
+	}
+	close(stuck.release)
+	// The copy ran to its end after cancellation: success is the truth; a backend that noticed would say
+	// ErrDeregistered.
+	if err := tr.Wait(context.Background()); err != nil && !errors.Is(err, engines.ErrDeregistered) {
+		t.Fatalf("the stuck transfer ended with %v", err)
+	}
+	if err := eng.Deregister(context.Background(), "node-a/2"); err != nil {
+		t.Fatalf("Deregister once the copy stopped: %v", err)
 	}
 }
