@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# hack/chart-install-test.sh installs fabricxfer on a throwaway control plane (etcd + kube-apiserver on
+# loopback, no scheduler, no kubelet) in both supported ways, and checks what lands in the cluster:
+#   1. helm install with default values: CRDs established, operator Deployment, RBAC (rules as in
+#      config/rbac/role.yaml), metrics Service; a sample TransferPool is accepted;
+#   2. helm upgrade with defaultPool.enabled=true creates that pool;
+#   3. helm uninstall removes the release but keeps the CRDs and the pools;
+#   4. with no CRDs in the cluster, helm install --set defaultPool.enabled=true still creates the pool (as a
+#      post-install hook) and the next upgrade adopts it as an ordinary release object;
+#   5. kubectl apply -f dist/install.yaml on the cleaned cluster.
+# Nothing schedules pods here, so it never waits for the operator to run (no --wait).
+# Needs bin/{etcd,kube-apiserver,kubectl,helm} (make tools), openssl, curl and awk. Ports: API_PORT (17443),
+# ETCD_PORT (24790), ETCD_PEER_PORT (24800). Everything it starts is stopped on exit, whatever happened.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+
+BIN=${BIN_DIR:-$repo/bin}
+API_PORT=${API_PORT:-17443}
+ETCD_PORT=${ETCD_PORT:-24790}
+ETCD_PEER_PORT=${ETCD_PEER_PORT:-24800}
+NS=fabricxfer-system
+CRDS=(transferpools.fabricxfer.io transfernodes.fabricxfer.io vpodtopologies.fabricxfer.io)
+
+for tool in etcd kube-apiserver kubectl helm; do
+  [ -x "$BIN/$tool" ] || { echo "chart-install-test: $BIN/$tool not found; run make tools" >&2; exit 2; }
+done
+for port in "$API_PORT" "$ETCD_PORT" "$ETCD_PEER_PORT"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "chart-install-test: port $port is in use; set API_PORT/ETCD_PORT/ETCD_PEER_PORT" >&2
+    exit 2
+  fi
+done
+
+state=$(mktemp -d "${TMPDIR:-/tmp}/fabricxfer-chart-install.XXXXXX")
+pids=()
+# stop ends each process this script started: TERM, up to 15 s to exit, then KILL.
+stop() {
+  local pid
+  for pid in "${pids[@]}"; do
+    kill "$pid" 2>/dev/null || continue
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+}
+cleanup() {
+  local rc=$?
+  # Reverse order: the API server before etcd.
+  local reversed=() i
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do reversed+=("${pids[$i]}"); done
+  pids=("${reversed[@]}")
+  stop
+  if [ "$rc" -ne 0 ] && [ -f "$state/apiserver.log" ]; then
+    echo "--- last lines of the kube-apiserver log" >&2
+    tail -15 "$state/apiserver.log" >&2
+  fi
+  rm -rf "$state"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+elapsed() { awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+step() { printf '\n== %s\n' "$*"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+ok() { echo "ok: $*"; }
+
+step "control plane: etcd :$ETCD_PORT, kube-apiserver :$API_PORT"
+started=$(date +%s.%N)
+pki=$state/pki
+mkdir -p "$pki" "$state/etcd"
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=local-ca -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -subj /CN=kube-apiserver -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$pki/san.cnf"
+openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 1 \
+  -extfile "$pki/san.cnf" -out "$pki/apiserver.crt" 2>/dev/null
+openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+token=$(openssl rand -hex 16)
+echo "$token,admin,admin,\"system:masters\"" >"$pki/tokens.csv"
+
+"$BIN/etcd" --name local --data-dir "$state/etcd" --unsafe-no-fsync \
+  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+  --initial-cluster "local=http://127.0.0.1:$ETCD_PEER_PORT" >"$state/etcd.log" 2>&1 &
+pids+=($!)
+"$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+  --bind-address=127.0.0.1 --secure-port="$API_PORT" \
+  --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
+  --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" --cert-dir="$pki" \
+  --token-auth-file="$pki/tokens.csv" --authorization-mode=RBAC \
+  --service-account-issuer=https://kubernetes.default.svc \
+  --service-account-key-file="$pki/sa.key" --service-account-signing-key-file="$pki/sa.key" \
+  --service-cluster-ip-range=10.0.0.0/24 >"$state/apiserver.log" 2>&1 &
+pids+=($!)
+
+export KUBECONFIG=$state/kubeconfig
+cat >"$KUBECONFIG" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "https://127.0.0.1:$API_PORT", certificate-authority: "$pki/ca.crt"}}]
+users: [{name: admin, user: {token: "$token"}}]
+contexts: [{name: local, context: {cluster: local, user: admin, namespace: default}}]
+current-context: local
+KC
+chmod 600 "$KUBECONFIG"
+# helm keeps its cache and config under these; keep them in the throwaway state.
+export HELM_CACHE_HOME=$state/helm/cache HELM_CONFIG_HOME=$state/helm/config HELM_DATA_HOME=$state/helm/data
+
+ready=0
+for _ in $(seq 1 120); do
+  kill -0 "${pids[1]}" 2>/dev/null || fail "kube-apiserver exited"
+  if curl -sf --max-time 2 --cacert "$pki/ca.crt" -H "Authorization: Bearer $token" \
+    "https://127.0.0.1:$API_PORT/readyz" >/dev/null; then
+    ready=1
+    break
+  fi
+  sleep 0.5
+done
+[ "$ready" = 1 ] || fail "kube-apiserver not ready after 60 s"
+ok "kube-apiserver ready in $(elapsed) s"
+
+kubectl() { "$BIN/kubectl" "$@"; }
+helm() { "$BIN/helm" "$@"; }
+
+# expect_crds_established fails unless every fabricxfer CRD exists and is Established.
+expect_crds_established() {
+  kubectl wait --for=condition=Established --timeout=30s "${CRDS[@]/#/crd/}" >/dev/null ||
+    fail "CRDs not established"
+  ok "CRDs established: ${CRDS[*]}"
+}
+# expect_rules_as_generated compares the operator ClusterRole in the cluster with config/rbac/role.yaml.
+expect_rules_as_generated() {
+  local live want
+  live=$(kubectl get clusterrole "$1" -o jsonpath='{.rules}')
+  want=$(kubectl create --dry-run=client -f config/rbac/role.yaml -o jsonpath='{.rules}')
+  [ -n "$live" ] && [ "$live" = "$want" ] || fail "ClusterRole $1 rules differ from config/rbac/role.yaml"
+  ok "ClusterRole $1 has the rules of config/rbac/role.yaml"
+}
+
+step "helm install (default values)"
+helm install fabricxfer charts/fabricxfer -n "$NS" --create-namespace --timeout 60s
+expect_crds_established
+kubectl -n "$NS" get deployment fabricxfer-operator -o jsonpath='{.spec.replicas} replicas of {.spec.template.spec.containers[0].image}{"\n"}'
+[ "$(kubectl -n "$NS" get deployment fabricxfer-operator -o jsonpath='{.spec.replicas}')" = 2 ] ||
+  fail "operator Deployment does not ask for 2 replicas"
+ok "Deployment $NS/fabricxfer-operator exists"
+kubectl -n "$NS" get serviceaccount/fabricxfer-operator service/fabricxfer-operator-metrics \
+  role/fabricxfer-operator-leader-election rolebinding/fabricxfer-operator-leader-election \
+  poddisruptionbudget/fabricxfer-operator >/dev/null || fail "namespaced objects missing"
+kubectl get clusterrolebinding/fabricxfer-operator >/dev/null || fail "ClusterRoleBinding missing"
+ok "ServiceAccount, metrics Service, leader-election Role/RoleBinding, PDB, ClusterRoleBinding exist"
+expect_rules_as_generated fabricxfer-operator
+kubectl auth can-i create daemonsets.apps -n default --as="system:serviceaccount:$NS:fabricxfer-operator" >/dev/null ||
+  fail "the operator's ServiceAccount may not create DaemonSets"
+ok "the operator's ServiceAccount may create DaemonSets (RBAC bound)"
+kubectl apply -f config/samples/fabricxfer_v1alpha1_transferpool.yaml
+kubectl get transferpools -A
+
+step "helm upgrade --set defaultPool.enabled=true"
+helm upgrade fabricxfer charts/fabricxfer -n "$NS" --set defaultPool.enabled=true --timeout 60s | sed -n '1,6p'
+kubectl -n "$NS" get transferpool default >/dev/null || fail "defaultPool not created by the upgrade"
+ok "TransferPool $NS/default created by the upgrade"
+
+step "helm uninstall keeps the CRDs"
+helm uninstall fabricxfer -n "$NS" --timeout 60s
+for crd in "${CRDS[@]}"; do kubectl get crd "$crd" >/dev/null 2>&1 || fail "CRD $crd was removed by uninstall"; done
+ok "CRDs kept after uninstall"
+kubectl -n default get transferpool kv-cache >/dev/null || fail "user's TransferPool lost with the release"
+ok "TransferPool default/kv-cache (not the release's) still there"
+if kubectl -n "$NS" get deployment fabricxfer-operator >/dev/null 2>&1; then fail "operator Deployment left behind"; fi
+if kubectl -n "$NS" get transferpool default >/dev/null 2>&1; then fail "the release's TransferPool left behind"; fi
+ok "operator Deployment and the release's TransferPool removed"
+
+step "helm install --set defaultPool.enabled=true into a cluster without the CRDs"
+kubectl delete transferpools --all -A >/dev/null
+kubectl delete crd "${CRDS[@]}" --timeout=60s >/dev/null
+helm install fabricxfer charts/fabricxfer -n "$NS" --set defaultPool.enabled=true --timeout 60s | sed -n '1,6p'
+expect_crds_established
+kubectl -n "$NS" get transferpool default >/dev/null || fail "defaultPool not created on first install"
+ok "TransferPool $NS/default created on first install (post-install hook)"
+helm upgrade fabricxfer charts/fabricxfer -n "$NS" --set defaultPool.enabled=true \
+  --set defaultPool.spec.allowedNamespaces='{default}' --timeout 60s >/dev/null
+[ "$(kubectl -n "$NS" get transferpool default -o jsonpath='{.spec.allowedNamespaces[0]}')" = default ] ||
+  fail "upgrade did not update the adopted pool"
+helm get manifest fabricxfer -n "$NS" | grep -q '^kind: TransferPool$' || fail "the pool is not part of the release after upgrade"
+ok "the upgrade adopted and updated TransferPool $NS/default"
+helm uninstall fabricxfer -n "$NS" --timeout 60s >/dev/null
+if kubectl -n "$NS" get transferpool default >/dev/null 2>&1; then fail "adopted pool left behind by uninstall"; fi
+ok "uninstall removed the adopted pool"
+
+step "kubectl apply -f dist/install.yaml"
+kubectl delete crd "${CRDS[@]}" --timeout=60s >/dev/null
+kubectl apply -f dist/install.yaml
+expect_crds_established
+kubectl -n "$NS" get deployment fabricxfer-operator >/dev/null || fail "dist/install.yaml made no operator Deployment"
+expect_rules_as_generated fabricxfer-operator
+kubectl apply -f config/samples/fabricxfer_v1alpha1_transferpool.yaml >/dev/null
+kubectl get transferpools -A
+ok "dist/install.yaml applied; a TransferPool is accepted"
+kubectl apply --dry-run=server -f dist/install.yaml >/dev/null || fail "re-applying dist/install.yaml (server dry-run)"
+ok "re-applying dist/install.yaml is clean (server-side dry-run)"
+
+printf '\nchart-install-test: all checks passed in %s s\n' "$(elapsed)"
