@@ -108,6 +108,18 @@ func (r *Registry) lookup(id MemoryID) (*MemoryDesc, bool, uint64, error) {
 	return &g.desc, g.local, g.gen, nil
 }
 
+// Describe is Lookup that also finds regions being deregistered (for the engine's own Deregister, which may be
+// called again after ErrBusy).
+func (r *Registry) Describe(id MemoryID) (*MemoryDesc, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g, ok := r.regions[id]
+	if !ok {
+		return nil, false, fmt.Errorf("memory %s: %w", id, ErrUnknownMemory)
+	}
+	return &g.desc, g.local, nil
+}
+
 // Pin keeps a region registered until unpin is called; engines pin regions that a peer's request touches (the
 // serving side of a remote read or write). Deregister waits for pins.
 func (r *Registry) Pin(id MemoryID) (d *MemoryDesc, unpin func(), err error) {

@@ -134,7 +134,7 @@ func (e *Engine) Import(_ context.Context, desc engines.MemoryDesc) error {
 
 // Deregister implements engines.Engine.
 func (e *Engine) Deregister(ctx context.Context, id engines.MemoryID) error {
-	d, local, err := e.reg.Lookup(id)
+	d, local, err := e.reg.Describe(id)
 	if err != nil {
 		return fmt.Errorf("xgmi: deregistering: %w", err)
 	}
