@@ -52,7 +52,8 @@ func TestDetectTableSections(t *testing.T) {
 	}
 	for _, want := range []string{
 		"Node hgx-1", "GPUs (8)", "RDMA ports (8)", "NICs per GPU, nearest first", "GPU 0  mlx5_0/1 PIX",
-		"Engines", "tcp     unavailable  disabled by agent configuration", "NVSwitches on PCIe: 4; IMEX channels: yes",
+		"Engines", "tcp     unavailable  disabled by agent configuration (--disable-engines)",
+		"NVSwitches on PCIe: 4; IMEX channel region registered: yes; IMEX channel devices: 1",
 		"Unreadable facts (0)",
 	} {
 		if !strings.Contains(out, want) {
@@ -68,6 +69,8 @@ func TestBadInvocations(t *testing.T) {
 		{"detect", "-o", "yaml"},
 		{"detect", "--host-root", filepath.Join(t.TempDir(), "missing")},
 		{"detect", "--disable-engines", "nvlink"},
+		{"detect", "--engines", "xgmi,ib"},
+		{"detect", "--engines", ","},
 		{"detect", "--fabric-domain", "vpod-1"},
 		{"detect", "--nvml-fixture", filepath.Join(t.TempDir(), "none.json")},
 		{"detect", "extra"},
@@ -77,6 +80,29 @@ func TestBadInvocations(t *testing.T) {
 		_, errOut, code := runAgent(t, args...)
 		if code == 0 || errOut == "" {
 			t.Errorf("agent %v: exit %d, stderr %q; want a failure that says why", args, code, errOut)
+		}
+	}
+}
+
+func TestPoolEnginesAndDisabledEnginesCombine(t *testing.T) {
+	out, errOut, code := runAgent(t, "detect", "--host-root", filepath.Join(testdata, "rdma-only-node"), "-o", "json",
+		"--engines", "rdma,tcp,xgmi", "--disable-engines", "tcp")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var st v1alpha1.TransferNodeStatus
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatal(err)
+	}
+	want := map[v1alpha1.EngineName]string{
+		v1alpha1.EngineXGMI:   "no GPU detected",
+		v1alpha1.EngineFabric: "disabled by the pool's engines (--engines) and agent configuration (--disable-engines) (hardware: unavailable: no GPU detected)",
+		v1alpha1.EngineRDMA:   "2 of 2 ports usable",
+		v1alpha1.EngineTCP:    "disabled by the pool's engines (--engines) and agent configuration (--disable-engines) (hardware: available: host memory over TCP; stages GPU memory through host when nothing else reaches the peer)",
+	}
+	for _, e := range st.Engines {
+		if e.Reason != want[e.Name] || e.Available != (e.Name == v1alpha1.EngineRDMA) {
+			t.Errorf("engine %s: available %t reason %q", e.Name, e.Available, e.Reason)
 		}
 	}
 }

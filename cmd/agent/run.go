@@ -39,7 +39,8 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.poolNamespace, "pool-namespace", os.Getenv("POOL_NAMESPACE"), "namespace of the TransferPool this agent serves")
 	fs.StringVar(&c.poolName, "pool-name", os.Getenv("POOL_NAME"), "name of the TransferPool this agent serves")
 	fs.DurationVar(&c.heartbeat, "heartbeat", 10*time.Second, "heartbeat and re-detection period")
-	fs.StringVar(&c.endpoint, "endpoint", "", "host:port other agents reach this one at")
+	fs.StringVar(&c.endpoint, "endpoint", "", "host:port other agents reach this one at, reported in the TransferNode")
+	fs.StringVar(&c.endpoint, "advertise", "", "same as --endpoint (the name the operator's DaemonSet uses)")
 }
 
 // component is one long-running part of the agent. Run returns when ctx ends (nil) or on a fatal error.
