@@ -1,0 +1,6 @@
+package rdma
+
+import "syscall"
+
+// closeFD closes a dma-buf fd once the NIC holds its own reference.
+func closeFD(fd int) { _ = syscall.Close(fd) }

@@ -1,0 +1,223 @@
+package rdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/verbs"
+)
+
+// statusError maps a failed completion to the error its plan reports.
+func statusError(node string, qpn uint32, wc verbs.Completion) error {
+	what := fmt.Sprintf("%s on queue pair %d to %s (vendor error %#x)", wc.Status, qpn, node, wc.VendorErr)
+	switch wc.Status {
+	case verbs.StatusRetryExcErr, verbs.StatusRNRRetryExc, verbs.StatusRespTimeout:
+		return fmt.Errorf("%w: %s", engines.ErrPeerLost, what)
+	case verbs.StatusRemAccessErr, verbs.StatusRemInvReqErr:
+		return fmt.Errorf("%w: %s", ErrRemoteAccess, what)
+	}
+	return errors.New(what)
+}
+
+// Submit implements engines.Engine.
+func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.SubmitOptions) (engines.Transfer, error) {
+	var finalize func(context.Context, []engines.Outcome)
+	if opts.Notify != nil {
+		payload := append([]byte(nil), opts.Notify...)
+		finalize = func(ctx context.Context, outcomes []engines.Outcome) { e.notifyAll(ctx, ps.Plans, outcomes, payload) }
+	}
+	t, work, err := e.reg.Begin(ctx, e.Name(), ps, opts, finalize)
+	if err != nil {
+		return nil, fmt.Errorf("rdma: %w", err)
+	}
+	if len(work) > 0 {
+		go e.run(t, work)
+	}
+	return t, nil
+}
+
+func (e *Engine) run(t *engines.Tracker, work []engines.Work) {
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	for _, w := range work {
+		select {
+		case e.slots <- struct{}{}:
+		case <-ctx.Done():
+			t.Finish(w.Index, ctx.Err())
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-e.slots; wg.Done() }()
+			if err := e.executePlan(ctx, w); err != nil {
+				t.Finish(w.Index, fmt.Errorf("rdma %s %s -> %s: %w", w.Plan.Direction, w.Plan.Src, w.Plan.Dst, err))
+				return
+			}
+			t.Finish(w.Index, nil)
+		}()
+	}
+	wg.Wait()
+}
+
+// executePlan posts one work request per segment (the planner cut them at the
+// chunk size) over the peer's queue pairs and waits for every completion.
+// It returns only once the NIC reports nothing of this plan outstanding, or
+// the queue pairs carrying it were torn down.
+func (e *Engine) executePlan(ctx context.Context, w engines.Work) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	local, remote, op := w.Src, w.Dst, verbs.OpWrite
+	if w.Plan.Direction == engines.DirRead {
+		local, remote, op = w.Dst, w.Src, verbs.OpRead
+	}
+	e.mu.Lock()
+	lm := e.local[local.ID]
+	e.mu.Unlock()
+	if lm == nil {
+		return fmt.Errorf("%w: %s has no registration", engines.ErrUnknownMemory, local.ID)
+	}
+	if len(remote.Handles.RDMA) == 0 {
+		return fmt.Errorf("%s has no RDMA key", remote.ID)
+	}
+	key := remote.Handles.RDMA[0]
+	set, err := e.getSet(ctx, setKey{node: remote.Node, local: lm.nic.name, remote: key.Device})
+	if err != nil {
+		return err
+	}
+	ch := make(chan verbs.Completion, len(w.Plan.Segments))
+	posted := 0
+	var firstErr error
+	for _, s := range w.Plan.Segments {
+		if err := ctx.Err(); err != nil {
+			firstErr = err
+			break
+		}
+		wr := verbs.WorkRequest{ID: e.wrIDs.Add(1), Op: op, LKey: lm.mr.LKey(), Length: uint32(s.Size), RKey: key.RKey}
+		if op == verbs.OpWrite {
+			wr.LocalAddr, wr.RemoteAddr = lm.addr+s.SrcOffset, key.Addr+s.DstOffset
+		} else {
+			wr.LocalAddr, wr.RemoteAddr = lm.addr+s.DstOffset, key.Addr+s.SrcOffset
+		}
+		if err := set.pick().post(ctx, wr, ch); err != nil {
+			firstErr = err
+			break
+		}
+		posted++
+	}
+	for received := 0; received < posted; received++ {
+		var wc verbs.Completion
+		select {
+		case wc = <-ch:
+		case <-ctx.Done():
+			if firstErr == nil {
+				firstErr = ctx.Err()
+			}
+			if err := e.drain(set, ch, posted-received); err != nil {
+				return errors.Join(firstErr, err)
+			}
+			return firstErr
+		}
+		if wc.Status != verbs.StatusSuccess && firstErr == nil {
+			firstErr = e.completionError(set, wc)
+		}
+	}
+	return firstErr
+}
+
+// completionError explains a failed completion; a flush names the failure
+// that put the queue pair into ERR.
+func (e *Engine) completionError(set *qpSet, wc verbs.Completion) error {
+	if wc.Status == verbs.StatusWRFlushErr {
+		for _, c := range set.qps {
+			c.mu.Lock()
+			cause := c.failed
+			c.mu.Unlock()
+			if cause != nil {
+				return fmt.Errorf("work flushed after %w", cause)
+			}
+		}
+		return fmt.Errorf("work flushed: queue pairs to %s torn down", set.key.node)
+	}
+	return statusError(set.key.node, 0, wc)
+}
+
+// drain waits for n outstanding completions of a cancelled plan; when the NIC
+// does not report them in time, the set's queue pairs are torn down, which
+// flushes them.
+func (e *Engine) drain(set *qpSet, ch <-chan verbs.Completion, n int) error {
+	timer := time.NewTimer(e.opts.DrainTimeout)
+	defer timer.Stop()
+	for ; n > 0; n-- {
+		select {
+		case <-ch:
+		case <-timer.C:
+			set.broken.Store(true)
+			for _, c := range set.qps {
+				c.close()
+			}
+			for ; n > 0; n-- {
+				select {
+				case <-ch:
+				case <-time.After(2 * time.Second):
+					return fmt.Errorf("%d work requests to %s still unaccounted for after tearing down their queue pairs", n, set.key.node)
+				}
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// notifyAll delivers a successful submission's notifications: writes to the
+// remote node through the Notifier, reads to this node's handler. A
+// notification that cannot be delivered fails its plans.
+func (e *Engine) notifyAll(ctx context.Context, plans []engines.Plan, outcomes []engines.Outcome, payload []byte) {
+	if !engines.AllSucceeded(outcomes) || len(plans) == 0 {
+		return
+	}
+	byNode := map[string][]int{}
+	var nodes []string
+	for i := range plans {
+		node := e.opts.Node
+		if plans[i].Direction == engines.DirWrite {
+			d, _, err := e.reg.Lookup(plans[i].Dst)
+			if err != nil {
+				outcomes[i].Err = fmt.Errorf("notifying: %w", err)
+				continue
+			}
+			node = d.Node
+		}
+		if _, ok := byNode[node]; !ok {
+			nodes = append(nodes, node)
+		}
+		byNode[node] = append(byNode[node], i)
+	}
+	slices.Sort(nodes)
+	for _, node := range nodes {
+		idx := byNode[node]
+		ptrs := make([]*engines.Plan, len(idx))
+		for k, i := range idx {
+			ptrs[k] = &plans[i]
+		}
+		n := engines.BuildNotification(e.opts.Node, ptrs, payload)
+		if node == e.opts.Node {
+			e.Deliver(n)
+			continue
+		}
+		err := errors.New("no channel to the destination node")
+		if e.opts.Notifier != nil {
+			err = e.opts.Notifier.SendNotification(ctx, node, n)
+		}
+		if err != nil {
+			for _, i := range idx {
+				outcomes[i].Err = fmt.Errorf("data landed but the notification to %s failed: %w", node, err)
+			}
+		}
+	}
+}
