@@ -191,7 +191,9 @@ func TestUnavailableWithoutUsableNIC(t *testing.T) {
 
 func TestYieldsTheFabricEnginesPairs(t *testing.T) {
 	c := newCluster(t, func(o *rdma.Options) {
-		o.Yield = func(src, dst *engines.MemoryDesc) bool { return src.FabricDomain != "" && src.FabricDomain == dst.FabricDomain }
+		o.Yield = func(src, dst *engines.MemoryDesc) bool {
+			return src.FabricDomain != "" && src.FabricDomain == dst.FabricDomain
+		}
 	}, "node-a", "node-b")
 	local, _ := c.region(t, "node-a", 0, 4096)
 	remote, _ := c.region(t, "node-b", 0, 4096)
@@ -296,8 +298,14 @@ func TestSimultaneousDialsMakeOneSetPerPeer(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	wg.Add(2)
-	go func() { defer wg.Done(); errs[0] = transfer(t, a, engines.Item{Src: la.ID, Dst: lb.ID, Size: 1 << 16, Tag: 1}) }()
-	go func() { defer wg.Done(); errs[1] = transfer(t, b, engines.Item{Src: lb2.ID, Dst: la2.ID, Size: 1 << 16, Tag: 2}) }()
+	go func() {
+		defer wg.Done()
+		errs[0] = transfer(t, a, engines.Item{Src: la.ID, Dst: lb.ID, Size: 1 << 16, Tag: 1})
+	}()
+	go func() {
+		defer wg.Done()
+		errs[1] = transfer(t, b, engines.Item{Src: lb2.ID, Dst: la2.ID, Size: 1 << 16, Tag: 2})
+	}()
 	wg.Wait()
 	for i, err := range errs {
 		if err != nil {
