@@ -74,7 +74,26 @@ func detectAMD(ctx context.Context, h Host) ([]GPU, []Unreadable) {
 		}
 	}
 	setXGMIPeers(gpus, links, linksUnreadable)
+	markPartitions(gpus)
 	return gpus, unreadable
+}
+
+// markPartitions numbers the partitions of each physical GPU (KFD nodes sharing a unique_id), in KFD order.
+func markPartitions(gpus []GPU) {
+	byUnique := map[string][]int{}
+	for i, g := range gpus {
+		if g.UUID != "" {
+			byUnique[g.UUID] = append(byUnique[g.UUID], i)
+		}
+	}
+	for _, idx := range byUnique {
+		if len(idx) < 2 {
+			continue
+		}
+		for p, i := range idx {
+			gpus[i].Partition, gpus[i].Partitions = p, len(idx)
+		}
+	}
 }
 
 type pathError struct {
@@ -131,6 +150,12 @@ func amdGPU(h Host, nodeID uint64, p map[string]uint64) GPU {
 	if g.PCIBusID != "" {
 		readPCINUMA(h, &g.NUMANode, &g.Unreadable, g.PCIBusID)
 		readUALink(h, &g)
+		// amdgpu creates xgmi_hive_info only for a GPU that joined a hive; absence is not an error.
+		if s, err := readTrimmed(h, "/sys/bus/pci/devices/"+g.PCIBusID+"/xgmi_hive_info/xgmi_hive_id"); err == nil {
+			if _, perr := strconv.ParseUint(s, 10, 64); perr == nil {
+				g.XGMIHive = s
+			}
+		}
 	}
 	return g
 }

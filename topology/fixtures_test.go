@@ -34,6 +34,10 @@ func TestMI300XFullMeshRoCE(t *testing.T) {
 			g.MemoryBytes != 206158430208 || fmt.Sprint(g.XGMIPeers) != fmt.Sprint(wantPeers) || g.Fabric != nil {
 			t.Errorf("GPU %d = %+v", k, g)
 		}
+		// amdgpu's hive id is read through the hive directory (a link on all but the first GPU).
+		if g.XGMIHive != "14203577302455301311" || g.Partitions != 0 {
+			t.Errorf("GPU %d hive %q partitions %d", k, g.XGMIHive, g.Partitions)
+		}
 		if g.FabricNote != "no UALink" || len(g.Unreadable) != 0 {
 			t.Errorf("GPU %d fabric note %q, unreadable %v", k, g.FabricNote, g.Unreadable)
 		}

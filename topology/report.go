@@ -88,6 +88,12 @@ type GPU struct {
 	MemoryBytes int64  `json:"memoryBytes,omitempty"`
 	// XGMIPeers are indexes of GPUs of this node reachable over XGMI (AMD) or NVLink (NVIDIA) peer links.
 	XGMIPeers []int `json:"xgmiPeers,omitempty"`
+	// XGMIHive is amdgpu's xgmi_hive_id for the GPU's PCI device (secondary evidence; KFD links decide).
+	XGMIHive string `json:"xgmiHive,omitempty"`
+	// Partition and Partitions place a GPU partition (KFD node) within its physical GPU: partitions share
+	// the GPU's unique_id. Both are 0 for a GPU that is not partitioned.
+	Partition  int `json:"partition,omitempty"`
+	Partitions int `json:"partitions,omitempty"`
 	// ActiveNVLinks counts the NVIDIA GPU's NVLinks in state enabled (0 for AMD GPUs or where unknown).
 	ActiveNVLinks int     `json:"activeNVLinks,omitempty"`
 	Fabric        *Fabric `json:"fabric,omitempty"`

@@ -32,7 +32,14 @@ func WriteTable(w io.Writer, r Report) error {
 					fabric += " (" + g.FabricNote + ")"
 				}
 			}
-			p("  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Index, g.Vendor, orDash(g.Model), orDash(g.PCIBusID),
+			model := orDash(g.Model)
+			if g.Partitions > 0 {
+				model += fmt.Sprintf(" (partition %d/%d)", g.Partition, g.Partitions)
+			}
+			if g.XGMIHive != "" {
+				peers += " (hive " + g.XGMIHive + ")"
+			}
+			p("  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Index, g.Vendor, model, orDash(g.PCIBusID),
 				numa(g.NUMANode), bytesHuman(g.MemoryBytes), peers, fabric)
 		}
 	}

@@ -158,6 +158,7 @@ const kallsymsCommon = "0000000000000000 T ib_register_client\t[ib_core]\n000000
 // mi300x is an 8 x MI300X node: full XGMI mesh, one 400G RoCE NIC under the same PCIe switch as each GPU.
 func mi300x(t *tree, variant string) {
 	gpuBus := []int{0x05, 0x2b, 0x5b, 0x65, 0x7d, 0xa5, 0xd5, 0xe7}
+	hiveDir := ""
 	t.kfdCPU(0, 96)
 	t.kfdCPU(1, 96)
 	for k, gb := range gpuBus {
@@ -169,7 +170,14 @@ func mi300x(t *tree, variant string) {
 		root := fmt.Sprintf("pci0000:%02x", r)
 		up := []string{bdf(r, 1, 1), bdf(r+1, 0, 0)}
 		gpuChain := append(append([]string{}, up...), bdf(r+2, 0, 0), bdf(r+3, 0, 0), bdf(r+4, 0, 0), bdf(gb, 0, 0))
-		t.pciDev(root, gpuChain, map[string]string{"vendor": "0x1002", "class": "0x120000", "numa_node": numa})
+		gdir := t.pciDev(root, gpuChain, map[string]string{"vendor": "0x1002", "class": "0x120000", "numa_node": numa})
+		// amdgpu's hive directory is real on the first GPU and a link on the others.
+		if k == 0 {
+			t.file(gdir+"/xgmi_hive_info/xgmi_hive_id", "14203577302455301311\n")
+			hiveDir = gdir + "/xgmi_hive_info"
+		} else {
+			t.link(gdir+"/xgmi_hive_info", hiveDir)
+		}
 		nicChain := append(append([]string{}, up...), bdf(r+2, 1, 0), bdf(r+9, 0, 0))
 		ndir := t.pciDev(root, nicChain, map[string]string{"vendor": "0x15b3", "class": "0x020000", "numa_node": numa})
 		n := nicSpec{name: fmt.Sprintf("mlx5_%d", k), dir: ndir, linkLayer: "Ethernet", state: "4: ACTIVE",
