@@ -36,6 +36,10 @@ type Config struct {
 	Log    logr.Logger
 	// Now returns the heartbeat time; time.Now when nil.
 	Now func() time.Time
+	// Decorate, when set, adds what other parts of the agent know (registered bytes) to each status before
+	// it is applied. Every status field goes through this one apply: a second apply by the same field
+	// manager that left out the detected fields would remove them.
+	Decorate func(*v1alpha1.TransferNodeStatus)
 }
 
 // Reporter writes one node's TransferNode.
@@ -99,6 +103,9 @@ func (r *Reporter) ReportOnce(ctx context.Context) error {
 	st := report.Status(rep, r.cfg.Identity)
 	beat := metav1.NewTime(r.cfg.Now())
 	st.LastHeartbeat = &beat
+	if r.cfg.Decorate != nil {
+		r.cfg.Decorate(&st)
+	}
 	if err := r.applyStatus(ctx, st); err != nil {
 		r.objectApplied = false // the object may be gone (deleted with a recreated Node); write it again
 		return err

@@ -141,8 +141,9 @@ func TestReporterWritesTransferNode(t *testing.T) {
 		Detect: func(ctx context.Context) (topology.Report, error) {
 			return topology.Detect(ctx, host, topology.Options{})
 		},
-		Client: c,
-		Log:    testr.New(t),
+		Client:   c,
+		Log:      testr.New(t),
+		Decorate: func(st *v1alpha1.TransferNodeStatus) { st.RegisteredBytes = 1 << 30 },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +167,7 @@ func TestReporterWritesTransferNode(t *testing.T) {
 	}
 	st := tn.Status
 	if len(st.GPUs) != 8 || len(st.NICs) != 8 || st.NICs[3].State != "ACTIVE" || st.Endpoint != "10.0.0.1:7470" ||
-		st.AgentVersion != "test" || st.GPUDirect == nil || !st.GPUDirect.PeerMem {
+		st.AgentVersion != "test" || st.GPUDirect == nil || !st.GPUDirect.PeerMem || st.RegisteredBytes != 1<<30 {
 		t.Errorf("status %+v", st)
 	}
 	managers := map[string]bool{}
