@@ -89,7 +89,7 @@ type driverFuncs struct {
 	memAddressReserve, memAddressFree, memMap, memUnmap, memSetAccess        uintptr
 	memRetainAllocationHandle, memGetAllocationPropertiesFromHandle          uintptr
 	ipcGetMemHandle, ipcOpenMemHandle, ipcCloseMemHandle                     uintptr
-	pointerGetAttribute, memGetAddressRange                                  uintptr
+	pointerGetAttribute, memGetAddressRange, memGetHandleForAddressRange     uintptr
 }
 
 // Load opens the CUDA driver library (the first of paths that opens, or the
@@ -189,6 +189,10 @@ func (d *Driver) resolve() error {
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("driver lacks entry points %s", strings.Join(missing, ", "))
+	}
+	// dma-buf export (CUDA 11.7+) is optional: without it GPUDirect RDMA uses peer memory.
+	if p, err := purego.Dlsym(d.lib, "cuMemGetHandleForAddressRange"); err == nil {
+		d.f.memGetHandleForAddressRange = p
 	}
 	// The batch copy API is optional: CUDA 13 exports it as _v2 without failIdx.
 	if p, err := purego.Dlsym(d.lib, "cuMemcpyBatchAsync_v2"); err == nil && p != 0 {

@@ -2,7 +2,9 @@ package cuda
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
+	"syscall"
 	"testing"
 )
 
@@ -166,6 +168,34 @@ func TestGPUFabricHandleAllocation(t *testing.T) {
 			t.Error("exported fabric handle is all zero")
 		}
 		t.Logf("fabric handle exported (attribute %d)", supported)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGPUDMABufExport(t *testing.T) {
+	d, dev, ctx := gpu(t)
+	if v, err := d.DeviceAttribute(dev, AttrDmaBufSupported); err != nil || v == 0 {
+		t.Skipf("GPU reports no dma-buf support (%d, %v)", v, err)
+	}
+	err := d.WithContext(ctx, func() error {
+		p, err := d.MemAlloc(4 << 20)
+		if err != nil {
+			return err
+		}
+		defer d.MemFree(p)
+		fd, err := d.DMABufFD(p, 4<<20)
+		if err != nil {
+			return err
+		}
+		defer syscall.Close(fd)
+		var st syscall.Stat_t
+		if err := syscall.Fstat(fd, &st); err != nil {
+			return fmt.Errorf("fstat of the dma-buf fd %d: %w", fd, err)
+		}
+		t.Logf("dma-buf fd %d for 4 MiB of device memory (mode %#o)", fd, st.Mode)
 		return nil
 	})
 	if err != nil {

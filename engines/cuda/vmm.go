@@ -181,3 +181,16 @@ func (d *Driver) IPCOpenMemHandle(h IPCMemHandle) (DevicePtr, error) {
 func (d *Driver) IPCCloseMemHandle(p DevicePtr) error {
 	return d.call("cuIpcCloseMemHandle", d.f.ipcCloseMemHandle, uintptr(p))
 }
+
+// DMABufFD exports [ptr, ptr+size) of device memory as a dma-buf fd (both
+// must be host-page aligned) for a NIC to register; the caller closes it.
+func (d *Driver) DMABufFD(ptr DevicePtr, size uint64) (int, error) {
+	if d.f.memGetHandleForAddressRange == 0 {
+		return -1, &Error{Op: "cuMemGetHandleForAddressRange", Code: ErrSymbolNotFoundInDriver, Name: "not exported by this driver"}
+	}
+	var fd int32 = -1
+	const dmaBufFD = 0x1 // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
+	err := d.call("cuMemGetHandleForAddressRange(DMA_BUF_FD)", d.f.memGetHandleForAddressRange,
+		uintptr(unsafe.Pointer(&fd)), uintptr(ptr), uintptr(size), dmaBufFD, 0)
+	return int(fd), err
+}

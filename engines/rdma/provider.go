@@ -43,8 +43,10 @@ type QP interface {
 	Post(wrs []verbs.WorkRequest) error
 	// Poll reaps up to len(out) completions without blocking.
 	Poll(out []verbs.Completion) (int, error)
-	// Close moves the queue pair to ERR (flushing what is outstanding) and frees it.
+	// Close moves the queue pair to ERR: what is outstanding completes as flushed.
 	Close() error
+	// Destroy frees the queue pair and its completion queue, once nothing polls it.
+	Destroy() error
 }
 
 // Exchanger carries queue-pair connection info to a peer node's rdma engine

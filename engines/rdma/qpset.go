@@ -186,7 +186,7 @@ func (c *qpConn) close() error {
 	close(c.stop)
 	<-c.done
 	c.failAll(errors.New("queue pair closed"))
-	return err
+	return errors.Join(err, c.qp.Destroy())
 }
 
 // getSet returns the connected set for k, dialing the peer when there is none
