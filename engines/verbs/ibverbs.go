@@ -20,9 +20,9 @@ type Lib struct {
 	path string
 	f    struct {
 		getDeviceList, freeDeviceList, getDeviceName, openDevice, closeDevice uintptr
-		allocPD, deallocPD, regMR, regDmabufMR, deregMR                      uintptr
-		createCQ, destroyCQ, createQP, modifyQP, destroyQP                   uintptr
-		queryPort, queryGID                                                  uintptr
+		allocPD, deallocPD, regMR, regDmabufMR, deregMR                       uintptr
+		createCQ, destroyCQ, createQP, modifyQP, destroyQP                    uintptr
+		queryPort, queryGID                                                   uintptr
 	}
 	// SysfsRoot is where port GID types are read ("/sys" by default).
 	SysfsRoot string
@@ -30,44 +30,44 @@ type Lib struct {
 
 // Offsets into rdma-core's public structs (x86-64 and arm64 share them).
 const (
-	ctxOpsOffset      = 8              // ibv_context.ops follows the device pointer
-	opsPollCQ         = 11             // ibv_context_ops.poll_cq
-	opsPostSend       = 25             // ibv_context_ops.post_send
-	mrLKeyOffset      = 36             // ibv_mr.lkey
-	mrRKeyOffset      = 40             // ibv_mr.rkey
-	qpNumOffset       = 52             // ibv_qp.qp_num
-	qpStateOffset     = 56             // ibv_qp.state
-	portStateOffset   = 0              // ibv_port_attr.state
-	portMTUOffset     = 8              // ibv_port_attr.active_mtu
-	portGIDTblOffset  = 12             // ibv_port_attr.gid_tbl_len
-	portLIDOffset     = 34             // ibv_port_attr.lid
-	portLinkOffset    = 46             // ibv_port_attr.link_layer
-	sendWRSize        = 128            // sizeof(struct ibv_send_wr)
-	wcSize            = 48             // sizeof(struct ibv_wc)
-	qpAttrSize        = 144            // sizeof(struct ibv_qp_attr)
-	qpInitAttrSize    = 64             // sizeof(struct ibv_qp_init_attr)
-	linkLayerEthernet = 2              // IBV_LINK_LAYER_ETHERNET
-	qptRC             = 2              // IBV_QPT_RC
-	sendSignaled      = 2              // IBV_SEND_SIGNALED
-	wrRDMAWrite       = 0              // IBV_WR_RDMA_WRITE
-	wrRDMARead        = 4              // IBV_WR_RDMA_READ
-	maskState         = 1 << 0         // IBV_QP_STATE
-	maskAccess        = 1 << 3         // IBV_QP_ACCESS_FLAGS
-	maskPKey          = 1 << 4         // IBV_QP_PKEY_INDEX
-	maskPort          = 1 << 5         // IBV_QP_PORT
-	maskAV            = 1 << 7         // IBV_QP_AV
-	maskPathMTU       = 1 << 8         // IBV_QP_PATH_MTU
-	maskTimeout       = 1 << 9         // IBV_QP_TIMEOUT
-	maskRetry         = 1 << 10        // IBV_QP_RETRY_CNT
-	maskRNRRetry      = 1 << 11        // IBV_QP_RNR_RETRY
-	maskRQPSN         = 1 << 12        // IBV_QP_RQ_PSN
-	maskMaxRdAtomic   = 1 << 13        // IBV_QP_MAX_QP_RD_ATOMIC
-	maskMinRNRTimer   = 1 << 15        // IBV_QP_MIN_RNR_TIMER
-	maskSQPSN         = 1 << 16        // IBV_QP_SQ_PSN
-	maskMaxDestRd     = 1 << 17        // IBV_QP_MAX_DEST_RD_ATOMIC
-	maskDestQPN       = 1 << 20        // IBV_QP_DEST_QPN
-	remoteRdAtomic    = 16             // outstanding RDMA reads per queue pair
-	portActive        = 4              // IBV_PORT_ACTIVE
+	ctxOpsOffset      = 8               // ibv_context.ops follows the device pointer
+	opsPollCQ         = 11              // ibv_context_ops.poll_cq
+	opsPostSend       = 25              // ibv_context_ops.post_send
+	mrLKeyOffset      = 36              // ibv_mr.lkey
+	mrRKeyOffset      = 40              // ibv_mr.rkey
+	qpNumOffset       = 52              // ibv_qp.qp_num
+	qpStateOffset     = 56              // ibv_qp.state
+	portStateOffset   = 0               // ibv_port_attr.state
+	portMTUOffset     = 8               // ibv_port_attr.active_mtu
+	portGIDTblOffset  = 12              // ibv_port_attr.gid_tbl_len
+	portLIDOffset     = 34              // ibv_port_attr.lid
+	portLinkOffset    = 46              // ibv_port_attr.link_layer
+	sendWRSize        = 128             // sizeof(struct ibv_send_wr)
+	wcSize            = 48              // sizeof(struct ibv_wc)
+	qpAttrSize        = 144             // sizeof(struct ibv_qp_attr)
+	qpInitAttrSize    = 64              // sizeof(struct ibv_qp_init_attr)
+	linkLayerEthernet = 2               // IBV_LINK_LAYER_ETHERNET
+	qptRC             = 2               // IBV_QPT_RC
+	sendSignaled      = 2               // IBV_SEND_SIGNALED
+	wrRDMAWrite       = 0               // IBV_WR_RDMA_WRITE
+	wrRDMARead        = 4               // IBV_WR_RDMA_READ
+	maskState         = 1 << 0          // IBV_QP_STATE
+	maskAccess        = 1 << 3          // IBV_QP_ACCESS_FLAGS
+	maskPKey          = 1 << 4          // IBV_QP_PKEY_INDEX
+	maskPort          = 1 << 5          // IBV_QP_PORT
+	maskAV            = 1 << 7          // IBV_QP_AV
+	maskPathMTU       = 1 << 8          // IBV_QP_PATH_MTU
+	maskTimeout       = 1 << 9          // IBV_QP_TIMEOUT
+	maskRetry         = 1 << 10         // IBV_QP_RETRY_CNT
+	maskRNRRetry      = 1 << 11         // IBV_QP_RNR_RETRY
+	maskRQPSN         = 1 << 12         // IBV_QP_RQ_PSN
+	maskMaxRdAtomic   = 1 << 13         // IBV_QP_MAX_QP_RD_ATOMIC
+	maskMinRNRTimer   = 1 << 15         // IBV_QP_MIN_RNR_TIMER
+	maskSQPSN         = 1 << 16         // IBV_QP_SQ_PSN
+	maskMaxDestRd     = 1 << 17         // IBV_QP_MAX_DEST_RD_ATOMIC
+	maskDestQPN       = 1 << 20         // IBV_QP_DEST_QPN
+	remoteRdAtomic    = 16              // outstanding RDMA reads per queue pair
+	portActive        = 4               // IBV_PORT_ACTIVE
 	_                 = portStateOffset // documents the layout
 )
 
