@@ -98,15 +98,7 @@ func (b *batch) intern() {
 // rejectOverlaps drops every entry whose destination range starts inside the range of an entry before it in
 // destination order (ties broken by the order items were added), calling reject for each. Call intern first.
 func (b *batch) rejectOverlaps(reject func(Item, error)) {
-	slices.SortFunc(b.entries, func(x, y entry) int {
-		switch {
-		case x.dstKey != y.dstKey:
-			return int(x.dstKey - y.dstKey)
-		case x.dstOff != y.dstOff:
-			return compareU64(x.dstOff, y.dstOff)
-		}
-		return int(x.seq - y.seq)
-	})
+	sortEntries(b.entries, func(e *entry) int32 { return e.dstKey }, func(e *entry) uint64 { return e.dstOff }, nil)
 	kept := b.entries[:0]
 	var end uint64
 	lastKey := int32(-1)
@@ -124,6 +116,13 @@ func (b *batch) rejectOverlaps(reject func(Item, error)) {
 	b.entries = kept
 }
 
+// sortForPlans orders entries by pair, then source and destination offset, so runs contiguous on both sides
+// meet.
+func (b *batch) sortForPlans() {
+	sortEntries(b.entries, func(e *entry) int32 { return e.pair }, func(e *entry) uint64 { return e.srcOff },
+		func(e *entry) uint64 { return e.dstOff })
+}
+
 func compareU64(a, b uint64) int {
 	switch {
 	case a < b:
@@ -134,22 +133,72 @@ func compareU64(a, b uint64) int {
 	return 0
 }
 
-// sortForPlans orders entries by pair, then source and destination offset, so runs contiguous on both sides
-// meet.
-func (b *batch) sortForPlans() {
-	slices.SortFunc(b.entries, func(x, y entry) int {
-		switch {
-		case x.srcKey != y.srcKey:
-			return int(x.srcKey - y.srcKey)
-		case x.dstKey != y.dstKey:
-			return int(x.dstKey - y.dstKey)
-		case x.srcOff != y.srcOff:
-			return compareU64(x.srcOff, y.srcOff)
-		case x.dstOff != y.dstOff:
-			return compareU64(x.dstOff, y.dstOff)
+// Packed sort keys: offset above seqBits bits of sequence number.
+const (
+	seqBits   = 20
+	maxPacked = 1 << (64 - seqBits)
+)
+
+// sortEntries orders es by (group, off, tie, seq). The common batch (one group, offsets below 16 TiB, fewer
+// than a million entries, no equal offsets needing tie) sorts packed integer keys, several times faster than
+// comparing structs; anything else takes the general sort.
+func sortEntries(es []entry, group func(*entry) int32, off, tie func(*entry) uint64) {
+	if fastSort(es, group, off, tie != nil) {
+		return
+	}
+	slices.SortFunc(es, func(x, y entry) int {
+		if gx, gy := group(&x), group(&y); gx != gy {
+			return int(gx - gy)
+		}
+		if c := compareU64(off(&x), off(&y)); c != 0 {
+			return c
+		}
+		if tie != nil {
+			if c := compareU64(tie(&x), tie(&y)); c != 0 {
+				return c
+			}
 		}
 		return int(x.seq - y.seq)
 	})
+}
+
+func fastSort(es []entry, group func(*entry) int32, off func(*entry) uint64, needTie bool) bool {
+	if len(es) < 2 || len(es) >= 1<<seqBits {
+		return false
+	}
+	g := group(&es[0])
+	maxSeq := int32(0)
+	for i := range es {
+		maxSeq = max(maxSeq, es[i].seq)
+	}
+	if maxSeq >= 1<<seqBits {
+		return false
+	}
+	keys := make([]uint64, len(es))
+	pos := make([]int32, maxSeq+1) // seq -> index in es
+	for i := range es {
+		e := &es[i]
+		o := off(e)
+		if group(e) != g || o >= maxPacked {
+			return false
+		}
+		keys[i] = o<<seqBits | uint64(e.seq)
+		pos[e.seq] = int32(i)
+	}
+	slices.Sort(keys)
+	if needTie {
+		for i := 1; i < len(keys); i++ {
+			if keys[i]>>seqBits == keys[i-1]>>seqBits {
+				return false // equal offsets: the tie-breaker decides, take the general sort
+			}
+		}
+	}
+	sorted := make([]entry, len(es))
+	for i, k := range keys {
+		sorted[i] = es[pos[k&(1<<seqBits-1)]]
+	}
+	copy(es, sorted)
+	return true
 }
 
 type planner struct {
@@ -262,7 +311,12 @@ func (p *planner) Build() *PlanSet {
 func (p *planner) planPair(es []entry) {
 	info := &p.b.pairs[es[0].pair]
 	newPlan := func() Plan {
-		return Plan{Engine: p.engine, Direction: info.dir, Src: info.src, Dst: info.dst, srcGen: info.srcGen, dstGen: info.dstGen}
+		n := len(es)
+		if p.lim.MaxPlanSegments > 0 {
+			n = min(n, p.lim.MaxPlanSegments)
+		}
+		return Plan{Engine: p.engine, Direction: info.dir, Src: info.src, Dst: info.dst, srcGen: info.srcGen, dstGen: info.dstGen,
+			Segments: make([]Segment, 0, n), Tags: make([]Tag, 0, n)}
 	}
 	plan := newPlan()
 	for start := 0; start < len(es); {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/bits"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -233,4 +234,49 @@ func mapsEqual(a, b map[Tag]int) bool {
 		}
 	}
 	return true
+}
+
+// TestFastSortMatchesGeneralSort: the packed-key sort orders exactly like the comparison sort whenever it
+// takes a batch.
+func TestFastSortMatchesGeneralSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for trial := 0; trial < 300; trial++ {
+		n := rng.IntN(200) + 2
+		es := make([]entry, n)
+		seqs := rng.Perm(4 * n) // unique, with gaps, as after rejections
+		for i := range es {
+			es[i] = entry{srcOff: uint64(rng.IntN(50)) * 64, dstOff: uint64(rng.IntN(1000)) * 64, size: 64, seq: int32(seqs[i])}
+		}
+		if trial%3 == 0 {
+			es[0].srcOff = 1 << 50 // beyond packed keys: general sort
+		}
+		fast, general := slices.Clone(es), slices.Clone(es)
+		off := func(e *entry) uint64 { return e.srcOff }
+		tie := func(e *entry) uint64 { return e.dstOff }
+		group := func(*entry) int32 { return 0 }
+		for _, needTie := range []bool{false, true} {
+			var tf func(*entry) uint64
+			if needTie {
+				tf = tie
+			}
+			if !fastSort(fast, group, off, needTie) {
+				continue
+			}
+			slices.SortFunc(general, func(x, y entry) int {
+				if c := compareU64(x.srcOff, y.srcOff); c != 0 {
+					return c
+				}
+				if tf != nil {
+					if c := compareU64(x.dstOff, y.dstOff); c != 0 {
+						return c
+					}
+				}
+				return int(x.seq - y.seq)
+			})
+			if !slices.Equal(fast, general) {
+				t.Fatalf("fast sort differs from the general sort (tie=%v)", needTie)
+			}
+			fast, general = slices.Clone(es), slices.Clone(es)
+		}
+	}
 }
