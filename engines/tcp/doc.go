@@ -3,9 +3,10 @@
 //
 // Each agent serves its registered host regions on one listener; a region's descriptor carries that address in
 // Handles.TCP. To move bytes to or from a peer, the engine dials several connections to it and stripes every
-// plan across them in chunks (Options.ChunkBytes); requests are pipelined on each connection, and a per-peer
-// budget of bytes in flight (Options.MaxInFlightBytes) gives back-pressure. Payloads go straight between the
-// socket and registered memory, without intermediate copies, on both sides.
+// plan across them in chunks (Options.ChunkBytes); small scattered segments (KV blocks) travel many to a
+// vectored request. Requests are pipelined on each connection, and a per-peer budget of bytes in flight
+// (Options.MaxInFlightBytes) gives back-pressure. Payloads go straight between the socket and registered
+// memory, without intermediate copies, on both sides.
 //
 // A peer that closes its connections, resets them, or stays silent for Options.PeerTimeout while requests are
 // outstanding is lost: every request in flight to it fails at once with an *engines.PeerLostError naming the
@@ -21,8 +22,10 @@
 // regions and says so.
 //
 // Wire protocol, big-endian. Connection start: client "FXT1", its node name and the node it expects (u16
-// length-prefixed); server "FXT1", status byte, its node name. Requests: op u8 (1 write, 2 read, 3 notify),
-// reserved u8, id length u16, request id u64, offset u64, length u64, memory id, then the payload of writes and
-// notifications. Responses: op u8, status u8 (0 ok), reserved u16, request id u64, length u64, then the data of
-// reads or the error text.
+// length-prefixed); server "FXT1", status byte, its node name. Requests: op u8 (1 write, 2 read, 3 notify,
+// 4 vectored write, 5 vectored read), reserved u8, id length u16, request id u64, offset u64, length u64,
+// memory id; vectored requests then carry a u32 part count and (offset u64, length u32) per part; then the
+// payload of writes and notifications. Responses: op u8, status u8 (0 ok), reserved u16, request id u64,
+// length u64, then the data of reads or the error text. The server checks every range against the region
+// before touching it, and answers a refused write only after consuming its payload, so the stream stays usable.
 package tcp

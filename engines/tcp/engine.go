@@ -257,8 +257,12 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 	return t, nil
 }
 
-// chunk is one request's share of a plan.
-type chunk struct{ localOff, remoteOff, n uint64 }
+// chunk is one request's share of a plan: one contiguous range, or several small ones (parts) sent as one
+// vectored request.
+type chunk struct {
+	localOff, remoteOff, n uint64
+	parts                  []chunk
+}
 
 // runPlan stripes one plan over the peer's connections: chunks are dealt round robin to one lane per
 // connection, each lane writing on its own connection (this goroutine is lane 0, so a one-chunk plan costs no
@@ -272,17 +276,7 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work) error {
 	if err != nil {
 		return err
 	}
-	size := uint64(e.opts.ChunkBytes)
-	var chunks []chunk
-	for _, s := range w.Plan.Segments {
-		for off := uint64(0); off < s.Size; off += size {
-			c := chunk{localOff: s.SrcOffset + off, remoteOff: s.DstOffset + off, n: min(size, s.Size-off)}
-			if op == opRead {
-				c.localOff, c.remoteOff = c.remoteOff, c.localOff
-			}
-			chunks = append(chunks, c)
-		}
-	}
+	chunks := e.chunks(w.Plan, op == opRead)
 
 	var (
 		mu        sync.Mutex
@@ -323,6 +317,16 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work) error {
 				return
 			}
 			r := &request{op: op, mem: remote.ID, off: ch.remoteOff, buf: local.Handles.Host[ch.localOff : ch.localOff+ch.n]}
+			if ch.parts != nil {
+				r.op, r.off, r.buf = opWriteV, 0, nil
+				if op == opRead {
+					r.op = opReadV
+				}
+				r.vec = make([]vecPart, len(ch.parts))
+				for k, part := range ch.parts {
+					r.vec[k] = vecPart{off: part.remoteOff, buf: local.Handles.Host[part.localOff : part.localOff+part.n]}
+				}
+			}
 			r.done = func(err error) {
 				p.budget.Release(int64(ch.n))
 				if err != nil {
@@ -370,6 +374,44 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work) error {
 		return firstErr
 	}
 	return ctx.Err()
+}
+
+// chunks cuts a plan into requests: large segments into ChunkBytes pieces, runs of small segments (up to
+// vecPartMax each) gathered into vectored requests of up to ChunkBytes and maxVecParts parts.
+func (e *Engine) chunks(p *engines.Plan, read bool) []chunk {
+	size := uint64(e.opts.ChunkBytes)
+	var out []chunk
+	var vec []chunk
+	var vecBytes uint64
+	flush := func() {
+		switch len(vec) {
+		case 0:
+		case 1:
+			out = append(out, vec[0])
+		default:
+			out = append(out, chunk{n: vecBytes, parts: vec})
+		}
+		vec, vecBytes = nil, 0
+	}
+	for _, s := range p.Segments {
+		for off := uint64(0); off < s.Size; off += size {
+			c := chunk{localOff: s.SrcOffset + off, remoteOff: s.DstOffset + off, n: min(size, s.Size-off)}
+			if read {
+				c.localOff, c.remoteOff = c.remoteOff, c.localOff
+			}
+			if c.n > vecPartMax {
+				out = append(out, c)
+				continue
+			}
+			if len(vec) == maxVecParts || vecBytes+c.n > size {
+				flush()
+			}
+			vec = append(vec, c)
+			vecBytes += c.n
+		}
+	}
+	flush()
+	return out
 }
 
 // Close implements engines.Engine: transfers are cancelled, the listener and every connection closed.

@@ -44,6 +44,7 @@ type request struct {
 	mem  engines.MemoryID
 	off  uint64
 	buf  []byte
+	vec  []vecPart // vectored requests (opWriteV, opReadV) instead of off and buf
 	done func(error)
 	c    *conn // set by send
 
@@ -187,15 +188,26 @@ func (c *conn) send(ctx context.Context, r *request) error {
 	}
 	c.mu.Unlock()
 
-	length := uint64(len(r.buf))
-	var hdr [reqHeaderSize + 256]byte
-	bufs := net.Buffers{appendReqHeader(hdr[:0], reqHeader{op: r.op, id: r.id, off: r.off, length: length, mem: r.mem})}
-	if r.op != opRead {
-		bufs = append(bufs, r.buf)
+	length := r.length()
+	hdr := make([]byte, 0, reqHeaderSize+256+4+12*len(r.vec))
+	hdr = appendReqHeader(hdr, reqHeader{op: r.op, id: r.id, off: r.off, length: length, mem: r.mem})
+	bufs := net.Buffers{}
+	switch r.op {
+	case opWriteV:
+		bufs = append(bufs, appendVec(hdr, r.vec))
+		for _, p := range r.vec {
+			bufs = append(bufs, p.buf)
+		}
+	case opReadV:
+		bufs = append(bufs, appendVec(hdr, r.vec))
+	case opRead:
+		bufs = append(bufs, hdr)
+	default:
+		bufs = append(bufs, hdr, r.buf)
 	}
 	c.nc.SetWriteDeadline(time.Now().Add(c.p.e.opts.PeerTimeout))
 	_, err := bufs.WriteTo(c.nc)
-	if err == nil && r.op == opWrite {
+	if err == nil && (r.op == opWrite || r.op == opWriteV) {
 		c.p.e.stats.sent.Add(length)
 	}
 	c.mu.Lock()
@@ -207,6 +219,18 @@ func (c *conn) send(ctx context.Context, r *request) error {
 		c.p.kill(fmt.Errorf("sending: %w", err)) // fails r, which is pending
 	}
 	return nil
+}
+
+// length is the request's payload size (written, or asked for).
+func (r *request) length() uint64 {
+	if r.vec == nil {
+		return uint64(len(r.buf))
+	}
+	var n uint64
+	for _, p := range r.vec {
+		n += uint64(len(p.buf))
+	}
+	return n
 }
 
 // settle records r's outcome (first one wins) and completes it when nobody holds its buffer. Caller holds c.mu;
@@ -339,14 +363,23 @@ func (c *conn) handle(br *bufio.Reader, h respHeader) error {
 		run(f)
 		return nil
 	}
-	if r.op == opRead {
-		if h.length != uint64(len(r.buf)) {
+	if r.op == opRead || r.op == opReadV {
+		if want := r.length(); h.length != want {
 			c.mu.Unlock()
-			return fmt.Errorf("read answer of %d bytes for a %d-byte request", h.length, len(r.buf))
+			return fmt.Errorf("read answer of %d bytes for a %d-byte request", h.length, want)
 		}
 		r.holds++
 		c.mu.Unlock()
-		_, err := io.ReadFull(br, r.buf)
+		var err error
+		if r.op == opRead {
+			_, err = io.ReadFull(br, r.buf)
+		} else {
+			for _, p := range r.vec {
+				if _, err = io.ReadFull(br, p.buf); err != nil {
+					break
+				}
+			}
+		}
 		c.mu.Lock()
 		r.holds--
 		if err != nil {

@@ -15,6 +15,10 @@ const (
 	opWrite  byte = 1
 	opRead   byte = 2
 	opNotify byte = 3
+	// Vectored writes and reads: after the memory id, a u32 count and count (offset u64, length u32) pairs;
+	// the payload is the parts back to back. Small scattered segments travel many to a request.
+	opWriteV byte = 4
+	opReadV  byte = 5
 
 	statusOK      byte = 0
 	statusUnknown byte = 1
@@ -30,7 +34,11 @@ const (
 	// maxNotifyWire bounds an encoded notification.
 	maxNotifyWire = engines.MaxNotifyPayload + 1<<20
 	maxErrText    = 4096
-	maxNameLen    = 512
+	// maxVecParts bounds the parts of one vectored request.
+	maxVecParts = 1024
+	// vecPartMax: segments up to this size travel in vectored requests.
+	vecPartMax = 64 << 10
+	maxNameLen = 512
 )
 
 type reqHeader struct {
@@ -217,4 +225,51 @@ func (r *sliceReader) u64() uint64 {
 		return binary.BigEndian.Uint64(s)
 	}
 	return 0
+}
+
+// vecPart is one part of a vectored request: remote offset and the local bytes.
+type vecPart struct {
+	off uint64
+	buf []byte
+}
+
+func appendVec(b []byte, parts []vecPart) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(len(parts)))
+	for _, p := range parts {
+		b = binary.BigEndian.AppendUint64(b, p.off)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(p.buf)))
+	}
+	return b
+}
+
+// vecDesc is a vectored request's part as the server reads it.
+type vecDesc struct {
+	off uint64
+	n   uint32
+}
+
+// readVec reads a vectored request's part list; total must equal the header's length.
+func readVec(r io.Reader, total uint64) ([]vecDesc, error) {
+	var cnt [4]byte
+	if _, err := io.ReadFull(r, cnt[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(cnt[:])
+	if n == 0 || n > maxVecParts {
+		return nil, fmt.Errorf("vectored request of %d parts, 1 to %d allowed", n, maxVecParts)
+	}
+	raw := make([]byte, 12*int(n))
+	if _, err := io.ReadFull(r, raw); err != nil {
+		return nil, err
+	}
+	parts := make([]vecDesc, n)
+	var sum uint64
+	for i := range parts {
+		parts[i] = vecDesc{off: binary.BigEndian.Uint64(raw[12*i:]), n: binary.BigEndian.Uint32(raw[12*i+8:])}
+		sum += uint64(parts[i].n)
+	}
+	if sum != total {
+		return nil, fmt.Errorf("vectored request parts sum to %d bytes, header says %d", sum, total)
+	}
+	return parts, nil
 }

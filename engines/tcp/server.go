@@ -86,6 +86,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 		nc.SetDeadline(time.Now().Add(e.opts.PeerTimeout))
 		resp := respHeader{op: h.op, id: h.id}
 		var data []byte
+		var vecOut net.Buffers
 		var unpin func()
 		switch h.op {
 		case opWrite:
@@ -116,6 +117,37 @@ func (e *Engine) serveConn(raw net.Conn) error {
 				break
 			}
 			resp.length, data, unpin = h.length, src, release
+		case opWriteV, opReadV:
+			if h.length > maxChunk {
+				return fmt.Errorf("vectored request of %d bytes, at most %d", h.length, maxChunk)
+			}
+			parts, err := readVec(br, h.length)
+			if err != nil {
+				return err
+			}
+			views, release, err := e.serveParts(h.mem, parts)
+			if err != nil {
+				if h.op == opWriteV {
+					if _, derr := io.CopyN(io.Discard, br, int64(h.length)); derr != nil {
+						return derr
+					}
+				}
+				resp.status, data = errorStatus(err), []byte(err.Error())
+				break
+			}
+			if h.op == opWriteV {
+				for _, v := range views {
+					if _, err := io.ReadFull(br, v); err != nil {
+						release()
+						return err
+					}
+				}
+				release()
+				e.stats.servedIn.Add(h.length)
+				break
+			}
+			resp.length, unpin = h.length, release
+			vecOut = append(net.Buffers(nil), views...)
 		case opNotify:
 			if h.length > maxNotifyWire {
 				return fmt.Errorf("notification of %d bytes, at most %d", h.length, maxNotifyWire)
@@ -144,6 +176,10 @@ func (e *Engine) serveConn(raw net.Conn) error {
 		}
 		out = appendRespHeader(out[:0], resp)
 		bufs := net.Buffers{out, data}
+		if vecOut != nil {
+			bufs = append(net.Buffers{out}, vecOut...)
+			vecOut = nil
+		}
 		_, err = bufs.WriteTo(nc)
 		if unpin != nil {
 			unpin()
@@ -173,6 +209,28 @@ func (e *Engine) serveRegion(h reqHeader) ([]byte, func(), error) {
 		return nil, nil, fmt.Errorf("%w: [%d, +%d) of %s (%d bytes)", engines.ErrOutOfBounds, h.off, h.length, h.mem, d.Size)
 	}
 	return d.Handles.Host[h.off : h.off+h.length], unpin, nil
+}
+
+// serveParts pins the local region a vectored request names and returns the slice of every part.
+func (e *Engine) serveParts(mem engines.MemoryID, parts []vecDesc) ([][]byte, func(), error) {
+	d, unpin, err := e.reg.Pin(mem)
+	if err != nil {
+		return nil, nil, err
+	}
+	if d.Node != e.opts.Node || d.Handles.Host == nil {
+		unpin()
+		return nil, nil, fmt.Errorf("%w: memory %s is not host memory served by this node", engines.ErrUnknownMemory, mem)
+	}
+	views := make([][]byte, len(parts))
+	for i, p := range parts {
+		n := uint64(p.n)
+		if n == 0 || p.off > d.Size || n > d.Size-p.off {
+			unpin()
+			return nil, nil, fmt.Errorf("%w: part [%d, +%d) of %s (%d bytes)", engines.ErrOutOfBounds, p.off, n, mem, d.Size)
+		}
+		views[i] = d.Handles.Host[p.off : p.off+n]
+	}
+	return views, unpin, nil
 }
 
 // serverHello reads the client's hello and answers it; it returns the client's node name.

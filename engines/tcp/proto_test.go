@@ -1,0 +1,67 @@
+package tcp
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+)
+
+// TestServerRefusesBadVectoredParts speaks the protocol directly, as a broken or hostile peer would: a
+// vectored write with a part outside the region is refused with its payload consumed, and the connection goes
+// on serving.
+func TestServerRefusesBadVectoredParts(t *testing.T) {
+	b := newEngine(t, "node-b", listen(t))
+	mem := make([]byte, 4096)
+	d := register(t, b, "node-b/1", mem)
+	a := newEngine(t, "node-a", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	nc, err := a.dialConn(ctx, b.Addr(), "node-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(5 * time.Second))
+
+	roundTrip := func(id uint64, parts []vecPart) respHeader {
+		t.Helper()
+		var total uint64
+		for _, p := range parts {
+			total += uint64(len(p.buf))
+		}
+		msg := appendVec(appendReqHeader(nil, reqHeader{op: opWriteV, id: id, length: total, mem: d.ID}), parts)
+		for _, p := range parts {
+			msg = append(msg, p.buf...)
+		}
+		if _, err := nc.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		hdr := make([]byte, respHeaderSize)
+		if _, err := io.ReadFull(nc, hdr); err != nil {
+			t.Fatal(err)
+		}
+		h := parseRespHeader(hdr)
+		if _, err := io.CopyN(io.Discard, nc, int64(h.length)); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	if h := roundTrip(1, []vecPart{{off: 0, buf: []byte("ok")}, {off: 4095, buf: []byte("xy")}}); h.status != statusBounds || h.id != 1 {
+		t.Fatalf("out-of-bounds part answered %+v, want status %d", h, statusBounds)
+	}
+	if mem[0] != 0 {
+		t.Fatal("a refused vectored write changed memory")
+	}
+	if h := roundTrip(2, []vecPart{{off: 10, buf: []byte("ab")}, {off: 100, buf: []byte("cd")}}); h.status != statusOK || h.id != 2 {
+		t.Fatalf("valid vectored write answered %+v", h)
+	}
+	view, unpin, err := b.Pin(d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unpin()
+	if string(view[10:12]) != "ab" || string(view[100:102]) != "cd" {
+		t.Fatal("vectored write did not land")
+	}
+}
