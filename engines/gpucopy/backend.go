@@ -25,6 +25,7 @@ type Backend struct {
 	busIDs  map[string]int  // lowercase PCI address → CUDA ordinal
 	regions map[engines.MemoryID]*mapped
 	peers   map[[2]int]error // (from, to) ordinals → enabling peer access
+	segPool sync.Pool        // *[]Segment
 }
 
 // mapped is how this process reaches one registered region.
@@ -45,6 +46,7 @@ const waitAfterCancel = 30 * time.Second
 func NewBackend(drv *cuda.Driver, opts Options) (*Backend, error) {
 	b := &Backend{drv: drv, opts: opts, copiers: map[int]*Copier{}, busIDs: map[string]int{},
 		regions: map[engines.MemoryID]*mapped{}, peers: map[[2]int]error{}}
+	b.segPool.New = func() any { return new([]Segment) }
 	n, err := drv.DeviceCount()
 	if err != nil {
 		return nil, fmt.Errorf("counting CUDA devices: %w", err)
@@ -376,10 +378,15 @@ func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
 	if err != nil {
 		return err
 	}
-	segs := make([]Segment, len(w.Plan.Segments))
-	for i, s := range w.Plan.Segments {
-		segs[i] = Segment{Src: ms.addr + s.SrcOffset, Dst: md.addr + s.DstOffset, Size: s.Size}
+	// The segment list is recycled: a plan of many small blocks would
+	// otherwise allocate (and collect) hundreds of kilobytes per copy.
+	buf := b.segPool.Get().(*[]Segment)
+	defer b.segPool.Put(buf)
+	segs := (*buf)[:0]
+	for _, s := range w.Plan.Segments {
+		segs = append(segs, Segment{Src: ms.addr + s.SrcOffset, Dst: md.addr + s.DstOffset, Size: s.Size})
 	}
+	*buf = segs
 	route := RouteAuto
 	if (ms.ordinal < 0 && !ms.pinned) || (md.ordinal < 0 && !md.pinned) {
 		route = RouteDriver

@@ -45,6 +45,9 @@ type Options struct {
 	Force Mode
 	// TimeDevice records GPU-side timing of every submission (Pending.DeviceTime).
 	TimeDevice bool
+	// SpinWait is how long Wait polls the GPU on the caller's goroutine
+	// before handing over to a watcher thread (default 200µs).
+	SpinWait time.Duration
 	// Observe, when set, receives every completed copy of a Backend.
 	Observe func(CopyStats)
 }
@@ -128,6 +131,9 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 	if opts.MaxPiece == 0 {
 		opts.MaxPiece = defaultMaxPiece
 	}
+	if opts.SpinWait == 0 {
+		opts.SpinWait = 200 * time.Microsecond
+	}
 	if opts.MaxPiece&(opts.MaxPiece-1) != 0 {
 		return nil, fmt.Errorf("piece size %d is not a power of two", opts.MaxPiece)
 	}
@@ -201,14 +207,15 @@ func (c *Copier) Driver() *cuda.Driver { return c.drv }
 
 // Pending is a submitted copy; Wait reports how it ended.
 type Pending struct {
-	c     *Copier
-	start cuda.Event // with Options.TimeDevice
-	event cuda.Event
-	slot  *slot
-	once  sync.Once
-	err   error
-	done  chan struct{}
-	gpu   time.Duration
+	c         *Copier
+	start     cuda.Event // with Options.TimeDevice
+	event     cuda.Event
+	slot      *slot
+	once      sync.Once
+	watchOnce sync.Once
+	err       error
+	done      chan struct{}
+	gpu       time.Duration
 }
 
 // DeviceTime is the GPU time of the copy, from its first queued operation to
@@ -308,7 +315,6 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		c.release(p)
 		return nil, fmt.Errorf("queueing %d segments on GPU %d: %w", len(segs), c.dev, err)
 	}
-	go p.watch()
 	return p, nil
 }
 
@@ -463,20 +469,60 @@ func (c *Copier) LaunchContiguous(dst, src, n uint64) error {
 	return c.drv.Launch(c.kernels.contig, cfg, []unsafe.Pointer{unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&n)})
 }
 
-// Done reports whether the copy has finished (successfully or not).
+// Done reports whether the copy has finished (successfully or not), asking
+// the GPU without blocking.
 func (p *Pending) Done() bool {
 	select {
 	case <-p.done:
 		return true
 	default:
-		return false
 	}
+	var ready bool
+	var qerr error
+	_ = p.c.drv.WithContext(p.c.ctx, func() error {
+		ready, qerr = p.c.drv.EventQuery(p.event)
+		return nil
+	})
+	if ready || qerr != nil {
+		p.finish(qerr)
+		return true
+	}
+	return false
 }
 
 // Wait blocks until the copy finishes or ctx ends; it is idempotent. When
 // ctx ends first the copy goes on (a launched kernel cannot be recalled) and
-// a later Wait still reports how it ended.
+// a later Wait still reports how it ended. A Pending must be waited for (or
+// polled with Done until true): that returns its staging and events.
+//
+// Short copies are awaited by polling the completion event on the calling
+// goroutine for up to Options.SpinWait, which saves the hand-offs between
+// threads that dominate a copy of tens of microseconds; longer ones are left
+// to a watcher blocked in the driver.
 func (p *Pending) Wait(ctx context.Context) error {
+	select {
+	case <-p.done:
+		return p.err
+	default:
+	}
+	var ready bool
+	var qerr error
+	_ = p.c.drv.WithContext(p.c.ctx, func() error {
+		deadline := time.Now().Add(p.c.opts.SpinWait)
+		for {
+			if ready, qerr = p.c.drv.EventQuery(p.event); ready || qerr != nil {
+				return nil
+			}
+			if ctx.Err() != nil || !time.Now().Before(deadline) {
+				return nil
+			}
+		}
+	})
+	if ready || qerr != nil {
+		p.finish(qerr)
+		return p.err
+	}
+	p.watchOnce.Do(func() { go p.watch() })
 	select {
 	case <-p.done:
 		return p.err
@@ -485,26 +531,24 @@ func (p *Pending) Wait(ctx context.Context) error {
 	}
 }
 
-// watch waits for the completion event on its own thread: the driver's
-// synchronize spins briefly and then yields, which reacts within
-// microseconds, where polling from Go would add timer latency.
+// watch waits for the completion event on its own thread, blocked in the
+// driver (which spins briefly, then yields).
 func (p *Pending) watch() {
-	err := p.c.drv.WithContext(p.c.ctx, func() error {
-		if err := p.c.drv.EventSynchronize(p.event); err != nil {
-			return err
-		}
-		if p.start != 0 {
-			if ms, err := p.c.drv.EventElapsed(p.start, p.event); err == nil {
-				p.gpu = time.Duration(float64(ms) * 1e6)
-			}
-		}
-		return nil
-	})
+	err := p.c.drv.WithContext(p.c.ctx, func() error { return p.c.drv.EventSynchronize(p.event) })
 	p.finish(err)
 }
 
 func (p *Pending) finish(err error) {
 	p.once.Do(func() {
+		if err == nil && p.start != 0 {
+			_ = p.c.drv.WithContext(p.c.ctx, func() error {
+				ms, err := p.c.drv.EventElapsed(p.start, p.event)
+				if err == nil {
+					p.gpu = time.Duration(float64(ms) * 1e6)
+				}
+				return nil
+			})
+		}
 		p.err = err
 		p.c.release(p)
 		close(p.done)
