@@ -252,7 +252,13 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 		return nil, fmt.Errorf("tcp: %w", err)
 	}
 	for _, w := range work {
-		go func() { t.Finish(w.Index, e.runPlan(t.Context(), w)) }()
+		// Without a notification to send after the last answer, the goroutine that reads it finishes the
+		// plan itself: one hand-off less on the way back to the caller.
+		var early func(error)
+		if opts.Notify == nil {
+			early = func(err error) { t.Finish(w.Index, err) }
+		}
+		go func() { t.Finish(w.Index, e.runPlan(t.Context(), w, early)) }()
 	}
 	return t, nil
 }
@@ -267,7 +273,10 @@ type chunk struct {
 // runPlan stripes one plan over the peer's connections: chunks are dealt round robin to one lane per
 // connection, each lane writing on its own connection (this goroutine is lane 0, so a one-chunk plan costs no
 // hand-off), and waits for every chunk's answer.
-func (e *Engine) runPlan(ctx context.Context, w engines.Work) error {
+//
+// early, when set, is called with the plan's outcome as soon as the last answer arrives, from the goroutine
+// that read it; the returned error is the same outcome.
+func (e *Engine) runPlan(ctx context.Context, w engines.Work, early func(error)) error {
 	op, local, remote := opWrite, w.Src, w.Dst
 	if w.Plan.Direction == engines.DirRead {
 		op, local, remote = opRead, w.Dst, w.Src
@@ -299,8 +308,17 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work) error {
 	// outstanding counts sent chunks without an answer, plus one per lane still issuing.
 	var outstanding atomic.Int64
 	finished := make(chan struct{})
+	// Every chunk that was not answered with success records an error, so nil means all of them landed.
+	result := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return firstErr
+	}
 	release := func() {
 		if outstanding.Add(-1) == 0 {
+			if early != nil {
+				early(result())
+			}
 			close(finished)
 		}
 	}
@@ -361,6 +379,9 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work) error {
 		// Abandon what is outstanding; each request completes once no I/O touches its buffer.
 		mu.Lock()
 		cancelled = true
+		if firstErr == nil {
+			firstErr = ctx.Err() // lanes may stop without an error of their own
+		}
 		reqs := inflight
 		mu.Unlock()
 		for _, r := range reqs {
@@ -368,12 +389,7 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work) error {
 		}
 		<-finished
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if firstErr != nil {
-		return firstErr
-	}
-	return ctx.Err()
+	return result()
 }
 
 // chunks cuts a plan into requests: large segments into ChunkBytes pieces, runs of small segments (up to
