@@ -153,6 +153,13 @@ func Run(out io.Writer, cfg Config) ([]Row, error) {
 			return b.rows, fmt.Errorf("contiguous: %w", err)
 		}
 	}
+	if n, err := drv.DeviceCount(); err == nil && n >= 2 && cfg.ContigBytes > 0 {
+		if err := b.peer(cfg.ContigBytes); err != nil {
+			return b.rows, fmt.Errorf("peer: %w", err)
+		}
+	} else {
+		fmt.Fprintf(out, "peer copies: skipped, %d GPU(s) visible\n", n)
+	}
 	for _, sc := range cfg.Scatter {
 		if err := b.scatter(sc); err != nil {
 			return b.rows, fmt.Errorf("scatter %dx%d: %w", sc.Count, sc.Size, err)
@@ -380,4 +387,65 @@ func (b *bench) check(src, dst cuda.DevicePtr, items []engines.Item) error {
 		}
 		return nil
 	})
+}
+
+// peer measures GPU 0 → GPU 1 over peer access: the driver's peer copy
+// against the engine (which pushes from the source GPU with the copy engine
+// or kernel). It runs only where two GPUs are visible.
+func (b *bench) peer(n uint64) error {
+	dev1, err := b.drv.DeviceGet(1)
+	if err != nil {
+		return err
+	}
+	ctx1, err := b.drv.PrimaryContextRetain(dev1)
+	if err != nil {
+		return err
+	}
+	defer b.drv.PrimaryContextRelease(dev1)
+	src, freeS, err := b.alloc(n)
+	if err != nil {
+		return err
+	}
+	defer freeS()
+	var dst cuda.DevicePtr
+	if err := b.drv.WithContext(ctx1, func() (err error) { dst, err = b.drv.MemAlloc(n); return }); err != nil {
+		return err
+	}
+	defer b.drv.WithContext(ctx1, func() error { return b.drv.MemFree(dst) })
+	if err := b.fillRandom(src, n, 3); err != nil {
+		return err
+	}
+	c := fmt.Sprintf("GPU0->GPU1 %d MiB", n>>20)
+	s := b.kern.Stream()
+	raw, err := b.deviceTime(s, 3, b.cfg.Reps, func(int) error { return b.drv.MemcpyPeerAsync(dst, ctx1, src, b.ctx, n, s) })
+	if err != nil {
+		return err
+	}
+	rawRow := summarize(c, "raw cuMemcpyPeerAsync", n, raw, "device events")
+	b.add(rawRow)
+	srcID, err := b.register(src, n)
+	if err != nil {
+		return err
+	}
+	b.nextID++
+	dstID := engines.MemoryID(fmt.Sprintf("bench/%d", b.nextID))
+	if _, err := b.eng.Register(context.Background(), engines.MemoryDesc{ID: dstID, Node: "bench", Size: n,
+		Location: engines.Location{Kind: engines.LocationGPU, Vendor: engines.VendorNVIDIA, Device: 1},
+		Handles:  engines.Handles{Ptr: uintptr(dst)}}); err != nil {
+		return err
+	}
+	var et []time.Duration
+	for i := -3; i < b.cfg.Reps; i++ {
+		d, _, err := b.engineRun([]engines.Item{{Src: srcID, Dst: dstID, Size: n, Tag: 1}}, nil)
+		if err != nil {
+			return err
+		}
+		if i >= 0 {
+			et = append(et, d)
+		}
+	}
+	row := summarize(c, "xgmi engine P2P (plan+submit+wait)", n, et, "host wall clock")
+	row.Note += fmt.Sprintf("; %.1f%% of cuMemcpyPeerAsync (events)", 100*rawRow.Median.Seconds()/row.Median.Seconds())
+	b.add(row)
+	return nil
 }
