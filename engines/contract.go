@@ -290,7 +290,7 @@ type NotifySender interface {
 
 // Engine moves bytes for the pairs it claims. Every method is safe for concurrent use.
 type Engine interface {
-	// Name is one of EngineXGMI, EngineFabric, EngineRDMA, EngineTCP.
+	// Name is one of EngineXGMI, EngineFabric, EngineRDMA, EngineTCP (the composite answers CompositeName).
 	Name() string
 	// Register adds local memory (desc.Node is this node) and returns desc with the handles this engine can
 	// produce filled in; handles it cannot produce are left as they were. An engine that cannot reach the
