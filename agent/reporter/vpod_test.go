@@ -63,7 +63,8 @@ func startAgent(ctx context.Context, t *testing.T, c client.Client, n simulatedN
 // TestAgentsProduceVPodTopologies runs one agent per simulated node, each on its own fixture root, and the
 // operator's VPodTopology reconciler over what they report.
 func TestAgentsProduceVPodTopologies(t *testing.T) {
-	c := startAPIServer(t)
+	// The VPodTopology reconciler reads TransferPools, so every CRD is needed here.
+	c := startAPIServerWith(t, true)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	nodes := []simulatedNode{
