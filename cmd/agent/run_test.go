@@ -1,0 +1,119 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+// syncBuffer collects the agent's log while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRunReportsUntilStopped runs "agent run" as the demo does (a kubeconfig, a fixture root, a node name
+// from NODE_NAME) against a real API server, and stops it the way SIGTERM does.
+func TestRunReportsUntilStopped(t *testing.T) {
+	assets, _ := filepath.Abs("../../bin")
+	for _, b := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(assets, b)); err != nil {
+			t.Skipf("%s not built: run make tools", b)
+		}
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:     []string{"../../config/crd/bases/fabricxfer.io_transfernodes.yaml"},
+		ErrorIfCRDPathMissing: true,
+		BinaryAssetsDirectory: assets,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("starting envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	user, err := env.AddUser(envtest.User{Name: "agent", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kcPath := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kcPath, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rdma-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(envNodeName, "rdma-1")
+
+	var stderr syncBuffer
+	exit := make(chan int, 1)
+	go func() {
+		exit <- runMain(ctx, []string{"run", "--host-root", filepath.Join(testdata, "rdma-only-node"), "--kubeconfig", kcPath,
+			"--pool-namespace", "inference", "--pool-name", "kv", "--heartbeat", "1s", "--advertise", "192.0.2.10:7470"}, &bytes.Buffer{}, &stderr)
+	}()
+	var tn v1alpha1.TransferNode
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := c.Get(ctx, client.ObjectKey{Name: "rdma-1"}, &tn)
+		if err == nil && tn.Status.LastHeartbeat != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no TransferNode within 15s (%v); agent log:\n%s", err, stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if tn.Spec.PoolName != "kv" || tn.Status.Endpoint != "192.0.2.10:7470" || len(tn.Status.NICs) != 2 || tn.Status.AgentVersion != version {
+		t.Errorf("TransferNode spec %+v status %+v", tn.Spec, tn.Status)
+	}
+	cancel()
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Errorf("agent run exited %d after stop; log:\n%s", code, stderr.String())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("agent run did not stop within 5s")
+	}
+	if log := stderr.String(); !strings.Contains(log, "agent started") || !strings.Contains(log, "agent stopped") {
+		t.Errorf("agent log lacks start/stop lines:\n%s", log)
+	}
+}
