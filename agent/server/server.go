@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"time"
 
@@ -222,6 +223,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.ln, s.fdLn = ln, fdLn
 	s.grpc = grpc.NewServer(
 		grpc.Creds(peerCreds{srv: s}),
+		// Reused handler goroutines instead of one new goroutine per call: small transfers are latency-bound.
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.ChainUnaryInterceptor(s.unaryAuth),
 		grpc.ChainStreamInterceptor(s.streamAuth),
 	)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -25,6 +26,7 @@ type transfer struct {
 	bytes  uint64
 	start  time.Time
 	done   chan struct{} // closed once status is set
+	once   sync.Once
 	status *agentv1.TransferStatus
 	ended  time.Time
 }
@@ -143,7 +145,8 @@ func (s *Server) Transfer(ctx context.Context, req *agentv1.TransferRequest) (*a
 	}
 	if req.Wait {
 		select {
-		case <-x.done:
+		case <-t.Done():
+			s.finish(x)
 			resp.Status = x.status
 		case <-ctx.Done():
 			return nil, status.Errorf(codes.DeadlineExceeded, "transfer %d submitted but still pending when the call ended: %v", x.id, ctx.Err())
@@ -198,29 +201,37 @@ func peerCode(err error) codes.Code {
 	return codes.Unavailable
 }
 
-// settle waits for a transfer to end, records its status and tells watchers.
+// settle waits for a transfer to end and finishes it.
 func (s *Server) settle(x *transfer) {
 	<-x.t.Done()
-	err := x.t.Wait(context.Background())
-	st := s.statusOf(x, err)
-	s.mu.Lock()
-	x.status = st
-	x.ended = time.Now()
-	if u := s.callers[x.owner]; u != nil {
-		u.inFlight--
-	}
-	for w := range s.watchers[x.owner] {
-		if w.ids != nil && !w.ids[x.id] {
-			continue
+	s.finish(x)
+}
+
+// finish records the status of an ended transfer and tells watchers, once. A waiting Transfer call runs it
+// on its own goroutine as soon as the engine is done, saving a hand-off on the latency-bound path.
+func (s *Server) finish(x *transfer) {
+	x.once.Do(func() {
+		err := x.t.Wait(context.Background())
+		st := s.statusOf(x, err)
+		s.mu.Lock()
+		x.status = st
+		x.ended = time.Now()
+		if u := s.callers[x.owner]; u != nil {
+			u.inFlight--
 		}
-		select {
-		case w.ch <- st:
-		default:
-			w.overflow = true
+		for w := range s.watchers[x.owner] {
+			if w.ids != nil && !w.ids[x.id] {
+				continue
+			}
+			select {
+			case w.ch <- st:
+			default:
+				w.overflow = true
+			}
 		}
-	}
-	s.mu.Unlock()
-	close(x.done)
+		s.mu.Unlock()
+		close(x.done)
+	})
 }
 
 func (s *Server) statusOf(x *transfer, err error) *agentv1.TransferStatus {

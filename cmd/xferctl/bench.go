@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
@@ -82,6 +84,11 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	results = append(results, direct)
+	echo, err := benchUnixEcho(*warmup, *iterations)
+	if err != nil {
+		return err
+	}
+	results = append(results, echo)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -185,11 +192,16 @@ func benchSocket(ctx context.Context, path string, size uint64, warmup, n int) (
 		_, err = t.Wait(ctx)
 		return err
 	}
+	info := func() error { _, err := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{}); return err }
 	var out []latency
 	for _, p := range []struct {
 		name string
 		fn   func() error
-	}{{"socket: Transfer(wait) — 1 round trip", oneTrip}, {"socket: Transfer + Wait — 2 round trips", twoTrips}} {
+	}{
+		{"socket: Transfer(wait) — 1 round trip", oneTrip},
+		{"socket: Transfer + Wait — 2 round trips", twoTrips},
+		{"socket: GetInfo — 1 round trip, no transfer", info},
+	} {
 		d, err := measure(p.fn, warmup, n)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
@@ -250,4 +262,70 @@ func measure(fn func() error, warmup, n int) ([]time.Duration, error) {
 		d[i] = time.Since(start)
 	}
 	return d, nil
+}
+
+// benchUnixEcho is the floor any socket protocol pays on this machine: a 64-byte request and reply over a
+// Unix socket between two goroutines of this process.
+func benchUnixEcho(warmup, n int) (latency, error) {
+	a, b, err := socketPair()
+	if err != nil {
+		return latency{}, err
+	}
+	defer a.Close()
+	defer b.Close()
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, err := io.ReadFull(b, buf); err != nil {
+				return
+			}
+			if _, err := b.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	msg, reply := make([]byte, 64), make([]byte, 64)
+	d, err := measure(func() error {
+		if _, err := a.Write(msg); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(a, reply)
+		return err
+	}, warmup, n)
+	if err != nil {
+		return latency{}, fmt.Errorf("unix socket echo: %w", err)
+	}
+	return summarize("baseline: 64-byte echo over a Unix socket (in process)", d), nil
+}
+
+func socketPair() (net.Conn, net.Conn, error) {
+	dir, err := os.MkdirTemp("", "xferctl-echo")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(dir)
+	ln, err := net.Listen("unix", filepath.Join(dir, "echo.sock"))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	a, err := net.Dial("unix", filepath.Join(dir, "echo.sock"))
+	if err != nil {
+		return nil, nil, err
+	}
+	b, ok := <-accepted
+	if !ok {
+		a.Close()
+		return nil, nil, fmt.Errorf("echo socket accept failed")
+	}
+	return a, b, nil
 }
