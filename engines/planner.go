@@ -49,6 +49,21 @@ type batch struct {
 	pairs   []pairInfo
 	index   map[[2]MemoryID]int32
 	entries []entry
+	scratch sortScratch
+}
+
+// sortScratch is reused by the two sorts of a Build.
+type sortScratch struct {
+	keys, tmp []uint64
+	pos       []int32
+	entries   []entry
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
 }
 
 func newBatch() batch { return batch{index: map[[2]MemoryID]int32{}} }
@@ -98,7 +113,7 @@ func (b *batch) intern() {
 // rejectOverlaps drops every entry whose destination range starts inside the range of an entry before it in
 // destination order (ties broken by the order items were added), calling reject for each. Call intern first.
 func (b *batch) rejectOverlaps(reject func(Item, error)) {
-	sortEntries(b.entries, func(e *entry) int32 { return e.dstKey }, func(e *entry) uint64 { return e.dstOff }, nil)
+	sortEntries(b.entries, &b.scratch, func(e *entry) int32 { return e.dstKey }, func(e *entry) uint64 { return e.dstOff }, nil)
 	kept := b.entries[:0]
 	var end uint64
 	lastKey := int32(-1)
@@ -119,7 +134,7 @@ func (b *batch) rejectOverlaps(reject func(Item, error)) {
 // sortForPlans orders entries by pair, then source and destination offset, so runs contiguous on both sides
 // meet.
 func (b *batch) sortForPlans() {
-	sortEntries(b.entries, func(e *entry) int32 { return e.pair }, func(e *entry) uint64 { return e.srcOff },
+	sortEntries(b.entries, &b.scratch, func(e *entry) int32 { return e.pair }, func(e *entry) uint64 { return e.srcOff },
 		func(e *entry) uint64 { return e.dstOff })
 }
 
@@ -142,8 +157,8 @@ const (
 // sortEntries orders es by (group, off, tie, seq). The common batch (one group, offsets below 16 TiB, fewer
 // than a million entries, no equal offsets needing tie) sorts packed integer keys, several times faster than
 // comparing structs; anything else takes the general sort.
-func sortEntries(es []entry, group func(*entry) int32, off, tie func(*entry) uint64) {
-	if fastSort(es, group, off, tie != nil) {
+func sortEntries(es []entry, sc *sortScratch, group func(*entry) int32, off, tie func(*entry) uint64) {
+	if fastSort(es, sc, group, off, tie != nil) {
 		return
 	}
 	slices.SortFunc(es, func(x, y entry) int {
@@ -162,7 +177,7 @@ func sortEntries(es []entry, group func(*entry) int32, off, tie func(*entry) uin
 	})
 }
 
-func fastSort(es []entry, group func(*entry) int32, off func(*entry) uint64, needTie bool) bool {
+func fastSort(es []entry, sc *sortScratch, group func(*entry) int32, off func(*entry) uint64, needTie bool) bool {
 	if len(es) < 2 || len(es) >= 1<<seqBits {
 		return false
 	}
@@ -174,8 +189,9 @@ func fastSort(es []entry, group func(*entry) int32, off func(*entry) uint64, nee
 	if maxSeq >= 1<<seqBits {
 		return false
 	}
-	keys := make([]uint64, len(es))
-	pos := make([]int32, maxSeq+1) // seq -> index in es
+	sc.keys = grow(sc.keys, len(es))
+	sc.pos = grow(sc.pos, int(maxSeq)+1) // seq -> index in es
+	keys, pos := sc.keys, sc.pos
 	for i := range es {
 		e := &es[i]
 		o := off(e)
@@ -185,7 +201,8 @@ func fastSort(es []entry, group func(*entry) int32, off func(*entry) uint64, nee
 		keys[i] = o<<seqBits | uint64(e.seq)
 		pos[e.seq] = int32(i)
 	}
-	slices.Sort(keys)
+	sc.tmp = grow(sc.tmp, len(keys))
+	radixSort(keys, sc.tmp)
 	if needTie {
 		for i := 1; i < len(keys); i++ {
 			if keys[i]>>seqBits == keys[i-1]>>seqBits {
@@ -193,7 +210,8 @@ func fastSort(es []entry, group func(*entry) int32, off func(*entry) uint64, nee
 			}
 		}
 	}
-	sorted := make([]entry, len(es))
+	sc.entries = grow(sc.entries, len(es))
+	sorted := sc.entries
 	for i, k := range keys {
 		sorted[i] = es[pos[k&(1<<seqBits-1)]]
 	}
@@ -355,5 +373,43 @@ func appendSplit(plan *Plan, run Segment, maxBytes uint64) {
 		run.SrcOffset += n
 		run.DstOffset += n
 		run.Size -= n
+	}
+}
+
+// radixSort sorts keys in place with a least-significant-digit radix sort of 11-bit digits, as many passes as
+// the largest key needs: several times faster than comparison sorting on the tens of thousands of packed keys
+// a KV batch has.
+// tmp must be as long as keys.
+func radixSort(keys, tmp []uint64) {
+	if len(keys) < 256 {
+		slices.Sort(keys)
+		return
+	}
+	const bits = 11
+	var top uint64
+	for _, k := range keys {
+		top |= k
+	}
+	src, dst := keys, tmp
+	var count [1 << bits]int
+	for shift := uint(0); shift < 64 && top>>shift != 0; shift += bits {
+		clear(count[:])
+		for _, k := range src {
+			count[(k>>shift)&(1<<bits-1)]++
+		}
+		sum := 0
+		for i, c := range count {
+			count[i] = sum
+			sum += c
+		}
+		for _, k := range src {
+			d := (k >> shift) & (1<<bits - 1)
+			dst[count[d]] = k
+			count[d]++
+		}
+		src, dst = dst, src
+	}
+	if &src[0] != &keys[0] {
+		copy(keys, src)
 	}
 }

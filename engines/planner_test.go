@@ -259,7 +259,7 @@ func TestFastSortMatchesGeneralSort(t *testing.T) {
 			if needTie {
 				tf = tie
 			}
-			if !fastSort(fast, group, off, needTie) {
+			if !fastSort(fast, &sortScratch{}, group, off, needTie) {
 				continue
 			}
 			slices.SortFunc(general, func(x, y entry) int {
@@ -277,6 +277,24 @@ func TestFastSortMatchesGeneralSort(t *testing.T) {
 				t.Fatalf("fast sort differs from the general sort (tie=%v)", needTie)
 			}
 			fast, general = slices.Clone(es), slices.Clone(es)
+		}
+	}
+}
+
+func TestRadixSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, n := range []int{0, 1, 255, 256, 1000, 20000} {
+		for _, width := range []uint{1, 12, 40, 64} {
+			keys := make([]uint64, n)
+			for i := range keys {
+				keys[i] = rng.Uint64() >> (64 - width)
+			}
+			want := slices.Clone(keys)
+			slices.Sort(want)
+			radixSort(keys, make([]uint64, len(keys)))
+			if !slices.Equal(keys, want) {
+				t.Fatalf("radixSort of %d keys of %d bits differs from slices.Sort", n, width)
+			}
 		}
 	}
 }
