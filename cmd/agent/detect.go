@@ -12,9 +12,6 @@ import (
 	"github.com/fabricxfer/fabricxfer/topology"
 )
 
-// contextLike keeps the detector's signature short.
-type contextLike = context.Context
-
 func detectCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("agent detect", flag.ContinueOnError)
 	fs.SetOutput(stderr)

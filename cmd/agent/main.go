@@ -1,9 +1,8 @@
-// Command agent is fabricxfer's node agent. "agent detect" prints what the node can do; "agent run" keeps
-// the node's TransferNode current until it is stopped.
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -41,7 +40,7 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if err != nil {
-		if err == errUsage {
+		if errors.Is(err, errUsage) {
 			return 2
 		}
 		fmt.Fprintf(stderr, "agent %s: %v\n", args[0], err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -44,7 +45,7 @@ func (d *detectionFlags) register(fs *flag.FlagSet) {
 }
 
 // detector builds the detection function the flags describe, failing on bad input before anything runs.
-func (d *detectionFlags) detector() (func(ctx contextLike) (topology.Report, error), error) {
+func (d *detectionFlags) detector() (func(ctx context.Context) (topology.Report, error), error) {
 	host, err := topology.NewDirHost(d.hostRoot)
 	if err != nil {
 		return nil, err
@@ -62,7 +63,7 @@ func (d *detectionFlags) detector() (func(ctx contextLike) (topology.Report, err
 		open = m.Opener()
 	}
 	opts := topology.Options{OpenNVML: open, Overrides: o}
-	return func(ctx contextLike) (topology.Report, error) {
+	return func(ctx context.Context) (topology.Report, error) {
 		return topology.Detect(ctx, host, opts)
 	}, nil
 }
