@@ -5,8 +5,8 @@
 #      config/rbac/role.yaml), metrics Service; a sample TransferPool is accepted;
 #   2. helm upgrade with defaultPool.enabled=true creates that pool;
 #   3. helm uninstall removes the release but keeps the CRDs and the pools;
-#   4. with no CRDs in the cluster, helm install --set defaultPool.enabled=true still creates the pool (as a
-#      post-install hook) and the next upgrade adopts it as an ordinary release object;
+#   4. with no CRDs in the cluster, helm install --set defaultPool.enabled=true is refused and creates nothing;
+#      installed first and enabled by an upgrade, the pool is created, updated and removed with the release;
 #   5. kubectl apply -f dist/install.yaml on the cleaned cluster.
 # Nothing schedules pods here, so it never waits for the operator to run (no --wait).
 # Needs bin/{etcd,kube-apiserver,kubectl,helm} (make tools), openssl, curl and awk. Ports: API_PORT (17443),
@@ -105,6 +105,8 @@ current-context: local
 KC
 chmod 600 "$KUBECONFIG"
 # helm keeps its cache and config under these; keep them in the throwaway state.
+# kubectl and helm cache discovery under KUBECACHEDIR (default ~/.kube/cache); keep that in the state too.
+export KUBECACHEDIR=$state/kube-cache
 export HELM_CACHE_HOME=$state/helm/cache HELM_CONFIG_HOME=$state/helm/config HELM_DATA_HOME=$state/helm/data
 
 ready=0
@@ -172,22 +174,33 @@ if kubectl -n "$NS" get deployment fabricxfer-operator >/dev/null 2>&1; then fai
 if kubectl -n "$NS" get transferpool default >/dev/null 2>&1; then fail "the release's TransferPool left behind"; fi
 ok "operator Deployment and the release's TransferPool removed"
 
-step "helm install --set defaultPool.enabled=true into a cluster without the CRDs"
+step "helm install --set defaultPool.enabled=true into a cluster without the CRDs is refused"
 kubectl delete transferpools --all -A >/dev/null
 kubectl delete crd "${CRDS[@]}" --timeout=60s >/dev/null
-helm install fabricxfer charts/fabricxfer -n "$NS" --set defaultPool.enabled=true --timeout 60s | sed -n '1,6p'
-expect_crds_established
-kubectl -n "$NS" get transferpool default >/dev/null || fail "defaultPool not created on first install"
-ok "TransferPool $NS/default created on first install (post-install hook)"
-helm upgrade fabricxfer charts/fabricxfer -n "$NS" --set defaultPool.enabled=true \
-  --set defaultPool.spec.allowedNamespaces='{default}' --timeout 60s >/dev/null
-[ "$(kubectl -n "$NS" get transferpool default -o jsonpath='{.spec.allowedNamespaces[0]}')" = default ] ||
-  fail "upgrade did not update the adopted pool"
-helm get manifest fabricxfer -n "$NS" | grep -q '^kind: TransferPool$' || fail "the pool is not part of the release after upgrade"
-ok "the upgrade adopted and updated TransferPool $NS/default"
+if helm install fabricxfer charts/fabricxfer -n "$NS" --set defaultPool.enabled=true --timeout 60s \
+  >"$state/refused.log" 2>&1; then
+  fail "helm install with defaultPool and no CRDs succeeded; the chart's note says it cannot"
+fi
+grep -q "ensure CRDs are installed first" "$state/refused.log" || { cat "$state/refused.log" >&2; fail "unexpected error"; }
+sed 's/^/  /' "$state/refused.log"
+[ -z "$(helm list -a -q -n "$NS")" ] || fail "the refused install left a release behind"
+if kubectl get crd "${CRDS[0]}" >/dev/null 2>&1; then fail "the refused install created CRDs"; fi
+if kubectl -n "$NS" get deployment fabricxfer-operator >/dev/null 2>&1; then fail "the refused install created the Deployment"; fi
+ok "refused with Helm's 'ensure CRDs are installed first', nothing created"
+
+step "install, then helm upgrade --reuse-values --set defaultPool.enabled=true, then change the pool"
+helm install fabricxfer charts/fabricxfer -n "$NS" --timeout 60s >/dev/null
+helm upgrade fabricxfer charts/fabricxfer -n "$NS" --reuse-values --set defaultPool.enabled=true --timeout 60s >/dev/null
+kubectl -n "$NS" get transferpool default >/dev/null || fail "defaultPool not created by the upgrade"
+helm upgrade fabricxfer charts/fabricxfer -n "$NS" --reuse-values --set 'defaultPool.spec.allowedNamespaces={inference}' \
+  --timeout 60s >/dev/null
+[ "$(kubectl -n "$NS" get transferpool default -o jsonpath='{.spec.allowedNamespaces}')" = '["inference"]' ] ||
+  fail "the next upgrade did not update the pool"
+ok "TransferPool $NS/default created, then updated by helm upgrade"
 helm uninstall fabricxfer -n "$NS" --timeout 60s >/dev/null
-if kubectl -n "$NS" get transferpool default >/dev/null 2>&1; then fail "adopted pool left behind by uninstall"; fi
-ok "uninstall removed the adopted pool"
+if kubectl -n "$NS" get transferpool default >/dev/null 2>&1; then fail "the release's pool left behind by uninstall"; fi
+ok "uninstall removed the release's pool and kept the CRDs"
+for crd in "${CRDS[@]}"; do kubectl get crd "$crd" >/dev/null 2>&1 || fail "CRD $crd was removed by uninstall"; done
 
 step "kubectl apply -f dist/install.yaml"
 kubectl delete crd "${CRDS[@]}" --timeout=60s >/dev/null
