@@ -214,7 +214,13 @@ func (e *Engine) peerFor(ctx context.Context, node, addr string) (*peer, error) 
 		return nil, engines.ErrClosed
 	}
 	p, ok := e.peers[addr]
-	if !ok || p.node != node {
+	if ok && p.node != node {
+		// Another node now answers at this address (a restarted agent); the old connections go.
+		old := p
+		go func() { <-old.ready; old.kill(fmt.Errorf("address %s now belongs to node %s", addr, node)) }()
+		ok = false
+	}
+	if !ok {
 		p = &peer{e: e, node: node, addr: addr, name: fmt.Sprintf("%s (%s)", node, addr),
 			budget: semaphore.NewWeighted(e.opts.MaxInFlightBytes), ready: make(chan struct{}), dead: make(chan struct{})}
 		e.peers[addr] = p
