@@ -239,7 +239,9 @@ type SubmitOptions struct {
 	// With neither, DefaultTimeout applies.
 	Timeout time.Duration
 	// Notify, when non-nil, is delivered to the destination node's notification handler after every byte of
-	// the submission has landed there (one Notification per destination node). At most MaxNotifyPayload bytes.
+	// the submission has landed there: one Notification per destination node and engine (a composite
+	// submission whose pairs to one node go through two engines delivers two, each naming its own regions and
+	// tags). Failed submissions deliver none. At most MaxNotifyPayload bytes.
 	Notify []byte
 
 	// onDone is the composite's hook: trackers call it after Done closes and before unpinning regions, so the
