@@ -31,10 +31,15 @@ const FDSocketName = "agent.fd.sock"
 
 // Client talks to one agent socket. Safe for concurrent use.
 type Client struct {
-	conn     *grpc.ClientConn
-	api      agentv1.AgentClient
-	fdSocket string
-	dials    atomic.Uint64
+	conn       *grpc.ClientConn
+	api        agentv1.AgentClient
+	socketPath string
+	fdSocket   string
+	dials      atomic.Uint64
+	noFast     bool
+
+	fastMu sync.Mutex
+	fast   *net.UnixConn
 
 	mu      sync.Mutex
 	gen     uint64 // the dial generation regions are registered under
@@ -46,11 +51,15 @@ type Client struct {
 type Option func(*dialOptions)
 
 type dialOptions struct {
-	name string
+	name   string
+	noFast bool
 }
 
 // WithName names the client in the agent's logs.
 func WithName(name string) Option { return func(o *dialOptions) { o.name = name } }
+
+// WithoutFastPath keeps every call on gRPC (by default Do, Write and Read use the agent's fast socket).
+func WithoutFastPath() Option { return func(o *dialOptions) { o.noFast = true } }
 
 // Dial connects to the agent socket at socketPath and negotiates the API version.
 func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, error) {
@@ -58,7 +67,8 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	for _, fn := range opts {
 		fn(&o)
 	}
-	c := &Client{fdSocket: filepath.Join(filepath.Dir(socketPath), FDSocketName), regions: map[*Region]struct{}{}}
+	c := &Client{socketPath: socketPath, fdSocket: filepath.Join(filepath.Dir(socketPath), FDSocketName),
+		regions: map[*Region]struct{}{}, noFast: o.noFast}
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
 		c.dials.Add(1)
 		var d net.Dialer
@@ -83,6 +93,12 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	}
 	c.info = info
 	c.gen = c.dials.Load()
+	if !c.noFast {
+		if err := c.openFast(ctx); err != nil {
+			conn.Close()
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -96,6 +112,7 @@ func (c *Client) Close() error {
 	}
 	c.regions = map[*Region]struct{}{}
 	c.mu.Unlock()
+	c.closeFast()
 	return c.conn.Close()
 }
 
@@ -152,6 +169,11 @@ func (c *Client) Recover(ctx context.Context) error {
 	}
 	c.mu.Unlock()
 	var errs []error
+	if !c.noFast {
+		if err := c.openFast(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, r := range regs {
 		if r.keep == nil {
 			r.mu.Lock()

@@ -158,7 +158,10 @@ func (c *Client) Do(ctx context.Context, op Op, items []Item, opts TransferOptio
 	if err != nil {
 		return nil, fmt.Errorf("transferring: %w", err)
 	}
-	resp, err := c.api.Transfer(ctx, req)
+	resp, fast, err := c.transferFast(ctx, req)
+	if !fast {
+		resp, err = c.api.Transfer(ctx, req)
+	}
 	if err != nil {
 		return nil, c.wrap("transferring", gen, err)
 	}

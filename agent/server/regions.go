@@ -340,6 +340,9 @@ func (s *Server) removeRegion(ctx context.Context, r *region) error {
 func (s *Server) endSession(sess *session) {
 	s.mu.Lock()
 	sess.ended = true
+	for _, c := range sess.fastConns {
+		c.Close()
+	}
 	regs := make([]*region, 0, len(sess.regions))
 	for _, r := range sess.regions {
 		regs = append(regs, r)

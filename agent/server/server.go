@@ -115,6 +115,8 @@ type Server struct {
 	ln     *net.UnixListener
 	fdLn   *net.UnixListener
 	tokens *fdTokens
+	fast   fastTokens
+	fastLn *net.UnixListener
 	wg     sync.WaitGroup
 
 	regionEpoch uint64
@@ -188,6 +190,7 @@ func New(opts Options) (*Server, error) {
 		segments: map[string]*region{}, callers: map[string]*usage{}, imports: map[engines.MemoryID]*imported{},
 		transfers: map[uint64]*transfer{}, watchers: map[string]map[*watcher]struct{}{},
 		listeners: map[string]map[*notifyListener]struct{}{}, stopping: make(chan struct{}),
+		fast: fastTokens{entries: map[string]fastToken{}},
 	}
 	opts.Engine.SetNotifyHandler(s.deliverNotification)
 	return s, nil
@@ -203,7 +206,12 @@ func (s *Server) FDSocketPath() string {
 	return filepath.Join(s.opts.SocketDir, s.opts.PoolName, FDSocketName)
 }
 
-// Serve opens both sockets and serves until ctx ends, then stops (in-flight calls get a bounded grace),
+// FastSocketPath is where the fast socket lives.
+func (s *Server) FastSocketPath() string {
+	return filepath.Join(s.opts.SocketDir, s.opts.PoolName, FastSocketName)
+}
+
+// Serve opens the sockets and serves until ctx ends, then stops (in-flight calls get a bounded grace),
 // ends every session and removes the sockets.
 func (s *Server) Serve(ctx context.Context) error {
 	dir := filepath.Dir(s.SocketPath())
@@ -214,13 +222,19 @@ func (s *Server) Serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	fastLn, err := s.listen(s.FastSocketPath())
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	// The fd socket is created last: its presence tells callers (and tests) that every socket is up.
 	fdLn, err := s.listen(s.FDSocketPath())
 	if err != nil {
 		ln.Close()
-		os.Remove(s.SocketPath())
+		fastLn.Close()
 		return err
 	}
-	s.ln, s.fdLn = ln, fdLn
+	s.ln, s.fdLn, s.fastLn = ln, fdLn, fastLn
 	s.grpc = grpc.NewServer(
 		grpc.Creds(peerCreds{srv: s}),
 		// Reused handler goroutines instead of one new goroutine per call: small transfers are latency-bound.
@@ -232,6 +246,7 @@ func (s *Server) Serve(ctx context.Context) error {
 
 	fds := &fdSocket{ln: fdLn, tokens: s.tokens, identify: s.identifyConn}
 	go fds.serve(ctx)
+	go s.serveFast(ctx, fastLn)
 	go s.sweep(ctx)
 	serveErr := make(chan error, 1)
 	go func() {
@@ -305,9 +320,11 @@ func (s *Server) shutdown() {
 		s.grpc.Stop() // streams (Watch, Notifications) never end on their own
 	}
 	s.fdLn.Close()
+	s.fastLn.Close()
 	s.ln.Close()
 	os.Remove(s.SocketPath())
 	os.Remove(s.FDSocketPath())
+	os.Remove(s.FastSocketPath())
 	s.mu.Lock()
 	var live []*session
 	for _, sess := range s.sessions {

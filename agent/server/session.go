@@ -24,6 +24,8 @@ type session struct {
 	allocs    map[string]*allocation
 	ended     bool
 	endedOnce sync.Once
+	// fastConns are fast-socket connections bound to the session; closed when it ends.
+	fastConns []net.Conn
 }
 
 // sessionInfo is the gRPC AuthInfo a connection carries; handlers find their session through it.

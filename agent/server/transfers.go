@@ -44,6 +44,11 @@ func (s *Server) Transfer(ctx context.Context, req *agentv1.TransferRequest) (*a
 	if err != nil {
 		return nil, err
 	}
+	return s.transfer(ctx, sess, req)
+}
+
+// transfer serves Transfer for the gRPC call and the fast socket alike.
+func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.TransferRequest) (*agentv1.TransferResponse, error) {
 	if req.Op != agentv1.Op_OP_READ && req.Op != agentv1.Op_OP_WRITE {
 		return nil, status.Errorf(codes.InvalidArgument, "op must be OP_READ or OP_WRITE, got %s", req.Op)
 	}

@@ -183,7 +183,14 @@ func benchSocket(ctx context.Context, path string, size uint64, warmup, n int) (
 		return nil, err
 	}
 	items := []client.Item{{Local: src, Remote: client.ToRegion(dst), Length: size}}
-	oneTrip := func() error { _, err := c.Do(ctx, client.Write, items, client.TransferOptions{}); return err }
+	fastTrip := func() error { _, err := c.Do(ctx, client.Write, items, client.TransferOptions{}); return err }
+	// The same request as a gRPC call, for comparison with the fast socket.
+	oneTrip := func() error {
+		_, err := c.API().Transfer(ctx, &agentv1.TransferRequest{Op: agentv1.Op_OP_WRITE, Wait: true,
+			Items: []*agentv1.TransferItem{{LocalRegionId: src.ID(), Length: size,
+				Remote: &agentv1.RemoteRef{Target: &agentv1.RemoteRef_RegionId{RegionId: dst.ID()}}}}})
+		return err
+	}
 	twoTrips := func() error {
 		t, err := c.Submit(ctx, client.Write, items, client.TransferOptions{})
 		if err != nil {
@@ -198,9 +205,10 @@ func benchSocket(ctx context.Context, path string, size uint64, warmup, n int) (
 		name string
 		fn   func() error
 	}{
-		{"socket: Transfer(wait) — 1 round trip", oneTrip},
-		{"socket: Transfer + Wait — 2 round trips", twoTrips},
-		{"socket: GetInfo — 1 round trip, no transfer", info},
+		{"fast socket: Transfer(wait) — client.Do", fastTrip},
+		{"gRPC: Transfer(wait) — 1 round trip", oneTrip},
+		{"gRPC: Transfer + Wait — 2 round trips", twoTrips},
+		{"gRPC: GetInfo — 1 round trip, no transfer", info},
 	} {
 		d, err := measure(p.fn, warmup, n)
 		if err != nil {

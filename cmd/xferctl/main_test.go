@@ -77,7 +77,7 @@ func TestBenchMeasuresSocketAndDirectPaths(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("bench output is not JSON: %v\n%s", err, out)
 	}
-	if rep.Size != 4096 || len(rep.Results) != 5 {
+	if rep.Size != 4096 || len(rep.Results) != 6 {
 		t.Fatalf("report %+v", rep)
 	}
 	for _, r := range rep.Results {
@@ -85,8 +85,8 @@ func TestBenchMeasuresSocketAndDirectPaths(t *testing.T) {
 			t.Errorf("implausible summary %+v", r)
 		}
 	}
-	if !strings.HasPrefix(rep.Results[3].Path, "direct") {
-		t.Errorf("fourth path %q, want the direct engine call", rep.Results[3].Path)
+	if !strings.HasPrefix(rep.Results[4].Path, "direct") {
+		t.Errorf("fifth path %q, want the direct engine call", rep.Results[4].Path)
 	}
 }
 

@@ -2542,6 +2542,157 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
+type OpenFastPathRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenFastPathRequest) Reset() {
+	*x = OpenFastPathRequest{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenFastPathRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenFastPathRequest) ProtoMessage() {}
+
+func (x *OpenFastPathRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenFastPathRequest.ProtoReflect.Descriptor instead.
+func (*OpenFastPathRequest) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+}
+
+type OpenFastPathResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Token string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// The fast socket's path as the agent sees it; clients derive it from the agent socket's directory.
+	Socket        string `protobuf:"bytes,2,opt,name=socket,proto3" json:"socket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenFastPathResponse) Reset() {
+	*x = OpenFastPathResponse{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenFastPathResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenFastPathResponse) ProtoMessage() {}
+
+func (x *OpenFastPathResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenFastPathResponse.ProtoReflect.Descriptor instead.
+func (*OpenFastPathResponse) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *OpenFastPathResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *OpenFastPathResponse) GetSocket() string {
+	if x != nil {
+		return x.Socket
+	}
+	return ""
+}
+
+// FastReply answers one frame on the fast socket.
+type FastReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A gRPC status code (0 = OK) and its message, as the gRPC call would have answered.
+	Code          uint32            `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string            `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Response      *TransferResponse `protobuf:"bytes,3,opt,name=response,proto3" json:"response,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FastReply) Reset() {
+	*x = FastReply{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FastReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FastReply) ProtoMessage() {}
+
+func (x *FastReply) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FastReply.ProtoReflect.Descriptor instead.
+func (*FastReply) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *FastReply) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *FastReply) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *FastReply) GetResponse() *TransferResponse {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
 var File_fabricxfer_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
@@ -2725,7 +2876,15 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x06region\x18\x06 \x01(\v2\x1b.fabricxfer.agent.v1.RegionR\x06region\"5\n" +
 	"\x0eReleaseRequest\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\"\x11\n" +
-	"\x0fReleaseResponse*T\n" +
+	"\x0fReleaseResponse\"\x15\n" +
+	"\x13OpenFastPathRequest\"D\n" +
+	"\x14OpenFastPathResponse\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x16\n" +
+	"\x06socket\x18\x02 \x01(\tR\x06socket\"|\n" +
+	"\tFastReply\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12A\n" +
+	"\bresponse\x18\x03 \x01(\v2%.fabricxfer.agent.v1.TransferResponseR\bresponse*T\n" +
 	"\n" +
 	"MemoryKind\x12\x1b\n" +
 	"\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
@@ -2749,7 +2908,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x18TRANSFER_STATE_SUCCEEDED\x10\x02\x12\x19\n" +
 	"\x15TRANSFER_STATE_FAILED\x10\x03\x12\x1c\n" +
 	"\x18TRANSFER_STATE_CANCELLED\x10\x04\x12$\n" +
-	" TRANSFER_STATE_DEADLINE_EXCEEDED\x10\x052\xf0\b\n" +
+	" TRANSFER_STATE_DEADLINE_EXCEEDED\x10\x052\xd5\t\n" +
 	"\x05Agent\x12T\n" +
 	"\aGetInfo\x12#.fabricxfer.agent.v1.GetInfoRequest\x1a$.fabricxfer.agent.v1.GetInfoResponse\x12i\n" +
 	"\x0eRegisterMemory\x12*.fabricxfer.agent.v1.RegisterMemoryRequest\x1a+.fabricxfer.agent.v1.RegisterMemoryResponse\x12o\n" +
@@ -2762,7 +2921,8 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\rNotifications\x12).fabricxfer.agent.v1.NotificationsRequest\x1a!.fabricxfer.agent.v1.Notification0\x01\x12T\n" +
 	"\aExplain\x12#.fabricxfer.agent.v1.ExplainRequest\x1a$.fabricxfer.agent.v1.ExplainResponse\x12o\n" +
 	"\x10AllocateFromPool\x12,.fabricxfer.agent.v1.AllocateFromPoolRequest\x1a-.fabricxfer.agent.v1.AllocateFromPoolResponse\x12T\n" +
-	"\aRelease\x12#.fabricxfer.agent.v1.ReleaseRequest\x1a$.fabricxfer.agent.v1.ReleaseResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
+	"\aRelease\x12#.fabricxfer.agent.v1.ReleaseRequest\x1a$.fabricxfer.agent.v1.ReleaseResponse\x12c\n" +
+	"\fOpenFastPath\x12(.fabricxfer.agent.v1.OpenFastPathRequest\x1a).fabricxfer.agent.v1.OpenFastPathResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_fabricxfer_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -2777,7 +2937,7 @@ func file_fabricxfer_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(MemoryKind)(0),                  // 0: fabricxfer.agent.v1.MemoryKind
 	(HandleType)(0),                  // 1: fabricxfer.agent.v1.HandleType
@@ -2816,7 +2976,10 @@ var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(*AllocateFromPoolResponse)(nil), // 34: fabricxfer.agent.v1.AllocateFromPoolResponse
 	(*ReleaseRequest)(nil),           // 35: fabricxfer.agent.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),          // 36: fabricxfer.agent.v1.ReleaseResponse
-	(*durationpb.Duration)(nil),      // 37: google.protobuf.Duration
+	(*OpenFastPathRequest)(nil),      // 37: fabricxfer.agent.v1.OpenFastPathRequest
+	(*OpenFastPathResponse)(nil),     // 38: fabricxfer.agent.v1.OpenFastPathResponse
+	(*FastReply)(nil),                // 39: fabricxfer.agent.v1.FastReply
+	(*durationpb.Duration)(nil),      // 40: google.protobuf.Duration
 }
 var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: fabricxfer.agent.v1.PoolMemoryInfo.kind:type_name -> fabricxfer.agent.v1.MemoryKind
@@ -2833,12 +2996,12 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	2,  // 11: fabricxfer.agent.v1.TransferRequest.op:type_name -> fabricxfer.agent.v1.Op
 	16, // 12: fabricxfer.agent.v1.TransferRequest.remote:type_name -> fabricxfer.agent.v1.RemoteRef
 	17, // 13: fabricxfer.agent.v1.TransferRequest.items:type_name -> fabricxfer.agent.v1.TransferItem
-	37, // 14: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
+	40, // 14: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
 	21, // 15: fabricxfer.agent.v1.TransferResponse.status:type_name -> fabricxfer.agent.v1.TransferStatus
 	3,  // 16: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
 	20, // 17: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
-	37, // 18: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
-	37, // 19: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	40, // 18: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
+	40, // 19: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 20: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
 	2,  // 21: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
 	29, // 22: fabricxfer.agent.v1.ExplainRequest.source:type_name -> fabricxfer.agent.v1.Endpoint
@@ -2847,35 +3010,38 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 25: fabricxfer.agent.v1.AllocateFromPoolRequest.kind:type_name -> fabricxfer.agent.v1.MemoryKind
 	1,  // 26: fabricxfer.agent.v1.AllocateFromPoolResponse.handle_type:type_name -> fabricxfer.agent.v1.HandleType
 	12, // 27: fabricxfer.agent.v1.AllocateFromPoolResponse.region:type_name -> fabricxfer.agent.v1.Region
-	4,  // 28: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
-	11, // 29: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
-	14, // 30: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
-	18, // 31: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
-	22, // 32: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
-	23, // 33: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
-	24, // 34: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
-	25, // 35: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
-	27, // 36: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
-	30, // 37: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
-	33, // 38: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
-	35, // 39: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
-	10, // 40: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
-	13, // 41: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
-	15, // 42: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
-	19, // 43: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
-	21, // 44: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
-	21, // 45: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
-	21, // 46: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
-	26, // 47: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
-	28, // 48: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
-	32, // 49: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
-	34, // 50: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
-	36, // 51: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
-	40, // [40:52] is the sub-list for method output_type
-	28, // [28:40] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	19, // 28: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
+	4,  // 29: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
+	11, // 30: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
+	14, // 31: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
+	18, // 32: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
+	22, // 33: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
+	23, // 34: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
+	24, // 35: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
+	25, // 36: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
+	27, // 37: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
+	30, // 38: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
+	33, // 39: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
+	35, // 40: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
+	37, // 41: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
+	10, // 42: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
+	13, // 43: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
+	15, // 44: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
+	19, // 45: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
+	21, // 46: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
+	21, // 47: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
+	21, // 48: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
+	26, // 49: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
+	28, // 50: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
+	32, // 51: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
+	34, // 52: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
+	36, // 53: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
+	38, // 54: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
+	42, // [42:55] is the sub-list for method output_type
+	29, // [29:42] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_agent_proto_init() }
@@ -2899,7 +3065,7 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_agent_proto_rawDesc), len(file_fabricxfer_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   33,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

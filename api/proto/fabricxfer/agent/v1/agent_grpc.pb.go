@@ -39,6 +39,7 @@ const (
 	Agent_Explain_FullMethodName          = "/fabricxfer.agent.v1.Agent/Explain"
 	Agent_AllocateFromPool_FullMethodName = "/fabricxfer.agent.v1.Agent/AllocateFromPool"
 	Agent_Release_FullMethodName          = "/fabricxfer.agent.v1.Agent/Release"
+	Agent_OpenFastPath_FullMethodName     = "/fabricxfer.agent.v1.Agent/OpenFastPath"
 )
 
 // AgentClient is the client API for Agent service.
@@ -71,6 +72,16 @@ type AgentClient interface {
 	AllocateFromPool(ctx context.Context, in *AllocateFromPoolRequest, opts ...grpc.CallOption) (*AllocateFromPoolResponse, error)
 	// Release returns a slice to the pool (it also goes back when the caller's connection ends).
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// OpenFastPath returns a one-time token that binds a connection to the fast socket
+	// (<socket dir>/<pool>/agent.fast.sock) to this connection's session. On the fast socket, Transfer requests
+	// travel as length-prefixed frames answered in order on the same connection, skipping HTTP/2 for small,
+	// latency-bound transfers:
+	//
+	//	client: u32 big-endian length + token, then u32 length + TransferRequest, ...
+	//	agent:  u32 length + FastReply (to the token, then to each request, in order)
+	//
+	// The fast connection lives as long as the session; it ends when this connection ends.
+	OpenFastPath(ctx context.Context, in *OpenFastPathRequest, opts ...grpc.CallOption) (*OpenFastPathResponse, error)
 }
 
 type agentClient struct {
@@ -219,6 +230,16 @@ func (c *agentClient) Release(ctx context.Context, in *ReleaseRequest, opts ...g
 	return out, nil
 }
 
+func (c *agentClient) OpenFastPath(ctx context.Context, in *OpenFastPathRequest, opts ...grpc.CallOption) (*OpenFastPathResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OpenFastPathResponse)
+	err := c.cc.Invoke(ctx, Agent_OpenFastPath_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -249,6 +270,16 @@ type AgentServer interface {
 	AllocateFromPool(context.Context, *AllocateFromPoolRequest) (*AllocateFromPoolResponse, error)
 	// Release returns a slice to the pool (it also goes back when the caller's connection ends).
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// OpenFastPath returns a one-time token that binds a connection to the fast socket
+	// (<socket dir>/<pool>/agent.fast.sock) to this connection's session. On the fast socket, Transfer requests
+	// travel as length-prefixed frames answered in order on the same connection, skipping HTTP/2 for small,
+	// latency-bound transfers:
+	//
+	//	client: u32 big-endian length + token, then u32 length + TransferRequest, ...
+	//	agent:  u32 length + FastReply (to the token, then to each request, in order)
+	//
+	// The fast connection lives as long as the session; it ends when this connection ends.
+	OpenFastPath(context.Context, *OpenFastPathRequest) (*OpenFastPathResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -294,6 +325,9 @@ func (UnimplementedAgentServer) AllocateFromPool(context.Context, *AllocateFromP
 }
 func (UnimplementedAgentServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedAgentServer) OpenFastPath(context.Context, *OpenFastPathRequest) (*OpenFastPathResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OpenFastPath not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -518,6 +552,24 @@ func _Agent_Release_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_OpenFastPath_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenFastPathRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).OpenFastPath(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_OpenFastPath_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).OpenFastPath(ctx, req.(*OpenFastPathRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -564,6 +616,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _Agent_Release_Handler,
+		},
+		{
+			MethodName: "OpenFastPath",
+			Handler:    _Agent_OpenFastPath_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -74,6 +74,11 @@ class AgentStub(object):
         request_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.ReleaseRequest.SerializeToString,
         response_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.ReleaseResponse.FromString,
         )
+    self.OpenFastPath = channel.unary_unary(
+        '/fabricxfer.agent.v1.Agent/OpenFastPath',
+        request_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.OpenFastPathRequest.SerializeToString,
+        response_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.OpenFastPathResponse.FromString,
+        )
 
 
 class AgentServicer(object):
@@ -166,6 +171,19 @@ class AgentServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def OpenFastPath(self, request, context):
+    """OpenFastPath returns a one-time token that binds a connection to the fast socket
+    (<socket dir>/<pool>/agent.fast.sock) to this connection's session. On the fast socket, Transfer requests
+    travel as length-prefixed frames answered in order on the same connection, skipping HTTP/2 for small,
+    latency-bound transfers:
+    client: u32 big-endian length + token, then u32 length + TransferRequest, ...
+    agent:  u32 length + FastReply (to the token, then to each request, in order)
+    The fast connection lives as long as the session; it ends when this connection ends.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -228,6 +246,11 @@ def add_AgentServicer_to_server(servicer, server):
           servicer.Release,
           request_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.ReleaseRequest.FromString,
           response_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.ReleaseResponse.SerializeToString,
+      ),
+      'OpenFastPath': grpc.unary_unary_rpc_method_handler(
+          servicer.OpenFastPath,
+          request_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.OpenFastPathRequest.FromString,
+          response_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.OpenFastPathResponse.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(

@@ -1,0 +1,166 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+)
+
+// FastSocketName is the fast socket's name beside the agent socket.
+const FastSocketName = "agent.fast.sock"
+
+// maxFastFrame bounds one frame on the fast socket (a TransferRequest of the largest allowed batch fits).
+const maxFastFrame = 64 << 20
+
+// fastTokens binds fast connections to sessions: a token is one-time, expires, and only the caller that
+// asked for it may use it.
+type fastTokens struct {
+	mu      sync.Mutex
+	entries map[string]fastToken
+}
+
+type fastToken struct {
+	sess    *session
+	expires time.Time
+}
+
+// OpenFastPath implements agentv1.AgentServer.
+func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathRequest) (*agentv1.OpenFastPathResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	token, err := newToken()
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	s.fast.mu.Lock()
+	now := time.Now()
+	for k, e := range s.fast.entries {
+		if now.After(e.expires) {
+			delete(s.fast.entries, k)
+		}
+	}
+	s.fast.entries[token] = fastToken{sess: sess, expires: now.Add(s.opts.TokenTTL)}
+	s.fast.mu.Unlock()
+	return &agentv1.OpenFastPathResponse{Token: token, Socket: s.FastSocketPath()}, nil
+}
+
+func (s *Server) serveFast(ctx context.Context, ln *net.UnixListener) {
+	for {
+		conn, err := ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		go s.handleFast(ctx, conn)
+	}
+}
+
+// readFrame reads one length-prefixed frame of at most max bytes.
+func readFrame(r io.Reader, max int) ([]byte, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > uint32(max) {
+		return nil, fmt.Errorf("frame of %d bytes, at most %d", n, max)
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// writeFrame writes one length-prefixed frame.
+func writeFrame(w io.Writer, payload []byte) error {
+	buf := make([]byte, 4+len(payload))
+	binary.BigEndian.PutUint32(buf, uint32(len(payload)))
+	copy(buf[4:], payload)
+	_, err := w.Write(buf)
+	return err
+}
+
+func writeReply(conn net.Conn, r *agentv1.FastReply) error {
+	b, err := proto.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return writeFrame(conn, b)
+}
+
+func errReply(err error) *agentv1.FastReply {
+	st := status.Convert(err)
+	return &agentv1.FastReply{Code: uint32(st.Code()), Message: st.Message()}
+}
+
+func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	token, err := readFrame(conn, 64)
+	if err != nil {
+		return
+	}
+	caller, err := s.identifyConn(ctx, conn)
+	if err != nil {
+		_ = writeReply(conn, errReply(status.Error(codes.PermissionDenied, err.Error())))
+		return
+	}
+	s.fast.mu.Lock()
+	e, ok := s.fast.entries[string(token)]
+	delete(s.fast.entries, string(token))
+	s.fast.mu.Unlock()
+	if !ok || time.Now().After(e.expires) || e.sess.caller.Key != caller.Key {
+		_ = writeReply(conn, errReply(status.Error(codes.PermissionDenied, "fast path token is unknown, expired, used or not yours")))
+		return
+	}
+	sess := e.sess
+	s.mu.Lock()
+	if sess.ended {
+		s.mu.Unlock()
+		_ = writeReply(conn, errReply(status.Error(codes.Unavailable, "the session ended")))
+		return
+	}
+	sess.fastConns = append(sess.fastConns, conn)
+	s.mu.Unlock()
+	if err := writeReply(conn, &agentv1.FastReply{}); err != nil {
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+
+	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying.
+	callCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for {
+		frame, err := readFrame(conn, maxFastFrame)
+		if err != nil {
+			if err != io.EOF {
+				_ = writeReply(conn, errReply(status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)))
+			}
+			return
+		}
+		var req agentv1.TransferRequest
+		var reply *agentv1.FastReply
+		if err := proto.Unmarshal(frame, &req); err != nil {
+			reply = errReply(status.Errorf(codes.InvalidArgument, "frame is not a TransferRequest: %v", err))
+		} else if resp, err := s.transfer(callCtx, sess, &req); err != nil {
+			reply = errReply(err)
+		} else {
+			reply = &agentv1.FastReply{Response: resp}
+		}
+		if err := writeReply(conn, reply); err != nil {
+			return
+		}
+	}
+}

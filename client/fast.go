@@ -1,0 +1,128 @@
+package client
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+)
+
+// FastSocketName is the fast socket's name beside the agent socket.
+const FastSocketName = "agent.fast.sock"
+
+// fastDefaultDeadline bounds a fast-path call whose context has no deadline (the agent's default transfer
+// timeout plus slack).
+const fastDefaultDeadline = 65 * time.Second
+
+// openFast binds a fast-socket connection to this client's session. An agent without the fast path is not an
+// error: calls then go over gRPC.
+func (c *Client) openFast(ctx context.Context) error {
+	resp, err := c.api.OpenFastPath(ctx, &agentv1.OpenFastPathRequest{})
+	if status.Code(err) == codes.Unimplemented {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("opening the fast path: %w", err)
+	}
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "unix", filepath.Join(filepath.Dir(c.socketPath), FastSocketName))
+	if err != nil {
+		return fmt.Errorf("connecting to the fast socket: %w", err)
+	}
+	conn := raw.(*net.UnixConn)
+	reply, err := fastCall(ctx, conn, []byte(resp.Token))
+	if err == nil && reply.Code != 0 {
+		err = status.Error(codes.Code(reply.Code), reply.Message)
+	}
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("binding the fast socket: %w", err)
+	}
+	c.fastMu.Lock()
+	if c.fast != nil {
+		c.fast.Close()
+	}
+	c.fast = conn
+	c.fastMu.Unlock()
+	return nil
+}
+
+// fastCall writes one frame and reads the reply, bounded by ctx's deadline.
+func fastCall(ctx context.Context, conn *net.UnixConn, payload []byte) (*agentv1.FastReply, error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(fastDefaultDeadline)
+	}
+	_ = conn.SetDeadline(deadline)
+	buf := make([]byte, 4+len(payload))
+	binary.BigEndian.PutUint32(buf, uint32(len(payload)))
+	copy(buf[4:], payload)
+	if _, err := conn.Write(buf); err != nil {
+		return nil, err
+	}
+	var hdr [4]byte
+	if _, err := io.ReadFull(conn, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > 64<<20 {
+		return nil, fmt.Errorf("fast reply of %d bytes is implausible", n)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(conn, body); err != nil {
+		return nil, err
+	}
+	var reply agentv1.FastReply
+	if err := proto.Unmarshal(body, &reply); err != nil {
+		return nil, fmt.Errorf("decoding a fast reply: %w", err)
+	}
+	return &reply, nil
+}
+
+// transferFast sends req over the fast socket. ok is false when there is no fast path (the caller uses gRPC).
+// Calls are serialized on the one connection.
+func (c *Client) transferFast(ctx context.Context, req *agentv1.TransferRequest) (resp *agentv1.TransferResponse, ok bool, err error) {
+	c.fastMu.Lock()
+	defer c.fastMu.Unlock()
+	if c.fast == nil {
+		return nil, false, nil
+	}
+	payload, err := proto.Marshal(req)
+	if err != nil {
+		return nil, true, err
+	}
+	reply, err := fastCall(ctx, c.fast, payload)
+	if err != nil {
+		// The stream is out of step (or gone): drop it; Recover opens a new one.
+		c.fast.Close()
+		c.fast = nil
+		var ne net.Error
+		if ctx.Err() != nil || (errors.As(err, &ne) && ne.Timeout()) {
+			return nil, true, status.Errorf(codes.DeadlineExceeded, "fast path: %v", err)
+		}
+		return nil, true, fmt.Errorf("fast path: %w (%v)", ErrSessionLost, err)
+	}
+	if reply.Code != 0 {
+		return nil, true, status.Error(codes.Code(reply.Code), reply.Message)
+	}
+	return reply.Response, true, nil
+}
+
+func (c *Client) closeFast() {
+	c.fastMu.Lock()
+	defer c.fastMu.Unlock()
+	if c.fast != nil {
+		c.fast.Close()
+		c.fast = nil
+	}
+}
