@@ -1,0 +1,82 @@
+package peers_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/fabricxfer/fabricxfer/agent/peers"
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+// TestAPIDirectoryReadsTransferNodeEndpoints runs against a real API server with the TransferNode CRD: only
+// nodes of the pool with an endpoint are peers.
+func TestAPIDirectoryReadsTransferNodeEndpoints(t *testing.T) {
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		assets = filepath.Join("..", "..", "bin")
+	}
+	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
+		t.Skip("kube-apiserver not built: run make tools")
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: assets, ErrorIfCRDPathMissing: true,
+		CRDInstallOptions: envtest.CRDInstallOptions{Paths: []string{
+			filepath.Join("..", "..", "config", "crd", "bases", "fabricxfer.io_transfernodes.yaml")}}}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("starting the API server: %v", err)
+	}
+	defer env.Stop()
+	scheme := runtime.NewScheme()
+	if err := fxv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	kube, err := ctrlclient.New(cfg, ctrlclient.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	add := func(name, pool, endpoint string) {
+		tn := &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: fxv1.TransferNodeSpec{NodeName: name, PoolNamespace: "infer", PoolName: pool}}
+		if err := kube.Create(ctx, tn); err != nil {
+			t.Fatalf("creating TransferNode %s: %v", name, err)
+		}
+		if endpoint != "" {
+			tn.Status.Endpoint = endpoint
+			if err := kube.Status().Update(ctx, tn); err != nil {
+				t.Fatalf("setting the endpoint of %s: %v", name, err)
+			}
+		}
+	}
+	add("node-a", "kv", "10.0.0.1:7470")
+	add("node-b", "kv", "10.0.0.2:7470")
+	add("node-c", "other", "10.0.0.3:7470")
+	add("node-d", "kv", "") // agent not reporting yet
+	dir := &peers.APIDirectory{Reader: kube, PoolNamespace: "infer", PoolName: "kv", TTL: time.Minute}
+	nodes, err := dir.Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes) != 2 || nodes["node-a"] != "10.0.0.1:7470" || nodes["node-b"] != "10.0.0.2:7470" {
+		t.Fatalf("nodes %v, want node-a and node-b", nodes)
+	}
+	if ep, err := dir.Endpoint(ctx, "node-b"); err != nil || ep != "10.0.0.2:7470" {
+		t.Fatalf("endpoint of node-b: %q, %v", ep, err)
+	}
+	if _, err := dir.Endpoint(ctx, "node-c"); err == nil || !strings.Contains(err.Error(), "pool infer/kv") {
+		t.Fatalf("node of another pool: %v", err)
+	}
+	if _, err := dir.Endpoint(ctx, "node-z"); err == nil {
+		t.Fatal("a node without a TransferNode has an endpoint")
+	}
+}
