@@ -217,3 +217,48 @@ func TestBackPressure(t *testing.T) {
 		unpin()
 	}
 }
+
+// TestSilentPeerIsLost: a peer that keeps its connections open but stops answering (a partition, a hung
+// agent) fails the transfer after PeerTimeout with an error naming it.
+func TestSilentPeerIsLost(t *testing.T) {
+	g := &enginetest.Gate{}
+	b := newEngine(t, "node-b", g.Listener(listen(t)))
+	a, err := New(Options{Node: "node-a", PeerTimeout: 300 * time.Millisecond, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ld := register(t, a, "node-a/1", make([]byte, 64<<10))
+	rd := register(t, b, "node-b/1", make([]byte, 64<<10))
+	imp(t, a, rd)
+	pb := a.NewPlan()
+	if err := pb.Add(engines.Item{Src: ld.ID, Dst: rd.ID, Size: 64 << 10, Tag: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ps := pb.Build()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Connect first (the handshake needs the peer), then silence it.
+	tr, err := a.Submit(ctx, ps, engines.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	release := g.Shut(t)
+	defer release()
+	start := time.Now()
+	tr, err = a.Submit(ctx, ps, engines.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = tr.Wait(ctx)
+	var pl *engines.PeerLostError
+	if !errors.As(err, &pl) || !strings.Contains(pl.Peer, "node-b") {
+		t.Fatalf("silent peer: %v, want a PeerLostError naming node-b", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("silent peer detected after %v, PeerTimeout is 300ms", took)
+	}
+}
