@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+// TestStatusReadsTheAPIServer creates a pool, two nodes and a vPOD in a real API server and checks that
+// status shows each with its engines and endpoint.
+func TestStatusReadsTheAPIServer(t *testing.T) {
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		assets = filepath.Join("..", "..", "bin")
+	}
+	if _, err := os.Stat(filepath.Join(assets, "kube-apiserver")); err != nil {
+		t.Skip("kube-apiserver not built: run make tools")
+	}
+	env := &envtest.Environment{BinaryAssetsDirectory: assets, ErrorIfCRDPathMissing: true,
+		CRDDirectoryPaths: []string{filepath.Join("..", "..", "config", "crd", "bases")}}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("starting the API server: %v", err)
+	}
+	defer env.Stop()
+	scheme := runtime.NewScheme()
+	if err := fxv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	kube, err := ctrlclient.New(cfg, ctrlclient.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kube.Create(ctx, &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "kv"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range []string{"node-a", "node-b"} {
+		tn := &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: fxv1.TransferNodeSpec{NodeName: name, PoolNamespace: "default", PoolName: "kv"}}
+		if err := kube.Create(ctx, tn); err != nil {
+			t.Fatal(err)
+		}
+		hb := metav1.NewTime(time.Now().Add(-time.Duration(i+1) * time.Second))
+		tn.Status = fxv1.TransferNodeStatus{Endpoint: "10.0.0." + string(rune('1'+i)) + ":7470", AgentVersion: "v0.1.0", LastHeartbeat: &hb,
+			Engines: []fxv1.EngineAvailability{{Name: "xgmi", Available: true}, {Name: "rdma", Available: false, Reason: "no NIC"}}}
+		if err := kube.Status().Update(ctx, tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out bytes.Buffer
+	if err := printStatus(ctx, kube, "", &out, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	poolRow := false
+	for _, line := range strings.Split(s, "\n") {
+		if f := strings.Fields(line); len(f) > 2 && f[0] == "default" && f[1] == "kv" {
+			poolRow = true
+		}
+	}
+	if !poolRow {
+		t.Errorf("status output has no row for pool default/kv:\n%s", s)
+	}
+	for _, want := range []string{"POOLS (1)", "NODES (2)", "node-a", "default/kv", "xgmi,-rdma", "10.0.0.2:7470", "v0.1.0", "VPODS (0)"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("status output lacks %q:\n%s", want, s)
+		}
+	}
+}
