@@ -68,12 +68,13 @@ func TestImmutableFields(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, c)
 	pool := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal([]byte("apiVersion: fabricxfer.io/v1alpha1\nkind: TransferPool\nmetadata: {name: imm, namespace: "+ns+"}\nspec: {socketDir: /run/fx-a}"), &pool.Object); err != nil {
+	if err := yaml.Unmarshal([]byte("apiVersion: fabricxfer.io/v1alpha1\nkind: TransferPool\nmetadata: {name: imm, namespace: "+ns+"}\nspec: {socketDir: /run/fx-a, nodeSelector: {fabricxfer.io/test-group: immutable}}"), &pool.Object); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatalf("creating a valid pool: %v", err)
 	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), pool) })
 	if err := unstructured.SetNestedField(pool.Object, "/run/fx-b", "spec", "socketDir"); err != nil {
 		t.Fatal(err)
 	}

@@ -96,7 +96,7 @@ build_helm() {
 [ $# -gt 0 ] || set -- controller-gen protoc-gen etcd helm k8s
 for tool in "$@"; do
   case $tool in
-  k8s) build_k8s kube-apiserver kubectl ;;
+  k8s) build_k8s kube-apiserver kubectl kube-controller-manager ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
   controller-gen) go_install controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen "$CONTROLLER_TOOLS_VERSION" ;;

@@ -63,13 +63,13 @@ type TransferPoolSpec struct {
 	// report one (written ualink:<ppod>/<vpod> or nvlink:<clusterUUID>.<cliqueId>).
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
-	// +kubebuilder:validation:Pattern=`^(ualink:[0-9]+/[0-9]+|nvlink:[0-9a-fA-F-]+\.[0-9]+)$`
+	// +kubebuilder:validation:Pattern=`^(ualink:[0-9a-fA-F-]+/[0-9]+|nvlink:[0-9a-fA-F-]+\.[0-9]+)$`
 	FabricDomainOverride string `json:"fabricDomainOverride,omitempty"`
 }
 
 // PoolMemory is what the agent may allocate, register and stage on each node.
-// +kubebuilder:validation:XValidation:rule="!has(self.perGPU) || quantity(string(self.perGPU)).sign() >= 0",message="memory.perGPU must not be negative"
-// +kubebuilder:validation:XValidation:rule="!has(self.hostStaging) || quantity(string(self.hostStaging)).sign() > 0",message="memory.hostStaging must be positive"
+// +kubebuilder:validation:XValidation:rule="!has(self.perGPU) || quantity(string(self.perGPU)).compareTo(quantity('0')) >= 0",message="memory.perGPU must not be negative"
+// +kubebuilder:validation:XValidation:rule="!has(self.hostStaging) || quantity(string(self.hostStaging)).compareTo(quantity('0')) > 0",message="memory.hostStaging must be positive"
 type PoolMemory struct {
 	// PerGPU is the GPU memory the agent allocates on every GPU at start and lends to pods (0: none).
 	// +optional

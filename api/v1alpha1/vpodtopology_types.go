@@ -23,7 +23,7 @@ type VPodTopologySpec struct {
 	Kind FabricKind `json:"kind"`
 	// Domain is the domain key: ualink:<ppod_id>/<vpod_id> or nvlink:<clusterUUID>.<cliqueId>.
 	// +kubebuilder:validation:MaxLength=128
-	// +kubebuilder:validation:Pattern=`^(ualink:[0-9]+/[0-9]+|nvlink:[0-9a-fA-F-]+\.[0-9]+)$`
+	// +kubebuilder:validation:Pattern=`^(ualink:[0-9a-fA-F-]+/[0-9]+|nvlink:[0-9a-fA-F-]+\.[0-9]+)$`
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="domain is immutable"
 	Domain string `json:"domain"`
 	// Members declared by an admin, for hardware that does not report them or to catch missing ones.
