@@ -94,6 +94,16 @@ func planLayout(segs []Segment, maxPiece uint64) (batchLayout, error) {
 // writeDescriptors writes the descriptors for segs in layout l into buf,
 // which must hold l.bytes().
 func writeDescriptors(buf []byte, segs []Segment, l batchLayout, maxPiece uint64) {
+	if l.uniform && l.pieces == len(segs) {
+		// The common KV case (equal blocks, none cut): one tight loop, one
+		// 8-byte store per block.
+		out := buf[:len(segs)*kernels.UniformDescriptorSize]
+		for k, s := range segs {
+			v := (s.Src-l.srcBase)>>l.shift | ((s.Dst-l.dstBase)>>l.shift)<<32
+			binary.LittleEndian.PutUint64(out[k*8:], v)
+		}
+		return
+	}
 	le := binary.LittleEndian
 	i := 0
 	for _, s := range segs {

@@ -1,11 +1,16 @@
 package gpucopy_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
@@ -154,5 +159,91 @@ func TestGPURegisterRefusesOverrunAndForeignPointers(t *testing.T) {
 	}
 	if len(d.Handles.IPC) != engines.IPCHandleSize {
 		t.Errorf("cuMemAlloc memory registered without an IPC handle for other processes")
+	}
+}
+
+// TestGPUEngineHostAndDevice moves bytes both ways between host memory (an
+// mmap'd buffer, pinned by the backend at registration, and a Go slice) and
+// GPU memory through the engine, next to the host backend.
+func TestGPUEngineHostAndDevice(t *testing.T) {
+	eng, _, drv, ctx := gpuEngine(t)
+	const size = 6<<20 + 123
+	var dev cuda.DevicePtr
+	if err := drv.WithContext(ctx, func() (err error) { dev, err = drv.MemAlloc(size); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer drv.WithContext(ctx, func() error { return drv.MemFree(dev) })
+	mapped, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(mapped)
+	goHeap := make([]byte, size)
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, host := range []struct {
+		name string
+		buf  []byte
+	}{{"mmap", mapped}, {"go-heap", goHeap}} {
+		t.Run(host.name, func(t *testing.T) {
+			copy(host.buf, randomBytes(r, size))
+			hid := engines.MemoryID("node-a/host-" + host.name)
+			gid := engines.MemoryID("node-a/dev-" + host.name)
+			if _, err := eng.Register(context.Background(), engines.MemoryDesc{ID: hid, Node: "node-a", Size: size,
+				Location: engines.Location{Kind: engines.LocationHost}, Handles: engines.Handles{Host: host.buf}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := eng.Register(context.Background(), gpuDesc(gid, dev, size)); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				eng.Deregister(dctx, hid)
+				eng.Deregister(dctx, gid)
+			}()
+			// Host → GPU: scattered odd blocks; GPU → host: one large item back.
+			var items []engines.Item
+			for i, s := range r.Perm(size / 4096)[:500] {
+				items = append(items, engines.Item{Src: hid, SrcOffset: uint64(s)*4096 + 7, Dst: gid, DstOffset: uint64(i) * 4096, Size: 4000, Tag: engines.Tag(i)})
+			}
+			run(t, eng, items)
+			got := make([]byte, size)
+			if err := drv.WithContext(ctx, func() error { return drv.MemcpyDtoH(got, dev) }); err != nil {
+				t.Fatal(err)
+			}
+			for _, it := range items {
+				if !bytes.Equal(got[it.DstOffset:it.DstOffset+it.Size], host.buf[it.SrcOffset:it.SrcOffset+it.Size]) {
+					t.Fatalf("host → GPU tag %d differs", it.Tag)
+				}
+			}
+			want := append([]byte(nil), got[:size-1]...)
+			run(t, eng, []engines.Item{{Src: gid, Dst: hid, DstOffset: 1, Size: size - 1, Tag: 1}})
+			if !bytes.Equal(host.buf[1:], want) {
+				t.Fatal("GPU → host bytes differ")
+			}
+		})
+	}
+}
+
+// TestGPURegisterLeavesCallersContext checks that registration, which works
+// in the GPU's primary context, leaves the calling thread's context as it was.
+func TestGPURegisterLeavesCallersContext(t *testing.T) {
+	eng, _, drv, ctx := gpuEngine(t)
+	var p cuda.DevicePtr
+	if err := drv.WithContext(ctx, func() (err error) { p, err = drv.MemAlloc(1 << 20); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer drv.WithContext(ctx, func() error { return drv.MemFree(p) })
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := drv.CtxSetCurrent(0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Register(context.Background(), gpuDesc("node-a/ctx", p, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	cur, err := drv.CtxGetCurrent()
+	if err != nil || cur != 0 {
+		t.Fatalf("after Register the thread's context is %#x (%v), want none as before", cur, err)
 	}
 }
