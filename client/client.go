@@ -37,6 +37,7 @@ type Client struct {
 	fdSocket   string
 	dials      atomic.Uint64
 	noFast     bool
+	spin       time.Duration
 
 	fastMu sync.Mutex
 	fast   *net.UnixConn
@@ -53,7 +54,12 @@ type Option func(*dialOptions)
 type dialOptions struct {
 	name   string
 	noFast bool
+	spin   time.Duration
 }
+
+// WithSpin sets how long a fast-path call polls for its reply before sleeping (default DefaultSpin; 0 never
+// polls). Polling trades a busy core for tens of microseconds per small transfer.
+func WithSpin(d time.Duration) Option { return func(o *dialOptions) { o.spin = d } }
 
 // WithName names the client in the agent's logs.
 func WithName(name string) Option { return func(o *dialOptions) { o.name = name } }
@@ -63,12 +69,12 @@ func WithoutFastPath() Option { return func(o *dialOptions) { o.noFast = true } 
 
 // Dial connects to the agent socket at socketPath and negotiates the API version.
 func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, error) {
-	var o dialOptions
+	o := dialOptions{spin: DefaultSpin}
 	for _, fn := range opts {
 		fn(&o)
 	}
 	c := &Client{socketPath: socketPath, fdSocket: filepath.Join(filepath.Dir(socketPath), FDSocketName),
-		regions: map[*Region]struct{}{}, noFast: o.noFast}
+		regions: map[*Region]struct{}{}, noFast: o.noFast, spin: o.spin}
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
 		c.dials.Add(1)
 		var d net.Dialer

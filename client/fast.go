@@ -2,10 +2,8 @@ package client
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"path/filepath"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client/sockio"
 )
 
 // FastSocketName is the fast socket's name beside the agent socket.
@@ -40,7 +39,7 @@ func (c *Client) openFast(ctx context.Context) error {
 		return fmt.Errorf("connecting to the fast socket: %w", err)
 	}
 	conn := raw.(*net.UnixConn)
-	reply, err := fastCall(ctx, conn, []byte(resp.Token))
+	reply, err := fastCall(ctx, conn, []byte(resp.Token), 0)
 	if err == nil && reply.Code != 0 {
 		err = status.Error(codes.Code(reply.Code), reply.Message)
 	}
@@ -57,29 +56,21 @@ func (c *Client) openFast(ctx context.Context) error {
 	return nil
 }
 
+// DefaultSpin is how long the client polls the fast socket for a reply before parking.
+const DefaultSpin = 50 * time.Microsecond
+
 // fastCall writes one frame and reads the reply, bounded by ctx's deadline.
-func fastCall(ctx context.Context, conn *net.UnixConn, payload []byte) (*agentv1.FastReply, error) {
+func fastCall(ctx context.Context, conn *net.UnixConn, payload []byte, spin time.Duration) (*agentv1.FastReply, error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(fastDefaultDeadline)
 	}
 	_ = conn.SetDeadline(deadline)
-	buf := make([]byte, 4+len(payload))
-	binary.BigEndian.PutUint32(buf, uint32(len(payload)))
-	copy(buf[4:], payload)
-	if _, err := conn.Write(buf); err != nil {
+	if err := sockio.WriteFrame(conn, payload); err != nil {
 		return nil, err
 	}
-	var hdr [4]byte
-	if _, err := io.ReadFull(conn, hdr[:]); err != nil {
-		return nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > 64<<20 {
-		return nil, fmt.Errorf("fast reply of %d bytes is implausible", n)
-	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(conn, body); err != nil {
+	body, err := sockio.ReadFrame(sockio.SpinReader{Conn: conn, Spin: spin}, 64<<20)
+	if err != nil {
 		return nil, err
 	}
 	var reply agentv1.FastReply
@@ -101,7 +92,7 @@ func (c *Client) transferFast(ctx context.Context, req *agentv1.TransferRequest)
 	if err != nil {
 		return nil, true, err
 	}
-	reply, err := fastCall(ctx, c.fast, payload)
+	reply, err := fastCall(ctx, c.fast, payload, c.spin)
 	if err != nil {
 		// The stream is out of step (or gone): drop it; Recover opens a new one.
 		c.fast.Close()

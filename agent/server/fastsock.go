@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/binary"
-	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -14,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client/sockio"
 )
 
 // FastSocketName is the fast socket's name beside the agent socket.
@@ -66,38 +65,12 @@ func (s *Server) serveFast(ctx context.Context, ln *net.UnixListener) {
 	}
 }
 
-// readFrame reads one length-prefixed frame of at most max bytes.
-func readFrame(r io.Reader, max int) ([]byte, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > uint32(max) {
-		return nil, fmt.Errorf("frame of %d bytes, at most %d", n, max)
-	}
-	buf := make([]byte, n)
-	if _, err := io.ReadFull(r, buf); err != nil {
-		return nil, err
-	}
-	return buf, nil
-}
-
-// writeFrame writes one length-prefixed frame.
-func writeFrame(w io.Writer, payload []byte) error {
-	buf := make([]byte, 4+len(payload))
-	binary.BigEndian.PutUint32(buf, uint32(len(payload)))
-	copy(buf[4:], payload)
-	_, err := w.Write(buf)
-	return err
-}
-
 func writeReply(conn net.Conn, r *agentv1.FastReply) error {
 	b, err := proto.Marshal(r)
 	if err != nil {
 		return err
 	}
-	return writeFrame(conn, b)
+	return sockio.WriteFrame(conn, b)
 }
 
 func errReply(err error) *agentv1.FastReply {
@@ -108,7 +81,7 @@ func errReply(err error) *agentv1.FastReply {
 func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	token, err := readFrame(conn, 64)
+	token, err := sockio.ReadFrame(conn, 64)
 	if err != nil {
 		return
 	}
@@ -142,8 +115,9 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying.
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	in := sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin}
 	for {
-		frame, err := readFrame(conn, maxFastFrame)
+		frame, err := sockio.ReadFrame(in, maxFastFrame)
 		if err != nil {
 			if err != io.EOF {
 				_ = writeReply(conn, errReply(status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)))

@@ -100,6 +100,9 @@ type Options struct {
 	TokenTTL time.Duration
 	// SessionGrace bounds how long the regions of a gone caller wait for in-flight transfers (default 30 s).
 	SessionGrace time.Duration
+	// FastSpin is how long a fast-socket connection polls for the next request before sleeping (default
+	// 50 µs; negative never polls). It keeps back-to-back small transfers off the wake-up path.
+	FastSpin time.Duration
 	// FinishedRetention is how long settled transfers stay visible to Wait (default 2 min).
 	FinishedRetention time.Duration
 	Logger            *slog.Logger
@@ -170,6 +173,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.SessionGrace <= 0 {
 		opts.SessionGrace = 30 * time.Second
+	}
+	if opts.FastSpin == 0 {
+		opts.FastSpin = 50 * time.Microsecond
 	}
 	if opts.FinishedRetention <= 0 {
 		opts.FinishedRetention = 2 * time.Minute

@@ -52,6 +52,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	iterations := fs.Int("iterations", 20000, "measured transfers per path")
 	warmup := fs.Int("warmup", 2000, "unmeasured transfers per path first")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	spin := fs.Duration("spin", client.DefaultSpin, "how long the client and the local agent poll the fast socket before sleeping (0: never)")
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
@@ -66,7 +67,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	agentProc := "given socket"
 	if path == "" {
 		var stop func()
-		path, stop, err = spawnLocalAgent(ctx, stderr)
+		path, stop, err = spawnLocalAgent(ctx, stderr, *spin)
 		if err != nil {
 			return err
 		}
@@ -74,7 +75,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		agentProc = "local agent process"
 	}
 	var results []latency
-	viaSocket, err := benchSocket(ctx, path, size, *warmup, *iterations)
+	viaSocket, err := benchSocket(ctx, path, size, *warmup, *iterations, *spin)
 	if err != nil {
 		return err
 	}
@@ -92,10 +93,10 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"size_bytes": size, "agent": agentProc, "results": results})
+		return enc.Encode(map[string]any{"size_bytes": size, "agent": agentProc, "spin": spin.String(), "results": results})
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "%d-byte transfers between two host regions on one node (%s)\n", size, agentProc)
+	fmt.Fprintf(tw, "%d-byte transfers between two host regions on one node (%s, fast-socket spin %s)\n", size, agentProc, *spin)
 	fmt.Fprintln(tw, "PATH\tN\tP50 µs\tP99 µs\tMEAN µs\tMAX µs")
 	for _, r := range results {
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\n", r.Path, r.Iterations, r.P50us, r.P99us, r.MeanUs, r.MaxUs)
@@ -105,7 +106,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 
 // spawnLocalAgent starts "xferctl local-agent" as a separate process on a temporary socket directory, so the
 // measured path crosses processes as it does for an inference pod.
-func spawnLocalAgent(ctx context.Context, stderr io.Writer) (string, func(), error) {
+func spawnLocalAgent(ctx context.Context, stderr io.Writer, spin time.Duration) (string, func(), error) {
 	self, err := os.Executable()
 	if err != nil {
 		return "", nil, fmt.Errorf("finding this executable to start a local agent: %w", err)
@@ -114,7 +115,8 @@ func spawnLocalAgent(ctx context.Context, stderr io.Writer) (string, func(), err
 	if err != nil {
 		return "", nil, err
 	}
-	cmd := exec.CommandContext(ctx, self, "local-agent", "--socket-dir", dir, "--pool", "bench", "--node-name", "bench")
+	cmd := exec.CommandContext(ctx, self, "local-agent", "--socket-dir", dir, "--pool", "bench", "--node-name", "bench",
+		"--fast-spin", spin.String())
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -161,10 +163,10 @@ func spawnLocalAgent(ctx context.Context, stderr io.Writer) (string, func(), err
 	return filepath.Join(dir, "bench", "agent.sock"), stop, nil
 }
 
-func benchSocket(ctx context.Context, path string, size uint64, warmup, n int) ([]latency, error) {
+func benchSocket(ctx context.Context, path string, size uint64, warmup, n int, spin time.Duration) ([]latency, error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c, err := client.Dial(dctx, path, client.WithName("xferctl-bench"))
+	c, err := client.Dial(dctx, path, client.WithName("xferctl-bench"), client.WithSpin(spin))
 	if err != nil {
 		return nil, err
 	}

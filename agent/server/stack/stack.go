@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -51,6 +52,9 @@ type Config struct {
 	// DisableTCP keeps the tcp engine off (a pool that disallows it).
 	DisableTCP bool
 
+	// FastSpin is how long the fast socket polls for a caller's next request before sleeping.
+	FastSpin time.Duration
+
 	PoolHostBytes      uint64
 	MaxRegions         int
 	MaxRegisteredBytes uint64
@@ -71,6 +75,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSDir, "tls-dir", "/etc/fabricxfer/tls", "directory with the pool's tls.crt, tls.key and ca.crt; empty runs this node alone (no peers, no tcp engine)")
 	fs.StringVar(&c.StaticPeers, "peers", "", "static peer list node=host:port,... (outside Kubernetes; otherwise TransferNode endpoints are used)")
 	fs.BoolVar(&c.DisableTCP, "disable-tcp", false, "keep the tcp engine off")
+	fs.DurationVar(&c.FastSpin, "fast-spin", 50*time.Microsecond, "how long the fast socket polls for a caller's next request before sleeping (0 never polls)")
 	fs.Uint64Var(&c.PoolHostBytes, "pool-host-bytes", 0, "host shared memory the agent lends to callers (AllocateFromPool); 0 lends none")
 	fs.IntVar(&c.MaxRegions, "max-regions", server.DefaultLimits.MaxRegions, "regions one caller (pod) may hold")
 	fs.Uint64Var(&c.MaxRegisteredBytes, "max-registered-bytes", server.DefaultLimits.MaxRegisteredBytes, "bytes one caller may hold registered (spec.memory.maxRegisteredPerCaller)")
@@ -219,7 +224,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	}
 	opts := server.Options{SocketDir: cfg.SocketDir, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName,
 		NodeName: cfg.NodeName, AgentVersion: deps.AgentVersion, PeerEndpoint: peerEP, Engine: comp, Engines: deps.Engines,
-		Identifier: id, Policy: policy, Pool: pool, SocketGID: cfg.SocketGID, Logger: log,
+		Identifier: id, Policy: policy, Pool: pool, SocketGID: cfg.SocketGID, Logger: log, FastSpin: fastSpin(cfg.FastSpin),
 		Limits: server.Limits{MaxRegions: cfg.MaxRegions, MaxRegisteredBytes: cfg.MaxRegisteredBytes, MaxInFlight: cfg.MaxInFlight,
 			MaxItemsPerTransfer: server.DefaultLimits.MaxItemsPerTransfer}}
 	if pc != nil {
@@ -249,6 +254,14 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		}
 	}
 	return first
+}
+
+// fastSpin maps the flag's 0 ("never poll") to the server's negative value (its 0 means the default).
+func fastSpin(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 func hostRoot(r string) string {

@@ -1,0 +1,3 @@
+// Package sockio holds the socket I/O the agent and its Go client share on the fast socket: length-prefixed
+// frames and a reader that polls briefly before sleeping.
+package sockio
