@@ -1,7 +1,6 @@
 package gpucopy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -214,30 +213,6 @@ func (c *Copier) Stream() cuda.Stream { return c.stream }
 
 // Driver is the driver the Copier uses.
 func (c *Copier) Driver() *cuda.Driver { return c.drv }
-
-// Pending is a submitted copy; Wait reports how it ended.
-type Pending struct {
-	c         *Copier
-	start     cuda.Event // with Options.TimeDevice
-	event     cuda.Event
-	slot      *slot
-	once      sync.Once
-	watchOnce sync.Once
-	bytes     uint64    // what the submission moves
-	queued    time.Time // when it was queued
-	err       error
-	done      chan struct{}
-	gpu       time.Duration
-}
-
-// DeviceTime is the GPU time of the copy, from its first queued operation to
-// its completion (Options.TimeDevice; 0 otherwise or before Done).
-func (p *Pending) DeviceTime() time.Duration {
-	if !p.Done() {
-		return 0
-	}
-	return p.gpu
-}
 
 // Route says which hardware may touch a submission's memory.
 type Route int
@@ -483,97 +458,6 @@ func (c *Copier) LaunchContiguous(dst, src, n uint64) error {
 	blocks := min(int((n+threadsPerBlock*64-1)/(threadsPerBlock*64)), c.sms*8)
 	cfg := cuda.LaunchConfig{GridX: uint32(max(blocks, 1)), BlockX: threadsPerBlock, Stream: c.stream}
 	return c.drv.Launch(c.kernels.contig, cfg, []unsafe.Pointer{unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&n)})
-}
-
-// Done reports whether the copy has finished (successfully or not), asking
-// the GPU without blocking.
-func (p *Pending) Done() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-	}
-	var ready bool
-	var qerr error
-	_ = p.c.drv.WithContext(p.c.ctx, func() error {
-		ready, qerr = p.c.drv.EventQuery(p.event)
-		return nil
-	})
-	if ready || qerr != nil {
-		p.finish(qerr)
-		return true
-	}
-	return false
-}
-
-// Wait blocks until the copy finishes or ctx ends; it is idempotent. When
-// ctx ends first the copy goes on (a launched kernel cannot be recalled) and
-// a later Wait still reports how it ended. A Pending must be waited for (or
-// polled with Done until true): that returns its staging and events.
-//
-// Short copies are awaited by polling the completion event on the calling
-// goroutine for up to Options.SpinWait, which saves the hand-offs between
-// threads that dominate a copy of tens of microseconds; longer ones are left
-// to a watcher blocked in the driver.
-func (p *Pending) Wait(ctx context.Context) error {
-	select {
-	case <-p.done:
-		return p.err
-	default:
-	}
-	// Poll for up to SpinWait beyond the least time the copy can take (bytes
-	// at a rate above any path of this GPU). Sleeping through that time
-	// instead was measured on the H200 VM: Go timers there overslept a
-	// 0.27 ms sleep by most of a millisecond, doubling a 1 GiB copy's latency.
-	least := time.Duration(float64(p.bytes) / p.c.opts.SleepRate * 1e9)
-	var ready bool
-	var qerr error
-	_ = p.c.drv.WithContext(p.c.ctx, func() error {
-		deadline := time.Now().Add(p.c.opts.SpinWait + least)
-		for {
-			if ready, qerr = p.c.drv.EventQuery(p.event); ready || qerr != nil {
-				return nil
-			}
-			if ctx.Err() != nil || !time.Now().Before(deadline) {
-				return nil
-			}
-		}
-	})
-	if ready || qerr != nil {
-		p.finish(qerr)
-		return p.err
-	}
-	p.watchOnce.Do(func() { go p.watch() })
-	select {
-	case <-p.done:
-		return p.err
-	case <-ctx.Done():
-		return fmt.Errorf("waiting for a GPU copy: %w", ctx.Err())
-	}
-}
-
-// watch waits for the completion event on its own thread, blocked in the
-// driver (which spins briefly, then yields).
-func (p *Pending) watch() {
-	err := p.c.drv.WithContext(p.c.ctx, func() error { return p.c.drv.EventSynchronize(p.event) })
-	p.finish(err)
-}
-
-func (p *Pending) finish(err error) {
-	p.once.Do(func() {
-		if err == nil && p.start != 0 {
-			_ = p.c.drv.WithContext(p.c.ctx, func() error {
-				ms, err := p.c.drv.EventElapsed(p.start, p.event)
-				if err == nil {
-					p.gpu = time.Duration(float64(ms) * 1e6)
-				}
-				return nil
-			})
-		}
-		p.err = err
-		p.c.release(p)
-		close(p.done)
-	})
 }
 
 func (c *Copier) release(p *Pending) {
