@@ -17,18 +17,15 @@ func localAgentCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	fs.SetOutput(stderr)
 	var cfg stack.Config
 	cfg.RegisterFlags(fs)
+	fs.StringVar(&cfg.PoolNamespace, "pool-namespace", "default", "namespace of the pool this agent serves")
+	fs.StringVar(&cfg.PoolName, "pool", "default", "name of the pool this agent serves (the socket is <socket dir>/<pool>/agent.sock)")
+	fs.StringVar(&cfg.PeerAdvertise, "peer-advertise", "", "address peers dial for the agent-to-agent channel (default: the listen address)")
 	fs.StringVar(&cfg.NodeName, "node-name", hostname(), "node name this agent reports")
 	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the host's / is (callers' cgroups are read from <host-root>/proc)")
 	verbose := fs.Bool("v", false, "log connections and errors to stderr")
 	_ = fs.Set("tls-dir", "") // alone unless given the pool's certificates
 	if err := fs.Parse(args); err != nil {
 		return errUsage
-	}
-	if cfg.PoolNamespace == "" {
-		cfg.PoolNamespace = "default"
-	}
-	if cfg.PoolName == "" {
-		cfg.PoolName = "default"
 	}
 	cfg.AllowLocal = true // there is no API server to identify pods with
 	log := slog.New(slog.DiscardHandler)

@@ -23,12 +23,8 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
-// Environment variables that set flag defaults (the DaemonSet sets them from the pool and the downward API).
-const (
-	EnvPoolNamespace = "FABRICXFER_POOL_NAMESPACE"
-	EnvPoolName      = "FABRICXFER_POOL"
-	EnvPodIP         = "POD_IP"
-)
+// EnvPodIP names the pod IP (downward API); advertised addresses default to it.
+const EnvPodIP = "POD_IP"
 
 // Config is the transfer side's configuration.
 type Config struct {
@@ -61,15 +57,13 @@ type Config struct {
 	MaxInFlight        int
 }
 
-// RegisterFlags adds the transfer side's flags to fs.
+// RegisterFlags adds the transfer side's own flags to fs. The pool, the node, the host root and the advertised
+// peer endpoint are the agent's general flags; the caller copies them into Config.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.SocketDir, "socket-dir", fxv1.DefaultSocketDir, "host directory of the pool's sockets (the socket is <dir>/<pool>/agent.sock)")
-	fs.StringVar(&c.PoolNamespace, "pool-namespace", os.Getenv(EnvPoolNamespace), "namespace of the TransferPool this agent serves (default $"+EnvPoolNamespace+")")
-	fs.StringVar(&c.PoolName, "pool", os.Getenv(EnvPoolName), "name of the TransferPool this agent serves (default $"+EnvPoolName+")")
 	fs.BoolVar(&c.AllowLocal, "allow-local", false, "admit socket callers that are in no pod (demo, development); never on a shared cluster")
 	fs.IntVar(&c.SocketGID, "socket-gid", -1, "group given the sockets (mode 0660); -1 keeps the agent's group")
 	fs.StringVar(&c.PeerListen, "peer-listen", ":7470", "listen address of the agent-to-agent channel (mTLS gRPC)")
-	fs.StringVar(&c.PeerAdvertise, "peer-advertise", "", "address peers dial for the agent-to-agent channel (default $"+EnvPodIP+" with the listen port); reported as the TransferNode endpoint")
 	fs.StringVar(&c.DataListen, "data-listen", ":7471", "listen address of the tcp engine's data path")
 	fs.StringVar(&c.DataAdvertise, "data-advertise", "", "address peers dial for the tcp engine (default $"+EnvPodIP+" with the listen port)")
 	fs.StringVar(&c.TLSDir, "tls-dir", "/etc/fabricxfer/tls", "directory with the pool's tls.crt, tls.key and ca.crt; empty runs this node alone (no peers, no tcp engine)")
@@ -103,7 +97,7 @@ type Deps struct {
 func (c *Config) Validate() error {
 	var errs []error
 	if c.PoolNamespace == "" || c.PoolName == "" {
-		errs = append(errs, fmt.Errorf("--pool-namespace and --pool are required (or $%s and $%s)", EnvPoolNamespace, EnvPoolName))
+		errs = append(errs, errors.New("the pool's namespace and name are required"))
 	}
 	if c.NodeName == "" {
 		errs = append(errs, errors.New("node name is required"))

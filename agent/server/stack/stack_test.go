@@ -18,10 +18,13 @@ func TestFlagsAndValidation(t *testing.T) {
 	var c Config
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	c.RegisterFlags(fs)
-	if err := fs.Parse([]string{"--pool-namespace=infer", "--pool=kv", "--peers=node-b=10.0.0.2:7470,node-c=10.0.0.3:7470", "--socket-dir=relative"}); err != nil {
+	if err := fs.Parse([]string{"--peers=node-b=10.0.0.2:7470,node-c=10.0.0.3:7470", "--socket-dir=relative"}); err != nil {
 		t.Fatal(err)
 	}
-	c.NodeName = "node-a"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "pool") {
+		t.Fatalf("no pool: %v", err)
+	}
+	c.NodeName, c.PoolNamespace, c.PoolName = "node-a", "infer", "kv"
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "absolute") {
 		t.Fatalf("relative socket dir: %v", err)
 	}
