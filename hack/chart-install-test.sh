@@ -3,6 +3,8 @@
 # loopback, no scheduler, no kubelet) in both supported ways, and checks what lands in the cluster:
 #   1. helm install with default values: CRDs established, operator Deployment, RBAC (rules as in
 #      config/rbac/role.yaml), metrics Service; a sample TransferPool is accepted;
+#      when an operator binary is at hand (bin/operator or OPERATOR_BIN), it runs as the chart's ServiceAccount
+#      with the Deployment's arguments, takes the leader lease and makes the sample pool's agent DaemonSet;
 #   2. helm upgrade with defaultPool.enabled=true creates that pool;
 #   3. helm uninstall removes the release but keeps the CRDs and the pools;
 #   4. with no CRDs in the cluster, helm install --set defaultPool.enabled=true is refused and creates nothing;
@@ -84,11 +86,12 @@ echo "$token,admin,admin,\"system:masters\"" >"$pki/tokens.csv"
   --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
   --initial-cluster "local=http://127.0.0.1:$ETCD_PEER_PORT" >"$state/etcd.log" 2>&1 &
 pids+=($!)
+# --allow-privileged: agent DaemonSets run privileged, which the API server refuses without it.
 "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
   --bind-address=127.0.0.1 --secure-port="$API_PORT" \
   --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
   --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" --cert-dir="$pki" \
-  --token-auth-file="$pki/tokens.csv" --authorization-mode=RBAC \
+  --token-auth-file="$pki/tokens.csv" --authorization-mode=RBAC --allow-privileged=true \
   --service-account-issuer=https://kubernetes.default.svc \
   --service-account-key-file="$pki/sa.key" --service-account-signing-key-file="$pki/sa.key" \
   --service-cluster-ip-range=10.0.0.0/24 >"$state/apiserver.log" 2>&1 &
@@ -159,6 +162,40 @@ ok "the operator's ServiceAccount may create DaemonSets (RBAC bound)"
 kubectl apply -f config/samples/fabricxfer_v1alpha1_transferpool.yaml
 kubectl get transferpools -A
 
+step "the operator runs with the chart's ServiceAccount and arguments"
+OPERATOR_BIN=${OPERATOR_BIN:-$BIN/operator}
+if [ ! -x "$OPERATOR_BIN" ]; then
+  echo "skipped: no operator binary at $OPERATOR_BIN (make build, or set OPERATOR_BIN)"
+else
+  # The Deployment's own arguments, with the metrics and health listeners off: this runs on a shared host.
+  mapfile -t args < <(kubectl -n "$NS" get deployment fabricxfer-operator \
+    -o go-template='{{range (index .spec.template.spec.containers 0).args}}{{.}}{{"\n"}}{{end}}')
+  sa_token=$(kubectl -n "$NS" create token fabricxfer-operator --duration=10m)
+  sed "s/token: \"$token\"/token: \"$sa_token\"/" "$KUBECONFIG" >"$state/operator.kubeconfig"
+  KUBECONFIG=$state/operator.kubeconfig "$OPERATOR_BIN" "${args[@]}" --metrics-bind-address=0 \
+    --health-probe-bind-address=0 >"$state/operator.log" 2>&1 &
+  pids+=($!)
+  operator_pid=$!
+  holder=""
+  deadline=$((SECONDS + 60))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    kill -0 "$operator_pid" 2>/dev/null || { tail -5 "$state/operator.log" >&2; fail "operator exited"; }
+    holder=$(kubectl -n "$NS" get lease fabricxfer-operator.fabricxfer.io -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)
+    [ -n "$holder" ] && kubectl -n default get daemonset fabricxfer-agent-kv-cache >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  [ -n "$holder" ] || { tail -5 "$state/operator.log" >&2; fail "operator did not take the leader lease in 60 s"; }
+  ok "operator holds lease $NS/fabricxfer-operator.fabricxfer.io ($holder)"
+  kubectl -n default get daemonset fabricxfer-agent-kv-cache >/dev/null 2>&1 ||
+    { grep -m3 error "$state/operator.log" | cut -c1-400 >&2; fail "operator made no agent DaemonSet for the sample pool in 60 s"; }
+  ok "operator created DaemonSet default/fabricxfer-agent-kv-cache for the sample pool"
+  if grep -m3 -i "forbidden" "$state/operator.log" | cut -c1-400 >&2; then fail "the operator was refused something"; fi
+  ok "no RBAC refusal in the operator log"
+  kill "$operator_pid"
+  for _ in $(seq 1 60); do kill -0 "$operator_pid" 2>/dev/null || break; sleep 0.25; done
+  kill -9 "$operator_pid" 2>/dev/null || true
+fi
+
 step "helm upgrade --set defaultPool.enabled=true"
 helm upgrade fabricxfer charts/fabricxfer -n "$NS" --set defaultPool.enabled=true --timeout 60s | sed -n '1,6p'
 kubectl -n "$NS" get transferpool default >/dev/null || fail "defaultPool not created by the upgrade"
@@ -175,7 +212,11 @@ if kubectl -n "$NS" get transferpool default >/dev/null 2>&1; then fail "the rel
 ok "operator Deployment and the release's TransferPool removed"
 
 step "helm install --set defaultPool.enabled=true into a cluster without the CRDs is refused"
-kubectl delete transferpools --all -A >/dev/null
+# No operator runs now to remove its finalizer from the pools it reconciled; clear it, or deletion waits forever.
+for pool in $(kubectl get transferpools -A -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name}{" "}{end}'); do
+  kubectl -n "${pool%/*}" patch transferpool "${pool#*/}" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null
+done
+kubectl delete transferpools --all -A --timeout=30s >/dev/null
 kubectl delete crd "${CRDS[@]}" --timeout=60s >/dev/null
 if helm install fabricxfer charts/fabricxfer -n "$NS" --set defaultPool.enabled=true --timeout 60s \
   >"$state/refused.log" 2>&1; then
