@@ -11,6 +11,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/engines"
 )
 
 type allocation struct {
@@ -49,7 +50,8 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 		return nil, status.Errorf(codes.ResourceExhausted, "%v", err)
 	}
 	free := func() { _ = s.opts.Pool.Free(sl.ID) }
-	r, err := s.addRegion(ctx, sess, want, sl.View, req.SegmentName)
+	r, err := s.addRegion(ctx, sess, want, engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationHost},
+		Size: uint64(len(sl.View)), Handles: engines.Handles{Host: sl.View}}, req.SegmentName)
 	if err != nil {
 		free()
 		return nil, err

@@ -97,38 +97,117 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 	if req.Length == 0 {
 		return nil, status.Error(codes.InvalidArgument, "length must be positive")
 	}
-	if req.Kind != agentv1.MemoryKind_MEMORY_KIND_HOST {
-		return nil, status.Errorf(codes.Unimplemented, "memory kind %s: this agent registers host memory only (GPU engines not configured)", req.Kind)
-	}
-	var view, mapping []byte
-	var file *os.File
-	switch req.HandleType {
-	case agentv1.HandleType_HANDLE_TYPE_SHM_FD:
+	var (
+		desc    engines.MemoryDesc
+		mapping []byte
+		file    *os.File
+	)
+	switch req.Kind {
+	case agentv1.MemoryKind_MEMORY_KIND_HOST:
+		if req.HandleType != agentv1.HandleType_HANDLE_TYPE_SHM_FD {
+			return nil, status.Errorf(codes.InvalidArgument, "host memory is passed as HANDLE_TYPE_SHM_FD, not %s (pool slices are registered by AllocateFromPool)", req.HandleType)
+		}
 		f, err := s.tokens.take(sess.caller.Key, req.FdToken, false)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
-		view, mapping, err = mapShared(f, req.Offset, req.Length)
+		view, m, err := mapShared(f, req.Offset, req.Length)
 		if err != nil {
 			f.Close()
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
-		file = f
-	case agentv1.HandleType_HANDLE_TYPE_POOL:
-		return nil, status.Error(codes.InvalidArgument, "pool slices are registered by AllocateFromPool already; use the region it returned")
+		desc = engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationHost}, Handles: engines.Handles{Host: view}}
+		mapping, file = m, f
+	case agentv1.MemoryKind_MEMORY_KIND_GPU:
+		desc, file, err = s.gpuDesc(sess, req)
+		if err != nil {
+			return nil, err
+		}
 	default:
-		return nil, status.Errorf(codes.InvalidArgument, "handle type %s cannot carry host memory (use HANDLE_TYPE_SHM_FD)", req.HandleType)
+		return nil, status.Errorf(codes.InvalidArgument, "memory kind must be MEMORY_KIND_HOST or MEMORY_KIND_GPU, got %s", req.Kind)
 	}
-	r, err := s.addRegion(ctx, sess, req.Kind, view, req.SegmentName)
+	desc.Size = req.Length
+	r, err := s.addRegion(ctx, sess, req.Kind, desc, req.SegmentName)
 	if err != nil {
-		syscall.Munmap(mapping)
-		file.Close()
+		if mapping != nil {
+			syscall.Munmap(mapping)
+		}
+		if file != nil {
+			file.Close()
+		}
 		return nil, err
 	}
 	s.mu.Lock()
 	r.mapping, r.file = mapping, file
 	s.mu.Unlock()
 	return &agentv1.RegisterMemoryResponse{Region: r.proto()}, nil
+}
+
+// GPUInfo is one GPU of this node, as detection found it.
+type GPUInfo struct {
+	Index  int
+	UUID   string
+	Vendor engines.Vendor
+	BusID  string
+	// FabricDomain is the GPU's scale-up domain key (empty outside any domain).
+	FabricDomain string
+}
+
+// gpuDesc describes GPU memory a caller hands over by VMM fd, IPC handle or fabric handle.
+func (s *Server) gpuDesc(sess *session, req *agentv1.RegisterMemoryRequest) (engines.MemoryDesc, *os.File, error) {
+	var gpu *GPUInfo
+	for i := range s.opts.GPUs {
+		g := &s.opts.GPUs[i]
+		if (req.GpuUuid != "" && g.UUID == req.GpuUuid) || (req.GpuUuid == "" && g.Index == int(req.GpuIndex)) {
+			gpu = g
+			break
+		}
+	}
+	if gpu == nil {
+		return engines.MemoryDesc{}, nil, status.Errorf(codes.InvalidArgument, "GPU (index %d, uuid %q) is not on node %s (%d GPUs detected)",
+			req.GpuIndex, req.GpuUuid, s.opts.NodeName, len(s.opts.GPUs))
+	}
+	d := engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationGPU, Device: gpu.Index, Vendor: gpu.Vendor, BusID: gpu.BusID},
+		FabricDomain: gpu.FabricDomain}
+	inAlloc := func() error {
+		if req.AllocationSize == 0 {
+			return status.Errorf(codes.InvalidArgument, "%s needs allocation_size (the size of the exported allocation)", req.HandleType)
+		}
+		if req.Offset > req.AllocationSize || req.Length > req.AllocationSize-req.Offset {
+			return status.Errorf(codes.InvalidArgument, "range [%d, +%d) is outside the allocation of %d bytes", req.Offset, req.Length, req.AllocationSize)
+		}
+		return nil
+	}
+	switch req.HandleType {
+	case agentv1.HandleType_HANDLE_TYPE_VMM_POSIX_FD:
+		if err := inAlloc(); err != nil {
+			return d, nil, err
+		}
+		f, err := s.tokens.take(sess.caller.Key, req.FdToken, false)
+		if err != nil {
+			return d, nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		d.Handles.VMM = &engines.VMMHandle{FD: f, Offset: req.Offset, AllocSize: req.AllocationSize}
+		return d, f, nil
+	case agentv1.HandleType_HANDLE_TYPE_IPC:
+		if len(req.IpcHandle) != engines.IPCHandleSize {
+			return d, nil, status.Errorf(codes.InvalidArgument, "IPC handle is %d bytes, want %d", len(req.IpcHandle), engines.IPCHandleSize)
+		}
+		d.Handles.IPC, d.Handles.IPCOffset = append([]byte(nil), req.IpcHandle...), req.Offset
+		return d, nil, nil
+	case agentv1.HandleType_HANDLE_TYPE_FABRIC:
+		if len(req.FabricHandle) != engines.FabricTokenSize {
+			return d, nil, status.Errorf(codes.InvalidArgument, "fabric handle is %d bytes, want %d", len(req.FabricHandle), engines.FabricTokenSize)
+		}
+		if err := inAlloc(); err != nil {
+			return d, nil, err
+		}
+		fh := &engines.FabricHandle{Offset: req.Offset, AllocSize: req.AllocationSize}
+		copy(fh.Token[:], req.FabricHandle)
+		d.Handles.Fabric = fh
+		return d, nil, nil
+	}
+	return d, nil, status.Errorf(codes.InvalidArgument, "GPU memory is passed as a VMM fd, an IPC handle or a fabric handle, not %s", req.HandleType)
 }
 
 func checkSegmentName(name string) error {
@@ -168,8 +247,8 @@ func mapShared(f *os.File, off, length uint64) (view, mapping []byte, err error)
 
 // addRegion checks limits, registers view with the engines and records the region. Nothing is left behind on
 // error.
-func (s *Server) addRegion(ctx context.Context, sess *session, kind agentv1.MemoryKind, view []byte, segment string) (*region, error) {
-	length := uint64(len(view))
+func (s *Server) addRegion(ctx context.Context, sess *session, kind agentv1.MemoryKind, desc engines.MemoryDesc, segment string) (*region, error) {
+	length := desc.Size
 	key := make([]byte, 16)
 	idBytes := make([]byte, 8)
 	if _, err := rand.Read(key); err != nil {
@@ -219,12 +298,17 @@ func (s *Server) addRegion(ctx context.Context, sess *session, kind agentv1.Memo
 		}
 		s.mu.Unlock()
 	}
-	desc := engines.MemoryDesc{ID: r.mem, Node: s.opts.NodeName, Location: engines.Location{Kind: engines.LocationHost},
-		Size: length, Handles: engines.Handles{Host: view}}
+	desc.ID, desc.Node = r.mem, s.opts.NodeName
 	merged, err := s.opts.Engine.Register(ctx, desc)
 	if err != nil {
 		undo()
 		return nil, status.Errorf(statusCode(err), "registering %d bytes with the engines: %v", length, err)
+	}
+	// Memory that no engine can even copy within itself is unusable: say so now, not at the first transfer.
+	if ok, why := s.opts.Engine.CanHandle(&merged, &merged); !ok {
+		_ = s.opts.Engine.Deregister(ctx, r.mem)
+		undo()
+		return nil, status.Errorf(codes.FailedPrecondition, "no engine on node %s can reach this %s memory: %s", s.opts.NodeName, desc.Location.Kind, why)
 	}
 	r.engines = engineNamesFor(merged)
 	wire, err := engines.MarshalDesc(merged)

@@ -83,8 +83,10 @@ type Options struct {
 	// PeerEndpoint is this agent's agent-to-agent address (host:port), written into descriptors.
 	PeerEndpoint string
 
-	Engine     Engine
-	Engines    []EngineStatus
+	Engine  Engine
+	Engines []EngineStatus
+	// GPUs are this node's GPUs; GPU memory is registered against them.
+	GPUs       []GPUInfo
 	Identifier Identifier
 	Policy     NamespacePolicy
 	Limits     Limits

@@ -84,6 +84,8 @@ type Deps struct {
 	AgentVersion string
 	// Engines are the engine availabilities detection found (shown by GetInfo).
 	Engines []server.EngineStatus
+	// GPUs are the node's GPUs (from detection); GPU memory registrations name them.
+	GPUs []server.GPUInfo
 	// ExtraEngines are engines built elsewhere (GPU engines) added to the composite.
 	ExtraEngines []engines.Engine
 	// XGMIBackends are GPU backends for the same-node engine, tried before the host backend.
@@ -217,7 +219,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		policy = &server.APIPoolPolicy{Reader: deps.Kube, Namespace: cfg.PoolNamespace, Name: cfg.PoolName}
 	}
 	opts := server.Options{SocketDir: cfg.SocketDir, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName,
-		NodeName: cfg.NodeName, AgentVersion: deps.AgentVersion, PeerEndpoint: peerEP, Engine: comp, Engines: deps.Engines,
+		NodeName: cfg.NodeName, AgentVersion: deps.AgentVersion, PeerEndpoint: peerEP, Engine: comp, Engines: deps.Engines, GPUs: deps.GPUs,
 		Identifier: id, Policy: policy, Pool: pool, SocketGID: cfg.SocketGID, Logger: log, FastSpin: fastSpin(cfg.FastSpin),
 		Limits: server.Limits{MaxRegions: cfg.MaxRegions, MaxRegisteredBytes: cfg.MaxRegisteredBytes, MaxInFlight: cfg.MaxInFlight,
 			MaxItemsPerTransfer: server.DefaultLimits.MaxItemsPerTransfer}}

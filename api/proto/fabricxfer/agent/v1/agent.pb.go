@@ -793,9 +793,11 @@ type RegisterMemoryRequest struct {
 	GpuIndex int32  `protobuf:"varint,9,opt,name=gpu_index,json=gpuIndex,proto3" json:"gpu_index,omitempty"`
 	GpuUuid  string `protobuf:"bytes,10,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
 	// A name peers may resolve (unique per node and pool). Empty keeps the region private to the caller.
-	SegmentName   string `protobuf:"bytes,11,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SegmentName string `protobuf:"bytes,11,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
+	// Size of the whole allocation a VMM fd or fabric handle exports (offset and length lie inside it).
+	AllocationSize uint64 `protobuf:"varint,12,opt,name=allocation_size,json=allocationSize,proto3" json:"allocation_size,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RegisterMemoryRequest) Reset() {
@@ -903,6 +905,13 @@ func (x *RegisterMemoryRequest) GetSegmentName() string {
 		return x.SegmentName
 	}
 	return ""
+}
+
+func (x *RegisterMemoryRequest) GetAllocationSize() uint64 {
+	if x != nil {
+		return x.AllocationSize
+	}
+	return 0
 }
 
 type Region struct {
@@ -2746,7 +2755,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\v2\x1a.fabricxfer.agent.v1.UsageR\x05usage\x12\x1b\n" +
 	"\tfd_socket\x18\v \x01(\tR\bfdSocket\x12D\n" +
 	"\vpool_memory\x18\f \x01(\v2#.fabricxfer.agent.v1.PoolMemoryInfoR\n" +
-	"poolMemory\"\x9d\x03\n" +
+	"poolMemory\"\xc6\x03\n" +
 	"\x15RegisterMemoryRequest\x123\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12@\n" +
 	"\vhandle_type\x18\x02 \x01(\x0e2\x1f.fabricxfer.agent.v1.HandleTypeR\n" +
@@ -2761,7 +2770,8 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\tgpu_index\x18\t \x01(\x05R\bgpuIndex\x12\x19\n" +
 	"\bgpu_uuid\x18\n" +
 	" \x01(\tR\agpuUuid\x12!\n" +
-	"\fsegment_name\x18\v \x01(\tR\vsegmentName\"\xb6\x01\n" +
+	"\fsegment_name\x18\v \x01(\tR\vsegmentName\x12'\n" +
+	"\x0fallocation_size\x18\f \x01(\x04R\x0eallocationSize\"\xb6\x01\n" +
 	"\x06Region\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x123\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12\x16\n" +
