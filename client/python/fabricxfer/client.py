@@ -15,6 +15,8 @@ python3-protobuf); the generated stubs live in fabricxfer/agent/v1 (hack/gen-pro
 import mmap
 import os
 import socket
+import struct
+import threading
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional
 
@@ -24,7 +26,27 @@ from fabricxfer.agent.v1 import agent_pb2 as pb
 from fabricxfer.agent.v1 import agent_pb2_grpc as pb_grpc
 
 FD_SOCKET_NAME = "agent.fd.sock"
+FAST_SOCKET_NAME = "agent.fast.sock"
 API_VERSION = "v1"
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class AgentError(grpc.RpcError):
+    """An error the agent answered on the fast socket; code() and details() read like a gRPC error's."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self._code = _CODES.get(code, grpc.StatusCode.UNKNOWN)
+        self._details = message
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def __str__(self):
+        return "%s: %s" % (self._code.name, self._details)
 
 
 class FdSocketError(Exception):
@@ -152,15 +174,56 @@ class Client:
     """A connection to one agent socket. Regions belong to the connection: close() (or the process ending)
     makes the agent deregister them."""
 
-    def __init__(self, socket_path: str, timeout: float = 10.0, name: str = "python"):
+    def __init__(self, socket_path: str, timeout: float = 10.0, name: str = "python", fast: bool = True):
+        """fast: send waited transfers over the agent's fast socket (one framed round trip, no HTTP/2)."""
         self.socket_path = socket_path
         self.fd_socket = os.path.join(os.path.dirname(socket_path), FD_SOCKET_NAME)
         self.timeout = timeout
         self._channel = grpc.insecure_channel("unix:" + socket_path)
         self.stub = pb_grpc.AgentStub(self._channel)
         self.info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=name), timeout=timeout)
+        self._fast = None
+        self._fast_lock = threading.Lock()
+        if fast:
+            self._open_fast()
+
+    def _open_fast(self):
+        token = self.stub.OpenFastPath(pb.OpenFastPathRequest(), timeout=self.timeout).token
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(os.path.join(os.path.dirname(self.socket_path), FAST_SOCKET_NAME))
+            reply = self._frame(s, token.encode())
+        except Exception:
+            s.close()
+            raise
+        if reply.code:
+            s.close()
+            raise AgentError(reply.code, reply.message)
+        self._fast = s
+
+    @staticmethod
+    def _frame(s: socket.socket, payload: bytes) -> pb.FastReply:
+        s.sendall(struct.pack(">I", len(payload)) + payload)
+        hdr = b""
+        while len(hdr) < 4:
+            chunk = s.recv(4 - len(hdr))
+            if not chunk:
+                raise ConnectionError("the agent closed the fast socket (agent restarted?)")
+            hdr += chunk
+        (n,) = struct.unpack(">I", hdr)
+        body = bytearray()
+        while len(body) < n:
+            chunk = s.recv(n - len(body))
+            if not chunk:
+                raise ConnectionError("the agent closed the fast socket mid-reply")
+            body += chunk
+        return pb.FastReply.FromString(bytes(body))
 
     def close(self):
+        if self._fast is not None:
+            self._fast.close()
+            self._fast = None
         self._channel.close()
 
     def __enter__(self):
@@ -218,7 +281,20 @@ class Client:
         """op is "read" or "write". With wait (default) returns the settled status or raises TransferFailed;
         without it returns the transfer id for wait()."""
         code = {"read": pb.OP_READ, "write": pb.OP_WRITE}[op]
-        resp = self.stub.Transfer(self._request(code, items, timeout, notify, wait), timeout=self.timeout)
+        req = self._request(code, items, timeout, notify, wait)
+        if wait and self._fast is not None:
+            with self._fast_lock:
+                try:
+                    reply = self._frame(self._fast, req.SerializeToString())
+                except (OSError, ConnectionError):
+                    self._fast.close()
+                    self._fast = None
+                    raise
+            if reply.code:
+                raise AgentError(reply.code, reply.message)
+            resp = reply.response
+        else:
+            resp = self.stub.Transfer(req, timeout=self.timeout)
         if not wait:
             return resp.transfer_id
         if resp.status.state != pb.TRANSFER_STATE_SUCCEEDED:

@@ -114,6 +114,20 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(bytes(s.data), bytes(dst))
         self.c.release(s)
 
+    def test_fast_path_and_grpc_answer_alike(self):
+        slow = Client(SOCKET, fast=False)
+        self.addCleanup(slow.close)
+        self.assertIsNotNone(self.c._fast, "the fast path was not opened")
+        for c in (self.c, slow):
+            sfd, src = self.shm(8192)
+            dfd, dst = self.shm(8192, fill=False)
+            rs, rd = c.register_host(sfd, 0, 8192), c.register_host(dfd, 0, 8192)
+            c.write(rs, 0, to_region(rd), 0, 8192)
+            self.assertEqual(bytes(src), bytes(dst))
+            with self.assertRaises(grpc.RpcError) as e:
+                c.write(rs, 0, to_region(rd), 4096, 8192)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.OUT_OF_RANGE)
+
     def test_unknown_segment_is_not_found(self):
         sfd, _ = self.shm(4096)
         rs = self.c.register_host(sfd, 0, 4096)
