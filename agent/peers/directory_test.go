@@ -19,7 +19,9 @@ import (
 
 // TestAPIDirectoryReadsTransferNodeEndpoints runs against a real API server with the TransferNode CRD: only
 // nodes of the pool with an endpoint are peers.
-func TestAPIDirectoryReadsTransferNodeEndpoints(t *testing.T) {
+// startAPIServer runs a real kube-apiserver with the TransferNode CRD and returns a client.
+func startAPIServer(t *testing.T) ctrlclient.Client {
+	t.Helper()
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
 		assets = filepath.Join("..", "..", "bin")
@@ -34,7 +36,7 @@ func TestAPIDirectoryReadsTransferNodeEndpoints(t *testing.T) {
 	if err != nil {
 		t.Fatalf("starting the API server: %v", err)
 	}
-	defer env.Stop()
+	t.Cleanup(func() { _ = env.Stop() })
 	scheme := runtime.NewScheme()
 	if err := fxv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
@@ -43,21 +45,30 @@ func TestAPIDirectoryReadsTransferNodeEndpoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	add := func(name, pool, endpoint string) {
-		tn := &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: fxv1.TransferNodeSpec{NodeName: name, PoolNamespace: "infer", PoolName: pool}}
-		if err := kube.Create(ctx, tn); err != nil {
-			t.Fatalf("creating TransferNode %s: %v", name, err)
-		}
-		if endpoint != "" {
-			tn.Status.Endpoint = endpoint
-			if err := kube.Status().Update(ctx, tn); err != nil {
-				t.Fatalf("setting the endpoint of %s: %v", name, err)
-			}
+	return kube
+}
+
+// addTransferNode creates a TransferNode of a pool, with an endpoint when one is given.
+func addTransferNode(ctx context.Context, t *testing.T, kube ctrlclient.Client, name, pool, endpoint string) {
+	t.Helper()
+	tn := &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: fxv1.TransferNodeSpec{NodeName: name, PoolNamespace: "infer", PoolName: pool}}
+	if err := kube.Create(ctx, tn); err != nil {
+		t.Fatalf("creating TransferNode %s: %v", name, err)
+	}
+	if endpoint != "" {
+		tn.Status.Endpoint = endpoint
+		if err := kube.Status().Update(ctx, tn); err != nil {
+			t.Fatalf("setting the endpoint of %s: %v", name, err)
 		}
 	}
+}
+
+func TestAPIDirectoryReadsTransferNodeEndpoints(t *testing.T) {
+	kube := startAPIServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	add := func(name, pool, endpoint string) { addTransferNode(ctx, t, kube, name, pool, endpoint) }
 	add("node-a", "kv", "10.0.0.1:7470")
 	add("node-b", "kv", "10.0.0.2:7470")
 	add("node-c", "other", "10.0.0.3:7470")

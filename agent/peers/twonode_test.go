@@ -180,6 +180,27 @@ func TestTwoAgentsMoveHostMemoryBothWaysOverMutualTLS(t *testing.T) {
 	dir := peers.StaticDirectory{"node-a": a.peerLn.Addr().String(), "node-b": b.peerLn.Addr().String()}
 	a.start(t, dir)
 	b.start(t, dir)
+	moveBothWays(t, a, b)
+}
+
+// TestTwoAgentsFindEachOtherThroughTransferNodes is the same exchange with peers found the way they are in a
+// cluster: through TransferNode .status.endpoint in the API server.
+func TestTwoAgentsFindEachOtherThroughTransferNodes(t *testing.T) {
+	kube := startAPIServer(t)
+	certs := newPoolCerts(t, "infer", "kv")
+	a, b := newNode(t, "node-a", certs), newNode(t, "node-b", certs)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	addTransferNode(ctx, t, kube, "node-a", "kv", a.peerLn.Addr().String())
+	addTransferNode(ctx, t, kube, "node-b", "kv", b.peerLn.Addr().String())
+	dir := &peers.APIDirectory{Reader: kube, PoolNamespace: "infer", PoolName: "kv"}
+	a.start(t, dir)
+	b.start(t, dir)
+	moveBothWays(t, a, b)
+}
+
+func moveBothWays(t *testing.T, a, b *node) {
+	t.Helper()
 	waitFor(t, func() bool { return len(a.peers.Connected()) == 1 && len(b.peers.Connected()) == 1 }, "pre-connected peers")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
