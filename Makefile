@@ -25,6 +25,7 @@ $(CONTROLLER_GEN):
 manifests: $(CONTROLLER_GEN) ## Generate CRDs and the operator's RBAC from the API markers
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=fabricxfer-operator paths=./controllers/... output:rbac:artifacts:config=config/rbac
+	hack/gen-chart.sh
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code and the gRPC/protobuf code
@@ -40,6 +41,15 @@ verify: manifests generate dist ## Fail when generated files are stale or Go fil
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	@git diff --exit-code -- api config dist charts client api/proto || { echo "generated files are stale: run make manifests generate dist and commit"; exit 1; }
 	CGO_ENABLED=0 $(GO) vet ./...
+	hack/chart-test.sh
+
+.PHONY: chart-test
+chart-test: ## Lint the chart, compare helm template with the golden files, check the values schema
+	hack/chart-test.sh
+
+.PHONY: chart-install-test
+chart-install-test: tools build ## helm install/uninstall and kubectl apply of dist/install.yaml on a throwaway control plane
+	OPERATOR_BIN=$(BIN_DIR)/operator hack/chart-install-test.sh
 
 .PHONY: build
 build: ## Build operator, agent, xferctl and xferbench into bin/
@@ -48,15 +58,16 @@ build: ## Build operator, agent, xferctl and xferbench into bin/
 .PHONY: test
 test: tools verify ## Run every test, including envtest suites on a real kube-apiserver + etcd and the end-to-end test
 	$(GO) test $(GOTEST_FLAGS) ./...
-	hack/e2e.sh
+	$(MAKE) e2e
 
 .PHONY: unit
 unit: ## Run the Go tests only (needs make tools for the envtest suites)
 	$(GO) test $(GOTEST_FLAGS) ./...
 
 .PHONY: e2e
-e2e: tools build ## Run the end-to-end test: control plane, operator, agents, a pool, a transfer, cleanup
+e2e: tools build ## Run the end-to-end test: control plane, operator, agents, a pool, a transfer, cleanup, helm install
 	hack/e2e.sh
+	OPERATOR_BIN=$(BIN_DIR)/operator hack/chart-install-test.sh
 
 .PHONY: demo
 demo: tools build ## Start a local control plane, operator and three agents, apply a pool and move bytes

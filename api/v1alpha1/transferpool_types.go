@@ -84,9 +84,8 @@ type PoolMemory struct {
 
 // AgentSpec configures the agent pods.
 type AgentSpec struct {
-	// Image of the agent.
+	// Image of the agent; empty uses the operator's --agent-image.
 	// +optional
-	// +kubebuilder:default="ghcr.io/fabricxfer/agent:v0.1.0"
 	// +kubebuilder:validation:MaxLength=512
 	Image string `json:"image,omitempty"`
 	// ImagePullPolicy of the agent container.
