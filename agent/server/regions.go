@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
@@ -77,7 +78,7 @@ func (s *Server) GetInfo(ctx context.Context, req *agentv1.GetInfoRequest) (*age
 	if s.opts.Pool != nil {
 		total, free := s.opts.Pool.Usage()
 		kind := agentv1.MemoryKind_MEMORY_KIND_HOST
-		if s.opts.Pool.Kind() != 1 {
+		if s.opts.Pool.Kind() == poolmem.GPU {
 			kind = agentv1.MemoryKind_MEMORY_KIND_GPU
 		}
 		resp.PoolMemory = &agentv1.PoolMemoryInfo{Kind: kind, TotalBytes: total, FreeBytes: free}
