@@ -21,6 +21,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines/tcp"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 	"github.com/fabricxfer/fabricxfer/internal/pki"
+	"google.golang.org/protobuf/proto"
 )
 
 // poolCerts are the pool's certificates as the operator issues them: one CA, one agent key pair every agent of
@@ -245,6 +246,31 @@ func moveBothWays(t *testing.T, a, b *node) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("node B's client got no notification")
+	}
+
+	// The peer channel carries notifications for engines without a wire of their own (fabric copies).
+	var sd agentv1.SegmentDescriptor
+	if err := proto.Unmarshal(rb.Descriptor(), &sd); err != nil {
+		t.Fatal(err)
+	}
+	md, err := engines.UnmarshalDesc(sd.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.peers.SendNotification(ctx, "node-b", engines.Notification{From: "node-a", Regions: []engines.MemoryID{md.ID},
+		Payload: []byte("via the peer channel")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-notes:
+		if string(n.Payload) != "via the peer channel" || n.RegionId != rb.ID() {
+			t.Fatalf("peer-channel notification on node B: %v", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("node B's client got no peer-channel notification")
+	}
+	if err := a.peers.SendNotification(ctx, "node-b", engines.Notification{From: "node-a", Regions: []engines.MemoryID{"node-b/unknown"}}); err == nil {
+		t.Fatal("a notification for memory node B does not have was accepted")
 	}
 
 	// B -> A: node B's client writes the second half of its memory into node A's region, named by the
