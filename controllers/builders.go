@@ -154,9 +154,11 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac
 		"--socket-dir=" + agentSocketMount,
 		"--engines=" + engineList,
 		"--heartbeat=" + strconv.Itoa(int(heartbeat)) + "s",
-		"--listen=:" + strconv.Itoa(int(port)),
-		"--advertise=$(HOST_IP):" + strconv.Itoa(int(port)),
-		"--health-addr=:" + strconv.Itoa(int(port)+1),
+		"--peer-listen=:" + strconv.Itoa(int(port)),
+		"--endpoint=$(HOST_IP):" + strconv.Itoa(int(port)),
+		"--data-listen=:" + strconv.Itoa(int(port)+1),
+		"--data-advertise=$(HOST_IP):" + strconv.Itoa(int(port)+1),
+		"--health-addr=:" + strconv.Itoa(int(port)+2),
 		"--tls-dir=" + agentTLSMount,
 		"--kernel-cache=" + agentKernelCache,
 	}
@@ -202,7 +204,8 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac
 		).
 		WithPorts(
 			corev1ac.ContainerPort().WithName("agent").WithContainerPort(port).WithProtocol(corev1.ProtocolTCP),
-			corev1ac.ContainerPort().WithName(agentHealthPortName).WithContainerPort(port+1).WithProtocol(corev1.ProtocolTCP),
+			corev1ac.ContainerPort().WithName("data").WithContainerPort(port+1).WithProtocol(corev1.ProtocolTCP),
+			corev1ac.ContainerPort().WithName(agentHealthPortName).WithContainerPort(port+2).WithProtocol(corev1.ProtocolTCP),
 		).
 		WithResources(resources).
 		WithReadinessProbe(probe("/readyz", 10)).

@@ -76,7 +76,7 @@ func TestDaemonSetDefaultsWhenThePoolSaysLittle(t *testing.T) {
 	for _, a := range c.Args {
 		args[a] = true
 	}
-	for _, want := range []string{"--engines=xgmi,fabric,rdma,tcp", "--heartbeat=10s", "--listen=:7470", "--socket-dir=/run/fabricxfer"} {
+	for _, want := range []string{"--engines=xgmi,fabric,rdma,tcp", "--heartbeat=10s", "--peer-listen=:7470", "--data-listen=:7471", "--health-addr=:7472", "--socket-dir=/run/fabricxfer"} {
 		if !args[want] {
 			t.Errorf("args %v lack %s", c.Args, want)
 		}

@@ -102,7 +102,7 @@ type AgentSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=300
 	HeartbeatSeconds int32 `json:"heartbeatSeconds,omitempty"`
-	// Port for agent-to-agent traffic (host network).
+	// Port for agent-to-agent traffic (host network); the tcp data path uses Port+1 and health checks Port+2.
 	// +optional
 	// +kubebuilder:default=7470
 	// +kubebuilder:validation:Minimum=1024

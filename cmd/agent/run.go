@@ -31,6 +31,7 @@ type runConfig struct {
 	poolName      string
 	heartbeat     time.Duration
 	endpoint      string
+	transfer      transferFlags
 }
 
 func (c *runConfig) register(fs *flag.FlagSet) {
@@ -41,6 +42,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.heartbeat, "heartbeat", 10*time.Second, "heartbeat and re-detection period")
 	fs.StringVar(&c.endpoint, "endpoint", "", "host:port other agents reach this one at, reported in the TransferNode")
 	fs.StringVar(&c.endpoint, "advertise", "", "same as --endpoint (the name the operator's DaemonSet uses)")
+	c.transfer.register(fs)
 }
 
 // component is one long-running part of the agent. Run returns when ctx ends (nil) or on a fatal error.
@@ -106,6 +108,13 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 		return nil, err
 	}
 	rt.components = append(rt.components, rep)
+	if !cfg.transfer.noTransfer {
+		ts, err := buildTransferSide(cfg, c, detect, log)
+		if err != nil {
+			return nil, err
+		}
+		rt.components = append(rt.components, ts)
+	}
 	return rt, nil
 }
 

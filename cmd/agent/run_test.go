@@ -85,9 +85,11 @@ func TestRunReportsUntilStopped(t *testing.T) {
 
 	var stderr syncBuffer
 	exit := make(chan int, 1)
+	socketDir := t.TempDir()
 	go func() {
 		exit <- runMain(ctx, []string{"run", "--host-root", filepath.Join(testdata, "rdma-only-node"), "--kubeconfig", kcPath,
-			"--pool-namespace", "inference", "--pool-name", "kv", "--heartbeat", "1s", "--advertise", "192.0.2.10:7470"}, &bytes.Buffer{}, &stderr)
+			"--pool-namespace", "inference", "--pool-name", "kv", "--heartbeat", "1s", "--advertise", "192.0.2.10:7470",
+			"--socket-dir", socketDir, "--tls-dir", "", "--health-addr", "127.0.0.1:0", "--allow-local"}, &bytes.Buffer{}, &stderr)
 	}()
 	var tn v1alpha1.TransferNode
 	deadline := time.Now().Add(15 * time.Second)
@@ -104,6 +106,16 @@ func TestRunReportsUntilStopped(t *testing.T) {
 	if tn.Spec.PoolName != "kv" || tn.Status.Endpoint != "192.0.2.10:7470" || len(tn.Status.NICs) != 2 || tn.Status.AgentVersion != version {
 		t.Errorf("TransferNode spec %+v status %+v", tn.Spec, tn.Status)
 	}
+	// The transfer side serves the pool's socket next to the reporter, and removes it on shutdown.
+	sock := filepath.Join(socketDir, "kv", "agent.sock")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no socket at %s within 10s; agent log:\n%s", sock, stderr.String())
+		}
+	}
 	cancel()
 	select {
 	case code := <-exit:
@@ -112,6 +124,9 @@ func TestRunReportsUntilStopped(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("agent run did not stop within 5s")
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket %s left behind after stop: %v", sock, err)
 	}
 	if log := stderr.String(); !strings.Contains(log, "agent started") || !strings.Contains(log, "agent stopped") {
 		t.Errorf("agent log lacks start/stop lines:\n%s", log)

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/stack"
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/fabric"
+	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+	"github.com/fabricxfer/fabricxfer/engines/xgmi"
+	"github.com/fabricxfer/fabricxfer/topology"
+)
+
+// transferFlags configure the agent's transfer side: the socket server, the engines and the agent-to-agent
+// channel (stack.Config), plus the health endpoint and the kernel cache.
+type transferFlags struct {
+	stack       stack.Config
+	healthAddr  string
+	kernelCache string
+	noTransfer  bool
+}
+
+func (t *transferFlags) register(fs *flag.FlagSet) {
+	t.stack.RegisterFlags(fs)
+	fs.StringVar(&t.healthAddr, "health-addr", ":7472", "address of /healthz and /readyz (empty: none)")
+	fs.StringVar(&t.kernelCache, "kernel-cache", "", "directory caching compiled copy kernels between restarts (empty: no cache)")
+	fs.BoolVar(&t.noTransfer, "report-only", false, "only detect and report; serve no socket and move no bytes")
+}
+
+// transferSide runs the socket server and the engines next to the reporter.
+type transferSide struct {
+	cfg    transferFlags
+	log    logr.Logger
+	report topology.Report
+	deps   stack.Deps
+	ready  atomic.Bool
+}
+
+// newTransferSide prepares the transfer side from the first detection: which engines this node offers, its GPUs,
+// and the GPU runtime when one loads.
+func newTransferSide(cfg transferFlags, rep topology.Report, deps stack.Deps, log logr.Logger) *transferSide {
+	t := &transferSide{cfg: cfg, log: log, report: rep, deps: deps}
+	for _, e := range rep.Engines {
+		t.deps.Engines = append(t.deps.Engines, server.EngineStatus{Name: e.Name, Available: e.Available, Reason: e.Reason})
+	}
+	for _, g := range rep.GPUs {
+		info := server.GPUInfo{Index: g.Index, UUID: g.UUID, Vendor: engines.Vendor(g.Vendor), BusID: g.PCIBusID}
+		if g.Fabric != nil {
+			info.FabricDomain = g.Fabric.Domain
+		}
+		t.deps.GPUs = append(t.deps.GPUs, info)
+	}
+	t.deps.Ready = func(peer string) {
+		t.ready.Store(true)
+		log.Info("transfer side ready", "socketDir", cfg.stack.SocketDir, "peerEndpoint", peer)
+	}
+	return t
+}
+
+// gpuEngines loads the CUDA driver when the node has NVIDIA GPUs and builds the GPU backend of the same-node
+// engine and the fabric engine. A node without the driver keeps the host engines and says why.
+func (t *transferSide) gpuEngines() (backends []xgmi.Backend, extra []engines.Engine, closers []func() error) {
+	if !slices.ContainsFunc(t.report.GPUs, func(g topology.GPU) bool { return g.Vendor == "nvidia" }) {
+		return nil, nil, nil
+	}
+	drv, err := cuda.Load()
+	if err != nil {
+		t.log.Info("GPU engines unavailable: CUDA driver did not load", "reason", err.Error())
+		return nil, nil, nil
+	}
+	nvrtc, err := cuda.LoadNVRTC()
+	if err != nil {
+		t.log.Info("NVRTC unavailable: copies use driver batch copies", "reason", err.Error())
+		nvrtc = nil
+	}
+	opts := gpucopy.Options{NVRTC: nvrtc, CacheDir: t.cfg.kernelCache}
+	be, err := gpucopy.NewBackend(drv, opts)
+	if err != nil {
+		t.log.Info("GPU copy backend unavailable", "reason", err.Error())
+		return nil, nil, nil
+	}
+	backends = append(backends, be)
+	closers = append(closers, be.Close)
+	if t.engineAllowed("fabric") {
+		rt := fabric.NewCUDARuntime(drv, opts)
+		fe, err := fabric.New(fabric.Options{Node: t.cfg.stack.NodeName, Runtime: rt})
+		if err != nil {
+			t.log.Info("fabric engine unavailable", "reason", err.Error())
+			_ = rt.Close()
+		} else {
+			extra = append(extra, fe)
+			closers = append(closers, rt.Close)
+		}
+	}
+	return backends, extra, closers
+}
+
+// engineAllowed reports whether detection (with the pool's engine list applied) left the engine available.
+func (t *transferSide) engineAllowed(name string) bool {
+	e, ok := t.report.Engine(name)
+	return ok && e.Available
+}
+
+// Run serves the socket and the engines until ctx ends, and the health endpoint beside them.
+func (t *transferSide) Run(ctx context.Context) error {
+	if !t.engineAllowed("tcp") {
+		t.cfg.stack.DisableTCP = true
+	}
+	backends, extra, closers := t.gpuEngines()
+	defer func() {
+		for _, c := range closers {
+			_ = c()
+		}
+	}()
+	t.deps.XGMIBackends = append(t.deps.XGMIBackends, backends...)
+	t.deps.ExtraEngines = append(t.deps.ExtraEngines, extra...)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	healthErr := make(chan error, 1)
+	go func() { healthErr <- t.serveHealth(ctx) }()
+	err := stack.Run(ctx, t.cfg.stack, t.deps)
+	cancel()
+	return errors.Join(err, <-healthErr)
+}
+
+// serveHealth answers /healthz while the process runs and /readyz once the sockets are open.
+func (t *transferSide) serveHealth(ctx context.Context) error {
+	if t.cfg.healthAddr == "" {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !t.ready.Load() {
+			http.Error(w, "sockets not open yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	srv := &http.Server{Addr: t.cfg.healthAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serving health on %s: %w", t.cfg.healthAddr, err)
+	}
+	return nil
+}
+
+// slogFrom routes the transfer side's slog output through the agent's logr logger.
+func slogFrom(log logr.Logger) *slog.Logger { return slog.New(logr.ToSlogHandler(log)) }
+
+// buildTransferSide detects once to learn the node's engines and GPUs, then prepares the socket server and
+// engines for the pool this agent serves.
+func buildTransferSide(cfg runConfig, c client.Client, detect func(context.Context) (topology.Report, error), log logr.Logger) (*transferSide, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rep, err := detect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("detecting the node before starting the transfer side: %w", err)
+	}
+	tf := cfg.transfer
+	tf.stack.NodeName = cfg.detection.nodeName
+	tf.stack.PoolNamespace = cfg.poolNamespace
+	tf.stack.PoolName = cfg.poolName
+	tf.stack.HostRoot = cfg.detection.hostRoot
+	tf.stack.PeerAdvertise = cfg.endpoint
+	if err := tf.stack.Validate(); err != nil {
+		return nil, err
+	}
+	deps := stack.Deps{Kube: c, AgentVersion: version, Logger: slogFrom(log.WithName("transfer"))}
+	return newTransferSide(tf, rep, deps, log.WithName("transfer")), nil
+}
