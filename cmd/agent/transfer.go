@@ -31,6 +31,9 @@ type transferFlags struct {
 	healthAddr  string
 	kernelCache string
 	noTransfer  bool
+	// callerRoot is where callers' /proc is read from; it differs from --host-root only when detection reads a
+	// fixture tree while callers are real local processes (demo, tests).
+	callerRoot string
 }
 
 func (t *transferFlags) register(fs *flag.FlagSet) {
@@ -38,6 +41,7 @@ func (t *transferFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&t.healthAddr, "health-addr", ":7472", "address of /healthz and /readyz (empty: none)")
 	fs.StringVar(&t.kernelCache, "kernel-cache", "", "directory caching compiled copy kernels between restarts (empty: no cache)")
 	fs.BoolVar(&t.noTransfer, "report-only", false, "only detect and report; serve no socket and move no bytes")
+	fs.StringVar(&t.callerRoot, "caller-host-root", "", "root whose /proc identifies socket callers (default: --host-root)")
 }
 
 // transferSide runs the socket server and the engines next to the reporter.
@@ -181,6 +185,9 @@ func buildTransferSide(cfg runConfig, c client.Client, detect func(context.Conte
 	tf.stack.PoolNamespace = cfg.poolNamespace
 	tf.stack.PoolName = cfg.poolName
 	tf.stack.HostRoot = cfg.detection.hostRoot
+	if tf.callerRoot != "" {
+		tf.stack.HostRoot = tf.callerRoot
+	}
 	tf.stack.PeerAdvertise = cfg.endpoint
 	if err := tf.stack.Validate(); err != nil {
 		return nil, err

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# hack/demo.sh up|down — the main job on an embedded default, on one machine:
+#   a real kube-apiserver + etcd on loopback, the CRDs applied with kubectl, three Node objects backed by
+#   fixture host roots (two GPU nodes of one UALink vPOD, one RDMA-only node), the operator and one agent per
+#   node as local processes, a TransferPool applied with kubectl, and a transfer between two nodes through the
+#   agents' sockets with xferctl.
+# State lives in $DEMO_DIR (default .demo/); `hack/demo.sh down` stops every process it started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BIN=${BIN_DIR:-$ROOT/bin}
+ST=${DEMO_DIR:-$ROOT/.demo}
+API_PORT=${API_PORT:-16443}
+ETCD_PORT=${ETCD_PORT:-23790}
+AGENT_PORT_BASE=${AGENT_PORT_BASE:-17470}
+OPERATOR_PORT_BASE=${OPERATOR_PORT_BASE:-18080}
+POOL=kv-cache
+FIXTURES=$ROOT/topology/testdata
+# node name → fixture host root
+NODES=(gpu-node-a gpu-node-b rdma-node-c)
+ROOTS=(ualink-vpod-node-a ualink-vpod-node-b rdma-only-node)
+
+step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+kc() { "$BIN/kubectl" --kubeconfig "$ST/kube/kubeconfig" "$@"; }
+
+start() { # start NAME CMD...: a background process with its PID and log under $ST
+  local name=$1
+  shift
+  "$@" >"$ST/$name.log" 2>&1 &
+  echo $! >"$ST/$name.pid"
+}
+
+wait_for() { # wait_for SECONDS WHAT CMD...: poll CMD until it succeeds or the deadline passes
+  local deadline=$(($(date +%s) + $1)) what=$2
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "demo: timed out waiting for $what" >&2
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+down() {
+  local f
+  for f in "$ST"/*.pid; do
+    [ -f "$f" ] || continue
+    kill "$(cat "$f")" 2>/dev/null || true
+  done
+  for f in "$ST"/*.pid; do
+    [ -f "$f" ] || continue
+    for _ in $(seq 1 40); do kill -0 "$(cat "$f")" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$(cat "$f")" 2>/dev/null || true
+    rm -f "$f"
+  done
+  [ -d "$ST/kube" ] && BIN_DIR=$BIN hack/kube-down.sh "$ST/kube"
+  rm -rf "$ST"
+}
+
+up() {
+  for b in kubectl operator agent xferctl; do
+    [ -x "$BIN/$b" ] || { echo "demo: $BIN/$b missing: run make tools build" >&2; exit 1; }
+  done
+  if [ -d "$ST" ]; then
+    step "stopping the previous demo in $ST"
+    down
+  fi
+  mkdir -p "$ST"
+
+  step "starting kube-apiserver + etcd on 127.0.0.1:$API_PORT"
+  API_PORT=$API_PORT ETCD_PORT=$ETCD_PORT BIN_DIR=$BIN hack/kube-up.sh "$ST/kube" >/dev/null
+  export KUBECONFIG=$ST/kube/kubeconfig
+
+  step "installing the CRDs with kubectl"
+  kc apply -f config/crd/bases >/dev/null
+  kc wait --for=condition=Established --timeout=60s crd/transferpools.fabricxfer.io crd/transfernodes.fabricxfer.io crd/vpodtopologies.fabricxfer.io >/dev/null
+
+  step "creating Node objects ${NODES[*]}"
+  for n in "${NODES[@]}"; do
+    kc apply -f - >/dev/null <<NODE
+apiVersion: v1
+kind: Node
+metadata:
+  name: $n
+  labels: {fabricxfer.io/gpu-node: "true", kubernetes.io/hostname: $n}
+NODE
+  done
+
+  step "starting the operator"
+  start operator "$BIN/operator" --leader-elect=false \
+    --metrics-bind-address=127.0.0.1:$OPERATOR_PORT_BASE --health-probe-bind-address=127.0.0.1:$((OPERATOR_PORT_BASE + 1))
+  wait_for 60 "operator health" curl -sf "http://127.0.0.1:$((OPERATOR_PORT_BASE + 1))/readyz"
+
+  step "applying TransferPool $POOL with kubectl"
+  kc apply -f - <<POOLYAML
+apiVersion: fabricxfer.io/v1alpha1
+kind: TransferPool
+metadata: {name: $POOL, namespace: default}
+spec:
+  nodeSelector: {fabricxfer.io/gpu-node: "true"}
+  engines: [xgmi, fabric, rdma, tcp]
+  allowedNamespaces: [default]
+  agent: {heartbeatSeconds: 2}
+POOLYAML
+  wait_for 60 "agent certificates" kc get secret "fabricxfer-agent-$POOL-tls"
+  mkdir -p "$ST/tls"
+  for k in tls.crt tls.key ca.crt; do
+    kc get secret "fabricxfer-agent-$POOL-tls" -o "jsonpath={.data.${k//./\\.}}" | base64 -d >"$ST/tls/$k"
+  done
+
+  step "starting one agent per node (fixture host roots under topology/testdata)"
+  local i
+  for i in "${!NODES[@]}"; do
+    local n=${NODES[$i]} port=$((AGENT_PORT_BASE + 3 * i))
+    mkdir -p "$ST/sockets/$n"
+    start "agent-$n" "$BIN/agent" run --node-name "$n" --host-root "$FIXTURES/${ROOTS[$i]}" \
+      --kubeconfig "$KUBECONFIG" --pool-namespace default --pool-name "$POOL" --heartbeat 2s \
+      --engines xgmi,fabric,rdma,tcp --socket-dir "$ST/sockets/$n" \
+      --peer-listen "127.0.0.1:$port" --endpoint "127.0.0.1:$port" \
+      --data-listen "127.0.0.1:$((port + 1))" --data-advertise "127.0.0.1:$((port + 1))" \
+      --health-addr "127.0.0.1:$((port + 2))" --tls-dir "$ST/tls" --allow-local --caller-host-root /
+  done
+  for i in "${!NODES[@]}"; do
+    wait_for 60 "agent ${NODES[$i]} ready" curl -sf "http://127.0.0.1:$((AGENT_PORT_BASE + 3 * i + 2))/readyz"
+  done
+
+  step "waiting for TransferPool $POOL to be Ready"
+  if ! kc wait --for=condition=Ready --timeout=90s "transferpool/$POOL" >/dev/null; then
+    kc get transferpool "$POOL" -o yaml >&2
+    exit 1
+  fi
+  echo "TransferPool $POOL Ready"
+  echo
+  kc get transferpools,transfernodes,vpodtopologies -o wide
+  echo
+
+  local sock_a=$ST/sockets/gpu-node-a/$POOL/agent.sock sock_c=$ST/sockets/rdma-node-c/$POOL/agent.sock
+  step "registering 64 MiB of host memory on gpu-node-a (segment kv-a) and on rdma-node-c (segment kv-c)"
+  start register-a "$BIN/xferctl" register --socket "$sock_a" --segment kv-a --size 64Mi
+  start register-c "$BIN/xferctl" register --socket "$sock_c" --segment kv-c --size 64Mi
+  wait_for 30 "segment kv-a" grep -q "registered" "$ST/register-a.log"
+  wait_for 30 "segment kv-c" grep -q "registered" "$ST/register-c.log"
+  sed 's/^/  /' "$ST/register-a.log" "$ST/register-c.log"
+  step "explain: which engine carries gpu-node-a/kv-a -> rdma-node-c/kv-c, and why not the others"
+  "$BIN/xferctl" explain --socket "$sock_a" --from gpu-node-a/kv-a --to rdma-node-c/kv-c
+  step "transfer: 64 MiB written from gpu-node-a into rdma-node-c/kv-c, read back and checksummed"
+  "$BIN/xferctl" transfer --socket "$sock_a" --to rdma-node-c/kv-c --size 64Mi --verify
+  step "transfer: 64 MiB read from rdma-node-c/kv-c into gpu-node-a"
+  "$BIN/xferctl" transfer --socket "$sock_a" --to rdma-node-c/kv-c --size 64Mi --read
+  echo
+  echo "Demo running. KUBECONFIG=$KUBECONFIG; logs in $ST/*.log. Stop everything with: make demo-down"
+}
+
+case ${1:-up} in
+up) up ;;
+down) down ;;
+*)
+  echo "usage: hack/demo.sh up|down" >&2
+  exit 2
+  ;;
+esac

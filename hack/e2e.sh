@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# hack/e2e.sh — the demo as a test: brings up the control plane, operator and three agents (hack/demo.sh up in
+# a private directory and ports), checks pool and vPOD status and a transfer, kills an agent and checks that
+# the pool notices and recovers, deletes the pool and checks that everything it owned is gone, and tears down.
+# Fails on the first step that does not hold.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN_DIR:-$PWD/bin}
+export DEMO_DIR=${E2E_DIR:-$(mktemp -d /tmp/fabricxfer-e2e.XXXXXX)}
+export API_PORT=${E2E_API_PORT:-26443} ETCD_PORT=${E2E_ETCD_PORT:-33790}
+export AGENT_PORT_BASE=${E2E_AGENT_PORT_BASE:-27470} OPERATOR_PORT_BASE=${E2E_OPERATOR_PORT_BASE:-28080}
+trap 'hack/demo.sh down >/dev/null 2>&1 || true' EXIT
+
+fail() {
+  echo "e2e: FAIL: $*" >&2
+  for f in "$DEMO_DIR"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -15 "$f" >&2; }; done
+  exit 1
+}
+pass() { echo "e2e: ok: $*"; }
+kc() { "$BIN/kubectl" --kubeconfig "$DEMO_DIR/kube/kubeconfig" "$@"; }
+until_true() { # until_true SECONDS WHAT CMD...
+  local deadline=$(($(date +%s) + $1)) what=$2
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$deadline" ] || fail "$what (not true after ${deadline}s deadline)"
+    sleep 0.5
+  done
+  pass "$what"
+}
+jp() { kc get "$1" -o "jsonpath=$2" 2>/dev/null; }
+equals() { [ "$(jp "$1" "$2")" = "$3" ]; }
+
+start=$(date +%s)
+hack/demo.sh up >"$DEMO_DIR.up.log" 2>&1 || { cat "$DEMO_DIR.up.log" >&2; fail "hack/demo.sh up"; }
+grep -q "TransferPool kv-cache Ready" "$DEMO_DIR.up.log" || fail "demo did not report the pool Ready"
+grep -q "^verified: read back 67108864 bytes" "$DEMO_DIR.up.log" || fail "the checksummed write did not verify"
+grep -q "^read 67108864 bytes from rdma-node-c/kv-c" "$DEMO_DIR.up.log" || fail "the read did not complete"
+grep -q "kv-c: tcp$" "$DEMO_DIR.up.log" || fail "explain did not pick tcp for a cross-node host pair"
+pass "demo up: pool Ready, explain, 64 MiB write verified and read back ($(($(date +%s) - start)) s)"
+
+POOL=transferpool/kv-cache
+equals $POOL '{.status.nodes}' 3/3 || fail "pool nodes $(jp $POOL '{.status.nodes}'), want 3/3"
+equals $POOL '{.status.engineSummary}' "xgmi=2 fabric=2 rdma=3 tcp=3" || fail "engines: $(jp $POOL '{.status.engineSummary}')"
+pass "pool status 3/3, engines xgmi=2 fabric=2 rdma=3 tcp=3"
+vpod=$(kc get vpodtopologies -o name)
+[ "$(echo "$vpod" | wc -l)" = 1 ] || fail "want one vPOD, got: $vpod"
+equals "$vpod" '{.status.nodes}' 2 || fail "vPOD members: $(jp "$vpod" '{.status.members}')"
+equals "$vpod" '{.status.gpus}' 8 || fail "vPOD GPUs: $(jp "$vpod" '{.status.gpus}')"
+pass "one UALink vPOD with gpu-node-a and gpu-node-b, 8 GPUs"
+kc get daemonset fabricxfer-agent-kv-cache >/dev/null || fail "no agent DaemonSet"
+pass "agent DaemonSet exists"
+
+# An agent that dies: its node turns not ready within the heartbeat timeout (3 x 2 s) and its vPOD shows it missing.
+kill "$(cat "$DEMO_DIR/agent-gpu-node-b.pid")"
+until_true 20 "pool notices the dead agent on gpu-node-b (2/3)" equals $POOL '{.status.nodes}' 2/3
+until_true 20 "vPOD lists gpu-node-b as missing" equals "$vpod" '{.status.missingMembers[0]}' gpu-node-b
+
+# Pool deletion removes what the operator made for it.
+kc delete transferpool kv-cache --wait=true --timeout=60s >/dev/null || fail "deleting the pool"
+gone() { ! kc get "$@" >/dev/null 2>&1; }
+until_true 60 "agent DaemonSet garbage-collected" gone daemonset fabricxfer-agent-kv-cache
+until_true 60 "agent ServiceAccount, Role, RoleBinding garbage-collected" \
+  gone serviceaccount/fabricxfer-agent-kv-cache role/fabricxfer-agent-kv-cache rolebinding/fabricxfer-agent-kv-cache
+until_true 60 "agent certificate Secrets garbage-collected" gone secret/fabricxfer-agent-kv-cache-tls secret/fabricxfer-agent-kv-cache-tls-ca
+until_true 30 "cluster RBAC removed by the finalizer" gone clusterrole/fabricxfer-agent-default-kv-cache clusterrolebinding/fabricxfer-agent-default-kv-cache
+
+hack/demo.sh down >/dev/null
+trap - EXIT
+left=$(pgrep -f "$DEMO_DIR" || true)
+[ -z "$left" ] || fail "processes left behind: $left"
+rm -f "$DEMO_DIR.up.log"
+pass "demo down left no process behind; e2e passed in $(($(date +%s) - start)) s"
