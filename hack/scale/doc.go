@@ -1,0 +1,14 @@
+// Command scale simulates a GPU cluster's node agents against a real API server and measures the operator: how
+// long pool and vPOD status take to converge after the last agent reports, the operator's peak memory, the
+// request rate operator and agents put on the API server, and the size of one node's TransferNode.
+//
+// hack/scale.sh runs it (make scale N=1000); it is two steps:
+//
+//	scale nodes -n N                 creates N Node objects labelled for the pool
+//	scale run -n N -operator-pid PID applies the pool, runs N simulated agents and prints the measurements
+//
+// The agents are goroutines in one process that share one API client (one client per agent would measure
+// this program, not the operator) but each keeps its own heartbeat period and writes its TransferNode through
+// agent/reporter, exactly as the agent binary does, with a detection report that stands for an 8-GPU, 8-NIC
+// node in a scale-up domain.
+package main

@@ -1,0 +1,474 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"os/signal"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/go-logr/logr"
+
+	"github.com/fabricxfer/fabricxfer/agent/report"
+	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/topology"
+)
+
+const nodeLabel = "fabricxfer.io/scale-node"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	nodes           int
+	heartbeat       time.Duration
+	ramp            time.Duration
+	window          time.Duration
+	timeout         time.Duration
+	qps             float64
+	poolNamespace   string
+	poolName        string
+	operatorPID     int
+	operatorMetrics string
+}
+
+func run(ctx context.Context, args []string) error {
+	if len(args) == 0 || (args[0] != "nodes" && args[0] != "run") {
+		return errors.New("usage: scale nodes|run [flags] (see hack/scale.sh)")
+	}
+	fs := flag.NewFlagSet("scale "+args[0], flag.ContinueOnError)
+	var o options
+	fs.IntVar(&o.nodes, "n", 100, "simulated nodes")
+	fs.DurationVar(&o.heartbeat, "heartbeat", 10*time.Second, "agent heartbeat period (the agent's --heartbeat)")
+	fs.DurationVar(&o.ramp, "ramp", 10*time.Second, "agents start spread over this long, as a DaemonSet rollout spreads them")
+	fs.DurationVar(&o.window, "window", 30*time.Second, "steady-state window over which request rates are measured")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up when the pool has not converged this long after the last first report")
+	fs.Float64Var(&o.qps, "qps", 2000, "client-side rate limit of the client the simulated agents share")
+	fs.StringVar(&o.poolNamespace, "pool-namespace", "default", "namespace of the TransferPool")
+	fs.StringVar(&o.poolName, "pool-name", "scale", "name of the TransferPool")
+	fs.IntVar(&o.operatorPID, "operator-pid", 0, "PID of the operator process, for its peak RSS")
+	fs.StringVar(&o.operatorMetrics, "operator-metrics", "", "URL of the operator's metrics endpoint")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if o.nodes < 1 || o.heartbeat <= 0 || o.window <= 0 || o.qps <= 0 || o.ramp < 0 {
+		return fmt.Errorf("need -n >= 1 and positive -heartbeat, -window, -qps (got %d, %s, %s, %g)", o.nodes, o.heartbeat, o.window, o.qps)
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("loading kubeconfig: %w", err)
+	}
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(v1alpha1.AddToScheme(scheme))
+	var agentRequests atomic.Int64
+	agentCfg := rest.CopyConfig(cfg)
+	agentCfg.QPS, agentCfg.Burst = float32(o.qps), int(2*o.qps)
+	agentCfg.UserAgent = "fabricxfer-agent-sim"
+	agentCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt, &agentRequests} })
+	agents, err := client.New(agentCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating the agents' client: %w", err)
+	}
+	if args[0] == "nodes" {
+		return createNodes(ctx, agents, o.nodes)
+	}
+	return measure(ctx, o, cfg, scheme, agents, &agentRequests)
+}
+
+type countingTransport struct {
+	next  http.RoundTripper
+	count *atomic.Int64
+}
+
+func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.count.Add(1)
+	return c.next.RoundTrip(r)
+}
+
+// createNodes creates Node objects scale-node-00000.. labelled for the pool, 32 at a time.
+func createNodes(ctx context.Context, c client.Client, n int) error {
+	start := time.Now()
+	work := make(chan int)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for w := 0; w < 32; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName(i), Labels: map[string]string{
+					nodeLabel: "true", "kubernetes.io/hostname": nodeName(i),
+				}}}
+				if err := c.Create(ctx, node); err != nil && !apierrors.IsAlreadyExists(err) {
+					errs <- fmt.Errorf("creating Node %s: %w", node.Name, err)
+				}
+			}
+		}()
+	}
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	fmt.Printf("created %d Node objects in %.1f s\n", n, time.Since(start).Seconds())
+	return ctx.Err()
+}
+
+// agentSim is one simulated agent: the real reporter with a synthetic detection report.
+type agentSim struct {
+	rep      *reporter.Reporter
+	firstOK  time.Time
+	failures atomic.Int64
+}
+
+func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.Scheme, agents client.Client, agentRequests *atomic.Int64) error {
+	// The harness watches through its own cache so that polling for convergence costs the API server nothing.
+	obsCfg := rest.CopyConfig(cfg)
+	obsCfg.QPS, obsCfg.Burst = 50, 100
+	watch, err := cache.New(obsCfg, cache.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating the observer cache: %w", err)
+	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go func() { _ = watch.Start(watchCtx) }()
+	for _, obj := range []client.Object{&v1alpha1.TransferPool{}, &v1alpha1.VPodTopology{}} {
+		if _, err := watch.GetInformer(ctx, obj); err != nil {
+			return fmt.Errorf("watching %T: %w", obj, err)
+		}
+	}
+	syncCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if !watch.WaitForCacheSync(syncCtx) {
+		return errors.New("the observer cache did not sync within a minute")
+	}
+
+	expected := expectedDomains(o.nodes)
+	kinds := map[domainKind]int{}
+	for _, d := range expected {
+		kinds[d.kind]++
+	}
+	fmt.Printf("cluster: %d nodes x %d GPUs, %d NICs each; %d scale-up domains (nvlink72 %d, ualink18 %d, ualink4 %d)\n",
+		o.nodes, gpusPerNode, nicsPerNode, len(expected), kinds[nvlink72], kinds[ualink18], kinds[ualink4])
+
+	hb := int32(math.Round(o.heartbeat.Seconds()))
+	if hb < 1 {
+		hb = 1
+	}
+	pool := &v1alpha1.TransferPool{
+		ObjectMeta: metav1.ObjectMeta{Name: o.poolName, Namespace: o.poolNamespace},
+		Spec: v1alpha1.TransferPoolSpec{
+			NodeSelector:      map[string]string{nodeLabel: "true"},
+			AllowedNamespaces: []string{o.poolNamespace},
+			Agent:             v1alpha1.AgentSpec{HeartbeatSeconds: hb},
+		},
+	}
+	if err := agents.Create(ctx, pool); err != nil {
+		return fmt.Errorf("creating TransferPool %s/%s: %w", o.poolNamespace, o.poolName, err)
+	}
+	poolApplied := time.Now()
+
+	sims := make([]*agentSim, o.nodes)
+	for i := range sims {
+		rep := syntheticReport(i)
+		r, err := reporter.New(reporter.Config{
+			NodeName: nodeName(i), PoolNamespace: o.poolNamespace, PoolName: o.poolName, Period: o.heartbeat,
+			Identity: report.Identity{AgentVersion: "v0.1.0", Endpoint: fmt.Sprintf("10.%d.%d.%d:7470", 1+i/65536, (i/256)%256, i%256)},
+			Detect:   func(context.Context) (topology.Report, error) { return rep, nil },
+			Client:   agents, Log: logr.Discard(),
+		})
+		if err != nil {
+			return fmt.Errorf("simulated agent %d: %w", i, err)
+		}
+		sims[i] = &agentSim{rep: r}
+	}
+	agentCtx, stopAgents := context.WithCancel(ctx)
+	var running, firstDone sync.WaitGroup
+	firstDone.Add(o.nodes)
+	for i, s := range sims {
+		running.Add(1)
+		go func() {
+			defer running.Done()
+			s.loop(agentCtx, time.Duration(int64(o.ramp)*int64(i)/int64(o.nodes)), o.heartbeat, &firstDone)
+		}()
+	}
+	defer func() { stopAgents(); running.Wait() }()
+
+	firstCtx, cancelFirst := context.WithTimeout(ctx, o.ramp+10*o.heartbeat)
+	defer cancelFirst()
+	if err := waitGroup(firstCtx, &firstDone); err != nil {
+		failed := 0
+		for _, s := range sims {
+			if s.firstOK.IsZero() {
+				failed++
+			}
+		}
+		return fmt.Errorf("%d of %d simulated agents never reported: %w", failed, o.nodes, err)
+	}
+	lastFirst := poolApplied
+	for _, s := range sims {
+		if s.firstOK.After(lastFirst) {
+			lastFirst = s.firstOK
+		}
+	}
+	fmt.Printf("all %d agents reported once; the last %.1f s after the pool was created\n", o.nodes, lastFirst.Sub(poolApplied).Seconds())
+
+	converged, detail, err := waitConverged(ctx, watch, o, expected, lastFirst.Add(o.timeout))
+	if err != nil {
+		return fmt.Errorf("%w (%s)", err, detail)
+	}
+	convergeS := math.Max(0, converged.Sub(lastFirst).Seconds())
+	fmt.Printf("converged %.2f s after the last first report (%.1f s after the pool was created): %s\n",
+		convergeS, converged.Sub(poolApplied).Seconds(), detail)
+
+	size, stripped, err := transferNodeSize(ctx, cfg, nodeName(0))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("TransferNode %s (8 GPUs, 8 NICs): %d bytes of JSON as the API server returns it, %d without managedFields (goal < 8192)\n",
+		nodeName(0), size, stripped)
+
+	rate, err := steadyState(ctx, o, cfg, agentRequests)
+	if err != nil {
+		return err
+	}
+	failures := int64(0)
+	for _, s := range sims {
+		failures += s.failures.Load()
+	}
+	fmt.Printf("agent report rounds that failed: %d\n", failures)
+
+	rssMiB := math.NaN()
+	if o.operatorPID > 0 {
+		hwm, err := procMemKiB(o.operatorPID, "VmHWM")
+		if err != nil {
+			return err
+		}
+		cur, err := procMemKiB(o.operatorPID, "VmRSS")
+		if err != nil {
+			return err
+		}
+		rssMiB = float64(hwm) / 1024
+		fmt.Printf("operator memory: peak RSS (VmHWM) %.1f MiB, current RSS %.1f MiB (goal <= 150 MiB peak)\n", rssMiB, float64(cur)/1024)
+	}
+	fmt.Printf("converged %d nodes in %.1f s, operator RSS %.0f MiB, API %.1f req/s\n", o.nodes, convergeS, rssMiB, rate)
+	return nil
+}
+
+// loop is Reporter.Run with the first successful report timed: report at once (after the ramp delay), then
+// every period, failures retried next period as the agent does.
+func (s *agentSim) loop(ctx context.Context, delay, period time.Duration, firstDone *sync.WaitGroup) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(delay):
+	}
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		if err := s.rep.ReportOnce(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.failures.Add(1)
+		} else if s.firstOK.IsZero() {
+			s.firstOK = time.Now()
+			firstDone.Done()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func waitGroup(ctx context.Context, wg *sync.WaitGroup) error {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// waitConverged polls the watch cache until the pool counts every node ready and every expected domain lists
+// all its members, and returns when it first saw that.
+func waitConverged(ctx context.Context, watch cache.Cache, o options, expected map[string]domainShape, deadline time.Time) (time.Time, string, error) {
+	names := make(map[string]int, len(expected))
+	for k, d := range expected {
+		names[v1alpha1.DomainObjectName(k)] = d.nodes
+	}
+	detail := "nothing observed yet"
+	for {
+		var pool v1alpha1.TransferPool
+		var vps v1alpha1.VPodTopologyList
+		if err := watch.Get(ctx, client.ObjectKey{Namespace: o.poolNamespace, Name: o.poolName}, &pool); err != nil {
+			return time.Time{}, detail, fmt.Errorf("reading the pool from the watch cache: %w", err)
+		}
+		if err := watch.List(ctx, &vps); err != nil {
+			return time.Time{}, detail, fmt.Errorf("listing vPODs from the watch cache: %w", err)
+		}
+		complete := 0
+		for _, vp := range vps.Items {
+			if want, ok := names[vp.Name]; ok && int(vp.Status.Nodes) == want && len(vp.Status.MissingMembers) == 0 {
+				complete++
+			}
+		}
+		ready := pool.Status.ReadyNodes == int32(o.nodes) && pool.Status.DesiredNodes == int32(o.nodes)
+		detail = fmt.Sprintf("pool %d/%d ready, %d of %d vPODs complete", pool.Status.ReadyNodes, pool.Status.DesiredNodes, complete, len(expected))
+		if ready && complete == len(expected) {
+			return time.Now(), detail, nil
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, detail, errors.New("pool and vPODs did not converge before the deadline")
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, detail, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// transferNodeSize reads one TransferNode as raw JSON: its size as stored and served, and without the
+// managedFields that server-side apply adds (what a client that strips them keeps in memory).
+func transferNodeSize(ctx context.Context, cfg *rest.Config, name string) (int, int, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return 0, 0, fmt.Errorf("creating a REST client: %w", err)
+	}
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/apis", v1alpha1.GroupVersion.Group, v1alpha1.GroupVersion.Version, "transfernodes", name).DoRaw(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading TransferNode %s: %w", name, err)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return 0, 0, fmt.Errorf("decoding TransferNode %s: %w", name, err)
+	}
+	compact, err := json.Marshal(obj)
+	if err != nil {
+		return 0, 0, fmt.Errorf("encoding TransferNode %s: %w", name, err)
+	}
+	if meta, ok := obj["metadata"].(map[string]any); ok {
+		delete(meta, "managedFields")
+	}
+	stripped, err := json.Marshal(obj)
+	if err != nil {
+		return 0, 0, fmt.Errorf("encoding TransferNode %s: %w", name, err)
+	}
+	return len(compact), len(stripped), nil
+}
+
+// steadyState measures request rates over the window: the API server's apiserver_request_total (every client,
+// long-running WATCH requests left out), the operator's rest_client_requests_total and the simulated agents'
+// own count. It returns the API server's total rate.
+func steadyState(ctx context.Context, o options, cfg *rest.Config, agentRequests *atomic.Int64) (float64, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return 0, fmt.Errorf("creating a REST client: %w", err)
+	}
+	apiMetrics := func() ([]sample, error) {
+		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("reading the API server's metrics: %w", err)
+		}
+		return parseCounter(raw, "apiserver_request_total")
+	}
+	opMetrics := func() ([]sample, error) {
+		if o.operatorMetrics == "" {
+			return nil, nil
+		}
+		raw, err := scrape(ctx, o.operatorMetrics)
+		if err != nil {
+			return nil, err
+		}
+		return parseCounter(raw, "rest_client_requests_total")
+	}
+	api0, err := apiMetrics()
+	if err != nil {
+		return 0, err
+	}
+	op0, err := opMetrics()
+	if err != nil {
+		return 0, err
+	}
+	ag0, t0 := agentRequests.Load(), time.Now()
+	fmt.Printf("measuring steady state for %s ...\n", o.window)
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(o.window):
+	}
+	api1, err := apiMetrics()
+	if err != nil {
+		return 0, err
+	}
+	op1, err := opMetrics()
+	if err != nil {
+		return 0, err
+	}
+	window := time.Since(t0)
+	agentRate := float64(agentRequests.Load()-ag0) / window.Seconds()
+
+	var long0, long1 []sample // WATCH and CONNECT are long-running: counted when they start, not load per second
+	for _, s := range api0 {
+		if s.labels["verb"] != "WATCH" && s.labels["verb"] != "CONNECT" {
+			long0 = append(long0, s)
+		}
+	}
+	for _, s := range api1 {
+		if s.labels["verb"] != "WATCH" && s.labels["verb"] != "CONNECT" {
+			long1 = append(long1, s)
+		}
+	}
+	byCall := delta(long0, long1, "verb", "resource", "subresource")
+	total := sum(byCall) / window.Seconds()
+	fmt.Printf("steady state over %.1f s: API server %.1f req/s (WATCH left out); simulated agents %.1f req/s (%.3f per agent per heartbeat)\n",
+		window.Seconds(), total, agentRate, agentRate*o.heartbeat.Seconds()/float64(o.nodes))
+	if o.operatorMetrics != "" {
+		opRate := sum(delta(op0, op1, "method")) / window.Seconds()
+		byMethod := topN(delta(op0, op1, "method", "code"), 6, window)
+		sort.Strings(byMethod)
+		fmt.Printf("operator client: %.1f req/s %v\n", opRate, byMethod)
+	}
+	for _, line := range topN(byCall, 8, window) {
+		fmt.Printf("  api %s\n", line)
+	}
+	return total, nil
+}

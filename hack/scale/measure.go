@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// sample is one Prometheus counter series: its labels and value.
+type sample struct {
+	labels map[string]string
+	value  float64
+}
+
+// parseCounter reads every series of metric name from Prometheus text exposition.
+func parseCounter(text []byte, name string) ([]sample, error) {
+	var out []sample
+	sc := bufio.NewScanner(bytes.NewReader(text))
+	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) {
+			continue
+		}
+		rest := line[len(name):]
+		s := sample{labels: map[string]string{}}
+		if strings.HasPrefix(rest, "{") {
+			end := strings.LastIndex(rest, "}")
+			if end < 0 {
+				return nil, fmt.Errorf("metric line %q: no closing brace", line)
+			}
+			if err := parseLabels(rest[1:end], s.labels); err != nil {
+				return nil, fmt.Errorf("metric line %q: %w", line, err)
+			}
+			rest = rest[end+1:]
+		} else if !strings.HasPrefix(rest, " ") {
+			continue // a longer metric name with this prefix
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			return nil, fmt.Errorf("metric line %q: no value", line)
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return nil, fmt.Errorf("metric line %q: %w", line, err)
+		}
+		s.value = v
+		out = append(out, s)
+	}
+	return out, sc.Err()
+}
+
+// parseLabels reads a="x",b="y" with Go-style escapes in the values.
+func parseLabels(s string, into map[string]string) error {
+	for len(s) > 0 {
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
+			return fmt.Errorf("bad label list at %q", s)
+		}
+		key := strings.TrimSpace(s[:eq])
+		val, err := strconv.QuotedPrefix(s[eq+1:])
+		if err != nil {
+			return fmt.Errorf("label %s: %w", key, err)
+		}
+		if into[key], err = strconv.Unquote(val); err != nil {
+			return fmt.Errorf("label %s: %w", key, err)
+		}
+		s = strings.TrimPrefix(s[eq+1+len(val):], ",")
+	}
+	return nil
+}
+
+// delta subtracts before from after, series by series, keyed by the listed labels (summing the rest).
+func delta(before, after []sample, by ...string) map[string]float64 {
+	key := func(s sample) string {
+		parts := make([]string, len(by))
+		for i, l := range by {
+			parts[i] = s.labels[l]
+		}
+		return strings.Join(parts, " ")
+	}
+	out := map[string]float64{}
+	for _, s := range after {
+		out[key(s)] += s.value
+	}
+	for _, s := range before {
+		out[key(s)] -= s.value
+	}
+	for k, v := range out {
+		if v == 0 {
+			delete(out, k)
+		}
+	}
+	return out
+}
+
+// topN lists the n largest entries of m as "key=value/s" with the window's rate.
+func topN(m map[string]float64, n int, window time.Duration) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] })
+	if len(keys) > n {
+		keys = keys[:n]
+	}
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = fmt.Sprintf("%s: %.2f/s", strings.TrimSpace(k), m[k]/window.Seconds())
+	}
+	return out
+}
+
+func sum(m map[string]float64) float64 {
+	t := 0.0
+	for _, v := range m {
+		t += v
+	}
+	return t
+}
+
+// scrape fetches a plain-HTTP metrics endpoint (the operator's).
+func scrape(ctx context.Context, url string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("scraping %s: %w", url, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scraping %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("scraping %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scraping %s: %s", url, resp.Status)
+	}
+	return body, nil
+}
+
+// procMemKiB reads a memory line (VmHWM, VmRSS) of a process's /proc status, in KiB.
+func procMemKiB(pid int, field string) (int64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("reading memory of process %d: %w", pid, err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("process %d %s %q: %w", pid, field, v, err)
+			}
+			return kb, nil
+		}
+	}
+	return 0, fmt.Errorf("process %d status has no %s line", pid, field)
+}
