@@ -131,6 +131,7 @@ func (t *transferSide) Run(ctx context.Context) error {
 	}()
 	t.deps.XGMIBackends = append(t.deps.XGMIBackends, backends...)
 	t.deps.ExtraEngines = append(t.deps.ExtraEngines, extra...)
+	t.markNotRunning(extra)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -194,4 +195,24 @@ func buildTransferSide(cfg runConfig, c client.Client, detect func(context.Conte
 	}
 	deps := stack.Deps{Kube: c, AgentVersion: version, Logger: slogFrom(log.WithName("transfer"))}
 	return newTransferSide(tf, rep, deps, log.WithName("transfer")), nil
+}
+
+// markNotRunning keeps GetInfo and explain honest: an engine detection found possible but this agent does not
+// run is reported unavailable, with both facts.
+func (t *transferSide) markNotRunning(extra []engines.Engine) {
+	running := map[string]bool{"xgmi": true, "tcp": !t.cfg.stack.DisableTCP && t.cfg.stack.TLSDir != ""}
+	for _, e := range extra {
+		running[e.Name()] = true
+	}
+	why := map[string]string{
+		"fabric": "no GPU runtime for these GPUs in this agent (CUDA driver not loaded, or AMD GPUs: the HIP runtime is not implemented yet)",
+		"rdma":   "the rdma engine's queue-pair exchange over the agent channel is not wired into the agent yet",
+		"tcp":    "needs the pool's agent certificates (--tls-dir) and tcp allowed by the pool",
+	}
+	for i, e := range t.deps.Engines {
+		if e.Available && !running[e.Name] {
+			t.deps.Engines[i].Available = false
+			t.deps.Engines[i].Reason = fmt.Sprintf("hardware: %s; not running: %s", e.Reason, why[e.Name])
+		}
+	}
 }

@@ -137,12 +137,24 @@ func explainCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	} else {
 		fmt.Fprintf(stdout, "%s -> %s: no engine (%s)\n", *from, *to, resp.Reason)
 	}
+	asked := map[string]bool{}
 	for _, v := range resp.Verdicts {
+		asked[v.Engine] = true
 		mark := "no "
 		if v.CanHandle {
 			mark = "yes"
 		}
 		fmt.Fprintf(stdout, "  %-9s %s  %s\n", v.Engine, mark, v.Reason)
+	}
+	// Engines that never saw the pair: unavailable on this node or not allowed by the pool; say why.
+	info, err := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
+	if err != nil {
+		return fmt.Errorf("asking the agent which engines it runs: %w", err)
+	}
+	for _, e := range info.Engines {
+		if !asked[e.Name] && !e.Available {
+			fmt.Fprintf(stdout, "  %-9s no   not running on this node: %s\n", e.Name, e.Reason)
+		}
 	}
 	return nil
 }
