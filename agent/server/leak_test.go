@@ -152,7 +152,7 @@ func TestNoLeakAfterTenThousandFailedRequests(t *testing.T) {
 		{"a connection that makes one bad call and hangs up", codes.Unknown, func(int) error {
 			c, err := client.Dial(ctx, a.srv.SocketPath())
 			if err != nil {
-				return nil // a failed dial is a success of this check: report it below as such
+				return err // refused at the door: failed too, and nothing to hang up
 			}
 			defer c.Close()
 			_, err = c.API().Transfer(ctx, &agentv1.TransferRequest{Op: agentv1.Op_OP_WRITE})

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -58,6 +59,7 @@ type options struct {
 	poolName        string
 	operatorPID     int
 	operatorMetrics string
+	operatorLog     string
 }
 
 func run(ctx context.Context, args []string) error {
@@ -70,12 +72,13 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&o.heartbeat, "heartbeat", 10*time.Second, "agent heartbeat period (the agent's --heartbeat)")
 	fs.DurationVar(&o.ramp, "ramp", 10*time.Second, "agents start spread over this long, as a DaemonSet rollout spreads them")
 	fs.DurationVar(&o.window, "window", 30*time.Second, "steady-state window over which request rates are measured")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up when the pool has not converged this long after the last first report")
+	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "give up when the pool has not converged this long after the last first report")
 	fs.Float64Var(&o.qps, "qps", 2000, "client-side rate limit of the client the simulated agents share")
 	fs.StringVar(&o.poolNamespace, "pool-namespace", "default", "namespace of the TransferPool")
 	fs.StringVar(&o.poolName, "pool-name", "scale", "name of the TransferPool")
 	fs.IntVar(&o.operatorPID, "operator-pid", 0, "PID of the operator process, for its peak RSS")
 	fs.StringVar(&o.operatorMetrics, "operator-metrics", "", "URL of the operator's metrics endpoint")
+	fs.StringVar(&o.operatorLog, "operator-log", "", "the operator's log file, to count its error lines")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -246,13 +249,18 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 	}
 	fmt.Printf("all %d agents reported once; the last %.1f s after the pool was created\n", o.nodes, lastFirst.Sub(poolApplied).Seconds())
 
-	converged, detail, err := waitConverged(ctx, watch, o, expected, lastFirst.Add(o.timeout))
-	if err != nil {
-		return fmt.Errorf("%w (%s)", err, detail)
+	converged, detail, convErr := waitConverged(ctx, watch, o, expected, lastFirst.Add(o.timeout))
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
 	convergeS := math.Max(0, converged.Sub(lastFirst).Seconds())
-	fmt.Printf("converged %.2f s after the last first report (%.1f s after the pool was created): %s\n",
-		convergeS, converged.Sub(poolApplied).Seconds(), detail)
+	if convErr != nil {
+		// Still measure: the rates and memory of a cluster that does not converge say why.
+		fmt.Printf("NOT converged %s after the last first report: %s\n", o.timeout, detail)
+	} else {
+		fmt.Printf("converged %.2f s after the last first report (%.1f s after the pool was created): %s\n",
+			convergeS, converged.Sub(poolApplied).Seconds(), detail)
+	}
 
 	size, stripped, err := transferNodeSize(ctx, cfg, nodeName(0))
 	if err != nil {
@@ -283,6 +291,17 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		}
 		rssMiB = float64(hwm) / 1024
 		fmt.Printf("operator memory: peak RSS (VmHWM) %.1f MiB, current RSS %.1f MiB (goal <= 150 MiB peak)\n", rssMiB, float64(cur)/1024)
+	}
+	if o.operatorLog != "" {
+		n, err := countErrorLines(o.operatorLog)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("operator log: %d error lines\n", n)
+	}
+	if convErr != nil {
+		fmt.Printf("did not converge %d nodes within %s, operator RSS %.0f MiB, API %.1f req/s\n", o.nodes, o.timeout, rssMiB, rate)
+		return fmt.Errorf("%w (%s)", convErr, detail)
 	}
 	fmt.Printf("converged %d nodes in %.1f s, operator RSS %.0f MiB, API %.1f req/s\n", o.nodes, convergeS, rssMiB, rate)
 	return nil
@@ -335,6 +354,7 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 		names[v1alpha1.DomainObjectName(k)] = d.nodes
 	}
 	detail := "nothing observed yet"
+	lastProgress := time.Now()
 	for {
 		var pool v1alpha1.TransferPool
 		var vps v1alpha1.VPodTopologyList
@@ -355,6 +375,10 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 		if ready && complete == len(expected) {
 			return time.Now(), detail, nil
 		}
+		if time.Since(lastProgress) >= 10*time.Second {
+			fmt.Printf("  waiting: %s\n", detail)
+			lastProgress = time.Now()
+		}
 		if time.Now().After(deadline) {
 			return time.Time{}, detail, errors.New("pool and vPODs did not converge before the deadline")
 		}
@@ -364,6 +388,15 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// countErrorLines counts the error-level lines of a JSON (zap) log.
+func countErrorLines(path string) (int, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("reading the operator log: %w", err)
+	}
+	return bytes.Count(raw, []byte(`"level":"error"`)), nil
 }
 
 // transferNodeSize reads one TransferNode as raw JSON: its size as stored and served, and without the
