@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -335,55 +334,21 @@ func (e *Engine) remoteBase(gpu int, remote *engines.MemoryDesc) (uint64, error)
 // remote node through the Notifier, reads (which land here) to this node's
 // handler. A notification that cannot be delivered fails its plans.
 func (e *Engine) notifyAll(ctx context.Context, plans []engines.Plan, outcomes []engines.Outcome, payload []byte) {
-	if !engines.AllSucceeded(outcomes) || len(plans) == 0 {
-		return
-	}
-	byNode := map[string][]int{}
-	var nodes []string
-	for i := range plans {
-		node := e.opts.Node
-		if plans[i].Direction == engines.DirWrite {
-			d, _, err := e.reg.Lookup(plans[i].Dst)
-			if err != nil {
-				outcomes[i].Err = fmt.Errorf("notifying: %w", err)
-				continue
-			}
-			node = d.Node
-		}
-		if _, ok := byNode[node]; !ok {
-			nodes = append(nodes, node)
-		}
-		byNode[node] = append(byNode[node], i)
-	}
-	slices.Sort(nodes)
-	for _, node := range nodes {
-		idx := byNode[node]
-		ptrs := make([]*engines.Plan, len(idx))
-		for k, i := range idx {
-			ptrs[k] = &plans[i]
-		}
-		n := engines.BuildNotification(e.opts.Node, ptrs, payload)
-		var err error
-		switch {
-		case node == e.opts.Node:
+	engines.NotifyDestinations(ctx, e.opts.Node, e.reg, plans, outcomes, payload,
+		func(n engines.Notification) {
 			e.mu.Lock()
 			fn := e.notify
 			e.mu.Unlock()
 			if fn != nil {
 				fn(n)
 			}
-			continue
-		case e.opts.Notifier == nil:
-			err = errors.New("no channel to the destination node")
-		default:
-			err = e.opts.Notifier.SendNotification(ctx, node, n)
-		}
-		if err != nil {
-			for _, i := range idx {
-				outcomes[i].Err = fmt.Errorf("data landed but the notification to %s failed: %w", node, err)
+		},
+		func(ctx context.Context, node string, _ *engines.Plan, n engines.Notification) error {
+			if e.opts.Notifier == nil {
+				return errors.New("no channel to the destination node")
 			}
-		}
-	}
+			return e.opts.Notifier.SendNotification(ctx, node, n)
+		})
 }
 
 // Deliver hands a notification that arrived over the agent channel to this

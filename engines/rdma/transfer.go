@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -178,46 +177,11 @@ func (e *Engine) drain(set *qpSet, ch <-chan verbs.Completion, n int) error {
 // remote node through the Notifier, reads to this node's handler. A
 // notification that cannot be delivered fails its plans.
 func (e *Engine) notifyAll(ctx context.Context, plans []engines.Plan, outcomes []engines.Outcome, payload []byte) {
-	if !engines.AllSucceeded(outcomes) || len(plans) == 0 {
-		return
-	}
-	byNode := map[string][]int{}
-	var nodes []string
-	for i := range plans {
-		node := e.opts.Node
-		if plans[i].Direction == engines.DirWrite {
-			d, _, err := e.reg.Lookup(plans[i].Dst)
-			if err != nil {
-				outcomes[i].Err = fmt.Errorf("notifying: %w", err)
-				continue
+	engines.NotifyDestinations(ctx, e.opts.Node, e.reg, plans, outcomes, payload, e.Deliver,
+		func(ctx context.Context, node string, _ *engines.Plan, n engines.Notification) error {
+			if e.opts.Notifier == nil {
+				return errors.New("no channel to the destination node")
 			}
-			node = d.Node
-		}
-		if _, ok := byNode[node]; !ok {
-			nodes = append(nodes, node)
-		}
-		byNode[node] = append(byNode[node], i)
-	}
-	slices.Sort(nodes)
-	for _, node := range nodes {
-		idx := byNode[node]
-		ptrs := make([]*engines.Plan, len(idx))
-		for k, i := range idx {
-			ptrs[k] = &plans[i]
-		}
-		n := engines.BuildNotification(e.opts.Node, ptrs, payload)
-		if node == e.opts.Node {
-			e.Deliver(n)
-			continue
-		}
-		err := errors.New("no channel to the destination node")
-		if e.opts.Notifier != nil {
-			err = e.opts.Notifier.SendNotification(ctx, node, n)
-		}
-		if err != nil {
-			for _, i := range idx {
-				outcomes[i].Err = fmt.Errorf("data landed but the notification to %s failed: %w", node, err)
-			}
-		}
-	}
+			return e.opts.Notifier.SendNotification(ctx, node, n)
+		})
 }
