@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 )
 
@@ -75,10 +77,7 @@ func TestImmutableFields(t *testing.T) {
 		t.Fatalf("creating a valid pool: %v", err)
 	}
 	t.Cleanup(func() { _ = c.Delete(context.Background(), pool) })
-	if err := unstructured.SetNestedField(pool.Object, "/run/fx-b", "spec", "socketDir"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Update(ctx, pool); err == nil || !strings.Contains(err.Error(), "socketDir is immutable") {
+	if err := updateField(ctx, c, pool, "/run/fx-b", "spec", "socketDir"); err == nil || !strings.Contains(err.Error(), "socketDir is immutable") {
 		t.Fatalf("changing socketDir: got %v, want it refused as immutable", err)
 	}
 
@@ -90,10 +89,21 @@ func TestImmutableFields(t *testing.T) {
 		t.Fatalf("creating a valid vpod: %v", err)
 	}
 	t.Cleanup(func() { _ = c.Delete(context.Background(), vp) })
-	if err := unstructured.SetNestedField(vp.Object, "ualink:3/5", "spec", "domain"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Update(ctx, vp); err == nil || !strings.Contains(err.Error(), "domain is immutable") {
+	if err := updateField(ctx, c, vp, "ualink:3/5", "spec", "domain"); err == nil || !strings.Contains(err.Error(), "domain is immutable") {
 		t.Fatalf("changing the domain key: got %v, want it refused as immutable", err)
 	}
+}
+
+// updateField sets one field and updates the object, retrying on conflict: the operator writes finalizers and
+// status meanwhile, and the refusal under test must be the CEL rule's, not a stale resourceVersion.
+func updateField(ctx context.Context, c client.Client, obj *unstructured.Unstructured, value string, path ...string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		if err := unstructured.SetNestedField(obj.Object, value, path...); err != nil {
+			return err
+		}
+		return c.Update(ctx, obj)
+	})
 }

@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
@@ -173,14 +174,17 @@ func TestPoolOwnsAgentDaemonSetAndRBAC(t *testing.T) {
 		return nil
 	})
 
-	// A changed pool changes the DaemonSet.
-	got, err := getPool(c, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got.Spec.NodeSelector = map[string]string{"fabricxfer.io/test-group": "owns-2"}
-	got.Spec.Agent.HeartbeatSeconds = 5
-	if err := c.Update(ctx, got); err != nil {
+	// A changed pool changes the DaemonSet (retrying while the operator writes status).
+	var got *fxv1.TransferPool
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var err error
+		if got, err = getPool(c, pool); err != nil {
+			return err
+		}
+		got.Spec.NodeSelector = map[string]string{"fabricxfer.io/test-group": "owns-2"}
+		got.Spec.Agent.HeartbeatSeconds = 5
+		return c.Update(ctx, got)
+	}); err != nil {
 		t.Fatalf("updating pool: %v", err)
 	}
 	eventually(t, settle, "DaemonSet follows the pool", func() error {
