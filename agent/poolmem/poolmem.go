@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
 	"sync"
 	"syscall"
 )
@@ -35,6 +34,17 @@ type Slice struct {
 	Length uint64
 	// View is the agent's own mapping of the slice (host memory only).
 	View []byte
+
+	// GPU memory only: File is a VMM POSIX fd of the whole allocation (the caller imports it, maps all
+	// AllocSize bytes and uses [Offset, Offset+Length) of the mapping). Ptr is the slice's device address in
+	// the agent; BusID names the GPU.
+	AllocSize uint64
+	Ptr       uint64
+	BusID     string
+	// FabricExportable says whether the allocation holding the slice was created with the fabric handle type
+	// and exported one; FabricReason says why not.
+	FabricExportable bool
+	FabricReason     string
 }
 
 // Allocator hands out and takes back slices. Safe for concurrent use.
@@ -51,16 +61,12 @@ type Allocator interface {
 type HostPool struct {
 	file    *os.File
 	mapping []byte
-	page    uint64
 
 	mu     sync.Mutex
-	free   []span // sorted by offset, coalesced
-	used   map[string]span
+	ranges *ranges
 	nextID uint64
 	closed bool
 }
-
-type span struct{ off, len uint64 }
 
 // NewHost creates a host pool of size bytes (rounded up to pages) backed by a memfd named name.
 func NewHost(name string, size uint64) (*HostPool, error) {
@@ -83,7 +89,7 @@ func NewHost(name string, size uint64) (*HostPool, error) {
 		f.Close()
 		return nil, fmt.Errorf("creating host pool memory: mapping %d bytes: %w", size, err)
 	}
-	return &HostPool{file: f, mapping: m, page: page, free: []span{{0, size}}, used: map[string]span{}}, nil
+	return &HostPool{file: f, mapping: m, ranges: newRanges(size, page)}, nil
 }
 
 // Kind implements Allocator.
@@ -97,69 +103,39 @@ func (p *HostPool) Allocate(size uint64) (*Slice, error) {
 	if size > uint64(len(p.mapping)) {
 		return nil, fmt.Errorf("allocating %d bytes of pool memory: %w (pool holds %d bytes)", size, ErrExhausted, len(p.mapping))
 	}
-	rounded := (size + p.page - 1) / p.page * p.page
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil, errors.New("allocating pool memory: pool closed")
 	}
-	for i, s := range p.free {
-		if s.len < rounded {
-			continue
-		}
-		got := span{s.off, rounded}
-		if s.len == rounded {
-			p.free = append(p.free[:i], p.free[i+1:]...)
-		} else {
-			p.free[i] = span{s.off + rounded, s.len - rounded}
-		}
-		p.nextID++
-		id := fmt.Sprintf("host-%d", p.nextID)
-		p.used[id] = got
-		return &Slice{ID: id, Kind: Host, GPU: -1, File: p.file, Offset: got.off, Length: size,
-			View: p.mapping[got.off : got.off+size : got.off+size]}, nil
+	id := fmt.Sprintf("host-%d", p.nextID+1)
+	got, ok := p.ranges.take(id, size)
+	if !ok {
+		return nil, fmt.Errorf("allocating %d bytes of pool memory: %w (%d of %d bytes free, fragmented)", size, ErrExhausted, p.ranges.freeBytes(), p.ranges.size)
 	}
-	total, free := p.usageLocked()
-	return nil, fmt.Errorf("allocating %d bytes of pool memory: %w (%d of %d bytes free, fragmented)", size, ErrExhausted, free, total)
+	p.nextID++
+	return &Slice{ID: id, Kind: Host, GPU: -1, File: p.file, Offset: got.off, Length: size,
+		View: p.mapping[got.off : got.off+size : got.off+size]}, nil
 }
 
 // Free implements Allocator. The freed range is zeroed so the next caller never sees the previous one's bytes.
 func (p *HostPool) Free(id string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s, ok := p.used[id]
+	s, ok := p.ranges.used[id]
 	if !ok {
 		return fmt.Errorf("freeing pool memory %q: not allocated", id)
 	}
-	delete(p.used, id)
 	clear(p.mapping[s.off : s.off+s.len])
-	p.free = append(p.free, s)
-	sort.Slice(p.free, func(i, j int) bool { return p.free[i].off < p.free[j].off })
-	merged := p.free[:1]
-	for _, f := range p.free[1:] {
-		last := &merged[len(merged)-1]
-		if last.off+last.len == f.off {
-			last.len += f.len
-		} else {
-			merged = append(merged, f)
-		}
-	}
-	p.free = merged
-	return nil
+	_, err := p.ranges.put(id)
+	return err
 }
 
 // Usage implements Allocator.
 func (p *HostPool) Usage() (total, free uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.usageLocked()
-}
-
-func (p *HostPool) usageLocked() (total, free uint64) {
-	for _, s := range p.free {
-		free += s.len
-	}
-	return uint64(len(p.mapping)), free
+	return p.ranges.size, p.ranges.freeBytes()
 }
 
 // Close unmaps the pool. Callers' own mappings stay valid until they unmap them.
