@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -42,16 +43,12 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 	if req.Kind != agentv1.MemoryKind_MEMORY_KIND_UNSPECIFIED && req.Kind != want {
 		return nil, status.Errorf(codes.InvalidArgument, "this node's pool memory is %s, not %s", want, req.Kind)
 	}
-	if want != agentv1.MemoryKind_MEMORY_KIND_HOST {
-		return nil, status.Error(codes.Unimplemented, "GPU pool memory is not served by this agent build")
-	}
-	sl, err := s.opts.Pool.Allocate(req.Length)
+	sl, desc, handleType, err := s.lend(req, want)
 	if err != nil {
-		return nil, status.Errorf(codes.ResourceExhausted, "%v", err)
+		return nil, err
 	}
 	free := func() { _ = s.opts.Pool.Free(sl.ID) }
-	r, err := s.addRegion(ctx, sess, want, engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationHost},
-		Size: uint64(len(sl.View)), Handles: engines.Handles{Host: sl.View}}, req.SegmentName)
+	r, err := s.addRegion(ctx, sess, want, desc, req.SegmentName)
 	if err != nil {
 		free()
 		return nil, err
@@ -74,8 +71,48 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 	r.alloc = a.id
 	sess.allocs[a.id] = a
 	s.mu.Unlock()
-	return &agentv1.AllocateFromPoolResponse{AllocationId: a.id, FdToken: token, HandleType: agentv1.HandleType_HANDLE_TYPE_SHM_FD,
+	return &agentv1.AllocateFromPoolResponse{AllocationId: a.id, FdToken: token, HandleType: handleType,
 		Offset: sl.Offset, Length: sl.Length, Region: r.proto()}, nil
+}
+
+// gpuLender is a GPU pool: slices come from the GPU the caller names.
+type gpuLender interface {
+	AllocateOn(gpu int, size uint64) (*poolmem.Slice, error)
+}
+
+// lend takes a slice from the pool and describes it for the engines: host slices by the agent's view, GPU slices
+// by the agent's device pointer and the allocation's VMM fd (the engines export a fabric handle when the
+// allocation has one).
+func (s *Server) lend(req *agentv1.AllocateFromPoolRequest, kind agentv1.MemoryKind) (*poolmem.Slice, engines.MemoryDesc, agentv1.HandleType, error) {
+	if kind == agentv1.MemoryKind_MEMORY_KIND_HOST {
+		sl, err := s.opts.Pool.Allocate(req.Length)
+		if err != nil {
+			return nil, engines.MemoryDesc{}, 0, status.Errorf(codes.ResourceExhausted, "%v", err)
+		}
+		return sl, engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationHost}, Size: uint64(len(sl.View)),
+			Handles: engines.Handles{Host: sl.View}}, agentv1.HandleType_HANDLE_TYPE_SHM_FD, nil
+	}
+	lender, ok := s.opts.Pool.(gpuLender)
+	if !ok {
+		return nil, engines.MemoryDesc{}, 0, status.Error(codes.Unimplemented, "this agent's GPU pool memory cannot lend by GPU index")
+	}
+	sl, err := lender.AllocateOn(int(req.GpuIndex), req.Length)
+	if errors.Is(err, poolmem.ErrNoSuchGPU) {
+		return nil, engines.MemoryDesc{}, 0, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err != nil {
+		return nil, engines.MemoryDesc{}, 0, status.Errorf(codes.ResourceExhausted, "%v", err)
+	}
+	loc := engines.Location{Kind: engines.LocationGPU, Device: sl.GPU, Vendor: engines.VendorNVIDIA, BusID: sl.BusID}
+	var domain string
+	for _, g := range s.opts.GPUs {
+		if g.Index == sl.GPU {
+			loc.Vendor, domain = g.Vendor, g.FabricDomain
+		}
+	}
+	return sl, engines.MemoryDesc{Location: loc, Size: sl.Length, FabricDomain: domain,
+			Handles: engines.Handles{Ptr: uintptr(sl.Ptr), VMM: &engines.VMMHandle{FD: sl.File, Offset: sl.Offset, AllocSize: sl.AllocSize}}},
+		agentv1.HandleType_HANDLE_TYPE_VMM_POSIX_FD, nil
 }
 
 // Release implements agentv1.AgentServer.
