@@ -85,6 +85,7 @@ func (t *transferSide) gpuEngines() (backends []xgmi.Backend, extra []engines.En
 		t.log.Info("GPU engines unavailable: CUDA driver did not load", "reason", err.Error())
 		return nil, nil, nil
 	}
+	t.deps.GPUDriver = drv // GPU pool memory is allocated with it
 	nvrtc, err := cuda.LoadNVRTC()
 	if err != nil {
 		t.log.Info("NVRTC unavailable: copies use driver batch copies", "reason", err.Error())

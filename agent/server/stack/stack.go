@@ -51,7 +51,10 @@ type Config struct {
 	// FastSpin is how long the fast socket polls for a caller's next request before sleeping.
 	FastSpin time.Duration
 
-	PoolHostBytes      uint64
+	PoolHostBytes uint64
+	// PoolGPUBytes is device memory allocated on each NVIDIA GPU and lent to callers; on a node where it
+	// cannot be (no GPUs, no driver) PoolHostBytes is lent instead.
+	PoolGPUBytes       uint64
 	MaxRegions         int
 	MaxRegisteredBytes uint64
 	MaxInFlight        int
@@ -71,6 +74,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.DisableTCP, "disable-tcp", false, "keep the tcp engine off")
 	fs.DurationVar(&c.FastSpin, "fast-spin", 50*time.Microsecond, "how long the fast socket polls for a caller's next request before sleeping (0 never polls)")
 	fs.Uint64Var(&c.PoolHostBytes, "pool-host-bytes", 0, "host shared memory the agent lends to callers (AllocateFromPool); 0 lends none")
+	fs.Uint64Var(&c.PoolGPUBytes, "pool-gpu-bytes", 0, "device memory per NVIDIA GPU the agent lends to callers (AllocateFromPool), fabric-exportable where the driver allows; 0 lends none")
 	fs.IntVar(&c.MaxRegions, "max-regions", server.DefaultLimits.MaxRegions, "regions one caller (pod) may hold")
 	fs.Uint64Var(&c.MaxRegisteredBytes, "max-registered-bytes", server.DefaultLimits.MaxRegisteredBytes, "bytes one caller may hold registered (spec.memory.maxRegisteredPerCaller)")
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", server.DefaultLimits.MaxInFlight, "transfers one caller may have in flight")
@@ -90,7 +94,9 @@ type Deps struct {
 	ExtraEngines []engines.Engine
 	// XGMIBackends are GPU backends for the same-node engine, tried before the host backend.
 	XGMIBackends []xgmi.Backend
-	Logger       *slog.Logger
+	// GPUDriver is the loaded CUDA driver (nil when none loaded); GPU pool memory needs it.
+	GPUDriver poolmem.GPUDriver
+	Logger    *slog.Logger
 	// Ready, when set, is called once the sockets are open, with the advertised peer endpoint.
 	Ready func(peerEndpoint string)
 }
@@ -203,14 +209,12 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	}
 	defer comp.Close()
 
-	var pool poolmem.Allocator
-	if cfg.PoolHostBytes > 0 {
-		hp, err := poolmem.NewHost("fabricxfer-"+cfg.PoolName, cfg.PoolHostBytes)
-		if err != nil {
-			return err
-		}
-		defer hp.Close()
-		pool = hp
+	pool, err := newPool(cfg, deps, log)
+	if err != nil {
+		return err
+	}
+	if pool != nil {
+		defer pool.Close()
 	}
 	id := server.Identifier{ProcRoot: filepath.Join(hostRoot(cfg.HostRoot), "proc"), AllowLocal: cfg.AllowLocal}
 	var policy server.NamespacePolicy = server.StaticPolicy(nil)
@@ -250,6 +254,42 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		}
 	}
 	return first
+}
+
+// newPool creates the memory the agent lends: device memory on every NVIDIA GPU when the pool asks for it and
+// the driver loaded, else host shared memory when the pool asks for that; nil when it asks for neither.
+func newPool(cfg Config, deps Deps, log *slog.Logger) (poolmem.Allocator, error) {
+	if cfg.PoolGPUBytes > 0 {
+		var targets []poolmem.GPUTarget
+		for _, g := range deps.GPUs {
+			if g.Vendor == engines.VendorNVIDIA {
+				targets = append(targets, poolmem.GPUTarget{Index: g.Index, BusID: g.BusID})
+			}
+		}
+		switch {
+		case len(targets) == 0:
+			log.Info("no GPU pool memory: this node has no NVIDIA GPUs", "poolGPUBytes", cfg.PoolGPUBytes)
+		case deps.GPUDriver == nil:
+			log.Info("no GPU pool memory: the CUDA driver did not load", "poolGPUBytes", cfg.PoolGPUBytes)
+		default:
+			gp, err := poolmem.NewGPU(deps.GPUDriver, targets, cfg.PoolGPUBytes)
+			if err != nil {
+				return nil, fmt.Errorf("allocating the pool's GPU memory (--pool-gpu-bytes): %w", err)
+			}
+			for _, d := range gp.Devices() {
+				log.Info("GPU pool memory allocated", "gpu", d.Index, "busID", d.BusID, "bytes", d.Total,
+					"fabricExportable", d.FabricExportable, "notExportableBecause", d.FabricReason)
+			}
+			if cfg.PoolHostBytes > 0 {
+				log.Info("host pool memory not allocated: this node lends GPU memory", "poolHostBytes", cfg.PoolHostBytes)
+			}
+			return gp, nil
+		}
+	}
+	if cfg.PoolHostBytes > 0 {
+		return poolmem.NewHost("fabricxfer-"+cfg.PoolName, cfg.PoolHostBytes)
+	}
+	return nil, nil
 }
 
 // fastSpin maps the flag's 0 ("never poll") to the server's negative value (its 0 means the default).
