@@ -165,10 +165,28 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac
 	if spec.FabricDomainOverride != "" {
 		args = append(args, "--fabric-domain="+spec.FabricDomainOverride)
 	}
+	// Pool memory in bytes: the agent allocates it at start and lends it (AllocateFromPool).
+	for _, m := range []struct {
+		flag string
+		q    *resource.Quantity
+	}{
+		{"--pool-gpu-bytes", spec.Memory.PerGPU},
+		{"--pool-host-bytes", spec.Memory.HostStaging},
+		{"--max-registered-bytes", spec.Memory.MaxRegisteredPerCaller},
+	} {
+		if m.q != nil && m.q.Sign() > 0 {
+			args = append(args, m.flag+"="+strconv.FormatInt(m.q.Value(), 10))
+		}
+	}
 
+	// Host pool memory is shared memory charged to the agent's cgroup: the default limit makes room for it.
+	memLimit := resource.MustParse("512Mi")
+	if q := spec.Memory.HostStaging; q != nil && q.Sign() > 0 {
+		memLimit.Add(*q)
+	}
 	resources := corev1ac.ResourceRequirements().
 		WithRequests(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")}).
-		WithLimits(corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")})
+		WithLimits(corev1.ResourceList{corev1.ResourceMemory: memLimit})
 	if r := spec.Agent.Resources; r != nil {
 		resources = corev1ac.ResourceRequirements().WithRequests(r.Requests).WithLimits(r.Limits)
 	}
