@@ -40,12 +40,14 @@ go build -o "$ST/operator" ./cmd/operator
 go build -o "$ST/scale" ./hack/scale
 
 step "starting kube-apiserver + etcd on 127.0.0.1:$API_PORT"
-# On a loaded machine etcd can start slower than kube-apiserver waits for it; one more try covers that.
-if ! BIN_DIR=$BIN hack/kube-up.sh "$ST/kube" >/dev/null; then
-  echo "scale: control plane did not start; trying once more" >&2
+# On a loaded machine etcd can start slower than kube-apiserver waits for it; a few more tries cover that.
+for try in 1 2 3; do
+  BIN_DIR=$BIN hack/kube-up.sh "$ST/kube" >/dev/null 2>"$ST/kube-up.err" && break
+  echo "scale: control plane did not start (try $try of 3); etcd log tail:" >&2
+  tail -3 "$ST/kube/etcd.log" >&2 || true
   BIN_DIR=$BIN hack/kube-down.sh "$ST/kube"
-  BIN_DIR=$BIN hack/kube-up.sh "$ST/kube" >/dev/null
-fi
+  [ "$try" -lt 3 ] || { tail -5 "$ST/kube-up.err" >&2; exit 1; }
+done
 export KUBECONFIG=$ST/kube/kubeconfig
 kc apply -f config/crd/bases >/dev/null
 kc wait --for=condition=Established --timeout=60s crd/transferpools.fabricxfer.io crd/transfernodes.fabricxfer.io crd/vpodtopologies.fabricxfer.io >/dev/null

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"os"
@@ -43,8 +42,7 @@ const nodeLabel = "fabricxfer.io/scale-node"
 
 func main() {
 	// client-go logs every timed-out response body through klog; the harness counts failed rounds instead.
-	klog.SetOutput(io.Discard)
-	klog.LogToStderr(false)
+	klog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:]); err != nil {
@@ -277,10 +275,10 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		}
 	}
 	convergeS := math.Max(0, converged.Sub(lastFirst).Seconds())
-	if convErr != nil {
+	if convErr != nil && firstErr == nil {
 		// Still measure: the rates and memory of a cluster that does not converge say why.
 		fmt.Printf("NOT converged %s after the last first report: %s\n", o.timeout, detail)
-	} else {
+	} else if convErr == nil {
 		fmt.Printf("converged %.2f s after the last first report (%.1f s after the pool was created): %s\n",
 			convergeS, converged.Sub(poolApplied).Seconds(), detail)
 	}
@@ -323,7 +321,7 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		fmt.Printf("operator log: %d error lines\n", n)
 	}
 	if convErr != nil {
-		fmt.Printf("did not converge %d nodes within %s of the last first report, operator RSS %.0f MiB, API %.1f req/s\n", o.nodes, o.timeout, rssMiB, rate)
+		fmt.Printf("did not converge %d nodes (%s), operator RSS %.0f MiB, API %.1f req/s\n", o.nodes, detail, rssMiB, rate)
 		return fmt.Errorf("%w (%s)", convErr, detail)
 	}
 	fmt.Printf("converged %d nodes in %.1f s, operator RSS %.0f MiB, API %.1f req/s\n", o.nodes, convergeS, rssMiB, rate)
