@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# hack/failure.sh — failure tests with real processes and a real API server. Brings up the demo (hack/demo.sh up
+# in a private directory and ports: kube-apiserver + etcd, operator, three agents, pool kv-cache), then:
+#   1. operator crash: SIGKILLs the operator while it creates a second pool's objects and while it finalizes a
+#      deleted pool, restarts it, and checks that exactly the expected objects exist, each with the right owner;
+#   2. leader election: two operator replicas, only the leader reconciles; the leader is SIGKILLed and the other
+#      takes over and keeps the pool status current (an agent dies and returns meanwhile);
+#   3. API server restart: the API server is stopped and started again on the same etcd; agents' heartbeats
+#      resume and the operator notices an agent that dies and returns afterwards, with no process restarted.
+# Fails on the first step that does not hold, with the log tails of every process; tears everything down.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN_DIR:-$PWD/bin}
+export DEMO_DIR=${FAILURE_DIR:-$(mktemp -d /tmp/fabricxfer-failure.XXXXXX)}
+export API_PORT=${FAILURE_API_PORT:-30443} ETCD_PORT=${FAILURE_ETCD_PORT:-30790}
+export AGENT_PORT_BASE=${FAILURE_AGENT_PORT_BASE:-30470} OPERATOR_PORT_BASE=${FAILURE_OPERATOR_PORT_BASE:-30080}
+# Operators started here: replica i serves metrics on OP_PORT_BASE+2i and probes on OP_PORT_BASE+2i+1.
+# Every port is below the kernel's ephemeral range (32768+), where a client connection could take it first.
+OP_PORT_BASE=${FAILURE_OP_PORT_BASE:-30090}
+ST=$DEMO_DIR
+KUBE=$ST/kube
+LEASE=fabricxfer-operator.fabricxfer.io
+trap 'hack/demo.sh down >/dev/null 2>&1 || true' EXIT
+
+fail() {
+  echo "failure: FAIL: $*" >&2
+  for f in "$ST"/*.log "$KUBE"/apiserver.log "$ST/objects.diff"; do [ -f "$f" ] && { echo "--- $f" >&2; tail -15 "$f" >&2; }; done
+  exit 1
+}
+pass() { echo "failure: ok: $*"; }
+kc() { "$BIN/kubectl" --kubeconfig "$KUBE/kubeconfig" "$@"; }
+until_true() { # until_true SECONDS WHAT CMD...
+  local limit=$1 what=$2 t0
+  t0=$(date +%s)
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt $((t0 + limit)) ] || fail "$what (not true within $limit s)"
+    sleep 0.5
+  done
+  pass "$what ($(($(date +%s) - t0)) s)"
+}
+jp() { kc get "$1" -o "jsonpath=$2" 2>/dev/null; }
+equals() { [ "$(jp "$1" "$2")" = "$3" ]; }
+alive() { kill -0 "$1" 2>/dev/null; }
+
+# api PATH: a GET on the API server without kubectl's start-up cost, for tight polling.
+api() {
+  curl -sf --max-time 2 --cacert "$KUBE/pki/ca.crt" -H "Authorization: Bearer $(cut -d, -f1 "$KUBE/pki/tokens.csv")" \
+    "https://127.0.0.1:$API_PORT$1"
+}
+
+# respawn NAME PIDFILE LOG: start the process recorded in PIDFILE again with its exact command line (read from
+# /proc before it was stopped, saved in $ST/NAME.cmdline), recording the new PID in the same file.
+save_cmdline() { cp "/proc/$(cat "$2")/cmdline" "$ST/$1.cmdline"; }
+respawn() {
+  local args
+  mapfile -d '' args <"$ST/$1.cmdline"
+  "${args[@]}" >>"$3" 2>&1 &
+  echo $! >"$2"
+  disown
+}
+# kill_when SECONDS WHAT PIDFILE CMD...: SIGKILL the process as soon as CMD succeeds (polled every 50 ms).
+kill_when() {
+  local limit=$1 what=$2 pidfile=$3 t0
+  t0=$(date +%s)
+  shift 3
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt $((t0 + limit)) ] || fail "$what (not true within $limit s)"
+    sleep 0.05
+  done
+  kill -KILL "$(cat "$pidfile")"
+  stop "$pidfile" KILL
+  pass "SIGKILL when $what"
+}
+# kill_on_event SECONDS WHAT PIDFILE PATTERN WATCHPATH CMD...: watch WATCHPATH on the API server, run CMD, and
+# SIGKILL the process in PIDFILE within about 10 ms of the first watch event matching PATTERN: a kill in the
+# middle of whatever the process was doing when it made that change.
+kill_on_event() {
+  local limit=$1 what=$2 pidfile=$3 pattern=$4 path=$5 t0 watcher
+  shift 5
+  : >"$ST/watch.out"
+  curl -sSfN --max-time "$((limit + 5))" --cacert "$KUBE/pki/ca.crt" \
+    -H "Authorization: Bearer $(cut -d, -f1 "$KUBE/pki/tokens.csv")" "https://127.0.0.1:$API_PORT$path" \
+    >"$ST/watch.out" 2>"$ST/watch.log" &
+  watcher=$!
+  disown
+  sleep 0.5 # the watch is established before anything it waits for can happen
+  "$@"
+  t0=$(date +%s)
+  until grep -q "$pattern" "$ST/watch.out"; do
+    alive "$watcher" || fail "$what: the watch on $path ended: $(cat "$ST/watch.out")"
+    [ "$(date +%s)" -lt $((t0 + limit)) ] || { kill "$watcher"; fail "$what (no such event within $limit s)"; }
+    sleep 0.01
+  done
+  kill -KILL "$(cat "$pidfile")"
+  kill "$watcher" 2>/dev/null || true
+  stop "$pidfile" KILL
+  pass "SIGKILL when $what"
+}
+stop() { # stop PIDFILE [SIGNAL]: signal the process and wait (deadline 20 s) until it is gone
+  local pid
+  pid=$(cat "$1")
+  kill "-${2:-TERM}" "$pid" 2>/dev/null || true
+  for _ in $(seq 1 80); do alive "$pid" || return 0; sleep 0.25; done
+  fail "process $pid ($1) still running 20 s after SIG${2:-TERM}"
+}
+
+op_start() { # op_start I [FLAGS...]: operator replica I, logging to $ST/op-I.log
+  local i=$1
+  shift
+  [ -f "$ST/op-$i.log" ] && cat "$ST/op-$i.log" >>"$ST/op-$i.earlier.log" && rm "$ST/op-$i.log"
+  "$BIN/operator" --kubeconfig "$KUBE/kubeconfig" --leader-election-namespace default \
+    --metrics-bind-address "127.0.0.1:$((OP_PORT_BASE + 2 * i))" \
+    --health-probe-bind-address "127.0.0.1:$((OP_PORT_BASE + 2 * i + 1))" "$@" >>"$ST/op-$i.log" 2>&1 &
+  echo $! >"$ST/op-$i.pid"
+  disown # its SIGKILLs are on purpose: no job notices
+}
+op_pid() { cat "$ST/op-$1.pid"; }
+metric() { # metric I NAME: the sum of every sample of NAME on replica I's metrics endpoint
+  local m
+  m=$(curl -sf --max-time 2 "http://127.0.0.1:$((OP_PORT_BASE + 2 * $1))/metrics") || return 1
+  echo "$m" | awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $2 } END { print s + 0 }'
+}
+is_leader() { [ "$(metric "$1" leader_election_master_status)" = 1 ]; }
+reconciled() { [ "$(metric "$1" controller_runtime_reconcile_total)" -gt "$2" ]; }
+some_leader() { is_leader 1 || is_leader 2; }
+workers_started() { grep -q "Starting workers" "$ST/op-$1.log"; }
+
+# owned_objects: one line per object the operator manages for pools (name prefix fabricxfer-agent-):
+# KIND NAMESPACE/NAME OWNERKIND/OWNERNAME/OWNERUID/CONTROLLER, sorted.
+owned_objects() {
+  kc get daemonsets,serviceaccounts,roles,rolebindings,secrets,clusterroles,clusterrolebindings -A -o \
+    'jsonpath={range .items[*]}{.kind} {.metadata.namespace}/{.metadata.name} {range .metadata.ownerReferences[*]}{.kind}/{.name}/{.uid}/{.controller},{end}{"\n"}{end}' |
+    awk '$2 ~ /(^|\/)fabricxfer-agent-/' | sort
+}
+expected_objects() { # expected_objects NS/POOL...: what owned_objects must print for exactly these pools
+  local p ns name uid own
+  for p in "$@"; do
+    ns=${p%/*} name=${p#*/}
+    uid=$(kc get transferpool -n "$ns" "$name" -o 'jsonpath={.metadata.uid}')
+    own="TransferPool/$name/$uid/true,"
+    echo "ClusterRole /fabricxfer-agent-$ns-$name "
+    echo "ClusterRoleBinding /fabricxfer-agent-$ns-$name "
+    for k in DaemonSet Role RoleBinding ServiceAccount; do echo "$k $ns/fabricxfer-agent-$name $own"; done
+    echo "Secret $ns/fabricxfer-agent-$name-tls $own"
+    echo "Secret $ns/fabricxfer-agent-$name-tls-ca $own"
+  done | sort
+}
+objects_are() { diff <(expected_objects "$@") <(owned_objects) >"$ST/objects.diff"; }
+# The agent Secret's certificate must chain to the CA Secret's: a crash between the two writes must not leave
+# agents with a certificate their peers cannot verify.
+certs_chain() { # certs_chain NS POOL
+  local s=fabricxfer-agent-$2-tls
+  kc get secret -n "$1" "$s-ca" -o 'jsonpath={.data.tls\.crt}' | base64 -d >"$ST/chk-ca.crt"
+  kc get secret -n "$1" "$s" -o 'jsonpath={.data.tls\.crt}' | base64 -d >"$ST/chk-leaf.crt"
+  openssl verify -CAfile "$ST/chk-ca.crt" "$ST/chk-leaf.crt" >/dev/null
+}
+transfernodes() { # NAME OWNERKIND/OWNERNAME/OWNERUID per TransferNode, sorted
+  kc get transfernodes -o 'jsonpath={range .items[*]}{.metadata.name} {range .metadata.ownerReferences[*]}{.kind}/{.name}/{.uid}{end}{"\n"}{end}' | sort
+}
+expected_transfernodes() {
+  kc get nodes -o 'jsonpath={range .items[*]}{.metadata.name} Node/{.metadata.name}/{.metadata.uid}{"\n"}{end}' | sort
+}
+vpods() { kc get vpodtopologies -o 'jsonpath={range .items[*]}{.metadata.name} owners={.metadata.ownerReferences}{"\n"}{end}' | sort; }
+heartbeats() { kc get transfernodes -o 'jsonpath={range .items[*]}{.status.lastHeartbeat}{"\n"}{end}'; }
+heartbeats_after() { # every TransferNode heartbeat is later than $1 (seconds since the epoch)
+  local h n=0
+  for h in $(heartbeats); do
+    [ "$(date -d "$h" +%s)" -gt "$1" ] || return 1
+    n=$((n + 1))
+  done
+  [ "$n" = 3 ]
+}
+agent_ready() { curl -sf --max-time 2 "http://127.0.0.1:$((AGENT_PORT_BASE + 3 * $1 + 2))/readyz"; }
+crash_pool_gone() { local out; out=$(kc get transferpool -n failure crash --ignore-not-found -o name) && [ -z "$out" ]; }
+crash_observed() {
+  local g o
+  g=$(kc get transferpool -n failure crash -o 'jsonpath={.metadata.generation}')
+  o=$(kc get transferpool -n failure crash -o 'jsonpath={.status.observedGeneration}')
+  [ -n "$g" ] && [ "$g" = "$o" ]
+}
+crash_count() { owned_objects | grep -c ' failure/\|-failure-crash' || true; }
+POOL=transferpool/kv-cache
+VPOD=
+
+start=$(date +%s)
+hack/demo.sh up >"$ST.up.log" 2>&1 || { cat "$ST.up.log" >&2; fail "hack/demo.sh up"; }
+grep -q "TransferPool kv-cache Ready" "$ST.up.log" || fail "demo did not report the pool Ready"
+rm -f "$ST.up.log"
+VPOD=$(kc get vpodtopologies -o name)
+[ "$(echo "$VPOD" | wc -l)" = 1 ] || fail "want one vPOD after demo up, got: $VPOD"
+vpods_before=$(vpods)
+pass "demo up: pool kv-cache Ready with three agents ($(($(date +%s) - start)) s)"
+
+### 1. The operator killed mid-reconcile and restarted.
+t1=$(date +%s)
+stop "$ST/operator.pid" KILL
+rm -f "$ST/operator.pid"
+kc create namespace failure >/dev/null
+kc apply -f - >/dev/null <<POOLYAML
+apiVersion: fabricxfer.io/v1alpha1
+kind: TransferPool
+metadata: {name: crash, namespace: failure}
+spec:
+  nodeSelector: {fabricxfer.io/failure-test: "no-such-node"}
+  engines: [tcp]
+  agent: {heartbeatSeconds: 2}
+POOLYAML
+# Kill the operator as soon as the first object of the new pool exists, while the rest are still being applied;
+# then once more a moment after its workers start, when kv-cache's heartbeats keep it reconciling.
+kill_on_event 60 "the operator has applied the first object of pool failure/crash" "$ST/op-0.pid" '"type":"ADDED"' \
+  "/api/v1/namespaces/failure/serviceaccounts?watch=1&fieldSelector=metadata.name%3Dfabricxfer-agent-crash" \
+  op_start 0 --leader-elect=false
+echo "failure: at that SIGKILL the crash pool had $(crash_count) of its 8 objects"
+op_start 0 --leader-elect=false
+kill_when 60 "the restarted operator's workers start" "$ST/op-0.pid" workers_started 0
+echo "failure: at that SIGKILL the crash pool had $(crash_count) of its 8 objects"
+op_start 0 --leader-elect=false
+until_true 60 "after two SIGKILLs, exactly the expected objects of both pools, each owned by its pool" \
+  objects_are default/kv-cache failure/crash
+certs_chain failure crash || fail "the crash pool's agent certificate does not verify against its CA Secret"
+certs_chain default kv-cache || fail "kv-cache's agent certificate does not verify against its CA Secret"
+pass "each pool's agent certificate chains to its CA Secret"
+until_true 30 "pool failure/crash status observed by the restarted operator" crash_observed
+equals $POOL '{.status.nodes}' 3/3 || fail "kv-cache nodes $(jp $POOL '{.status.nodes}'), want 3/3"
+[ "$(transfernodes)" = "$(expected_transfernodes)" ] || fail "TransferNodes: $(transfernodes); want: $(expected_transfernodes)"
+[ "$(vpods)" = "$vpods_before" ] || fail "vPODs after the restarts: $(vpods); before: $vpods_before"
+pass "kv-cache 3/3, three TransferNodes owned by their Nodes, the same single vPOD"
+
+# A pool deleted while the operator is down, whose finalizer is then interrupted: nothing of it may survive.
+stop "$ST/op-0.pid" KILL
+kc delete transferpool -n failure crash --wait=false >/dev/null
+sleep 1
+crash_pool_gone && fail "pool failure/crash went away with no operator to run its finalizer"
+echo "failure: deleted with the operator down, the crash pool still has its finalizer and $(crash_count) of its 8 objects"
+kill_on_event 60 "the operator has deleted the crash pool's ClusterRoleBinding (finalizer started)" "$ST/op-0.pid" \
+  '"type":"DELETED"' "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings?watch=1&fieldSelector=metadata.name%3Dfabricxfer-agent-failure-crash" \
+  op_start 0 --leader-elect=false
+echo "failure: at that SIGKILL the crash pool had $(crash_count) of its 8 objects left and $(crash_pool_gone && echo was gone || echo still existed)"
+op_start 0 --leader-elect=false
+until_true 60 "pool failure/crash gone after a SIGKILL during its finalizer" crash_pool_gone
+until_true 60 "only kv-cache's objects remain, none orphaned" objects_are default/kv-cache
+pass "operator crash: converged with no duplicate or orphaned object ($(($(date +%s) - t1)) s)"
+stop "$ST/op-0.pid" TERM
+
+### 2. Two replicas with leader election: only the leader acts; the other takes over when it is killed.
+t2=$(date +%s)
+op_start 1 --leader-elect=true
+op_start 2 --leader-elect=true
+until_true 60 "one replica holds the lease" some_leader
+if is_leader 1; then L=1 F=2; else L=2 F=1; fi
+until_true 30 "the leader (replica $L) reconciles" reconciled "$L" 0
+until_true 30 "the standby (replica $F) is up and serving metrics" metric "$F" leader_election_master_status
+sleep 3 # several heartbeat periods: the leader reconciles kv-cache every 2 s
+[ "$(metric "$F" controller_runtime_reconcile_total)" = 0 ] ||
+  fail "standby replica $F reconciled $(metric "$F" controller_runtime_reconcile_total) times"
+! is_leader "$F" || fail "both replicas report leadership"
+grep -q "Starting workers" "$ST/op-$F.log" && fail "standby replica $F started its controllers"
+pass "standby replica $F: no reconcile, no workers, not leader; leader $L: $(metric "$L" controller_runtime_reconcile_total) reconciles"
+
+save_cmdline agent-gpu-node-b "$ST/agent-gpu-node-b.pid"
+stop "$ST/op-$L.pid" KILL
+pass "leader replica $L SIGKILLed (its lease is not released)"
+stop "$ST/agent-gpu-node-b.pid" TERM
+until_true 45 "standby replica $F takes over the lease" is_leader "$F"
+until_true 30 "the new leader marks gpu-node-b not ready (2/3)" equals $POOL '{.status.nodes}' 2/3
+until_true 20 "the new leader lists gpu-node-b missing from the vPOD" equals "$VPOD" '{.status.missingMembers[0]}' gpu-node-b
+respawn agent-gpu-node-b "$ST/agent-gpu-node-b.pid" "$ST/agent-gpu-node-b.log"
+until_true 60 "gpu-node-b's agent is back" agent_ready 1
+until_true 30 "the new leader counts gpu-node-b ready again (3/3)" equals $POOL '{.status.nodes}' 3/3
+until_true 20 "the vPOD is complete again" equals "$VPOD" '{.status.missingMembers}' ""
+pass "leader election: only the leader acted, the standby took over ($(($(date +%s) - t2)) s)"
+stop "$ST/op-$F.pid" TERM
+
+### 3. The API server restarted (SIGKILLed: a graceful stop waits for open watches, up to a minute): operator and agents reconnect without being restarted.
+t3=$(date +%s)
+# A single replica without leader election: with it, an outage longer than the renew deadline (10 s) makes the
+# leader exit on purpose and its Deployment restart it; here the point is that nothing needs restarting.
+op_start 0 --leader-elect=false
+until_true 60 "operator replica 0 running again" workers_started 0
+pids="$(op_pid 0) $(cat "$ST"/agent-*.pid)"
+save_cmdline apiserver "$KUBE/apiserver.pid"
+save_cmdline agent-rdma-node-c "$ST/agent-rdma-node-c.pid"
+stop "$KUBE/apiserver.pid" KILL
+down_at=$(date +%s)
+sleep 4 # two heartbeat periods without an API server: agents' writes and everyone's watches fail
+respawn apiserver "$KUBE/apiserver.pid" "$KUBE/apiserver.log"
+until_true 90 "kube-apiserver serves again" api /readyz
+pass "API server was unavailable for $(($(date +%s) - down_at)) s"
+until_true 45 "all three agents' heartbeats resume" heartbeats_after "$((down_at + 1))"
+for p in $pids; do alive "$p" || fail "process $p exited during the API server restart"; done
+pass "operator and agents kept running (pids $pids)"
+up_at=$(date +%s)
+stop "$ST/agent-rdma-node-c.pid" TERM
+until_true 30 "the operator notices rdma-node-c's agent dying after the restart (2/3)" equals $POOL '{.status.nodes}' 2/3
+respawn agent-rdma-node-c "$ST/agent-rdma-node-c.pid" "$ST/agent-rdma-node-c.log"
+until_true 60 "rdma-node-c's agent is back" agent_ready 2
+until_true 30 "the operator counts rdma-node-c ready again (3/3)" equals $POOL '{.status.nodes}' 3/3
+reconnect=$(grep -c "Reconciler error" "$ST/op-0.log" || true)
+pass "API server restart: heartbeats and pool status resumed ($(($(date +%s) - t3)) s; $reconnect reconcile errors logged while it was down, recovered $(($(date +%s) - up_at)) s after)"
+
+### Teardown: nothing may be left running.
+hack/demo.sh down >/dev/null
+trap - EXIT
+left=$(pgrep -f "$ST" || true)
+[ -z "$left" ] || fail "processes left behind: $left"
+pass "teardown left no process behind; failure tests passed in $(($(date +%s) - start)) s"
