@@ -162,6 +162,13 @@ func (c *Client) AllocateFromPool(ctx context.Context, length uint64, opts ...Re
 	if err != nil {
 		return nil, c.wrap("allocating pool memory", gen, err)
 	}
+	if resp.HandleType != agentv1.HandleType_HANDLE_TYPE_SHM_FD {
+		// GPU pool memory is a VMM fd: it is imported with the GPU runtime (cuMemImportFromShareableHandle, then
+		// cuMemMap of allocation_size bytes), which this client does not load.
+		_, _ = c.api.Release(ctx, &agentv1.ReleaseRequest{AllocationId: resp.AllocationId})
+		return nil, fmt.Errorf("the pool lends %s memory (%d-byte allocation): map it with the GPU runtime; this client maps host memory only",
+			resp.HandleType, resp.AllocationSize)
+	}
 	f, err := fdpass.Get(ctx, c.fdSocket, resp.FdToken)
 	if err != nil {
 		_, _ = c.api.Release(ctx, &agentv1.ReleaseRequest{AllocationId: resp.AllocationId})

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
@@ -25,7 +26,9 @@ func samplePool() *fxv1.TransferPool {
 			Engines:              []fxv1.EngineName{fxv1.EngineXGMI, fxv1.EngineFabric, fxv1.EngineTCP},
 			SocketDir:            "/var/run/fabricxfer",
 			FabricDomainOverride: "ualink:1/7",
-			Agent:                fxv1.AgentSpec{Image: "ghcr.io/fabricxfer/agent:v0.1.0", HeartbeatSeconds: 10, Port: 7470, PriorityClassName: "system-node-critical"},
+			Memory: fxv1.PoolMemory{PerGPU: ptr(resource.MustParse("64Gi")), HostStaging: ptr(resource.MustParse("2Gi")),
+				MaxRegisteredPerCaller: ptr(resource.MustParse("1Gi"))},
+			Agent: fxv1.AgentSpec{Image: "ghcr.io/fabricxfer/agent:v0.1.0", HeartbeatSeconds: 10, Port: 7470, PriorityClassName: "system-node-critical"},
 		},
 	}
 }
@@ -94,3 +97,5 @@ func TestDaemonSetDefaultsWhenThePoolSaysLittle(t *testing.T) {
 		t.Errorf("cpu request %s", c.Resources.Requests.Cpu())
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

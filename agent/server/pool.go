@@ -72,7 +72,7 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 	sess.allocs[a.id] = a
 	s.mu.Unlock()
 	return &agentv1.AllocateFromPoolResponse{AllocationId: a.id, FdToken: token, HandleType: handleType,
-		Offset: sl.Offset, Length: sl.Length, Region: r.proto()}, nil
+		Offset: sl.Offset, Length: sl.Length, Region: r.proto(), AllocationSize: allocationSize(sl)}, nil
 }
 
 // gpuLender is a GPU pool: slices come from the GPU the caller names.
@@ -145,4 +145,13 @@ func (s *Server) releaseAllocation(ctx context.Context, sess *session, a *alloca
 		return status.Errorf(codes.Internal, "releasing %s: %v", a.id, err)
 	}
 	return nil
+}
+
+// allocationSize is how much of the slice's fd a borrower maps: the whole VMM allocation for GPU slices (VMM
+// maps whole allocations only), and up to the slice's end for host slices.
+func allocationSize(sl *poolmem.Slice) uint64 {
+	if sl.AllocSize > 0 {
+		return sl.AllocSize
+	}
+	return sl.Offset + sl.Length
 }

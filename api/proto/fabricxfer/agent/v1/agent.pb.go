@@ -2394,9 +2394,12 @@ type AllocateFromPoolResponse struct {
 	Offset     uint64     `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
 	Length     uint64     `protobuf:"varint,5,opt,name=length,proto3" json:"length,omitempty"`
 	// The slice, already registered.
-	Region        *Region `protobuf:"bytes,6,opt,name=region,proto3" json:"region,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Region *Region `protobuf:"bytes,6,opt,name=region,proto3" json:"region,omitempty"`
+	// Size of the whole allocation behind the fd. GPU memory (VMM) can only be mapped whole, so a borrower maps
+	// allocation_size bytes and uses [offset, offset+length); host memory may be mapped at the slice alone.
+	AllocationSize uint64 `protobuf:"varint,7,opt,name=allocation_size,json=allocationSize,proto3" json:"allocation_size,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *AllocateFromPoolResponse) Reset() {
@@ -2469,6 +2472,13 @@ func (x *AllocateFromPoolResponse) GetRegion() *Region {
 		return x.Region
 	}
 	return nil
+}
+
+func (x *AllocateFromPoolResponse) GetAllocationSize() uint64 {
+	if x != nil {
+		return x.AllocationSize
+	}
+	return 0
 }
 
 type ReleaseRequest struct {
@@ -2875,7 +2885,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x06length\x18\x01 \x01(\x04R\x06length\x123\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12\x1b\n" +
 	"\tgpu_index\x18\x03 \x01(\x05R\bgpuIndex\x12!\n" +
-	"\fsegment_name\x18\x04 \x01(\tR\vsegmentName\"\x81\x02\n" +
+	"\fsegment_name\x18\x04 \x01(\tR\vsegmentName\"\xaa\x02\n" +
 	"\x18AllocateFromPoolResponse\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x19\n" +
 	"\bfd_token\x18\x02 \x01(\tR\afdToken\x12@\n" +
@@ -2883,7 +2893,8 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"handleType\x12\x16\n" +
 	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12\x16\n" +
 	"\x06length\x18\x05 \x01(\x04R\x06length\x123\n" +
-	"\x06region\x18\x06 \x01(\v2\x1b.fabricxfer.agent.v1.RegionR\x06region\"5\n" +
+	"\x06region\x18\x06 \x01(\v2\x1b.fabricxfer.agent.v1.RegionR\x06region\x12'\n" +
+	"\x0fallocation_size\x18\a \x01(\x04R\x0eallocationSize\"5\n" +
 	"\x0eReleaseRequest\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\"\x11\n" +
 	"\x0fReleaseResponse\"\x15\n" +
