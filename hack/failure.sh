@@ -72,31 +72,6 @@ kill_when() {
   stop "$pidfile" KILL
   pass "SIGKILL when $what"
 }
-# kill_on_event SECONDS WHAT PIDFILE PATTERN WATCHPATH CMD...: watch WATCHPATH on the API server, run CMD, and
-# SIGKILL the process in PIDFILE within about 10 ms of the first watch event matching PATTERN: a kill in the
-# middle of whatever the process was doing when it made that change.
-kill_on_event() {
-  local limit=$1 what=$2 pidfile=$3 pattern=$4 path=$5 t0 watcher
-  shift 5
-  : >"$ST/watch.out"
-  curl -sSfN --max-time "$((limit + 5))" --cacert "$KUBE/pki/ca.crt" \
-    -H "Authorization: Bearer $(cut -d, -f1 "$KUBE/pki/tokens.csv")" "https://127.0.0.1:$API_PORT$path" \
-    >"$ST/watch.out" 2>"$ST/watch.log" &
-  watcher=$!
-  disown
-  sleep 0.5 # the watch is established before anything it waits for can happen
-  "$@"
-  t0=$(date +%s)
-  until grep -q "$pattern" "$ST/watch.out"; do
-    alive "$watcher" || fail "$what: the watch on $path ended: $(cat "$ST/watch.out")"
-    [ "$(date +%s)" -lt $((t0 + limit)) ] || { kill "$watcher"; fail "$what (no such event within $limit s)"; }
-    sleep 0.01
-  done
-  kill -KILL "$(cat "$pidfile")"
-  kill "$watcher" 2>/dev/null || true
-  stop "$pidfile" KILL
-  pass "SIGKILL when $what"
-}
 stop() { # stop PIDFILE [SIGNAL]: signal the process and wait (deadline 20 s) until it is gone
   local pid
   pid=$(cat "$1")
@@ -197,6 +172,9 @@ t1=$(date +%s)
 stop "$ST/operator.pid" KILL
 rm -f "$ST/operator.pid"
 kc create namespace failure >/dev/null
+# A quota of zero DaemonSets stops the operator's apply after the ServiceAccount, Role, RoleBinding, ClusterRole
+# and ClusterRoleBinding, before the DaemonSet and the certificate Secrets: a reconcile that is half done.
+kc create quota no-daemonsets -n failure --hard=count/daemonsets.apps=0 >/dev/null
 kc apply -f - >/dev/null <<POOLYAML
 apiVersion: fabricxfer.io/v1alpha1
 kind: TransferPool
@@ -208,13 +186,16 @@ spec:
 POOLYAML
 # Kill the operator as soon as the first object of the new pool exists, while the rest are still being applied;
 # then once more a moment after its workers start, when kv-cache's heartbeats keep it reconciling.
-kill_on_event 60 "the operator has applied the first object of pool failure/crash" "$ST/op-0.pid" '"type":"ADDED"' \
-  "/api/v1/namespaces/failure/serviceaccounts?watch=1&fieldSelector=metadata.name%3Dfabricxfer-agent-crash" \
-  op_start 0 --leader-elect=false
-echo "failure: at that SIGKILL the crash pool had $(crash_count) of its 8 objects"
+op_start 0 --leader-elect=false
+until_true 60 "the operator's apply of pool failure/crash stops at the DaemonSet quota" grep -q 'applying.*DaemonSet.*failure/crash' "$ST/op-0.log"
+stop "$ST/op-0.pid" KILL
+partial=$(owned_objects | awk '$2 ~ /^failure\/|-failure-crash$/ {print $1}' | sort | tr '\n' ' ')
+[ "$partial" = "ClusterRole ClusterRoleBinding Role RoleBinding ServiceAccount " ] ||
+  fail "want the crash pool half applied (no DaemonSet, no Secrets) when the operator is killed, got: $partial"
+pass "operator SIGKILLed with pool failure/crash half applied: $partial"
+kc delete quota no-daemonsets -n failure >/dev/null
 op_start 0 --leader-elect=false
 kill_when 60 "the restarted operator's workers start" "$ST/op-0.pid" workers_started 0
-echo "failure: at that SIGKILL the crash pool had $(crash_count) of its 8 objects"
 op_start 0 --leader-elect=false
 until_true 60 "after two SIGKILLs, exactly the expected objects of both pools, each owned by its pool" \
   objects_are default/kv-cache failure/crash
@@ -229,14 +210,37 @@ pass "kv-cache 3/3, three TransferNodes owned by their Nodes, the same single vP
 
 # A pool deleted while the operator is down, whose finalizer is then interrupted: nothing of it may survive.
 stop "$ST/op-0.pid" KILL
+# An admission policy that refuses to delete the crash pool's ClusterRole stops the finalizer after the
+# ClusterRoleBinding, with the finalizer still on the pool.
+kc apply -f - >/dev/null <<POLICY
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: failure-keep-clusterrole}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules: [{apiGroups: [rbac.authorization.k8s.io], apiVersions: [v1], operations: [DELETE], resources: [clusterroles]}]
+  validations: [{expression: "oldObject.metadata.name != 'fabricxfer-agent-failure-crash'", message: held by the failure test}]
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: failure-keep-clusterrole}
+spec: {policyName: failure-keep-clusterrole, validationActions: [Deny]}
+POLICY
+clusterrole_held() { ! kc delete clusterrole fabricxfer-agent-failure-crash --dry-run=server; }
+until_true 30 "the admission policy holds the crash pool's ClusterRole" clusterrole_held
 kc delete transferpool -n failure crash --wait=false >/dev/null
 sleep 1
 crash_pool_gone && fail "pool failure/crash went away with no operator to run its finalizer"
 echo "failure: deleted with the operator down, the crash pool still has its finalizer and $(crash_count) of its 8 objects"
-kill_on_event 60 "the operator has deleted the crash pool's ClusterRoleBinding (finalizer started)" "$ST/op-0.pid" \
-  '"type":"DELETED"' "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings?watch=1&fieldSelector=metadata.name%3Dfabricxfer-agent-failure-crash" \
-  op_start 0 --leader-elect=false
-echo "failure: at that SIGKILL the crash pool had $(crash_count) of its 8 objects left and $(crash_pool_gone && echo was gone || echo still existed)"
+op_start 0 --leader-elect=false
+until_true 60 "the operator's finalizer of pool failure/crash stops at the held ClusterRole" grep -q 'held by the failure test' "$ST/op-0.log"
+stop "$ST/op-0.pid" KILL
+partial=$(owned_objects | awk '$2 ~ /^failure\/|-failure-crash$/ {print $1}' | sort | tr '\n' ' ')
+[ "$partial" = "ClusterRole DaemonSet Role RoleBinding Secret Secret ServiceAccount " ] && ! crash_pool_gone ||
+  fail "want the crash pool half finalized (ClusterRoleBinding deleted, ClusterRole not) when the operator is killed, got: $partial"
+pass "operator SIGKILLed with pool failure/crash half finalized: $partial"
+kc delete validatingadmissionpolicybinding,validatingadmissionpolicy failure-keep-clusterrole >/dev/null
 op_start 0 --leader-elect=false
 until_true 60 "pool failure/crash gone after a SIGKILL during its finalizer" crash_pool_gone
 until_true 60 "only kv-cache's objects remain, none orphaned" objects_are default/kv-cache
@@ -278,7 +282,7 @@ t3=$(date +%s)
 # leader exit on purpose and its Deployment restart it; here the point is that nothing needs restarting.
 op_start 0 --leader-elect=false
 until_true 60 "operator replica 0 running again" workers_started 0
-pids="$(op_pid 0) $(cat "$ST"/agent-*.pid)"
+pids=$(cat "$ST/op-0.pid" "$ST"/agent-*.pid | tr "\n" " ")
 save_cmdline apiserver "$KUBE/apiserver.pid"
 save_cmdline agent-rdma-node-c "$ST/agent-rdma-node-c.pid"
 stop "$KUBE/apiserver.pid" KILL
@@ -297,7 +301,7 @@ respawn agent-rdma-node-c "$ST/agent-rdma-node-c.pid" "$ST/agent-rdma-node-c.log
 until_true 60 "rdma-node-c's agent is back" agent_ready 2
 until_true 30 "the operator counts rdma-node-c ready again (3/3)" equals $POOL '{.status.nodes}' 3/3
 reconnect=$(grep -c "Reconciler error" "$ST/op-0.log" || true)
-pass "API server restart: heartbeats and pool status resumed ($(($(date +%s) - t3)) s; $reconnect reconcile errors logged while it was down, recovered $(($(date +%s) - up_at)) s after)"
+pass "API server restart: heartbeats and pool status resumed ($(($(date +%s) - t3)) s; $reconnect reconcile errors logged while it was down, agent loss and return counted $(($(date +%s) - up_at)) s after the heartbeats resumed)"
 
 ### Teardown: nothing may be left running.
 hack/demo.sh down >/dev/null
