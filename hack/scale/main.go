@@ -43,6 +43,7 @@ const nodeLabel = "fabricxfer.io/scale-node"
 func main() {
 	// client-go logs every timed-out response body through klog; the harness counts failed rounds instead.
 	klog.SetLogger(logr.Discard())
+	ctrl.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:]); err != nil {
