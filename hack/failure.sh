@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # hack/failure.sh — failure tests with real processes and a real API server. Brings up the demo (hack/demo.sh up
 # in a private directory and ports: kube-apiserver + etcd, operator, three agents, pool kv-cache), then:
-#   1. operator crash: SIGKILLs the operator while it creates a second pool's objects and while it finalizes a
-#      deleted pool, restarts it, and checks that exactly the expected objects exist, each with the right owner;
+#   1. operator crash: SIGKILLs the operator with a second pool half applied (a ResourceQuota refuses its
+#      DaemonSet), once as its workers start, and with that pool half finalized (an admission policy refuses to
+#      delete its ClusterRole); restarts it each time and checks that exactly the expected objects exist, each
+#      with the right owner, and that nothing of the deleted pool is left;
 #   2. leader election: two operator replicas, only the leader reconciles; the leader is SIGKILLed and the other
 #      takes over and keeps the pool status current (an agent dies and returns meanwhile);
 #   3. API server restart: the API server is stopped and started again on the same etcd; agents' heartbeats
@@ -19,7 +21,6 @@ export AGENT_PORT_BASE=${FAILURE_AGENT_PORT_BASE:-30470} OPERATOR_PORT_BASE=${FA
 OP_PORT_BASE=${FAILURE_OP_PORT_BASE:-30090}
 ST=$DEMO_DIR
 KUBE=$ST/kube
-LEASE=fabricxfer-operator.fabricxfer.io
 trap 'hack/demo.sh down >/dev/null 2>&1 || true' EXIT
 
 fail() {
@@ -90,7 +91,6 @@ op_start() { # op_start I [FLAGS...]: operator replica I, logging to $ST/op-I.lo
   echo $! >"$ST/op-$i.pid"
   disown # its SIGKILLs are on purpose: no job notices
 }
-op_pid() { cat "$ST/op-$1.pid"; }
 metric() { # metric I NAME: the sum of every sample of NAME on replica I's metrics endpoint
   local m
   m=$(curl -sf --max-time 2 "http://127.0.0.1:$((OP_PORT_BASE + 2 * $1))/metrics") || return 1
@@ -306,6 +306,7 @@ pass "API server restart: heartbeats and pool status resumed ($(($(date +%s) - t
 ### Teardown: nothing may be left running.
 hack/demo.sh down >/dev/null
 trap - EXIT
-left=$(pgrep -f "$ST" || true)
+# Processes started here all name a path under the state directory (kubeconfig, data or socket dir).
+left=$(pgrep -f "$ST/" || true)
 [ -z "$left" ] || fail "processes left behind: $left"
 pass "teardown left no process behind; failure tests passed in $(($(date +%s) - start)) s"
