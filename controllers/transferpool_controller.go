@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -36,6 +40,12 @@ type TransferPoolReconciler struct {
 	Agent  AgentSettings
 	// Secrets issues the pool's agent-to-agent certificates; nil leaves the Secret alone.
 	Secrets PoolSecretIssuer
+
+	// applied remembers, per pool UID, the generation whose owned objects were applied last. Heartbeats reach
+	// Reconcile many times a second on a large pool; re-applying six unchanged objects each time was most of
+	// the operator's API load. An event on an owned object forgets the entry, so drift is still repaired.
+	appliedMu sync.Mutex
+	applied   map[types.UID]int64
 }
 
 // PoolSecretIssuer creates or rotates the Secret that holds a pool's agent-to-agent certificates.
@@ -78,12 +88,24 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	obs := PoolObservation{Now: r.Clock.Now()}
 	defer func() {
 		pool.Status = ComputePoolStatus(pool, obs)
+		if equality.Semantic.DeepEqual(before.Status, pool.Status) {
+			return
+		}
 		if err := r.Status().Patch(ctx, pool, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
 			retErr = errors.Join(retErr, fmt.Errorf("patching status of pool %s: %w", req, err))
 		}
 	}()
 
-	obs.ApplyError = r.applyOwned(ctx, pool)
+	if r.needsApply(pool) {
+		if obs.ApplyError = r.applyOwned(ctx, pool); obs.ApplyError == nil {
+			r.markApplied(pool)
+		}
+	}
+	if obs.ApplyError == nil && r.Secrets != nil {
+		if err := r.Secrets.EnsurePoolSecret(ctx, pool, tlsSecretName(pool)); err != nil {
+			obs.ApplyError = fmt.Errorf("issuing agent certificates for pool %s/%s: %w", pool.Namespace, pool.Name, err)
+		}
+	}
 	if err := r.observe(ctx, pool, &obs); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -108,12 +130,30 @@ func (r *TransferPoolReconciler) applyOwned(ctx context.Context, pool *fxv1.Tran
 			return fmt.Errorf("applying %T for pool %s/%s: %w", obj, pool.Namespace, pool.Name, err)
 		}
 	}
-	if r.Secrets != nil {
-		if err := r.Secrets.EnsurePoolSecret(ctx, pool, tlsSecretName(pool)); err != nil {
-			return fmt.Errorf("issuing agent certificates for pool %s/%s: %w", pool.Namespace, pool.Name, err)
-		}
-	}
 	return nil
+}
+
+func (r *TransferPoolReconciler) needsApply(pool *fxv1.TransferPool) bool {
+	r.appliedMu.Lock()
+	defer r.appliedMu.Unlock()
+	gen, ok := r.applied[pool.UID]
+	return !ok || gen != pool.Generation
+}
+
+func (r *TransferPoolReconciler) markApplied(pool *fxv1.TransferPool) {
+	r.appliedMu.Lock()
+	defer r.appliedMu.Unlock()
+	if r.applied == nil {
+		r.applied = map[types.UID]int64{}
+	}
+	r.applied[pool.UID] = pool.Generation
+}
+
+// forgetApplied makes the next reconcile of the owning pool apply its objects again.
+func (r *TransferPoolReconciler) forgetApplied(uid types.UID) {
+	r.appliedMu.Lock()
+	defer r.appliedMu.Unlock()
+	delete(r.applied, uid)
 }
 
 func (r *TransferPoolReconciler) observe(ctx context.Context, pool *fxv1.TransferPool, obs *PoolObservation) error {
@@ -180,13 +220,23 @@ func (r *TransferPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}
 		return reqs
 	})
+	// An event on an owned object (an edit, a deletion, our own apply) re-applies the owning pool's objects.
+	ownedBy := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
+		ref := metav1.GetControllerOf(obj)
+		if ref == nil || ref.Kind != "TransferPool" || ref.APIVersion != fxv1.GroupVersion.String() {
+			return nil
+		}
+		r.forgetApplied(ref.UID)
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: obj.GetNamespace(), Name: ref.Name}}}
+	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("transferpool").
 		For(&fxv1.TransferPool{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Owns(&appsv1.DaemonSet{}).
-		Owns(&corev1.ServiceAccount{}).
-		Owns(&rbacv1.Role{}).
-		Owns(&rbacv1.RoleBinding{}).
+		Watches(&appsv1.DaemonSet{}, ownedBy).
+		Watches(&corev1.ServiceAccount{}, ownedBy).
+		Watches(&rbacv1.Role{}, ownedBy).
+		Watches(&rbacv1.RoleBinding{}, ownedBy).
+		Watches(&corev1.Secret{}, ownedBy).
 		// Node labels decide selection; any pool may be affected, and another pool's selector decides conflicts.
 		Watches(&corev1.Node{}, allPools, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&fxv1.TransferPool{}, allPools, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
