@@ -77,6 +77,12 @@ demo: tools build ## Start a local control plane, operator and three agents, app
 demo-down: ## Stop everything make demo started
 	hack/demo.sh down
 
+N ?= 100
+.PHONY: scale
+scale: tools ## Simulate N agents against a local control plane and measure the operator (make scale N=1000)
+	go build -o $(BIN_DIR)/ ./cmd/operator
+	BIN_DIR=$(BIN_DIR) hack/scale.sh $(N)
+
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 20s)
 	hack/fuzz.sh $${FUZZTIME:-20s}
