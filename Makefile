@@ -65,9 +65,14 @@ unit: ## Run the Go tests only (needs make tools for the envtest suites)
 	$(GO) test $(GOTEST_FLAGS) ./...
 
 .PHONY: e2e
-e2e: tools build ## Run the end-to-end test: control plane, operator, agents, a pool, a transfer, cleanup, helm install
+e2e: tools build ## End-to-end: demo as a test, failure tests, helm install/uninstall and kubectl apply of dist/install.yaml
 	hack/e2e.sh
+	hack/failure.sh
 	OPERATOR_BIN=$(BIN_DIR)/operator hack/chart-install-test.sh
+
+.PHONY: failure
+failure: tools build ## Failure tests: operator SIGKILLed mid-reconcile and mid-finalizer, leader failover, API server restart
+	hack/failure.sh
 
 .PHONY: demo
 demo: tools build ## Start a local control plane, operator and three agents, apply a pool and move bytes

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN_DIR:-$PWD/bin}
 export DEMO_DIR=${E2E_DIR:-$(mktemp -d /tmp/fabricxfer-e2e.XXXXXX)}
-export API_PORT=${E2E_API_PORT:-26443} ETCD_PORT=${E2E_ETCD_PORT:-33790}
+export API_PORT=${E2E_API_PORT:-26443} ETCD_PORT=${E2E_ETCD_PORT:-25790}
 export AGENT_PORT_BASE=${E2E_AGENT_PORT_BASE:-27470} OPERATOR_PORT_BASE=${E2E_OPERATOR_PORT_BASE:-28080}
 trap 'hack/demo.sh down >/dev/null 2>&1 || true' EXIT
 
@@ -66,7 +66,7 @@ until_true 30 "cluster RBAC removed by the finalizer" gone clusterrole/fabricxfe
 
 hack/demo.sh down >/dev/null
 trap - EXIT
-left=$(pgrep -f "$DEMO_DIR" || true)
+left=$(pgrep -f "$DEMO_DIR/" || true)
 [ -z "$left" ] || fail "processes left behind: $left"
 rm -f "$DEMO_DIR.up.log"
 pass "demo down left no process behind; e2e passed in $(($(date +%s) - start)) s"
