@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # hack/scale.sh [N] — the scale harness (make scale N=1000): a private local control plane (real kube-apiserver +
-# etcd on API_PORT 36443 / ETCD_PORT 43790, so it never meets the demo or the tests), the CRDs, N Node objects,
+# etcd on API_PORT 29443 / ETCD_PORT 29790, so it never meets the demo or the tests), the CRDs, N Node objects,
 # the operator as a process, then hack/scale simulates N agents in one process, applies a TransferPool that
 # selects every node and measures convergence, the operator's peak RSS and the API request rate.
 # The last line is: converged N nodes in X s, operator RSS Y MiB, API Z req/s
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BIN=${BIN_DIR:-$ROOT/bin}
 N=${1:-${N:-100}}
-export API_PORT=${SCALE_API_PORT:-36443} ETCD_PORT=${SCALE_ETCD_PORT:-43790}
+export API_PORT=${SCALE_API_PORT:-29443} ETCD_PORT=${SCALE_ETCD_PORT:-29790}
 OPERATOR_PORT=${SCALE_OPERATOR_PORT:-29480} # below the ephemeral range, so no outgoing connection holds it
 ST=$(mktemp -d /tmp/fabricxfer-scale.XXXXXX)
 
