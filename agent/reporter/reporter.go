@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -107,7 +108,11 @@ func (r *Reporter) ReportOnce(ctx context.Context) error {
 		r.cfg.Decorate(&st)
 	}
 	if err := r.applyStatus(ctx, st); err != nil {
-		r.objectApplied = false // the object may be gone (deleted with a recreated Node); write it again
+		// Only a missing object (deleted with a recreated Node) needs the object written again; re-applying it
+		// after every failure tripled the requests of a struggling API server.
+		if apierrors.IsNotFound(err) {
+			r.objectApplied = false
+		}
 		return err
 	}
 	return nil

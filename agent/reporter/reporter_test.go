@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -223,6 +224,19 @@ func TestReporterWritesTransferNode(t *testing.T) {
 			t.Errorf("rdma engine %+v", e)
 		}
 	}
+
+	// A TransferNode deleted under the agent (its Node recreated, an admin cleaning up) is written again.
+	if err := c.Delete(ctx, &v1alpha1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: node.Name}}); err != nil {
+		t.Fatalf("deleting the TransferNode: %v", err)
+	}
+	oldUID := tn.UID
+	waitFor(t, 3*period+2*time.Second, "TransferNode written again after deletion", func() (bool, error) {
+		ok, err := get()
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return ok && tn.UID != oldUID && tn.Spec.NodeName == node.Name && len(tn.OwnerReferences) == 1, err
+	})
 
 	cancel()
 	select {
