@@ -250,30 +250,12 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 }
 
 func (e *Engine) run(t *engines.Tracker, work []engines.Work) {
-	ctx := t.Context()
-	var wg sync.WaitGroup
-	for _, w := range work {
-		select {
-		case e.slots <- struct{}{}:
-		case <-ctx.Done():
-			t.Finish(w.Index, ctx.Err())
-			continue
+	engines.RunPlans(t, work, e.slots, func(ctx context.Context, w engines.Work) error {
+		if err := e.copyPlan(ctx, w); err != nil {
+			return fmt.Errorf("fabric copy %s -> %s: %w", w.Plan.Src, w.Plan.Dst, err)
 		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-e.slots; wg.Done() }()
-			if err := ctx.Err(); err != nil {
-				t.Finish(w.Index, err)
-				return
-			}
-			if err := e.copyPlan(ctx, w); err != nil {
-				t.Finish(w.Index, fmt.Errorf("fabric copy %s -> %s: %w", w.Plan.Src, w.Plan.Dst, err))
-				return
-			}
-			t.Finish(w.Index, nil)
-		}()
-	}
-	wg.Wait()
+		return nil
+	})
 }
 
 func (e *Engine) copyPlan(ctx context.Context, w engines.Work) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -41,26 +40,12 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 }
 
 func (e *Engine) run(t *engines.Tracker, work []engines.Work) {
-	ctx := t.Context()
-	var wg sync.WaitGroup
-	for _, w := range work {
-		select {
-		case e.slots <- struct{}{}:
-		case <-ctx.Done():
-			t.Finish(w.Index, ctx.Err())
-			continue
+	engines.RunPlans(t, work, e.slots, func(ctx context.Context, w engines.Work) error {
+		if err := e.executePlan(ctx, w); err != nil {
+			return fmt.Errorf("rdma %s %s -> %s: %w", w.Plan.Direction, w.Plan.Src, w.Plan.Dst, err)
 		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-e.slots; wg.Done() }()
-			if err := e.executePlan(ctx, w); err != nil {
-				t.Finish(w.Index, fmt.Errorf("rdma %s %s -> %s: %w", w.Plan.Direction, w.Plan.Src, w.Plan.Dst, err))
-				return
-			}
-			t.Finish(w.Index, nil)
-		}()
-	}
-	wg.Wait()
+		return nil
+	})
 }
 
 // executePlan posts one work request per segment (the planner cut them at the

@@ -264,35 +264,16 @@ func (e *Engine) deliver(plans []engines.Plan, outcomes []engines.Outcome, paylo
 }
 
 func (e *Engine) run(t *engines.Tracker, work []engines.Work) {
-	ctx := t.Context()
-	var wg sync.WaitGroup
-	for _, w := range work {
-		select {
-		case e.slots <- struct{}{}:
-		case <-ctx.Done():
-			t.Finish(w.Index, ctx.Err())
-			continue
+	engines.RunPlans(t, work, e.slots, func(ctx context.Context, w engines.Work) error {
+		b, reason := e.backendFor(w.Src, w.Dst)
+		if b == nil {
+			return fmt.Errorf("xgmi: %w: %s", engines.ErrUnplannable, reason)
 		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-e.slots; wg.Done() }()
-			b, reason := e.backendFor(w.Src, w.Dst)
-			if b == nil {
-				t.Finish(w.Index, fmt.Errorf("xgmi: %w: %s", engines.ErrUnplannable, reason))
-				return
-			}
-			if err := ctx.Err(); err != nil {
-				t.Finish(w.Index, err)
-				return
-			}
-			if err := b.Copy(ctx, w); err != nil {
-				t.Finish(w.Index, fmt.Errorf("xgmi %s copy %s -> %s: %w", b.Name(), w.Plan.Src, w.Plan.Dst, err))
-				return
-			}
-			t.Finish(w.Index, nil)
-		}()
-	}
-	wg.Wait()
+		if err := b.Copy(ctx, w); err != nil {
+			return fmt.Errorf("xgmi %s copy %s -> %s: %w", b.Name(), w.Plan.Src, w.Plan.Dst, err)
+		}
+		return nil
+	})
 }
 
 // Close implements engines.Engine.
