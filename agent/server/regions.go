@@ -82,6 +82,12 @@ func (s *Server) GetInfo(ctx context.Context, req *agentv1.GetInfoRequest) (*age
 			kind = agentv1.MemoryKind_MEMORY_KIND_GPU
 		}
 		resp.PoolMemory = &agentv1.PoolMemoryInfo{Kind: kind, TotalBytes: total, FreeBytes: free}
+		if gp, ok := s.opts.Pool.(interface{ Devices() []poolmem.DeviceUsage }); ok {
+			for _, d := range gp.Devices() {
+				resp.PoolMemory.Gpus = append(resp.PoolMemory.Gpus, &agentv1.PoolGPU{Index: int32(d.Index), BusId: d.BusID,
+					TotalBytes: d.Total, FreeBytes: d.Free, FabricExportable: d.FabricExportable, FabricReason: d.FabricReason})
+			}
+		}
 	}
 	return resp, nil
 }

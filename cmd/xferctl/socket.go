@@ -98,6 +98,13 @@ func infoCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		i.Limits.MaxRegisteredBytes, i.Limits.MaxInFlight, i.Limits.MaxItemsPerTransfer)
 	if pm := i.PoolMemory; pm != nil {
 		fmt.Fprintf(stdout, "pool memory: %s, %d of %d bytes free\n", pm.Kind, pm.FreeBytes, pm.TotalBytes)
+		for _, g := range pm.Gpus {
+			fabric := "fabric-exportable"
+			if !g.FabricExportable {
+				fabric = "not fabric-exportable: " + g.FabricReason
+			}
+			fmt.Fprintf(stdout, "  GPU %d (%s): %d of %d bytes free, %s\n", g.Index, g.BusId, g.FreeBytes, g.TotalBytes, fabric)
+		}
 	}
 	return nil
 }

@@ -584,10 +584,13 @@ func (x *Usage) GetInFlight() uint32 {
 }
 
 type PoolMemoryInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          MemoryKind             `protobuf:"varint,1,opt,name=kind,proto3,enum=fabricxfer.agent.v1.MemoryKind" json:"kind,omitempty"`
-	TotalBytes    uint64                 `protobuf:"varint,2,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
-	FreeBytes     uint64                 `protobuf:"varint,3,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Kind       MemoryKind             `protobuf:"varint,1,opt,name=kind,proto3,enum=fabricxfer.agent.v1.MemoryKind" json:"kind,omitempty"`
+	TotalBytes uint64                 `protobuf:"varint,2,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	FreeBytes  uint64                 `protobuf:"varint,3,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
+	// Per GPU, for GPU pools: whether slices carry a fabric handle (so the fabric engine can reach them from
+	// other nodes of the vPOD), and why not.
+	Gpus          []*PoolGPU `protobuf:"bytes,4,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -643,6 +646,97 @@ func (x *PoolMemoryInfo) GetFreeBytes() uint64 {
 	return 0
 }
 
+func (x *PoolMemoryInfo) GetGpus() []*PoolGPU {
+	if x != nil {
+		return x.Gpus
+	}
+	return nil
+}
+
+type PoolGPU struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Index            int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	BusId            string                 `protobuf:"bytes,2,opt,name=bus_id,json=busId,proto3" json:"bus_id,omitempty"`
+	TotalBytes       uint64                 `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	FreeBytes        uint64                 `protobuf:"varint,4,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
+	FabricExportable bool                   `protobuf:"varint,5,opt,name=fabric_exportable,json=fabricExportable,proto3" json:"fabric_exportable,omitempty"`
+	FabricReason     string                 `protobuf:"bytes,6,opt,name=fabric_reason,json=fabricReason,proto3" json:"fabric_reason,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *PoolGPU) Reset() {
+	*x = PoolGPU{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolGPU) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolGPU) ProtoMessage() {}
+
+func (x *PoolGPU) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolGPU.ProtoReflect.Descriptor instead.
+func (*PoolGPU) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PoolGPU) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *PoolGPU) GetBusId() string {
+	if x != nil {
+		return x.BusId
+	}
+	return ""
+}
+
+func (x *PoolGPU) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *PoolGPU) GetFreeBytes() uint64 {
+	if x != nil {
+		return x.FreeBytes
+	}
+	return 0
+}
+
+func (x *PoolGPU) GetFabricExportable() bool {
+	if x != nil {
+		return x.FabricExportable
+	}
+	return false
+}
+
+func (x *PoolGPU) GetFabricReason() string {
+	if x != nil {
+		return x.FabricReason
+	}
+	return ""
+}
+
 type GetInfoResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The version the agent chose from the client's list.
@@ -665,7 +759,7 @@ type GetInfoResponse struct {
 
 func (x *GetInfoResponse) Reset() {
 	*x = GetInfoResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +771,7 @@ func (x *GetInfoResponse) String() string {
 func (*GetInfoResponse) ProtoMessage() {}
 
 func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +784,7 @@ func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetInfoResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetInfoResponse) GetApiVersion() string {
@@ -802,7 +896,7 @@ type RegisterMemoryRequest struct {
 
 func (x *RegisterMemoryRequest) Reset() {
 	*x = RegisterMemoryRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +908,7 @@ func (x *RegisterMemoryRequest) String() string {
 func (*RegisterMemoryRequest) ProtoMessage() {}
 
 func (x *RegisterMemoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +921,7 @@ func (x *RegisterMemoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterMemoryRequest.ProtoReflect.Descriptor instead.
 func (*RegisterMemoryRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RegisterMemoryRequest) GetKind() MemoryKind {
@@ -931,7 +1025,7 @@ type Region struct {
 
 func (x *Region) Reset() {
 	*x = Region{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -943,7 +1037,7 @@ func (x *Region) String() string {
 func (*Region) ProtoMessage() {}
 
 func (x *Region) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -956,7 +1050,7 @@ func (x *Region) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Region.ProtoReflect.Descriptor instead.
 func (*Region) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Region) GetId() uint64 {
@@ -1010,7 +1104,7 @@ type RegisterMemoryResponse struct {
 
 func (x *RegisterMemoryResponse) Reset() {
 	*x = RegisterMemoryResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1022,7 +1116,7 @@ func (x *RegisterMemoryResponse) String() string {
 func (*RegisterMemoryResponse) ProtoMessage() {}
 
 func (x *RegisterMemoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1035,7 +1129,7 @@ func (x *RegisterMemoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterMemoryResponse.ProtoReflect.Descriptor instead.
 func (*RegisterMemoryResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegisterMemoryResponse) GetRegion() *Region {
@@ -1054,7 +1148,7 @@ type DeregisterMemoryRequest struct {
 
 func (x *DeregisterMemoryRequest) Reset() {
 	*x = DeregisterMemoryRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1066,7 +1160,7 @@ func (x *DeregisterMemoryRequest) String() string {
 func (*DeregisterMemoryRequest) ProtoMessage() {}
 
 func (x *DeregisterMemoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1079,7 +1173,7 @@ func (x *DeregisterMemoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterMemoryRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterMemoryRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeregisterMemoryRequest) GetRegionId() uint64 {
@@ -1097,7 +1191,7 @@ type DeregisterMemoryResponse struct {
 
 func (x *DeregisterMemoryResponse) Reset() {
 	*x = DeregisterMemoryResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1109,7 +1203,7 @@ func (x *DeregisterMemoryResponse) String() string {
 func (*DeregisterMemoryResponse) ProtoMessage() {}
 
 func (x *DeregisterMemoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1122,7 +1216,7 @@ func (x *DeregisterMemoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterMemoryResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterMemoryResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 // RemoteRef names the other side of an item.
@@ -1141,7 +1235,7 @@ type RemoteRef struct {
 
 func (x *RemoteRef) Reset() {
 	*x = RemoteRef{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1247,7 @@ func (x *RemoteRef) String() string {
 func (*RemoteRef) ProtoMessage() {}
 
 func (x *RemoteRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1260,7 @@ func (x *RemoteRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoteRef.ProtoReflect.Descriptor instead.
 func (*RemoteRef) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RemoteRef) GetTarget() isRemoteRef_Target {
@@ -1251,7 +1345,7 @@ type TransferItem struct {
 
 func (x *TransferItem) Reset() {
 	*x = TransferItem{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1357,7 @@ func (x *TransferItem) String() string {
 func (*TransferItem) ProtoMessage() {}
 
 func (x *TransferItem) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1370,7 @@ func (x *TransferItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferItem.ProtoReflect.Descriptor instead.
 func (*TransferItem) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TransferItem) GetLocalRegionId() uint64 {
@@ -1340,7 +1434,7 @@ type TransferRequest struct {
 
 func (x *TransferRequest) Reset() {
 	*x = TransferRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1352,7 +1446,7 @@ func (x *TransferRequest) String() string {
 func (*TransferRequest) ProtoMessage() {}
 
 func (x *TransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1365,7 +1459,7 @@ func (x *TransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferRequest.ProtoReflect.Descriptor instead.
 func (*TransferRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TransferRequest) GetOp() Op {
@@ -1426,7 +1520,7 @@ type TransferResponse struct {
 
 func (x *TransferResponse) Reset() {
 	*x = TransferResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1532,7 @@ func (x *TransferResponse) String() string {
 func (*TransferResponse) ProtoMessage() {}
 
 func (x *TransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1545,7 @@ func (x *TransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
 func (*TransferResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TransferResponse) GetTransferId() uint64 {
@@ -1501,7 +1595,7 @@ type TagFailure struct {
 
 func (x *TagFailure) Reset() {
 	*x = TagFailure{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1607,7 @@ func (x *TagFailure) String() string {
 func (*TagFailure) ProtoMessage() {}
 
 func (x *TagFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1620,7 @@ func (x *TagFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagFailure.ProtoReflect.Descriptor instead.
 func (*TagFailure) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TagFailure) GetTag() string {
@@ -1565,7 +1659,7 @@ type TransferStatus struct {
 
 func (x *TransferStatus) Reset() {
 	*x = TransferStatus{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1671,7 @@ func (x *TransferStatus) String() string {
 func (*TransferStatus) ProtoMessage() {}
 
 func (x *TransferStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1684,7 @@ func (x *TransferStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferStatus.ProtoReflect.Descriptor instead.
 func (*TransferStatus) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TransferStatus) GetTransferId() uint64 {
@@ -1646,7 +1740,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1752,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1765,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WaitRequest) GetTransferId() uint64 {
@@ -1698,7 +1792,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1710,7 +1804,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1723,7 +1817,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchRequest) GetTransferIds() []uint64 {
@@ -1742,7 +1836,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +1848,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +1861,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CancelRequest) GetTransferId() uint64 {
@@ -1787,7 +1881,7 @@ type ResolveSegmentRequest struct {
 
 func (x *ResolveSegmentRequest) Reset() {
 	*x = ResolveSegmentRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1799,7 +1893,7 @@ func (x *ResolveSegmentRequest) String() string {
 func (*ResolveSegmentRequest) ProtoMessage() {}
 
 func (x *ResolveSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1812,7 +1906,7 @@ func (x *ResolveSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveSegmentRequest.ProtoReflect.Descriptor instead.
 func (*ResolveSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResolveSegmentRequest) GetNode() string {
@@ -1841,7 +1935,7 @@ type ResolveSegmentResponse struct {
 
 func (x *ResolveSegmentResponse) Reset() {
 	*x = ResolveSegmentResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +1947,7 @@ func (x *ResolveSegmentResponse) String() string {
 func (*ResolveSegmentResponse) ProtoMessage() {}
 
 func (x *ResolveSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +1960,7 @@ func (x *ResolveSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveSegmentResponse.ProtoReflect.Descriptor instead.
 func (*ResolveSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResolveSegmentResponse) GetDesc() []byte {
@@ -1907,7 +2001,7 @@ type NotificationsRequest struct {
 
 func (x *NotificationsRequest) Reset() {
 	*x = NotificationsRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1919,7 +2013,7 @@ func (x *NotificationsRequest) String() string {
 func (*NotificationsRequest) ProtoMessage() {}
 
 func (x *NotificationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1932,7 +2026,7 @@ func (x *NotificationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotificationsRequest.ProtoReflect.Descriptor instead.
 func (*NotificationsRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NotificationsRequest) GetRegionIds() []uint64 {
@@ -1958,7 +2052,7 @@ type Notification struct {
 
 func (x *Notification) Reset() {
 	*x = Notification{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2064,7 @@ func (x *Notification) String() string {
 func (*Notification) ProtoMessage() {}
 
 func (x *Notification) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1983,7 +2077,7 @@ func (x *Notification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Notification.ProtoReflect.Descriptor instead.
 func (*Notification) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Notification) GetRegionId() uint64 {
@@ -2051,7 +2145,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2063,7 +2157,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2076,7 +2170,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Endpoint) GetTarget() isEndpoint_Target {
@@ -2152,7 +2246,7 @@ type ExplainRequest struct {
 
 func (x *ExplainRequest) Reset() {
 	*x = ExplainRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2164,7 +2258,7 @@ func (x *ExplainRequest) String() string {
 func (*ExplainRequest) ProtoMessage() {}
 
 func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2177,7 +2271,7 @@ func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExplainRequest) GetSource() *Endpoint {
@@ -2205,7 +2299,7 @@ type EngineVerdict struct {
 
 func (x *EngineVerdict) Reset() {
 	*x = EngineVerdict{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2217,7 +2311,7 @@ func (x *EngineVerdict) String() string {
 func (*EngineVerdict) ProtoMessage() {}
 
 func (x *EngineVerdict) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2230,7 +2324,7 @@ func (x *EngineVerdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineVerdict.ProtoReflect.Descriptor instead.
 func (*EngineVerdict) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EngineVerdict) GetEngine() string {
@@ -2267,7 +2361,7 @@ type ExplainResponse struct {
 
 func (x *ExplainResponse) Reset() {
 	*x = ExplainResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2279,7 +2373,7 @@ func (x *ExplainResponse) String() string {
 func (*ExplainResponse) ProtoMessage() {}
 
 func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2292,7 +2386,7 @@ func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
 func (*ExplainResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExplainResponse) GetEngine() string {
@@ -2329,7 +2423,7 @@ type AllocateFromPoolRequest struct {
 
 func (x *AllocateFromPoolRequest) Reset() {
 	*x = AllocateFromPoolRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2341,7 +2435,7 @@ func (x *AllocateFromPoolRequest) String() string {
 func (*AllocateFromPoolRequest) ProtoMessage() {}
 
 func (x *AllocateFromPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2354,7 +2448,7 @@ func (x *AllocateFromPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateFromPoolRequest.ProtoReflect.Descriptor instead.
 func (*AllocateFromPoolRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AllocateFromPoolRequest) GetLength() uint64 {
@@ -2404,7 +2498,7 @@ type AllocateFromPoolResponse struct {
 
 func (x *AllocateFromPoolResponse) Reset() {
 	*x = AllocateFromPoolResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2416,7 +2510,7 @@ func (x *AllocateFromPoolResponse) String() string {
 func (*AllocateFromPoolResponse) ProtoMessage() {}
 
 func (x *AllocateFromPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2429,7 +2523,7 @@ func (x *AllocateFromPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateFromPoolResponse.ProtoReflect.Descriptor instead.
 func (*AllocateFromPoolResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AllocateFromPoolResponse) GetAllocationId() string {
@@ -2490,7 +2584,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2596,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2609,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReleaseRequest) GetAllocationId() string {
@@ -2533,7 +2627,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2545,7 +2639,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2558,7 +2652,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 type OpenFastPathRequest struct {
@@ -2569,7 +2663,7 @@ type OpenFastPathRequest struct {
 
 func (x *OpenFastPathRequest) Reset() {
 	*x = OpenFastPathRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2581,7 +2675,7 @@ func (x *OpenFastPathRequest) String() string {
 func (*OpenFastPathRequest) ProtoMessage() {}
 
 func (x *OpenFastPathRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2594,7 +2688,7 @@ func (x *OpenFastPathRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFastPathRequest.ProtoReflect.Descriptor instead.
 func (*OpenFastPathRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 type OpenFastPathResponse struct {
@@ -2608,7 +2702,7 @@ type OpenFastPathResponse struct {
 
 func (x *OpenFastPathResponse) Reset() {
 	*x = OpenFastPathResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2620,7 +2714,7 @@ func (x *OpenFastPathResponse) String() string {
 func (*OpenFastPathResponse) ProtoMessage() {}
 
 func (x *OpenFastPathResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2633,7 +2727,7 @@ func (x *OpenFastPathResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFastPathResponse.ProtoReflect.Descriptor instead.
 func (*OpenFastPathResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *OpenFastPathResponse) GetToken() string {
@@ -2663,7 +2757,7 @@ type FastReply struct {
 
 func (x *FastReply) Reset() {
 	*x = FastReply{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2675,7 +2769,7 @@ func (x *FastReply) String() string {
 func (*FastReply) ProtoMessage() {}
 
 func (x *FastReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2688,7 +2782,7 @@ func (x *FastReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastReply.ProtoReflect.Descriptor instead.
 func (*FastReply) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *FastReply) GetCode() uint32 {
@@ -2743,13 +2837,23 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x05Usage\x12\x18\n" +
 	"\aregions\x18\x01 \x01(\rR\aregions\x12)\n" +
 	"\x10registered_bytes\x18\x02 \x01(\x04R\x0fregisteredBytes\x12\x1b\n" +
-	"\tin_flight\x18\x03 \x01(\rR\binFlight\"\x85\x01\n" +
+	"\tin_flight\x18\x03 \x01(\rR\binFlight\"\xb7\x01\n" +
 	"\x0ePoolMemoryInfo\x123\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12\x1f\n" +
 	"\vtotal_bytes\x18\x02 \x01(\x04R\n" +
 	"totalBytes\x12\x1d\n" +
 	"\n" +
-	"free_bytes\x18\x03 \x01(\x04R\tfreeBytes\"\xac\x04\n" +
+	"free_bytes\x18\x03 \x01(\x04R\tfreeBytes\x120\n" +
+	"\x04gpus\x18\x04 \x03(\v2\x1c.fabricxfer.agent.v1.PoolGPUR\x04gpus\"\xc8\x01\n" +
+	"\aPoolGPU\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x15\n" +
+	"\x06bus_id\x18\x02 \x01(\tR\x05busId\x12\x1f\n" +
+	"\vtotal_bytes\x18\x03 \x01(\x04R\n" +
+	"totalBytes\x12\x1d\n" +
+	"\n" +
+	"free_bytes\x18\x04 \x01(\x04R\tfreeBytes\x12+\n" +
+	"\x11fabric_exportable\x18\x05 \x01(\bR\x10fabricExportable\x12#\n" +
+	"\rfabric_reason\x18\x06 \x01(\tR\ffabricReason\"\xac\x04\n" +
 	"\x0fGetInfoResponse\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x124\n" +
@@ -2958,7 +3062,7 @@ func file_fabricxfer_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(MemoryKind)(0),                  // 0: fabricxfer.agent.v1.MemoryKind
 	(HandleType)(0),                  // 1: fabricxfer.agent.v1.HandleType
@@ -2970,99 +3074,101 @@ var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(*Limits)(nil),                   // 7: fabricxfer.agent.v1.Limits
 	(*Usage)(nil),                    // 8: fabricxfer.agent.v1.Usage
 	(*PoolMemoryInfo)(nil),           // 9: fabricxfer.agent.v1.PoolMemoryInfo
-	(*GetInfoResponse)(nil),          // 10: fabricxfer.agent.v1.GetInfoResponse
-	(*RegisterMemoryRequest)(nil),    // 11: fabricxfer.agent.v1.RegisterMemoryRequest
-	(*Region)(nil),                   // 12: fabricxfer.agent.v1.Region
-	(*RegisterMemoryResponse)(nil),   // 13: fabricxfer.agent.v1.RegisterMemoryResponse
-	(*DeregisterMemoryRequest)(nil),  // 14: fabricxfer.agent.v1.DeregisterMemoryRequest
-	(*DeregisterMemoryResponse)(nil), // 15: fabricxfer.agent.v1.DeregisterMemoryResponse
-	(*RemoteRef)(nil),                // 16: fabricxfer.agent.v1.RemoteRef
-	(*TransferItem)(nil),             // 17: fabricxfer.agent.v1.TransferItem
-	(*TransferRequest)(nil),          // 18: fabricxfer.agent.v1.TransferRequest
-	(*TransferResponse)(nil),         // 19: fabricxfer.agent.v1.TransferResponse
-	(*TagFailure)(nil),               // 20: fabricxfer.agent.v1.TagFailure
-	(*TransferStatus)(nil),           // 21: fabricxfer.agent.v1.TransferStatus
-	(*WaitRequest)(nil),              // 22: fabricxfer.agent.v1.WaitRequest
-	(*WatchRequest)(nil),             // 23: fabricxfer.agent.v1.WatchRequest
-	(*CancelRequest)(nil),            // 24: fabricxfer.agent.v1.CancelRequest
-	(*ResolveSegmentRequest)(nil),    // 25: fabricxfer.agent.v1.ResolveSegmentRequest
-	(*ResolveSegmentResponse)(nil),   // 26: fabricxfer.agent.v1.ResolveSegmentResponse
-	(*NotificationsRequest)(nil),     // 27: fabricxfer.agent.v1.NotificationsRequest
-	(*Notification)(nil),             // 28: fabricxfer.agent.v1.Notification
-	(*Endpoint)(nil),                 // 29: fabricxfer.agent.v1.Endpoint
-	(*ExplainRequest)(nil),           // 30: fabricxfer.agent.v1.ExplainRequest
-	(*EngineVerdict)(nil),            // 31: fabricxfer.agent.v1.EngineVerdict
-	(*ExplainResponse)(nil),          // 32: fabricxfer.agent.v1.ExplainResponse
-	(*AllocateFromPoolRequest)(nil),  // 33: fabricxfer.agent.v1.AllocateFromPoolRequest
-	(*AllocateFromPoolResponse)(nil), // 34: fabricxfer.agent.v1.AllocateFromPoolResponse
-	(*ReleaseRequest)(nil),           // 35: fabricxfer.agent.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),          // 36: fabricxfer.agent.v1.ReleaseResponse
-	(*OpenFastPathRequest)(nil),      // 37: fabricxfer.agent.v1.OpenFastPathRequest
-	(*OpenFastPathResponse)(nil),     // 38: fabricxfer.agent.v1.OpenFastPathResponse
-	(*FastReply)(nil),                // 39: fabricxfer.agent.v1.FastReply
-	(*durationpb.Duration)(nil),      // 40: google.protobuf.Duration
+	(*PoolGPU)(nil),                  // 10: fabricxfer.agent.v1.PoolGPU
+	(*GetInfoResponse)(nil),          // 11: fabricxfer.agent.v1.GetInfoResponse
+	(*RegisterMemoryRequest)(nil),    // 12: fabricxfer.agent.v1.RegisterMemoryRequest
+	(*Region)(nil),                   // 13: fabricxfer.agent.v1.Region
+	(*RegisterMemoryResponse)(nil),   // 14: fabricxfer.agent.v1.RegisterMemoryResponse
+	(*DeregisterMemoryRequest)(nil),  // 15: fabricxfer.agent.v1.DeregisterMemoryRequest
+	(*DeregisterMemoryResponse)(nil), // 16: fabricxfer.agent.v1.DeregisterMemoryResponse
+	(*RemoteRef)(nil),                // 17: fabricxfer.agent.v1.RemoteRef
+	(*TransferItem)(nil),             // 18: fabricxfer.agent.v1.TransferItem
+	(*TransferRequest)(nil),          // 19: fabricxfer.agent.v1.TransferRequest
+	(*TransferResponse)(nil),         // 20: fabricxfer.agent.v1.TransferResponse
+	(*TagFailure)(nil),               // 21: fabricxfer.agent.v1.TagFailure
+	(*TransferStatus)(nil),           // 22: fabricxfer.agent.v1.TransferStatus
+	(*WaitRequest)(nil),              // 23: fabricxfer.agent.v1.WaitRequest
+	(*WatchRequest)(nil),             // 24: fabricxfer.agent.v1.WatchRequest
+	(*CancelRequest)(nil),            // 25: fabricxfer.agent.v1.CancelRequest
+	(*ResolveSegmentRequest)(nil),    // 26: fabricxfer.agent.v1.ResolveSegmentRequest
+	(*ResolveSegmentResponse)(nil),   // 27: fabricxfer.agent.v1.ResolveSegmentResponse
+	(*NotificationsRequest)(nil),     // 28: fabricxfer.agent.v1.NotificationsRequest
+	(*Notification)(nil),             // 29: fabricxfer.agent.v1.Notification
+	(*Endpoint)(nil),                 // 30: fabricxfer.agent.v1.Endpoint
+	(*ExplainRequest)(nil),           // 31: fabricxfer.agent.v1.ExplainRequest
+	(*EngineVerdict)(nil),            // 32: fabricxfer.agent.v1.EngineVerdict
+	(*ExplainResponse)(nil),          // 33: fabricxfer.agent.v1.ExplainResponse
+	(*AllocateFromPoolRequest)(nil),  // 34: fabricxfer.agent.v1.AllocateFromPoolRequest
+	(*AllocateFromPoolResponse)(nil), // 35: fabricxfer.agent.v1.AllocateFromPoolResponse
+	(*ReleaseRequest)(nil),           // 36: fabricxfer.agent.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 37: fabricxfer.agent.v1.ReleaseResponse
+	(*OpenFastPathRequest)(nil),      // 38: fabricxfer.agent.v1.OpenFastPathRequest
+	(*OpenFastPathResponse)(nil),     // 39: fabricxfer.agent.v1.OpenFastPathResponse
+	(*FastReply)(nil),                // 40: fabricxfer.agent.v1.FastReply
+	(*durationpb.Duration)(nil),      // 41: google.protobuf.Duration
 }
 var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: fabricxfer.agent.v1.PoolMemoryInfo.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	5,  // 1: fabricxfer.agent.v1.GetInfoResponse.engines:type_name -> fabricxfer.agent.v1.EngineInfo
-	6,  // 2: fabricxfer.agent.v1.GetInfoResponse.caller:type_name -> fabricxfer.agent.v1.CallerInfo
-	7,  // 3: fabricxfer.agent.v1.GetInfoResponse.limits:type_name -> fabricxfer.agent.v1.Limits
-	8,  // 4: fabricxfer.agent.v1.GetInfoResponse.usage:type_name -> fabricxfer.agent.v1.Usage
-	9,  // 5: fabricxfer.agent.v1.GetInfoResponse.pool_memory:type_name -> fabricxfer.agent.v1.PoolMemoryInfo
-	0,  // 6: fabricxfer.agent.v1.RegisterMemoryRequest.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	1,  // 7: fabricxfer.agent.v1.RegisterMemoryRequest.handle_type:type_name -> fabricxfer.agent.v1.HandleType
-	0,  // 8: fabricxfer.agent.v1.Region.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	12, // 9: fabricxfer.agent.v1.RegisterMemoryResponse.region:type_name -> fabricxfer.agent.v1.Region
-	16, // 10: fabricxfer.agent.v1.TransferItem.remote:type_name -> fabricxfer.agent.v1.RemoteRef
-	2,  // 11: fabricxfer.agent.v1.TransferRequest.op:type_name -> fabricxfer.agent.v1.Op
-	16, // 12: fabricxfer.agent.v1.TransferRequest.remote:type_name -> fabricxfer.agent.v1.RemoteRef
-	17, // 13: fabricxfer.agent.v1.TransferRequest.items:type_name -> fabricxfer.agent.v1.TransferItem
-	40, // 14: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
-	21, // 15: fabricxfer.agent.v1.TransferResponse.status:type_name -> fabricxfer.agent.v1.TransferStatus
-	3,  // 16: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
-	20, // 17: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
-	40, // 18: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
-	40, // 19: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
-	0,  // 20: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	2,  // 21: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
-	29, // 22: fabricxfer.agent.v1.ExplainRequest.source:type_name -> fabricxfer.agent.v1.Endpoint
-	29, // 23: fabricxfer.agent.v1.ExplainRequest.destination:type_name -> fabricxfer.agent.v1.Endpoint
-	31, // 24: fabricxfer.agent.v1.ExplainResponse.verdicts:type_name -> fabricxfer.agent.v1.EngineVerdict
-	0,  // 25: fabricxfer.agent.v1.AllocateFromPoolRequest.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	1,  // 26: fabricxfer.agent.v1.AllocateFromPoolResponse.handle_type:type_name -> fabricxfer.agent.v1.HandleType
-	12, // 27: fabricxfer.agent.v1.AllocateFromPoolResponse.region:type_name -> fabricxfer.agent.v1.Region
-	19, // 28: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
-	4,  // 29: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
-	11, // 30: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
-	14, // 31: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
-	18, // 32: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
-	22, // 33: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
-	23, // 34: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
-	24, // 35: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
-	25, // 36: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
-	27, // 37: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
-	30, // 38: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
-	33, // 39: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
-	35, // 40: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
-	37, // 41: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
-	10, // 42: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
-	13, // 43: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
-	15, // 44: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
-	19, // 45: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
-	21, // 46: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
-	21, // 47: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
-	21, // 48: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
-	26, // 49: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
-	28, // 50: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
-	32, // 51: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
-	34, // 52: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
-	36, // 53: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
-	38, // 54: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
-	42, // [42:55] is the sub-list for method output_type
-	29, // [29:42] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	10, // 1: fabricxfer.agent.v1.PoolMemoryInfo.gpus:type_name -> fabricxfer.agent.v1.PoolGPU
+	5,  // 2: fabricxfer.agent.v1.GetInfoResponse.engines:type_name -> fabricxfer.agent.v1.EngineInfo
+	6,  // 3: fabricxfer.agent.v1.GetInfoResponse.caller:type_name -> fabricxfer.agent.v1.CallerInfo
+	7,  // 4: fabricxfer.agent.v1.GetInfoResponse.limits:type_name -> fabricxfer.agent.v1.Limits
+	8,  // 5: fabricxfer.agent.v1.GetInfoResponse.usage:type_name -> fabricxfer.agent.v1.Usage
+	9,  // 6: fabricxfer.agent.v1.GetInfoResponse.pool_memory:type_name -> fabricxfer.agent.v1.PoolMemoryInfo
+	0,  // 7: fabricxfer.agent.v1.RegisterMemoryRequest.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	1,  // 8: fabricxfer.agent.v1.RegisterMemoryRequest.handle_type:type_name -> fabricxfer.agent.v1.HandleType
+	0,  // 9: fabricxfer.agent.v1.Region.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	13, // 10: fabricxfer.agent.v1.RegisterMemoryResponse.region:type_name -> fabricxfer.agent.v1.Region
+	17, // 11: fabricxfer.agent.v1.TransferItem.remote:type_name -> fabricxfer.agent.v1.RemoteRef
+	2,  // 12: fabricxfer.agent.v1.TransferRequest.op:type_name -> fabricxfer.agent.v1.Op
+	17, // 13: fabricxfer.agent.v1.TransferRequest.remote:type_name -> fabricxfer.agent.v1.RemoteRef
+	18, // 14: fabricxfer.agent.v1.TransferRequest.items:type_name -> fabricxfer.agent.v1.TransferItem
+	41, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
+	22, // 16: fabricxfer.agent.v1.TransferResponse.status:type_name -> fabricxfer.agent.v1.TransferStatus
+	3,  // 17: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
+	21, // 18: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
+	41, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
+	41, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	0,  // 21: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	2,  // 22: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
+	30, // 23: fabricxfer.agent.v1.ExplainRequest.source:type_name -> fabricxfer.agent.v1.Endpoint
+	30, // 24: fabricxfer.agent.v1.ExplainRequest.destination:type_name -> fabricxfer.agent.v1.Endpoint
+	32, // 25: fabricxfer.agent.v1.ExplainResponse.verdicts:type_name -> fabricxfer.agent.v1.EngineVerdict
+	0,  // 26: fabricxfer.agent.v1.AllocateFromPoolRequest.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	1,  // 27: fabricxfer.agent.v1.AllocateFromPoolResponse.handle_type:type_name -> fabricxfer.agent.v1.HandleType
+	13, // 28: fabricxfer.agent.v1.AllocateFromPoolResponse.region:type_name -> fabricxfer.agent.v1.Region
+	20, // 29: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
+	4,  // 30: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
+	12, // 31: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
+	15, // 32: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
+	19, // 33: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
+	23, // 34: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
+	24, // 35: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
+	25, // 36: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
+	26, // 37: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
+	28, // 38: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
+	31, // 39: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
+	34, // 40: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
+	36, // 41: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
+	38, // 42: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
+	11, // 43: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
+	14, // 44: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
+	16, // 45: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
+	20, // 46: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
+	22, // 47: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 48: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 49: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
+	27, // 50: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
+	29, // 51: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
+	33, // 52: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
+	35, // 53: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
+	37, // 54: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
+	39, // 55: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
+	43, // [43:56] is the sub-list for method output_type
+	30, // [30:43] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_agent_proto_init() }
@@ -3070,12 +3176,12 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 	if File_fabricxfer_agent_v1_agent_proto != nil {
 		return
 	}
-	file_fabricxfer_agent_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
 		(*RemoteRef_RegionId)(nil),
 		(*RemoteRef_Segment)(nil),
 		(*RemoteRef_Desc)(nil),
 	}
-	file_fabricxfer_agent_v1_agent_proto_msgTypes[25].OneofWrappers = []any{
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[26].OneofWrappers = []any{
 		(*Endpoint_RegionId)(nil),
 		(*Endpoint_Segment)(nil),
 		(*Endpoint_Desc)(nil),
@@ -3086,7 +3192,7 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_agent_proto_rawDesc), len(file_fabricxfer_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
