@@ -8,9 +8,12 @@
 // (Options.MaxInFlightBytes) gives back-pressure. Payloads go straight between the socket and registered
 // memory, without intermediate copies, on both sides.
 //
-// A peer that closes its connections, resets them, or stays silent for Options.PeerTimeout while requests are
-// outstanding is lost: every request in flight to it fails at once with an *engines.PeerLostError naming the
-// node and its address, and the next transfer dials it again.
+// A peer that closes its connections, resets them, or sends nothing for Options.Liveness (1 s) while requests
+// wait for its answers is lost: every request in flight to it fails at once with an *engines.PeerLostError
+// naming the node and its address, and the next transfer dials it again. Any byte received counts as life, so
+// healthy links carry no extra traffic. Dialing is bounded by Options.DialTimeout (2 s), so transfers to a
+// peer behind a partition fail fast too. Preconnect opens a peer's connections ahead of its first transfer
+// (the agent does so when a peer appears in its directory); Disconnect closes them.
 //
 // Writes can carry a notification (engines.SubmitOptions.Notify): after every chunk to a node was
 // acknowledged, the engine sends it on the same connections and the transfer succeeds only once that node's

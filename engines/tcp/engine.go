@@ -37,9 +37,16 @@ type Options struct {
 	ChunkBytes int
 	// MaxInFlightBytes bounds the bytes sent or requested but not yet answered, per peer (default 256 MiB).
 	MaxInFlightBytes int64
-	// PeerTimeout is how long a peer may stay silent while requests wait for it before it counts as lost
-	// (default 15 s). It also bounds every write.
+	// PeerTimeout bounds every write to a peer, and how long this node's serving side waits for a request's
+	// payload and for its answer to leave (default 15 s).
 	PeerTimeout time.Duration
+	// Liveness is how long a connection with requests waiting for answers may receive nothing before its peer
+	// counts as lost (default 1 s, never more than PeerTimeout). Any byte received counts, so a healthy link
+	// needs no extra traffic; a link too slow to carry ChunkBytes*ConnsPerPeer within it needs a larger value.
+	Liveness time.Duration
+	// DialTimeout bounds opening one connection: TCP connect, TLS handshake and hello (default 2 s). A dial
+	// through a partition fails after it, so new transfers to an unreachable peer fail fast.
+	DialTimeout time.Duration
 	// Grace bounds how long Deregister and Close wait for cancelled transfers (engines.DefaultGrace when zero).
 	Grace time.Duration
 	// Logf receives connection-level errors of the serving side (default: log.Printf).
@@ -58,7 +65,7 @@ type Engine struct {
 	serverConns map[net.Conn]struct{}
 	notify      engines.NotifyFunc
 
-	stats struct{ sent, received, servedIn, servedOut atomic.Uint64 }
+	stats struct{ sent, received, servedIn, servedOut, dialed, accepted atomic.Uint64 }
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -69,6 +76,9 @@ type Stats struct {
 	Sent, Received uint64
 	// ServedIn and ServedOut count bytes peers wrote into and read from this node's regions.
 	ServedIn, ServedOut uint64
+	// Dialed counts connections this node opened to peers (hello exchanged); Accepted, connections peers
+	// opened to this node (hello exchanged).
+	Dialed, Accepted uint64
 }
 
 // New starts the engine; with a listener it begins serving at once.
@@ -93,6 +103,13 @@ func New(opts Options) (*Engine, error) {
 	}
 	if opts.PeerTimeout <= 0 {
 		opts.PeerTimeout = 15 * time.Second
+	}
+	if opts.Liveness <= 0 {
+		opts.Liveness = time.Second
+	}
+	opts.Liveness = min(opts.Liveness, opts.PeerTimeout)
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = 2 * time.Second
 	}
 	if opts.Dial == nil {
 		d := &net.Dialer{KeepAlive: 15 * time.Second}
@@ -124,7 +141,8 @@ func (e *Engine) Addr() string { return e.opts.Advertise }
 // Stats returns the byte counters.
 func (e *Engine) Stats() Stats {
 	return Stats{Sent: e.stats.sent.Load(), Received: e.stats.received.Load(),
-		ServedIn: e.stats.servedIn.Load(), ServedOut: e.stats.servedOut.Load()}
+		ServedIn: e.stats.servedIn.Load(), ServedOut: e.stats.servedOut.Load(),
+		Dialed: e.stats.dialed.Load(), Accepted: e.stats.accepted.Load()}
 }
 
 // Register implements engines.Engine: host memory with a view in this process gets the TCP handle.
@@ -244,6 +262,53 @@ func (e *Engine) forgetPeer(p *peer) {
 		delete(e.peers, p.addr)
 	}
 	e.mu.Unlock()
+}
+
+// Preconnect opens the connections to node at addr ahead of its first transfer, so that transfer pays no TCP or
+// TLS handshake; it returns once they are open (at once when they already are). A failure is not sticky: the
+// next Preconnect or transfer dials again.
+func (e *Engine) Preconnect(ctx context.Context, node, addr string) error {
+	if _, err := e.peerFor(ctx, node, addr); err != nil {
+		return fmt.Errorf("tcp: pre-connecting to %s (%s): %w", node, addr, err)
+	}
+	return nil
+}
+
+// Disconnect closes the connections to node at every address it was reached at (it left the pool); transfers in
+// flight to it fail with a PeerLostError carrying reason.
+func (e *Engine) Disconnect(node, reason string) {
+	e.mu.Lock()
+	var gone []*peer
+	for addr, p := range e.peers {
+		if p.node == node {
+			gone = append(gone, p)
+			delete(e.peers, addr)
+		}
+	}
+	e.mu.Unlock()
+	for _, p := range gone {
+		go func() { <-p.ready; p.kill(errors.New(reason)) }()
+	}
+}
+
+// PeerConns returns, per peer node, how many connections to it are open.
+func (e *Engine) PeerConns() map[string]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[string]int{}
+	for _, p := range e.peers {
+		select {
+		case <-p.ready:
+		default:
+			continue // still dialing
+		}
+		select {
+		case <-p.dead:
+		default:
+			out[p.node] += len(p.conns)
+		}
+	}
+	return out
 }
 
 // Submit implements engines.Engine.
@@ -456,7 +521,7 @@ func (e *Engine) Close() error {
 		select {
 		case <-p.ready:
 			p.kill(errors.New("engine closed"))
-		case <-time.After(handshakeTimeout):
+		case <-time.After(e.opts.DialTimeout + time.Second):
 		}
 	}
 	e.wg.Wait()

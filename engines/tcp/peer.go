@@ -59,6 +59,9 @@ type request struct {
 type conn struct {
 	p  *peer
 	nc net.Conn
+	// raw is the TCP connection under nc. Failing closes it rather than nc: closing a TLS connection first
+	// sends an alert, which can block for seconds behind a full send buffer towards a partitioned peer.
+	raw net.Conn
 	// wsem serialises writers; a channel so that waiting for it can be abandoned.
 	wsem chan struct{}
 
@@ -84,21 +87,51 @@ func (p *peer) kill(err error) {
 	})
 }
 
-// dial opens the peer's connections; called once by whoever created the peer.
+// dial opens the peer's connections, all at once, so the handshakes overlap; called once by whoever created
+// the peer. The first failure abandons the others.
 func (p *peer) dial(ctx context.Context) {
 	defer close(p.ready)
-	for i := 0; i < p.e.opts.ConnsPerPeer; i++ {
-		nc, err := p.e.dialConn(ctx, p.addr, p.node)
-		if err != nil {
-			p.dialErr = p.lost(fmt.Errorf("dialing: %w", err))
-			for _, c := range p.conns {
-				c.nc.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type dialed struct {
+		nc, raw net.Conn
+		err     error
+	}
+	results := make([]dialed, p.e.opts.ConnsPerPeer)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nc, raw, err := p.e.dialConn(ctx, p.addr, p.node)
+			if err != nil {
+				cancel()
 			}
-			p.deadOnce.Do(func() { p.deadErr = p.dialErr; close(p.dead) })
-			p.e.forgetPeer(p)
-			return
+			results[i] = dialed{nc: nc, raw: raw, err: err}
+		}()
+	}
+	wg.Wait()
+	var err error
+	for _, r := range results {
+		// The first error that is not the cancellation caused by another one.
+		if r.err != nil && (err == nil || errors.Is(err, context.Canceled)) {
+			err = r.err
 		}
-		p.conns = append(p.conns, &conn{p: p, nc: nc, wsem: make(chan struct{}, 1), pending: map[uint64]*request{}})
+	}
+	if err != nil {
+		p.dialErr = p.lost(fmt.Errorf("dialing: %w", err))
+		for _, r := range results {
+			if r.raw != nil {
+				r.raw.Close()
+			}
+		}
+		p.deadOnce.Do(func() { p.deadErr = p.dialErr; close(p.dead) })
+		p.e.forgetPeer(p)
+		return
+	}
+	for _, r := range results {
+		p.e.stats.dialed.Add(1)
+		p.conns = append(p.conns, &conn{p: p, nc: r.nc, raw: r.raw, wsem: make(chan struct{}, 1), pending: map[uint64]*request{}})
 	}
 	for _, c := range p.conns {
 		go c.recvLoop()
@@ -110,20 +143,21 @@ func (p *peer) pick() *conn {
 	return p.conns[p.next.Add(1)%uint64(len(p.conns))]
 }
 
-// dialConn connects, wraps with TLS when configured and exchanges hellos, all bounded by handshakeTimeout.
-func (e *Engine) dialConn(ctx context.Context, addr, node string) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+// dialConn connects, wraps with TLS when configured and exchanges hellos, all bounded by DialTimeout. It returns
+// the connection to use and the TCP connection under it.
+func (e *Engine) dialConn(ctx context.Context, addr, node string) (nc, raw net.Conn, err error) {
+	ctx, cancel := context.WithTimeout(ctx, e.opts.DialTimeout)
 	defer cancel()
-	raw, err := e.opts.Dial(ctx, "tcp", addr)
+	raw, err = e.opts.Dial(ctx, "tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if tc, ok := raw.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
 	deadline, _ := ctx.Deadline()
 	raw.SetDeadline(deadline)
-	nc := raw
+	nc = raw
 	if e.opts.TLS != nil {
 		cfg := e.opts.TLS.Clone()
 		if cfg.ServerName == "" && !cfg.InsecureSkipVerify {
@@ -134,31 +168,31 @@ func (e *Engine) dialConn(ctx context.Context, addr, node string) (net.Conn, err
 		tc := tls.Client(raw, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			raw.Close()
-			return nil, fmt.Errorf("TLS handshake: %w", err)
+			return nil, nil, fmt.Errorf("TLS handshake: %w", err)
 		}
 		nc = tc
 	}
 	hello := append([]byte(magic), appendString16(appendString16(nil, e.opts.Node), node)...)
 	if _, err := nc.Write(hello); err != nil {
 		raw.Close()
-		return nil, fmt.Errorf("hello: %w", err)
+		return nil, nil, fmt.Errorf("hello: %w", err)
 	}
 	var head [5]byte
 	if _, err := io.ReadFull(nc, head[:]); err != nil {
 		raw.Close()
-		return nil, fmt.Errorf("hello: %w", err)
+		return nil, nil, fmt.Errorf("hello: %w", err)
 	}
 	server, err := readString16(nc, maxNameLen)
 	if err != nil || string(head[:4]) != magic {
 		raw.Close()
-		return nil, fmt.Errorf("hello: malformed answer (%v)", err)
+		return nil, nil, fmt.Errorf("hello: malformed answer (%v)", err)
 	}
 	if head[4] != statusOK || server != node {
 		raw.Close()
-		return nil, fmt.Errorf("hello: %s answers as node %q, expected %q", addr, server, node)
+		return nil, nil, fmt.Errorf("hello: %s answers as node %q, expected %q", addr, server, node)
 	}
 	raw.SetDeadline(time.Time{})
-	return nc, nil
+	return nc, raw, nil
 }
 
 // send writes r on the connection, on the caller's goroutine, after the writers before it (waiting for them
@@ -184,7 +218,7 @@ func (c *conn) send(ctx context.Context, r *request) error {
 	r.holds++
 	c.pending[r.id] = r
 	if len(c.pending) == 1 {
-		c.nc.SetReadDeadline(time.Now().Add(c.p.e.opts.PeerTimeout))
+		c.nc.SetReadDeadline(time.Now().Add(c.p.e.opts.Liveness))
 	}
 	c.mu.Unlock()
 
@@ -276,7 +310,7 @@ func (r *request) settleIfReady() func() {
 
 // fail closes the connection and fails every request waiting for an answer on it.
 func (c *conn) fail(err error) {
-	c.nc.Close()
+	c.raw.Close()
 	c.mu.Lock()
 	c.failed = true
 	var fs []func()
@@ -289,7 +323,7 @@ func (c *conn) fail(err error) {
 }
 
 func (c *conn) recvLoop() {
-	br := bufio.NewReaderSize(c.nc, 64<<10)
+	br := bufio.NewReaderSize(&progressReader{c: c}, 64<<10)
 	hdr := make([]byte, respHeaderSize)
 	for {
 		n, err := io.ReadFull(br, hdr)
@@ -298,7 +332,7 @@ func (c *conn) recvLoop() {
 				continue // the deadline was armed for requests that were abandoned since
 			}
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				err = fmt.Errorf("no answer for %v", c.p.e.opts.PeerTimeout)
+				err = fmt.Errorf("nothing received for %v while requests waited for answers", c.p.e.opts.Liveness)
 			}
 			c.p.kill(err)
 			return
@@ -310,12 +344,35 @@ func (c *conn) recvLoop() {
 		}
 		c.mu.Lock()
 		if len(c.pending) > 0 {
-			c.nc.SetReadDeadline(time.Now().Add(c.p.e.opts.PeerTimeout))
+			c.nc.SetReadDeadline(time.Now().Add(c.p.e.opts.Liveness))
 		} else {
 			c.nc.SetReadDeadline(time.Time{})
 		}
 		c.mu.Unlock()
 	}
+}
+
+// progressReader is what recvLoop reads through: every byte that arrives proves the peer alive, so it pushes
+// the read deadline (armed while requests wait for answers) Liveness ahead. A large read answer streaming in
+// therefore never trips it, and a partition trips it within Liveness whatever was in flight. The deadline
+// moves at most every Liveness/8, so a fast stream costs a clock read per Read call.
+type progressReader struct {
+	c        *conn
+	extended time.Time
+}
+
+func (r *progressReader) Read(b []byte) (int, error) {
+	n, err := r.c.nc.Read(b)
+	if n > 0 {
+		// Only recvLoop's goroutine reads, and it clears the deadline itself once nothing is pending, so
+		// pushing it here needs no lock.
+		live := r.c.p.e.opts.Liveness
+		if now := time.Now(); now.Sub(r.extended) >= live/8 {
+			r.extended = now
+			r.c.nc.SetReadDeadline(now.Add(live))
+		}
+	}
+	return n, err
 }
 
 // idle reports whether nothing waits for an answer, and clears the read deadline if so.

@@ -17,7 +17,7 @@ func TestServerRefusesBadVectoredParts(t *testing.T) {
 	a := newEngine(t, "node-a", nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	nc, err := a.dialConn(ctx, b.Addr(), "node-b")
+	nc, _, err := a.dialConn(ctx, b.Addr(), "node-b")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,6 +73,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 	if err != nil {
 		return fmt.Errorf("hello: %w", err)
 	}
+	e.stats.accepted.Add(1)
 	raw.SetDeadline(time.Time{})
 	br := bufio.NewReaderSize(nc, 64<<10)
 	hdr := make([]byte, 512)

@@ -219,7 +219,7 @@ func TestBackPressure(t *testing.T) {
 }
 
 // TestSilentPeerIsLost: a peer that keeps its connections open but stops answering (a partition, a hung
-// agent) fails the transfer after PeerTimeout with an error naming it.
+// agent) fails the transfer after Liveness (here cut to PeerTimeout) with an error naming it.
 func TestSilentPeerIsLost(t *testing.T) {
 	g := &enginetest.Gate{}
 	b := newEngine(t, "node-b", g.Listener(listen(t)))
