@@ -275,12 +275,12 @@ func (c *Composite) Close() error {
 
 // NewPlan implements Engine.
 func (c *Composite) NewPlan() PlanBuilder {
-	return &compositePlanner{c: c, b: newBatch()}
+	return &compositePlanner{c: c, b: c.reg.getBatch()}
 }
 
 type compositePlanner struct {
 	c     *Composite
-	b     batch
+	b     *batch
 	out   PlanSet
 	built bool
 }
@@ -352,13 +352,22 @@ func (p *compositePlanner) Build() *PlanSet {
 	p.b.rejectOverlaps(func(it Item, err error) {
 		p.reject(it, err, p.b.pairs[p.b.index[[2]MemoryID{it.Src, it.Dst}]].dir)
 	})
-	slices.SortFunc(p.b.entries, func(x, y entry) int { return int(x.seq - y.seq) })
+	p.b.sortBySeq()
+	counts := make([]int, len(p.c.engines))
+	for i := range p.b.entries {
+		counts[p.b.pairs[p.b.entries[i].pair].engine]++
+	}
 	perEngine := make([][]Item, len(p.c.engines))
+	for i, n := range counts {
+		perEngine[i] = make([]Item, 0, n)
+	}
 	for i := range p.b.entries {
 		e := &p.b.entries[i]
 		eng := p.b.pairs[e.pair].engine
 		perEngine[eng] = append(perEngine[eng], p.b.item(e))
 	}
+	p.c.reg.putBatch(p.b)
+	p.b = nil
 	for i, items := range perEngine {
 		if len(items) == 0 {
 			continue

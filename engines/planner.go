@@ -21,7 +21,7 @@ type CanHandleFunc func(src, dst *MemoryDesc) (bool, string)
 // in bounds, at least one side local, claimed by can) as they are added, and Build groups them per
 // (source, destination) pair, rejects overlapping destinations, coalesces, splits at lim and orders the plans.
 func NewPlanner(engine string, reg *Registry, lim Limits, can CanHandleFunc) PlanBuilder {
-	return &planner{engine: engine, reg: reg, lim: lim, can: can, b: newBatch()}
+	return &planner{engine: engine, reg: reg, lim: lim, can: can, b: reg.getBatch()}
 }
 
 // pairInfo is what planning knows about one (source, destination) pair of a batch. Sizes and generations are
@@ -50,6 +50,9 @@ type batch struct {
 	index   map[[2]MemoryID]int32
 	entries []entry
 	scratch sortScratch
+	// last is the pair of the previous item (-1: none): items of one batch mostly share a pair, and comparing
+	// two ids is cheaper than hashing them.
+	last int32
 }
 
 // sortScratch is reused by the two sorts of a Build.
@@ -66,7 +69,26 @@ func grow[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-func newBatch() batch { return batch{index: map[[2]MemoryID]int32{}} }
+// getBatch returns an empty batch, reusing the memory of one a finished planner gave back.
+func (r *Registry) getBatch() *batch {
+	if b, ok := r.batches.Get().(*batch); ok {
+		return b
+	}
+	return &batch{index: map[[2]MemoryID]int32{}, last: -1}
+}
+
+// putBatch takes back a batch whose planner has built; nothing may use it afterwards.
+func (r *Registry) putBatch(b *batch) {
+	const keepEntries = 1 << 20 // do not hold on to the memory of an exceptional batch
+	if cap(b.entries) > keepEntries {
+		return
+	}
+	b.pairs = b.pairs[:0]
+	clear(b.index)
+	b.entries = b.entries[:0]
+	b.last = -1
+	r.batches.Put(b)
+}
 
 func (b *batch) item(e *entry) Item {
 	p := &b.pairs[e.pair]
@@ -75,8 +97,12 @@ func (b *batch) item(e *entry) Item {
 
 // pairOf returns the pair's index, judging it with judge the first time it is seen.
 func (b *batch) pairOf(src, dst MemoryID, judge func() pairInfo) int32 {
+	if b.last >= 0 && b.pairs[b.last].src == src && b.pairs[b.last].dst == dst {
+		return b.last
+	}
 	key := [2]MemoryID{src, dst}
 	if i, ok := b.index[key]; ok {
+		b.last = i
 		return i
 	}
 	info := judge()
@@ -84,6 +110,7 @@ func (b *batch) pairOf(src, dst MemoryID, judge func() pairInfo) int32 {
 	i := int32(len(b.pairs))
 	b.pairs = append(b.pairs, info)
 	b.index[key] = i
+	b.last = i
 	return i
 }
 
@@ -129,6 +156,11 @@ func (b *batch) rejectOverlaps(reject func(Item, error)) {
 		kept = append(kept, e)
 	}
 	b.entries = kept
+}
+
+// sortBySeq puts the entries back in the order their items were added.
+func (b *batch) sortBySeq() {
+	sortEntries(b.entries, &b.scratch, func(*entry) int32 { return 0 }, func(e *entry) uint64 { return uint64(e.seq) }, nil)
 }
 
 // sortForPlans orders entries by pair, then source and destination offset, so runs contiguous on both sides
@@ -225,7 +257,7 @@ type planner struct {
 	lim    Limits
 	can    CanHandleFunc
 
-	b     batch
+	b     *batch
 	out   PlanSet
 	built bool
 }
@@ -322,6 +354,8 @@ func (p *planner) Build() *PlanSet {
 		p.planPair(es[start:end])
 		start = end
 	}
+	p.reg.putBatch(p.b)
+	p.b = nil
 	return out
 }
 

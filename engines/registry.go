@@ -22,6 +22,10 @@ type Registry struct {
 	closed   bool
 	trackers map[*Tracker]struct{}
 	allIdle  chan struct{} // closed when trackers becomes empty after Close
+
+	// batches recycles planners' working memory: a batch of tens of thousands of KV blocks needs megabytes,
+	// and fresh pages for every plan cost more than the planning itself.
+	batches sync.Pool // *batch
 }
 
 type region struct {

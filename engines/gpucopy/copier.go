@@ -37,9 +37,12 @@ type Options struct {
 	// MaxPiece cuts items into pieces of at most this many bytes for the
 	// kernel, one warp each (default 32 KiB).
 	MaxPiece uint64
-	// HostDescriptors lets the kernel read descriptors straight from pinned
-	// host memory instead of uploading them first.
-	HostDescriptors bool
+	// UploadDescriptors copies the descriptors to device memory before the
+	// kernel runs. By default the kernel reads them from pinned host memory:
+	// on an H200 that made 15,360 x 720 B blocks take 17-19 µs of GPU time
+	// instead of 22-28 µs, because each block reads its descriptors once and
+	// the upload's own latency is gone.
+	UploadDescriptors bool
 	// Force picks a mode instead of the best available (benchmarks).
 	Force Mode
 	// TimeDevice records GPU-side timing of every submission (Pending.DeviceTime).
@@ -278,7 +281,7 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		}
 		switch {
 		case kernel:
-			if !c.opts.HostDescriptors {
+			if c.opts.UploadDescriptors {
 				if err := c.drv.MemcpyHtoDAsync(p.slot.devPtr, p.slot.hostPtr, uint64(layout.bytes()), c.stream); err != nil {
 					return err
 				}
@@ -362,9 +365,9 @@ func (c *Copier) stageDescriptors(segs []Segment) (batchLayout, *slot, uint64, e
 		return layout, nil, 0, err
 	}
 	writeDescriptors(s.host(), segs, layout, c.opts.MaxPiece)
-	descs := uint64(s.devPtr)
-	if c.opts.HostDescriptors {
-		descs = uint64(s.hostPtr)
+	descs := uint64(s.hostPtr)
+	if c.opts.UploadDescriptors {
+		descs = uint64(s.devPtr)
 	}
 	return layout, s, descs, nil
 }
@@ -373,11 +376,11 @@ func (c *Copier) stageDescriptors(segs []Segment) (batchLayout, *slot, uint64, e
 func (c *Copier) launch(layout batchLayout, descs uint64) error {
 	count := uint32(layout.pieces)
 	if layout.flat16 {
-		// One thread per four vectors, at most one full wave of resident threads.
-		vecs := uint64(layout.pieces) * (layout.pieceSize / 16)
-		threads := min((vecs+3)/4, uint64(c.sms*blocksPerSM*threadsPerBlock))
-		cfg := cuda.LaunchConfig{GridX: uint32((threads + threadsPerBlock - 1) / threadsPerBlock), BlockX: threadsPerBlock, Stream: c.stream}
-		total, per := uint32(vecs), uint32(layout.pieceSize/16)
+		// One block per run of pieces, at most one full wave of resident blocks.
+		per := uint32(layout.pieceSize / 16)
+		runs := (uint64(layout.pieces) + uint64(flatChunk(per)) - 1) / uint64(flatChunk(per))
+		cfg := cuda.LaunchConfig{GridX: uint32(min(runs, uint64(c.sms*blocksPerSM))), BlockX: threadsPerBlock, Stream: c.stream}
+		total := uint32(uint64(layout.pieces) * uint64(per))
 		return c.drv.Launch(c.kernels.flat16, cfg, []unsafe.Pointer{
 			unsafe.Pointer(&layout.srcBase), unsafe.Pointer(&layout.dstBase), unsafe.Pointer(&descs),
 			unsafe.Pointer(&total), unsafe.Pointer(&per), unsafe.Pointer(&layout.shift)})
@@ -391,6 +394,13 @@ func (c *Copier) launch(layout batchLayout, descs uint64) error {
 			unsafe.Pointer(&count), unsafe.Pointer(&size), unsafe.Pointer(&layout.shift)})
 	}
 	return c.drv.Launch(c.kernels.general, cfg, []unsafe.Pointer{unsafe.Pointer(&descs), unsafe.Pointer(&count)})
+}
+
+// flatChunk is how many pieces of per vectors one block of fx_scatter_flat16
+// takes per round; it must match fx_flat_chunk in native/kernels/copy.cu.
+func flatChunk(per uint32) uint32 {
+	const maxChunk = 256 // FX_FLAT_MAX_CHUNK
+	return min(max(4*threadsPerBlock/per, 1), maxChunk)
 }
 
 // Prepared is a descriptor set placed once and launchable many times, for
@@ -416,7 +426,7 @@ func (c *Copier) Prepare(segs []Segment) (*Prepared, error) {
 		if p.layout, p.slot, p.descs, err = c.stageDescriptors(segs); err != nil {
 			return err
 		}
-		if c.opts.HostDescriptors {
+		if !c.opts.UploadDescriptors {
 			return nil
 		}
 		if err := c.drv.MemcpyHtoDAsync(p.slot.devPtr, p.slot.hostPtr, uint64(p.layout.bytes()), c.stream); err != nil {

@@ -2,7 +2,10 @@ package gpucopy
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
+
+	"github.com/fabricxfer/fabricxfer/native/kernels"
 )
 
 // pieces is what the kernel must copy for segs: each segment cut at maxPiece.
@@ -115,5 +118,40 @@ func BenchmarkDescriptors15360x720(b *testing.B) {
 			b.Fatal(err)
 		}
 		writeDescriptors(buf, small, l, 32<<10)
+	}
+}
+
+// BenchmarkStageKVDescriptors is the host work of one kernel submission of 15,360 equal 720 B blocks at random
+// offsets: choosing the layout and writing the descriptors.
+func BenchmarkStageKVDescriptors(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 4))
+	const block = 720
+	segs := make([]Segment, 0, 15360)
+	for _, i := range r.Perm(262144)[:15360] {
+		segs = append(segs, Segment{Src: 0x7f0000000000 + uint64(i)*block, Dst: 0x7e0000000000 + uint64(r.IntN(262144))*block, Size: block})
+	}
+	buf := make([]byte, len(segs)*8)
+	for b.Loop() {
+		l, err := planLayout(segs, 32<<10)
+		if err != nil || !l.flat16 {
+			b.Fatalf("layout %+v, %v", l, err)
+		}
+		writeDescriptors(buf, segs, l, 32<<10)
+	}
+}
+
+// The host sizes fx_scatter_flat16's grid with flatChunk; the kernel walks the pieces with fx_flat_chunk. If
+// they disagree, blocks skip or repeat pieces, so the constants must match the source that gets compiled.
+func TestFlatChunkMatchesKernelSource(t *testing.T) {
+	if !strings.Contains(kernels.CUDA, "#define FX_FLAT_MAX_CHUNK 256\n") {
+		t.Fatal("copy.cu no longer defines FX_FLAT_MAX_CHUNK 256: update flatChunk")
+	}
+	if !strings.Contains(kernels.CUDA, "fx_u32 c = (4 * threads) / per_piece;") {
+		t.Fatal("copy.cu's fx_flat_chunk changed its rule: update flatChunk")
+	}
+	for _, c := range []struct{ per, want uint32 }{{45, 22}, {2048, 1}, {1024, 1}, {1, 256}, {4, 256}, {16, 64}} {
+		if got := flatChunk(c.per); got != c.want {
+			t.Errorf("flatChunk(%d) = %d, want %d", c.per, got, c.want)
+		}
 	}
 }

@@ -154,7 +154,7 @@ func TestGPUCopierMovesEveryShapeInEveryMode(t *testing.T) {
 		opts gpucopy.Options
 	}{
 		{"kernel", gpucopy.Options{NVRTC: nv}},
-		{"kernel-host-descriptors", gpucopy.Options{NVRTC: nv, HostDescriptors: true}},
+		{"kernel-uploaded-descriptors", gpucopy.Options{NVRTC: nv, UploadDescriptors: true}},
 		{"driver-batch", gpucopy.Options{Force: gpucopy.ModeBatch}},
 		{"driver-per-item", gpucopy.Options{Force: gpucopy.ModePerItem}},
 	}

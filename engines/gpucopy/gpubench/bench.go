@@ -28,6 +28,8 @@ type Config struct {
 	Scatter []ScatterCase
 	// CacheDir for compiled kernels ("" = none).
 	CacheDir string
+	// EngineUploadDescriptors sets the engine backend's Options.UploadDescriptors.
+	EngineUploadDescriptors bool
 }
 
 // ScatterCase is count blocks of size bytes, scattered in pools of PoolBlocks.
@@ -110,14 +112,14 @@ func Run(out io.Writer, cfg Config) ([]Row, error) {
 	b := &bench{drv: drv, cfg: cfg, out: out}
 	opts := gpucopy.Options{NVRTC: nv, CacheDir: cfg.CacheDir}
 	opts.TimeDevice = true
-	if b.kern, err = gpucopy.NewCopier(drv, 0, opts); err != nil {
+	kopts := opts
+	kopts.UploadDescriptors = true
+	if b.kern, err = gpucopy.NewCopier(drv, 0, kopts); err != nil {
 		return nil, err
 	}
 	defer b.kern.Close()
 	b.ctx = b.kern.Context()
-	hopts := opts
-	hopts.HostDescriptors = true
-	if b.hostD, err = gpucopy.NewCopier(drv, 0, hopts); err != nil {
+	if b.hostD, err = gpucopy.NewCopier(drv, 0, opts); err != nil {
 		return nil, err
 	}
 	defer b.hostD.Close()
@@ -130,6 +132,7 @@ func Run(out io.Writer, cfg Config) ([]Row, error) {
 	}
 	defer b.per.Close()
 	bopts := opts
+	bopts.UploadDescriptors = cfg.EngineUploadDescriptors
 	bopts.Observe = func(st gpucopy.CopyStats) {
 		b.mu.Lock()
 		b.stats = append(b.stats, st)
