@@ -5,6 +5,9 @@
 //
 // Peers are found through a [Directory] (TransferNode .status.endpoint through the API server, or a static
 // list for the demo) and connected as soon as they appear, so the first transfer does not pay the handshake.
+// That holds for the data path too: an agent's Hello answer names its tcp engine's address (header
+// fabricxfer-data-endpoint), and the [DataPath] opens its connections there at once; a peer that leaves the
+// directory loses both. Failures are logged and retried at every refresh.
 // Certificates come from a directory holding tls.crt, tls.key and ca.crt (the pool's Secret, mounted); they
 // are re-read when the files change, and ca.crt may hold two CAs during a rotation.
 package peers

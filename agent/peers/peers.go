@@ -10,9 +10,11 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
@@ -21,6 +23,22 @@ import (
 
 // APIVersion is the agent-to-agent API version.
 const APIVersion = "v1"
+
+// dataEndpointKey is the Hello answer's header naming the agent's data address (its tcp engine listener), so
+// peers can open data connections as soon as they meet it.
+const dataEndpointKey = "fabricxfer-data-endpoint"
+
+// preconnectParallel bounds how many peers' data connections open at once.
+const preconnectParallel = 16
+
+// DataPath is the bulk-byte engine whose connections follow the directory (the tcp engine): connections to a
+// peer open when it appears and close when it leaves.
+type DataPath interface {
+	// Preconnect opens the connections to node at addr (data address); nil once they are open.
+	Preconnect(ctx context.Context, node, addr string) error
+	// Disconnect closes the connections to node.
+	Disconnect(node, reason string)
+}
 
 // Local is what this node answers peers with: the agent socket server.
 type Local interface {
@@ -43,6 +61,12 @@ type Options struct {
 	// CallTimeout bounds one call to a peer when the caller's context has no deadline (default 5 s).
 	CallTimeout time.Duration
 	Logger      *slog.Logger
+	// DataEndpoint is this node's data address as peers dial it (the tcp engine's); it travels in the Hello
+	// answer. Empty: peers learn it only from descriptors.
+	DataEndpoint string
+	// Data, when set, gets data connections opened to every peer met (at the data address its Hello answer
+	// names) and closed when the peer leaves the directory. Failures are logged and retried every Refresh.
+	Data DataPath
 }
 
 // Peers is the agent-to-agent channel of one agent.
@@ -57,9 +81,11 @@ type Peers struct {
 
 type peerConn struct {
 	endpoint string
-	conn     *grpc.ClientConn
-	api      agentv1.PeerClient
-	hello    *agentv1.HelloResponse
+	// dataEndpoint is the peer's data address from its Hello answer ("" when it names none).
+	dataEndpoint string
+	conn         *grpc.ClientConn
+	api          agentv1.PeerClient
+	hello        *agentv1.HelloResponse
 }
 
 // New checks the options.
@@ -119,39 +145,88 @@ func (p *Peers) Serve(ctx context.Context, local Local) error {
 	return nil
 }
 
-// preconnect dials every node the directory lists, so the first transfer to it finds a connection.
+// preconnect dials every node the directory lists, so the first transfer to it finds a connection: the
+// agent-to-agent channel, then the data connections. A node that leaves the directory loses both. Failures are
+// logged and tried again at the next refresh.
 func (p *Peers) preconnect(ctx context.Context) {
 	t := time.NewTicker(p.opts.Refresh)
 	defer t.Stop()
+	listed := map[string]bool{} // nodes the directory listed last time
 	for {
 		nodes, err := p.opts.Directory.Nodes(ctx)
 		if err != nil {
 			p.log.Info("listing peers", "error", err)
 		}
+		data := map[string]string{}
 		for node, ep := range nodes {
 			if node == p.opts.Node {
 				continue
 			}
 			cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
-			if _, err := p.connTo(cctx, node, ep); err != nil {
-				p.log.Info("pre-connecting to a peer", "node", node, "endpoint", ep, "error", err)
-			}
+			c, err := p.connTo(cctx, node, ep)
 			cancel()
-		}
-		p.mu.Lock()
-		for node, c := range p.conns {
-			if _, ok := nodes[node]; !ok && nodes != nil {
-				c.conn.Close()
-				delete(p.conns, node)
+			if err != nil {
+				p.log.Info("pre-connecting to a peer", "node", node, "endpoint", ep, "error", err)
+				continue
+			}
+			if c.dataEndpoint != "" {
+				data[node] = c.dataEndpoint
 			}
 		}
-		p.mu.Unlock()
+		p.preconnectData(ctx, data)
+		if nodes != nil {
+			var gone []string
+			p.mu.Lock()
+			for node, c := range p.conns {
+				if _, ok := nodes[node]; !ok {
+					c.conn.Close()
+					delete(p.conns, node)
+					gone = append(gone, node)
+				}
+			}
+			p.mu.Unlock()
+			for node := range listed {
+				if _, ok := nodes[node]; !ok && !slices.Contains(gone, node) {
+					gone = append(gone, node)
+				}
+			}
+			if p.opts.Data != nil {
+				for _, node := range gone {
+					p.opts.Data.Disconnect(node, "node left the pool's peer directory")
+				}
+			}
+			listed = map[string]bool{}
+			for node := range nodes {
+				listed[node] = true
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// preconnectData opens the data connections to the peers (node -> data address), a few at a time; open ones
+// cost nothing.
+func (p *Peers) preconnectData(ctx context.Context, peers map[string]string) {
+	if p.opts.Data == nil {
+		return
+	}
+	var g errgroup.Group
+	g.SetLimit(preconnectParallel)
+	for node, addr := range peers {
+		g.Go(func() error {
+			cctx, cancel := context.WithTimeout(ctx, p.opts.CallTimeout)
+			defer cancel()
+			if err := p.opts.Data.Preconnect(cctx, node, addr); err != nil && ctx.Err() == nil {
+				p.log.Info("pre-connecting data connections to a peer", "node", node, "address", addr, "error", err)
+			}
+			return nil
+		})
+	}
+	g.Wait()
 }
 
 // Connected lists the nodes with an introduced connection.
@@ -187,8 +262,9 @@ func (p *Peers) connTo(ctx context.Context, node, endpoint string) (*peerConn, e
 		return nil, fmt.Errorf("connecting to node %s at %s: %w", node, endpoint, err)
 	}
 	api := agentv1.NewPeerClient(conn)
+	var header metadata.MD
 	hello, err := api.Hello(ctx, &agentv1.HelloRequest{NodeName: p.opts.Node, PoolNamespace: p.opts.PoolNamespace,
-		PoolName: p.opts.PoolName, AgentVersion: p.opts.AgentVersion, ApiVersions: []string{APIVersion}})
+		PoolName: p.opts.PoolName, AgentVersion: p.opts.AgentVersion, ApiVersions: []string{APIVersion}}, grpc.Header(&header))
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("introducing ourselves to node %s at %s: %w", node, endpoint, err)
@@ -198,6 +274,9 @@ func (p *Peers) connTo(ctx context.Context, node, endpoint string) (*peerConn, e
 		return nil, fmt.Errorf("the agent at %s is node %q, not %q (stale endpoint?)", endpoint, hello.NodeName, node)
 	}
 	c = &peerConn{endpoint: endpoint, conn: conn, api: api, hello: hello}
+	if v := header.Get(dataEndpointKey); len(v) > 0 {
+		c.dataEndpoint = v[0]
+	}
 	p.mu.Lock()
 	if old, ok := p.conns[node]; ok {
 		old.conn.Close()
@@ -257,13 +336,18 @@ type peerService struct {
 }
 
 // Hello implements agentv1.PeerServer.
-func (s *peerService) Hello(_ context.Context, req *agentv1.HelloRequest) (*agentv1.HelloResponse, error) {
+func (s *peerService) Hello(ctx context.Context, req *agentv1.HelloRequest) (*agentv1.HelloResponse, error) {
 	if req.PoolNamespace != s.p.opts.PoolNamespace || req.PoolName != s.p.opts.PoolName {
 		return nil, status.Errorf(codes.PermissionDenied, "this agent serves pool %s/%s, not %s/%s",
 			s.p.opts.PoolNamespace, s.p.opts.PoolName, req.PoolNamespace, req.PoolName)
 	}
 	if len(req.ApiVersions) > 0 && !slices.Contains(req.ApiVersions, APIVersion) {
 		return nil, status.Errorf(codes.FailedPrecondition, "this agent speaks %s; the peer offers %v", APIVersion, req.ApiVersions)
+	}
+	if s.p.opts.DataEndpoint != "" {
+		if err := grpc.SetHeader(ctx, metadata.Pairs(dataEndpointKey, s.p.opts.DataEndpoint)); err != nil {
+			return nil, status.Errorf(codes.Internal, "announcing the data address: %v", err)
+		}
 	}
 	return &agentv1.HelloResponse{NodeName: s.p.opts.Node, PoolNamespace: s.p.opts.PoolNamespace, PoolName: s.p.opts.PoolName,
 		AgentVersion: s.p.opts.AgentVersion, ApiVersion: APIVersion}, nil

@@ -1,0 +1,170 @@
+package peers_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/agent/peers"
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/enginetest"
+	"github.com/fabricxfer/fabricxfer/engines/tcp"
+)
+
+// listDir is a directory whose membership the test changes, as TransferNodes come and go.
+type listDir struct {
+	mu    sync.Mutex
+	nodes map[string]string
+}
+
+func (d *listDir) Endpoint(_ context.Context, node string) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ep, ok := d.nodes[node]; ok {
+		return ep, nil
+	}
+	return "", context.DeadlineExceeded
+}
+
+func (d *listDir) Nodes(context.Context) (map[string]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return maps.Clone(d.nodes), nil
+}
+
+func (d *listDir) remove(node string) {
+	d.mu.Lock()
+	delete(d.nodes, node)
+	d.mu.Unlock()
+}
+
+// syncBuffer collects log output written from the channel's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestDataConnectionsFollowTheDirectory: once a peer appears, the channel opens the tcp engine's data
+// connections to the address the peer's Hello names, retrying while they cannot open; the first transfer then
+// dials nothing; a peer that leaves the directory loses its data connections.
+func TestDataConnectionsFollowTheDirectory(t *testing.T) {
+	certs := newPoolCerts(t, "infer", "kv")
+	a, b := newNode(t, "node-a", certs), newNode(t, "node-b", certs)
+	gate := &enginetest.Gate{}
+	release := gate.Shut(t) // node-b's data path answers nothing at first: pre-connecting fails until it opens
+	defer release()
+	teA, err := tcp.New(tcp.Options{Node: "node-a", TLS: a.tls.Config(), DialTimeout: 200 * time.Millisecond, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { teA.Close() })
+	teB, err := tcp.New(tcp.Options{Node: "node-b", Listener: gate.Listener(b.dataLn), TLS: b.tls.Config(), Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { teB.Close() })
+
+	dir := &listDir{nodes: map[string]string{"node-a": a.peerLn.Addr().String(), "node-b": b.peerLn.Addr().String()}}
+	logs := &syncBuffer{}
+	serve := func(n *node, te *tcp.Engine, dir peers.Directory, log *slog.Logger) *peers.Peers {
+		p, err := peers.New(peers.Options{Node: n.name, PoolNamespace: "infer", PoolName: "kv", AgentVersion: "test",
+			Listener: n.peerLn, TLS: n.tls, Directory: dir, Refresh: 50 * time.Millisecond, Logger: log,
+			DataEndpoint: te.Addr(), Data: te})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- p.Serve(ctx, nil) }()
+		t.Cleanup(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("%s: %v", n.name, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("%s did not stop", n.name)
+			}
+		})
+		return p
+	}
+	// node-b knows nobody, so only node-a reaches out.
+	serve(b, teB, peers.StaticDirectory{}, nil)
+	pa := serve(a, teA, dir, slog.New(slog.NewTextHandler(logs, nil)))
+
+	waitFor(t, func() bool { return strings.Contains(logs.String(), "pre-connecting data connections") }, "a logged pre-connect failure")
+	if n := teA.PeerConns()["node-b"]; n != 0 {
+		t.Fatalf("%d data connections open to node-b while its data path answers nothing", n)
+	}
+	release()
+	waitFor(t, func() bool { return teA.PeerConns()["node-b"] == 4 }, "4 data connections to node-b")
+	waitFor(t, func() bool { return teB.Stats().Accepted == 4 }, "node-b accepting 4 data connections")
+	dialed := teA.Stats().Dialed
+
+	src, dst := make([]byte, 1<<20), make([]byte, 1<<20)
+	for i := range src {
+		src[i] = byte(i % 253)
+	}
+	ld, err := teA.Register(context.Background(), engines.MemoryDesc{ID: "node-a/src", Node: "node-a",
+		Location: engines.Location{Kind: engines.LocationHost}, Size: uint64(len(src)), Handles: engines.Handles{Host: src}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := teB.Register(context.Background(), engines.MemoryDesc{ID: "node-b/dst", Node: "node-b",
+		Location: engines.Location{Kind: engines.LocationHost}, Size: uint64(len(dst)), Handles: engines.Handles{Host: dst}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd.Handles.Host = nil // what crosses the wire
+	if err := teA.Import(context.Background(), rd); err != nil {
+		t.Fatal(err)
+	}
+	pb := teA.NewPlan()
+	if err := pb.Add(engines.Item{Src: ld.ID, Dst: rd.ID, Size: uint64(len(src)), Tag: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tr, err := teA.Submit(ctx, pb.Build(), engines.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Wait(ctx); err != nil {
+		t.Fatalf("first transfer: %v", err)
+	}
+	if s := teA.Stats(); s.Dialed != dialed || teB.Stats().Accepted != 4 {
+		t.Fatalf("the first transfer opened connections: %d dialed (%d before it), node-b accepted %d", s.Dialed, dialed, teB.Stats().Accepted)
+	}
+	view, unpin, err := teB.Pin(rd.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := bytes.Equal(view, src)
+	unpin()
+	if !same {
+		t.Fatal("bytes written over the pre-opened connections differ")
+	}
+
+	dir.remove("node-b")
+	waitFor(t, func() bool { return teA.PeerConns()["node-b"] == 0 }, "data connections to node-b closed")
+	waitFor(t, func() bool { return !slices.Contains(pa.Connected(), "node-b") }, "channel to node-b closed")
+}
