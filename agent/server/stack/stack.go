@@ -99,6 +99,9 @@ type Deps struct {
 	Logger    *slog.Logger
 	// Ready, when set, is called once the sockets are open, with the advertised peer endpoint.
 	Ready func(peerEndpoint string)
+	// DataListener, when set, serves the tcp engine instead of a listener on Config.DataListen (a socket
+	// handed over by the caller); Run closes it.
+	DataListener net.Listener
 }
 
 // Validate checks the configuration before anything starts.
@@ -168,17 +171,20 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		tlsFiles *peers.TLSFiles
 		pc       *peers.Peers
 		peerEP   string
+		te       *tcp.Engine
 	)
 	if cfg.TLSDir != "" {
 		if tlsFiles, err = peers.NewTLSFiles(cfg.TLSDir, cfg.PoolNamespace, cfg.PoolName); err != nil {
 			return fmt.Errorf("agent-to-agent certificates: %w", err)
 		}
 		if !cfg.DisableTCP {
-			dataLn, err := net.Listen("tcp", cfg.DataListen)
-			if err != nil {
-				return fmt.Errorf("listening for the tcp engine on %s: %w", cfg.DataListen, err)
+			dataLn := deps.DataListener
+			if dataLn == nil {
+				if dataLn, err = net.Listen("tcp", cfg.DataListen); err != nil {
+					return fmt.Errorf("listening for the tcp engine on %s: %w", cfg.DataListen, err)
+				}
 			}
-			te, err := tcp.New(tcp.Options{Node: cfg.NodeName, Listener: dataLn, Advertise: advertise(cfg.DataAdvertise, dataLn),
+			te, err = tcp.New(tcp.Options{Node: cfg.NodeName, Listener: dataLn, Advertise: advertise(cfg.DataAdvertise, dataLn),
 				TLS: tlsFiles.Config(), Logf: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "engine", "tcp") }})
 			if err != nil {
 				dataLn.Close()
@@ -197,8 +203,14 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		} else {
 			dir = &peers.APIDirectory{Reader: deps.Kube, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName}
 		}
-		if pc, err = peers.New(peers.Options{Node: cfg.NodeName, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName,
-			AgentVersion: deps.AgentVersion, Listener: peerLn, TLS: tlsFiles, Directory: dir, Logger: log}); err != nil {
+		popts := peers.Options{Node: cfg.NodeName, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName,
+			AgentVersion: deps.AgentVersion, Listener: peerLn, TLS: tlsFiles, Directory: dir, Logger: log}
+		if te != nil {
+			// Peers learn the data address when they meet this agent and open their data connections then,
+			// so the first transfer pays no handshake; this agent does the same towards them.
+			popts.DataEndpoint, popts.Data = te.Addr(), te
+		}
+		if pc, err = peers.New(popts); err != nil {
 			peerLn.Close()
 			return err
 		}

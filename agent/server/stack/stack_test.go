@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"net"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,12 +43,13 @@ func TestFlagsAndValidation(t *testing.T) {
 	}
 }
 
-func runStack(t *testing.T, cfg Config) (endpoint string) {
+func runStack(t *testing.T, cfg Config, deps Deps) (endpoint string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, Deps{AgentVersion: "test", Ready: func(ep string) { ready <- ep }}) }()
+	deps.AgentVersion, deps.Ready = "test", func(ep string) { ready <- ep }
+	go func() { done <- Run(ctx, cfg, deps) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -69,8 +72,23 @@ func runStack(t *testing.T, cfg Config) (endpoint string) {
 	return ""
 }
 
+// countingListener counts the connections it accepts.
+type countingListener struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
 // TestTwoStacksTalk runs the stack twice, as two agents of one pool outside Kubernetes (static peers, the
-// pool's certificates on disk), and moves bytes between them.
+// pool's certificates on disk), and moves bytes between them. The reading agent opens its data connections as
+// soon as it meets the other one, so the transfer opens none.
 func TestTwoStacksTalk(t *testing.T) {
 	now := time.Now()
 	ca, _ := pki.NewCA("infer", "kv", now, time.Hour)
@@ -87,10 +105,22 @@ func TestTwoStacksTalk(t *testing.T) {
 	// Ports are known only once A listens, so B is told A's endpoint; A never needs to dial B here.
 	a := base
 	a.NodeName, a.SocketDir = "node-a", t.TempDir()
-	epA := runStack(t, a)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataA := &countingListener{Listener: ln}
+	epA := runStack(t, a, Deps{DataListener: dataA})
 	b := base
 	b.NodeName, b.SocketDir, b.StaticPeers = "node-b", t.TempDir(), "node-a="+epA
-	runStack(t, b)
+	runStack(t, b, Deps{})
+	const connsPerPeer = 4 // the tcp engine's default
+	for deadline := time.Now().Add(10 * time.Second); dataA.n.Load() < connsPerPeer; {
+		if time.Now().After(deadline) {
+			t.Fatalf("node-b opened %d data connections to node-a within 10 s of starting, want %d", dataA.n.Load(), connsPerPeer)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -121,5 +151,8 @@ func TestTwoStacksTalk(t *testing.T) {
 	}
 	if !bytes.Equal(ma.Bytes, mb.Bytes) {
 		t.Fatal("node B read different bytes from node A")
+	}
+	if n := dataA.n.Load(); n != connsPerPeer {
+		t.Fatalf("node-a accepted %d data connections, want the %d opened ahead of the transfer", n, connsPerPeer)
 	}
 }
