@@ -1,11 +1,14 @@
 package client_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +22,20 @@ import (
 // /proc (callers outside any pod are admitted as local, as in the demo). The example and the Python tests share
 // it.
 func runLocalAgent() (srv *server.Server, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "fxsock")
+	if err != nil {
+		return nil, nil, err
+	}
+	srv, stopAgent, err := runAgentIn(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return srv, func() { stopAgent(); os.RemoveAll(dir) }, nil
+}
+
+// runAgentIn runs an agent server with its sockets in dir; stop ends it and leaves dir.
+func runAgentIn(dir string) (srv *server.Server, stop func(), err error) {
 	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, xgmi.NewHostBackend())
 	if err != nil {
 		return nil, nil, err
@@ -28,10 +45,6 @@ func runLocalAgent() (srv *server.Server, stop func(), err error) {
 		return nil, nil, err
 	}
 	pool, err := poolmem.NewHost("pool", 4<<20)
-	if err != nil {
-		return nil, nil, err
-	}
-	dir, err := os.MkdirTemp("", "fxsock")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -52,7 +65,6 @@ func runLocalAgent() (srv *server.Server, stop func(), err error) {
 		}
 		comp.Close()
 		pool.Close()
-		os.RemoveAll(dir)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -83,5 +95,63 @@ func TestPythonClient(t *testing.T) {
 	t.Logf("python tests:\n%s", out)
 	if err != nil {
 		t.Fatalf("python client tests failed: %v", err)
+	}
+}
+
+// TestPythonClientRecoversAfterAgentRestart restarts the agent under a running Python client (at the moment the
+// client asks for it on stdout) and lets client/python/tests/test_recover.py check that calls fail with
+// SessionLost, recover() re-registers its regions and transfers work again.
+func TestPythonClientRecoversAfterAgentRestart(t *testing.T) {
+	const python = "/usr/bin/python3"
+	if err := exec.Command(python, "-c", "import grpc, google.protobuf").Run(); err != nil {
+		t.Skip("python3-grpcio and python3-protobuf not installed: apt-get install python3-grpcio python3-protobuf")
+	}
+	dir := t.TempDir()
+	srv, stop, err := runAgentIn(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stop() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, python, "-m", "unittest", "-v", "tests.test_recover")
+	cmd.Dir = filepath.Join(".", "python")
+	cmd.Env = append(os.Environ(), "FABRICXFER_SOCKET="+srv.SocketPath(), "FABRICXFER_RESTARTS=1", "PYTHONDONTWRITEBYTECODE=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	restarts := 0
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() {
+		t.Logf("python: %s", lines.Text())
+		if lines.Text() != "RESTART-AGENT" {
+			continue
+		}
+		stop()
+		if srv, stop, err = runAgentIn(dir); err != nil {
+			t.Fatalf("restarting the agent: %v", err)
+		}
+		restarts++
+		if _, err := io.WriteString(stdin, "restarted\n"); err != nil {
+			t.Fatalf("telling the client: %v", err)
+		}
+	}
+	err = cmd.Wait()
+	t.Logf("python tests:\n%s", stderr.String())
+	if err != nil {
+		t.Fatalf("python recover test failed: %v", err)
+	}
+	if restarts != 2 { // once with the fast path, once without
+		t.Fatalf("the agent was restarted %d times, want 2 (did the test run?)", restarts)
 	}
 }

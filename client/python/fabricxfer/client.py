@@ -17,6 +17,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional
 
@@ -47,6 +48,11 @@ class AgentError(grpc.RpcError):
 
     def __str__(self):
         return "%s: %s" % (self._code.name, self._details)
+
+
+class SessionLost(Exception):
+    """The connection to the agent ended (agent restarted?): every region registered through it is gone on the
+    agent side. Call Client.recover(), then retry."""
 
 
 class FdSocketError(Exception):
@@ -106,15 +112,17 @@ def shared_memory(name: str, size: int):
     return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
 
-@dataclass
+@dataclass(eq=False)
 class Region:
-    """Memory registered with the agent."""
+    """Memory registered with the agent. recover() gives it a new id and descriptor in place; lost is True once
+    it could not come back (pool memory, which went away with the agent)."""
 
     id: int
     length: int
     segment: str = ""
     descriptor: bytes = b""
     allocation_id: str = ""
+    lost: bool = False
 
 
 @dataclass
@@ -179,13 +187,101 @@ class Client:
         self.socket_path = socket_path
         self.fd_socket = os.path.join(os.path.dirname(socket_path), FD_SOCKET_NAME)
         self.timeout = timeout
-        self._channel = grpc.insecure_channel("unix:" + socket_path)
+        self.name = name
+        self._want_fast = fast
+        # Regions are tied to the connection, so an idle channel must not quietly drop it.
+        self._channel = grpc.insecure_channel("unix:" + socket_path, options=[
+            ("grpc.client_idle_timeout_ms", 2 ** 31 - 1),
+            ("grpc.initial_reconnect_backoff_ms", 50),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ])
         self.stub = pb_grpc.AgentStub(self._channel)
-        self.info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=name), timeout=timeout)
+        self._lock = threading.Lock()
+        # The agent ties regions to the connection: every time a READY channel leaves READY, a session ended.
+        self._state = None
+        self._losses = 0
+        self._session = 0
+        # Regions registered from this process's memory: Region -> (dup'd fd, offset); pool slices -> None.
+        self._owned = {}
+        self._channel.subscribe(self._on_state, try_to_connect=True)
+        self.info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=name),
+                                      timeout=timeout, wait_for_ready=True)
         self._fast = None
         self._fast_lock = threading.Lock()
         if fast:
             self._open_fast()
+
+    def _on_state(self, state):
+        with self._lock:
+            if self._state == grpc.ChannelConnectivity.READY and state != grpc.ChannelConnectivity.READY:
+                self._losses += 1
+            self._state = state
+
+    def _settle(self, timeout: float):
+        """Waits until connectivity reports READY and has been quiet for a moment: the state callbacks run on
+        gRPC's own thread, so a loss may be reported just after the call that reconnected."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            with self._lock:
+                now = (self._state, self._losses)
+            if now[0] == grpc.ChannelConnectivity.READY and now == last:
+                break
+            last = now
+            time.sleep(0.05)
+        with self._lock:
+            self._session = self._losses
+
+    def _check_session(self):
+        with self._lock:
+            lost = self._losses != self._session
+        if lost:
+            raise SessionLost("agent session lost (agent restarted?): call recover() and retry")
+
+    def _call(self, method, req, **kw):
+        """One unary call that fails with SessionLost, not with another session's answer, after a reconnect."""
+        self._check_session()
+        try:
+            resp = method(req, timeout=kw.pop("timeout", self.timeout), **kw)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise SessionLost("agent unavailable (%s): call recover() and retry" % e.details()) from e
+            raise
+        self._check_session()
+        return resp
+
+    def recover(self, timeout: Optional[float] = None):
+        """Waits (up to timeout, default the client's) for the agent to answer again and registers every region
+        this client registered from its own memory anew; their ids and descriptors change in place. Pool slices
+        are marked lost. Raises the first error after trying every region."""
+        timeout = timeout or self.timeout
+        with self._fast_lock:
+            if self._fast is not None:
+                self._fast.close()
+                self._fast = None
+        self.info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=self.name),
+                                      timeout=timeout, wait_for_ready=True)
+        self._settle(min(timeout, 2.0))
+        with self._lock:
+            owned = list(self._owned.items())
+        if self._want_fast:
+            self._open_fast()
+        first = None
+        for region, how in owned:
+            if how is None:
+                region.lost = True
+                with self._lock:
+                    self._owned.pop(region, None)
+                continue
+            fd, offset = how
+            try:
+                fresh = self._register_fd(fd, offset, region.length, region.segment)
+            except Exception as e:  # keep going: one bad region must not strand the others
+                first = first or e
+                continue
+            region.id, region.descriptor = fresh.id, fresh.descriptor
+        if first is not None:
+            raise first
 
     def _open_fast(self):
         token = self.stub.OpenFastPath(pb.OpenFastPathRequest(), timeout=self.timeout).token
@@ -224,6 +320,12 @@ class Client:
         if self._fast is not None:
             self._fast.close()
             self._fast = None
+        with self._lock:
+            owned, self._owned = self._owned, {}
+        for how in owned.values():
+            if how is not None:
+                os.close(how[0])
+        self._channel.unsubscribe(self._on_state)
         self._channel.close()
 
     def __enter__(self):
@@ -233,11 +335,20 @@ class Client:
         self.close()
 
     def register_host(self, fd: int, offset: int, length: int, segment: str = "") -> Region:
-        """Registers [offset, offset+length) of shared memory fd (memfd or shm_open, read-write)."""
+        """Registers [offset, offset+length) of shared memory fd (memfd or shm_open, read-write). The client keeps
+        a duplicate of fd until deregister() or close(), so recover() can register it again."""
+        region = self._register_fd(fd, offset, length, segment)
+        keep = os.dup(fd)
+        with self._lock:
+            self._owned[region] = (keep, offset)
+        return region
+
+    def _register_fd(self, fd: int, offset: int, length: int, segment: str) -> Region:
+        self._check_session()
         token = put_fd(self.fd_socket, fd, self.timeout)
-        resp = self.stub.RegisterMemory(pb.RegisterMemoryRequest(
+        resp = self._call(self.stub.RegisterMemory, pb.RegisterMemoryRequest(
             kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD, fd_token=token, offset=offset,
-            length=length, segment_name=segment), timeout=self.timeout)
+            length=length, segment_name=segment))
         return self._region(resp.region)
 
     @staticmethod
@@ -245,12 +356,18 @@ class Client:
         return Region(id=r.id, length=r.length, segment=r.segment_name, descriptor=r.desc)
 
     def deregister(self, region: Region):
-        self.stub.DeregisterMemory(pb.DeregisterMemoryRequest(region_id=region.id), timeout=self.timeout)
+        self._call(self.stub.DeregisterMemory, pb.DeregisterMemoryRequest(region_id=region.id))
+        self._forget(region)
+
+    def _forget(self, region: Region):
+        with self._lock:
+            how = self._owned.pop(region, None)
+        if how is not None:
+            os.close(how[0])
 
     def allocate_from_pool(self, length: int, segment: str = "") -> PoolSlice:
         """Borrows pool memory; the returned buffer is shared with the agent."""
-        resp = self.stub.AllocateFromPool(pb.AllocateFromPoolRequest(length=length, segment_name=segment),
-                                          timeout=self.timeout)
+        resp = self._call(self.stub.AllocateFromPool, pb.AllocateFromPoolRequest(length=length, segment_name=segment))
         fd = get_fd(self.fd_socket, resp.fd_token, self.timeout)
         try:
             page = mmap.PAGESIZE
@@ -261,11 +378,18 @@ class Client:
             os.close(fd)
         region = self._region(resp.region)
         region.allocation_id = resp.allocation_id
+        with self._lock:
+            self._owned[region] = None
         return PoolSlice(region=region, buffer=buf, _mapping_offset=resp.offset - base)
 
     def release(self, s: PoolSlice):
-        self.stub.Release(pb.ReleaseRequest(allocation_id=s.region.allocation_id), timeout=self.timeout)
-        s.buffer.close()
+        try:
+            if not s.region.lost:
+                self._call(self.stub.Release, pb.ReleaseRequest(allocation_id=s.region.allocation_id))
+        finally:
+            with self._lock:
+                self._owned.pop(s.region, None)
+            s.buffer.close()
 
     def _request(self, op, items: List[Item], timeout: Optional[float], notify: Optional[bytes], wait: bool):
         req = pb.TransferRequest(op=op, wait=wait, notify=notify or b"")
@@ -282,19 +406,20 @@ class Client:
         without it returns the transfer id for wait()."""
         code = {"read": pb.OP_READ, "write": pb.OP_WRITE}[op]
         req = self._request(code, items, timeout, notify, wait)
+        self._check_session()
         if wait and self._fast is not None:
             with self._fast_lock:
                 try:
                     reply = self._frame(self._fast, req.SerializeToString())
-                except (OSError, ConnectionError):
+                except (OSError, ConnectionError) as e:
                     self._fast.close()
                     self._fast = None
-                    raise
+                    raise SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e) from e
             if reply.code:
                 raise AgentError(reply.code, reply.message)
             resp = reply.response
         else:
-            resp = self.stub.Transfer(req, timeout=self.timeout)
+            resp = self._call(self.stub.Transfer, req)
         if not wait:
             return resp.transfer_id
         if resp.status.state != pb.TRANSFER_STATE_SUCCEEDED:
@@ -312,13 +437,13 @@ class Client:
         req = pb.WaitRequest(transfer_id=transfer_id)
         if timeout:
             req.timeout.FromNanoseconds(int(timeout * 1e9))
-        st = self.stub.Wait(req, timeout=(timeout or self.timeout) + 1.0)
+        st = self._call(self.stub.Wait, req, timeout=(timeout or self.timeout) + 1.0)
         if st.state not in (pb.TRANSFER_STATE_SUCCEEDED, pb.TRANSFER_STATE_PENDING):
             raise TransferFailed(st)
         return st
 
     def resolve_segment(self, node: str, segment: str) -> bytes:
-        return self.stub.ResolveSegment(pb.ResolveSegmentRequest(node=node, segment=segment), timeout=self.timeout).desc
+        return self._call(self.stub.ResolveSegment, pb.ResolveSegmentRequest(node=node, segment=segment)).desc
 
     def notifications(self, regions: Optional[List[Region]] = None) -> Iterator[pb.Notification]:
         """Streams notifications for this client's regions; cancel() the returned iterator to stop. Returns

@@ -1,0 +1,71 @@
+"""An agent restart under a live client: client/python_test.go restarts the agent when this test prints
+RESTART-AGENT and answers on stdin once the new agent listens (FABRICXFER_RESTARTS=1)."""
+
+import hashlib
+import os
+import sys
+import unittest
+
+import grpc
+
+from fabricxfer.client import Client, Item, SessionLost, shared_memory, to_region, to_segment
+
+SOCKET = os.environ.get("FABRICXFER_SOCKET", "")
+RESTARTS = os.environ.get("FABRICXFER_RESTARTS") == "1"
+
+
+def restart_agent():
+    print("RESTART-AGENT", flush=True)
+    line = sys.stdin.readline()
+    if line.strip() != "restarted":
+        raise RuntimeError("the test driver did not restart the agent: %r" % line)
+
+
+@unittest.skipUnless(SOCKET and RESTARTS, "needs an agent the test driver restarts: run through go test ./client")
+class RecoverTest(unittest.TestCase):
+    def test_calls_fail_fast_then_recover_reregisters_and_transfers_work(self):
+        for fast in (True, False):
+            with self.subTest(fast=fast):
+                self.run_once(fast)
+
+    def run_once(self, fast):
+        size = 256 << 10
+        c = Client(SOCKET, timeout=5.0, fast=fast)
+        self.addCleanup(c.close)
+        sfd, src = shared_memory("py-recover-src", size)
+        dfd, dst = shared_memory("py-recover-dst", size)
+        for buf in (src, dst):
+            self.addCleanup(buf.close)
+        src[:] = os.urandom(size)
+        rs = c.register_host(sfd, 0, size)
+        rd = c.register_host(dfd, 0, size, segment="py-recover-%d" % fast)
+        pool = c.allocate_from_pool(4096) if c.info.HasField("pool_memory") else None
+        c.write(rs, 0, to_region(rd), 0, 4096)
+        old = (rs.id, rd.id, rd.descriptor)
+
+        # The caller closing its own fds must not stop recover() from registering the memory again.
+        os.close(sfd)
+        os.close(dfd)
+        restart_agent()
+        with self.assertRaises((SessionLost, grpc.RpcError)) as e:
+            c.write(rs, 0, to_region(rd), 0, size)
+        print("after the restart: %s: %s" % (type(e.exception).__name__, e.exception), flush=True)
+        if isinstance(e.exception, grpc.RpcError):
+            self.assertIn(e.exception.code(), (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND))
+
+        c.recover(timeout=10.0)
+        self.assertNotEqual(rd.descriptor, old[2], "the destination kept its old descriptor")
+        self.assertFalse(rs.lost or rd.lost)
+        if pool is not None:
+            self.assertTrue(pool.region.lost, "a pool slice cannot survive the agent and must say so")
+            c.release(pool)
+        items = [Item(rs, to_segment("", rd.segment), 64 << 10, off, off, tag="b%d" % off)
+                 for off in range(0, size, 64 << 10)]
+        c.transfer("write", items, timeout=5.0)
+        self.assertEqual(hashlib.sha256(src).hexdigest(), hashlib.sha256(dst).hexdigest())
+        c.deregister(rs)
+        c.deregister(rd)
+
+
+if __name__ == "__main__":
+    unittest.main()
