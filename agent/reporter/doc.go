@@ -1,5 +1,7 @@
-// Package reporter keeps a node's TransferNode current: it writes the object (spec, labels and an owner
-// reference to the Node, so the report goes with its Node) with server-side apply, then, every period,
-// re-detects the node and applies the status with a fresh heartbeat, so a change such as a NIC going down
-// shows within one period.
+// Package reporter keeps a node's TransferNode current and its agent's heartbeat alive. It writes the object
+// (spec, labels and an owner reference to the Node, so the report goes with its Node) with server-side apply,
+// then, every period, re-detects the node: the status is applied again only when what it says changed (or
+// the last write failed, or the object went missing), and the heartbeat is a small coordination.k8s.io Lease
+// per (pool, node) in the pool's namespace, renewed every period, as the kubelet's node lease is. A change
+// such as a NIC going down still shows within one period.
 package reporter

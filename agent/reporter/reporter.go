@@ -2,15 +2,21 @@ package reporter
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/go-logr/logr"
@@ -22,6 +28,10 @@ import (
 
 // FieldManager is the server-side apply field manager of every write the agent makes.
 const FieldManager = "fabricxfer-agent"
+
+// LeaseTimeoutPeriods is how many periods a heartbeat Lease stays valid (its leaseDurationSeconds): the
+// operator's heartbeat timeout, three periods, so one lost or late renewal does not flap the node.
+const LeaseTimeoutPeriods = 3
 
 // Config says what to report, where, and how often.
 type Config struct {
@@ -38,17 +48,26 @@ type Config struct {
 	// Now returns the heartbeat time; time.Now when nil.
 	Now func() time.Time
 	// Decorate, when set, adds what other parts of the agent know (registered bytes) to each status before
-	// it is applied. Every status field goes through this one apply: a second apply by the same field
-	// manager that left out the detected fields would remove them.
+	// it is compared and applied. Every status field goes through this one apply: a second apply by the same
+	// field manager that left out the detected fields would remove them.
 	Decorate func(*v1alpha1.TransferNodeStatus)
 }
 
-// Reporter writes one node's TransferNode.
+// Reporter writes one node's TransferNode and renews its heartbeat Lease.
 type Reporter struct {
 	cfg Config
-	// objectApplied is true once metadata and spec were applied; they are applied again only after an
-	// error, so thousands of agents do not rewrite unchanged specs every period.
+	// nodeUID is the Node's UID for the TransferNode's owner reference, read once (and again when the
+	// TransferNode went missing, since its Node may have been recreated): never a GET per round.
+	nodeUID types.UID
+	// objectApplied is true once metadata and spec were applied; they are applied again only when the object
+	// is missing, so thousands of agents do not rewrite unchanged specs every period.
 	objectApplied bool
+	// reportUID is the TransferNode's UID as last written; the Lease is owned by it and goes with it.
+	reportUID types.UID
+	// applied is the status (without lastHeartbeat) last applied successfully; nil means it must be applied.
+	applied *v1alpha1.TransferNodeStatus
+	// lease is the heartbeat Lease as last read or written, so a renewal is one small update.
+	lease *coordinationv1.Lease
 }
 
 // New checks the configuration.
@@ -86,8 +105,14 @@ func (r *Reporter) Run(ctx context.Context) error {
 	}
 }
 
-// ReportOnce detects the node and applies the TransferNode and its status. Each step is bounded by the
-// period, so a slow API server cannot stack up rounds.
+// usesLease reports whether the heartbeat is a Lease: it lives in the pool's namespace, so an agent run
+// without a pool heartbeats through the TransferNode status every period, as agents did before Leases.
+func (r *Reporter) usesLease() bool { return r.cfg.PoolNamespace != "" && r.cfg.PoolName != "" }
+
+// ReportOnce detects the node, applies the TransferNode and its status when they need it, and renews the
+// heartbeat Lease. The Lease is renewed only once the report is known current, so a node whose report cannot
+// be written goes stale rather than claiming an old report. Each round is bounded by the period, so a slow
+// API server cannot stack up rounds.
 func (r *Reporter) ReportOnce(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Period)
 	defer cancel()
@@ -95,33 +120,69 @@ func (r *Reporter) ReportOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("detecting node %s: %w", r.cfg.NodeName, err)
 	}
-	if !r.objectApplied {
-		if err := r.applyObject(ctx); err != nil {
-			return err
-		}
-		r.objectApplied = true
-	}
 	st := report.Status(rep, r.cfg.Identity)
-	beat := metav1.NewTime(r.cfg.Now())
-	st.LastHeartbeat = &beat
 	if r.cfg.Decorate != nil {
 		r.cfg.Decorate(&st)
 	}
-	if err := r.applyStatus(ctx, st); err != nil {
-		// Only a missing object (deleted with a recreated Node) needs the object written again; re-applying it
-		// after every failure tripled the requests of a struggling API server.
-		if apierrors.IsNotFound(err) {
-			r.objectApplied = false
+	st.LastHeartbeat = nil
+	now := r.cfg.Now()
+	// A missing object is found by a write that needs it: the Lease (owned by the report, so garbage
+	// collected with it), then the status; each discovery costs one more pass, within the same round.
+	for pass := 1; ; pass++ {
+		gone, err := r.write(ctx, st, now)
+		if !gone || pass == 3 {
+			return err
 		}
-		return err
 	}
-	return nil
+}
+
+// write brings the TransferNode and the Lease up to date. gone reports a write that found its object
+// missing, after which another pass writes what is now known to be needed.
+func (r *Reporter) write(ctx context.Context, st v1alpha1.TransferNodeStatus, now time.Time) (gone bool, _ error) {
+	if !r.objectApplied {
+		if err := r.applyObject(ctx); err != nil {
+			return false, err
+		}
+		r.objectApplied = true
+	}
+	if r.applied == nil || !r.usesLease() || !equality.Semantic.DeepEqual(*r.applied, st) {
+		withBeat := *st.DeepCopy()
+		beat := metav1.NewTime(now)
+		withBeat.LastHeartbeat = &beat
+		if err := r.applyStatus(ctx, withBeat); err != nil {
+			// A failed write may or may not have landed: apply again next time. Only a missing object (deleted
+			// with a recreated Node) needs the object, and the Node's UID, read again; re-applying it after
+			// every failure tripled the requests of a struggling API server.
+			r.applied = nil
+			if apierrors.IsNotFound(err) {
+				r.objectApplied = false
+				r.nodeUID = ""
+				return true, err
+			}
+			return false, err
+		}
+		r.applied = &st
+	}
+	if !r.usesLease() {
+		return false, nil
+	}
+	recreated, err := r.renewLease(ctx, now)
+	if recreated {
+		// The Lease was gone. Its owner, the report, may have gone with it (garbage collection): write the
+		// status again to find out.
+		r.applied = nil
+		return true, err
+	}
+	return false, err
 }
 
 func (r *Reporter) applyObject(ctx context.Context) error {
-	var node corev1.Node
-	if err := r.cfg.Client.Get(ctx, client.ObjectKey{Name: r.cfg.NodeName}, &node); err != nil {
-		return fmt.Errorf("reading Node %s to own its TransferNode: %w", r.cfg.NodeName, err)
+	if r.nodeUID == "" {
+		var node corev1.Node
+		if err := r.cfg.Client.Get(ctx, client.ObjectKey{Name: r.cfg.NodeName}, &node); err != nil {
+			return fmt.Errorf("reading Node %s to own its TransferNode: %w", r.cfg.NodeName, err)
+		}
+		r.nodeUID = node.UID
 	}
 	labels := map[string]any{}
 	if r.cfg.PoolName != "" {
@@ -142,8 +203,8 @@ func (r *Reporter) applyObject(ctx context.Context) error {
 		"ownerReferences": []any{map[string]any{
 			"apiVersion": "v1",
 			"kind":       "Node",
-			"name":       node.Name,
-			"uid":        string(node.UID),
+			"name":       r.cfg.NodeName,
+			"uid":        string(r.nodeUID),
 		}},
 	}
 	if len(labels) > 0 {
@@ -158,6 +219,7 @@ func (r *Reporter) applyObject(ctx context.Context) error {
 	if err := r.cfg.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying TransferNode %s: %w", r.cfg.NodeName, err)
 	}
+	r.reportUID = obj.GetUID()
 	return nil
 }
 
@@ -179,5 +241,82 @@ func (r *Reporter) applyStatus(ctx context.Context, st v1alpha1.TransferNodeStat
 	if err := r.cfg.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying TransferNode %s status: %w", r.cfg.NodeName, err)
 	}
+	if uid := obj.GetUID(); uid != "" {
+		r.reportUID = uid
+	}
 	return nil
+}
+
+// LeaseName is the name of the heartbeat Lease of one (pool, node) in the pool's namespace: the node's name,
+// readable, and a short hash of pool and node, so two pools in one namespace never share a Lease.
+func LeaseName(pool, node string) string {
+	sum := sha256.Sum256([]byte(pool + "/" + node))
+	readable := node
+	if len(readable) > 240 {
+		readable = readable[:240]
+	}
+	readable = strings.TrimRight(readable, ".-")
+	return readable + "-" + hex.EncodeToString(sum[:])[:8]
+}
+
+// renewLease moves the Lease's renewTime to now with one update of the copy kept from the last write. It
+// creates the Lease when the agent has none yet or it is gone (an update of a missing Lease is refused as a
+// conflict), and reads it again after a conflict. recreated reports a Lease that was expected and created
+// again.
+func (r *Reporter) renewLease(ctx context.Context, now time.Time) (recreated bool, _ error) {
+	name := LeaseName(r.cfg.PoolName, r.cfg.NodeName)
+	expected := r.lease != nil
+	for attempt := 1; ; attempt++ {
+		if r.lease == nil {
+			lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: r.cfg.PoolNamespace, Name: name}}
+			r.fillLease(lease, now)
+			lease.Spec.AcquireTime = lease.Spec.RenewTime
+			err := r.cfg.Client.Create(ctx, lease)
+			if err == nil {
+				r.lease = lease
+				return expected, nil
+			}
+			if !apierrors.IsAlreadyExists(err) {
+				return false, fmt.Errorf("creating heartbeat Lease %s/%s: %w", r.cfg.PoolNamespace, name, err)
+			}
+			existing := &coordinationv1.Lease{}
+			if err := r.cfg.Client.Get(ctx, client.ObjectKeyFromObject(lease), existing); err != nil {
+				return false, fmt.Errorf("reading heartbeat Lease %s/%s: %w", r.cfg.PoolNamespace, name, err)
+			}
+			r.lease = existing
+		}
+		lease := r.lease.DeepCopy()
+		r.fillLease(lease, now)
+		err := r.cfg.Client.Update(ctx, lease)
+		if err == nil {
+			r.lease = lease
+			return false, nil
+		}
+		r.lease = nil
+		if attempt > 1 || (!apierrors.IsConflict(err) && !apierrors.IsNotFound(err)) {
+			return false, fmt.Errorf("renewing heartbeat Lease %s/%s: %w", r.cfg.PoolNamespace, name, err)
+		}
+		// Gone, or written by someone else since: start again from what the API server has.
+	}
+}
+
+// fillLease sets what the agent owns in its Lease: holder (the node), duration (the heartbeat timeout), the
+// renew time, the pool labels the operator selects by, and the owner reference to the TransferNode.
+func (r *Reporter) fillLease(lease *coordinationv1.Lease, now time.Time) {
+	holder := r.cfg.NodeName
+	duration := int32((LeaseTimeoutPeriods*r.cfg.Period + time.Second - 1) / time.Second)
+	renew := metav1.NewMicroTime(now)
+	lease.Spec.HolderIdentity = &holder
+	lease.Spec.LeaseDurationSeconds = &duration
+	lease.Spec.RenewTime = &renew
+	if lease.Labels == nil {
+		lease.Labels = map[string]string{}
+	}
+	lease.Labels[v1alpha1.LabelPoolName] = r.cfg.PoolName
+	lease.Labels[v1alpha1.LabelPoolNamespace] = r.cfg.PoolNamespace
+	if r.reportUID != "" {
+		lease.OwnerReferences = []metav1.OwnerReference{{
+			APIVersion: v1alpha1.GroupVersion.String(), Kind: "TransferNode", Name: r.cfg.NodeName, UID: r.reportUID,
+		}}
+	}
 }

@@ -10,11 +10,13 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -36,6 +38,13 @@ func startAPIServer(t *testing.T, crdFiles ...string) client.Client {
 // startAPIServerWith is startAPIServer; with skipBrokenCRDs, CRDs that the API server refuses skip the test
 // instead of failing it (for tests whose subject needs CRDs that this package does not write).
 func startAPIServerWith(t *testing.T, skipBrokenCRDs bool, crdFiles ...string) client.Client {
+	t.Helper()
+	_, c := startEnv(t, skipBrokenCRDs, crdFiles...)
+	return c
+}
+
+// startEnv is startAPIServerWith that also returns the REST config, for clients of the test's own.
+func startEnv(t *testing.T, skipBrokenCRDs bool, crdFiles ...string) (*rest.Config, client.Client) {
 	t.Helper()
 	assets, err := filepath.Abs(filepath.Join(repoRoot, "bin"))
 	if err != nil {
@@ -76,6 +85,15 @@ func startAPIServerWith(t *testing.T, skipBrokenCRDs bool, crdFiles ...string) c
 			t.Errorf("stopping envtest: %v", err)
 		}
 	})
+	c, err := client.New(cfg, client.Options{Scheme: newScheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, c
+}
+
+func newScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
@@ -83,11 +101,7 @@ func startAPIServerWith(t *testing.T, skipBrokenCRDs bool, crdFiles ...string) c
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return scheme
 }
 
 // copyTree copies a fixture tree, symlinks as symlinks, so a test can change it.
@@ -153,6 +167,7 @@ func TestReporterWritesTransferNode(t *testing.T) {
 	if err := c.Create(ctx, node); err != nil {
 		t.Fatalf("creating Node: %v", err)
 	}
+	createNamespace(t, c, "inference")
 	root := copyTree(t, filepath.Join(repoRoot, "topology", "testdata", "mi300x-8gpu-roce"))
 	host, err := topology.NewDirHost(root)
 	if err != nil {
@@ -203,11 +218,31 @@ func TestReporterWritesTransferNode(t *testing.T) {
 		t.Errorf("managed fields %v: want server-side apply by fabricxfer-agent of the object and its status", managers)
 	}
 
-	first := tn.Status.LastHeartbeat.Time
-	waitFor(t, 3*period, "heartbeat advancing", func() (bool, error) {
-		ok, err := get()
-		return ok && tn.Status.LastHeartbeat.After(first), err
+	// The heartbeat is the pool's Lease for this node, owned by the report; the report stays as written.
+	var lease coordinationv1.Lease
+	leaseKey := client.ObjectKey{Namespace: "inference", Name: reporter.LeaseName("kv", node.Name)}
+	waitFor(t, 5*time.Second, "heartbeat Lease", func() (bool, error) {
+		err := c.Get(ctx, leaseKey, &lease)
+		return err == nil, err
 	})
+	if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != node.Name || lease.Spec.LeaseDurationSeconds == nil ||
+		*lease.Spec.LeaseDurationSeconds != 6 || lease.Labels[v1alpha1.LabelPoolName] != "kv" ||
+		lease.Labels[v1alpha1.LabelPoolNamespace] != "inference" {
+		t.Errorf("lease holder %v duration %v labels %v, want the node, 3 periods (6 s) and the pool", lease.Spec.HolderIdentity,
+			lease.Spec.LeaseDurationSeconds, lease.Labels)
+	}
+	if refs := lease.OwnerReferences; len(refs) != 1 || refs[0].Kind != "TransferNode" || refs[0].UID != tn.UID {
+		t.Errorf("lease owner references %+v, want the TransferNode %s", refs, tn.UID)
+	}
+	firstRenew, reportVersion := lease.Spec.RenewTime.Time, tn.ResourceVersion
+	waitFor(t, 3*period, "lease renewal", func() (bool, error) {
+		err := c.Get(ctx, leaseKey, &lease)
+		return err == nil && lease.Spec.RenewTime.After(firstRenew), err
+	})
+	if _, err := get(); err != nil || tn.ResourceVersion != reportVersion {
+		t.Errorf("TransferNode resourceVersion %s -> %s (%v) while nothing changed; want it untouched", reportVersion, tn.ResourceVersion, err)
+	}
+	first := tn.Status.LastHeartbeat.Time
 
 	// A NIC goes down on the node: the report shows it within one period (plus the API round trip).
 	state := filepath.Join(root, "sys", "class", "infiniband", "mlx5_3", "ports", "1", "state")
@@ -219,15 +254,22 @@ func TestReporterWritesTransferNode(t *testing.T) {
 		return ok && tn.Status.NICs[3].State == "DOWN", err
 	})
 	t.Logf("NIC down reported after %s (period %s)", took.Round(time.Millisecond), period)
+	if !tn.Status.LastHeartbeat.After(first) {
+		t.Errorf("lastHeartbeat %s not after %s: a rewritten status says when it was written", tn.Status.LastHeartbeat, first)
+	}
 	for _, e := range tn.Status.Engines {
 		if e.Name == v1alpha1.EngineRDMA && (!e.Available || !strings.HasPrefix(e.Reason, "7 of 8 ports usable (mlx5_3/1 DOWN)")) {
 			t.Errorf("rdma engine %+v", e)
 		}
 	}
 
-	// A TransferNode deleted under the agent (its Node recreated, an admin cleaning up) is written again.
+	// A TransferNode deleted under the agent (its Node recreated, an admin cleaning up) is written again. Its
+	// Lease goes with it by garbage collection, which this control plane lacks: the test deletes it too.
 	if err := c.Delete(ctx, &v1alpha1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: node.Name}}); err != nil {
 		t.Fatalf("deleting the TransferNode: %v", err)
+	}
+	if err := c.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: leaseKey.Namespace, Name: leaseKey.Name}}); err != nil {
+		t.Fatalf("deleting the Lease: %v", err)
 	}
 	oldUID := tn.UID
 	waitFor(t, 3*period+2*time.Second, "TransferNode written again after deletion", func() (bool, error) {
@@ -236,6 +278,10 @@ func TestReporterWritesTransferNode(t *testing.T) {
 			return false, nil
 		}
 		return ok && tn.UID != oldUID && tn.Spec.NodeName == node.Name && len(tn.OwnerReferences) == 1, err
+	})
+	waitFor(t, 3*period, "Lease owned by the new TransferNode", func() (bool, error) {
+		err := c.Get(ctx, leaseKey, &lease)
+		return err == nil && len(lease.OwnerReferences) == 1 && lease.OwnerReferences[0].UID == tn.UID, err
 	})
 
 	cancel()
@@ -278,5 +324,13 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		if _, err := reporter.New(cfg); err == nil {
 			t.Errorf("%s: New accepted %+v", name, cfg)
 		}
+	}
+}
+
+// createNamespace creates the pool's namespace, where agents keep their heartbeat Leases.
+func createNamespace(t *testing.T, c client.Client, name string) {
+	t.Helper()
+	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("creating namespace %s: %v", name, err)
 	}
 }

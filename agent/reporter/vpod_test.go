@@ -75,6 +75,7 @@ func TestAgentsProduceVPodTopologies(t *testing.T) {
 		{name: "mi300x-1", fixture: "mi300x-8gpu-roce"},
 		{name: "rdma-only", fixture: "rdma-only-node"},
 	}
+	createNamespace(t, c, "inference")
 	for _, n := range nodes {
 		startAgent(ctx, t, c, n)
 	}
