@@ -69,7 +69,9 @@ func DesiredServiceAccount(pool *fxv1.TransferPool) *corev1ac.ServiceAccountAppl
 		WithLabels(poolLabels(pool)).WithOwnerReferences(ownerRef(pool))
 }
 
-// DesiredRole lets agents read their pool and its certificates in the pool's namespace.
+// DesiredRole lets agents read their pool and its certificates and renew their heartbeat Leases in the pool's
+// namespace. Lease names are per node, so the rule cannot name them; an agent runs privileged on its host
+// already, so write access to the namespace's Leases gives it nothing more.
 func DesiredRole(pool *fxv1.TransferPool) *rbacv1ac.RoleApplyConfiguration {
 	return rbacv1ac.Role(agentName(pool), pool.Namespace).
 		WithLabels(poolLabels(pool)).WithOwnerReferences(ownerRef(pool)).
@@ -78,6 +80,8 @@ func DesiredRole(pool *fxv1.TransferPool) *rbacv1ac.RoleApplyConfiguration {
 				WithResourceNames(pool.Name).WithVerbs("get", "list", "watch"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("secrets").
 				WithResourceNames(tlsSecretName(pool)).WithVerbs("get", "list", "watch"),
+			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").
+				WithVerbs("get", "create", "update"),
 		)
 }
 

@@ -28,12 +28,6 @@ func poolHeartbeatTimeout(pool *fxv1.TransferPool) time.Duration {
 	return heartbeatTimeout(pool.Spec.Agent.HeartbeatSeconds)
 }
 
-// heartbeatFresh reports whether a TransferNode heartbeat is younger than timeout at now.
-func heartbeatFresh(tn *fxv1.TransferNode, now time.Time, timeout time.Duration) bool {
-	hb := tn.Status.LastHeartbeat
-	return hb != nil && now.Sub(hb.Time) < timeout
-}
-
 // selects reports whether a pool's node selector matches a node.
 func selects(pool *fxv1.TransferPool, node *corev1.Node) bool {
 	return labels.SelectorFromSet(pool.Spec.NodeSelector).Matches(labels.Set(node.Labels))
@@ -53,6 +47,8 @@ type PoolObservation struct {
 	Nodes []corev1.Node
 	// TransferNodes are every TransferNode, keyed by node name.
 	TransferNodes map[string]*fxv1.TransferNode
+	// Heartbeats are the agents' Lease renewals; a node without one counts its report's lastHeartbeat.
+	Heartbeats Heartbeats
 	// OtherPools are every other TransferPool in the cluster.
 	OtherPools []fxv1.TransferPool
 	// ApplyError is set when the owned objects could not be applied.
@@ -79,7 +75,7 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 		selected[node.Name] = true
 		status.DesiredNodes++
 		tn := obs.TransferNodes[node.Name]
-		if tn == nil || !heartbeatFresh(tn, obs.Now, timeout) {
+		if tn == nil || !obs.Heartbeats.heartbeatFresh(tn, obs.Now, timeout) {
 			notReady = append(notReady, node.Name)
 			if tn != nil {
 				stale = append(stale, node.Name)
@@ -135,6 +131,26 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 
 	setPoolConditions(pool, &status, len(stale), obs.ApplyError)
 	return status
+}
+
+// PoolRequeueAfter is how long until the pool's status can change without an event: the earliest expiry of a
+// selected node's fresh heartbeat; at most one timeout while a node that reported is stale; zero when neither.
+func PoolRequeueAfter(pool *fxv1.TransferPool, obs PoolObservation) time.Duration {
+	timeout := poolHeartbeatTimeout(pool)
+	exp := expiryTracker{now: obs.Now}
+	for i := range obs.Nodes {
+		node := &obs.Nodes[i]
+		tn := obs.TransferNodes[node.Name]
+		if tn == nil || !selects(pool, node) {
+			continue
+		}
+		if at := obs.Heartbeats.lastHeartbeat(tn); !at.IsZero() && obs.Now.Sub(at) < timeout {
+			exp.fresh(at, timeout)
+		} else {
+			exp.stale(timeout)
+		}
+	}
+	return exp.after()
 }
 
 func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus, staleNodes int, applyErr error) {

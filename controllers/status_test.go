@@ -1,12 +1,16 @@
 package controllers
 
 import (
+	"slices"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
@@ -92,5 +96,91 @@ func TestDomainObjectNamesStayDistinctAndValid(t *testing.T) {
 				t.Errorf("name %q holds %q", n, r)
 			}
 		}
+	}
+}
+
+func TestPoolStatusFromLeases(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "p"}}
+	pool.Spec.Agent.HeartbeatSeconds = 10 // timeout 30 s
+	var nodes []corev1.Node
+	reports := map[string]*fxv1.TransferNode{}
+	for _, name := range []string{"lease-fresh", "lease-stale", "legacy-fresh", "no-report"} {
+		nodes = append(nodes, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		if name == "no-report" {
+			continue
+		}
+		tn := &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: fxv1.TransferNodeSpec{NodeName: name, PoolNamespace: "ns", PoolName: "p"}}
+		// Agents with a Lease wrote their report long ago.
+		tn.Status.LastHeartbeat = &metav1.Time{Time: now.Add(-time.Hour)}
+		reports[name] = tn
+	}
+	reports["legacy-fresh"].Status.LastHeartbeat = &metav1.Time{Time: now.Add(-20 * time.Second)}
+	beats := Heartbeats{
+		{PoolNamespace: "ns", PoolName: "p", Node: "lease-fresh"}: now.Add(-5 * time.Second),
+		{PoolNamespace: "ns", PoolName: "p", Node: "lease-stale"}: now.Add(-31 * time.Second),
+		// A Lease of another pool does not make a report of this one fresh.
+		{PoolNamespace: "ns", PoolName: "other", Node: "lease-stale"}: now,
+		// A Lease without a report counts for nothing.
+		{PoolNamespace: "ns", PoolName: "p", Node: "no-report"}: now,
+	}
+	obs := PoolObservation{Nodes: nodes, TransferNodes: reports, Heartbeats: beats, Now: now}
+	st := ComputePoolStatus(pool, obs)
+	if st.Nodes != "2/4" || !slices.Equal(st.NotReadyNodes, []string{"lease-stale", "no-report"}) {
+		t.Errorf("nodes %s not ready %v, want 2/4 with lease-stale and no-report not ready", st.Nodes, st.NotReadyNodes)
+	}
+	if d := meta.FindStatusCondition(st.Conditions, fxv1.ConditionDegraded); d == nil || d.Status != metav1.ConditionTrue {
+		t.Errorf("Degraded = %+v, want True for the node whose Lease expired", d)
+	}
+	// legacy-fresh expires first (in 10 s); the margin puts the reconcile just after the expiry.
+	if got := PoolRequeueAfter(pool, obs); got != 10*time.Second+expiryMargin {
+		t.Errorf("requeue after %s, want 10 s (legacy-fresh's expiry) plus %s", got, expiryMargin)
+	}
+	// With only stale reports, look again within one timeout; with no report at all, never on a timer.
+	delete(obs.TransferNodes, "lease-fresh")
+	delete(obs.TransferNodes, "legacy-fresh")
+	if got := PoolRequeueAfter(pool, obs); got != 30*time.Second {
+		t.Errorf("requeue after %s with only a stale report, want the 30 s timeout", got)
+	}
+	if got := PoolRequeueAfter(pool, PoolObservation{Nodes: nodes, Now: now}); got != 0 {
+		t.Errorf("requeue after %s with no report, want none", got)
+	}
+}
+
+func TestRenewalChangesFreshness(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	lease := func(holder string, renewedAgo time.Duration, seconds int32) *coordinationv1.Lease {
+		renew := metav1.NewMicroTime(now.Add(-renewedAgo))
+		return &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: holder, Labels: map[string]string{fxv1.LabelPoolName: "p"}},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &renew, LeaseDurationSeconds: &seconds},
+		}
+	}
+	cases := []struct {
+		name     string
+		old, new *coordinationv1.Lease
+		want     bool
+	}{
+		{"renewal of a valid lease", lease("n", 10*time.Second, 30), lease("n", 0, 30), false},
+		{"renewal just before expiry", lease("n", 29*time.Second, 30), lease("n", 0, 30), false},
+		{"renewal of an expired lease", lease("n", 30*time.Second, 30), lease("n", 0, 30), true},
+		{"renewal moved back", lease("n", 0, 30), lease("n", time.Hour, 30), true},
+		{"another holder", lease("n", time.Second, 30), lease("m", 0, 30), true},
+		{"another duration", lease("n", time.Second, 30), lease("n", 0, 6), true},
+	}
+	for _, tc := range cases {
+		if got := RenewalChangesFreshness(tc.old, tc.new, now); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	noRenew := lease("n", 0, 30)
+	noRenew.Spec.RenewTime = nil
+	if !RenewalChangesFreshness(noRenew, lease("n", 0, 30), now) {
+		t.Error("a first renewal must count")
+	}
+	pred := heartbeatPredicate(clock.RealClock{})
+	other := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-node-lease", Name: "n"}}
+	if pred.Create(event.CreateEvent{Object: other}) || !pred.Create(event.CreateEvent{Object: lease("n", 0, 30)}) {
+		t.Error("the predicate must pass agents' Leases being created and only those")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -112,8 +113,9 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if obs.ApplyError != nil {
 		return ctrl.Result{}, obs.ApplyError
 	}
-	// Heartbeats age without any event, so look again when the oldest fresh one could expire.
-	return ctrl.Result{RequeueAfter: poolHeartbeatTimeout(pool) / 3}, nil
+	// Heartbeats age without any event (renewals that change nothing are filtered out), so look again when
+	// the first fresh one expires.
+	return ctrl.Result{RequeueAfter: PoolRequeueAfter(pool, obs)}, nil
 }
 
 func (r *TransferPoolReconciler) applyOwned(ctx context.Context, pool *fxv1.TransferPool) error {
@@ -170,6 +172,11 @@ func (r *TransferPoolReconciler) observe(ctx context.Context, pool *fxv1.Transfe
 	for i := range tns.Items {
 		obs.TransferNodes[tns.Items[i].Name] = &tns.Items[i]
 	}
+	beats, err := listHeartbeats(ctx, r.Client)
+	if err != nil {
+		return fmt.Errorf("reading heartbeats for pool %s/%s: %w", pool.Namespace, pool.Name, err)
+	}
+	obs.Heartbeats = beats
 	pools := &fxv1.TransferPoolList{}
 	if err := r.List(ctx, pools); err != nil {
 		return fmt.Errorf("listing pools to find conflicts with %s/%s: %w", pool.Namespace, pool.Name, err)
@@ -241,7 +248,19 @@ func (r *TransferPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Node{}, allPools, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&fxv1.TransferPool{}, allPools, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&fxv1.TransferNode{}, handler.EnqueueRequestsFromMapFunc(poolOfTransferNode)).
+		// Heartbeat Leases: only those that change a node's freshness; plain renewals are covered by the
+		// requeue at the earliest expiry.
+		Watches(&coordinationv1.Lease{}, handler.EnqueueRequestsFromMapFunc(poolOfLease),
+			builder.WithPredicates(heartbeatPredicate(r.Clock))).
 		Complete(r)
+}
+
+// poolOfLease routes an agent's heartbeat Lease to its pool, which lives in the Lease's namespace.
+func poolOfLease(_ context.Context, obj client.Object) []reconcile.Request {
+	if !isAgentLease(obj) {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: obj.GetNamespace(), Name: obj.GetLabels()[fxv1.LabelPoolName]}}}
 }
 
 // poolOfTransferNode routes a report to the pool whose agent wrote it.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
@@ -63,8 +65,22 @@ func newPool(t *testing.T, c client.Client, ns, name, group string) *fxv1.Transf
 	return pool
 }
 
-// report writes a TransferNode for node as the agent would, with a heartbeat at the given time.
+// report writes a TransferNode for node as the agent does: the status (without a heartbeat of its own) and
+// the heartbeat Lease, renewed at the given time.
 func report(t *testing.T, c client.Client, pool *fxv1.TransferPool, node string, heartbeat time.Time, gpus []fxv1.GPU, engines ...fxv1.EngineName) {
+	t.Helper()
+	writeReport(t, c, pool, node, nil, gpus, engines...)
+	renewLease(t, c, pool, node, heartbeat)
+}
+
+// reportWithoutLease writes a TransferNode as agents that predate heartbeat Leases do: lastHeartbeat in the
+// status, no Lease.
+func reportWithoutLease(t *testing.T, c client.Client, pool *fxv1.TransferPool, node string, heartbeat time.Time, gpus []fxv1.GPU, engines ...fxv1.EngineName) {
+	t.Helper()
+	writeReport(t, c, pool, node, &metav1.Time{Time: heartbeat}, gpus, engines...)
+}
+
+func writeReport(t *testing.T, c client.Client, pool *fxv1.TransferPool, node string, heartbeat *metav1.Time, gpus []fxv1.GPU, engines ...fxv1.EngineName) {
 	t.Helper()
 	ctx := context.Background()
 	tn := &fxv1.TransferNode{}
@@ -81,7 +97,7 @@ func report(t *testing.T, c client.Client, pool *fxv1.TransferPool, node string,
 	} else if err != nil {
 		t.Fatalf("reading transfer node %s: %v", node, err)
 	}
-	tn.Status.LastHeartbeat = &metav1.Time{Time: heartbeat}
+	tn.Status.LastHeartbeat = heartbeat
 	tn.Status.GPUs = gpus
 	tn.Status.Engines = nil
 	for _, e := range fxv1.AllEngines {
@@ -94,6 +110,40 @@ func report(t *testing.T, c client.Client, pool *fxv1.TransferPool, node string,
 	if err := c.Status().Update(ctx, tn); err != nil {
 		t.Fatalf("writing status of transfer node %s: %v", node, err)
 	}
+}
+
+// renewLease creates or renews node's heartbeat Lease for pool, as its agent does, with renewTime at.
+func renewLease(t *testing.T, c client.Client, pool *fxv1.TransferPool, node string, at time.Time) *coordinationv1.Lease {
+	t.Helper()
+	ctx := context.Background()
+	lease := &coordinationv1.Lease{}
+	key := client.ObjectKey{Namespace: pool.Namespace, Name: pool.Name + "-" + node}
+	holder, duration, renew := node, int32(3*heartbeatSecondsOf(pool)), metav1.NewMicroTime(at)
+	err := c.Get(ctx, key, lease)
+	if apierrors.IsNotFound(err) {
+		lease = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
+			Labels: map[string]string{fxv1.LabelPoolName: pool.Name, fxv1.LabelPoolNamespace: pool.Namespace}}}
+		lease.Spec = coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &duration, RenewTime: &renew}
+		if err := c.Create(ctx, lease); err != nil {
+			t.Fatalf("creating the heartbeat lease of %s: %v", node, err)
+		}
+		t.Cleanup(func() { _ = c.Delete(context.Background(), lease) })
+		return lease
+	} else if err != nil {
+		t.Fatalf("reading the heartbeat lease of %s: %v", node, err)
+	}
+	lease.Spec.RenewTime = &renew
+	if err := c.Update(ctx, lease); err != nil {
+		t.Fatalf("renewing the heartbeat lease of %s: %v", node, err)
+	}
+	return lease
+}
+
+func heartbeatSecondsOf(pool *fxv1.TransferPool) int {
+	if pool.Spec.Agent.HeartbeatSeconds > 0 {
+		return int(pool.Spec.Agent.HeartbeatSeconds)
+	}
+	return 10
 }
 
 func getPool(c client.Client, pool *fxv1.TransferPool) (*fxv1.TransferPool, error) {
@@ -285,5 +335,155 @@ func TestPoolWithoutMatchingNodes(t *testing.T) {
 	cond := meta.FindStatusCondition(got.Status.Conditions, fxv1.ConditionReady)
 	if !strings.Contains(cond.Message, "nodeSelector") {
 		t.Errorf("message %q should point at the selector", cond.Message)
+	}
+}
+
+// newPoolWithHeartbeat is newPool with the agents' heartbeat period set.
+func newPoolWithHeartbeat(t *testing.T, c client.Client, ns, name, group string, seconds int32) *fxv1.TransferPool {
+	t.Helper()
+	pool := &fxv1.TransferPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: fxv1.TransferPoolSpec{
+			NodeSelector: map[string]string{"fabricxfer.io/test-group": group},
+			Agent:        fxv1.AgentSpec{HeartbeatSeconds: seconds},
+		},
+	}
+	if err := c.Create(context.Background(), pool); err != nil {
+		t.Fatalf("creating pool: %v", err)
+	}
+	return pool
+}
+
+func TestNodeTurnsNotReadyWhenItsLeaseExpires(t *testing.T) {
+	c := apiClient(t)
+	ns := newNamespace(t, c)
+	nodes := newNodes(t, c, "lease-expiry", 2)
+	pool := newPoolWithHeartbeat(t, c, ns, "kv", "lease-expiry", 1) // timeout 3 s
+	const timeout = 3 * time.Second
+
+	// The reports are written once; only the Leases move.
+	report(t, c, pool, nodes[0], time.Now(), nil, fxv1.EngineTCP)
+	report(t, c, pool, nodes[1], time.Now(), nil, fxv1.EngineTCP)
+	waitPool(t, c, pool, metav1.ConditionTrue, fxv1.ReasonAllNodesReady, "2/2")
+
+	// Both agents renew every period for longer than the timeout: the pool stays ready.
+	var last time.Time
+	for range 5 {
+		last = time.Now()
+		renewLease(t, c, pool, nodes[0], last)
+		renewLease(t, c, pool, nodes[1], last)
+		time.Sleep(time.Second)
+		got, err := getPool(c, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Nodes != "2/2" {
+			t.Fatalf("pool %s while both Leases are renewed every second, want 2/2", got.Status.Nodes)
+		}
+	}
+
+	// nodes[1]'s agent stops: no event arrives, yet it must turn not ready once its Lease is older than the
+	// timeout (plus the reconcile and the status write).
+	stopped := last
+	renewLease(t, c, pool, nodes[0], time.Now())
+	var took time.Duration
+	eventually(t, timeout+5*time.Second, "nodes[1] not ready after its lease expired", func() error {
+		got, err := getPool(c, pool)
+		if err != nil {
+			return err
+		}
+		if got.Status.Nodes != "1/2" {
+			return fmt.Errorf("nodes %s", got.Status.Nodes)
+		}
+		took = time.Since(stopped)
+		if len(got.Status.NotReadyNodes) != 1 || got.Status.NotReadyNodes[0] != nodes[1] {
+			return fmt.Errorf("notReadyNodes %v", got.Status.NotReadyNodes)
+		}
+		return nil
+	})
+	t.Logf("not ready %s after its last renewal (timeout %s)", took.Round(10*time.Millisecond), timeout)
+	if took < timeout {
+		t.Errorf("not ready after %s, before the %s timeout", took, timeout)
+	}
+	if took > timeout+2*time.Second {
+		t.Errorf("not ready only after %s; want within the %s timeout plus 2 s", took, timeout)
+	}
+
+	// The agent returns: one renewal makes it ready again (the renewal of an expired Lease is an event).
+	renewLease(t, c, pool, nodes[0], time.Now())
+	renewLease(t, c, pool, nodes[1], time.Now())
+	waitPool(t, c, pool, metav1.ConditionTrue, fxv1.ReasonAllNodesReady, "2/2")
+}
+
+// reconcileCount is the operator's reconcile count of one controller, from the controller-runtime metrics.
+func reconcileCount(t *testing.T, controller string) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatalf("gathering metrics: %v", err)
+	}
+	total := 0.0
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" && l.GetValue() == controller {
+					total += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return total
+}
+
+func TestLeaseRenewalWritesNothing(t *testing.T) {
+	c := apiClient(t)
+	ns := newNamespace(t, c)
+	nodes := newNodes(t, c, "lease-renewal", 1)
+	pool := newPool(t, c, ns, "kv", "lease-renewal") // 10 s heartbeat: nothing expires during the test
+	report(t, c, pool, nodes[0], time.Now(), nil, fxv1.EngineTCP)
+	before := waitPool(t, c, pool, metav1.ConditionTrue, fxv1.ReasonAllNodesReady, "1/1")
+	time.Sleep(time.Second) // let the reconciles the report caused finish
+
+	pools0, vpods0 := reconcileCount(t, "transferpool"), reconcileCount(t, "vpodtopology")
+	const renewals = 20
+	for range renewals {
+		renewLease(t, c, pool, nodes[0], time.Now())
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	after, err := getPool(c, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != before.ResourceVersion || after.Status.Nodes != "1/1" {
+		t.Errorf("pool rewritten by lease renewals: resourceVersion %s -> %s, nodes %s", before.ResourceVersion, after.ResourceVersion, after.Status.Nodes)
+	}
+	// Other tests' pools may reconcile meanwhile (their heartbeats expire), but far fewer than one per renewal.
+	pools, vpods := reconcileCount(t, "transferpool")-pools0, reconcileCount(t, "vpodtopology")-vpods0
+	t.Logf("%d renewals: %.0f pool reconciles, %.0f vPOD reconciles", renewals, pools, vpods)
+	if pools >= renewals/2 || vpods >= renewals/2 {
+		t.Errorf("%d renewals caused %.0f pool and %.0f vPOD reconciles; renewals that change nothing must be filtered", renewals, pools, vpods)
+	}
+}
+
+func TestPoolCountsAgentsWithoutLease(t *testing.T) {
+	c := apiClient(t)
+	ns := newNamespace(t, c)
+	nodes := newNodes(t, c, "no-lease", 2)
+	pool := newPool(t, c, ns, "kv", "no-lease")
+	// An agent that predates Leases heartbeats through lastHeartbeat; one with a Lease counts by the Lease even
+	// though its report's lastHeartbeat is old.
+	reportWithoutLease(t, c, pool, nodes[0], time.Now(), nil, fxv1.EngineTCP)
+	writeReport(t, c, pool, nodes[1], &metav1.Time{Time: time.Now().Add(-time.Hour)}, nil, fxv1.EngineTCP)
+	renewLease(t, c, pool, nodes[1], time.Now())
+	waitPool(t, c, pool, metav1.ConditionTrue, fxv1.ReasonAllNodesReady, "2/2")
+
+	reportWithoutLease(t, c, pool, nodes[0], time.Now().Add(-time.Hour), nil, fxv1.EngineTCP)
+	got := waitPool(t, c, pool, metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "1/2")
+	if len(got.Status.NotReadyNodes) != 1 || got.Status.NotReadyNodes[0] != nodes[0] {
+		t.Errorf("notReadyNodes = %v", got.Status.NotReadyNodes)
 	}
 }

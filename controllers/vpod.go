@@ -3,7 +3,6 @@ package controllers
 import (
 	"slices"
 	"strings"
-	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,13 +20,13 @@ type DomainObservation struct {
 	Stale []string
 }
 
-// AggregateDomains groups the GPUs of every TransferNode by fabric domain key. timeout gives each report's
-// heartbeat timeout (it depends on the pool of the agent that wrote it).
-func AggregateDomains(tns []fxv1.TransferNode, now time.Time, timeout func(*fxv1.TransferNode) time.Duration) map[string]*DomainObservation {
+// AggregateDomains groups the GPUs of every TransferNode by fabric domain key. fresh says whether a report's
+// agent heartbeat is fresh (its timeout depends on the pool of the agent that wrote it).
+func AggregateDomains(tns []fxv1.TransferNode, fresh func(*fxv1.TransferNode) bool) map[string]*DomainObservation {
 	domains := map[string]*DomainObservation{}
 	for i := range tns {
 		tn := &tns[i]
-		fresh := heartbeatFresh(tn, now, timeout(tn))
+		fresh := fresh(tn)
 		perDomain := map[string][]int32{}
 		for _, g := range tn.Status.GPUs {
 			if g.Fabric == nil || g.Fabric.Domain == "" {

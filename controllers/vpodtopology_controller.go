@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -43,7 +45,25 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	domains := AggregateDomains(tns.Items, r.Clock.Now(), timeouts)
+	beats, err := listHeartbeats(ctx, r.Client)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	now := r.Clock.Now()
+	exp := expiryTracker{now: now}
+	domains := AggregateDomains(tns.Items, func(tn *fxv1.TransferNode) bool {
+		timeout := timeouts(tn)
+		at := beats.lastHeartbeat(tn)
+		if at.IsZero() {
+			return false
+		}
+		if now.Sub(at) < timeout {
+			exp.fresh(at, timeout)
+			return true
+		}
+		exp.stale(timeout)
+		return false
+	})
 
 	var errs []error
 	existing := map[string]bool{}
@@ -79,8 +99,9 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, err
 	}
-	// Heartbeats expire without events: look again within the shortest timeout.
-	return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+	// Heartbeats expire without events (renewals that change nothing are filtered out): look again when the
+	// first fresh one expires.
+	return ctrl.Result{RequeueAfter: exp.after()}, nil
 }
 
 func (r *VPodTopologyReconciler) patchStatus(ctx context.Context, vp *fxv1.VPodTopology, obs *DomainObservation) error {
@@ -113,7 +134,8 @@ func (r *VPodTopologyReconciler) heartbeatTimeouts(ctx context.Context) (func(*f
 	}, nil
 }
 
-// SetupWithManager funnels every TransferNode and VPodTopology event into the single work item.
+// SetupWithManager funnels every TransferNode and VPodTopology event, and every heartbeat Lease event that
+// changes freshness, into the single work item.
 func (r *VPodTopologyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
@@ -125,5 +147,6 @@ func (r *VPodTopologyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("vpodtopology").
 		Watches(&fxv1.TransferNode{}, one).
 		Watches(&fxv1.VPodTopology{}, one).
+		Watches(&coordinationv1.Lease{}, one, builder.WithPredicates(heartbeatPredicate(r.Clock))).
 		Complete(r)
 }

@@ -149,7 +149,9 @@ type TransferNodeStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
 	AgentVersion string `json:"agentVersion,omitempty"`
-	// LastHeartbeat is when the agent last refreshed this report.
+	// LastHeartbeat is when the agent last wrote this status. Agents that run for a pool write it only when the
+	// report changes and heartbeat by renewing a Lease (labelled fabricxfer.io/pool) in the pool's namespace
+	// every period; the operator takes the later of the two.
 	// +optional
 	LastHeartbeat *metav1.Time `json:"lastHeartbeat,omitempty"`
 	// RegisteredBytes is the memory currently registered with the agent.

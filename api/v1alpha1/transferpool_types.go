@@ -95,8 +95,8 @@ type AgentSpec struct {
 	// Resources of the agent container; defaults are 100m CPU and 128Mi memory requested.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
-	// HeartbeatSeconds is how often agents refresh their TransferNode; a node whose heartbeat is older than
-	// three periods counts as not ready.
+	// HeartbeatSeconds is how often agents renew their heartbeat Lease (and re-detect the node); a node whose
+	// heartbeat is older than three periods counts as not ready.
 	// +optional
 	// +kubebuilder:default=10
 	// +kubebuilder:validation:Minimum=1
