@@ -353,28 +353,21 @@ func (p *compositePlanner) Build() *PlanSet {
 		p.reject(it, err, p.b.pairs[p.b.index[[2]MemoryID{it.Src, it.Dst}]].dir)
 	})
 	p.b.sortBySeq()
-	counts := make([]int, len(p.c.engines))
-	for i := range p.b.entries {
-		counts[p.b.pairs[p.b.entries[i].pair].engine]++
-	}
-	perEngine := make([][]Item, len(p.c.engines))
-	for i, n := range counts {
-		perEngine[i] = make([]Item, 0, n)
-	}
+	// Items go to their engine's planner in the order they were added, without an intermediate copy.
+	builders := make([]PlanBuilder, len(p.c.engines))
 	for i := range p.b.entries {
 		e := &p.b.entries[i]
 		eng := p.b.pairs[e.pair].engine
-		perEngine[eng] = append(perEngine[eng], p.b.item(e))
+		if builders[eng] == nil {
+			builders[eng] = p.c.engines[eng].NewPlan()
+		}
+		_ = builders[eng].Add(p.b.item(e)) // a refusal is recorded in the part's Rejected
 	}
 	p.c.reg.putBatch(p.b)
 	p.b = nil
-	for i, items := range perEngine {
-		if len(items) == 0 {
+	for _, b := range builders {
+		if b == nil {
 			continue
-		}
-		b := p.c.engines[i].NewPlan()
-		for _, it := range items {
-			_ = b.Add(it) // a refusal is recorded in the part's Rejected
 		}
 		part := b.Build()
 		out.parts = append(out.parts, part)

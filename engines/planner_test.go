@@ -298,3 +298,45 @@ func TestRadixSort(t *testing.T) {
 		}
 	}
 }
+
+// Planners recycle their working memory through the registry: a later planner must not see anything of an
+// earlier one (pairs, the remembered last pair, entries), and plans already built must not change.
+func TestPlannersReusingMemoryStayIndependent(t *testing.T) {
+	reg := testRegistry(t, map[MemoryID]uint64{"a/1": 1 << 20, "a/2": 1 << 20, "a/3": 1 << 20})
+	first := NewPlanner("test", reg, Limits{}, always)
+	for i := range uint64(1000) {
+		if err := first.Add(Item{Src: "a/1", Dst: "a/2", SrcOffset: i * 512, DstOffset: (999 - i) * 512, Size: 512, Tag: Tag(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	built := first.Build()
+	want := slices.Clone(built.Plans[0].Segments)
+	for round := range 3 {
+		p := NewPlanner("test", reg, Limits{}, always)
+		// Same ids in the other direction, then a third region: a stale pair index would file these under a/1→a/2.
+		if err := p.Add(Item{Src: "a/2", Dst: "a/3", SrcOffset: 0, DstOffset: 4096, Size: 100, Tag: 7}); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Add(Item{Src: "a/3", Dst: "a/1", SrcOffset: 8192, DstOffset: 0, Size: 50, Tag: 8}); err != nil {
+			t.Fatal(err)
+		}
+		ps := p.Build()
+		if len(ps.Plans) != 2 {
+			t.Fatalf("round %d: %d plans, want 2", round, len(ps.Plans))
+		}
+		for _, pl := range ps.Plans {
+			if len(pl.Segments) != 1 || len(pl.Tags) != 1 {
+				t.Fatalf("round %d: plan %s→%s has %d segments, tags %v: entries of another planner leaked in", round, pl.Src, pl.Dst, len(pl.Segments), pl.Tags)
+			}
+			switch {
+			case pl.Src == "a/2" && pl.Dst == "a/3" && pl.Tags[0] == 7 && pl.Segments[0] == (Segment{SrcOffset: 0, DstOffset: 4096, Size: 100}):
+			case pl.Src == "a/3" && pl.Dst == "a/1" && pl.Tags[0] == 8 && pl.Segments[0] == (Segment{SrcOffset: 8192, DstOffset: 0, Size: 50}):
+			default:
+				t.Fatalf("round %d: unexpected plan %+v", round, pl)
+			}
+		}
+	}
+	if !slices.Equal(built.Plans[0].Segments, want) {
+		t.Fatal("a built plan changed after its planner's memory was reused")
+	}
+}
