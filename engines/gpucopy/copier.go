@@ -242,8 +242,10 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := &Pending{c: c, done: make(chan struct{})}
+	var largest uint64
 	for _, s := range segs {
 		p.bytes += s.Size
+		largest = max(largest, s.Size)
 	}
 	err := c.drv.WithContext(c.ctx, func() error {
 		small := segs
@@ -251,7 +253,7 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		switch {
 		case route == RouteDriver:
 			small, big = nil, segs
-		case c.mode == ModeKernel:
+		case c.mode == ModeKernel && largest >= c.opts.CopyEngineMin:
 			small, big = splitBySize(segs, c.opts.CopyEngineMin)
 		}
 		// Host work first (descriptors), so a device timing covers only the GPU.
@@ -312,15 +314,13 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 	return p, nil
 }
 
+// splitBySize separates segments of at least threshold bytes; callers check first that there is one.
 func splitBySize(segs []Segment, threshold uint64) (small, big []Segment) {
 	nbig := 0
 	for _, s := range segs {
 		if s.Size >= threshold {
 			nbig++
 		}
-	}
-	if nbig == 0 {
-		return segs, nil // the common case: no copy of a large slice
 	}
 	small, big = make([]Segment, 0, len(segs)-nbig), make([]Segment, 0, nbig)
 	for _, s := range segs {

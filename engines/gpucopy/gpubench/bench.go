@@ -22,6 +22,9 @@ type Config struct {
 	Reps int
 	// SlowReps is the repetitions for per-item and batch driver copies.
 	SlowReps int
+	// SkipDriver leaves the per-item and batch driver copies out (they take most of a run's time, which
+	// drowns the engine's host path in a CPU profile).
+	SkipDriver bool
 	// ContigBytes is the contiguous copy size (0: skip).
 	ContigBytes uint64
 	// Scatter cases as count x block size.

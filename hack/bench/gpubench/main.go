@@ -18,6 +18,7 @@ func main() {
 	cache := flag.String("cache", "", "directory for compiled kernels")
 	only := flag.String("only", "", "run only the scatter case with this block size in bytes (e.g. 720), and no contiguous copy")
 	upload := flag.Bool("engine-upload-descriptors", false, "the engine uploads descriptors to device memory instead of letting the kernel read them from pinned host memory")
+	skipDriver := flag.Bool("skip-driver", false, "leave out the per-block and batch driver copies")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -34,7 +35,7 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	cfg := gpubench.Config{
-		Reps: *reps, SlowReps: *slow, ContigBytes: *contig << 20, CacheDir: *cache, EngineUploadDescriptors: *upload,
+		Reps: *reps, SlowReps: *slow, ContigBytes: *contig << 20, CacheDir: *cache, EngineUploadDescriptors: *upload, SkipDriver: *skipDriver,
 		Scatter: []gpubench.ScatterCase{
 			{Count: 15360, Size: 720, PoolBlocks: 262144},
 			{Count: 4096, Size: 32 << 10, PoolBlocks: 16384},
