@@ -163,11 +163,29 @@ func (b *batch) sortBySeq() {
 	sortEntries(b.entries, &b.scratch, func(*entry) int32 { return 0 }, func(e *entry) uint64 { return uint64(e.seq) }, nil)
 }
 
-// sortForPlans orders entries by pair, then source and destination offset, so runs contiguous on both sides
-// meet.
-func (b *batch) sortForPlans() {
-	sortEntries(b.entries, &b.scratch, func(e *entry) int32 { return e.pair }, func(e *entry) uint64 { return e.srcOff },
-		func(e *entry) uint64 { return e.dstOff })
+// groupByPair orders entries by pair, keeping their order within a pair. Called after rejectOverlaps, each pair's
+// entries stay in destination order, where items contiguous on both sides are neighbours: destination ranges no
+// longer overlap, so the item starting where another ends is the next one in its destination region. That makes
+// a second sort (by source) unnecessary for coalescing.
+func (b *batch) groupByPair() {
+	if len(b.pairs) < 2 {
+		return
+	}
+	start := make([]int, len(b.pairs)+1)
+	for i := range b.entries {
+		start[b.entries[i].pair+1]++
+	}
+	for i := 1; i < len(start); i++ {
+		start[i] += start[i-1]
+	}
+	sc := &b.scratch
+	sc.entries = grow(sc.entries, len(b.entries))
+	for i := range b.entries {
+		p := b.entries[i].pair
+		sc.entries[start[p]] = b.entries[i]
+		start[p]++
+	}
+	copy(b.entries, sc.entries)
 }
 
 func compareU64(a, b uint64) int {
@@ -344,7 +362,7 @@ func (p *planner) Build() *PlanSet {
 	}
 	p.b.intern()
 	p.b.rejectOverlaps(func(it Item, err error) { p.reject(it, err) })
-	p.b.sortForPlans()
+	p.b.groupByPair()
 	es := p.b.entries
 	for start := 0; start < len(es); {
 		end := start + 1

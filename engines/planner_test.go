@@ -340,3 +340,43 @@ func TestPlannersReusingMemoryStayIndependent(t *testing.T) {
 		t.Fatal("a built plan changed after its planner's memory was reused")
 	}
 }
+
+// Items contiguous on both sides become one segment whatever order they were added in; items contiguous on one
+// side only stay apart; each pair coalesces on its own.
+func TestPlannerCoalescesRunsContiguousOnBothSides(t *testing.T) {
+	reg := testRegistry(t, map[MemoryID]uint64{"a/1": 1 << 20, "a/2": 1 << 20, "a/3": 1 << 20})
+	p := NewPlanner("test", reg, Limits{}, always)
+	items := []Item{
+		{Src: "a/1", Dst: "a/2", SrcOffset: 200, DstOffset: 1200, Size: 100, Tag: 3}, // run A, third
+		{Src: "a/3", Dst: "a/2", SrcOffset: 0, DstOffset: 5000, Size: 10, Tag: 10},   // other pair, run C
+		{Src: "a/1", Dst: "a/2", SrcOffset: 0, DstOffset: 1000, Size: 100, Tag: 1},   // run A, first
+		{Src: "a/1", Dst: "a/2", SrcOffset: 300, DstOffset: 9000, Size: 50, Tag: 4},  // src follows A, dst does not
+		{Src: "a/3", Dst: "a/2", SrcOffset: 10, DstOffset: 5010, Size: 10, Tag: 11},  // run C, second
+		{Src: "a/1", Dst: "a/2", SrcOffset: 100, DstOffset: 1100, Size: 100, Tag: 2}, // run A, second
+	}
+	for _, it := range items {
+		if err := p.Add(it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps := p.Build()
+	got := map[[2]MemoryID][]Segment{}
+	tags := map[[2]MemoryID][]Tag{}
+	for _, pl := range ps.Plans {
+		got[[2]MemoryID{pl.Src, pl.Dst}] = append(got[[2]MemoryID{pl.Src, pl.Dst}], pl.Segments...)
+		tags[[2]MemoryID{pl.Src, pl.Dst}] = append(tags[[2]MemoryID{pl.Src, pl.Dst}], pl.Tags...)
+	}
+	a := got[[2]MemoryID{"a/1", "a/2"}]
+	slices.SortFunc(a, func(x, y Segment) int { return int(x.SrcOffset) - int(y.SrcOffset) })
+	if want := []Segment{{SrcOffset: 0, DstOffset: 1000, Size: 300}, {SrcOffset: 300, DstOffset: 9000, Size: 50}}; !slices.Equal(a, want) {
+		t.Errorf("a/1→a/2 segments %+v, want %+v", a, want)
+	}
+	if c, want := got[[2]MemoryID{"a/3", "a/2"}], []Segment{{SrcOffset: 0, DstOffset: 5000, Size: 20}}; !slices.Equal(c, want) {
+		t.Errorf("a/3→a/2 segments %+v, want %+v", c, want)
+	}
+	at := tags[[2]MemoryID{"a/1", "a/2"}]
+	slices.Sort(at)
+	if !slices.Equal(at, []Tag{1, 2, 3, 4}) {
+		t.Errorf("a/1→a/2 tags %v", at)
+	}
+}
