@@ -143,11 +143,13 @@ func BenchmarkStageKVDescriptors(b *testing.B) {
 // The host sizes fx_scatter_flat16's grid with flatChunk; the kernel walks the pieces with fx_flat_chunk. If
 // they disagree, blocks skip or repeat pieces, so the constants must match the source that gets compiled.
 func TestFlatChunkMatchesKernelSource(t *testing.T) {
-	if !strings.Contains(kernels.CUDA, "#define FX_FLAT_MAX_CHUNK 256\n") {
-		t.Fatal("copy.cu no longer defines FX_FLAT_MAX_CHUNK 256: update flatChunk")
-	}
-	if !strings.Contains(kernels.CUDA, "fx_u32 c = (4 * threads) / per_piece;") {
-		t.Fatal("copy.cu's fx_flat_chunk changed its rule: update flatChunk")
+	for name, src := range map[string]string{"copy.cu": kernels.CUDA, "copy.hip": kernels.HIP} {
+		if !strings.Contains(src, "#define FX_FLAT_MAX_CHUNK 256\n") {
+			t.Fatalf("%s no longer defines FX_FLAT_MAX_CHUNK 256: update flatChunk", name)
+		}
+		if !strings.Contains(src, "fx_u32 c = (4 * threads) / per_piece;") {
+			t.Fatalf("%s's fx_flat_chunk changed its rule: update flatChunk", name)
+		}
 	}
 	for _, c := range []struct{ per, want uint32 }{{45, 22}, {2048, 1}, {1024, 1}, {1, 256}, {4, 256}, {16, 64}} {
 		if got := flatChunk(c.per); got != c.want {

@@ -9,11 +9,11 @@
 //                     addresses are base + (offset << shift): 8 bytes of
 //                     descriptor per item instead of 24, since the host must
 //                     ship every descriptor before the kernel runs.
-// fx_scatter_flat16   equal-sized, 16-byte aligned items as one flat range of
-//                     16-byte vectors: thread t moves vectors t, t+T, ... of
-//                     the concatenated items, so small items (a 720-byte KV
-//                     block is 45 vectors) keep every lane busy and several
-//                     loads in flight.
+// fx_scatter_flat16   equal-sized, 16-byte aligned items as runs of 16-byte
+//                     vectors: a block takes several consecutive items per
+//                     round, so small items (a 720-byte KV block is 45
+//                     vectors) keep every lane busy and several loads in
+//                     flight, and each descriptor is read once.
 //
 // Within a range, 16-byte vectors are used where source and destination share
 // their alignment modulo 16, then 8, 4, 2 bytes, with byte copies for the
@@ -114,27 +114,55 @@ extern "C" __global__ void fx_scatter_uniform(fx_u64 src_base, fx_u64 dst_base, 
   }
 }
 
+// Pieces per block round of fx_scatter_flat16 at most; a round moves at most
+// 4 * blockDim.x vectors, so each thread has up to four loads in flight.
+#define FX_FLAT_MAX_CHUNK 256
+
+// fx_flat_chunk is how many pieces one block takes per round: as many whole
+// pieces as fit in 4 vectors per thread, at least one. The host sizes the grid
+// with the same rule (gpucopy.flatChunk).
+__device__ __forceinline__ fx_u32 fx_flat_chunk(fx_u32 per_piece, fx_u32 threads) {
+  fx_u32 c = (4 * threads) / per_piece;
+  if (c < 1) c = 1;
+  if (c > FX_FLAT_MAX_CHUNK) c = FX_FLAT_MAX_CHUNK;
+  return c;
+}
+
+// Each block takes a run of consecutive pieces per round: their descriptors
+// are read once, coalesced, into shared memory (one read per piece instead of
+// one per vector, which matters most when the descriptors stay in pinned host
+// memory and every read crosses PCIe), then the block's threads move the run's
+// vectors with four loads in flight each.
 extern "C" __global__ void fx_scatter_flat16(fx_u64 src_base, fx_u64 dst_base, const fx_off* __restrict__ offs,
                                              fx_u32 total, fx_u32 per_piece, fx_u32 shift) {
-  const fx_u32 stride = gridDim.x * blockDim.x;
-  for (fx_u32 v = blockIdx.x * blockDim.x + threadIdx.x; v < total; v += 4 * stride) {
-    fx_v16 r[4];
-    fx_v16* d[4];
+  __shared__ fx_off run[FX_FLAT_MAX_CHUNK];
+  const fx_u32 pieces = total / per_piece;
+  const fx_u32 chunk = fx_flat_chunk(per_piece, blockDim.x);
+  for (fx_u32 first = blockIdx.x * chunk; first < pieces; first += gridDim.x * chunk) {
+    const fx_u32 n = (pieces - first < chunk) ? pieces - first : chunk;
+    for (fx_u32 t = threadIdx.x; t < n; t += blockDim.x) run[t] = offs[first + t];
+    __syncthreads();
+    const fx_u32 vecs = n * per_piece;
+    for (fx_u32 v = threadIdx.x; v < vecs; v += 4 * blockDim.x) {
+      fx_v16 r[4];
+      fx_v16* d[4];
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-      fx_u32 w = v + k * stride;
-      d[k] = 0;
-      if (w < total) {
-        fx_u32 piece = w / per_piece;
-        fx_u32 in = w - piece * per_piece;
-        fx_off o = offs[piece];
-        r[k] = ((const fx_v16*)(src_base + ((fx_u64)o.src << shift)))[in];
-        d[k] = ((fx_v16*)(dst_base + ((fx_u64)o.dst << shift))) + in;
+      for (int k = 0; k < 4; k++) {
+        fx_u32 w = v + k * blockDim.x;
+        d[k] = 0;
+        if (w < vecs) {
+          fx_u32 piece = w / per_piece;
+          fx_u32 in = w - piece * per_piece;
+          fx_off o = run[piece];
+          r[k] = ((const fx_v16*)(src_base + ((fx_u64)o.src << shift)))[in];
+          d[k] = ((fx_v16*)(dst_base + ((fx_u64)o.dst << shift))) + in;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        if (d[k]) *d[k] = r[k];
       }
     }
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-      if (d[k]) *d[k] = r[k];
-    }
+    __syncthreads();
   }
 }
