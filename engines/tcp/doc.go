@@ -10,8 +10,9 @@
 //
 // A peer that closes its connections, resets them, or sends nothing for Options.Liveness (1 s) while requests
 // wait for its answers is lost: every request in flight to it fails at once with an *engines.PeerLostError
-// naming the node and its address, and the next transfer dials it again. Any byte received counts as life, so
-// healthy links carry no extra traffic. Dialing is bounded by Options.DialTimeout (2 s), so transfers to a
+// naming the node and its address, and the next transfer dials it again. Any byte received counts as life,
+// and the serving side sends keepalives while it receives a long payload, so healthy links carry almost no
+// extra traffic. Dialing is bounded by Options.DialTimeout (2 s), so transfers to a
 // peer behind a partition fail fast too. Preconnect opens a peer's connections ahead of its first transfer
 // (the agent does so when a peer appears in its directory); Disconnect closes them.
 //
@@ -31,4 +32,6 @@
 // payload of writes and notifications. Responses: op u8, status u8 (0 ok), reserved u16, request id u64,
 // length u64, then the data of reads or the error text. The server checks every range against the region
 // before touching it, and answers a refused write only after consuming its payload, so the stream stays usable.
+// While it receives a payload the server sends a keepalive (op 6, id 0, no data) at least every 100 ms, so a
+// client tells a slow stream from a silent peer; clients ignore answers to requests they do not wait for.
 package tcp

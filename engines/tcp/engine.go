@@ -41,8 +41,8 @@ type Options struct {
 	// payload and for its answer to leave (default 15 s).
 	PeerTimeout time.Duration
 	// Liveness is how long a connection with requests waiting for answers may receive nothing before its peer
-	// counts as lost (default 1 s, never more than PeerTimeout). Any byte received counts, so a healthy link
-	// needs no extra traffic; a link too slow to carry ChunkBytes*ConnsPerPeer within it needs a larger value.
+	// counts as lost (default 1 s, never more than PeerTimeout). Any byte received counts, answers and the
+	// serving side's keepalives (every 100 ms while it receives a payload) alike.
 	Liveness time.Duration
 	// DialTimeout bounds opening one connection: TCP connect, TLS handshake and hello (default 2 s). A dial
 	// through a partition fails after it, so new transfers to an unreachable peer fail fast.

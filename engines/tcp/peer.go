@@ -331,15 +331,12 @@ func (c *conn) recvLoop() {
 			if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.idle() {
 				continue // the deadline was armed for requests that were abandoned since
 			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				err = fmt.Errorf("nothing received for %v while requests waited for answers", c.p.e.opts.Liveness)
-			}
-			c.p.kill(err)
+			c.p.kill(c.explain(err))
 			return
 		}
 		h := parseRespHeader(hdr)
 		if err := c.handle(br, h); err != nil {
-			c.p.kill(err)
+			c.p.kill(c.explain(err))
 			return
 		}
 		c.mu.Lock()
@@ -375,6 +372,14 @@ func (r *progressReader) Read(b []byte) (int, error) {
 	return n, err
 }
 
+// explain names a read deadline that passed for what it means.
+func (c *conn) explain(err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("nothing received for %v while requests waited for answers", c.p.e.opts.Liveness)
+	}
+	return err
+}
+
 // idle reports whether nothing waits for an answer, and clears the read deadline if so.
 func (c *conn) idle() bool {
 	c.mu.Lock()
@@ -388,6 +393,12 @@ func (c *conn) idle() bool {
 
 // handle processes one answer; an error means the stream is unusable.
 func (c *conn) handle(br *bufio.Reader, h respHeader) error {
+	if h.op == opKeepalive {
+		if h.id != 0 || h.length != 0 {
+			return fmt.Errorf("keepalive with id %d and %d bytes of payload", h.id, h.length)
+		}
+		return nil // its arrival was the point
+	}
 	if h.length > maxChunk {
 		return fmt.Errorf("answer of %d bytes, at most %d", h.length, maxChunk)
 	}
@@ -441,7 +452,7 @@ func (c *conn) handle(br *bufio.Reader, h respHeader) error {
 		r.holds--
 		if err != nil {
 			c.mu.Unlock()
-			c.p.kill(err)
+			c.p.kill(c.explain(err))
 			c.mu.Lock()
 			f := r.settle(c.p.deadErr)
 			c.mu.Unlock()

@@ -19,6 +19,8 @@ const (
 	// the payload is the parts back to back. Small scattered segments travel many to a request.
 	opWriteV byte = 4
 	opReadV  byte = 5
+	// opKeepalive is an answer to no request (id 0, no payload): the server is receiving a payload.
+	opKeepalive byte = 6
 
 	statusOK      byte = 0
 	statusUnknown byte = 1

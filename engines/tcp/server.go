@@ -12,8 +12,12 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
-// handshakeTimeout bounds the TLS handshake and the hello exchange of a new connection.
+// handshakeTimeout bounds the TLS handshake and the hello exchange of a connection this node accepts.
 const handshakeTimeout = 10 * time.Second
+
+// keepaliveEvery is how often the serving side says it is receiving a long payload (see payloadReader); a
+// client's Liveness should be several times longer.
+const keepaliveEvery = 100 * time.Millisecond
 
 // serve accepts peers until the listener closes.
 func (e *Engine) serve(ln net.Listener) {
@@ -83,6 +87,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 		if err != nil {
 			return err
 		}
+		pr := payloadReader{br: br, nc: nc, last: time.Now()}
 		// A request's payload must arrive, and its answer leave, within the peer timeout.
 		nc.SetDeadline(time.Now().Add(e.opts.PeerTimeout))
 		resp := respHeader{op: h.op, id: h.id}
@@ -96,13 +101,13 @@ func (e *Engine) serveConn(raw net.Conn) error {
 			}
 			dst, release, err := e.serveRegion(h)
 			if err != nil {
-				if _, derr := io.CopyN(io.Discard, br, int64(h.length)); derr != nil {
+				if derr := pr.discard(h.length); derr != nil {
 					return derr
 				}
 				resp.status, data = errorStatus(err), []byte(err.Error())
 				break
 			}
-			_, err = io.ReadFull(br, dst)
+			err = pr.read(dst)
 			release()
 			if err != nil {
 				return err
@@ -129,7 +134,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 			views, release, err := e.serveParts(h.mem, parts)
 			if err != nil {
 				if h.op == opWriteV {
-					if _, derr := io.CopyN(io.Discard, br, int64(h.length)); derr != nil {
+					if derr := pr.discard(h.length); derr != nil {
 						return derr
 					}
 				}
@@ -138,7 +143,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 			}
 			if h.op == opWriteV {
 				for _, v := range views {
-					if _, err := io.ReadFull(br, v); err != nil {
+					if err := pr.read(v); err != nil {
 						release()
 						return err
 					}
@@ -193,6 +198,64 @@ func (e *Engine) serveConn(raw net.Conn) error {
 		}
 		nc.SetDeadline(time.Time{})
 	}
+}
+
+// payloadReader reads a request's payload and, while it arrives, tells the client that it does: a keepalive
+// frame at least every keepaliveEvery. The client's liveness check counts received bytes, and a write's answer
+// can only leave once its whole payload arrived, which on a slow or busy link can take longer than the check.
+type payloadReader struct {
+	br   *bufio.Reader
+	nc   net.Conn
+	last time.Time // when this connection last sent a frame
+	buf  []byte    // keepalive frame
+}
+
+func (r *payloadReader) tick() error {
+	now := time.Now()
+	if now.Sub(r.last) < keepaliveEvery {
+		return nil
+	}
+	r.last = now
+	if r.buf == nil {
+		r.buf = appendRespHeader(nil, respHeader{op: opKeepalive})
+	}
+	_, err := r.nc.Write(r.buf)
+	return err
+}
+
+// read fills dst from the stream.
+func (r *payloadReader) read(dst []byte) error {
+	for off := 0; off < len(dst); {
+		n, err := r.br.Read(dst[off:])
+		off += n
+		if err != nil {
+			if errors.Is(err, io.EOF) && off < len(dst) {
+				err = io.ErrUnexpectedEOF
+			}
+			if off < len(dst) {
+				return err
+			}
+		}
+		if err := r.tick(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// discard consumes n bytes of payload.
+func (r *payloadReader) discard(n uint64) error {
+	for n > 0 {
+		got, err := r.br.Discard(int(min(n, 64<<10)))
+		n -= uint64(got)
+		if err != nil {
+			return err
+		}
+		if err := r.tick(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // serveRegion pins the local region a request names and returns the requested slice of it.
