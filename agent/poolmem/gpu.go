@@ -1,9 +1,11 @@
 package poolmem
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -45,62 +47,133 @@ type GPUTarget struct {
 	BusID string
 }
 
+// DefaultSlabsPerGPU is how many slabs a GPU's pool memory is split into when no slab size is given.
+const DefaultSlabsPerGPU = 8
+
+// MaxSlabsPerGPU bounds the slabs of one GPU: each is a VMM allocation, a mapping and an open fd in the agent.
+const MaxSlabsPerGPU = 1024
+
+// GPUOptions size a GPU pool.
+type GPUOptions struct {
+	// PerGPU is the device memory allocated on each GPU (rounded up to the VMM granularity).
+	PerGPU uint64
+	// SlabBytes is the size of one slab, the unit lent to one caller at a time (rounded up to the VMM
+	// granularity, at most PerGPU). 0 splits PerGPU into DefaultSlabsPerGPU slabs.
+	SlabBytes uint64
+}
+
+// SlabSized is a GPUDriver that carries the pool's slab size to [NewGPU], for code that builds the pool from
+// the driver and the per-GPU size alone.
+type SlabSized struct {
+	GPUDriver
+	SlabBytes uint64
+}
+
 // DeviceUsage is one GPU's pool memory, as GetInfo and the agent's log show it.
 type DeviceUsage struct {
-	Index            int
-	BusID            string
+	Index int
+	BusID string
+	// Total is every slab's bytes; Free the bytes not lent. Free bytes inside a slab a caller holds are
+	// lendable to that caller only; FreeSlabs are lendable to anyone.
 	Total, Free      uint64
+	SlabBytes        uint64
+	Slabs, FreeSlabs int
 	FabricExportable bool
 	// FabricReason says why the memory is not fabric-exportable (empty when it is).
 	FabricReason string
 }
 
-// gpuMemory is the pool's allocation on one GPU: created once, mapped in the agent, exported as a POSIX fd.
+// gpuMemory is the pool's memory on one GPU: its slabs, created once, with the handle types the driver allowed.
 type gpuMemory struct {
-	index  int
-	busID  string
-	dev    cuda.Device
-	ctx    cuda.Context
+	index     int
+	busID     string
+	dev       cuda.Device
+	ctx       cuda.Context
+	types     int
+	size      uint64
+	slabBytes uint64
+	slabs     []*slab
+	fabric    bool
+	reason    string
+}
+
+// slab is one VMM allocation of a GPU's pool memory, mapped in the agent and exported as a POSIX fd. It is
+// lent to one owner at a time: every slice carved from it belongs to that owner, so the fd a borrower gets
+// reaches its own slices only. It is free again when its last slice is freed.
+type slab struct {
+	gpu    *gpuMemory
 	handle cuda.AllocHandle
 	ptr    cuda.DevicePtr
 	size   uint64
 	file   *os.File
-	fabric bool
-	reason string
+	owner  string // "" while free
 	ranges *ranges
 }
 
-// GPUPool is device memory: one VMM allocation per GPU, created with the POSIX fd handle type and, where the
-// driver allows, the fabric handle type, carved first-fit into [SliceAlign]-aligned slices.
+// GPUPool is device memory: per GPU, slabs of VMM memory created with the POSIX fd handle type and, where the
+// driver allows, the fabric handle type. Slices are carved first-fit, [SliceAlign]-aligned, from slabs their
+// owner already holds, else from a free slab.
 type GPUPool struct {
 	drv  GPUDriver
 	gpus []*gpuMemory
 
 	mu     sync.Mutex
-	owner  map[string]*gpuMemory
+	slices map[string]*slab
 	nextID uint64
 	closed bool
 }
 
-// NewGPU allocates perGPU bytes (rounded up to the VMM granularity) on each target GPU, maps it in this process
-// and zeroes it. A driver that refuses the fabric handle type (no IMEX channel, older GPUs) gets a POSIX-fd-only
-// allocation, and the reason is kept ([GPUPool.Devices]). Any other failure undoes what was made.
+// NewGPU allocates perGPU bytes on each target GPU with the default slab size, or the one a [SlabSized] driver
+// carries; see [NewGPUWithOptions].
 func NewGPU(drv GPUDriver, targets []GPUTarget, perGPU uint64) (*GPUPool, error) {
-	if perGPU == 0 {
+	o := GPUOptions{PerGPU: perGPU}
+	if s, ok := drv.(SlabSized); ok {
+		drv, o.SlabBytes = s.GPUDriver, s.SlabBytes
+	}
+	return NewGPUWithOptions(drv, targets, o)
+}
+
+// NewGPUWithOptions allocates o.PerGPU bytes (rounded up to the VMM granularity) on each target GPU as slabs,
+// maps them in this process and zeroes them. A driver that refuses the fabric handle type (no IMEX channel,
+// older GPUs) gets POSIX-fd-only slabs, and the reason is kept ([GPUPool.Devices]). Any other failure undoes
+// what was made.
+func NewGPUWithOptions(drv GPUDriver, targets []GPUTarget, o GPUOptions) (*GPUPool, error) {
+	if o.PerGPU == 0 {
 		return nil, errors.New("creating GPU pool memory: size per GPU must be positive")
 	}
 	if len(targets) == 0 {
 		return nil, errors.New("creating GPU pool memory: no GPUs")
 	}
-	p := &GPUPool{drv: drv, owner: map[string]*gpuMemory{}}
+	p := &GPUPool{drv: drv, slices: map[string]*slab{}}
 	for _, t := range targets {
-		m, err := p.create(t, perGPU)
+		m, err := p.create(t, o)
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("creating %d bytes of pool memory on GPU %d (%s): %w", perGPU, t.Index, t.BusID, err), p.Close())
+			return nil, errors.Join(fmt.Errorf("creating %d bytes of pool memory on GPU %d (%s): %w", o.PerGPU, t.Index, t.BusID, err), p.Close())
 		}
 		p.gpus = append(p.gpus, m)
 	}
 	return p, nil
+}
+
+// slabSizes splits total bytes (a multiple of g) into slabs of the requested size (0: total/DefaultSlabsPerGPU),
+// rounded up to g, at least g and at most total; the last slab holds the remainder.
+func slabSizes(total, g, requested uint64) ([]uint64, error) {
+	slab := requested
+	if slab == 0 {
+		slab = total / DefaultSlabsPerGPU
+	}
+	slab = cuda.RoundUp(slab, g)
+	slab = min(max(slab, g), total)
+	n := (total + slab - 1) / slab
+	if n > MaxSlabsPerGPU {
+		return nil, fmt.Errorf("a slab size of %d bytes (--pool-slab-bytes) splits %d bytes into %d slabs, more than %d", slab, total, n, MaxSlabsPerGPU)
+	}
+	sizes := make([]uint64, n)
+	for i := range sizes {
+		sizes[i] = slab
+	}
+	sizes[n-1] = total - (n-1)*slab
+	return sizes, nil
 }
 
 // ordinal finds the CUDA device of a target by PCI address (the agent's GPU indexes and CUDA's ordinals differ
@@ -130,7 +203,7 @@ func fabricRefused(err error) bool {
 	return cuda.IsResult(err, cuda.ErrNotPermitted) || cuda.IsResult(err, cuda.ErrNotSupported) || cuda.IsResult(err, cuda.ErrInvalidValue)
 }
 
-func (p *GPUPool) create(t GPUTarget, perGPU uint64) (*gpuMemory, error) {
+func (p *GPUPool) create(t GPUTarget, o GPUOptions) (*gpuMemory, error) {
 	dev, err := p.ordinal(t)
 	if err != nil {
 		return nil, err
@@ -141,58 +214,85 @@ func (p *GPUPool) create(t GPUTarget, perGPU uint64) (*gpuMemory, error) {
 	}
 	m := &gpuMemory{index: t.Index, busID: t.BusID, dev: dev, ctx: ctx}
 	err = p.drv.WithContext(ctx, func() error {
-		types := cuda.HandleTypePosixFD | cuda.HandleTypeFabric
+		m.types = cuda.HandleTypePosixFD | cuda.HandleTypeFabric
 		if ok, err := p.drv.DeviceAttribute(dev, cuda.AttrHandleTypeFabricSupported); err != nil || ok == 0 {
-			types, m.reason = cuda.HandleTypePosixFD, fmt.Sprintf("the GPU does not offer fabric handles (HANDLE_TYPE_FABRIC_SUPPORTED %d, %v)", ok, err)
+			m.types, m.reason = cuda.HandleTypePosixFD, fmt.Sprintf("the GPU does not offer fabric handles (HANDLE_TYPE_FABRIC_SUPPORTED %d, %v)", ok, err)
 		}
-		g, err := p.drv.Granularity(dev, types)
-		if err != nil && types&cuda.HandleTypeFabric != 0 && fabricRefused(err) {
-			types, m.reason = cuda.HandleTypePosixFD, fmt.Sprintf("the driver refused the fabric handle type: %v", err)
-			g, err = p.drv.Granularity(dev, types)
-		}
-		if err != nil {
-			return err
-		}
-		size := cuda.RoundUp(perGPU, g)
-		h, err := p.drv.MemCreate(dev, size, types)
-		if err != nil && types&cuda.HandleTypeFabric != 0 && fabricRefused(err) {
-			// Without an IMEX channel the driver refuses fabric allocations (CUDA_ERROR_NOT_PERMITTED): the pool
-			// still serves this node's callers through POSIX fds.
-			types, m.reason = cuda.HandleTypePosixFD, fmt.Sprintf("the driver refused the fabric handle type: %v (an IMEX channel is needed)", err)
-			h, err = p.drv.MemCreate(dev, size, types)
+		g, err := p.drv.Granularity(dev, m.types)
+		if err != nil && m.types&cuda.HandleTypeFabric != 0 && fabricRefused(err) {
+			m.types, m.reason = cuda.HandleTypePosixFD, fmt.Sprintf("the driver refused the fabric handle type: %v", err)
+			g, err = p.drv.Granularity(dev, m.types)
 		}
 		if err != nil {
 			return err
 		}
-		m.handle, m.size = h, size
-		if types&cuda.HandleTypeFabric != 0 {
-			if _, err := p.drv.ExportFabric(h); err != nil {
-				m.reason = fmt.Sprintf("created with the fabric handle type, but exporting one failed: %v", err)
-			} else {
-				m.fabric = true
+		if g == 0 {
+			g = SliceAlign
+		}
+		m.size = cuda.RoundUp(o.PerGPU, g)
+		sizes, err := slabSizes(m.size, g, o.SlabBytes)
+		if err != nil {
+			return err
+		}
+		m.slabBytes = sizes[0]
+		for i, size := range sizes {
+			s, err := p.newSlab(m, size, g)
+			if err != nil {
+				for _, s := range m.slabs {
+					err = errors.Join(err, p.release(s))
+				}
+				m.slabs = nil
+				return fmt.Errorf("slab %d of %d (%d bytes): %w", i+1, len(sizes), size, err)
 			}
+			m.slabs = append(m.slabs, s)
 		}
-		ptr, err := p.drv.MapHandle(h, size, g, p.accessors(dev))
-		if err != nil {
-			return errors.Join(err, p.drv.MemRelease(h))
-		}
-		m.ptr = ptr
-		fd, err := p.drv.ExportPosixFD(h)
-		if err != nil {
-			return errors.Join(fmt.Errorf("exporting a POSIX fd: %w", err), p.drv.UnmapRange(ptr, size), p.drv.MemRelease(h))
-		}
-		m.file = os.NewFile(uintptr(fd), fmt.Sprintf("gpu-pool-%d", t.Index))
-		// Fresh device memory may hold a previous process's bytes.
-		if err := p.zero(ptr, size); err != nil {
-			return errors.Join(err, m.file.Close(), p.drv.UnmapRange(ptr, size), p.drv.MemRelease(h))
-		}
+		m.fabric = m.types&cuda.HandleTypeFabric != 0 && m.reason == ""
 		return nil
 	})
 	if err != nil {
 		return nil, errors.Join(err, p.drv.PrimaryContextRelease(dev))
 	}
-	m.ranges = newRanges(m.size, SliceAlign)
 	return m, nil
+}
+
+// newSlab creates, maps, exports and zeroes one slab of m. The first refusal of the fabric handle type turns
+// it off for the GPU's remaining slabs. m's context is current.
+func (p *GPUPool) newSlab(m *gpuMemory, size, g uint64) (*slab, error) {
+	h, err := p.drv.MemCreate(m.dev, size, m.types)
+	if err != nil && m.types&cuda.HandleTypeFabric != 0 && fabricRefused(err) {
+		// Without an IMEX channel the driver refuses fabric allocations (CUDA_ERROR_NOT_PERMITTED): the pool
+		// still serves this node's callers through POSIX fds.
+		m.types, m.reason = cuda.HandleTypePosixFD, fmt.Sprintf("the driver refused the fabric handle type: %v (an IMEX channel is needed)", err)
+		h, err = p.drv.MemCreate(m.dev, size, m.types)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if m.types&cuda.HandleTypeFabric != 0 {
+		if _, err := p.drv.ExportFabric(h); err != nil && m.reason == "" {
+			m.reason = fmt.Sprintf("created with the fabric handle type, but exporting one failed: %v", err)
+		}
+	}
+	ptr, err := p.drv.MapHandle(h, size, g, p.accessors(m.dev))
+	if err != nil {
+		return nil, errors.Join(err, p.drv.MemRelease(h))
+	}
+	fd, err := p.drv.ExportPosixFD(h)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("exporting a POSIX fd: %w", err), p.drv.UnmapRange(ptr, size), p.drv.MemRelease(h))
+	}
+	s := &slab{gpu: m, handle: h, ptr: ptr, size: size, ranges: newRanges(size, SliceAlign),
+		file: os.NewFile(uintptr(fd), fmt.Sprintf("gpu-pool-%d-%d", m.index, len(m.slabs)))}
+	// Fresh device memory may hold a previous process's bytes.
+	if err := p.zero(ptr, size); err != nil {
+		return nil, errors.Join(err, p.release(s))
+	}
+	return s, nil
+}
+
+// release closes, unmaps and releases a slab. Its GPU's context is current.
+func (p *GPUPool) release(s *slab) error {
+	return errors.Join(s.file.Close(), p.drv.UnmapRange(s.ptr, s.size), p.drv.MemRelease(s.handle))
 }
 
 // accessors are dev and every GPU that can reach it as a peer: the agent's copies may run on either side.
@@ -228,24 +328,46 @@ func (p *GPUPool) zero(ptr cuda.DevicePtr, n uint64) error {
 // Kind implements Allocator.
 func (p *GPUPool) Kind() Kind { return GPU }
 
-// Allocate implements Allocator: a slice on the GPU with the most free bytes.
-func (p *GPUPool) Allocate(size uint64) (*Slice, error) {
-	p.mu.Lock()
-	best := -1
-	var most uint64
-	for _, m := range p.gpus {
-		if f := m.ranges.freeBytes(); best < 0 || f > most {
-			best, most = m.index, f
+// room is what m can still lend owner: its free slabs and the free bytes of the slabs owner holds.
+func (m *gpuMemory) room(owner string) (n uint64) {
+	for _, s := range m.slabs {
+		if s.owner == "" || s.owner == owner {
+			n += s.ranges.freeBytes()
 		}
 	}
-	p.mu.Unlock()
-	return p.AllocateOn(best, size)
+	return n
 }
 
-// AllocateOn lends size bytes of GPU gpu's pool memory (the agent's GPU index).
-func (p *GPUPool) AllocateOn(gpu int, size uint64) (*Slice, error) {
+// Allocate implements Allocator: a slice on the GPU with the most room for owner.
+func (p *GPUPool) Allocate(owner string, size uint64) (*Slice, error) {
+	p.mu.Lock()
+	order := slices.Clone(p.gpus)
+	slices.SortStableFunc(order, func(a, b *gpuMemory) int { return cmp.Compare(b.room(owner), a.room(owner)) })
+	p.mu.Unlock()
+	var first error
+	for _, m := range order {
+		s, err := p.AllocateOn(owner, m.index, size)
+		if err == nil {
+			return s, nil
+		}
+		if first == nil {
+			first = err
+		}
+		if !errors.Is(err, ErrExhausted) {
+			break
+		}
+	}
+	return nil, first
+}
+
+// AllocateOn lends size bytes of GPU gpu's pool memory (the agent's GPU index) to owner, from a slab owner
+// already holds or else from a free slab, which becomes owner's until its last slice is freed.
+func (p *GPUPool) AllocateOn(owner string, gpu int, size uint64) (*Slice, error) {
 	if size == 0 {
 		return nil, errors.New("allocating GPU pool memory: size must be positive")
+	}
+	if owner == "" {
+		return nil, errors.New("allocating GPU pool memory: the owner is required")
 	}
 	var m *gpuMemory
 	for _, g := range p.gpus {
@@ -256,8 +378,8 @@ func (p *GPUPool) AllocateOn(gpu int, size uint64) (*Slice, error) {
 	if m == nil {
 		return nil, fmt.Errorf("allocating %d bytes on GPU %d: %w (pool memory is on GPUs %v)", size, gpu, ErrNoSuchGPU, p.indexes())
 	}
-	if size > m.size {
-		return nil, fmt.Errorf("allocating %d bytes on GPU %d: %w (the GPU's pool holds %d bytes)", size, gpu, ErrExhausted, m.size)
+	if size > m.slabBytes {
+		return nil, fmt.Errorf("allocating %d bytes on GPU %d: %w: a slab holds %d bytes (agent flag --pool-slab-bytes)", size, gpu, ErrTooLarge, m.slabBytes)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -265,14 +387,40 @@ func (p *GPUPool) AllocateOn(gpu int, size uint64) (*Slice, error) {
 		return nil, errors.New("allocating GPU pool memory: pool closed")
 	}
 	id := fmt.Sprintf("gpu%d-%d", gpu, p.nextID+1)
-	got, ok := m.ranges.take(id, size)
-	if !ok {
-		return nil, fmt.Errorf("allocating %d bytes on GPU %d: %w (%d of %d bytes free, fragmented)", size, gpu, ErrExhausted, m.ranges.freeBytes(), m.size)
+	held, lent := 0, 0
+	var got span
+	var in *slab
+	for _, s := range m.slabs {
+		if s.owner != owner {
+			continue
+		}
+		held++
+		if sp, ok := s.ranges.take(id, size); ok {
+			got, in = sp, s
+			break
+		}
+	}
+	if in == nil {
+		for _, s := range m.slabs {
+			if s.owner != "" {
+				lent++
+				continue
+			}
+			if sp, ok := s.ranges.take(id, size); ok {
+				got, in = sp, s
+				s.owner = owner
+				break
+			}
+		}
+	}
+	if in == nil {
+		return nil, fmt.Errorf("allocating %d bytes on GPU %d for %s: %w (the %d slabs it holds have no room for it; %d of %d slabs of %d bytes are lent)",
+			size, gpu, owner, ErrExhausted, held, lent, len(m.slabs), m.slabBytes)
 	}
 	p.nextID++
-	p.owner[id] = m
-	return &Slice{ID: id, Kind: GPU, GPU: gpu, File: m.file, Offset: got.off, Length: size, AllocSize: m.size,
-		Ptr: uint64(m.ptr) + got.off, BusID: m.busID, FabricExportable: m.fabric, FabricReason: m.reason}, nil
+	p.slices[id] = in
+	return &Slice{ID: id, Kind: GPU, GPU: gpu, File: in.file, Offset: got.off, Length: size, AllocSize: in.size,
+		Ptr: uint64(in.ptr) + got.off, BusID: m.busID, FabricExportable: m.fabric, FabricReason: m.reason}, nil
 }
 
 func (p *GPUPool) indexes() []int {
@@ -284,24 +432,29 @@ func (p *GPUPool) indexes() []int {
 }
 
 // Free implements Allocator. The range is zeroed before it is lent again; a range that could not be zeroed
-// stays out of the pool.
+// stays out of the pool, and so its slab stays with its owner. A slab whose last slice is freed is free
+// again, all zero, for any owner.
 func (p *GPUPool) Free(id string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	m, ok := p.owner[id]
+	s, ok := p.slices[id]
 	if !ok {
 		return fmt.Errorf("freeing pool memory %q: not allocated", id)
 	}
-	s := m.ranges.used[id]
-	if err := p.drv.WithContext(m.ctx, func() error { return p.zero(m.ptr+cuda.DevicePtr(s.off), s.len) }); err != nil {
-		delete(p.owner, id)
-		m.ranges.used["quarantined-"+id] = s
-		delete(m.ranges.used, id)
+	sp := s.ranges.used[id]
+	delete(p.slices, id)
+	if err := p.drv.WithContext(s.gpu.ctx, func() error { return p.zero(s.ptr+cuda.DevicePtr(sp.off), sp.len) }); err != nil {
+		s.ranges.used["quarantined-"+id] = sp
+		delete(s.ranges.used, id)
 		return fmt.Errorf("freeing pool memory %q: %w (the range is kept out of the pool)", id, err)
 	}
-	delete(p.owner, id)
-	_, err := m.ranges.put(id)
-	return err
+	if _, err := s.ranges.put(id); err != nil {
+		return err
+	}
+	if len(s.ranges.used) == 0 {
+		s.owner = ""
+	}
+	return nil
 }
 
 // Usage implements Allocator: all GPUs together.
@@ -309,8 +462,10 @@ func (p *GPUPool) Usage() (total, free uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range p.gpus {
-		total += m.size
-		free += m.ranges.freeBytes()
+		for _, s := range m.slabs {
+			total += s.size
+			free += s.ranges.freeBytes()
+		}
 	}
 	return total, free
 }
@@ -321,14 +476,22 @@ func (p *GPUPool) Devices() []DeviceUsage {
 	defer p.mu.Unlock()
 	out := make([]DeviceUsage, 0, len(p.gpus))
 	for _, m := range p.gpus {
-		out = append(out, DeviceUsage{Index: m.index, BusID: m.busID, Total: m.size, Free: m.ranges.freeBytes(),
-			FabricExportable: m.fabric, FabricReason: m.reason})
+		d := DeviceUsage{Index: m.index, BusID: m.busID, SlabBytes: m.slabBytes, Slabs: len(m.slabs),
+			FabricExportable: m.fabric, FabricReason: m.reason}
+		for _, s := range m.slabs {
+			d.Total += s.size
+			d.Free += s.ranges.freeBytes()
+			if s.owner == "" {
+				d.FreeSlabs++
+			}
+		}
+		out = append(out, d)
 	}
 	return out
 }
 
-// Close unmaps and releases the pool's allocations. Memory callers imported stays alive until they release it
-// (the driver counts references).
+// Close unmaps and releases the pool's slabs. Memory callers imported stays alive until they release it (the
+// driver counts references).
 func (p *GPUPool) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -338,9 +501,12 @@ func (p *GPUPool) Close() error {
 	p.closed = true
 	var errs []error
 	for _, m := range p.gpus {
-		errs = append(errs, m.file.Close())
 		errs = append(errs, p.drv.WithContext(m.ctx, func() error {
-			return errors.Join(p.drv.UnmapRange(m.ptr, m.size), p.drv.MemRelease(m.handle))
+			var errs []error
+			for _, s := range m.slabs {
+				errs = append(errs, p.release(s))
+			}
+			return errors.Join(errs...)
 		}))
 		errs = append(errs, p.drv.PrimaryContextRelease(m.dev))
 	}

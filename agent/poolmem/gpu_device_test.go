@@ -116,15 +116,29 @@ func TestGPUPoolSliceMappedByAnotherProcess(t *testing.T) {
 	t.Logf("pool on GPU 0 (%s): %d bytes, fabric-exportable %v %s", d.BusID, d.Total, d.FabricExportable, d.FabricReason)
 
 	// A first slice so the borrower's is not at offset 0, then the borrower's: odd length, 3 MiB and change.
-	first, err := pool.AllocateOn(0, 1<<20)
+	first, err := pool.AllocateOn("pod/a", 0, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sl, err := pool.AllocateOn(0, 3<<20+123)
+	sl, err := pool.AllocateOn("pod/a", 0, 3<<20+123)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("lent slices at offsets %d (+%d) and %d (+%d) of a %d-byte allocation", first.Offset, first.Length, sl.Offset, sl.Length, sl.AllocSize)
+	t.Logf("lent slices at offsets %d (+%d) and %d (+%d) of a %d-byte slab", first.Offset, first.Length, sl.Offset, sl.Length, sl.AllocSize)
+	// The fd a borrower gets is its slab's (an eighth of the GPU's share by default), shared with no other owner.
+	if sl.AllocSize != d.SlabBytes || sl.AllocSize >= d.Total || sl.Ptr-sl.Offset != first.Ptr-first.Offset {
+		t.Fatalf("slices of one owner: slab %d bytes at %#x and %#x; want one %d-byte slab", sl.AllocSize, sl.Ptr-sl.Offset, first.Ptr-first.Offset, d.SlabBytes)
+	}
+	other, err := pool.AllocateOn("pod/b", 0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.Ptr-other.Offset == sl.Ptr-sl.Offset {
+		t.Fatal("a second owner was lent a slice of the first owner's slab")
+	}
+	if err := pool.Free(other.ID); err != nil {
+		t.Fatal(err)
+	}
 
 	// Register the slice through the composite the agent runs: same-node engine with the GPU backend, and the
 	// fabric engine, which exports it when it can.

@@ -3,9 +3,13 @@ package poolmem
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
 )
@@ -18,8 +22,11 @@ type fakeDriver struct {
 	noFabric    bool  // HANDLE_TYPE_FABRIC_SUPPORTED reads 0
 	refuse      error // MemCreate's answer to the fabric handle type
 	createErr   map[int]error
-	exportErr   error // ExportFabric's answer
-	zeroErr     error
+	// failAt, when positive, makes the failAt-th MemCreate fail (out of memory partway through a pool).
+	failAt    int
+	creates   int
+	exportErr error // ExportFabric's answer
+	zeroErr   error
 
 	mu       sync.Mutex
 	mem      map[cuda.DevicePtr][]byte
@@ -74,6 +81,9 @@ func (f *fakeDriver) MemCreate(d cuda.Device, size uint64, types int) (cuda.Allo
 	if err := f.createErr[int(d)]; err != nil {
 		return 0, err
 	}
+	if f.creates++; f.failAt > 0 && f.creates == f.failAt {
+		return 0, &cuda.Error{Op: "cuMemCreate", Code: cuda.ErrOutOfMemory, Name: "CUDA_ERROR_OUT_OF_MEMORY"}
+	}
 	f.next++
 	h := cuda.AllocHandle(f.next)
 	f.handles[h] = types
@@ -109,7 +119,12 @@ func (f *fakeDriver) UnmapRange(p cuda.DevicePtr, size uint64) error {
 	delete(f.mem, p)
 	return nil
 }
-func (f *fakeDriver) ExportPosixFD(cuda.AllocHandle) (int, error) { return memfdCreate("fake-vmm") }
+
+// ExportPosixFD hands out a memfd named after the fake, so tests can count the descriptors still open.
+func (f *fakeDriver) ExportPosixFD(cuda.AllocHandle) (int, error) {
+	return unix.MemfdCreate(f.fdName(), unix.MFD_CLOEXEC)
+}
+func (f *fakeDriver) fdName() string { return fmt.Sprintf("fake-vmm-%p", f) }
 func (f *fakeDriver) ExportFabric(cuda.AllocHandle) (cuda.FabricHandle, error) {
 	return cuda.FabricHandle{1}, f.exportErr
 }
@@ -139,8 +154,9 @@ func (f *fakeDriver) at(p cuda.DevicePtr, n uint64) []byte {
 func (f *fakeDriver) leaks() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.handles) != 0 || len(f.mem) != 0 || f.contexts != 0 {
-		return fmt.Sprintf("%d handles, %d mappings, %d contexts still held", len(f.handles), len(f.mem), f.contexts)
+	fds := openMemfds(f.fdName())
+	if len(f.handles) != 0 || len(f.mem) != 0 || f.contexts != 0 || fds != 0 {
+		return fmt.Sprintf("%d handles, %d mappings, %d contexts, %d exported fds still held", len(f.handles), len(f.mem), f.contexts, fds)
 	}
 	return ""
 }
@@ -155,11 +171,11 @@ func TestVMMPoolLendsAlignedSlicesOnTheNamedGPU(t *testing.T) {
 	if total, free := p.Usage(); total != 4<<20 || free != 4<<20 {
 		t.Fatalf("usage %d free of %d, want 2 GPUs × 2 MiB (rounded up to the granularity)", free, total)
 	}
-	a, err := p.AllocateOn(5, 1000)
+	a, err := p.AllocateOn("pod/a", 5, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := p.AllocateOn(5, SliceAlign+1)
+	b, err := p.AllocateOn("pod/a", 5, SliceAlign+1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,12 +218,12 @@ func TestVMMPoolLendsAlignedSlicesOnTheNamedGPU(t *testing.T) {
 	if err := p.Free(b.ID); err == nil {
 		t.Fatal("double free accepted")
 	}
-	c, err := p.AllocateOn(5, 2*SliceAlign)
+	c, err := p.AllocateOn("pod/a", 5, 2*SliceAlign)
 	if err != nil || c.Offset != b.Offset {
 		t.Fatalf("reallocation: %+v, %v; want the freed range at %d again", c, err, b.Offset)
 	}
 	// Allocate without an index takes the GPU with the most room.
-	d, err := p.Allocate(1)
+	d, err := p.Allocate("pod/a", 1)
 	if err != nil || d.GPU != 3 {
 		t.Fatalf("Allocate: %+v, %v; want GPU 3 (emptier)", d, err)
 	}
@@ -217,7 +233,7 @@ func TestVMMPoolLendsAlignedSlicesOnTheNamedGPU(t *testing.T) {
 	if l := drv.leaks(); l != "" {
 		t.Fatalf("after Close: %s", l)
 	}
-	if _, err := p.AllocateOn(3, 1); err == nil {
+	if _, err := p.AllocateOn("pod/a", 3, 1); err == nil {
 		t.Fatal("allocation from a closed pool accepted")
 	}
 }
@@ -229,25 +245,28 @@ func TestVMMPoolBadRequestsChangeNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	held, err := p.AllocateOn(0, SliceAlign)
+	held, err := p.AllocateOn("pod/a", 0, SliceAlign)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, freeBefore := p.Usage()
 	for _, tc := range []struct {
 		name  string
+		owner string
 		gpu   int
 		size  uint64
 		is    error
 		words string
 	}{
-		{"size 0", 0, 0, nil, "size must be positive"},
-		{"larger than the pool", 0, 2<<20 + 1, ErrExhausted, "holds 2097152 bytes"},
-		{"unknown GPU index", 7, 4096, ErrNoSuchGPU, "GPUs [0]"},
-		{"negative GPU index", -1, 4096, ErrNoSuchGPU, "GPU -1"},
-		{"more than is free", 0, 2 << 20, ErrExhausted, "fragmented"},
+		{"size 0", "pod/a", 0, 0, nil, "size must be positive"},
+		{"no owner", "", 0, 4096, nil, "owner is required"},
+		{"larger than a slab", "pod/a", 0, 2<<20 + 1, ErrTooLarge, "a slab holds 2097152 bytes (agent flag --pool-slab-bytes)"},
+		{"unknown GPU index", "pod/a", 7, 4096, ErrNoSuchGPU, "GPUs [0]"},
+		{"negative GPU index", "pod/a", -1, 4096, ErrNoSuchGPU, "GPU -1"},
+		{"more than its slab has left", "pod/a", 0, 2 << 20, ErrExhausted, "the 1 slabs it holds have no room"},
+		{"another owner, no free slab", "pod/b", 0, 4096, ErrExhausted, "1 of 1 slabs"},
 	} {
-		s, err := p.AllocateOn(tc.gpu, tc.size)
+		s, err := p.AllocateOn(tc.owner, tc.gpu, tc.size)
 		if err == nil {
 			t.Errorf("%s: lent %+v", tc.name, s)
 			continue
@@ -282,7 +301,7 @@ func TestVMMPoolFallsBackToPosixFDWhenFabricIsRefused(t *testing.T) {
 	if d.FabricExportable || !strings.Contains(d.FabricReason, "CUDA_ERROR_NOT_PERMITTED") || !strings.Contains(d.FabricReason, "IMEX") {
 		t.Fatalf("device %+v: want not exportable, with the driver's refusal and what is missing", d)
 	}
-	s, err := p.AllocateOn(0, 10)
+	s, err := p.AllocateOn("pod/a", 0, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +373,7 @@ func TestVMMPoolKeepsRangesItCouldNotZeroOutOfThePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	s, err := p.AllocateOn(0, SliceAlign)
+	s, err := p.AllocateOn("pod/a", 0, SliceAlign)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,4 +388,296 @@ func TestVMMPoolKeepsRangesItCouldNotZeroOutOfThePool(t *testing.T) {
 	if err := p.Free(s.ID); err == nil {
 		t.Fatal("the quarantined slice was freed twice")
 	}
+	// The slab still holds the owner's unzeroed bytes: it is never lent to anyone else.
+	if _, err := p.AllocateOn("pod/b", 0, 4096); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("another owner after a failed zeroing: %v, want ErrExhausted", err)
+	}
+}
+
+// slabOf is the device address of the slab holding a slice: slices of one slab share it.
+func slabOf(s *Slice) uint64 { return s.Ptr - s.Offset }
+
+func inode(t *testing.T, f *os.File) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+func TestVMMPoolSlabSizes(t *testing.T) {
+	const g, mib = 2 << 20, 1 << 20
+	for _, tc := range []struct {
+		name             string
+		total, requested uint64
+		want             []uint64
+		words            string
+	}{
+		{"default: an eighth", 64 * mib, 0, []uint64{8 * mib, 8 * mib, 8 * mib, 8 * mib, 8 * mib, 8 * mib, 8 * mib, 8 * mib}, ""},
+		{"default rounds up to the granularity; the last slab is the rest", 100 * mib, 0,
+			[]uint64{14 * mib, 14 * mib, 14 * mib, 14 * mib, 14 * mib, 14 * mib, 14 * mib, 2 * mib}, ""},
+		{"default: at least one granularity", 4 * mib, 0, []uint64{g, g}, ""},
+		{"requested, rounded up", 8 * mib, 3 * mib, []uint64{4 * mib, 4 * mib}, ""},
+		{"requested larger than the GPU's share", 8 * mib, 1 << 40, []uint64{8 * mib}, ""},
+		{"requested below the granularity", 4 * mib, 1, []uint64{g, g}, ""},
+		{"too many slabs", 4096 * mib, g, nil, "more than 1024"},
+	} {
+		got, err := slabSizes(tc.total, g, tc.requested)
+		if tc.words != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.words) || !strings.Contains(err.Error(), "--pool-slab-bytes") {
+				t.Errorf("%s: %v, %v; want an error naming the flag and %q", tc.name, got, err, tc.words)
+			}
+			continue
+		}
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: %v, %v; want %v", tc.name, got, err, tc.want)
+		}
+	}
+}
+
+func TestVMMPoolOwnersNeverShareASlab(t *testing.T) {
+	drv := newFake("0000:1b:00.0")
+	// The slab size travels with the driver, as the agent passes it.
+	p, err := NewGPU(SlabSized{GPUDriver: drv, SlabBytes: 2 << 20}, []GPUTarget{{Index: 0}}, 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if d := p.Devices()[0]; d.Slabs != 4 || d.SlabBytes != 2<<20 || d.FreeSlabs != 4 || d.Total != 8<<20 {
+		t.Fatalf("device %+v: want 4 free slabs of 2 MiB", d)
+	}
+	if len(drv.handles) != 4 {
+		t.Fatalf("%d VMM allocations, want one per slab", len(drv.handles))
+	}
+	owner := map[string]string{}
+	var lent []*Slice
+	take := func(who string, size uint64) *Slice {
+		t.Helper()
+		s, err := p.AllocateOn(who, 0, size)
+		if err != nil {
+			t.Fatalf("%s allocating %d bytes: %v", who, size, err)
+		}
+		owner[s.ID] = who
+		lent = append(lent, s)
+		return s
+	}
+	a1 := take("pod/a", 512<<10)
+	a2 := take("pod/a", 512<<10)
+	b1 := take("pod/b", 4096)
+	a3 := take("pod/a", 512<<10)
+	if slabOf(a1) != slabOf(a2) || slabOf(a2) != slabOf(a3) || a1.File != a3.File {
+		t.Fatal("one owner's small slices were spread over several slabs")
+	}
+	if slabOf(b1) == slabOf(a1) || b1.File == a1.File {
+		t.Fatal("a second owner was lent a slice of the first owner's slab")
+	}
+	// A's slab has 512 KiB left: a 1 MiB slice opens a second slab for A rather than using B's.
+	a4 := take("pod/a", 1<<20)
+	b2 := take("pod/b", 1<<20)
+	if slabOf(a4) == slabOf(a1) || slabOf(a4) == slabOf(b1) || slabOf(b2) != slabOf(b1) {
+		t.Fatalf("slab bases a1 %#x a4 %#x b1 %#x b2 %#x", slabOf(a1), slabOf(a4), slabOf(b1), slabOf(b2))
+	}
+	if d := p.Devices()[0]; d.FreeSlabs != 1 {
+		t.Fatalf("device %+v: want 1 free slab (A holds 2, B holds 1)", d)
+	}
+	c1 := take("pod/c", 2<<20)
+	// Every pair of slices of different owners: different slabs, different fds (different files, not just
+	// different descriptors of one), and each fd is of the slab's size.
+	for i, x := range lent {
+		if x.AllocSize != 2<<20 || x.Offset+x.Length > x.AllocSize {
+			t.Errorf("slice %s: [%d, +%d) of a %d-byte allocation", x.ID, x.Offset, x.Length, x.AllocSize)
+		}
+		for _, y := range lent[i+1:] {
+			if owner[x.ID] == owner[y.ID] {
+				continue
+			}
+			if slabOf(x) == slabOf(y) || inode(t, x.File) == inode(t, y.File) {
+				t.Errorf("%s (%s) and %s (%s) share a slab", x.ID, owner[x.ID], y.ID, owner[y.ID])
+			}
+		}
+	}
+	// Full: a fourth owner gets nothing, and the error says why; C, whose slab is full, gets nothing either.
+	if _, err := p.AllocateOn("pod/d", 0, 1); !errors.Is(err, ErrExhausted) || !strings.Contains(err.Error(), "4 of 4 slabs") {
+		t.Errorf("a fourth owner with every slab lent: %v", err)
+	}
+	if _, err := p.Allocate("pod/c", 1); !errors.Is(err, ErrExhausted) || !strings.Contains(err.Error(), "pod/c") {
+		t.Errorf("C with its slab full: %v", err)
+	}
+	// An owner can still fill its own slabs.
+	take("pod/b", 512<<10)
+	if _, free := p.Usage(); free != 8<<20-(3*512<<10+1<<20+SliceAlign+1<<20+2<<20+512<<10) {
+		t.Errorf("free bytes %d", free)
+	}
+	_ = c1
+}
+
+func TestVMMPoolSlabFreedByItsLastSliceIsZeroedAndLentToAnotherOwner(t *testing.T) {
+	drv := newFake("0000:1b:00.0")
+	p, err := NewGPUWithOptions(drv, []GPUTarget{{Index: 0}}, GPUOptions{PerGPU: 4 << 20, SlabBytes: 2 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	a1, err := p.AllocateOn("pod/a", 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := p.AllocateOn("pod/a", 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.AllocateOn("pod/b", 0, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	copy(drv.at(cuda.DevicePtr(a1.Ptr), 6), "secret")
+	copy(drv.at(cuda.DevicePtr(a2.Ptr+a2.Length-6), 6), "secret")
+	if err := p.Free(a1.ID); err != nil {
+		t.Fatal(err)
+	}
+	// A still holds a slice of the slab: it is not anyone else's yet.
+	if _, err := p.AllocateOn("pod/c", 0, 4096); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("C while A still holds a slice of the slab: %v, want ErrExhausted", err)
+	}
+	if got := drv.at(cuda.DevicePtr(a1.Ptr), 6); string(got) != "\x00\x00\x00\x00\x00\x00" {
+		t.Fatalf("freed slice holds %q", got)
+	}
+	if err := p.Free(a2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if d := p.Devices()[0]; d.FreeSlabs != 1 || d.Free != 2<<20 {
+		t.Fatalf("device %+v: A's slab should be free again", d)
+	}
+	c, err := p.AllocateOn("pod/c", 0, 2<<20)
+	if err != nil {
+		t.Fatalf("C after A gave its slab back: %v", err)
+	}
+	if slabOf(c) != slabOf(a1) || c.File != a1.File {
+		t.Fatalf("C got slab %#x, want A's former slab %#x", slabOf(c), slabOf(a1))
+	}
+	// The whole slab C can map through its fd is zero: nothing of A's survives.
+	for i, v := range drv.at(cuda.DevicePtr(slabOf(c)), c.AllocSize) {
+		if v != 0 {
+			t.Fatalf("byte %d of the slab lent to C is %#x", i, v)
+		}
+	}
+}
+
+func TestVMMPoolRefusesRequestsLargerThanASlab(t *testing.T) {
+	drv := newFake("0000:1b:00.0", "0000:2c:00.0")
+	p, err := NewGPU(drv, []GPUTarget{{Index: 0}, {Index: 1}}, 16<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// Default: an eighth of 16 MiB.
+	for _, try := range []func() error{
+		func() error { _, err := p.AllocateOn("pod/a", 1, 2<<20+1); return err },
+		func() error { _, err := p.Allocate("pod/a", 2<<20+1); return err },
+	} {
+		err := try()
+		if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "a slab holds 2097152 bytes") || !strings.Contains(err.Error(), "--pool-slab-bytes") {
+			t.Errorf("a request one byte over the slab: %v", err)
+		}
+	}
+	if s, err := p.Allocate("pod/a", 2<<20); err != nil || s.AllocSize != 2<<20 {
+		t.Errorf("a request of exactly one slab: %+v, %v", s, err)
+	}
+	if _, free := p.Usage(); free != 32<<20-2<<20 {
+		t.Errorf("free %d after refusals and one slab lent", free)
+	}
+}
+
+func TestVMMPoolAllocatePrefersTheGPUWithRoomForTheOwner(t *testing.T) {
+	drv := newFake("0000:1b:00.0", "0000:2c:00.0")
+	p, err := NewGPUWithOptions(drv, []GPUTarget{{Index: 0}, {Index: 1}}, GPUOptions{PerGPU: 2 << 20, SlabBytes: 2 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	a, err := p.Allocate("pod/a", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The other GPU's only slab is the one B can have; A's GPU has nothing for B.
+	b, err := p.Allocate("pod/b", 4096)
+	if err != nil || b.GPU == a.GPU {
+		t.Fatalf("B: %+v, %v; want the GPU A does not hold", b, err)
+	}
+	if _, err := p.Allocate("pod/c", 4096); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("C with both GPUs' slabs lent: %v", err)
+	}
+	if again, err := p.Allocate("pod/a", 4096); err != nil || again.GPU != a.GPU {
+		t.Fatalf("A again: %+v, %v; want A's own slab", again, err)
+	}
+}
+
+func TestVMMPoolCloseReleasesEverySlab(t *testing.T) {
+	drv := newFake("0000:1b:00.0", "0000:2c:00.0")
+	p, err := NewGPUWithOptions(drv, []GPUTarget{{Index: 0}, {Index: 1}}, GPUOptions{PerGPU: 16 << 20, SlabBytes: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := openMemfds(drv.fdName()); n != 8 || len(drv.handles) != 8 || len(drv.mem) != 8 {
+		t.Fatalf("%d fds, %d handles, %d mappings open; want 8 slabs (4 per GPU)", n, len(drv.handles), len(drv.mem))
+	}
+	// Slices still lent do not keep anything of the agent's alive.
+	for _, who := range []string{"pod/a", "pod/b", "pod/c"} {
+		if _, err := p.Allocate(who, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if l := drv.leaks(); l != "" {
+		t.Fatalf("after Close: %s", l)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+func TestVMMPoolFailingPartwayThroughTheSlabsUndoesEverything(t *testing.T) {
+	drv := newFake("0000:1b:00.0", "0000:2c:00.0")
+	drv.failAt = 6 // the second slab of the second GPU
+	_, err := NewGPUWithOptions(drv, []GPUTarget{{Index: 0}, {Index: 1}}, GPUOptions{PerGPU: 8 << 20, SlabBytes: 2 << 20})
+	if err == nil || !strings.Contains(err.Error(), "GPU 1") || !strings.Contains(err.Error(), "slab 2 of 4") || !strings.Contains(err.Error(), "OUT_OF_MEMORY") {
+		t.Fatalf("out of memory at the sixth slab: %v", err)
+	}
+	if l := drv.leaks(); l != "" {
+		t.Fatalf("after a failed creation: %s", l)
+	}
+}
+
+func TestVMMPoolFabricRefusalAppliesToEverySlab(t *testing.T) {
+	drv := newFake("0000:1b:00.0")
+	drv.refuse = &cuda.Error{Op: "cuMemCreate", Code: cuda.ErrNotPermitted, Name: "CUDA_ERROR_NOT_PERMITTED"}
+	p, err := NewGPUWithOptions(drv, []GPUTarget{{Index: 0}}, GPUOptions{PerGPU: 6 << 20, SlabBytes: 2 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	fd := cuda.HandleTypePosixFD
+	if fmt.Sprint(drv.created) != fmt.Sprint([]int{fd | cuda.HandleTypeFabric, fd, fd, fd}) {
+		t.Fatalf("handle types asked for: %v; want one refused fabric attempt, then fd only for all 3 slabs", drv.created)
+	}
+	if d := p.Devices()[0]; d.FabricExportable || d.Slabs != 3 {
+		t.Fatalf("device %+v", d)
+	}
+}
+
+// openMemfds counts this process's open descriptors of memfds named name.
+func openMemfds(name string) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		panic(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && l == "/memfd:"+name+" (deleted)" {
+			n++
+		}
+	}
+	return n
 }

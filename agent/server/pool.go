@@ -43,7 +43,7 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 	if req.Kind != agentv1.MemoryKind_MEMORY_KIND_UNSPECIFIED && req.Kind != want {
 		return nil, status.Errorf(codes.InvalidArgument, "this node's pool memory is %s, not %s", want, req.Kind)
 	}
-	sl, desc, handleType, err := s.lend(req, want)
+	sl, desc, handleType, err := s.lend(sess.caller.Key, req, want)
 	if err != nil {
 		return nil, err
 	}
@@ -77,15 +77,15 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 
 // gpuLender is a GPU pool: slices come from the GPU the caller names.
 type gpuLender interface {
-	AllocateOn(gpu int, size uint64) (*poolmem.Slice, error)
+	AllocateOn(owner string, gpu int, size uint64) (*poolmem.Slice, error)
 }
 
-// lend takes a slice from the pool and describes it for the engines: host slices by the agent's view, GPU slices
-// by the agent's device pointer and the allocation's VMM fd (the engines export a fabric handle when the
-// allocation has one).
-func (s *Server) lend(req *agentv1.AllocateFromPoolRequest, kind agentv1.MemoryKind) (*poolmem.Slice, engines.MemoryDesc, agentv1.HandleType, error) {
+// lend takes a slice from the pool for owner (the caller's key: every connection of a pod shares its slabs)
+// and describes it for the engines: host slices by the agent's view, GPU slices by the agent's device pointer
+// and the slab's VMM fd (the engines export a fabric handle when the slab has one).
+func (s *Server) lend(owner string, req *agentv1.AllocateFromPoolRequest, kind agentv1.MemoryKind) (*poolmem.Slice, engines.MemoryDesc, agentv1.HandleType, error) {
 	if kind == agentv1.MemoryKind_MEMORY_KIND_HOST {
-		sl, err := s.opts.Pool.Allocate(req.Length)
+		sl, err := s.opts.Pool.Allocate(owner, req.Length)
 		if err != nil {
 			return nil, engines.MemoryDesc{}, 0, status.Errorf(codes.ResourceExhausted, "%v", err)
 		}
@@ -96,8 +96,8 @@ func (s *Server) lend(req *agentv1.AllocateFromPoolRequest, kind agentv1.MemoryK
 	if !ok {
 		return nil, engines.MemoryDesc{}, 0, status.Error(codes.Unimplemented, "this agent's GPU pool memory cannot lend by GPU index")
 	}
-	sl, err := lender.AllocateOn(int(req.GpuIndex), req.Length)
-	if errors.Is(err, poolmem.ErrNoSuchGPU) {
+	sl, err := lender.AllocateOn(owner, int(req.GpuIndex), req.Length)
+	if errors.Is(err, poolmem.ErrNoSuchGPU) || errors.Is(err, poolmem.ErrTooLarge) {
 		return nil, engines.MemoryDesc{}, 0, status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	if err != nil {
@@ -147,8 +147,8 @@ func (s *Server) releaseAllocation(ctx context.Context, sess *session, a *alloca
 	return nil
 }
 
-// allocationSize is how much of the slice's fd a borrower maps: the whole VMM allocation for GPU slices (VMM
-// maps whole allocations only), and up to the slice's end for host slices.
+// allocationSize is how much of the slice's fd a borrower maps: the whole slab for GPU slices (VMM maps whole
+// allocations only), and up to the slice's end for host slices (the memfd is the slice).
 func allocationSize(sl *poolmem.Slice) uint64 {
 	if sl.AllocSize > 0 {
 		return sl.AllocSize
