@@ -65,10 +65,11 @@ unit: ## Run the Go tests only (needs make tools for the envtest suites)
 	$(GO) test $(GOTEST_FLAGS) ./...
 
 .PHONY: e2e
-e2e: tools build ## End-to-end: demo as a test, failure tests, helm install/uninstall and kubectl apply of dist/install.yaml
+e2e: tools build ## End-to-end: demo as a test, failure tests, helm install/uninstall and kubectl apply of dist/install.yaml, a 60 s soak
 	hack/e2e.sh
 	hack/failure.sh
 	OPERATOR_BIN=$(BIN_DIR)/operator hack/chart-install-test.sh
+	BIN_DIR=$(BIN_DIR) hack/soak.sh $(SOAK_SHORT)
 
 .PHONY: failure
 failure: tools build ## Failure tests: operator SIGKILLed mid-reconcile and mid-finalizer, leader failover, API server restart
@@ -87,6 +88,12 @@ N ?= 100
 scale: tools ## Simulate N agents against a local control plane and measure the operator (make scale N=1000)
 	go build -o $(BIN_DIR)/ ./cmd/operator
 	BIN_DIR=$(BIN_DIR) hack/scale.sh $(N)
+
+DURATION ?= 10m
+SOAK_SHORT ?= 60s
+.PHONY: soak
+soak: tools ## Transfers under agent restarts and pool churn for DURATION (default 10m); fails on lost or hung transfers and on memory, goroutine or fd growth
+	BIN_DIR=$(BIN_DIR) hack/soak.sh $(DURATION)
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 20s)

@@ -17,6 +17,7 @@ DURATION=${1:-${DURATION:-10m}}
 export API_PORT=${SOAK_API_PORT:-31443} ETCD_PORT=${SOAK_ETCD_PORT:-31790}
 export AGENT_PORT_BASE=${SOAK_AGENT_PORT_BASE:-31470} OPERATOR_PORT_BASE=${SOAK_OPERATOR_PORT_BASE:-31080}
 WORK=$(mktemp -d /tmp/fabricxfer-soak.XXXXXX)
+T0=$(date +%s)
 export DEMO_DIR=$WORK/demo BIN_DIR=$WORK/bin
 
 for b in kubectl etcd kube-apiserver; do
@@ -44,6 +45,7 @@ cleanup() {
     rc=1
   fi
   [ "${KEEP_STATE:-0}" = 1 ] && echo "soak: state kept in $WORK" >&2 || rm -rf "$WORK"
+  echo "soak: $([ "$rc" = 0 ] && echo passed || echo FAILED) after $(($(date +%s) - T0)) s of wall time (build, bring-up and teardown included)"
   exit "$rc"
 }
 trap cleanup EXIT
@@ -59,7 +61,7 @@ for b in kubectl etcd kube-apiserver kube-controller-manager; do
   if [ -x "$TOOLS/$b" ]; then ln -s "$TOOLS/$b" "$BIN_DIR/$b"; fi
 done
 
-step "bringing up the control plane, operator and three agents on 127.0.0.1:$API_PORT"
+step "built in $(($(date +%s) - T0)) s; bringing up the control plane, operator and three agents on 127.0.0.1:$API_PORT"
 t0=$(date +%s)
 if ! hack/demo.sh up >"$WORK/up.log" 2>&1 || ! grep -q "TransferPool kv-cache Ready" "$WORK/up.log"; then
   cat "$WORK/up.log" >&2

@@ -158,7 +158,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	procs = append(procs, &tracked{series: series{Name: "soak client"}, judged: true, self: true})
 
-	st := newStats()
+	st := newStats(min(o.transferDeadline, o.agentTimeout))
 	ch := &churn{}
 	pc := &poolChurn{kube: kube}
 	stop := make(chan struct{})
@@ -223,6 +223,7 @@ func run(ctx context.Context, args []string) error {
 	timer.Stop()
 	end := time.Now()
 	close(stop)
+	fmt.Printf("soak: %d s: stopping; churn finishes the cycle it is in, transfers drain\n", int(end.Sub(start).Seconds()))
 	// Churn finishes the cycle it is in (each step has its own deadline), then transfers drain.
 	for ; churnsLeft > 0; churnsLeft-- {
 		if err := <-churnErr; err != nil {
@@ -238,6 +239,7 @@ func run(ctx context.Context, args []string) error {
 	drain.Stop()
 	close(samplerStop)
 	<-samplerDone
+	fmt.Printf("soak: stopped %d s after the end; checking the pool and leftovers\n", int(time.Since(end).Seconds()))
 
 	// The main pool is whole again, and nothing of the churned pools is left.
 	if err := poll(ctx, 30*time.Second, "the pool to count every node ready", func() (bool, string, error) {
@@ -267,7 +269,7 @@ func run(ctx context.Context, args []string) error {
 		problems = append(problems, fmt.Sprintf("%d transfers completed with wrong bytes", st.corrupt))
 	}
 	if st.overDeadline > 0 {
-		problems = append(problems, fmt.Sprintf("%d transfers ran into their deadline (%s)", st.overDeadline, st.examples["deadline"]))
+		problems = append(problems, fmt.Sprintf("%d transfers ran into their deadline: %s", st.overDeadline, strings.Join(st.overDeadlineEx, " | ")))
 	}
 	problems = append(problems, hung...)
 	if n := st.failed - st.failedInChurn; n > 0 {
@@ -316,12 +318,16 @@ func run(ctx context.Context, args []string) error {
 	for _, d := range ch.downs {
 		downs = append(downs, d.Round(100*time.Millisecond).String())
 	}
-	recovers := int64(0)
+	recovers, retries := int64(0), int64(0)
 	for _, c := range clients {
 		recovers += c.recovered.Load()
+		retries += c.retries.Load()
+		if e, ok := c.lastErr.Load().(string); ok {
+			fmt.Printf("soak: %s's client retried Recover %d times, last because: %s\n", c.name, c.retries.Load(), e)
+		}
 	}
-	fmt.Printf("soak: %d agent restarts of %s (stopped → ready: %s), %d client recoveries; %d pools created and deleted (slowest: objects in %s, gone in %s)\n",
-		ch.cycles, o.churnNode, strings.Join(downs, " "), recovers, pc.cycles.Load(), pc.maxUp.Round(time.Millisecond), pc.maxDown.Round(time.Millisecond))
+	fmt.Printf("soak: %d agent restarts of %s (stopped → ready: %s), %d client recoveries (%d retried); %d pools created and deleted (slowest: objects in %s, gone in %s)\n",
+		ch.cycles, o.churnNode, strings.Join(downs, " "), recovers, retries, pc.cycles.Load(), pc.maxUp.Round(time.Millisecond), pc.maxDown.Round(time.Millisecond))
 	fmt.Printf("soak: %d transfers completed and verified (%.1f MiB), slowest %s; failures: %s\n",
 		st.completed, float64(st.bytes)/(1<<20), st.maxLatency.Round(time.Millisecond), orNone(st.classSummaryLocked()))
 	for class, ex := range st.examples {

@@ -117,7 +117,7 @@ func TestClassify(t *testing.T) {
 		want string
 	}{
 		{fmt.Errorf("transferring: %w", context.DeadlineExceeded), "deadline"},
-		{status.Error(codes.DeadlineExceeded, "late"), "deadline"},
+		{status.Error(codes.DeadlineExceeded, "cut short"), "grpc-DeadlineExceeded"},
 		{&client.TransferError{Status: &agentv1.TransferStatus{State: agentv1.TransferState_TRANSFER_STATE_DEADLINE_EXCEEDED}}, "deadline"},
 		{fmt.Errorf("transferring: %w (%v)", client.ErrSessionLost, errors.New("eof")), "session-lost"},
 		{&client.TransferError{Status: &agentv1.TransferStatus{State: agentv1.TransferState_TRANSFER_STATE_FAILED}}, "transfer-failed"},
@@ -193,5 +193,22 @@ func TestParseDefaults(t *testing.T) {
 	}
 	if _, err := parse([]string{"-state", "/x", "-kubeconfig", "/k", "-churn-node", "nope"}); err == nil {
 		t.Fatal("an unknown churn node was accepted")
+	}
+}
+
+func TestOverDeadlineByElapsedTime(t *testing.T) {
+	st := newStats(10 * time.Second)
+	t0 := time.Unix(1_000_000, 0)
+	cut := status.Error(codes.DeadlineExceeded, "transfer 1 submitted but still pending when the call ended: context canceled")
+	st.record("w", outcome{start: t0, end: t0.Add(time.Second), err: cut}, nil)
+	if st.overDeadline != 0 {
+		t.Fatal("a call cut short after 1 s counted as over its deadline")
+	}
+	st.record("w", outcome{start: t0, end: t0.Add(10 * time.Second), err: errors.New("slow")}, nil)
+	if st.overDeadline != 1 || st.failed != 2 {
+		t.Fatalf("over deadline %d, failed %d; want 1 and 2", st.overDeadline, st.failed)
+	}
+	if len(st.outsideChurn) != 2 {
+		t.Fatalf("failures outside churn %q, want both", st.outsideChurn)
 	}
 }

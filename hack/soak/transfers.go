@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc/codes"
-
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 )
@@ -27,8 +25,10 @@ type nodeClient struct {
 	c     *client.Client
 	mu    sync.Mutex
 	epoch atomic.Uint64
-	// recovered counts successful Recover calls.
+	// recovered counts successful Recover calls, retries the failed ones (lastErr says why).
 	recovered atomic.Int64
+	retries   atomic.Int64
+	lastErr   atomic.Value
 }
 
 // recover re-registers the client's regions after its agent restarted, unless another worker already did so
@@ -41,12 +41,22 @@ func (n *nodeClient) recover(ctx context.Context, seen uint64, limit time.Durati
 	}
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	if err := n.c.Recover(ctx); err != nil {
-		return fmt.Errorf("recovering the client of %s's agent: %w", n.name, err)
+	for {
+		err := n.c.Recover(ctx)
+		if err == nil {
+			n.epoch.Add(1)
+			n.recovered.Add(1)
+			return nil
+		}
+		// Recover waits for the agent to accept connections, but a connection that breaks under its calls (the
+		// agent stopped again, or was still going down) fails it: try again until the deadline.
+		n.retries.Add(1)
+		n.lastErr.Store(err.Error())
+		sleep(ctx, 200*time.Millisecond)
+		if ctx.Err() != nil {
+			return fmt.Errorf("recovering the client of %s's agent: not within %s: %w", n.name, limit, err)
+		}
 	}
-	n.epoch.Add(1)
-	n.recovered.Add(1)
-	return nil
 }
 
 // worker moves bytes between its local region (on home) and its target region (on peer, or another region
@@ -166,6 +176,9 @@ type stats struct {
 	failedInChurn  int64
 	corrupt        int64
 	overDeadline   int64
+	overDeadlineEx []string
+	// deadline is the shortest of a transfer's deadlines: a call that lasts this long ran into one.
+	deadline       time.Duration
 	bytes          uint64
 	maxLatency     time.Duration
 	classes        map[string]int64
@@ -175,8 +188,8 @@ type stats struct {
 	perWorkerCount map[string]int64
 }
 
-func newStats() *stats {
-	return &stats{classes: map[string]int64{}, examples: map[string]string{}, perWorkerCount: map[string]int64{}}
+func newStats(deadline time.Duration) *stats {
+	return &stats{deadline: deadline, classes: map[string]int64{}, examples: map[string]string{}, perWorkerCount: map[string]int64{}}
 }
 
 func (s *stats) submit() {
@@ -213,8 +226,13 @@ func (s *stats) record(worker string, out outcome, ch *churn) {
 	if _, ok := s.examples[class]; !ok {
 		s.examples[class] = fmt.Sprintf("%s: %v", worker, out.err)
 	}
-	if class == "deadline" {
+	// A failure is judged by how long it took, not by its code: an agent that stops mid-call answers
+	// DeadlineExceeded for a call that was merely cut short.
+	if class == "deadline" || out.end.Sub(out.start) >= s.deadline {
 		s.overDeadline++
+		if len(s.overDeadlineEx) < 5 {
+			s.overDeadlineEx = append(s.overDeadlineEx, fmt.Sprintf("%s after %s: %v", worker, out.end.Sub(out.start).Round(time.Millisecond), out.err))
+		}
 	}
 	if ch.during(out.start, out.end) {
 		s.failedInChurn++
@@ -224,11 +242,12 @@ func (s *stats) record(worker string, out outcome, ch *churn) {
 }
 
 // classify names the kind of a failure: the session was lost, the agent refused or failed it (gRPC code), the
-// transfer ran and failed (its final state), or it ran past its deadline.
+// transfer ran and failed (its final state), or its deadline passed (the client's context or the agent's
+// timeout).
 func classify(err error) string {
 	var te *client.TransferError
 	switch {
-	case errors.Is(err, context.DeadlineExceeded) || client.Code(err) == codes.DeadlineExceeded:
+	case errors.Is(err, context.DeadlineExceeded):
 		return "deadline"
 	case errors.As(err, &te) && te.Status != nil && te.Status.State == agentv1.TransferState_TRANSFER_STATE_DEADLINE_EXCEEDED:
 		return "deadline"
