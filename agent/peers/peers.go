@@ -1,10 +1,13 @@
 package peers
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -67,7 +70,15 @@ type Options struct {
 	// Data, when set, gets data connections opened to every peer met (at the data address its Hello answer
 	// names) and closed when the peer leaves the directory. Failures are logged and retried every Refresh.
 	Data DataPath
+	// MaxDataPeers bounds how many peers get data connections ahead of use (default 64; negative: none).
+	// Beyond it, connections open on first use: four TLS connections to each of a thousand peers would be
+	// four thousand idle connections per agent. Each agent picks its own subset (by a hash of both names), so
+	// no node is every agent's first choice.
+	MaxDataPeers int
 }
+
+// defaultMaxDataPeers is Options.MaxDataPeers when zero.
+const defaultMaxDataPeers = 64
 
 // Peers is the agent-to-agent channel of one agent.
 type Peers struct {
@@ -214,6 +225,7 @@ func (p *Peers) preconnectData(ctx context.Context, peers map[string]string) {
 	if p.opts.Data == nil {
 		return
 	}
+	peers = p.dataSubset(peers)
 	var g errgroup.Group
 	g.SetLimit(preconnectParallel)
 	for node, addr := range peers {
@@ -227,6 +239,39 @@ func (p *Peers) preconnectData(ctx context.Context, peers map[string]string) {
 		})
 	}
 	g.Wait()
+}
+
+// dataSubset keeps the MaxDataPeers peers whose hash with this node's name is lowest: a stable choice across
+// refreshes that differs from agent to agent.
+func (p *Peers) dataSubset(peers map[string]string) map[string]string {
+	limit := p.opts.MaxDataPeers
+	if limit == 0 {
+		limit = defaultMaxDataPeers
+	}
+	if limit < 0 {
+		return nil
+	}
+	if len(peers) <= limit {
+		return peers
+	}
+	rank := func(node string) uint64 {
+		h := fnv.New64a()
+		h.Write([]byte(p.opts.Node))
+		h.Write([]byte{0})
+		h.Write([]byte(node))
+		// FNV alone orders similar names alike for every agent; a 64-bit finalizer (splitmix64) mixes it.
+		x := h.Sum64()
+		x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+		x = (x ^ x>>27) * 0x94d049bb133111eb
+		return x ^ x>>31
+	}
+	nodes := slices.Collect(maps.Keys(peers))
+	slices.SortFunc(nodes, func(a, b string) int { return cmp.Compare(rank(a), rank(b)) })
+	out := make(map[string]string, limit)
+	for _, n := range nodes[:limit] {
+		out[n] = peers[n]
+	}
+	return out
 }
 
 // Connected lists the nodes with an introduced connection.

@@ -47,6 +47,9 @@ type Config struct {
 	StaticPeers string
 	// DisableTCP keeps the tcp engine off (a pool that disallows it).
 	DisableTCP bool
+	// PreconnectPeers bounds how many peers get tcp data connections before first use (0: the default, 64;
+	// negative: none).
+	PreconnectPeers int
 
 	// FastSpin is how long the fast socket polls for a caller's next request before sleeping.
 	FastSpin time.Duration
@@ -72,6 +75,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSDir, "tls-dir", "/etc/fabricxfer/tls", "directory with the pool's tls.crt, tls.key and ca.crt; empty runs this node alone (no peers, no tcp engine)")
 	fs.StringVar(&c.StaticPeers, "peers", "", "static peer list node=host:port,... (outside Kubernetes; otherwise TransferNode endpoints are used)")
 	fs.BoolVar(&c.DisableTCP, "disable-tcp", false, "keep the tcp engine off")
+	fs.IntVar(&c.PreconnectPeers, "preconnect-peers", 64, "open tcp data connections ahead of use to at most this many peers (each agent picks its own subset; -1: none)")
 	fs.DurationVar(&c.FastSpin, "fast-spin", 50*time.Microsecond, "how long the fast socket polls for a caller's next request before sleeping (0 never polls)")
 	fs.Uint64Var(&c.PoolHostBytes, "pool-host-bytes", 0, "host shared memory the agent lends to callers (AllocateFromPool); 0 lends none")
 	fs.Uint64Var(&c.PoolGPUBytes, "pool-gpu-bytes", 0, "device memory per NVIDIA GPU the agent lends to callers (AllocateFromPool), fabric-exportable where the driver allows; 0 lends none")
@@ -166,6 +170,21 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		return err
 	}
 	engs := append([]engines.Engine{x}, deps.ExtraEngines...)
+	// Until the composite owns the engines (and the server the peer listener), a setup error must close them:
+	// the tcp engine holds a listener and goroutines.
+	var peerLn net.Listener
+	handedOver := false
+	defer func() {
+		if handedOver {
+			return
+		}
+		for _, e := range engs {
+			_ = e.Close()
+		}
+		if peerLn != nil {
+			_ = peerLn.Close()
+		}
+	}()
 
 	var (
 		tlsFiles *peers.TLSFiles
@@ -192,8 +211,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 			}
 			engs = append(engs, te)
 		}
-		peerLn, err := net.Listen("tcp", cfg.PeerListen)
-		if err != nil {
+		if peerLn, err = net.Listen("tcp", cfg.PeerListen); err != nil {
 			return fmt.Errorf("listening for peers on %s: %w", cfg.PeerListen, err)
 		}
 		peerEP = advertise(cfg.PeerAdvertise, peerLn)
@@ -208,7 +226,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		if te != nil {
 			// Peers learn the data address when they meet this agent and open their data connections then,
 			// so the first transfer pays no handshake; this agent does the same towards them.
-			popts.DataEndpoint, popts.Data = te.Addr(), te
+			popts.DataEndpoint, popts.Data, popts.MaxDataPeers = te.Addr(), te, cfg.PreconnectPeers
 		}
 		if pc, err = peers.New(popts); err != nil {
 			peerLn.Close()
@@ -219,6 +237,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	if err != nil {
 		return err
 	}
+	engs = nil // the composite closes them now
 	defer comp.Close()
 
 	pool, err := newPool(cfg, deps, log)
@@ -246,6 +265,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	if err != nil {
 		return err
 	}
+	handedOver = true // pc.Serve closes the peer listener from here on
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 2)
