@@ -217,3 +217,23 @@ func TestReporterRewritesOnlyOnChange(t *testing.T) {
 	round("lease changed by someone else", "PUT leases", "POST leases", "GET leases", "PUT leases")
 	renewedAt(at)
 }
+
+func TestRetryDelayBacksOffWithJitter(t *testing.T) {
+	const p = 10 * time.Second
+	for _, tc := range []struct {
+		failures int
+		jitter   float64
+		want     time.Duration
+	}{
+		{1, 0.5, p}, {1, 0, p / 2}, {1, 0.999, 14990 * time.Millisecond},
+		{2, 0.5, 2 * p}, {3, 0.5, 4 * p}, {30, 0.5, 4 * p}, {30, 0, 2 * p},
+	} {
+		if got := reporter.RetryDelay(p, tc.failures, tc.jitter); got != tc.want {
+			t.Errorf("RetryDelay(%s, %d, %g) = %s, want %s", p, tc.failures, tc.jitter, got, tc.want)
+		}
+	}
+	// The first retry comes within the heartbeat timeout, whatever the jitter.
+	if got := reporter.RetryDelay(p, 1, 0.999999); got >= reporter.LeaseTimeoutPeriods*p-p {
+		t.Errorf("first retry after %s: a lease renewed one period before would expire first", got)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -47,6 +48,8 @@ type Config struct {
 	Log    logr.Logger
 	// Now returns the heartbeat time; time.Now when nil.
 	Now func() time.Time
+	// AfterRound, when set, is called after every round of Run with its error (nil when it succeeded).
+	AfterRound func(error)
 	// Decorate, when set, adds what other parts of the agent know (registered bytes) to each status before
 	// it is compared and applied. Every status field goes through this one apply: a second apply by the same
 	// field manager that left out the detected fields would remove them.
@@ -88,21 +91,44 @@ func New(cfg Config) (*Reporter, error) {
 	return &Reporter{cfg: cfg}, nil
 }
 
-// Run reports at once and then every period until ctx ends. Failed rounds are logged and retried next
-// period; Run returns nil when ctx is cancelled.
+// Run reports at once and then every period until ctx ends; Run returns nil when ctx is cancelled. A failed
+// round is logged and retried after a backoff that grows with consecutive failures, with jitter: retrying
+// every agent at its next tick turned an overloaded API server's slowness into collapse.
 func (r *Reporter) Run(ctx context.Context) error {
-	t := time.NewTicker(r.cfg.Period)
-	defer t.Stop()
+	failures := 0
 	for {
-		if err := r.ReportOnce(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Log.Error(err, "reporting node", "node", r.cfg.NodeName)
+		start := time.Now()
+		err := r.ReportOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
 		}
+		if r.cfg.AfterRound != nil {
+			r.cfg.AfterRound(err)
+		}
+		delay := r.cfg.Period
+		if err != nil {
+			failures++
+			delay = RetryDelay(r.cfg.Period, failures, rand.Float64())
+			r.cfg.Log.Error(err, "reporting node", "node", r.cfg.NodeName, "failures", failures, "retryIn", delay.Round(time.Millisecond))
+		} else {
+			failures = 0
+		}
+		t := time.NewTimer(max(0, delay-time.Since(start)))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil
 		case <-t.C:
 		}
 	}
+}
+
+// RetryDelay is the wait after the given number of consecutive failed rounds: 1, 2, then 4 periods, times a
+// jitter factor between 0.5 and 1.5 (jitter in [0, 1)). The first retry still comes within the heartbeat
+// timeout (three periods), so one lost round does not make the node stale.
+func RetryDelay(period time.Duration, failures int, jitter float64) time.Duration {
+	periods := 1 << min(max(failures-1, 0), 2)
+	return time.Duration(float64(period) * float64(periods) * (0.5 + jitter))
 }
 
 // usesLease reports whether the heartbeat is a Lease: it lives in the pool's namespace, so an agent run
