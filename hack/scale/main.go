@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -96,7 +97,7 @@ func run(ctx context.Context, args []string) error {
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(v1alpha1.AddToScheme(scheme))
-	var agentRequests atomic.Int64
+	var agentRequests requestCount
 	agentCfg := rest.CopyConfig(cfg)
 	agentCfg.QPS, agentCfg.Burst = float32(o.qps), int(2*o.qps)
 	agentCfg.UserAgent = "fabricxfer-agent-sim"
@@ -113,12 +114,68 @@ func run(ctx context.Context, args []string) error {
 
 type countingTransport struct {
 	next  http.RoundTripper
-	count *atomic.Int64
+	count *requestCount
 }
 
 func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	c.count.Add(1)
+	c.count.add(r.Method + " " + resourceOf(r.URL.Path))
 	return c.next.RoundTrip(r)
+}
+
+// requestCount counts the simulated agents' requests, in all and by "VERB resource" (apply is PATCH), so the
+// heartbeat Leases show beside the TransferNode writes.
+type requestCount struct {
+	total atomic.Int64
+	mu    sync.Mutex
+	by    map[string]int64
+}
+
+func (c *requestCount) add(kind string) {
+	c.total.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.by == nil {
+		c.by = map[string]int64{}
+	}
+	c.by[kind]++
+}
+
+func (c *requestCount) Load() int64 { return c.total.Load() }
+
+// byKind is a copy of the counts by kind, as Prometheus-style samples for delta and topN.
+func (c *requestCount) byKind() []sample {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]sample, 0, len(c.by))
+	for k, v := range c.by {
+		out = append(out, sample{labels: map[string]string{"kind": k}, value: float64(v)})
+	}
+	return out
+}
+
+// resourceOf names the resource (and subresource) of an API path: leases, transfernodes/status, nodes, ...
+func resourceOf(path string) string {
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	// /api/v1/... or /apis/<group>/<version>/...; then namespaces/<ns>/ for namespaced objects.
+	switch {
+	case len(parts) >= 2 && parts[0] == "api":
+		parts = parts[2:]
+	case len(parts) >= 3 && parts[0] == "apis":
+		parts = parts[3:]
+	default:
+		return "discovery"
+	}
+	if len(parts) >= 3 && parts[0] == "namespaces" {
+		parts = parts[2:]
+	}
+	switch len(parts) {
+	case 0:
+		return "discovery"
+	case 1, 2:
+		return parts[0]
+	default:
+		return parts[0] + "/" + parts[2]
+	}
 }
 
 // createNodes creates Node objects scale-node-00000.. labelled for the pool, 32 at a time.
@@ -170,7 +227,7 @@ func (s *agentSim) firstReportAt() time.Time {
 	return time.Time{}
 }
 
-func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.Scheme, agents client.Client, agentRequests *atomic.Int64) error {
+func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.Scheme, agents client.Client, agentRequests *requestCount) error {
 	// The harness watches through its own cache so that polling for convergence costs the API server nothing.
 	obsCfg := rest.CopyConfig(cfg)
 	obsCfg.QPS, obsCfg.Burst = 50, 100
@@ -218,27 +275,30 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 	poolApplied := time.Now()
 
 	sims := make([]*agentSim, o.nodes)
+	var running, firstDone sync.WaitGroup
+	firstDone.Add(o.nodes)
 	for i := range sims {
 		rep := syntheticReport(i)
+		sim := &agentSim{}
 		r, err := reporter.New(reporter.Config{
 			NodeName: nodeName(i), PoolNamespace: o.poolNamespace, PoolName: o.poolName, Period: o.heartbeat,
 			Identity: report.Identity{AgentVersion: "v0.1.0", Endpoint: fmt.Sprintf("10.%d.%d.%d:7470", 1+i/65536, (i/256)%256, i%256)},
 			Detect:   func(context.Context) (topology.Report, error) { return rep, nil },
 			Client:   agents, Log: logr.Discard(),
+			AfterRound: sim.afterRound(&firstDone),
 		})
 		if err != nil {
 			return fmt.Errorf("simulated agent %d: %w", i, err)
 		}
-		sims[i] = &agentSim{rep: r}
+		sim.rep = r
+		sims[i] = sim
 	}
 	agentCtx, stopAgents := context.WithCancel(ctx)
-	var running, firstDone sync.WaitGroup
-	firstDone.Add(o.nodes)
 	for i, s := range sims {
 		running.Add(1)
 		go func() {
 			defer running.Done()
-			s.loop(agentCtx, time.Duration(int64(o.ramp)*int64(i)/int64(o.nodes)), o.heartbeat, &firstDone)
+			s.loop(agentCtx, time.Duration(int64(o.ramp)*int64(i)/int64(o.nodes)))
 		}()
 	}
 	defer func() { stopAgents(); running.Wait() }()
@@ -300,6 +360,12 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		failures += s.failures.Load()
 	}
 	fmt.Printf("agent report rounds that failed: %d\n", failures)
+	var since []string
+	for _, r := range agentRequests.byKind() {
+		since = append(since, fmt.Sprintf("%s: %.0f", r.labels["kind"], r.value))
+	}
+	sort.Strings(since)
+	fmt.Printf("simulated agents' requests since start: %v\n", since)
 
 	rssMiB := math.NaN()
 	if o.operatorPID > 0 {
@@ -329,29 +395,24 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 	return nil
 }
 
-// loop is Reporter.Run with the first successful report timed: report at once (after the ramp delay), then
-// every period, failures retried next period as the agent does.
-func (s *agentSim) loop(ctx context.Context, delay, period time.Duration, firstDone *sync.WaitGroup) {
+// loop runs the agent's real Reporter.Run after the ramp delay, timing the first successful round and
+// counting failed ones.
+func (s *agentSim) loop(ctx context.Context, delay time.Duration) {
 	select {
 	case <-ctx.Done():
 		return
 	case <-time.After(delay):
 	}
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		if err := s.rep.ReportOnce(ctx); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
+	_ = s.rep.Run(ctx)
+}
+
+// afterRound is the reporter's AfterRound hook.
+func (s *agentSim) afterRound(firstDone *sync.WaitGroup) func(error) {
+	return func(err error) {
+		if err != nil {
 			s.failures.Add(1)
 		} else if s.firstOK.CompareAndSwap(0, time.Now().UnixNano()) {
 			firstDone.Done()
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
 		}
 	}
 }
@@ -376,6 +437,8 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 	}
 	detail := "nothing observed yet"
 	lastProgress := time.Now()
+	opRate := operatorRate{url: o.operatorMetrics, at: time.Now()}
+	opRate.next(ctx)
 	for {
 		var pool v1alpha1.TransferPool
 		var vps v1alpha1.VPodTopologyList
@@ -397,7 +460,7 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 			return time.Now(), detail, nil
 		}
 		if time.Since(lastProgress) >= 10*time.Second {
-			fmt.Printf("  waiting: %s\n", detail)
+			fmt.Printf("  waiting: %s%s\n", detail, opRate.next(ctx))
 			lastProgress = time.Now()
 		}
 		if time.Now().After(deadline) {
@@ -409,6 +472,32 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// operatorRate says what the operator's client sent since it was last asked, by method, so the waiting lines
+// show whether the operator is busy writing or idle.
+type operatorRate struct {
+	url  string
+	at   time.Time
+	last []sample
+}
+
+func (r *operatorRate) next(ctx context.Context) string {
+	if r.url == "" {
+		return ""
+	}
+	raw, err := scrape(ctx, r.url)
+	if err != nil {
+		return fmt.Sprintf(" (operator metrics: %v)", err)
+	}
+	now, err := parseCounter(raw, "rest_client_requests_total")
+	if err != nil {
+		return fmt.Sprintf(" (operator metrics: %v)", err)
+	}
+	window := time.Since(r.at)
+	line := fmt.Sprintf("; operator %v", topN(delta(r.last, now, "method"), 4, window))
+	r.last, r.at = now, time.Now()
+	return line
 }
 
 // countErrorLines counts the error-level lines of a JSON (zap) log.
@@ -452,7 +541,7 @@ func transferNodeSize(ctx context.Context, cfg *rest.Config, name string) (int, 
 // steadyState measures request rates over the window: the API server's apiserver_request_total (every client,
 // long-running WATCH requests left out), the operator's rest_client_requests_total and the simulated agents'
 // own count. It returns the API server's total rate.
-func steadyState(ctx context.Context, o options, cfg *rest.Config, agentRequests *atomic.Int64) (float64, error) {
+func steadyState(ctx context.Context, o options, cfg *rest.Config, agentRequests *requestCount) (float64, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return 0, fmt.Errorf("creating a REST client: %w", err)
@@ -482,7 +571,7 @@ func steadyState(ctx context.Context, o options, cfg *rest.Config, agentRequests
 	if err != nil {
 		return 0, err
 	}
-	ag0, t0 := agentRequests.Load(), time.Now()
+	ag0, agBy0, t0 := agentRequests.Load(), agentRequests.byKind(), time.Now()
 	fmt.Printf("measuring steady state for %s ...\n", o.window)
 	select {
 	case <-ctx.Done():
@@ -515,6 +604,8 @@ func steadyState(ctx context.Context, o options, cfg *rest.Config, agentRequests
 	total := sum(byCall) / window.Seconds()
 	fmt.Printf("steady state over %.1f s: API server %.1f req/s (WATCH left out); simulated agents %.1f req/s (%.3f per agent per heartbeat)\n",
 		window.Seconds(), total, agentRate, agentRate*o.heartbeat.Seconds()/float64(o.nodes))
+	agentKinds := topN(delta(agBy0, agentRequests.byKind(), "kind"), 6, window)
+	fmt.Printf("simulated agents' requests: %v\n", agentKinds)
 	if o.operatorMetrics != "" {
 		opRate := sum(delta(op0, op1, "method")) / window.Seconds()
 		byMethod := topN(delta(op0, op1, "method", "code"), 6, window)
