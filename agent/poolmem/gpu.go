@@ -62,13 +62,6 @@ type GPUOptions struct {
 	SlabBytes uint64
 }
 
-// SlabSized is a GPUDriver that carries the pool's slab size to [NewGPU], for code that builds the pool from
-// the driver and the per-GPU size alone.
-type SlabSized struct {
-	GPUDriver
-	SlabBytes uint64
-}
-
 // DeviceUsage is one GPU's pool memory, as GetInfo and the agent's log show it.
 type DeviceUsage struct {
 	Index int
@@ -123,14 +116,9 @@ type GPUPool struct {
 	closed bool
 }
 
-// NewGPU allocates perGPU bytes on each target GPU with the default slab size, or the one a [SlabSized] driver
-// carries; see [NewGPUWithOptions].
+// NewGPU allocates perGPU bytes on each target GPU with the default slab size; see [NewGPUWithOptions].
 func NewGPU(drv GPUDriver, targets []GPUTarget, perGPU uint64) (*GPUPool, error) {
-	o := GPUOptions{PerGPU: perGPU}
-	if s, ok := drv.(SlabSized); ok {
-		drv, o.SlabBytes = s.GPUDriver, s.SlabBytes
-	}
-	return NewGPUWithOptions(drv, targets, o)
+	return NewGPUWithOptions(drv, targets, GPUOptions{PerGPU: perGPU})
 }
 
 // NewGPUWithOptions allocates o.PerGPU bytes (rounded up to the VMM granularity) on each target GPU as slabs,

@@ -438,8 +438,7 @@ func TestVMMPoolSlabSizes(t *testing.T) {
 
 func TestVMMPoolOwnersNeverShareASlab(t *testing.T) {
 	drv := newFake("0000:1b:00.0")
-	// The slab size travels with the driver, as the agent passes it.
-	p, err := NewGPU(SlabSized{GPUDriver: drv, SlabBytes: 2 << 20}, []GPUTarget{{Index: 0}}, 8<<20)
+	p, err := NewGPUWithOptions(drv, []GPUTarget{{Index: 0}}, GPUOptions{PerGPU: 8 << 20, SlabBytes: 2 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

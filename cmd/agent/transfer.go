@@ -14,7 +14,6 @@ import (
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	"github.com/fabricxfer/fabricxfer/agent/server/stack"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -32,8 +31,6 @@ type transferFlags struct {
 	healthAddr  string
 	kernelCache string
 	noTransfer  bool
-	// poolSlabBytes is the GPU pool's slab size: the unit of device memory lent to one caller at a time.
-	poolSlabBytes uint64
 	// callerRoot is where callers' /proc is read from; it differs from --host-root only when detection reads a
 	// fixture tree while callers are real local processes (demo, tests).
 	callerRoot string
@@ -45,7 +42,6 @@ func (t *transferFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&t.kernelCache, "kernel-cache", "", "directory caching compiled copy kernels between restarts (empty: no cache)")
 	fs.BoolVar(&t.noTransfer, "report-only", false, "only detect and report; serve no socket and move no bytes")
 	fs.StringVar(&t.callerRoot, "caller-host-root", "", "root whose /proc identifies socket callers (default: --host-root)")
-	fs.Uint64Var(&t.poolSlabBytes, "pool-slab-bytes", 0, "GPU pool memory is lent in slabs of this many bytes, each to one caller at a time (rounded up to the VMM granularity; 0: an eighth of --pool-gpu-bytes); it bounds one allocation")
 }
 
 // transferSide runs the socket server and the engines next to the reporter.
@@ -89,8 +85,7 @@ func (t *transferSide) gpuEngines() (backends []xgmi.Backend, extra []engines.En
 		t.log.Info("GPU engines unavailable: CUDA driver did not load", "reason", err.Error())
 		return nil, nil, nil
 	}
-	// GPU pool memory is allocated with the driver; the slab size travels with it to where the pool is built.
-	t.deps.GPUDriver = poolmem.SlabSized{GPUDriver: drv, SlabBytes: t.cfg.poolSlabBytes}
+	t.deps.GPUDriver = drv
 	nvrtc, err := cuda.LoadNVRTC()
 	if err != nil {
 		t.log.Info("NVRTC unavailable: copies use driver batch copies", "reason", err.Error())

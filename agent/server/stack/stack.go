@@ -58,6 +58,9 @@ type Config struct {
 	// PoolGPUBytes is device memory allocated on each NVIDIA GPU and lent to callers; on a node where it
 	// cannot be (no GPUs, no driver) PoolHostBytes is lent instead.
 	PoolGPUBytes       uint64
+	// PoolSlabBytes is the GPU pool's slab: the unit of device memory lent to one caller at a time (0: an
+	// eighth of PoolGPUBytes).
+	PoolSlabBytes uint64
 	MaxRegions         int
 	MaxRegisteredBytes uint64
 	MaxInFlight        int
@@ -79,6 +82,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.FastSpin, "fast-spin", 50*time.Microsecond, "how long the fast socket polls for a caller's next request before sleeping (0 never polls)")
 	fs.Uint64Var(&c.PoolHostBytes, "pool-host-bytes", 0, "host shared memory the agent lends to callers (AllocateFromPool); 0 lends none")
 	fs.Uint64Var(&c.PoolGPUBytes, "pool-gpu-bytes", 0, "device memory per NVIDIA GPU the agent lends to callers (AllocateFromPool), fabric-exportable where the driver allows; 0 lends none")
+	fs.Uint64Var(&c.PoolSlabBytes, "pool-slab-bytes", 0, "GPU pool memory is lent in slabs of this many bytes, each to one caller at a time (rounded up to the VMM granularity; 0: an eighth of --pool-gpu-bytes); it bounds one allocation")
 	fs.IntVar(&c.MaxRegions, "max-regions", server.DefaultLimits.MaxRegions, "regions one caller (pod) may hold")
 	fs.Uint64Var(&c.MaxRegisteredBytes, "max-registered-bytes", server.DefaultLimits.MaxRegisteredBytes, "bytes one caller may hold registered (spec.memory.maxRegisteredPerCaller)")
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", server.DefaultLimits.MaxInFlight, "transfers one caller may have in flight")
@@ -304,7 +308,7 @@ func newPool(cfg Config, deps Deps, log *slog.Logger) (poolmem.Allocator, error)
 		case deps.GPUDriver == nil:
 			log.Info("no GPU pool memory: the CUDA driver did not load", "poolGPUBytes", cfg.PoolGPUBytes)
 		default:
-			gp, err := poolmem.NewGPU(deps.GPUDriver, targets, cfg.PoolGPUBytes)
+			gp, err := poolmem.NewGPUWithOptions(deps.GPUDriver, targets, poolmem.GPUOptions{PerGPU: cfg.PoolGPUBytes, SlabBytes: cfg.PoolSlabBytes})
 			if err != nil {
 				return nil, fmt.Errorf("allocating the pool's GPU memory (--pool-gpu-bytes): %w", err)
 			}
