@@ -69,7 +69,7 @@ e2e: tools build ## End-to-end: demo as a test, failure tests, helm install/unin
 	hack/e2e.sh
 	hack/failure.sh
 	OPERATOR_BIN=$(BIN_DIR)/operator hack/chart-install-test.sh
-	BIN_DIR=$(BIN_DIR) hack/soak.sh $(SOAK_SHORT)
+	SOAK_PREBUILT=1 BIN_DIR=$(BIN_DIR) hack/soak.sh $(SOAK_SHORT)
 
 .PHONY: failure
 failure: tools build ## Failure tests: operator SIGKILLed mid-reconcile and mid-finalizer, leader failover, API server restart

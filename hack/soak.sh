@@ -56,8 +56,15 @@ logs() { for f in "$DEMO_DIR"/*.log "$DEMO_DIR"/kube/*.log; do [ -f "$f" ] && { 
 
 step "building operator, agent, xferctl and the soak driver into $BIN_DIR"
 mkdir -p "$BIN_DIR"
-go build -o "$BIN_DIR/" ./cmd/operator ./cmd/agent ./cmd/xferctl ./hack/soak
-for b in kubectl etcd kube-apiserver kube-controller-manager; do
+# SOAK_PREBUILT=1 (make e2e, right after make build) takes operator, agent and xferctl from BIN_DIR instead.
+if [ "${SOAK_PREBUILT:-0}" = 1 ]; then
+  go build -o "$BIN_DIR/" ./hack/soak
+  linked="operator agent xferctl"
+else
+  go build -o "$BIN_DIR/" ./cmd/operator ./cmd/agent ./cmd/xferctl ./hack/soak
+  linked=
+fi
+for b in kubectl etcd kube-apiserver kube-controller-manager $linked; do
   if [ -x "$TOOLS/$b" ]; then ln -s "$TOOLS/$b" "$BIN_DIR/$b"; fi
 done
 
