@@ -54,7 +54,7 @@ trap 'exit 130' INT TERM
 step() { printf '==> %s\n' "$*"; }
 logs() { for f in "$DEMO_DIR"/*.log "$DEMO_DIR"/kube/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -15 "$f" >&2; }; done; }
 
-step "building operator, agent, xferctl and the soak driver into $BIN_DIR"
+step "building the soak driver (and, unless SOAK_PREBUILT=1, operator, agent and xferctl) into $BIN_DIR"
 mkdir -p "$BIN_DIR"
 # SOAK_PREBUILT=1 (make e2e, right after make build) takes operator, agent and xferctl from BIN_DIR instead.
 if [ "${SOAK_PREBUILT:-0}" = 1 ]; then
