@@ -1,10 +1,12 @@
 package gpubench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -174,6 +176,36 @@ func (b *bench) scatter(sc ScatterCase) error {
 			}
 		}
 		b.add(summarize(c, m.name, bytes, t, "device events recorded by the copier after host staging"))
+	}
+
+	// The same blocks in source and in destination order: which side the GPU prefers sorted decides the order
+	// a plan's segments should come in.
+	for _, o := range []struct {
+		name string
+		key  func(gpucopy.Segment) uint64
+	}{{"source", func(s gpucopy.Segment) uint64 { return s.Src }}, {"destination", func(s gpucopy.Segment) uint64 { return s.Dst }}} {
+		sorted := make([][]gpucopy.Segment, itemSets)
+		for k := range segs {
+			sorted[k] = slices.Clone(segs[k])
+			slices.SortFunc(sorted[k], func(x, y gpucopy.Segment) int { return cmp.Compare(o.key(x), o.key(y)) })
+		}
+		var t []time.Duration
+		for i := -2; i < b.cfg.Reps; i++ {
+			p, err := b.hostD.Submit(sorted[(i+itemSets)%itemSets])
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			err = p.Wait(ctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+			if i >= 0 {
+				t = append(t, p.DeviceTime())
+			}
+		}
+		b.add(summarize(c, "copier: host descriptors, blocks in "+o.name+" order", bytes, t, "device events recorded by the copier"))
 	}
 
 	if b.cfg.SkipDriver {
