@@ -162,9 +162,23 @@ func (c *Client) generation() uint64 {
 // Recover waits (until ctx ends) for the agent to answer again and re-registers every region this client
 // registered from its own memory. Pool slices are dropped (Region.Lost reports it).
 func (c *Client) Recover(ctx context.Context) error {
-	info, err := c.api.GetInfo(ctx, &agentv1.GetInfoRequest{ApiVersions: []string{"v1"}}, grpc.WaitForReady(true))
-	if err != nil {
-		return fmt.Errorf("recovering: reaching the agent: %w", err)
+	// An agent that is still stopping or just starting can drop the first connection (EOF, reset): keep asking
+	// until ctx ends.
+	var info *agentv1.GetInfoResponse
+	for {
+		var err error
+		info, err = c.api.GetInfo(ctx, &agentv1.GetInfoRequest{ApiVersions: []string{"v1"}}, grpc.WaitForReady(true))
+		if err == nil {
+			break
+		}
+		if Code(err) != codes.Unavailable || ctx.Err() != nil {
+			return fmt.Errorf("recovering: reaching the agent: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("recovering: reaching the agent: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	c.mu.Lock()
 	c.info = info

@@ -154,7 +154,13 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 			s.finish(x)
 			resp.Status = x.status
 		case <-ctx.Done():
-			return nil, status.Errorf(codes.DeadlineExceeded, "transfer %d submitted but still pending when the call ended: %v", x.id, ctx.Err())
+			// A call that ran out of time is DeadlineExceeded; one cut short otherwise (the agent stopping, the
+			// connection closing) is Unavailable, so clients retry or recover instead of blaming their deadline.
+			code := codes.Unavailable
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				code = codes.DeadlineExceeded
+			}
+			return nil, status.Errorf(code, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
 		}
 	}
 	return resp, nil

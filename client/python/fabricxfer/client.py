@@ -259,8 +259,18 @@ class Client:
             if self._fast is not None:
                 self._fast.close()
                 self._fast = None
-        self.info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=self.name),
-                                      timeout=timeout, wait_for_ready=True)
+        # An agent still stopping or just starting can drop the first connection: keep asking until timeout.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.info = self.stub.GetInfo(
+                    pb.GetInfoRequest(api_versions=[API_VERSION], client_name=self.name),
+                    timeout=max(deadline - time.monotonic(), 0.001), wait_for_ready=True)
+                break
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
         self._settle(min(timeout, 2.0))
         with self._lock:
             owned = list(self._owned.items())
