@@ -159,21 +159,9 @@ func (b *bench) scatter(sc ScatterCase) error {
 		name string
 		c    *gpucopy.Copier
 	}{{"copier: upload + kernel", b.kern}, {"copier: kernel reading host descriptors", b.hostD}} {
-		var t []time.Duration
-		for i := -2; i < b.cfg.Reps; i++ {
-			p, err := m.c.Submit(segs[(i+itemSets)%itemSets])
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			err = p.Wait(ctx)
-			cancel()
-			if err != nil {
-				return err
-			}
-			if i >= 0 {
-				t = append(t, p.DeviceTime())
-			}
+		t, err := b.copierDeviceTimes(m.c, segs)
+		if err != nil {
+			return err
 		}
 		b.add(summarize(c, m.name, bytes, t, "device events recorded by the copier after host staging"))
 	}
@@ -189,21 +177,9 @@ func (b *bench) scatter(sc ScatterCase) error {
 			sorted[k] = slices.Clone(segs[k])
 			slices.SortFunc(sorted[k], func(x, y gpucopy.Segment) int { return cmp.Compare(o.key(x), o.key(y)) })
 		}
-		var t []time.Duration
-		for i := -2; i < b.cfg.Reps; i++ {
-			p, err := b.hostD.Submit(sorted[(i+itemSets)%itemSets])
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			err = p.Wait(ctx)
-			cancel()
-			if err != nil {
-				return err
-			}
-			if i >= 0 {
-				t = append(t, p.DeviceTime())
-			}
+		t, err := b.copierDeviceTimes(b.hostD, sorted)
+		if err != nil {
+			return err
 		}
 		b.add(summarize(c, "copier: host descriptors, blocks in "+o.name+" order", bytes, t, "device events recorded by the copier"))
 	}
@@ -231,6 +207,28 @@ func (b *bench) scatter(sc ScatterCase) error {
 		}
 	}
 	return b.check(src, dst, sets[(b.cfg.SlowReps-1+itemSets)%itemSets])
+}
+
+// copierDeviceTimes submits the sets in turn (two warm-ups, then Reps timed) and returns the GPU time the
+// copier recorded for each timed one.
+func (b *bench) copierDeviceTimes(c *gpucopy.Copier, sets [][]gpucopy.Segment) ([]time.Duration, error) {
+	var t []time.Duration
+	for i := -2; i < b.cfg.Reps; i++ {
+		p, err := c.Submit(sets[(i+itemSets)%itemSets])
+		if err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err = p.Wait(ctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if i >= 0 {
+			t = append(t, p.DeviceTime())
+		}
+	}
+	return t, nil
 }
 
 // timeCopier event-times Submit on the copier's own stream; the events
