@@ -88,6 +88,9 @@ type Peers struct {
 
 	mu    sync.Mutex
 	conns map[string]*peerConn
+	// acceptor answers peers' queue-pair exchanges (the rdma engine); noAcceptor says why there is none.
+	acceptor   QPAcceptor
+	noAcceptor string
 }
 
 type peerConn struct {

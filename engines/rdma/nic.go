@@ -68,3 +68,17 @@ func unavailableReason(rep *topology.Report) string {
 	}
 	return "no usable RDMA port"
 }
+
+// usablePort reports whether the named device has a usable port in the report (the devices the engine
+// registers memory on, so the only ones a peer may name).
+func usablePort(rep *topology.Report, device string) bool {
+	if rep == nil {
+		return false
+	}
+	for _, n := range rep.NICs {
+		if n.Name == device && n.Usable() {
+			return true
+		}
+	}
+	return false
+}

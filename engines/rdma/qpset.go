@@ -225,7 +225,7 @@ func (e *Engine) getSet(ctx context.Context, k setKey) (*qpSet, error) {
 // dial creates the queue pairs, sends their info to the peer and connects
 // them to the peer's answer.
 func (e *Engine) dial(ctx context.Context, s *qpSet) {
-	conns, infos, err := e.makeQPs(s.key.local, s)
+	conns, infos, err := e.makeQPs(s.key.local, s, e.opts.QPsPerPeer)
 	if err == nil {
 		var remote []verbs.ConnInfo
 		remote, err = e.opts.Exchanger.ExchangeQPs(ctx, ExchangeRequest{From: e.opts.Node, To: s.key.node,
@@ -291,14 +291,15 @@ func (s *qpSet) finish(conns []*qpConn, err error) {
 	close(s.ready)
 }
 
-func (e *Engine) makeQPs(nic string, s *qpSet) ([]*qpConn, []verbs.ConnInfo, error) {
+// makeQPs creates n queue pairs on nic for set s.
+func (e *Engine) makeQPs(nic string, s *qpSet, n int) ([]*qpConn, []verbs.ConnInfo, error) {
 	dev, err := e.device(nic)
 	if err != nil {
 		return nil, nil, err
 	}
 	var conns []*qpConn
 	var infos []verbs.ConnInfo
-	for i := 0; i < e.opts.QPsPerPeer; i++ {
+	for i := 0; i < n; i++ {
 		qp, err := dev.CreateQP(e.opts.Depth)
 		if err != nil {
 			for _, c := range conns {
@@ -321,6 +322,13 @@ func (e *Engine) AcceptQPs(ctx context.Context, req ExchangeRequest) ([]verbs.Co
 	}
 	if len(req.QPs) == 0 || len(req.QPs) > 64 {
 		return nil, fmt.Errorf("rdma: %w: %d queue pairs requested", engines.ErrInvalid, len(req.QPs))
+	}
+	if e.unavailable != "" {
+		return nil, fmt.Errorf("rdma: refusing queue pairs from %s: unavailable on this node: %s", req.From, e.unavailable)
+	}
+	if !usablePort(e.opts.Topology, req.ToNIC) {
+		return nil, fmt.Errorf("rdma: %w: queue pairs from %s for device %q, which has no usable RDMA port on %s",
+			engines.ErrInvalid, req.From, req.ToNIC, e.opts.Node)
 	}
 	k := setKey{node: req.From, local: req.ToNIC, remote: req.FromNIC}
 	e.mu.Lock()
@@ -350,7 +358,9 @@ func (e *Engine) AcceptQPs(ctx context.Context, req ExchangeRequest) ([]verbs.Co
 	s.byAccept = true
 	e.mu.Unlock()
 
-	conns, infos, err := e.makeQPs(k.local, s)
+	// As many queue pairs as the peer offered: its QPsPerPeer may differ from ours, and the request comes
+	// over the wire.
+	conns, infos, err := e.makeQPs(k.local, s, len(req.QPs))
 	for i := 0; err == nil && i < len(conns); i++ {
 		err = conns[i].qp.Connect(req.QPs[i])
 	}

@@ -24,6 +24,58 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ExchangeQPsRefusal_Reason int32
+
+const (
+	ExchangeQPsRefusal_REASON_UNSPECIFIED ExchangeQPsRefusal_Reason = 0
+	// Both nodes dialed each other at once; the answering node's own dial wins (rdma.ErrConnectRace).
+	ExchangeQPsRefusal_REASON_CONNECT_RACE ExchangeQPsRefusal_Reason = 1
+	// The answering node runs no rdma engine (UNAVAILABLE; the message says why). Without this detail an
+	// UNAVAILABLE is gRPC's own: the peer could not be reached.
+	ExchangeQPsRefusal_REASON_RDMA_NOT_RUNNING ExchangeQPsRefusal_Reason = 2
+)
+
+// Enum value maps for ExchangeQPsRefusal_Reason.
+var (
+	ExchangeQPsRefusal_Reason_name = map[int32]string{
+		0: "REASON_UNSPECIFIED",
+		1: "REASON_CONNECT_RACE",
+		2: "REASON_RDMA_NOT_RUNNING",
+	}
+	ExchangeQPsRefusal_Reason_value = map[string]int32{
+		"REASON_UNSPECIFIED":      0,
+		"REASON_CONNECT_RACE":     1,
+		"REASON_RDMA_NOT_RUNNING": 2,
+	}
+)
+
+func (x ExchangeQPsRefusal_Reason) Enum() *ExchangeQPsRefusal_Reason {
+	p := new(ExchangeQPsRefusal_Reason)
+	*p = x
+	return p
+}
+
+func (x ExchangeQPsRefusal_Reason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ExchangeQPsRefusal_Reason) Descriptor() protoreflect.EnumDescriptor {
+	return file_fabricxfer_agent_v1_peer_proto_enumTypes[0].Descriptor()
+}
+
+func (ExchangeQPsRefusal_Reason) Type() protoreflect.EnumType {
+	return &file_fabricxfer_agent_v1_peer_proto_enumTypes[0]
+}
+
+func (x ExchangeQPsRefusal_Reason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ExchangeQPsRefusal_Reason.Descriptor instead.
+func (ExchangeQPsRefusal_Reason) EnumDescriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{10, 0}
+}
+
 type HelloRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodeName      string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
@@ -492,6 +544,253 @@ func (x *SegmentDescriptor) GetMemory() []byte {
 	return nil
 }
 
+// QPConnInfo is what the other end of a reliable-connected queue pair needs (verbs.ConnInfo).
+type QPConnInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Qpn   uint32                 `protobuf:"varint,1,opt,name=qpn,proto3" json:"qpn,omitempty"`
+	Psn   uint32                 `protobuf:"varint,2,opt,name=psn,proto3" json:"psn,omitempty"`
+	// lid is 16 bits on the wire of InfiniBand; larger values are refused.
+	Lid uint32 `protobuf:"varint,3,opt,name=lid,proto3" json:"lid,omitempty"`
+	// gid is the port's 16-byte global id (RoCE v2, or InfiniBand routed by GID); empty when zero.
+	Gid []byte `protobuf:"bytes,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	// mtu is the active path MTU in bytes.
+	Mtu           uint32 `protobuf:"varint,5,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QPConnInfo) Reset() {
+	*x = QPConnInfo{}
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QPConnInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QPConnInfo) ProtoMessage() {}
+
+func (x *QPConnInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QPConnInfo.ProtoReflect.Descriptor instead.
+func (*QPConnInfo) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *QPConnInfo) GetQpn() uint32 {
+	if x != nil {
+		return x.Qpn
+	}
+	return 0
+}
+
+func (x *QPConnInfo) GetPsn() uint32 {
+	if x != nil {
+		return x.Psn
+	}
+	return 0
+}
+
+func (x *QPConnInfo) GetLid() uint32 {
+	if x != nil {
+		return x.Lid
+	}
+	return 0
+}
+
+func (x *QPConnInfo) GetGid() []byte {
+	if x != nil {
+		return x.Gid
+	}
+	return nil
+}
+
+func (x *QPConnInfo) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+type ExchangeQPsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// from_node asks to_node to connect; each names the NIC device of its side ("mlx5_0").
+	FromNode string `protobuf:"bytes,1,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	ToNode   string `protobuf:"bytes,2,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	FromNic  string `protobuf:"bytes,3,opt,name=from_nic,json=fromNic,proto3" json:"from_nic,omitempty"`
+	ToNic    string `protobuf:"bytes,4,opt,name=to_nic,json=toNic,proto3" json:"to_nic,omitempty"`
+	// The sender's queue pairs, in order; the answer's are connected pairwise to them.
+	Qps           []*QPConnInfo `protobuf:"bytes,5,rep,name=qps,proto3" json:"qps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExchangeQPsRequest) Reset() {
+	*x = ExchangeQPsRequest{}
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExchangeQPsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExchangeQPsRequest) ProtoMessage() {}
+
+func (x *ExchangeQPsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExchangeQPsRequest.ProtoReflect.Descriptor instead.
+func (*ExchangeQPsRequest) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ExchangeQPsRequest) GetFromNode() string {
+	if x != nil {
+		return x.FromNode
+	}
+	return ""
+}
+
+func (x *ExchangeQPsRequest) GetToNode() string {
+	if x != nil {
+		return x.ToNode
+	}
+	return ""
+}
+
+func (x *ExchangeQPsRequest) GetFromNic() string {
+	if x != nil {
+		return x.FromNic
+	}
+	return ""
+}
+
+func (x *ExchangeQPsRequest) GetToNic() string {
+	if x != nil {
+		return x.ToNic
+	}
+	return ""
+}
+
+func (x *ExchangeQPsRequest) GetQps() []*QPConnInfo {
+	if x != nil {
+		return x.Qps
+	}
+	return nil
+}
+
+type ExchangeQPsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Qps           []*QPConnInfo          `protobuf:"bytes,1,rep,name=qps,proto3" json:"qps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExchangeQPsResponse) Reset() {
+	*x = ExchangeQPsResponse{}
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExchangeQPsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExchangeQPsResponse) ProtoMessage() {}
+
+func (x *ExchangeQPsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExchangeQPsResponse.ProtoReflect.Descriptor instead.
+func (*ExchangeQPsResponse) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ExchangeQPsResponse) GetQps() []*QPConnInfo {
+	if x != nil {
+		return x.Qps
+	}
+	return nil
+}
+
+// ExchangeQPsRefusal rides as a status detail of a refused ExchangeQPs whose cause the caller acts on.
+type ExchangeQPsRefusal struct {
+	state         protoimpl.MessageState    `protogen:"open.v1"`
+	Reason        ExchangeQPsRefusal_Reason `protobuf:"varint,1,opt,name=reason,proto3,enum=fabricxfer.agent.v1.ExchangeQPsRefusal_Reason" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExchangeQPsRefusal) Reset() {
+	*x = ExchangeQPsRefusal{}
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExchangeQPsRefusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExchangeQPsRefusal) ProtoMessage() {}
+
+func (x *ExchangeQPsRefusal) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExchangeQPsRefusal.ProtoReflect.Descriptor instead.
+func (*ExchangeQPsRefusal) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ExchangeQPsRefusal) GetReason() ExchangeQPsRefusal_Reason {
+	if x != nil {
+		return x.Reason
+	}
+	return ExchangeQPsRefusal_REASON_UNSPECIFIED
+}
+
 var File_fabricxfer_agent_v1_peer_proto protoreflect.FileDescriptor
 
 const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
@@ -532,11 +831,33 @@ const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
 	"\x06length\x18\b \x01(\x04R\x06length\x12\x18\n" +
 	"\asegment\x18\t \x01(\tR\asegment\x12\x16\n" +
 	"\x06memory\x18\n" +
-	" \x01(\fR\x06memory2\xa4\x02\n" +
+	" \x01(\fR\x06memory\"f\n" +
+	"\n" +
+	"QPConnInfo\x12\x10\n" +
+	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
+	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x10\n" +
+	"\x03lid\x18\x03 \x01(\rR\x03lid\x12\x10\n" +
+	"\x03gid\x18\x04 \x01(\fR\x03gid\x12\x10\n" +
+	"\x03mtu\x18\x05 \x01(\rR\x03mtu\"\xaf\x01\n" +
+	"\x12ExchangeQPsRequest\x12\x1b\n" +
+	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12\x17\n" +
+	"\ato_node\x18\x02 \x01(\tR\x06toNode\x12\x19\n" +
+	"\bfrom_nic\x18\x03 \x01(\tR\afromNic\x12\x15\n" +
+	"\x06to_nic\x18\x04 \x01(\tR\x05toNic\x121\n" +
+	"\x03qps\x18\x05 \x03(\v2\x1f.fabricxfer.agent.v1.QPConnInfoR\x03qps\"H\n" +
+	"\x13ExchangeQPsResponse\x121\n" +
+	"\x03qps\x18\x01 \x03(\v2\x1f.fabricxfer.agent.v1.QPConnInfoR\x03qps\"\xb4\x01\n" +
+	"\x12ExchangeQPsRefusal\x12F\n" +
+	"\x06reason\x18\x01 \x01(\x0e2..fabricxfer.agent.v1.ExchangeQPsRefusal.ReasonR\x06reason\"V\n" +
+	"\x06Reason\x12\x16\n" +
+	"\x12REASON_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13REASON_CONNECT_RACE\x10\x01\x12\x1b\n" +
+	"\x17REASON_RDMA_NOT_RUNNING\x10\x022\x86\x03\n" +
 	"\x04Peer\x12N\n" +
 	"\x05Hello\x12!.fabricxfer.agent.v1.HelloRequest\x1a\".fabricxfer.agent.v1.HelloResponse\x12q\n" +
 	"\x0eResolveSegment\x12..fabricxfer.agent.v1.PeerResolveSegmentRequest\x1a/.fabricxfer.agent.v1.PeerResolveSegmentResponse\x12Y\n" +
-	"\x06Notify\x12&.fabricxfer.agent.v1.PeerNotifyRequest\x1a'.fabricxfer.agent.v1.PeerNotifyResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
+	"\x06Notify\x12&.fabricxfer.agent.v1.PeerNotifyRequest\x1a'.fabricxfer.agent.v1.PeerNotifyResponse\x12`\n" +
+	"\vExchangeQPs\x12'.fabricxfer.agent.v1.ExchangeQPsRequest\x1a(.fabricxfer.agent.v1.ExchangeQPsResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_fabricxfer_agent_v1_peer_proto_rawDescOnce sync.Once
@@ -550,30 +871,41 @@ func file_fabricxfer_agent_v1_peer_proto_rawDescGZIP() []byte {
 	return file_fabricxfer_agent_v1_peer_proto_rawDescData
 }
 
-var file_fabricxfer_agent_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_fabricxfer_agent_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_fabricxfer_agent_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_fabricxfer_agent_v1_peer_proto_goTypes = []any{
-	(*HelloRequest)(nil),               // 0: fabricxfer.agent.v1.HelloRequest
-	(*HelloResponse)(nil),              // 1: fabricxfer.agent.v1.HelloResponse
-	(*PeerResolveSegmentRequest)(nil),  // 2: fabricxfer.agent.v1.PeerResolveSegmentRequest
-	(*PeerResolveSegmentResponse)(nil), // 3: fabricxfer.agent.v1.PeerResolveSegmentResponse
-	(*PeerNotifyRequest)(nil),          // 4: fabricxfer.agent.v1.PeerNotifyRequest
-	(*PeerNotifyResponse)(nil),         // 5: fabricxfer.agent.v1.PeerNotifyResponse
-	(*SegmentDescriptor)(nil),          // 6: fabricxfer.agent.v1.SegmentDescriptor
-	(MemoryKind)(0),                    // 7: fabricxfer.agent.v1.MemoryKind
+	(ExchangeQPsRefusal_Reason)(0),     // 0: fabricxfer.agent.v1.ExchangeQPsRefusal.Reason
+	(*HelloRequest)(nil),               // 1: fabricxfer.agent.v1.HelloRequest
+	(*HelloResponse)(nil),              // 2: fabricxfer.agent.v1.HelloResponse
+	(*PeerResolveSegmentRequest)(nil),  // 3: fabricxfer.agent.v1.PeerResolveSegmentRequest
+	(*PeerResolveSegmentResponse)(nil), // 4: fabricxfer.agent.v1.PeerResolveSegmentResponse
+	(*PeerNotifyRequest)(nil),          // 5: fabricxfer.agent.v1.PeerNotifyRequest
+	(*PeerNotifyResponse)(nil),         // 6: fabricxfer.agent.v1.PeerNotifyResponse
+	(*SegmentDescriptor)(nil),          // 7: fabricxfer.agent.v1.SegmentDescriptor
+	(*QPConnInfo)(nil),                 // 8: fabricxfer.agent.v1.QPConnInfo
+	(*ExchangeQPsRequest)(nil),         // 9: fabricxfer.agent.v1.ExchangeQPsRequest
+	(*ExchangeQPsResponse)(nil),        // 10: fabricxfer.agent.v1.ExchangeQPsResponse
+	(*ExchangeQPsRefusal)(nil),         // 11: fabricxfer.agent.v1.ExchangeQPsRefusal
+	(MemoryKind)(0),                    // 12: fabricxfer.agent.v1.MemoryKind
 }
 var file_fabricxfer_agent_v1_peer_proto_depIdxs = []int32{
-	7, // 0: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	0, // 1: fabricxfer.agent.v1.Peer.Hello:input_type -> fabricxfer.agent.v1.HelloRequest
-	2, // 2: fabricxfer.agent.v1.Peer.ResolveSegment:input_type -> fabricxfer.agent.v1.PeerResolveSegmentRequest
-	4, // 3: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
-	1, // 4: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
-	3, // 5: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
-	5, // 6: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
-	4, // [4:7] is the sub-list for method output_type
-	1, // [1:4] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	12, // 0: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	8,  // 1: fabricxfer.agent.v1.ExchangeQPsRequest.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
+	8,  // 2: fabricxfer.agent.v1.ExchangeQPsResponse.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
+	0,  // 3: fabricxfer.agent.v1.ExchangeQPsRefusal.reason:type_name -> fabricxfer.agent.v1.ExchangeQPsRefusal.Reason
+	1,  // 4: fabricxfer.agent.v1.Peer.Hello:input_type -> fabricxfer.agent.v1.HelloRequest
+	3,  // 5: fabricxfer.agent.v1.Peer.ResolveSegment:input_type -> fabricxfer.agent.v1.PeerResolveSegmentRequest
+	5,  // 6: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
+	9,  // 7: fabricxfer.agent.v1.Peer.ExchangeQPs:input_type -> fabricxfer.agent.v1.ExchangeQPsRequest
+	2,  // 8: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
+	4,  // 9: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
+	6,  // 10: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
+	10, // 11: fabricxfer.agent.v1.Peer.ExchangeQPs:output_type -> fabricxfer.agent.v1.ExchangeQPsResponse
+	8,  // [8:12] is the sub-list for method output_type
+	4,  // [4:8] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_peer_proto_init() }
@@ -587,13 +919,14 @@ func file_fabricxfer_agent_v1_peer_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_peer_proto_rawDesc), len(file_fabricxfer_agent_v1_peer_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   7,
+			NumEnums:      1,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_fabricxfer_agent_v1_peer_proto_goTypes,
 		DependencyIndexes: file_fabricxfer_agent_v1_peer_proto_depIdxs,
+		EnumInfos:         file_fabricxfer_agent_v1_peer_proto_enumTypes,
 		MessageInfos:      file_fabricxfer_agent_v1_peer_proto_msgTypes,
 	}.Build()
 	File_fabricxfer_agent_v1_peer_proto = out.File

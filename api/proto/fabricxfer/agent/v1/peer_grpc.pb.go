@@ -25,6 +25,7 @@ const (
 	Peer_Hello_FullMethodName          = "/fabricxfer.agent.v1.Peer/Hello"
 	Peer_ResolveSegment_FullMethodName = "/fabricxfer.agent.v1.Peer/ResolveSegment"
 	Peer_Notify_FullMethodName         = "/fabricxfer.agent.v1.Peer/Notify"
+	Peer_ExchangeQPs_FullMethodName    = "/fabricxfer.agent.v1.Peer/ExchangeQPs"
 )
 
 // PeerClient is the client API for Peer service.
@@ -38,6 +39,14 @@ type PeerClient interface {
 	// Notify delivers a completion notification to the callers that own the written regions (for engines that
 	// have no wire of their own; the tcp engine notifies on its own connections).
 	Notify(ctx context.Context, in *PeerNotifyRequest, opts ...grpc.CallOption) (*PeerNotifyResponse, error)
+	// ExchangeQPs connects a set of the rdma engine's queue pairs: the caller sends its queue pairs' connection
+	// info, the answering agent's rdma engine creates as many, connects them to the caller's and answers with
+	// theirs. Refusals: UNAVAILABLE with an ExchangeQPsRefusal detail of reason RDMA_NOT_RUNNING when the
+	// answering node runs no rdma engine (the message says why);
+	// ABORTED with an ExchangeQPsRefusal detail of reason CONNECT_RACE when the answering node is dialing the
+	// caller at the same moment and its dial wins (the caller then waits for that connection);
+	// PERMISSION_DENIED when from_node is not a node of the pool.
+	ExchangeQPs(ctx context.Context, in *ExchangeQPsRequest, opts ...grpc.CallOption) (*ExchangeQPsResponse, error)
 }
 
 type peerClient struct {
@@ -78,6 +87,16 @@ func (c *peerClient) Notify(ctx context.Context, in *PeerNotifyRequest, opts ...
 	return out, nil
 }
 
+func (c *peerClient) ExchangeQPs(ctx context.Context, in *ExchangeQPsRequest, opts ...grpc.CallOption) (*ExchangeQPsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExchangeQPsResponse)
+	err := c.cc.Invoke(ctx, Peer_ExchangeQPs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -89,6 +108,14 @@ type PeerServer interface {
 	// Notify delivers a completion notification to the callers that own the written regions (for engines that
 	// have no wire of their own; the tcp engine notifies on its own connections).
 	Notify(context.Context, *PeerNotifyRequest) (*PeerNotifyResponse, error)
+	// ExchangeQPs connects a set of the rdma engine's queue pairs: the caller sends its queue pairs' connection
+	// info, the answering agent's rdma engine creates as many, connects them to the caller's and answers with
+	// theirs. Refusals: UNAVAILABLE with an ExchangeQPsRefusal detail of reason RDMA_NOT_RUNNING when the
+	// answering node runs no rdma engine (the message says why);
+	// ABORTED with an ExchangeQPsRefusal detail of reason CONNECT_RACE when the answering node is dialing the
+	// caller at the same moment and its dial wins (the caller then waits for that connection);
+	// PERMISSION_DENIED when from_node is not a node of the pool.
+	ExchangeQPs(context.Context, *ExchangeQPsRequest) (*ExchangeQPsResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -107,6 +134,9 @@ func (UnimplementedPeerServer) ResolveSegment(context.Context, *PeerResolveSegme
 }
 func (UnimplementedPeerServer) Notify(context.Context, *PeerNotifyRequest) (*PeerNotifyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Notify not implemented")
+}
+func (UnimplementedPeerServer) ExchangeQPs(context.Context, *ExchangeQPsRequest) (*ExchangeQPsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExchangeQPs not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -183,6 +213,24 @@ func _Peer_Notify_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_ExchangeQPs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExchangeQPsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ExchangeQPs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ExchangeQPs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ExchangeQPs(ctx, req.(*ExchangeQPsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -201,6 +249,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Notify",
 			Handler:    _Peer_Notify_Handler,
+		},
+		{
+			MethodName: "ExchangeQPs",
+			Handler:    _Peer_ExchangeQPs_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
