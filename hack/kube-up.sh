@@ -38,6 +38,16 @@ start etcd "$BIN/etcd" --name local --data-dir "$ST/etcd-data" --unsafe-no-fsync
   --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
   --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
   --initial-cluster "local=http://127.0.0.1:$ETCD_PEER"
+# kube-apiserver gives up on an etcd that is slow to start (a loaded machine), so wait for etcd first.
+for i in $(seq 1 120); do
+  curl -sf --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" | grep -q '"health":"true"' && break
+  if ! kill -0 "$(cat "$ST/etcd.pid")" 2>/dev/null || [ "$i" = 120 ]; then
+    echo "kube-up: etcd did not become healthy on 127.0.0.1:$ETCD_PORT; see $ST/etcd.log" >&2
+    tail -5 "$ST/etcd.log" >&2
+    exit 1
+  fi
+  sleep 0.25
+done
 start apiserver "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
   --bind-address=127.0.0.1 --secure-port="$API_PORT" \
   --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
