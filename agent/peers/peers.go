@@ -327,6 +327,13 @@ func (p *Peers) connTo(ctx context.Context, node, endpoint string) (*peerConn, e
 	}
 	p.mu.Lock()
 	if old, ok := p.conns[node]; ok {
+		if old.endpoint == endpoint {
+			// Another caller (the refresh loop, a concurrent call) connected first; closing its connection would
+			// cancel what it has in flight.
+			p.mu.Unlock()
+			conn.Close()
+			return old, nil
+		}
 		old.conn.Close()
 	}
 	p.conns[node] = c

@@ -7,19 +7,25 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	"github.com/fabricxfer/fabricxfer/agent/server/stack"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/fabric"
 	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+	"github.com/fabricxfer/fabricxfer/engines/rdma"
+	"github.com/fabricxfer/fabricxfer/engines/verbs"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
@@ -34,6 +40,10 @@ type transferFlags struct {
 	// callerRoot is where callers' /proc is read from; it differs from --host-root only when detection reads a
 	// fixture tree while callers are real local processes (demo, tests).
 	callerRoot string
+	// libibverbs is the verbs library the rdma engine loads ("": libibverbs.so.1 from the loader's path).
+	libibverbs string
+	// sysRoot is where the verbs binding reads port GID types (the detection host root's /sys).
+	sysRoot string
 }
 
 func (t *transferFlags) register(fs *flag.FlagSet) {
@@ -42,6 +52,7 @@ func (t *transferFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&t.kernelCache, "kernel-cache", "", "directory caching compiled copy kernels between restarts (empty: no cache)")
 	fs.BoolVar(&t.noTransfer, "report-only", false, "only detect and report; serve no socket and move no bytes")
 	fs.StringVar(&t.callerRoot, "caller-host-root", "", "root whose /proc identifies socket callers (default: --host-root)")
+	fs.StringVar(&t.libibverbs, "libibverbs", "", "verbs library the rdma engine loads (default libibverbs.so.1 from the loader's search path)")
 }
 
 // transferSide runs the socket server and the engines next to the reporter.
@@ -51,6 +62,13 @@ type transferSide struct {
 	report topology.Report
 	deps   stack.Deps
 	ready  atomic.Bool
+	// cudaDriver is the loaded CUDA driver (nil when none loaded): the rdma engine exports GPU memory through it.
+	cudaDriver *cuda.Driver
+	// fabric is the fabric engine when it runs: the rdma engine yields its pairs.
+	fabric engines.Engine
+	// rdmaRunning says the rdma engine is built with the peer channel; rdmaWhyNot says why not.
+	rdmaRunning bool
+	rdmaWhyNot  string
 }
 
 // newTransferSide prepares the transfer side from the first detection: which engines this node offers, its GPUs,
@@ -86,6 +104,7 @@ func (t *transferSide) gpuEngines() (backends []xgmi.Backend, extra []engines.En
 		return nil, nil, nil
 	}
 	t.deps.GPUDriver = drv
+	t.cudaDriver = drv
 	nvrtc, err := cuda.LoadNVRTC()
 	if err != nil {
 		t.log.Info("NVRTC unavailable: copies use driver batch copies", "reason", err.Error())
@@ -108,6 +127,7 @@ func (t *transferSide) gpuEngines() (backends []xgmi.Backend, extra []engines.En
 		} else {
 			extra = append(extra, fe)
 			closers = append(closers, rt.Close)
+			t.fabric = fe
 		}
 	}
 	return backends, extra, closers
@@ -132,6 +152,7 @@ func (t *transferSide) Run(ctx context.Context) error {
 	}()
 	t.deps.XGMIBackends = append(t.deps.XGMIBackends, backends...)
 	t.deps.ExtraEngines = append(t.deps.ExtraEngines, extra...)
+	t.prepareRDMA()
 	t.markNotRunning(extra)
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -141,6 +162,83 @@ func (t *transferSide) Run(ctx context.Context) error {
 	err := stack.Run(ctx, t.cfg.stack, t.deps)
 	cancel()
 	return errors.Join(err, <-healthErr)
+}
+
+// prepareRDMA decides whether this agent runs the rdma engine: detection must have found a usable RDMA port
+// (and the pool allow rdma), the pool's certificates must be mounted (queue pairs are exchanged over the
+// agent-to-agent channel, which needs them), and libibverbs must load and see a detected device. The engine
+// itself is built once the channel exists (stack.Deps.PeerEngines), with the channel as its Exchanger and
+// Notifier and as the answerer of peers' exchanges; without it, peers that ask are told why.
+func (t *transferSide) prepareRDMA() {
+	lib, why := t.loadVerbs()
+	if why != "" {
+		t.rdmaWhyNot = why
+		if t.engineAllowed(engines.EngineRDMA) {
+			t.log.Info("rdma engine not running", "reason", why)
+		}
+		t.deps.PeerEngines = func(ch *peers.Peers) ([]engines.Engine, error) {
+			ch.SetQPAcceptor(nil, why)
+			return nil, nil
+		}
+		return
+	}
+	t.rdmaRunning = true
+	rep := t.report
+	node := t.cfg.stack.NodeName
+	t.deps.PeerEngines = func(ch *peers.Peers) ([]engines.Engine, error) {
+		opts := rdma.Options{Node: node, Provider: rdma.VerbsProvider(lib), Topology: &rep, Exchanger: ch, Notifier: ch}
+		if t.cudaDriver != nil {
+			opts.DMABuf = rdma.CUDADMABuf{Driver: t.cudaDriver, PageSize: uint64(os.Getpagesize())}
+		}
+		if fe := t.fabric; fe != nil {
+			// The fabric engine claims pairs whose remote side it can map; rdma leaves those to it.
+			opts.Yield = func(src, dst *engines.MemoryDesc) bool { ok, _ := fe.CanHandle(src, dst); return ok }
+		}
+		e, err := rdma.New(opts)
+		if err != nil {
+			return nil, err
+		}
+		ch.SetQPAcceptor(e, "")
+		t.log.Info("rdma engine running", "dmaBuf", opts.DMABuf != nil, "yieldsToFabric", opts.Yield != nil)
+		return []engines.Engine{e}, nil
+	}
+}
+
+// loadVerbs opens libibverbs when the rdma engine can run here, or says why it cannot.
+func (t *transferSide) loadVerbs() (*verbs.Lib, string) {
+	e, ok := t.report.Engine(engines.EngineRDMA)
+	switch {
+	case !ok:
+		return nil, "detection reported no rdma engine"
+	case !e.Available:
+		return nil, e.Reason
+	case t.cfg.stack.TLSDir == "":
+		return nil, "needs the pool's agent certificates (--tls-dir): queue pairs are exchanged over the agent-to-agent channel"
+	}
+	lib, err := verbs.Open(t.cfg.libibverbs)
+	if err != nil {
+		return nil, "libibverbs did not load: " + err.Error()
+	}
+	if t.cfg.sysRoot != "" {
+		lib.SysfsRoot = t.cfg.sysRoot
+	}
+	seen, err := lib.DeviceNames()
+	if err != nil {
+		return nil, "libibverbs lists no devices: " + err.Error()
+	}
+	var detected []string
+	for _, n := range t.report.NICs {
+		if n.Usable() && !slices.Contains(detected, n.Name) {
+			detected = append(detected, n.Name)
+		}
+	}
+	for _, d := range detected {
+		if slices.Contains(seen, d) {
+			return lib, ""
+		}
+	}
+	return nil, fmt.Sprintf("libibverbs sees none of the detected RDMA devices (%s); it sees [%s]",
+		strings.Join(detected, ", "), strings.Join(seen, ", "))
 }
 
 // serveHealth answers /healthz while the process runs and /readyz once the sockets are open.
@@ -191,6 +289,7 @@ func buildTransferSide(cfg runConfig, c client.Client, detect func(context.Conte
 		tf.stack.HostRoot = tf.callerRoot
 	}
 	tf.stack.PeerAdvertise = cfg.endpoint
+	tf.sysRoot = filepath.Join(cfg.detection.hostRoot, "sys")
 	if err := tf.stack.Validate(); err != nil {
 		return nil, err
 	}
@@ -201,13 +300,13 @@ func buildTransferSide(cfg runConfig, c client.Client, detect func(context.Conte
 // markNotRunning keeps GetInfo and explain honest: an engine detection found possible but this agent does not
 // run is reported unavailable, with both facts.
 func (t *transferSide) markNotRunning(extra []engines.Engine) {
-	running := map[string]bool{"xgmi": true, "tcp": !t.cfg.stack.DisableTCP && t.cfg.stack.TLSDir != ""}
+	running := map[string]bool{"xgmi": true, "tcp": !t.cfg.stack.DisableTCP && t.cfg.stack.TLSDir != "", "rdma": t.rdmaRunning}
 	for _, e := range extra {
 		running[e.Name()] = true
 	}
 	why := map[string]string{
 		"fabric": "no GPU runtime for these GPUs in this agent (CUDA driver not loaded, or AMD GPUs: the HIP runtime is not implemented yet)",
-		"rdma":   "the rdma engine's queue-pair exchange over the agent channel is not wired into the agent yet",
+		"rdma":   t.rdmaWhyNot,
 		"tcp":    "needs the pool's agent certificates (--tls-dir) and tcp allowed by the pool",
 	}
 	for i, e := range t.deps.Engines {

@@ -57,10 +57,10 @@ type Config struct {
 	PoolHostBytes uint64
 	// PoolGPUBytes is device memory allocated on each NVIDIA GPU and lent to callers; on a node where it
 	// cannot be (no GPUs, no driver) PoolHostBytes is lent instead.
-	PoolGPUBytes       uint64
+	PoolGPUBytes uint64
 	// PoolSlabBytes is the GPU pool's slab: the unit of device memory lent to one caller at a time (0: an
 	// eighth of PoolGPUBytes).
-	PoolSlabBytes uint64
+	PoolSlabBytes      uint64
 	MaxRegions         int
 	MaxRegisteredBytes uint64
 	MaxInFlight        int
@@ -100,6 +100,11 @@ type Deps struct {
 	GPUs []server.GPUInfo
 	// ExtraEngines are engines built elsewhere (GPU engines) added to the composite.
 	ExtraEngines []engines.Engine
+	// PeerEngines, when set, builds the engines that work through the agent-to-agent channel (the rdma engine
+	// exchanges its queue pairs and sends its notifications over it, and answers peers' exchanges as the
+	// channel's QPAcceptor). It is called once the channel exists, so never without TLSDir; the engines it
+	// returns join the composite, which closes them.
+	PeerEngines func(ch *peers.Peers) ([]engines.Engine, error)
 	// XGMIBackends are GPU backends for the same-node engine, tried before the host backend.
 	XGMIBackends []xgmi.Backend
 	// GPUDriver is the loaded CUDA driver (nil when none loaded); GPU pool memory needs it.
@@ -235,6 +240,13 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		if pc, err = peers.New(popts); err != nil {
 			peerLn.Close()
 			return err
+		}
+		if deps.PeerEngines != nil {
+			more, err := deps.PeerEngines(pc)
+			if err != nil {
+				return fmt.Errorf("building the engines that use the agent-to-agent channel: %w", err)
+			}
+			engs = append(engs, more...)
 		}
 	}
 	comp, err := engines.NewComposite(engines.CompositeOptions{Node: cfg.NodeName}, engs...)
