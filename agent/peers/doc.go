@@ -1,7 +1,9 @@
 // Package peers is the agent-to-agent channel of one pool: the fabricxfer.agent.v1 Peer gRPC service over TCP,
 // authenticated both ways with the pool's certificates (mTLS), for segment resolution, agent introductions and
-// notifications of engines that have no wire of their own. Bulk bytes do not travel here: the tcp engine carries
-// them on its own listener, with the same TLS configuration ([TLSFiles.Config]).
+// notifications of engines that have no wire of their own, and the rdma engine's queue-pair exchange
+// ([Peers.ExchangeQPs] is its rdma.Exchanger; the receiving agent hands the request to its [QPAcceptor]). Bulk
+// bytes do not travel here: the tcp engine carries them on its own listener, with the same TLS configuration
+// ([TLSFiles.Config]), and the rdma engine on its queue pairs.
 //
 // Peers are found through a [Directory] (TransferNode .status.endpoint through the API server, or a static
 // list for the demo) and connected as soon as they appear, so the first transfer does not pay the handshake.
