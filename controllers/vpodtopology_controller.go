@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,7 +31,23 @@ var vpodKey = reconcile.Request{NamespacedName: client.ObjectKey{Name: "vpodtopo
 type VPodTopologyReconciler struct {
 	client.Client
 	Clock clock.PassiveClock
+
+	// written remembers each domain as this reconciler's last create or status patch returned it. A pass that
+	// starts before the cache has seen those writes (a busy start-up: hundreds of domains per pass) would
+	// otherwise create them again and rewrite their status.
+	writtenMu sync.Mutex
+	written   map[string]writtenDomain
 }
+
+// writtenDomain is a domain as a write of this reconciler returned it, and when.
+type writtenDomain struct {
+	vp *fxv1.VPodTopology
+	at time.Time
+}
+
+// trustUncached is how long a domain this reconciler created counts as existing while the cache has not
+// shown it yet; passes look again within it, so a domain deleted meanwhile is created again.
+const trustUncached = 10 * time.Second
 
 // Reconcile creates a VPodTopology for every reported domain, updates members and status of every domain, and
 // deletes discovered domains nobody reports any more. Declared domains are never deleted.
@@ -53,6 +70,11 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 	}
 	now := r.Clock.Now()
 	exp := expiryTracker{now: now}
+	var uncached bool
+	vps.Items, uncached = r.withOwnWrites(vps.Items, now)
+	if uncached {
+		exp.add(trustUncached)
+	}
 	domains := AggregateDomains(tns.Items, func(tn *fxv1.TransferNode) bool {
 		timeout := timeouts(tn)
 		at := beats.lastHeartbeat(tn)
@@ -99,6 +121,7 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 				if err := r.Delete(ctx, vp); client.IgnoreNotFound(err) != nil {
 					return fmt.Errorf("deleting empty discovered domain %s: %w", vp.Name, err)
 				}
+				r.forget(vp.Name)
 				deleted.Add(1)
 				return nil
 			})
@@ -128,6 +151,7 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 				return fmt.Errorf("creating domain %s for %s: %w", vp.Name, key, err)
 			default:
 				created.Add(1)
+				r.remember(vp, now)
 			}
 			patched.Add(1)
 			return r.patchStatus(ctx, vp, obs)
@@ -148,7 +172,7 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 }
 
 // vpodWriters bounds the writes one reconcile pass has in flight.
-const vpodWriters = 32
+const vpodWriters = 64
 
 // statusChanged reports whether a domain's status would change, so a pass starts writers only for those.
 func statusChanged(vp *fxv1.VPodTopology, obs *DomainObservation) bool {
@@ -161,10 +185,67 @@ func (r *VPodTopologyReconciler) patchStatus(ctx context.Context, vp *fxv1.VPodT
 	if equality.Semantic.DeepEqual(before.Status, vp.Status) {
 		return nil
 	}
-	if err := r.Status().Patch(ctx, vp, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+	if err := r.Status().Patch(ctx, vp, client.MergeFrom(before)); err != nil {
+		r.forget(vp.Name)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
 		return fmt.Errorf("patching status of domain %s: %w", vp.Name, err)
 	}
+	r.remember(vp, r.Clock.Now())
 	return nil
+}
+
+func (r *VPodTopologyReconciler) remember(vp *fxv1.VPodTopology, at time.Time) {
+	r.writtenMu.Lock()
+	defer r.writtenMu.Unlock()
+	if r.written == nil {
+		r.written = map[string]writtenDomain{}
+	}
+	r.written[vp.Name] = writtenDomain{vp: vp.DeepCopy(), at: at}
+}
+
+func (r *VPodTopologyReconciler) forget(name string) {
+	r.writtenMu.Lock()
+	defer r.writtenMu.Unlock()
+	delete(r.written, name)
+}
+
+// withOwnWrites replaces each cached domain that this reconciler has written since with what the write
+// returned, and adds domains it created recently that the cache does not show yet (uncached reports those).
+// Entries the cache has caught up with are dropped.
+func (r *VPodTopologyReconciler) withOwnWrites(items []fxv1.VPodTopology, now time.Time) (_ []fxv1.VPodTopology, uncached bool) {
+	r.writtenMu.Lock()
+	defer r.writtenMu.Unlock()
+	byName := make(map[string]int, len(items))
+	for i := range items {
+		byName[items[i].Name] = i
+	}
+	for name, w := range r.written {
+		if i, ok := byName[name]; ok {
+			if newerVersion(w.vp.ResourceVersion, items[i].ResourceVersion) {
+				items[i] = *w.vp.DeepCopy()
+			} else {
+				delete(r.written, name)
+			}
+			continue
+		}
+		if now.Sub(w.at) < trustUncached {
+			items = append(items, *w.vp.DeepCopy())
+			uncached = true
+		} else {
+			delete(r.written, name)
+		}
+	}
+	return items, uncached
+}
+
+// newerVersion reports whether resourceVersion a is later than b. Versions are opaque to clients, but this
+// API server's are etcd revisions; anything that does not parse counts as not newer, so the cache wins.
+func newerVersion(a, b string) bool {
+	x, errA := strconv.ParseUint(a, 10, 64)
+	y, errB := strconv.ParseUint(b, 10, 64)
+	return errA == nil && errB == nil && x > y
 }
 
 // heartbeatTimeouts maps each report to the heartbeat timeout of the pool whose agent wrote it.

@@ -152,3 +152,41 @@ func TestDeclaredVPodTopologyIsKeptAndCompared(t *testing.T) {
 		return nil
 	})
 }
+
+// TestPassUsesItsOwnWritesBeforeTheCache checks that a pass started before the cache shows the previous pass's
+// writes works from what those writes returned, and that the cache wins once it caught up.
+func TestPassUsesItsOwnWritesBeforeTheCache(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	vp := func(name, rv string, nodes int32) *fxv1.VPodTopology {
+		return &fxv1.VPodTopology{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv}, Status: fxv1.VPodTopologyStatus{Nodes: nodes}}
+	}
+	r := &VPodTopologyReconciler{}
+	r.remember(vp("patched", "17", 4), now.Add(-time.Second))
+	r.remember(vp("cache-caught-up", "17", 4), now.Add(-time.Second))
+	r.remember(vp("created", "18", 2), now.Add(-time.Second))
+	r.remember(vp("created-long-ago", "19", 2), now.Add(-trustUncached))
+	cached := []fxv1.VPodTopology{*vp("patched", "12", 1), *vp("cache-caught-up", "21", 3), *vp("other", "5", 1)}
+
+	got, uncached := r.withOwnWrites(cached, now)
+	byName := map[string]fxv1.VPodTopology{}
+	for _, v := range got {
+		byName[v.Name] = v
+	}
+	if !uncached || len(got) != 4 {
+		t.Fatalf("uncached %v, %d domains %v; want the three cached plus the one created a second ago", uncached, len(got), byName)
+	}
+	for name, want := range map[string]int32{"patched": 4, "cache-caught-up": 3, "other": 1, "created": 2} {
+		if v, ok := byName[name]; !ok || v.Status.Nodes != want {
+			t.Errorf("%s: %+v, want status nodes %d", name, v, want)
+		}
+	}
+	if _, ok := r.written["cache-caught-up"]; ok {
+		t.Error("an entry the cache caught up with is kept")
+	}
+	if _, ok := r.written["created-long-ago"]; ok {
+		t.Error("an uncached entry older than trustUncached is kept")
+	}
+	if newerVersion("9", "10") || !newerVersion("10", "9") || newerVersion("x", "1") {
+		t.Error("newerVersion compares revisions numerically and lets anything unparsable lose")
+	}
+}
