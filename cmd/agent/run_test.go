@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,10 +89,11 @@ func TestRunReportsUntilStopped(t *testing.T) {
 	var stderr syncBuffer
 	exit := make(chan int, 1)
 	socketDir := t.TempDir()
+	healthAddr := freeAddr(t)
 	go func() {
 		exit <- runMain(ctx, []string{"run", "--host-root", filepath.Join(testdata, "rdma-only-node"), "--kubeconfig", kcPath,
 			"--pool-namespace", "inference", "--pool-name", "kv", "--heartbeat", "1s", "--advertise", "192.0.2.10:7470",
-			"--socket-dir", socketDir, "--tls-dir", "", "--health-addr", "127.0.0.1:0", "--allow-local"}, &bytes.Buffer{}, &stderr)
+			"--socket-dir", socketDir, "--tls-dir", "", "--health-addr", healthAddr, "--allow-local"}, &bytes.Buffer{}, &stderr)
 	}()
 	var tn v1alpha1.TransferNode
 	deadline := time.Now().Add(15 * time.Second)
@@ -116,6 +120,13 @@ func TestRunReportsUntilStopped(t *testing.T) {
 			t.Fatalf("no socket at %s within 10s; agent log:\n%s", sock, stderr.String())
 		}
 	}
+	// The health address also serves metrics: the runtime's and the process's, for watching an agent for leaks.
+	metrics := httpGet(t, "http://"+healthAddr+"/metrics")
+	for _, want := range []string{"go_goroutines ", "process_open_fds ", "process_resident_memory_bytes "} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q:\n%.2000s", want, metrics)
+		}
+	}
 	cancel()
 	select {
 	case code := <-exit:
@@ -131,4 +142,31 @@ func TestRunReportsUntilStopped(t *testing.T) {
 	if log := stderr.String(); !strings.Contains(log, "agent started") || !strings.Contains(log, "agent stopped") {
 		t.Errorf("agent log lacks start/stop lines:\n%s", log)
 	}
+}
+
+// freeAddr returns a loopback address with a port nothing listens on right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// httpGet fetches url within 5 s and returns the body.
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %v", url, resp.Status, err)
+	}
+	return string(b)
 }

@@ -11,10 +11,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fabricxfer/fabricxfer/agent/peers"
@@ -69,6 +73,32 @@ type transferSide struct {
 	// rdmaRunning says the rdma engine is built with the peer channel; rdmaWhyNot says why not.
 	rdmaRunning bool
 	rdmaWhyNot  string
+	// notifier carries the fabric engine's notifications once the agent-to-agent channel exists.
+	notifier lateNotifier
+}
+
+// lateNotifier sends notifications through the agent-to-agent channel, which is created after the engines that
+// need it (the stack builds it once the pool's certificates are loaded).
+type lateNotifier struct {
+	mu sync.Mutex
+	ch engines.NotifySender
+}
+
+func (l *lateNotifier) set(ch engines.NotifySender) {
+	l.mu.Lock()
+	l.ch = ch
+	l.mu.Unlock()
+}
+
+// SendNotification implements engines.NotifySender.
+func (l *lateNotifier) SendNotification(ctx context.Context, node string, n engines.Notification) error {
+	l.mu.Lock()
+	ch := l.ch
+	l.mu.Unlock()
+	if ch == nil {
+		return fmt.Errorf("no agent-to-agent channel to notify node %s (the pool's certificates are not mounted: --tls-dir)", node)
+	}
+	return ch.SendNotification(ctx, node, n)
 }
 
 // newTransferSide prepares the transfer side from the first detection: which engines this node offers, its GPUs,
@@ -120,7 +150,7 @@ func (t *transferSide) gpuEngines() (backends []xgmi.Backend, extra []engines.En
 	closers = append(closers, be.Close)
 	if t.engineAllowed("fabric") {
 		rt := fabric.NewCUDARuntime(drv, opts)
-		fe, err := fabric.New(fabric.Options{Node: t.cfg.stack.NodeName, Runtime: rt})
+		fe, err := fabric.New(fabric.Options{Node: t.cfg.stack.NodeName, Runtime: rt, Notifier: &t.notifier})
 		if err != nil {
 			t.log.Info("fabric engine unavailable", "reason", err.Error())
 			_ = rt.Close()
@@ -177,6 +207,7 @@ func (t *transferSide) prepareRDMA() {
 			t.log.Info("rdma engine not running", "reason", why)
 		}
 		t.deps.PeerEngines = func(ch *peers.Peers) ([]engines.Engine, error) {
+			t.notifier.set(ch)
 			ch.SetQPAcceptor(nil, why)
 			return nil, nil
 		}
@@ -186,6 +217,7 @@ func (t *transferSide) prepareRDMA() {
 	rep := t.report
 	node := t.cfg.stack.NodeName
 	t.deps.PeerEngines = func(ch *peers.Peers) ([]engines.Engine, error) {
+		t.notifier.set(ch)
 		opts := rdma.Options{Node: node, Provider: rdma.VerbsProvider(lib), Topology: &rep, Exchanger: ch, Notifier: ch}
 		if t.cudaDriver != nil {
 			opts.DMABuf = rdma.CUDADMABuf{Driver: t.cudaDriver, PageSize: uint64(os.Getpagesize())}
@@ -247,6 +279,14 @@ func (t *transferSide) serveHealth(ctx context.Context) error {
 		return nil
 	}
 	mux := http.NewServeMux()
+	// /metrics: the transfer layer's counters, with the Go runtime's and the process's (goroutines, memory,
+	// open fds), so an admin, and the soak test, can watch an agent for leaks.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if t.deps.Metrics != nil {
+		reg.MustRegister(t.deps.Metrics)
+	}
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Timeout: 5 * time.Second}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !t.ready.Load() {
@@ -293,7 +333,7 @@ func buildTransferSide(cfg runConfig, c client.Client, detect func(context.Conte
 	if err := tf.stack.Validate(); err != nil {
 		return nil, err
 	}
-	deps := stack.Deps{Kube: c, AgentVersion: version, Logger: slogFrom(log.WithName("transfer"))}
+	deps := stack.Deps{Kube: c, AgentVersion: version, Logger: slogFrom(log.WithName("transfer")), Metrics: engines.NewMetrics()}
 	return newTransferSide(tf, rep, deps, log.WithName("transfer")), nil
 }
 

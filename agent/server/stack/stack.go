@@ -105,6 +105,8 @@ type Deps struct {
 	// channel's QPAcceptor). It is called once the channel exists, so never without TLSDir; the engines it
 	// returns join the composite, which closes them.
 	PeerEngines func(ch *peers.Peers) ([]engines.Engine, error)
+	// Metrics, when set, is charged by the composite with every plan and rejected item.
+	Metrics *engines.Metrics
 	// XGMIBackends are GPU backends for the same-node engine, tried before the host backend.
 	XGMIBackends []xgmi.Backend
 	// GPUDriver is the loaded CUDA driver (nil when none loaded); GPU pool memory needs it.
@@ -249,7 +251,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 			engs = append(engs, more...)
 		}
 	}
-	comp, err := engines.NewComposite(engines.CompositeOptions{Node: cfg.NodeName}, engs...)
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: cfg.NodeName, Metrics: deps.Metrics}, engs...)
 	if err != nil {
 		return err
 	}
