@@ -52,8 +52,8 @@ func CacheByObject() map[client.Object]cache.ByObject {
 	return map[client.Object]cache.ByObject{&coordinationv1.Lease{}: {Label: heartbeatLeaseSelector()}}
 }
 
-// listHeartbeats reads every agent's Lease (from the cache).
-func listHeartbeats(ctx context.Context, c client.Reader) (Heartbeats, error) {
+// ListHeartbeats reads every agent's heartbeat Lease (from the operator's cache, or the API server for a plain client).
+func ListHeartbeats(ctx context.Context, c client.Reader) (Heartbeats, error) {
 	leases := &coordinationv1.LeaseList{}
 	if err := c.List(ctx, leases, client.MatchingLabelsSelector{Selector: heartbeatLeaseSelector()}); err != nil {
 		return nil, fmt.Errorf("listing heartbeat leases: %w", err)
@@ -77,9 +77,9 @@ func leaseHeartbeat(l *coordinationv1.Lease) (HeartbeatKey, time.Time, bool) {
 	return HeartbeatKey{PoolNamespace: l.Namespace, PoolName: pool, Node: *l.Spec.HolderIdentity}, l.Spec.RenewTime.Time, true
 }
 
-// lastHeartbeat is when the agent that wrote tn last showed it was alive: the later of its Lease's renewal
+// LastHeartbeat is when the agent that wrote tn last showed it was alive: the later of its Lease's renewal
 // and the report's own lastHeartbeat. Zero when neither exists.
-func (h Heartbeats) lastHeartbeat(tn *fxv1.TransferNode) time.Time {
+func (h Heartbeats) LastHeartbeat(tn *fxv1.TransferNode) time.Time {
 	var at time.Time
 	if tn.Status.LastHeartbeat != nil {
 		at = tn.Status.LastHeartbeat.Time
@@ -92,7 +92,7 @@ func (h Heartbeats) lastHeartbeat(tn *fxv1.TransferNode) time.Time {
 
 // heartbeatFresh reports whether a TransferNode's agent heartbeat is younger than timeout at now.
 func (h Heartbeats) heartbeatFresh(tn *fxv1.TransferNode, now time.Time, timeout time.Duration) bool {
-	at := h.lastHeartbeat(tn)
+	at := h.LastHeartbeat(tn)
 	return !at.IsZero() && now.Sub(at) < timeout
 }
 

@@ -144,7 +144,7 @@ func PoolRequeueAfter(pool *fxv1.TransferPool, obs PoolObservation) time.Duratio
 		if tn == nil || !selects(pool, node) {
 			continue
 		}
-		if at := obs.Heartbeats.lastHeartbeat(tn); !at.IsZero() && obs.Now.Sub(at) < timeout {
+		if at := obs.Heartbeats.LastHeartbeat(tn); !at.IsZero() && obs.Now.Sub(at) < timeout {
 			exp.fresh(at, timeout)
 		} else {
 			exp.stale(timeout)

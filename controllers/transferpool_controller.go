@@ -172,7 +172,7 @@ func (r *TransferPoolReconciler) observe(ctx context.Context, pool *fxv1.Transfe
 	for i := range tns.Items {
 		obs.TransferNodes[tns.Items[i].Name] = &tns.Items[i]
 	}
-	beats, err := listHeartbeats(ctx, r.Client)
+	beats, err := ListHeartbeats(ctx, r.Client)
 	if err != nil {
 		return fmt.Errorf("reading heartbeats for pool %s/%s: %w", pool.Namespace, pool.Name, err)
 	}

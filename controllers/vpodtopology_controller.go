@@ -64,7 +64,7 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	beats, err := listHeartbeats(ctx, r.Client)
+	beats, err := ListHeartbeats(ctx, r.Client)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -77,7 +77,7 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 	}
 	domains := AggregateDomains(tns.Items, func(tn *fxv1.TransferNode) bool {
 		timeout := timeouts(tn)
-		at := beats.lastHeartbeat(tn)
+		at := beats.LastHeartbeat(tn)
 		if at.IsZero() {
 			return false
 		}

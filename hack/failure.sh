@@ -137,8 +137,9 @@ expected_transfernodes() {
   kc get nodes -o 'jsonpath={range .items[*]}{.metadata.name} Node/{.metadata.name}/{.metadata.uid}{"\n"}{end}' | sort
 }
 vpods() { kc get vpodtopologies -o 'jsonpath={range .items[*]}{.metadata.name} owners={.metadata.ownerReferences}{"\n"}{end}' | sort; }
-heartbeats() { kc get transfernodes -o 'jsonpath={range .items[*]}{.status.lastHeartbeat}{"\n"}{end}'; }
-heartbeats_after() { # every TransferNode heartbeat is later than $1 (seconds since the epoch)
+# Agents heartbeat by renewing one Lease per (pool, node); the TransferNode is rewritten only when it changes.
+heartbeats() { kc get leases -n default -l fabricxfer.io/pool=kv-cache -o 'jsonpath={range .items[*]}{.spec.renewTime}{"\n"}{end}'; }
+heartbeats_after() { # every agent's heartbeat Lease was renewed later than $1 (seconds since the epoch)
   local h n=0
   for h in $(heartbeats); do
     [ "$(date -d "$h" +%s)" -gt "$1" ] || return 1

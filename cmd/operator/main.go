@@ -11,6 +11,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -56,6 +57,8 @@ func run() error {
 		LeaderElectionID:              "fabricxfer-operator.fabricxfer.io",
 		LeaderElectionNamespace:       *leaderNS,
 		LeaderElectionReleaseOnCancel: true,
+		// Cache only the agents' heartbeat Leases, not every kubelet and leader-election Lease of the cluster.
+		Cache: cache.Options{ByObject: controllers.CacheByObject()},
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/controllers"
 )
 
 func kubeClient(kubeconfig string) (client.Client, error) {
@@ -83,6 +84,11 @@ func printStatus(ctx context.Context, c client.Reader, namespace string, w io.Wr
 	if err := c.List(ctx, &nodes); err != nil {
 		return fmt.Errorf("listing TransferNodes: %w", err)
 	}
+	// Agents heartbeat through Leases; a TransferNode is rewritten only when its report changes.
+	beats, err := controllers.ListHeartbeats(ctx, c)
+	if err != nil {
+		return err
+	}
 	var vpods fxv1.VPodTopologyList
 	if err := c.List(ctx, &vpods); err != nil {
 		return fmt.Errorf("listing VPodTopologies: %w", err)
@@ -107,8 +113,8 @@ func printStatus(ctx context.Context, c client.Reader, namespace string, w io.Wr
 			}
 		}
 		hb := "never"
-		if n.Status.LastHeartbeat != nil {
-			hb = now.Sub(n.Status.LastHeartbeat.Time).Round(time.Second).String() + " ago"
+		if at := beats.LastHeartbeat(&n); !at.IsZero() {
+			hb = now.Sub(at).Round(time.Second).String() + " ago"
 		}
 		pool := "-"
 		if n.Spec.PoolName != "" {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
@@ -35,6 +36,9 @@ func TestStatusReadsTheAPIServer(t *testing.T) {
 	}
 	defer env.Stop()
 	scheme := runtime.NewScheme()
+	if err := coordinationv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
 	if err := fxv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
@@ -53,12 +57,19 @@ func TestStatusReadsTheAPIServer(t *testing.T) {
 		if err := kube.Create(ctx, tn); err != nil {
 			t.Fatal(err)
 		}
-		hb := metav1.NewTime(time.Now().Add(-time.Duration(i+1) * time.Second))
+		// node-a's report was written an hour ago; its agent renewed its heartbeat Lease since (below).
+		hb := metav1.NewTime(time.Now().Add(-time.Duration(i+1) * time.Hour))
 		tn.Status = fxv1.TransferNodeStatus{Endpoint: "10.0.0." + string(rune('1'+i)) + ":7470", AgentVersion: "v0.1.0", LastHeartbeat: &hb,
 			Engines: []fxv1.EngineAvailability{{Name: "xgmi", Available: true}, {Name: "rdma", Available: false, Reason: "no NIC"}}}
 		if err := kube.Status().Update(ctx, tn); err != nil {
 			t.Fatal(err)
 		}
+	}
+	renewed, holder, secs := metav1.NewMicroTime(time.Now().Add(-5*time.Second)), "node-a", int32(30)
+	if err := kube.Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "node-a-heartbeat", Labels: map[string]string{fxv1.LabelPoolName: "kv"}},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &renewed, LeaseDurationSeconds: &secs}}); err != nil {
+		t.Fatal(err)
 	}
 	var out bytes.Buffer
 	if err := printStatus(ctx, kube, "", &out, time.Now()); err != nil {
@@ -69,6 +80,15 @@ func TestStatusReadsTheAPIServer(t *testing.T) {
 	for _, line := range strings.Split(s, "\n") {
 		if f := strings.Fields(line); len(f) > 2 && f[0] == "default" && f[1] == "kv" {
 			poolRow = true
+		}
+	}
+	for _, line := range strings.Split(s, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && f[0] == "node-a" && (strings.Contains(line, "1h0m") || !strings.Contains(line, "s ago")) {
+			t.Errorf("node-a's heartbeat should come from its Lease (seconds ago), not its hour-old report: %q", line)
+		}
+		if len(f) > 0 && f[0] == "node-b" && !strings.Contains(line, "2h0m") {
+			t.Errorf("node-b has no Lease: its heartbeat is its report's (2h ago): %q", line)
 		}
 	}
 	if !poolRow {
