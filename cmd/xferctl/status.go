@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
@@ -35,11 +36,23 @@ func kubeClient(kubeconfig string) (client.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading the API server configuration: %w", err)
 	}
+	scheme, err := statusScheme()
+	if err != nil {
+		return nil, err
+	}
+	return client.New(restCfg, client.Options{Scheme: scheme})
+}
+
+// statusScheme holds what status reads: the project's objects and the agents' heartbeat Leases.
+func statusScheme() (*runtime.Scheme, error) {
 	scheme := runtime.NewScheme()
 	if err := fxv1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
-	return client.New(restCfg, client.Options{Scheme: scheme})
+	if err := coordinationv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	return scheme, nil
 }
 
 func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -11,7 +11,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -35,11 +34,8 @@ func TestStatusReadsTheAPIServer(t *testing.T) {
 		t.Fatalf("starting the API server: %v", err)
 	}
 	defer env.Stop()
-	scheme := runtime.NewScheme()
-	if err := coordinationv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := fxv1.AddToScheme(scheme); err != nil {
+	scheme, err := statusScheme() // the scheme the command uses
+	if err != nil {
 		t.Fatal(err)
 	}
 	kube, err := ctrlclient.New(cfg, ctrlclient.Options{Scheme: scheme})
