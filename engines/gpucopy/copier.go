@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/internal/scatter"
 )
 
 // Mode is how a Copier moves scattered items.
@@ -254,10 +255,10 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		case route == RouteDriver:
 			small, big = nil, segs
 		case c.mode == ModeKernel && largest >= c.opts.CopyEngineMin:
-			small, big = splitBySize(segs, c.opts.CopyEngineMin)
+			small, big = scatter.SplitBySize(segs, c.opts.CopyEngineMin)
 		}
 		// Host work first (descriptors), so a device timing covers only the GPU.
-		var layout batchLayout
+		var layout scatter.Layout
 		var descs uint64
 		kernel := len(small) > 0 && c.mode == ModeKernel
 		if kernel {
@@ -284,7 +285,7 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		switch {
 		case kernel:
 			if c.opts.UploadDescriptors {
-				if err := c.drv.MemcpyHtoDAsync(p.slot.devPtr, p.slot.hostPtr, uint64(layout.bytes()), c.stream); err != nil {
+				if err := c.drv.MemcpyHtoDAsync(p.slot.devPtr, p.slot.hostPtr, uint64(layout.Bytes()), c.stream); err != nil {
 					return err
 				}
 			}
@@ -314,25 +315,6 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 	return p, nil
 }
 
-// splitBySize separates segments of at least threshold bytes; callers check first that there is one.
-func splitBySize(segs []Segment, threshold uint64) (small, big []Segment) {
-	nbig := 0
-	for _, s := range segs {
-		if s.Size >= threshold {
-			nbig++
-		}
-	}
-	small, big = make([]Segment, 0, len(segs)-nbig), make([]Segment, 0, nbig)
-	for _, s := range segs {
-		if s.Size >= threshold {
-			big = append(big, s)
-		} else {
-			small = append(small, s)
-		}
-	}
-	return small, big
-}
-
 // queueDriver queues segs as driver copies: one batch call where the driver
 // has it (and the mode allows), else one call per segment.
 func (c *Copier) queueDriver(segs []Segment) error {
@@ -355,16 +337,16 @@ func (c *Copier) queueDriver(segs []Segment) error {
 
 // stageDescriptors writes segs' descriptors into a staging slot and returns
 // the address the kernel will read them from.
-func (c *Copier) stageDescriptors(segs []Segment) (batchLayout, *slot, uint64, error) {
-	layout, err := planLayout(segs, c.opts.MaxPiece)
+func (c *Copier) stageDescriptors(segs []Segment) (scatter.Layout, *slot, uint64, error) {
+	layout, err := scatter.Plan(segs, c.opts.MaxPiece)
 	if err != nil {
 		return layout, nil, 0, err
 	}
-	s, err := c.slots.get(uint64(layout.bytes()))
+	s, err := c.slots.get(uint64(layout.Bytes()))
 	if err != nil {
 		return layout, nil, 0, err
 	}
-	writeDescriptors(s.host(), segs, layout, c.opts.MaxPiece)
+	scatter.Write(s.host(), segs, layout, c.opts.MaxPiece)
 	descs := uint64(s.hostPtr)
 	if c.opts.UploadDescriptors {
 		descs = uint64(s.devPtr)
@@ -373,34 +355,27 @@ func (c *Copier) stageDescriptors(segs []Segment) (batchLayout, *slot, uint64, e
 }
 
 // launch queues the scatter kernel over descriptors already in place.
-func (c *Copier) launch(layout batchLayout, descs uint64) error {
-	count := uint32(layout.pieces)
-	if layout.flat16 {
+func (c *Copier) launch(layout scatter.Layout, descs uint64) error {
+	count := uint32(layout.Pieces)
+	if layout.Flat16 {
 		// One block per run of pieces, at most one full wave of resident blocks.
-		per := uint32(layout.pieceSize / 16)
-		runs := (uint64(layout.pieces) + uint64(flatChunk(per)) - 1) / uint64(flatChunk(per))
+		per := uint32(layout.PieceSize / 16)
+		runs := (uint64(layout.Pieces) + uint64(scatter.FlatChunk(per, threadsPerBlock)) - 1) / uint64(scatter.FlatChunk(per, threadsPerBlock))
 		cfg := cuda.LaunchConfig{GridX: uint32(min(runs, uint64(c.sms*blocksPerSM))), BlockX: threadsPerBlock, Stream: c.stream}
-		total := uint32(uint64(layout.pieces) * uint64(per))
+		total := uint32(uint64(layout.Pieces) * uint64(per))
 		return c.drv.Launch(c.kernels.flat16, cfg, []unsafe.Pointer{
-			unsafe.Pointer(&layout.srcBase), unsafe.Pointer(&layout.dstBase), unsafe.Pointer(&descs),
-			unsafe.Pointer(&total), unsafe.Pointer(&per), unsafe.Pointer(&layout.shift)})
+			unsafe.Pointer(&layout.SrcBase), unsafe.Pointer(&layout.DstBase), unsafe.Pointer(&descs),
+			unsafe.Pointer(&total), unsafe.Pointer(&per), unsafe.Pointer(&layout.Shift)})
 	}
-	blocks := min((layout.pieces+warpsPerBlock-1)/warpsPerBlock, c.sms*blocksPerSM)
+	blocks := min((layout.Pieces+warpsPerBlock-1)/warpsPerBlock, c.sms*blocksPerSM)
 	cfg := cuda.LaunchConfig{GridX: uint32(blocks), BlockX: threadsPerBlock, Stream: c.stream}
-	if layout.uniform {
-		size := layout.pieceSize
+	if layout.Uniform {
+		size := layout.PieceSize
 		return c.drv.Launch(c.kernels.uniform, cfg, []unsafe.Pointer{
-			unsafe.Pointer(&layout.srcBase), unsafe.Pointer(&layout.dstBase), unsafe.Pointer(&descs),
-			unsafe.Pointer(&count), unsafe.Pointer(&size), unsafe.Pointer(&layout.shift)})
+			unsafe.Pointer(&layout.SrcBase), unsafe.Pointer(&layout.DstBase), unsafe.Pointer(&descs),
+			unsafe.Pointer(&count), unsafe.Pointer(&size), unsafe.Pointer(&layout.Shift)})
 	}
 	return c.drv.Launch(c.kernels.general, cfg, []unsafe.Pointer{unsafe.Pointer(&descs), unsafe.Pointer(&count)})
-}
-
-// flatChunk is how many pieces of per vectors one block of fx_scatter_flat16
-// takes per round; it must match fx_flat_chunk in native/kernels/copy.cu.
-func flatChunk(per uint32) uint32 {
-	const maxChunk = 256 // FX_FLAT_MAX_CHUNK
-	return min(max(4*threadsPerBlock/per, 1), maxChunk)
 }
 
 // Prepared is a descriptor set placed once and launchable many times, for
@@ -408,7 +383,7 @@ func flatChunk(per uint32) uint32 {
 // alone).
 type Prepared struct {
 	c      *Copier
-	layout batchLayout
+	layout scatter.Layout
 	slot   *slot
 	descs  uint64
 }
@@ -429,7 +404,7 @@ func (c *Copier) Prepare(segs []Segment) (*Prepared, error) {
 		if !c.opts.UploadDescriptors {
 			return nil
 		}
-		if err := c.drv.MemcpyHtoDAsync(p.slot.devPtr, p.slot.hostPtr, uint64(p.layout.bytes()), c.stream); err != nil {
+		if err := c.drv.MemcpyHtoDAsync(p.slot.devPtr, p.slot.hostPtr, uint64(p.layout.Bytes()), c.stream); err != nil {
 			return err
 		}
 		return c.drv.StreamSynchronize(c.stream)

@@ -1,4 +1,4 @@
-package gpucopy
+package scatter
 
 import (
 	"math/rand/v2"
@@ -19,22 +19,22 @@ func pieces(segs []Segment, maxPiece uint64) []Segment {
 	return out
 }
 
-func roundTrip(t *testing.T, segs []Segment, maxPiece uint64) batchLayout {
+func roundTrip(t *testing.T, segs []Segment, maxPiece uint64) Layout {
 	t.Helper()
-	l, err := planLayout(segs, maxPiece)
+	l, err := Plan(segs, maxPiece)
 	if err != nil {
-		t.Fatalf("planLayout: %v", err)
+		t.Fatalf("Plan: %v", err)
 	}
-	buf := make([]byte, l.bytes())
-	writeDescriptors(buf, segs, l, maxPiece)
-	got := readDescriptors(buf, l)
+	buf := make([]byte, l.Bytes())
+	Write(buf, segs, l, maxPiece)
+	got := Read(buf, l)
 	want := pieces(segs, maxPiece)
 	if len(got) != len(want) {
 		t.Fatalf("%d descriptors, want %d", len(got), len(want))
 	}
 	for i := range want {
 		if got[i] != want[i] {
-			t.Fatalf("descriptor %d = %+v, want %+v (uniform=%v shift=%d)", i, got[i], want[i], l.uniform, l.shift)
+			t.Fatalf("descriptor %d = %+v, want %+v (uniform=%v shift=%d)", i, got[i], want[i], l.Uniform, l.Shift)
 		}
 	}
 	return l
@@ -48,21 +48,21 @@ func TestUniformLayoutForEqualAlignedBlocks(t *testing.T) {
 		segs = append(segs, Segment{Src: 0x7f0000000000 + uint64(i)*block, Dst: 0x7e0000000000 + uint64(r.IntN(1<<20))*block, Size: block})
 	}
 	l := roundTrip(t, segs, 32<<10)
-	if !l.uniform {
+	if !l.Uniform {
 		t.Fatal("equal 720 B blocks should use the 8-byte uniform descriptors")
 	}
-	if l.shift != 4 {
-		t.Errorf("shift = %d, want 4 (720 = 45 * 16)", l.shift)
+	if l.Shift != 4 {
+		t.Errorf("shift = %d, want 4 (720 = 45 * 16)", l.Shift)
 	}
-	if l.bytes() != 15360*8 {
-		t.Errorf("descriptor bytes = %d", l.bytes())
+	if l.Bytes() != 15360*8 {
+		t.Errorf("descriptor bytes = %d", l.Bytes())
 	}
 }
 
 func TestUniformLayoutSplitsLargeBlocks(t *testing.T) {
 	segs := []Segment{{Src: 0x1000000, Dst: 0x9000000, Size: 256 << 10}, {Src: 0x5000000, Dst: 0x2000000, Size: 256 << 10}}
 	l := roundTrip(t, segs, 32<<10)
-	if !l.uniform || l.pieces != 16 || l.pieceSize != 32<<10 {
+	if !l.Uniform || l.Pieces != 16 || l.PieceSize != 32<<10 {
 		t.Fatalf("layout %+v, want 16 uniform pieces of 32 KiB", l)
 	}
 }
@@ -74,7 +74,7 @@ func TestGeneralLayoutForMixedSizesAndOddOffsets(t *testing.T) {
 		segs = append(segs, Segment{Src: 0x10000 + r.Uint64N(1<<34), Dst: 0x20000 + r.Uint64N(1<<34), Size: 1 + r.Uint64N(100<<10)})
 	}
 	l := roundTrip(t, segs, 32<<10)
-	if l.uniform {
+	if l.Uniform {
 		t.Fatal("mixed sizes cannot use the uniform form")
 	}
 }
@@ -82,22 +82,22 @@ func TestGeneralLayoutForMixedSizesAndOddOffsets(t *testing.T) {
 func TestUniformFallsBackWhenOffsetsOverflow32Bits(t *testing.T) {
 	// Byte-granular offsets spanning more than 4 GiB do not fit 32-bit units.
 	segs := []Segment{{Src: 1, Dst: 0, Size: 3}, {Src: 1 + 5<<30, Dst: 7, Size: 3}}
-	if l := roundTrip(t, segs, 32<<10); l.uniform {
+	if l := roundTrip(t, segs, 32<<10); l.Uniform {
 		t.Fatalf("layout %+v should be general", l)
 	}
 }
 
 func TestPlanLayoutRejectsEmptySegments(t *testing.T) {
-	if _, err := planLayout([]Segment{{Src: 1, Dst: 2, Size: 0}}, 1024); err == nil {
+	if _, err := Plan([]Segment{{Src: 1, Dst: 2, Size: 0}}, 1024); err == nil {
 		t.Fatal("an empty segment was accepted")
 	}
-	if _, err := planLayout([]Segment{{Src: 1, Dst: 2, Size: 8}}, 0); err == nil {
+	if _, err := Plan([]Segment{{Src: 1, Dst: 2, Size: 8}}, 0); err == nil {
 		t.Fatal("a zero piece size was accepted")
 	}
 }
 
 func TestSplitBySize(t *testing.T) {
-	small, big := splitBySize([]Segment{{Size: 1}, {Size: 16 << 20}, {Size: 5}, {Size: 1 << 30}}, 16<<20)
+	small, big := SplitBySize([]Segment{{Size: 1}, {Size: 16 << 20}, {Size: 5}, {Size: 1 << 30}}, 16<<20)
 	if len(small) != 2 || len(big) != 2 || big[0].Size != 16<<20 {
 		t.Fatalf("small %v big %v", small, big)
 	}
@@ -112,12 +112,12 @@ func BenchmarkDescriptors15360x720(b *testing.B) {
 	buf := make([]byte, 15360*24)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		small, _ := splitBySize(segs, 16<<20)
-		l, err := planLayout(small, 32<<10)
+		small, _ := SplitBySize(segs, 16<<20)
+		l, err := Plan(small, 32<<10)
 		if err != nil {
 			b.Fatal(err)
 		}
-		writeDescriptors(buf, small, l, 32<<10)
+		Write(buf, small, l, 32<<10)
 	}
 }
 
@@ -132,28 +132,28 @@ func BenchmarkStageKVDescriptors(b *testing.B) {
 	}
 	buf := make([]byte, len(segs)*8)
 	for b.Loop() {
-		l, err := planLayout(segs, 32<<10)
-		if err != nil || !l.flat16 {
+		l, err := Plan(segs, 32<<10)
+		if err != nil || !l.Flat16 {
 			b.Fatalf("layout %+v, %v", l, err)
 		}
-		writeDescriptors(buf, segs, l, 32<<10)
+		Write(buf, segs, l, 32<<10)
 	}
 }
 
-// The host sizes fx_scatter_flat16's grid with flatChunk; the kernel walks the pieces with fx_flat_chunk. If
+// The host sizes fx_scatter_flat16's grid with FlatChunk; the kernel walks the pieces with fx_flat_chunk. If
 // they disagree, blocks skip or repeat pieces, so the constants must match the source that gets compiled.
 func TestFlatChunkMatchesKernelSource(t *testing.T) {
 	for name, src := range map[string]string{"copy.cu": kernels.CUDA, "copy.hip": kernels.HIP} {
 		if !strings.Contains(src, "#define FX_FLAT_MAX_CHUNK 256\n") {
-			t.Fatalf("%s no longer defines FX_FLAT_MAX_CHUNK 256: update flatChunk", name)
+			t.Fatalf("%s no longer defines FX_FLAT_MAX_CHUNK 256: update FlatChunk", name)
 		}
 		if !strings.Contains(src, "fx_u32 c = (4 * threads) / per_piece;") {
-			t.Fatalf("%s's fx_flat_chunk changed its rule: update flatChunk", name)
+			t.Fatalf("%s's fx_flat_chunk changed its rule: update FlatChunk", name)
 		}
 	}
 	for _, c := range []struct{ per, want uint32 }{{45, 22}, {2048, 1}, {1024, 1}, {1, 256}, {4, 256}, {16, 64}} {
-		if got := flatChunk(c.per); got != c.want {
-			t.Errorf("flatChunk(%d) = %d, want %d", c.per, got, c.want)
+		if got := FlatChunk(c.per, 256); got != c.want {
+			t.Errorf("FlatChunk(%d, 256) = %d, want %d", c.per, got, c.want)
 		}
 	}
 }

@@ -1,0 +1,7 @@
+// Package scatter is the descriptor layout the GPU copy kernels of
+// native/kernels read: how a list of copies is cut into pieces, which
+// descriptor form describes them (24-byte general or 8-byte uniform
+// offsets), and how the host writes them. The CUDA (engines/gpucopy) and HIP
+// (engines/hipcopy) backends share it, because copy.cu and copy.hip read the
+// same structs and must be fed identically.
+package scatter

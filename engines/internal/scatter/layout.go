@@ -1,0 +1,177 @@
+package scatter
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+
+	"github.com/fabricxfer/fabricxfer/native/kernels"
+)
+
+// Segment is one copy between two addresses the GPU can reach (device
+// memory of this or a peer GPU, imported memory, pinned or registered host
+// memory), in the unified address space.
+type Segment struct {
+	Dst, Src uint64
+	Size     uint64
+}
+
+// Layout is how a set of segments is described to the scatter kernels.
+type Layout struct {
+	Uniform bool
+	Pieces  int
+	// Uniform form: every piece is PieceSize bytes at base + (offset << Shift).
+	SrcBase, DstBase uint64
+	PieceSize        uint64
+	Shift            uint32
+	// Flat16: uniform, 16-byte aligned, launched as one flat range of vectors.
+	Flat16 bool
+}
+
+// Bytes is the size of the descriptors.
+func (l Layout) Bytes() int {
+	if l.Uniform {
+		return l.Pieces * kernels.UniformDescriptorSize
+	}
+	return l.Pieces * kernels.GeneralDescriptorSize
+}
+
+// Plan chooses the descriptor form for segs, cutting each segment into
+// pieces of at most maxPiece bytes so that one warp's (wavefront's) share
+// stays small and large items spread across the GPU.
+func Plan(segs []Segment, maxPiece uint64) (Layout, error) {
+	if maxPiece == 0 || maxPiece&(maxPiece-1) != 0 {
+		return Layout{}, fmt.Errorf("piece size %d is not a power of two", maxPiece)
+	}
+	if len(segs) == 0 {
+		return Layout{}, fmt.Errorf("no segments to describe")
+	}
+	pieceShift := uint(bits.TrailingZeros64(maxPiece))
+	var l Layout
+	// One pass: piece count, whether all sizes match, the lowest and highest
+	// addresses, and which low address bits differ anywhere (an offset from
+	// the lowest address is a multiple of 2^k exactly when all addresses
+	// agree in their low k bits).
+	first := segs[0]
+	var sizeDiff, lowBits, maxSrc, maxDst uint64
+	l.SrcBase, l.DstBase = math.MaxUint64, math.MaxUint64
+	for _, s := range segs {
+		if s.Size == 0 {
+			return Layout{}, fmt.Errorf("empty segment at src %#x", s.Src)
+		}
+		l.Pieces += int((s.Size + maxPiece - 1) >> pieceShift)
+		sizeDiff |= s.Size ^ first.Size
+		lowBits |= (s.Src ^ first.Src) | (s.Dst ^ first.Dst)
+		l.SrcBase, maxSrc = min(l.SrcBase, s.Src), max(maxSrc, s.Src)
+		l.DstBase, maxDst = min(l.DstBase, s.Dst), max(maxDst, s.Dst)
+	}
+	if l.Pieces > math.MaxUint32 {
+		return Layout{}, fmt.Errorf("%d pieces exceed one launch", l.Pieces)
+	}
+	uniformSize := first.Size
+	if sizeDiff != 0 || (uniformSize > maxPiece && uniformSize&(maxPiece-1) != 0) {
+		return l, nil
+	}
+	piece := min(uniformSize, maxPiece)
+	// The unit of the 32-bit offsets: the largest power of two dividing every
+	// offset and, when items are cut, the piece size.
+	if uniformSize > piece {
+		lowBits |= piece
+	}
+	maxOff := max(maxSrc-l.SrcBase, maxDst-l.DstBase) + uniformSize - piece
+	shift := uint32(31)
+	if lowBits != 0 {
+		shift = min(uint32(bits.TrailingZeros64(lowBits)), 31)
+	}
+	if maxOff>>shift > math.MaxUint32 {
+		return l, nil
+	}
+	l.Uniform, l.PieceSize, l.Shift = true, piece, shift
+	// Flat form: every piece, and both bases, on 16-byte boundaries, and the
+	// vector count (plus a grid's stride of slack) within 32 bits.
+	vecs := uint64(l.Pieces) * (piece / 16)
+	l.Flat16 = shift >= 4 && piece%16 == 0 && l.SrcBase%16 == 0 && l.DstBase%16 == 0 && vecs < 1<<31
+	return l, nil
+}
+
+// Write writes the descriptors for segs in layout l into buf, which must
+// hold l.Bytes().
+func Write(buf []byte, segs []Segment, l Layout, maxPiece uint64) {
+	if l.Uniform && l.Pieces == len(segs) {
+		// The common KV case (equal blocks, none cut): one tight loop, one
+		// 8-byte store per block.
+		out := buf[:len(segs)*kernels.UniformDescriptorSize]
+		for k, s := range segs {
+			v := (s.Src-l.SrcBase)>>l.Shift | ((s.Dst-l.DstBase)>>l.Shift)<<32
+			binary.LittleEndian.PutUint64(out[k*8:], v)
+		}
+		return
+	}
+	le := binary.LittleEndian
+	i := 0
+	for _, s := range segs {
+		for off := uint64(0); off < s.Size; off += maxPiece {
+			n := min(maxPiece, s.Size-off)
+			if l.Uniform {
+				le.PutUint32(buf[i:], uint32((s.Src+off-l.SrcBase)>>l.Shift))
+				le.PutUint32(buf[i+4:], uint32((s.Dst+off-l.DstBase)>>l.Shift))
+				i += kernels.UniformDescriptorSize
+			} else {
+				le.PutUint64(buf[i:], s.Src+off)
+				le.PutUint64(buf[i+8:], s.Dst+off)
+				le.PutUint64(buf[i+16:], n)
+				i += kernels.GeneralDescriptorSize
+			}
+		}
+	}
+}
+
+// Read decodes descriptors the way the kernels read them; it is the
+// reference the tests hold the encoder to.
+func Read(buf []byte, l Layout) []Segment {
+	le := binary.LittleEndian
+	out := make([]Segment, 0, l.Pieces)
+	for i := 0; i < l.Pieces; i++ {
+		if l.Uniform {
+			b := buf[i*kernels.UniformDescriptorSize:]
+			out = append(out, Segment{
+				Src:  l.SrcBase + uint64(le.Uint32(b))<<l.Shift,
+				Dst:  l.DstBase + uint64(le.Uint32(b[4:]))<<l.Shift,
+				Size: l.PieceSize,
+			})
+			continue
+		}
+		b := buf[i*kernels.GeneralDescriptorSize:]
+		out = append(out, Segment{Src: le.Uint64(b), Dst: le.Uint64(b[8:]), Size: le.Uint64(b[16:])})
+	}
+	return out
+}
+
+// FlatChunk is how many pieces of per vectors one block of threads threads
+// takes per round in fx_scatter_flat16; it must match fx_flat_chunk in
+// native/kernels/copy.cu and copy.hip, or blocks skip or repeat pieces.
+func FlatChunk(per, threads uint32) uint32 {
+	const maxChunk = 256 // FX_FLAT_MAX_CHUNK
+	return min(max(4*threads/per, 1), maxChunk)
+}
+
+// SplitBySize separates segments of at least threshold bytes (for the copy
+// engine) from the rest (for the kernel); callers check first that there is one.
+func SplitBySize(segs []Segment, threshold uint64) (small, big []Segment) {
+	nbig := 0
+	for _, s := range segs {
+		if s.Size >= threshold {
+			nbig++
+		}
+	}
+	small, big = make([]Segment, 0, len(segs)-nbig), make([]Segment, 0, nbig)
+	for _, s := range segs {
+		if s.Size >= threshold {
+			big = append(big, s)
+		} else {
+			small = append(small, s)
+		}
+	}
+	return small, big
+}
