@@ -28,6 +28,8 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/fabric"
 	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+	"github.com/fabricxfer/fabricxfer/engines/hip"
+	"github.com/fabricxfer/fabricxfer/engines/hipcopy"
 	"github.com/fabricxfer/fabricxfer/engines/rdma"
 	"github.com/fabricxfer/fabricxfer/engines/verbs"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
@@ -46,6 +48,8 @@ type transferFlags struct {
 	callerRoot string
 	// libibverbs is the verbs library the rdma engine loads ("": libibverbs.so.1 from the loader's path).
 	libibverbs string
+	// libamdhip64 is the HIP runtime the AMD GPU backend loads ("": the usual sonames from the loader's path).
+	libamdhip64 string
 	// sysRoot is where the verbs binding reads port GID types (the detection host root's /sys).
 	sysRoot string
 }
@@ -57,6 +61,7 @@ func (t *transferFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&t.noTransfer, "report-only", false, "only detect and report; serve no socket and move no bytes")
 	fs.StringVar(&t.callerRoot, "caller-host-root", "", "root whose /proc identifies socket callers (default: --host-root)")
 	fs.StringVar(&t.libibverbs, "libibverbs", "", "verbs library the rdma engine loads (default libibverbs.so.1 from the loader's search path)")
+	fs.StringVar(&t.libamdhip64, "libamdhip64", "", "HIP runtime the AMD GPU copy backend loads (default libamdhip64.so from the loader's search path)")
 }
 
 // transferSide runs the socket server and the engines next to the reporter.
@@ -73,6 +78,8 @@ type transferSide struct {
 	// rdmaRunning says the rdma engine is built with the peer channel; rdmaWhyNot says why not.
 	rdmaRunning bool
 	rdmaWhyNot  string
+	// gpuCopyWhyNot says why the same-node engine runs without the AMD GPU backend on a node with AMD GPUs.
+	gpuCopyWhyNot string
 	// notifier carries the fabric engine's notifications once the agent-to-agent channel exists.
 	notifier lateNotifier
 }
@@ -122,9 +129,56 @@ func newTransferSide(cfg transferFlags, rep topology.Report, deps stack.Deps, lo
 	return t
 }
 
-// gpuEngines loads the CUDA driver when the node has NVIDIA GPUs and builds the GPU backend of the same-node
-// engine and the fabric engine. A node without the driver keeps the host engines and says why.
+// gpuEngines builds the GPU backends of the same-node engine for the node's GPUs: HIP for AMD GPUs, CUDA (and
+// the fabric engine) for NVIDIA GPUs. A node whose GPU runtime does not load keeps the host engines and says why.
 func (t *transferSide) gpuEngines() (backends []xgmi.Backend, extra []engines.Engine, closers []func() error) {
+	if slices.ContainsFunc(t.report.GPUs, func(g topology.GPU) bool { return g.Vendor == topology.VendorAMD }) {
+		if be := t.hipBackend(); be != nil {
+			backends = append(backends, be)
+			closers = append(closers, be.Close)
+		}
+	}
+	cb, extra, cc := t.cudaEngines()
+	return append(backends, cb...), extra, append(closers, cc...)
+}
+
+// hipBackend loads the HIP runtime and hipRTC and builds the AMD GPU backend, or logs and records why not. The
+// kernels are compiled for each GPU's gfx target as KFD reports it (the topology's model).
+func (t *transferSide) hipBackend() *hipcopy.Backend {
+	var paths []string
+	if t.cfg.libamdhip64 != "" {
+		paths = []string{t.cfg.libamdhip64}
+	}
+	rt, err := hip.Load(paths...)
+	if err != nil {
+		t.gpuCopyWhyNot = err.Error()
+		t.log.Info("AMD GPU copy backend unavailable: same-node copies use the host backend only", "reason", err.Error())
+		return nil
+	}
+	rtc, err := hip.LoadRTC()
+	if err != nil {
+		t.log.Info("hipRTC unavailable: AMD GPU copies use one hipMemcpyAsync per item", "reason", err.Error())
+		rtc = nil
+	}
+	archs := map[string]string{}
+	for _, g := range t.report.GPUs {
+		if g.Vendor == topology.VendorAMD && g.Model != "" && g.PCIBusID != "" {
+			archs[strings.ToLower(g.PCIBusID)] = g.Model
+		}
+	}
+	be, err := hipcopy.NewBackend(rt, hipcopy.Options{RTC: rtc, CacheDir: t.cfg.kernelCache, Archs: archs})
+	if err != nil {
+		t.gpuCopyWhyNot = "HIP copy backend: " + err.Error()
+		t.log.Info("AMD GPU copy backend unavailable: same-node copies use the host backend only", "reason", t.gpuCopyWhyNot)
+		return nil
+	}
+	t.log.Info("AMD GPU copy backend running", "hip", rt.Path(), "hipRTC", rtc != nil)
+	return be
+}
+
+// cudaEngines loads the CUDA driver when the node has NVIDIA GPUs and builds the GPU backend of the same-node
+// engine and the fabric engine. A node without the driver keeps the host engines and says why.
+func (t *transferSide) cudaEngines() (backends []xgmi.Backend, extra []engines.Engine, closers []func() error) {
 	if !slices.ContainsFunc(t.report.GPUs, func(g topology.GPU) bool { return g.Vendor == "nvidia" }) {
 		return nil, nil, nil
 	}
@@ -345,11 +399,15 @@ func (t *transferSide) markNotRunning(extra []engines.Engine) {
 		running[e.Name()] = true
 	}
 	why := map[string]string{
-		"fabric": "no GPU runtime for these GPUs in this agent (CUDA driver not loaded, or AMD GPUs: the HIP runtime is not implemented yet)",
+		"fabric": "no GPU runtime for these GPUs in this agent (CUDA driver not loaded, or AMD GPUs: the fabric engine has no HIP runtime yet)",
 		"rdma":   t.rdmaWhyNot,
 		"tcp":    "needs the pool's agent certificates (--tls-dir) and tcp allowed by the pool",
 	}
 	for i, e := range t.deps.Engines {
+		if e.Name == "xgmi" && e.Available && t.gpuCopyWhyNot != "" {
+			// Host copies still run, so the engine stays available; GPU pairs are refused, and this says why.
+			t.deps.Engines[i].Reason = fmt.Sprintf("hardware: %s; host backend only: %s", e.Reason, t.gpuCopyWhyNot)
+		}
 		if e.Available && !running[e.Name] {
 			t.deps.Engines[i].Available = false
 			t.deps.Engines[i].Reason = fmt.Sprintf("hardware: %s; not running: %s", e.Reason, why[e.Name])
