@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/internal/gpushare"
 )
 
 // Backend is the CUDA backend of the xgmi engine: same-node copies where at
@@ -22,7 +22,7 @@ type Backend struct {
 
 	mu      sync.Mutex
 	copiers map[int]*Copier // by CUDA ordinal
-	busIDs  map[string]int  // lowercase PCI address → CUDA ordinal
+	ords    gpushare.Ordinals
 	regions map[engines.MemoryID]*mapped
 	peers   map[[2]int]error // (from, to) ordinals → enabling peer access
 	segPool sync.Pool        // *[]Segment
@@ -44,7 +44,7 @@ const waitAfterCancel = 30 * time.Second
 
 // NewBackend returns the CUDA backend; copiers are created per GPU on first use.
 func NewBackend(drv *cuda.Driver, opts Options) (*Backend, error) {
-	b := &Backend{drv: drv, opts: opts, copiers: map[int]*Copier{}, busIDs: map[string]int{},
+	b := &Backend{drv: drv, opts: opts, copiers: map[int]*Copier{}, ords: gpushare.Ordinals{Runtime: "CUDA"},
 		regions: map[engines.MemoryID]*mapped{}, peers: map[[2]int]error{}}
 	b.segPool.New = func() any { return new([]Segment) }
 	n, err := drv.DeviceCount()
@@ -60,7 +60,7 @@ func NewBackend(drv *cuda.Driver, opts Options) (*Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.busIDs[strings.ToLower(bus)] = i
+		b.ords.Add(bus, i)
 	}
 	return b, nil
 }
@@ -71,20 +71,8 @@ func (b *Backend) Name() string { return "cuda" }
 // Limits implements xgmi.Backend: one launch takes at most 2^32-1 pieces.
 func (b *Backend) Limits() engines.Limits { return engines.Limits{MaxPlanSegments: 1 << 24} }
 
-// ordinal maps a location to a CUDA ordinal: by PCI address when given (the
-// agent's index and CUDA's order differ), else the index itself.
-func (b *Backend) ordinal(loc engines.Location) (int, error) {
-	if loc.BusID != "" {
-		if o, ok := b.busIDs[strings.ToLower(loc.BusID)]; ok {
-			return o, nil
-		}
-		return 0, fmt.Errorf("no CUDA device at PCI address %s", loc.BusID)
-	}
-	if loc.Device < 0 || loc.Device >= len(b.busIDs) {
-		return 0, fmt.Errorf("no CUDA device %d (%d visible)", loc.Device, len(b.busIDs))
-	}
-	return loc.Device, nil
-}
+// ordinal maps a location to a CUDA ordinal.
+func (b *Backend) ordinal(loc engines.Location) (int, error) { return b.ords.Of(loc) }
 
 func (b *Backend) copier(ordinal int) (*Copier, error) {
 	b.mu.Lock()
@@ -116,30 +104,18 @@ func isNVIDIAGPU(d *engines.MemoryDesc) bool {
 
 // Claims implements xgmi.Backend.
 func (b *Backend) Claims(src, dst *engines.MemoryDesc) (bool, string) {
-	if !isNVIDIAGPU(src) && !isNVIDIAGPU(dst) {
-		return false, "neither side is NVIDIA GPU memory"
-	}
 	b.mu.Lock()
 	ms, okS := b.regions[src.ID]
 	md, okD := b.regions[dst.ID]
 	b.mu.Unlock()
-	for _, c := range []struct {
-		d  *engines.MemoryDesc
-		ok bool
-	}{{src, okS}, {dst, okD}} {
-		if !c.ok {
-			if c.d.Location.Kind == engines.LocationGPU && !isNVIDIAGPU(c.d) {
-				return false, fmt.Sprintf("%s is %s GPU memory", c.d.ID, c.d.Location.Vendor)
-			}
-			return false, fmt.Sprintf("%s is not reachable from this process (no pointer, VMM fd, IPC handle or host view)", c.d.ID)
-		}
+	s, d := gpushare.Side{Mapped: okS, Ordinal: -1}, gpushare.Side{Mapped: okD, Ordinal: -1}
+	if okS {
+		s.Ordinal = ms.ordinal
 	}
-	if ms.ordinal >= 0 && md.ordinal >= 0 && ms.ordinal != md.ordinal {
-		if err := b.enablePeer(ms.ordinal, md.ordinal); err != nil {
-			return false, fmt.Sprintf("GPU %d cannot reach GPU %d directly: %v", ms.ordinal, md.ordinal, err)
-		}
+	if okD {
+		d.Ordinal = md.ordinal
 	}
-	return true, ""
+	return gpushare.Claim(engines.VendorNVIDIA, src, dst, s, d, b.enablePeer)
 }
 
 // enablePeer makes from's context able to address to's memory (once).
@@ -201,7 +177,7 @@ func (b *Backend) Register(ctx context.Context, d engines.MemoryDesc) (engines.M
 		m := &mapped{ordinal: -1, addr: uint64(uintptr(unsafe.Pointer(&d.Handles.Host[0])))}
 		// Pinning is an optimisation: memory the driver will not pin (already
 		// pinned elsewhere, limits) still moves, through driver copies.
-		if len(b.busIDs) > 0 && b.withOrdinal(0, func() error { return b.drv.MemHostRegister(uintptr(m.addr), d.Size) }) == nil {
+		if b.ords.Count() > 0 && b.withOrdinal(0, func() error { return b.drv.MemHostRegister(uintptr(m.addr), d.Size) }) == nil {
 			m.pinned = true
 			m.release = func() error {
 				return b.withOrdinal(0, func() error { return b.drv.MemHostUnregister(uintptr(m.addr)) })
@@ -309,7 +285,7 @@ func (b *Backend) importVMM(c *Copier, m *mapped, d *engines.MemoryDesc) error {
 func (b *Backend) accessors(owner int) []cuda.Device {
 	od, _ := b.drv.DeviceGet(owner)
 	devs := []cuda.Device{od}
-	for i := range len(b.busIDs) {
+	for i := range b.ords.Count() {
 		if i == owner {
 			continue
 		}

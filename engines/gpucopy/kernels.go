@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/internal/gpushare"
 	"github.com/fabricxfer/fabricxfer/native/kernels"
 )
 
@@ -72,7 +73,7 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 		}
 		image, k.Origin = out.Image, "nvrtc"
 		if cachePath != "" {
-			if err := writeAtomic(cachePath, image); err == nil {
+			if err := gpushare.WriteFileAtomic(cachePath, image); err == nil {
 				k.CachePath = cachePath
 			}
 		}
@@ -99,24 +100,4 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 		}
 	}
 	return k, nil
-}
-
-func writeAtomic(path string, b []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".fxcopy-*")
-	if err != nil {
-		return err
-	}
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

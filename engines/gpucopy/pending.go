@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/internal/gpushare"
 )
 
 // Pending is a submitted copy; Wait reports how it ended.
@@ -74,20 +75,15 @@ func (p *Pending) Wait(ctx context.Context) error {
 	// instead was measured on the H200 VM: Go timers there overslept a
 	// 0.27 ms sleep by most of a millisecond, doubling a 1 GiB copy's latency.
 	least := time.Duration(float64(p.bytes) / p.c.opts.SleepRate * 1e9)
-	var ready bool
+	var finished bool
 	var qerr error
 	_ = p.c.drv.WithContext(p.c.ctx, func() error {
-		deadline := time.Now().Add(p.c.opts.SpinWait + least)
-		for {
-			if ready, qerr = p.c.drv.EventQuery(p.event); ready || qerr != nil {
-				return nil
-			}
-			if ctx.Err() != nil || !time.Now().Before(deadline) {
-				return nil
-			}
-		}
+		finished, qerr = gpushare.SpinUntil(ctx, time.Now().Add(p.c.opts.SpinWait+least), func() (bool, error) {
+			return p.c.drv.EventQuery(p.event)
+		})
+		return nil
 	})
-	if ready || qerr != nil {
+	if finished {
 		p.finish(qerr)
 		return p.err
 	}

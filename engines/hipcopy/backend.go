@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/hip"
+	"github.com/fabricxfer/fabricxfer/engines/internal/gpushare"
 )
 
 // Backend is the HIP backend of the xgmi engine: same-node copies where at
@@ -22,7 +22,7 @@ type Backend struct {
 
 	mu      sync.Mutex
 	copiers map[int]*Copier // by HIP ordinal
-	busIDs  map[string]int  // lowercase PCI address → HIP ordinal
+	ords    gpushare.Ordinals
 	regions map[engines.MemoryID]*mapped
 	peers   map[[2]int]error // (from, to) ordinals → enabling peer access
 	segPool sync.Pool        // *[]Segment
@@ -60,13 +60,13 @@ func NewBackend(rt *hip.Runtime, opts Options) (*Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.busIDs[strings.ToLower(bus)] = i
+		b.ords.Add(bus, i)
 	}
 	return b, nil
 }
 
 func newBackend(rt *hip.Runtime, opts Options) *Backend {
-	b := &Backend{rt: rt, opts: opts, copiers: map[int]*Copier{}, busIDs: map[string]int{},
+	b := &Backend{rt: rt, opts: opts, copiers: map[int]*Copier{}, ords: gpushare.Ordinals{Runtime: "HIP"},
 		regions: map[engines.MemoryID]*mapped{}, peers: map[[2]int]error{}}
 	b.segPool.New = func() any { return new([]Segment) }
 	return b
@@ -78,20 +78,8 @@ func (b *Backend) Name() string { return "hip" }
 // Limits implements xgmi.Backend: one launch takes at most 2^32-1 pieces.
 func (b *Backend) Limits() engines.Limits { return engines.Limits{MaxPlanSegments: 1 << 24} }
 
-// ordinal maps a location to a HIP ordinal: by PCI address when given (the
-// agent's index and HIP's order differ), else the index itself.
-func (b *Backend) ordinal(loc engines.Location) (int, error) {
-	if loc.BusID != "" {
-		if o, ok := b.busIDs[strings.ToLower(loc.BusID)]; ok {
-			return o, nil
-		}
-		return 0, fmt.Errorf("no HIP device at PCI address %s", loc.BusID)
-	}
-	if loc.Device < 0 || loc.Device >= len(b.busIDs) {
-		return 0, fmt.Errorf("no HIP device %d (%d visible)", loc.Device, len(b.busIDs))
-	}
-	return loc.Device, nil
-}
+// ordinal maps a location to a HIP ordinal.
+func (b *Backend) ordinal(loc engines.Location) (int, error) { return b.ords.Of(loc) }
 
 func (b *Backend) copier(ordinal int) (*Copier, error) {
 	b.mu.Lock()
@@ -123,30 +111,18 @@ func isAMDGPU(d *engines.MemoryDesc) bool {
 
 // Claims implements xgmi.Backend.
 func (b *Backend) Claims(src, dst *engines.MemoryDesc) (bool, string) {
-	if !isAMDGPU(src) && !isAMDGPU(dst) {
-		return false, "neither side is AMD GPU memory"
-	}
 	b.mu.Lock()
 	ms, okS := b.regions[src.ID]
 	md, okD := b.regions[dst.ID]
 	b.mu.Unlock()
-	for _, c := range []struct {
-		d  *engines.MemoryDesc
-		ok bool
-	}{{src, okS}, {dst, okD}} {
-		if !c.ok {
-			if c.d.Location.Kind == engines.LocationGPU && !isAMDGPU(c.d) {
-				return false, fmt.Sprintf("%s is %s GPU memory", c.d.ID, c.d.Location.Vendor)
-			}
-			return false, fmt.Sprintf("%s is not reachable from this process (no pointer, VMM fd, IPC handle or host view)", c.d.ID)
-		}
+	s, d := gpushare.Side{Mapped: okS, Ordinal: -1}, gpushare.Side{Mapped: okD, Ordinal: -1}
+	if okS {
+		s.Ordinal = ms.ordinal
 	}
-	if ms.ordinal >= 0 && md.ordinal >= 0 && ms.ordinal != md.ordinal {
-		if err := b.enablePeer(ms.ordinal, md.ordinal); err != nil {
-			return false, fmt.Sprintf("GPU %d cannot reach GPU %d directly: %v", ms.ordinal, md.ordinal, err)
-		}
+	if okD {
+		d.Ordinal = md.ordinal
 	}
-	return true, ""
+	return gpushare.Claim(engines.VendorAMD, src, dst, s, d, b.enablePeer)
 }
 
 // Copy implements xgmi.Backend: every segment of the plan in one submission

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/fabricxfer/fabricxfer/engines/hip"
+	"github.com/fabricxfer/fabricxfer/engines/internal/gpushare"
 	"github.com/fabricxfer/fabricxfer/native/kernels"
 )
 
@@ -63,7 +64,7 @@ func CompileImage(rtc *hip.RTC, arch string, runtimeVersion int, cacheDir string
 		return Image{}, fmt.Errorf("compiling the copy kernels for %s with hipRTC %s: %w", archName(arch), rtc.Version(), err)
 	}
 	img.Code, img.Origin = out.Code, "hiprtc"
-	if img.CachePath != "" && writeAtomic(img.CachePath, img.Code) != nil {
+	if img.CachePath != "" && gpushare.WriteFileAtomic(img.CachePath, img.Code) != nil {
 		img.CachePath = "" // a read-only cache only costs a compile per start
 	}
 	return img, nil
@@ -104,20 +105,4 @@ func LoadKernels(rt *hip.Runtime, rtc *hip.RTC, arch, cacheDir string) (*Kernels
 		}
 	}
 	return k, nil
-}
-
-func writeAtomic(path string, b []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".fxcopy-*")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(b)
-	if err := errors.Join(werr, tmp.Close()); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

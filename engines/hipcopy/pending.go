@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines/hip"
+	"github.com/fabricxfer/fabricxfer/engines/internal/gpushare"
 )
 
 // Pending is a submitted copy; Wait reports how it ended. HIP events are
@@ -65,16 +66,11 @@ func (p *Pending) Wait(ctx context.Context) error {
 	default:
 	}
 	least := time.Duration(float64(p.bytes) / p.c.opts.SleepRate * 1e9)
-	deadline := time.Now().Add(p.c.opts.SpinWait + least)
-	for {
-		ready, err := p.c.rt.EventQuery(p.event)
-		if ready || err != nil {
-			p.finish(err)
-			return p.err
-		}
-		if ctx.Err() != nil || !time.Now().Before(deadline) {
-			break
-		}
+	if finished, err := gpushare.SpinUntil(ctx, time.Now().Add(p.c.opts.SpinWait+least), func() (bool, error) {
+		return p.c.rt.EventQuery(p.event)
+	}); finished {
+		p.finish(err)
+		return p.err
 	}
 	p.watchOnce.Do(func() { go p.watch() })
 	select {

@@ -29,7 +29,7 @@ func (b *Backend) Register(_ context.Context, d engines.MemoryDesc) (engines.Mem
 		m := &mapped{ordinal: -1, addr: hostAddr(d.Handles.Host)}
 		// Pinning is an optimisation: memory the runtime will not pin (already
 		// pinned elsewhere, limits) still moves, staged by the runtime.
-		if len(b.busIDs) > 0 && b.withOrdinal(0, func() error { return b.rt.HostRegister(uintptr(m.addr), d.Size) }) == nil {
+		if b.ords.Count() > 0 && b.withOrdinal(0, func() error { return b.rt.HostRegister(uintptr(m.addr), d.Size) }) == nil {
 			m.release = func() error { return b.withOrdinal(0, func() error { return b.rt.HostUnregister(uintptr(m.addr)) }) }
 		}
 		b.mu.Lock()
@@ -136,7 +136,7 @@ func (b *Backend) importVMM(m *mapped, d *engines.MemoryDesc) error {
 func (b *Backend) accessors(owner int) []hip.Device {
 	od, _ := b.rt.DeviceGet(owner)
 	devs := []hip.Device{od}
-	for i := range len(b.busIDs) {
+	for i := range b.ords.Count() {
 		if i == owner {
 			continue
 		}

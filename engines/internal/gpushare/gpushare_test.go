@@ -1,0 +1,92 @@
+package gpushare
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+func TestOrdinalsByBusThenIndex(t *testing.T) {
+	var o Ordinals
+	o.Runtime = "CUDA"
+	o.Add("0000:1B:00.0", 1)
+	o.Add("0000:0a:00.0", 0)
+	if n, err := o.Of(engines.Location{BusID: "0000:1b:00.0", Device: 0}); err != nil || n != 1 {
+		t.Errorf("by bus: %d, %v; want 1 (the PCI address wins over the index)", n, err)
+	}
+	if n, err := o.Of(engines.Location{Device: 1}); err != nil || n != 1 {
+		t.Errorf("by index: %d, %v", n, err)
+	}
+	if _, err := o.Of(engines.Location{BusID: "0000:99:00.0"}); err == nil || !strings.Contains(err.Error(), "no CUDA device at PCI address 0000:99:00.0") {
+		t.Errorf("unknown bus: %v", err)
+	}
+	if _, err := o.Of(engines.Location{Device: 2}); err == nil || !strings.Contains(err.Error(), "no CUDA device 2 (2 visible)") {
+		t.Errorf("index out of range: %v", err)
+	}
+}
+
+func TestClaimSaysWhyNot(t *testing.T) {
+	gpu := func(id string, v engines.Vendor) *engines.MemoryDesc {
+		return &engines.MemoryDesc{ID: engines.MemoryID(id), Location: engines.Location{Kind: engines.LocationGPU, Vendor: v}}
+	}
+	host := &engines.MemoryDesc{ID: "h", Location: engines.Location{Kind: engines.LocationHost}}
+	noPeer := func(from, to int) error { return errors.New("no NVLink") }
+	for _, c := range []struct {
+		name     string
+		src, dst *engines.MemoryDesc
+		s, d     Side
+		want     string
+	}{
+		{"host pair", host, host, Side{true, -1}, Side{true, -1}, "neither side is NVIDIA GPU memory"},
+		{"other vendor", gpu("a", engines.VendorAMD), gpu("n", engines.VendorNVIDIA), Side{false, -1}, Side{true, 0}, "a is amd GPU memory"},
+		{"unmapped", gpu("n", engines.VendorNVIDIA), host, Side{false, -1}, Side{true, -1}, "n is not reachable from this process"},
+		{"no peer", gpu("x", engines.VendorNVIDIA), gpu("y", engines.VendorNVIDIA), Side{true, 0}, Side{true, 1}, "GPU 0 cannot reach GPU 1 directly: no NVLink"},
+		{"same GPU", gpu("x", engines.VendorNVIDIA), gpu("y", engines.VendorNVIDIA), Side{true, 0}, Side{true, 0}, ""},
+		{"GPU and host", gpu("x", engines.VendorNVIDIA), host, Side{true, 0}, Side{true, -1}, ""},
+	} {
+		ok, why := Claim(engines.VendorNVIDIA, c.src, c.dst, c.s, c.d, noPeer)
+		if ok != (c.want == "") || !strings.Contains(why, c.want) {
+			t.Errorf("%s: claim %v %q, want %q", c.name, ok, why, c.want)
+		}
+	}
+}
+
+func TestSpinUntil(t *testing.T) {
+	n := 0
+	finished, err := SpinUntil(context.Background(), time.Now().Add(time.Second), func() (bool, error) { n++; return n == 3, nil })
+	if !finished || err != nil || n != 3 {
+		t.Errorf("finished %v err %v after %d polls, want done at the third", finished, err, n)
+	}
+	boom := errors.New("illegal address")
+	if finished, err := SpinUntil(context.Background(), time.Now().Add(time.Second), func() (bool, error) { return false, boom }); !finished || err != boom {
+		t.Errorf("a failed query ends the wait with its error: %v %v", finished, err)
+	}
+	if finished, _ := SpinUntil(context.Background(), time.Now().Add(time.Millisecond), func() (bool, error) { return false, nil }); finished {
+		t.Error("past the deadline the wait must hand over, not report done")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if finished, _ := SpinUntil(ctx, time.Now().Add(time.Hour), func() (bool, error) { return false, nil }); finished {
+		t.Error("an ended context must stop the spin")
+	}
+}
+
+func TestWriteFileAtomic(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cache", "k.bin")
+	if err := WriteFileAtomic(path, []byte("image")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "image" {
+		t.Fatalf("read back %q, %v", b, err)
+	}
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".fxcopy-*"))
+	if len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+}
