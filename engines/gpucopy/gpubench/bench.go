@@ -323,6 +323,25 @@ func (b *bench) contiguous() error {
 	}
 	rawHost := summarize(c, "raw copy engine + stream sync", n, sync, "host wall clock")
 	b.add(rawHost)
+	// The copier alone (no planning, tracker or goroutines): what the engine adds on top is the rest.
+	var cw []time.Duration
+	for i := -3; i < b.cfg.Reps; i++ {
+		start := time.Now()
+		p, err := b.hostD.Submit([]gpucopy.Segment{{Dst: uint64(dst), Src: uint64(src), Size: n}})
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err = p.Wait(ctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if i >= 0 {
+			cw = append(cw, time.Since(start))
+		}
+	}
+	b.add(summarize(c, "copier Submit+Wait", n, cw, "host wall clock"))
 	items := []engines.Item{{Src: srcID, Dst: dstID, Size: n, Tag: 1}}
 	b.stats = nil
 	var et []time.Duration

@@ -18,6 +18,7 @@ func main() {
 	cache := flag.String("cache", "", "directory for compiled kernels")
 	only := flag.String("only", "", "run only the scatter case with this block size in bytes (e.g. 720), and no contiguous copy")
 	upload := flag.Bool("engine-upload-descriptors", false, "the engine uploads descriptors to device memory instead of letting the kernel read them from pinned host memory")
+	contigOnly := flag.Bool("contig-only", false, "run only the contiguous copy")
 	skipDriver := flag.Bool("skip-driver", false, "leave out the per-block and batch driver copies")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
@@ -51,6 +52,9 @@ func main() {
 			}
 		}
 		cfg.Scatter = keep
+	}
+	if *contigOnly {
+		cfg.Scatter = nil
 	}
 	if _, err := gpubench.Run(os.Stdout, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
