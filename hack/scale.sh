@@ -4,7 +4,8 @@
 # the operator as a process, then hack/scale simulates N agents in one process, applies a TransferPool that
 # selects every node and measures convergence, the operator's peak RSS and the API request rate.
 # The last line is: converged N nodes in X s, operator RSS Y MiB, API Z req/s
-# Extra flags for hack/scale run go in SCALE_FLAGS (e.g. "-window 60s -ramp 0"). Everything it started is
+# Extra flags for hack/scale run go in SCALE_FLAGS (e.g. "-window 60s -ramp 0"). SCALE_CPU_PROFILE=FILE saves the
+# operator's CPU profile over the first SCALE_PROFILE_SECONDS (default 60) of the measured run. Everything it started is
 # stopped on exit; the state directory is removed unless KEEP_STATE=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +58,8 @@ step "creating $N Node objects"
 
 step "starting the operator"
 "$ST/operator" --leader-elect=false --metrics-bind-address="127.0.0.1:$OPERATOR_PORT" \
-  --health-probe-bind-address="127.0.0.1:$((OPERATOR_PORT + 1))" >"$ST/operator.log" 2>&1 &
+  --health-probe-bind-address="127.0.0.1:$((OPERATOR_PORT + 1))" --pprof-bind-address="127.0.0.1:$((OPERATOR_PORT + 2))" \
+  >"$ST/operator.log" 2>&1 &
 OPERATOR_PID=$!
 deadline=$(($(date +%s) + 60))
 until curl -sf "http://127.0.0.1:$((OPERATOR_PORT + 1))/readyz" >/dev/null 2>&1; do
@@ -66,6 +68,10 @@ until curl -sf "http://127.0.0.1:$((OPERATOR_PORT + 1))/readyz" >/dev/null 2>&1;
   sleep 0.25
 done
 
+if [ -n "${SCALE_CPU_PROFILE:-}" ]; then
+  curl -sf --max-time $((${SCALE_PROFILE_SECONDS:-60} + 30)) -o "$SCALE_CPU_PROFILE" \
+    "http://127.0.0.1:$((OPERATOR_PORT + 2))/debug/pprof/profile?seconds=${SCALE_PROFILE_SECONDS:-60}" &
+fi
 step "simulating $N agents (heartbeat 10 s) and measuring"
 # shellcheck disable=SC2086 # SCALE_FLAGS is a list of flags
 if ! "$ST/scale" run -n "$N" -operator-pid "$OPERATOR_PID" -operator-metrics "http://127.0.0.1:$OPERATOR_PORT/metrics" \

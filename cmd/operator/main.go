@@ -34,6 +34,7 @@ func run() error {
 		leaderElect    = flag.Bool("leader-elect", true, "elect one active operator among replicas")
 		leaderNS       = flag.String("leader-election-namespace", "", "namespace of the leader lease (default: the pod's namespace)")
 		agentImage     = flag.String("agent-image", "ghcr.io/fabricxfer/agent:v0.1.0", "agent image for pools that name none")
+		pprofAddr      = flag.String("pprof-bind-address", "", "address of Go's /debug/pprof endpoints (empty: off)")
 		issueAgentCert = flag.Bool("issue-agent-certs", true, "issue each pool's agent-to-agent mTLS certificates into a Secret")
 	)
 	opts := zap.Options{}
@@ -57,6 +58,7 @@ func run() error {
 		LeaderElectionID:              "fabricxfer-operator.fabricxfer.io",
 		LeaderElectionNamespace:       *leaderNS,
 		LeaderElectionReleaseOnCancel: true,
+		PprofBindAddress:              *pprofAddr,
 		// Cache only the agents' heartbeat Leases, not every kubelet and leader-election Lease of the cluster.
 		Cache: cache.Options{ByObject: controllers.CacheByObject()},
 	})
