@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -85,6 +86,7 @@ type gpuMemory struct {
 	types     int
 	size      uint64
 	slabBytes uint64
+	gran      uint64 // VMM granularity: slabs are mapped with this alignment
 	slabs     []*slab
 	fabric    bool
 	reason    string
@@ -217,6 +219,10 @@ func (p *GPUPool) create(t GPUTarget, o GPUOptions) (*gpuMemory, error) {
 		if g == 0 {
 			g = SliceAlign
 		}
+		if o.PerGPU > math.MaxUint64-g {
+			return fmt.Errorf("%d bytes per GPU cannot be rounded to the granularity %d", o.PerGPU, g)
+		}
+		m.gran = g
 		m.size = cuda.RoundUp(o.PerGPU, g)
 		sizes, err := slabSizes(m.size, g, o.SlabBytes)
 		if err != nil {
@@ -440,9 +446,29 @@ func (p *GPUPool) Free(id string) error {
 		return err
 	}
 	if len(s.ranges.used) == 0 {
+		// The previous owner mapped the whole slab and may keep its mapping (or a copy of the fd) after
+		// Release: the next owner gets new physical memory, and the old allocation goes with the old owner.
+		if err := p.renew(s); err != nil {
+			return fmt.Errorf("freeing pool memory %q: the slab could not be replaced for another owner, so it stays with %s: %w", id, s.owner, err)
+		}
 		s.owner = ""
 	}
 	return nil
+}
+
+// renew replaces s's allocation with a fresh one (created, mapped, exported and zeroed) and releases the old.
+// p.mu is held.
+func (p *GPUPool) renew(s *slab) error {
+	m := s.gpu
+	return p.drv.WithContext(m.ctx, func() error {
+		fresh, err := p.newSlab(m, s.size, m.gran)
+		if err != nil {
+			return err
+		}
+		old := *s
+		s.handle, s.ptr, s.file, s.ranges = fresh.handle, fresh.ptr, fresh.file, fresh.ranges
+		return p.release(&old)
+	})
 }
 
 // Usage implements Allocator: all GPUs together.

@@ -68,6 +68,14 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 	}
 	a := &allocation{id: fmt.Sprintf("%s-%d", sl.ID, r.id), slice: sl, region: r}
 	s.mu.Lock()
+	if sess.ended {
+		// The connection closed while this call ran: the session's cleanup has already passed, so nothing
+		// would ever free the slice.
+		s.mu.Unlock()
+		_ = s.removeRegion(ctx, r)
+		free()
+		return nil, status.Error(codes.Unavailable, "the connection closed while pool memory was being lent; it was given back")
+	}
 	r.alloc = a.id
 	sess.allocs[a.id] = a
 	s.mu.Unlock()

@@ -333,6 +333,11 @@ func (e *Engine) AcceptQPs(ctx context.Context, req ExchangeRequest) ([]verbs.Co
 	k := setKey{node: req.From, local: req.ToNIC, remote: req.FromNIC}
 	e.mu.Lock()
 	old, ok := e.sets[k]
+	if !ok && e.setsOfLocked(req.From) >= maxSetsPerPeer {
+		e.mu.Unlock()
+		return nil, fmt.Errorf("rdma: %w: %s already has %d queue-pair sets with %s (one per NIC pair at most)",
+			engines.ErrInvalid, req.From, maxSetsPerPeer, e.opts.Node)
+	}
 	if ok {
 		select {
 		case <-old.ready:
@@ -376,8 +381,32 @@ func (e *Engine) AcceptQPs(ctx context.Context, req ExchangeRequest) ([]verbs.Co
 		s.finish(nil, err)
 		return nil, fmt.Errorf("rdma: accepting queue pairs from %s: %w", req.From, err)
 	}
+	select {
+	case <-s.ready:
+		// Another accept for the same set finished first; these queue pairs would be used by nobody.
+		for _, c := range conns {
+			go c.close()
+		}
+		return nil, ErrConnectRace
+	default:
+	}
 	s.finish(conns, nil)
 	return infos, nil
+}
+
+// maxSetsPerPeer bounds the queue-pair sets one peer may hold here: one per (local NIC, remote NIC) pair of
+// 8-NIC nodes. Each set pins queue pairs and memory, and the peer names its own NIC.
+const maxSetsPerPeer = 64
+
+// setsOfLocked counts node's queue-pair sets; e.mu must be held.
+func (e *Engine) setsOfLocked(node string) int {
+	n := 0
+	for k := range e.sets {
+		if k.node == node {
+			n++
+		}
+	}
+	return n
 }
 
 // retire closes a set's queue pairs once it is no longer used for new work.
