@@ -134,12 +134,17 @@ func (p *Peers) Serve(ctx context.Context, local Local) error {
 	agentv1.RegisterPeerServer(srv, &peerService{p: p})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(p.opts.Listener) }()
-	go p.preconnect(ctx)
+	// The refresh loop is joined before the connections are closed, so it cannot add one afterwards.
+	pctx, stopRefresh := context.WithCancel(ctx)
+	refreshed := make(chan struct{})
+	go func() { defer close(refreshed); p.preconnect(pctx) }()
 	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
+	stopRefresh()
+	<-refreshed
 	done := make(chan struct{})
 	go func() { srv.GracefulStop(); close(done) }()
 	select {
@@ -244,6 +249,13 @@ func (p *Peers) preconnectData(ctx context.Context, peers map[string]string) {
 	g.Wait()
 }
 
+// sameHost reports whether two host:port addresses name the same host.
+func sameHost(a, b string) bool {
+	ha, _, errA := net.SplitHostPort(a)
+	hb, _, errB := net.SplitHostPort(b)
+	return errA == nil && errB == nil && ha == hb
+}
+
 // dataSubset keeps the MaxDataPeers peers whose hash with this node's name is lowest: a stable choice across
 // refreshes that differs from agent to agent.
 func (p *Peers) dataSubset(peers map[string]string) map[string]string {
@@ -323,7 +335,13 @@ func (p *Peers) connTo(ctx context.Context, node, endpoint string) (*peerConn, e
 	}
 	c = &peerConn{endpoint: endpoint, conn: conn, api: api, hello: hello}
 	if v := header.Get(dataEndpointKey); len(v) > 0 {
-		c.dataEndpoint = v[0]
+		// A peer names its own data address; one on another host would have every agent dial (and displace
+		// connections at) an address of the peer's choosing.
+		if sameHost(v[0], endpoint) {
+			c.dataEndpoint = v[0]
+		} else {
+			p.log.Info("ignoring a data address on another host than the peer's endpoint", "node", node, "endpoint", endpoint, "data", v[0])
+		}
 	}
 	p.mu.Lock()
 	if old, ok := p.conns[node]; ok {

@@ -226,12 +226,23 @@ func (e *Engine) deliver(n engines.Notification) {
 
 // peerFor returns the connected peer at addr, dialing it if needed.
 func (e *Engine) peerFor(ctx context.Context, node, addr string) (*peer, error) {
+	return e.peerAt(ctx, node, addr, true)
+}
+
+// peerAt is peerFor; displace says whether connections at addr to another node may be replaced (a transfer's
+// descriptor names the address it was registered at) or not (a pre-connection, whose address a peer announced
+// itself and could have made up).
+func (e *Engine) peerAt(ctx context.Context, node, addr string, displace bool) (*peer, error) {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
 		return nil, engines.ErrClosed
 	}
 	p, ok := e.peers[addr]
+	if ok && p.node != node && !displace {
+		e.mu.Unlock()
+		return nil, fmt.Errorf("address %s is connected to node %s, not %s", addr, p.node, node)
+	}
 	if ok && p.node != node {
 		// Another node now answers at this address (a restarted agent); the old connections go.
 		old := p
@@ -268,7 +279,7 @@ func (e *Engine) forgetPeer(p *peer) {
 // TLS handshake; it returns once they are open (at once when they already are). A failure is not sticky: the
 // next Preconnect or transfer dials again.
 func (e *Engine) Preconnect(ctx context.Context, node, addr string) error {
-	if _, err := e.peerFor(ctx, node, addr); err != nil {
+	if _, err := e.peerAt(ctx, node, addr, false); err != nil {
 		return fmt.Errorf("tcp: pre-connecting to %s (%s): %w", node, addr, err)
 	}
 	return nil

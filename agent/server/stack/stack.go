@@ -184,7 +184,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	// Until the composite owns the engines (and the server the peer listener), a setup error must close them:
 	// the tcp engine holds a listener and goroutines.
 	var peerLn net.Listener
-	handedOver := false
+	handedOver, dataLnOwned := false, false
 	defer func() {
 		if handedOver {
 			return
@@ -194,6 +194,9 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		}
 		if peerLn != nil {
 			_ = peerLn.Close()
+		}
+		if deps.DataListener != nil && !dataLnOwned {
+			_ = deps.DataListener.Close() // handed to Run, but no tcp engine took it
 		}
 	}()
 
@@ -221,6 +224,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 				return err
 			}
 			engs = append(engs, te)
+			dataLnOwned = true // the tcp engine closes it
 		}
 		if peerLn, err = net.Listen("tcp", cfg.PeerListen); err != nil {
 			return fmt.Errorf("listening for peers on %s: %w", cfg.PeerListen, err)
