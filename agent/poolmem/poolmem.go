@@ -3,6 +3,7 @@ package poolmem
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 
@@ -94,6 +95,9 @@ func NewHost(name string, size uint64) (*HostPool, error) {
 		return nil, errors.New("creating host pool memory: size must be positive")
 	}
 	page := uint64(os.Getpagesize())
+	if size > math.MaxInt64 {
+		return nil, fmt.Errorf("creating host pool memory: %d bytes is more than a memfd can hold", size)
+	}
 	size = (size + page - 1) / page * page
 	return &HostPool{name: name, budget: size, page: page, slices: map[string]*hostSlice{}}, nil
 }

@@ -2,6 +2,7 @@ package poolmem
 
 import (
 	"errors"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -152,5 +153,19 @@ func TestHostPoolBudget(t *testing.T) {
 	}
 	if _, err := p.Allocate("pod/a", 1); err == nil {
 		t.Fatal("allocation from a closed pool accepted")
+	}
+}
+
+// Sizes near 2^64 must be refused, not wrapped to a tiny pool by rounding.
+func TestPoolSizesNear2To64AreRefused(t *testing.T) {
+	if _, err := NewHost("huge", math.MaxUint64-10); err == nil {
+		t.Error("a host pool of 2^64-11 bytes was accepted")
+	}
+	drv := newFake("0000:1b:00.0")
+	if _, err := NewGPU(drv, []GPUTarget{{Index: 0}}, math.MaxUint64-10); err == nil {
+		t.Error("a GPU pool of 2^64-11 bytes per GPU was accepted")
+	}
+	if len(drv.handles) != 0 {
+		t.Errorf("%d allocations left after a refused pool", len(drv.handles))
 	}
 }
