@@ -442,12 +442,39 @@ func (b *bench) peer(n uint64) error {
 	}
 	c := fmt.Sprintf("GPU0->GPU1 %d MiB", n>>20)
 	s := b.kern.Stream()
+	// Without peer access the driver stages a peer copy through host memory; the baseline is the direct one.
+	staged, err := b.deviceTime(s, 3, b.cfg.Reps, func(int) error { return b.drv.MemcpyPeerAsync(dst, ctx1, src, b.ctx, n, s) })
+	if err != nil {
+		return err
+	}
+	b.add(summarize(c, "raw cuMemcpyPeerAsync, peer access off", n, staged, "device events"))
+	if err := b.drv.WithContext(b.ctx, func() error { return b.drv.CtxEnablePeerAccess(ctx1) }); err != nil {
+		return fmt.Errorf("enabling peer access GPU 0 -> GPU 1: %w", err)
+	}
 	raw, err := b.deviceTime(s, 3, b.cfg.Reps, func(int) error { return b.drv.MemcpyPeerAsync(dst, ctx1, src, b.ctx, n, s) })
 	if err != nil {
 		return err
 	}
-	rawRow := summarize(c, "raw cuMemcpyPeerAsync", n, raw, "device events")
+	rawRow := summarize(c, "raw cuMemcpyPeerAsync, peer access on", n, raw, "device events")
 	b.add(rawRow)
+	var rawSync []time.Duration
+	for i := -3; i < b.cfg.Reps; i++ {
+		start := time.Now()
+		err := b.drv.WithContext(b.ctx, func() error {
+			if err := b.drv.MemcpyPeerAsync(dst, ctx1, src, b.ctx, n, s); err != nil {
+				return err
+			}
+			return b.drv.StreamSynchronize(s)
+		})
+		if err != nil {
+			return err
+		}
+		if i >= 0 {
+			rawSync = append(rawSync, time.Since(start))
+		}
+	}
+	rawSyncRow := summarize(c, "raw cuMemcpyPeerAsync + stream sync", n, rawSync, "host wall clock")
+	b.add(rawSyncRow)
 	srcID, err := b.register(src, n)
 	if err != nil {
 		return err
@@ -461,6 +488,9 @@ func (b *bench) peer(n uint64) error {
 	}
 	var et []time.Duration
 	for i := -3; i < b.cfg.Reps; i++ {
+		if i == 0 {
+			b.resetStats()
+		}
 		d, _, err := b.engineRun([]engines.Item{{Src: srcID, Dst: dstID, Size: n, Tag: 1}}, nil)
 		if err != nil {
 			return err
@@ -470,7 +500,12 @@ func (b *bench) peer(n uint64) error {
 		}
 	}
 	row := summarize(c, "xgmi engine P2P (plan+submit+wait)", n, et, "host wall clock")
-	row.Note += fmt.Sprintf("; %.1f%% of cuMemcpyPeerAsync (events)", 100*rawRow.Median.Seconds()/row.Median.Seconds())
+	row.Note += fmt.Sprintf("; %.1f%% of cuMemcpyPeerAsync + sync (host wall), %.1f%% of cuMemcpyPeerAsync (events)",
+		100*rawSyncRow.Median.Seconds()/row.Median.Seconds(), 100*rawRow.Median.Seconds()/row.Median.Seconds())
 	b.add(row)
+	if dr, ok := b.engineDevice(c, n); ok {
+		dr.Note += fmt.Sprintf("; %.1f%% of cuMemcpyPeerAsync (events)", 100*rawRow.Median.Seconds()/dr.Median.Seconds())
+		b.add(dr)
+	}
 	return nil
 }
