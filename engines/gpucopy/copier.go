@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/internal/gpushare"
 	"github.com/fabricxfer/fabricxfer/engines/internal/scatter"
 )
 
@@ -93,7 +94,7 @@ type Copier struct {
 	opts    Options
 
 	mu    sync.Mutex // serializes submissions on the stream
-	slots slotPool
+	slots *gpushare.Staging[*slot]
 
 	evMu   sync.Mutex
 	events [2][]cuda.Event // idle events: [0] without timing, [1] with
@@ -159,7 +160,7 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 		return nil, fmt.Errorf("retaining GPU %d's primary context: %w", ordinal, err)
 	}
 	c := &Copier{drv: drv, dev: dev, ctx: ctx, opts: opts}
-	c.slots.drv = drv
+	c.slots = newSlots(drv)
 	err = drv.WithContext(ctx, func() error {
 		if c.sms, err = drv.DeviceAttribute(dev, cuda.AttrMultiprocessorCount); err != nil {
 			return err
@@ -342,7 +343,7 @@ func (c *Copier) stageDescriptors(segs []Segment) (scatter.Layout, *slot, uint64
 	if err != nil {
 		return layout, nil, 0, err
 	}
-	s, err := c.slots.get(uint64(layout.Bytes()))
+	s, err := c.slots.Get(uint64(layout.Bytes()))
 	if err != nil {
 		return layout, nil, 0, err
 	}
@@ -411,7 +412,7 @@ func (c *Copier) Prepare(segs []Segment) (*Prepared, error) {
 	})
 	if err != nil {
 		if p.slot != nil {
-			c.slots.put(p.slot)
+			c.slots.Put(p.slot)
 		}
 		return nil, err
 	}
@@ -429,7 +430,7 @@ func (p *Prepared) Launch() error {
 // Release hands the staging back; no launch of p may still be running.
 func (p *Prepared) Release() {
 	if p.slot != nil {
-		p.c.slots.put(p.slot)
+		p.c.slots.Put(p.slot)
 		p.slot = nil
 	}
 }
@@ -449,7 +450,7 @@ func (c *Copier) release(p *Pending) {
 	c.putEvent(p.start, true)
 	c.putEvent(p.event, c.opts.TimeDevice)
 	if p.slot != nil {
-		c.slots.put(p.slot)
+		c.slots.Put(p.slot)
 	}
 }
 
@@ -458,7 +459,7 @@ func (c *Copier) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	err := c.drv.WithContext(c.ctx, func() error {
-		errs := []error{c.drv.StreamSynchronize(c.stream), c.slots.close(), c.drv.StreamDestroy(c.stream)}
+		errs := []error{c.drv.StreamSynchronize(c.stream), c.slots.Close(), c.drv.StreamDestroy(c.stream)}
 		c.evMu.Lock()
 		for _, evs := range c.events {
 			for _, ev := range evs {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines/hip"
+	"github.com/fabricxfer/fabricxfer/engines/internal/gpushare"
 	"github.com/fabricxfer/fabricxfer/engines/internal/scatter"
 )
 
@@ -38,7 +39,7 @@ type Copier struct {
 	opts    Options
 
 	mu    sync.Mutex // serializes submissions on the stream
-	slots slotPool
+	slots *gpushare.Staging[*slot]
 
 	evMu   sync.Mutex
 	events [2][]hip.Event // idle events: [0] without timing, [1] with
@@ -57,7 +58,7 @@ func NewCopier(rt *hip.Runtime, ordinal int, opts Options) (*Copier, error) {
 		return nil, fmt.Errorf("opening GPU %d: %w", ordinal, err)
 	}
 	c := &Copier{rt: rt, dev: dev, opts: opts}
-	c.slots.rt = rt
+	c.slots = newSlots(rt)
 	err = rt.WithDevice(dev, func() error {
 		if c.cus, err = rt.DeviceAttribute(dev, hip.AttrMultiprocessorCount); err != nil {
 			return err
@@ -136,7 +137,7 @@ func (c *Copier) Submit(segs []Segment, route Route) (*Pending, error) {
 			if layout, err = scatter.Plan(small, c.opts.MaxPiece); err != nil {
 				return err
 			}
-			if p.slot, err = c.slots.get(uint64(layout.Bytes())); err != nil {
+			if p.slot, err = c.slots.Get(uint64(layout.Bytes())); err != nil {
 				return err
 			}
 			scatter.Write(p.slot.host(), small, layout, c.opts.MaxPiece)
@@ -210,7 +211,7 @@ func (c *Copier) release(p *Pending) {
 	c.putEvent(p.start, true)
 	c.putEvent(p.event, c.opts.TimeDevice)
 	if p.slot != nil {
-		c.slots.put(p.slot)
+		c.slots.Put(p.slot)
 	}
 }
 
@@ -219,7 +220,7 @@ func (c *Copier) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.rt.WithDevice(c.dev, func() error {
-		errs := []error{c.rt.StreamSynchronize(c.stream), c.slots.close(), c.rt.StreamDestroy(c.stream)}
+		errs := []error{c.rt.StreamSynchronize(c.stream), c.slots.Close(), c.rt.StreamDestroy(c.stream)}
 		c.evMu.Lock()
 		for _, evs := range c.events {
 			for _, ev := range evs {

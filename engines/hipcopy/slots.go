@@ -1,11 +1,10 @@
 package hipcopy
 
 import (
-	"errors"
-	"sync"
 	"unsafe"
 
 	"github.com/fabricxfer/fabricxfer/engines/hip"
+	"github.com/fabricxfer/fabricxfer/engines/internal/gpushare"
 )
 
 // slot is descriptor staging for one in-flight launch: pinned, mapped host
@@ -20,52 +19,17 @@ func (s *slot) host() []byte {
 	return unsafe.Slice((*byte)(hip.HostPointer(s.ptr)), s.size)
 }
 
-// slotPool recycles staging slots; a slot goes back only once the launch that
-// read it has completed.
-type slotPool struct {
-	rt   *hip.Runtime
-	mu   sync.Mutex
-	free []*slot
-}
-
-const minSlotSize = 64 << 10
-
-// get returns a slot of at least n bytes.
-func (p *slotPool) get(n uint64) (*slot, error) {
-	p.mu.Lock()
-	for i, s := range p.free {
-		if s.size >= n {
-			p.free = append(p.free[:i], p.free[i+1:]...)
-			p.mu.Unlock()
-			return s, nil
-		}
+// newSlots returns the staging pool of a Copier.
+func newSlots(rt *hip.Runtime) *gpushare.Staging[*slot] {
+	return &gpushare.Staging[*slot]{
+		Alloc: func(size uint64) (*slot, error) {
+			h, err := rt.HostMalloc(size)
+			if err != nil {
+				return nil, err
+			}
+			return &slot{ptr: h, size: size}, nil
+		},
+		Free: func(s *slot) error { return rt.HostFree(s.ptr) },
+		Size: func(s *slot) uint64 { return s.size },
 	}
-	p.mu.Unlock()
-	size := uint64(minSlotSize)
-	for size < n {
-		size *= 2
-	}
-	h, err := p.rt.HostMalloc(size)
-	if err != nil {
-		return nil, err
-	}
-	return &slot{ptr: h, size: size}, nil
-}
-
-func (p *slotPool) put(s *slot) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.free = append(p.free, s)
-}
-
-// close frees every idle slot.
-func (p *slotPool) close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var errs []error
-	for _, s := range p.free {
-		errs = append(errs, p.rt.HostFree(s.ptr))
-	}
-	p.free = nil
-	return errors.Join(errs...)
 }

@@ -90,3 +90,29 @@ func TestWriteFileAtomic(t *testing.T) {
 		t.Errorf("temporary files left: %v", left)
 	}
 }
+
+func TestStagingReusesAndFreesBuffers(t *testing.T) {
+	type buf struct{ size uint64 }
+	allocs, frees := 0, 0
+	p := &Staging[*buf]{
+		Alloc: func(size uint64) (*buf, error) { allocs++; return &buf{size}, nil },
+		Free:  func(*buf) error { frees++; return nil },
+		Size:  func(b *buf) uint64 { return b.size },
+	}
+	a, _ := p.Get(100)
+	if a.size != 64<<10 {
+		t.Errorf("first buffer %d bytes, want the 64 KiB minimum", a.size)
+	}
+	big, _ := p.Get(123_000)
+	if big.size != 128<<10 {
+		t.Errorf("buffer for 123,000 bytes is %d, want the next power of two (128 KiB)", big.size)
+	}
+	p.Put(a)
+	p.Put(big)
+	if again, _ := p.Get(100_000); again != big || allocs != 2 {
+		t.Errorf("a request an idle buffer fits must reuse it (got %d bytes, %d allocations)", again.size, allocs)
+	}
+	if err := p.Close(); err != nil || frees != 1 {
+		t.Errorf("Close freed %d idle buffers (%v), want 1 (the other is still out)", frees, err)
+	}
+}
