@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fabricxfer/fabricxfer/hack/internal/procstat"
 )
 
 // sample is one Prometheus counter series: its labels and value.
@@ -152,18 +153,13 @@ func scrape(ctx context.Context, url string) ([]byte, error) {
 
 // procMemKiB reads a memory line (VmHWM, VmRSS) of a process's /proc status, in KiB.
 func procMemKiB(pid int, field string) (int64, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := procstat.Status(pid)
 	if err != nil {
-		return 0, fmt.Errorf("reading memory of process %d: %w", pid, err)
+		return 0, err
 	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("process %d %s %q: %w", pid, field, v, err)
-			}
-			return kb, nil
-		}
+	kb, ok := st[field]
+	if !ok {
+		return 0, fmt.Errorf("process %d status has no %s line", pid, field)
 	}
-	return 0, fmt.Errorf("process %d status has no %s line", pid, field)
+	return kb, nil
 }

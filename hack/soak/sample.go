@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fabricxfer/fabricxfer/hack/internal/procstat"
 )
 
 // sample is one look at a process. Goroutines is -1 where the process exposes no count.
@@ -104,30 +106,11 @@ func judge(s *series, warmupEnd, end time.Time, span time.Duration, tol toleranc
 // procSample reads RSS and threads from /proc/PID/status and counts /proc/PID/fd.
 func procSample(pid int) (sample, error) {
 	s := sample{At: time.Now(), Goroutines: -1}
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := procstat.Status(pid)
 	if err != nil {
-		return s, fmt.Errorf("reading the status of process %d: %w", pid, err)
+		return s, err
 	}
-	for _, line := range strings.Split(string(st), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		n, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			continue
-		}
-		switch k {
-		case "VmRSS":
-			s.RSSKiB = n
-		case "Threads":
-			s.Threads = n
-		}
-	}
+	s.RSSKiB, s.Threads = st["VmRSS"], st["Threads"]
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
 		return s, fmt.Errorf("listing the fds of process %d: %w", pid, err)
