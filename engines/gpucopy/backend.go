@@ -376,7 +376,7 @@ func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
 		defer func() {
 			if p.Done() && p.err == nil {
 				b.opts.Observe(CopyStats{Ordinal: ord, Segments: len(segs), Bytes: w.Plan.Bytes, Mode: c.Mode(),
-					Device: p.DeviceTime(), Host: time.Since(start)})
+					Device: p.DeviceTime(), Host: time.Since(start), Queueing: p.queueing})
 			}
 		}()
 	}

@@ -97,8 +97,9 @@ var shapes = []shape{
 }
 
 // checkCopies runs segs (offsets into src and dst buffers of size bytes) with
-// c and compares the whole destination with a host reference.
-func checkCopies(t *testing.T, drv *cuda.Driver, c *gpucopy.Copier, r *rand.Rand, segs []gpucopy.Segment, size uint64, srcPtr, dstPtr uint64) {
+// c and compares the whole destination with a host reference; it returns the
+// completed submission.
+func checkCopies(t *testing.T, drv *cuda.Driver, c *gpucopy.Copier, r *rand.Rand, segs []gpucopy.Segment, size uint64, srcPtr, dstPtr uint64) *gpucopy.Pending {
 	t.Helper()
 	src := randomBytes(r, int(size))
 	poison := bytes.Repeat([]byte{0xA5}, int(size))
@@ -144,6 +145,7 @@ func checkCopies(t *testing.T, drv *cuda.Driver, c *gpucopy.Copier, r *rand.Rand
 		}
 	}
 	t.Logf("%d segments, %d bytes checked, crc32 %08x", len(segs), size, crc32.ChecksumIEEE(got))
+	return p
 }
 
 func TestGPUCopierMovesEveryShapeInEveryMode(t *testing.T) {
@@ -187,6 +189,64 @@ func TestGPUCopierMovesEveryShapeInEveryMode(t *testing.T) {
 				t.Run(sh.name, func(t *testing.T) {
 					checkCopies(t, drv, c, r, sh.build(r, size), size, uint64(srcPtr), uint64(dstPtr))
 				})
+			}
+		})
+	}
+}
+
+// The same block list at another layer's base addresses launches from the
+// descriptors its first launch left on the GPU; a list pushed out of the kept
+// sets is staged again; every copy is checked in full either way.
+func TestGPUCopierKeepsDescriptorsForTheNextLayer(t *testing.T) {
+	drv, nv := gpuEnv(t)
+	if nv == nil {
+		t.Skip("needs NVRTC: descriptors are kept by the scatter kernel")
+	}
+	const layers, layerBytes = 3, 16 << 20
+	for _, upload := range []bool{false, true} {
+		t.Run(fmt.Sprintf("upload=%v", upload), func(t *testing.T) {
+			c, err := gpucopy.NewCopier(drv, 0, gpucopy.Options{NVRTC: nv, ResidentLayouts: 2, UploadDescriptors: upload})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if c.Mode() != gpucopy.ModeKernel {
+				t.Fatalf("mode %s: %s", c.Mode(), c.Reason())
+			}
+			var src, dst cuda.DevicePtr
+			err = drv.WithContext(c.Context(), func() error {
+				var err error
+				if src, err = drv.MemAlloc(layers * layerBytes); err != nil {
+					return err
+				}
+				dst, err = drv.MemAlloc(layers * layerBytes)
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer drv.WithContext(c.Context(), func() error { drv.MemFree(src); return drv.MemFree(dst) })
+			r := rand.New(rand.NewPCG(11, uint64(time.Now().UnixNano())))
+			lists := [][]gpucopy.Segment{shapes[0].build(r, layerBytes), shapes[0].build(r, layerBytes), shapes[0].build(r, layerBytes)}
+			at := func(list, layer int) []gpucopy.Segment {
+				out := make([]gpucopy.Segment, len(lists[list]))
+				for i, s := range lists[list] {
+					out[i] = gpucopy.Segment{Src: s.Src + uint64(layer)*layerBytes, Dst: s.Dst + uint64(layer)*layerBytes, Size: s.Size}
+				}
+				return out
+			}
+			for i, step := range []struct {
+				list, layer int
+				reused      bool
+			}{
+				{0, 0, false}, {0, 1, true}, {0, 2, true}, // the next layers
+				{1, 0, false}, {2, 1, false}, // two more lists push list 0 out (2 kept)
+				{0, 2, false}, {2, 0, true}, {0, 1, true},
+			} {
+				p := checkCopies(t, drv, c, r, at(step.list, step.layer), layers*layerBytes, uint64(src), uint64(dst))
+				if p.ReusedDescriptors() != step.reused {
+					t.Errorf("step %d (list %d, layer %d): reused descriptors %v, want %v", i, step.list, step.layer, p.ReusedDescriptors(), step.reused)
+				}
 			}
 		})
 	}

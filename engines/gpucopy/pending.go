@@ -16,10 +16,14 @@ type Pending struct {
 	start     cuda.Event // with Options.TimeDevice
 	event     cuda.Event
 	slot      *slot
+	resident  *gpushare.ResidentSet[*slot] // kept descriptors the launch read or wrote
+	reused    bool                         // the launch read kept descriptors
 	once      sync.Once
 	watchOnce sync.Once
-	bytes     uint64    // what the submission moves
-	queued    time.Time // when it was queued
+	bytes     uint64        // what the submission moves
+	queued    time.Time     // when it was queued
+	timedFrom time.Time     // when the device timing's start was queued
+	queueing  time.Duration // host time from there to the end event
 	err       error
 	done      chan struct{}
 	gpu       time.Duration
@@ -33,6 +37,10 @@ func (p *Pending) DeviceTime() time.Duration {
 	}
 	return p.gpu
 }
+
+// ReusedDescriptors reports whether the kernel read descriptors an earlier
+// launch left in device memory (Options.ResidentLayouts) instead of staging.
+func (p *Pending) ReusedDescriptors() bool { return p.reused }
 
 // Done reports whether the copy has finished (successfully or not), asking
 // the GPU without blocking.

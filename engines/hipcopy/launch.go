@@ -36,6 +36,7 @@ func launchShape(l scatter.Layout, cus int) (kernelKind, uint32) {
 
 // launch queues the scatter kernel over descriptors at descs (pinned host
 // memory the kernel reads directly); the Copier's device must be current.
+// The flat kernel keeps no device copy of them here (keep is null).
 func (c *Copier) launch(l scatter.Layout, descs uint64) error {
 	kind, grid := launchShape(l, c.cus)
 	cfg := hip.LaunchConfig{GridX: grid, BlockX: threadsPerBlock, Stream: c.stream}
@@ -44,9 +45,10 @@ func (c *Copier) launch(l scatter.Layout, descs uint64) error {
 	case kernelFlat16:
 		per := uint32(l.PieceSize / 16)
 		total := count * per
+		var keep uint64
 		return c.rt.Launch(c.kernels.flat16, cfg, []unsafe.Pointer{
 			unsafe.Pointer(&l.SrcBase), unsafe.Pointer(&l.DstBase), unsafe.Pointer(&descs),
-			unsafe.Pointer(&total), unsafe.Pointer(&per), unsafe.Pointer(&l.Shift)})
+			unsafe.Pointer(&total), unsafe.Pointer(&per), unsafe.Pointer(&l.Shift), unsafe.Pointer(&keep)})
 	case kernelUniform:
 		size := l.PieceSize
 		return c.rt.Launch(c.kernels.uniform, cfg, []unsafe.Pointer{

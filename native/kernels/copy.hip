@@ -132,15 +132,22 @@ __device__ __forceinline__ fx_u32 fx_flat_chunk(fx_u32 per_piece, fx_u32 threads
 // are read once, coalesced, into shared memory (one read per piece instead of
 // one per vector, which matters most when the descriptors stay in pinned host
 // memory and every read crosses PCIe), then the block's threads move the run's
-// vectors with four loads in flight each.
+// vectors with four loads in flight each. When keep is set, the block also
+// writes the descriptors it read there (device memory), so a later launch of
+// the same layout reads them on the GPU instead of across PCIe.
 extern "C" __global__ void fx_scatter_flat16(fx_u64 src_base, fx_u64 dst_base, const fx_off* __restrict__ offs,
-                                             fx_u32 total, fx_u32 per_piece, fx_u32 shift) {
+                                             fx_u32 total, fx_u32 per_piece, fx_u32 shift,
+                                             fx_off* __restrict__ keep) {
   __shared__ fx_off run[FX_FLAT_MAX_CHUNK];
   const fx_u32 pieces = total / per_piece;
   const fx_u32 chunk = fx_flat_chunk(per_piece, blockDim.x);
   for (fx_u32 first = blockIdx.x * chunk; first < pieces; first += gridDim.x * chunk) {
     const fx_u32 n = (pieces - first < chunk) ? pieces - first : chunk;
-    for (fx_u32 t = threadIdx.x; t < n; t += blockDim.x) run[t] = offs[first + t];
+    for (fx_u32 t = threadIdx.x; t < n; t += blockDim.x) {
+      const fx_off o = offs[first + t];
+      run[t] = o;
+      if (keep) keep[first + t] = o;
+    }
     __syncthreads();
     const fx_u32 vecs = n * per_piece;
     for (fx_u32 v = threadIdx.x; v < vecs; v += 4 * blockDim.x) {

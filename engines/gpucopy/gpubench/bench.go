@@ -56,6 +56,7 @@ func (r Row) GBps() float64 { return float64(r.Bytes) / r.Median.Seconds() / 1e9
 
 type bench struct {
 	drv    *cuda.Driver
+	nvrtc  *cuda.NVRTC
 	ctx    cuda.Context
 	kern   *gpucopy.Copier
 	hostD  *gpucopy.Copier
@@ -79,21 +80,28 @@ func (b *bench) resetStats() {
 }
 
 // engineDevice summarizes the GPU time of the engine copies observed since
-// stats was last cleared.
-func (b *bench) engineDevice(c string, bytes uint64) (Row, bool) {
-	var t []time.Duration
+// stats was last cleared; what says which submissions they were ("" for
+// plain ones).
+func (b *bench) engineDevice(c string, bytes uint64, what string) (Row, bool) {
+	var t, q []time.Duration
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, st := range b.stats {
 		if st.Bytes == bytes && st.Device > 0 {
-			t = append(t, st.Device)
+			t, q = append(t, st.Device), append(q, st.Queueing)
 		}
 	}
 	b.stats = nil
 	if len(t) == 0 {
 		return Row{}, false
 	}
-	return summarize(c, "xgmi engine, GPU time of its copy", bytes, t, "device events the engine records (staging upload + kernel or copy engine)"), true
+	note := "device events the engine records (staging upload + kernel or copy engine)"
+	if what != "" {
+		note += "; " + what
+	}
+	slices.Sort(q)
+	note += fmt.Sprintf("; host queueing between the events: median %.1f µs", float64(q[len(q)/2].Nanoseconds())/1e3)
+	return summarize(c, "xgmi engine, GPU time of its copy", bytes, t, note), true
 }
 
 // Run measures everything in cfg on GPU 0 and writes a table to out.
@@ -112,17 +120,21 @@ func Run(out io.Writer, cfg Config) ([]Row, error) {
 	if nvErr != nil {
 		fmt.Fprintln(out, "NVRTC:", nvErr)
 	}
-	b := &bench{drv: drv, cfg: cfg, out: out}
+	b := &bench{drv: drv, cfg: cfg, out: out, nvrtc: nv}
 	opts := gpucopy.Options{NVRTC: nv, CacheDir: cfg.CacheDir}
 	opts.TimeDevice = true
-	kopts := opts
+	// The copiers measured on their own keep no descriptor sets: their rows
+	// are the paths themselves (the engine's backend keeps its default).
+	copts := opts
+	copts.ResidentLayouts = -1
+	kopts := copts
 	kopts.UploadDescriptors = true
 	if b.kern, err = gpucopy.NewCopier(drv, 0, kopts); err != nil {
 		return nil, err
 	}
 	defer b.kern.Close()
 	b.ctx = b.kern.Context()
-	if b.hostD, err = gpucopy.NewCopier(drv, 0, opts); err != nil {
+	if b.hostD, err = gpucopy.NewCopier(drv, 0, copts); err != nil {
 		return nil, err
 	}
 	defer b.hostD.Close()
@@ -361,7 +373,7 @@ func (b *bench) contiguous() error {
 	row.Note += fmt.Sprintf("; %.1f%% of raw copy engine + sync (host wall), %.1f%% of raw copy engine (events)",
 		100*rawHost.Median.Seconds()/row.Median.Seconds(), 100*raw.Median.Seconds()/row.Median.Seconds())
 	b.add(row)
-	if dr, ok := b.engineDevice(c, n); ok {
+	if dr, ok := b.engineDevice(c, n, ""); ok {
 		dr.Note += fmt.Sprintf("; %.1f%% of raw copy engine (events)", 100*raw.Median.Seconds()/dr.Median.Seconds())
 		b.add(dr)
 	}
@@ -503,7 +515,7 @@ func (b *bench) peer(n uint64) error {
 	row.Note += fmt.Sprintf("; %.1f%% of cuMemcpyPeerAsync + sync (host wall), %.1f%% of cuMemcpyPeerAsync (events)",
 		100*rawSyncRow.Median.Seconds()/row.Median.Seconds(), 100*rawRow.Median.Seconds()/row.Median.Seconds())
 	b.add(row)
-	if dr, ok := b.engineDevice(c, n); ok {
+	if dr, ok := b.engineDevice(c, n, ""); ok {
 		dr.Note += fmt.Sprintf("; %.1f%% of cuMemcpyPeerAsync (events)", 100*rawRow.Median.Seconds()/dr.Median.Seconds())
 		b.add(dr)
 	}

@@ -41,32 +41,58 @@ func (b *bench) scatter(sc ScatterCase) error {
 		return err
 	}
 	r := rand.New(rand.NewPCG(uint64(sc.Count), sc.Size))
-	sets := make([][]engines.Item, itemSets)
-	segs := make([][]gpucopy.Segment, itemSets)
-	for k := range sets {
+	pick := func() ([]engines.Item, []gpucopy.Segment) {
+		var items []engines.Item
+		var segs []gpucopy.Segment
 		from, to := r.Perm(sc.PoolBlocks)[:sc.Count], r.Perm(sc.PoolBlocks)[:sc.Count]
 		for i := range from {
 			it := engines.Item{Src: srcID, SrcOffset: uint64(from[i]) * sc.Size, Dst: dstID, DstOffset: uint64(to[i]) * sc.Size,
 				Size: sc.Size, Tag: engines.Tag(i)}
-			sets[k] = append(sets[k], it)
-			segs[k] = append(segs[k], gpucopy.Segment{Src: uint64(src) + it.SrcOffset, Dst: uint64(dst) + it.DstOffset, Size: sc.Size})
+			items = append(items, it)
+			segs = append(segs, gpucopy.Segment{Src: uint64(src) + it.SrcOffset, Dst: uint64(dst) + it.DstOffset, Size: sc.Size})
 		}
+		return items, segs
+	}
+	sets := make([][]engines.Item, itemSets)
+	segs := make([][]gpucopy.Segment, itemSets)
+	for k := range sets {
+		sets[k], segs[k] = pick()
 	}
 	bytes := uint64(sc.Count) * sc.Size
 	c := fmt.Sprintf("%d x %d B", sc.Count, sc.Size)
 
-	// Through the engine: the whole host path, then submit+wait of planned sets.
-	var full, sub []time.Duration
-	planned := make([]*engines.PlanSet, itemSets)
-	for i := -itemSets; i < b.cfg.Reps; i++ {
-		k := (i + itemSets) % itemSets
-		d, ps, err := b.engineRun(sets[k], nil)
+	// Through the engine, the whole host path with a block list it has never
+	// seen each time: its descriptors cross PCIe.
+	var full []time.Duration
+	newList := sets[0]
+	for i := -2; i < b.cfg.Reps; i++ {
+		if i == 0 {
+			b.resetStats()
+		}
+		if i > -2 {
+			newList, _ = pick()
+		}
+		d, _, err := b.engineRun(newList, nil)
 		if err != nil {
 			return err
 		}
-		planned[k] = ps
 		if i >= 0 {
 			full = append(full, d)
+		}
+	}
+	b.add(summarize(c, "xgmi engine (plan+submit+wait), new block list", bytes, full, "host wall clock"))
+	if dr, ok := b.engineDevice(c, bytes, "new block list each time: descriptors read across PCIe"); ok {
+		b.add(dr)
+	}
+	if err := b.check(src, dst, newList); err != nil {
+		return fmt.Errorf("engine result, new block list: %w", err)
+	}
+	// Planned sets submitted again: their descriptors stay on the GPU.
+	var sub []time.Duration
+	planned := make([]*engines.PlanSet, itemSets)
+	for k := range planned {
+		if _, planned[k], err = b.engineRun(sets[k], nil); err != nil {
+			return err
 		}
 	}
 	for i := -itemSets; i < b.cfg.Reps; i++ {
@@ -82,13 +108,15 @@ func (b *bench) scatter(sc ScatterCase) error {
 			sub = append(sub, d)
 		}
 	}
-	b.add(summarize(c, "xgmi engine (plan+submit+wait)", bytes, full, "host wall clock"))
-	b.add(summarize(c, "xgmi engine (submit+wait, planned)", bytes, sub, "host wall clock"))
-	if dr, ok := b.engineDevice(c, bytes); ok {
+	b.add(summarize(c, "xgmi engine (submit+wait), planned set again", bytes, sub, "host wall clock"))
+	if dr, ok := b.engineDevice(c, bytes, fmt.Sprintf("%d planned sets in turn, submitted again: descriptors kept on the GPU", itemSets)); ok {
 		b.add(dr)
 	}
-	if err := b.check(src, dst, sets[itemSets-1]); err != nil {
-		return fmt.Errorf("engine result: %w", err)
+	if err := b.check(src, dst, sets[(b.cfg.Reps-1+itemSets)%itemSets]); err != nil {
+		return fmt.Errorf("engine result, planned set again: %w", err)
+	}
+	if err := b.layers(sc, c, bytes); err != nil {
+		return fmt.Errorf("layers: %w", err)
 	}
 	// Several planned submissions in flight: host staging of one overlaps the
 	// GPU work of another (the sets write different random blocks).
@@ -166,6 +194,23 @@ func (b *bench) scatter(sc ScatterCase) error {
 		b.add(summarize(c, m.name, bytes, t, "device events recorded by the copier after host staging"))
 	}
 
+	// A copier that keeps descriptor sets, given a new block list each time:
+	// what a first launch costs when it also writes the device copy.
+	keeper, err := gpucopy.NewCopier(b.drv, 0, gpucopy.Options{NVRTC: b.nvrtc, TimeDevice: true})
+	if err != nil {
+		return err
+	}
+	defer keeper.Close()
+	fresh := make([][]gpucopy.Segment, b.cfg.Reps+2)
+	for k := range fresh {
+		_, fresh[k] = pick()
+	}
+	t, err := b.copierDeviceTimes(keeper, fresh)
+	if err != nil {
+		return err
+	}
+	b.add(summarize(c, "copier: host descriptors, new list, keeping them", bytes, t, "device events recorded by the copier"))
+
 	// The same blocks in source and in destination order: which side the GPU prefers sorted decides the order
 	// a plan's segments should come in.
 	for _, o := range []struct {
@@ -214,7 +259,7 @@ func (b *bench) scatter(sc ScatterCase) error {
 func (b *bench) copierDeviceTimes(c *gpucopy.Copier, sets [][]gpucopy.Segment) ([]time.Duration, error) {
 	var t []time.Duration
 	for i := -2; i < b.cfg.Reps; i++ {
-		p, err := c.Submit(sets[(i+itemSets)%itemSets])
+		p, err := c.Submit(sets[(i+2*len(sets))%len(sets)])
 		if err != nil {
 			return nil, err
 		}
@@ -257,4 +302,68 @@ func (b *bench) timeCopier(c *gpucopy.Copier, segs [][]gpucopy.Segment, reps int
 		return err
 	})
 	return t, errors.Join(err, reap())
+}
+
+// kvLayers is how many layers the per-layer case spreads over, each its own
+// region as large as the case's pool, so a layer's blocks are not in L2 when
+// its turn comes again.
+const kvLayers = 4
+
+// layers moves one block list layer after layer, as a KV transfer does: the
+// same blocks of every layer's cache, planned and submitted per layer. After
+// the first layer the descriptors are already on the GPU.
+func (b *bench) layers(sc ScatterCase, c string, bytes uint64) error {
+	region := uint64(sc.PoolBlocks) * sc.Size
+	src, freeS, err := b.alloc(kvLayers * region)
+	if err != nil {
+		return err
+	}
+	defer freeS()
+	dst, freeD, err := b.alloc(kvLayers * region)
+	if err != nil {
+		return err
+	}
+	defer freeD()
+	if err := b.fillRandom(src, kvLayers*region, 3); err != nil {
+		return err
+	}
+	srcID, err := b.register(src, kvLayers*region)
+	if err != nil {
+		return err
+	}
+	dstID, err := b.register(dst, kvLayers*region)
+	if err != nil {
+		return err
+	}
+	r := rand.New(rand.NewPCG(uint64(sc.Count)+1, sc.Size))
+	from, to := r.Perm(sc.PoolBlocks)[:sc.Count], r.Perm(sc.PoolBlocks)[:sc.Count]
+	layer := func(l int) []engines.Item {
+		items := make([]engines.Item, len(from))
+		base := uint64(l) * region
+		for i := range from {
+			items[i] = engines.Item{Src: srcID, SrcOffset: base + uint64(from[i])*sc.Size, Dst: dstID,
+				DstOffset: base + uint64(to[i])*sc.Size, Size: sc.Size, Tag: engines.Tag(i)}
+		}
+		return items
+	}
+	var wall []time.Duration
+	var last []engines.Item
+	for i := -kvLayers; i < b.cfg.Reps; i++ {
+		if i == 0 {
+			b.resetStats()
+		}
+		last = layer((i + kvLayers) % kvLayers)
+		d, _, err := b.engineRun(last, nil)
+		if err != nil {
+			return err
+		}
+		if i >= 0 {
+			wall = append(wall, d)
+		}
+	}
+	b.add(summarize(c, "xgmi engine (plan+submit+wait), next layer", bytes, wall, "host wall clock"))
+	if dr, ok := b.engineDevice(c, bytes, fmt.Sprintf("one block list over %d layers in turn: descriptors kept on the GPU", kvLayers)); ok {
+		b.add(dr)
+	}
+	return b.check(src, dst, last)
 }
