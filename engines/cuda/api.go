@@ -258,6 +258,16 @@ func (d *Driver) StreamWaitEvent(s Stream, e Event) error {
 	return d.call("cuStreamWaitEvent", d.f.streamWaitEvent, uintptr(s), uintptr(e), 0)
 }
 
+// StreamWaitValue32 makes s wait until the 32-bit word at addr (device
+// memory, or mapped pinned host memory) is at least value.
+func (d *Driver) StreamWaitValue32(s Stream, addr uint64, value uint32) error {
+	if d.f.streamWaitValue32 == 0 {
+		return &Error{Op: "cuStreamWaitValue32", Code: ErrNotSupported, Name: "not exported by this driver"}
+	}
+	const waitValueGEQ = 0x0 // CU_STREAM_WAIT_VALUE_GEQ
+	return d.call("cuStreamWaitValue32", d.f.streamWaitValue32, uintptr(s), uintptr(addr), uintptr(value), waitValueGEQ)
+}
+
 // EventCreate creates an event; timing events cost more to record.
 func (d *Driver) EventCreate(timing bool) (Event, error) {
 	var e Event

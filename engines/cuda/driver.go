@@ -90,6 +90,7 @@ type driverFuncs struct {
 	memRetainAllocationHandle, memGetAllocationPropertiesFromHandle          uintptr
 	ipcGetMemHandle, ipcOpenMemHandle, ipcCloseMemHandle                     uintptr
 	pointerGetAttribute, memGetAddressRange, memGetHandleForAddressRange     uintptr
+	streamWaitValue32                                                        uintptr
 }
 
 // Load opens the CUDA driver library (the first of paths that opens, or the
@@ -193,6 +194,13 @@ func (d *Driver) resolve() error {
 	// dma-buf export (CUDA 11.7+) is optional: without it GPUDirect RDMA uses peer memory.
 	if p, err := purego.Dlsym(d.lib, "cuMemGetHandleForAddressRange"); err == nil {
 		d.f.memGetHandleForAddressRange = p
+	}
+	// Stream memory operations are optional (CUDA 12 exports the current ABI as _v2).
+	for _, name := range []string{"cuStreamWaitValue32_v2", "cuStreamWaitValue32"} {
+		if p, err := purego.Dlsym(d.lib, name); err == nil && p != 0 {
+			d.f.streamWaitValue32 = p
+			break
+		}
 	}
 	// The batch copy API is optional: CUDA 13 exports it as _v2 without failIdx.
 	if p, err := purego.Dlsym(d.lib, "cuMemcpyBatchAsync_v2"); err == nil && p != 0 {

@@ -252,6 +252,48 @@ func TestGPUCopierKeepsDescriptorsForTheNextLayer(t *testing.T) {
 	}
 }
 
+// Timed submissions wait for their queueing to finish, so the GPU time is
+// never longer than the host's wall clock from Submit to the end of Wait, and
+// the gate never holds a submission back for good.
+func TestGPUCopierTimingIsGated(t *testing.T) {
+	drv, nv := gpuEnv(t)
+	c, err := gpucopy.NewCopier(drv, 0, gpucopy.Options{NVRTC: nv, TimeDevice: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if gated, why := c.TimingGated(); !gated {
+		t.Fatalf("timing not gated on this GPU: %s", why)
+	}
+	const size = 8 << 20
+	var src, dst cuda.DevicePtr
+	err = drv.WithContext(c.Context(), func() error {
+		var err error
+		if src, err = drv.MemAlloc(size); err != nil {
+			return err
+		}
+		dst, err = drv.MemAlloc(size)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drv.WithContext(c.Context(), func() error { drv.MemFree(src); return drv.MemFree(dst) })
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := 0; i < 50; i++ {
+		segs := shapes[0].build(r, size)
+		start := time.Now()
+		p := checkCopies(t, drv, c, r, segs, size, uint64(src), uint64(dst))
+		wall := time.Since(start)
+		if d := p.DeviceTime(); d <= 0 || d > wall {
+			t.Fatalf("submission %d: GPU time %v, host wall %v", i, d, wall)
+		}
+		if i == 0 {
+			t.Logf("GPU time %v of %v host wall (with uploads and the check)", p.DeviceTime(), wall)
+		}
+	}
+}
+
 func TestGPUCopierHostAndDevice(t *testing.T) {
 	drv, nv := gpuEnv(t)
 	c, err := gpucopy.NewCopier(drv, 0, gpucopy.Options{NVRTC: nv})

@@ -30,7 +30,9 @@ type Pending struct {
 }
 
 // DeviceTime is the GPU time of the copy, from its first queued operation to
-// its completion (Options.TimeDevice; 0 otherwise or before Done).
+// its completion (Options.TimeDevice; 0 otherwise or before Done). Where the
+// copier holds its stream until the submission is queued (TimingGated), the
+// host's driver calls are not in it.
 func (p *Pending) DeviceTime() time.Duration {
 	if !p.Done() {
 		return 0

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -55,19 +56,22 @@ type Row struct {
 func (r Row) GBps() float64 { return float64(r.Bytes) / r.Median.Seconds() / 1e9 }
 
 type bench struct {
-	drv    *cuda.Driver
-	nvrtc  *cuda.NVRTC
-	ctx    cuda.Context
-	kern   *gpucopy.Copier
-	hostD  *gpucopy.Copier
-	batch  *gpucopy.Copier
-	per    *gpucopy.Copier
-	eng    *xgmi.Engine
-	back   *gpucopy.Backend
-	cfg    Config
-	rows   []Row
-	out    io.Writer
-	nextID int
+	drv *cuda.Driver
+	// gate is a mapped pinned word deviceTime holds streams on (0: none).
+	gate    uintptr
+	gateSeq uint32
+	nvrtc   *cuda.NVRTC
+	ctx     cuda.Context
+	kern    *gpucopy.Copier
+	hostD   *gpucopy.Copier
+	batch   *gpucopy.Copier
+	per     *gpucopy.Copier
+	eng     *xgmi.Engine
+	back    *gpucopy.Backend
+	cfg     Config
+	rows    []Row
+	out     io.Writer
+	nextID  int
 	// stats are the engine's own per-copy timings (Options.Observe).
 	mu    sync.Mutex
 	stats []gpucopy.CopyStats
@@ -134,6 +138,19 @@ func Run(out io.Writer, cfg Config) ([]Row, error) {
 	}
 	defer b.kern.Close()
 	b.ctx = b.kern.Context()
+	err = drv.WithContext(b.ctx, func() error {
+		g, err := drv.MemHostAlloc(4096)
+		if err != nil {
+			return err
+		}
+		atomic.StoreUint32((*uint32)(cuda.HostPointer(g)), 0)
+		b.gate = g
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer drv.WithContext(b.ctx, func() error { return drv.MemFreeHost(b.gate) })
 	if b.hostD, err = gpucopy.NewCopier(drv, 0, copts); err != nil {
 		return nil, err
 	}
@@ -163,6 +180,8 @@ func Run(out io.Writer, cfg Config) ([]Row, error) {
 	defer b.eng.Close()
 	dev, _ := drv.DeviceGet(0)
 	name, _ := drv.DeviceName(dev)
+	gated, why := b.hostD.TimingGated()
+	fmt.Fprintf(out, "copier GPU timings leave out host queueing: %v %s\n", gated, why)
 	mode, reason, _ := b.back.Mode(0)
 	fmt.Fprintf(out, "device %s, driver %d, engine copy mode %s %s, kernels %+v\n", name, drv.Version(), mode, reason, b.kern.Kernels())
 
@@ -198,8 +217,15 @@ func summarize(c, m string, bytes uint64, times []time.Duration, note string) Ro
 }
 
 // deviceTime runs fn (which queues work on s) reps times after warmups and
-// returns the event-timed durations.
+// returns the event-timed durations. Like the copier's own timings, the
+// stream is held until the events and fn's work are all queued, so the
+// durations are the GPU's alone.
 func (b *bench) deviceTime(s cuda.Stream, warm, reps int, fn func(i int) error) ([]time.Duration, error) {
+	return b.deviceTimeGated(true, s, warm, reps, fn)
+}
+
+func (b *bench) deviceTimeGated(gated bool, s cuda.Stream, warm, reps int, fn func(i int) error) ([]time.Duration, error) {
+	gated = gated && b.gate != 0
 	var out []time.Duration
 	err := b.drv.WithContext(b.ctx, func() error {
 		start, err := b.drv.EventCreate(true)
@@ -213,13 +239,23 @@ func (b *bench) deviceTime(s cuda.Stream, warm, reps int, fn func(i int) error) 
 		}
 		defer b.drv.EventDestroy(end)
 		for i := -warm; i < reps; i++ {
-			if err := b.drv.EventRecord(start, s); err != nil {
-				return err
+			if gated {
+				b.gateSeq++
+				if err := b.drv.StreamWaitValue32(s, uint64(b.gate), b.gateSeq); err != nil {
+					return err
+				}
 			}
-			if err := fn(i); err != nil {
-				return err
+			err := b.drv.EventRecord(start, s)
+			if err == nil {
+				err = fn(i)
 			}
-			if err := b.drv.EventRecord(end, s); err != nil {
+			if err == nil {
+				err = b.drv.EventRecord(end, s)
+			}
+			if gated {
+				atomic.StoreUint32((*uint32)(cuda.HostPointer(b.gate)), b.gateSeq)
+			}
+			if err != nil {
 				return err
 			}
 			if err := b.drv.EventSynchronize(end); err != nil {
