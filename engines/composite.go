@@ -352,8 +352,8 @@ func (p *compositePlanner) Build() *PlanSet {
 	p.b.rejectOverlaps(func(it Item, err error) {
 		p.reject(it, err, p.b.pairs[p.b.index[[2]MemoryID{it.Src, it.Dst}]].dir)
 	})
-	p.b.sortBySeq()
-	// Items go to their engine's planner in the order they were added, without an intermediate copy.
+	// Items go to their engine's planner in destination order, without an intermediate copy: the planner's own
+	// sorts then find them in order already.
 	builders := make([]PlanBuilder, len(p.c.engines))
 	for i := range p.b.entries {
 		e := &p.b.entries[i]

@@ -158,11 +158,6 @@ func (b *batch) rejectOverlaps(reject func(Item, error)) {
 	b.entries = kept
 }
 
-// sortBySeq puts the entries back in the order their items were added.
-func (b *batch) sortBySeq() {
-	sortEntries(b.entries, &b.scratch, func(*entry) int32 { return 0 }, func(e *entry) uint64 { return uint64(e.seq) }, nil)
-}
-
 // groupByPair orders entries by pair, keeping their order within a pair. Called after rejectOverlaps, each pair's
 // entries stay in destination order, where items contiguous on both sides are neighbours: destination ranges no
 // longer overlap, so the item starting where another ends is the next one in its destination region. That makes
@@ -208,7 +203,26 @@ const (
 // than a million entries, no equal offsets needing tie) sorts packed integer keys, several times faster than
 // comparing structs; anything else takes the general sort.
 func sortEntries(es []entry, sc *sortScratch, group func(*entry) int32, off, tie func(*entry) uint64) {
-	if fastSort(es, sc, group, off, tie != nil) {
+	cmp := func(x, y *entry) int {
+		if gx, gy := group(x), group(y); gx != gy {
+			return int(gx - gy)
+		}
+		if c := compareU64(off(x), off(y)); c != 0 {
+			return c
+		}
+		if tie != nil {
+			if c := compareU64(tie(x), tie(y)); c != 0 {
+				return c
+			}
+		}
+		return int(x.seq - y.seq)
+	}
+	// An engine's planner fed by the composite gets its entries in destination order already.
+	sorted := true
+	for i := 1; i < len(es) && sorted; i++ {
+		sorted = cmp(&es[i-1], &es[i]) < 0
+	}
+	if sorted || fastSort(es, sc, group, off, tie != nil) {
 		return
 	}
 	slices.SortFunc(es, func(x, y entry) int {
