@@ -46,6 +46,26 @@ func randomBytes(r *rand.Rand, n int) []byte {
 	return b
 }
 
+// devicePair allocates a source and a destination of size bytes on c's GPU;
+// free them (defer) before closing c.
+func devicePair(t *testing.T, drv *cuda.Driver, c *gpucopy.Copier, size uint64) (src, dst cuda.DevicePtr, free func()) {
+	t.Helper()
+	err := drv.WithContext(c.Context(), func() error {
+		var err error
+		if src, err = drv.MemAlloc(size); err != nil {
+			return err
+		}
+		dst, err = drv.MemAlloc(size)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src, dst, func() {
+		_ = drv.WithContext(c.Context(), func() error { drv.MemFree(src); return drv.MemFree(dst) })
+	}
+}
+
 // shape makes a set of non-overlapping destination segments of one kind.
 type shape struct {
 	name  string
@@ -168,19 +188,8 @@ func TestGPUCopierMovesEveryShapeInEveryMode(t *testing.T) {
 			}
 			defer c.Close()
 			t.Logf("mode %s %s", c.Mode(), c.Reason())
-			var srcPtr, dstPtr cuda.DevicePtr
-			err = drv.WithContext(c.Context(), func() error {
-				var err error
-				if srcPtr, err = drv.MemAlloc(size); err != nil {
-					return err
-				}
-				dstPtr, err = drv.MemAlloc(size)
-				return err
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer drv.WithContext(c.Context(), func() error { drv.MemFree(srcPtr); return drv.MemFree(dstPtr) })
+			srcPtr, dstPtr, free := devicePair(t, drv, c, size)
+			defer free()
 			r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 9))
 			for _, sh := range shapes {
 				if m.name == "driver-per-item" && sh.name == "many-tiny" {
@@ -213,19 +222,8 @@ func TestGPUCopierKeepsDescriptorsForTheNextLayer(t *testing.T) {
 			if c.Mode() != gpucopy.ModeKernel {
 				t.Fatalf("mode %s: %s", c.Mode(), c.Reason())
 			}
-			var src, dst cuda.DevicePtr
-			err = drv.WithContext(c.Context(), func() error {
-				var err error
-				if src, err = drv.MemAlloc(layers * layerBytes); err != nil {
-					return err
-				}
-				dst, err = drv.MemAlloc(layers * layerBytes)
-				return err
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer drv.WithContext(c.Context(), func() error { drv.MemFree(src); return drv.MemFree(dst) })
+			src, dst, free := devicePair(t, drv, c, layers*layerBytes)
+			defer free()
 			r := rand.New(rand.NewPCG(11, uint64(time.Now().UnixNano())))
 			lists := [][]gpucopy.Segment{shapes[0].build(r, layerBytes), shapes[0].build(r, layerBytes), shapes[0].build(r, layerBytes)}
 			at := func(list, layer int) []gpucopy.Segment {
@@ -266,19 +264,8 @@ func TestGPUCopierTimingIsGated(t *testing.T) {
 		t.Fatalf("timing not gated on this GPU: %s", why)
 	}
 	const size = 8 << 20
-	var src, dst cuda.DevicePtr
-	err = drv.WithContext(c.Context(), func() error {
-		var err error
-		if src, err = drv.MemAlloc(size); err != nil {
-			return err
-		}
-		dst, err = drv.MemAlloc(size)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer drv.WithContext(c.Context(), func() error { drv.MemFree(src); return drv.MemFree(dst) })
+	src, dst, free := devicePair(t, drv, c, size)
+	defer free()
 	r := rand.New(rand.NewPCG(3, 4))
 	for i := 0; i < 50; i++ {
 		segs := shapes[0].build(r, size)

@@ -124,6 +124,35 @@ __device__ __forceinline__ fx_u32 fx_flat_chunk(fx_u32 per_piece, fx_u32 threads
   return c;
 }
 
+// fx_flat_run moves n pieces of per_piece 16-byte vectors, whose offsets (in
+// units of 1 << shift bytes) are in run, with the block's threads: VPT loads
+// in flight per thread before the first store.
+template <int VPT>
+__device__ __forceinline__ void fx_flat_run(fx_u64 src_base, fx_u64 dst_base, const fx_off* run, fx_u32 n,
+                                            fx_u32 per_piece, fx_u32 shift) {
+  const fx_u32 vecs = n * per_piece;
+  for (fx_u32 v = threadIdx.x; v < vecs; v += VPT * blockDim.x) {
+    fx_v16 r[VPT];
+    fx_v16* d[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+      fx_u32 w = v + k * blockDim.x;
+      d[k] = 0;
+      if (w < vecs) {
+        fx_u32 piece = w / per_piece;
+        fx_u32 in = w - piece * per_piece;
+        fx_off o = run[piece];
+        r[k] = ((const fx_v16*)(src_base + ((fx_u64)o.src << shift)))[in];
+        d[k] = ((fx_v16*)(dst_base + ((fx_u64)o.dst << shift))) + in;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+      if (d[k]) *d[k] = r[k];
+    }
+  }
+}
+
 // Each block takes a run of consecutive pieces per round: their descriptors
 // are read once, coalesced, into shared memory (one read per piece instead of
 // one per vector, which matters most when the descriptors stay in pinned host
@@ -145,27 +174,7 @@ extern "C" __global__ void fx_scatter_flat16(fx_u64 src_base, fx_u64 dst_base, c
       if (keep) keep[first + t] = o;
     }
     __syncthreads();
-    const fx_u32 vecs = n * per_piece;
-    for (fx_u32 v = threadIdx.x; v < vecs; v += 4 * blockDim.x) {
-      fx_v16 r[4];
-      fx_v16* d[4];
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        fx_u32 w = v + k * blockDim.x;
-        d[k] = 0;
-        if (w < vecs) {
-          fx_u32 piece = w / per_piece;
-          fx_u32 in = w - piece * per_piece;
-          fx_off o = run[piece];
-          r[k] = ((const fx_v16*)(src_base + ((fx_u64)o.src << shift)))[in];
-          d[k] = ((fx_v16*)(dst_base + ((fx_u64)o.dst << shift))) + in;
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        if (d[k]) *d[k] = r[k];
-      }
-    }
+    fx_flat_run<4>(src_base, dst_base, run, n, per_piece, shift);
     __syncthreads();
   }
 }

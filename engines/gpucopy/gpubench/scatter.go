@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
 )
 
@@ -19,27 +20,11 @@ const itemSets = 4
 
 func (b *bench) scatter(sc ScatterCase) error {
 	pool := uint64(sc.PoolBlocks) * sc.Size
-	src, freeS, err := b.alloc(pool)
+	src, dst, srcID, dstID, free, err := b.regions(pool, 2)
 	if err != nil {
 		return err
 	}
-	defer freeS()
-	dst, freeD, err := b.alloc(pool)
-	if err != nil {
-		return err
-	}
-	defer freeD()
-	if err := b.fillRandom(src, pool, 2); err != nil {
-		return err
-	}
-	srcID, err := b.register(src, pool)
-	if err != nil {
-		return err
-	}
-	dstID, err := b.register(dst, pool)
-	if err != nil {
-		return err
-	}
+	defer free()
 	r := rand.New(rand.NewPCG(uint64(sc.Count), sc.Size))
 	pick := func() ([]engines.Item, []gpucopy.Segment) {
 		var items []engines.Item
@@ -63,54 +48,32 @@ func (b *bench) scatter(sc ScatterCase) error {
 
 	// Through the engine, the whole host path with a block list it has never
 	// seen each time: its descriptors cross PCIe.
-	var full []time.Duration
 	newList := sets[0]
-	for i := -2; i < b.cfg.Reps; i++ {
-		if i == 0 {
-			b.resetStats()
-		}
-		if i > -2 {
-			newList, _ = pick()
-		}
-		d, _, err := b.engineRun(newList, nil)
-		if err != nil {
-			return err
-		}
-		if i >= 0 {
-			full = append(full, d)
-		}
-	}
-	b.add(summarize(c, "xgmi engine (plan+submit+wait), new block list", bytes, full, "host wall clock"))
-	if dr, ok := b.engineDevice(c, bytes, "new block list each time: descriptors read across PCIe"); ok {
-		b.add(dr)
+	err = b.engineSeries(c, bytes, "xgmi engine (plan+submit+wait), new block list", "new block list each time: descriptors read across PCIe", 2,
+		func(i int) ([]engines.Item, *engines.PlanSet) {
+			if i > -2 {
+				newList, _ = pick()
+			}
+			return newList, nil
+		})
+	if err != nil {
+		return err
 	}
 	if err := b.check(src, dst, newList); err != nil {
 		return fmt.Errorf("engine result, new block list: %w", err)
 	}
 	// Planned sets submitted again: their descriptors stay on the GPU.
-	var sub []time.Duration
 	planned := make([]*engines.PlanSet, itemSets)
 	for k := range planned {
 		if _, planned[k], err = b.engineRun(sets[k], nil); err != nil {
 			return err
 		}
 	}
-	for i := -itemSets; i < b.cfg.Reps; i++ {
-		if i == 0 {
-			b.resetStats()
-		}
-		k := (i + itemSets) % itemSets
-		d, _, err := b.engineRun(nil, planned[k])
-		if err != nil {
-			return err
-		}
-		if i >= 0 {
-			sub = append(sub, d)
-		}
-	}
-	b.add(summarize(c, "xgmi engine (submit+wait), planned set again", bytes, sub, "host wall clock"))
-	if dr, ok := b.engineDevice(c, bytes, fmt.Sprintf("%d planned sets in turn, submitted again: descriptors kept on the GPU", itemSets)); ok {
-		b.add(dr)
+	err = b.engineSeries(c, bytes, "xgmi engine (submit+wait), planned set again",
+		fmt.Sprintf("%d planned sets in turn, submitted again: descriptors kept on the GPU", itemSets), itemSets,
+		func(i int) ([]engines.Item, *engines.PlanSet) { return nil, planned[(i+itemSets)%itemSets] })
+	if err != nil {
+		return err
 	}
 	if err := b.check(src, dst, sets[(b.cfg.Reps-1+itemSets)%itemSets]); err != nil {
 		return fmt.Errorf("engine result, planned set again: %w", err)
@@ -323,27 +286,11 @@ const kvLayers = 4
 // the first layer the descriptors are already on the GPU.
 func (b *bench) layers(sc ScatterCase, c string, bytes uint64) error {
 	region := uint64(sc.PoolBlocks) * sc.Size
-	src, freeS, err := b.alloc(kvLayers * region)
+	src, dst, srcID, dstID, free, err := b.regions(kvLayers*region, 3)
 	if err != nil {
 		return err
 	}
-	defer freeS()
-	dst, freeD, err := b.alloc(kvLayers * region)
-	if err != nil {
-		return err
-	}
-	defer freeD()
-	if err := b.fillRandom(src, kvLayers*region, 3); err != nil {
-		return err
-	}
-	srcID, err := b.register(src, kvLayers*region)
-	if err != nil {
-		return err
-	}
-	dstID, err := b.register(dst, kvLayers*region)
-	if err != nil {
-		return err
-	}
+	defer free()
 	r := rand.New(rand.NewPCG(uint64(sc.Count)+1, sc.Size))
 	from, to := r.Perm(sc.PoolBlocks)[:sc.Count], r.Perm(sc.PoolBlocks)[:sc.Count]
 	layer := func(l int) []engines.Item {
@@ -355,14 +302,56 @@ func (b *bench) layers(sc ScatterCase, c string, bytes uint64) error {
 		}
 		return items
 	}
-	var wall []time.Duration
 	var last []engines.Item
-	for i := -kvLayers; i < b.cfg.Reps; i++ {
+	err = b.engineSeries(c, bytes, "xgmi engine (plan+submit+wait), next layer",
+		fmt.Sprintf("one block list over %d layers in turn: descriptors kept on the GPU", kvLayers), kvLayers,
+		func(i int) ([]engines.Item, *engines.PlanSet) {
+			last = layer((i + kvLayers) % kvLayers)
+			return last, nil
+		})
+	if err != nil {
+		return err
+	}
+	return b.check(src, dst, last)
+}
+
+// regions allocates a source (random bytes from seed) and a destination of n
+// bytes and registers both with the engine; free releases the memory.
+func (b *bench) regions(n, seed uint64) (src, dst cuda.DevicePtr, srcID, dstID engines.MemoryID, free func(), err error) {
+	src, freeS, err := b.alloc(n)
+	if err != nil {
+		return 0, 0, "", "", nil, err
+	}
+	dst, freeD, err := b.alloc(n)
+	free = func() { freeD(); freeS() }
+	if err == nil {
+		err = b.fillRandom(src, n, seed)
+	}
+	if err == nil {
+		srcID, err = b.register(src, n)
+	}
+	if err == nil {
+		dstID, err = b.register(dst, n)
+	}
+	if err != nil {
+		free()
+		return 0, 0, "", "", nil, err
+	}
+	return src, dst, srcID, dstID, free, nil
+}
+
+// engineSeries runs next(i)'s items (planned each time) or planned set through the engine for i from -warm
+// (untimed) to Reps, and adds the host wall clock and the engine's GPU time of the timed ones; what says what
+// the submissions were.
+func (b *bench) engineSeries(c string, bytes uint64, method, what string, warm int,
+	next func(i int) ([]engines.Item, *engines.PlanSet)) error {
+	var wall []time.Duration
+	for i := -warm; i < b.cfg.Reps; i++ {
 		if i == 0 {
 			b.resetStats()
 		}
-		last = layer((i + kvLayers) % kvLayers)
-		d, _, err := b.engineRun(last, nil)
+		items, ps := next(i)
+		d, _, err := b.engineRun(items, ps)
 		if err != nil {
 			return err
 		}
@@ -370,9 +359,9 @@ func (b *bench) layers(sc ScatterCase, c string, bytes uint64) error {
 			wall = append(wall, d)
 		}
 	}
-	b.add(summarize(c, "xgmi engine (plan+submit+wait), next layer", bytes, wall, "host wall clock"))
-	if dr, ok := b.engineDevice(c, bytes, fmt.Sprintf("one block list over %d layers in turn: descriptors kept on the GPU", kvLayers)); ok {
+	b.add(summarize(c, method, bytes, wall, "host wall clock"))
+	if dr, ok := b.engineDevice(c, bytes, what); ok {
 		b.add(dr)
 	}
-	return b.check(src, dst, last)
+	return nil
 }

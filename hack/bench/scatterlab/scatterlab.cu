@@ -29,53 +29,37 @@
     }                                                                                        \
   } while (0)
 
+// lab_chunk is how many pieces a block takes per round with VPT vectors per thread.
+template <int VPT>
+__device__ __forceinline__ fx_u32 lab_chunk(fx_u32 per_piece, fx_u32 cap) {
+  fx_u32 c = (VPT * blockDim.x) / per_piece;
+  return c < 1 ? 1 : (c > cap ? cap : c);
+}
+
 // flat16 with VPT vectors per thread per round (the shipped kernel is VPT 4).
 template <int VPT>
 __global__ void lab_flat(fx_u64 src_base, fx_u64 dst_base, const fx_off* __restrict__ offs, fx_u32 pieces,
                          fx_u32 per_piece, fx_u32 shift) {
   __shared__ fx_off run[512];
-  fx_u32 chunk = (VPT * blockDim.x) / per_piece;
-  if (chunk < 1) chunk = 1;
-  if (chunk > 512) chunk = 512;
+  const fx_u32 chunk = lab_chunk<VPT>(per_piece, 512);
   for (fx_u32 first = blockIdx.x * chunk; first < pieces; first += gridDim.x * chunk) {
     const fx_u32 n = (pieces - first < chunk) ? pieces - first : chunk;
     for (fx_u32 t = threadIdx.x; t < n; t += blockDim.x) run[t] = offs[first + t];
     __syncthreads();
-    const fx_u32 vecs = n * per_piece;
-    for (fx_u32 v = threadIdx.x; v < vecs; v += VPT * blockDim.x) {
-      fx_v16 r[VPT];
-      fx_v16* d[VPT];
-#pragma unroll
-      for (int k = 0; k < VPT; k++) {
-        fx_u32 w = v + k * blockDim.x;
-        d[k] = 0;
-        if (w < vecs) {
-          fx_u32 piece = w / per_piece;
-          fx_u32 in = w - piece * per_piece;
-          fx_off o = run[piece];
-          r[k] = ((const fx_v16*)(src_base + ((fx_u64)o.src << shift)))[in];
-          d[k] = ((fx_v16*)(dst_base + ((fx_u64)o.dst << shift))) + in;
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < VPT; k++)
-        if (d[k]) *d[k] = r[k];
-    }
+    fx_flat_run<VPT>(src_base, dst_base, run, n, per_piece, shift);
     __syncthreads();
   }
 }
 
 // Packed descriptors: piece i is bits [i*B, i*B+B) of a little-endian word
 // stream, src index in the low sbits, dst index above, both in units of unit
-// bytes. 36 bits instead of 64 for 2^18-block pools.
+// bytes (a multiple of 16). 36 bits instead of 64 for 2^18-block pools.
 __global__ void lab_packed(fx_u64 src_base, fx_u64 dst_base, const fx_u32* __restrict__ words, fx_u32 pieces,
                            fx_u32 per_piece, fx_u64 unit, fx_u32 sbits, fx_u32 dbits) {
   __shared__ fx_u32 wbuf[512];
   __shared__ fx_off run[256];
   const fx_u32 B = sbits + dbits;
-  fx_u32 chunk = (4 * blockDim.x) / per_piece;
-  if (chunk < 1) chunk = 1;
-  if (chunk > 256) chunk = 256;
+  const fx_u32 chunk = lab_chunk<4>(per_piece, 256);
   for (fx_u32 first = blockIdx.x * chunk; first < pieces; first += gridDim.x * chunk) {
     const fx_u32 n = (pieces - first < chunk) ? pieces - first : chunk;
     const fx_u64 bit0 = (fx_u64)first * B;
@@ -86,35 +70,15 @@ __global__ void lab_packed(fx_u64 src_base, fx_u64 dst_base, const fx_u32* __res
     for (fx_u32 t = threadIdx.x; t < n; t += blockDim.x) {
       fx_u64 b = (fx_u64)(first + t) * B - ((fx_u64)w0 << 5);
       fx_u32 wi = (fx_u32)(b >> 5), sh = (fx_u32)(b & 31);
-      fx_u64 lo = (fx_u64)wbuf[wi] | ((fx_u64)wbuf[wi + 1] << 32);
-      fx_u64 v = lo >> sh;
+      fx_u64 v = ((fx_u64)wbuf[wi] | ((fx_u64)wbuf[wi + 1] << 32)) >> sh;
       if (sh) v |= (fx_u64)wbuf[wi + 2] << (64 - sh);
       fx_off o;
-      o.src = (fx_u32)(v & ((1ull << sbits) - 1));
-      o.dst = (fx_u32)((v >> sbits) & ((1ull << dbits) - 1));
+      o.src = (fx_u32)(((v & ((1ull << sbits) - 1)) * unit) >> 4);
+      o.dst = (fx_u32)((((v >> sbits) & ((1ull << dbits) - 1)) * unit) >> 4);
       run[t] = o;
     }
     __syncthreads();
-    const fx_u32 vecs = n * per_piece;
-    for (fx_u32 v = threadIdx.x; v < vecs; v += 4 * blockDim.x) {
-      fx_v16 r[4];
-      fx_v16* d[4];
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        fx_u32 w = v + k * blockDim.x;
-        d[k] = 0;
-        if (w < vecs) {
-          fx_u32 piece = w / per_piece;
-          fx_u32 in = w - piece * per_piece;
-          fx_off o = run[piece];
-          r[k] = ((const fx_v16*)(src_base + o.src * unit))[in];
-          d[k] = ((fx_v16*)(dst_base + o.dst * unit)) + in;
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < 4; k++)
-        if (d[k]) *d[k] = r[k];
-    }
+    fx_flat_run<4>(src_base, dst_base, run, n, per_piece, 4);
     __syncthreads();
   }
 }
@@ -129,32 +93,12 @@ struct LabParams {
 };
 __global__ void lab_param(const __grid_constant__ LabParams p) {
   __shared__ fx_off run[256];
-  fx_u32 chunk = (4 * blockDim.x) / p.per_piece;
-  if (chunk < 1) chunk = 1;
+  const fx_u32 chunk = lab_chunk<4>(p.per_piece, 256);
   for (fx_u32 first = blockIdx.x * chunk; first < p.pieces; first += gridDim.x * chunk) {
     const fx_u32 n = (p.pieces - first < chunk) ? p.pieces - first : chunk;
     for (fx_u32 t = threadIdx.x; t < n; t += blockDim.x) run[t] = p.offs[first + t];
     __syncthreads();
-    const fx_u32 vecs = n * p.per_piece;
-    for (fx_u32 v = threadIdx.x; v < vecs; v += 4 * blockDim.x) {
-      fx_v16 r[4];
-      fx_v16* d[4];
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        fx_u32 w = v + k * blockDim.x;
-        d[k] = 0;
-        if (w < vecs) {
-          fx_u32 piece = w / p.per_piece;
-          fx_u32 in = w - piece * p.per_piece;
-          fx_off o = run[piece];
-          r[k] = ((const fx_v16*)(p.src_base + ((fx_u64)o.src << p.shift)))[in];
-          d[k] = ((fx_v16*)(p.dst_base + ((fx_u64)o.dst << p.shift))) + in;
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < 4; k++)
-        if (d[k]) *d[k] = r[k];
-    }
+    fx_flat_run<4>(p.src_base, p.dst_base, run, n, p.per_piece, p.shift);
     __syncthreads();
   }
 }
@@ -387,31 +331,31 @@ int main(int argc, char** argv) {
       fx_u32 chunk = std::max<fx_u32>(1, 4 * 256 / per);
       lab_packed<<<grid(chunk, 256), 256, 0, st>>>(sb, db, (const fx_u32*)d, count, per, size, sbits, dbits);
     });
-    measure("flat vpt2 t256", where, false, [&](const void* d, int) {
-      fx_u32 chunk = std::max<fx_u32>(1, 2 * 256 / per);
-      lab_flat<2><<<grid(chunk, 256), 256, 0, st>>>(sb, db, (const fx_off*)d, count, per, shift);
-    });
-    measure("flat vpt8 t256", where, false, [&](const void* d, int) {
-      fx_u32 chunk = std::max<fx_u32>(1, 8 * 256 / per);
-      lab_flat<8><<<grid(chunk, 256), 256, 0, st>>>(sb, db, (const fx_off*)d, count, per, shift);
-    });
-    measure("flat vpt4 t128", where, false, [&](const void* d, int) {
-      fx_u32 chunk = std::max<fx_u32>(1, 4 * 128 / per);
-      lab_flat<4><<<grid(chunk, 128), 128, 0, st>>>(sb, db, (const fx_off*)d, count, per, shift);
-    });
-    measure("flat vpt4 t512", where, false, [&](const void* d, int) {
-      fx_u32 chunk = std::max<fx_u32>(1, 4 * 512 / per);
-      lab_flat<4><<<grid(chunk, 512), 512, 0, st>>>(sb, db, (const fx_off*)d, count, per, shift);
-    });
-    measure("warp G1", where, false, [&](const void* d, int) {
-      lab_warp<1><<<(count + 7) / 8, 256, 0, st>>>(sb, db, (const fx_off*)d, count, per, shift);
-    });
-    measure("warp G2", where, false, [&](const void* d, int) {
-      lab_warp<2><<<(count + 15) / 16, 256, 0, st>>>(sb, db, (const fx_off*)d, count, per, shift);
-    });
-    measure("warp G4", where, false, [&](const void* d, int) {
-      lab_warp<4><<<(count + 31) / 32, 256, 0, st>>>(sb, db, (const fx_off*)d, count, per, shift);
-    });
+    struct Flat {
+      const char* name;
+      int vpt, threads;
+    };
+    for (Flat f : {Flat{"flat vpt2 t256", 2, 256}, Flat{"flat vpt8 t256", 8, 256}, Flat{"flat vpt4 t128", 4, 128},
+                   Flat{"flat vpt4 t512", 4, 512}}) {
+      measure(f.name, where, false, [&](const void* d, int) {
+        fx_u32 chunk = std::max<fx_u32>(1, f.vpt * f.threads / per);
+        dim3 g(grid(chunk, f.threads)), b(f.threads);
+        const fx_off* o = (const fx_off*)d;
+        if (f.vpt == 2) lab_flat<2><<<g, b, 0, st>>>(sb, db, o, count, per, shift);
+        if (f.vpt == 4) lab_flat<4><<<g, b, 0, st>>>(sb, db, o, count, per, shift);
+        if (f.vpt == 8) lab_flat<8><<<g, b, 0, st>>>(sb, db, o, count, per, shift);
+      });
+    }
+    for (int g : {1, 2, 4}) {
+      std::string name = "warp G" + std::to_string(g);
+      measure(name.c_str(), where, false, [&](const void* d, int) {
+        const fx_off* o = (const fx_off*)d;
+        const int blocks = (count + 8 * g - 1) / (8 * g);  // 8 warps of g pieces per block
+        if (g == 1) lab_warp<1><<<blocks, 256, 0, st>>>(sb, db, o, count, per, shift);
+        if (g == 2) lab_warp<2><<<blocks, 256, 0, st>>>(sb, db, o, count, per, shift);
+        if (g == 4) lab_warp<4><<<blocks, 256, 0, st>>>(sb, db, o, count, per, shift);
+      });
+    }
   }
   {
     static LabParams p;
