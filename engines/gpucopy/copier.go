@@ -428,7 +428,8 @@ type staged struct {
 	descs  uint64 // the address the kernel reads
 	// A set that may be kept: its key, and whether an identical one was found.
 	keepable   bool
-	key, kind  uint64
+	key        uint64
+	kind       [2]uint64
 	n          int
 	fromDevice bool
 }
@@ -442,9 +443,10 @@ func (c *Copier) findResident(p *Pending, st *staged) {
 	if !l.Flat16 || !c.resident.Keeps(len(b)) {
 		return
 	}
-	// The offsets are in units of 1<<Shift bytes of PieceSize pieces: equal
-	// bytes mean equal copies only under both.
-	st.keepable, st.kind, st.n = true, l.PieceSize<<8|uint64(l.Shift), len(b)
+	// Equal bytes mean equal copies only under the same piece size and
+	// offset encoding.
+	st.keepable, st.n = true, len(b)
+	st.kind = [2]uint64{l.PieceSize<<8 | uint64(l.Shift), l.Unit<<16 | uint64(l.SrcBits)<<8 | uint64(l.DstBits)}
 	st.key = c.resident.Key(st.kind, b)
 	if e := c.resident.Lookup(st.key, st.kind, b); e != nil {
 		p.resident, p.reused = e, true
@@ -488,6 +490,12 @@ func (c *Copier) launch(layout scatter.Layout, descs, keep uint64) error {
 		per := uint32(layout.PieceSize / 16)
 		runs := (uint64(layout.Pieces) + uint64(scatter.FlatChunk(per, threadsPerBlock)) - 1) / uint64(scatter.FlatChunk(per, threadsPerBlock))
 		cfg := cuda.LaunchConfig{GridX: uint32(min(runs, uint64(c.sms*blocksPerSM))), BlockX: threadsPerBlock, Stream: c.stream}
+		if layout.Packed {
+			return c.drv.Launch(c.kernels.packed, cfg, []unsafe.Pointer{
+				unsafe.Pointer(&layout.SrcBase), unsafe.Pointer(&layout.DstBase), unsafe.Pointer(&descs),
+				unsafe.Pointer(&count), unsafe.Pointer(&per), unsafe.Pointer(&layout.Unit),
+				unsafe.Pointer(&layout.SrcBits), unsafe.Pointer(&layout.DstBits), unsafe.Pointer(&keep)})
+		}
 		total := uint32(uint64(layout.Pieces) * uint64(per))
 		return c.drv.Launch(c.kernels.flat16, cfg, []unsafe.Pointer{
 			unsafe.Pointer(&layout.SrcBase), unsafe.Pointer(&layout.DstBase), unsafe.Pointer(&descs),

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+	"github.com/fabricxfer/fabricxfer/engines/internal/scatter"
 )
 
 // gpuEnv opens the driver (skipping with the reason when there is none) and
@@ -83,6 +84,27 @@ var shapes = []shape{
 		}
 		return segs
 	}},
+	{"uniform-720B-at-16B-offsets", func(r *rand.Rand, size uint64) []gpucopy.Segment {
+		// Destinations 736 B apart and sources at any 16-byte offset: the
+		// packed descriptors count in 16-byte units, not blocks.
+		const blk, slot = 720, 736
+		n := min(int(size/slot), 15360)
+		segs := make([]gpucopy.Segment, 0, n)
+		for _, d := range r.Perm(int(size / slot))[:n] {
+			segs = append(segs, gpucopy.Segment{Src: 16 * r.Uint64N((size-blk)/16), Dst: uint64(d) * slot, Size: blk})
+		}
+		return segs
+	}},
+	{"equal-64KiB-cut-into-pieces", func(r *rand.Rand, size uint64) []gpucopy.Segment {
+		// Items twice the piece size: the flat kernel over 8-byte descriptors.
+		const blk = 64 << 10
+		n := min(int(size/blk), 500)
+		segs := make([]gpucopy.Segment, 0, n)
+		for _, d := range r.Perm(int(size / blk))[:n] {
+			segs = append(segs, gpucopy.Segment{Src: 16 * r.Uint64N((size-blk)/16), Dst: uint64(d) * blk, Size: blk})
+		}
+		return segs
+	}},
 	{"odd-sizes-odd-offsets", func(r *rand.Rand, size uint64) []gpucopy.Segment {
 		// Destinations in disjoint slots of 40 KiB, each item at a random odd
 		// offset inside its slot, random sizes, random source positions.
@@ -114,6 +136,54 @@ var shapes = []shape{
 		}
 		return segs
 	}},
+}
+
+func shapeNamed(t *testing.T, name string) shape {
+	t.Helper()
+	for _, sh := range shapes {
+		if sh.name == name {
+			return sh
+		}
+	}
+	t.Fatalf("no shape %q", name)
+	return shape{}
+}
+
+// The shapes the GPU tests copy reach every descriptor form of the kernels.
+func TestShapesCoverEveryScatterForm(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const size = 64 << 20
+	for name, want := range map[string]string{
+		"uniform-720B":                "packed in blocks",
+		"uniform-720B-at-16B-offsets": "packed in 16-byte units",
+		"equal-64KiB-cut-into-pieces": "flat",
+		"odd-sizes-odd-offsets":       "general",
+		"many-tiny":                   "general",
+	} {
+		segs := shapeNamed(t, name).build(r, size)
+		for i := range segs { // as on the GPU: offsets from 256-byte aligned allocations
+			segs[i].Src += 1 << 40
+			segs[i].Dst += 2 << 40
+		}
+		l, err := scatter.Plan(segs, 32<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := "general"
+		switch {
+		case l.Packed && l.Unit == l.PieceSize:
+			got = "packed in blocks"
+		case l.Packed && l.Unit == 16:
+			got = "packed in 16-byte units"
+		case l.Flat16:
+			got = "flat"
+		case l.Uniform:
+			got = "uniform"
+		}
+		if got != want {
+			t.Errorf("%s: %s descriptors, want %s (%+v)", name, got, want, l)
+		}
+	}
 }
 
 // checkCopies runs segs (offsets into src and dst buffers of size bytes) with
@@ -225,7 +295,8 @@ func TestGPUCopierKeepsDescriptorsForTheNextLayer(t *testing.T) {
 			src, dst, free := devicePair(t, drv, c, layers*layerBytes)
 			defer free()
 			r := rand.New(rand.NewPCG(11, uint64(time.Now().UnixNano())))
-			lists := [][]gpucopy.Segment{shapes[0].build(r, layerBytes), shapes[0].build(r, layerBytes), shapes[0].build(r, layerBytes)}
+			kv := shapeNamed(t, "uniform-720B")
+			lists := [][]gpucopy.Segment{kv.build(r, layerBytes), kv.build(r, layerBytes), kv.build(r, layerBytes)}
 			at := func(list, layer int) []gpucopy.Segment {
 				out := make([]gpucopy.Segment, len(lists[list]))
 				for i, s := range lists[list] {
@@ -268,7 +339,7 @@ func TestGPUCopierTimingIsGated(t *testing.T) {
 	defer free()
 	r := rand.New(rand.NewPCG(3, 4))
 	for i := 0; i < 50; i++ {
-		segs := shapes[0].build(r, size)
+		segs := shapeNamed(t, "uniform-720B").build(r, size)
 		start := time.Now()
 		p := checkCopies(t, drv, c, r, segs, size, uint64(src), uint64(dst))
 		wall := time.Since(start)
@@ -304,7 +375,7 @@ func TestGPUCopierHostAndDevice(t *testing.T) {
 	}
 	defer drv.WithContext(c.Context(), func() error { drv.MemFreeHost(pinned); return drv.MemFree(dev) })
 	r := rand.New(rand.NewPCG(5, 6))
-	segs := shapes[1].build(r, size)
+	segs := shapeNamed(t, "odd-sizes-odd-offsets").build(r, size)
 	t.Run("pinned-host-to-device", func(t *testing.T) { checkCopies(t, drv, c, r, segs, size, uint64(pinned), uint64(dev)) })
 	t.Run("device-to-pinned-host", func(t *testing.T) { checkCopies(t, drv, c, r, segs, size, uint64(dev), uint64(pinned)) })
 }

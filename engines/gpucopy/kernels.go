@@ -18,6 +18,7 @@ type Kernels struct {
 	general cuda.Function
 	uniform cuda.Function
 	flat16  cuda.Function
+	packed  cuda.Function
 	// Origin says where the image came from: "nvrtc" (compiled now) or "cache".
 	Origin string
 	// Arch is the target, e.g. "sm_90".
@@ -93,7 +94,8 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 	for _, f := range []struct {
 		dst  *cuda.Function
 		name string
-	}{{&k.contig, kernels.ContigCopy}, {&k.general, kernels.ScatterGeneral}, {&k.uniform, kernels.ScatterUniform}, {&k.flat16, kernels.ScatterFlat16}} {
+	}{{&k.contig, kernels.ContigCopy}, {&k.general, kernels.ScatterGeneral}, {&k.uniform, kernels.ScatterUniform}, {&k.flat16, kernels.ScatterFlat16},
+		{&k.packed, kernels.ScatterPacked}} {
 		if *f.dst, err = drv.ModuleFunction(k.module, f.name); err != nil {
 			_ = drv.ModuleUnload(k.module)
 			return nil, err

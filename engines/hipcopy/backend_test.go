@@ -114,9 +114,15 @@ func TestLaunchShapeFollowsTheSharedLayout(t *testing.T) {
 	if err != nil || !l.Flat16 {
 		t.Fatalf("layout %+v, %v", l, err)
 	}
-	// 720 B = 45 vectors; FlatChunk(45, 256) = 22 pieces per block round.
-	if k, grid := launchShape(l, 304); k != kernelFlat16 || grid != (15360+21)/22 {
-		t.Errorf("MI300X flat16 launch = %d, %d blocks; want flat16, %d", k, grid, (15360+21)/22)
+	// 720 B = 45 vectors; FlatChunk(45, 256) = 22 pieces per block round. Block indices pack into 36 bits.
+	if k, grid := launchShape(l, 304); k != kernelPacked || grid != (15360+21)/22 {
+		t.Errorf("MI300X KV launch = %d, %d blocks; want packed, %d", k, grid, (15360+21)/22)
+	}
+	cut := []scatter.Segment{{Src: 0x1000000, Dst: 0x9000000, Size: 64 << 10}, {Src: 0x5000000, Dst: 0x2000000, Size: 64 << 10}}
+	if lc, err := scatter.Plan(cut, defaultMaxPiece); err != nil || !lc.Flat16 || lc.Packed {
+		t.Fatalf("cut items: layout %+v, %v", lc, err)
+	} else if k, _ := launchShape(lc, 304); k != kernelFlat16 {
+		t.Errorf("cut items launch kernel %d, want flat16", k)
 	}
 	if _, grid := launchShape(l, 10); grid != 10*blocksPerCU {
 		t.Errorf("a 10-CU GPU gets %d blocks, want one wave of %d", grid, 10*blocksPerCU)

@@ -18,6 +18,7 @@ type Kernels struct {
 	general hip.Function
 	uniform hip.Function
 	flat16  hip.Function
+	packed  hip.Function
 	Image
 }
 
@@ -98,7 +99,8 @@ func LoadKernels(rt *hip.Runtime, rtc *hip.RTC, arch, cacheDir string) (*Kernels
 	for _, f := range []struct {
 		dst  *hip.Function
 		name string
-	}{{&k.contig, kernels.ContigCopy}, {&k.general, kernels.ScatterGeneral}, {&k.uniform, kernels.ScatterUniform}, {&k.flat16, kernels.ScatterFlat16}} {
+	}{{&k.contig, kernels.ContigCopy}, {&k.general, kernels.ScatterGeneral}, {&k.uniform, kernels.ScatterUniform}, {&k.flat16, kernels.ScatterFlat16},
+		{&k.packed, kernels.ScatterPacked}} {
 		if *f.dst, err = rt.ModuleFunction(k.module, f.name); err != nil {
 			_ = rt.ModuleUnload(k.module)
 			return nil, err

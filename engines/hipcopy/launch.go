@@ -14,6 +14,7 @@ const (
 	kernelGeneral kernelKind = iota
 	kernelUniform
 	kernelFlat16
+	kernelPacked
 )
 
 // launchShape is the kernel and grid for layout on a GPU of cus compute
@@ -25,6 +26,9 @@ func launchShape(l scatter.Layout, cus int) (kernelKind, uint32) {
 	if l.Flat16 {
 		chunk := uint64(scatter.FlatChunk(uint32(l.PieceSize/16), threadsPerBlock))
 		runs := (uint64(l.Pieces) + chunk - 1) / chunk
+		if l.Packed {
+			return kernelPacked, uint32(min(runs, wave))
+		}
 		return kernelFlat16, uint32(min(runs, wave))
 	}
 	blocks := uint32(min((uint64(l.Pieces)+wavesPerBlock-1)/wavesPerBlock, wave))
@@ -49,6 +53,13 @@ func (c *Copier) launch(l scatter.Layout, descs uint64) error {
 		return c.rt.Launch(c.kernels.flat16, cfg, []unsafe.Pointer{
 			unsafe.Pointer(&l.SrcBase), unsafe.Pointer(&l.DstBase), unsafe.Pointer(&descs),
 			unsafe.Pointer(&total), unsafe.Pointer(&per), unsafe.Pointer(&l.Shift), unsafe.Pointer(&keep)})
+	case kernelPacked:
+		per := uint32(l.PieceSize / 16)
+		var keep uint64
+		return c.rt.Launch(c.kernels.packed, cfg, []unsafe.Pointer{
+			unsafe.Pointer(&l.SrcBase), unsafe.Pointer(&l.DstBase), unsafe.Pointer(&descs),
+			unsafe.Pointer(&count), unsafe.Pointer(&per), unsafe.Pointer(&l.Unit),
+			unsafe.Pointer(&l.SrcBits), unsafe.Pointer(&l.DstBits), unsafe.Pointer(&keep)})
 	case kernelUniform:
 		size := l.PieceSize
 		return c.rt.Launch(c.kernels.uniform, cfg, []unsafe.Pointer{

@@ -14,6 +14,8 @@
 //                     round, so small items (a 720-byte KV block is 45
 //                     vectors) keep every lane busy and several loads in
 //                     flight, and each descriptor is read once.
+// fx_scatter_packed16 the same over bit-packed block indices (36 bits for a
+//                     block list over 2^18-block pools instead of 64).
 //
 // Within a range, 16-byte vectors are used where source and destination share
 // their alignment modulo 16, then 8, 4, 2 bytes, with byte copies for the
@@ -179,6 +181,47 @@ extern "C" __global__ void fx_scatter_flat16(fx_u64 src_base, fx_u64 dst_base, c
     }
     __syncthreads();
     fx_flat_run<4>(src_base, dst_base, run, n, per_piece, shift);
+    __syncthreads();
+  }
+}
+
+// fx_scatter_packed16 is fx_scatter_flat16 over packed descriptors: piece i's
+// offsets from the bases, in units of unit bytes, are bits [i*B, i*B+B) of a
+// little-endian word stream (B = sbits + dbits < 64, source in the low
+// sbits), followed by three words of padding; see scatter.Layout.Packed. Each
+// block reads the words of its run once and decodes them into shared memory
+// as 16-byte offsets. With keep set, the words it read are also written there.
+extern "C" __global__ void fx_scatter_packed16(fx_u64 src_base, fx_u64 dst_base, const fx_u32* __restrict__ words,
+                                               fx_u32 pieces, fx_u32 per_piece, fx_u64 unit, fx_u32 sbits,
+                                               fx_u32 dbits, fx_u32* __restrict__ keep) {
+  // A run of FX_FLAT_MAX_CHUNK pieces of at most 63 bits spans this many words.
+  __shared__ fx_u32 wbuf[(FX_FLAT_MAX_CHUNK * 63 + 31) / 32 + 4];
+  __shared__ fx_off run[FX_FLAT_MAX_CHUNK];
+  const fx_u32 B = sbits + dbits;
+  const fx_u64 smask = (1ull << sbits) - 1, dmask = (1ull << dbits) - 1;
+  const fx_u32 chunk = fx_flat_chunk(per_piece, blockDim.x);
+  for (fx_u32 first = blockIdx.x * chunk; first < pieces; first += gridDim.x * chunk) {
+    const fx_u32 n = (pieces - first < chunk) ? pieces - first : chunk;
+    const fx_u32 w0 = (fx_u32)(((fx_u64)first * B) >> 5);
+    const fx_u32 nw = (fx_u32)((((fx_u64)(first + n) * B + 31) >> 5) - w0) + 2;
+    for (fx_u32 t = threadIdx.x; t < nw; t += blockDim.x) {
+      const fx_u32 w = words[w0 + t];
+      wbuf[t] = w;
+      if (keep) keep[w0 + t] = w;  // neighbouring blocks write the same value to a shared word
+    }
+    __syncthreads();
+    for (fx_u32 t = threadIdx.x; t < n; t += blockDim.x) {
+      const fx_u64 bit = (fx_u64)(first + t) * B - ((fx_u64)w0 << 5);
+      const fx_u32 wi = (fx_u32)(bit >> 5), sh = (fx_u32)(bit & 31);
+      fx_u64 v = ((fx_u64)wbuf[wi] | ((fx_u64)wbuf[wi + 1] << 32)) >> sh;
+      if (sh) v |= (fx_u64)wbuf[wi + 2] << (64 - sh);
+      fx_off o;
+      o.src = (fx_u32)(((v & smask) * unit) >> 4);
+      o.dst = (fx_u32)((((v >> sbits) & dmask) * unit) >> 4);
+      run[t] = o;
+    }
+    __syncthreads();
+    fx_flat_run<4>(src_base, dst_base, run, n, per_piece, 4);
     __syncthreads();
   }
 }

@@ -22,6 +22,7 @@ const (
 	ScatterGeneral = "fx_scatter_general"
 	ScatterUniform = "fx_scatter_uniform"
 	ScatterFlat16  = "fx_scatter_flat16"
+	ScatterPacked  = "fx_scatter_packed16"
 )
 
 // Descriptor sizes in bytes, as laid out by the kernels' structs.

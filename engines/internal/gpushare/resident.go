@@ -37,7 +37,7 @@ type Resident[T any] struct {
 type ResidentSet[T any] struct {
 	Buf     T
 	key     uint64
-	kind    uint64
+	kind    [2]uint64
 	n       int
 	users   int
 	evicted bool
@@ -45,12 +45,13 @@ type ResidentSet[T any] struct {
 
 // Key hashes a descriptor set: kind distinguishes layouts whose bytes mean
 // different things (piece size, unit); b is the encoded descriptors.
-func (r *Resident[T]) Key(kind uint64, b []byte) uint64 {
+func (r *Resident[T]) Key(kind [2]uint64, b []byte) uint64 {
 	r.once.Do(func() { r.seed = maphash.MakeSeed() })
 	var h maphash.Hash
 	h.SetSeed(r.seed)
-	var k [8]byte
-	binary.LittleEndian.PutUint64(k[:], kind)
+	var k [16]byte
+	binary.LittleEndian.PutUint64(k[:], kind[0])
+	binary.LittleEndian.PutUint64(k[8:], kind[1])
 	_, _ = h.Write(k[:])
 	_, _ = h.Write(b)
 	return h.Sum64()
@@ -61,7 +62,7 @@ func (r *Resident[T]) Keeps(n int) bool { return r.Max > 0 && n > 0 && n <= r.Ma
 
 // Lookup returns the kept set with exactly these bytes, counting one user
 // (release it with Done once the launch reading it has completed), or nil.
-func (r *Resident[T]) Lookup(key, kind uint64, b []byte) *ResidentSet[T] {
+func (r *Resident[T]) Lookup(key uint64, kind [2]uint64, b []byte) *ResidentSet[T] {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, e := range r.entries {
@@ -79,7 +80,7 @@ func (r *Resident[T]) Lookup(key, kind uint64, b []byte) *ResidentSet[T] {
 // key and whose device side the just-queued launch fills, counting one user.
 // The least recently used set beyond Max leaves; its buffer goes back to
 // staging once no launch uses it.
-func (r *Resident[T]) Adopt(key, kind uint64, n int, buf T) *ResidentSet[T] {
+func (r *Resident[T]) Adopt(key uint64, kind [2]uint64, n int, buf T) *ResidentSet[T] {
 	e := &ResidentSet[T]{Buf: buf, key: key, kind: kind, n: n, users: 1}
 	r.mu.Lock()
 	r.entries = append(r.entries, e)

@@ -27,10 +27,30 @@ type Layout struct {
 	Shift            uint32
 	// Flat16: uniform, 16-byte aligned, launched as one flat range of vectors.
 	Flat16 bool
+	// Packed (a Flat16 form, items not cut): piece i's offsets from the bases,
+	// in units of Unit bytes, are bits [i*(SrcBits+DstBits), ...) of a
+	// little-endian stream of 32-bit words, source in the low SrcBits. A KV
+	// block list indexes blocks, so Unit is the block size and the offsets
+	// take 36 bits for 2^18-block pools (4.5 bytes a block to read across
+	// PCIe instead of 8).
+	Packed           bool
+	Unit             uint64
+	SrcBits, DstBits uint32
+	// Unit = unitOdd << unitShift: offsets are divided by it exactly as a
+	// shift and a multiplication by unitOdd's inverse modulo 2^64.
+	unitShift uint32
+	unitInv   uint64
 }
+
+// packedPadWords are the words after a packed stream: a piece's bits are read
+// as three words from the one it starts in.
+const packedPadWords = 3
 
 // Bytes is the size of the descriptors.
 func (l Layout) Bytes() int {
+	if l.Packed {
+		return ((l.Pieces*int(l.SrcBits+l.DstBits)+31)/32 + packedPadWords) * 4
+	}
 	if l.Uniform {
 		return l.Pieces * kernels.UniformDescriptorSize
 	}
@@ -92,12 +112,57 @@ func Plan(segs []Segment, maxPiece uint64) (Layout, error) {
 	// vector count (plus a grid's stride of slack) within 32 bits.
 	vecs := uint64(l.Pieces) * (piece / 16)
 	l.Flat16 = shift >= 4 && piece%16 == 0 && l.SrcBase%16 == 0 && l.DstBase%16 == 0 && vecs < 1<<31
+	if l.Flat16 && l.Pieces == len(segs) && maxOff>>4 <= math.MaxUint32 {
+		l.pack(segs, maxSrc-l.SrcBase, maxDst-l.DstBase)
+	}
 	return l, nil
+}
+
+// pack chooses the packed form when it is smaller: offsets in units of the
+// piece size when every offset is a multiple of it, else of 1<<Shift.
+func (l *Layout) pack(segs []Segment, maxSrc, maxDst uint64) {
+	unit := uint64(1) << l.Shift
+	if k := uint32(bits.TrailingZeros64(l.PieceSize)); k <= l.Shift && l.PieceSize>>k > 1 {
+		odd := l.PieceSize >> k
+		inv, limit := oddInverse(odd), math.MaxUint64/odd
+		divides := true
+		for _, s := range segs {
+			if ((s.Src-l.SrcBase)>>k)*inv > limit || ((s.Dst-l.DstBase)>>k)*inv > limit {
+				divides = false
+				break
+			}
+		}
+		if divides {
+			unit = l.PieceSize
+		}
+	}
+	k := uint32(bits.TrailingZeros64(unit))
+	inv := oddInverse(unit >> k)
+	sb := max(uint32(bits.Len64((maxSrc>>k)*inv)), 1)
+	db := max(uint32(bits.Len64((maxDst>>k)*inv)), 1)
+	if sb+db >= 64 {
+		return
+	}
+	l.Packed, l.Unit, l.SrcBits, l.DstBits, l.unitShift, l.unitInv = true, unit, sb, db, k, inv
+}
+
+// oddInverse is the inverse of odd modulo 2^64 (Newton's iteration: each step
+// doubles the correct low bits, from 3 for x = odd).
+func oddInverse(odd uint64) uint64 {
+	x := odd
+	for range 5 {
+		x *= 2 - odd*x
+	}
+	return x
 }
 
 // Write writes the descriptors for segs in layout l into buf, which must
 // hold l.Bytes().
 func Write(buf []byte, segs []Segment, l Layout, maxPiece uint64) {
+	if l.Packed {
+		writePacked(buf[:l.Bytes()], segs, l)
+		return
+	}
 	if l.Uniform && l.Pieces == len(segs) {
 		// The common KV case (equal blocks, none cut): one tight loop, one
 		// 8-byte store per block.
@@ -127,11 +192,44 @@ func Write(buf []byte, segs []Segment, l Layout, maxPiece uint64) {
 	}
 }
 
+// writePacked ORs each piece's bits into a cleared stream; a piece spans at
+// most three words.
+func writePacked(buf []byte, segs []Segment, l Layout) {
+	clear(buf)
+	le := binary.LittleEndian
+	b := uint64(l.SrcBits + l.DstBits)
+	for i, s := range segs {
+		v := ((s.Src-l.SrcBase)>>l.unitShift)*l.unitInv | (((s.Dst-l.DstBase)>>l.unitShift)*l.unitInv)<<l.SrcBits
+		bit := uint64(i) * b
+		w, sh := (bit>>5)*4, bit&31
+		lo, hi := v<<sh, uint64(0)
+		if sh > 0 {
+			hi = v >> (64 - sh)
+		}
+		le.PutUint64(buf[w:], le.Uint64(buf[w:])|lo)
+		le.PutUint32(buf[w+8:], le.Uint32(buf[w+8:])|uint32(hi))
+	}
+}
+
 // Read decodes descriptors the way the kernels read them; it is the
 // reference the tests hold the encoder to.
 func Read(buf []byte, l Layout) []Segment {
 	le := binary.LittleEndian
 	out := make([]Segment, 0, l.Pieces)
+	if l.Packed {
+		b := uint64(l.SrcBits + l.DstBits)
+		for i := 0; i < l.Pieces; i++ {
+			bit := uint64(i) * b
+			w, sh := (bit>>5)*4, bit&31
+			v := le.Uint64(buf[w:]) >> sh
+			if sh > 0 {
+				v |= uint64(le.Uint32(buf[w+8:])) << (64 - sh)
+			}
+			src, dst := v&(1<<l.SrcBits-1), (v>>l.SrcBits)&(1<<l.DstBits-1)
+			out = append(out, Segment{Src: l.SrcBase + src*l.Unit, Dst: l.DstBase + dst*l.Unit, Size: l.PieceSize})
+		}
+		return out
+	}
 	for i := 0; i < l.Pieces; i++ {
 		if l.Uniform {
 			b := buf[i*kernels.UniformDescriptorSize:]

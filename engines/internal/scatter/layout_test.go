@@ -48,14 +48,78 @@ func TestUniformLayoutForEqualAlignedBlocks(t *testing.T) {
 		segs = append(segs, Segment{Src: 0x7f0000000000 + uint64(i)*block, Dst: 0x7e0000000000 + uint64(r.IntN(1<<20))*block, Size: block})
 	}
 	l := roundTrip(t, segs, 32<<10)
-	if !l.Uniform {
-		t.Fatal("equal 720 B blocks should use the 8-byte uniform descriptors")
+	if !l.Uniform || !l.Flat16 {
+		t.Fatal("equal 720 B blocks should use the flat uniform form")
 	}
 	if l.Shift != 4 {
 		t.Errorf("shift = %d, want 4 (720 = 45 * 16)", l.Shift)
 	}
-	if l.Bytes() != 15360*8 {
-		t.Errorf("descriptor bytes = %d", l.Bytes())
+	// Sources index 15,360 blocks (14 bits), destinations 2^20 (20 bits), in units of the block.
+	if !l.Packed || l.Unit != block || l.SrcBits != 14 || l.DstBits != 20 {
+		t.Fatalf("packed=%v unit=%d bits=%d+%d, want packed in 720 B units, 14+20 bits", l.Packed, l.Unit, l.SrcBits, l.DstBits)
+	}
+	if want := ((15360*34+31)/32 + 3) * 4; l.Bytes() != want {
+		t.Errorf("descriptor bytes = %d, want %d (34 bits a block, padded)", l.Bytes(), want)
+	}
+}
+
+func TestPackedLayoutRoundTripsEveryWidth(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, c := range []struct {
+		name             string
+		block, stride    uint64 // source offsets are multiples of stride, destinations of block
+		srcPool, dstPool uint64 // in strides and blocks
+		n                int
+		unit             uint64 // 0: 1 << Shift
+	}{
+		{"one block each side", 720, 720, 1, 1, 1, 720},
+		{"kv 2^18 pools", 720, 720, 1 << 18, 1 << 18, 15360, 720},
+		{"wide and narrow, power-of-two block", 4096, 4096, 1 << 22, 3, 3, 0},
+		{"offsets not multiples of the block", 48, 16, 1 << 20, 1 << 16, 2000, 16},
+		{"odd block of 16-byte multiples", 16 * 63, 16 * 63, 1000, 70000, 999, 16 * 63},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			seen := map[uint64]bool{}
+			var segs []Segment
+			for len(segs) < c.n {
+				slot := r.Uint64N(c.dstPool)
+				if seen[slot] {
+					continue
+				}
+				seen[slot] = true
+				segs = append(segs, Segment{Src: 0x7f0000000000 + r.Uint64N(c.srcPool)*c.stride, Dst: 0x7e0000000000 + slot*c.block, Size: c.block})
+			}
+			l := roundTrip(t, segs, 32<<10)
+			want := c.unit
+			if want == 0 {
+				want = 1 << l.Shift
+			}
+			if !l.Packed || l.Unit != want {
+				t.Fatalf("packed=%v unit=%d, want packed in units of %d", l.Packed, l.Unit, want)
+			}
+		})
+	}
+}
+
+func TestPackedLayoutOnlyWhenSmaller(t *testing.T) {
+	// 16-byte blocks 16 and 2^35 bytes apart: offsets of 32 bits each side in 16-byte units, no saving over 8 bytes.
+	segs := []Segment{{Src: 0x10000, Dst: 0x20000, Size: 16}, {Src: 0x10010, Dst: 0x20010, Size: 16},
+		{Src: 0x10000 + 1<<35, Dst: 0x20000 + 1<<35, Size: 16}}
+	if l := roundTrip(t, segs, 32<<10); !l.Flat16 || l.Packed {
+		t.Errorf("flat16=%v packed=%v, want the 8-byte flat form", l.Flat16, l.Packed)
+	}
+	// Items cut into pieces keep the 8-byte form.
+	segs = []Segment{{Src: 0x1000000, Dst: 0x9000000, Size: 64 << 10}, {Src: 0x5000000, Dst: 0x2000000, Size: 64 << 10}}
+	if l := roundTrip(t, segs, 32<<10); !l.Flat16 || l.Packed {
+		t.Errorf("cut items: flat16=%v packed=%v, want the 8-byte flat form", l.Flat16, l.Packed)
+	}
+}
+
+func TestOddInverse(t *testing.T) {
+	for _, odd := range []uint64{1, 3, 45, 63, 0xffffffffffffffff, 1<<63 + 1} {
+		if got := odd * oddInverse(odd); got != 1 {
+			t.Errorf("%d * inverse = %d, want 1", odd, got)
+		}
 	}
 }
 
