@@ -76,10 +76,23 @@ func Plan(segs []Segment, maxPiece uint64) (Layout, error) {
 	first := segs[0]
 	var sizeDiff, lowBits, maxSrc, maxDst uint64
 	l.SrcBase, l.DstBase = math.MaxUint64, math.MaxUint64
+	// Whether every address is congruent to the first's modulo the odd part
+	// of its size (so offsets can count blocks); a multiplication by the
+	// inverse tests divisibility by an odd number.
+	// A difference d (mod 2^64) is a multiple of odd exactly when d*inverse
+	// lies within limit of 0 on either side: adding limit maps both sides
+	// into [0, 2*limit], and the borrow of a subtraction records a miss
+	// without a branch.
+	odd := max(first.Size>>bits.TrailingZeros64(first.Size), 1) // an empty first segment is refused below
+	oddInv, oddLimit := oddInverse(odd), math.MaxUint64/odd
+	var missed uint64
 	for _, s := range segs {
 		if s.Size == 0 {
 			return Layout{}, fmt.Errorf("empty segment at src %#x", s.Src)
 		}
+		_, bs := bits.Sub64(2*oddLimit, (s.Src-first.Src)*oddInv+oddLimit, 0)
+		_, bd := bits.Sub64(2*oddLimit, (s.Dst-first.Dst)*oddInv+oddLimit, 0)
+		missed |= bs | bd
 		l.Pieces += int((s.Size + maxPiece - 1) >> pieceShift)
 		sizeDiff |= s.Size ^ first.Size
 		lowBits |= (s.Src ^ first.Src) | (s.Dst ^ first.Dst)
@@ -113,28 +126,18 @@ func Plan(segs []Segment, maxPiece uint64) (Layout, error) {
 	vecs := uint64(l.Pieces) * (piece / 16)
 	l.Flat16 = shift >= 4 && piece%16 == 0 && l.SrcBase%16 == 0 && l.DstBase%16 == 0 && vecs < 1<<31
 	if l.Flat16 && l.Pieces == len(segs) && maxOff>>4 <= math.MaxUint32 {
-		l.pack(segs, maxSrc-l.SrcBase, maxDst-l.DstBase)
+		l.pack(odd > 1 && missed == 0, maxSrc-l.SrcBase, maxDst-l.DstBase)
 	}
 	return l, nil
 }
 
 // pack chooses the packed form when it is smaller: offsets in units of the
-// piece size when every offset is a multiple of it, else of 1<<Shift.
-func (l *Layout) pack(segs []Segment, maxSrc, maxDst uint64) {
+// piece size when every offset is a multiple of it (congruent, and the piece
+// size's power of two divides 1<<Shift), else of 1<<Shift.
+func (l *Layout) pack(congruent bool, maxSrc, maxDst uint64) {
 	unit := uint64(1) << l.Shift
-	if k := uint32(bits.TrailingZeros64(l.PieceSize)); k <= l.Shift && l.PieceSize>>k > 1 {
-		odd := l.PieceSize >> k
-		inv, limit := oddInverse(odd), math.MaxUint64/odd
-		divides := true
-		for _, s := range segs {
-			if ((s.Src-l.SrcBase)>>k)*inv > limit || ((s.Dst-l.DstBase)>>k)*inv > limit {
-				divides = false
-				break
-			}
-		}
-		if divides {
-			unit = l.PieceSize
-		}
+	if congruent && uint32(bits.TrailingZeros64(l.PieceSize)) <= l.Shift {
+		unit = l.PieceSize
 	}
 	k := uint32(bits.TrailingZeros64(unit))
 	inv := oddInverse(unit >> k)
@@ -192,23 +195,37 @@ func Write(buf []byte, segs []Segment, l Layout, maxPiece uint64) {
 	}
 }
 
-// writePacked ORs each piece's bits into a cleared stream; a piece spans at
-// most three words.
+// writePacked streams the pieces' bits through a 64-bit accumulator, writing
+// each 32-bit word once, then the padding.
 func writePacked(buf []byte, segs []Segment, l Layout) {
-	clear(buf)
 	le := binary.LittleEndian
-	b := uint64(l.SrcBits + l.DstBits)
-	for i, s := range segs {
+	b := uint(l.SrcBits + l.DstBits)
+	var acc uint64
+	var n uint // bits in acc, below 32 between pieces
+	w := 0
+	for _, s := range segs {
 		v := ((s.Src-l.SrcBase)>>l.unitShift)*l.unitInv | (((s.Dst-l.DstBase)>>l.unitShift)*l.unitInv)<<l.SrcBits
-		bit := uint64(i) * b
-		w, sh := (bit>>5)*4, bit&31
-		lo, hi := v<<sh, uint64(0)
-		if sh > 0 {
-			hi = v >> (64 - sh)
+		acc |= v << n
+		if n+b >= 64 {
+			le.PutUint64(buf[w:], acc)
+			w += 8
+			acc = v >> (64 - n) // 0 when n is 0
+			n = n + b - 64
+		} else {
+			n += b
 		}
-		le.PutUint64(buf[w:], le.Uint64(buf[w:])|lo)
-		le.PutUint32(buf[w+8:], le.Uint32(buf[w+8:])|uint32(hi))
+		if n >= 32 {
+			le.PutUint32(buf[w:], uint32(acc))
+			w += 4
+			acc >>= 32
+			n -= 32
+		}
 	}
+	if n > 0 {
+		le.PutUint32(buf[w:], uint32(acc))
+		w += 4
+	}
+	clear(buf[w:])
 }
 
 // Read decodes descriptors the way the kernels read them; it is the
