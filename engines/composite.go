@@ -352,8 +352,12 @@ func (p *compositePlanner) Build() *PlanSet {
 	p.b.rejectOverlaps(func(it Item, err error) {
 		p.reject(it, err, p.b.pairs[p.b.index[[2]MemoryID{it.Src, it.Dst}]].dir)
 	})
-	// Items go to their engine's planner in destination order, without an intermediate copy: the planner's own
-	// sorts then find them in order already.
+	// Items go to their engine's planner without an intermediate copy. Plans come out in the order their pairs
+	// were first added, so several pairs go back to that order; one pair stays in destination order, which the
+	// planner's own sort then finds already done.
+	if len(p.b.pairs) > 1 {
+		p.b.sortBySeq()
+	}
 	builders := make([]PlanBuilder, len(p.c.engines))
 	for i := range p.b.entries {
 		e := &p.b.entries[i]

@@ -386,3 +386,43 @@ func BenchmarkCompositePlanScattered(b *testing.B) {
 		}
 	}
 }
+
+// Plans come out in the order their pairs were first added, whatever the destinations' order; within a plan,
+// segments and tags follow the destination.
+func TestCompositePlanOrderFollowsTheItems(t *testing.T) {
+	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, xgmi.NewHostBackend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer comp.Close()
+	reg := func(id string) engines.MemoryID {
+		d, err := comp.Register(context.Background(), hostDesc(id, "node-a", make([]byte, 1<<16)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.ID
+	}
+	s, dx, dy := reg("node-a/s"), reg("node-a/x"), reg("node-a/y") // x sorts before y
+	p := comp.NewPlan()
+	for i, it := range []engines.Item{
+		{Src: s, Dst: dy, SrcOffset: 0, DstOffset: 4096, Size: 100},
+		{Src: s, Dst: dx, SrcOffset: 100, DstOffset: 0, Size: 100},
+		{Src: s, Dst: dy, SrcOffset: 200, DstOffset: 0, Size: 100},
+	} {
+		it.Tag = engines.Tag(i)
+		if err := p.Add(it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps := p.Build()
+	if len(ps.Plans) != 2 || ps.Plans[0].Dst != dy || ps.Plans[1].Dst != dx {
+		t.Fatalf("plans %v, want the pair added first (to y) first", ps.Plans)
+	}
+	if got := ps.Plans[0].Tags; len(got) != 2 || got[0] != 2 || got[1] != 0 {
+		t.Errorf("tags of the plan to y = %v, want [2 0] (destination order)", got)
+	}
+}

@@ -158,6 +158,11 @@ func (b *batch) rejectOverlaps(reject func(Item, error)) {
 	b.entries = kept
 }
 
+// sortBySeq puts the entries back in the order their items were added.
+func (b *batch) sortBySeq() {
+	sortEntries(b.entries, &b.scratch, func(*entry) int32 { return 0 }, func(e *entry) uint64 { return uint64(e.seq) }, nil)
+}
+
 // groupByPair orders entries by pair, keeping their order within a pair. Called after rejectOverlaps, each pair's
 // entries stay in destination order, where items contiguous on both sides are neighbours: destination ranges no
 // longer overlap, so the item starting where another ends is the next one in its destination region. That makes

@@ -321,12 +321,13 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		}
 		if c.opts.TimeDevice {
 			// Only a few driver calls are held: thousands of per-item copies
-			// would fill the driver's queue behind a held stream.
+			// would fill the driver's queue behind a held stream, and a copy
+			// to or from pageable memory returns only once it has run.
 			ops := len(big) + 2
 			if !kernel && c.mode == ModePerItem {
 				ops += len(small)
 			}
-			if c.gate != 0 && ops <= maxGatedOps {
+			if c.gate != 0 && ops <= maxGatedOps && route != RouteDriver {
 				// The stream holds the timed work until all of it is queued,
 				// so the GPU time leaves out the host's driver calls.
 				c.gateSeq++
@@ -440,7 +441,8 @@ type staged struct {
 func (c *Copier) findResident(p *Pending, st *staged) {
 	l := st.layout
 	b := p.slot.host()[:l.Bytes()]
-	if !l.Flat16 || !c.resident.Keeps(len(b)) {
+	// The whole staging buffer is what a kept set holds out of the pool.
+	if !l.Flat16 || !c.resident.Keeps(len(b)) || !c.resident.Keeps(int(p.slot.size)) {
 		return
 	}
 	// Equal bytes mean equal copies only under the same piece size and

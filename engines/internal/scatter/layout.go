@@ -79,9 +79,8 @@ func Plan(segs []Segment, maxPiece uint64) (Layout, error) {
 	// Whether every address is congruent to the first's modulo the odd part
 	// of its size (so offsets can count blocks); a multiplication by the
 	// inverse tests divisibility by an odd number.
-	// A difference d (mod 2^64) is a multiple of odd exactly when d*inverse
-	// lies within limit of 0 on either side: adding limit maps both sides
-	// into [0, 2*limit], and the borrow of a subtraction records a miss
+	// A distance x is a multiple of odd exactly when x*inverse (mod 2^64) is
+	// at most MaxUint64/odd; the borrow of a subtraction records a miss
 	// without a branch.
 	odd := max(first.Size>>bits.TrailingZeros64(first.Size), 1) // an empty first segment is refused below
 	oddInv, oddLimit := oddInverse(odd), math.MaxUint64/odd
@@ -90,8 +89,8 @@ func Plan(segs []Segment, maxPiece uint64) (Layout, error) {
 		if s.Size == 0 {
 			return Layout{}, fmt.Errorf("empty segment at src %#x", s.Src)
 		}
-		_, bs := bits.Sub64(2*oddLimit, (s.Src-first.Src)*oddInv+oddLimit, 0)
-		_, bd := bits.Sub64(2*oddLimit, (s.Dst-first.Dst)*oddInv+oddLimit, 0)
+		_, bs := bits.Sub64(oddLimit, absDiff(s.Src, first.Src)*oddInv, 0)
+		_, bd := bits.Sub64(oddLimit, absDiff(s.Dst, first.Dst)*oddInv, 0)
 		missed |= bs | bd
 		l.Pieces += int((s.Size + maxPiece - 1) >> pieceShift)
 		sizeDiff |= s.Size ^ first.Size
@@ -129,6 +128,13 @@ func Plan(segs []Segment, maxPiece uint64) (Layout, error) {
 		l.pack(odd > 1 && missed == 0, maxSrc-l.SrcBase, maxDst-l.DstBase)
 	}
 	return l, nil
+}
+
+// absDiff is |a-b| for addresses less than 2^63 apart, without a branch.
+func absDiff(a, b uint64) uint64 {
+	d := a - b
+	sign := uint64(int64(d) >> 63)
+	return (d ^ sign) - sign
 }
 
 // pack chooses the packed form when it is smaller: offsets in units of the
@@ -204,7 +210,11 @@ func writePacked(buf []byte, segs []Segment, l Layout) {
 	var n uint // bits in acc, below 32 between pieces
 	w := 0
 	for _, s := range segs {
-		v := ((s.Src-l.SrcBase)>>l.unitShift)*l.unitInv | (((s.Dst-l.DstBase)>>l.unitShift)*l.unitInv)<<l.SrcBits
+		// Masked: Plan checked that the division is exact, and a wrong
+		// index must not spill into its neighbour's bits.
+		si := ((s.Src - l.SrcBase) >> l.unitShift) * l.unitInv & (1<<l.SrcBits - 1)
+		di := ((s.Dst - l.DstBase) >> l.unitShift) * l.unitInv & (1<<l.DstBits - 1)
+		v := si | di<<l.SrcBits
 		acc |= v << n
 		if n+b >= 64 {
 			le.PutUint64(buf[w:], acc)

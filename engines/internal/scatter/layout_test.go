@@ -115,6 +115,29 @@ func TestPackedLayoutOnlyWhenSmaller(t *testing.T) {
 	}
 }
 
+// Offsets that are not multiples of the block size must not be counted in blocks: a difference of 16 or 64
+// bytes is not a multiple of 48, whatever its sign.
+func TestPackedLayoutCountsBlocksOnlyForMultiples(t *testing.T) {
+	segs := []Segment{
+		{Src: 0x100000, Dst: 0x200000, Size: 48},
+		{Src: 0x100000 + 64, Dst: 0x200000 + 48, Size: 48},
+		{Src: 0x100000 + 96, Dst: 0x200000 + 96, Size: 48},
+	}
+	if l := roundTrip(t, segs, 32<<10); l.Packed && l.Unit == 48 {
+		t.Fatalf("offsets 64 and 96 counted in 48-byte blocks: %+v", l)
+	}
+	r := rand.New(rand.NewPCG(9, 10))
+	for n := 0; n < 3000; n++ {
+		size := 16 * (1 + 2*r.Uint64N(32)) // odd multiples of 16
+		var segs []Segment
+		for i := 0; i < 2+r.IntN(6); i++ {
+			// Destinations in disjoint slots; any 16-byte offsets on both sides.
+			segs = append(segs, Segment{Src: 0x7f0000000000 + 16*r.Uint64N(1<<16), Dst: 0x7e0000000000 + uint64(i)*size*4 + 16*r.Uint64N(size/16*3), Size: size})
+		}
+		roundTrip(t, segs, 32<<10)
+	}
+}
+
 func TestOddInverse(t *testing.T) {
 	for _, odd := range []uint64{1, 3, 45, 63, 0xffffffffffffffff, 1<<63 + 1} {
 		if got := odd * oddInverse(odd); got != 1 {
