@@ -30,7 +30,9 @@ type GPUDriver interface {
 	PrimaryContextRetain(dev cuda.Device) (cuda.Context, error)
 	PrimaryContextRelease(dev cuda.Device) error
 	WithContext(ctx cuda.Context, fn func() error) error
-	CtxSynchronize() error
+	StreamCreate() (cuda.Stream, error)
+	StreamDestroy(s cuda.Stream) error
+	StreamSynchronize(s cuda.Stream) error
 	Granularity(dev cuda.Device, handleTypes int) (uint64, error)
 	MemCreate(dev cuda.Device, size uint64, handleTypes int) (cuda.AllocHandle, error)
 	MemRelease(h cuda.AllocHandle) error
@@ -38,7 +40,7 @@ type GPUDriver interface {
 	UnmapRange(ptr cuda.DevicePtr, size uint64) error
 	ExportPosixFD(h cuda.AllocHandle) (int, error)
 	ExportFabric(h cuda.AllocHandle) (cuda.FabricHandle, error)
-	MemsetD8(p cuda.DevicePtr, v byte, n uint64) error
+	MemsetD8Async(p cuda.DevicePtr, v byte, n uint64, s cuda.Stream) error
 }
 
 // GPUTarget is one GPU the pool allocates on: the agent's index for it and its PCI address (matched against
@@ -83,6 +85,7 @@ type gpuMemory struct {
 	busID     string
 	dev       cuda.Device
 	ctx       cuda.Context
+	stream    cuda.Stream // zeroing runs here, so it waits for nothing else on the GPU
 	types     int
 	size      uint64
 	slabBytes uint64
@@ -204,49 +207,63 @@ func (p *GPUPool) create(t GPUTarget, o GPUOptions) (*gpuMemory, error) {
 	}
 	m := &gpuMemory{index: t.Index, busID: t.BusID, dev: dev, ctx: ctx}
 	err = p.drv.WithContext(ctx, func() error {
-		m.types = cuda.HandleTypePosixFD | cuda.HandleTypeFabric
-		if ok, err := p.drv.DeviceAttribute(dev, cuda.AttrHandleTypeFabricSupported); err != nil || ok == 0 {
-			m.types, m.reason = cuda.HandleTypePosixFD, fmt.Sprintf("the GPU does not offer fabric handles (HANDLE_TYPE_FABRIC_SUPPORTED %d, %v)", ok, err)
-		}
-		g, err := p.drv.Granularity(dev, m.types)
-		if err != nil && m.types&cuda.HandleTypeFabric != 0 && fabricRefused(err) {
-			m.types, m.reason = cuda.HandleTypePosixFD, fmt.Sprintf("the driver refused the fabric handle type: %v", err)
-			g, err = p.drv.Granularity(dev, m.types)
-		}
-		if err != nil {
+		var err error
+		if m.stream, err = p.drv.StreamCreate(); err != nil {
 			return err
 		}
-		if g == 0 {
-			g = SliceAlign
-		}
-		if o.PerGPU > math.MaxUint64-g {
-			return fmt.Errorf("%d bytes per GPU cannot be rounded to the granularity %d", o.PerGPU, g)
-		}
-		m.gran = g
-		m.size = cuda.RoundUp(o.PerGPU, g)
-		sizes, err := slabSizes(m.size, g, o.SlabBytes)
+		err = p.fill(m, o)
 		if err != nil {
-			return err
+			err = errors.Join(err, p.drv.StreamDestroy(m.stream))
 		}
-		m.slabBytes = sizes[0]
-		for i, size := range sizes {
-			s, err := p.newSlab(m, size, g)
-			if err != nil {
-				for _, s := range m.slabs {
-					err = errors.Join(err, p.release(s))
-				}
-				m.slabs = nil
-				return fmt.Errorf("slab %d of %d (%d bytes): %w", i+1, len(sizes), size, err)
-			}
-			m.slabs = append(m.slabs, s)
-		}
-		m.fabric = m.types&cuda.HandleTypeFabric != 0 && m.reason == ""
-		return nil
+		return err
 	})
 	if err != nil {
 		return nil, errors.Join(err, p.drv.PrimaryContextRelease(dev))
 	}
 	return m, nil
+}
+
+// fill settles m's handle types and granularity and creates its slabs; m's context is current.
+func (p *GPUPool) fill(m *gpuMemory, o GPUOptions) error {
+	dev := m.dev
+	m.types = cuda.HandleTypePosixFD | cuda.HandleTypeFabric
+	if ok, err := p.drv.DeviceAttribute(dev, cuda.AttrHandleTypeFabricSupported); err != nil || ok == 0 {
+		m.types, m.reason = cuda.HandleTypePosixFD, fmt.Sprintf("the GPU does not offer fabric handles (HANDLE_TYPE_FABRIC_SUPPORTED %d, %v)", ok, err)
+	}
+	g, err := p.drv.Granularity(dev, m.types)
+	if err != nil && m.types&cuda.HandleTypeFabric != 0 && fabricRefused(err) {
+		m.types, m.reason = cuda.HandleTypePosixFD, fmt.Sprintf("the driver refused the fabric handle type: %v", err)
+		g, err = p.drv.Granularity(dev, m.types)
+	}
+	if err != nil {
+		return err
+	}
+	if g == 0 {
+		g = SliceAlign
+	}
+	if o.PerGPU > math.MaxUint64-g {
+		return fmt.Errorf("%d bytes per GPU cannot be rounded to the granularity %d", o.PerGPU, g)
+	}
+	m.gran = g
+	m.size = cuda.RoundUp(o.PerGPU, g)
+	sizes, err := slabSizes(m.size, g, o.SlabBytes)
+	if err != nil {
+		return err
+	}
+	m.slabBytes = sizes[0]
+	for i, size := range sizes {
+		s, err := p.newSlab(m, size, g)
+		if err != nil {
+			for _, s := range m.slabs {
+				err = errors.Join(err, p.release(s))
+			}
+			m.slabs = nil
+			return fmt.Errorf("slab %d of %d (%d bytes): %w", i+1, len(sizes), size, err)
+		}
+		m.slabs = append(m.slabs, s)
+	}
+	m.fabric = m.types&cuda.HandleTypeFabric != 0 && m.reason == ""
+	return nil
 }
 
 // newSlab creates, maps, exports and zeroes one slab of m. The first refusal of the fabric handle type turns
@@ -278,7 +295,7 @@ func (p *GPUPool) newSlab(m *gpuMemory, size, g uint64) (*slab, error) {
 	s := &slab{gpu: m, handle: h, ptr: ptr, size: size, ranges: newRanges(size, SliceAlign),
 		file: os.NewFile(uintptr(fd), fmt.Sprintf("gpu-pool-%d-%d", m.index, len(m.slabs)))}
 	// Fresh device memory may hold a previous process's bytes.
-	if err := p.zero(ptr, size); err != nil {
+	if err := p.zero(m, ptr, size); err != nil {
 		return nil, errors.Join(err, p.release(s))
 	}
 	return s, nil
@@ -308,12 +325,13 @@ func (p *GPUPool) accessors(dev cuda.Device) []cuda.Device {
 	return devs
 }
 
-// zero clears device memory and waits for it: the next borrower must never see the previous one's bytes.
-func (p *GPUPool) zero(ptr cuda.DevicePtr, n uint64) error {
-	if err := p.drv.MemsetD8(ptr, 0, n); err != nil {
+// zero clears device memory of m and waits for it: the next borrower must never see the previous one's bytes.
+// It waits on m's own stream, not the whole context, so a Free does not wait for the engines' copies.
+func (p *GPUPool) zero(m *gpuMemory, ptr cuda.DevicePtr, n uint64) error {
+	if err := p.drv.MemsetD8Async(ptr, 0, n, m.stream); err != nil {
 		return fmt.Errorf("zeroing pool memory: %w", err)
 	}
-	if err := p.drv.CtxSynchronize(); err != nil {
+	if err := p.drv.StreamSynchronize(m.stream); err != nil {
 		return fmt.Errorf("zeroing pool memory: %w", err)
 	}
 	return nil
@@ -437,7 +455,7 @@ func (p *GPUPool) Free(id string) error {
 	}
 	sp := s.ranges.used[id]
 	delete(p.slices, id)
-	if err := p.drv.WithContext(s.gpu.ctx, func() error { return p.zero(s.ptr+cuda.DevicePtr(sp.off), sp.len) }); err != nil {
+	if err := p.drv.WithContext(s.gpu.ctx, func() error { return p.zero(s.gpu, s.ptr+cuda.DevicePtr(sp.off), sp.len) }); err != nil {
 		s.ranges.used["quarantined-"+id] = sp
 		delete(s.ranges.used, id)
 		return fmt.Errorf("freeing pool memory %q: %w (the range is kept out of the pool)", id, err)
@@ -520,6 +538,7 @@ func (p *GPUPool) Close() error {
 			for _, s := range m.slabs {
 				errs = append(errs, p.release(s))
 			}
+			errs = append(errs, p.drv.StreamDestroy(m.stream))
 			return errors.Join(errs...)
 		}))
 		errs = append(errs, p.drv.PrimaryContextRelease(m.dev))

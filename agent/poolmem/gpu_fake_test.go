@@ -15,7 +15,7 @@ import (
 )
 
 // fakeDriver stands in for the CUDA driver at the hardware edge: device memory is host bytes keyed by address,
-// handles and contexts are counted so tests can see that nothing leaks.
+// handles, contexts and streams are counted so tests can see that nothing leaks.
 type fakeDriver struct {
 	busIDs      []string
 	granularity uint64
@@ -33,6 +33,7 @@ type fakeDriver struct {
 	handles  map[cuda.AllocHandle]int // live handle -> handle types
 	next     uint64
 	contexts int
+	streams  int // live streams
 	created  []int
 }
 
@@ -69,8 +70,20 @@ func (f *fakeDriver) PrimaryContextRelease(cuda.Device) error {
 	return nil
 }
 func (f *fakeDriver) WithContext(_ cuda.Context, fn func() error) error { return fn() }
-func (f *fakeDriver) CtxSynchronize() error                             { return nil }
-func (f *fakeDriver) Granularity(cuda.Device, int) (uint64, error)      { return f.granularity, nil }
+func (f *fakeDriver) StreamCreate() (cuda.Stream, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.streams++
+	return cuda.Stream(f.streams), nil
+}
+func (f *fakeDriver) StreamDestroy(cuda.Stream) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.streams--
+	return nil
+}
+func (f *fakeDriver) StreamSynchronize(cuda.Stream) error          { return nil }
+func (f *fakeDriver) Granularity(cuda.Device, int) (uint64, error) { return f.granularity, nil }
 func (f *fakeDriver) MemCreate(d cuda.Device, size uint64, types int) (cuda.AllocHandle, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -128,7 +141,7 @@ func (f *fakeDriver) fdName() string { return fmt.Sprintf("fake-vmm-%p", f) }
 func (f *fakeDriver) ExportFabric(cuda.AllocHandle) (cuda.FabricHandle, error) {
 	return cuda.FabricHandle{1}, f.exportErr
 }
-func (f *fakeDriver) MemsetD8(p cuda.DevicePtr, v byte, n uint64) error {
+func (f *fakeDriver) MemsetD8Async(p cuda.DevicePtr, v byte, n uint64, _ cuda.Stream) error {
 	if f.zeroErr != nil {
 		return f.zeroErr
 	}
@@ -155,8 +168,8 @@ func (f *fakeDriver) leaks() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fds := openMemfds(f.fdName())
-	if len(f.handles) != 0 || len(f.mem) != 0 || f.contexts != 0 || fds != 0 {
-		return fmt.Sprintf("%d handles, %d mappings, %d contexts, %d exported fds still held", len(f.handles), len(f.mem), f.contexts, fds)
+	if len(f.handles) != 0 || len(f.mem) != 0 || f.contexts != 0 || f.streams != 0 || fds != 0 {
+		return fmt.Sprintf("%d handles, %d mappings, %d contexts, %d streams, %d exported fds still held", len(f.handles), len(f.mem), f.contexts, f.streams, fds)
 	}
 	return ""
 }

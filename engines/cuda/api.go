@@ -152,6 +152,11 @@ func (d *Driver) MemsetD8(p DevicePtr, v byte, n uint64) error {
 	return d.call("cuMemsetD8", d.f.memsetD8, uintptr(p), uintptr(v), uintptr(n))
 }
 
+// MemsetD8Async sets n bytes at p to v on stream s.
+func (d *Driver) MemsetD8Async(p DevicePtr, v byte, n uint64, s Stream) error {
+	return d.call("cuMemsetD8Async", d.f.memsetD8Async, uintptr(p), uintptr(v), uintptr(n), uintptr(s))
+}
+
 // Memcpy copies n bytes between any two UVA addresses, synchronously.
 func (d *Driver) Memcpy(dst, src uint64, n uint64) error {
 	return d.call("cuMemcpy", d.f.memcpy, uintptr(dst), uintptr(src), uintptr(n))
