@@ -87,23 +87,11 @@ var shapes = []shape{
 	{"uniform-720B-at-16B-offsets", func(r *rand.Rand, size uint64) []gpucopy.Segment {
 		// Destinations 736 B apart and sources at any 16-byte offset: the
 		// packed descriptors count in 16-byte units, not blocks.
-		const blk, slot = 720, 736
-		n := min(int(size/slot), 15360)
-		segs := make([]gpucopy.Segment, 0, n)
-		for _, d := range r.Perm(int(size / slot))[:n] {
-			segs = append(segs, gpucopy.Segment{Src: 16 * r.Uint64N((size-blk)/16), Dst: uint64(d) * slot, Size: blk})
-		}
-		return segs
+		return equalBlocks(r, size, 720, 736, 15360)
 	}},
 	{"equal-64KiB-cut-into-pieces", func(r *rand.Rand, size uint64) []gpucopy.Segment {
 		// Items twice the piece size: the flat kernel over 8-byte descriptors.
-		const blk = 64 << 10
-		n := min(int(size/blk), 500)
-		segs := make([]gpucopy.Segment, 0, n)
-		for _, d := range r.Perm(int(size / blk))[:n] {
-			segs = append(segs, gpucopy.Segment{Src: 16 * r.Uint64N((size-blk)/16), Dst: uint64(d) * blk, Size: blk})
-		}
-		return segs
+		return equalBlocks(r, size, 64<<10, 64<<10, 500)
 	}},
 	{"odd-sizes-odd-offsets", func(r *rand.Rand, size uint64) []gpucopy.Segment {
 		// Destinations in disjoint slots of 40 KiB, each item at a random odd
@@ -184,6 +172,17 @@ func TestShapesCoverEveryScatterForm(t *testing.T) {
 			t.Errorf("%s: %s descriptors, want %s (%+v)", name, got, want, l)
 		}
 	}
+}
+
+// equalBlocks is up to n blocks of blk bytes, each in its own destination slot
+// of slot bytes, read from any 16-byte offset of the source.
+func equalBlocks(r *rand.Rand, size, blk, slot uint64, n int) []gpucopy.Segment {
+	n = min(int(size/slot), n)
+	segs := make([]gpucopy.Segment, 0, n)
+	for _, d := range r.Perm(int(size / slot))[:n] {
+		segs = append(segs, gpucopy.Segment{Src: 16 * r.Uint64N((size-blk)/16), Dst: uint64(d) * slot, Size: blk})
+	}
+	return segs
 }
 
 // checkCopies runs segs (offsets into src and dst buffers of size bytes) with
