@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -125,9 +124,8 @@ type Copier struct {
 
 	// With Options.TimeDevice: a mapped pinned word the stream waits on before
 	// each timed submission, raised once the submission is queued.
-	gate, gateMem uintptr
-	gateSeq       uint32
-	gateReason    string
+	gate       *cuda.StreamGate // nil: timings not held
+	gateReason string
 }
 
 // getEvent reuses an idle event (creating one costs a driver round trip per
@@ -204,12 +202,9 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 			return err
 		}
 		if opts.TimeDevice {
-			if c.gateMem, err = drv.MemHostAlloc(4096); err != nil {
-				c.gateMem, c.gateReason = 0, err.Error()
-			} else {
-				atomic.StoreUint32((*uint32)(cuda.HostPointer(c.gateMem)), 0)
+			if c.gate, err = cuda.NewStreamGate(drv); err != nil {
+				c.gateReason = err.Error()
 			}
-			c.gate = c.gateMem
 		}
 		c.chooseMode()
 		return nil
@@ -252,7 +247,7 @@ func (c *Copier) Reason() string { return c.reason }
 func (c *Copier) TimingGated() (bool, string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.gate != 0, c.gateReason
+	return c.gate != nil, c.gateReason
 }
 
 // Kernels describes the loaded kernels (nil in a driver mode).
@@ -327,14 +322,15 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 			if !kernel && c.mode == ModePerItem {
 				ops += len(small)
 			}
-			if c.gate != 0 && ops <= maxGatedOps && route != RouteDriver {
+			if c.gate != nil && ops <= maxGatedOps && route != RouteDriver {
 				// The stream holds the timed work until all of it is queued,
 				// so the GPU time leaves out the host's driver calls.
-				c.gateSeq++
-				if err := c.drv.StreamWaitValue32(c.stream, uint64(c.gate), c.gateSeq); err != nil {
-					c.gate, c.gateReason = 0, err.Error()
+				if open, err := c.gate.Hold(c.stream); err != nil {
+					c.gateReason = err.Error()
+					_ = c.gate.Close() // nothing waits on it: the wait was not queued
+					c.gate = nil
 				} else {
-					defer atomic.StoreUint32((*uint32)(cuda.HostPointer(c.gate)), c.gateSeq)
+					defer open()
 				}
 			}
 			ev, err := c.getEvent(true)
@@ -431,7 +427,6 @@ type staged struct {
 	keepable   bool
 	key        uint64
 	kind       [2]uint64
-	n          int
 	fromDevice bool
 }
 
@@ -447,7 +442,7 @@ func (c *Copier) findResident(p *Pending, st *staged) {
 	}
 	// Equal bytes mean equal copies only under the same piece size and
 	// offset encoding.
-	st.keepable, st.n = true, len(b)
+	st.keepable = true
 	st.kind = [2]uint64{l.PieceSize<<8 | uint64(l.Shift), l.Unit<<16 | uint64(l.SrcBits)<<8 | uint64(l.DstBits)}
 	st.key = c.resident.Key(st.kind, b)
 	if e := c.resident.Lookup(st.key, st.kind, b); e != nil {
@@ -477,7 +472,7 @@ func (c *Copier) launchStaged(p *Pending, st staged) error {
 		return err
 	}
 	if st.keepable {
-		p.resident = c.resident.Adopt(st.key, st.kind, st.n, p.slot)
+		p.resident = c.resident.Adopt(st.key, st.kind, st.layout.Bytes(), p.slot)
 		p.slot = nil
 	}
 	return nil
@@ -600,8 +595,8 @@ func (c *Copier) Close() error {
 		errs := []error{c.drv.StreamSynchronize(c.stream)}
 		c.resident.Drain()
 		errs = append(errs, c.slots.Close(), c.drv.StreamDestroy(c.stream))
-		if c.gateMem != 0 {
-			errs = append(errs, c.drv.MemFreeHost(c.gateMem))
+		if c.gate != nil {
+			errs = append(errs, c.gate.Close())
 		}
 		c.evMu.Lock()
 		for _, evs := range c.events {

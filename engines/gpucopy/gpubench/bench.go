@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -57,21 +56,20 @@ func (r Row) GBps() float64 { return float64(r.Bytes) / r.Median.Seconds() / 1e9
 
 type bench struct {
 	drv *cuda.Driver
-	// gate is a mapped pinned word deviceTime holds streams on (0: none).
-	gate    uintptr
-	gateSeq uint32
-	nvrtc   *cuda.NVRTC
-	ctx     cuda.Context
-	kern    *gpucopy.Copier
-	hostD   *gpucopy.Copier
-	batch   *gpucopy.Copier
-	per     *gpucopy.Copier
-	eng     *xgmi.Engine
-	back    *gpucopy.Backend
-	cfg     Config
-	rows    []Row
-	out     io.Writer
-	nextID  int
+	// gate holds streams in deviceTime until the timed work is queued.
+	gate   *cuda.StreamGate
+	nvrtc  *cuda.NVRTC
+	ctx    cuda.Context
+	kern   *gpucopy.Copier
+	hostD  *gpucopy.Copier
+	batch  *gpucopy.Copier
+	per    *gpucopy.Copier
+	eng    *xgmi.Engine
+	back   *gpucopy.Backend
+	cfg    Config
+	rows   []Row
+	out    io.Writer
+	nextID int
 	// stats are the engine's own per-copy timings (Options.Observe).
 	mu    sync.Mutex
 	stats []gpucopy.CopyStats
@@ -138,19 +136,11 @@ func Run(out io.Writer, cfg Config) ([]Row, error) {
 	}
 	defer b.kern.Close()
 	b.ctx = b.kern.Context()
-	err = drv.WithContext(b.ctx, func() error {
-		g, err := drv.MemHostAlloc(4096)
-		if err != nil {
-			return err
-		}
-		atomic.StoreUint32((*uint32)(cuda.HostPointer(g)), 0)
-		b.gate = g
-		return nil
-	})
+	err = drv.WithContext(b.ctx, func() (err error) { b.gate, err = cuda.NewStreamGate(drv); return err })
 	if err != nil {
 		return nil, err
 	}
-	defer drv.WithContext(b.ctx, func() error { return drv.MemFreeHost(b.gate) })
+	defer drv.WithContext(b.ctx, b.gate.Close)
 	if b.hostD, err = gpucopy.NewCopier(drv, 0, copts); err != nil {
 		return nil, err
 	}
@@ -225,7 +215,6 @@ func (b *bench) deviceTime(s cuda.Stream, warm, reps int, fn func(i int) error) 
 }
 
 func (b *bench) deviceTimeGated(gated bool, s cuda.Stream, warm, reps int, fn func(i int) error) ([]time.Duration, error) {
-	gated = gated && b.gate != 0
 	var out []time.Duration
 	err := b.drv.WithContext(b.ctx, func() error {
 		start, err := b.drv.EventCreate(true)
@@ -239,9 +228,10 @@ func (b *bench) deviceTimeGated(gated bool, s cuda.Stream, warm, reps int, fn fu
 		}
 		defer b.drv.EventDestroy(end)
 		for i := -warm; i < reps; i++ {
+			open := func() {}
 			if gated {
-				b.gateSeq++
-				if err := b.drv.StreamWaitValue32(s, uint64(b.gate), b.gateSeq); err != nil {
+				var err error
+				if open, err = b.gate.Hold(s); err != nil {
 					return err
 				}
 			}
@@ -252,9 +242,7 @@ func (b *bench) deviceTimeGated(gated bool, s cuda.Stream, warm, reps int, fn fu
 			if err == nil {
 				err = b.drv.EventRecord(end, s)
 			}
-			if gated {
-				atomic.StoreUint32((*uint32)(cuda.HostPointer(b.gate)), b.gateSeq)
-			}
+			open()
 			if err != nil {
 				return err
 			}
@@ -379,10 +367,7 @@ func (b *bench) contiguous() error {
 		if err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err = p.Wait(ctx)
-		cancel()
-		if err != nil {
+		if err := waitPending(p); err != nil {
 			return err
 		}
 		if i >= 0 {

@@ -139,10 +139,7 @@ func (b *bench) scatter(sc ScatterCase) error {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			err = p.Wait(ctx)
-			cancel()
-			if err != nil {
+			if err := waitPending(p); err != nil {
 				return err
 			}
 			if i >= 0 {
@@ -233,10 +230,7 @@ func (b *bench) copierDeviceTimes(c *gpucopy.Copier, sets [][]gpucopy.Segment) (
 		if err != nil {
 			return nil, err
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err = p.Wait(ctx)
-		cancel()
-		if err != nil {
+		if err := waitPending(p); err != nil {
 			return nil, err
 		}
 		if i >= 0 {
@@ -257,9 +251,7 @@ func (b *bench) timeCopier(c *gpucopy.Copier, segs [][]gpucopy.Segment, reps int
 		if prev == nil {
 			return nil
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		err := prev.Wait(ctx)
+		err := waitPending(prev)
 		prev = nil
 		return err
 	}
@@ -364,4 +356,11 @@ func (b *bench) engineSeries(c string, bytes uint64, method, what string, warm i
 		b.add(dr)
 	}
 	return nil
+}
+
+// waitPending waits for a copier submission, for a minute at most.
+func waitPending(p *gpucopy.Pending) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return p.Wait(ctx)
 }
