@@ -83,6 +83,11 @@ func fastCall(ctx context.Context, conn *net.UnixConn, payload []byte, spin time
 // transferFast sends req over the fast socket. ok is false when there is no fast path (the caller uses gRPC).
 // Calls are serialized on the one connection.
 func (c *Client) transferFast(ctx context.Context, req *agentv1.TransferRequest) (resp *agentv1.TransferResponse, ok bool, err error) {
+	return c.fastRequest(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Transfer{Transfer: req}})
+}
+
+// fastRequest sends one request frame over the fast socket and reads its reply.
+func (c *Client) fastRequest(ctx context.Context, req *agentv1.FastRequest) (resp *agentv1.TransferResponse, ok bool, err error) {
 	c.fastMu.Lock()
 	defer c.fastMu.Unlock()
 	if c.fast == nil {

@@ -124,11 +124,8 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 			}
 			return
 		}
-		var req agentv1.TransferRequest
 		var reply *agentv1.FastReply
-		if err := proto.Unmarshal(frame, &req); err != nil {
-			reply = errReply(status.Errorf(codes.InvalidArgument, "frame is not a TransferRequest: %v", err))
-		} else if resp, err := s.transfer(callCtx, sess, &req); err != nil {
+		if resp, err := s.serveFastFrame(callCtx, sess, frame); err != nil {
 			reply = errReply(err)
 		} else {
 			reply = &agentv1.FastReply{Response: resp}
@@ -137,4 +134,19 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 			return
 		}
 	}
+}
+
+// serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would.
+func (s *Server) serveFastFrame(ctx context.Context, sess *session, frame []byte) (*agentv1.TransferResponse, error) {
+	var req agentv1.FastRequest
+	if err := proto.Unmarshal(frame, &req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
+	}
+	switch r := req.Request.(type) {
+	case *agentv1.FastRequest_Transfer:
+		return s.transfer(ctx, sess, r.Transfer)
+	case *agentv1.FastRequest_Blocks:
+		return s.transferBlocks(ctx, sess, r.Blocks)
+	}
+	return nil, status.Error(codes.InvalidArgument, "fast request names no transfer")
 }

@@ -420,7 +420,7 @@ class Client:
         if wait and self._fast is not None:
             with self._fast_lock:
                 try:
-                    reply = self._frame(self._fast, req.SerializeToString())
+                    reply = self._frame(self._fast, pb.FastRequest(transfer=req).SerializeToString())
                 except (OSError, ConnectionError) as e:
                     self._fast.close()
                     self._fast = None

@@ -2744,6 +2744,557 @@ func (x *OpenFastPathResponse) GetSocket() string {
 	return ""
 }
 
+type RegisterLayoutRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caller's regions, in order (region k of this layout pairs with region k of the other layout). All of
+	// one length, a multiple of block_bytes; at most 4096.
+	RegionIds  []uint64 `protobuf:"varint,1,rep,packed,name=region_ids,json=regionIds,proto3" json:"region_ids,omitempty"`
+	BlockBytes uint64   `protobuf:"varint,2,opt,name=block_bytes,json=blockBytes,proto3" json:"block_bytes,omitempty"`
+	// A name peers may resolve (unique per node and pool, shared with segment names). Empty keeps it private.
+	SegmentName   string `protobuf:"bytes,3,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterLayoutRequest) Reset() {
+	*x = RegisterLayoutRequest{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterLayoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterLayoutRequest) ProtoMessage() {}
+
+func (x *RegisterLayoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterLayoutRequest.ProtoReflect.Descriptor instead.
+func (*RegisterLayoutRequest) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *RegisterLayoutRequest) GetRegionIds() []uint64 {
+	if x != nil {
+		return x.RegionIds
+	}
+	return nil
+}
+
+func (x *RegisterLayoutRequest) GetBlockBytes() uint64 {
+	if x != nil {
+		return x.BlockBytes
+	}
+	return 0
+}
+
+func (x *RegisterLayoutRequest) GetSegmentName() string {
+	if x != nil {
+		return x.SegmentName
+	}
+	return ""
+}
+
+type Layout struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	BlockBytes uint64                 `protobuf:"varint,2,opt,name=block_bytes,json=blockBytes,proto3" json:"block_bytes,omitempty"`
+	// Blocks per region.
+	Blocks        uint64   `protobuf:"varint,3,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	RegionIds     []uint64 `protobuf:"varint,4,rep,packed,name=region_ids,json=regionIds,proto3" json:"region_ids,omitempty"`
+	SegmentName   string   `protobuf:"bytes,5,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Layout) Reset() {
+	*x = Layout{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Layout) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Layout) ProtoMessage() {}
+
+func (x *Layout) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Layout.ProtoReflect.Descriptor instead.
+func (*Layout) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *Layout) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *Layout) GetBlockBytes() uint64 {
+	if x != nil {
+		return x.BlockBytes
+	}
+	return 0
+}
+
+func (x *Layout) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *Layout) GetRegionIds() []uint64 {
+	if x != nil {
+		return x.RegionIds
+	}
+	return nil
+}
+
+func (x *Layout) GetSegmentName() string {
+	if x != nil {
+		return x.SegmentName
+	}
+	return ""
+}
+
+type RegisterLayoutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Layout        *Layout                `protobuf:"bytes,1,opt,name=layout,proto3" json:"layout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterLayoutResponse) Reset() {
+	*x = RegisterLayoutResponse{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterLayoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterLayoutResponse) ProtoMessage() {}
+
+func (x *RegisterLayoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterLayoutResponse.ProtoReflect.Descriptor instead.
+func (*RegisterLayoutResponse) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *RegisterLayoutResponse) GetLayout() *Layout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+type DeregisterLayoutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LayoutId      uint64                 `protobuf:"varint,1,opt,name=layout_id,json=layoutId,proto3" json:"layout_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeregisterLayoutRequest) Reset() {
+	*x = DeregisterLayoutRequest{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeregisterLayoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeregisterLayoutRequest) ProtoMessage() {}
+
+func (x *DeregisterLayoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeregisterLayoutRequest.ProtoReflect.Descriptor instead.
+func (*DeregisterLayoutRequest) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DeregisterLayoutRequest) GetLayoutId() uint64 {
+	if x != nil {
+		return x.LayoutId
+	}
+	return 0
+}
+
+type DeregisterLayoutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeregisterLayoutResponse) Reset() {
+	*x = DeregisterLayoutResponse{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeregisterLayoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeregisterLayoutResponse) ProtoMessage() {}
+
+func (x *DeregisterLayoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeregisterLayoutResponse.ProtoReflect.Descriptor instead.
+func (*DeregisterLayoutResponse) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+}
+
+// LayoutRef names the other side of a block transfer.
+type LayoutRef struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Target:
+	//
+	//	*LayoutRef_LayoutId
+	//	*LayoutRef_Segment
+	Target        isLayoutRef_Target `protobuf_oneof:"target"`
+	Node          string             `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayoutRef) Reset() {
+	*x = LayoutRef{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayoutRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayoutRef) ProtoMessage() {}
+
+func (x *LayoutRef) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayoutRef.ProtoReflect.Descriptor instead.
+func (*LayoutRef) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *LayoutRef) GetTarget() isLayoutRef_Target {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *LayoutRef) GetLayoutId() uint64 {
+	if x != nil {
+		if x, ok := x.Target.(*LayoutRef_LayoutId); ok {
+			return x.LayoutId
+		}
+	}
+	return 0
+}
+
+func (x *LayoutRef) GetSegment() string {
+	if x != nil {
+		if x, ok := x.Target.(*LayoutRef_Segment); ok {
+			return x.Segment
+		}
+	}
+	return ""
+}
+
+func (x *LayoutRef) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type isLayoutRef_Target interface {
+	isLayoutRef_Target()
+}
+
+type LayoutRef_LayoutId struct {
+	// Another of the caller's layouts on this node.
+	LayoutId uint64 `protobuf:"varint,1,opt,name=layout_id,json=layoutId,proto3,oneof"`
+}
+
+type LayoutRef_Segment struct {
+	// A layout published under a segment name on node (this node when node is empty).
+	Segment string `protobuf:"bytes,2,opt,name=segment,proto3,oneof"`
+}
+
+func (*LayoutRef_LayoutId) isLayoutRef_Target() {}
+
+func (*LayoutRef_Segment) isLayoutRef_Target() {}
+
+type TransferBlocksRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Op    Op                     `protobuf:"varint,1,opt,name=op,proto3,enum=fabricxfer.agent.v1.Op" json:"op,omitempty"`
+	// The caller's layout (the local side).
+	LayoutId uint64     `protobuf:"varint,2,opt,name=layout_id,json=layoutId,proto3" json:"layout_id,omitempty"`
+	Remote   *LayoutRef `protobuf:"bytes,3,opt,name=remote,proto3" json:"remote,omitempty"`
+	// Block ids, packed little-endian integers of id_bytes each (4: int32, 8: int64), the local side's and the
+	// remote side's, of equal count; local_ids[i] pairs with remote_ids[i]. Destination ids must be distinct.
+	LocalIds      []byte               `protobuf:"bytes,4,opt,name=local_ids,json=localIds,proto3" json:"local_ids,omitempty"`
+	RemoteIds     []byte               `protobuf:"bytes,5,opt,name=remote_ids,json=remoteIds,proto3" json:"remote_ids,omitempty"`
+	IdBytes       uint32               `protobuf:"varint,6,opt,name=id_bytes,json=idBytes,proto3" json:"id_bytes,omitempty"`
+	Timeout       *durationpb.Duration `protobuf:"bytes,7,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	Notify        []byte               `protobuf:"bytes,8,opt,name=notify,proto3" json:"notify,omitempty"`
+	Wait          bool                 `protobuf:"varint,9,opt,name=wait,proto3" json:"wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferBlocksRequest) Reset() {
+	*x = TransferBlocksRequest{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferBlocksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferBlocksRequest) ProtoMessage() {}
+
+func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferBlocksRequest.ProtoReflect.Descriptor instead.
+func (*TransferBlocksRequest) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *TransferBlocksRequest) GetOp() Op {
+	if x != nil {
+		return x.Op
+	}
+	return Op_OP_UNSPECIFIED
+}
+
+func (x *TransferBlocksRequest) GetLayoutId() uint64 {
+	if x != nil {
+		return x.LayoutId
+	}
+	return 0
+}
+
+func (x *TransferBlocksRequest) GetRemote() *LayoutRef {
+	if x != nil {
+		return x.Remote
+	}
+	return nil
+}
+
+func (x *TransferBlocksRequest) GetLocalIds() []byte {
+	if x != nil {
+		return x.LocalIds
+	}
+	return nil
+}
+
+func (x *TransferBlocksRequest) GetRemoteIds() []byte {
+	if x != nil {
+		return x.RemoteIds
+	}
+	return nil
+}
+
+func (x *TransferBlocksRequest) GetIdBytes() uint32 {
+	if x != nil {
+		return x.IdBytes
+	}
+	return 0
+}
+
+func (x *TransferBlocksRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *TransferBlocksRequest) GetNotify() []byte {
+	if x != nil {
+		return x.Notify
+	}
+	return nil
+}
+
+func (x *TransferBlocksRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
+// FastRequest is one request frame on the fast socket.
+type FastRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Request:
+	//
+	//	*FastRequest_Transfer
+	//	*FastRequest_Blocks
+	Request       isFastRequest_Request `protobuf_oneof:"request"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FastRequest) Reset() {
+	*x = FastRequest{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FastRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FastRequest) ProtoMessage() {}
+
+func (x *FastRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FastRequest.ProtoReflect.Descriptor instead.
+func (*FastRequest) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *FastRequest) GetRequest() isFastRequest_Request {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *FastRequest) GetTransfer() *TransferRequest {
+	if x != nil {
+		if x, ok := x.Request.(*FastRequest_Transfer); ok {
+			return x.Transfer
+		}
+	}
+	return nil
+}
+
+func (x *FastRequest) GetBlocks() *TransferBlocksRequest {
+	if x != nil {
+		if x, ok := x.Request.(*FastRequest_Blocks); ok {
+			return x.Blocks
+		}
+	}
+	return nil
+}
+
+type isFastRequest_Request interface {
+	isFastRequest_Request()
+}
+
+type FastRequest_Transfer struct {
+	Transfer *TransferRequest `protobuf:"bytes,1,opt,name=transfer,proto3,oneof"`
+}
+
+type FastRequest_Blocks struct {
+	Blocks *TransferBlocksRequest `protobuf:"bytes,2,opt,name=blocks,proto3,oneof"`
+}
+
+func (*FastRequest_Transfer) isFastRequest_Request() {}
+
+func (*FastRequest_Blocks) isFastRequest_Request() {}
+
 // FastReply answers one frame on the fast socket.
 type FastReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2757,7 +3308,7 @@ type FastReply struct {
 
 func (x *FastReply) Reset() {
 	*x = FastReply{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2769,7 +3320,7 @@ func (x *FastReply) String() string {
 func (*FastReply) ProtoMessage() {}
 
 func (x *FastReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2782,7 +3333,7 @@ func (x *FastReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastReply.ProtoReflect.Descriptor instead.
 func (*FastReply) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *FastReply) GetCode() uint32 {
@@ -3005,7 +3556,46 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x13OpenFastPathRequest\"D\n" +
 	"\x14OpenFastPathResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x16\n" +
-	"\x06socket\x18\x02 \x01(\tR\x06socket\"|\n" +
+	"\x06socket\x18\x02 \x01(\tR\x06socket\"z\n" +
+	"\x15RegisterLayoutRequest\x12\x1d\n" +
+	"\n" +
+	"region_ids\x18\x01 \x03(\x04R\tregionIds\x12\x1f\n" +
+	"\vblock_bytes\x18\x02 \x01(\x04R\n" +
+	"blockBytes\x12!\n" +
+	"\fsegment_name\x18\x03 \x01(\tR\vsegmentName\"\x93\x01\n" +
+	"\x06Layout\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1f\n" +
+	"\vblock_bytes\x18\x02 \x01(\x04R\n" +
+	"blockBytes\x12\x16\n" +
+	"\x06blocks\x18\x03 \x01(\x04R\x06blocks\x12\x1d\n" +
+	"\n" +
+	"region_ids\x18\x04 \x03(\x04R\tregionIds\x12!\n" +
+	"\fsegment_name\x18\x05 \x01(\tR\vsegmentName\"M\n" +
+	"\x16RegisterLayoutResponse\x123\n" +
+	"\x06layout\x18\x01 \x01(\v2\x1b.fabricxfer.agent.v1.LayoutR\x06layout\"6\n" +
+	"\x17DeregisterLayoutRequest\x12\x1b\n" +
+	"\tlayout_id\x18\x01 \x01(\x04R\blayoutId\"\x1a\n" +
+	"\x18DeregisterLayoutResponse\"d\n" +
+	"\tLayoutRef\x12\x1d\n" +
+	"\tlayout_id\x18\x01 \x01(\x04H\x00R\blayoutId\x12\x1a\n" +
+	"\asegment\x18\x02 \x01(\tH\x00R\asegment\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04nodeB\b\n" +
+	"\x06target\"\xcd\x02\n" +
+	"\x15TransferBlocksRequest\x12'\n" +
+	"\x02op\x18\x01 \x01(\x0e2\x17.fabricxfer.agent.v1.OpR\x02op\x12\x1b\n" +
+	"\tlayout_id\x18\x02 \x01(\x04R\blayoutId\x126\n" +
+	"\x06remote\x18\x03 \x01(\v2\x1e.fabricxfer.agent.v1.LayoutRefR\x06remote\x12\x1b\n" +
+	"\tlocal_ids\x18\x04 \x01(\fR\blocalIds\x12\x1d\n" +
+	"\n" +
+	"remote_ids\x18\x05 \x01(\fR\tremoteIds\x12\x19\n" +
+	"\bid_bytes\x18\x06 \x01(\rR\aidBytes\x123\n" +
+	"\atimeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x16\n" +
+	"\x06notify\x18\b \x01(\fR\x06notify\x12\x12\n" +
+	"\x04wait\x18\t \x01(\bR\x04wait\"\xa2\x01\n" +
+	"\vFastRequest\x12B\n" +
+	"\btransfer\x18\x01 \x01(\v2$.fabricxfer.agent.v1.TransferRequestH\x00R\btransfer\x12D\n" +
+	"\x06blocks\x18\x02 \x01(\v2*.fabricxfer.agent.v1.TransferBlocksRequestH\x00R\x06blocksB\t\n" +
+	"\arequest\"|\n" +
 	"\tFastReply\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12A\n" +
@@ -3033,7 +3623,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x18TRANSFER_STATE_SUCCEEDED\x10\x02\x12\x19\n" +
 	"\x15TRANSFER_STATE_FAILED\x10\x03\x12\x1c\n" +
 	"\x18TRANSFER_STATE_CANCELLED\x10\x04\x12$\n" +
-	" TRANSFER_STATE_DEADLINE_EXCEEDED\x10\x052\xd5\t\n" +
+	" TRANSFER_STATE_DEADLINE_EXCEEDED\x10\x052\x96\f\n" +
 	"\x05Agent\x12T\n" +
 	"\aGetInfo\x12#.fabricxfer.agent.v1.GetInfoRequest\x1a$.fabricxfer.agent.v1.GetInfoResponse\x12i\n" +
 	"\x0eRegisterMemory\x12*.fabricxfer.agent.v1.RegisterMemoryRequest\x1a+.fabricxfer.agent.v1.RegisterMemoryResponse\x12o\n" +
@@ -3047,7 +3637,10 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\aExplain\x12#.fabricxfer.agent.v1.ExplainRequest\x1a$.fabricxfer.agent.v1.ExplainResponse\x12o\n" +
 	"\x10AllocateFromPool\x12,.fabricxfer.agent.v1.AllocateFromPoolRequest\x1a-.fabricxfer.agent.v1.AllocateFromPoolResponse\x12T\n" +
 	"\aRelease\x12#.fabricxfer.agent.v1.ReleaseRequest\x1a$.fabricxfer.agent.v1.ReleaseResponse\x12c\n" +
-	"\fOpenFastPath\x12(.fabricxfer.agent.v1.OpenFastPathRequest\x1a).fabricxfer.agent.v1.OpenFastPathResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
+	"\fOpenFastPath\x12(.fabricxfer.agent.v1.OpenFastPathRequest\x1a).fabricxfer.agent.v1.OpenFastPathResponse\x12i\n" +
+	"\x0eRegisterLayout\x12*.fabricxfer.agent.v1.RegisterLayoutRequest\x1a+.fabricxfer.agent.v1.RegisterLayoutResponse\x12o\n" +
+	"\x10DeregisterLayout\x12,.fabricxfer.agent.v1.DeregisterLayoutRequest\x1a-.fabricxfer.agent.v1.DeregisterLayoutResponse\x12c\n" +
+	"\x0eTransferBlocks\x12*.fabricxfer.agent.v1.TransferBlocksRequest\x1a%.fabricxfer.agent.v1.TransferResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_fabricxfer_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -3062,7 +3655,7 @@ func file_fabricxfer_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(MemoryKind)(0),                  // 0: fabricxfer.agent.v1.MemoryKind
 	(HandleType)(0),                  // 1: fabricxfer.agent.v1.HandleType
@@ -3104,8 +3697,16 @@ var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(*ReleaseResponse)(nil),          // 37: fabricxfer.agent.v1.ReleaseResponse
 	(*OpenFastPathRequest)(nil),      // 38: fabricxfer.agent.v1.OpenFastPathRequest
 	(*OpenFastPathResponse)(nil),     // 39: fabricxfer.agent.v1.OpenFastPathResponse
-	(*FastReply)(nil),                // 40: fabricxfer.agent.v1.FastReply
-	(*durationpb.Duration)(nil),      // 41: google.protobuf.Duration
+	(*RegisterLayoutRequest)(nil),    // 40: fabricxfer.agent.v1.RegisterLayoutRequest
+	(*Layout)(nil),                   // 41: fabricxfer.agent.v1.Layout
+	(*RegisterLayoutResponse)(nil),   // 42: fabricxfer.agent.v1.RegisterLayoutResponse
+	(*DeregisterLayoutRequest)(nil),  // 43: fabricxfer.agent.v1.DeregisterLayoutRequest
+	(*DeregisterLayoutResponse)(nil), // 44: fabricxfer.agent.v1.DeregisterLayoutResponse
+	(*LayoutRef)(nil),                // 45: fabricxfer.agent.v1.LayoutRef
+	(*TransferBlocksRequest)(nil),    // 46: fabricxfer.agent.v1.TransferBlocksRequest
+	(*FastRequest)(nil),              // 47: fabricxfer.agent.v1.FastRequest
+	(*FastReply)(nil),                // 48: fabricxfer.agent.v1.FastReply
+	(*durationpb.Duration)(nil),      // 49: google.protobuf.Duration
 }
 var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: fabricxfer.agent.v1.PoolMemoryInfo.kind:type_name -> fabricxfer.agent.v1.MemoryKind
@@ -3123,12 +3724,12 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	2,  // 12: fabricxfer.agent.v1.TransferRequest.op:type_name -> fabricxfer.agent.v1.Op
 	17, // 13: fabricxfer.agent.v1.TransferRequest.remote:type_name -> fabricxfer.agent.v1.RemoteRef
 	18, // 14: fabricxfer.agent.v1.TransferRequest.items:type_name -> fabricxfer.agent.v1.TransferItem
-	41, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
+	49, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
 	22, // 16: fabricxfer.agent.v1.TransferResponse.status:type_name -> fabricxfer.agent.v1.TransferStatus
 	3,  // 17: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
 	21, // 18: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
-	41, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
-	41, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	49, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
+	49, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 21: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
 	2,  // 22: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
 	30, // 23: fabricxfer.agent.v1.ExplainRequest.source:type_name -> fabricxfer.agent.v1.Endpoint
@@ -3137,38 +3738,50 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 26: fabricxfer.agent.v1.AllocateFromPoolRequest.kind:type_name -> fabricxfer.agent.v1.MemoryKind
 	1,  // 27: fabricxfer.agent.v1.AllocateFromPoolResponse.handle_type:type_name -> fabricxfer.agent.v1.HandleType
 	13, // 28: fabricxfer.agent.v1.AllocateFromPoolResponse.region:type_name -> fabricxfer.agent.v1.Region
-	20, // 29: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
-	4,  // 30: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
-	12, // 31: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
-	15, // 32: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
-	19, // 33: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
-	23, // 34: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
-	24, // 35: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
-	25, // 36: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
-	26, // 37: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
-	28, // 38: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
-	31, // 39: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
-	34, // 40: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
-	36, // 41: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
-	38, // 42: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
-	11, // 43: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
-	14, // 44: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
-	16, // 45: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
-	20, // 46: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
-	22, // 47: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 48: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 49: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
-	27, // 50: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
-	29, // 51: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
-	33, // 52: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
-	35, // 53: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
-	37, // 54: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
-	39, // 55: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
-	43, // [43:56] is the sub-list for method output_type
-	30, // [30:43] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	41, // 29: fabricxfer.agent.v1.RegisterLayoutResponse.layout:type_name -> fabricxfer.agent.v1.Layout
+	2,  // 30: fabricxfer.agent.v1.TransferBlocksRequest.op:type_name -> fabricxfer.agent.v1.Op
+	45, // 31: fabricxfer.agent.v1.TransferBlocksRequest.remote:type_name -> fabricxfer.agent.v1.LayoutRef
+	49, // 32: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
+	19, // 33: fabricxfer.agent.v1.FastRequest.transfer:type_name -> fabricxfer.agent.v1.TransferRequest
+	46, // 34: fabricxfer.agent.v1.FastRequest.blocks:type_name -> fabricxfer.agent.v1.TransferBlocksRequest
+	20, // 35: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
+	4,  // 36: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
+	12, // 37: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
+	15, // 38: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
+	19, // 39: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
+	23, // 40: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
+	24, // 41: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
+	25, // 42: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
+	26, // 43: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
+	28, // 44: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
+	31, // 45: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
+	34, // 46: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
+	36, // 47: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
+	38, // 48: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
+	40, // 49: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
+	43, // 50: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
+	46, // 51: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
+	11, // 52: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
+	14, // 53: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
+	16, // 54: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
+	20, // 55: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
+	22, // 56: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 57: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 58: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
+	27, // 59: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
+	29, // 60: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
+	33, // 61: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
+	35, // 62: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
+	37, // 63: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
+	39, // 64: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
+	42, // 65: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
+	44, // 66: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
+	20, // 67: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
+	52, // [52:68] is the sub-list for method output_type
+	36, // [36:52] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_agent_proto_init() }
@@ -3186,13 +3799,21 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 		(*Endpoint_Segment)(nil),
 		(*Endpoint_Desc)(nil),
 	}
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[41].OneofWrappers = []any{
+		(*LayoutRef_LayoutId)(nil),
+		(*LayoutRef_Segment)(nil),
+	}
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[43].OneofWrappers = []any{
+		(*FastRequest_Transfer)(nil),
+		(*FastRequest_Blocks)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_agent_proto_rawDesc), len(file_fabricxfer_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   37,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -40,6 +40,9 @@ const (
 	Agent_AllocateFromPool_FullMethodName = "/fabricxfer.agent.v1.Agent/AllocateFromPool"
 	Agent_Release_FullMethodName          = "/fabricxfer.agent.v1.Agent/Release"
 	Agent_OpenFastPath_FullMethodName     = "/fabricxfer.agent.v1.Agent/OpenFastPath"
+	Agent_RegisterLayout_FullMethodName   = "/fabricxfer.agent.v1.Agent/RegisterLayout"
+	Agent_DeregisterLayout_FullMethodName = "/fabricxfer.agent.v1.Agent/DeregisterLayout"
+	Agent_TransferBlocks_FullMethodName   = "/fabricxfer.agent.v1.Agent/TransferBlocks"
 )
 
 // AgentClient is the client API for Agent service.
@@ -77,11 +80,19 @@ type AgentClient interface {
 	// travel as length-prefixed frames answered in order on the same connection, skipping HTTP/2 for small,
 	// latency-bound transfers:
 	//
-	//	client: u32 big-endian length + token, then u32 length + TransferRequest, ...
+	//	client: u32 big-endian length + token, then u32 length + FastRequest, ...
 	//	agent:  u32 length + FastReply (to the token, then to each request, in order)
 	//
 	// The fast connection lives as long as the session; it ends when this connection ends.
 	OpenFastPath(ctx context.Context, in *OpenFastPathRequest, opts ...grpc.CallOption) (*OpenFastPathResponse, error)
+	// RegisterLayout groups regions of equal length (every layer's K and V tensor of a paged KV cache) as
+	// numbered blocks of block_bytes: block i of the layout is [i*block_bytes, (i+1)*block_bytes) of every region.
+	RegisterLayout(ctx context.Context, in *RegisterLayoutRequest, opts ...grpc.CallOption) (*RegisterLayoutResponse, error)
+	// DeregisterLayout forgets a layout (its regions stay registered).
+	DeregisterLayout(ctx context.Context, in *DeregisterLayoutRequest, opts ...grpc.CallOption) (*DeregisterLayoutResponse, error)
+	// TransferBlocks moves the listed blocks of every region of a layout into (WRITE) or out of (READ) the same
+	// blocks of another layout of equal geometry, in one call. Ids are checked once, before anything moves.
+	TransferBlocks(ctx context.Context, in *TransferBlocksRequest, opts ...grpc.CallOption) (*TransferResponse, error)
 }
 
 type agentClient struct {
@@ -240,6 +251,36 @@ func (c *agentClient) OpenFastPath(ctx context.Context, in *OpenFastPathRequest,
 	return out, nil
 }
 
+func (c *agentClient) RegisterLayout(ctx context.Context, in *RegisterLayoutRequest, opts ...grpc.CallOption) (*RegisterLayoutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegisterLayoutResponse)
+	err := c.cc.Invoke(ctx, Agent_RegisterLayout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) DeregisterLayout(ctx context.Context, in *DeregisterLayoutRequest, opts ...grpc.CallOption) (*DeregisterLayoutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeregisterLayoutResponse)
+	err := c.cc.Invoke(ctx, Agent_DeregisterLayout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) TransferBlocks(ctx context.Context, in *TransferBlocksRequest, opts ...grpc.CallOption) (*TransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferResponse)
+	err := c.cc.Invoke(ctx, Agent_TransferBlocks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -275,11 +316,19 @@ type AgentServer interface {
 	// travel as length-prefixed frames answered in order on the same connection, skipping HTTP/2 for small,
 	// latency-bound transfers:
 	//
-	//	client: u32 big-endian length + token, then u32 length + TransferRequest, ...
+	//	client: u32 big-endian length + token, then u32 length + FastRequest, ...
 	//	agent:  u32 length + FastReply (to the token, then to each request, in order)
 	//
 	// The fast connection lives as long as the session; it ends when this connection ends.
 	OpenFastPath(context.Context, *OpenFastPathRequest) (*OpenFastPathResponse, error)
+	// RegisterLayout groups regions of equal length (every layer's K and V tensor of a paged KV cache) as
+	// numbered blocks of block_bytes: block i of the layout is [i*block_bytes, (i+1)*block_bytes) of every region.
+	RegisterLayout(context.Context, *RegisterLayoutRequest) (*RegisterLayoutResponse, error)
+	// DeregisterLayout forgets a layout (its regions stay registered).
+	DeregisterLayout(context.Context, *DeregisterLayoutRequest) (*DeregisterLayoutResponse, error)
+	// TransferBlocks moves the listed blocks of every region of a layout into (WRITE) or out of (READ) the same
+	// blocks of another layout of equal geometry, in one call. Ids are checked once, before anything moves.
+	TransferBlocks(context.Context, *TransferBlocksRequest) (*TransferResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -328,6 +377,15 @@ func (UnimplementedAgentServer) Release(context.Context, *ReleaseRequest) (*Rele
 }
 func (UnimplementedAgentServer) OpenFastPath(context.Context, *OpenFastPathRequest) (*OpenFastPathResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method OpenFastPath not implemented")
+}
+func (UnimplementedAgentServer) RegisterLayout(context.Context, *RegisterLayoutRequest) (*RegisterLayoutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegisterLayout not implemented")
+}
+func (UnimplementedAgentServer) DeregisterLayout(context.Context, *DeregisterLayoutRequest) (*DeregisterLayoutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeregisterLayout not implemented")
+}
+func (UnimplementedAgentServer) TransferBlocks(context.Context, *TransferBlocksRequest) (*TransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TransferBlocks not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -570,6 +628,60 @@ func _Agent_OpenFastPath_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_RegisterLayout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterLayoutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).RegisterLayout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_RegisterLayout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).RegisterLayout(ctx, req.(*RegisterLayoutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_DeregisterLayout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeregisterLayoutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).DeregisterLayout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_DeregisterLayout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).DeregisterLayout(ctx, req.(*DeregisterLayoutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_TransferBlocks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TransferBlocksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).TransferBlocks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_TransferBlocks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).TransferBlocks(ctx, req.(*TransferBlocksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -620,6 +732,18 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "OpenFastPath",
 			Handler:    _Agent_OpenFastPath_Handler,
+		},
+		{
+			MethodName: "RegisterLayout",
+			Handler:    _Agent_RegisterLayout_Handler,
+		},
+		{
+			MethodName: "DeregisterLayout",
+			Handler:    _Agent_DeregisterLayout_Handler,
+		},
+		{
+			MethodName: "TransferBlocks",
+			Handler:    _Agent_TransferBlocks_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

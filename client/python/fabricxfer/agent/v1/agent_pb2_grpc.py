@@ -79,6 +79,21 @@ class AgentStub(object):
         request_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.OpenFastPathRequest.SerializeToString,
         response_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.OpenFastPathResponse.FromString,
         )
+    self.RegisterLayout = channel.unary_unary(
+        '/fabricxfer.agent.v1.Agent/RegisterLayout',
+        request_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.RegisterLayoutRequest.SerializeToString,
+        response_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.RegisterLayoutResponse.FromString,
+        )
+    self.DeregisterLayout = channel.unary_unary(
+        '/fabricxfer.agent.v1.Agent/DeregisterLayout',
+        request_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.DeregisterLayoutRequest.SerializeToString,
+        response_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.DeregisterLayoutResponse.FromString,
+        )
+    self.TransferBlocks = channel.unary_unary(
+        '/fabricxfer.agent.v1.Agent/TransferBlocks',
+        request_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.TransferBlocksRequest.SerializeToString,
+        response_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.TransferResponse.FromString,
+        )
 
 
 class AgentServicer(object):
@@ -176,9 +191,32 @@ class AgentServicer(object):
     (<socket dir>/<pool>/agent.fast.sock) to this connection's session. On the fast socket, Transfer requests
     travel as length-prefixed frames answered in order on the same connection, skipping HTTP/2 for small,
     latency-bound transfers:
-    client: u32 big-endian length + token, then u32 length + TransferRequest, ...
+    client: u32 big-endian length + token, then u32 length + FastRequest, ...
     agent:  u32 length + FastReply (to the token, then to each request, in order)
     The fast connection lives as long as the session; it ends when this connection ends.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
+  def RegisterLayout(self, request, context):
+    """RegisterLayout groups regions of equal length (every layer's K and V tensor of a paged KV cache) as
+    numbered blocks of block_bytes: block i of the layout is [i*block_bytes, (i+1)*block_bytes) of every region.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
+  def DeregisterLayout(self, request, context):
+    """DeregisterLayout forgets a layout (its regions stay registered).
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
+  def TransferBlocks(self, request, context):
+    """TransferBlocks moves the listed blocks of every region of a layout into (WRITE) or out of (READ) the same
+    blocks of another layout of equal geometry, in one call. Ids are checked once, before anything moves.
     """
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
     context.set_details('Method not implemented!')
@@ -251,6 +289,21 @@ def add_AgentServicer_to_server(servicer, server):
           servicer.OpenFastPath,
           request_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.OpenFastPathRequest.FromString,
           response_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.OpenFastPathResponse.SerializeToString,
+      ),
+      'RegisterLayout': grpc.unary_unary_rpc_method_handler(
+          servicer.RegisterLayout,
+          request_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.RegisterLayoutRequest.FromString,
+          response_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.RegisterLayoutResponse.SerializeToString,
+      ),
+      'DeregisterLayout': grpc.unary_unary_rpc_method_handler(
+          servicer.DeregisterLayout,
+          request_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.DeregisterLayoutRequest.FromString,
+          response_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.DeregisterLayoutResponse.SerializeToString,
+      ),
+      'TransferBlocks': grpc.unary_unary_rpc_method_handler(
+          servicer.TransferBlocks,
+          request_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.TransferBlocksRequest.FromString,
+          response_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.TransferResponse.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(
