@@ -3,6 +3,7 @@ package fdpass
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -108,64 +109,92 @@ func parseReply(line string) (string, error) {
 // ReadLine reads one newline-terminated line from conn and, when wantFDs is set, the descriptors that came
 // with it. Descriptors that arrive when none are wanted are closed, so a peer cannot leak fds into us.
 func ReadLine(conn *net.UnixConn, wantFDs bool) (string, []int, error) {
+	limit := 0
+	if wantFDs {
+		limit = MaxFDs
+	}
+	return ReadLineFDs(conn, limit)
+}
+
+// MaxFDs is how many descriptors one read takes in: the control buffer has room for this many, the kernel
+// closes any more that came in the same message (MSG_CTRUNC).
+const MaxFDs = 4
+
+// ReadLineFDs reads one newline-terminated line from conn and keeps at most maxFDs of the descriptors that came
+// with it; every further descriptor is closed as soon as it arrives, so a peer that sends many messages with
+// descriptors cannot make this process hold more than maxFDs+MaxFDs of them at once. An error (deadline, peer
+// gone, malformed line) closes every descriptor read so far.
+func ReadLineFDs(conn *net.UnixConn, maxFDs int) (string, []int, error) {
 	var (
 		line []byte
 		fds  []int
 		buf  = make([]byte, MaxLine)
-		oob  = make([]byte, syscall.CmsgSpace(4*4))
+		oob  = make([]byte, syscall.CmsgSpace(MaxFDs*4))
 	)
+	fail := func(err error) (string, []int, error) {
+		closeAll(fds)
+		return "", nil, err
+	}
 	for {
 		n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
+		// On error the counts can be negative (-1 from a failed recvmsg): nothing was read.
+		n, oobn = max(n, 0), max(oobn, 0)
 		if oobn > 0 {
 			got, perr := parseRights(oob[:oobn])
 			if perr != nil {
-				closeAll(fds)
-				return "", nil, perr
+				return fail(perr)
+			}
+			if keep := maxFDs - len(fds); len(got) > keep {
+				keep = max(keep, 0)
+				closeAll(got[keep:])
+				got = got[:keep]
 			}
 			fds = append(fds, got...)
 		}
 		if flags&syscall.MSG_CTRUNC != 0 {
-			closeAll(fds)
-			return "", nil, errors.New("too many descriptors in one message")
+			return fail(errors.New("too many descriptors in one message"))
 		}
 		line = append(line, buf[:n]...)
 		if i := bytes.IndexByte(line, '\n'); i >= 0 {
-			if !wantFDs {
-				closeAll(fds)
-				fds = nil
-			}
 			return string(line[:i]), fds, nil
 		}
 		if len(line) >= MaxLine {
-			closeAll(fds)
-			return "", nil, fmt.Errorf("line longer than %d bytes", MaxLine)
+			return fail(fmt.Errorf("line longer than %d bytes", MaxLine))
 		}
 		if err != nil {
-			closeAll(fds)
-			return "", nil, fmt.Errorf("connection ended before a full line: %w", err)
+			return fail(fmt.Errorf("connection ended before a full line: %w", err))
 		}
 		if n == 0 {
-			closeAll(fds)
-			return "", nil, errors.New("connection ended before a full line")
+			return fail(errors.New("connection ended before a full line"))
 		}
 	}
 }
 
+// parseRights returns the descriptors in SCM_RIGHTS control messages. The whole buffer is checked before any
+// descriptor is taken, so malformed control data is an error with no descriptors (the kernel never sends it).
 func parseRights(oob []byte) ([]int, error) {
 	msgs, err := syscall.ParseSocketControlMessage(oob)
 	if err != nil {
 		return nil, fmt.Errorf("parsing control message: %w", err)
 	}
+	for _, m := range msgs {
+		if m.Header.Level == syscall.SOL_SOCKET && m.Header.Type == syscall.SCM_RIGHTS && len(m.Data)%4 != 0 {
+			return nil, fmt.Errorf("SCM_RIGHTS control message of %d bytes is not a whole number of descriptors", len(m.Data))
+		}
+	}
 	var fds []int
 	for _, m := range msgs {
-		got, err := syscall.ParseUnixRights(&m)
-		if err != nil {
+		if m.Header.Level != syscall.SOL_SOCKET || m.Header.Type != syscall.SCM_RIGHTS {
 			continue // credentials or other control data: not ours to use
 		}
-		fds = append(fds, got...)
+		for i := 0; i+4 <= len(m.Data); i += 4 {
+			fds = append(fds, int(int32(nativeEndian.Uint32(m.Data[i:i+4]))))
+		}
 	}
 	return fds, nil
 }
+
+var nativeEndian = binary.NativeEndian
 
 // CloseFDs closes raw descriptors, ignoring errors (used on every refusal path).
 func CloseFDs(fds []int) { closeAll(fds) }

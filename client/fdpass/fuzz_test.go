@@ -33,10 +33,15 @@ func FuzzParseRights(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(make([]byte, 24))
 	f.Add([]byte{20, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0})
+	// SCM_RIGHTS with a 3-byte payload: not a whole descriptor (crashed the parser once).
+	f.Add([]byte{19, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, oob []byte) {
 		fds, err := parseRights(oob)
 		if err != nil && len(fds) > 0 {
 			t.Fatalf("error %v with descriptors %v", err, fds)
+		}
+		if len(fds) > len(oob)/4 {
+			t.Fatalf("%d descriptors from %d bytes of control data", len(fds), len(oob))
 		}
 	})
 }
