@@ -18,7 +18,8 @@ type Tracker struct {
 
 	ctx      context.Context
 	cancelFn context.CancelCauseFunc
-	stopWait func() bool
+	stopWait func()
+	deadline time.Time
 
 	mu        sync.Mutex
 	outcomes  []Outcome
@@ -61,10 +62,11 @@ func newTracker(parent context.Context, engine string, plans []Plan, opts Submit
 	default:
 		deadline = t.start.Add(DefaultTimeout)
 	}
+	// The context carries the enforced deadline (engines hand ctx.Deadline() to peers and syscalls) and ends
+	// with errDeadline as its cause when it passes.
 	ctx, cancel := context.WithCancelCause(parent)
-	t.ctx, t.cancelFn = ctx, cancel
-	timer := time.AfterFunc(time.Until(deadline), func() { cancel(errDeadline) })
-	t.stopWait = timer.Stop
+	bounded, stop := context.WithDeadlineCause(ctx, deadline, errDeadline)
+	t.ctx, t.cancelFn, t.stopWait, t.deadline = bounded, cancel, stop, deadline
 	return t
 }
 
@@ -72,11 +74,9 @@ func newTracker(parent context.Context, engine string, plans []Plan, opts Submit
 // engine Close, or the submitter's context ending. Engines watch it.
 func (t *Tracker) Context() context.Context { return t.ctx }
 
-// Deadline returns the transfer's deadline.
-func (t *Tracker) Deadline() time.Time {
-	d, _ := t.ctx.Deadline()
-	return d
-}
+// Deadline returns the deadline the tracker enforces: the earlier of the submitter's context deadline and
+// now+Timeout, or now+DefaultTimeout when neither is set. Never zero.
+func (t *Tracker) Deadline() time.Time { return t.deadline }
 
 func (t *Tracker) cancel(cause error) { t.cancelFn(cause) }
 
