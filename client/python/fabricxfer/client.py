@@ -9,9 +9,17 @@
 
 File descriptors go to the agent's fd socket (agent.fd.sock beside agent.sock) with SCM_RIGHTS; the agent
 answers with a one-time token the gRPC call names. Needs grpcio and protobuf (Debian: python3-grpcio,
-python3-protobuf); the generated stubs live in fabricxfer/agent/v1 (hack/gen-proto.sh).
+python3-protobuf); the generated stubs live in fabricxfer/agent/v1 (hack/gen-proto.sh). torch (register_tensor)
+and numpy (block ids) are optional.
+
+Block layouts (a paged KV cache: every layer's K and V tensor cut into blocks of one size):
+
+    kv = [c.register_tensor(t) for t in kv_tensors]          # or register_host regions
+    lay = c.register_layout(kv, block_bytes=16 * 1024, segment="kv-0")
+    c.transfer_blocks("write", lay, src_ids, to_layout_segment("node-b", "kv-0"), dst_ids)
 """
 
+import fcntl
 import mmap
 import os
 import socket
@@ -19,10 +27,12 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Sequence
 
 import grpc
 
+from fabricxfer import blocks as _blocks
+from fabricxfer import cuda as _cuda
 from fabricxfer.agent.v1 import agent_pb2 as pb
 from fabricxfer.agent.v1 import agent_pb2_grpc as pb_grpc
 
@@ -30,6 +40,14 @@ FD_SOCKET_NAME = "agent.fd.sock"
 FAST_SOCKET_NAME = "agent.fast.sock"
 API_VERSION = "v1"
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+_OPS = {"read": pb.OP_READ, "write": pb.OP_WRITE}
+
+
+def _op(op: str) -> int:
+    try:
+        return _OPS[op]
+    except (KeyError, TypeError):
+        raise ValueError("op must be \"read\" or \"write\", not %r" % (op,)) from None
 
 
 class AgentError(grpc.RpcError):
@@ -79,16 +97,27 @@ def _read_line(sock: socket.socket, want_fds: bool):
     return data.split(b"\n", 1)[0].decode(), fds
 
 
+EXHAUSTED_PREFIX = "RESOURCE_EXHAUSTED: "
+
+
 def put_fd(fd_socket: str, fd: int, timeout: float = 5.0) -> str:
-    """Hands fd to the agent and returns the token naming it (the caller keeps its own fd)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(fd_socket)
-        socket.send_fds(s, [b"PUT\n"], [fd])
-        line, _ = _read_line(s, False)
-    if line.startswith("OK "):
-        return line[3:]
-    raise FdSocketError(line[4:] if line.startswith("ERR ") else "malformed reply %r" % line)
+    """Hands fd to the agent and returns the token naming it (the caller keeps its own fd). A refusal the agent
+    marks RESOURCE_EXHAUSTED (a limit that frees up by itself) is retried with backoff until timeout."""
+    deadline = time.monotonic() + timeout
+    backoff = 0.01
+    while True:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(max(deadline - time.monotonic(), 0.05))
+            s.connect(fd_socket)
+            socket.send_fds(s, [b"PUT\n"], [fd])
+            line, _ = _read_line(s, False)
+        if line.startswith("OK "):
+            return line[3:]
+        if line.startswith("ERR " + EXHAUSTED_PREFIX) and time.monotonic() + backoff < deadline:
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 0.5)
+            continue
+        raise FdSocketError(line[4:] if line.startswith("ERR ") else "malformed reply %r" % line)
 
 
 def get_fd(fd_socket: str, token: str, timeout: float = 5.0) -> int:
@@ -105,11 +134,47 @@ def get_fd(fd_socket: str, token: str, timeout: float = 5.0) -> int:
     return fds[0]
 
 
+def _gpu_uuid(tensor) -> str:
+    """The tensor's GPU UUID ("GPU-..."), only where this process sees a remapped set of GPUs
+    (CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES), whose indices are not the node's."""
+    remapped = any(os.environ.get(v, "all") not in ("", "all") for v in ("CUDA_VISIBLE_DEVICES",
+                                                                          "NVIDIA_VISIBLE_DEVICES"))
+    if not remapped:
+        return ""
+    try:
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(tensor.device).uuid)
+    except Exception:  # an older torch without uuid: the index is all there is
+        return ""
+    return uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+
+
+def _release_ipc_counter(counter):
+    """Gives back PyTorch's IPC reference on a storage shared with _share_cuda_() (as a receiving process would
+    on release), so that the memory is freed normally once the tensor goes. Best effort."""
+    if counter is None:
+        return
+    try:
+        import torch
+
+        torch.UntypedStorage._release_ipc_counter_cuda(counter[0], counter[1])
+    except Exception:
+        pass
+
+
 def shared_memory(name: str, size: int):
-    """Creates size bytes of shared memory (memfd) and maps it; returns (fd, mmap)."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    os.ftruncate(fd, size)
-    return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    """Creates size bytes of shared memory (memfd) and maps it; returns (fd, mmap). The memfd is sealed
+    against shrinking (F_SEAL_SHRINK), which the agent requires of host memory it maps: a file truncated under
+    its mapping would fault the agent."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 @dataclass(eq=False)
@@ -123,6 +188,8 @@ class Region:
     descriptor: bytes = b""
     allocation_id: str = ""
     lost: bool = False
+    # What keeps the memory alive while it is registered (the torch tensor of register_tensor).
+    keep: object = field(default=None, repr=False)
 
 
 @dataclass
@@ -156,6 +223,73 @@ def to_segment(node: str, segment: str) -> Remote:
 
 def to_descriptor(desc: bytes) -> Remote:
     return Remote(pb.RemoteRef(desc=desc))
+
+
+class Layout:
+    """Regions of equal length cut into blocks of block_bytes (block i is [i*block_bytes, (i+1)*block_bytes)
+    of every region); pb is the agent's Layout. recover() gives it a new id in place."""
+
+    def __init__(self, layout: pb.Layout, regions: Sequence[Region]):
+        self.pb = layout
+        self.regions = list(regions)
+
+    @property
+    def id(self) -> int:
+        return self.pb.id
+
+    @property
+    def block_bytes(self) -> int:
+        return self.pb.block_bytes
+
+    @property
+    def blocks(self) -> int:
+        return self.pb.blocks
+
+    @property
+    def segment(self) -> str:
+        return self.pb.segment_name
+
+    def __repr__(self):
+        return "Layout(id=%d, block_bytes=%d, blocks=%d, regions=%d%s)" % (
+            self.id, self.block_bytes, self.blocks, len(self.regions),
+            ", segment=%r" % self.segment if self.segment else "")
+
+
+class RemoteLayout:
+    """The other side of a block transfer; build with to_layout or to_layout_segment."""
+
+    def __init__(self, layout: Optional[Layout] = None, ref: Optional[pb.LayoutRef] = None):
+        self._layout = layout
+        self._ref = ref
+
+    @property
+    def ref(self) -> pb.LayoutRef:
+        if self._layout is not None:  # follows the layout's id across recover()
+            return pb.LayoutRef(layout_id=self._layout.id)
+        return self._ref
+
+    def __repr__(self):
+        return "RemoteLayout(%s)" % str(self.ref).replace("\n", " ").strip()
+
+
+def to_layout(layout: Layout) -> RemoteLayout:
+    """Another of this caller's layouts on this node."""
+    return RemoteLayout(layout=layout)
+
+
+def to_layout_segment(node: str, segment: str) -> RemoteLayout:
+    """A layout published under segment on node (this node when node is empty)."""
+    return RemoteLayout(ref=pb.LayoutRef(node=node, segment=segment))
+
+
+@dataclass
+class _Owned:
+    """How recover() registers a region again: the request, and the client's own duplicate of its fd."""
+
+    req: pb.RegisterMemoryRequest
+    fd: int = -1
+    # PyTorch's IPC reference counter of the shared storage (released at deregister).
+    ipc_counter: Optional[tuple] = None
 
 
 @dataclass
@@ -201,8 +335,10 @@ class Client:
         self._state = None
         self._losses = 0
         self._session = 0
-        # Regions registered from this process's memory: Region -> (dup'd fd, offset); pool slices -> None.
+        # Regions registered from this process's memory: Region -> _Owned; pool slices -> None.
         self._owned = {}
+        # Layouts this client registered, re-registered by recover().
+        self._layouts = []
         self._channel.subscribe(self._on_state, try_to_connect=True)
         self.info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=name),
                                       timeout=timeout, wait_for_ready=True)
@@ -283,13 +419,25 @@ class Client:
                 with self._lock:
                     self._owned.pop(region, None)
                 continue
-            fd, offset = how
             try:
-                fresh = self._register_fd(fd, offset, region.length, region.segment)
+                fresh = self._register(how.req, how.fd)
             except Exception as e:  # keep going: one bad region must not strand the others
                 first = first or e
                 continue
             region.id, region.descriptor = fresh.id, fresh.descriptor
+        with self._lock:
+            layouts = list(self._layouts)
+        for lay in layouts:
+            if any(r.lost for r in lay.regions):
+                with self._lock:
+                    self._layouts.remove(lay)
+                continue
+            try:
+                lay.pb = self._call(self.stub.RegisterLayout, pb.RegisterLayoutRequest(
+                    region_ids=[r.id for r in lay.regions], block_bytes=lay.block_bytes,
+                    segment_name=lay.segment)).layout
+            except Exception as e:
+                first = first or e
         if first is not None:
             raise first
 
@@ -311,6 +459,10 @@ class Client:
     @staticmethod
     def _frame(s: socket.socket, payload: bytes) -> pb.FastReply:
         s.sendall(struct.pack(">I", len(payload)) + payload)
+        return Client._reply(s)
+
+    @staticmethod
+    def _reply(s: socket.socket) -> pb.FastReply:
         hdr = b""
         while len(hdr) < 4:
             chunk = s.recv(4 - len(hdr))
@@ -332,9 +484,10 @@ class Client:
             self._fast = None
         with self._lock:
             owned, self._owned = self._owned, {}
+            self._layouts = []
         for how in owned.values():
             if how is not None:
-                os.close(how[0])
+                self._drop(how)
         self._channel.unsubscribe(self._on_state)
         self._channel.close()
 
@@ -347,19 +500,73 @@ class Client:
     def register_host(self, fd: int, offset: int, length: int, segment: str = "") -> Region:
         """Registers [offset, offset+length) of shared memory fd (memfd or shm_open, read-write). The client keeps
         a duplicate of fd until deregister() or close(), so recover() can register it again."""
-        region = self._register_fd(fd, offset, length, segment)
+        req = pb.RegisterMemoryRequest(kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD, offset=offset,
+                                       length=length, segment_name=segment)
+        region = self._register(req, fd)
         keep = os.dup(fd)
         with self._lock:
-            self._owned[region] = (keep, offset)
+            self._owned[region] = _Owned(req=req, fd=keep)
         return region
 
-    def _register_fd(self, fd: int, offset: int, length: int, segment: str) -> Region:
+    def _register(self, req: pb.RegisterMemoryRequest, fd: int = -1) -> Region:
+        """RegisterMemory with req, handing fd to the fd socket first when there is one."""
         self._check_session()
-        token = put_fd(self.fd_socket, fd, self.timeout)
-        resp = self._call(self.stub.RegisterMemory, pb.RegisterMemoryRequest(
-            kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD, fd_token=token, offset=offset,
-            length=length, segment_name=segment))
+        if fd >= 0:
+            req = pb.RegisterMemoryRequest.FromString(req.SerializeToString())
+            req.fd_token = put_fd(self.fd_socket, fd, self.timeout)
+        resp = self._call(self.stub.RegisterMemory, req)
         return self._region(resp.region)
+
+    def register_tensor(self, tensor, segment: str = "", gpu_index: Optional[int] = None) -> Region:
+        """Registers the bytes of a contiguous torch CUDA tensor (its own bytes, not the allocator's whole
+        segment). Memory from PyTorch's caching allocator goes as the segment's cudaIpcMemHandle_t and the
+        tensor's offset in it; memory of an expandable segment (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+        goes as the VMM allocation that holds it (a POSIX fd, or a fabric handle where PyTorch exported those).
+        gpu_index, when given, must be the tensor's device. The region keeps a reference to the tensor until
+        deregister(): do not resize it or empty PyTorch's cache of its memory meanwhile. Kernels writing the
+        tensor must have finished (torch.cuda.synchronize or a stream sync) before a transfer reads it."""
+        device, start, length = _cuda.tensor_range(tensor)
+        if gpu_index is not None and gpu_index != device:
+            raise ValueError("the tensor is on cuda:%d, not GPU %d as given: move it with .to('cuda:%d') or pass "
+                             "gpu_index=%d" % (device, gpu_index, gpu_index, device))
+        share_tuple = tensor.untyped_storage()._share_cuda_()
+        share = _cuda.parse_cuda_share(share_tuple, own_pid=os.getpid())
+        if share.device != device:
+            raise ValueError("PyTorch shares the storage from cuda:%d but the tensor is on cuda:%d" % (share.device,
+                                                                                                      device))
+        if start + length > share.storage_bytes:
+            raise ValueError("the tensor's bytes [%d, +%d) lie outside its storage of %d bytes" % (
+                start, length, share.storage_bytes))
+        counter = None
+        if len(share_tuple) >= 6 and isinstance(share_tuple[4], (bytes, bytearray)):
+            counter = (share_tuple[4], share_tuple[5])
+        req = pb.RegisterMemoryRequest(kind=pb.MEMORY_KIND_GPU, length=length, gpu_index=device,
+                                       segment_name=segment, gpu_uuid=_gpu_uuid(tensor))
+        fd = -1
+        if share.kind == _cuda.KIND_IPC:
+            req.handle_type = pb.HANDLE_TYPE_IPC
+            req.ipc_handle = share.ipc_handle
+            req.offset = share.offset + start
+        else:
+            index, offset = share.locate(share.offset + start, length)
+            req.offset, req.allocation_size = offset, share.segment_size
+            if share.kind == _cuda.KIND_VMM_FD:
+                req.handle_type = pb.HANDLE_TYPE_VMM_POSIX_FD
+                fd = _cuda.dup_own_fd(share.pid, share.handles[index])
+            else:
+                req.handle_type = pb.HANDLE_TYPE_FABRIC
+                req.fabric_handle = share.handles[index]
+        try:
+            region = self._register(req, fd)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            _release_ipc_counter(counter)
+            raise
+        region.keep = tensor
+        with self._lock:
+            self._owned[region] = _Owned(req=req, fd=fd, ipc_counter=counter)
+        return region
 
     @staticmethod
     def _region(r) -> Region:
@@ -372,8 +579,17 @@ class Client:
     def _forget(self, region: Region):
         with self._lock:
             how = self._owned.pop(region, None)
+        region.keep = None
         if how is not None:
-            os.close(how[0])
+            self._drop(how)
+
+    @staticmethod
+    def _drop(how: _Owned):
+        if how.fd >= 0:
+            os.close(how.fd)
+            how.fd = -1
+        _release_ipc_counter(how.ipc_counter)
+        how.ipc_counter = None
 
     def allocate_from_pool(self, length: int, segment: str = "") -> PoolSlice:
         """Borrows pool memory; the returned buffer is shared with the agent."""
@@ -414,27 +630,90 @@ class Client:
                  wait: bool = True):
         """op is "read" or "write". With wait (default) returns the settled status or raises TransferFailed;
         without it returns the transfer id for wait()."""
-        code = {"read": pb.OP_READ, "write": pb.OP_WRITE}[op]
-        req = self._request(code, items, timeout, notify, wait)
+        req = self._request(_op(op), items, timeout, notify, wait)
         self._check_session()
         if wait and self._fast is not None:
-            with self._fast_lock:
-                try:
-                    reply = self._frame(self._fast, pb.FastRequest(transfer=req).SerializeToString())
-                except (OSError, ConnectionError) as e:
-                    self._fast.close()
-                    self._fast = None
-                    raise SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e) from e
-            if reply.code:
-                raise AgentError(reply.code, reply.message)
-            resp = reply.response
+            payload = pb.FastRequest(transfer=req).SerializeToString()
+            resp = self._fast_call([struct.pack(">I", len(payload)), payload])
         else:
             resp = self._call(self.stub.Transfer, req)
+        return self._settled(resp, wait)
+
+    def _fast_call(self, parts) -> pb.TransferResponse:
+        """One frame (a list of buffers) on the fast socket and its reply."""
+        with self._fast_lock:
+            s = self._fast
+            if s is None:
+                raise SessionLost("the fast socket is closed: call recover() and retry")
+            try:
+                _blocks.send_parts(s, parts)
+                reply = self._reply(s)
+            except (OSError, ConnectionError) as e:
+                s.close()
+                self._fast = None
+                raise SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e) from e
+        if reply.code:
+            raise AgentError(reply.code, reply.message)
+        return reply.response
+
+    @staticmethod
+    def _settled(resp: pb.TransferResponse, wait: bool):
         if not wait:
             return resp.transfer_id
         if resp.status.state != pb.TRANSFER_STATE_SUCCEEDED:
             raise TransferFailed(resp.status)
         return resp.status
+
+    def register_layout(self, regions: Sequence[Region], block_bytes: int, segment: str = "") -> Layout:
+        """Groups regions of one length (a multiple of block_bytes) as numbered blocks: block i is
+        [i*block_bytes, (i+1)*block_bytes) of every region; region k pairs with region k of the other layout of
+        a transfer. segment publishes the layout to peers (to_layout_segment)."""
+        regions = list(regions)
+        if not regions:
+            raise ValueError("a layout needs at least one region")
+        if block_bytes <= 0:
+            raise ValueError("block_bytes must be positive")
+        resp = self._call(self.stub.RegisterLayout, pb.RegisterLayoutRequest(
+            region_ids=[r.id for r in regions], block_bytes=block_bytes, segment_name=segment))
+        lay = Layout(resp.layout, regions)
+        with self._lock:
+            self._layouts.append(lay)
+        return lay
+
+    def deregister_layout(self, layout: Layout):
+        """Forgets a layout; its regions stay registered."""
+        self._call(self.stub.DeregisterLayout, pb.DeregisterLayoutRequest(layout_id=layout.id))
+        with self._lock:
+            if layout in self._layouts:
+                self._layouts.remove(layout)
+
+    def transfer_blocks(self, op: str, layout: Layout, ids, remote: RemoteLayout, remote_ids,
+                        timeout: Optional[float] = None, wait: bool = True, notify: Optional[bytes] = None,
+                        id_bytes: Optional[int] = None):
+        """Moves blocks between layout and remote, in every region pair: "write" copies local block ids[i] to
+        remote block remote_ids[i], "read" the reverse. ids and remote_ids are numpy int32/int64 arrays, torch
+        CPU int32/int64 tensors or buffers of int32/int64 (raw bytes need id_bytes=4 or 8), of equal length;
+        they travel packed, never as Python objects. With wait (default) returns the settled status or raises
+        TransferFailed; without it returns the transfer id for wait(). The agent refuses (INVALID_ARGUMENT,
+        nothing moved) ids out of range, repeated destination ids and layouts of different geometry."""
+        code = _op(op)
+        local, width, count = _blocks.pack_ids(ids, id_bytes)
+        rids, rwidth, rcount = _blocks.pack_ids(remote_ids, id_bytes)
+        if count != rcount:
+            raise ValueError("%d local ids but %d remote ids: they pair one to one" % (count, rcount))
+        if width != rwidth:
+            local = _blocks.widen(local) if width == 4 else local
+            rids = _blocks.widen(rids) if rwidth == 4 else rids
+            width = 8
+        ref = remote.ref
+        self._check_session()
+        if wait and self._fast is not None:
+            parts = _blocks.blocks_frame(code, layout.id, ref, local, rids, width, timeout, notify, wait)
+            resp = self._fast_call(parts)
+        else:
+            req = _blocks.blocks_request(code, layout.id, ref, local, rids, width, timeout, notify, wait)
+            resp = self._call(self.stub.TransferBlocks, req)
+        return self._settled(resp, wait)
 
     def write(self, local: Region, local_offset: int, remote: Remote, remote_offset: int, length: int):
         return self.transfer("write", [Item(local, remote, length, local_offset, remote_offset)])

@@ -1,0 +1,1 @@
+"""Generated stubs of the agent protos (hack/gen-proto.sh)."""

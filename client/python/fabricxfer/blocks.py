@@ -1,0 +1,189 @@
+"""Block ids as packed little-endian integers, and the fast-socket frame of a TransferBlocksRequest built
+around them without copying them.
+
+Ids come as numpy int32/int64 arrays, torch CPU int32/int64 tensors, or any buffer of int32/int64
+(memoryview, array.array; raw bytes with id_bytes given). Nothing here loops over ids in Python.
+"""
+
+import struct
+import sys
+from typing import List, Optional, Tuple
+
+from fabricxfer.agent.v1 import agent_pb2 as pb
+
+_LITTLE = sys.byteorder == "little"
+_SIGNED = {"i", "l", "q"}
+# Tags of TransferBlocksRequest's local_ids (4) and remote_ids (5), and FastRequest's blocks (2): wire type 2.
+_TAG_LOCAL_IDS = b"\x22"
+_TAG_REMOTE_IDS = b"\x2a"
+_TAG_FAST_BLOCKS = b"\x12"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _dtype_error(what) -> ValueError:
+    return ValueError("block ids must be int32 or int64, got %s" % (what,))
+
+
+def _from_numpy(a, id_bytes: Optional[int]):
+    dt = a.dtype
+    if dt.kind != "i" or dt.itemsize not in (4, 8):
+        raise _dtype_error("numpy %s" % dt)
+    if id_bytes is not None and id_bytes != dt.itemsize:
+        raise ValueError("ids are %s but id_bytes=%d" % (dt, id_bytes))
+    if a.ndim != 1:
+        a = a.reshape(-1)
+    if dt.byteorder == ">" or (dt.byteorder == "=" and not _LITTLE):
+        a = a.astype("<i%d" % dt.itemsize)
+    if not a.flags.c_contiguous:
+        a = a.copy()
+    return memoryview(a).cast("B"), dt.itemsize, a.shape[0]
+
+
+def _from_torch(t, id_bytes: Optional[int]):
+    if t.device.type != "cpu":
+        raise ValueError("block ids are on %s: pass CPU ids (ids.cpu(), outside your timed loop)" % (t.device,))
+    name = str(t.dtype)
+    if name not in ("torch.int32", "torch.int64"):
+        raise _dtype_error(name)
+    width = 4 if name == "torch.int32" else 8
+    if id_bytes is not None and id_bytes != width:
+        raise ValueError("ids are %s but id_bytes=%d" % (name, id_bytes))
+    t = t.reshape(-1)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    try:
+        arr = t.numpy()
+    except (RuntimeError, ImportError, TypeError):  # torch without numpy: read the storage in place
+        import ctypes
+
+        raw = (ctypes.c_char * (t.numel() * width)).from_address(t.data_ptr())
+        raw._keep = t  # the tensor lives as long as the view of its bytes
+        mv = memoryview(raw).cast("B")
+    else:
+        mv = memoryview(arr).cast("B")
+    if not _LITTLE:
+        import array
+
+        a = array.array("i" if width == 4 else "q", mv.tobytes())
+        a.byteswap()
+        mv = memoryview(a).cast("B")
+    return mv, width, t.numel()
+
+
+def _from_buffer(obj, id_bytes: Optional[int]):
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise TypeError("block ids must be a numpy array, a torch CPU tensor or a buffer of int32/int64 "
+                        "(array.array('q', ids), numpy.asarray(ids, dtype=numpy.int64)), not %s"
+                        % type(obj).__name__) from None
+    fmt = mv.format.lstrip("@=<>!")
+    big = mv.format[:1] in (">", "!") or (mv.format[:1] in ("@", "=", "") and not _LITTLE)
+    if fmt in ("B", "b", "c") and mv.itemsize == 1:
+        if id_bytes not in (4, 8):
+            raise ValueError("ids given as raw bytes need id_bytes=4 (int32) or id_bytes=8 (int64)")
+        if mv.nbytes % id_bytes:
+            raise ValueError("%d bytes of ids are not a whole number of %d-byte ids" % (mv.nbytes, id_bytes))
+        width, big = id_bytes, False  # raw bytes are taken as already little-endian
+    elif fmt in _SIGNED and mv.itemsize in (4, 8):
+        width = mv.itemsize
+        if id_bytes is not None and id_bytes != width:
+            raise ValueError("ids are %d-byte integers but id_bytes=%d" % (width, id_bytes))
+    else:
+        raise _dtype_error("a buffer of format %r (%d-byte items)" % (mv.format, mv.itemsize))
+    if not mv.c_contiguous:
+        mv = memoryview(mv.tobytes())
+    mv = mv.cast("B")
+    if big:
+        import array
+
+        a = array.array("i" if width == 4 else "q")
+        if a.itemsize != width:
+            a = array.array("l")
+        a.frombytes(mv.tobytes())
+        a.byteswap()
+        mv = memoryview(a).cast("B")
+    return mv, width, mv.nbytes // width
+
+
+def pack_ids(ids, id_bytes: Optional[int] = None) -> Tuple[memoryview, int, int]:
+    """Returns (little-endian bytes of ids as a memoryview, bytes per id, count), without copying when ids are
+    already contiguous little-endian int32/int64. Raises ValueError for another dtype, TypeError for a type
+    that is not an array or a buffer (a list: wrap it in array.array('q', ids) or numpy)."""
+    mod = type(ids).__module__ or ""
+    if mod.startswith("numpy") and hasattr(ids, "dtype"):
+        return _from_numpy(ids, id_bytes)
+    if mod.startswith("torch") and hasattr(ids, "dtype") and hasattr(ids, "device"):
+        return _from_torch(ids, id_bytes)
+    if isinstance(ids, (list, tuple, range)):
+        raise TypeError("block ids must be an array, not a Python %s: use numpy.asarray(ids, dtype=numpy.int64) "
+                        "or array.array('q', ids)" % type(ids).__name__)
+    return _from_buffer(ids, id_bytes)
+
+
+def widen(mv: memoryview) -> memoryview:
+    """int32 ids as int64 ids (when the two sides' ids differ in width)."""
+    import array
+
+    a32 = array.array("i")
+    if a32.itemsize != 4:
+        raise ValueError("this platform has no 4-byte array type: pass ids of one width")
+    a32.frombytes(mv)
+    if not _LITTLE:
+        a32.byteswap()
+    a64 = array.array("q", a32)
+    if not _LITTLE:
+        a64.byteswap()
+    return memoryview(a64).cast("B")
+
+
+def blocks_request(op: int, layout_id: int, remote: pb.LayoutRef, local: memoryview, remote_ids: memoryview,
+                   id_bytes: int, timeout: Optional[float] = None, notify: Optional[bytes] = None,
+                   wait: bool = True) -> pb.TransferBlocksRequest:
+    """The request as a protobuf message (for the gRPC call; copies the ids once)."""
+    req = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=remote, local_ids=local.tobytes(),
+                                   remote_ids=remote_ids.tobytes(), id_bytes=id_bytes, wait=wait, notify=notify or b"")
+    if timeout:
+        req.timeout.FromNanoseconds(int(timeout * 1e9))
+    return req
+
+
+def blocks_frame(op: int, layout_id: int, remote: pb.LayoutRef, local: memoryview, remote_ids: memoryview,
+                 id_bytes: int, timeout: Optional[float] = None, notify: Optional[bytes] = None,
+                 wait: bool = True) -> List:
+    """The fast-socket frame (u32 big-endian length + FastRequest{blocks}) as a list of buffers for
+    socket.sendmsg: the scalar fields are serialized by protobuf, the two id fields are appended as
+    length-delimited fields pointing at the callers' buffers (protobuf readers take fields in any order)."""
+    head = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=remote, id_bytes=id_bytes, wait=wait,
+                                    notify=notify or b"")
+    if timeout:
+        head.timeout.FromNanoseconds(int(timeout * 1e9))
+    head = head.SerializeToString()
+    ln, rn = local.nbytes, remote_ids.nbytes
+    lk = _TAG_LOCAL_IDS + _varint(ln)
+    rk = _TAG_REMOTE_IDS + _varint(rn)
+    inner = len(head) + len(lk) + ln + len(rk) + rn
+    outer = _TAG_FAST_BLOCKS + _varint(inner)
+    prefix = struct.pack(">I", len(outer) + inner) + outer + head + lk
+    return [prefix, local, rk, remote_ids]
+
+
+def send_parts(sock, parts) -> None:
+    """Writes every buffer of parts to sock in order (sendmsg, resumed after partial writes)."""
+    views = [p if isinstance(p, memoryview) else memoryview(p) for p in parts]
+    views = [v for v in views if v.nbytes]
+    while views:
+        n = sock.sendmsg(views)
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]

@@ -1,0 +1,210 @@
+"""register_tensor without a GPU or torch: synthetic _share_cuda_() tuples and stand-in tensors."""
+
+import os
+import struct
+import unittest
+
+from fabricxfer import cuda
+from fabricxfer.agent.v1 import agent_pb2 as pb
+from fabricxfer.client import Client, Region
+
+IPC = bytes(range(64))
+MIB = 1 << 20
+
+
+def share_tuple(handle, offset=0, size=4096, device=0):
+    return (device, handle, size, offset, b"/torch_123_456", 7, bytes(64), True)
+
+
+def expandable(version, pid, segment_size, handles, fabric=False):
+    body = b"".join(handles) if fabric else struct.pack("=%di" % len(handles), *handles)
+    return bytes([version]) + b"e" + struct.pack("=i4xQQ", pid, segment_size, len(handles)) + body
+
+
+class ParseTest(unittest.TestCase):
+    def test_cuda_malloc_segment(self):
+        for version in (1, 2, 3):
+            s = cuda.parse_cuda_share(share_tuple(bytes([version]) + b"c" + IPC, offset=3 * MIB, size=MIB))
+            self.assertEqual((s.kind, s.version, s.offset, s.storage_bytes, s.ipc_handle),
+                             (cuda.KIND_IPC, version, 3 * MIB, MIB, IPC))
+
+    def test_unversioned_handle_of_old_pytorch(self):
+        s = cuda.parse_cuda_share(share_tuple(IPC, offset=512))
+        self.assertEqual((s.kind, s.version, s.offset, s.ipc_handle), (cuda.KIND_IPC, 0, 512, IPC))
+
+    def test_expandable_segment_of_posix_fds(self):
+        for version in (1, 2):
+            h = expandable(version, 4242, 20 * MIB, [17, 18, 19])
+            s = cuda.parse_cuda_share(share_tuple(h, offset=5 * MIB, size=40 * MIB), own_pid=4242)
+            self.assertEqual((s.kind, s.pid, s.segment_size, s.handles, s.offset),
+                             (cuda.KIND_VMM_FD, 4242, 20 * MIB, [17, 18, 19], 5 * MIB))
+            # Inside the second allocation; then across the first two.
+            self.assertEqual(s.locate(21 * MIB, MIB), (1, MIB))
+            self.assertEqual(s.locate(0, 20 * MIB), (0, 0))
+            with self.assertRaises(ValueError) as e:
+                s.locate(19 * MIB, 2 * MIB)
+            self.assertIn("spans 2 VMM allocations", str(e.exception))
+            self.assertIn("expandable_segments:False", str(e.exception))
+            with self.assertRaises(ValueError):
+                s.locate(59 * MIB, 2 * MIB)
+
+    def test_expandable_segment_of_fabric_handles(self):
+        handles = [bytes([i]) * 64 for i in (1, 2)]
+        s = cuda.parse_cuda_share(share_tuple(expandable(2, 99, 2 * MIB, handles, fabric=True), size=MIB),
+                                  own_pid=os.getpid())
+        self.assertEqual((s.kind, s.handles), (cuda.KIND_FABRIC, handles))
+
+    def test_unknown_handles_are_refused_with_what_to_do(self):
+        cases = {
+            "version 9": (bytes([9]) + b"c" + IPC, "upgrade fabricxfer"),
+            "type x": (bytes([2]) + b"x" + IPC, "unknown CUDA share handle type 'x'"),
+            "expandable v3": (expandable(3, 1, MIB, [3]), "expandable_segments:False"),
+            "short c": (bytes([2]) + b"c" + IPC[:10], "carries 10 bytes"),
+            "short header": (bytes([2]) + b"e" + b"\0" * 8, "shorter than its 24-byte header"),
+            "odd body": (expandable(2, 1, MIB, [3])[:-1], "neither POSIX fds"),
+            "fabric in v1": (expandable(1, 1, MIB, [b"\1" * 64], fabric=True), "neither POSIX fds"),
+            "another pid": (expandable(2, os.getpid() + 1, MIB, [3]), "not this process"),
+        }
+        for name, (handle, want) in cases.items():
+            with self.subTest(name):
+                with self.assertRaises(ValueError) as e:
+                    cuda.parse_cuda_share(share_tuple(handle, size=MIB), own_pid=os.getpid())
+                self.assertIn(want, str(e.exception))
+        with self.assertRaises(ValueError):
+            cuda.parse_cuda_share(share_tuple(expandable(2, 1, MIB, [3]), offset=MIB - 10, size=20))
+        with self.assertRaises(ValueError):
+            cuda.parse_cuda_share(share_tuple(None))
+        with self.assertRaises(TypeError):
+            cuda.parse_cuda_share([0, IPC, 1, 0])
+        with self.assertRaises(TypeError):
+            cuda.parse_cuda_share((0, "text", 1, 0))
+
+
+class _Device:
+    def __init__(self, index, kind="cuda"):
+        self.index, self.type = index, kind
+
+    def __str__(self):
+        return "%s:%d" % (self.type, self.index)
+
+
+class _Storage:
+    def __init__(self, share):
+        self.share = share
+
+    def _share_cuda_(self):
+        return self.share
+
+
+class FakeTensor:
+    """What register_tensor reads of a torch tensor."""
+
+    def __init__(self, share, numel, esize=2, storage_offset=0, device=0, cuda=True, contiguous=True):
+        self.is_cuda = cuda
+        self.device = _Device(device, "cuda" if cuda else "cpu")
+        self._numel, self._esize, self._off, self._contig = numel, esize, storage_offset, contiguous
+        self._storage = _Storage(share)
+        self.shape, self._stride = (numel,), (1 if contiguous else 2,)
+
+    def is_contiguous(self):
+        return self._contig
+
+    def element_size(self):
+        return self._esize
+
+    def numel(self):
+        return self._numel
+
+    def storage_offset(self):
+        return self._off
+
+    def stride(self):
+        return self._stride
+
+    def untyped_storage(self):
+        return self._storage
+
+
+class RecordingClient(Client):
+    """A Client that records RegisterMemory requests instead of calling an agent."""
+
+    def __init__(self):
+        import threading
+        self._lock = threading.Lock()
+        self._owned = {}
+        self._layouts = []
+        self.calls = []
+
+    def _register(self, req, fd=-1):
+        st = os.fstat(fd) if fd >= 0 else None
+        self.calls.append((req, fd, st))
+        return Region(id=len(self.calls), length=req.length, segment=req.segment_name)
+
+
+class RegisterTensorTest(unittest.TestCase):
+    def test_cuda_malloc_tensor_registers_its_own_bytes_of_the_segment(self):
+        c = RecordingClient()
+        t = FakeTensor(share_tuple(b"\2c" + IPC, offset=2 * MIB, size=MIB, device=1), numel=1000, esize=2, storage_offset=24,
+                       device=1)
+        r = c.register_tensor(t, segment="kv-0", gpu_index=1)
+        req, fd, _ = c.calls[0]
+        self.assertEqual((req.kind, req.handle_type, req.ipc_handle, req.offset, req.length, req.gpu_index,
+                          req.segment_name), (pb.MEMORY_KIND_GPU, pb.HANDLE_TYPE_IPC, IPC, 2 * MIB + 48, 2000, 1,
+                                              "kv-0"))
+        self.assertEqual(fd, -1)
+        self.assertIs(r.keep, t, "the region must keep the tensor alive while registered")
+        c._forget(r)
+        self.assertIsNone(r.keep)
+
+    def test_expandable_tensor_inside_one_allocation_goes_as_its_fd(self):
+        c = RecordingClient()
+        mine = os.memfd_create("vmm-stand-in")
+        self.addCleanup(os.close, mine)
+        seg = 20 * MIB
+        h = expandable(2, os.getpid(), seg, [mine, mine])
+        t = FakeTensor(share_tuple(h, offset=seg - MIB, size=4 * MIB), numel=MIB, esize=1, storage_offset=MIB)
+        c.register_tensor(t)
+        req, fd, st = c.calls[0]
+        self.assertEqual((req.handle_type, req.offset, req.length, req.allocation_size),
+                         (pb.HANDLE_TYPE_VMM_POSIX_FD, 0, MIB, seg))
+        self.assertNotEqual(fd, mine, "the client passes its own duplicate")
+        self.assertEqual((st.st_ino, st.st_dev), (os.fstat(mine).st_ino, os.fstat(mine).st_dev))
+        how = c._owned[next(iter(c._owned))]
+        self.assertEqual(how.fd, fd, "the duplicate is kept for recover()")
+        c._drop(how)
+
+    def test_expandable_fabric_tensor_goes_as_its_fabric_handle(self):
+        c = RecordingClient()
+        fh = [b"\7" * 64, b"\x08" * 64]
+        t = FakeTensor(share_tuple(expandable(2, 1, 2 * MIB, fh, fabric=True), offset=0, size=4 * MIB),
+                       numel=4096, esize=4, storage_offset=MIB // 4 + 2 * MIB // 4)
+        c.register_tensor(t)
+        req, fd, _ = c.calls[0]
+        self.assertEqual((req.handle_type, req.fabric_handle, req.offset, req.length, req.allocation_size),
+                         (pb.HANDLE_TYPE_FABRIC, fh[1], MIB, 16384, 2 * MIB))
+
+    def test_tensors_it_cannot_register_are_refused_with_what_to_do(self):
+        c = RecordingClient()
+        ok = share_tuple(b"\2c" + IPC, size=MIB)
+        cases = {
+            "cpu": (FakeTensor(ok, 10, cuda=False), "register_host"),
+            "view": (FakeTensor(ok, 10, contiguous=False), "non-contiguous"),
+            "device": (FakeTensor(ok, 10, device=1), "not GPU 0 as given"),
+            "empty": (FakeTensor(ok, 0), "empty"),
+            "spans": (FakeTensor(share_tuple(expandable(2, os.getpid(), MIB, [0, 1]), size=2 * MIB), MIB, esize=2),
+                      "spans 2 VMM allocations"),
+            "version": (FakeTensor(share_tuple(b"\x07c" + IPC, size=MIB), 10), "upgrade fabricxfer"),
+            "outside storage": (FakeTensor(ok, MIB, esize=2), "outside its storage"),
+        }
+        for name, (t, want) in cases.items():
+            with self.subTest(name):
+                with self.assertRaises(ValueError) as e:
+                    c.register_tensor(t, gpu_index=0)
+                self.assertIn(want, str(e.exception))
+        with self.assertRaises(TypeError):
+            c.register_tensor(b"not a tensor")
+        self.assertEqual(c.calls, [], "nothing may reach the agent")
+
+
+if __name__ == "__main__":
+    unittest.main()
