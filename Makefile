@@ -58,6 +58,7 @@ build: ## Build operator, agent, xferctl and xferbench into bin/
 .PHONY: test
 test: tools verify ## Run every test, including envtest suites on a real kube-apiserver + etcd and the end-to-end test
 	$(GO) test $(GOTEST_FLAGS) ./...
+	$(MAKE) fuzz-short
 	$(MAKE) e2e
 
 .PHONY: unit
@@ -98,3 +99,8 @@ soak: tools ## Transfers under agent restarts and pool churn for DURATION (defau
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 20s)
 	hack/fuzz.sh $${FUZZTIME:-20s}
+
+FUZZ_SHORT ?= 2s
+.PHONY: fuzz-short
+fuzz-short: ## Run every fuzz target for FUZZ_SHORT (default 2s; part of make test)
+	hack/fuzz.sh $(FUZZ_SHORT)
