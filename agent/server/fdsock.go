@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fabricxfer/fabricxfer/client/fdpass"
 )
@@ -56,7 +59,7 @@ func (t *fdTokens) add(owner string, f *os.File, outbound bool) (string, error) 
 	defer t.mu.Unlock()
 	if t.owned[owner] >= t.maxPerOwner {
 		f.Close()
-		return "", fmt.Errorf("%d descriptors already wait for a call from this caller (limit %d): use or let them expire", t.owned[owner], t.maxPerOwner)
+		return "", fmt.Errorf("%w: %d descriptors already wait for a call from this caller (limit %d): use or let them expire", errFDExhausted, t.owned[owner], t.maxPerOwner)
 	}
 	t.entries[token] = &fdEntry{file: f, owner: owner, expires: time.Now().Add(t.ttl), outbound: outbound}
 	t.owned[owner]++
@@ -104,41 +107,141 @@ func (t *fdTokens) closeAll() {
 	t.owned = map[string]int{}
 }
 
+// errFDExhausted marks fd-socket refusals that free up by themselves; the reply says RESOURCE_EXHAUSTED so
+// clients back off and retry.
+var errFDExhausted = errors.New("descriptor limit")
+
+// Fd-socket connection limits. Every connection costs the agent one descriptor, plus at most fdpass.MaxFDs
+// while a message is read and one kept for a PUT, and lives at most fdConnTimeout: so the socket holds at most
+// defaultFDConns*(2+fdpass.MaxFDs) descriptors however many processes push at it.
+const (
+	fdConnTimeout        = fdpass.DefaultTimeout
+	defaultFDConns       = 256
+	defaultFDConnsPerUID = 64
+)
+
 // fdSocket serves agent.fd.sock.
 type fdSocket struct {
 	ln       *net.UnixListener
 	tokens   *fdTokens
 	identify func(ctx context.Context, conn *net.UnixConn) (Caller, error)
+	// timeout bounds one connection from accept to close (default fdConnTimeout); maxConns and maxPerUID
+	// bound the connections open at once, in all and per peer uid (defaults defaultFDConns and
+	// defaultFDConnsPerUID). Over a limit a connection is answered RESOURCE_EXHAUSTED and closed at once.
+	timeout   time.Duration
+	maxConns  int
+	maxPerUID int
+
+	mu     sync.Mutex
+	open   int
+	perUID map[int32]int
 }
 
 func (s *fdSocket) serve(ctx context.Context) {
 	for {
 		conn, err := s.ln.AcceptUnix()
 		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				continue
+			}
+			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				edgeRefused("fd", "accept_emfile")
+				time.Sleep(10 * time.Millisecond) // out of descriptors: let connections end before accepting more
+				continue
+			}
 			return // listener closed on shutdown
 		}
-		go s.handle(ctx, conn)
+		cred, err := PeerCredOf(conn)
+		if err != nil {
+			edgeRefused("fd", "no_peercred")
+			conn.Close()
+			continue
+		}
+		if why := s.enter(cred.UID); why != "" {
+			edgeRefused("fd", "busy")
+			_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))
+			_, _ = fmt.Fprintf(conn, "ERR %s%s\n", fdpass.ExhaustedPrefix, why)
+			conn.Close()
+			continue
+		}
+		go func() {
+			defer s.leave(cred.UID)
+			s.handle(ctx, conn)
+		}()
+	}
+}
+
+// enter counts a connection of uid, or says which limit refuses it.
+func (s *fdSocket) enter(uid int32) string {
+	maxConns, maxPerUID := s.maxConns, s.maxPerUID
+	if maxConns <= 0 {
+		maxConns = defaultFDConns
+	}
+	if maxPerUID <= 0 {
+		maxPerUID = defaultFDConnsPerUID
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.perUID == nil {
+		s.perUID = map[int32]int{}
+	}
+	switch {
+	case s.open >= maxConns:
+		return fmt.Sprintf("%d connections are open on the fd socket (limit %d)", s.open, maxConns)
+	case s.perUID[uid] >= maxPerUID:
+		return fmt.Sprintf("uid %d has %d connections open on the fd socket (limit %d)", uid, s.perUID[uid], maxPerUID)
+	}
+	s.open++
+	s.perUID[uid]++
+	return ""
+}
+
+func (s *fdSocket) leave(uid int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.open--
+	if s.perUID[uid]--; s.perUID[uid] <= 0 {
+		delete(s.perUID, uid)
 	}
 }
 
 func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn) {
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, fdpass.DefaultTimeout)
+	timeout := s.timeout
+	if timeout <= 0 {
+		timeout = fdConnTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 	_ = conn.SetDeadline(deadline)
 	reply := func(format string, args ...any) { _, _ = fmt.Fprintf(conn, format+"\n", args...) }
-
-	// Read first so descriptors that came with a refused request are closed, not leaked.
-	line, fds, err := fdpass.ReadLine(conn, true)
-	if err != nil {
-		reply("ERR malformed request: %v", err)
-		return
+	refuse := func(err error) {
+		if errors.Is(err, errFDExhausted) {
+			reply("ERR %s%s", fdpass.ExhaustedPrefix, oneLine(err.Error()))
+			return
+		}
+		reply("ERR %s", oneLine(err.Error()))
 	}
+
+	// Identify before reading: descriptors a refused caller sent stay in the socket's queue and the kernel
+	// closes them with the connection, so an unidentified process never makes the agent hold any.
 	caller, err := s.identify(ctx, conn)
 	if err != nil {
-		fdpass.CloseFDs(fds)
-		reply("ERR %s", oneLine(err.Error()))
+		edgeRefused("fd", "unidentified")
+		refuse(err)
+		return
+	}
+	// One descriptor is the most any request carries; the rest are closed as they arrive.
+	line, fds, err := fdpass.ReadLineFDs(conn, 1)
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			edgeRefused("fd", "deadline")
+		} else {
+			edgeRefused("fd", "malformed")
+		}
+		_ = conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond)) // past the deadline: still say why
+		reply("ERR malformed request: %v", oneLine(err.Error()))
 		return
 	}
 	switch {
@@ -150,7 +253,8 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn) {
 		}
 		token, err := s.tokens.add(caller.Key, os.NewFile(uintptr(fds[0]), "caller-fd"), false)
 		if err != nil {
-			reply("ERR %s", oneLine(err.Error()))
+			edgeRefused("fd", "tokens")
+			refuse(err)
 			return
 		}
 		reply("OK %s", token)
@@ -158,7 +262,7 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn) {
 		fdpass.CloseFDs(fds)
 		f, err := s.tokens.take(caller.Key, strings.TrimPrefix(line, "GET "), true)
 		if err != nil {
-			reply("ERR %s", oneLine(err.Error()))
+			refuse(err)
 			return
 		}
 		defer f.Close()
@@ -167,9 +271,24 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn) {
 		}
 	default:
 		fdpass.CloseFDs(fds)
+		edgeRefused("fd", "malformed")
 		reply("ERR unknown request %q (want PUT or GET <token>)", truncate(line, 32))
 	}
 }
+
+// edgeRefusals counts what the pod-facing sockets refused or closed before serving it.
+var edgeRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "fabricxfer", Subsystem: "agent",
+	Name: "edge_refusals_total",
+	Help: "Connections and requests the pod-facing sockets refused or closed unserved, by socket and reason " +
+		"(busy: a connection limit; deadline: idle past the connection's deadline; unidentified; malformed; tokens: " +
+		"descriptors already waiting; unsealed: shared memory not sealed against shrinking; revoked)."},
+	[]string{"socket", "reason"})
+
+// EdgeMetrics is the collector of the pod-facing sockets' refusals (fabricxfer_agent_edge_refusals_total), for
+// the agent to register with the registry it serves.
+func EdgeMetrics() prometheus.Collector { return edgeRefusals }
+
+func edgeRefused(socket, reason string) { edgeRefusals.WithLabelValues(socket, reason).Inc() }
 
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
 

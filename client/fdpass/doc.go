@@ -7,4 +7,9 @@
 //
 //	PUT\n            + SCM_RIGHTS(1 fd)   ->  OK <token>\n   |  ERR <reason>\n
 //	GET <token>\n                         ->  OK\n + SCM_RIGHTS(1 fd)  |  ERR <reason>\n
+//
+// A reason that starts with "RESOURCE_EXHAUSTED: " (ErrExhausted) is a limit that frees up by itself (descriptors
+// waiting for this caller, connections open on the socket): back off and retry. The agent identifies the caller
+// before it reads the request, closes every descriptor beyond the one a PUT carries, and closes a connection
+// that has not finished its exchange within 5 s.
 package fdpass

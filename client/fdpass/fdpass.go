@@ -22,6 +22,13 @@ const DefaultTimeout = 5 * time.Second
 // ErrRefused wraps the reason the agent gave in an ERR line.
 var ErrRefused = errors.New("fd socket refused the request")
 
+// ErrExhausted marks a refusal the caller may retry after backing off: the agent has too many descriptors
+// waiting for this caller, or too many connections open on the fd socket. It is an ErrRefused too.
+var ErrExhausted = errors.New("fd socket is at a limit, retry later")
+
+// ExhaustedPrefix starts the reason of an ERR line that is ErrExhausted ("ERR RESOURCE_EXHAUSTED: ...").
+const ExhaustedPrefix = "RESOURCE_EXHAUSTED: "
+
 // Put hands f to the agent listening on socketPath and returns the token that names it. The caller keeps
 // its own f open (the agent received a duplicate).
 func Put(ctx context.Context, socketPath string, f *os.File) (string, error) {
@@ -99,6 +106,8 @@ func parseReply(line string) (string, error) {
 		return "", nil
 	case strings.HasPrefix(line, "OK "):
 		return strings.TrimPrefix(line, "OK "), nil
+	case strings.HasPrefix(line, "ERR "+ExhaustedPrefix):
+		return "", fmt.Errorf("%w: %w: %s", ErrRefused, ErrExhausted, strings.TrimPrefix(line, "ERR "+ExhaustedPrefix))
 	case strings.HasPrefix(line, "ERR "):
 		return "", fmt.Errorf("%w: %s", ErrRefused, strings.TrimPrefix(line, "ERR "))
 	default:

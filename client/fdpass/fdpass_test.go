@@ -2,6 +2,7 @@ package fdpass
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -194,5 +195,17 @@ func TestReadLineFDsClosesExtraDescriptors(t *testing.T) {
 	}
 	if after := openFDs(t); after > before {
 		t.Fatalf("%d descriptors open before, %d after an unwanted one", before, after)
+	}
+}
+
+func TestExhaustedRefusalsAreMarked(t *testing.T) {
+	f, _ := os.CreateTemp(t.TempDir(), "m")
+	path, _ := serveOnce(t, "ERR RESOURCE_EXHAUSTED: 64 descriptors already wait\n", nil)
+	if _, err := Put(ctx(t), path, f); !errors.Is(err, ErrExhausted) || !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "64 descriptors") {
+		t.Fatalf("exhausted: %v", err)
+	}
+	path, _ = serveOnce(t, "ERR not yours\n", nil)
+	if _, err := Put(ctx(t), path, f); errors.Is(err, ErrExhausted) || !errors.Is(err, ErrRefused) {
+		t.Fatalf("plain refusal: %v", err)
 	}
 }

@@ -1,0 +1,226 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+func openFDCount(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	return len(ents)
+}
+
+// startFDSocket serves an fd socket whose callers are identified by identify.
+func startFDSocket(t *testing.T, s *fdSocket) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fd.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ln = ln
+	if s.tokens == nil {
+		s.tokens = newFDTokens(time.Minute, 64)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.serve(ctx); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		ln.Close()
+		<-done
+		s.tokens.closeAll()
+	})
+	return path
+}
+
+// refusals reads fabricxfer_agent_edge_refusals_total{socket,reason}.
+func refusals(socket, reason string) float64 {
+	var m dto.Metric
+	if err := edgeRefusals.WithLabelValues(socket, reason).Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}
+
+func anyone(context.Context, *net.UnixConn) (Caller, error) {
+	return Caller{Local: true, Key: "local/uid=0"}, nil
+}
+
+// An fd-socket connection that sends nothing is closed at its deadline and counted; the agent stays up.
+func TestFDSocketClosesAndCountsIdleConnections(t *testing.T) {
+	s := &fdSocket{identify: anyone, timeout: 200 * time.Millisecond}
+	path := startFDSocket(t, s)
+	before := refusals("fd", "deadline")
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	if !strings.HasPrefix(line, "ERR") || time.Since(start) > 3*time.Second {
+		t.Fatalf("idle connection got %q after %s", line, time.Since(start))
+	}
+	if after := refusals("fd", "deadline"); after != before+1 {
+		t.Fatalf("deadline refusals %v -> %v", before, after)
+	}
+	// Half a request, then silence: the same.
+	c2, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	_, _ = c2.Write([]byte("PU"))
+	_ = c2.SetDeadline(time.Now().Add(5 * time.Second))
+	if line, _ := bufio.NewReader(c2).ReadString('\n'); !strings.HasPrefix(line, "ERR") {
+		t.Fatalf("half a request got %q", line)
+	}
+	// A normal PUT still works.
+	f, _ := os.CreateTemp(t.TempDir(), "m")
+	defer f.Close()
+	if token := put(t, path, f); token == "" {
+		t.Fatal("no token after idle connections")
+	}
+}
+
+func put(t *testing.T, path string, f *os.File) string {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, _, err := c.WriteMsgUnix([]byte("PUT\n"), syscall.UnixRights(int(f.Fd())), nil); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	if !strings.HasPrefix(line, "OK ") {
+		t.Fatalf("PUT answered %q", line)
+	}
+	return strings.TrimSpace(strings.TrimPrefix(line, "OK "))
+}
+
+// Many connections pushing descriptors as fast as they can leave the agent holding a bounded number of them,
+// whether the callers are admitted or refused (slowly, as an API-server lookup would).
+func TestFDSocketFloodKeepsDescriptorsBounded(t *testing.T) {
+	refuseSlowly := func(ctx context.Context, _ *net.UnixConn) (Caller, error) {
+		time.Sleep(100 * time.Millisecond)
+		return Caller{}, errors.New("pid 1 is not in a Kubernetes pod")
+	}
+	for name, identify := range map[string]func(context.Context, *net.UnixConn) (Caller, error){
+		"admitted": anyone, "refused": refuseSlowly,
+	} {
+		t.Run(name, func(t *testing.T) {
+			const conns, maxConns = 30, 8
+			s := &fdSocket{identify: identify, timeout: time.Second, maxConns: maxConns, maxPerUID: maxConns}
+			path := startFDSocket(t, s)
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			defer w.Close()
+			base := openFDCount(t)
+			rights := syscall.UnixRights(int(r.Fd()), int(w.Fd()), int(r.Fd()), int(w.Fd()))
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := 0; i < conns; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+						if err != nil {
+							time.Sleep(time.Millisecond)
+							continue
+						}
+						_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+						for j := 0; j < 200; j++ {
+							if _, _, err := c.WriteMsgUnix([]byte("P"), rights, nil); err != nil {
+								break
+							}
+						}
+						c.Close()
+					}
+				}()
+			}
+			peak := 0
+			for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+				peak = max(peak, openFDCount(t)-base)
+			}
+			close(stop)
+			wg.Wait()
+			// Clients: one connection each. Agent: at most maxConns connections, each with one message's
+			// descriptors in hand and one kept.
+			if bound := conns + maxConns*(2+4) + 16; peak > bound {
+				t.Fatalf("%d descriptors above the baseline at the peak, bound %d", peak, bound)
+			}
+			t.Logf("peak %d descriptors above the baseline", peak)
+		})
+	}
+}
+
+func TestFDSocketConnectionCaps(t *testing.T) {
+	s := &fdSocket{maxConns: 3, maxPerUID: 2}
+	if s.enter(1) != "" || s.enter(1) != "" {
+		t.Fatal("first two connections of uid 1 refused")
+	}
+	if why := s.enter(1); !strings.Contains(why, "uid 1") {
+		t.Fatalf("third connection of uid 1: %q", why)
+	}
+	if s.enter(2) != "" {
+		t.Fatal("first connection of uid 2 refused")
+	}
+	if why := s.enter(3); !strings.Contains(why, "limit 3") {
+		t.Fatalf("fourth connection: %q", why)
+	}
+	s.leave(1)
+	if s.enter(3) != "" {
+		t.Fatal("a connection after one left was refused")
+	}
+}
+
+// Over the connection cap a caller is told RESOURCE_EXHAUSTED, which clients retry.
+func TestFDSocketBusyIsResourceExhausted(t *testing.T) {
+	s := &fdSocket{identify: anyone, timeout: 2 * time.Second, maxConns: 1, maxPerUID: 1}
+	path := startFDSocket(t, s)
+	hold, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
+	time.Sleep(50 * time.Millisecond)
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	if !strings.HasPrefix(line, "ERR RESOURCE_EXHAUSTED: ") {
+		t.Fatalf("over the cap: %q", line)
+	}
+}
