@@ -225,21 +225,17 @@ type SharedMemory struct {
 	Bytes []byte
 }
 
-// NewSharedMemory creates size bytes of shared memory (memfd_create, rounded up to pages).
+// NewSharedMemory creates size bytes of shared memory (memfd_create, rounded up to pages), sealed against
+// shrinking (F_SEAL_SHRINK) as the agent requires.
 func NewSharedMemory(name string, size uint64) (*SharedMemory, error) {
 	if size == 0 {
 		return nil, errors.New("creating shared memory: size must be positive")
 	}
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	f, err := newSealedMemfd(name, size) // sealed against shrinking, as the agent requires
 	if err != nil {
-		return nil, fmt.Errorf("creating shared memory %q: %w", name, err)
+		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), name)
-	if err := f.Truncate(int64(size)); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("sizing shared memory %q to %d bytes: %w", name, size, err)
-	}
-	b, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("mapping shared memory %q: %w", name, err)

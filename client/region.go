@@ -75,12 +75,15 @@ type RegionOption func(*Region)
 // Segment publishes the region under name, so peers can name it without its descriptor.
 func Segment(name string) RegionOption { return func(r *Region) { r.segment = name } }
 
-// RegisterHost registers [offset, offset+length) of shared memory f (a memfd or shm_open file opened
-// read-write). The client keeps a duplicate of f until Deregister or Close.
+// RegisterHost registers [offset, offset+length) of shared memory f: a memfd opened read-write and sealed
+// against shrinking (the agent refuses memory that could shrink under its mapping). NewSharedMemory makes such
+// memory; a memfd created with MFD_ALLOW_SEALING is sealed here (F_SEAL_SHRINK, which cannot be undone). The
+// client keeps a duplicate of f until Deregister or Close.
 func (c *Client) RegisterHost(ctx context.Context, f *os.File, offset, length uint64, opts ...RegionOption) (*Region, error) {
 	if f == nil {
 		return nil, fmt.Errorf("registering host memory: no file")
 	}
+	_ = SealShrink(f) // the agent says how to fix memory that cannot be sealed
 	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("registering host memory: duplicating its fd: %w", err)
@@ -97,6 +100,40 @@ func (c *Client) RegisterHost(ctx context.Context, f *os.File, offset, length ui
 	c.regions[r] = struct{}{}
 	c.mu.Unlock()
 	return r, nil
+}
+
+// SealShrink seals memfd f against shrinking (F_ADD_SEALS F_SEAL_SHRINK), as the agent requires of host memory.
+// It fails for files that cannot be sealed: memfds created without MFD_ALLOW_SEALING, shm_open files, others.
+func SealShrink(f *os.File) error {
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return fmt.Errorf("%s is not a memfd: %w", f.Name(), err)
+	}
+	if seals&unix.F_SEAL_SHRINK != 0 {
+		return nil
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK); err != nil {
+		return fmt.Errorf("sealing %s against shrinking (was it created with MFD_ALLOW_SEALING?): %w", f.Name(), err)
+	}
+	return nil
+}
+
+// newSealedMemfd creates a memfd of size bytes sealed against shrinking.
+func newSealedMemfd(name string, size uint64) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("creating shared memory %q: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if err := f.Truncate(int64(size)); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("sizing shared memory %q to %d bytes: %w", name, size, err)
+	}
+	if err := SealShrink(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 func (c *Client) register(ctx context.Context, r *Region) error {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"syscall"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -121,6 +122,9 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 		view, m, err := mapShared(f, req.Offset, req.Length)
 		if err != nil {
 			f.Close()
+			if errors.Is(err, errUnsealed) {
+				edgeRefused("grpc", "unsealed")
+			}
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 		desc = engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationHost}, Handles: engines.Handles{Host: view}}
@@ -231,13 +235,24 @@ func checkSegmentName(name string) error {
 
 // mapShared maps [off, off+length) of a shared-memory fd, checking what it is first so a bad fd gets a clear
 // error. It returns the region's view and the whole mapping (page-aligned) to unmap later.
+//
+// The fd must be a memfd sealed against shrinking: a caller that truncated memory the agent has mapped would
+// make the agent's next copy fault (SIGBUS), which no Go code can recover from. The seal is checked before the
+// size, so the size checked is a lower bound for as long as the mapping lives.
 func mapShared(f *os.File, off, length uint64) (view, mapping []byte, err error) {
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the passed fd is not shared memory (not a memfd: F_GET_SEALS: %v): %s", err, sealHowTo)
+	}
+	if seals&unix.F_SEAL_SHRINK == 0 {
+		return nil, nil, fmt.Errorf("%w: the passed memfd is not sealed against shrinking (a caller that truncated it would crash the agent): %s", errUnsealed, sealHowTo)
+	}
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, nil, fmt.Errorf("inspecting the passed fd: %w", err)
 	}
 	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return nil, nil, fmt.Errorf("the passed fd is not shared memory (file type %#o; want a memfd or shm_open file)", st.Mode&syscall.S_IFMT)
+		return nil, nil, fmt.Errorf("the passed fd is not shared memory (file type %#o; want a memfd)", st.Mode&syscall.S_IFMT)
 	}
 	if off+length < off || off+length > uint64(st.Size) {
 		return nil, nil, fmt.Errorf("range [%d, %d) is outside the passed memory of %d bytes", off, off+length, st.Size)
@@ -251,6 +266,14 @@ func mapShared(f *os.File, off, length uint64) (view, mapping []byte, err error)
 	}
 	return m[delta : delta+length : delta+length], m, nil
 }
+
+// errUnsealed marks host memory refused for lack of F_SEAL_SHRINK.
+var errUnsealed = errors.New("unsealed shared memory")
+
+// sealHowTo is how a caller makes host memory the agent accepts.
+const sealHowTo = "create host memory with memfd_create(name, MFD_CLOEXEC|MFD_ALLOW_SEALING), size it with ftruncate, " +
+	"then seal it with fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) before registering (the Go and Python clients do this " +
+	"for the memory they create; shm_open files cannot be sealed)"
 
 // addRegion checks limits, registers view with the engines and records the region. Nothing is left behind on
 // error.
