@@ -279,13 +279,17 @@ func (c *Composite) NewPlan() PlanBuilder {
 }
 
 type compositePlanner struct {
-	c     *Composite
-	b     *batch
-	out   PlanSet
-	built bool
+	c      *Composite
+	b      *batch
+	out    PlanSet
+	built  bool
+	blocks compositeBlocks
 }
 
 func (p *compositePlanner) Add(it Item) error {
+	if p.blocks.added {
+		return p.reject(it, fmt.Errorf("planning: %w: a plan with a block batch takes no items", ErrInvalid), 0)
+	}
 	if p.built {
 		return fmt.Errorf("planning: %w: Build already called", ErrInvalid)
 	}
@@ -344,6 +348,12 @@ func (p *compositePlanner) Build() *PlanSet {
 		return &PlanSet{owner: p.c}
 	}
 	p.built = true
+	if p.blocks.added {
+		p.buildBlocks(out)
+		p.c.reg.putBatch(p.b)
+		p.b = nil
+		return out
+	}
 	if len(p.b.entries) == 0 {
 		return out
 	}
@@ -373,13 +383,16 @@ func (p *compositePlanner) Build() *PlanSet {
 		if b == nil {
 			continue
 		}
-		part := b.Build()
-		out.parts = append(out.parts, part)
-		out.Plans = append(out.Plans, part.Plans...)
-		out.Rejected = append(out.Rejected, part.Rejected...)
-		out.Dropped = append(out.Dropped, part.Dropped...)
+		p.addPart(out, b.Build())
 	}
 	return out
+}
+
+func (p *compositePlanner) addPart(out *PlanSet, part *PlanSet) {
+	out.parts = append(out.parts, part)
+	out.Plans = append(out.Plans, part.Plans...)
+	out.Rejected = append(out.Rejected, part.Rejected...)
+	out.Dropped = append(out.Dropped, part.Dropped...)
 }
 
 // Submit implements Engine: each engine's part is submitted to it.

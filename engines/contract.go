@@ -192,6 +192,9 @@ type Plan struct {
 	Direction Direction
 	Src, Dst  MemoryID
 	Segments  []Segment
+	// Blocks, when set, is the plan in block form and Segments is empty (engines whose Limits set BlockPlans;
+	// SegmentsOf expands it).
+	Blocks *BlockList
 	// Tags of every item that landed in this plan, in segment order.
 	Tags  []Tag
 	Bytes uint64

@@ -12,6 +12,9 @@ type Limits struct {
 	// MaxPlanSegments cuts plans with more segments. Plans are cut only between coalesced runs, so an item
 	// always lands in one plan; a single run longer than the limit gets a plan of its own.
 	MaxPlanSegments int
+	// BlockPlans: the engine takes block batches as plans in block form (Plan.Blocks) instead of one segment
+	// per block.
+	BlockPlans bool
 }
 
 // CanHandleFunc is an engine's pair test.
@@ -50,6 +53,7 @@ type batch struct {
 	index   map[[2]MemoryID]int32
 	entries []entry
 	scratch sortScratch
+	dup     dupScratch
 	// last is the pair of the previous item (-1: none): items of one batch mostly share a pair, and comparing
 	// two ids is cheaper than hashing them.
 	last int32
@@ -294,12 +298,16 @@ type planner struct {
 	lim    Limits
 	can    CanHandleFunc
 
-	b     *batch
-	out   PlanSet
-	built bool
+	b      *batch
+	out    PlanSet
+	built  bool
+	blocks blockPlans
 }
 
 func (p *planner) Add(it Item) error {
+	if p.blocks.added {
+		return p.reject(it, fmt.Errorf("planning for %s: %w: a plan with a block batch takes no items", p.engine, ErrInvalid))
+	}
 	if p.built {
 		return fmt.Errorf("planning for %s: %w: Build already called", p.engine, ErrInvalid)
 	}
@@ -376,6 +384,12 @@ func (p *planner) Build() *PlanSet {
 	p.built = true
 	out := &p.out
 	out.owner = p.reg
+	if p.blocks.added {
+		p.buildBlocks()
+		p.reg.putBatch(p.b)
+		p.b = nil
+		return out
+	}
 	if len(p.b.entries) == 0 {
 		return out
 	}

@@ -2,13 +2,328 @@ package server
 
 import (
 	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/engines"
 )
 
+const (
+	// maxLayoutRegions bounds the regions of one layout (a 128-layer model's K and V tensors fit twice over).
+	maxLayoutRegions = 4096
+	// maxLayoutsPerCaller bounds the layouts one caller holds.
+	maxLayoutsPerCaller = 1024
+)
+
+// layout is a caller's numbered-block view of regions of equal length: block i of the layout is
+// [i*blockBytes, (i+1)*blockBytes) of every region. It names regions by id; a region deregistered since makes
+// transfers over the layout fail with NotFound.
+type layout struct {
+	id         uint64
+	owner      string
+	session    uint64
+	blockBytes uint64
+	blocks     uint64
+	regions    []uint64
+	segment    string
+}
+
+func (l *layout) proto() *agentv1.Layout {
+	return &agentv1.Layout{Id: l.id, BlockBytes: l.blockBytes, Blocks: l.blocks, RegionIds: l.regions, SegmentName: l.segment}
+}
+
+// RegisterLayout implements agentv1.AgentServer.
+func (s *Server) RegisterLayout(ctx context.Context, req *agentv1.RegisterLayoutRequest) (*agentv1.RegisterLayoutResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	switch n := len(req.RegionIds); {
+	case n == 0:
+		return nil, status.Error(codes.InvalidArgument, "a layout needs at least one region")
+	case n > maxLayoutRegions:
+		return nil, status.Errorf(codes.InvalidArgument, "a layout has at most %d regions, got %d", maxLayoutRegions, n)
+	case req.BlockBytes == 0:
+		return nil, status.Error(codes.InvalidArgument, "block_bytes must be positive")
+	}
+	if err := checkSegmentName(req.SegmentName); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sess.ended {
+		return nil, status.Error(codes.Unavailable, "the connection is closing")
+	}
+	var length uint64
+	seen := make(map[uint64]bool, len(req.RegionIds))
+	for k, id := range req.RegionIds {
+		r, err := s.ownRegionLocked(sess, id)
+		if err != nil {
+			return nil, status.Errorf(codes.NotFound, "region %d of the layout: %s", k, status.Convert(err).Message())
+		}
+		if seen[id] {
+			return nil, status.Errorf(codes.InvalidArgument, "region %d appears twice in the layout (entries must be distinct memory)", id)
+		}
+		seen[id] = true
+		if k == 0 {
+			length = r.length
+		}
+		if r.length != length {
+			return nil, status.Errorf(codes.InvalidArgument, "region %d of the layout is %d bytes, region 0 is %d: a layout's regions have one length", k, r.length, length)
+		}
+	}
+	if length%req.BlockBytes != 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "regions of %d bytes are not a whole number of %d-byte blocks", length, req.BlockBytes)
+	}
+	blocks := length / req.BlockBytes
+	if blocks > math.MaxUint32 {
+		return nil, status.Errorf(codes.InvalidArgument, "%d blocks per region; block ids are 32-bit, use larger blocks", blocks)
+	}
+	held := 0
+	for _, l := range s.layouts {
+		if l.owner == sess.caller.Key {
+			held++
+		}
+	}
+	if held >= maxLayoutsPerCaller {
+		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d layouts, the limit is %d", held, maxLayoutsPerCaller)
+	}
+	if req.SegmentName != "" {
+		if _, taken := s.layoutSegments[req.SegmentName]; taken {
+			return nil, status.Errorf(codes.AlreadyExists, "layout segment %q is already registered on node %s", req.SegmentName, s.opts.NodeName)
+		}
+	}
+	s.nextLayout++
+	l := &layout{id: s.regionEpoch | s.nextLayout, owner: sess.caller.Key, session: sess.id, blockBytes: req.BlockBytes,
+		blocks: blocks, regions: append([]uint64(nil), req.RegionIds...), segment: req.SegmentName}
+	s.layouts[l.id] = l
+	if l.segment != "" {
+		s.layoutSegments[l.segment] = l
+	}
+	return &agentv1.RegisterLayoutResponse{Layout: l.proto()}, nil
+}
+
+// DeregisterLayout implements agentv1.AgentServer.
+func (s *Server) DeregisterLayout(ctx context.Context, req *agentv1.DeregisterLayoutRequest) (*agentv1.DeregisterLayoutResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, err := s.ownLayoutLocked(sess, req.LayoutId)
+	if err != nil {
+		return nil, err
+	}
+	s.dropLayoutLocked(l)
+	return &agentv1.DeregisterLayoutResponse{}, nil
+}
+
+func (s *Server) dropLayoutLocked(l *layout) {
+	delete(s.layouts, l.id)
+	if l.segment != "" && s.layoutSegments[l.segment] == l {
+		delete(s.layoutSegments, l.segment)
+	}
+}
+
+// dropSessionLayouts forgets the layouts of ended sessions (their regions went with them).
+func (s *Server) dropSessionLayouts() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range s.layouts {
+		if sess, ok := s.sessions[l.session]; !ok || sess.ended {
+			s.dropLayoutLocked(l)
+		}
+	}
+}
+
+func (s *Server) ownLayoutLocked(sess *session, id uint64) (*layout, error) {
+	l, ok := s.layouts[id]
+	if !ok || l.owner != sess.caller.Key {
+		// Another caller's layout must look exactly like a missing one.
+		return nil, status.Errorf(codes.NotFound, "layout %d is not registered by this caller", id)
+	}
+	return l, nil
+}
+
+// TransferBlocks implements agentv1.AgentServer.
+func (s *Server) TransferBlocks(ctx context.Context, req *agentv1.TransferBlocksRequest) (*agentv1.TransferResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.transferBlocks(ctx, sess, req)
+}
+
+// blockTag is the tag failures of a block transfer are reported under.
+const blockTag = "blocks"
+
+// transferBlocks serves TransferBlocks for the gRPC call and the fast socket alike. The ids are decoded and
+// range-checked here, once; the engines check bounds and duplicate destinations as they plan.
 func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1.TransferBlocksRequest) (*agentv1.TransferResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "block transfers are not served yet")
+	if req.Op != agentv1.Op_OP_READ && req.Op != agentv1.Op_OP_WRITE {
+		return nil, status.Errorf(codes.InvalidArgument, "op must be OP_READ or OP_WRITE, got %s", req.Op)
+	}
+	if len(req.Notify) > engines.MaxNotifyPayload {
+		return nil, status.Errorf(codes.InvalidArgument, "notification payload is %d bytes, at most %d", len(req.Notify), engines.MaxNotifyPayload)
+	}
+	var timeout time.Duration
+	if req.Timeout != nil {
+		if err := req.Timeout.CheckValid(); err != nil || req.Timeout.AsDuration() < 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "timeout %v is not a valid non-negative duration", req.Timeout)
+		}
+		timeout = req.Timeout.AsDuration()
+	}
+	width := int(req.IdBytes)
+	if width == 0 {
+		width = 4
+	}
+	if width != 4 && width != 8 {
+		return nil, status.Errorf(codes.InvalidArgument, "id_bytes must be 4 (int32) or 8 (int64), got %d", req.IdBytes)
+	}
+	if len(req.LocalIds)%width != 0 || len(req.RemoteIds)%width != 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "block ids are %d-byte integers: %d and %d bytes are not whole ids", width, len(req.LocalIds), len(req.RemoteIds))
+	}
+	n := len(req.LocalIds) / width
+	if n != len(req.RemoteIds)/width {
+		return nil, status.Errorf(codes.InvalidArgument, "%d local block ids and %d remote block ids: they pair one to one", n, len(req.RemoteIds)/width)
+	}
+	if n == 0 {
+		return nil, status.Error(codes.InvalidArgument, "transfer names no blocks")
+	}
+	if max := s.opts.Limits.MaxItemsPerTransfer; n > max {
+		return nil, status.Errorf(codes.InvalidArgument, "transfer names %d blocks, at most %d", n, max)
+	}
+
+	s.mu.Lock()
+	local, err := s.ownLayoutLocked(sess, req.LayoutId)
+	var remote *layout
+	if err == nil {
+		remote, err = s.remoteLayoutLocked(sess, req.Remote)
+	}
+	var pairs []engines.BlockPair
+	if err == nil {
+		pairs, err = s.layoutPairsLocked(sess, local, remote, req.Op == agentv1.Op_OP_WRITE)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	localIDs, err := decodeBlockIDs(req.LocalIds, width, local.blocks, "local")
+	if err != nil {
+		return nil, err
+	}
+	remoteIDs, err := decodeBlockIDs(req.RemoteIds, width, remote.blocks, "remote")
+	if err != nil {
+		return nil, err
+	}
+	b := engines.Blocks{Pairs: pairs, BlockBytes: local.blockBytes, SrcIDs: localIDs, DstIDs: remoteIDs}
+	if req.Op == agentv1.Op_OP_READ {
+		b.SrcIDs, b.DstIDs = remoteIDs, localIDs
+	}
+	plan := s.opts.Engine.NewPlan()
+	adder, ok := plan.(engines.BlockAdder)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "this agent's engine plans no block batches")
+	}
+	if err := adder.AddBlocks(b); err != nil {
+		return nil, status.Errorf(statusCode(err), "planning %d blocks of %d region pairs: %v", n, len(pairs), err)
+	}
+	ps := plan.Build()
+	if len(ps.Rejected) > 0 {
+		err := ps.Rejected[0].Err
+		return nil, status.Errorf(statusCode(err), "planning %d blocks of %d region pairs: %v", n, len(pairs), err)
+	}
+	return s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait)
+}
+
+// remoteLayoutLocked resolves the other side of a block transfer. Layouts of other nodes are not served yet.
+func (s *Server) remoteLayoutLocked(sess *session, ref *agentv1.LayoutRef) (*layout, error) {
+	if ref == nil {
+		return nil, status.Error(codes.InvalidArgument, "block transfer names no remote layout")
+	}
+	if ref.Node != "" && ref.Node != s.opts.NodeName {
+		return nil, status.Errorf(codes.Unimplemented, "layouts on other nodes (%q) are not served yet: transfer items to its segments instead", ref.Node)
+	}
+	switch t := ref.Target.(type) {
+	case *agentv1.LayoutRef_LayoutId:
+		return s.ownLayoutLocked(sess, t.LayoutId)
+	case *agentv1.LayoutRef_Segment:
+		l, ok := s.layoutSegments[t.Segment]
+		if !ok {
+			return nil, status.Errorf(codes.NotFound, "no layout segment %q on node %s", t.Segment, s.opts.NodeName)
+		}
+		return l, nil
+	}
+	return nil, status.Error(codes.InvalidArgument, "remote layout names no layout id or segment")
+}
+
+// layoutPairsLocked pairs region k of local with region k of remote, source first, after checking that the two
+// layouts have one geometry (block size and region count; block counts may differ).
+func (s *Server) layoutPairsLocked(sess *session, local, remote *layout, write bool) ([]engines.BlockPair, error) {
+	if local.blockBytes != remote.blockBytes || len(local.regions) != len(remote.regions) {
+		return nil, status.Errorf(codes.InvalidArgument, "layouts differ in geometry: %d regions of %d-byte blocks here, %d regions of %d-byte blocks there",
+			len(local.regions), local.blockBytes, len(remote.regions), remote.blockBytes)
+	}
+	pairs := make([]engines.BlockPair, len(local.regions))
+	for k := range local.regions {
+		lr, ok := s.regions[local.regions[k]]
+		if !ok || lr.owner != local.owner {
+			return nil, status.Errorf(codes.NotFound, "region %d of layout %d is no longer registered", local.regions[k], local.id)
+		}
+		rr, ok := s.regions[remote.regions[k]]
+		if !ok || rr.owner != remote.owner {
+			return nil, status.Errorf(codes.NotFound, "region %d of layout %d is no longer registered", remote.regions[k], remote.id)
+		}
+		pairs[k] = engines.BlockPair{Src: lr.mem, Dst: rr.mem}
+		if !write {
+			pairs[k] = engines.BlockPair{Src: rr.mem, Dst: lr.mem}
+		}
+	}
+	return pairs, nil
+}
+
+// decodeBlockIDs reads packed little-endian ids of width bytes and checks each is below blocks.
+func decodeBlockIDs(b []byte, width int, blocks uint64, side string) ([]uint32, error) {
+	n := len(b) / width
+	ids := make([]uint32, n)
+	var top uint64
+	if width == 4 {
+		for i := range ids {
+			v := binary.LittleEndian.Uint32(b[4*i:])
+			ids[i] = v
+			top = max(top, uint64(v))
+		}
+	} else {
+		for i := range ids {
+			v := binary.LittleEndian.Uint64(b[8*i:])
+			ids[i] = uint32(v)
+			top = max(top, v) // a negative int64 is a huge uint64: caught below
+		}
+	}
+	if top >= blocks {
+		for i := range ids {
+			v := uint64(ids[i])
+			if width == 8 {
+				v = binary.LittleEndian.Uint64(b[8*i:])
+			}
+			if v >= blocks {
+				return nil, status.Errorf(codes.InvalidArgument, "%s block id %s (entry %d) is outside the layout's %d blocks", side, fmtID(v, width), i, blocks)
+			}
+		}
+	}
+	return ids, nil
+}
+
+func fmtID(v uint64, width int) string {
+	if width == 8 {
+		return fmt.Sprint(int64(v))
+	}
+	return fmt.Sprint(int32(v))
 }

@@ -136,13 +136,17 @@ type Server struct {
 	regions     map[uint64]*region
 	byMemory    map[engines.MemoryID]*region
 	segments    map[string]*region
-	callers     map[string]*usage
-	imports     map[engines.MemoryID]*imported
-	transfers   map[uint64]*transfer
-	nextXfer    uint64
-	watchers    map[string]map[*watcher]struct{}
-	listeners   map[string]map[*notifyListener]struct{}
-	importMu    sync.Mutex
+	nextLayout  uint64
+	layouts     map[uint64]*layout
+	// layoutSegments are published layouts, by name (a namespace of their own beside region segments).
+	layoutSegments map[string]*layout
+	callers        map[string]*usage
+	imports        map[engines.MemoryID]*imported
+	transfers      map[uint64]*transfer
+	nextXfer       uint64
+	watchers       map[string]map[*watcher]struct{}
+	listeners      map[string]map[*notifyListener]struct{}
+	importMu       sync.Mutex
 }
 
 // usage is what one caller holds, against its Limits.
@@ -195,7 +199,7 @@ func New(opts Options) (*Server, error) {
 		regionEpoch: uint64(binary.BigEndian.Uint32(b[:])|1) << 32,
 		tokens:      newFDTokens(opts.TokenTTL, 64),
 		sessions:    map[uint64]*session{}, regions: map[uint64]*region{}, byMemory: map[engines.MemoryID]*region{},
-		segments: map[string]*region{}, callers: map[string]*usage{}, imports: map[engines.MemoryID]*imported{},
+		segments: map[string]*region{}, layouts: map[uint64]*layout{}, layoutSegments: map[string]*layout{}, callers: map[string]*usage{}, imports: map[engines.MemoryID]*imported{},
 		transfers: map[uint64]*transfer{}, watchers: map[string]map[*watcher]struct{}{},
 		listeners: map[string]map[*notifyListener]struct{}{}, stopping: make(chan struct{}),
 		fast: fastTokens{entries: map[string]fastToken{}},
@@ -357,6 +361,7 @@ func (s *Server) sweep(ctx context.Context) {
 		case now := <-t.C:
 			s.tokens.sweep(now)
 			s.forgetFinished(now)
+			s.dropSessionLayouts()
 		}
 	}
 }

@@ -119,6 +119,12 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 		return nil, status.Errorf(statusCode(ie.Err), "item with tag %q: %v", tags[ie.Item.Tag], ie.Err)
 	}
 
+	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), timeout, req.Notify, req.Wait)
+}
+
+// submit starts a planned transfer for the caller and, with wait, waits for it within the call.
+func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet, tags []string, total uint64, items int,
+	timeout time.Duration, notify []byte, wait bool) (*agentv1.TransferResponse, error) {
 	s.mu.Lock()
 	u := s.usageLocked(sess.caller.Key)
 	if u.inFlight >= s.opts.Limits.MaxInFlight {
@@ -131,7 +137,7 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 	s.mu.Unlock()
 
 	// The transfer outlives this call; its deadline comes from the request's timeout (or the engine default).
-	t, err := s.opts.Engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: req.Notify})
+	t, err := s.opts.Engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: notify})
 	if err != nil {
 		s.mu.Lock()
 		u.inFlight--
@@ -144,11 +150,11 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 	s.mu.Unlock()
 	go s.settle(x)
 
-	resp := &agentv1.TransferResponse{TransferId: x.id, Items: uint32(len(req.Items) - len(ps.Dropped)), Bytes: ps.Bytes()}
+	resp := &agentv1.TransferResponse{TransferId: x.id, Items: uint32(items), Bytes: ps.Bytes()}
 	for i := range ps.Plans {
 		resp.Engines = append(resp.Engines, ps.Plans[i].Engine)
 	}
-	if req.Wait {
+	if wait {
 		select {
 		case <-t.Done():
 			s.finish(x)

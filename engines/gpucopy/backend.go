@@ -11,6 +11,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/internal/gpushare"
+	"github.com/fabricxfer/fabricxfer/engines/internal/scatter"
 )
 
 // Backend is the CUDA backend of the xgmi engine: same-node copies where at
@@ -69,7 +70,9 @@ func NewBackend(drv *cuda.Driver, opts Options) (*Backend, error) {
 func (b *Backend) Name() string { return "cuda" }
 
 // Limits implements xgmi.Backend: one launch takes at most 2^32-1 pieces.
-func (b *Backend) Limits() engines.Limits { return engines.Limits{MaxPlanSegments: 1 << 24} }
+func (b *Backend) Limits() engines.Limits {
+	return engines.Limits{MaxPlanSegments: 1 << 24, BlockPlans: true}
+}
 
 // ordinal maps a location to a CUDA ordinal.
 func (b *Backend) ordinal(loc engines.Location) (int, error) { return b.ords.Of(loc) }
@@ -359,7 +362,7 @@ func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
 	buf := b.segPool.Get().(*[]Segment)
 	defer b.segPool.Put(buf)
 	segs := (*buf)[:0]
-	for _, s := range w.Plan.Segments {
+	for _, s := range engines.SegmentsOf(w.Plan) {
 		segs = append(segs, Segment{Src: ms.addr + s.SrcOffset, Dst: md.addr + s.DstOffset, Size: s.Size})
 	}
 	*buf = segs
@@ -380,6 +383,94 @@ func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
 			}
 		}()
 	}
+	return waitPending(ctx, p)
+}
+
+// CopyBlocks implements xgmi.BlockCopier: the block plans of one submission (every region pair of a KV
+// layout) go to each source GPU's stream as one launch whose descriptors come from the ids.
+func (b *Backend) CopyBlocks(ctx context.Context, works []engines.Work) error {
+	type group struct {
+		pairs []scatter.BlockBases
+		bytes uint64
+	}
+	groups := map[int]*group{}
+	var order []int
+	var list *engines.BlockList
+	b.mu.Lock()
+	for _, w := range works {
+		ms, okS := b.regions[w.Src.ID]
+		md, okD := b.regions[w.Dst.ID]
+		if !okS || !okD {
+			b.mu.Unlock()
+			return fmt.Errorf("%w: region not mapped by the cuda backend", engines.ErrUnknownMemory)
+		}
+		if (ms.ordinal < 0 && !ms.pinned) || (md.ordinal < 0 && !md.pinned) || w.Plan.Blocks == nil ||
+			(list != nil && w.Plan.Blocks != list) {
+			b.mu.Unlock()
+			return b.copyEach(ctx, works) // pageable host memory goes through the driver, segment by segment
+		}
+		list = w.Plan.Blocks
+		ord := ms.ordinal
+		if ord < 0 {
+			ord = md.ordinal
+		}
+		g := groups[ord]
+		if g == nil {
+			g = &group{}
+			groups[ord] = g
+			order = append(order, ord)
+		}
+		g.pairs = append(g.pairs, scatter.BlockBases{Src: ms.addr, Dst: md.addr})
+		g.bytes += w.Plan.Bytes
+	}
+	b.mu.Unlock()
+	var pend []*Pending
+	var err error
+	for _, ord := range order {
+		var c *Copier
+		if c, err = b.copier(ord); err != nil {
+			break
+		}
+		start := time.Now()
+		var p *Pending
+		if p, err = c.SubmitBlocks(groups[ord].pairs, list.BlockBytes, list.SrcIDs, list.DstIDs); err != nil {
+			break
+		}
+		pend = append(pend, p)
+		if b.opts.Observe != nil {
+			g := groups[ord]
+			defer func() {
+				if p.Done() && p.err == nil {
+					b.opts.Observe(CopyStats{Ordinal: ord, Segments: len(g.pairs) * len(list.SrcIDs), Bytes: g.bytes, Mode: c.Mode(),
+						Device: p.DeviceTime(), Host: time.Since(start), Queueing: p.queueing})
+				}
+			}()
+		}
+	}
+	// Every queued launch is waited for, also after an error: the caller's memory must be left alone first.
+	for _, p := range pend {
+		if werr := waitPending(ctx, p); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	return err
+}
+
+// copyEach copies the plans one by one as segments.
+func (b *Backend) copyEach(ctx context.Context, works []engines.Work) error {
+	for _, w := range works {
+		plan := *w.Plan
+		plan.Segments, plan.Blocks = engines.SegmentsOf(w.Plan), nil
+		w.Plan = &plan
+		if err := b.Copy(ctx, w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitPending waits for p; when ctx ends first it still waits (bounded) for the GPU to stop.
+func waitPending(ctx context.Context, p *Pending) error {
 	if err := p.Wait(ctx); err != nil {
 		if ctx.Err() != nil {
 			wctx, cancel := context.WithTimeout(context.Background(), waitAfterCancel)

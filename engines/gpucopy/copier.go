@@ -289,27 +289,78 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	p := &Pending{c: c, done: make(chan struct{})}
-	var largest uint64
+	var nbytes, largest uint64
 	for _, s := range segs {
-		p.bytes += s.Size
+		nbytes += s.Size
 		largest = max(largest, s.Size)
 	}
-	err := c.drv.WithContext(c.ctx, func() error {
-		small := segs
-		var big []Segment
-		switch {
-		case route == RouteDriver:
-			small, big = nil, segs
-		case c.mode == ModeKernel && largest >= c.opts.CopyEngineMin:
-			small, big = scatter.SplitBySize(segs, c.opts.CopyEngineMin)
+	small := segs
+	var big []Segment
+	switch {
+	case route == RouteDriver:
+		small, big = nil, segs
+	case c.mode == ModeKernel && largest >= c.opts.CopyEngineMin:
+		small, big = scatter.SplitBySize(segs, c.opts.CopyEngineMin)
+	}
+	var stage func() (scatter.Layout, *slot, uint64, error)
+	if len(small) > 0 && c.mode == ModeKernel {
+		stage = func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(small) }
+		small = nil
+	}
+	p, err := c.submitLocked(nbytes, stage, small, big, route)
+	if err != nil {
+		return nil, fmt.Errorf("queueing %d segments on GPU %d: %w", len(segs), c.dev, err)
+	}
+	return p, nil
+}
+
+// SubmitBlocks queues a block list over several region pairs (block srcIDs[i] of pair p's source to block
+// dstIDs[i] of its destination, bs bytes each) as one kernel launch whose descriptors are written from the ids,
+// with no segment per block. Lists the flat kernels cannot take, blocks for the copy engine and copiers without
+// kernels go as segments.
+func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dstIDs []uint32) (*Pending, error) {
+	l, ok := scatter.PlanBlocks(pairs, bs, srcIDs, dstIDs, c.opts.MaxPiece)
+	if !ok || c.mode != ModeKernel || bs >= c.opts.CopyEngineMin {
+		segs := make([]Segment, 0, len(pairs)*len(srcIDs))
+		for _, p := range pairs {
+			for i := range srcIDs {
+				segs = append(segs, Segment{Src: p.Src + uint64(srcIDs[i])*bs, Dst: p.Dst + uint64(dstIDs[i])*bs, Size: bs})
+			}
 		}
+		return c.SubmitRoute(segs, RouteAuto)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	stage := func() (scatter.Layout, *slot, uint64, error) {
+		s, err := c.slots.Get(uint64(l.Bytes()))
+		if err != nil {
+			return l, nil, 0, err
+		}
+		scatter.WriteBlocks(s.host(), l, pairs, bs, srcIDs, dstIDs)
+		descs := uint64(s.hostPtr)
+		if c.opts.UploadDescriptors {
+			descs = uint64(s.devPtr)
+		}
+		return l, s, descs, nil
+	}
+	p, err := c.submitLocked(uint64(l.Pieces)*bs, stage, nil, nil, RouteAuto)
+	if err != nil {
+		return nil, fmt.Errorf("queueing %d blocks of %d region pairs on GPU %d: %w", len(srcIDs), len(pairs), c.dev, err)
+	}
+	return p, nil
+}
+
+// submitLocked queues one submission: stage (when set) writes the kernel's descriptors, big go to the copy
+// engine and driver go as driver copies. c.mu is held.
+func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot, uint64, error), driver, big []Segment, route Route) (*Pending, error) {
+	p := &Pending{c: c, done: make(chan struct{}), bytes: nbytes}
+	err := c.drv.WithContext(c.ctx, func() error {
 		// Host work first (descriptors), so a device timing covers only the GPU.
 		var st staged
-		kernel := len(small) > 0 && c.mode == ModeKernel
+		kernel := stage != nil
 		if kernel {
 			var err error
-			if st.layout, p.slot, st.descs, err = c.stageDescriptors(small); err != nil {
+			if st.layout, p.slot, st.descs, err = stage(); err != nil {
 				return err
 			}
 			c.findResident(p, &st)
@@ -320,7 +371,7 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 			// to or from pageable memory returns only once it has run.
 			ops := len(big) + 2
 			if !kernel && c.mode == ModePerItem {
-				ops += len(small)
+				ops += len(driver)
 			}
 			if c.gate != nil && ops <= maxGatedOps && route != RouteDriver {
 				// The stream holds the timed work until all of it is queued,
@@ -353,8 +404,8 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 			if err := c.launchStaged(p, st); err != nil {
 				return err
 			}
-		case len(small) > 0:
-			if err := c.queueDriver(small); err != nil {
+		case len(driver) > 0:
+			if err := c.queueDriver(driver); err != nil {
 				return err
 			}
 		}
@@ -375,7 +426,7 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		// the caller's buffers are not reused under it.
 		_ = c.drv.WithContext(c.ctx, func() error { return c.drv.StreamSynchronize(c.stream) })
 		c.release(p)
-		return nil, fmt.Errorf("queueing %d segments on GPU %d: %w", len(segs), c.dev, err)
+		return nil, err
 	}
 	return p, nil
 }

@@ -53,13 +53,19 @@ func (*HostBackend) Register(_ context.Context, d engines.MemoryDesc) (engines.M
 // Release implements Backend.
 func (*HostBackend) Release(context.Context, *engines.MemoryDesc) error { return nil }
 
-// Limits implements Backend: none.
-func (*HostBackend) Limits() engines.Limits { return engines.Limits{} }
+// Limits implements Backend: block plans are copied block by block, with no segment list.
+func (*HostBackend) Limits() engines.Limits { return engines.Limits{BlockPlans: true} }
 
-// Copy implements Backend.
+// Copy implements Backend. A context that has already ended moves nothing, however small the plan.
 func (h *HostBackend) Copy(ctx context.Context, w engines.Work) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	src, dst := w.Src.Handles.Host, w.Dst.Handles.Host
 	parts := min(h.threads, int(w.Plan.Bytes/parallelMinBytes))
+	if l := w.Plan.Blocks; l != nil {
+		return h.copyBlocks(ctx, dst, src, l, max(parts, 1))
+	}
 	if parts <= 1 {
 		return copySegments(ctx, dst, src, w.Plan.Segments)
 	}
@@ -75,6 +81,46 @@ func (h *HostBackend) Copy(ctx context.Context, w engines.Work) error {
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyBlocks copies a block list on parts goroutines, each a contiguous share of the ids.
+func (h *HostBackend) copyBlocks(ctx context.Context, dst, src []byte, l *engines.BlockList, parts int) error {
+	n := len(l.SrcIDs)
+	if parts == 1 {
+		return copyBlockRange(ctx, dst, src, l, 0, n)
+	}
+	errs := make([]error, parts)
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = copyBlockRange(ctx, dst, src, l, i*n/parts, (i+1)*n/parts)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyBlockRange copies blocks [lo, hi) of l, checking the context every hostChunk bytes.
+func copyBlockRange(ctx context.Context, dst, src []byte, l *engines.BlockList, lo, hi int) error {
+	bs := l.BlockBytes
+	per := max(int(hostChunk/bs), 1)
+	for start := lo; start < hi; start += per {
+		for i := start; i < min(start+per, hi); i++ {
+			s, d := uint64(l.SrcIDs[i])*bs, uint64(l.DstIDs[i])*bs
+			copy(dst[d:d+bs], src[s:s+bs])
+		}
+		if err := ctx.Err(); err != nil {
 			return err
 		}
 	}

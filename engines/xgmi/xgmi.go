@@ -74,7 +74,16 @@ func New(opts Options, backends ...Backend) (*Engine, error) {
 	return e, nil
 }
 
+// BlockCopier is a Backend that copies the block plans of one submission together (one launch for every
+// region pair of a KV layout). Every work item it is given has Plan.Blocks set and the same BlockList.
+type BlockCopier interface {
+	CopyBlocks(ctx context.Context, works []engines.Work) error
+}
+
+// tighter combines two backends' limits; block plans are taken when any backend takes them (the others get
+// their segments expanded).
 func tighter(a, b engines.Limits) engines.Limits {
+	a.BlockPlans = a.BlockPlans || b.BlockPlans
 	if b.MaxSegmentBytes > 0 && (a.MaxSegmentBytes == 0 || b.MaxSegmentBytes < a.MaxSegmentBytes) {
 		a.MaxSegmentBytes = b.MaxSegmentBytes
 	}
@@ -236,6 +245,10 @@ func (e *Engine) runInline(t *engines.Tracker, work []engines.Work) bool {
 	ctx := t.Context()
 	for _, w := range work {
 		b, _ := e.backendFor(w.Src, w.Dst)
+		if err := ctx.Err(); err != nil { // already cancelled or past its deadline: move nothing
+			t.Finish(w.Index, err)
+			continue
+		}
 		if err := b.Copy(ctx, w); err != nil {
 			t.Finish(w.Index, fmt.Errorf("xgmi %s copy %s -> %s: %w", b.Name(), w.Plan.Src, w.Plan.Dst, err))
 			continue
@@ -264,16 +277,55 @@ func (e *Engine) deliver(plans []engines.Plan, outcomes []engines.Outcome, paylo
 }
 
 func (e *Engine) run(t *engines.Tracker, work []engines.Work) {
+	work = e.runBlocks(t, work)
 	engines.RunPlans(t, work, e.slots, func(ctx context.Context, w engines.Work) error {
 		b, reason := e.backendFor(w.Src, w.Dst)
 		if b == nil {
 			return fmt.Errorf("xgmi: %w: %s", engines.ErrUnplannable, reason)
+		}
+		if w.Plan.Blocks != nil && !b.Limits().BlockPlans {
+			plan := *w.Plan
+			plan.Segments, plan.Blocks = engines.SegmentsOf(w.Plan), nil
+			w.Plan = &plan
 		}
 		if err := b.Copy(ctx, w); err != nil {
 			return fmt.Errorf("xgmi %s copy %s -> %s: %w", b.Name(), w.Plan.Src, w.Plan.Dst, err)
 		}
 		return nil
 	})
+}
+
+// runBlocks copies the block plans whose backend is a BlockCopier, one call per backend, and returns the rest.
+func (e *Engine) runBlocks(t *engines.Tracker, work []engines.Work) []engines.Work {
+	var rest []engines.Work
+	groups := map[Backend][]engines.Work{}
+	var order []Backend
+	for _, w := range work {
+		b, _ := e.backendFor(w.Src, w.Dst)
+		if _, ok := b.(BlockCopier); !ok || w.Plan.Blocks == nil {
+			rest = append(rest, w)
+			continue
+		}
+		if groups[b] == nil {
+			order = append(order, b)
+		}
+		groups[b] = append(groups[b], w)
+	}
+	ctx := t.Context()
+	for _, b := range order {
+		ws := groups[b]
+		err := ctx.Err()
+		if err == nil {
+			err = b.(BlockCopier).CopyBlocks(ctx, ws)
+			if err != nil {
+				err = fmt.Errorf("xgmi %s block copy of %d region pairs: %w", b.Name(), len(ws), err)
+			}
+		}
+		for _, w := range ws {
+			t.Finish(w.Index, err)
+		}
+	}
+	return rest
 }
 
 // Close implements engines.Engine.

@@ -1,0 +1,228 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/agent/server"
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client"
+)
+
+// hostLayout registers n regions of blocks*bs bytes of fresh shared memory, filled with random bytes.
+func hostLayout(t *testing.T, c *client.Client, rng *rand.Rand, n, blocks int, bs uint64, opts ...client.LayoutOption) (*client.Layout, []*client.SharedMemory) {
+	t.Helper()
+	var regions []*client.Region
+	var mems []*client.SharedMemory
+	for range n {
+		m := shm(t, uint64(blocks)*bs)
+		for i := range m.Bytes {
+			m.Bytes[i] = byte(rng.Uint32())
+		}
+		r, err := c.RegisterHost(ctxT(t), m.File, 0, m.Size())
+		if err != nil {
+			t.Fatal(err)
+		}
+		regions, mems = append(regions, r), append(mems, m)
+	}
+	l, err := c.RegisterLayout(ctxT(t), regions, bs, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, mems
+}
+
+func snapshot(mems []*client.SharedMemory) [][]byte {
+	out := make([][]byte, len(mems))
+	for i, m := range mems {
+		out[i] = bytes.Clone(m.Bytes)
+	}
+	return out
+}
+
+// TestBlockTransfersMoveExactlyTheNamedBlocks writes and reads blocks between two layouts of two regions, one
+// published by another connection, and checks every byte of every region, moved or not.
+func TestBlockTransfersMoveExactlyTheNamedBlocks(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	rng := rand.New(rand.NewPCG(11, 12))
+	const bs, blocks = 720, 32
+	owner := dial(t, a)
+	_, pubMem := hostLayout(t, owner, rng, 2, blocks, bs, client.PublishLayout("kv-decode"))
+	c := dial(t, a)
+	l, mem := hostLayout(t, c, rng, 2, blocks, bs)
+
+	local, remote := []uint32{3, 0, 31, 17}, []uint32{30, 1, 2, 16}
+	before := snapshot(pubMem)
+	if _, err := c.TransferBlocks(ctxT(t), client.Write, l, local, client.ToLayoutSegment("", "kv-decode"), remote, client.TransferOptions{}); err != nil {
+		t.Fatalf("write blocks: %v", err)
+	}
+	for k := range 2 {
+		want := before[k]
+		for i := range local {
+			copy(want[uint64(remote[i])*bs:][:bs], mem[k].Bytes[uint64(local[i])*bs:][:bs])
+		}
+		if !bytes.Equal(pubMem[k].Bytes, want) {
+			t.Fatalf("region %d of the published layout differs from the blocks written", k)
+		}
+	}
+	// Read other blocks back into the caller's layout, over gRPC this time.
+	before = snapshot(mem)
+	req := &agentv1.TransferBlocksRequest{Op: agentv1.Op_OP_READ, LayoutId: l.ID(), Wait: true, IdBytes: 8,
+		Remote:   &agentv1.LayoutRef{Target: &agentv1.LayoutRef_Segment{Segment: "kv-decode"}},
+		LocalIds: int64s(5, 6), RemoteIds: int64s(9, 10)}
+	resp, err := c.API().TransferBlocks(ctxT(t), req)
+	if err != nil || resp.Status.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+		t.Fatalf("read blocks over gRPC: %v %v", resp, err)
+	}
+	if resp.Items != 4 || resp.Bytes != 4*bs {
+		t.Fatalf("response counts %d items, %d bytes; want 4 and %d", resp.Items, resp.Bytes, 4*bs)
+	}
+	for k := range 2 {
+		want := before[k]
+		copy(want[5*bs:][:bs], pubMem[k].Bytes[9*bs:][:bs])
+		copy(want[6*bs:][:bs], pubMem[k].Bytes[10*bs:][:bs])
+		if !bytes.Equal(mem[k].Bytes, want) {
+			t.Fatalf("region %d of the reader differs from the blocks read", k)
+		}
+	}
+}
+
+func int64s(v ...int64) []byte {
+	b := make([]byte, 8*len(v))
+	for i, x := range v {
+		for j := range 8 {
+			b[8*i+j] = byte(uint64(x) >> (8 * j))
+		}
+	}
+	return b
+}
+
+// TestBlockTransferRefusals: out-of-range, negative and duplicate ids, unequal counts, other geometries,
+// unknown layouts and layouts of other nodes are refused with a clear error and move nothing.
+func TestBlockTransferRefusals(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	rng := rand.New(rand.NewPCG(13, 14))
+	const bs, blocks = 64, 16
+	c := dial(t, a)
+	l, mem := hostLayout(t, c, rng, 2, blocks, bs)
+	l2, mem2 := hostLayout(t, c, rng, 2, blocks, bs)
+	wide, wideMem := hostLayout(t, c, rng, 2, blocks/2, 2*bs)
+	three, threeMem := hostLayout(t, c, rng, 3, blocks, bs)
+	all := [][]*client.SharedMemory{mem, mem2, wideMem, threeMem}
+	var before [][][]byte
+	for _, m := range all {
+		before = append(before, snapshot(m))
+	}
+	u32 := func(v ...uint32) []uint32 { return v }
+	for name, tc := range map[string]struct {
+		local, remote []uint32
+		to            client.RemoteLayout
+		code          string
+		says          string
+	}{
+		"id out of range":        {u32(16), u32(0), client.ToLayout(l2), "InvalidArgument", "outside the layout's 16 blocks"},
+		"remote id out of range": {u32(1), u32(1 << 31), client.ToLayout(l2), "InvalidArgument", "remote block id"},
+		"duplicate destinations": {u32(1, 2), u32(4, 4), client.ToLayout(l2), "InvalidArgument", "named twice"},
+		"other block size":       {u32(1), u32(1), client.ToLayout(wide), "InvalidArgument", "geometry"},
+		"other region count":     {u32(1), u32(1), client.ToLayout(three), "InvalidArgument", "geometry"},
+		"unknown segment":        {u32(1), u32(1), client.ToLayoutSegment("", "nope"), "NotFound", "no layout segment"},
+		"other node":             {u32(1), u32(1), client.ToLayoutSegment("node-z", "kv"), "Unimplemented", "other nodes"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := c.TransferBlocks(ctxT(t), client.Write, l, tc.local, tc.to, tc.remote, client.TransferOptions{})
+			if client.Code(err).String() != tc.code || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("want %s saying %q, got %v", tc.code, tc.says, err)
+			}
+		})
+	}
+	raw := func(req *agentv1.TransferBlocksRequest) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		req.Op, req.Wait = agentv1.Op_OP_WRITE, true
+		_, err := c.API().TransferBlocks(ctx, req)
+		return err
+	}
+	toL2 := &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: l2.ID()}}
+	for name, tc := range map[string]struct {
+		req  *agentv1.TransferBlocksRequest
+		code string
+	}{
+		"unequal counts":    {&agentv1.TransferBlocksRequest{LayoutId: l.ID(), Remote: toL2, LocalIds: int64s(1, 2), RemoteIds: int64s(1), IdBytes: 8}, "InvalidArgument"},
+		"negative int64 id": {&agentv1.TransferBlocksRequest{LayoutId: l.ID(), Remote: toL2, LocalIds: int64s(-1), RemoteIds: int64s(1), IdBytes: 8}, "InvalidArgument"},
+		"ragged id bytes":   {&agentv1.TransferBlocksRequest{LayoutId: l.ID(), Remote: toL2, LocalIds: []byte{1, 2, 3}, RemoteIds: []byte{1, 2, 3}}, "InvalidArgument"},
+		"id width 3":        {&agentv1.TransferBlocksRequest{LayoutId: l.ID(), Remote: toL2, LocalIds: []byte{1, 2, 3}, RemoteIds: []byte{1, 2, 3}, IdBytes: 3}, "InvalidArgument"},
+		"no ids":            {&agentv1.TransferBlocksRequest{LayoutId: l.ID(), Remote: toL2}, "InvalidArgument"},
+		"unknown layout":    {&agentv1.TransferBlocksRequest{LayoutId: 12345, Remote: toL2, LocalIds: int64s(1), RemoteIds: int64s(1), IdBytes: 8}, "NotFound"},
+		"no remote":         {&agentv1.TransferBlocksRequest{LayoutId: l.ID(), LocalIds: int64s(1), RemoteIds: int64s(1), IdBytes: 8}, "InvalidArgument"},
+		"too many ids":      {&agentv1.TransferBlocksRequest{LayoutId: l.ID(), Remote: toL2, LocalIds: make([]byte, 4*70000), RemoteIds: make([]byte, 4*70000)}, "InvalidArgument"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := raw(tc.req); client.Code(err).String() != tc.code {
+				t.Fatalf("want %s, got %v", tc.code, err)
+			}
+		})
+	}
+	for i, m := range all {
+		for k := range m {
+			if !bytes.Equal(m[k].Bytes, before[i][k]) {
+				t.Fatalf("memory %d/%d changed although every transfer was refused", i, k)
+			}
+		}
+	}
+	// Registration refusals.
+	if _, err := c.RegisterLayout(ctxT(t), nil, bs); client.Code(err).String() != "InvalidArgument" {
+		t.Fatalf("empty layout: %v", err)
+	}
+	r1, err := c.RegisterHost(ctxT(t), mem[0].File, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RegisterLayout(ctxT(t), []*client.Region{r1}, bs); client.Code(err).String() != "InvalidArgument" {
+		t.Fatalf("100 bytes in 64-byte blocks: %v", err)
+	}
+}
+
+// TestBlockLayoutsAcrossPods: a pod's private layout is invisible to another pod (NotFound, by id, as either
+// side), while the layout it published is reachable; refusals leave the owner's bytes alone.
+func TestBlockLayoutsAcrossPods(t *testing.T) {
+	kube := startAPIServer(t)
+	podA := createPod(t, kube, "infer", "prefill-0", "node-a")
+	podB := createPod(t, kube, "infer", "decode-0", "node-a")
+	proc := newProcFixture(t)
+	opts := baseOptions(t, proc)
+	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: &server.APIPodResolver{Reader: kube, NodeName: "node-a"}}
+	opts.Policy = server.StaticPolicy{"infer"}
+	a := startAgent(t, opts)
+	rng := rand.New(rand.NewPCG(15, 16))
+	const bs, blocks = 128, 8
+	proc.setPod(t, podA)
+	ca := dial(t, a)
+	private, privMem := hostLayout(t, ca, rng, 1, blocks, bs)
+	_, pubMem := hostLayout(t, ca, rng, 1, blocks, bs, client.PublishLayout("decode-kv"))
+	proc.setPod(t, podB)
+	cb := dial(t, a)
+	lb, lbMem := hostLayout(t, cb, rng, 1, blocks, bs)
+	before := snapshot(privMem)
+	ref := &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: private.ID()}}
+	for name, req := range map[string]*agentv1.TransferBlocksRequest{
+		"another pod's layout as local":  {Op: agentv1.Op_OP_WRITE, LayoutId: private.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: lb.ID()}}, LocalIds: int64s(1), RemoteIds: int64s(1), IdBytes: 8, Wait: true},
+		"another pod's layout as remote": {Op: agentv1.Op_OP_WRITE, LayoutId: lb.ID(), Remote: ref, LocalIds: int64s(1), RemoteIds: int64s(1), IdBytes: 8, Wait: true},
+	} {
+		if _, err := cb.API().TransferBlocks(ctxT(t), req); client.Code(err).String() != "NotFound" {
+			t.Fatalf("%s: want NotFound, got %v", name, err)
+		}
+	}
+	if !bytes.Equal(privMem[0].Bytes, before[0]) {
+		t.Fatal("another pod's private layout changed")
+	}
+	if _, err := cb.TransferBlocks(ctxT(t), client.Write, lb, []uint32{2}, client.ToLayoutSegment("", "decode-kv"), []uint32{3}, client.TransferOptions{}); err != nil {
+		t.Fatalf("writing into the published layout: %v", err)
+	}
+	if !bytes.Equal(pubMem[0].Bytes[3*bs:4*bs], lbMem[0].Bytes[2*bs:3*bs]) {
+		t.Fatal("the published layout's block 3 is not the writer's block 2")
+	}
+}

@@ -1,0 +1,170 @@
+package client
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+)
+
+// Layout is a block view of registered regions of equal length, the shape of a paged KV cache: block i is
+// [i*BlockBytes, (i+1)*BlockBytes) of every region. It is tied to the agent session it was registered in:
+// after Recover, register it again.
+type Layout struct {
+	c          *Client
+	regions    []*Region
+	blockBytes uint64
+	blocks     uint64
+	segment    string
+
+	mu  sync.Mutex
+	id  uint64
+	gen uint64
+}
+
+// ID is the layout's id at the agent.
+func (l *Layout) ID() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.id
+}
+
+// Blocks is the number of blocks in each region.
+func (l *Layout) Blocks() uint64 { return l.blocks }
+
+// BlockBytes is the block size.
+func (l *Layout) BlockBytes() uint64 { return l.blockBytes }
+
+func (l *Layout) current() (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.gen != l.c.generation() {
+		return 0, fmt.Errorf("layout %d: %w (register the layout again)", l.id, ErrSessionLost)
+	}
+	return l.id, nil
+}
+
+// LayoutOption tunes a layout registration.
+type LayoutOption func(*Layout)
+
+// PublishLayout publishes the layout under name, so other callers can name it with ToLayoutSegment.
+func PublishLayout(name string) LayoutOption { return func(l *Layout) { l.segment = name } }
+
+// RegisterLayout registers regions (each of one length, a multiple of blockBytes) as a layout of numbered blocks.
+func (c *Client) RegisterLayout(ctx context.Context, regions []*Region, blockBytes uint64, opts ...LayoutOption) (*Layout, error) {
+	gen := c.generation()
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	l := &Layout{c: c, regions: append([]*Region(nil), regions...), blockBytes: blockBytes}
+	for _, o := range opts {
+		o(l)
+	}
+	req := &agentv1.RegisterLayoutRequest{BlockBytes: blockBytes, SegmentName: l.segment, RegionIds: make([]uint64, len(regions))}
+	for k, r := range regions {
+		id, err := r.current()
+		if err != nil {
+			return nil, fmt.Errorf("registering a layout: region %d: %w", k, err)
+		}
+		req.RegionIds[k] = id
+	}
+	resp, err := c.api.RegisterLayout(ctx, req)
+	if err != nil {
+		return nil, c.wrap("registering a layout", gen, err)
+	}
+	l.id, l.gen, l.blocks = resp.Layout.Id, gen, resp.Layout.Blocks
+	return l, nil
+}
+
+// DeregisterLayout forgets the layout; its regions stay registered.
+func (c *Client) DeregisterLayout(ctx context.Context, l *Layout) error {
+	id, err := l.current()
+	if err != nil {
+		return err
+	}
+	if _, err := c.api.DeregisterLayout(ctx, &agentv1.DeregisterLayoutRequest{LayoutId: id}); err != nil {
+		return c.wrap(fmt.Sprintf("deregistering layout %d", id), l.gen, err)
+	}
+	return nil
+}
+
+// RemoteLayout names the other side of a block transfer.
+type RemoteLayout struct {
+	layout        *Layout
+	node, segment string
+}
+
+// ToLayout names another of this client's layouts.
+func ToLayout(l *Layout) RemoteLayout { return RemoteLayout{layout: l} }
+
+// ToLayoutSegment names a layout another caller published on node (this node when empty).
+func ToLayoutSegment(node, segment string) RemoteLayout { return RemoteLayout{node: node, segment: segment} }
+
+func (r RemoteLayout) proto() (*agentv1.LayoutRef, error) {
+	if r.layout != nil {
+		id, err := r.layout.current()
+		if err != nil {
+			return nil, err
+		}
+		return &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: id}}, nil
+	}
+	if r.segment == "" {
+		return nil, fmt.Errorf("remote layout names neither a layout nor a segment")
+	}
+	return &agentv1.LayoutRef{Target: &agentv1.LayoutRef_Segment{Segment: r.segment}, Node: r.node}, nil
+}
+
+// packIDs encodes ids as the little-endian int32 the agent reads.
+func packIDs(ids []uint32) []byte {
+	b := make([]byte, 4*len(ids))
+	for i, id := range ids {
+		binary.LittleEndian.PutUint32(b[4*i:], id)
+	}
+	return b
+}
+
+// TransferBlocks moves blocks ids[i] of every region of l to (Write) or from (Read) blocks remoteIDs[i] of the
+// same region of remote, in one call, and waits. The agent refuses ids out of range, duplicate destination ids,
+// unequal counts and layouts of another geometry before anything moves.
+func (c *Client) TransferBlocks(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions) (*Status, error) {
+	gen := c.generation()
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	if len(ids) != len(remoteIDs) {
+		return nil, fmt.Errorf("transferring blocks: %d local ids and %d remote ids", len(ids), len(remoteIDs))
+	}
+	id, err := l.current()
+	if err != nil {
+		return nil, err
+	}
+	ref, err := remote.proto()
+	if err != nil {
+		return nil, fmt.Errorf("transferring blocks: %w", err)
+	}
+	req := &agentv1.TransferBlocksRequest{LayoutId: id, Remote: ref, LocalIds: packIDs(ids), RemoteIds: packIDs(remoteIDs),
+		IdBytes: 4, Notify: opts.Notify, Wait: true}
+	switch op {
+	case Write:
+		req.Op = agentv1.Op_OP_WRITE
+	case Read:
+		req.Op = agentv1.Op_OP_READ
+	default:
+		return nil, fmt.Errorf("unknown op %d", op)
+	}
+	if opts.Timeout > 0 {
+		req.Timeout = durationpb.New(opts.Timeout)
+	}
+	resp, fast, err := c.fastRequest(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}})
+	if !fast {
+		resp, err = c.api.TransferBlocks(ctx, req)
+	}
+	if err != nil {
+		return nil, c.wrap("transferring blocks", gen, err)
+	}
+	return resp.Status, statusErr(resp.Status)
+}

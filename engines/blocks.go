@@ -1,0 +1,294 @@
+package engines
+
+import (
+	"fmt"
+	"math/bits"
+	"slices"
+)
+
+// BlockPair is one (source, destination) region pair of a block batch.
+type BlockPair struct {
+	Src, Dst MemoryID
+}
+
+// Blocks asks for the same block moves between several region pairs, the data model of a paged KV cache (every
+// layer's K and V tensor cut into numbered blocks of one size): for every pair p and every i, BlockBytes bytes
+// move from block SrcIDs[i] of Pairs[p].Src to block DstIDs[i] of Pairs[p].Dst.
+type Blocks struct {
+	Pairs          []BlockPair
+	BlockBytes     uint64
+	SrcIDs, DstIDs []uint32
+	Tag            Tag
+}
+
+// BlockList is a plan in block form: segment i copies BlockBytes bytes from offset SrcIDs[i]*BlockBytes of the
+// plan's source to offset DstIDs[i]*BlockBytes of its destination. The plans of one batch share it; nobody
+// writes it after planning.
+type BlockList struct {
+	BlockBytes     uint64
+	SrcIDs, DstIDs []uint32
+}
+
+// Bytes is the size of one plan of the list.
+func (l *BlockList) Bytes() uint64 { return uint64(len(l.SrcIDs)) * l.BlockBytes }
+
+// BlockAdder is implemented by plan builders that take block batches whole, without an item per block: the
+// composite, and the planner of an engine whose Limits set BlockPlans. A builder takes either items or one block
+// batch: mixing them, or a second batch, is refused (the overlap check covers one batch).
+type BlockAdder interface {
+	// AddBlocks accepts the batch (nil) or rejects it whole with an *ItemError naming the first bad pair (also
+	// recorded in PlanSet.Rejected). Empty id lists are dropped.
+	AddBlocks(b Blocks) error
+}
+
+// SegmentsOf returns the plan's segments, expanding a block list (for backends that copy segments).
+func SegmentsOf(p *Plan) []Segment {
+	if p.Blocks == nil {
+		return p.Segments
+	}
+	l := p.Blocks
+	segs := make([]Segment, len(l.SrcIDs))
+	for i := range segs {
+		segs[i] = Segment{SrcOffset: uint64(l.SrcIDs[i]) * l.BlockBytes, DstOffset: uint64(l.DstIDs[i]) * l.BlockBytes, Size: l.BlockBytes}
+	}
+	return segs
+}
+
+// blockShape is what checking a batch's ids found.
+type blockShape struct {
+	maxSrc, maxDst uint32
+}
+
+// dupScratch is a reusable bitmap for the duplicate-destination check.
+type dupScratch struct{ words []uint64 }
+
+// maxBitmapIDs bounds the bitmap of the duplicate check (2 MiB); sparser id lists are sorted instead.
+const maxBitmapIDs = 1 << 24
+
+// checkBlockIDs checks a batch's geometry and ids once: equal counts, a block size, distinct destination
+// regions and (with checkDup) distinct destination ids. It returns the largest ids for the bounds checks.
+func checkBlockIDs(b *Blocks, scratch *dupScratch, checkDup bool) (blockShape, error) {
+	var sh blockShape
+	switch {
+	case len(b.SrcIDs) != len(b.DstIDs):
+		return sh, fmt.Errorf("%w: %d source block ids and %d destination block ids", ErrInvalid, len(b.SrcIDs), len(b.DstIDs))
+	case b.BlockBytes == 0:
+		return sh, fmt.Errorf("%w: block size 0", ErrInvalid)
+	case len(b.Pairs) == 0:
+		return sh, fmt.Errorf("%w: no region pairs", ErrInvalid)
+	}
+	seen := make(map[MemoryID]struct{}, len(b.Pairs))
+	for _, p := range b.Pairs {
+		if _, dup := seen[p.Dst]; dup {
+			return sh, fmt.Errorf("%w: destination region %s appears twice in the batch", ErrOverlap, p.Dst)
+		}
+		seen[p.Dst] = struct{}{}
+	}
+	for _, id := range b.SrcIDs {
+		sh.maxSrc = max(sh.maxSrc, id)
+	}
+	for _, id := range b.DstIDs {
+		sh.maxDst = max(sh.maxDst, id)
+	}
+	if !checkDup {
+		return sh, nil
+	}
+	if i, ok := firstDuplicate(b.DstIDs, sh.maxDst, scratch); ok {
+		return sh, fmt.Errorf("%w: destination block %d is named twice (entry %d)", ErrOverlap, b.DstIDs[i], i)
+	}
+	return sh, nil
+}
+
+// firstDuplicate returns the index of the first id seen before, with a bitmap when the ids are dense enough
+// and a sort otherwise.
+func firstDuplicate(ids []uint32, maxID uint32, scratch *dupScratch) (int, bool) {
+	if uint64(maxID) < maxBitmapIDs {
+		n := int(maxID/64) + 1
+		if cap(scratch.words) < n {
+			scratch.words = make([]uint64, n)
+		}
+		w := scratch.words[:n]
+		dup := -1
+		for i, id := range ids {
+			m := uint64(1) << (id & 63)
+			if w[id>>6]&m != 0 {
+				dup = i
+				break
+			}
+			w[id>>6] |= m
+		}
+		for _, id := range ids { // clear only what was set: the bitmap is reused
+			w[id>>6] = 0
+		}
+		return dup, dup >= 0
+	}
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	for i := 1; i < len(sorted); i++ {
+		if sorted[i] == sorted[i-1] {
+			return slices.Index(ids, sorted[i]), true
+		}
+	}
+	return 0, false
+}
+
+// blockFits reports whether blocks up to maxID of size bs lie inside a region of size bytes.
+func blockFits(maxID uint32, bs, size uint64) bool {
+	hi, end := bits.Mul64(uint64(maxID)+1, bs)
+	return hi == 0 && end <= size
+}
+
+// checkBlockBounds rejects a pair whose largest block falls outside either region.
+func checkBlockBounds(b *Blocks, sh blockShape, p BlockPair, srcSize, dstSize uint64) error {
+	if !blockFits(sh.maxSrc, b.BlockBytes, srcSize) {
+		return fmt.Errorf("%w: source block %d of %d bytes ends outside %s of %d bytes", ErrOutOfBounds, sh.maxSrc, b.BlockBytes, p.Src, srcSize)
+	}
+	if !blockFits(sh.maxDst, b.BlockBytes, dstSize) {
+		return fmt.Errorf("%w: destination block %d of %d bytes ends outside %s of %d bytes", ErrOutOfBounds, sh.maxDst, b.BlockBytes, p.Dst, dstSize)
+	}
+	return nil
+}
+
+// blockItem names a pair of a batch in an ItemError: the first block of the pair.
+func blockItem(b *Blocks, p BlockPair) Item {
+	it := Item{Src: p.Src, Dst: p.Dst, Size: b.BlockBytes, Tag: b.Tag}
+	if len(b.SrcIDs) > 0 {
+		it.SrcOffset, it.DstOffset = uint64(b.SrcIDs[0])*b.BlockBytes, uint64(b.DstIDs[0])*b.BlockBytes
+	}
+	return it
+}
+
+// expandBlocks adds a batch's blocks as items, for planners that take no block batches.
+func expandBlocks(pb PlanBuilder, b *Blocks, pairs []BlockPair) error {
+	for _, p := range pairs {
+		for i := range b.SrcIDs {
+			if err := pb.Add(Item{Src: p.Src, Dst: p.Dst, SrcOffset: uint64(b.SrcIDs[i]) * b.BlockBytes,
+				DstOffset: uint64(b.DstIDs[i]) * b.BlockBytes, Size: b.BlockBytes, Tag: b.Tag}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// blockPlans are the block batch of a planner: the pairs it accepted and the shared list.
+type blockPlans struct {
+	pairs []pairInfo
+	list  *BlockList
+	tag   Tag
+	added bool
+}
+
+// AddBlocks implements BlockAdder for engines whose Limits set BlockPlans; for the others it adds one item per
+// block, so every engine planner takes a batch.
+func (p *planner) AddBlocks(b Blocks) error {
+	if p.built || len(p.b.entries) > 0 || p.blocks.added {
+		return p.reject(blockItem(&b, firstPair(b)), fmt.Errorf("%w: a plan takes one block batch and no items beside it", ErrInvalid))
+	}
+	if len(b.SrcIDs) == 0 && len(b.DstIDs) == 0 {
+		p.out.Dropped = append(p.out.Dropped, b.Tag)
+		return nil
+	}
+	if !p.lim.BlockPlans {
+		return expandBlocks(p, &b, b.Pairs)
+	}
+	p.blocks.added = true
+	sh, err := checkBlockIDs(&b, &p.b.dup, true)
+	if err != nil {
+		return p.reject(blockItem(&b, firstPair(b)), err)
+	}
+	infos := make([]pairInfo, 0, len(b.Pairs))
+	for _, bp := range b.Pairs {
+		info := p.judgePair(bp.Src, bp.Dst)
+		info.src, info.dst = bp.Src, bp.Dst
+		if info.err == nil {
+			info.err = checkBlockBounds(&b, sh, bp, info.srcSize, info.dstSize)
+		}
+		if info.err != nil {
+			return p.reject(blockItem(&b, bp), info.err)
+		}
+		infos = append(infos, info)
+	}
+	p.blocks.pairs, p.blocks.tag = infos, b.Tag
+	p.blocks.list = &BlockList{BlockBytes: b.BlockBytes, SrcIDs: b.SrcIDs, DstIDs: b.DstIDs}
+	return nil
+}
+
+func firstPair(b Blocks) BlockPair {
+	if len(b.Pairs) == 0 {
+		return BlockPair{}
+	}
+	return b.Pairs[0]
+}
+
+// buildBlocks emits one plan per accepted pair of the block batch, in the order the pairs were given.
+func (p *planner) buildBlocks() {
+	for _, info := range p.blocks.pairs {
+		p.out.Plans = append(p.out.Plans, Plan{Engine: p.engine, Direction: info.dir, Src: info.src, Dst: info.dst,
+			srcGen: info.srcGen, dstGen: info.dstGen, Blocks: p.blocks.list, Tags: []Tag{p.blocks.tag}, Bytes: p.blocks.list.Bytes()})
+	}
+}
+
+// compositeBlocks is the composite planner's block batch: the pairs by the engine that moves them.
+type compositeBlocks struct {
+	batch  Blocks
+	engine []int // per pair
+	added  bool
+}
+
+// AddBlocks implements BlockAdder: the batch is checked once (geometry, bounds, a route per pair) and handed to
+// each engine's planner with the pairs that engine moves. Destination ids are checked for duplicates by the
+// engine planners (block form, or the item planner's overlap check); distinct destination regions keep engines
+// from overlapping one another.
+func (p *compositePlanner) AddBlocks(b Blocks) error {
+	if p.built || len(p.b.entries) > 0 || p.blocks.added {
+		return p.reject(blockItem(&b, firstPair(b)), fmt.Errorf("planning: %w: a plan takes one block batch and no items beside it", ErrInvalid), 0)
+	}
+	if len(b.SrcIDs) == 0 && len(b.DstIDs) == 0 {
+		p.out.Dropped = append(p.out.Dropped, b.Tag)
+		return nil
+	}
+	p.blocks.added = true
+	sh, err := checkBlockIDs(&b, &p.b.dup, false)
+	if err != nil {
+		return p.reject(blockItem(&b, firstPair(b)), err, 0)
+	}
+	engs := make([]int, len(b.Pairs))
+	for i, bp := range b.Pairs {
+		info := p.judgePair(bp.Src, bp.Dst)
+		if info.err == nil {
+			info.err = checkBlockBounds(&b, sh, bp, info.srcSize, info.dstSize)
+		}
+		if info.err != nil {
+			return p.reject(blockItem(&b, bp), info.err, info.dir)
+		}
+		engs[i] = info.engine
+	}
+	p.blocks.batch, p.blocks.engine = b, engs
+	return nil
+}
+
+// buildBlocks hands the batch to the engines' planners, in engine order, each with its pairs in the order given.
+func (p *compositePlanner) buildBlocks(out *PlanSet) {
+	b := &p.blocks.batch
+	for eng := range p.c.engines {
+		var pairs []BlockPair
+		for i, e := range p.blocks.engine {
+			if e == eng {
+				pairs = append(pairs, b.Pairs[i])
+			}
+		}
+		if len(pairs) == 0 {
+			continue
+		}
+		pb := p.c.engines[eng].NewPlan()
+		sub := *b
+		sub.Pairs = pairs
+		if ba, ok := pb.(BlockAdder); ok {
+			_ = ba.AddBlocks(sub) // a refusal is recorded in the part's Rejected
+		} else {
+			_ = expandBlocks(pb, &sub, pairs)
+		}
+		p.addPart(out, pb.Build())
+	}
+}
