@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -81,13 +82,50 @@ type Identifier struct {
 	AllowLocal bool
 }
 
-// podUIDPattern finds the pod UID in a cgroup path, for both cgroup drivers:
-// systemd  ".../kubepods-burstable-pod1b2c..._..._....slice/cri-containerd-<id>.scope"
-// cgroupfs ".../kubepods/burstable/pod1b2c...-...-.../<container id>"
+// podUIDPattern finds anything that looks like a pod UID in a cgroup path component (either driver's
+// spelling); such a path must then be one of the kubelet's layouts, or the caller is refused.
 var podUIDPattern = regexp.MustCompile(`pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})`)
 
-// PodUIDFromCgroup returns the pod UID in /proc/<pid>/cgroup content, or "" when the process is in no pod.
+var (
+	// systemd driver: the pod's slice, named after its whole ancestry ("kubepods-burstable-pod<uid_>.slice").
+	systemdPodSlice = regexp.MustCompile(`^((?:[a-z0-9]+-)*)pod([0-9a-f]{8}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{12})\.slice$`)
+	// cgroupfs driver: the pod's directory.
+	cgroupfsPodDir = regexp.MustCompile(`^pod([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$`)
+	// Where a node runs inside a container (kind, docker-in-docker) with the host's cgroup namespace, the
+	// kubelet's hierarchy sits under the node container's cgroup.
+	nodeContainerPrefixes = [][]*regexp.Regexp{
+		{regexp.MustCompile(`^docker$`), regexp.MustCompile(`^[0-9a-f]{64}$`)},
+		{regexp.MustCompile(`^system\.slice$`), regexp.MustCompile(`^docker-[0-9a-f]{64}\.scope$`)},
+	}
+)
+
+// kubeletRoots are the kubelet --cgroup-root values whose hierarchies are accepted: the default ("/") and
+// "/kubelet" (kind, minikube). Under the systemd driver a root's parts prefix every slice name.
+var kubeletRoots = [][]string{nil, {"kubelet"}}
+
+// PodUIDFromCgroup returns the pod UID in /proc/<pid>/cgroup content, or "" when the process is in no pod or
+// its cgroup is not one the kubelet made (see podUIDFromCgroup).
 func PodUIDFromCgroup(content string) string {
+	uid, _ := podUIDFromCgroup(content)
+	return uid
+}
+
+// podUIDFromCgroup finds the pod of a process from its cgroup lines. A pod is recognised only in the
+// kubelet's own layouts, at their place in the path:
+//
+//	systemd   /kubepods.slice[/kubepods-<qos>.slice]/kubepods[-<qos>]-pod<uid_with_underscores>.slice/...
+//	cgroupfs  /kubepods[/<qos>]/pod<uid>/...
+//
+// (qos burstable or besteffort; guaranteed pods have no qos level), anchored at the cgroup root, under a
+// kubelet --cgroup-root of kubeletRoots, or under a node container's cgroup (nodeContainerPrefixes). A path
+// that starts with ".." is relative to the agent's own cgroup namespace: the kernel shows the way up to the
+// common ancestor, which is then an ancestor of the agent's own pod cgroup, so the path may start anywhere
+// along the kubelet's hierarchy but must follow it from there. Anything else that names a pod UID (a
+// delegated subtree such as /rt-user-65534/pod<uid>, a user's systemd manager, a chain whose slice names do
+// not match their parents) is an error: it is not where the kubelet puts pods. Lines that name different pods
+// are an error too.
+func podUIDFromCgroup(content string) (string, error) {
+	var found string
 	sc := bufio.NewScanner(strings.NewReader(content))
 	for sc.Scan() {
 		// hierarchy-ID:controllers:path; the path may itself contain ':' (rare), so split at most twice.
@@ -95,11 +133,113 @@ func PodUIDFromCgroup(content string) string {
 		if len(parts) != 3 {
 			continue
 		}
-		if m := podUIDPattern.FindStringSubmatch(parts[2]); m != nil {
-			return strings.ReplaceAll(m[1], "_", "-")
+		uid, err := podUIDFromPath(parts[2])
+		if err != nil {
+			return "", err
+		}
+		if uid == "" {
+			continue
+		}
+		if found != "" && found != uid {
+			return "", fmt.Errorf("cgroup lines name two pods (%s and %s)", found, uid)
+		}
+		found = uid
+	}
+	return found, nil
+}
+
+func podUIDFromPath(path string) (string, error) {
+	comps := strings.Split(strings.Trim(path, "/"), "/")
+	up := 0
+	for up < len(comps) && comps[up] == ".." {
+		up++
+	}
+	rest := comps[up:]
+	for i, c := range rest {
+		if m := systemdPodSlice.FindStringSubmatch(c); m != nil {
+			uid := strings.ReplaceAll(m[2], "_", "-")
+			if systemdChainOK(rest[:i], strings.Split(strings.TrimSuffix(m[1], "-"), "-"), up > 0) {
+				return uid, nil
+			}
+			return "", fmt.Errorf("cgroup %s names pod %s outside the kubelet's systemd hierarchy", path, uid)
+		}
+		if m := cgroupfsPodDir.FindStringSubmatch(c); m != nil {
+			if cgroupfsChainOK(rest[:i], up > 0) {
+				return m[1], nil
+			}
+			return "", fmt.Errorf("cgroup %s names pod %s outside the kubelet's cgroupfs hierarchy", path, m[1])
+		}
+		if m := podUIDPattern.FindStringSubmatch(c); m != nil || c == ".." {
+			return "", fmt.Errorf("cgroup %s is not one of the kubelet's pod layouts", path)
 		}
 	}
-	return ""
+	return "", nil
+}
+
+// qosLevels reports whether levels (what lies between kubepods and the pod) is a kubelet QoS level.
+func qosLevels(levels []string) bool {
+	return len(levels) == 0 || len(levels) == 1 && (levels[0] == "burstable" || levels[0] == "besteffort")
+}
+
+// kubeletPrefix splits segs (a pod's ancestry) into a kubelet root, "kubepods" and the QoS level.
+func kubeletPrefix(segs []string) bool {
+	for _, root := range kubeletRoots {
+		if len(segs) > len(root) && slices.Equal(segs[:len(root)], root) && segs[len(root)] == "kubepods" &&
+			qosLevels(segs[len(root)+1:]) {
+			return true
+		}
+	}
+	return false
+}
+
+// systemdChainOK checks the slices above a pod slice whose name carries ancestry segs: they must be exactly
+// the slices systemd names for that ancestry (all of them from the root, after a node-container prefix; a
+// trailing part of them when the path is relative).
+func systemdChainOK(above []string, segs []string, relative bool) bool {
+	if !kubeletPrefix(segs) {
+		return false
+	}
+	chain := make([]string, len(segs))
+	for i := range segs {
+		chain[i] = strings.Join(segs[:i+1], "-") + ".slice"
+	}
+	if relative {
+		return len(above) <= len(chain) && slices.Equal(above, chain[len(chain)-len(above):])
+	}
+	return slices.Equal(stripNodeContainer(above), chain)
+}
+
+// cgroupfsChainOK checks the directories above a cgroupfs pod directory.
+func cgroupfsChainOK(above []string, relative bool) bool {
+	if relative {
+		// A trailing part of <root>/kubepods/<qos>: with the top cut off, a lone QoS level or nothing.
+		for _, root := range kubeletRoots {
+			for _, qos := range [][]string{nil, {"burstable"}, {"besteffort"}} {
+				full := append(append(slices.Clone(root), "kubepods"), qos...)
+				if len(above) <= len(full) && slices.Equal(above, full[len(full)-len(above):]) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return kubeletPrefix(stripNodeContainer(above))
+}
+
+func stripNodeContainer(comps []string) []string {
+	for _, prefix := range nodeContainerPrefixes {
+		if len(comps) < len(prefix) {
+			continue
+		}
+		ok := true
+		for i, re := range prefix {
+			ok = ok && re.MatchString(comps[i])
+		}
+		if ok {
+			return comps[len(prefix):]
+		}
+	}
+	return comps
 }
 
 // Identify resolves who is behind cred.
@@ -113,7 +253,10 @@ func (id Identifier) Identify(ctx context.Context, cred PeerCred) (Caller, error
 	if err != nil {
 		return Caller{}, fmt.Errorf("reading the cgroup of pid %d (%s): %w", cred.PID, path, err)
 	}
-	uid := PodUIDFromCgroup(string(content))
+	uid, err := podUIDFromCgroup(string(content))
+	if err != nil {
+		return Caller{}, fmt.Errorf("pid %d: %w; refusing it", cred.PID, err)
+	}
 	if uid == "" {
 		if !id.AllowLocal {
 			return Caller{}, fmt.Errorf("pid %d is not in a Kubernetes pod (no pod UID in %s) and this agent does not admit local callers (--allow-local)", cred.PID, path)
