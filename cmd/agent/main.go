@@ -30,6 +30,8 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = detectCommand(ctx, args[1:], stdout, stderr)
 	case "run":
 		err = runCommand(ctx, args[1:], stderr)
+	case "standalone":
+		err = standaloneCommand(ctx, args[1:], stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 	case "-h", "--help", "help":
@@ -53,9 +55,10 @@ func usage(w io.Writer) {
 	fmt.Fprint(w, `usage: agent <command> [flags]
 
 commands:
-  detect   detect GPUs, peer links, fabric domains and RDMA NICs; print the node report
-  run      detect and keep the node's TransferNode current until SIGTERM
-  version  print the agent version
+  detect      detect GPUs, peer links, fabric domains and RDMA NICs; print the node report
+  run         detect and keep the node's TransferNode current until SIGTERM
+  standalone  serve the socket on this machine without Kubernetes (every local process admitted)
+  version     print the agent version
 
 "agent <command> -h" lists a command's flags.
 `)

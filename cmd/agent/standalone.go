@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/go-logr/stdr"
+)
+
+// standaloneCommand serves the socket and moves bytes on one machine without Kubernetes: no kubeconfig, no
+// TransferNode report, every local process admitted (as --allow-local), no peers unless --peers and
+// --tls-dir say so. It is how a GPU machine runs the agent for development and benchmarks.
+func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("agent standalone", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg runConfig
+	cfg.register(fs)
+	// Defaults for one machine: a pool name to find the socket by, no certificates, no health port.
+	for name, value := range map[string]string{"pool-namespace": "default", "pool-name": "kv", "tls-dir": "",
+		"health-addr": "", "peer-listen": "127.0.0.1:0", "data-listen": "127.0.0.1:0"} {
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("setting the default of --%s: %w", name, err)
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "agent standalone: unexpected arguments %q\n", fs.Args())
+		return errUsage
+	}
+	if cfg.detection.nodeName == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("no --node-name and no hostname: %w", err)
+		}
+		cfg.detection.nodeName = host
+	}
+	cfg.transfer.stack.AllowLocal = true
+	log := stdr.New(stdLogger{stderr})
+	detect, err := cfg.detection.detector()
+	if err != nil {
+		return err
+	}
+	ts, err := buildTransferSide(cfg, nil, detect, log)
+	if err != nil {
+		return err
+	}
+	return ts.Run(ctx)
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	fxclient "github.com/fabricxfer/fabricxfer/client"
+)
+
+// TestStandaloneServesBlockTransfers runs "agent standalone" with no API server and a fixture root, and moves
+// blocks between two host layouts of a local process through its socket.
+func TestStandaloneServesBlockTransfers(t *testing.T) {
+	socketDir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	exit := make(chan int, 1)
+	var stderr syncBuffer
+	go func() {
+		exit <- runMain(ctx, []string{"standalone", "--host-root", filepath.Join(testdata, "rdma-only-node"),
+			"--node-name", "bench-0", "--socket-dir", socketDir, "--caller-host-root", "/"}, &bytes.Buffer{}, &stderr)
+	}()
+	defer func() {
+		cancel()
+		select {
+		case code := <-exit:
+			if code != 0 {
+				t.Errorf("agent standalone exited %d: %s", code, stderr.String())
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("agent standalone did not stop within 15 s")
+		}
+	}()
+	sock := filepath.Join(socketDir, "kv", "agent.sock")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(socketDir, "kv", "agent.fd.sock")); err == nil {
+			break
+		}
+		select {
+		case code := <-exit:
+			t.Fatalf("agent standalone exited %d before serving: %s", code, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no socket after 20 s: %s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	c, err := fxclient.Dial(cctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := c.Info().NodeName; got != "bench-0" {
+		t.Fatalf("node name %q, want bench-0", got)
+	}
+	const bs, blocks = 256, 8
+	layout := func(fill byte) (*fxclient.Layout, *fxclient.SharedMemory) {
+		m, err := fxclient.NewSharedMemory("standalone", bs*blocks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		for i := range m.Bytes {
+			m.Bytes[i] = fill + byte(i/bs)
+		}
+		r, err := c.RegisterHost(cctx, m.File, 0, m.Size())
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := c.RegisterLayout(cctx, []*fxclient.Region{r}, bs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, m
+	}
+	src, srcMem := layout(0x10)
+	dst, dstMem := layout(0x80)
+	if _, err := c.TransferBlocks(cctx, fxclient.Write, src, []uint32{7, 1}, fxclient.ToLayout(dst), []uint32{0, 5}, fxclient.TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte{0}, bs*blocks)
+	for i := range want {
+		want[i] = 0x80 + byte(i/bs)
+	}
+	copy(want[0:bs], srcMem.Bytes[7*bs:8*bs])
+	copy(want[5*bs:6*bs], srcMem.Bytes[1*bs:2*bs])
+	if !bytes.Equal(dstMem.Bytes, want) {
+		t.Fatal("destination differs from blocks 7 and 1 written to 0 and 5")
+	}
+}
