@@ -1,0 +1,166 @@
+"""Block layouts against a real agent (client/python_test.go): host layouts over memfd regions, every byte
+checked with numpy, and the agent's refusals moving nothing.
+
+Skips while the agent answers UNIMPLEMENTED for TransferBlocks (before the server's block layouts landed)."""
+
+import os
+import unittest
+
+import grpc
+
+from fabricxfer.agent.v1 import agent_pb2 as pb
+from fabricxfer.blocks import blocks_frame, pack_ids
+from fabricxfer.client import AgentError, Client, shared_memory, to_layout, to_layout_segment
+
+try:
+    import numpy as np
+except ImportError:
+    np = None
+
+SOCKET = os.environ.get("FABRICXFER_SOCKET", "")
+BLOCK = 720
+BLOCKS = 16
+
+
+def _unimplemented():
+    """Why the agent cannot serve block transfers, or "" when it can (any answer but UNIMPLEMENTED)."""
+    with Client(SOCKET, fast=False) as c:
+        try:
+            c.stub.TransferBlocks(pb.TransferBlocksRequest(op=pb.OP_WRITE, id_bytes=8), timeout=5)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return "the agent answers UNIMPLEMENTED for TransferBlocks (%s)" % e.details()
+    return ""
+
+
+@unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
+@unittest.skipIf(np is None, "numpy not installed (apt-get install python3-numpy)")
+class BlocksTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        why = _unimplemented()
+        if why:
+            raise unittest.SkipTest(why)
+
+    def setUp(self):
+        self.c = Client(SOCKET)
+        self.addCleanup(self.c.close)
+        self.slow = Client(SOCKET, fast=False)
+        self.addCleanup(self.slow.close)
+
+    def layout(self, c, regions=2, blocks=BLOCKS, block=BLOCK, fill=True, segment=""):
+        """A layout of memfd regions; returns (layout, [numpy view of each region as blocks x block bytes])."""
+        regs, views = [], []
+        for _ in range(regions):
+            fd, buf = shared_memory("py-blocks", blocks * block)
+            self.addCleanup(buf.close)
+            self.addCleanup(os.close, fd)
+            v = np.frombuffer(buf, dtype=np.uint8).reshape(blocks, block)
+            if fill:
+                v[:] = np.frombuffer(os.urandom(v.size), dtype=np.uint8).reshape(v.shape)
+            regs.append(c.register_host(fd, 0, blocks * block))
+            views.append(v)
+        lay = c.register_layout(regs, block, segment=segment)
+        self.assertEqual((lay.block_bytes, lay.blocks, len(lay.regions)), (block, blocks, regions))
+        return lay, views
+
+    def check(self, dst, src, dst_ids, src_ids, before):
+        """dst blocks dst_ids are src blocks src_ids, in every region; every other byte is as before."""
+        for k, (d, s, b) in enumerate(zip(dst, src, before)):
+            want = b.copy()
+            want[np.asarray(dst_ids, dtype=np.int64)] = s[np.asarray(src_ids, dtype=np.int64)]
+            self.assertTrue(np.array_equal(d, want), "region %d differs" % k)
+
+    def test_write_and_read_blocks_with_int32_int64_and_bytes_ids(self):
+        for c in (self.c, self.slow):
+            with self.subTest(fast=c._fast is not None):
+                seg = "py-blocks-dst-%d" % (c._fast is not None)
+                src_l, src = self.layout(c)
+                dst_l, dst = self.layout(c, fill=False, segment=seg)
+                self.assertEqual(dst_l.segment, seg)
+                # int32 ids, to another layout of the caller's.
+                before = [d.copy() for d in dst]
+                lids, rids = np.array([3, 0, 15, 7], dtype=np.int32), np.array([1, 2, 14, 9], dtype=np.int32)
+                st = c.transfer_blocks("write", src_l, lids, to_layout(dst_l), rids)
+                self.assertEqual(st.state, pb.TRANSFER_STATE_SUCCEEDED)
+                self.check(dst, src, rids, lids, before)
+                # int64 ids to the published layout; a repeated source block is fine.
+                before = [d.copy() for d in dst]
+                lids, rids = np.array([5, 5, 12], dtype=np.int64), np.array([0, 3, 15], dtype=np.int64)
+                c.transfer_blocks("write", src_l, lids, to_layout_segment("", seg), rids, timeout=5.0)
+                self.check(dst, src, rids, lids, before)
+                # Raw little-endian bytes; without waiting.
+                before = [d.copy() for d in dst]
+                lids, rids = np.array([8, 9], dtype="<i8"), np.array([10, 11], dtype="<i8")
+                tid = c.transfer_blocks("write", src_l, lids.tobytes(), to_layout(dst_l), rids.tobytes(),
+                                        wait=False, id_bytes=8)
+                self.assertEqual(c.wait(tid, timeout=5.0).state, pb.TRANSFER_STATE_SUCCEEDED)
+                self.check(dst, src, rids, lids, before)
+                # READ: the remote layout's blocks into the local one's.
+                back_l, back = self.layout(c, fill=False)
+                before = [b.copy() for b in back]
+                lids, rids = np.arange(16, dtype=np.int64)[::-1].copy(), np.arange(16, dtype=np.int32)
+                c.transfer_blocks("read", back_l, lids, to_layout(dst_l), rids)
+                self.check(back, dst, lids, rids, before)
+                # Every block of a full permutation, as int32.
+                perm = np.random.default_rng(7).permutation(BLOCKS).astype(np.int32)
+                before = [d.copy() for d in dst]
+                c.transfer_blocks("write", src_l, np.arange(BLOCKS, dtype=np.int32), to_layout(dst_l), perm)
+                self.check(dst, src, perm, np.arange(BLOCKS), before)
+                c.deregister_layout(back_l)
+                with self.assertRaises(grpc.RpcError):
+                    c.transfer_blocks("read", back_l, lids, to_layout(dst_l), rids)
+
+    def test_refusals_move_nothing(self):
+        for c in (self.c, self.slow):
+            with self.subTest(fast=c._fast is not None):
+                src_l, src = self.layout(c)
+                dst_l, dst = self.layout(c, fill=False)
+                before = [d.copy() for d in dst]
+                other_block, _ = self.layout(c, blocks=BLOCKS * 2, block=BLOCK // 2)  # same bytes, other blocks
+                one_region, _ = self.layout(c, regions=1)
+                fewer_blocks, fewer = self.layout(c, blocks=BLOCKS - 1, fill=False)
+                i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+                cases = {
+                    "out-of-range local id": (src_l, i64(0, 16), to_layout(dst_l), i64(1, 2)),
+                    "out-of-range remote id": (src_l, i64(0, 1), to_layout(dst_l), i64(1, 16)),
+                    "negative id": (src_l, np.array([-1], dtype=np.int32), to_layout(dst_l), np.array([0], np.int32)),
+                    "duplicate destination ids": (src_l, i64(0, 1, 2), to_layout(dst_l), i64(4, 5, 4)),
+                    "other block size": (src_l, i64(0), to_layout(other_block), i64(0)),
+                    "other region count": (src_l, i64(0), to_layout(one_region), i64(0)),
+                    # Block counts may differ (the agent checks block size and region count): ids are checked
+                    # against each side's own count.
+                    "id past the smaller layout": (src_l, i64(0), to_layout(fewer_blocks), i64(BLOCKS - 1)),
+                }
+                for name, (local, lids, remote, rids) in cases.items():
+                    with self.subTest(name):
+                        with self.assertRaises(grpc.RpcError) as e:
+                            c.transfer_blocks("write", local, lids, remote, rids)
+                        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, e.exception.details())
+                        if c._fast is not None:
+                            self.assertIsInstance(e.exception, AgentError)
+                        for k, (d, b) in enumerate(zip(dst, before)):
+                            self.assertTrue(np.array_equal(d, b), "%s changed region %d" % (name, k))
+                # Layouts of other block counts but one block size and region count pair up.
+                was = [f.copy() for f in fewer]
+                c.transfer_blocks("write", src_l, i64(15, 0), to_layout(fewer_blocks), i64(14, 3))
+                self.check(fewer, src, [14, 3], [15, 0], was)
+                # Unequal counts never leave the client; the agent refuses them too.
+                with self.assertRaises(ValueError):
+                    c.transfer_blocks("write", src_l, i64(0, 1), to_layout(dst_l), i64(1))
+                lm, _, _ = pack_ids(i64(0, 1))
+                rm, _, _ = pack_ids(i64(1))
+                with self.assertRaises(grpc.RpcError) as e:
+                    if c._fast is not None:
+                        c._fast_call(blocks_frame(pb.OP_WRITE, src_l.id, to_layout(dst_l).ref, lm, rm, 8))
+                    else:
+                        c.stub.TransferBlocks(pb.TransferBlocksRequest(
+                            op=pb.OP_WRITE, layout_id=src_l.id, remote=to_layout(dst_l).ref, local_ids=lm.tobytes(),
+                            remote_ids=rm.tobytes(), id_bytes=8, wait=True), timeout=5)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, e.exception.details())
+                for k, (d, b) in enumerate(zip(dst, before)):
+                    self.assertTrue(np.array_equal(d, b), "unequal counts changed region %d" % k)
+
+
+if __name__ == "__main__":
+    unittest.main()
