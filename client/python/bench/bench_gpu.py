@@ -1,0 +1,434 @@
+#!/usr/bin/env python3
+"""GPU benchmark of transfer_blocks against plain torch, on any machine with a CUDA GPU and PyTorch.
+
+    go build -o bin/agent ./cmd/agent
+    python3 client/python/bench/bench_gpu.py [--agent bin/agent] [--expandable] [--json out.json]
+
+It starts the agent binary in standalone mode (``<agent> standalone --socket-dir DIR --pool-name kv``), waits
+for DIR/kv/agent.sock, and runs itself again with --client in a separate process, which registers torch tensors
+on cuda:<--device> with register_tensor and times, against what torch users write:
+
+  a  15,360 blocks of 720 B scattered between two pools of 262,144 blocks (one uint8 [262144, 720] tensor
+     each), fresh random ids per iteration, vs dst[dst_ids] = src[src_ids] (ids as cuda int64 tensors made
+     outside the timing)
+  b  32 layers x K/V = 64 tensors per side of [1024, 16384] uint8, 1,024 random block ids in one call, vs a
+     loop of indexed copies over the 64 tensors
+  c  contiguous 64 MiB and 1 GiB tensor to tensor (a one-region layout of one block), vs dst.copy_(src)
+  d  4 KiB round trips (one 4 KiB block), p50 and p99 of 2,000, vs a 4 KiB copy_ and a synchronize
+
+torch is timed with torch.cuda.synchronize() around each call, ours wall-clock per call (wait=True); each time
+is the median of --iters after --warmup. Every destination byte is compared (torch.equal) with what torch's
+own copies produced from the same ids. A failing case prints its error and the next one runs. The agent is
+killed at the end whatever happens. --expandable runs the client with
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = ("a", "b", "c64", "c1g", "d")
+MIB = 1 << 20
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="GPU benchmark of fabricxfer transfer_blocks against torch",
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--agent", default="bin/agent", help="agent binary (default bin/agent)")
+    p.add_argument("--socket-dir", help="socket directory for the agent (default: a fresh temporary one)")
+    p.add_argument("--pool-name", default="kv", help="pool name, the socket's folder (default kv)")
+    p.add_argument("--agent-arg", action="append", default=[], help="one more argument for the agent (repeatable)")
+    p.add_argument("--expandable", action="store_true", help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    p.add_argument("--json", help="write the results here too")
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of %s" % ",".join(CASES))
+    p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    p.add_argument("--iters", type=int, default=20, help="timed iterations per case (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
+    p.add_argument("--rtt-iters", type=int, default=2000, help="round trips of case d (default 2000)")
+    p.add_argument("--start-timeout", type=float, default=60.0, help="seconds to wait for the agent socket")
+    p.add_argument("--timeout", type=float, default=1200.0, help="seconds the client process may run in all")
+    p.add_argument("--call-timeout", type=float, default=60.0, help="seconds one agent call may take")
+    # Internal: the client half.
+    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--socket", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    cases = [c.strip() for c in a.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        p.error("unknown cases %s (known: %s)" % (",".join(unknown), ",".join(CASES)))
+    a.cases = cases
+    if a.iters < 1 or a.warmup < 0 or a.rtt_iters < 1:
+        p.error("--iters and --rtt-iters must be positive, --warmup not negative")
+    if a.client and not a.socket:
+        p.error("--client needs --socket")
+    return a
+
+
+# ---- results and the table (pure: tested without a GPU) ----
+
+def gbps(nbytes, ms):
+    return nbytes / (ms * 1e6) if ms and ms > 0 else None
+
+
+def result(case, nbytes, ours_ms=None, torch_ms=None, verified=None, error="", **extra):
+    r = {"case": case, "bytes": nbytes, "fabricxfer_ms": ours_ms, "fabricxfer_gbps": gbps(nbytes, ours_ms),
+         "torch_ms": torch_ms, "torch_gbps": gbps(nbytes, torch_ms),
+         "ratio": (torch_ms / ours_ms) if ours_ms and torch_ms else None, "verified": verified, "error": error}
+    r.update(extra)
+    return r
+
+
+def _num(v, fmt):
+    return fmt % v if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def format_table(results):
+    """The results as a text table: case, fabricxfer ms and GB/s, torch ms and GB/s, ratio (torch time / ours)."""
+    head = ("case", "fabricxfer ms", "GB/s", "torch ms", "GB/s", "ratio", "check")
+    rows = []
+    for r in results:
+        check = "ok" if r.get("verified") else ("ERROR" if r.get("error") else "DIFFERS")
+        rows.append((r["case"], _num(r.get("fabricxfer_ms"), "%.4f"), _num(r.get("fabricxfer_gbps"), "%.2f"),
+                     _num(r.get("torch_ms"), "%.4f"), _num(r.get("torch_gbps"), "%.2f"), _num(r.get("ratio"), "%.2f"),
+                     check))
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)] if rows else [len(h) for h in head]
+    line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths)))
+    out = [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    for r in results:
+        if r.get("error"):
+            out.append("%s: %s" % (r["case"], r["error"]))
+        if r.get("note"):
+            out.append("%s: %s" % (r["case"], r["note"]))
+    return "\n".join(out)
+
+
+def client_command(a, socket_path):
+    """The command line of the client half."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--client", "--socket", socket_path, "--cases", ",".join(a.cases),
+           "--device", str(a.device), "--iters", str(a.iters), "--warmup", str(a.warmup), "--rtt-iters",
+           str(a.rtt_iters), "--call-timeout", str(a.call_timeout)]
+    if a.json:
+        cmd += ["--json", os.path.abspath(a.json)]
+    if a.expandable:
+        cmd.append("--expandable")
+    return cmd
+
+
+def client_env(a, base=None):
+    env = dict(os.environ if base is None else base)
+    env["PYTHONUNBUFFERED"] = "1"
+    conf = [c for c in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if c and not c.startswith("expandable_segments")]
+    conf.append("expandable_segments:%s" % ("True" if a.expandable else "False"))
+    env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(conf)
+    src = os.path.dirname(HERE)  # client/python, for a fabricxfer that is not installed
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+# ---- the driver: agent up, client run, agent down ----
+
+def find_agent(path):
+    candidates = [path]
+    if not os.path.isabs(path):
+        candidates.append(os.path.join(HERE, "..", "..", "..", path))  # the repository root
+    for c in candidates:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return os.path.abspath(c)
+    raise SystemExit("agent binary %s not found: build it with `go build -o bin/agent ./cmd/agent` or pass --agent"
+                     % path)
+
+
+def wait_for_socket(path, proc, timeout):
+    """Waits until the agent answers on path (a connect succeeds) or timeout passes or the agent exits."""
+    deadline = time.monotonic() + timeout
+    fd_sock = os.path.join(os.path.dirname(path), "agent.fd.sock")
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the agent exited with %s before serving" % proc.returncode)
+        if os.path.exists(path) and os.path.exists(fd_sock):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(1.0)
+            try:
+                s.connect(path)
+                return
+            except OSError:
+                pass
+            finally:
+                s.close()
+        time.sleep(0.05)
+    raise TimeoutError("no agent socket at %s after %.0f s" % (path, timeout))
+
+
+def stop(proc, grace=10.0):
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace)
+
+
+def drive(a) -> int:
+    agent = find_agent(a.agent)
+    own_dir = a.socket_dir is None
+    sock_dir = a.socket_dir or tempfile.mkdtemp(prefix="fxbench")
+    log_path = os.path.join(sock_dir, "agent.log")
+    proc = child = None
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([agent, "standalone", "--socket-dir", sock_dir, "--pool-name", a.pool_name]
+                                    + a.agent_arg, stdout=log, stderr=subprocess.STDOUT)
+        sock = os.path.join(sock_dir, a.pool_name, "agent.sock")
+        wait_for_socket(sock, proc, a.start_timeout)
+        print("agent %s serving %s (log %s)" % (agent, sock, log_path), flush=True)
+        child = subprocess.Popen(client_command(a, sock), env=client_env(a))
+        try:
+            return child.wait(a.timeout)
+        except subprocess.TimeoutExpired:
+            print("the client ran past --timeout %.0f s: stopped" % a.timeout, flush=True)
+            return 124
+    except Exception as e:
+        print("bench_gpu: %s" % e, flush=True)
+        return 1
+    finally:
+        stop(child, 5.0)
+        stop(proc)
+        if proc is not None and proc.returncode not in (0, -signal.SIGTERM, None):
+            print("agent exit status %s; the end of its log:" % proc.returncode, flush=True)
+        if proc is not None:
+            try:
+                with open(log_path, "rb") as f:
+                    tail = f.read()[-4000:].decode(errors="replace")
+                if proc.returncode not in (0, -signal.SIGTERM) or os.environ.get("FXBENCH_AGENT_LOG"):
+                    print(tail, flush=True)
+            except OSError:
+                pass
+        if own_dir:
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+# ---- the client half (needs torch and a GPU) ----
+
+class Bench:
+    def __init__(self, a):
+        import torch
+
+        from fabricxfer.client import Client
+
+        self.a, self.torch = a, torch
+        self.dev = torch.device("cuda", a.device)
+        torch.cuda.set_device(self.dev)
+        self.c = Client(a.socket, timeout=a.call_timeout, name="bench-gpu")
+        self.gen = torch.Generator().manual_seed(1)
+
+    def sync(self):
+        self.torch.cuda.synchronize(self.dev)
+
+    def time_torch(self, fn, n=None):
+        times = []
+        for i in range(self.a.warmup + (n or self.a.iters)):
+            self.sync()
+            t0 = time.perf_counter()
+            fn(i)
+            self.sync()
+            if i >= self.a.warmup:
+                times.append(time.perf_counter() - t0)
+        return times
+
+    def time_ours(self, fn, n=None):
+        self.sync()  # what torch wrote must be there before the agent reads it
+        times = []
+        for i in range(self.a.warmup + (n or self.a.iters)):
+            t0 = time.perf_counter()
+            fn(i)
+            if i >= self.a.warmup:
+                times.append(time.perf_counter() - t0)
+        return times
+
+    def layout(self, tensors, block_bytes):
+        regions = [self.c.register_tensor(t, gpu_index=self.a.device) for t in tensors]
+        return self.c.register_layout(regions, block_bytes)
+
+    def release(self, *layouts):
+        for lay in layouts:
+            if lay is None:
+                continue
+            try:
+                self.c.deregister_layout(lay)
+            except Exception:
+                pass
+            for r in lay.regions:
+                try:
+                    self.c.deregister(r)
+                except Exception:
+                    pass
+
+    def randperm(self, n, k):
+        return self.torch.randperm(n, generator=self.gen)[:k].contiguous()
+
+    def random_bytes(self, *shape):
+        t = self.torch.empty(shape, dtype=self.torch.uint8, device=self.dev)
+        t.random_(0, 256)
+        return t
+
+    def scattered(self, name, pools, blocks, block_bytes, ids, iters):
+        """Ids drawn fresh per iteration between pools of blocks x block_bytes: pools tensors per side."""
+        torch, to_layout = self.torch, __import__("fabricxfer.client", fromlist=["to_layout"]).to_layout
+        src = [self.random_bytes(blocks, block_bytes) for _ in range(pools)]
+        ours = [torch.zeros(blocks, block_bytes, dtype=torch.uint8, device=self.dev) for _ in range(pools)]
+        ref = [torch.zeros_like(t) for t in ours]
+        n = self.a.warmup + iters
+        sets = [(self.randperm(blocks, ids), self.randperm(blocks, ids)) for _ in range(n)]
+        gpu_sets = [(s.to(self.dev), d.to(self.dev)) for s, d in sets]
+        src_l = dst_l = None
+        try:
+            src_l, dst_l = self.layout(src, block_bytes), self.layout(ours, block_bytes)
+            remote = to_layout(dst_l)
+            ours_t = self.time_ours(lambda i: self.c.transfer_blocks(
+                "write", src_l, sets[i][0], remote, sets[i][1], timeout=self.a.call_timeout), iters)
+
+            def torch_copy(i):
+                s, d = gpu_sets[i]
+                for k in range(pools):
+                    ref[k][d] = src[k][s]
+
+            torch_t = self.time_torch(torch_copy, iters)
+            self.sync()
+            ok = all(torch.equal(x, y) for x, y in zip(ours, ref))
+            moved = pools * ids * block_bytes
+            return result(name, moved, statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3, ok)
+        finally:
+            self.release(src_l, dst_l)
+            del src, ours, ref
+
+    def case_a(self):
+        return self.scattered("a 15360x720B of 2x262144", 1, 262144, 720, 15360, self.a.iters)
+
+    def case_b(self):
+        return self.scattered("b 64x1024x16KiB perm", 64, 1024, 16384, 1024, self.a.iters)
+
+    def contiguous(self, name, size):
+        torch = self.torch
+        from fabricxfer.client import to_layout
+
+        src = self.random_bytes(size)
+        ours = torch.zeros(size, dtype=torch.uint8, device=self.dev)
+        ref = torch.zeros_like(ours)
+        src_l = dst_l = None
+        zero = torch.zeros(1, dtype=torch.int64)
+        try:
+            src_l, dst_l = self.layout([src], size), self.layout([ours], size)
+            remote = to_layout(dst_l)
+            ours_t = self.time_ours(lambda i: self.c.transfer_blocks("write", src_l, zero, remote, zero,
+                                                                     timeout=self.a.call_timeout))
+            torch_t = self.time_torch(lambda i: ref.copy_(src))
+            self.sync()
+            ok = torch.equal(ours, src) and torch.equal(ref, src)
+            return result(name, size, statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3, ok)
+        finally:
+            self.release(src_l, dst_l)
+            del src, ours, ref
+
+    def case_c64(self):
+        return self.contiguous("c 64 MiB contiguous", 64 * MIB)
+
+    def case_c1g(self):
+        return self.contiguous("c 1 GiB contiguous", 1024 * MIB)
+
+    def case_d(self):
+        torch = self.torch
+        from fabricxfer.client import to_layout
+
+        blocks, bs, n = 256, 4096, self.a.rtt_iters
+        src = self.random_bytes(blocks, bs)
+        ours = torch.zeros_like(src)
+        ref = torch.zeros_like(src)
+        ids = [torch.tensor([i % blocks], dtype=torch.int64) for i in range(blocks)]
+        src_l = dst_l = None
+        try:
+            src_l, dst_l = self.layout([src], bs), self.layout([ours], bs)
+            remote = to_layout(dst_l)
+            ours_t = self.time_ours(lambda i: self.c.transfer_blocks("write", src_l, ids[i % blocks], remote,
+                                                                     ids[i % blocks], timeout=self.a.call_timeout), n)
+            torch_t = self.time_torch(lambda i: ref[i % blocks].copy_(src[i % blocks]), n)
+            self.sync()
+            ok = torch.equal(ours, src) and torch.equal(ref, src)
+            p = lambda ts, q: sorted(ts)[min(len(ts) - 1, int(len(ts) * q))] * 1e3  # noqa: E731
+            r = result("d 4 KiB round trip p50", bs, p(ours_t, 0.5), p(torch_t, 0.5), ok,
+                       fabricxfer_p99_ms=p(ours_t, 0.99), torch_p99_ms=p(torch_t, 0.99))
+            r["note"] = "p99 fabricxfer %.4f ms, torch %.4f ms (of %d)" % (r["fabricxfer_p99_ms"], r["torch_p99_ms"], n)
+            return r
+        finally:
+            self.release(src_l, dst_l)
+            del src, ours, ref
+
+
+CASE_NAMES = {"a": "a 15360x720B of 2x262144", "b": "b 64x1024x16KiB perm", "c64": "c 64 MiB contiguous",
+              "c1g": "c 1 GiB contiguous", "d": "d 4 KiB round trip p50"}
+
+
+def run_client(a) -> int:
+    results, header = [], {}
+    try:
+        bench = Bench(a)
+        torch = bench.torch
+        header = {"mode": "expandable_segments" if a.expandable else "caching allocator (cudaMalloc segments)",
+                  "torch": torch.__version__, "device": torch.cuda.get_device_name(bench.dev),
+                  "agent": bench.c.info.agent_version, "node": bench.c.info.node_name,
+                  "engines": ["%s%s" % (e.name, "" if e.available else " (unavailable: %s)" % e.reason)
+                              for e in bench.c.info.engines],
+                  "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+        print("torch %s on %s, %s; agent %s on %s; engines: %s" % (
+            header["torch"], header["device"], header["mode"], header["agent"], header["node"],
+            ", ".join(header["engines"])), flush=True)
+    except Exception as e:
+        traceback.print_exc()
+        results = [result(CASE_NAMES[c], 0, error="setup: %s: %s" % (type(e).__name__, e)) for c in a.cases]
+        bench = None
+    if bench is not None:
+        for c in a.cases:
+            t0 = time.monotonic()
+            try:
+                r = getattr(bench, "case_" + c)()
+            except Exception as e:  # report and go on with the next case
+                traceback.print_exc()
+                r = result(CASE_NAMES[c], 0, error="%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e)
+                                                               else ""))
+            finally:
+                try:
+                    bench.sync()
+                    bench.torch.cuda.empty_cache()
+                except Exception:
+                    pass
+            r["seconds"] = time.monotonic() - t0
+            results.append(r)
+            print("%s: %s" % (r["case"], "done" if not r["error"] else r["error"]), flush=True)
+        bench.c.close()
+    print()
+    print(format_table(results), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(header, cases=results), f, indent=2)
+    return 0 if results and all(r.get("verified") for r in results) else 1
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    return run_client(a) if a.client else drive(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The benchmarks' pure parts, without a GPU or torch: arguments, the client command and environment, the
+table; and bench_host.py end to end at a small size against the test agent."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from contextlib import redirect_stderr
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+sys.path.insert(0, BENCH)
+
+import bench_gpu  # noqa: E402
+
+SOCKET = os.environ.get("FABRICXFER_SOCKET", "")
+
+
+class GPUBenchPureTest(unittest.TestCase):
+    def test_arguments(self):
+        a = bench_gpu.parse_args([])
+        self.assertEqual((a.agent, a.pool_name, a.cases, a.expandable, a.client), ("bin/agent", "kv",
+                                                                                     list(bench_gpu.CASES), False,
+                                                                                     False))
+        a = bench_gpu.parse_args(["--cases", "a, d", "--expandable", "--iters", "5"])
+        self.assertEqual((a.cases, a.expandable, a.iters), (["a", "d"], True, 5))
+        for bad in (["--cases", "a,z"], ["--iters", "0"], ["--client"]):
+            with self.subTest(bad), redirect_stderr(io.StringIO()):
+                with self.assertRaises(SystemExit):
+                    bench_gpu.parse_args(bad)
+        self.assertEqual(set(bench_gpu.CASE_NAMES), set(bench_gpu.CASES))
+        for c in bench_gpu.CASES:
+            self.assertTrue(hasattr(bench_gpu.Bench, "case_" + c), c)
+
+    def test_client_command_and_environment(self):
+        a = bench_gpu.parse_args(["--expandable", "--json", "out.json", "--cases", "b"])
+        cmd = bench_gpu.client_command(a, "/tmp/x/kv/agent.sock")
+        self.assertEqual(cmd[:3], [sys.executable, os.path.abspath(bench_gpu.__file__), "--client"])
+        back = bench_gpu.parse_args(cmd[2:])
+        self.assertEqual((back.client, back.socket, back.cases, back.expandable, back.json),
+                         (True, "/tmp/x/kv/agent.sock", ["b"], True, os.path.abspath("out.json")))
+        env = bench_gpu.client_env(a, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:False"})
+        self.assertEqual(env["PYTORCH_CUDA_ALLOC_CONF"], "max_split_size_mb:64,expandable_segments:True")
+        self.assertTrue(env["PYTHONPATH"].startswith(os.path.dirname(BENCH)))
+        env = bench_gpu.client_env(bench_gpu.parse_args([]), {})
+        self.assertEqual(env["PYTORCH_CUDA_ALLOC_CONF"], "expandable_segments:False")
+
+    def test_table(self):
+        rs = [bench_gpu.result("a scattered", 11059200, 2.0, 4.0, True),
+              bench_gpu.result("b layers", 1 << 30, None, None, error="ValueError: spans 9 VMM allocations"),
+              bench_gpu.result("d rtt", 4096, 0.05, 0.01, False, note="p99 ...")]
+        self.assertAlmostEqual(rs[0]["ratio"], 2.0)
+        self.assertAlmostEqual(rs[0]["fabricxfer_gbps"], 11059200 / 2e6)
+        self.assertIsNone(rs[1]["ratio"])
+        text = bench_gpu.format_table(rs)
+        lines = text.splitlines()
+        self.assertIn("fabricxfer ms", lines[0])
+        self.assertIn("ratio", lines[0])
+        self.assertRegex(lines[2], r"^a scattered\s+2\.0000\s+5\.53\s+4\.0000\s+2\.76\s+2\.00\s+ok$")
+        self.assertRegex(lines[3], r"^b layers(\s+-){5}\s+ERROR$")
+        self.assertTrue(lines[4].endswith("DIFFERS"))
+        self.assertIn("b layers: ValueError: spans 9 VMM allocations", text)
+        self.assertIn("d rtt: p99", text)
+        json.dumps(rs)
+        self.assertIn("case", bench_gpu.format_table([]))
+
+    def test_missing_agent_says_how_to_build_it(self):
+        with self.assertRaises(SystemExit) as e:
+            bench_gpu.find_agent("/nonexistent/agent")
+        self.assertIn("go build -o bin/agent ./cmd/agent", str(e.exception))
+
+
+@unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
+class HostBenchTest(unittest.TestCase):
+    def test_host_bench_runs_small(self):
+        try:
+            import numpy  # noqa: F401
+        except ImportError:
+            self.skipTest("numpy not installed (apt-get install python3-numpy)")
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "host.json")
+            p = subprocess.run([sys.executable, os.path.join(BENCH, "bench_host.py"), "--socket", SOCKET, "--blocks",
+                                "2048", "--ids", "512", "--iters", "3", "--warmup", "1", "--json", out],
+                               capture_output=True, text=True, timeout=120,
+                               env=dict(os.environ, PYTHONPATH=os.path.dirname(BENCH)))
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertIn("ratio (numpy time / ours)", p.stdout)
+            with open(out) as f:
+                r = json.load(f)
+            self.assertTrue(r["verified"])
+            self.assertEqual((r["ids"], r["blocks"], r["bytes"]), (512, 2048, 512 * 720))
+            self.assertGreater(r["fabricxfer_ms"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
