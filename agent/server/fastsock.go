@@ -2,8 +2,11 @@ package server
 
 import (
 	"context"
+	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,8 +21,18 @@ import (
 // FastSocketName is the fast socket's name beside the agent socket.
 const FastSocketName = "agent.fast.sock"
 
-// maxFastFrame bounds one frame on the fast socket (a TransferRequest of the largest allowed batch fits).
-const maxFastFrame = 64 << 20
+const (
+	// maxFastFrame bounds one frame on the fast socket: a block transfer of the most ids (65,536 of 8 bytes a
+	// side) is 1 MiB, a TransferRequest of 65,536 items about 3 MiB.
+	maxFastFrame = 4 << 20
+	// maxFastPerCaller and maxFastConns bound bound fast connections per caller and in all, and
+	// maxFastTokens the tokens one caller may hold unused: each bound connection can hold a frame in memory.
+	maxFastPerCaller = 8
+	maxFastConns     = 1024
+	maxFastTokens    = 16
+	// fastBindTimeout bounds how long a new fast connection may take to present its token.
+	fastBindTimeout = 5 * time.Second
+)
 
 // fastTokens binds fast connections to sessions: a token is one-time, expires, and only the caller that
 // asked for it may use it.
@@ -45,10 +58,17 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 	}
 	s.fast.mu.Lock()
 	now := time.Now()
+	held := 0
 	for k, e := range s.fast.entries {
 		if now.After(e.expires) {
 			delete(s.fast.entries, k)
+		} else if e.sess.caller.Key == sess.caller.Key {
+			held++
 		}
+	}
+	if held >= maxFastTokens {
+		s.fast.mu.Unlock()
+		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d unused fast path tokens (limit %d): bind them or let them expire (%s)", held, maxFastTokens, s.opts.TokenTTL)
 	}
 	s.fast.entries[token] = fastToken{sess: sess, expires: now.Add(s.opts.TokenTTL)}
 	s.fast.mu.Unlock()
@@ -80,7 +100,7 @@ func errReply(err error) *agentv1.FastReply {
 
 func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = conn.SetDeadline(time.Now().Add(fastBindTimeout))
 	token, err := sockio.ReadFrame(conn, 64)
 	if err != nil {
 		return
@@ -105,8 +125,14 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		_ = writeReply(conn, errReply(status.Error(codes.Unavailable, "the session ended")))
 		return
 	}
+	if refusal := s.fastRoomLocked(sess.caller.Key); refusal != "" {
+		s.mu.Unlock()
+		_ = writeReply(conn, errReply(status.Error(codes.ResourceExhausted, refusal)))
+		return
+	}
 	sess.fastConns = append(sess.fastConns, conn)
 	s.mu.Unlock()
+	defer s.forgetFastConn(sess, conn)
 	if err := writeReply(conn, &agentv1.FastReply{}); err != nil {
 		return
 	}
@@ -116,8 +142,9 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	in := sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin}
+	var buf []byte
 	for {
-		frame, err := sockio.ReadFrame(in, maxFastFrame)
+		frame, err := readFrameInto(in, &buf, maxFastFrame)
 		if err != nil {
 			if err != io.EOF {
 				_ = writeReply(conn, errReply(status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)))
@@ -149,4 +176,58 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, frame []byte
 		return s.transferBlocks(ctx, sess, r.Blocks)
 	}
 	return nil, status.Error(codes.InvalidArgument, "fast request names no transfer")
+}
+
+// fastRoomLocked says why the caller may not bind another fast connection ("" when it may).
+func (s *Server) fastRoomLocked(key string) string {
+	total, mine := 0, 0
+	for _, sess := range s.sessions {
+		total += len(sess.fastConns)
+		if sess.caller.Key == key {
+			mine += len(sess.fastConns)
+		}
+	}
+	switch {
+	case mine >= maxFastPerCaller:
+		return fmt.Sprintf("caller has %d fast connections, the limit is %d", mine, maxFastPerCaller)
+	case total >= maxFastConns:
+		return fmt.Sprintf("the agent serves %d fast connections, the limit is %d", total, maxFastConns)
+	}
+	return ""
+}
+
+func (s *Server) forgetFastConn(sess *session, conn net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess.fastConns = slices.DeleteFunc(sess.fastConns, func(c net.Conn) bool { return c == conn })
+}
+
+// readFrameInto reads one frame into *buf, growing it only as bytes arrive: a peer that announces a large
+// frame and sends nothing costs no memory.
+func readFrameInto(r io.Reader, buf *[]byte, limit int) ([]byte, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := int(binary.BigEndian.Uint32(hdr[:]))
+	if n > limit {
+		return nil, fmt.Errorf("frame of %d bytes, at most %d", n, limit)
+	}
+	b := (*buf)[:0]
+	const step = 256 << 10
+	for len(b) < n {
+		want := min(n, len(b)+step)
+		if cap(b) < want {
+			b = append(b[:cap(b)], make([]byte, want-cap(b))...)[:len(b)]
+		}
+		k, err := io.ReadFull(r, b[len(b):want])
+		b = b[:len(b)+k]
+		if err != nil {
+			return nil, err
+		}
+	}
+	if cap(b) <= 1<<20 { // keep a small buffer for the next frame; drop an exceptional one
+		*buf = b
+	}
+	return b, nil
 }

@@ -69,6 +69,14 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 		timeout = req.Timeout.AsDuration()
 	}
 
+	// Everything done for this transfer, resolving and importing peers' segments included, is bounded by its
+	// deadline, counted from now: a stalled peer fails it within its timeout, not the call's.
+	if timeout <= 0 {
+		timeout = engines.DefaultTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	plan := s.opts.Engine.NewPlan()
 	tagOf := map[string]engines.Tag{}
 	var tags []string
@@ -91,7 +99,7 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 		}
 		remote, ok := resolved[ref]
 		if !ok {
-			remote, err = s.resolveRemote(ctx, sess, ref)
+			remote, err = s.resolveRemote(rctx, sess, ref)
 			if err != nil {
 				st := status.Convert(err)
 				return nil, status.Errorf(st.Code(), "%s: %s", where(), st.Message())
@@ -119,7 +127,11 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 		return nil, status.Errorf(statusCode(ie.Err), "item with tag %q: %v", tags[ie.Item.Tag], ie.Err)
 	}
 
-	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), timeout, req.Notify, req.Wait)
+	left := time.Until(deadline)
+	if left <= 0 {
+		return nil, status.Errorf(codes.DeadlineExceeded, "the transfer's %v ran out while its peers were resolved", timeout)
+	}
+	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait)
 }
 
 // submit starts a planned transfer for the caller and, with wait, waits for it within the call.
