@@ -128,7 +128,8 @@ def client_command(a, socket_path):
 def client_env(a, base=None):
     env = dict(os.environ if base is None else base)
     env["PYTHONUNBUFFERED"] = "1"
-    conf = [c for c in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if c and not c.startswith("expandable_segments")]
+    conf = [c for c in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",")
+            if c and not c.startswith("expandable_segments")]
     conf.append("expandable_segments:%s" % ("True" if a.expandable else "False"))
     env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(conf)
     src = os.path.dirname(HERE)  # client/python, for a fabricxfer that is not installed

@@ -530,6 +530,27 @@ class Client:
             raise ValueError("the tensor is on cuda:%d, not GPU %d as given: move it with .to('cuda:%d') or pass "
                              "gpu_index=%d" % (device, gpu_index, gpu_index, device))
         share_tuple = tensor.untyped_storage()._share_cuda_()
+        counter = None
+        if isinstance(share_tuple, tuple) and len(share_tuple) >= 6 and isinstance(share_tuple[4], (bytes, bytearray)):
+            counter = (share_tuple[4], share_tuple[5])
+        fd = -1
+        try:
+            req, fd = self._tensor_request(share_tuple, device, start, length, segment, tensor)
+            region = self._register(req, fd)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            _release_ipc_counter(counter)  # sharing took a reference on the storage; nothing holds it now
+            raise
+        region.keep = tensor
+        with self._lock:
+            self._owned[region] = _Owned(req=req, fd=fd, ipc_counter=counter)
+        return region
+
+    @staticmethod
+    def _tensor_request(share_tuple, device: int, start: int, length: int, segment: str, tensor):
+        """The RegisterMemoryRequest for bytes [start, start+length) of a storage shared as share_tuple, and the
+        fd to pass with it (-1 for none; the caller owns it)."""
         share = _cuda.parse_cuda_share(share_tuple, own_pid=os.getpid())
         if share.device != device:
             raise ValueError("PyTorch shares the storage from cuda:%d but the tensor is on cuda:%d" % (share.device,
@@ -537,36 +558,21 @@ class Client:
         if start + length > share.storage_bytes:
             raise ValueError("the tensor's bytes [%d, +%d) lie outside its storage of %d bytes" % (
                 start, length, share.storage_bytes))
-        counter = None
-        if len(share_tuple) >= 6 and isinstance(share_tuple[4], (bytes, bytearray)):
-            counter = (share_tuple[4], share_tuple[5])
         req = pb.RegisterMemoryRequest(kind=pb.MEMORY_KIND_GPU, length=length, gpu_index=device,
                                        segment_name=segment, gpu_uuid=_gpu_uuid(tensor))
-        fd = -1
         if share.kind == _cuda.KIND_IPC:
             req.handle_type = pb.HANDLE_TYPE_IPC
             req.ipc_handle = share.ipc_handle
             req.offset = share.offset + start
-        else:
-            index, offset = share.locate(share.offset + start, length)
-            req.offset, req.allocation_size = offset, share.segment_size
-            if share.kind == _cuda.KIND_VMM_FD:
-                req.handle_type = pb.HANDLE_TYPE_VMM_POSIX_FD
-                fd = _cuda.dup_own_fd(share.pid, share.handles[index])
-            else:
-                req.handle_type = pb.HANDLE_TYPE_FABRIC
-                req.fabric_handle = share.handles[index]
-        try:
-            region = self._register(req, fd)
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            _release_ipc_counter(counter)
-            raise
-        region.keep = tensor
-        with self._lock:
-            self._owned[region] = _Owned(req=req, fd=fd, ipc_counter=counter)
-        return region
+            return req, -1
+        index, offset = share.locate(share.offset + start, length)
+        req.offset, req.allocation_size = offset, share.segment_size
+        if share.kind == _cuda.KIND_FABRIC:
+            req.handle_type = pb.HANDLE_TYPE_FABRIC
+            req.fabric_handle = share.handles[index]
+            return req, -1
+        req.handle_type = pb.HANDLE_TYPE_VMM_POSIX_FD
+        return req, _cuda.dup_own_fd(share.pid, share.handles[index])
 
     @staticmethod
     def _region(r) -> Region:

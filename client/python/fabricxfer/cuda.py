@@ -138,7 +138,8 @@ def parse_cuda_share(share, own_pid: Optional[int] = None) -> CudaShare:
         share_kind = KIND_FABRIC
     else:
         raise ValueError("expandable segment share (version %d) names %d handles but carries %d bytes of them: "
-                         "neither POSIX fds (4 bytes each) nor fabric handles (64 bytes each)" % (version, n, len(body)))
+                         "neither POSIX fds (4 bytes each) nor fabric handles (64 bytes each)" % (
+                             version, n, len(body)))
     if share_kind == KIND_VMM_FD and own_pid is not None and pid != own_pid:
         raise ValueError("the expandable segment was shared by pid %d, not this process (%d): register tensors "
                          "in the process that allocated them" % (pid, own_pid))

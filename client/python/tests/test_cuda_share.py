@@ -144,8 +144,8 @@ class RecordingClient(Client):
 class RegisterTensorTest(unittest.TestCase):
     def test_cuda_malloc_tensor_registers_its_own_bytes_of_the_segment(self):
         c = RecordingClient()
-        t = FakeTensor(share_tuple(b"\2c" + IPC, offset=2 * MIB, size=MIB, device=1), numel=1000, esize=2, storage_offset=24,
-                       device=1)
+        t = FakeTensor(share_tuple(b"\2c" + IPC, offset=2 * MIB, size=MIB, device=1), numel=1000, esize=2,
+                       storage_offset=24, device=1)
         r = c.register_tensor(t, segment="kv-0", gpu_index=1)
         req, fd, _ = c.calls[0]
         self.assertEqual((req.kind, req.handle_type, req.ipc_handle, req.offset, req.length, req.gpu_index,
@@ -204,6 +204,22 @@ class RegisterTensorTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             c.register_tensor(b"not a tensor")
         self.assertEqual(c.calls, [], "nothing may reach the agent")
+
+    def test_a_refused_tensor_gives_back_pytorchs_sharing_reference(self):
+        import fabricxfer.client as fc
+        released = []
+        real = fc._release_ipc_counter
+        fc._release_ipc_counter = released.append
+        self.addCleanup(setattr, fc, "_release_ipc_counter", real)
+        c = RecordingClient()
+        t = FakeTensor(share_tuple(expandable(2, os.getpid(), MIB, [0, 1]), size=2 * MIB), MIB, esize=2)
+        with self.assertRaises(ValueError):
+            c.register_tensor(t)
+        self.assertEqual(released, [(b"/torch_123_456", 7)])
+        r = c.register_tensor(FakeTensor(share_tuple(b"\2c" + IPC, size=MIB), 10))
+        self.assertEqual(len(released), 1, "a registered tensor keeps it until deregister")
+        c._forget(r)
+        self.assertEqual(len(released), 2)
 
 
 if __name__ == "__main__":
