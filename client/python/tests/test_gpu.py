@@ -1,0 +1,94 @@
+"""register_tensor against a real agent on a GPU machine (skips without torch, CUDA or FABRICXFER_SOCKET).
+
+    agent standalone --socket-dir /tmp/fx &
+    FABRICXFER_SOCKET=/tmp/fx/kv/agent.sock python3 -m unittest -v tests.test_gpu
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True FABRICXFER_SOCKET=... python3 -m unittest -v tests.test_gpu
+"""
+
+import os
+import unittest
+
+from fabricxfer.client import Client, to_layout
+
+SOCKET = os.environ.get("FABRICXFER_SOCKET", "")
+EXPANDABLE = "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").lower()
+try:
+    import torch
+
+    CUDA = torch.cuda.is_available()
+except ImportError:
+    torch, CUDA = None, False
+
+
+@unittest.skipUnless(SOCKET and CUDA, "needs torch with a CUDA GPU and FABRICXFER_SOCKET")
+class GPUTensorTest(unittest.TestCase):
+    def setUp(self):
+        self.c = Client(SOCKET)
+        self.addCleanup(self.c.close)
+        self.dev = torch.device("cuda", 0)
+
+    def rand(self, *shape):
+        return torch.randint(0, 256, shape, dtype=torch.uint8, device=self.dev)
+
+    def move(self, src, dst, block, lids, rids):
+        a = self.c.register_layout([self.c.register_tensor(t) for t in src], block)
+        b = self.c.register_layout([self.c.register_tensor(t) for t in dst], block)
+        torch.cuda.synchronize()
+        self.c.transfer_blocks("write", a, torch.tensor(lids), to_layout(b), torch.tensor(rids))
+        return a, b
+
+    def test_views_of_one_tensor_register_and_move(self):
+        """K and V as views of one allocation (one cudaMalloc segment, one IPC handle opened twice), and a row
+        slice with a storage offset: only the view's own bytes are registered and written."""
+        if EXPANDABLE:
+            self.skipTest("the tensors below span several VMM allocations of an expandable segment")
+        kv = self.rand(2, 64, 4096)  # 2 x 64 blocks of 4 KiB
+        k, v = kv[0], kv[1]
+        dst = torch.zeros(2, 64, 4096, dtype=torch.uint8, device=self.dev)
+        self.move([k, v], [dst[0], dst[1]], 4096, [0, 5, 63], [1, 2, 3])
+        for s, d in ((k, dst[0]), (v, dst[1])):
+            self.assertTrue(torch.equal(d[[1, 2, 3]], s[[0, 5, 63]]))
+            self.assertEqual(int(d[4:].count_nonzero()) + int(d[0].count_nonzero()), 0)
+        # A slice in the middle of a bigger tensor: its neighbours must stay zero.
+        big = torch.zeros(1000, 4096, dtype=torch.uint8, device=self.dev)
+        middle = big[100:164]
+        self.assertEqual(middle.storage_offset(), 100 * 4096)
+        src = self.rand(64, 4096)
+        self.move([src], [middle], 4096, list(range(64)), list(range(64)))
+        self.assertTrue(torch.equal(big[100:164], src))
+        self.assertEqual(int(big[:100].count_nonzero()) + int(big[164:].count_nonzero()), 0)
+
+    def test_expandable_segment_within_one_allocation_and_across_several(self):
+        if not EXPANDABLE:
+            self.skipTest("run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        small = [self.rand(64, 4096), torch.zeros(64, 4096, dtype=torch.uint8, device=self.dev)]
+        self.move([small[0]], [small[1]], 4096, [7, 8], [9, 10])
+        self.assertTrue(torch.equal(small[1][[9, 10]], small[0][[7, 8]]))
+        big = self.rand(64 << 20)
+        with self.assertRaises(ValueError) as e:
+            self.c.register_tensor(big)
+        self.assertIn("VMM allocations", str(e.exception))
+
+    def test_refusals(self):
+        with self.assertRaises(ValueError):
+            self.c.register_tensor(torch.zeros(16, dtype=torch.uint8))
+        with self.assertRaises(ValueError):
+            self.c.register_tensor(self.rand(64, 64).t())
+        with self.assertRaises(ValueError):
+            self.c.register_tensor(self.rand(64), gpu_index=1)
+
+    def test_deregistered_tensor_memory_is_freed(self):
+        """register_tensor shares the storage through PyTorch's IPC machinery, which holds the memory until the
+        (never coming) receiver lets go; deregister lets go, so the memory is freed with the tensor."""
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated(self.dev)
+        t = self.rand(16 << 20 if not EXPANDABLE else 1 << 20)
+        r = self.c.register_tensor(t)
+        self.c.deregister(r)
+        del t, r
+        torch.cuda.synchronize()
+        self.assertEqual(torch.cuda.memory_allocated(self.dev), before)
+
+
+if __name__ == "__main__":
+    unittest.main()
