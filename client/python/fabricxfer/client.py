@@ -41,6 +41,8 @@ FAST_SOCKET_NAME = "agent.fast.sock"
 API_VERSION = "v1"
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _OPS = {"read": pb.OP_READ, "write": pb.OP_WRITE}
+# The largest frame the agent reads on its fast socket (agent/server/fastsock.go).
+FAST_FRAME_MAX = 4 << 20
 
 
 def _op(op: str) -> int:
@@ -713,7 +715,8 @@ class Client:
             width = 8
         ref = remote.ref
         self._check_session()
-        if wait and self._fast is not None:
+        # A frame the fast socket would refuse goes by gRPC, whose refusal leaves the fast connection up.
+        if wait and self._fast is not None and local.nbytes + rids.nbytes < FAST_FRAME_MAX - 4096:
             parts = _blocks.blocks_frame(code, layout.id, ref, local, rids, width, timeout, notify, wait)
             resp = self._fast_call(parts)
         else:
