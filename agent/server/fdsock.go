@@ -97,6 +97,19 @@ func (t *fdTokens) sweep(now time.Time) {
 	}
 }
 
+// dropOwner closes the descriptors waiting for owner (a caller whose admission was revoked).
+func (t *fdTokens) dropOwner(owner string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, e := range t.entries {
+		if e.owner == owner {
+			e.file.Close()
+			delete(t.entries, k)
+			t.owned[owner]--
+		}
+	}
+}
+
 func (t *fdTokens) closeAll() {
 	t.mu.Lock()
 	defer t.mu.Unlock()

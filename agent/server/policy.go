@@ -14,8 +14,10 @@ import (
 )
 
 // APIPoolPolicy reads the pool's spec.allowedNamespaces from its TransferPool, so an admin's edit applies to
-// the next connection without restarting agents. Answers are cached for TTL (default 10 s) to keep connection
-// setup cheap; if the API server cannot be reached, the last answer is used for up to ten times as long.
+// the next connection without restarting agents, and ends held sessions of namespaces it no longer allows
+// (checked every 2 s). Answers are cached for TTL (default 5 s, so a removal takes effect within
+// 10 s) to keep connection setup cheap; if the API server cannot be reached, the last answer is used for up to
+// ten times as long.
 type APIPoolPolicy struct {
 	Reader    client.Reader
 	Namespace string
@@ -31,7 +33,7 @@ type APIPoolPolicy struct {
 func (p *APIPoolPolicy) AllowedNamespaces(ctx context.Context) ([]string, error) {
 	ttl := p.TTL
 	if ttl <= 0 {
-		ttl = 10 * time.Second
+		ttl = 5 * time.Second
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

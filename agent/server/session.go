@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -26,6 +27,11 @@ type session struct {
 	endedOnce sync.Once
 	// fastConns are fast-socket connections bound to the session; closed when it ends.
 	fastConns []net.Conn
+	// conn is the session's gRPC connection, closed to end a revoked session.
+	conn net.Conn
+	// revoked, once set, is why the caller lost its admission (its namespace left allowedNamespaces): every
+	// later call is refused with it.
+	revoked atomic.Pointer[string]
 }
 
 // sessionInfo is the gRPC AuthInfo a connection carries; handlers find their session through it.
@@ -79,6 +85,7 @@ func (p peerCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s := p.srv.newSession(ctx, tc.UnixConn)
+	s.conn = tc
 	tc.sess = s
 	return raw, sessionInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, s: s}, nil
 }
@@ -137,7 +144,76 @@ func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) *session {
 	if err != nil {
 		s.log.Info("refused a caller", "error", err)
 	}
+	s.startRevoker()
 	return sess
+}
+
+// revokeInterval is how often held sessions are checked against the pool's allowedNamespaces. With the
+// policy's cache (APIPoolPolicy, 5 s by default) a session whose namespace was removed ends within 10 s.
+var revokeInterval = 2 * time.Second
+
+// revokers marks the servers whose revocation loop runs (one per server, started with the first session and
+// ended when the server stops).
+var revokers sync.Map
+
+func (s *Server) startRevoker() {
+	if _, running := revokers.LoadOrStore(s, true); running {
+		return
+	}
+	go func() {
+		defer revokers.Delete(s)
+		t := time.NewTicker(revokeInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.stopping:
+				return
+			case <-t.C:
+				s.revokeDisallowed()
+			}
+		}
+	}()
+}
+
+// revokeDisallowed ends the sessions of callers whose namespace the pool no longer allows, through the path
+// a closed connection takes: the connection is closed, the session's regions are deregistered (cancelling
+// their transfers) and its pool slices, fast connections and streams end. Descriptors waiting on the fd
+// socket for such a caller are closed. When the policy cannot be read, held sessions are kept.
+func (s *Server) revokeDisallowed() {
+	s.mu.Lock()
+	var held []*session
+	for _, sess := range s.sessions {
+		if sess.identErr == nil && !sess.caller.Local && !sess.ended && sess.revoked.Load() == nil {
+			held = append(held, sess)
+		}
+	}
+	s.mu.Unlock()
+	if len(held) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), revokeInterval)
+	defer cancel()
+	allowed, err := s.opts.Policy.AllowedNamespaces(ctx)
+	if err != nil {
+		s.log.Warn("cannot read allowedNamespaces; held sessions are kept", "error", err)
+		return
+	}
+	for _, sess := range held {
+		if NamespaceAllowed(s.opts.PoolNamespace, allowed, sess.caller.Namespace) {
+			continue
+		}
+		why := fmt.Sprintf("%s: namespace %q was removed from the allowed namespaces of pool %s/%s; its session ended",
+			sess.caller, sess.caller.Namespace, s.opts.PoolNamespace, s.opts.PoolName)
+		sess.revoked.Store(&why)
+		edgeRefused("grpc", "revoked")
+		s.log.Info("revoked a caller", "caller", sess.caller.String(), "namespace", sess.caller.Namespace)
+		s.tokens.dropOwner(sess.caller.Key)
+		if sess.conn != nil {
+			sess.conn.Close() // connClosed ends the session
+		} else {
+			sess.endedOnce.Do(func() { s.endSession(sess) })
+		}
+	}
 }
 
 // sessionOf returns the caller's session or a PermissionDenied status explaining why it has none.
@@ -152,6 +228,9 @@ func (s *Server) sessionOf(ctx context.Context) (*session, error) {
 	}
 	if info.s.identErr != nil {
 		return nil, status.Error(codes.PermissionDenied, info.s.identErr.Error())
+	}
+	if why := info.s.revoked.Load(); why != nil {
+		return nil, status.Error(codes.PermissionDenied, *why)
 	}
 	return info.s, nil
 }
