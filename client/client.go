@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -252,7 +253,34 @@ func (m *SharedMemory) Close() error {
 	return errors.Join(err, m.File.Close())
 }
 
-// putFD hands f to the agent's fd socket and returns the token.
+// Back-off of fd-socket refusals that free up by themselves (fdpass.ErrExhausted).
+const (
+	putRetries    = 10
+	putFirstDelay = 2 * time.Millisecond
+	putMaxDelay   = 250 * time.Millisecond
+)
+
+// putFD hands f to the agent's fd socket and returns the token. A refusal that frees up by itself (descriptors
+// already waiting for this caller, or the socket's connection limits) is retried after a jittered,
+// exponentially growing pause, at most putRetries times and never past ctx's deadline; the last one is
+// returned as ResourceExhausted.
 func (c *Client) putFD(ctx context.Context, f *os.File) (string, error) {
-	return fdpass.Put(ctx, c.fdSocket, f)
+	delay := putFirstDelay
+	for attempt := 0; ; attempt++ {
+		token, err := fdpass.Put(ctx, c.fdSocket, f)
+		if err == nil || !errors.Is(err, fdpass.ErrExhausted) {
+			return token, err
+		}
+		exhausted := fmt.Errorf("%w (%w; %d attempts)", status.Error(codes.ResourceExhausted, err.Error()), err, attempt+1)
+		pause := delay/2 + rand.N(delay)
+		if deadline, ok := ctx.Deadline(); attempt >= putRetries || ok && time.Until(deadline) < pause {
+			return "", exhausted
+		}
+		select {
+		case <-ctx.Done():
+			return "", exhausted
+		case <-time.After(pause):
+		}
+		delay = min(2*delay, putMaxDelay)
+	}
 }
