@@ -125,12 +125,17 @@ func (t *fdTokens) closeAll() {
 var errFDExhausted = errors.New("descriptor limit")
 
 // Fd-socket connection limits. Every connection costs the agent one descriptor, plus at most fdpass.MaxFDs
-// while a message is read and one kept for a PUT, and lives at most fdConnTimeout: so the socket holds at most
-// defaultFDConns*(2+fdpass.MaxFDs) descriptors however many processes push at it.
+// while a message is read and one kept for a PUT, and lives at most fdConnTimeout. Until it is identified a
+// connection counts against defaultFDConns and defaultFDConnsPerUID (peer uid from SO_PEERCRED); once
+// identified, against defaultFDConnsPerCaller (so an idle caller starves only itself) and
+// defaultFDConnsIdentified in all. The socket thus holds at most
+// (defaultFDConns+defaultFDConnsIdentified)*(2+fdpass.MaxFDs) descriptors however many processes push at it.
 const (
-	fdConnTimeout        = fdpass.DefaultTimeout
-	defaultFDConns       = 256
-	defaultFDConnsPerUID = 64
+	fdConnTimeout            = fdpass.DefaultTimeout
+	defaultFDConns           = 256
+	defaultFDConnsPerUID     = 64
+	defaultFDConnsPerCaller  = 32
+	defaultFDConnsIdentified = 1024
 )
 
 // fdSocket serves agent.fd.sock.
@@ -144,10 +149,15 @@ type fdSocket struct {
 	timeout   time.Duration
 	maxConns  int
 	maxPerUID int
+	// maxPerCaller and maxIdentified bound identified connections, per caller key and in all.
+	maxPerCaller  int
+	maxIdentified int
 
-	mu     sync.Mutex
-	open   int
-	perUID map[int32]int
+	mu         sync.Mutex
+	open       int
+	perUID     map[int32]int
+	identified int
+	perCaller  map[string]int
 }
 
 func (s *fdSocket) serve(ctx context.Context) {
@@ -177,10 +187,7 @@ func (s *fdSocket) serve(ctx context.Context) {
 			conn.Close()
 			continue
 		}
-		go func() {
-			defer s.leave(cred.UID)
-			s.handle(ctx, conn)
-		}()
+		go s.handle(ctx, conn, cred.UID)
 	}
 }
 
@@ -218,8 +225,48 @@ func (s *fdSocket) leave(uid int32) {
 	}
 }
 
-func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn) {
+// enterCaller counts an identified connection of caller key, or says which limit refuses it.
+func (s *fdSocket) enterCaller(key string) string {
+	maxPerCaller, maxIdentified := s.maxPerCaller, s.maxIdentified
+	if maxPerCaller <= 0 {
+		maxPerCaller = defaultFDConnsPerCaller
+	}
+	if maxIdentified <= 0 {
+		maxIdentified = defaultFDConnsIdentified
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.perCaller == nil {
+		s.perCaller = map[string]int{}
+	}
+	switch {
+	case s.identified >= maxIdentified:
+		return fmt.Sprintf("%d identified connections are open on the fd socket (limit %d)", s.identified, maxIdentified)
+	case s.perCaller[key] >= maxPerCaller:
+		return fmt.Sprintf("this caller has %d connections open on the fd socket (limit %d)", s.perCaller[key], maxPerCaller)
+	}
+	s.identified++
+	s.perCaller[key]++
+	return ""
+}
+
+func (s *fdSocket) leaveCaller(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.identified--
+	if s.perCaller[key]--; s.perCaller[key] <= 0 {
+		delete(s.perCaller, key)
+	}
+}
+
+func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 	defer conn.Close()
+	unidentified := true
+	defer func() {
+		if unidentified {
+			s.leave(uid)
+		}
+	}()
 	timeout := s.timeout
 	if timeout <= 0 {
 		timeout = fdConnTimeout
@@ -240,11 +287,19 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn) {
 	// Identify before reading: descriptors a refused caller sent stay in the socket's queue and the kernel
 	// closes them with the connection, so an unidentified process never makes the agent hold any.
 	caller, err := s.identify(ctx, conn)
+	s.leave(uid)
+	unidentified = false
 	if err != nil {
 		edgeRefused("fd", "unidentified")
 		refuse(err)
 		return
 	}
+	if why := s.enterCaller(caller.Key); why != "" {
+		edgeRefused("fd", "busy")
+		reply("ERR %s%s", fdpass.ExhaustedPrefix, why)
+		return
+	}
+	defer s.leaveCaller(caller.Key)
 	// One descriptor is the most any request carries; the rest are closed as they arrive.
 	line, fds, err := fdpass.ReadLineFDs(conn, 1)
 	if err != nil {

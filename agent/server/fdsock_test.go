@@ -201,11 +201,20 @@ func TestFDSocketConnectionCaps(t *testing.T) {
 	if s.enter(3) != "" {
 		t.Fatal("a connection after one left was refused")
 	}
+	// Identified connections count per caller: one caller at its limit does not refuse another.
+	s.maxPerCaller = 1
+	if s.enterCaller("pod/a") != "" || s.enterCaller("pod/a") == "" || s.enterCaller("pod/b") != "" {
+		t.Fatal("per-caller limit")
+	}
+	s.leaveCaller("pod/a")
+	if s.enterCaller("pod/a") != "" {
+		t.Fatal("a caller's connection after one left was refused")
+	}
 }
 
 // Over the connection cap a caller is told RESOURCE_EXHAUSTED, which clients retry.
 func TestFDSocketBusyIsResourceExhausted(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: 2 * time.Second, maxConns: 1, maxPerUID: 1}
+	s := &fdSocket{identify: anyone, timeout: 2 * time.Second, maxConns: 1, maxPerUID: 1, maxPerCaller: 1}
 	path := startFDSocket(t, s)
 	hold, err := net.Dial("unix", path)
 	if err != nil {

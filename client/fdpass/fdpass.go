@@ -38,10 +38,13 @@ func Put(ctx context.Context, socketPath string, f *os.File) (string, error) {
 	}
 	defer conn.Close()
 	rights := syscall.UnixRights(int(f.Fd()))
-	if _, _, err := conn.WriteMsgUnix([]byte("PUT\n"), rights, nil); err != nil {
-		return "", fmt.Errorf("sending fd to %s: %w", socketPath, err)
-	}
+	_, _, werr := conn.WriteMsgUnix([]byte("PUT\n"), rights, nil)
 	line, _, err := ReadLine(conn, false)
+	if werr != nil && err != nil {
+		// An agent at a limit answers and closes without reading the request, so the write can fail with the
+		// answer waiting to be read; only when there is none is the write's error reported.
+		return "", fmt.Errorf("sending fd to %s: %w", socketPath, werr)
+	}
 	if err != nil {
 		return "", fmt.Errorf("reading the token from %s: %w", socketPath, err)
 	}
