@@ -38,8 +38,13 @@ for dir in $(git grep -l '^func Fuzz' -- '*_test.go' | xargs -n1 dirname | sort 
       result=FAIL
       failed=$((failed + 1))
     fi
-    # The last progress line says how many inputs ran: "fuzz: elapsed: 20s, execs: 123456 (...)".
+    # The last progress line says how many inputs ran: "fuzz: elapsed: 20s, execs: 123456 (...)". A target
+    # whose last five reports ran nothing is stuck on an input (go's fuzzer has no per-input timeout): a hang.
     execs=$(grep -o 'execs: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+    if [ "$result" = ok ] && [ "$(grep -c '' <(grep 'execs:' "$log" | tail -5 | grep ' (0/sec)'))" -ge 5 ]; then
+      result="FAIL (stalled: no executions in the last 5 reports, an input hangs)"
+      failed=$((failed + 1))
+    fi
     row "$pkg" "$target" "${execs:-?}" "$result"
   done
 done
