@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
+	"runtime/trace"
 
 	"github.com/go-logr/stdr"
 )
@@ -18,6 +20,8 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 	fs.SetOutput(stderr)
 	var cfg runConfig
 	cfg.register(fs)
+	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the whole run to this file (profiling the socket path)")
+	traceFile := fs.String("trace", "", "write an execution trace of the whole run to this file (scheduling latency on the socket path)")
 	// Defaults for one machine: a pool name to find the socket by, no certificates, no health port.
 	for name, value := range map[string]string{"pool-namespace": "default", "pool-name": "kv", "tls-dir": "",
 		"health-addr": "", "peer-listen": "127.0.0.1:0", "data-listen": "127.0.0.1:0"} {
@@ -48,6 +52,28 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 	ts, err := buildTransferSide(cfg, nil, detect, log)
 	if err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("creating the CPU profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("starting the CPU profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if *traceFile != "" {
+		f, err := os.Create(*traceFile)
+		if err != nil {
+			return fmt.Errorf("creating the trace: %w", err)
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return fmt.Errorf("starting the trace: %w", err)
+		}
+		defer trace.Stop()
 	}
 	return ts.Run(ctx)
 }
