@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -165,6 +166,14 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 
 // serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would.
 func (s *Server) serveFastFrame(ctx context.Context, sess *session, frame []byte) (*agentv1.TransferResponse, error) {
+	// Block transfers, the large frames, are read without copying their ids.
+	blocks, err := decodeFastBlocks(frame)
+	if err == nil {
+		return s.transferBlocks(ctx, sess, blocks)
+	}
+	if !errors.Is(err, errFastTransfer) {
+		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
+	}
 	var req agentv1.FastRequest
 	if err := proto.Unmarshal(frame, &req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)

@@ -215,12 +215,15 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 	if err != nil {
 		return nil, err
 	}
-	localIDs, err := decodeBlockIDs(req.LocalIds, width, local.blocks, "local")
-	if err != nil {
+	// The id arrays are reused once the transfer has settled: fresh pages for them cost more than the copy.
+	localIDs, remoteIDs := s.idBuffer(n), s.idBuffer(n)
+	release := func() { s.ids.Put(&localIDs); s.ids.Put(&remoteIDs) }
+	if err := decodeBlockIDs(localIDs, req.LocalIds, width, local.blocks, "local"); err != nil {
+		release()
 		return nil, err
 	}
-	remoteIDs, err := decodeBlockIDs(req.RemoteIds, width, remote.blocks, "remote")
-	if err != nil {
+	if err := decodeBlockIDs(remoteIDs, req.RemoteIds, width, remote.blocks, "remote"); err != nil {
+		release()
 		return nil, err
 	}
 	b := engines.Blocks{Pairs: pairs, BlockBytes: local.blockBytes, SrcIDs: localIDs, DstIDs: remoteIDs}
@@ -230,17 +233,29 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 	plan := s.opts.Engine.NewPlan()
 	adder, ok := plan.(engines.BlockAdder)
 	if !ok {
+		release()
 		return nil, status.Error(codes.Unimplemented, "this agent's engine plans no block batches")
 	}
 	if err := adder.AddBlocks(b); err != nil {
+		plan.Build()
+		release()
 		return nil, status.Errorf(statusCode(err), "planning %d blocks of %d region pairs: %v", n, len(pairs), err)
 	}
 	ps := plan.Build()
 	if len(ps.Rejected) > 0 {
+		release()
 		err := ps.Rejected[0].Err
 		return nil, status.Errorf(statusCode(err), "planning %d blocks of %d region pairs: %v", n, len(pairs), err)
 	}
-	return s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait)
+	return s.submitReleasing(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
+}
+
+// idBuffer returns a block-id array of n entries from the server's pool.
+func (s *Server) idBuffer(n int) []uint32 {
+	if p, ok := s.ids.Get().(*[]uint32); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]uint32, n, max(n, 1<<14))
 }
 
 // remoteLayoutLocked resolves the other side of a block transfer. Layouts of other nodes are not served yet.
@@ -289,10 +304,8 @@ func (s *Server) layoutPairsLocked(sess *session, local, remote *layout, write b
 	return pairs, nil
 }
 
-// decodeBlockIDs reads packed little-endian ids of width bytes and checks each is below blocks.
-func decodeBlockIDs(b []byte, width int, blocks uint64, side string) ([]uint32, error) {
-	n := len(b) / width
-	ids := make([]uint32, n)
+// decodeBlockIDs reads packed little-endian ids of width bytes into ids and checks each is below blocks.
+func decodeBlockIDs(ids []uint32, b []byte, width int, blocks uint64, side string) error {
 	var top uint64
 	if width == 4 {
 		for i := range ids {
@@ -314,11 +327,11 @@ func decodeBlockIDs(b []byte, width int, blocks uint64, side string) ([]uint32, 
 				v = binary.LittleEndian.Uint64(b[8*i:])
 			}
 			if v >= blocks {
-				return nil, status.Errorf(codes.InvalidArgument, "%s block id %s (entry %d) is outside the layout's %d blocks", side, fmtID(v, width), i, blocks)
+				return status.Errorf(codes.InvalidArgument, "%s block id %s (entry %d) is outside the layout's %d blocks", side, fmtID(v, width), i, blocks)
 			}
 		}
 	}
-	return ids, nil
+	return nil
 }
 
 func fmtID(v uint64, width int) string {

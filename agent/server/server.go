@@ -147,6 +147,8 @@ type Server struct {
 	watchers       map[string]map[*watcher]struct{}
 	listeners      map[string]map[*notifyListener]struct{}
 	importMu       sync.Mutex
+	// ids recycles the block-id arrays of block transfers (*[]uint32).
+	ids sync.Pool
 }
 
 // usage is what one caller holds, against its Limits.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -29,6 +30,8 @@ type transfer struct {
 	once   sync.Once
 	status *agentv1.TransferStatus
 	ended  time.Time
+	// release hands back memory the plans read (block ids), once the transfer settled.
+	release func()
 }
 
 type watcher struct {
@@ -137,15 +140,27 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 // submit starts a planned transfer for the caller and, with wait, waits for it within the call.
 func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet, tags []string, total uint64, items int,
 	timeout time.Duration, notify []byte, wait bool) (*agentv1.TransferResponse, error) {
+	return s.submitReleasing(ctx, sess, ps, tags, total, items, timeout, notify, wait, nil)
+}
+
+// submitReleasing is submit with release, run once nothing can read the plan set's memory any more (the transfer
+// settled, or was never started).
+func (s *Server) submitReleasing(ctx context.Context, sess *session, ps *engines.PlanSet, tags []string, total uint64, items int,
+	timeout time.Duration, notify []byte, wait bool, release func()) (*agentv1.TransferResponse, error) {
+	if release == nil {
+		release = func() {}
+	}
 	s.mu.Lock()
 	u := s.usageLocked(sess.caller.Key)
 	if u.inFlight >= s.opts.Limits.MaxInFlight {
 		s.mu.Unlock()
+		release()
 		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d transfers in flight, the limit is %d", u.inFlight, s.opts.Limits.MaxInFlight)
 	}
 	u.inFlight++
 	s.nextXfer++
-	x := &transfer{id: s.nextXfer, owner: sess.caller.Key, tags: tags, bytes: total, start: time.Now(), done: make(chan struct{})}
+	x := &transfer{id: s.nextXfer, owner: sess.caller.Key, tags: tags, bytes: total, start: time.Now(), done: make(chan struct{}),
+		release: release}
 	s.mu.Unlock()
 
 	// The transfer outlives this call; its deadline comes from the request's timeout (or the engine default).
@@ -154,6 +169,7 @@ func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet,
 		s.mu.Lock()
 		u.inFlight--
 		s.mu.Unlock()
+		release()
 		return nil, status.Errorf(statusCode(err), "submitting: %v", err)
 	}
 	x.t = t
@@ -167,6 +183,7 @@ func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet,
 		resp.Engines = append(resp.Engines, ps.Plans[i].Engine)
 	}
 	if wait {
+		spinUntilDone(t.Done(), waitSpin)
 		select {
 		case <-t.Done():
 			s.finish(x)
@@ -182,6 +199,26 @@ func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet,
 		}
 	}
 	return resp, nil
+}
+
+// waitSpin is how long a waited transfer's call polls for completion before parking: a GPU copy of tens of
+// microseconds ends on another thread, and waking a parked goroutine costs about as much again.
+const waitSpin = 100 * time.Microsecond
+
+// spinUntilDone polls done for up to d, yielding the processor between polls.
+func spinUntilDone(done <-chan struct{}, d time.Duration) {
+	until := time.Now().Add(d)
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		if time.Now().After(until) {
+			return
+		}
+		runtime.Gosched()
+	}
 }
 
 // resolveRemote turns a RemoteRef into a memory id the engines know, importing a remote descriptor if needed.
@@ -241,6 +278,9 @@ func (s *Server) settle(x *transfer) {
 func (s *Server) finish(x *transfer) {
 	x.once.Do(func() {
 		err := x.t.Wait(context.Background())
+		if x.release != nil {
+			x.release()
+		}
 		st := s.statusOf(x, err)
 		s.mu.Lock()
 		x.status = st

@@ -386,9 +386,9 @@ func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
 	return waitPending(ctx, p)
 }
 
-// CopyBlocks implements xgmi.BlockCopier: the block plans of one submission (every region pair of a KV
+// StartBlocks implements xgmi.BlockCopier: the block plans of one submission (every region pair of a KV
 // layout) go to each source GPU's stream as one launch whose descriptors come from the ids.
-func (b *Backend) CopyBlocks(ctx context.Context, works []engines.Work) error {
+func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (func(context.Context) error, error) {
 	type group struct {
 		pairs []scatter.BlockBases
 		bytes uint64
@@ -402,12 +402,13 @@ func (b *Backend) CopyBlocks(ctx context.Context, works []engines.Work) error {
 		md, okD := b.regions[w.Dst.ID]
 		if !okS || !okD {
 			b.mu.Unlock()
-			return fmt.Errorf("%w: region not mapped by the cuda backend", engines.ErrUnknownMemory)
+			return nil, fmt.Errorf("%w: region not mapped by the cuda backend", engines.ErrUnknownMemory)
 		}
 		if (ms.ordinal < 0 && !ms.pinned) || (md.ordinal < 0 && !md.pinned) || w.Plan.Blocks == nil ||
 			(list != nil && w.Plan.Blocks != list) {
 			b.mu.Unlock()
-			return b.copyEach(ctx, works) // pageable host memory goes through the driver, segment by segment
+			// Pageable host memory goes through the driver, segment by segment, when waited for.
+			return func(ctx context.Context) error { return b.copyEach(ctx, works) }, nil
 		}
 		list = w.Plan.Blocks
 		ord := ms.ordinal
@@ -431,29 +432,27 @@ func (b *Backend) CopyBlocks(ctx context.Context, works []engines.Work) error {
 		if c, err = b.copier(ord); err != nil {
 			break
 		}
-		start := time.Now()
 		var p *Pending
 		if p, err = c.SubmitBlocks(groups[ord].pairs, list.BlockBytes, list.SrcIDs, list.DstIDs); err != nil {
 			break
 		}
 		pend = append(pend, p)
-		if b.opts.Observe != nil {
-			g := groups[ord]
-			defer func() {
-				if p.Done() && p.err == nil {
-					b.opts.Observe(CopyStats{Ordinal: ord, Segments: len(g.pairs) * len(list.SrcIDs), Bytes: g.bytes, Mode: c.Mode(),
-						Device: p.DeviceTime(), Host: time.Since(start), Queueing: p.queueing})
-				}
-			}()
-		}
 	}
-	// Every queued launch is waited for, also after an error: the caller's memory must be left alone first.
-	for _, p := range pend {
-		if werr := waitPending(ctx, p); werr != nil && err == nil {
-			err = werr
+	wait := func(ctx context.Context) error {
+		var werr error
+		for _, p := range pend {
+			if e := waitPending(ctx, p); e != nil && werr == nil {
+				werr = e
+			}
 		}
+		return werr
 	}
-	return err
+	if err != nil {
+		// Every queued launch is waited for first: the caller's memory must be left alone.
+		_ = wait(ctx)
+		return nil, err
+	}
+	return wait, nil
 }
 
 // copyEach copies the plans one by one as segments.

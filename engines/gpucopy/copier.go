@@ -307,7 +307,7 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		stage = func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(small) }
 		small = nil
 	}
-	p, err := c.submitLocked(nbytes, stage, small, big, route)
+	p, err := c.submitLocked(nbytes, stage, true, small, big, route)
 	if err != nil {
 		return nil, fmt.Errorf("queueing %d segments on GPU %d: %w", len(segs), c.dev, err)
 	}
@@ -343,16 +343,18 @@ func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dst
 		}
 		return l, s, descs, nil
 	}
-	p, err := c.submitLocked(uint64(l.Pieces)*bs, stage, nil, nil, RouteAuto)
+	// A block list covers every layer in one launch, so there is no next layer to keep its descriptors for, and
+	// hashing them would cost more than reading them once.
+	p, err := c.submitLocked(uint64(l.Pieces)*bs, stage, false, nil, nil, RouteAuto)
 	if err != nil {
 		return nil, fmt.Errorf("queueing %d blocks of %d region pairs on GPU %d: %w", len(srcIDs), len(pairs), c.dev, err)
 	}
 	return p, nil
 }
 
-// submitLocked queues one submission: stage (when set) writes the kernel's descriptors, big go to the copy
-// engine and driver go as driver copies. c.mu is held.
-func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot, uint64, error), driver, big []Segment, route Route) (*Pending, error) {
+// submitLocked queues one submission: stage (when set) writes the kernel's descriptors, which may be kept in
+// device memory when resident is set; big go to the copy engine and driver go as driver copies. c.mu is held.
+func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot, uint64, error), resident bool, driver, big []Segment, route Route) (*Pending, error) {
 	p := &Pending{c: c, done: make(chan struct{}), bytes: nbytes}
 	err := c.drv.WithContext(c.ctx, func() error {
 		// Host work first (descriptors), so a device timing covers only the GPU.
@@ -363,7 +365,9 @@ func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot
 			if st.layout, p.slot, st.descs, err = stage(); err != nil {
 				return err
 			}
-			c.findResident(p, &st)
+			if resident {
+				c.findResident(p, &st)
+			}
 		}
 		if c.opts.TimeDevice {
 			// Only a few driver calls are held: thousands of per-item copies

@@ -77,7 +77,9 @@ func New(opts Options, backends ...Backend) (*Engine, error) {
 // BlockCopier is a Backend that copies the block plans of one submission together (one launch for every
 // region pair of a KV layout). Every work item it is given has Plan.Blocks set and the same BlockList.
 type BlockCopier interface {
-	CopyBlocks(ctx context.Context, works []engines.Work) error
+	// StartBlocks queues the copies without waiting for them and returns the wait, which returns once the
+	// bytes have landed (also when ctx ends first: never while the hardware may still touch the memory).
+	StartBlocks(ctx context.Context, works []engines.Work) (wait func(ctx context.Context) error, err error)
 }
 
 // tighter combines two backends' limits; block plans are taken when any backend takes them (the others get
@@ -220,7 +222,10 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 		return nil, fmt.Errorf("xgmi: %w", err)
 	}
 	if len(work) > 0 && !e.runInline(t, work) {
-		go e.run(t, work)
+		// Block copies are queued here, so the GPU starts before any goroutine hand-off; they are waited for
+		// beside the other plans.
+		rest, started := e.startBlocks(t, work)
+		go e.run(t, rest, started)
 	}
 	return t, nil
 }
@@ -276,8 +281,17 @@ func (e *Engine) deliver(plans []engines.Plan, outcomes []engines.Outcome, paylo
 	fn(engines.BuildNotification(e.opts.Node, ptrs, payload))
 }
 
-func (e *Engine) run(t *engines.Tracker, work []engines.Work) {
-	work = e.runBlocks(t, work)
+func (e *Engine) run(t *engines.Tracker, work []engines.Work, started []startedBlocks) {
+	ctx := t.Context()
+	for _, sb := range started {
+		err := sb.wait(ctx)
+		if err != nil {
+			err = fmt.Errorf("xgmi %s block copy of %d region pairs: %w", sb.backend, len(sb.works), err)
+		}
+		for _, w := range sb.works {
+			t.Finish(w.Index, err)
+		}
+	}
 	engines.RunPlans(t, work, e.slots, func(ctx context.Context, w engines.Work) error {
 		b, reason := e.backendFor(w.Src, w.Dst)
 		if b == nil {
@@ -295,8 +309,16 @@ func (e *Engine) run(t *engines.Tracker, work []engines.Work) {
 	})
 }
 
-// runBlocks copies the block plans whose backend is a BlockCopier, one call per backend, and returns the rest.
-func (e *Engine) runBlocks(t *engines.Tracker, work []engines.Work) []engines.Work {
+// startedBlocks are block plans queued on a BlockCopier, waiting to be finished.
+type startedBlocks struct {
+	backend string
+	works   []engines.Work
+	wait    func(context.Context) error
+}
+
+// startBlocks queues the block plans whose backend is a BlockCopier, one call per backend, and returns the
+// rest. Plans whose start failed are finished here.
+func (e *Engine) startBlocks(t *engines.Tracker, work []engines.Work) ([]engines.Work, []startedBlocks) {
 	var rest []engines.Work
 	groups := map[Backend][]engines.Work{}
 	var order []Backend
@@ -312,20 +334,23 @@ func (e *Engine) runBlocks(t *engines.Tracker, work []engines.Work) []engines.Wo
 		groups[b] = append(groups[b], w)
 	}
 	ctx := t.Context()
+	var started []startedBlocks
 	for _, b := range order {
 		ws := groups[b]
 		err := ctx.Err()
+		var wait func(context.Context) error
 		if err == nil {
-			err = b.(BlockCopier).CopyBlocks(ctx, ws)
-			if err != nil {
-				err = fmt.Errorf("xgmi %s block copy of %d region pairs: %w", b.Name(), len(ws), err)
+			wait, err = b.(BlockCopier).StartBlocks(ctx, ws)
+		}
+		if err != nil {
+			for _, w := range ws {
+				t.Finish(w.Index, fmt.Errorf("xgmi %s block copy of %d region pairs: %w", b.Name(), len(ws), err))
 			}
+			continue
 		}
-		for _, w := range ws {
-			t.Finish(w.Index, err)
-		}
+		started = append(started, startedBlocks{backend: b.Name(), works: ws, wait: wait})
 	}
-	return rest
+	return rest, started
 }
 
 // Close implements engines.Engine.

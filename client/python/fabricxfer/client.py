@@ -52,6 +52,34 @@ def _op(op: str) -> int:
         raise ValueError("op must be \"read\" or \"write\", not %r" % (op,)) from None
 
 
+# How long a fast-socket call polls for the agent's reply before blocking: waking a blocked reader costs tens of
+# microseconds, as much as a small transfer.
+FAST_SPIN = 100e-6
+
+
+def _recv_exact(s: socket.socket, n: int, spin: float) -> bytes:
+    """Reads exactly n bytes, first polling without blocking for up to spin seconds."""
+    buf = bytearray()
+    if spin > 0:
+        until = time.perf_counter() + spin
+        while len(buf) < n:
+            try:
+                chunk = s.recv(n - len(buf), socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                if time.perf_counter() > until:
+                    break
+                continue
+            if not chunk:
+                raise ConnectionError("the agent closed the fast socket (agent restarted?)")
+            buf += chunk
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the agent closed the fast socket mid-reply")
+        buf += chunk
+    return bytes(buf)
+
+
 class AgentError(grpc.RpcError):
     """An error the agent answered on the fast socket; code() and details() read like a gRPC error's."""
 
@@ -465,20 +493,9 @@ class Client:
 
     @staticmethod
     def _reply(s: socket.socket) -> pb.FastReply:
-        hdr = b""
-        while len(hdr) < 4:
-            chunk = s.recv(4 - len(hdr))
-            if not chunk:
-                raise ConnectionError("the agent closed the fast socket (agent restarted?)")
-            hdr += chunk
+        hdr = _recv_exact(s, 4, FAST_SPIN)
         (n,) = struct.unpack(">I", hdr)
-        body = bytearray()
-        while len(body) < n:
-            chunk = s.recv(n - len(body))
-            if not chunk:
-                raise ConnectionError("the agent closed the fast socket mid-reply")
-            body += chunk
-        return pb.FastReply.FromString(bytes(body))
+        return pb.FastReply.FromString(_recv_exact(s, n, 0.0))
 
     def close(self):
         if self._fast is not None:
