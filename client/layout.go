@@ -102,7 +102,9 @@ type RemoteLayout struct {
 func ToLayout(l *Layout) RemoteLayout { return RemoteLayout{layout: l} }
 
 // ToLayoutSegment names a layout another caller published on node (this node when empty).
-func ToLayoutSegment(node, segment string) RemoteLayout { return RemoteLayout{node: node, segment: segment} }
+func ToLayoutSegment(node, segment string) RemoteLayout {
+	return RemoteLayout{node: node, segment: segment}
+}
 
 func (r RemoteLayout) proto() (*agentv1.LayoutRef, error) {
 	if r.layout != nil {

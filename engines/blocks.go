@@ -19,6 +19,9 @@ type Blocks struct {
 	BlockBytes     uint64
 	SrcIDs, DstIDs []uint32
 	Tag            Tag
+
+	// shape is what the composite found checking the batch, handed to the engine planner with it.
+	shape *blockShape
 }
 
 // BlockList is a plan in block form: segment i copies BlockBytes bytes from offset SrcIDs[i]*BlockBytes of the
@@ -27,6 +30,8 @@ type Blocks struct {
 type BlockList struct {
 	BlockBytes     uint64
 	SrcIDs, DstIDs []uint32
+	// The smallest and largest id of each side, found at planning.
+	SrcMin, SrcMax, DstMin, DstMax uint32
 }
 
 // Bytes is the size of one plan of the list.
@@ -56,7 +61,7 @@ func SegmentsOf(p *Plan) []Segment {
 
 // blockShape is what checking a batch's ids found.
 type blockShape struct {
-	maxSrc, maxDst uint32
+	minSrc, maxSrc, minDst, maxDst uint32
 }
 
 // dupScratch is a reusable bitmap for the duplicate-destination check.
@@ -84,11 +89,11 @@ func checkBlockIDs(b *Blocks, scratch *dupScratch, checkDup bool) (blockShape, e
 		}
 		seen[p.Dst] = struct{}{}
 	}
-	for _, id := range b.SrcIDs {
-		sh.maxSrc = max(sh.maxSrc, id)
-	}
-	for _, id := range b.DstIDs {
-		sh.maxDst = max(sh.maxDst, id)
+	if b.shape != nil {
+		sh = *b.shape
+	} else {
+		sh.minSrc, sh.maxSrc = idRange(b.SrcIDs)
+		sh.minDst, sh.maxDst = idRange(b.DstIDs)
 	}
 	if !checkDup {
 		return sh, nil
@@ -97,6 +102,18 @@ func checkBlockIDs(b *Blocks, scratch *dupScratch, checkDup bool) (blockShape, e
 		return sh, fmt.Errorf("%w: destination block %d is named twice (entry %d)", ErrOverlap, b.DstIDs[i], i)
 	}
 	return sh, nil
+}
+
+// idRange returns the smallest and largest id (0, 0 for none).
+func idRange(ids []uint32) (lo, hi uint32) {
+	if len(ids) == 0 {
+		return 0, 0
+	}
+	lo = ids[0]
+	for _, id := range ids {
+		lo, hi = min(lo, id), max(hi, id)
+	}
+	return lo, hi
 }
 
 // firstDuplicate returns the index of the first id seen before, with a bitmap when the ids are dense enough
@@ -210,7 +227,8 @@ func (p *planner) AddBlocks(b Blocks) error {
 		infos = append(infos, info)
 	}
 	p.blocks.pairs, p.blocks.tag = infos, b.Tag
-	p.blocks.list = &BlockList{BlockBytes: b.BlockBytes, SrcIDs: b.SrcIDs, DstIDs: b.DstIDs}
+	p.blocks.list = &BlockList{BlockBytes: b.BlockBytes, SrcIDs: b.SrcIDs, DstIDs: b.DstIDs,
+		SrcMin: sh.minSrc, SrcMax: sh.maxSrc, DstMin: sh.minDst, DstMax: sh.maxDst}
 	return nil
 }
 
@@ -264,6 +282,7 @@ func (p *compositePlanner) AddBlocks(b Blocks) error {
 		}
 		engs[i] = info.engine
 	}
+	b.shape = &sh
 	p.blocks.batch, p.blocks.engine = b, engs
 	return nil
 }

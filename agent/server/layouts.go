@@ -3,9 +3,11 @@ package server
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"time"
+	"unsafe"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -239,15 +241,24 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 	if err := adder.AddBlocks(b); err != nil {
 		plan.Build()
 		release()
-		return nil, status.Errorf(statusCode(err), "planning %d blocks of %d region pairs: %v", n, len(pairs), err)
+		return nil, blockPlanError(n, len(pairs), err)
 	}
 	ps := plan.Build()
 	if len(ps.Rejected) > 0 {
 		release()
-		err := ps.Rejected[0].Err
-		return nil, status.Errorf(statusCode(err), "planning %d blocks of %d region pairs: %v", n, len(pairs), err)
+		return nil, blockPlanError(n, len(pairs), ps.Rejected[0].Err)
 	}
 	return s.submitReleasing(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
+}
+
+// blockPlanError reports a refused block batch; ids out of range are the caller's argument, not a range of
+// memory it named, so they are InvalidArgument like every other bad id.
+func blockPlanError(n, pairs int, err error) error {
+	code := statusCode(err)
+	if errors.Is(err, engines.ErrOutOfBounds) {
+		code = codes.InvalidArgument
+	}
+	return status.Errorf(code, "planning %d blocks of %d region pairs: %v", n, pairs, err)
 }
 
 // idBuffer returns a block-id array of n entries from the server's pool.
@@ -304,35 +315,32 @@ func (s *Server) layoutPairsLocked(sess *session, local, remote *layout, write b
 	return pairs, nil
 }
 
-// decodeBlockIDs reads packed little-endian ids of width bytes into ids and checks each is below blocks.
+// decodeBlockIDs reads packed little-endian ids of width bytes into ids. int32 ids are copied as they are (a
+// negative one is a huge id the engines refuse as out of range); int64 ids must fit in 32 bits. Ranges are
+// checked by the engines, against each region, once.
 func decodeBlockIDs(ids []uint32, b []byte, width int, blocks uint64, side string) error {
-	var top uint64
 	if width == 4 {
-		for i := range ids {
-			v := binary.LittleEndian.Uint32(b[4*i:])
-			ids[i] = v
-			top = max(top, uint64(v))
+		if littleEndian && len(ids) > 0 {
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&ids[0])), 4*len(ids)), b)
+			return nil
 		}
-	} else {
 		for i := range ids {
-			v := binary.LittleEndian.Uint64(b[8*i:])
-			ids[i] = uint32(v)
-			top = max(top, v) // a negative int64 is a huge uint64: caught below
+			ids[i] = binary.LittleEndian.Uint32(b[4*i:])
 		}
+		return nil
 	}
-	if top >= blocks {
-		for i := range ids {
-			v := uint64(ids[i])
-			if width == 8 {
-				v = binary.LittleEndian.Uint64(b[8*i:])
-			}
-			if v >= blocks {
-				return status.Errorf(codes.InvalidArgument, "%s block id %s (entry %d) is outside the layout's %d blocks", side, fmtID(v, width), i, blocks)
-			}
+	for i := range ids {
+		v := binary.LittleEndian.Uint64(b[8*i:])
+		if v >= blocks || v > math.MaxUint32 {
+			return status.Errorf(codes.InvalidArgument, "%s block id %s (entry %d) is outside the layout's %d blocks", side, fmtID(v, width), i, blocks)
 		}
+		ids[i] = uint32(v)
 	}
 	return nil
 }
+
+// littleEndian is whether this machine stores integers as the wire does.
+var littleEndian = func() bool { x := uint16(1); return *(*byte)(unsafe.Pointer(&x)) == 1 }()
 
 func fmtID(v uint64, width int) string {
 	if width == 8 {

@@ -433,7 +433,8 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (func(c
 			break
 		}
 		var p *Pending
-		if p, err = c.SubmitBlocks(groups[ord].pairs, list.BlockBytes, list.SrcIDs, list.DstIDs); err != nil {
+		if p, err = c.SubmitBlocks(groups[ord].pairs, list.BlockBytes, list.SrcIDs, list.DstIDs,
+			scatter.IDRange{Min: list.SrcMin, Max: list.SrcMax}, scatter.IDRange{Min: list.DstMin, Max: list.DstMax}); err != nil {
 			break
 		}
 		pend = append(pend, p)

@@ -72,7 +72,7 @@ func TestGPUCopierSubmitBlocks(t *testing.T) {
 			var best time.Duration
 			for range 5 { // the same copy again: the destination ends the same; the best wall time is logged
 				start := time.Now()
-				p, err := c.SubmitBlocks(pairs, tc.bs, srcIDs, dstIDs)
+				p, err := c.SubmitBlocks(pairs, tc.bs, srcIDs, dstIDs, idRange(srcIDs), idRange(dstIDs))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -98,4 +98,12 @@ func TestGPUCopierSubmitBlocks(t *testing.T) {
 			t.Logf("%d bytes checked; best submit+wait %v (%.0f GB/s)", size, best, float64(moved)/best.Seconds()/1e9)
 		})
 	}
+}
+
+func idRange(ids []uint32) scatter.IDRange {
+	r := scatter.IDRange{Min: ^uint32(0)}
+	for _, v := range ids {
+		r.Min, r.Max = min(r.Min, v), max(r.Max, v)
+	}
+	return r
 }

@@ -316,10 +316,13 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 
 // SubmitBlocks queues a block list over several region pairs (block srcIDs[i] of pair p's source to block
 // dstIDs[i] of its destination, bs bytes each) as one kernel launch whose descriptors are written from the ids,
-// with no segment per block. Lists the flat kernels cannot take, blocks for the copy engine and copiers without
+// with no segment per block. src and dst are the ids' ranges (every id must lie within them). Lists the flat kernels cannot take, blocks for the copy engine and copiers without
 // kernels go as segments.
-func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dstIDs []uint32) (*Pending, error) {
-	l, ok := scatter.PlanBlocks(pairs, bs, srcIDs, dstIDs, c.opts.MaxPiece)
+func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dstIDs []uint32, src, dst scatter.IDRange) (*Pending, error) {
+	if len(srcIDs) != len(dstIDs) {
+		return nil, fmt.Errorf("%d source ids and %d destination ids", len(srcIDs), len(dstIDs))
+	}
+	l, ok := scatter.PlanBlocks(pairs, bs, len(srcIDs), src, dst, c.opts.MaxPiece)
 	if !ok || c.mode != ModeKernel || bs >= c.opts.CopyEngineMin {
 		segs := make([]Segment, 0, len(pairs)*len(srcIDs))
 		for _, p := range pairs {

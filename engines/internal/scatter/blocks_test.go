@@ -11,18 +11,17 @@ import (
 func TestPlanBlocksMatchesSegments(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, tc := range []struct {
-		name       string
-		bs         uint64
-		pairs      int
-		ids        int
-		pool       uint32
-		congruent  bool
-		wantPacked bool
+		name      string
+		bs        uint64
+		pairs     int
+		ids       int
+		pool      uint32
+		congruent bool
 	}{
-		{"one pair of 720 B blocks", 720, 1, 15360, 1 << 18, true, true},
-		{"64 tensors of 16 KiB blocks", 16 << 10, 64, 1024, 1024, true, true},
-		{"tensors 512 B apart, 720 B blocks", 720, 4, 500, 4096, false, false},
-		{"single block", 4096, 1, 1, 1, true, true},
+		{"one pair of 720 B blocks", 720, 1, 15360, 1 << 18, true},
+		{"64 tensors of 16 KiB blocks", 16 << 10, 64, 1024, 1024, true},
+		{"tensors 512 B apart, 720 B blocks", 720, 4, 500, 4096, false},
+		{"single block", 4096, 1, 1, 1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pairs := make([]BlockBases, tc.pairs)
@@ -40,12 +39,9 @@ func TestPlanBlocksMatchesSegments(t *testing.T) {
 			for i := range src {
 				srcIDs[i], dstIDs[i] = uint32(src[i]), uint32(dst[i])
 			}
-			l, ok := PlanBlocks(pairs, tc.bs, srcIDs, dstIDs, 32<<10)
+			l, ok := PlanBlocks(pairs, tc.bs, len(srcIDs), rangeOf(srcIDs), rangeOf(dstIDs), 32<<10)
 			if !ok {
 				t.Fatal("PlanBlocks found no form")
-			}
-			if l.Packed != tc.wantPacked {
-				t.Fatalf("packed = %v, want %v", l.Packed, tc.wantPacked)
 			}
 			buf := make([]byte, l.Bytes())
 			for i := range buf {
@@ -67,7 +63,6 @@ func TestPlanBlocksMatchesSegments(t *testing.T) {
 
 // TestPlanBlocksRefuses checks the shapes the flat kernels cannot take fall back to segments.
 func TestPlanBlocksRefuses(t *testing.T) {
-	one := []uint32{0}
 	for name, tc := range map[string]struct {
 		pairs []BlockBases
 		bs    uint64
@@ -78,7 +73,7 @@ func TestPlanBlocksRefuses(t *testing.T) {
 		"no pairs":            {nil, 720},
 		"offsets beyond 2^36": {[]BlockBases{{Src: 0, Dst: 0}, {Src: 1 << 40, Dst: 720}}, 720},
 	} {
-		if _, ok := PlanBlocks(tc.pairs, tc.bs, one, one, 32<<10); ok {
+		if _, ok := PlanBlocks(tc.pairs, tc.bs, 1, IDRange{}, IDRange{}, 32<<10); ok {
 			t.Errorf("%s: PlanBlocks accepted it", name)
 		}
 	}
@@ -95,11 +90,19 @@ func BenchmarkWriteBlocks(b *testing.B) {
 	}
 	src, dst := ids(), ids()
 	pairs := []BlockBases{{Src: 1 << 40, Dst: 1 << 41}}
-	l, _ := PlanBlocks(pairs, 720, src, dst, 32<<10)
+	l, _ := PlanBlocks(pairs, 720, len(src), rangeOf(src), rangeOf(dst), 32<<10)
 	buf := make([]byte, l.Bytes())
 	b.ReportAllocs()
 	for b.Loop() {
-		l, _ = PlanBlocks(pairs, 720, src, dst, 32<<10)
+		l, _ = PlanBlocks(pairs, 720, len(src), rangeOf(src), rangeOf(dst), 32<<10)
 		WriteBlocks(buf, l, pairs, 720, src, dst)
 	}
+}
+
+func rangeOf(ids []uint32) IDRange {
+	r := IDRange{Min: ^uint32(0)}
+	for _, v := range ids {
+		r.Min, r.Max = min(r.Min, v), max(r.Max, v)
+	}
+	return r
 }

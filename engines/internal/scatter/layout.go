@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"unsafe"
 
 	"github.com/fabricxfer/fabricxfer/native/kernels"
 )
@@ -306,27 +307,23 @@ type BlockBases struct {
 	Src, Dst uint64
 }
 
-// PlanBlocks chooses a flat form for a block list (every pair's blocks srcIDs[i] -> dstIDs[i] of bs bytes)
-// without a segment per block: packed indices when every pair's bases are a whole number of blocks apart
-// on both sides (one region pair, or tensors of one allocator), else 32-bit offsets in 16-byte units. ok is
-// false when neither fits (unaligned blocks or bases, blocks longer than maxPiece, offsets beyond 32 bits);
+// IDRange is the smallest and largest id of a block list side.
+type IDRange struct{ Min, Max uint32 }
+
+// PlanBlocks chooses the flat form of a block list (every pair's blocks srcIDs[i] -> dstIDs[i] of bs bytes,
+// ids within src and dst) without a segment per block: one 8-byte descriptor per block, 32-bit offsets in
+// 16-byte units from the lowest block of each side. Writing those is one multiply-add per id; the packed form
+// would read fewer bytes across PCIe but costs several times the host time for a list seen once. ok is false
+// when it does not fit (unaligned blocks or bases, blocks longer than maxPiece, offsets beyond 2^36 bytes);
 // the caller then describes segments instead.
-func PlanBlocks(pairs []BlockBases, bs uint64, srcIDs, dstIDs []uint32, maxPiece uint64) (Layout, bool) {
+func PlanBlocks(pairs []BlockBases, bs uint64, n int, src, dst IDRange, maxPiece uint64) (Layout, bool) {
 	var l Layout
-	if len(pairs) == 0 || len(srcIDs) == 0 || len(srcIDs) != len(dstIDs) || bs == 0 || bs%16 != 0 || bs > maxPiece {
+	if len(pairs) == 0 || n == 0 || bs == 0 || bs%16 != 0 || bs > maxPiece || src.Min > src.Max || dst.Min > dst.Max {
 		return l, false
 	}
-	pieces := uint64(len(pairs)) * uint64(len(srcIDs))
+	pieces := uint64(len(pairs)) * uint64(n)
 	if pieces > math.MaxUint32 || pieces*(bs/16) >= 1<<31 {
 		return l, false
-	}
-	minS, maxS := uint64(math.MaxUint32), uint64(0)
-	for _, id := range srcIDs {
-		minS, maxS = min(minS, uint64(id)), max(maxS, uint64(id))
-	}
-	minD, maxD := uint64(math.MaxUint32), uint64(0)
-	for _, id := range dstIDs {
-		minD, maxD = min(minD, uint64(id)), max(maxD, uint64(id))
 	}
 	loS, loD := uint64(math.MaxUint64), uint64(math.MaxUint64)
 	var hiS, hiD uint64
@@ -337,25 +334,9 @@ func PlanBlocks(pairs []BlockBases, bs uint64, srcIDs, dstIDs []uint32, maxPiece
 		loS, hiS = min(loS, p.Src), max(hiS, p.Src)
 		loD, hiD = min(loD, p.Dst), max(hiD, p.Dst)
 	}
-	congruent := true
-	for _, p := range pairs {
-		congruent = congruent && (p.Src-loS)%bs == 0 && (p.Dst-loD)%bs == 0
-	}
-	l.Uniform, l.Flat16, l.Pieces, l.PieceSize = true, true, int(pieces), bs
-	l.SrcBase, l.DstBase = loS+minS*bs, loD+minD*bs
-	if congruent {
-		sb := max(uint32(bits.Len64((hiS-loS)/bs+maxS-minS)), 1)
-		db := max(uint32(bits.Len64((hiD-loD)/bs+maxD-minD)), 1)
-		if sb+db < 64 {
-			l.Packed, l.Unit, l.SrcBits, l.DstBits = true, bs, sb, db
-			k := uint32(bits.TrailingZeros64(bs))
-			l.unitShift, l.unitInv = k, oddInverse(bs>>k)
-			return l, true
-		}
-	}
-	// 16-byte units from the lowest block of each side.
-	l.Shift = 4
-	if (hiS-loS+(maxS-minS)*bs)>>4 > math.MaxUint32 || (hiD-loD+(maxD-minD)*bs)>>4 > math.MaxUint32 {
+	l.Uniform, l.Flat16, l.Pieces, l.PieceSize, l.Shift = true, true, int(pieces), bs, 4
+	l.SrcBase, l.DstBase = loS+uint64(src.Min)*bs, loD+uint64(dst.Min)*bs
+	if (hiS-loS+uint64(src.Max-src.Min)*bs)>>4 > math.MaxUint32 || (hiD-loD+uint64(dst.Max-dst.Min)*bs)>>4 > math.MaxUint32 {
 		return Layout{}, false
 	}
 	return l, true
@@ -364,61 +345,43 @@ func PlanBlocks(pairs []BlockBases, bs uint64, srcIDs, dstIDs []uint32, maxPiece
 // WriteBlocks writes the descriptors of a block list planned by PlanBlocks into buf (l.Bytes() long), pair
 // after pair, in id order within each pair.
 func WriteBlocks(buf []byte, l Layout, pairs []BlockBases, bs uint64, srcIDs, dstIDs []uint32) {
-	le := binary.LittleEndian
-	if !l.Packed {
-		out := buf[:l.Pieces*kernels.UniformDescriptorSize]
-		k := 0
-		for _, p := range pairs {
-			ps, pd := p.Src-l.SrcBase, p.Dst-l.DstBase // wraps below the base; the sums below do not
-			for i := range srcIDs {
-				s := (ps + uint64(srcIDs[i])*bs) >> 4
-				d := (pd + uint64(dstIDs[i])*bs) >> 4
-				le.PutUint64(out[k:], s|d<<32)
-				k += 8
-			}
-		}
-		return
-	}
-	buf = buf[:l.Bytes()]
-	b := uint(l.SrcBits + l.DstBits)
-	var acc uint64
-	var n uint
-	w := 0
+	out := buf[:l.Pieces*kernels.UniformDescriptorSize]
+	units := bs >> 4
+	k := 0
 	for _, p := range pairs {
-		// Index of pair p's block id: (p's base - the lowest block's address)/bs + id, with the lowest id folded
-		// into the base; unsigned wrap-around cancels in the sum.
-		ps := (p.Src - l.SrcBase) / bs
+		// Offsets of block 0 of this pair from the bases, in 16-byte units; they wrap below the base and the
+		// sums below do not.
+		ps, pd := (p.Src-l.SrcBase)>>4, (p.Dst-l.DstBase)>>4
 		if p.Src < l.SrcBase {
-			ps = -((l.SrcBase - p.Src) / bs)
+			ps = -((l.SrcBase - p.Src) >> 4)
 		}
-		pd := (p.Dst - l.DstBase) / bs
 		if p.Dst < l.DstBase {
-			pd = -((l.DstBase - p.Dst) / bs)
+			pd = -((l.DstBase - p.Dst) >> 4)
 		}
-		for i := range srcIDs {
-			si := (ps + uint64(srcIDs[i])) & (1<<l.SrcBits - 1)
-			di := (pd + uint64(dstIDs[i])) & (1<<l.DstBits - 1)
-			v := si | di<<l.SrcBits
-			acc |= v << n
-			if n+b >= 64 {
-				le.PutUint64(buf[w:], acc)
-				w += 8
-				acc = v >> (64 - n)
-				n = n + b - 64
-			} else {
-				n += b
+		o := out[k : k+8*len(srcIDs)]
+		if words, ok := asWords(o); ok {
+			dst := dstIDs[:len(words)]
+			for i, s := range srcIDs[:len(words)] {
+				words[i] = uint64(uint32(ps+uint64(s)*units)) | uint64(uint32(pd+uint64(dst[i])*units))<<32
 			}
-			if n >= 32 {
-				le.PutUint32(buf[w:], uint32(acc))
-				w += 4
-				acc >>= 32
-				n -= 32
+		} else {
+			for i, s := range srcIDs[:len(o)/8] {
+				v := uint64(uint32(ps+uint64(s)*units)) | uint64(uint32(pd+uint64(dstIDs[i])*units))<<32
+				binary.LittleEndian.PutUint64(o[8*i:], v)
 			}
 		}
+		k += len(o)
 	}
-	if n > 0 {
-		le.PutUint32(buf[w:], uint32(acc))
-		w += 4
+}
+
+// littleEndian is whether this machine stores words as the kernels read them.
+var littleEndian = func() bool { x := uint16(1); return *(*byte)(unsafe.Pointer(&x)) == 1 }()
+
+// asWords views b as 64-bit words when the machine is little-endian and b is 8-byte aligned (staging
+// buffers are page-aligned pinned memory), so descriptors are stored a word at a time.
+func asWords(b []byte) ([]uint64, bool) {
+	if !littleEndian || len(b) == 0 || uintptr(unsafe.Pointer(&b[0]))%8 != 0 {
+		return nil, false
 	}
-	clear(buf[w:])
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8), true
 }
