@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
 
@@ -59,6 +60,8 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 			return fmt.Errorf("creating the CPU profile: %w", err)
 		}
 		defer f.Close()
+		// Microsecond calls need more than the default 100 samples a second to show up.
+		runtime.SetCPUProfileRate(4000)
 		if err := pprof.StartCPUProfile(f); err != nil {
 			return fmt.Errorf("starting the CPU profile: %w", err)
 		}
