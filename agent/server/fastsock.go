@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime/trace"
 	"slices"
 	"sync"
 	"time"
@@ -146,6 +147,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	var buf []byte
 	for {
 		frame, err := readFrameInto(in, &buf, maxFastFrame)
+		trace.Log(callCtx, "fast", "frame read")
 		if err != nil {
 			if err != io.EOF {
 				_ = writeReply(conn, errReply(status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)))
@@ -158,7 +160,9 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		} else {
 			reply = &agentv1.FastReply{Response: resp}
 		}
-		if err := writeReply(conn, reply); err != nil {
+		err = writeReply(conn, reply)
+		trace.Log(callCtx, "fast", "replied")
+		if err != nil {
 			return
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime/trace"
 	"time"
 	"unsafe"
 
@@ -232,6 +233,7 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 	if req.Op == agentv1.Op_OP_READ {
 		b.SrcIDs, b.DstIDs = remoteIDs, localIDs
 	}
+	trace.Log(ctx, "blocks", "decoded")
 	plan := s.opts.Engine.NewPlan()
 	adder, ok := plan.(engines.BlockAdder)
 	if !ok {
@@ -248,6 +250,7 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 		release()
 		return nil, blockPlanError(n, len(pairs), ps.Rejected[0].Err)
 	}
+	trace.Log(ctx, "blocks", "planned")
 	return s.submitReleasing(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
 }
 

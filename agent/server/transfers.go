@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/trace"
 	"sync"
 	"time"
 
@@ -165,6 +166,7 @@ func (s *Server) submitReleasing(ctx context.Context, sess *session, ps *engines
 
 	// The transfer outlives this call; its deadline comes from the request's timeout (or the engine default).
 	t, err := s.opts.Engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: notify})
+	trace.Log(ctx, "transfer", "submitted")
 	if err != nil {
 		s.mu.Lock()
 		u.inFlight--
@@ -186,6 +188,7 @@ func (s *Server) submitReleasing(ctx context.Context, sess *session, ps *engines
 		spinUntilDone(t.Done(), waitSpin)
 		select {
 		case <-t.Done():
+			trace.Log(ctx, "transfer", "settled")
 			s.finish(x)
 			resp.Status = x.status
 		case <-ctx.Done():

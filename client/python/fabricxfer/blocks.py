@@ -156,17 +156,38 @@ def blocks_request(op: int, layout_id: int, remote: pb.LayoutRef, local: memoryv
     return req
 
 
+_HEADS: dict = {}
+
+
+def _head(op, layout_id, remote, id_bytes, timeout, notify, wait) -> bytes:
+    """The serialized scalar fields of a block request; the few distinct ones a caller sends are kept, since
+    building a protobuf message costs more than the rest of the frame."""
+    key = None
+    if not notify:
+        key = (op, layout_id, remote.WhichOneof("target"), remote.layout_id, remote.segment, remote.node, id_bytes,
+               timeout, wait)
+        head = _HEADS.get(key)
+        if head is not None:
+            return head
+    msg = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=remote, id_bytes=id_bytes, wait=wait,
+                                   notify=notify or b"")
+    if timeout:
+        msg.timeout.FromNanoseconds(int(timeout * 1e9))
+    head = msg.SerializeToString()
+    if key is not None:
+        if len(_HEADS) >= 256:
+            _HEADS.clear()
+        _HEADS[key] = head
+    return head
+
+
 def blocks_frame(op: int, layout_id: int, remote: pb.LayoutRef, local: memoryview, remote_ids: memoryview,
                  id_bytes: int, timeout: Optional[float] = None, notify: Optional[bytes] = None,
                  wait: bool = True) -> List:
     """The fast-socket frame (u32 big-endian length + FastRequest{blocks}) as a list of buffers for
     socket.sendmsg: the scalar fields are serialized by protobuf, the two id fields are appended as
     length-delimited fields pointing at the callers' buffers (protobuf readers take fields in any order)."""
-    head = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=remote, id_bytes=id_bytes, wait=wait,
-                                    notify=notify or b"")
-    if timeout:
-        head.timeout.FromNanoseconds(int(timeout * 1e9))
-    head = head.SerializeToString()
+    head = _head(op, layout_id, remote, id_bytes, timeout, notify, wait)
     ln, rn = local.nbytes, remote_ids.nbytes
     lk = _TAG_LOCAL_IDS + _varint(ln)
     rk = _TAG_REMOTE_IDS + _varint(rn)

@@ -58,20 +58,26 @@ FAST_SPIN = 100e-6
 
 
 def _recv_exact(s: socket.socket, n: int, spin: float) -> bytes:
-    """Reads exactly n bytes, first polling without blocking for up to spin seconds."""
+    """Reads exactly n bytes, first polling without blocking for up to spin seconds (a socket with a timeout
+    would wait in poll() instead, and be woken late)."""
     buf = bytearray()
     if spin > 0:
-        until = time.perf_counter() + spin
-        while len(buf) < n:
-            try:
-                chunk = s.recv(n - len(buf), socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                if time.perf_counter() > until:
-                    break
-                continue
-            if not chunk:
-                raise ConnectionError("the agent closed the fast socket (agent restarted?)")
-            buf += chunk
+        timeout = s.gettimeout()
+        s.setblocking(False)
+        try:
+            until = time.perf_counter() + spin
+            while len(buf) < n:
+                try:
+                    chunk = s.recv(n - len(buf))
+                except (BlockingIOError, InterruptedError):
+                    if time.perf_counter() > until:
+                        break
+                    continue
+                if not chunk:
+                    raise ConnectionError("the agent closed the fast socket (agent restarted?)")
+                buf += chunk
+        finally:
+            s.settimeout(timeout)
     while len(buf) < n:
         chunk = s.recv(n - len(buf))
         if not chunk:

@@ -1,0 +1,36 @@
+package server_test
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/fabricxfer/fabricxfer/client"
+)
+
+// BenchmarkBlockTransferOverhead is one block transfer through the fast socket between host layouts of
+// 2^18 blocks of 720 B: one block (the fixed cost of a call) and 15,360 blocks (the cost per id beside the copy).
+func BenchmarkBlockTransferOverhead(b *testing.B) {
+	t := &testing.T{}
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	c := dial(t, a)
+	rng := rand.New(rand.NewPCG(1, 2))
+	const bs, blocks = 720, 1 << 18
+	src, _ := hostLayout(t, c, rng, 1, blocks, bs)
+	dst, _ := hostLayout(t, c, rng, 1, blocks, bs)
+	for _, n := range []int{1, 15360} {
+		b.Run(map[int]string{1: "1 block", 15360: "15360 blocks"}[n], func(b *testing.B) {
+			s, d := make([]uint32, n), make([]uint32, n)
+			for i, v := range rng.Perm(blocks)[:n] {
+				s[i] = uint32(v)
+			}
+			for i, v := range rng.Perm(blocks)[:n] {
+				d[i] = uint32(v)
+			}
+			for b.Loop() {
+				if _, err := c.TransferBlocks(ctxT(t), client.Write, src, s, client.ToLayout(dst), d, client.TransferOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
