@@ -104,16 +104,23 @@ func checkBlockIDs(b *Blocks, scratch *dupScratch, checkDup bool) (blockShape, e
 	return sh, nil
 }
 
-// idRange returns the smallest and largest id (0, 0 for none).
+// idRange returns the smallest and largest id (0, 0 for none), four lanes at a time.
 func idRange(ids []uint32) (lo, hi uint32) {
 	if len(ids) == 0 {
 		return 0, 0
 	}
-	lo = ids[0]
-	for _, id := range ids {
-		lo, hi = min(lo, id), max(hi, id)
+	l0, l1, l2, l3 := ids[0], ids[0], ids[0], ids[0]
+	var h0, h1, h2, h3 uint32
+	i := 0
+	for ; i+4 <= len(ids); i += 4 {
+		a, b, c, d := ids[i], ids[i+1], ids[i+2], ids[i+3]
+		l0, l1, l2, l3 = min(l0, a), min(l1, b), min(l2, c), min(l3, d)
+		h0, h1, h2, h3 = max(h0, a), max(h1, b), max(h2, c), max(h3, d)
 	}
-	return lo, hi
+	for ; i < len(ids); i++ {
+		l0, h0 = min(l0, ids[i]), max(h0, ids[i])
+	}
+	return min(l0, l1, l2, l3), max(h0, h1, h2, h3)
 }
 
 // firstDuplicate returns the index of the first id seen before, with a bitmap when the ids are dense enough
@@ -127,16 +134,14 @@ func firstDuplicate(ids []uint32, maxID uint32, scratch *dupScratch) (int, bool)
 		w := scratch.words[:n]
 		dup := -1
 		for i, id := range ids {
-			m := uint64(1) << (id & 63)
-			if w[id>>6]&m != 0 {
+			m, x := uint64(1)<<(id&63), w[id>>6]
+			if x&m != 0 {
 				dup = i
 				break
 			}
-			w[id>>6] |= m
+			w[id>>6] = x | m
 		}
-		for _, id := range ids { // clear only what was set: the bitmap is reused
-			w[id>>6] = 0
-		}
+		clear(w) // reused: one clear of the words beats unsetting the ids one by one
 		return dup, dup >= 0
 	}
 	sorted := slices.Clone(ids)

@@ -736,6 +736,10 @@ class Client:
             local = _blocks.widen(local) if width == 4 else local
             rids = _blocks.widen(rids) if rwidth == 4 else rids
             width = 8
+        if width == 8 and id_bytes is None and count >= 64:
+            narrowed = _blocks.narrow(local, rids)
+            if narrowed is not None:
+                local, rids, width = narrowed[0], narrowed[1], 4
         ref = remote.ref
         self._check_session()
         # A frame the fast socket would refuse goes by gRPC, whose refusal leaves the fast connection up.
