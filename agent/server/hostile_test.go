@@ -362,18 +362,31 @@ func TestHostileFastSocketDeclaredFrames(t *testing.T) {
 	b.check(t)
 }
 
-// A bound fast connection that goes idle is closed within 10 s... once the fast socket has deadlines.
+// A bound fast connection idles as long as its session does (it is capped per caller, so holding it costs a
+// bounded amount), and is closed as soon as the session ends: an idle caller cannot keep it beyond its
+// connection to the agent.
 func TestHostileIdleBoundFastConnection(t *testing.T) {
 	b := newHostileBed(t)
-	c := dial(t, b.a)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, b.a.srv.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
 	fc := bindFastRaw(t, b, c)
-	_ = fc.SetReadDeadline(time.Now().Add(11 * time.Second))
-	buf := make([]byte, 64)
+	_ = fc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := fc.Read(make([]byte, 64)); err == nil {
+		t.Fatal("the agent wrote to an idle fast connection")
+	} else if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		t.Fatalf("an idle bound fast connection was closed while its session lives: %v", err)
+	}
+	c.Close()
+	_ = fc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	start := time.Now()
 	for {
-		if _, err := fc.Read(buf); err != nil {
+		if _, err := fc.Read(make([]byte, 64)); err != nil {
 			if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				t.Skipf("waiting for the fast-socket limits: a bound idle fast connection is open after %s", time.Since(start))
+				t.Fatalf("the fast connection outlived its session by %s", time.Since(start))
 			}
 			break
 		}

@@ -251,6 +251,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.ln, s.fdLn, s.fastLn = ln, fdLn, fastLn
 	s.grpc = grpc.NewServer(
 		grpc.Creds(peerCreds{srv: s}),
+		// A connection that does not finish its HTTP/2 preface in time is dropped before it holds a session.
+		grpc.ConnectionTimeout(10*time.Second),
 		// Reused handler goroutines instead of one new goroutine per call: small transfers are latency-bound.
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.ChainUnaryInterceptor(s.unaryAuth),

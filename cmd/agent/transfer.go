@@ -340,6 +340,7 @@ func (t *transferSide) serveHealth(ctx context.Context) error {
 	if t.deps.Metrics != nil {
 		reg.MustRegister(t.deps.Metrics)
 	}
+	reg.MustRegister(server.EdgeMetrics())
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Timeout: 5 * time.Second}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
