@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 )
 
@@ -150,16 +148,8 @@ func (c *Client) TransferBlocks(ctx context.Context, op Op, l *Layout, ids []uin
 	}
 	req := &agentv1.TransferBlocksRequest{LayoutId: id, Remote: ref, LocalIds: packIDs(ids), RemoteIds: packIDs(remoteIDs),
 		IdBytes: 4, Notify: opts.Notify, Wait: true}
-	switch op {
-	case Write:
-		req.Op = agentv1.Op_OP_WRITE
-	case Read:
-		req.Op = agentv1.Op_OP_READ
-	default:
-		return nil, fmt.Errorf("unknown op %d", op)
-	}
-	if opts.Timeout > 0 {
-		req.Timeout = durationpb.New(opts.Timeout)
+	if req.Op, req.Timeout, err = submission(op, opts); err != nil {
+		return nil, err
 	}
 	resp, fast, err := c.fastRequest(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}})
 	if !fast {

@@ -99,18 +99,26 @@ func (e *TransferError) Error() string {
 		e.Status.Error, strings.Join(tags, "; "))
 }
 
-func (c *Client) request(op Op, items []Item, opts TransferOptions, wait bool) (*agentv1.TransferRequest, error) {
-	req := &agentv1.TransferRequest{Items: make([]*agentv1.TransferItem, len(items)), Notify: opts.Notify, Wait: wait}
+// submission is what item and block transfers send alike: the op and the timeout.
+func submission(op Op, opts TransferOptions) (agentv1.Op, *durationpb.Duration, error) {
+	var timeout *durationpb.Duration
+	if opts.Timeout > 0 {
+		timeout = durationpb.New(opts.Timeout)
+	}
 	switch op {
 	case Write:
-		req.Op = agentv1.Op_OP_WRITE
+		return agentv1.Op_OP_WRITE, timeout, nil
 	case Read:
-		req.Op = agentv1.Op_OP_READ
-	default:
-		return nil, fmt.Errorf("unknown op %d", op)
+		return agentv1.Op_OP_READ, timeout, nil
 	}
-	if opts.Timeout > 0 {
-		req.Timeout = durationpb.New(opts.Timeout)
+	return 0, nil, fmt.Errorf("unknown op %d", op)
+}
+
+func (c *Client) request(op Op, items []Item, opts TransferOptions, wait bool) (*agentv1.TransferRequest, error) {
+	req := &agentv1.TransferRequest{Items: make([]*agentv1.TransferItem, len(items)), Notify: opts.Notify, Wait: wait}
+	var err error
+	if req.Op, req.Timeout, err = submission(op, opts); err != nil {
+		return nil, err
 	}
 	for i, it := range items {
 		if it.Local == nil {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
@@ -22,19 +21,7 @@ func rawFrame(t *testing.T, conn net.Conn, payload []byte) *agentv1.FastReply {
 	if _, err := conn.Write(append(hdr, payload...)); err != nil {
 		t.Fatal(err)
 	}
-	var n [4]byte
-	if _, err := io.ReadFull(conn, n[:]); err != nil {
-		t.Fatalf("reading a reply: %v", err)
-	}
-	body := make([]byte, binary.BigEndian.Uint32(n[:]))
-	if _, err := io.ReadFull(conn, body); err != nil {
-		t.Fatal(err)
-	}
-	var r agentv1.FastReply
-	if err := proto.Unmarshal(body, &r); err != nil {
-		t.Fatal(err)
-	}
-	return &r
+	return readReply(t, conn)
 }
 
 // TestFastPathAnswersLikeGRPC: the same requests get the same answers over the fast socket and over gRPC.

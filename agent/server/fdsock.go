@@ -153,11 +153,9 @@ type fdSocket struct {
 	maxPerCaller  int
 	maxIdentified int
 
-	mu         sync.Mutex
-	open       int
-	perUID     map[int32]int
-	identified int
-	perCaller  map[string]int
+	mu           sync.Mutex
+	unidentified connCount[int32]  // by peer uid, until identification
+	identified   connCount[string] // by caller key
 }
 
 func (s *fdSocket) serve(ctx context.Context) {
@@ -191,72 +189,81 @@ func (s *fdSocket) serve(ctx context.Context) {
 	}
 }
 
+// connCount counts open connections in all and per key.
+type connCount[K comparable] struct {
+	total int
+	per   map[K]int
+}
+
+// enter counts a connection of key unless it would pass max in all or maxPer for the key; it returns the
+// counts it found, and whether it entered.
+func (c *connCount[K]) enter(key K, max, maxPer int) (total, mine int, ok bool) {
+	if c.per == nil {
+		c.per = map[K]int{}
+	}
+	total, mine = c.total, c.per[key]
+	if total >= max || mine >= maxPer {
+		return total, mine, false
+	}
+	c.total++
+	c.per[key]++
+	return total, mine, true
+}
+
+func (c *connCount[K]) leave(key K) {
+	c.total--
+	if c.per[key]--; c.per[key] <= 0 {
+		delete(c.per, key)
+	}
+}
+
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
 // enter counts a connection of uid, or says which limit refuses it.
 func (s *fdSocket) enter(uid int32) string {
-	maxConns, maxPerUID := s.maxConns, s.maxPerUID
-	if maxConns <= 0 {
-		maxConns = defaultFDConns
-	}
-	if maxPerUID <= 0 {
-		maxPerUID = defaultFDConnsPerUID
-	}
+	maxConns, maxPerUID := orDefault(s.maxConns, defaultFDConns), orDefault(s.maxPerUID, defaultFDConnsPerUID)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.perUID == nil {
-		s.perUID = map[int32]int{}
+	switch total, mine, ok := s.unidentified.enter(uid, maxConns, maxPerUID); {
+	case ok:
+		return ""
+	case total >= maxConns:
+		return fmt.Sprintf("%d connections are open on the fd socket (limit %d)", total, maxConns)
+	default:
+		return fmt.Sprintf("uid %d has %d connections open on the fd socket (limit %d)", uid, mine, maxPerUID)
 	}
-	switch {
-	case s.open >= maxConns:
-		return fmt.Sprintf("%d connections are open on the fd socket (limit %d)", s.open, maxConns)
-	case s.perUID[uid] >= maxPerUID:
-		return fmt.Sprintf("uid %d has %d connections open on the fd socket (limit %d)", uid, s.perUID[uid], maxPerUID)
-	}
-	s.open++
-	s.perUID[uid]++
-	return ""
 }
 
 func (s *fdSocket) leave(uid int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.open--
-	if s.perUID[uid]--; s.perUID[uid] <= 0 {
-		delete(s.perUID, uid)
-	}
+	s.unidentified.leave(uid)
 }
 
 // enterCaller counts an identified connection of caller key, or says which limit refuses it.
 func (s *fdSocket) enterCaller(key string) string {
-	maxPerCaller, maxIdentified := s.maxPerCaller, s.maxIdentified
-	if maxPerCaller <= 0 {
-		maxPerCaller = defaultFDConnsPerCaller
-	}
-	if maxIdentified <= 0 {
-		maxIdentified = defaultFDConnsIdentified
-	}
+	maxPerCaller, maxIdentified := orDefault(s.maxPerCaller, defaultFDConnsPerCaller), orDefault(s.maxIdentified, defaultFDConnsIdentified)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.perCaller == nil {
-		s.perCaller = map[string]int{}
+	switch total, mine, ok := s.identified.enter(key, maxIdentified, maxPerCaller); {
+	case ok:
+		return ""
+	case total >= maxIdentified:
+		return fmt.Sprintf("%d identified connections are open on the fd socket (limit %d)", total, maxIdentified)
+	default:
+		return fmt.Sprintf("this caller has %d connections open on the fd socket (limit %d)", mine, maxPerCaller)
 	}
-	switch {
-	case s.identified >= maxIdentified:
-		return fmt.Sprintf("%d identified connections are open on the fd socket (limit %d)", s.identified, maxIdentified)
-	case s.perCaller[key] >= maxPerCaller:
-		return fmt.Sprintf("this caller has %d connections open on the fd socket (limit %d)", s.perCaller[key], maxPerCaller)
-	}
-	s.identified++
-	s.perCaller[key]++
-	return ""
 }
 
 func (s *fdSocket) leaveCaller(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.identified--
-	if s.perCaller[key]--; s.perCaller[key] <= 0 {
-		delete(s.perCaller, key)
-	}
+	s.identified.leave(key)
 }
 
 func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"runtime/trace"
-	"time"
 	"unsafe"
 
 	"google.golang.org/grpc/codes"
@@ -170,18 +169,9 @@ const blockTag = "blocks"
 // transferBlocks serves TransferBlocks for the gRPC call and the fast socket alike. The ids are decoded and
 // range-checked here, once; the engines check bounds and duplicate destinations as they plan.
 func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1.TransferBlocksRequest) (*agentv1.TransferResponse, error) {
-	if req.Op != agentv1.Op_OP_READ && req.Op != agentv1.Op_OP_WRITE {
-		return nil, status.Errorf(codes.InvalidArgument, "op must be OP_READ or OP_WRITE, got %s", req.Op)
-	}
-	if len(req.Notify) > engines.MaxNotifyPayload {
-		return nil, status.Errorf(codes.InvalidArgument, "notification payload is %d bytes, at most %d", len(req.Notify), engines.MaxNotifyPayload)
-	}
-	var timeout time.Duration
-	if req.Timeout != nil {
-		if err := req.Timeout.CheckValid(); err != nil || req.Timeout.AsDuration() < 0 {
-			return nil, status.Errorf(codes.InvalidArgument, "timeout %v is not a valid non-negative duration", req.Timeout)
-		}
-		timeout = req.Timeout.AsDuration()
+	timeout, err := checkSubmission(req.Op, req.Notify, req.Timeout)
+	if err != nil {
+		return nil, err
 	}
 	width := int(req.IdBytes)
 	if width == 0 {

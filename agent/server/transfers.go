@@ -53,24 +53,15 @@ func (s *Server) Transfer(ctx context.Context, req *agentv1.TransferRequest) (*a
 
 // transfer serves Transfer for the gRPC call and the fast socket alike.
 func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.TransferRequest) (*agentv1.TransferResponse, error) {
-	if req.Op != agentv1.Op_OP_READ && req.Op != agentv1.Op_OP_WRITE {
-		return nil, status.Errorf(codes.InvalidArgument, "op must be OP_READ or OP_WRITE, got %s", req.Op)
+	timeout, err := checkSubmission(req.Op, req.Notify, req.Timeout)
+	if err != nil {
+		return nil, err
 	}
 	if len(req.Items) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "transfer has no items")
 	}
 	if max := s.opts.Limits.MaxItemsPerTransfer; len(req.Items) > max {
 		return nil, status.Errorf(codes.InvalidArgument, "transfer has %d items, at most %d", len(req.Items), max)
-	}
-	if len(req.Notify) > engines.MaxNotifyPayload {
-		return nil, status.Errorf(codes.InvalidArgument, "notification payload is %d bytes, at most %d", len(req.Notify), engines.MaxNotifyPayload)
-	}
-	var timeout time.Duration
-	if req.Timeout != nil {
-		if err := req.Timeout.CheckValid(); err != nil || req.Timeout.AsDuration() < 0 {
-			return nil, status.Errorf(codes.InvalidArgument, "timeout %v is not a valid non-negative duration", req.Timeout)
-		}
-		timeout = req.Timeout.AsDuration()
 	}
 
 	// Everything done for this transfer, resolving and importing peers' segments included, is bounded by its
@@ -136,6 +127,23 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 		return nil, status.Errorf(codes.DeadlineExceeded, "the transfer's %v ran out while its peers were resolved", timeout)
 	}
 	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait)
+}
+
+// checkSubmission checks what item and block transfers share: the op, the notification and the timeout.
+func checkSubmission(op agentv1.Op, notify []byte, timeout *durationpb.Duration) (time.Duration, error) {
+	if op != agentv1.Op_OP_READ && op != agentv1.Op_OP_WRITE {
+		return 0, status.Errorf(codes.InvalidArgument, "op must be OP_READ or OP_WRITE, got %s", op)
+	}
+	if len(notify) > engines.MaxNotifyPayload {
+		return 0, status.Errorf(codes.InvalidArgument, "notification payload is %d bytes, at most %d", len(notify), engines.MaxNotifyPayload)
+	}
+	if timeout == nil {
+		return 0, nil
+	}
+	if err := timeout.CheckValid(); err != nil || timeout.AsDuration() < 0 {
+		return 0, status.Errorf(codes.InvalidArgument, "timeout %v is not a valid non-negative duration", timeout)
+	}
+	return timeout.AsDuration(), nil
 }
 
 // submit starts a planned transfer for the caller and, with wait, waits for it within the call.
