@@ -18,6 +18,7 @@ type Layout struct {
 	blockBytes uint64
 	blocks     uint64
 	segment    string
+	grants     []string
 
 	mu  sync.Mutex
 	id  uint64
@@ -49,8 +50,12 @@ func (l *Layout) current() (uint64, error) {
 // LayoutOption tunes a layout registration.
 type LayoutOption func(*Layout)
 
-// PublishLayout publishes the layout under name, so other callers can name it with ToLayoutSegment.
-func PublishLayout(name string) LayoutOption { return func(l *Layout) { l.segment = name } }
+// PublishLayout publishes the layout under name in the caller's namespace, so other callers can name it with
+// ToLayoutSegment; pods of the granted namespaces ("*": every namespace the pool admits) name it
+// "<namespace>/<name>".
+func PublishLayout(name string, grants ...string) LayoutOption {
+	return func(l *Layout) { l.segment, l.grants = name, grants }
+}
 
 // RegisterLayout registers regions (each of one length, a multiple of blockBytes) as a layout of numbered blocks.
 func (c *Client) RegisterLayout(ctx context.Context, regions []*Region, blockBytes uint64, opts ...LayoutOption) (*Layout, error) {
@@ -62,7 +67,8 @@ func (c *Client) RegisterLayout(ctx context.Context, regions []*Region, blockByt
 	for _, o := range opts {
 		o(l)
 	}
-	req := &agentv1.RegisterLayoutRequest{BlockBytes: blockBytes, SegmentName: l.segment, RegionIds: make([]uint64, len(regions))}
+	req := &agentv1.RegisterLayoutRequest{BlockBytes: blockBytes, SegmentName: l.segment, SegmentGrants: l.grants,
+		RegionIds: make([]uint64, len(regions))}
 	for k, r := range regions {
 		id, err := r.current()
 		if err != nil {

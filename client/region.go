@@ -16,6 +16,7 @@ import (
 type Region struct {
 	c       *Client
 	segment string
+	grants  []string
 	// keep is this client's duplicate of the memory's fd, so the region can be registered again after an
 	// agent restart; nil for pool slices.
 	keep   *os.File
@@ -74,6 +75,12 @@ type RegionOption func(*Region)
 
 // Segment publishes the region under name, so peers can name it without its descriptor.
 func Segment(name string) RegionOption { return func(r *Region) { r.segment = name } }
+
+// Grant lets pods of these namespaces (besides the caller's own; "*" for every namespace the pool admits) reach
+// the published segment, as "<caller's namespace>/<name>".
+func Grant(namespaces ...string) RegionOption {
+	return func(r *Region) { r.grants = append(r.grants, namespaces...) }
+}
 
 // RegisterHost registers [offset, offset+length) of shared memory f: a memfd opened read-write and sealed
 // against shrinking (the agent refuses memory that could shrink under its mapping). NewSharedMemory makes such
@@ -144,7 +151,7 @@ func (c *Client) register(ctx context.Context, r *Region) error {
 	}
 	resp, err := c.api.RegisterMemory(ctx, &agentv1.RegisterMemoryRequest{Kind: agentv1.MemoryKind_MEMORY_KIND_HOST,
 		HandleType: agentv1.HandleType_HANDLE_TYPE_SHM_FD, FdToken: token, Offset: r.offset, Length: r.length,
-		SegmentName: r.segment})
+		SegmentName: r.segment, SegmentGrants: r.grants})
 	if err != nil {
 		return c.wrap("registering host memory", gen, err)
 	}
@@ -195,7 +202,7 @@ func (c *Client) AllocateFromPool(ctx context.Context, length uint64, opts ...Re
 	for _, o := range opts {
 		o(r)
 	}
-	resp, err := c.api.AllocateFromPool(ctx, &agentv1.AllocateFromPoolRequest{Length: length, SegmentName: r.segment})
+	resp, err := c.api.AllocateFromPool(ctx, &agentv1.AllocateFromPoolRequest{Length: length, SegmentName: r.segment, SegmentGrants: r.grants})
 	if err != nil {
 		return nil, c.wrap("allocating pool memory", gen, err)
 	}

@@ -45,7 +45,7 @@ type DataPath interface {
 
 // Local is what this node answers peers with: the agent socket server.
 type Local interface {
-	LookupSegment(segment string) ([]byte, error)
+	LookupSegment(segment, asker string) ([]byte, error)
 	DeliverPeerNotification(n engines.Notification) error
 }
 
@@ -367,14 +367,14 @@ func (p *Peers) bounded(ctx context.Context) (context.Context, context.CancelFun
 }
 
 // ResolveSegment asks node for a segment's descriptor (server.SegmentResolver).
-func (p *Peers) ResolveSegment(ctx context.Context, node, segment string) ([]byte, error) {
+func (p *Peers) ResolveSegment(ctx context.Context, node, segment, asker string) ([]byte, error) {
 	ctx, cancel := p.bounded(ctx)
 	defer cancel()
 	c, err := p.connTo(ctx, node, "")
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "%v", err)
 	}
-	resp, err := c.api.ResolveSegment(ctx, &agentv1.PeerResolveSegmentRequest{Segment: segment})
+	resp, err := c.api.ResolveSegment(ctx, &agentv1.PeerResolveSegmentRequest{Segment: segment, RequesterNamespace: asker})
 	if err != nil {
 		return nil, err
 	}
@@ -452,7 +452,7 @@ func (s *peerService) ResolveSegment(_ context.Context, req *agentv1.PeerResolve
 	if s.p.local == nil {
 		return nil, status.Error(codes.Unavailable, "agent not ready")
 	}
-	desc, err := s.p.local.LookupSegment(req.Segment)
+	desc, err := s.p.local.LookupSegment(req.Segment, req.RequesterNamespace)
 	if err != nil {
 		return nil, err
 	}

@@ -34,7 +34,7 @@ func nicReport() *topology.Report {
 // notes is the Local of an agent whose socket server only collects the notifications peers deliver.
 type notes struct{ ch chan engines.Notification }
 
-func (n notes) LookupSegment(segment string) ([]byte, error) {
+func (n notes) LookupSegment(segment, _ string) ([]byte, error) {
 	return nil, status.Errorf(codes.NotFound, "no segment %q", segment)
 }
 

@@ -339,7 +339,7 @@ func TestAgentOfAnotherPoolIsRefused(t *testing.T) {
 	if _, err := ca.RegisterHost(ctx, m.File, 0, 4096, client.Segment("secret")); err != nil {
 		t.Fatal(err)
 	}
-	_, err := x.peers.ResolveSegment(ctx, "node-a", "secret")
+	_, err := x.peers.ResolveSegment(ctx, "node-a", "secret", "")
 	if err == nil {
 		t.Fatal("an agent with another pool's CA resolved a segment")
 	}

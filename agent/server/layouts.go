@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/trace"
+	"slices"
 	"unsafe"
 
 	"google.golang.org/grpc/codes"
@@ -34,6 +35,7 @@ type layout struct {
 	blocks     uint64
 	regions    []uint64
 	segment    string
+	pub        publication
 }
 
 func (l *layout) proto() *agentv1.Layout {
@@ -57,6 +59,10 @@ func (s *Server) RegisterLayout(ctx context.Context, req *agentv1.RegisterLayout
 	if err := checkSegmentName(req.SegmentName); err != nil {
 		return nil, err
 	}
+	if err := checkGrants(req.SegmentGrants); err != nil {
+		return nil, err
+	}
+	pub := publication{namespace: sess.caller.Namespace, grants: slices.Clone(req.SegmentGrants)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if sess.ended {
@@ -97,16 +103,16 @@ func (s *Server) RegisterLayout(ctx context.Context, req *agentv1.RegisterLayout
 		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d layouts, the limit is %d", held, maxLayoutsPerCaller)
 	}
 	if req.SegmentName != "" {
-		if _, taken := s.layoutSegments[req.SegmentName]; taken {
-			return nil, status.Errorf(codes.AlreadyExists, "layout segment %q is already registered on node %s", req.SegmentName, s.opts.NodeName)
+		if _, taken := s.layoutSegments[scopedName(pub.namespace, req.SegmentName)]; taken {
+			return nil, status.Errorf(codes.AlreadyExists, "layout segment %q is already registered in namespace %q on node %s", req.SegmentName, pub.namespace, s.opts.NodeName)
 		}
 	}
 	s.nextLayout++
 	l := &layout{id: s.regionEpoch | s.nextLayout, owner: sess.caller.Key, session: sess.id, blockBytes: req.BlockBytes,
-		blocks: blocks, regions: append([]uint64(nil), req.RegionIds...), segment: req.SegmentName}
+		blocks: blocks, regions: append([]uint64(nil), req.RegionIds...), segment: req.SegmentName, pub: pub}
 	s.layouts[l.id] = l
 	if l.segment != "" {
-		s.layoutSegments[l.segment] = l
+		s.layoutSegments[scopedName(pub.namespace, l.segment)] = l
 	}
 	return &agentv1.RegisterLayoutResponse{Layout: l.proto()}, nil
 }
@@ -129,8 +135,8 @@ func (s *Server) DeregisterLayout(ctx context.Context, req *agentv1.DeregisterLa
 
 func (s *Server) dropLayoutLocked(l *layout) {
 	delete(s.layouts, l.id)
-	if l.segment != "" && s.layoutSegments[l.segment] == l {
-		delete(s.layoutSegments, l.segment)
+	if k := scopedName(l.pub.namespace, l.segment); l.segment != "" && s.layoutSegments[k] == l {
+		delete(s.layoutSegments, k)
 	}
 }
 
@@ -274,8 +280,11 @@ func (s *Server) remoteLayoutLocked(sess *session, ref *agentv1.LayoutRef) (*lay
 	case *agentv1.LayoutRef_LayoutId:
 		return s.ownLayoutLocked(sess, t.LayoutId)
 	case *agentv1.LayoutRef_Segment:
-		l, ok := s.layoutSegments[t.Segment]
-		if !ok {
+		if err := checkSegmentRef(t.Segment); err != nil {
+			return nil, err
+		}
+		l, ok := s.layoutSegments[resolveName(sess.caller.Namespace, t.Segment)]
+		if !ok || !l.pub.admits(sess.caller.Namespace) {
 			return nil, status.Errorf(codes.NotFound, "no layout segment %q on node %s", t.Segment, s.opts.NodeName)
 		}
 		return l, nil

@@ -33,6 +33,9 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 	if err := checkSegmentName(req.SegmentName); err != nil {
 		return nil, err
 	}
+	if err := checkGrants(req.SegmentGrants); err != nil {
+		return nil, err
+	}
 	if req.Length == 0 {
 		return nil, status.Error(codes.InvalidArgument, "length must be positive")
 	}
@@ -48,7 +51,7 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 		return nil, err
 	}
 	free := func() { _ = s.opts.Pool.Free(sl.ID) }
-	r, err := s.addRegion(ctx, sess, want, desc, req.SegmentName)
+	r, err := s.addRegion(ctx, sess, want, desc, req.SegmentName, req.SegmentGrants)
 	if err != nil {
 		free()
 		return nil, err

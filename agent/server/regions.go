@@ -33,6 +33,7 @@ type region struct {
 	kind    agentv1.MemoryKind
 	length  uint64
 	segment string
+	pub     publication // who published segment, and who else may use it
 	key     []byte
 	engines []string
 	desc    []byte // serialized SegmentDescriptor
@@ -102,6 +103,9 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 	if err := checkSegmentName(req.SegmentName); err != nil {
 		return nil, err
 	}
+	if err := checkGrants(req.SegmentGrants); err != nil {
+		return nil, err
+	}
 	if req.Length == 0 {
 		return nil, status.Error(codes.InvalidArgument, "length must be positive")
 	}
@@ -138,7 +142,7 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 		return nil, status.Errorf(codes.InvalidArgument, "memory kind must be MEMORY_KIND_HOST or MEMORY_KIND_GPU, got %s", req.Kind)
 	}
 	desc.Size = req.Length
-	r, err := s.addRegion(ctx, sess, req.Kind, desc, req.SegmentName)
+	r, err := s.addRegion(ctx, sess, req.Kind, desc, req.SegmentName, req.SegmentGrants)
 	if err != nil {
 		if mapping != nil {
 			syscall.Munmap(mapping)
@@ -277,11 +281,13 @@ const sealHowTo = "create host memory with memfd_create(name, MFD_CLOEXEC|MFD_AL
 
 // addRegion checks limits, registers view with the engines and records the region. Nothing is left behind on
 // error.
-func (s *Server) addRegion(ctx context.Context, sess *session, kind agentv1.MemoryKind, desc engines.MemoryDesc, segment string) (*region, error) {
+func (s *Server) addRegion(ctx context.Context, sess *session, kind agentv1.MemoryKind, desc engines.MemoryDesc, segment string, grants []string) (*region, error) {
+	pub := publication{namespace: sess.caller.Namespace, grants: slices.Clone(grants)}
+	key := scopedName(pub.namespace, segment)
 	length := desc.Size
-	key := make([]byte, 16)
+	rkey := make([]byte, 16)
 	idBytes := make([]byte, 8)
-	if _, err := rand.Read(key); err != nil {
+	if _, err := rand.Read(rkey); err != nil {
 		return nil, status.Errorf(codes.Internal, "making a region key: %v", err)
 	}
 	if _, err := rand.Read(idBytes); err != nil {
@@ -303,19 +309,19 @@ func (s *Server) addRegion(ctx context.Context, sess *session, kind agentv1.Memo
 		return nil, status.Errorf(codes.ResourceExhausted, "registering %d bytes would bring the caller to %d bytes, the limit is %d", length, u.bytes+length, lim.MaxRegisteredBytes)
 	}
 	if segment != "" {
-		if _, taken := s.segments[segment]; taken {
+		if _, taken := s.segments[key]; taken {
 			s.mu.Unlock()
-			return nil, status.Errorf(codes.AlreadyExists, "segment %q is already registered on node %s", segment, s.opts.NodeName)
+			return nil, status.Errorf(codes.AlreadyExists, "segment %q is already registered in namespace %q on node %s", segment, pub.namespace, s.opts.NodeName)
 		}
 	}
 	s.nextRegion++
 	r := &region{id: s.regionEpoch | s.nextRegion, owner: sess.caller.Key, session: sess.id, kind: kind, length: length,
-		segment: segment, key: key, mem: engines.MemoryID(s.opts.NodeName + "/" + hex.EncodeToString(idBytes))}
+		segment: segment, pub: pub, key: rkey, mem: engines.MemoryID(s.opts.NodeName + "/" + hex.EncodeToString(idBytes))}
 	// Reserve the quota and the name before the (slow) engine registration; undone on failure.
 	u.regions++
 	u.bytes += length
 	if segment != "" {
-		s.segments[segment] = r
+		s.segments[key] = r
 	}
 	s.mu.Unlock()
 
@@ -323,8 +329,8 @@ func (s *Server) addRegion(ctx context.Context, sess *session, kind agentv1.Memo
 		s.mu.Lock()
 		u.regions--
 		u.bytes -= length
-		if segment != "" && s.segments[segment] == r {
-			delete(s.segments, segment)
+		if segment != "" && s.segments[key] == r {
+			delete(s.segments, key)
 		}
 		s.mu.Unlock()
 	}
@@ -344,7 +350,7 @@ func (s *Server) addRegion(ctx context.Context, sess *session, kind agentv1.Memo
 	wire, err := engines.MarshalDesc(merged)
 	if err == nil {
 		r.desc, err = proto.Marshal(&agentv1.SegmentDescriptor{Node: s.opts.NodeName, PoolNamespace: s.opts.PoolNamespace,
-			PoolName: s.opts.PoolName, AgentEndpoint: s.opts.PeerEndpoint, RegionId: r.id, Key: key, Kind: kind,
+			PoolName: s.opts.PoolName, AgentEndpoint: s.opts.PeerEndpoint, RegionId: r.id, Key: rkey, Kind: kind,
 			Length: length, Segment: segment, Memory: wire})
 	}
 	if err != nil {
@@ -430,8 +436,8 @@ func (s *Server) removeRegion(ctx context.Context, r *region) error {
 	s.mu.Lock()
 	delete(s.regions, r.id)
 	delete(s.byMemory, r.mem)
-	if r.segment != "" && s.segments[r.segment] == r {
-		delete(s.segments, r.segment)
+	if k := scopedName(r.pub.namespace, r.segment); r.segment != "" && s.segments[k] == r {
+		delete(s.segments, k)
 	}
 	for _, sess := range s.sessions {
 		delete(sess.regions, r.id)

@@ -77,34 +77,43 @@ func (s *Server) importDescriptor(ctx context.Context, b []byte) (engines.Memory
 	return md.ID, nil
 }
 
-// LookupSegment returns the descriptor of a segment registered on this node (the peer channel answers other
-// agents with it).
-func (s *Server) LookupSegment(segment string) ([]byte, error) {
+// LookupSegment returns the descriptor of a segment registered on this node, for a caller of namespace asker
+// (the peer channel answers other agents with it, naming the pod that asks).
+func (s *Server) LookupSegment(segment, asker string) ([]byte, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.segments[segment]
-	if !ok || r.desc == nil {
-		return nil, status.Errorf(codes.NotFound, "no segment %q on node %s", segment, s.opts.NodeName)
+	r, err := s.segmentLocked(segment, asker)
+	if err != nil {
+		return nil, err
 	}
 	return r.desc, nil
 }
 
+// segmentLocked finds the published region a caller of namespace asker names; one it may not use is missing.
+func (s *Server) segmentLocked(segment, asker string) (*region, error) {
+	r, ok := s.segments[resolveName(asker, segment)]
+	if !ok || r.desc == nil || !r.pub.admits(asker) {
+		return nil, status.Errorf(codes.NotFound, "no segment %q on node %s", segment, s.opts.NodeName)
+	}
+	return r, nil
+}
+
 // ResolveSegment implements agentv1.AgentServer.
 func (s *Server) ResolveSegment(ctx context.Context, req *agentv1.ResolveSegmentRequest) (*agentv1.ResolveSegmentResponse, error) {
-	if _, err := s.sessionOf(ctx); err != nil {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
 		return nil, err
 	}
-	if err := checkSegmentName(req.Segment); err != nil || req.Segment == "" {
-		return nil, status.Errorf(codes.InvalidArgument, "segment name %q is not valid", req.Segment)
+	if err := checkSegmentRef(req.Segment); err != nil {
+		return nil, err
 	}
 	var desc []byte
-	var err error
 	if req.Node == "" || req.Node == s.opts.NodeName {
-		desc, err = s.LookupSegment(req.Segment)
+		desc, err = s.LookupSegment(req.Segment, sess.caller.Namespace)
 	} else if s.opts.Peers == nil {
 		err = status.Errorf(codes.Unavailable, "segment %q is on node %s and this agent has no peer channel", req.Segment, req.Node)
 	} else {
-		desc, err = s.opts.Peers.ResolveSegment(ctx, req.Node, req.Segment)
+		desc, err = s.opts.Peers.ResolveSegment(ctx, req.Node, req.Segment, sess.caller.Namespace)
 		if err != nil {
 			err = status.Errorf(peerCode(err), "resolving segment %q on node %s: %v", req.Segment, req.Node, err)
 		}

@@ -49,8 +49,9 @@ func (p StaticPolicy) AllowedNamespaces(context.Context) ([]string, error) { ret
 
 // SegmentResolver finds named segments and delivers notifications on other nodes of the pool (agent/peers).
 type SegmentResolver interface {
-	// ResolveSegment returns the SegmentDescriptor (serialized) of segment on node.
-	ResolveSegment(ctx context.Context, node, segment string) ([]byte, error)
+	// ResolveSegment returns the SegmentDescriptor (serialized) of segment on node, asked for by a pod of
+	// namespace asker (the owner's agent decides from the segment's grants).
+	ResolveSegment(ctx context.Context, node, segment, asker string) ([]byte, error)
 }
 
 // Limits bound what one caller (one pod) may hold.

@@ -248,19 +248,22 @@ func (s *Server) resolveRemote(ctx context.Context, sess *session, ref *agentv1.
 		}
 		return r.mem, nil
 	case *agentv1.RemoteRef_Segment:
+		if err := checkSegmentRef(t.Segment); err != nil {
+			return "", err
+		}
 		if self {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			r, ok := s.segments[t.Segment]
-			if !ok {
-				return "", status.Errorf(codes.NotFound, "no segment %q on node %s", t.Segment, s.opts.NodeName)
+			r, err := s.segmentLocked(t.Segment, sess.caller.Namespace)
+			if err != nil {
+				return "", err
 			}
 			return r.mem, nil
 		}
 		if s.opts.Peers == nil {
 			return "", status.Errorf(codes.Unavailable, "segment %q is on node %s and this agent has no peer channel", t.Segment, ref.Node)
 		}
-		desc, err := s.opts.Peers.ResolveSegment(ctx, ref.Node, t.Segment)
+		desc, err := s.opts.Peers.ResolveSegment(ctx, ref.Node, t.Segment, sess.caller.Namespace)
 		if err != nil {
 			return "", status.Errorf(peerCode(err), "resolving segment %q on node %s: %v", t.Segment, ref.Node, err)
 		}

@@ -265,9 +265,10 @@ class Layout:
     """Regions of equal length cut into blocks of block_bytes (block i is [i*block_bytes, (i+1)*block_bytes)
     of every region); pb is the agent's Layout. recover() gives it a new id in place."""
 
-    def __init__(self, layout: pb.Layout, regions: Sequence[Region]):
+    def __init__(self, layout: pb.Layout, regions: Sequence[Region], grants: Sequence[str] = ()):
         self.pb = layout
         self.regions = list(regions)
+        self.grants = list(grants)
 
     @property
     def id(self) -> int:
@@ -471,7 +472,7 @@ class Client:
             try:
                 lay.pb = self._call(self.stub.RegisterLayout, pb.RegisterLayoutRequest(
                     region_ids=[r.id for r in lay.regions], block_bytes=lay.block_bytes,
-                    segment_name=lay.segment)).layout
+                    segment_name=lay.segment, segment_grants=lay.grants)).layout
             except Exception as e:
                 first = first or e
         if first is not None:
@@ -522,11 +523,14 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
-    def register_host(self, fd: int, offset: int, length: int, segment: str = "") -> Region:
+    def register_host(self, fd: int, offset: int, length: int, segment: str = "",
+                      grants: Sequence[str] = ()) -> Region:
         """Registers [offset, offset+length) of shared memory fd (memfd or shm_open, read-write). The client keeps
-        a duplicate of fd until deregister() or close(), so recover() can register it again."""
+        a duplicate of fd until deregister() or close(), so recover() can register it again. segment publishes
+        it in this pod's namespace; grants names other namespaces whose pods may reach it as "<namespace>/<name>"
+        ("*": every namespace the pool admits)."""
         req = pb.RegisterMemoryRequest(kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD, offset=offset,
-                                       length=length, segment_name=segment)
+                                       length=length, segment_name=segment, segment_grants=list(grants))
         region = self._register(req, fd)
         keep = os.dup(fd)
         with self._lock:
@@ -542,7 +546,8 @@ class Client:
         resp = self._call(self.stub.RegisterMemory, req)
         return self._region(resp.region)
 
-    def register_tensor(self, tensor, segment: str = "", gpu_index: Optional[int] = None) -> Region:
+    def register_tensor(self, tensor, segment: str = "", gpu_index: Optional[int] = None,
+                        grants: Sequence[str] = ()) -> Region:
         """Registers the bytes of a contiguous torch CUDA tensor (its own bytes, not the allocator's whole
         segment). Memory from PyTorch's caching allocator goes as the segment's cudaIpcMemHandle_t and the
         tensor's offset in it; memory of an expandable segment (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
@@ -561,6 +566,7 @@ class Client:
         fd = -1
         try:
             req, fd = self._tensor_request(share_tuple, device, start, length, segment, tensor)
+            req.segment_grants.extend(grants)
             region = self._register(req, fd)
         except BaseException:
             if fd >= 0:
@@ -622,9 +628,10 @@ class Client:
         _release_ipc_counter(how.ipc_counter)
         how.ipc_counter = None
 
-    def allocate_from_pool(self, length: int, segment: str = "") -> PoolSlice:
+    def allocate_from_pool(self, length: int, segment: str = "", grants: Sequence[str] = ()) -> PoolSlice:
         """Borrows pool memory; the returned buffer is shared with the agent."""
-        resp = self._call(self.stub.AllocateFromPool, pb.AllocateFromPoolRequest(length=length, segment_name=segment))
+        resp = self._call(self.stub.AllocateFromPool, pb.AllocateFromPoolRequest(length=length, segment_name=segment,
+                                                                                 segment_grants=list(grants)))
         fd = get_fd(self.fd_socket, resp.fd_token, self.timeout)
         try:
             page = mmap.PAGESIZE
@@ -695,7 +702,8 @@ class Client:
             raise TransferFailed(resp.status)
         return resp.status
 
-    def register_layout(self, regions: Sequence[Region], block_bytes: int, segment: str = "") -> Layout:
+    def register_layout(self, regions: Sequence[Region], block_bytes: int, segment: str = "",
+                        grants: Sequence[str] = ()) -> Layout:
         """Groups regions of one length (a multiple of block_bytes) as numbered blocks: block i is
         [i*block_bytes, (i+1)*block_bytes) of every region; region k pairs with region k of the other layout of
         a transfer. segment publishes the layout to peers (to_layout_segment)."""
@@ -705,8 +713,9 @@ class Client:
         if block_bytes <= 0:
             raise ValueError("block_bytes must be positive")
         resp = self._call(self.stub.RegisterLayout, pb.RegisterLayoutRequest(
-            region_ids=[r.id for r in regions], block_bytes=block_bytes, segment_name=segment))
-        lay = Layout(resp.layout, regions)
+            region_ids=[r.id for r in regions], block_bytes=block_bytes, segment_name=segment,
+            segment_grants=list(grants)))
+        lay = Layout(resp.layout, regions, list(grants))
         with self._lock:
             self._layouts.append(lay)
         return lay

@@ -886,12 +886,17 @@ type RegisterMemoryRequest struct {
 	// The GPU that holds GPU memory (index on this node; UUID wins when both are set).
 	GpuIndex int32  `protobuf:"varint,9,opt,name=gpu_index,json=gpuIndex,proto3" json:"gpu_index,omitempty"`
 	GpuUuid  string `protobuf:"bytes,10,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
-	// A name peers may resolve (unique per node and pool). Empty keeps the region private to the caller.
+	// A name peers may resolve, unique per node, pool and namespace: it is published in the caller's namespace,
+	// whose pods reach it as "name" and others as "namespace/name" when segment_grants admits them. Empty keeps
+	// the region private to the caller.
 	SegmentName string `protobuf:"bytes,11,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
 	// Size of the whole allocation a VMM fd or fabric handle exports (offset and length lie inside it).
 	AllocationSize uint64 `protobuf:"varint,12,opt,name=allocation_size,json=allocationSize,proto3" json:"allocation_size,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Namespaces besides the caller's own whose pods may read and write the published segment ("*": every
+	// namespace the pool admits).
+	SegmentGrants []string `protobuf:"bytes,13,rep,name=segment_grants,json=segmentGrants,proto3" json:"segment_grants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterMemoryRequest) Reset() {
@@ -1006,6 +1011,13 @@ func (x *RegisterMemoryRequest) GetAllocationSize() uint64 {
 		return x.AllocationSize
 	}
 	return 0
+}
+
+func (x *RegisterMemoryRequest) GetSegmentGrants() []string {
+	if x != nil {
+		return x.SegmentGrants
+	}
+	return nil
 }
 
 type Region struct {
@@ -1314,7 +1326,8 @@ type RemoteRef_RegionId struct {
 }
 
 type RemoteRef_Segment struct {
-	// A named segment on node (this node when node is empty).
+	// A named segment on node (this node when node is empty): "name" in the caller's namespace, or
+	// "namespace/name" of another namespace that granted the caller's.
 	Segment string `protobuf:"bytes,2,opt,name=segment,proto3,oneof"`
 }
 
@@ -2415,8 +2428,9 @@ type AllocateFromPoolRequest struct {
 	Length   uint64                 `protobuf:"varint,1,opt,name=length,proto3" json:"length,omitempty"`
 	Kind     MemoryKind             `protobuf:"varint,2,opt,name=kind,proto3,enum=fabricxfer.agent.v1.MemoryKind" json:"kind,omitempty"`
 	GpuIndex int32                  `protobuf:"varint,3,opt,name=gpu_index,json=gpuIndex,proto3" json:"gpu_index,omitempty"`
-	// Published to peers like RegisterMemoryRequest.segment_name.
-	SegmentName   string `protobuf:"bytes,4,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
+	// Published to peers like RegisterMemoryRequest.segment_name, with segment_grants.
+	SegmentName   string   `protobuf:"bytes,4,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
+	SegmentGrants []string `protobuf:"bytes,5,rep,name=segment_grants,json=segmentGrants,proto3" json:"segment_grants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2477,6 +2491,13 @@ func (x *AllocateFromPoolRequest) GetSegmentName() string {
 		return x.SegmentName
 	}
 	return ""
+}
+
+func (x *AllocateFromPoolRequest) GetSegmentGrants() []string {
+	if x != nil {
+		return x.SegmentGrants
+	}
+	return nil
 }
 
 type AllocateFromPoolResponse struct {
@@ -2750,8 +2771,10 @@ type RegisterLayoutRequest struct {
 	// one length, a multiple of block_bytes; at most 4096.
 	RegionIds  []uint64 `protobuf:"varint,1,rep,packed,name=region_ids,json=regionIds,proto3" json:"region_ids,omitempty"`
 	BlockBytes uint64   `protobuf:"varint,2,opt,name=block_bytes,json=blockBytes,proto3" json:"block_bytes,omitempty"`
-	// A name peers may resolve (unique per node and pool, shared with segment names). Empty keeps it private.
-	SegmentName   string `protobuf:"bytes,3,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
+	// A name other callers may resolve, published like RegisterMemoryRequest.segment_name (layout names are a
+	// namespace of their own beside region segments). Empty keeps it private.
+	SegmentName   string   `protobuf:"bytes,3,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
+	SegmentGrants []string `protobuf:"bytes,4,rep,name=segment_grants,json=segmentGrants,proto3" json:"segment_grants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2805,6 +2828,13 @@ func (x *RegisterLayoutRequest) GetSegmentName() string {
 		return x.SegmentName
 	}
 	return ""
+}
+
+func (x *RegisterLayoutRequest) GetSegmentGrants() []string {
+	if x != nil {
+		return x.SegmentGrants
+	}
+	return nil
 }
 
 type Layout struct {
@@ -3093,7 +3123,8 @@ type LayoutRef_LayoutId struct {
 }
 
 type LayoutRef_Segment struct {
-	// A layout published under a segment name on node (this node when node is empty).
+	// A layout published under a segment name on node (this node when node is empty), named as
+	// RemoteRef.segment is.
 	Segment string `protobuf:"bytes,2,opt,name=segment,proto3,oneof"`
 }
 
@@ -3420,7 +3451,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\v2\x1a.fabricxfer.agent.v1.UsageR\x05usage\x12\x1b\n" +
 	"\tfd_socket\x18\v \x01(\tR\bfdSocket\x12D\n" +
 	"\vpool_memory\x18\f \x01(\v2#.fabricxfer.agent.v1.PoolMemoryInfoR\n" +
-	"poolMemory\"\xc6\x03\n" +
+	"poolMemory\"\xed\x03\n" +
 	"\x15RegisterMemoryRequest\x123\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12@\n" +
 	"\vhandle_type\x18\x02 \x01(\x0e2\x1f.fabricxfer.agent.v1.HandleTypeR\n" +
@@ -3436,7 +3467,8 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\bgpu_uuid\x18\n" +
 	" \x01(\tR\agpuUuid\x12!\n" +
 	"\fsegment_name\x18\v \x01(\tR\vsegmentName\x12'\n" +
-	"\x0fallocation_size\x18\f \x01(\x04R\x0eallocationSize\"\xb6\x01\n" +
+	"\x0fallocation_size\x18\f \x01(\x04R\x0eallocationSize\x12%\n" +
+	"\x0esegment_grants\x18\r \x03(\tR\rsegmentGrants\"\xb6\x01\n" +
 	"\x06Region\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x123\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12\x16\n" +
@@ -3535,12 +3567,13 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fExplainResponse\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12>\n" +
 	"\bverdicts\x18\x02 \x03(\v2\".fabricxfer.agent.v1.EngineVerdictR\bverdicts\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa6\x01\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xcd\x01\n" +
 	"\x17AllocateFromPoolRequest\x12\x16\n" +
 	"\x06length\x18\x01 \x01(\x04R\x06length\x123\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12\x1b\n" +
 	"\tgpu_index\x18\x03 \x01(\x05R\bgpuIndex\x12!\n" +
-	"\fsegment_name\x18\x04 \x01(\tR\vsegmentName\"\xaa\x02\n" +
+	"\fsegment_name\x18\x04 \x01(\tR\vsegmentName\x12%\n" +
+	"\x0esegment_grants\x18\x05 \x03(\tR\rsegmentGrants\"\xaa\x02\n" +
 	"\x18AllocateFromPoolResponse\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x19\n" +
 	"\bfd_token\x18\x02 \x01(\tR\afdToken\x12@\n" +
@@ -3556,13 +3589,14 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x13OpenFastPathRequest\"D\n" +
 	"\x14OpenFastPathResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x16\n" +
-	"\x06socket\x18\x02 \x01(\tR\x06socket\"z\n" +
+	"\x06socket\x18\x02 \x01(\tR\x06socket\"\xa1\x01\n" +
 	"\x15RegisterLayoutRequest\x12\x1d\n" +
 	"\n" +
 	"region_ids\x18\x01 \x03(\x04R\tregionIds\x12\x1f\n" +
 	"\vblock_bytes\x18\x02 \x01(\x04R\n" +
 	"blockBytes\x12!\n" +
-	"\fsegment_name\x18\x03 \x01(\tR\vsegmentName\"\x93\x01\n" +
+	"\fsegment_name\x18\x03 \x01(\tR\vsegmentName\x12%\n" +
+	"\x0esegment_grants\x18\x04 \x03(\tR\rsegmentGrants\"\x93\x01\n" +
 	"\x06Layout\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1f\n" +
 	"\vblock_bytes\x18\x02 \x01(\x04R\n" +

@@ -229,10 +229,13 @@ func (x *HelloResponse) GetApiVersion() string {
 }
 
 type PeerResolveSegmentRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Segment       string                 `protobuf:"bytes,1,opt,name=segment,proto3" json:"segment,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "name" (in requester_namespace) or "namespace/name".
+	Segment string `protobuf:"bytes,1,opt,name=segment,proto3" json:"segment,omitempty"`
+	// The namespace of the pod that asks; the owner's agent decides from the segment's grants.
+	RequesterNamespace string `protobuf:"bytes,2,opt,name=requester_namespace,json=requesterNamespace,proto3" json:"requester_namespace,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *PeerResolveSegmentRequest) Reset() {
@@ -268,6 +271,13 @@ func (*PeerResolveSegmentRequest) Descriptor() ([]byte, []int) {
 func (x *PeerResolveSegmentRequest) GetSegment() string {
 	if x != nil {
 		return x.Segment
+	}
+	return ""
+}
+
+func (x *PeerResolveSegmentRequest) GetRequesterNamespace() string {
+	if x != nil {
+		return x.RequesterNamespace
 	}
 	return ""
 }
@@ -808,9 +818,10 @@ const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
 	"\tpool_name\x18\x03 \x01(\tR\bpoolName\x12#\n" +
 	"\ragent_version\x18\x04 \x01(\tR\fagentVersion\x12\x1f\n" +
 	"\vapi_version\x18\x05 \x01(\tR\n" +
-	"apiVersion\"5\n" +
+	"apiVersion\"f\n" +
 	"\x19PeerResolveSegmentRequest\x12\x18\n" +
-	"\asegment\x18\x01 \x01(\tR\asegment\"0\n" +
+	"\asegment\x18\x01 \x01(\tR\asegment\x12/\n" +
+	"\x13requester_namespace\x18\x02 \x01(\tR\x12requesterNamespace\"0\n" +
 	"\x1aPeerResolveSegmentResponse\x12\x12\n" +
 	"\x04desc\x18\x01 \x01(\fR\x04desc\"}\n" +
 	"\x11PeerNotifyRequest\x12\x1b\n" +

@@ -1,0 +1,68 @@
+package server
+
+import (
+	"slices"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Published names (region segments and layouts) live in the namespace of the caller that published them, so
+// a pod of another namespace can neither read nor squat them. A reference is "name" (the asker's namespace)
+// or "namespace/name"; an owner reaches its own names either way, others only when the owner granted their
+// namespace ("*": every namespace the pool admits). An ungranted name looks exactly like a missing one.
+
+// publication is who published a name and who else may use it.
+type publication struct {
+	namespace string
+	grants    []string
+}
+
+// scopedName is the key of name in namespace (names hold no '/': checkSegmentName refuses it).
+func scopedName(namespace, name string) string { return namespace + "/" + name }
+
+// resolveName turns a reference made by a caller of namespace asker into the key it names.
+func resolveName(asker, ref string) string {
+	if strings.Contains(ref, "/") {
+		return ref
+	}
+	return scopedName(asker, ref)
+}
+
+// admits reports whether a caller of namespace asker may use the published name.
+func (p publication) admits(asker string) bool {
+	return asker == p.namespace || slices.Contains(p.grants, asker) || slices.Contains(p.grants, "*")
+}
+
+// checkGrants validates the namespaces a publication grants.
+func checkGrants(grants []string) error {
+	if len(grants) > 64 {
+		return status.Errorf(codes.InvalidArgument, "at most 64 granted namespaces, got %d", len(grants))
+	}
+	for _, g := range grants {
+		if g == "*" {
+			continue
+		}
+		if g == "" || len(g) > 63 || strings.ContainsFunc(g, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-')
+		}) {
+			return status.Errorf(codes.InvalidArgument, "granted namespace %q is not a namespace name (or \"*\")", g)
+		}
+	}
+	return nil
+}
+
+// checkSegmentRef validates a reference to a published name: "name" or "namespace/name".
+func checkSegmentRef(ref string) error {
+	ns, name, scoped := strings.Cut(ref, "/")
+	if !scoped {
+		name = ref
+	} else if len(ns) > 63 || strings.Contains(name, "/") {
+		return status.Errorf(codes.InvalidArgument, "segment %q: name it \"name\" or \"namespace/name\"", ref)
+	}
+	if name == "" {
+		return status.Errorf(codes.InvalidArgument, "segment name %q is not valid", ref)
+	}
+	return checkSegmentName(name)
+}

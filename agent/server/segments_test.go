@@ -1,0 +1,120 @@
+package server_test
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/client"
+)
+
+// TestSegmentsBelongToTheirNamespace: a name published by a pod of one namespace is neither readable, writable
+// nor squattable by a pod of another, on this node or through the peer channel's lookup, until the owner grants
+// that namespace; granted, it is reached as "<namespace>/<name>".
+func TestSegmentsBelongToTheirNamespace(t *testing.T) {
+	kube := startAPIServer(t)
+	podA := createPod(t, kube, "team-a", "prefill-0", "node-a")
+	podB := createPod(t, kube, "team-b", "decode-0", "node-a")
+	proc := newProcFixture(t)
+	opts := baseOptions(t, proc)
+	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: &server.APIPodResolver{Reader: kube, NodeName: "node-a"}}
+	opts.Policy = server.StaticPolicy{"team-a", "team-b"}
+	a := startAgent(t, opts)
+	ctx := ctxT(t)
+
+	proc.setPod(t, podA)
+	ca := dial(t, a)
+	secret, shared := shm(t, 4096), shm(t, 4096)
+	fill(t, secret.Bytes)
+	fill(t, shared.Bytes)
+	secretBefore := bytes.Clone(secret.Bytes)
+	if _, err := ca.RegisterHost(ctx, secret.File, 0, 4096, client.Segment("kv")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.RegisterHost(ctx, shared.File, 0, 4096, client.Segment("shared"), client.Grant("team-b")); err != nil {
+		t.Fatal(err)
+	}
+
+	proc.setPod(t, podB)
+	cb := dial(t, a)
+	mine := shm(t, 4096)
+	fill(t, mine.Bytes)
+	rb, err := cb.RegisterHost(ctx, mine.File, 0, 4096, client.Segment("kv")) // the same name in its own namespace
+	if err != nil {
+		t.Fatalf("a name another namespace uses could not be registered: %v", err)
+	}
+	for _, ref := range []string{"team-a/kv", "team-c/kv"} {
+		if _, err := cb.Write(ctx, rb, 0, client.ToSegment("", ref), 0, 4096); client.Code(err).String() != "NotFound" {
+			t.Fatalf("writing %s from team-b: want NotFound, got %v", ref, err)
+		}
+		if _, err := cb.Read(ctx, rb, 0, client.ToSegment("", ref), 0, 4096); client.Code(err).String() != "NotFound" {
+			t.Fatalf("reading %s from team-b: want NotFound, got %v", ref, err)
+		}
+	}
+	if !bytes.Equal(secret.Bytes, secretBefore) {
+		t.Fatal("team-a's segment changed")
+	}
+	// "kv" from team-b is team-b's own region.
+	if _, err := cb.Write(ctx, rb, 0, client.ToSegment("", "kv"), 0, 16); err != nil {
+		t.Fatalf("writing its own segment by name: %v", err)
+	}
+	// Granted: reached under the owner's namespace.
+	if _, err := cb.Write(ctx, rb, 0, client.ToSegment("", "team-a/shared"), 0, 4096); err != nil {
+		t.Fatalf("writing a segment granted to team-b: %v", err)
+	}
+	if !bytes.Equal(shared.Bytes, mine.Bytes) {
+		t.Fatal("the granted segment does not hold what team-b wrote")
+	}
+	// The owner's agent decides the same way for peers, from the asking pod's namespace.
+	if _, err := a.srv.LookupSegment("team-a/kv", "team-b"); client.Code(err).String() != "NotFound" {
+		t.Fatalf("peer lookup of an ungranted segment: %v", err)
+	}
+	if _, err := a.srv.LookupSegment("kv", "team-b"); err != nil {
+		t.Fatalf("peer lookup of team-b's own segment: %v", err)
+	}
+	if _, err := a.srv.LookupSegment("team-a/shared", "team-b"); err != nil {
+		t.Fatalf("peer lookup of a granted segment: %v", err)
+	}
+	// Grants are checked when publishing.
+	if _, err := ca.RegisterHost(ctx, shm(t, 64).File, 0, 64, client.Segment("bad"), client.Grant("Not A Namespace")); client.Code(err).String() != "InvalidArgument" {
+		t.Fatalf("a malformed grant: %v", err)
+	}
+}
+
+// TestLayoutsBelongToTheirNamespace: a published layout is reachable from another namespace only when granted.
+func TestLayoutsBelongToTheirNamespace(t *testing.T) {
+	kube := startAPIServer(t)
+	podA := createPod(t, kube, "team-a", "prefill-0", "node-a")
+	podB := createPod(t, kube, "team-b", "decode-0", "node-a")
+	proc := newProcFixture(t)
+	opts := baseOptions(t, proc)
+	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: &server.APIPodResolver{Reader: kube, NodeName: "node-a"}}
+	opts.Policy = server.StaticPolicy{"team-a", "team-b"}
+	a := startAgent(t, opts)
+	rng := rand.New(rand.NewPCG(17, 18))
+	const bs, blocks = 256, 8
+	proc.setPod(t, podA)
+	ca := dial(t, a)
+	_, privMem := hostLayout(t, ca, rng, 1, blocks, bs, client.PublishLayout("kv"))
+	_, grantedMem := hostLayout(t, ca, rng, 1, blocks, bs, client.PublishLayout("kv-shared", "team-b"))
+	before := snapshot(privMem)
+	proc.setPod(t, podB)
+	cb := dial(t, a)
+	lb, lbMem := hostLayout(t, cb, rng, 1, blocks, bs)
+	for _, ref := range []string{"kv", "team-a/kv"} {
+		_, err := cb.TransferBlocks(ctxT(t), client.Write, lb, []uint32{1}, client.ToLayoutSegment("", ref), []uint32{2}, client.TransferOptions{})
+		if client.Code(err).String() != "NotFound" {
+			t.Fatalf("writing layout %s from team-b: want NotFound, got %v", ref, err)
+		}
+	}
+	if !bytes.Equal(privMem[0].Bytes, before[0]) {
+		t.Fatal("team-a's private layout changed")
+	}
+	if _, err := cb.TransferBlocks(ctxT(t), client.Write, lb, []uint32{1}, client.ToLayoutSegment("", "team-a/kv-shared"), []uint32{2}, client.TransferOptions{}); err != nil {
+		t.Fatalf("writing a layout granted to team-b: %v", err)
+	}
+	if !bytes.Equal(grantedMem[0].Bytes[2*bs:3*bs], lbMem[0].Bytes[bs:2*bs]) {
+		t.Fatal("the granted layout's block 2 is not team-b's block 1")
+	}
+}
