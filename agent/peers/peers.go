@@ -63,6 +63,9 @@ type Options struct {
 	Refresh time.Duration
 	// CallTimeout bounds one call to a peer when the caller's context has no deadline (default 5 s).
 	CallTimeout time.Duration
+	// HandshakeTimeout bounds how long an accepted connection may take to finish its TLS handshake and HTTP/2
+	// preface (default 10 s): a connection that never authenticates is closed, not held.
+	HandshakeTimeout time.Duration
 	Logger      *slog.Logger
 	// DataEndpoint is this node's data address as peers dial it (the tcp engine's); it travels in the Hello
 	// answer. Empty: peers learn it only from descriptors.
@@ -130,7 +133,11 @@ func (p *Peers) Serve(ctx context.Context, local Local) error {
 		return errors.New("peer channel: no listener")
 	}
 	p.local = local
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(p.opts.TLS.Config())))
+	handshake := p.opts.HandshakeTimeout
+	if handshake <= 0 {
+		handshake = 10 * time.Second
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(p.opts.TLS.Config())), grpc.ConnectionTimeout(handshake))
 	agentv1.RegisterPeerServer(srv, &peerService{p: p})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(p.opts.Listener) }()

@@ -64,6 +64,8 @@ type node struct {
 	dataLn  net.Listener
 	tls     *peers.TLSFiles
 	stopped chan struct{}
+	// handshake, when set, is the peer listener's handshake timeout.
+	handshake time.Duration
 }
 
 func newNode(t *testing.T, name string, certs poolCerts) *node {
@@ -97,7 +99,7 @@ func (n *node) start(t *testing.T, dir peers.Directory) {
 		t.Fatal(err)
 	}
 	n.peers, err = peers.New(peers.Options{Node: n.name, PoolNamespace: "infer", PoolName: "kv", AgentVersion: "test",
-		Listener: n.peerLn, TLS: n.tls, Directory: dir, Refresh: 100 * time.Millisecond})
+		Listener: n.peerLn, TLS: n.tls, Directory: dir, Refresh: 100 * time.Millisecond, HandshakeTimeout: n.handshake})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,4 +348,31 @@ func TestAgentOfAnotherPoolIsRefused(t *testing.T) {
 	if !strings.Contains(err.Error(), "certificate") && !strings.Contains(err.Error(), "tls") {
 		t.Errorf("refusal does not say it is about certificates: %v", err)
 	}
+}
+
+// TestUnauthenticatedPeerConnectionsAreClosed: a TCP connection to the peer port that never completes the TLS
+// handshake is closed after the handshake timeout, and the agent keeps serving its peers.
+func TestUnauthenticatedPeerConnectionsAreClosed(t *testing.T) {
+	certs := newPoolCerts(t, "infer", "kv")
+	a, b := newNode(t, "node-a", certs), newNode(t, "node-b", certs)
+	a.handshake = 300 * time.Millisecond
+	dir := peers.StaticDirectory{"node-a": a.peerLn.Addr().String(), "node-b": b.peerLn.Addr().String()}
+	a.start(t, dir)
+	b.start(t, dir)
+	idle, err := net.Dial("tcp", a.peerLn.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	_ = idle.SetReadDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	if _, err := idle.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the agent wrote to a connection that sent nothing")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("a connection that never handshook is still open after %s", time.Since(start))
+	}
+	if held := time.Since(start); held > 3*time.Second {
+		t.Fatalf("held %s, want about the 300 ms handshake timeout", held)
+	}
+	moveBothWays(t, a, b)
 }

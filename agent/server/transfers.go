@@ -278,6 +278,9 @@ func peerCode(err error) codes.Code {
 	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
 		return st.Code()
 	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return codes.DeadlineExceeded // the transfer's own timeout ran out while the peer was asked
+	}
 	return codes.Unavailable
 }
 
