@@ -21,8 +21,6 @@ type CompositeOptions struct {
 	Node string
 	// Metrics, when set, is charged for every plan and every rejected item.
 	Metrics *Metrics
-	// CheckDisjoint makes routing ask every engine and refuse a pair two engines claim (tests, debugging).
-	CheckDisjoint bool
 }
 
 // Composite routes each (source, destination) pair to the first engine, in the fixed order xgmi, fabric, rdma,
@@ -165,7 +163,8 @@ func (c *Composite) CanHandle(src, dst *MemoryDesc) (bool, string) {
 	return true, ""
 }
 
-// decide asks the engines in order. In CheckDisjoint mode it asks all of them and refuses a pair claimed twice.
+// decide asks every engine, in order, and refuses a pair two of them claim: disjointness is the composite's to
+// enforce, not a property of how the agent wired its engines. Routes are cached, so this runs once per pair.
 func (c *Composite) decide(src, dst *MemoryDesc) route {
 	r := route{engine: -1}
 	for i, e := range c.engines {
@@ -178,9 +177,6 @@ func (c *Composite) decide(src, dst *MemoryDesc) route {
 		}
 		if r.engine < 0 {
 			r.engine = i
-			if !c.opts.CheckDisjoint {
-				break
-			}
 			continue
 		}
 		r.conflict = fmt.Sprintf("engines %s and %s both claim the pair; engines must be disjoint", c.engines[r.engine].Name(), e.Name())

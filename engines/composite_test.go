@@ -62,7 +62,7 @@ func newCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.a, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a", Metrics: c.metrics, CheckDisjoint: true}, ta, x)
+	c.a, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a", Metrics: c.metrics}, ta, x)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func (claimsAll) CanHandle(_, _ *engines.MemoryDesc) (bool, string) { return tru
 func TestCompositeRefusesOverlappingEngines(t *testing.T) {
 	x, _ := xgmi.New(xgmi.Options{Node: "node-a"}, xgmi.NewHostBackend())
 	greedy, _ := tcp.New(tcp.Options{Node: "node-a"})
-	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a", CheckDisjoint: true}, claimsAll{greedy}, x)
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, claimsAll{greedy}, x)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,5 +424,42 @@ func TestCompositePlanOrderFollowsTheItems(t *testing.T) {
 	}
 	if got := ps.Plans[0].Tags; len(got) != 2 || got[0] != 2 || got[1] != 0 {
 		t.Errorf("tags of the plan to y = %v, want [2 0] (destination order)", got)
+	}
+}
+
+// TestRouteCacheIsKeyedByBothMemories: two regions of one remote node route differently when only one of them is
+// reachable by tcp; a cache keyed by the nodes (or by one side) would hand the second the first one's engine.
+func TestRouteCacheIsKeyedByBothMemories(t *testing.T) {
+	c := newCluster(t)
+	l := c.localRegion(t, make([]byte, 64))
+	reachable := c.remoteRegion(t, make([]byte, 64))
+	unreachable := c.remoteRegion(t, make([]byte, 64))
+	if err := c.a.Deregister(context.Background(), unreachable.ID); err != nil {
+		t.Fatal(err)
+	}
+	unreachable.Handles.TCP = ""
+	if err := c.a.Import(context.Background(), unreachable); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{engines.EngineTCP, ""} {
+		dst := []engines.MemoryID{reachable.ID, unreachable.ID}[i]
+		err := c.a.NewPlan().Add(engines.Item{Src: l.ID, Dst: dst, Size: 8})
+		switch {
+		case want != "" && err != nil:
+			t.Fatalf("%s: %v", dst, err)
+		case want == "" && !errors.Is(err, engines.ErrUnplannable):
+			t.Fatalf("%s has no tcp endpoint but was planned (%v): the route of another region of its node was reused", dst, err)
+		}
+		ex, _ := c.a.Explain(l.ID, dst)
+		if ex.Engine != want {
+			t.Fatalf("Explain(%s) = %q, want %q", dst, ex.Engine, want)
+		}
+	}
+	// The same two regions in the other direction, with the source side varying.
+	if err := c.a.NewPlan().Add(engines.Item{Src: unreachable.ID, Dst: l.ID, Size: 8}); !errors.Is(err, engines.ErrUnplannable) {
+		t.Fatalf("reading from the region without a tcp endpoint: %v", err)
+	}
+	if err := c.a.NewPlan().Add(engines.Item{Src: reachable.ID, Dst: l.ID, Size: 8}); err != nil {
+		t.Fatalf("reading from the reachable region: %v", err)
 	}
 }

@@ -231,8 +231,10 @@ type PlanBuilder interface {
 	// Add accepts the item (nil), drops it when empty (nil, tag recorded in PlanSet.Dropped), or rejects it with
 	// an *ItemError naming its tag (also recorded in PlanSet.Rejected). A rejected item changes nothing.
 	Add(item Item) error
-	// Build returns the plan set. Items whose destination range overlaps an earlier accepted item's are rejected
-	// here with ErrOverlap (segments run in any order and in parallel). The builder must not be used afterwards.
+	// Build returns the plan set. Of items whose destination ranges overlap, the one that starts first in
+	// destination order (at equal starts, the one added first) is kept and each item starting inside a kept
+	// one's range is rejected here with ErrOverlap (segments run in any order and in parallel). The builder must
+	// not be used afterwards.
 	Build() *PlanSet
 }
 

@@ -94,7 +94,7 @@ func (n *node) start(t *testing.T, dir peers.Directory) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	comp, err := engines.NewComposite(engines.CompositeOptions{Node: n.name, CheckDisjoint: true}, x, te)
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: n.name}, x, te)
 	if err != nil {
 		t.Fatal(err)
 	}

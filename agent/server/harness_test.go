@@ -67,7 +67,7 @@ func hostComposite(t *testing.T, node string, more ...engines.Engine) *engines.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := engines.NewComposite(engines.CompositeOptions{Node: node, CheckDisjoint: true}, append([]engines.Engine{x}, more...)...)
+	c, err := engines.NewComposite(engines.CompositeOptions{Node: node}, append([]engines.Engine{x}, more...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
