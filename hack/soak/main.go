@@ -47,6 +47,7 @@ type options struct {
 	operatorPIDFile, operatorMetrics           string
 	regionSize, minSize                        uint64
 	tol                                        tolerance
+	hostile                                    bool
 }
 
 func (o *options) socket(node string) string {
@@ -88,6 +89,7 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.operatorMetrics, "operator-metrics", "http://127.0.0.1:18080/metrics", "operator metrics URL")
 	fs.Uint64Var(&o.regionSize, "region-size", 4<<20, "bytes of each region a worker owns (largest transfer)")
 	fs.Uint64Var(&o.minSize, "min-size", 1<<10, "smallest transfer")
+	fs.BoolVar(&o.hostile, "hostile", true, "run a hostile client beside the workers against the agents that are not restarted")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -205,6 +207,14 @@ func run(ctx context.Context, args []string) error {
 		}()
 	}
 	go func() { wg.Wait(); close(workersDone) }()
+	hc2 := &hostile{}
+	hostileDone := make(chan struct{})
+	go func() {
+		defer close(hostileDone)
+		if o.hostile {
+			hc2.run(ctx, stop, o)
+		}
+	}()
 	churnErr := make(chan error, 2)
 	go func() { churnErr <- ch.agentChurn(ctx, stop, o, hc) }()
 	go func() { churnErr <- pc.run(ctx, stop, o.poolEvery) }()
@@ -237,6 +247,7 @@ func run(ctx context.Context, args []string) error {
 		problems = append(problems, fmt.Sprintf("transfers still running %s after the run ended", o.transferDeadline+10*time.Second))
 	}
 	drain.Stop()
+	<-hostileDone
 	close(samplerStop)
 	<-samplerDone
 	fmt.Printf("soak: stopped %d s after the end; checking the pool and leftovers\n", int(time.Since(end).Seconds()))
@@ -272,6 +283,15 @@ func run(ctx context.Context, args []string) error {
 		problems = append(problems, fmt.Sprintf("%d transfers ran into their deadline: %s", st.overDeadline, strings.Join(st.overDeadlineEx, " | ")))
 	}
 	problems = append(problems, hung...)
+	if o.hostile {
+		fmt.Println("soak: " + hc2.summary())
+		for _, u := range hc2.unexpected {
+			problems = append(problems, "hostile client: "+u)
+		}
+		if hc2.rounds == 0 {
+			problems = append(problems, "the hostile client ran no round")
+		}
+	}
 	if n := st.failed - st.failedInChurn; n > 0 {
 		problems = append(problems, fmt.Sprintf("%d transfers failed outside agent churn, e.g. %s", n, strings.Join(st.outsideChurn, " | ")))
 	}
