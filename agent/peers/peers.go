@@ -66,7 +66,7 @@ type Options struct {
 	// HandshakeTimeout bounds how long an accepted connection may take to finish its TLS handshake and HTTP/2
 	// preface (default 10 s): a connection that never authenticates is closed, not held.
 	HandshakeTimeout time.Duration
-	Logger      *slog.Logger
+	Logger           *slog.Logger
 	// DataEndpoint is this node's data address as peers dial it (the tcp engine's); it travels in the Hello
 	// answer. Empty: peers learn it only from descriptors.
 	DataEndpoint string
