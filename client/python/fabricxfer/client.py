@@ -22,6 +22,7 @@ Block layouts (a paged KV cache: every layer's K and V tensor cut into blocks of
 import fcntl
 import mmap
 import os
+import random
 import socket
 import struct
 import threading
@@ -140,18 +141,21 @@ def put_fd(fd_socket: str, fd: int, timeout: float = 5.0) -> str:
     """Hands fd to the agent and returns the token naming it (the caller keeps its own fd). A refusal the agent
     marks RESOURCE_EXHAUSTED (a limit that frees up by itself) is retried with backoff until timeout."""
     deadline = time.monotonic() + timeout
-    backoff = 0.01
-    while True:
+    backoff = 0.002
+    for attempt in range(10):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(max(deadline - time.monotonic(), 0.05))
             s.connect(fd_socket)
-            socket.send_fds(s, [b"PUT\n"], [fd])
+            try:
+                socket.send_fds(s, [b"PUT\n"], [fd])
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # an agent at a limit answers and closes without reading: its answer is still there
             line, _ = _read_line(s, False)
         if line.startswith("OK "):
             return line[3:]
-        if line.startswith("ERR " + EXHAUSTED_PREFIX) and time.monotonic() + backoff < deadline:
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 0.5)
+        if line.startswith("ERR " + EXHAUSTED_PREFIX) and attempt < 9 and time.monotonic() + backoff < deadline:
+            time.sleep(backoff * random.uniform(0.5, 1.5))
+            backoff = min(backoff * 2, 0.25)
             continue
         raise FdSocketError(line[4:] if line.startswith("ERR ") else "malformed reply %r" % line)
 
@@ -525,12 +529,17 @@ class Client:
 
     def register_host(self, fd: int, offset: int, length: int, segment: str = "",
                       grants: Sequence[str] = ()) -> Region:
-        """Registers [offset, offset+length) of shared memory fd (memfd or shm_open, read-write). The client keeps
+        """Registers [offset, offset+length) of shared memory fd (a memfd, read-write; a sealable one is sealed
+        against shrinking, which the agent requires). The client keeps
         a duplicate of fd until deregister() or close(), so recover() can register it again. segment publishes
         it in this pod's namespace; grants names other namespaces whose pods may reach it as "<namespace>/<name>"
         ("*": every namespace the pool admits)."""
         req = pb.RegisterMemoryRequest(kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD, offset=offset,
                                        length=length, segment_name=segment, segment_grants=list(grants))
+        try:  # the agent maps only memory sealed against shrinking; a sealable memfd is sealed here
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        except (OSError, AttributeError):
+            pass  # not sealable (or already sealed): the agent's answer says what to do
         region = self._register(req, fd)
         keep = os.dup(fd)
         with self._lock:
