@@ -130,7 +130,8 @@ func TestFDSocketFloodKeepsDescriptorsBounded(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			const conns, maxConns = 30, 8
-			s := &fdSocket{identify: identify, timeout: time.Second, maxConns: maxConns, maxPerUID: maxConns}
+			s := &fdSocket{identify: identify, timeout: time.Second, maxConns: maxConns, maxPerUID: maxConns,
+				maxPerCaller: maxConns, maxIdentified: maxConns}
 			path := startFDSocket(t, s)
 			r, w, err := os.Pipe()
 			if err != nil {
@@ -173,9 +174,9 @@ func TestFDSocketFloodKeepsDescriptorsBounded(t *testing.T) {
 			}
 			close(stop)
 			wg.Wait()
-			// Clients: one connection each. Agent: at most maxConns connections, each with one message's
-			// descriptors in hand and one kept.
-			if bound := conns + maxConns*(2+4) + 16; peak > bound {
+			// Clients: one connection each. Agent: at most maxConns connections waiting to be identified and
+			// maxConns identified ones, each with one message's descriptors in hand and one kept.
+			if bound := conns + 2*maxConns*(2+4) + 16; peak > bound {
 				t.Fatalf("%d descriptors above the baseline at the peak, bound %d", peak, bound)
 			}
 			t.Logf("peak %d descriptors above the baseline", peak)
