@@ -13,14 +13,7 @@ import (
 // nor squattable by a pod of another, on this node or through the peer channel's lookup, until the owner grants
 // that namespace; granted, it is reached as "<namespace>/<name>".
 func TestSegmentsBelongToTheirNamespace(t *testing.T) {
-	kube := startAPIServer(t)
-	podA := createPod(t, kube, "team-a", "prefill-0", "node-a")
-	podB := createPod(t, kube, "team-b", "decode-0", "node-a")
-	proc := newProcFixture(t)
-	opts := baseOptions(t, proc)
-	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: &server.APIPodResolver{Reader: kube, NodeName: "node-a"}}
-	opts.Policy = server.StaticPolicy{"team-a", "team-b"}
-	a := startAgent(t, opts)
+	a, proc, podA, podB := twoNamespaces(t)
 	ctx := ctxT(t)
 
 	proc.setPod(t, podA)
@@ -82,16 +75,22 @@ func TestSegmentsBelongToTheirNamespace(t *testing.T) {
 	}
 }
 
-// TestLayoutsBelongToTheirNamespace: a published layout is reachable from another namespace only when granted.
-func TestLayoutsBelongToTheirNamespace(t *testing.T) {
+// twoNamespaces is an agent admitting pods of namespaces team-a and team-b, one pod each, on a real API server.
+func twoNamespaces(t *testing.T) (a *agent, proc *procFixture, podA, podB string) {
+	t.Helper()
 	kube := startAPIServer(t)
-	podA := createPod(t, kube, "team-a", "prefill-0", "node-a")
-	podB := createPod(t, kube, "team-b", "decode-0", "node-a")
-	proc := newProcFixture(t)
+	podA = createPod(t, kube, "team-a", "prefill-0", "node-a")
+	podB = createPod(t, kube, "team-b", "decode-0", "node-a")
+	proc = newProcFixture(t)
 	opts := baseOptions(t, proc)
 	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: &server.APIPodResolver{Reader: kube, NodeName: "node-a"}}
 	opts.Policy = server.StaticPolicy{"team-a", "team-b"}
-	a := startAgent(t, opts)
+	return startAgent(t, opts), proc, podA, podB
+}
+
+// TestLayoutsBelongToTheirNamespace: a published layout is reachable from another namespace only when granted.
+func TestLayoutsBelongToTheirNamespace(t *testing.T) {
+	a, proc, podA, podB := twoNamespaces(t)
 	rng := rand.New(rand.NewPCG(17, 18))
 	const bs, blocks = 256, 8
 	proc.setPod(t, podA)
