@@ -11,7 +11,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fabricxfer/fabricxfer/agent/server"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client"
 )
 
 // bindFast opens a fast connection with a fresh token of c's session and returns it with the bind reply.
@@ -91,4 +93,32 @@ func readReply(t *testing.T, conn net.Conn) *agentv1.FastReply {
 		t.Fatal(err)
 	}
 	return &r
+}
+
+// TestInFlightBytesPerCaller: a transfer that would bring a caller's bytes in flight past its limit is refused
+// with the figures, and bytes are counted back when transfers settle.
+func TestInFlightBytesPerCaller(t *testing.T) {
+	opts := baseOptions(t, newProcFixture(t))
+	opts.Limits = server.DefaultLimits
+	opts.Limits.MaxInFlightBytes = 1 << 20
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	src, dst := shm(t, 2<<20), shm(t, 2<<20)
+	rs, err := c.RegisterHost(ctxT(t), src.File, 0, src.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := c.RegisterHost(ctxT(t), dst.File, 0, dst.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Write(ctxT(t), rs, 0, client.ToRegion(rd), 0, 2<<20)
+	if client.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "bytes in flight") {
+		t.Fatalf("2 MiB over a 1 MiB limit: %v", err)
+	}
+	for i := range 3 { // each settles before the next: the limit is never reached
+		if _, err := c.Write(ctxT(t), rs, 0, client.ToRegion(rd), 0, 1<<20); err != nil {
+			t.Fatalf("write %d of 1 MiB: %v", i, err)
+		}
+	}
 }

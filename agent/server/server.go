@@ -60,7 +60,12 @@ type Limits struct {
 	MaxRegisteredBytes  uint64
 	MaxInFlight         int
 	MaxItemsPerTransfer int
+	// MaxInFlightBytes bounds the bytes of one caller's transfers in flight at once (0: DefaultMaxInFlightBytes).
+	MaxInFlightBytes uint64
 }
+
+// DefaultMaxInFlightBytes is the in-flight byte limit when Limits sets none: a few whole KV caches at once.
+const DefaultMaxInFlightBytes = 256 << 30
 
 // DefaultLimits are generous for one inference pod and still bound a runaway one.
 var DefaultLimits = Limits{MaxRegions: 4096, MaxRegisteredBytes: 1 << 40, MaxInFlight: 1024, MaxItemsPerTransfer: 65536}
@@ -157,6 +162,8 @@ type usage struct {
 	regions  int
 	bytes    uint64
 	inFlight int
+	// inFlightBytes are the bytes of the transfers counted in inFlight.
+	inFlightBytes uint64
 }
 
 // New checks the options and prepares a server; Serve opens the sockets.
@@ -176,6 +183,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Limits == (Limits{}) {
 		opts.Limits = DefaultLimits
+	}
+	if opts.Limits.MaxInFlightBytes == 0 {
+		opts.Limits.MaxInFlightBytes = DefaultMaxInFlightBytes
 	}
 	if opts.TokenTTL <= 0 {
 		opts.TokenTTL = 30 * time.Second

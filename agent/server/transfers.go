@@ -166,7 +166,14 @@ func (s *Server) submitReleasing(ctx context.Context, sess *session, ps *engines
 		release()
 		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d transfers in flight, the limit is %d", u.inFlight, s.opts.Limits.MaxInFlight)
 	}
+	if max := s.opts.Limits.MaxInFlightBytes; u.inFlightBytes+total > max || u.inFlightBytes+total < total {
+		s.mu.Unlock()
+		release()
+		edgeRefused("grpc", "busy")
+		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d bytes in flight; %d more would pass the limit of %d", u.inFlightBytes, total, max)
+	}
 	u.inFlight++
+	u.inFlightBytes += total
 	s.nextXfer++
 	x := &transfer{id: s.nextXfer, owner: sess.caller.Key, tags: tags, bytes: total, start: time.Now(), done: make(chan struct{}),
 		release: release}
@@ -178,6 +185,7 @@ func (s *Server) submitReleasing(ctx context.Context, sess *session, ps *engines
 	if err != nil {
 		s.mu.Lock()
 		u.inFlight--
+		u.inFlightBytes -= total
 		s.mu.Unlock()
 		release()
 		return nil, status.Errorf(statusCode(err), "submitting: %v", err)
@@ -304,6 +312,7 @@ func (s *Server) finish(x *transfer) {
 		x.ended = time.Now()
 		if u := s.callers[x.owner]; u != nil {
 			u.inFlight--
+			u.inFlightBytes -= x.bytes
 		}
 		for w := range s.watchers[x.owner] {
 			if w.ids != nil && !w.ids[x.id] {
