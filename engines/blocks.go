@@ -59,6 +59,17 @@ func SegmentsOf(p *Plan) []Segment {
 	return segs
 }
 
+// InSegments returns p as segments: p itself when it has no block list, else a copy whose block list is
+// expanded (for backends that copy segments only).
+func InSegments(p *Plan) *Plan {
+	if p.Blocks == nil {
+		return p
+	}
+	q := *p
+	q.Segments, q.Blocks = SegmentsOf(p), nil
+	return &q
+}
+
 // blockShape is what checking a batch's ids found.
 type blockShape struct {
 	minSrc, maxSrc, minDst, maxDst uint32

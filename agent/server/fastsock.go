@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -148,7 +147,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	in := sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin}
 	var buf []byte
 	for {
-		frame, err := readFrameInto(in, &buf, maxFastFrame)
+		frame, err := sockio.ReadFrameInto(in, &buf, maxFastFrame)
 		trace.Log(callCtx, "fast", "frame read")
 		if err != nil {
 			if err != io.EOF {
@@ -216,34 +215,4 @@ func (s *Server) forgetFastConn(sess *session, conn net.Conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sess.fastConns = slices.DeleteFunc(sess.fastConns, func(c net.Conn) bool { return c == conn })
-}
-
-// readFrameInto reads one frame into *buf, growing it only as bytes arrive: a peer that announces a large
-// frame and sends nothing costs no memory.
-func readFrameInto(r io.Reader, buf *[]byte, limit int) ([]byte, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return nil, err
-	}
-	n := int(binary.BigEndian.Uint32(hdr[:]))
-	if n > limit {
-		return nil, fmt.Errorf("frame of %d bytes, at most %d", n, limit)
-	}
-	b := (*buf)[:0]
-	const step = 256 << 10
-	for len(b) < n {
-		want := min(n, len(b)+step)
-		if cap(b) < want {
-			b = append(b[:cap(b)], make([]byte, want-cap(b))...)[:len(b)]
-		}
-		k, err := io.ReadFull(r, b[len(b):want])
-		b = b[:len(b)+k]
-		if err != nil {
-			return nil, err
-		}
-	}
-	if cap(b) <= 1<<20 { // keep a small buffer for the next frame; drop an exceptional one
-		*buf = b
-	}
-	return b, nil
 }

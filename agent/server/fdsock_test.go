@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -132,48 +131,7 @@ func TestFDSocketFloodKeepsDescriptorsBounded(t *testing.T) {
 			const conns, maxConns = 30, 8
 			s := &fdSocket{identify: identify, timeout: time.Second, maxConns: maxConns, maxPerUID: maxConns,
 				maxPerCaller: maxConns, maxIdentified: maxConns}
-			path := startFDSocket(t, s)
-			r, w, err := os.Pipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer r.Close()
-			defer w.Close()
-			base := openFDCount(t)
-			rights := syscall.UnixRights(int(r.Fd()), int(w.Fd()), int(r.Fd()), int(w.Fd()))
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			for i := 0; i < conns; i++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
-						if err != nil {
-							time.Sleep(time.Millisecond)
-							continue
-						}
-						_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-						for j := 0; j < 200; j++ {
-							if _, _, err := c.WriteMsgUnix([]byte("P"), rights, nil); err != nil {
-								break
-							}
-						}
-						c.Close()
-					}
-				}()
-			}
-			peak := 0
-			for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-				peak = max(peak, openFDCount(t)-base)
-			}
-			close(stop)
-			wg.Wait()
+			peak := fdFloodPeak(t, startFDSocket(t, s), conns, 200, 2*time.Second)
 			// Clients: one connection each. Agent: at most maxConns connections waiting to be identified and
 			// maxConns identified ones, each with one message's descriptors in hand and one kept.
 			if bound := conns + 2*maxConns*(2+4) + 16; peak > bound {

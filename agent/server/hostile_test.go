@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -195,48 +194,8 @@ func TestHostileIdleFDConnectionsAreClosed(t *testing.T) {
 // Connections pushing descriptors as fast as they can leave the agent with a bounded number of them.
 func TestHostileFDFlood(t *testing.T) {
 	b := newHostileBed(t)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	defer w.Close()
-	base := openFDs(t)
-	rights := syscall.UnixRights(int(r.Fd()), int(w.Fd()), int(r.Fd()), int(w.Fd()))
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	const conns = 21
-	for i := 0; i < conns; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: b.a.srv.FDSocketPath(), Net: "unix"})
-				if err != nil {
-					time.Sleep(time.Millisecond)
-					continue
-				}
-				_ = c.SetDeadline(time.Now().Add(time.Second))
-				for j := 0; j < 255; j++ {
-					if _, _, err := c.WriteMsgUnix([]byte("P"), rights, nil); err != nil {
-						break
-					}
-				}
-				c.Close()
-			}
-		}()
-	}
-	peak := 0
-	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		peak = max(peak, openFDs(t)-base)
-	}
-	close(stop)
-	wg.Wait()
+	peak := server.FDFloodPeak(t, b.a.srv.FDSocketPath(), conns, 255, time.Second)
 	// The flood's own connections, plus what the fd socket may hold: 64 connections of the flood's uid, each
 	// with one message's descriptors in hand and one kept.
 	if bound := conns + 64*6 + 64; peak > bound {

@@ -140,17 +140,6 @@ func (s *Server) dropLayoutLocked(l *layout) {
 	}
 }
 
-// dropSessionLayouts forgets the layouts of ended sessions (their regions went with them).
-func (s *Server) dropSessionLayouts() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, l := range s.layouts {
-		if sess, ok := s.sessions[l.session]; !ok || sess.ended {
-			s.dropLayoutLocked(l)
-		}
-	}
-}
-
 func (s *Server) ownLayoutLocked(sess *session, id uint64) (*layout, error) {
 	l, ok := s.layouts[id]
 	if !ok || l.owner != sess.caller.Key {
@@ -247,7 +236,7 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 		return nil, blockPlanError(n, len(pairs), ps.Rejected[0].Err)
 	}
 	trace.Log(ctx, "blocks", "planned")
-	return s.submitReleasing(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
+	return s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
 }
 
 // blockPlanError reports a refused block batch; ids out of range are the caller's argument, not a range of

@@ -463,6 +463,11 @@ func (s *Server) endSession(sess *session) {
 	for _, c := range sess.fastConns {
 		c.Close()
 	}
+	for _, l := range s.layouts { // a layout names the session's regions, which go below
+		if l.session == sess.id {
+			s.dropLayoutLocked(l)
+		}
+	}
 	regs := make([]*region, 0, len(sess.regions))
 	for _, r := range sess.regions {
 		regs = append(regs, r)

@@ -376,7 +376,6 @@ func (s *Server) sweep(ctx context.Context) {
 		case now := <-t.C:
 			s.tokens.sweep(now)
 			s.forgetFinished(now)
-			s.dropSessionLayouts()
 		}
 	}
 }

@@ -126,7 +126,7 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 	if left <= 0 {
 		return nil, status.Errorf(codes.DeadlineExceeded, "the transfer's %v ran out while its peers were resolved", timeout)
 	}
-	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait)
+	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait, nil)
 }
 
 // checkSubmission checks what item and block transfers share: the op, the notification and the timeout.
@@ -146,15 +146,9 @@ func checkSubmission(op agentv1.Op, notify []byte, timeout *durationpb.Duration)
 	return timeout.AsDuration(), nil
 }
 
-// submit starts a planned transfer for the caller and, with wait, waits for it within the call.
+// submit starts a planned transfer for the caller and, with wait, waits for it within the call. release (may be
+// nil) runs once nothing can read the plan set's memory any more: the transfer settled, or never started.
 func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet, tags []string, total uint64, items int,
-	timeout time.Duration, notify []byte, wait bool) (*agentv1.TransferResponse, error) {
-	return s.submitReleasing(ctx, sess, ps, tags, total, items, timeout, notify, wait, nil)
-}
-
-// submitReleasing is submit with release, run once nothing can read the plan set's memory any more (the transfer
-// settled, or was never started).
-func (s *Server) submitReleasing(ctx context.Context, sess *session, ps *engines.PlanSet, tags []string, total uint64, items int,
 	timeout time.Duration, notify []byte, wait bool, release func()) (*agentv1.TransferResponse, error) {
 	if release == nil {
 		release = func() {}

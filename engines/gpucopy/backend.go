@@ -459,9 +459,7 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (func(c
 // copyEach copies the plans one by one as segments.
 func (b *Backend) copyEach(ctx context.Context, works []engines.Work) error {
 	for _, w := range works {
-		plan := *w.Plan
-		plan.Segments, plan.Blocks = engines.SegmentsOf(w.Plan), nil
-		w.Plan = &plan
+		w.Plan = engines.InSegments(w.Plan)
 		if err := b.Copy(ctx, w); err != nil {
 			return err
 		}

@@ -297,10 +297,8 @@ func (e *Engine) run(t *engines.Tracker, work []engines.Work, started []startedB
 		if b == nil {
 			return fmt.Errorf("xgmi: %w: %s", engines.ErrUnplannable, reason)
 		}
-		if w.Plan.Blocks != nil && !b.Limits().BlockPlans {
-			plan := *w.Plan
-			plan.Segments, plan.Blocks = engines.SegmentsOf(w.Plan), nil
-			w.Plan = &plan
+		if !b.Limits().BlockPlans {
+			w.Plan = engines.InSegments(w.Plan)
 		}
 		if err := b.Copy(ctx, w); err != nil {
 			return fmt.Errorf("xgmi %s copy %s -> %s: %w", b.Name(), w.Plan.Src, w.Plan.Dst, err)

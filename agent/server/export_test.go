@@ -1,0 +1,4 @@
+package server
+
+// FDFloodPeak lets the hostile-client suite (package server_test) run the fd flood of the package's own tests.
+var FDFloodPeak = fdFloodPeak
