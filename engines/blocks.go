@@ -2,8 +2,10 @@ package engines
 
 import (
 	"fmt"
+	"math"
 	"math/bits"
 	"slices"
+	"sync"
 )
 
 // BlockPair is one (source, destination) region pair of a block batch.
@@ -20,8 +22,10 @@ type Blocks struct {
 	SrcIDs, DstIDs []uint32
 	Tag            Tag
 
-	// shape is what the composite found checking the batch, handed to the engine planner with it.
-	shape *blockShape
+	// shape is what the composite found checking the batch, handed to the engine planner with it; deferred
+	// says the composite left the ids to the engine (RunChecker), which plans the batch Unchecked.
+	shape    *blockShape
+	deferred bool
 }
 
 // BlockList is a plan in block form: segment i copies BlockBytes bytes from offset SrcIDs[i]*BlockBytes of the
@@ -30,8 +34,50 @@ type Blocks struct {
 type BlockList struct {
 	BlockBytes     uint64
 	SrcIDs, DstIDs []uint32
-	// The smallest and largest id of each side, found at planning.
+	// The smallest and largest id of each side, found at planning (zero while Unchecked).
 	SrcMin, SrcMax, DstMin, DstMax uint32
+	// Unchecked: planning left the ids to the engine that runs the list (RunChecker). Every id must then be
+	// below SrcBlocks / DstBlocks (the smallest region of each side, in blocks) and no destination id may
+	// repeat; whoever runs the list checks that before moving anything, on the device or with Check.
+	Unchecked            bool
+	SrcBlocks, DstBlocks uint32
+
+	checkOnce sync.Once
+	checkErr  error
+}
+
+// RunChecker is implemented by engines that can check a block batch's ids themselves as they run it (on the
+// GPU, beside the copy), so planning skips its passes over the ids. The composite asks per pair.
+type RunChecker interface {
+	ChecksBlocksAtRun(src, dst *MemoryDesc, blockBytes uint64) bool
+}
+
+// Check checks an Unchecked list on the host (ids in range, no repeated destination) and fills its id ranges,
+// once however many plans of the list call it, concurrently or not; a list planning checked passes.
+func (l *BlockList) Check() error {
+	if !l.Unchecked {
+		return nil
+	}
+	l.checkOnce.Do(func() { l.checkErr = l.check() })
+	return l.checkErr
+}
+
+func (l *BlockList) check() error {
+	l.SrcMin, l.SrcMax = idRange(l.SrcIDs)
+	l.DstMin, l.DstMax = idRange(l.DstIDs)
+	if len(l.SrcIDs) > 0 && l.SrcMax >= l.SrcBlocks {
+		i := slices.IndexFunc(l.SrcIDs, func(v uint32) bool { return v >= l.SrcBlocks })
+		return fmt.Errorf("%w: source block %d (entry %d) is outside the source's %d blocks", ErrOutOfBounds, l.SrcIDs[i], i, l.SrcBlocks)
+	}
+	if len(l.DstIDs) > 0 && l.DstMax >= l.DstBlocks {
+		i := slices.IndexFunc(l.DstIDs, func(v uint32) bool { return v >= l.DstBlocks })
+		return fmt.Errorf("%w: destination block %d (entry %d) is outside the destination's %d blocks", ErrOutOfBounds, l.DstIDs[i], i, l.DstBlocks)
+	}
+	var scratch dupScratch
+	if i, ok := firstDuplicate(l.DstIDs, l.DstMax, &scratch); ok {
+		return fmt.Errorf("%w: destination block %d is named twice (entry %d)", ErrOverlap, l.DstIDs[i], i)
+	}
+	return nil
 }
 
 // Bytes is the size of one plan of the list.
@@ -99,6 +145,9 @@ func checkBlockIDs(b *Blocks, scratch *dupScratch, checkDup bool) (blockShape, e
 			return sh, fmt.Errorf("%w: destination region %s appears twice in the batch", ErrOverlap, p.Dst)
 		}
 		seen[p.Dst] = struct{}{}
+	}
+	if b.deferred {
+		return sh, nil
 	}
 	if b.shape != nil {
 		sh = *b.shape
@@ -231,20 +280,23 @@ func (p *planner) AddBlocks(b Blocks) error {
 		return p.reject(blockItem(&b, firstPair(b)), err)
 	}
 	infos := make([]pairInfo, 0, len(b.Pairs))
+	srcBlocks, dstBlocks := uint64(math.MaxUint32), uint64(math.MaxUint32)
 	for _, bp := range b.Pairs {
 		info := p.judgePair(bp.Src, bp.Dst)
 		info.src, info.dst = bp.Src, bp.Dst
-		if info.err == nil {
+		if info.err == nil && !b.deferred {
 			info.err = checkBlockBounds(&b, sh, bp, info.srcSize, info.dstSize)
 		}
 		if info.err != nil {
 			return p.reject(blockItem(&b, bp), info.err)
 		}
+		srcBlocks, dstBlocks = min(srcBlocks, info.srcSize/b.BlockBytes), min(dstBlocks, info.dstSize/b.BlockBytes)
 		infos = append(infos, info)
 	}
 	p.blocks.pairs, p.blocks.tag = infos, b.Tag
 	p.blocks.list = &BlockList{BlockBytes: b.BlockBytes, SrcIDs: b.SrcIDs, DstIDs: b.DstIDs,
-		SrcMin: sh.minSrc, SrcMax: sh.maxSrc, DstMin: sh.minDst, DstMax: sh.maxDst}
+		SrcMin: sh.minSrc, SrcMax: sh.maxSrc, DstMin: sh.minDst, DstMax: sh.maxDst,
+		Unchecked: b.deferred, SrcBlocks: uint32(srcBlocks), DstBlocks: uint32(dstBlocks)}
 	return nil
 }
 
@@ -283,6 +335,7 @@ func (p *compositePlanner) AddBlocks(b Blocks) error {
 		return nil
 	}
 	p.blocks.added = true
+	b.deferred = p.checkedAtRun(&b)
 	sh, err := checkBlockIDs(&b, &p.b.dup, false)
 	if err != nil {
 		return p.reject(blockItem(&b, firstPair(b)), err, 0)
@@ -290,7 +343,7 @@ func (p *compositePlanner) AddBlocks(b Blocks) error {
 	engs := make([]int, len(b.Pairs))
 	for i, bp := range b.Pairs {
 		info := p.judgePair(bp.Src, bp.Dst)
-		if info.err == nil {
+		if info.err == nil && !b.deferred {
 			info.err = checkBlockBounds(&b, sh, bp, info.srcSize, info.dstSize)
 		}
 		if info.err != nil {
@@ -298,9 +351,38 @@ func (p *compositePlanner) AddBlocks(b Blocks) error {
 		}
 		engs[i] = info.engine
 	}
-	b.shape = &sh
+	if !b.deferred {
+		b.shape = &sh
+	}
 	p.blocks.batch, p.blocks.engine = b, engs
 	return nil
+}
+
+// checkedAtRun reports whether every pair of b routes to an engine that checks block ids as it runs them
+// (RunChecker), so that planning may leave the passes over the ids to it.
+func (p *compositePlanner) checkedAtRun(b *Blocks) bool {
+	if len(b.Pairs) == 0 || len(b.SrcIDs) != len(b.DstIDs) || b.BlockBytes == 0 {
+		return false
+	}
+	for _, bp := range b.Pairs {
+		src, _, err := p.c.reg.Lookup(bp.Src)
+		if err != nil {
+			return false
+		}
+		dst, _, err := p.c.reg.Lookup(bp.Dst)
+		if err != nil {
+			return false
+		}
+		r := p.c.routeFor(src, dst)
+		if r.engine < 0 {
+			return false
+		}
+		rc, ok := p.c.engines[r.engine].(RunChecker)
+		if !ok || !rc.ChecksBlocksAtRun(src, dst, b.BlockBytes) {
+			return false
+		}
+	}
+	return true
 }
 
 // buildBlocks hands the batch to the engines' planners, in engine order, each with its pairs in the order given.

@@ -200,6 +200,11 @@ func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet,
 		case <-t.Done():
 			trace.Log(ctx, "transfer", "settled")
 			s.finish(x)
+			// Block ids left to the GPU are refused as it runs them (nothing moved); the waiting caller hears it
+			// as the same refusal planning would have given.
+			if err := t.Wait(ctx); errors.Is(err, engines.ErrOutOfBounds) || errors.Is(err, engines.ErrOverlap) {
+				return nil, status.Errorf(codes.InvalidArgument, "transfer %d refused: %v", x.id, err)
+			}
 			resp.Status = x.status
 		case <-ctx.Done():
 			// A call that ran out of time is DeadlineExceeded; one cut short otherwise (the agent stopping, the

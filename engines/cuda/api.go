@@ -301,11 +301,15 @@ func (d *Driver) EventSynchronize(e Event) error {
 
 // EventQuery reports whether e has completed; a failed stream's error is returned.
 func (d *Driver) EventQuery(e Event) (bool, error) {
-	err := d.call("cuEventQuery", d.f.eventQuery, uintptr(e))
-	if IsResult(err, ErrNotReady) {
+	// Polled in tight loops: "not ready" is answered without building an error (and asking the driver its name).
+	switch code := d.result(d.f.eventQuery, uintptr(e)); code {
+	case Success:
+		return true, nil
+	case ErrNotReady:
 		return false, nil
+	default:
+		return false, d.fail("cuEventQuery", code)
 	}
-	return err == nil, err
 }
 
 // EventElapsed is the time between two recorded timing events, in milliseconds.

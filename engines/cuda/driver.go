@@ -215,11 +215,20 @@ func (d *Driver) resolve() error {
 //
 //go:uintptrescapes
 func (d *Driver) call(op string, fn uintptr, args ...uintptr) error {
-	r, _, _ := purego.SyscallN(fn, args...)
-	code := Result(int32(uint32(r)))
-	if code == Success {
-		return nil
+	if code := d.result(fn, args...); code != Success {
+		return d.fail(op, code)
 	}
+	return nil
+}
+
+// result calls fn and returns its CUresult.
+func (d *Driver) result(fn uintptr, args ...uintptr) Result {
+	r, _, _ := purego.SyscallN(fn, args...)
+	return Result(int32(uint32(r)))
+}
+
+// fail is the error of op ending with code.
+func (d *Driver) fail(op string, code Result) error {
 	return &Error{Op: op, Code: code, Name: d.errorName(code)}
 }
 

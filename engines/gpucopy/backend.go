@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 	"unsafe"
@@ -407,6 +408,9 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (func(c
 		if (ms.ordinal < 0 && !ms.pinned) || (md.ordinal < 0 && !md.pinned) || w.Plan.Blocks == nil ||
 			(list != nil && w.Plan.Blocks != list) {
 			b.mu.Unlock()
+			if err := checkLists(works); err != nil {
+				return nil, err
+			}
 			// Pageable host memory goes through the driver, segment by segment, when waited for.
 			return func(ctx context.Context) error { return b.copyEach(ctx, works) }, nil
 		}
@@ -425,16 +429,34 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (func(c
 		g.bytes += w.Plan.Bytes
 	}
 	b.mu.Unlock()
+	copiers := make([]*Copier, len(order))
+	onDevice := list.Unchecked
+	for i, ord := range order {
+		c, err := b.copier(ord)
+		if err != nil {
+			return nil, err
+		}
+		copiers[i] = c
+		onDevice = onDevice && c.checkable(groups[ord].pairs, list.BlockBytes, len(list.SrcIDs), list.DstBlocks)
+	}
+	// A list left to the engine is checked here, on the host, when the GPU cannot check it: before anything moves.
+	if list.Unchecked && !onDevice {
+		if err := list.Check(); err != nil {
+			return nil, err
+		}
+	}
 	var pend []*Pending
 	var err error
-	for _, ord := range order {
-		var c *Copier
-		if c, err = b.copier(ord); err != nil {
-			break
-		}
+	for i, ord := range order {
+		c := copiers[i]
 		var p *Pending
-		if p, err = c.SubmitBlocks(groups[ord].pairs, list.BlockBytes, list.SrcIDs, list.DstIDs,
-			scatter.IDRange{Min: list.SrcMin, Max: list.SrcMax}, scatter.IDRange{Min: list.DstMin, Max: list.DstMax}); err != nil {
+		if onDevice {
+			p, err = c.SubmitCheckedBlocks(groups[ord].pairs, list.BlockBytes, list.SrcIDs, list.DstIDs, list.SrcBlocks, list.DstBlocks)
+		} else {
+			p, err = c.SubmitBlocks(groups[ord].pairs, list.BlockBytes, list.SrcIDs, list.DstIDs,
+				scatter.IDRange{Min: list.SrcMin, Max: list.SrcMax}, scatter.IDRange{Min: list.DstMin, Max: list.DstMax})
+		}
+		if err != nil {
 			break
 		}
 		pend = append(pend, p)
@@ -454,6 +476,39 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (func(c
 		return nil, err
 	}
 	return wait, nil
+}
+
+// checkLists checks, on the host, every block list of works that planning left unchecked.
+func checkLists(works []engines.Work) error {
+	for _, w := range works {
+		if l := w.Plan.Blocks; l != nil {
+			if err := l.Check(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ChecksBlocksAtRun implements engines.RunChecker for the xgmi engine: a block list between two regions this
+// backend maps, on a GPU whose copier has the checked kernels, is checked on the GPU as it moves.
+func (b *Backend) ChecksBlocksAtRun(src, dst *engines.MemoryDesc, bs uint64) bool {
+	b.mu.Lock()
+	ms, okS := b.regions[src.ID]
+	md, okD := b.regions[dst.ID]
+	b.mu.Unlock()
+	if !okS || !okD || (ms.ordinal < 0 && !ms.pinned) || (md.ordinal < 0 && !md.pinned) || ms.addr%16 != 0 || md.addr%16 != 0 {
+		return false
+	}
+	ord := ms.ordinal
+	if ord < 0 {
+		ord = md.ordinal
+	}
+	if ord < 0 {
+		return false
+	}
+	c, err := b.copier(ord)
+	return err == nil && c.CanCheckBlocks(bs, uint32(min(dst.Size/max(bs, 1), math.MaxUint32)))
 }
 
 // copyEach copies the plans one by one as segments.

@@ -126,6 +126,8 @@ type Copier struct {
 	// each timed submission, raised once the submission is queued.
 	gate       *cuda.StreamGate // nil: timings not held
 	gateReason string
+
+	check checkScratch // device memory of block lists checked on the GPU
 }
 
 // getEvent reuses an idle event (creating one costs a driver round trip per
@@ -304,7 +306,8 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 	}
 	var stage func() (scatter.Layout, *slot, uint64, error)
 	if len(small) > 0 && c.mode == ModeKernel {
-		stage = func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(small) }
+		kernelSegs := small // the closure must not see small cleared below
+		stage = func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
 		small = nil
 	}
 	p, err := c.submitLocked(nbytes, stage, true, small, big, route)
@@ -652,7 +655,7 @@ func (c *Copier) Close() error {
 	err := c.drv.WithContext(c.ctx, func() error {
 		errs := []error{c.drv.StreamSynchronize(c.stream)}
 		c.resident.Drain()
-		errs = append(errs, c.slots.Close(), c.drv.StreamDestroy(c.stream))
+		errs = append(errs, c.freeScratch(), c.slots.Close(), c.drv.StreamDestroy(c.stream))
 		if c.gate != nil {
 			errs = append(errs, c.gate.Close())
 		}

@@ -19,6 +19,8 @@ type Kernels struct {
 	uniform cuda.Function
 	flat16  cuda.Function
 	packed  cuda.Function
+	// Block lists checked on the GPU (fx_blocks_check, fx_blocks16).
+	blocksCheck, blocks16 cuda.Function
 	// Origin says where the image came from: "nvrtc" (compiled now) or "cache".
 	Origin string
 	// Arch is the target, e.g. "sm_90".
@@ -95,7 +97,7 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 		dst  *cuda.Function
 		name string
 	}{{&k.contig, kernels.ContigCopy}, {&k.general, kernels.ScatterGeneral}, {&k.uniform, kernels.ScatterUniform}, {&k.flat16, kernels.ScatterFlat16},
-		{&k.packed, kernels.ScatterPacked}} {
+		{&k.packed, kernels.ScatterPacked}, {&k.blocksCheck, kernels.BlocksCheck}, {&k.blocks16, kernels.BlocksCopy16}} {
 		if *f.dst, err = drv.ModuleFunction(k.module, f.name); err != nil {
 			_ = drv.ModuleUnload(k.module)
 			return nil, err

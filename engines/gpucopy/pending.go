@@ -25,6 +25,7 @@ type Pending struct {
 	timedFrom time.Time     // when the device timing's start was queued
 	queueing  time.Duration // host time from there to the end event
 	err       error
+	checked   *checkedList // a block list the GPU checked: its verdict is read at the end
 	done      chan struct{}
 	gpu       time.Duration
 }
@@ -123,6 +124,9 @@ func (p *Pending) finish(err error) {
 				}
 				return nil
 			})
+		}
+		if err == nil && p.checked != nil {
+			err = p.checked.verdict(p.slot.host()[:reportBytes])
 		}
 		p.err = err
 		p.c.release(p)

@@ -221,6 +221,12 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 	if err != nil {
 		return nil, fmt.Errorf("xgmi: %w", err)
 	}
+	if err := e.checkLists(work); err != nil {
+		for _, w := range work {
+			t.Finish(w.Index, fmt.Errorf("xgmi: %w", err))
+		}
+		return t, nil
+	}
 	if len(work) > 0 && !e.runInline(t, work) {
 		// Block copies are queued here, so the GPU starts before any goroutine hand-off; they are waited for
 		// beside the other plans.
@@ -228,6 +234,36 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 		go e.run(t, rest, started)
 	}
 	return t, nil
+}
+
+// ChecksBlocksAtRun implements engines.RunChecker: a pair whose backend checks block lists as it runs them
+// (the CUDA backend, on the GPU). With CheckDisjoint the engine reads every id itself, so it never defers.
+func (e *Engine) ChecksBlocksAtRun(src, dst *engines.MemoryDesc, blockBytes uint64) bool {
+	if e.opts.CheckDisjoint {
+		return false
+	}
+	b, _ := e.backendFor(src, dst)
+	rc, ok := b.(engines.RunChecker)
+	return ok && rc.ChecksBlocksAtRun(src, dst, blockBytes)
+}
+
+// checkLists checks on the host the block lists planning left to a backend that will not check them (a route
+// that changed since planning); the others are checked by their backend as it runs them.
+func (e *Engine) checkLists(work []engines.Work) error {
+	for _, w := range work {
+		l := w.Plan.Blocks
+		if l == nil || !l.Unchecked {
+			continue
+		}
+		b, _ := e.backendFor(w.Src, w.Dst)
+		if _, ok := b.(engines.RunChecker); ok {
+			continue
+		}
+		if err := l.Check(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // inlineMaxBytes: host copies this small are done inside Submit; a goroutine hand-off costs more than they do.

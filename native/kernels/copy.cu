@@ -221,3 +221,96 @@ extern "C" __global__ void fx_scatter_packed16(fx_u64 src_base, fx_u64 dst_base,
     __syncthreads();
   }
 }
+
+// Block lists checked on the GPU (CUDA only). The host hands the kernels the caller's block ids as they came
+// (two u32 arrays in pinned memory, src_ids[i] -> dst_ids[i]) with the base address of every region pair; it
+// neither checks nor expands them. fx_blocks_check runs first: it copies the ids to device memory, checks every
+// id against its side's block count and finds repeated destination ids with a bitmap (one bit per destination
+// block, all clear between launches), recording the first offending entry of each kind in status. fx_blocks16
+// then moves block ids[i] of every pair, as fx_scatter_flat16 moves pieces, unless status says the list was
+// refused: then nothing is written. Either way it clears the bits the check set, and its last block to finish
+// reports status to the host (report, mapped pinned memory) and resets status for the next list.
+//
+// status: [0] first out-of-range entry, [1] a repeated destination entry (0xffffffff: none), [2] blocks of
+// fx_blocks16 finished.
+
+#define FX_NONE 0xffffffffu
+
+extern "C" __global__ void fx_blocks_check(const fx_u32* __restrict__ src_ids, const fx_u32* __restrict__ dst_ids,
+                                           fx_u32 n, fx_u32 src_blocks, fx_u32 dst_blocks,
+                                           fx_u32* __restrict__ dev_src, fx_u32* __restrict__ dev_dst,
+                                           fx_u32* __restrict__ bitmap, fx_u32* __restrict__ status) {
+  for (fx_u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const fx_u32 s = src_ids[i], d = dst_ids[i];
+    dev_src[i] = s;
+    dev_dst[i] = d;
+    if (s >= src_blocks || d >= dst_blocks) {
+      atomicMin(&status[0], i);
+      continue;
+    }
+    const fx_u32 bit = 1u << (d & 31);
+    if (atomicOr(&bitmap[d >> 5], bit) & bit) atomicMin(&status[1], i);
+  }
+}
+
+extern "C" __global__ void fx_blocks16(const fx_u64* __restrict__ bases, fx_u32 pairs, fx_u32 n,
+                                       const fx_u32* __restrict__ src_ids, const fx_u32* __restrict__ dst_ids,
+                                       fx_u32 dst_blocks, fx_u32 per_piece, fx_u32* __restrict__ bitmap,
+                                       fx_u32* __restrict__ status, volatile fx_u32* report) {
+  __shared__ fx_u64 run_src[FX_FLAT_MAX_CHUNK];
+  __shared__ fx_u64 run_dst[FX_FLAT_MAX_CHUNK];
+  __shared__ bool refused;
+  if (threadIdx.x == 0) refused = status[0] != FX_NONE || status[1] != FX_NONE;
+  __syncthreads();
+  const fx_u64 bytes = (fx_u64)per_piece * 16;
+  // The bits of this list, cleared once per id (pair 0's pieces), whether or not it moves.
+  for (fx_u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const fx_u32 d = dst_ids[i];
+    if (d < dst_blocks) bitmap[d >> 5] = 0;
+  }
+  if (!refused) {
+    const fx_u32 pieces = pairs * n;
+    const fx_u32 chunk = fx_flat_chunk(per_piece, blockDim.x);
+    for (fx_u32 first = blockIdx.x * chunk; first < pieces; first += gridDim.x * chunk) {
+      const fx_u32 cnt = (pieces - first < chunk) ? pieces - first : chunk;
+      for (fx_u32 t = threadIdx.x; t < cnt; t += blockDim.x) {
+        const fx_u32 piece = first + t, pair = piece / n, i = piece - pair * n;
+        run_src[t] = bases[2 * pair] + (fx_u64)src_ids[i] * bytes;
+        run_dst[t] = bases[2 * pair + 1] + (fx_u64)dst_ids[i] * bytes;
+      }
+      __syncthreads();
+      const fx_u32 vecs = cnt * per_piece;
+      for (fx_u32 v = threadIdx.x; v < vecs; v += 4 * blockDim.x) {
+        fx_v16 r[4];
+        fx_v16* d[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          const fx_u32 w = v + k * blockDim.x;
+          d[k] = 0;
+          if (w < vecs) {
+            const fx_u32 p = w / per_piece, in = w - p * per_piece;
+            r[k] = ((const fx_v16*)run_src[p])[in];
+            d[k] = ((fx_v16*)run_dst[p]) + in;
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          if (d[k]) *d[k] = r[k];
+        }
+      }
+      __syncthreads();
+    }
+  }
+  // The last block to finish reports and resets status (the threadFenceReduction pattern).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(&status[2], 1) == gridDim.x - 1) {
+    report[0] = atomicAdd(&status[0], 0);
+    report[1] = atomicAdd(&status[1], 0);
+    report[2] = 1;
+    status[0] = FX_NONE;
+    status[1] = FX_NONE;
+    status[2] = 0;
+    __threadfence_system();
+  }
+}

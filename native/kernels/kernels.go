@@ -25,6 +25,12 @@ const (
 	ScatterPacked  = "fx_scatter_packed16"
 )
 
+// Entry points of block lists checked on the GPU (copy.cu only: the HIP copier checks block lists on the host).
+const (
+	BlocksCheck  = "fx_blocks_check"
+	BlocksCopy16 = "fx_blocks16"
+)
+
 // Descriptor sizes in bytes, as laid out by the kernels' structs.
 const (
 	GeneralDescriptorSize = 24 // fx_desc {src, dst, size uint64}
