@@ -30,6 +30,7 @@ type transfer struct {
 	done   chan struct{} // closed once status is set
 	once   sync.Once
 	status *agentv1.TransferStatus
+	err    error // how the engines ended it, set with status
 	ended  time.Time
 	// release hands back memory the plans read (block ids), once the transfer settled.
 	release func()
@@ -202,7 +203,7 @@ func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet,
 			s.finish(x)
 			// Block ids left to the GPU are refused as it runs them (nothing moved); the waiting caller hears it
 			// as the same refusal planning would have given.
-			if err := t.Wait(ctx); errors.Is(err, engines.ErrOutOfBounds) || errors.Is(err, engines.ErrOverlap) {
+			if err := x.err; errors.Is(err, engines.ErrOutOfBounds) || errors.Is(err, engines.ErrOverlap) {
 				return nil, status.Errorf(codes.InvalidArgument, "transfer %d refused: %v", x.id, err)
 			}
 			resp.Status = x.status
@@ -307,7 +308,7 @@ func (s *Server) finish(x *transfer) {
 		}
 		st := s.statusOf(x, err)
 		s.mu.Lock()
-		x.status = st
+		x.status, x.err = st, err
 		x.ended = time.Now()
 		if u := s.callers[x.owner]; u != nil {
 			u.inFlight--

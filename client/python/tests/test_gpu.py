@@ -58,6 +58,39 @@ class GPUTensorTest(unittest.TestCase):
         self.assertTrue(torch.equal(big[100:164], src))
         self.assertEqual(int(big[:100].count_nonzero()) + int(big[164:].count_nonzero()), 0)
 
+    def test_block_refusals_move_nothing(self):
+        """Ids out of range (either side, negative), repeated destination ids and layouts of another geometry
+        are refused with INVALID_ARGUMENT naming the problem, and the GPU destination keeps every byte; the
+        next good list lands (on the GPU, the ids are checked by the copy kernels themselves)."""
+        import grpc
+
+        src = [self.rand(256, 720), self.rand(256, 720)]
+        dst = [self.rand(256, 720), self.rand(256, 720)]
+        a = self.c.register_layout([self.c.register_tensor(t) for t in src], 720)
+        b = self.c.register_layout([self.c.register_tensor(t) for t in dst], 720)
+        odd = self.c.register_layout([self.c.register_tensor(self.rand(256, 736))], 736)
+        torch.cuda.synchronize()
+        before = [d.clone() for d in dst]
+        for name, lids, rids, layout, says in (
+            ("source id past the end", [1, 256], [2, 3], b, "outside"),
+            ("negative destination id", [1, 2], [2, -1], b, "outside"),
+            ("repeated destination id", [1, 2, 3], [7, 8, 7], b, "named twice"),
+            ("other geometry", [1], [2], odd, "geometry"),
+        ):
+            with self.assertRaises(grpc.RpcError, msg=name) as e:
+                self.c.transfer_blocks("write", a, torch.tensor(lids, dtype=torch.int32), to_layout(layout),
+                                       torch.tensor(rids, dtype=torch.int32))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, name)
+            self.assertIn(says, e.exception.details(), name)
+            torch.cuda.synchronize()
+            for d, was in zip(dst, before):
+                self.assertTrue(torch.equal(d, was), name + ": the destination changed")
+        self.c.transfer_blocks("write", a, torch.tensor([0, 255], dtype=torch.int32), to_layout(b),
+                               torch.tensor([9, 200], dtype=torch.int32))
+        torch.cuda.synchronize()
+        for s_, d in zip(src, dst):
+            self.assertTrue(torch.equal(d[[9, 200]], s_[[0, 255]]))
+
     def test_expandable_segment_within_one_allocation_and_across_several(self):
         if not EXPANDABLE:
             self.skipTest("run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
