@@ -24,10 +24,23 @@ const (
 	agentHealthPortName = "health"
 )
 
-// AgentSettings are operator-wide defaults for agent DaemonSets.
+// AgentSettings are what the cluster admin decided at install for every pool's agents; a pool's author
+// cannot change them.
 type AgentSettings struct {
 	// Image is used when a pool names none.
 	Image string
+	// ImageAllowlist are the other images a pool may name: exact references, or prefixes ending in '*'.
+	ImageAllowlist []string
+	// SocketDirPrefix is the host directory every pool's socketDir must be or lie under; empty is
+	// fxv1.DefaultSocketDir.
+	SocketDirPrefix string
+}
+
+func (s AgentSettings) socketDirPrefix() string {
+	if s.SocketDirPrefix == "" {
+		return fxv1.DefaultSocketDir
+	}
+	return s.SocketDirPrefix
 }
 
 // agentName is the name of every namespaced object the operator owns for a pool.
@@ -118,9 +131,17 @@ func DesiredClusterRoleBinding(pool *fxv1.TransferPool) *rbacv1ac.ClusterRoleBin
 		WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(agentName(pool)).WithNamespace(pool.Namespace))
 }
 
-// DesiredDaemonSet runs one agent on every node the pool selects.
-func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac.DaemonSetApplyConfiguration {
+// DesiredDaemonSet runs one agent on every node the pool selects. It refuses (ValidatePool) a pool whose
+// values would make flags or mounts nobody asked for.
+func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) (*appsv1ac.DaemonSetApplyConfiguration, error) {
+	if err := ValidatePool(pool, settings); err != nil {
+		return nil, err
+	}
 	spec := pool.Spec
+	mem, err := memoryBytes(spec.Memory)
+	if err != nil {
+		return nil, err
+	}
 	image := spec.Agent.Image
 	if image == "" {
 		image = settings.Image
@@ -169,25 +190,23 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac
 	if spec.FabricDomainOverride != "" {
 		args = append(args, "--fabric-domain="+spec.FabricDomainOverride)
 	}
-	// Pool memory in bytes: the agent allocates it at start and lends it (AllocateFromPool).
+	// Pool memory in bytes, checked by memoryBytes: the agent allocates it at start and lends it (AllocateFromPool).
 	for _, m := range []struct {
-		flag string
-		q    *resource.Quantity
+		flag  string
+		bytes int64
 	}{
-		{"--pool-gpu-bytes", spec.Memory.PerGPU},
-		{"--pool-host-bytes", spec.Memory.HostStaging},
-		{"--max-registered-bytes", spec.Memory.MaxRegisteredPerCaller},
+		{"--pool-gpu-bytes", mem.perGPU},
+		{"--pool-host-bytes", mem.hostStaging},
+		{"--max-registered-bytes", mem.maxRegistered},
 	} {
-		if m.q != nil && m.q.Sign() > 0 {
-			args = append(args, m.flag+"="+strconv.FormatInt(m.q.Value(), 10))
+		if m.bytes > 0 {
+			args = append(args, m.flag+"="+strconv.FormatInt(m.bytes, 10))
 		}
 	}
 
 	// Host pool memory is shared memory charged to the agent's cgroup: the default limit makes room for it.
-	memLimit := resource.MustParse("512Mi")
-	if q := spec.Memory.HostStaging; q != nil && q.Sign() > 0 {
-		memLimit.Add(*q)
-	}
+	// hostStaging is at most 1 TiB, so the sum cannot overflow.
+	memLimit := *resource.NewQuantity(512<<20+mem.hostStaging, resource.BinarySI)
 	resources := corev1ac.ResourceRequirements().
 		WithRequests(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")}).
 		WithLimits(corev1.ResourceList{corev1.ResourceMemory: memLimit})
@@ -279,5 +298,5 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac
 				WithRollingUpdate(appsv1ac.RollingUpdateDaemonSet().WithMaxUnavailable(intstr.FromInt32(1)))).
 			WithTemplate(corev1ac.PodTemplateSpec().
 				WithLabels(poolLabels(pool)).
-				WithSpec(podSpec)))
+				WithSpec(podSpec))), nil
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	"sigs.k8s.io/yaml"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
@@ -36,7 +37,7 @@ func samplePool() *fxv1.TransferPool {
 func TestBuildersMatchGolden(t *testing.T) {
 	pool := samplePool()
 	objects := map[string]any{
-		"daemonset.yaml":          DesiredDaemonSet(pool, AgentSettings{Image: "unused"}),
+		"daemonset.yaml":          mustDaemonSet(t, pool, AgentSettings{Image: "unused", ImageAllowlist: []string{"ghcr.io/fabricxfer/agent:*"}}),
 		"serviceaccount.yaml":     DesiredServiceAccount(pool),
 		"role.yaml":               DesiredRole(pool),
 		"rolebinding.yaml":        DesiredRoleBinding(pool),
@@ -70,7 +71,7 @@ func TestBuildersMatchGolden(t *testing.T) {
 
 func TestDaemonSetDefaultsWhenThePoolSaysLittle(t *testing.T) {
 	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}}
-	ds := DesiredDaemonSet(pool, AgentSettings{Image: "registry.local/agent:dev"})
+	ds := mustDaemonSet(t, pool, AgentSettings{Image: "registry.local/agent:dev"})
 	c := ds.Spec.Template.Spec.Containers[0]
 	if *c.Image != "registry.local/agent:dev" {
 		t.Errorf("image %q, want the operator default", *c.Image)
@@ -99,3 +100,12 @@ func TestDaemonSetDefaultsWhenThePoolSaysLittle(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func mustDaemonSet(t *testing.T, pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac.DaemonSetApplyConfiguration {
+	t.Helper()
+	ds, err := DesiredDaemonSet(pool, settings)
+	if err != nil {
+		t.Fatalf("building the DaemonSet: %v", err)
+	}
+	return ds
+}

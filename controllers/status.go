@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -53,7 +54,9 @@ type PoolObservation struct {
 	OtherPools []fxv1.TransferPool
 	// ApplyError is set when the owned objects could not be applied.
 	ApplyError error
-	Now        time.Time
+	// Invalid is set when the operator refuses the pool's spec (ValidatePool); nothing was applied.
+	Invalid error
+	Now     time.Time
 }
 
 // ComputePoolStatus derives a pool's status from what was observed. It is pure: same inputs, same status.
@@ -129,7 +132,7 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 		status.ConflictingPools = status.ConflictingPools[:32]
 	}
 
-	setPoolConditions(pool, &status, len(stale), obs.ApplyError)
+	setPoolConditions(pool, &status, len(stale), obs.Invalid, obs.ApplyError)
 	return status
 }
 
@@ -153,7 +156,7 @@ func PoolRequeueAfter(pool *fxv1.TransferPool, obs PoolObservation) time.Duratio
 	return exp.after()
 }
 
-func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus, staleNodes int, applyErr error) {
+func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus, staleNodes int, invalid, applyErr error) {
 	set := func(condType string, s metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&status.Conditions, metav1.Condition{
 			Type: condType, Status: s, Reason: reason, Message: msg, ObservedGeneration: pool.Generation,
@@ -161,6 +164,15 @@ func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus,
 	}
 	ready, desired := status.ReadyNodes, status.DesiredNodes
 	switch {
+	case invalid != nil:
+		reason := fxv1.ReasonInvalidSpec
+		if errors.Is(invalid, ErrImageNotAllowed) {
+			reason = fxv1.ReasonImageNotAllowed
+		}
+		msg := "the operator runs no agent for this pool: " + invalid.Error()
+		set(fxv1.ConditionReady, metav1.ConditionFalse, reason, msg)
+		set(fxv1.ConditionProgressing, metav1.ConditionFalse, reason, msg)
+		set(fxv1.ConditionDegraded, metav1.ConditionTrue, reason, msg)
 	case applyErr != nil:
 		msg := "applying the agent DaemonSet and RBAC failed: " + applyErr.Error()
 		set(fxv1.ConditionReady, metav1.ConditionFalse, fxv1.ReasonReconcileError, msg)

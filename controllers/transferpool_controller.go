@@ -97,12 +97,15 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 	}()
 
-	if r.needsApply(pool) {
+	// A pool the operator refuses gets nothing written for it (objects of an earlier, valid generation stay as
+	// they are) and no retry: only a new generation can change the verdict.
+	obs.Invalid = ValidatePool(pool, r.Agent)
+	if obs.Invalid == nil && r.needsApply(pool) {
 		if obs.ApplyError = r.applyOwned(ctx, pool); obs.ApplyError == nil {
 			r.markApplied(pool)
 		}
 	}
-	if obs.ApplyError == nil && r.Secrets != nil {
+	if obs.Invalid == nil && obs.ApplyError == nil && r.Secrets != nil {
 		if err := r.Secrets.EnsurePoolSecret(ctx, pool, tlsSecretName(pool)); err != nil {
 			obs.ApplyError = fmt.Errorf("issuing agent certificates for pool %s/%s: %w", pool.Namespace, pool.Name, err)
 		}
@@ -119,6 +122,10 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 }
 
 func (r *TransferPoolReconciler) applyOwned(ctx context.Context, pool *fxv1.TransferPool) error {
+	ds, err := DesiredDaemonSet(pool, r.Agent)
+	if err != nil {
+		return fmt.Errorf("building the agent DaemonSet of pool %s/%s: %w", pool.Namespace, pool.Name, err)
+	}
 	opts := []client.ApplyOption{client.FieldOwner(FieldManager), client.ForceOwnership}
 	for _, obj := range []runtime.ApplyConfiguration{
 		DesiredServiceAccount(pool),
@@ -126,7 +133,7 @@ func (r *TransferPoolReconciler) applyOwned(ctx context.Context, pool *fxv1.Tran
 		DesiredRoleBinding(pool),
 		DesiredClusterRole(pool),
 		DesiredClusterRoleBinding(pool),
-		DesiredDaemonSet(pool, r.Agent),
+		ds,
 	} {
 		if err := r.Apply(ctx, obj, opts...); err != nil {
 			return fmt.Errorf("applying %T for pool %s/%s: %w", obj, pool.Namespace, pool.Name, err)

@@ -45,10 +45,20 @@ crd_template() {
   echo "{{- end }}"
 }
 
+# socket_prefix writes the admin's agent.socketDirPrefix where the TransferPool CRD names the default prefix:
+# in the socketDir rule's pattern (dots escaped, so the prefix stays literal), its message, default and text.
+socket_prefix() {
+  sed -e 's|\^/var/run/fabricxfer(|^{{ .Values.agent.socketDirPrefix \| replace "." "[.]" }}(|' \
+    -e 's|/var/run/fabricxfer|{{ .Values.agent.socketDirPrefix }}|g'
+}
+
 mkdir -p "$crd_dir" "$chart/templates"
 rm -f "$crd_dir"/*.yaml
 for f in config/crd/bases/*.yaml; do
-  crd_template "$f" >"$crd_dir/$(basename "$f")"
+  case $f in
+  *_transferpools.yaml) crd_template "$f" | socket_prefix >"$crd_dir/$(basename "$f")" ;;
+  *) crd_template "$f" >"$crd_dir/$(basename "$f")" ;;
+  esac
 done
 
 {

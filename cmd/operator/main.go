@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -36,11 +37,22 @@ func run() error {
 		agentImage     = flag.String("agent-image", "ghcr.io/fabricxfer/agent:v0.1.0", "agent image for pools that name none")
 		pprofAddr      = flag.String("pprof-bind-address", "", "address of Go's /debug/pprof endpoints (empty: off)")
 		issueAgentCert = flag.Bool("issue-agent-certs", true, "issue each pool's agent-to-agent mTLS certificates into a Secret")
+		imageAllowlist = flag.String("agent-image-allowlist", "", "comma-separated agent images pools may name besides --agent-image; an entry ending in * allows every image that starts with the rest")
+		socketPrefix   = flag.String("socket-dir-prefix", fxv1.DefaultSocketDir, "host directory every pool's socketDir must be or lie under (the CRD's rule must say the same)")
 	)
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	if err := controllers.ValidateSocketDirPrefix(*socketPrefix); err != nil {
+		return fmt.Errorf("--socket-dir-prefix: %w", err)
+	}
+	agent := controllers.AgentSettings{Image: *agentImage, SocketDirPrefix: *socketPrefix}
+	for _, image := range strings.Split(*imageAllowlist, ",") {
+		if image = strings.TrimSpace(image); image != "" {
+			agent.ImageAllowlist = append(agent.ImageAllowlist, image)
+		}
+	}
 
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
@@ -68,7 +80,7 @@ func run() error {
 	pools := &controllers.TransferPoolReconciler{
 		Client: mgr.GetClient(),
 		Scheme: scheme,
-		Agent:  controllers.AgentSettings{Image: *agentImage},
+		Agent:  agent,
 	}
 	if *issueAgentCert {
 		pools.Secrets = controllers.NewCertIssuer(mgr.GetClient())
