@@ -1,15 +1,19 @@
 package controllers
 
 import (
+	"context"
 	"flag"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	"sigs.k8s.io/yaml"
 
@@ -36,13 +40,13 @@ func samplePool() *fxv1.TransferPool {
 
 func TestBuildersMatchGolden(t *testing.T) {
 	pool := samplePool()
+	settings := AgentSettings{Image: "unused", ImageAllowlist: []string{"ghcr.io/fabricxfer/agent:*"}, Namespace: "fabricxfer-system"}
 	objects := map[string]any{
-		"daemonset.yaml":          mustDaemonSet(t, pool, AgentSettings{Image: "unused", ImageAllowlist: []string{"ghcr.io/fabricxfer/agent:*"}}),
-		"serviceaccount.yaml":     DesiredServiceAccount(pool),
+		"daemonset.yaml":          mustDaemonSet(t, pool, settings),
+		"serviceaccount.yaml":     DesiredServiceAccount(pool, settings),
 		"role.yaml":               DesiredRole(pool),
-		"rolebinding.yaml":        DesiredRoleBinding(pool),
-		"clusterrole.yaml":        DesiredClusterRole(pool),
-		"clusterrolebinding.yaml": DesiredClusterRoleBinding(pool),
+		"rolebinding.yaml":        DesiredRoleBinding(pool, settings),
+		"clusterrolebinding.yaml": DesiredClusterRoleBinding(pool, settings),
 	}
 	for name, obj := range objects {
 		got, err := yaml.Marshal(obj)
@@ -108,4 +112,40 @@ func mustDaemonSet(t *testing.T, pool *fxv1.TransferPool, settings AgentSettings
 		t.Fatalf("building the DaemonSet: %v", err)
 	}
 	return ds
+}
+
+// TestOwnedNamesNeverCollide checks the names of owned objects: pools whose namespace and name join into the
+// same words (team/a-x and team-a/x) once shared a ClusterRole, and deleting one removed the other's.
+func TestOwnedNamesNeverCollide(t *testing.T) {
+	a, b := AgentObjectName("team", "a-x"), AgentObjectName("team-a", "x")
+	if a == b {
+		t.Fatalf("team/a-x and team-a/x share the name %s", a)
+	}
+	long := AgentObjectName(strings.Repeat("n", 63), strings.Repeat("p", 63))
+	if len(long) > 63 || validation.IsDNS1123Label(long) != nil {
+		t.Errorf("name %q of the longest pool is not a DNS label of at most 63 characters: %v", long, validation.IsDNS1123Label(long))
+	}
+	if AgentObjectName(strings.Repeat("n", 63), strings.Repeat("p", 62)+"q") == long {
+		t.Error("pools that differ only past the readable part share a name")
+	}
+	if got := AgentObjectName("default", "kv-cache"); !strings.HasPrefix(got, "fabricxfer-agent-default-kv-cache-") {
+		t.Errorf("name %q should stay readable", got)
+	}
+}
+
+// TestOwnedNamesMatchTheScripts checks that hack/names.sh, which the end-to-end and failure scripts use to find
+// a pool's objects, names them as the operator does.
+func TestOwnedNamesMatchTheScripts(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash")
+	}
+	for _, p := range [][2]string{{"default", "kv-cache"}, {"team", "a-x"}, {strings.Repeat("n", 40), "p"}, {"ns", strings.Repeat("p-", 14) + "q"}} {
+		out, err := exec.CommandContext(context.Background(), "bash", "-c", `source ../hack/names.sh && agent_object_name "$0" "$1"`, p[0], p[1]).Output()
+		if err != nil {
+			t.Fatalf("hack/names.sh: %v", err)
+		}
+		if got, want := strings.TrimSpace(string(out)), AgentObjectName(p[0], p[1]); got != want {
+			t.Errorf("hack/names.sh names %s/%s %q, the operator %q", p[0], p[1], got, want)
+		}
+	}
 }

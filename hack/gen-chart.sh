@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # hack/gen-chart.sh writes the chart's generated parts from config/, which `make manifests` generates:
 #   charts/fabricxfer/templates/crds/<crd>.yaml   each CRD behind crds.enabled, kept on uninstall (crds.keep)
-#   charts/fabricxfer/templates/_rules.tpl        the operator's ClusterRole rules, verbatim from config/rbac/role.yaml
+#   charts/fabricxfer/templates/_rules.tpl        the operator's ClusterRole and agent-namespace Role rules, verbatim
+#                                                 from config/rbac/role.yaml, and the agents' ClusterRole rules from
+#                                                 config/rbac/agent_role.yaml
 # The chart therefore never drifts from the API markers or the controllers' RBAC markers.
 # CHART_DIR writes them under another directory instead (hack/chart-test.sh uses it to check they are fresh).
 set -euo pipefail
@@ -61,11 +63,29 @@ for f in config/crd/bases/*.yaml; do
   esac
 done
 
+# rules_of KIND FILE: the rules list of the document of that kind in FILE; its indentation is already that of
+# a top-level key.
+rules_of() {
+  awk -v kind="$1" '
+    /^---$/ { in_doc = 0; found = 0; next }
+    /^kind: / { in_doc = ($2 == kind) }
+    found && in_doc { print }
+    in_doc && /^rules:$/ { found = 1 }
+  ' "$2" | escape_braces
+}
+
 {
   echo "$header"
   echo "{{/* fabricxfer.operatorRules: the rules of the operator's ClusterRole, from config/rbac/role.yaml. */}}"
   echo '{{- define "fabricxfer.operatorRules" -}}'
-  # Everything after "rules:" is the list itself; its indentation is already that of a top-level key.
-  awk 'found { print } /^rules:$/ { found = 1 }' config/rbac/role.yaml | escape_braces
+  rules_of ClusterRole config/rbac/role.yaml
+  echo '{{- end }}'
+  echo "{{/* fabricxfer.operatorAgentNamespaceRules: the operator's Role in the agents' namespace, from config/rbac/role.yaml. */}}"
+  echo '{{- define "fabricxfer.operatorAgentNamespaceRules" -}}'
+  rules_of Role config/rbac/role.yaml
+  echo '{{- end }}'
+  echo "{{/* fabricxfer.agentRules: the agents' ClusterRole, from config/rbac/agent_role.yaml. */}}"
+  echo '{{- define "fabricxfer.agentRules" -}}'
+  rules_of ClusterRole config/rbac/agent_role.yaml | grep -v '^#'
   echo '{{- end }}'
 } >"$chart/templates/_rules.tpl"
