@@ -6,7 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 )
 
@@ -110,7 +112,15 @@ func TestAdmissionRefusesHostilePools(t *testing.T) {
 			}
 			err := c.Create(ctx, obj)
 			if err == nil {
+				// An accepted pool selects every node: it must be gone before another test's pool comes,
+				// or it would be the first pool of those nodes.
 				_ = c.Delete(ctx, obj)
+				eventually(t, settle, "the accepted object deleted", func() error {
+					if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopy()); !apierrors.IsNotFound(err) {
+						return fmt.Errorf("still there: %v", err)
+					}
+					return nil
+				})
 			}
 			switch {
 			case tc.want == accepted && err != nil:

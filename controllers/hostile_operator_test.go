@@ -40,13 +40,15 @@ func TestOperatorRefusesWhatAdmissionLets(t *testing.T) {
 	c := apiClient(t)
 	ctx := context.Background()
 	ns := newNamespace(t, c)
+	// Pools of this test select no node, so they never contest the nodes of another test's pools.
+	nobody := map[string]string{"fabricxfer.io/test-group": "refused-pools"}
 	cases := []struct {
 		name   string
 		spec   fxv1.TransferPoolSpec
 		reason string
 		want   string
 	}{
-		{"foreign-image", fxv1.TransferPoolSpec{Agent: fxv1.AgentSpec{Image: "attacker.example/agent:v1"}},
+		{"foreign-image", fxv1.TransferPoolSpec{NodeSelector: nobody, Agent: fxv1.AgentSpec{Image: "attacker.example/agent:v1"}},
 			fxv1.ReasonImageNotAllowed, `spec.agent.image "attacker.example/agent:v1": not the operator's agent image`},
 		{"bad-selector", fxv1.TransferPoolSpec{NodeSelector: map[string]string{"gpu": "-x-"}},
 			fxv1.ReasonInvalidSpec, `spec.nodeSelector["gpu"] value "-x-"`},
@@ -78,10 +80,11 @@ func TestOperatorRefusesWhatAdmissionLets(t *testing.T) {
 	}
 
 	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "allowed-image"},
-		Spec: fxv1.TransferPoolSpec{Agent: fxv1.AgentSpec{Image: "example.com/agent-dev:abc"}}}
+		Spec: fxv1.TransferPoolSpec{NodeSelector: nobody, Agent: fxv1.AgentSpec{Image: "example.com/agent-dev:abc"}}}
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), pool) })
 	ds := &appsv1.DaemonSet{}
 	eventually(t, settle, "the allowed image's DaemonSet", func() error {
 		return c.Get(ctx, client.ObjectKey{Namespace: testAgentNamespace, Name: agentName(pool)}, ds)

@@ -360,6 +360,16 @@ func TestPoolsSelectingTheSameNodesConflict(t *testing.T) {
 	if err := c.Create(ctx, b); err != nil {
 		t.Fatal(err)
 	}
+	// b selects every node: it must be gone before the next test's pools come, or it would be theirs' first.
+	t.Cleanup(func() {
+		_ = c.Delete(context.Background(), b)
+		eventually(t, settle, "pool b deleted", func() error {
+			if err := c.Get(context.Background(), client.ObjectKeyFromObject(b), &fxv1.TransferPool{}); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("still there: %v", err)
+			}
+			return nil
+		})
+	})
 	eventually(t, settle, "pool b in Conflict", func() error {
 		got, err := getPool(c, b)
 		if err != nil {
@@ -393,9 +403,6 @@ func TestPoolsSelectingTheSameNodesConflict(t *testing.T) {
 	eventually(t, settle, "the later pool's agents once it is alone", func() error {
 		return c.Get(ctx, client.ObjectKey{Namespace: testAgentNamespace, Name: AgentObjectName(other, "b")}, &appsv1.DaemonSet{})
 	})
-	if err := c.Delete(ctx, b); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func TestPoolWithoutMatchingNodes(t *testing.T) {

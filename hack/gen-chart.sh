@@ -4,6 +4,7 @@
 #   charts/fabricxfer/templates/_rules.tpl        the operator's ClusterRole and agent-namespace Role rules, verbatim
 #                                                 from config/rbac/role.yaml, and the agents' ClusterRole rules from
 #                                                 config/rbac/agent_role.yaml
+#   charts/fabricxfer/templates/agent-policy.yaml  config/rbac/agent_policy.yaml for the release's agent namespace
 # The chart therefore never drifts from the API markers or the controllers' RBAC markers.
 # CHART_DIR writes them under another directory instead (hack/chart-test.sh uses it to check they are fresh).
 set -euo pipefail
@@ -89,3 +90,12 @@ rules_of() {
   rules_of ClusterRole config/rbac/agent_role.yaml | grep -v '^#'
   echo '{{- end }}'
 } >"$chart/templates/_rules.tpl"
+
+# The admission policy that keeps each agent to its own node, for the agents' namespace of the release.
+{
+  echo "$header"
+  echo "{{- if .Values.agent.ownNodePolicy }}"
+  escape_braces <config/rbac/agent_policy.yaml |
+    sed 's|system:serviceaccount:fabricxfer-system:|system:serviceaccount:{{ include "fabricxfer.agentNamespace" . }}:|'
+  echo "{{- end }}"
+} >"$chart/templates/agent-policy.yaml"
