@@ -44,6 +44,8 @@ const (
 	ReasonMembersMissing    = "MembersMissing"
 	ReasonMembersComplete   = "MembersComplete"
 	ReasonNoMembers         = "NoMembers"
+	// ReasonDuplicateDomain: another VPodTopology already describes this domain.
+	ReasonDuplicateDomain = "DuplicateDomain"
 )
 
 // Labels and annotations the operator and agents set.
