@@ -123,7 +123,7 @@ func TestCollidingPoolNamesKeepTheirObjects(t *testing.T) {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(pools[0]), &fxv1.TransferPool{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("pool still there: %v", err)
 		}
-		if n := ownedObjects(t, c, pools[0]); n != 2 { // Role and RoleBinding wait for the garbage collector, absent here
+		if n := ownedObjects(t, c, pools[0]); n != 0 { // no garbage collector here: the finalizer deletes all
 			return fmt.Errorf("%d objects left", n)
 		}
 		return nil

@@ -98,7 +98,11 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 
 	before := pool.DeepCopy()
 	obs := PoolObservation{Now: r.Clock.Now()}
+	observed := false
 	defer func() {
+		if !observed {
+			return // a status from nothing read would say no node matches
+		}
 		pool.Status = ComputePoolStatus(pool, obs)
 		if equality.Semantic.DeepEqual(before.Status, pool.Status) {
 			return
@@ -111,6 +115,7 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if err := r.observe(ctx, pool, &obs); err != nil {
 		return ctrl.Result{}, err
 	}
+	observed = true
 	// A pool the operator refuses gets nothing written for it (objects of an earlier, valid generation stay as
 	// they are) and no retry: only a new generation can change the verdict.
 	obs.Invalid = ValidatePool(pool, r.Agent)
@@ -239,8 +244,8 @@ func (r *TransferPoolReconciler) observe(ctx context.Context, pool *fxv1.Transfe
 	return nil
 }
 
-// finalize deletes what the pool owns outside its namespace, found by its owner labels; namespaced objects in
-// the pool's namespace go with their owner reference.
+// finalize deletes what the pool owns, found by its owner labels: outside its namespace nothing else would
+// (no owner reference can cross namespaces), and in it the garbage collector would, later.
 func (r *TransferPoolReconciler) finalize(ctx context.Context, pool *fxv1.TransferPool) error {
 	if !controllerutil.ContainsFinalizer(pool, poolFinalizer) {
 		return nil
@@ -255,6 +260,10 @@ func (r *TransferPoolReconciler) finalize(ctx context.Context, pool *fxv1.Transf
 		{&rbacv1.ClusterRoleBindingList{}, nil},
 		{&corev1.ServiceAccountList{}, []client.ListOption{ns}},
 		{&corev1.SecretList{}, []client.ListOption{ns}},
+		// Owned by the pool too, but the garbage collector took tens of seconds to notice a deleted pool;
+		// the agents' rights should end with the pool.
+		{&rbacv1.RoleBindingList{}, []client.ListOption{client.InNamespace(pool.Namespace)}},
+		{&rbacv1.RoleList{}, []client.ListOption{client.InNamespace(pool.Namespace)}},
 	} {
 		if err := r.deleteOwned(ctx, pool, step.list, step.opts...); err != nil {
 			return err

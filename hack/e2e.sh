@@ -72,7 +72,7 @@ all_gone() {
 until_true 60 "agent DaemonSet, ServiceAccount and certificate Secrets removed by the finalizer" \
   all_gone "$AGENT_NS" daemonset/"$AGENTS" serviceaccount/"$AGENTS" secret/"$AGENTS-tls" secret/"$AGENTS-tls-ca"
 until_true 30 "cluster RBAC removed by the finalizer" all_gone "" clusterrolebinding/"$AGENTS"
-until_true 60 "the agents' Role and RoleBinding in the pool's namespace garbage-collected" \
+until_true 60 "the agents' Role and RoleBinding in the pool's namespace removed" \
   all_gone default role/"$AGENTS" rolebinding/"$AGENTS"
 
 hack/demo.sh down >/dev/null
