@@ -1,8 +1,10 @@
 package controllers
 
 import (
-	"fmt"
+	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -11,6 +13,7 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
@@ -24,36 +27,86 @@ const (
 	agentHealthPortName = "health"
 )
 
-// AgentSettings are operator-wide defaults for agent DaemonSets.
+// DefaultAgentNamespace is where agents run when the operator is told nothing else (and runs outside a pod).
+const DefaultAgentNamespace = "fabricxfer-system"
+
+// AgentClusterRole is the ClusterRole the chart and config/rbac install for every agent: write TransferNodes,
+// read Nodes, VPodTopologies and Pods. The operator may only bind this role (RBAC `bind` with this resource
+// name); it creates no ClusterRole and holds no `escalate`.
+const AgentClusterRole = "fabricxfer-agent"
+
+// AgentSettings are what the cluster admin decided at install for every pool's agents; a pool's author
+// cannot change them.
 type AgentSettings struct {
 	// Image is used when a pool names none.
 	Image string
+	// ImageAllowlist are the other images a pool may name: exact references, or prefixes ending in '*'.
+	ImageAllowlist []string
+	// SocketDirPrefix is the host directory every pool's socketDir must be or lie under; empty is
+	// fxv1.DefaultSocketDir.
+	SocketDirPrefix string
+	// Namespace is where every pool's agents, their ServiceAccount and certificates live; empty is
+	// DefaultAgentNamespace. Never a tenant's namespace: whoever can exec into a pod, read a Secret or create a
+	// pod with the agents' ServiceAccount there would be root on the pool's nodes or speak for its agents.
+	Namespace string
 }
 
-// agentName is the name of every namespaced object the operator owns for a pool.
-func agentName(pool *fxv1.TransferPool) string { return "fabricxfer-agent-" + pool.Name }
-
-// clusterRBACName is the name of the pool's cluster-scoped ClusterRole and ClusterRoleBinding; cluster-scoped
-// objects cannot be owned by a namespaced pool, so the pool's finalizer removes them.
-func clusterRBACName(pool *fxv1.TransferPool) string {
-	return fmt.Sprintf("fabricxfer-agent-%s-%s", pool.Namespace, pool.Name)
+func (s AgentSettings) socketDirPrefix() string {
+	if s.SocketDirPrefix == "" {
+		return fxv1.DefaultSocketDir
+	}
+	return s.SocketDirPrefix
 }
 
-// tlsSecretName is the Secret that holds the pool's agent-to-agent certificates.
-func tlsSecretName(pool *fxv1.TransferPool) string { return "fabricxfer-agent-" + pool.Name + "-tls" }
+func (s AgentSettings) namespace() string {
+	if s.Namespace == "" {
+		return DefaultAgentNamespace
+	}
+	return s.Namespace
+}
+
+// AgentObjectName is the name of every object the operator owns for a pool, in the agents' namespace, the
+// pool's namespace and cluster-wide: readable (namespace and name, cut to fit) and 16 hex digits of the
+// SHA-256 of namespace/name, so team/a-x and team-a/x never share one. At most 63 characters, a valid name of
+// every kind it is used for (a DaemonSet's pods and revisions add a suffix to it).
+func AgentObjectName(poolNamespace, poolName string) string {
+	readable := strings.Trim(poolNamespace+"-"+poolName, "-")
+	if len(readable) > 29 {
+		readable = strings.TrimRight(readable[:29], "-")
+	}
+	sum := sha256.Sum256([]byte(poolNamespace + "/" + poolName))
+	return "fabricxfer-agent-" + readable + "-" + hex.EncodeToString(sum[:8])
+}
+
+// agentName is AgentObjectName of the pool.
+func agentName(pool *fxv1.TransferPool) string { return AgentObjectName(pool.Namespace, pool.Name) }
+
+// tlsSecretName is the Secret, in the agents' namespace, that holds the pool's agent-to-agent certificates.
+func tlsSecretName(pool *fxv1.TransferPool) string { return agentName(pool) + "-tls" }
+
+// managedBy marks every object the operator owns; the operator's informers select on it.
+const managedBy = "fabricxfer-operator"
 
 func poolLabels(pool *fxv1.TransferPool) map[string]string {
 	return map[string]string{
 		"app.kubernetes.io/name":       "fabricxfer-agent",
 		"app.kubernetes.io/instance":   pool.Name,
-		"app.kubernetes.io/managed-by": "fabricxfer-operator",
+		"app.kubernetes.io/managed-by": managedBy,
 		fxv1.LabelPoolName:             pool.Name,
 		fxv1.LabelPoolNamespace:        pool.Namespace,
 	}
 }
 
+// ownerLabels select what belongs to one pool: objects outside the pool's namespace carry no owner reference,
+// so the finalizer finds them by these labels and deletes nothing else.
+func ownerLabels(pool *fxv1.TransferPool) client.MatchingLabels {
+	return client.MatchingLabels{"app.kubernetes.io/managed-by": managedBy,
+		fxv1.LabelPoolName: pool.Name, fxv1.LabelPoolNamespace: pool.Namespace}
+}
+
 func selectorLabels(pool *fxv1.TransferPool) map[string]string {
-	return map[string]string{"app.kubernetes.io/name": "fabricxfer-agent", fxv1.LabelPoolName: pool.Name}
+	return map[string]string{"app.kubernetes.io/name": "fabricxfer-agent",
+		fxv1.LabelPoolName: pool.Name, fxv1.LabelPoolNamespace: pool.Namespace}
 }
 
 func ownerRef(pool *fxv1.TransferPool) *metav1ac.OwnerReferenceApplyConfiguration {
@@ -63,64 +116,54 @@ func ownerRef(pool *fxv1.TransferPool) *metav1ac.OwnerReferenceApplyConfiguratio
 		WithController(true).WithBlockOwnerDeletion(true)
 }
 
-// DesiredServiceAccount is the identity agents of the pool run as.
-func DesiredServiceAccount(pool *fxv1.TransferPool) *corev1ac.ServiceAccountApplyConfiguration {
-	return corev1ac.ServiceAccount(agentName(pool), pool.Namespace).
-		WithLabels(poolLabels(pool)).WithOwnerReferences(ownerRef(pool))
+// DesiredServiceAccount is the identity agents of the pool run as, in the agents' namespace. Its token is
+// mounted only into the pool's agent pods; no tenant can create a pod that uses it.
+func DesiredServiceAccount(pool *fxv1.TransferPool, settings AgentSettings) *corev1ac.ServiceAccountApplyConfiguration {
+	return corev1ac.ServiceAccount(agentName(pool), settings.namespace()).WithLabels(poolLabels(pool))
 }
 
-// DesiredRole lets agents read their pool and its certificates and renew their heartbeat Leases in the pool's
-// namespace. Lease names are per node, so the rule cannot name them; an agent runs privileged on its host
-// already, so write access to the namespace's Leases gives it nothing more.
+// DesiredRole lets agents read their pool and renew their heartbeat Leases, in the pool's namespace. Lease
+// names are per node, so the rule cannot name them. Agents read no Secret through the API: the kubelet
+// mounts their certificates.
 func DesiredRole(pool *fxv1.TransferPool) *rbacv1ac.RoleApplyConfiguration {
 	return rbacv1ac.Role(agentName(pool), pool.Namespace).
 		WithLabels(poolLabels(pool)).WithOwnerReferences(ownerRef(pool)).
 		WithRules(
 			rbacv1ac.PolicyRule().WithAPIGroups(fxv1.GroupVersion.Group).WithResources("transferpools").
 				WithResourceNames(pool.Name).WithVerbs("get", "list", "watch"),
-			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("secrets").
-				WithResourceNames(tlsSecretName(pool)).WithVerbs("get", "list", "watch"),
 			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").
 				WithVerbs("get", "create", "update"),
 		)
 }
 
-// DesiredRoleBinding binds DesiredRole to the agents' ServiceAccount.
-func DesiredRoleBinding(pool *fxv1.TransferPool) *rbacv1ac.RoleBindingApplyConfiguration {
+// DesiredRoleBinding binds DesiredRole to the agents' ServiceAccount in the agents' namespace.
+func DesiredRoleBinding(pool *fxv1.TransferPool, settings AgentSettings) *rbacv1ac.RoleBindingApplyConfiguration {
 	return rbacv1ac.RoleBinding(agentName(pool), pool.Namespace).
 		WithLabels(poolLabels(pool)).WithOwnerReferences(ownerRef(pool)).
 		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("Role").WithName(agentName(pool))).
-		WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(agentName(pool)).WithNamespace(pool.Namespace))
+		WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(agentName(pool)).WithNamespace(settings.namespace()))
 }
 
-// DesiredClusterRole lets agents write TransferNodes, read Nodes (their owner) and peers' reports, and map a
-// socket caller's pod UID to its namespace.
-func DesiredClusterRole(pool *fxv1.TransferPool) *rbacv1ac.ClusterRoleApplyConfiguration {
-	return rbacv1ac.ClusterRole(clusterRBACName(pool)).
+// DesiredClusterRoleBinding binds the installed AgentClusterRole to the pool's agents. Cluster-scoped objects
+// cannot be owned by a namespaced pool, so the pool's finalizer removes it (by its owner labels).
+func DesiredClusterRoleBinding(pool *fxv1.TransferPool, settings AgentSettings) *rbacv1ac.ClusterRoleBindingApplyConfiguration {
+	return rbacv1ac.ClusterRoleBinding(agentName(pool)).
 		WithLabels(poolLabels(pool)).
-		WithRules(
-			rbacv1ac.PolicyRule().WithAPIGroups(fxv1.GroupVersion.Group).WithResources("transfernodes").
-				WithVerbs("get", "list", "watch", "create", "patch", "update"),
-			rbacv1ac.PolicyRule().WithAPIGroups(fxv1.GroupVersion.Group).WithResources("transfernodes/status").
-				WithVerbs("get", "patch", "update"),
-			rbacv1ac.PolicyRule().WithAPIGroups(fxv1.GroupVersion.Group).WithResources("vpodtopologies").
-				WithVerbs("get", "list", "watch"),
-			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("nodes").WithVerbs("get", "list", "watch"),
-			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("pods").WithVerbs("get", "list", "watch"),
-		)
+		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(AgentClusterRole)).
+		WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(agentName(pool)).WithNamespace(settings.namespace()))
 }
 
-// DesiredClusterRoleBinding binds DesiredClusterRole to the agents' ServiceAccount.
-func DesiredClusterRoleBinding(pool *fxv1.TransferPool) *rbacv1ac.ClusterRoleBindingApplyConfiguration {
-	return rbacv1ac.ClusterRoleBinding(clusterRBACName(pool)).
-		WithLabels(poolLabels(pool)).
-		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(clusterRBACName(pool))).
-		WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(agentName(pool)).WithNamespace(pool.Namespace))
-}
-
-// DesiredDaemonSet runs one agent on every node the pool selects.
-func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac.DaemonSetApplyConfiguration {
+// DesiredDaemonSet runs one agent on every node the pool selects. It refuses (ValidatePool) a pool whose
+// values would make flags or mounts nobody asked for.
+func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) (*appsv1ac.DaemonSetApplyConfiguration, error) {
+	if err := ValidatePool(pool, settings); err != nil {
+		return nil, err
+	}
 	spec := pool.Spec
+	mem, err := memoryBytes(spec.Memory)
+	if err != nil {
+		return nil, err
+	}
 	image := spec.Agent.Image
 	if image == "" {
 		image = settings.Image
@@ -169,25 +212,23 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac
 	if spec.FabricDomainOverride != "" {
 		args = append(args, "--fabric-domain="+spec.FabricDomainOverride)
 	}
-	// Pool memory in bytes: the agent allocates it at start and lends it (AllocateFromPool).
+	// Pool memory in bytes, checked by memoryBytes: the agent allocates it at start and lends it (AllocateFromPool).
 	for _, m := range []struct {
-		flag string
-		q    *resource.Quantity
+		flag  string
+		bytes int64
 	}{
-		{"--pool-gpu-bytes", spec.Memory.PerGPU},
-		{"--pool-host-bytes", spec.Memory.HostStaging},
-		{"--max-registered-bytes", spec.Memory.MaxRegisteredPerCaller},
+		{"--pool-gpu-bytes", mem.perGPU},
+		{"--pool-host-bytes", mem.hostStaging},
+		{"--max-registered-bytes", mem.maxRegistered},
 	} {
-		if m.q != nil && m.q.Sign() > 0 {
-			args = append(args, m.flag+"="+strconv.FormatInt(m.q.Value(), 10))
+		if m.bytes > 0 {
+			args = append(args, m.flag+"="+strconv.FormatInt(m.bytes, 10))
 		}
 	}
 
 	// Host pool memory is shared memory charged to the agent's cgroup: the default limit makes room for it.
-	memLimit := resource.MustParse("512Mi")
-	if q := spec.Memory.HostStaging; q != nil && q.Sign() > 0 {
-		memLimit.Add(*q)
-	}
+	// hostStaging is at most 1 TiB, so the sum cannot overflow.
+	memLimit := *resource.NewQuantity(512<<20+mem.hostStaging, resource.BinarySI)
 	resources := corev1ac.ResourceRequirements().
 		WithRequests(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")}).
 		WithLimits(corev1.ResourceList{corev1.ResourceMemory: memLimit})
@@ -271,13 +312,13 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac
 		podSpec.WithTolerations(tol)
 	}
 
-	return appsv1ac.DaemonSet(agentName(pool), pool.Namespace).
-		WithLabels(poolLabels(pool)).WithOwnerReferences(ownerRef(pool)).
+	return appsv1ac.DaemonSet(agentName(pool), settings.namespace()).
+		WithLabels(poolLabels(pool)).
 		WithSpec(appsv1ac.DaemonSetSpec().
 			WithSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(pool))).
 			WithUpdateStrategy(appsv1ac.DaemonSetUpdateStrategy().WithType("RollingUpdate").
 				WithRollingUpdate(appsv1ac.RollingUpdateDaemonSet().WithMaxUnavailable(intstr.FromInt32(1)))).
 			WithTemplate(corev1ac.PodTemplateSpec().
 				WithLabels(poolLabels(pool)).
-				WithSpec(podSpec)))
+				WithSpec(podSpec))), nil
 }

@@ -1,15 +1,20 @@
 package controllers
 
 import (
+	"context"
 	"flag"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	"sigs.k8s.io/yaml"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
@@ -35,13 +40,13 @@ func samplePool() *fxv1.TransferPool {
 
 func TestBuildersMatchGolden(t *testing.T) {
 	pool := samplePool()
+	settings := AgentSettings{Image: "unused", ImageAllowlist: []string{"ghcr.io/fabricxfer/agent:*"}, Namespace: "fabricxfer-system"}
 	objects := map[string]any{
-		"daemonset.yaml":          DesiredDaemonSet(pool, AgentSettings{Image: "unused"}),
-		"serviceaccount.yaml":     DesiredServiceAccount(pool),
+		"daemonset.yaml":          mustDaemonSet(t, pool, settings),
+		"serviceaccount.yaml":     DesiredServiceAccount(pool, settings),
 		"role.yaml":               DesiredRole(pool),
-		"rolebinding.yaml":        DesiredRoleBinding(pool),
-		"clusterrole.yaml":        DesiredClusterRole(pool),
-		"clusterrolebinding.yaml": DesiredClusterRoleBinding(pool),
+		"rolebinding.yaml":        DesiredRoleBinding(pool, settings),
+		"clusterrolebinding.yaml": DesiredClusterRoleBinding(pool, settings),
 	}
 	for name, obj := range objects {
 		got, err := yaml.Marshal(obj)
@@ -70,7 +75,7 @@ func TestBuildersMatchGolden(t *testing.T) {
 
 func TestDaemonSetDefaultsWhenThePoolSaysLittle(t *testing.T) {
 	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}}
-	ds := DesiredDaemonSet(pool, AgentSettings{Image: "registry.local/agent:dev"})
+	ds := mustDaemonSet(t, pool, AgentSettings{Image: "registry.local/agent:dev"})
 	c := ds.Spec.Template.Spec.Containers[0]
 	if *c.Image != "registry.local/agent:dev" {
 		t.Errorf("image %q, want the operator default", *c.Image)
@@ -99,3 +104,48 @@ func TestDaemonSetDefaultsWhenThePoolSaysLittle(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func mustDaemonSet(t *testing.T, pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac.DaemonSetApplyConfiguration {
+	t.Helper()
+	ds, err := DesiredDaemonSet(pool, settings)
+	if err != nil {
+		t.Fatalf("building the DaemonSet: %v", err)
+	}
+	return ds
+}
+
+// TestOwnedNamesNeverCollide checks the names of owned objects: pools whose namespace and name join into the
+// same words (team/a-x and team-a/x) once shared a ClusterRole, and deleting one removed the other's.
+func TestOwnedNamesNeverCollide(t *testing.T) {
+	a, b := AgentObjectName("team", "a-x"), AgentObjectName("team-a", "x")
+	if a == b {
+		t.Fatalf("team/a-x and team-a/x share the name %s", a)
+	}
+	long := AgentObjectName(strings.Repeat("n", 63), strings.Repeat("p", 63))
+	if len(long) > 63 || validation.IsDNS1123Label(long) != nil {
+		t.Errorf("name %q of the longest pool is not a DNS label of at most 63 characters: %v", long, validation.IsDNS1123Label(long))
+	}
+	if AgentObjectName(strings.Repeat("n", 63), strings.Repeat("p", 62)+"q") == long {
+		t.Error("pools that differ only past the readable part share a name")
+	}
+	if got := AgentObjectName("default", "kv-cache"); !strings.HasPrefix(got, "fabricxfer-agent-default-kv-cache-") {
+		t.Errorf("name %q should stay readable", got)
+	}
+}
+
+// TestOwnedNamesMatchTheScripts checks that hack/names.sh, which the end-to-end and failure scripts use to find
+// a pool's objects, names them as the operator does.
+func TestOwnedNamesMatchTheScripts(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash")
+	}
+	for _, p := range [][2]string{{"default", "kv-cache"}, {"team", "a-x"}, {strings.Repeat("n", 40), "p"}, {"ns", strings.Repeat("p-", 14) + "q"}} {
+		out, err := exec.CommandContext(context.Background(), "bash", "-c", `source ../hack/names.sh && agent_object_name "$0" "$1"`, p[0], p[1]).Output()
+		if err != nil {
+			t.Fatalf("hack/names.sh: %v", err)
+		}
+		if got, want := strings.TrimSpace(string(out)), AgentObjectName(p[0], p[1]); got != want {
+			t.Errorf("hack/names.sh names %s/%s %q, the operator %q", p[0], p[1], got, want)
+		}
+	}
+}

@@ -26,7 +26,7 @@ const (
 )
 
 // CertIssuer keeps, per pool, a CA Secret only the operator reads and an agent Secret (tls.crt, tls.key,
-// ca.crt) the agents mount.
+// ca.crt) the agents mount, both in the agents' namespace: no tenant can read a pool's key.
 type CertIssuer struct {
 	Client client.Client
 	Clock  clock.PassiveClock
@@ -38,9 +38,9 @@ func NewCertIssuer(c client.Client) *CertIssuer {
 }
 
 // EnsurePoolSecret creates the pool's certificates, or renews whichever is close to expiry.
-func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, name string) error {
+func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, namespace, name string) error {
 	now := i.Clock.Now()
-	caSecret, err := i.get(ctx, pool.Namespace, name+"-ca")
+	caSecret, err := i.get(ctx, namespace, name+"-ca")
 	if err != nil {
 		return err
 	}
@@ -58,14 +58,14 @@ func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPo
 			return fmt.Errorf("pruning the CA bundle of pool %s/%s: %w", pool.Namespace, pool.Name, err)
 		}
 		caChanged = true
-		if err := i.apply(ctx, pool, name+"-ca", map[string][]byte{
+		if err := i.apply(ctx, pool, namespace, name+"-ca", map[string][]byte{
 			pki.CertKey: ca.CertPEM, pki.CAKeyKey: ca.KeyPEM, pki.BundleKey: bundle,
 		}); err != nil {
 			return err
 		}
 	}
 
-	agentSecret, err := i.get(ctx, pool.Namespace, name)
+	agentSecret, err := i.get(ctx, namespace, name)
 	if err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPo
 	if err != nil {
 		return fmt.Errorf("issuing the agent certificate of pool %s/%s: %w", pool.Namespace, pool.Name, err)
 	}
-	return i.apply(ctx, pool, name, map[string][]byte{pki.CertKey: leaf.CertPEM, pki.KeyKey: leaf.KeyPEM, pki.BundleKey: bundle})
+	return i.apply(ctx, pool, namespace, name, map[string][]byte{pki.CertKey: leaf.CertPEM, pki.KeyKey: leaf.KeyPEM, pki.BundleKey: bundle})
 }
 
 func (i *CertIssuer) get(ctx context.Context, namespace, name string) (map[string][]byte, error) {
@@ -91,12 +91,12 @@ func (i *CertIssuer) get(ctx context.Context, namespace, name string) (map[strin
 	return s.Data, nil
 }
 
-func (i *CertIssuer) apply(ctx context.Context, pool *fxv1.TransferPool, name string, data map[string][]byte) error {
-	secret := corev1ac.Secret(name, pool.Namespace).
-		WithLabels(poolLabels(pool)).WithOwnerReferences(ownerRef(pool)).
+func (i *CertIssuer) apply(ctx context.Context, pool *fxv1.TransferPool, namespace, name string, data map[string][]byte) error {
+	secret := corev1ac.Secret(name, namespace).
+		WithLabels(poolLabels(pool)).
 		WithType(corev1.SecretTypeOpaque).WithData(data)
 	if err := i.Client.Apply(ctx, secret, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
-		return fmt.Errorf("applying secret %s/%s: %w", pool.Namespace, name, err)
+		return fmt.Errorf("applying secret %s/%s: %w", namespace, name, err)
 	}
 	return nil
 }

@@ -31,10 +31,10 @@ func TestAPIServerRefusesInvalidObjects(t *testing.T) {
 		{"unknown engine", pool("  engines: [xgmi, nvme]"), `Unsupported value: "nvme"`},
 		{"duplicate engines", pool("  engines: [tcp, tcp]"), "engines must be unique"},
 		{"no engines", pool("  engines: []"), "should have at least 1 items"},
-		{"relative socket dir", pool("  socketDir: run/fx"), "spec.socketDir in body should match"},
-		{"socket dir escaping", pool("  socketDir: /var/../etc"), "socketDir must not contain '..'"},
-		{"negative GPU memory", pool("  memory: {perGPU: -1Gi}"), "memory.perGPU must not be negative"},
-		{"zero host staging", pool("  memory: {hostStaging: '0'}"), "memory.hostStaging must be positive"},
+		{"relative socket dir", pool("  socketDir: run/fx"), socketDirRefused},
+		{"socket dir escaping", pool("  socketDir: /var/../etc"), socketDirRefused},
+		{"negative GPU memory", pool("  memory: {perGPU: -1Gi}"), "memory.perGPU must be 0 or between 2Mi and 1Ti"},
+		{"zero host staging", pool("  memory: {hostStaging: '0'}"), "memory.hostStaging must be between 1Mi and 1Ti"},
 		{"bad namespace name", pool("  allowedNamespaces: [Inference_NS]"), "spec.allowedNamespaces[0] in body should match"},
 		{"heartbeat too fast", pool("  agent: {heartbeatSeconds: 0}"), "spec.agent.heartbeatSeconds in body should be greater than or equal to 1"},
 		{"privileged port", pool("  agent: {port: 80}"), "spec.agent.port in body should be greater than or equal to 1024"},
@@ -70,14 +70,14 @@ func TestImmutableFields(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, c)
 	pool := &unstructured.Unstructured{}
-	if err := yaml.Unmarshal([]byte("apiVersion: fabricxfer.io/v1alpha1\nkind: TransferPool\nmetadata: {name: imm, namespace: "+ns+"}\nspec: {socketDir: /run/fx-a, nodeSelector: {fabricxfer.io/test-group: immutable}}"), &pool.Object); err != nil {
+	if err := yaml.Unmarshal([]byte("apiVersion: fabricxfer.io/v1alpha1\nkind: TransferPool\nmetadata: {name: imm, namespace: "+ns+"}\nspec: {socketDir: /var/run/fabricxfer/a, nodeSelector: {fabricxfer.io/test-group: immutable}}"), &pool.Object); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatalf("creating a valid pool: %v", err)
 	}
 	t.Cleanup(func() { _ = c.Delete(context.Background(), pool) })
-	if err := updateField(ctx, c, pool, "/run/fx-b", "spec", "socketDir"); err == nil || !strings.Contains(err.Error(), "socketDir is immutable") {
+	if err := updateField(ctx, c, pool, "/var/run/fabricxfer/b", "spec", "socketDir"); err == nil || !strings.Contains(err.Error(), "socketDir is immutable") {
 		t.Fatalf("changing socketDir: got %v, want it refused as immutable", err)
 	}
 

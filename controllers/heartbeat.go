@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/utils/clock"
@@ -45,11 +48,26 @@ func heartbeatLeaseSelector() labels.Selector {
 	return labels.NewSelector().Add(*req)
 }
 
-// CacheByObject restricts the operator's cache of Leases to agents' heartbeat Leases, so a cluster's other
-// Leases (a kubelet's per node, leader elections) are neither held in memory nor delivered as events. Pass it
-// as the manager's cache.Options.ByObject.
-func CacheByObject() map[client.Object]cache.ByObject {
-	return map[client.Object]cache.ByObject{&coordinationv1.Lease{}: {Label: heartbeatLeaseSelector()}}
+// CacheByObject restricts the operator's informers to what it owns: agents' heartbeat Leases (not a kubelet's
+// per node, nor leader elections), and DaemonSets, ServiceAccounts and Secrets of the agents' namespace,
+// Roles, RoleBindings and ClusterRoleBindings, all carrying the operator's managed-by label. Nothing else of
+// those kinds is held in memory, delivered as an event, or needs RBAC to list. Pass it as the manager's
+// cache.Options.ByObject.
+func CacheByObject(agentNamespace string) map[client.Object]cache.ByObject {
+	if agentNamespace == "" {
+		agentNamespace = DefaultAgentNamespace
+	}
+	owned := labels.SelectorFromSet(labels.Set{"app.kubernetes.io/managed-by": managedBy})
+	inAgentNamespace := cache.ByObject{Label: owned, Namespaces: map[string]cache.Config{agentNamespace: {}}}
+	return map[client.Object]cache.ByObject{
+		&coordinationv1.Lease{}:      {Label: heartbeatLeaseSelector()},
+		&appsv1.DaemonSet{}:          inAgentNamespace,
+		&corev1.ServiceAccount{}:     inAgentNamespace,
+		&corev1.Secret{}:             inAgentNamespace,
+		&rbacv1.Role{}:               {Label: owned},
+		&rbacv1.RoleBinding{}:        {Label: owned},
+		&rbacv1.ClusterRoleBinding{}: {Label: owned},
+	}
 }
 
 // ListHeartbeats reads every agent's heartbeat Lease (from the operator's cache, or the API server for a plain client).

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -53,7 +54,9 @@ type PoolObservation struct {
 	OtherPools []fxv1.TransferPool
 	// ApplyError is set when the owned objects could not be applied.
 	ApplyError error
-	Now        time.Time
+	// Invalid is set when the operator refuses the pool's spec (ValidatePool); nothing was applied.
+	Invalid error
+	Now     time.Time
 }
 
 // ComputePoolStatus derives a pool's status from what was observed. It is pure: same inputs, same status.
@@ -112,25 +115,46 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 	}
 	status.NotReadyNodes = notReady
 
-	for i := range obs.OtherPools {
-		other := &obs.OtherPools[i]
-		if other.UID == pool.UID || (other.Namespace == pool.Namespace && other.Name == pool.Name) {
-			continue
-		}
-		for j := range obs.Nodes {
-			if selected[obs.Nodes[j].Name] && selects(other, &obs.Nodes[j]) {
-				status.ConflictingPools = append(status.ConflictingPools, other.Namespace+"/"+other.Name)
-				break
-			}
-		}
-	}
+	status.ConflictingPools = OlderConflicts(pool, obs)
 	slices.Sort(status.ConflictingPools)
 	if len(status.ConflictingPools) > 32 {
 		status.ConflictingPools = status.ConflictingPools[:32]
 	}
 
-	setPoolConditions(pool, &status, len(stale), obs.ApplyError)
+	setPoolConditions(pool, &status, len(stale), obs.Invalid, obs.ApplyError)
 	return status
+}
+
+// precedes reports whether pool a came first: created earlier, or at the same second and first by namespace/name.
+// Creation times are the API server's, so no pool can claim to be older than one that exists.
+func precedes(a, b *fxv1.TransferPool) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	if a.Namespace != b.Namespace {
+		return a.Namespace < b.Namespace
+	}
+	return a.Name < b.Name
+}
+
+// OlderConflicts names (namespace/name) the pools that came before pool and select some of its nodes. The
+// earliest pool keeps its nodes and its conditions; a later one shows Conflict and runs no agent, so a pool in
+// another namespace with an empty nodeSelector cannot take a running pool's nodes or flip its Ready.
+func OlderConflicts(pool *fxv1.TransferPool, obs PoolObservation) []string {
+	var names []string
+	for i := range obs.OtherPools {
+		other := &obs.OtherPools[i]
+		if other.UID == pool.UID || (other.Namespace == pool.Namespace && other.Name == pool.Name) || !precedes(other, pool) {
+			continue
+		}
+		for j := range obs.Nodes {
+			if selects(pool, &obs.Nodes[j]) && selects(other, &obs.Nodes[j]) {
+				names = append(names, other.Namespace+"/"+other.Name)
+				break
+			}
+		}
+	}
+	return names
 }
 
 // PoolRequeueAfter is how long until the pool's status can change without an event: the earliest expiry of a
@@ -153,7 +177,7 @@ func PoolRequeueAfter(pool *fxv1.TransferPool, obs PoolObservation) time.Duratio
 	return exp.after()
 }
 
-func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus, staleNodes int, applyErr error) {
+func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus, staleNodes int, invalid, applyErr error) {
 	set := func(condType string, s metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&status.Conditions, metav1.Condition{
 			Type: condType, Status: s, Reason: reason, Message: msg, ObservedGeneration: pool.Generation,
@@ -161,13 +185,22 @@ func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus,
 	}
 	ready, desired := status.ReadyNodes, status.DesiredNodes
 	switch {
+	case invalid != nil:
+		reason := fxv1.ReasonInvalidSpec
+		if errors.Is(invalid, ErrImageNotAllowed) {
+			reason = fxv1.ReasonImageNotAllowed
+		}
+		msg := "the operator runs no agent for this pool: " + invalid.Error()
+		set(fxv1.ConditionReady, metav1.ConditionFalse, reason, msg)
+		set(fxv1.ConditionProgressing, metav1.ConditionFalse, reason, msg)
+		set(fxv1.ConditionDegraded, metav1.ConditionTrue, reason, msg)
 	case applyErr != nil:
 		msg := "applying the agent DaemonSet and RBAC failed: " + applyErr.Error()
 		set(fxv1.ConditionReady, metav1.ConditionFalse, fxv1.ReasonReconcileError, msg)
 		set(fxv1.ConditionProgressing, metav1.ConditionFalse, fxv1.ReasonReconcileError, msg)
 		set(fxv1.ConditionDegraded, metav1.ConditionTrue, fxv1.ReasonReconcileError, msg)
 	case len(status.ConflictingPools) > 0:
-		msg := fmt.Sprintf("nodes selected by this pool are also selected by %s; one agent per node, so narrow a nodeSelector",
+		msg := fmt.Sprintf("nodes selected by this pool are already served by %s, which came first; this pool runs no agent until a nodeSelector is narrowed",
 			strings.Join(status.ConflictingPools, ", "))
 		set(fxv1.ConditionReady, metav1.ConditionFalse, fxv1.ReasonConflict, msg)
 		set(fxv1.ConditionProgressing, metav1.ConditionFalse, fxv1.ReasonConflict, msg)

@@ -30,7 +30,7 @@ func TestComputePoolStatus(t *testing.T) {
 		}
 		return r
 	}
-	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "p", Generation: 4}}
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "p", Generation: 4, CreationTimestamp: metav1.NewTime(now)}}
 	pool.Spec.NodeSelector = gpuLabel
 	pool.Spec.Engines = []fxv1.EngineName{fxv1.EngineRDMA, fxv1.EngineTCP}
 
@@ -51,9 +51,12 @@ func TestComputePoolStatus(t *testing.T) {
 			nil, metav1.ConditionTrue, fxv1.ReasonAllNodesReady, "2/2", "rdma=0 tcp=2", metav1.ConditionFalse},
 		{"one stale", map[string]*fxv1.TransferNode{"a": tn("a", time.Second, fxv1.EngineTCP), "b": tn("b", 31*time.Second, fxv1.EngineTCP)},
 			nil, metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "1/2", "rdma=0 tcp=1", metav1.ConditionTrue},
-		{"conflict", nil, []fxv1.TransferPool{{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "other", UID: "o"},
-			Spec: fxv1.TransferPoolSpec{NodeSelector: map[string]string{}}}},
+		{"conflict with an older pool", nil, []fxv1.TransferPool{{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "other", UID: "o",
+			CreationTimestamp: metav1.NewTime(now.Add(-time.Hour))}, Spec: fxv1.TransferPoolSpec{NodeSelector: map[string]string{}}}},
 			metav1.ConditionFalse, fxv1.ReasonConflict, "0/2", "rdma=0 tcp=0", metav1.ConditionTrue},
+		{"a newer overlapping pool changes nothing", nil, []fxv1.TransferPool{{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "other", UID: "o",
+			CreationTimestamp: metav1.NewTime(now.Add(time.Hour))}, Spec: fxv1.TransferPoolSpec{NodeSelector: map[string]string{}}}},
+			metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/2", "rdma=0 tcp=0", metav1.ConditionFalse},
 		{"no conflict with a disjoint pool", nil, []fxv1.TransferPool{{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "cpu", UID: "c"},
 			Spec: fxv1.TransferPoolSpec{NodeSelector: map[string]string{"cpu-only": "yes"}}}},
 			metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/2", "rdma=0 tcp=0", metav1.ConditionFalse},

@@ -5,19 +5,25 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/yaml"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
@@ -25,7 +31,49 @@ import (
 // cluster is the real kube-apiserver + etcd every test in this package shares, with the operator running.
 type cluster struct {
 	client client.Client
+	cfg    *rest.Config
 	skip   string
+}
+
+// testAgentNamespace is the operator's own namespace in config/rbac, where it runs agents.
+const testAgentNamespace = DefaultAgentNamespace
+
+// operatorUser is the operator's ServiceAccount as config/rbac names it.
+const operatorUser = "system:serviceaccount:" + testAgentNamespace + ":fabricxfer-operator"
+
+// testAgentSettings are the operator's settings in these tests; the allowlist admits one more image.
+var testAgentSettings = AgentSettings{Image: "example.com/agent:test", ImageAllowlist: []string{"example.com/agent-dev:*"},
+	Namespace: testAgentNamespace}
+
+// installRBAC creates the operator's namespace and applies config/rbac as `kubectl apply -f config/rbac` would.
+func installRBAC(ctx context.Context, c client.Client) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testAgentNamespace}}
+	if err := c.Create(ctx, ns); err != nil {
+		return fmt.Errorf("creating namespace %s: %w", testAgentNamespace, err)
+	}
+	files, err := filepath.Glob(filepath.Join("..", "config", "rbac", "*.yaml"))
+	if err != nil {
+		return fmt.Errorf("listing config/rbac: %w", err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", f, err)
+		}
+		for _, doc := range strings.Split(string(data), "\n---") {
+			obj := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil {
+				return fmt.Errorf("parsing %s: %w", f, err)
+			}
+			if len(obj.Object) == 0 {
+				continue
+			}
+			if err := c.Create(ctx, obj); err != nil {
+				return fmt.Errorf("creating %s %s from %s: %w", obj.GetKind(), obj.GetName(), f, err)
+			}
+		}
+	}
+	return nil
 }
 
 var testCluster cluster
@@ -62,13 +110,27 @@ func runSuite(m *testing.M) int {
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(fxv1.AddToScheme(scheme))
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"},
-		Cache: cache.Options{ByObject: CacheByObject()}})
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "creating client:", err)
+		return 1
+	}
+	// The operator runs as its ServiceAccount with exactly the RBAC that config/rbac installs, so a missing
+	// permission fails these tests and a needless one is visible in TestOperatorAndAgentRBAC.
+	if err := installRBAC(context.Background(), c); err != nil {
+		fmt.Fprintln(os.Stderr, "installing the operator's RBAC:", err)
+		return 1
+	}
+	opCfg := rest.CopyConfig(cfg)
+	opCfg.Impersonate = rest.ImpersonationConfig{UserName: operatorUser,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + testAgentNamespace, "system:authenticated"}}
+	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"},
+		Cache: cache.Options{ByObject: CacheByObject(testAgentNamespace)}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "creating manager:", err)
 		return 1
 	}
-	pools := &TransferPoolReconciler{Client: mgr.GetClient(), Scheme: scheme, Agent: AgentSettings{Image: "example.com/agent:test"}}
+	pools := &TransferPoolReconciler{Client: mgr.GetClient(), Scheme: scheme, Agent: testAgentSettings}
 	pools.Secrets = NewCertIssuer(mgr.GetClient())
 	if err := pools.SetupWithManager(mgr); err != nil {
 		fmt.Fprintln(os.Stderr, "setting up pools:", err)
@@ -85,12 +147,8 @@ func runSuite(m *testing.M) int {
 		cancel()
 		<-done
 	}()
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "creating client:", err)
-		return 1
-	}
 	testCluster.client = c
+	testCluster.cfg = cfg
 	return m.Run()
 }
 

@@ -12,7 +12,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
@@ -30,7 +30,8 @@ import (
 // FieldManager is the operator's server-side-apply field manager.
 const FieldManager = "fabricxfer-operator"
 
-// poolFinalizer removes the pool's cluster-scoped RBAC, which cannot carry an owner reference to a namespaced pool.
+// poolFinalizer removes what the pool owns outside its namespace (agents, their ServiceAccount and
+// certificates in the agents' namespace, the ClusterRoleBinding), which cannot carry an owner reference to it.
 const poolFinalizer = "fabricxfer.io/cluster-rbac"
 
 // TransferPoolReconciler runs the agents of each TransferPool and keeps its status true to what agents report.
@@ -42,18 +43,28 @@ type TransferPoolReconciler struct {
 	// Secrets issues the pool's agent-to-agent certificates; nil leaves the Secret alone.
 	Secrets PoolSecretIssuer
 
-	// applied remembers, per pool UID, the generation whose owned objects were applied last. Heartbeats reach
-	// Reconcile many times a second on a large pool; re-applying six unchanged objects each time was most of
-	// the operator's API load. An event on an owned object forgets the entry, so drift is still repaired.
+	// applied remembers, per pool, the UID and generation whose owned objects were applied last. Heartbeats
+	// reach Reconcile many times a second on a large pool; re-applying six unchanged objects each time was most
+	// of the operator's API load. An event on an owned object forgets the entry, so drift is still repaired.
 	appliedMu sync.Mutex
-	applied   map[types.UID]int64
+	applied   map[types.NamespacedName]appliedAt
+}
+
+type appliedAt struct {
+	uid        types.UID
+	generation int64
 }
 
 // PoolSecretIssuer creates or rotates the Secret that holds a pool's agent-to-agent certificates.
 type PoolSecretIssuer interface {
-	EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, name string) error
+	EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, namespace, name string) error
 }
 
+// The operator's RBAC: cluster-wide only what pools in any namespace need (their Role and RoleBinding, which
+// grant heartbeat Leases and reading the pool, so the operator holds those verbs itself), and the agents'
+// ClusterRoleBinding, which may name only the installed agent ClusterRole (bind on that name, no escalate, no
+// ClusterRole writes). DaemonSets, ServiceAccounts and Secrets only in the agents' namespace (a Role there;
+// the chart renders it into agent.namespace).
 // +kubebuilder:rbac:groups=fabricxfer.io,resources=transferpools,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=fabricxfer.io,resources=transferpools/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=fabricxfer.io,resources=transferpools/finalizers,verbs=update
@@ -61,12 +72,12 @@ type PoolSecretIssuer interface {
 // +kubebuilder:rbac:groups=fabricxfer.io,resources=vpodtopologies,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=fabricxfer.io,resources=vpodtopologies/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=serviceaccounts;secrets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
-// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings;clusterroles;clusterrolebindings,verbs=get;list;watch;create;update;patch;delete;bind;escalate
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings;clusterrolebindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles,verbs=bind,resourceNames=fabricxfer-agent
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=apps,namespace=fabricxfer-system,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",namespace=fabricxfer-system,resources=serviceaccounts;secrets,verbs=get;list;watch;create;update;patch;delete
 
 // Reconcile applies the pool's agent objects and records what the agents report.
 func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
@@ -87,7 +98,11 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 
 	before := pool.DeepCopy()
 	obs := PoolObservation{Now: r.Clock.Now()}
+	observed := false
 	defer func() {
+		if !observed {
+			return // a status from nothing read would say no node matches
+		}
 		pool.Status = ComputePoolStatus(pool, obs)
 		if equality.Semantic.DeepEqual(before.Status, pool.Status) {
 			return
@@ -97,18 +112,30 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 	}()
 
-	if r.needsApply(pool) {
-		if obs.ApplyError = r.applyOwned(ctx, pool); obs.ApplyError == nil {
-			r.markApplied(pool)
-		}
-	}
-	if obs.ApplyError == nil && r.Secrets != nil {
-		if err := r.Secrets.EnsurePoolSecret(ctx, pool, tlsSecretName(pool)); err != nil {
-			obs.ApplyError = fmt.Errorf("issuing agent certificates for pool %s/%s: %w", pool.Namespace, pool.Name, err)
-		}
-	}
 	if err := r.observe(ctx, pool, &obs); err != nil {
 		return ctrl.Result{}, err
+	}
+	observed = true
+	// A pool the operator refuses gets nothing written for it (objects of an earlier, valid generation stay as
+	// they are) and no retry: only a new generation can change the verdict.
+	obs.Invalid = ValidatePool(pool, r.Agent)
+	switch {
+	case obs.Invalid != nil:
+	case len(OlderConflicts(pool, obs)) > 0:
+		// The pool that selected these nodes first keeps them: a later pool runs no agent (two agents would
+		// fight over each node's TransferNode and ports) and cannot change the first pool's conditions.
+		obs.ApplyError = r.removeAgents(ctx, pool)
+	default:
+		if r.needsApply(pool) {
+			if obs.ApplyError = r.applyOwned(ctx, pool); obs.ApplyError == nil {
+				r.markApplied(pool)
+			}
+		}
+		if obs.ApplyError == nil && r.Secrets != nil {
+			if err := r.Secrets.EnsurePoolSecret(ctx, pool, r.Agent.namespace(), tlsSecretName(pool)); err != nil {
+				obs.ApplyError = fmt.Errorf("issuing agent certificates for pool %s/%s: %w", pool.Namespace, pool.Name, err)
+			}
+		}
 	}
 	if obs.ApplyError != nil {
 		return ctrl.Result{}, obs.ApplyError
@@ -119,14 +146,17 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 }
 
 func (r *TransferPoolReconciler) applyOwned(ctx context.Context, pool *fxv1.TransferPool) error {
+	ds, err := DesiredDaemonSet(pool, r.Agent)
+	if err != nil {
+		return fmt.Errorf("building the agent DaemonSet of pool %s/%s: %w", pool.Namespace, pool.Name, err)
+	}
 	opts := []client.ApplyOption{client.FieldOwner(FieldManager), client.ForceOwnership}
 	for _, obj := range []runtime.ApplyConfiguration{
-		DesiredServiceAccount(pool),
+		DesiredServiceAccount(pool, r.Agent),
 		DesiredRole(pool),
-		DesiredRoleBinding(pool),
-		DesiredClusterRole(pool),
-		DesiredClusterRoleBinding(pool),
-		DesiredDaemonSet(pool, r.Agent),
+		DesiredRoleBinding(pool, r.Agent),
+		DesiredClusterRoleBinding(pool, r.Agent),
+		ds,
 	} {
 		if err := r.Apply(ctx, obj, opts...); err != nil {
 			return fmt.Errorf("applying %T for pool %s/%s: %w", obj, pool.Namespace, pool.Name, err)
@@ -135,27 +165,52 @@ func (r *TransferPoolReconciler) applyOwned(ctx context.Context, pool *fxv1.Tran
 	return nil
 }
 
+// removeAgents deletes the pool's DaemonSet, if it has one: a pool that lost its nodes to an earlier pool.
+func (r *TransferPoolReconciler) removeAgents(ctx context.Context, pool *fxv1.TransferPool) error {
+	r.forgetApplied(client.ObjectKeyFromObject(pool))
+	return r.deleteOwned(ctx, pool, &appsv1.DaemonSetList{}, client.InNamespace(r.Agent.namespace()))
+}
+
+// deleteOwned deletes every object of the list's kind that carries the pool's owner labels, and nothing else.
+func (r *TransferPoolReconciler) deleteOwned(ctx context.Context, pool *fxv1.TransferPool, list client.ObjectList, opts ...client.ListOption) error {
+	if err := r.List(ctx, list, append(opts, ownerLabels(pool))...); err != nil {
+		return fmt.Errorf("listing %T of pool %s/%s: %w", list, pool.Namespace, pool.Name, err)
+	}
+	return meta.EachListItem(list, func(o runtime.Object) error {
+		obj, ok := o.(client.Object)
+		if !ok {
+			return fmt.Errorf("%T is not an object", o)
+		}
+		// The precondition makes sure the object deleted is the one whose labels were read.
+		uid := obj.GetUID()
+		if err := r.Delete(ctx, obj, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting %T %s/%s of pool %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), pool.Namespace, pool.Name, err)
+		}
+		return nil
+	})
+}
+
 func (r *TransferPoolReconciler) needsApply(pool *fxv1.TransferPool) bool {
 	r.appliedMu.Lock()
 	defer r.appliedMu.Unlock()
-	gen, ok := r.applied[pool.UID]
-	return !ok || gen != pool.Generation
+	at, ok := r.applied[client.ObjectKeyFromObject(pool)]
+	return !ok || at.uid != pool.UID || at.generation != pool.Generation
 }
 
 func (r *TransferPoolReconciler) markApplied(pool *fxv1.TransferPool) {
 	r.appliedMu.Lock()
 	defer r.appliedMu.Unlock()
 	if r.applied == nil {
-		r.applied = map[types.UID]int64{}
+		r.applied = map[types.NamespacedName]appliedAt{}
 	}
-	r.applied[pool.UID] = pool.Generation
+	r.applied[client.ObjectKeyFromObject(pool)] = appliedAt{uid: pool.UID, generation: pool.Generation}
 }
 
-// forgetApplied makes the next reconcile of the owning pool apply its objects again.
-func (r *TransferPoolReconciler) forgetApplied(uid types.UID) {
+// forgetApplied makes the next reconcile of the pool apply its objects again.
+func (r *TransferPoolReconciler) forgetApplied(key types.NamespacedName) {
 	r.appliedMu.Lock()
 	defer r.appliedMu.Unlock()
-	delete(r.applied, uid)
+	delete(r.applied, key)
 }
 
 func (r *TransferPoolReconciler) observe(ctx context.Context, pool *fxv1.TransferPool, obs *PoolObservation) error {
@@ -189,19 +244,32 @@ func (r *TransferPoolReconciler) observe(ctx context.Context, pool *fxv1.Transfe
 	return nil
 }
 
-// finalize deletes the pool's cluster-scoped RBAC; namespaced objects go with their owner reference.
+// finalize deletes what the pool owns, found by its owner labels: outside its namespace nothing else would
+// (no owner reference can cross namespaces), and in it the garbage collector would, later.
 func (r *TransferPoolReconciler) finalize(ctx context.Context, pool *fxv1.TransferPool) error {
 	if !controllerutil.ContainsFinalizer(pool, poolFinalizer) {
 		return nil
 	}
-	for _, obj := range []client.Object{
-		&rbacv1.ClusterRoleBinding{ObjectMeta: objectMeta(clusterRBACName(pool))},
-		&rbacv1.ClusterRole{ObjectMeta: objectMeta(clusterRBACName(pool))},
+	ns := client.InNamespace(r.Agent.namespace())
+	// The DaemonSet first: agents stop before their identity and certificates go.
+	for _, step := range []struct {
+		list client.ObjectList
+		opts []client.ListOption
+	}{
+		{&appsv1.DaemonSetList{}, []client.ListOption{ns}},
+		{&rbacv1.ClusterRoleBindingList{}, nil},
+		{&corev1.ServiceAccountList{}, []client.ListOption{ns}},
+		{&corev1.SecretList{}, []client.ListOption{ns}},
+		// Owned by the pool too, but the garbage collector took tens of seconds to notice a deleted pool;
+		// the agents' rights should end with the pool.
+		{&rbacv1.RoleBindingList{}, []client.ListOption{client.InNamespace(pool.Namespace)}},
+		{&rbacv1.RoleList{}, []client.ListOption{client.InNamespace(pool.Namespace)}},
 	} {
-		if err := r.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("deleting %T %s of pool %s/%s: %w", obj, obj.GetName(), pool.Namespace, pool.Name, err)
+		if err := r.deleteOwned(ctx, pool, step.list, step.opts...); err != nil {
+			return err
 		}
 	}
+	r.forgetApplied(client.ObjectKeyFromObject(pool))
 	patch := client.MergeFrom(pool.DeepCopy())
 	controllerutil.RemoveFinalizer(pool, poolFinalizer)
 	if err := r.Patch(ctx, pool, patch); err != nil {
@@ -228,13 +296,15 @@ func (r *TransferPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return reqs
 	})
 	// An event on an owned object (an edit, a deletion, our own apply) re-applies the owning pool's objects.
+	// Objects outside the pool's namespace carry no owner reference: the owner labels name the pool.
 	ownedBy := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
-		ref := metav1.GetControllerOf(obj)
-		if ref == nil || ref.Kind != "TransferPool" || ref.APIVersion != fxv1.GroupVersion.String() {
+		l := obj.GetLabels()
+		if l["app.kubernetes.io/managed-by"] != managedBy || l[fxv1.LabelPoolName] == "" || l[fxv1.LabelPoolNamespace] == "" {
 			return nil
 		}
-		r.forgetApplied(ref.UID)
-		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: obj.GetNamespace(), Name: ref.Name}}}
+		key := client.ObjectKey{Namespace: l[fxv1.LabelPoolNamespace], Name: l[fxv1.LabelPoolName]}
+		r.forgetApplied(key)
+		return []reconcile.Request{{NamespacedName: key}}
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("transferpool").
@@ -243,6 +313,7 @@ func (r *TransferPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.ServiceAccount{}, ownedBy).
 		Watches(&rbacv1.Role{}, ownedBy).
 		Watches(&rbacv1.RoleBinding{}, ownedBy).
+		Watches(&rbacv1.ClusterRoleBinding{}, ownedBy).
 		Watches(&corev1.Secret{}, ownedBy).
 		// Node labels decide selection; any pool may be affected, and another pool's selector decides conflicts.
 		Watches(&corev1.Node{}, allPools, builder.WithPredicates(predicate.LabelChangedPredicate{})).

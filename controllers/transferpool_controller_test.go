@@ -11,6 +11,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -180,19 +181,46 @@ func TestPoolOwnsAgentDaemonSetAndRBAC(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, c)
 	pool := newPool(t, c, ns, "kv", "owns")
+	name := AgentObjectName(ns, "kv")
+	inAgents := client.ObjectKey{Namespace: testAgentNamespace, Name: name}
 
+	// The agents, their identity and their certificates live in the operator's namespace, never the tenant's.
 	ds := &appsv1.DaemonSet{}
-	eventually(t, settle, "agent DaemonSet", func() error {
-		return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fabricxfer-agent-kv"}, ds)
-	})
+	eventually(t, settle, "agent DaemonSet", func() error { return c.Get(ctx, inAgents, ds) })
 	if got := ds.Spec.Template.Spec.NodeSelector["fabricxfer.io/test-group"]; got != "owns" {
 		t.Errorf("DaemonSet node selector = %v, want the pool's", ds.Spec.Template.Spec.NodeSelector)
 	}
 	if len(ds.Spec.Template.Spec.Tolerations) != 1 || ds.Spec.Template.Spec.Tolerations[0].Key != "nvidia.com/gpu" {
 		t.Errorf("DaemonSet tolerations = %v, want the pool's", ds.Spec.Template.Spec.Tolerations)
 	}
-	for _, obj := range []client.Object{ds, &corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
-		key := client.ObjectKey{Namespace: ns, Name: "fabricxfer-agent-kv"}
+	if ds.Spec.Template.Spec.ServiceAccountName != name {
+		t.Errorf("agents run as %q, want the pool's own ServiceAccount %q", ds.Spec.Template.Spec.ServiceAccountName, name)
+	}
+	for _, obj := range []client.Object{&corev1.ServiceAccount{}, &rbacv1.ClusterRoleBinding{}} {
+		key := inAgents
+		if _, cluster := obj.(*rbacv1.ClusterRoleBinding); cluster {
+			key = client.ObjectKey{Name: name}
+		}
+		eventually(t, settle, fmt.Sprintf("%T of the pool", obj), func() error {
+			if err := c.Get(ctx, key, obj); err != nil {
+				return err
+			}
+			if l := obj.GetLabels(); l[fxv1.LabelPoolName] != "kv" || l[fxv1.LabelPoolNamespace] != ns {
+				return fmt.Errorf("labels %v do not name the pool", l)
+			}
+			return nil
+		})
+	}
+	crb := &rbacv1.ClusterRoleBinding{}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, crb); err != nil {
+		t.Fatal(err)
+	}
+	if crb.RoleRef.Name != AgentClusterRole || len(crb.Subjects) != 1 || crb.Subjects[0].Namespace != testAgentNamespace {
+		t.Errorf("ClusterRoleBinding binds %s to %v, want %s to the agents' ServiceAccount", crb.RoleRef.Name, crb.Subjects, AgentClusterRole)
+	}
+	// In the pool's namespace only what lets agents read the pool and renew Leases, owned by the pool.
+	for _, obj := range []client.Object{&rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+		key := client.ObjectKey{Namespace: ns, Name: name}
 		eventually(t, settle, fmt.Sprintf("%T owned by the pool", obj), func() error {
 			if err := c.Get(ctx, key, obj); err != nil {
 				return err
@@ -204,16 +232,9 @@ func TestPoolOwnsAgentDaemonSetAndRBAC(t *testing.T) {
 			return nil
 		})
 	}
-	clusterName := "fabricxfer-agent-" + ns + "-kv"
-	eventually(t, settle, "cluster RBAC", func() error {
-		if err := c.Get(ctx, client.ObjectKey{Name: clusterName}, &rbacv1.ClusterRole{}); err != nil {
-			return err
-		}
-		return c.Get(ctx, client.ObjectKey{Name: clusterName}, &rbacv1.ClusterRoleBinding{})
-	})
 	eventually(t, settle, "agent certificates", func() error {
 		s := &corev1.Secret{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fabricxfer-agent-kv-tls"}, s); err != nil {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: testAgentNamespace, Name: name + "-tls"}, s); err != nil {
 			return err
 		}
 		for _, k := range []string{"tls.crt", "tls.key", "ca.crt"} {
@@ -223,6 +244,14 @@ func TestPoolOwnsAgentDaemonSetAndRBAC(t *testing.T) {
 		}
 		return nil
 	})
+	for _, list := range []client.ObjectList{&appsv1.DaemonSetList{}, &corev1.SecretList{}, &corev1.ServiceAccountList{}} {
+		if err := c.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{fxv1.LabelPoolName: "kv"}); err != nil {
+			t.Fatal(err)
+		}
+		if n := meta.LenList(list); n != 0 {
+			t.Errorf("%d %T of the pool in the tenant's namespace %s, want none", n, list, ns)
+		}
+	}
 
 	// A changed pool changes the DaemonSet (retrying while the operator writes status).
 	var got *fxv1.TransferPool
@@ -238,7 +267,7 @@ func TestPoolOwnsAgentDaemonSetAndRBAC(t *testing.T) {
 		t.Fatalf("updating pool: %v", err)
 	}
 	eventually(t, settle, "DaemonSet follows the pool", func() error {
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fabricxfer-agent-kv"}, ds); err != nil {
+		if err := c.Get(ctx, inAgents, ds); err != nil {
 			return err
 		}
 		if ds.Spec.Template.Spec.NodeSelector["fabricxfer.io/test-group"] != "owns-2" {
@@ -250,19 +279,26 @@ func TestPoolOwnsAgentDaemonSetAndRBAC(t *testing.T) {
 		return nil
 	})
 
-	// Deleting the pool removes the cluster-scoped RBAC (finalizer); namespaced objects carry owner references.
+	// Deleting the pool removes what it owns outside its namespace (finalizer, by owner labels).
 	if err := c.Delete(ctx, got); err != nil {
 		t.Fatalf("deleting pool: %v", err)
 	}
-	eventually(t, settle, "pool and cluster RBAC gone", func() error {
+	eventually(t, settle, "pool and what it owned outside its namespace gone", func() error {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(pool), &fxv1.TransferPool{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("pool still there: %v", err)
 		}
-		if err := c.Get(ctx, client.ObjectKey{Name: clusterName}, &rbacv1.ClusterRole{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("cluster role still there: %v", err)
-		}
-		if err := c.Get(ctx, client.ObjectKey{Name: clusterName}, &rbacv1.ClusterRoleBinding{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("cluster role binding still there: %v", err)
+		for _, obj := range []struct {
+			key client.ObjectKey
+			o   client.Object
+		}{
+			{inAgents, &appsv1.DaemonSet{}}, {inAgents, &corev1.ServiceAccount{}},
+			{client.ObjectKey{Namespace: testAgentNamespace, Name: name + "-tls"}, &corev1.Secret{}},
+			{client.ObjectKey{Namespace: testAgentNamespace, Name: name + "-tls-ca"}, &corev1.Secret{}},
+			{client.ObjectKey{Name: name}, &rbacv1.ClusterRoleBinding{}},
+		} {
+			if err := c.Get(ctx, obj.key, obj.o); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("%T %s still there: %v", obj.o, obj.key, err)
+			}
 		}
 		return nil
 	})
@@ -308,23 +344,65 @@ func TestPoolStatusCountsReportingNodes(t *testing.T) {
 
 func TestPoolsSelectingTheSameNodesConflict(t *testing.T) {
 	c := apiClient(t)
-	ns := newNamespace(t, c)
+	ctx := context.Background()
+	ns, other := newNamespace(t, c), newNamespace(t, c)
 	newNodes(t, c, "conflict", 1)
 	a := newPool(t, c, ns, "a", "conflict")
-	b := newPool(t, c, ns, "b", "conflict")
-	gotA := waitPool(t, c, a, metav1.ConditionFalse, fxv1.ReasonConflict, "0/1")
-	gotB := waitPool(t, c, b, metav1.ConditionFalse, fxv1.ReasonConflict, "0/1")
-	if len(gotA.Status.ConflictingPools) != 1 || gotA.Status.ConflictingPools[0] != ns+"/b" {
-		t.Errorf("pool a conflicts = %v", gotA.Status.ConflictingPools)
-	}
-	if len(gotB.Status.ConflictingPools) != 1 || gotB.Status.ConflictingPools[0] != ns+"/a" {
-		t.Errorf("pool b conflicts = %v", gotB.Status.ConflictingPools)
-	}
-	// Resolving the conflict clears it on the other pool too.
-	if err := c.Delete(context.Background(), gotB); err != nil {
+	gotA := waitPool(t, c, a, metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/1")
+	eventually(t, settle, "the first pool's agents", func() error {
+		return c.Get(ctx, client.ObjectKey{Namespace: testAgentNamespace, Name: AgentObjectName(ns, "a")}, &appsv1.DaemonSet{})
+	})
+	time.Sleep(1100 * time.Millisecond) // creation times have a resolution of one second
+
+	// A later pool in another namespace selecting every node (nodeSelector {}) cannot take the node, nor
+	// change the first pool's conditions: it shows Conflict naming the first and runs no agent.
+	b := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "b"}, Spec: fxv1.TransferPoolSpec{NodeSelector: map[string]string{}}}
+	if err := c.Create(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	waitPool(t, c, a, metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/1")
+	// b selects every node: it must be gone before the next test's pools come, or it would be theirs' first.
+	t.Cleanup(func() {
+		_ = c.Delete(context.Background(), b)
+		eventually(t, settle, "pool b deleted", func() error {
+			if err := c.Get(context.Background(), client.ObjectKeyFromObject(b), &fxv1.TransferPool{}); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("still there: %v", err)
+			}
+			return nil
+		})
+	})
+	eventually(t, settle, "pool b in Conflict", func() error {
+		got, err := getPool(c, b)
+		if err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(got.Status.Conditions, fxv1.ConditionReady)
+		if cond == nil || cond.Reason != fxv1.ReasonConflict || !strings.Contains(cond.Message, ns+"/a") {
+			return fmt.Errorf("Ready %+v, want Conflict naming %s/a", cond, ns)
+		}
+		if len(got.Status.ConflictingPools) != 1 || got.Status.ConflictingPools[0] != ns+"/a" {
+			return fmt.Errorf("conflicting pools %v", got.Status.ConflictingPools)
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // the first pool's reconciles that b's creation caused
+	after, err := getPool(c, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(after.Status.Conditions, gotA.Status.Conditions) || len(after.Status.ConflictingPools) != 0 {
+		t.Errorf("the later pool changed the first one's status: conditions %v, conflicting %v", after.Status.Conditions, after.Status.ConflictingPools)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: testAgentNamespace, Name: AgentObjectName(other, "b")}, &appsv1.DaemonSet{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the later pool got an agent DaemonSet: %v", err)
+	}
+	// The first pool goes: the later one takes the node.
+	if err := c.Delete(ctx, after); err != nil {
+		t.Fatal(err)
+	}
+	waitPool(t, c, b, metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/1")
+	eventually(t, settle, "the later pool's agents once it is alone", func() error {
+		return c.Get(ctx, client.ObjectKey{Namespace: testAgentNamespace, Name: AgentObjectName(other, "b")}, &appsv1.DaemonSet{})
+	})
 }
 
 func TestPoolWithoutMatchingNodes(t *testing.T) {

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -117,6 +118,48 @@ func ComputeVPodStatus(vp *fxv1.VPodTopology, obs *DomainObservation) fxv1.VPodT
 		msg := "every member reports the domain"
 		set(fxv1.ConditionReady, metav1.ConditionTrue, fxv1.ReasonMembersComplete, msg)
 		set(fxv1.ConditionDegraded, metav1.ConditionFalse, fxv1.ReasonMembersComplete, msg)
+	}
+	return status
+}
+
+// DomainOwners picks, per domain key, the VPodTopology that describes it when several do: a declared one
+// before a discovered one (an admin's declaration pins membership), then the oldest, then the first by name.
+// CEL cannot see other objects, so the API server accepts a second declaration of a domain; this says which
+// one counts.
+func DomainOwners(vps []fxv1.VPodTopology) map[string]*fxv1.VPodTopology {
+	owners := map[string]*fxv1.VPodTopology{}
+	for i := range vps {
+		vp := &vps[i]
+		cur, ok := owners[vp.Spec.Domain]
+		if !ok || describesFirst(vp, cur) {
+			owners[vp.Spec.Domain] = vp
+		}
+	}
+	return owners
+}
+
+func describesFirst(a, b *fxv1.VPodTopology) bool {
+	aDeclared, bDeclared := a.Labels[fxv1.LabelDiscovered] != "true", b.Labels[fxv1.LabelDiscovered] != "true"
+	if aDeclared != bDeclared {
+		return aDeclared
+	}
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	return a.Name < b.Name
+}
+
+// DuplicateVPodStatus is the status of a declaration whose domain another VPodTopology (owner) describes: no
+// members, Ready=False with reason DuplicateDomain naming the owner.
+func DuplicateVPodStatus(vp, owner *fxv1.VPodTopology) fxv1.VPodTopologyStatus {
+	status := fxv1.VPodTopologyStatus{ObservedGeneration: vp.Generation, Conditions: slices.Clone(vp.Status.Conditions)}
+	msg := fmt.Sprintf("domain %s is already described by VPodTopology %s; this one is ignored, delete it", vp.Spec.Domain, owner.Name)
+	for _, c := range []struct {
+		condType string
+		s        metav1.ConditionStatus
+	}{{fxv1.ConditionReady, metav1.ConditionFalse}, {fxv1.ConditionDegraded, metav1.ConditionTrue}} {
+		meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: c.condType, Status: c.s,
+			Reason: fxv1.ReasonDuplicateDomain, Message: msg, ObservedGeneration: vp.Generation})
 	}
 	return status
 }

@@ -112,11 +112,15 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 	var created, existed, patched, deleted atomic.Int64
 	passStart := time.Now()
 	existing := map[string]bool{}
+	owners := DomainOwners(vps.Items)
 	for i := range vps.Items {
 		vp := &vps.Items[i]
 		existing[vp.Spec.Domain] = true
 		obs := domains[vp.Spec.Domain]
-		if obs == nil && vp.Labels[fxv1.LabelDiscovered] == "true" {
+		owner := owners[vp.Spec.Domain]
+		// A domain described twice: the operator's own duplicate goes, an admin's shows whose it is.
+		duplicate := owner.Name != vp.Name
+		if (obs == nil || duplicate) && vp.Labels[fxv1.LabelDiscovered] == "true" {
 			async(func() error {
 				if err := r.Delete(ctx, vp); client.IgnoreNotFound(err) != nil {
 					return fmt.Errorf("deleting empty discovered domain %s: %w", vp.Name, err)
@@ -127,10 +131,14 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 			})
 			continue
 		}
-		if !statusChanged(vp, obs) {
+		want := ComputeVPodStatus(vp, obs)
+		if duplicate {
+			want = DuplicateVPodStatus(vp, owner)
+		}
+		if equality.Semantic.DeepEqual(vp.Status, want) {
 			continue
 		}
-		async(func() error { patched.Add(1); return r.patchStatus(ctx, vp, obs) })
+		async(func() error { patched.Add(1); return r.patchStatus(ctx, vp, want) })
 	}
 	for key, obs := range domains {
 		if existing[key] {
@@ -154,7 +162,7 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 				r.remember(vp, now)
 			}
 			patched.Add(1)
-			return r.patchStatus(ctx, vp, obs)
+			return r.patchStatus(ctx, vp, ComputeVPodStatus(vp, obs))
 		})
 	}
 	wg.Wait()
@@ -174,14 +182,9 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 // vpodWriters bounds the writes one reconcile pass has in flight.
 const vpodWriters = 64
 
-// statusChanged reports whether a domain's status would change, so a pass starts writers only for those.
-func statusChanged(vp *fxv1.VPodTopology, obs *DomainObservation) bool {
-	return !equality.Semantic.DeepEqual(vp.Status, ComputeVPodStatus(vp, obs))
-}
-
-func (r *VPodTopologyReconciler) patchStatus(ctx context.Context, vp *fxv1.VPodTopology, obs *DomainObservation) error {
+func (r *VPodTopologyReconciler) patchStatus(ctx context.Context, vp *fxv1.VPodTopology, want fxv1.VPodTopologyStatus) error {
 	before := vp.DeepCopy()
-	vp.Status = ComputeVPodStatus(vp, obs)
+	vp.Status = want
 	if equality.Semantic.DeepEqual(before.Status, vp.Status) {
 		return nil
 	}

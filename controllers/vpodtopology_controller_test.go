@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -188,5 +190,59 @@ func TestPassUsesItsOwnWritesBeforeTheCache(t *testing.T) {
 	}
 	if newerVersion("9", "10") || !newerVersion("10", "9") || newerVersion("x", "1") {
 		t.Error("newerVersion compares revisions numerically and lets anything unparsable lose")
+	}
+}
+
+// TestSecondDeclarationOfADomainIsIgnored: the API server cannot refuse a second VPodTopology for a domain
+// (CEL sees one object), so the operator shows it DuplicateDomain naming the first, leaves the first alone, and
+// deletes its own discovered twin once an admin declares the domain.
+func TestSecondDeclarationOfADomainIsIgnored(t *testing.T) {
+	c := apiClient(t)
+	ctx := context.Background()
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "no-such-pool"}}
+	key := "ualink:8/3"
+	report(t, c, pool, "dup-0", time.Now(), gpusIn(key, 0, 1))
+	discovered := client.ObjectKey{Name: fxv1.DomainObjectName(key)}
+	eventually(t, settle, "the discovered domain", func() error { return c.Get(ctx, discovered, &fxv1.VPodTopology{}) })
+
+	declare := func(name string) *fxv1.VPodTopology {
+		vp := &fxv1.VPodTopology{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: fxv1.VPodTopologySpec{Kind: fxv1.FabricUALink, Domain: key, Members: []fxv1.VPodMember{{Node: "dup-0"}}}}
+		if err := c.Create(ctx, vp); err != nil {
+			t.Fatalf("declaring %s: %v", name, err)
+		}
+		t.Cleanup(func() { _ = c.Delete(context.Background(), vp) })
+		return vp
+	}
+	first := declare("rack-8-vpod-3")
+	eventually(t, settle, "the discovered twin deleted once the domain is declared", func() error {
+		if err := c.Get(ctx, discovered, &fxv1.VPodTopology{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+	time.Sleep(1100 * time.Millisecond) // creation times have a resolution of one second
+	second := declare("rack-8-vpod-3-again")
+	eventually(t, settle, "the second declaration marked a duplicate", func() error {
+		vp := &fxv1.VPodTopology{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(second), vp); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(vp.Status.Conditions, fxv1.ConditionReady)
+		if cond == nil || cond.Reason != fxv1.ReasonDuplicateDomain || !strings.Contains(cond.Message, first.Name) || vp.Status.Nodes != 0 {
+			return fmt.Errorf("Ready %+v nodes %d, want DuplicateDomain naming %s", cond, vp.Status.Nodes, first.Name)
+		}
+		return nil
+	})
+	got := &fxv1.VPodTopology{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(first), got); err != nil {
+		t.Fatal(err)
+	}
+	if cond := meta.FindStatusCondition(got.Status.Conditions, fxv1.ConditionReady); cond == nil || cond.Reason != fxv1.ReasonMembersComplete ||
+		!slices.Equal(memberNodes(got), []string{"dup-0"}) {
+		t.Errorf("the first declaration: Ready %+v members %v, want it to describe the domain undisturbed", cond, memberNodes(got))
+	}
+	if err := c.Delete(ctx, &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: "dup-0"}}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -15,6 +15,8 @@
 # ETCD_PORT (24790), ETCD_PEER_PORT (24800). Everything it starts is stopped on exit, whatever happened.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=hack/names.sh
+. hack/names.sh
 repo=$PWD
 
 BIN=${BIN_DIR:-$repo/bin}
@@ -138,7 +140,8 @@ expect_crds_established() {
 expect_rules_as_generated() {
   local live want
   live=$(kubectl get clusterrole "$1" -o jsonpath='{.rules}')
-  want=$(kubectl create --dry-run=client -f config/rbac/role.yaml -o jsonpath='{.rules}')
+  # role.yaml holds the ClusterRole, then the Role of the agents' namespace.
+  want=$(awk '/^---$/ { n++; next } n == 1' config/rbac/role.yaml | kubectl create --dry-run=client -f - -o jsonpath='{.rules}')
   [ -n "$live" ] && [ "$live" = "$want" ] || fail "ClusterRole $1 rules differ from config/rbac/role.yaml"
   ok "ClusterRole $1 has the rules of config/rbac/role.yaml"
 }
@@ -156,9 +159,17 @@ kubectl -n "$NS" get serviceaccount/fabricxfer-operator service/fabricxfer-opera
 kubectl get clusterrolebinding/fabricxfer-operator >/dev/null || fail "ClusterRoleBinding missing"
 ok "ServiceAccount, metrics Service, leader-election Role/RoleBinding, PDB, ClusterRoleBinding exist"
 expect_rules_as_generated fabricxfer-operator
-kubectl auth can-i create daemonsets.apps -n default --as="system:serviceaccount:$NS:fabricxfer-operator" >/dev/null ||
-  fail "the operator's ServiceAccount may not create DaemonSets"
-ok "the operator's ServiceAccount may create DaemonSets (RBAC bound)"
+operator_sa="system:serviceaccount:$NS:fabricxfer-operator"
+kubectl auth can-i create daemonsets.apps -n "$NS" --as="$operator_sa" >/dev/null ||
+  fail "the operator's ServiceAccount may not create DaemonSets in $NS"
+for denied in "create daemonsets.apps -n default" "get secrets -n default" "list secrets -A" "escalate clusterroles" \
+  "bind clusterroles/cluster-admin" "create clusterroles"; do
+  # shellcheck disable=SC2086 # the question is meant to split
+  if kubectl auth can-i $denied --as="$operator_sa" >/dev/null 2>&1; then fail "the operator's ServiceAccount may $denied"; fi
+done
+kubectl auth can-i bind clusterroles/fabricxfer-agent --as="$operator_sa" >/dev/null ||
+  fail "the operator's ServiceAccount may not bind the agents' ClusterRole"
+ok "the operator's ServiceAccount may create DaemonSets in $NS and bind fabricxfer-agent, and no more (no escalate, no Secret or DaemonSet elsewhere)"
 kubectl apply -f config/samples/fabricxfer_v1alpha1_transferpool.yaml
 kubectl get transferpools -A
 
@@ -177,18 +188,32 @@ else
   pids+=($!)
   operator_pid=$!
   holder=""
+  sample_agents=$(agent_object_name default "$(kubectl create --dry-run=client -f config/samples/fabricxfer_v1alpha1_transferpool.yaml -o jsonpath='{.metadata.name}')")
   deadline=$((SECONDS + 60))
   while [ "$SECONDS" -lt "$deadline" ]; do
     kill -0 "$operator_pid" 2>/dev/null || { tail -5 "$state/operator.log" >&2; fail "operator exited"; }
     holder=$(kubectl -n "$NS" get lease fabricxfer-operator.fabricxfer.io -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)
-    [ -n "$holder" ] && kubectl -n default get daemonset fabricxfer-agent-kv-cache >/dev/null 2>&1 && break
+    [ -n "$holder" ] && kubectl -n "$NS" get daemonset "$sample_agents" >/dev/null 2>&1 && break
     sleep 0.5
   done
   [ -n "$holder" ] || { tail -5 "$state/operator.log" >&2; fail "operator did not take the leader lease in 60 s"; }
   ok "operator holds lease $NS/fabricxfer-operator.fabricxfer.io ($holder)"
-  kubectl -n default get daemonset fabricxfer-agent-kv-cache >/dev/null 2>&1 ||
+  kubectl -n "$NS" get daemonset "$sample_agents" >/dev/null 2>&1 ||
     { grep -m3 error "$state/operator.log" | cut -c1-400 >&2; fail "operator made no agent DaemonSet for the sample pool in 60 s"; }
-  ok "operator created DaemonSet default/fabricxfer-agent-kv-cache for the sample pool"
+  ok "operator created DaemonSet $NS/$sample_agents for the sample pool, none in the pool's namespace"
+  [ -z "$(kubectl -n default get daemonsets -o name)" ] || fail "a DaemonSet in the sample pool's namespace"
+  agent_sa="system:serviceaccount:$NS:$sample_agents"
+  for who in "$operator_sa" "$agent_sa"; do
+    echo "kubectl auth can-i --list -n default --as=$who"
+    kubectl auth can-i --list -n default --as="$who" | sed 's/^/  /'
+  done
+  for denied in "get secrets -n $NS" "get secrets -n default" "list secrets -A" "create pods -n $NS" \
+    "update leases -n kube-node-lease" "get transferpools.fabricxfer.io/other -n default"; do
+    # shellcheck disable=SC2086
+    if kubectl auth can-i $denied --as="$agent_sa" >/dev/null 2>&1; then fail "the sample pool's agents may $denied"; fi
+  done
+  kubectl auth can-i create leases -n default --as="$agent_sa" >/dev/null || fail "the sample pool's agents may not renew Leases"
+  ok "the sample pool's agents read no Secret, create no pod, and renew Leases only in the pool's namespace"
   if grep -m3 -i "forbidden" "$state/operator.log" | cut -c1-400 >&2; then fail "the operator was refused something"; fi
   ok "no RBAC refusal in the operator log"
   kill "$operator_pid"

@@ -34,7 +34,8 @@ trap 'rm -rf "$work"' EXIT
 # The generated parts (CRDs, operator rules) must be what hack/gen-chart.sh makes from config/ today.
 CHART_DIR=$work/generated hack/gen-chart.sh
 if diff -r "$work/generated/templates/crds" $chart/templates/crds >"$work/gen.diff" &&
-  diff "$work/generated/templates/_rules.tpl" $chart/templates/_rules.tpl >>"$work/gen.diff"; then
+  diff "$work/generated/templates/_rules.tpl" $chart/templates/_rules.tpl >>"$work/gen.diff" &&
+  diff "$work/generated/templates/agent-policy.yaml" $chart/templates/agent-policy.yaml >>"$work/gen.diff"; then
   pass "generated CRD templates and operator rules match config/"
 else
   head -40 "$work/gen.diff" >&2

@@ -20,6 +20,9 @@ FIXTURES=$ROOT/topology/testdata
 NODES=(gpu-node-a gpu-node-b rdma-node-c)
 ROOTS=(ualink-vpod-node-a ualink-vpod-node-b rdma-only-node)
 
+# shellcheck source=hack/names.sh
+. hack/names.sh
+
 step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 kc() { "$BIN/kubectl" --kubeconfig "$ST/kube/kubeconfig" "$@"; }
 
@@ -87,8 +90,11 @@ metadata:
 NODE
   done
 
+  step "creating namespace $AGENT_NS, where the operator runs every pool's agents"
+  kc create namespace "$AGENT_NS" >/dev/null
+
   step "starting the operator"
-  start operator "$BIN/operator" --leader-elect=false \
+  start operator "$BIN/operator" --leader-elect=false --agent-namespace="$AGENT_NS" \
     --metrics-bind-address=127.0.0.1:$OPERATOR_PORT_BASE --health-probe-bind-address=127.0.0.1:$((OPERATOR_PORT_BASE + 1))
   wait_for 60 "operator health" curl -sf "http://127.0.0.1:$((OPERATOR_PORT_BASE + 1))/readyz"
 
@@ -103,10 +109,12 @@ spec:
   allowedNamespaces: [default]
   agent: {heartbeatSeconds: 2}
 POOLYAML
-  wait_for 60 "agent certificates" kc get secret "fabricxfer-agent-$POOL-tls"
+  local tls_secret
+  tls_secret=$(agent_object_name default "$POOL")-tls
+  wait_for 60 "agent certificates" kc -n "$AGENT_NS" get secret "$tls_secret"
   mkdir -p "$ST/tls"
   for k in tls.crt tls.key ca.crt; do
-    kc get secret "fabricxfer-agent-$POOL-tls" -o "jsonpath={.data.${k//./\\.}}" | base64 -d >"$ST/tls/$k"
+    kc -n "$AGENT_NS" get secret "$tls_secret" -o "jsonpath={.data.${k//./\\.}}" | base64 -d >"$ST/tls/$k"
   done
 
   step "starting one agent per node (fixture host roots under topology/testdata)"

@@ -9,6 +9,8 @@ BIN=${BIN_DIR:-$PWD/bin}
 export DEMO_DIR=${E2E_DIR:-$(mktemp -d /tmp/fabricxfer-e2e.XXXXXX)}
 export API_PORT=${E2E_API_PORT:-26443} ETCD_PORT=${E2E_ETCD_PORT:-25790}
 export AGENT_PORT_BASE=${E2E_AGENT_PORT_BASE:-27470} OPERATOR_PORT_BASE=${E2E_OPERATOR_PORT_BASE:-28080}
+# shellcheck source=hack/names.sh
+. hack/names.sh
 trap 'hack/demo.sh down >/dev/null 2>&1 || true' EXIT
 
 fail() {
@@ -47,8 +49,11 @@ vpod=$(kc get vpodtopologies -o name)
 equals "$vpod" '{.status.nodes}' 2 || fail "vPOD members: $(jp "$vpod" '{.status.members}')"
 equals "$vpod" '{.status.gpus}' 8 || fail "vPOD GPUs: $(jp "$vpod" '{.status.gpus}')"
 pass "one UALink vPOD with gpu-node-a and gpu-node-b, 8 GPUs"
-kc get daemonset fabricxfer-agent-kv-cache >/dev/null || fail "no agent DaemonSet"
-pass "agent DaemonSet exists"
+AGENTS=$(agent_object_name default kv-cache)
+kc -n "$AGENT_NS" get daemonset "$AGENTS" >/dev/null || fail "no agent DaemonSet in $AGENT_NS"
+[ -z "$(kc -n default get daemonsets,serviceaccounts,secrets -l fabricxfer.io/pool=kv-cache -o name)" ] ||
+  fail "the pool's agents, ServiceAccount or certificates are in the tenant's namespace"
+pass "agent DaemonSet $AGENT_NS/$AGENTS exists; nothing privileged in the pool's namespace"
 
 # An agent that dies: its node turns not ready within the heartbeat timeout (3 x 2 s) and its vPOD shows it missing.
 kill "$(cat "$DEMO_DIR/agent-gpu-node-b.pid")"
@@ -57,12 +62,18 @@ until_true 20 "vPOD lists gpu-node-b as missing" equals "$vpod" '{.status.missin
 
 # Pool deletion removes what the operator made for it.
 kc delete transferpool kv-cache --wait=true --timeout=60s >/dev/null || fail "deleting the pool"
-gone() { ! kc get "$@" >/dev/null 2>&1; }
-until_true 60 "agent DaemonSet garbage-collected" gone daemonset fabricxfer-agent-kv-cache
-until_true 60 "agent ServiceAccount, Role, RoleBinding garbage-collected" \
-  gone serviceaccount/fabricxfer-agent-kv-cache role/fabricxfer-agent-kv-cache rolebinding/fabricxfer-agent-kv-cache
-until_true 60 "agent certificate Secrets garbage-collected" gone secret/fabricxfer-agent-kv-cache-tls secret/fabricxfer-agent-kv-cache-tls-ca
-until_true 30 "cluster RBAC removed by the finalizer" gone clusterrole/fabricxfer-agent-default-kv-cache clusterrolebinding/fabricxfer-agent-default-kv-cache
+# all_gone NS OBJECT...: none of the objects exists (kubectl get of several fails as soon as one is missing).
+all_gone() {
+  local ns=$1 o
+  shift
+  for o; do kc -n "$ns" get "$o" >/dev/null 2>&1 && return 1; done
+  return 0
+}
+until_true 60 "agent DaemonSet, ServiceAccount and certificate Secrets removed by the finalizer" \
+  all_gone "$AGENT_NS" daemonset/"$AGENTS" serviceaccount/"$AGENTS" secret/"$AGENTS-tls" secret/"$AGENTS-tls-ca"
+until_true 30 "cluster RBAC removed by the finalizer" all_gone "" clusterrolebinding/"$AGENTS"
+until_true 60 "the agents' Role and RoleBinding in the pool's namespace removed" \
+  all_gone default role/"$AGENTS" rolebinding/"$AGENTS"
 
 hack/demo.sh down >/dev/null
 trap - EXIT

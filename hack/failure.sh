@@ -3,7 +3,7 @@
 # in a private directory and ports: kube-apiserver + etcd, operator, three agents, pool kv-cache), then:
 #   1. operator crash: SIGKILLs the operator with a second pool half applied (a ResourceQuota refuses its
 #      DaemonSet), once as its workers start, and with that pool half finalized (an admission policy refuses to
-#      delete its ClusterRole); restarts it each time and checks that exactly the expected objects exist, each
+#      delete its ClusterRoleBinding); restarts it each time and checks that exactly the expected objects exist, each
 #      with the right owner, and that nothing of the deleted pool is left;
 #   2. leader election: two operator replicas, only the leader reconciles; the leader is SIGKILLed and the other
 #      takes over and keeps the pool status current (an agent dies and returns meanwhile);
@@ -21,6 +21,9 @@ export AGENT_PORT_BASE=${FAILURE_AGENT_PORT_BASE:-30470} OPERATOR_PORT_BASE=${FA
 OP_PORT_BASE=${FAILURE_OP_PORT_BASE:-30090}
 ST=$DEMO_DIR
 KUBE=$ST/kube
+# shellcheck source=hack/names.sh
+. hack/names.sh
+CRASH=$(agent_object_name failure crash)
 trap 'hack/demo.sh down >/dev/null 2>&1 || true' EXIT
 
 fail() {
@@ -85,7 +88,7 @@ op_start() { # op_start I [FLAGS...]: operator replica I, logging to $ST/op-I.lo
   local i=$1
   shift
   [ -f "$ST/op-$i.log" ] && cat "$ST/op-$i.log" >>"$ST/op-$i.earlier.log" && rm "$ST/op-$i.log"
-  "$BIN/operator" --kubeconfig "$KUBE/kubeconfig" --leader-election-namespace default \
+  "$BIN/operator" --kubeconfig "$KUBE/kubeconfig" --leader-election-namespace default --agent-namespace "$AGENT_NS" \
     --metrics-bind-address "127.0.0.1:$((OP_PORT_BASE + 2 * i))" \
     --health-probe-bind-address "127.0.0.1:$((OP_PORT_BASE + 2 * i + 1))" "$@" >>"$ST/op-$i.log" 2>&1 &
   echo $! >"$ST/op-$i.pid"
@@ -101,7 +104,8 @@ reconciled() { [ "$(metric "$1" controller_runtime_reconcile_total)" -gt "$2" ];
 some_leader() { is_leader 1 || is_leader 2; }
 workers_started() { grep -q "Starting workers" "$ST/op-$1.log"; }
 
-# owned_objects: one line per object the operator manages for pools (name prefix fabricxfer-agent-):
+# owned_objects: one line per object the operator manages for pools (name prefix fabricxfer-agent-), in the
+# agents' namespace, the pools' namespaces and cluster-wide:
 # KIND NAMESPACE/NAME OWNERKIND/OWNERNAME/OWNERUID/CONTROLLER, sorted.
 owned_objects() {
   kc get daemonsets,serviceaccounts,roles,rolebindings,secrets,clusterroles,clusterrolebindings -A -o \
@@ -109,25 +113,27 @@ owned_objects() {
     awk '$2 ~ /(^|\/)fabricxfer-agent-/' | sort
 }
 expected_objects() { # expected_objects NS/POOL...: what owned_objects must print for exactly these pools
-  local p ns name uid own
+  local p ns name uid own n
   for p in "$@"; do
     ns=${p%/*} name=${p#*/}
     uid=$(kc get transferpool -n "$ns" "$name" -o 'jsonpath={.metadata.uid}')
     own="TransferPool/$name/$uid/true,"
-    echo "ClusterRole /fabricxfer-agent-$ns-$name "
-    echo "ClusterRoleBinding /fabricxfer-agent-$ns-$name "
-    for k in DaemonSet Role RoleBinding ServiceAccount; do echo "$k $ns/fabricxfer-agent-$name $own"; done
-    echo "Secret $ns/fabricxfer-agent-$name-tls $own"
-    echo "Secret $ns/fabricxfer-agent-$name-tls-ca $own"
+    n=$(agent_object_name "$ns" "$name")
+    echo "ClusterRoleBinding /$n "
+    for k in DaemonSet ServiceAccount; do echo "$k $AGENT_NS/$n "; done
+    echo "Secret $AGENT_NS/$n-tls "
+    echo "Secret $AGENT_NS/$n-tls-ca "
+    for k in Role RoleBinding; do echo "$k $ns/$n $own"; done
   done | sort
 }
 objects_are() { diff <(expected_objects "$@") <(owned_objects) >"$ST/objects.diff"; }
 # The agent Secret's certificate must chain to the CA Secret's: a crash between the two writes must not leave
 # agents with a certificate their peers cannot verify.
 certs_chain() { # certs_chain NS POOL
-  local s=fabricxfer-agent-$2-tls
-  kc get secret -n "$1" "$s-ca" -o 'jsonpath={.data.tls\.crt}' | base64 -d >"$ST/chk-ca.crt"
-  kc get secret -n "$1" "$s" -o 'jsonpath={.data.tls\.crt}' | base64 -d >"$ST/chk-leaf.crt"
+  local s
+  s=$(agent_object_name "$1" "$2")-tls
+  kc get secret -n "$AGENT_NS" "$s-ca" -o 'jsonpath={.data.tls\.crt}' | base64 -d >"$ST/chk-ca.crt"
+  kc get secret -n "$AGENT_NS" "$s" -o 'jsonpath={.data.tls\.crt}' | base64 -d >"$ST/chk-leaf.crt"
   openssl verify -CAfile "$ST/chk-ca.crt" "$ST/chk-leaf.crt" >/dev/null
 }
 transfernodes() { # NAME OWNERKIND/OWNERNAME/OWNERUID per TransferNode, sorted
@@ -155,7 +161,7 @@ crash_observed() {
   o=$(kc get transferpool -n failure crash -o 'jsonpath={.status.observedGeneration}')
   [ -n "$g" ] && [ "$g" = "$o" ]
 }
-crash_count() { owned_objects | grep -c ' failure/\|-failure-crash' || true; }
+crash_count() { owned_objects | grep -c -- "$CRASH" || true; }
 POOL=transferpool/kv-cache
 VPOD=
 
@@ -173,9 +179,10 @@ t1=$(date +%s)
 stop "$ST/operator.pid" KILL
 rm -f "$ST/operator.pid"
 kc create namespace failure >/dev/null
-# A quota of zero DaemonSets stops the operator's apply after the ServiceAccount, Role, RoleBinding, ClusterRole
-# and ClusterRoleBinding, before the DaemonSet and the certificate Secrets: a reconcile that is half done.
-kc create quota no-daemonsets -n failure --hard=count/daemonsets.apps=0 >/dev/null
+# A quota of the one DaemonSet the agents' namespace holds (kv-cache's) stops the operator's apply after the
+# ServiceAccount, Role, RoleBinding and ClusterRoleBinding, before the DaemonSet and the certificate Secrets: a
+# reconcile that is half done.
+kc create quota no-daemonsets -n "$AGENT_NS" --hard=count/daemonsets.apps=1 >/dev/null
 kc apply -f - >/dev/null <<POOLYAML
 apiVersion: fabricxfer.io/v1alpha1
 kind: TransferPool
@@ -190,11 +197,11 @@ POOLYAML
 op_start 0 --leader-elect=false
 until_true 60 "the operator's apply of pool failure/crash stops at the DaemonSet quota" grep -q 'applying.*DaemonSet.*failure/crash' "$ST/op-0.log"
 stop "$ST/op-0.pid" KILL
-partial=$(owned_objects | awk '$2 ~ /^failure\/|-failure-crash$/ {print $1}' | sort | tr '\n' ' ')
-[ "$partial" = "ClusterRole ClusterRoleBinding Role RoleBinding ServiceAccount " ] ||
+partial=$(owned_objects | awk -v n="$CRASH" 'index($2, n) {print $1}' | sort | tr '\n' ' ')
+[ "$partial" = "ClusterRoleBinding Role RoleBinding ServiceAccount " ] ||
   fail "want the crash pool half applied (no DaemonSet, no Secrets) when the operator is killed, got: $partial"
 pass "operator SIGKILLed with pool failure/crash half applied: $partial"
-kc delete quota no-daemonsets -n failure >/dev/null
+kc delete quota no-daemonsets -n "$AGENT_NS" >/dev/null
 op_start 0 --leader-elect=false
 kill_when 60 "the restarted operator's workers start" "$ST/op-0.pid" workers_started 0
 op_start 0 --leader-elect=false
@@ -211,8 +218,8 @@ pass "kv-cache 3/3, three TransferNodes owned by their Nodes, the same single vP
 
 # A pool deleted while the operator is down, whose finalizer is then interrupted: nothing of it may survive.
 stop "$ST/op-0.pid" KILL
-# An admission policy that refuses to delete the crash pool's ClusterRole stops the finalizer after the
-# ClusterRoleBinding, with the finalizer still on the pool.
+# An admission policy that refuses to delete the crash pool's ClusterRoleBinding stops the finalizer after the
+# DaemonSet, with the finalizer still on the pool.
 kc apply -f - >/dev/null <<POLICY
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
@@ -220,26 +227,26 @@ metadata: {name: failure-keep-clusterrole}
 spec:
   failurePolicy: Fail
   matchConstraints:
-    resourceRules: [{apiGroups: [rbac.authorization.k8s.io], apiVersions: [v1], operations: [DELETE], resources: [clusterroles]}]
-  validations: [{expression: "oldObject.metadata.name != 'fabricxfer-agent-failure-crash'", message: held by the failure test}]
+    resourceRules: [{apiGroups: [rbac.authorization.k8s.io], apiVersions: [v1], operations: [DELETE], resources: [clusterrolebindings]}]
+  validations: [{expression: "oldObject.metadata.name != '$CRASH'", message: held by the failure test}]
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicyBinding
 metadata: {name: failure-keep-clusterrole}
 spec: {policyName: failure-keep-clusterrole, validationActions: [Deny]}
 POLICY
-clusterrole_held() { ! kc delete clusterrole fabricxfer-agent-failure-crash --dry-run=server; }
-until_true 30 "the admission policy holds the crash pool's ClusterRole" clusterrole_held
+binding_held() { ! kc delete clusterrolebinding "$CRASH" --dry-run=server; }
+until_true 30 "the admission policy holds the crash pool's ClusterRoleBinding" binding_held
 kc delete transferpool -n failure crash --wait=false >/dev/null
 sleep 1
 crash_pool_gone && fail "pool failure/crash went away with no operator to run its finalizer"
-echo "failure: deleted with the operator down, the crash pool still has its finalizer and $(crash_count) of its 8 objects"
+echo "failure: deleted with the operator down, the crash pool still has its finalizer and $(crash_count) of its 7 objects"
 op_start 0 --leader-elect=false
-until_true 60 "the operator's finalizer of pool failure/crash stops at the held ClusterRole" grep -q 'held by the failure test' "$ST/op-0.log"
+until_true 60 "the operator's finalizer of pool failure/crash stops at the held ClusterRoleBinding" grep -q 'held by the failure test' "$ST/op-0.log"
 stop "$ST/op-0.pid" KILL
-partial=$(owned_objects | awk '$2 ~ /^failure\/|-failure-crash$/ {print $1}' | sort | tr '\n' ' ')
-[ "$partial" = "ClusterRole DaemonSet Role RoleBinding Secret Secret ServiceAccount " ] && ! crash_pool_gone ||
-  fail "want the crash pool half finalized (ClusterRoleBinding deleted, ClusterRole not) when the operator is killed, got: $partial"
+partial=$(owned_objects | awk -v n="$CRASH" 'index($2, n) {print $1}' | sort | tr '\n' ' ')
+[ "$partial" = "ClusterRoleBinding Role RoleBinding Secret Secret ServiceAccount " ] && ! crash_pool_gone ||
+  fail "want the crash pool half finalized (DaemonSet deleted, ClusterRoleBinding not) when the operator is killed, got: $partial"
 pass "operator SIGKILLed with pool failure/crash half finalized: $partial"
 kc delete validatingadmissionpolicybinding,validatingadmissionpolicy failure-keep-clusterrole >/dev/null
 op_start 0 --leader-elect=false

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # hack/gen-chart.sh writes the chart's generated parts from config/, which `make manifests` generates:
 #   charts/fabricxfer/templates/crds/<crd>.yaml   each CRD behind crds.enabled, kept on uninstall (crds.keep)
-#   charts/fabricxfer/templates/_rules.tpl        the operator's ClusterRole rules, verbatim from config/rbac/role.yaml
+#   charts/fabricxfer/templates/_rules.tpl        the operator's ClusterRole and agent-namespace Role rules, verbatim
+#                                                 from config/rbac/role.yaml, and the agents' ClusterRole rules from
+#                                                 config/rbac/agent_role.yaml
+#   charts/fabricxfer/templates/agent-policy.yaml  config/rbac/agent_policy.yaml for the release's agent namespace
 # The chart therefore never drifts from the API markers or the controllers' RBAC markers.
 # CHART_DIR writes them under another directory instead (hack/chart-test.sh uses it to check they are fresh).
 set -euo pipefail
@@ -45,17 +48,54 @@ crd_template() {
   echo "{{- end }}"
 }
 
+# socket_prefix writes the admin's agent.socketDirPrefix where the TransferPool CRD names the default prefix:
+# in the socketDir rule's pattern (dots escaped, so the prefix stays literal), its message, default and text.
+socket_prefix() {
+  sed -e 's|\^/var/run/fabricxfer(|^{{ .Values.agent.socketDirPrefix \| replace "." "[.]" }}(|' \
+    -e 's|/var/run/fabricxfer|{{ .Values.agent.socketDirPrefix }}|g'
+}
+
 mkdir -p "$crd_dir" "$chart/templates"
 rm -f "$crd_dir"/*.yaml
 for f in config/crd/bases/*.yaml; do
-  crd_template "$f" >"$crd_dir/$(basename "$f")"
+  case $f in
+  *_transferpools.yaml) crd_template "$f" | socket_prefix >"$crd_dir/$(basename "$f")" ;;
+  *) crd_template "$f" >"$crd_dir/$(basename "$f")" ;;
+  esac
 done
+
+# rules_of KIND FILE: the rules list of the document of that kind in FILE; its indentation is already that of
+# a top-level key.
+rules_of() {
+  awk -v kind="$1" '
+    /^---$/ { in_doc = 0; found = 0; next }
+    /^kind: / { in_doc = ($2 == kind) }
+    found && in_doc { print }
+    in_doc && /^rules:$/ { found = 1 }
+  ' "$2" | escape_braces
+}
 
 {
   echo "$header"
   echo "{{/* fabricxfer.operatorRules: the rules of the operator's ClusterRole, from config/rbac/role.yaml. */}}"
   echo '{{- define "fabricxfer.operatorRules" -}}'
-  # Everything after "rules:" is the list itself; its indentation is already that of a top-level key.
-  awk 'found { print } /^rules:$/ { found = 1 }' config/rbac/role.yaml | escape_braces
+  rules_of ClusterRole config/rbac/role.yaml
+  echo '{{- end }}'
+  echo "{{/* fabricxfer.operatorAgentNamespaceRules: the operator's Role in the agents' namespace, from config/rbac/role.yaml. */}}"
+  echo '{{- define "fabricxfer.operatorAgentNamespaceRules" -}}'
+  rules_of Role config/rbac/role.yaml
+  echo '{{- end }}'
+  echo "{{/* fabricxfer.agentRules: the agents' ClusterRole, from config/rbac/agent_role.yaml. */}}"
+  echo '{{- define "fabricxfer.agentRules" -}}'
+  rules_of ClusterRole config/rbac/agent_role.yaml | grep -v '^#'
   echo '{{- end }}'
 } >"$chart/templates/_rules.tpl"
+
+# The admission policy that keeps each agent to its own node, for the agents' namespace of the release.
+{
+  echo "$header"
+  echo "{{- if .Values.agent.ownNodePolicy }}"
+  escape_braces <config/rbac/agent_policy.yaml |
+    sed 's|system:serviceaccount:fabricxfer-system:|system:serviceaccount:{{ include "fabricxfer.agentNamespace" . }}:|'
+  echo "{{- end }}"
+} >"$chart/templates/agent-policy.yaml"

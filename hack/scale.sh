@@ -56,7 +56,8 @@ kc wait --for=condition=Established --timeout=60s crd/transferpools.fabricxfer.i
 step "creating $N Node objects"
 "$ST/scale" nodes -n "$N"
 
-step "starting the operator"
+step "starting the operator (agents' namespace fabricxfer-system)"
+kc create namespace fabricxfer-system >/dev/null
 "$ST/operator" --leader-elect=false --metrics-bind-address="127.0.0.1:$OPERATOR_PORT" \
   --health-probe-bind-address="127.0.0.1:$((OPERATOR_PORT + 1))" --pprof-bind-address="127.0.0.1:$((OPERATOR_PORT + 2))" \
   >"$ST/operator.log" 2>&1 &

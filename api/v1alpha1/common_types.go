@@ -30,17 +30,22 @@ const (
 	ConditionProgressing = "Progressing"
 	ConditionDegraded    = "Degraded"
 
-	ReasonAllNodesReady     = "AllNodesReady"
-	ReasonNodesNotReady     = "NodesNotReady"
-	ReasonNoMatchingNodes   = "NoMatchingNodes"
-	ReasonConflict          = "Conflict"
-	ReasonReconcileError    = "ReconcileError"
+	ReasonAllNodesReady   = "AllNodesReady"
+	ReasonNodesNotReady   = "NodesNotReady"
+	ReasonNoMatchingNodes = "NoMatchingNodes"
+	ReasonConflict        = "Conflict"
+	ReasonReconcileError  = "ReconcileError"
+	// ReasonInvalidSpec and ReasonImageNotAllowed: the operator refused the pool's spec and wrote nothing for it.
+	ReasonInvalidSpec       = "InvalidSpec"
+	ReasonImageNotAllowed   = "ImageNotAllowed"
 	ReasonAgentsRolledOut   = "AgentsRolledOut"
 	ReasonWaitingForReports = "WaitingForReports"
 	ReasonAsExpected        = "AsExpected"
 	ReasonMembersMissing    = "MembersMissing"
 	ReasonMembersComplete   = "MembersComplete"
 	ReasonNoMembers         = "NoMembers"
+	// ReasonDuplicateDomain: another VPodTopology already describes this domain.
+	ReasonDuplicateDomain = "DuplicateDomain"
 )
 
 // Labels and annotations the operator and agents set.

@@ -7,7 +7,30 @@ import (
 )
 
 // DefaultSocketDir is the host directory under which each pool's agent socket lives, as <dir>/<pool>/agent.sock.
+// It is also the default of the admin's socket directory prefix: a pool's socketDir must be it or a directory
+// under it (the chart writes another prefix into the CRD's rule and the operator's --socket-dir-prefix).
 const DefaultSocketDir = "/var/run/fabricxfer"
+
+// Bounds of the pool's quantities, in bytes. The CRD's CEL rules and ValidatePoolSpec state the same numbers:
+// admission refuses what the operator would refuse before writing a flag.
+const (
+	// MinPoolGPUBytes is the least non-zero spec.memory.perGPU: one VMM allocation granularity.
+	MinPoolGPUBytes = 2 << 20
+	// MaxPoolGPUBytes bounds spec.memory.perGPU; no GPU has more than a TiB of memory.
+	MaxPoolGPUBytes = 1 << 40
+	// MinHostStagingBytes and MaxHostStagingBytes bound spec.memory.hostStaging, which also raises the
+	// agent's memory limit.
+	MinHostStagingBytes = 1 << 20
+	MaxHostStagingBytes = 1 << 40
+	// MinRegisteredPerCaller and MaxRegisteredPerCaller bound spec.memory.maxRegisteredPerCaller.
+	MinRegisteredPerCaller = 1 << 20
+	MaxRegisteredPerCaller = 16 << 40
+	// MinAgentMemoryBytes is the least memory request or limit of the agent container: it maps the pool's
+	// memory and holds gRPC buffers.
+	MinAgentMemoryBytes = 64 << 20
+	// MaxAgentMemoryBytes bounds the agent container's memory request and limit (host staging included).
+	MaxAgentMemoryBytes = 2 << 40
+)
 
 // TransferPoolSpec says which nodes run a transfer agent and what those agents may do.
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.socketDir) || (has(self.socketDir) && self.socketDir == oldSelf.socketDir)",message="socketDir is immutable: pods that mounted the old directory would lose their agent"
@@ -15,11 +38,18 @@ type TransferPoolSpec struct {
 	// NodeSelector picks the nodes that run an agent of this pool. Empty selects every node.
 	// +optional
 	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.size() <= 317 && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))",message="nodeSelector keys must be label keys ([prefix/]name, name at most 63 characters)"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, self[k].size() <= 63)",message="nodeSelector values must be label values of at most 63 characters"
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 
 	// Tolerations let agents run on tainted GPU nodes.
 	// +optional
 	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.operator) || t.operator in ['Exists', 'Equal'])",message="a toleration's operator must be Exists or Equal"
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.effect) || t.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])",message="a toleration's effect must be NoSchedule, PreferNoSchedule or NoExecute"
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')",message="a toleration with operator Exists must not have a value"
+	// +kubebuilder:validation:XValidation:rule="self.all(t, has(t.key) && t.key != '' || has(t.operator) && t.operator == 'Exists')",message="a toleration without a key must have operator Exists"
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.tolerationSeconds) || has(t.effect) && t.effect == 'NoExecute')",message="tolerationSeconds needs effect NoExecute"
 	// +listType=atomic
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
 
@@ -37,13 +67,14 @@ type TransferPoolSpec struct {
 	// +optional
 	Memory PoolMemory `json:"memory,omitempty"`
 
-	// SocketDir is the host directory that holds <socketDir>/<pool>/agent.sock. Pods mount the directory.
+	// SocketDir is the host directory that holds <socketDir>/<pool>/agent.sock. Pods mount the directory. It
+	// is the admin's prefix (default /var/run/fabricxfer) or a directory under it, written in normal form:
+	// the agent mounts it read-write and creates it, so it must never name a system directory.
 	// +optional
 	// +kubebuilder:default="/var/run/fabricxfer"
 	// +kubebuilder:validation:MinLength=2
-	// +kubebuilder:validation:MaxLength=200
-	// +kubebuilder:validation:Pattern=`^/[A-Za-z0-9._/-]*$`
-	// +kubebuilder:validation:XValidation:rule="!self.contains('..')",message="socketDir must not contain '..'"
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="self.matches('^/var/run/fabricxfer(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$')",message="socketDir must be /var/run/fabricxfer or a directory under it, written without '.', '..', '//', a trailing '/' or a segment starting with '.'"
 	SocketDir string `json:"socketDir,omitempty"`
 
 	// AllowedNamespaces may use this pool through the socket. Empty admits only the pool's own namespace;
@@ -67,33 +98,46 @@ type TransferPoolSpec struct {
 	FabricDomainOverride string `json:"fabricDomainOverride,omitempty"`
 }
 
-// PoolMemory is what the agent may allocate, register and stage on each node.
-// +kubebuilder:validation:XValidation:rule="!has(self.perGPU) || quantity(string(self.perGPU)).compareTo(quantity('0')) >= 0",message="memory.perGPU must not be negative"
-// +kubebuilder:validation:XValidation:rule="!has(self.hostStaging) || quantity(string(self.hostStaging)).compareTo(quantity('0')) > 0",message="memory.hostStaging must be positive"
+// PoolMemory is what the agent may allocate, register and stage on each node. Every quantity is a whole
+// number of bytes within bounds (the operator passes it to the agent as a 64-bit byte count).
 type PoolMemory struct {
-	// PerGPU is the GPU memory the agent allocates on every GPU at start and lends to pods (0: none).
+	// PerGPU is the GPU memory the agent allocates on every GPU at start and lends to pods: 0 (none) or 2Mi to 1Ti.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('0')) == 0 || quantity(string(self)).compareTo(quantity('2Mi')) >= 0 && quantity(string(self)).compareTo(quantity('1Ti')) <= 0",message="memory.perGPU must be 0 or between 2Mi and 1Ti"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('0')) < 0 || quantity(string(self)).compareTo(quantity('1Ti')) > 0 || quantity(string(self)).sub(int(quantity(string(self)).asApproximateFloat())).compareTo(quantity('0')) == 0",message="memory.perGPU must be a whole number of bytes"
 	PerGPU *resource.Quantity `json:"perGPU,omitempty"`
-	// HostStaging bounds host memory used to stage GPU bytes for engines that need host memory.
+	// HostStaging bounds host memory used to stage GPU bytes for engines that need host memory: 1Mi to 1Ti.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('1Mi')) >= 0 && quantity(string(self)).compareTo(quantity('1Ti')) <= 0",message="memory.hostStaging must be between 1Mi and 1Ti"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('0')) < 0 || quantity(string(self)).compareTo(quantity('1Ti')) > 0 || quantity(string(self)).sub(int(quantity(string(self)).asApproximateFloat())).compareTo(quantity('0')) == 0",message="memory.hostStaging must be a whole number of bytes"
 	HostStaging *resource.Quantity `json:"hostStaging,omitempty"`
-	// MaxRegisteredPerCaller bounds the bytes one caller may register.
+	// MaxRegisteredPerCaller bounds the bytes one caller may register: 1Mi to 16Ti (unset: the agent's 1Ti).
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('1Mi')) >= 0 && quantity(string(self)).compareTo(quantity('16Ti')) <= 0",message="memory.maxRegisteredPerCaller must be between 1Mi and 16Ti"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('0')) < 0 || quantity(string(self)).compareTo(quantity('16Ti')) > 0 || quantity(string(self)).sub(int(quantity(string(self)).asApproximateFloat())).compareTo(quantity('0')) == 0",message="memory.maxRegisteredPerCaller must be a whole number of bytes"
 	MaxRegisteredPerCaller *resource.Quantity `json:"maxRegisteredPerCaller,omitempty"`
 }
 
 // AgentSpec configures the agent pods.
 type AgentSpec struct {
-	// Image of the agent; empty uses the operator's --agent-image.
+	// Image of the agent; empty uses the operator's --agent-image. Any other image must be on the operator's
+	// --agent-image-allowlist (set by the cluster admin at install), or the pool is refused with ImageNotAllowed.
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?([.][A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*(:[0-9]{1,5})?/)?[a-z0-9]+(([.]|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([.]|_|__|-+)[a-z0-9]+)*)*(:[A-Za-z0-9_][-A-Za-z0-9_.]{0,127})?(@sha256:[0-9a-f]{64})?$')",message="agent.image must be an image reference: [registry[:port]/]repository[:tag][@sha256:digest]"
 	Image string `json:"image,omitempty"`
 	// ImagePullPolicy of the agent container.
 	// +optional
 	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
-	// Resources of the agent container; defaults are 100m CPU and 128Mi memory requested.
+	// Resources of the agent container; defaults are 100m CPU and 128Mi memory requested. Only cpu, memory and
+	// ephemeral-storage may be named; memory is a whole number of bytes between 64Mi and 2Ti.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="!has(self.claims) || self.claims.size() == 0",message="agent.resources.claims is not supported: the agent's devices come from the host"
+	// +kubebuilder:validation:XValidation:rule="(!has(self.limits) || self.limits.size() == ('cpu' in self.limits ? 1 : 0) + ('memory' in self.limits ? 1 : 0) + ('ephemeral-storage' in self.limits ? 1 : 0)) && (!has(self.requests) || self.requests.size() == ('cpu' in self.requests ? 1 : 0) + ('memory' in self.requests ? 1 : 0) + ('ephemeral-storage' in self.requests ? 1 : 0))",message="agent.resources may name only cpu, memory and ephemeral-storage"
+	// +kubebuilder:validation:XValidation:rule="(!has(self.limits) || !('memory' in self.limits) || quantity(string(self.limits['memory'])).compareTo(quantity('64Mi')) >= 0 && quantity(string(self.limits['memory'])).compareTo(quantity('2Ti')) <= 0 && quantity(string(self.limits['memory'])).sub(int(quantity(string(self.limits['memory'])).asApproximateFloat())).compareTo(quantity('0')) == 0) && (!has(self.requests) || !('memory' in self.requests) || quantity(string(self.requests['memory'])).compareTo(quantity('64Mi')) >= 0 && quantity(string(self.requests['memory'])).compareTo(quantity('2Ti')) <= 0 && quantity(string(self.requests['memory'])).sub(int(quantity(string(self.requests['memory'])).asApproximateFloat())).compareTo(quantity('0')) == 0)",message="agent.resources memory must be a whole number of bytes between 64Mi and 2Ti"
+	// +kubebuilder:validation:XValidation:rule="(!has(self.limits) || !('cpu' in self.limits) || quantity(string(self.limits['cpu'])).compareTo(quantity('10m')) >= 0 && quantity(string(self.limits['cpu'])).compareTo(quantity('256')) <= 0) && (!has(self.requests) || !('cpu' in self.requests) || quantity(string(self.requests['cpu'])).compareTo(quantity('10m')) >= 0 && quantity(string(self.requests['cpu'])).compareTo(quantity('256')) <= 0)",message="agent.resources cpu must be between 10m and 256"
+	// +kubebuilder:validation:XValidation:rule="!has(self.limits) || !has(self.requests) || ['cpu', 'memory', 'ephemeral-storage'].all(k, !(k in self.limits) || !(k in self.requests) || quantity(string(self.requests[k])).compareTo(quantity(string(self.limits[k]))) <= 0)",message="agent.resources requests must not exceed limits"
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 	// HeartbeatSeconds is how often agents renew their heartbeat Lease (and re-detect the node); a node whose
 	// heartbeat is older than three periods counts as not ready.
@@ -102,15 +146,17 @@ type AgentSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=300
 	HeartbeatSeconds int32 `json:"heartbeatSeconds,omitempty"`
-	// Port for agent-to-agent traffic (host network); the tcp data path uses Port+1 and health checks Port+2.
+	// Port for agent-to-agent traffic (host network); the tcp data path uses Port+1 and health checks Port+2,
+	// so Port is at most 65533.
 	// +optional
 	// +kubebuilder:default=7470
 	// +kubebuilder:validation:Minimum=1024
-	// +kubebuilder:validation:Maximum=65535
+	// +kubebuilder:validation:Maximum=65533
 	Port int32 `json:"port,omitempty"`
 	// PriorityClassName of agent pods; node agents usually run as system-node-critical.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	PriorityClassName string `json:"priorityClassName,omitempty"`
 }
 
@@ -180,6 +226,7 @@ type TransferPoolStatus struct {
 // +kubebuilder:printcolumn:name="Engines",type=string,JSONPath=`.status.engineSummary`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="a TransferPool's name must be a DNS label (at most 63 lowercase letters, digits and '-'): it is a label value, a socket directory and part of the agents' certificate name"
 type TransferPool struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -6,12 +6,16 @@ import (
 
 // VPodMember is one node's GPUs in a scale-up domain.
 type VPodMember struct {
+	// Node is a Node's name (a DNS subdomain).
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	Node string `json:"node"`
 	// GPUs are GPU indexes on that node; empty in a declaration means "all of the node's GPUs in the domain".
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:Minimum=0
+	// +kubebuilder:validation:items:Maximum=1023
 	// +listType=set
 	GPUs []int32 `json:"gpus,omitempty"`
 }

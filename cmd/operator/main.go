@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -36,11 +37,23 @@ func run() error {
 		agentImage     = flag.String("agent-image", "ghcr.io/fabricxfer/agent:v0.1.0", "agent image for pools that name none")
 		pprofAddr      = flag.String("pprof-bind-address", "", "address of Go's /debug/pprof endpoints (empty: off)")
 		issueAgentCert = flag.Bool("issue-agent-certs", true, "issue each pool's agent-to-agent mTLS certificates into a Secret")
+		imageAllowlist = flag.String("agent-image-allowlist", "", "comma-separated agent images pools may name besides --agent-image; an entry ending in * allows every image that starts with the rest")
+		agentNamespace = flag.String("agent-namespace", defaultAgentNamespace(), "namespace of every pool's agents, their ServiceAccounts and certificates; never a tenant's (default: the pod's namespace, else "+controllers.DefaultAgentNamespace+")")
+		socketPrefix   = flag.String("socket-dir-prefix", fxv1.DefaultSocketDir, "host directory every pool's socketDir must be or lie under (the CRD's rule must say the same)")
 	)
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	if err := controllers.ValidateSocketDirPrefix(*socketPrefix); err != nil {
+		return fmt.Errorf("--socket-dir-prefix: %w", err)
+	}
+	agent := controllers.AgentSettings{Image: *agentImage, SocketDirPrefix: *socketPrefix, Namespace: *agentNamespace}
+	for _, image := range strings.Split(*imageAllowlist, ",") {
+		if image = strings.TrimSpace(image); image != "" {
+			agent.ImageAllowlist = append(agent.ImageAllowlist, image)
+		}
+	}
 
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
@@ -59,8 +72,9 @@ func run() error {
 		LeaderElectionNamespace:       *leaderNS,
 		LeaderElectionReleaseOnCancel: true,
 		PprofBindAddress:              *pprofAddr,
-		// Cache only the agents' heartbeat Leases, not every kubelet and leader-election Lease of the cluster.
-		Cache: cache.Options{ByObject: controllers.CacheByObject()},
+		// Cache only what the operator owns: agents' heartbeat Leases, and DaemonSets, ServiceAccounts, Secrets
+		// and RBAC objects it made, not every one of the cluster.
+		Cache: cache.Options{ByObject: controllers.CacheByObject(*agentNamespace)},
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
@@ -68,7 +82,7 @@ func run() error {
 	pools := &controllers.TransferPoolReconciler{
 		Client: mgr.GetClient(),
 		Scheme: scheme,
-		Agent:  controllers.AgentSettings{Image: *agentImage},
+		Agent:  agent,
 	}
 	if *issueAgentCert {
 		pools.Secrets = controllers.NewCertIssuer(mgr.GetClient())
@@ -90,4 +104,13 @@ func run() error {
 		return fmt.Errorf("running manager: %w", err)
 	}
 	return nil
+}
+
+// defaultAgentNamespace is the operator's own namespace when it runs in a pod (POD_NAMESPACE, set by the chart
+// and config/manager), so agents sit beside the operator.
+func defaultAgentNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return controllers.DefaultAgentNamespace
 }

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/controllers"
 )
 
 // churnNamespace holds the pools that come and go; they select no node, so the agents under test never serve
@@ -138,13 +139,15 @@ func (p *poolChurn) cycle(ctx context.Context, name string) error {
 	return nil
 }
 
-// ownedNames are the objects the operator makes for pool ns/name, as ownedObjects names them.
+// ownedNames are the objects the operator makes for pool ns/name, as ownedObjects names them: the agents,
+// their ServiceAccount and certificates in the agents' namespace, their Role and RoleBinding in the pool's,
+// and a ClusterRoleBinding.
 func ownedNames(ns, name string) []string {
-	n := ownedPrefix + name
+	n, agents := controllers.AgentObjectName(ns, name), controllers.DefaultAgentNamespace
 	return []string{
-		"DaemonSet " + ns + "/" + n, "ServiceAccount " + ns + "/" + n, "Role " + ns + "/" + n,
-		"RoleBinding " + ns + "/" + n, "Secret " + ns + "/" + n + "-tls", "Secret " + ns + "/" + n + "-tls-ca",
-		"ClusterRole " + ownedPrefix + ns + "-" + name, "ClusterRoleBinding " + ownedPrefix + ns + "-" + name,
+		"DaemonSet " + agents + "/" + n, "ServiceAccount " + agents + "/" + n,
+		"Secret " + agents + "/" + n + "-tls", "Secret " + agents + "/" + n + "-tls-ca",
+		"Role " + ns + "/" + n, "RoleBinding " + ns + "/" + n, "ClusterRoleBinding " + n,
 	}
 }
 

@@ -47,3 +47,8 @@ app.kubernetes.io/component: operator
 {{- define "fabricxfer.image" -}}
 {{- printf "%s:%s" .image.repository (default .chart.AppVersion .image.tag) }}
 {{- end }}
+
+{{/* fabricxfer.agentNamespace: where the operator runs every pool's agents (agent.namespace, else the release's). */}}
+{{- define "fabricxfer.agentNamespace" -}}
+{{- default .Release.Namespace .Values.agent.namespace -}}
+{{- end }}

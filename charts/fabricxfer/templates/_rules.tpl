@@ -12,35 +12,9 @@
   - ""
   resources:
   - nodes
-  - pods
   verbs:
   - get
   - list
-  - watch
-- apiGroups:
-  - ""
-  resources:
-  - secrets
-  - serviceaccounts
-  verbs:
-  - create
-  - delete
-  - get
-  - list
-  - patch
-  - update
-  - watch
-- apiGroups:
-  - apps
-  resources:
-  - daemonsets
-  verbs:
-  - create
-  - delete
-  - get
-  - list
-  - patch
-  - update
   - watch
 - apiGroups:
   - coordination.k8s.io
@@ -48,10 +22,8 @@
   - leases
   verbs:
   - create
-  - delete
   - get
   - list
-  - patch
   - update
   - watch
 - apiGroups:
@@ -103,17 +75,89 @@
   - rbac.authorization.k8s.io
   resources:
   - clusterrolebindings
-  - clusterroles
   - rolebindings
   - roles
   verbs:
-  - bind
   - create
   - delete
-  - escalate
   - get
   - list
   - patch
   - update
+  - watch
+- apiGroups:
+  - rbac.authorization.k8s.io
+  resourceNames:
+  - fabricxfer-agent
+  resources:
+  - clusterroles
+  verbs:
+  - bind
+{{- end }}
+{{/* fabricxfer.operatorAgentNamespaceRules: the operator's Role in the agents' namespace, from config/rbac/role.yaml. */}}
+{{- define "fabricxfer.operatorAgentNamespaceRules" -}}
+- apiGroups:
+  - ""
+  resources:
+  - secrets
+  - serviceaccounts
+  verbs:
+  - create
+  - delete
+  - get
+  - list
+  - patch
+  - update
+  - watch
+- apiGroups:
+  - apps
+  resources:
+  - daemonsets
+  verbs:
+  - create
+  - delete
+  - get
+  - list
+  - patch
+  - update
+  - watch
+{{- end }}
+{{/* fabricxfer.agentRules: the agents' ClusterRole, from config/rbac/agent_role.yaml. */}}
+{{- define "fabricxfer.agentRules" -}}
+- apiGroups:
+  - fabricxfer.io
+  resources:
+  - transfernodes
+  verbs:
+  - create
+  - get
+  - list
+  - patch
+  - update
+  - watch
+- apiGroups:
+  - fabricxfer.io
+  resources:
+  - transfernodes/status
+  verbs:
+  - get
+  - patch
+  - update
+- apiGroups:
+  - fabricxfer.io
+  resources:
+  - vpodtopologies
+  verbs:
+  - get
+  - list
+  - watch
+- apiGroups:
+  - ""
+  resources:
+  - nodes
+  - pods
+  verbs:
+  - get
+  - list
   - watch
 {{- end }}
