@@ -189,7 +189,9 @@ func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet,
 	s.mu.Lock()
 	s.transfers[x.id] = x
 	s.mu.Unlock()
-	go s.settle(x)
+	if !wait {
+		go s.settle(x)
+	}
 
 	resp := &agentv1.TransferResponse{TransferId: x.id, Items: uint32(items), Bytes: ps.Bytes()}
 	for i := range ps.Plans {
@@ -208,6 +210,7 @@ func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet,
 			}
 			resp.Status = x.status
 		case <-ctx.Done():
+			go s.settle(x) // the transfer goes on; its status is recorded when it ends
 			// A call that ran out of time is DeadlineExceeded; one cut short otherwise (the agent stopping, the
 			// connection closing) is Unavailable, so clients retry or recover instead of blaming their deadline.
 			code := codes.Unavailable
