@@ -49,7 +49,7 @@ func randomBytes(r *rand.Rand, n int) []byte {
 
 // devicePair allocates a source and a destination of size bytes on c's GPU;
 // free them (defer) before closing c.
-func devicePair(t *testing.T, drv *cuda.Driver, c *gpucopy.Copier, size uint64) (src, dst cuda.DevicePtr, free func()) {
+func devicePair(t testing.TB, drv *cuda.Driver, c *gpucopy.Copier, size uint64) (src, dst cuda.DevicePtr, free func()) {
 	t.Helper()
 	err := drv.WithContext(c.Context(), func() error {
 		var err error
