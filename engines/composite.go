@@ -477,7 +477,23 @@ func (t *compositeTransfer) partDone() {
 
 func (t *compositeTransfer) Done() <-chan struct{} { return t.done }
 
+// Drive implements Driven: each part the waiting goroutine can advance is driven in turn.
+func (t *compositeTransfer) Drive(ctx context.Context) bool {
+	for _, sub := range t.subs {
+		if d, ok := sub.(Driven); ok && !d.Drive(ctx) {
+			return false
+		}
+	}
+	select {
+	case <-t.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (t *compositeTransfer) Wait(ctx context.Context) error {
+	t.Drive(ctx)
 	select {
 	case <-t.done:
 		return t.result

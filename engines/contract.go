@@ -248,10 +248,22 @@ type SubmitOptions struct {
 	// submission whose pairs to one node go through two engines delivers two, each naming its own regions and
 	// tags). Failed submissions deliver none. At most MaxNotifyPayload bytes.
 	Notify []byte
+	// Waited says the submitter waits for the transfer at once (Wait or Drive). An engine may then leave
+	// seeing the hardware finish to that waiting goroutine instead of handing it to one of its own: a GPU
+	// copy of a few microseconds ends without a hand-off between threads. A wait that gives up, or none at
+	// all within WaitedHandoff, hands the transfer to a goroutine, so it always completes.
+	Waited bool
 
 	// onDone is the composite's hook: trackers call it after Done closes and before unpinning regions, so the
 	// composite transfer is done before a Deregister waiting for those regions returns.
 	onDone func()
+}
+
+// Driven is implemented by transfers whose completion the waiting goroutine can observe itself
+// (SubmitOptions.Waited). Drive polls until the transfer is done, ctx ends or the engine's polling budget is
+// spent, then returns whether it is done; the transfer goes on either way. Wait drives too.
+type Driven interface {
+	Drive(ctx context.Context) bool
 }
 
 // Transfer is a submitted plan set.

@@ -33,6 +33,101 @@ type Tracker struct {
 	onDone   func()
 	pinned   []*region
 	release  func()
+
+	drive driver // set by DriveOnWait
+}
+
+// WaitedHandoff bounds how long a transfer submitted as Waited waits for a Wait before a goroutine takes it.
+const WaitedHandoff = 5 * time.Millisecond
+
+// driverPollBudget bounds how long one Drive polls before handing the transfer to a goroutine: a copy still
+// running after this is long enough for a thread hand-off not to matter.
+const driverPollBudget = 2 * time.Millisecond
+
+// driver lets the waiting goroutine advance a transfer (DriveOnWait); handing over starts run once.
+type driver struct {
+	mu      sync.Mutex
+	poll    func() bool
+	run     func()
+	handed  bool
+	holding bool
+	timer   *time.Timer
+}
+
+// DriveOnWait makes Wait and Drive advance the transfer by calling poll (non-blocking: it finishes what has
+// ended and reports whether every plan has) on the waiting goroutine, and run (blocking, on a goroutine of its
+// own) the fallback: when a Drive gives up, or nobody drives within WaitedHandoff. Engines call it before
+// Submit returns, instead of starting run themselves.
+func (t *Tracker) DriveOnWait(poll func() bool, run func()) {
+	d := &t.drive
+	d.mu.Lock()
+	d.poll, d.run = poll, run
+	d.timer = time.AfterFunc(WaitedHandoff, t.handOff)
+	d.mu.Unlock()
+}
+
+// handOff starts the blocking run on a goroutine, once, unless the transfer is done.
+func (t *Tracker) handOff() {
+	d := &t.drive
+	d.mu.Lock()
+	if d.handed || d.run == nil {
+		d.mu.Unlock()
+		return
+	}
+	d.handed = true
+	if d.timer != nil {
+		d.timer.Stop()
+	}
+	run := d.run
+	d.mu.Unlock()
+	select {
+	case <-t.done:
+	default:
+		go run()
+	}
+}
+
+// Drive implements Driven: it polls on the caller's goroutine until the transfer is done, ctx ends or
+// driverPollBudget passes, then hands the transfer over if it is not done.
+func (t *Tracker) Drive(ctx context.Context) bool {
+	d := &t.drive
+	d.mu.Lock()
+	if d.poll == nil || d.handed || d.holding {
+		d.mu.Unlock()
+		return t.isDone()
+	}
+	d.holding = true
+	poll := d.poll
+	d.mu.Unlock()
+	until := time.Now().Add(driverPollBudget)
+	done := false
+	for i := 0; ; i++ {
+		if done = poll(); done || ctx.Err() != nil || t.ctx.Err() != nil {
+			break
+		}
+		if i%16 == 15 && time.Now().After(until) {
+			break
+		}
+	}
+	d.mu.Lock()
+	d.holding = false
+	if done && d.timer != nil {
+		d.timer.Stop()
+	}
+	d.mu.Unlock()
+	if !done {
+		t.handOff()
+	}
+	return done && t.isDone()
+}
+
+func (t *Tracker) isDone() bool {
+	select {
+	case <-t.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func newTracker(parent context.Context, engine string, plans []Plan, opts SubmitOptions,
@@ -171,6 +266,7 @@ func (t *Tracker) complete() {
 
 // Wait implements Transfer.
 func (t *Tracker) Wait(ctx context.Context) error {
+	t.Drive(ctx)
 	select {
 	case <-t.done:
 		return t.result

@@ -175,7 +175,7 @@ func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet,
 	s.mu.Unlock()
 
 	// The transfer outlives this call; its deadline comes from the request's timeout (or the engine default).
-	t, err := s.opts.Engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: notify})
+	t, err := s.opts.Engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: notify, Waited: wait})
 	trace.Log(ctx, "transfer", "submitted")
 	if err != nil {
 		s.mu.Lock()
@@ -198,6 +198,9 @@ func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet,
 		resp.Engines = append(resp.Engines, ps.Plans[i].Engine)
 	}
 	if wait {
+		if d, ok := t.(engines.Driven); ok {
+			d.Drive(ctx) // a GPU copy seen done on this goroutine, without a hand-off
+		}
 		spinUntilDone(t.Done(), waitSpin)
 		select {
 		case <-t.Done():

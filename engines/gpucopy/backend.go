@@ -13,6 +13,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/internal/gpushare"
 	"github.com/fabricxfer/fabricxfer/engines/internal/scatter"
+	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
 // Backend is the CUDA backend of the xgmi engine: same-node copies where at
@@ -389,7 +390,7 @@ func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
 
 // StartBlocks implements xgmi.BlockCopier: the block plans of one submission (every region pair of a KV
 // layout) go to each source GPU's stream as one launch whose descriptors come from the ids.
-func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (func(context.Context) error, error) {
+func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (xgmi.Started, error) {
 	type group struct {
 		pairs []scatter.BlockBases
 		bytes uint64
@@ -403,16 +404,16 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (func(c
 		md, okD := b.regions[w.Dst.ID]
 		if !okS || !okD {
 			b.mu.Unlock()
-			return nil, fmt.Errorf("%w: region not mapped by the cuda backend", engines.ErrUnknownMemory)
+			return xgmi.Started{}, fmt.Errorf("%w: region not mapped by the cuda backend", engines.ErrUnknownMemory)
 		}
 		if (ms.ordinal < 0 && !ms.pinned) || (md.ordinal < 0 && !md.pinned) || w.Plan.Blocks == nil ||
 			(list != nil && w.Plan.Blocks != list) {
 			b.mu.Unlock()
 			if err := checkLists(works); err != nil {
-				return nil, err
+				return xgmi.Started{}, err
 			}
 			// Pageable host memory goes through the driver, segment by segment, when waited for.
-			return func(ctx context.Context) error { return b.copyEach(ctx, works) }, nil
+			return xgmi.Started{Wait: func(ctx context.Context) error { return b.copyEach(ctx, works) }}, nil
 		}
 		list = w.Plan.Blocks
 		ord := ms.ordinal
@@ -434,7 +435,7 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (func(c
 	for i, ord := range order {
 		c, err := b.copier(ord)
 		if err != nil {
-			return nil, err
+			return xgmi.Started{}, err
 		}
 		copiers[i] = c
 		onDevice = onDevice && c.checkable(groups[ord].pairs, list.BlockBytes, len(list.SrcIDs), list.DstBlocks)
@@ -442,7 +443,7 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (func(c
 	// A list left to the engine is checked here, on the host, when the GPU cannot check it: before anything moves.
 	if list.Unchecked && !onDevice {
 		if err := list.Check(); err != nil {
-			return nil, err
+			return xgmi.Started{}, err
 		}
 	}
 	var pend []*Pending
@@ -473,9 +474,21 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (func(c
 	if err != nil {
 		// Every queued launch is waited for first: the caller's memory must be left alone.
 		_ = wait(ctx)
-		return nil, err
+		return xgmi.Started{}, err
 	}
-	return wait, nil
+	poll := func() (bool, error) {
+		var perr error
+		for _, p := range pend {
+			if !p.Done() {
+				return false, nil
+			}
+			if p.err != nil && perr == nil {
+				perr = p.err
+			}
+		}
+		return true, perr
+	}
+	return xgmi.Started{Wait: wait, Poll: poll}, nil
 }
 
 // checkLists checks, on the host, every block list of works that planning left unchecked.

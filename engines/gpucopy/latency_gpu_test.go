@@ -129,7 +129,7 @@ func BenchmarkGPULatencyLadder(b *testing.B) {
 					if err := plan.(engines.BlockAdder).AddBlocks(batch); err != nil {
 						return err
 					}
-					t, err := eng.Submit(ctx, plan.Build(), engines.SubmitOptions{})
+					t, err := eng.Submit(ctx, plan.Build(), engines.SubmitOptions{Waited: true}) // as the socket submits a waited call
 					if err != nil {
 						return err
 					}

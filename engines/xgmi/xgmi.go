@@ -77,9 +77,17 @@ func New(opts Options, backends ...Backend) (*Engine, error) {
 // BlockCopier is a Backend that copies the block plans of one submission together (one launch for every
 // region pair of a KV layout). Every work item it is given has Plan.Blocks set and the same BlockList.
 type BlockCopier interface {
-	// StartBlocks queues the copies without waiting for them and returns the wait, which returns once the
-	// bytes have landed (also when ctx ends first: never while the hardware may still touch the memory).
-	StartBlocks(ctx context.Context, works []engines.Work) (wait func(ctx context.Context) error, err error)
+	// StartBlocks queues the copies without waiting for them.
+	StartBlocks(ctx context.Context, works []engines.Work) (Started, error)
+}
+
+// Started is a queued block copy.
+type Started struct {
+	// Wait returns once the bytes have landed (also when ctx ends first: never while the hardware may still
+	// touch the memory).
+	Wait func(ctx context.Context) error
+	// Poll, when set, asks without blocking whether the copy has ended, and how.
+	Poll func() (bool, error)
 }
 
 // tighter combines two backends' limits; block plans are taken when any backend takes them (the others get
@@ -231,7 +239,13 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 		// Block copies are queued here, so the GPU starts before any goroutine hand-off; they are waited for
 		// beside the other plans.
 		rest, started := e.startBlocks(t, work)
-		go e.run(t, rest, started)
+		if poll := e.pollStarted(t, started); opts.Waited && len(rest) == 0 && poll != nil {
+			// The submitter waits at once: its Wait polls the GPU itself, and only a Wait that gives up (or
+			// none at all) hands the copy to a goroutine.
+			t.DriveOnWait(poll, func() { e.run(t, nil, started) })
+		} else {
+			go e.run(t, rest, started)
+		}
 	}
 	return t, nil
 }
@@ -320,13 +334,7 @@ func (e *Engine) deliver(plans []engines.Plan, outcomes []engines.Outcome, paylo
 func (e *Engine) run(t *engines.Tracker, work []engines.Work, started []startedBlocks) {
 	ctx := t.Context()
 	for _, sb := range started {
-		err := sb.wait(ctx)
-		if err != nil {
-			err = fmt.Errorf("xgmi %s block copy of %d region pairs: %w", sb.backend, len(sb.works), err)
-		}
-		for _, w := range sb.works {
-			t.Finish(w.Index, err)
-		}
+		e.finishStarted(t, sb, sb.Wait(ctx))
 	}
 	engines.RunPlans(t, work, e.slots, func(ctx context.Context, w engines.Work) error {
 		b, reason := e.backendFor(w.Src, w.Dst)
@@ -347,7 +355,47 @@ func (e *Engine) run(t *engines.Tracker, work []engines.Work, started []startedB
 type startedBlocks struct {
 	backend string
 	works   []engines.Work
-	wait    func(context.Context) error
+	Started
+}
+
+// pollStarted returns a non-blocking step that finishes the started copies that have ended and reports
+// whether all have; nil when one of them cannot be polled. Only one goroutine calls it at a time.
+func (e *Engine) pollStarted(t *engines.Tracker, started []startedBlocks) func() bool {
+	if len(started) == 0 {
+		return nil
+	}
+	for _, sb := range started {
+		if sb.Poll == nil {
+			return nil
+		}
+	}
+	finished := make([]bool, len(started))
+	return func() bool {
+		all := true
+		for i, sb := range started {
+			if finished[i] {
+				continue
+			}
+			done, err := sb.Poll()
+			if !done {
+				all = false
+				continue
+			}
+			finished[i] = true
+			e.finishStarted(t, sb, err)
+		}
+		return all
+	}
+}
+
+// finishStarted records how a started block copy ended, for each of its plans.
+func (e *Engine) finishStarted(t *engines.Tracker, sb startedBlocks, err error) {
+	if err != nil {
+		err = fmt.Errorf("xgmi %s block copy of %d region pairs: %w", sb.backend, len(sb.works), err)
+	}
+	for _, w := range sb.works {
+		t.Finish(w.Index, err)
+	}
 }
 
 // startBlocks queues the block plans whose backend is a BlockCopier, one call per backend, and returns the
@@ -372,9 +420,9 @@ func (e *Engine) startBlocks(t *engines.Tracker, work []engines.Work) ([]engines
 	for _, b := range order {
 		ws := groups[b]
 		err := ctx.Err()
-		var wait func(context.Context) error
+		var st Started
 		if err == nil {
-			wait, err = b.(BlockCopier).StartBlocks(ctx, ws)
+			st, err = b.(BlockCopier).StartBlocks(ctx, ws)
 		}
 		if err != nil {
 			for _, w := range ws {
@@ -382,7 +430,7 @@ func (e *Engine) startBlocks(t *engines.Tracker, work []engines.Work) ([]engines
 			}
 			continue
 		}
-		started = append(started, startedBlocks{backend: b.Name(), works: ws, wait: wait})
+		started = append(started, startedBlocks{backend: b.Name(), works: ws, Started: st})
 	}
 	return rest, started
 }
