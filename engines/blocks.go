@@ -47,9 +47,10 @@ type BlockList struct {
 }
 
 // RunChecker is implemented by engines that can check a block batch's ids themselves as they run it (on the
-// GPU, beside the copy), so planning skips its passes over the ids. The composite asks per pair.
+// GPU, beside the copy), so planning skips its passes over the ids. The composite asks per pair, with the
+// batch's id count (a short list is checked faster on the host than by a second kernel launch).
 type RunChecker interface {
-	ChecksBlocksAtRun(src, dst *MemoryDesc, blockBytes uint64) bool
+	ChecksBlocksAtRun(src, dst *MemoryDesc, blockBytes uint64, ids int) bool
 }
 
 // Check checks an Unchecked list on the host (ids in range, no repeated destination) and fills its id ranges,
@@ -378,7 +379,7 @@ func (p *compositePlanner) checkedAtRun(b *Blocks) bool {
 			return false
 		}
 		rc, ok := p.c.engines[r.engine].(RunChecker)
-		if !ok || !rc.ChecksBlocksAtRun(src, dst, b.BlockBytes) {
+		if !ok || !rc.ChecksBlocksAtRun(src, dst, b.BlockBytes, len(b.SrcIDs)) {
 			return false
 		}
 	}

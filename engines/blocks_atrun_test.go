@@ -19,7 +19,7 @@ type checkingHost struct {
 	checked atomic.Int32
 }
 
-func (h *checkingHost) ChecksBlocksAtRun(_, _ *engines.MemoryDesc, _ uint64) bool { return true }
+func (h *checkingHost) ChecksBlocksAtRun(_, _ *engines.MemoryDesc, _ uint64, _ int) bool { return true }
 
 func (h *checkingHost) Copy(ctx context.Context, w engines.Work) error {
 	if l := w.Plan.Blocks; l != nil && l.Unchecked {

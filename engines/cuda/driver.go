@@ -288,3 +288,24 @@ func (d *Driver) WithContext(ctx Context, fn func() error) error {
 	}
 	return fn()
 }
+
+// WithContextKept is WithContext for the copy path's calls, made many times a transfer: a thread that had no
+// context keeps ctx current afterwards, so the next call on it (a poll loop's) makes no context switch. A
+// context the thread had is put back, as WithContext does.
+func (d *Driver) WithContextKept(ctx Context, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	prev, err := d.CtxGetCurrent()
+	if err != nil {
+		return err
+	}
+	if prev != ctx {
+		if err := d.CtxSetCurrent(ctx); err != nil {
+			return err
+		}
+		if prev != 0 {
+			defer func() { _ = d.CtxSetCurrent(prev) }()
+		}
+	}
+	return fn()
+}

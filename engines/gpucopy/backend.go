@@ -505,7 +505,10 @@ func checkLists(works []engines.Work) error {
 
 // ChecksBlocksAtRun implements engines.RunChecker for the xgmi engine: a block list between two regions this
 // backend maps, on a GPU whose copier has the checked kernels, is checked on the GPU as it moves.
-func (b *Backend) ChecksBlocksAtRun(src, dst *engines.MemoryDesc, bs uint64) bool {
+func (b *Backend) ChecksBlocksAtRun(src, dst *engines.MemoryDesc, bs uint64, ids int) bool {
+	if ids < minCheckedIDs {
+		return false
+	}
 	b.mu.Lock()
 	ms, okS := b.regions[src.ID]
 	md, okD := b.regions[dst.ID]

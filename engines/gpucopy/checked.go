@@ -23,6 +23,9 @@ const (
 	// reportBytes is the head of a checked list's staging: the kernels' report, three u32 words.
 	reportBytes = 16
 	idNone      = math.MaxUint32
+	// minCheckedIDs: shorter lists are checked on the host. The check kernel is a second launch (about
+	// 6.5 µs of host time on the H200 VM), more than the host's passes over a thousand ids.
+	minCheckedIDs = 1024
 )
 
 // errNotCheckable says a block list cannot take the checked kernels; the caller checks it on the host.
@@ -75,7 +78,7 @@ func (c *Copier) SubmitCheckedBlocks(pairs []scatter.BlockBases, bs uint64, srcI
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := &Pending{c: c, done: make(chan struct{}), bytes: pieces * bs}
-	err := c.drv.WithContext(c.ctx, func() error {
+	err := c.drv.WithContextKept(c.ctx, func() error {
 		if err := c.growScratch(uint64(n), uint64(dstBlocks)); err != nil {
 			return err
 		}

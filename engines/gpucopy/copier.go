@@ -362,7 +362,7 @@ func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dst
 // device memory when resident is set; big go to the copy engine and driver go as driver copies. c.mu is held.
 func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot, uint64, error), resident bool, driver, big []Segment, route Route) (*Pending, error) {
 	p := &Pending{c: c, done: make(chan struct{}), bytes: nbytes}
-	err := c.drv.WithContext(c.ctx, func() error {
+	err := c.drv.WithContextKept(c.ctx, func() error {
 		// Host work first (descriptors), so a device timing covers only the GPU.
 		var st staged
 		kernel := stage != nil

@@ -55,7 +55,7 @@ func (p *Pending) Done() bool {
 	}
 	var ready bool
 	var qerr error
-	_ = p.c.drv.WithContext(p.c.ctx, func() error {
+	_ = p.c.drv.WithContextKept(p.c.ctx, func() error {
 		ready, qerr = p.c.drv.EventQuery(p.event)
 		return nil
 	})
@@ -88,7 +88,7 @@ func (p *Pending) Wait(ctx context.Context) error {
 	least := time.Duration(float64(p.bytes) / p.c.opts.SleepRate * 1e9)
 	var finished bool
 	var qerr error
-	_ = p.c.drv.WithContext(p.c.ctx, func() error {
+	_ = p.c.drv.WithContextKept(p.c.ctx, func() error {
 		finished, qerr = gpushare.SpinUntil(ctx, time.Now().Add(p.c.opts.SpinWait+least), func() (bool, error) {
 			return p.c.drv.EventQuery(p.event)
 		})

@@ -252,13 +252,13 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 
 // ChecksBlocksAtRun implements engines.RunChecker: a pair whose backend checks block lists as it runs them
 // (the CUDA backend, on the GPU). With CheckDisjoint the engine reads every id itself, so it never defers.
-func (e *Engine) ChecksBlocksAtRun(src, dst *engines.MemoryDesc, blockBytes uint64) bool {
+func (e *Engine) ChecksBlocksAtRun(src, dst *engines.MemoryDesc, blockBytes uint64, ids int) bool {
 	if e.opts.CheckDisjoint {
 		return false
 	}
 	b, _ := e.backendFor(src, dst)
 	rc, ok := b.(engines.RunChecker)
-	return ok && rc.ChecksBlocksAtRun(src, dst, blockBytes)
+	return ok && rc.ChecksBlocksAtRun(src, dst, blockBytes, ids)
 }
 
 // checkLists checks on the host the block lists planning left to a backend that will not check them (a route
