@@ -9,6 +9,8 @@ export PATH := $(BIN_DIR):$(PATH)
 GO ?= go
 GOTEST_FLAGS ?= -count=1 -timeout 20m
 CONTROLLER_GEN := $(BIN_DIR)/controller-gen
+# go-nvml's cgo preamble calls NVML functions NVIDIA marked deprecated; gcc would warn about each one.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .PHONY: help
 help: ## List the targets
@@ -55,8 +57,12 @@ chart-install-test: tools build ## helm install/uninstall and kubectl apply of d
 build: ## Build operator, agent, xferctl and xferbench into bin/
 	$(GO) build -o $(BIN_DIR)/ ./cmd/...
 
+.PHONY: deps
+deps: ## Install the Debian packages make test needs beside Go, gcc, git, make and python3 (as root; otherwise name them)
+	hack/deps.sh
+
 .PHONY: test
-test: tools verify ## Run every test, including envtest suites on a real kube-apiserver + etcd and the end-to-end test
+test: deps tools verify ## Run every test, including envtest suites on a real kube-apiserver + etcd and the end-to-end test
 	$(GO) test $(GOTEST_FLAGS) ./...
 	$(MAKE) fuzz-short
 	$(MAKE) e2e

@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
+	github.com/bufbuild/protocompile v0.14.1
 	github.com/ebitengine/purego v0.11.3
 	github.com/go-logr/logr v1.4.4
 	github.com/go-logr/stdr v1.2.2
