@@ -31,7 +31,7 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs and the operator's RBAC from the A
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code and the gRPC/protobuf code
-	$(CONTROLLER_GEN) object paths=./api/...
+	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	BIN_DIR=$(BIN_DIR) hack/gen-proto.sh
 
 .PHONY: dist
@@ -39,9 +39,10 @@ dist: manifests ## Render dist/install.yaml, the one-file kubectl install
 	hack/gen-install.sh > dist/install.yaml
 
 .PHONY: verify
-verify: manifests generate dist ## Fail when generated files are stale or Go files are not gofmt'ed
+verify: manifests generate dist ## Fail when generated files are stale, Go files are not gofmt'ed or a source file lacks the license header
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	@git diff --exit-code -- api config dist charts client api/proto || { echo "generated files are stale: run make manifests generate dist and commit"; exit 1; }
+	hack/license.sh
 	CGO_ENABLED=0 $(GO) vet ./...
 	hack/chart-test.sh
 

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/demo.sh up|down — the main job on an embedded default, on one machine:
 #   a real kube-apiserver + etcd on loopback, the CRDs applied with kubectl, three Node objects backed by
 #   fixture host roots (two GPU nodes of one UALink vPOD, one RDMA-only node), the operator and one agent per

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/deps.sh installs the few Debian packages `make test` needs beside Go, gcc, git, make and python3, when
 # they are missing: openssl and curl (the local control plane's certificates and health checks) and the Python
 # client test's packages. As root it installs them with apt-get; otherwise it names them once and goes on, and

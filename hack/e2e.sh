@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/e2e.sh — the demo as a test: brings up the control plane, operator and three agents (hack/demo.sh up in
 # a private directory and ports), checks pool and vPOD status and a transfer, kills an agent and checks that
 # the pool notices and recovers, deletes the pool and checks that everything it owned is gone, and tears down.

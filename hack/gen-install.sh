@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/gen-install.sh prints dist/install.yaml: namespace, CRDs, the operator's RBAC and Deployment, in the order
 # `kubectl apply -f` needs them. Everything comes from config/, which `make manifests` generates.
 set -euo pipefail

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/gen-proto.sh generates the Go and Python code of the agent protos (api/proto/**.proto), the only way
 # that code is made. The output is checked in; `hack/gen-proto.sh --verify` regenerates into a scratch
 # folder and fails when the checked-in files differ (stale, or edited by hand).

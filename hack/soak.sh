@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/soak.sh [DURATION] — the soak test (make soak DURATION=10m; make e2e runs it for 60 s). Builds the
 # operator, agent, xferctl and hack/soak into a private directory, brings the demo up there on its own ports
 # (hack/demo.sh up: kube-apiserver + etcd + kube-controller-manager, CRDs, operator, three agents, pool

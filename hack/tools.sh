@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/tools.sh builds the pinned tools the tests, the demo and code generation need, from the Go module
 # proxy only: kube-apiserver and kubectl (k8s.io/kubernetes with its staging modules pinned), etcd, helm,
 # controller-gen and the protobuf/gRPC code generators.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Command operator runs the fabricxfer operator: one agent DaemonSet per TransferPool, pool status from agent
 // reports, and VPodTopology objects from the scale-up domains agents detect.
 package main

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Command protogen generates the Go code of the agent protos without protoc, and checks the checked-in Python
 // modules' descriptors against the .proto files (hack/gen-proto.sh runs it).
 //

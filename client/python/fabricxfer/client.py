@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """Python client of the fabricxfer agent's sidecar socket.
 
     from fabricxfer.client import Client, shared_memory, to_segment

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // The sidecar API: what an inference pod asks the fabricxfer agent on its node, over the Unix socket
 // <socket dir>/<pool>/agent.sock.
 //

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // The agent-to-agent API: gRPC over TCP between the agents of one pool, authenticated both ways with the
 // pool's certificates (mTLS). Bulk bytes do not travel here; the engines carry them.
 
