@@ -83,6 +83,15 @@ e2e: tools build ## End-to-end: demo as a test, failure tests, helm install/unin
 failure: tools build ## Failure tests: operator SIGKILLed mid-reconcile and mid-finalizer, leader failover, API server restart
 	hack/failure.sh
 
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE_REGISTRY ?= ghcr.io/fabricxfer
+.PHONY: images
+images: ## OCI images of operator and agent for linux/amd64 and linux/arm64 into bin/images, without a container engine
+	@command -v aarch64-linux-gnu-gcc >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { echo "[images] installing gcc-aarch64-linux-gnu for the arm64 agent"; apt-get update -qq; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross >/dev/null; }; } || true
+	$(GO) run ./hack/images -out $(BIN_DIR)/images -version $(VERSION) -registry $(IMAGE_REGISTRY) -epoch $$(git log -1 --format=%ct 2>/dev/null || echo 0)
+
 .PHONY: demo
 demo: tools build ## Start a local control plane, operator and three agents, apply a pool and move bytes
 	hack/demo.sh up

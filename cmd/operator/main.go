@@ -23,7 +23,14 @@ import (
 	"github.com/fabricxfer/fabricxfer/controllers"
 )
 
+// version is set at build time (-ldflags "-X main.version=..."; make images does).
+var version = "dev"
+
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == "version" {
+		fmt.Println(version)
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "operator:", err)
 		os.Exit(1)
