@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package dra
+
+import (
+	"fmt"
+	"sort"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/utils/ptr"
+
+	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/topology"
+)
+
+// DriverName is the DRA driver's name: the domain of its device attributes, the prefix of its CDI kind, the
+// name the kubelet knows its plugin by.
+const DriverName = "fabricxfer.io"
+
+// ContainerSocketDir is where a prepared claim mounts the pool's socket directory in a container, and
+// ContainerSocket the socket a client finds there ($FABRICXFER_SOCKET).
+const (
+	ContainerSocketDir = "/run/fabricxfer"
+	ContainerSocket    = ContainerSocketDir + "/agent.sock"
+	// SocketEnv names the socket for the clients, which read it when given no path.
+	SocketEnv = "FABRICXFER_SOCKET"
+)
+
+// DefaultChannels is how many transfer-channel devices a node publishes: one per pod that holds a claim on it.
+// A ResourceSlice holds at most 128 devices (resourceapi.ResourceSliceMaxDevices).
+const DefaultChannels = 64
+
+// Device attribute names (in the driver's domain: device.attributes["fabricxfer.io"].vpod in CEL).
+const (
+	AttrPool          = "pool"
+	AttrPoolNamespace = "poolNamespace"
+	AttrNode          = "node"
+	AttrVPod          = "vpod"     // the fabric domain key of the node's GPUs (ualink:<ppod>/<vpod>, nvlink:<cluster>.<clique>)
+	AttrVPodName      = "vpodName" // the VPodTopology object of that domain
+	AttrFabricKind    = "fabricKind"
+	AttrDomains       = "fabricDomains" // how many distinct fabric domains the node's GPUs are in
+	AttrGPUCount      = "gpuCount"
+	AttrChannel       = "channel"
+)
+
+// Facts are what the node's devices say about it, taken from the agent's detection report.
+type Facts struct {
+	Node          string
+	PoolNamespace string
+	Pool          string
+	GPUs          int
+	// Domains are the distinct fabric domain keys of the node's GPUs, sorted; FabricKind is the first one's kind.
+	Domains    []string
+	FabricKind string
+	// Engines maps each engine name (xgmi, fabric, rdma, tcp) to whether it is available on this node.
+	Engines map[string]bool
+}
+
+// FactsFrom reads Facts from a detection report.
+func FactsFrom(node, poolNamespace, pool string, rep topology.Report) Facts {
+	f := Facts{Node: node, PoolNamespace: poolNamespace, Pool: pool, GPUs: len(rep.GPUs), Engines: map[string]bool{}}
+	seen := map[string]string{}
+	for _, g := range rep.GPUs {
+		if g.Fabric != nil && g.Fabric.Domain != "" {
+			seen[g.Fabric.Domain] = g.Fabric.Kind
+		}
+	}
+	for d := range seen {
+		f.Domains = append(f.Domains, d)
+	}
+	sort.Strings(f.Domains)
+	if len(f.Domains) > 0 {
+		f.FabricKind = seen[f.Domains[0]]
+	}
+	for _, e := range rep.Engines {
+		f.Engines[e.Name] = e.Available
+	}
+	return f
+}
+
+// PoolName is the DRA pool of a node's devices: the node's name (one agent, of one TransferPool, per node).
+func PoolName(node string) string { return node }
+
+// DeviceName is the name of channel i.
+func DeviceName(i int) string { return fmt.Sprintf("channel-%d", i) }
+
+// Devices are the node's transfer-channel devices, each carrying every fact as an attribute a CEL selector can
+// test. String attributes longer than the API allows (64 characters) are left out rather than cut.
+func Devices(f Facts, channels int) []resourceapi.Device {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		AttrGPUCount: {IntValue: ptr.To(int64(f.GPUs))},
+		AttrDomains:  {IntValue: ptr.To(int64(len(f.Domains)))},
+	}
+	str := func(name resourceapi.QualifiedName, v string) {
+		if v != "" && len(v) <= resourceapi.DeviceAttributeMaxValueLength {
+			attrs[name] = resourceapi.DeviceAttribute{StringValue: ptr.To(v)}
+		}
+	}
+	str(AttrPool, f.Pool)
+	str(AttrPoolNamespace, f.PoolNamespace)
+	str(AttrNode, f.Node)
+	if len(f.Domains) > 0 {
+		str(AttrVPod, f.Domains[0])
+		str(AttrVPodName, v1alpha1.DomainObjectName(f.Domains[0]))
+		str(AttrFabricKind, f.FabricKind)
+	}
+	for name, ok := range f.Engines {
+		attrs[resourceapi.QualifiedName(name)] = resourceapi.DeviceAttribute{BoolValue: ptr.To(ok)}
+	}
+	devices := make([]resourceapi.Device, channels)
+	for i := range devices {
+		a := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, len(attrs)+1)
+		for k, v := range attrs {
+			a[k] = v
+		}
+		a[AttrChannel] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(i))}
+		devices[i] = resourceapi.Device{Name: DeviceName(i), Attributes: a}
+	}
+	return devices
+}
