@@ -86,27 +86,32 @@ func PoolName(node string) string { return node }
 func DeviceName(i int) string { return fmt.Sprintf("channel-%d", i) }
 
 // Devices are the node's transfer-channel devices, each carrying every fact as an attribute a CEL selector can
-// test. String attributes longer than the API allows (64 characters) are left out rather than cut.
+// test. Every device has every string attribute, empty where the node has no such fact (no fabric domain) or
+// the value is longer than the API allows (64 characters): a selector that reads a missing attribute fails
+// with a CEL error, and the scheduler's allocator then stops at that device instead of skipping it.
 func Devices(f Facts, channels int) []resourceapi.Device {
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		AttrGPUCount: {IntValue: ptr.To(int64(f.GPUs))},
 		AttrDomains:  {IntValue: ptr.To(int64(len(f.Domains)))},
 	}
 	str := func(name resourceapi.QualifiedName, v string) {
-		if v != "" && len(v) <= resourceapi.DeviceAttributeMaxValueLength {
-			attrs[name] = resourceapi.DeviceAttribute{StringValue: ptr.To(v)}
+		if len(v) > resourceapi.DeviceAttributeMaxValueLength {
+			v = ""
 		}
+		attrs[name] = resourceapi.DeviceAttribute{StringValue: ptr.To(v)}
 	}
 	str(AttrPool, f.Pool)
 	str(AttrPoolNamespace, f.PoolNamespace)
 	str(AttrNode, f.Node)
+	vpod, vpodName := "", ""
 	if len(f.Domains) > 0 {
-		str(AttrVPod, f.Domains[0])
-		str(AttrVPodName, v1alpha1.DomainObjectName(f.Domains[0]))
-		str(AttrFabricKind, f.FabricKind)
+		vpod, vpodName = f.Domains[0], v1alpha1.DomainObjectName(f.Domains[0])
 	}
-	for name, ok := range f.Engines {
-		attrs[resourceapi.QualifiedName(name)] = resourceapi.DeviceAttribute{BoolValue: ptr.To(ok)}
+	str(AttrVPod, vpod)
+	str(AttrVPodName, vpodName)
+	str(AttrFabricKind, f.FabricKind)
+	for _, name := range []string{"xgmi", "fabric", "rdma", "tcp"} {
+		attrs[resourceapi.QualifiedName(name)] = resourceapi.DeviceAttribute{BoolValue: ptr.To(f.Engines[name])}
 	}
 	devices := make([]resourceapi.Device, channels)
 	for i := range devices {

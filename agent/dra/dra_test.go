@@ -36,6 +36,13 @@ const repoRoot = "../.."
 // startAPIServer starts kube-apiserver and etcd from bin/ (make tools); resource.k8s.io/v1 is served by default.
 func startAPIServer(t *testing.T) kubernetes.Interface {
 	t.Helper()
+	_, cs := startEnv(t)
+	return cs
+}
+
+// startEnv is startAPIServer that also returns the environment, for kubeconfigs of other components.
+func startEnv(t *testing.T) (*envtest.Environment, kubernetes.Interface) {
+	t.Helper()
 	assets, err := filepath.Abs(filepath.Join(repoRoot, "bin"))
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +69,7 @@ func startAPIServer(t *testing.T) kubernetes.Interface {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cs
+	return env, cs
 }
 
 func createNode(t *testing.T, cs kubernetes.Interface, name string) *corev1.Node {
@@ -118,6 +125,11 @@ func (r *running) wait() error {
 // startDriver runs a node's driver as the agent does, with its kubelet directories in a scratch folder.
 func startDriver(t *testing.T, cs kubernetes.Interface, node string, det *detector, channels int) *running {
 	t.Helper()
+	return startDriverWith(t, cs, node, det, channels, "/var/run/fabricxfer/kv")
+}
+
+func startDriverWith(t *testing.T, cs kubernetes.Interface, node string, det *detector, channels int, hostSocketDir string) *running {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "dra")
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +137,7 @@ func startDriver(t *testing.T, cs kubernetes.Interface, node string, det *detect
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	drv, err := dra.New(dra.Config{
 		NodeName: node, PoolNamespace: "inference", PoolName: "kv",
-		HostSocketDir: "/var/run/fabricxfer/kv", Channels: channels,
+		HostSocketDir: hostSocketDir, Channels: channels,
 		CDIDir: filepath.Join(dir, "cdi"), PluginDir: filepath.Join(dir, "plugin"), RegistryDir: filepath.Join(dir, "registry"),
 		Kube: cs, Detect: det.detect, Period: 100 * time.Millisecond, Log: logr.Discard(),
 	})
@@ -231,14 +243,18 @@ func TestSlicesPerAgentFollowDetectionAndGoWithTheAgent(t *testing.T) {
 			if num(d, dra.AttrGPUCount) != gpus || str(d, dra.AttrVPod) != vpod || flag(d, "fabric") != fabric || flag(d, "xgmi") != "true" || flag(d, "rdma") != "false" {
 				return fmt.Errorf("detection attributes of %s: gpus %d vpod %s fabric %s", d.Name, num(d, dra.AttrGPUCount), str(d, dra.AttrVPod), flag(d, "fabric"))
 			}
-			if vpod != "<unset>" && str(d, dra.AttrVPodName) != v1alpha1.DomainObjectName(vpod) {
+			wantName := ""
+			if vpod != "" {
+				wantName = v1alpha1.DomainObjectName(vpod)
+			}
+			if str(d, dra.AttrVPodName) != wantName {
 				return fmt.Errorf("vpodName %s", str(d, dra.AttrVPodName))
 			}
 		}
 		return nil
 	}
 	eventually(t, "gpu-node-a's slice", func() error { return check("gpu-node-a", 4, domA, "true") })
-	eventually(t, "rdma-node-c's slice", func() error { return check("rdma-node-c", 0, "<unset>", "false") })
+	eventually(t, "rdma-node-c's slice", func() error { return check("rdma-node-c", 0, "", "false") })
 
 	detA.set(report(8, domB))
 	eventually(t, "gpu-node-a's slice after its domain and GPUs changed", func() error { return check("gpu-node-a", 8, domB, "true") })
