@@ -55,8 +55,8 @@ chart-install-test: tools build ## helm install/uninstall and kubectl apply of d
 	OPERATOR_BIN=$(BIN_DIR)/operator hack/chart-install-test.sh
 
 .PHONY: build
-build: ## Build operator, agent, xferctl and xferbench into bin/
-	$(GO) build -o $(BIN_DIR)/ ./cmd/...
+build: ## Build operator, agent, xferctl, xferbench and the demo's kubelet stand-in into bin/
+	$(GO) build -o $(BIN_DIR)/ ./cmd/... ./hack/drakubelet
 
 .PHONY: deps
 deps: ## Install the Debian packages make test needs beside Go, gcc, git, make and python3 (as root; otherwise name them)
