@@ -62,12 +62,12 @@ mkdir -p "$BIN_DIR"
 # SOAK_PREBUILT=1 (make e2e, right after make build) takes operator, agent and xferctl from BIN_DIR instead.
 if [ "${SOAK_PREBUILT:-0}" = 1 ]; then
   go build -o "$BIN_DIR/" ./hack/soak
-  linked="operator agent xferctl"
+  linked="operator agent xferctl drakubelet"
 else
-  go build -o "$BIN_DIR/" ./cmd/operator ./cmd/agent ./cmd/xferctl ./hack/soak
+  go build -o "$BIN_DIR/" ./cmd/operator ./cmd/agent ./cmd/xferctl ./hack/soak ./hack/drakubelet
   linked=
 fi
-for b in kubectl etcd kube-apiserver kube-controller-manager $linked; do
+for b in kubectl etcd kube-apiserver kube-controller-manager kube-scheduler $linked; do
   if [ -x "$TOOLS/$b" ]; then ln -s "$TOOLS/$b" "$BIN_DIR/$b"; fi
 done
 
