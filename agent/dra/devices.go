@@ -16,7 +16,7 @@ import (
 
 // DriverName is the DRA driver's name: the domain of its device attributes, the prefix of its CDI kind, the
 // name the kubelet knows its plugin by.
-const DriverName = "fabricxfer.io"
+const DriverName = v1alpha1.DRADriverName
 
 // ContainerSocketDir is where a prepared claim mounts the pool's socket directory in a container, and
 // ContainerSocket the socket a client finds there ($FABRICXFER_SOCKET).
@@ -42,6 +42,9 @@ const (
 	AttrDomains       = "fabricDomains" // how many distinct fabric domains the node's GPUs are in
 	AttrGPUCount      = "gpuCount"
 	AttrChannel       = "channel"
+	// AttrType is "channel" on these devices and "vpod" on the operator's vPOD devices (controllers/vpoddra).
+	AttrType      = "type"
+	AttrNodeCount = "nodeCount"
 )
 
 // Facts are what the node's devices say about it, taken from the agent's detection report.
@@ -93,6 +96,8 @@ func Devices(f Facts, channels int) []resourceapi.Device {
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		AttrGPUCount: {IntValue: ptr.To(int64(f.GPUs))},
 		AttrDomains:  {IntValue: ptr.To(int64(len(f.Domains)))},
+		// The vPOD devices' one (controllers/vpoddra), so both kinds carry the same attributes.
+		AttrNodeCount: {IntValue: ptr.To(int64(1))},
 	}
 	str := func(name resourceapi.QualifiedName, v string) {
 		if len(v) > resourceapi.DeviceAttributeMaxValueLength {
@@ -120,6 +125,7 @@ func Devices(f Facts, channels int) []resourceapi.Device {
 			a[k] = v
 		}
 		a[AttrChannel] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(i))}
+		a[AttrType] = resourceapi.DeviceAttribute{StringValue: ptr.To("channel")}
 		devices[i] = resourceapi.Device{Name: DeviceName(i), Attributes: a}
 	}
 	return devices

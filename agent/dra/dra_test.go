@@ -74,7 +74,9 @@ func startEnv(t *testing.T) (*envtest.Environment, kubernetes.Interface) {
 
 func createNode(t *testing.T, cs kubernetes.Interface, name string) *corev1.Node {
 	t.Helper()
-	n, err := cs.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	n, err := cs.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name: name, Labels: map[string]string{corev1.LabelHostname: name}, // as the kubelet labels its Node
+	}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

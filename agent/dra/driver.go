@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
+	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
 
@@ -57,6 +59,7 @@ type Driver struct {
 	cfg   Config
 	cdi   cdiStore
 	mu    sync.Mutex // serializes Prepare and Unprepare (the helper does too; tests call them directly)
+	facts *Facts     // the last published facts, under mu
 	ready chan struct{}
 	sock  string
 }
@@ -138,6 +141,9 @@ func (d *Driver) Run(ctx context.Context) error {
 		}
 		d.cfg.Log.Info("ResourceSlice devices published", "channels", d.cfg.Channels, "gpus", f.GPUs, "domains", f.Domains)
 		last = &f
+		d.mu.Lock()
+		d.facts = &f
+		d.mu.Unlock()
 	}
 	publish()
 	close(d.ready)
@@ -189,10 +195,24 @@ func (d *Driver) prepareOne(c *resourceapi.ResourceClaim, held map[string]holder
 		return nil, fmt.Errorf("claim %s is not allocated", ref)
 	}
 	pool := PoolName(d.cfg.NodeName)
+	vpods := map[string]bool{} // the operator's vPOD pools this node is in
+	if d.facts != nil {
+		for _, dom := range d.facts.Domains {
+			vpods[v1alpha1.VPodDRAPoolName(v1alpha1.DomainObjectName(dom))] = true
+		}
+	}
 	var names []string
-	var results []resourceapi.DeviceRequestAllocationResult
+	var results, placement []resourceapi.DeviceRequestAllocationResult
 	for _, r := range c.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
+			continue
+		}
+		if r.Pool != pool && strings.HasPrefix(r.Pool, v1alpha1.VPodDRAPoolName("")) {
+			// A vPOD device places pods; it needs nothing in the container.
+			if !vpods[r.Pool] {
+				return nil, fmt.Errorf("claim %s: device %s/%s is a vPOD this node is not in", ref, r.Pool, r.Device)
+			}
+			placement = append(placement, r)
 			continue
 		}
 		if r.Pool != pool {
@@ -204,13 +224,20 @@ func (d *Driver) prepareOne(c *resourceapi.ResourceClaim, held map[string]holder
 		names = append(names, r.Device)
 		results = append(results, r)
 	}
-	if len(results) == 0 {
+	if len(results)+len(placement) == 0 {
 		return nil, fmt.Errorf("claim %s has no device of driver %s", ref, DriverName)
+	}
+	var devs []kubeletplugin.Device
+	for _, r := range placement {
+		devs = append(devs, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device})
+	}
+	if len(results) == 0 {
+		d.cfg.Log.Info("vPOD claim prepared", "claim", ref, "uid", c.UID)
+		return devs, nil
 	}
 	if err := d.cdi.write(c.UID, ref, names, d.cfg.HostSocketDir); err != nil {
 		return nil, err
 	}
-	devs := make([]kubeletplugin.Device, 0, len(results))
 	for _, r := range results {
 		devs = append(devs, kubeletplugin.Device{
 			Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{CDIDeviceID(c.UID)},

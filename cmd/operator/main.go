@@ -12,6 +12,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -21,6 +22,7 @@ import (
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/controllers"
+	"github.com/fabricxfer/fabricxfer/controllers/vpoddra"
 )
 
 // version is set at build time (-ldflags "-X main.version=..."; make images does).
@@ -46,6 +48,7 @@ func run() error {
 		agentImage     = flag.String("agent-image", "ghcr.io/fabricxfer/agent:v0.1.0", "agent image for pools that name none")
 		pprofAddr      = flag.String("pprof-bind-address", "", "address of Go's /debug/pprof endpoints (empty: off)")
 		issueAgentCert = flag.Bool("issue-agent-certs", true, "issue each pool's agent-to-agent mTLS certificates into a Secret")
+		vpodDevices    = flag.Int("dra-vpod-devices", vpoddra.DefaultDevices, "fabricxfer.io DRA devices published per VPodTopology, bound to its nodes (0: none)")
 	)
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
@@ -88,6 +91,15 @@ func run() error {
 	}
 	if err := (&controllers.VPodTopologyReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the VPodTopology controller: %w", err)
+	}
+	if *vpodDevices > 0 {
+		kube, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("creating the vPOD ResourceSlice client: %w", err)
+		}
+		if err := (&vpoddra.Publisher{Kube: kube, Client: mgr.GetClient(), Devices: *vpodDevices}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the vPOD ResourceSlice publisher: %w", err)
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding health check: %w", err)
