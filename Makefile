@@ -9,6 +9,8 @@ export PATH := $(BIN_DIR):$(PATH)
 GO ?= go
 GOTEST_FLAGS ?= -count=1 -timeout 20m
 CONTROLLER_GEN := $(BIN_DIR)/controller-gen
+# go-nvml's cgo preamble calls NVML functions NVIDIA marked deprecated; gcc would warn about each one.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .PHONY: help
 help: ## List the targets
@@ -29,7 +31,7 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs and the operator's RBAC from the A
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code and the gRPC/protobuf code
-	$(CONTROLLER_GEN) object paths=./api/...
+	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	BIN_DIR=$(BIN_DIR) hack/gen-proto.sh
 
 .PHONY: dist
@@ -37,9 +39,10 @@ dist: manifests ## Render dist/install.yaml, the one-file kubectl install
 	hack/gen-install.sh > dist/install.yaml
 
 .PHONY: verify
-verify: manifests generate dist ## Fail when generated files are stale or Go files are not gofmt'ed
+verify: manifests generate dist ## Fail when generated files are stale, Go files are not gofmt'ed or a source file lacks the license header
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	@git diff --exit-code -- api config dist charts client api/proto || { echo "generated files are stale: run make manifests generate dist and commit"; exit 1; }
+	hack/license.sh
 	CGO_ENABLED=0 $(GO) vet ./...
 	hack/chart-test.sh
 
@@ -52,11 +55,15 @@ chart-install-test: tools build ## helm install/uninstall and kubectl apply of d
 	OPERATOR_BIN=$(BIN_DIR)/operator hack/chart-install-test.sh
 
 .PHONY: build
-build: ## Build operator, agent, xferctl and xferbench into bin/
-	$(GO) build -o $(BIN_DIR)/ ./cmd/...
+build: ## Build operator, agent, xferctl, xferbench and the demo's kubelet stand-in into bin/
+	$(GO) build -o $(BIN_DIR)/ ./cmd/... ./hack/drakubelet
+
+.PHONY: deps
+deps: ## Install the Debian packages make test needs beside Go, gcc, git, make and python3 (as root; otherwise name them)
+	hack/deps.sh
 
 .PHONY: test
-test: tools verify ## Run every test, including envtest suites on a real kube-apiserver + etcd and the end-to-end test
+test: deps tools verify ## Run every test, including envtest suites on a real kube-apiserver + etcd and the end-to-end test
 	$(GO) test $(GOTEST_FLAGS) ./...
 	$(MAKE) fuzz-short
 	$(MAKE) e2e
@@ -75,6 +82,15 @@ e2e: tools build ## End-to-end: demo as a test, failure tests, helm install/unin
 .PHONY: failure
 failure: tools build ## Failure tests: operator SIGKILLed mid-reconcile and mid-finalizer, leader failover, API server restart
 	hack/failure.sh
+
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE_REGISTRY ?= ghcr.io/fabricxfer
+.PHONY: images
+images: ## OCI images of operator and agent for linux/amd64 and linux/arm64 into bin/images, without a container engine
+	@command -v aarch64-linux-gnu-gcc >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { echo "[images] installing gcc-aarch64-linux-gnu for the arm64 agent"; apt-get update -qq; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross >/dev/null; }; } || true
+	$(GO) run ./hack/images -out $(BIN_DIR)/images -version $(VERSION) -registry $(IMAGE_REGISTRY) -epoch $$(git log -1 --format=%ct 2>/dev/null || echo 0)
 
 .PHONY: demo
 demo: tools build ## Start a local control plane, operator and three agents, apply a pool and move bytes

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package client is the Go client of the fabricxfer agent's sidecar socket: register memory, move it, wait.
 //
 //	c, err := client.Dial(ctx, "/var/run/fabricxfer/kv-pool/agent.sock")

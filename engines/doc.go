@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package engines is fabricxfer's transfer layer: the contract every data-movement engine implements, the
 // shared machinery that keeps engines honest (a region registry, a pure planner, a transfer tracker), and the
 // composite engine that routes each (source, destination) pair to exactly one engine.

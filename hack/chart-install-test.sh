@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/chart-install-test.sh installs fabricxfer on a throwaway control plane (etcd + kube-apiserver on
 # loopback, no scheduler, no kubelet) in both supported ways, and checks what lands in the cluster:
 #   1. helm install with default values: CRDs established, operator Deployment, RBAC (rules as in

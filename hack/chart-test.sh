@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/chart-test.sh checks the Helm chart offline, in a few seconds:
 #   - helm lint --strict, with the default values and with every feature on;
 #   - helm template output equals charts/fabricxfer/testdata/<case>.golden.yaml (UPDATE=1 rewrites them);

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/demo.sh up|down — the main job on an embedded default, on one machine:
 #   a real kube-apiserver + etcd on loopback, the CRDs applied with kubectl, three Node objects backed by
 #   fixture host roots (two GPU nodes of one UALink vPOD, one RDMA-only node), the operator and one agent per
 #   node as local processes, a TransferPool applied with kubectl, and a transfer between two nodes through the
-#   agents' sockets with xferctl.
+#   agents' sockets with xferctl. The real kube-scheduler places a pod whose ResourceClaim selects the vPOD;
+#   the agents' DRA plugins publish the devices it allocates and prepare the claim (hack/drakubelet calls them
+#   as the kubelet would), and the pod-shaped client finds its socket through the claim's CDI spec.
 # State lives in $DEMO_DIR (default .demo/); `hack/demo.sh down` stops every process it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,7 +67,7 @@ down() {
 }
 
 up() {
-  for b in kubectl operator agent xferctl; do
+  for b in kubectl kube-scheduler operator agent xferctl drakubelet; do
     [ -x "$BIN/$b" ] || { echo "demo: $BIN/$b missing: run make tools build" >&2; exit 1; }
   done
   if [ -d "$ST" ]; then
@@ -92,6 +97,14 @@ NODE
 
   step "creating namespace $AGENT_NS, where the operator runs every pool's agents"
   kc create namespace "$AGENT_NS" >/dev/null
+  step "marking the Nodes Ready (the kubelet's part) and starting kube-scheduler"
+  for n in "${NODES[@]}"; do
+    kc patch node "$n" --subresource=status --type=merge -p '{"status":{"capacity":{"cpu":"8","memory":"32Gi","pods":"110"},"allocatable":{"cpu":"8","memory":"32Gi","pods":"110"},"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"demo"}]}}' >/dev/null
+    # The node lifecycle controller lifts the not-ready taint of a Ready node; it does not run here.
+    kc taint node "$n" node.kubernetes.io/not-ready:NoSchedule- >/dev/null 2>&1 || true
+  done
+  start scheduler "$BIN/kube-scheduler" --kubeconfig "$KUBECONFIG" --leader-elect=false --secure-port=0
+  kc apply -f config/dra/deviceclass.yaml >/dev/null
 
   step "starting the operator"
   start operator "$BIN/operator" --leader-elect=false --agent-namespace="$AGENT_NS" \
@@ -127,7 +140,8 @@ POOLYAML
       --engines xgmi,fabric,rdma,tcp --socket-dir "$ST/sockets/$n" \
       --peer-listen "127.0.0.1:$port" --endpoint "127.0.0.1:$port" \
       --data-listen "127.0.0.1:$((port + 1))" --data-advertise "127.0.0.1:$((port + 1))" \
-      --health-addr "127.0.0.1:$((port + 2))" --tls-dir "$ST/tls" --allow-local --caller-host-root /
+      --health-addr "127.0.0.1:$((port + 2))" --tls-dir "$ST/tls" --allow-local --caller-host-root / \
+      --dra --dra-channels 8 --cdi-dir "$ST/dra/$n/cdi" --kubelet-plugin-dir "$ST/dra/$n/plugin" --kubelet-registry-dir "$ST/dra/$n/registry"
   done
   for i in "${!NODES[@]}"; do
     wait_for 60 "agent ${NODES[$i]} ready" curl -sf "http://127.0.0.1:$((AGENT_PORT_BASE + 3 * i + 2))/readyz"
@@ -156,6 +170,37 @@ POOLYAML
   "$BIN/xferctl" transfer --socket "$sock_a" --to rdma-node-c/kv-c --size 64Mi --verify
   step "transfer: 64 MiB read from rdma-node-c/kv-c into gpu-node-a"
   "$BIN/xferctl" transfer --socket "$sock_a" --to rdma-node-c/kv-c --size 64Mi --read
+
+  step "DRA: a decode pod claims a transfer channel inside the vPOD; kube-scheduler places it, its node's agent prepares the claim"
+  local vpod=ualink:1c9e2f4a-6b7d-4e11-9a2b-3c4d5e6f7081/1
+  kc apply -f - >/dev/null <<CLAIM
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: kv-decode, namespace: default}
+spec:
+  devices:
+    requests:
+    - name: socket
+      exactly:
+        deviceClassName: fabricxfer.io
+        selectors:
+        - cel: {expression: 'device.attributes["fabricxfer.io"].pool == "$POOL" && device.attributes["fabricxfer.io"].vpod == "$vpod"'}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: decode, namespace: default}
+spec:
+  automountServiceAccountToken: false
+  resourceClaims: [{name: fabricxfer, resourceClaimName: kv-decode}]
+  containers:
+  - name: decode
+    image: registry.example/decode:demo
+    resources: {claims: [{name: fabricxfer}]}
+CLAIM
+  local nodes=()
+  for n in "${NODES[@]}"; do nodes+=(-node "$n=$ST/dra/$n/plugin/dra.sock,$ST/dra/$n/cdi"); done
+  "$BIN/drakubelet" -kubeconfig "$KUBECONFIG" -pod default/decode "${nodes[@]}" -- \
+    "$BIN/xferctl" transfer --to rdma-node-c/kv-c --size 1Mi --verify
   echo
   echo "Demo running. KUBECONFIG=$KUBECONFIG; logs in $ST/*.log. Stop everything with: make demo-down"
 }

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/e2e.sh — the demo as a test: brings up the control plane, operator and three agents (hack/demo.sh up in
 # a private directory and ports), checks pool and vPOD status and a transfer, kills an agent and checks that
 # the pool notices and recovers, deletes the pool and checks that everything it owned is gone, and tears down.
@@ -38,7 +41,11 @@ grep -q "TransferPool kv-cache Ready" "$DEMO_DIR.up.log" || fail "demo did not r
 grep -q "^verified: read back 67108864 bytes" "$DEMO_DIR.up.log" || fail "the checksummed write did not verify"
 grep -q "^read 67108864 bytes from rdma-node-c/kv-c" "$DEMO_DIR.up.log" || fail "the read did not complete"
 grep -q "kv-c: tcp$" "$DEMO_DIR.up.log" || fail "explain did not pick tcp for a cross-node host pair"
-pass "demo up: pool Ready, explain, 64 MiB write verified and read back ($(($(date +%s) - start)) s)"
+grep -Eq "^pod default/decode bound to gpu-node-[ab] by the scheduler" "$DEMO_DIR.up.log" ||
+  fail "kube-scheduler did not bind the vPOD claim's pod to a node of that vPOD"
+grep -q "CDI env FABRICXFER_SOCKET=/run/fabricxfer/agent.sock" "$DEMO_DIR.up.log" || fail "the prepared claim's CDI spec set no FABRICXFER_SOCKET"
+grep -q "^verified: read back 1048576 bytes" "$DEMO_DIR.up.log" || fail "the claim's client did not transfer through its socket"
+pass "demo up: pool Ready, explain, 64 MiB write verified and read back, a DRA claim placed in its vPOD and prepared ($(($(date +%s) - start)) s)"
 
 POOL=transferpool/kv-cache
 equals $POOL '{.status.nodes}' 3/3 || fail "pool nodes $(jp $POOL '{.status.nodes}'), want 3/3"

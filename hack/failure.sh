@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/failure.sh — failure tests with real processes and a real API server. Brings up the demo (hack/demo.sh up
 # in a private directory and ports: kube-apiserver + etcd, operator, three agents, pool kv-cache), then:
 #   1. operator crash: SIGKILLs the operator with a second pool half applied (a ResourceQuota refuses its

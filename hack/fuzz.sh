@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/fuzz.sh [DURATION] runs every Go fuzz target in the repository for DURATION (default 20s) each, goes on
 # after a failure, prints one line per target (package, target, executions, result) and exits non-zero when any
 # target failed. `go test` already runs their seed corpora; this explores beyond them. Each package's fuzzing

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/gen-chart.sh writes the chart's generated parts from config/, which `make manifests` generates:
 #   charts/fabricxfer/templates/crds/<crd>.yaml   each CRD behind crds.enabled, kept on uninstall (crds.keep)
 #   charts/fabricxfer/templates/_rules.tpl        the operator's ClusterRole and agent-namespace Role rules, verbatim

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/gen-proto.sh generates the Go and Python code of the agent protos (api/proto/**.proto), the only way
 # that code is made. The output is checked in; `hack/gen-proto.sh --verify` regenerates into a scratch
 # folder and fails when the checked-in files differ (stale, or edited by hand).
 #
-# Needs: protoc with the well-known types (Debian: apt-get install protobuf-compiler libprotobuf-dev),
-# bin/protoc-gen-go and bin/protoc-gen-go-grpc (hack/tools.sh protoc-gen), and for the Python gRPC stub
-# Debian's python3-grpc-tools (only its grpc_python plugin is used; messages come from protoc itself).
+# Go code needs no protoc: hack/protogen compiles the .proto files with protocompile (pure Go, from the module
+# proxy) and runs bin/protoc-gen-go and bin/protoc-gen-go-grpc (hack/tools.sh protoc-gen) as protoc would.
+# Python modules are written by protoc's own generator, so they are regenerated only where protoc and Debian's
+# python3-grpc-tools are installed; elsewhere hack/protogen checks the checked-in modules instead (the
+# descriptor embedded in agent_pb2.py must equal the compiled one, agent_pb2_grpc.py must name every method).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,28 +24,36 @@ PY_OUT=client/python
 
 die() { echo "gen-proto: $*" >&2; exit 1; }
 
-command -v protoc >/dev/null || die "protoc not found: apt-get install protobuf-compiler libprotobuf-dev"
 [ -x "$BIN/protoc-gen-go" ] || die "$BIN/protoc-gen-go missing: run hack/tools.sh protoc-gen"
 [ -x "$BIN/protoc-gen-go-grpc" ] || die "$BIN/protoc-gen-go-grpc missing: run hack/tools.sh protoc-gen"
-"$PYTHON" -c 'import grpc_tools.protoc' 2>/dev/null || die "python grpc_tools missing: apt-get install python3-grpc-tools"
+python_gen=1
+if ! command -v protoc >/dev/null || ! "$PYTHON" -c 'import grpc_tools.protoc' 2>/dev/null; then
+  python_gen=0
+fi
+
+checks=()
+for p in "${PY_PROTOS[@]}"; do checks+=("$p=$ROOT/$PY_OUT/${p%.proto}_pb2.py"); done
 
 # generate OUT_DIR writes every generated file under OUT_DIR, laid out as in the repository.
 generate() {
-  local out=$1
+  local out=$1 check=
   mkdir -p "$out/$PY_OUT"
-  (cd "$ROOT/$PROTO_ROOT" &&
-    protoc -I . \
-      --plugin=protoc-gen-go="$BIN/protoc-gen-go" --plugin=protoc-gen-go-grpc="$BIN/protoc-gen-go-grpc" \
-      --go_out="$out" --go_opt=module=$MODULE \
-      --go-grpc_out="$out" --go-grpc_opt=module=$MODULE \
-      "${GO_PROTOS[@]}" &&
-    protoc -I . --python_out="$out/$PY_OUT" "${PY_PROTOS[@]}")
+  [ $python_gen = 1 ] || check=$(IFS=,; echo "${checks[*]}")
+  (cd "$ROOT" && go run ./hack/protogen -proto-root "$PROTO_ROOT" -out "$out" -go-opt "module=$MODULE" \
+    -plugin-go "$BIN/protoc-gen-go" -plugin-go-grpc "$BIN/protoc-gen-go-grpc" -check-python "$check" "${GO_PROTOS[@]}")
+  [ $python_gen = 1 ] || return 0
+  (cd "$ROOT/$PROTO_ROOT" && protoc -I . --python_out="$out/$PY_OUT" "${PY_PROTOS[@]}")
   # Debian's grpc_tools bundles an older protoc; only its gRPC plugin output is taken. Its include path
   # provides the well-known types.
   local wkt
   wkt=$("$PYTHON" -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))')
   (cd "$ROOT/$PROTO_ROOT" && "$PYTHON" -m grpc_tools.protoc -I . -I "$wkt" \
     --grpc_python_out="$out/$PY_OUT" "${PY_PROTOS[@]}")
+}
+
+note() {
+  [ $python_gen = 1 ] ||
+    echo "gen-proto: protoc or python3-grpc-tools not installed: Python modules checked against the .proto files, not regenerated"
 }
 
 if [ "${1:-}" = "--verify" ]; then
@@ -55,9 +68,11 @@ if [ "${1:-}" = "--verify" ]; then
       status=1
     fi
   done < <(find "$tmp" -type f | sort)
+  note
   [ $status -eq 0 ] && echo "gen-proto: generated code is up to date"
   exit $status
 fi
 
 generate "$ROOT"
-echo "gen-proto: generated Go in $PROTO_ROOT and Python in $PY_OUT"
+note
+if [ $python_gen = 1 ]; then echo "gen-proto: generated Go in $PROTO_ROOT and Python in $PY_OUT"; else echo "gen-proto: generated Go in $PROTO_ROOT"; fi

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/kube-down.sh STATE_DIR stops what hack/kube-up.sh started, by recorded PID, and removes the state unless
 # KEEP_STATE=1.
 set -uo pipefail

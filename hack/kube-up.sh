@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/kube-up.sh STATE_DIR starts a local control plane on loopback for the demo and end-to-end tests: etcd,
 # kube-apiserver and, when built, kube-controller-manager (garbage collection of owned objects). There is no
 # scheduler and no kubelet: agents run as local processes instead of DaemonSet pods.

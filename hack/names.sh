@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/names.sh, sourced by the test scripts: the names the operator gives what it owns for a pool, as
 # controllers.AgentObjectName makes them (controllers' TestOwnedNamesMatchTheScripts keeps the two equal).
 # The agents' namespace is where the operator runs agents when it is told nothing else.

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/scale.sh [N] — the scale harness (make scale N=1000): a private local control plane (real kube-apiserver +
 # etcd on API_PORT 29443 / ETCD_PORT 29790, so it never meets the demo or the tests), the CRDs, N Node objects,
 # the operator as a process, then hack/scale simulates N agents in one process, applies a TransferPool that

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/soak.sh [DURATION] — the soak test (make soak DURATION=10m; make e2e runs it for 60 s). Builds the
 # operator, agent, xferctl and hack/soak into a private directory, brings the demo up there on its own ports
 # (hack/demo.sh up: kube-apiserver + etcd + kube-controller-manager, CRDs, operator, three agents, pool
@@ -59,12 +62,12 @@ mkdir -p "$BIN_DIR"
 # SOAK_PREBUILT=1 (make e2e, right after make build) takes operator, agent and xferctl from BIN_DIR instead.
 if [ "${SOAK_PREBUILT:-0}" = 1 ]; then
   go build -o "$BIN_DIR/" ./hack/soak
-  linked="operator agent xferctl"
+  linked="operator agent xferctl drakubelet"
 else
-  go build -o "$BIN_DIR/" ./cmd/operator ./cmd/agent ./cmd/xferctl ./hack/soak
+  go build -o "$BIN_DIR/" ./cmd/operator ./cmd/agent ./cmd/xferctl ./hack/soak ./hack/drakubelet
   linked=
 fi
-for b in kubectl etcd kube-apiserver kube-controller-manager $linked; do
+for b in kubectl etcd kube-apiserver kube-controller-manager kube-scheduler $linked; do
   if [ -x "$TOOLS/$b" ]; then ln -s "$TOOLS/$b" "$BIN_DIR/$b"; fi
 done
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # hack/tools.sh builds the pinned tools the tests, the demo and code generation need, from the Go module
-# proxy only: kube-apiserver and kubectl (k8s.io/kubernetes with its staging modules pinned), etcd, helm,
-# controller-gen and the protobuf/gRPC code generators.
+# proxy only: kube-apiserver, kubectl, kube-controller-manager and kube-scheduler (k8s.io/kubernetes with its
+# staging modules pinned), etcd, helm, controller-gen and the protobuf/gRPC code generators.
 #
 # Idempotent: a tool whose versioned binary already exists is not rebuilt. Builds land in
 # $TOOLS_CACHE/versioned/<tool>-<version>/ (default ~/.cache/fabricxfer/tools, outside the clone, so a fresh
@@ -96,7 +99,7 @@ build_helm() {
 [ $# -gt 0 ] || set -- controller-gen protoc-gen etcd helm k8s
 for tool in "$@"; do
   case $tool in
-  k8s) build_k8s kube-apiserver kubectl kube-controller-manager ;;
+  k8s) build_k8s kube-apiserver kubectl kube-controller-manager kube-scheduler ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
   controller-gen) go_install controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen "$CONTROLLER_TOOLS_VERSION" ;;

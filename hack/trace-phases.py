@@ -1,4 +1,7 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """Median time between the fast socket's phase marks in an agent trace (agent standalone --trace=FILE):
 
     go tool trace -d=parsed FILE | hack/trace-phases.py

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package topology detects what a node can do for GPU memory transfers: its GPUs (AMD through KFD and sysfs,
 // NVIDIA through sysfs, procfs and NVML), the peer links between them (XGMI, NVLink), the scale-up fabric
 // domain each GPU belongs to (AMD UALink vPOD, NVIDIA NVLink clique), its RDMA NICs ranked by PCIe distance to

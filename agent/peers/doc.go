@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package peers is the agent-to-agent channel of one pool: the fabricxfer.agent.v1 Peer gRPC service over TCP,
 // authenticated both ways with the pool's certificates (mTLS), for segment resolution, agent introductions and
 // notifications of engines that have no wire of their own, and the rdma engine's queue-pair exchange

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package poolmem is the memory a transfer pool lends to callers. The agent creates it at start, registers
 // each slice with every engine as it is handed out, and callers map their slice through a file descriptor
 // (AllocateFromPool on the sidecar socket). A KV cache placed in pool memory reaches every engine the pool's

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package reporter keeps a node's TransferNode current and its agent's heartbeat alive. It writes the object
 // (spec, labels and an owner reference to the Node, so the report goes with its Node) with server-side apply,
 // then, every period, re-detects the node: the status is applied again only when what it says changed (or

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package server is the agent's sidecar socket: the fabricxfer.agent.v1 Agent gRPC service on
 // <socket dir>/<pool>/agent.sock and its fd socket agent.fd.sock beside it.
 //

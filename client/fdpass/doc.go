@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package fdpass is the wire format of the agent's fd socket (<socket dir>/<pool>/agent.fd.sock), shared by
 // the agent and its Go client: a caller hands the agent a file descriptor with SCM_RIGHTS and gets a one-time
 // token back to name in a gRPC call, or presents a token and receives the descriptor the agent lends it.

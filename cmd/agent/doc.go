@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Command agent is fabricxfer's node agent. "agent detect" prints what the node can do (GPUs, peer links,
 // fabric domains, RDMA NICs, engines) as a table for admins or as the TransferNode status JSON; "agent run"
 // keeps the node's TransferNode current until SIGTERM.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 package main
 
 import (
@@ -32,6 +35,7 @@ type runConfig struct {
 	heartbeat     time.Duration
 	endpoint      string
 	transfer      transferFlags
+	dra           draFlags
 }
 
 func (c *runConfig) register(fs *flag.FlagSet) {
@@ -43,6 +47,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.endpoint, "endpoint", "", "host:port other agents reach this one at, reported in the TransferNode")
 	fs.StringVar(&c.endpoint, "advertise", "", "same as --endpoint (the name the operator's DaemonSet uses)")
 	c.transfer.register(fs)
+	c.dra.register(fs)
 }
 
 // component is one long-running part of the agent. Run returns when ctx ends (nil) or on a fatal error.
@@ -108,6 +113,13 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 		return nil, err
 	}
 	rt.components = append(rt.components, rep)
+	if cfg.dra.enabled {
+		drv, err := cfg.dra.component(cfg, restCfg, detect, log)
+		if err != nil {
+			return nil, err
+		}
+		rt.components = append(rt.components, drv)
+	}
 	if !cfg.transfer.noTransfer {
 		ts, err := buildTransferSide(cfg, c, detect, log)
 		if err != nil {

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Command operator runs the fabricxfer operator: one agent DaemonSet per TransferPool, pool status from agent
 // reports, and VPodTopology objects from the scale-up domains agents detect.
 package main
@@ -10,6 +13,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -19,9 +23,17 @@ import (
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/controllers"
+	"github.com/fabricxfer/fabricxfer/controllers/vpoddra"
 )
 
+// version is set at build time (-ldflags "-X main.version=..."; make images does).
+var version = "dev"
+
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == "version" {
+		fmt.Println(version)
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "operator:", err)
 		os.Exit(1)
@@ -40,6 +52,7 @@ func run() error {
 		imageAllowlist = flag.String("agent-image-allowlist", "", "comma-separated agent images pools may name besides --agent-image; an entry ending in * allows every image that starts with the rest")
 		agentNamespace = flag.String("agent-namespace", defaultAgentNamespace(), "namespace of every pool's agents, their ServiceAccounts and certificates; never a tenant's (default: the pod's namespace, else "+controllers.DefaultAgentNamespace+")")
 		socketPrefix   = flag.String("socket-dir-prefix", fxv1.DefaultSocketDir, "host directory every pool's socketDir must be or lie under (the CRD's rule must say the same)")
+		vpodDevices    = flag.Int("dra-vpod-devices", vpoddra.DefaultDevices, "fabricxfer.io DRA devices published per VPodTopology, bound to its nodes (0: none)")
 	)
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
@@ -92,6 +105,15 @@ func run() error {
 	}
 	if err := (&controllers.VPodTopologyReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the VPodTopology controller: %w", err)
+	}
+	if *vpodDevices > 0 {
+		kube, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("creating the vPOD ResourceSlice client: %w", err)
+		}
+		if err := (&vpoddra.Publisher{Kube: kube, Client: mgr.GetClient(), Devices: *vpodDevices}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the vPOD ResourceSlice publisher: %w", err)
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding health check: %w", err)

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Command xferbench measures fabricxfer's transfer engines against plain baselines in the same run: copy() for
 // host memory, a plain Go TCP stream between the same two processes for tcp. See docs/xferbench.md.
 package main

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Command xferctl inspects and exercises fabricxfer: "status" reads pools, nodes, engines and vPODs from the
 // API server; "info", "explain", "register" and "transfer" talk to an agent's socket; "bench" measures the
 // socket round trip of small transfers against a direct in-process engine call; "local-agent" runs an agent's

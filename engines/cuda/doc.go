@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package cuda binds the subset of the CUDA driver API and NVRTC that the GPU
 // engines need. The libraries are opened at run time with dlopen (through
 // purego), so binaries build with CGO_ENABLED=0 and run on CPU-only nodes,

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package enginetest is the contract suite every engine runs against itself: planning rules (unknown,
 // deregistered and out-of-bounds items rejected with their tags, empty items dropped, every accepted item in
 // exactly one plan, coalescing, deterministic order, splitting at limits), data correctness in each direction

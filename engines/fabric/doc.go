@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package fabric is the scale-up fabric engine: GPU memory on another node of
 // the same vPOD (an NVLink domain of NVIDIA IMEX, an AMD UALink vPOD) is
 // mapped into this node's GPU address space through a 64-byte fabric handle

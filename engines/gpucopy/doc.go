@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package gpucopy moves bytes between GPU memory (and pinned or registered
 // host memory) on one node with the CUDA driver: scattered items go out as
 // one descriptor-driven kernel launch (native/kernels), large contiguous

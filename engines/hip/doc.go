@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package hip binds the subset of the HIP runtime and hipRTC that the AMD GPU
 // engines need. The libraries (libamdhip64, libhiprtc) are opened at run time
 // with dlopen (through purego), so binaries build with CGO_ENABLED=0 and run

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package hipcopy moves bytes between AMD GPU memory (and host memory) on one
 // node with the HIP runtime: scattered items go out as one descriptor-driven
 // kernel launch (native/kernels/copy.hip, compiled by hipRTC for the GPU's

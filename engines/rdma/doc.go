@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package rdma is the NIC-to-NIC engine: one-sided RDMA writes and reads over
 // reliable-connected queue pairs, with GPU memory registered for GPUDirect
 // (dma-buf first, the peer-memory module as the fallback) on the NIC nearest

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package tcp is the universal fallback engine: it moves host memory between agents on different nodes over
 // TCP (optionally TLS, e.g. the agents' mTLS), for pairs no faster engine claims.
 //

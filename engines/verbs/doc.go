@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package verbs is the RDMA side of the rdma engine: the data types the
 // engine and its providers share (connection info, work requests,
 // completions and their statuses, queue-pair states) and a binding of

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package xgmi is the same-node engine: it copies between two regions that both belong to this node. GPU
 // pairs go over XGMI (AMD) or NVLink peer access (NVIDIA), host pairs are plain memory copies; the CRD keeps
 // the four engine names users know, so the CPU twin lives in this slot too.

@@ -1,4 +1,7 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """NCCL send/recv bandwidth between GPU 0 and GPU 1 of one host, with PyTorch.
 
 The peer figure to put beside the xgmi engine's P2P copies (gpubench prints

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Command scale simulates a GPU cluster's node agents against a real API server and measures the operator: how
 // long pool and vPOD status take to converge after the last agent reports, the operator's peak memory, the
 // request rate operator and agents put on the API server, and the size of one node's TransferNode.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Command soak drives a running local fabricxfer deployment (control plane, operator, one agent per node, as
 // hack/demo.sh up leaves it) for a set duration and checks that it stays healthy under churn:
 //

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package pki makes the certificates the agents of one transfer pool use to authenticate each other (mTLS on
 // the agent-to-agent channel). The operator calls these pure functions to fill one Secret per pool with
 // tls.crt, tls.key and ca.crt; agents load that directory.

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // fabricxfer copy kernels (CUDA). Compiled at run time with NVRTC for the GPU
 // present; no headers are needed.
 //

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // fabricxfer copy kernels (HIP). Compiled at run time with hipRTC for the GPU
 // present. AMD GPUs run 64-lane wavefronts, so a "warp" here is one
 // wavefront (FX_LANES); everything else matches copy.cu.

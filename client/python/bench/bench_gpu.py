@@ -1,4 +1,7 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """GPU benchmark of transfer_blocks against plain torch, on any machine with a CUDA GPU and PyTorch.
 
     go build -o bin/agent ./cmd/agent

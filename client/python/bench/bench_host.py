@@ -1,4 +1,7 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """Host benchmark of transfer_blocks: scattered blocks between two memfd pools through a running agent, against
 numpy's fancy-index copy (dst[ids] = src[ids]) on the same mapped memory, in this process.
 

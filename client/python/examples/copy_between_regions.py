@@ -1,4 +1,7 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """Registers two shared-memory regions with the agent, copies one into the other and checks the bytes.
 
     PYTHONPATH=client/python /usr/bin/python3 client/python/examples/copy_between_regions.py \\

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """Python client of the fabricxfer agent's sidecar socket (see fabricxfer.client)."""
 
 __version__ = "0.1.0"

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """Block ids as packed little-endian integers, and the fast-socket frame of a TransferBlocksRequest built
 around them without copying them.
 

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """Python client of the fabricxfer agent's sidecar socket.
 
     from fabricxfer.client import Client, shared_memory, to_segment
@@ -357,8 +360,11 @@ class Client:
     """A connection to one agent socket. Regions belong to the connection: close() (or the process ending)
     makes the agent deregister them."""
 
-    def __init__(self, socket_path: str, timeout: float = 10.0, name: str = "python", fast: bool = True):
-        """fast: send waited transfers over the agent's fast socket (one framed round trip, no HTTP/2)."""
+    def __init__(self, socket_path: Optional[str] = None, timeout: float = 10.0, name: str = "python", fast: bool = True):
+        """socket_path: default $FABRICXFER_SOCKET (a prepared fabricxfer.io claim sets it), else
+        /run/fabricxfer/agent.sock. fast: send waited transfers over the agent's fast socket (one framed round
+        trip, no HTTP/2)."""
+        socket_path = socket_path or os.environ.get("FABRICXFER_SOCKET") or "/run/fabricxfer/agent.sock"
         self.socket_path = socket_path
         self.fd_socket = os.path.join(os.path.dirname(socket_path), FD_SOCKET_NAME)
         self.timeout = timeout

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """What PyTorch's CUDA caching allocator says about a tensor's memory, read from
 ``tensor.untyped_storage()._share_cuda_()``, and how that becomes a RegisterMemoryRequest.
 

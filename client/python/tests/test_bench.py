@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """The benchmarks' pure parts, without a GPU or torch: arguments, the client command and environment, the
 table; and bench_host.py end to end at a small size against the test agent."""
 

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """Block layouts against a real agent (client/python_test.go): host layouts over memfd regions, every byte
 checked with numpy, and the agent's refusals moving nothing.
 

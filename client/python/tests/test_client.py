@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """Tests of the Python client against a real agent socket: FABRICXFER_SOCKET names it (client/python_test.go
 starts an agent and runs this with /usr/bin/python3)."""
 

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """register_tensor without a GPU or torch: synthetic _share_cuda_() tuples and stand-in tensors."""
 
 import os

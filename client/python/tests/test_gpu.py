@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """register_tensor against a real agent on a GPU machine (skips without torch, CUDA or FABRICXFER_SOCKET).
 
     agent standalone --socket-dir /tmp/fx &

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """Block ids and the TransferBlocks frame, without an agent: packing, the frame's bytes against protobuf's, the
 refusals made before any call, and how long building the request for 15,360 ids takes."""
 

@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
 """An agent restart under a live client: client/python_test.go restarts the agent when this test prints
 RESTART-AGENT and answers on stdin once the new agent listens (FABRICXFER_RESTARTS=1)."""
 

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package fakeverbs is an in-process RDMA network for tests: devices,
 // memory registrations with keys and bounds, reliable-connected queue pairs
 // with the verbs state machine (RESET → INIT → RTR → RTS, ERR on failure),

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Command gpubench measures the GPU copy paths of the xgmi engine beside the
 // driver's own copies on GPU 0 and prints one table (see docs/gpu-benchmarks.md).
 package main

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // scatterlab times variants of the scattered-block copy kernel side by side on
 // one GPU, with descriptors in device memory and in pinned host memory, on the
 // case the xgmi engine is held to: 15,360 blocks of 720 B drawn at random from

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 // Package procstat reads a process's numbers from /proc for the harnesses that watch the operator and agents
 // (hack/scale, hack/soak).
 package procstat

@@ -1,3 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
 package agentv1_test
 
 import (
@@ -8,22 +11,17 @@ import (
 )
 
 // TestGeneratedCodeIsCurrent regenerates the protos into a scratch folder and fails when the checked-in code
-// differs, so a .proto edit without regeneration (or a hand edit of generated code) cannot land unnoticed.
+// differs, so a .proto edit without regeneration (or a hand edit of generated code) cannot land unnoticed. Go
+// code needs no protoc; without protoc the Python modules are checked against the compiled descriptors.
 func TestGeneratedCodeIsCurrent(t *testing.T) {
 	root, err := filepath.Abs("../../../../..")
 	if err != nil {
 		t.Fatalf("finding the repository root: %v", err)
 	}
-	if _, err := exec.LookPath("protoc"); err != nil {
-		t.Skip("protoc not installed: apt-get install protobuf-compiler libprotobuf-dev")
-	}
 	for _, plugin := range []string{"protoc-gen-go", "protoc-gen-go-grpc"} {
 		if _, err := os.Stat(filepath.Join(root, "bin", plugin)); err != nil {
 			t.Skipf("bin/%s not built: run make tools", plugin)
 		}
-	}
-	if err := exec.Command("/usr/bin/python3", "-c", "import grpc_tools.protoc").Run(); err != nil {
-		t.Skip("python grpc_tools missing: apt-get install python3-grpc-tools")
 	}
 	cmd := exec.Command(filepath.Join(root, "hack", "gen-proto.sh"), "--verify")
 	cmd.Dir = root

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package vpoddra
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+// DriverName is the DRA driver the devices belong to (the agents' driver).
+const DriverName = v1alpha1.DRADriverName
+
+// DefaultDevices is how many vpod devices each vPOD gets: one per group of pods that share a claim.
+const DefaultDevices = 16
+
+// PoolName is the DRA pool of a VPodTopology's devices: vpod-<VPodTopology name>.
+func PoolName(vpodObject string) string { return v1alpha1.VPodDRAPoolName(vpodObject) }
+
+// Members are the nodes a vPOD's devices may be used on: the discovered members less the missing ones, or the
+// declared members while nothing was discovered.
+func Members(v v1alpha1.VPodTopology) []string {
+	missing := map[string]bool{}
+	for _, m := range v.Status.MissingMembers {
+		missing[m] = true
+	}
+	src := v.Status.Members
+	if len(src) == 0 {
+		src = v.Spec.Members
+	}
+	var nodes []string
+	for _, m := range src {
+		if m.Node != "" && !missing[m.Node] {
+			nodes = append(nodes, m.Node)
+		}
+	}
+	sort.Strings(nodes)
+	return nodes
+}
+
+// Resources are the pools of every vPOD that has a member, n devices each.
+func Resources(domains []v1alpha1.VPodTopology, n int) *resourceslice.DriverResources {
+	res := &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{}}
+	for _, v := range domains {
+		nodes := Members(v)
+		if len(nodes) == 0 || v.Spec.Domain == "" {
+			continue
+		}
+		attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			"type":       {StringValue: ptr.To("vpod")},
+			"vpodName":   {StringValue: ptr.To(v.Name)},
+			"fabricKind": {StringValue: ptr.To(string(v.Spec.Kind))},
+			"nodeCount":  {IntValue: ptr.To(int64(len(nodes)))},
+			"gpuCount":   {IntValue: ptr.To(int64(v.Status.GPUs))},
+		}
+		// The node channels' attributes too, empty: a selector that reads an attribute a device lacks is a CEL
+		// error that stops the scheduler's allocator, so both kinds of fabricxfer.io device carry the same set.
+		for _, name := range []resourceapi.QualifiedName{"pool", "poolNamespace", "node"} {
+			attrs[name] = resourceapi.DeviceAttribute{StringValue: ptr.To("")}
+		}
+		for _, name := range []resourceapi.QualifiedName{"xgmi", "fabric", "rdma", "tcp"} {
+			attrs[name] = resourceapi.DeviceAttribute{BoolValue: ptr.To(false)}
+		}
+		attrs["channel"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(-1))}
+		attrs["fabricDomains"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(1))}
+		vpod := v.Spec.Domain
+		if len(vpod) > resourceapi.DeviceAttributeMaxValueLength {
+			vpod = ""
+		}
+		attrs["vpod"] = resourceapi.DeviceAttribute{StringValue: ptr.To(vpod)}
+		devices := make([]resourceapi.Device, n)
+		for i := range devices {
+			a := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, len(attrs))
+			for k, val := range attrs {
+				a[k] = val
+			}
+			devices[i] = resourceapi.Device{Name: fmt.Sprintf("vpod-%d", i), Attributes: a}
+		}
+		// A slice's node selector takes exactly one term, and a metadata.name field selector one value, so the
+		// nodes are matched by the kubelet's hostname label, which is the node's name unless overridden.
+		res.Pools[PoolName(v.Name)] = resourceslice.Pool{
+			NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: nodes}},
+			}}},
+			Slices: []resourceslice.Slice{{Devices: devices}},
+		}
+	}
+	return res
+}
+
+// Publisher keeps the vPOD pools' ResourceSlices equal to the VPodTopologies. It is a manager Runnable (run by
+// the leader only) and a reconciler of VPodTopology.
+type Publisher struct {
+	Kube    kubernetes.Interface
+	Client  client.Reader
+	Devices int
+	// Log receives publishing errors (the context's logger when unset).
+	Log *logr.Logger
+
+	mu      sync.Mutex
+	ctrl    *resourceslice.Controller
+	pending *resourceslice.DriverResources
+}
+
+// Start runs the slice controller until ctx ends.
+func (p *Publisher) Start(ctx context.Context) error {
+	p.mu.Lock()
+	res := p.pending
+	if res == nil {
+		res = &resourceslice.DriverResources{}
+	}
+	c, err := resourceslice.StartController(ctx, resourceslice.Options{DriverName: DriverName, KubeClient: p.Kube, Resources: res,
+		ErrorHandler: func(ctx context.Context, err error, msg string) {
+			l := log.FromContext(ctx)
+			if p.Log != nil {
+				l = *p.Log
+			}
+			l.Error(err, msg)
+		}})
+	if err != nil {
+		p.mu.Unlock()
+		return fmt.Errorf("starting the vPOD ResourceSlice controller: %w", err)
+	}
+	p.ctrl = c
+	p.mu.Unlock()
+	<-ctx.Done()
+	c.Stop()
+	return nil
+}
+
+// NeedLeaderElection: only the leader publishes.
+func (p *Publisher) NeedLeaderElection() bool { return true }
+
+// Reconcile lists every VPodTopology and hands their pools to the slice controller.
+func (p *Publisher) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
+	var list v1alpha1.VPodTopologyList
+	if err := p.Client.List(ctx, &list); err != nil {
+		return ctrl.Result{}, fmt.Errorf("listing VPodTopologies: %w", err)
+	}
+	p.Update(list.Items)
+	return ctrl.Result{}, nil
+}
+
+// Update replaces the published pools with those of domains.
+func (p *Publisher) Update(domains []v1alpha1.VPodTopology) {
+	n := p.Devices
+	if n <= 0 {
+		n = DefaultDevices
+	}
+	res := Resources(domains, n)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pending = res
+	if p.ctrl != nil {
+		p.ctrl.Update(res)
+	}
+}
+
+// SetupWithManager runs the publisher in mgr and reconciles it on every VPodTopology change.
+func (p *Publisher) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.Add(p); err != nil {
+		return fmt.Errorf("adding the vPOD ResourceSlice publisher: %w", err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).Named("vpod-dra").For(&v1alpha1.VPodTopology{}).Complete(p)
+}
