@@ -6,6 +6,7 @@ package controllers
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"path"
 	"strconv"
 	"strings"
 
@@ -52,7 +53,17 @@ type AgentSettings struct {
 	// DefaultAgentNamespace. Never a tenant's namespace: whoever can exec into a pod, read a Secret or create a
 	// pod with the agents' ServiceAccount there would be root on the pool's nodes or speak for its agents.
 	Namespace string
+	// DRA runs each agent's fabricxfer.io DRA driver (agent --dra): its node's ResourceSlice and claim
+	// preparation for the kubelet, with the kubelet's plugin folders and the CDI folder mounted.
+	DRA bool
 }
+
+// Host folders of the kubelet's DRA plugins and of CDI specs, mounted at the same paths (agent --dra).
+const (
+	kubeletPluginsDir  = "/var/lib/kubelet/plugins"
+	kubeletRegistryDir = "/var/lib/kubelet/plugins_registry"
+	cdiDir             = "/var/run/cdi"
+)
 
 func (s AgentSettings) socketDirPrefix() string {
 	if s.SocketDirPrefix == "" {
@@ -256,6 +267,34 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) (*appsv1a
 		return corev1ac.Volume().WithName(name).WithHostPath(corev1ac.HostPathVolumeSource().WithPath(path).WithType(kind))
 	}
 
+	mounts := []*corev1ac.VolumeMountApplyConfiguration{
+		corev1ac.VolumeMount().WithName("host-root").WithMountPath(agentHostRootMount).WithReadOnly(true).
+			WithMountPropagation(corev1.MountPropagationHostToContainer),
+		corev1ac.VolumeMount().WithName("sockets").WithMountPath(agentSocketMount),
+		corev1ac.VolumeMount().WithName("dev").WithMountPath("/dev"),
+		corev1ac.VolumeMount().WithName("tls").WithMountPath(agentTLSMount).WithReadOnly(true),
+		corev1ac.VolumeMount().WithName("kernel-cache").WithMountPath(agentKernelCache),
+	}
+	volumes := []*corev1ac.VolumeApplyConfiguration{
+		hostPath("host-root", "/", corev1.HostPathDirectory),
+		hostPath("sockets", socketDir, corev1.HostPathDirectoryOrCreate),
+		hostPath("dev", "/dev", corev1.HostPathDirectory),
+		corev1ac.Volume().WithName("tls").WithSecret(corev1ac.SecretVolumeSource().
+			WithSecretName(tlsSecretName(pool)).WithOptional(true)),
+		corev1ac.Volume().WithName("kernel-cache").WithEmptyDir(corev1ac.EmptyDirVolumeSource()),
+	}
+	if settings.DRA {
+		// The CDI spec of a prepared claim names the pool's socket folder as the host sees it.
+		args = append(args, "--dra", "--dra-host-socket-dir="+path.Join(socketDir, pool.Name),
+			"--kubelet-plugin-dir="+path.Join(kubeletPluginsDir, "fabricxfer.io"),
+			"--kubelet-registry-dir="+kubeletRegistryDir, "--cdi-dir="+cdiDir)
+		for _, d := range []struct{ name, path string }{{"kubelet-plugins", kubeletPluginsDir},
+			{"kubelet-registry", kubeletRegistryDir}, {"cdi", cdiDir}} {
+			mounts = append(mounts, corev1ac.VolumeMount().WithName(d.name).WithMountPath(d.path))
+			volumes = append(volumes, hostPath(d.name, d.path, corev1.HostPathDirectoryOrCreate))
+		}
+	}
+
 	container := corev1ac.Container().
 		WithName("agent").WithImage(image).WithImagePullPolicy(pullPolicy).
 		WithArgs(args...).
@@ -279,14 +318,7 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) (*appsv1a
 		// Privileged for /dev/kfd, /dev/dri and /dev/infiniband (AMD GPUs and verbs have no device plugin path
 		// the agent could use for every GPU) and for pinning registered memory.
 		WithSecurityContext(corev1ac.SecurityContext().WithPrivileged(true).WithReadOnlyRootFilesystem(true)).
-		WithVolumeMounts(
-			corev1ac.VolumeMount().WithName("host-root").WithMountPath(agentHostRootMount).WithReadOnly(true).
-				WithMountPropagation(corev1.MountPropagationHostToContainer),
-			corev1ac.VolumeMount().WithName("sockets").WithMountPath(agentSocketMount),
-			corev1ac.VolumeMount().WithName("dev").WithMountPath("/dev"),
-			corev1ac.VolumeMount().WithName("tls").WithMountPath(agentTLSMount).WithReadOnly(true),
-			corev1ac.VolumeMount().WithName("kernel-cache").WithMountPath(agentKernelCache),
-		)
+		WithVolumeMounts(mounts...)
 
 	podSpec := corev1ac.PodSpec().
 		WithServiceAccountName(agentName(pool)).
@@ -295,14 +327,7 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) (*appsv1a
 		WithHostNetwork(true).WithHostPID(true).WithDNSPolicy(corev1.DNSClusterFirstWithHostNet).
 		WithNodeSelector(spec.NodeSelector).
 		WithContainers(container).
-		WithVolumes(
-			hostPath("host-root", "/", corev1.HostPathDirectory),
-			hostPath("sockets", socketDir, corev1.HostPathDirectoryOrCreate),
-			hostPath("dev", "/dev", corev1.HostPathDirectory),
-			corev1ac.Volume().WithName("tls").WithSecret(corev1ac.SecretVolumeSource().
-				WithSecretName(tlsSecretName(pool)).WithOptional(true)),
-			corev1ac.Volume().WithName("kernel-cache").WithEmptyDir(corev1ac.EmptyDirVolumeSource()),
-		)
+		WithVolumes(volumes...)
 	if spec.Agent.PriorityClassName != "" {
 		podSpec.WithPriorityClassName(spec.Agent.PriorityClassName)
 	}

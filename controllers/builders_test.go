@@ -152,3 +152,38 @@ func TestOwnedNamesMatchTheScripts(t *testing.T) {
 		}
 	}
 }
+
+// TestDaemonSetRunsTheDRADriverWhenAsked: with AgentSettings.DRA the agents get --dra, the pool's socket folder
+// as the host sees it (what a prepared claim's CDI spec mounts) and the kubelet's plugin, registry and CDI
+// folders at their host paths; without it none of them.
+func TestDaemonSetRunsTheDRADriverWhenAsked(t *testing.T) {
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "kv"},
+		Spec: fxv1.TransferPoolSpec{SocketDir: fxv1.DefaultSocketDir + "/team"}}
+	for _, dra := range []bool{false, true} {
+		ds := mustDaemonSet(t, pool, AgentSettings{Image: "registry.local/agent:dev", DRA: dra})
+		spec := ds.Spec.Template.Spec
+		args := strings.Join(spec.Containers[0].Args, " ")
+		wantArgs := []string{"--dra", "--dra-host-socket-dir=" + fxv1.DefaultSocketDir + "/team/kv",
+			"--kubelet-plugin-dir=/var/lib/kubelet/plugins/fabricxfer.io", "--kubelet-registry-dir=/var/lib/kubelet/plugins_registry", "--cdi-dir=/var/run/cdi"}
+		for _, a := range wantArgs {
+			if strings.Contains(args, a) != dra {
+				t.Errorf("dra=%v: args %q contain %s: %v", dra, args, a, !dra)
+			}
+		}
+		mounted := map[string]string{}
+		for _, m := range spec.Containers[0].VolumeMounts {
+			mounted[*m.Name] = *m.MountPath
+		}
+		hosts := map[string]string{}
+		for _, v := range spec.Volumes {
+			if v.HostPath != nil {
+				hosts[*v.Name] = *v.HostPath.Path
+			}
+		}
+		for name, p := range map[string]string{"kubelet-plugins": "/var/lib/kubelet/plugins", "kubelet-registry": "/var/lib/kubelet/plugins_registry", "cdi": "/var/run/cdi"} {
+			if got := mounted[name] == p && hosts[name] == p; got != dra {
+				t.Errorf("dra=%v: %s mounted at %q from host %q, want %s there: %v", dra, name, mounted[name], hosts[name], p, dra)
+			}
+		}
+	}
+}

@@ -51,6 +51,7 @@ func run() error {
 		issueAgentCert = flag.Bool("issue-agent-certs", true, "issue each pool's agent-to-agent mTLS certificates into a Secret")
 		imageAllowlist = flag.String("agent-image-allowlist", "", "comma-separated agent images pools may name besides --agent-image; an entry ending in * allows every image that starts with the rest")
 		agentNamespace = flag.String("agent-namespace", defaultAgentNamespace(), "namespace of every pool's agents, their ServiceAccounts and certificates; never a tenant's (default: the pod's namespace, else "+controllers.DefaultAgentNamespace+")")
+		agentDRA       = flag.Bool("agent-dra", false, "run each agent's fabricxfer.io DRA driver: ResourceSlices of its node and claim preparation for the kubelet (needs resource.k8s.io/v1)")
 		socketPrefix   = flag.String("socket-dir-prefix", fxv1.DefaultSocketDir, "host directory every pool's socketDir must be or lie under (the CRD's rule must say the same)")
 		vpodDevices    = flag.Int("dra-vpod-devices", vpoddra.DefaultDevices, "fabricxfer.io DRA devices published per VPodTopology, bound to its nodes (0: none)")
 	)
@@ -61,7 +62,7 @@ func run() error {
 	if err := controllers.ValidateSocketDirPrefix(*socketPrefix); err != nil {
 		return fmt.Errorf("--socket-dir-prefix: %w", err)
 	}
-	agent := controllers.AgentSettings{Image: *agentImage, SocketDirPrefix: *socketPrefix, Namespace: *agentNamespace}
+	agent := controllers.AgentSettings{Image: *agentImage, SocketDirPrefix: *socketPrefix, Namespace: *agentNamespace, DRA: *agentDRA}
 	for _, image := range strings.Split(*imageAllowlist, ",") {
 		if image = strings.TrimSpace(image); image != "" {
 			agent.ImageAllowlist = append(agent.ImageAllowlist, image)
