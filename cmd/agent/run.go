@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/stdr"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -146,7 +145,9 @@ func runCommand(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("agent run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg runConfig
+	var lf logFlags
 	cfg.register(fs)
+	lf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
@@ -154,7 +155,10 @@ func runCommand(ctx context.Context, args []string, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "agent run: unexpected arguments %q\n", fs.Args())
 		return errUsage
 	}
-	log := stdr.New(stdLogger{stderr})
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
 	rt, err := buildRuntime(cfg, log)
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -41,7 +42,8 @@ func run() error {
 		agentNamespace = flag.String("agent-namespace", defaultAgentNamespace(), "namespace of every pool's agents, their ServiceAccounts and certificates; never a tenant's (default: the pod's namespace, else "+controllers.DefaultAgentNamespace+")")
 		socketPrefix   = flag.String("socket-dir-prefix", fxv1.DefaultSocketDir, "host directory every pool's socketDir must be or lie under (the CRD's rule must say the same)")
 	)
-	opts := zap.Options{}
+	// JSON with ts in RFC 3339 by default, as the agents' --log-format=json writes (--zap-time-encoding changes it).
+	opts := zap.Options{TimeEncoder: zapcore.RFC3339NanoTimeEncoder}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
