@@ -82,9 +82,10 @@ func run() error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 	pools := &controllers.TransferPoolReconciler{
-		Client: mgr.GetClient(),
-		Scheme: scheme,
-		Agent:  agent,
+		Client:   mgr.GetClient(),
+		Scheme:   scheme,
+		Agent:    agent,
+		Recorder: mgr.GetEventRecorder(controllers.EventRecorderName),
 	}
 	if *issueAgentCert {
 		pools.Secrets = controllers.NewCertIssuer(mgr.GetClient())
@@ -92,7 +93,8 @@ func run() error {
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TransferPool controller: %w", err)
 	}
-	if err := (&controllers.VPodTopologyReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+	if err := (&controllers.VPodTopologyReconciler{Client: mgr.GetClient(),
+		Recorder: mgr.GetEventRecorder(controllers.EventRecorderName)}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the VPodTopology controller: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
