@@ -102,6 +102,7 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 		Detect:        detect,
 		Client:        c,
 		Log:           log.WithName("reporter"),
+		RecordEvents:  true,
 	})
 	if err != nil {
 		return nil, err
