@@ -11,6 +11,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/controllers"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
@@ -20,7 +21,7 @@ var (
 	metricName = regexp.MustCompile(`\bfabricxfer_[a-z0-9_]+`)
 )
 
-// exportedMetrics are the names of every metric an agent serves under fabricxfer_ (from the collectors'
+// exportedMetrics are the names of every metric an agent or the operator serves under fabricxfer_ (from the collectors'
 // descriptions, so series not charged yet count too), with the histograms among them.
 func exportedMetrics(t *testing.T) (names map[string]bool, histograms map[string]bool) {
 	t.Helper()
@@ -38,7 +39,7 @@ func exportedMetrics(t *testing.T) (names map[string]bool, histograms map[string
 		t.Fatal(err)
 	}
 	names = map[string]bool{}
-	for _, c := range []prometheus.Collector{m, srv.Collector(), (&peers.Peers{}).Collector()} {
+	for _, c := range []prometheus.Collector{m, srv.Collector(), (&peers.Peers{}).Collector(), controllers.Metrics{}} {
 		ch := make(chan *prometheus.Desc, 64)
 		go func() { c.Describe(ch); close(ch) }()
 		for d := range ch {
@@ -86,7 +87,7 @@ func TestDashboardAlertsAndDocsNameOnlyExportedMetrics(t *testing.T) {
 		}
 		for n := range used {
 			if !names[n] {
-				t.Errorf("%s names %s, which the agent does not export", f, n)
+				t.Errorf("%s names %s, which neither the agent nor the operator exports", f, n)
 			}
 		}
 		if f == "docs/observability.md" {

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
@@ -97,6 +98,9 @@ func run() error {
 		Recorder: mgr.GetEventRecorder(controllers.EventRecorderName)}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the VPodTopology controller: %w", err)
 	}
+	// Counts of pools, reports and domains, read from the cache at scrape time, beside controller-runtime's
+	// reconcile durations and work queue metrics.
+	ctrlmetrics.Registry.MustRegister(controllers.Metrics{Reader: mgr.GetClient()})
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding health check: %w", err)
 	}
