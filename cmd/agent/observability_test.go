@@ -39,7 +39,8 @@ func exportedMetrics(t *testing.T) (names map[string]bool, histograms map[string
 		t.Fatal(err)
 	}
 	names = map[string]bool{}
-	for _, c := range []prometheus.Collector{m, srv.Collector(), (&peers.Peers{}).Collector(), controllers.Metrics{}} {
+	for _, c := range []prometheus.Collector{m, srv.Collector(), (&peers.Peers{}).Collector(), controllers.Metrics{},
+		fabricMappedGauge(nil)} {
 		ch := make(chan *prometheus.Desc, 64)
 		go func() { c.Describe(ch); close(ch) }()
 		for d := range ch {

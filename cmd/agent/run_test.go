@@ -123,7 +123,8 @@ func TestRunReportsUntilStopped(t *testing.T) {
 	// The health address also serves metrics: the runtime's and the process's, for watching an agent for leaks.
 	metrics := httpGet(t, "http://"+healthAddr+"/metrics")
 	for _, want := range []string{"go_goroutines ", "process_open_fds ", "process_resident_memory_bytes ",
-		"fabricxfer_agent_regions{", "fabricxfer_agent_limit_refusals_total{", "fabricxfer_agent_sessions "} {
+		"fabricxfer_agent_regions{", "fabricxfer_agent_limit_refusals_total{", "fabricxfer_agent_sessions ",
+		"fabricxfer_agent_fabric_mapped_regions "} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %q:\n%.2000s", want, metrics)
 		}

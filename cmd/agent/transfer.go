@@ -336,6 +336,9 @@ func (t *transferSide) serveHealth(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	reg := t.registry
+	// The fabric engine's import cache (0 where it does not run). gpuEngines ran before this goroutine started.
+	mapped, _ := t.fabric.(interface{ MappedRegions() int })
+	_ = reg.Register(fabricMappedGauge(mapped))
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Timeout: 5 * time.Second}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -356,6 +359,18 @@ func (t *transferSide) serveHealth(ctx context.Context) error {
 		return fmt.Errorf("serving health on %s: %w", t.cfg.healthAddr, err)
 	}
 	return nil
+}
+
+// fabricMappedGauge is fabricxfer_agent_fabric_mapped_regions, read from the fabric engine (nil: 0).
+func fabricMappedGauge(mapped interface{ MappedRegions() int }) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "fabricxfer", Subsystem: "agent",
+		Name: "fabric_mapped_regions", Help: "Remote GPU regions the fabric engine has mapped through their fabric handles and keeps for reuse."},
+		func() float64 {
+			if mapped == nil {
+				return 0
+			}
+			return float64(mapped.MappedRegions())
+		})
 }
 
 // slogFrom routes the transfer side's slog output through the agent's logr logger.
