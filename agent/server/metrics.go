@@ -108,18 +108,19 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 			ratio[limit] = v / max
 		}
 	}
+	// Under the lock for as long as it takes to walk the callers and the pool slices they hold (never every
+	// region: a node can hold hundreds of thousands, and transfers wait on this lock).
 	s.mu.Lock()
-	for _, r := range s.regions {
-		if r.alloc != "" {
+	for _, sess := range s.sessions {
+		for _, a := range sess.allocs {
 			lentRegs++
-			lentBytes += r.length
-		} else {
-			regs++
-			regBytes += r.length
+			lentBytes += a.region.length
 		}
 	}
 	callers := 0
 	for _, u := range s.callers {
+		regs += uint64(u.regions)
+		regBytes += u.bytes
 		if u.regions == 0 && u.inFlight == 0 {
 			continue
 		}
@@ -133,6 +134,8 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	sessions, imports := len(s.sessions), len(s.imports)
 	s.mu.Unlock()
+	// The callers' counts include their pool slices.
+	regs, regBytes = regs-min(regs, lentRegs), regBytes-min(regBytes, lentBytes)
 
 	g := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
