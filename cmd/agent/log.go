@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // logFlags choose how the agent logs: through slog, as JSON (one object a line, for log pipelines) or text,
@@ -66,7 +68,11 @@ func (l logFlags) logger(w io.Writer) (logr.Logger, error) {
 	if err != nil {
 		return logr.Discard(), err
 	}
-	return logr.FromSlogHandler(h), nil
+	log := logr.FromSlogHandler(h)
+	// client-go (klog) and controller-runtime log through the same handler, so every line has one format.
+	klog.SetLogger(log.WithName("client"))
+	ctrllog.SetLogger(log.WithName("client"))
+	return log, nil
 }
 
 // operatorKeys renames slog's built-in keys to the operator's (controller-runtime's zap JSON): ts in RFC 3339,

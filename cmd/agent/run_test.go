@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -93,7 +94,8 @@ func TestRunReportsUntilStopped(t *testing.T) {
 	go func() {
 		exit <- runMain(ctx, []string{"run", "--host-root", filepath.Join(testdata, "rdma-only-node"), "--kubeconfig", kcPath,
 			"--pool-namespace", "inference", "--pool-name", "kv", "--heartbeat", "1s", "--advertise", "192.0.2.10:7470",
-			"--socket-dir", socketDir, "--tls-dir", "", "--health-addr", healthAddr, "--allow-local"}, &bytes.Buffer{}, &stderr)
+			"--socket-dir", socketDir, "--tls-dir", "", "--health-addr", healthAddr, "--allow-local",
+			"--log-format", "json", "--log-level", "debug"}, &bytes.Buffer{}, &stderr)
 	}()
 	var tn v1alpha1.TransferNode
 	deadline := time.Now().Add(15 * time.Second)
@@ -143,6 +145,17 @@ func TestRunReportsUntilStopped(t *testing.T) {
 	}
 	if log := stderr.String(); !strings.Contains(log, "agent started") || !strings.Contains(log, "agent stopped") {
 		t.Errorf("agent log lacks start/stop lines:\n%s", log)
+	}
+	// --log-format=json: every line one object with the operator's keys.
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Errorf("log line is not JSON (%v): %s", err, line)
+			continue
+		}
+		if entry["ts"] == nil || entry["level"] == nil || entry["msg"] == nil {
+			t.Errorf("log line lacks ts, level or msg: %s", line)
+		}
 	}
 }
 
