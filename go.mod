@@ -7,7 +7,6 @@ require (
 	github.com/bufbuild/protocompile v0.14.1
 	github.com/ebitengine/purego v0.11.3
 	github.com/go-logr/logr v1.4.4
-	github.com/go-logr/stdr v1.2.2
 	github.com/google/go-containerregistry v0.22.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3

@@ -13,6 +13,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -127,6 +128,19 @@ func TestAgentTokenWritesOnlyItsNode(t *testing.T) {
 	}
 	if err := agent.Create(ctx, lease(nodes[1])); err == nil || !strings.Contains(err.Error(), "may write only Leases held by its own node") {
 		t.Errorf("a Lease held by another node: %v, want refused", err)
+	}
+
+	event := func(node string) *eventsv1.Event {
+		return &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, GenerateName: "ev"},
+			EventTime: metav1.NewMicroTime(time.Now()), ReportingController: "fabricxfer-agent", ReportingInstance: "fabricxfer-agent-" + nodes[0],
+			Action: "Detect", Reason: "EngineUnavailable", Type: corev1.EventTypeWarning, Note: "test",
+			Regarding: corev1.ObjectReference{APIVersion: fxv1.GroupVersion.String(), Kind: "TransferNode", Name: node}}
+	}
+	if err := agent.Create(ctx, event(nodes[0])); err != nil {
+		t.Errorf("the agent may not record an Event about its own TransferNode: %v", err)
+	}
+	if err := agent.Create(ctx, event(nodes[1])); err == nil || !strings.Contains(err.Error(), "may record Events only about the TransferNode of its own node") {
+		t.Errorf("an Event about another node: %v, want refused", err)
 	}
 
 	for _, key := range []client.ObjectKey{

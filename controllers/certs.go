@@ -40,47 +40,56 @@ func NewCertIssuer(c client.Client) *CertIssuer {
 	return &CertIssuer{Client: c, Clock: clock.RealClock{}}
 }
 
-// EnsurePoolSecret creates the pool's certificates, or renews whichever is close to expiry.
-func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, namespace, name string) error {
+// EnsurePoolSecret creates the pool's certificates, or renews whichever is close to expiry. It says what it
+// issued ("" when the certificates were current), for the pool's Event.
+func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, namespace, name string) (string, error) {
 	now := i.Clock.Now()
 	caSecret, err := i.get(ctx, namespace, name+"-ca")
 	if err != nil {
-		return err
+		return "", err
 	}
 	ca := pki.KeyPair{CertPEM: caSecret[pki.CertKey], KeyPEM: caSecret[pki.CAKeyKey]}
 	bundle := caSecret[pki.BundleKey]
 	caChanged := false
 	if renew, err := pki.NeedsRenewal(ca.CertPEM, now, caRenewBefore); len(ca.CertPEM) == 0 || err != nil || renew {
 		if ca, err = pki.NewCA(pool.Namespace, pool.Name, now, caValidity); err != nil {
-			return fmt.Errorf("creating the CA of pool %s/%s: %w", pool.Namespace, pool.Name, err)
+			return "", fmt.Errorf("creating the CA of pool %s/%s: %w", pool.Namespace, pool.Name, err)
 		}
 		if bundle, err = pki.AppendToBundle(bundle, ca.CertPEM); err != nil {
-			return fmt.Errorf("adding the new CA to the bundle of pool %s/%s: %w", pool.Namespace, pool.Name, err)
+			return "", fmt.Errorf("adding the new CA to the bundle of pool %s/%s: %w", pool.Namespace, pool.Name, err)
 		}
 		if bundle, err = pki.PruneBundle(bundle, now); err != nil {
-			return fmt.Errorf("pruning the CA bundle of pool %s/%s: %w", pool.Namespace, pool.Name, err)
+			return "", fmt.Errorf("pruning the CA bundle of pool %s/%s: %w", pool.Namespace, pool.Name, err)
 		}
 		caChanged = true
 		if err := i.apply(ctx, pool, namespace, name+"-ca", map[string][]byte{
 			pki.CertKey: ca.CertPEM, pki.CAKeyKey: ca.KeyPEM, pki.BundleKey: bundle,
 		}); err != nil {
-			return err
+			return "", err
 		}
 	}
 
 	agentSecret, err := i.get(ctx, namespace, name)
 	if err != nil {
-		return err
+		return "", err
 	}
 	renew, err := pki.NeedsRenewal(agentSecret[pki.CertKey], now, agentRenewAt)
 	if !caChanged && err == nil && !renew && signedBy(agentSecret[pki.CertKey], ca.CertPEM) {
-		return nil
+		return "", nil
 	}
 	leaf, err := pki.IssueAgent(ca, pool.Namespace, pool.Name, now, agentValidity)
 	if err != nil {
-		return fmt.Errorf("issuing the agent certificate of pool %s/%s: %w", pool.Namespace, pool.Name, err)
+		return "", fmt.Errorf("issuing the agent certificate of pool %s/%s: %w", pool.Namespace, pool.Name, err)
 	}
-	return i.apply(ctx, pool, namespace, name, map[string][]byte{pki.CertKey: leaf.CertPEM, pki.KeyKey: leaf.KeyPEM, pki.BundleKey: bundle})
+	if err := i.apply(ctx, pool, namespace, name, map[string][]byte{pki.CertKey: leaf.CertPEM, pki.KeyKey: leaf.KeyPEM, pki.BundleKey: bundle}); err != nil {
+		return "", err
+	}
+	what := "issued the agents' certificate"
+	if caChanged {
+		what = "issued a CA (the bundle keeps the previous one until it expires) and the agents' certificate"
+	}
+	return fmt.Sprintf("%s in Secret %s/%s, valid until %s", what, namespace, name,
+		now.Add(agentValidity).UTC().Format(time.RFC3339)), nil
 }
 
 func (i *CertIssuer) get(ctx context.Context, namespace, name string) (map[string][]byte, error) {

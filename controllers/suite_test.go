@@ -133,13 +133,14 @@ func runSuite(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "creating manager:", err)
 		return 1
 	}
-	pools := &TransferPoolReconciler{Client: mgr.GetClient(), Scheme: scheme, Agent: testAgentSettings}
+	pools := &TransferPoolReconciler{Client: mgr.GetClient(), Scheme: scheme, Agent: testAgentSettings,
+		Recorder: mgr.GetEventRecorder(EventRecorderName)}
 	pools.Secrets = NewCertIssuer(mgr.GetClient())
 	if err := pools.SetupWithManager(mgr); err != nil {
 		fmt.Fprintln(os.Stderr, "setting up pools:", err)
 		return 1
 	}
-	if err := (&VPodTopologyReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+	if err := (&VPodTopologyReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder(EventRecorderName)}).SetupWithManager(mgr); err != nil {
 		fmt.Fprintln(os.Stderr, "setting up vpods:", err)
 		return 1
 	}

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -45,6 +46,8 @@ type TransferPoolReconciler struct {
 	Agent  AgentSettings
 	// Secrets issues the pool's agent-to-agent certificates; nil leaves the Secret alone.
 	Secrets PoolSecretIssuer
+	// Recorder records Events on pools (nodes joining and leaving, conflicts, refused specs); nil records none.
+	Recorder events.EventRecorder
 
 	// applied remembers, per pool, the UID and generation whose owned objects were applied last. Heartbeats
 	// reach Reconcile many times a second on a large pool; re-applying six unchanged objects each time was most
@@ -60,7 +63,8 @@ type appliedAt struct {
 
 // PoolSecretIssuer creates or rotates the Secret that holds a pool's agent-to-agent certificates.
 type PoolSecretIssuer interface {
-	EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, namespace, name string) error
+	// EnsurePoolSecret issues or renews what is due and says what it issued ("" when nothing).
+	EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, namespace, name string) (string, error)
 }
 
 // The operator's RBAC: cluster-wide only what pools in any namespace need (their Role and RoleBinding, which
@@ -79,6 +83,7 @@ type PoolSecretIssuer interface {
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles,verbs=bind,resourceNames=fabricxfer-agent
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=apps,namespace=fabricxfer-system,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",namespace=fabricxfer-system,resources=serviceaccounts;secrets,verbs=get;list;watch;create;update;patch;delete
 
@@ -110,9 +115,13 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		if equality.Semantic.DeepEqual(before.Status, pool.Status) {
 			return
 		}
-		if err := r.Status().Patch(ctx, pool, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
-			retErr = errors.Join(retErr, fmt.Errorf("patching status of pool %s: %w", req, err))
+		if err := r.Status().Patch(ctx, pool, client.MergeFrom(before)); err != nil {
+			if !apierrors.IsNotFound(err) {
+				retErr = errors.Join(retErr, fmt.Errorf("patching status of pool %s: %w", req, err))
+			}
+			return
 		}
+		record(r.Recorder, pool, "Reconcile", poolEvents(before.Status, pool.Status))
 	}()
 
 	if err := r.observe(ctx, pool, &obs); err != nil {
@@ -135,8 +144,11 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 			}
 		}
 		if obs.ApplyError == nil && r.Secrets != nil {
-			if err := r.Secrets.EnsurePoolSecret(ctx, pool, r.Agent.namespace(), tlsSecretName(pool)); err != nil {
+			issued, err := r.Secrets.EnsurePoolSecret(ctx, pool, r.Agent.namespace(), tlsSecretName(pool))
+			if err != nil {
 				obs.ApplyError = fmt.Errorf("issuing agent certificates for pool %s/%s: %w", pool.Namespace, pool.Name, err)
+			} else if issued != "" {
+				record(r.Recorder, pool, "IssueCertificates", []pendingEvent{{corev1.EventTypeNormal, EventCertsRotated, issued}})
 			}
 		}
 	}

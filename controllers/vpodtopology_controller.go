@@ -13,9 +13,11 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -34,6 +36,8 @@ var vpodKey = reconcile.Request{NamespacedName: client.ObjectKey{Name: "vpodtopo
 type VPodTopologyReconciler struct {
 	client.Client
 	Clock clock.PassiveClock
+	// Recorder records Events on domains (created, emptied, members joining and leaving); nil records none.
+	Recorder events.EventRecorder
 
 	// written remembers each domain as this reconciler's last create or status patch returned it. A pass that
 	// starts before the cache has seen those writes (a busy start-up: hundreds of domains per pass) would
@@ -125,11 +129,19 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 		duplicate := owner.Name != vp.Name
 		if (obs == nil || duplicate) && vp.Labels[fxv1.LabelDiscovered] == "true" {
 			async(func() error {
-				if err := r.Delete(ctx, vp); client.IgnoreNotFound(err) != nil {
+				err := r.Delete(ctx, vp)
+				if client.IgnoreNotFound(err) != nil {
 					return fmt.Errorf("deleting empty discovered domain %s: %w", vp.Name, err)
 				}
 				r.forget(vp.Name)
 				deleted.Add(1)
+				if err == nil {
+					ev := pendingEvent{corev1.EventTypeNormal, EventDomainEmptied, fmt.Sprintf("no reporting node is in domain %s any more; deleted", vp.Spec.Domain)}
+					if duplicate {
+						ev = pendingEvent{corev1.EventTypeNormal, EventDomainReplaced, fmt.Sprintf("VPodTopology %s describes domain %s; this discovered twin was deleted", owner.Name, vp.Spec.Domain)}
+					}
+					record(r.Recorder, vp, "Delete", []pendingEvent{ev})
+				}
 				return nil
 			})
 			continue
@@ -163,6 +175,8 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 			default:
 				created.Add(1)
 				r.remember(vp, now)
+				record(r.Recorder, vp, "Create", []pendingEvent{{corev1.EventTypeNormal, EventDomainCreated,
+					fmt.Sprintf("%s domain %s discovered from %d reporting nodes", obs.Kind, key, len(obs.Members))}})
 			}
 			patched.Add(1)
 			return r.patchStatus(ctx, vp, ComputeVPodStatus(vp, obs))
@@ -199,6 +213,7 @@ func (r *VPodTopologyReconciler) patchStatus(ctx context.Context, vp *fxv1.VPodT
 		return fmt.Errorf("patching status of domain %s: %w", vp.Name, err)
 	}
 	r.remember(vp, r.Clock.Now())
+	record(r.Recorder, vp, "Reconcile", vpodEvents(before.Status, vp.Status))
 	return nil
 }
 

@@ -335,7 +335,7 @@ func (p *compositePlanner) reject(it Item, err error, dir Direction) error {
 	ie := &ItemError{Item: it, Err: err}
 	p.out.Rejected = append(p.out.Rejected, ie)
 	if m := p.c.opts.Metrics; m != nil {
-		m.rejected(dir.String(), it.Size)
+		m.rejected(dir, it.Size)
 	}
 	return ie
 }

@@ -308,6 +308,8 @@ func TestMixedBatchAndMetrics(t *testing.T) {
 		"bytes_total/tcp/write/ok":        300000,
 		"ops_total/none/local/rejected":   1,
 		"bytes_total/none/local/rejected": 1,
+		"duration_seconds/xgmi/local/ok":  1,
+		"duration_seconds/tcp/write/ok":   1,
 	} {
 		if got[key] != want {
 			t.Errorf("%s = %v, want %v (all: %v)", key, got[key], want, got)
@@ -315,6 +317,10 @@ func TestMixedBatchAndMetrics(t *testing.T) {
 	}
 	if got["seconds_total/tcp/write/ok"] <= 0 {
 		t.Errorf("no seconds charged to tcp writes: %v", got)
+	}
+	// Only charged series are exported: no zero series for engines or directions that never ran.
+	if len(got) != 10 {
+		t.Errorf("%d series, want the 10 charged: %v", len(got), got)
 	}
 }
 
@@ -333,7 +339,11 @@ func counters(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 			for _, l := range m.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			out[name+"/"+labels["engine"]+"/"+labels["direction"]+"/"+labels["status"]] = m.GetCounter().GetValue()
+			v := m.GetCounter().GetValue()
+			if h := m.GetHistogram(); h != nil {
+				v = float64(h.GetSampleCount())
+			}
+			out[name+"/"+labels["engine"]+"/"+labels["direction"]+"/"+labels["status"]] = v
 		}
 	}
 	return out

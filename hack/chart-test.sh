@@ -45,6 +45,13 @@ else
   fail "chart templates are stale against config/; run hack/gen-chart.sh (make manifests)"
 fi
 
+# The chart ships the dashboard of docs/grafana (Helm reads files only inside the chart, so it keeps a copy).
+if cmp -s docs/grafana/fabricxfer-engines.json $chart/dashboards/fabricxfer-engines.json; then
+  pass "the chart's dashboard is docs/grafana/fabricxfer-engines.json"
+else
+  fail "charts/fabricxfer/dashboards/fabricxfer-engines.json differs from docs/grafana; copy it over"
+fi
+
 for name in default all-features; do
   # shellcheck disable=SC2086 # the extra arguments are meant to split
   if "$HELM" lint --strict --kube-version "$kube_version" $chart ${cases[$name]} >"$work/lint-$name.log" 2>&1; then

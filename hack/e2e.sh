@@ -3,7 +3,8 @@
 # Copyright The fabricxfer Authors
 #
 # hack/e2e.sh — the demo as a test: brings up the control plane, operator and three agents (hack/demo.sh up in
-# a private directory and ports), checks pool and vPOD status and a transfer, kills an agent and checks that
+# a private directory and ports), checks pool and vPOD status and a transfer, that every documented metric is
+# served and moves with a transfer, and the operator's and agents' Events, kills an agent and checks that
 # the pool notices and recovers, deletes the pool and checks that everything it owned is gone, and tears down.
 # Fails on the first step that does not hold.
 set -euo pipefail
@@ -47,10 +48,38 @@ grep -q "CDI env FABRICXFER_SOCKET=/run/fabricxfer/agent.sock" "$DEMO_DIR.up.log
 grep -q "^verified: read back 1048576 bytes" "$DEMO_DIR.up.log" || fail "the claim's client did not transfer through its socket"
 pass "demo up: pool Ready, explain, 64 MiB write verified and read back, a DRA claim placed in its vPOD and prepared ($(($(date +%s) - start)) s)"
 
+# Every metric docs/observability.md lists is served by gpu-node-a's agent or the operator, and the transfer
+# counters and latency histogram move when a transfer runs.
+scrape() { curl -sf "http://127.0.0.1:$1/metrics"; }
+AGENT_A_METRICS=$((AGENT_PORT_BASE + 2))
+served=$({ scrape $AGENT_A_METRICS; scrape "$OPERATOR_PORT_BASE"; }) || fail "scraping the agent and the operator"
+for m in $(grep -o 'fabricxfer_[a-z0-9_]*[a-z0-9]' docs/observability.md | sort -u); do
+  [ "$m" = fabricxfer_agent_edge_refusals_total ] && continue # served from the first refusal on
+  grep -q -e "^$m[{ ]" -e "^${m}_bucket{" <<<"$served" || fail "$m is documented but neither the agent nor the operator serves it"
+done
+pass "every documented metric is served"
+sum_of() { scrape $AGENT_A_METRICS | awk -v m="$1" 'index($0, m) == 1 && /status="ok"/ {s += $NF} END {print s + 0}'; }
+ops_before=$(sum_of 'fabricxfer_transfer_ops_total{') count_before=$(sum_of 'fabricxfer_transfer_duration_seconds_count{')
+"$BIN/xferctl" transfer --socket "$DEMO_DIR/sockets/gpu-node-a/kv-cache/agent.sock" --to rdma-node-c/kv-c --size 1Mi \
+  >/dev/null || fail "a 1 MiB transfer from gpu-node-a"
+ops_after=$(sum_of 'fabricxfer_transfer_ops_total{') count_after=$(sum_of 'fabricxfer_transfer_duration_seconds_count{')
+[ "$ops_after" -gt "$ops_before" ] && [ "$count_after" -gt "$count_before" ] ||
+  fail "a transfer moved ops $ops_before -> $ops_after, latency observations $count_before -> $count_after"
+pass "a transfer moves the ops counter ($ops_before -> $ops_after) and the latency histogram"
+
 POOL=transferpool/kv-cache
 equals $POOL '{.status.nodes}' 3/3 || fail "pool nodes $(jp $POOL '{.status.nodes}'), want 3/3"
 equals $POOL '{.status.engineSummary}' "xgmi=2 fabric=2 rdma=3 tcp=3" || fail "engines: $(jp $POOL '{.status.engineSummary}')"
 pass "pool status 3/3, engines xgmi=2 fabric=2 rdma=3 tcp=3"
+reasons() { kc -n default get events.events.k8s.io -o jsonpath='{range .items[*]}{.regarding.kind}/{.reason}{"\n"}{end}'; }
+has_event() { # not reasons | grep -q: grep stops reading early, and pipefail turns kubectl's SIGPIPE into a failure
+  local r
+  r=$(reasons) && grep -qx "$1" <<<"$r"
+}
+for e in TransferPool/PoolReady TransferPool/CertificatesIssued VPodTopology/DomainCreated TransferNode/EnginesReported; do
+  has_event "$e" || fail "no $e Event (have: $(reasons | sort -u | tr '\n' ' '))"
+done
+pass "Events: PoolReady, CertificatesIssued, DomainCreated, EnginesReported"
 vpod=$(kc get vpodtopologies -o name)
 [ "$(echo "$vpod" | wc -l)" = 1 ] || fail "want one vPOD, got: $vpod"
 equals "$vpod" '{.status.nodes}' 2 || fail "vPOD members: $(jp "$vpod" '{.status.members}')"
@@ -66,6 +95,8 @@ pass "agent DaemonSet $AGENT_NS/$AGENTS exists; nothing privileged in the pool's
 kill "$(cat "$DEMO_DIR/agent-gpu-node-b.pid")"
 until_true 20 "pool notices the dead agent on gpu-node-b (2/3)" equals $POOL '{.status.nodes}' 2/3
 until_true 20 "vPOD lists gpu-node-b as missing" equals "$vpod" '{.status.missingMembers[0]}' gpu-node-b
+until_true 20 "a NodesNotReady Event on the pool and a MembersMissing Event on the vPOD" \
+  eval 'has_event TransferPool/NodesNotReady && has_event VPodTopology/MembersMissing'
 
 # Pool deletion removes what the operator made for it.
 kc delete transferpool kv-cache --wait=true --timeout=60s >/dev/null || fail "deleting the pool"

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/enginetest"
@@ -121,6 +123,11 @@ func TestDataConnectionsFollowTheDirectory(t *testing.T) {
 	release()
 	waitFor(t, func() bool { return teA.PeerConns()["node-b"] == 4 }, "4 data connections to node-b")
 	waitFor(t, func() bool { return teB.Stats().Accepted == 4 }, "node-b accepting 4 data connections")
+	// The channel's gauge shows the connection to node-b by its state, labelled by state only.
+	waitFor(t, func() bool { return peerStates(t, pa)["ready"] == 1 }, "fabricxfer_agent_peers{state=ready} = 1")
+	if st := peerStates(t, pa); len(st) != 5 {
+		t.Errorf("peer states %v, want all five, every one exported", st)
+	}
 	dialed := teA.Stats().Dialed
 
 	src, dst := make([]byte, 1<<20), make([]byte, 1<<20)
@@ -170,4 +177,25 @@ func TestDataConnectionsFollowTheDirectory(t *testing.T) {
 	dir.remove("node-b")
 	waitFor(t, func() bool { return teA.PeerConns()["node-b"] == 0 }, "data connections to node-b closed")
 	waitFor(t, func() bool { return !slices.Contains(pa.Connected(), "node-b") }, "channel to node-b closed")
+}
+
+// peerStates scrapes fabricxfer_agent_peers of p: state -> connections.
+func peerStates(t *testing.T, p *peers.Peers) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(p.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != 1 || m.GetLabel()[0].GetName() != "state" {
+				t.Fatalf("%s has labels %v, want state alone", mf.GetName(), m.GetLabel())
+			}
+			out[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		}
+	}
+	return out
 }

@@ -57,6 +57,8 @@ type Config struct {
 	// it is compared and applied. Every status field goes through this one apply: a second apply by the same
 	// field manager that left out the detected fields would remove them.
 	Decorate func(*v1alpha1.TransferNodeStatus)
+	// RecordEvents records Events on the TransferNode when engine availability changes (and once at start).
+	RecordEvents bool
 }
 
 // Reporter writes one node's TransferNode and renews its heartbeat Lease.
@@ -74,6 +76,10 @@ type Reporter struct {
 	applied *v1alpha1.TransferNodeStatus
 	// lease is the heartbeat Lease as last read or written, so a renewal is one small update.
 	lease *coordinationv1.Lease
+	// engines are the engines of the last status applied (nil before the first), for Events on changes.
+	engines []v1alpha1.EngineAvailability
+	// reported is true once a status was applied since the agent started.
+	reported bool
 }
 
 // New checks the configuration.
@@ -191,6 +197,17 @@ func (r *Reporter) write(ctx context.Context, st v1alpha1.TransferNodeStatus, no
 			return false, err
 		}
 		r.applied = &st
+		var before []v1alpha1.EngineAvailability
+		if r.reported {
+			before = r.engines
+			if before == nil {
+				before = []v1alpha1.EngineAvailability{}
+			}
+		}
+		if !r.reported || !equality.Semantic.DeepEqual(before, st.Engines) {
+			r.recordEngineEvents(ctx, before, st.Engines, now)
+		}
+		r.reported, r.engines = true, st.Engines
 	}
 	if !r.usesLease() {
 		return false, nil

@@ -72,7 +72,8 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 	}
 	if held >= maxFastTokens {
 		s.fast.mu.Unlock()
-		edgeRefused("fast", "tokens")
+		s.metrics.edge.refused("fast", "tokens")
+		s.metrics.limitHit(limitFastTokens)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d unused fast path tokens (limit %d): bind them or let them expire (%s)", held, maxFastTokens, s.opts.TokenTTL)
 	}
 	s.fast.entries[token] = fastToken{sess: sess, expires: now.Add(s.opts.TokenTTL)}
@@ -132,7 +133,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	}
 	if refusal := s.fastRoomLocked(sess.caller.Key); refusal != "" {
 		s.mu.Unlock()
-		edgeRefused("fast", "busy")
+		s.metrics.edge.refused("fast", "busy")
 		_ = writeReply(conn, errReply(status.Error(codes.ResourceExhausted, refusal)))
 		return
 	}
@@ -154,7 +155,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		trace.Log(callCtx, "fast", "frame read")
 		if err != nil {
 			if err != io.EOF {
-				edgeRefused("fast", "malformed")
+				s.metrics.edge.refused("fast", "malformed")
 				_ = writeReply(conn, errReply(status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)))
 			}
 			return

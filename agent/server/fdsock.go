@@ -16,8 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/fabricxfer/fabricxfer/client/fdpass"
 )
 
@@ -156,6 +154,9 @@ type fdSocket struct {
 	maxPerCaller  int
 	maxIdentified int
 
+	// edge counts the socket's refusals (the server's edge_refusals_total).
+	edge edgeCounter
+
 	mu           sync.Mutex
 	unidentified connCount[int32]  // by peer uid, until identification
 	identified   connCount[string] // by caller key
@@ -169,7 +170,7 @@ func (s *fdSocket) serve(ctx context.Context) {
 				continue
 			}
 			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-				edgeRefused("fd", "accept_emfile")
+				s.edge.refused("fd", "accept_emfile")
 				time.Sleep(10 * time.Millisecond) // out of descriptors: let connections end before accepting more
 				continue
 			}
@@ -177,12 +178,12 @@ func (s *fdSocket) serve(ctx context.Context) {
 		}
 		cred, err := PeerCredOf(conn)
 		if err != nil {
-			edgeRefused("fd", "no_peercred")
+			s.edge.refused("fd", "no_peercred")
 			conn.Close()
 			continue
 		}
 		if why := s.enter(cred.UID); why != "" {
-			edgeRefused("fd", "busy")
+			s.edge.refused("fd", "busy")
 			_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))
 			_, _ = fmt.Fprintf(conn, "ERR %s%s\n", fdpass.ExhaustedPrefix, why)
 			conn.Close()
@@ -300,12 +301,12 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 	s.leave(uid)
 	unidentified = false
 	if err != nil {
-		edgeRefused("fd", "unidentified")
+		s.edge.refused("fd", "unidentified")
 		refuse(err)
 		return
 	}
 	if why := s.enterCaller(caller.Key); why != "" {
-		edgeRefused("fd", "busy")
+		s.edge.refused("fd", "busy")
 		reply("ERR %s%s", fdpass.ExhaustedPrefix, why)
 		return
 	}
@@ -314,9 +315,9 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 	line, fds, err := fdpass.ReadLineFDs(conn, 1)
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			edgeRefused("fd", "deadline")
+			s.edge.refused("fd", "deadline")
 		} else {
-			edgeRefused("fd", "malformed")
+			s.edge.refused("fd", "malformed")
 		}
 		_ = conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond)) // past the deadline: still say why
 		reply("ERR malformed request: %v", oneLine(err.Error()))
@@ -331,7 +332,7 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		}
 		token, err := s.tokens.add(caller.Key, os.NewFile(uintptr(fds[0]), "caller-fd"), false)
 		if err != nil {
-			edgeRefused("fd", "tokens")
+			s.edge.refused("fd", "tokens")
 			refuse(err)
 			return
 		}
@@ -349,24 +350,10 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		}
 	default:
 		fdpass.CloseFDs(fds)
-		edgeRefused("fd", "malformed")
+		s.edge.refused("fd", "malformed")
 		reply("ERR unknown request %q (want PUT or GET <token>)", truncate(line, 32))
 	}
 }
-
-// edgeRefusals counts what the pod-facing sockets refused or closed before serving it.
-var edgeRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "fabricxfer", Subsystem: "agent",
-	Name: "edge_refusals_total",
-	Help: "Connections and requests the pod-facing sockets refused or closed unserved, by socket and reason " +
-		"(busy: a connection limit; deadline: idle past the connection's deadline; unidentified; malformed; tokens: " +
-		"descriptors already waiting; unsealed: shared memory not sealed against shrinking; revoked)."},
-	[]string{"socket", "reason"})
-
-// EdgeMetrics is the collector of the pod-facing sockets' refusals (fabricxfer_agent_edge_refusals_total), for
-// the agent to register with the registry it serves.
-func EdgeMetrics() prometheus.Collector { return edgeRefusals }
-
-func edgeRefused(socket, reason string) { edgeRefusals.WithLabelValues(socket, reason).Inc() }
 
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
 

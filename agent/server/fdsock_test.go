@@ -51,10 +51,10 @@ func startFDSocket(t *testing.T, s *fdSocket) string {
 	return path
 }
 
-// refusals reads fabricxfer_agent_edge_refusals_total{socket,reason}.
-func refusals(socket, reason string) float64 {
+// refusals reads fabricxfer_agent_edge_refusals_total{socket,reason} of c.
+func refusals(c edgeCounter, socket, reason string) float64 {
 	var m dto.Metric
-	if err := edgeRefusals.WithLabelValues(socket, reason).Write(&m); err != nil {
+	if err := c.vec.WithLabelValues(socket, reason).Write(&m); err != nil {
 		return -1
 	}
 	return m.GetCounter().GetValue()
@@ -66,9 +66,9 @@ func anyone(context.Context, *net.UnixConn) (Caller, error) {
 
 // An fd-socket connection that sends nothing is closed at its deadline and counted; the agent stays up.
 func TestFDSocketClosesAndCountsIdleConnections(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: 200 * time.Millisecond}
+	s := &fdSocket{identify: anyone, timeout: 200 * time.Millisecond, edge: newEdgeCounter()}
 	path := startFDSocket(t, s)
-	before := refusals("fd", "deadline")
+	before := refusals(s.edge, "fd", "deadline")
 	c, err := net.Dial("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func TestFDSocketClosesAndCountsIdleConnections(t *testing.T) {
 	if !strings.HasPrefix(line, "ERR") || time.Since(start) > 3*time.Second {
 		t.Fatalf("idle connection got %q after %s", line, time.Since(start))
 	}
-	if after := refusals("fd", "deadline"); after != before+1 {
+	if after := refusals(s.edge, "fd", "deadline"); after != before+1 {
 		t.Fatalf("deadline refusals %v -> %v", before, after)
 	}
 	// Half a request, then silence: the same.

@@ -164,3 +164,16 @@ func newHostPool(t *testing.T, size uint64) *poolmem.HostPool {
 	t.Cleanup(func() { p.Close() })
 	return p
 }
+
+func hostCompositeWithMetrics(t *testing.T, node string, m *engines.Metrics) *engines.Composite {
+	t.Helper()
+	x, err := xgmi.New(xgmi.Options{Node: node}, xgmi.NewHostBackend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := engines.NewComposite(engines.CompositeOptions{Node: node, Metrics: m}, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

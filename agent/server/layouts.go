@@ -103,6 +103,7 @@ func (s *Server) RegisterLayout(ctx context.Context, req *agentv1.RegisterLayout
 		}
 	}
 	if held >= maxLayoutsPerCaller {
+		s.metrics.limitHit(limitLayouts)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d layouts, the limit is %d", held, maxLayoutsPerCaller)
 	}
 	if req.SegmentName != "" {
@@ -189,6 +190,7 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 		return nil, status.Error(codes.InvalidArgument, "transfer names no blocks")
 	}
 	if max := s.opts.Limits.MaxItemsPerTransfer; n > max {
+		s.metrics.limitHit(limitItems)
 		return nil, status.Errorf(codes.InvalidArgument, "transfer names %d blocks, at most %d", n, max)
 	}
 

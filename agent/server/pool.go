@@ -101,6 +101,7 @@ func (s *Server) lend(owner string, req *agentv1.AllocateFromPoolRequest, kind a
 	if kind == agentv1.MemoryKind_MEMORY_KIND_HOST {
 		sl, err := s.opts.Pool.Allocate(owner, req.Length)
 		if err != nil {
+			s.metrics.limitHit(limitPoolMemory)
 			return nil, engines.MemoryDesc{}, 0, status.Errorf(codes.ResourceExhausted, "%v", err)
 		}
 		return sl, engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationHost}, Size: uint64(len(sl.View)),
@@ -115,6 +116,7 @@ func (s *Server) lend(owner string, req *agentv1.AllocateFromPoolRequest, kind a
 		return nil, engines.MemoryDesc{}, 0, status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	if err != nil {
+		s.metrics.limitHit(limitPoolMemory)
 		return nil, engines.MemoryDesc{}, 0, status.Errorf(codes.ResourceExhausted, "%v", err)
 	}
 	loc := engines.Location{Kind: engines.LocationGPU, Device: sl.GPU, Vendor: engines.VendorNVIDIA, BusID: sl.BusID}

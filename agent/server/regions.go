@@ -130,7 +130,7 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 		if err != nil {
 			f.Close()
 			if errors.Is(err, errUnsealed) {
-				edgeRefused("grpc", "unsealed")
+				s.metrics.edge.refused("grpc", "unsealed")
 			}
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -305,10 +305,12 @@ func (s *Server) addRegion(ctx context.Context, sess *session, kind agentv1.Memo
 	lim := s.opts.Limits
 	if u.regions+1 > lim.MaxRegions {
 		s.mu.Unlock()
+		s.metrics.limitHit(limitRegions)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d regions, the limit is %d", u.regions, lim.MaxRegions)
 	}
 	if u.bytes+length > lim.MaxRegisteredBytes || u.bytes+length < u.bytes {
 		s.mu.Unlock()
+		s.metrics.limitHit(limitRegisteredBytes)
 		return nil, status.Errorf(codes.ResourceExhausted, "registering %d bytes would bring the caller to %d bytes, the limit is %d", length, u.bytes+length, lim.MaxRegisteredBytes)
 	}
 	if segment != "" {

@@ -122,8 +122,9 @@ type Options struct {
 // Server is the sidecar socket server of one pool on one node.
 type Server struct {
 	agentv1.UnimplementedAgentServer
-	opts Options
-	log  *slog.Logger
+	opts    Options
+	log     *slog.Logger
+	metrics *serverMetrics
 
 	grpc   *grpc.Server
 	ln     *net.UnixListener
@@ -209,7 +210,7 @@ func New(opts Options) (*Server, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("agent server: %w", err)
 	}
-	s := &Server{
+	s := &Server{metrics: newServerMetrics(),
 		opts: opts, log: opts.Logger,
 		// Region ids carry a random epoch so an id from a previous agent instance never names a new region.
 		regionEpoch: uint64(binary.BigEndian.Uint32(b[:])|1) << 32,
@@ -274,7 +275,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	)
 	agentv1.RegisterAgentServer(s.grpc, s)
 
-	fds := &fdSocket{ln: fdLn, tokens: s.tokens, identify: s.identifyConn}
+	fds := &fdSocket{ln: fdLn, tokens: s.tokens, identify: s.identifyConn, edge: s.metrics.edge}
 	go fds.serve(ctx)
 	go s.serveFast(ctx, fastLn)
 	go s.sweep(ctx)

@@ -65,6 +65,7 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 		return nil, status.Error(codes.InvalidArgument, "transfer has no items")
 	}
 	if max := s.opts.Limits.MaxItemsPerTransfer; len(req.Items) > max {
+		s.metrics.limitHit(limitItems)
 		return nil, status.Errorf(codes.InvalidArgument, "transfer has %d items, at most %d", len(req.Items), max)
 	}
 
@@ -162,12 +163,14 @@ func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet,
 	if u.inFlight >= s.opts.Limits.MaxInFlight {
 		s.mu.Unlock()
 		release()
+		s.metrics.limitHit(limitInFlight)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d transfers in flight, the limit is %d", u.inFlight, s.opts.Limits.MaxInFlight)
 	}
 	if max := s.opts.Limits.MaxInFlightBytes; u.inFlightBytes+total > max || u.inFlightBytes+total < total {
 		s.mu.Unlock()
 		release()
-		edgeRefused("grpc", "busy")
+		s.metrics.edge.refused("grpc", "busy")
+		s.metrics.limitHit(limitInFlightBytes)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d bytes in flight; %d more would pass the limit of %d", u.inFlightBytes, total, max)
 	}
 	u.inFlight++

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/stdr"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -108,6 +107,7 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 		Detect:        detect,
 		Client:        c,
 		Log:           log.WithName("reporter"),
+		RecordEvents:  true,
 	})
 	if err != nil {
 		return nil, err
@@ -158,7 +158,9 @@ func runCommand(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("agent run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg runConfig
+	var lf logFlags
 	cfg.register(fs)
+	lf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
@@ -166,7 +168,10 @@ func runCommand(ctx context.Context, args []string, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "agent run: unexpected arguments %q\n", fs.Args())
 		return errUsage
 	}
-	log := stdr.New(stdLogger{stderr})
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
 	rt, err := buildRuntime(cfg, log)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -96,7 +97,8 @@ func TestRunReportsUntilStopped(t *testing.T) {
 	go func() {
 		exit <- runMain(ctx, []string{"run", "--host-root", filepath.Join(testdata, "rdma-only-node"), "--kubeconfig", kcPath,
 			"--pool-namespace", "inference", "--pool-name", "kv", "--heartbeat", "1s", "--advertise", "192.0.2.10:7470",
-			"--socket-dir", socketDir, "--tls-dir", "", "--health-addr", healthAddr, "--allow-local"}, &bytes.Buffer{}, &stderr)
+			"--socket-dir", socketDir, "--tls-dir", "", "--health-addr", healthAddr, "--allow-local",
+			"--log-format", "json", "--log-level", "debug"}, &bytes.Buffer{}, &stderr)
 	}()
 	var tn v1alpha1.TransferNode
 	deadline := time.Now().Add(15 * time.Second)
@@ -125,7 +127,9 @@ func TestRunReportsUntilStopped(t *testing.T) {
 	}
 	// The health address also serves metrics: the runtime's and the process's, for watching an agent for leaks.
 	metrics := httpGet(t, "http://"+healthAddr+"/metrics")
-	for _, want := range []string{"go_goroutines ", "process_open_fds ", "process_resident_memory_bytes "} {
+	for _, want := range []string{"go_goroutines ", "process_open_fds ", "process_resident_memory_bytes ",
+		"fabricxfer_agent_regions{", "fabricxfer_agent_limit_refusals_total{", "fabricxfer_agent_sessions ",
+		"fabricxfer_agent_fabric_mapped_regions "} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %q:\n%.2000s", want, metrics)
 		}
@@ -144,6 +148,17 @@ func TestRunReportsUntilStopped(t *testing.T) {
 	}
 	if log := stderr.String(); !strings.Contains(log, "agent started") || !strings.Contains(log, "agent stopped") {
 		t.Errorf("agent log lacks start/stop lines:\n%s", log)
+	}
+	// --log-format=json: every line one object with the operator's keys.
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Errorf("log line is not JSON (%v): %s", err, line)
+			continue
+		}
+		if entry["ts"] == nil || entry["level"] == nil || entry["msg"] == nil {
+			t.Errorf("log line lacks ts, level or msg: %s", line)
+		}
 	}
 }
 

@@ -12,8 +12,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
-
-	"github.com/go-logr/stdr"
 )
 
 // standaloneCommand serves the socket and moves bytes on one machine without Kubernetes: no kubeconfig, no
@@ -23,7 +21,9 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 	fs := flag.NewFlagSet("agent standalone", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg runConfig
+	var lf logFlags
 	cfg.register(fs)
+	lf.register(fs)
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the whole run to this file (profiling the socket path)")
 	traceFile := fs.String("trace", "", "write an execution trace of the whole run to this file (scheduling latency on the socket path)")
 	// Defaults for one machine: a pool name to find the socket by, no certificates, no health port.
@@ -48,7 +48,10 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 		cfg.detection.nodeName = host
 	}
 	cfg.transfer.stack.AllowLocal = true
-	log := stdr.New(stdLogger{stderr})
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
 	detect, err := cfg.detection.detector()
 	if err != nil {
 		return err

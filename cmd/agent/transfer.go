@@ -85,6 +85,8 @@ type transferSide struct {
 	gpuCopyWhyNot string
 	// notifier carries the fabric engine's notifications once the agent-to-agent channel exists.
 	notifier lateNotifier
+	// registry is what /metrics serves.
+	registry *prometheus.Registry
 }
 
 // lateNotifier sends notifications through the agent-to-agent channel, which is created after the engines that
@@ -336,14 +338,10 @@ func (t *transferSide) serveHealth(ctx context.Context) error {
 		return nil
 	}
 	mux := http.NewServeMux()
-	// /metrics: the transfer layer's counters, with the Go runtime's and the process's (goroutines, memory,
-	// open fds), so an admin, and the soak test, can watch an agent for leaks.
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if t.deps.Metrics != nil {
-		reg.MustRegister(t.deps.Metrics)
-	}
-	reg.MustRegister(server.EdgeMetrics())
+	reg := t.registry
+	// The fabric engine's import cache (0 where it does not run). gpuEngines ran before this goroutine started.
+	mapped, _ := t.fabric.(interface{ MappedRegions() int })
+	_ = reg.Register(fabricMappedGauge(mapped))
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Timeout: 5 * time.Second}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -364,6 +362,18 @@ func (t *transferSide) serveHealth(ctx context.Context) error {
 		return fmt.Errorf("serving health on %s: %w", t.cfg.healthAddr, err)
 	}
 	return nil
+}
+
+// fabricMappedGauge is fabricxfer_agent_fabric_mapped_regions, read from the fabric engine (nil: 0).
+func fabricMappedGauge(mapped interface{ MappedRegions() int }) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "fabricxfer", Subsystem: "agent",
+		Name: "fabric_mapped_regions", Help: "Remote GPU regions the fabric engine has mapped through their fabric handles and keeps for reuse."},
+		func() float64 {
+			if mapped == nil {
+				return 0
+			}
+			return float64(mapped.MappedRegions())
+		})
 }
 
 // slogFrom routes the transfer side's slog output through the agent's logr logger.
@@ -391,8 +401,16 @@ func buildTransferSide(cfg runConfig, c client.Client, detect func(context.Conte
 	if err := tf.stack.Validate(); err != nil {
 		return nil, err
 	}
-	deps := stack.Deps{Kube: c, AgentVersion: version, Logger: slogFrom(log.WithName("transfer")), Metrics: engines.NewMetrics()}
-	return newTransferSide(tf, rep, deps, log.WithName("transfer")), nil
+	// /metrics: the transfer layer's collectors and the server's (registered by the stack while it runs), with
+	// the Go runtime's and the process's (goroutines, memory, open fds), so an admin, and the soak test, can
+	// watch an agent for leaks.
+	reg := prometheus.NewRegistry()
+	deps := stack.Deps{Kube: c, AgentVersion: version, Logger: slogFrom(log.WithName("transfer")), Metrics: engines.NewMetrics(),
+		Registry: reg}
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), deps.Metrics)
+	t := newTransferSide(tf, rep, deps, log.WithName("transfer"))
+	t.registry = reg
+	return t, nil
 }
 
 // markNotRunning keeps GetInfo and explain honest: an engine detection found possible but this agent does not

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 
+	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -19,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
@@ -55,7 +57,8 @@ func run() error {
 		socketPrefix   = flag.String("socket-dir-prefix", fxv1.DefaultSocketDir, "host directory every pool's socketDir must be or lie under (the CRD's rule must say the same)")
 		vpodDevices    = flag.Int("dra-vpod-devices", vpoddra.DefaultDevices, "fabricxfer.io DRA devices published per VPodTopology, bound to its nodes (0: none)")
 	)
-	opts := zap.Options{}
+	// JSON with ts in RFC 3339 by default, as the agents' --log-format=json writes (--zap-time-encoding changes it).
+	opts := zap.Options{TimeEncoder: zapcore.RFC3339NanoTimeEncoder}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
@@ -94,9 +97,10 @@ func run() error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 	pools := &controllers.TransferPoolReconciler{
-		Client: mgr.GetClient(),
-		Scheme: scheme,
-		Agent:  agent,
+		Client:   mgr.GetClient(),
+		Scheme:   scheme,
+		Agent:    agent,
+		Recorder: mgr.GetEventRecorder(controllers.EventRecorderName),
 	}
 	if *issueAgentCert {
 		pools.Secrets = controllers.NewCertIssuer(mgr.GetClient())
@@ -104,7 +108,8 @@ func run() error {
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TransferPool controller: %w", err)
 	}
-	if err := (&controllers.VPodTopologyReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+	if err := (&controllers.VPodTopologyReconciler{Client: mgr.GetClient(),
+		Recorder: mgr.GetEventRecorder(controllers.EventRecorderName)}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the VPodTopology controller: %w", err)
 	}
 	if *vpodDevices > 0 {
@@ -116,6 +121,9 @@ func run() error {
 			return fmt.Errorf("setting up the vPOD ResourceSlice publisher: %w", err)
 		}
 	}
+	// Counts of pools, reports and domains, read from the cache at scrape time, beside controller-runtime's
+	// reconcile durations and work queue metrics.
+	ctrlmetrics.Registry.MustRegister(controllers.Metrics{Reader: mgr.GetClient()})
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding health check: %w", err)
 	}

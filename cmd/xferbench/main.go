@@ -14,9 +14,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fabricxfer/fabricxfer/internal/bytesize"
 )
 
 func main() {
@@ -192,25 +193,6 @@ func parseSizes(s string) ([]uint64, error) {
 	return out, nil
 }
 
-// parseSize reads "720", "4KiB", "4K", "1MiB", "2GiB" (binary units).
-func parseSize(s string) (uint64, error) {
-	units := []struct {
-		suffix string
-		mult   uint64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
-	mult := uint64(1)
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil || n == 0 {
-		return 0, fmt.Errorf("size %q: want a positive number with an optional B/KiB/MiB/GiB unit", s)
-	}
-	if n > (1<<40)/mult {
-		return 0, fmt.Errorf("size %q too large", s)
-	}
-	return n * mult, nil
-}
+// parseSize reads "720", "4Ki", "4KiB", "1MiB", "2GiB" or "2G" (2·10⁹) as every command does (bytesize.Parse),
+// at most 1 TiB.
+func parseSize(s string) (uint64, error) { return bytesize.Parse(s, 1<<40) }

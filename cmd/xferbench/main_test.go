@@ -27,12 +27,12 @@ func TestMain(m *testing.M) {
 }
 
 func TestParseSize(t *testing.T) {
-	for in, want := range map[string]uint64{"720": 720, "4KiB": 4096, "4K": 4096, "1MiB": 1 << 20, "2GiB": 2 << 30, "9B": 9} {
+	for in, want := range map[string]uint64{"720": 720, "4KiB": 4096, "4Ki": 4096, "1MiB": 1 << 20, "2GiB": 2 << 30, "2G": 2e9, "9B": 9} {
 		if got, err := parseSize(in); err != nil || got != want {
 			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "0", "-1", "1.5MiB", "MiB", "99999999GiB"} {
+	for _, bad := range []string{"", "0", "-1", "4K", "1.5", "MiB", "99999999GiB"} {
 		if _, err := parseSize(bad); err == nil {
 			t.Errorf("parseSize(%q) accepted", bad)
 		}

@@ -16,11 +16,10 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/resource"
-
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/internal/bytesize"
 )
 
 // socketFlags locate an agent socket.
@@ -48,14 +47,8 @@ func (s *socketFlags) dial(ctx context.Context) (*client.Client, context.Context
 	return c, ctx, cancel, nil
 }
 
-// parseSize reads "4096", "4Ki", "1Mi", "2G".
-func parseSize(s string) (uint64, error) {
-	q, err := resource.ParseQuantity(s)
-	if err != nil || q.Sign() <= 0 {
-		return 0, fmt.Errorf("size %q: want a positive quantity such as 4096, 4Ki or 1Gi", s)
-	}
-	return uint64(q.Value()), nil
-}
+// parseSize reads "4096", "4Ki", "1MiB", "2G" (2·10⁹), as every command does (bytesize.Parse).
+func parseSize(s string) (uint64, error) { return bytesize.Parse(s, 0) }
 
 // parseSegmentRef reads "[node/]segment".
 func parseSegmentRef(s string) (node, segment string, err error) {

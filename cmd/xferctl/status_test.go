@@ -8,6 +8,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
@@ -71,7 +73,7 @@ func TestStatusReadsTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := printStatus(ctx, kube, "", &out, time.Now()); err != nil {
+	if err := printStatus(ctx, kube, "", "", &out, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	s := out.String()
@@ -97,5 +99,25 @@ func TestStatusReadsTheAPIServer(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Errorf("status output lacks %q:\n%s", want, s)
 		}
+	}
+
+	// -o json and -o yaml print the same view for scripts.
+	for _, format := range []string{"json", "yaml"} {
+		out.Reset()
+		if err := printStatus(ctx, kube, "", format, &out, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		var v statusView
+		if err := yaml.Unmarshal(out.Bytes(), &v); err != nil { // YAML is a superset of JSON
+			t.Fatalf("-o %s: %v\n%s", format, err, out.String())
+		}
+		if len(v.Pools) != 1 || v.Pools[0].Name != "kv" || len(v.Nodes) != 2 || v.Nodes[0].Name != "node-a" ||
+			!slices.Equal(v.Nodes[0].Engines, []string{"xgmi"}) || !slices.Equal(v.Nodes[0].Unavailable, []string{"rdma"}) ||
+			v.Nodes[0].LastHeartbeat == nil || time.Since(v.Nodes[0].LastHeartbeat.Time) > time.Minute || v.VPods == nil {
+			t.Errorf("-o %s: %+v", format, v)
+		}
+	}
+	if err := printStatus(ctx, kube, "", "xml", &out, time.Now()); err == nil {
+		t.Error("-o xml accepted")
 	}
 }

@@ -287,6 +287,14 @@ func (e *Engine) copyPlan(ctx context.Context, w engines.Work) error {
 	return e.opts.Runtime.Copy(ctx, lr.gpu, segs)
 }
 
+// MappedRegions is how many remote regions are mapped (imported through their fabric handles) and kept for
+// reuse: the agent's fabricxfer_agent_fabric_mapped_regions.
+func (e *Engine) MappedRegions() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.mappings)
+}
+
 // remoteBase maps the remote region's allocation (once) and returns the
 // address of the region's first byte.
 func (e *Engine) remoteBase(gpu int, remote *engines.MemoryDesc) (uint64, error) {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"log/slog"
 	"net"
 	"os"
@@ -110,6 +111,8 @@ type Deps struct {
 	PeerEngines func(ch *peers.Peers) ([]engines.Engine, error)
 	// Metrics, when set, is charged by the composite with every plan and rejected item.
 	Metrics *engines.Metrics
+	// Registry, when set, gets the server's and the peer channel's collectors while they run.
+	Registry prometheus.Registerer
 	// XGMIBackends are GPU backends for the same-node engine, tried before the host backend.
 	XGMIBackends []xgmi.Backend
 	// GPUDriver is the loaded CUDA driver (nil when none loaded); GPU pool memory needs it.
@@ -291,6 +294,18 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		return err
 	}
 	handedOver = true // pc.Serve closes the peer listener from here on
+	if deps.Registry != nil {
+		cs := []prometheus.Collector{srv.Collector()}
+		if pc != nil {
+			cs = append(cs, pc.Collector())
+		}
+		for _, c := range cs {
+			if err := deps.Registry.Register(c); err != nil {
+				return fmt.Errorf("registering metrics: %w", err)
+			}
+			defer deps.Registry.Unregister(c)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 2)

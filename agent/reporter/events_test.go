@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package reporter_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fabricxfer/fabricxfer/agent/report"
+	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	"github.com/fabricxfer/fabricxfer/topology"
+)
+
+// An agent records one Event on its TransferNode when it first reports, and one per engine whose
+// availability changes after that; rounds that change nothing record none.
+func TestReporterRecordsEngineAvailabilityEvents(t *testing.T) {
+	c := startAPIServer(t, transferNodeCRD)
+	ctx := t.Context()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "events-node"}}
+	if err := c.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	createNamespace(t, c, "inference")
+	var mu sync.Mutex
+	rdma := topology.Engine{Name: topology.EngineRDMA, Available: true, Reason: "mlx5_0 ACTIVE"}
+	r, err := reporter.New(reporter.Config{
+		NodeName: node.Name, PoolNamespace: "inference", PoolName: "kv", Period: 10 * time.Second,
+		Identity: report.Identity{AgentVersion: "test"},
+		Detect: func(context.Context) (topology.Report, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return topology.Report{Engines: []topology.Engine{{Name: topology.EngineTCP, Available: true, Reason: "host memory"}, rdma}}, nil
+		},
+		Client: c, Log: testr.New(t), RecordEvents: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := func() []string {
+		t.Helper()
+		var list eventsv1.EventList
+		if err := c.List(ctx, &list, client.InNamespace(metav1.NamespaceDefault)); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range list.Items {
+			if e.Regarding.Kind == "TransferNode" && e.Regarding.Name == node.Name && e.ReportingController == reporter.ReportingController {
+				out = append(out, e.Type+" "+e.Reason+": "+e.Note)
+			}
+		}
+		return out
+	}
+	round := func() {
+		t.Helper()
+		if err := r.ReportOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	round()
+	round()
+	got := events()
+	if len(got) != 1 || !strings.Contains(got[0], "Normal EnginesReported") || !strings.Contains(got[0], "available: tcp, rdma") {
+		t.Fatalf("after two unchanged rounds: %q", got)
+	}
+	mu.Lock()
+	rdma = topology.Engine{Name: topology.EngineRDMA, Available: false, Reason: "mlx5_0 DOWN"}
+	mu.Unlock()
+	round()
+	round()
+	got = events()
+	if len(got) != 2 || !strings.Contains(strings.Join(got, "\n"), "Warning EngineUnavailable: engine rdma is unavailable: mlx5_0 DOWN") {
+		t.Fatalf("after rdma went down: %q", got)
+	}
+	mu.Lock()
+	rdma = topology.Engine{Name: topology.EngineRDMA, Available: true, Reason: "mlx5_0 ACTIVE"}
+	mu.Unlock()
+	round()
+	if got = events(); len(got) != 3 || !strings.Contains(strings.Join(got, "\n"), "Normal EngineAvailable: engine rdma is available") {
+		t.Fatalf("after rdma came back: %q", got)
+	}
+}

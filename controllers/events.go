@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package controllers
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+)
+
+// Event reasons the operator records (events.k8s.io/v1, reporting controller fabricxfer-operator), for the
+// transitions an admin looks for with kubectl describe or kubectl events. docs/observability.md lists them.
+const (
+	// On TransferPools.
+	EventPoolReady     = "PoolReady"     // every selected node reports (Ready turned True)
+	EventNodesReady    = "NodesReady"    // more selected nodes report than before (joined, or back)
+	EventNodesNotReady = "NodesNotReady" // fewer selected nodes report than before, or new ones wait for agents
+	EventConflict      = "Conflict"      // another pool came first on some of these nodes
+	EventInvalidSpec   = "InvalidSpec"   // the operator refuses the spec (also ImageNotAllowed)
+	EventNoNodes       = "NoMatchingNodes"
+	EventApplyFailed   = "ReconcileError"
+	EventCertsRotated  = "CertificatesIssued" // the pool's agent certificates (or its CA) were issued or renewed
+
+	// On VPodTopologies.
+	EventDomainCreated  = "DomainCreated"  // a scale-up domain was discovered from agents' reports
+	EventDomainEmptied  = "DomainEmptied"  // no reporting node is in the domain any more; the operator deleted it
+	EventDomainReplaced = "DomainReplaced" // an admin declared the domain; the operator deleted its discovered twin
+	EventMembersChanged = "MembersChanged" // nodes joined or left the domain
+	EventMembersMissing = "MembersMissing" // declared or known members stopped reporting
+	EventDuplicate      = "DuplicateDomain"
+)
+
+// EventRecorderName is the reporting controller of the operator's Events.
+const EventRecorderName = "fabricxfer-operator"
+
+// pendingEvent is one Event to record: its type, reason and note.
+type pendingEvent struct{ typ, reason, note string }
+
+func record(rec events.EventRecorder, obj runtime.Object, action string, evs []pendingEvent) {
+	if rec == nil {
+		return
+	}
+	for _, e := range evs {
+		rec.Eventf(obj, nil, e.typ, e.reason, action, "%s", e.note)
+	}
+}
+
+// poolEvents are the transitions between two statuses of a pool worth an Event: the Ready condition's
+// reason, and nodes that started or stopped reporting. A status that changed only in heartbeat-driven detail
+// (engine counts, vPOD lists) records none.
+func poolEvents(before, after fxv1.TransferPoolStatus) []pendingEvent {
+	var evs []pendingEvent
+	was, now := meta.FindStatusCondition(before.Conditions, fxv1.ConditionReady), meta.FindStatusCondition(after.Conditions, fxv1.ConditionReady)
+	if now != nil && (was == nil || was.Reason != now.Reason || was.Status != now.Status) {
+		switch now.Reason {
+		case fxv1.ReasonAllNodesReady:
+			evs = append(evs, pendingEvent{corev1.EventTypeNormal, EventPoolReady, now.Message})
+		case fxv1.ReasonConflict:
+			evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventConflict, now.Message})
+		case fxv1.ReasonInvalidSpec, fxv1.ReasonImageNotAllowed:
+			evs = append(evs, pendingEvent{corev1.EventTypeWarning, now.Reason, now.Message})
+		case fxv1.ReasonNoMatchingNodes:
+			evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventNoNodes, now.Message})
+		case fxv1.ReasonReconcileError:
+			evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventApplyFailed, now.Message})
+		}
+	}
+	gone := without(after.NotReadyNodes, before.NotReadyNodes)
+	back := without(before.NotReadyNodes, after.NotReadyNodes)
+	switch {
+	case after.ReadyNodes > before.ReadyNodes:
+		note := fmt.Sprintf("%d/%d selected nodes report (was %d)", after.ReadyNodes, after.DesiredNodes, before.ReadyNodes)
+		if len(back) > 0 {
+			note += "; reporting now: " + strings.Join(back, ", ")
+		}
+		evs = append(evs, pendingEvent{corev1.EventTypeNormal, EventNodesReady, note})
+	case after.ReadyNodes < before.ReadyNodes || len(gone) > 0:
+		note := fmt.Sprintf("%d/%d selected nodes report (was %d/%d)", after.ReadyNodes, after.DesiredNodes, before.ReadyNodes, before.DesiredNodes)
+		if len(gone) > 0 {
+			note += "; not reporting: " + strings.Join(gone, ", ")
+		}
+		evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventNodesNotReady, note})
+	}
+	return evs
+}
+
+// vpodEvents are the transitions between two statuses of a domain worth an Event.
+func vpodEvents(before, after fxv1.VPodTopologyStatus) []pendingEvent {
+	var evs []pendingEvent
+	if dup := meta.FindStatusCondition(after.Conditions, fxv1.ConditionReady); dup != nil && dup.Reason == fxv1.ReasonDuplicateDomain {
+		if was := meta.FindStatusCondition(before.Conditions, fxv1.ConditionReady); was == nil || was.Reason != dup.Reason {
+			evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventDuplicate, dup.Message})
+		}
+		return evs
+	}
+	names := func(ms []fxv1.VPodMember) []string {
+		out := make([]string, 0, len(ms))
+		for _, m := range ms {
+			out = append(out, m.Node)
+		}
+		return out
+	}
+	joined := without(names(after.Members), names(before.Members))
+	left := without(names(before.Members), names(after.Members))
+	if len(joined)+len(left) > 0 {
+		note := fmt.Sprintf("%d nodes, %d GPUs", after.Nodes, after.GPUs)
+		if len(joined) > 0 {
+			note += "; joined: " + strings.Join(clip(joined), ", ")
+		}
+		if len(left) > 0 {
+			note += "; left: " + strings.Join(clip(left), ", ")
+		}
+		evs = append(evs, pendingEvent{corev1.EventTypeNormal, EventMembersChanged, note})
+	}
+	if missing := without(after.MissingMembers, before.MissingMembers); len(missing) > 0 {
+		evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventMembersMissing, "members stopped reporting: " + strings.Join(clip(missing), ", ")})
+	}
+	return evs
+}
+
+// without is a's elements that b lacks, in a's order.
+func without(a, b []string) []string {
+	var out []string
+	for _, s := range a {
+		if !slices.Contains(b, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// clip keeps an Event's note short: at most 16 names, then a count.
+func clip(names []string) []string {
+	if len(names) <= 16 {
+		return names
+	}
+	return append(slices.Clone(names[:16]), fmt.Sprintf("and %d more", len(names)-16))
+}
