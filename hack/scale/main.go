@@ -269,6 +269,14 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 			Agent:             v1alpha1.AgentSpec{HeartbeatSeconds: hb},
 		},
 	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating a REST client: %w", err)
+	}
+	latency0, err := apiLatency(ctx, cs)
+	if err != nil {
+		return err
+	}
 	if err := agents.Create(ctx, pool); err != nil {
 		return fmt.Errorf("creating TransferPool %s/%s: %w", o.poolNamespace, o.poolName, err)
 	}
@@ -343,6 +351,12 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		fmt.Printf("converged %.2f s after the last first report (%.1f s after the pool was created): %s\n",
 			convergeS, converged.Sub(poolApplied).Seconds(), detail)
 	}
+
+	latency1, err := apiLatency(ctx, cs)
+	if err != nil {
+		return err
+	}
+	printOperatorWrites(latency0, latency1)
 
 	size, stripped, err := transferNodeSize(ctx, cfg, nodeName(0))
 	if err != nil {
@@ -437,6 +451,8 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 	}
 	detail := "nothing observed yet"
 	lastProgress := time.Now()
+	began := time.Now()
+	var poolReady, vpodsComplete time.Time
 	opRate := operatorRate{url: o.operatorMetrics, at: time.Now()}
 	opRate.next(ctx)
 	for {
@@ -455,9 +471,16 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 			}
 		}
 		ready := pool.Status.ReadyNodes == int32(o.nodes) && pool.Status.DesiredNodes == int32(o.nodes)
+		if ready && poolReady.IsZero() {
+			poolReady = time.Now()
+		}
+		if complete == len(expected) && vpodsComplete.IsZero() {
+			vpodsComplete = time.Now()
+		}
 		detail = fmt.Sprintf("pool %d/%d ready, %d of %d vPODs complete", pool.Status.ReadyNodes, pool.Status.DesiredNodes, complete, len(expected))
 		if ready && complete == len(expected) {
-			return time.Now(), detail, nil
+			return time.Now(), fmt.Sprintf("%s; pool ready %.2f s, vPODs complete %.2f s after waiting began", detail,
+				poolReady.Sub(began).Seconds(), vpodsComplete.Sub(began).Seconds()), nil
 		}
 		if time.Since(lastProgress) >= 10*time.Second {
 			fmt.Printf("  waiting: %s%s\n", detail, opRate.next(ctx))
@@ -536,6 +559,37 @@ func transferNodeSize(ctx context.Context, cfg *rest.Config, name string) (int, 
 		return 0, 0, fmt.Errorf("encoding TransferNode %s: %w", name, err)
 	}
 	return len(compact), len(stripped), nil
+}
+
+// apiLatency reads the API server's request latency histogram (apiserver_request_duration_seconds).
+func apiLatency(ctx context.Context, cs kubernetes.Interface) ([]sample, error) {
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the API server's metrics: %w", err)
+	}
+	return parseCounter(raw, "apiserver_request_duration_seconds_bucket")
+}
+
+// printOperatorWrites prints the API server's own latency of the operator's writes between two scrapes: the
+// writes of VPodTopologies and TransferPools, which no other client of the harness writes (agents write
+// TransferNodes and Leases).
+func printOperatorWrites(before, after []sample) {
+	writes := func(l map[string]string) bool {
+		switch l["verb"] {
+		case "POST", "PUT", "PATCH", "APPLY", "DELETE":
+			return l["resource"] == "vpodtopologies" || l["resource"] == "transferpools"
+		}
+		return false
+	}
+	lat := histogramQuantiles(before, after, writes, "verb", "resource", "subresource")
+	if len(lat) == 0 {
+		fmt.Println("operator writes (API server latency, pool created to converged): none seen")
+		return
+	}
+	for _, l := range lat {
+		fmt.Printf("operator writes (API server latency, pool created to converged): %s n=%.0f p50 %s p90 %s p99 %s\n",
+			l.kind, l.count, ms(l.p50), ms(l.p90), ms(l.p99))
+	}
 }
 
 // steadyState measures request rates over the window: the API server's apiserver_request_total (every client,
