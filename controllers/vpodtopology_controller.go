@@ -79,7 +79,8 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 	key := req.Name
 	tns := &fxv1.TransferNodeList{}
-	if err := r.List(ctx, tns, client.MatchingFields{indexTransferNodeDomains: key}); err != nil {
+	// Reports and Leases are only read here, so the cache's own objects are used without copies.
+	if err := r.List(ctx, tns, client.MatchingFields{indexTransferNodeDomains: key}, client.UnsafeDisableDeepCopy); err != nil {
 		return ctrl.Result{}, fmt.Errorf("listing transfer nodes of domain %s: %w", key, err)
 	}
 	vps := &fxv1.VPodTopologyList{}
@@ -374,7 +375,8 @@ func (r *VPodTopologyReconciler) memberHeartbeats(ctx context.Context, tns []fxv
 	for i := range tns {
 		key := HeartbeatKey{PoolNamespace: tns[i].Spec.PoolNamespace, PoolName: tns[i].Spec.PoolName, Node: tns[i].Name}
 		leases := &coordinationv1.LeaseList{}
-		if err := r.List(ctx, leases, client.InNamespace(key.PoolNamespace), client.MatchingFields{indexLeaseHeartbeat: key.String()}); err != nil {
+		if err := r.List(ctx, leases, client.InNamespace(key.PoolNamespace), client.MatchingFields{indexLeaseHeartbeat: key.String()},
+			client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("listing the heartbeat lease of %s: %w", key.Node, err)
 		}
 		for j := range leases.Items {
