@@ -109,6 +109,10 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 		status.VPods = append(status.VPods, name)
 	}
 	slices.Sort(status.VPods)
+	status.VPodCount = int32(len(status.VPods))
+	if len(status.VPods) > maxListedVPods {
+		status.VPods = status.VPods[:maxListedVPods]
+	}
 	slices.Sort(notReady)
 	if len(notReady) > 32 {
 		notReady = notReady[:32]
@@ -124,6 +128,10 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 	setPoolConditions(pool, &status, len(stale), obs.Invalid, obs.ApplyError)
 	return status
 }
+
+// maxListedVPods bounds status.vpods: at 1,000 nodes the full list was 832 names, about 50 KB rewritten in
+// every status patch while nodes reported; the count says how many there are.
+const maxListedVPods = 64
 
 // precedes reports whether pool a came first: created earlier, or at the same second and first by namespace/name.
 // Creation times are the API server's, so no pool can claim to be older than one that exists.
