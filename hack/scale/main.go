@@ -277,6 +277,17 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 	if err != nil {
 		return err
 	}
+	cpu := func() float64 {
+		if o.operatorPID <= 0 {
+			return math.NaN()
+		}
+		s, err := procCPUSeconds(o.operatorPID)
+		if err != nil {
+			return math.NaN()
+		}
+		return s
+	}
+	cpu0 := cpu()
 	if err := agents.Create(ctx, pool); err != nil {
 		return fmt.Errorf("creating TransferPool %s/%s: %w", o.poolNamespace, o.poolName, err)
 	}
@@ -357,6 +368,8 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		return err
 	}
 	printOperatorWrites(latency0, latency1)
+	cpu1, at1 := cpu(), time.Now()
+	fmt.Printf("operator CPU from pool creation to convergence: %.2f s in %.1f s\n", cpu1-cpu0, at1.Sub(poolApplied).Seconds())
 
 	size, stripped, err := transferNodeSize(ctx, cfg, nodeName(0))
 	if err != nil {
@@ -365,10 +378,14 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 	fmt.Printf("TransferNode %s (8 GPUs, 8 NICs): %d bytes of JSON as the API server returns it, %d without managedFields (goal < 8192)\n",
 		nodeName(0), size, stripped)
 
+	cpu2, at2 := cpu(), time.Now()
 	rate, err := steadyState(ctx, o, cfg, agentRequests)
 	if err != nil {
 		return err
 	}
+	cpu3, at3 := cpu(), time.Now()
+	fmt.Printf("operator CPU in the steady state: %.2f s in %.1f s (%.1f %% of a core)\n", cpu3-cpu2, at3.Sub(at2).Seconds(),
+		100*(cpu3-cpu2)/at3.Sub(at2).Seconds())
 	failures := int64(0)
 	for _, s := range sims {
 		failures += s.failures.Load()

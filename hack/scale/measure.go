@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -228,4 +229,25 @@ func ms(s float64) string {
 		return "> last bucket"
 	}
 	return fmt.Sprintf("%.0f ms", s*1000)
+}
+
+// procCPUSeconds is the user+system CPU time a process has used, from /proc/<pid>/stat (clock ticks of 1/100 s,
+// as Linux reports them to user space).
+func procCPUSeconds(pid int) (float64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; the fields after its closing parenthesis start at field 3.
+	rest := raw[bytes.LastIndexByte(raw, ')')+1:]
+	f := strings.Fields(string(rest))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("process %d stat: %d fields after the name", pid, len(f))
+	}
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("process %d stat: utime %q stime %q", pid, f[11], f[12])
+	}
+	return (utime + stime) / 100, nil
 }
