@@ -108,7 +108,7 @@ if [ -n "${SCALE_CPU_PROFILE:-}" ]; then
   curl -sf --max-time $((${SCALE_PROFILE_SECONDS:-60} + 30)) -o "$SCALE_CPU_PROFILE" \
     "http://127.0.0.1:$((OPERATOR_PORT + 2))/debug/pprof/profile?seconds=${SCALE_PROFILE_SECONDS:-60}" &
 fi
-step "simulating $N agents (heartbeat 10 s) and measuring"
+step "simulating $N agents and measuring"
 # shellcheck disable=SC2086 # SCALE_FLAGS is a list of flags
 if ! "$ST/scale" run -n "$N" -operator-pid "$OPERATOR_PID" -operator-metrics "http://127.0.0.1:$OPERATOR_PORT/metrics" \
   -operator-log "$ST/operator.log" ${SCALE_FLAGS:-}; then
