@@ -101,10 +101,11 @@ demo-down: ## Stop everything make demo started
 	hack/demo.sh down
 
 N ?= 100
+RUNS ?= 1
 .PHONY: scale
-scale: tools ## Simulate N agents against a local control plane and measure the operator (make scale N=1000)
+scale: tools ## Simulate N agents against a local control plane and measure the operator (make scale N=1000 RUNS=3)
 	go build -o $(BIN_DIR)/ ./cmd/operator
-	BIN_DIR=$(BIN_DIR) hack/scale.sh $(N)
+	BIN_DIR=$(BIN_DIR) RUNS=$(RUNS) hack/scale.sh $(N)
 
 DURATION ?= 10m
 SOAK_SHORT ?= 60s

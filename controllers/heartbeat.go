@@ -73,10 +73,11 @@ func CacheByObject(agentNamespace string) map[client.Object]cache.ByObject {
 	}
 }
 
-// ListHeartbeats reads every agent's heartbeat Lease (from the operator's cache, or the API server for a plain client).
+// ListHeartbeats reads every agent's heartbeat Lease (from the operator's cache, without copies, or the API
+// server for a plain client).
 func ListHeartbeats(ctx context.Context, c client.Reader) (Heartbeats, error) {
 	leases := &coordinationv1.LeaseList{}
-	if err := c.List(ctx, leases, client.MatchingLabelsSelector{Selector: heartbeatLeaseSelector()}); err != nil {
+	if err := c.List(ctx, leases, client.MatchingLabelsSelector{Selector: heartbeatLeaseSelector()}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing heartbeat leases: %w", err)
 	}
 	hb := make(Heartbeats, len(leases.Items))

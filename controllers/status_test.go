@@ -4,6 +4,7 @@
 package controllers
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -188,5 +189,25 @@ func TestRenewalChangesFreshness(t *testing.T) {
 	other := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-node-lease", Name: "n"}}
 	if pred.Create(event.CreateEvent{Object: other}) || !pred.Create(event.CreateEvent{Object: lease("n", 0, 30)}) {
 		t.Error("the predicate must pass agents' Leases being created and only those")
+	}
+}
+
+// TestPoolStatusListsFewVPods: a pool spanning thousands of domains lists the first 64 by name and counts all.
+func TestPoolStatusListsFewVPods(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "p"}}
+	obs := PoolObservation{Now: now, TransferNodes: map[string]*fxv1.TransferNode{}}
+	for i := range 100 {
+		name := fmt.Sprintf("n%03d", i)
+		obs.Nodes = append(obs.Nodes, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		tn := &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		tn.Status.LastHeartbeat = &metav1.Time{Time: now}
+		tn.Status.GPUs = []fxv1.GPU{{Index: 0, Fabric: &fxv1.FabricMembership{Kind: fxv1.FabricUALink, Domain: fmt.Sprintf("ualink:%d/0", i)}}}
+		obs.TransferNodes[name] = tn
+	}
+	status := ComputePoolStatus(pool, obs)
+	if status.VPodCount != 100 || len(status.VPods) != maxListedVPods || !slices.IsSorted(status.VPods) {
+		t.Errorf("vpodCount %d, %d listed (sorted %v); want 100 counted, %d listed in order", status.VPodCount, len(status.VPods),
+			slices.IsSorted(status.VPods), maxListedVPods)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -18,19 +17,32 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
 
-// vpodKey is the one work item of the VPodTopology reconciler: domains are a function of all reports together,
-// so every event coalesces into one pass, which keeps a thousand heartbeating nodes to one list per period.
-var vpodKey = reconcile.Request{NamespacedName: client.ObjectKey{Name: "vpodtopologies"}}
+// The VPodTopology reconciler's work item is one scale-up domain: the request's Name is the domain key. A
+// domain is a function of the reports that name it, so a report touches only its own domains, each domain is
+// computed from its members' reports alone (cache indexes below), and writes of different domains run side by
+// side, whatever the order and pace of reports. The empty key is a pass over every domain, for callers without
+// the manager's indexes (a plain client).
+const (
+	// indexTransferNodeDomains indexes TransferNodes by every domain key their GPUs report.
+	indexTransferNodeDomains = "status.gpus.fabric.domain"
+	// indexVPodDomain indexes VPodTopologies by spec.domain.
+	indexVPodDomain = "spec.domain"
+	// indexLeaseHeartbeat indexes agents' Leases by HeartbeatKey (pool namespace/pool/node).
+	indexLeaseHeartbeat = "fabricxfer.io/heartbeat"
+)
 
 // VPodTopologyReconciler keeps VPodTopology objects equal to what TransferNodes report.
 type VPodTopologyReconciler struct {
@@ -39,9 +51,12 @@ type VPodTopologyReconciler struct {
 	// Recorder records Events on domains (created, emptied, members joining and leaving); nil records none.
 	Recorder events.EventRecorder
 
-	// written remembers each domain as this reconciler's last create or status patch returned it. A pass that
-	// starts before the cache has seen those writes (a busy start-up: hundreds of domains per pass) would
-	// otherwise create them again and rewrite their status.
+	// indexed is set by SetupWithManager: the cache has the field indexes a single domain's reconcile reads.
+	indexed bool
+
+	// written remembers each domain as this reconciler's last create or status patch returned it. A reconcile
+	// that starts before the cache has seen those writes would otherwise create them again and rewrite their
+	// status.
 	writtenMu sync.Mutex
 	written   map[string]writtenDomain
 }
@@ -53,12 +68,150 @@ type writtenDomain struct {
 }
 
 // trustUncached is how long a domain this reconciler created counts as existing while the cache has not
-// shown it yet; passes look again within it, so a domain deleted meanwhile is created again.
+// shown it yet; the domain is looked at again within it, so a domain deleted meanwhile is created again.
 const trustUncached = 10 * time.Second
 
-// Reconcile creates a VPodTopology for every reported domain, updates members and status of every domain, and
-// deletes discovered domains nobody reports any more. Declared domains are never deleted.
-func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
+// vpodBatchWindow is how long a domain's event waits before its reconcile: the members of one domain report
+// close together (a rack's nodes start together), so their reports coalesce into one write of the domain.
+const vpodBatchWindow = 200 * time.Millisecond
+
+// vpodWriters bounds the domains reconciled (and written) at a time.
+const vpodWriters = 64
+
+// Reconcile creates the VPodTopology of one reported domain, keeps its members and status equal to the
+// reports, and deletes a discovered one nobody reports any more. Declared domains are never deleted.
+func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if req.Name == "" || !r.indexed {
+		return r.reconcileAll(ctx)
+	}
+	key := req.Name
+	tns := &fxv1.TransferNodeList{}
+	// Reports and Leases are only read here, so the cache's own objects are used without copies.
+	if err := r.List(ctx, tns, client.MatchingFields{indexTransferNodeDomains: key}, client.UnsafeDisableDeepCopy); err != nil {
+		return ctrl.Result{}, fmt.Errorf("listing transfer nodes of domain %s: %w", key, err)
+	}
+	vps := &fxv1.VPodTopologyList{}
+	if err := r.List(ctx, vps, client.MatchingFields{indexVPodDomain: key}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("listing vpod topologies of domain %s: %w", key, err)
+	}
+	timeouts, err := r.heartbeatTimeouts(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	beats, err := r.memberHeartbeats(ctx, tns.Items)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	now := r.Clock.Now()
+	exp := expiryTracker{now: now}
+	names := []string{fxv1.DomainObjectName(key)}
+	for i := range vps.Items {
+		names = append(names, vps.Items[i].Name)
+	}
+	items, uncached := r.overlayOwnWrites(vps.Items, names, now)
+	if uncached {
+		exp.add(trustUncached)
+	}
+	obs := AggregateDomains(tns.Items, freshness(now, timeouts, beats, &exp))[key]
+	if _, err := r.syncDomain(ctx, key, obs, items, now); err != nil {
+		return ctrl.Result{}, err
+	}
+	// Heartbeats expire without events (renewals that change nothing are filtered out): look again when the
+	// first fresh one of a member expires.
+	return ctrl.Result{RequeueAfter: exp.after()}, nil
+}
+
+// freshness says whether a report's heartbeat is fresh at now, recording in exp when that can change.
+func freshness(now time.Time, timeouts func(*fxv1.TransferNode) time.Duration, beats Heartbeats, exp *expiryTracker) func(*fxv1.TransferNode) bool {
+	return func(tn *fxv1.TransferNode) bool {
+		timeout := timeouts(tn)
+		at := beats.LastHeartbeat(tn)
+		if at.IsZero() {
+			return false
+		}
+		if now.Sub(at) < timeout {
+			exp.fresh(at, timeout)
+			return true
+		}
+		exp.stale(timeout)
+		return false
+	}
+}
+
+// domainWrites counts what reconciles wrote.
+type domainWrites struct {
+	created, existed, patched, deleted int64
+}
+
+func (w *domainWrites) any() bool { return w.created+w.existed+w.patched+w.deleted > 0 }
+
+// syncDomain writes one domain: deletes discovered VPodTopologies of it that nobody reports or that duplicate
+// the owner, patches the status of the others where it differs from the reports, and creates the discovered
+// one when the domain is reported and no VPodTopology describes it. vps are the VPodTopologies of the domain.
+func (r *VPodTopologyReconciler) syncDomain(ctx context.Context, key string, obs *DomainObservation, vps []fxv1.VPodTopology, now time.Time) (domainWrites, error) {
+	var w domainWrites
+	var errs []error
+	owners := DomainOwners(vps)
+	for i := range vps {
+		vp := &vps[i]
+		owner := owners[key]
+		// A domain described twice: the operator's own duplicate goes, an admin's shows whose it is.
+		duplicate := owner.Name != vp.Name
+		if (obs == nil || duplicate) && vp.Labels[fxv1.LabelDiscovered] == "true" {
+			if err := r.Delete(ctx, vp); client.IgnoreNotFound(err) != nil {
+				errs = append(errs, fmt.Errorf("deleting empty discovered domain %s: %w", vp.Name, err))
+				continue
+			}
+			r.forget(vp.Name)
+			w.deleted++
+			ev := pendingEvent{corev1.EventTypeNormal, EventDomainEmptied, fmt.Sprintf("no reporting node is in domain %s any more; deleted", vp.Spec.Domain)}
+			if duplicate {
+				ev = pendingEvent{corev1.EventTypeNormal, EventDomainReplaced, fmt.Sprintf("VPodTopology %s describes domain %s; this discovered twin was deleted", owner.Name, vp.Spec.Domain)}
+			}
+			record(r.Recorder, vp, "Delete", []pendingEvent{ev})
+			continue
+		}
+		want := ComputeVPodStatus(vp, obs)
+		if duplicate {
+			want = DuplicateVPodStatus(vp, owner)
+		}
+		if equality.Semantic.DeepEqual(vp.Status, want) {
+			continue
+		}
+		w.patched++
+		if err := r.patchStatus(ctx, vp, want); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(vps) > 0 || obs == nil {
+		return w, errors.Join(errs...)
+	}
+	vp := &fxv1.VPodTopology{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   fxv1.DomainObjectName(key),
+			Labels: map[string]string{fxv1.LabelDiscovered: "true", fxv1.LabelFabricKind: string(obs.Kind)},
+		},
+		Spec: fxv1.VPodTopologySpec{Kind: obs.Kind, Domain: key},
+	}
+	switch err := r.Create(ctx, vp); {
+	case apierrors.IsAlreadyExists(err):
+		// Created before the cache could show it: its status is patched all the same (the patch carries no
+		// resourceVersion), and its event brings it into this domain's next reconcile.
+		w.existed++
+	case err != nil:
+		return w, fmt.Errorf("creating domain %s for %s: %w", vp.Name, key, err)
+	default:
+		w.created++
+		r.remember(vp, now)
+		record(r.Recorder, vp, "Create", []pendingEvent{{corev1.EventTypeNormal, EventDomainCreated,
+			fmt.Sprintf("%s domain %s discovered from %d reporting nodes", obs.Kind, key, len(obs.Members))}})
+	}
+	w.patched++
+	return w, r.patchStatus(ctx, vp, ComputeVPodStatus(vp, obs))
+}
+
+// reconcileAll is one pass over every domain, writing up to vpodWriters domains at a time.
+func (r *VPodTopologyReconciler) reconcileAll(ctx context.Context) (ctrl.Result, error) {
 	tns := &fxv1.TransferNodeList{}
 	if err := r.List(ctx, tns); err != nil {
 		return ctrl.Result{}, fmt.Errorf("listing transfer nodes: %w", err)
@@ -82,122 +235,48 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 	if uncached {
 		exp.add(trustUncached)
 	}
-	domains := AggregateDomains(tns.Items, func(tn *fxv1.TransferNode) bool {
-		timeout := timeouts(tn)
-		at := beats.LastHeartbeat(tn)
-		if at.IsZero() {
-			return false
+	domains := AggregateDomains(tns.Items, freshness(now, timeouts, beats, &exp))
+	byDomain := map[string][]fxv1.VPodTopology{}
+	for i := range vps.Items {
+		byDomain[vps.Items[i].Spec.Domain] = append(byDomain[vps.Items[i].Spec.Domain], vps.Items[i])
+	}
+	for key := range domains {
+		if _, ok := byDomain[key]; !ok {
+			byDomain[key] = nil
 		}
-		if now.Sub(at) < timeout {
-			exp.fresh(at, timeout)
-			return true
-		}
-		exp.stale(timeout)
-		return false
-	})
-
-	// Domains are written independently, so a pass writes up to vpodWriters at a time: one after another,
-	// 832 domains of a 1,000-node cluster took a round trip each, tens of seconds on a busy API server.
+	}
 	var (
-		mu   sync.Mutex
-		errs []error
-		sem  = make(chan struct{}, vpodWriters)
-		wg   sync.WaitGroup
+		mu    sync.Mutex
+		errs  []error
+		total domainWrites
+		sem   = make(chan struct{}, vpodWriters)
+		wg    sync.WaitGroup
 	)
-	async := func(write func() error) {
+	for key, items := range byDomain {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := write(); err != nil {
-				mu.Lock()
+			w, err := r.syncDomain(ctx, key, domains[key], items, now)
+			mu.Lock()
+			defer mu.Unlock()
+			total.created, total.existed = total.created+w.created, total.existed+w.existed
+			total.patched, total.deleted = total.patched+w.patched, total.deleted+w.deleted
+			if err != nil {
 				errs = append(errs, err)
-				mu.Unlock()
 			}
 		}()
 	}
-	var created, existed, patched, deleted atomic.Int64
-	passStart := time.Now()
-	existing := map[string]bool{}
-	owners := DomainOwners(vps.Items)
-	for i := range vps.Items {
-		vp := &vps.Items[i]
-		existing[vp.Spec.Domain] = true
-		obs := domains[vp.Spec.Domain]
-		owner := owners[vp.Spec.Domain]
-		// A domain described twice: the operator's own duplicate goes, an admin's shows whose it is.
-		duplicate := owner.Name != vp.Name
-		if (obs == nil || duplicate) && vp.Labels[fxv1.LabelDiscovered] == "true" {
-			async(func() error {
-				err := r.Delete(ctx, vp)
-				if client.IgnoreNotFound(err) != nil {
-					return fmt.Errorf("deleting empty discovered domain %s: %w", vp.Name, err)
-				}
-				r.forget(vp.Name)
-				deleted.Add(1)
-				if err == nil {
-					ev := pendingEvent{corev1.EventTypeNormal, EventDomainEmptied, fmt.Sprintf("no reporting node is in domain %s any more; deleted", vp.Spec.Domain)}
-					if duplicate {
-						ev = pendingEvent{corev1.EventTypeNormal, EventDomainReplaced, fmt.Sprintf("VPodTopology %s describes domain %s; this discovered twin was deleted", owner.Name, vp.Spec.Domain)}
-					}
-					record(r.Recorder, vp, "Delete", []pendingEvent{ev})
-				}
-				return nil
-			})
-			continue
-		}
-		want := ComputeVPodStatus(vp, obs)
-		if duplicate {
-			want = DuplicateVPodStatus(vp, owner)
-		}
-		if equality.Semantic.DeepEqual(vp.Status, want) {
-			continue
-		}
-		async(func() error { patched.Add(1); return r.patchStatus(ctx, vp, want) })
-	}
-	for key, obs := range domains {
-		if existing[key] {
-			continue
-		}
-		vp := &fxv1.VPodTopology{
-			ObjectMeta: metav1.ObjectMeta{
-				Name:   fxv1.DomainObjectName(key),
-				Labels: map[string]string{fxv1.LabelDiscovered: "true", fxv1.LabelFabricKind: string(obs.Kind)},
-			},
-			Spec: fxv1.VPodTopologySpec{Kind: obs.Kind, Domain: key},
-		}
-		async(func() error {
-			switch err := r.Create(ctx, vp); {
-			case apierrors.IsAlreadyExists(err):
-				existed.Add(1)
-			case err != nil:
-				return fmt.Errorf("creating domain %s for %s: %w", vp.Name, key, err)
-			default:
-				created.Add(1)
-				r.remember(vp, now)
-				record(r.Recorder, vp, "Create", []pendingEvent{{corev1.EventTypeNormal, EventDomainCreated,
-					fmt.Sprintf("%s domain %s discovered from %d reporting nodes", obs.Kind, key, len(obs.Members))}})
-			}
-			patched.Add(1)
-			return r.patchStatus(ctx, vp, ComputeVPodStatus(vp, obs))
-		})
-	}
 	wg.Wait()
-	if n := created.Load() + existed.Load() + patched.Load() + deleted.Load(); n > 0 {
-		ctrl.LoggerFrom(ctx).Info("vPOD pass wrote domains", "created", created.Load(), "alreadyExisted", existed.Load(),
-			"statusPatched", patched.Load(), "deleted", deleted.Load(), "domains", len(domains), "reports", len(tns.Items),
-			"took", time.Since(passStart).Round(time.Millisecond).String())
+	if total.any() {
+		ctrl.LoggerFrom(ctx).Info("vPOD pass wrote domains", "created", total.created, "alreadyExisted", total.existed,
+			"statusPatched", total.patched, "deleted", total.deleted, "domains", len(domains), "reports", len(tns.Items))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, err
 	}
-	// Heartbeats expire without events (renewals that change nothing are filtered out): look again when the
-	// first fresh one expires.
 	return ctrl.Result{RequeueAfter: exp.after()}, nil
 }
-
-// vpodWriters bounds the writes one reconcile pass has in flight.
-const vpodWriters = 64
 
 func (r *VPodTopologyReconciler) patchStatus(ctx context.Context, vp *fxv1.VPodTopology, want fxv1.VPodTopologyStatus) error {
 	before := vp.DeepCopy()
@@ -205,6 +284,8 @@ func (r *VPodTopologyReconciler) patchStatus(ctx context.Context, vp *fxv1.VPodT
 	if equality.Semantic.DeepEqual(before.Status, vp.Status) {
 		return nil
 	}
+	// A merge patch of the status carries only the fields that changed (no resourceVersion: the status is
+	// the operator's alone, computed from the reports every time).
 	if err := r.Status().Patch(ctx, vp, client.MergeFrom(before)); err != nil {
 		r.forget(vp.Name)
 		if apierrors.IsNotFound(err) {
@@ -232,17 +313,32 @@ func (r *VPodTopologyReconciler) forget(name string) {
 	delete(r.written, name)
 }
 
-// withOwnWrites replaces each cached domain that this reconciler has written since with what the write
-// returned, and adds domains it created recently that the cache does not show yet (uncached reports those).
-// Entries the cache has caught up with are dropped.
+// withOwnWrites is overlayOwnWrites for every domain this reconciler remembers writing.
 func (r *VPodTopologyReconciler) withOwnWrites(items []fxv1.VPodTopology, now time.Time) (_ []fxv1.VPodTopology, uncached bool) {
+	r.writtenMu.Lock()
+	names := make([]string, 0, len(r.written))
+	for name := range r.written {
+		names = append(names, name)
+	}
+	r.writtenMu.Unlock()
+	return r.overlayOwnWrites(items, names, now)
+}
+
+// overlayOwnWrites replaces each cached domain among names that this reconciler has written since with what
+// the write returned, and adds domains among names it created recently that the cache does not show yet
+// (uncached reports those). Entries the cache has caught up with are dropped.
+func (r *VPodTopologyReconciler) overlayOwnWrites(items []fxv1.VPodTopology, names []string, now time.Time) (_ []fxv1.VPodTopology, uncached bool) {
 	r.writtenMu.Lock()
 	defer r.writtenMu.Unlock()
 	byName := make(map[string]int, len(items))
 	for i := range items {
 		byName[items[i].Name] = i
 	}
-	for name, w := range r.written {
+	for _, name := range names {
+		w, ok := r.written[name]
+		if !ok {
+			continue
+		}
 		if i, ok := byName[name]; ok {
 			if newerVersion(w.vp.ResourceVersion, items[i].ResourceVersion) {
 				items[i] = *w.vp.DeepCopy()
@@ -252,6 +348,7 @@ func (r *VPodTopologyReconciler) withOwnWrites(items []fxv1.VPodTopology, now ti
 			continue
 		}
 		if now.Sub(w.at) < trustUncached {
+			byName[name] = len(items)
 			items = append(items, *w.vp.DeepCopy())
 			uncached = true
 		} else {
@@ -287,19 +384,136 @@ func (r *VPodTopologyReconciler) heartbeatTimeouts(ctx context.Context) (func(*f
 	}, nil
 }
 
-// SetupWithManager funnels every TransferNode and VPodTopology event, and every heartbeat Lease event that
-// changes freshness, into the single work item.
+// memberHeartbeats reads the heartbeat Leases of the given reports' agents only (through the Lease index).
+func (r *VPodTopologyReconciler) memberHeartbeats(ctx context.Context, tns []fxv1.TransferNode) (Heartbeats, error) {
+	hb := make(Heartbeats, len(tns))
+	for i := range tns {
+		key := HeartbeatKey{PoolNamespace: tns[i].Spec.PoolNamespace, PoolName: tns[i].Spec.PoolName, Node: tns[i].Name}
+		leases := &coordinationv1.LeaseList{}
+		if err := r.List(ctx, leases, client.InNamespace(key.PoolNamespace), client.MatchingFields{indexLeaseHeartbeat: key.String()},
+			client.UnsafeDisableDeepCopy); err != nil {
+			return nil, fmt.Errorf("listing the heartbeat lease of %s: %w", key.Node, err)
+		}
+		for j := range leases.Items {
+			if k, renew, ok := leaseHeartbeat(&leases.Items[j]); ok && k == key && renew.After(hb[key]) {
+				hb[key] = renew
+			}
+		}
+	}
+	return hb, nil
+}
+
+// String is the key as the Lease index writes it.
+func (k HeartbeatKey) String() string { return k.PoolNamespace + "/" + k.PoolName + "/" + k.Node }
+
+// reportedDomains are the domain keys a TransferNode's GPUs report, each once.
+func reportedDomains(tn *fxv1.TransferNode) []string {
+	var keys []string
+	seen := map[string]bool{}
+	for _, g := range tn.Status.GPUs {
+		if g.Fabric != nil && g.Fabric.Domain != "" && !seen[g.Fabric.Domain] {
+			seen[g.Fabric.Domain] = true
+			keys = append(keys, g.Fabric.Domain)
+		}
+	}
+	return keys
+}
+
+// domainRequests are the work items of domain keys.
+func domainRequests(keys []string) []reconcile.Request {
+	reqs := make([]reconcile.Request, len(keys))
+	for i, k := range keys {
+		reqs[i] = reconcile.Request{NamespacedName: client.ObjectKey{Name: k}}
+	}
+	return reqs
+}
+
+// batched enqueues the requests of an event's objects (both of an update, so a domain a report left is
+// looked at too) after vpodBatchWindow; requests already waiting keep their earlier time, so a burst of one
+// domain's reports is one reconcile.
+func batched(toRequests func(context.Context, client.Object) []reconcile.Request) handler.EventHandler {
+	add := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request], objs ...client.Object) {
+		for _, o := range objs {
+			for _, req := range toRequests(ctx, o) {
+				q.AddAfter(req, vpodBatchWindow)
+			}
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, q, e.Object)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, q, e.ObjectOld, e.ObjectNew)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, q, e.Object)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, q, e.Object)
+		},
+	}
+}
+
+// SetupWithManager indexes reports by domain, VPodTopologies by domain and Leases by heartbeat key, and turns
+// every TransferNode event into its domains (before and after), every VPodTopology event into its domain, and
+// every heartbeat Lease event that changes freshness into the domains of that node's report.
 func (r *VPodTopologyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
 	}
-	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-		return []reconcile.Request{vpodKey}
-	})
+	ctx := context.Background()
+	idx := mgr.GetFieldIndexer()
+	if err := idx.IndexField(ctx, &fxv1.TransferNode{}, indexTransferNodeDomains, func(o client.Object) []string {
+		return reportedDomains(o.(*fxv1.TransferNode))
+	}); err != nil {
+		return fmt.Errorf("indexing transfer nodes by domain: %w", err)
+	}
+	if err := idx.IndexField(ctx, &fxv1.VPodTopology{}, indexVPodDomain, func(o client.Object) []string {
+		return []string{o.(*fxv1.VPodTopology).Spec.Domain}
+	}); err != nil {
+		return fmt.Errorf("indexing vpod topologies by domain: %w", err)
+	}
+	if err := idx.IndexField(ctx, &coordinationv1.Lease{}, indexLeaseHeartbeat, func(o client.Object) []string {
+		if key, _, ok := leaseHeartbeat(o.(*coordinationv1.Lease)); ok {
+			return []string{key.String()}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing leases by heartbeat: %w", err)
+	}
+	r.indexed = true
+	reader := mgr.GetCache()
+	ofReport := func(_ context.Context, o client.Object) []reconcile.Request {
+		tn, ok := o.(*fxv1.TransferNode)
+		if !ok {
+			return nil
+		}
+		return domainRequests(reportedDomains(tn))
+	}
+	ofDomain := func(_ context.Context, o client.Object) []reconcile.Request {
+		vp, ok := o.(*fxv1.VPodTopology)
+		if !ok || vp.Spec.Domain == "" {
+			return nil
+		}
+		return domainRequests([]string{vp.Spec.Domain})
+	}
+	ofLease := func(ctx context.Context, o client.Object) []reconcile.Request {
+		l, ok := o.(*coordinationv1.Lease)
+		if !ok || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+			return nil
+		}
+		tn := &fxv1.TransferNode{}
+		if err := reader.Get(ctx, client.ObjectKey{Name: *l.Spec.HolderIdentity}, tn); err != nil {
+			return nil // no report yet: its first report brings its domains in
+		}
+		return domainRequests(reportedDomains(tn))
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("vpodtopology").
-		Watches(&fxv1.TransferNode{}, one).
-		Watches(&fxv1.VPodTopology{}, one).
-		Watches(&coordinationv1.Lease{}, one, builder.WithPredicates(heartbeatPredicate(r.Clock))).
+		WithOptions(controller.Options{MaxConcurrentReconciles: vpodWriters}).
+		Watches(&fxv1.TransferNode{}, batched(ofReport)).
+		Watches(&fxv1.VPodTopology{}, batched(ofDomain)).
+		Watches(&coordinationv1.Lease{}, batched(ofLease), builder.WithPredicates(heartbeatPredicate(r.Clock))).
 		Complete(r)
 }

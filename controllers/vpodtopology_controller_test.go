@@ -249,3 +249,51 @@ func TestSecondDeclarationOfADomainIsIgnored(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReportTouchesOnlyItsDomains: each domain is reconciled from the reports that name it, so a report that
+// changes rewrites its own domains (the one it left and the one it joined) and no other domain's object.
+func TestReportTouchesOnlyItsDomains(t *testing.T) {
+	c := apiClient(t)
+	ctx := context.Background()
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "no-such-pool"}}
+	now := time.Now()
+	keyA, keyB, keyC := "ualink:19/1", "ualink:19/2", "ualink:19/3"
+	report(t, c, pool, "only-a-0", now, gpusIn(keyA, 0, 1))
+	report(t, c, pool, "only-b-0", now, gpusIn(keyB, 0, 1))
+	report(t, c, pool, "only-c-0", now, gpusIn(keyC, 0, 1))
+	report(t, c, pool, "only-c-1", now, gpusIn(keyC, 0, 1))
+	for key, members := range map[string][]string{keyA: {"only-a-0"}, keyB: {"only-b-0"}, keyC: {"only-c-0", "only-c-1"}} {
+		waitVPod(t, c, key, func(vp *fxv1.VPodTopology) error {
+			if !slices.Equal(memberNodes(vp), members) || !meta.IsStatusConditionTrue(vp.Status.Conditions, fxv1.ConditionReady) {
+				return fmt.Errorf("members %v conditions %v", memberNodes(vp), vp.Status.Conditions)
+			}
+			return nil
+		})
+	}
+	untouched := &fxv1.VPodTopology{}
+	if err := c.Get(ctx, client.ObjectKey{Name: fxv1.DomainObjectName(keyC)}, untouched); err != nil {
+		t.Fatal(err)
+	}
+
+	// only-a-0 moves from domain A to domain B: A goes (nobody reports it), B gains a member, C is not written.
+	writeReport(t, c, pool, "only-a-0", nil, gpusIn(keyB, 2, 3))
+	waitVPod(t, c, keyB, func(vp *fxv1.VPodTopology) error {
+		if !slices.Equal(memberNodes(vp), []string{"only-a-0", "only-b-0"}) || vp.Status.GPUs != 4 {
+			return fmt.Errorf("members %v gpus %d", memberNodes(vp), vp.Status.GPUs)
+		}
+		return nil
+	})
+	eventually(t, settle, "domain A deleted", func() error {
+		if err := c.Get(ctx, client.ObjectKey{Name: fxv1.DomainObjectName(keyA)}, &fxv1.VPodTopology{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+	after := &fxv1.VPodTopology{}
+	if err := c.Get(ctx, client.ObjectKey{Name: fxv1.DomainObjectName(keyC)}, after); err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != untouched.ResourceVersion {
+		t.Errorf("domain C rewritten by a report of other domains: resourceVersion %s -> %s", untouched.ResourceVersion, after.ResourceVersion)
+	}
+}

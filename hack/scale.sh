@@ -7,6 +7,8 @@
 # the operator as a process, then hack/scale simulates N agents in one process, applies a TransferPool that
 # selects every node and measures convergence, the operator's peak RSS and the API request rate.
 # The last line is: converged N nodes in X s, operator RSS Y MiB, API Z req/s
+# RUNS=K (make scale N=1000 RUNS=3) repeats the whole measurement K times, each on a fresh control plane, and
+# ends with the median and the worst convergence and operator peak RSS, and the failed agent rounds of each run.
 # Extra flags for hack/scale run go in SCALE_FLAGS (e.g. "-window 60s -ramp 0"). SCALE_CPU_PROFILE=FILE saves the
 # operator's CPU profile over the first SCALE_PROFILE_SECONDS (default 60) of the measured run. Everything it started is
 # stopped on exit; the state directory is removed unless KEEP_STATE=1.
@@ -17,6 +19,39 @@ BIN=${BIN_DIR:-$ROOT/bin}
 N=${1:-${N:-100}}
 export API_PORT=${SCALE_API_PORT:-29443} ETCD_PORT=${SCALE_ETCD_PORT:-29790}
 OPERATOR_PORT=${SCALE_OPERATOR_PORT:-29480} # below the ephemeral range, so no outgoing connection holds it
+RUNS=${RUNS:-1}
+
+if [ "$RUNS" -gt 1 ]; then
+  LOGS=$(mktemp -d /tmp/fabricxfer-scale-runs.XXXXXX)
+  trap 'rm -rf "$LOGS"' EXIT
+  failed_runs=0
+  for i in $(seq 1 "$RUNS"); do
+    printf '==> run %d of %d (load average %s)\n' "$i" "$RUNS" "$(cut -d' ' -f1-3 /proc/loadavg)"
+    RUNS=1 "$0" "$N" 2>&1 | tee "$LOGS/$i.log" || failed_runs=$((failed_runs + 1))
+  done
+  # Per run: seconds after the last first report (a run that did not converge counts as infinitely slow),
+  # operator peak RSS in MiB, failed agent rounds.
+  for i in $(seq 1 "$RUNS"); do
+    awk -v run="$i" '
+      /^converged [0-9.]+ s after the last first report/ { conv = $2 }
+      /^operator memory: peak RSS/ { rss = $6 }
+      /^agent report rounds that failed:/ { failed = $NF }
+      END { printf "%s %s %s %s\n", run, (conv == "" ? "inf" : conv), (rss == "" ? "nan" : rss), (failed == "" ? "?" : failed) }
+    ' "$LOGS/$i.log"
+  done >"$LOGS/summary"
+  echo "==> $RUNS runs of N=$N (run, converge s after the last first report, operator peak RSS MiB, failed agent rounds):"
+  cat "$LOGS/summary"
+  median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+  conv_median=$(awk '{ print $2 }' "$LOGS/summary" | median)
+  conv_worst=$(awk '{ print $2 }' "$LOGS/summary" | sort -g | tail -1)
+  rss_median=$(awk '{ print $3 }' "$LOGS/summary" | median)
+  rss_worst=$(awk '{ print $3 }' "$LOGS/summary" | sort -g | tail -1)
+  failed_rounds=$(awk '{ s += $4 } END { print s + 0 }' "$LOGS/summary")
+  echo "$RUNS runs of $N nodes: converge median $conv_median s, worst $conv_worst s; operator peak RSS median $rss_median MiB, worst $rss_worst MiB; failed agent rounds $failed_rounds; runs that failed $failed_runs"
+  [ "$failed_runs" -eq 0 ]
+  exit
+fi
+
 ST=$(mktemp -d /tmp/fabricxfer-scale.XXXXXX)
 
 for b in kubectl kube-apiserver etcd; do
@@ -76,7 +111,7 @@ if [ -n "${SCALE_CPU_PROFILE:-}" ]; then
   curl -sf --max-time $((${SCALE_PROFILE_SECONDS:-60} + 30)) -o "$SCALE_CPU_PROFILE" \
     "http://127.0.0.1:$((OPERATOR_PORT + 2))/debug/pprof/profile?seconds=${SCALE_PROFILE_SECONDS:-60}" &
 fi
-step "simulating $N agents (heartbeat 10 s) and measuring"
+step "simulating $N agents and measuring"
 # shellcheck disable=SC2086 # SCALE_FLAGS is a list of flags
 if ! "$ST/scale" run -n "$N" -operator-pid "$OPERATOR_PID" -operator-metrics "http://127.0.0.1:$OPERATOR_PORT/metrics" \
   -operator-log "$ST/operator.log" ${SCALE_FLAGS:-}; then

@@ -200,12 +200,18 @@ type TransferPoolStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
 	EngineSummary string `json:"engineSummary,omitempty"`
-	// VPods are the VPodTopology objects the pool's ready nodes belong to.
+	// VPods names up to 64 of the VPodTopology objects the pool's ready nodes belong to (the first by name),
+	// for a first look; VPodCount counts them all. A cluster of thousands of nodes spans thousands of domains,
+	// which a list in the pool's status would make a large object rewritten on every change.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=1024
 	// +kubebuilder:validation:items:MaxLength=253
 	VPods []string `json:"vpods,omitempty"`
+	// VPodCount is how many VPodTopology objects the pool's ready nodes belong to.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	VPodCount int32 `json:"vpodCount,omitempty"`
 	// NotReadyNodes names up to 32 selected nodes that are not ready, for a first look.
 	// +optional
 	// +listType=set

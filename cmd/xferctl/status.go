@@ -113,6 +113,7 @@ type poolView struct {
 	DesiredNodes int32    `json:"desiredNodes"`
 	Engines      string   `json:"engines,omitempty"`
 	VPods        []string `json:"vpods,omitempty"`
+	VPodCount    int32    `json:"vpodCount"` // all of them: VPods names at most 64
 	SocketDir    string   `json:"socketDir,omitempty"`
 }
 
@@ -167,7 +168,7 @@ func readStatus(ctx context.Context, c client.Reader, namespace string) (statusV
 	for _, p := range pools.Items {
 		v.Pools = append(v.Pools, poolView{Namespace: p.Namespace, Name: p.Name, Ready: condition(p.Status.Conditions, "Ready"),
 			Degraded: condition(p.Status.Conditions, "Degraded"), ReadyNodes: p.Status.ReadyNodes, DesiredNodes: p.Status.DesiredNodes,
-			Engines: p.Status.EngineSummary, VPods: p.Status.VPods, SocketDir: p.Spec.SocketDir})
+			Engines: p.Status.EngineSummary, VPods: p.Status.VPods, VPodCount: p.Status.VPodCount, SocketDir: p.Spec.SocketDir})
 	}
 	sort.Slice(nodes.Items, func(i, j int) bool { return nodes.Items[i].Name < nodes.Items[j].Name })
 	for _, n := range nodes.Items {
@@ -224,7 +225,7 @@ func printStatus(ctx context.Context, c client.Reader, namespace, output string,
 	fmt.Fprintf(tw, "POOLS (%d)\nNAMESPACE\tNAME\tREADY\tNODES\tENGINES\tVPODS\tSOCKET DIR\tDEGRADED\n", len(v.Pools))
 	for _, p := range v.Pools {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%d\t%s\t%s\n", p.Namespace, p.Name, p.Ready, p.ReadyNodes, p.DesiredNodes,
-			orDash(p.Engines), len(p.VPods), orDash(p.SocketDir), p.Degraded)
+			orDash(p.Engines), p.VPodCount, orDash(p.SocketDir), p.Degraded)
 	}
 	fmt.Fprintf(tw, "\nNODES (%d)\nNAME\tPOOL\tENGINES\tGPUS\tNICS\tENDPOINT\tHEARTBEAT\tAGENT\n", len(v.Nodes))
 	for _, n := range v.Nodes {

@@ -272,6 +272,25 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 			Agent:             v1alpha1.AgentSpec{HeartbeatSeconds: hb},
 		},
 	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating a REST client: %w", err)
+	}
+	latency0, err := apiLatency(ctx, cs)
+	if err != nil {
+		return err
+	}
+	cpu := func() float64 {
+		if o.operatorPID <= 0 {
+			return math.NaN()
+		}
+		s, err := procCPUSeconds(o.operatorPID)
+		if err != nil {
+			return math.NaN()
+		}
+		return s
+	}
+	cpu0 := cpu()
 	if err := agents.Create(ctx, pool); err != nil {
 		return fmt.Errorf("creating TransferPool %s/%s: %w", o.poolNamespace, o.poolName, err)
 	}
@@ -347,6 +366,14 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 			convergeS, converged.Sub(poolApplied).Seconds(), detail)
 	}
 
+	latency1, err := apiLatency(ctx, cs)
+	if err != nil {
+		return err
+	}
+	printOperatorWrites(latency0, latency1)
+	cpu1, at1 := cpu(), time.Now()
+	fmt.Printf("operator CPU from pool creation to convergence: %.2f s in %.1f s\n", cpu1-cpu0, at1.Sub(poolApplied).Seconds())
+
 	size, stripped, err := transferNodeSize(ctx, cfg, nodeName(0))
 	if err != nil {
 		return err
@@ -354,10 +381,14 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 	fmt.Printf("TransferNode %s (8 GPUs, 8 NICs): %d bytes of JSON as the API server returns it, %d without managedFields (goal < 8192)\n",
 		nodeName(0), size, stripped)
 
+	cpu2, at2 := cpu(), time.Now()
 	rate, err := steadyState(ctx, o, cfg, agentRequests)
 	if err != nil {
 		return err
 	}
+	cpu3, at3 := cpu(), time.Now()
+	fmt.Printf("operator CPU in the steady state: %.2f s in %.1f s (%.1f %% of a core)\n", cpu3-cpu2, at3.Sub(at2).Seconds(),
+		100*(cpu3-cpu2)/at3.Sub(at2).Seconds())
 	failures := int64(0)
 	for _, s := range sims {
 		failures += s.failures.Load()
@@ -440,6 +471,8 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 	}
 	detail := "nothing observed yet"
 	lastProgress := time.Now()
+	began := time.Now()
+	var poolReady, vpodsComplete time.Time
 	opRate := operatorRate{url: o.operatorMetrics, at: time.Now()}
 	opRate.next(ctx)
 	for {
@@ -458,9 +491,16 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 			}
 		}
 		ready := pool.Status.ReadyNodes == int32(o.nodes) && pool.Status.DesiredNodes == int32(o.nodes)
+		if ready && poolReady.IsZero() {
+			poolReady = time.Now()
+		}
+		if complete == len(expected) && vpodsComplete.IsZero() {
+			vpodsComplete = time.Now()
+		}
 		detail = fmt.Sprintf("pool %d/%d ready, %d of %d vPODs complete", pool.Status.ReadyNodes, pool.Status.DesiredNodes, complete, len(expected))
 		if ready && complete == len(expected) {
-			return time.Now(), detail, nil
+			return time.Now(), fmt.Sprintf("%s; pool ready %.2f s, vPODs complete %.2f s after waiting began", detail,
+				poolReady.Sub(began).Seconds(), vpodsComplete.Sub(began).Seconds()), nil
 		}
 		if time.Since(lastProgress) >= 10*time.Second {
 			fmt.Printf("  waiting: %s%s\n", detail, opRate.next(ctx))
@@ -539,6 +579,37 @@ func transferNodeSize(ctx context.Context, cfg *rest.Config, name string) (int, 
 		return 0, 0, fmt.Errorf("encoding TransferNode %s: %w", name, err)
 	}
 	return len(compact), len(stripped), nil
+}
+
+// apiLatency reads the API server's request latency histogram (apiserver_request_duration_seconds).
+func apiLatency(ctx context.Context, cs kubernetes.Interface) ([]sample, error) {
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the API server's metrics: %w", err)
+	}
+	return parseCounter(raw, "apiserver_request_duration_seconds_bucket")
+}
+
+// printOperatorWrites prints the API server's own latency of the operator's writes between two scrapes: the
+// writes of VPodTopologies and TransferPools, which no other client of the harness writes (agents write
+// TransferNodes and Leases).
+func printOperatorWrites(before, after []sample) {
+	writes := func(l map[string]string) bool {
+		switch l["verb"] {
+		case "POST", "PUT", "PATCH", "APPLY", "DELETE":
+			return l["resource"] == "vpodtopologies" || l["resource"] == "transferpools"
+		}
+		return false
+	}
+	lat := histogramQuantiles(before, after, writes, "verb", "resource", "subresource")
+	if len(lat) == 0 {
+		fmt.Println("operator writes (API server latency, pool created to converged): none seen")
+		return
+	}
+	for _, l := range lat {
+		fmt.Printf("operator writes (API server latency, pool created to converged): %s n=%.0f p50 %s p90 %s p99 %s\n",
+			l.kind, l.count, ms(l.p50), ms(l.p90), ms(l.p99))
+	}
 }
 
 // steadyState measures request rates over the window: the API server's apiserver_request_total (every client,

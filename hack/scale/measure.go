@@ -9,7 +9,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -165,4 +167,90 @@ func procMemKiB(pid int, field string) (int64, error) {
 		return 0, fmt.Errorf("process %d status has no %s line", pid, field)
 	}
 	return kb, nil
+}
+
+// latency is one request kind's latency distribution from a Prometheus histogram's buckets over a window.
+type latency struct {
+	kind          string
+	count         float64
+	p50, p90, p99 float64 // seconds; +Inf when the quantile lies past the last finite bucket
+}
+
+// histogramQuantiles groups the delta of histogram buckets (series name_bucket with an le label) between two
+// scrapes by the listed labels and estimates each group's quantiles, interpolating linearly within a bucket as
+// Prometheus's histogram_quantile does. keep selects the series that count.
+func histogramQuantiles(before, after []sample, keep func(map[string]string) bool, by ...string) []latency {
+	filter := func(in []sample) []sample {
+		var out []sample
+		for _, s := range in {
+			if keep(s.labels) {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	d := delta(filter(before), filter(after), append(by, "le")...)
+	type bucket struct{ le, cum float64 }
+	groups := map[string][]bucket{}
+	for k, v := range d {
+		i := strings.LastIndexByte(k, ' ')
+		le, err := strconv.ParseFloat(k[i+1:], 64) // "+Inf" parses as +Inf
+		if err != nil {
+			continue
+		}
+		groups[k[:i]] = append(groups[k[:i]], bucket{le, v})
+	}
+	var out []latency
+	for kind, bs := range groups {
+		sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+		total := bs[len(bs)-1].cum
+		if total <= 0 {
+			continue
+		}
+		q := func(p float64) float64 {
+			rank, lower, below := p*total, 0.0, 0.0
+			for _, b := range bs {
+				if b.cum >= rank {
+					if b.cum == below {
+						return b.le
+					}
+					return lower + (b.le-lower)*(rank-below)/(b.cum-below)
+				}
+				lower, below = b.le, b.cum
+			}
+			return bs[len(bs)-1].le
+		}
+		out = append(out, latency{kind: strings.TrimSpace(kind), count: total, p50: q(0.5), p90: q(0.9), p99: q(0.99)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].count > out[j].count })
+	return out
+}
+
+// ms writes seconds as milliseconds, or "> last bucket" for +Inf.
+func ms(s float64) string {
+	if math.IsInf(s, 1) {
+		return "> last bucket"
+	}
+	return fmt.Sprintf("%.0f ms", s*1000)
+}
+
+// procCPUSeconds is the user+system CPU time a process has used, from /proc/<pid>/stat (clock ticks of 1/100 s,
+// as Linux reports them to user space).
+func procCPUSeconds(pid int) (float64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; the fields after its closing parenthesis start at field 3.
+	rest := raw[bytes.LastIndexByte(raw, ')')+1:]
+	f := strings.Fields(string(rest))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("process %d stat: %d fields after the name", pid, len(f))
+	}
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("process %d stat: utime %q stime %q", pid, f[11], f[12])
+	}
+	return (utime + stime) / 100, nil
 }
