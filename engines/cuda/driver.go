@@ -276,26 +276,17 @@ func (d *Driver) HasBatchCopy() bool { return d.batchABI != 0 }
 // WithContext runs fn on a locked OS thread with ctx current, then restores
 // whatever context the thread had before; the CUDA current context is per
 // thread, and callers' state must survive the engines.
-func (d *Driver) WithContext(ctx Context, fn func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	prev, err := d.CtxGetCurrent()
-	if err != nil {
-		return err
-	}
-	if prev != ctx {
-		if err := d.CtxSetCurrent(ctx); err != nil {
-			return err
-		}
-		defer func() { _ = d.CtxSetCurrent(prev) }()
-	}
-	return fn()
-}
+func (d *Driver) WithContext(ctx Context, fn func() error) error { return d.withContext(ctx, true, fn) }
 
 // WithContextKept is WithContext for the copy path's calls, made many times a transfer: a thread that had no
 // context keeps ctx current afterwards, so the next call on it (a poll loop's) makes no context switch. A
 // context the thread had is put back, as WithContext does.
 func (d *Driver) WithContextKept(ctx Context, fn func() error) error {
+	return d.withContext(ctx, false, fn)
+}
+
+// withContext runs fn with ctx current on a locked thread; restoreNone also puts back "no context".
+func (d *Driver) withContext(ctx Context, restoreNone bool, fn func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	prev, err := d.CtxGetCurrent()
@@ -306,7 +297,7 @@ func (d *Driver) WithContextKept(ctx Context, fn func() error) error {
 		if err := d.CtxSetCurrent(ctx); err != nil {
 			return err
 		}
-		if prev != 0 {
+		if prev != 0 || restoreNone {
 			defer func() { _ = d.CtxSetCurrent(prev) }()
 		}
 	}
