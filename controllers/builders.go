@@ -222,6 +222,8 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) (*appsv1a
 		"--health-addr=:" + strconv.Itoa(int(port)+2),
 		"--tls-dir=" + agentTLSMount,
 		"--kernel-cache=" + agentKernelCache,
+		// JSON with the operator's keys, so one log pipeline reads both.
+		"--log-format=json",
 	}
 	if spec.FabricDomainOverride != "" {
 		args = append(args, "--fabric-domain="+spec.FabricDomainOverride)
