@@ -133,6 +133,20 @@ func claimPod(t *testing.T, cs kubernetes.Interface, name, claim string) {
 	}
 }
 
+// Two vPODs of one UALink pod, as the scheduler tests place claims in them.
+const testVPodA, testVPodB = "ualink:1c9e2f4a-6b7d-4e11-9a2b-3c4d5e6f7081/1", "ualink:1c9e2f4a-6b7d-4e11-9a2b-3c4d5e6f7081/2"
+
+// createDeviceClass installs the fabricxfer.io DeviceClass the chart ships, which claims name.
+func createDeviceClass(ctx context.Context, t *testing.T, cs kubernetes.Interface) {
+	t.Helper()
+	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: dra.DriverName},
+		Spec:       resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "fabricxfer.io"`}}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestSchedulerPlacesClaimsInsideTheirVPod: with the real kube-scheduler and Nodes that report Ready, pods
 // whose claims' CEL selector names a vPOD are bound only to nodes of that vPOD (Kubernetes' own DRA allocator
 // reads the agents' ResourceSlices), and the agent of the chosen node prepares the claim while another node's
@@ -142,13 +156,8 @@ func TestSchedulerPlacesClaimsInsideTheirVPod(t *testing.T) {
 	startScheduler(t, env)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, &resourceapi.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: dra.DriverName},
-		Spec:       resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "fabricxfer.io"`}}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	const vpodA, vpodB = "ualink:1c9e2f4a-6b7d-4e11-9a2b-3c4d5e6f7081/1", "ualink:1c9e2f4a-6b7d-4e11-9a2b-3c4d5e6f7081/2"
+	createDeviceClass(ctx, t, cs)
+	const vpodA, vpodB = testVPodA, testVPodB
 	domains := map[string]string{"node-a1": vpodA, "node-a2": vpodA, "node-b1": vpodB, "node-c": ""}
 	drivers := map[string]*running{}
 	for node, dom := range domains {

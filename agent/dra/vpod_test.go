@@ -48,13 +48,8 @@ func TestSharedVPodClaimKeepsItsPodsInsideTheVPod(t *testing.T) {
 	startScheduler(t, env)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, &resourceapi.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: dra.DriverName},
-		Spec:       resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "fabricxfer.io"`}}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	const vpodA, vpodB = "ualink:1c9e2f4a-6b7d-4e11-9a2b-3c4d5e6f7081/1", "ualink:1c9e2f4a-6b7d-4e11-9a2b-3c4d5e6f7081/2"
+	createDeviceClass(ctx, t, cs)
+	const vpodA, vpodB = testVPodA, testVPodB
 	domains := map[string]string{"node-a1": vpodA, "node-a2": vpodA, "node-b1": vpodB, "node-b2": vpodB, "node-c": ""}
 	drivers := map[string]*running{}
 	for node, dom := range domains {
