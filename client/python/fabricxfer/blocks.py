@@ -50,24 +50,38 @@ def _from_numpy(a, id_bytes: Optional[int]):
     return memoryview(a).cast("B"), dt.itemsize, a.shape[0]
 
 
+_TORCH_WIDTHS: dict = {}
+
+
+def _torch_widths(torch_mod) -> dict:
+    """torch.int32 -> 4 and torch.int64 -> 8, keyed by the dtype objects themselves (comparing them is cheaper
+    than naming them)."""
+    if not _TORCH_WIDTHS:
+        _TORCH_WIDTHS.update({torch_mod.int32: 4, torch_mod.int64: 8})
+    return _TORCH_WIDTHS
+
+
 def _from_torch(t, id_bytes: Optional[int]):
-    if t.device.type != "cpu":
+    # Every step here is a call into torch, each costing a microsecond or more: ask only what decides something.
+    widths = _TORCH_WIDTHS or _torch_widths(sys.modules["torch"])
+    width = widths.get(t.dtype)
+    if width is None:
+        raise _dtype_error(t.dtype)
+    if not t.is_cpu:
         raise ValueError("block ids are on %s: pass CPU ids (ids.cpu(), outside your timed loop)" % (t.device,))
-    name = str(t.dtype)
-    if name not in ("torch.int32", "torch.int64"):
-        raise _dtype_error(name)
-    width = 4 if name == "torch.int32" else 8
     if id_bytes is not None and id_bytes != width:
-        raise ValueError("ids are %s but id_bytes=%d" % (name, id_bytes))
-    t = t.reshape(-1)
-    if not t.is_contiguous():
-        t = t.contiguous()
+        raise ValueError("ids are %s but id_bytes=%d" % (t.dtype, id_bytes))
+    n = t.numel()
+    if n == 1:  # one block (a contiguous copy, a single page): its value, without a view of the storage
+        return memoryview(struct.pack("<i" if width == 4 else "<q", int(t.item()))), width, 1
+    if t.dim() != 1 or not t.is_contiguous():
+        t = t.reshape(-1).contiguous()
     try:
         arr = t.numpy()
     except (RuntimeError, ImportError, TypeError):  # torch without numpy: read the storage in place
         import ctypes
 
-        raw = (ctypes.c_char * (t.numel() * width)).from_address(t.data_ptr())
+        raw = (ctypes.c_char * (n * width)).from_address(t.data_ptr())
         raw._keep = t  # the tensor lives as long as the view of its bytes
         mv = memoryview(raw).cast("B")
     else:
@@ -78,7 +92,7 @@ def _from_torch(t, id_bytes: Optional[int]):
         a = array.array("i" if width == 4 else "q", mv.tobytes())
         a.byteswap()
         mv = memoryview(a).cast("B")
-    return mv, width, t.numel()
+    return mv, width, n
 
 
 def _from_buffer(obj, id_bytes: Optional[int]):
@@ -130,23 +144,6 @@ def pack_ids(ids, id_bytes: Optional[int] = None) -> Tuple[memoryview, int, int]
         raise TypeError("block ids must be an array, not a Python %s: use numpy.asarray(ids, dtype=numpy.int64) "
                         "or array.array('q', ids)" % type(ids).__name__)
     return _from_buffer(ids, id_bytes)
-
-
-def narrow(local: memoryview, remote: memoryview):
-    """int64 id lists as int32 ones when numpy is at hand and every id fits (the usual case: torch indexes in
-    int64): half the bytes on the socket, and the agent copies them as they are instead of checking each one.
-    Returns None when they do not fit or numpy is missing."""
-    try:
-        import numpy as np
-    except ImportError:
-        return None
-    out = []
-    for mv in (local, remote):
-        a = np.frombuffer(mv, dtype="<i8")
-        if a.size and (a.min() < 0 or a.max() >= 1 << 31):
-            return None
-        out.append(memoryview(a.astype("<i4")).cast("B"))
-    return out[0], out[1]
 
 
 def widen(mv: memoryview) -> memoryview:

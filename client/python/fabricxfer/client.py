@@ -36,6 +36,7 @@ from typing import Iterator, List, Optional, Sequence
 import grpc
 
 from fabricxfer import blocks as _blocks
+from fabricxfer import fastconn as _fastconn
 from fabricxfer import cuda as _cuda
 from fabricxfer.agent.v1 import agent_pb2 as pb
 from fabricxfer.agent.v1 import agent_pb2_grpc as pb_grpc
@@ -56,38 +57,11 @@ def _op(op: str) -> int:
         raise ValueError("op must be \"read\" or \"write\", not %r" % (op,)) from None
 
 
-# How long a fast-socket call polls for the agent's reply before blocking: waking a blocked reader costs tens of
-# microseconds, as much as a small transfer.
-FAST_SPIN = 100e-6
-
-
-def _recv_exact(s: socket.socket, n: int, spin: float) -> bytes:
-    """Reads exactly n bytes, first polling without blocking for up to spin seconds (a socket with a timeout
-    would wait in poll() instead, and be woken late)."""
-    buf = bytearray()
-    if spin > 0:
-        timeout = s.gettimeout()
-        s.setblocking(False)
-        try:
-            until = time.perf_counter() + spin
-            while len(buf) < n:
-                try:
-                    chunk = s.recv(n - len(buf))
-                except (BlockingIOError, InterruptedError):
-                    if time.perf_counter() > until:
-                        break
-                    continue
-                if not chunk:
-                    raise ConnectionError("the agent closed the fast socket (agent restarted?)")
-                buf += chunk
-        finally:
-            s.settimeout(timeout)
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("the agent closed the fast socket mid-reply")
-        buf += chunk
-    return bytes(buf)
+# How long a fast-socket call polls for the agent's reply before sleeping in poll(): waking a sleeping reader
+# costs tens of microseconds, as much as a small transfer, and a waited 1 GiB copy takes half a millisecond. A
+# waiting caller has nothing else to do on that thread; torch.cuda.synchronize() polls the same way.
+FAST_SPIN = 10e-3
+_HDR = struct.Struct(">I")
 
 
 class AgentError(grpc.RpcError):
@@ -360,16 +334,20 @@ class Client:
     """A connection to one agent socket. Regions belong to the connection: close() (or the process ending)
     makes the agent deregister them."""
 
-    def __init__(self, socket_path: Optional[str] = None, timeout: float = 10.0, name: str = "python", fast: bool = True):
+    def __init__(self, socket_path: Optional[str] = None, timeout: float = 10.0, name: str = "python", fast: bool = True,
+                 spin: float = FAST_SPIN):
         """socket_path: default $FABRICXFER_SOCKET (a prepared fabricxfer.io claim sets it), else
         /run/fabricxfer/agent.sock. fast: send waited transfers over the agent's fast socket (one framed round
-        trip, no HTTP/2)."""
+        trip, no HTTP/2). spin: seconds a waited fast call polls for its reply, keeping its thread's core busy,
+        before it sleeps until the reply comes (0: sleep at once, for callers that would rather give the core
+        away than save the wake-up)."""
         socket_path = socket_path or os.environ.get("FABRICXFER_SOCKET") or "/run/fabricxfer/agent.sock"
         self.socket_path = socket_path
         self.fd_socket = os.path.join(os.path.dirname(socket_path), FD_SOCKET_NAME)
         self.timeout = timeout
         self.name = name
         self._want_fast = fast
+        self._spin = max(0.0, spin)
         # Regions are tied to the connection, so an idle channel must not quietly drop it.
         self._channel = grpc.insecure_channel("unix:" + socket_path, options=[
             ("grpc.client_idle_timeout_ms", 2 ** 31 - 1),
@@ -494,25 +472,17 @@ class Client:
         s.settimeout(self.timeout)
         try:
             s.connect(os.path.join(os.path.dirname(self.socket_path), FAST_SOCKET_NAME))
-            reply = self._frame(s, token.encode())
+            conn = _fastconn.FastConn(s, self._spin)
+            payload = token.encode()
+            reply = pb.FastReply.FromString(conn.call([_HDR.pack(len(payload)), payload],
+                                                      time.perf_counter() + self.timeout))
         except Exception:
             s.close()
             raise
         if reply.code:
             s.close()
             raise AgentError(reply.code, reply.message)
-        self._fast = s
-
-    @staticmethod
-    def _frame(s: socket.socket, payload: bytes) -> pb.FastReply:
-        s.sendall(struct.pack(">I", len(payload)) + payload)
-        return Client._reply(s)
-
-    @staticmethod
-    def _reply(s: socket.socket) -> pb.FastReply:
-        hdr = _recv_exact(s, 4, FAST_SPIN)
-        (n,) = struct.unpack(">I", hdr)
-        return pb.FastReply.FromString(_recv_exact(s, n, 0.0))
+        self._fast = conn
 
     def close(self):
         if self._fast is not None:
@@ -687,24 +657,26 @@ class Client:
         self._check_session()
         if wait and self._fast is not None:
             payload = pb.FastRequest(transfer=req).SerializeToString()
-            resp = self._fast_call([struct.pack(">I", len(payload)), payload])
+            resp = self._fast_call([_HDR.pack(len(payload)), payload], timeout)
         else:
             resp = self._call(self.stub.Transfer, req)
         return self._settled(resp, wait)
 
-    def _fast_call(self, parts) -> pb.TransferResponse:
-        """One frame (a list of buffers) on the fast socket and its reply."""
+    def _fast_call(self, parts, timeout: Optional[float] = None) -> pb.TransferResponse:
+        """One frame (a list of bytes-like parts) on the fast socket and its reply, within timeout (the transfer's,
+        else the client's) plus a second for the reply to travel."""
+        deadline = time.perf_counter() + (timeout or self.timeout) + 1.0
         with self._fast_lock:
-            s = self._fast
-            if s is None:
+            conn = self._fast
+            if conn is None:
                 raise SessionLost("the fast socket is closed: call recover() and retry")
             try:
-                _blocks.send_parts(s, parts)
-                reply = self._reply(s)
+                raw = conn.call(parts, deadline)
             except (OSError, ConnectionError) as e:
-                s.close()
+                conn.close()
                 self._fast = None
                 raise SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e) from e
+        reply = pb.FastReply.FromString(raw)
         if reply.code:
             raise AgentError(reply.code, reply.message)
         return reply.response
@@ -760,16 +732,12 @@ class Client:
             local = _blocks.widen(local) if width == 4 else local
             rids = _blocks.widen(rids) if rwidth == 4 else rids
             width = 8
-        if width == 8 and id_bytes is None and count >= 64:
-            narrowed = _blocks.narrow(local, rids)
-            if narrowed is not None:
-                local, rids, width = narrowed[0], narrowed[1], 4
         ref = remote.ref
         self._check_session()
         # A frame the fast socket would refuse goes by gRPC, whose refusal leaves the fast connection up.
         if wait and self._fast is not None and local.nbytes + rids.nbytes < FAST_FRAME_MAX - 4096:
             parts = _blocks.blocks_frame(code, layout.id, ref, local, rids, width, timeout, notify, wait)
-            resp = self._fast_call(parts)
+            resp = self._fast_call(parts, timeout)
         else:
             req = _blocks.blocks_request(code, layout.id, ref, local, rids, width, timeout, notify, wait)
             resp = self._call(self.stub.TransferBlocks, req)
