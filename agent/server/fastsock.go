@@ -148,10 +148,10 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying.
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	in := sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin}
-	var buf []byte
+	in := sockio.FrameReader{R: sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin}, Max: maxFastFrame}
+	var out []byte
 	for {
-		frame, err := sockio.ReadFrameInto(in, &buf, maxFastFrame)
+		frame, err := in.Next()
 		trace.Log(callCtx, "fast", "frame read")
 		if err != nil {
 			if err != io.EOF {
@@ -166,7 +166,14 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		} else {
 			reply = &agentv1.FastReply{Response: resp}
 		}
-		err = writeReply(conn, reply)
+		// The reply is marshalled behind four reserved bytes of a buffer kept for the connection: one write, no
+		// allocation.
+		if out, err = (proto.MarshalOptions{}).MarshalAppend(append(out[:0], 0, 0, 0, 0), reply); err == nil {
+			_, err = conn.Write(sockio.SealFrame(out))
+		}
+		if cap(out) > 64<<10 {
+			out = nil
+		}
 		trace.Log(callCtx, "fast", "replied")
 		if err != nil {
 			return

@@ -312,11 +312,15 @@ func (s *Server) layoutPairsLocked(sess *session, local, remote *layout, write b
 }
 
 // decodeBlockIDs reads packed little-endian ids of width bytes into ids. int32 ids are copied as they are (a
-// negative one is a huge id the engines refuse as out of range); int64 ids must fit in 32 bits. Ranges are
-// checked by the engines, against each region, once.
+// negative one is a huge id the engines refuse as out of range); int64 ids must lie below blocks, which one
+// branch-free pass checks (a torch caller's ids are int64, and a branch per id costs more than the copy); the
+// entry named in a refusal is found afterwards. Ranges of int32 ids are checked by the engines, once.
 func decodeBlockIDs(ids []uint32, b []byte, width int, blocks uint64, side string) error {
+	if len(ids) == 0 {
+		return nil
+	}
 	if width == 4 {
-		if littleEndian && len(ids) > 0 {
+		if littleEndian {
 			copy(unsafe.Slice((*byte)(unsafe.Pointer(&ids[0])), 4*len(ids)), b)
 			return nil
 		}
@@ -325,12 +329,32 @@ func decodeBlockIDs(ids []uint32, b []byte, width int, blocks uint64, side strin
 		}
 		return nil
 	}
+	if blocks == 0 {
+		return status.Errorf(codes.InvalidArgument, "%s layout has no blocks", side)
+	}
+	limit := min(blocks, math.MaxUint32+1) - 1
+	var over uint64
+	if littleEndian && uintptr(unsafe.Pointer(&b[0]))%8 == 0 {
+		wide := unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(ids))
+		for i, v := range wide {
+			over |= (limit - v) >> 63 // v > limit: the subtraction wraps and sets the top bit (v < 2^63)
+			over |= v >> 63
+			ids[i] = uint32(v)
+		}
+	} else {
+		for i := range ids {
+			v := binary.LittleEndian.Uint64(b[8*i:])
+			over |= (limit-v)>>63 | v>>63
+			ids[i] = uint32(v)
+		}
+	}
+	if over == 0 {
+		return nil
+	}
 	for i := range ids {
-		v := binary.LittleEndian.Uint64(b[8*i:])
-		if v >= blocks || v > math.MaxUint32 {
+		if v := binary.LittleEndian.Uint64(b[8*i:]); v > limit {
 			return status.Errorf(codes.InvalidArgument, "%s block id %s (entry %d) is outside the layout's %d blocks", side, fmtID(v, width), i, blocks)
 		}
-		ids[i] = uint32(v)
 	}
 	return nil
 }

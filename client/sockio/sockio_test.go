@@ -5,6 +5,7 @@ package sockio
 
 import (
 	"bytes"
+	"io"
 	"net"
 	"path/filepath"
 	"strings"
@@ -65,4 +66,50 @@ func TestSpinReaderReadsAndHonoursDeadlines(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("deadline of 50 ms took %s", d)
 	}
+}
+
+func TestFrameReaderTakesWholeFramesAndBoundsMemory(t *testing.T) {
+	var b bytes.Buffer
+	for _, p := range []string{"one", "", "three"} {
+		if err := WriteFrame(&b, []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reads := 0
+	r := &FrameReader{R: readCounter{&b, &reads}, Max: 16}
+	for _, want := range []string{"one", "", "three"} {
+		got, err := r.Next()
+		if err != nil || string(got) != want {
+			t.Fatalf("frame %q, %v; want %q", got, err, want)
+		}
+	}
+	if reads != 1 {
+		t.Fatalf("three small frames that had arrived took %d reads, want 1", reads)
+	}
+	if _, err := r.Next(); err != io.EOF {
+		t.Fatalf("after the last frame: %v, want EOF", err)
+	}
+
+	// A peer that announces 4 MiB and sends 10 bytes costs the buffer those bytes need, not 4 MiB.
+	big := &FrameReader{R: bytes.NewReader(append([]byte{0, 0x40, 0, 0}, make([]byte, 10)...)), Max: 8 << 20}
+	if _, err := big.Next(); err != io.ErrUnexpectedEOF {
+		t.Fatalf("truncated frame: %v, want ErrUnexpectedEOF", err)
+	}
+	if cap(big.buf) > 64<<10 {
+		t.Fatalf("an announced frame with no payload grew the buffer to %d bytes", cap(big.buf))
+	}
+	over := &FrameReader{R: bytes.NewReader([]byte{0, 0, 1, 0}), Max: 255}
+	if _, err := over.Next(); err == nil || !strings.Contains(err.Error(), "at most 255") {
+		t.Fatalf("oversized frame: %v", err)
+	}
+}
+
+type readCounter struct {
+	r io.Reader
+	n *int
+}
+
+func (c readCounter) Read(p []byte) (int, error) {
+	*c.n++
+	return c.r.Read(p)
 }

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package server
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// TestDecodeBlockIDsMatchesItsDefinition compares the branch-free int64 pass with the plain rule (every id below
+// the layout's blocks, the first one that is not named) on random lists with a bad id planted anywhere, on
+// aligned and unaligned buffers.
+func TestDecodeBlockIDsMatchesItsDefinition(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	bad := []uint64{1 << 20, math.MaxUint32, math.MaxUint32 + 1, 1 << 62, 1<<63 - 1, 1 << 63, math.MaxUint64}
+	for round := range 400 {
+		blocks := uint64(1 + rng.IntN(1<<20))
+		if round%7 == 0 {
+			blocks = math.MaxUint32 + 5 // a layout wider than a uint32 id can name
+		}
+		n := 1 + rng.IntN(300)
+		vals := make([]uint64, n)
+		for i := range vals {
+			vals[i] = rng.Uint64N(min(blocks, math.MaxUint32))
+		}
+		want := -1
+		if round%2 == 1 {
+			want = rng.IntN(n)
+			vals[want] = bad[rng.IntN(len(bad))]
+			if vals[want] < blocks && vals[want] <= math.MaxUint32 {
+				want = -1 // not bad for this layout
+			}
+		}
+		raw := make([]byte, 8*n+1)
+		b := raw[round%2 : round%2+8*n] // odd rounds read an unaligned buffer
+		for i, v := range vals {
+			binary.LittleEndian.PutUint64(b[8*i:], v)
+		}
+		ids := make([]uint32, n)
+		err := decodeBlockIDs(ids, b, 8, blocks, "local")
+		if want < 0 {
+			if err != nil {
+				t.Fatalf("round %d: good ids refused: %v", round, err)
+			}
+			for i, v := range vals {
+				if ids[i] != uint32(v) {
+					t.Fatalf("round %d: entry %d decoded as %d, sent %d", round, i, ids[i], v)
+				}
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "(entry ") {
+			t.Fatalf("round %d: id %d at entry %d of a layout of %d blocks: got %v", round, vals[want], want, blocks, err)
+		}
+		first := -1
+		for i, v := range vals {
+			if v >= blocks || v > math.MaxUint32 {
+				first = i
+				break
+			}
+		}
+		if !strings.Contains(err.Error(), "(entry "+itoa(first)+")") {
+			t.Fatalf("round %d: refusal names the wrong entry (first bad is %d): %v", round, first, err)
+		}
+	}
+	if err := decodeBlockIDs(make([]uint32, 1), make([]byte, 8), 8, 0, "remote"); err == nil {
+		t.Fatal("an id of a layout of no blocks was taken")
+	}
+}
+
+func itoa(i int) string { return fmtID(uint64(i), 8) }
+
+func BenchmarkDecodeBlockIDs(b *testing.B) {
+	const n = 15360
+	raw := make([]byte, 8*n)
+	for i := range n {
+		binary.LittleEndian.PutUint64(raw[8*i:], uint64(i*17%262144))
+	}
+	ids := make([]uint32, n)
+	for b.Loop() {
+		if err := decodeBlockIDs(ids, raw, 8, 262144, "local"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
