@@ -20,7 +20,8 @@ on cuda:<--device> with register_tensor and times, against what torch users writ
   d  4 KiB round trips (one 4 KiB block), p50 and p99 of 2,000, vs a 4 KiB copy_ and a synchronize
 
 torch is timed with torch.cuda.synchronize() around each call, ours wall-clock per call (wait=True); each time
-is the median of --iters after --warmup. Every destination byte is compared (torch.equal) with what torch's
+is the median of --iters after --warmup calls and at least --warmup-seconds of calls on each side, after half a
+second of copies that bring the GPU to its clocks. Every destination byte is compared (torch.equal) with what torch's
 own copies produced from the same ids. A failing case prints its error and the next one runs. The agent is
 killed at the end whatever happens. --expandable runs the client with
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
@@ -55,8 +56,10 @@ def parse_args(argv=None):
     p.add_argument("--json", help="write the results here too")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of %s" % ",".join(CASES))
     p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per case (default 20)")
+    p.add_argument("--iters", type=int, default=50, help="timed iterations per case (default 50)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
+    p.add_argument("--warmup-seconds", type=float, default=0.2,
+                   help="and untimed iterations until this many seconds have passed (default 0.2)")
     p.add_argument("--rtt-iters", type=int, default=2000, help="round trips of case d (default 2000)")
     p.add_argument("--start-timeout", type=float, default=60.0, help="seconds to wait for the agent socket")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds the client process may run in all")
@@ -70,8 +73,8 @@ def parse_args(argv=None):
     if unknown:
         p.error("unknown cases %s (known: %s)" % (",".join(unknown), ",".join(CASES)))
     a.cases = cases
-    if a.iters < 1 or a.warmup < 0 or a.rtt_iters < 1:
-        p.error("--iters and --rtt-iters must be positive, --warmup not negative")
+    if a.iters < 1 or a.warmup < 0 or a.rtt_iters < 1 or a.warmup_seconds < 0:
+        p.error("--iters and --rtt-iters must be positive, --warmup and --warmup-seconds not negative")
     if a.client and not a.socket:
         p.error("--client needs --socket")
     return a
@@ -119,7 +122,8 @@ def format_table(results):
 def client_command(a, socket_path):
     """The command line of the client half."""
     cmd = [sys.executable, os.path.abspath(__file__), "--client", "--socket", socket_path, "--cases", ",".join(a.cases),
-           "--device", str(a.device), "--iters", str(a.iters), "--warmup", str(a.warmup), "--rtt-iters",
+           "--device", str(a.device), "--iters", str(a.iters), "--warmup", str(a.warmup),
+           "--warmup-seconds", str(a.warmup_seconds), "--rtt-iters",
            str(a.rtt_iters), "--call-timeout", str(a.call_timeout)]
     if a.json:
         cmd += ["--json", os.path.abspath(a.json)]
@@ -237,29 +241,54 @@ class Bench:
         torch.cuda.set_device(self.dev)
         self.c = Client(a.socket, timeout=a.call_timeout, name="bench-gpu")
         self.gen = torch.Generator().manual_seed(1)
+        self.warm_gpu()
+
+    def warm_gpu(self, seconds=0.5):
+        """Copies for a moment first: an idle H200 reports 345 MHz and needs thousands of calls to reach its
+        clocks, and whichever side ran first would pay for it."""
+        torch = self.torch
+        x = torch.empty(256 * MIB, dtype=torch.uint8, device=self.dev)
+        y = torch.empty_like(x)
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            y.copy_(x)
+            self.sync()
+        del x, y
 
     def sync(self):
         self.torch.cuda.synchronize(self.dev)
 
+    def warm(self, fn, before=None):
+        """--warmup calls, then more until --warmup-seconds have passed (the first calls on fresh memory and
+        after a pause run slower, on both sides)."""
+        w = max(1, self.a.warmup)
+        until = time.monotonic() + self.a.warmup_seconds
+        i = 0
+        while i < self.a.warmup or time.monotonic() < until:
+            if before:
+                before()
+            fn(i % w)
+            i += 1
+
     def time_torch(self, fn, n=None):
+        self.warm(fn, self.sync)
         times = []
-        for i in range(self.a.warmup + (n or self.a.iters)):
+        for i in range(self.a.warmup, self.a.warmup + (n or self.a.iters)):
             self.sync()
             t0 = time.perf_counter()
             fn(i)
             self.sync()
-            if i >= self.a.warmup:
-                times.append(time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
         return times
 
     def time_ours(self, fn, n=None):
         self.sync()  # what torch wrote must be there before the agent reads it
+        self.warm(fn)
         times = []
-        for i in range(self.a.warmup + (n or self.a.iters)):
+        for i in range(self.a.warmup, self.a.warmup + (n or self.a.iters)):
             t0 = time.perf_counter()
             fn(i)
-            if i >= self.a.warmup:
-                times.append(time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
         return times
 
     def layout(self, tensors, block_bytes):
