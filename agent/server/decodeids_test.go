@@ -76,14 +76,18 @@ func itoa(i int) string { return fmtID(uint64(i), 8) }
 
 func BenchmarkDecodeBlockIDs(b *testing.B) {
 	const n = 15360
-	raw := make([]byte, 8*n)
-	for i := range n {
-		binary.LittleEndian.PutUint64(raw[8*i:], uint64(i*17%262144))
-	}
-	ids := make([]uint32, n)
-	for b.Loop() {
-		if err := decodeBlockIDs(ids, raw, 8, 262144, "local"); err != nil {
-			b.Fatal(err)
-		}
+	for _, shift := range []int{0, 3} {
+		b.Run(map[int]string{0: "aligned", 3: "unaligned"}[shift], func(b *testing.B) {
+			raw := make([]byte, 8*n+shift)[shift:]
+			for i := range n {
+				binary.LittleEndian.PutUint64(raw[8*i:], uint64(i*17%262144))
+			}
+			ids := make([]uint32, n)
+			for b.Loop() {
+				if err := decodeBlockIDs(ids, raw, 8, 262144, "local"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

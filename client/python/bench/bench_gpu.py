@@ -263,12 +263,17 @@ class Bench:
         after a pause run slower, on both sides)."""
         w = max(1, self.a.warmup)
         until = time.monotonic() + self.a.warmup_seconds
-        i = 0
-        while i < self.a.warmup or time.monotonic() < until:
+        while time.monotonic() < until:
+            for i in range(w):
+                if before:
+                    before()
+                fn(i)
+        # Both sides end their warm-up with the same calls in the same order, so blocks that only warm-up calls
+        # wrote hold the same bytes on both sides.
+        for i in range(w):
             if before:
                 before()
-            fn(i % w)
-            i += 1
+            fn(i)
 
     def time_torch(self, fn, n=None):
         self.warm(fn, self.sync)

@@ -732,6 +732,11 @@ class Client:
             local = _blocks.widen(local) if width == 4 else local
             rids = _blocks.widen(rids) if rwidth == 4 else rids
             width = 8
+        if width == 8 and id_bytes is None and count >= 1024:
+            nl = _blocks.narrow_ids(ids, count)
+            nr = _blocks.narrow_ids(remote_ids, count) if nl is not None else None
+            if nr is not None:
+                local, rids, width = nl, nr, 4
         ref = remote.ref
         self._check_session()
         # A frame the fast socket would refuse goes by gRPC, whose refusal leaves the fast connection up.

@@ -52,11 +52,15 @@ class FastConn:
         the socket's buffer."""
         sock = self.sock
         views = parts
+        spin_until = time.perf_counter() + self.spin
         while True:
             try:
                 n = sock.sendmsg(views)
             except (BlockingIOError, InterruptedError):
-                self._wait(self._wpoll, deadline, "room to write")
+                # A frame larger than the socket's buffer goes out as the agent reads it; the agent is reading at
+                # that moment, so the room comes within microseconds: poll for it rather than sleep.
+                if time.perf_counter() >= spin_until:
+                    self._wait(self._wpoll, deadline, "room to write")
                 continue
             if n == sum(map(len, views)):
                 return

@@ -114,6 +114,32 @@ class BlocksTest(unittest.TestCase):
                 with self.assertRaises(grpc.RpcError):
                     c.transfer_blocks("read", back_l, lids, to_layout(dst_l), rids)
 
+    def test_long_int64_lists_narrowed_or_not_land_or_are_refused_whole(self):
+        # Lists of 1,024 ids or more travel as int32 when every id fits (the client narrows them), else as int64;
+        # either way good ids land and a bad one refuses the whole list.
+        n, blocks = 2048, 4096
+        rng = np.random.default_rng(11)
+        for c in (self.c, self.slow):
+            with self.subTest(fast=c._fast is not None):
+                src_l, src = self.layout(c, blocks=blocks, block=64)
+                dst_l, dst = self.layout(c, blocks=blocks, block=64, fill=False)
+                lids = rng.permutation(blocks)[:n].astype(np.int64)
+                rids = rng.permutation(blocks)[:n].astype(np.int64)
+                before = [d.copy() for d in dst]
+                c.transfer_blocks("write", src_l, lids, to_layout(dst_l), rids)
+                self.check(dst, src, rids, lids, before)
+                for name, bad in (("id past 2^31", 1 << 31), ("negative id", -1), ("id past the layout", blocks),
+                                  ("id past 2^32", (1 << 32) + 3)):
+                    with self.subTest(name):
+                        before = [d.copy() for d in dst]
+                        worse = rids.copy()
+                        worse[n // 2] = bad
+                        with self.assertRaises(grpc.RpcError) as e:
+                            c.transfer_blocks("write", src_l, lids, to_layout(dst_l), worse)
+                        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, e.exception.details())
+                        for k, (d, b) in enumerate(zip(dst, before)):
+                            self.assertTrue(np.array_equal(d, b), "%s changed region %d" % (name, k))
+
     def test_refusals_move_nothing(self):
         for c in (self.c, self.slow):
             with self.subTest(fast=c._fast is not None):

@@ -11,7 +11,7 @@ import threading
 import time
 import unittest
 
-from fabricxfer import blocks
+from fabricxfer import blocks, fastconn
 from fabricxfer.agent.v1 import agent_pb2 as pb
 from fabricxfer.client import Client, Layout, to_layout, to_layout_segment
 
@@ -92,6 +92,22 @@ class PackTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             blocks.pack_ids(t.float())
 
+    @unittest.skipIf(np is None, "numpy not installed")
+    def test_narrow_ids(self):
+        a = np.array([0, 5, 2 ** 31 - 1, 7], dtype=np.int64)
+        self.assertEqual(ints(blocks.narrow_ids(a, 4), 4), [0, 5, 2 ** 31 - 1, 7])
+        self.assertEqual(ints(blocks.narrow_ids(a.astype(">i8")[::-1], 4), 4), [7, 2 ** 31 - 1, 5, 0])
+        for bad in (2 ** 31, -1, 2 ** 32 + 1):
+            b = a.copy()
+            b[2] = bad
+            self.assertIsNone(blocks.narrow_ids(b, 4), bad)
+        self.assertIsNone(blocks.narrow_ids(memoryview(a), 4))  # neither numpy nor torch: sent as it is
+        if torch is not None:
+            t = torch.tensor([3, 1, 2 ** 31 - 1], dtype=torch.int64)
+            self.assertEqual(ints(blocks.narrow_ids(t, 3), 4), [3, 1, 2 ** 31 - 1])
+            self.assertIsNone(blocks.narrow_ids(torch.tensor([2 ** 31], dtype=torch.int64), 1))
+            self.assertIsNone(blocks.narrow_ids(torch.tensor([-2], dtype=torch.int64), 1))
+
     def test_widen(self):
         mv, _, _ = blocks.pack_ids(array.array("i", [1, -2, 2 ** 31 - 1]))
         self.assertEqual(ints(blocks.widen(mv), 8), [1, -2, 2 ** 31 - 1])
@@ -118,29 +134,51 @@ class FrameTest(unittest.TestCase):
         got = self.parse(blocks.blocks_frame(pb.OP_READ, 1, pb.LayoutRef(layout_id=2), empty, empty, 4))
         self.assertEqual((got.blocks.op, got.blocks.remote.layout_id, got.blocks.local_ids), (pb.OP_READ, 2, b""))
 
-    def test_send_parts_survives_partial_writes(self):
+    def test_fast_conn_sends_frames_larger_than_the_socket_buffer(self):
+        # Partial writes resume where they stopped, whether the sender polls for room (spin) or sleeps (no spin),
+        # and a reply that follows is read whole.
+        for spin in (0.01, 0.0):
+            with self.subTest(spin=spin):
+                a, b = socket.socketpair()
+                self.addCleanup(a.close)
+                self.addCleanup(b.close)
+                a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+                big = bytes(range(256)) * 8192  # 2 MiB, far more than the socket buffer
+                parts = [b"head", memoryview(big), b"", b"tail"]
+                got = bytearray()
+
+                def serve():
+                    b.settimeout(10)
+                    while len(got) < len(big) + 8:
+                        chunk = b.recv(65536)
+                        if not chunk:
+                            break
+                        got.extend(chunk)
+                    b.sendall(b"\0\0\0\3abc")
+
+                server = threading.Thread(target=serve)
+                server.start()
+                conn = fastconn.FastConn(a, spin)
+                reply = conn.call(parts, time.perf_counter() + 10)
+                server.join(10)
+                self.assertEqual(bytes(got), b"head" + big + b"tail")
+                self.assertEqual(reply, b"abc")
+
+    def test_fast_conn_refuses_oversized_and_late_replies(self):
         a, b = socket.socketpair()
         self.addCleanup(a.close)
         self.addCleanup(b.close)
-        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        a.settimeout(10)
-        big = bytes(range(256)) * 8192  # 2 MiB, far more than the socket buffer
-        parts = [b"head", memoryview(big), b"", b"tail"]
-        got = bytearray()
-
-        def read():
-            b.settimeout(10)
-            while len(got) < len(big) + 8:
-                chunk = b.recv(65536)
-                if not chunk:
-                    break
-                got.extend(chunk)
-
-        reader = threading.Thread(target=read)
-        reader.start()
-        blocks.send_parts(a, parts)
-        reader.join(10)
-        self.assertEqual(bytes(got), b"head" + big + b"tail")
+        conn = fastconn.FastConn(a, 0.0, max_reply=16)
+        b.sendall(b"\0\0\1\0")
+        with self.assertRaises(fastconn.FastConnError):
+            conn.recv_frame(time.perf_counter() + 5)
+        c, d = socket.socketpair()
+        self.addCleanup(c.close)
+        self.addCleanup(d.close)
+        start = time.perf_counter()
+        with self.assertRaises(fastconn.FastConnError):
+            fastconn.FastConn(c, 0.001).recv_frame(time.perf_counter() + 0.05)
+        self.assertLess(time.perf_counter() - start, 5.0)
 
     def test_request_for_15360_ids_builds_fast(self):
         """The hot path: 15,360 ids per side into a fast-socket frame. Target 0.2 ms; the assert is loose so a
