@@ -94,18 +94,20 @@ class PackTest(unittest.TestCase):
 
     @unittest.skipIf(np is None, "numpy not installed")
     def test_narrow_ids(self):
-        a = np.array([0, 5, 2 ** 31 - 1, 7], dtype=np.int64)
-        self.assertEqual(ints(blocks.narrow_ids(a, 4), 4), [0, 5, 2 ** 31 - 1, 7])
-        self.assertEqual(ints(blocks.narrow_ids(a.astype(">i8")[::-1], 4), 4), [7, 2 ** 31 - 1, 5, 0])
-        for bad in (2 ** 31, -1, 2 ** 32 + 1):
+        u32 = lambda mv: list(array.array("I", bytes(mv)))  # noqa: E731  (32-bit ids are unsigned to the agent)
+        a = np.array([0, 5, 2 ** 31, 2 ** 32 - 1, 7], dtype=np.int64)
+        self.assertEqual(u32(blocks.narrow_ids(a, 5)), [0, 5, 2 ** 31, 2 ** 32 - 1, 7])
+        self.assertEqual(u32(blocks.narrow_ids(a.astype(">i8")[::-1], 5)), [7, 2 ** 32 - 1, 2 ** 31, 5, 0])
+        for bad in (-1, -(2 ** 40), 2 ** 32, 2 ** 62):
             b = a.copy()
             b[2] = bad
-            self.assertIsNone(blocks.narrow_ids(b, 4), bad)
-        self.assertIsNone(blocks.narrow_ids(memoryview(a), 4))  # neither numpy nor torch: sent as it is
+            self.assertIsNone(blocks.narrow_ids(b, 5), bad)
+        self.assertIsNone(blocks.narrow_ids(a.astype(np.int32), 5))  # not int64: nothing to narrow
+        self.assertIsNone(blocks.narrow_ids(memoryview(a), 5))  # neither numpy nor torch: sent as it is
         if torch is not None:
-            t = torch.tensor([3, 1, 2 ** 31 - 1], dtype=torch.int64)
-            self.assertEqual(ints(blocks.narrow_ids(t, 3), 4), [3, 1, 2 ** 31 - 1])
-            self.assertIsNone(blocks.narrow_ids(torch.tensor([2 ** 31], dtype=torch.int64), 1))
+            t = torch.tensor([3, 1, 2 ** 31], dtype=torch.int64)
+            self.assertEqual(u32(blocks.narrow_ids(t, 3)), [3, 1, 2 ** 31])
+            self.assertIsNone(blocks.narrow_ids(torch.tensor([2 ** 32], dtype=torch.int64), 1))
             self.assertIsNone(blocks.narrow_ids(torch.tensor([-2], dtype=torch.int64), 1))
 
     def test_widen(self):
