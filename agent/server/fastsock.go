@@ -12,6 +12,7 @@ import (
 	"runtime/trace"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -148,6 +149,8 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying.
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var arena idArena
+	defer arena.unmap()
 	in := sockio.FrameReader{R: sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin}, Max: maxFastFrame}
 	var out []byte
 	for {
@@ -161,7 +164,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 			return
 		}
 		var reply *agentv1.FastReply
-		if resp, err := s.serveFastFrame(callCtx, sess, frame); err != nil {
+		if resp, err := s.serveFastFrame(callCtx, sess, &arena, frame); err != nil {
 			reply = errReply(err)
 		} else {
 			reply = &agentv1.FastReply{Response: resp}
@@ -182,11 +185,11 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 }
 
 // serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would.
-func (s *Server) serveFastFrame(ctx context.Context, sess *session, frame []byte) (*agentv1.TransferResponse, error) {
+func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *idArena, frame []byte) (*agentv1.TransferResponse, error) {
 	// Block transfers, the large frames, are read without copying their ids.
 	blocks, err := decodeFastBlocks(frame)
 	if err == nil {
-		return s.transferBlocks(ctx, sess, blocks)
+		return s.transferBlocks(ctx, sess, blocks, arena.ids)
 	}
 	if !errors.Is(err, errFastTransfer) {
 		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
@@ -199,9 +202,48 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, frame []byte
 	case *agentv1.FastRequest_Transfer:
 		return s.transfer(ctx, sess, r.Transfer)
 	case *agentv1.FastRequest_Blocks:
-		return s.transferBlocks(ctx, sess, r.Blocks)
+		return s.transferBlocks(ctx, sess, r.Blocks, arena.ids)
+	case *agentv1.FastRequest_IdArena:
+		return nil, s.setIDArena(sess, arena, r.IdArena)
 	}
 	return nil, status.Error(codes.InvalidArgument, "fast request names no transfer")
+}
+
+// maxIDArena bounds a fast connection's id arena: 65,536 int64 ids a side (the most one transfer names) is
+// 1 MiB, and the agent maps at most 8 connections' arenas per caller.
+const maxIDArena = 4 << 20
+
+// idArena is a fast connection's mapping of its caller's id arena.
+type idArena struct {
+	mapping []byte // the whole mapping, to unmap
+	ids     []byte // the arena's bytes
+}
+
+func (a *idArena) unmap() {
+	if a.mapping != nil {
+		_ = syscall.Munmap(a.mapping)
+		a.mapping, a.ids = nil, nil
+	}
+}
+
+// setIDArena maps the memfd the caller passed as the connection's id arena, read-only, replacing the one it
+// had. The memfd must be sealed against shrinking, so the caller cannot make the agent's reads fault.
+func (s *Server) setIDArena(sess *session, arena *idArena, req *agentv1.IdArena) error {
+	if req.Size == 0 || req.Size > maxIDArena {
+		return status.Errorf(codes.InvalidArgument, "an id arena of %d bytes: between 1 byte and %d", req.Size, maxIDArena)
+	}
+	f, err := s.tokens.take(sess.caller.Key, req.FdToken, false)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "id arena: %v", err)
+	}
+	defer f.Close() // the mapping keeps the memory
+	view, mapping, err := mapShared(f, 0, req.Size, syscall.PROT_READ)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "id arena: %v", err)
+	}
+	arena.unmap()
+	arena.mapping, arena.ids = mapping, view
+	return nil
 }
 
 // fastRoomLocked says why the caller may not bind another fast connection ("" when it may).

@@ -18,6 +18,7 @@ import (
 const (
 	fastFieldTransfer = 1
 	fastFieldBlocks   = 2
+	fastFieldIDArena  = 3
 
 	blocksFieldOp        = 1
 	blocksFieldLayout    = 2
@@ -28,10 +29,11 @@ const (
 	blocksFieldTimeout   = 7
 	blocksFieldNotify    = 8
 	blocksFieldWait      = 9
+	blocksFieldArenaIDs  = 10
 )
 
-// errFastTransfer says the frame is a FastRequest.transfer, decoded the general way.
-var errFastTransfer = errors.New("a transfer frame")
+// errFastTransfer says the frame is a FastRequest.transfer or .id_arena, decoded the general way.
+var errFastTransfer = errors.New("a transfer or arena frame")
 
 // decodeFastBlocks reads a FastRequest whose request is blocks without copying its id lists: LocalIds and
 // RemoteIds alias frame, so the request is valid only until the next frame is read (the ids are decoded into
@@ -44,7 +46,7 @@ func decodeFastBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 			return nil, protowire.ParseError(n)
 		}
 		b = b[n:]
-		if typ == protowire.BytesType && num == fastFieldTransfer {
+		if typ == protowire.BytesType && (num == fastFieldTransfer || num == fastFieldIDArena) {
 			return nil, errFastTransfer
 		}
 		if typ == protowire.BytesType && num == fastFieldBlocks {
@@ -73,7 +75,8 @@ func decodeFastBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 		b = b[n:]
 		var err error
 		switch {
-		case typ == protowire.VarintType && (num == blocksFieldOp || num == blocksFieldLayout || num == blocksFieldIDBytes || num == blocksFieldWait):
+		case typ == protowire.VarintType && (num == blocksFieldOp || num == blocksFieldLayout || num == blocksFieldIDBytes ||
+			num == blocksFieldWait || num == blocksFieldArenaIDs):
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return nil, protowire.ParseError(n)
@@ -88,6 +91,8 @@ func decodeFastBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 				req.IdBytes = uint32(v)
 			case blocksFieldWait:
 				req.Wait = protowire.DecodeBool(v)
+			case blocksFieldArenaIDs:
+				req.ArenaIds = uint32(v)
 			}
 		case typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)

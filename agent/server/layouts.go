@@ -159,15 +159,16 @@ func (s *Server) TransferBlocks(ctx context.Context, req *agentv1.TransferBlocks
 	if err != nil {
 		return nil, err
 	}
-	return s.transferBlocks(ctx, sess, req)
+	return s.transferBlocks(ctx, sess, req, nil)
 }
 
 // blockTag is the tag failures of a block transfer are reported under.
 const blockTag = "blocks"
 
 // transferBlocks serves TransferBlocks for the gRPC call and the fast socket alike. The ids are decoded and
-// range-checked here, once; the engines check bounds and duplicate destinations as they plan.
-func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1.TransferBlocksRequest) (*agentv1.TransferResponse, error) {
+// range-checked here, once; the engines check bounds and duplicate destinations as they plan. arena is the
+// fast connection's id arena (nil elsewhere), read when the request says its ids are there.
+func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1.TransferBlocksRequest, arena []byte) (*agentv1.TransferResponse, error) {
 	timeout, err := checkSubmission(req.Op, req.Notify, req.Timeout)
 	if err != nil {
 		return nil, err
@@ -178,6 +179,11 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 	}
 	if width != 4 && width != 8 {
 		return nil, status.Errorf(codes.InvalidArgument, "id_bytes must be 4 (int32) or 8 (int64), got %d", req.IdBytes)
+	}
+	if req.ArenaIds > 0 {
+		if err := idsFromArena(req, arena, width); err != nil {
+			return nil, err
+		}
 	}
 	if len(req.LocalIds)%width != 0 || len(req.RemoteIds)%width != 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "block ids are %d-byte integers: %d and %d bytes are not whole ids", width, len(req.LocalIds), len(req.RemoteIds))
@@ -242,6 +248,23 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 	}
 	trace.Log(ctx, "blocks", "planned")
 	return s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
+}
+
+// idsFromArena points req's id lists at the connection's arena. The ids are copied out before anything checks
+// them (decodeBlockIDs), so a caller rewriting the arena meanwhile changes nothing it was not allowed to.
+func idsFromArena(req *agentv1.TransferBlocksRequest, arena []byte, width int) error {
+	switch {
+	case arena == nil:
+		return status.Error(codes.InvalidArgument, "arena_ids is set but this connection has no id arena (only fast connections that set one have)")
+	case len(req.LocalIds) > 0 || len(req.RemoteIds) > 0:
+		return status.Error(codes.InvalidArgument, "ids are in the arena or in the request, not both")
+	}
+	n := uint64(req.ArenaIds) * uint64(width)
+	if 2*n > uint64(len(arena)) {
+		return status.Errorf(codes.InvalidArgument, "%d ids a side of %d bytes need %d bytes; the connection's id arena has %d", req.ArenaIds, width, 2*n, len(arena))
+	}
+	req.LocalIds, req.RemoteIds = arena[:n:n], arena[n:2*n:2*n]
+	return nil
 }
 
 // blockPlanError reports a refused block batch; ids out of range are the caller's argument, not a range of
@@ -356,7 +379,8 @@ func decodeBlockIDs(ids []uint32, b []byte, width int, blocks uint64, side strin
 			return status.Errorf(codes.InvalidArgument, "%s block id %s (entry %d) is outside the layout's %d blocks", side, fmtID(v, width), i, blocks)
 		}
 	}
-	return nil
+	// The ids changed between the two reads (shared memory the caller rewrites): refuse what the first read saw.
+	return status.Errorf(codes.InvalidArgument, "%s block ids include one outside the layout's %d blocks", side, blocks)
 }
 
 // littleEndian is whether this machine stores integers as the wire does.

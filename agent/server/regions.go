@@ -126,7 +126,7 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
-		view, m, err := mapShared(f, req.Offset, req.Length)
+		view, m, err := mapShared(f, req.Offset, req.Length, syscall.PROT_READ|syscall.PROT_WRITE)
 		if err != nil {
 			f.Close()
 			if errors.Is(err, errUnsealed) {
@@ -246,7 +246,7 @@ func checkSegmentName(name string) error {
 // The fd must be a memfd sealed against shrinking: a caller that truncated memory the agent has mapped would
 // make the agent's next copy fault (SIGBUS), which no Go code can recover from. The seal is checked before the
 // size, so the size checked is a lower bound for as long as the mapping lives.
-func mapShared(f *os.File, off, length uint64) (view, mapping []byte, err error) {
+func mapShared(f *os.File, off, length uint64, prot int) (view, mapping []byte, err error) {
 	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("the passed fd is not shared memory (not a memfd: F_GET_SEALS: %v): %s", err, sealHowTo)
@@ -267,9 +267,9 @@ func mapShared(f *os.File, off, length uint64) (view, mapping []byte, err error)
 	page := uint64(os.Getpagesize())
 	base := off / page * page
 	delta := off - base
-	m, err := syscall.Mmap(int(f.Fd()), int64(base), int(length+delta), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	m, err := syscall.Mmap(int(f.Fd()), int64(base), int(length+delta), prot, syscall.MAP_SHARED)
 	if err != nil {
-		return nil, nil, fmt.Errorf("mapping the passed memory read-write (is the fd opened O_RDWR?): %w", err)
+		return nil, nil, fmt.Errorf("mapping the passed memory (is the fd opened O_RDWR?): %w", err)
 	}
 	return m[delta : delta+length : delta+length], m, nil
 }

@@ -234,3 +234,70 @@ def blocks_frame(op: int, layout_id: int, remote: pb.LayoutRef, local: memoryvie
     outer = _TAG_FAST_BLOCKS + _varint(inner)
     prefix = struct.pack(">I", len(outer) + inner) + outer + head + lk
     return [prefix, local, rk, remote_ids]
+
+
+# Tag of TransferBlocksRequest's arena_ids (10): wire type 0.
+_TAG_ARENA_IDS = b"\x50"
+# Lists at least this long go through the connection's id arena when it has one.
+ARENA_MIN_IDS = 1024
+
+
+def _as_numpy(ids):
+    """ids as a 1-D numpy int32/int64 array without copying, or None when they are something else (the packing
+    path then takes them and says what is wrong)."""
+    mod = type(ids).__module__ or ""
+    if mod.startswith("torch"):
+        widths = _TORCH_WIDTHS or _torch_widths(sys.modules["torch"])
+        if widths.get(ids.dtype) is None or not ids.is_cpu:
+            return None
+        ids = ids.reshape(-1).contiguous().numpy()
+    elif not mod.startswith("numpy"):
+        return None
+    a = ids.reshape(-1)
+    if a.dtype.kind != "i" or a.dtype.itemsize not in (4, 8):
+        return None
+    return a
+
+
+class IdArena:
+    """Shared memory (a sealed memfd, mapped by the agent read-only) that a fast connection writes block ids
+    into, so long lists do not cross the socket. Not thread-safe: the client fills it under its fast lock."""
+
+    def __init__(self, buf, np):
+        self.buf = buf
+        self.size = len(buf)
+        self._np = np
+        self._u32 = np.frombuffer(buf, dtype="<u4")
+
+    def close(self):
+        self._u32 = None
+        self.buf.close()
+
+    def fill(self, ids, remote_ids) -> Optional[int]:
+        """Writes both lists as 32-bit ids (local first) and returns their count, or None when they are not
+        numpy/torch integer arrays of one length, do not fit in 32 bits or do not fit the arena."""
+        a, b = _as_numpy(ids), _as_numpy(remote_ids)
+        if a is None or b is None or a.shape[0] != b.shape[0]:
+            return None
+        n = a.shape[0]
+        if 8 * n > self.size:
+            return None
+        np = self._np
+        for x in (a, b):  # an int64 id with a high bit set (or a negative one) does not fit
+            if x.dtype.itemsize == 8 and n and int(np.bitwise_or.reduce(x)) >> 32:
+                return None
+        # int32 ids keep their bits (a negative one reads as a huge unsigned id, refused as out of range).
+        np.copyto(self._u32[:n], a, casting="unsafe")
+        np.copyto(self._u32[n:2 * n], b, casting="unsafe")
+        return n
+
+
+def arena_frame(op: int, layout_id: int, remote: pb.LayoutRef, count: int, timeout: Optional[float] = None,
+                notify: Optional[bytes] = None, wait: bool = True) -> List:
+    """The fast-socket frame of a block transfer whose count ids a side (32-bit) are in the connection's arena."""
+    head = _head(op, layout_id, remote, 4, timeout, notify, wait)
+    ak = _TAG_ARENA_IDS + _varint(count)
+    inner = len(head) + len(ak)
+    outer = _TAG_FAST_BLOCKS + _varint(inner)
+    return [struct.pack(">I", len(outer) + inner) + outer + head + ak]
+

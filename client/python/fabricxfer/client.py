@@ -62,6 +62,19 @@ def _op(op: str) -> int:
 # waiting caller has nothing else to do on that thread; torch.cuda.synchronize() polls the same way.
 FAST_SPIN = 10e-3
 _HDR = struct.Struct(">I")
+# The fast connection's id arena: 131,072 32-bit ids, two lists of the most one transfer may name.
+ID_ARENA_BYTES = 1 << 20
+
+
+def _length(ids) -> int:
+    """How many ids a numpy array or torch tensor holds (-1 for anything else: it takes the packing path)."""
+    mod = type(ids).__module__ or ""
+    if mod.startswith("numpy") or mod.startswith("torch"):
+        try:
+            return int(ids.size) if mod.startswith("numpy") else int(ids.numel())
+        except (AttributeError, TypeError):
+            return -1
+    return -1
 
 
 class AgentError(grpc.RpcError):
@@ -334,6 +347,9 @@ class Client:
     """A connection to one agent socket. Regions belong to the connection: close() (or the process ending)
     makes the agent deregister them."""
 
+    # The fast connection's id arena (blocks.IdArena), when it has one.
+    _arena = None
+
     def __init__(self, socket_path: Optional[str] = None, timeout: float = 10.0, name: str = "python", fast: bool = True,
                  spin: float = FAST_SPIN):
         """socket_path: default $FABRICXFER_SOCKET (a prepared fabricxfer.io claim sets it), else
@@ -482,12 +498,41 @@ class Client:
         if reply.code:
             s.close()
             raise AgentError(reply.code, reply.message)
-        self._fast = conn
+        arena = self._open_arena(conn)
+        if self._arena is not None:
+            self._arena.close()
+        self._fast, self._arena = conn, arena
+
+    def _open_arena(self, conn) -> Optional["_blocks.IdArena"]:
+        """Gives the fast connection an id arena when numpy is at hand and the agent takes one (an agent that
+        does not answers with an error, and long id lists then travel in the frame)."""
+        try:
+            import numpy as np
+        except ImportError:
+            return None
+        fd, buf = shared_memory("fabricxfer-ids", ID_ARENA_BYTES)
+        try:
+            token = put_fd(self.fd_socket, fd, self.timeout)
+            payload = pb.FastRequest(id_arena=pb.IdArena(fd_token=token, size=ID_ARENA_BYTES)).SerializeToString()
+            reply = pb.FastReply.FromString(conn.call([_HDR.pack(len(payload)), payload],
+                                                      time.perf_counter() + self.timeout))
+        except (OSError, FdSocketError, ConnectionError):
+            buf.close()
+            return None
+        finally:
+            os.close(fd)
+        if reply.code:
+            buf.close()
+            return None
+        return _blocks.IdArena(buf, np)
 
     def close(self):
         if self._fast is not None:
             self._fast.close()
             self._fast = None
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
         with self._lock:
             owned, self._owned = self._owned, {}
             self._layouts = []
@@ -724,6 +769,13 @@ class Client:
         TransferFailed; without it returns the transfer id for wait(). The agent refuses (INVALID_ARGUMENT,
         nothing moved) ids out of range, repeated destination ids and layouts of different geometry."""
         code = _op(op)
+        # Long numpy/torch lists are written into the fast connection's id arena instead of the frame.
+        if (wait and self._arena is not None and id_bytes is None
+                and _blocks.ARENA_MIN_IDS <= _length(ids) == _length(remote_ids)):
+            self._check_session()
+            resp = self._arena_call(code, layout, ids, remote, remote_ids, timeout, notify)
+            if resp is not None:
+                return self._settled(resp, wait)
         local, width, count = _blocks.pack_ids(ids, id_bytes)
         rids, rwidth, rcount = _blocks.pack_ids(remote_ids, id_bytes)
         if count != rcount:
@@ -747,6 +799,28 @@ class Client:
             req = _blocks.blocks_request(code, layout.id, ref, local, rids, width, timeout, notify, wait)
             resp = self._call(self.stub.TransferBlocks, req)
         return self._settled(resp, wait)
+
+    def _arena_call(self, code, layout, ids, remote, remote_ids, timeout, notify):
+        """A block transfer whose ids go through the fast connection's arena; None when they do not fit it."""
+        ref = remote.ref
+        deadline = time.perf_counter() + (timeout or self.timeout) + 1.0
+        with self._fast_lock:
+            conn, arena = self._fast, self._arena
+            if conn is None or arena is None:
+                return None
+            count = arena.fill(ids, remote_ids)
+            if count is None:
+                return None
+            try:
+                raw = conn.call(_blocks.arena_frame(code, layout.id, ref, count, timeout, notify), deadline)
+            except (OSError, ConnectionError) as e:
+                conn.close()
+                self._fast = None
+                raise SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e) from e
+        reply = pb.FastReply.FromString(raw)
+        if reply.code:
+            raise AgentError(reply.code, reply.message)
+        return reply.response
 
     def write(self, local: Region, local_offset: int, remote: Remote, remote_offset: int, length: int):
         return self.transfer("write", [Item(local, remote, length, local_offset, remote_offset)])

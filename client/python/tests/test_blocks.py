@@ -115,10 +115,13 @@ class BlocksTest(unittest.TestCase):
                     c.transfer_blocks("read", back_l, lids, to_layout(dst_l), rids)
 
     def test_long_int64_lists_narrowed_or_not_land_or_are_refused_whole(self):
-        # Lists of 1,024 ids or more travel as int32 when every id fits (the client narrows them), else as int64;
-        # either way good ids land and a bad one refuses the whole list.
+        # Lists of 1,024 ids or more go through the fast connection's id arena (or, by gRPC, travel as 32-bit ids)
+        # when every id fits in 32 bits, else as int64 in the request; either way good ids land and a bad one
+        # refuses the whole list.
         n, blocks = 2048, 4096
         rng = np.random.default_rng(11)
+        self.assertIsNotNone(self.c._arena, "the fast client has no id arena")
+        self.assertIsNone(self.slow._arena)
         for c in (self.c, self.slow):
             with self.subTest(fast=c._fast is not None):
                 src_l, src = self.layout(c, blocks=blocks, block=64)

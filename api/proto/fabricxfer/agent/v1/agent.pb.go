@@ -3143,12 +3143,16 @@ type TransferBlocksRequest struct {
 	Remote   *LayoutRef `protobuf:"bytes,3,opt,name=remote,proto3" json:"remote,omitempty"`
 	// Block ids, packed little-endian integers of id_bytes each (4: int32, 8: int64), the local side's and the
 	// remote side's, of equal count; local_ids[i] pairs with remote_ids[i]. Destination ids must be distinct.
-	LocalIds      []byte               `protobuf:"bytes,4,opt,name=local_ids,json=localIds,proto3" json:"local_ids,omitempty"`
-	RemoteIds     []byte               `protobuf:"bytes,5,opt,name=remote_ids,json=remoteIds,proto3" json:"remote_ids,omitempty"`
-	IdBytes       uint32               `protobuf:"varint,6,opt,name=id_bytes,json=idBytes,proto3" json:"id_bytes,omitempty"`
-	Timeout       *durationpb.Duration `protobuf:"bytes,7,opt,name=timeout,proto3" json:"timeout,omitempty"`
-	Notify        []byte               `protobuf:"bytes,8,opt,name=notify,proto3" json:"notify,omitempty"`
-	Wait          bool                 `protobuf:"varint,9,opt,name=wait,proto3" json:"wait,omitempty"`
+	LocalIds  []byte               `protobuf:"bytes,4,opt,name=local_ids,json=localIds,proto3" json:"local_ids,omitempty"`
+	RemoteIds []byte               `protobuf:"bytes,5,opt,name=remote_ids,json=remoteIds,proto3" json:"remote_ids,omitempty"`
+	IdBytes   uint32               `protobuf:"varint,6,opt,name=id_bytes,json=idBytes,proto3" json:"id_bytes,omitempty"`
+	Timeout   *durationpb.Duration `protobuf:"bytes,7,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	Notify    []byte               `protobuf:"bytes,8,opt,name=notify,proto3" json:"notify,omitempty"`
+	Wait      bool                 `protobuf:"varint,9,opt,name=wait,proto3" json:"wait,omitempty"`
+	// On a fast connection with an id arena (FastRequest.id_arena): the ids are in the arena, not in local_ids and
+	// remote_ids, arena_ids a side: the local side's at [0, arena_ids*id_bytes), the remote side's right after.
+	// The agent copies them before it checks them.
+	ArenaIds      uint32 `protobuf:"varint,10,opt,name=arena_ids,json=arenaIds,proto3" json:"arena_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3246,6 +3250,68 @@ func (x *TransferBlocksRequest) GetWait() bool {
 	return false
 }
 
+func (x *TransferBlocksRequest) GetArenaIds() uint32 {
+	if x != nil {
+		return x.ArenaIds
+	}
+	return 0
+}
+
+// IdArena is shared memory a fast connection's caller writes block ids into, so long id lists do not cross the
+// socket: a memfd sealed against shrinking and growing, passed through the fd socket.
+type IdArena struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	FdToken string                 `protobuf:"bytes,1,opt,name=fd_token,json=fdToken,proto3" json:"fd_token,omitempty"`
+	// Bytes of the memfd the agent maps (read-only), at most 4 MiB.
+	Size          uint64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IdArena) Reset() {
+	*x = IdArena{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IdArena) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IdArena) ProtoMessage() {}
+
+func (x *IdArena) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IdArena.ProtoReflect.Descriptor instead.
+func (*IdArena) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *IdArena) GetFdToken() string {
+	if x != nil {
+		return x.FdToken
+	}
+	return ""
+}
+
+func (x *IdArena) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 // FastRequest is one request frame on the fast socket.
 type FastRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3253,6 +3319,7 @@ type FastRequest struct {
 	//
 	//	*FastRequest_Transfer
 	//	*FastRequest_Blocks
+	//	*FastRequest_IdArena
 	Request       isFastRequest_Request `protobuf_oneof:"request"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3260,7 +3327,7 @@ type FastRequest struct {
 
 func (x *FastRequest) Reset() {
 	*x = FastRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3272,7 +3339,7 @@ func (x *FastRequest) String() string {
 func (*FastRequest) ProtoMessage() {}
 
 func (x *FastRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3285,7 +3352,7 @@ func (x *FastRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastRequest.ProtoReflect.Descriptor instead.
 func (*FastRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *FastRequest) GetRequest() isFastRequest_Request {
@@ -3313,6 +3380,15 @@ func (x *FastRequest) GetBlocks() *TransferBlocksRequest {
 	return nil
 }
 
+func (x *FastRequest) GetIdArena() *IdArena {
+	if x != nil {
+		if x, ok := x.Request.(*FastRequest_IdArena); ok {
+			return x.IdArena
+		}
+	}
+	return nil
+}
+
 type isFastRequest_Request interface {
 	isFastRequest_Request()
 }
@@ -3325,9 +3401,16 @@ type FastRequest_Blocks struct {
 	Blocks *TransferBlocksRequest `protobuf:"bytes,2,opt,name=blocks,proto3,oneof"`
 }
 
+type FastRequest_IdArena struct {
+	// Sets (or replaces) the connection's id arena; the reply carries no response.
+	IdArena *IdArena `protobuf:"bytes,3,opt,name=id_arena,json=idArena,proto3,oneof"`
+}
+
 func (*FastRequest_Transfer) isFastRequest_Request() {}
 
 func (*FastRequest_Blocks) isFastRequest_Request() {}
+
+func (*FastRequest_IdArena) isFastRequest_Request() {}
 
 // FastReply answers one frame on the fast socket.
 type FastReply struct {
@@ -3342,7 +3425,7 @@ type FastReply struct {
 
 func (x *FastReply) Reset() {
 	*x = FastReply{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3354,7 +3437,7 @@ func (x *FastReply) String() string {
 func (*FastReply) ProtoMessage() {}
 
 func (x *FastReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3367,7 +3450,7 @@ func (x *FastReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastReply.ProtoReflect.Descriptor instead.
 func (*FastReply) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *FastReply) GetCode() uint32 {
@@ -3617,7 +3700,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\tlayout_id\x18\x01 \x01(\x04H\x00R\blayoutId\x12\x1a\n" +
 	"\asegment\x18\x02 \x01(\tH\x00R\asegment\x12\x12\n" +
 	"\x04node\x18\x03 \x01(\tR\x04nodeB\b\n" +
-	"\x06target\"\xcd\x02\n" +
+	"\x06target\"\xea\x02\n" +
 	"\x15TransferBlocksRequest\x12'\n" +
 	"\x02op\x18\x01 \x01(\x0e2\x17.fabricxfer.agent.v1.OpR\x02op\x12\x1b\n" +
 	"\tlayout_id\x18\x02 \x01(\x04R\blayoutId\x126\n" +
@@ -3628,10 +3711,16 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\bid_bytes\x18\x06 \x01(\rR\aidBytes\x123\n" +
 	"\atimeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x16\n" +
 	"\x06notify\x18\b \x01(\fR\x06notify\x12\x12\n" +
-	"\x04wait\x18\t \x01(\bR\x04wait\"\xa2\x01\n" +
+	"\x04wait\x18\t \x01(\bR\x04wait\x12\x1b\n" +
+	"\tarena_ids\x18\n" +
+	" \x01(\rR\barenaIds\"8\n" +
+	"\aIdArena\x12\x19\n" +
+	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"\xdd\x01\n" +
 	"\vFastRequest\x12B\n" +
 	"\btransfer\x18\x01 \x01(\v2$.fabricxfer.agent.v1.TransferRequestH\x00R\btransfer\x12D\n" +
-	"\x06blocks\x18\x02 \x01(\v2*.fabricxfer.agent.v1.TransferBlocksRequestH\x00R\x06blocksB\t\n" +
+	"\x06blocks\x18\x02 \x01(\v2*.fabricxfer.agent.v1.TransferBlocksRequestH\x00R\x06blocks\x129\n" +
+	"\bid_arena\x18\x03 \x01(\v2\x1c.fabricxfer.agent.v1.IdArenaH\x00R\aidArenaB\t\n" +
 	"\arequest\"|\n" +
 	"\tFastReply\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
@@ -3692,7 +3781,7 @@ func file_fabricxfer_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(MemoryKind)(0),                  // 0: fabricxfer.agent.v1.MemoryKind
 	(HandleType)(0),                  // 1: fabricxfer.agent.v1.HandleType
@@ -3741,9 +3830,10 @@ var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(*DeregisterLayoutResponse)(nil), // 44: fabricxfer.agent.v1.DeregisterLayoutResponse
 	(*LayoutRef)(nil),                // 45: fabricxfer.agent.v1.LayoutRef
 	(*TransferBlocksRequest)(nil),    // 46: fabricxfer.agent.v1.TransferBlocksRequest
-	(*FastRequest)(nil),              // 47: fabricxfer.agent.v1.FastRequest
-	(*FastReply)(nil),                // 48: fabricxfer.agent.v1.FastReply
-	(*durationpb.Duration)(nil),      // 49: google.protobuf.Duration
+	(*IdArena)(nil),                  // 47: fabricxfer.agent.v1.IdArena
+	(*FastRequest)(nil),              // 48: fabricxfer.agent.v1.FastRequest
+	(*FastReply)(nil),                // 49: fabricxfer.agent.v1.FastReply
+	(*durationpb.Duration)(nil),      // 50: google.protobuf.Duration
 }
 var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: fabricxfer.agent.v1.PoolMemoryInfo.kind:type_name -> fabricxfer.agent.v1.MemoryKind
@@ -3761,12 +3851,12 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	2,  // 12: fabricxfer.agent.v1.TransferRequest.op:type_name -> fabricxfer.agent.v1.Op
 	17, // 13: fabricxfer.agent.v1.TransferRequest.remote:type_name -> fabricxfer.agent.v1.RemoteRef
 	18, // 14: fabricxfer.agent.v1.TransferRequest.items:type_name -> fabricxfer.agent.v1.TransferItem
-	49, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
+	50, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
 	22, // 16: fabricxfer.agent.v1.TransferResponse.status:type_name -> fabricxfer.agent.v1.TransferStatus
 	3,  // 17: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
 	21, // 18: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
-	49, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
-	49, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	50, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
+	50, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 21: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
 	2,  // 22: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
 	30, // 23: fabricxfer.agent.v1.ExplainRequest.source:type_name -> fabricxfer.agent.v1.Endpoint
@@ -3778,47 +3868,48 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	41, // 29: fabricxfer.agent.v1.RegisterLayoutResponse.layout:type_name -> fabricxfer.agent.v1.Layout
 	2,  // 30: fabricxfer.agent.v1.TransferBlocksRequest.op:type_name -> fabricxfer.agent.v1.Op
 	45, // 31: fabricxfer.agent.v1.TransferBlocksRequest.remote:type_name -> fabricxfer.agent.v1.LayoutRef
-	49, // 32: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
+	50, // 32: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
 	19, // 33: fabricxfer.agent.v1.FastRequest.transfer:type_name -> fabricxfer.agent.v1.TransferRequest
 	46, // 34: fabricxfer.agent.v1.FastRequest.blocks:type_name -> fabricxfer.agent.v1.TransferBlocksRequest
-	20, // 35: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
-	4,  // 36: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
-	12, // 37: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
-	15, // 38: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
-	19, // 39: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
-	23, // 40: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
-	24, // 41: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
-	25, // 42: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
-	26, // 43: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
-	28, // 44: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
-	31, // 45: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
-	34, // 46: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
-	36, // 47: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
-	38, // 48: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
-	40, // 49: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
-	43, // 50: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
-	46, // 51: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
-	11, // 52: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
-	14, // 53: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
-	16, // 54: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
-	20, // 55: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
-	22, // 56: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 57: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 58: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
-	27, // 59: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
-	29, // 60: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
-	33, // 61: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
-	35, // 62: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
-	37, // 63: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
-	39, // 64: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
-	42, // 65: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
-	44, // 66: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
-	20, // 67: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
-	52, // [52:68] is the sub-list for method output_type
-	36, // [36:52] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	47, // 35: fabricxfer.agent.v1.FastRequest.id_arena:type_name -> fabricxfer.agent.v1.IdArena
+	20, // 36: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
+	4,  // 37: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
+	12, // 38: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
+	15, // 39: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
+	19, // 40: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
+	23, // 41: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
+	24, // 42: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
+	25, // 43: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
+	26, // 44: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
+	28, // 45: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
+	31, // 46: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
+	34, // 47: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
+	36, // 48: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
+	38, // 49: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
+	40, // 50: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
+	43, // 51: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
+	46, // 52: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
+	11, // 53: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
+	14, // 54: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
+	16, // 55: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
+	20, // 56: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
+	22, // 57: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 58: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 59: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
+	27, // 60: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
+	29, // 61: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
+	33, // 62: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
+	35, // 63: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
+	37, // 64: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
+	39, // 65: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
+	42, // 66: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
+	44, // 67: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
+	20, // 68: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
+	53, // [53:69] is the sub-list for method output_type
+	37, // [37:53] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_agent_proto_init() }
@@ -3840,9 +3931,10 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 		(*LayoutRef_LayoutId)(nil),
 		(*LayoutRef_Segment)(nil),
 	}
-	file_fabricxfer_agent_v1_agent_proto_msgTypes[43].OneofWrappers = []any{
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[44].OneofWrappers = []any{
 		(*FastRequest_Transfer)(nil),
 		(*FastRequest_Blocks)(nil),
+		(*FastRequest_IdArena)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3850,7 +3942,7 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_agent_proto_rawDesc), len(file_fabricxfer_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

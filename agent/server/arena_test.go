@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package server_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/client/fdpass"
+)
+
+func fastMsg(t *testing.T, m *agentv1.FastRequest) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestIDArenaIsCheckedAndItsIDsCopiedOnce: a fast connection's id arena must be a sealed memfd of a bounded size
+// passed by its own caller; a transfer reads its ids from it only when asked, within it, and never beside ids in
+// the frame. Every refusal is a clear InvalidArgument on a connection that stays up, and moves nothing; the good
+// arena moves exactly the blocks it names, and what the caller writes into it afterwards changes nothing.
+func TestIDArenaIsCheckedAndItsIDsCopiedOnce(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	c := dial(t, a)
+	ctx := ctxT(t)
+	rng := rand.New(rand.NewPCG(5, 6))
+	const bs, blocks = 64, 4096
+	src, srcMem := hostLayout(t, c, rng, 2, blocks, bs)
+	dst, dstMem := hostLayout(t, c, rng, 2, blocks, bs)
+	conn, r := bindFast(t, c.API(), a.srv.FastSocketPath())
+	if r.Code != 0 {
+		t.Fatalf("binding: %v", r)
+	}
+
+	put := func(f *os.File) string {
+		t.Helper()
+		token, err := fdpass.Put(ctx, a.srv.FDSocketPath(), f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return token
+	}
+	setArena := func(token string, size uint64) *agentv1.FastReply {
+		return rawFrame(t, conn, fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_IdArena{
+			IdArena: &agentv1.IdArena{FdToken: token, Size: size}}}))
+	}
+	blocksReq := func(n uint32, local, remote []byte) *agentv1.FastReply {
+		return rawFrame(t, conn, fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
+			Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
+			IdBytes: 4, ArenaIds: n, LocalIds: local, RemoteIds: remote, Wait: true}}}))
+	}
+	snapshot := func() [][]byte {
+		var out [][]byte
+		for _, m := range dstMem {
+			out = append(out, bytes.Clone(m.Bytes))
+		}
+		return out
+	}
+	unchanged := func(what string, before [][]byte) {
+		t.Helper()
+		for k, m := range dstMem {
+			if !bytes.Equal(m.Bytes, before[k]) {
+				t.Fatalf("%s changed destination region %d", what, k)
+			}
+		}
+	}
+	refused := func(what string, r *agentv1.FastReply, says string) {
+		t.Helper()
+		if codes.Code(r.Code) != codes.InvalidArgument || !strings.Contains(r.Message, says) {
+			t.Fatalf("%s: %v %q, want InvalidArgument saying %q", what, codes.Code(r.Code), r.Message, says)
+		}
+	}
+
+	before := snapshot()
+	refused("ids in an arena the connection does not have", blocksReq(4, nil, nil), "no id arena")
+	unsealed := memfd(t, 1<<20, unix.MFD_ALLOW_SEALING)
+	refused("unsealed memfd", setArena(put(unsealed), 1<<20), "not sealed against shrinking")
+	good := shm(t, 1<<20)
+	refused("arena larger than its memfd", setArena(put(good.File), 2<<20), "outside the passed memory")
+	refused("arena past the bound", setArena(put(good.File), 64<<20), "between 1 byte and")
+	refused("empty arena", setArena(put(good.File), 0), "between 1 byte and")
+	refused("unknown token", setArena("no-such-token", 1<<20), "id arena")
+	unchanged("refused arenas", before)
+
+	if r := setArena(put(good.File), 1<<20); r.Code != 0 {
+		t.Fatalf("a sealed memfd of 1 MiB: %v", r)
+	}
+	ids := good.Bytes
+	refused("more ids than the arena holds", blocksReq(1<<18, nil, nil), "need")
+	refused("ids in the arena and in the frame", blocksReq(1, []byte{0, 0, 0, 0}, []byte{1, 0, 0, 0}), "not both")
+	const n = 1500
+	local, remote := rng.Perm(blocks)[:n], rng.Perm(blocks)[:n]
+	for i := range n {
+		binary.LittleEndian.PutUint32(ids[4*i:], uint32(local[i]))
+		binary.LittleEndian.PutUint32(ids[4*(n+i):], uint32(remote[i]))
+	}
+	binary.LittleEndian.PutUint32(ids[4*(n+7):], blocks) // one destination past the layout
+	refused("an id out of range in the arena", blocksReq(n, nil, nil), "")
+	unchanged("a refused list", before)
+	binary.LittleEndian.PutUint32(ids[4*(n+7):], uint32(remote[7]))
+	if r := blocksReq(n, nil, nil); r.Code != 0 || r.Response.GetStatus().GetState() != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+		t.Fatalf("good ids in the arena: %v", r)
+	}
+	clear(ids) // the caller's later writes change nothing moved
+	for k := range dstMem {
+		want := before[k]
+		for i := range n {
+			copy(want[remote[i]*bs:][:bs], srcMem[k].Bytes[local[i]*bs:][:bs])
+		}
+		if !bytes.Equal(dstMem[k].Bytes, want) {
+			t.Fatalf("region %d: the blocks the arena named did not land exactly", k)
+		}
+	}
+	// gRPC has no arena.
+	_, err := c.API().TransferBlocks(ctx, &agentv1.TransferBlocksRequest{Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(),
+		Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}}, IdBytes: 4, ArenaIds: 2, Wait: true})
+	if client.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "no id arena") {
+		t.Fatalf("gRPC with arena ids: %v", err)
+	}
+}
