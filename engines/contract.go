@@ -5,6 +5,7 @@ package engines
 
 import (
 	"context"
+	"math"
 	"os"
 	"time"
 )
@@ -121,12 +122,29 @@ type Handles struct {
 	TCP string
 }
 
-// VMMHandle is a process-local VMM shareable handle (POSIX fd) of the allocation holding a region.
+// VMMHandle is the process-local VMM shareable handles (POSIX fds) of the allocations holding a region: one,
+// or several of equal size that the owner maps back to back in one address range (PyTorch's expandable
+// segments), which the importer maps the same way.
 type VMMHandle struct {
-	FD *os.File
-	// Offset is the region's offset inside the allocation; AllocSize is the allocation's size.
+	// FDs are the allocations from the lowest address up; FDs[0] is the only one of a single allocation.
+	FDs []*os.File
+	// Offset is the region's offset from the start of the first allocation; AllocSize is the size of each.
 	Offset    uint64
 	AllocSize uint64
+}
+
+// MaxVMMAllocations bounds the allocations one region may span: each is an open descriptor, an imported handle
+// and a mapping in the agent. 8192 allocations of PyTorch's 20 MiB large-pool segments are 160 GiB.
+const MaxVMMAllocations = 8192
+
+// Span is the bytes the allocations cover together, and false when there are none, more than
+// MaxVMMAllocations, or the size overflows.
+func (v *VMMHandle) Span() (uint64, bool) {
+	n := uint64(len(v.FDs))
+	if n == 0 || n > MaxVMMAllocations || v.AllocSize == 0 || v.AllocSize > math.MaxUint64/n {
+		return 0, false
+	}
+	return n * v.AllocSize, true
 }
 
 // FabricTokenSize is the size of a fabric shareable handle (CUmemFabricHandle, hipMemFabricHandle).

@@ -77,8 +77,10 @@ func (h *Handles) validate(d *MemoryDesc) error {
 	if h.Host != nil && d.Location.Kind != LocationHost {
 		return fmt.Errorf("%w: memory %s: host view on GPU memory", ErrInvalid, d.ID)
 	}
-	if h.VMM != nil && (h.VMM.FD == nil || !fitsIn(h.VMM.Offset, d.Size, h.VMM.AllocSize)) {
-		return fmt.Errorf("%w: memory %s: VMM handle without fd or region outside allocation", ErrInvalid, d.ID)
+	if h.VMM != nil {
+		if err := h.VMM.validate(d.Size); err != nil {
+			return fmt.Errorf("%w: memory %s: %v", ErrInvalid, d.ID, err)
+		}
 	}
 	if len(h.IPC) != 0 && len(h.IPC) != IPCHandleSize {
 		return fmt.Errorf("%w: memory %s: IPC handle is %d bytes, want %d", ErrInvalid, d.ID, len(h.IPC), IPCHandleSize)
@@ -105,6 +107,29 @@ func (h *Handles) validate(d *MemoryDesc) error {
 		if err := checkHostPort(h.TCP); err != nil {
 			return fmt.Errorf("%w: memory %s: TCP endpoint: %v", ErrInvalid, d.ID, err)
 		}
+	}
+	return nil
+}
+
+// validate checks the fds are there, the region lies inside their span and every allocation holds part of it
+// (so a caller cannot make the agent hold and map allocations the region does not use).
+func (v *VMMHandle) validate(size uint64) error {
+	span, ok := v.Span()
+	if !ok {
+		return fmt.Errorf("VMM handle of %d allocations of %d bytes (want 1 to %d of a positive size that do not overflow)",
+			len(v.FDs), v.AllocSize, MaxVMMAllocations)
+	}
+	for i, f := range v.FDs {
+		if f == nil {
+			return fmt.Errorf("VMM handle without fd for allocation %d", i)
+		}
+	}
+	if !fitsIn(v.Offset, size, span) {
+		return fmt.Errorf("region [%d, +%d) outside its %d VMM allocations of %d bytes", v.Offset, size, len(v.FDs), v.AllocSize)
+	}
+	if n := uint64(len(v.FDs)); n > 1 && (v.Offset >= v.AllocSize || v.Offset+size <= (n-1)*v.AllocSize) {
+		return fmt.Errorf("region [%d, +%d) leaves some of its %d VMM allocations of %d bytes unused (pass only the ones it spans)",
+			v.Offset, size, n, v.AllocSize)
 	}
 	return nil
 }

@@ -36,7 +36,7 @@ func TestDescRoundTripDropsLocalHandles(t *testing.T) {
 	}
 	defer f.Close()
 	d.Handles.Ptr = 0xdead0000
-	d.Handles.VMM = &VMMHandle{FD: f, AllocSize: 2 << 30}
+	d.Handles.VMM = &VMMHandle{FDs: []*os.File{f}, AllocSize: 2 << 30}
 	b, err := MarshalDesc(d)
 	if err != nil {
 		t.Fatal(err)

@@ -169,7 +169,7 @@ func TestGPUPoolSliceMappedByAnotherProcess(t *testing.T) {
 	defer cancel()
 	desc, err := comp.Register(ctx, engines.MemoryDesc{ID: "node-a/pool-slice", Node: "node-a", Size: sl.Length,
 		Location: engines.Location{Kind: engines.LocationGPU, Device: 0, Vendor: engines.VendorNVIDIA, BusID: sl.BusID},
-		Handles:  engines.Handles{Ptr: uintptr(sl.Ptr), VMM: &engines.VMMHandle{FD: sl.File, Offset: sl.Offset, AllocSize: sl.AllocSize}}})
+		Handles:  engines.Handles{Ptr: uintptr(sl.Ptr), VMM: &engines.VMMHandle{FDs: []*os.File{sl.File}, Offset: sl.Offset, AllocSize: sl.AllocSize}}})
 	if err != nil {
 		t.Fatalf("registering the slice: %v", err)
 	}

@@ -11,34 +11,53 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/client/fdpass"
+	"github.com/fabricxfer/fabricxfer/engines"
 )
 
 // fdTokens holds descriptors in transit between the fd socket and gRPC calls. A token is one-time, bound to
-// the caller key that created it (or that it was lent to), and expires; expired descriptors are closed.
+// the caller key that created it (or that it was lent to), and expires; expired descriptors are closed. A token
+// names one descriptor, or the ordered descriptors of one "PUT <n>".
+//
+// Three bounds keep a caller from making the agent hold descriptors without end: tokens per caller
+// (maxPerOwner), descriptors per caller (maxFDsPerOwner: enough for the largest region the agent maps, a full
+// engines.MaxVMMAllocations, plus single-fd traffic beside it) and descriptors in all (maxFDs). Over any of
+// them a PUT is refused RESOURCE_EXHAUSTED and its descriptors closed; what others hold is untouched.
 type fdTokens struct {
-	ttl         time.Duration
-	maxPerOwner int
+	ttl            time.Duration
+	maxPerOwner    int
+	maxFDsPerOwner int
+	maxFDs         int
 
 	mu      sync.Mutex
 	entries map[string]*fdEntry
-	owned   map[string]int
+	owned   map[string]int // tokens by owner
+	ownedFD map[string]int // descriptors by owner
+	fds     int            // descriptors in all
 }
 
 type fdEntry struct {
-	file     *os.File
+	files    []*os.File
 	owner    string
 	expires  time.Time
 	outbound bool // lent by the agent: fetched with GET, never consumed by RegisterMemory
 }
 
+// Descriptor bounds of the token store (see fdTokens).
+const (
+	defaultFDsPerOwner = engines.MaxVMMAllocations + 64
+	defaultFDsWaiting  = 8 * defaultFDsPerOwner
+)
+
 func newFDTokens(ttl time.Duration, maxPerOwner int) *fdTokens {
-	return &fdTokens{ttl: ttl, maxPerOwner: maxPerOwner, entries: map[string]*fdEntry{}, owned: map[string]int{}}
+	return &fdTokens{ttl: ttl, maxPerOwner: maxPerOwner, maxFDsPerOwner: defaultFDsPerOwner, maxFDs: defaultFDsWaiting,
+		entries: map[string]*fdEntry{}, owned: map[string]int{}, ownedFD: map[string]int{}}
 }
 
 func newToken() (string, error) {
@@ -49,40 +68,143 @@ func newToken() (string, error) {
 	return hex.EncodeToString(b[:]), nil
 }
 
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
 // add stores f for owner and returns its token. On error f is closed.
 func (t *fdTokens) add(owner string, f *os.File, outbound bool) (string, error) {
+	return t.addFiles(owner, []*os.File{f}, outbound)
+}
+
+// addFiles stores files, in order, for owner under one token. On error every file is closed.
+func (t *fdTokens) addFiles(owner string, files []*os.File, outbound bool) (string, error) {
 	token, err := newToken()
 	if err != nil {
-		f.Close()
+		closeFiles(files)
 		return "", err
 	}
+	n := len(files)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.owned[owner] >= t.maxPerOwner {
-		f.Close()
-		return "", fmt.Errorf("%w: %d descriptors already wait for a call from this caller (limit %d): use or let them expire", errFDExhausted, t.owned[owner], t.maxPerOwner)
+	switch {
+	case t.owned[owner] >= t.maxPerOwner:
+		closeFiles(files)
+		return "", fmt.Errorf("%w: %d tokens already wait for a call from this caller (limit %d): use or let them expire", errFDExhausted, t.owned[owner], t.maxPerOwner)
+	case t.ownedFD[owner]+n > t.maxFDsPerOwner:
+		closeFiles(files)
+		return "", fmt.Errorf("%w: %d descriptors already wait for a call from this caller, %d more would pass the limit of %d: use or let them expire",
+			errFDExhausted, t.ownedFD[owner], n, t.maxFDsPerOwner)
+	case t.fds+n > t.maxFDs:
+		closeFiles(files)
+		return "", fmt.Errorf("%w: %d descriptors wait for calls on this agent, %d more would pass the limit of %d", errFDExhausted, t.fds, n, t.maxFDs)
 	}
-	t.entries[token] = &fdEntry{file: f, owner: owner, expires: time.Now().Add(t.ttl), outbound: outbound}
+	t.entries[token] = &fdEntry{files: files, owner: owner, expires: time.Now().Add(t.ttl), outbound: outbound}
 	t.owned[owner]++
+	t.ownedFD[owner] += n
+	t.fds += n
 	return token, nil
 }
 
-// take removes and returns the descriptor behind token if owner may use it in this direction.
+// forgetLocked drops the entry of token from the counts and the map (its files are the caller's to close).
+func (t *fdTokens) forgetLocked(token string, e *fdEntry) {
+	delete(t.entries, token)
+	t.owned[e.owner]--
+	t.ownedFD[e.owner] -= len(e.files)
+	t.fds -= len(e.files)
+	if t.owned[e.owner] <= 0 {
+		delete(t.owned, e.owner)
+		delete(t.ownedFD, e.owner)
+	}
+}
+
+// take removes and returns the one descriptor behind token if owner may use it in this direction.
 func (t *fdTokens) take(owner, token string, outbound bool) (*os.File, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	e, err := t.checkLocked(owner, token, outbound)
+	if err != nil {
+		return nil, err
+	}
+	if len(e.files) != 1 {
+		// Left waiting: the caller named a multi-descriptor token where one descriptor goes.
+		return nil, fmt.Errorf("fd token %.8s… names %d descriptors where one is expected (name it in fd_tokens)", token, len(e.files))
+	}
+	t.forgetLocked(token, e)
+	if time.Now().After(e.expires) {
+		closeFiles(e.files)
+		return nil, fmt.Errorf("fd token %.8s… expired (tokens live %s)", token, t.ttl)
+	}
+	return e.files[0], nil
+}
+
+func (t *fdTokens) checkLocked(owner, token string, outbound bool) (*fdEntry, error) {
 	e, ok := t.entries[token]
 	if !ok || e.owner != owner || e.outbound != outbound {
 		// One message for all three: a token of another caller must not be distinguishable from none.
 		return nil, fmt.Errorf("fd token %.8s… is unknown, expired, already used or not yours", token)
 	}
-	delete(t.entries, token)
-	t.owned[owner]--
-	if time.Now().After(e.expires) {
-		e.file.Close()
-		return nil, fmt.Errorf("fd token %.8s… expired (tokens live %s)", token, t.ttl)
+	return e, nil
+}
+
+// takeAll removes and returns, in order, the want descriptors behind tokens (owner's, inbound). It is all or
+// nothing: when a token is unknown, another caller's or named twice, or the tokens name other than want
+// descriptors, nothing is taken and the caller's tokens keep waiting (until used or expired); an expired token
+// among them is closed and the call refused.
+func (t *fdTokens) takeAll(owner string, tokens []string, want int) ([]*os.File, error) {
+	if len(tokens) == 0 {
+		return nil, errors.New("no fd tokens")
 	}
-	return e.file, nil
+	if len(tokens) > want {
+		return nil, fmt.Errorf("%d fd tokens name more than the %d descriptors expected", len(tokens), want)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	seen := make(map[string]struct{}, len(tokens))
+	n := 0
+	var expired []string
+	now := time.Now()
+	for i, tok := range tokens {
+		if _, dup := seen[tok]; dup {
+			return nil, fmt.Errorf("fd token %.8s… is named twice (fd_tokens[%d])", tok, i)
+		}
+		seen[tok] = struct{}{}
+		e, err := t.checkLocked(owner, tok, false)
+		if err != nil {
+			return nil, fmt.Errorf("fd_tokens[%d]: %w", i, err)
+		}
+		if now.After(e.expires) {
+			expired = append(expired, tok)
+		}
+		n += len(e.files)
+	}
+	if len(expired) > 0 {
+		for _, tok := range expired {
+			e := t.entries[tok]
+			t.forgetLocked(tok, e)
+			closeFiles(e.files)
+		}
+		return nil, fmt.Errorf("fd token %.8s… expired (tokens live %s)", expired[0], t.ttl)
+	}
+	if n != want {
+		return nil, fmt.Errorf("fd tokens name %d descriptors, %d expected", n, want)
+	}
+	files := make([]*os.File, 0, n)
+	for _, tok := range tokens {
+		e := t.entries[tok]
+		t.forgetLocked(tok, e)
+		files = append(files, e.files...)
+	}
+	return files, nil
+}
+
+// waiting reports how many tokens and descriptors wait for owner.
+func (t *fdTokens) waiting(owner string) (tokens, fds int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.owned[owner], t.ownedFD[owner]
 }
 
 // sweep closes expired descriptors.
@@ -91,9 +213,8 @@ func (t *fdTokens) sweep(now time.Time) {
 	defer t.mu.Unlock()
 	for k, e := range t.entries {
 		if now.After(e.expires) {
-			e.file.Close()
-			delete(t.entries, k)
-			t.owned[e.owner]--
+			t.forgetLocked(k, e)
+			closeFiles(e.files)
 		}
 	}
 }
@@ -104,9 +225,8 @@ func (t *fdTokens) dropOwner(owner string) {
 	defer t.mu.Unlock()
 	for k, e := range t.entries {
 		if e.owner == owner {
-			e.file.Close()
-			delete(t.entries, k)
-			t.owned[owner]--
+			t.forgetLocked(k, e)
+			closeFiles(e.files)
 		}
 	}
 }
@@ -115,22 +235,25 @@ func (t *fdTokens) closeAll() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, e := range t.entries {
-		e.file.Close()
+		closeFiles(e.files)
 		delete(t.entries, k)
 	}
-	t.owned = map[string]int{}
+	t.owned, t.ownedFD, t.fds = map[string]int{}, map[string]int{}, 0
 }
 
 // errFDExhausted marks fd-socket refusals that free up by themselves; the reply says RESOURCE_EXHAUSTED so
 // clients back off and retry.
 var errFDExhausted = errors.New("descriptor limit")
 
-// Fd-socket connection limits. Every connection costs the agent one descriptor, plus at most fdpass.MaxFDs
-// while a message is read and one kept for a PUT, and lives at most fdConnTimeout. Until it is identified a
-// connection counts against defaultFDConns and defaultFDConnsPerUID (peer uid from SO_PEERCRED); once
-// identified, against defaultFDConnsPerCaller (so an idle caller starves only itself) and
-// defaultFDConnsIdentified in all. The socket thus holds at most
-// (defaultFDConns+defaultFDConnsIdentified)*(2+fdpass.MaxFDs) descriptors however many processes push at it.
+// Fd-socket connection limits. Every connection costs the agent one descriptor and lives at most
+// fdConnTimeout. Until it is identified a connection counts against defaultFDConns and defaultFDConnsPerUID
+// (peer uid from SO_PEERCRED) and nothing is read from it, so it brings in no descriptor; once identified,
+// against defaultFDConnsPerCaller (so an idle caller starves only itself) and defaultFDConnsIdentified in all,
+// and it holds at most 2*fdpass.MaxPutFDs descriptors while its request is read (the ones of the first message,
+// which a PUT <n> carries, plus one more message's worth closed as soon as it arrives). The socket thus holds at most
+// defaultFDConns + defaultFDConnsIdentified*(1+2*fdpass.MaxPutFDs) descriptors however many processes push at
+// it, a single caller defaultFDConnsPerCaller*(1+2*fdpass.MaxPutFDs); accepted PUTs then count against the
+// token store's bounds (fdTokens).
 const (
 	fdConnTimeout            = fdpass.DefaultTimeout
 	defaultFDConns           = 256
@@ -311,8 +434,9 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		return
 	}
 	defer s.leaveCaller(caller.Key)
-	// One descriptor is the most any request carries; the rest are closed as they arrive.
-	line, fds, err := fdpass.ReadLineFDs(conn, 1)
+	// A PUT <n> carries at most fdpass.MaxPutFDs descriptors, in the message that starts its line; any beyond,
+	// or arriving later, are closed as they arrive.
+	line, fds, err := fdpass.ReadRequestFDs(conn, fdpass.MaxPutFDs)
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			s.edge.refused("fd", "deadline")
@@ -324,13 +448,25 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		return
 	}
 	switch {
-	case line == "PUT":
-		if len(fds) != 1 {
+	case line == "PUT" || strings.HasPrefix(line, "PUT "):
+		want, err := putCount(line)
+		if err != nil {
 			fdpass.CloseFDs(fds)
-			reply("ERR PUT needs exactly one descriptor, got %d", len(fds))
+			s.edge.refused("fd", "malformed")
+			reply("ERR %s", err)
 			return
 		}
-		token, err := s.tokens.add(caller.Key, os.NewFile(uintptr(fds[0]), "caller-fd"), false)
+		if len(fds) != want {
+			fdpass.CloseFDs(fds)
+			s.edge.refused("fd", "malformed")
+			reply("ERR %s announces %d descriptors, got %d (send them with the line, in one message)", truncate(line, 16), want, len(fds))
+			return
+		}
+		files := make([]*os.File, len(fds))
+		for i, fd := range fds {
+			files[i] = os.NewFile(uintptr(fd), "caller-fd")
+		}
+		token, err := s.tokens.addFiles(caller.Key, files, false)
 		if err != nil {
 			s.edge.refused("fd", "tokens")
 			refuse(err)
@@ -353,6 +489,19 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		s.edge.refused("fd", "malformed")
 		reply("ERR unknown request %q (want PUT or GET <token>)", truncate(line, 32))
 	}
+}
+
+// putCount is how many descriptors a PUT line announces: "PUT" one, "PUT <n>" n (1 to fdpass.MaxPutFDs).
+func putCount(line string) (int, error) {
+	if line == "PUT" {
+		return 1, nil
+	}
+	arg := strings.TrimPrefix(line, "PUT ")
+	n, err := strconv.Atoi(arg)
+	if err != nil || n < 1 || n > fdpass.MaxPutFDs || strconv.Itoa(n) != arg {
+		return 0, fmt.Errorf("PUT takes a count of 1 to %d descriptors, not %q", fdpass.MaxPutFDs, truncate(arg, 16))
+	}
+	return n, nil
 }
 
 func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }

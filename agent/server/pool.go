@@ -127,7 +127,7 @@ func (s *Server) lend(owner string, req *agentv1.AllocateFromPoolRequest, kind a
 		}
 	}
 	return sl, engines.MemoryDesc{Location: loc, Size: sl.Length, FabricDomain: domain,
-			Handles: engines.Handles{Ptr: uintptr(sl.Ptr), VMM: &engines.VMMHandle{FD: sl.File, Offset: sl.Offset, AllocSize: sl.AllocSize}}},
+			Handles: engines.Handles{Ptr: uintptr(sl.Ptr), VMM: &engines.VMMHandle{FDs: []*os.File{sl.File}, Offset: sl.Offset, AllocSize: sl.AllocSize}}},
 		agentv1.HandleType_HANDLE_TYPE_VMM_POSIX_FD, nil
 }
 

@@ -40,9 +40,9 @@ type region struct {
 	key     []byte
 	engines []string
 	desc    []byte // serialized SegmentDescriptor
-	// mapping and file are released after the engines let go of the region.
+	// mapping and files are released after the engines let go of the region.
 	mapping []byte
-	file    *os.File
+	files   []*os.File
 	alloc   string // pool slice id when the region is pool memory
 }
 
@@ -115,8 +115,12 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 	var (
 		desc    engines.MemoryDesc
 		mapping []byte
-		file    *os.File
+		files   []*os.File
 	)
+	if len(req.FdTokens) > 0 && (req.FdToken != "" || req.HandleType != agentv1.HandleType_HANDLE_TYPE_VMM_POSIX_FD) {
+		return nil, status.Errorf(codes.InvalidArgument, "fd_tokens name the VMM allocations of HANDLE_TYPE_VMM_POSIX_FD memory, instead of fd_token (got %s, fd_token %t)",
+			req.HandleType, req.FdToken != "")
+	}
 	switch req.Kind {
 	case agentv1.MemoryKind_MEMORY_KIND_HOST:
 		if req.HandleType != agentv1.HandleType_HANDLE_TYPE_SHM_FD {
@@ -135,9 +139,9 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 		desc = engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationHost}, Handles: engines.Handles{Host: view}}
-		mapping, file = m, f
+		mapping, files = m, []*os.File{f}
 	case agentv1.MemoryKind_MEMORY_KIND_GPU:
-		desc, file, err = s.gpuDesc(sess, req)
+		desc, files, err = s.gpuDesc(sess, req)
 		if err != nil {
 			return nil, err
 		}
@@ -150,13 +154,11 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 		if mapping != nil {
 			syscall.Munmap(mapping)
 		}
-		if file != nil {
-			file.Close()
-		}
+		closeFiles(files)
 		return nil, err
 	}
 	s.mu.Lock()
-	r.mapping, r.file = mapping, file
+	r.mapping, r.files = mapping, files
 	s.mu.Unlock()
 	return &agentv1.RegisterMemoryResponse{Region: r.proto()}, nil
 }
@@ -172,7 +174,7 @@ type GPUInfo struct {
 }
 
 // gpuDesc describes GPU memory a caller hands over by VMM fd, IPC handle or fabric handle.
-func (s *Server) gpuDesc(sess *session, req *agentv1.RegisterMemoryRequest) (engines.MemoryDesc, *os.File, error) {
+func (s *Server) gpuDesc(sess *session, req *agentv1.RegisterMemoryRequest) (engines.MemoryDesc, []*os.File, error) {
 	var gpu *GPUInfo
 	for i := range s.opts.GPUs {
 		g := &s.opts.GPUs[i]
@@ -198,6 +200,14 @@ func (s *Server) gpuDesc(sess *session, req *agentv1.RegisterMemoryRequest) (eng
 	}
 	switch req.HandleType {
 	case agentv1.HandleType_HANDLE_TYPE_VMM_POSIX_FD:
+		if len(req.FdTokens) > 0 {
+			files, err := s.vmmFiles(sess, req)
+			if err != nil {
+				return d, nil, err
+			}
+			d.Handles.VMM = &engines.VMMHandle{FDs: files, Offset: req.Offset, AllocSize: req.AllocationSize}
+			return d, files, nil
+		}
 		if err := inAlloc(); err != nil {
 			return d, nil, err
 		}
@@ -205,8 +215,8 @@ func (s *Server) gpuDesc(sess *session, req *agentv1.RegisterMemoryRequest) (eng
 		if err != nil {
 			return d, nil, status.Error(codes.InvalidArgument, err.Error())
 		}
-		d.Handles.VMM = &engines.VMMHandle{FD: f, Offset: req.Offset, AllocSize: req.AllocationSize}
-		return d, f, nil
+		d.Handles.VMM = &engines.VMMHandle{FDs: []*os.File{f}, Offset: req.Offset, AllocSize: req.AllocationSize}
+		return d, []*os.File{f}, nil
 	case agentv1.HandleType_HANDLE_TYPE_IPC:
 		if len(req.IpcHandle) != engines.IPCHandleSize {
 			return d, nil, status.Errorf(codes.InvalidArgument, "IPC handle is %d bytes, want %d", len(req.IpcHandle), engines.IPCHandleSize)
@@ -226,6 +236,35 @@ func (s *Server) gpuDesc(sess *session, req *agentv1.RegisterMemoryRequest) (eng
 		return d, nil, nil
 	}
 	return d, nil, status.Errorf(codes.InvalidArgument, "GPU memory is passed as a VMM fd, an IPC handle or a fabric handle, not %s", req.HandleType)
+}
+
+// vmmFiles takes the descriptors of a region spanning several VMM allocations (fd_tokens), after checking that
+// the range fits: n allocations of allocation_size bytes, each holding part of [offset, offset+length), n at most
+// engines.MaxVMMAllocations. The tokens must name exactly the allocations the range spans; a refused request
+// takes none of them (the caller's keep waiting until they expire) and touches no one else's.
+func (s *Server) vmmFiles(sess *session, req *agentv1.RegisterMemoryRequest) ([]*os.File, error) {
+	a, off, length := req.AllocationSize, req.Offset, req.Length
+	if a == 0 {
+		return nil, status.Error(codes.InvalidArgument, "HANDLE_TYPE_VMM_POSIX_FD with fd_tokens needs allocation_size (the size of each VMM allocation)")
+	}
+	if off >= a {
+		return nil, status.Errorf(codes.InvalidArgument, "offset %d is past the first VMM allocation of %d bytes (pass only the allocations the range spans, from the one holding its start)", off, a)
+	}
+	end := off + length
+	if end < off {
+		return nil, status.Errorf(codes.InvalidArgument, "range [%d, +%d) overflows", off, length)
+	}
+	want := end/a + min(end%a, 1) // allocations [offset, offset+length) touches, counted from the first
+	if want > engines.MaxVMMAllocations {
+		return nil, status.Errorf(codes.InvalidArgument, "range [%d, +%d) spans %d VMM allocations of %d bytes, at most %d are mapped as one region",
+			off, length, want, a, engines.MaxVMMAllocations)
+	}
+	files, err := s.tokens.takeAll(sess.caller.Key, req.FdTokens, int(want))
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "taking the VMM allocations of range [%d, +%d) (allocations of %d bytes, it spans %d; pass exactly those, in address order): %v",
+			off, length, a, want, err)
+	}
+	return files, nil
 }
 
 func checkSegmentName(name string) error {
@@ -455,9 +494,7 @@ func (s *Server) removeRegion(ctx context.Context, r *region) error {
 	if r.mapping != nil {
 		_ = syscall.Munmap(r.mapping)
 	}
-	if r.file != nil {
-		r.file.Close()
-	}
+	closeFiles(r.files)
 	return nil
 }
 

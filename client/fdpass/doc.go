@@ -9,10 +9,11 @@
 // socket.send_fds / recv_fds):
 //
 //	PUT\n            + SCM_RIGHTS(1 fd)   ->  OK <token>\n   |  ERR <reason>\n
+//	PUT <n>\n        + SCM_RIGHTS(n fds)  ->  OK <token>\n   |  ERR <reason>\n   (1 <= n <= 253, in one message)
 //	GET <token>\n                         ->  OK\n + SCM_RIGHTS(1 fd)  |  ERR <reason>\n
 //
 // A reason that starts with "RESOURCE_EXHAUSTED: " (ErrExhausted) is a limit that frees up by itself (descriptors
 // waiting for this caller, connections open on the socket): back off and retry. The agent identifies the caller
-// before it reads the request, closes every descriptor beyond the one a PUT carries, and closes a connection
+// before it reads the request, closes every descriptor beyond the ones a PUT announces, and closes a connection
 // that has not finished its exchange within 5 s.
 package fdpass

@@ -35,14 +35,19 @@ const ExhaustedPrefix = "RESOURCE_EXHAUSTED: "
 // Put hands f to the agent listening on socketPath and returns the token that names it. The caller keeps
 // its own f open (the agent received a duplicate).
 func Put(ctx context.Context, socketPath string, f *os.File) (string, error) {
+	return put(ctx, socketPath, "PUT\n", []int{int(f.Fd())})
+}
+
+// put sends line with fds in one message and reads the token answered.
+func put(ctx context.Context, socketPath, line string, fds []int) (string, error) {
 	conn, err := dial(ctx, socketPath)
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close()
-	rights := syscall.UnixRights(int(f.Fd()))
-	_, _, werr := conn.WriteMsgUnix([]byte("PUT\n"), rights, nil)
-	line, _, err := ReadLine(conn, false)
+	rights := syscall.UnixRights(fds...)
+	_, _, werr := conn.WriteMsgUnix([]byte(line), rights, nil)
+	reply, _, err := ReadLine(conn, false)
 	if werr != nil && err != nil {
 		// An agent at a limit answers and closes without reading the request, so the write can fail with the
 		// answer waiting to be read; only when there is none is the write's error reported.
@@ -51,7 +56,7 @@ func Put(ctx context.Context, socketPath string, f *os.File) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("reading the token from %s: %w", socketPath, err)
 	}
-	token, err := parseReply(line)
+	token, err := parseReply(reply)
 	if err != nil {
 		return "", err
 	}
@@ -59,6 +64,23 @@ func Put(ctx context.Context, socketPath string, f *os.File) (string, error) {
 		return "", fmt.Errorf("fd socket %s answered OK without a token", socketPath)
 	}
 	return token, nil
+}
+
+// MaxPutFDs is how many descriptors one "PUT <n>" carries at most: the kernel's SCM_MAX_FD, the most one
+// SCM_RIGHTS message may hold.
+const MaxPutFDs = 253
+
+// PutMany hands files to the agent in one "PUT <n>" exchange (1 <= len(files) <= MaxPutFDs) and returns the
+// token that names them, in order. The caller keeps its own files open.
+func PutMany(ctx context.Context, socketPath string, files []*os.File) (string, error) {
+	if len(files) == 0 || len(files) > MaxPutFDs {
+		return "", fmt.Errorf("putting %d descriptors on %s: one PUT carries 1 to %d", len(files), socketPath, MaxPutFDs)
+	}
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	return put(ctx, socketPath, fmt.Sprintf("PUT %d\n", len(fds)), fds)
 }
 
 // Get presents token to the agent on socketPath and returns the descriptor it lends.
@@ -137,20 +159,36 @@ const MaxFDs = 4
 
 // ReadLineFDs reads one newline-terminated line from conn and keeps at most maxFDs of the descriptors that came
 // with it; every further descriptor is closed as soon as it arrives, so a peer that sends many messages with
-// descriptors cannot make this process hold more than maxFDs+MaxFDs of them at once. An error (deadline, peer
-// gone, malformed line) closes every descriptor read so far.
+// descriptors cannot make this process hold more than 2*max(maxFDs, MaxFDs) of them at once (one read takes in
+// at most max(maxFDs, MaxFDs); the kernel closes the rest of a bigger message). An error (deadline, peer gone,
+// malformed line) closes every descriptor read so far.
 func ReadLineFDs(conn *net.UnixConn, maxFDs int) (string, []int, error) {
+	return readLine(conn, maxFDs, false)
+}
+
+// ReadRequestFDs is ReadLineFDs for a request whose descriptors travel in one message with the start of its
+// line (every PUT): only the first read's descriptors are kept, at most maxFDs; any that come later are closed
+// as they arrive. A peer that trickles a line out with descriptors on every byte thus makes this process hold
+// no more than one message's worth beyond the first.
+func ReadRequestFDs(conn *net.UnixConn, maxFDs int) (string, []int, error) {
+	return readLine(conn, maxFDs, true)
+}
+
+func readLine(conn *net.UnixConn, maxFDs int, firstOnly bool) (string, []int, error) {
 	var (
 		line []byte
 		fds  []int
 		buf  = make([]byte, MaxLine)
-		oob  = make([]byte, syscall.CmsgSpace(MaxFDs*4))
+		oob  = make([]byte, syscall.CmsgSpace(max(MaxFDs, min(maxFDs, MaxPutFDs))*4))
 	)
 	fail := func(err error) (string, []int, error) {
 		closeAll(fds)
 		return "", nil, err
 	}
-	for {
+	for reads := 0; ; reads++ {
+		if firstOnly && reads == 1 {
+			maxFDs = len(fds) // what the first read brought is all this request may carry
+		}
 		n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
 		// On error the counts can be negative (-1 from a failed recvmsg): nothing was read.
 		n, oobn = max(n, 0), max(oobn, 0)

@@ -102,6 +102,11 @@ func (e *Engine) Register(ctx context.Context, desc engines.MemoryDesc) (engines
 		why = "host memory is not on the scale-up fabric"
 	case !e.available:
 		why = "fabric unavailable on this node: " + e.unavailable
+	case desc.Handles.VMM != nil && len(desc.Handles.VMM.FDs) > 1:
+		// Another node would have to import and map every allocation: thousands of handles in each descriptor
+		// for a large KV cache. Such memory moves through this node's own mapping instead.
+		why = fmt.Sprintf("memory spans %d VMM allocations (expandable segments): cross-node fabric export of multi-allocation regions is not supported (the descriptor would need a fabric handle per allocation)",
+			len(desc.Handles.VMM.FDs))
 	default:
 		addr, gpu, err := e.opts.Runtime.Local(&desc)
 		if err != nil {

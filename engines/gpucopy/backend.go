@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"sync"
 	"time"
 	"unsafe"
@@ -173,7 +174,7 @@ func (b *Backend) enablePeer(from, to int) error {
 func (b *Backend) Register(ctx context.Context, d engines.MemoryDesc) (engines.MemoryDesc, error) {
 	switch {
 	case isNVIDIAGPU(&d):
-		m, out, err := b.registerGPU(d)
+		m, out, err := b.registerGPU(ctx, d)
 		if err != nil {
 			return d, err
 		}
@@ -198,7 +199,7 @@ func (b *Backend) Register(ctx context.Context, d engines.MemoryDesc) (engines.M
 	return d, nil
 }
 
-func (b *Backend) registerGPU(d engines.MemoryDesc) (*mapped, engines.MemoryDesc, error) {
+func (b *Backend) registerGPU(ctx context.Context, d engines.MemoryDesc) (*mapped, engines.MemoryDesc, error) {
 	ord, err := b.ordinal(d.Location)
 	if err != nil {
 		return nil, d, err
@@ -213,7 +214,7 @@ func (b *Backend) registerGPU(d engines.MemoryDesc) (*mapped, engines.MemoryDesc
 		case d.Handles.Ptr != 0:
 			return b.adoptPointer(c, m, &d)
 		case d.Handles.VMM != nil:
-			return b.importVMM(c, m, &d)
+			return b.importVMM(ctx, c, m, &d)
 		case len(d.Handles.IPC) == engines.IPCHandleSize:
 			return b.openIPC(m, &d)
 		}
@@ -246,7 +247,7 @@ func (b *Backend) adoptPointer(c *Copier, m *mapped, d *engines.MemoryDesc) erro
 		if h, base, size, err := b.drv.AllocationOf(cuda.DevicePtr(start)); err == nil {
 			if fd, err := b.drv.ExportPosixFD(h); err == nil {
 				f := newFile(fd, string(d.ID))
-				d.Handles.VMM = &engines.VMMHandle{FD: f, Offset: start - uint64(base), AllocSize: size}
+				d.Handles.VMM = &engines.VMMHandle{FDs: []*os.File{f}, Offset: start - uint64(base), AllocSize: size}
 				m.release = f.Close
 			}
 			_ = b.drv.MemRelease(h)
@@ -261,32 +262,33 @@ func (b *Backend) adoptPointer(c *Copier, m *mapped, d *engines.MemoryDesc) erro
 	return nil
 }
 
-// importVMM imports an allocation another process exported as a POSIX fd and
-// maps it readable and writable by every GPU that can reach it.
-func (b *Backend) importVMM(c *Copier, m *mapped, d *engines.MemoryDesc) error {
+// importVMM imports the allocations another process exported as POSIX fds and maps them back to back, as the
+// owner did, readable and writable by every GPU that can reach them: the region is one pointer however many
+// allocations it spans.
+func (b *Backend) importVMM(ctx context.Context, c *Copier, m *mapped, d *engines.MemoryDesc) error {
 	v := d.Handles.VMM
-	h, err := b.drv.ImportPosixFD(int(v.FD.Fd()))
+	g, err := b.drv.Granularity(c.Device(), cuda.HandleTypePosixFD)
+	if err != nil {
+		return fmt.Errorf("reading the VMM granularity: %w", err)
+	}
+	fds := make([]int, len(v.FDs))
+	for i, f := range v.FDs {
+		fds[i] = int(f.Fd())
+	}
+	r, err := cuda.ImportRange(ctx, b.drv, fds, v.AllocSize, g, b.accessors(m.ordinal))
 	if err != nil {
 		return err
 	}
-	g, err := b.drv.Granularity(c.Device(), cuda.HandleTypePosixFD)
-	if err != nil {
-		return errors.Join(err, b.drv.MemRelease(h))
-	}
-	if v.AllocSize%g != 0 {
-		return errors.Join(fmt.Errorf("VMM allocation size %d is not a multiple of the granularity %d", v.AllocSize, g), b.drv.MemRelease(h))
-	}
-	ptr, err := b.drv.MapHandle(h, v.AllocSize, g, b.accessors(m.ordinal))
-	if err != nil {
-		return errors.Join(err, b.drv.MemRelease(h))
-	}
-	m.addr = uint64(ptr) + v.Offset
-	size := v.AllocSize
+	m.addr = uint64(r.Ptr) + v.Offset
 	m.release = func() error {
-		return b.withOrdinal(m.ordinal, func() error { return errors.Join(b.drv.UnmapRange(ptr, size), b.drv.MemRelease(h)) })
+		return b.withOrdinal(m.ordinal, func() error { return r.Release(b.drv) })
 	}
 	return nil
 }
+
+// The agent's bound on a region's allocations and the one the driver wrapper enforces must agree: this
+// constant does not compile when they differ.
+const _ = uint(engines.MaxVMMAllocations-cuda.MaxRangeAllocations) + uint(cuda.MaxRangeAllocations-engines.MaxVMMAllocations)
 
 // accessors are the GPUs granted access to memory of GPU owner: itself and
 // every GPU with peer access to it.

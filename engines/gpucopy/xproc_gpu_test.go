@@ -174,7 +174,7 @@ func testCrossProcess(t *testing.T, mode string) {
 		fmt.Sscan(fields[1], &allocSize)
 		f := os.NewFile(uintptr(rights[0]), "child-vmm")
 		defer f.Close()
-		desc.Handles.VMM = &engines.VMMHandle{FD: f, AllocSize: allocSize}
+		desc.Handles.VMM = &engines.VMMHandle{FDs: []*os.File{f}, AllocSize: allocSize}
 	case "ipc":
 		var h []byte
 		fmt.Sscanf(fields[1], "%x", &h)

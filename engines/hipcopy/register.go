@@ -87,7 +87,7 @@ func (b *Backend) adoptPointer(m *mapped, d *engines.MemoryDesc) error {
 				if fd, err := b.rt.ExportPosixFD(h); err == nil {
 					// The fd travels with the descriptor and is closed with the region.
 					f := os.NewFile(uintptr(fd), "vmm:"+string(d.ID))
-					d.Handles.VMM = &engines.VMMHandle{FD: f, Offset: start - uint64(vbase), AllocSize: vsize}
+					d.Handles.VMM = &engines.VMMHandle{FDs: []*os.File{f}, Offset: start - uint64(vbase), AllocSize: vsize}
 					m.release = f.Close
 				}
 			}
@@ -107,11 +107,16 @@ func (b *Backend) adoptPointer(m *mapped, d *engines.MemoryDesc) error {
 // (a dma-buf) and maps it readable and writable by every GPU that can reach it.
 func (b *Backend) importVMM(m *mapped, d *engines.MemoryDesc) error {
 	v := d.Handles.VMM
+	if len(v.FDs) != 1 {
+		// Multi-allocation regions (PyTorch's expandable segments) are mapped by the CUDA backend only.
+		return fmt.Errorf("%w: memory spanning %d VMM allocations is not supported on AMD GPUs (register one allocation per region)",
+			engines.ErrInvalid, len(v.FDs))
+	}
 	dev, err := b.rt.DeviceGet(m.ordinal)
 	if err != nil {
 		return err
 	}
-	h, err := b.rt.ImportPosixFD(int(v.FD.Fd()))
+	h, err := b.rt.ImportPosixFD(int(v.FDs[0].Fd()))
 	if err != nil {
 		return err
 	}

@@ -150,6 +150,43 @@ def put_fd(fd_socket: str, fd: int, timeout: float = 5.0) -> str:
         raise FdSocketError(line[4:] if line.startswith("ERR ") else "malformed reply %r" % line)
 
 
+# The most descriptors one "PUT <n>" carries: the kernel's SCM_MAX_FD.
+MAX_PUT_FDS = 253
+
+
+def put_fds(fd_socket: str, fds: Sequence[int], timeout: float = 5.0) -> List[str]:
+    """Hands fds to the agent, in order, and returns the tokens naming them (RegisterMemoryRequest.fd_tokens):
+    one "PUT <n>" of up to MAX_PUT_FDS descriptors per token. The caller keeps its own fds. Limits the agent
+    marks RESOURCE_EXHAUSTED are retried with backoff until timeout."""
+    if not fds:
+        raise ValueError("no descriptors to put")
+    deadline = time.monotonic() + timeout
+    return [_put(fd_socket, list(fds[i:i + MAX_PUT_FDS]), deadline) for i in range(0, len(fds), MAX_PUT_FDS)]
+
+
+def _put(fd_socket: str, fds: List[int], deadline: float) -> str:
+    """One PUT <n> of fds (1 to MAX_PUT_FDS, in one message), retried on RESOURCE_EXHAUSTED until deadline."""
+    backoff = 0.002
+    line = "PUT %d\n" % len(fds)
+    for attempt in range(10):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(max(deadline - time.monotonic(), 0.05))
+            s.connect(fd_socket)
+            try:
+                socket.send_fds(s, [line.encode()], fds)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # an agent at a limit answers and closes without reading: its answer is still there
+            reply, _ = _read_line(s, False)
+        if reply.startswith("OK "):
+            return reply[3:]
+        if reply.startswith("ERR " + EXHAUSTED_PREFIX) and attempt < 9 and time.monotonic() + backoff < deadline:
+            time.sleep(backoff * random.uniform(0.5, 1.5))
+            backoff = min(backoff * 2, 0.25)
+            continue
+        raise FdSocketError(reply[4:] if reply.startswith("ERR ") else "malformed reply %r" % reply)
+    raise FdSocketError("the fd socket stayed at its limit")
+
+
 def get_fd(fd_socket: str, token: str, timeout: float = 5.0) -> int:
     """Presents a token and returns the descriptor the agent lends (the caller must close it)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -319,6 +356,8 @@ class _Owned:
 
     req: pb.RegisterMemoryRequest
     fd: int = -1
+    # The duplicates of every VMM allocation's fd, in order, for a tensor spanning several (fd is then -1).
+    fds: List[int] = field(default_factory=list)
     # PyTorch's IPC reference counter of the shared storage (released at deregister).
     ipc_counter: Optional[tuple] = None
 
@@ -461,7 +500,7 @@ class Client:
                     self._owned.pop(region, None)
                 continue
             try:
-                fresh = self._register(how.req, how.fd)
+                fresh = self._register(how.req, how.fds if how.fds else how.fd)
             except Exception as e:  # keep going: one bad region must not strand the others
                 first = first or e
                 continue
@@ -567,10 +606,15 @@ class Client:
             self._owned[region] = _Owned(req=req, fd=keep)
         return region
 
-    def _register(self, req: pb.RegisterMemoryRequest, fd: int = -1) -> Region:
-        """RegisterMemory with req, handing fd to the fd socket first when there is one."""
+    def _register(self, req: pb.RegisterMemoryRequest, fd=-1) -> Region:
+        """RegisterMemory with req, handing fd to the fd socket first when there is one; a list of fds (the VMM
+        allocations of a tensor spanning several) goes as fd_tokens."""
         self._check_session()
-        if fd >= 0:
+        if isinstance(fd, list):
+            req = pb.RegisterMemoryRequest.FromString(req.SerializeToString())
+            del req.fd_tokens[:]
+            req.fd_tokens.extend(put_fds(self.fd_socket, fd, self.timeout))
+        elif fd >= 0:
             req = pb.RegisterMemoryRequest.FromString(req.SerializeToString())
             req.fd_token = put_fd(self.fd_socket, fd, self.timeout)
         resp = self._call(self.stub.RegisterMemory, req)
@@ -593,25 +637,31 @@ class Client:
         counter = None
         if isinstance(share_tuple, tuple) and len(share_tuple) >= 6 and isinstance(share_tuple[4], (bytes, bytearray)):
             counter = (share_tuple[4], share_tuple[5])
-        fd = -1
+        fds = []
         try:
-            req, fd = self._tensor_request(share_tuple, device, start, length, segment, tensor)
+            req, fds = self._tensor_request(share_tuple, device, start, length, segment, tensor)
             req.segment_grants.extend(grants)
-            region = self._register(req, fd)
+            region = self._register(req, fds if len(fds) > 1 else (fds[0] if fds else -1))
         except BaseException:
-            if fd >= 0:
+            for fd in fds:
                 os.close(fd)
             _release_ipc_counter(counter)  # sharing took a reference on the storage; nothing holds it now
             raise
         region.keep = tensor
+        how = _Owned(req=req, ipc_counter=counter)
+        if len(fds) > 1:
+            how.fds = fds
+        elif fds:
+            how.fd = fds[0]
         with self._lock:
-            self._owned[region] = _Owned(req=req, fd=fd, ipc_counter=counter)
+            self._owned[region] = how
         return region
 
     @staticmethod
     def _tensor_request(share_tuple, device: int, start: int, length: int, segment: str, tensor):
         """The RegisterMemoryRequest for bytes [start, start+length) of a storage shared as share_tuple, and the
-        fd to pass with it (-1 for none; the caller owns it)."""
+        fds to pass with it: none, one, or for a tensor spanning several VMM allocations of an expandable segment
+        one per allocation in address order (req.offset then counts from the first). The caller owns them."""
         share = _cuda.parse_cuda_share(share_tuple, own_pid=os.getpid())
         if share.device != device:
             raise ValueError("PyTorch shares the storage from cuda:%d but the tensor is on cuda:%d" % (share.device,
@@ -625,15 +675,25 @@ class Client:
             req.handle_type = pb.HANDLE_TYPE_IPC
             req.ipc_handle = share.ipc_handle
             req.offset = share.offset + start
-            return req, -1
-        index, offset = share.locate(share.offset + start, length)
-        req.offset, req.allocation_size = offset, share.segment_size
+            return req, []
         if share.kind == _cuda.KIND_FABRIC:
+            index, offset = share.locate(share.offset + start, length)
+            req.offset, req.allocation_size = offset, share.segment_size
             req.handle_type = pb.HANDLE_TYPE_FABRIC
             req.fabric_handle = share.handles[index]
-            return req, -1
+            return req, []
+        first, count, offset = share.span(share.offset + start, length)
+        req.offset, req.allocation_size = offset, share.segment_size
         req.handle_type = pb.HANDLE_TYPE_VMM_POSIX_FD
-        return req, _cuda.dup_own_fd(share.pid, share.handles[index])
+        fds = []
+        try:
+            for h in share.handles[first:first + count]:
+                fds.append(_cuda.dup_own_fd(share.pid, h))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return req, fds
 
     @staticmethod
     def _region(r) -> Region:
@@ -655,6 +715,9 @@ class Client:
         if how.fd >= 0:
             os.close(how.fd)
             how.fd = -1
+        for fd in how.fds:
+            os.close(fd)
+        how.fds = []
         _release_ipc_counter(how.ipc_counter)
         how.ipc_counter = None
 

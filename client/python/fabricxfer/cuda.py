@@ -21,7 +21,8 @@ The share tuple (torch/csrc/StorageSharing.cpp, ``THPStorage_shareCuda``) has 8 
   ``segment_size`` bytes, mapped back to back) that covers the storage: an ``int32`` POSIX file descriptor
   *in the sharing process* (pid), or a 64-byte ``CUmemFabricHandle`` where the allocator chose fabric handles
   (PyTorch 2.9+ tries fabric first). Nothing in the payload says which: the length does. ``storage_offset_bytes``
-  is the storage's offset from the start of the first handle.
+  is the storage's offset from the start of the first handle. A tensor spanning several handles is registered
+  with all of them (their fds, in order), which the agent maps back to back as PyTorch did.
 
 A handle of exactly 64 bytes is an unversioned ``cudaIpcMemHandle_t`` (PyTorch before 2.5).
 
@@ -43,6 +44,9 @@ TYPE_CUDA_MALLOC = ord("c")
 TYPE_EXPANDABLE = ord("e")
 # The versions whose payloads this module knows, per type.
 KNOWN_VERSIONS = {TYPE_CUDA_MALLOC: (1, 2, 3), TYPE_EXPANDABLE: (1, 2)}
+
+# The most VMM allocations the agent maps as one region (engines.MaxVMMAllocations).
+MAX_ALLOCATIONS = 8192
 
 KIND_IPC = "ipc"
 KIND_VMM_FD = "vmm_fd"
@@ -68,26 +72,39 @@ class CudaShare:
     segment_size: int = 0
     handles: List = field(default_factory=list)
 
-    def locate(self, start: int, length: int) -> Tuple[int, int]:
-        """For an expandable segment: the handle that holds [start, start+length) of the shared range (start
-        counts from handles[0]) and the range's offset inside it. Raises ValueError when the range spans more
-        than one handle (the agent takes one VMM allocation per region)."""
+    def span(self, start: int, length: int) -> Tuple[int, int, int]:
+        """For an expandable segment: the handles that hold [start, start+length) of the shared range (start
+        counts from handles[0]) as (first, count, offset): handles[first:first+count], and the range's offset
+        from the start of handles[first]. Raises ValueError when the range lies past the shared handles or spans
+        more than MAX_ALLOCATIONS of them (the agent's bound)."""
         if self.kind == KIND_IPC:
-            raise ValueError("locate is for expandable segments; a cudaMalloc segment is one IPC handle")
+            raise ValueError("span is for expandable segments; a cudaMalloc segment is one IPC handle")
         if length <= 0:
             raise ValueError("length must be positive")
         first, last = start // self.segment_size, (start + length - 1) // self.segment_size
         if last >= len(self.handles):
             raise ValueError("bytes [%d, +%d) lie past the %d shared handles of %d bytes" % (
                 start, length, len(self.handles), self.segment_size))
-        if first != last:
+        count = last - first + 1
+        if count > MAX_ALLOCATIONS:
             raise ValueError(
-                "the tensor (%d bytes) spans %d VMM allocations of %d bytes in a PyTorch expandable segment; "
-                "the agent registers one VMM allocation per region for now. Allocate it with "
-                "expandable_segments:False (torch.cuda.memory._set_allocator_settings('expandable_segments:False') "
-                "around the allocation), or register a tensor of at most one allocation (see client/python/README.md, "
-                "'Expandable segments')" % (length, last - first + 1, self.segment_size))
-        return first, start - first * self.segment_size
+                "the tensor (%d bytes) spans %d VMM allocations of %d bytes in a PyTorch expandable segment; the "
+                "agent maps at most %d as one region: register it in parts, or allocate it with "
+                "expandable_segments:False" % (length, count, self.segment_size, MAX_ALLOCATIONS))
+        return first, count, start - first * self.segment_size
+
+    def locate(self, start: int, length: int) -> Tuple[int, int]:
+        """For an expandable segment: the one handle that holds [start, start+length) and the range's offset
+        inside it. Raises ValueError when the range spans more than one handle (fabric handles travel one per
+        region: the agent maps several allocations only from POSIX fds)."""
+        first, count, offset = self.span(start, length)
+        if count != 1:
+            raise ValueError(
+                "the tensor (%d bytes) spans %d VMM allocations of %d bytes in a PyTorch expandable segment "
+                "shared as fabric handles; the agent registers several allocations as one region only from POSIX "
+                "fds. Allocate it with expandable_segments:False, or register a tensor of at most one allocation "
+                "(see client/python/README.md, 'Expandable segments')" % (length, count, self.segment_size))
+        return first, offset
 
 
 def parse_cuda_share(share, own_pid: Optional[int] = None) -> CudaShare:

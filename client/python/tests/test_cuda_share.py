@@ -41,15 +41,29 @@ class ParseTest(unittest.TestCase):
             s = cuda.parse_cuda_share(share_tuple(h, offset=5 * MIB, size=40 * MIB), own_pid=4242)
             self.assertEqual((s.kind, s.pid, s.segment_size, s.handles, s.offset),
                              (cuda.KIND_VMM_FD, 4242, 20 * MIB, [17, 18, 19], 5 * MIB))
-            # Inside the second allocation; then across the first two.
+            # Inside the second allocation; then across the first two; then all three.
             self.assertEqual(s.locate(21 * MIB, MIB), (1, MIB))
             self.assertEqual(s.locate(0, 20 * MIB), (0, 0))
+            self.assertEqual(s.span(21 * MIB, MIB), (1, 1, MIB))
+            self.assertEqual(s.span(19 * MIB, 2 * MIB), (0, 2, 19 * MIB))
+            self.assertEqual(s.span(20 * MIB, 20 * MIB), (1, 1, 0))
+            self.assertEqual(s.span(20 * MIB, 20 * MIB + 1), (1, 2, 0))
+            self.assertEqual(s.span(1, 60 * MIB - 1), (0, 3, 1))
             with self.assertRaises(ValueError) as e:
-                s.locate(19 * MIB, 2 * MIB)
+                s.locate(19 * MIB, 2 * MIB)  # one handle only: what fabric handles need
             self.assertIn("spans 2 VMM allocations", str(e.exception))
             self.assertIn("expandable_segments:False", str(e.exception))
-            with self.assertRaises(ValueError):
-                s.locate(59 * MIB, 2 * MIB)
+            for start, length in ((59 * MIB, 2 * MIB), (0, 60 * MIB + 1), (0, 0)):
+                with self.assertRaises(ValueError):
+                    s.span(start, length)
+
+    def test_span_is_bounded_by_what_the_agent_maps(self):
+        s = cuda.CudaShare(device=0, version=2, kind=cuda.KIND_VMM_FD, offset=0, storage_bytes=0,
+                           segment_size=2, handles=list(range(cuda.MAX_ALLOCATIONS + 1)))
+        self.assertEqual(s.span(1, 2 * cuda.MAX_ALLOCATIONS - 1), (0, cuda.MAX_ALLOCATIONS, 1))
+        with self.assertRaises(ValueError) as e:
+            s.span(1, 2 * cuda.MAX_ALLOCATIONS)
+        self.assertIn("at most 8192", str(e.exception))
 
     def test_expandable_segment_of_fabric_handles(self):
         handles = [bytes([i]) * 64 for i in (1, 2)]
@@ -139,7 +153,10 @@ class RecordingClient(Client):
         self.calls = []
 
     def _register(self, req, fd=-1):
-        st = os.fstat(fd) if fd >= 0 else None
+        if isinstance(fd, list):
+            st = [os.fstat(f) for f in fd]
+        else:
+            st = os.fstat(fd) if fd >= 0 else None
         self.calls.append((req, fd, st))
         return Region(id=len(self.calls), length=req.length, segment=req.segment_name)
 
@@ -176,6 +193,44 @@ class RegisterTensorTest(unittest.TestCase):
         self.assertEqual(how.fd, fd, "the duplicate is kept for recover()")
         c._drop(how)
 
+    def test_expandable_tensor_over_several_allocations_goes_as_every_fd_in_order(self):
+        c = RecordingClient()
+        seg = 2 * MIB
+        mine = [os.memfd_create("vmm-%d" % i) for i in range(5)]
+        for fd in mine:
+            self.addCleanup(os.close, fd)
+        # The storage starts 1 MiB into allocation 0; the tensor starts 2 MiB + 4 KiB into the storage (inside
+        # allocation 1) and runs 4 MiB: allocations 1, 2 and 3.
+        h = expandable(2, os.getpid(), seg, mine)
+        t = FakeTensor(share_tuple(h, offset=MIB, size=8 * MIB), numel=MIB, esize=4, storage_offset=(2 * MIB + 4096) // 4)
+        before = len(os.listdir("/proc/self/fd"))
+        r = c.register_tensor(t, segment="kv")
+        req, fds, sts = c.calls[0]
+        self.assertEqual((req.handle_type, req.offset, req.length, req.allocation_size, req.segment_name, req.fd_token),
+                         (pb.HANDLE_TYPE_VMM_POSIX_FD, MIB + 4096, 4 * MIB, seg, "kv", ""))
+        self.assertEqual(len(fds), 3)
+        for i, st in enumerate(sts):
+            want = os.fstat(mine[1 + i])
+            self.assertEqual((st.st_ino, st.st_dev), (want.st_ino, want.st_dev), "allocation %d out of order" % i)
+            self.assertNotIn(fds[i], mine, "the client passes its own duplicates")
+        how = c._owned[r]
+        self.assertEqual((how.fd, how.fds), (-1, fds), "the duplicates are kept for recover()")
+        c._drop(how)
+        self.assertEqual(len(os.listdir("/proc/self/fd")), before, "dropping the region closes every duplicate")
+
+    def test_a_failed_duplicate_closes_the_ones_made(self):
+        c = RecordingClient()
+        mine = os.memfd_create("vmm")
+        self.addCleanup(os.close, mine)
+        # A handle number that names no descriptor (a closed one would be reused by the first duplicates).
+        h = expandable(2, os.getpid(), MIB, [mine, mine, 999999])
+        t = FakeTensor(share_tuple(h, size=3 * MIB), numel=3 * MIB, esize=1)
+        before = len(os.listdir("/proc/self/fd"))
+        with self.assertRaises(OSError):
+            c.register_tensor(t)
+        self.assertEqual(len(os.listdir("/proc/self/fd")), before)
+        self.assertEqual(c.calls, [])
+
     def test_expandable_fabric_tensor_goes_as_its_fabric_handle(self):
         c = RecordingClient()
         fh = [b"\7" * 64, b"\x08" * 64]
@@ -194,8 +249,11 @@ class RegisterTensorTest(unittest.TestCase):
             "view": (FakeTensor(ok, 10, contiguous=False), "non-contiguous"),
             "device": (FakeTensor(ok, 10, device=1), "not GPU 0 as given"),
             "empty": (FakeTensor(ok, 0), "empty"),
-            "spans": (FakeTensor(share_tuple(expandable(2, os.getpid(), MIB, [0, 1]), size=2 * MIB), MIB, esize=2),
-                      "spans 2 VMM allocations"),
+            "fabric spans": (FakeTensor(share_tuple(expandable(2, os.getpid(), MIB, [b"\1" * 64, b"\2" * 64],
+                                                               fabric=True), size=2 * MIB), MIB, esize=2),
+                             "spans 2 VMM allocations"),
+            "past its handles": (FakeTensor(share_tuple(expandable(2, os.getpid(), MIB, [0]), size=MIB), MIB, esize=2),
+                                 "outside its storage"),
             "version": (FakeTensor(share_tuple(b"\x07c" + IPC, size=MIB), 10), "upgrade fabricxfer"),
             "outside storage": (FakeTensor(ok, MIB, esize=2), "outside its storage"),
         }
@@ -215,7 +273,8 @@ class RegisterTensorTest(unittest.TestCase):
         fc._release_ipc_counter = released.append
         self.addCleanup(setattr, fc, "_release_ipc_counter", real)
         c = RecordingClient()
-        t = FakeTensor(share_tuple(expandable(2, os.getpid(), MIB, [0, 1]), size=2 * MIB), MIB, esize=2)
+        fh = [b"\1" * 64, b"\2" * 64]
+        t = FakeTensor(share_tuple(expandable(2, os.getpid(), MIB, fh, fabric=True), size=2 * MIB), MIB, esize=2)
         with self.assertRaises(ValueError):
             c.register_tensor(t)
         self.assertEqual(released, [(b"/torch_123_456", 7)])
@@ -223,6 +282,45 @@ class RegisterTensorTest(unittest.TestCase):
         self.assertEqual(len(released), 1, "a registered tensor keeps it until deregister")
         c._forget(r)
         self.assertEqual(len(released), 2)
+
+
+class PutFdsTest(unittest.TestCase):
+    def test_many_fds_go_as_put_n_of_at_most_253_in_order(self):
+        import socket
+        import tempfile
+        import threading
+        from fabricxfer import client as fc
+
+        path = os.path.join(tempfile.mkdtemp(), "fd.sock")
+        ln = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        ln.bind(path)
+        ln.listen(4)
+        self.addCleanup(ln.close)
+        seen = []
+
+        def serve():
+            for i in range(2):
+                conn, _ = ln.accept()
+                with conn:
+                    msg, fds, _, _ = socket.recv_fds(conn, 256, 300)
+                    seen.append((msg, [os.fstat(f).st_ino for f in fds]))
+                    for f in fds:
+                        os.close(f)
+                    conn.sendall(b"OK tok%d\n" % i)
+
+        th = threading.Thread(target=serve)
+        th.start()
+        files = [os.memfd_create("f%d" % i) for i in range(300)]
+        for f in files:
+            self.addCleanup(os.close, f)
+        tokens = fc.put_fds(path, files, timeout=5)
+        th.join(5)
+        self.assertEqual(tokens, ["tok0", "tok1"])
+        self.assertEqual([m for m, _ in seen], [b"PUT 253\n", b"PUT 47\n"])
+        inodes = [os.fstat(f).st_ino for f in files]
+        self.assertEqual(seen[0][1] + seen[1][1], inodes, "descriptors out of order")
+        with self.assertRaises(ValueError):
+            fc.put_fds(path, [])
 
 
 if __name__ == "__main__":
