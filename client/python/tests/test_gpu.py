@@ -92,6 +92,48 @@ class GPUTensorTest(unittest.TestCase):
         for s_, d in zip(src, dst):
             self.assertTrue(torch.equal(d[[9, 200]], s_[[0, 255]]))
 
+    def test_long_lists_through_the_id_arena_are_checked_on_the_gpu(self):
+        """Lists of 1,024 ids or more go through the fast connection's id arena and are checked by the copy
+        kernels: an id out of range or a repeated destination refuses the whole list (INVALID_ARGUMENT, the GPU
+        destination unchanged), a good list lands exactly, with int64 ids as torch gives them."""
+        import grpc
+
+        self.assertIsNotNone(self.c._arena, "the fast connection has no id arena")
+        n, blocks = 2048, 4096
+        src = [self.rand(blocks, 720), self.rand(blocks, 720)]
+        dst = [self.rand(blocks, 720), self.rand(blocks, 720)]
+        a = self.c.register_layout([self.c.register_tensor(t) for t in src], 720)
+        b = self.c.register_layout([self.c.register_tensor(t) for t in dst], 720)
+        torch.cuda.synchronize()
+        g = torch.Generator().manual_seed(3)
+        lids, rids = torch.randperm(blocks, generator=g)[:n], torch.randperm(blocks, generator=g)[:n]
+        before = [d.clone() for d in dst]
+        for name, bad_l, bad_r, says in (
+            ("source id past the end", blocks, None, "outside"),
+            ("destination id past the end", None, blocks + 5, "outside"),
+            ("repeated destination id", None, "repeat", "twice"),
+        ):
+            l2, r2 = lids.clone(), rids.clone()
+            if bad_l is not None:
+                l2[n // 3] = bad_l
+            if bad_r == "repeat":
+                r2[n - 1] = r2[5]
+            elif bad_r is not None:
+                r2[n // 2] = bad_r
+            with self.assertRaises(grpc.RpcError, msg=name) as e:
+                self.c.transfer_blocks("write", a, l2, to_layout(b), r2)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, name)
+            self.assertIn(says, e.exception.details(), name)
+            torch.cuda.synchronize()
+            for d, was in zip(dst, before):
+                self.assertTrue(torch.equal(d, was), name + ": the destination changed")
+        self.c.transfer_blocks("write", a, lids, to_layout(b), rids)
+        torch.cuda.synchronize()
+        for s_, d, was in zip(src, dst, before):
+            want = was.clone()
+            want[rids.to(d.device)] = s_[lids.to(d.device)]
+            self.assertTrue(torch.equal(d, want))
+
     def test_expandable_segment_within_one_allocation_and_across_several(self):
         if not EXPANDABLE:
             self.skipTest("run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
