@@ -116,9 +116,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 func (c *Client) Close() error {
 	c.mu.Lock()
 	for r := range c.regions {
-		if r.keep != nil {
-			r.keep.Close()
-		}
+		r.release()
 	}
 	c.regions = map[*Region]struct{}{}
 	c.mu.Unlock()
@@ -199,7 +197,7 @@ func (c *Client) Recover(ctx context.Context) error {
 		}
 	}
 	for _, r := range regs {
-		if r.keep == nil {
+		if r.keep == nil && r.gpu == nil {
 			r.mu.Lock()
 			r.lost = true
 			r.mu.Unlock()
@@ -268,9 +266,20 @@ const (
 // exponentially growing pause, at most putRetries times and never past ctx's deadline; the last one is
 // returned as ResourceExhausted.
 func (c *Client) putFD(ctx context.Context, f *os.File) (string, error) {
+	return c.putFDs(ctx, []*os.File{f})
+}
+
+// putFDs is putFD for 1 to fdpass.MaxPutFDs files, named in order by one token.
+func (c *Client) putFDs(ctx context.Context, files []*os.File) (string, error) {
 	delay := putFirstDelay
 	for attempt := 0; ; attempt++ {
-		token, err := fdpass.Put(ctx, c.fdSocket, f)
+		var token string
+		var err error
+		if len(files) == 1 {
+			token, err = fdpass.Put(ctx, c.fdSocket, files[0])
+		} else {
+			token, err = fdpass.PutMany(ctx, c.fdSocket, files)
+		}
 		if err == nil || !errors.Is(err, fdpass.ErrExhausted) {
 			return token, err
 		}

@@ -21,8 +21,10 @@ type Region struct {
 	segment string
 	grants  []string
 	// keep is this client's duplicate of the memory's fd, so the region can be registered again after an
-	// agent restart; nil for pool slices.
-	keep   *os.File
+	// agent restart; nil for pool slices and GPU memory.
+	keep *os.File
+	// gpu says how GPU memory is registered (with duplicates of its VMM fds); nil for host memory.
+	gpu    *GPUMemory
 	offset uint64
 	length uint64
 
@@ -148,6 +150,16 @@ func newSealedMemfd(name string, size uint64) (*os.File, error) {
 
 func (c *Client) register(ctx context.Context, r *Region) error {
 	gen := c.generation()
+	if r.gpu != nil {
+		resp, err := c.registerGPU(ctx, r, gen)
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		r.id, r.desc, r.gen, r.lost = resp.Region.Id, resp.Region.Desc, gen, false
+		r.mu.Unlock()
+		return nil
+	}
 	token, err := c.putFD(ctx, r.keep)
 	if err != nil {
 		return c.wrap("registering host memory: passing its fd", gen, err)
@@ -185,9 +197,18 @@ func (c *Client) forget(r *Region) {
 	c.mu.Lock()
 	delete(c.regions, r)
 	c.mu.Unlock()
+	r.release()
+}
+
+// release closes what the client kept to register r again.
+func (r *Region) release() {
 	if r.keep != nil {
 		r.keep.Close()
 		r.keep = nil
+	}
+	if r.gpu != nil {
+		closeFiles(r.gpu.VMMFiles)
+		r.gpu.VMMFiles = nil
 	}
 }
 
