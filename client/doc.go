@@ -8,6 +8,9 @@
 //	kv, err := c.RegisterHost(ctx, shm.File, 0, shm.Size(), client.Segment("kv-0"))
 //	st, err := c.Write(ctx, kv, 0, client.ToSegment("node-b", "kv-0"), 0, 4096)
 //
+// GPU memory of this process is named by one of its handles (RegisterGPU): a cudaIpcMemHandle_t, the POSIX fds
+// of VMM allocations mapped back to back (any number, in address order), or a fabric handle.
+//
 // Transfers are asynchronous (Submit, then Transfer.Wait) or one round trip (Write, Read). Every call takes a
 // context; its deadline bounds the call, TransferOptions.Timeout bounds the transfer itself.
 //
