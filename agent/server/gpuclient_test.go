@@ -11,27 +11,15 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/fabricxfer/fabricxfer/agent/server"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
-	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
 // TestGoClientRegistersGPUMemoryByKind: client.RegisterGPU refuses malformed GPU memory before any call, passes
 // every VMM fd in order (several PUTs past fdpass.MaxPutFDs), keeps duplicates that Recover registers again and
 // Deregister closes, and reports the agent's refusal of an IPC handle no engine can open.
 func TestGoClientRegistersGPUMemoryByKind(t *testing.T) {
-	opts := baseOptions(t, newProcFixture(t))
-	opts.GPUs = []server.GPUInfo{{Index: 0, UUID: "GPU-0000", Vendor: engines.VendorNVIDIA, BusID: "0000:c1:00.0"}}
-	be := &stubGPUBackend{seen: map[engines.MemoryID]vmmSeen{}}
-	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, be, xgmi.NewHostBackend())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if opts.Engine, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x); err != nil {
-		t.Fatal(err)
-	}
-	a := startAgent(t, opts)
+	a, be := stubGPUAgent(t)
 	c := dial(t, a)
 	ctx := ctxT(t)
 	const alloc = 2 << 20

@@ -90,11 +90,9 @@ func fileInode(t *testing.T, f *os.File) uint64 {
 	return st.Ino
 }
 
-// TestRegisterSpanningVMMAllocations: a region over several VMM allocations (fd_tokens, two PUT <n>) reaches the
-// GPU backend as one handle listing every descriptor in order, with the offset from the first; wrong shapes are
-// refused before anything is taken, a failing import leaves nothing registered, and deregistering releases the
-// mapping and closes every descriptor.
-func TestRegisterSpanningVMMAllocations(t *testing.T) {
+// stubGPUAgent starts an agent whose one GPU ("GPU-0000") is served by a stand-in backend.
+func stubGPUAgent(t *testing.T) (*agent, *stubGPUBackend) {
+	t.Helper()
 	opts := baseOptions(t, newProcFixture(t))
 	opts.GPUs = []server.GPUInfo{{Index: 0, UUID: "GPU-0000", Vendor: engines.VendorNVIDIA, BusID: "0000:c1:00.0"}}
 	be := &stubGPUBackend{seen: map[engines.MemoryID]vmmSeen{}}
@@ -102,11 +100,18 @@ func TestRegisterSpanningVMMAllocations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Engine, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x)
-	if err != nil {
+	if opts.Engine, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x); err != nil {
 		t.Fatal(err)
 	}
-	a := startAgent(t, opts)
+	return startAgent(t, opts), be
+}
+
+// TestRegisterSpanningVMMAllocations: a region over several VMM allocations (fd_tokens, two PUT <n>) reaches the
+// GPU backend as one handle listing every descriptor in order, with the offset from the first; wrong shapes are
+// refused before anything is taken, a failing import leaves nothing registered, and deregistering releases the
+// mapping and closes every descriptor.
+func TestRegisterSpanningVMMAllocations(t *testing.T) {
+	a, be := stubGPUAgent(t)
 	c := dial(t, a)
 	ctx := ctxT(t)
 	const alloc = 2 << 20

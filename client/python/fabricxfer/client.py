@@ -130,24 +130,7 @@ EXHAUSTED_PREFIX = "RESOURCE_EXHAUSTED: "
 def put_fd(fd_socket: str, fd: int, timeout: float = 5.0) -> str:
     """Hands fd to the agent and returns the token naming it (the caller keeps its own fd). A refusal the agent
     marks RESOURCE_EXHAUSTED (a limit that frees up by itself) is retried with backoff until timeout."""
-    deadline = time.monotonic() + timeout
-    backoff = 0.002
-    for attempt in range(10):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(max(deadline - time.monotonic(), 0.05))
-            s.connect(fd_socket)
-            try:
-                socket.send_fds(s, [b"PUT\n"], [fd])
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # an agent at a limit answers and closes without reading: its answer is still there
-            line, _ = _read_line(s, False)
-        if line.startswith("OK "):
-            return line[3:]
-        if line.startswith("ERR " + EXHAUSTED_PREFIX) and attempt < 9 and time.monotonic() + backoff < deadline:
-            time.sleep(backoff * random.uniform(0.5, 1.5))
-            backoff = min(backoff * 2, 0.25)
-            continue
-        raise FdSocketError(line[4:] if line.startswith("ERR ") else "malformed reply %r" % line)
+    return _put(fd_socket, [fd], time.monotonic() + timeout)
 
 
 # The most descriptors one "PUT <n>" carries: the kernel's SCM_MAX_FD.
@@ -167,7 +150,7 @@ def put_fds(fd_socket: str, fds: Sequence[int], timeout: float = 5.0) -> List[st
 def _put(fd_socket: str, fds: List[int], deadline: float) -> str:
     """One PUT <n> of fds (1 to MAX_PUT_FDS, in one message), retried on RESOURCE_EXHAUSTED until deadline."""
     backoff = 0.002
-    line = "PUT %d\n" % len(fds)
+    line = "PUT\n" if len(fds) == 1 else "PUT %d\n" % len(fds)
     for attempt in range(10):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(max(deadline - time.monotonic(), 0.05))
