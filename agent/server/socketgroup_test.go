@@ -67,6 +67,15 @@ func TestSocketGroupClientProcess(t *testing.T) {
 		}
 	}
 	if refused {
+		// What a refused pod sees from the client: the kernel's refusal and what to change.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if c, err := client.Dial(ctx, path); err != nil {
+			fmt.Printf("CLIENT refused: %v\n", err)
+		} else {
+			c.Close()
+			fmt.Println("CLIENT connected")
+		}
 		return
 	}
 	if err := clientRoundTrip(path); err != nil {
@@ -171,8 +180,12 @@ func TestSocketGroupAdmitsItsMembersOnly(t *testing.T) {
 			"DIAL agent.sock EACCES", "DIAL agent.fd.sock EACCES", "DIAL agent.fast.sock EACCES"); len(missing) > 0 {
 			t.Errorf("client outside the socket group: no %q in its output:\n%s", missing, out)
 		}
-		if strings.Contains(out, "TRANSFER") || strings.Contains(out, "INFO") {
+		if strings.Contains(out, "TRANSFER") || strings.Contains(out, "INFO") || strings.Contains(out, "CLIENT connected") {
 			t.Errorf("client outside the socket group reached the agent:\n%s", out)
+		}
+		if !strings.Contains(out, "CLIENT refused: connecting to agent socket "+a.srv.SocketPath()+" as uid 65534") ||
+			!strings.Contains(out, "permission denied") || !strings.Contains(out, "spec.socketGroup in its securityContext.supplementalGroups") {
+			t.Errorf("the client's refusal does not say what to change:\n%s", out)
 		}
 	})
 }
