@@ -36,8 +36,8 @@ const (
 )
 
 // Bounds of spec.socketGroup. They are the group IDs a pod's securityContext.supplementalGroups accepts, so every
-// group a pool names can be given to a pod; 0 is root's group, which would admit nobody who is not already root
-// and hand root's group a directory of its own choosing.
+// group a pool names can be given to a pod. 0 (root's group) is refused: leaving the field unset already means
+// root only, and a pool should not be able to ask for root's group by name.
 const (
 	MinSocketGroup = 1
 	MaxSocketGroup = 2147483647
