@@ -87,9 +87,10 @@ func TestAdmissionRefusesHostilePools(t *testing.T) {
 		{"socketGroup -1", pool("  socketGroup: -1"), socketGroupRefused},
 		{"socketGroup 2^31", pool("  socketGroup: 2147483648"), socketGroupRefused},
 		{"socketGroup 2^32-1", pool("  socketGroup: 4294967295"), socketGroupRefused},
-		{"socketGroup -2^63", pool("  socketGroup: -9223372036854775808"), socketGroupRefused},
+		{"socketGroup -2^63", pool("  socketGroup: -9223372036854775808"), "spec.socketGroup in body must be of type int64"},
+		{"socketGroup 1e30", pool("  socketGroup: 1e30"), "spec.socketGroup in body must be of type int64"},
 		{"socketGroup as a string", pool("  socketGroup: '4242'"), "spec.socketGroup in body must be of type integer"},
-		{"socketGroup with a fraction", pool("  socketGroup: 4242.5"), "spec.socketGroup in body must be of type integer"},
+		{"socketGroup with a fraction", pool("  socketGroup: 4242.5"), "spec.socketGroup in body must be of type int64"},
 		{"socketGroup 1", pool("  socketGroup: 1"), accepted},
 		{"socketGroup 2^31-1", pool("  socketGroup: 2147483647"), accepted},
 
