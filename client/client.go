@@ -79,10 +79,16 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	}
 	c := &Client{socketPath: socketPath, fdSocket: filepath.Join(filepath.Dir(socketPath), FDSocketName),
 		regions: map[*Region]struct{}{}, noFast: o.noFast, spin: o.spin}
+	// gRPC turns a failed dial into an Unavailable status; the dial's own error is kept to explain a refusal.
+	var lastDialErr atomic.Pointer[error]
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
 		c.dials.Add(1)
 		var d net.Dialer
-		return d.DialContext(ctx, "unix", socketPath)
+		conn, err := d.DialContext(ctx, "unix", socketPath)
+		if err != nil {
+			lastDialErr.Store(&err)
+		}
+		return conn, err
 	}
 	conn, err := grpc.NewClient("passthrough:///fabricxfer-agent",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -99,6 +105,9 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	info, err := c.api.GetInfo(ctx, &agentv1.GetInfoRequest{ApiVersions: []string{"v1"}, ClientName: o.name})
 	if err != nil {
 		conn.Close()
+		if de := lastDialErr.Load(); de != nil && errors.Is(*de, unix.EACCES) {
+			return nil, notInSocketGroup(socketPath, *de)
+		}
 		return nil, fmt.Errorf("asking agent %s for its info: %w", socketPath, err)
 	}
 	c.info = info
@@ -110,6 +119,14 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		}
 	}
 	return c, nil
+}
+
+// notInSocketGroup explains a connect refused with EACCES: the sockets and their directory are 0660/0750 in
+// root's group or the pool's socketGroup, so this process runs as neither root nor a member of that group.
+func notInSocketGroup(path string, err error) error {
+	groups, _ := os.Getgroups()
+	return fmt.Errorf("connecting to agent socket %s as uid %d (gid %d, groups %v): %w; a non-root pod needs the "+
+		"pool's spec.socketGroup in its securityContext.supplementalGroups", path, os.Getuid(), os.Getgid(), groups, err)
 }
 
 // Close closes the connection; the agent then deregisters this client's regions.

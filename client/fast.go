@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -38,6 +39,9 @@ func (c *Client) openFast(ctx context.Context) error {
 	}
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, "unix", filepath.Join(filepath.Dir(c.socketPath), FastSocketName))
+	if errors.Is(err, unix.EACCES) {
+		return notInSocketGroup(filepath.Join(filepath.Dir(c.socketPath), FastSocketName), err)
+	}
 	if err != nil {
 		return fmt.Errorf("connecting to the fast socket: %w", err)
 	}

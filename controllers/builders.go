@@ -225,6 +225,10 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) (*appsv1a
 		// JSON with the operator's keys, so one log pipeline reads both.
 		"--log-format=json",
 	}
+	if g := spec.SocketGroup; g != nil {
+		// The agent gives this group the pool's socket directory and sockets; ValidatePool checked its bounds.
+		args = append(args, "--socket-gid="+strconv.FormatInt(*g, 10))
+	}
 	if spec.FabricDomainOverride != "" {
 		args = append(args, "--fabric-domain="+spec.FabricDomainOverride)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -45,11 +46,13 @@ func TestBuildersMatchGolden(t *testing.T) {
 	pool := samplePool()
 	settings := AgentSettings{Image: "unused", ImageAllowlist: []string{"ghcr.io/fabricxfer/agent:*"}, Namespace: "fabricxfer-system"}
 	objects := map[string]any{
-		"daemonset.yaml":          mustDaemonSet(t, pool, settings),
-		"serviceaccount.yaml":     DesiredServiceAccount(pool, settings),
-		"role.yaml":               DesiredRole(pool),
-		"rolebinding.yaml":        DesiredRoleBinding(pool, settings),
-		"clusterrolebinding.yaml": DesiredClusterRoleBinding(pool, settings),
+		"daemonset.yaml": mustDaemonSet(t, pool, settings),
+		// The same pool with a socket group: only the --socket-gid flag differs from daemonset.yaml.
+		"daemonset-socketgroup.yaml": mustDaemonSet(t, withSocketGroup(pool, 4242), settings),
+		"serviceaccount.yaml":        DesiredServiceAccount(pool, settings),
+		"role.yaml":                  DesiredRole(pool),
+		"rolebinding.yaml":           DesiredRoleBinding(pool, settings),
+		"clusterrolebinding.yaml":    DesiredClusterRoleBinding(pool, settings),
 	}
 	for name, obj := range objects {
 		got, err := yaml.Marshal(obj)
@@ -107,6 +110,48 @@ func TestDaemonSetDefaultsWhenThePoolSaysLittle(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// withSocketGroup is a copy of pool with spec.socketGroup set.
+func withSocketGroup(pool *fxv1.TransferPool, gid int64) *fxv1.TransferPool {
+	p := pool.DeepCopy()
+	p.Spec.SocketGroup = &gid
+	return p
+}
+
+// TestDaemonSetGivesTheSocketsThePoolsGroup checks that spec.socketGroup reaches the agent as --socket-gid, that a
+// pool without one gets no flag (the agent keeps root's group), and that a group out of bounds writes nothing.
+func TestDaemonSetGivesTheSocketsThePoolsGroup(t *testing.T) {
+	settings := AgentSettings{Image: "registry.local/agent:dev"}
+	base := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}}
+	gidArgs := func(ds *appsv1ac.DaemonSetApplyConfiguration) []string {
+		var out []string
+		for _, a := range ds.Spec.Template.Spec.Containers[0].Args {
+			if strings.HasPrefix(a, "--socket-gid") {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	if got := gidArgs(mustDaemonSet(t, base, settings)); len(got) != 0 {
+		t.Errorf("a pool without socketGroup got %v", got)
+	}
+	for _, gid := range []int64{1, 4242, 2147483647} {
+		want := "--socket-gid=" + strconv.FormatInt(gid, 10)
+		if got := gidArgs(mustDaemonSet(t, withSocketGroup(base, gid), settings)); len(got) != 1 || got[0] != want {
+			t.Errorf("socketGroup %d: args %v, want exactly %s", gid, got, want)
+		}
+	}
+	for _, gid := range []int64{0, -1, 2147483648, 1 << 32, -1 << 63} {
+		ds, err := DesiredDaemonSet(withSocketGroup(base, gid), settings)
+		if err == nil {
+			t.Errorf("socketGroup %d: built a DaemonSet with %v", gid, gidArgs(ds))
+			continue
+		}
+		if !strings.Contains(err.Error(), "spec.socketGroup") {
+			t.Errorf("socketGroup %d: refused with %q, want it to name spec.socketGroup", gid, err)
+		}
+	}
+}
 
 func mustDaemonSet(t *testing.T, pool *fxv1.TransferPool, settings AgentSettings) *appsv1ac.DaemonSetApplyConfiguration {
 	t.Helper()

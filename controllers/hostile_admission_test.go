@@ -22,6 +22,9 @@ const socketDirRefused = "socketDir must be /var/run/fabricxfer or a directory u
 // produce owned objects the API server refuses later, and checks that admission refuses each with a message
 // that names the field; the valid objects beside them must still be accepted, so the rules are not simply
 // refusing everything.
+// socketGroupRefused is the CRD's message for a socketGroup out of bounds.
+const socketGroupRefused = "socketGroup must be a group ID between 1 and 2147483647"
+
 func TestAdmissionRefusesHostilePools(t *testing.T) {
 	c := apiClient(t)
 	ns := newNamespace(t, c)
@@ -78,6 +81,18 @@ func TestAdmissionRefusesHostilePools(t *testing.T) {
 		{"socketDir beside the prefix", pool("  socketDir: /var/run/fabricxfer-evil"), socketDirRefused},
 		{"socketDir hidden under the prefix", pool("  socketDir: /var/run/fabricxfer/.ssh"), socketDirRefused},
 		{"socketDir under the prefix", pool("  socketDir: /var/run/fabricxfer/team-a.v2"), accepted},
+
+		// socketGroup becomes a chown of the socket directory: a group a pod's supplementalGroups can name, never root's.
+		{"socketGroup 0", pool("  socketGroup: 0"), socketGroupRefused},
+		{"socketGroup -1", pool("  socketGroup: -1"), socketGroupRefused},
+		{"socketGroup 2^31", pool("  socketGroup: 2147483648"), socketGroupRefused},
+		{"socketGroup 2^32-1", pool("  socketGroup: 4294967295"), socketGroupRefused},
+		{"socketGroup -2^63", pool("  socketGroup: -9223372036854775808"), "spec.socketGroup in body must be of type int64"},
+		{"socketGroup 1e30", pool("  socketGroup: 1e30"), "spec.socketGroup in body must be of type int64"},
+		{"socketGroup as a string", pool("  socketGroup: '4242'"), "spec.socketGroup in body must be of type integer"},
+		{"socketGroup with a fraction", pool("  socketGroup: 4242.5"), "spec.socketGroup in body must be of type int64"},
+		{"socketGroup 1", pool("  socketGroup: 1"), accepted},
+		{"socketGroup 2^31-1", pool("  socketGroup: 2147483647"), accepted},
 
 		// Names, ports and references that cannot make valid owned objects.
 		{"pool name too long", named(strings.Repeat("p", 64), "  engines: [tcp]"), "a TransferPool's name must be a DNS label"},

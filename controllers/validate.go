@@ -126,6 +126,9 @@ func ValidatePool(pool *fxv1.TransferPool, settings AgentSettings) error {
 	if spec.SocketDir != "" && !socketDirUnder(spec.SocketDir, prefix) {
 		add("spec.socketDir %q: must be %s or a directory under it, in normal form", spec.SocketDir, prefix)
 	}
+	if g := spec.SocketGroup; g != nil && (*g < fxv1.MinSocketGroup || *g > fxv1.MaxSocketGroup) {
+		add("spec.socketGroup %d: must be a group ID between %d and %d", *g, fxv1.MinSocketGroup, fxv1.MaxSocketGroup)
+	}
 	if _, err := memoryBytes(spec.Memory); err != nil {
 		for _, e := range strings.Split(err.Error(), "\n") {
 			add("%s", e)

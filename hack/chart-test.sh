@@ -99,6 +99,8 @@ expect_refused "a string for replicaCount" "at '/replicaCount': got string, want
 expect_refused "an unknown top-level key" "additional properties 'replicas' not allowed" --set replicas=2
 expect_refused "an unknown nested key" "additional properties 'enable' not allowed" --set networkPolicy.enable=true
 expect_refused "an engine outside the enum" "/defaultPool/spec/engines/0" --set 'defaultPool.spec.engines={nvlink}'
+expect_refused "root's group as the socket group" "/defaultPool/spec/socketGroup" --set defaultPool.spec.socketGroup=0
+expect_refused "a socket group past 2^31-1" "/defaultPool/spec/socketGroup" --set defaultPool.spec.socketGroup=2147483648
 
 expect_refused "a ServiceMonitor without the metrics Service" "metrics.serviceMonitor.enabled needs metrics.service.enabled" \
   --set metrics.serviceMonitor.enabled=true --set metrics.service.enabled=false

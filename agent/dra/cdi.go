@@ -52,7 +52,9 @@ func (s cdiStore) write(claim types.UID, claimRef string, devices []string, host
 			Name: string(claim),
 			ContainerEdits: cdispec.ContainerEdits{
 				Env: []string{SocketEnv + "=" + ContainerSocket},
-				// The directory, not the socket: the agent recreates its sockets when it restarts.
+				// The directory, not the socket: the agent recreates its sockets when it restarts. The mount keeps
+				// the directory's group and mode (the pool's socketGroup); the spec adds no group to the container,
+				// so a non-root container connects only when its pod's securityContext puts it in that group.
 				Mounts: []*cdispec.Mount{{HostPath: hostSocketDir, ContainerPath: ContainerSocketDir, Type: "bind", Options: []string{"rbind", "rw", "nosuid", "nodev"}}},
 			},
 		}},

@@ -104,8 +104,8 @@ type Options struct {
 	// Pool lends pool memory; nil answers AllocateFromPool with Unavailable.
 	Pool poolmem.Allocator
 
-	// SocketGID, when >= 0, is the group given the sockets (mode 0660), so pods running under that group may
-	// connect. -1 leaves the agent's group.
+	// SocketGID, when >= 0, is the group given the socket directory (mode 0750) and the sockets (mode 0660), so
+	// pods running under that group may connect. -1 leaves the agent's group (directory 0755).
 	SocketGID int
 	// TokenTTL is how long an fd token stays valid (default 30 s).
 	TokenTTL time.Duration
@@ -243,9 +243,8 @@ func (s *Server) FastSocketPath() string {
 // Serve opens the sockets and serves until ctx ends, then stops (in-flight calls get a bounded grace),
 // ends every session and removes the sockets.
 func (s *Server) Serve(ctx context.Context) error {
-	dir := filepath.Dir(s.SocketPath())
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("creating socket directory %s: %w", dir, err)
+	if err := s.prepareSocketDir(); err != nil {
+		return err
 	}
 	ln, err := s.listen(s.SocketPath())
 	if err != nil {
@@ -293,6 +292,30 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.shutdown()
 	if err2 != nil && !errors.Is(err2, grpc.ErrServerStopped) {
 		return fmt.Errorf("serving %s: %w", s.SocketPath(), err2)
+	}
+	return nil
+}
+
+// prepareSocketDir creates the pool's socket directory and gives it its owner group and mode on every start, so a
+// directory left by an agent with another --socket-gid follows the current one. With a group the directory is
+// 0750 and that group's: its members traverse it to the 0660 sockets, everyone else is stopped at the directory
+// already. Without one it is 0755 in the agent's own group, as it always was: the sockets' 0660 admits root only.
+func (s *Server) prepareSocketDir() error {
+	dir := filepath.Dir(s.SocketPath())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating socket directory %s: %w", dir, err)
+	}
+	gid, mode := os.Getegid(), os.FileMode(0o755)
+	if s.opts.SocketGID >= 0 {
+		gid, mode = s.opts.SocketGID, 0o750
+	}
+	// Group first, then mode: a directory that is briefly the new group's with the old mode admits no one who
+	// was not admitted before or is not admitted after.
+	if err := os.Chown(dir, -1, gid); err != nil {
+		return fmt.Errorf("giving socket directory %s to group %d: %w", dir, gid, err)
+	}
+	if err := os.Chmod(dir, mode); err != nil {
+		return fmt.Errorf("setting mode %v on socket directory %s: %w", mode, dir, err)
 	}
 	return nil
 }

@@ -35,6 +35,14 @@ const (
 	MaxAgentMemoryBytes = 2 << 40
 )
 
+// Bounds of spec.socketGroup. They are the group IDs a pod's securityContext.supplementalGroups accepts, so every
+// group a pool names can be given to a pod. 0 (root's group) is refused: leaving the field unset already means
+// root only, and a pool should not be able to ask for root's group by name.
+const (
+	MinSocketGroup = 1
+	MaxSocketGroup = 2147483647
+)
+
 // TransferPoolSpec says which nodes run a transfer agent and what those agents may do.
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.socketDir) || (has(self.socketDir) && self.socketDir == oldSelf.socketDir)",message="socketDir is immutable: pods that mounted the old directory would lose their agent"
 type TransferPoolSpec struct {
@@ -79,6 +87,14 @@ type TransferPoolSpec struct {
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:XValidation:rule="self.matches('^/var/run/fabricxfer(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$')",message="socketDir must be /var/run/fabricxfer or a directory under it, written without '.', '..', '//', a trailing '/' or a segment starting with '.'"
 	SocketDir string `json:"socketDir,omitempty"`
+
+	// SocketGroup is the group ID given the pool's socket directory (<socketDir>/<pool>, mode 0750) and its
+	// sockets (mode 0660), so pods that do not run as root can connect: a pod joins the group through
+	// securityContext.supplementalGroups (or runAsGroup). Unset, the directory and sockets belong to root's group
+	// and only root in a pod can connect. A change takes effect when the agents restart with the new flag.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 2147483647",message="socketGroup must be a group ID between 1 and 2147483647 (0 is root's group: leave socketGroup unset instead)"
+	SocketGroup *int64 `json:"socketGroup,omitempty"`
 
 	// AllowedNamespaces may use this pool through the socket. Empty admits only the pool's own namespace;
 	// "*" admits every namespace.

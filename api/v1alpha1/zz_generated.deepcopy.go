@@ -382,6 +382,11 @@ func (in *TransferPoolSpec) DeepCopyInto(out *TransferPoolSpec) {
 		copy(*out, *in)
 	}
 	in.Memory.DeepCopyInto(&out.Memory)
+	if in.SocketGroup != nil {
+		in, out := &in.SocketGroup, &out.SocketGroup
+		*out = new(int64)
+		**out = **in
+	}
 	if in.AllowedNamespaces != nil {
 		in, out := &in.AllowedNamespaces, &out.AllowedNamespaces
 		*out = make([]string, len(*in))

@@ -75,7 +75,7 @@ type Config struct {
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.SocketDir, "socket-dir", fxv1.DefaultSocketDir, "host directory of the pool's sockets (the socket is <dir>/<pool>/agent.sock)")
 	fs.BoolVar(&c.AllowLocal, "allow-local", false, "admit socket callers that are in no pod (demo, development); never on a shared cluster")
-	fs.IntVar(&c.SocketGID, "socket-gid", -1, "group given the sockets (mode 0660); -1 keeps the agent's group")
+	fs.IntVar(&c.SocketGID, "socket-gid", -1, "group given the socket directory (mode 0750) and the sockets (mode 0660); -1 keeps the agent's group")
 	fs.StringVar(&c.PeerListen, "peer-listen", ":7470", "listen address of the agent-to-agent channel (mTLS gRPC)")
 	fs.StringVar(&c.DataListen, "data-listen", ":7471", "listen address of the tcp engine's data path")
 	fs.StringVar(&c.DataAdvertise, "data-advertise", "", "address peers dial for the tcp engine (default $"+EnvPodIP+" with the listen port)")
@@ -136,6 +136,11 @@ func (c *Config) Validate() error {
 	}
 	if c.SocketDir == "" || !filepath.IsAbs(c.SocketDir) {
 		errs = append(errs, fmt.Errorf("--socket-dir %q must be an absolute path", c.SocketDir))
+	}
+	// The operator writes 1..2147483647 (spec.socketGroup); 0 is allowed here for a hand-run agent. Above the
+	// bound a chown would wrap or reach (gid_t)-1, which the kernel reads as "leave the group".
+	if c.SocketGID < -1 || c.SocketGID > fxv1.MaxSocketGroup {
+		errs = append(errs, fmt.Errorf("--socket-gid %d must be -1 (the agent's group) or a group ID from 0 to %d", c.SocketGID, fxv1.MaxSocketGroup))
 	}
 	if _, err := ParsePeers(c.StaticPeers); err != nil {
 		errs = append(errs, err)

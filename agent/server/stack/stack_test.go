@@ -37,6 +37,19 @@ func TestFlagsAndValidation(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	// A gid past 2^31-1 would wrap in a chown or reach (gid_t)-1, which leaves the group as it is.
+	for _, gid := range []int{-2, 1 << 31, 1<<32 - 1} {
+		c.SocketGID = gid
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--socket-gid") {
+			t.Errorf("--socket-gid=%d: %v, want it refused", gid, err)
+		}
+	}
+	for _, gid := range []int{-1, 0, 4242, 1<<31 - 1} {
+		c.SocketGID = gid
+		if err := c.Validate(); err != nil {
+			t.Errorf("--socket-gid=%d refused: %v", gid, err)
+		}
+	}
 	d, _ := ParsePeers(c.StaticPeers)
 	if len(d) != 2 || d["node-c"] != "10.0.0.3:7470" {
 		t.Fatalf("peers %v", d)

@@ -100,6 +100,24 @@ class SessionLost(Exception):
     agent side. Call Client.recover(), then retry."""
 
 
+def _check_socket_permission(path: str):
+    """Fails at once, saying what to change, when this process may not open the agent socket: the socket and its
+    directory are root's or the pool's spec.socketGroup, and gRPC would otherwise wait for a readiness that never
+    comes. A socket that is not there yet is left to that wait (the agent may still be starting)."""
+    try:
+        os.stat(path)
+        allowed = os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
+    except FileNotFoundError:
+        return
+    except PermissionError:
+        allowed = False
+    if not allowed:
+        raise PermissionError(
+            13, "agent socket not open to uid %d (gid %d, groups %s); a non-root pod needs the pool's "
+            "spec.socketGroup in its securityContext.supplementalGroups" % (os.geteuid(), os.getegid(), os.getgroups()),
+            path)
+
+
 class FdSocketError(Exception):
     """The agent's fd socket refused a request (the message says why)."""
 
@@ -381,6 +399,7 @@ class Client:
         away than save the wake-up)."""
         socket_path = socket_path or os.environ.get("FABRICXFER_SOCKET") or "/run/fabricxfer/agent.sock"
         self.socket_path = socket_path
+        _check_socket_permission(socket_path)
         self.fd_socket = os.path.join(os.path.dirname(socket_path), FD_SOCKET_NAME)
         self.timeout = timeout
         self.name = name
