@@ -271,7 +271,10 @@ class IdArena:
 
     def close(self):
         self._u32 = None
-        self.buf.close()
+        try:
+            self.buf.close()
+        except BufferError:  # a view of it still lives somewhere: the mapping goes when that view does
+            pass
 
     def fill(self, ids, remote_ids) -> Optional[int]:
         """Writes both lists as 32-bit ids (local first) and returns their count, or None when they are not
