@@ -55,8 +55,11 @@ chart-install-test: tools build ## helm install/uninstall and kubectl apply of d
 	OPERATOR_BIN=$(BIN_DIR)/operator hack/chart-install-test.sh
 
 .PHONY: build
-build: ## Build operator, agent, xferctl, xferbench and the demo's kubelet stand-in into bin/
+build: ## Build operator, agent, xferctl (also as the kubectl plugin kubectl-fabricxfer), xferbench and the demo's kubelet stand-in into bin/
 	$(GO) build -o $(BIN_DIR)/ ./cmd/... ./hack/drakubelet
+	@# kubectl completes "kubectl fabricxfer ..." by running kubectl_complete-fabricxfer with the words typed.
+	printf '#!/bin/sh\nexec kubectl-fabricxfer __complete "$$@"\n' >$(BIN_DIR)/kubectl_complete-fabricxfer
+	chmod +x $(BIN_DIR)/kubectl_complete-fabricxfer
 
 .PHONY: deps
 deps: ## Install the Debian packages make test needs beside Go, gcc, git, make and python3 (as root; otherwise name them)

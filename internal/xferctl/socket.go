@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package main
+package xferctl
 
 import (
 	"bytes"
@@ -71,7 +71,7 @@ func infoCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.SetOutput(stderr)
 	var sf socketFlags
 	sf.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(ctx, fs, args); err != nil {
 		return errUsage
 	}
 	c, _, cancel, err := sf.dial(ctx)
@@ -112,7 +112,7 @@ func explainCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	sf.register(fs)
 	from := fs.String("from", "", "source segment, [node/]segment")
 	to := fs.String("to", "", "destination segment, [node/]segment")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(ctx, fs, args); err != nil {
 		return errUsage
 	}
 	fn, fseg, err := parseSegmentRef(*from)
@@ -171,7 +171,7 @@ func registerCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	segment := fs.String("segment", "", "segment name to publish (required)")
 	hold := fs.Duration("hold", 0, "how long to keep the region registered (0: until interrupted)")
 	fill := fs.String("fill", "", "fill the memory with this repeated text (default random bytes)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(ctx, fs, args); err != nil {
 		return errUsage
 	}
 	n, err := parseSize(*size)
@@ -227,7 +227,7 @@ func transferCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	offset := fs.Uint64("offset", 0, "offset in the target segment")
 	read := fs.Bool("read", false, "read from the segment instead of writing to it")
 	verify := fs.Bool("verify", true, "after a write, read the bytes back and compare checksums")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(ctx, fs, args); err != nil {
 		return errUsage
 	}
 	node, seg, err := parseSegmentRef(*to)

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package main
+package xferctl
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server/stack"
 )
 
-func localAgentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func localAgentCommand(ctx context.Context, version string, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("local-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg stack.Config
@@ -27,7 +27,7 @@ func localAgentCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the host's / is (callers' cgroups are read from <host-root>/proc)")
 	verbose := fs.Bool("v", false, "log connections and errors to stderr")
 	_ = fs.Set("tls-dir", "") // alone unless given the pool's certificates
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(ctx, fs, args); err != nil {
 		return errUsage
 	}
 	cfg.AllowLocal = true // there is no API server to identify pods with

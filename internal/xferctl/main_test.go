@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package main
+package xferctl
 
 import (
 	"bytes"
@@ -9,9 +9,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -19,8 +21,10 @@ import (
 // TestMain lets the test binary stand in for xferctl when bench starts "xferctl local-agent" as a child.
 func TestMain(m *testing.M) {
 	if os.Getenv("XFERCTL_AS_MAIN") == "1" {
-		main()
-		return
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		code := Run(ctx, Program{Name: "xferctl", Version: "test"}, os.Args[1:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
 	}
 	os.Setenv("XFERCTL_AS_MAIN", "1") // children of this test binary run main
 	code := m.Run()
@@ -50,7 +54,7 @@ func run(t *testing.T, args ...string) (string, string, int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var out, errb syncBuffer
-	code := runMain(ctx, args, &out, &errb)
+	code := Run(ctx, Program{Name: "xferctl", Version: "test"}, args, &out, &errb)
 	return out.String(), errb.String(), code
 }
 
@@ -102,7 +106,7 @@ func TestSmokeCommandsAgainstALocalAgent(t *testing.T) {
 	var agentOut, agentErr syncBuffer
 	agentDone := make(chan int, 1)
 	go func() {
-		agentDone <- runMain(ctx, []string{"local-agent", "--socket-dir", dir, "--pool", "kv", "--node-name", "node-a"}, &agentOut, &agentErr)
+		agentDone <- Run(ctx, Program{Name: "xferctl"}, []string{"local-agent", "--socket-dir", dir, "--pool", "kv", "--node-name", "node-a"}, &agentOut, &agentErr)
 	}()
 	socket := filepath.Join(dir, "kv", "agent.sock")
 	waitFor(t, func() bool { return strings.Contains(agentOut.String(), "ready:") }, "local agent")
@@ -111,7 +115,7 @@ func TestSmokeCommandsAgainstALocalAgent(t *testing.T) {
 	var regOut, regErr syncBuffer
 	regDone := make(chan int, 1)
 	go func() {
-		regDone <- runMain(holdCtx, []string{"register", "--socket", socket, "--size", "64Ki", "--segment", "kv-0"}, &regOut, &regErr)
+		regDone <- Run(holdCtx, Program{Name: "xferctl"}, []string{"register", "--socket", socket, "--size", "64Ki", "--segment", "kv-0"}, &regOut, &regErr)
 	}()
 	waitFor(t, func() bool { return strings.Contains(regOut.String(), "registered") }, "registered segment")
 

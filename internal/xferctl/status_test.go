@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package main
+package xferctl
 
 import (
 	"bytes"
@@ -14,7 +14,11 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
@@ -120,4 +124,84 @@ func TestStatusReadsTheAPIServer(t *testing.T) {
 	if err := printStatus(ctx, kube, "", "xml", &out, time.Now()); err == nil {
 		t.Error("-o xml accepted")
 	}
+
+	// The command as users run it, through a kubeconfig: -n and the context's namespace pick one namespace,
+	// -A every one; -o wide adds columns; -o name names objects.
+	nsClient, err := ctrlclient.New(cfg, ctrlclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nsClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "other"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := kube.Create(ctx, &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "prefill"}}); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := writeKubeconfig(t, cfg)
+	rows := func(out string) (names []string) {
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 2 && (f[0] == "default" || f[0] == "other") {
+				names = append(names, f[0]+"/"+f[1])
+			}
+		}
+		return names
+	}
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-A"}, []string{"default/kv", "other/prefill"}},
+		{[]string{"--all-namespaces"}, []string{"default/kv", "other/prefill"}},
+		{[]string{"-n", "other"}, []string{"other/prefill"}},
+		{[]string{"--namespace=other"}, []string{"other/prefill"}},
+		{[]string{"--context", "envtest"}, []string{"default/kv"}}, // the context's namespace
+		{nil, []string{"default/kv"}},
+	} {
+		out, errOut, code := run(t, append([]string{"status", "--kubeconfig", kubeconfig}, tc.args...)...)
+		if code != 0 || !slices.Equal(rows(out), tc.want) {
+			t.Errorf("status %v: code %d, pools %v, want %v\n%s%s", tc.args, code, rows(out), tc.want, out, errOut)
+		}
+	}
+	if _, errOut, code := run(t, "status", "--kubeconfig", kubeconfig, "--context", "nonesuch"); code != 1 || !strings.Contains(errOut, "nonesuch") {
+		t.Errorf("status --context nonesuch: code %d, %q", code, errOut)
+	}
+
+	out2, errOut, code := run(t, "status", "--kubeconfig", kubeconfig, "-A", "-o", "wide")
+	if code != 0 {
+		t.Fatalf("-o wide: code %d\n%s", code, errOut)
+	}
+	for _, want := range []string{"NODES PER ENGINE", "rdma=0,xgmi=2", "UNAVAILABLE BECAUSE", "rdma: no NIC"} {
+		if !strings.Contains(out2, want) {
+			t.Errorf("-o wide lacks %q:\n%s", want, out2)
+		}
+	}
+	if plain, _, _ := run(t, "status", "--kubeconfig", kubeconfig, "-A"); strings.Contains(plain, "NODES PER ENGINE") || strings.Contains(plain, "no NIC") {
+		t.Errorf("the default tables show wide columns:\n%s", plain)
+	}
+	out2, errOut, code = run(t, "status", "--kubeconfig", kubeconfig, "-A", "-o", "name")
+	wantNames := "transferpool.fabricxfer.io/kv\ntransferpool.fabricxfer.io/prefill\ntransfernode.fabricxfer.io/node-a\ntransfernode.fabricxfer.io/node-b\n"
+	if code != 0 || out2 != wantNames {
+		t.Errorf("-o name: code %d\n%s%s", code, out2, errOut)
+	}
+	out2, errOut, code = run(t, "status", "--kubeconfig", kubeconfig, "-n", "other", "-o", "json")
+	var v statusView
+	if err := yaml.Unmarshal([]byte(out2), &v); code != 0 || err != nil || len(v.Pools) != 1 || v.Pools[0].Name != "prefill" ||
+		v.Kind != "Status" || v.APIVersion != statusAPIVersion {
+		t.Errorf("-n other -o json: code %d, %v, %+v\n%s", code, err, v, errOut)
+	}
+}
+
+// writeKubeconfig writes a kubeconfig for cfg whose context "envtest" is current, in namespace default.
+func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["envtest"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "envtest", Namespace: "default"}
+	kc.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

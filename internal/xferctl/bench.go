@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package main
+package xferctl
 
 import (
 	"bufio"
@@ -56,7 +56,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	warmup := fs.Int("warmup", 2000, "unmeasured transfers per path first")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	spin := fs.Duration("spin", client.DefaultSpin, "how long the client and the local agent poll the fast socket before sleeping (0: never)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(ctx, fs, args); err != nil {
 		return errUsage
 	}
 	size, err := parseSize(*sizeFlag)
