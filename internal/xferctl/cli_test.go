@@ -86,6 +86,9 @@ func TestCompletion(t *testing.T) {
 			}
 		}
 	}
+	if _, errOut, code := run(t, "completion", "tcsh"); code != 2 || !strings.Contains(errOut, "no completion script") {
+		t.Errorf("completion tcsh: code %d, %q; want a usage error", code, errOut)
+	}
 	for _, tc := range []struct {
 		args []string
 		want []string

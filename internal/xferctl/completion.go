@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"time"
 
@@ -32,6 +33,12 @@ const (
 // commands themselves keep their own dispatch (Run); this cobra tree only describes them, so completion
 // follows commands() and each command's flag definitions.
 func runCompletion(ctx context.Context, p Program, args []string, stdout, stderr io.Writer) int {
+	// cobra answers a shell it has no script for with its help and success; a caller piping the output into
+	// its shell's setup should hear that nothing was written.
+	if len(args) == 2 && args[0] == "completion" && !slices.Contains([]string{"bash", "zsh", "fish", "powershell"}, args[1]) {
+		fmt.Fprintf(stderr, "%s: no completion script for the shell %q (bash, zsh, fish or powershell)\n", p.displayName(), args[1])
+		return 2
+	}
 	root := completionTree(ctx, p)
 	root.SetArgs(args)
 	root.SetOut(stdout)
