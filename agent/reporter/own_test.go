@@ -284,3 +284,41 @@ func TestAgentStopsCleanly(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestAgentDoesNotFightAtWatchSpeed: another writer forges the endpoint over and over for two heartbeats; the
+// agent writes back at most twice a heartbeat (plus its periodic round) rather than once per event, and has
+// the last word within one heartbeat after the other writer stops.
+func TestAgentDoesNotFightAtWatchSpeed(t *testing.T) {
+	cfg, admin := startEnv(t, false, transferNodeCRD)
+	ctx := t.Context()
+	a := startOwnAgent(t, cfg, admin, "fought")
+	writes := a.r.StatusWrites()
+	forged := 0
+	for start := time.Now(); time.Since(start) < 2*ownPeriod; {
+		var tn v1alpha1.TransferNode
+		if err := admin.Get(ctx, client.ObjectKey{Name: "fought"}, &tn); err != nil {
+			t.Fatal(err)
+		}
+		tn.Status.Endpoint = fmt.Sprintf("203.0.113.%d:7470", forged%250)
+		if err := admin.Status().Update(ctx, &tn); err == nil {
+			forged++
+		} else if !apierrors.IsConflict(err) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	got := a.r.StatusWrites() - writes
+	t.Logf("%d forged writes, %d write-backs in %s", forged, got, 2*ownPeriod)
+	// Two heartbeats: at most two write-backs each, and a periodic round each, with slack for where the rounds fall.
+	if got > 9 {
+		t.Errorf("%d status writes while another writer forged the endpoint %d times in two heartbeats; want at most 9", got, forged)
+	}
+	if forged < 20 {
+		t.Errorf("only %d forged writes: the test did not make the agent fight", forged)
+	}
+	waitFor(t, ownPeriod+time.Second, "endpoint restored after the fight", func() (bool, error) {
+		var tn v1alpha1.TransferNode
+		err := admin.Get(ctx, client.ObjectKey{Name: "fought"}, &tn)
+		return err == nil && tn.Status.Endpoint == "10.0.0.7:7470", err
+	})
+}

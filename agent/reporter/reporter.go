@@ -146,6 +146,7 @@ func (r *Reporter) Run(ctx context.Context) error {
 		wg.Go(func() { r.watchOwn(ctx, seen) })
 	}
 	failures := 0
+	var lastRewrite time.Time
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -156,6 +157,15 @@ func (r *Reporter) Run(ctx context.Context) error {
 			if !r.observe(ctx, o) {
 				continue
 			}
+			if since := time.Since(lastRewrite); since < r.cfg.Period/2 {
+				// Another writer fighting the agent (or a write-back that keeps failing to take) must not
+				// turn into writes at watch speed: within half a period of the last write-back, the next
+				// periodic round, which observe has told to write, does it.
+				r.cfg.Log.V(1).Info("deferring write-back of own TransferNode to the next round", "node", r.cfg.NodeName,
+					"sinceLast", since.Round(time.Millisecond))
+				continue
+			}
+			lastRewrite = time.Now()
 			if err := r.ReportOnce(ctx); err != nil && ctx.Err() == nil {
 				// The periodic round retries; its schedule and backoff are not disturbed.
 				r.cfg.Log.Error(err, "writing back own TransferNode", "node", r.cfg.NodeName)
