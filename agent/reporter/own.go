@@ -122,6 +122,9 @@ func send(ctx context.Context, out chan<- observation, o observation) bool {
 // that was in flight when it was sent, so unless it shows the agent's last write, the object is read again
 // and the events up to what that read showed are skipped in turn.
 func (r *Reporter) observe(ctx context.Context, o observation) bool {
+	if o.obj != nil {
+		r.seenVersion = o.obj.ResourceVersion
+	}
 	if !o.current && !r.caughtUp {
 		if o.obj != nil && o.obj.ResourceVersion == r.awaitVersion {
 			r.caughtUp = true
@@ -166,6 +169,13 @@ func (r *Reporter) observe(ctx context.Context, o observation) bool {
 		"managers", managersOf(obj), "rewrites", r.rewrites.Load())
 	r.applied = nil
 	return true
+}
+
+// awaitWrite makes the watch skip events until the one of the agent's write that left the object at version.
+// A write that changed nothing (an apply of the same values) leaves the version the watch already delivered, and
+// waiting for it would ignore every later change.
+func (r *Reporter) awaitWrite(version string) {
+	r.awaitVersion, r.caughtUp = version, version == r.seenVersion
 }
 
 // differs reports whether the object (nil: absent) is not what the agent last wrote.

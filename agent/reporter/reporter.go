@@ -93,6 +93,8 @@ type Reporter struct {
 	// is true once the watch delivered it: only then is what the watch shows newer.
 	awaitVersion string
 	caughtUp     bool
+	// seenVersion is the resourceVersion of the last object the watch delivered.
+	seenVersion string
 	// Counters, read by tests and for the log while Run is running.
 	rewrites, statusWrites, watchEvents atomic.Int64
 	// watching is true while the watch of the own TransferNode is established.
@@ -327,7 +329,7 @@ func (r *Reporter) applyObject(ctx context.Context) error {
 		return fmt.Errorf("applying TransferNode %s: %w", r.cfg.NodeName, err)
 	}
 	r.reportUID = obj.GetUID()
-	r.awaitVersion, r.caughtUp = obj.GetResourceVersion(), false
+	r.awaitWrite(obj.GetResourceVersion())
 	return nil
 }
 
@@ -359,7 +361,8 @@ func (r *Reporter) applyStatus(ctx context.Context, st v1alpha1.TransferNodeStat
 	if err != nil {
 		return err
 	}
-	r.written, r.awaitVersion, r.caughtUp = written, obj.GetResourceVersion(), false
+	r.written = written
+	r.awaitWrite(obj.GetResourceVersion())
 	r.statusWrites.Add(1)
 	return nil
 }
