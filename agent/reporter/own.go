@@ -106,6 +106,7 @@ func (r *Reporter) watchOwnOnce(ctx context.Context, out chan<- observation) err
 	}
 }
 
+// send hands o to Run, or gives up when ctx ends, so the watch never outlives Run blocked on a send.
 func send(ctx context.Context, out chan<- observation, o observation) bool {
 	select {
 	case out <- o:
@@ -269,7 +270,6 @@ func (r *Reporter) clearForeign(ctx context.Context, got *unstructured.Unstructu
 		return fmt.Errorf("encoding TransferNode status patch: %w", err)
 	}
 	r.cfg.Log.Info("removing status fields the agent does not set", "node", r.cfg.NodeName, "fields", fields)
-	got.SetManagedFields(nil)
 	if err := r.cfg.Client.Status().Patch(ctx, got, client.RawPatch(types.MergePatchType, raw), client.FieldOwner(FieldManager)); err != nil {
 		return fmt.Errorf("removing foreign fields %v of TransferNode %s status: %w", fields, r.cfg.NodeName, err)
 	}
