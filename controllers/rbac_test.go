@@ -116,6 +116,8 @@ func TestOperatorAndAgentRBAC(t *testing.T) {
 		{verb: "list", resource: "secrets"},
 		{verb: "create", resource: "pods", namespace: testAgentNamespace},
 		{verb: "patch", group: fxv1.GroupVersion.Group, resource: "transfernodes", subresource: "status", name: "n1", allowed: true},
+		// The reporter watches its own TransferNode (by field selector) to write back a status changed by others.
+		{verb: "watch", group: fxv1.GroupVersion.Group, resource: "transfernodes", allowed: true},
 		{verb: "delete", group: fxv1.GroupVersion.Group, resource: "transfernodes", name: "n1"},
 		{verb: "update", group: "apps", resource: "daemonsets", namespace: testAgentNamespace, name: name},
 	})

@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -59,6 +61,10 @@ type Config struct {
 	Decorate func(*v1alpha1.TransferNodeStatus)
 	// RecordEvents records Events on the TransferNode when engine availability changes (and once at start).
 	RecordEvents bool
+	// Watch, when set, is used by Run to watch the agent's own TransferNode (and only it): a status someone
+	// else changed, or a deleted object, is written again as soon as it is seen. Without it such a change
+	// lasts until the report itself changes.
+	Watch client.WithWatch
 }
 
 // Reporter writes one node's TransferNode and renews its heartbeat Lease.
@@ -80,7 +86,33 @@ type Reporter struct {
 	engines []v1alpha1.EngineAvailability
 	// reported is true once a status was applied since the agent started.
 	reported bool
+	// written is the status (with its heartbeat) as the API server stored it after the agent's last write:
+	// what the watch of the own object is compared with.
+	written *v1alpha1.TransferNodeStatus
+	// awaitVersion is the resourceVersion of the agent's last write (or last read of its object), and caughtUp
+	// is true once the watch delivered it: only then is what the watch shows newer.
+	awaitVersion string
+	caughtUp     bool
+	// seenVersion is the resourceVersion of the last object the watch delivered.
+	seenVersion string
+	// Counters, read by tests and for the log while Run is running.
+	rewrites, statusWrites, watchEvents atomic.Int64
+	// watching is true while the watch of the own TransferNode is established.
+	watching atomic.Bool
 }
+
+// Rewrites counts the times the agent wrote its TransferNode again because someone else changed its status or
+// deleted it.
+func (r *Reporter) Rewrites() int64 { return r.rewrites.Load() }
+
+// StatusWrites counts successful status writes.
+func (r *Reporter) StatusWrites() int64 { return r.statusWrites.Load() }
+
+// Watching reports whether the watch of the own TransferNode is established: changes from then on are seen.
+func (r *Reporter) Watching() bool { return r.watching.Load() }
+
+// WatchEvents counts the events the watch of the own TransferNode received.
+func (r *Reporter) WatchEvents() int64 { return r.watchEvents.Load() }
 
 // New checks the configuration.
 func New(cfg Config) (*Reporter, error) {
@@ -100,12 +132,49 @@ func New(cfg Config) (*Reporter, error) {
 	return &Reporter{cfg: cfg}, nil
 }
 
-// Run reports at once and then every period until ctx ends; Run returns nil when ctx is cancelled. A failed
-// round is logged and retried after a backoff that grows with consecutive failures, with jitter: retrying
-// every agent at its next tick turned an overloaded API server's slowness into collapse.
+// Run reports at once and then every period until ctx ends; Run returns nil when ctx is cancelled, once the
+// watch of the own TransferNode (Config.Watch) has stopped too. A failed round is logged and retried after a
+// backoff that grows with consecutive failures, with jitter: retrying every agent at its next tick turned an
+// overloaded API server's slowness into collapse. A status changed by someone else, seen by the watch, is
+// written back at once by an extra round that leaves the schedule as it is.
 func (r *Reporter) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	var seen chan observation
+	if r.cfg.Watch != nil {
+		seen = make(chan observation)
+		wg.Go(func() { r.watchOwn(ctx, seen) })
+	}
 	failures := 0
+	var lastRewrite time.Time
+	t := time.NewTimer(0)
+	defer t.Stop()
 	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case o := <-seen:
+			if !r.observe(ctx, o) {
+				continue
+			}
+			if since := time.Since(lastRewrite); since < r.cfg.Period/2 {
+				// Another writer fighting the agent (or a write-back that keeps failing to take) must not
+				// turn into writes at watch speed: within half a period of the last write-back, the next
+				// periodic round, which observe has told to write, does it.
+				r.cfg.Log.V(1).Info("deferring write-back of own TransferNode to the next round", "node", r.cfg.NodeName,
+					"sinceLast", since.Round(time.Millisecond))
+				continue
+			}
+			lastRewrite = time.Now()
+			if err := r.ReportOnce(ctx); err != nil && ctx.Err() == nil {
+				// The periodic round retries; its schedule and backoff are not disturbed.
+				r.cfg.Log.Error(err, "writing back own TransferNode", "node", r.cfg.NodeName)
+			}
+			continue
+		case <-t.C:
+		}
 		start := time.Now()
 		err := r.ReportOnce(ctx)
 		if ctx.Err() != nil {
@@ -122,13 +191,7 @@ func (r *Reporter) Run(ctx context.Context) error {
 		} else {
 			failures = 0
 		}
-		t := time.NewTimer(max(0, delay-time.Since(start)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
+		t.Reset(max(0, delay-time.Since(start)))
 	}
 }
 
@@ -266,6 +329,7 @@ func (r *Reporter) applyObject(ctx context.Context) error {
 		return fmt.Errorf("applying TransferNode %s: %w", r.cfg.NodeName, err)
 	}
 	r.reportUID = obj.GetUID()
+	r.awaitWrite(obj.GetResourceVersion())
 	return nil
 }
 
@@ -290,6 +354,16 @@ func (r *Reporter) applyStatus(ctx context.Context, st v1alpha1.TransferNodeStat
 	if uid := obj.GetUID(); uid != "" {
 		r.reportUID = uid
 	}
+	if err := r.clearForeign(ctx, obj, st); err != nil {
+		return err
+	}
+	written, err := statusOf(obj)
+	if err != nil {
+		return err
+	}
+	r.written = written
+	r.awaitWrite(obj.GetResourceVersion())
+	r.statusWrites.Add(1)
 	return nil
 }
 

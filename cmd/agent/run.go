@@ -88,7 +88,9 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return nil, fmt.Errorf("building scheme: %w", err)
 	}
-	c, err := client.New(restCfg, client.Options{Scheme: scheme})
+	// A watching client: the reporter watches the agent's own TransferNode to write back a status someone else
+	// changed.
+	c, err := client.NewWithWatch(restCfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
 	}
@@ -108,6 +110,7 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 		Client:        c,
 		Log:           log.WithName("reporter"),
 		RecordEvents:  true,
+		Watch:         c,
 	})
 	if err != nil {
 		return nil, err
