@@ -70,6 +70,9 @@ func (m *GPUMemory) request() (*agentv1.RegisterMemoryRequest, error) {
 		if len(m.FabricHandle) != FabricHandleSize {
 			return nil, fmt.Errorf("a fabric handle is %d bytes, not %d", FabricHandleSize, len(m.FabricHandle))
 		}
+		if m.Offset+m.Length > m.AllocationSize {
+			return nil, fmt.Errorf("range [%d, +%d) lies outside the allocation of %d bytes", m.Offset, m.Length, m.AllocationSize)
+		}
 		req.HandleType, req.FabricHandle = agentv1.HandleType_HANDLE_TYPE_FABRIC, m.FabricHandle
 	default:
 		n := uint64(len(m.VMMFiles))
@@ -80,9 +83,6 @@ func (m *GPUMemory) request() (*agentv1.RegisterMemoryRequest, error) {
 			return nil, fmt.Errorf("range [%d, +%d) lies outside %d allocations of %d bytes", m.Offset, m.Length, n, m.AllocationSize)
 		}
 		req.HandleType = agentv1.HandleType_HANDLE_TYPE_VMM_POSIX_FD
-	}
-	if m.FabricHandle != nil && m.Offset+m.Length > m.AllocationSize {
-		return nil, fmt.Errorf("range [%d, +%d) lies outside the allocation of %d bytes", m.Offset, m.Length, m.AllocationSize)
 	}
 	return req, nil
 }

@@ -153,19 +153,19 @@ def narrow_ids(ids, count: int):
     ids of 2^31 or more stay what they are). One OR over the ids shows whether any has a high bit set (a
     negative one has them all), one cast narrows them. torch tensors go through their numpy view: torch's own
     reductions start its thread pool and cost twice as much."""
-    mod = type(ids).__module__ or ""
     try:
-        if mod.startswith("torch"):
-            ids = ids.reshape(-1).contiguous().numpy()
-        elif not mod.startswith("numpy"):
-            return None
-        np = sys.modules["numpy"]
-        a = ids.reshape(-1)
-        if a.dtype.kind != "i" or a.dtype.itemsize != 8 or int(np.bitwise_or.reduce(a)) >> 32:
+        a = _as_numpy(ids)
+        if a is None or a.dtype.itemsize != 8 or not _fits_32(a):
             return None
         return memoryview(a.astype("<u4")).cast("B")
     except (RuntimeError, TypeError, ValueError, AttributeError, ImportError, KeyError):
         return None
+
+
+def _fits_32(a) -> bool:
+    """Whether every id of a numpy int32/int64 array fits in 32 bits: one OR shows whether an int64 id has a
+    high bit set (a negative one has them all); int32 ids keep their bits."""
+    return a.dtype.itemsize == 4 or not a.size or not int(sys.modules["numpy"].bitwise_or.reduce(a)) >> 32
 
 
 def widen(mv: memoryview) -> memoryview:
@@ -285,11 +285,10 @@ class IdArena:
         n = a.shape[0]
         if 8 * n > self.size:
             return None
-        np = self._np
-        for x in (a, b):  # an int64 id with a high bit set (or a negative one) does not fit
-            if x.dtype.itemsize == 8 and n and int(np.bitwise_or.reduce(x)) >> 32:
-                return None
+        if not _fits_32(a) or not _fits_32(b):
+            return None
         # int32 ids keep their bits (a negative one reads as a huge unsigned id, refused as out of range).
+        np = self._np
         np.copyto(self._u32[:n], a, casting="unsafe")
         np.copyto(self._u32[n:2 * n], b, casting="unsafe")
         return n

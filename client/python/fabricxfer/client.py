@@ -530,9 +530,7 @@ class Client:
         try:
             s.connect(os.path.join(os.path.dirname(self.socket_path), FAST_SOCKET_NAME))
             conn = _fastconn.FastConn(s, self._spin)
-            payload = token.encode()
-            reply = pb.FastReply.FromString(conn.call([_HDR.pack(len(payload)), payload],
-                                                      time.perf_counter() + self.timeout))
+            reply = self._setup_frame(conn, token.encode())
         except Exception:
             s.close()
             raise
@@ -544,6 +542,11 @@ class Client:
             self._arena.close()
         self._fast, self._arena = conn, arena
 
+    def _setup_frame(self, conn, payload: bytes) -> pb.FastReply:
+        """One frame that sets a new fast connection up (its token, its arena) and the agent's reply."""
+        return pb.FastReply.FromString(conn.call([_HDR.pack(len(payload)), payload],
+                                                 time.perf_counter() + self.timeout))
+
     def _open_arena(self, conn) -> Optional["_blocks.IdArena"]:
         """Gives the fast connection an id arena when numpy is at hand and the agent takes one (an agent that
         does not answers with an error, and long id lists then travel in the frame)."""
@@ -554,9 +557,8 @@ class Client:
         fd, buf = shared_memory("fabricxfer-ids", ID_ARENA_BYTES)
         try:
             token = put_fd(self.fd_socket, fd, self.timeout)
-            payload = pb.FastRequest(id_arena=pb.IdArena(fd_token=token, size=ID_ARENA_BYTES)).SerializeToString()
-            reply = pb.FastReply.FromString(conn.call([_HDR.pack(len(payload)), payload],
-                                                      time.perf_counter() + self.timeout))
+            reply = self._setup_frame(conn, pb.FastRequest(
+                id_arena=pb.IdArena(fd_token=token, size=ID_ARENA_BYTES)).SerializeToString())
         except (OSError, FdSocketError, ConnectionError):
             buf.close()
             return None
@@ -775,11 +777,19 @@ class Client:
     def _fast_call(self, parts, timeout: Optional[float] = None) -> pb.TransferResponse:
         """One frame (a list of bytes-like parts) on the fast socket and its reply, within timeout (the transfer's,
         else the client's) plus a second for the reply to travel."""
+        return self._fast_exchange(lambda conn: parts, timeout)
+
+    def _fast_exchange(self, build, timeout: Optional[float]) -> Optional[pb.TransferResponse]:
+        """Like _fast_call, with the frame's parts made by build(conn) under the fast lock (the id arena is
+        written there); build returns None when the frame cannot be made, and so does this."""
         deadline = time.perf_counter() + (timeout or self.timeout) + 1.0
         with self._fast_lock:
             conn = self._fast
             if conn is None:
                 raise SessionLost("the fast socket is closed: call recover() and retry")
+            parts = build(conn)
+            if parts is None:
+                return None
             try:
                 raw = conn.call(parts, deadline)
             except (OSError, ConnectionError) as e:
@@ -835,7 +845,7 @@ class Client:
         nothing moved) ids out of range, repeated destination ids and layouts of different geometry."""
         code = _op(op)
         # Long numpy/torch lists are written into the fast connection's id arena instead of the frame.
-        if (wait and self._arena is not None and id_bytes is None
+        if (wait and self._arena is not None and self._fast is not None and id_bytes is None
                 and _blocks.ARENA_MIN_IDS <= _length(ids) == _length(remote_ids)):
             self._check_session()
             resp = self._arena_call(code, layout, ids, remote, remote_ids, timeout, notify)
@@ -868,24 +878,12 @@ class Client:
     def _arena_call(self, code, layout, ids, remote, remote_ids, timeout, notify):
         """A block transfer whose ids go through the fast connection's arena; None when they do not fit it."""
         ref = remote.ref
-        deadline = time.perf_counter() + (timeout or self.timeout) + 1.0
-        with self._fast_lock:
-            conn, arena = self._fast, self._arena
-            if conn is None or arena is None:
-                return None
-            count = arena.fill(ids, remote_ids)
-            if count is None:
-                return None
-            try:
-                raw = conn.call(_blocks.arena_frame(code, layout.id, ref, count, timeout, notify), deadline)
-            except (OSError, ConnectionError) as e:
-                conn.close()
-                self._fast = None
-                raise SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e) from e
-        reply = pb.FastReply.FromString(raw)
-        if reply.code:
-            raise AgentError(reply.code, reply.message)
-        return reply.response
+
+        def build(conn):
+            count = self._arena.fill(ids, remote_ids) if self._arena is not None else None
+            return None if count is None else _blocks.arena_frame(code, layout.id, ref, count, timeout, notify)
+
+        return self._fast_exchange(build, timeout)
 
     def write(self, local: Region, local_offset: int, remote: Remote, remote_offset: int, length: int):
         return self.transfer("write", [Item(local, remote, length, local_offset, remote_offset)])
