@@ -5,6 +5,7 @@ package server_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"io"
 	"net"
@@ -12,8 +13,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/agent/server"
 	"github.com/fabricxfer/fabricxfer/client"
 )
 
@@ -94,5 +98,92 @@ func TestFastSocketRefusesBadTokensAndFrames(t *testing.T) {
 	_ = conn2.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := conn2.Read(make([]byte, 1)); err != io.EOF {
 		t.Fatalf("fast connection after its session ended: %v, want EOF", err)
+	}
+}
+
+// podsByUID resolves every pod UID to a pod of that name in namespace infer.
+type podsByUID struct{}
+
+func (podsByUID) PodByUID(_ context.Context, uid string) (server.PodRef, error) {
+	return server.PodRef{Namespace: "infer", Name: uid}, nil
+}
+
+// fastConn opens c's fast socket by hand, for frames the client does not send.
+func fastConn(t *testing.T, a *agent, c *client.Client) net.Conn {
+	t.Helper()
+	resp, err := c.API().OpenFastPath(ctxT(t), &agentv1.OpenFastPathRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("unix", a.srv.FastSocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if r := rawFrame(t, conn, []byte(resp.Token)); r.Code != 0 {
+		t.Fatalf("binding the fast connection: %v", r)
+	}
+	return conn
+}
+
+func waitFrame(t *testing.T, id uint64, timeout time.Duration) []byte {
+	t.Helper()
+	b, err := proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Wait{Wait: &agentv1.WaitRequest{
+		TransferId: id, Timeout: durationpb.New(timeout)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestFastWaitIsTheCallersOwn: a wait on the fast socket settles the caller's own unwaited transfer and
+// answers NotFound for another pod's transfer or an unknown id, leaving the connection serving and the other
+// pod's transfer as it was.
+func TestFastWaitIsTheCallersOwn(t *testing.T) {
+	proc := newProcFixture(t)
+	opts := baseOptions(t, proc)
+	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	a := startAgent(t, opts)
+	ctx := ctxT(t)
+
+	proc.setPod(t, "0a0a0a0a-0000-4000-8000-00000000000a")
+	owner := dial(t, a)
+	src, dst := shm(t, 1<<20), shm(t, 1<<20)
+	fill(t, src.Bytes)
+	rs, err := owner.RegisterHost(ctx, src.File, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := owner.RegisterHost(ctx, dst.File, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownerConn := fastConn(t, a, owner)
+	proc.setPod(t, "0b0b0b0b-0000-4000-8000-00000000000b")
+	intruder := dial(t, a)
+	intruderConn := fastConn(t, a, intruder)
+
+	resp, err := owner.API().Transfer(ctx, &agentv1.TransferRequest{Op: agentv1.Op_OP_WRITE, Items: []*agentv1.TransferItem{{
+		LocalRegionId: rs.ID(), Remote: &agentv1.RemoteRef{Target: &agentv1.RemoteRef_RegionId{RegionId: rd.ID()}},
+		Length: 1 << 20}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, id := range map[string]uint64{"another pod's transfer": resp.TransferId, "an unknown id": resp.TransferId + 99} {
+		if r := rawFrame(t, intruderConn, waitFrame(t, id, time.Second)); codes.Code(r.Code) != codes.NotFound {
+			t.Errorf("waiting for %s: %v, want NotFound", name, r)
+		}
+	}
+	r := rawFrame(t, ownerConn, waitFrame(t, resp.TransferId, 10*time.Second))
+	if r.Code != 0 || r.Response.GetTransferId() != resp.TransferId ||
+		r.Response.GetStatus().GetState() != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+		t.Fatalf("the owner's wait: %v, want its transfer SUCCEEDED", r)
+	}
+	if !bytes.Equal(src.Bytes, dst.Bytes) {
+		t.Fatal("the transfer's bytes did not land")
+	}
+	// The intruder's connection still serves it.
+	if r := rawFrame(t, intruderConn, waitFrame(t, 1<<40, time.Second)); codes.Code(r.Code) != codes.NotFound {
+		t.Errorf("a later wait on the intruder's connection: %v, want NotFound", r)
 	}
 }

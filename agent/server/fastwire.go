@@ -19,6 +19,7 @@ const (
 	fastFieldTransfer = 1
 	fastFieldBlocks   = 2
 	fastFieldIDArena  = 3
+	fastFieldWait     = 4
 
 	blocksFieldOp        = 1
 	blocksFieldLayout    = 2
@@ -32,7 +33,7 @@ const (
 	blocksFieldArenaIDs  = 10
 )
 
-// errFastTransfer says the frame is a FastRequest.transfer or .id_arena, decoded the general way.
+// errFastTransfer says the frame is a FastRequest.transfer, .id_arena or .wait, decoded the general way.
 var errFastTransfer = errors.New("a transfer or arena frame")
 
 // decodeFastBlocks reads a FastRequest whose request is blocks without copying its id lists: LocalIds and
@@ -46,7 +47,7 @@ func decodeFastBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 			return nil, protowire.ParseError(n)
 		}
 		b = b[n:]
-		if typ == protowire.BytesType && (num == fastFieldTransfer || num == fastFieldIDArena) {
+		if typ == protowire.BytesType && (num == fastFieldTransfer || num == fastFieldIDArena || num == fastFieldWait) {
 			return nil, errFastTransfer
 		}
 		if typ == protowire.BytesType && num == fastFieldBlocks {

@@ -396,6 +396,12 @@ func (s *Server) Wait(ctx context.Context, req *agentv1.WaitRequest) (*agentv1.T
 	if err != nil {
 		return nil, err
 	}
+	return s.wait(ctx, sess, req)
+}
+
+// wait serves Wait for gRPC and the fast socket. Without a timeout it ends when the transfer does, which its
+// own deadline bounds.
+func (s *Server) wait(ctx context.Context, sess *session, req *agentv1.WaitRequest) (*agentv1.TransferStatus, error) {
 	x, err := s.ownTransfer(sess, req.TransferId)
 	if err != nil {
 		return nil, err
@@ -406,6 +412,7 @@ func (s *Server) Wait(ctx context.Context, req *agentv1.WaitRequest) (*agentv1.T
 		defer t.Stop()
 		timer = t.C
 	}
+	spinUntilDone(x.done, waitSpin) // the last of a pipeline of copies usually ends within the spin
 	select {
 	case <-x.done:
 		return x.status, nil

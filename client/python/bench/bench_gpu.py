@@ -18,10 +18,16 @@ on cuda:<--device> with register_tensor and times, against what torch users writ
      loop of indexed copies over the 64 tensors
   c  contiguous 64 MiB and 1 GiB tensor to tensor (a one-region layout of one block), vs dst.copy_(src)
   d  4 KiB round trips (one 4 KiB block), p50 and p99 of 2,000, vs a 4 KiB copy_ and a synchronize
+  a-pipe, c64-pipe, c1g-pipe  the same copies --depth (8) at a time, as an inference engine overlaps the
+     layers or requests it moves: ours submits --depth transfers with wait=False and then waits for all of them,
+     torch queues --depth copies and synchronizes once; the time is per copy
 
-torch is timed with torch.cuda.synchronize() around each call, ours wall-clock per call (wait=True); each time
-is the median of --iters after --warmup calls and at least --warmup-seconds of calls on each side, after half a
-second of copies that bring the GPU to its clocks. Every destination byte is compared (torch.equal) with what torch's
+torch is timed with torch.cuda.synchronize() around each call (each round of --depth for the -pipe cases), ours
+wall-clock per call (wait=True; the -pipe rounds end when wait_all returns); each time is the median of --iters
+after --warmup calls and at least --warmup-seconds of calls on each side, after half a second of copies that
+bring the GPU to its clocks. Block ids are drawn ahead of time and copied (untimed) just before the call that
+uses them, as a scheduler hands over ids it just computed: ids drawn seconds earlier are no longer in the CPU's
+caches, and reading them from memory cost the client tens of microseconds of case a. Every destination byte is compared (torch.equal) with what torch's
 own copies produced from the same ids. A failing case prints its error and the next one runs. The agent is
 killed at the end whatever happens. --expandable runs the client with
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
@@ -41,7 +47,7 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = ("a", "b", "c64", "c1g", "d")
+CASES = ("a", "b", "c64", "c1g", "d", "a-pipe", "c64-pipe", "c1g-pipe")
 MIB = 1 << 20
 
 
@@ -61,6 +67,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup-seconds", type=float, default=0.2,
                    help="and untimed iterations until this many seconds have passed (default 0.2)")
     p.add_argument("--rtt-iters", type=int, default=2000, help="round trips of case d (default 2000)")
+    p.add_argument("--depth", type=int, default=8, help="copies in flight in the -pipe cases (default 8)")
     p.add_argument("--start-timeout", type=float, default=60.0, help="seconds to wait for the agent socket")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds the client process may run in all")
     p.add_argument("--call-timeout", type=float, default=60.0, help="seconds one agent call may take")
@@ -73,8 +80,8 @@ def parse_args(argv=None):
     if unknown:
         p.error("unknown cases %s (known: %s)" % (",".join(unknown), ",".join(CASES)))
     a.cases = cases
-    if a.iters < 1 or a.warmup < 0 or a.rtt_iters < 1 or a.warmup_seconds < 0:
-        p.error("--iters and --rtt-iters must be positive, --warmup and --warmup-seconds not negative")
+    if a.iters < 1 or a.warmup < 0 or a.rtt_iters < 1 or a.warmup_seconds < 0 or a.depth < 1:
+        p.error("--iters, --rtt-iters and --depth must be positive, --warmup and --warmup-seconds not negative")
     if a.client and not a.socket:
         p.error("--client needs --socket")
     return a
@@ -124,7 +131,7 @@ def client_command(a, socket_path):
     cmd = [sys.executable, os.path.abspath(__file__), "--client", "--socket", socket_path, "--cases", ",".join(a.cases),
            "--device", str(a.device), "--iters", str(a.iters), "--warmup", str(a.warmup),
            "--warmup-seconds", str(a.warmup_seconds), "--rtt-iters",
-           str(a.rtt_iters), "--call-timeout", str(a.call_timeout)]
+           str(a.rtt_iters), "--depth", str(a.depth), "--call-timeout", str(a.call_timeout)]
     if a.json:
         cmd += ["--json", os.path.abspath(a.json)]
     if a.expandable:
@@ -266,31 +273,39 @@ class Bench:
         while time.monotonic() < until:
             for i in range(w):
                 if before:
-                    before()
+                    before(i)
                 fn(i)
         # Both sides end their warm-up with the same calls in the same order, so blocks that only warm-up calls
         # wrote hold the same bytes on both sides.
         for i in range(w):
             if before:
-                before()
+                before(i)
             fn(i)
 
-    def time_torch(self, fn, n=None):
-        self.warm(fn, self.sync)
+    def time_torch(self, fn, n=None, prepare=None):
+        def before(i):
+            if prepare:
+                prepare(i)
+            self.sync()
+
+        self.warm(fn, before)
         times = []
         for i in range(self.a.warmup, self.a.warmup + (n or self.a.iters)):
-            self.sync()
+            before(i)
             t0 = time.perf_counter()
             fn(i)
             self.sync()
             times.append(time.perf_counter() - t0)
         return times
 
-    def time_ours(self, fn, n=None):
+    def time_ours(self, fn, n=None, prepare=None):
+        """prepare(i), untimed, runs before call i on both sides (fresh ids)."""
         self.sync()  # what torch wrote must be there before the agent reads it
-        self.warm(fn)
+        self.warm(fn, prepare)
         times = []
         for i in range(self.a.warmup, self.a.warmup + (n or self.a.iters)):
+            if prepare:
+                prepare(i)
             t0 = time.perf_counter()
             fn(i)
             times.append(time.perf_counter() - t0)
@@ -322,43 +337,64 @@ class Bench:
         t.random_(0, 256)
         return t
 
-    def scattered(self, name, pools, blocks, block_bytes, ids, iters):
-        """Ids drawn fresh per iteration between pools of blocks x block_bytes: pools tensors per side."""
+    def submit_all(self, calls):
+        """Each call submits one transfer without waiting (wait=False); then waits for them all."""
+        self.c.wait_all([call() for call in calls], timeout=self.a.call_timeout)
+
+    def scattered(self, name, pools, blocks, block_bytes, ids, iters, depth=1):
+        """Ids drawn per call between pools of blocks x block_bytes: pools tensors per side; depth calls a
+        round (one at a time with depth 1)."""
         torch, to_layout = self.torch, __import__("fabricxfer.client", fromlist=["to_layout"]).to_layout
         src = [self.random_bytes(blocks, block_bytes) for _ in range(pools)]
         ours = [torch.zeros(blocks, block_bytes, dtype=torch.uint8, device=self.dev) for _ in range(pools)]
         ref = [torch.zeros_like(t) for t in ours]
-        n = self.a.warmup + iters
+        n = (self.a.warmup + iters) * depth
         sets = [(self.randperm(blocks, ids), self.randperm(blocks, ids)) for _ in range(n)]
         gpu_sets = [(s.to(self.dev), d.to(self.dev)) for s, d in sets]
+        fresh = []
+
+        def prepare(i):  # round i's ids, written just now
+            fresh[:] = [(s.clone(), d.clone()) for s, d in sets[i * depth:(i + 1) * depth]]
+
         src_l = dst_l = None
         try:
             src_l, dst_l = self.layout(src, block_bytes), self.layout(ours, block_bytes)
             remote = to_layout(dst_l)
-            ours_t = self.time_ours(lambda i: self.c.transfer_blocks(
-                "write", src_l, sets[i][0], remote, sets[i][1], timeout=self.a.call_timeout), iters)
+            if depth == 1:
+                fn = lambda i: self.c.transfer_blocks(  # noqa: E731
+                    "write", src_l, fresh[0][0], remote, fresh[0][1], timeout=self.a.call_timeout)
+            else:
+                fn = lambda i: self.submit_all([  # noqa: E731
+                    lambda s=s, d=d: self.c.transfer_blocks("write", src_l, s, remote, d, timeout=self.a.call_timeout,
+                                                            wait=False) for s, d in fresh])
+            ours_t = self.time_ours(fn, iters, prepare)
 
             def torch_copy(i):
-                s, d = gpu_sets[i]
-                for k in range(pools):
-                    ref[k][d] = src[k][s]
+                for s, d in gpu_sets[i * depth:(i + 1) * depth]:
+                    for k in range(pools):
+                        ref[k][d] = src[k][s]
 
             torch_t = self.time_torch(torch_copy, iters)
             self.sync()
             ok = all(torch.equal(x, y) for x, y in zip(ours, ref))
             moved = pools * ids * block_bytes
-            return result(name, moved, statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3, ok)
+            return result(name, moved, statistics.median(ours_t) * 1e3 / depth,
+                          statistics.median(torch_t) * 1e3 / depth, ok)
         finally:
             self.release(src_l, dst_l)
             del src, ours, ref
 
     def case_a(self):
-        return self.scattered("a 15360x720B of 2x262144", 1, 262144, 720, 15360, self.a.iters)
+        return self.scattered(CASE_NAMES["a"], 1, 262144, 720, 15360, self.a.iters)
+
+    def case_a_pipe(self):
+        return self.scattered(CASE_NAMES["a-pipe"] % self.a.depth, 1, 262144, 720, 15360, self.a.iters,
+                              self.a.depth)
 
     def case_b(self):
-        return self.scattered("b 64x1024x16KiB perm", 64, 1024, 16384, 1024, self.a.iters)
+        return self.scattered(CASE_NAMES["b"], 64, 1024, 16384, 1024, self.a.iters)
 
-    def contiguous(self, name, size):
+    def contiguous(self, name, size, depth=1):
         torch = self.torch
         from fabricxfer.client import to_layout
 
@@ -370,21 +406,32 @@ class Bench:
         try:
             src_l, dst_l = self.layout([src], size), self.layout([ours], size)
             remote = to_layout(dst_l)
-            ours_t = self.time_ours(lambda i: self.c.transfer_blocks("write", src_l, zero, remote, zero,
-                                                                     timeout=self.a.call_timeout))
-            torch_t = self.time_torch(lambda i: ref.copy_(src))
+            one = lambda wait=True: self.c.transfer_blocks("write", src_l, zero, remote, zero,  # noqa: E731
+                                                           timeout=self.a.call_timeout, wait=wait)
+            if depth == 1:
+                ours_t = self.time_ours(lambda i: one())
+            else:
+                ours_t = self.time_ours(lambda i: self.submit_all([lambda: one(False)] * depth))
+            torch_t = self.time_torch(lambda i: [ref.copy_(src) for _ in range(depth)])
             self.sync()
             ok = torch.equal(ours, src) and torch.equal(ref, src)
-            return result(name, size, statistics.median(ours_t) * 1e3, statistics.median(torch_t) * 1e3, ok)
+            return result(name, size, statistics.median(ours_t) * 1e3 / depth, statistics.median(torch_t) * 1e3 / depth,
+                          ok)
         finally:
             self.release(src_l, dst_l)
             del src, ours, ref
 
     def case_c64(self):
-        return self.contiguous("c 64 MiB contiguous", 64 * MIB)
+        return self.contiguous(CASE_NAMES["c64"], 64 * MIB)
 
     def case_c1g(self):
-        return self.contiguous("c 1 GiB contiguous", 1024 * MIB)
+        return self.contiguous(CASE_NAMES["c1g"], 1024 * MIB)
+
+    def case_c64_pipe(self):
+        return self.contiguous(CASE_NAMES["c64-pipe"] % self.a.depth, 64 * MIB, self.a.depth)
+
+    def case_c1g_pipe(self):
+        return self.contiguous(CASE_NAMES["c1g-pipe"] % self.a.depth, 1024 * MIB, self.a.depth)
 
     def case_d(self):
         torch = self.torch
@@ -415,7 +462,14 @@ class Bench:
 
 
 CASE_NAMES = {"a": "a 15360x720B of 2x262144", "b": "b 64x1024x16KiB perm", "c64": "c 64 MiB contiguous",
-              "c1g": "c 1 GiB contiguous", "d": "d 4 KiB round trip p50"}
+              "c1g": "c 1 GiB contiguous", "d": "d 4 KiB round trip p50", "a-pipe": "a %d in flight, per copy",
+              "c64-pipe": "c 64 MiB %d in flight, per copy", "c1g-pipe": "c 1 GiB %d in flight, per copy"}
+
+
+def case_name(case, a):
+    """The table's name of a case (the -pipe ones say how many copies were in flight)."""
+    name = CASE_NAMES[case]
+    return name % a.depth if "%d" in name else name
 
 
 def run_client(a) -> int:
@@ -434,16 +488,16 @@ def run_client(a) -> int:
             ", ".join(header["engines"])), flush=True)
     except Exception as e:
         traceback.print_exc()
-        results = [result(CASE_NAMES[c], 0, error="setup: %s: %s" % (type(e).__name__, e)) for c in a.cases]
+        results = [result(case_name(c, a), 0, error="setup: %s: %s" % (type(e).__name__, e)) for c in a.cases]
         bench = None
     if bench is not None:
         for c in a.cases:
             t0 = time.monotonic()
             try:
-                r = getattr(bench, "case_" + c)()
+                r = getattr(bench, "case_" + c.replace("-", "_"))()
             except Exception as e:  # report and go on with the next case
                 traceback.print_exc()
-                r = result(CASE_NAMES[c], 0, error="%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e)
+                r = result(case_name(c, a), 0, error="%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e)
                                                                else ""))
             finally:
                 try:

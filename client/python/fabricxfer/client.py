@@ -767,7 +767,7 @@ class Client:
         without it returns the transfer id for wait()."""
         req = self._request(_op(op), items, timeout, notify, wait)
         self._check_session()
-        if wait and self._fast is not None:
+        if self._fast is not None:
             payload = pb.FastRequest(transfer=req).SerializeToString()
             resp = self._fast_call([_HDR.pack(len(payload)), payload], timeout)
         else:
@@ -845,10 +845,10 @@ class Client:
         nothing moved) ids out of range, repeated destination ids and layouts of different geometry."""
         code = _op(op)
         # Long numpy/torch lists are written into the fast connection's id arena instead of the frame.
-        if (wait and self._arena is not None and self._fast is not None and id_bytes is None
+        if (self._arena is not None and self._fast is not None and id_bytes is None
                 and _blocks.ARENA_MIN_IDS <= _length(ids) == _length(remote_ids)):
             self._check_session()
-            resp = self._arena_call(code, layout, ids, remote, remote_ids, timeout, notify)
+            resp = self._arena_call(code, layout, ids, remote, remote_ids, timeout, notify, wait)
             if resp is not None:
                 return self._settled(resp, wait)
         local, width, count = _blocks.pack_ids(ids, id_bytes)
@@ -867,7 +867,7 @@ class Client:
         ref = remote.ref
         self._check_session()
         # A frame the fast socket would refuse goes by gRPC, whose refusal leaves the fast connection up.
-        if wait and self._fast is not None and local.nbytes + rids.nbytes < FAST_FRAME_MAX - 4096:
+        if self._fast is not None and local.nbytes + rids.nbytes < FAST_FRAME_MAX - 4096:
             parts = _blocks.blocks_frame(code, layout.id, ref, local, rids, width, timeout, notify, wait)
             resp = self._fast_call(parts, timeout)
         else:
@@ -875,13 +875,13 @@ class Client:
             resp = self._call(self.stub.TransferBlocks, req)
         return self._settled(resp, wait)
 
-    def _arena_call(self, code, layout, ids, remote, remote_ids, timeout, notify):
+    def _arena_call(self, code, layout, ids, remote, remote_ids, timeout, notify, wait):
         """A block transfer whose ids go through the fast connection's arena; None when they do not fit it."""
         ref = remote.ref
 
         def build(conn):
             count = self._arena.fill(ids, remote_ids) if self._arena is not None else None
-            return None if count is None else _blocks.arena_frame(code, layout.id, ref, count, timeout, notify)
+            return None if count is None else _blocks.arena_frame(code, layout.id, ref, count, timeout, notify, wait)
 
         return self._fast_exchange(build, timeout)
 
@@ -892,14 +892,35 @@ class Client:
         return self.transfer("read", [Item(local, remote, length, local_offset, remote_offset)])
 
     def wait(self, transfer_id: int, timeout: Optional[float] = None) -> pb.TransferStatus:
-        """Waits for a submitted transfer; raises TransferFailed if it did not succeed."""
+        """Waits for a submitted transfer; raises TransferFailed if it did not succeed, and returns a PENDING
+        status when timeout (default: the client's) passed first. The wait goes through the fast socket when
+        the client has one (it holds that socket meanwhile: threads that submit while others wait should use
+        one client each)."""
         req = pb.WaitRequest(transfer_id=transfer_id)
-        if timeout:
-            req.timeout.FromNanoseconds(int(timeout * 1e9))
-        st = self._call(self.stub.Wait, req, timeout=(timeout or self.timeout) + 1.0)
+        req.timeout.FromNanoseconds(int((timeout or self.timeout) * 1e9))
+        self._check_session()
+        if self._fast is not None:
+            payload = pb.FastRequest(wait=req).SerializeToString()
+            st = self._fast_call([_HDR.pack(len(payload)), payload], timeout).status
+        else:
+            st = self._call(self.stub.Wait, req, timeout=(timeout or self.timeout) + 1.0)
         if st.state not in (pb.TRANSFER_STATE_SUCCEEDED, pb.TRANSFER_STATE_PENDING):
             raise TransferFailed(st)
         return st
+
+    def wait_all(self, transfer_ids: Sequence[int], timeout: Optional[float] = None) -> List[pb.TransferStatus]:
+        """Waits for every transfer of transfer_ids (submitted with wait=False), in order, within timeout in all
+        (default: the client's); raises TransferFailed for the first that did not succeed and TimeoutError when
+        the time ran out first."""
+        deadline = time.perf_counter() + (timeout or self.timeout)
+        out = []
+        for tid in transfer_ids:
+            left = deadline - time.perf_counter()
+            st = self.wait(tid, timeout=max(left, 1e-6)) if left > 0 else None
+            if st is None or st.state == pb.TRANSFER_STATE_PENDING:
+                raise TimeoutError("transfer %d still pending when the wait's %.3f s ran out" % (tid, timeout or self.timeout))
+            out.append(st)
+        return out
 
     def resolve_segment(self, node: str, segment: str) -> bytes:
         return self._call(self.stub.ResolveSegment, pb.ResolveSegmentRequest(node=node, segment=segment)).desc

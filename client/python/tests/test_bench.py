@@ -29,13 +29,15 @@ class GPUBenchPureTest(unittest.TestCase):
                                                                                      False))
         a = bench_gpu.parse_args(["--cases", "a, d", "--expandable", "--iters", "5"])
         self.assertEqual((a.cases, a.expandable, a.iters), (["a", "d"], True, 5))
-        for bad in (["--cases", "a,z"], ["--iters", "0"], ["--client"]):
+        for bad in (["--cases", "a,z"], ["--iters", "0"], ["--depth", "0"], ["--client"]):
             with self.subTest(bad), redirect_stderr(io.StringIO()):
                 with self.assertRaises(SystemExit):
                     bench_gpu.parse_args(bad)
         self.assertEqual(set(bench_gpu.CASE_NAMES), set(bench_gpu.CASES))
         for c in bench_gpu.CASES:
-            self.assertTrue(hasattr(bench_gpu.Bench, "case_" + c), c)
+            self.assertTrue(hasattr(bench_gpu.Bench, "case_" + c.replace("-", "_")), c)
+        self.assertEqual(bench_gpu.case_name("c64-pipe", bench_gpu.parse_args(["--depth", "4"])),
+                         "c 64 MiB 4 in flight, per copy")
 
     def test_client_command_and_environment(self):
         a = bench_gpu.parse_args(["--expandable", "--json", "out.json", "--cases", "b", "--warmup-seconds", "0.5"])

@@ -143,6 +143,35 @@ class BlocksTest(unittest.TestCase):
                         for k, (d, b) in enumerate(zip(dst, before)):
                             self.assertTrue(np.array_equal(d, b), "%s changed region %d" % (name, k))
 
+    def test_unwaited_transfers_pipeline_and_are_waited_for(self):
+        # Transfers submitted with wait=False (short lists in the frame, long ones through the id arena) run
+        # while more are submitted; wait_all settles them, and every byte lands.
+        n, blocks = 1024, 8192
+        rng = np.random.default_rng(5)
+        for c in (self.c, self.slow):
+            with self.subTest(fast=c._fast is not None):
+                src_l, src = self.layout(c, blocks=blocks, block=64)
+                dst_l, dst = self.layout(c, blocks=blocks, block=64, fill=False)
+                before = [d.copy() for d in dst]
+                order = rng.permutation(blocks)
+                lids = rng.permutation(blocks)[:4 * n].astype(np.int64)
+                rids = order[:4 * n].astype(np.int64)  # disjoint destinations: the four may run in any order
+                parts = [(lids[:3], rids[:3]), (lids[3:n], rids[3:n]), (lids[n:3 * n], rids[n:3 * n]),
+                         (lids[3 * n:], rids[3 * n:])]
+                tids = [c.transfer_blocks("write", src_l, a, to_layout(dst_l), b, wait=False) for a, b in parts]
+                self.assertEqual(len(set(tids)), 4)
+                sts = c.wait_all(tids, timeout=30)
+                self.assertEqual([st.state for st in sts], [pb.TRANSFER_STATE_SUCCEEDED] * 4)
+                self.check(dst, src, rids, lids, before)
+                # Waiting again for a settled transfer answers its status; an unknown id is NOT_FOUND, and the
+                # connection goes on serving (other callers' ids: agent/server's fast socket tests).
+                self.assertEqual(c.wait(tids[0]).state, pb.TRANSFER_STATE_SUCCEEDED)
+                with self.assertRaises(grpc.RpcError) as e:
+                    c.wait(max(tids) + 1000, timeout=1)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, e.exception.details())
+                self.assertEqual(c.wait(tids[1]).state, pb.TRANSFER_STATE_SUCCEEDED)
+                c.transfer_blocks("write", src_l, lids[:2], to_layout(dst_l), rids[:2])
+
     def test_refusals_move_nothing(self):
         for c in (self.c, self.slow):
             with self.subTest(fast=c._fast is not None):

@@ -3335,6 +3335,7 @@ type FastRequest struct {
 	//	*FastRequest_Transfer
 	//	*FastRequest_Blocks
 	//	*FastRequest_IdArena
+	//	*FastRequest_Wait
 	Request       isFastRequest_Request `protobuf_oneof:"request"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3404,6 +3405,15 @@ func (x *FastRequest) GetIdArena() *IdArena {
 	return nil
 }
 
+func (x *FastRequest) GetWait() *WaitRequest {
+	if x != nil {
+		if x, ok := x.Request.(*FastRequest_Wait); ok {
+			return x.Wait
+		}
+	}
+	return nil
+}
+
 type isFastRequest_Request interface {
 	isFastRequest_Request()
 }
@@ -3421,11 +3431,20 @@ type FastRequest_IdArena struct {
 	IdArena *IdArena `protobuf:"bytes,3,opt,name=id_arena,json=idArena,proto3,oneof"`
 }
 
+type FastRequest_Wait struct {
+	// Waits for a transfer of the caller's, as Agent.Wait; the reply's response carries its transfer_id and
+	// status. It holds the connection until the transfer settles or the timeout passes (zero: the transfer's
+	// own deadline), so callers that submit from several threads wait through gRPC.
+	Wait *WaitRequest `protobuf:"bytes,4,opt,name=wait,proto3,oneof"`
+}
+
 func (*FastRequest_Transfer) isFastRequest_Request() {}
 
 func (*FastRequest_Blocks) isFastRequest_Request() {}
 
 func (*FastRequest_IdArena) isFastRequest_Request() {}
+
+func (*FastRequest_Wait) isFastRequest_Request() {}
 
 // FastReply answers one frame on the fast socket.
 type FastReply struct {
@@ -3732,11 +3751,12 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\rR\barenaIds\"8\n" +
 	"\aIdArena\x12\x19\n" +
 	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"\xdd\x01\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"\x95\x02\n" +
 	"\vFastRequest\x12B\n" +
 	"\btransfer\x18\x01 \x01(\v2$.fabricxfer.agent.v1.TransferRequestH\x00R\btransfer\x12D\n" +
 	"\x06blocks\x18\x02 \x01(\v2*.fabricxfer.agent.v1.TransferBlocksRequestH\x00R\x06blocks\x129\n" +
-	"\bid_arena\x18\x03 \x01(\v2\x1c.fabricxfer.agent.v1.IdArenaH\x00R\aidArenaB\t\n" +
+	"\bid_arena\x18\x03 \x01(\v2\x1c.fabricxfer.agent.v1.IdArenaH\x00R\aidArena\x126\n" +
+	"\x04wait\x18\x04 \x01(\v2 .fabricxfer.agent.v1.WaitRequestH\x00R\x04waitB\t\n" +
 	"\arequest\"|\n" +
 	"\tFastReply\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
@@ -3888,44 +3908,45 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	19, // 33: fabricxfer.agent.v1.FastRequest.transfer:type_name -> fabricxfer.agent.v1.TransferRequest
 	46, // 34: fabricxfer.agent.v1.FastRequest.blocks:type_name -> fabricxfer.agent.v1.TransferBlocksRequest
 	47, // 35: fabricxfer.agent.v1.FastRequest.id_arena:type_name -> fabricxfer.agent.v1.IdArena
-	20, // 36: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
-	4,  // 37: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
-	12, // 38: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
-	15, // 39: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
-	19, // 40: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
-	23, // 41: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
-	24, // 42: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
-	25, // 43: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
-	26, // 44: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
-	28, // 45: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
-	31, // 46: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
-	34, // 47: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
-	36, // 48: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
-	38, // 49: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
-	40, // 50: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
-	43, // 51: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
-	46, // 52: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
-	11, // 53: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
-	14, // 54: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
-	16, // 55: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
-	20, // 56: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
-	22, // 57: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 58: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 59: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
-	27, // 60: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
-	29, // 61: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
-	33, // 62: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
-	35, // 63: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
-	37, // 64: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
-	39, // 65: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
-	42, // 66: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
-	44, // 67: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
-	20, // 68: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
-	53, // [53:69] is the sub-list for method output_type
-	37, // [37:53] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	23, // 36: fabricxfer.agent.v1.FastRequest.wait:type_name -> fabricxfer.agent.v1.WaitRequest
+	20, // 37: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
+	4,  // 38: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
+	12, // 39: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
+	15, // 40: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
+	19, // 41: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
+	23, // 42: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
+	24, // 43: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
+	25, // 44: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
+	26, // 45: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
+	28, // 46: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
+	31, // 47: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
+	34, // 48: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
+	36, // 49: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
+	38, // 50: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
+	40, // 51: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
+	43, // 52: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
+	46, // 53: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
+	11, // 54: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
+	14, // 55: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
+	16, // 56: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
+	20, // 57: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
+	22, // 58: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 59: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 60: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
+	27, // 61: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
+	29, // 62: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
+	33, // 63: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
+	35, // 64: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
+	37, // 65: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
+	39, // 66: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
+	42, // 67: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
+	44, // 68: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
+	20, // 69: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
+	54, // [54:70] is the sub-list for method output_type
+	38, // [38:54] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_agent_proto_init() }
@@ -3951,6 +3972,7 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 		(*FastRequest_Transfer)(nil),
 		(*FastRequest_Blocks)(nil),
 		(*FastRequest_IdArena)(nil),
+		(*FastRequest_Wait)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
