@@ -119,6 +119,7 @@ type Copier struct {
 	opts    Options
 
 	mu       sync.Mutex // serializes submissions on the stream
+	last     *Pending   // the latest submission (c.mu): the next one ends after it
 	slots    *gpushare.Staging[*slot]
 	resident *gpushare.Resident[*slot]
 
@@ -441,6 +442,10 @@ func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot
 		c.release(p)
 		return nil, err
 	}
+	if c.last != nil {
+		p.prev.Store(c.last)
+	}
+	c.last = p
 	return p, nil
 }
 

@@ -445,3 +445,83 @@ func TestGPUFallbackWithoutNVRTCSaysSo(t *testing.T) {
 	t.Logf("mode %s: %s", c.Mode(), c.Reason())
 	fmt.Fprintln(os.Stderr, "fallback:", c.Mode(), c.Reason())
 }
+
+// TestGPUCopiesInFlightEndInAnyWaitOrder: copies in flight on one copier are waited for in reverse order, and
+// again all at once from a goroutine each (the agent's unwaited transfers); every wait returns, within its
+// deadline, and every byte lands.
+func TestGPUCopiesInFlightEndInAnyWaitOrder(t *testing.T) {
+	drv, nv := gpuEnv(t)
+	c, err := gpucopy.NewCopier(drv, 0, gpucopy.Options{NVRTC: nv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n, size = 8, 8 << 20
+	src, dst, free := devicePair(t, drv, c, n*size)
+	defer free()
+	r := rand.New(rand.NewPCG(7, 7))
+	data := randomBytes(r, n*size)
+	if err := drv.WithContext(c.Context(), func() error { return drv.MemcpyHtoD(src, data) }); err != nil {
+		t.Fatal(err)
+	}
+	submit := func(round int) []*gpucopy.Pending {
+		ps := make([]*gpucopy.Pending, n)
+		for i := range ps {
+			// Each round writes every chunk from another one, so a copy that did not run leaves the old bytes.
+			from := (i + round) % n
+			ps[i], err = c.Submit([]gpucopy.Segment{{Src: uint64(src) + uint64(from*size), Dst: uint64(dst) + uint64(i*size), Size: size}})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		return ps
+	}
+	check := func(round int) {
+		got := make([]byte, n*size)
+		if err := drv.WithContext(c.Context(), func() error { return drv.MemcpyDtoH(got, dst) }); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < n; i++ {
+			from := (i + round) % n
+			if !bytes.Equal(got[i*size:(i+1)*size], data[from*size:(from+1)*size]) {
+				t.Fatalf("round %d: chunk %d is not chunk %d of the source", round, i, from)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	ps := submit(1)
+	for i := n - 1; i >= 0; i-- {
+		if err := ps[i].Wait(ctx); err != nil {
+			t.Fatalf("waiting for copy %d of %d, the later ones first: %v", i, n, err)
+		}
+	}
+	check(1)
+
+	ps = submit(2)
+	errs := make(chan error, n)
+	for _, p := range ps {
+		go func() { errs <- p.Wait(ctx) }()
+	}
+	for range ps {
+		if err := <-errs; err != nil {
+			t.Fatalf("waiting from a goroutine each: %v", err)
+		}
+	}
+	check(2)
+
+	// A wait whose deadline passes while an earlier copy is unfinished returns with it; the copy still ends.
+	ps = submit(3)
+	short, cancelShort := context.WithCancel(context.Background())
+	cancelShort()
+	if err := ps[n-1].Wait(short); err == nil && !ps[n-1].Done() {
+		t.Fatal("a wait with an ended context returned no error for an unfinished copy")
+	}
+	for _, p := range ps {
+		if err := p.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(3)
+}
