@@ -206,11 +206,7 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *idAre
 	case *agentv1.FastRequest_IdArena:
 		return nil, s.setIDArena(sess, arena, r.IdArena)
 	case *agentv1.FastRequest_Wait:
-		st, err := s.wait(ctx, sess, r.Wait)
-		if err != nil {
-			return nil, err
-		}
-		return &agentv1.TransferResponse{TransferId: st.TransferId, Status: st}, nil
+		return s.fastWait(ctx, sess, r.Wait)
 	}
 	return nil, status.Error(codes.InvalidArgument, "fast request names no transfer")
 }

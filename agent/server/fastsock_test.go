@@ -126,10 +126,10 @@ func fastConn(t *testing.T, a *agent, c *client.Client) net.Conn {
 	return conn
 }
 
-func waitFrame(t *testing.T, id uint64, timeout time.Duration) []byte {
+func waitFrame(t *testing.T, timeout time.Duration, ids ...uint64) []byte {
 	t.Helper()
-	b, err := proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Wait{Wait: &agentv1.WaitRequest{
-		TransferId: id, Timeout: durationpb.New(timeout)}}})
+	b, err := proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Wait{Wait: &agentv1.FastWait{
+		TransferIds: ids, Timeout: durationpb.New(timeout)}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,27 +163,46 @@ func TestFastWaitIsTheCallersOwn(t *testing.T) {
 	intruder := dial(t, a)
 	intruderConn := fastConn(t, a, intruder)
 
-	resp, err := owner.API().Transfer(ctx, &agentv1.TransferRequest{Op: agentv1.Op_OP_WRITE, Items: []*agentv1.TransferItem{{
-		LocalRegionId: rs.ID(), Remote: &agentv1.RemoteRef{Target: &agentv1.RemoteRef_RegionId{RegionId: rd.ID()}},
-		Length: 1 << 20}}})
-	if err != nil {
-		t.Fatal(err)
+	var ids []uint64
+	for half := uint64(0); half < 2; half++ {
+		resp, err := owner.API().Transfer(ctx, &agentv1.TransferRequest{Op: agentv1.Op_OP_WRITE, Items: []*agentv1.TransferItem{{
+			LocalRegionId: rs.ID(), LocalOffset: half << 19, RemoteOffset: half << 19, Length: 1 << 19,
+			Remote: &agentv1.RemoteRef{Target: &agentv1.RemoteRef_RegionId{RegionId: rd.ID()}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, resp.TransferId)
 	}
-	for name, id := range map[string]uint64{"another pod's transfer": resp.TransferId, "an unknown id": resp.TransferId + 99} {
-		if r := rawFrame(t, intruderConn, waitFrame(t, id, time.Second)); codes.Code(r.Code) != codes.NotFound {
-			t.Errorf("waiting for %s: %v, want NotFound", name, r)
+	tooMany := make([]uint64, 1025)
+	for i := range tooMany {
+		tooMany[i] = ids[0]
+	}
+	for _, c := range []struct {
+		name string
+		conn net.Conn
+		ids  []uint64
+		want codes.Code
+	}{
+		{"another pod's transfer", intruderConn, ids[:1], codes.NotFound},
+		{"an unknown id", intruderConn, []uint64{ids[1] + 99}, codes.NotFound},
+		{"the owner's ids with an unknown one", ownerConn, []uint64{ids[0], ids[1] + 99}, codes.NotFound},
+		{"no ids", ownerConn, nil, codes.InvalidArgument},
+		{"1,025 ids", ownerConn, tooMany, codes.InvalidArgument},
+	} {
+		if r := rawFrame(t, c.conn, waitFrame(t, time.Second, c.ids...)); codes.Code(r.Code) != c.want {
+			t.Errorf("waiting for %s: %v, want %v", c.name, r, c.want)
 		}
 	}
-	r := rawFrame(t, ownerConn, waitFrame(t, resp.TransferId, 10*time.Second))
-	if r.Code != 0 || r.Response.GetTransferId() != resp.TransferId ||
+	r := rawFrame(t, ownerConn, waitFrame(t, 10*time.Second, ids...))
+	if r.Code != 0 || r.Response.GetTransferId() != ids[1] ||
 		r.Response.GetStatus().GetState() != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
-		t.Fatalf("the owner's wait: %v, want its transfer SUCCEEDED", r)
+		t.Fatalf("the owner's wait for both: %v, want the last SUCCEEDED", r)
 	}
 	if !bytes.Equal(src.Bytes, dst.Bytes) {
-		t.Fatal("the transfer's bytes did not land")
+		t.Fatal("the transfers' bytes did not land")
 	}
 	// The intruder's connection still serves it.
-	if r := rawFrame(t, intruderConn, waitFrame(t, 1<<40, time.Second)); codes.Code(r.Code) != codes.NotFound {
+	if r := rawFrame(t, intruderConn, waitFrame(t, time.Second, 1<<40)); codes.Code(r.Code) != codes.NotFound {
 		t.Errorf("a later wait on the intruder's connection: %v, want NotFound", r)
 	}
 }

@@ -396,31 +396,57 @@ func (s *Server) Wait(ctx context.Context, req *agentv1.WaitRequest) (*agentv1.T
 	if err != nil {
 		return nil, err
 	}
-	return s.wait(ctx, sess, req)
+	return s.waitFor(ctx, sess, []uint64{req.TransferId}, req.Timeout)
 }
 
-// wait serves Wait for gRPC and the fast socket. Without a timeout it ends when the transfer does, which its
-// own deadline bounds.
-func (s *Server) wait(ctx context.Context, sess *session, req *agentv1.WaitRequest) (*agentv1.TransferStatus, error) {
-	x, err := s.ownTransfer(sess, req.TransferId)
+// maxWaitIDs bounds the transfers one FastWait lists.
+const maxWaitIDs = 1024
+
+// fastWait serves FastWait on the fast socket.
+func (s *Server) fastWait(ctx context.Context, sess *session, req *agentv1.FastWait) (*agentv1.TransferResponse, error) {
+	if n := len(req.TransferIds); n == 0 || n > maxWaitIDs {
+		return nil, status.Errorf(codes.InvalidArgument, "a wait lists 1 to %d transfers, got %d", maxWaitIDs, n)
+	}
+	st, err := s.waitFor(ctx, sess, req.TransferIds, req.Timeout)
 	if err != nil {
 		return nil, err
 	}
+	return &agentv1.TransferResponse{TransferId: st.TransferId, Status: st}, nil
+}
+
+// waitFor waits for the caller's transfers ids in order, all of them named by the caller before any wait: it
+// answers the status of the first that did not succeed, else of the last, or PENDING for the first still
+// running when timeout (when positive) passed. Without a timeout the transfers' own deadlines bound it.
+func (s *Server) waitFor(ctx context.Context, sess *session, ids []uint64, timeout *durationpb.Duration) (*agentv1.TransferStatus, error) {
+	xs := make([]*transfer, len(ids))
+	for i, id := range ids {
+		x, err := s.ownTransfer(sess, id)
+		if err != nil {
+			return nil, err
+		}
+		xs[i] = x
+	}
 	var timer <-chan time.Time
-	if req.Timeout != nil && req.Timeout.AsDuration() > 0 {
-		t := time.NewTimer(req.Timeout.AsDuration())
+	if timeout != nil && timeout.AsDuration() > 0 {
+		t := time.NewTimer(timeout.AsDuration())
 		defer t.Stop()
 		timer = t.C
 	}
-	spinUntilDone(x.done, waitSpin) // the last of a pipeline of copies usually ends within the spin
-	select {
-	case <-x.done:
-		return x.status, nil
-	case <-timer:
-		return pending(x.id), nil
-	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
+	var st *agentv1.TransferStatus
+	for _, x := range xs {
+		spinUntilDone(x.done, waitSpin) // the last of a pipeline of copies usually ends within the spin
+		select {
+		case <-x.done:
+			if st = x.status; st.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+				return st, nil
+			}
+		case <-timer:
+			return pending(x.id), nil
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
 	}
+	return st, nil
 }
 
 // Cancel implements agentv1.AgentServer.

@@ -48,6 +48,8 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _OPS = {"read": pb.OP_READ, "write": pb.OP_WRITE}
 # The largest frame the agent reads on its fast socket (agent/server/fastsock.go).
 FAST_FRAME_MAX = 4 << 20
+# The most transfers one FastWait lists (the agent refuses more).
+_MAX_WAIT_IDS = 1024
 
 
 def _op(op: str) -> int:
@@ -896,31 +898,54 @@ class Client:
         status when timeout (default: the client's) passed first. The wait goes through the fast socket when
         the client has one (it holds that socket meanwhile: threads that submit while others wait should use
         one client each)."""
-        req = pb.WaitRequest(transfer_id=transfer_id)
-        req.timeout.FromNanoseconds(int((timeout or self.timeout) * 1e9))
-        self._check_session()
-        if self._fast is not None:
-            payload = pb.FastRequest(wait=req).SerializeToString()
-            st = self._fast_call([_HDR.pack(len(payload)), payload], timeout).status
-        else:
+        if self._fast is None:
+            req = pb.WaitRequest(transfer_id=transfer_id)
+            req.timeout.FromNanoseconds(int((timeout or self.timeout) * 1e9))
+            self._check_session()
             st = self._call(self.stub.Wait, req, timeout=(timeout or self.timeout) + 1.0)
+        else:
+            st = self._fast_wait([transfer_id], timeout)
         if st.state not in (pb.TRANSFER_STATE_SUCCEEDED, pb.TRANSFER_STATE_PENDING):
             raise TransferFailed(st)
         return st
 
-    def wait_all(self, transfer_ids: Sequence[int], timeout: Optional[float] = None) -> List[pb.TransferStatus]:
-        """Waits for every transfer of transfer_ids (submitted with wait=False), in order, within timeout in all
-        (default: the client's); raises TransferFailed for the first that did not succeed and TimeoutError when
-        the time ran out first."""
+    def wait_all(self, transfer_ids: Sequence[int], timeout: Optional[float] = None) -> pb.TransferStatus:
+        """Waits for every transfer of transfer_ids (submitted with wait=False) within timeout in all (default:
+        the client's), in one round trip per 1,024 ids on the fast socket; returns the last one's status, raises
+        TransferFailed for the first that did not succeed and TimeoutError when the time ran out first."""
+        ids = list(transfer_ids)
+        if not ids:
+            raise ValueError("no transfers to wait for")
         deadline = time.perf_counter() + (timeout or self.timeout)
-        out = []
-        for tid in transfer_ids:
+        st = None
+        for k in range(0, len(ids), _MAX_WAIT_IDS):
             left = deadline - time.perf_counter()
-            st = self.wait(tid, timeout=max(left, 1e-6)) if left > 0 else None
-            if st is None or st.state == pb.TRANSFER_STATE_PENDING:
-                raise TimeoutError("transfer %d still pending when the wait's %.3f s ran out" % (tid, timeout or self.timeout))
-            out.append(st)
-        return out
+            if left <= 0:
+                st = pb.TransferStatus(transfer_id=ids[k], state=pb.TRANSFER_STATE_PENDING)
+                break
+            if self._fast is None:
+                for tid in ids[k:k + _MAX_WAIT_IDS]:
+                    st = self.wait(tid, timeout=max(deadline - time.perf_counter(), 1e-6))
+                    if st.state == pb.TRANSFER_STATE_PENDING:
+                        break
+            else:
+                st = self._fast_wait(ids[k:k + _MAX_WAIT_IDS], left)
+            if st.state != pb.TRANSFER_STATE_SUCCEEDED:
+                break
+        if st.state == pb.TRANSFER_STATE_PENDING:
+            raise TimeoutError("transfer %d still pending when the wait's %.3f s ran out" % (st.transfer_id,
+                                                                                          timeout or self.timeout))
+        if st.state != pb.TRANSFER_STATE_SUCCEEDED:
+            raise TransferFailed(st)
+        return st
+
+    def _fast_wait(self, ids: List[int], timeout: Optional[float]) -> pb.TransferStatus:
+        """One FastWait frame for ids: the first that did not succeed, else the last one's status."""
+        req = pb.FastWait(transfer_ids=ids)
+        req.timeout.FromNanoseconds(int((timeout or self.timeout) * 1e9))
+        self._check_session()
+        payload = pb.FastRequest(wait=req).SerializeToString()
+        return self._fast_call([_HDR.pack(len(payload)), payload], timeout).status
 
     def resolve_segment(self, node: str, segment: str) -> bytes:
         return self._call(self.stub.ResolveSegment, pb.ResolveSegmentRequest(node=node, segment=segment)).desc

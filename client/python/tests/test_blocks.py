@@ -160,9 +160,11 @@ class BlocksTest(unittest.TestCase):
                          (lids[3 * n:], rids[3 * n:])]
                 tids = [c.transfer_blocks("write", src_l, a, to_layout(dst_l), b, wait=False) for a, b in parts]
                 self.assertEqual(len(set(tids)), 4)
-                sts = c.wait_all(tids, timeout=30)
-                self.assertEqual([st.state for st in sts], [pb.TRANSFER_STATE_SUCCEEDED] * 4)
+                st = c.wait_all(tids, timeout=30)
+                self.assertEqual((st.transfer_id, st.state), (tids[-1], pb.TRANSFER_STATE_SUCCEEDED))
                 self.check(dst, src, rids, lids, before)
+                with self.assertRaises(ValueError):
+                    c.wait_all([])
                 # Waiting again for a settled transfer answers its status; an unknown id is NOT_FOUND, and the
                 # connection goes on serving (other callers' ids: agent/server's fast socket tests).
                 self.assertEqual(c.wait(tids[0]).state, pb.TRANSFER_STATE_SUCCEEDED)

@@ -3405,7 +3405,7 @@ func (x *FastRequest) GetIdArena() *IdArena {
 	return nil
 }
 
-func (x *FastRequest) GetWait() *WaitRequest {
+func (x *FastRequest) GetWait() *FastWait {
 	if x != nil {
 		if x, ok := x.Request.(*FastRequest_Wait); ok {
 			return x.Wait
@@ -3432,10 +3432,8 @@ type FastRequest_IdArena struct {
 }
 
 type FastRequest_Wait struct {
-	// Waits for a transfer of the caller's, as Agent.Wait; the reply's response carries its transfer_id and
-	// status. It holds the connection until the transfer settles or the timeout passes (zero: the transfer's
-	// own deadline), so callers that submit from several threads wait through gRPC.
-	Wait *WaitRequest `protobuf:"bytes,4,opt,name=wait,proto3,oneof"`
+	// Waits for transfers of the caller's (submitted without wait); see FastWait.
+	Wait *FastWait `protobuf:"bytes,4,opt,name=wait,proto3,oneof"`
 }
 
 func (*FastRequest_Transfer) isFastRequest_Request() {}
@@ -3445,6 +3443,63 @@ func (*FastRequest_Blocks) isFastRequest_Request() {}
 func (*FastRequest_IdArena) isFastRequest_Request() {}
 
 func (*FastRequest_Wait) isFastRequest_Request() {}
+
+// FastWait waits on the fast socket for transfers of the caller's, in one round trip however many: the reply's
+// response carries the transfer_id and status of the first listed transfer that did not succeed, else of the
+// last one, or PENDING for the first still running when the timeout passed (zero: the transfers' own deadlines).
+// It holds the connection meanwhile, so callers that submit from several threads wait through gRPC.
+type FastWait struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 1,024 ids.
+	TransferIds   []uint64             `protobuf:"varint,1,rep,packed,name=transfer_ids,json=transferIds,proto3" json:"transfer_ids,omitempty"`
+	Timeout       *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FastWait) Reset() {
+	*x = FastWait{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FastWait) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FastWait) ProtoMessage() {}
+
+func (x *FastWait) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FastWait.ProtoReflect.Descriptor instead.
+func (*FastWait) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *FastWait) GetTransferIds() []uint64 {
+	if x != nil {
+		return x.TransferIds
+	}
+	return nil
+}
+
+func (x *FastWait) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
 
 // FastReply answers one frame on the fast socket.
 type FastReply struct {
@@ -3459,7 +3514,7 @@ type FastReply struct {
 
 func (x *FastReply) Reset() {
 	*x = FastReply{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3471,7 +3526,7 @@ func (x *FastReply) String() string {
 func (*FastReply) ProtoMessage() {}
 
 func (x *FastReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3484,7 +3539,7 @@ func (x *FastReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastReply.ProtoReflect.Descriptor instead.
 func (*FastReply) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *FastReply) GetCode() uint32 {
@@ -3751,13 +3806,16 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\rR\barenaIds\"8\n" +
 	"\aIdArena\x12\x19\n" +
 	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"\x95\x02\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"\x92\x02\n" +
 	"\vFastRequest\x12B\n" +
 	"\btransfer\x18\x01 \x01(\v2$.fabricxfer.agent.v1.TransferRequestH\x00R\btransfer\x12D\n" +
 	"\x06blocks\x18\x02 \x01(\v2*.fabricxfer.agent.v1.TransferBlocksRequestH\x00R\x06blocks\x129\n" +
-	"\bid_arena\x18\x03 \x01(\v2\x1c.fabricxfer.agent.v1.IdArenaH\x00R\aidArena\x126\n" +
-	"\x04wait\x18\x04 \x01(\v2 .fabricxfer.agent.v1.WaitRequestH\x00R\x04waitB\t\n" +
-	"\arequest\"|\n" +
+	"\bid_arena\x18\x03 \x01(\v2\x1c.fabricxfer.agent.v1.IdArenaH\x00R\aidArena\x123\n" +
+	"\x04wait\x18\x04 \x01(\v2\x1d.fabricxfer.agent.v1.FastWaitH\x00R\x04waitB\t\n" +
+	"\arequest\"b\n" +
+	"\bFastWait\x12!\n" +
+	"\ftransfer_ids\x18\x01 \x03(\x04R\vtransferIds\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"|\n" +
 	"\tFastReply\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12A\n" +
@@ -3817,7 +3875,7 @@ func file_fabricxfer_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(MemoryKind)(0),                  // 0: fabricxfer.agent.v1.MemoryKind
 	(HandleType)(0),                  // 1: fabricxfer.agent.v1.HandleType
@@ -3868,8 +3926,9 @@ var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(*TransferBlocksRequest)(nil),    // 46: fabricxfer.agent.v1.TransferBlocksRequest
 	(*IdArena)(nil),                  // 47: fabricxfer.agent.v1.IdArena
 	(*FastRequest)(nil),              // 48: fabricxfer.agent.v1.FastRequest
-	(*FastReply)(nil),                // 49: fabricxfer.agent.v1.FastReply
-	(*durationpb.Duration)(nil),      // 50: google.protobuf.Duration
+	(*FastWait)(nil),                 // 49: fabricxfer.agent.v1.FastWait
+	(*FastReply)(nil),                // 50: fabricxfer.agent.v1.FastReply
+	(*durationpb.Duration)(nil),      // 51: google.protobuf.Duration
 }
 var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: fabricxfer.agent.v1.PoolMemoryInfo.kind:type_name -> fabricxfer.agent.v1.MemoryKind
@@ -3887,12 +3946,12 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	2,  // 12: fabricxfer.agent.v1.TransferRequest.op:type_name -> fabricxfer.agent.v1.Op
 	17, // 13: fabricxfer.agent.v1.TransferRequest.remote:type_name -> fabricxfer.agent.v1.RemoteRef
 	18, // 14: fabricxfer.agent.v1.TransferRequest.items:type_name -> fabricxfer.agent.v1.TransferItem
-	50, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
+	51, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
 	22, // 16: fabricxfer.agent.v1.TransferResponse.status:type_name -> fabricxfer.agent.v1.TransferStatus
 	3,  // 17: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
 	21, // 18: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
-	50, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
-	50, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	51, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
+	51, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 21: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
 	2,  // 22: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
 	30, // 23: fabricxfer.agent.v1.ExplainRequest.source:type_name -> fabricxfer.agent.v1.Endpoint
@@ -3904,49 +3963,50 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	41, // 29: fabricxfer.agent.v1.RegisterLayoutResponse.layout:type_name -> fabricxfer.agent.v1.Layout
 	2,  // 30: fabricxfer.agent.v1.TransferBlocksRequest.op:type_name -> fabricxfer.agent.v1.Op
 	45, // 31: fabricxfer.agent.v1.TransferBlocksRequest.remote:type_name -> fabricxfer.agent.v1.LayoutRef
-	50, // 32: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
+	51, // 32: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
 	19, // 33: fabricxfer.agent.v1.FastRequest.transfer:type_name -> fabricxfer.agent.v1.TransferRequest
 	46, // 34: fabricxfer.agent.v1.FastRequest.blocks:type_name -> fabricxfer.agent.v1.TransferBlocksRequest
 	47, // 35: fabricxfer.agent.v1.FastRequest.id_arena:type_name -> fabricxfer.agent.v1.IdArena
-	23, // 36: fabricxfer.agent.v1.FastRequest.wait:type_name -> fabricxfer.agent.v1.WaitRequest
-	20, // 37: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
-	4,  // 38: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
-	12, // 39: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
-	15, // 40: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
-	19, // 41: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
-	23, // 42: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
-	24, // 43: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
-	25, // 44: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
-	26, // 45: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
-	28, // 46: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
-	31, // 47: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
-	34, // 48: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
-	36, // 49: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
-	38, // 50: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
-	40, // 51: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
-	43, // 52: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
-	46, // 53: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
-	11, // 54: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
-	14, // 55: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
-	16, // 56: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
-	20, // 57: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
-	22, // 58: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 59: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 60: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
-	27, // 61: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
-	29, // 62: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
-	33, // 63: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
-	35, // 64: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
-	37, // 65: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
-	39, // 66: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
-	42, // 67: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
-	44, // 68: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
-	20, // 69: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
-	54, // [54:70] is the sub-list for method output_type
-	38, // [38:54] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	49, // 36: fabricxfer.agent.v1.FastRequest.wait:type_name -> fabricxfer.agent.v1.FastWait
+	51, // 37: fabricxfer.agent.v1.FastWait.timeout:type_name -> google.protobuf.Duration
+	20, // 38: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
+	4,  // 39: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
+	12, // 40: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
+	15, // 41: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
+	19, // 42: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
+	23, // 43: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
+	24, // 44: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
+	25, // 45: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
+	26, // 46: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
+	28, // 47: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
+	31, // 48: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
+	34, // 49: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
+	36, // 50: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
+	38, // 51: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
+	40, // 52: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
+	43, // 53: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
+	46, // 54: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
+	11, // 55: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
+	14, // 56: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
+	16, // 57: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
+	20, // 58: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
+	22, // 59: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 60: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 61: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
+	27, // 62: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
+	29, // 63: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
+	33, // 64: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
+	35, // 65: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
+	37, // 66: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
+	39, // 67: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
+	42, // 68: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
+	44, // 69: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
+	20, // 70: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
+	55, // [55:71] is the sub-list for method output_type
+	39, // [39:55] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_agent_proto_init() }
@@ -3980,7 +4040,7 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_agent_proto_rawDesc), len(file_fabricxfer_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   46,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
