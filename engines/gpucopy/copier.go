@@ -66,6 +66,10 @@ type Options struct {
 	// SpinWait is how long Wait polls the GPU on the caller's goroutine
 	// before handing over to a watcher thread (default 200µs).
 	SpinWait time.Duration
+	// PollGap spaces Wait's polls of the GPU (default 5µs; negative: none). A poll is a driver call of about
+	// 2 µs on the H200 VM, and polls back to back from the waiter of one copy slowed the queueing of the next
+	// copies by the same process: eight 64 MiB copies in flight took 78 µs each, against 36 for torch.
+	PollGap time.Duration
 	// SleepRate (bytes/s) bounds how long Wait polls a large copy before
 	// handing it to a watcher: SpinWait plus bytes/SleepRate. Set it above
 	// the fastest copy of the GPU (default 3e12).
@@ -175,6 +179,12 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 	}
 	if opts.MaxPiece == 0 {
 		opts.MaxPiece = defaultMaxPiece
+	}
+	switch {
+	case opts.PollGap == 0:
+		opts.PollGap = 5 * time.Microsecond
+	case opts.PollGap < 0:
+		opts.PollGap = 0
 	}
 	if opts.SpinWait == 0 {
 		opts.SpinWait = 200 * time.Microsecond

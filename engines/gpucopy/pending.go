@@ -97,18 +97,23 @@ func (p *Pending) Wait(ctx context.Context) error {
 	// 0.27 ms sleep by most of a millisecond, doubling a 1 GiB copy's latency.
 	p.waiters.Add(1)
 	defer p.waiters.Add(-1)
+	started := p.queued // the copy runs from here, or once the copy before it ended
 	if prev := p.prev.Load(); prev != nil {
 		if err := prev.follow(ctx); err != nil {
 			p.watchOnce.Do(func() { go p.watch() })
 			return fmt.Errorf("waiting for a GPU copy: %w", err)
 		}
 		p.prev.Store(nil)
+		started = time.Now()
 	}
 	least := time.Duration(float64(p.bytes) / p.c.opts.SleepRate * 1e9)
+	// Nothing of p.bytes ends sooner than least after it started: until then the clock is polled, not the driver.
+	for until := started.Add(least); time.Now().Before(until) && ctx.Err() == nil; {
+	}
 	var finished bool
 	var qerr error
 	_ = p.c.drv.WithContextKept(p.c.ctx, func() error {
-		finished, qerr = gpushare.SpinUntil(ctx, time.Now().Add(p.c.opts.SpinWait+least), func() (bool, error) {
+		finished, qerr = gpushare.SpinUntil(ctx, time.Now().Add(p.c.opts.SpinWait+least), p.c.opts.PollGap, func() (bool, error) {
 			return p.c.drv.EventQuery(p.event)
 		})
 		return nil

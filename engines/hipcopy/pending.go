@@ -69,7 +69,7 @@ func (p *Pending) Wait(ctx context.Context) error {
 	default:
 	}
 	least := time.Duration(float64(p.bytes) / p.c.opts.SleepRate * 1e9)
-	if finished, err := gpushare.SpinUntil(ctx, time.Now().Add(p.c.opts.SpinWait+least), func() (bool, error) {
+	if finished, err := gpushare.SpinUntil(ctx, time.Now().Add(p.c.opts.SpinWait+least), 0, func() (bool, error) {
 		return p.c.rt.EventQuery(p.event)
 	}); finished {
 		p.finish(err)

@@ -87,15 +87,19 @@ func Claim(vendor engines.Vendor, src, dst *engines.MemoryDesc, s, d Side, enabl
 
 // SpinUntil polls query until it reports the work done or fails, ctx ends, or deadline passes; finished says
 // whether query answered (done or failed). Short copies are awaited this way on the caller's goroutine: a
-// hand-off between threads costs more than they take.
-func SpinUntil(ctx context.Context, deadline time.Time, query func() (bool, error)) (finished bool, err error) {
+// hand-off between threads costs more than they take. Between two queries it spins on the clock for gap:
+// a query is a driver call, and back-to-back queries hold the driver from threads queueing the next copies.
+func SpinUntil(ctx context.Context, deadline time.Time, gap time.Duration, query func() (bool, error)) (finished bool, err error) {
 	for {
 		done, err := query()
 		if done || err != nil {
 			return true, err
 		}
-		if ctx.Err() != nil || !time.Now().Before(deadline) {
+		now := time.Now()
+		if ctx.Err() != nil || !now.Before(deadline) {
 			return false, nil
+		}
+		for until := now.Add(gap); time.Now().Before(until); {
 		}
 	}
 }

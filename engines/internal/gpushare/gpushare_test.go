@@ -62,21 +62,27 @@ func TestClaimSaysWhyNot(t *testing.T) {
 
 func TestSpinUntil(t *testing.T) {
 	n := 0
-	finished, err := SpinUntil(context.Background(), time.Now().Add(time.Second), func() (bool, error) { n++; return n == 3, nil })
+	finished, err := SpinUntil(context.Background(), time.Now().Add(time.Second), 0, func() (bool, error) { n++; return n == 3, nil })
 	if !finished || err != nil || n != 3 {
 		t.Errorf("finished %v err %v after %d polls, want done at the third", finished, err, n)
 	}
 	boom := errors.New("illegal address")
-	if finished, err := SpinUntil(context.Background(), time.Now().Add(time.Second), func() (bool, error) { return false, boom }); !finished || err != boom {
+	if finished, err := SpinUntil(context.Background(), time.Now().Add(time.Second), 0, func() (bool, error) { return false, boom }); !finished || err != boom {
 		t.Errorf("a failed query ends the wait with its error: %v %v", finished, err)
 	}
-	if finished, _ := SpinUntil(context.Background(), time.Now().Add(time.Millisecond), func() (bool, error) { return false, nil }); finished {
+	if finished, _ := SpinUntil(context.Background(), time.Now().Add(time.Millisecond), 0, func() (bool, error) { return false, nil }); finished {
 		t.Error("past the deadline the wait must hand over, not report done")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if finished, _ := SpinUntil(ctx, time.Now().Add(time.Hour), func() (bool, error) { return false, nil }); finished {
+	if finished, _ := SpinUntil(ctx, time.Now().Add(time.Hour), 0, func() (bool, error) { return false, nil }); finished {
 		t.Error("an ended context must stop the spin")
+	}
+	// With a gap, queries are spaced: 20 ms of polling every 5 ms is at most 5 queries, not thousands.
+	n = 0
+	SpinUntil(context.Background(), time.Now().Add(20*time.Millisecond), 5*time.Millisecond, func() (bool, error) { n++; return false, nil })
+	if n < 2 || n > 5 {
+		t.Errorf("%d queries in 20 ms with a 5 ms gap, want 2 to 5", n)
 	}
 }
 
