@@ -144,6 +144,40 @@ func (c *Client) TransferBlocks(ctx context.Context, op Op, l *Layout, ids []uin
 	if err := c.check(); err != nil {
 		return nil, err
 	}
+	req, err := blocksRequest(op, l, ids, remote, remoteIDs, opts, true)
+	if err != nil {
+		return nil, err
+	}
+	resp, fast, err := c.fastRequest(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}})
+	if !fast {
+		resp, err = c.api.TransferBlocks(ctx, req)
+	}
+	if err != nil {
+		return nil, c.wrap("transferring blocks", gen, err)
+	}
+	return resp.Status, statusErr(resp.Status)
+}
+
+// SubmitBlocks is TransferBlocks without waiting: it returns once the agent queued the copy (refusals of the
+// ids come back here, as from TransferBlocks); Wait on the result. Several in flight overlap their copies.
+func (c *Client) SubmitBlocks(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions) (*Transfer, error) {
+	gen := c.generation()
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	req, err := blocksRequest(op, l, ids, remote, remoteIDs, opts, false)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.api.TransferBlocks(ctx, req)
+	if err != nil {
+		return nil, c.wrap("submitting blocks", gen, err)
+	}
+	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen}, nil
+}
+
+// blocksRequest checks and builds a block transfer's request.
+func blocksRequest(op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions, wait bool) (*agentv1.TransferBlocksRequest, error) {
 	if len(ids) != len(remoteIDs) {
 		return nil, fmt.Errorf("transferring blocks: %d local ids and %d remote ids", len(ids), len(remoteIDs))
 	}
@@ -156,16 +190,9 @@ func (c *Client) TransferBlocks(ctx context.Context, op Op, l *Layout, ids []uin
 		return nil, fmt.Errorf("transferring blocks: %w", err)
 	}
 	req := &agentv1.TransferBlocksRequest{LayoutId: id, Remote: ref, LocalIds: packIDs(ids), RemoteIds: packIDs(remoteIDs),
-		IdBytes: 4, Notify: opts.Notify, Wait: true}
+		IdBytes: 4, Notify: opts.Notify, Wait: wait}
 	if req.Op, req.Timeout, err = submission(op, opts); err != nil {
 		return nil, err
 	}
-	resp, fast, err := c.fastRequest(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}})
-	if !fast {
-		resp, err = c.api.TransferBlocks(ctx, req)
-	}
-	if err != nil {
-		return nil, c.wrap("transferring blocks", gen, err)
-	}
-	return resp.Status, statusErr(resp.Status)
+	return req, nil
 }

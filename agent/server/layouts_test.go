@@ -229,3 +229,43 @@ func TestBlockLayoutsAcrossPods(t *testing.T) {
 		t.Fatal("the published layout's block 3 is not the writer's block 2")
 	}
 }
+
+// TestSubmittedBlockTransfersOverlapAndSettle: block transfers submitted without waiting (SubmitBlocks) are
+// waited for afterwards and move exactly their blocks; ids the agent refuses come back from the submission.
+func TestSubmittedBlockTransfersOverlapAndSettle(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	rng := rand.New(rand.NewPCG(13, 14))
+	const bs, blocks = 64, 64
+	c := dial(t, a)
+	src, srcMem := hostLayout(t, c, rng, 2, blocks, bs)
+	dst, dstMem := hostLayout(t, c, rng, 2, blocks, bs)
+	before := snapshot(dstMem)
+	ctx := ctxT(t)
+	var xs []*client.Transfer
+	var local, remote []uint32
+	for k := range 4 {
+		l, r := []uint32{uint32(k), uint32(40 + k)}, []uint32{uint32(2 * k), uint32(63 - k)}
+		x, err := c.SubmitBlocks(ctx, client.Write, src, l, client.ToLayout(dst), r, client.TransferOptions{})
+		if err != nil {
+			t.Fatalf("submitting blocks %d: %v", k, err)
+		}
+		xs, local, remote = append(xs, x), append(local, l...), append(remote, r...)
+	}
+	for _, x := range xs {
+		if _, err := x.Wait(ctx); err != nil {
+			t.Fatalf("waiting for transfer %d: %v", x.ID, err)
+		}
+	}
+	for k := range 2 {
+		want := before[k]
+		for i := range local {
+			copy(want[uint64(remote[i])*bs:][:bs], srcMem[k].Bytes[uint64(local[i])*bs:][:bs])
+		}
+		if !bytes.Equal(dstMem[k].Bytes, want) {
+			t.Fatalf("region %d differs from the blocks the submitted transfers wrote", k)
+		}
+	}
+	if _, err := c.SubmitBlocks(ctx, client.Write, src, []uint32{0, 1}, client.ToLayout(dst), []uint32{5, 5}, client.TransferOptions{}); client.Code(err).String() != "InvalidArgument" {
+		t.Fatalf("a repeated destination id: %v, want InvalidArgument from the submission", err)
+	}
+}
