@@ -73,7 +73,7 @@ func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPo
 	}
 
 	// The agents' Secret carries the trust bundle only: each agent's key is made on its node and its
-	// certificate signed on request (SignNodeRequests). A pool-wide key left by an earlier version is removed
+	// certificate signed on its request (NodeCertReconciler). A pool-wide key left by an earlier version is removed
 	// here, and agents still presenting it are accepted until SharedUntilKey says.
 	agentSecret, err := i.get(ctx, namespace, name)
 	if err != nil {
