@@ -50,7 +50,9 @@ type quietLocal struct {
 	notified []string
 }
 
-func (l *quietLocal) LookupSegment(segment, _ string) ([]byte, error) { return []byte("desc:" + segment), nil }
+func (l *quietLocal) LookupSegment(segment, _ string) ([]byte, error) {
+	return []byte("desc:" + segment), nil
+}
 func (l *quietLocal) DeliverPeerNotification(n engines.Notification) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
