@@ -18,11 +18,13 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fabricxfer/fabricxfer/agent/nodecert"
@@ -194,9 +196,25 @@ func TestNodeCertificateRefusals(t *testing.T) {
 	csr, err = csrAs(t, a, other, forA, pki.SignerName)
 	check("agents of one pool asking in another pool's name", csr, err, "not by the agents of pool")
 
-	// The admin's credentials name no node.
+	// The admin is not the pool's agents.
 	csr, err = csrAs(t, c, pool, forA, pki.SignerName)
-	check("a token bound to no node", csr, err, "not bound to a pod on a node")
+	check("the admin's credentials", csr, err, `requested by "admin", not by the agents of pool`)
+
+	// The agents' own ServiceAccount with a token bound to no pod names no node: refused at admission.
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: testAgentNamespace, Name: agentName(pool)}}
+	tr := &authenticationv1.TokenRequest{}
+	if err := c.SubResource("token").Create(ctx, sa, tr); err != nil {
+		t.Fatalf("requesting an unbound agent token: %v", err)
+	}
+	cfg := rest.AnonymousClientConfig(testCluster.cfg)
+	cfg.BearerToken = tr.Status.Token
+	unbound, err := client.New(cfg, client.Options{Scheme: c.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := csrAs(t, unbound, pool, forA, pki.SignerName); err == nil || !strings.Contains(err.Error(), "must be bound to its pod on a node") {
+		t.Errorf("an agent token bound to no node: want refused at admission, got %v", err)
+	}
 
 	// A node the pool does not select (an agent pod there would be a stray).
 	forOutsider, _, _ := pki.NewNodeRequest(pool.Namespace, pool.Name, outsider)
