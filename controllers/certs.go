@@ -95,7 +95,8 @@ func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPo
 		}
 	}
 	if caChanged && what == "" {
-		what = fmt.Sprintf("issued a CA (the bundle in Secret %s/%s keeps the previous one until it expires)", namespace, name)
+		what = fmt.Sprintf("issued the pool's CA, valid until %s, and its bundle in Secret %s/%s (a previous CA stays in the bundle until it expires); agents' certificates are signed on their requests",
+			now.Add(caValidity).UTC().Format(time.RFC3339), namespace, name)
 	}
 	if !caChanged && what == "" && sameData(agentSecret, data) {
 		return "", nil
