@@ -56,7 +56,7 @@ chart-install-test: tools build ## helm install/uninstall and kubectl apply of d
 
 .PHONY: build
 build: ## Build operator, agent, xferctl (also as the kubectl plugin kubectl-fabricxfer), xferbench and the demo's kubelet stand-in into bin/
-	$(GO) build -o $(BIN_DIR)/ ./cmd/... ./hack/drakubelet
+	$(GO) build -o $(BIN_DIR)/ ./cmd/... ./hack/drakubelet ./hack/nodecert
 	@# kubectl completes "kubectl fabricxfer ..." by running kubectl_complete-fabricxfer with the words typed.
 	printf '#!/bin/sh\nexec kubectl-fabricxfer __complete "$$@"\n' >$(BIN_DIR)/kubectl_complete-fabricxfer
 	chmod +x $(BIN_DIR)/kubectl_complete-fabricxfer

@@ -56,6 +56,10 @@ type AgentSettings struct {
 	// DRA runs each agent's fabricxfer.io DRA driver (agent --dra): its node's ResourceSlice and claim
 	// preparation for the kubelet, with the kubelet's plugin folders and the CDI folder mounted.
 	DRA bool
+	// NodeCerts has each agent obtain its own certificate, naming its node, from the operator (agent
+	// --node-cert); the agents' Secret then holds only the CA bundle. Off: the Secret holds a key pair an admin
+	// provides, shared by the pool's agents.
+	NodeCerts bool
 }
 
 // Host folders of the kubelet's DRA plugins and of CDI specs, mounted at the same paths (agent --dra).
@@ -224,6 +228,9 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) (*appsv1a
 		"--kernel-cache=" + agentKernelCache,
 		// JSON with the operator's keys, so one log pipeline reads both.
 		"--log-format=json",
+	}
+	if settings.NodeCerts {
+		args = append(args, "--node-cert")
 	}
 	if g := spec.SocketGroup; g != nil {
 		// The agent gives this group the pool's socket directory and sockets; ValidatePool checked its bounds.

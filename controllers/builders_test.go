@@ -44,7 +44,7 @@ func samplePool() *fxv1.TransferPool {
 
 func TestBuildersMatchGolden(t *testing.T) {
 	pool := samplePool()
-	settings := AgentSettings{Image: "unused", ImageAllowlist: []string{"ghcr.io/fabricxfer/agent:*"}, Namespace: "fabricxfer-system"}
+	settings := AgentSettings{Image: "unused", ImageAllowlist: []string{"ghcr.io/fabricxfer/agent:*"}, Namespace: "fabricxfer-system", NodeCerts: true}
 	objects := map[string]any{
 		"daemonset.yaml": mustDaemonSet(t, pool, settings),
 		// The same pool with a socket group: only the --socket-gid flag differs from daemonset.yaml.

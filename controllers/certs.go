@@ -4,8 +4,8 @@
 package controllers
 
 import (
+	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -24,12 +24,15 @@ import (
 const (
 	caValidity    = 365 * 24 * time.Hour
 	caRenewBefore = 30 * 24 * time.Hour
-	agentValidity = 30 * 24 * time.Hour
-	agentRenewAt  = 10 * 24 * time.Hour
+	// NodeCertValidity is the life of a node's certificate; agents renew at two thirds of it.
+	NodeCertValidity = 7 * 24 * time.Hour
+	// sharedTransition bounds how long agents still accept the pool-wide certificate of earlier versions
+	// after the operator removed its key: long enough for a DaemonSet rollout over thousands of nodes.
+	sharedTransition = 24 * time.Hour
 )
 
-// CertIssuer keeps, per pool, a CA Secret only the operator reads and an agent Secret (tls.crt, tls.key,
-// ca.crt) the agents mount, both in the agents' namespace: no tenant can read a pool's key.
+// CertIssuer keeps, per pool, a CA Secret only the operator reads and an agent Secret (ca.crt) the agents
+// mount, both in the agents' namespace: no tenant can read a pool's CA key, and no agent another node's key.
 type CertIssuer struct {
 	Client client.Client
 	Clock  clock.PassiveClock
@@ -69,27 +72,62 @@ func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPo
 		}
 	}
 
+	// The agents' Secret carries the trust bundle only: each agent's key is made on its node and its
+	// certificate signed on its request (NodeCertReconciler). A pool-wide key left by an earlier version is removed
+	// here, and agents still presenting it are accepted until SharedUntilKey says.
 	agentSecret, err := i.get(ctx, namespace, name)
 	if err != nil {
 		return "", err
 	}
-	renew, err := pki.NeedsRenewal(agentSecret[pki.CertKey], now, agentRenewAt)
-	if !caChanged && err == nil && !renew && signedBy(agentSecret[pki.CertKey], ca.CertPEM) {
+	data := map[string][]byte{pki.BundleKey: bundle}
+	what := ""
+	if shared := agentSecret[pki.CertKey]; len(shared) > 0 {
+		until := now.Add(sharedTransition)
+		if certs, err := pki.ParseCertificates(shared); err == nil && len(certs) > 0 && certs[0].NotAfter.Before(until) {
+			until = certs[0].NotAfter // an expired pool-wide certificate is refused anyway
+		}
+		data[pki.SharedUntilKey] = []byte(until.UTC().Format(time.RFC3339))
+		what = fmt.Sprintf("removed the pool-wide agent key from Secret %s/%s: agents get per-node certificates, and accept the old one until %s",
+			namespace, name, until.UTC().Format(time.RFC3339))
+	} else if u := agentSecret[pki.SharedUntilKey]; len(u) > 0 {
+		if t, err := time.Parse(time.RFC3339, string(u)); err == nil && now.Before(t) {
+			data[pki.SharedUntilKey] = u // the transition lasts; dropped once it is over
+		}
+	}
+	if caChanged && what == "" {
+		what = fmt.Sprintf("issued the pool's CA, valid until %s, and its bundle in Secret %s/%s (a previous CA stays in the bundle until it expires); agents' certificates are signed on their requests",
+			now.Add(caValidity).UTC().Format(time.RFC3339), namespace, name)
+	}
+	if !caChanged && what == "" && sameData(agentSecret, data) {
 		return "", nil
 	}
-	leaf, err := pki.IssueAgent(ca, pool.Namespace, pool.Name, now, agentValidity)
-	if err != nil {
-		return "", fmt.Errorf("issuing the agent certificate of pool %s/%s: %w", pool.Namespace, pool.Name, err)
-	}
-	if err := i.apply(ctx, pool, namespace, name, map[string][]byte{pki.CertKey: leaf.CertPEM, pki.KeyKey: leaf.KeyPEM, pki.BundleKey: bundle}); err != nil {
+	if err := i.apply(ctx, pool, namespace, name, data); err != nil {
 		return "", err
 	}
-	what := "issued the agents' certificate"
-	if caChanged {
-		what = "issued a CA (the bundle keeps the previous one until it expires) and the agents' certificate"
+	return what, nil
+}
+
+// sameData compares two Secrets' data.
+func sameData(a, b map[string][]byte) bool {
+	if len(a) != len(b) {
+		return false
 	}
-	return fmt.Sprintf("%s in Secret %s/%s, valid until %s", what, namespace, name,
-		now.Add(agentValidity).UTC().Format(time.RFC3339)), nil
+	for k, v := range a {
+		if w, ok := b[k]; !ok || !bytes.Equal(v, w) {
+			return false
+		}
+	}
+	return true
+}
+
+// CA reads the pool's CA key pair from the operator-only Secret (found false when it is not issued yet).
+func (i *CertIssuer) CA(ctx context.Context, namespace, name string) (pki.KeyPair, bool, error) {
+	data, err := i.get(ctx, namespace, name+"-ca")
+	if err != nil {
+		return pki.KeyPair{}, false, err
+	}
+	ca := pki.KeyPair{CertPEM: data[pki.CertKey], KeyPEM: data[pki.CAKeyKey]}
+	return ca, len(ca.CertPEM) > 0 && len(ca.KeyPEM) > 0, nil
 }
 
 func (i *CertIssuer) get(ctx context.Context, namespace, name string) (map[string][]byte, error) {
@@ -111,14 +149,4 @@ func (i *CertIssuer) apply(ctx context.Context, pool *fxv1.TransferPool, namespa
 		return fmt.Errorf("applying secret %s/%s: %w", namespace, name, err)
 	}
 	return nil
-}
-
-// signedBy reports whether the first certificate of leafPEM was signed by the CA in caPEM.
-func signedBy(leafPEM, caPEM []byte) bool {
-	leaves, err1 := pki.ParseCertificates(leafPEM)
-	cas, err2 := pki.ParseCertificates(caPEM)
-	if err := errors.Join(err1, err2); err != nil || len(leaves) == 0 || len(cas) == 0 {
-		return false
-	}
-	return leaves[0].CheckSignatureFrom(cas[0]) == nil
 }

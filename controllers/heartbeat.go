@@ -9,9 +9,11 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/utils/clock"
@@ -21,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/internal/pki"
 )
 
 // Agents heartbeat with a coordination.k8s.io Lease per (pool, node) in the pool's namespace, labelled with
@@ -70,6 +73,8 @@ func CacheByObject(agentNamespace string) map[client.Object]cache.ByObject {
 		&rbacv1.Role{}:               {Label: owned},
 		&rbacv1.RoleBinding{}:        {Label: owned},
 		&rbacv1.ClusterRoleBinding{}: {Label: owned},
+		// Only the requests of the operator's own signer (agents' node certificates).
+		&certificatesv1.CertificateSigningRequest{}: {Field: fields.OneTermEqualSelector("spec.signerName", pki.SignerName)},
 	}
 }
 

@@ -98,6 +98,12 @@ func TestOperatorAndAgentRBAC(t *testing.T) {
 		{verb: "list", resource: "pods"},
 		{verb: "create", group: rbac, resource: "rolebindings", namespace: ns, allowed: true},
 		{verb: "create", group: rbac, resource: "clusterrolebindings", allowed: true},
+		// The signer of agents' node certificates, and no other signer.
+		{verb: "sign", group: "certificates.k8s.io", resource: "signers", name: "fabricxfer.io/agent", allowed: true},
+		{verb: "approve", group: "certificates.k8s.io", resource: "signers", name: "fabricxfer.io/agent", allowed: true},
+		{verb: "approve", group: "certificates.k8s.io", resource: "signers", name: "kubernetes.io/kube-apiserver-client"},
+		{verb: "sign", group: "certificates.k8s.io", resource: "signers", name: "kubernetes.io/kubelet-serving"},
+		{verb: "create", group: "certificates.k8s.io", resource: "certificatesigningrequests"},
 	})
 
 	agent := "system:serviceaccount:" + testAgentNamespace + ":" + name
@@ -120,6 +126,12 @@ func TestOperatorAndAgentRBAC(t *testing.T) {
 		{verb: "watch", group: fxv1.GroupVersion.Group, resource: "transfernodes", allowed: true},
 		{verb: "delete", group: fxv1.GroupVersion.Group, resource: "transfernodes", name: "n1"},
 		{verb: "update", group: "apps", resource: "daemonsets", namespace: testAgentNamespace, name: name},
+		// Its own certificate is asked for and read back; nobody's request is approved or signed by an agent.
+		{verb: "create", group: "certificates.k8s.io", resource: "certificatesigningrequests", allowed: true},
+		{verb: "update", group: "certificates.k8s.io", resource: "certificatesigningrequests", subresource: "approval"},
+		{verb: "update", group: "certificates.k8s.io", resource: "certificatesigningrequests", subresource: "status"},
+		{verb: "sign", group: "certificates.k8s.io", resource: "signers", name: "fabricxfer.io/agent"},
+		{verb: "delete", group: "certificates.k8s.io", resource: "certificatesigningrequests"},
 	})
 
 	// The rules as `kubectl auth can-i --list` shows them, for the record (go test -v).

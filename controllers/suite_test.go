@@ -46,7 +46,7 @@ const operatorUser = "system:serviceaccount:" + testAgentNamespace + ":fabricxfe
 
 // testAgentSettings are the operator's settings in these tests; the allowlist admits one more image.
 var testAgentSettings = AgentSettings{Image: "example.com/agent:test", ImageAllowlist: []string{"example.com/agent-dev:*"},
-	Namespace: testAgentNamespace}
+	Namespace: testAgentNamespace, NodeCerts: true}
 
 // installRBAC creates the operator's namespace and applies config/rbac as `kubectl apply -f config/rbac` would.
 func installRBAC(ctx context.Context, c client.Client) error {
@@ -135,7 +135,12 @@ func runSuite(m *testing.M) int {
 	}
 	pools := &TransferPoolReconciler{Client: mgr.GetClient(), Scheme: scheme, Agent: testAgentSettings,
 		Recorder: mgr.GetEventRecorder(EventRecorderName)}
-	pools.Secrets = NewCertIssuer(mgr.GetClient())
+	issuer := NewCertIssuer(mgr.GetClient())
+	pools.Secrets = issuer
+	if err := (&NodeCertReconciler{Client: mgr.GetClient(), Agent: testAgentSettings, Issuer: issuer}).SetupWithManager(mgr); err != nil {
+		fmt.Fprintln(os.Stderr, "setting up the node certificate signer:", err)
+		return 1
+	}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		fmt.Fprintln(os.Stderr, "setting up pools:", err)
 		return 1

@@ -235,15 +235,14 @@ func TestPoolOwnsAgentDaemonSetAndRBAC(t *testing.T) {
 			return nil
 		})
 	}
+	// The agents' Secret holds the CA bundle and no key: each agent's key stays on its node.
 	eventually(t, settle, "agent certificates", func() error {
 		s := &corev1.Secret{}
 		if err := c.Get(ctx, client.ObjectKey{Namespace: testAgentNamespace, Name: name + "-tls"}, s); err != nil {
 			return err
 		}
-		for _, k := range []string{"tls.crt", "tls.key", "ca.crt"} {
-			if len(s.Data[k]) == 0 {
-				return fmt.Errorf("secret lacks %s", k)
-			}
+		if len(s.Data["ca.crt"]) == 0 || len(s.Data) != 1 {
+			return fmt.Errorf("secret holds %d keys, want only ca.crt", len(s.Data))
 		}
 		return nil
 	})

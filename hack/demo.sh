@@ -67,7 +67,7 @@ down() {
 }
 
 up() {
-  for b in kubectl kube-scheduler operator agent xferctl drakubelet; do
+  for b in kubectl kube-scheduler operator agent xferctl drakubelet nodecert; do
     [ -x "$BIN/$b" ] || { echo "demo: $BIN/$b missing: run make tools build" >&2; exit 1; }
   done
   if [ -d "$ST" ]; then
@@ -122,12 +122,18 @@ spec:
   allowedNamespaces: [default]
   agent: {heartbeatSeconds: 2}
 POOLYAML
-  local tls_secret
-  tls_secret=$(agent_object_name default "$POOL")-tls
-  wait_for 60 "agent certificates" kc -n "$AGENT_NS" get secret "$tls_secret"
-  mkdir -p "$ST/tls"
-  for k in tls.crt tls.key ca.crt; do
-    kc -n "$AGENT_NS" get secret "$tls_secret" -o "jsonpath={.data.${k//./\\.}}" | base64 -d >"$ST/tls/$k"
+  # The agents run as local processes with the admin's credentials, which no pod binds to a node, so the
+  # operator would deny their certificate requests; each gets its node's certificate from the pool's CA here.
+  local ca_secret
+  ca_secret=$(agent_object_name default "$POOL")-tls-ca
+  wait_for 60 "the pool's CA" kc -n "$AGENT_NS" get secret "$ca_secret"
+  mkdir -p "$ST/tls-ca"
+  for k in tls.crt ca.key ca.crt; do
+    kc -n "$AGENT_NS" get secret "$ca_secret" -o "jsonpath={.data.${k//./\\.}}" | base64 -d >"$ST/tls-ca/$k"
+  done
+  local n
+  for n in "${NODES[@]}"; do
+    "$BIN/nodecert" -ca "$ST/tls-ca" -pool-namespace default -pool "$POOL" -node "$n" -out "$ST/tls/$n"
   done
 
   step "starting one agent per node (fixture host roots under topology/testdata)"
@@ -140,7 +146,7 @@ POOLYAML
       --engines xgmi,fabric,rdma,tcp --socket-dir "$ST/sockets/$n" \
       --peer-listen "127.0.0.1:$port" --endpoint "127.0.0.1:$port" \
       --data-listen "127.0.0.1:$((port + 1))" --data-advertise "127.0.0.1:$((port + 1))" \
-      --health-addr "127.0.0.1:$((port + 2))" --tls-dir "$ST/tls" --allow-local --caller-host-root / \
+      --health-addr "127.0.0.1:$((port + 2))" --tls-dir "$ST/tls/$n" --allow-local --caller-host-root / \
       --dra --dra-channels 8 --cdi-dir "$ST/dra/$n/cdi" --kubelet-plugin-dir "$ST/dra/$n/plugin" --kubelet-registry-dir "$ST/dra/$n/registry"
   done
   for i in "${!NODES[@]}"; do

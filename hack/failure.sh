@@ -130,14 +130,14 @@ expected_objects() { # expected_objects NS/POOL...: what owned_objects must prin
   done | sort
 }
 objects_are() { diff <(expected_objects "$@") <(owned_objects) >"$ST/objects.diff"; }
-# The agent Secret's certificate must chain to the CA Secret's: a crash between the two writes must not leave
-# agents with a certificate their peers cannot verify.
+# The agents' bundle must trust the CA Secret's CA: a crash between the two writes must not leave agents
+# unable to verify the certificates the operator signs for their peers.
 certs_chain() { # certs_chain NS POOL
   local s
   s=$(agent_object_name "$1" "$2")-tls
   kc get secret -n "$AGENT_NS" "$s-ca" -o 'jsonpath={.data.tls\.crt}' | base64 -d >"$ST/chk-ca.crt"
-  kc get secret -n "$AGENT_NS" "$s" -o 'jsonpath={.data.tls\.crt}' | base64 -d >"$ST/chk-leaf.crt"
-  openssl verify -CAfile "$ST/chk-ca.crt" "$ST/chk-leaf.crt" >/dev/null
+  kc get secret -n "$AGENT_NS" "$s" -o 'jsonpath={.data.ca\.crt}' | base64 -d >"$ST/chk-bundle.crt"
+  openssl verify -CAfile "$ST/chk-bundle.crt" "$ST/chk-ca.crt" >/dev/null
 }
 transfernodes() { # NAME OWNERKIND/OWNERNAME/OWNERUID per TransferNode, sorted
   kc get transfernodes -o 'jsonpath={range .items[*]}{.metadata.name} {range .metadata.ownerReferences[*]}{.kind}/{.name}/{.uid}{end}{"\n"}{end}' | sort

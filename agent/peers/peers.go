@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
@@ -333,8 +334,9 @@ func (p *Peers) connTo(ctx context.Context, node, endpoint string) (*peerConn, e
 	}
 	api := agentv1.NewPeerClient(conn)
 	var header metadata.MD
+	var from peer.Peer
 	hello, err := api.Hello(ctx, &agentv1.HelloRequest{NodeName: p.opts.Node, PoolNamespace: p.opts.PoolNamespace,
-		PoolName: p.opts.PoolName, AgentVersion: p.opts.AgentVersion, ApiVersions: []string{APIVersion}}, grpc.Header(&header))
+		PoolName: p.opts.PoolName, AgentVersion: p.opts.AgentVersion, ApiVersions: []string{APIVersion}}, grpc.Header(&header), grpc.Peer(&from))
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("introducing ourselves to node %s at %s: %w", node, endpoint, err)
@@ -342,6 +344,10 @@ func (p *Peers) connTo(ctx context.Context, node, endpoint string) (*peerConn, e
 	if hello.NodeName != node {
 		conn.Close()
 		return nil, fmt.Errorf("the agent at %s is node %q, not %q (stale endpoint?)", endpoint, hello.NodeName, node)
+	}
+	if err := p.peerIs(&from, node); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("the agent at %s: %w", endpoint, err)
 	}
 	c = &peerConn{endpoint: endpoint, conn: conn, api: api, hello: hello}
 	if v := header.Get(dataEndpointKey); len(v) > 0 {
@@ -367,6 +373,27 @@ func (p *Peers) connTo(ctx context.Context, node, endpoint string) (*peerConn, e
 	p.conns[node] = c
 	p.mu.Unlock()
 	return c, nil
+}
+
+// peerIs checks, by the certificate it presented, that the peer of a connection is node.
+func (p *Peers) peerIs(from *peer.Peer, node string) error {
+	ti, ok := from.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return fmt.Errorf("no mutual TLS on the connection of node %q", node)
+	}
+	return p.opts.TLS.CheckPeer(ti.State, node)
+}
+
+// callerIs refuses a call whose sender speaks as node without holding node's certificate.
+func (p *Peers) callerIs(ctx context.Context, node string) error {
+	from, ok := peer.FromContext(ctx)
+	if !ok {
+		return status.Error(codes.Unauthenticated, "no peer information on the call")
+	}
+	if err := p.peerIs(from, node); err != nil {
+		return status.Errorf(codes.PermissionDenied, "refusing a peer at %s that speaks as node %q: %v", from.Addr, node, err)
+	}
+	return nil
 }
 
 func (p *Peers) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -424,6 +451,9 @@ func (s *peerService) Hello(ctx context.Context, req *agentv1.HelloRequest) (*ag
 		return nil, status.Errorf(codes.PermissionDenied, "this agent serves pool %s/%s, not %s/%s",
 			s.p.opts.PoolNamespace, s.p.opts.PoolName, req.PoolNamespace, req.PoolName)
 	}
+	if err := s.p.callerIs(ctx, req.NodeName); err != nil {
+		return nil, err
+	}
 	if len(req.ApiVersions) > 0 && !slices.Contains(req.ApiVersions, APIVersion) {
 		return nil, status.Errorf(codes.FailedPrecondition, "this agent speaks %s; the peer offers %v", APIVersion, req.ApiVersions)
 	}
@@ -437,9 +467,12 @@ func (s *peerService) Hello(ctx context.Context, req *agentv1.HelloRequest) (*ag
 }
 
 // Notify implements agentv1.PeerServer.
-func (s *peerService) Notify(_ context.Context, req *agentv1.PeerNotifyRequest) (*agentv1.PeerNotifyResponse, error) {
+func (s *peerService) Notify(ctx context.Context, req *agentv1.PeerNotifyRequest) (*agentv1.PeerNotifyResponse, error) {
 	if s.p.local == nil {
 		return nil, status.Error(codes.Unavailable, "agent not ready")
+	}
+	if err := s.p.callerIs(ctx, req.FromNode); err != nil {
+		return nil, err
 	}
 	if len(req.Payload) > engines.MaxNotifyPayload {
 		return nil, status.Errorf(codes.InvalidArgument, "payload of %d bytes, at most %d", len(req.Payload), engines.MaxNotifyPayload)

@@ -118,6 +118,9 @@ func (s *peerService) ExchangeQPs(ctx context.Context, req *agentv1.ExchangeQPsR
 	if err := p.checkPoolNode(ctx, req.FromNode); err != nil {
 		return nil, err
 	}
+	if err := p.callerIs(ctx, req.FromNode); err != nil {
+		return nil, err
+	}
 	if n := len(req.Qps); n == 0 || n > maxQPsPerExchange {
 		return nil, status.Errorf(codes.InvalidArgument, "%d queue pairs offered, want 1 to %d", n, maxQPsPerExchange)
 	}
@@ -158,8 +161,8 @@ func acceptError(err error) error {
 }
 
 // checkPoolNode admits a queue-pair request only from another node the pool's directory lists (or one this
-// agent already met). The pool's certificate is shared by every agent of the pool, so the TLS handshake proves
-// membership, not which node is calling: a name outside the pool, or this node's own, is refused.
+// agent already met): a name outside the pool, or this node's own, is refused. Which node is calling is its
+// certificate's to prove (callerIs); a pool-wide certificate of an earlier version proves membership only.
 func (p *Peers) checkPoolNode(ctx context.Context, node string) error {
 	if node == "" {
 		return status.Error(codes.InvalidArgument, "queue pairs offered without the sender's node name")

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fabricxfer/fabricxfer/agent/nodecert"
 	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	"github.com/fabricxfer/fabricxfer/agent/server/stack"
@@ -407,6 +408,10 @@ func buildTransferSide(cfg runConfig, c client.Client, detect func(context.Conte
 	reg := prometheus.NewRegistry()
 	deps := stack.Deps{Kube: c, AgentVersion: version, Logger: slogFrom(log.WithName("transfer")), Metrics: engines.NewMetrics(),
 		Registry: reg}
+	if tf.stack.NodeCert && c != nil {
+		deps.NodeCertificate = (&nodecert.Requester{Client: c, PoolNamespace: cfg.poolNamespace, PoolName: cfg.poolName,
+			Node: tf.stack.NodeName}).Request
+	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), deps.Metrics)
 	t := newTransferSide(tf, rep, deps, log.WithName("transfer"))
 	t.registry = reg

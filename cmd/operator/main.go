@@ -50,7 +50,7 @@ func run() error {
 		leaderNS       = flag.String("leader-election-namespace", "", "namespace of the leader lease (default: the pod's namespace)")
 		agentImage     = flag.String("agent-image", "ghcr.io/fabricxfer/agent:v0.1.0", "agent image for pools that name none")
 		pprofAddr      = flag.String("pprof-bind-address", "", "address of Go's /debug/pprof endpoints (empty: off)")
-		issueAgentCert = flag.Bool("issue-agent-certs", true, "issue each pool's agent-to-agent mTLS certificates into a Secret")
+		issueAgentCert = flag.Bool("issue-agent-certs", true, "keep each pool's agent-to-agent CA and sign each agent's own certificate, naming its node (off: the admin puts a pool-wide tls.crt, tls.key and ca.crt into each pool's <agent>-tls Secret)")
 		imageAllowlist = flag.String("agent-image-allowlist", "", "comma-separated agent images pools may name besides --agent-image; an entry ending in * allows every image that starts with the rest")
 		agentNamespace = flag.String("agent-namespace", defaultAgentNamespace(), "namespace of every pool's agents, their ServiceAccounts and certificates; never a tenant's (default: the pod's namespace, else "+controllers.DefaultAgentNamespace+")")
 		agentDRA       = flag.Bool("agent-dra", false, "run each agent's fabricxfer.io DRA driver: ResourceSlices of its node and claim preparation for the kubelet (needs resource.k8s.io/v1)")
@@ -65,7 +65,8 @@ func run() error {
 	if err := controllers.ValidateSocketDirPrefix(*socketPrefix); err != nil {
 		return fmt.Errorf("--socket-dir-prefix: %w", err)
 	}
-	agent := controllers.AgentSettings{Image: *agentImage, SocketDirPrefix: *socketPrefix, Namespace: *agentNamespace, DRA: *agentDRA}
+	agent := controllers.AgentSettings{Image: *agentImage, SocketDirPrefix: *socketPrefix, Namespace: *agentNamespace, DRA: *agentDRA,
+		NodeCerts: *issueAgentCert}
 	for _, image := range strings.Split(*imageAllowlist, ",") {
 		if image = strings.TrimSpace(image); image != "" {
 			agent.ImageAllowlist = append(agent.ImageAllowlist, image)
@@ -103,7 +104,11 @@ func run() error {
 		Recorder: mgr.GetEventRecorder(controllers.EventRecorderName),
 	}
 	if *issueAgentCert {
-		pools.Secrets = controllers.NewCertIssuer(mgr.GetClient())
+		issuer := controllers.NewCertIssuer(mgr.GetClient())
+		pools.Secrets = issuer
+		if err := (&controllers.NodeCertReconciler{Client: mgr.GetClient(), Agent: agent, Issuer: issuer}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the node certificate signer: %w", err)
+		}
 	}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TransferPool controller: %w", err)

@@ -33,6 +33,9 @@ type Options struct {
 	// TLS, when set, wraps both accepted connections (tls.Server) and dialed ones (tls.Client; ServerName
 	// defaults to the peer's host). Give it the agents' mTLS configuration.
 	TLS *tls.Config
+	// CheckPeer, with TLS, is asked whether the certificate a peer presented belongs to the node it names in
+	// its hello (accepted connections) or answers as (dialed ones); an error refuses the connection.
+	CheckPeer func(state tls.ConnectionState, node string) error
 	// ConnsPerPeer is the number of connections to each peer (default 4).
 	ConnsPerPeer int
 	// ChunkBytes is the striping unit: segments are cut into chunks of at most this size, spread over the

@@ -190,9 +190,19 @@ func (e *Engine) dialConn(ctx context.Context, addr, node string) (nc, raw net.C
 		raw.Close()
 		return nil, nil, fmt.Errorf("hello: malformed answer (%v)", err)
 	}
-	if head[4] != statusOK || server != node {
+	if server != node {
 		raw.Close()
 		return nil, nil, fmt.Errorf("hello: %s answers as node %q, expected %q", addr, server, node)
+	}
+	if head[4] != statusOK {
+		raw.Close()
+		return nil, nil, fmt.Errorf("hello: node %s at %s refused this node %q (its log says why: a certificate of another node?)", node, addr, e.opts.Node)
+	}
+	if tc, ok := nc.(*tls.Conn); ok && e.opts.CheckPeer != nil {
+		if err := e.opts.CheckPeer(tc.ConnectionState(), node); err != nil {
+			raw.Close()
+			return nil, nil, fmt.Errorf("hello: node %s at %s: %w", node, addr, err)
+		}
 	}
 	raw.SetDeadline(time.Time{})
 	return nc, raw, nil

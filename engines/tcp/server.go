@@ -318,13 +318,20 @@ func (e *Engine) serverHello(nc net.Conn) (string, error) {
 		return "", err
 	}
 	status := statusOK
-	if want != e.opts.Node {
+	var identity error
+	if tc, ok := nc.(*tls.Conn); ok && e.opts.CheckPeer != nil {
+		identity = e.opts.CheckPeer(tc.ConnectionState(), client)
+	}
+	if want != e.opts.Node || identity != nil {
 		status = statusRefused
 	}
 	reply := append([]byte(magic), status)
 	reply = appendString16(reply, e.opts.Node)
 	if _, err := nc.Write(reply); err != nil {
 		return "", err
+	}
+	if identity != nil {
+		return "", fmt.Errorf("refusing a client that says it is node %q: %w", client, identity)
 	}
 	if status != statusOK {
 		return "", fmt.Errorf("client %q expected node %q, this is %q", client, want, e.opts.Node)

@@ -5,6 +5,7 @@ package stack
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fabricxfer/fabricxfer/agent/nodecert"
 	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	"github.com/fabricxfer/fabricxfer/agent/server"
@@ -47,6 +49,10 @@ type Config struct {
 	DataListen, DataAdvertise string
 	// TLSDir holds the pool's tls.crt, tls.key and ca.crt. Empty: single-node mode, no peers, no tcp engine.
 	TLSDir string
+	// NodeCert: TLSDir holds only the pool's ca.crt and this node's own certificate is obtained through
+	// Deps.NodeCertificate (the operator signs it) and renewed before it expires. While the pool moves from
+	// the pool-wide certificate of earlier versions, the operator says in TLSDir until when peers on it pass.
+	NodeCert bool
 	// StaticPeers is "node=host:port,..." for running outside Kubernetes; otherwise TransferNodes are read.
 	StaticPeers string
 	// DisableTCP keeps the tcp engine off (a pool that disallows it).
@@ -80,6 +86,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DataListen, "data-listen", ":7471", "listen address of the tcp engine's data path")
 	fs.StringVar(&c.DataAdvertise, "data-advertise", "", "address peers dial for the tcp engine (default $"+EnvPodIP+" with the listen port)")
 	fs.StringVar(&c.TLSDir, "tls-dir", "/etc/fabricxfer/tls", "directory with the pool's tls.crt, tls.key and ca.crt; empty runs this node alone (no peers, no tcp engine)")
+	fs.BoolVar(&c.NodeCert, "node-cert", false, "obtain this node's own agent-to-agent certificate from the operator (a CertificateSigningRequest); --tls-dir then holds only ca.crt")
 	fs.StringVar(&c.StaticPeers, "peers", "", "static peer list node=host:port,... (outside Kubernetes; otherwise TransferNode endpoints are used)")
 	fs.BoolVar(&c.DisableTCP, "disable-tcp", false, "keep the tcp engine off")
 	fs.IntVar(&c.PreconnectPeers, "preconnect-peers", 64, "open tcp data connections ahead of use to at most this many peers (each agent picks its own subset; -1: none)")
@@ -120,6 +127,8 @@ type Deps struct {
 	Logger    *slog.Logger
 	// Ready, when set, is called once the sockets are open, with the advertised peer endpoint.
 	Ready func(peerEndpoint string)
+	// NodeCertificate obtains this node's certificate for a new key (with Config.NodeCert).
+	NodeCertificate func(ctx context.Context) (tls.Certificate, error)
 	// DataListener, when set, serves the tcp engine instead of a listener on Config.DataListen (a socket
 	// handed over by the caller); Run closes it.
 	DataListener net.Listener
@@ -218,8 +227,24 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		te       *tcp.Engine
 	)
 	if cfg.TLSDir != "" {
-		if tlsFiles, err = peers.NewTLSFiles(cfg.TLSDir, cfg.PoolNamespace, cfg.PoolName); err != nil {
+		if tlsFiles, err = peers.NewTLSFilesWith(cfg.TLSDir, cfg.PoolNamespace, cfg.PoolName,
+			peers.TLSOptions{NodeCert: cfg.NodeCert}); err != nil {
 			return fmt.Errorf("agent-to-agent certificates: %w", err)
+		}
+		if cfg.NodeCert {
+			if deps.NodeCertificate == nil {
+				return errors.New("--node-cert needs the Kubernetes API to ask for the node's certificate")
+			}
+			c, err := deps.NodeCertificate(ctx)
+			if err == nil {
+				err = tlsFiles.SetLeaf(c)
+			}
+			if err != nil {
+				return fmt.Errorf("obtaining this node's agent-to-agent certificate: %w", err)
+			}
+			keepCtx, stopKeep := context.WithCancel(ctx)
+			defer stopKeep()
+			go nodecert.Keep(keepCtx, tlsFiles, deps.NodeCertificate, log.With("part", "node-certificate"))
 		}
 		if !cfg.DisableTCP {
 			dataLn := deps.DataListener
@@ -229,7 +254,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 				}
 			}
 			te, err = tcp.New(tcp.Options{Node: cfg.NodeName, Listener: dataLn, Advertise: advertise(cfg.DataAdvertise, dataLn),
-				TLS: tlsFiles.Config(), Logf: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "engine", "tcp") }})
+				TLS: tlsFiles.Config(), CheckPeer: tlsFiles.CheckPeer, Logf: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "engine", "tcp") }})
 			if err != nil {
 				dataLn.Close()
 				return err

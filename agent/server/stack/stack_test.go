@@ -6,8 +6,11 @@ package stack
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"errors"
 	"flag"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -118,6 +121,52 @@ func TestTwoStacksTalk(t *testing.T) {
 	}
 	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
 		PeerListen: "127.0.0.1:0", DataListen: "127.0.0.1:0", MaxRegions: 16, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16}
+	twoStacksTalk(t, base, func(string) Deps { return Deps{} })
+}
+
+// TestTwoStacksTalkOnNodeCertificates: the same with each agent on its own node's certificate, obtained at
+// start (--node-cert: the directory holds only the bundle); a stack whose certificate cannot be obtained does
+// not start, and says why.
+func TestTwoStacksTalkOnNodeCertificates(t *testing.T) {
+	now := time.Now()
+	ca, _ := pki.NewCA("infer", "kv", now, time.Hour)
+	tlsDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(tlsDir, pki.BundleKey), ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
+		NodeCert: true, PeerListen: "127.0.0.1:0", DataListen: "127.0.0.1:0", MaxRegions: 16, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16}
+	issue := func(node string) Deps {
+		return Deps{NodeCertificate: func(context.Context) (tls.Certificate, error) {
+			kp, err := pki.IssueNode(ca, "infer", "kv", node, time.Now(), time.Hour)
+			if err != nil {
+				return tls.Certificate{}, err
+			}
+			return tls.X509KeyPair(kp.CertPEM, kp.KeyPEM)
+		}}
+	}
+	for name, c := range map[string]struct {
+		deps Deps
+		want string
+	}{
+		"no way to ask": {Deps{}, "--node-cert needs the Kubernetes API"},
+		"request denied": {Deps{NodeCertificate: func(context.Context) (tls.Certificate, error) {
+			return tls.Certificate{}, errors.New("denied: not this node")
+		}}, "obtaining this node's agent-to-agent certificate: denied: not this node"},
+	} {
+		cfg := base
+		cfg.NodeName, cfg.SocketDir = "node-x", t.TempDir()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := Run(ctx, cfg, c.deps)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: want an error saying %q, got %v", name, c.want, err)
+		}
+	}
+	twoStacksTalk(t, base, issue)
+}
+
+func twoStacksTalk(t *testing.T, base Config, deps func(node string) Deps) {
 	// Ports are known only once A listens, so B is told A's endpoint; A never needs to dial B here.
 	a := base
 	a.NodeName, a.SocketDir = "node-a", t.TempDir()
@@ -126,10 +175,12 @@ func TestTwoStacksTalk(t *testing.T) {
 		t.Fatal(err)
 	}
 	dataA := &countingListener{Listener: ln}
-	epA := runStack(t, a, Deps{DataListener: dataA})
+	da := deps("node-a")
+	da.DataListener = dataA
+	epA := runStack(t, a, da)
 	b := base
 	b.NodeName, b.SocketDir, b.StaticPeers = "node-b", t.TempDir(), "node-a="+epA
-	runStack(t, b, Deps{})
+	runStack(t, b, deps("node-b"))
 	const connsPerPeer = 4 // the tcp engine's default
 	for deadline := time.Now().Add(10 * time.Second); dataA.n.Load() < connsPerPeer; {
 		if time.Now().After(deadline) {

@@ -18,6 +18,31 @@
   - create
   - patch
 - apiGroups:
+  - certificates.k8s.io
+  resources:
+  - certificatesigningrequests
+  verbs:
+  - delete
+  - get
+  - list
+  - watch
+- apiGroups:
+  - certificates.k8s.io
+  resources:
+  - certificatesigningrequests/approval
+  - certificatesigningrequests/status
+  verbs:
+  - update
+- apiGroups:
+  - certificates.k8s.io
+  resourceNames:
+  - fabricxfer.io/agent
+  resources:
+  - signers
+  verbs:
+  - approve
+  - sign
+- apiGroups:
   - coordination.k8s.io
   resources:
   - leases
@@ -179,6 +204,13 @@
   resources:
   - resourceclaims
   verbs:
+  - get
+- apiGroups:
+  - certificates.k8s.io
+  resources:
+  - certificatesigningrequests
+  verbs:
+  - create
   - get
 - apiGroups:
   - events.k8s.io
