@@ -279,6 +279,39 @@ func TestDeclaredVPodsOnARealAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("the API refuses garbage in the new fields", func(t *testing.T) {
+		before := get("node-a")
+		tn := &v1alpha1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: "garbage"}, Spec: v1alpha1.TransferNodeSpec{NodeName: "garbage"}}
+		if err := admin.Create(ctx, tn); err != nil {
+			t.Fatal(err)
+		}
+		many := make([]v1alpha1.FabricDeclaration, 17)
+		for i := range many {
+			many[i] = v1alpha1.FabricDeclaration{VPodTopology: fmt.Sprint("v", i), Domain: left}
+		}
+		for _, c := range []struct {
+			name string
+			st   v1alpha1.TransferNodeStatus
+			want string
+		}{
+			{"unknown source", v1alpha1.TransferNodeStatus{GPUs: []v1alpha1.GPU{{Vendor: v1alpha1.VendorAMD, PCIBusID: "0000:01:00.0",
+				Fabric: &v1alpha1.FabricMembership{Kind: v1alpha1.FabricUALink, Domain: left, Source: "trust-me"}}}}, `Unsupported value: "trust-me"`},
+			{"too many declarations", v1alpha1.TransferNodeStatus{Declarations: many}, "must have at most 16 items"},
+			{"endless refusal", v1alpha1.TransferNodeStatus{Declarations: []v1alpha1.FabricDeclaration{{VPodTopology: "v", Domain: left,
+				Refused: strings.Repeat("x", 513)}}}, "may not be more than 512"},
+			{"too many GPUs", v1alpha1.TransferNodeStatus{Declarations: []v1alpha1.FabricDeclaration{{VPodTopology: "v", Domain: left,
+				GPUs: make([]int32, 65)}}}, "must have at most 64 items"},
+		} {
+			tn.Status = c.st
+			if err := admin.Status().Update(ctx, tn); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: error %v, want one containing %q", c.name, err, c.want)
+			}
+		}
+		if after := get("node-a"); fmt.Sprint(fabricOf(after)) != fmt.Sprint(fabricOf(before)) {
+			t.Errorf("node-a's report changed: %v -> %v", fabricOf(before), fabricOf(after))
+		}
+	})
+
 	t.Run("removing a declaration removes the domain within one heartbeat", func(t *testing.T) {
 		// node-b leaves vpod-left: its agent reads the spec, the member label has not even been removed yet.
 		var vp v1alpha1.VPodTopology
