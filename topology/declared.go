@@ -102,7 +102,11 @@ func applyDeclarations(r *Report, decls []Declaration, override string) {
 		sort.Ints(res.GPUs)
 		var parts []string
 		for _, why := range order {
-			parts = append(parts, "GPUs "+intRanges(refused[why])+": "+why)
+			noun := "GPUs "
+			if len(refused[why]) == 1 {
+				noun = "GPU "
+			}
+			parts = append(parts, noun+intRanges(refused[why])+": "+why)
 		}
 		res.Refused = strings.Join(parts, "; ")
 		r.Declarations = append(r.Declarations, res)

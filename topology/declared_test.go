@@ -70,7 +70,7 @@ func TestDeclarationRules(t *testing.T) {
 	if d := res["first"]; fmt.Sprint(d.GPUs) != "[3]" || d.Refused != "GPUs 0-2: the hardware reports "+hwKey {
 		t.Errorf("first: %+v", d)
 	}
-	if d := res["second"]; len(d.GPUs) != 0 || d.Refused != "GPUs 3: declared in ualink:99/1 by first first; GPUs 2: the hardware reports "+hwKey+"; GPUs -1,9,1073741824: not on this node (4 GPUs)" {
+	if d := res["second"]; len(d.GPUs) != 0 || d.Refused != "GPU 3: declared in ualink:99/1 by first first; GPU 2: the hardware reports "+hwKey+"; GPUs -1,9,1073741824: not on this node (4 GPUs)" {
 		t.Errorf("second: %+v", d)
 	}
 	if d := res["agrees"]; fmt.Sprint(d.GPUs) != "[0]" || d.Refused != "" {
@@ -90,5 +90,26 @@ func TestDeclarationRules(t *testing.T) {
 	}
 	if len(r.Declarations) != 1 || len(r.Declarations[0].GPUs) != 0 || !strings.Contains(r.Declarations[0].Refused, "fabricDomainOverride") {
 		t.Errorf("declaration under the override: %+v", r.Declarations)
+	}
+}
+
+// TestTableShowsDeclarations: agent detect prints each GPU's source and every declaration with what was taken.
+func TestTableShowsDeclarations(t *testing.T) {
+	r := mustDetect(t, fixture(t, "ualink-vpod-node-b-accel-error"), topology.Options{Declarations: []topology.Declaration{
+		{Name: "vpod-x", Domain: "ualink:99/1"},
+	}})
+	var b strings.Builder
+	if err := topology.WriteTable(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		hwKey + " [discovered]",
+		"ualink:99/1 [declared] (declared by vpod-x",
+		"Declared fabric domains (1 VPodTopologies name this node; what the hardware reports wins)",
+		"vpod-x       ualink:99/1  3           GPUs 0-2: the hardware reports " + hwKey,
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
 	}
 }

@@ -221,7 +221,7 @@ func TestDeclaredVPodsOnARealAPIServer(t *testing.T) {
 				decls[node+"/"+d.VPodTopology] = d
 			}
 		}
-		if d := decls["node-a/vpod-late"]; len(d.GPUs) != 0 || d.Refused != "GPUs 0: declared in ualink:77/1 by vpod-left first; GPUs 1000: not on this node (8 GPUs)" {
+		if d := decls["node-a/vpod-late"]; len(d.GPUs) != 0 || d.Refused != "GPU 0: declared in ualink:77/1 by vpod-left first; GPU 1000: not on this node (8 GPUs)" {
 			t.Errorf("node-a's record of vpod-late: %+v", d)
 		}
 		if d := decls["node-hw/vpod-late"]; len(d.GPUs) != 0 || d.Refused != "GPUs 0-3: the hardware reports "+hwKey {
@@ -255,7 +255,7 @@ func TestDeclaredVPodsOnARealAPIServer(t *testing.T) {
 				fmt.Errorf("vpod-late %+v, vpod-left %+v", c, l)
 		})
 		msg := meta.FindStatusCondition(late.Status.Conditions, v1alpha1.ConditionDeclared).Message
-		for _, want := range []string{"node-hw: GPUs 0-3: the hardware reports " + hwKey, "node-a: GPUs 0: declared in ualink:77/1 by vpod-left first", "node-o: ", "fabricDomainOverride"} {
+		for _, want := range []string{"node-hw: GPUs 0-3: the hardware reports " + hwKey, "node-a: GPU 0: declared in ualink:77/1 by vpod-left first", "node-o: ", "fabricDomainOverride"} {
 			if !strings.Contains(msg, want) {
 				t.Errorf("vpod-late's Declared message %q lacks %q", msg, want)
 			}
