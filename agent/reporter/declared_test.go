@@ -94,7 +94,9 @@ func declare(name, domain string, members ...v1alpha1.VPodMember) *v1alpha1.VPod
 		Spec: v1alpha1.VPodTopologySpec{Kind: kind, Domain: domain, Members: members}}
 }
 
-func member(node string, gpus ...int32) v1alpha1.VPodMember { return v1alpha1.VPodMember{Node: node, GPUs: gpus} }
+func member(node string, gpus ...int32) v1alpha1.VPodMember {
+	return v1alpha1.VPodMember{Node: node, GPUs: gpus}
+}
 
 // fabricOf lists each GPU of a report as domain/source/declaration.
 func fabricOf(tn *v1alpha1.TransferNode) []string {
