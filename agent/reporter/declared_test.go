@@ -202,6 +202,32 @@ func TestDeclaredVPodsOnARealAPIServer(t *testing.T) {
 	})
 
 	t.Run("the watch is filtered", func(t *testing.T) {
+		// Every other vPOD written once more, then one of node-a's: once that event arrived, the others' would
+		// have arrived before it had the watch not been filtered.
+		before := agents["node-a"].watch.Received()
+		for i := range 100 {
+			var vp v1alpha1.VPodTopology
+			if err := admin.Get(ctx, client.ObjectKey{Name: fmt.Sprintf("other-%03d", i)}, &vp); err != nil {
+				t.Fatal(err)
+			}
+			vp.Labels["touched"] = "1"
+			if err := admin.Update(ctx, &vp); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var marker v1alpha1.VPodTopology
+		if err := admin.Get(ctx, client.ObjectKey{Name: "vpod-late"}, &marker); err != nil {
+			t.Fatal(err)
+		}
+		marker.Annotations = map[string]string{"marker": "last"}
+		if err := admin.Update(ctx, &marker); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 5*time.Second, "node-a sees the marker", func() (bool, error) { return agents["node-a"].watch.Received() > before, nil })
+		time.Sleep(200 * time.Millisecond)
+		if got := agents["node-a"].watch.Received() - before; got != 1 {
+			t.Errorf("node-a's watch received %d objects for 100 other vPODs and one of its own written", got)
+		}
 		for name, a := range agents {
 			// Its own declarations, their label patch and a status patch or two; never the 100 others.
 			if got := a.watch.Received(); got > 12 {
