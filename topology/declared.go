@@ -93,7 +93,7 @@ func applyDeclarations(r *Report, decls []Declaration, override string) {
 				g.Fabric = &Fabric{Kind: kind, Domain: d.Domain, Pinned: true, Source: SourceDeclared, Declaration: d.Name}
 				note := "declared by " + d.Name
 				if g.FabricNote != "" {
-					note += " (" + g.FabricNote + ")"
+					note += "; hardware: " + g.FabricNote
 				}
 				g.FabricNote = note
 				res.GPUs = append(res.GPUs, i)

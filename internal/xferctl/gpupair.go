@@ -118,7 +118,7 @@ func writeGPURoute(ctx context.Context, c client.Reader, src, dst gpuRef, from, 
 		if !ok {
 			up, whyNot := both(fxv1.EngineRDMA)
 			if up {
-				whyNot = "both nodes run rdma"
+				whyNot = "both nodes report rdma available"
 			}
 			verdicts = append(verdicts, verdict{"rdma", up, whyNot})
 			if !up {

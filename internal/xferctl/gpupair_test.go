@@ -91,7 +91,7 @@ func TestExplainGPUPairsByDeclaration(t *testing.T) {
 		{"node-a/0", "node-b/0", []string{"node-a/0 -> node-b/0: fabric", "node-a GPU 0: ualink:77/1, declared by VPodTopology vpod-left",
 			"fabric    yes  same fabric domain ualink:77/1, decided by VPodTopology vpod-left"}},
 		{"node-a/0", "node-b/1", []string{"node-a/0 -> node-b/1: rdma", "node-b GPU 1: ualink:77/2, declared by VPodTopology vpod-right",
-			"fabric    no   different fabric domains", "rdma      yes  both nodes run rdma"}},
+			"fabric    no   different fabric domains", "rdma      yes  both nodes report rdma available"}},
 		{"node-a/2", "node-b/2", []string{": rdma", "node-a GPU 2: in no fabric domain", "outside any fabric domain"}},
 		{"node-a/1", "node-c/0", []string{": no engine", "rdma      no   not available on node-c: no usable port", "tcp       no   tcp does not carry GPU memory yet"}},
 		{"node-a/0", "node-a/1", []string{": xgmi", "both GPUs on node node-a"}},
