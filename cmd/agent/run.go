@@ -113,6 +113,22 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 	if cfg.heartbeat <= 0 {
 		return nil, fmt.Errorf("--heartbeat %s must be positive", cfg.heartbeat)
 	}
+	// Declared vPODs: the VPodTopologies labelled for this node only, read once before the first detection, so
+	// the first report and the transfer side (which builds its engines from it) start from them, then watched.
+	var (
+		decls   *reporter.DeclarationWatch
+		initial []topology.Declaration
+	)
+	cfg.detection.declarations = func(context.Context) []topology.Declaration {
+		if decls.WaitSynced(nil) {
+			return decls.Declarations()
+		}
+		return initial
+	}
+	detect, err := cfg.detection.detector()
+	if err != nil {
+		return nil, err
+	}
 	restCfg, err := restConfig(cfg.kubeconfig)
 	if err != nil {
 		return nil, err
@@ -130,36 +146,24 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
 	}
-	// Declared vPODs: the VPodTopologies labelled for this node only, read once now, so the first report and the
-	// transfer side (which builds its engines from the first detection) start from them, then watched.
-	decls := reporter.NewDeclarationWatch(c, cfg.detection.nodeName, log.WithName("declarations"))
+	decls = reporter.NewDeclarationWatch(c, cfg.detection.nodeName, log.WithName("declarations"))
 	listCtx, cancel := context.WithTimeout(context.Background(), declarationListWait)
-	initial, err := reporter.ListDeclarations(listCtx, c, cfg.detection.nodeName)
+	initial, err = reporter.ListDeclarations(listCtx, c, cfg.detection.nodeName)
 	cancel()
 	if err != nil {
 		log.Error(err, "reading declared vPODs at start; the watch retries", "node", cfg.detection.nodeName)
-	}
-	cfg.detection.declarations = func(ctx context.Context) []topology.Declaration {
-		if decls.WaitSynced(nil) {
-			return decls.Declarations()
-		}
-		return initial
-	}
-	detect, err := cfg.detection.detector()
-	if err != nil {
-		return nil, err
 	}
 	// The transfer side registers GPU memory under each GPU's domain as the latest detection has it.
 	domains := &gpuDomains{}
 	detect = domains.track(detect)
 	cfg.transfer.fabricDomainOf = domains.of
 	rt := &agentRuntime{
-		log:        log,
-		client:     c,
-		detect:     detect,
-		identity:   report.Identity{AgentVersion: version, Endpoint: cfg.endpoint},
-		components: []component{decls},
+		log:      log,
+		client:   c,
+		detect:   detect,
+		identity: report.Identity{AgentVersion: version, Endpoint: cfg.endpoint},
 	}
+	rt.components = append(rt.components, decls)
 	rep, err := reporter.New(reporter.Config{
 		NodeName:      cfg.detection.nodeName,
 		PoolNamespace: cfg.poolNamespace,
