@@ -94,6 +94,29 @@ equals $POOL '{.status.nodes}' 5/5 || fail "pool nodes $(jp $POOL '{.status.node
 # fabric: gpu-node-a and -b by their hardware's vPOD, gpu-node-d and -e by the declared one.
 equals $POOL '{.status.engineSummary}' "xgmi=4 fabric=4 rdma=5 tcp=5" || fail "engines: $(jp $POOL '{.status.engineSummary}')"
 pass "pool status 5/5, engines xgmi=4 fabric=4 rdma=5 tcp=5"
+
+# The rules on the live cluster: the hardware wins over a declaration that disagrees (gpu-node-a's GPU 0 reports
+# its UALink vPOD), and a deleted declaration leaves its nodes within a heartbeat (2 s).
+HW=ualink:1c9e2f4a-6b7d-4e11-9a2b-3c4d5e6f7081/1
+kc apply -f - >/dev/null <<VPOD || fail "declaring a vPOD the hardware contradicts"
+apiVersion: fabricxfer.io/v1alpha1
+kind: VPodTopology
+metadata: {name: e2e-contradicted}
+spec: {kind: ualink, domain: "ualink:5e1f0d2c-7a3b-4c8d-9e0f-1a2b3c4d5e6f/8", members: [{node: gpu-node-a, gpus: [0]}]}
+VPOD
+declared_reason() { jp vpodtopology/e2e-contradicted '{.status.conditions[?(@.type=="Declared")].reason}'; }
+until_true 15 "a declaration the hardware contradicts is refused (Declared=False, DeclarationConflict)" eval '[ "$(declared_reason)" = DeclarationConflict ]'
+jp vpodtopology/e2e-contradicted '{.status.conditions[?(@.type=="Declared")].message}' | grep -qF "gpu-node-a: GPU 0: the hardware reports $HW" ||
+  fail "the conflict does not name the node and the hardware's key: $(jp vpodtopology/e2e-contradicted '{.status.conditions}')"
+equals transfernode/gpu-node-a '{.status.gpus[0].fabric.domain}/{.status.gpus[0].fabric.source}' "$HW/discovered" ||
+  fail "gpu-node-a's GPU 0 is routed by $(jp transfernode/gpu-node-a '{.status.gpus[0].fabric}')"
+pass "the contradicted declaration names gpu-node-a's hardware key; GPU 0 stays in $HW (discovered)"
+kc delete vpodtopology e2e-contradicted demo-declared >/dev/null || fail "deleting the declarations"
+deleted=$(date +%s%N)
+until_true 4 "gpu-node-d and gpu-node-e leave the deleted vPOD" \
+  eval 'equals transfernode/gpu-node-d "{.status.gpus[*].fabric.domain}" "" && equals transfernode/gpu-node-e "{.status.gpus[*].fabric.domain}" ""'
+echo "e2e: the declared domain left both reports $((($(date +%s%N) - deleted) / 1000000)) ms after the delete (heartbeat 2 s)"
+until_true 10 "the pool counts fabric on gpu-node-a and -b only again" equals $POOL '{.status.engineSummary}' "xgmi=4 fabric=2 rdma=5 tcp=5"
 reasons() { kc -n default get events.events.k8s.io -o jsonpath='{range .items[*]}{.regarding.kind}/{.reason}{"\n"}{end}'; }
 has_event() { # not reasons | grep -q: grep stops reading early, and pipefail turns kubectl's SIGPIPE into a failure
   local r
