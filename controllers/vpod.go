@@ -166,3 +166,51 @@ func DuplicateVPodStatus(vp, owner *fxv1.VPodTopology) fxv1.VPodTopologyStatus {
 	}
 	return status
 }
+
+// maxNamedNodes bounds the nodes a condition message names, as Events do.
+const maxNamedNodes = 16
+
+// DeclaredCondition says whether the agents of a declared VPodTopology's members took every declared GPU into
+// the domain, from what each member's report says of the declaration (reports by node). A member whose agent
+// refused GPUs (the hardware reports another domain, another declaration holds them, the pool pins every GPU
+// with fabricDomainOverride, the node lacks them) makes it False with reason DeclarationConflict naming the
+// member and why; one whose report does not mention the declaration yet makes it False with DeclarationPending.
+func DeclaredCondition(vp *fxv1.VPodTopology, reports map[string]*fxv1.TransferNode) metav1.Condition {
+	var conflicts, pending []string
+	for _, m := range vp.Spec.Members {
+		var found *fxv1.FabricDeclaration
+		if tn := reports[m.Node]; tn != nil {
+			for i := range tn.Status.Declarations {
+				if d := &tn.Status.Declarations[i]; d.VPodTopology == vp.Name && d.Domain == vp.Spec.Domain {
+					found = d
+				}
+			}
+		}
+		switch {
+		case found == nil:
+			pending = append(pending, m.Node)
+		case found.Refused != "":
+			conflicts = append(conflicts, m.Node+": "+found.Refused)
+		}
+	}
+	c := metav1.Condition{Type: fxv1.ConditionDeclared, ObservedGeneration: vp.Generation}
+	switch {
+	case len(conflicts) > 0:
+		c.Status, c.Reason = metav1.ConditionFalse, fxv1.ReasonDeclarationConflict
+		c.Message = "declared GPUs not in the domain (nothing is routed by this declaration there): " + namedAtMost(conflicts, "; ")
+	case len(pending) > 0:
+		c.Status, c.Reason = metav1.ConditionFalse, fxv1.ReasonDeclarationPending
+		c.Message = "members whose agents have not reported this declaration yet: " + namedAtMost(pending, ", ")
+	default:
+		c.Status, c.Reason = metav1.ConditionTrue, fxv1.ReasonDeclarationTaken
+		c.Message = "every member's agent put the declared GPUs in the domain"
+	}
+	return c
+}
+
+func namedAtMost(items []string, sep string) string {
+	if len(items) <= maxNamedNodes {
+		return strings.Join(items, sep)
+	}
+	return strings.Join(items[:maxNamedNodes], sep) + fmt.Sprintf("%s%d more", sep, len(items)-maxNamedNodes)
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -113,7 +115,7 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		exp.add(trustUncached)
 	}
 	obs := AggregateDomains(tns.Items, freshness(now, timeouts, beats, &exp))[key]
-	if _, err := r.syncDomain(ctx, key, obs, items, now); err != nil {
+	if _, err := r.syncDomain(ctx, key, obs, items, reportsByNode(tns.Items), now); err != nil {
 		return ctrl.Result{}, err
 	}
 	// Heartbeats expire without events (renewals that change nothing are filtered out): look again when the
@@ -148,7 +150,11 @@ func (w *domainWrites) any() bool { return w.created+w.existed+w.patched+w.delet
 // syncDomain writes one domain: deletes discovered VPodTopologies of it that nobody reports or that duplicate
 // the owner, patches the status of the others where it differs from the reports, and creates the discovered
 // one when the domain is reported and no VPodTopology describes it. vps are the VPodTopologies of the domain.
-func (r *VPodTopologyReconciler) syncDomain(ctx context.Context, key string, obs *DomainObservation, vps []fxv1.VPodTopology, now time.Time) (domainWrites, error) {
+// reports are the TransferNodes that report or were declared in the domain, by node, for the Declared
+// condition. A declared domain also gets its member labels (fabricxfer.io MemberLabel), which its agents
+// select by.
+func (r *VPodTopologyReconciler) syncDomain(ctx context.Context, key string, obs *DomainObservation, vps []fxv1.VPodTopology,
+	reports map[string]*fxv1.TransferNode, now time.Time) (domainWrites, error) {
 	var w domainWrites
 	var errs []error
 	owners := DomainOwners(vps)
@@ -171,9 +177,24 @@ func (r *VPodTopologyReconciler) syncDomain(ctx context.Context, key string, obs
 			record(r.Recorder, vp, "Delete", []pendingEvent{ev})
 			continue
 		}
+		if vp.Labels[fxv1.LabelDiscovered] != "true" {
+			var members []fxv1.VPodMember
+			if !duplicate {
+				members = vp.Spec.Members
+			}
+			if err := r.syncMemberLabels(ctx, vp, members); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
 		want := ComputeVPodStatus(vp, obs)
 		if duplicate {
 			want = DuplicateVPodStatus(vp, owner)
+		}
+		if !duplicate && len(vp.Spec.Members) > 0 {
+			meta.SetStatusCondition(&want.Conditions, DeclaredCondition(vp, reports))
+		} else {
+			meta.RemoveStatusCondition(&want.Conditions, fxv1.ConditionDeclared)
 		}
 		if equality.Semantic.DeepEqual(vp.Status, want) {
 			continue
@@ -236,6 +257,7 @@ func (r *VPodTopologyReconciler) reconcileAll(ctx context.Context) (ctrl.Result,
 		exp.add(trustUncached)
 	}
 	domains := AggregateDomains(tns.Items, freshness(now, timeouts, beats, &exp))
+	reports := reportsByNode(tns.Items)
 	byDomain := map[string][]fxv1.VPodTopology{}
 	for i := range vps.Items {
 		byDomain[vps.Items[i].Spec.Domain] = append(byDomain[vps.Items[i].Spec.Domain], vps.Items[i])
@@ -257,7 +279,7 @@ func (r *VPodTopologyReconciler) reconcileAll(ctx context.Context) (ctrl.Result,
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			w, err := r.syncDomain(ctx, key, domains[key], items, now)
+			w, err := r.syncDomain(ctx, key, domains[key], items, reports, now)
 			mu.Lock()
 			defer mu.Unlock()
 			total.created, total.existed = total.created+w.created, total.existed+w.existed
@@ -406,17 +428,73 @@ func (r *VPodTopologyReconciler) memberHeartbeats(ctx context.Context, tns []fxv
 // String is the key as the Lease index writes it.
 func (k HeartbeatKey) String() string { return k.PoolNamespace + "/" + k.PoolName + "/" + k.Node }
 
-// reportedDomains are the domain keys a TransferNode's GPUs report, each once.
+// reportedDomains are the domain keys a TransferNode's GPUs report, and those of the declarations it
+// reports (taken or refused, for the Declared condition), each once.
 func reportedDomains(tn *fxv1.TransferNode) []string {
 	var keys []string
 	seen := map[string]bool{}
-	for _, g := range tn.Status.GPUs {
-		if g.Fabric != nil && g.Fabric.Domain != "" && !seen[g.Fabric.Domain] {
-			seen[g.Fabric.Domain] = true
-			keys = append(keys, g.Fabric.Domain)
+	add := func(k string) {
+		if k != "" && !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
 		}
 	}
+	for _, g := range tn.Status.GPUs {
+		if g.Fabric != nil {
+			add(g.Fabric.Domain)
+		}
+	}
+	for _, d := range tn.Status.Declarations {
+		add(d.Domain)
+	}
 	return keys
+}
+
+// reportsByNode indexes reports by node name.
+func reportsByNode(tns []fxv1.TransferNode) map[string]*fxv1.TransferNode {
+	out := make(map[string]*fxv1.TransferNode, len(tns))
+	for i := range tns {
+		out[tns[i].Name] = &tns[i]
+	}
+	return out
+}
+
+// syncMemberLabels gives a declared VPodTopology one MemberLabel per member node and removes the others, with
+// one merge patch when they differ: each agent watches only the VPodTopologies labelled for its node.
+func (r *VPodTopologyReconciler) syncMemberLabels(ctx context.Context, vp *fxv1.VPodTopology, members []fxv1.VPodMember) error {
+	want := map[string]bool{}
+	for _, m := range members {
+		want[fxv1.MemberLabel(m.Node)] = true
+	}
+	before := vp.DeepCopy()
+	changed := false
+	for k := range vp.Labels {
+		if strings.HasPrefix(k, fxv1.MemberLabelPrefix) && !want[k] {
+			delete(vp.Labels, k)
+			changed = true
+		}
+	}
+	for k := range want {
+		if vp.Labels[k] != "true" {
+			if vp.Labels == nil {
+				vp.Labels = map[string]string{}
+			}
+			vp.Labels[k] = "true"
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := r.Patch(ctx, vp, client.MergeFrom(before)); err != nil {
+		r.forget(vp.Name)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("labelling the member nodes of domain %s: %w", vp.Name, err)
+	}
+	r.remember(vp, r.Clock.Now())
+	return nil
 }
 
 // domainRequests are the work items of domain keys.

@@ -127,6 +127,14 @@ func TestDeclaredVPodTopologyIsKeptAndCompared(t *testing.T) {
 		if !slices.Equal(vp.Status.MissingMembers, []string{"decl-0", "decl-1"}) || vp.Status.Nodes != 0 {
 			return fmt.Errorf("missing %v nodes %d", vp.Status.MissingMembers, vp.Status.Nodes)
 		}
+		// The operator (as its ServiceAccount) labels each member node, which is what the agents select by.
+		if vp.Labels[fxv1.MemberLabel("decl-0")] != "true" || vp.Labels[fxv1.MemberLabel("decl-1")] != "true" {
+			return fmt.Errorf("member labels %v", vp.Labels)
+		}
+		if c := meta.FindStatusCondition(vp.Status.Conditions, fxv1.ConditionDeclared); c == nil || c.Reason != fxv1.ReasonDeclarationPending ||
+			c.Message != "members whose agents have not reported this declaration yet: decl-0, decl-1" {
+			return fmt.Errorf("Declared condition %+v", c)
+		}
 		return nil
 	})
 

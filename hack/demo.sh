@@ -6,7 +6,9 @@
 #   a real kube-apiserver + etcd on loopback, the CRDs applied with kubectl, three Node objects backed by
 #   fixture host roots (two GPU nodes of one UALink vPOD, one RDMA-only node), the operator and one agent per
 #   node as local processes, a TransferPool applied with kubectl, and a transfer between two nodes through the
-#   agents' sockets with xferctl. The real kube-scheduler places a pod whose ResourceClaim selects the vPOD;
+#   agents' sockets with xferctl. With DEMO_DECLARED=1 (the default) two more GPU nodes whose hardware reports
+#   no fabric domain get a vPOD declared by kubectl for half of their GPUs, and xferctl explains a GPU pair
+#   inside it and one outside it. The real kube-scheduler places a pod whose ResourceClaim selects the vPOD;
 #   the agents' DRA plugins publish the devices it allocates and prepare the claim (hack/drakubelet calls them
 #   as the kubelet would), and the pod-shaped client finds its socket through the claim's CDI spec.
 # State lives in $DEMO_DIR (default .demo/); `hack/demo.sh down` stops every process it started.
@@ -24,6 +26,13 @@ FIXTURES=$ROOT/topology/testdata
 # node name → fixture host root
 NODES=(gpu-node-a gpu-node-b rdma-node-c)
 ROOTS=(ualink-vpod-node-a ualink-vpod-node-b rdma-only-node)
+# Nodes of the declared vPOD (eight MI300X GPUs each, no UALink): their agents only report (no socket), after
+# the others' ports. hack/failure.sh and hack/soak.sh keep the three-node layout (DEMO_DECLARED=0).
+DEMO_DECLARED=${DEMO_DECLARED:-1}
+DECLARED_NODES=()
+if [ "$DEMO_DECLARED" = 1 ]; then DECLARED_NODES=(gpu-node-d gpu-node-e); fi
+DECLARED_ROOT=mi300x-8gpu-roce
+DECLARED_VPOD=ualink:5e1f0d2c-7a3b-4c8d-9e0f-1a2b3c4d5e6f/7
 
 # shellcheck source=hack/names.sh
 . hack/names.sh
@@ -84,8 +93,8 @@ up() {
   kc apply -f config/crd/bases >/dev/null
   kc wait --for=condition=Established --timeout=60s crd/transferpools.fabricxfer.io crd/transfernodes.fabricxfer.io crd/vpodtopologies.fabricxfer.io >/dev/null
 
-  step "creating Node objects ${NODES[*]}"
-  for n in "${NODES[@]}"; do
+  step "creating Node objects ${NODES[*]} ${DECLARED_NODES[*]}"
+  for n in "${NODES[@]}" "${DECLARED_NODES[@]}"; do
     kc apply -f - >/dev/null <<NODE
 apiVersion: v1
 kind: Node
@@ -149,6 +158,11 @@ POOLYAML
       --health-addr "127.0.0.1:$((port + 2))" --tls-dir "$ST/tls/$n" --allow-local --caller-host-root / \
       --dra --dra-channels 8 --cdi-dir "$ST/dra/$n/cdi" --kubelet-plugin-dir "$ST/dra/$n/plugin" --kubelet-registry-dir "$ST/dra/$n/registry"
   done
+  for n in "${DECLARED_NODES[@]}"; do
+    start "agent-$n" "$BIN/agent" run --node-name "$n" --host-root "$FIXTURES/$DECLARED_ROOT" \
+      --kubeconfig "$KUBECONFIG" --pool-namespace default --pool-name "$POOL" --heartbeat 2s \
+      --engines xgmi,fabric,rdma,tcp --report-only
+  done
   for i in "${!NODES[@]}"; do
     wait_for 60 "agent ${NODES[$i]} ready" curl -sf "http://127.0.0.1:$((AGENT_PORT_BASE + 3 * i + 2))/readyz"
   done
@@ -162,6 +176,28 @@ POOLYAML
   echo
   kc get transferpools,transfernodes,vpodtopologies -o wide
   echo
+
+  if [ "$DEMO_DECLARED" = 1 ]; then
+    step "declaring vPOD demo-declared with kubectl: GPUs 0-3 of gpu-node-d and gpu-node-e (their hardware reports no domain)"
+    kc apply -f - <<VPOD
+apiVersion: fabricxfer.io/v1alpha1
+kind: VPodTopology
+metadata: {name: demo-declared}
+spec:
+  kind: ualink
+  domain: $DECLARED_VPOD
+  members:
+  - {node: gpu-node-d, gpus: [0, 1, 2, 3]}
+  - {node: gpu-node-e, gpus: [0, 1, 2, 3]}
+VPOD
+    wait_for 30 "both agents taking the declaration" kc wait --for=condition=Declared --timeout=1s vpodtopology/demo-declared
+    for n in "${DECLARED_NODES[@]}"; do
+      echo "$n GPU domains: $(kc get transfernode "$n" -o 'jsonpath={range .status.gpus[*]}{.index}={.fabric.domain}({.fabric.source}) {end}')"
+    done
+    step "explain: GPU memory on gpu-node-d GPU 1 -> gpu-node-e GPU 2 (inside the declared vPOD) and -> GPU 5 (outside)"
+    "$BIN/xferctl" explain --kubeconfig "$KUBECONFIG" --from-gpu gpu-node-d/1 --to-gpu gpu-node-e/2
+    "$BIN/xferctl" explain --kubeconfig "$KUBECONFIG" --from-gpu gpu-node-d/1 --to-gpu gpu-node-e/5
+  fi
 
   local sock_a=$ST/sockets/gpu-node-a/$POOL/agent.sock sock_c=$ST/sockets/rdma-node-c/$POOL/agent.sock
   step "registering 64 MiB of host memory on gpu-node-a (segment kv-a) and on rdma-node-c (segment kv-c)"

@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # Copyright The fabricxfer Authors
 #
-# hack/e2e.sh — the demo as a test: brings up the control plane, operator and three agents (hack/demo.sh up in
-# a private directory and ports), checks pool and vPOD status and a transfer, that every documented metric is
+# hack/e2e.sh — the demo as a test: brings up the control plane, operator and five agents (hack/demo.sh up in
+# a private directory and ports), checks pool and vPOD status, the declared vPOD (the domain keys its agents
+# report, explain for a GPU pair inside and one outside it) and a transfer, that every documented metric is
 # served and moves with a transfer, and the operator's and agents' Events, kills an agent and checks that
 # the pool notices and recovers, deletes the pool and checks that everything it owned is gone, and tears down.
 # Fails on the first step that does not hold.
@@ -48,6 +49,27 @@ grep -q "CDI env FABRICXFER_SOCKET=/run/fabricxfer/agent.sock" "$DEMO_DIR.up.log
 grep -q "^verified: read back 1048576 bytes" "$DEMO_DIR.up.log" || fail "the claim's client did not transfer through its socket"
 pass "demo up: pool Ready, explain, 64 MiB write verified and read back, a DRA claim placed in its vPOD and prepared ($(($(date +%s) - start)) s)"
 
+# The declared vPOD: GPUs 0-3 of gpu-node-d and gpu-node-e are in it, by declaration; 4-7 in no domain.
+DECLARED=ualink:5e1f0d2c-7a3b-4c8d-9e0f-1a2b3c4d5e6f/7
+for n in gpu-node-d gpu-node-e; do
+  equals "transfernode/$n" '{.status.gpus[*].fabric.domain}' "$DECLARED $DECLARED $DECLARED $DECLARED" ||
+    fail "$n reports domains '$(jp "transfernode/$n" '{.status.gpus[*].fabric.domain}')', want $DECLARED on GPUs 0-3 only"
+  equals "transfernode/$n" '{.status.gpus[*].fabric.source}' "declared declared declared declared" ||
+    fail "$n reports sources '$(jp "transfernode/$n" '{.status.gpus[*].fabric.source}')'"
+  equals "transfernode/$n" '{.status.declarations[0].vpodTopology}={.status.declarations[0].gpus}' 'demo-declared=[0,1,2,3]' ||
+    fail "$n's record of the declaration: $(jp "transfernode/$n" '{.status.declarations}')"
+done
+equals vpodtopology/demo-declared '{.status.nodes}/{.status.gpus}' 2/8 || fail "declared vPOD status: $(jp vpodtopology/demo-declared '{.status}')"
+equals vpodtopology/demo-declared '{.status.conditions[?(@.type=="Declared")].status}' True ||
+  fail "declared vPOD conditions: $(jp vpodtopology/demo-declared '{.status.conditions}')"
+pass "gpu-node-d and gpu-node-e report GPUs 0-3 in $DECLARED (source declared), the vPOD counts 2 nodes and 8 GPUs, Declared=True"
+grep -q "^gpu-node-d/1 -> gpu-node-e/2: fabric " "$DEMO_DIR.up.log" || fail "explain did not pick fabric for a GPU pair inside the declared vPOD"
+grep -q "fabric    yes  same fabric domain $DECLARED, decided by VPodTopology demo-declared" "$DEMO_DIR.up.log" ||
+  fail "explain did not name the declaration that decided"
+grep -q "^gpu-node-d/1 -> gpu-node-e/5: rdma " "$DEMO_DIR.up.log" || fail "explain did not pick rdma for a GPU pair outside the declared vPOD"
+grep -q "gpu-node-e GPU 5: in no fabric domain" "$DEMO_DIR.up.log" || fail "explain did not say GPU 5 is outside every domain"
+pass "explain: gpu-node-d/1 -> gpu-node-e/2 fabric (decided by demo-declared), gpu-node-d/1 -> gpu-node-e/5 rdma"
+
 # Every metric docs/observability.md lists is served by gpu-node-a's agent or the operator, and the transfer
 # counters and latency histogram move when a transfer runs.
 scrape() { curl -sf "http://127.0.0.1:$1/metrics"; }
@@ -68,9 +90,33 @@ ops_after=$(sum_of 'fabricxfer_transfer_ops_total{') count_after=$(sum_of 'fabri
 pass "a transfer moves the ops counter ($ops_before -> $ops_after) and the latency histogram"
 
 POOL=transferpool/kv-cache
-equals $POOL '{.status.nodes}' 3/3 || fail "pool nodes $(jp $POOL '{.status.nodes}'), want 3/3"
-equals $POOL '{.status.engineSummary}' "xgmi=2 fabric=2 rdma=3 tcp=3" || fail "engines: $(jp $POOL '{.status.engineSummary}')"
-pass "pool status 3/3, engines xgmi=2 fabric=2 rdma=3 tcp=3"
+equals $POOL '{.status.nodes}' 5/5 || fail "pool nodes $(jp $POOL '{.status.nodes}'), want 5/5"
+# fabric: gpu-node-a and -b by their hardware's vPOD, gpu-node-d and -e by the declared one.
+equals $POOL '{.status.engineSummary}' "xgmi=4 fabric=4 rdma=5 tcp=5" || fail "engines: $(jp $POOL '{.status.engineSummary}')"
+pass "pool status 5/5, engines xgmi=4 fabric=4 rdma=5 tcp=5"
+
+# The rules on the live cluster: the hardware wins over a declaration that disagrees (gpu-node-a's GPU 0 reports
+# its UALink vPOD), and a deleted declaration leaves its nodes within a heartbeat (2 s).
+HW=ualink:1c9e2f4a-6b7d-4e11-9a2b-3c4d5e6f7081/1
+kc apply -f - >/dev/null <<VPOD || fail "declaring a vPOD the hardware contradicts"
+apiVersion: fabricxfer.io/v1alpha1
+kind: VPodTopology
+metadata: {name: e2e-contradicted}
+spec: {kind: ualink, domain: "ualink:5e1f0d2c-7a3b-4c8d-9e0f-1a2b3c4d5e6f/8", members: [{node: gpu-node-a, gpus: [0]}]}
+VPOD
+declared_reason() { jp vpodtopology/e2e-contradicted '{.status.conditions[?(@.type=="Declared")].reason}'; }
+until_true 15 "a declaration the hardware contradicts is refused (Declared=False, DeclarationConflict)" eval '[ "$(declared_reason)" = DeclarationConflict ]'
+jp vpodtopology/e2e-contradicted '{.status.conditions[?(@.type=="Declared")].message}' | grep -qF "gpu-node-a: GPU 0: the hardware reports $HW" ||
+  fail "the conflict does not name the node and the hardware's key: $(jp vpodtopology/e2e-contradicted '{.status.conditions}')"
+equals transfernode/gpu-node-a '{.status.gpus[0].fabric.domain}/{.status.gpus[0].fabric.source}' "$HW/discovered" ||
+  fail "gpu-node-a's GPU 0 is routed by $(jp transfernode/gpu-node-a '{.status.gpus[0].fabric}')"
+pass "the contradicted declaration names gpu-node-a's hardware key; GPU 0 stays in $HW (discovered)"
+kc delete vpodtopology e2e-contradicted demo-declared >/dev/null || fail "deleting the declarations"
+deleted=$(date +%s%N)
+until_true 4 "gpu-node-d and gpu-node-e leave the deleted vPOD" \
+  eval 'equals transfernode/gpu-node-d "{.status.gpus[*].fabric.domain}" "" && equals transfernode/gpu-node-e "{.status.gpus[*].fabric.domain}" ""'
+echo "e2e: the declared domain left both reports $((($(date +%s%N) - deleted) / 1000000)) ms after the delete (heartbeat 2 s)"
+until_true 10 "the pool counts fabric on gpu-node-a and -b only again" equals $POOL '{.status.engineSummary}' "xgmi=4 fabric=2 rdma=5 tcp=5"
 reasons() { kc -n default get events.events.k8s.io -o jsonpath='{range .items[*]}{.regarding.kind}/{.reason}{"\n"}{end}'; }
 has_event() { # not reasons | grep -q: grep stops reading early, and pipefail turns kubectl's SIGPIPE into a failure
   local r
@@ -80,8 +126,8 @@ for e in TransferPool/PoolReady TransferPool/CertificatesIssued VPodTopology/Dom
   has_event "$e" || fail "no $e Event (have: $(reasons | sort -u | tr '\n' ' '))"
 done
 pass "Events: PoolReady, CertificatesIssued, DomainCreated, EnginesReported"
-vpod=$(kc get vpodtopologies -o name)
-[ "$(echo "$vpod" | wc -l)" = 1 ] || fail "want one vPOD, got: $vpod"
+vpod=$(kc get vpodtopologies -l fabricxfer.io/discovered=true -o name)
+[ "$(echo "$vpod" | wc -l)" = 1 ] || fail "want one discovered vPOD, got: $vpod"
 equals "$vpod" '{.status.nodes}' 2 || fail "vPOD members: $(jp "$vpod" '{.status.members}')"
 equals "$vpod" '{.status.gpus}' 8 || fail "vPOD GPUs: $(jp "$vpod" '{.status.gpus}')"
 pass "one UALink vPOD with gpu-node-a and gpu-node-b, 8 GPUs"
@@ -93,7 +139,7 @@ pass "agent DaemonSet $AGENT_NS/$AGENTS exists; nothing privileged in the pool's
 
 # An agent that dies: its node turns not ready within the heartbeat timeout (3 x 2 s) and its vPOD shows it missing.
 kill "$(cat "$DEMO_DIR/agent-gpu-node-b.pid")"
-until_true 20 "pool notices the dead agent on gpu-node-b (2/3)" equals $POOL '{.status.nodes}' 2/3
+until_true 20 "pool notices the dead agent on gpu-node-b (4/5)" equals $POOL '{.status.nodes}' 4/5
 until_true 20 "vPOD lists gpu-node-b as missing" equals "$vpod" '{.status.missingMembers[0]}' gpu-node-b
 until_true 20 "a NodesNotReady Event on the pool and a MembersMissing Event on the vPOD" \
   eval 'has_event TransferPool/NodesNotReady && has_event VPodTopology/MembersMissing'

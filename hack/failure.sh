@@ -19,6 +19,7 @@ BIN=${BIN_DIR:-$PWD/bin}
 export DEMO_DIR=${FAILURE_DIR:-$(mktemp -d /tmp/fabricxfer-failure.XXXXXX)}
 export API_PORT=${FAILURE_API_PORT:-30443} ETCD_PORT=${FAILURE_ETCD_PORT:-30790}
 export AGENT_PORT_BASE=${FAILURE_AGENT_PORT_BASE:-30470} OPERATOR_PORT_BASE=${FAILURE_OPERATOR_PORT_BASE:-30080}
+export DEMO_DECLARED=0 # the three-node demo: counts and the single vPOD below assume it
 # Operators started here: replica i serves metrics on OP_PORT_BASE+2i and probes on OP_PORT_BASE+2i+1.
 # Every port is below the kernel's ephemeral range (32768+), where a client connection could take it first.
 OP_PORT_BASE=${FAILURE_OP_PORT_BASE:-30090}

@@ -22,6 +22,7 @@ export AGENT_PORT_BASE=${SOAK_AGENT_PORT_BASE:-31470} OPERATOR_PORT_BASE=${SOAK_
 WORK=$(mktemp -d /tmp/fabricxfer-soak.XXXXXX)
 T0=$(date +%s)
 export DEMO_DIR=$WORK/demo BIN_DIR=$WORK/bin
+export DEMO_DECLARED=0 # the demo's three agents, no report-only ones
 
 for b in kubectl etcd kube-apiserver; do
   [ -x "$TOOLS/$b" ] || { echo "soak: $TOOLS/$b missing: run make tools" >&2; exit 1; }

@@ -6,6 +6,7 @@ package topology
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +18,8 @@ type Options struct {
 	OpenNVML OpenNVML
 	// Overrides force engines off or pin the fabric domain.
 	Overrides Overrides
+	// Declarations place GPUs the hardware reports in no domain into declared ones, earliest first.
+	Declarations []Declaration
 }
 
 // maxReasonLen matches the longest engine reason the TransferNode API accepts.
@@ -64,6 +67,12 @@ func Detect(ctx context.Context, h Host, opts Options) (Report, error) {
 	if err := ctx.Err(); err != nil {
 		return Report{}, fmt.Errorf("detecting NICs: %w", err)
 	}
+	for i := range r.GPUs {
+		if r.GPUs[i].Fabric != nil {
+			r.GPUs[i].Fabric.Source = SourceDiscovered
+		}
+	}
+	applyDeclarations(&r, opts.Declarations, opts.Overrides.FabricDomain)
 	if key := opts.Overrides.FabricDomain; key != "" {
 		kind, _ := domainKind(key)
 		for i := range r.GPUs {
@@ -71,7 +80,7 @@ func Detect(ctx context.Context, h Host, opts Options) (Report, error) {
 			if r.GPUs[i].Fabric != nil {
 				was = "hardware reports " + r.GPUs[i].Fabric.Domain
 			}
-			r.GPUs[i].Fabric = &Fabric{Kind: kind, Domain: key, Pinned: true}
+			r.GPUs[i].Fabric = &Fabric{Kind: kind, Domain: key, Pinned: true, Source: SourceOverride}
 			r.GPUs[i].FabricNote = "pinned by override"
 			if was != "" {
 				r.GPUs[i].FabricNote += " (" + was + ")"
@@ -164,8 +173,12 @@ func fabricEngine(r Report) Engine {
 		parts = append(parts, fmt.Sprintf("%s: GPUs %s", k, intRanges(members[k])))
 	}
 	pinned := false
+	var declared []string
 	for _, g := range r.GPUs {
 		pinned = pinned || (g.Fabric != nil && g.Fabric.Pinned)
+		if g.Fabric != nil && g.Fabric.Source == SourceDeclared && !slices.Contains(declared, g.Fabric.Declaration) {
+			declared = append(declared, g.Fabric.Declaration)
+		}
 	}
 	if strings.HasPrefix(keys[0], FabricNVLink+":") && r.IMEXChannels == 0 && !pinned {
 		e.Available = false
@@ -178,7 +191,10 @@ func fabricEngine(r Report) Engine {
 	if len(without) > 0 {
 		parts = append(parts, "not in a domain: "+groupNotes(without))
 	}
-	if pinned {
+	switch {
+	case len(declared) > 0:
+		parts = append(parts, "declared by "+strings.Join(declared, ", "))
+	case pinned:
 		parts = append(parts, "domain pinned by override")
 	}
 	e.Reason = strings.Join(parts, "; ")

@@ -188,7 +188,7 @@ func TestUALinkVPODNodes(t *testing.T) {
 	t.Run("GPU in UALink error state", func(t *testing.T) {
 		r := mustDetect(t, fixture(t, "ualink-vpod-node-b-accel-error"), topology.Options{})
 		d := diff(t, b, r)
-		assertDiffPaths(t, d, ".gpus[3].fabric.kind", ".gpus[3].fabric.domain", ".gpus[3].fabricNote", ".engines[1].reason")
+		assertDiffPaths(t, d, ".gpus[3].fabric.kind", ".gpus[3].fabric.domain", ".gpus[3].fabric.source", ".gpus[3].fabricNote", ".engines[1].reason")
 		want := key + `: GPUs 0-2; not in a domain: GPU 3: UALink accel_state "error" is not usable (want ready or active)`
 		if e := engineOf(t, r, "fabric"); !e.Available || e.Reason != want {
 			t.Errorf("fabric engine %+v, want reason %q", e, want)

@@ -66,8 +66,12 @@ type Unreadable struct {
 type Fabric struct {
 	Kind   string `json:"kind"`
 	Domain string `json:"domain"`
-	// Pinned is true when the domain came from an override rather than the hardware.
+	// Pinned is true when the domain came from an override or a declaration rather than the hardware.
 	Pinned bool `json:"pinned,omitempty"`
+	// Source is SourceDiscovered, SourceDeclared or SourceOverride.
+	Source string `json:"source"`
+	// Declaration names the declaration that placed the GPU (SourceDeclared).
+	Declaration string `json:"declaration,omitempty"`
 }
 
 // NICRank is one NIC port as seen from a GPU.
@@ -170,6 +174,8 @@ type Report struct {
 	// NVSwitches counts NVSwitch PCI functions (HGX boards; GB200 trays do not show theirs).
 	NVSwitches int          `json:"nvSwitches,omitempty"`
 	Unreadable []Unreadable `json:"unreadable,omitempty"`
+	// Declarations are the declarations that name this node and what was taken of each.
+	Declarations []DeclarationResult `json:"declarations,omitempty"`
 }
 
 // Engine returns the named engine's entry.

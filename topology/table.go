@@ -30,7 +30,7 @@ func WriteTable(w io.Writer, r Report) error {
 			}
 			fabric := "- (" + orDash(g.FabricNote) + ")"
 			if g.Fabric != nil {
-				fabric = g.Fabric.Domain
+				fabric = g.Fabric.Domain + " [" + g.Fabric.Source + "]"
 				if g.FabricNote != "" {
 					fabric += " (" + g.FabricNote + ")"
 				}
@@ -44,6 +44,17 @@ func WriteTable(w io.Writer, r Report) error {
 			}
 			p("  %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Index, g.Vendor, model, orDash(g.PCIBusID),
 				numa(g.NUMANode), bytesHuman(g.MemoryBytes), peers, fabric)
+		}
+	}
+	if len(r.Declarations) > 0 {
+		p("\nDeclared fabric domains (%d VPodTopologies name this node; what the hardware reports wins)\n", len(r.Declarations))
+		p("  DECLARATION\tDOMAIN\tGPUs IN IT\tREFUSED\n")
+		for _, d := range r.Declarations {
+			gpus := "-"
+			if len(d.GPUs) > 0 {
+				gpus = intRanges(d.GPUs)
+			}
+			p("  %s\t%s\t%s\t%s\n", d.Name, d.Domain, gpus, orDash(d.Refused))
 		}
 	}
 	p("\nRDMA ports (%d)\n", len(r.NICs))

@@ -23,6 +23,8 @@ const (
 	maxPCIBusIDLen     = 16
 	maxDomainLen       = 128
 	maxEndpointLen     = 256
+	maxNameLen         = 253
+	maxDeclarations    = 16
 	truncatedFieldName = "truncated"
 	truncatedReasonFmt = "%d more %s not listed (the API keeps %d); run 'agent detect' on the node for all of them"
 	unreadableOverflow = "%d more unreadable facts not listed; run 'agent detect' on the node for all of them"
@@ -61,7 +63,8 @@ func Status(r topology.Report, id Identity) v1alpha1.TransferNodeStatus {
 			Unreadable:  unreadable(g.Unreadable),
 		}
 		if g.Fabric != nil {
-			out.Fabric = &v1alpha1.FabricMembership{Kind: v1alpha1.FabricKind(g.Fabric.Kind), Domain: clip(g.Fabric.Domain, maxDomainLen)}
+			out.Fabric = &v1alpha1.FabricMembership{Kind: v1alpha1.FabricKind(g.Fabric.Kind), Domain: clip(g.Fabric.Domain, maxDomainLen),
+				Source: v1alpha1.FabricSource(g.Fabric.Source), Declaration: clip(g.Fabric.Declaration, maxNameLen)}
 		}
 		st.GPUs = append(st.GPUs, out)
 	}
@@ -89,6 +92,19 @@ func Status(r topology.Report, id Identity) v1alpha1.TransferNodeStatus {
 			Name:      v1alpha1.EngineName(e.Name),
 			Available: e.Available,
 			Reason:    clip(e.Reason, maxEngineReasonLen),
+		})
+	}
+	decls := r.Declarations
+	if len(decls) > maxDeclarations {
+		nodeUnreadable = append([]topology.Unreadable{{Field: truncatedFieldName, Reason: fmt.Sprintf(truncatedReasonFmt, len(decls)-maxDeclarations, "declarations", maxDeclarations)}}, nodeUnreadable...)
+		decls = decls[:maxDeclarations]
+	}
+	for _, d := range decls {
+		st.Declarations = append(st.Declarations, v1alpha1.FabricDeclaration{
+			VPodTopology: clip(d.Name, maxNameLen),
+			Domain:       clip(d.Domain, maxDomainLen),
+			GPUs:         int32s(d.GPUs, maxGPUs),
+			Refused:      clip(d.Refused, maxEngineReasonLen),
 		})
 	}
 	st.Unreadable = unreadable(nodeUnreadable)

@@ -85,3 +85,28 @@ func TestStatusKeepsWithinAPILimits(t *testing.T) {
 }
 
 func utf8Valid(s string) bool { return strings.ToValidUTF8(s, "\uFFFD") == s }
+
+// TestStatusKeepsDeclarationsWithinAPILimits: a node named by more declarations than the API keeps reports the
+// first ones (oldest first), says how many more there are, and clips what it cannot store.
+func TestStatusKeepsDeclarationsWithinAPILimits(t *testing.T) {
+	var r topology.Report
+	for i := range 20 {
+		r.Declarations = append(r.Declarations, topology.DeclarationResult{Name: fmt.Sprintf("vpod-%02d", i), Domain: "ualink:1/2",
+			GPUs: []int{0, 1}, Refused: strings.Repeat("x", 2000)})
+	}
+	r.GPUs = []topology.GPU{{Index: 0, Vendor: "amd", Fabric: &topology.Fabric{Kind: "ualink", Domain: "ualink:1/2",
+		Source: topology.SourceDeclared, Declaration: strings.Repeat("n", 300)}}}
+	st := report.Status(r, report.Identity{})
+	if len(st.Declarations) != 16 || st.Declarations[0].VPodTopology != "vpod-00" || st.Declarations[15].VPodTopology != "vpod-15" {
+		t.Fatalf("declarations %d, first %q", len(st.Declarations), st.Declarations[0].VPodTopology)
+	}
+	if len(st.Declarations[0].Refused) != 512 || fmt.Sprint(st.Declarations[0].GPUs) != "[0 1]" {
+		t.Errorf("refused %d bytes, gpus %v", len(st.Declarations[0].Refused), st.Declarations[0].GPUs)
+	}
+	if st.Unreadable[0].Field != "truncated" || !strings.Contains(st.Unreadable[0].Reason, "4 more declarations not listed") {
+		t.Errorf("unreadable %+v", st.Unreadable)
+	}
+	if f := st.GPUs[0].Fabric; f.Source != "declared" || len(f.Declaration) != 253 {
+		t.Errorf("fabric %+v", f)
+	}
+}

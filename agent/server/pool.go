@@ -121,9 +121,9 @@ func (s *Server) lend(owner string, req *agentv1.AllocateFromPoolRequest, kind a
 	}
 	loc := engines.Location{Kind: engines.LocationGPU, Device: sl.GPU, Vendor: engines.VendorNVIDIA, BusID: sl.BusID}
 	var domain string
-	for _, g := range s.opts.GPUs {
-		if g.Index == sl.GPU {
-			loc.Vendor, domain = g.Vendor, g.FabricDomain
+	for i := range s.opts.GPUs {
+		if g := &s.opts.GPUs[i]; g.Index == sl.GPU {
+			loc.Vendor, domain = g.Vendor, s.fabricDomain(g)
 		}
 	}
 	return sl, engines.MemoryDesc{Location: loc, Size: sl.Length, FabricDomain: domain,

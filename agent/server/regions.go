@@ -173,6 +173,16 @@ type GPUInfo struct {
 	FabricDomain string
 }
 
+// fabricDomain is the GPU's fabric domain key as of now.
+func (s *Server) fabricDomain(g *GPUInfo) string {
+	if s.opts.FabricDomainOf != nil {
+		if d, ok := s.opts.FabricDomainOf(g.Index); ok {
+			return d
+		}
+	}
+	return g.FabricDomain
+}
+
 // gpuDesc describes GPU memory a caller hands over by VMM fd, IPC handle or fabric handle.
 func (s *Server) gpuDesc(sess *session, req *agentv1.RegisterMemoryRequest) (engines.MemoryDesc, []*os.File, error) {
 	var gpu *GPUInfo
@@ -188,7 +198,7 @@ func (s *Server) gpuDesc(sess *session, req *agentv1.RegisterMemoryRequest) (eng
 			req.GpuIndex, req.GpuUuid, s.opts.NodeName, len(s.opts.GPUs))
 	}
 	d := engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationGPU, Device: gpu.Index, Vendor: gpu.Vendor, BusID: gpu.BusID},
-		FabricDomain: gpu.FabricDomain}
+		FabricDomain: s.fabricDomain(gpu)}
 	inAlloc := func() error {
 		if req.AllocationSize == 0 {
 			return status.Errorf(codes.InvalidArgument, "%s needs allocation_size (the size of the exported allocation)", req.HandleType)

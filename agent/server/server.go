@@ -95,7 +95,11 @@ type Options struct {
 	Engine  Engine
 	Engines []EngineStatus
 	// GPUs are this node's GPUs; GPU memory is registered against them.
-	GPUs       []GPUInfo
+	GPUs []GPUInfo
+	// FabricDomainOf, when set, is a GPU's fabric domain key now (declared vPODs change while the agent
+	// runs), read at each registration in place of GPUInfo.FabricDomain; ok false leaves that.
+	FabricDomainOf func(gpu int) (domain string, ok bool)
+
 	Identifier Identifier
 	Policy     NamespacePolicy
 	Limits     Limits

@@ -49,6 +49,12 @@ const (
 	ReasonNoMembers         = "NoMembers"
 	// ReasonDuplicateDomain: another VPodTopology already describes this domain.
 	ReasonDuplicateDomain = "DuplicateDomain"
+	// ConditionDeclared says whether the agents of a declared VPodTopology's members took every declared GPU
+	// into the domain; reason DeclarationConflict names the members that refused some, and why.
+	ConditionDeclared         = "Declared"
+	ReasonDeclarationTaken    = "DeclarationTaken"
+	ReasonDeclarationConflict = "DeclarationConflict"
+	ReasonDeclarationPending  = "DeclarationPending"
 )
 
 // Labels and annotations the operator and agents set.
@@ -61,4 +67,7 @@ const (
 	LabelDiscovered = "fabricxfer.io/discovered"
 	// LabelFabricKind carries a VPodTopology's fabric kind for cheap selection.
 	LabelFabricKind = "fabricxfer.io/fabric-kind"
+	// MemberLabelPrefix starts the label the operator sets on a declared VPodTopology for each member node
+	// (MemberLabel), so each agent watches only the declarations that name its node.
+	MemberLabelPrefix = "member.fabricxfer.io/"
 )

@@ -41,3 +41,11 @@ func DomainKind(key string) (FabricKind, error) {
 	}
 	return "", fmt.Errorf("domain key %q: want ualink:<ppod>/<vpod> or nvlink:<clusterUUID>.<cliqueId>", key)
 }
+
+// MemberLabel is the label key (value "true") that marks a declared VPodTopology naming node as a member. Node
+// names may be 253 characters and a label name 63, so the key holds a hash of the name: the agent of node
+// selects with it, and still checks spec.members, since anyone who writes VPodTopologies can set labels.
+func MemberLabel(node string) string {
+	sum := sha256.Sum256([]byte(node))
+	return MemberLabelPrefix + hex.EncodeToString(sum[:])[:20]
+}

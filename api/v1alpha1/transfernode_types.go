@@ -32,12 +32,50 @@ type TransferNodeSpec struct {
 	PoolName string `json:"poolName,omitempty"`
 }
 
+// FabricSource says where a GPU's fabric domain came from.
+// +kubebuilder:validation:Enum=discovered;declared;override
+type FabricSource string
+
+const (
+	// FabricDiscovered: the hardware reports the domain (UALink sysfs, NVML clique).
+	FabricDiscovered FabricSource = "discovered"
+	// FabricDeclared: a VPodTopology that names the node declares the GPU in the domain.
+	FabricDeclared FabricSource = "declared"
+	// FabricOverride: the pool's fabricDomainOverride (the agent's --fabric-domain) pins every GPU.
+	FabricOverride FabricSource = "override"
+)
+
 // FabricMembership places a GPU in a scale-up domain that spans nodes.
 type FabricMembership struct {
 	Kind FabricKind `json:"kind"`
 	// Domain is the domain key: ualink:<ppod_id>/<vpod_id> or nvlink:<clusterUUID>.<cliqueId>.
 	// +kubebuilder:validation:MaxLength=128
 	Domain string `json:"domain"`
+	// Source says where the domain came from; agents older than declarations leave it empty (discovered).
+	// +optional
+	Source FabricSource `json:"source,omitempty"`
+	// Declaration names the VPodTopology that declared the GPU in the domain (source declared).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Declaration string `json:"declaration,omitempty"`
+}
+
+// FabricDeclaration is one VPodTopology that declares GPUs of this node, and what the agent took of it.
+type FabricDeclaration struct {
+	// VPodTopology is the declaring object's name.
+	// +kubebuilder:validation:MaxLength=253
+	VPodTopology string `json:"vpodTopology"`
+	// +kubebuilder:validation:MaxLength=128
+	Domain string `json:"domain"`
+	// GPUs are the declared GPU indexes the agent put in the domain (or found there already).
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	GPUs []int32 `json:"gpus,omitempty"`
+	// Refused says which declared GPUs are not in the domain, and why; empty when every one is.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Refused string `json:"refused,omitempty"`
 }
 
 // Unreadable records a fact the detector could not read, and why; nothing is guessed in its place.
@@ -165,6 +203,12 @@ type TransferNodeStatus struct {
 	// +kubebuilder:validation:MaxItems=16
 	// +listType=atomic
 	Unreadable []Unreadable `json:"unreadable,omitempty"`
+	// Declarations are the VPodTopologies that declare GPUs of this node, beside what the hardware reports
+	// (each GPU's fabric.source), with what the agent took of each.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	Declarations []FabricDeclaration `json:"declarations,omitempty"`
 }
 
 // TransferNode is what one node's transfer agent detected: GPUs, peer links, fabric membership, NICs and the

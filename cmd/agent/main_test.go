@@ -77,6 +77,8 @@ func TestBadInvocations(t *testing.T) {
 		{"detect", "--fabric-domain", "vpod-1"},
 		{"detect", "--nvml-fixture", filepath.Join(t.TempDir(), "none.json")},
 		{"detect", "extra"},
+		{"detect", "--node-name", "n", "--kubeconfig", filepath.Join(t.TempDir(), "missing-kubeconfig")},
+		{"detect", "--node-name", "", "--kubeconfig", filepath.Join(t.TempDir(), "missing-kubeconfig")},
 		{"run", "--node-name", ""},
 		{"run", "--node-name", "n", "--heartbeat", "0s"},
 	} {

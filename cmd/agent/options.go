@@ -36,6 +36,8 @@ type detectionFlags struct {
 	engines        string
 	fabricDomain   string
 	nvmlFixture    string
+	// declarations, when set, gives each detection the VPodTopologies that declare this node's GPUs.
+	declarations func(ctx context.Context) []topology.Declaration
 }
 
 func (d *detectionFlags) register(fs *flag.FlagSet) {
@@ -66,7 +68,12 @@ func (d *detectionFlags) detector() (func(ctx context.Context) (topology.Report,
 		open = m.Opener()
 	}
 	opts := topology.Options{OpenNVML: open, Overrides: o}
+	declarations := d.declarations
 	return func(ctx context.Context) (topology.Report, error) {
+		opts := opts
+		if declarations != nil {
+			opts.Declarations = declarations(ctx)
+		}
 		return topology.Detect(ctx, host, opts)
 	}, nil
 }

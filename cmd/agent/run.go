@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -49,6 +50,45 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	c.dra.register(fs)
 }
 
+// declarationListWait bounds the read of the node's declarations at start.
+const declarationListWait = 10 * time.Second
+
+// gpuDomains keeps each GPU's fabric domain from the latest detection.
+type gpuDomains struct {
+	mu      sync.Mutex
+	byIndex map[int]string
+}
+
+// track wraps a detector so that every successful detection updates the domains.
+func (g *gpuDomains) track(detect func(context.Context) (topology.Report, error)) func(context.Context) (topology.Report, error) {
+	return func(ctx context.Context) (topology.Report, error) {
+		rep, err := detect(ctx)
+		if err != nil {
+			return rep, err
+		}
+		m := make(map[int]string, len(rep.GPUs))
+		for _, gpu := range rep.GPUs {
+			if gpu.Fabric != nil {
+				m[gpu.Index] = gpu.Fabric.Domain
+			} else {
+				m[gpu.Index] = ""
+			}
+		}
+		g.mu.Lock()
+		g.byIndex = m
+		g.mu.Unlock()
+		return rep, nil
+	}
+}
+
+// of is the GPU's domain as of the latest detection; ok is false before the first.
+func (g *gpuDomains) of(gpu int) (string, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d, ok := g.byIndex[gpu]
+	return d, ok
+}
+
 // component is one long-running part of the agent. Run returns when ctx ends (nil) or on a fatal error.
 type component interface {
 	Run(ctx context.Context) error
@@ -73,6 +113,18 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 	if cfg.heartbeat <= 0 {
 		return nil, fmt.Errorf("--heartbeat %s must be positive", cfg.heartbeat)
 	}
+	// Declared vPODs: the VPodTopologies labelled for this node only, read once before the first detection, so
+	// the first report and the transfer side (which builds its engines from it) start from them, then watched.
+	var (
+		decls   *reporter.DeclarationWatch
+		initial []topology.Declaration
+	)
+	cfg.detection.declarations = func(context.Context) []topology.Declaration {
+		if decls.WaitSynced(nil) {
+			return decls.Declarations()
+		}
+		return initial
+	}
 	detect, err := cfg.detection.detector()
 	if err != nil {
 		return nil, err
@@ -94,12 +146,24 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
 	}
+	decls = reporter.NewDeclarationWatch(c, cfg.detection.nodeName, log.WithName("declarations"))
+	listCtx, cancel := context.WithTimeout(context.Background(), declarationListWait)
+	initial, err = reporter.ListDeclarations(listCtx, c, cfg.detection.nodeName)
+	cancel()
+	if err != nil {
+		log.Error(err, "reading declared vPODs at start; the watch retries", "node", cfg.detection.nodeName)
+	}
+	// The transfer side registers GPU memory under each GPU's domain as the latest detection has it.
+	domains := &gpuDomains{}
+	detect = domains.track(detect)
+	cfg.transfer.fabricDomainOf = domains.of
 	rt := &agentRuntime{
 		log:      log,
 		client:   c,
 		detect:   detect,
 		identity: report.Identity{AgentVersion: version, Endpoint: cfg.endpoint},
 	}
+	rt.components = append(rt.components, decls)
 	rep, err := reporter.New(reporter.Config{
 		NodeName:      cfg.detection.nodeName,
 		PoolNamespace: cfg.poolNamespace,

@@ -56,6 +56,8 @@ type transferFlags struct {
 	libamdhip64 string
 	// sysRoot is where the verbs binding reads port GID types (the detection host root's /sys).
 	sysRoot string
+	// fabricDomainOf is each GPU's fabric domain as the latest detection has it (declarations change).
+	fabricDomainOf func(gpu int) (string, bool)
 }
 
 func (t *transferFlags) register(fs *flag.FlagSet) {
@@ -118,6 +120,7 @@ func (l *lateNotifier) SendNotification(ctx context.Context, node string, n engi
 // and the GPU runtime when one loads.
 func newTransferSide(cfg transferFlags, rep topology.Report, deps stack.Deps, log logr.Logger) *transferSide {
 	t := &transferSide{cfg: cfg, log: log, report: rep, deps: deps}
+	t.deps.FabricDomainOf = cfg.fabricDomainOf
 	for _, e := range rep.Engines {
 		t.deps.Engines = append(t.deps.Engines, server.EngineStatus{Name: e.Name, Available: e.Available, Reason: e.Reason})
 	}

@@ -112,8 +112,14 @@ func explainCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	sf.register(fs)
 	from := fs.String("from", "", "source segment, [node/]segment")
 	to := fs.String("to", "", "destination segment, [node/]segment")
+	fromGPU := fs.String("from-gpu", "", "instead of segments: GPU memory on node/index, routed from the nodes' TransferNodes (needs --to-gpu)")
+	toGPU := fs.String("to-gpu", "", "destination GPU, node/index (with --from-gpu)")
+	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster, for --from-gpu/--to-gpu")
 	if err := parseFlags(ctx, fs, args); err != nil {
 		return errUsage
+	}
+	if *fromGPU != "" || *toGPU != "" {
+		return explainGPUs(ctx, *kubeconfig, *fromGPU, *toGPU, stdout)
 	}
 	fn, fseg, err := parseSegmentRef(*from)
 	if err != nil {

@@ -109,6 +109,8 @@ type Deps struct {
 	Engines []server.EngineStatus
 	// GPUs are the node's GPUs (from detection); GPU memory registrations name them.
 	GPUs []server.GPUInfo
+	// FabricDomainOf, when set, is a GPU's fabric domain now (server.Options.FabricDomainOf).
+	FabricDomainOf func(gpu int) (string, bool)
 	// ExtraEngines are engines built elsewhere (GPU engines) added to the composite.
 	ExtraEngines []engines.Engine
 	// PeerEngines, when set, builds the engines that work through the agent-to-agent channel (the rdma engine
@@ -312,7 +314,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		policy = &server.APIPoolPolicy{Reader: deps.Kube, Namespace: cfg.PoolNamespace, Name: cfg.PoolName}
 	}
 	opts := server.Options{SocketDir: cfg.SocketDir, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName,
-		NodeName: cfg.NodeName, AgentVersion: deps.AgentVersion, PeerEndpoint: peerEP, Engine: comp, Engines: deps.Engines, GPUs: deps.GPUs,
+		NodeName: cfg.NodeName, AgentVersion: deps.AgentVersion, PeerEndpoint: peerEP, Engine: comp, Engines: deps.Engines, GPUs: deps.GPUs, FabricDomainOf: deps.FabricDomainOf,
 		Identifier: id, Policy: policy, Pool: pool, SocketGID: cfg.SocketGID, Logger: log, FastSpin: fastSpin(cfg.FastSpin),
 		Limits: server.Limits{MaxRegions: cfg.MaxRegions, MaxRegisteredBytes: cfg.MaxRegisteredBytes, MaxInFlight: cfg.MaxInFlight,
 			MaxItemsPerTransfer: server.DefaultLimits.MaxItemsPerTransfer}}
