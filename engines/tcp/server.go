@@ -97,8 +97,18 @@ func (e *Engine) serveConn(raw net.Conn) error {
 		var data []byte
 		var vecOut net.Buffers
 		var unpin func()
-		switch h.op {
-		case opWrite:
+		staged := false
+		if h.op >= opWrite && h.op <= opReadV && h.op != opNotify {
+			if _, _, ok := e.stagedRegion(h.mem); ok {
+				staged = true
+				if resp, data, unpin, err = e.serveStaged(br, &pr, h, client); err != nil {
+					return err
+				}
+			}
+		}
+		switch {
+		case staged:
+		case h.op == opWrite:
 			if h.length > maxChunk {
 				return fmt.Errorf("write of %d bytes, at most %d", h.length, maxChunk)
 			}
@@ -116,7 +126,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 				return err
 			}
 			e.stats.servedIn.Add(h.length)
-		case opRead:
+		case h.op == opRead:
 			if h.length > maxChunk {
 				return fmt.Errorf("read of %d bytes, at most %d", h.length, maxChunk)
 			}
@@ -126,7 +136,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 				break
 			}
 			resp.length, data, unpin = h.length, src, release
-		case opWriteV, opReadV:
+		case h.op == opWriteV || h.op == opReadV:
 			if h.length > maxChunk {
 				return fmt.Errorf("vectored request of %d bytes, at most %d", h.length, maxChunk)
 			}
@@ -157,7 +167,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 			}
 			resp.length, unpin = h.length, release
 			vecOut = append(net.Buffers(nil), views...)
-		case opNotify:
+		case h.op == opNotify:
 			if h.length > maxNotifyWire {
 				return fmt.Errorf("notification of %d bytes, at most %d", h.length, maxNotifyWire)
 			}

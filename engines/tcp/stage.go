@@ -1,0 +1,547 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// Stager moves bytes between this node's GPU memory and pinned host memory. The agent wires one over its GPU
+// copy backend; tests use one over host memory. The engine itself never loads a GPU runtime.
+type Stager interface {
+	// Stage prepares a registered GPU region of this node for staging, or says why it cannot be staged.
+	Stage(d engines.MemoryDesc) (StagedRegion, error)
+	// AllocPinned returns n bytes of host memory the GPU's copies reach directly, and what frees it.
+	AllocPinned(n int) (buf []byte, free func() error, err error)
+}
+
+// StagedRegion is one GPU region a Stager reaches. Each call queues its segments as one submission (one
+// scatter-kernel launch or copy-engine copy), never one copy per segment.
+type StagedRegion interface {
+	// ToHost queues copies from the region (SrcOffset) into buf (DstOffset).
+	ToHost(buf []byte, segs []engines.Segment) (StageWait, error)
+	// FromHost queues copies from buf (SrcOffset) into the region (DstOffset).
+	FromHost(buf []byte, segs []engines.Segment) (StageWait, error)
+	// Release ends staging of the region; nothing of it is queued any more.
+	Release() error
+}
+
+// StageWait is a queued copy.
+type StageWait interface {
+	// Wait returns once the copy finished (nil) or failed, or ctx ended (the copy may still run).
+	Wait(ctx context.Context) error
+}
+
+const (
+	// stageSlot is the unit of staging memory and the largest request that touches GPU memory: one staged
+	// chunk, copied with one submission. A fixed size, so both sides agree without negotiating.
+	stageSlot = 4 << 20
+	// defaultStagingBytes is the pinned host memory per peer and per side (sending and serving).
+	defaultStagingBytes = 64 << 20
+	// stageDrain bounds how long a queued GPU copy is waited for after its transfer stopped: a launched copy
+	// cannot be recalled, and its slot must not be reused (nor its transfer end) while it may still run.
+	stageDrain = 30 * time.Second
+)
+
+// stagedEntry is a local GPU region's staging state: the stager's handle, or why it has none.
+type stagedEntry struct {
+	r   StagedRegion
+	why string
+}
+
+// stagePool is the bounded staging memory towards one peer node, on one side (this node's transfers, or this
+// node serving the peer's requests). Slots are allocated on first use and kept until the engine closes.
+type stagePool struct {
+	stager Stager
+	idle   chan []byte
+	sem    *semaphore.Weighted // slots that may be allocated
+
+	mu    sync.Mutex
+	frees []func() error
+}
+
+func newStagePool(s Stager, slots int) *stagePool {
+	return &stagePool{stager: s, idle: make(chan []byte, slots), sem: semaphore.NewWeighted(int64(slots))}
+}
+
+// get returns an idle slot, allocating one while below the bound, else waits for one.
+func (sp *stagePool) get(ctx context.Context) ([]byte, error) {
+	select {
+	case b := <-sp.idle:
+		return b, nil
+	default:
+	}
+	if sp.sem.TryAcquire(1) {
+		b, free, err := sp.stager.AllocPinned(stageSlot)
+		if err != nil {
+			sp.sem.Release(1)
+			return nil, fmt.Errorf("allocating %d bytes of pinned staging memory: %w", stageSlot, err)
+		}
+		if len(b) < stageSlot {
+			_ = free()
+			sp.sem.Release(1)
+			return nil, fmt.Errorf("stager returned %d bytes of staging memory, asked for %d", len(b), stageSlot)
+		}
+		sp.mu.Lock()
+		sp.frees = append(sp.frees, free)
+		sp.mu.Unlock()
+		return b[:stageSlot], nil
+	}
+	select {
+	case b := <-sp.idle:
+		return b, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for staging memory: %w", ctx.Err())
+	}
+}
+
+// put returns a slot; the channel holds every slot there can be, so it never blocks.
+func (sp *stagePool) put(b []byte) { sp.idle <- b }
+
+func (sp *stagePool) close() error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	var errs []error
+	for _, f := range sp.frees {
+		errs = append(errs, f())
+	}
+	sp.frees = nil
+	return errors.Join(errs...)
+}
+
+// pool returns the staging pool towards node on one side, creating it.
+func (e *Engine) pool(serving bool, node string) *stagePool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := e.stageOut
+	if serving {
+		m = e.stageIn
+	}
+	sp := m[node]
+	if sp == nil {
+		sp = newStagePool(e.opts.Stager, int(e.opts.StagingBytes/stageSlot))
+		m[node] = sp
+	}
+	return sp
+}
+
+// stagedRegion returns the staging handle of a local GPU region (nil when it has none) and why not.
+func (e *Engine) stagedRegion(id engines.MemoryID) (StagedRegion, string, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s, ok := e.staged[id]
+	return s.r, s.why, ok
+}
+
+// waitStage waits for a queued GPU copy to finish, whatever happened to the transfer: a copy cannot be
+// recalled, so nothing (its slot, the transfer's end) may move on while it could run. drained is false when it
+// did not finish within stageDrain; its slot must then never be reused.
+func waitStage(w StageWait) (err error, drained bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), stageDrain)
+	defer cancel()
+	if err := w.Wait(ctx); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("GPU staging copy did not finish within %v", stageDrain), false
+		}
+		return fmt.Errorf("GPU staging copy: %w", err), true
+	}
+	return nil, true
+}
+
+// stageSegs lists a chunk's parts as segments between the local region and a slot packed in part order:
+// toHost from the region into the slot, else from the slot into the region.
+func stageSegs(ch chunk, toHost bool) []engines.Segment {
+	parts := ch.parts
+	if parts == nil {
+		parts = []chunk{ch}
+	}
+	segs := make([]engines.Segment, 0, len(parts))
+	var off uint64
+	for _, p := range parts {
+		s := engines.Segment{SrcOffset: p.localOff, DstOffset: off, Size: p.n}
+		if !toHost {
+			s.SrcOffset, s.DstOffset = off, p.localOff
+		}
+		segs = append(segs, s)
+		off += p.n
+	}
+	return segs
+}
+
+// slotRequest builds a chunk's request whose payload (written or read) is the slot, packed in part order.
+func slotRequest(op byte, mem engines.MemoryID, ch chunk, slot []byte) *request {
+	r := &request{op: op, mem: mem, off: ch.remoteOff, buf: slot[:ch.n]}
+	if ch.parts != nil {
+		r.op, r.off, r.buf = opWriteV, 0, nil
+		if op == opRead {
+			r.op = opReadV
+		}
+		r.vec = make([]vecPart, len(ch.parts))
+		var off uint64
+		for k, part := range ch.parts {
+			r.vec[k] = vecPart{off: part.remoteOff, buf: slot[off : off+part.n]}
+			off += part.n
+		}
+	}
+	return r
+}
+
+// runStaged moves a plan whose local side is GPU memory through the peer's staging slots.
+//
+// Writing, a producer gathers chunk after chunk into slots (one GPU submission each) while the lanes send the
+// chunks already gathered, so the device-to-host copy of chunk i+1 overlaps the send of chunk i; a slot
+// returns once its chunk is acknowledged. Reading, the lanes ask for chunks into slots, and a scatter worker
+// copies every chunk that arrived into the region (one submission each) while the next ones arrive. Once the
+// transfer stops (failure, cancellation, deadline), no copy into the region is queued any more, and the plan
+// ends only after the copies already queued finished.
+func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte, local, remote *engines.MemoryDesc, early func(error)) error {
+	sr, why, _ := e.stagedRegion(local.ID)
+	if sr == nil {
+		return fmt.Errorf("%w: %s is GPU memory this node does not stage: %s", engines.ErrInvalid, local.ID, why)
+	}
+	chunks := e.chunks(w.Plan, op == opRead, stageSlot)
+	pool := e.pool(false, remote.Node)
+
+	var (
+		mu        sync.Mutex
+		firstErr  error
+		inflight  []*request
+		cancelled bool
+	)
+	record := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+	}
+	stopped := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return firstErr != nil || cancelled || ctx.Err() != nil
+	}
+	result := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return firstErr
+	}
+	var outstanding sync.WaitGroup
+	finished := make(chan struct{})
+	track := func(r *request) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if cancelled {
+			return false
+		}
+		inflight = append(inflight, r)
+		return true
+	}
+	// putBack returns a slot unless a copy that did not drain may still touch it.
+	putBack := func(slot []byte, drained bool) {
+		if drained {
+			pool.put(slot)
+		}
+	}
+	lanes := min(len(p.conns), len(chunks))
+	first := p.next.Add(uint64(lanes))
+	connOf := func(k int) *conn { return p.conns[(first+uint64(k))%uint64(len(p.conns))] }
+
+	// send issues r on c; it returns false when the lane must stop. r.done must release what the chunk holds.
+	send := func(c *conn, r *request, n uint64, undo func()) bool {
+		outstanding.Add(1)
+		if err := c.send(ctx, r); err != nil {
+			p.budget.Release(int64(n))
+			undo()
+			outstanding.Done()
+			record(err)
+			return false
+		}
+		if !track(r) {
+			c.cancel(r, ctx.Err())
+			return false
+		}
+		return true
+	}
+
+	if op == opWrite {
+		type gathered struct {
+			ch   chunk
+			slot []byte
+		}
+		ready := make(chan gathered, lanes)
+		outstanding.Add(1)
+		go func() { // the producer
+			defer outstanding.Done()
+			defer close(ready)
+			for _, ch := range chunks {
+				if stopped() {
+					return
+				}
+				slot, err := pool.get(ctx)
+				if err != nil {
+					record(err)
+					return
+				}
+				wt, err := sr.ToHost(slot, stageSegs(ch, true))
+				drained := true
+				if err == nil {
+					err, drained = waitStage(wt)
+				} else {
+					err = fmt.Errorf("queueing GPU staging copy: %w", err)
+				}
+				if err != nil {
+					putBack(slot, drained)
+					record(err)
+					return
+				}
+				select {
+				case ready <- gathered{ch, slot}:
+				case <-ctx.Done():
+					pool.put(slot)
+					record(ctx.Err())
+					return
+				}
+			}
+		}()
+		lane := func(k int) {
+			defer outstanding.Done()
+			c := connOf(k)
+			for g := range ready {
+				if stopped() {
+					pool.put(g.slot) // drained: the producer stops at its next chunk
+					continue
+				}
+				if err := p.budget.Acquire(ctx, int64(g.ch.n)); err != nil {
+					pool.put(g.slot)
+					record(err)
+					continue
+				}
+				r := slotRequest(opWrite, remote.ID, g.ch, g.slot)
+				n, slot := g.ch.n, g.slot
+				r.done = func(err error) {
+					p.budget.Release(int64(n))
+					pool.put(slot)
+					if err != nil {
+						record(err)
+					}
+					outstanding.Done()
+				}
+				send(c, r, n, func() { pool.put(slot) })
+			}
+		}
+		outstanding.Add(lanes)
+		for k := 1; k < lanes; k++ {
+			go lane(k)
+		}
+		go lane(0)
+	} else {
+		type arrived struct {
+			ch   chunk
+			slot []byte
+		}
+		// Answers are read by the connections' receive loops, which must never block: the queue holds every
+		// chunk there is.
+		landed := make(chan arrived, len(chunks))
+		scatterDone := make(chan struct{})
+		go func() { // the scatter worker
+			defer close(scatterDone)
+			for {
+				select {
+				case a := <-landed:
+					if stopped() {
+						pool.put(a.slot)
+						outstanding.Done()
+						continue
+					}
+					wt, err := sr.FromHost(a.slot, stageSegs(a.ch, false))
+					drained := true
+					if err == nil {
+						err, drained = waitStage(wt)
+					} else {
+						err = fmt.Errorf("queueing GPU staging copy: %w", err)
+					}
+					putBack(a.slot, drained)
+					if err != nil {
+						record(err)
+					}
+					outstanding.Done()
+				case <-finished:
+					return
+				}
+			}
+		}()
+		defer func() { <-scatterDone }()
+		lane := func(k int) {
+			defer outstanding.Done()
+			c := connOf(k)
+			for i := k; i < len(chunks) && !stopped(); i += lanes {
+				ch := chunks[i]
+				slot, err := pool.get(ctx)
+				if err != nil {
+					record(err)
+					return
+				}
+				if err := p.budget.Acquire(ctx, int64(ch.n)); err != nil {
+					pool.put(slot)
+					record(err)
+					return
+				}
+				r := slotRequest(opRead, remote.ID, ch, slot)
+				r.done = func(err error) {
+					p.budget.Release(int64(ch.n))
+					if err != nil {
+						pool.put(slot)
+						record(err)
+						outstanding.Done()
+						return
+					}
+					landed <- arrived{ch, slot} // the scatter worker finishes the chunk
+				}
+				if !send(c, r, ch.n, func() { pool.put(slot) }) {
+					return
+				}
+			}
+		}
+		outstanding.Add(lanes)
+		for k := 1; k < lanes; k++ {
+			go lane(k)
+		}
+		go lane(0)
+	}
+
+	allDone := make(chan struct{})
+	go func() {
+		outstanding.Wait()
+		close(allDone)
+	}()
+	select {
+	case <-allDone:
+	case <-ctx.Done():
+		mu.Lock()
+		cancelled = true
+		if firstErr == nil {
+			firstErr = ctx.Err()
+		}
+		reqs := inflight
+		mu.Unlock()
+		for _, r := range reqs {
+			r.c.cancel(r, ctx.Err())
+		}
+		<-allDone
+	}
+	close(finished)
+	err := result()
+	if early != nil {
+		early(err)
+	}
+	return err
+}
+
+// serveStaged answers a peer's write or read of a staged GPU region of this node: the payload is received into
+// a slot of the peer's serving pool and copied into the region with one submission, only once all of it
+// arrived (a peer lost mid-chunk leaves the region untouched); a read is gathered into a slot with one
+// submission and answered from there. A refusal consumes a write's payload, so the stream stays usable; an
+// error means it is not.
+func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, client string) (resp respHeader, data []byte, unpin func(), err error) {
+	resp = respHeader{op: h.op, id: h.id}
+	write := h.op == opWrite || h.op == opWriteV
+	if h.length > maxChunk {
+		return resp, nil, nil, fmt.Errorf("request of %d bytes, at most %d", h.length, maxChunk)
+	}
+	parts := []vecDesc{{off: h.off, n: uint32(h.length)}}
+	if h.op == opWriteV || h.op == opReadV {
+		if parts, err = readVec(br, h.length); err != nil {
+			return resp, nil, nil, err
+		}
+	}
+	refuse := func(rerr error) (respHeader, []byte, func(), error) {
+		if write {
+			if derr := pr.discard(h.length); derr != nil {
+				return resp, nil, nil, derr
+			}
+		}
+		resp.status = errorStatus(rerr)
+		return resp, []byte(rerr.Error()), nil, nil
+	}
+	d, unpinRegion, perr := e.reg.Pin(h.mem)
+	if perr != nil {
+		return refuse(perr)
+	}
+	sr, why, _ := e.stagedRegion(h.mem)
+	if d.Node != e.opts.Node || sr == nil {
+		unpinRegion()
+		return refuse(fmt.Errorf("%w: GPU memory %s is not staged by this node: %s", engines.ErrUnknownMemory, h.mem, why))
+	}
+	if h.length == 0 || h.length > stageSlot {
+		unpinRegion()
+		return refuse(fmt.Errorf("%w: staged request of %d bytes, 1 to %d allowed", engines.ErrInvalid, h.length, stageSlot))
+	}
+	segs := make([]engines.Segment, len(parts))
+	var off uint64
+	for i, p := range parts {
+		n := uint64(p.n)
+		if n == 0 || p.off > d.Size || n > d.Size-p.off {
+			unpinRegion()
+			return refuse(fmt.Errorf("%w: part [%d, +%d) of %s (%d bytes)", engines.ErrOutOfBounds, p.off, n, h.mem, d.Size))
+		}
+		segs[i] = engines.Segment{SrcOffset: p.off, DstOffset: off, Size: n}
+		if write {
+			segs[i] = engines.Segment{SrcOffset: off, DstOffset: p.off, Size: n}
+		}
+		off += n
+	}
+	pool := e.pool(true, client)
+	ctx, cancel := context.WithTimeout(context.Background(), e.opts.PeerTimeout)
+	slot, gerr := pool.get(ctx)
+	cancel()
+	if gerr != nil {
+		unpinRegion()
+		return refuse(gerr)
+	}
+	buf := slot[:h.length]
+	if write {
+		if err := pr.read(buf); err != nil {
+			pool.put(slot)
+			unpinRegion()
+			return resp, nil, nil, err
+		}
+	}
+	var wt StageWait
+	if write {
+		wt, err = sr.FromHost(buf, segs)
+	} else {
+		wt, err = sr.ToHost(buf, segs)
+	}
+	drained := true
+	if err == nil {
+		err, drained = waitStage(wt)
+	} else {
+		err = fmt.Errorf("queueing GPU staging copy: %w", err)
+	}
+	if err != nil {
+		if drained {
+			pool.put(slot)
+		}
+		unpinRegion()
+		resp.status = statusRefused
+		return resp, []byte(err.Error()), nil, nil
+	}
+	if write {
+		pool.put(slot)
+		unpinRegion()
+		e.stats.servedIn.Add(h.length)
+		return resp, nil, nil, nil
+	}
+	resp.length = h.length
+	return resp, buf, func() { pool.put(slot); unpinRegion() }, nil
+}
