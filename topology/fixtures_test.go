@@ -71,7 +71,7 @@ func TestMI300XFullMeshRoCE(t *testing.T) {
 		{Name: "xgmi", Available: true, Reason: "8 GPUs, 28 XGMI peer pairs; same-GPU copies always"},
 		{Name: "fabric", Available: false, Reason: "no UALink vPOD and no NVLink clique (GPU 0-7: no UALink)"},
 		{Name: "rdma", Available: true, Reason: "8 of 8 ports usable; GPUDirect dma-buf=true peer-mem=true: peer-mem /sys/kernel/mm/memory_peers/amdkfd/version; dma-buf (ib_umem_dmabuf_get, PCI P2PDMA)"},
-		{Name: "tcp", Available: true, Reason: "host memory over TCP; stages GPU memory through host when nothing else reaches the peer"},
+		{Name: "tcp", Available: true, Reason: "host memory over TCP; AMD GPU memory not staged (no HIP staging)"},
 	}
 	if fmt.Sprint(r.Engines) != fmt.Sprint(wantEngines) {
 		t.Errorf("engines\n got %+v\nwant %+v", r.Engines, wantEngines)
@@ -362,7 +362,7 @@ func TestRDMAOnlyNode(t *testing.T) {
 		{Name: "xgmi", Reason: "no GPU detected"},
 		{Name: "fabric", Reason: "no GPU detected"},
 		{Name: "rdma", Available: true, Reason: "2 of 2 ports usable"},
-		{Name: "tcp", Available: true, Reason: "host memory over TCP; stages GPU memory through host when nothing else reaches the peer"},
+		{Name: "tcp", Available: true, Reason: "host memory over TCP"},
 	}
 	if fmt.Sprint(r.Engines) != fmt.Sprint(want) {
 		t.Errorf("engines %+v", r.Engines)
