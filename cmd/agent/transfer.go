@@ -185,7 +185,10 @@ func (t *transferSide) hipBackend() *hipcopy.Backend {
 // engine and the fabric engine. A node without the driver keeps the host engines and says why.
 func (t *transferSide) cudaEngines() (backends []xgmi.Backend, extra []engines.Engine, closers []func() error) {
 	if !slices.ContainsFunc(t.report.GPUs, func(g topology.GPU) bool { return g.Vendor == "nvidia" }) {
-		t.deps.TCPNoStageReason = "no NVIDIA GPU on this node (AMD GPU memory has no HIP staging)"
+		t.deps.TCPNoStageReason = "no GPU on this node"
+		if len(t.report.GPUs) > 0 {
+			t.deps.TCPNoStageReason = "AMD GPU memory has no HIP staging"
+		}
 		return nil, nil, nil
 	}
 	drv, err := cuda.Load()
