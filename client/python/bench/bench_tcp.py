@@ -11,7 +11,8 @@ static peers, the pool's certificates from `agent certs`), then runs two client 
 socket and B on node-b's, which time, in one run:
 
   raw       1 GiB of host memory from A to B over --streams plain TCP connections on loopback (the ceiling:
-            no TLS, no agent), received straight into B's buffer
+            no TLS, no agent), received straight into B's buffer, in 4 MiB requests each acknowledged
+  raw-tls   the same over TLS with the pool's certificates (what the agents' mTLS data path costs)
   host      1 GiB of host memory (memfd) from A's region to B's through the agents (the tcp engine, mTLS)
   gpu-1g    a 1 GiB CUDA tensor of A to one of B through the agents (staged through pinned host memory)
   blocks    15,360 blocks of 720 B between two pools of 262,144 blocks (one uint8 [262144, 720] tensor each)
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import socket
+import ssl
 import statistics
 import struct
 import subprocess
@@ -39,7 +41,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 MIB, GIB = 1 << 20, 1 << 30
-CASES = ("raw", "host", "gpu-1g", "blocks", "layers")
+CASES = ("raw", "raw-tls", "host", "gpu-1g", "blocks", "layers")
 RAW_HDR = struct.Struct(">QQ")
 
 
@@ -61,6 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--socket", help=argparse.SUPPRESS)
     p.add_argument("--peer-socket", help=argparse.SUPPRESS)
     p.add_argument("--node-b", default="node-b", help=argparse.SUPPRESS)
+    p.add_argument("--tls-dir", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.cases = [c.strip() for c in a.cases.split(",") if c.strip()]
     bad = [c for c in a.cases if c not in CASES]
@@ -82,7 +85,8 @@ def ratios(results):
     by = {r["case"]: r.get("gbps") for r in results if r.get("verified")}
     out = {}
     for name, num, den in (("gpu-1g / raw", "gpu-1g", "raw"), ("blocks / gpu-1g", "blocks", "gpu-1g"),
-                           ("layers / gpu-1g", "layers", "gpu-1g"), ("host / raw", "host", "raw")):
+                           ("layers / gpu-1g", "layers", "gpu-1g"), ("host / raw", "host", "raw"),
+                           ("gpu-1g / raw-tls", "gpu-1g", "raw-tls"), ("gpu-1g / host", "gpu-1g", "host")):
         if by.get(num) and by.get(den):
             out[name] = by[num] / by[den]
     return out
@@ -121,7 +125,7 @@ def drive(a) -> int:
                os.path.join(a.state_dir, "a", "kv", "agent.sock"), "--peer-socket",
                os.path.join(a.state_dir, "b", "kv", "agent.sock"), "--cases", ",".join(a.cases), "--device",
                str(a.device), "--iters", str(a.iters), "--warmup", str(a.warmup), "--streams", str(a.streams),
-               "--call-timeout", str(a.call_timeout)]
+               "--call-timeout", str(a.call_timeout), "--tls-dir", os.path.join(a.state_dir, "tls")]
         if a.json:
             cmd += ["--json", os.path.abspath(a.json)]
         return subprocess.call(cmd, env=client_env())
@@ -138,7 +142,7 @@ def client_env():
 
 # ---- what both clients compute the same way ----
 
-SEED = {"raw": 11, "host": 12, "gpu-1g": 13, "blocks": 14, "layers": 15}
+SEED = {"raw": 11, "raw-tls": 11, "host": 12, "gpu-1g": 13, "blocks": 14, "layers": 15}
 
 
 def host_bytes(torch, n, seed, out=None):
@@ -175,7 +179,8 @@ class RoleB:
 
         self.a, self.torch = a, torch
         self.dev = torch.device("cuda", a.device)
-        torch.cuda.set_device(self.dev)
+        if torch.cuda.is_available():  # the host cases run without a GPU
+            torch.cuda.set_device(self.dev)
         self.c = Client(a.socket, timeout=a.call_timeout, name="bench-tcp-b")
         self.held = {}
         self.raw = None
@@ -183,9 +188,9 @@ class RoleB:
     def setup(self, case):
         torch, c = self.torch, self.c
         from fabricxfer.client import shared_memory
-        if case == "raw":
+        if case in ("raw", "raw-tls"):
             self.raw = bytearray(GIB)
-            return {"port": self.serve_raw()}
+            return {"port": self.serve_raw(case == "raw-tls")}
         # held[case]: the destination (what check reads), its regions, its layout, what to close.
         if case == "host":
             fd, mm = shared_memory("bench-b", GIB)
@@ -205,17 +210,23 @@ class RoleB:
             rs = [c.register_tensor(t, gpu_index=self.a.device) for t in ts]
             lay = c.register_layout(rs, 16384, segment="kv-layers")
             self.held[case] = {"dst": ts, "regions": rs, "layout": lay}
-        torch.cuda.synchronize(self.dev)
+        sync(torch, self.dev)
         return {}
 
-    def serve_raw(self):
+    def serve_raw(self, tls):
         ln = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         ln.bind(("127.0.0.1", 0))
         ln.listen(64)
         view = memoryview(self.raw)
+        ctx = None
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(os.path.join(self.a.tls_dir, "tls.crt"), os.path.join(self.a.tls_dir, "tls.key"))
 
         def conn(s):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * MIB)
+            if ctx is not None:
+                s = ctx.wrap_socket(s, server_side=True)
             with s:
                 while True:
                     hdr = bytearray(RAW_HDR.size)
@@ -236,8 +247,8 @@ class RoleB:
 
     def check(self, case):
         torch = self.torch
-        torch.cuda.synchronize(self.dev)
-        if case == "raw":
+        sync(torch, self.dev)
+        if case in ("raw", "raw-tls"):
             return bool(torch.equal(torch.frombuffer(self.raw, dtype=torch.uint8), host_bytes(torch, GIB, SEED[case])))
         if case == "host":
             got = torch.frombuffer(self.held[case]["dst"], dtype=torch.uint8)
@@ -266,7 +277,7 @@ class RoleB:
 
     def release(self, case):
         held = self.held.pop(case, None)
-        if case == "raw":
+        if case in ("raw", "raw-tls"):
             self.raw = None
         if held is None:
             return {}
@@ -277,7 +288,8 @@ class RoleB:
         held.pop("dst")
         for close in held.get("close", []):
             close()
-        self.torch.cuda.empty_cache()
+        if self.torch.cuda.is_available():
+            self.torch.cuda.empty_cache()
         return {}
 
     def serve(self):
@@ -295,6 +307,11 @@ class RoleB:
             print(json.dumps(resp), flush=True)
         self.c.close()
         return 0
+
+
+def sync(torch, dev):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize(dev)
 
 
 def recv_exactly(s, view):
@@ -316,10 +333,12 @@ class RoleA:
 
         self.a, self.torch = a, torch
         self.dev = torch.device("cuda", a.device)
-        torch.cuda.set_device(self.dev)
+        if torch.cuda.is_available():  # the host cases run without a GPU
+            torch.cuda.set_device(self.dev)
         self.c = Client(a.socket, timeout=a.call_timeout, name="bench-tcp-a")
         self.b = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", "b", "--socket", a.peer_socket,
-                                   "--device", str(a.device), "--call-timeout", str(a.call_timeout)],
+                                   "--device", str(a.device), "--call-timeout", str(a.call_timeout),
+                                   "--tls-dir", a.tls_dir or ""],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=client_env(), text=True)
         if json.loads(self.b.stdout.readline() or "{}").get("ready") is not True:
             raise RuntimeError("client B did not start (its error is above)")
@@ -360,12 +379,15 @@ class RoleA:
                     "verified": self.ask("check", case), "error": ""}
         finally:
             try:
-                torch.cuda.synchronize(self.dev)
+                sync(torch, self.dev)
                 self.ask("release", case)
             except Exception:
                 traceback.print_exc()
 
-    def case_raw(self, info):
+    def case_raw_tls(self, info):
+        return self.case_raw(info, tls=True)
+
+    def case_raw(self, info, tls=False):
         torch = self.torch
         raw = bytearray(GIB)
         host_bytes(torch, GIB, SEED["raw"], out=torch.frombuffer(raw, dtype=torch.uint8))
@@ -376,6 +398,10 @@ class RoleA:
             s = socket.create_connection(("127.0.0.1", info["port"]))
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 * MIB)
+            if tls:
+                ctx = ssl.create_default_context(cafile=os.path.join(self.a.tls_dir, "ca.crt"))
+                ctx.check_hostname = False  # the pool's name is checked by the agents; here only the cost counts
+                s = ctx.wrap_socket(s)
             socks.append(s)
         chunk = 4 * MIB  # the tcp engine's chunk: each stream sends its share in requests of this size
 
@@ -425,7 +451,7 @@ class RoleA:
         from fabricxfer.client import to_segment
         torch = self.torch
         src = gpu_bytes(torch, self.dev, (GIB,), SEED["gpu-1g"])
-        torch.cuda.synchronize(self.dev)
+        sync(torch, self.dev)
         r = self.c.register_tensor(src, gpu_index=self.a.device)
         try:
             remote = to_segment(self.a.node_b, "gpu-1g")
@@ -437,7 +463,7 @@ class RoleA:
         from fabricxfer.client import to_layout_segment
         torch = self.torch
         src = gpu_bytes(torch, self.dev, (262144, 720), SEED["blocks"])
-        torch.cuda.synchronize(self.dev)
+        sync(torch, self.dev)
         s, d = block_ids(torch, 262144, 15360, SEED["blocks"])
         r = self.c.register_tensor(src, gpu_index=self.a.device)
         lay = self.c.register_layout([r], 720)
@@ -453,7 +479,7 @@ class RoleA:
         from fabricxfer.client import to_layout_segment
         torch = self.torch
         srcs = [gpu_bytes(torch, self.dev, (1024, 16384), SEED["layers"] * 100 + k) for k in range(64)]
-        torch.cuda.synchronize(self.dev)
+        sync(torch, self.dev)
         s, d = layer_ids(torch, SEED["layers"])
         rs = [self.c.register_tensor(t, gpu_index=self.a.device) for t in srcs]
         lay = self.c.register_layout(rs, 16384)
@@ -473,7 +499,8 @@ def run_a(a) -> int:
     try:
         bench = RoleA(a)
         torch = bench.torch
-        header = {"torch": torch.__version__, "device": torch.cuda.get_device_name(bench.dev),
+        header = {"torch": torch.__version__,
+                  "device": torch.cuda.get_device_name(bench.dev) if torch.cuda.is_available() else "no GPU",
                   "agent": bench.c.info.agent_version, "node": bench.c.info.node_name,
                   "engines": ["%s: %s%s" % (e.name, "" if e.available else "unavailable: ", e.reason)
                               for e in bench.c.info.engines]}
