@@ -233,6 +233,10 @@ func TestHGXH200InfiniBand(t *testing.T) {
 	if len(r.GPUs) != 8 || len(r.NICs) != 8 {
 		t.Fatalf("got %d GPUs and %d NICs", len(r.GPUs), len(r.NICs))
 	}
+	// Whether the CUDA driver loads is the running agent's to say; detection says what tcp would do.
+	if e := engineOf(t, r, "tcp"); !e.Available || e.Reason != "host memory over TCP; NVIDIA GPU memory staged through pinned host memory when the CUDA driver loads" {
+		t.Errorf("tcp engine %+v", e)
+	}
 	nicBus := []int{0x18, 0x40, 0x4f, 0x5e, 0x9a, 0xc0, 0xce, 0xdc}
 	for k, g := range r.GPUs {
 		if g.Vendor != "nvidia" || g.PCIBusID != fmt.Sprintf("0000:%02x:00.0", nicBus[k]+3) || g.NUMANode != k/4 ||
