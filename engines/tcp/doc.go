@@ -41,9 +41,8 @@
 // of chunk i+1 overlaps the send of chunk i; a slot returns once its chunk is acknowledged. Reading into local
 // GPU memory, chunks arrive into slots on every connection while a worker copies the arrived ones into the
 // region. Serving a peer, the node receives a write's whole chunk into a slot before copying it into GPU
-// memory (a peer lost mid-chunk leaves the region untouched) and answers only once the copy finished; a read is
-// gathered into a slot and answered from there; the connections serve in parallel, so one's copy overlaps the
-// others' receives. Liveness, deadlines, cancellation and notifications are those of host transfers: once a
+// memory (a peer lost mid-chunk leaves the region untouched), receives the next request while that copy runs,
+// and answers the write once the copy finished; a read is gathered into a slot and answered from there. Liveness, deadlines, cancellation and notifications are those of host transfers: once a
 // transfer stops, no copy into its GPU region is queued any more, and it ends only after the copies already
 // queued finished, so nothing lands after Wait returns.
 //

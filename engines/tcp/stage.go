@@ -451,27 +451,29 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 // a slot of the peer's serving pool and copied into the region with one submission, only once all of it
 // arrived (a peer lost mid-chunk leaves the region untouched); a read is gathered into a slot with one
 // submission and answered from there. A refusal consumes a write's payload, so the stream stays usable; an
-// error means it is not.
-func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, client string) (resp respHeader, data []byte, unpin func(), err error) {
+// error means it is not. A write whose copy was queued returns finish instead of an answer: it waits for the
+// copy, lets go of the slot and the region and returns the answer, so the caller can receive the next request
+// meanwhile.
+func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, client string) (resp respHeader, data []byte, unpin func(), finish func() (respHeader, []byte), err error) {
 	resp = respHeader{op: h.op, id: h.id}
 	write := h.op == opWrite || h.op == opWriteV
 	if h.length > maxChunk {
-		return resp, nil, nil, fmt.Errorf("request of %d bytes, at most %d", h.length, maxChunk)
+		return resp, nil, nil, nil, fmt.Errorf("request of %d bytes, at most %d", h.length, maxChunk)
 	}
 	parts := []vecDesc{{off: h.off, n: uint32(h.length)}}
 	if h.op == opWriteV || h.op == opReadV {
 		if parts, err = readVec(br, h.length); err != nil {
-			return resp, nil, nil, err
+			return resp, nil, nil, nil, err
 		}
 	}
-	refuse := func(rerr error) (respHeader, []byte, func(), error) {
+	refuse := func(rerr error) (respHeader, []byte, func(), func() (respHeader, []byte), error) {
 		if write {
 			if derr := pr.discard(h.length); derr != nil {
-				return resp, nil, nil, derr
+				return resp, nil, nil, nil, derr
 			}
 		}
 		resp.status = errorStatus(rerr)
-		return resp, []byte(rerr.Error()), nil, nil
+		return resp, []byte(rerr.Error()), nil, nil, nil
 	}
 	d, unpinRegion, perr := e.reg.Pin(h.mem)
 	if perr != nil {
@@ -513,7 +515,7 @@ func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, clien
 		if err := pr.read(buf); err != nil {
 			pool.put(slot)
 			unpinRegion()
-			return resp, nil, nil, err
+			return resp, nil, nil, nil, err
 		}
 	}
 	var wt StageWait
@@ -522,26 +524,39 @@ func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, clien
 	} else {
 		wt, err = sr.ToHost(buf, segs)
 	}
-	drained := true
-	if err == nil {
-		err, drained = waitStage(wt)
-	} else {
-		err = fmt.Errorf("queueing GPU staging copy: %w", err)
-	}
 	if err != nil {
-		if drained {
-			pool.put(slot)
-		}
-		unpinRegion()
-		resp.status = statusRefused
-		return resp, []byte(err.Error()), nil, nil
-	}
-	if write {
 		pool.put(slot)
 		unpinRegion()
-		e.stats.servedIn.Add(h.length)
-		return resp, nil, nil, nil
+		resp.status = statusRefused
+		return resp, []byte(fmt.Sprintf("queueing GPU staging copy: %v", err)), nil, nil, nil
+	}
+	// settle waits for the copy; the slot goes back once nothing uses it (a read's answer is sent from it), and
+	// never while the copy may still run.
+	settle := func(keep bool) error {
+		err, drained := waitStage(wt)
+		if drained && (err != nil || !keep) {
+			pool.put(slot)
+		}
+		return err
+	}
+	if write {
+		finish = func() (respHeader, []byte) {
+			err := settle(false)
+			unpinRegion()
+			if err != nil {
+				resp.status = statusRefused
+				return resp, []byte(err.Error())
+			}
+			e.stats.servedIn.Add(h.length)
+			return resp, nil
+		}
+		return resp, nil, nil, finish, nil
+	}
+	if err := settle(true); err != nil {
+		unpinRegion()
+		resp.status = statusRefused
+		return resp, []byte(err.Error()), nil, nil, nil
 	}
 	resp.length = h.length
-	return resp, buf, func() { pool.put(slot); unpinRegion() }, nil
+	return resp, buf, func() { pool.put(slot); unpinRegion() }, nil, nil
 }

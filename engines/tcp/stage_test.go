@@ -341,6 +341,42 @@ func TestStagedPipelineOverlaps(t *testing.T) {
 	}
 }
 
+// TestStagedServingOverlaps: on one connection, the serving node copies a received chunk into its GPU memory
+// while it receives the next one (the first copy only finishes once the second has been queued).
+func TestStagedServingOverlaps(t *testing.T) {
+	sb := newFakeStager(t)
+	b := stagedEngine(t, "node-b", true, sb, nil)
+	a := stagedEngine(t, "node-a", false, nil, func(o *Options) { o.ConnsPerPeer = 1 })
+	const size = 4 * stageSlot
+	remote := make([]byte, size)
+	rd := registerGPU(t, b, sb, "b/1", remote)
+	imp(t, a, rd)
+	local := seq(size, 5)
+	ld := register(t, a, "a/1", local)
+	sb.beforeFromHost = func(k int) error {
+		if k != 1 {
+			return nil
+		}
+		for deadline := time.Now().Add(5 * time.Second); sb.fromHost.Load() < 2; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				return errors.New("the next chunk was not received while the first one was copied in")
+			}
+		}
+		return nil
+	}
+	if _, err := transfer(t, a, []engines.Item{{Src: ld.ID, Dst: rd.ID, Size: size}}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	_, unpin, err := b.reg.Pin(rd.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unpin()
+	if !bytes.Equal(remote, local) {
+		t.Fatal("written bytes differ")
+	}
+}
+
 // TestStagedFailures: a staging copy that cannot be queued, or fails on the GPU, fails its transfer with that
 // error; the slots come back (later transfers run), and the regions stay registered.
 func TestStagedFailures(t *testing.T) {
