@@ -23,6 +23,9 @@
 // acknowledged, the engine sends it on the same connections and the transfer succeeds only once that node's
 // handler has run.
 //
+// Block batches are planned in block form (checked once) and expanded into segments when a plan is cut into
+// requests.
+//
 // Claimed pairs: exactly one side on this node, the remote one reachable over TCP (its descriptor carries this
 // engine's address), not both sides carrying RDMA keys (the rdma engine's pairs), and, where either side is GPU
 // memory, no other engine claiming the pair (Options.Yield: fabric and rdma move GPU memory without staging).

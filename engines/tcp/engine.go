@@ -290,8 +290,10 @@ func (e *Engine) CanHandle(src, dst *engines.MemoryDesc) (bool, string) {
 }
 
 // NewPlan implements engines.Engine. Plans are not split: chunking happens at submit, across connections.
+// Block batches stay in block form (checked once, not planned block by block); submit expands them into the
+// segments it cuts into requests.
 func (e *Engine) NewPlan() engines.PlanBuilder {
-	return engines.NewPlanner(e.Name(), e.reg, engines.Limits{}, e.CanHandle)
+	return engines.NewPlanner(e.Name(), e.reg, engines.Limits{BlockPlans: true}, e.CanHandle)
 }
 
 // SetNotifyHandler implements engines.Engine.

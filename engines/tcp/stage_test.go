@@ -698,3 +698,66 @@ func TestStagingRefusals(t *testing.T) {
 		t.Fatalf("deregistering released %d stagings, want 1", s.released.Load())
 	}
 }
+
+// TestStagedBlockBatch: a block batch between two GPU layouts of two regions each goes as one tcp plan per
+// region pair in block form, gathered and scattered per chunk (1,024 blocks at most), never per block.
+func TestStagedBlockBatch(t *testing.T) {
+	sa, sb := newFakeStager(t), newFakeStager(t)
+	a := stagedEngine(t, "node-a", false, sa, nil)
+	b := stagedEngine(t, "node-b", true, sb, nil)
+	const bs, blocks, n = 720, 8192, 3000
+	var pairs []engines.BlockPair
+	var srcMem, dstMem, want [][]byte
+	for k := range 2 {
+		s, d := seq(bs*blocks, uint64(40+k)), seq(bs*blocks, uint64(50+k))
+		srcMem, dstMem, want = append(srcMem, s), append(dstMem, d), append(want, bytes.Clone(d))
+		sd := registerGPU(t, a, sa, fmt.Sprintf("a/%d", k), s)
+		dd := registerGPU(t, b, sb, fmt.Sprintf("b/%d", k), d)
+		imp(t, a, dd)
+		pairs = append(pairs, engines.BlockPair{Src: sd.ID, Dst: dd.ID})
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	sp, dp := r.Perm(blocks), r.Perm(blocks)
+	srcIDs, dstIDs := make([]uint32, n), make([]uint32, n)
+	for i := range n {
+		srcIDs[i], dstIDs[i] = uint32(sp[i]), uint32(dp[i])
+		for k := range 2 {
+			copy(want[k][dstIDs[i]*bs:][:bs], srcMem[k][srcIDs[i]*bs:][:bs])
+		}
+	}
+	pb := a.NewPlan()
+	if err := pb.(engines.BlockAdder).AddBlocks(engines.Blocks{Pairs: pairs, BlockBytes: bs, SrcIDs: srcIDs, DstIDs: dstIDs, Tag: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ps := pb.Build()
+	if len(ps.Plans) != 2 || ps.Plans[0].Blocks == nil {
+		t.Fatalf("%d plans (block form %v), want 2 in block form", len(ps.Plans), len(ps.Plans) > 0 && ps.Plans[0].Blocks != nil)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	tr, err := a.Submit(ctx, ps, engines.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for k := range 2 {
+		_, unpin, err := b.reg.Pin(pairs[k].Dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		same := bytes.Equal(dstMem[k], want[k])
+		unpin()
+		if !same {
+			t.Fatalf("region pair %d: destination differs", k)
+		}
+	}
+	per := int32((n + maxVecParts - 1) / maxVecParts)
+	if got := sa.toHost.Load(); got != 2*per {
+		t.Fatalf("%d gathers for 2 x %d blocks, want %d (one per chunk of at most %d blocks)", got, n, 2*per, maxVecParts)
+	}
+	if got := sb.fromHost.Load(); got != 2*per {
+		t.Fatalf("%d scatters for 2 x %d blocks, want %d", got, n, 2*per)
+	}
+}
