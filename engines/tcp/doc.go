@@ -47,7 +47,9 @@
 // memory (a peer lost mid-chunk leaves the region untouched), receives the next request while that copy runs,
 // and answers the write once the copy finished; a read is gathered into a slot and answered from there. Liveness, deadlines, cancellation and notifications are those of host transfers: once a
 // transfer stops, no copy into its GPU region is queued any more, and it ends only after the copies already
-// queued finished, so nothing lands after Wait returns.
+// queued finished; a stopped write from GPU memory waits for the answers to the chunks already sent (at most the
+// staging memory, or the liveness bound when the peer is gone), which the peer gives only once a chunk landed.
+// Either way nothing of a staged transfer lands after Wait returns.
 //
 // Wire protocol, big-endian. Connection start: client "FXT1", its node name and the node it expects (u16
 // length-prefixed); server "FXT1", status byte, its node name. Requests: op u8 (1 write, 2 read, 3 notify,

@@ -267,7 +267,9 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 			return false
 		}
 		if !track(r) {
-			c.cancel(r, ctx.Err())
+			if op == opRead {
+				c.cancel(r, ctx.Err())
+			} // a written chunk completes with its answer, as the others do (see below)
 			return false
 		}
 		return true
@@ -434,9 +436,15 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 		}
 		reqs := inflight
 		mu.Unlock()
-		for _, r := range reqs {
-			r.c.cancel(r, ctx.Err())
+		if op == opRead {
+			// Answers still arriving are dropped; nothing more is copied into the region.
+			for _, r := range reqs {
+				r.c.cancel(r, ctx.Err())
+			}
 		}
+		// Chunks already written are not abandoned: the peer copies a chunk into its memory before it answers,
+		// so once their answers arrived (or the peer was lost) nothing of this transfer lands any more. The
+		// staging slots bound them (StagingBytes per peer).
 		<-allDone
 	}
 	close(finished)

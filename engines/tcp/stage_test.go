@@ -489,6 +489,64 @@ func TestStagedCancel(t *testing.T) {
 	}
 }
 
+// TestStagedCancelWrite: once a staged write to a peer's GPU memory is cancelled, it ends only after the chunks
+// already sent were answered, so the destination does not change after Wait returns.
+func TestStagedCancelWrite(t *testing.T) {
+	sa, sb := newFakeStager(t), newFakeStager(t)
+	a := stagedEngine(t, "node-a", false, sa, nil)
+	b := stagedEngine(t, "node-b", true, sb, nil)
+	const size = 24 * stageSlot
+	ld := registerGPU(t, a, sa, "a/1", seq(size, 21))
+	remote := make([]byte, size)
+	rd := registerGPU(t, b, sb, "b/1", remote)
+	imp(t, a, rd)
+	started := make(chan struct{})
+	var once sync.Once
+	sb.beforeFromHost = func(int) error {
+		once.Do(func() { close(started) })
+		time.Sleep(20 * time.Millisecond) // a slow GPU on the serving side: chunks wait for it
+		return nil
+	}
+	pb := a.NewPlan()
+	if err := pb.Add(engines.Item{Src: ld.ID, Dst: rd.ID, Size: size}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	tr, err := a.Submit(ctx, pb.Build(), engines.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("no chunk reached the peer's GPU")
+	}
+	tr.Cancel()
+	if err := tr.Wait(ctx); !errors.Is(err, engines.ErrCancelled) {
+		t.Fatalf("cancelled transfer ended with %v", err)
+	}
+	copies := sb.fromHost.Load()
+	if copies >= size/stageSlot {
+		t.Fatalf("all %d chunks were copied in despite the cancellation", copies)
+	}
+	_, unpin, err := b.reg.Pin(rd.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := bytes.Clone(remote)
+	unpin()
+	time.Sleep(200 * time.Millisecond)
+	_, unpin, err = b.reg.Pin(rd.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unpin()
+	if !bytes.Equal(snap, remote) || sb.fromHost.Load() != copies {
+		t.Fatalf("the destination changed after the cancelled transfer ended (%d copies in, then %d)", copies, sb.fromHost.Load())
+	}
+}
+
 // TestStagedPeerLost: a peer that goes silent mid-transfer fails staged transfers both ways within the liveness
 // bound with a PeerLostError; the local GPU region stays registered and moves again once the link is back.
 func TestStagedPeerLost(t *testing.T) {
