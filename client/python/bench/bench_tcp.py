@@ -18,6 +18,11 @@ socket and B on node-b's, which time, in one run:
   blocks    15,360 blocks of 720 B between two pools of 262,144 blocks (one uint8 [262144, 720] tensor each)
   layers    the 32-layer layout: 32 layers x K/V = 64 tensors per side of [1024, 16384] uint8, a permutation of
             all 1,024 block ids in one call (1 GiB)
+  cancel    A reads 1 GiB of B's GPU memory into its own and cancels it mid-way: A's tensor is compared right
+            after Cancel returns, after Wait, and half a second later (nothing may change after Wait; what
+            changed between Cancel and Wait is reported)
+  kill      A writes 1 GiB to B's GPU memory and node-b's agent is killed (SIGKILL) mid-way: the transfer must
+            fail within 2 s and A's region stay registered (A deregisters it afterwards). Always runs last.
 
 Each figure is the median of --iters writes after --warmup; every destination byte is compared by B with what
 it computes itself from the same seeds (torch generators on the same device). The table gives GB/s and the
@@ -41,7 +46,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 MIB, GIB = 1 << 20, 1 << 30
-CASES = ("raw", "raw-tls", "host", "gpu-1g", "blocks", "layers")
+CASES = ("raw", "raw-tls", "host", "gpu-1g", "blocks", "layers", "cancel", "kill")
 RAW_HDR = struct.Struct(">QQ")
 
 
@@ -66,6 +71,8 @@ def parse_args(argv=None):
     p.add_argument("--tls-dir", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.cases = [c.strip() for c in a.cases.split(",") if c.strip()]
+    if "kill" in a.cases:  # node-b's agent is gone afterwards
+        a.cases = [c for c in a.cases if c != "kill"] + ["kill"]
     bad = [c for c in a.cases if c not in CASES]
     if bad:
         p.error("unknown cases %s (known: %s)" % (",".join(bad), ",".join(CASES)))
@@ -104,6 +111,7 @@ def format_table(results):
     for name, v in ratios(results).items():
         out.append("%-16s %.2f" % (name, v))
     out += ["%s: %s" % (r["case"], r["error"]) for r in results if r.get("error")]
+    out += ["%s: %s" % (r["case"], r["note"]) for r in results if r.get("note")]
     return "\n".join(out)
 
 
@@ -125,7 +133,8 @@ def drive(a) -> int:
                os.path.join(a.state_dir, "a", "kv", "agent.sock"), "--peer-socket",
                os.path.join(a.state_dir, "b", "kv", "agent.sock"), "--cases", ",".join(a.cases), "--device",
                str(a.device), "--iters", str(a.iters), "--warmup", str(a.warmup), "--streams", str(a.streams),
-               "--call-timeout", str(a.call_timeout), "--tls-dir", os.path.join(a.state_dir, "tls")]
+               "--call-timeout", str(a.call_timeout), "--tls-dir", os.path.join(a.state_dir, "tls"),
+               "--state-dir", a.state_dir]
         if a.json:
             cmd += ["--json", os.path.abspath(a.json)]
         return subprocess.call(cmd, env=client_env())
@@ -142,7 +151,7 @@ def client_env():
 
 # ---- what both clients compute the same way ----
 
-SEED = {"raw": 11, "raw-tls": 11, "host": 12, "gpu-1g": 13, "blocks": 14, "layers": 15}
+SEED = {"raw": 11, "raw-tls": 11, "host": 12, "gpu-1g": 13, "blocks": 14, "layers": 15, "cancel": 16, "kill": 17}
 
 
 def host_bytes(torch, n, seed, out=None):
@@ -196,9 +205,13 @@ class RoleB:
             fd, mm = shared_memory("bench-b", GIB)
             r = c.register_host(fd, 0, GIB, segment="host-1g")
             self.held[case] = {"dst": mm, "regions": [r], "close": [mm.close, lambda: os.close(fd)]}
-        elif case == "gpu-1g":
+        elif case in ("gpu-1g", "kill"):
             t = torch.zeros(GIB, dtype=torch.uint8, device=self.dev)
-            r = c.register_tensor(t, segment="gpu-1g", gpu_index=self.a.device)
+            r = c.register_tensor(t, segment=case, gpu_index=self.a.device)
+            self.held[case] = {"dst": t, "regions": [r]}
+        elif case == "cancel":
+            t = gpu_bytes(torch, self.dev, (GIB,), SEED[case])
+            r = c.register_tensor(t, segment="cancel-src", gpu_index=self.a.device)
             self.held[case] = {"dst": t, "regions": [r]}
         elif case == "blocks":
             t = torch.zeros(262144, 720, dtype=torch.uint8, device=self.dev)
@@ -374,15 +387,84 @@ class RoleA:
         torch = self.torch
         info = self.ask("setup", case)
         try:
+            if case in ("cancel", "kill"):  # checked here: facts of node-a's side
+                return dict(getattr(self, "case_" + case)(), case=case, error="")
             seconds, nbytes = getattr(self, "case_" + case.replace("-", "_"))(info)
             return {"case": case, "bytes": nbytes, "seconds": seconds, "gbps": gbps(nbytes, seconds),
                     "verified": self.ask("check", case), "error": ""}
         finally:
+            if case != "kill":
+                try:
+                    sync(torch, self.dev)
+                    self.ask("release", case)
+                except Exception:
+                    traceback.print_exc()
+
+    def case_cancel(self):
+        from fabricxfer.agent.v1 import agent_pb2 as pb
+        from fabricxfer.client import Item, TransferFailed, to_segment
+        torch = self.torch
+        dst = torch.zeros(GIB, dtype=torch.uint8, device=self.dev)
+        sync(torch, self.dev)
+        r = self.c.register_tensor(dst, gpu_index=self.a.device)
+        try:
+            tid = self.c.transfer("read", [Item(r, to_segment(self.a.node_b, "cancel-src"), GIB)], wait=False)
+            time.sleep(0.03)
+            t0 = time.perf_counter()
+            self.c._call(self.c.stub.Cancel, pb.CancelRequest(transfer_id=tid))
+            cancel_s = time.perf_counter() - t0
+            at_cancel = dst.clone()
+            sync(torch, self.dev)
             try:
-                sync(torch, self.dev)
-                self.ask("release", case)
-            except Exception:
-                traceback.print_exc()
+                st = self.c.wait(tid, timeout=30)
+                outcome = ("succeeded before the cancellation took effect"
+                           if st.state == pb.TRANSFER_STATE_SUCCEEDED else "still pending 30 s after Cancel")
+            except TransferFailed as e:
+                outcome = str(e).splitlines()[0]
+            at_wait = dst.clone()
+            time.sleep(0.5)
+            later = dst.clone()
+            sync(torch, self.dev)
+            landed = int((at_wait != 0).sum().item())
+            changed_after_cancel = not torch.equal(at_cancel, at_wait)
+            changed_after_wait = not torch.equal(at_wait, later)
+            note = ("cancel call %.1f ms; %d of %d bytes landed; changed between Cancel and Wait: %s; "
+                    "after Wait: %s; %s" % (cancel_s * 1e3, landed, GIB, changed_after_cancel, changed_after_wait,
+                                            outcome))
+            print("cancel: " + note, flush=True)
+            return {"bytes": landed, "verified": not changed_after_wait and "CANCEL" in outcome.upper(),
+                    "note": note, "changed_after_cancel": changed_after_cancel,
+                    "changed_after_wait": changed_after_wait}
+        finally:
+            self.c.deregister(r)
+
+    def case_kill(self):
+        import signal as sig
+        from fabricxfer.client import Item, TransferFailed, to_segment
+        torch = self.torch
+        src = gpu_bytes(torch, self.dev, (GIB,), SEED["kill"])
+        sync(torch, self.dev)
+        r = self.c.register_tensor(src, gpu_index=self.a.device)
+        tid = self.c.transfer("write", [Item(r, to_segment(self.a.node_b, "kill"), GIB)], wait=False)
+        time.sleep(0.03)
+        with open(os.path.join(self.a.state_dir, "b.pid")) as f:
+            os.kill(int(f.read().strip()), sig.SIGKILL)
+        t0 = time.perf_counter()
+        try:
+            st = self.c.wait(tid, timeout=30)
+            outcome, failed = ("succeeded: it finished before the kill"
+                               if st.state == 2 else "still pending 30 s after the kill"), False
+        except TransferFailed as e:
+            outcome, failed = str(e).splitlines()[0], True
+        took = time.perf_counter() - t0
+        registered = True
+        try:
+            self.c.deregister(r)  # it is still registered, or this fails
+        except Exception as e:
+            registered, outcome = False, outcome + "; deregistering afterwards: %s" % e
+        note = "failed %.3f s after the kill (%s); region still registered: %s" % (took, outcome, registered)
+        print("kill: " + note, flush=True)
+        return {"bytes": GIB, "seconds": took, "verified": failed and took <= 2.0 and registered, "note": note}
 
     def case_raw_tls(self, info):
         return self.case_raw(info, tls=True)
