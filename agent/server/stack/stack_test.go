@@ -71,6 +71,21 @@ func TestFlagsAndValidation(t *testing.T) {
 			t.Errorf("--tcp-staging-bytes=%d refused: %v", v, err)
 		}
 	}
+	c.TCPStagingBytes = 0
+	for _, v := range []string{"-1", "65", "1000000"} {
+		if err := fs.Set("tcp-conns-per-peer", v); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--tcp-conns-per-peer") {
+			t.Errorf("--tcp-conns-per-peer=%s: %v, want it refused", v, err)
+		}
+	}
+	for _, v := range []int{0, 1, 8, 64} {
+		c.TCPConnsPerPeer = v
+		if err := c.Validate(); err != nil {
+			t.Errorf("--tcp-conns-per-peer=%d refused: %v", v, err)
+		}
+	}
 	d, _ := ParsePeers(c.StaticPeers)
 	if len(d) != 2 || d["node-c"] != "10.0.0.3:7470" {
 		t.Fatalf("peers %v", d)
