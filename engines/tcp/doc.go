@@ -37,7 +37,8 @@
 // address in its descriptor, so peers know they can reach it; one it does not is refused with the stager's
 // reason. Staging memory is bounded per peer node and per side (Options.StagingBytes, 64 MiB by default, for this
 // node's transfers to the peer and as much for serving the peer's requests), in 4 MiB slots allocated on first
-// use; a request touching GPU memory is at most one slot. Each staged chunk is one submission to the GPU (the
+// use and given back once a peer's slots went unused for 30 s, so pinned memory follows the active peers; a
+// request touching GPU memory is at most one slot. Each staged chunk is one submission to the GPU (the
 // scatter kernel gathers or scatters all of a vectored chunk's blocks, up to 1,024, in one launch; a contiguous
 // chunk goes to the copy engine), never one copy per block. Writing from local GPU memory, a producer gathers
 // chunk after chunk into slots while the connections send the ones already gathered, so the device-to-host copy

@@ -66,6 +66,9 @@ type Options struct {
 	// Yield, when set, names pairs another engine claims; the engine leaves pairs with GPU memory on either side
 	// to it (the agent asks the fabric and rdma engines), so engines stay disjoint.
 	Yield func(src, dst *engines.MemoryDesc) bool
+
+	// stageIdle is how long staging slots stay unused before they go back to the stager (tests shorten it).
+	stageIdle time.Duration
 }
 
 // Engine is the TCP engine.
@@ -83,6 +86,7 @@ type Engine struct {
 	// node, for this node's transfers and for serving the peer's requests.
 	staged            map[engines.MemoryID]stagedEntry
 	stageOut, stageIn map[string]*stagePool
+	stopReaper        chan struct{}
 
 	stats struct{ sent, received, servedIn, servedOut, dialed, accepted atomic.Uint64 }
 }
@@ -143,6 +147,9 @@ func New(opts Options) (*Engine, error) {
 	if opts.StagingBytes < 2*stageSlot {
 		return nil, fmt.Errorf("tcp engine: %w: %d bytes of staging memory per peer, at least %d", engines.ErrInvalid, opts.StagingBytes, 2*stageSlot)
 	}
+	if opts.stageIdle <= 0 {
+		opts.stageIdle = stageIdle
+	}
 	if opts.Stager == nil && opts.NoStageReason == "" {
 		opts.NoStageReason = "no GPU copy backend in this process"
 	}
@@ -155,6 +162,11 @@ func New(opts Options) (*Engine, error) {
 	if opts.Listener != nil {
 		e.wg.Add(1)
 		go e.serve(opts.Listener)
+	}
+	if opts.Stager != nil {
+		e.stopReaper = make(chan struct{})
+		e.wg.Add(1)
+		go e.reapStaging(opts.stageIdle, e.stopReaper)
 	}
 	return e, nil
 }
@@ -622,6 +634,13 @@ func (e *Engine) Close() error {
 	e.mu.Unlock()
 	if e.opts.Listener != nil {
 		e.opts.Listener.Close()
+	}
+	e.mu.Lock()
+	stop := e.stopReaper
+	e.stopReaper = nil
+	e.mu.Unlock()
+	if stop != nil {
+		close(stop)
 	}
 	for _, p := range peers {
 		select {

@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/semaphore"
-
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
@@ -48,6 +46,8 @@ const (
 	stageSlot = 4 << 20
 	// defaultStagingBytes is the pinned host memory per peer and per side (sending and serving).
 	defaultStagingBytes = 64 << 20
+	// stageIdle: staging slots of a peer unused this long go back to the stager.
+	stageIdle = 30 * time.Second
 	// stageDrain bounds how long a queued GPU copy is waited for after its transfer stopped: a launched copy
 	// cannot be recalled, and its slot must not be reused (nor its transfer end) while it may still run.
 	stageDrain = 30 * time.Second
@@ -60,63 +60,150 @@ type stagedEntry struct {
 }
 
 // stagePool is the bounded staging memory towards one peer node, on one side (this node's transfers, or this
-// node serving the peer's requests). Slots are allocated on first use and kept until the engine closes.
+// node serving the peer's requests). Slots are allocated on first use; slots idle for a while go back to the
+// stager (reap), so pinned memory follows the peers that are active, not every peer ever met.
 type stagePool struct {
 	stager Stager
-	idle   chan []byte
-	sem    *semaphore.Weighted // slots that may be allocated
+	max    int
 
-	mu    sync.Mutex
-	frees []func() error
+	mu      sync.Mutex
+	idle    [][]byte
+	frees   map[*byte]func() error // every allocated slot's release, by its first byte
+	wake    chan struct{}          // closed (and replaced) when a slot is returned or released
+	lastUse time.Time
 }
 
 func newStagePool(s Stager, slots int) *stagePool {
-	return &stagePool{stager: s, idle: make(chan []byte, slots), sem: semaphore.NewWeighted(int64(slots))}
+	return &stagePool{stager: s, max: slots, frees: map[*byte]func() error{}, wake: make(chan struct{})}
+}
+
+// signal wakes waiters; sp.mu is held.
+func (sp *stagePool) signal() {
+	close(sp.wake)
+	sp.wake = make(chan struct{})
 }
 
 // get returns an idle slot, allocating one while below the bound, else waits for one.
 func (sp *stagePool) get(ctx context.Context) ([]byte, error) {
-	select {
-	case b := <-sp.idle:
-		return b, nil
-	default:
-	}
-	if sp.sem.TryAcquire(1) {
-		b, free, err := sp.stager.AllocPinned(stageSlot)
-		if err != nil {
-			sp.sem.Release(1)
-			return nil, fmt.Errorf("allocating %d bytes of pinned staging memory: %w", stageSlot, err)
-		}
-		if len(b) < stageSlot {
-			_ = free()
-			sp.sem.Release(1)
-			return nil, fmt.Errorf("stager returned %d bytes of staging memory, asked for %d", len(b), stageSlot)
-		}
+	for {
 		sp.mu.Lock()
-		sp.frees = append(sp.frees, free)
+		sp.lastUse = time.Now()
+		if n := len(sp.idle); n > 0 {
+			b := sp.idle[n-1]
+			sp.idle = sp.idle[:n-1]
+			sp.mu.Unlock()
+			return b, nil
+		}
+		if len(sp.frees) < sp.max {
+			// Reserve the place while allocating outside the lock (pinning takes a while).
+			reserved := new(byte)
+			sp.frees[reserved] = nil
+			sp.mu.Unlock()
+			b, free, err := sp.stager.AllocPinned(stageSlot)
+			if err == nil && len(b) < stageSlot {
+				_ = free()
+				err = fmt.Errorf("stager returned %d bytes of staging memory, asked for %d", len(b), stageSlot)
+			}
+			sp.mu.Lock()
+			delete(sp.frees, reserved)
+			if err == nil {
+				b = b[:stageSlot]
+				sp.frees[&b[0]] = free
+			}
+			sp.signal()
+			sp.mu.Unlock()
+			if err != nil {
+				return nil, fmt.Errorf("allocating %d bytes of pinned staging memory: %w", stageSlot, err)
+			}
+			return b, nil
+		}
+		wake := sp.wake
 		sp.mu.Unlock()
-		return b[:stageSlot], nil
-	}
-	select {
-	case b := <-sp.idle:
-		return b, nil
-	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for staging memory: %w", ctx.Err())
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for staging memory: %w", ctx.Err())
+		}
 	}
 }
 
-// put returns a slot; the channel holds every slot there can be, so it never blocks.
-func (sp *stagePool) put(b []byte) { sp.idle <- b }
+// put returns a slot.
+func (sp *stagePool) put(b []byte) {
+	sp.mu.Lock()
+	sp.idle = append(sp.idle, b)
+	sp.signal()
+	sp.mu.Unlock()
+}
 
+// reap releases the idle slots of a pool nobody asked for a slot for idleFor; slots in use stay.
+func (sp *stagePool) reap(idleFor time.Duration) error {
+	sp.mu.Lock()
+	if len(sp.idle) == 0 || time.Since(sp.lastUse) < idleFor {
+		sp.mu.Unlock()
+		return nil
+	}
+	var frees []func() error
+	for _, b := range sp.idle {
+		frees = append(frees, sp.frees[&b[0]])
+		delete(sp.frees, &b[0])
+	}
+	sp.idle = nil
+	sp.signal()
+	sp.mu.Unlock()
+	var errs []error
+	for _, f := range frees {
+		errs = append(errs, f())
+	}
+	return errors.Join(errs...)
+}
+
+// allocated is the number of slots the pool holds (idle or in use).
+func (sp *stagePool) allocated() int {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return len(sp.frees)
+}
+
+// close releases every slot; nothing may use them any more.
 func (sp *stagePool) close() error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	var errs []error
-	for _, f := range sp.frees {
-		errs = append(errs, f())
+	for k, f := range sp.frees {
+		if f != nil {
+			errs = append(errs, f())
+		}
+		delete(sp.frees, k)
 	}
-	sp.frees = nil
+	sp.idle = nil
 	return errors.Join(errs...)
+}
+
+// reapStaging releases, every idleFor/2, the staging slots of pools idle for idleFor, until done closes.
+func (e *Engine) reapStaging(idleFor time.Duration, done <-chan struct{}) {
+	defer e.wg.Done()
+	t := time.NewTicker(idleFor / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		e.mu.Lock()
+		pools := make([]*stagePool, 0, len(e.stageOut)+len(e.stageIn))
+		for _, m := range []map[string]*stagePool{e.stageOut, e.stageIn} {
+			for _, sp := range m {
+				pools = append(pools, sp)
+			}
+		}
+		e.mu.Unlock()
+		for _, sp := range pools {
+			if err := sp.reap(idleFor); err != nil {
+				e.logf("tcp engine: releasing idle staging memory: %v", err)
+			}
+		}
+	}
 }
 
 // pool returns the staging pool towards node on one side, creating it.

@@ -819,3 +819,30 @@ func TestStagedBlockBatch(t *testing.T) {
 		t.Fatalf("%d scatters for 2 x %d blocks, want %d", got, n, 2*per)
 	}
 }
+
+// TestStagingReleasedWhenIdle: staging slots unused for the idle time go back to the stager on both sides, and
+// the next transfer allocates them again.
+func TestStagingReleasedWhenIdle(t *testing.T) {
+	sa, sb := newFakeStager(t), newFakeStager(t)
+	short := func(o *Options) { o.stageIdle = 100 * time.Millisecond }
+	a := stagedEngine(t, "node-a", false, sa, short)
+	b := stagedEngine(t, "node-b", true, sb, short)
+	const size = 6 * stageSlot
+	ld := registerGPU(t, a, sa, "a/1", seq(size, 31))
+	rd := registerGPU(t, b, sb, "b/1", make([]byte, size))
+	imp(t, a, rd)
+	for round := range 2 {
+		if _, err := transfer(t, a, []engines.Item{{Src: ld.ID, Dst: rd.ID, Size: size}}, 10*time.Second); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if sa.allocs.Load() == 0 || sb.allocs.Load() == 0 {
+			t.Fatalf("round %d: no staging slots allocated (%d, %d)", round, sa.allocs.Load(), sb.allocs.Load())
+		}
+		waitFor(t, 5*time.Second, "idle staging slots released", func() bool {
+			return sa.frees.Load() == sa.allocs.Load() && sb.frees.Load() == sb.allocs.Load()
+		})
+	}
+	if sa.allocs.Load() < 2 {
+		t.Fatalf("the second transfer allocated no slots again (%d in all)", sa.allocs.Load())
+	}
+}
