@@ -46,7 +46,8 @@
 // GPU memory, chunks arrive into slots on every connection while a worker copies the arrived ones into the
 // region. Serving a peer, the node receives a write's whole chunk into a slot before copying it into GPU
 // memory (a peer lost mid-chunk leaves the region untouched), receives the next request while that copy runs,
-// and answers the write once the copy finished; a read is gathered into a slot and answered from there. Liveness, deadlines, cancellation and notifications are those of host transfers: once a
+// and answers the write once the copy finished; a read is gathered into a slot and answered from there, the
+// next request's copy running while the answer leaves. Liveness, deadlines, cancellation and notifications are those of host transfers: once a
 // transfer stops, no copy into its GPU region is queued any more, and it ends only after the copies already
 // queued finished; a stopped write from GPU memory waits for the answers to the chunks already sent (at most the
 // staging memory, or the liveness bound when the peer is gone), which the peer gives only once a chunk landed.

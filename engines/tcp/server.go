@@ -101,12 +101,16 @@ func (e *Engine) serveConn(raw net.Conn) error {
 		raw.Close() // a completion blocked on a peer that stopped reading fails now
 		completing.Wait()
 	}()
-	complete := func(finish func() (respHeader, []byte)) {
+	complete := func(finish stagedAnswer) {
 		completing.Add(1)
 		go func() {
 			defer completing.Done()
-			resp, data := finish()
-			if err := writeFrame(net.Buffers{appendRespHeader(nil, resp), data}); err != nil {
+			resp, data, sent := finish()
+			err := writeFrame(net.Buffers{appendRespHeader(nil, resp), data})
+			if sent != nil {
+				sent(err == nil)
+			}
+			if err != nil {
 				raw.Close() // the stream is broken: the serving loop fails on its next read
 			}
 		}()
@@ -127,13 +131,13 @@ func (e *Engine) serveConn(raw net.Conn) error {
 		if h.op >= opWrite && h.op <= opReadV && h.op != opNotify {
 			if _, _, ok := e.stagedRegion(h.mem); ok {
 				staged = true
-				var finish func() (respHeader, []byte)
+				var finish stagedAnswer
 				if resp, data, unpin, finish, err = e.serveStaged(br, &pr, h, client); err != nil {
 					return err
 				}
 				if finish != nil {
-					// The chunk's copy into GPU memory runs while the next request is received; its
-					// answer leaves once the copy finished.
+					// The chunk's GPU copy runs while the next request is received; its answer leaves
+					// once the copy finished.
 					complete(finish)
 					nc.SetReadDeadline(time.Time{})
 					continue

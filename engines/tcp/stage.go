@@ -542,14 +542,17 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 	return err
 }
 
+// stagedAnswer waits for a staged request's GPU copy and returns its answer; sent, when not nil, runs once the
+// answer was written (ok) or could not be.
+type stagedAnswer func() (resp respHeader, data []byte, sent func(ok bool))
+
 // serveStaged answers a peer's write or read of a staged GPU region of this node: the payload is received into
 // a slot of the peer's serving pool and copied into the region with one submission, only once all of it
 // arrived (a peer lost mid-chunk leaves the region untouched); a read is gathered into a slot with one
 // submission and answered from there. A refusal consumes a write's payload, so the stream stays usable; an
-// error means it is not. A write whose copy was queued returns finish instead of an answer: it waits for the
-// copy, lets go of the slot and the region and returns the answer, so the caller can receive the next request
-// meanwhile.
-func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, client string) (resp respHeader, data []byte, unpin func(), finish func() (respHeader, []byte), err error) {
+// error means it is not. A request whose copy was queued returns finish instead of an answer, so the caller
+// receives the next request while the copy runs.
+func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, client string) (resp respHeader, data []byte, unpin func(), finish stagedAnswer, err error) {
 	resp = respHeader{op: h.op, id: h.id}
 	write := h.op == opWrite || h.op == opWriteV
 	if h.length > maxChunk {
@@ -561,7 +564,7 @@ func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, clien
 			return resp, nil, nil, nil, err
 		}
 	}
-	refuse := func(rerr error) (respHeader, []byte, func(), func() (respHeader, []byte), error) {
+	refuse := func(rerr error) (respHeader, []byte, func(), stagedAnswer, error) {
 		if write {
 			if derr := pr.discard(h.length); derr != nil {
 				return resp, nil, nil, nil, derr
@@ -635,23 +638,32 @@ func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, clien
 		return err
 	}
 	if write {
-		finish = func() (respHeader, []byte) {
+		finish = func() (respHeader, []byte, func(bool)) {
 			err := settle(false)
 			unpinRegion()
 			if err != nil {
 				resp.status = statusRefused
-				return resp, []byte(err.Error())
+				return resp, []byte(err.Error()), nil
 			}
 			e.stats.servedIn.Add(h.length)
-			return resp, nil
+			return resp, nil, nil
 		}
 		return resp, nil, nil, finish, nil
 	}
-	if err := settle(true); err != nil {
-		unpinRegion()
-		resp.status = statusRefused
-		return resp, []byte(err.Error()), nil, nil, nil
+	finish = func() (respHeader, []byte, func(bool)) {
+		if err := settle(true); err != nil {
+			unpinRegion()
+			resp.status = statusRefused
+			return resp, []byte(err.Error()), nil
+		}
+		resp.length = h.length
+		return resp, buf, func(ok bool) {
+			pool.put(slot)
+			unpinRegion()
+			if ok {
+				e.stats.servedOut.Add(h.length)
+			}
+		}
 	}
-	resp.length = h.length
-	return resp, buf, func() { pool.put(slot); unpinRegion() }, nil, nil
+	return resp, nil, nil, finish, nil
 }

@@ -342,7 +342,8 @@ func TestStagedPipelineOverlaps(t *testing.T) {
 }
 
 // TestStagedServingOverlaps: on one connection, the serving node copies a received chunk into its GPU memory
-// while it receives the next one (the first copy only finishes once the second has been queued).
+// while it receives the next one (the first copy only finishes once the second has been queued), and gathers
+// the next chunk of a read while it answers the one before.
 func TestStagedServingOverlaps(t *testing.T) {
 	sb := newFakeStager(t)
 	b := stagedEngine(t, "node-b", true, sb, nil)
@@ -353,6 +354,19 @@ func TestStagedServingOverlaps(t *testing.T) {
 	imp(t, a, rd)
 	local := seq(size, 5)
 	ld := register(t, a, "a/1", local)
+	// The hooks are set before the serving goroutines start: the write uses only the first, the read only
+	// the second.
+	sb.beforeToHost = func(k int) error {
+		if k != 1 {
+			return nil
+		}
+		for deadline := time.Now().Add(5 * time.Second); sb.toHost.Load() < 2; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				return errors.New("the next chunk was not gathered while the first one was")
+			}
+		}
+		return nil
+	}
 	sb.beforeFromHost = func(k int) error {
 		if k != 1 {
 			return nil
@@ -371,9 +385,24 @@ func TestStagedServingOverlaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unpin()
-	if !bytes.Equal(remote, local) {
+	same := bytes.Equal(remote, local)
+	unpin()
+	if !same {
 		t.Fatal("written bytes differ")
+	}
+
+	back := make([]byte, size)
+	bd := register(t, a, "a/back", back)
+	if _, err := transfer(t, a, []engines.Item{{Src: rd.ID, Dst: bd.ID, Size: size}}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	view, unpin, err := a.Pin(bd.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unpin()
+	if !bytes.Equal(view, local) {
+		t.Fatal("read bytes differ")
 	}
 }
 
