@@ -36,7 +36,7 @@ func runPlanSet(t *testing.T, c *engines.Composite, ps *engines.PlanSet) error {
 }
 
 // TestBlockBatches moves a block list between two layouts of two regions each, on this node (host block form)
-// and towards another node (tcp, one item per block), and checks every byte of every block, moved or not.
+// and towards another node (tcp block form too), and checks every byte of every block, moved or not.
 func TestBlockBatches(t *testing.T) {
 	const bs, blocks = 720, 64
 	for _, remote := range []bool{false, true} {
@@ -69,8 +69,8 @@ func TestBlockBatches(t *testing.T) {
 			if !remote && (len(ps.Plans) != 2 || ps.Plans[0].Blocks == nil || ps.Plans[0].Engine != engines.EngineXGMI) {
 				t.Fatalf("same-node pairs should be two xgmi plans in block form, got %d plans (blocks %v)", len(ps.Plans), ps.Plans[0].Blocks != nil)
 			}
-			if remote && ps.Plans[0].Blocks != nil {
-				t.Fatalf("tcp takes no block plans but got one")
+			if remote && (len(ps.Plans) != 2 || ps.Plans[0].Blocks == nil || ps.Plans[0].Engine != engines.EngineTCP) {
+				t.Fatalf("pairs towards another node should be two tcp plans in block form, got %d plans (blocks %v)", len(ps.Plans), ps.Plans[0].Blocks != nil)
 			}
 			if got := ps.Bytes(); got != uint64(2*len(srcIDs)*bs) {
 				t.Fatalf("planned %d bytes, want %d", got, 2*len(srcIDs)*bs)

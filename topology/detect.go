@@ -96,7 +96,7 @@ func engines(r Report, o Overrides) []Engine {
 	for _, e := range o.DisabledEngines {
 		disabled[e] = true
 	}
-	out := []Engine{xgmiEngine(r), fabricEngine(r), rdmaEngine(r), {Name: EngineTCP, Available: true, Reason: "host memory over TCP; stages GPU memory through host when nothing else reaches the peer"}}
+	out := []Engine{xgmiEngine(r), fabricEngine(r), rdmaEngine(r), tcpEngine(r)}
 	for i := range out {
 		if disabled[out[i].Name] {
 			by := o.DisabledBy
@@ -292,4 +292,23 @@ func plural(n int, noun string) string {
 		return "1 " + noun
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// tcpEngine is always available for host memory; what it does for GPU memory depends on the vendor: the agent
+// stages NVIDIA GPU memory through pinned host memory with the CUDA driver (whether that loads is the running
+// agent's to say), and has no HIP staging for AMD GPU memory.
+func tcpEngine(r Report) Engine {
+	var nvidia, amd bool
+	for _, g := range r.GPUs {
+		nvidia = nvidia || g.Vendor == VendorNVIDIA
+		amd = amd || g.Vendor == VendorAMD
+	}
+	reason := "host memory over TCP"
+	if nvidia {
+		reason += "; NVIDIA GPU memory staged through pinned host memory when the CUDA driver loads"
+	}
+	if amd {
+		reason += "; AMD GPU memory not staged (no HIP staging)"
+	}
+	return Engine{Name: EngineTCP, Available: true, Reason: reason}
 }

@@ -157,8 +157,16 @@ func (s *Server) Explain(ctx context.Context, req *agentv1.ExplainRequest) (*age
 		resp.Verdicts = append(resp.Verdicts, &agentv1.EngineVerdict{Engine: r.Engine, Reason: r.Reason})
 	}
 	if ex.Engine != "" {
-		resp.Verdicts = append(resp.Verdicts, &agentv1.EngineVerdict{Engine: ex.Engine, CanHandle: true,
-			Reason: "first engine in the order xgmi, fabric, rdma, tcp that claims the pair (" + ex.Direction.String() + ")"})
+		reason := "first engine in the order xgmi, fabric, rdma, tcp that claims the pair (" + ex.Direction.String() + ")"
+		if ex.Engine == engines.EngineTCP {
+			// What tcp does with GPU memory on this node (staged through pinned host memory, or why not).
+			for _, e := range s.opts.Engines {
+				if e.Name == ex.Engine && e.Reason != "" {
+					reason += "; " + e.Reason
+				}
+			}
+		}
+		resp.Verdicts = append(resp.Verdicts, &agentv1.EngineVerdict{Engine: ex.Engine, CanHandle: true, Reason: reason})
 	} else {
 		resp.Reason = "no configured engine moves this pair"
 	}

@@ -35,6 +35,8 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runCommand(ctx, args[1:], stderr)
 	case "standalone":
 		err = standaloneCommand(ctx, args[1:], stderr)
+	case "certs":
+		err = certsCommand(ctx, args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 	case "-h", "--help", "help":
@@ -61,6 +63,7 @@ commands:
   detect      detect GPUs, peer links, fabric domains and RDMA NICs; print the node report
   run         detect and keep the node's TransferNode current until SIGTERM
   standalone  serve the socket on this machine without Kubernetes (every local process admitted)
+  certs       write a pool's agent certificates for agents run without Kubernetes (standalone --tls-dir)
   version     print the agent version
 
 "agent <command> -h" lists a command's flags.

@@ -103,7 +103,7 @@ func TestPoolEnginesAndDisabledEnginesCombine(t *testing.T) {
 		v1alpha1.EngineXGMI:   "no GPU detected",
 		v1alpha1.EngineFabric: "disabled by the pool's engines (--engines) and agent configuration (--disable-engines) (hardware: unavailable: no GPU detected)",
 		v1alpha1.EngineRDMA:   "2 of 2 ports usable",
-		v1alpha1.EngineTCP:    "disabled by the pool's engines (--engines) and agent configuration (--disable-engines) (hardware: available: host memory over TCP; stages GPU memory through host when nothing else reaches the peer)",
+		v1alpha1.EngineTCP:    "disabled by the pool's engines (--engines) and agent configuration (--disable-engines) (hardware: available: host memory over TCP)",
 	}
 	for _, e := range st.Engines {
 		if e.Reason != want[e.Name] || e.Available != (e.Name == v1alpha1.EngineRDMA) {

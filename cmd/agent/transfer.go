@@ -189,11 +189,16 @@ func (t *transferSide) hipBackend() *hipcopy.Backend {
 // engine and the fabric engine. A node without the driver keeps the host engines and says why.
 func (t *transferSide) cudaEngines() (backends []xgmi.Backend, extra []engines.Engine, closers []func() error) {
 	if !slices.ContainsFunc(t.report.GPUs, func(g topology.GPU) bool { return g.Vendor == "nvidia" }) {
+		t.deps.TCPNoStageReason = "no GPU on this node"
+		if len(t.report.GPUs) > 0 {
+			t.deps.TCPNoStageReason = "AMD GPU memory has no HIP staging"
+		}
 		return nil, nil, nil
 	}
 	drv, err := cuda.Load()
 	if err != nil {
 		t.log.Info("GPU engines unavailable: CUDA driver did not load", "reason", err.Error())
+		t.deps.TCPNoStageReason = "the CUDA driver did not load: " + err.Error()
 		return nil, nil, nil
 	}
 	t.deps.GPUDriver = drv
@@ -207,8 +212,12 @@ func (t *transferSide) cudaEngines() (backends []xgmi.Backend, extra []engines.E
 	be, err := gpucopy.NewBackend(drv, opts)
 	if err != nil {
 		t.log.Info("GPU copy backend unavailable", "reason", err.Error())
+		t.deps.TCPNoStageReason = "the CUDA copy backend did not start: " + err.Error()
 		return nil, nil, nil
 	}
+	// The tcp engine stages GPU memory through the same backend: the same-node engine maps every region
+	// first, and the stager holds the mapping while the tcp engine uses it.
+	t.deps.TCPStager = be.Stager()
 	backends = append(backends, be)
 	closers = append(closers, be.Close)
 	if t.engineAllowed("fabric") {
@@ -434,6 +443,9 @@ func (t *transferSide) markNotRunning(extra []engines.Engine) {
 		"tcp":    "needs the pool's agent certificates (--tls-dir) and tcp allowed by the pool",
 	}
 	for i, e := range t.deps.Engines {
+		if e.Name == "tcp" && e.Available && running["tcp"] {
+			t.deps.Engines[i].Reason = e.Reason + "; " + t.tcpStaging()
+		}
 		if e.Name == "xgmi" && e.Available && t.gpuCopyWhyNot != "" {
 			// Host copies still run, so the engine stays available; GPU pairs are refused, and this says why.
 			t.deps.Engines[i].Reason = fmt.Sprintf("hardware: %s; host backend only: %s", e.Reason, t.gpuCopyWhyNot)
@@ -443,4 +455,20 @@ func (t *transferSide) markNotRunning(extra []engines.Engine) {
 			t.deps.Engines[i].Reason = fmt.Sprintf("hardware: %s; not running: %s", e.Reason, why[e.Name])
 		}
 	}
+}
+
+// tcpStaging says what the tcp engine does with this node's GPU memory, as the engine itself reports it.
+func (t *transferSide) tcpStaging() string {
+	if t.deps.TCPStager == nil {
+		why := t.deps.TCPNoStageReason
+		if why == "" {
+			why = "no GPU copy backend in this agent"
+		}
+		return "GPU memory not staged: " + why
+	}
+	mib := t.cfg.stack.TCPStagingBytes >> 20
+	if mib == 0 {
+		mib = 64
+	}
+	return fmt.Sprintf("GPU memory staged through pinned host memory (up to %d MiB per peer and side)", mib)
 }

@@ -42,6 +42,10 @@ type mapped struct {
 	release func() error
 	// pinned host memory can be read by kernels; pageable host memory only by driver copies.
 	pinned bool
+	// refs counts the tcp engine's staged handles on the mapping (guarded by Backend.mu); when the same-node
+	// engine releases it while some remain, dropped is set and the last handle releases it.
+	refs    int
+	dropped bool
 }
 
 // waitAfterCancel bounds how long Copy waits for queued GPU work after its
@@ -335,8 +339,12 @@ func (b *Backend) Release(_ context.Context, d *engines.MemoryDesc) error {
 	b.mu.Lock()
 	m, ok := b.regions[d.ID]
 	delete(b.regions, d.ID)
+	held := ok && m.refs > 0
+	if held {
+		m.dropped = true // the tcp engine still stages it: its last handle releases the mapping
+	}
 	b.mu.Unlock()
-	if !ok || m.release == nil {
+	if !ok || held || m.release == nil {
 		return nil
 	}
 	if err := m.release(); err != nil {

@@ -57,6 +57,21 @@ type Options struct {
 	Grace time.Duration
 	// Logf receives connection-level errors of the serving side (default: log.Printf).
 	Logf func(format string, args ...any)
+
+	// Stager, when set, lets the engine move this node's GPU memory by staging it through pinned host memory
+	// (see Stager); nil refuses GPU regions, with NoStageReason as the reason.
+	Stager Stager
+	// NoStageReason says why there is no Stager (reports and refusals show it).
+	NoStageReason string
+	// StagingBytes bounds the pinned host memory used for staging GPU memory, per peer node and per side (this
+	// node's transfers to it, and serving its requests): default 64 MiB, at least 8 MiB, in 4 MiB slots.
+	StagingBytes int64
+	// Yield, when set, names pairs another engine claims; the engine leaves pairs with GPU memory on either side
+	// to it (the agent asks the fabric and rdma engines), so engines stay disjoint.
+	Yield func(src, dst *engines.MemoryDesc) bool
+
+	// stageIdle is how long staging slots stay unused before they go back to the stager (tests shorten it).
+	stageIdle time.Duration
 }
 
 // Engine is the TCP engine.
@@ -70,6 +85,11 @@ type Engine struct {
 	peers       map[string]*peer
 	serverConns map[net.Conn]struct{}
 	notify      engines.NotifyFunc
+	// staged holds the staging state of local GPU regions; stageOut and stageIn the staging pools per peer
+	// node, for this node's transfers and for serving the peer's requests.
+	staged            map[engines.MemoryID]stagedEntry
+	stageOut, stageIn map[string]*stagePool
+	stopReaper        chan struct{}
 
 	stats struct{ sent, received, servedIn, servedOut, dialed, accepted atomic.Uint64 }
 }
@@ -124,14 +144,32 @@ func New(opts Options) (*Engine, error) {
 	if opts.Logf == nil {
 		opts.Logf = log.Printf
 	}
+	if opts.StagingBytes <= 0 {
+		opts.StagingBytes = defaultStagingBytes
+	}
+	if opts.StagingBytes < 2*stageSlot {
+		return nil, fmt.Errorf("tcp engine: %w: %d bytes of staging memory per peer, at least %d", engines.ErrInvalid, opts.StagingBytes, 2*stageSlot)
+	}
+	if opts.stageIdle <= 0 {
+		opts.stageIdle = stageIdle
+	}
+	if opts.Stager == nil && opts.NoStageReason == "" {
+		opts.NoStageReason = "no GPU copy backend in this process"
+	}
 	if opts.Listener != nil && opts.Advertise == "" {
 		opts.Advertise = opts.Listener.Addr().String()
 	}
 	e := &Engine{opts: opts, reg: engines.NewRegistry(opts.Node, opts.Grace),
-		peers: map[string]*peer{}, serverConns: map[net.Conn]struct{}{}}
+		peers: map[string]*peer{}, serverConns: map[net.Conn]struct{}{},
+		staged: map[engines.MemoryID]stagedEntry{}, stageOut: map[string]*stagePool{}, stageIn: map[string]*stagePool{}}
 	if opts.Listener != nil {
 		e.wg.Add(1)
 		go e.serve(opts.Listener)
+	}
+	if opts.Stager != nil {
+		e.stopReaper = make(chan struct{})
+		e.wg.Add(1)
+		go e.reapStaging(opts.stageIdle, e.stopReaper)
 	}
 	return e, nil
 }
@@ -151,13 +189,47 @@ func (e *Engine) Stats() Stats {
 		Dialed: e.stats.dialed.Load(), Accepted: e.stats.accepted.Load()}
 }
 
-// Register implements engines.Engine: host memory with a view in this process gets the TCP handle.
+// Staging reports whether this engine stages GPU memory through pinned host memory, and says how or why not.
+func (e *Engine) Staging() (bool, string) {
+	if e.opts.Stager == nil {
+		return false, "GPU memory is not staged: " + e.opts.NoStageReason
+	}
+	return true, fmt.Sprintf("GPU memory is staged through pinned host memory: up to %d MiB per peer and side, in %d MiB chunks",
+		e.opts.StagingBytes>>20, stageSlot>>20)
+}
+
+// Register implements engines.Engine: host memory with a view in this process gets the TCP handle, and so does
+// GPU memory of this node the stager reaches.
 func (e *Engine) Register(_ context.Context, desc engines.MemoryDesc) (engines.MemoryDesc, error) {
 	if desc.Location.Kind == engines.LocationHost && desc.Handles.Host != nil && e.opts.Advertise != "" {
 		desc.Handles.TCP = e.opts.Advertise
 	}
+	var staged *stagedEntry
+	if desc.Location.Kind == engines.LocationGPU && desc.Node == e.opts.Node {
+		staged = &stagedEntry{why: e.opts.NoStageReason}
+		if e.opts.Stager != nil {
+			sr, err := e.opts.Stager.Stage(desc)
+			if err != nil {
+				// Other engines may still move it; the refusal says why tcp does not.
+				staged.why = err.Error()
+			} else {
+				staged.r, staged.why = sr, ""
+				if e.opts.Advertise != "" {
+					desc.Handles.TCP = e.opts.Advertise
+				}
+			}
+		}
+	}
 	if err := e.reg.AddLocal(desc); err != nil {
+		if staged != nil && staged.r != nil {
+			_ = staged.r.Release()
+		}
 		return desc, fmt.Errorf("tcp: registering %s: %w", desc.ID, err)
+	}
+	if staged != nil {
+		e.mu.Lock()
+		e.staged[desc.ID] = *staged
+		e.mu.Unlock()
 	}
 	return desc, nil
 }
@@ -175,6 +247,16 @@ func (e *Engine) Deregister(ctx context.Context, id engines.MemoryID) error {
 	if err := e.reg.Remove(ctx, id); err != nil {
 		return fmt.Errorf("tcp: %w", err)
 	}
+	// Transfers and served requests pin the region, so nothing stages it any more.
+	e.mu.Lock()
+	s, ok := e.staged[id]
+	delete(e.staged, id)
+	e.mu.Unlock()
+	if ok && s.r != nil {
+		if err := s.r.Release(); err != nil {
+			return fmt.Errorf("tcp: releasing the staging of %s: %w", id, err)
+		}
+	}
 	return nil
 }
 
@@ -191,27 +273,42 @@ func (e *Engine) CanHandle(src, dst *engines.MemoryDesc) (bool, string) {
 	if dstLocal {
 		local, remote = dst, src
 	}
-	if local.Location.Kind != engines.LocationHost {
-		return false, fmt.Sprintf("%s is GPU memory; staging GPU memory through host is not implemented", local.ID)
-	}
-	if local.Handles.Host == nil {
-		return false, fmt.Sprintf("%s has no host view in this process", local.ID)
-	}
-	if remote.Location.Kind != engines.LocationHost {
-		return false, fmt.Sprintf("%s is GPU memory of node %s; tcp reaches host memory only", remote.ID, remote.Node)
+	switch local.Location.Kind {
+	case engines.LocationHost:
+		if local.Handles.Host == nil {
+			return false, fmt.Sprintf("%s has no host view in this process", local.ID)
+		}
+	case engines.LocationGPU:
+		if sr, why, _ := e.stagedRegion(local.ID); sr == nil {
+			if why == "" {
+				why = e.opts.NoStageReason
+			}
+			return false, fmt.Sprintf("%s is GPU memory this node does not stage through host memory: %s", local.ID, why)
+		}
+	default:
+		return false, fmt.Sprintf("%s is %s memory", local.ID, local.Location.Kind)
 	}
 	if remote.Handles.TCP == "" {
+		if remote.Location.Kind == engines.LocationGPU {
+			return false, fmt.Sprintf("%s is GPU memory node %s does not stage through host memory (no TCP endpoint)", remote.ID, remote.Node)
+		}
 		return false, fmt.Sprintf("%s has no TCP endpoint", remote.ID)
 	}
 	if len(local.Handles.RDMA) > 0 && len(remote.Handles.RDMA) > 0 {
 		return false, "both regions carry RDMA keys: the rdma engine's pair"
 	}
+	gpu := local.Location.Kind == engines.LocationGPU || remote.Location.Kind == engines.LocationGPU
+	if gpu && e.opts.Yield != nil && e.opts.Yield(src, dst) {
+		return false, "another engine moves this GPU pair without staging"
+	}
 	return true, ""
 }
 
 // NewPlan implements engines.Engine. Plans are not split: chunking happens at submit, across connections.
+// Block batches stay in block form (checked once, not planned block by block); submit expands them into the
+// segments it cuts into requests.
 func (e *Engine) NewPlan() engines.PlanBuilder {
-	return engines.NewPlanner(e.Name(), e.reg, engines.Limits{}, e.CanHandle)
+	return engines.NewPlanner(e.Name(), e.reg, engines.Limits{BlockPlans: true}, e.CanHandle)
 }
 
 // SetNotifyHandler implements engines.Engine.
@@ -373,7 +470,14 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work, early func(error))
 	if err != nil {
 		return err
 	}
-	chunks := e.chunks(w.Plan, op == opRead)
+	if local.Location.Kind == engines.LocationGPU {
+		return e.runStaged(ctx, w, p, op, local, remote, early)
+	}
+	size := e.opts.ChunkBytes
+	if remote.Location.Kind == engines.LocationGPU {
+		size = min(size, stageSlot) // the peer stages each request in one slot
+	}
+	chunks := e.chunks(w.Plan, op == opRead, size)
 
 	var (
 		mu        sync.Mutex
@@ -480,10 +584,10 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work, early func(error))
 	return result()
 }
 
-// chunks cuts a plan into requests: large segments into ChunkBytes pieces, runs of small segments (up to
-// vecPartMax each) gathered into vectored requests of up to ChunkBytes and maxVecParts parts.
-func (e *Engine) chunks(p *engines.Plan, read bool) []chunk {
-	size := uint64(e.opts.ChunkBytes)
+// chunks cuts a plan into requests: large segments into pieces of at most limit bytes, runs of small segments
+// (up to vecPartMax each) gathered into vectored requests of up to limit bytes and maxVecParts parts.
+func (e *Engine) chunks(p *engines.Plan, read bool, limit int) []chunk {
+	size := uint64(min(limit, e.opts.ChunkBytes))
 	var out []chunk
 	var vec []chunk
 	var vecBytes uint64
@@ -497,7 +601,7 @@ func (e *Engine) chunks(p *engines.Plan, read bool) []chunk {
 		}
 		vec, vecBytes = nil, 0
 	}
-	for _, s := range p.Segments {
+	for _, s := range engines.SegmentsOf(p) {
 		for off := uint64(0); off < s.Size; off += size {
 			c := chunk{localOff: s.SrcOffset + off, remoteOff: s.DstOffset + off, n: min(size, s.Size-off)}
 			if read {
@@ -534,6 +638,13 @@ func (e *Engine) Close() error {
 	if e.opts.Listener != nil {
 		e.opts.Listener.Close()
 	}
+	e.mu.Lock()
+	stop := e.stopReaper
+	e.stopReaper = nil
+	e.mu.Unlock()
+	if stop != nil {
+		close(stop)
+	}
 	for _, p := range peers {
 		select {
 		case <-p.ready:
@@ -542,6 +653,27 @@ func (e *Engine) Close() error {
 		}
 	}
 	e.wg.Wait()
+	e.mu.Lock()
+	pools := make([]*stagePool, 0, len(e.stageOut)+len(e.stageIn))
+	for _, m := range []map[string]*stagePool{e.stageOut, e.stageIn} {
+		for _, sp := range m {
+			pools = append(pools, sp)
+		}
+	}
+	e.stageOut, e.stageIn = map[string]*stagePool{}, map[string]*stagePool{}
+	e.mu.Unlock()
+	for _, sp := range pools {
+		err = errors.Join(err, sp.close())
+	}
+	e.mu.Lock()
+	staged := e.staged
+	e.staged = map[engines.MemoryID]stagedEntry{}
+	e.mu.Unlock()
+	for _, s := range staged {
+		if s.r != nil {
+			err = errors.Join(err, s.r.Release())
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("tcp: %w", err)
 	}

@@ -48,12 +48,27 @@ func TestPeerProcess(t *testing.T) {
 		fmt.Println("error:", err)
 		os.Exit(1)
 	}
-	e, err := New(Options{Node: "node-b", Listener: ln, Logf: func(string, ...any) {}})
+	// "staged": the region is GPU memory staged through a fake stager over host memory.
+	staged := os.Getenv(peerProcessEnv) == "staged"
+	var s *fakeStager
+	if staged {
+		s = newFakeStager(t)
+	}
+	opts := Options{Node: "node-b", Listener: ln, Logf: func(string, ...any) {}}
+	if staged {
+		opts.Stager = s
+	}
+	e, err := New(opts)
 	if err != nil {
 		fmt.Println("error:", err)
 		os.Exit(1)
 	}
-	d := register(t, e, "node-b/kv", mapRegion(t, killRegion))
+	var d engines.MemoryDesc
+	if staged {
+		d = registerGPU(t, e, s, "node-b/kv", mapRegion(t, killRegion))
+	} else {
+		d = register(t, e, "node-b/kv", mapRegion(t, killRegion))
+	}
 	b, err := engines.MarshalDesc(d)
 	if err != nil {
 		fmt.Println("error:", err)
@@ -71,13 +86,20 @@ func TestPeerProcess(t *testing.T) {
 }
 
 // TestPeerKilledMidTransfer kills the peer process while four transfers (two reads, two writes, 1 GiB in all)
-// are in flight: each must fail within 2 s with an error naming the peer.
+// are in flight: each must fail within 2 s with an error naming the peer. Staged, both regions are GPU memory
+// (fake stagers over host memory), and the local one stays registered.
 func TestPeerKilledMidTransfer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a child process and moves up to 1 GiB")
 	}
+	for _, mode := range []string{"host", "staged"} {
+		t.Run(mode, func(t *testing.T) { peerKilledMidTransfer(t, mode) })
+	}
+}
+
+func peerKilledMidTransfer(t *testing.T, mode string) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestPeerProcess$")
-	cmd.Env = append(os.Environ(), peerProcessEnv+"=1")
+	cmd.Env = append(os.Environ(), peerProcessEnv+"="+mode)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -114,13 +136,21 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a := newEngine(t, "node-a", nil)
-	a.opts.ChunkBytes = 4 << 20
+	var a *Engine
+	var local engines.MemoryDesc
+	localMem := mapRegion(t, killRegion)
+	if mode == "staged" {
+		s := newFakeStager(t)
+		a = stagedEngine(t, "node-a", false, s, func(o *Options) { o.ChunkBytes = 4 << 20 })
+		local = registerGPU(t, a, s, "node-a/kv", localMem)
+	} else {
+		a = newEngine(t, "node-a", nil)
+		a.opts.ChunkBytes = 4 << 20
+		local = register(t, a, "node-a/kv", localMem)
+	}
 	if err := a.Import(context.Background(), remote); err != nil {
 		t.Fatal(err)
 	}
-	localMem := mapRegion(t, killRegion)
-	local := register(t, a, "node-a/kv", localMem)
 	t.Cleanup(func() { a.Close(); syscall.Munmap(localMem) })
 
 	const quarter = killRegion / 4
@@ -182,4 +212,7 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 		t.Logf("transfer %d failed %v after the kill: %v", i, took.Round(time.Millisecond), err)
 	}
 	t.Logf("moved before the kill: %d MiB read, %d MiB written", moved.Received>>20, moved.Sent>>20)
+	if _, _, err := a.reg.Lookup(local.ID); err != nil {
+		t.Fatalf("the local region is gone after the peer was killed: %v", err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -85,20 +86,67 @@ func (e *Engine) serveConn(raw net.Conn) error {
 	br := bufio.NewReaderSize(nc, 64<<10)
 	hdr := make([]byte, 512)
 	out := make([]byte, 0, respHeaderSize+maxErrText)
+	// Answers leave from this goroutine and from those completing staged writes (see serveStaged), one frame
+	// at a time, each within the peer timeout.
+	var wmu sync.Mutex
+	writeFrame := func(bufs net.Buffers) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		nc.SetWriteDeadline(time.Now().Add(e.opts.PeerTimeout))
+		_, err := bufs.WriteTo(nc)
+		return err
+	}
+	var completing sync.WaitGroup
+	defer func() {
+		raw.Close() // a completion blocked on a peer that stopped reading fails now
+		completing.Wait()
+	}()
+	complete := func(finish stagedAnswer) {
+		completing.Add(1)
+		go func() {
+			defer completing.Done()
+			resp, data, sent := finish()
+			err := writeFrame(net.Buffers{appendRespHeader(nil, resp), data})
+			if sent != nil {
+				sent(err == nil)
+			}
+			if err != nil {
+				raw.Close() // the stream is broken: the serving loop fails on its next read
+			}
+		}()
+	}
 	for {
 		h, err := readReqHeader(br, hdr)
 		if err != nil {
 			return err
 		}
-		pr := payloadReader{br: br, nc: nc, last: time.Now()}
+		pr := payloadReader{br: br, write: writeFrame, last: time.Now()}
 		// A request's payload must arrive, and its answer leave, within the peer timeout.
-		nc.SetDeadline(time.Now().Add(e.opts.PeerTimeout))
+		nc.SetReadDeadline(time.Now().Add(e.opts.PeerTimeout))
 		resp := respHeader{op: h.op, id: h.id}
 		var data []byte
 		var vecOut net.Buffers
 		var unpin func()
-		switch h.op {
-		case opWrite:
+		staged := false
+		if h.op >= opWrite && h.op <= opReadV && h.op != opNotify {
+			if _, _, ok := e.stagedRegion(h.mem); ok {
+				staged = true
+				var finish stagedAnswer
+				if resp, data, unpin, finish, err = e.serveStaged(br, &pr, h, client); err != nil {
+					return err
+				}
+				if finish != nil {
+					// The chunk's GPU copy runs while the next request is received; its answer leaves
+					// once the copy finished.
+					complete(finish)
+					nc.SetReadDeadline(time.Time{})
+					continue
+				}
+			}
+		}
+		switch {
+		case staged:
+		case h.op == opWrite:
 			if h.length > maxChunk {
 				return fmt.Errorf("write of %d bytes, at most %d", h.length, maxChunk)
 			}
@@ -116,7 +164,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 				return err
 			}
 			e.stats.servedIn.Add(h.length)
-		case opRead:
+		case h.op == opRead:
 			if h.length > maxChunk {
 				return fmt.Errorf("read of %d bytes, at most %d", h.length, maxChunk)
 			}
@@ -126,7 +174,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 				break
 			}
 			resp.length, data, unpin = h.length, src, release
-		case opWriteV, opReadV:
+		case h.op == opWriteV || h.op == opReadV:
 			if h.length > maxChunk {
 				return fmt.Errorf("vectored request of %d bytes, at most %d", h.length, maxChunk)
 			}
@@ -157,7 +205,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 			}
 			resp.length, unpin = h.length, release
 			vecOut = append(net.Buffers(nil), views...)
-		case opNotify:
+		case h.op == opNotify:
 			if h.length > maxNotifyWire {
 				return fmt.Errorf("notification of %d bytes, at most %d", h.length, maxNotifyWire)
 			}
@@ -189,7 +237,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 			bufs = append(net.Buffers{out}, vecOut...)
 			vecOut = nil
 		}
-		_, err = bufs.WriteTo(nc)
+		err = writeFrame(bufs)
 		if unpin != nil {
 			unpin()
 			if err == nil {
@@ -199,7 +247,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 		if err != nil {
 			return err
 		}
-		nc.SetDeadline(time.Time{})
+		nc.SetReadDeadline(time.Time{})
 	}
 }
 
@@ -207,10 +255,10 @@ func (e *Engine) serveConn(raw net.Conn) error {
 // frame at least every keepaliveEvery. The client's liveness check counts received bytes, and a write's answer
 // can only leave once its whole payload arrived, which on a slow or busy link can take longer than the check.
 type payloadReader struct {
-	br   *bufio.Reader
-	nc   net.Conn
-	last time.Time // when this connection last sent a frame
-	buf  []byte    // keepalive frame
+	br    *bufio.Reader
+	write func(net.Buffers) error // sends one frame on the connection
+	last  time.Time               // when this connection last sent a frame
+	buf   []byte                  // keepalive frame
 }
 
 func (r *payloadReader) tick() error {
@@ -222,8 +270,7 @@ func (r *payloadReader) tick() error {
 	if r.buf == nil {
 		r.buf = appendRespHeader(nil, respHeader{op: opKeepalive})
 	}
-	_, err := r.nc.Write(r.buf)
-	return err
+	return r.write(net.Buffers{r.buf})
 }
 
 // read fills dst from the stream.

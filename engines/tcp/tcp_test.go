@@ -133,7 +133,7 @@ func TestCanHandle(t *testing.T) {
 		{host, remote, true, ""},
 		{remote, host, true, ""},
 		{host, host, false, "both regions are on this node"},
-		{gpu, remote, false, "staging GPU memory through host is not implemented"},
+		{gpu, remote, false, "GPU memory this node does not stage through host memory: no GPU copy backend"},
 		{host, noTCP, false, "no TCP endpoint"},
 		{rdmaLocal, rdmaRemote, false, "rdma engine"},
 		{rdmaLocal, remote, true, ""},

@@ -57,6 +57,12 @@ type Config struct {
 	StaticPeers string
 	// DisableTCP keeps the tcp engine off (a pool that disallows it).
 	DisableTCP bool
+	// TCPStagingBytes bounds the pinned host memory the tcp engine stages GPU memory through, per peer and side
+	// (0: the engine's default, 64 MiB).
+	TCPStagingBytes int64
+	// TCPConnsPerPeer is the number of tcp data connections to each peer (0: the engine's default, 4); each
+	// encrypts and decrypts on its own goroutines, so more of them use more cores for one peer.
+	TCPConnsPerPeer int
 	// PreconnectPeers bounds how many peers get tcp data connections before first use (0: the default, 64;
 	// negative: none).
 	PreconnectPeers int
@@ -89,6 +95,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.NodeCert, "node-cert", false, "obtain this node's own agent-to-agent certificate from the operator (a CertificateSigningRequest); --tls-dir then holds only ca.crt")
 	fs.StringVar(&c.StaticPeers, "peers", "", "static peer list node=host:port,... (outside Kubernetes; otherwise TransferNode endpoints are used)")
 	fs.BoolVar(&c.DisableTCP, "disable-tcp", false, "keep the tcp engine off")
+	fs.Int64Var(&c.TCPStagingBytes, "tcp-staging-bytes", 0, "pinned host memory the tcp engine stages GPU memory through, per peer node and side, in 4 MiB slots (0: 64 MiB; at least 8 MiB)")
+	fs.IntVar(&c.TCPConnsPerPeer, "tcp-conns-per-peer", 0, "tcp data connections to each peer, 1 to 64 (0: 4)")
 	fs.IntVar(&c.PreconnectPeers, "preconnect-peers", 64, "open tcp data connections ahead of use to at most this many peers (each agent picks its own subset; -1: none)")
 	fs.DurationVar(&c.FastSpin, "fast-spin", 50*time.Microsecond, "how long the fast socket polls for a caller's next request before sleeping (0 never polls)")
 	fs.Uint64Var(&c.PoolHostBytes, "pool-host-bytes", 0, "host shared memory the agent lends to callers (AllocateFromPool); 0 lends none")
@@ -124,6 +132,10 @@ type Deps struct {
 	Registry prometheus.Registerer
 	// XGMIBackends are GPU backends for the same-node engine, tried before the host backend.
 	XGMIBackends []xgmi.Backend
+	// TCPStager lets the tcp engine stage this node's GPU memory through pinned host memory (nil: it refuses GPU
+	// regions, saying TCPNoStageReason).
+	TCPStager        tcp.Stager
+	TCPNoStageReason string
 	// GPUDriver is the loaded CUDA driver (nil when none loaded); GPU pool memory needs it.
 	GPUDriver poolmem.GPUDriver
 	Logger    *slog.Logger
@@ -155,6 +167,12 @@ func (c *Config) Validate() error {
 	}
 	if _, err := ParsePeers(c.StaticPeers); err != nil {
 		errs = append(errs, err)
+	}
+	if c.TCPConnsPerPeer < 0 || c.TCPConnsPerPeer > 64 {
+		errs = append(errs, fmt.Errorf("--tcp-conns-per-peer %d must be 0 (the default) or from 1 to 64", c.TCPConnsPerPeer))
+	}
+	if c.TCPStagingBytes != 0 && (c.TCPStagingBytes < 8<<20 || c.TCPStagingBytes > 64<<30) {
+		errs = append(errs, fmt.Errorf("--tcp-staging-bytes %d must be 0 (the default) or from 8 MiB to 64 GiB", c.TCPStagingBytes))
 	}
 	return errors.Join(errs...)
 }
@@ -227,6 +245,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		pc       *peers.Peers
 		peerEP   string
 		te       *tcp.Engine
+		others   []engines.Engine // every engine but tcp, for its Yield
 	)
 	if cfg.TLSDir != "" {
 		if tlsFiles, err = peers.NewTLSFilesWith(cfg.TLSDir, cfg.PoolNamespace, cfg.PoolName,
@@ -256,7 +275,19 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 				}
 			}
 			te, err = tcp.New(tcp.Options{Node: cfg.NodeName, Listener: dataLn, Advertise: advertise(cfg.DataAdvertise, dataLn),
-				TLS: tlsFiles.Config(), CheckPeer: tlsFiles.CheckPeer, Logf: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "engine", "tcp") }})
+				TLS: tlsFiles.Config(), CheckPeer: tlsFiles.CheckPeer, Logf: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "engine", "tcp") },
+				Stager: deps.TCPStager, NoStageReason: deps.TCPNoStageReason, StagingBytes: cfg.TCPStagingBytes,
+				ConnsPerPeer: cfg.TCPConnsPerPeer,
+				// GPU pairs another engine moves without staging are left to it; the engines are known once
+				// all of them are built, before any pair is asked about.
+				Yield: func(src, dst *engines.MemoryDesc) bool {
+					for _, o := range others {
+						if ok, _ := o.CanHandle(src, dst); ok {
+							return true
+						}
+					}
+					return false
+				}})
 			if err != nil {
 				dataLn.Close()
 				return err
@@ -292,6 +323,15 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 			}
 			engs = append(engs, more...)
 		}
+	}
+	for _, e := range engs {
+		if e != engines.Engine(te) {
+			others = append(others, e)
+		}
+	}
+	if te != nil {
+		ok, how := te.Staging()
+		log.Info("tcp engine", "gpuStaging", ok, "detail", how)
 	}
 	comp, err := engines.NewComposite(engines.CompositeOptions{Node: cfg.NodeName, Metrics: deps.Metrics}, engs...)
 	if err != nil {

@@ -53,6 +53,42 @@ func TestFlagsAndValidation(t *testing.T) {
 			t.Errorf("--socket-gid=%d refused: %v", gid, err)
 		}
 	}
+	c.SocketGID = -1
+	// Staging memory is pinned: a value too small for two slots, or one that would pin the host's memory, is
+	// refused before anything is allocated.
+	for _, v := range []string{"-1", "4194304", "8388607", "68719476737", "9223372036854775807"} {
+		c.TCPStagingBytes = 0
+		if err := fs.Set("tcp-staging-bytes", v); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--tcp-staging-bytes") {
+			t.Errorf("--tcp-staging-bytes=%s: %v, want it refused", v, err)
+		}
+	}
+	if err := fs.Set("tcp-staging-bytes", "lots"); err == nil {
+		t.Error("--tcp-staging-bytes=lots parsed")
+	}
+	for _, v := range []int64{0, 8 << 20, 1 << 30} {
+		c.TCPStagingBytes = v
+		if err := c.Validate(); err != nil {
+			t.Errorf("--tcp-staging-bytes=%d refused: %v", v, err)
+		}
+	}
+	c.TCPStagingBytes = 0
+	for _, v := range []string{"-1", "65", "1000000"} {
+		if err := fs.Set("tcp-conns-per-peer", v); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--tcp-conns-per-peer") {
+			t.Errorf("--tcp-conns-per-peer=%s: %v, want it refused", v, err)
+		}
+	}
+	for _, v := range []int{0, 1, 8, 64} {
+		c.TCPConnsPerPeer = v
+		if err := c.Validate(); err != nil {
+			t.Errorf("--tcp-conns-per-peer=%d refused: %v", v, err)
+		}
+	}
 	d, _ := ParsePeers(c.StaticPeers)
 	if len(d) != 2 || d["node-c"] != "10.0.0.3:7470" {
 		t.Fatalf("peers %v", d)

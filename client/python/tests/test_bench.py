@@ -101,3 +101,35 @@ class HostBenchTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+import bench_tcp  # noqa: E402
+
+
+class TCPBenchPureTest(unittest.TestCase):
+    def test_arguments(self):
+        a = bench_tcp.parse_args([])
+        self.assertEqual((a.cases, a.iters, a.streams, a.role), (list(bench_tcp.CASES), 5, 4, None))
+        with redirect_stderr(io.StringIO()):
+            for bad in (["--cases", "raw,nope"], ["--iters", "0"], ["--streams", "0"], ["--warmup", "-1"]):
+                with self.assertRaises(SystemExit, msg=bad):
+                    bench_tcp.parse_args(bad)
+
+    def test_ratios_only_from_verified_cases(self):
+        rs = [{"case": "raw", "gbps": 10.0, "verified": True}, {"case": "gpu-1g", "gbps": 8.5, "verified": True},
+              {"case": "blocks", "gbps": 7.0, "verified": True}, {"case": "layers", "gbps": 9.0, "verified": False},
+              {"case": "host", "gbps": 9.0, "verified": True}]
+        r = bench_tcp.ratios(rs)
+        self.assertAlmostEqual(r["gpu-1g / raw"], 0.85)
+        self.assertAlmostEqual(r["blocks / gpu-1g"], 7.0 / 8.5)
+        self.assertAlmostEqual(r["host / raw"], 0.9)
+        self.assertNotIn("layers / gpu-1g", r)  # a case whose bytes differ gives no figure
+
+    def test_table(self):
+        rs = [{"case": "raw", "bytes": 1 << 30, "seconds": 0.1, "gbps": 10.7, "verified": True},
+              {"case": "gpu-1g", "error": "TransferFailed: peer lost"}]
+        t = bench_tcp.format_table(rs)
+        self.assertIn("raw", t)
+        self.assertIn("10.70", t)
+        self.assertIn("ERROR", t)
+        self.assertIn("gpu-1g: TransferFailed: peer lost", t)

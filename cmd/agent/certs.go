@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/agent/peers"
+	"github.com/fabricxfer/fabricxfer/internal/pki"
+)
+
+// maxCertValidity bounds --validity: these certificates are for machines run by hand, not a cluster's rotation.
+const maxCertValidity = 366 * 24 * time.Hour
+
+// certsCommand writes a pool's agent certificates (tls.crt, tls.key, ca.crt, as the operator's Secret mounts
+// them) with the operator's own PKI, for agents run without Kubernetes: every agent of a pool is given the same
+// directory (--tls-dir). The CA's key is not kept: nothing can issue more certificates for this pool later.
+func certsCommand(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("agent certs", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "", "directory to write tls.crt, tls.key and ca.crt into (created, mode 0700; must not hold them yet)")
+	ns := fs.String("pool-namespace", "default", "the pool's namespace, as the agents' --pool-namespace")
+	name := fs.String("pool-name", "kv", "the pool's name, as the agents' --pool-name")
+	validity := fs.Duration("validity", 24*time.Hour, "how long the certificates are valid (at most a year)")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "agent certs: unexpected arguments %q\n", fs.Args())
+		return errUsage
+	}
+	switch {
+	case *dir == "":
+		fmt.Fprintln(stderr, "agent certs: --dir is required")
+		return errUsage
+	case *validity <= 0 || *validity > maxCertValidity:
+		fmt.Fprintf(stderr, "agent certs: --validity %v: want more than 0 and at most %v\n", *validity, maxCertValidity)
+		return errUsage
+	case *ns == "" || *name == "":
+		fmt.Fprintln(stderr, "agent certs: --pool-namespace and --pool-name must not be empty")
+		return errUsage
+	}
+	for _, f := range []string{pki.CertKey, pki.KeyKey, pki.BundleKey} {
+		if _, err := os.Lstat(filepath.Join(*dir, f)); err == nil {
+			return fmt.Errorf("%s already holds %s: refusing to replace a pool's certificates", *dir, f)
+		}
+	}
+	now := time.Now()
+	ca, err := pki.NewCA(*ns, *name, now, *validity)
+	if err != nil {
+		return fmt.Errorf("creating the pool's CA: %w", err)
+	}
+	agent, err := pki.IssueAgent(ca, *ns, *name, now, *validity)
+	if err != nil {
+		return fmt.Errorf("issuing the agent certificate: %w", err)
+	}
+	if err := peers.WriteFiles(*dir, agent, ca.CertPEM); err != nil {
+		return fmt.Errorf("writing the certificates into %s: %w", *dir, err)
+	}
+	fmt.Fprintf(stdout, "wrote the agent certificates of pool %s/%s into %s (valid %v)\n", *ns, *name, *dir, *validity)
+	return nil
+}
