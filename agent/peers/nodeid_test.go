@@ -50,6 +50,10 @@ type quietLocal struct {
 	notified []string
 }
 
+func (l *quietLocal) LookupLayout(segment, _ string) (*agentv1.LayoutDescriptor, error) {
+	return nil, status.Errorf(codes.NotFound, "no layout segment %q", segment)
+}
+
 func (l *quietLocal) LookupSegment(segment, _ string) ([]byte, error) {
 	return []byte("desc:" + segment), nil
 }

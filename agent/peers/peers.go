@@ -50,6 +50,7 @@ type DataPath interface {
 // Local is what this node answers peers with: the agent socket server.
 type Local interface {
 	LookupSegment(segment, asker string) ([]byte, error)
+	LookupLayout(segment, asker string) (*agentv1.LayoutDescriptor, error)
 	DeliverPeerNotification(n engines.Notification) error
 }
 
@@ -418,6 +419,24 @@ func (p *Peers) ResolveSegment(ctx context.Context, node, segment, asker string)
 	return resp.Desc, nil
 }
 
+// ResolveLayout asks node for a published layout (server.SegmentResolver).
+func (p *Peers) ResolveLayout(ctx context.Context, node, segment, asker string) (*agentv1.LayoutDescriptor, error) {
+	ctx, cancel := p.bounded(ctx)
+	defer cancel()
+	c, err := p.connTo(ctx, node, "")
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "%v", err)
+	}
+	resp, err := c.api.ResolveSegment(ctx, &agentv1.PeerResolveSegmentRequest{Segment: segment, RequesterNamespace: asker, Layout: true})
+	if err != nil {
+		return nil, err
+	}
+	if resp.Layout == nil {
+		return nil, status.Errorf(codes.Unimplemented, "node %s answered no layout (an agent that serves only regions)", node)
+	}
+	return resp.Layout, nil
+}
+
 // SendNotification carries a notification to node (engines.NotifySender).
 func (p *Peers) SendNotification(ctx context.Context, node string, n engines.Notification) error {
 	ctx, cancel := p.bounded(ctx)
@@ -494,6 +513,13 @@ func (s *peerService) Notify(ctx context.Context, req *agentv1.PeerNotifyRequest
 func (s *peerService) ResolveSegment(_ context.Context, req *agentv1.PeerResolveSegmentRequest) (*agentv1.PeerResolveSegmentResponse, error) {
 	if s.p.local == nil {
 		return nil, status.Error(codes.Unavailable, "agent not ready")
+	}
+	if req.Layout {
+		l, err := s.p.local.LookupLayout(req.Segment, req.RequesterNamespace)
+		if err != nil {
+			return nil, err
+		}
+		return &agentv1.PeerResolveSegmentResponse{Layout: l}, nil
 	}
 	desc, err := s.p.local.LookupSegment(req.Segment, req.RequesterNamespace)
 	if err != nil {

@@ -4,6 +4,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -200,20 +201,40 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 		return nil, status.Errorf(codes.InvalidArgument, "transfer names %d blocks, at most %d", n, max)
 	}
 
+	// A layout another node published is resolved (and its regions imported) before the lock: it may ask the peer.
+	var peer *peerLayout
+	if ref := req.Remote; ref != nil && ref.Node != "" && ref.Node != s.opts.NodeName {
+		seg, ok := ref.Target.(*agentv1.LayoutRef_Segment)
+		if !ok {
+			return nil, status.Errorf(codes.InvalidArgument, "a layout id names a layout on this node; name node %q's layout by its segment", ref.Node)
+		}
+		// The transfer's timeout bounds the question to the peer too: a stalled peer fails it within its timeout.
+		rctx, cancel := context.WithTimeout(ctx, cmp.Or(timeout, engines.DefaultTimeout))
+		peer, err = s.resolvePeerLayout(rctx, sess, ref.Node, seg.Segment)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
 	s.mu.Lock()
 	local, err := s.ownLayoutLocked(sess, req.LayoutId)
-	var remote *layout
+	var remote side
 	if err == nil {
-		remote, err = s.remoteLayoutLocked(sess, req.Remote)
+		if peer != nil {
+			remote = side{blockBytes: peer.blockBytes, blocks: peer.blocks, mems: peer.mems}
+		} else {
+			remote, err = s.remoteLayoutLocked(sess, req.Remote)
+		}
 	}
 	var pairs []engines.BlockPair
 	if err == nil {
-		pairs, err = s.layoutPairsLocked(sess, local, remote, req.Op == agentv1.Op_OP_WRITE)
+		pairs, err = s.layoutPairsLocked(local, remote, req.Op == agentv1.Op_OP_WRITE)
 	}
 	s.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
+
 	// The id arrays are reused once the transfer has settled: fresh pages for them cost more than the copy.
 	localIDs, remoteIDs := s.idBuffer(n), s.idBuffer(n)
 	release := func() { s.ids.Put(&localIDs); s.ids.Put(&remoteIDs) }
@@ -247,7 +268,12 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 		return nil, blockPlanError(n, len(pairs), ps.Rejected[0].Err)
 	}
 	trace.Log(ctx, "blocks", "planned")
-	return s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
+	resp, err := s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
+	if peer != nil && (err != nil || resp.Status != nil && resp.Status.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED) {
+		// A transfer that failed over a cached peer layout asks the peer again next time.
+		s.forgetPeerLayout(sess, req.Remote.Node, req.Remote.GetSegment())
+	}
+	return resp, err
 }
 
 // idsFromArena points req's id lists at the connection's arena. The ids are copied out before anything checks
@@ -286,49 +312,66 @@ func (s *Server) idBuffer(n int) []uint32 {
 }
 
 // remoteLayoutLocked resolves the other side of a block transfer. Layouts of other nodes are not served yet.
-func (s *Server) remoteLayoutLocked(sess *session, ref *agentv1.LayoutRef) (*layout, error) {
-	if ref == nil {
-		return nil, status.Error(codes.InvalidArgument, "block transfer names no remote layout")
+// side is the remote side of a block transfer: a layout of this node or one another node published.
+type side struct {
+	blockBytes, blocks uint64
+	mems               []engines.MemoryID
+}
+
+// sideLocked is l as the remote side of a transfer; its regions must still be registered by its owner.
+func (s *Server) sideLocked(l *layout) (side, error) {
+	out := side{blockBytes: l.blockBytes, blocks: l.blocks, mems: make([]engines.MemoryID, len(l.regions))}
+	for k, id := range l.regions {
+		r, ok := s.regions[id]
+		if !ok || r.owner != l.owner {
+			return side{}, status.Errorf(codes.NotFound, "region %d of layout %d is no longer registered", id, l.id)
+		}
+		out.mems[k] = r.mem
 	}
-	if ref.Node != "" && ref.Node != s.opts.NodeName {
-		return nil, status.Errorf(codes.Unimplemented, "layouts on other nodes (%q) are not served yet: transfer items to its segments instead", ref.Node)
+	return out, nil
+}
+
+// remoteLayoutLocked resolves the remote side of a block transfer on this node.
+func (s *Server) remoteLayoutLocked(sess *session, ref *agentv1.LayoutRef) (side, error) {
+	if ref == nil {
+		return side{}, status.Error(codes.InvalidArgument, "block transfer names no remote layout")
 	}
 	switch t := ref.Target.(type) {
 	case *agentv1.LayoutRef_LayoutId:
-		return s.ownLayoutLocked(sess, t.LayoutId)
+		l, err := s.ownLayoutLocked(sess, t.LayoutId)
+		if err != nil {
+			return side{}, err
+		}
+		return s.sideLocked(l)
 	case *agentv1.LayoutRef_Segment:
 		if err := checkSegmentRef(t.Segment); err != nil {
-			return nil, err
+			return side{}, err
 		}
 		l, ok := s.layoutSegments[resolveName(sess.caller.Namespace, t.Segment)]
 		if !ok || !l.pub.admits(sess.caller.Namespace) {
-			return nil, status.Errorf(codes.NotFound, "no layout segment %q on node %s", t.Segment, s.opts.NodeName)
+			return side{}, status.Errorf(codes.NotFound, "no layout segment %q on node %s", t.Segment, s.opts.NodeName)
 		}
-		return l, nil
+		return s.sideLocked(l)
 	}
-	return nil, status.Error(codes.InvalidArgument, "remote layout names no layout id or segment")
+	return side{}, status.Error(codes.InvalidArgument, "remote layout names no layout id or segment")
 }
 
 // layoutPairsLocked pairs region k of local with region k of remote, source first, after checking that the two
 // layouts have one geometry (block size and region count; block counts may differ).
-func (s *Server) layoutPairsLocked(sess *session, local, remote *layout, write bool) ([]engines.BlockPair, error) {
-	if local.blockBytes != remote.blockBytes || len(local.regions) != len(remote.regions) {
+func (s *Server) layoutPairsLocked(local *layout, remote side, write bool) ([]engines.BlockPair, error) {
+	if local.blockBytes != remote.blockBytes || len(local.regions) != len(remote.mems) {
 		return nil, status.Errorf(codes.InvalidArgument, "layouts differ in geometry: %d regions of %d-byte blocks here, %d regions of %d-byte blocks there",
-			len(local.regions), local.blockBytes, len(remote.regions), remote.blockBytes)
+			len(local.regions), local.blockBytes, len(remote.mems), remote.blockBytes)
+	}
+	mine, err := s.sideLocked(local)
+	if err != nil {
+		return nil, err
 	}
 	pairs := make([]engines.BlockPair, len(local.regions))
-	for k := range local.regions {
-		lr, ok := s.regions[local.regions[k]]
-		if !ok || lr.owner != local.owner {
-			return nil, status.Errorf(codes.NotFound, "region %d of layout %d is no longer registered", local.regions[k], local.id)
-		}
-		rr, ok := s.regions[remote.regions[k]]
-		if !ok || rr.owner != remote.owner {
-			return nil, status.Errorf(codes.NotFound, "region %d of layout %d is no longer registered", remote.regions[k], remote.id)
-		}
-		pairs[k] = engines.BlockPair{Src: lr.mem, Dst: rr.mem}
+	for k := range pairs {
+		pairs[k] = engines.BlockPair{Src: mine.mems[k], Dst: remote.mems[k]}
 		if !write {
-			pairs[k] = engines.BlockPair{Src: rr.mem, Dst: lr.mem}
+			pairs[k] = engines.BlockPair{Src: remote.mems[k], Dst: mine.mems[k]}
 		}
 	}
 	return pairs, nil

@@ -133,7 +133,7 @@ func TestBlockTransferRefusals(t *testing.T) {
 		"other block size":       {u32(1), u32(1), client.ToLayout(wide), "InvalidArgument", "geometry"},
 		"other region count":     {u32(1), u32(1), client.ToLayout(three), "InvalidArgument", "geometry"},
 		"unknown segment":        {u32(1), u32(1), client.ToLayoutSegment("", "nope"), "NotFound", "no layout segment"},
-		"other node":             {u32(1), u32(1), client.ToLayoutSegment("node-z", "kv"), "Unimplemented", "other nodes"},
+		"other node, no peers":   {u32(1), u32(1), client.ToLayoutSegment("node-z", "kv"), "Unavailable", "no peer channel"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := c.TransferBlocks(ctxT(t), client.Write, l, tc.local, tc.to, tc.remote, client.TransferOptions{})

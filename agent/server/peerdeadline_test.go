@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 )
 
@@ -15,6 +16,11 @@ import (
 type stalledPeers struct{}
 
 func (stalledPeers) ResolveSegment(ctx context.Context, _, _, _ string) ([]byte, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (stalledPeers) ResolveLayout(ctx context.Context, _, _, _ string) (*agentv1.LayoutDescriptor, error) {
 	<-ctx.Done()
 	return nil, ctx.Err()
 }
@@ -49,6 +55,20 @@ func TestStalledPeerIsBoundedByTheTransfersTimeout(t *testing.T) {
 		}
 		if err == nil || client.Code(err).String() != "DeadlineExceeded" {
 			t.Fatalf("%s: want DeadlineExceeded, got %v", name, err)
+		}
+		// A block transfer to the stalled peer's layout likewise.
+		l, err := cc.RegisterLayout(ctxT(t), []*client.Region{r}, 1024)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start = time.Now()
+		_, err = cc.TransferBlocks(ctxT(t), client.Write, l, []uint32{0}, client.ToLayoutSegment("node-z", "kv"), []uint32{1},
+			client.TransferOptions{Timeout: 300 * time.Millisecond})
+		if took := time.Since(start); took > 3*time.Second {
+			t.Fatalf("%s: a 300 ms block transfer towards a stalled peer returned after %s", name, took)
+		}
+		if client.Code(err).String() != "DeadlineExceeded" {
+			t.Fatalf("%s: block transfer: want DeadlineExceeded, got %v", name, err)
 		}
 	}
 }

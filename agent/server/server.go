@@ -55,6 +55,8 @@ type SegmentResolver interface {
 	// ResolveSegment returns the SegmentDescriptor (serialized) of segment on node, asked for by a pod of
 	// namespace asker (the owner's agent decides from the segment's grants).
 	ResolveSegment(ctx context.Context, node, segment, asker string) ([]byte, error)
+	// ResolveLayout returns the published layout segment of node, asked for by a pod of namespace asker.
+	ResolveLayout(ctx context.Context, node, segment, asker string) (*agentv1.LayoutDescriptor, error)
 }
 
 // Limits bound what one caller (one pod) may hold.
@@ -154,6 +156,7 @@ type Server struct {
 	layouts     map[uint64]*layout
 	// layoutSegments are published layouts, by name (a namespace of their own beside region segments).
 	layoutSegments map[string]*layout
+	peerLayouts    peerLayouts // other nodes' published layouts, resolved
 	callers        map[string]*usage
 	imports        map[engines.MemoryID]*imported
 	transfers      map[uint64]*transfer

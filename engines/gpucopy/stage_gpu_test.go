@@ -73,7 +73,7 @@ func TestGPUStagedTCP(t *testing.T) {
 	}
 	_, a, da, pa := node("node-a", false)
 	bb, b, db, pb := node("node-b", true)
-	if err := a.Import(context.Background(), db); err != nil {
+	if err := a.Import(context.Background(), db.Remote()); err != nil { // as the peer sees it, over the wire
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(1, 2))

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/agent/peers"
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/internal/pki"
 )
@@ -257,5 +258,86 @@ func twoStacksTalk(t *testing.T, base Config, deps func(node string) Deps) {
 	}
 	if n := dataA.n.Load(); n != connsPerPeer {
 		t.Fatalf("node-a accepted %d data connections, want the %d opened ahead of the transfer", n, connsPerPeer)
+	}
+	blocksAcrossNodes(ctx, t, ca1, cb)
+}
+
+// blocksAcrossNodes: node B reads and writes blocks of a layout node A published, by segment, every byte
+// checked; refused ids move nothing, and an unknown layout or a layout id of another node are refused.
+func blocksAcrossNodes(ctx context.Context, t *testing.T, ca, cb *client.Client) {
+	const bs, blocks = 4096, 64
+	layout := func(c *client.Client, name string, opts ...client.LayoutOption) (*client.Layout, []*client.SharedMemory) {
+		var regions []*client.Region
+		var mems []*client.SharedMemory
+		for k := range 2 {
+			m, err := client.NewSharedMemory(name, bs*blocks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { m.Close() })
+			for i := range m.Bytes {
+				m.Bytes[i] = byte(i*7 + k*13 + len(name))
+			}
+			r, err := c.RegisterHost(ctx, m.File, 0, bs*blocks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			regions, mems = append(regions, r), append(mems, m)
+		}
+		l, err := c.RegisterLayout(ctx, regions, bs, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, mems
+	}
+	_, memA := layout(ca, "kv-a", client.PublishLayout("kv-a"))
+	lb, memB := layout(cb, "kv-b")
+	remote := client.ToLayoutSegment("node-a", "kv-a")
+	block := func(m *client.SharedMemory, i uint32) []byte { return m.Bytes[uint64(i)*bs:][:bs] }
+
+	local, far := []uint32{0, 5, 63}, []uint32{9, 1, 40}
+	if _, err := cb.TransferBlocks(ctx, client.Read, lb, local, remote, far, client.TransferOptions{}); err != nil {
+		t.Fatalf("reading blocks of node-a's layout: %v", err)
+	}
+	for k := range 2 {
+		for i := range local {
+			if !bytes.Equal(block(memB[k], local[i]), block(memA[k], far[i])) {
+				t.Fatalf("region %d: block %d read from node-a's block %d differs", k, local[i], far[i])
+			}
+		}
+	}
+	if _, err := cb.TransferBlocks(ctx, client.Write, lb, []uint32{2, 3}, remote, []uint32{60, 61}, client.TransferOptions{}); err != nil {
+		t.Fatalf("writing blocks to node-a's layout: %v", err)
+	}
+	for k := range 2 {
+		if !bytes.Equal(block(memA[k], 60), block(memB[k], 2)) || !bytes.Equal(block(memA[k], 61), block(memB[k], 3)) {
+			t.Fatalf("region %d: blocks written to node-a differ", k)
+		}
+	}
+	before := [][]byte{bytes.Clone(memA[0].Bytes), bytes.Clone(memA[1].Bytes)}
+	for name, c := range map[string]struct {
+		to       client.RemoteLayout
+		ids, far []uint32
+		want     string
+	}{
+		"an id past node-a's layout": {remote, []uint32{0}, []uint32{blocks}, "InvalidArgument"},
+		"a repeated destination id":  {remote, []uint32{0, 1}, []uint32{7, 7}, "InvalidArgument"},
+		"an unknown layout segment":  {client.ToLayoutSegment("node-a", "nope"), []uint32{0}, []uint32{0}, "NotFound"},
+	} {
+		_, err := cb.TransferBlocks(ctx, client.Write, lb, c.ids, c.to, c.far, client.TransferOptions{})
+		if client.Code(err).String() != c.want {
+			t.Errorf("%s: %v, want %s", name, err, c.want)
+		}
+	}
+	_, err := cb.API().TransferBlocks(ctx, &agentv1.TransferBlocksRequest{Op: agentv1.Op_OP_WRITE, LayoutId: lb.ID(), IdBytes: 4,
+		LocalIds: make([]byte, 4), RemoteIds: make([]byte, 4), Wait: true,
+		Remote: &agentv1.LayoutRef{Node: "node-a", Target: &agentv1.LayoutRef_LayoutId{LayoutId: lb.ID()}}})
+	if client.Code(err).String() != "InvalidArgument" {
+		t.Errorf("a layout id of another node: %v, want InvalidArgument", err)
+	}
+	for k := range 2 {
+		if !bytes.Equal(memA[k].Bytes, before[k]) {
+			t.Fatalf("a refused block transfer changed region %d on node-a", k)
+		}
 	}
 }

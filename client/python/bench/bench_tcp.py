@@ -594,7 +594,7 @@ def run_a(a) -> int:
             except Exception as e:
                 traceback.print_exc()
                 r = {"case": case, "error": "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")}
-            print("%s: %s" % (case, r.get("error") or "%.2f GB/s" % (r["gbps"] or 0)), flush=True)
+            print("%s: %s" % (case, r.get("error") or "%.2f GB/s" % (r.get("gbps") or 0)), flush=True)
             results.append(r)
     except Exception as e:
         traceback.print_exc()

@@ -76,7 +76,7 @@ func (x ExchangeQPsRefusal_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExchangeQPsRefusal_Reason.Descriptor instead.
 func (ExchangeQPsRefusal_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{10, 0}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{11, 0}
 }
 
 type HelloRequest struct {
@@ -237,8 +237,10 @@ type PeerResolveSegmentRequest struct {
 	Segment string `protobuf:"bytes,1,opt,name=segment,proto3" json:"segment,omitempty"`
 	// The namespace of the pod that asks; the owner's agent decides from the segment's grants.
 	RequesterNamespace string `protobuf:"bytes,2,opt,name=requester_namespace,json=requesterNamespace,proto3" json:"requester_namespace,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Resolve a published layout (RegisterLayoutRequest.segment_name) instead of a region.
+	Layout        bool `protobuf:"varint,3,opt,name=layout,proto3" json:"layout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerResolveSegmentRequest) Reset() {
@@ -285,9 +287,18 @@ func (x *PeerResolveSegmentRequest) GetRequesterNamespace() string {
 	return ""
 }
 
+func (x *PeerResolveSegmentRequest) GetLayout() bool {
+	if x != nil {
+		return x.Layout
+	}
+	return false
+}
+
 type PeerResolveSegmentResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Desc          []byte                 `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Desc  []byte                 `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
+	// Set when the request asked for a layout.
+	Layout        *LayoutDescriptor `protobuf:"bytes,2,opt,name=layout,proto3" json:"layout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -329,6 +340,75 @@ func (x *PeerResolveSegmentResponse) GetDesc() []byte {
 	return nil
 }
 
+func (x *PeerResolveSegmentResponse) GetLayout() *LayoutDescriptor {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+// LayoutDescriptor is a published layout as another node sees it: its geometry and each region's descriptor.
+type LayoutDescriptor struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	BlockBytes uint64                 `protobuf:"varint,1,opt,name=block_bytes,json=blockBytes,proto3" json:"block_bytes,omitempty"`
+	Blocks     uint64                 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	// Serialized SegmentDescriptors, in the layout's region order.
+	Regions       [][]byte `protobuf:"bytes,3,rep,name=regions,proto3" json:"regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayoutDescriptor) Reset() {
+	*x = LayoutDescriptor{}
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayoutDescriptor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayoutDescriptor) ProtoMessage() {}
+
+func (x *LayoutDescriptor) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayoutDescriptor.ProtoReflect.Descriptor instead.
+func (*LayoutDescriptor) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *LayoutDescriptor) GetBlockBytes() uint64 {
+	if x != nil {
+		return x.BlockBytes
+	}
+	return 0
+}
+
+func (x *LayoutDescriptor) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *LayoutDescriptor) GetRegions() [][]byte {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
 type PeerNotifyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node whose transfer landed.
@@ -344,7 +424,7 @@ type PeerNotifyRequest struct {
 
 func (x *PeerNotifyRequest) Reset() {
 	*x = PeerNotifyRequest{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -356,7 +436,7 @@ func (x *PeerNotifyRequest) String() string {
 func (*PeerNotifyRequest) ProtoMessage() {}
 
 func (x *PeerNotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -369,7 +449,7 @@ func (x *PeerNotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerNotifyRequest.ProtoReflect.Descriptor instead.
 func (*PeerNotifyRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PeerNotifyRequest) GetFromNode() string {
@@ -408,7 +488,7 @@ type PeerNotifyResponse struct {
 
 func (x *PeerNotifyResponse) Reset() {
 	*x = PeerNotifyResponse{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +500,7 @@ func (x *PeerNotifyResponse) String() string {
 func (*PeerNotifyResponse) ProtoMessage() {}
 
 func (x *PeerNotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +513,7 @@ func (x *PeerNotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerNotifyResponse.ProtoReflect.Descriptor instead.
 func (*PeerNotifyResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 // SegmentDescriptor is what Region.desc holds (serialized). It names a region on one node and carries
@@ -459,7 +539,7 @@ type SegmentDescriptor struct {
 
 func (x *SegmentDescriptor) Reset() {
 	*x = SegmentDescriptor{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +551,7 @@ func (x *SegmentDescriptor) String() string {
 func (*SegmentDescriptor) ProtoMessage() {}
 
 func (x *SegmentDescriptor) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +564,7 @@ func (x *SegmentDescriptor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentDescriptor.ProtoReflect.Descriptor instead.
 func (*SegmentDescriptor) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SegmentDescriptor) GetNode() string {
@@ -574,7 +654,7 @@ type QPConnInfo struct {
 
 func (x *QPConnInfo) Reset() {
 	*x = QPConnInfo{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +666,7 @@ func (x *QPConnInfo) String() string {
 func (*QPConnInfo) ProtoMessage() {}
 
 func (x *QPConnInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +679,7 @@ func (x *QPConnInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QPConnInfo.ProtoReflect.Descriptor instead.
 func (*QPConnInfo) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *QPConnInfo) GetQpn() uint32 {
@@ -652,7 +732,7 @@ type ExchangeQPsRequest struct {
 
 func (x *ExchangeQPsRequest) Reset() {
 	*x = ExchangeQPsRequest{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -664,7 +744,7 @@ func (x *ExchangeQPsRequest) String() string {
 func (*ExchangeQPsRequest) ProtoMessage() {}
 
 func (x *ExchangeQPsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -677,7 +757,7 @@ func (x *ExchangeQPsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExchangeQPsRequest.ProtoReflect.Descriptor instead.
 func (*ExchangeQPsRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{8}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExchangeQPsRequest) GetFromNode() string {
@@ -724,7 +804,7 @@ type ExchangeQPsResponse struct {
 
 func (x *ExchangeQPsResponse) Reset() {
 	*x = ExchangeQPsResponse{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +816,7 @@ func (x *ExchangeQPsResponse) String() string {
 func (*ExchangeQPsResponse) ProtoMessage() {}
 
 func (x *ExchangeQPsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +829,7 @@ func (x *ExchangeQPsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExchangeQPsResponse.ProtoReflect.Descriptor instead.
 func (*ExchangeQPsResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{9}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExchangeQPsResponse) GetQps() []*QPConnInfo {
@@ -769,7 +849,7 @@ type ExchangeQPsRefusal struct {
 
 func (x *ExchangeQPsRefusal) Reset() {
 	*x = ExchangeQPsRefusal{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +861,7 @@ func (x *ExchangeQPsRefusal) String() string {
 func (*ExchangeQPsRefusal) ProtoMessage() {}
 
 func (x *ExchangeQPsRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +874,7 @@ func (x *ExchangeQPsRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExchangeQPsRefusal.ProtoReflect.Descriptor instead.
 func (*ExchangeQPsRefusal) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{10}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExchangeQPsRefusal) GetReason() ExchangeQPsRefusal_Reason {
@@ -821,12 +901,19 @@ const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
 	"\tpool_name\x18\x03 \x01(\tR\bpoolName\x12#\n" +
 	"\ragent_version\x18\x04 \x01(\tR\fagentVersion\x12\x1f\n" +
 	"\vapi_version\x18\x05 \x01(\tR\n" +
-	"apiVersion\"f\n" +
+	"apiVersion\"~\n" +
 	"\x19PeerResolveSegmentRequest\x12\x18\n" +
 	"\asegment\x18\x01 \x01(\tR\asegment\x12/\n" +
-	"\x13requester_namespace\x18\x02 \x01(\tR\x12requesterNamespace\"0\n" +
+	"\x13requester_namespace\x18\x02 \x01(\tR\x12requesterNamespace\x12\x16\n" +
+	"\x06layout\x18\x03 \x01(\bR\x06layout\"o\n" +
 	"\x1aPeerResolveSegmentResponse\x12\x12\n" +
-	"\x04desc\x18\x01 \x01(\fR\x04desc\"}\n" +
+	"\x04desc\x18\x01 \x01(\fR\x04desc\x12=\n" +
+	"\x06layout\x18\x02 \x01(\v2%.fabricxfer.agent.v1.LayoutDescriptorR\x06layout\"e\n" +
+	"\x10LayoutDescriptor\x12\x1f\n" +
+	"\vblock_bytes\x18\x01 \x01(\x04R\n" +
+	"blockBytes\x12\x16\n" +
+	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x18\n" +
+	"\aregions\x18\x03 \x03(\fR\aregions\"}\n" +
 	"\x11PeerNotifyRequest\x12\x1b\n" +
 	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12\x1d\n" +
 	"\n" +
@@ -886,40 +973,42 @@ func file_fabricxfer_agent_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fabricxfer_agent_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_fabricxfer_agent_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_fabricxfer_agent_v1_peer_proto_goTypes = []any{
 	(ExchangeQPsRefusal_Reason)(0),     // 0: fabricxfer.agent.v1.ExchangeQPsRefusal.Reason
 	(*HelloRequest)(nil),               // 1: fabricxfer.agent.v1.HelloRequest
 	(*HelloResponse)(nil),              // 2: fabricxfer.agent.v1.HelloResponse
 	(*PeerResolveSegmentRequest)(nil),  // 3: fabricxfer.agent.v1.PeerResolveSegmentRequest
 	(*PeerResolveSegmentResponse)(nil), // 4: fabricxfer.agent.v1.PeerResolveSegmentResponse
-	(*PeerNotifyRequest)(nil),          // 5: fabricxfer.agent.v1.PeerNotifyRequest
-	(*PeerNotifyResponse)(nil),         // 6: fabricxfer.agent.v1.PeerNotifyResponse
-	(*SegmentDescriptor)(nil),          // 7: fabricxfer.agent.v1.SegmentDescriptor
-	(*QPConnInfo)(nil),                 // 8: fabricxfer.agent.v1.QPConnInfo
-	(*ExchangeQPsRequest)(nil),         // 9: fabricxfer.agent.v1.ExchangeQPsRequest
-	(*ExchangeQPsResponse)(nil),        // 10: fabricxfer.agent.v1.ExchangeQPsResponse
-	(*ExchangeQPsRefusal)(nil),         // 11: fabricxfer.agent.v1.ExchangeQPsRefusal
-	(MemoryKind)(0),                    // 12: fabricxfer.agent.v1.MemoryKind
+	(*LayoutDescriptor)(nil),           // 5: fabricxfer.agent.v1.LayoutDescriptor
+	(*PeerNotifyRequest)(nil),          // 6: fabricxfer.agent.v1.PeerNotifyRequest
+	(*PeerNotifyResponse)(nil),         // 7: fabricxfer.agent.v1.PeerNotifyResponse
+	(*SegmentDescriptor)(nil),          // 8: fabricxfer.agent.v1.SegmentDescriptor
+	(*QPConnInfo)(nil),                 // 9: fabricxfer.agent.v1.QPConnInfo
+	(*ExchangeQPsRequest)(nil),         // 10: fabricxfer.agent.v1.ExchangeQPsRequest
+	(*ExchangeQPsResponse)(nil),        // 11: fabricxfer.agent.v1.ExchangeQPsResponse
+	(*ExchangeQPsRefusal)(nil),         // 12: fabricxfer.agent.v1.ExchangeQPsRefusal
+	(MemoryKind)(0),                    // 13: fabricxfer.agent.v1.MemoryKind
 }
 var file_fabricxfer_agent_v1_peer_proto_depIdxs = []int32{
-	12, // 0: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	8,  // 1: fabricxfer.agent.v1.ExchangeQPsRequest.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
-	8,  // 2: fabricxfer.agent.v1.ExchangeQPsResponse.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
-	0,  // 3: fabricxfer.agent.v1.ExchangeQPsRefusal.reason:type_name -> fabricxfer.agent.v1.ExchangeQPsRefusal.Reason
-	1,  // 4: fabricxfer.agent.v1.Peer.Hello:input_type -> fabricxfer.agent.v1.HelloRequest
-	3,  // 5: fabricxfer.agent.v1.Peer.ResolveSegment:input_type -> fabricxfer.agent.v1.PeerResolveSegmentRequest
-	5,  // 6: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
-	9,  // 7: fabricxfer.agent.v1.Peer.ExchangeQPs:input_type -> fabricxfer.agent.v1.ExchangeQPsRequest
-	2,  // 8: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
-	4,  // 9: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
-	6,  // 10: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
-	10, // 11: fabricxfer.agent.v1.Peer.ExchangeQPs:output_type -> fabricxfer.agent.v1.ExchangeQPsResponse
-	8,  // [8:12] is the sub-list for method output_type
-	4,  // [4:8] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	5,  // 0: fabricxfer.agent.v1.PeerResolveSegmentResponse.layout:type_name -> fabricxfer.agent.v1.LayoutDescriptor
+	13, // 1: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	9,  // 2: fabricxfer.agent.v1.ExchangeQPsRequest.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
+	9,  // 3: fabricxfer.agent.v1.ExchangeQPsResponse.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
+	0,  // 4: fabricxfer.agent.v1.ExchangeQPsRefusal.reason:type_name -> fabricxfer.agent.v1.ExchangeQPsRefusal.Reason
+	1,  // 5: fabricxfer.agent.v1.Peer.Hello:input_type -> fabricxfer.agent.v1.HelloRequest
+	3,  // 6: fabricxfer.agent.v1.Peer.ResolveSegment:input_type -> fabricxfer.agent.v1.PeerResolveSegmentRequest
+	6,  // 7: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
+	10, // 8: fabricxfer.agent.v1.Peer.ExchangeQPs:input_type -> fabricxfer.agent.v1.ExchangeQPsRequest
+	2,  // 9: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
+	4,  // 10: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
+	7,  // 11: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
+	11, // 12: fabricxfer.agent.v1.Peer.ExchangeQPs:output_type -> fabricxfer.agent.v1.ExchangeQPsResponse
+	9,  // [9:13] is the sub-list for method output_type
+	5,  // [5:9] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_peer_proto_init() }
@@ -934,7 +1023,7 @@ func file_fabricxfer_agent_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_peer_proto_rawDesc), len(file_fabricxfer_agent_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package server
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// peerLayoutTTL is how long a peer's published layout, once resolved, is used without asking again: a block
+// transfer of a few megabytes takes about as long as the question. A layout republished meanwhile with other
+// regions fails the transfers that still name the old ones (the owner refuses memory it no longer holds), and
+// such a failure forgets the entry.
+const peerLayoutTTL = 2 * time.Second
+
+// maxPeerLayouts bounds the cache of resolved peer layouts (one per node, namespace and name).
+const maxPeerLayouts = 1024
+
+// peerLayout is a published layout of another node, its regions imported into the engines.
+type peerLayout struct {
+	blockBytes, blocks uint64
+	mems               []engines.MemoryID
+	resolved           time.Time
+}
+
+// peerLayouts caches resolved peer layouts.
+type peerLayouts struct {
+	mu      sync.Mutex
+	entries map[peerLayoutKey]*peerLayout
+}
+
+type peerLayoutKey struct{ node, asker, segment string }
+
+// LookupLayout answers a peer asking for a published layout (agent/peers): its geometry and every region's
+// descriptor, when a pod of namespace asker may use it; one it may not use is missing.
+func (s *Server) LookupLayout(segment, asker string) (*agentv1.LayoutDescriptor, error) {
+	if err := checkSegmentRef(segment); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.layoutSegments[resolveName(asker, segment)]
+	if !ok || !l.pub.admits(asker) {
+		return nil, status.Errorf(codes.NotFound, "no layout segment %q on node %s", segment, s.opts.NodeName)
+	}
+	out := &agentv1.LayoutDescriptor{BlockBytes: l.blockBytes, Blocks: l.blocks, Regions: make([][]byte, len(l.regions))}
+	for k, id := range l.regions {
+		r, ok := s.regions[id]
+		if !ok || r.owner != l.owner || r.desc == nil {
+			return nil, status.Errorf(codes.NotFound, "layout segment %q on node %s: its region %d is no longer registered", segment, s.opts.NodeName, k)
+		}
+		out.Regions[k] = r.desc
+	}
+	return out, nil
+}
+
+// resolvePeerLayout returns the published layout segment of node for the caller, from the cache or asked of
+// node and imported; it must not be called with s.mu held (it talks to the peer).
+func (s *Server) resolvePeerLayout(ctx context.Context, sess *session, node, segment string) (*peerLayout, error) {
+	if err := checkSegmentRef(segment); err != nil {
+		return nil, err
+	}
+	key := peerLayoutKey{node: node, asker: sess.caller.Namespace, segment: segment}
+	s.peerLayouts.mu.Lock()
+	if pl, ok := s.peerLayouts.entries[key]; ok && time.Since(pl.resolved) < peerLayoutTTL {
+		s.peerLayouts.mu.Unlock()
+		return pl, nil
+	}
+	s.peerLayouts.mu.Unlock()
+	if s.opts.Peers == nil {
+		return nil, status.Errorf(codes.Unavailable, "layout segment %q is on node %s and this agent has no peer channel", segment, node)
+	}
+	ld, err := s.opts.Peers.ResolveLayout(ctx, node, segment, sess.caller.Namespace)
+	if err != nil {
+		return nil, status.Errorf(peerCode(err), "resolving layout segment %q on node %s: %v", segment, node, err)
+	}
+	if n := len(ld.Regions); n == 0 || n > maxLayoutRegions || ld.BlockBytes == 0 || ld.Blocks == 0 || ld.Blocks > 1<<32 {
+		return nil, status.Errorf(codes.FailedPrecondition, "node %s described layout segment %q as %d regions of %d blocks of %d bytes: not a layout", node, segment, n, ld.Blocks, ld.BlockBytes)
+	}
+	pl := &peerLayout{blockBytes: ld.BlockBytes, blocks: ld.Blocks, mems: make([]engines.MemoryID, len(ld.Regions)), resolved: time.Now()}
+	for k, desc := range ld.Regions {
+		sd, _, err := s.parseDescriptor(desc)
+		if err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "region %d of layout segment %q on node %s: %v", k, segment, node, err)
+		}
+		// A peer describes its own memory only, of the geometry it announced.
+		if sd.Node != node || sd.Length != ld.Blocks*ld.BlockBytes {
+			return nil, status.Errorf(codes.FailedPrecondition, "region %d of layout segment %q on node %s is %d bytes of node %q, not %d bytes of that node", k, segment, node, sd.Length, sd.Node, ld.Blocks*ld.BlockBytes)
+		}
+		if pl.mems[k], err = s.importDescriptor(ctx, desc); err != nil {
+			return nil, err
+		}
+	}
+	s.peerLayouts.mu.Lock()
+	if s.peerLayouts.entries == nil || len(s.peerLayouts.entries) >= maxPeerLayouts {
+		s.peerLayouts.entries = map[peerLayoutKey]*peerLayout{}
+	}
+	s.peerLayouts.entries[key] = pl
+	s.peerLayouts.mu.Unlock()
+	return pl, nil
+}
+
+// forgetPeerLayout drops a cached peer layout after a transfer over it failed, so the next one asks again.
+func (s *Server) forgetPeerLayout(sess *session, node, segment string) {
+	s.peerLayouts.mu.Lock()
+	delete(s.peerLayouts.entries, peerLayoutKey{node: node, asker: sess.caller.Namespace, segment: segment})
+	s.peerLayouts.mu.Unlock()
+}
