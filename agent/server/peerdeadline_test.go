@@ -4,12 +4,19 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/engines"
 )
 
 // stalledPeers is a peer channel whose peers never answer: every call waits for its context.
@@ -83,4 +90,67 @@ func dialNoFast(t *testing.T, a *agent) *client.Client {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// describingPeers answers every layout question with one descriptor.
+type describingPeers struct{ ld *agentv1.LayoutDescriptor }
+
+func (describingPeers) ResolveSegment(context.Context, string, string, string) ([]byte, error) {
+	return nil, status.Error(codes.NotFound, "no segment")
+}
+
+func (p describingPeers) ResolveLayout(context.Context, string, string, string) (*agentv1.LayoutDescriptor, error) {
+	return p.ld, nil
+}
+
+// TestHostilePeerLayoutsAreRefused: a peer that describes its layout wrongly (no regions, garbage, memory of
+// another node, regions of another length than its geometry) fails the block transfer with a clear error and
+// moves nothing on this node.
+func TestHostilePeerLayoutsAreRefused(t *testing.T) {
+	desc := func(node string, length uint64) []byte {
+		mem, err := engines.MarshalDesc(engines.MemoryDesc{ID: engines.MemoryID(node + "/m"), Node: node, Size: length,
+			Location: engines.Location{Kind: engines.LocationHost}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := proto.Marshal(&agentv1.SegmentDescriptor{Node: node, PoolNamespace: "infer", PoolName: "kv", Length: length, Memory: mem})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for name, c := range map[string]struct {
+		ld   *agentv1.LayoutDescriptor
+		says string
+	}{
+		"no regions":               {&agentv1.LayoutDescriptor{BlockBytes: 1024, Blocks: 4}, "not a layout"},
+		"no block size":            {&agentv1.LayoutDescriptor{Blocks: 4, Regions: [][]byte{desc("node-z", 4096)}}, "not a layout"},
+		"garbage region":           {&agentv1.LayoutDescriptor{BlockBytes: 1024, Blocks: 4, Regions: [][]byte{{0xff, 0xff, 0xff}}}, "malformed"},
+		"another node's":           {&agentv1.LayoutDescriptor{BlockBytes: 1024, Blocks: 4, Regions: [][]byte{desc("node-a", 4096)}}, `of node "node-a"`},
+		"another length":           {&agentv1.LayoutDescriptor{BlockBytes: 1024, Blocks: 4, Regions: [][]byte{desc("node-z", 1<<30)}}, "not 4096 bytes"},
+		"more blocks than 32 bits": {&agentv1.LayoutDescriptor{BlockBytes: 1, Blocks: 1 << 33, Regions: [][]byte{desc("node-z", 1<<33)}}, "not a layout"},
+	} {
+		opts := baseOptions(t, newProcFixture(t))
+		opts.Peers = describingPeers{c.ld}
+		a := startAgent(t, opts)
+		cc := dial(t, a)
+		m := shm(t, 4096)
+		fill(t, m.Bytes)
+		before := bytes.Clone(m.Bytes)
+		r, err := cc.RegisterHost(ctxT(t), m.File, 0, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := cc.RegisterLayout(ctxT(t), []*client.Region{r}, 1024)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = cc.TransferBlocks(ctxT(t), client.Read, l, []uint32{0}, client.ToLayoutSegment("node-z", "kv"), []uint32{1}, client.TransferOptions{})
+		if err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, c.says)
+		}
+		if !bytes.Equal(m.Bytes, before) {
+			t.Errorf("%s: the local layout changed", name)
+		}
+	}
 }

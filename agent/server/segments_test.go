@@ -72,6 +72,28 @@ func TestSegmentsBelongToTheirNamespace(t *testing.T) {
 	if _, err := a.srv.LookupSegment("team-a/shared", "team-b"); err != nil {
 		t.Fatalf("peer lookup of a granted segment: %v", err)
 	}
+	// Layouts answer peers by the same rules: team-a's private layout is missing for team-b, the granted one is
+	// described region by region.
+	ra, err := ca.RegisterHost(ctx, shm(t, 4096).File, 0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.RegisterLayout(ctx, []*client.Region{ra}, 1024, client.PublishLayout("kv-private")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.RegisterLayout(ctx, []*client.Region{ra}, 512, client.PublishLayout("kv-granted", "team-b")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.srv.LookupLayout("team-a/kv-private", "team-b"); client.Code(err).String() != "NotFound" {
+		t.Fatalf("peer lookup of an ungranted layout: %v", err)
+	}
+	if _, err := a.srv.LookupLayout("../kv", "team-b"); client.Code(err).String() != "InvalidArgument" {
+		t.Fatalf("peer lookup of a malformed layout name: %v", err)
+	}
+	ld, err := a.srv.LookupLayout("team-a/kv-granted", "team-b")
+	if err != nil || ld.BlockBytes != 512 || ld.Blocks != 8 || len(ld.Regions) != 1 {
+		t.Fatalf("peer lookup of a granted layout: %v, %v", ld, err)
+	}
 	// Grants are checked when publishing.
 	if _, err := ca.RegisterHost(ctx, shm(t, 64).File, 0, 64, client.Segment("bad"), client.Grant("Not A Namespace")); client.Code(err).String() != "InvalidArgument" {
 		t.Fatalf("a malformed grant: %v", err)
