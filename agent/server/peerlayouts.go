@@ -5,6 +5,7 @@ package server
 
 import (
 	"context"
+	"math/bits"
 	"sync"
 	"time"
 
@@ -82,7 +83,8 @@ func (s *Server) resolvePeerLayout(ctx context.Context, sess *session, node, seg
 	if err != nil {
 		return nil, status.Errorf(peerCode(err), "resolving layout segment %q on node %s: %v", segment, node, err)
 	}
-	if n := len(ld.Regions); n == 0 || n > maxLayoutRegions || ld.BlockBytes == 0 || ld.Blocks == 0 || ld.Blocks > 1<<32 {
+	hi, length := bits.Mul64(ld.Blocks, ld.BlockBytes)
+	if n := len(ld.Regions); n == 0 || n > maxLayoutRegions || ld.BlockBytes == 0 || ld.Blocks == 0 || ld.Blocks > 1<<32 || hi != 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "node %s described layout segment %q as %d regions of %d blocks of %d bytes: not a layout", node, segment, n, ld.Blocks, ld.BlockBytes)
 	}
 	pl := &peerLayout{blockBytes: ld.BlockBytes, blocks: ld.Blocks, mems: make([]engines.MemoryID, len(ld.Regions)), resolved: time.Now()}
@@ -92,8 +94,8 @@ func (s *Server) resolvePeerLayout(ctx context.Context, sess *session, node, seg
 			return nil, status.Errorf(codes.FailedPrecondition, "region %d of layout segment %q on node %s: %v", k, segment, node, err)
 		}
 		// A peer describes its own memory only, of the geometry it announced.
-		if sd.Node != node || sd.Length != ld.Blocks*ld.BlockBytes {
-			return nil, status.Errorf(codes.FailedPrecondition, "region %d of layout segment %q on node %s is %d bytes of node %q, not %d bytes of that node", k, segment, node, sd.Length, sd.Node, ld.Blocks*ld.BlockBytes)
+		if sd.Node != node || sd.Length != length {
+			return nil, status.Errorf(codes.FailedPrecondition, "region %d of layout segment %q on node %s is %d bytes of node %q, not %d bytes of that node", k, segment, node, sd.Length, sd.Node, length)
 		}
 		if pl.mems[k], err = s.importDescriptor(ctx, desc); err != nil {
 			return nil, err
