@@ -128,7 +128,7 @@ func TestHostilePeerLayoutsAreRefused(t *testing.T) {
 		"garbage region":           {&agentv1.LayoutDescriptor{BlockBytes: 1024, Blocks: 4, Regions: [][]byte{{0xff, 0xff, 0xff}}}, "malformed"},
 		"another node's":           {&agentv1.LayoutDescriptor{BlockBytes: 1024, Blocks: 4, Regions: [][]byte{desc("node-a", 4096)}}, `of node "node-a"`},
 		"another length":           {&agentv1.LayoutDescriptor{BlockBytes: 1024, Blocks: 4, Regions: [][]byte{desc("node-z", 1<<30)}}, "not 4096 bytes"},
-		"a size past 64 bits":      {&agentv1.LayoutDescriptor{BlockBytes: 1 << 33, Blocks: 1 << 31, Regions: [][]byte{desc("node-z", 0)}}, "not a layout"},
+		"a size past 64 bits":      {&agentv1.LayoutDescriptor{BlockBytes: 1 << 33, Blocks: 1 << 31, Regions: [][]byte{desc("node-z", 4096)}}, "not a layout"},
 		"more blocks than 32 bits": {&agentv1.LayoutDescriptor{BlockBytes: 1, Blocks: 1 << 33, Regions: [][]byte{desc("node-z", 1<<33)}}, "not a layout"},
 	} {
 		opts := baseOptions(t, newProcFixture(t))
