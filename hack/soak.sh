@@ -63,9 +63,9 @@ mkdir -p "$BIN_DIR"
 # SOAK_PREBUILT=1 (make e2e, right after make build) takes operator, agent and xferctl from BIN_DIR instead.
 if [ "${SOAK_PREBUILT:-0}" = 1 ]; then
   go build -o "$BIN_DIR/" ./hack/soak
-  linked="operator agent xferctl drakubelet"
+  linked="operator agent xferctl drakubelet nodecert"
 else
-  go build -o "$BIN_DIR/" ./cmd/operator ./cmd/agent ./cmd/xferctl ./hack/soak ./hack/drakubelet
+  go build -o "$BIN_DIR/" ./cmd/operator ./cmd/agent ./cmd/xferctl ./hack/soak ./hack/drakubelet ./hack/nodecert
   linked=
 fi
 for b in kubectl etcd kube-apiserver kube-controller-manager kube-scheduler $linked; do
