@@ -79,6 +79,8 @@ type Engine struct {
 	opts Options
 	reg  *engines.Registry
 	wg   sync.WaitGroup
+	// scratch lends buffers that gather small parts into one write on TLS connections (writeBuffers).
+	scratch sync.Pool
 
 	mu          sync.Mutex
 	closed      bool

@@ -253,7 +253,7 @@ func (c *conn) send(ctx context.Context, r *request) error {
 		bufs = append(bufs, hdr, r.buf)
 	}
 	c.nc.SetWriteDeadline(time.Now().Add(c.p.e.opts.PeerTimeout))
-	_, err := bufs.WriteTo(c.nc)
+	err := writeBuffers(c.nc, bufs, &c.p.e.scratch)
 	if err == nil && (r.op == opWrite || r.op == opWriteV) {
 		c.p.e.stats.sent.Add(length)
 	}

@@ -4,8 +4,11 @@
 package tcp
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"net"
+	"sync"
 	"testing"
 	"time"
 )
@@ -66,5 +69,53 @@ func TestServerRefusesBadVectoredParts(t *testing.T) {
 	defer unpin()
 	if string(view[10:12]) != "ab" || string(view[100:102]) != "cd" {
 		t.Fatal("vectored write did not land")
+	}
+}
+
+// countingConn is a net.Conn (not a TCP one) that records its writes.
+type countingConn struct {
+	net.Conn
+	writes int
+	got    []byte
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	c.writes++
+	c.got = append(c.got, b...)
+	return len(b), nil
+}
+
+// TestWriteBuffersGathersSmallParts: over a connection without vectored writes (TLS), 1,024 parts of 720 B go
+// as one write, large buffers as their own, and the bytes arrive in order.
+func TestWriteBuffersGathersSmallParts(t *testing.T) {
+	var pool sync.Pool
+	var bufs net.Buffers
+	var want []byte
+	hdr := []byte("header")
+	bufs, want = append(bufs, hdr), append(want, hdr...)
+	for i := range 1024 {
+		p := bytes.Repeat([]byte{byte(i)}, 720)
+		bufs, want = append(bufs, p), append(want, p...)
+	}
+	big := bytes.Repeat([]byte{7}, coalesceMin)
+	bufs, want = append(bufs, big, []byte("tail")), append(append(want, big...), "tail"...)
+	c := &countingConn{}
+	if err := writeBuffers(c, bufs, &pool); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(c.got, want) {
+		t.Fatal("the bytes written differ from the buffers, in order")
+	}
+	// header and parts (737 KB) in one write, the large buffer, the tail.
+	if c.writes != 3 {
+		t.Fatalf("%d writes, want 3", c.writes)
+	}
+	// More than coalesceMax of small parts is cut, never one write per part.
+	bufs, c = nil, &countingConn{}
+	for range 4096 {
+		bufs = append(bufs, make([]byte, 720))
+	}
+	if err := writeBuffers(c, bufs, &pool); err != nil || c.writes != 3 || len(c.got) != 4096*720 {
+		t.Fatalf("4,096 parts: %d writes of %d bytes (%v), want 3 of %d", c.writes, len(c.got), err, 4096*720)
 	}
 }

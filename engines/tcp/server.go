@@ -93,8 +93,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 		wmu.Lock()
 		defer wmu.Unlock()
 		nc.SetWriteDeadline(time.Now().Add(e.opts.PeerTimeout))
-		_, err := bufs.WriteTo(nc)
-		return err
+		return writeBuffers(nc, bufs, &e.scratch)
 	}
 	var completing sync.WaitGroup
 	defer func() {
