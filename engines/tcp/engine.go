@@ -481,33 +481,13 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work, early func(error))
 	}
 	chunks := e.chunks(w.Plan, op == opRead, size)
 
-	var (
-		mu        sync.Mutex
-		firstErr  error
-		inflight  []*request
-		cancelled bool
-	)
-	record := func(err error) {
-		mu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		mu.Unlock()
-	}
-	failed := func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return firstErr != nil || cancelled
-	}
+	var run planRun
+	record, failed := run.record, run.failed
 	// outstanding counts sent chunks without an answer, plus one per lane still issuing.
 	var outstanding atomic.Int64
 	finished := make(chan struct{})
 	// Every chunk that was not answered with success records an error, so nil means all of them landed.
-	result := func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		return firstErr
-	}
+	result := run.err
 	release := func() {
 		if outstanding.Add(-1) == 0 {
 			if early != nil {
@@ -553,14 +533,10 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work, early func(error))
 				record(err)
 				return
 			}
-			mu.Lock()
-			if cancelled {
-				mu.Unlock()
+			if !run.track(r) {
 				c.cancel(r, ctx.Err())
 				return
 			}
-			inflight = append(inflight, r)
-			mu.Unlock()
 		}
 	}
 	for k := 1; k < lanes; k++ {
@@ -571,19 +547,67 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work, early func(error))
 	case <-finished:
 	case <-ctx.Done():
 		// Abandon what is outstanding; each request completes once no I/O touches its buffer.
-		mu.Lock()
-		cancelled = true
-		if firstErr == nil {
-			firstErr = ctx.Err() // lanes may stop without an error of their own
-		}
-		reqs := inflight
-		mu.Unlock()
-		for _, r := range reqs {
+		for _, r := range run.abandon(ctx.Err()) {
 			r.c.cancel(r, ctx.Err())
 		}
 		<-finished
 	}
 	return result()
+}
+
+// planRun is what the lanes of one plan's run share: the first error, the requests in flight, and whether the
+// run was abandoned.
+type planRun struct {
+	mu        sync.Mutex
+	firstErr  error
+	inflight  []*request
+	abandoned bool
+}
+
+// record keeps err when it is the run's first.
+func (s *planRun) record(err error) {
+	s.mu.Lock()
+	if s.firstErr == nil {
+		s.firstErr = err
+	}
+	s.mu.Unlock()
+}
+
+// failed reports whether the run has an error or was abandoned.
+func (s *planRun) failed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.firstErr != nil || s.abandoned
+}
+
+// err is the run's first error.
+func (s *planRun) err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.firstErr
+}
+
+// track adds r to the requests in flight; false once the run was abandoned (r is then the caller's to cancel).
+func (s *planRun) track(r *request) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.abandoned {
+		return false
+	}
+	s.inflight = append(s.inflight, r)
+	return true
+}
+
+// abandon marks the run abandoned, with cause as its error unless it has one (lanes may stop without an error
+// of their own), and returns the requests in flight.
+func (s *planRun) abandon(cause error) []*request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.abandoned = true
+	if s.firstErr == nil {
+		s.firstErr = cause
+	}
+	return s.inflight
 }
 
 // chunks cuts a plan into requests: large segments into pieces of at most limit bytes, runs of small segments

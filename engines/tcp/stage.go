@@ -299,40 +299,11 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 	chunks := e.chunks(w.Plan, op == opRead, stageSlot)
 	pool := e.pool(false, remote.Node)
 
-	var (
-		mu        sync.Mutex
-		firstErr  error
-		inflight  []*request
-		cancelled bool
-	)
-	record := func(err error) {
-		mu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		mu.Unlock()
-	}
-	stopped := func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return firstErr != nil || cancelled || ctx.Err() != nil
-	}
-	result := func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		return firstErr
-	}
+	var run planRun
+	record, result, track := run.record, run.err, run.track
+	stopped := func() bool { return run.failed() || ctx.Err() != nil }
 	var outstanding sync.WaitGroup
 	finished := make(chan struct{})
-	track := func(r *request) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if cancelled {
-			return false
-		}
-		inflight = append(inflight, r)
-		return true
-	}
 	// putBack returns a slot unless a copy that did not drain may still touch it.
 	putBack := func(slot []byte, drained bool) {
 		if drained {
@@ -516,13 +487,7 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 	select {
 	case <-allDone:
 	case <-ctx.Done():
-		mu.Lock()
-		cancelled = true
-		if firstErr == nil {
-			firstErr = ctx.Err()
-		}
-		reqs := inflight
-		mu.Unlock()
+		reqs := run.abandon(ctx.Err())
 		if op == opRead {
 			// Answers still arriving are dropped; nothing more is copied into the region.
 			for _, r := range reqs {
