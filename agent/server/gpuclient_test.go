@@ -92,7 +92,7 @@ func TestGoClientRegistersGPUMemoryByKind(t *testing.T) {
 	if err := c.Deregister(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	if n := openFDs(t); n > base {
+	if n := fdsWithin(t, base); n > base {
 		t.Fatalf("%d descriptors open after deregistering, %d before: the client kept duplicates", n, base)
 	}
 

@@ -33,6 +33,20 @@ func openFDs(t *testing.T) int {
 	return len(entries) - 1 // ReadDir's own handle on the directory
 }
 
+// fdsWithin returns the open fd count once it is at most limit, or after 5 s: connections of an agent that
+// restarted close asynchronously.
+func fdsWithin(t *testing.T, limit int) int {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		runtime.GC() // finalizers close fds of dropped os.Files
+		if n := openFDs(t); n <= limit || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // settle waits, up to a deadline, for goroutines and fds to come back to within slack of their baselines:
 // gRPC and the agent end per-connection goroutines asynchronously after a client goes away.
 func settle(t *testing.T, baseGoroutines, baseFDs int) (goroutines, fds int) {
