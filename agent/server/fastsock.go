@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"runtime/trace"
 	"slices"
 	"sync"
@@ -37,7 +38,17 @@ const (
 	maxFastTokens    = 16
 	// fastBindTimeout bounds how long a new fast connection may take to present its token.
 	fastBindTimeout = 5 * time.Second
+	// DefaultFastSpin: a fast connection polls 2 ms for its caller's next request. A caller that sends every
+	// few hundred microseconds (copies one after another, a scheduler's loop) never waits for the agent to
+	// wake; the price is a busy core per polling connection while callers are active, none when they are quiet.
+	DefaultFastSpin = 2 * time.Millisecond
 )
+
+// DefaultFastSpinners is how many fast connections may poll at once: two, one on machines of fewer than 16
+// cores, where a second polling core would take more from the callers than it gives them.
+func DefaultFastSpinners() int {
+	return min(2, max(1, runtime.NumCPU()/8))
+}
 
 // fastTokens binds fast connections to sessions: a token is one-time, expires, and only the caller that
 // asked for it may use it.
@@ -151,7 +162,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	defer cancel()
 	var arena idArena
 	defer arena.unmap()
-	in := sockio.FrameReader{R: sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin}, Max: maxFastFrame}
+	in := sockio.FrameReader{R: sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin, Budget: s.spinners}, Max: maxFastFrame}
 	var out []byte
 	for {
 		frame, err := in.Next()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client/sockio"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
@@ -118,8 +119,12 @@ type Options struct {
 	// SessionGrace bounds how long the regions of a gone caller wait for in-flight transfers (default 30 s).
 	SessionGrace time.Duration
 	// FastSpin is how long a fast-socket connection polls for the next request before sleeping (default
-	// 50 µs; negative never polls). It keeps back-to-back small transfers off the wake-up path.
+	// 2 ms; negative never polls). It keeps a caller's next transfer off the wake-up path, which costs 50-110 µs
+	// on a virtual machine whose idle cores have gone to sleep.
 	FastSpin time.Duration
+	// FastSpinners bounds the fast connections polling at once, and so the cores the agent keeps busy for
+	// latency (default DefaultFastSpinners); the others sleep until their next request.
+	FastSpinners int
 	// FinishedRetention is how long settled transfers stay visible to Wait (default 2 min).
 	FinishedRetention time.Duration
 	Logger            *slog.Logger
@@ -137,8 +142,10 @@ type Server struct {
 	fdLn   *net.UnixListener
 	tokens *fdTokens
 	fast   fastTokens
-	fastLn *net.UnixListener
-	wg     sync.WaitGroup
+	// spinners bounds the fast connections polling for their next request at once.
+	spinners *sockio.SpinBudget
+	fastLn   *net.UnixListener
+	wg       sync.WaitGroup
 
 	regionEpoch uint64
 	// stopping is closed when shutdown begins, ending the streams (Watch, Notifications) that would otherwise
@@ -205,7 +212,10 @@ func New(opts Options) (*Server, error) {
 		opts.SessionGrace = 30 * time.Second
 	}
 	if opts.FastSpin == 0 {
-		opts.FastSpin = 50 * time.Microsecond
+		opts.FastSpin = DefaultFastSpin
+	}
+	if opts.FastSpinners <= 0 {
+		opts.FastSpinners = DefaultFastSpinners()
 	}
 	if opts.FinishedRetention <= 0 {
 		opts.FinishedRetention = 2 * time.Minute
@@ -226,7 +236,7 @@ func New(opts Options) (*Server, error) {
 		segments: map[string]*region{}, layouts: map[uint64]*layout{}, layoutSegments: map[string]*layout{}, callers: map[string]*usage{}, imports: map[engines.MemoryID]*imported{},
 		transfers: map[uint64]*transfer{}, watchers: map[string]map[*watcher]struct{}{},
 		listeners: map[string]map[*notifyListener]struct{}{}, stopping: make(chan struct{}),
-		fast: fastTokens{entries: map[string]fastToken{}},
+		fast: fastTokens{entries: map[string]fastToken{}}, spinners: sockio.NewSpinBudget(opts.FastSpinners),
 	}
 	opts.Engine.SetNotifyHandler(s.deliverNotification)
 	return s, nil

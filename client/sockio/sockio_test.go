@@ -113,3 +113,71 @@ func (c readCounter) Read(p []byte) (int, error) {
 	*c.n++
 	return c.r.Read(p)
 }
+
+// A spent budget makes a reader park at once: two readers waiting on quiet connections, one spin allowed, one
+// of them spins and the spin ends by its time; both still read what arrives later.
+func TestSpinBudgetBoundsSpinningReaders(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	budget := NewSpinBudget(1)
+	const spin = 300 * time.Millisecond
+	served := make(chan *net.UnixConn, 2)
+	go func() {
+		for range 2 {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			served <- c
+		}
+	}()
+	got := make(chan string, 2)
+	var clients []*net.UnixConn
+	for range 2 {
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		clients = append(clients, c)
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		go func() {
+			b, err := ReadFrame(SpinReader{Conn: c, Spin: spin, Budget: budget}, 64)
+			if err != nil {
+				got <- err.Error()
+				return
+			}
+			got <- string(b)
+		}()
+	}
+	time.Sleep(50 * time.Millisecond) // both readers are waiting: one spins, one parked
+	if n := budget.Spinning(); n != 1 {
+		t.Fatalf("%d readers spin with a budget of 1", n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for budget.Spinning() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the spin did not end by its time")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for range 2 {
+		c := <-served
+		defer c.Close()
+		if err := WriteFrame(c, []byte("late")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range clients {
+		if s := <-got; s != "late" {
+			t.Fatalf("a reader got %q", s)
+		}
+	}
+	if n := budget.Spinning(); n != 0 {
+		t.Fatalf("%d spins left taken after the reads", n)
+	}
+}

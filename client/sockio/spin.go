@@ -6,6 +6,8 @@ package sockio
 import (
 	"io"
 	"net"
+	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -17,6 +19,44 @@ import (
 type SpinReader struct {
 	Conn *net.UnixConn
 	Spin time.Duration
+	// Budget (may be nil: no bound) bounds how many readers spin at once; a reader that finds it spent parks
+	// at once.
+	Budget *SpinBudget
+}
+
+// SpinBudget bounds the readers spinning at one time, and with them the cores a server keeps busy for latency.
+type SpinBudget struct {
+	size int64
+	left atomic.Int64
+}
+
+// NewSpinBudget lets n readers spin at once.
+func NewSpinBudget(n int) *SpinBudget {
+	b := &SpinBudget{size: int64(n)}
+	b.left.Store(int64(n))
+	return b
+}
+
+func (b *SpinBudget) take() bool {
+	if b == nil {
+		return true
+	}
+	if b.left.Add(-1) >= 0 {
+		return true
+	}
+	b.left.Add(1)
+	return false
+}
+
+func (b *SpinBudget) give() {
+	if b != nil {
+		b.left.Add(1)
+	}
+}
+
+// Spinning reports how many readers spin now.
+func (b *SpinBudget) Spinning() int {
+	return int(b.size - b.left.Load())
 }
 
 func (r SpinReader) Read(p []byte) (int, error) {
@@ -31,6 +71,7 @@ func (r SpinReader) Read(p []byte) (int, error) {
 		n    int
 		rerr error
 	)
+	spinning := r.Budget.take()
 	until := time.Now().Add(r.Spin)
 	err = rc.Read(func(fd uintptr) bool {
 		for {
@@ -40,11 +81,20 @@ func (r SpinReader) Read(p []byte) (int, error) {
 				continue
 			case rerr != syscall.EAGAIN:
 				return true
-			case time.Now().After(until):
-				return false // park until readable
+			case spinning && time.Now().Before(until):
+				runtime.Gosched() // the caller's own goroutines may share this processor
+				continue
 			}
+			if spinning {
+				spinning = false
+				r.Budget.give()
+			}
+			return false // park until readable
 		}
 	})
+	if spinning {
+		r.Budget.give()
+	}
 	if err != nil {
 		return 0, err
 	}

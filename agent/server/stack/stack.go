@@ -69,6 +69,8 @@ type Config struct {
 
 	// FastSpin is how long the fast socket polls for a caller's next request before sleeping.
 	FastSpin time.Duration
+	// FastSpinners bounds the fast connections polling at once.
+	FastSpinners int
 
 	PoolHostBytes uint64
 	// PoolGPUBytes is device memory allocated on each NVIDIA GPU and lent to callers; on a node where it
@@ -98,7 +100,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.TCPStagingBytes, "tcp-staging-bytes", 0, "pinned host memory the tcp engine stages GPU memory through, per peer node and side, in 4 MiB slots (0: 64 MiB; at least 8 MiB)")
 	fs.IntVar(&c.TCPConnsPerPeer, "tcp-conns-per-peer", 0, "tcp data connections to each peer, 1 to 64 (0: 4)")
 	fs.IntVar(&c.PreconnectPeers, "preconnect-peers", 64, "open tcp data connections ahead of use to at most this many peers (each agent picks its own subset; -1: none)")
-	fs.DurationVar(&c.FastSpin, "fast-spin", 50*time.Microsecond, "how long the fast socket polls for a caller's next request before sleeping (0 never polls)")
+	fs.DurationVar(&c.FastSpin, "fast-spin", server.DefaultFastSpin, "how long a fast-socket connection polls for its caller's next request before sleeping (0 never polls)")
+	fs.IntVar(&c.FastSpinners, "fast-spinners", 0, "fast-socket connections that may poll at once, the cores kept busy for latency while callers are active (0: 2, or 1 below 16 cores)")
 	fs.Uint64Var(&c.PoolHostBytes, "pool-host-bytes", 0, "host shared memory the agent lends to callers (AllocateFromPool); 0 lends none")
 	fs.Uint64Var(&c.PoolGPUBytes, "pool-gpu-bytes", 0, "device memory per NVIDIA GPU the agent lends to callers (AllocateFromPool), fabric-exportable where the driver allows; 0 lends none")
 	fs.Uint64Var(&c.PoolSlabBytes, "pool-slab-bytes", 0, "GPU pool memory is lent in slabs of this many bytes, each to one caller at a time (rounded up to the VMM granularity; 0: an eighth of --pool-gpu-bytes); it bounds one allocation")
@@ -355,7 +358,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	}
 	opts := server.Options{SocketDir: cfg.SocketDir, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName,
 		NodeName: cfg.NodeName, AgentVersion: deps.AgentVersion, PeerEndpoint: peerEP, Engine: comp, Engines: deps.Engines, GPUs: deps.GPUs, FabricDomainOf: deps.FabricDomainOf,
-		Identifier: id, Policy: policy, Pool: pool, SocketGID: cfg.SocketGID, Logger: log, FastSpin: fastSpin(cfg.FastSpin),
+		Identifier: id, Policy: policy, Pool: pool, SocketGID: cfg.SocketGID, Logger: log, FastSpin: fastSpin(cfg.FastSpin), FastSpinners: cfg.FastSpinners,
 		Limits: server.Limits{MaxRegions: cfg.MaxRegions, MaxRegisteredBytes: cfg.MaxRegisteredBytes, MaxInFlight: cfg.MaxInFlight,
 			MaxItemsPerTransfer: server.DefaultLimits.MaxItemsPerTransfer}}
 	if pc != nil {
