@@ -23,7 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 // ErrSessionLost means the agent restarted (or the connection was re-established) since the regions in use

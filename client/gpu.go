@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 // IPCHandleSize and FabricHandleSize are the sizes of a cudaIpcMemHandle_t and a CUmemFabricHandle.

@@ -17,7 +17,7 @@ import (
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 func fastMsg(t *testing.T, m *agentv1.FastRequest) []byte {

@@ -24,7 +24,7 @@ import (
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 // startAPIServer runs a real kube-apiserver + etcd (envtest) with the fabricxfer CRDs.

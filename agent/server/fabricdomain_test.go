@@ -10,9 +10,9 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 // domainBackend is the stand-in GPU backend that also records the fabric domain of each registration.

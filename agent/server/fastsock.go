@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
-	"github.com/fabricxfer/fabricxfer/client/sockio"
+	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
 // FastSocketName is the fast socket's name beside the agent socket.

@@ -17,8 +17,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 // fdTokens holds descriptors in transit between the fd socket and gRPC calls. A token is one-time, bound to

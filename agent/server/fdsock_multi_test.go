@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 // tempFiles makes n distinct files; their inodes tell them apart once they come back from the agent.

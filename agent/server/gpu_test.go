@@ -12,8 +12,8 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 // TestGPURegistrationIsCheckedAndRefusedWithoutAGPUEngine: on a node whose engines cannot reach GPU memory

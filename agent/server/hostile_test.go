@@ -21,7 +21,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/client/sockio"
+	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
 // hostileBed is an agent with a victim pod holding two regions of known bytes; every hostile case ends by

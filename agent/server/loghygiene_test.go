@@ -17,7 +17,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 // lockedBuffer is a log sink shared by the server's goroutines.

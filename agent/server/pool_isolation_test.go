@@ -19,7 +19,7 @@ import (
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 // lentSlice is pool memory as a borrower holds it: the agent's answer, the fd it fetched and its mapping of

@@ -14,7 +14,7 @@ import (
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 func memfd(t *testing.T, size int64, flags int) *os.File {

@@ -21,8 +21,8 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
-	"github.com/fabricxfer/fabricxfer/client/sockio"
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
 // APIVersion is the sidecar API version this server speaks.

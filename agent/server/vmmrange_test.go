@@ -17,9 +17,9 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/client/fdpass"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 // vmmSeen is what the stand-in GPU backend was handed for one region.
