@@ -454,7 +454,13 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 // vectored request.
 type chunk struct {
 	localOff, remoteOff, n uint64
-	parts                  []chunk
+	parts                  []part
+}
+
+// part is one range of a vectored chunk. It holds no pointer, so a block list's thousands of parts cost the
+// garbage collector nothing to scan or copy.
+type part struct {
+	localOff, remoteOff, n uint64
 }
 
 // runPlan stripes one plan over the peer's connections: chunks are dealt round robin to one lane per
@@ -615,33 +621,49 @@ func (s *planRun) abandon(cause error) []*request {
 func (e *Engine) chunks(p *engines.Plan, read bool, limit int) []chunk {
 	size := uint64(min(limit, e.opts.ChunkBytes))
 	var out []chunk
-	var vec []chunk
+	// Every part of the plan lives in one array, each vectored chunk a slice of it: a block list is cut
+	// without a segment or an allocation per block.
+	n := len(p.Segments)
+	if p.Blocks != nil {
+		n = len(p.Blocks.SrcIDs)
+	}
+	all := make([]part, 0, n)
+	start := 0
 	var vecBytes uint64
 	flush := func() {
-		switch len(vec) {
+		switch vec := all[start:]; len(vec) {
 		case 0:
 		case 1:
-			out = append(out, vec[0])
+			out = append(out, chunk{localOff: vec[0].localOff, remoteOff: vec[0].remoteOff, n: vec[0].n})
 		default:
-			out = append(out, chunk{n: vecBytes, parts: vec})
+			out = append(out, chunk{n: vecBytes, parts: vec[:len(vec):len(vec)]})
 		}
-		vec, vecBytes = nil, 0
+		start, vecBytes = len(all), 0
 	}
-	for _, s := range engines.SegmentsOf(p) {
-		for off := uint64(0); off < s.Size; off += size {
-			c := chunk{localOff: s.SrcOffset + off, remoteOff: s.DstOffset + off, n: min(size, s.Size-off)}
+	add := func(src, dst, length uint64) {
+		for off := uint64(0); off < length; off += size {
+			c := part{localOff: src + off, remoteOff: dst + off, n: min(size, length-off)}
 			if read {
 				c.localOff, c.remoteOff = c.remoteOff, c.localOff
 			}
 			if c.n > vecPartMax {
-				out = append(out, c)
+				out = append(out, chunk{localOff: c.localOff, remoteOff: c.remoteOff, n: c.n})
 				continue
 			}
-			if len(vec) == maxVecParts || vecBytes+c.n > size {
+			if len(all)-start == maxVecParts || vecBytes+c.n > size {
 				flush()
 			}
-			vec = append(vec, c)
+			all = append(all, c)
 			vecBytes += c.n
+		}
+	}
+	if l := p.Blocks; l != nil {
+		for i, s := range l.SrcIDs {
+			add(uint64(s)*l.BlockBytes, uint64(l.DstIDs[i])*l.BlockBytes, l.BlockBytes)
+		}
+	} else {
+		for _, s := range p.Segments {
+			add(s.SrcOffset, s.DstOffset, s.Size)
 		}
 	}
 	flush()

@@ -250,7 +250,7 @@ func waitStage(w StageWait) (err error, drained bool) {
 func stageSegs(ch chunk, toHost bool) []engines.Segment {
 	parts := ch.parts
 	if parts == nil {
-		parts = []chunk{ch}
+		parts = []part{{localOff: ch.localOff, remoteOff: ch.remoteOff, n: ch.n}}
 	}
 	segs := make([]engines.Segment, 0, len(parts))
 	var off uint64

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package tcp
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// BenchmarkStagedBlocks writes 15,360 scattered blocks of 720 B of staged (GPU) memory to another node's staged
+// memory, beside one contiguous write of the same bytes (the ceiling of the same run): the gap between the two
+// is what gathering into slots, vectored requests and scattering cost per block.
+func BenchmarkStagedBlocks(b *testing.B) {
+	sa, sb := newFakeStager(b), newFakeStager(b)
+	a := stagedEngine(b, "node-a", false, sa, nil)
+	peer := stagedEngine(b, "node-b", true, sb, nil)
+	const bs, blocks, n = 720, 1 << 18, 15360
+	src := registerGPU(b, a, sa, "a/src", seq(bs*blocks, 1))
+	dst := registerGPU(b, peer, sb, "b/dst", make([]byte, bs*blocks))
+	imp(b, a, dst)
+	r := rand.New(rand.NewPCG(5, 6))
+	srcIDs, dstIDs := make([]uint32, n), make([]uint32, n)
+	sp, dp := r.Perm(blocks), r.Perm(blocks)
+	for i := range n {
+		srcIDs[i], dstIDs[i] = uint32(sp[i]), uint32(dp[i])
+	}
+	run := func(b *testing.B, plan func(engines.PlanBuilder) error) {
+		b.SetBytes(n * bs)
+		for b.Loop() {
+			pb := a.NewPlan()
+			if err := plan(pb); err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			tr, err := a.Submit(ctx, pb.Build(), engines.SubmitOptions{})
+			if err == nil {
+				err = tr.Wait(ctx)
+			}
+			cancel()
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("contiguous", func(b *testing.B) {
+		run(b, func(pb engines.PlanBuilder) error {
+			return pb.Add(engines.Item{Src: src.ID, Dst: dst.ID, Size: n * bs})
+		})
+	})
+	b.Run("blocks", func(b *testing.B) {
+		run(b, func(pb engines.PlanBuilder) error {
+			return pb.(engines.BlockAdder).AddBlocks(engines.Blocks{Pairs: []engines.BlockPair{{Src: src.ID, Dst: dst.ID}},
+				BlockBytes: bs, SrcIDs: srcIDs, DstIDs: dstIDs})
+		})
+	})
+}
