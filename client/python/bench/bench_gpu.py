@@ -18,6 +18,8 @@ on cuda:<--device> with register_tensor and times, against what torch users writ
      loop of indexed copies over the 64 tensors
   c  contiguous 64 MiB and 1 GiB tensor to tensor (a one-region layout of one block), vs dst.copy_(src)
   d  4 KiB round trips (one 4 KiB block), p50 and p99 of 2,000, vs a 4 KiB copy_ and a synchronize
+  d-idle  the same with --idle (1 ms) of idle time before each call on both sides, as a scheduler calls between
+     steps: within the agent's --fast-spin the call finds it polling, past it the agent must be woken
   a-pipe, c64-pipe, c1g-pipe  the same copies --depth (8) at a time, as an inference engine overlaps the
      layers or requests it moves: ours submits --depth transfers with wait=False and then waits for all of them,
      torch queues --depth copies and synchronizes once; the time is per copy
@@ -47,7 +49,7 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = ("a", "b", "c64", "c1g", "d", "a-pipe", "c64-pipe", "c1g-pipe")
+CASES = ("a", "b", "c64", "c1g", "d", "d-idle", "a-pipe", "c64-pipe", "c1g-pipe")
 MIB = 1 << 20
 
 
@@ -68,6 +70,7 @@ def parse_args(argv=None):
                    help="and untimed iterations until this many seconds have passed (default 0.2)")
     p.add_argument("--rtt-iters", type=int, default=2000, help="round trips of case d (default 2000)")
     p.add_argument("--depth", type=int, default=8, help="copies in flight in the -pipe cases (default 8)")
+    p.add_argument("--idle", type=float, default=1e-3, help="seconds idle before each call of d-idle (default 0.001)")
     p.add_argument("--start-timeout", type=float, default=60.0, help="seconds to wait for the agent socket")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds the client process may run in all")
     p.add_argument("--call-timeout", type=float, default=60.0, help="seconds one agent call may take")
@@ -434,6 +437,12 @@ class Bench:
         return self.contiguous(CASE_NAMES["c1g-pipe"] % self.a.depth, 1024 * MIB, self.a.depth)
 
     def case_d(self):
+        return self.round_trips(CASE_NAMES["d"], 0.0)
+
+    def case_d_idle(self):
+        return self.round_trips(case_name("d-idle", self.a), self.a.idle)
+
+    def round_trips(self, name, idle):
         torch = self.torch
         from fabricxfer.client import to_layout
 
@@ -446,13 +455,16 @@ class Bench:
         try:
             src_l, dst_l = self.layout([src], bs), self.layout([ours], bs)
             remote = to_layout(dst_l)
+            # The idle time is spent before the timer starts, as a caller does other work between calls.
+            wait = (lambda i: _idle(idle)) if idle else None
             ours_t = self.time_ours(lambda i: self.c.transfer_blocks("write", src_l, ids[i % blocks], remote,
-                                                                     ids[i % blocks], timeout=self.a.call_timeout), n)
-            torch_t = self.time_torch(lambda i: ref[i % blocks].copy_(src[i % blocks]), n)
+                                                                     ids[i % blocks], timeout=self.a.call_timeout), n,
+                                    prepare=wait)
+            torch_t = self.time_torch(lambda i: ref[i % blocks].copy_(src[i % blocks]), n, prepare=wait)
             self.sync()
             ok = torch.equal(ours, src) and torch.equal(ref, src)
             p = lambda ts, q: sorted(ts)[min(len(ts) - 1, int(len(ts) * q))] * 1e3  # noqa: E731
-            r = result("d 4 KiB round trip p50", bs, p(ours_t, 0.5), p(torch_t, 0.5), ok,
+            r = result(name, bs, p(ours_t, 0.5), p(torch_t, 0.5), ok,
                        fabricxfer_p99_ms=p(ours_t, 0.99), torch_p99_ms=p(torch_t, 0.99))
             r["note"] = "p99 fabricxfer %.4f ms, torch %.4f ms (of %d)" % (r["fabricxfer_p99_ms"], r["torch_p99_ms"], n)
             return r
@@ -462,14 +474,24 @@ class Bench:
 
 
 CASE_NAMES = {"a": "a 15360x720B of 2x262144", "b": "b 64x1024x16KiB perm", "c64": "c 64 MiB contiguous",
-              "c1g": "c 1 GiB contiguous", "d": "d 4 KiB round trip p50", "a-pipe": "a %d in flight, per copy",
+              "c1g": "c 1 GiB contiguous", "d": "d 4 KiB round trip p50",
+              "d-idle": "d 4 KiB after %g ms idle, p50", "a-pipe": "a %d in flight, per copy",
               "c64-pipe": "c 64 MiB %d in flight, per copy", "c1g-pipe": "c 1 GiB %d in flight, per copy"}
 
 
 def case_name(case, a):
-    """The table's name of a case (the -pipe ones say how many copies were in flight)."""
+    """The table's name of a case (the -pipe ones say how many copies were in flight, d-idle how long it idled)."""
     name = CASE_NAMES[case]
+    if "%g" in name:
+        return name % (a.idle * 1e3)
     return name % a.depth if "%d" in name else name
+
+
+def _idle(seconds: float):
+    """Busy for seconds, as a caller computing between calls (a sleep would idle this core as well)."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
 
 
 def run_client(a) -> int:

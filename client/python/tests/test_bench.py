@@ -38,6 +38,8 @@ class GPUBenchPureTest(unittest.TestCase):
             self.assertTrue(hasattr(bench_gpu.Bench, "case_" + c.replace("-", "_")), c)
         self.assertEqual(bench_gpu.case_name("c64-pipe", bench_gpu.parse_args(["--depth", "4"])),
                          "c 64 MiB 4 in flight, per copy")
+        self.assertEqual(bench_gpu.case_name("d-idle", bench_gpu.parse_args(["--idle", "0.005"])),
+                         "d 4 KiB after 5 ms idle, p50")
 
     def test_client_command_and_environment(self):
         a = bench_gpu.parse_args(["--expandable", "--json", "out.json", "--cases", "b", "--warmup-seconds", "0.5"])
