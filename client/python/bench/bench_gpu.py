@@ -83,8 +83,8 @@ def parse_args(argv=None):
     if unknown:
         p.error("unknown cases %s (known: %s)" % (",".join(unknown), ",".join(CASES)))
     a.cases = cases
-    if a.iters < 1 or a.warmup < 0 or a.rtt_iters < 1 or a.warmup_seconds < 0 or a.depth < 1:
-        p.error("--iters, --rtt-iters and --depth must be positive, --warmup and --warmup-seconds not negative")
+    if a.iters < 1 or a.warmup < 0 or a.rtt_iters < 1 or a.warmup_seconds < 0 or a.depth < 1 or a.idle < 0:
+        p.error("--iters, --rtt-iters and --depth must be positive, --warmup, --warmup-seconds and --idle not negative")
     if a.client and not a.socket:
         p.error("--client needs --socket")
     return a
@@ -134,7 +134,7 @@ def client_command(a, socket_path):
     cmd = [sys.executable, os.path.abspath(__file__), "--client", "--socket", socket_path, "--cases", ",".join(a.cases),
            "--device", str(a.device), "--iters", str(a.iters), "--warmup", str(a.warmup),
            "--warmup-seconds", str(a.warmup_seconds), "--rtt-iters",
-           str(a.rtt_iters), "--depth", str(a.depth), "--call-timeout", str(a.call_timeout)]
+           str(a.rtt_iters), "--depth", str(a.depth), "--idle", repr(a.idle), "--call-timeout", str(a.call_timeout)]
     if a.json:
         cmd += ["--json", os.path.abspath(a.json)]
     if a.expandable:

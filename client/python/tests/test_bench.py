@@ -29,7 +29,7 @@ class GPUBenchPureTest(unittest.TestCase):
                                                                                      False))
         a = bench_gpu.parse_args(["--cases", "a, d", "--expandable", "--iters", "5"])
         self.assertEqual((a.cases, a.expandable, a.iters), (["a", "d"], True, 5))
-        for bad in (["--cases", "a,z"], ["--iters", "0"], ["--depth", "0"], ["--client"]):
+        for bad in (["--cases", "a,z"], ["--iters", "0"], ["--depth", "0"], ["--idle", "-1"], ["--client"]):
             with self.subTest(bad), redirect_stderr(io.StringIO()):
                 with self.assertRaises(SystemExit):
                     bench_gpu.parse_args(bad)
@@ -42,12 +42,14 @@ class GPUBenchPureTest(unittest.TestCase):
                          "d 4 KiB after 5 ms idle, p50")
 
     def test_client_command_and_environment(self):
-        a = bench_gpu.parse_args(["--expandable", "--json", "out.json", "--cases", "b", "--warmup-seconds", "0.5"])
+        a = bench_gpu.parse_args(["--expandable", "--json", "out.json", "--cases", "b", "--warmup-seconds", "0.5",
+                                  "--idle", "0.005"])
         cmd = bench_gpu.client_command(a, "/tmp/x/kv/agent.sock")
         self.assertEqual(cmd[:3], [sys.executable, os.path.abspath(bench_gpu.__file__), "--client"])
         back = bench_gpu.parse_args(cmd[2:])
-        self.assertEqual((back.client, back.socket, back.cases, back.expandable, back.json, back.warmup_seconds),
-                         (True, "/tmp/x/kv/agent.sock", ["b"], True, os.path.abspath("out.json"), 0.5))
+        self.assertEqual((back.client, back.socket, back.cases, back.expandable, back.json, back.warmup_seconds,
+                          back.idle),
+                         (True, "/tmp/x/kv/agent.sock", ["b"], True, os.path.abspath("out.json"), 0.5, 0.005))
         env = bench_gpu.client_env(a, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:False"})
         self.assertEqual(env["PYTORCH_CUDA_ALLOC_CONF"], "max_split_size_mb:64,expandable_segments:True")
         self.assertTrue(env["PYTHONPATH"].startswith(os.path.dirname(BENCH)))
