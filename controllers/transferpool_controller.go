@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/internal/heartbeat"
 )
 
 // FieldManager is the operator's server-side-apply field manager.
@@ -244,7 +245,7 @@ func (r *TransferPoolReconciler) observe(ctx context.Context, pool *fxv1.Transfe
 	for i := range tns.Items {
 		obs.TransferNodes[tns.Items[i].Name] = &tns.Items[i]
 	}
-	beats, err := ListHeartbeats(ctx, r.Client)
+	beats, err := heartbeat.List(ctx, r.Client)
 	if err != nil {
 		return fmt.Errorf("reading heartbeats for pool %s/%s: %w", pool.Namespace, pool.Name, err)
 	}
@@ -345,7 +346,7 @@ func (r *TransferPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // poolOfLease routes an agent's heartbeat Lease to its pool, which lives in the Lease's namespace.
 func poolOfLease(_ context.Context, obj client.Object) []reconcile.Request {
-	if !isAgentLease(obj) {
+	if !heartbeat.IsAgentLease(obj) {
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: obj.GetNamespace(), Name: obj.GetLabels()[fxv1.LabelPoolName]}}}
