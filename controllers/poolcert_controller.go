@@ -81,19 +81,25 @@ func (r *PoolCertReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 	cond := metav1.Condition{Type: fxv1.ConditionCertificatesReady, ObservedGeneration: pool.Generation}
 	var issued PoolCertificates
 	defer func() {
+		// What was issued is announced whatever becomes of the condition: the Secrets are written, and the
+		// next pass finds nothing to issue.
+		record(r.Recorder, pool, "IssueCertificates", certEvents(nil, nil, issued))
 		was := meta.FindStatusCondition(before.Status.Conditions, fxv1.ConditionCertificatesReady)
 		meta.SetStatusCondition(&pool.Status.Conditions, cond)
-		if now := meta.FindStatusCondition(pool.Status.Conditions, fxv1.ConditionCertificatesReady); was == nil || *was != *now {
-			// The pool controller writes the rest of the status from its own copy: the lock makes the later of
-			// two writers read again instead of dropping the other's conditions.
-			if err := r.Status().Patch(ctx, pool, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-				if !apierrors.IsNotFound(err) {
-					retErr = errors.Join(retErr, fmt.Errorf("writing the certificate condition of pool %s: %w", req, err))
-				}
-				return
-			}
+		now := meta.FindStatusCondition(pool.Status.Conditions, fxv1.ConditionCertificatesReady)
+		if was != nil && *was == *now {
+			return
 		}
-		record(r.Recorder, pool, "IssueCertificates", certEvents(was, &cond, issued))
+		// The pool controller writes the rest of the status from its own copy: the lock makes the later of
+		// two writers read again instead of dropping the other's conditions.
+		if err := r.Status().Patch(ctx, pool, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+			if !apierrors.IsNotFound(err) {
+				retErr = errors.Join(retErr, fmt.Errorf("writing the certificate condition of pool %s: %w", req, err))
+			}
+			return
+		}
+		// A failure is announced once, when the condition written turns to it.
+		record(r.Recorder, pool, "IssueCertificates", certEvents(was, now, PoolCertificates{}))
 	}()
 
 	running, err := r.agentsRun(ctx, pool)
@@ -156,7 +162,7 @@ func (r *PoolCertReconciler) finalize(ctx context.Context, pool *fxv1.TransferPo
 }
 
 // certEvents are the Events of one pass: certificates issued or rotated, and a failure when the condition
-// turns to it (not on every retry).
+// (now, nil when none was written) turns to it, not on every retry.
 func certEvents(was, now *metav1.Condition, issued PoolCertificates) []pendingEvent {
 	var evs []pendingEvent
 	switch {
@@ -166,7 +172,7 @@ func certEvents(was, now *metav1.Condition, issued PoolCertificates) []pendingEv
 	default:
 		evs = append(evs, pendingEvent{corev1.EventTypeNormal, EventCertsRotated, issued.Change})
 	}
-	if now.Reason == fxv1.ReasonCertificatesFailed && (was == nil || was.Reason != now.Reason) {
+	if now != nil && now.Reason == fxv1.ReasonCertificatesFailed && (was == nil || was.Reason != now.Reason) {
 		evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventCertsFailed, now.Message})
 	}
 	return evs
