@@ -271,7 +271,7 @@ func TestAgentStopsCleanly(t *testing.T) {
 		left := 0
 		for _, g := range strings.Split(string(buf), "\n\n") {
 			// The reporter's own goroutines, and client-go's goroutine that decodes a watch stream.
-			if strings.Contains(g, "agent/reporter.(*Reporter)") || strings.Contains(g, "watch.(*StreamWatcher)") {
+			if strings.Contains(g, "agent/nodesync.(*Reporter)") || strings.Contains(g, "watch.(*StreamWatcher)") {
 				left++
 			}
 		}
