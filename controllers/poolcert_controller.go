@@ -84,6 +84,9 @@ func (r *PoolCertReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 		// What was issued is announced whatever becomes of the condition: the Secrets are written, and the
 		// next pass finds nothing to issue.
 		record(r.Recorder, pool, "IssueCertificates", certEvents(nil, nil, issued))
+		if cond.Reason == "" {
+			return // nothing was concluded (reading the pool's agents failed): the condition stays as it was
+		}
 		was := meta.FindStatusCondition(before.Status.Conditions, fxv1.ConditionCertificatesReady)
 		meta.SetStatusCondition(&pool.Status.Conditions, cond)
 		now := meta.FindStatusCondition(pool.Status.Conditions, fxv1.ConditionCertificatesReady)
