@@ -43,32 +43,47 @@ func NewCertIssuer(c client.Client) *CertIssuer {
 	return &CertIssuer{Client: c, Clock: clock.RealClock{}}
 }
 
-// EnsurePoolSecret creates the pool's certificates, or renews whichever is close to expiry. It says what it
-// issued ("" when the certificates were current), for the pool's Event.
-func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, namespace, name string) (string, error) {
+// PoolCertificates is what EnsurePoolSecret found and did.
+type PoolCertificates struct {
+	// Change says what was issued or changed now ("" when the certificates were current), for the pool's Event.
+	Change string
+	// First is true when the pool had no CA before: its certificates were issued, not rotated.
+	First bool
+	// CAExpires is when the pool's current CA expires.
+	CAExpires time.Time
+	// Next is when there is something to do again: the CA's renewal, or the end of an earlier version's
+	// shared-key transition.
+	Next time.Time
+}
+
+// EnsurePoolSecret creates the pool's certificates, or renews whichever is close to expiry, and says what it
+// did.
+func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, namespace, name string) (PoolCertificates, error) {
+	var out PoolCertificates
 	now := i.Clock.Now()
 	caSecret, err := i.get(ctx, namespace, name+"-ca")
 	if err != nil {
-		return "", err
+		return out, err
 	}
 	ca := pki.KeyPair{CertPEM: caSecret[pki.CertKey], KeyPEM: caSecret[pki.CAKeyKey]}
 	bundle := caSecret[pki.BundleKey]
 	caChanged := false
+	out.First = len(ca.CertPEM) == 0
 	if renew, err := pki.NeedsRenewal(ca.CertPEM, now, caRenewBefore); len(ca.CertPEM) == 0 || err != nil || renew {
 		if ca, err = pki.NewCA(pool.Namespace, pool.Name, now, caValidity); err != nil {
-			return "", fmt.Errorf("creating the CA of pool %s/%s: %w", pool.Namespace, pool.Name, err)
+			return out, fmt.Errorf("creating the CA of pool %s/%s: %w", pool.Namespace, pool.Name, err)
 		}
 		if bundle, err = pki.AppendToBundle(bundle, ca.CertPEM); err != nil {
-			return "", fmt.Errorf("adding the new CA to the bundle of pool %s/%s: %w", pool.Namespace, pool.Name, err)
+			return out, fmt.Errorf("adding the new CA to the bundle of pool %s/%s: %w", pool.Namespace, pool.Name, err)
 		}
 		if bundle, err = pki.PruneBundle(bundle, now); err != nil {
-			return "", fmt.Errorf("pruning the CA bundle of pool %s/%s: %w", pool.Namespace, pool.Name, err)
+			return out, fmt.Errorf("pruning the CA bundle of pool %s/%s: %w", pool.Namespace, pool.Name, err)
 		}
 		caChanged = true
 		if err := i.apply(ctx, pool, namespace, name+"-ca", map[string][]byte{
 			pki.CertKey: ca.CertPEM, pki.CAKeyKey: ca.KeyPEM, pki.BundleKey: bundle,
 		}); err != nil {
-			return "", err
+			return out, err
 		}
 	}
 
@@ -77,7 +92,7 @@ func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPo
 	// here, and agents still presenting it are accepted until SharedUntilKey says.
 	agentSecret, err := i.get(ctx, namespace, name)
 	if err != nil {
-		return "", err
+		return out, err
 	}
 	data := map[string][]byte{pki.BundleKey: bundle}
 	what := ""
@@ -87,24 +102,33 @@ func (i *CertIssuer) EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPo
 			until = certs[0].NotAfter // an expired pool-wide certificate is refused anyway
 		}
 		data[pki.SharedUntilKey] = []byte(until.UTC().Format(time.RFC3339))
+		out.Next = until
 		what = fmt.Sprintf("removed the pool-wide agent key from Secret %s/%s: agents get per-node certificates, and accept the old one until %s",
 			namespace, name, until.UTC().Format(time.RFC3339))
 	} else if u := agentSecret[pki.SharedUntilKey]; len(u) > 0 {
 		if t, err := time.Parse(time.RFC3339, string(u)); err == nil && now.Before(t) {
 			data[pki.SharedUntilKey] = u // the transition lasts; dropped once it is over
+			out.Next = t
 		}
 	}
 	if caChanged && what == "" {
 		what = fmt.Sprintf("issued the pool's CA, valid until %s, and its bundle in Secret %s/%s (a previous CA stays in the bundle until it expires); agents' certificates are signed on their requests",
 			now.Add(caValidity).UTC().Format(time.RFC3339), namespace, name)
 	}
+	if certs, err := pki.ParseCertificates(ca.CertPEM); err == nil && len(certs) > 0 {
+		out.CAExpires = certs[0].NotAfter
+		if renew := out.CAExpires.Add(-caRenewBefore); out.Next.IsZero() || renew.Before(out.Next) {
+			out.Next = renew
+		}
+	}
 	if !caChanged && what == "" && sameData(agentSecret, data) {
-		return "", nil
+		return out, nil
 	}
 	if err := i.apply(ctx, pool, namespace, name, data); err != nil {
-		return "", err
+		return out, err
 	}
-	return what, nil
+	out.Change = what
+	return out, nil
 }
 
 // sameData compares two Secrets' data.

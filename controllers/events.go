@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 
@@ -27,15 +28,21 @@ const (
 	EventInvalidSpec   = "InvalidSpec"   // the operator refuses the spec (also ImageNotAllowed)
 	EventNoNodes       = "NoMatchingNodes"
 	EventApplyFailed   = "ReconcileError"
-	EventCertsRotated  = "CertificatesIssued" // the pool's agent certificates (or its CA) were issued or renewed
+	EventPoolNotReady  = "PoolNotReady"           // Ready turned False after it was True (names the reason)
+	EventAgentsMissing = "AgentsMissing"          // agents that reported went quiet (Degraded turned True for it)
+	EventCertsIssued   = "CertificatesIssued"     // the pool's first CA and trust bundle
+	EventCertsRotated  = "CertificatesRotated"    // the CA renewed, or an earlier version's pool-wide key removed
+	EventCertsFailed   = "CertificateIssueFailed" // issuing or renewing failed (CertificatesReady turned False for it)
 
 	// On VPodTopologies.
-	EventDomainCreated  = "DomainCreated"  // a scale-up domain was discovered from agents' reports
-	EventDomainEmptied  = "DomainEmptied"  // no reporting node is in the domain any more; the operator deleted it
-	EventDomainReplaced = "DomainReplaced" // an admin declared the domain; the operator deleted its discovered twin
-	EventMembersChanged = "MembersChanged" // nodes joined or left the domain
-	EventMembersMissing = "MembersMissing" // declared or known members stopped reporting
-	EventDuplicate      = "DuplicateDomain"
+	EventDomainCreated    = "DomainCreated"  // a scale-up domain was discovered from agents' reports
+	EventDomainEmptied    = "DomainEmptied"  // no reporting node is in the domain any more; the operator deleted it
+	EventDomainReplaced   = "DomainReplaced" // an admin declared the domain; the operator deleted its discovered twin
+	EventMembersChanged   = "MembersChanged" // nodes joined or left the domain
+	EventMembersMissing   = "MembersMissing" // declared or known members stopped reporting
+	EventDuplicate        = "DuplicateDomain"
+	EventDomainComplete   = "DomainComplete"   // every member reports (Ready turned True)
+	EventDomainIncomplete = "DomainIncomplete" // Ready left True: members missing, or none left
 )
 
 // EventRecorderName is the reporting controller of the operator's Events.
@@ -72,6 +79,15 @@ func poolEvents(before, after fxv1.TransferPoolStatus) []pendingEvent {
 		case fxv1.ReasonReconcileError:
 			evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventApplyFailed, now.Message})
 		}
+		if was != nil && was.Status == metav1.ConditionTrue && now.Status != metav1.ConditionTrue {
+			evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventPoolNotReady, now.Reason + ": " + now.Message})
+		}
+	}
+	// Degraded turns True for nodes whose agents reported and went quiet (not for nodes still rolling out).
+	wasDeg, nowDeg := meta.FindStatusCondition(before.Conditions, fxv1.ConditionDegraded), meta.FindStatusCondition(after.Conditions, fxv1.ConditionDegraded)
+	if nowDeg != nil && nowDeg.Status == metav1.ConditionTrue && nowDeg.Reason == fxv1.ReasonNodesNotReady &&
+		(wasDeg == nil || wasDeg.Status != metav1.ConditionTrue || wasDeg.Reason != nowDeg.Reason) {
+		evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventAgentsMissing, nowDeg.Message})
 	}
 	gone := without(after.NotReadyNodes, before.NotReadyNodes)
 	back := without(before.NotReadyNodes, after.NotReadyNodes)
@@ -122,6 +138,15 @@ func vpodEvents(before, after fxv1.VPodTopologyStatus) []pendingEvent {
 	}
 	if missing := without(after.MissingMembers, before.MissingMembers); len(missing) > 0 {
 		evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventMembersMissing, "members stopped reporting: " + strings.Join(clip(missing), ", ")})
+	}
+	// Complete and incomplete are transitions of Ready; a domain's first status is announced by DomainCreated.
+	was, now := meta.FindStatusCondition(before.Conditions, fxv1.ConditionReady), meta.FindStatusCondition(after.Conditions, fxv1.ConditionReady)
+	if was != nil && now != nil && was.Status != now.Status {
+		if now.Status == metav1.ConditionTrue {
+			evs = append(evs, pendingEvent{corev1.EventTypeNormal, EventDomainComplete, fmt.Sprintf("%d nodes, %d GPUs: %s", after.Nodes, after.GPUs, now.Message)})
+		} else if was.Status == metav1.ConditionTrue {
+			evs = append(evs, pendingEvent{corev1.EventTypeWarning, EventDomainIncomplete, now.Reason + ": " + now.Message})
+		}
 	}
 	return evs
 }

@@ -86,7 +86,7 @@ func (r *NodeCertReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		return reconcile.Result{}, err
 	}
 	if !ok {
-		return reconcile.Result{RequeueAfter: time.Second}, nil // the pool's reconcile issues the CA
+		return reconcile.Result{RequeueAfter: time.Second}, nil // PoolCertReconciler issues the CA
 	}
 	validity := r.Validity
 	if validity <= 0 {

@@ -16,21 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/internal/heartbeat"
 )
-
-// heartbeatTimeout is how old a TransferNode's heartbeat may be before its node counts as not ready: three
-// periods, so one lost or late write does not flap the pool.
-func heartbeatTimeout(heartbeatSeconds int32) time.Duration {
-	if heartbeatSeconds <= 0 {
-		heartbeatSeconds = 10
-	}
-	return 3 * time.Duration(heartbeatSeconds) * time.Second
-}
-
-// poolHeartbeatTimeout is heartbeatTimeout for a pool's configured period.
-func poolHeartbeatTimeout(pool *fxv1.TransferPool) time.Duration {
-	return heartbeatTimeout(pool.Spec.Agent.HeartbeatSeconds)
-}
 
 // selects reports whether a pool's node selector matches a node.
 func selects(pool *fxv1.TransferPool, node *corev1.Node) bool {
@@ -52,7 +39,7 @@ type PoolObservation struct {
 	// TransferNodes are every TransferNode, keyed by node name.
 	TransferNodes map[string]*fxv1.TransferNode
 	// Heartbeats are the agents' Lease renewals; a node without one counts its report's lastHeartbeat.
-	Heartbeats Heartbeats
+	Heartbeats heartbeat.Beats
 	// OtherPools are every other TransferPool in the cluster.
 	OtherPools []fxv1.TransferPool
 	// ApplyError is set when the owned objects could not be applied.
@@ -66,7 +53,7 @@ type PoolObservation struct {
 func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.TransferPoolStatus {
 	status := fxv1.TransferPoolStatus{ObservedGeneration: pool.Generation}
 	status.Conditions = slices.Clone(pool.Status.Conditions)
-	timeout := poolHeartbeatTimeout(pool)
+	timeout := heartbeat.PoolTimeout(pool)
 	allowed := allowedEngines(pool)
 	engineNodes := map[fxv1.EngineName]int32{}
 	vpods := map[string]bool{}
@@ -81,7 +68,7 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 		selected[node.Name] = true
 		status.DesiredNodes++
 		tn := obs.TransferNodes[node.Name]
-		if tn == nil || !obs.Heartbeats.heartbeatFresh(tn, obs.Now, timeout) {
+		if tn == nil || !obs.Heartbeats.Fresh(tn, obs.Now, timeout) {
 			notReady = append(notReady, node.Name)
 			if tn != nil {
 				stale = append(stale, node.Name)
@@ -172,7 +159,7 @@ func OlderConflicts(pool *fxv1.TransferPool, obs PoolObservation) []string {
 // PoolRequeueAfter is how long until the pool's status can change without an event: the earliest expiry of a
 // selected node's fresh heartbeat; at most one timeout while a node that reported is stale; zero when neither.
 func PoolRequeueAfter(pool *fxv1.TransferPool, obs PoolObservation) time.Duration {
-	timeout := poolHeartbeatTimeout(pool)
+	timeout := heartbeat.PoolTimeout(pool)
 	exp := expiryTracker{now: obs.Now}
 	for i := range obs.Nodes {
 		node := &obs.Nodes[i]
@@ -180,7 +167,7 @@ func PoolRequeueAfter(pool *fxv1.TransferPool, obs PoolObservation) time.Duratio
 		if tn == nil || !selects(pool, node) {
 			continue
 		}
-		if at := obs.Heartbeats.LastHeartbeat(tn); !at.IsZero() && obs.Now.Sub(at) < timeout {
+		if at := obs.Heartbeats.Last(tn); !at.IsZero() && obs.Now.Sub(at) < timeout {
 			exp.fresh(at, timeout)
 		} else {
 			exp.stale(timeout)

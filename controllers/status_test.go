@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/internal/heartbeat"
 )
 
 func TestComputePoolStatus(t *testing.T) {
@@ -123,7 +124,7 @@ func TestPoolStatusFromLeases(t *testing.T) {
 		reports[name] = tn
 	}
 	reports["legacy-fresh"].Status.LastHeartbeat = &metav1.Time{Time: now.Add(-20 * time.Second)}
-	beats := Heartbeats{
+	beats := heartbeat.Beats{
 		{PoolNamespace: "ns", PoolName: "p", Node: "lease-fresh"}: now.Add(-5 * time.Second),
 		{PoolNamespace: "ns", PoolName: "p", Node: "lease-stale"}: now.Add(-31 * time.Second),
 		// A Lease of another pool does not make a report of this one fresh.
@@ -154,41 +155,26 @@ func TestPoolStatusFromLeases(t *testing.T) {
 	}
 }
 
-func TestRenewalChangesFreshness(t *testing.T) {
-	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	lease := func(holder string, renewedAgo time.Duration, seconds int32) *coordinationv1.Lease {
-		renew := metav1.NewMicroTime(now.Add(-renewedAgo))
-		return &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: holder, Labels: map[string]string{fxv1.LabelPoolName: "p"}},
-			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &renew, LeaseDurationSeconds: &seconds},
-		}
-	}
-	cases := []struct {
-		name     string
-		old, new *coordinationv1.Lease
-		want     bool
-	}{
-		{"renewal of a valid lease", lease("n", 10*time.Second, 30), lease("n", 0, 30), false},
-		{"renewal just before expiry", lease("n", 29*time.Second, 30), lease("n", 0, 30), false},
-		{"renewal of an expired lease", lease("n", 30*time.Second, 30), lease("n", 0, 30), true},
-		{"renewal moved back", lease("n", 0, 30), lease("n", time.Hour, 30), true},
-		{"another holder", lease("n", time.Second, 30), lease("m", 0, 30), true},
-		{"another duration", lease("n", time.Second, 30), lease("n", 0, 6), true},
-	}
-	for _, tc := range cases {
-		if got := RenewalChangesFreshness(tc.old, tc.new, now); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
-		}
-	}
-	noRenew := lease("n", 0, 30)
-	noRenew.Spec.RenewTime = nil
-	if !RenewalChangesFreshness(noRenew, lease("n", 0, 30), now) {
-		t.Error("a first renewal must count")
+// The operator's Lease filter passes agents' Leases being created, and only those (what a renewal changes is
+// package heartbeat's rule, tested there).
+func TestHeartbeatPredicate(t *testing.T) {
+	now := time.Now()
+	holder, seconds := "n", int32(30)
+	renew := metav1.NewMicroTime(now)
+	agent := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: holder, Labels: map[string]string{fxv1.LabelPoolName: "p"}},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &renew, LeaseDurationSeconds: &seconds},
 	}
 	pred := heartbeatPredicate(clock.RealClock{})
 	other := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-node-lease", Name: "n"}}
-	if pred.Create(event.CreateEvent{Object: other}) || !pred.Create(event.CreateEvent{Object: lease("n", 0, 30)}) {
+	if pred.Create(event.CreateEvent{Object: other}) || !pred.Create(event.CreateEvent{Object: agent}) {
 		t.Error("the predicate must pass agents' Leases being created and only those")
+	}
+	renewed := agent.DeepCopy()
+	later := metav1.NewMicroTime(now.Add(time.Second))
+	renewed.Spec.RenewTime = &later
+	if pred.Update(event.UpdateEvent{ObjectOld: agent, ObjectNew: renewed}) {
+		t.Error("the renewal of a valid Lease must be filtered out")
 	}
 }
 

@@ -136,9 +136,13 @@ func runSuite(m *testing.M) int {
 	pools := &TransferPoolReconciler{Client: mgr.GetClient(), Scheme: scheme, Agent: testAgentSettings,
 		Recorder: mgr.GetEventRecorder(EventRecorderName)}
 	issuer := NewCertIssuer(mgr.GetClient())
-	pools.Secrets = issuer
 	if err := (&NodeCertReconciler{Client: mgr.GetClient(), Agent: testAgentSettings, Issuer: issuer}).SetupWithManager(mgr); err != nil {
 		fmt.Fprintln(os.Stderr, "setting up the node certificate signer:", err)
+		return 1
+	}
+	if err := (&PoolCertReconciler{Client: mgr.GetClient(), Agent: testAgentSettings, Issuer: issuer,
+		Recorder: mgr.GetEventRecorder(EventRecorderName)}).SetupWithManager(mgr); err != nil {
+		fmt.Fprintln(os.Stderr, "setting up the pool certificate controller:", err)
 		return 1
 	}
 	if err := pools.SetupWithManager(mgr); err != nil {

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/internal/heartbeat"
 )
 
 // FieldManager is the operator's server-side-apply field manager.
@@ -44,8 +45,6 @@ type TransferPoolReconciler struct {
 	Scheme *runtime.Scheme
 	Clock  clock.PassiveClock
 	Agent  AgentSettings
-	// Secrets issues the pool's agent-to-agent certificates; nil leaves the Secret alone.
-	Secrets PoolSecretIssuer
 	// Recorder records Events on pools (nodes joining and leaving, conflicts, refused specs); nil records none.
 	Recorder events.EventRecorder
 
@@ -59,12 +58,6 @@ type TransferPoolReconciler struct {
 type appliedAt struct {
 	uid        types.UID
 	generation int64
-}
-
-// PoolSecretIssuer creates or rotates the Secret that holds a pool's agent-to-agent certificates.
-type PoolSecretIssuer interface {
-	// EnsurePoolSecret issues or renews what is due and says what it issued ("" when nothing).
-	EnsurePoolSecret(ctx context.Context, pool *fxv1.TransferPool, namespace, name string) (string, error)
 }
 
 // The operator's RBAC: cluster-wide only what pools in any namespace need (their Role and RoleBinding, which
@@ -97,7 +90,7 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, r.finalize(ctx, pool)
 	}
 	if !controllerutil.ContainsFinalizer(pool, poolFinalizer) {
-		patch := client.MergeFrom(pool.DeepCopy())
+		patch := finalizerPatch(pool)
 		controllerutil.AddFinalizer(pool, poolFinalizer)
 		if err := r.Patch(ctx, pool, patch); err != nil {
 			return ctrl.Result{}, fmt.Errorf("adding finalizer to pool %s: %w", req, err)
@@ -115,7 +108,9 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		if equality.Semantic.DeepEqual(before.Status, pool.Status) {
 			return
 		}
-		if err := r.Status().Patch(ctx, pool, client.MergeFrom(before)); err != nil {
+		// The certificate controller writes its condition beside these: the lock makes the later writer read
+		// again instead of dropping the other's.
+		if err := r.Status().Patch(ctx, pool, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 			if !apierrors.IsNotFound(err) {
 				retErr = errors.Join(retErr, fmt.Errorf("patching status of pool %s: %w", req, err))
 			}
@@ -141,14 +136,6 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		if r.needsApply(pool) {
 			if obs.ApplyError = r.applyOwned(ctx, pool); obs.ApplyError == nil {
 				r.markApplied(pool)
-			}
-		}
-		if obs.ApplyError == nil && r.Secrets != nil {
-			issued, err := r.Secrets.EnsurePoolSecret(ctx, pool, r.Agent.namespace(), tlsSecretName(pool))
-			if err != nil {
-				obs.ApplyError = fmt.Errorf("issuing agent certificates for pool %s/%s: %w", pool.Namespace, pool.Name, err)
-			} else if issued != "" {
-				record(r.Recorder, pool, "IssueCertificates", []pendingEvent{{corev1.EventTypeNormal, EventCertsRotated, issued}})
 			}
 		}
 	}
@@ -183,12 +170,12 @@ func (r *TransferPoolReconciler) applyOwned(ctx context.Context, pool *fxv1.Tran
 // removeAgents deletes the pool's DaemonSet, if it has one: a pool that lost its nodes to an earlier pool.
 func (r *TransferPoolReconciler) removeAgents(ctx context.Context, pool *fxv1.TransferPool) error {
 	r.forgetApplied(client.ObjectKeyFromObject(pool))
-	return r.deleteOwned(ctx, pool, &appsv1.DaemonSetList{}, client.InNamespace(r.Agent.namespace()))
+	return deleteOwned(ctx, r.Client, pool, &appsv1.DaemonSetList{}, client.InNamespace(r.Agent.namespace()))
 }
 
 // deleteOwned deletes every object of the list's kind that carries the pool's owner labels, and nothing else.
-func (r *TransferPoolReconciler) deleteOwned(ctx context.Context, pool *fxv1.TransferPool, list client.ObjectList, opts ...client.ListOption) error {
-	if err := r.List(ctx, list, append(opts, ownerLabels(pool))...); err != nil {
+func deleteOwned(ctx context.Context, c client.Client, pool *fxv1.TransferPool, list client.ObjectList, opts ...client.ListOption) error {
+	if err := c.List(ctx, list, append(opts, ownerLabels(pool))...); err != nil {
 		return fmt.Errorf("listing %T of pool %s/%s: %w", list, pool.Namespace, pool.Name, err)
 	}
 	return meta.EachListItem(list, func(o runtime.Object) error {
@@ -198,7 +185,7 @@ func (r *TransferPoolReconciler) deleteOwned(ctx context.Context, pool *fxv1.Tra
 		}
 		// The precondition makes sure the object deleted is the one whose labels were read.
 		uid := obj.GetUID()
-		if err := r.Delete(ctx, obj, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+		if err := c.Delete(ctx, obj, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
 			return fmt.Errorf("deleting %T %s/%s of pool %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), pool.Namespace, pool.Name, err)
 		}
 		return nil
@@ -244,7 +231,7 @@ func (r *TransferPoolReconciler) observe(ctx context.Context, pool *fxv1.Transfe
 	for i := range tns.Items {
 		obs.TransferNodes[tns.Items[i].Name] = &tns.Items[i]
 	}
-	beats, err := ListHeartbeats(ctx, r.Client)
+	beats, err := heartbeat.List(ctx, r.Client)
 	if err != nil {
 		return fmt.Errorf("reading heartbeats for pool %s/%s: %w", pool.Namespace, pool.Name, err)
 	}
@@ -261,8 +248,9 @@ func (r *TransferPoolReconciler) observe(ctx context.Context, pool *fxv1.Transfe
 	return nil
 }
 
-// finalize deletes what the pool owns, found by its owner labels: outside its namespace nothing else would
-// (no owner reference can cross namespaces), and in it the garbage collector would, later.
+// finalize deletes the agents and their rights, found by the pool's owner labels: outside its namespace
+// nothing else would (no owner reference can cross namespaces), and in it the garbage collector would, later.
+// The certificate Secrets are the certificate controller's (its own finalizer), deleted once the agents are.
 func (r *TransferPoolReconciler) finalize(ctx context.Context, pool *fxv1.TransferPool) error {
 	if !controllerutil.ContainsFinalizer(pool, poolFinalizer) {
 		return nil
@@ -276,18 +264,17 @@ func (r *TransferPoolReconciler) finalize(ctx context.Context, pool *fxv1.Transf
 		{&appsv1.DaemonSetList{}, []client.ListOption{ns}},
 		{&rbacv1.ClusterRoleBindingList{}, nil},
 		{&corev1.ServiceAccountList{}, []client.ListOption{ns}},
-		{&corev1.SecretList{}, []client.ListOption{ns}},
 		// Owned by the pool too, but the garbage collector took tens of seconds to notice a deleted pool;
 		// the agents' rights should end with the pool.
 		{&rbacv1.RoleBindingList{}, []client.ListOption{client.InNamespace(pool.Namespace)}},
 		{&rbacv1.RoleList{}, []client.ListOption{client.InNamespace(pool.Namespace)}},
 	} {
-		if err := r.deleteOwned(ctx, pool, step.list, step.opts...); err != nil {
+		if err := deleteOwned(ctx, r.Client, pool, step.list, step.opts...); err != nil {
 			return err
 		}
 	}
 	r.forgetApplied(client.ObjectKeyFromObject(pool))
-	patch := client.MergeFrom(pool.DeepCopy())
+	patch := finalizerPatch(pool)
 	controllerutil.RemoveFinalizer(pool, poolFinalizer)
 	if err := r.Patch(ctx, pool, patch); err != nil {
 		return fmt.Errorf("removing finalizer from pool %s/%s: %w", pool.Namespace, pool.Name, err)
@@ -314,14 +301,12 @@ func (r *TransferPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	// An event on an owned object (an edit, a deletion, our own apply) re-applies the owning pool's objects.
 	// Objects outside the pool's namespace carry no owner reference: the owner labels name the pool.
-	ownedBy := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
-		l := obj.GetLabels()
-		if l["app.kubernetes.io/managed-by"] != managedBy || l[fxv1.LabelPoolName] == "" || l[fxv1.LabelPoolNamespace] == "" {
-			return nil
+	ownedBy := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, obj client.Object) []reconcile.Request {
+		reqs := poolOfOwned(ctx, obj)
+		for _, req := range reqs {
+			r.forgetApplied(req.NamespacedName)
 		}
-		key := client.ObjectKey{Namespace: l[fxv1.LabelPoolNamespace], Name: l[fxv1.LabelPoolName]}
-		r.forgetApplied(key)
-		return []reconcile.Request{{NamespacedName: key}}
+		return reqs
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("transferpool").
@@ -331,7 +316,6 @@ func (r *TransferPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&rbacv1.Role{}, ownedBy).
 		Watches(&rbacv1.RoleBinding{}, ownedBy).
 		Watches(&rbacv1.ClusterRoleBinding{}, ownedBy).
-		Watches(&corev1.Secret{}, ownedBy).
 		// Node labels decide selection; any pool may be affected, and another pool's selector decides conflicts.
 		Watches(&corev1.Node{}, allPools, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&fxv1.TransferPool{}, allPools, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -343,9 +327,19 @@ func (r *TransferPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
+// poolOfOwned routes an object the operator made for a pool to that pool, by its owner labels (objects outside
+// the pool's namespace carry no owner reference).
+func poolOfOwned(_ context.Context, obj client.Object) []reconcile.Request {
+	l := obj.GetLabels()
+	if l["app.kubernetes.io/managed-by"] != managedBy || l[fxv1.LabelPoolName] == "" || l[fxv1.LabelPoolNamespace] == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: l[fxv1.LabelPoolNamespace], Name: l[fxv1.LabelPoolName]}}}
+}
+
 // poolOfLease routes an agent's heartbeat Lease to its pool, which lives in the Lease's namespace.
 func poolOfLease(_ context.Context, obj client.Object) []reconcile.Request {
-	if !isAgentLease(obj) {
+	if !heartbeat.IsAgentLease(obj) {
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: obj.GetNamespace(), Name: obj.GetLabels()[fxv1.LabelPoolName]}}}

@@ -350,10 +350,16 @@ func TestPoolsSelectingTheSameNodesConflict(t *testing.T) {
 	ns, other := newNamespace(t, c), newNamespace(t, c)
 	newNodes(t, c, "conflict", 1)
 	a := newPool(t, c, ns, "a", "conflict")
-	gotA := waitPool(t, c, a, metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/1")
+	waitPool(t, c, a, metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/1")
 	eventually(t, settle, "the first pool's agents", func() error {
 		return c.Get(ctx, client.ObjectKey{Namespace: testAgentNamespace, Name: AgentObjectName(ns, "a")}, &appsv1.DaemonSet{})
 	})
+	// The certificate controller's condition follows the agents; read the first pool once it is there.
+	waitCertCondition(t, c, a, metav1.ConditionTrue, fxv1.ReasonCertificatesIssued)
+	gotA, err := getPool(c, a)
+	if err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(1100 * time.Millisecond) // creation times have a resolution of one second
 
 	// A later pool in another namespace selecting every node (nodeSelector {}) cannot take the node, nor

@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/internal/heartbeat"
 )
 
 // The VPodTopology reconciler's work item is one scale-up domain: the request's Name is the domain key. A
@@ -42,7 +43,7 @@ const (
 	indexTransferNodeDomains = "status.gpus.fabric.domain"
 	// indexVPodDomain indexes VPodTopologies by spec.domain.
 	indexVPodDomain = "spec.domain"
-	// indexLeaseHeartbeat indexes agents' Leases by HeartbeatKey (pool namespace/pool/node).
+	// indexLeaseHeartbeat indexes agents' Leases by heartbeat.Key (pool namespace/pool/node).
 	indexLeaseHeartbeat = "fabricxfer.io/heartbeat"
 )
 
@@ -124,10 +125,10 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Request
 }
 
 // freshness says whether a report's heartbeat is fresh at now, recording in exp when that can change.
-func freshness(now time.Time, timeouts func(*fxv1.TransferNode) time.Duration, beats Heartbeats, exp *expiryTracker) func(*fxv1.TransferNode) bool {
+func freshness(now time.Time, timeouts func(*fxv1.TransferNode) time.Duration, beats heartbeat.Beats, exp *expiryTracker) func(*fxv1.TransferNode) bool {
 	return func(tn *fxv1.TransferNode) bool {
 		timeout := timeouts(tn)
-		at := beats.LastHeartbeat(tn)
+		at := beats.Last(tn)
 		if at.IsZero() {
 			return false
 		}
@@ -245,7 +246,7 @@ func (r *VPodTopologyReconciler) reconcileAll(ctx context.Context) (ctrl.Result,
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	beats, err := ListHeartbeats(ctx, r.Client)
+	beats, err := heartbeat.List(ctx, r.Client)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -396,37 +397,34 @@ func (r *VPodTopologyReconciler) heartbeatTimeouts(ctx context.Context) (func(*f
 	}
 	byPool := map[client.ObjectKey]time.Duration{}
 	for i := range pools.Items {
-		byPool[client.ObjectKeyFromObject(&pools.Items[i])] = poolHeartbeatTimeout(&pools.Items[i])
+		byPool[client.ObjectKeyFromObject(&pools.Items[i])] = heartbeat.PoolTimeout(&pools.Items[i])
 	}
 	return func(tn *fxv1.TransferNode) time.Duration {
 		if d, ok := byPool[client.ObjectKey{Namespace: tn.Spec.PoolNamespace, Name: tn.Spec.PoolName}]; ok {
 			return d
 		}
-		return heartbeatTimeout(0)
+		return heartbeat.Timeout(0)
 	}, nil
 }
 
 // memberHeartbeats reads the heartbeat Leases of the given reports' agents only (through the Lease index).
-func (r *VPodTopologyReconciler) memberHeartbeats(ctx context.Context, tns []fxv1.TransferNode) (Heartbeats, error) {
-	hb := make(Heartbeats, len(tns))
+func (r *VPodTopologyReconciler) memberHeartbeats(ctx context.Context, tns []fxv1.TransferNode) (heartbeat.Beats, error) {
+	hb := make(heartbeat.Beats, len(tns))
 	for i := range tns {
-		key := HeartbeatKey{PoolNamespace: tns[i].Spec.PoolNamespace, PoolName: tns[i].Spec.PoolName, Node: tns[i].Name}
+		key := heartbeat.KeyOf(&tns[i])
 		leases := &coordinationv1.LeaseList{}
 		if err := r.List(ctx, leases, client.InNamespace(key.PoolNamespace), client.MatchingFields{indexLeaseHeartbeat: key.String()},
 			client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("listing the heartbeat lease of %s: %w", key.Node, err)
 		}
 		for j := range leases.Items {
-			if k, renew, ok := leaseHeartbeat(&leases.Items[j]); ok && k == key && renew.After(hb[key]) {
+			if k, renew, ok := heartbeat.FromLease(&leases.Items[j]); ok && k == key && renew.After(hb[key]) {
 				hb[key] = renew
 			}
 		}
 	}
 	return hb, nil
 }
-
-// String is the key as the Lease index writes it.
-func (k HeartbeatKey) String() string { return k.PoolNamespace + "/" + k.PoolName + "/" + k.Node }
 
 // reportedDomains are the domain keys a TransferNode's GPUs report, and those of the declarations it
 // reports (taken or refused, for the Declared condition), each once.
@@ -553,7 +551,7 @@ func (r *VPodTopologyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return fmt.Errorf("indexing vpod topologies by domain: %w", err)
 	}
 	if err := idx.IndexField(ctx, &coordinationv1.Lease{}, indexLeaseHeartbeat, func(o client.Object) []string {
-		if key, _, ok := leaseHeartbeat(o.(*coordinationv1.Lease)); ok {
+		if key, _, ok := heartbeat.FromLease(o.(*coordinationv1.Lease)); ok {
 			return []string{key.String()}
 		}
 		return nil

@@ -11,5 +11,5 @@
 // Unreadable entry next to where it would have been. A file that returns EPERM is "not visible" to the agent,
 // which is different from "absent".
 //
-// The package has no Kubernetes imports; agent/report converts a Report into the TransferNode status.
+// The package has no Kubernetes imports; agent/nodestatus converts a Report into the TransferNode status.
 package topology

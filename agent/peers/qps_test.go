@@ -21,11 +21,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fabricxfer/fabricxfer/agent/peers"
+	"github.com/fabricxfer/fabricxfer/agent/rdmanics"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/rdma"
+	"github.com/fabricxfer/fabricxfer/engines/rdma/fakeverbs"
 	"github.com/fabricxfer/fabricxfer/engines/verbs"
-	"github.com/fabricxfer/fabricxfer/engines/verbs/fakeverbs"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
 
@@ -133,7 +134,7 @@ func startRDMA(t *testing.T, n *node, dir peers.Directory, net *fakeverbs.Networ
 	a := &rdmaAgent{node: n, ex: &exchanger{p: p}, notes: notes{ch: make(chan engines.Notification, 16)}}
 	n.peers = p
 	if withEngine {
-		a.eng, err = rdma.New(rdma.Options{Node: n.name, Provider: net.Provider(n.name), Topology: nicReport(),
+		a.eng, err = rdma.New(rdma.Options{Node: n.name, Provider: net.Provider(n.name), NICs: rdmanics.FromReport(nicReport()),
 			Exchanger: a.ex, Notifier: p, ChunkBytes: 64 << 10, QPsPerPeer: 2, DrainTimeout: 200 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)

@@ -55,6 +55,14 @@ const (
 	ReasonDeclarationTaken    = "DeclarationTaken"
 	ReasonDeclarationConflict = "DeclarationConflict"
 	ReasonDeclarationPending  = "DeclarationPending"
+	// ConditionCertificatesReady says whether a pool's agent-to-agent CA and trust bundle are issued and
+	// current (written by the operator's certificate controller, beside the pool controller's three).
+	ConditionCertificatesReady = "CertificatesReady"
+	ReasonCertificatesIssued   = "CertificatesIssued"
+	ReasonCertificatesFailed   = "IssueFailed"
+	// ReasonWaitingForAgents: certificates are issued once the pool runs agents (not for a refused or
+	// conflicting pool).
+	ReasonWaitingForAgents = "WaitingForAgents"
 )
 
 // Labels and annotations the operator and agents set.

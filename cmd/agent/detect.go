@@ -14,8 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fabricxfer/fabricxfer/agent/report"
-	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
+	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
@@ -55,7 +55,7 @@ func detectCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	if *output == "json" {
-		st := report.Status(rep, report.Identity{AgentVersion: version, Endpoint: *endpoint})
+		st := nodestatus.FromReport(rep, nodestatus.Identity{AgentVersion: version, Endpoint: *endpoint})
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
@@ -85,5 +85,5 @@ func readDeclarations(ctx context.Context, kubeconfig, node string) ([]topology.
 	if err != nil {
 		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
 	}
-	return reporter.ListDeclarations(ctx, c, node)
+	return nodesync.ListDeclarations(ctx, c, node)
 }

@@ -20,8 +20,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fabricxfer/fabricxfer/agent/report"
-	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
+	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
@@ -99,7 +99,7 @@ type agentRuntime struct {
 	log        logr.Logger
 	client     client.Client
 	detect     func(context.Context) (topology.Report, error)
-	identity   report.Identity
+	identity   nodestatus.Identity
 	components []component
 }
 
@@ -116,7 +116,7 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 	// Declared vPODs: the VPodTopologies labelled for this node only, read once before the first detection, so
 	// the first report and the transfer side (which builds its engines from it) start from them, then watched.
 	var (
-		decls   *reporter.DeclarationWatch
+		decls   *nodesync.DeclarationWatch
 		initial []topology.Declaration
 	)
 	cfg.detection.declarations = func(context.Context) []topology.Declaration {
@@ -146,9 +146,9 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
 	}
-	decls = reporter.NewDeclarationWatch(c, cfg.detection.nodeName, log.WithName("declarations"))
+	decls = nodesync.NewDeclarationWatch(c, cfg.detection.nodeName, log.WithName("declarations"))
 	listCtx, cancel := context.WithTimeout(context.Background(), declarationListWait)
-	initial, err = reporter.ListDeclarations(listCtx, c, cfg.detection.nodeName)
+	initial, err = nodesync.ListDeclarations(listCtx, c, cfg.detection.nodeName)
 	cancel()
 	if err != nil {
 		log.Error(err, "reading declared vPODs at start; the watch retries", "node", cfg.detection.nodeName)
@@ -161,10 +161,10 @@ func buildRuntime(cfg runConfig, log logr.Logger) (*agentRuntime, error) {
 		log:      log,
 		client:   c,
 		detect:   detect,
-		identity: report.Identity{AgentVersion: version, Endpoint: cfg.endpoint},
+		identity: nodestatus.Identity{AgentVersion: version, Endpoint: cfg.endpoint},
 	}
 	rt.components = append(rt.components, decls)
-	rep, err := reporter.New(reporter.Config{
+	rep, err := nodesync.New(nodesync.Config{
 		NodeName:      cfg.detection.nodeName,
 		PoolNamespace: cfg.poolNamespace,
 		PoolName:      cfg.poolName,

@@ -26,6 +26,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/nodecert"
 	"github.com/fabricxfer/fabricxfer/agent/peers"
+	"github.com/fabricxfer/fabricxfer/agent/rdmanics"
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	"github.com/fabricxfer/fabricxfer/agent/server/stack"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -290,7 +291,7 @@ func (t *transferSide) prepareRDMA() {
 	node := t.cfg.stack.NodeName
 	t.deps.PeerEngines = func(ch *peers.Peers) ([]engines.Engine, error) {
 		t.notifier.set(ch)
-		opts := rdma.Options{Node: node, Provider: rdma.VerbsProvider(lib), Topology: &rep, Exchanger: ch, Notifier: ch}
+		opts := rdma.Options{Node: node, Provider: rdma.VerbsProvider(lib), NICs: rdmanics.FromReport(&rep), Exchanger: ch, Notifier: ch}
 		if t.cudaDriver != nil {
 			opts.DMABuf = rdma.CUDADMABuf{Driver: t.cudaDriver, PageSize: uint64(os.Getpagesize())}
 		}

@@ -103,12 +103,19 @@ func run() error {
 		Agent:    agent,
 		Recorder: mgr.GetEventRecorder(controllers.EventRecorderName),
 	}
+	// The certificate controller runs either way: with issuing off it only lets go pools that carry its
+	// finalizer from a run that issued.
+	certs := &controllers.PoolCertReconciler{Client: mgr.GetClient(), Agent: agent,
+		Recorder: mgr.GetEventRecorder(controllers.EventRecorderName)}
 	if *issueAgentCert {
 		issuer := controllers.NewCertIssuer(mgr.GetClient())
-		pools.Secrets = issuer
+		certs.Issuer = issuer
 		if err := (&controllers.NodeCertReconciler{Client: mgr.GetClient(), Agent: agent, Issuer: issuer}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the node certificate signer: %w", err)
 		}
+	}
+	if err := certs.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the pool certificate controller: %w", err)
 	}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TransferPool controller: %w", err)

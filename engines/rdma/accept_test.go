@@ -10,6 +10,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/rdma"
+	"github.com/fabricxfer/fabricxfer/engines/rdma/fakeverbs"
 	"github.com/fabricxfer/fabricxfer/engines/verbs"
 )
 
@@ -36,5 +37,35 @@ func TestAcceptAnswersAsManyQueuePairsAsOffered(t *testing.T) {
 	req.FromNIC, req.ToNIC = "mlx5_1", "mlx5_9"
 	if _, err := c.nodes["node-b"].AcceptQPs(context.Background(), req); !errors.Is(err, engines.ErrInvalid) {
 		t.Fatalf("AcceptQPs for an unknown device = %v, want ErrInvalid", err)
+	}
+	req.ToNIC = ""
+	if _, err := c.nodes["node-b"].AcceptQPs(context.Background(), req); !errors.Is(err, engines.ErrInvalid) {
+		t.Fatalf("AcceptQPs naming no device = %v, want ErrInvalid", err)
+	}
+}
+
+// TestNewRefusesNICsWithoutADevice: the NIC facts come from the caller; a port without a device name or with
+// port 0 cannot be opened and is refused at New, not at the first registration.
+func TestNewRefusesNICsWithoutADevice(t *testing.T) {
+	for _, bad := range []rdma.Port{{PortName: rdma.PortName{Device: "", Port: 1}, Usable: true}, {PortName: rdma.PortName{Device: "mlx5_0", Port: 0}}} {
+		nics := nics()
+		nics.Ports = append(nics.Ports, bad)
+		_, err := rdma.New(rdma.Options{Node: "node-a", Provider: fakeverbs.NewNetwork().Provider("node-a"), NICs: nics})
+		if !errors.Is(err, engines.ErrInvalid) {
+			t.Errorf("New with port %+v = %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+// TestUnavailableSaysDetectionsReason: detection's verdict on the engine wins over usable-looking ports.
+func TestUnavailableSaysDetectionsReason(t *testing.T) {
+	nics := nics()
+	nics.Unavailable = "rdma disabled by --disable-engines"
+	e, err := rdma.New(rdma.Options{Node: "node-a", Provider: fakeverbs.NewNetwork().Provider("node-a"), NICs: nics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, why := e.Available(); ok || why != nics.Unavailable {
+		t.Fatalf("Available = %v %q, want detection's reason", ok, why)
 	}
 }

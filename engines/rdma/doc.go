@@ -13,5 +13,8 @@
 // completion is mapped back to the plan that posted it, so a queue-pair error
 // fails exactly the plans that had work on it and a lost peer fails them
 // promptly. The hardware is behind [Provider]; package verbs binds
-// libibverbs and package fakeverbs stands in for it in tests.
+// libibverbs and package fakeverbs (here, beside the interface it fakes)
+// stands in for it in tests. What the engine knows of the node's NICs comes
+// in as [NICs] from its caller (the agent turns its detection report into
+// them), so the transfer layer imports no detector.
 package rdma

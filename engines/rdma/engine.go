@@ -15,7 +15,6 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/verbs"
-	"github.com/fabricxfer/fabricxfer/topology"
 )
 
 // ErrRemoteAccess: the peer's NIC refused the access (unknown key, range
@@ -28,9 +27,10 @@ type Options struct {
 	Node string
 	// Provider opens RDMA devices (required).
 	Provider Provider
-	// Topology ranks NIC ports per GPU (required: the engine registers memory
-	// on the NIC nearest its GPU).
-	Topology *topology.Report
+	// NICs are the node's RDMA ports and their ranking per GPU (the engine
+	// registers memory on the NIC nearest its GPU); without a usable port the
+	// engine says so and moves no bytes.
+	NICs NICs
 	// Exchanger connects queue pairs through the agent channel (required to move bytes).
 	Exchanger Exchanger
 	// DMABuf exports GPU memory as dma-buf; nil registers GPU memory through
@@ -76,7 +76,7 @@ type Engine struct {
 
 // localMR is a local region's registration.
 type localMR struct {
-	nic    nicChoice
+	nic    PortName
 	mr     MR
 	addr   uint64
 	method string // "dma-buf", "peer-memory", "host"
@@ -89,6 +89,9 @@ var _ engines.Engine = (*Engine)(nil)
 func New(opts Options) (*Engine, error) {
 	if opts.Node == "" || opts.Provider == nil {
 		return nil, fmt.Errorf("rdma engine: %w: node name and provider required", engines.ErrInvalid)
+	}
+	if err := opts.NICs.validate(); err != nil {
+		return nil, err
 	}
 	if opts.QPsPerPeer <= 0 {
 		opts.QPsPerPeer = 2
@@ -113,7 +116,7 @@ func New(opts Options) (*Engine, error) {
 	}
 	e := &Engine{opts: opts, reg: engines.NewRegistry(opts.Node, opts.Grace), slots: make(chan struct{}, opts.Workers),
 		devices: map[string]Device{}, sets: map[setKey]*qpSet{}, local: map[engines.MemoryID]*localMR{}, noMR: map[engines.MemoryID]string{}}
-	e.unavailable = unavailableReason(opts.Topology)
+	e.unavailable = unavailableReason(&opts.NICs)
 	if e.unavailable == "" && opts.Exchanger == nil {
 		e.unavailable = "no agent channel to exchange queue-pair info"
 	}
@@ -133,13 +136,8 @@ func (e *Engine) device(nic string) (Device, error) {
 		return d, nil
 	}
 	port := 1
-	if e.opts.Topology != nil {
-		for _, n := range e.opts.Topology.NICs {
-			if n.Name == nic && n.Usable() {
-				port = n.Port
-				break
-			}
-		}
+	if p, ok := usablePort(&e.opts.NICs, nic); ok {
+		port = p.Port
 	}
 	d, err := e.opts.Provider.Open(nic, port)
 	if err != nil {
@@ -165,7 +163,7 @@ func (e *Engine) Register(ctx context.Context, desc engines.MemoryDesc) (engines
 	out := desc
 	lm, why := e.registerMR(&desc)
 	if lm != nil {
-		out.Handles.RDMA = append(slices.Clone(desc.Handles.RDMA), engines.RDMAKey{Device: lm.nic.name, Addr: lm.addr, RKey: lm.mr.RKey()})
+		out.Handles.RDMA = append(slices.Clone(desc.Handles.RDMA), engines.RDMAKey{Device: lm.nic.Device, Addr: lm.addr, RKey: lm.mr.RKey()})
 		if len(out.Handles.RDMA) > 16 {
 			out.Handles.RDMA = out.Handles.RDMA[len(out.Handles.RDMA)-16:]
 		}
@@ -190,11 +188,11 @@ func (e *Engine) registerMR(d *engines.MemoryDesc) (*localMR, string) {
 	if e.unavailable != "" {
 		return nil, "rdma unavailable on this node: " + e.unavailable
 	}
-	nic, err := chooseNIC(e.opts.Topology, d.Location)
+	nic, err := chooseNIC(&e.opts.NICs, d.Location)
 	if err != nil {
 		return nil, err.Error()
 	}
-	dev, err := e.device(nic.name)
+	dev, err := e.device(nic.Device)
 	if err != nil {
 		return nil, err.Error()
 	}

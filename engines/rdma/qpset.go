@@ -329,7 +329,7 @@ func (e *Engine) AcceptQPs(ctx context.Context, req ExchangeRequest) ([]verbs.Co
 	if e.unavailable != "" {
 		return nil, fmt.Errorf("rdma: refusing queue pairs from %s: unavailable on this node: %s", req.From, e.unavailable)
 	}
-	if !usablePort(e.opts.Topology, req.ToNIC) {
+	if _, ok := usablePort(&e.opts.NICs, req.ToNIC); !ok || req.ToNIC == "" {
 		return nil, fmt.Errorf("rdma: %w: queue pairs from %s for device %q, which has no usable RDMA port on %s",
 			engines.ErrInvalid, req.From, req.ToNIC, e.opts.Node)
 	}

@@ -17,21 +17,18 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/enginetest"
 	"github.com/fabricxfer/fabricxfer/engines/rdma"
+	"github.com/fabricxfer/fabricxfer/engines/rdma/fakeverbs"
 	"github.com/fabricxfer/fabricxfer/engines/verbs"
-	"github.com/fabricxfer/fabricxfer/engines/verbs/fakeverbs"
-	"github.com/fabricxfer/fabricxfer/topology"
 )
 
-// report is a node with two GPUs, each with its own NIC behind the same switch.
-func report() *topology.Report {
-	return &topology.Report{
-		GPUs: []topology.GPU{
-			{Index: 0, Vendor: "nvidia", PCIBusID: "0000:1a:00.0", NICs: []topology.NICRank{{NIC: "mlx5_0", Port: 1, Level: topology.LevelPIX}, {NIC: "mlx5_1", Port: 1, Level: topology.LevelSYS}}},
-			{Index: 1, Vendor: "nvidia", PCIBusID: "0000:3a:00.0", NICs: []topology.NICRank{{NIC: "mlx5_1", Port: 1, Level: topology.LevelPIX}, {NIC: "mlx5_0", Port: 1, Level: topology.LevelSYS}}},
-		},
-		NICs: []topology.NIC{
-			{Name: "mlx5_0", Port: 1, State: "ACTIVE", LinkLayer: "InfiniBand"},
-			{Name: "mlx5_1", Port: 1, State: "ACTIVE", LinkLayer: "InfiniBand"},
+// nics is a node with two GPUs, each with its own NIC behind the same switch.
+func nics() rdma.NICs {
+	mlx0, mlx1 := rdma.PortName{Device: "mlx5_0", Port: 1}, rdma.PortName{Device: "mlx5_1", Port: 1}
+	return rdma.NICs{
+		Ports: []rdma.Port{{PortName: mlx0, Usable: true}, {PortName: mlx1, Usable: true}},
+		GPUs: []rdma.GPUPorts{
+			{Index: 0, PCIBusID: "0000:1a:00.0", Nearest: []rdma.PortName{mlx0, mlx1}},
+			{Index: 1, PCIBusID: "0000:3a:00.0", Nearest: []rdma.PortName{mlx1, mlx0}},
 		},
 	}
 }
@@ -78,7 +75,7 @@ func (f *fakeDMABuf) DMABuf(gpu int, addr, length uint64) (int, uint64, error) {
 func newCluster(t *testing.T, opts func(*rdma.Options), nodes ...string) *cluster {
 	c := &cluster{net: fakeverbs.NewNetwork(), nodes: map[string]*rdma.Engine{}}
 	for _, n := range nodes {
-		o := rdma.Options{Node: n, Provider: c.net.Provider(n), Topology: report(), Exchanger: c, Notifier: c,
+		o := rdma.Options{Node: n, Provider: c.net.Provider(n), NICs: nics(), Exchanger: c, Notifier: c,
 			DMABuf: &fakeDMABuf{}, DrainTimeout: 100 * time.Millisecond, ChunkBytes: 64 << 10}
 		if opts != nil {
 			opts(&o)
@@ -170,11 +167,11 @@ func TestFallsBackToPeerMemoryWithoutDMABuf(t *testing.T) {
 }
 
 func TestUnavailableWithoutUsableNIC(t *testing.T) {
-	rep := report()
-	for i := range rep.NICs {
-		rep.NICs[i].State = "DOWN"
+	down := nics()
+	for i := range down.Ports {
+		down.Ports[i].Usable = false
 	}
-	c := newCluster(t, func(o *rdma.Options) { o.Topology = rep }, "node-a")
+	c := newCluster(t, func(o *rdma.Options) { o.NICs = down }, "node-a")
 	e := c.nodes["node-a"]
 	ok, why := e.Available()
 	if ok || !strings.Contains(why, "no usable RDMA port") {

@@ -73,7 +73,7 @@ func (e *Engine) executePlan(ctx context.Context, w engines.Work) error {
 		return fmt.Errorf("%s has no RDMA key", remote.ID)
 	}
 	key := remote.Handles.RDMA[0]
-	set, err := e.getSet(ctx, setKey{node: remote.Node, local: lm.nic.name, remote: key.Device})
+	set, err := e.getSet(ctx, setKey{node: remote.Node, local: lm.nic.Device, remote: key.Device})
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,6 @@
 // engine and its providers share (connection info, work requests,
 // completions and their statuses, queue-pair states) and a binding of
 // libibverbs loaded at run time with dlopen (no cgo), so one agent binary
-// runs on nodes with and without RDMA NICs. Package fakeverbs is an
-// in-process provider for tests.
+// runs on nodes with and without RDMA NICs. The in-process provider for tests,
+// package rdma/fakeverbs, lives beside the rdma engine whose Provider it fakes.
 package verbs

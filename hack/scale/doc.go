@@ -12,7 +12,7 @@
 //
 // The agents are goroutines in one process that share one API client (one client per agent would measure
 // this program, not the operator) but each keeps its own heartbeat period and writes its TransferNode and
-// renews its heartbeat Lease through agent/reporter, exactly as the agent binary does, with a detection report
+// renews its heartbeat Lease through agent/nodesync, exactly as the agent binary does, with a detection report
 // that stands for an 8-GPU, 8-NIC node in a scale-up domain. The agents' requests are counted by verb and
 // resource (Leases beside TransferNode writes).
 package main

@@ -36,8 +36,8 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/fabricxfer/fabricxfer/agent/report"
-	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
+	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
@@ -216,7 +216,7 @@ func createNodes(ctx context.Context, c client.Client, n int) error {
 
 // agentSim is one simulated agent: the real reporter with a synthetic detection report.
 type agentSim struct {
-	rep      *reporter.Reporter
+	rep      *nodesync.Reporter
 	firstOK  atomic.Int64 // UnixNano of the first successful report; 0 until then
 	failures atomic.Int64
 }
@@ -302,9 +302,9 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 	for i := range sims {
 		rep := syntheticReport(i)
 		sim := &agentSim{}
-		r, err := reporter.New(reporter.Config{
+		r, err := nodesync.New(nodesync.Config{
 			NodeName: nodeName(i), PoolNamespace: o.poolNamespace, PoolName: o.poolName, Period: o.heartbeat,
-			Identity: report.Identity{AgentVersion: "v0.1.0", Endpoint: fmt.Sprintf("10.%d.%d.%d:7470", 1+i/65536, (i/256)%256, i%256)},
+			Identity: nodestatus.Identity{AgentVersion: "v0.1.0", Endpoint: fmt.Sprintf("10.%d.%d.%d:7470", 1+i/65536, (i/256)%256, i%256)},
 			Detect:   func(context.Context) (topology.Report, error) { return rep, nil },
 			Client:   agents, Log: logr.Discard(),
 			AfterRound: sim.afterRound(&firstDone),

@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
-	"github.com/fabricxfer/fabricxfer/controllers"
+	"github.com/fabricxfer/fabricxfer/internal/heartbeat"
 )
 
 // kubeClient connects as kubectl would with the same flags (kubeconfig, --context, --server, ...).
@@ -202,7 +202,7 @@ func readStatus(ctx context.Context, c client.Reader, namespace string) (statusV
 		return v, fmt.Errorf("listing TransferNodes: %w", err)
 	}
 	// Agents heartbeat through Leases; a TransferNode is rewritten only when its report changes.
-	beats, err := controllers.ListHeartbeats(ctx, c)
+	beats, err := heartbeat.List(ctx, c)
 	if err != nil {
 		return v, err
 	}
@@ -233,7 +233,7 @@ func readStatus(ctx context.Context, c client.Reader, namespace string) (statusV
 				}
 			}
 		}
-		if at := beats.LastHeartbeat(&n); !at.IsZero() {
+		if at := beats.Last(&n); !at.IsZero() {
 			t := metav1.NewTime(at)
 			nv.LastHeartbeat = &t
 		}

@@ -12,10 +12,11 @@ import (
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/agent/peers"
+	"github.com/fabricxfer/fabricxfer/agent/rdmanics"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/rdma"
-	"github.com/fabricxfer/fabricxfer/engines/verbs/fakeverbs"
+	"github.com/fabricxfer/fabricxfer/engines/rdma/fakeverbs"
 	"github.com/fabricxfer/fabricxfer/internal/pki"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
@@ -53,7 +54,7 @@ func TestTwoStacksMoveBytesOverRDMA(t *testing.T) {
 	rep := &topology.Report{NICs: []topology.NIC{{Name: "mlx5_0", Port: 1, State: "ACTIVE", LinkLayer: "InfiniBand"}}}
 	withRDMA := func(node string) Deps {
 		return Deps{PeerEngines: func(ch *peers.Peers) ([]engines.Engine, error) {
-			e, err := rdma.New(rdma.Options{Node: node, Provider: fabric.Provider(node), Topology: rep, Exchanger: ch, Notifier: ch})
+			e, err := rdma.New(rdma.Options{Node: node, Provider: fabric.Provider(node), NICs: rdmanics.FromReport(rep), Exchanger: ch, Notifier: ch})
 			if err != nil {
 				return nil, err
 			}

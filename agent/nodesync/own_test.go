@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package reporter_test
+package nodesync_test
 
 import (
 	"context"
@@ -21,8 +21,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fabricxfer/fabricxfer/agent/report"
-	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
+	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
@@ -52,7 +52,7 @@ func (l *urlLog) all() []string {
 
 // ownAgent is a running agent with a watching client of its own, on a node created for it.
 type ownAgent struct {
-	r      *reporter.Reporter
+	r      *nodesync.Reporter
 	urls   *urlLog
 	cancel context.CancelFunc
 	done   chan error
@@ -74,9 +74,9 @@ func startOwnAgent(t *testing.T, cfg *rest.Config, admin client.Client, nodeName
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := reporter.New(reporter.Config{
+	r, err := nodesync.New(nodesync.Config{
 		NodeName: nodeName, PoolNamespace: "inference", PoolName: "kv", Period: ownPeriod,
-		Identity: report.Identity{AgentVersion: "v-test", Endpoint: "10.0.0.7:7470"},
+		Identity: nodestatus.Identity{AgentVersion: "v-test", Endpoint: "10.0.0.7:7470"},
 		Detect: func(context.Context) (topology.Report, error) {
 			return topology.Report{NICs: []topology.NIC{{Name: "mlx5_0", Port: 1, State: "ACTIVE", LinkLayer: "Ethernet"}}}, nil
 		},
@@ -271,7 +271,7 @@ func TestAgentStopsCleanly(t *testing.T) {
 		left := 0
 		for _, g := range strings.Split(string(buf), "\n\n") {
 			// The reporter's own goroutines, and client-go's goroutine that decodes a watch stream.
-			if strings.Contains(g, "agent/reporter.(*Reporter)") || strings.Contains(g, "watch.(*StreamWatcher)") {
+			if strings.Contains(g, "agent/nodesync.(*Reporter)") || strings.Contains(g, "watch.(*StreamWatcher)") {
 				left++
 			}
 		}

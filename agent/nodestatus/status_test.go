@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package report_test
+package nodestatus_test
 
 import (
 	"fmt"
@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fabricxfer/fabricxfer/agent/report"
+	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
@@ -23,7 +23,7 @@ func TestStatusMirrorsTheReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := report.Status(r, report.Identity{AgentVersion: "v0.1.0", Endpoint: "10.0.0.7:7470"})
+	st := nodestatus.FromReport(r, nodestatus.Identity{AgentVersion: "v0.1.0", Endpoint: "10.0.0.7:7470"})
 	if len(st.GPUs) != len(r.GPUs) || len(st.NICs) != len(r.NICs) || len(st.Engines) != 4 {
 		t.Fatalf("status has %d GPUs, %d NICs, %d engines", len(st.GPUs), len(st.NICs), len(st.Engines))
 	}
@@ -61,7 +61,7 @@ func TestStatusKeepsWithinAPILimits(t *testing.T) {
 		r.Unreadable = append(r.Unreadable, topology.Unreadable{Field: strings.Repeat("f", 80), Reason: strings.Repeat("é", 200)})
 	}
 	r.Engines = []topology.Engine{{Name: "rdma", Available: true, Reason: strings.Repeat("x", 600)}}
-	st := report.Status(r, report.Identity{})
+	st := nodestatus.FromReport(r, nodestatus.Identity{})
 	if len(st.NICs) != 64 {
 		t.Errorf("%d NICs, want the API's 64", len(st.NICs))
 	}
@@ -96,7 +96,7 @@ func TestStatusKeepsDeclarationsWithinAPILimits(t *testing.T) {
 	}
 	r.GPUs = []topology.GPU{{Index: 0, Vendor: "amd", Fabric: &topology.Fabric{Kind: "ualink", Domain: "ualink:1/2",
 		Source: topology.SourceDeclared, Declaration: strings.Repeat("n", 300)}}}
-	st := report.Status(r, report.Identity{})
+	st := nodestatus.FromReport(r, nodestatus.Identity{})
 	if len(st.Declarations) != 16 || st.Declarations[0].VPodTopology != "vpod-00" || st.Declarations[15].VPodTopology != "vpod-15" {
 		t.Fatalf("declarations %d, first %q", len(st.Declarations), st.Declarations[0].VPodTopology)
 	}

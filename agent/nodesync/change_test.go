@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package reporter_test
+package nodesync_test
 
 import (
 	"context"
@@ -20,8 +20,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fabricxfer/fabricxfer/agent/report"
-	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
+	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
@@ -90,9 +90,9 @@ func TestReporterRewritesOnlyOnChange(t *testing.T) {
 		nicState   = "ACTIVE"
 		now        = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	)
-	r, err := reporter.New(reporter.Config{
+	r, err := nodesync.New(nodesync.Config{
 		NodeName: node.Name, PoolNamespace: "inference", PoolName: "kv", Period: 10 * time.Second,
-		Identity: report.Identity{AgentVersion: "test", Endpoint: "10.0.0.9:7470"},
+		Identity: nodestatus.Identity{AgentVersion: "test", Endpoint: "10.0.0.9:7470"},
 		Detect: func(context.Context) (topology.Report, error) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -129,7 +129,7 @@ func TestReporterRewritesOnlyOnChange(t *testing.T) {
 		}
 	}
 	var lease coordinationv1.Lease
-	leaseKey := client.ObjectKey{Namespace: "inference", Name: reporter.LeaseName("kv", node.Name)}
+	leaseKey := client.ObjectKey{Namespace: "inference", Name: nodesync.LeaseName("kv", node.Name)}
 	renewedAt := func(at time.Time) {
 		t.Helper()
 		if err := admin.Get(ctx, leaseKey, &lease); err != nil {
@@ -231,12 +231,12 @@ func TestRetryDelayBacksOffWithJitter(t *testing.T) {
 		{1, 0.5, p}, {1, 0, p / 2}, {1, 0.999, 14990 * time.Millisecond},
 		{2, 0.5, 2 * p}, {3, 0.5, 4 * p}, {30, 0.5, 4 * p}, {30, 0, 2 * p},
 	} {
-		if got := reporter.RetryDelay(p, tc.failures, tc.jitter); got != tc.want {
+		if got := nodesync.RetryDelay(p, tc.failures, tc.jitter); got != tc.want {
 			t.Errorf("RetryDelay(%s, %d, %g) = %s, want %s", p, tc.failures, tc.jitter, got, tc.want)
 		}
 	}
 	// The first retry comes within the heartbeat timeout, whatever the jitter.
-	if got := reporter.RetryDelay(p, 1, 0.999999); got >= reporter.LeaseTimeoutPeriods*p-p {
+	if got := nodesync.RetryDelay(p, 1, 0.999999); got >= nodesync.LeaseTimeoutPeriods*p-p {
 		t.Errorf("first retry after %s: a lease renewed one period before would expire first", got)
 	}
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package report
+package nodestatus
 
 import (
 	"fmt"
@@ -37,9 +37,9 @@ type Identity struct {
 	Endpoint string
 }
 
-// Status converts a detection report into the TransferNode status. LastHeartbeat and RegisteredBytes are
+// FromReport converts a detection report into the TransferNode status. LastHeartbeat and RegisteredBytes are
 // left to the reporter.
-func Status(r topology.Report, id Identity) v1alpha1.TransferNodeStatus {
+func FromReport(r topology.Report, id Identity) v1alpha1.TransferNodeStatus {
 	st := v1alpha1.TransferNodeStatus{
 		AgentVersion: clip(id.AgentVersion, maxShortStringLen),
 		Endpoint:     clip(id.Endpoint, maxEndpointLen),

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package reporter_test
+package nodesync_test
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fabricxfer/fabricxfer/agent/report"
-	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
+	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
 
@@ -33,9 +33,9 @@ func TestReporterRecordsEngineAvailabilityEvents(t *testing.T) {
 	createNamespace(t, c, "inference")
 	var mu sync.Mutex
 	rdma := topology.Engine{Name: topology.EngineRDMA, Available: true, Reason: "mlx5_0 ACTIVE"}
-	r, err := reporter.New(reporter.Config{
+	r, err := nodesync.New(nodesync.Config{
 		NodeName: node.Name, PoolNamespace: "inference", PoolName: "kv", Period: 10 * time.Second,
-		Identity: report.Identity{AgentVersion: "test"},
+		Identity: nodestatus.Identity{AgentVersion: "test"},
 		Detect: func(context.Context) (topology.Report, error) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -54,7 +54,7 @@ func TestReporterRecordsEngineAvailabilityEvents(t *testing.T) {
 		}
 		var out []string
 		for _, e := range list.Items {
-			if e.Regarding.Kind == "TransferNode" && e.Regarding.Name == node.Name && e.ReportingController == reporter.ReportingController {
+			if e.Regarding.Kind == "TransferNode" && e.Regarding.Name == node.Name && e.ReportingController == nodesync.ReportingController {
 				out = append(out, e.Type+" "+e.Reason+": "+e.Note)
 			}
 		}

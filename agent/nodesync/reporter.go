@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package reporter
+package nodesync
 
 import (
 	"context"
@@ -27,7 +27,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/fabricxfer/fabricxfer/agent/report"
+	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
@@ -46,7 +46,7 @@ type Config struct {
 	PoolName      string
 	// Period is both the heartbeat and the re-detection interval.
 	Period   time.Duration
-	Identity report.Identity
+	Identity nodestatus.Identity
 	// Detect reads the node; it is called once per period.
 	Detect func(ctx context.Context) (topology.Report, error)
 	Client client.Client
@@ -218,7 +218,7 @@ func (r *Reporter) ReportOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("detecting node %s: %w", r.cfg.NodeName, err)
 	}
-	st := report.Status(rep, r.cfg.Identity)
+	st := nodestatus.FromReport(rep, r.cfg.Identity)
 	if r.cfg.Decorate != nil {
 		r.cfg.Decorate(&st)
 	}

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package reporter_test
+package nodesync_test
 
 import (
 	"context"
@@ -18,8 +18,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fabricxfer/fabricxfer/agent/report"
-	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
+	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/controllers"
 	"github.com/fabricxfer/fabricxfer/topology"
@@ -50,9 +50,9 @@ func startAgent(ctx context.Context, t *testing.T, c client.Client, n simulatedN
 		}
 		opts.OpenNVML = m.Opener()
 	}
-	r, err := reporter.New(reporter.Config{
+	r, err := nodesync.New(nodesync.Config{
 		NodeName: n.name, PoolNamespace: "inference", PoolName: "kv", Period: time.Second,
-		Identity: report.Identity{AgentVersion: "test"},
+		Identity: nodestatus.Identity{AgentVersion: "test"},
 		Detect:   func(ctx context.Context) (topology.Report, error) { return topology.Detect(ctx, host, opts) },
 		Client:   c,
 		Log:      testr.New(t).WithValues("node", n.name),

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package reporter_test
+package nodesync_test
 
 import (
 	"context"
@@ -23,8 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/fabricxfer/fabricxfer/agent/report"
-	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
+	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
@@ -177,10 +177,10 @@ func TestReporterWritesTransferNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	const period = 2 * time.Second
-	r, err := reporter.New(reporter.Config{
+	r, err := nodesync.New(nodesync.Config{
 		NodeName: node.Name, PoolNamespace: "inference", PoolName: "kv",
 		Period:   period,
-		Identity: report.Identity{AgentVersion: "test", Endpoint: "10.0.0.1:7470"},
+		Identity: nodestatus.Identity{AgentVersion: "test", Endpoint: "10.0.0.1:7470"},
 		Detect: func(ctx context.Context) (topology.Report, error) {
 			return topology.Detect(ctx, host, topology.Options{})
 		},
@@ -223,7 +223,7 @@ func TestReporterWritesTransferNode(t *testing.T) {
 
 	// The heartbeat is the pool's Lease for this node, owned by the report; the report stays as written.
 	var lease coordinationv1.Lease
-	leaseKey := client.ObjectKey{Namespace: "inference", Name: reporter.LeaseName("kv", node.Name)}
+	leaseKey := client.ObjectKey{Namespace: "inference", Name: nodesync.LeaseName("kv", node.Name)}
 	waitFor(t, 5*time.Second, "heartbeat Lease", func() (bool, error) {
 		err := c.Get(ctx, leaseKey, &lease)
 		return err == nil, err
@@ -300,7 +300,7 @@ func TestReporterWritesTransferNode(t *testing.T) {
 
 func TestReporterNeedsItsNode(t *testing.T) {
 	c := startAPIServer(t, transferNodeCRD)
-	r, err := reporter.New(reporter.Config{
+	r, err := nodesync.New(nodesync.Config{
 		NodeName: "no-such-node", Period: time.Second, Client: c, Log: testr.New(t),
 		Detect: func(context.Context) (topology.Report, error) { return topology.Report{}, nil },
 	})
@@ -319,12 +319,12 @@ func TestReporterNeedsItsNode(t *testing.T) {
 
 func TestNewRejectsBadConfig(t *testing.T) {
 	detect := func(context.Context) (topology.Report, error) { return topology.Report{}, nil }
-	for name, cfg := range map[string]reporter.Config{
+	for name, cfg := range map[string]nodesync.Config{
 		"no node":     {Period: time.Second, Detect: detect},
 		"zero period": {NodeName: "n", Detect: detect},
 		"no detector": {NodeName: "n", Period: time.Second},
 	} {
-		if _, err := reporter.New(cfg); err == nil {
+		if _, err := nodesync.New(cfg); err == nil {
 			t.Errorf("%s: New accepted %+v", name, cfg)
 		}
 	}

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package reporter_test
+package nodesync_test
 
 import (
 	"context"
@@ -21,8 +21,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fabricxfer/fabricxfer/agent/report"
-	"github.com/fabricxfer/fabricxfer/agent/reporter"
+	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
+	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/controllers"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -36,7 +36,7 @@ const declaredPeriod = time.Second
 // declaredAgent is an agent whose detection takes the declarations its filtered watch keeps.
 type declaredAgent struct {
 	name    string
-	watch   *reporter.DeclarationWatch
+	watch   *nodesync.DeclarationWatch
 	urls    *urlLog
 	fixture string
 }
@@ -58,10 +58,10 @@ func startDeclaredAgent(ctx context.Context, t *testing.T, cfg *rest.Config, adm
 		t.Fatal(err)
 	}
 	a := &declaredAgent{name: name, urls: urls, fixture: fixture,
-		watch: reporter.NewDeclarationWatch(c, name, testr.New(t).WithValues("declarations", name))}
-	r, err := reporter.New(reporter.Config{
+		watch: nodesync.NewDeclarationWatch(c, name, testr.New(t).WithValues("declarations", name))}
+	r, err := nodesync.New(nodesync.Config{
 		NodeName: name, PoolNamespace: "inference", PoolName: "kv", Period: declaredPeriod,
-		Identity: report.Identity{AgentVersion: "test"},
+		Identity: nodestatus.Identity{AgentVersion: "test"},
 		Detect: func(ctx context.Context) (topology.Report, error) {
 			return topology.Detect(ctx, host, topology.Options{Declarations: a.watch.Declarations(),
 				Overrides: topology.Overrides{FabricDomain: override}})

@@ -1,6 +1,0 @@
-// SPDX-License-Identifier: Apache-2.0
-// Copyright The fabricxfer Authors
-
-// Package report turns what topology detected on a node into the TransferNode status the node's agent
-// writes, applying the API's size limits so a report is always accepted.
-package report
