@@ -427,6 +427,24 @@ func (c *Composite) Submit(ctx context.Context, ps *PlanSet, opts SubmitOptions)
 	return ct, nil
 }
 
+// pinnedIDs is an engine (or an engine's backend) that hands out block-id buffers its GPU kernels read in place.
+type pinnedIDs interface {
+	PinnedIDs(n int) ([]uint32, func())
+}
+
+// PinnedIDs returns a buffer for n block ids that an engine's kernels read in place, sparing them a copy, and
+// what gives it back once the transfer that used it settled; nil when no engine has one (use any memory).
+func (c *Composite) PinnedIDs(n int) ([]uint32, func()) {
+	for _, e := range c.engines {
+		if p, ok := e.(pinnedIDs); ok {
+			if ids, free := p.PinnedIDs(n); ids != nil {
+				return ids, free
+			}
+		}
+	}
+	return nil, nil
+}
+
 func partEngine(ps *PlanSet) string {
 	if len(ps.Plans) == 0 {
 		return ""

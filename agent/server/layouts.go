@@ -235,9 +235,7 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 		return nil, err
 	}
 
-	// The id arrays are reused once the transfer has settled: fresh pages for them cost more than the copy.
-	localIDs, remoteIDs := s.idBuffer(n), s.idBuffer(n)
-	release := func() { s.ids.Put(&localIDs); s.ids.Put(&remoteIDs) }
+	localIDs, remoteIDs, release := s.idBuffers(n)
 	if err := decodeBlockIDs(localIDs, req.LocalIds, width, local.blocks, "local"); err != nil {
 		release()
 		return nil, err
@@ -301,6 +299,28 @@ func blockPlanError(n, pairs int, err error) error {
 		code = codes.InvalidArgument
 	}
 	return status.Errorf(code, "planning %d blocks of %d region pairs: %v", n, pairs, err)
+}
+
+// pinnedIDs is an engine that hands out block-id buffers its GPU kernels read in place (the composite, when a
+// GPU backend is set up): ids decoded there are not copied again before the kernels check them.
+type pinnedIDs interface {
+	PinnedIDs(n int) ([]uint32, func())
+}
+
+// idBuffers returns the two id arrays of a block transfer of n ids and what gives them back once the transfer
+// settled: the engine's pinned buffers when it has them, else arrays from the server's pool (reused: fresh
+// pages for them cost more than the copy).
+func (s *Server) idBuffers(n int) (local, remote []uint32, release func()) {
+	if p, ok := s.opts.Engine.(pinnedIDs); ok {
+		if l, freeL := p.PinnedIDs(n); l != nil {
+			if r, freeR := p.PinnedIDs(n); r != nil {
+				return l, r, func() { freeL(); freeR() }
+			}
+			freeL()
+		}
+	}
+	local, remote = s.idBuffer(n), s.idBuffer(n)
+	return local, remote, func() { s.ids.Put(&local); s.ids.Put(&remote) }
 }
 
 // idBuffer returns a block-id array of n entries from the server's pool.

@@ -33,6 +33,7 @@ type Backend struct {
 	regions map[engines.MemoryID]*mapped
 	peers   map[[2]int]error // (from, to) ordinals → enabling peer access
 	segPool sync.Pool        // *[]Segment
+	ids     *idBuffers       // pinned block-id buffers (PinnedIDs)
 }
 
 // mapped is how this process reaches one registered region.
@@ -58,6 +59,12 @@ func NewBackend(drv *cuda.Driver, opts Options) (*Backend, error) {
 	b := &Backend{drv: drv, opts: opts, copiers: map[int]*Copier{}, ords: gpushare.Ordinals{Runtime: "CUDA"},
 		regions: map[engines.MemoryID]*mapped{}, peers: map[[2]int]error{}}
 	b.segPool.New = func() any { return new([]Segment) }
+	b.ids = &idBuffers{bases: map[uintptr]bool{}}
+	b.ids.alloc = func(size uint64) (p uintptr, err error) {
+		err = b.inSomeContext(func() (err error) { p, err = drv.MemHostAlloc(size); return err })
+		return p, err
+	}
+	b.ids.drop = func(p uintptr) error { return b.inSomeContext(func() error { return drv.MemFreeHost(p) }) }
 	n, err := drv.DeviceCount()
 	if err != nil {
 		return nil, fmt.Errorf("counting CUDA devices: %w", err)
@@ -97,9 +104,29 @@ func (b *Backend) copier(ordinal int) (*Copier, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.ids = b.ids
 	b.copiers[ordinal] = c
 	return c, nil
 }
+
+// inSomeContext runs fn with the context of a GPU this backend has set up current (for pinned memory, which
+// every context reaches); errNoCopier when none is.
+func (b *Backend) inSomeContext(fn func() error) error {
+	b.mu.Lock()
+	var c *Copier
+	for _, k := range b.copiers {
+		c = k
+		break
+	}
+	b.mu.Unlock()
+	if c == nil {
+		return errNoCopier
+	}
+	return b.drv.WithContext(c.ctx, fn)
+}
+
+// errNoCopier: no GPU has been set up yet (nothing registered).
+var errNoCopier = errors.New("no GPU set up yet")
 
 // Mode reports how scattered items move on GPU ordinal, and why not with the
 // kernel when they do not.
@@ -569,11 +596,11 @@ func waitPending(ctx context.Context, p *Pending) error {
 
 // Close releases every mapping and copier.
 func (b *Backend) Close() error {
+	errs := []error{b.ids.close()} // while a copier's context is still there to free them in
 	b.mu.Lock()
 	regions, copiers := b.regions, b.copiers
 	b.regions, b.copiers = map[engines.MemoryID]*mapped{}, map[int]*Copier{}
 	b.mu.Unlock()
-	var errs []error
 	for id, m := range regions {
 		if m.release != nil {
 			if err := m.release(); err != nil {

@@ -120,12 +120,41 @@ func idRange(ids []uint32) scatter.IDRange {
 // lists); an id past either side, a negative one and a repeated destination are refused whole with the entry
 // named, leaving the destination untouched; and the next good list after a refusal still lands.
 func TestGPUCopierChecksBlocks(t *testing.T) {
+	t.Run("ids copied into staging", func(t *testing.T) { testCheckedBlocks(t, false) })
+	t.Run("ids read in place from pinned buffers", func(t *testing.T) { testCheckedBlocks(t, true) })
+}
+
+// testCheckedBlocks runs the checked lists with ids in the caller's memory or, with pinned, in the backend's
+// pinned id buffers (PinnedIDs), which the check kernel reads where they are.
+func testCheckedBlocks(t *testing.T, pinned bool) {
 	drv, nv := gpuEnv(t)
-	c, err := gpucopy.NewCopier(drv, 0, gpucopy.Options{NVRTC: nv})
+	b, err := gpucopy.NewBackend(drv, gpucopy.Options{NVRTC: nv})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	defer b.Close()
+	c, err := b.CopierOf(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// place puts ids where the run wants them; the returned func gives a pinned buffer back.
+	place := func(ids []uint32) ([]uint32, func()) {
+		if !pinned {
+			if c.IDsInPlace(ids) {
+				t.Fatal("ids in the caller's own memory taken for a pinned buffer")
+			}
+			return ids, func() {}
+		}
+		buf, free := b.PinnedIDs(len(ids))
+		if buf == nil {
+			t.Fatalf("no pinned buffer for %d ids", len(ids))
+		}
+		copy(buf, ids)
+		if !c.IDsInPlace(buf) {
+			t.Fatal("a pinned id buffer is not known to the copier: its ids would be copied again")
+		}
+		return buf, free
+	}
 	if !c.CanCheckBlocks(720, 1<<18) {
 		t.Fatalf("copier cannot check 720-byte blocks on the GPU (mode %s %s)", c.Mode(), c.Reason())
 	}
@@ -171,6 +200,10 @@ func TestGPUCopierChecksBlocks(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			submit := func(srcIDs, dstIDs []uint32) error {
+				srcIDs, freeSrc := place(srcIDs)
+				defer freeSrc()
+				dstIDs, freeDst := place(dstIDs)
+				defer freeDst()
 				p, err := c.SubmitCheckedBlocks(pairs, tc.bs, srcIDs, dstIDs, uint32(tc.blocks), uint32(tc.blocks))
 				if err != nil {
 					t.Fatalf("SubmitCheckedBlocks: %v", err)

@@ -66,7 +66,8 @@ func (c *Copier) checkable(pairs []scatter.BlockBases, bs uint64, n int, dstBloc
 }
 
 // SubmitCheckedBlocks queues a block list whose ids nobody has checked: block srcIDs[i] of each pair's source to
-// block dstIDs[i] of its destination, bs bytes each. The GPU refuses the whole list, moving nothing, when an id
+// block dstIDs[i] of its destination, bs bytes each. Ids in the backend's pinned buffers (PinnedIDs) are read
+// in place and must stay unchanged until the Pending ends; others are copied first. The GPU refuses the whole list, moving nothing, when an id
 // is not below srcBlocks / dstBlocks or a destination id repeats; the Pending then ends with an error wrapping
 // engines.ErrOutOfBounds or engines.ErrOverlap. errNotCheckable: the list does not fit the kernels.
 func (c *Copier) SubmitCheckedBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dstIDs []uint32, srcBlocks, dstBlocks uint32) (*Pending, error) {
@@ -87,7 +88,15 @@ func (c *Copier) SubmitCheckedBlocks(pairs []scatter.BlockBases, bs uint64, srcI
 		}
 		basesOff := uint64(reportBytes)
 		idsOff := basesOff + 16*uint64(len(pairs))
-		s, err := c.slots.Get(idsOff + 8*uint64(n))
+		// Ids in the backend's pinned buffers are read there; others are copied into the staging first.
+		pinnedSrc, inSrc := c.ids.at(srcIDs)
+		pinnedDst, inDst := c.ids.at(dstIDs)
+		inPlace := inSrc && inDst
+		staged := idsOff
+		if !inPlace {
+			staged += 8 * uint64(n)
+		}
+		s, err := c.slots.Get(staged)
 		if err != nil {
 			return err
 		}
@@ -98,13 +107,18 @@ func (c *Copier) SubmitCheckedBlocks(pairs []scatter.BlockBases, bs uint64, srcI
 			binary.LittleEndian.PutUint64(h[basesOff+16*uint64(i):], pr.Src)
 			binary.LittleEndian.PutUint64(h[basesOff+16*uint64(i)+8:], pr.Dst)
 		}
-		copy(h[idsOff:], u32Bytes(srcIDs))
-		copy(h[idsOff+4*uint64(n):], u32Bytes(dstIDs))
-		p.checked = &checkedList{srcIDs: h[idsOff:][:4*n], dstIDs: h[idsOff+4*uint64(n):][:4*n],
-			srcBlocks: srcBlocks, dstBlocks: dstBlocks}
-
 		host := uint64(s.hostPtr)
-		hostSrc, hostDst := host+idsOff, host+idsOff+4*uint64(n)
+		var hostSrc, hostDst uint64
+		if inPlace {
+			hostSrc, hostDst = uint64(pinnedSrc), uint64(pinnedDst)
+			p.checked = &checkedList{srcIDs: u32Bytes(srcIDs), dstIDs: u32Bytes(dstIDs), srcBlocks: srcBlocks, dstBlocks: dstBlocks}
+		} else {
+			copy(h[idsOff:], u32Bytes(srcIDs))
+			copy(h[idsOff+4*uint64(n):], u32Bytes(dstIDs))
+			p.checked = &checkedList{srcIDs: h[idsOff:][:4*n], dstIDs: h[idsOff+4*uint64(n):][:4*n],
+				srcBlocks: srcBlocks, dstBlocks: dstBlocks}
+			hostSrc, hostDst = host+idsOff, host+idsOff+4*uint64(n)
+		}
 		devSrc, devDst := uint64(c.check.ids), uint64(c.check.ids)+4*c.check.idCap
 		status, bitmap := uint64(c.check.status), uint64(c.check.bitmap)
 		count, npairs := uint32(n), uint32(len(pairs))

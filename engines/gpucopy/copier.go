@@ -136,6 +136,7 @@ type Copier struct {
 	gateReason string
 
 	check checkScratch // device memory of block lists checked on the GPU
+	ids   *idBuffers   // the backend's pinned id buffers, read in place (nil for a Copier of its own)
 }
 
 // getEvent reuses an idle event (creating one costs a driver round trip per

@@ -253,6 +253,18 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 	return t, nil
 }
 
+// PinnedIDs returns a block-id buffer a backend's kernels read in place (nil when no backend has one).
+func (e *Engine) PinnedIDs(n int) ([]uint32, func()) {
+	for _, b := range e.backends {
+		if p, ok := b.(interface{ PinnedIDs(int) ([]uint32, func()) }); ok {
+			if ids, free := p.PinnedIDs(n); ids != nil {
+				return ids, free
+			}
+		}
+	}
+	return nil, nil
+}
+
 // ChecksBlocksAtRun implements engines.RunChecker: a pair whose backend checks block lists as it runs them
 // (the CUDA backend, on the GPU). With CheckDisjoint the engine reads every id itself, so it never defers.
 func (e *Engine) ChecksBlocksAtRun(src, dst *engines.MemoryDesc, blockBytes uint64, ids int) bool {
