@@ -120,7 +120,7 @@ func TestLentIDBuffersComeBack(t *testing.T) {
 	}
 
 	for name, ids := range map[string][2][]uint32{
-		"an id past the layout": {{1, blocks}, {2, 3}},
+		"an id past the layout":  {{1, blocks}, {2, 3}},
 		"a repeated destination": {{1, 2}, {7, 7}},
 	} {
 		if _, err := c.TransferBlocks(ctx, client.Write, src, ids[0], client.ToLayout(dst), ids[1], client.TransferOptions{}); client.Code(err).String() != "InvalidArgument" {
