@@ -13,7 +13,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 )
 
 // SliceAlign is the alignment of GPU pool slices: the GPU page size NICs register (GPUDirect RDMA pins 64 KiB

@@ -19,9 +19,9 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	"github.com/fabricxfer/fabricxfer/engines"
-	"github.com/fabricxfer/fabricxfer/engines/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/fabric"
-	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cudacopy"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
@@ -145,7 +145,7 @@ func TestGPUPoolSliceMappedByAnotherProcess(t *testing.T) {
 
 	// Register the slice through the composite the agent runs: same-node engine with the GPU backend, and the
 	// fabric engine, which exports it when it can.
-	be, err := gpucopy.NewBackend(drv, gpucopy.Options{})
+	be, err := cudacopy.NewBackend(drv, cudacopy.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestGPUPoolSliceMappedByAnotherProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := fabric.NewCUDARuntime(drv, gpucopy.Options{})
+	rt := fabric.NewCUDARuntime(drv, cudacopy.Options{})
 	defer rt.Close()
 	fe, err := fabric.New(fabric.Options{Node: "node-a", Runtime: rt})
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 )
 
 // fakeDriver stands in for the CUDA driver at the hardware edge: device memory is host bytes keyed by address,

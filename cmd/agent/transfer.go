@@ -30,11 +30,11 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	"github.com/fabricxfer/fabricxfer/agent/server/stack"
 	"github.com/fabricxfer/fabricxfer/engines"
-	"github.com/fabricxfer/fabricxfer/engines/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/fabric"
-	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
-	"github.com/fabricxfer/fabricxfer/engines/hip"
-	"github.com/fabricxfer/fabricxfer/engines/hipcopy"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cudacopy"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/hip"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/hipcopy"
 	"github.com/fabricxfer/fabricxfer/engines/rdma"
 	"github.com/fabricxfer/fabricxfer/engines/verbs"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
@@ -209,8 +209,8 @@ func (t *transferSide) cudaEngines() (backends []xgmi.Backend, extra []engines.E
 		t.log.Info("NVRTC unavailable: copies use driver batch copies", "reason", err.Error())
 		nvrtc = nil
 	}
-	opts := gpucopy.Options{NVRTC: nvrtc, CacheDir: t.cfg.kernelCache}
-	be, err := gpucopy.NewBackend(drv, opts)
+	opts := cudacopy.Options{NVRTC: nvrtc, CacheDir: t.cfg.kernelCache}
+	be, err := cudacopy.NewBackend(drv, opts)
 	if err != nil {
 		t.log.Info("GPU copy backend unavailable", "reason", err.Error())
 		t.deps.TCPNoStageReason = "the CUDA copy backend did not start: " + err.Error()

@@ -10,8 +10,8 @@ import (
 	"sync"
 
 	"github.com/fabricxfer/fabricxfer/engines"
-	"github.com/fabricxfer/fabricxfer/engines/cuda"
-	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cudacopy"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
@@ -32,7 +32,7 @@ func setupGPU(ctx context.Context, cfg SetupConfig) (*Target, error) {
 	if nvErr != nil {
 		nv = nil
 	}
-	back, err := gpucopy.NewBackend(drv, gpucopy.Options{NVRTC: nv})
+	back, err := cudacopy.NewBackend(drv, cudacopy.Options{NVRTC: nv})
 	if err != nil {
 		return nil, err
 	}
@@ -41,7 +41,7 @@ func setupGPU(ctx context.Context, cfg SetupConfig) (*Target, error) {
 		back.Close()
 		return nil, err
 	}
-	if mode != gpucopy.ModeKernel {
+	if mode != cudacopy.ModeKernel {
 		fmt.Printf("xgmi-gpu: copy kernels unavailable, using %s: %s\n", mode, why)
 	}
 	const node = "bench"

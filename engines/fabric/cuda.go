@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
-	"github.com/fabricxfer/fabricxfer/engines/cuda"
-	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cudacopy"
 )
 
 // imexChannels is where the NVIDIA driver exposes IMEX channels; without one
@@ -26,22 +26,22 @@ const imexChannels = "/dev/nvidia-caps-imex-channels"
 const waitAfterCancel = 30 * time.Second
 
 // CUDARuntime is the NVIDIA runtime: VMM fabric handles (IMEX) and the copy
-// kernels of package gpucopy.
+// kernels of package cudacopy.
 type CUDARuntime struct {
 	drv       *cuda.Driver
-	opts      gpucopy.Options
+	opts      cudacopy.Options
 	available bool
 	reason    string
 
 	mu      sync.Mutex
-	copiers map[int]*gpucopy.Copier
+	copiers map[int]*cudacopy.Copier
 }
 
 // NewCUDARuntime probes whether this node can create fabric memory (the one
 // test that is conclusive: a small cuMemCreate with the fabric handle type)
 // and prepares copiers per GPU on first use.
-func NewCUDARuntime(drv *cuda.Driver, opts gpucopy.Options) *CUDARuntime {
-	r := &CUDARuntime{drv: drv, opts: opts, copiers: map[int]*gpucopy.Copier{}}
+func NewCUDARuntime(drv *cuda.Driver, opts cudacopy.Options) *CUDARuntime {
+	r := &CUDARuntime{drv: drv, opts: opts, copiers: map[int]*cudacopy.Copier{}}
 	r.available, r.reason = r.probe()
 	return r
 }
@@ -95,13 +95,13 @@ func errName(err error) string {
 // Available implements Runtime.
 func (r *CUDARuntime) Available() (bool, string) { return r.available, r.reason }
 
-func (r *CUDARuntime) copier(ord int) (*gpucopy.Copier, error) {
+func (r *CUDARuntime) copier(ord int) (*cudacopy.Copier, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if c, ok := r.copiers[ord]; ok {
 		return c, nil
 	}
-	c, err := gpucopy.NewCopier(r.drv, ord, r.opts)
+	c, err := cudacopy.NewCopier(r.drv, ord, r.opts)
 	if err != nil {
 		return nil, err
 	}
@@ -237,9 +237,9 @@ func (r *CUDARuntime) Copy(ctx context.Context, gpu int, segs []Segment) error {
 	if err != nil {
 		return err
 	}
-	gs := make([]gpucopy.Segment, len(segs))
+	gs := make([]cudacopy.Segment, len(segs))
 	for i, s := range segs {
-		gs[i] = gpucopy.Segment{Dst: s.Dst, Src: s.Src, Size: s.Size}
+		gs[i] = cudacopy.Segment{Dst: s.Dst, Src: s.Src, Size: s.Size}
 	}
 	p, err := c.Submit(gs)
 	if err != nil {
@@ -263,7 +263,7 @@ func (r *CUDARuntime) Copy(ctx context.Context, gpu int, segs []Segment) error {
 func (r *CUDARuntime) Close() error {
 	r.mu.Lock()
 	cs := r.copiers
-	r.copiers = map[int]*gpucopy.Copier{}
+	r.copiers = map[int]*cudacopy.Copier{}
 	r.mu.Unlock()
 	var errs []error
 	for _, c := range cs {

@@ -9,9 +9,9 @@ import (
 	"testing"
 
 	"github.com/fabricxfer/fabricxfer/engines"
-	"github.com/fabricxfer/fabricxfer/engines/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/fabric"
-	"github.com/fabricxfer/fabricxfer/engines/gpucopy"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cudacopy"
 )
 
 // TestGPUFabricOnThisNode reports what the fabric engine says on the machine
@@ -26,7 +26,7 @@ func TestGPUFabricOnThisNode(t *testing.T) {
 		t.Skipf("needs a GPU: %d devices (%v)", n, err)
 	}
 	nv, _ := cuda.LoadNVRTC()
-	rt := fabric.NewCUDARuntime(drv, gpucopy.Options{NVRTC: nv})
+	rt := fabric.NewCUDARuntime(drv, cudacopy.Options{NVRTC: nv})
 	defer rt.Close()
 	e, err := fabric.New(fabric.Options{Node: "node-a", Runtime: rt})
 	if err != nil {

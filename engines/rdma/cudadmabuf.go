@@ -6,7 +6,7 @@ package rdma
 import (
 	"fmt"
 
-	"github.com/fabricxfer/fabricxfer/engines/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 )
 
 // CUDADMABuf exports NVIDIA GPU memory as dma-buf for registration.

@@ -33,7 +33,7 @@
 //
 // GPU memory is staged through pinned host memory. The engine loads no GPU runtime: Options.Stager, an interface
 // this package declares, queues copies between a registered GPU region and a pinned host buffer (the agent wires
-// engines/gpucopy's; tests use a fake over host memory). A GPU region the stager reaches gets this engine's
+// engines/gpu/cudacopy's; tests use a fake over host memory). A GPU region the stager reaches gets this engine's
 // address in its descriptor, so peers know they can reach it; one it does not is refused with the stager's
 // reason. Staging memory is bounded per peer node and per side (Options.StagingBytes, 64 MiB by default, for this
 // node's transfers to the peer and as much for serving the peer's requests), in 4 MiB slots allocated on first

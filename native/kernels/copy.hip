@@ -125,7 +125,7 @@ extern "C" __global__ void fx_scatter_uniform(fx_u64 src_base, fx_u64 dst_base, 
 
 // fx_flat_chunk is how many pieces one block takes per round: as many whole
 // pieces as fit in 4 vectors per thread, at least one. The host sizes the grid
-// with the same rule (scatter.FlatChunk in engines/internal/scatter).
+// with the same rule (scatter.FlatChunk in engines/gpu/internal/scatter).
 __device__ __forceinline__ fx_u32 fx_flat_chunk(fx_u32 per_piece, fx_u32 threads) {
   fx_u32 c = (4 * threads) / per_piece;
   if (c < 1) c = 1;

@@ -4,5 +4,5 @@
 // Package kernels embeds the GPU copy kernels' sources (copy.cu for CUDA,
 // copy.hip for HIP) so the agent can compile them at start, with NVRTC or
 // hipRTC, for whatever GPU it finds. The Go side that launches them lives in
-// engines/gpucopy; the descriptor layouts there mirror the structs here.
+// engines/gpu/cudacopy; the descriptor layouts there mirror the structs here.
 package kernels

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fabricxfer/fabricxfer/engines/hip"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/hip"
 	"github.com/fabricxfer/fabricxfer/native/kernels"
 )
 

@@ -11,7 +11,7 @@ import (
 	"os"
 	"runtime/pprof"
 
-	"github.com/fabricxfer/fabricxfer/engines/gpucopy/gpubench"
+	"github.com/fabricxfer/fabricxfer/internal/gpubench"
 )
 
 func main() {

@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package cudacopy
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/tcp"
+)
+
+// Stager is the tcp engine's seam to this backend: it stages NVIDIA GPU regions the backend mapped (the
+// same-node engine registers every region first) through pinned host memory, each call one submission on the
+// region's GPU: the scatter kernel for scattered segments, the copy engine for a few large ones.
+type Stager struct{ b *Backend }
+
+var _ tcp.Stager = (*Stager)(nil)
+
+// Stager returns the backend's stager for the tcp engine.
+func (b *Backend) Stager() *Stager { return &Stager{b: b} }
+
+// stageDriverMax: a staged submission of at most this many segments goes to the copy engine, which moves a
+// contiguous chunk across PCIe at full speed without occupying SMs; more go to the scatter kernel as one launch.
+const stageDriverMax = 4
+
+// Stage implements tcp.Stager. The mapping is held until the staged region is released, even when the
+// same-node engine lets go of it first (deregistration releases the engines in parallel).
+func (s *Stager) Stage(d engines.MemoryDesc) (tcp.StagedRegion, error) {
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	m, ok := s.b.regions[d.ID]
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%s is not NVIDIA GPU memory the CUDA backend mapped", d.ID)
+	case m.ordinal < 0:
+		return nil, fmt.Errorf("%s is host memory, not GPU memory", d.ID)
+	}
+	c, ok := s.b.copiers[m.ordinal]
+	if !ok {
+		return nil, fmt.Errorf("%s: no copier on GPU %d", d.ID, m.ordinal)
+	}
+	m.refs++
+	return &stagedRegion{b: s.b, m: m, c: c, size: d.Size}, nil
+}
+
+// AllocPinned implements tcp.Stager: portable, device-mapped pinned memory, which kernels and copy engines of
+// every GPU reach at its host address.
+func (s *Stager) AllocPinned(n int) ([]byte, func() error, error) {
+	if s.b.ords.Count() == 0 {
+		return nil, nil, fmt.Errorf("no CUDA device")
+	}
+	var p uintptr
+	err := s.b.withOrdinal(0, func() error {
+		var err error
+		p, err = s.b.drv.MemHostAlloc(uint64(n))
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	buf := unsafe.Slice((*byte)(cuda.HostPointer(p)), n)
+	free := func() error { return s.b.withOrdinal(0, func() error { return s.b.drv.MemFreeHost(p) }) }
+	return buf, free, nil
+}
+
+type stagedRegion struct {
+	b    *Backend
+	m    *mapped
+	c    *Copier
+	size uint64
+}
+
+func (r *stagedRegion) submit(buf []byte, segs []engines.Segment, toHost bool) (tcp.StageWait, error) {
+	if len(buf) == 0 || len(segs) == 0 {
+		return nil, fmt.Errorf("nothing to stage")
+	}
+	host := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	out := make([]Segment, len(segs))
+	for i, sg := range segs {
+		region, hostOff := sg.SrcOffset, sg.DstOffset
+		if !toHost {
+			region, hostOff = sg.DstOffset, sg.SrcOffset
+		}
+		// The engine checked the ranges against the region; a GPU overrun is silent, so check again.
+		if sg.Size == 0 || region > r.size || sg.Size > r.size-region || hostOff > uint64(len(buf)) || sg.Size > uint64(len(buf))-hostOff {
+			return nil, fmt.Errorf("%w: staging segment %+v outside the region (%d bytes) or buffer (%d bytes)", engines.ErrOutOfBounds, sg, r.size, len(buf))
+		}
+		out[i] = Segment{Src: r.m.addr + region, Dst: host + hostOff, Size: sg.Size}
+		if !toHost {
+			out[i] = Segment{Src: host + hostOff, Dst: r.m.addr + region, Size: sg.Size}
+		}
+	}
+	route := RouteAuto
+	if len(out) <= stageDriverMax {
+		route = RouteDriver
+	}
+	p, err := r.c.SubmitRoute(out, route)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// ToHost implements tcp.StagedRegion.
+func (r *stagedRegion) ToHost(buf []byte, segs []engines.Segment) (tcp.StageWait, error) {
+	return r.submit(buf, segs, true)
+}
+
+// FromHost implements tcp.StagedRegion.
+func (r *stagedRegion) FromHost(buf []byte, segs []engines.Segment) (tcp.StageWait, error) {
+	return r.submit(buf, segs, false)
+}
+
+// Release implements tcp.StagedRegion: the mapping goes once neither engine holds it.
+func (r *stagedRegion) Release() error {
+	r.b.mu.Lock()
+	r.m.refs--
+	var rel func() error
+	if r.m.refs == 0 && r.m.dropped {
+		rel = r.m.release
+	}
+	r.b.mu.Unlock()
+	if rel != nil {
+		return rel()
+	}
+	return nil
+}

@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+// Package hipcopy moves bytes between AMD GPU memory (and host memory) on one
+// node with the HIP runtime: scattered items go out as one descriptor-driven
+// kernel launch (native/kernels/copy.hip, compiled by hipRTC for the GPU's
+// gfx target), large contiguous items go to the copy engines through
+// hipMemcpyAsync, and without hipRTC every item is its own hipMemcpyAsync and
+// Copier.Reason says why.
+//
+// It is the AMD backend of the xgmi engine, the counterpart of
+// engines/gpu/cudacopy; the two share only the descriptor layout
+// (engines/gpu/internal/scatter), because the kernels read the same structs.
+// HIP's current device is per OS thread, so every call that needs one runs
+// under hip.Runtime.WithDevice, which restores the caller's device.
+package hipcopy
