@@ -70,10 +70,8 @@ func (r *PoolCertReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 	}
 	if !controllerutil.ContainsFinalizer(pool, certFinalizer) {
 		// Before the first Secret: a pool being deleted refuses new finalizers, so nothing is issued for it.
-		patch := finalizerPatch(pool)
-		controllerutil.AddFinalizer(pool, certFinalizer)
-		if err := r.Patch(ctx, pool, patch); err != nil {
-			return ctrl.Result{}, fmt.Errorf("adding the certificate finalizer to pool %s: %w", req, err)
+		if err := setFinalizer(ctx, r.Client, pool, certFinalizer, true); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
 
@@ -156,12 +154,7 @@ func (r *PoolCertReconciler) finalize(ctx context.Context, pool *fxv1.TransferPo
 	if err := deleteOwned(ctx, r.Client, pool, &corev1.SecretList{}, client.InNamespace(r.Agent.namespace())); err != nil {
 		return ctrl.Result{}, err
 	}
-	patch := finalizerPatch(pool)
-	controllerutil.RemoveFinalizer(pool, certFinalizer)
-	if err := r.Patch(ctx, pool, patch); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(fmt.Errorf("removing the certificate finalizer from pool %s/%s: %w", pool.Namespace, pool.Name, err))
-	}
-	return ctrl.Result{}, nil
+	return ctrl.Result{}, client.IgnoreNotFound(setFinalizer(ctx, r.Client, pool, certFinalizer, false))
 }
 
 // certEvents are the Events of one pass: certificates issued or rotated, and a failure when the condition
@@ -207,9 +200,20 @@ func createdOrDeleted() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }}
 }
 
-// finalizerPatch patches a pool's finalizers under its resourceVersion: a merge patch replaces the whole
-// list, and two controllers keep one finalizer each, so a patch from a stale copy must fail, not drop the
-// other's.
-func finalizerPatch(pool *fxv1.TransferPool) client.Patch {
-	return client.MergeFromWithOptions(pool.DeepCopy(), client.MergeFromWithOptimisticLock{})
+// setFinalizer adds (add) or removes a pool's finalizer, under the pool's resourceVersion: a merge patch
+// replaces the whole list, and two controllers keep one finalizer each, so a patch from a stale copy must
+// fail, not drop the other's.
+func setFinalizer(ctx context.Context, c client.Client, pool *fxv1.TransferPool, finalizer string, add bool) error {
+	patch := client.MergeFromWithOptions(pool.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	verb := "removing"
+	if add {
+		verb = "adding"
+		controllerutil.AddFinalizer(pool, finalizer)
+	} else {
+		controllerutil.RemoveFinalizer(pool, finalizer)
+	}
+	if err := c.Patch(ctx, pool, patch); err != nil {
+		return fmt.Errorf("%s finalizer %s of pool %s/%s: %w", verb, finalizer, pool.Namespace, pool.Name, err)
+	}
+	return nil
 }

@@ -90,10 +90,8 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, r.finalize(ctx, pool)
 	}
 	if !controllerutil.ContainsFinalizer(pool, poolFinalizer) {
-		patch := finalizerPatch(pool)
-		controllerutil.AddFinalizer(pool, poolFinalizer)
-		if err := r.Patch(ctx, pool, patch); err != nil {
-			return ctrl.Result{}, fmt.Errorf("adding finalizer to pool %s: %w", req, err)
+		if err := setFinalizer(ctx, r.Client, pool, poolFinalizer, true); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
 
@@ -274,12 +272,7 @@ func (r *TransferPoolReconciler) finalize(ctx context.Context, pool *fxv1.Transf
 		}
 	}
 	r.forgetApplied(client.ObjectKeyFromObject(pool))
-	patch := finalizerPatch(pool)
-	controllerutil.RemoveFinalizer(pool, poolFinalizer)
-	if err := r.Patch(ctx, pool, patch); err != nil {
-		return fmt.Errorf("removing finalizer from pool %s/%s: %w", pool.Namespace, pool.Name, err)
-	}
-	return nil
+	return setFinalizer(ctx, r.Client, pool, poolFinalizer, false)
 }
 
 // SetupWithManager watches pools, what they own, and everything their status is computed from.
