@@ -173,6 +173,7 @@ func TestPublisherWritesOnlyWhatChanged(t *testing.T) {
 	eventually(t, "vPOD c's slice rewritten with its third node", func() error {
 		return published(slicesByName(t, kube)[PoolName(c2.Name)], c2, 4)
 	})
+	time.Sleep(time.Second) // a pass writes several pools at once: let it end
 	now := slicesByName(t, kube)
 	for _, v := range []v1alpha1.VPodTopology{a, b} {
 		name := PoolName(v.Name)
@@ -315,8 +316,6 @@ func TestPublisherAdoptsSlicesAfterARestart(t *testing.T) {
 	}
 	d := vpod("ualink-d", "ualink:p/4", "d1")
 	pub2.Update([]v1alpha1.VPodTopology{a, b, d})
-	// Pools are written in name order and obsolete slices deleted first: once d's slice is there, the pass that
-	// read a and b is over.
 	eventually(t, "the old slice gone and d's published", func() error {
 		now := slicesByName(t, kube)
 		if _, ok := now[old.Name]; ok {
@@ -324,6 +323,7 @@ func TestPublisherAdoptsSlicesAfterARestart(t *testing.T) {
 		}
 		return published(now[PoolName(d.Name)], d, 3)
 	})
+	time.Sleep(time.Second) // a pass writes several pools at once: let it end
 	now := slicesByName(t, kube)
 	for _, v := range []v1alpha1.VPodTopology{a, b} {
 		name := PoolName(v.Name)
@@ -384,4 +384,34 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestUpdateReusesTheSpecsOfUnchangedVPods: a rebuild after one VPodTopology changed builds only that pool's
+// spec again; the others keep theirs (and so are compared by pointer, and allocate nothing).
+func TestUpdateReusesTheSpecsOfUnchangedVPods(t *testing.T) {
+	p := &Publisher{Devices: 2}
+	a, b := vpod("ualink-a", "ualink:p/1", "a1"), vpod("ualink-b", "ualink:p/2", "b1")
+	p.Update([]v1alpha1.VPodTopology{a, b})
+	first := p.desired
+	b2 := vpod("ualink-b", "ualink:p/2", "b1", "b2")
+	p.Update([]v1alpha1.VPodTopology{vpod("ualink-a", "ualink:p/1", "a1"), b2})
+	if p.desired[PoolName(a.Name)] != first[PoolName(a.Name)] {
+		t.Fatal("the unchanged vPOD's spec was built again")
+	}
+	if p.desired[PoolName(b.Name)] == first[PoolName(b.Name)] {
+		t.Fatal("the changed vPOD kept its old spec")
+	}
+	if got := p.desired[PoolName(b.Name)].NodeSelector.NodeSelectorTerms[0].MatchExpressions[0].Values; !reflect.DeepEqual(got, []string{"b1", "b2"}) {
+		t.Fatalf("changed vPOD's nodes %v", got)
+	}
+	gone := b2
+	gone.Status.MissingMembers = []string{"b2"}
+	p.Update([]v1alpha1.VPodTopology{a, gone})
+	if got := p.desired[PoolName(b.Name)].NodeSelector.NodeSelectorTerms[0].MatchExpressions[0].Values; !reflect.DeepEqual(got, []string{"b1"}) {
+		t.Fatalf("a missing member is a change: nodes %v", got)
+	}
+	p.Update([]v1alpha1.VPodTopology{a})
+	if _, ok := p.desired[PoolName(b.Name)]; ok || len(p.desired) != 1 {
+		t.Fatalf("desired pools %v after b went", keys(p.desired))
+	}
 }
