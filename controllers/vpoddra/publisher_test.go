@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -29,6 +30,13 @@ const repoRoot = "../.."
 
 // startAPIServer runs kube-apiserver and etcd (built by make tools), which serve resource.k8s.io/v1.
 func startAPIServer(t *testing.T) (kubernetes.Interface, metadata.Interface) {
+	t.Helper()
+	kube, meta, _ := startAPIServerWithCRDs(t)
+	return kube, meta
+}
+
+// startAPIServerWithCRDs is startAPIServer with the CRDs of crdDirs installed, and the config to reach it.
+func startAPIServerWithCRDs(t *testing.T, crdDirs ...string) (kubernetes.Interface, metadata.Interface, *rest.Config) {
 	t.Helper()
 	assets, err := filepath.Abs(filepath.Join(repoRoot, "bin"))
 	if err != nil {
@@ -42,7 +50,7 @@ func startAPIServer(t *testing.T) (kubernetes.Interface, metadata.Interface) {
 			t.Skipf("%s not built: run make tools", b)
 		}
 	}
-	env := &envtest.Environment{BinaryAssetsDirectory: assets}
+	env := &envtest.Environment{BinaryAssetsDirectory: assets, CRDDirectoryPaths: crdDirs, ErrorIfCRDPathMissing: len(crdDirs) > 0}
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatalf("starting envtest: %v", err)
@@ -52,7 +60,7 @@ func startAPIServer(t *testing.T) (kubernetes.Interface, metadata.Interface) {
 			t.Errorf("stopping envtest: %v", err)
 		}
 	})
-	return kubernetes.NewForConfigOrDie(cfg), metadata.NewForConfigOrDie(cfg)
+	return kubernetes.NewForConfigOrDie(cfg), metadata.NewForConfigOrDie(cfg), cfg
 }
 
 // startPublisher runs a publisher of devices devices per vPOD until the test ends or stop is called.
