@@ -596,13 +596,13 @@ func apiLatency(ctx context.Context, cs kubernetes.Interface) ([]sample, error) 
 }
 
 // printOperatorWrites prints the API server's own latency of the operator's writes between two scrapes: the
-// writes of VPodTopologies and TransferPools, which no other client of the harness writes (agents write
-// TransferNodes and Leases).
+// writes of VPodTopologies, TransferPools and ResourceSlices (the vPOD devices), which no other client of the
+// harness writes (agents write TransferNodes and Leases).
 func printOperatorWrites(before, after []sample) {
 	writes := func(l map[string]string) bool {
 		switch l["verb"] {
 		case "POST", "PUT", "PATCH", "APPLY", "DELETE":
-			return l["resource"] == "vpodtopologies" || l["resource"] == "transferpools"
+			return l["resource"] == "vpodtopologies" || l["resource"] == "transferpools" || l["resource"] == "resourceslices"
 		}
 		return false
 	}
