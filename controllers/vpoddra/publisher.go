@@ -42,8 +42,8 @@ import (
 
 // The retry delays after a pass that could not write everything, and how many slices a pass writes at once.
 // One: the slices place pods, while the vPOD reconciler's writes (64 in flight) decide when the pool and its
-// vPODs are ready, and both share the API server. With 8 slice writes in flight, make scale N=1000 converged
-// 21.9 and 9.8 s after the last first report (the vPODs behind); with one, 0.33-1.49 s.
+// vPODs are ready, and both share the API server; with 8 slice writes in flight make scale N=1000 converged no
+// faster (docs/benchmarks.md).
 const (
 	parallelWrites = 1
 	firstRetry     = time.Second
