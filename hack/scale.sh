@@ -7,6 +7,7 @@
 # the operator as a process, then hack/scale simulates N agents in one process, applies a TransferPool that
 # selects every node and measures convergence, the operator's peak RSS and the API request rate.
 # The last line is: converged N nodes in X s, operator RSS Y MiB, API Z req/s
+# OPERATOR_FLAGS are added to the operator's command line (OPERATOR_FLAGS=--dra-vpod-devices=0: no vPOD slices).
 # RUNS=K (make scale N=1000 RUNS=3) repeats the whole measurement K times, each on a fresh control plane, and
 # ends with the median and the worst convergence and operator peak RSS, and the failed agent rounds of each run.
 # Extra flags for hack/scale run go in SCALE_FLAGS (e.g. "-window 60s -ramp 0"). SCALE_CPU_PROFILE=FILE saves the
@@ -96,9 +97,10 @@ step "creating $N Node objects"
 
 step "starting the operator (agents' namespace fabricxfer-system)"
 kc create namespace fabricxfer-system >/dev/null
+# shellcheck disable=SC2086 # OPERATOR_FLAGS is a list of flags
 "$ST/operator" --leader-elect=false --metrics-bind-address="127.0.0.1:$OPERATOR_PORT" \
   --health-probe-bind-address="127.0.0.1:$((OPERATOR_PORT + 1))" --pprof-bind-address="127.0.0.1:$((OPERATOR_PORT + 2))" \
-  >"$ST/operator.log" 2>&1 &
+  ${OPERATOR_FLAGS:-} >"$ST/operator.log" 2>&1 &
 OPERATOR_PID=$!
 deadline=$(($(date +%s) + 60))
 until curl -sf "http://127.0.0.1:$((OPERATOR_PORT + 1))/readyz" >/dev/null 2>&1; do

@@ -14,6 +14,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/utils/ptr"
 
 	"github.com/fabricxfer/fabricxfer/agent/dra"
@@ -57,7 +58,7 @@ func TestSharedVPodClaimKeepsItsPodsInsideTheVPod(t *testing.T) {
 		drivers[node] = startDriverWith(t, cs, node, &detector{rep: report(4, dom)}, 2, "/var/run/fabricxfer/kv-"+node)
 	}
 	logger := testr.New(t)
-	pub := &vpoddra.Publisher{Kube: cs, Devices: 2, Log: &logger}
+	pub := &vpoddra.Publisher{Kube: cs, Metadata: metadata.NewForConfigOrDie(env.Config), Devices: 2, Log: &logger}
 	pubCtx, stopPub := context.WithCancel(ctx)
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- pub.Start(pubCtx) }()

@@ -16,6 +16,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/metadata"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -129,7 +130,11 @@ func run() error {
 		if err != nil {
 			return fmt.Errorf("creating the vPOD ResourceSlice client: %w", err)
 		}
-		if err := (&vpoddra.Publisher{Kube: kube, Client: mgr.GetClient(), Devices: *vpodDevices}).SetupWithManager(mgr); err != nil {
+		meta, err := metadata.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("creating the vPOD ResourceSlice metadata client: %w", err)
+		}
+		if err := (&vpoddra.Publisher{Kube: kube, Metadata: meta, Client: mgr.GetClient(), Devices: *vpodDevices}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the vPOD ResourceSlice publisher: %w", err)
 		}
 	}

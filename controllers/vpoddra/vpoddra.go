@@ -4,23 +4,15 @@
 package vpoddra
 
 import (
-	"context"
 	"fmt"
+	"slices"
 	"sort"
-	"sync"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
@@ -59,7 +51,11 @@ func Members(v v1alpha1.VPodTopology) []string {
 func Resources(domains []v1alpha1.VPodTopology, n int) *resourceslice.DriverResources {
 	res := &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{}}
 	for _, v := range domains {
-		nodes := Members(v)
+		nodes := slices.DeleteFunc(Members(v), func(node string) bool {
+			// A node name is up to 253 characters, a label value 63: no node's hostname label can hold a longer
+			// one, so leaving it out changes no match, and the selector stays one the API server takes.
+			return len(validation.IsValidLabelValue(node)) > 0
+		})
 		if len(nodes) == 0 || v.Spec.Domain == "" {
 			continue
 		}
@@ -101,87 +97,4 @@ func Resources(domains []v1alpha1.VPodTopology, n int) *resourceslice.DriverReso
 		}
 	}
 	return res
-}
-
-// Publisher keeps the vPOD pools' ResourceSlices equal to the VPodTopologies. It is a manager Runnable (run by
-// the leader only) and a reconciler of VPodTopology.
-type Publisher struct {
-	Kube    kubernetes.Interface
-	Client  client.Reader
-	Devices int
-	// Log receives publishing errors (the context's logger when unset).
-	Log *logr.Logger
-
-	mu      sync.Mutex
-	ctrl    *resourceslice.Controller
-	pending *resourceslice.DriverResources
-}
-
-// Start runs the slice controller until ctx ends.
-func (p *Publisher) Start(ctx context.Context) error {
-	p.mu.Lock()
-	res := p.pending
-	if res == nil {
-		res = &resourceslice.DriverResources{}
-	}
-	c, err := resourceslice.StartController(ctx, resourceslice.Options{DriverName: DriverName, KubeClient: p.Kube, Resources: res,
-		ErrorHandler: func(ctx context.Context, err error, msg string) {
-			l := log.FromContext(ctx)
-			if p.Log != nil {
-				l = *p.Log
-			}
-			l.Error(err, msg)
-		}})
-	if err != nil {
-		p.mu.Unlock()
-		return fmt.Errorf("starting the vPOD ResourceSlice controller: %w", err)
-	}
-	p.ctrl = c
-	p.mu.Unlock()
-	<-ctx.Done()
-	c.Stop()
-	return nil
-}
-
-// NeedLeaderElection: only the leader publishes.
-func (p *Publisher) NeedLeaderElection() bool { return true }
-
-// Reconcile lists every VPodTopology and hands their pools to the slice controller.
-func (p *Publisher) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
-	var list v1alpha1.VPodTopologyList
-	if err := p.Client.List(ctx, &list); err != nil {
-		return ctrl.Result{}, fmt.Errorf("listing VPodTopologies: %w", err)
-	}
-	p.Update(list.Items)
-	return ctrl.Result{}, nil
-}
-
-// Update replaces the published pools with those of domains.
-func (p *Publisher) Update(domains []v1alpha1.VPodTopology) {
-	n := p.Devices
-	if n <= 0 {
-		n = DefaultDevices
-	}
-	res := Resources(domains, n)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.pending = res
-	if p.ctrl != nil {
-		p.ctrl.Update(res)
-	}
-}
-
-// allPoolsKey names the one request every VPodTopology change enqueues: Reconcile rebuilds all pools from the
-// list, so a burst of changes (a thousand nodes' vPODs written at start) is one pass, not one pass per object.
-const allPoolsKey = "vpod-dra-pools"
-
-// SetupWithManager runs the publisher in mgr and reconciles it after VPodTopology changes.
-func (p *Publisher) SetupWithManager(mgr ctrl.Manager) error {
-	if err := mgr.Add(p); err != nil {
-		return fmt.Errorf("adding the vPOD ResourceSlice publisher: %w", err)
-	}
-	return ctrl.NewControllerManagedBy(mgr).Named("vpod-dra").
-		Watches(&v1alpha1.VPodTopology{}, handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: allPoolsKey}}}
-		})).Complete(p)
 }

@@ -22,8 +22,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -389,6 +391,9 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 	cpu3, at3 := cpu(), time.Now()
 	fmt.Printf("operator CPU in the steady state: %.2f s in %.1f s (%.1f %% of a core)\n", cpu3-cpu2, at3.Sub(at2).Seconds(),
 		100*(cpu3-cpu2)/at3.Sub(at2).Seconds())
+	if err := printVPodSlices(ctx, cs, len(expected)); err != nil {
+		return err
+	}
 	failures := int64(0)
 	for _, s := range sims {
 		failures += s.failures.Load()
@@ -591,13 +596,13 @@ func apiLatency(ctx context.Context, cs kubernetes.Interface) ([]sample, error) 
 }
 
 // printOperatorWrites prints the API server's own latency of the operator's writes between two scrapes: the
-// writes of VPodTopologies and TransferPools, which no other client of the harness writes (agents write
-// TransferNodes and Leases).
+// writes of VPodTopologies, TransferPools and ResourceSlices (the vPOD devices), which no other client of the
+// harness writes (agents write TransferNodes and Leases).
 func printOperatorWrites(before, after []sample) {
 	writes := func(l map[string]string) bool {
 		switch l["verb"] {
 		case "POST", "PUT", "PATCH", "APPLY", "DELETE":
-			return l["resource"] == "vpodtopologies" || l["resource"] == "transferpools"
+			return l["resource"] == "vpodtopologies" || l["resource"] == "transferpools" || l["resource"] == "resourceslices"
 		}
 		return false
 	}
@@ -690,4 +695,27 @@ func steadyState(ctx context.Context, o options, cfg *rest.Config, agentRequests
 		fmt.Printf("  api %s\n", line)
 	}
 	return total, nil
+}
+
+// printVPodSlices counts the operator's vPOD ResourceSlices (driver fabricxfer.io, bound to no node) and their
+// devices, a page at a time, so a lean operator is seen to have published them all.
+func printVPodSlices(ctx context.Context, cs kubernetes.Interface, domains int) error {
+	opts := metav1.ListOptions{Limit: 100, FieldSelector: fields.Set{
+		resourceapi.ResourceSliceSelectorDriver: v1alpha1.DRADriverName, resourceapi.ResourceSliceSelectorNodeName: ""}.String()}
+	slices, devices := 0, 0
+	for {
+		l, err := cs.ResourceV1().ResourceSlices().List(ctx, opts)
+		if err != nil {
+			return fmt.Errorf("listing the vPOD ResourceSlices: %w", err)
+		}
+		for _, s := range l.Items {
+			slices++
+			devices += len(s.Spec.Devices)
+		}
+		if opts.Continue = l.Continue; opts.Continue == "" {
+			break
+		}
+	}
+	fmt.Printf("vPOD ResourceSlices: %d for %d scale-up domains, %d devices\n", slices, domains, devices)
+	return nil
 }
