@@ -212,7 +212,8 @@ func TestRegisterSpanningVMMAllocations(t *testing.T) {
 	if released != 1 {
 		t.Fatalf("backend released %d regions, want 1", released)
 	}
-	if n := openFDs(t); n > base {
+	// The agent's ends of the fd socket's connections (this process's too) close asynchronously.
+	if n := fdsWithin(t, base); n > base {
 		t.Fatalf("%d descriptors open after deregistering, %d before registering: the agent kept some", n, base)
 	}
 }
