@@ -79,10 +79,20 @@ func TestPoolCertificatesIssuedAndDeletedWithThePool(t *testing.T) {
 	if !slices.Contains(got.Finalizers, certFinalizer) || !slices.Contains(got.Finalizers, poolFinalizer) {
 		t.Errorf("finalizers %v, want the pool controller's and the certificate controller's", got.Finalizers)
 	}
-	// The pool controller's own conditions stay beside this one.
-	if meta.FindStatusCondition(got.Status.Conditions, fxv1.ConditionReady) == nil {
-		t.Errorf("the pool lost its Ready condition: %+v", got.Status.Conditions)
-	}
+	// The pool controller's own conditions stand beside this one once both have written (either may be first;
+	// each writes under the pool's resourceVersion, so neither drops the other's).
+	eventually(t, settle, "the pool's Ready condition beside CertificatesReady", func() error {
+		p, err := getPool(c, pool)
+		if err != nil {
+			return err
+		}
+		if meta.FindStatusCondition(p.Status.Conditions, fxv1.ConditionReady) == nil ||
+			meta.FindStatusCondition(p.Status.Conditions, fxv1.ConditionCertificatesReady) == nil {
+			return fmt.Errorf("conditions %+v", p.Status.Conditions)
+		}
+		got = p
+		return nil
+	})
 
 	if err := c.Delete(ctx, got); err != nil {
 		t.Fatal(err)
