@@ -530,8 +530,15 @@ func TestLeaseRenewalWritesNothing(t *testing.T) {
 	nodes := newNodes(t, c, "lease-renewal", 1)
 	pool := newPool(t, c, ns, "kv", "lease-renewal") // 10 s heartbeat: nothing expires during the test
 	report(t, c, pool, nodes[0], time.Now(), nil, fxv1.EngineTCP)
-	before := waitPool(t, c, pool, metav1.ConditionTrue, fxv1.ReasonAllNodesReady, "1/1")
-	time.Sleep(time.Second) // let the reconciles the report caused finish
+	waitPool(t, c, pool, metav1.ConditionTrue, fxv1.ReasonAllNodesReady, "1/1")
+	// The certificate controller writes the pool too (its finalizer, CertificatesReady): the baseline is taken
+	// once it has, and the reconciles the report caused have finished.
+	waitCertCondition(t, c, pool, metav1.ConditionTrue, fxv1.ReasonCertificatesIssued)
+	time.Sleep(time.Second)
+	before, err := getPool(c, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	pools0, vpods0 := reconcileCount(t, "transferpool"), reconcileCount(t, "vpodtopology")
 	const renewals = 20
