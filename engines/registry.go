@@ -26,6 +26,8 @@ type Registry struct {
 	trackers map[*Tracker]struct{}
 	allIdle  chan struct{} // closed when trackers becomes empty after Close
 
+	handoffs handoffs // waited transfers not yet driven
+
 	// batches recycles planners' working memory: a batch of tens of thousands of KV blocks needs megabytes,
 	// and fresh pages for every plan cost more than the planning itself.
 	batches sync.Pool // *batch
@@ -271,6 +273,7 @@ func (r *Registry) Begin(ctx context.Context, engine string, ps *PlanSet, opts S
 		return nil, nil, fmt.Errorf("submitting to %s: %w: negative timeout", engine, ErrInvalid)
 	}
 	t := newTracker(ctx, engine, ps.Plans, opts, finalize)
+	t.handoffs = &r.handoffs
 	work := make([]Work, 0, len(ps.Plans))
 	var refused []int
 	var refusedErr []error

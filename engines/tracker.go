@@ -37,7 +37,8 @@ type Tracker struct {
 	pinned   []*region
 	release  func()
 
-	drive driver // set by DriveOnWait
+	drive    driver    // set by DriveOnWait
+	handoffs *handoffs // the registry's, which DriveOnWait joins; nil: one of the tracker's own
 }
 
 // WaitedHandoff bounds how long a transfer submitted as Waited waits for a Wait before a goroutine takes it.
@@ -54,7 +55,7 @@ type driver struct {
 	run     func()
 	handed  bool
 	holding bool
-	timer   *time.Timer
+	driven  bool // a Drive started: it hands the transfer over itself if it gives up
 }
 
 // DriveOnWait makes Wait and Drive advance the transfer by calling poll (non-blocking: it finishes what has
@@ -65,8 +66,11 @@ func (t *Tracker) DriveOnWait(poll func() bool, run func()) {
 	d := &t.drive
 	d.mu.Lock()
 	d.poll, d.run = poll, run
-	d.timer = time.AfterFunc(WaitedHandoff, t.handOff)
 	d.mu.Unlock()
+	if t.handoffs == nil {
+		t.handoffs = &handoffs{}
+	}
+	t.handoffs.add(t, time.Now())
 }
 
 // handOff starts the blocking run on a goroutine, once, unless the transfer is done.
@@ -78,9 +82,6 @@ func (t *Tracker) handOff() {
 		return
 	}
 	d.handed = true
-	if d.timer != nil {
-		d.timer.Stop()
-	}
 	run := d.run
 	d.mu.Unlock()
 	select {
@@ -99,7 +100,7 @@ func (t *Tracker) Drive(ctx context.Context) bool {
 		d.mu.Unlock()
 		return t.isDone()
 	}
-	d.holding = true
+	d.holding, d.driven = true, true
 	poll := d.poll
 	d.mu.Unlock()
 	until := time.Now().Add(driverPollBudget)
@@ -114,14 +115,79 @@ func (t *Tracker) Drive(ctx context.Context) bool {
 	}
 	d.mu.Lock()
 	d.holding = false
-	if done && d.timer != nil {
-		d.timer.Stop()
-	}
 	d.mu.Unlock()
 	if !done {
 		t.handOff()
 	}
 	return done && t.isDone()
+}
+
+// driveTaken reports whether the transfer no longer needs the handoff: done, handed over, or driven (a Drive
+// hands it over itself when it gives up).
+func (t *Tracker) driveTaken() bool {
+	d := &t.drive
+	d.mu.Lock()
+	taken := d.handed || d.driven
+	d.mu.Unlock()
+	return taken || t.isDone()
+}
+
+// handoffs hands waited transfers that nobody drives within WaitedHandoff to a goroutine, with one timer for
+// all of a registry's transfers: a timer of its own for each transfer (armed, then stopped microseconds later
+// by its waiter) cost more than the rest of the engine's work around a small GPU copy.
+type handoffs struct {
+	mu      sync.Mutex
+	waiting []handoffEntry // in the order they joined, so by due time
+	timer   *time.Timer
+	armed   bool
+}
+
+type handoffEntry struct {
+	t   *Tracker
+	due time.Time
+}
+
+func (h *handoffs) add(t *Tracker, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.waiting = append(h.waiting, handoffEntry{t: t, due: now.Add(WaitedHandoff)})
+	if h.armed {
+		return
+	}
+	h.armed = true
+	if h.timer == nil {
+		h.timer = time.AfterFunc(WaitedHandoff, h.sweep)
+	} else {
+		h.timer.Reset(WaitedHandoff)
+	}
+}
+
+// sweep hands over the transfers that are due and nobody took, forgets the taken ones, and waits for the next.
+func (h *handoffs) sweep() {
+	now := time.Now()
+	h.mu.Lock()
+	var due []*Tracker
+	keep := h.waiting[:0]
+	for _, e := range h.waiting {
+		switch {
+		case e.t.driveTaken():
+		case now.Before(e.due):
+			keep = append(keep, e)
+		default:
+			due = append(due, e.t)
+		}
+	}
+	clear(h.waiting[len(keep):])
+	h.waiting = keep
+	if len(keep) > 0 {
+		h.timer.Reset(keep[0].due.Sub(now))
+	} else {
+		h.armed = false
+	}
+	h.mu.Unlock()
+	for _, t := range due {
+		t.handOff()
+	}
 }
 
 func (t *Tracker) isDone() bool {

@@ -65,3 +65,61 @@ func TestTrackerDeadlineEndsTheContext(t *testing.T) {
 	}
 	tr2.Finish(0, nil)
 }
+
+// One registry's waited transfers share one handoff timer: of transfers joined at different times, each that
+// nobody drives is handed to its goroutine once, not before WaitedHandoff after it joined; one whose Drive
+// started is left to that Drive; one already done is never run.
+func TestHandoffsShareOneTimer(t *testing.T) {
+	var h handoffs
+	type joined struct {
+		tr  *Tracker
+		at  time.Time
+		ran chan time.Time
+	}
+	join := func() joined {
+		tr := newTracker(context.Background(), "test", []Plan{{}}, SubmitOptions{Timeout: time.Minute}, nil)
+		tr.arm()
+		tr.handoffs = &h
+		j := joined{tr: tr, ran: make(chan time.Time, 2)}
+		j.at = time.Now()
+		tr.DriveOnWait(func() bool { return false }, func() { j.ran <- time.Now() })
+		return j
+	}
+	first := join()
+	time.Sleep(2 * time.Millisecond)
+	second := join()
+	driven := join()
+	driven.tr.drive.mu.Lock()
+	driven.tr.drive.driven = true // as a Drive in progress leaves it
+	driven.tr.drive.mu.Unlock()
+	done := join()
+	done.tr.Finish(0, nil)
+
+	for name, j := range map[string]joined{"first": first, "second": second} {
+		select {
+		case at := <-j.ran:
+			if waited := at.Sub(j.at); waited < WaitedHandoff {
+				t.Errorf("%s transfer handed over %v after it joined, before WaitedHandoff (%v)", name, waited, WaitedHandoff)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s transfer was never handed over", name)
+		}
+	}
+	time.Sleep(2 * WaitedHandoff)
+	for name, j := range map[string]joined{"first": first, "second": second, "driven": driven, "done": done} {
+		select {
+		case <-j.ran:
+			t.Errorf("%s transfer handed over once too often", name)
+		default:
+		}
+	}
+	h.mu.Lock()
+	left, armed := len(h.waiting), h.armed
+	h.mu.Unlock()
+	if left != 0 || armed {
+		t.Errorf("after every transfer was taken the handoffs keep %d waiting, timer armed %v", left, armed)
+	}
+	for _, j := range []joined{first, second, driven} {
+		j.tr.Finish(0, nil)
+	}
+}
