@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,8 +21,8 @@ type Tracker struct {
 	start  time.Time
 
 	ctx      context.Context
-	cancelFn context.CancelCauseFunc
-	stopWait func()
+	stop     context.CancelFunc
+	cause    atomic.Pointer[error] // why cancel stopped it, for StopCause (the deadline's is the context's)
 	deadline time.Time
 
 	mu        sync.Mutex
@@ -227,10 +228,10 @@ func newTracker(parent context.Context, engine string, plans []Plan, opts Submit
 		deadline = t.start.Add(DefaultTimeout)
 	}
 	// The context carries the enforced deadline (engines hand ctx.Deadline() to peers and syscalls) and ends
-	// with errDeadline as its cause when it passes.
-	ctx, cancel := context.WithCancelCause(parent)
-	bounded, stop := context.WithDeadlineCause(ctx, deadline, errDeadline)
-	t.ctx, t.cancelFn, t.stopWait, t.deadline = bounded, cancel, stop, deadline
+	// with errDeadline as its cause when it passes. One context, not a cancellable one under the deadline: the
+	// reason of a cancel is kept beside it, which spares a context, its channel and its link per transfer.
+	t.ctx, t.stop = context.WithDeadlineCause(parent, deadline, errDeadline)
+	t.deadline = deadline
 	return t
 }
 
@@ -242,24 +243,35 @@ func (t *Tracker) Context() context.Context { return t.ctx }
 // now+Timeout, or now+DefaultTimeout when neither is set. Never zero.
 func (t *Tracker) Deadline() time.Time { return t.deadline }
 
-func (t *Tracker) cancel(cause error) { t.cancelFn(cause) }
+// cancel stops the transfer's context with cause, unless it already ended (the first reason stands).
+func (t *Tracker) cancel(cause error) {
+	if t.ctx.Err() == nil {
+		t.cause.CompareAndSwap(nil, &cause)
+	}
+	t.stop()
+}
 
 // Cancel implements Transfer.
-func (t *Tracker) Cancel() { t.cancelFn(errCancelled) }
+func (t *Tracker) Cancel() { t.cancel(errCancelled) }
 
 // Done implements Transfer.
 func (t *Tracker) Done() <-chan struct{} { return t.done }
 
 // StopCause returns the typed reason the transfer's context ended (nil while it is live).
 func (t *Tracker) StopCause() error {
+	return t.stopCause()
+}
+
+// stopCause is the typed reason the context ended: the cause cancel was given, else the context's own (its
+// deadline's, or the submitter's context's).
+func (t *Tracker) stopCause() error {
 	if t.ctx.Err() == nil {
 		return nil
 	}
-	return stopCause(t.ctx)
-}
-
-func stopCause(ctx context.Context) error {
-	cause := context.Cause(ctx)
+	cause := context.Cause(t.ctx)
+	if c := t.cause.Load(); c != nil && !errors.Is(cause, ErrDeadline) {
+		cause = *c
+	}
 	switch {
 	case cause == nil:
 		return nil
@@ -279,7 +291,7 @@ func stopCause(ctx context.Context) error {
 func (t *Tracker) Finish(i int, err error) {
 	if err != nil && t.ctx.Err() != nil &&
 		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-		err = stopCause(t.ctx)
+		err = t.stopCause()
 	}
 	t.mu.Lock()
 	if i < 0 || i >= len(t.finished) || t.finished[i] {
@@ -311,7 +323,6 @@ func (t *Tracker) complete() {
 	if t.finalize != nil {
 		t.finalize(t.ctx, t.outcomes)
 	}
-	t.stopWait()
 	var failures []Failure
 	for i, o := range t.outcomes {
 		if o.Err != nil {
@@ -322,7 +333,7 @@ func (t *Tracker) complete() {
 	if len(failures) > 0 {
 		t.result = &TransferError{Failures: failures}
 	}
-	t.cancelFn(context.Canceled) // releases the context's resources; the outcome is already fixed
+	t.stop() // releases the context's resources; the outcome is already fixed
 	// Done closes before the regions are unpinned, so a Deregister that waited for them returns after Done.
 	close(t.done)
 	if t.onDone != nil {

@@ -123,3 +123,74 @@ func TestHandoffsShareOneTimer(t *testing.T) {
 		j.tr.Finish(0, nil)
 	}
 }
+
+// BenchmarkTrackerLifetime is a one-plan tracker's whole life (made, armed, finished, waited) under a parent
+// that can be cancelled, as the socket's connection context is, beside what its context alone costs.
+func BenchmarkTrackerLifetime(b *testing.B) {
+	parent, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	plans := []Plan{{}}
+	b.Run("tracker", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			tr := newTracker(parent, "test", plans, SubmitOptions{Timeout: time.Minute}, nil)
+			tr.arm()
+			tr.Finish(0, nil)
+			if err := tr.Wait(parent); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("cancel context", func(b *testing.B) {
+		for b.Loop() {
+			_, stop := context.WithCancelCause(parent)
+			stop(nil)
+		}
+	})
+	b.Run("deadline context", func(b *testing.B) {
+		for b.Loop() {
+			_, stop := context.WithDeadlineCause(parent, time.Now().Add(time.Minute), ErrDeadline)
+			stop()
+		}
+	})
+}
+
+// The first reason a transfer stopped stands: a Cancel after a deregistration or after the deadline does not
+// rewrite it, and contexts made from the transfer's see the deadline as context.DeadlineExceeded.
+func TestTrackerFirstStopCauseStands(t *testing.T) {
+	tr := newTracker(context.Background(), "test", []Plan{{}}, SubmitOptions{Timeout: time.Minute}, nil)
+	tr.arm()
+	tr.cancel(ErrDeregistered)
+	tr.Cancel()
+	if err := tr.StopCause(); !errors.Is(err, ErrDeregistered) {
+		t.Errorf("stop cause after deregistration then Cancel = %v, want ErrDeregistered", err)
+	}
+	tr.Finish(0, nil)
+
+	tr = newTracker(context.Background(), "test", []Plan{{}}, SubmitOptions{Timeout: 10 * time.Millisecond}, nil)
+	tr.arm()
+	child, stop := context.WithTimeout(tr.Context(), time.Hour)
+	defer stop()
+	select {
+	case <-child.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a context made from the transfer's outlived its deadline")
+	}
+	if !errors.Is(child.Err(), context.DeadlineExceeded) {
+		t.Errorf("derived context ended with %v, want context.DeadlineExceeded", child.Err())
+	}
+	tr.Cancel()
+	if err := tr.StopCause(); !errors.Is(err, ErrDeadline) {
+		t.Errorf("stop cause after the deadline then Cancel = %v, want ErrDeadline", err)
+	}
+	tr.Finish(0, nil)
+
+	parent, cancelParent := context.WithCancelCause(context.Background())
+	tr = newTracker(parent, "test", []Plan{{}}, SubmitOptions{Timeout: time.Minute}, nil)
+	tr.arm()
+	cancelParent(ErrClosed)
+	if err := tr.StopCause(); !errors.Is(err, ErrClosed) {
+		t.Errorf("stop cause after the submitter's context ended = %v, want its cause", err)
+	}
+	tr.Finish(0, nil)
+}
