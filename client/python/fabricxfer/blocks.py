@@ -198,17 +198,27 @@ def blocks_request(op: int, layout_id: int, remote: pb.LayoutRef, local: memoryv
 _HEADS: dict = {}
 
 
+def _remote_key(remote):
+    """The cache key of the other side: a RemoteLayout says it without building its LayoutRef (reading a
+    protobuf message's fields costs as much as the rest of a small frame); a LayoutRef is read."""
+    key = getattr(remote, "_key", None)
+    if key is not None:
+        return key()
+    return (remote.WhichOneof("target"), remote.layout_id, remote.segment, remote.node)
+
+
 def _head(op, layout_id, remote, id_bytes, timeout, notify, wait) -> bytes:
     """The serialized scalar fields of a block request; the few distinct ones a caller sends are kept, since
-    building a protobuf message costs more than the rest of the frame."""
+    building a protobuf message costs more than the rest of the frame. remote is a LayoutRef or anything with
+    ref and _key() (a RemoteLayout)."""
     key = None
     if not notify:
-        key = (op, layout_id, remote.WhichOneof("target"), remote.layout_id, remote.segment, remote.node, id_bytes,
-               timeout, wait)
+        key = (op, layout_id, _remote_key(remote), id_bytes, timeout, wait)
         head = _HEADS.get(key)
         if head is not None:
             return head
-    msg = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=remote, id_bytes=id_bytes, wait=wait,
+    ref = remote if isinstance(remote, pb.LayoutRef) else remote.ref
+    msg = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=ref, id_bytes=id_bytes, wait=wait,
                                    notify=notify or b"")
     if timeout:
         msg.timeout.FromNanoseconds(int(timeout * 1e9))
@@ -220,12 +230,13 @@ def _head(op, layout_id, remote, id_bytes, timeout, notify, wait) -> bytes:
     return head
 
 
-def blocks_frame(op: int, layout_id: int, remote: pb.LayoutRef, local: memoryview, remote_ids: memoryview,
+def blocks_frame(op: int, layout_id: int, remote, local: memoryview, remote_ids: memoryview,
                  id_bytes: int, timeout: Optional[float] = None, notify: Optional[bytes] = None,
                  wait: bool = True) -> List:
     """The fast-socket frame (u32 big-endian length + FastRequest{blocks}) as a list of buffers for
     socket.sendmsg: the scalar fields are serialized by protobuf, the two id fields are appended as
-    length-delimited fields pointing at the callers' buffers (protobuf readers take fields in any order)."""
+    length-delimited fields pointing at the callers' buffers (protobuf readers take fields in any order).
+    remote is a LayoutRef or a RemoteLayout."""
     head = _head(op, layout_id, remote, id_bytes, timeout, notify, wait)
     ln, rn = local.nbytes, remote_ids.nbytes
     lk = _TAG_LOCAL_IDS + _varint(ln)
@@ -297,7 +308,7 @@ class IdArena:
         return n
 
 
-def arena_frame(op: int, layout_id: int, remote: pb.LayoutRef, count: int, timeout: Optional[float] = None,
+def arena_frame(op: int, layout_id: int, remote, count: int, timeout: Optional[float] = None,
                 notify: Optional[bytes] = None, wait: bool = True) -> List:
     """The fast-socket frame of a block transfer whose count ids a side (32-bit) are in the connection's arena."""
     head = _head(op, layout_id, remote, 4, timeout, notify, wait)

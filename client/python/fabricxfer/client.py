@@ -329,15 +329,21 @@ class Layout:
 class RemoteLayout:
     """The other side of a block transfer; build with to_layout or to_layout_segment."""
 
-    def __init__(self, layout: Optional[Layout] = None, ref: Optional[pb.LayoutRef] = None):
+    def __init__(self, layout: Optional[Layout] = None, node: str = "", segment: str = ""):
         self._layout = layout
-        self._ref = ref
+        self._node, self._segment = node, segment
 
     @property
     def ref(self) -> pb.LayoutRef:
         if self._layout is not None:  # follows the layout's id across recover()
             return pb.LayoutRef(layout_id=self._layout.id)
-        return self._ref
+        return pb.LayoutRef(node=self._node, segment=self._segment)
+
+    def _key(self):
+        """What ref would say, as a cheap hashable value: the frame's head is kept under it."""
+        if self._layout is not None:
+            return self._layout.pb.id
+        return (self._node, self._segment)
 
     def __repr__(self):
         return "RemoteLayout(%s)" % str(self.ref).replace("\n", " ").strip()
@@ -350,7 +356,7 @@ def to_layout(layout: Layout) -> RemoteLayout:
 
 def to_layout_segment(node: str, segment: str) -> RemoteLayout:
     """A layout published under segment on node (this node when node is empty)."""
-    return RemoteLayout(ref=pb.LayoutRef(node=node, segment=segment))
+    return RemoteLayout(node=node, segment=segment)
 
 
 @dataclass
@@ -866,24 +872,22 @@ class Client:
             nr = _blocks.narrow_ids(remote_ids, count) if nl is not None else None
             if nr is not None:
                 local, rids, width = nl, nr, 4
-        ref = remote.ref
         self._check_session()
         # A frame the fast socket would refuse goes by gRPC, whose refusal leaves the fast connection up.
         if self._fast is not None and local.nbytes + rids.nbytes < FAST_FRAME_MAX - 4096:
-            parts = _blocks.blocks_frame(code, layout.id, ref, local, rids, width, timeout, notify, wait)
+            parts = _blocks.blocks_frame(code, layout.pb.id, remote, local, rids, width, timeout, notify, wait)
             resp = self._fast_call(parts, timeout)
         else:
-            req = _blocks.blocks_request(code, layout.id, ref, local, rids, width, timeout, notify, wait)
+            req = _blocks.blocks_request(code, layout.id, remote.ref, local, rids, width, timeout, notify, wait)
             resp = self._call(self.stub.TransferBlocks, req)
         return self._settled(resp, wait)
 
     def _arena_call(self, code, layout, ids, remote, remote_ids, timeout, notify, wait):
         """A block transfer whose ids go through the fast connection's arena; None when they do not fit it."""
-        ref = remote.ref
-
         def build(conn):
             count = self._arena.fill(ids, remote_ids) if self._arena is not None else None
-            return None if count is None else _blocks.arena_frame(code, layout.id, ref, count, timeout, notify, wait)
+            return None if count is None else _blocks.arena_frame(code, layout.pb.id, remote, count, timeout, notify,
+                                                                   wait)
 
         return self._fast_exchange(build, timeout)
 

@@ -158,6 +158,21 @@ class FrameTest(unittest.TestCase):
         got = self.parse(blocks.blocks_frame(pb.OP_READ, 1, pb.LayoutRef(layout_id=2), empty, empty, 4))
         self.assertEqual((got.blocks.op, got.blocks.remote.layout_id, got.blocks.local_ids), (pb.OP_READ, 2, b""))
 
+    def test_frame_of_a_remote_layout_follows_it(self):
+        # The frame's head is kept per remote; a RemoteLayout keys it without building its LayoutRef, and the
+        # frame still names what its ref names: another remote, a layout given a new id by recover(), a segment.
+        ids, _, _ = blocks.pack_ids(array.array("q", [4]))
+        lay = Layout(pb.Layout(id=2, block_bytes=720, blocks=16, region_ids=[2]), [])
+        for remote in (to_layout(lay), to_layout(Layout(pb.Layout(id=9), [])), to_layout_segment("node-b", "kv-0"),
+                       to_layout_segment("", "kv-0")):
+            with self.subTest(remote=repr(remote)):
+                for _ in range(2):  # built, then from the kept head
+                    got = self.parse(blocks.blocks_frame(pb.OP_WRITE, 7, remote, ids, ids, 8))
+                    self.assertEqual(got.blocks.remote, remote.ref)
+        remote = to_layout(lay)
+        lay.pb.id = 5  # as recover() renumbers it
+        self.assertEqual(self.parse(blocks.blocks_frame(pb.OP_WRITE, 7, remote, ids, ids, 8)).blocks.remote.layout_id, 5)
+
     def test_fast_conn_sends_frames_larger_than_the_socket_buffer(self):
         # Partial writes resume where they stopped, whether the sender polls for room (spin) or sleeps (no spin),
         # and a reply that follows is read whole.
