@@ -48,6 +48,8 @@ const (
 	defaultStagingBytes = 64 << 20
 	// stageIdle: staging slots of a peer unused this long go back to the stager.
 	stageIdle = 30 * time.Second
+	// gathersAhead bounds the gathers a staged write queues on the GPU before waiting for the oldest.
+	gathersAhead = 4
 	// stageDrain bounds how long a queued GPU copy is waited for after its transfer stopped: a launched copy
 	// cannot be recalled, and its slot must not be reused (nor its transfer end) while it may still run.
 	stageDrain = 30 * time.Second
@@ -86,45 +88,55 @@ func (sp *stagePool) signal() {
 // get returns an idle slot, allocating one while below the bound, else waits for one.
 func (sp *stagePool) get(ctx context.Context) ([]byte, error) {
 	for {
-		sp.mu.Lock()
-		sp.lastUse = time.Now()
-		if n := len(sp.idle); n > 0 {
-			b := sp.idle[n-1]
-			sp.idle = sp.idle[:n-1]
-			sp.mu.Unlock()
-			return b, nil
+		b, wake, err := sp.tryGet()
+		if b != nil || err != nil {
+			return b, err
 		}
-		if len(sp.frees) < sp.max {
-			// Reserve the place while allocating outside the lock (pinning takes a while).
-			reserved := new(byte)
-			sp.frees[reserved] = nil
-			sp.mu.Unlock()
-			b, free, err := sp.stager.AllocPinned(stageSlot)
-			if err == nil && len(b) < stageSlot {
-				_ = free()
-				err = fmt.Errorf("stager returned %d bytes of staging memory, asked for %d", len(b), stageSlot)
-			}
-			sp.mu.Lock()
-			delete(sp.frees, reserved)
-			if err == nil {
-				b = b[:stageSlot]
-				sp.frees[&b[0]] = free
-			}
-			sp.signal()
-			sp.mu.Unlock()
-			if err != nil {
-				return nil, fmt.Errorf("allocating %d bytes of pinned staging memory: %w", stageSlot, err)
-			}
-			return b, nil
-		}
-		wake := sp.wake
-		sp.mu.Unlock()
 		select {
 		case <-wake:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("waiting for staging memory: %w", ctx.Err())
 		}
 	}
+}
+
+// tryGet returns an idle slot, or a new one while below the bound; else no slot and a channel closed when one
+// may have become free.
+func (sp *stagePool) tryGet() ([]byte, <-chan struct{}, error) {
+	sp.mu.Lock()
+	sp.lastUse = time.Now()
+	if n := len(sp.idle); n > 0 {
+		b := sp.idle[n-1]
+		sp.idle = sp.idle[:n-1]
+		sp.mu.Unlock()
+		return b, nil, nil
+	}
+	if len(sp.frees) >= sp.max {
+		wake := sp.wake
+		sp.mu.Unlock()
+		return nil, wake, nil
+	}
+	// Reserve the place while allocating outside the lock (pinning takes a while).
+	reserved := new(byte)
+	sp.frees[reserved] = nil
+	sp.mu.Unlock()
+	b, free, err := sp.stager.AllocPinned(stageSlot)
+	if err == nil && len(b) < stageSlot {
+		_ = free()
+		err = fmt.Errorf("stager returned %d bytes of staging memory, asked for %d", len(b), stageSlot)
+	}
+	sp.mu.Lock()
+	delete(sp.frees, reserved)
+	if err == nil {
+		b = b[:stageSlot]
+		sp.frees[&b[0]] = free
+	}
+	sp.signal()
+	sp.mu.Unlock()
+	if err != nil {
+		return nil, nil, fmt.Errorf("allocating %d bytes of pinned staging memory: %w", stageSlot, err)
+	}
+	return b, nil, nil
 }
 
 // put returns a slot.
@@ -343,35 +355,16 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 		go func() { // the producer
 			defer outstanding.Done()
 			defer close(ready)
-			for _, ch := range chunks {
-				if stopped() {
-					return
-				}
-				slot, err := pool.get(ctx)
-				if err != nil {
-					record(err)
-					return
-				}
-				wt, err := sr.ToHost(slot, stageSegs(ch, true))
-				drained := true
-				if err == nil {
-					err, drained = waitStage(wt)
-				} else {
-					err = fmt.Errorf("queueing GPU staging copy: %w", err)
-				}
-				if err != nil {
-					putBack(slot, drained)
-					record(err)
-					return
-				}
+			gatherAhead(ctx, chunks, pool, sr, stopped, record, putBack, func(ch chunk, slot []byte) bool {
 				select {
 				case ready <- gathered{ch, slot}:
+					return true
 				case <-ctx.Done():
 					pool.put(slot)
 					record(ctx.Err())
-					return
+					return false
 				}
-			}
+			})
 		}()
 		lane := func(k int) {
 			defer outstanding.Done()
@@ -505,6 +498,89 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 		early(err)
 	}
 	return err
+}
+
+// gatherAhead is a staged write's producer: it queues each chunk's gather into a slot of pool and hands the
+// gathered chunk to send (false: stop), in order. Up to gathersAhead gathers are queued before the oldest is
+// waited for, so the GPU runs them back to back instead of idling through a host round trip per chunk; a slot
+// it cannot get without waiting is waited for only once nothing it queued is left, since only those free slots.
+// Every queued gather is waited for before it returns, so no copy into a slot outlives the transfer's hold on it.
+func gatherAhead(ctx context.Context, chunks []chunk, pool *stagePool, sr StagedRegion, stopped func() bool,
+	record func(error), putBack func([]byte, bool), send func(chunk, []byte) bool) {
+	type queued struct {
+		ch   chunk
+		slot []byte
+		wt   StageWait
+	}
+	var fifo []queued
+	ok := true
+	// next waits for the oldest queued gather and sends it; false once the transfer must stop.
+	next := func() bool {
+		q := fifo[0]
+		fifo = fifo[1:]
+		err, drained := waitStage(q.wt)
+		if err != nil {
+			putBack(q.slot, drained)
+			record(err)
+			return false
+		}
+		if !ok || stopped() {
+			pool.put(q.slot)
+			return false
+		}
+		return send(q.ch, q.slot)
+	}
+	for _, ch := range chunks {
+		if !ok || stopped() {
+			break
+		}
+		if len(fifo) == gathersAhead {
+			if ok = next(); !ok {
+				break
+			}
+		}
+		slot, wake, err := pool.tryGet()
+		for slot == nil && err == nil && len(fifo) > 0 && ok {
+			ok = next()
+			slot, wake, err = pool.tryGet()
+		}
+		if ok && slot == nil && err == nil {
+			select {
+			case <-wake:
+				slot, err = pool.get(ctx)
+			case <-ctx.Done():
+				err = fmt.Errorf("waiting for staging memory: %w", ctx.Err())
+			}
+		}
+		if !ok || err != nil {
+			if slot != nil {
+				pool.put(slot)
+			}
+			if err != nil {
+				record(err)
+			}
+			ok = false
+			break
+		}
+		wt, err := sr.ToHost(slot, stageSegs(ch, true))
+		if err != nil {
+			pool.put(slot)
+			record(fmt.Errorf("queueing GPU staging copy: %w", err))
+			ok = false
+			break
+		}
+		fifo = append(fifo, queued{ch, slot, wt})
+	}
+	for len(fifo) > 0 {
+		if ok {
+			ok = next()
+			continue
+		}
+		q := fifo[0]
+		fifo = fifo[1:]
+		_, drained := waitStage(q.wt)
+		putBack(q.slot, drained)
+	}
 }
 
 // stagedAnswer waits for a staged request's GPU copy and returns its answer; sent, when not nil, runs once the

@@ -341,6 +341,48 @@ func TestStagedPipelineOverlaps(t *testing.T) {
 	}
 }
 
+// TestStagedGathersQueuedAhead: a staged write queues the next chunks' gathers while the first still runs (the
+// GPU runs them back to back), at most gathersAhead of them, and the chunks still land in order and whole.
+func TestStagedGathersQueuedAhead(t *testing.T) {
+	sa := newFakeStager(t)
+	a := stagedEngine(t, "node-a", false, sa, nil)
+	b := stagedEngine(t, "node-b", true, nil, nil)
+	const size = 8 * stageSlot
+	local := seq(size, 3)
+	ld := registerGPU(t, a, sa, "a/1", local)
+	remote := make([]byte, size)
+	rd := register(t, b, "b/1", remote)
+	imp(t, a, rd)
+	var queuedWhileFirstRan atomic.Int32
+	sa.beforeToHost = func(k int) error {
+		if k != 1 {
+			return nil
+		}
+		for deadline := time.Now().Add(5 * time.Second); sa.toHost.Load() < gathersAhead; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("only %d gathers queued while the first ran, want %d", sa.toHost.Load(), gathersAhead)
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // room for any gather beyond the bound to be queued
+		queuedWhileFirstRan.Store(sa.toHost.Load())
+		return nil
+	}
+	if _, err := transfer(t, a, []engines.Item{{Src: ld.ID, Dst: rd.ID, Size: size}}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := queuedWhileFirstRan.Load(); got != gathersAhead {
+		t.Errorf("%d gathers queued while the first ran, want exactly %d", got, gathersAhead)
+	}
+	view, unpin, err := b.Pin(rd.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unpin()
+	if !bytes.Equal(view, local) {
+		t.Fatal("written bytes differ")
+	}
+}
+
 // TestStagedServingOverlaps: on one connection, the serving node copies a received chunk into its GPU memory
 // while it receives the next one (the first copy only finishes once the second has been queued), and gathers
 // the next chunk of a read while it answers the one before.
