@@ -28,7 +28,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/agent/rdmanics"
 	"github.com/fabricxfer/fabricxfer/agent/server"
-	"github.com/fabricxfer/fabricxfer/agent/server/stack"
+	"github.com/fabricxfer/fabricxfer/agent/node"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/fabric"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
@@ -42,9 +42,9 @@ import (
 )
 
 // transferFlags configure the agent's transfer side: the socket server, the engines and the agent-to-agent
-// channel (stack.Config), plus the health endpoint and the kernel cache.
+// channel (node.Config), plus the health endpoint and the kernel cache.
 type transferFlags struct {
-	stack       stack.Config
+	stack       node.Config
 	healthAddr  string
 	kernelCache string
 	noTransfer  bool
@@ -76,7 +76,7 @@ type transferSide struct {
 	cfg    transferFlags
 	log    logr.Logger
 	report topology.Report
-	deps   stack.Deps
+	deps   node.Deps
 	ready  atomic.Bool
 	// cudaDriver is the loaded CUDA driver (nil when none loaded): the rdma engine exports GPU memory through it.
 	cudaDriver *cuda.Driver
@@ -119,7 +119,7 @@ func (l *lateNotifier) SendNotification(ctx context.Context, node string, n engi
 
 // newTransferSide prepares the transfer side from the first detection: which engines this node offers, its GPUs,
 // and the GPU runtime when one loads.
-func newTransferSide(cfg transferFlags, rep topology.Report, deps stack.Deps, log logr.Logger) *transferSide {
+func newTransferSide(cfg transferFlags, rep topology.Report, deps node.Deps, log logr.Logger) *transferSide {
 	t := &transferSide{cfg: cfg, log: log, report: rep, deps: deps}
 	t.deps.FabricDomainOf = cfg.fabricDomainOf
 	for _, e := range rep.Engines {
@@ -262,7 +262,7 @@ func (t *transferSide) Run(ctx context.Context) error {
 	defer cancel()
 	healthErr := make(chan error, 1)
 	go func() { healthErr <- t.serveHealth(ctx) }()
-	err := stack.Run(ctx, t.cfg.stack, t.deps)
+	err := node.Run(ctx, t.cfg.stack, t.deps)
 	cancel()
 	return errors.Join(err, <-healthErr)
 }
@@ -270,7 +270,7 @@ func (t *transferSide) Run(ctx context.Context) error {
 // prepareRDMA decides whether this agent runs the rdma engine: detection must have found a usable RDMA port
 // (and the pool allow rdma), the pool's certificates must be mounted (queue pairs are exchanged over the
 // agent-to-agent channel, which needs them), and libibverbs must load and see a detected device. The engine
-// itself is built once the channel exists (stack.Deps.PeerEngines), with the channel as its Exchanger and
+// itself is built once the channel exists (node.Deps.PeerEngines), with the channel as its Exchanger and
 // Notifier and as the answerer of peers' exchanges; without it, peers that ask are told why.
 func (t *transferSide) prepareRDMA() {
 	lib, why := t.loadVerbs()
@@ -419,7 +419,7 @@ func buildTransferSide(cfg runConfig, c client.Client, detect func(context.Conte
 	// the Go runtime's and the process's (goroutines, memory, open fds), so an admin, and the soak test, can
 	// watch an agent for leaks.
 	reg := prometheus.NewRegistry()
-	deps := stack.Deps{Kube: c, AgentVersion: version, Logger: slogFrom(log.WithName("transfer")), Metrics: engines.NewMetrics(),
+	deps := node.Deps{Kube: c, AgentVersion: version, Logger: slogFrom(log.WithName("transfer")), Metrics: engines.NewMetrics(),
 		Registry: reg}
 	if tf.stack.NodeCert && c != nil {
 		deps.NodeCertificate = (&nodecert.Requester{Client: c, PoolNamespace: cfg.poolNamespace, PoolName: cfg.poolName,

@@ -12,13 +12,13 @@ import (
 	"os"
 
 	"github.com/fabricxfer/fabricxfer/agent/server"
-	"github.com/fabricxfer/fabricxfer/agent/server/stack"
+	"github.com/fabricxfer/fabricxfer/agent/node"
 )
 
 func localAgentCommand(ctx context.Context, version string, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("local-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var cfg stack.Config
+	var cfg node.Config
 	cfg.RegisterFlags(fs)
 	fs.StringVar(&cfg.PoolNamespace, "pool-namespace", "default", "namespace of the pool this agent serves")
 	fs.StringVar(&cfg.PoolName, "pool", "default", "name of the pool this agent serves (the socket is <socket dir>/<pool>/agent.sock)")
@@ -35,7 +35,7 @@ func localAgentCommand(ctx context.Context, version string, args []string, stdou
 	if *verbose {
 		log = slog.New(slog.NewTextHandler(stderr, nil))
 	}
-	return stack.Run(ctx, cfg, stack.Deps{AgentVersion: version, Logger: log,
+	return node.Run(ctx, cfg, node.Deps{AgentVersion: version, Logger: log,
 		Engines: []server.EngineStatus{{Name: "xgmi", Available: true, Reason: "host backend only (local agent)"}},
 		Ready: func(peer string) {
 			fmt.Fprintf(stdout, "ready: socket %s/%s/agent.sock", cfg.SocketDir, cfg.PoolName)

@@ -6,4 +6,4 @@
 // channel through Deps.PeerEngines, such as rdma), pool memory, the agent-to-agent channel and the sidecar
 // socket server, and runs them together. cmd/agent registers Config's flags and calls Run; xferctl runs the same stack as a
 // local agent for benchmarks and demos.
-package stack
+package node
