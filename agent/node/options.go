@@ -13,7 +13,6 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/dra"
 	"github.com/fabricxfer/fabricxfer/topology"
-	"github.com/fabricxfer/fabricxfer/topology/nvml"
 	"github.com/fabricxfer/fabricxfer/topology/nvmlfake"
 )
 
@@ -63,6 +62,11 @@ type DetectionOptions struct {
 	Engines        string
 	FabricDomain   string
 	NVMLFixture    string
+	// OpenNVML opens the NVML library when no fixture is given (topology/nvml.Open); nil reports NVML facts as
+	// unreadable. The caller links the binding: its cgo symbols are resolved when the binary starts where the
+	// program also links Go's plugin package (xferctl does, through kustomize), so this package, which
+	// xferctl's local agent imports, must not.
+	OpenNVML topology.OpenNVML
 }
 
 // RegisterFlags adds the detection flags to fs.
@@ -89,7 +93,7 @@ func (d DetectionOptions) detector(declarations func(ctx context.Context) []topo
 	if err != nil {
 		return nil, err
 	}
-	open := topology.OpenNVML(nvml.Open)
+	open := d.OpenNVML
 	if d.NVMLFixture != "" {
 		m, err := nvmlfake.Load(d.NVMLFixture)
 		if err != nil {

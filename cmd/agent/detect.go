@@ -10,12 +10,13 @@ import (
 	"io"
 
 	"github.com/fabricxfer/fabricxfer/agent/node"
+	"github.com/fabricxfer/fabricxfer/topology/nvml"
 )
 
 func detectCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("agent detect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var d node.DetectionOptions
+	d := node.DetectionOptions{OpenNVML: nvml.Open}
 	d.RegisterFlags(fs)
 	output := fs.String("o", "table", "output format: table or json (json is exactly the TransferNode .status the agent writes)")
 	endpoint := fs.String("endpoint", "", "agent-to-agent endpoint host:port to put in the JSON status")

@@ -10,12 +10,13 @@ import (
 	"io"
 
 	"github.com/fabricxfer/fabricxfer/agent/node"
+	"github.com/fabricxfer/fabricxfer/topology/nvml"
 )
 
 func runCommand(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("agent run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	opts := node.Options{Version: version}
+	opts := node.Options{Version: version, Detection: node.DetectionOptions{OpenNVML: nvml.Open}}
 	var lf logFlags
 	opts.RegisterFlags(fs)
 	lf.register(fs)

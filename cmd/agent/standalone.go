@@ -14,6 +14,7 @@ import (
 	"runtime/trace"
 
 	"github.com/fabricxfer/fabricxfer/agent/node"
+	"github.com/fabricxfer/fabricxfer/topology/nvml"
 )
 
 // standaloneCommand serves the socket and moves bytes on one machine without Kubernetes (node.NewStandalone),
@@ -22,7 +23,7 @@ import (
 func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("agent standalone", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	opts := node.Options{Version: version}
+	opts := node.Options{Version: version, Detection: node.DetectionOptions{OpenNVML: nvml.Open}}
 	var lf logFlags
 	opts.RegisterFlags(fs)
 	lf.register(fs)
