@@ -8,20 +8,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/fabricxfer/fabricxfer/agent/peers"
-	"github.com/fabricxfer/fabricxfer/internal/pki"
+	"github.com/fabricxfer/fabricxfer/agent/node"
 )
 
 // maxCertValidity bounds --validity: these certificates are for machines run by hand, not a cluster's rotation.
 const maxCertValidity = 366 * 24 * time.Hour
 
-// certsCommand writes a pool's agent certificates (tls.crt, tls.key, ca.crt, as the operator's Secret mounts
-// them) with the operator's own PKI, for agents run without Kubernetes: every agent of a pool is given the same
-// directory (--tls-dir). The CA's key is not kept: nothing can issue more certificates for this pool later.
+// certsCommand writes a pool's agent certificates for agents run without Kubernetes (node.WritePoolCertificates):
+// every agent of a pool is given the same directory (--tls-dir).
 func certsCommand(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("agent certs", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -47,22 +43,8 @@ func certsCommand(_ context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintln(stderr, "agent certs: --pool-namespace and --pool-name must not be empty")
 		return errUsage
 	}
-	for _, f := range []string{pki.CertKey, pki.KeyKey, pki.BundleKey} {
-		if _, err := os.Lstat(filepath.Join(*dir, f)); err == nil {
-			return fmt.Errorf("%s already holds %s: refusing to replace a pool's certificates", *dir, f)
-		}
-	}
-	now := time.Now()
-	ca, err := pki.NewCA(*ns, *name, now, *validity)
-	if err != nil {
-		return fmt.Errorf("creating the pool's CA: %w", err)
-	}
-	agent, err := pki.IssueAgent(ca, *ns, *name, now, *validity)
-	if err != nil {
-		return fmt.Errorf("issuing the agent certificate: %w", err)
-	}
-	if err := peers.WriteFiles(*dir, agent, ca.CertPEM); err != nil {
-		return fmt.Errorf("writing the certificates into %s: %w", *dir, err)
+	if err := node.WritePoolCertificates(*dir, *ns, *name, *validity); err != nil {
+		return err
 	}
 	fmt.Fprintf(stdout, "wrote the agent certificates of pool %s/%s into %s (valid %v)\n", *ns, *name, *dir, *validity)
 	return nil

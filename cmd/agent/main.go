@@ -13,6 +13,9 @@ import (
 	"syscall"
 )
 
+// errUsage means the flag package already printed what was wrong.
+var errUsage = errors.New("usage")
+
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 

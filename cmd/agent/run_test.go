@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/fabricxfer/fabricxfer/agent/node"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
 
@@ -88,7 +89,7 @@ func TestRunReportsUntilStopped(t *testing.T) {
 	if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rdma-1"}}); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(envNodeName, "rdma-1")
+	t.Setenv(node.EnvNodeName, "rdma-1")
 
 	var stderr syncBuffer
 	exit := make(chan int, 1)

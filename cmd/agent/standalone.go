@@ -12,17 +12,20 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
+
+	"github.com/fabricxfer/fabricxfer/agent/node"
+	"github.com/fabricxfer/fabricxfer/topology/nvml"
 )
 
-// standaloneCommand serves the socket and moves bytes on one machine without Kubernetes: no kubeconfig, no
-// TransferNode report, every local process admitted (as --allow-local), no peers unless --peers and
-// --tls-dir say so. It is how a GPU machine runs the agent for development and benchmarks.
+// standaloneCommand serves the socket and moves bytes on one machine without Kubernetes (node.NewStandalone),
+// with defaults for one machine and optional profiles of the whole run. It is how a GPU machine runs the agent
+// for development and benchmarks.
 func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("agent standalone", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var cfg runConfig
+	opts := node.Options{Version: version, Detection: node.DetectionOptions{OpenNVML: nvml.Open}}
 	var lf logFlags
-	cfg.register(fs)
+	opts.RegisterFlags(fs)
 	lf.register(fs)
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the whole run to this file (profiling the socket path)")
 	traceFile := fs.String("trace", "", "write an execution trace of the whole run to this file (scheduling latency on the socket path)")
@@ -40,23 +43,11 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 		fmt.Fprintf(stderr, "agent standalone: unexpected arguments %q\n", fs.Args())
 		return errUsage
 	}
-	if cfg.detection.nodeName == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			return fmt.Errorf("no --node-name and no hostname: %w", err)
-		}
-		cfg.detection.nodeName = host
-	}
-	cfg.transfer.stack.AllowLocal = true
 	log, err := lf.logger(stderr)
 	if err != nil {
 		return err
 	}
-	detect, err := cfg.detection.detector()
-	if err != nil {
-		return err
-	}
-	ts, err := buildTransferSide(cfg, nil, detect, log)
+	n, err := node.NewStandalone(ctx, opts, log)
 	if err != nil {
 		return err
 	}
@@ -84,5 +75,5 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 		}
 		defer trace.Stop()
 	}
-	return ts.Run(ctx)
+	return n.Run(ctx)
 }

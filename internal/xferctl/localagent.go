@@ -11,15 +11,16 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/fabricxfer/fabricxfer/agent/server"
-	"github.com/fabricxfer/fabricxfer/agent/server/stack"
+	"github.com/fabricxfer/fabricxfer/agent/node"
+	"github.com/fabricxfer/fabricxfer/topology"
 )
 
 func localAgentCommand(ctx context.Context, version string, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("local-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var cfg stack.Config
-	cfg.RegisterFlags(fs)
+	var opts node.TransferOptions
+	opts.Config.RegisterFlags(fs) // the socket and peer flags only: no detection, GPU runtime or health port here
+	cfg := &opts.Config
 	fs.StringVar(&cfg.PoolNamespace, "pool-namespace", "default", "namespace of the pool this agent serves")
 	fs.StringVar(&cfg.PoolName, "pool", "default", "name of the pool this agent serves (the socket is <socket dir>/<pool>/agent.sock)")
 	fs.StringVar(&cfg.PeerAdvertise, "peer-advertise", "", "address peers dial for the agent-to-agent channel (default: the listen address)")
@@ -35,8 +36,10 @@ func localAgentCommand(ctx context.Context, version string, args []string, stdou
 	if *verbose {
 		log = slog.New(slog.NewTextHandler(stderr, nil))
 	}
-	return stack.Run(ctx, cfg, stack.Deps{AgentVersion: version, Logger: log,
-		Engines: []server.EngineStatus{{Name: "xgmi", Available: true, Reason: "host backend only (local agent)"}},
+	// The local agent detects nothing and loads no GPU runtime: the report lists the same-node engine alone.
+	opts.NoGPU = true
+	rep := topology.Report{Engines: []topology.Engine{{Name: "xgmi", Available: true, Reason: "host backend only (local agent)"}}}
+	return node.Serve(ctx, opts, rep, node.Deps{AgentVersion: version, Logger: log,
 		Ready: func(peer string) {
 			fmt.Fprintf(stdout, "ready: socket %s/%s/agent.sock", cfg.SocketDir, cfg.PoolName)
 			if peer != "" {

@@ -1,14 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package main
+package node
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,9 +21,8 @@ import (
 // does not stage it (no GPU; AMD GPUs, which have no HIP staging).
 func TestTCPStagingReported(t *testing.T) {
 	tlsDir := filepath.Join(t.TempDir(), "tls")
-	var out, errOut bytes.Buffer
-	if code := runMain(context.Background(), []string{"certs", "--dir", tlsDir, "--pool-namespace", "inference", "--pool-name", "kv"}, &out, &errOut); code != 0 {
-		t.Fatalf("agent certs exited %d: %s", code, errOut.String())
+	if err := WritePoolCertificates(tlsDir, "inference", "kv", 24*time.Hour); err != nil {
+		t.Fatalf("writing the pool's certificates: %v", err)
 	}
 	for _, tc := range []struct{ fixture, want string }{
 		{"rdma-only-node", "host memory over TCP; GPU memory not staged: no GPU on this node"},
@@ -35,19 +32,19 @@ func TestTCPStagingReported(t *testing.T) {
 			socketDir := t.TempDir()
 			fs := flag.NewFlagSet("agent run", flag.ContinueOnError)
 			fs.SetOutput(io.Discard)
-			var cfg runConfig
-			cfg.register(fs)
+			var opts Options
+			opts.RegisterFlags(fs)
 			if err := fs.Parse([]string{"--host-root", filepath.Join(testdata, tc.fixture), "--node-name", "n-1",
 				"--pool-namespace", "inference", "--pool-name", "kv", "--socket-dir", socketDir, "--allow-local",
 				"--caller-host-root", "/", "--health-addr", "", "--peer-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
 				"--tls-dir", tlsDir, "--libamdhip64", filepath.Join(t.TempDir(), "libamdhip64.so")}); err != nil {
 				t.Fatal(err)
 			}
-			detect, err := cfg.detection.detector()
+			detect, err := opts.Detection.detector(nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ts, err := buildTransferSide(cfg, nil, detect, logr.Discard())
+			ts, err := newTransferSideFromDetection(context.Background(), opts, nil, detect, nil, logr.Discard())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -81,44 +78,5 @@ func TestTCPStagingReported(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestCertsCommandRefusesBadInput: every flag's bad value is refused with a clear message and writes nothing;
-// an existing pool's certificates are never replaced.
-func TestCertsCommandRefusesBadInput(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tls")
-	for _, args := range [][]string{
-		{},
-		{"--dir", dir, "--validity", "0s"},
-		{"--dir", dir, "--validity", "-1h"},
-		{"--dir", dir, "--validity", "9000h"},
-		{"--dir", dir, "--pool-name", ""},
-		{"--dir", dir, "--validity", "soon"},
-		{"--dir", dir, "extra"},
-	} {
-		var out, errOut bytes.Buffer
-		if code := runMain(context.Background(), append([]string{"certs"}, args...), &out, &errOut); code != 2 || errOut.Len() == 0 {
-			t.Errorf("agent certs %q exited %d (stderr %q), want 2 with a message", args, code, errOut.String())
-		}
-		if _, err := os.Stat(dir); err == nil {
-			t.Fatalf("agent certs %q wrote %s", args, dir)
-		}
-	}
-	var out, errOut bytes.Buffer
-	if code := runMain(context.Background(), []string{"certs", "--dir", dir}, &out, &errOut); code != 0 {
-		t.Fatalf("agent certs exited %d: %s", code, errOut.String())
-	}
-	before, err := os.ReadFile(filepath.Join(dir, "tls.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	errOut.Reset()
-	if code := runMain(context.Background(), []string{"certs", "--dir", dir}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "refusing to replace") {
-		t.Fatalf("agent certs over existing certificates exited %d: %s", code, errOut.String())
-	}
-	after, err := os.ReadFile(filepath.Join(dir, "tls.key"))
-	if err != nil || !bytes.Equal(before, after) {
-		t.Fatalf("the pool's key changed (%v)", err)
 	}
 }

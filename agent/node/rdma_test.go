@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package stack
+package node
 
 import (
 	"bytes"
@@ -12,10 +12,8 @@ import (
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/agent/peers"
-	"github.com/fabricxfer/fabricxfer/agent/rdmanics"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
-	"github.com/fabricxfer/fabricxfer/engines/rdma"
 	"github.com/fabricxfer/fabricxfer/engines/rdma/fakeverbs"
 	"github.com/fabricxfer/fabricxfer/internal/pki"
 	"github.com/fabricxfer/fabricxfer/topology"
@@ -34,8 +32,8 @@ func freePort(t *testing.T) string {
 	return addr
 }
 
-// TestTwoStacksMoveBytesOverRDMA runs two agents' stacks whose rdma engines (on one fake RDMA network) are built
-// through Deps.PeerEngines: pods' host memory is registered on the NIC, the queue pairs are exchanged over the
+// TestTwoStacksMoveBytesOverRDMA runs two agents' transfer sides whose rdma engines (on one fake RDMA network,
+// Deps.RDMAProvider) are built as the agent builds them, from a report with a usable RDMA port: pods' host memory is registered on the NIC, the queue pairs are exchanged over the
 // agents' peer channel, a write (with its notification through the channel) and a read go through the rdma
 // engine, ahead of tcp, and land byte for byte.
 func TestTwoStacksMoveBytesOverRDMA(t *testing.T) {
@@ -51,25 +49,17 @@ func TestTwoStacksMoveBytesOverRDMA(t *testing.T) {
 	}
 	epA, epB := freePort(t), freePort(t)
 	fabric := fakeverbs.NewNetwork()
-	rep := &topology.Report{NICs: []topology.NIC{{Name: "mlx5_0", Port: 1, State: "ACTIVE", LinkLayer: "InfiniBand"}}}
-	withRDMA := func(node string) Deps {
-		return Deps{PeerEngines: func(ch *peers.Peers) ([]engines.Engine, error) {
-			e, err := rdma.New(rdma.Options{Node: node, Provider: fabric.Provider(node), NICs: rdmanics.FromReport(rep), Exchanger: ch, Notifier: ch})
-			if err != nil {
-				return nil, err
-			}
-			ch.SetQPAcceptor(e, "")
-			return []engines.Engine{e}, nil
-		}}
-	}
+	rep := topology.Report{NICs: []topology.NIC{{Name: "mlx5_0", Port: 1, State: "ACTIVE", LinkLayer: "InfiniBand"}},
+		Engines: []topology.Engine{{Name: engines.EngineRDMA, Available: true, Reason: "1 of 1 ports usable"}}}
+	withRDMA := func(node string) Deps { return Deps{RDMAProvider: fabric.Provider(node)} }
 	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
 		DataListen: "127.0.0.1:0", MaxRegions: 16, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16,
 		StaticPeers: "node-a=" + epA + ",node-b=" + epB}
 	a, b := base, base
 	a.NodeName, a.SocketDir, a.PeerListen = "node-a", t.TempDir(), epA
 	b.NodeName, b.SocketDir, b.PeerListen = "node-b", t.TempDir(), epB
-	runStack(t, a, withRDMA("node-a"))
-	runStack(t, b, withRDMA("node-b"))
+	runStackOn(t, a, rep, withRDMA("node-a"))
+	runStackOn(t, b, rep, withRDMA("node-b"))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package main
+package node
 
 import (
 	"context"
@@ -24,21 +24,21 @@ func TestAMDNodeWithoutHIPRunsHostBackendOnly(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "libamdhip64.so")
 	fs := flag.NewFlagSet("agent run", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var cfg runConfig
-	cfg.register(fs)
+	var opts Options
+	opts.RegisterFlags(fs)
 	if err := fs.Parse([]string{"--host-root", filepath.Join(testdata, "mi300x-8gpu-roce"), "--node-name", "mi300x-1",
 		"--pool-namespace", "inference", "--pool-name", "kv", "--socket-dir", socketDir, "--allow-local",
 		"--caller-host-root", "/", "--health-addr", "", "--peer-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
 		"--tls-dir", "", "--libamdhip64", missing}); err != nil {
 		t.Fatal(err)
 	}
-	detect, err := cfg.detection.detector()
+	detect, err := opts.Detection.detector(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var logs syncBuffer
 	log := funcr.New(func(prefix, args string) { logs.Write([]byte(prefix + " " + args + "\n")) }, funcr.Options{})
-	ts, err := buildTransferSide(cfg, nil, detect, log)
+	ts, err := newTransferSideFromDetection(context.Background(), opts, nil, detect, nil, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestAMDNodeWithoutHIPRunsHostBackendOnly(t *testing.T) {
 			t.Fatal("transfer side not ready within 10 s")
 		}
 	}
-	if n := len(ts.deps.XGMIBackends); n != 0 {
+	if n := len(ts.xgmiBackends); n != 0 {
 		t.Errorf("%d GPU backends for the same-node engine, want none (host backend only)", n)
 	}
 	if l := logs.String(); !strings.Contains(l, "AMD GPU copy backend unavailable: same-node copies use the host backend only") ||

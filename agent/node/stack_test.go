@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package stack
+package node
 
 import (
 	"bytes"
@@ -21,6 +21,7 @@ import (
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/internal/pki"
+	"github.com/fabricxfer/fabricxfer/topology"
 )
 
 func TestFlagsAndValidation(t *testing.T) {
@@ -101,11 +102,17 @@ func TestFlagsAndValidation(t *testing.T) {
 
 func runStack(t *testing.T, cfg Config, deps Deps) (endpoint string) {
 	t.Helper()
+	return runStackOn(t, cfg, topology.Report{}, deps)
+}
+
+// runStackOn serves the transfer side of a node detection reported as rep, until the test ends.
+func runStackOn(t *testing.T, cfg Config, rep topology.Report, deps Deps) (endpoint string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	deps.AgentVersion, deps.Ready = "test", func(ep string) { ready <- ep }
-	go func() { done <- Run(ctx, cfg, deps) }()
+	go func() { done <- Serve(ctx, TransferOptions{Config: cfg}, rep, deps) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -194,7 +201,7 @@ func TestTwoStacksTalkOnNodeCertificates(t *testing.T) {
 		cfg := base
 		cfg.NodeName, cfg.SocketDir = "node-x", t.TempDir()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := Run(ctx, cfg, c.deps)
+		err := Serve(ctx, TransferOptions{Config: cfg}, topology.Report{}, c.deps)
 		cancel()
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: want an error saying %q, got %v", name, c.want, err)

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package main
+package node
 
 import (
 	"context"
@@ -52,8 +52,8 @@ func TestRDMAReportedUnavailableWithTheReason(t *testing.T) {
 			socketDir := t.TempDir()
 			fs := flag.NewFlagSet("agent run", flag.ContinueOnError)
 			fs.SetOutput(io.Discard)
-			var cfg runConfig
-			cfg.register(fs)
+			var opts Options
+			opts.RegisterFlags(fs)
 			args := append([]string{"--host-root", filepath.Join(testdata, "rdma-only-node"), "--node-name", "rdma-1",
 				"--pool-namespace", "inference", "--pool-name", "kv", "--socket-dir", socketDir, "--allow-local",
 				"--caller-host-root", "/", "--health-addr", "", "--peer-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"},
@@ -61,12 +61,12 @@ func TestRDMAReportedUnavailableWithTheReason(t *testing.T) {
 			if err := fs.Parse(args); err != nil {
 				t.Fatal(err)
 			}
-			detect, err := cfg.detection.detector()
+			detect, err := opts.Detection.detector(nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			// No API server: the transfer side reads no pods or TransferNodes with --allow-local and no peers.
-			ts, err := buildTransferSide(cfg, nil, detect, logr.Discard())
+			ts, err := newTransferSideFromDetection(context.Background(), opts, nil, detect, nil, logr.Discard())
 			if err != nil {
 				t.Fatal(err)
 			}

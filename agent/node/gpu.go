@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package node
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/fabricxfer/fabricxfer/agent/poolmem"
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/fabric"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cudacopy"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/hip"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/hipcopy"
+	"github.com/fabricxfer/fabricxfer/topology"
+)
+
+// loadGPURuntimes loads the GPU runtimes the node's GPUs need and builds the same-node engine's GPU backends:
+// HIP for AMD GPUs, CUDA for NVIDIA GPUs (whose backend the tcp engine also stages through). A node whose GPU
+// runtime does not load keeps the host backends and says why. It returns what to close once the engines that
+// use the runtimes are closed.
+func (t *transferSide) loadGPURuntimes() (closers []func() error) {
+	if slices.ContainsFunc(t.report.GPUs, func(g topology.GPU) bool { return g.Vendor == topology.VendorAMD }) {
+		if be := t.hipBackend(); be != nil {
+			t.xgmiBackends = append(t.xgmiBackends, be)
+			closers = append(closers, be.Close)
+		}
+	}
+	if be := t.cudaBackend(); be != nil {
+		t.xgmiBackends = append(t.xgmiBackends, be)
+		closers = append(closers, be.Close)
+	}
+	return closers
+}
+
+// hipBackend loads the HIP runtime and hipRTC and builds the AMD GPU backend, or logs and records why not. The
+// kernels are compiled for each GPU's gfx target as KFD reports it (the topology's model).
+func (t *transferSide) hipBackend() *hipcopy.Backend {
+	var paths []string
+	if t.opts.Libamdhip64 != "" {
+		paths = []string{t.opts.Libamdhip64}
+	}
+	rt, err := hip.Load(paths...)
+	if err != nil {
+		t.gpuCopyWhyNot = err.Error()
+		t.log.Info("AMD GPU copy backend unavailable: same-node copies use the host backend only", "reason", err.Error())
+		return nil
+	}
+	rtc, err := hip.LoadRTC()
+	if err != nil {
+		t.log.Info("hipRTC unavailable: AMD GPU copies use one hipMemcpyAsync per item", "reason", err.Error())
+		rtc = nil
+	}
+	archs := map[string]string{}
+	for _, g := range t.report.GPUs {
+		if g.Vendor == topology.VendorAMD && g.Model != "" && g.PCIBusID != "" {
+			archs[strings.ToLower(g.PCIBusID)] = g.Model
+		}
+	}
+	be, err := hipcopy.NewBackend(rt, hipcopy.Options{RTC: rtc, CacheDir: t.opts.KernelCache, Archs: archs})
+	if err != nil {
+		t.gpuCopyWhyNot = "HIP copy backend: " + err.Error()
+		t.log.Info("AMD GPU copy backend unavailable: same-node copies use the host backend only", "reason", t.gpuCopyWhyNot)
+		return nil
+	}
+	t.log.Info("AMD GPU copy backend running", "hip", rt.Path(), "hipRTC", rtc != nil)
+	return be
+}
+
+// cudaBackend loads the CUDA driver when the node has NVIDIA GPUs and builds the GPU backend of the same-node
+// engine, which the tcp engine stages GPU memory through. A node without the driver keeps the host engines and
+// says why.
+func (t *transferSide) cudaBackend() *cudacopy.Backend {
+	if !slices.ContainsFunc(t.report.GPUs, func(g topology.GPU) bool { return g.Vendor == "nvidia" }) {
+		t.tcpNoStageReason = "no GPU on this node"
+		if len(t.report.GPUs) > 0 {
+			t.tcpNoStageReason = "AMD GPU memory has no HIP staging"
+		}
+		return nil
+	}
+	drv, err := cuda.Load()
+	if err != nil {
+		t.log.Info("GPU engines unavailable: CUDA driver did not load", "reason", err.Error())
+		t.tcpNoStageReason = "the CUDA driver did not load: " + err.Error()
+		return nil
+	}
+	t.cudaDriver = drv
+	nvrtc, err := cuda.LoadNVRTC()
+	if err != nil {
+		t.log.Info("NVRTC unavailable: copies use driver batch copies", "reason", err.Error())
+		nvrtc = nil
+	}
+	t.cudaCopy = cudacopy.Options{NVRTC: nvrtc, CacheDir: t.opts.KernelCache}
+	be, err := cudacopy.NewBackend(drv, t.cudaCopy)
+	if err != nil {
+		t.log.Info("GPU copy backend unavailable", "reason", err.Error())
+		t.tcpNoStageReason = "the CUDA copy backend did not start: " + err.Error()
+		return nil
+	}
+	// The tcp engine stages GPU memory through the same backend: the same-node engine maps every region
+	// first, and the stager holds the mapping while the tcp engine uses it.
+	t.tcpStager = be.Stager()
+	t.cudaCopyRunning = true
+	return be
+}
+
+// fabricEngine builds the fabric engine on the CUDA runtime when the copy backend runs and the pool allows
+// fabric, with notifier carrying its notifications to peers. It returns the engine (nil when it does not run)
+// and what closes its runtime once the engine is closed.
+func (t *transferSide) fabricEngine(node string, notifier engines.NotifySender) (*fabric.Engine, func() error) {
+	if !t.cudaCopyRunning || !engineAllowed(t.report, engines.EngineFabric) {
+		return nil, nil
+	}
+	rt := fabric.NewCUDARuntime(t.cudaDriver, t.cudaCopy)
+	fe, err := fabric.New(fabric.Options{Node: node, Runtime: rt, Notifier: notifier})
+	if err != nil {
+		t.log.Info("fabric engine unavailable", "reason", err.Error())
+		_ = rt.Close()
+		return nil, nil
+	}
+	t.fabric.Store(fe)
+	return fe, rt.Close
+}
+
+// driverOrNil is the loaded CUDA driver as pool memory takes it: a nil interface when none loaded.
+func driverOrNil(drv *cuda.Driver) poolmem.GPUDriver {
+	if drv == nil {
+		return nil
+	}
+	return drv
+}
