@@ -14,6 +14,6 @@
 // The agent wires it up with New and Serve:
 //
 //	srv, err := server.New(server.Options{SocketDir: dir, PoolNamespace: ns, PoolName: pool, NodeName: node,
-//		Engine: composite, Identifier: server.Identifier{ProcRoot: "/proc", Pods: resolver}, ...})
+//		Engine: composite, Identifier: identity.Identifier{ProcRoot: "/proc", Pods: resolver}, ...})
 //	err = srv.Serve(ctx) // returns when ctx ends; sockets are removed
 package server

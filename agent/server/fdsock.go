@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
@@ -266,7 +267,7 @@ const (
 type fdSocket struct {
 	ln       *net.UnixListener
 	tokens   *fdTokens
-	identify func(ctx context.Context, conn *net.UnixConn) (Caller, error)
+	identify func(ctx context.Context, conn *net.UnixConn) (identity.Caller, error)
 	// timeout bounds one connection from accept to close (default fdConnTimeout); maxConns and maxPerUID
 	// bound the connections open at once, in all and per peer uid (defaults defaultFDConns and
 	// defaultFDConnsPerUID). Over a limit a connection is answered RESOURCE_EXHAUSTED and closed at once.
@@ -299,7 +300,7 @@ func (s *fdSocket) serve(ctx context.Context) {
 			}
 			return // listener closed on shutdown
 		}
-		cred, err := PeerCredOf(conn)
+		cred, err := identity.PeerCredOf(conn)
 		if err != nil {
 			s.edge.refused("fd", "no_peercred")
 			conn.Close()

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 )
 
 func openFDCount(t *testing.T) int {
@@ -60,8 +62,8 @@ func refusals(c edgeCounter, socket, reason string) float64 {
 	return m.GetCounter().GetValue()
 }
 
-func anyone(context.Context, *net.UnixConn) (Caller, error) {
-	return Caller{Local: true, Key: "local/uid=0"}, nil
+func anyone(context.Context, *net.UnixConn) (identity.Caller, error) {
+	return identity.Caller{Local: true, Key: "local/uid=0"}, nil
 }
 
 // An fd-socket connection that sends nothing is closed at its deadline and counted; the agent stays up.
@@ -123,11 +125,11 @@ func put(t *testing.T, path string, f *os.File) string {
 // Many connections pushing descriptors as fast as they can leave the agent holding a bounded number of them,
 // whether the callers are admitted or refused (slowly, as an API-server lookup would).
 func TestFDSocketFloodKeepsDescriptorsBounded(t *testing.T) {
-	refuseSlowly := func(ctx context.Context, _ *net.UnixConn) (Caller, error) {
+	refuseSlowly := func(ctx context.Context, _ *net.UnixConn) (identity.Caller, error) {
 		time.Sleep(100 * time.Millisecond)
-		return Caller{}, errors.New("pid 1 is not in a Kubernetes pod")
+		return identity.Caller{}, errors.New("pid 1 is not in a Kubernetes pod")
 	}
-	for name, identify := range map[string]func(context.Context, *net.UnixConn) (Caller, error){
+	for name, identify := range map[string]func(context.Context, *net.UnixConn) (identity.Caller, error){
 		"admitted": anyone, "refused": refuseSlowly,
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
@@ -39,17 +40,6 @@ type Engine interface {
 	engines.Engine
 	Explain(src, dst engines.MemoryID) (engines.Explanation, error)
 }
-
-// NamespacePolicy says which namespaces may use the pool (the TransferPool's spec.allowedNamespaces).
-type NamespacePolicy interface {
-	AllowedNamespaces(ctx context.Context) ([]string, error)
-}
-
-// StaticPolicy is a fixed allowedNamespaces list (flags, tests).
-type StaticPolicy []string
-
-// AllowedNamespaces implements NamespacePolicy.
-func (p StaticPolicy) AllowedNamespaces(context.Context) ([]string, error) { return p, nil }
 
 // SegmentResolver finds named segments and delivers notifications on other nodes of the pool (agent/peers).
 type SegmentResolver interface {
@@ -103,8 +93,8 @@ type Options struct {
 	// runs), read at each registration in place of GPUInfo.FabricDomain; ok false leaves that.
 	FabricDomainOf func(gpu int) (domain string, ok bool)
 
-	Identifier Identifier
-	Policy     NamespacePolicy
+	Identifier identity.Identifier
+	Policy     identity.NamespacePolicy
 	Limits     Limits
 	// Peers resolves segments on other nodes; nil limits segments to this node.
 	Peers SegmentResolver
@@ -197,7 +187,7 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("agent server: engine required")
 	}
 	if opts.Policy == nil {
-		opts.Policy = StaticPolicy(nil)
+		opts.Policy = identity.StaticPolicy(nil)
 	}
 	if opts.Limits == (Limits{}) {
 		opts.Limits = DefaultLimits

@@ -16,13 +16,15 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 )
 
 // A session is one client connection. Regions and pool slices belong to the session that created them and go
 // away with it; visibility and limits are per caller (Caller.Key), shared by a pod's connections.
 type session struct {
 	id        uint64
-	caller    Caller
+	caller    identity.Caller
 	identErr  error
 	regions   map[uint64]*region
 	allocs    map[string]*allocation
@@ -103,23 +105,23 @@ func (p peerCreds) Clone() credentials.TransportCredentials { return p }
 func (peerCreds) OverrideServerName(string) error           { return nil }
 
 // identifyConn identifies the process behind a Unix connection (used by the gRPC and the fd socket).
-func (s *Server) identifyConn(ctx context.Context, conn *net.UnixConn) (Caller, error) {
-	cred, err := PeerCredOf(conn)
+func (s *Server) identifyConn(ctx context.Context, conn *net.UnixConn) (identity.Caller, error) {
+	cred, err := identity.PeerCredOf(conn)
 	if err != nil {
-		return Caller{}, err
+		return identity.Caller{}, err
 	}
 	c, err := s.opts.Identifier.Identify(ctx, cred)
 	if err != nil {
-		return Caller{}, err
+		return identity.Caller{}, err
 	}
 	if err := s.admit(ctx, c); err != nil {
-		return Caller{}, err
+		return identity.Caller{}, err
 	}
 	return c, nil
 }
 
 // admit applies the pool's allowedNamespaces to a caller.
-func (s *Server) admit(ctx context.Context, c Caller) error {
+func (s *Server) admit(ctx context.Context, c identity.Caller) error {
 	if c.Local {
 		return nil // only present when the agent admits local callers
 	}
@@ -127,7 +129,7 @@ func (s *Server) admit(ctx context.Context, c Caller) error {
 	if err != nil {
 		return fmt.Errorf("reading the allowed namespaces of pool %s/%s: %w", s.opts.PoolNamespace, s.opts.PoolName, err)
 	}
-	if !NamespaceAllowed(s.opts.PoolNamespace, allowed, c.Namespace) {
+	if !identity.NamespaceAllowed(s.opts.PoolNamespace, allowed, c.Namespace) {
 		shown := allowed
 		if len(shown) == 0 {
 			shown = []string{s.opts.PoolNamespace + " (the pool's own namespace)"}
@@ -202,7 +204,7 @@ func (s *Server) revokeDisallowed() {
 		return
 	}
 	for _, sess := range held {
-		if NamespaceAllowed(s.opts.PoolNamespace, allowed, sess.caller.Namespace) {
+		if identity.NamespaceAllowed(s.opts.PoolNamespace, allowed, sess.caller.Namespace) {
 			continue
 		}
 		why := fmt.Sprintf("%s: namespace %q was removed from the allowed namespaces of pool %s/%s; its session ended",

@@ -23,6 +23,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/tcp"
@@ -350,11 +351,11 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	if pool != nil {
 		defer pool.Close()
 	}
-	id := server.Identifier{ProcRoot: filepath.Join(hostRoot(cfg.HostRoot), "proc"), AllowLocal: cfg.AllowLocal}
-	var policy server.NamespacePolicy = server.StaticPolicy(nil)
+	id := identity.Identifier{ProcRoot: filepath.Join(hostRoot(cfg.HostRoot), "proc"), AllowLocal: cfg.AllowLocal}
+	var policy identity.NamespacePolicy = identity.StaticPolicy(nil)
 	if deps.Kube != nil {
-		id.Pods = &server.APIPodResolver{Reader: deps.Kube, NodeName: cfg.NodeName}
-		policy = &server.APIPoolPolicy{Reader: deps.Kube, Namespace: cfg.PoolNamespace, Name: cfg.PoolName}
+		id.Pods = &identity.APIPodResolver{Reader: deps.Kube, NodeName: cfg.NodeName}
+		policy = &identity.APIPoolPolicy{Reader: deps.Kube, Namespace: cfg.PoolNamespace, Name: cfg.PoolName}
 	}
 	opts := server.Options{SocketDir: cfg.SocketDir, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName,
 		NodeName: cfg.NodeName, AgentVersion: deps.AgentVersion, PeerEndpoint: peerEP, Engine: comp, Engines: deps.Engines, GPUs: deps.GPUs, FabricDomainOf: deps.FabricDomainOf,
