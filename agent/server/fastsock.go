@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
@@ -84,8 +85,8 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 	}
 	if held >= maxFastTokens {
 		s.fast.mu.Unlock()
-		s.metrics.edge.refused("fast", "tokens")
-		s.metrics.limitHit(limitFastTokens)
+		s.metrics.Edge.Refused("fast", "tokens")
+		s.metrics.LimitHit(refusals.LimitFastTokens)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d unused fast path tokens (limit %d): bind them or let them expire (%s)", held, maxFastTokens, s.opts.TokenTTL)
 	}
 	s.fast.entries[token] = fastToken{sess: sess, expires: now.Add(s.opts.TokenTTL)}
@@ -145,7 +146,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	}
 	if refusal := s.fastRoomLocked(sess.caller.Key); refusal != "" {
 		s.mu.Unlock()
-		s.metrics.edge.refused("fast", "busy")
+		s.metrics.Edge.Refused("fast", "busy")
 		_ = writeReply(conn, errReply(status.Error(codes.ResourceExhausted, refusal)))
 		return
 	}
@@ -169,7 +170,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		trace.Log(callCtx, "fast", "frame read")
 		if err != nil {
 			if err != io.EOF {
-				s.metrics.edge.refused("fast", "malformed")
+				s.metrics.Edge.Refused("fast", "malformed")
 				_ = writeReply(conn, errReply(status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)))
 			}
 			return

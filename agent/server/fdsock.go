@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
@@ -279,7 +280,7 @@ type fdSocket struct {
 	maxIdentified int
 
 	// edge counts the socket's refusals (the server's edge_refusals_total).
-	edge edgeCounter
+	edge refusals.Edge
 
 	mu           sync.Mutex
 	unidentified connCount[int32]  // by peer uid, until identification
@@ -294,7 +295,7 @@ func (s *fdSocket) serve(ctx context.Context) {
 				continue
 			}
 			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-				s.edge.refused("fd", "accept_emfile")
+				s.edge.Refused("fd", "accept_emfile")
 				time.Sleep(10 * time.Millisecond) // out of descriptors: let connections end before accepting more
 				continue
 			}
@@ -302,12 +303,12 @@ func (s *fdSocket) serve(ctx context.Context) {
 		}
 		cred, err := identity.PeerCredOf(conn)
 		if err != nil {
-			s.edge.refused("fd", "no_peercred")
+			s.edge.Refused("fd", "no_peercred")
 			conn.Close()
 			continue
 		}
 		if why := s.enter(cred.UID); why != "" {
-			s.edge.refused("fd", "busy")
+			s.edge.Refused("fd", "busy")
 			_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))
 			_, _ = fmt.Fprintf(conn, "ERR %s%s\n", fdpass.ExhaustedPrefix, why)
 			conn.Close()
@@ -425,12 +426,12 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 	s.leave(uid)
 	unidentified = false
 	if err != nil {
-		s.edge.refused("fd", "unidentified")
+		s.edge.Refused("fd", "unidentified")
 		refuse(err)
 		return
 	}
 	if why := s.enterCaller(caller.Key); why != "" {
-		s.edge.refused("fd", "busy")
+		s.edge.Refused("fd", "busy")
 		reply("ERR %s%s", fdpass.ExhaustedPrefix, why)
 		return
 	}
@@ -440,9 +441,9 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 	line, fds, err := fdpass.ReadRequestFDs(conn, fdpass.MaxPutFDs)
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			s.edge.refused("fd", "deadline")
+			s.edge.Refused("fd", "deadline")
 		} else {
-			s.edge.refused("fd", "malformed")
+			s.edge.Refused("fd", "malformed")
 		}
 		_ = conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond)) // past the deadline: still say why
 		reply("ERR malformed request: %v", oneLine(err.Error()))
@@ -453,13 +454,13 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		want, err := putCount(line)
 		if err != nil {
 			fdpass.CloseFDs(fds)
-			s.edge.refused("fd", "malformed")
+			s.edge.Refused("fd", "malformed")
 			reply("ERR %s", err)
 			return
 		}
 		if len(fds) != want {
 			fdpass.CloseFDs(fds)
-			s.edge.refused("fd", "malformed")
+			s.edge.Refused("fd", "malformed")
 			reply("ERR %s announces %d descriptors, got %d (send them with the line, in one message)", truncate(line, 16), want, len(fds))
 			return
 		}
@@ -469,7 +470,7 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		}
 		token, err := s.tokens.addFiles(caller.Key, files, false)
 		if err != nil {
-			s.edge.refused("fd", "tokens")
+			s.edge.Refused("fd", "tokens")
 			refuse(err)
 			return
 		}
@@ -487,7 +488,7 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		}
 	default:
 		fdpass.CloseFDs(fds)
-		s.edge.refused("fd", "malformed")
+		s.edge.Refused("fd", "malformed")
 		reply("ERR unknown request %q (want PUT or GET <token>)", truncate(line, 32))
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
@@ -81,7 +82,7 @@ func rawPut(t *testing.T, path, line string, files []*os.File) string {
 
 // A PUT <n> of up to 253 descriptors gets one token that gives them back in order; fd_tokens concatenate.
 func TestFDSocketPutManyKeepsOrder(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: 2 * time.Second, edge: newEdgeCounter()}
+	s := &fdSocket{identify: anyone, timeout: 2 * time.Second, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
 	ctx := context.Background()
 	files := tempFiles(t, fdpass.MaxPutFDs+3)
@@ -126,7 +127,7 @@ func TestFDSocketPutManyKeepsOrder(t *testing.T) {
 
 // Malformed PUTs are refused with a reason and every descriptor they carried is closed.
 func TestFDSocketRefusesMalformedPuts(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: time.Second, edge: newEdgeCounter()}
+	s := &fdSocket{identify: anyone, timeout: time.Second, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
 	files := tempFiles(t, 4)
 	base := openFDCount(t)
@@ -148,13 +149,13 @@ func TestFDSocketRefusesMalformedPuts(t *testing.T) {
 		{"PUTS\n", files[:1], "unknown request"},
 		{"\x00\xff\n", files[:4], "unknown request"},
 	}
-	before := refusals(s.edge, "fd", "malformed")
+	before := s.edge.Value("fd", "malformed")
 	for _, tc := range cases {
 		if reply := rawPut(t, path, tc.line, tc.files); !strings.HasPrefix(reply, "ERR ") || !strings.Contains(reply, tc.says) {
 			t.Errorf("%q with %d fds: %q, want ERR saying %q", tc.line, len(tc.files), reply, tc.says)
 		}
 	}
-	if got := refusals(s.edge, "fd", "malformed") - before; got != float64(len(cases)) {
+	if got := s.edge.Value("fd", "malformed") - before; got != float64(len(cases)) {
 		t.Errorf("%v malformed refusals counted, want %d", got, len(cases))
 	}
 	if tok, fds := s.tokens.waiting("local/uid=0"); tok != 0 || fds != 0 {
@@ -179,7 +180,7 @@ func waitFDs(t *testing.T, base int) {
 // Descriptors sent after the message that starts the line are not part of the PUT: they are closed, and the
 // count the line announced does not match.
 func TestFDSocketPutTakesDescriptorsOfTheFirstMessageOnly(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: time.Second, edge: newEdgeCounter()}
+	s := &fdSocket{identify: anyone, timeout: time.Second, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
 	files := tempFiles(t, 3)
 	base := openFDCount(t)
@@ -206,7 +207,7 @@ func TestFDSocketPutTakesDescriptorsOfTheFirstMessageOnly(t *testing.T) {
 
 // A caller that closes in the middle of a PUT <n> leaves nothing behind.
 func TestFDSocketPutClosedMidMessage(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: 2 * time.Second, edge: newEdgeCounter()}
+	s := &fdSocket{identify: anyone, timeout: 2 * time.Second, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
 	files := tempFiles(t, 100)
 	base := openFDCount(t)
@@ -295,7 +296,7 @@ func TestFDTokensBoundDescriptors(t *testing.T) {
 func TestFDSocketPutManyFloodIsBounded(t *testing.T) {
 	const maxConns = 4
 	s := &fdSocket{identify: anyone, timeout: 500 * time.Millisecond, maxConns: maxConns, maxPerUID: maxConns,
-		maxPerCaller: maxConns, maxIdentified: maxConns, edge: newEdgeCounter()}
+		maxPerCaller: maxConns, maxIdentified: maxConns, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
 	r, w, err := os.Pipe()
 	if err != nil {

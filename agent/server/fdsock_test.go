@@ -15,9 +15,8 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 )
 
 func openFDCount(t *testing.T) int {
@@ -53,24 +52,15 @@ func startFDSocket(t *testing.T, s *fdSocket) string {
 	return path
 }
 
-// refusals reads fabricxfer_agent_edge_refusals_total{socket,reason} of c.
-func refusals(c edgeCounter, socket, reason string) float64 {
-	var m dto.Metric
-	if err := c.vec.WithLabelValues(socket, reason).Write(&m); err != nil {
-		return -1
-	}
-	return m.GetCounter().GetValue()
-}
-
 func anyone(context.Context, *net.UnixConn) (identity.Caller, error) {
 	return identity.Caller{Local: true, Key: "local/uid=0"}, nil
 }
 
 // An fd-socket connection that sends nothing is closed at its deadline and counted; the agent stays up.
 func TestFDSocketClosesAndCountsIdleConnections(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: 200 * time.Millisecond, edge: newEdgeCounter()}
+	s := &fdSocket{identify: anyone, timeout: 200 * time.Millisecond, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
-	before := refusals(s.edge, "fd", "deadline")
+	before := s.edge.Value("fd", "deadline")
 	c, err := net.Dial("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +72,7 @@ func TestFDSocketClosesAndCountsIdleConnections(t *testing.T) {
 	if !strings.HasPrefix(line, "ERR") || time.Since(start) > 3*time.Second {
 		t.Fatalf("idle connection got %q after %s", line, time.Since(start))
 	}
-	if after := refusals(s.edge, "fd", "deadline"); after != before+1 {
+	if after := s.edge.Value("fd", "deadline"); after != before+1 {
 		t.Fatalf("deadline refusals %v -> %v", before, after)
 	}
 	// Half a request, then silence: the same.

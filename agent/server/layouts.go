@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
@@ -104,7 +105,7 @@ func (s *Server) RegisterLayout(ctx context.Context, req *agentv1.RegisterLayout
 		}
 	}
 	if held >= maxLayoutsPerCaller {
-		s.metrics.limitHit(limitLayouts)
+		s.metrics.LimitHit(refusals.LimitLayouts)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d layouts, the limit is %d", held, maxLayoutsPerCaller)
 	}
 	if req.SegmentName != "" {
@@ -197,7 +198,7 @@ func (s *Server) transferBlocks(ctx context.Context, sess *session, req *agentv1
 		return nil, status.Error(codes.InvalidArgument, "transfer names no blocks")
 	}
 	if max := s.opts.Limits.MaxItemsPerTransfer; n > max {
-		s.metrics.limitHit(limitItems)
+		s.metrics.LimitHit(refusals.LimitItems)
 		return nil, status.Errorf(codes.InvalidArgument, "transfer names %d blocks, at most %d", n, max)
 	}
 

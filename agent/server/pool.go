@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
@@ -101,7 +102,7 @@ func (s *Server) lend(owner string, req *agentv1.AllocateFromPoolRequest, kind a
 	if kind == agentv1.MemoryKind_MEMORY_KIND_HOST {
 		sl, err := s.opts.Pool.Allocate(owner, req.Length)
 		if err != nil {
-			s.metrics.limitHit(limitPoolMemory)
+			s.metrics.LimitHit(refusals.LimitPoolMemory)
 			return nil, engines.MemoryDesc{}, 0, status.Errorf(codes.ResourceExhausted, "%v", err)
 		}
 		return sl, engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationHost}, Size: uint64(len(sl.View)),
@@ -116,7 +117,7 @@ func (s *Server) lend(owner string, req *agentv1.AllocateFromPoolRequest, kind a
 		return nil, engines.MemoryDesc{}, 0, status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	if err != nil {
-		s.metrics.limitHit(limitPoolMemory)
+		s.metrics.LimitHit(refusals.LimitPoolMemory)
 		return nil, engines.MemoryDesc{}, 0, status.Errorf(codes.ResourceExhausted, "%v", err)
 	}
 	loc := engines.Location{Kind: engines.LocationGPU, Device: sl.GPU, Vendor: engines.VendorNVIDIA, BusID: sl.BusID}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
@@ -134,7 +135,7 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 		if err != nil {
 			f.Close()
 			if errors.Is(err, errUnsealed) {
-				s.metrics.edge.refused("grpc", "unsealed")
+				s.metrics.Edge.Refused("grpc", "unsealed")
 			}
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -354,12 +355,12 @@ func (s *Server) addRegion(ctx context.Context, sess *session, kind agentv1.Memo
 	lim := s.opts.Limits
 	if u.regions+1 > lim.MaxRegions {
 		s.mu.Unlock()
-		s.metrics.limitHit(limitRegions)
+		s.metrics.LimitHit(refusals.LimitRegions)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d regions, the limit is %d", u.regions, lim.MaxRegions)
 	}
 	if u.bytes+length > lim.MaxRegisteredBytes || u.bytes+length < u.bytes {
 		s.mu.Unlock()
-		s.metrics.limitHit(limitRegisteredBytes)
+		s.metrics.LimitHit(refusals.LimitRegisteredBytes)
 		return nil, status.Errorf(codes.ResourceExhausted, "registering %d bytes would bring the caller to %d bytes, the limit is %d", length, u.bytes+length, lim.MaxRegisteredBytes)
 	}
 	if segment != "" {

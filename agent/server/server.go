@@ -281,7 +281,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	)
 	agentv1.RegisterAgentServer(s.grpc, s)
 
-	fds := &fdSocket{ln: fdLn, tokens: s.tokens, identify: s.identifyConn, edge: s.metrics.edge}
+	fds := &fdSocket{ln: fdLn, tokens: s.tokens, identify: s.identifyConn, edge: s.metrics.Edge}
 	go fds.serve(ctx)
 	go s.serveFast(ctx, fastLn)
 	go s.sweep(ctx)

@@ -210,7 +210,7 @@ func (s *Server) revokeDisallowed() {
 		why := fmt.Sprintf("%s: namespace %q was removed from the allowed namespaces of pool %s/%s; its session ended",
 			sess.caller, sess.caller.Namespace, s.opts.PoolNamespace, s.opts.PoolName)
 		sess.revoked.Store(&why)
-		s.metrics.edge.refused("grpc", "revoked")
+		s.metrics.Edge.Refused("grpc", "revoked")
 		s.log.Info("revoked a caller", "caller", sess.caller.String(), "namespace", sess.caller.Namespace)
 		s.tokens.dropOwner(sess.caller.Key)
 		if sess.conn != nil {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
@@ -65,7 +66,7 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 		return nil, status.Error(codes.InvalidArgument, "transfer has no items")
 	}
 	if max := s.opts.Limits.MaxItemsPerTransfer; len(req.Items) > max {
-		s.metrics.limitHit(limitItems)
+		s.metrics.LimitHit(refusals.LimitItems)
 		return nil, status.Errorf(codes.InvalidArgument, "transfer has %d items, at most %d", len(req.Items), max)
 	}
 
@@ -163,14 +164,14 @@ func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet,
 	if u.inFlight >= s.opts.Limits.MaxInFlight {
 		s.mu.Unlock()
 		release()
-		s.metrics.limitHit(limitInFlight)
+		s.metrics.LimitHit(refusals.LimitInFlight)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d transfers in flight, the limit is %d", u.inFlight, s.opts.Limits.MaxInFlight)
 	}
 	if max := s.opts.Limits.MaxInFlightBytes; u.inFlightBytes+total > max || u.inFlightBytes+total < total {
 		s.mu.Unlock()
 		release()
-		s.metrics.edge.refused("grpc", "busy")
-		s.metrics.limitHit(limitInFlightBytes)
+		s.metrics.Edge.Refused("grpc", "busy")
+		s.metrics.LimitHit(refusals.LimitInFlightBytes)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d bytes in flight; %d more would pass the limit of %d", u.inFlightBytes, total, max)
 	}
 	u.inFlight++
