@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
@@ -69,7 +70,7 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 	if err != nil {
 		return nil, err
 	}
-	token, err := newToken()
+	token, err := fdsocket.NewToken()
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
@@ -246,7 +247,7 @@ func (s *Server) setIDArena(sess *session, arena *idArena, req *agentv1.IdArena)
 	if req.Size == 0 || req.Size > maxIDArena {
 		return status.Errorf(codes.InvalidArgument, "an id arena of %d bytes: between 1 byte and %d", req.Size, maxIDArena)
 	}
-	f, err := s.tokens.take(sess.caller.Key, req.FdToken, false)
+	f, err := s.tokens.Take(sess.caller.Key, req.FdToken, false)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "id arena: %v", err)
 	}

@@ -67,7 +67,7 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 		return nil, status.Errorf(codes.Internal, "duplicating the pool fd: %v", err)
 	}
 	syscall.CloseOnExec(dup)
-	token, err := s.tokens.add(sess.caller.Key, os.NewFile(uintptr(dup), "pool"), true)
+	token, err := s.tokens.Add(sess.caller.Key, os.NewFile(uintptr(dup), "pool"), true)
 	if err != nil {
 		_ = s.removeRegion(ctx, r)
 		free()

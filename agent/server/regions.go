@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
+	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -127,7 +128,7 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 		if req.HandleType != agentv1.HandleType_HANDLE_TYPE_SHM_FD {
 			return nil, status.Errorf(codes.InvalidArgument, "host memory is passed as HANDLE_TYPE_SHM_FD, not %s (pool slices are registered by AllocateFromPool)", req.HandleType)
 		}
-		f, err := s.tokens.take(sess.caller.Key, req.FdToken, false)
+		f, err := s.tokens.Take(sess.caller.Key, req.FdToken, false)
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -155,7 +156,7 @@ func (s *Server) RegisterMemory(ctx context.Context, req *agentv1.RegisterMemory
 		if mapping != nil {
 			syscall.Munmap(mapping)
 		}
-		closeFiles(files)
+		fdsocket.CloseFiles(files)
 		return nil, err
 	}
 	s.mu.Lock()
@@ -222,7 +223,7 @@ func (s *Server) gpuDesc(sess *session, req *agentv1.RegisterMemoryRequest) (eng
 		if err := inAlloc(); err != nil {
 			return d, nil, err
 		}
-		f, err := s.tokens.take(sess.caller.Key, req.FdToken, false)
+		f, err := s.tokens.Take(sess.caller.Key, req.FdToken, false)
 		if err != nil {
 			return d, nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -270,7 +271,7 @@ func (s *Server) vmmFiles(sess *session, req *agentv1.RegisterMemoryRequest) ([]
 		return nil, status.Errorf(codes.InvalidArgument, "range [%d, +%d) spans %d VMM allocations of %d bytes, at most %d are mapped as one region",
 			off, length, want, a, engines.MaxVMMAllocations)
 	}
-	files, err := s.tokens.takeAll(sess.caller.Key, req.FdTokens, int(want))
+	files, err := s.tokens.TakeAll(sess.caller.Key, req.FdTokens, int(want))
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "taking the VMM allocations of range [%d, +%d) (allocations of %d bytes, it spans %d; pass exactly those, in address order): %v",
 			off, length, a, want, err)
@@ -505,7 +506,7 @@ func (s *Server) removeRegion(ctx context.Context, r *region) error {
 	if r.mapping != nil {
 		_ = syscall.Munmap(r.mapping)
 	}
-	closeFiles(r.files)
+	fdsocket.CloseFiles(r.files)
 	return nil
 }
 

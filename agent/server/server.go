@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
+	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -130,7 +131,7 @@ type Server struct {
 	grpc   *grpc.Server
 	ln     *net.UnixListener
 	fdLn   *net.UnixListener
-	tokens *fdTokens
+	tokens *fdsocket.Tokens
 	fast   fastTokens
 	// spinners bounds the fast connections polling for their next request at once.
 	spinners *sockio.SpinBudget
@@ -221,7 +222,7 @@ func New(opts Options) (*Server, error) {
 		opts: opts, log: opts.Logger,
 		// Region ids carry a random epoch so an id from a previous agent instance never names a new region.
 		regionEpoch: uint64(binary.BigEndian.Uint32(b[:])|1) << 32,
-		tokens:      newFDTokens(opts.TokenTTL, 64),
+		tokens:      fdsocket.NewTokens(opts.TokenTTL, 64),
 		sessions:    map[uint64]*session{}, regions: map[uint64]*region{}, byMemory: map[engines.MemoryID]*region{},
 		segments: map[string]*region{}, layouts: map[uint64]*layout{}, layoutSegments: map[string]*layout{}, callers: map[string]*usage{}, imports: map[engines.MemoryID]*imported{},
 		transfers: map[uint64]*transfer{}, watchers: map[string]map[*watcher]struct{}{},
@@ -281,8 +282,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	)
 	agentv1.RegisterAgentServer(s.grpc, s)
 
-	fds := &fdSocket{ln: fdLn, tokens: s.tokens, identify: s.identifyConn, edge: s.metrics.Edge}
-	go fds.serve(ctx)
+	fds := fdsocket.NewSocket(fdLn, s.tokens, s.identifyConn, s.metrics.Edge)
+	go fds.Serve(ctx)
 	go s.serveFast(ctx, fastLn)
 	go s.sweep(ctx)
 	serveErr := make(chan error, 1)
@@ -396,7 +397,7 @@ func (s *Server) shutdown() {
 		sess.endedOnce.Do(func() { s.endSession(sess) })
 	}
 	s.wg.Wait()
-	s.tokens.closeAll()
+	s.tokens.CloseAll()
 	s.log.Info("stopped", "socket", s.SocketPath())
 }
 
@@ -408,7 +409,7 @@ func (s *Server) sweep(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			s.tokens.sweep(now)
+			s.tokens.Sweep(now)
 			s.forgetFinished(now)
 		}
 	}

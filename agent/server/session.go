@@ -212,7 +212,7 @@ func (s *Server) revokeDisallowed() {
 		sess.revoked.Store(&why)
 		s.metrics.Edge.Refused("grpc", "revoked")
 		s.log.Info("revoked a caller", "caller", sess.caller.String(), "namespace", sess.caller.Namespace)
-		s.tokens.dropOwner(sess.caller.Key)
+		s.tokens.DropOwner(sess.caller.Key)
 		if sess.conn != nil {
 			sess.conn.Close() // connClosed ends the session
 		} else {
