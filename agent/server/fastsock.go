@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
@@ -105,19 +106,6 @@ func (s *Server) serveFast(ctx context.Context, ln *net.UnixListener) {
 	}
 }
 
-func writeReply(conn net.Conn, r *agentv1.FastReply) error {
-	b, err := proto.Marshal(r)
-	if err != nil {
-		return err
-	}
-	return sockio.WriteFrame(conn, b)
-}
-
-func errReply(err error) *agentv1.FastReply {
-	st := status.Convert(err)
-	return &agentv1.FastReply{Code: uint32(st.Code()), Message: st.Message()}
-}
-
 func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(fastBindTimeout))
@@ -127,7 +115,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	}
 	caller, err := s.identifyConn(ctx, conn)
 	if err != nil {
-		_ = writeReply(conn, errReply(status.Error(codes.PermissionDenied, err.Error())))
+		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.PermissionDenied, err.Error())))
 		return
 	}
 	s.fast.mu.Lock()
@@ -135,26 +123,26 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	delete(s.fast.entries, string(token))
 	s.fast.mu.Unlock()
 	if !ok || time.Now().After(e.expires) || e.sess.caller.Key != caller.Key {
-		_ = writeReply(conn, errReply(status.Error(codes.PermissionDenied, "fast path token is unknown, expired, used or not yours")))
+		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.PermissionDenied, "fast path token is unknown, expired, used or not yours")))
 		return
 	}
 	sess := e.sess
 	s.mu.Lock()
 	if sess.ended {
 		s.mu.Unlock()
-		_ = writeReply(conn, errReply(status.Error(codes.Unavailable, "the session ended")))
+		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.Unavailable, "the session ended")))
 		return
 	}
 	if refusal := s.fastRoomLocked(sess.caller.Key); refusal != "" {
 		s.mu.Unlock()
 		s.metrics.Edge.Refused("fast", "busy")
-		_ = writeReply(conn, errReply(status.Error(codes.ResourceExhausted, refusal)))
+		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.ResourceExhausted, refusal)))
 		return
 	}
 	sess.fastConns = append(sess.fastConns, conn)
 	s.mu.Unlock()
 	defer s.forgetFastConn(sess, conn)
-	if err := writeReply(conn, &agentv1.FastReply{}); err != nil {
+	if err := fastwire.WriteReply(conn, &agentv1.FastReply{}); err != nil {
 		return
 	}
 	_ = conn.SetDeadline(time.Time{})
@@ -162,8 +150,8 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying.
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var arena idArena
-	defer arena.unmap()
+	var arena fastwire.IDArena
+	defer arena.Unmap()
 	in := sockio.FrameReader{R: sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin, Budget: s.spinners}, Max: maxFastFrame}
 	var out []byte
 	for {
@@ -172,13 +160,13 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		if err != nil {
 			if err != io.EOF {
 				s.metrics.Edge.Refused("fast", "malformed")
-				_ = writeReply(conn, errReply(status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)))
+				_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)))
 			}
 			return
 		}
 		var reply *agentv1.FastReply
 		if resp, err := s.serveFastFrame(callCtx, sess, &arena, frame); err != nil {
-			reply = errReply(err)
+			reply = fastwire.ErrReply(err)
 		} else {
 			reply = &agentv1.FastReply{Response: resp}
 		}
@@ -198,13 +186,13 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 }
 
 // serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would.
-func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *idArena, frame []byte) (*agentv1.TransferResponse, error) {
+func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *fastwire.IDArena, frame []byte) (*agentv1.TransferResponse, error) {
 	// Block transfers, the large frames, are read without copying their ids.
-	blocks, err := decodeFastBlocks(frame)
+	blocks, err := fastwire.DecodeBlocks(frame)
 	if err == nil {
-		return s.transferBlocks(ctx, sess, blocks, arena.ids)
+		return s.transferBlocks(ctx, sess, blocks, arena.IDs())
 	}
-	if !errors.Is(err, errFastTransfer) {
+	if !errors.Is(err, fastwire.ErrNotBlocks) {
 		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
 	}
 	var req agentv1.FastRequest
@@ -215,7 +203,7 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *idAre
 	case *agentv1.FastRequest_Transfer:
 		return s.transfer(ctx, sess, r.Transfer)
 	case *agentv1.FastRequest_Blocks:
-		return s.transferBlocks(ctx, sess, r.Blocks, arena.ids)
+		return s.transferBlocks(ctx, sess, r.Blocks, arena.IDs())
 	case *agentv1.FastRequest_IdArena:
 		return nil, s.setIDArena(sess, arena, r.IdArena)
 	case *agentv1.FastRequest_Wait:
@@ -224,28 +212,11 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *idAre
 	return nil, status.Error(codes.InvalidArgument, "fast request names no transfer")
 }
 
-// maxIDArena bounds a fast connection's id arena: 65,536 int64 ids a side (the most one transfer names) is
-// 1 MiB, and the agent maps at most 8 connections' arenas per caller.
-const maxIDArena = 4 << 20
-
-// idArena is a fast connection's mapping of its caller's id arena.
-type idArena struct {
-	mapping []byte // the whole mapping, to unmap
-	ids     []byte // the arena's bytes
-}
-
-func (a *idArena) unmap() {
-	if a.mapping != nil {
-		_ = syscall.Munmap(a.mapping)
-		a.mapping, a.ids = nil, nil
-	}
-}
-
 // setIDArena maps the memfd the caller passed as the connection's id arena, read-only, replacing the one it
 // had. The memfd must be sealed against shrinking, so the caller cannot make the agent's reads fault.
-func (s *Server) setIDArena(sess *session, arena *idArena, req *agentv1.IdArena) error {
-	if req.Size == 0 || req.Size > maxIDArena {
-		return status.Errorf(codes.InvalidArgument, "an id arena of %d bytes: between 1 byte and %d", req.Size, maxIDArena)
+func (s *Server) setIDArena(sess *session, arena *fastwire.IDArena, req *agentv1.IdArena) error {
+	if req.Size == 0 || req.Size > fastwire.MaxIDArena {
+		return status.Errorf(codes.InvalidArgument, "an id arena of %d bytes: between 1 byte and %d", req.Size, fastwire.MaxIDArena)
 	}
 	f, err := s.tokens.Take(sess.caller.Key, req.FdToken, false)
 	if err != nil {
@@ -256,8 +227,7 @@ func (s *Server) setIDArena(sess *session, arena *idArena, req *agentv1.IdArena)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "id arena: %v", err)
 	}
-	arena.unmap()
-	arena.mapping, arena.ids = mapping, view
+	arena.Replace(mapping, view)
 	return nil
 }
 
