@@ -23,6 +23,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
@@ -81,7 +82,7 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 	for k, e := range s.fast.entries {
 		if now.After(e.expires) {
 			delete(s.fast.entries, k)
-		} else if e.sess.caller.Key == sess.caller.Key {
+		} else if e.sess.Caller.Key == sess.Caller.Key {
 			held++
 		}
 	}
@@ -122,25 +123,25 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	e, ok := s.fast.entries[string(token)]
 	delete(s.fast.entries, string(token))
 	s.fast.mu.Unlock()
-	if !ok || time.Now().After(e.expires) || e.sess.caller.Key != caller.Key {
+	if !ok || time.Now().After(e.expires) || e.sess.Caller.Key != caller.Key {
 		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.PermissionDenied, "fast path token is unknown, expired, used or not yours")))
 		return
 	}
 	sess := e.sess
-	s.mu.Lock()
-	if sess.ended {
-		s.mu.Unlock()
+	s.table.Lock()
+	if sess.Ended {
+		s.table.Unlock()
 		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.Unavailable, "the session ended")))
 		return
 	}
-	if refusal := s.fastRoomLocked(sess.caller.Key); refusal != "" {
-		s.mu.Unlock()
+	if refusal := s.fastRoomLocked(sess.Caller.Key); refusal != "" {
+		s.table.Unlock()
 		s.metrics.Edge.Refused("fast", "busy")
 		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.ResourceExhausted, refusal)))
 		return
 	}
 	sess.fastConns = append(sess.fastConns, conn)
-	s.mu.Unlock()
+	s.table.Unlock()
 	defer s.forgetFastConn(sess, conn)
 	if err := fastwire.WriteReply(conn, &agentv1.FastReply{}); err != nil {
 		return
@@ -190,7 +191,7 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *fastw
 	// Block transfers, the large frames, are read without copying their ids.
 	blocks, err := fastwire.DecodeBlocks(frame)
 	if err == nil {
-		return s.transferBlocks(ctx, sess, blocks, arena.IDs())
+		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, arena.IDs())
 	}
 	if !errors.Is(err, fastwire.ErrNotBlocks) {
 		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
@@ -201,13 +202,13 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *fastw
 	}
 	switch r := req.Request.(type) {
 	case *agentv1.FastRequest_Transfer:
-		return s.transfer(ctx, sess, r.Transfer)
+		return s.xfer.Transfer(ctx, &sess.Session, r.Transfer)
 	case *agentv1.FastRequest_Blocks:
-		return s.transferBlocks(ctx, sess, r.Blocks, arena.IDs())
+		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, arena.IDs())
 	case *agentv1.FastRequest_IdArena:
 		return nil, s.setIDArena(sess, arena, r.IdArena)
 	case *agentv1.FastRequest_Wait:
-		return s.fastWait(ctx, sess, r.Wait)
+		return s.xfer.FastWait(ctx, &sess.Session, r.Wait)
 	}
 	return nil, status.Error(codes.InvalidArgument, "fast request names no transfer")
 }
@@ -218,12 +219,12 @@ func (s *Server) setIDArena(sess *session, arena *fastwire.IDArena, req *agentv1
 	if req.Size == 0 || req.Size > fastwire.MaxIDArena {
 		return status.Errorf(codes.InvalidArgument, "an id arena of %d bytes: between 1 byte and %d", req.Size, fastwire.MaxIDArena)
 	}
-	f, err := s.tokens.Take(sess.caller.Key, req.FdToken, false)
+	f, err := s.tokens.Take(sess.Caller.Key, req.FdToken, false)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "id arena: %v", err)
 	}
 	defer f.Close() // the mapping keeps the memory
-	view, mapping, err := mapShared(f, 0, req.Size, syscall.PROT_READ)
+	view, mapping, err := regiontable.MapShared(f, 0, req.Size, syscall.PROT_READ)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "id arena: %v", err)
 	}
@@ -236,7 +237,7 @@ func (s *Server) fastRoomLocked(key string) string {
 	total, mine := 0, 0
 	for _, sess := range s.sessions {
 		total += len(sess.fastConns)
-		if sess.caller.Key == key {
+		if sess.Caller.Key == key {
 			mine += len(sess.fastConns)
 		}
 	}
@@ -250,7 +251,7 @@ func (s *Server) fastRoomLocked(key string) string {
 }
 
 func (s *Server) forgetFastConn(sess *session, conn net.Conn) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.table.Lock()
+	defer s.table.Unlock()
 	sess.fastConns = slices.DeleteFunc(sess.fastConns, func(c net.Conn) bool { return c == conn })
 }

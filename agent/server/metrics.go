@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 )
 
 // serverMetrics are the server's collectors. Counters are charged where things happen; gauges are read from
@@ -66,30 +67,30 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	// Under the lock for as long as it takes to walk the callers and the pool slices they hold (never every
 	// region: a node can hold hundreds of thousands, and transfers wait on this lock).
-	s.mu.Lock()
+	s.table.Lock()
 	for _, sess := range s.sessions {
 		for _, a := range sess.allocs {
 			lentRegs++
-			lentBytes += a.region.length
+			lentBytes += a.region.Length()
 		}
 	}
 	callers := 0
-	for _, u := range s.callers {
-		regs += uint64(u.regions)
-		regBytes += u.bytes
-		if u.regions == 0 && u.inFlight == 0 {
-			continue
+	s.table.EachUsageLocked(func(u *regiontable.Usage) {
+		regs += uint64(u.Regions)
+		regBytes += u.Bytes
+		if u.Regions == 0 && u.InFlight == 0 {
+			return
 		}
 		callers++
-		inFlight += uint64(u.inFlight)
-		inFlightBytes += u.inFlightBytes
-		frac(refusals.LimitRegions, float64(u.regions), float64(lim.MaxRegions))
-		frac(refusals.LimitRegisteredBytes, float64(u.bytes), float64(lim.MaxRegisteredBytes))
-		frac(refusals.LimitInFlight, float64(u.inFlight), float64(lim.MaxInFlight))
-		frac(refusals.LimitInFlightBytes, float64(u.inFlightBytes), float64(lim.MaxInFlightBytes))
-	}
-	sessions, imports := len(s.sessions), len(s.imports)
-	s.mu.Unlock()
+		inFlight += uint64(u.InFlight)
+		inFlightBytes += u.InFlightBytes
+		frac(refusals.LimitRegions, float64(u.Regions), float64(lim.MaxRegions))
+		frac(refusals.LimitRegisteredBytes, float64(u.Bytes), float64(lim.MaxRegisteredBytes))
+		frac(refusals.LimitInFlight, float64(u.InFlight), float64(lim.MaxInFlight))
+		frac(refusals.LimitInFlightBytes, float64(u.InFlightBytes), float64(lim.MaxInFlightBytes))
+	})
+	sessions, imports := len(s.sessions), s.xfer.ImportedLocked()
+	s.table.Unlock()
 	// The callers' counts include their pool slices.
 	regs, regBytes = regs-min(regs, lentRegs), regBytes-min(regBytes, lentBytes)
 

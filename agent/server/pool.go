@@ -15,6 +15,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
@@ -22,7 +23,7 @@ import (
 type allocation struct {
 	id     string
 	slice  *poolmem.Slice
-	region *region
+	region *regiontable.Region
 }
 
 // AllocateFromPool implements agentv1.AgentServer.
@@ -34,10 +35,10 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 	if s.opts.Pool == nil {
 		return nil, status.Error(codes.Unavailable, "this agent has no pool memory (the pool sets no memory for this node)")
 	}
-	if err := checkSegmentName(req.SegmentName); err != nil {
+	if err := regiontable.CheckSegmentName(req.SegmentName); err != nil {
 		return nil, err
 	}
-	if err := checkGrants(req.SegmentGrants); err != nil {
+	if err := regiontable.CheckGrants(req.SegmentGrants); err != nil {
 		return nil, err
 	}
 	if req.Length == 0 {
@@ -50,44 +51,44 @@ func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFrom
 	if req.Kind != agentv1.MemoryKind_MEMORY_KIND_UNSPECIFIED && req.Kind != want {
 		return nil, status.Errorf(codes.InvalidArgument, "this node's pool memory is %s, not %s", want, req.Kind)
 	}
-	sl, desc, handleType, err := s.lend(sess.caller.Key, req, want)
+	sl, desc, handleType, err := s.lend(sess.Caller.Key, req, want)
 	if err != nil {
 		return nil, err
 	}
 	free := func() { _ = s.opts.Pool.Free(sl.ID) }
-	r, err := s.addRegion(ctx, sess, want, desc, req.SegmentName, req.SegmentGrants)
+	r, err := s.table.AddRegion(ctx, &sess.Session, want, desc, req.SegmentName, req.SegmentGrants)
 	if err != nil {
 		free()
 		return nil, err
 	}
 	dup, err := syscall.Dup(int(sl.File.Fd()))
 	if err != nil {
-		_ = s.removeRegion(ctx, r)
+		_ = s.table.RemoveRegion(ctx, r)
 		free()
 		return nil, status.Errorf(codes.Internal, "duplicating the pool fd: %v", err)
 	}
 	syscall.CloseOnExec(dup)
-	token, err := s.tokens.Add(sess.caller.Key, os.NewFile(uintptr(dup), "pool"), true)
+	token, err := s.tokens.Add(sess.Caller.Key, os.NewFile(uintptr(dup), "pool"), true)
 	if err != nil {
-		_ = s.removeRegion(ctx, r)
+		_ = s.table.RemoveRegion(ctx, r)
 		free()
 		return nil, status.Errorf(codes.ResourceExhausted, "%v", err)
 	}
-	a := &allocation{id: fmt.Sprintf("%s-%d", sl.ID, r.id), slice: sl, region: r}
-	s.mu.Lock()
-	if sess.ended {
+	a := &allocation{id: fmt.Sprintf("%s-%d", sl.ID, r.ID()), slice: sl, region: r}
+	s.table.Lock()
+	if sess.Ended {
 		// The connection closed while this call ran: the session's cleanup has already passed, so nothing
 		// would ever free the slice.
-		s.mu.Unlock()
-		_ = s.removeRegion(ctx, r)
+		s.table.Unlock()
+		_ = s.table.RemoveRegion(ctx, r)
 		free()
 		return nil, status.Error(codes.Unavailable, "the connection closed while pool memory was being lent; it was given back")
 	}
-	r.alloc = a.id
+	r.SetAllocLocked(a.id)
 	sess.allocs[a.id] = a
-	s.mu.Unlock()
+	s.table.Unlock()
 	return &agentv1.AllocateFromPoolResponse{AllocationId: a.id, FdToken: token, HandleType: handleType,
-		Offset: sl.Offset, Length: sl.Length, Region: r.proto(), AllocationSize: allocationSize(sl)}, nil
+		Offset: sl.Offset, Length: sl.Length, Region: r.Proto(), AllocationSize: allocationSize(sl)}, nil
 }
 
 // gpuLender is a GPU pool: slices come from the GPU the caller names.
@@ -124,7 +125,7 @@ func (s *Server) lend(owner string, req *agentv1.AllocateFromPoolRequest, kind a
 	var domain string
 	for i := range s.opts.GPUs {
 		if g := &s.opts.GPUs[i]; g.Index == sl.GPU {
-			loc.Vendor, domain = g.Vendor, s.fabricDomain(g)
+			loc.Vendor, domain = g.Vendor, s.table.FabricDomain(g)
 		}
 	}
 	return sl, engines.MemoryDesc{Location: loc, Size: sl.Length, FabricDomain: domain,
@@ -138,9 +139,9 @@ func (s *Server) Release(ctx context.Context, req *agentv1.ReleaseRequest) (*age
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
+	s.table.Lock()
 	a, ok := sess.allocs[req.AllocationId]
-	s.mu.Unlock()
+	s.table.Unlock()
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "allocation %q was not lent to this connection", req.AllocationId)
 	}
@@ -152,12 +153,12 @@ func (s *Server) Release(ctx context.Context, req *agentv1.ReleaseRequest) (*age
 
 // releaseAllocation deregisters the slice (waiting for its transfers) and gives it back to the pool.
 func (s *Server) releaseAllocation(ctx context.Context, sess *session, a *allocation) error {
-	if err := s.removeRegion(ctx, a.region); err != nil {
-		return status.Errorf(statusCode(err), "releasing %s: %v", a.id, err)
+	if err := s.table.RemoveRegion(ctx, a.region); err != nil {
+		return status.Errorf(regiontable.StatusCode(err), "releasing %s: %v", a.id, err)
 	}
-	s.mu.Lock()
+	s.table.Lock()
 	delete(sess.allocs, a.id)
-	s.mu.Unlock()
+	s.table.Unlock()
 	if err := s.opts.Pool.Free(a.slice.ID); err != nil {
 		return status.Errorf(codes.Internal, "releasing %s: %v", a.id, err)
 	}
