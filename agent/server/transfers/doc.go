@@ -14,4 +14,3 @@
 // TransferBlocks and the submission behind it run per request on the fast socket and are latency-bound: what
 // they lock, allocate and start per request is measured (docs/), and changes to them are measured again.
 package transfers
-
