@@ -16,7 +16,7 @@ import (
 )
 
 // The Agent API's calls: each finds the caller's session and hands the call to the package of its concern
-// (regiontable for memory and layouts, transfers for moving it, pool.go here for pool memory).
+// (regiontable for memory and layouts, transfers for moving it, poollend for pool memory).
 
 // GetInfo implements agentv1.AgentServer.
 func (s *Server) GetInfo(ctx context.Context, req *agentv1.GetInfoRequest) (*agentv1.GetInfoResponse, error) {
@@ -189,4 +189,22 @@ func (s *Server) LookupLayout(segment, asker string) (*agentv1.LayoutDescriptor,
 // none is known the sender is told, so it can fail the transfer instead of reporting a notified success.
 func (s *Server) DeliverPeerNotification(n engines.Notification) error {
 	return s.xfer.DeliverPeerNotification(n)
+}
+
+// AllocateFromPool implements agentv1.AgentServer.
+func (s *Server) AllocateFromPool(ctx context.Context, req *agentv1.AllocateFromPoolRequest) (*agentv1.AllocateFromPoolResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.pool.AllocateFromPool(ctx, &sess.Session, sess.allocs, req)
+}
+
+// Release implements agentv1.AgentServer.
+func (s *Server) Release(ctx context.Context, req *agentv1.ReleaseRequest) (*agentv1.ReleaseResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.pool.Release(ctx, sess.allocs, req)
 }

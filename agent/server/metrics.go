@@ -71,7 +71,7 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, sess := range s.sessions {
 		for _, a := range sess.allocs {
 			lentRegs++
-			lentBytes += a.region.Length()
+			lentBytes += a.Region().Length()
 		}
 	}
 	callers := 0

@@ -22,6 +22,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
+	"github.com/fabricxfer/fabricxfer/agent/server/poollend"
 	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 	"github.com/fabricxfer/fabricxfer/agent/server/transfers"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
@@ -151,6 +152,7 @@ type Server struct {
 	// sessions below and the transfers of xfer.
 	table       *regiontable.Table
 	xfer        *transfers.Service
+	pool        *poollend.Lender
 	nextSession uint64
 	sessions    map[uint64]*session
 }
@@ -217,6 +219,7 @@ func New(opts Options) (*Server, error) {
 		SessionGrace: opts.SessionGrace, FinishedRetention: opts.FinishedRetention, Stopping: stopping, Refusals: metrics.Counters}
 	s := &Server{metrics: metrics, opts: opts, log: opts.Logger, tokens: tokens, stopping: stopping,
 		table: table, xfer: transfers.New(cfg), sessions: map[uint64]*session{},
+		pool: poollend.New(poollend.Config{Pool: opts.Pool, Table: table, Tokens: tokens, GPUs: opts.GPUs, Refusals: metrics.Counters}),
 		fast: fastTokens{entries: map[string]fastToken{}}, spinners: sockio.NewSpinBudget(opts.FastSpinners),
 	}
 	opts.Engine.SetNotifyHandler(s.xfer.DeliverNotification)

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
+	"github.com/fabricxfer/fabricxfer/agent/server/poollend"
 	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 )
 
@@ -26,7 +27,7 @@ import (
 type session struct {
 	regiontable.Session
 	identErr  error
-	allocs    map[string]*allocation
+	allocs    poollend.Loans
 	endedOnce sync.Once
 	// fastConns are fast-socket connections bound to the session; closed when it ends.
 	fastConns []net.Conn
@@ -143,7 +144,7 @@ func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) *session {
 	defer s.table.Unlock()
 	s.nextSession++
 	sess := &session{Session: regiontable.Session{ID: s.nextSession, Caller: caller, Regions: map[uint64]*regiontable.Region{}},
-		identErr: err, allocs: map[string]*allocation{}}
+		identErr: err, allocs: poollend.Loans{}}
 	s.sessions[sess.ID] = sess
 	if err != nil {
 		s.log.Info("refused a caller", "error", err)
@@ -280,7 +281,7 @@ func (s *Server) endSession(sess *session) {
 	for _, r := range sess.Regions {
 		regs = append(regs, r)
 	}
-	allocs := make([]*allocation, 0, len(sess.allocs))
+	allocs := make([]*poollend.Allocation, 0, len(sess.allocs))
 	for _, a := range sess.allocs {
 		allocs = append(allocs, a)
 	}
@@ -296,8 +297,8 @@ func (s *Server) endSession(sess *session) {
 		}
 	}
 	for _, a := range allocs {
-		if err := s.releaseAllocation(ctx, sess, a); err != nil {
-			s.log.Error("pool slice of a gone caller not released", "allocation", a.id, "error", err)
+		if err := s.pool.ReleaseAllocation(ctx, sess.allocs, a); err != nil {
+			s.log.Error("pool slice of a gone caller not released", "allocation", a.ID(), "error", err)
 		}
 	}
 	s.table.Lock()
