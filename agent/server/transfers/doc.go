@@ -11,6 +11,6 @@
 // engines when a transfer first names it and kept for reuse (bounded, least recently used evicted); other nodes'
 // published layouts are cached for a short while.
 //
-// TransferBlocks and the submission behind it run per request on the fast socket and are latency-bound: what
-// they lock, allocate and start per request is measured (docs/), and changes to them are measured again.
+// TransferBlocks and the submission behind it run per request on the fast socket and are latency-bound: a change
+// that adds an allocation, a lock, a goroutine or an interface call per request there is measured first.
 package transfers
