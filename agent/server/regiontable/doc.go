@@ -9,6 +9,6 @@
 // one only when its owner granted that namespace, and an ungranted name looks exactly like a missing one.
 // Another caller's region or layout looks exactly like a missing one too.
 //
-// The table's lock is the agent server's one lock (see Table): transfers read regions and layouts and charge
-// usage under it, in the same critical sections as before the table was a package of its own.
+// The table's lock is the agent server's one lock (see Table): the server's sessions and the transfers over the
+// table live under it too, so transfers read regions and layouts and charge usage in one critical section.
 package regiontable

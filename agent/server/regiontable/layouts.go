@@ -147,6 +147,7 @@ func (tab *Table) dropLayoutLocked(l *Layout) {
 	}
 }
 
+// OwnLayoutLocked returns a layout the session's caller registered; another caller's looks like a missing one.
 func (tab *Table) OwnLayoutLocked(sess *Session, id uint64) (*Layout, error) {
 	l, ok := tab.layouts[id]
 	if !ok || l.owner != sess.Caller.Key {

@@ -243,6 +243,7 @@ func (tab *Table) vmmFiles(sess *Session, req *agentv1.RegisterMemoryRequest) ([
 	return files, nil
 }
 
+// CheckSegmentName validates a segment name: printable ASCII without spaces or '/', at most MaxSegmentName bytes.
 func CheckSegmentName(name string) error {
 	if len(name) > MaxSegmentName {
 		return status.Errorf(codes.InvalidArgument, "segment name is %d bytes, at most %d", len(name), MaxSegmentName)
@@ -407,6 +408,7 @@ func engineNamesFor(d engines.MemoryDesc) []string {
 	return names
 }
 
+// UsageLocked is what the caller of key holds, made empty when it held nothing yet.
 func (tab *Table) UsageLocked(key string) *Usage {
 	u := tab.callers[key]
 	if u == nil {
@@ -416,7 +418,7 @@ func (tab *Table) UsageLocked(key string) *Usage {
 	return u
 }
 
-// ownRegion returns a region the session's caller registered.
+// OwnRegionLocked returns a region the session's caller registered.
 func (tab *Table) OwnRegionLocked(sess *Session, id uint64) (*Region, error) {
 	r, ok := tab.regions[id]
 	if !ok || r.owner != sess.Caller.Key {

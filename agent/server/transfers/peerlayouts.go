@@ -41,7 +41,7 @@ type peerLayouts struct {
 type peerLayoutKey struct{ node, asker, segment string }
 
 // resolvePeerLayout returns the published layout segment of node for the caller, from the cache or asked of
-// node and imported; it must not be called with s.mu held (it talks to the peer).
+// node and imported; it must not be called with the table's lock held (it talks to the peer).
 func (s *Service) resolvePeerLayout(ctx context.Context, sess *regiontable.Session, node, segment string) (*peerLayout, error) {
 	if err := regiontable.CheckSegmentRef(segment); err != nil {
 		return nil, err
