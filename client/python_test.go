@@ -17,6 +17,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
@@ -53,7 +54,7 @@ func runAgentIn(dir string) (srv *server.Server, stop func(), err error) {
 	}
 	srv, err = server.New(server.Options{SocketDir: dir, PoolNamespace: "infer", PoolName: "kv", NodeName: "node-a",
 		AgentVersion: "test", Engine: comp, Pool: pool, SocketGID: -1,
-		Identifier: server.Identifier{ProcRoot: "/proc", AllowLocal: true}})
+		Identifier: identity.Identifier{ProcRoot: "/proc", AllowLocal: true}})
 	if err != nil {
 		return nil, nil, err
 	}

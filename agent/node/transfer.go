@@ -20,6 +20,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/nodecert"
 	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/fabric"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
@@ -316,11 +317,11 @@ func (t *transferSide) serve(ctx context.Context) error {
 	if pool != nil {
 		defer pool.Close()
 	}
-	id := server.Identifier{ProcRoot: filepath.Join(hostRoot(cfg.HostRoot), "proc"), AllowLocal: cfg.AllowLocal}
-	var policy server.NamespacePolicy = server.StaticPolicy(nil)
+	id := identity.Identifier{ProcRoot: filepath.Join(hostRoot(cfg.HostRoot), "proc"), AllowLocal: cfg.AllowLocal}
+	var policy identity.NamespacePolicy = identity.StaticPolicy(nil)
 	if t.deps.Kube != nil {
-		id.Pods = &server.APIPodResolver{Reader: t.deps.Kube, NodeName: cfg.NodeName}
-		policy = &server.APIPoolPolicy{Reader: t.deps.Kube, Namespace: cfg.PoolNamespace, Name: cfg.PoolName}
+		id.Pods = &identity.APIPodResolver{Reader: t.deps.Kube, NodeName: cfg.NodeName}
+		policy = &identity.APIPoolPolicy{Reader: t.deps.Kube, Namespace: cfg.PoolNamespace, Name: cfg.PoolName}
 	}
 	sopts := server.Options{SocketDir: cfg.SocketDir, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName,
 		NodeName: cfg.NodeName, AgentVersion: t.deps.AgentVersion, PeerEndpoint: peerEP, Engine: comp, Engines: t.statuses, GPUs: t.gpus,

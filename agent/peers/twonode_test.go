@@ -18,6 +18,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -116,7 +117,7 @@ func (n *node) start(t *testing.T, dir peers.Directory) {
 	n.srv, err = server.New(server.Options{SocketDir: filepath.Join(n.root, "run", "fabricxfer"), PoolNamespace: "infer",
 		PoolName: "kv", NodeName: n.name, AgentVersion: "test", PeerEndpoint: n.peerLn.Addr().String(),
 		Engine: comp, Peers: n.peers, SocketGID: -1,
-		Identifier: server.Identifier{ProcRoot: filepath.Join(n.root, "proc"), AllowLocal: true}})
+		Identifier: identity.Identifier{ProcRoot: filepath.Join(n.root, "proc"), AllowLocal: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/client"
@@ -85,8 +85,8 @@ func TestCallersIdentifiedThroughTheAPIServer(t *testing.T) {
 
 	proc := newProcFixture(t)
 	opts := baseOptions(t, proc)
-	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: &server.APIPodResolver{Reader: kube, NodeName: "node-a"}}
-	opts.Policy = &server.APIPoolPolicy{Reader: kube, Namespace: "infer", Name: "kv", TTL: 50 * time.Millisecond}
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: &identity.APIPodResolver{Reader: kube, NodeName: "node-a"}}
+	opts.Policy = &identity.APIPoolPolicy{Reader: kube, Namespace: "infer", Name: "kv", TTL: 50 * time.Millisecond}
 	a := startAgent(t, opts)
 
 	t.Run("a namespace the pool does not allow is refused", func(t *testing.T) {

@@ -11,9 +11,15 @@
 // it is deregistered when the connection ends, once in-flight transfers settle. Limits (regions, bytes, in-flight
 // transfers) apply per caller.
 //
+// The server ties the concerns together, each in a package of its own: identity (who is calling),
+// fdsocket (agent.fd.sock), fastwire (the fast socket's wire), regiontable (registered memory, and the server's
+// one lock), transfers (moving memory), poollend (pool memory) and refusals (what was turned away). This package
+// keeps the sockets, the sessions and the Agent API's entry points, which find the caller's session and hand the
+// call on.
+//
 // The agent wires it up with New and Serve:
 //
 //	srv, err := server.New(server.Options{SocketDir: dir, PoolNamespace: ns, PoolName: pool, NodeName: node,
-//		Engine: composite, Identifier: server.Identifier{ProcRoot: "/proc", Pods: resolver}, ...})
+//		Engine: composite, Identifier: identity.Identifier{ProcRoot: "/proc", Pods: resolver}, ...})
 //	err = srv.Serve(ctx) // returns when ctx ends; sockets are removed
 package server

@@ -20,6 +20,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
+	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
@@ -68,7 +72,7 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 	if err != nil {
 		return nil, err
 	}
-	token, err := newToken()
+	token, err := fdsocket.NewToken()
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
@@ -78,14 +82,14 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 	for k, e := range s.fast.entries {
 		if now.After(e.expires) {
 			delete(s.fast.entries, k)
-		} else if e.sess.caller.Key == sess.caller.Key {
+		} else if e.sess.Caller.Key == sess.Caller.Key {
 			held++
 		}
 	}
 	if held >= maxFastTokens {
 		s.fast.mu.Unlock()
-		s.metrics.edge.refused("fast", "tokens")
-		s.metrics.limitHit(limitFastTokens)
+		s.metrics.Edge.Refused("fast", "tokens")
+		s.metrics.LimitHit(refusals.LimitFastTokens)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d unused fast path tokens (limit %d): bind them or let them expire (%s)", held, maxFastTokens, s.opts.TokenTTL)
 	}
 	s.fast.entries[token] = fastToken{sess: sess, expires: now.Add(s.opts.TokenTTL)}
@@ -103,19 +107,6 @@ func (s *Server) serveFast(ctx context.Context, ln *net.UnixListener) {
 	}
 }
 
-func writeReply(conn net.Conn, r *agentv1.FastReply) error {
-	b, err := proto.Marshal(r)
-	if err != nil {
-		return err
-	}
-	return sockio.WriteFrame(conn, b)
-}
-
-func errReply(err error) *agentv1.FastReply {
-	st := status.Convert(err)
-	return &agentv1.FastReply{Code: uint32(st.Code()), Message: st.Message()}
-}
-
 func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(fastBindTimeout))
@@ -125,34 +116,34 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	}
 	caller, err := s.identifyConn(ctx, conn)
 	if err != nil {
-		_ = writeReply(conn, errReply(status.Error(codes.PermissionDenied, err.Error())))
+		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.PermissionDenied, err.Error())))
 		return
 	}
 	s.fast.mu.Lock()
 	e, ok := s.fast.entries[string(token)]
 	delete(s.fast.entries, string(token))
 	s.fast.mu.Unlock()
-	if !ok || time.Now().After(e.expires) || e.sess.caller.Key != caller.Key {
-		_ = writeReply(conn, errReply(status.Error(codes.PermissionDenied, "fast path token is unknown, expired, used or not yours")))
+	if !ok || time.Now().After(e.expires) || e.sess.Caller.Key != caller.Key {
+		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.PermissionDenied, "fast path token is unknown, expired, used or not yours")))
 		return
 	}
 	sess := e.sess
-	s.mu.Lock()
-	if sess.ended {
-		s.mu.Unlock()
-		_ = writeReply(conn, errReply(status.Error(codes.Unavailable, "the session ended")))
+	s.table.Lock()
+	if sess.Ended {
+		s.table.Unlock()
+		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.Unavailable, "the session ended")))
 		return
 	}
-	if refusal := s.fastRoomLocked(sess.caller.Key); refusal != "" {
-		s.mu.Unlock()
-		s.metrics.edge.refused("fast", "busy")
-		_ = writeReply(conn, errReply(status.Error(codes.ResourceExhausted, refusal)))
+	if refusal := s.fastRoomLocked(sess.Caller.Key); refusal != "" {
+		s.table.Unlock()
+		s.metrics.Edge.Refused("fast", "busy")
+		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.ResourceExhausted, refusal)))
 		return
 	}
 	sess.fastConns = append(sess.fastConns, conn)
-	s.mu.Unlock()
+	s.table.Unlock()
 	defer s.forgetFastConn(sess, conn)
-	if err := writeReply(conn, &agentv1.FastReply{}); err != nil {
+	if err := fastwire.WriteReply(conn, &agentv1.FastReply{}); err != nil {
 		return
 	}
 	_ = conn.SetDeadline(time.Time{})
@@ -160,8 +151,8 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying.
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var arena idArena
-	defer arena.unmap()
+	var arena fastwire.IDArena
+	defer arena.Unmap()
 	in := sockio.FrameReader{R: sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin, Budget: s.spinners}, Max: maxFastFrame}
 	var out []byte
 	for {
@@ -169,14 +160,14 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		trace.Log(callCtx, "fast", "frame read")
 		if err != nil {
 			if err != io.EOF {
-				s.metrics.edge.refused("fast", "malformed")
-				_ = writeReply(conn, errReply(status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)))
+				s.metrics.Edge.Refused("fast", "malformed")
+				_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)))
 			}
 			return
 		}
 		var reply *agentv1.FastReply
 		if resp, err := s.serveFastFrame(callCtx, sess, &arena, frame); err != nil {
-			reply = errReply(err)
+			reply = fastwire.ErrReply(err)
 		} else {
 			reply = &agentv1.FastReply{Response: resp}
 		}
@@ -196,13 +187,13 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 }
 
 // serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would.
-func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *idArena, frame []byte) (*agentv1.TransferResponse, error) {
+func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *fastwire.IDArena, frame []byte) (*agentv1.TransferResponse, error) {
 	// Block transfers, the large frames, are read without copying their ids.
-	blocks, err := decodeFastBlocks(frame)
+	blocks, err := fastwire.DecodeBlocks(frame)
 	if err == nil {
-		return s.transferBlocks(ctx, sess, blocks, arena.ids)
+		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, arena.IDs())
 	}
-	if !errors.Is(err, errFastTransfer) {
+	if !errors.Is(err, fastwire.ErrNotBlocks) {
 		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
 	}
 	var req agentv1.FastRequest
@@ -211,51 +202,33 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *idAre
 	}
 	switch r := req.Request.(type) {
 	case *agentv1.FastRequest_Transfer:
-		return s.transfer(ctx, sess, r.Transfer)
+		return s.xfer.Transfer(ctx, &sess.Session, r.Transfer)
 	case *agentv1.FastRequest_Blocks:
-		return s.transferBlocks(ctx, sess, r.Blocks, arena.ids)
+		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, arena.IDs())
 	case *agentv1.FastRequest_IdArena:
 		return nil, s.setIDArena(sess, arena, r.IdArena)
 	case *agentv1.FastRequest_Wait:
-		return s.fastWait(ctx, sess, r.Wait)
+		return s.xfer.FastWait(ctx, &sess.Session, r.Wait)
 	}
 	return nil, status.Error(codes.InvalidArgument, "fast request names no transfer")
 }
 
-// maxIDArena bounds a fast connection's id arena: 65,536 int64 ids a side (the most one transfer names) is
-// 1 MiB, and the agent maps at most 8 connections' arenas per caller.
-const maxIDArena = 4 << 20
-
-// idArena is a fast connection's mapping of its caller's id arena.
-type idArena struct {
-	mapping []byte // the whole mapping, to unmap
-	ids     []byte // the arena's bytes
-}
-
-func (a *idArena) unmap() {
-	if a.mapping != nil {
-		_ = syscall.Munmap(a.mapping)
-		a.mapping, a.ids = nil, nil
-	}
-}
-
 // setIDArena maps the memfd the caller passed as the connection's id arena, read-only, replacing the one it
 // had. The memfd must be sealed against shrinking, so the caller cannot make the agent's reads fault.
-func (s *Server) setIDArena(sess *session, arena *idArena, req *agentv1.IdArena) error {
-	if req.Size == 0 || req.Size > maxIDArena {
-		return status.Errorf(codes.InvalidArgument, "an id arena of %d bytes: between 1 byte and %d", req.Size, maxIDArena)
+func (s *Server) setIDArena(sess *session, arena *fastwire.IDArena, req *agentv1.IdArena) error {
+	if req.Size == 0 || req.Size > fastwire.MaxIDArena {
+		return status.Errorf(codes.InvalidArgument, "an id arena of %d bytes: between 1 byte and %d", req.Size, fastwire.MaxIDArena)
 	}
-	f, err := s.tokens.take(sess.caller.Key, req.FdToken, false)
+	f, err := s.tokens.Take(sess.Caller.Key, req.FdToken, false)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "id arena: %v", err)
 	}
 	defer f.Close() // the mapping keeps the memory
-	view, mapping, err := mapShared(f, 0, req.Size, syscall.PROT_READ)
+	view, mapping, err := regiontable.MapShared(f, 0, req.Size, syscall.PROT_READ)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "id arena: %v", err)
 	}
-	arena.unmap()
-	arena.mapping, arena.ids = mapping, view
+	arena.Replace(mapping, view)
 	return nil
 }
 
@@ -264,7 +237,7 @@ func (s *Server) fastRoomLocked(key string) string {
 	total, mine := 0, 0
 	for _, sess := range s.sessions {
 		total += len(sess.fastConns)
-		if sess.caller.Key == key {
+		if sess.Caller.Key == key {
 			mine += len(sess.fastConns)
 		}
 	}
@@ -278,7 +251,7 @@ func (s *Server) fastRoomLocked(key string) string {
 }
 
 func (s *Server) forgetFastConn(sess *session, conn net.Conn) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.table.Lock()
+	defer s.table.Unlock()
 	sess.fastConns = slices.DeleteFunc(sess.fastConns, func(c net.Conn) bool { return c == conn })
 }

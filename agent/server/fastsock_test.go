@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 )
@@ -104,8 +104,8 @@ func TestFastSocketRefusesBadTokensAndFrames(t *testing.T) {
 // podsByUID resolves every pod UID to a pod of that name in namespace infer.
 type podsByUID struct{}
 
-func (podsByUID) PodByUID(_ context.Context, uid string) (server.PodRef, error) {
-	return server.PodRef{Namespace: "infer", Name: uid}, nil
+func (podsByUID) PodByUID(_ context.Context, uid string) (identity.PodRef, error) {
+	return identity.PodRef{Namespace: "infer", Name: uid}, nil
 }
 
 // fastConn opens c's fast socket by hand, for frames the client does not send.
@@ -142,7 +142,7 @@ func waitFrame(t *testing.T, timeout time.Duration, ids ...uint64) []byte {
 func TestFastWaitIsTheCallersOwn(t *testing.T) {
 	proc := newProcFixture(t)
 	opts := baseOptions(t, proc)
-	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
 	a := startAgent(t, opts)
 	ctx := ctxT(t)
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
@@ -83,7 +84,7 @@ func baseOptions(t *testing.T, proc *procFixture) server.Options {
 		SocketDir: t.TempDir(), PoolNamespace: "infer", PoolName: "kv", NodeName: "node-a", AgentVersion: "test",
 		Engine:     hostComposite(t, "node-a"),
 		Engines:    []server.EngineStatus{{Name: "xgmi", Available: true, Reason: "host backend"}},
-		Identifier: server.Identifier{ProcRoot: proc.root, AllowLocal: true},
+		Identifier: identity.Identifier{ProcRoot: proc.root, AllowLocal: true},
 		SocketGID:  -1, SessionGrace: 5 * time.Second,
 	}
 }

@@ -18,7 +18,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket/fdsockettest"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
@@ -41,8 +42,8 @@ func newHostileBed(t *testing.T) *hostileBed {
 	t.Helper()
 	proc := newProcFixture(t)
 	opts := baseOptions(t, proc)
-	opts.Policy = server.StaticPolicy{"infer"}
-	opts.Identifier = server.Identifier{ProcRoot: proc.root, AllowLocal: true,
+	opts.Policy = identity.StaticPolicy{"infer"}
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, AllowLocal: true,
 		Pods: pods{podInfer: {Namespace: "infer", Name: "victim-0"}, podFresh: {Namespace: "infer", Name: "fresh-0"}}}
 	b := &hostileBed{a: startAgent(t, opts), proc: proc}
 	proc.setPod(t, podInfer)
@@ -198,7 +199,7 @@ func TestHostileIdleFDConnectionsAreClosed(t *testing.T) {
 func TestHostileFDFlood(t *testing.T) {
 	b := newHostileBed(t)
 	const conns = 21
-	peak := server.FDFloodPeak(t, b.a.srv.FDSocketPath(), conns, 255, time.Second)
+	peak := fdsockettest.FloodPeak(t, b.a.srv.FDSocketPath(), conns, 255, time.Second)
 	// The flood's own connections, plus what the fd socket may hold: 64 connections of the flood's uid, each
 	// with one message's descriptors in hand and one kept.
 	if bound := conns + 64*6 + 64; peak > bound {

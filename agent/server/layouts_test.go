@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 )
@@ -197,8 +197,8 @@ func TestBlockLayoutsAcrossPods(t *testing.T) {
 	podB := createPod(t, kube, "infer", "decode-0", "node-a")
 	proc := newProcFixture(t)
 	opts := baseOptions(t, proc)
-	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: &server.APIPodResolver{Reader: kube, NodeName: "node-a"}}
-	opts.Policy = server.StaticPolicy{"infer"}
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: &identity.APIPodResolver{Reader: kube, NodeName: "node-a"}}
+	opts.Policy = identity.StaticPolicy{"infer"}
 	a := startAgent(t, opts)
 	rng := rand.New(rand.NewPCG(15, 16))
 	const bs, blocks = 128, 8

@@ -5,64 +5,22 @@ package server
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 )
-
-// Limits a caller can run into, the values of fabricxfer_agent_limit_refusals_total's limit label.
-const (
-	limitRegions         = "regions"
-	limitRegisteredBytes = "registered_bytes"
-	limitInFlight        = "in_flight"
-	limitInFlightBytes   = "in_flight_bytes"
-	limitItems           = "items_per_transfer"
-	limitFastTokens      = "fast_tokens"
-	limitLayouts         = "layouts"
-	limitPoolMemory      = "pool_memory"
-)
-
-var limitNames = []string{limitRegions, limitRegisteredBytes, limitInFlight, limitInFlightBytes, limitItems,
-	limitFastTokens, limitLayouts, limitPoolMemory}
-
-// edgeCounter counts what the pod-facing sockets refused or closed before serving it, by socket and reason.
-type edgeCounter struct{ vec *prometheus.CounterVec }
-
-func newEdgeCounter() edgeCounter {
-	return edgeCounter{prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "fabricxfer", Subsystem: "agent",
-		Name: "edge_refusals_total",
-		Help: "Connections and requests the pod-facing sockets refused or closed unserved, by socket and reason " +
-			"(busy: a connection limit; deadline: idle past the connection's deadline; unidentified; malformed; tokens: " +
-			"descriptors already waiting; unsealed: shared memory not sealed against shrinking; revoked)."},
-		[]string{"socket", "reason"})}
-}
-
-// refused charges one refusal; refusals are rare, so the label lookup is fine here. A zero edgeCounter (an
-// fdSocket built by a test) counts nothing.
-func (c edgeCounter) refused(socket, reason string) {
-	if c.vec != nil {
-		c.vec.WithLabelValues(socket, reason).Inc()
-	}
-}
 
 // serverMetrics are the server's collectors. Counters are charged where things happen; gauges are read from
 // the server's state at scrape time, so the transfer path pays nothing for them. No label names a pod, a
 // region or a peer: cardinality is fixed by the label sets below.
 type serverMetrics struct {
-	edge   edgeCounter
-	limits *prometheus.CounterVec
-	limit  map[string]prometheus.Counter // pre-resolved, read-only after newServerMetrics
+	*refusals.Counters
 
 	regions, regionBytes, lent, capacity, inFlight, inFlightBytes, callers, sessions, imports, usageRatio *prometheus.Desc
 }
 
 func newServerMetrics() *serverMetrics {
-	m := &serverMetrics{edge: newEdgeCounter(),
-		limits: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "fabricxfer", Subsystem: "agent",
-			Name: "limit_refusals_total",
-			Help: "Requests refused because the caller was at one of its limits, by limit."}, []string{"limit"}),
-		limit: map[string]prometheus.Counter{},
-	}
-	for _, l := range limitNames {
-		m.limit[l] = m.limits.WithLabelValues(l)
-	}
+	m := &serverMetrics{Counters: refusals.New()}
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("fabricxfer_agent_"+name, help, labels, nil)
 	}
@@ -79,8 +37,6 @@ func newServerMetrics() *serverMetrics {
 	return m
 }
 
-func (m *serverMetrics) limitHit(limit string) { m.limit[limit].Inc() }
-
 // Collector returns the server's collectors (the edge and limit counters, and gauges of what it holds), for
 // the agent to register with the registry it serves.
 func (s *Server) Collector() prometheus.Collector { return serverCollector{s} }
@@ -89,8 +45,7 @@ type serverCollector struct{ s *Server }
 
 func (c serverCollector) Describe(ch chan<- *prometheus.Desc) {
 	m := c.s.metrics
-	m.edge.vec.Describe(ch)
-	m.limits.Describe(ch)
+	m.Counters.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.regions, m.regionBytes, m.lent, m.capacity, m.inFlight, m.inFlightBytes,
 		m.callers, m.sessions, m.imports, m.usageRatio} {
 		ch <- d
@@ -99,12 +54,11 @@ func (c serverCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	s, m := c.s, c.s.metrics
-	m.edge.vec.Collect(ch)
-	m.limits.Collect(ch)
+	m.Counters.Collect(ch)
 
 	var regs, lentRegs, regBytes, lentBytes uint64
 	var inFlight, inFlightBytes uint64
-	ratio := map[string]float64{limitRegions: 0, limitRegisteredBytes: 0, limitInFlight: 0, limitInFlightBytes: 0}
+	ratio := map[string]float64{refusals.LimitRegions: 0, refusals.LimitRegisteredBytes: 0, refusals.LimitInFlight: 0, refusals.LimitInFlightBytes: 0}
 	lim := s.opts.Limits
 	frac := func(limit string, v, max float64) {
 		if max > 0 && v/max > ratio[limit] {
@@ -113,30 +67,30 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	// Under the lock for as long as it takes to walk the callers and the pool slices they hold (never every
 	// region: a node can hold hundreds of thousands, and transfers wait on this lock).
-	s.mu.Lock()
+	s.table.Lock()
 	for _, sess := range s.sessions {
 		for _, a := range sess.allocs {
 			lentRegs++
-			lentBytes += a.region.length
+			lentBytes += a.Region().Length()
 		}
 	}
 	callers := 0
-	for _, u := range s.callers {
-		regs += uint64(u.regions)
-		regBytes += u.bytes
-		if u.regions == 0 && u.inFlight == 0 {
-			continue
+	s.table.EachUsageLocked(func(u *regiontable.Usage) {
+		regs += uint64(u.Regions)
+		regBytes += u.Bytes
+		if u.Regions == 0 && u.InFlight == 0 {
+			return
 		}
 		callers++
-		inFlight += uint64(u.inFlight)
-		inFlightBytes += u.inFlightBytes
-		frac(limitRegions, float64(u.regions), float64(lim.MaxRegions))
-		frac(limitRegisteredBytes, float64(u.bytes), float64(lim.MaxRegisteredBytes))
-		frac(limitInFlight, float64(u.inFlight), float64(lim.MaxInFlight))
-		frac(limitInFlightBytes, float64(u.inFlightBytes), float64(lim.MaxInFlightBytes))
-	}
-	sessions, imports := len(s.sessions), len(s.imports)
-	s.mu.Unlock()
+		inFlight += uint64(u.InFlight)
+		inFlightBytes += u.InFlightBytes
+		frac(refusals.LimitRegions, float64(u.Regions), float64(lim.MaxRegions))
+		frac(refusals.LimitRegisteredBytes, float64(u.Bytes), float64(lim.MaxRegisteredBytes))
+		frac(refusals.LimitInFlight, float64(u.InFlight), float64(lim.MaxInFlight))
+		frac(refusals.LimitInFlightBytes, float64(u.InFlightBytes), float64(lim.MaxInFlightBytes))
+	})
+	sessions, imports := len(s.sessions), s.xfer.ImportedLocked()
+	s.table.Unlock()
 	// The callers' counts include their pool slices.
 	regs, regBytes = regs-min(regs, lentRegs), regBytes-min(regBytes, lentBytes)
 
@@ -158,7 +112,7 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	g(m.callers, float64(callers))
 	g(m.sessions, float64(sessions))
 	g(m.imports, float64(imports))
-	for _, l := range []string{limitRegions, limitRegisteredBytes, limitInFlight, limitInFlightBytes} {
+	for _, l := range []string{refusals.LimitRegions, refusals.LimitRegisteredBytes, refusals.LimitInFlight, refusals.LimitInFlightBytes} {
 		g(m.usageRatio, ratio[l], l)
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/client"
@@ -43,8 +43,8 @@ func TestPoolSlicesReachOnlyTheirBorrower(t *testing.T) {
 	}
 	proc := newProcFixture(t)
 	opts := baseOptions(t, proc)
-	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: &server.APIPodResolver{Reader: kube, NodeName: "node-a"}}
-	opts.Policy = &server.APIPoolPolicy{Reader: kube, Namespace: "infer", Name: "kv", TTL: time.Minute}
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: &identity.APIPodResolver{Reader: kube, NodeName: "node-a"}}
+	opts.Policy = &identity.APIPoolPolicy{Reader: kube, Namespace: "infer", Name: "kv", TTL: time.Minute}
 	pool := newHostPool(t, 1<<20)
 	opts.Pool = pool
 	a := startAgent(t, opts)

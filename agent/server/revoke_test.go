@@ -13,7 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/client"
 )
 
@@ -36,13 +36,13 @@ func (p *mutablePolicy) set(ns ...string) {
 }
 
 // pods resolves fixed pod UIDs.
-type pods map[string]server.PodRef
+type pods map[string]identity.PodRef
 
-func (p pods) PodByUID(_ context.Context, uid string) (server.PodRef, error) {
+func (p pods) PodByUID(_ context.Context, uid string) (identity.PodRef, error) {
 	if ref, ok := p[uid]; ok {
 		return ref, nil
 	}
-	return server.PodRef{}, server.ErrPodNotFound
+	return identity.PodRef{}, identity.ErrPodNotFound
 }
 
 const (
@@ -57,7 +57,7 @@ func TestRevocationEndsHeldSessions(t *testing.T) {
 	opts := baseOptions(t, proc)
 	policy := &mutablePolicy{allowed: []string{"infer", "other"}}
 	opts.Policy = policy
-	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: pods{
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: pods{
 		podInfer: {Namespace: "infer", Name: "prefill-0"}, podOther: {Namespace: "other", Name: "decode-0"}}}
 	a := startAgent(t, opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -8,7 +8,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/fabricxfer/fabricxfer/agent/server"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/client"
 )
 
@@ -109,8 +109,8 @@ func twoNamespaces(t *testing.T) (a *agent, proc *procFixture, podA, podB string
 	podB = createPod(t, kube, "team-b", "decode-0", "node-a")
 	proc = newProcFixture(t)
 	opts := baseOptions(t, proc)
-	opts.Identifier = server.Identifier{ProcRoot: proc.root, Pods: &server.APIPodResolver{Reader: kube, NodeName: "node-a"}}
-	opts.Policy = server.StaticPolicy{"team-a", "team-b"}
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: &identity.APIPodResolver{Reader: kube, NodeName: "node-a"}}
+	opts.Policy = identity.StaticPolicy{"team-a", "team-b"}
 	return startAgent(t, opts), proc, podA, podB
 }
 

@@ -20,6 +20,11 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
+	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
+	"github.com/fabricxfer/fabricxfer/agent/server/poollend"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
+	"github.com/fabricxfer/fabricxfer/agent/server/transfers"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
@@ -39,17 +44,6 @@ type Engine interface {
 	engines.Engine
 	Explain(src, dst engines.MemoryID) (engines.Explanation, error)
 }
-
-// NamespacePolicy says which namespaces may use the pool (the TransferPool's spec.allowedNamespaces).
-type NamespacePolicy interface {
-	AllowedNamespaces(ctx context.Context) ([]string, error)
-}
-
-// StaticPolicy is a fixed allowedNamespaces list (flags, tests).
-type StaticPolicy []string
-
-// AllowedNamespaces implements NamespacePolicy.
-func (p StaticPolicy) AllowedNamespaces(context.Context) ([]string, error) { return p, nil }
 
 // SegmentResolver finds named segments and delivers notifications on other nodes of the pool (agent/peers).
 type SegmentResolver interface {
@@ -75,6 +69,9 @@ const DefaultMaxInFlightBytes = 256 << 30
 
 // DefaultLimits are generous for one inference pod and still bound a runaway one.
 var DefaultLimits = Limits{MaxRegions: 4096, MaxRegisteredBytes: 1 << 40, MaxInFlight: 1024, MaxItemsPerTransfer: 65536}
+
+// GPUInfo is one GPU of this node, as detection found it.
+type GPUInfo = regiontable.GPU
 
 // EngineStatus is one engine's availability on this node, as detection found it.
 type EngineStatus struct {
@@ -103,8 +100,8 @@ type Options struct {
 	// runs), read at each registration in place of GPUInfo.FabricDomain; ok false leaves that.
 	FabricDomainOf func(gpu int) (domain string, ok bool)
 
-	Identifier Identifier
-	Policy     NamespacePolicy
+	Identifier identity.Identifier
+	Policy     identity.NamespacePolicy
 	Limits     Limits
 	// Peers resolves segments on other nodes; nil limits segments to this node.
 	Peers SegmentResolver
@@ -140,48 +137,24 @@ type Server struct {
 	grpc   *grpc.Server
 	ln     *net.UnixListener
 	fdLn   *net.UnixListener
-	tokens *fdTokens
+	tokens *fdsocket.Tokens
 	fast   fastTokens
 	// spinners bounds the fast connections polling for their next request at once.
 	spinners *sockio.SpinBudget
 	fastLn   *net.UnixListener
 	wg       sync.WaitGroup
 
-	regionEpoch uint64
 	// stopping is closed when shutdown begins, ending the streams (Watch, Notifications) that would otherwise
 	// hold a graceful stop open.
 	stopping chan struct{}
 
-	mu          sync.Mutex
+	// table holds the callers' regions and layouts; its lock is the server's one lock, which also guards the
+	// sessions below and the transfers of xfer.
+	table       *regiontable.Table
+	xfer        *transfers.Service
+	pool        *poollend.Lender
 	nextSession uint64
 	sessions    map[uint64]*session
-	nextRegion  uint64
-	regions     map[uint64]*region
-	byMemory    map[engines.MemoryID]*region
-	segments    map[string]*region
-	nextLayout  uint64
-	layouts     map[uint64]*layout
-	// layoutSegments are published layouts, by name (a namespace of their own beside region segments).
-	layoutSegments map[string]*layout
-	peerLayouts    peerLayouts // other nodes' published layouts, resolved
-	callers        map[string]*usage
-	imports        map[engines.MemoryID]*imported
-	transfers      map[uint64]*transfer
-	nextXfer       uint64
-	watchers       map[string]map[*watcher]struct{}
-	listeners      map[string]map[*notifyListener]struct{}
-	importMu       sync.Mutex
-	// ids recycles the block-id arrays of block transfers (*[]uint32).
-	ids sync.Pool
-}
-
-// usage is what one caller holds, against its Limits.
-type usage struct {
-	regions  int
-	bytes    uint64
-	inFlight int
-	// inFlightBytes are the bytes of the transfers counted in inFlight.
-	inFlightBytes uint64
 }
 
 // New checks the options and prepares a server; Serve opens the sockets.
@@ -197,7 +170,7 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("agent server: engine required")
 	}
 	if opts.Policy == nil {
-		opts.Policy = StaticPolicy(nil)
+		opts.Policy = identity.StaticPolicy(nil)
 	}
 	if opts.Limits == (Limits{}) {
 		opts.Limits = DefaultLimits
@@ -227,18 +200,29 @@ func New(opts Options) (*Server, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("agent server: %w", err)
 	}
-	s := &Server{metrics: newServerMetrics(),
-		opts: opts, log: opts.Logger,
+	metrics := newServerMetrics()
+	tokens := fdsocket.NewTokens(opts.TokenTTL, 64)
+	table := regiontable.New(regiontable.Config{Node: opts.NodeName, PoolNamespace: opts.PoolNamespace, PoolName: opts.PoolName,
+		PeerEndpoint: opts.PeerEndpoint,
 		// Region ids carry a random epoch so an id from a previous agent instance never names a new region.
-		regionEpoch: uint64(binary.BigEndian.Uint32(b[:])|1) << 32,
-		tokens:      newFDTokens(opts.TokenTTL, 64),
-		sessions:    map[uint64]*session{}, regions: map[uint64]*region{}, byMemory: map[engines.MemoryID]*region{},
-		segments: map[string]*region{}, layouts: map[uint64]*layout{}, layoutSegments: map[string]*layout{}, callers: map[string]*usage{}, imports: map[engines.MemoryID]*imported{},
-		transfers: map[uint64]*transfer{}, watchers: map[string]map[*watcher]struct{}{},
-		listeners: map[string]map[*notifyListener]struct{}{}, stopping: make(chan struct{}),
+		Epoch:  uint64(binary.BigEndian.Uint32(b[:])|1) << 32,
+		Engine: opts.Engine, Limits: regiontable.Limits{MaxRegions: opts.Limits.MaxRegions, MaxRegisteredBytes: opts.Limits.MaxRegisteredBytes},
+		Tokens: tokens, GPUs: opts.GPUs, FabricDomainOf: opts.FabricDomainOf, Refusals: metrics.Counters})
+	stopping := make(chan struct{})
+	notes := make([]transfers.EngineNote, len(opts.Engines))
+	for i, e := range opts.Engines {
+		notes[i] = transfers.EngineNote{Name: e.Name, Reason: e.Reason}
+	}
+	cfg := transfers.Config{Table: table, Engine: opts.Engine, Node: opts.NodeName, Peers: opts.Peers, Engines: notes,
+		Limits: transfers.Limits{MaxInFlight: opts.Limits.MaxInFlight, MaxItemsPerTransfer: opts.Limits.MaxItemsPerTransfer,
+			MaxInFlightBytes: opts.Limits.MaxInFlightBytes},
+		SessionGrace: opts.SessionGrace, FinishedRetention: opts.FinishedRetention, Stopping: stopping, Refusals: metrics.Counters}
+	s := &Server{metrics: metrics, opts: opts, log: opts.Logger, tokens: tokens, stopping: stopping,
+		table: table, xfer: transfers.New(cfg), sessions: map[uint64]*session{},
+		pool: poollend.New(poollend.Config{Pool: opts.Pool, Table: table, Tokens: tokens, GPUs: opts.GPUs, Refusals: metrics.Counters}),
 		fast: fastTokens{entries: map[string]fastToken{}}, spinners: sockio.NewSpinBudget(opts.FastSpinners),
 	}
-	opts.Engine.SetNotifyHandler(s.deliverNotification)
+	opts.Engine.SetNotifyHandler(s.xfer.DeliverNotification)
 	return s, nil
 }
 
@@ -291,8 +275,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	)
 	agentv1.RegisterAgentServer(s.grpc, s)
 
-	fds := &fdSocket{ln: fdLn, tokens: s.tokens, identify: s.identifyConn, edge: s.metrics.edge}
-	go fds.serve(ctx)
+	fds := fdsocket.NewSocket(fdLn, s.tokens, s.identifyConn, s.metrics.Edge)
+	go fds.Serve(ctx)
 	go s.serveFast(ctx, fastLn)
 	go s.sweep(ctx)
 	serveErr := make(chan error, 1)
@@ -396,17 +380,17 @@ func (s *Server) shutdown() {
 	os.Remove(s.SocketPath())
 	os.Remove(s.FDSocketPath())
 	os.Remove(s.FastSocketPath())
-	s.mu.Lock()
+	s.table.Lock()
 	var live []*session
 	for _, sess := range s.sessions {
 		live = append(live, sess)
 	}
-	s.mu.Unlock()
+	s.table.Unlock()
 	for _, sess := range live {
 		sess.endedOnce.Do(func() { s.endSession(sess) })
 	}
 	s.wg.Wait()
-	s.tokens.closeAll()
+	s.tokens.CloseAll()
 	s.log.Info("stopped", "socket", s.SocketPath())
 }
 
@@ -418,8 +402,8 @@ func (s *Server) sweep(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			s.tokens.sweep(now)
-			s.forgetFinished(now)
+			s.tokens.Sweep(now)
+			s.xfer.ForgetFinished(now)
 		}
 	}
 }

@@ -16,17 +16,18 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
+	"github.com/fabricxfer/fabricxfer/agent/server/poollend"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 )
 
 // A session is one client connection. Regions and pool slices belong to the session that created them and go
 // away with it; visibility and limits are per caller (Caller.Key), shared by a pod's connections.
 type session struct {
-	id        uint64
-	caller    Caller
+	regiontable.Session
 	identErr  error
-	regions   map[uint64]*region
-	allocs    map[string]*allocation
-	ended     bool
+	allocs    poollend.Loans
 	endedOnce sync.Once
 	// fastConns are fast-socket connections bound to the session; closed when it ends.
 	fastConns []net.Conn
@@ -103,23 +104,23 @@ func (p peerCreds) Clone() credentials.TransportCredentials { return p }
 func (peerCreds) OverrideServerName(string) error           { return nil }
 
 // identifyConn identifies the process behind a Unix connection (used by the gRPC and the fd socket).
-func (s *Server) identifyConn(ctx context.Context, conn *net.UnixConn) (Caller, error) {
-	cred, err := PeerCredOf(conn)
+func (s *Server) identifyConn(ctx context.Context, conn *net.UnixConn) (identity.Caller, error) {
+	cred, err := identity.PeerCredOf(conn)
 	if err != nil {
-		return Caller{}, err
+		return identity.Caller{}, err
 	}
 	c, err := s.opts.Identifier.Identify(ctx, cred)
 	if err != nil {
-		return Caller{}, err
+		return identity.Caller{}, err
 	}
 	if err := s.admit(ctx, c); err != nil {
-		return Caller{}, err
+		return identity.Caller{}, err
 	}
 	return c, nil
 }
 
 // admit applies the pool's allowedNamespaces to a caller.
-func (s *Server) admit(ctx context.Context, c Caller) error {
+func (s *Server) admit(ctx context.Context, c identity.Caller) error {
 	if c.Local {
 		return nil // only present when the agent admits local callers
 	}
@@ -127,7 +128,7 @@ func (s *Server) admit(ctx context.Context, c Caller) error {
 	if err != nil {
 		return fmt.Errorf("reading the allowed namespaces of pool %s/%s: %w", s.opts.PoolNamespace, s.opts.PoolName, err)
 	}
-	if !NamespaceAllowed(s.opts.PoolNamespace, allowed, c.Namespace) {
+	if !identity.NamespaceAllowed(s.opts.PoolNamespace, allowed, c.Namespace) {
 		shown := allowed
 		if len(shown) == 0 {
 			shown = []string{s.opts.PoolNamespace + " (the pool's own namespace)"}
@@ -139,11 +140,12 @@ func (s *Server) admit(ctx context.Context, c Caller) error {
 
 func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) *session {
 	caller, err := s.identifyConn(ctx, conn)
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.table.Lock()
+	defer s.table.Unlock()
 	s.nextSession++
-	sess := &session{id: s.nextSession, caller: caller, identErr: err, regions: map[uint64]*region{}, allocs: map[string]*allocation{}}
-	s.sessions[sess.id] = sess
+	sess := &session{Session: regiontable.Session{ID: s.nextSession, Caller: caller, Regions: map[uint64]*regiontable.Region{}},
+		identErr: err, allocs: poollend.Loans{}}
+	s.sessions[sess.ID] = sess
 	if err != nil {
 		s.log.Info("refused a caller", "error", err)
 	}
@@ -183,14 +185,14 @@ func (s *Server) startRevoker() {
 // their transfers) and its pool slices, fast connections and streams end. Descriptors waiting on the fd
 // socket for such a caller are closed. When the policy cannot be read, held sessions are kept.
 func (s *Server) revokeDisallowed() {
-	s.mu.Lock()
+	s.table.Lock()
 	var held []*session
 	for _, sess := range s.sessions {
-		if sess.identErr == nil && !sess.caller.Local && !sess.ended && sess.revoked.Load() == nil {
+		if sess.identErr == nil && !sess.Caller.Local && !sess.Ended && sess.revoked.Load() == nil {
 			held = append(held, sess)
 		}
 	}
-	s.mu.Unlock()
+	s.table.Unlock()
 	if len(held) == 0 {
 		return
 	}
@@ -202,15 +204,15 @@ func (s *Server) revokeDisallowed() {
 		return
 	}
 	for _, sess := range held {
-		if NamespaceAllowed(s.opts.PoolNamespace, allowed, sess.caller.Namespace) {
+		if identity.NamespaceAllowed(s.opts.PoolNamespace, allowed, sess.Caller.Namespace) {
 			continue
 		}
 		why := fmt.Sprintf("%s: namespace %q was removed from the allowed namespaces of pool %s/%s; its session ended",
-			sess.caller, sess.caller.Namespace, s.opts.PoolNamespace, s.opts.PoolName)
+			sess.Caller, sess.Caller.Namespace, s.opts.PoolNamespace, s.opts.PoolName)
 		sess.revoked.Store(&why)
-		s.metrics.edge.refused("grpc", "revoked")
-		s.log.Info("revoked a caller", "caller", sess.caller.String(), "namespace", sess.caller.Namespace)
-		s.tokens.dropOwner(sess.caller.Key)
+		s.metrics.Edge.Refused("grpc", "revoked")
+		s.log.Info("revoked a caller", "caller", sess.Caller.String(), "namespace", sess.Caller.Namespace)
+		s.tokens.DropOwner(sess.Caller.Key)
 		if sess.conn != nil {
 			sess.conn.Close() // connClosed ends the session
 		} else {
@@ -265,4 +267,44 @@ func (s *Server) connClosed(c *trackedConn) {
 			s.endSession(c.sess)
 		}()
 	})
+}
+
+// endSession releases everything a gone connection held.
+func (s *Server) endSession(sess *session) {
+	s.table.Lock()
+	sess.Ended = true
+	for _, c := range sess.fastConns {
+		c.Close()
+	}
+	s.table.DropSessionLayoutsLocked(&sess.Session) // a layout names the session's regions, which go below
+	regs := make([]*regiontable.Region, 0, len(sess.Regions))
+	for _, r := range sess.Regions {
+		regs = append(regs, r)
+	}
+	allocs := make([]*poollend.Allocation, 0, len(sess.allocs))
+	for _, a := range sess.allocs {
+		allocs = append(allocs, a)
+	}
+	s.table.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.SessionGrace)
+	defer cancel()
+	for _, r := range regs {
+		if r.Alloc() != "" {
+			continue // released with its allocation below
+		}
+		if err := s.table.RemoveRegion(ctx, r); err != nil {
+			s.log.Error("region of a gone caller stays registered", "region", r.ID(), "caller", sess.Caller.Key, "error", err)
+		}
+	}
+	for _, a := range allocs {
+		if err := s.pool.ReleaseAllocation(ctx, sess.allocs, a); err != nil {
+			s.log.Error("pool slice of a gone caller not released", "allocation", a.ID(), "error", err)
+		}
+	}
+	s.table.Lock()
+	delete(s.sessions, sess.ID)
+	s.table.Unlock()
+	if sess.identErr == nil {
+		s.log.Debug("caller left", "caller", sess.Caller.String(), "regions", len(regs), "allocations", len(allocs))
+	}
 }

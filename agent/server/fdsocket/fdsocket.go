@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package server
+package fdsocket
 
 import (
 	"context"
@@ -17,11 +17,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
-// fdTokens holds descriptors in transit between the fd socket and gRPC calls. A token is one-time, bound to
+// Tokens holds descriptors in transit between the fd socket and gRPC calls. A token is one-time, bound to
 // the caller key that created it (or that it was lent to), and expires; expired descriptors are closed. A token
 // names one descriptor, or the ordered descriptors of one "PUT <n>".
 //
@@ -29,7 +31,7 @@ import (
 // (maxPerOwner), descriptors per caller (maxFDsPerOwner: enough for the largest region the agent maps, a full
 // engines.MaxVMMAllocations, plus single-fd traffic beside it) and descriptors in all (maxFDs). Over any of
 // them a PUT is refused RESOURCE_EXHAUSTED and its descriptors closed; what others hold is untouched.
-type fdTokens struct {
+type Tokens struct {
 	ttl            time.Duration
 	maxPerOwner    int
 	maxFDsPerOwner int
@@ -49,18 +51,20 @@ type fdEntry struct {
 	outbound bool // lent by the agent: fetched with GET, never consumed by RegisterMemory
 }
 
-// Descriptor bounds of the token store (see fdTokens).
+// Descriptor bounds of the token store (see Tokens).
 const (
 	defaultFDsPerOwner = engines.MaxVMMAllocations + 64
 	defaultFDsWaiting  = 8 * defaultFDsPerOwner
 )
 
-func newFDTokens(ttl time.Duration, maxPerOwner int) *fdTokens {
-	return &fdTokens{ttl: ttl, maxPerOwner: maxPerOwner, maxFDsPerOwner: defaultFDsPerOwner, maxFDs: defaultFDsWaiting,
+// NewTokens makes a token store whose tokens live ttl, at most maxPerOwner of them waiting per caller.
+func NewTokens(ttl time.Duration, maxPerOwner int) *Tokens {
+	return &Tokens{ttl: ttl, maxPerOwner: maxPerOwner, maxFDsPerOwner: defaultFDsPerOwner, maxFDs: defaultFDsWaiting,
 		entries: map[string]*fdEntry{}, owned: map[string]int{}, ownedFD: map[string]int{}}
 }
 
-func newToken() (string, error) {
+// NewToken makes a random one-time token (fd tokens, fast-path tokens).
+func NewToken() (string, error) {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", fmt.Errorf("making a token: %w", err)
@@ -68,22 +72,23 @@ func newToken() (string, error) {
 	return hex.EncodeToString(b[:]), nil
 }
 
-func closeFiles(files []*os.File) {
+// CloseFiles closes every file of files.
+func CloseFiles(files []*os.File) {
 	for _, f := range files {
 		f.Close()
 	}
 }
 
 // add stores f for owner and returns its token. On error f is closed.
-func (t *fdTokens) add(owner string, f *os.File, outbound bool) (string, error) {
-	return t.addFiles(owner, []*os.File{f}, outbound)
+func (t *Tokens) Add(owner string, f *os.File, outbound bool) (string, error) {
+	return t.AddFiles(owner, []*os.File{f}, outbound)
 }
 
 // addFiles stores files, in order, for owner under one token. On error every file is closed.
-func (t *fdTokens) addFiles(owner string, files []*os.File, outbound bool) (string, error) {
-	token, err := newToken()
+func (t *Tokens) AddFiles(owner string, files []*os.File, outbound bool) (string, error) {
+	token, err := NewToken()
 	if err != nil {
-		closeFiles(files)
+		CloseFiles(files)
 		return "", err
 	}
 	n := len(files)
@@ -91,15 +96,15 @@ func (t *fdTokens) addFiles(owner string, files []*os.File, outbound bool) (stri
 	defer t.mu.Unlock()
 	switch {
 	case t.owned[owner] >= t.maxPerOwner:
-		closeFiles(files)
-		return "", fmt.Errorf("%w: %d tokens already wait for a call from this caller (limit %d): use or let them expire", errFDExhausted, t.owned[owner], t.maxPerOwner)
+		CloseFiles(files)
+		return "", fmt.Errorf("%w: %d tokens already wait for a call from this caller (limit %d): use or let them expire", ErrExhausted, t.owned[owner], t.maxPerOwner)
 	case t.ownedFD[owner]+n > t.maxFDsPerOwner:
-		closeFiles(files)
+		CloseFiles(files)
 		return "", fmt.Errorf("%w: %d descriptors already wait for a call from this caller, %d more would pass the limit of %d: use or let them expire",
-			errFDExhausted, t.ownedFD[owner], n, t.maxFDsPerOwner)
+			ErrExhausted, t.ownedFD[owner], n, t.maxFDsPerOwner)
 	case t.fds+n > t.maxFDs:
-		closeFiles(files)
-		return "", fmt.Errorf("%w: %d descriptors wait for calls on this agent, %d more would pass the limit of %d", errFDExhausted, t.fds, n, t.maxFDs)
+		CloseFiles(files)
+		return "", fmt.Errorf("%w: %d descriptors wait for calls on this agent, %d more would pass the limit of %d", ErrExhausted, t.fds, n, t.maxFDs)
 	}
 	t.entries[token] = &fdEntry{files: files, owner: owner, expires: time.Now().Add(t.ttl), outbound: outbound}
 	t.owned[owner]++
@@ -109,7 +114,7 @@ func (t *fdTokens) addFiles(owner string, files []*os.File, outbound bool) (stri
 }
 
 // forgetLocked drops the entry of token from the counts and the map (its files are the caller's to close).
-func (t *fdTokens) forgetLocked(token string, e *fdEntry) {
+func (t *Tokens) forgetLocked(token string, e *fdEntry) {
 	delete(t.entries, token)
 	t.owned[e.owner]--
 	t.ownedFD[e.owner] -= len(e.files)
@@ -121,7 +126,7 @@ func (t *fdTokens) forgetLocked(token string, e *fdEntry) {
 }
 
 // take removes and returns the one descriptor behind token if owner may use it in this direction.
-func (t *fdTokens) take(owner, token string, outbound bool) (*os.File, error) {
+func (t *Tokens) Take(owner, token string, outbound bool) (*os.File, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, err := t.checkLocked(owner, token, outbound)
@@ -134,13 +139,13 @@ func (t *fdTokens) take(owner, token string, outbound bool) (*os.File, error) {
 	}
 	t.forgetLocked(token, e)
 	if time.Now().After(e.expires) {
-		closeFiles(e.files)
+		CloseFiles(e.files)
 		return nil, fmt.Errorf("fd token %.8s… expired (tokens live %s)", token, t.ttl)
 	}
 	return e.files[0], nil
 }
 
-func (t *fdTokens) checkLocked(owner, token string, outbound bool) (*fdEntry, error) {
+func (t *Tokens) checkLocked(owner, token string, outbound bool) (*fdEntry, error) {
 	e, ok := t.entries[token]
 	if !ok || e.owner != owner || e.outbound != outbound {
 		// One message for all three: a token of another caller must not be distinguishable from none.
@@ -153,7 +158,7 @@ func (t *fdTokens) checkLocked(owner, token string, outbound bool) (*fdEntry, er
 // nothing: when a token is unknown, another caller's or named twice, or the tokens name other than want
 // descriptors, nothing is taken and the caller's tokens keep waiting (until used or expired); an expired token
 // among them is closed and the call refused.
-func (t *fdTokens) takeAll(owner string, tokens []string, want int) ([]*os.File, error) {
+func (t *Tokens) TakeAll(owner string, tokens []string, want int) ([]*os.File, error) {
 	if len(tokens) == 0 {
 		return nil, errors.New("no fd tokens")
 	}
@@ -184,7 +189,7 @@ func (t *fdTokens) takeAll(owner string, tokens []string, want int) ([]*os.File,
 		for _, tok := range expired {
 			e := t.entries[tok]
 			t.forgetLocked(tok, e)
-			closeFiles(e.files)
+			CloseFiles(e.files)
 		}
 		return nil, fmt.Errorf("fd token %.8s… expired (tokens live %s)", expired[0], t.ttl)
 	}
@@ -201,49 +206,50 @@ func (t *fdTokens) takeAll(owner string, tokens []string, want int) ([]*os.File,
 }
 
 // waiting reports how many tokens and descriptors wait for owner.
-func (t *fdTokens) waiting(owner string) (tokens, fds int) {
+func (t *Tokens) Waiting(owner string) (tokens, fds int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.owned[owner], t.ownedFD[owner]
 }
 
 // sweep closes expired descriptors.
-func (t *fdTokens) sweep(now time.Time) {
+func (t *Tokens) Sweep(now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, e := range t.entries {
 		if now.After(e.expires) {
 			t.forgetLocked(k, e)
-			closeFiles(e.files)
+			CloseFiles(e.files)
 		}
 	}
 }
 
 // dropOwner closes the descriptors waiting for owner (a caller whose admission was revoked).
-func (t *fdTokens) dropOwner(owner string) {
+func (t *Tokens) DropOwner(owner string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, e := range t.entries {
 		if e.owner == owner {
 			t.forgetLocked(k, e)
-			closeFiles(e.files)
+			CloseFiles(e.files)
 		}
 	}
 }
 
-func (t *fdTokens) closeAll() {
+// CloseAll closes every waiting descriptor (the server stopping).
+func (t *Tokens) CloseAll() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, e := range t.entries {
-		closeFiles(e.files)
+		CloseFiles(e.files)
 		delete(t.entries, k)
 	}
 	t.owned, t.ownedFD, t.fds = map[string]int{}, map[string]int{}, 0
 }
 
-// errFDExhausted marks fd-socket refusals that free up by themselves; the reply says RESOURCE_EXHAUSTED so
+// ErrExhausted marks fd-socket refusals that free up by themselves; the reply says RESOURCE_EXHAUSTED so
 // clients back off and retry.
-var errFDExhausted = errors.New("descriptor limit")
+var ErrExhausted = errors.New("descriptor limit")
 
 // Fd-socket connection limits. Every connection costs the agent one descriptor and lives at most
 // fdConnTimeout. Until it is identified a connection counts against defaultFDConns and defaultFDConnsPerUID
@@ -253,7 +259,7 @@ var errFDExhausted = errors.New("descriptor limit")
 // which a PUT <n> carries, plus one more message's worth closed as soon as it arrives). The socket thus holds at most
 // defaultFDConns + defaultFDConnsIdentified*(1+2*fdpass.MaxPutFDs) descriptors however many processes push at
 // it, a single caller defaultFDConnsPerCaller*(1+2*fdpass.MaxPutFDs); accepted PUTs then count against the
-// token store's bounds (fdTokens).
+// token store's bounds (Tokens).
 const (
 	fdConnTimeout            = fdpass.DefaultTimeout
 	defaultFDConns           = 256
@@ -262,11 +268,11 @@ const (
 	defaultFDConnsIdentified = 1024
 )
 
-// fdSocket serves agent.fd.sock.
-type fdSocket struct {
+// Socket serves agent.fd.sock.
+type Socket struct {
 	ln       *net.UnixListener
-	tokens   *fdTokens
-	identify func(ctx context.Context, conn *net.UnixConn) (Caller, error)
+	tokens   *Tokens
+	identify func(ctx context.Context, conn *net.UnixConn) (identity.Caller, error)
 	// timeout bounds one connection from accept to close (default fdConnTimeout); maxConns and maxPerUID
 	// bound the connections open at once, in all and per peer uid (defaults defaultFDConns and
 	// defaultFDConnsPerUID). Over a limit a connection is answered RESOURCE_EXHAUSTED and closed at once.
@@ -278,14 +284,22 @@ type fdSocket struct {
 	maxIdentified int
 
 	// edge counts the socket's refusals (the server's edge_refusals_total).
-	edge edgeCounter
+	edge refusals.Edge
 
 	mu           sync.Mutex
 	unidentified connCount[int32]  // by peer uid, until identification
 	identified   connCount[string] // by caller key
 }
 
-func (s *fdSocket) serve(ctx context.Context) {
+// NewSocket serves the fd socket on ln: descriptors callers PUT wait in tokens for the gRPC call that names
+// them; identify says who is behind a connection (and refuses callers the pool does not admit); edge counts the
+// socket's refusals.
+func NewSocket(ln *net.UnixListener, tokens *Tokens, identify func(ctx context.Context, conn *net.UnixConn) (identity.Caller, error), edge refusals.Edge) *Socket {
+	return &Socket{ln: ln, tokens: tokens, identify: identify, edge: edge}
+}
+
+// Serve accepts connections until the listener is closed.
+func (s *Socket) Serve(ctx context.Context) {
 	for {
 		conn, err := s.ln.AcceptUnix()
 		if err != nil {
@@ -293,20 +307,20 @@ func (s *fdSocket) serve(ctx context.Context) {
 				continue
 			}
 			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-				s.edge.refused("fd", "accept_emfile")
+				s.edge.Refused("fd", "accept_emfile")
 				time.Sleep(10 * time.Millisecond) // out of descriptors: let connections end before accepting more
 				continue
 			}
 			return // listener closed on shutdown
 		}
-		cred, err := PeerCredOf(conn)
+		cred, err := identity.PeerCredOf(conn)
 		if err != nil {
-			s.edge.refused("fd", "no_peercred")
+			s.edge.Refused("fd", "no_peercred")
 			conn.Close()
 			continue
 		}
 		if why := s.enter(cred.UID); why != "" {
-			s.edge.refused("fd", "busy")
+			s.edge.Refused("fd", "busy")
 			_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))
 			_, _ = fmt.Fprintf(conn, "ERR %s%s\n", fdpass.ExhaustedPrefix, why)
 			conn.Close()
@@ -352,7 +366,7 @@ func orDefault(v, def int) int {
 }
 
 // enter counts a connection of uid, or says which limit refuses it.
-func (s *fdSocket) enter(uid int32) string {
+func (s *Socket) enter(uid int32) string {
 	maxConns, maxPerUID := orDefault(s.maxConns, defaultFDConns), orDefault(s.maxPerUID, defaultFDConnsPerUID)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -366,14 +380,14 @@ func (s *fdSocket) enter(uid int32) string {
 	}
 }
 
-func (s *fdSocket) leave(uid int32) {
+func (s *Socket) leave(uid int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.unidentified.leave(uid)
 }
 
 // enterCaller counts an identified connection of caller key, or says which limit refuses it.
-func (s *fdSocket) enterCaller(key string) string {
+func (s *Socket) enterCaller(key string) string {
 	maxPerCaller, maxIdentified := orDefault(s.maxPerCaller, defaultFDConnsPerCaller), orDefault(s.maxIdentified, defaultFDConnsIdentified)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -387,13 +401,13 @@ func (s *fdSocket) enterCaller(key string) string {
 	}
 }
 
-func (s *fdSocket) leaveCaller(key string) {
+func (s *Socket) leaveCaller(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.identified.leave(key)
 }
 
-func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
+func (s *Socket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 	defer conn.Close()
 	unidentified := true
 	defer func() {
@@ -411,7 +425,7 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 	_ = conn.SetDeadline(deadline)
 	reply := func(format string, args ...any) { _, _ = fmt.Fprintf(conn, format+"\n", args...) }
 	refuse := func(err error) {
-		if errors.Is(err, errFDExhausted) {
+		if errors.Is(err, ErrExhausted) {
 			reply("ERR %s%s", fdpass.ExhaustedPrefix, oneLine(err.Error()))
 			return
 		}
@@ -424,12 +438,12 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 	s.leave(uid)
 	unidentified = false
 	if err != nil {
-		s.edge.refused("fd", "unidentified")
+		s.edge.Refused("fd", "unidentified")
 		refuse(err)
 		return
 	}
 	if why := s.enterCaller(caller.Key); why != "" {
-		s.edge.refused("fd", "busy")
+		s.edge.Refused("fd", "busy")
 		reply("ERR %s%s", fdpass.ExhaustedPrefix, why)
 		return
 	}
@@ -439,9 +453,9 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 	line, fds, err := fdpass.ReadRequestFDs(conn, fdpass.MaxPutFDs)
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			s.edge.refused("fd", "deadline")
+			s.edge.Refused("fd", "deadline")
 		} else {
-			s.edge.refused("fd", "malformed")
+			s.edge.Refused("fd", "malformed")
 		}
 		_ = conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond)) // past the deadline: still say why
 		reply("ERR malformed request: %v", oneLine(err.Error()))
@@ -452,13 +466,13 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		want, err := putCount(line)
 		if err != nil {
 			fdpass.CloseFDs(fds)
-			s.edge.refused("fd", "malformed")
+			s.edge.Refused("fd", "malformed")
 			reply("ERR %s", err)
 			return
 		}
 		if len(fds) != want {
 			fdpass.CloseFDs(fds)
-			s.edge.refused("fd", "malformed")
+			s.edge.Refused("fd", "malformed")
 			reply("ERR %s announces %d descriptors, got %d (send them with the line, in one message)", truncate(line, 16), want, len(fds))
 			return
 		}
@@ -466,16 +480,16 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		for i, fd := range fds {
 			files[i] = os.NewFile(uintptr(fd), "caller-fd")
 		}
-		token, err := s.tokens.addFiles(caller.Key, files, false)
+		token, err := s.tokens.AddFiles(caller.Key, files, false)
 		if err != nil {
-			s.edge.refused("fd", "tokens")
+			s.edge.Refused("fd", "tokens")
 			refuse(err)
 			return
 		}
 		reply("OK %s", token)
 	case strings.HasPrefix(line, "GET "):
 		fdpass.CloseFDs(fds)
-		f, err := s.tokens.take(caller.Key, strings.TrimPrefix(line, "GET "), true)
+		f, err := s.tokens.Take(caller.Key, strings.TrimPrefix(line, "GET "), true)
 		if err != nil {
 			refuse(err)
 			return
@@ -486,7 +500,7 @@ func (s *fdSocket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		}
 	default:
 		fdpass.CloseFDs(fds)
-		s.edge.refused("fd", "malformed")
+		s.edge.Refused("fd", "malformed")
 		reply("ERR unknown request %q (want PUT or GET <token>)", truncate(line, 32))
 	}
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package server
+package fdsocket
 
 import (
 	"bufio"
@@ -15,20 +15,15 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
+	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket/fdsockettest"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 )
 
-func openFDCount(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Skip("no /proc/self/fd")
-	}
-	return len(ents)
-}
+func openFDCount(t *testing.T) int { return fdsockettest.OpenFDCount(t) }
 
 // startFDSocket serves an fd socket whose callers are identified by identify.
-func startFDSocket(t *testing.T, s *fdSocket) string {
+func startFDSocket(t *testing.T, s *Socket) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "fd.sock")
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
@@ -37,38 +32,29 @@ func startFDSocket(t *testing.T, s *fdSocket) string {
 	}
 	s.ln = ln
 	if s.tokens == nil {
-		s.tokens = newFDTokens(time.Minute, 64)
+		s.tokens = NewTokens(time.Minute, 64)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { s.serve(ctx); close(done) }()
+	go func() { s.Serve(ctx); close(done) }()
 	t.Cleanup(func() {
 		cancel()
 		ln.Close()
 		<-done
-		s.tokens.closeAll()
+		s.tokens.CloseAll()
 	})
 	return path
 }
 
-// refusals reads fabricxfer_agent_edge_refusals_total{socket,reason} of c.
-func refusals(c edgeCounter, socket, reason string) float64 {
-	var m dto.Metric
-	if err := c.vec.WithLabelValues(socket, reason).Write(&m); err != nil {
-		return -1
-	}
-	return m.GetCounter().GetValue()
-}
-
-func anyone(context.Context, *net.UnixConn) (Caller, error) {
-	return Caller{Local: true, Key: "local/uid=0"}, nil
+func anyone(context.Context, *net.UnixConn) (identity.Caller, error) {
+	return identity.Caller{Local: true, Key: "local/uid=0"}, nil
 }
 
 // An fd-socket connection that sends nothing is closed at its deadline and counted; the agent stays up.
 func TestFDSocketClosesAndCountsIdleConnections(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: 200 * time.Millisecond, edge: newEdgeCounter()}
+	s := &Socket{identify: anyone, timeout: 200 * time.Millisecond, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
-	before := refusals(s.edge, "fd", "deadline")
+	before := s.edge.Value("fd", "deadline")
 	c, err := net.Dial("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +66,7 @@ func TestFDSocketClosesAndCountsIdleConnections(t *testing.T) {
 	if !strings.HasPrefix(line, "ERR") || time.Since(start) > 3*time.Second {
 		t.Fatalf("idle connection got %q after %s", line, time.Since(start))
 	}
-	if after := refusals(s.edge, "fd", "deadline"); after != before+1 {
+	if after := s.edge.Value("fd", "deadline"); after != before+1 {
 		t.Fatalf("deadline refusals %v -> %v", before, after)
 	}
 	// Half a request, then silence: the same.
@@ -123,18 +109,18 @@ func put(t *testing.T, path string, f *os.File) string {
 // Many connections pushing descriptors as fast as they can leave the agent holding a bounded number of them,
 // whether the callers are admitted or refused (slowly, as an API-server lookup would).
 func TestFDSocketFloodKeepsDescriptorsBounded(t *testing.T) {
-	refuseSlowly := func(ctx context.Context, _ *net.UnixConn) (Caller, error) {
+	refuseSlowly := func(ctx context.Context, _ *net.UnixConn) (identity.Caller, error) {
 		time.Sleep(100 * time.Millisecond)
-		return Caller{}, errors.New("pid 1 is not in a Kubernetes pod")
+		return identity.Caller{}, errors.New("pid 1 is not in a Kubernetes pod")
 	}
-	for name, identify := range map[string]func(context.Context, *net.UnixConn) (Caller, error){
+	for name, identify := range map[string]func(context.Context, *net.UnixConn) (identity.Caller, error){
 		"admitted": anyone, "refused": refuseSlowly,
 	} {
 		t.Run(name, func(t *testing.T) {
 			const conns, maxConns = 30, 8
-			s := &fdSocket{identify: identify, timeout: time.Second, maxConns: maxConns, maxPerUID: maxConns,
+			s := &Socket{identify: identify, timeout: time.Second, maxConns: maxConns, maxPerUID: maxConns,
 				maxPerCaller: maxConns, maxIdentified: maxConns}
-			peak := fdFloodPeak(t, startFDSocket(t, s), conns, 200, 2*time.Second)
+			peak := fdsockettest.FloodPeak(t, startFDSocket(t, s), conns, 200, 2*time.Second)
 			// Clients: one connection each. Agent: at most maxConns connections waiting to be identified and
 			// maxConns identified ones, each with one message's descriptors in hand and one kept.
 			if bound := conns + 2*maxConns*(2+4) + 16; peak > bound {
@@ -146,7 +132,7 @@ func TestFDSocketFloodKeepsDescriptorsBounded(t *testing.T) {
 }
 
 func TestFDSocketConnectionCaps(t *testing.T) {
-	s := &fdSocket{maxConns: 3, maxPerUID: 2}
+	s := &Socket{maxConns: 3, maxPerUID: 2}
 	if s.enter(1) != "" || s.enter(1) != "" {
 		t.Fatal("first two connections of uid 1 refused")
 	}
@@ -176,7 +162,7 @@ func TestFDSocketConnectionCaps(t *testing.T) {
 
 // Over the connection cap a caller is told RESOURCE_EXHAUSTED, which clients retry.
 func TestFDSocketBusyIsResourceExhausted(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: 2 * time.Second, maxConns: 1, maxPerUID: 1, maxPerCaller: 1}
+	s := &Socket{identify: anyone, timeout: 2 * time.Second, maxConns: 1, maxPerUID: 1, maxPerCaller: 1}
 	path := startFDSocket(t, s)
 	hold, err := net.Dial("unix", path)
 	if err != nil {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package server
+package regiontable
 
 import (
 	"slices"
@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Published names (region segments and layouts) live in the namespace of the caller that published them, so
+// Published names (Region segments and layouts) live in the namespace of the caller that published them, so
 // a pod of another namespace can neither read nor squat them. A reference is "name" (the asker's namespace)
 // or "namespace/name"; an owner reaches its own names either way, others only when the owner granted their
 // namespace ("*": every namespace the pool admits). An ungranted name looks exactly like a missing one.
@@ -22,7 +22,7 @@ type publication struct {
 	grants    []string
 }
 
-// scopedName is the key of name in namespace (names hold no '/': checkSegmentName refuses it).
+// scopedName is the key of name in namespace (names hold no '/': CheckSegmentName refuses it).
 func scopedName(namespace, name string) string { return namespace + "/" + name }
 
 // resolveName turns a reference made by a caller of namespace asker into the key it names.
@@ -38,8 +38,8 @@ func (p publication) admits(asker string) bool {
 	return asker == p.namespace || slices.Contains(p.grants, asker) || slices.Contains(p.grants, "*")
 }
 
-// checkGrants validates the namespaces a publication grants.
-func checkGrants(grants []string) error {
+// CheckGrants validates the namespaces a publication grants.
+func CheckGrants(grants []string) error {
 	if len(grants) > 64 {
 		return status.Errorf(codes.InvalidArgument, "at most 64 granted namespaces, got %d", len(grants))
 	}
@@ -56,8 +56,8 @@ func checkGrants(grants []string) error {
 	return nil
 }
 
-// checkSegmentRef validates a reference to a published name: "name" or "namespace/name".
-func checkSegmentRef(ref string) error {
+// CheckSegmentRef validates a reference to a published name: "name" or "namespace/name".
+func CheckSegmentRef(ref string) error {
 	ns, name, scoped := strings.Cut(ref, "/")
 	if !scoped {
 		name = ref
@@ -67,5 +67,5 @@ func checkSegmentRef(ref string) error {
 	if name == "" {
 		return status.Errorf(codes.InvalidArgument, "segment name %q is not valid", ref)
 	}
-	return checkSegmentName(name)
+	return CheckSegmentName(name)
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package server
+package identity
 
 import (
 	"context"
@@ -15,6 +15,17 @@ import (
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
+
+// NamespacePolicy says which namespaces may use the pool (the TransferPool's spec.allowedNamespaces).
+type NamespacePolicy interface {
+	AllowedNamespaces(ctx context.Context) ([]string, error)
+}
+
+// StaticPolicy is a fixed allowedNamespaces list (flags, tests).
+type StaticPolicy []string
+
+// AllowedNamespaces implements NamespacePolicy.
+func (p StaticPolicy) AllowedNamespaces(context.Context) ([]string, error) { return p, nil }
 
 // APIPoolPolicy reads the pool's spec.allowedNamespaces from its TransferPool, so an admin's edit applies to
 // the next connection without restarting agents, and ends held sessions of namespaces it no longer allows

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package server
+package transfers
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
@@ -45,18 +47,9 @@ type watcher struct {
 	overflow bool
 }
 
-// Transfer implements agentv1.AgentServer. Every item is checked before anything moves: a request with one
-// bad item is refused whole, naming the item, and changes nothing.
-func (s *Server) Transfer(ctx context.Context, req *agentv1.TransferRequest) (*agentv1.TransferResponse, error) {
-	sess, err := s.sessionOf(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return s.transfer(ctx, sess, req)
-}
-
-// transfer serves Transfer for the gRPC call and the fast socket alike.
-func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.TransferRequest) (*agentv1.TransferResponse, error) {
+// Transfer serves Transfer for the gRPC call and the fast socket alike. Every item is checked before anything
+// moves: a request with one bad item is refused whole, naming the item, and changes nothing.
+func (s *Service) Transfer(ctx context.Context, sess *regiontable.Session, req *agentv1.TransferRequest) (*agentv1.TransferResponse, error) {
 	timeout, err := checkSubmission(req.Op, req.Notify, req.Timeout)
 	if err != nil {
 		return nil, err
@@ -64,8 +57,8 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 	if len(req.Items) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "transfer has no items")
 	}
-	if max := s.opts.Limits.MaxItemsPerTransfer; len(req.Items) > max {
-		s.metrics.limitHit(limitItems)
+	if max := s.limits.MaxItemsPerTransfer; len(req.Items) > max {
+		s.refusals.LimitHit(refusals.LimitItems)
 		return nil, status.Errorf(codes.InvalidArgument, "transfer has %d items, at most %d", len(req.Items), max)
 	}
 
@@ -77,16 +70,16 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 	deadline := time.Now().Add(timeout)
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	plan := s.opts.Engine.NewPlan()
+	plan := s.engine.NewPlan()
 	tagOf := map[string]engines.Tag{}
 	var tags []string
 	resolved := map[*agentv1.RemoteRef]engines.MemoryID{}
 	var total uint64
 	for i, it := range req.Items {
 		where := func() string { return fmt.Sprintf("item %d (tag %q)", i, it.Tag) }
-		s.mu.Lock()
-		local, err := s.ownRegionLocked(sess, it.LocalRegionId)
-		s.mu.Unlock()
+		s.table.Lock()
+		local, err := s.table.OwnRegionLocked(sess, it.LocalRegionId)
+		s.table.Unlock()
 		if err != nil {
 			return nil, status.Errorf(codes.NotFound, "%s: %v", where(), status.Convert(err).Message())
 		}
@@ -112,19 +105,19 @@ func (s *Server) transfer(ctx context.Context, sess *session, req *agentv1.Trans
 			tagOf[it.Tag] = tag
 			tags = append(tags, it.Tag)
 		}
-		item := engines.Item{Src: local.mem, SrcOffset: it.LocalOffset, Dst: remote, DstOffset: it.RemoteOffset, Size: it.Length, Tag: tag}
+		item := engines.Item{Src: local.Mem(), SrcOffset: it.LocalOffset, Dst: remote, DstOffset: it.RemoteOffset, Size: it.Length, Tag: tag}
 		if req.Op == agentv1.Op_OP_READ {
-			item = engines.Item{Src: remote, SrcOffset: it.RemoteOffset, Dst: local.mem, DstOffset: it.LocalOffset, Size: it.Length, Tag: tag}
+			item = engines.Item{Src: remote, SrcOffset: it.RemoteOffset, Dst: local.Mem(), DstOffset: it.LocalOffset, Size: it.Length, Tag: tag}
 		}
 		if err := plan.Add(item); err != nil {
-			return nil, status.Errorf(statusCode(err), "%s: %v", where(), err)
+			return nil, status.Errorf(regiontable.StatusCode(err), "%s: %v", where(), err)
 		}
 		total += it.Length
 	}
 	ps := plan.Build()
 	if len(ps.Rejected) > 0 {
 		ie := ps.Rejected[0]
-		return nil, status.Errorf(statusCode(ie.Err), "item with tag %q: %v", tags[ie.Item.Tag], ie.Err)
+		return nil, status.Errorf(regiontable.StatusCode(ie.Err), "item with tag %q: %v", tags[ie.Item.Tag], ie.Err)
 	}
 
 	left := time.Until(deadline)
@@ -153,48 +146,48 @@ func checkSubmission(op agentv1.Op, notify []byte, timeout *durationpb.Duration)
 
 // submit starts a planned transfer for the caller and, with wait, waits for it within the call. release (may be
 // nil) runs once nothing can read the plan set's memory any more: the transfer settled, or never started.
-func (s *Server) submit(ctx context.Context, sess *session, ps *engines.PlanSet, tags []string, total uint64, items int,
+func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *engines.PlanSet, tags []string, total uint64, items int,
 	timeout time.Duration, notify []byte, wait bool, release func()) (*agentv1.TransferResponse, error) {
 	if release == nil {
 		release = func() {}
 	}
-	s.mu.Lock()
-	u := s.usageLocked(sess.caller.Key)
-	if u.inFlight >= s.opts.Limits.MaxInFlight {
-		s.mu.Unlock()
+	s.table.Lock()
+	u := s.table.UsageLocked(sess.Caller.Key)
+	if u.InFlight >= s.limits.MaxInFlight {
+		s.table.Unlock()
 		release()
-		s.metrics.limitHit(limitInFlight)
-		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d transfers in flight, the limit is %d", u.inFlight, s.opts.Limits.MaxInFlight)
+		s.refusals.LimitHit(refusals.LimitInFlight)
+		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d transfers in flight, the limit is %d", u.InFlight, s.limits.MaxInFlight)
 	}
-	if max := s.opts.Limits.MaxInFlightBytes; u.inFlightBytes+total > max || u.inFlightBytes+total < total {
-		s.mu.Unlock()
+	if max := s.limits.MaxInFlightBytes; u.InFlightBytes+total > max || u.InFlightBytes+total < total {
+		s.table.Unlock()
 		release()
-		s.metrics.edge.refused("grpc", "busy")
-		s.metrics.limitHit(limitInFlightBytes)
-		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d bytes in flight; %d more would pass the limit of %d", u.inFlightBytes, total, max)
+		s.refusals.Edge.Refused("grpc", "busy")
+		s.refusals.LimitHit(refusals.LimitInFlightBytes)
+		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d bytes in flight; %d more would pass the limit of %d", u.InFlightBytes, total, max)
 	}
-	u.inFlight++
-	u.inFlightBytes += total
+	u.InFlight++
+	u.InFlightBytes += total
 	s.nextXfer++
-	x := &transfer{id: s.nextXfer, owner: sess.caller.Key, tags: tags, bytes: total, start: time.Now(), done: make(chan struct{}),
+	x := &transfer{id: s.nextXfer, owner: sess.Caller.Key, tags: tags, bytes: total, start: time.Now(), done: make(chan struct{}),
 		release: release}
-	s.mu.Unlock()
+	s.table.Unlock()
 
 	// The transfer outlives this call; its deadline comes from the request's timeout (or the engine default).
-	t, err := s.opts.Engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: notify, Waited: wait})
+	t, err := s.engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: notify, Waited: wait})
 	trace.Log(ctx, "transfer", "submitted")
 	if err != nil {
-		s.mu.Lock()
-		u.inFlight--
-		u.inFlightBytes -= total
-		s.mu.Unlock()
+		s.table.Lock()
+		u.InFlight--
+		u.InFlightBytes -= total
+		s.table.Unlock()
 		release()
-		return nil, status.Errorf(statusCode(err), "submitting: %v", err)
+		return nil, status.Errorf(regiontable.StatusCode(err), "submitting: %v", err)
 	}
 	x.t = t
-	s.mu.Lock()
+	s.table.Lock()
 	s.transfers[x.id] = x
-	s.mu.Unlock()
+	s.table.Unlock()
 	if !wait {
 		go s.settle(x)
 	}
@@ -253,37 +246,37 @@ func spinUntilDone(done <-chan struct{}, d time.Duration) {
 }
 
 // resolveRemote turns a RemoteRef into a memory id the engines know, importing a remote descriptor if needed.
-func (s *Server) resolveRemote(ctx context.Context, sess *session, ref *agentv1.RemoteRef) (engines.MemoryID, error) {
-	self := ref.Node == "" || ref.Node == s.opts.NodeName
+func (s *Service) resolveRemote(ctx context.Context, sess *regiontable.Session, ref *agentv1.RemoteRef) (engines.MemoryID, error) {
+	self := ref.Node == "" || ref.Node == s.node
 	switch t := ref.Target.(type) {
 	case *agentv1.RemoteRef_RegionId:
 		if !self {
 			return "", status.Errorf(codes.InvalidArgument, "a region id names memory on this node; use a segment or descriptor for node %q", ref.Node)
 		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		r, err := s.ownRegionLocked(sess, t.RegionId)
+		s.table.Lock()
+		defer s.table.Unlock()
+		r, err := s.table.OwnRegionLocked(sess, t.RegionId)
 		if err != nil {
 			return "", err
 		}
-		return r.mem, nil
+		return r.Mem(), nil
 	case *agentv1.RemoteRef_Segment:
-		if err := checkSegmentRef(t.Segment); err != nil {
+		if err := regiontable.CheckSegmentRef(t.Segment); err != nil {
 			return "", err
 		}
 		if self {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			r, err := s.segmentLocked(t.Segment, sess.caller.Namespace)
+			s.table.Lock()
+			defer s.table.Unlock()
+			r, err := s.table.SegmentLocked(t.Segment, sess.Caller.Namespace)
 			if err != nil {
 				return "", err
 			}
-			return r.mem, nil
+			return r.Mem(), nil
 		}
-		if s.opts.Peers == nil {
+		if s.peers == nil {
 			return "", status.Errorf(codes.Unavailable, "segment %q is on node %s and this agent has no peer channel", t.Segment, ref.Node)
 		}
-		desc, err := s.opts.Peers.ResolveSegment(ctx, ref.Node, t.Segment, sess.caller.Namespace)
+		desc, err := s.peers.ResolveSegment(ctx, ref.Node, t.Segment, sess.Caller.Namespace)
 		if err != nil {
 			return "", status.Errorf(peerCode(err), "resolving segment %q on node %s: %v", t.Segment, ref.Node, err)
 		}
@@ -305,26 +298,26 @@ func peerCode(err error) codes.Code {
 }
 
 // settle waits for a transfer to end and finishes it.
-func (s *Server) settle(x *transfer) {
+func (s *Service) settle(x *transfer) {
 	<-x.t.Done()
 	s.finish(x)
 }
 
 // finish records the status of an ended transfer and tells watchers, once. A waiting Transfer call runs it
 // on its own goroutine as soon as the engine is done, saving a hand-off on the latency-bound path.
-func (s *Server) finish(x *transfer) {
+func (s *Service) finish(x *transfer) {
 	x.once.Do(func() {
 		err := x.t.Wait(context.Background())
 		if x.release != nil {
 			x.release()
 		}
 		st := s.statusOf(x, err)
-		s.mu.Lock()
+		s.table.Lock()
 		x.status, x.err = st, err
 		x.ended = time.Now()
-		if u := s.callers[x.owner]; u != nil {
-			u.inFlight--
-			u.inFlightBytes -= x.bytes
+		if u := s.table.UsageOfLocked(x.owner); u != nil {
+			u.InFlight--
+			u.InFlightBytes -= x.bytes
 		}
 		for w := range s.watchers[x.owner] {
 			if w.ids != nil && !w.ids[x.id] {
@@ -336,12 +329,12 @@ func (s *Server) finish(x *transfer) {
 				w.overflow = true
 			}
 		}
-		s.mu.Unlock()
+		s.table.Unlock()
 		close(x.done)
 	})
 }
 
-func (s *Server) statusOf(x *transfer, err error) *agentv1.TransferStatus {
+func (s *Service) statusOf(x *transfer, err error) *agentv1.TransferStatus {
 	st := &agentv1.TransferStatus{TransferId: x.id, Bytes: x.bytes, Elapsed: durationpb.New(time.Since(x.start))}
 	if err == nil {
 		st.State = agentv1.TransferState_TRANSFER_STATE_SUCCEEDED
@@ -356,7 +349,7 @@ func (s *Server) statusOf(x *transfer, err error) *agentv1.TransferStatus {
 	allCancelled, allDeadline := true, true
 	seen := map[engines.Tag]bool{}
 	for _, f := range te.Failures {
-		code := statusCode(f.Err)
+		code := regiontable.StatusCode(f.Err)
 		allCancelled = allCancelled && code == codes.Canceled
 		allDeadline = allDeadline && code == codes.DeadlineExceeded
 		for _, tag := range f.Tags {
@@ -376,12 +369,12 @@ func (s *Server) statusOf(x *transfer, err error) *agentv1.TransferStatus {
 	return st
 }
 
-func (s *Server) ownTransfer(sess *session, id uint64) (*transfer, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (s *Service) ownTransfer(sess *regiontable.Session, id uint64) (*transfer, error) {
+	s.table.Lock()
+	defer s.table.Unlock()
 	x, ok := s.transfers[id]
-	if !ok || x.owner != sess.caller.Key {
-		return nil, status.Errorf(codes.NotFound, "transfer %d is not known for this caller (settled more than %s ago, or never submitted)", id, s.opts.FinishedRetention)
+	if !ok || x.owner != sess.Caller.Key {
+		return nil, status.Errorf(codes.NotFound, "transfer %d is not known for this caller (settled more than %s ago, or never submitted)", id, s.finishedRetention)
 	}
 	return x, nil
 }
@@ -390,20 +383,16 @@ func pending(id uint64) *agentv1.TransferStatus {
 	return &agentv1.TransferStatus{TransferId: id, State: agentv1.TransferState_TRANSFER_STATE_PENDING}
 }
 
-// Wait implements agentv1.AgentServer.
-func (s *Server) Wait(ctx context.Context, req *agentv1.WaitRequest) (*agentv1.TransferStatus, error) {
-	sess, err := s.sessionOf(ctx)
-	if err != nil {
-		return nil, err
-	}
+// Wait serves the Agent API call of that name for the caller of sess.
+func (s *Service) Wait(ctx context.Context, sess *regiontable.Session, req *agentv1.WaitRequest) (*agentv1.TransferStatus, error) {
 	return s.waitFor(ctx, sess, []uint64{req.TransferId}, req.Timeout)
 }
 
 // maxWaitIDs bounds the transfers one FastWait lists.
 const maxWaitIDs = 1024
 
-// fastWait serves FastWait on the fast socket.
-func (s *Server) fastWait(ctx context.Context, sess *session, req *agentv1.FastWait) (*agentv1.TransferResponse, error) {
+// FastWait serves FastWait on the fast socket.
+func (s *Service) FastWait(ctx context.Context, sess *regiontable.Session, req *agentv1.FastWait) (*agentv1.TransferResponse, error) {
 	if n := len(req.TransferIds); n == 0 || n > maxWaitIDs {
 		return nil, status.Errorf(codes.InvalidArgument, "a wait lists 1 to %d transfers, got %d", maxWaitIDs, n)
 	}
@@ -417,7 +406,7 @@ func (s *Server) fastWait(ctx context.Context, sess *session, req *agentv1.FastW
 // waitFor waits for the caller's transfers ids in order, all of them named by the caller before any wait: it
 // answers the status of the first that did not succeed, else of the last, or PENDING for the first still
 // running when timeout (when positive) passed. Without a timeout the transfers' own deadlines bound it.
-func (s *Server) waitFor(ctx context.Context, sess *session, ids []uint64, timeout *durationpb.Duration) (*agentv1.TransferStatus, error) {
+func (s *Service) waitFor(ctx context.Context, sess *regiontable.Session, ids []uint64, timeout *durationpb.Duration) (*agentv1.TransferStatus, error) {
 	xs := make([]*transfer, len(ids))
 	for i, id := range ids {
 		x, err := s.ownTransfer(sess, id)
@@ -449,12 +438,8 @@ func (s *Server) waitFor(ctx context.Context, sess *session, ids []uint64, timeo
 	return st, nil
 }
 
-// Cancel implements agentv1.AgentServer.
-func (s *Server) Cancel(ctx context.Context, req *agentv1.CancelRequest) (*agentv1.TransferStatus, error) {
-	sess, err := s.sessionOf(ctx)
-	if err != nil {
-		return nil, err
-	}
+// Cancel serves the Agent API call of that name for the caller of sess.
+func (s *Service) Cancel(ctx context.Context, sess *regiontable.Session, req *agentv1.CancelRequest) (*agentv1.TransferStatus, error) {
 	x, err := s.ownTransfer(sess, req.TransferId)
 	if err != nil {
 		return nil, err
@@ -470,22 +455,18 @@ func (s *Server) Cancel(ctx context.Context, req *agentv1.CancelRequest) (*agent
 	}
 }
 
-// Watch implements agentv1.AgentServer.
-func (s *Server) Watch(req *agentv1.WatchRequest, stream agentv1.Agent_WatchServer) error {
-	sess, err := s.sessionOf(stream.Context())
-	if err != nil {
-		return err
-	}
+// Watch serves the Agent API call of that name for the caller of sess.
+func (s *Service) Watch(sess *regiontable.Session, req *agentv1.WatchRequest, stream agentv1.Agent_WatchServer) error {
 	w := &watcher{ch: make(chan *agentv1.TransferStatus, 1024)}
 	remaining := 0
 	var already []*agentv1.TransferStatus
-	s.mu.Lock()
+	s.table.Lock()
 	if len(req.TransferIds) > 0 {
 		w.ids = map[uint64]bool{}
 		for _, id := range req.TransferIds {
 			x, ok := s.transfers[id]
-			if !ok || x.owner != sess.caller.Key {
-				s.mu.Unlock()
+			if !ok || x.owner != sess.Caller.Key {
+				s.table.Unlock()
 				return status.Errorf(codes.NotFound, "transfer %d is not known for this caller", id)
 			}
 			if w.ids[id] {
@@ -500,20 +481,20 @@ func (s *Server) Watch(req *agentv1.WatchRequest, stream agentv1.Agent_WatchServ
 		}
 	} else {
 		for _, x := range s.transfers {
-			if x.owner == sess.caller.Key && x.status == nil {
+			if x.owner == sess.Caller.Key && x.status == nil {
 				remaining++ // reported as they settle
 			}
 		}
 	}
-	if s.watchers[sess.caller.Key] == nil {
-		s.watchers[sess.caller.Key] = map[*watcher]struct{}{}
+	if s.watchers[sess.Caller.Key] == nil {
+		s.watchers[sess.Caller.Key] = map[*watcher]struct{}{}
 	}
-	s.watchers[sess.caller.Key][w] = struct{}{}
-	s.mu.Unlock()
+	s.watchers[sess.Caller.Key][w] = struct{}{}
+	s.table.Unlock()
 	defer func() {
-		s.mu.Lock()
-		delete(s.watchers[sess.caller.Key], w)
-		s.mu.Unlock()
+		s.table.Lock()
+		delete(s.watchers[sess.Caller.Key], w)
+		s.table.Unlock()
 	}()
 	if err := stream.SendHeader(nil); err != nil {
 		return err
@@ -535,9 +516,9 @@ func (s *Server) Watch(req *agentv1.WatchRequest, stream agentv1.Agent_WatchServ
 		case <-s.stopping:
 			return status.Error(codes.Unavailable, "the agent is shutting down")
 		}
-		s.mu.Lock()
+		s.table.Lock()
 		over := w.overflow
-		s.mu.Unlock()
+		s.table.Unlock()
 		if over && len(w.ch) == 0 {
 			return status.Error(codes.ResourceExhausted, "watch fell more than 1024 completions behind; use Wait for the ones missed")
 		}
@@ -545,12 +526,12 @@ func (s *Server) Watch(req *agentv1.WatchRequest, stream agentv1.Agent_WatchServ
 	return nil
 }
 
-// forgetFinished drops settled transfers older than the retention, and the oldest beyond maxFinished.
-func (s *Server) forgetFinished(now time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// ForgetFinished drops settled transfers older than the retention, and the oldest beyond maxFinished.
+func (s *Service) ForgetFinished(now time.Time) {
+	s.table.Lock()
+	defer s.table.Unlock()
 	for id, x := range s.transfers {
-		if x.status != nil && now.Sub(x.ended) > s.opts.FinishedRetention {
+		if x.status != nil && now.Sub(x.ended) > s.finishedRetention {
 			delete(s.transfers, id)
 		}
 	}

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package server
+package fdsocket
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
@@ -81,7 +82,7 @@ func rawPut(t *testing.T, path, line string, files []*os.File) string {
 
 // A PUT <n> of up to 253 descriptors gets one token that gives them back in order; fd_tokens concatenate.
 func TestFDSocketPutManyKeepsOrder(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: 2 * time.Second, edge: newEdgeCounter()}
+	s := &Socket{identify: anyone, timeout: 2 * time.Second, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
 	ctx := context.Background()
 	files := tempFiles(t, fdpass.MaxPutFDs+3)
@@ -93,20 +94,20 @@ func TestFDSocketPutManyKeepsOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tok, fds := s.tokens.waiting("local/uid=0"); tok != 2 || fds != len(files) {
+	if tok, fds := s.tokens.Waiting("local/uid=0"); tok != 2 || fds != len(files) {
 		t.Fatalf("waiting: %d tokens, %d descriptors; want 2, %d", tok, fds, len(files))
 	}
 	// Fewer or more descriptors than the tokens name: refused, nothing taken.
-	if _, err := s.tokens.takeAll("local/uid=0", []string{first, second}, len(files)-1); err == nil {
+	if _, err := s.tokens.TakeAll("local/uid=0", []string{first, second}, len(files)-1); err == nil {
 		t.Fatal("takeAll of the wrong count succeeded")
 	}
-	got, err := s.tokens.takeAll("local/uid=0", []string{first, second}, len(files))
+	got, err := s.tokens.TakeAll("local/uid=0", []string{first, second}, len(files))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeFiles(got)
+	defer CloseFiles(got)
 	sameFiles(t, got, files)
-	if tok, fds := s.tokens.waiting("local/uid=0"); tok != 0 || fds != 0 {
+	if tok, fds := s.tokens.Waiting("local/uid=0"); tok != 0 || fds != 0 {
 		t.Fatalf("after takeAll: %d tokens, %d descriptors wait", tok, fds)
 	}
 	// A multi-descriptor token where one descriptor goes (fd_token) is refused and stays usable.
@@ -114,19 +115,19 @@ func TestFDSocketPutManyKeepsOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.tokens.take("local/uid=0", multi, false); err == nil || !strings.Contains(err.Error(), "names 2 descriptors") {
+	if _, err := s.tokens.Take("local/uid=0", multi, false); err == nil || !strings.Contains(err.Error(), "names 2 descriptors") {
 		t.Fatalf("take of a 2-descriptor token: %v", err)
 	}
-	got2, err := s.tokens.takeAll("local/uid=0", []string{multi}, 2)
+	got2, err := s.tokens.TakeAll("local/uid=0", []string{multi}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	closeFiles(got2)
+	CloseFiles(got2)
 }
 
 // Malformed PUTs are refused with a reason and every descriptor they carried is closed.
 func TestFDSocketRefusesMalformedPuts(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: time.Second, edge: newEdgeCounter()}
+	s := &Socket{identify: anyone, timeout: time.Second, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
 	files := tempFiles(t, 4)
 	base := openFDCount(t)
@@ -148,16 +149,16 @@ func TestFDSocketRefusesMalformedPuts(t *testing.T) {
 		{"PUTS\n", files[:1], "unknown request"},
 		{"\x00\xff\n", files[:4], "unknown request"},
 	}
-	before := refusals(s.edge, "fd", "malformed")
+	before := s.edge.Value("fd", "malformed")
 	for _, tc := range cases {
 		if reply := rawPut(t, path, tc.line, tc.files); !strings.HasPrefix(reply, "ERR ") || !strings.Contains(reply, tc.says) {
 			t.Errorf("%q with %d fds: %q, want ERR saying %q", tc.line, len(tc.files), reply, tc.says)
 		}
 	}
-	if got := refusals(s.edge, "fd", "malformed") - before; got != float64(len(cases)) {
+	if got := s.edge.Value("fd", "malformed") - before; got != float64(len(cases)) {
 		t.Errorf("%v malformed refusals counted, want %d", got, len(cases))
 	}
-	if tok, fds := s.tokens.waiting("local/uid=0"); tok != 0 || fds != 0 {
+	if tok, fds := s.tokens.Waiting("local/uid=0"); tok != 0 || fds != 0 {
 		t.Fatalf("refused PUTs left %d tokens, %d descriptors", tok, fds)
 	}
 	waitFDs(t, base)
@@ -179,7 +180,7 @@ func waitFDs(t *testing.T, base int) {
 // Descriptors sent after the message that starts the line are not part of the PUT: they are closed, and the
 // count the line announced does not match.
 func TestFDSocketPutTakesDescriptorsOfTheFirstMessageOnly(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: time.Second, edge: newEdgeCounter()}
+	s := &Socket{identify: anyone, timeout: time.Second, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
 	files := tempFiles(t, 3)
 	base := openFDCount(t)
@@ -206,7 +207,7 @@ func TestFDSocketPutTakesDescriptorsOfTheFirstMessageOnly(t *testing.T) {
 
 // A caller that closes in the middle of a PUT <n> leaves nothing behind.
 func TestFDSocketPutClosedMidMessage(t *testing.T) {
-	s := &fdSocket{identify: anyone, timeout: 2 * time.Second, edge: newEdgeCounter()}
+	s := &Socket{identify: anyone, timeout: 2 * time.Second, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
 	files := tempFiles(t, 100)
 	base := openFDCount(t)
@@ -226,7 +227,7 @@ func TestFDSocketPutClosedMidMessage(t *testing.T) {
 		c.Close()
 	}
 	waitFDs(t, base)
-	if tok, n := s.tokens.waiting("local/uid=0"); tok != 0 || n != 0 {
+	if tok, n := s.tokens.Waiting("local/uid=0"); tok != 0 || n != 0 {
 		t.Fatalf("half-sent PUTs left %d tokens, %d descriptors", tok, n)
 	}
 }
@@ -234,58 +235,58 @@ func TestFDSocketPutClosedMidMessage(t *testing.T) {
 // The token store bounds the descriptors one caller, and all callers, keep waiting; refusals are
 // RESOURCE_EXHAUSTED, close what was sent, and leave every other caller's tokens alone.
 func TestFDTokensBoundDescriptors(t *testing.T) {
-	tk := newFDTokens(time.Minute, 64)
+	tk := NewTokens(time.Minute, 64)
 	tk.maxFDsPerOwner, tk.maxFDs = 10, 15
-	defer tk.closeAll()
+	defer tk.CloseAll()
 	files := func(n int) []*os.File { return tempFiles(t, n) }
-	a1, err := tk.addFiles("pod/a", files(6), false)
+	a1, err := tk.AddFiles("pod/a", files(6), false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	over := files(5)
-	if _, err := tk.addFiles("pod/a", over, false); err == nil || !strings.Contains(err.Error(), "limit of 10") {
+	if _, err := tk.AddFiles("pod/a", over, false); err == nil || !strings.Contains(err.Error(), "limit of 10") {
 		t.Fatalf("a's 11th descriptor: %v", err)
 	}
 	if _, err := over[0].Stat(); err == nil {
 		t.Fatal("a refused PUT's descriptors were kept open")
 	}
-	b1, err := tk.addFiles("pod/b", files(8), false)
+	b1, err := tk.AddFiles("pod/b", files(8), false)
 	if err != nil {
 		t.Fatalf("b under its own limit: %v", err)
 	}
-	if _, err := tk.addFiles("pod/c", files(2), false); err == nil || !strings.Contains(err.Error(), "limit of 15") {
+	if _, err := tk.AddFiles("pod/c", files(2), false); err == nil || !strings.Contains(err.Error(), "limit of 15") {
 		t.Fatalf("c over the agent's limit: %v", err)
 	}
 	// Another caller's token: refused as if unknown, nothing of either caller taken.
-	if _, err := tk.takeAll("pod/b", []string{b1, a1}, 14); err == nil || !strings.Contains(err.Error(), "not yours") {
+	if _, err := tk.TakeAll("pod/b", []string{b1, a1}, 14); err == nil || !strings.Contains(err.Error(), "not yours") {
 		t.Fatalf("b naming a's token: %v", err)
 	}
-	if _, err := tk.takeAll("pod/b", []string{b1, b1}, 16); err == nil || !strings.Contains(err.Error(), "named twice") {
+	if _, err := tk.TakeAll("pod/b", []string{b1, b1}, 16); err == nil || !strings.Contains(err.Error(), "named twice") {
 		t.Fatalf("a token named twice: %v", err)
 	}
-	if tok, n := tk.waiting("pod/a"); tok != 1 || n != 6 {
+	if tok, n := tk.Waiting("pod/a"); tok != 1 || n != 6 {
 		t.Fatalf("a's tokens after b's refusals: %d tokens, %d descriptors", tok, n)
 	}
-	if tok, n := tk.waiting("pod/b"); tok != 1 || n != 8 {
+	if tok, n := tk.Waiting("pod/b"); tok != 1 || n != 8 {
 		t.Fatalf("b's tokens after its refusals: %d tokens, %d descriptors", tok, n)
 	}
-	got, err := tk.takeAll("pod/a", []string{a1}, 6)
+	got, err := tk.TakeAll("pod/a", []string{a1}, 6)
 	if err != nil {
 		t.Fatal(err)
 	}
-	closeFiles(got)
+	CloseFiles(got)
 	// Expired tokens are closed and refused; the counts come back down.
 	tk.ttl = 0
-	b2, err := tk.addFiles("pod/b", files(1), false)
+	b2, err := tk.AddFiles("pod/b", files(1), false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Millisecond)
-	if _, err := tk.takeAll("pod/b", []string{b2}, 1); err == nil || !strings.Contains(err.Error(), "expired") {
+	if _, err := tk.TakeAll("pod/b", []string{b2}, 1); err == nil || !strings.Contains(err.Error(), "expired") {
 		t.Fatalf("expired token: %v", err)
 	}
-	tk.sweep(time.Now().Add(time.Hour))
-	if tok, n := tk.waiting("pod/b"); tok != 0 || n != 0 || tk.fds != 0 {
+	tk.Sweep(time.Now().Add(time.Hour))
+	if tok, n := tk.Waiting("pod/b"); tok != 0 || n != 0 || tk.fds != 0 {
 		t.Fatalf("after expiry: b %d tokens, %d descriptors; %d in all", tok, n, tk.fds)
 	}
 }
@@ -294,8 +295,8 @@ func TestFDTokensBoundDescriptors(t *testing.T) {
 // and only while they last.
 func TestFDSocketPutManyFloodIsBounded(t *testing.T) {
 	const maxConns = 4
-	s := &fdSocket{identify: anyone, timeout: 500 * time.Millisecond, maxConns: maxConns, maxPerUID: maxConns,
-		maxPerCaller: maxConns, maxIdentified: maxConns, edge: newEdgeCounter()}
+	s := &Socket{identify: anyone, timeout: 500 * time.Millisecond, maxConns: maxConns, maxPerUID: maxConns,
+		maxPerCaller: maxConns, maxIdentified: maxConns, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
 	r, w, err := os.Pipe()
 	if err != nil {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package server
+package fastwire
 
 import (
 	"errors"
@@ -33,13 +33,13 @@ const (
 	blocksFieldArenaIDs  = 10
 )
 
-// errFastTransfer says the frame is a FastRequest.transfer, .id_arena or .wait, decoded the general way.
-var errFastTransfer = errors.New("a transfer or arena frame")
+// ErrNotBlocks says the frame is a FastRequest.transfer, .id_arena or .wait, decoded the general way.
+var ErrNotBlocks = errors.New("a transfer or arena frame")
 
-// decodeFastBlocks reads a FastRequest whose request is blocks without copying its id lists: LocalIds and
+// DecodeBlocks reads a FastRequest whose request is blocks without copying its id lists: LocalIds and
 // RemoteIds alias frame, so the request is valid only until the next frame is read (the ids are decoded into
-// the engines' own arrays before that). A frame holding a FastRequest.transfer returns errFastTransfer.
-func decodeFastBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
+// the engines' own arrays before that). A frame holding a FastRequest.transfer returns ErrNotBlocks.
+func DecodeBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 	var body []byte
 	for b := frame; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -48,7 +48,7 @@ func decodeFastBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 		}
 		b = b[n:]
 		if typ == protowire.BytesType && (num == fastFieldTransfer || num == fastFieldIDArena || num == fastFieldWait) {
-			return nil, errFastTransfer
+			return nil, ErrNotBlocks
 		}
 		if typ == protowire.BytesType && num == fastFieldBlocks {
 			v, n := protowire.ConsumeBytes(b)

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package server
+package fdsockettest
 
 import (
 	"net"
@@ -12,11 +12,11 @@ import (
 	"time"
 )
 
-// fdFloodPeak has conns connections push descriptors at the fd socket at path as fast as they can (each
+// FloodPeak has conns connections push descriptors at the fd socket at path as fast as they can (each
 // connection sends up to perConn messages of four descriptors, then reconnects; deadline bounds one connection)
 // for 1.5 s, and returns the most descriptors this process held above its baseline meanwhile: the flood's and
 // the agent's, which share the process.
-func fdFloodPeak(t *testing.T, path string, conns, perConn int, deadline time.Duration) int {
+func FloodPeak(t *testing.T, path string, conns, perConn int, deadline time.Duration) int {
 	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -24,7 +24,7 @@ func fdFloodPeak(t *testing.T, path string, conns, perConn int, deadline time.Du
 	}
 	defer r.Close()
 	defer w.Close()
-	base := openFDCount(t)
+	base := OpenFDCount(t)
 	rights := syscall.UnixRights(int(r.Fd()), int(w.Fd()), int(r.Fd()), int(w.Fd()))
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -55,9 +55,19 @@ func fdFloodPeak(t *testing.T, path string, conns, perConn int, deadline time.Du
 	}
 	peak := 0
 	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		peak = max(peak, openFDCount(t)-base)
+		peak = max(peak, OpenFDCount(t)-base)
 	}
 	close(stop)
 	wg.Wait()
 	return peak
+}
+
+// OpenFDCount is how many descriptors this process has open (the test skips where /proc/self/fd is missing).
+func OpenFDCount(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	return len(ents)
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package server
+package fastwire
 
 import (
 	"encoding/binary"
@@ -41,7 +41,7 @@ func TestDecodeBlockIDsMatchesItsDefinition(t *testing.T) {
 			binary.LittleEndian.PutUint64(b[8*i:], v)
 		}
 		ids := make([]uint32, n)
-		err := decodeBlockIDs(ids, b, 8, blocks, "local")
+		err := DecodeBlockIDs(ids, b, 8, blocks, "local")
 		if want < 0 {
 			if err != nil {
 				t.Fatalf("round %d: good ids refused: %v", round, err)
@@ -67,7 +67,7 @@ func TestDecodeBlockIDsMatchesItsDefinition(t *testing.T) {
 			t.Fatalf("round %d: refusal names the wrong entry (first bad is %d): %v", round, first, err)
 		}
 	}
-	if err := decodeBlockIDs(make([]uint32, 1), make([]byte, 8), 8, 0, "remote"); err == nil {
+	if err := DecodeBlockIDs(make([]uint32, 1), make([]byte, 8), 8, 0, "remote"); err == nil {
 		t.Fatal("an id of a layout of no blocks was taken")
 	}
 }
@@ -84,7 +84,7 @@ func BenchmarkDecodeBlockIDs(b *testing.B) {
 			}
 			ids := make([]uint32, n)
 			for b.Loop() {
-				if err := decodeBlockIDs(ids, raw, 8, 262144, "local"); err != nil {
+				if err := DecodeBlockIDs(ids, raw, 8, 262144, "local"); err != nil {
 					b.Fatal(err)
 				}
 			}

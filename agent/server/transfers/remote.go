@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package server
+package transfers
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
@@ -24,39 +25,39 @@ type imported struct {
 
 // importDescriptor makes the memory a descriptor names known to the engines and returns its id. A descriptor
 // of this node's memory resolves to the local region (its key must match).
-func (s *Server) importDescriptor(ctx context.Context, b []byte) (engines.MemoryID, error) {
-	sd, md, err := s.parseDescriptor(b)
+func (s *Service) importDescriptor(ctx context.Context, b []byte) (engines.MemoryID, error) {
+	sd, md, err := s.table.ParseDescriptor(b)
 	if err != nil {
 		return "", err
 	}
-	s.mu.Lock()
-	if sd.Node == s.opts.NodeName {
-		defer s.mu.Unlock()
-		r, err := s.localByDescriptorLocked(sd)
+	s.table.Lock()
+	if sd.Node == s.node {
+		defer s.table.Unlock()
+		r, err := s.table.LocalByDescriptorLocked(sd)
 		if err != nil {
 			return "", err
 		}
-		return r.mem, nil
+		return r.Mem(), nil
 	}
 	if im, ok := s.imports[md.ID]; ok {
 		im.lastUsed = time.Now()
-		s.mu.Unlock()
+		s.table.Unlock()
 		return md.ID, nil
 	}
-	s.mu.Unlock()
+	s.table.Unlock()
 
 	s.importMu.Lock()
 	defer s.importMu.Unlock()
-	s.mu.Lock()
+	s.table.Lock()
 	_, ok := s.imports[md.ID]
-	s.mu.Unlock()
+	s.table.Unlock()
 	if ok {
 		return md.ID, nil // imported by a concurrent call
 	}
-	if err := s.opts.Engine.Import(ctx, md); err != nil {
-		return "", status.Errorf(statusCode(err), "importing memory %s of node %s: %v", md.ID, md.Node, err)
+	if err := s.engine.Import(ctx, md); err != nil {
+		return "", status.Errorf(regiontable.StatusCode(err), "importing memory %s of node %s: %v", md.ID, md.Node, err)
 	}
-	s.mu.Lock()
+	s.table.Lock()
 	s.imports[md.ID] = &imported{mem: md.ID, lastUsed: time.Now()}
 	var evict engines.MemoryID
 	if len(s.imports) > maxImports {
@@ -68,55 +69,31 @@ func (s *Server) importDescriptor(ctx context.Context, b []byte) (engines.Memory
 		}
 		delete(s.imports, evict)
 	}
-	s.mu.Unlock()
+	s.table.Unlock()
 	if evict != "" {
 		// The engines wait for transfers still using it; this one is re-imported if named again.
 		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), s.opts.SessionGrace)
+			ctx, cancel := context.WithTimeout(context.Background(), s.sessionGrace)
 			defer cancel()
-			_ = s.opts.Engine.Deregister(ctx, evict)
+			_ = s.engine.Deregister(ctx, evict)
 		}()
 	}
 	return md.ID, nil
 }
 
-// LookupSegment returns the descriptor of a segment registered on this node, for a caller of namespace asker
-// (the peer channel answers other agents with it, naming the pod that asks).
-func (s *Server) LookupSegment(segment, asker string) ([]byte, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r, err := s.segmentLocked(segment, asker)
-	if err != nil {
-		return nil, err
-	}
-	return r.desc, nil
-}
-
-// segmentLocked finds the published region a caller of namespace asker names; one it may not use is missing.
-func (s *Server) segmentLocked(segment, asker string) (*region, error) {
-	r, ok := s.segments[resolveName(asker, segment)]
-	if !ok || r.desc == nil || !r.pub.admits(asker) {
-		return nil, status.Errorf(codes.NotFound, "no segment %q on node %s", segment, s.opts.NodeName)
-	}
-	return r, nil
-}
-
-// ResolveSegment implements agentv1.AgentServer.
-func (s *Server) ResolveSegment(ctx context.Context, req *agentv1.ResolveSegmentRequest) (*agentv1.ResolveSegmentResponse, error) {
-	sess, err := s.sessionOf(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkSegmentRef(req.Segment); err != nil {
+// ResolveSegment serves the Agent API call of that name for the caller of sess.
+func (s *Service) ResolveSegment(ctx context.Context, sess *regiontable.Session, req *agentv1.ResolveSegmentRequest) (*agentv1.ResolveSegmentResponse, error) {
+	var err error
+	if err := regiontable.CheckSegmentRef(req.Segment); err != nil {
 		return nil, err
 	}
 	var desc []byte
-	if req.Node == "" || req.Node == s.opts.NodeName {
-		desc, err = s.LookupSegment(req.Segment, sess.caller.Namespace)
-	} else if s.opts.Peers == nil {
+	if req.Node == "" || req.Node == s.node {
+		desc, err = s.table.LookupSegment(req.Segment, sess.Caller.Namespace)
+	} else if s.peers == nil {
 		err = status.Errorf(codes.Unavailable, "segment %q is on node %s and this agent has no peer channel", req.Segment, req.Node)
 	} else {
-		desc, err = s.opts.Peers.ResolveSegment(ctx, req.Node, req.Segment, sess.caller.Namespace)
+		desc, err = s.peers.ResolveSegment(ctx, req.Node, req.Segment, sess.Caller.Namespace)
 		if err != nil {
 			err = status.Errorf(peerCode(err), "resolving segment %q on node %s: %v", req.Segment, req.Node, err)
 		}
@@ -124,19 +101,15 @@ func (s *Server) ResolveSegment(ctx context.Context, req *agentv1.ResolveSegment
 	if err != nil {
 		return nil, err
 	}
-	sd, _, err := s.parseDescriptor(desc)
+	sd, _, err := s.table.ParseDescriptor(desc)
 	if err != nil {
 		return nil, err
 	}
 	return &agentv1.ResolveSegmentResponse{Desc: desc, Node: sd.Node, Kind: sd.Kind, Length: sd.Length}, nil
 }
 
-// Explain implements agentv1.AgentServer.
-func (s *Server) Explain(ctx context.Context, req *agentv1.ExplainRequest) (*agentv1.ExplainResponse, error) {
-	sess, err := s.sessionOf(ctx)
-	if err != nil {
-		return nil, err
-	}
+// Explain serves the Agent API call of that name for the caller of sess.
+func (s *Service) Explain(ctx context.Context, sess *regiontable.Session, req *agentv1.ExplainRequest) (*agentv1.ExplainResponse, error) {
 	if req.Source == nil || req.Destination == nil {
 		return nil, status.Error(codes.InvalidArgument, "explain needs a source and a destination")
 	}
@@ -148,9 +121,9 @@ func (s *Server) Explain(ctx context.Context, req *agentv1.ExplainRequest) (*age
 	if err != nil {
 		return nil, status.Errorf(status.Code(err), "destination: %s", status.Convert(err).Message())
 	}
-	ex, err := s.opts.Engine.Explain(src, dst)
+	ex, err := s.engine.Explain(src, dst)
 	if err != nil {
-		return nil, status.Errorf(statusCode(err), "explaining: %v", err)
+		return nil, status.Errorf(regiontable.StatusCode(err), "explaining: %v", err)
 	}
 	resp := &agentv1.ExplainResponse{Engine: ex.Engine}
 	for _, r := range ex.Refusals {
@@ -160,7 +133,7 @@ func (s *Server) Explain(ctx context.Context, req *agentv1.ExplainRequest) (*age
 		reason := "first engine in the order xgmi, fabric, rdma, tcp that claims the pair (" + ex.Direction.String() + ")"
 		if ex.Engine == engines.EngineTCP {
 			// What tcp does with GPU memory on this node (staged through pinned host memory, or why not).
-			for _, e := range s.opts.Engines {
+			for _, e := range s.engines {
 				if e.Name == ex.Engine && e.Reason != "" {
 					reason += "; " + e.Reason
 				}

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-package server
+package transfers
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
@@ -40,56 +40,33 @@ type peerLayouts struct {
 
 type peerLayoutKey struct{ node, asker, segment string }
 
-// LookupLayout answers a peer asking for a published layout (agent/peers): its geometry and every region's
-// descriptor, when a pod of namespace asker may use it; one it may not use is missing.
-func (s *Server) LookupLayout(segment, asker string) (*agentv1.LayoutDescriptor, error) {
-	if err := checkSegmentRef(segment); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, ok := s.layoutSegments[resolveName(asker, segment)]
-	if !ok || !l.pub.admits(asker) {
-		return nil, status.Errorf(codes.NotFound, "no layout segment %q on node %s", segment, s.opts.NodeName)
-	}
-	out := &agentv1.LayoutDescriptor{BlockBytes: l.blockBytes, Blocks: l.blocks, Regions: make([][]byte, len(l.regions))}
-	for k, id := range l.regions {
-		r, ok := s.regions[id]
-		if !ok || r.owner != l.owner || r.desc == nil {
-			return nil, status.Errorf(codes.NotFound, "layout segment %q on node %s: its region %d is no longer registered", segment, s.opts.NodeName, k)
-		}
-		out.Regions[k] = r.desc
-	}
-	return out, nil
-}
-
 // resolvePeerLayout returns the published layout segment of node for the caller, from the cache or asked of
-// node and imported; it must not be called with s.mu held (it talks to the peer).
-func (s *Server) resolvePeerLayout(ctx context.Context, sess *session, node, segment string) (*peerLayout, error) {
-	if err := checkSegmentRef(segment); err != nil {
+// node and imported; it must not be called with the table's lock held (it talks to the peer).
+func (s *Service) resolvePeerLayout(ctx context.Context, sess *regiontable.Session, node, segment string) (*peerLayout, error) {
+	if err := regiontable.CheckSegmentRef(segment); err != nil {
 		return nil, err
 	}
-	key := peerLayoutKey{node: node, asker: sess.caller.Namespace, segment: segment}
+	key := peerLayoutKey{node: node, asker: sess.Caller.Namespace, segment: segment}
 	s.peerLayouts.mu.Lock()
 	if pl, ok := s.peerLayouts.entries[key]; ok && time.Since(pl.resolved) < peerLayoutTTL {
 		s.peerLayouts.mu.Unlock()
 		return pl, nil
 	}
 	s.peerLayouts.mu.Unlock()
-	if s.opts.Peers == nil {
+	if s.peers == nil {
 		return nil, status.Errorf(codes.Unavailable, "layout segment %q is on node %s and this agent has no peer channel", segment, node)
 	}
-	ld, err := s.opts.Peers.ResolveLayout(ctx, node, segment, sess.caller.Namespace)
+	ld, err := s.peers.ResolveLayout(ctx, node, segment, sess.Caller.Namespace)
 	if err != nil {
 		return nil, status.Errorf(peerCode(err), "resolving layout segment %q on node %s: %v", segment, node, err)
 	}
 	hi, length := bits.Mul64(ld.Blocks, ld.BlockBytes)
-	if n := len(ld.Regions); n == 0 || n > maxLayoutRegions || ld.BlockBytes == 0 || ld.Blocks == 0 || ld.Blocks > 1<<32 || hi != 0 {
+	if n := len(ld.Regions); n == 0 || n > regiontable.MaxLayoutRegions || ld.BlockBytes == 0 || ld.Blocks == 0 || ld.Blocks > 1<<32 || hi != 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "node %s described layout segment %q as %d regions of %d blocks of %d bytes: not a layout", node, segment, n, ld.Blocks, ld.BlockBytes)
 	}
 	pl := &peerLayout{blockBytes: ld.BlockBytes, blocks: ld.Blocks, mems: make([]engines.MemoryID, len(ld.Regions)), resolved: time.Now()}
 	for k, desc := range ld.Regions {
-		sd, _, err := s.parseDescriptor(desc)
+		sd, _, err := s.table.ParseDescriptor(desc)
 		if err != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "region %d of layout segment %q on node %s: %v", k, segment, node, err)
 		}
@@ -111,8 +88,8 @@ func (s *Server) resolvePeerLayout(ctx context.Context, sess *session, node, seg
 }
 
 // forgetPeerLayout drops a cached peer layout after a transfer over it failed, so the next one asks again.
-func (s *Server) forgetPeerLayout(sess *session, node, segment string) {
+func (s *Service) forgetPeerLayout(sess *regiontable.Session, node, segment string) {
 	s.peerLayouts.mu.Lock()
-	delete(s.peerLayouts.entries, peerLayoutKey{node: node, asker: sess.caller.Namespace, segment: segment})
+	delete(s.peerLayouts.entries, peerLayoutKey{node: node, asker: sess.Caller.Namespace, segment: segment})
 	s.peerLayouts.mu.Unlock()
 }

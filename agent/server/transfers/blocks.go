@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package transfers
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"runtime/trace"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// blockTag is the tag failures of a block transfer are reported under.
+const blockTag = "blocks"
+
+// TransferBlocks serves TransferBlocks for the gRPC call and the fast socket alike. The ids are decoded and
+// range-checked here, once; the engines check bounds and duplicate destinations as they plan. arena is the
+// fast connection's id arena (nil elsewhere), read when the request says its ids are there.
+func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session, req *agentv1.TransferBlocksRequest, arena []byte) (*agentv1.TransferResponse, error) {
+	timeout, err := checkSubmission(req.Op, req.Notify, req.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	width := int(req.IdBytes)
+	if width == 0 {
+		width = 4
+	}
+	if width != 4 && width != 8 {
+		return nil, status.Errorf(codes.InvalidArgument, "id_bytes must be 4 (int32) or 8 (int64), got %d", req.IdBytes)
+	}
+	if req.ArenaIds > 0 {
+		if err := fastwire.IDsFromArena(req, arena, width); err != nil {
+			return nil, err
+		}
+	}
+	if len(req.LocalIds)%width != 0 || len(req.RemoteIds)%width != 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "block ids are %d-byte integers: %d and %d bytes are not whole ids", width, len(req.LocalIds), len(req.RemoteIds))
+	}
+	n := len(req.LocalIds) / width
+	if n != len(req.RemoteIds)/width {
+		return nil, status.Errorf(codes.InvalidArgument, "%d local block ids and %d remote block ids: they pair one to one", n, len(req.RemoteIds)/width)
+	}
+	if n == 0 {
+		return nil, status.Error(codes.InvalidArgument, "transfer names no blocks")
+	}
+	if max := s.limits.MaxItemsPerTransfer; n > max {
+		s.refusals.LimitHit(refusals.LimitItems)
+		return nil, status.Errorf(codes.InvalidArgument, "transfer names %d blocks, at most %d", n, max)
+	}
+
+	// A layout another node published is resolved (and its regions imported) before the lock: it may ask the peer.
+	var peer *peerLayout
+	if ref := req.Remote; ref != nil && ref.Node != "" && ref.Node != s.node {
+		seg, ok := ref.Target.(*agentv1.LayoutRef_Segment)
+		if !ok {
+			return nil, status.Errorf(codes.InvalidArgument, "a layout id names a layout on this node; name node %q's layout by its segment", ref.Node)
+		}
+		// The transfer's timeout bounds the question to the peer too: a stalled peer fails it within its timeout.
+		rctx, cancel := context.WithTimeout(ctx, cmp.Or(timeout, engines.DefaultTimeout))
+		peer, err = s.resolvePeerLayout(rctx, sess, ref.Node, seg.Segment)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
+	s.table.Lock()
+	local, err := s.table.OwnLayoutLocked(sess, req.LayoutId)
+	var remote regiontable.Side
+	if err == nil {
+		if peer != nil {
+			remote = regiontable.Side{BlockBytes: peer.blockBytes, Blocks: peer.blocks, Mems: peer.mems}
+		} else {
+			remote, err = s.table.RemoteLayoutLocked(sess, req.Remote)
+		}
+	}
+	var pairs []engines.BlockPair
+	if err == nil {
+		pairs, err = s.table.LayoutPairsLocked(local, remote, req.Op == agentv1.Op_OP_WRITE)
+	}
+	s.table.Unlock()
+	if err != nil {
+		return nil, err
+	}
+
+	localIDs, remoteIDs, release := s.idBuffers(n)
+	if err := fastwire.DecodeBlockIDs(localIDs, req.LocalIds, width, local.Blocks(), "local"); err != nil {
+		release()
+		return nil, err
+	}
+	if err := fastwire.DecodeBlockIDs(remoteIDs, req.RemoteIds, width, remote.Blocks, "remote"); err != nil {
+		release()
+		return nil, err
+	}
+	b := engines.Blocks{Pairs: pairs, BlockBytes: local.BlockBytes(), SrcIDs: localIDs, DstIDs: remoteIDs}
+	if req.Op == agentv1.Op_OP_READ {
+		b.SrcIDs, b.DstIDs = remoteIDs, localIDs
+	}
+	trace.Log(ctx, "blocks", "decoded")
+	plan := s.engine.NewPlan()
+	adder, ok := plan.(engines.BlockAdder)
+	if !ok {
+		release()
+		return nil, status.Error(codes.Unimplemented, "this agent's engine plans no block batches")
+	}
+	if err := adder.AddBlocks(b); err != nil {
+		plan.Build()
+		release()
+		return nil, blockPlanError(n, len(pairs), err)
+	}
+	ps := plan.Build()
+	if len(ps.Rejected) > 0 {
+		release()
+		return nil, blockPlanError(n, len(pairs), ps.Rejected[0].Err)
+	}
+	trace.Log(ctx, "blocks", "planned")
+	resp, err := s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
+	if peer != nil && (err != nil || resp.Status != nil && resp.Status.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED) {
+		// A transfer that failed over a cached peer layout asks the peer again next time.
+		s.forgetPeerLayout(sess, req.Remote.Node, req.Remote.GetSegment())
+	}
+	return resp, err
+}
+
+// blockPlanError reports a refused block batch; ids out of range are the caller's argument, not a range of
+// memory it named, so they are InvalidArgument like every other bad id.
+func blockPlanError(n, pairs int, err error) error {
+	code := regiontable.StatusCode(err)
+	if errors.Is(err, engines.ErrOutOfBounds) {
+		code = codes.InvalidArgument
+	}
+	return status.Errorf(code, "planning %d blocks of %d region pairs: %v", n, pairs, err)
+}
+
+// pinnedIDs is an engine that hands out block-id buffers its GPU kernels read in place (the composite, when a
+// GPU backend is set up): ids decoded there are not copied again before the kernels check them.
+type pinnedIDs interface {
+	PinnedIDs(n int) ([]uint32, func())
+}
+
+// idBuffers returns the two id arrays of a block transfer of n ids and what gives them back once the transfer
+// settled: the engine's pinned buffers when it has them, else arrays from the server's pool (reused: fresh
+// pages for them cost more than the copy).
+func (s *Service) idBuffers(n int) (local, remote []uint32, release func()) {
+	if p, ok := s.engine.(pinnedIDs); ok {
+		if l, freeL := p.PinnedIDs(n); l != nil {
+			if r, freeR := p.PinnedIDs(n); r != nil {
+				return l, r, func() { freeL(); freeR() }
+			}
+			freeL()
+		}
+	}
+	local, remote = s.idBuffer(n), s.idBuffer(n)
+	return local, remote, func() { s.ids.Put(&local); s.ids.Put(&remote) }
+}
+
+// idBuffer returns a block-id array of n entries from the server's pool.
+func (s *Service) idBuffer(n int) []uint32 {
+	if p, ok := s.ids.Get().(*[]uint32); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]uint32, n, max(n, 1<<14))
+}

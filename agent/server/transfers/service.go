@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package transfers
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// Engine is what transfers need from the transfer layer: the composite engine.
+type Engine interface {
+	Import(ctx context.Context, desc engines.MemoryDesc) error
+	Deregister(ctx context.Context, id engines.MemoryID) error
+	NewPlan() engines.PlanBuilder
+	Submit(ctx context.Context, plans *engines.PlanSet, opts engines.SubmitOptions) (engines.Transfer, error)
+	Explain(src, dst engines.MemoryID) (engines.Explanation, error)
+}
+
+// SegmentResolver finds named segments and published layouts on other nodes of the pool (agent/peers).
+type SegmentResolver interface {
+	// ResolveSegment returns the SegmentDescriptor (serialized) of segment on node, asked for by a pod of
+	// namespace asker.
+	ResolveSegment(ctx context.Context, node, segment, asker string) ([]byte, error)
+	// ResolveLayout returns the published layout segment of node, asked for by a pod of namespace asker.
+	ResolveLayout(ctx context.Context, node, segment, asker string) (*agentv1.LayoutDescriptor, error)
+}
+
+// Limits bound one caller's transfers.
+type Limits struct {
+	MaxInFlight         int
+	MaxItemsPerTransfer int
+	// MaxInFlightBytes bounds the bytes of one caller's transfers in flight at once.
+	MaxInFlightBytes uint64
+}
+
+// EngineNote is what detection said of one engine on this node (Explain repeats it).
+type EngineNote struct {
+	Name, Reason string
+}
+
+// Config is what a Service is built from.
+type Config struct {
+	Table  *regiontable.Table
+	Engine Engine
+	Limits Limits
+	Node   string
+	// Peers resolves segments and layouts on other nodes; nil limits them to this node.
+	Peers   SegmentResolver
+	Engines []EngineNote
+	// SessionGrace bounds how long an evicted import waits for the transfers still using it.
+	SessionGrace time.Duration
+	// FinishedRetention is how long settled transfers stay visible to Wait.
+	FinishedRetention time.Duration
+	// Stopping is closed when the server begins to stop; open streams (Watch, Notifications) end with it.
+	Stopping <-chan struct{}
+	Refusals *refusals.Counters
+}
+
+// Service moves memory between the regions of a Table and other nodes' memory: it plans and submits transfers,
+// records how they end for Wait and Watch, delivers notifications and imports other nodes' memory into the
+// engines. Its state lives under the table's lock.
+type Service struct {
+	table             *regiontable.Table
+	engine            Engine
+	limits            Limits
+	node              string
+	peers             SegmentResolver
+	engines           []EngineNote
+	sessionGrace      time.Duration
+	finishedRetention time.Duration
+	stopping          <-chan struct{}
+	refusals          *refusals.Counters
+
+	transfers map[uint64]*transfer
+	nextXfer  uint64
+	watchers  map[string]map[*watcher]struct{}
+	listeners map[string]map[*notifyListener]struct{}
+	imports   map[engines.MemoryID]*imported
+	importMu  sync.Mutex
+	// peerLayouts are other nodes' published layouts, resolved (under a lock of their own).
+	peerLayouts peerLayouts
+	// ids recycles the block-id arrays of block transfers (*[]uint32).
+	ids sync.Pool
+}
+
+// New makes a service with no transfers.
+func New(cfg Config) *Service {
+	return &Service{table: cfg.Table, engine: cfg.Engine, limits: cfg.Limits, node: cfg.Node, peers: cfg.Peers,
+		engines: cfg.Engines, sessionGrace: cfg.SessionGrace, finishedRetention: cfg.FinishedRetention,
+		stopping: cfg.Stopping, refusals: cfg.Refusals,
+		transfers: map[uint64]*transfer{}, watchers: map[string]map[*watcher]struct{}{},
+		listeners: map[string]map[*notifyListener]struct{}{}, imports: map[engines.MemoryID]*imported{}}
+}
+
+// ImportedLocked is how many other nodes' regions are imported into the engines (the table's lock held).
+func (s *Service) ImportedLocked() int { return len(s.imports) }
