@@ -53,7 +53,7 @@ type VPodTopologyReconciler struct {
 	client.Client
 	Clock clock.PassiveClock
 	// Recorder records Events on domains (created, emptied, members joining and leaving); nil records none.
-	// SetupWithManager bounds the rate of its Normal Events (eventBudget).
+	// SetupWithManager bounds the rate of its Events (eventBudget).
 	Recorder events.EventRecorder
 
 	// indexed is set by SetupWithManager: the cache has the field indexes a single domain's reconcile reads.
