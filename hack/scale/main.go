@@ -250,6 +250,16 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 			return fmt.Errorf("watching %T: %w", obj, err)
 		}
 	}
+	// The reports too, through a watch like the operator's: when a watcher on this machine first saw each
+	// node's report, so a slow operator can be told from a watch that delivers late.
+	seen := &reportsSeen{}
+	tnInformer, err := watch.GetInformer(ctx, &v1alpha1.TransferNode{})
+	if err != nil {
+		return fmt.Errorf("watching TransferNodes: %w", err)
+	}
+	if _, err := tnInformer.AddEventHandler(seen.handler()); err != nil {
+		return fmt.Errorf("watching TransferNodes: %w", err)
+	}
 	syncCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if !watch.WaitForCacheSync(syncCtx) {
@@ -357,6 +367,7 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 			lastFirst = t
 		}
 	}
+	fmt.Printf("observer watch: %s\n", seen.report(sims, lastFirst))
 	var (
 		converged time.Time
 		detail    string

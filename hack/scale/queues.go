@@ -9,13 +9,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
 
 // queueSnapshot is what the operator's controller-runtime metrics say about its controllers at one moment:
@@ -205,4 +210,56 @@ func failureKind(err error) string {
 		}
 	}
 	return "other:" + strings.ReplaceAll(cause, " ", "_")
+}
+
+// reportsSeen records when a watch first delivered each node's report with GPUs in it.
+type reportsSeen struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+func (r *reportsSeen) handler() toolscache.ResourceEventHandler {
+	saw := func(obj any) {
+		tn, ok := obj.(*v1alpha1.TransferNode)
+		if !ok || len(tn.Status.GPUs) == 0 {
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.at == nil {
+			r.at = map[string]time.Time{}
+		}
+		if _, ok := r.at[tn.Name]; !ok {
+			r.at[tn.Name] = time.Now()
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{AddFunc: saw, UpdateFunc: func(_, obj any) { saw(obj) }}
+}
+
+// report says how many reports the watch had delivered when the last agent's first round succeeded, and how
+// long after each agent's first successful round its report arrived (0 when it arrived before the round
+// ended, as the round's last write is the Lease).
+func (r *reportsSeen) report(sims []*agentSim, lastFirst time.Time) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	byThen := 0
+	var lags []float64
+	for i, s := range sims {
+		at, ok := r.at[nodeName(i)]
+		if ok && !at.After(lastFirst) {
+			byThen++
+		}
+		if first := s.firstReportAt(); ok && !first.IsZero() {
+			lags = append(lags, math.Max(0, at.Sub(first).Seconds()))
+		}
+	}
+	sort.Float64s(lags)
+	q := func(p float64) float64 {
+		if len(lags) == 0 {
+			return math.NaN()
+		}
+		return lags[min(len(lags)-1, int(p*float64(len(lags))))]
+	}
+	return fmt.Sprintf("%d of %d reports delivered by the last first report; delivered after the agent's first report p50 %.2f s, p90 %.2f s, max %.2f s",
+		byThen, len(sims), q(0.5), q(0.9), q(1))
 }
