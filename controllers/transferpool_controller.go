@@ -48,11 +48,22 @@ type TransferPoolReconciler struct {
 	// Recorder records Events on pools (nodes joining and leaving, conflicts, refused specs); nil records none.
 	Recorder events.EventRecorder
 
+	// APIReader reads a pool from the API server, not the cache, when a status patch met a newer version
+	// (another controller wrote the pool meanwhile); the Client when nil.
+	APIReader client.Reader
+
 	// applied remembers, per pool, the UID and generation whose owned objects were applied last. Heartbeats
 	// reach Reconcile many times a second on a large pool; re-applying six unchanged objects each time was most
 	// of the operator's API load. An event on an owned object forgets the entry, so drift is still repaired.
 	appliedMu sync.Mutex
 	applied   map[types.NamespacedName]appliedAt
+
+	// written remembers each pool as this reconciler's last write (status patch, finalizer) returned it. While
+	// reports arrive the pool is reconciled again before the cache shows that write; a status patch from the
+	// cache's older copy, under its resourceVersion, was refused as a conflict, and each conflict returned as an
+	// error doubled the pool's work-queue backoff (docs/benchmarks.md, 2026-12-02 evening).
+	writtenMu sync.Mutex
+	written   map[types.NamespacedName]*fxv1.TransferPool
 }
 
 type appliedAt struct {
@@ -84,8 +95,12 @@ type appliedAt struct {
 func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
 	pool := &fxv1.TransferPool{}
 	if err := r.Get(ctx, req.NamespacedName, pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forgetWritten(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	pool = r.newestOf(pool)
 	if !pool.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, r.finalize(ctx, pool)
 	}
@@ -93,6 +108,7 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		if err := setFinalizer(ctx, r.Client, pool, poolFinalizer, true); err != nil {
 			return ctrl.Result{}, err
 		}
+		r.rememberWritten(pool)
 	}
 
 	before := pool.DeepCopy()
@@ -102,19 +118,9 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		if !observed {
 			return // a status from nothing read would say no node matches
 		}
-		pool.Status = ComputePoolStatus(pool, obs)
-		if equality.Semantic.DeepEqual(before.Status, pool.Status) {
-			return
+		if err := r.patchStatus(ctx, before, pool, obs); err != nil {
+			retErr = errors.Join(retErr, err)
 		}
-		// The certificate controller writes its condition beside these: the lock makes the later writer read
-		// again instead of dropping the other's.
-		if err := r.Status().Patch(ctx, pool, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-			if !apierrors.IsNotFound(err) {
-				retErr = errors.Join(retErr, fmt.Errorf("patching status of pool %s: %w", req, err))
-			}
-			return
-		}
-		record(r.Recorder, pool, "Reconcile", poolEvents(before.Status, pool.Status))
 	}()
 
 	if err := r.observe(ctx, pool, &obs); err != nil {
@@ -143,6 +149,85 @@ func (r *TransferPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	// Heartbeats age without any event (renewals that change nothing are filtered out), so look again when
 	// the first fresh one expires.
 	return ctrl.Result{RequeueAfter: PoolRequeueAfter(pool, obs)}, nil
+}
+
+// patchStatus writes the status computed from obs, only what changed. The certificate controller writes its
+// condition beside these: the merge patch carries the pool's resourceVersion, so a patch from a copy that
+// lacks the other's latest write is refused instead of dropping it. Refused, the pool is read again from the
+// API server and the status computed on that copy is patched once more: a conflict is someone else's write
+// to merge with, not a failure to back off from.
+func (r *TransferPoolReconciler) patchStatus(ctx context.Context, before, pool *fxv1.TransferPool, obs PoolObservation) error {
+	key := client.ObjectKeyFromObject(pool)
+	for attempt := 1; ; attempt++ {
+		pool.Status = ComputePoolStatus(pool, obs)
+		if equality.Semantic.DeepEqual(before.Status, pool.Status) {
+			return nil
+		}
+		err := r.Status().Patch(ctx, pool, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+		switch {
+		case err == nil:
+			r.rememberWritten(pool)
+			record(r.Recorder, pool, "Reconcile", poolEvents(before.Status, pool.Status))
+			return nil
+		case apierrors.IsNotFound(err):
+			r.forgetWritten(key)
+			return nil
+		case !apierrors.IsConflict(err) || attempt > 1:
+			r.forgetWritten(key)
+			return fmt.Errorf("patching status of pool %s: %w", key, err)
+		}
+		fresh := &fxv1.TransferPool{}
+		if err := r.apiReader().Get(ctx, key, fresh); err != nil {
+			r.forgetWritten(key)
+			return client.IgnoreNotFound(fmt.Errorf("reading pool %s again after a conflicting write: %w", key, err))
+		}
+		if fresh.Generation != before.Generation || fresh.UID != before.UID || !fresh.DeletionTimestamp.IsZero() {
+			// A new spec, a new pool or a deletion: its own event brings the next reconcile; what was observed
+			// here was for the old one.
+			r.forgetWritten(key)
+			return nil
+		}
+		before, *pool = fresh.DeepCopy(), *fresh
+	}
+}
+
+func (r *TransferPoolReconciler) apiReader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
+}
+
+// newestOf is the cached pool, or this reconciler's own last write of it when the cache has not shown that
+// write yet (a later resourceVersion, of the same pool).
+func (r *TransferPoolReconciler) newestOf(cached *fxv1.TransferPool) *fxv1.TransferPool {
+	r.writtenMu.Lock()
+	defer r.writtenMu.Unlock()
+	key := client.ObjectKeyFromObject(cached)
+	w, ok := r.written[key]
+	if !ok {
+		return cached
+	}
+	if w.UID == cached.UID && newerVersion(w.ResourceVersion, cached.ResourceVersion) {
+		return w.DeepCopy()
+	}
+	delete(r.written, key) // the cache caught up (or the pool is another one)
+	return cached
+}
+
+func (r *TransferPoolReconciler) rememberWritten(pool *fxv1.TransferPool) {
+	r.writtenMu.Lock()
+	defer r.writtenMu.Unlock()
+	if r.written == nil {
+		r.written = map[types.NamespacedName]*fxv1.TransferPool{}
+	}
+	r.written[client.ObjectKeyFromObject(pool)] = pool.DeepCopy()
+}
+
+func (r *TransferPoolReconciler) forgetWritten(key types.NamespacedName) {
+	r.writtenMu.Lock()
+	defer r.writtenMu.Unlock()
+	delete(r.written, key)
 }
 
 func (r *TransferPoolReconciler) applyOwned(ctx context.Context, pool *fxv1.TransferPool) error {
@@ -272,6 +357,7 @@ func (r *TransferPoolReconciler) finalize(ctx context.Context, pool *fxv1.Transf
 		}
 	}
 	r.forgetApplied(client.ObjectKeyFromObject(pool))
+	r.forgetWritten(client.ObjectKeyFromObject(pool))
 	return setFinalizer(ctx, r.Client, pool, poolFinalizer, false)
 }
 

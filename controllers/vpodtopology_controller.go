@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
@@ -52,6 +53,7 @@ type VPodTopologyReconciler struct {
 	client.Client
 	Clock clock.PassiveClock
 	// Recorder records Events on domains (created, emptied, members joining and leaving); nil records none.
+	// SetupWithManager bounds the rate of its Events (eventBudget).
 	Recorder events.EventRecorder
 
 	// indexed is set by SetupWithManager: the cache has the field indexes a single domain's reconcile reads.
@@ -537,6 +539,9 @@ func batched(toRequests func(context.Context, client.Object) []reconcile.Request
 func (r *VPodTopologyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
+	}
+	if r.Recorder != nil {
+		r.Recorder = newEventBudget(r.Recorder, domainEventsPerSecond, domainEventBurst, r.Clock, domainEventsDropped(ctrlmetrics.Registry))
 	}
 	ctx := context.Background()
 	idx := mgr.GetFieldIndexer()

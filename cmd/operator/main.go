@@ -99,10 +99,11 @@ func run() error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 	pools := &controllers.TransferPoolReconciler{
-		Client:   mgr.GetClient(),
-		Scheme:   scheme,
-		Agent:    agent,
-		Recorder: mgr.GetEventRecorder(controllers.EventRecorderName),
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Scheme:    scheme,
+		Agent:     agent,
+		Recorder:  mgr.GetEventRecorder(controllers.EventRecorderName),
 	}
 	// The certificate controller runs either way: with issuing off it only lets go pools that carry its
 	// finalizer from a run that issued.

@@ -14,5 +14,8 @@
 // this program, not the operator) but each keeps its own heartbeat period and writes its TransferNode and
 // renews its heartbeat Lease through agent/nodesync, exactly as the agent binary does, with a detection report
 // that stands for an 8-GPU, 8-NIC node in a scale-up domain. The agents' requests are counted by verb and
-// resource (Leases beside TransferNode writes).
+// resource (Leases beside TransferNode writes). Beside the convergence it prints the operator's own controller
+// metrics before and after the last first report (reconcile times, queue waits, errors, retries, status
+// codes), every client's writes, the agents' failed rounds by cause, and when its own watch of the reports
+// delivered them, so a slow run says whether the operator was busy, backing off, or waiting for its input.
 package main

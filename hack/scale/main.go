@@ -221,6 +221,8 @@ type agentSim struct {
 	rep      *nodesync.Reporter
 	firstOK  atomic.Int64 // UnixNano of the first successful report; 0 until then
 	failures atomic.Int64
+	// failedBy counts the failed rounds by why they failed (failureKind), shared by every agent.
+	failedBy *failureCount
 }
 
 func (s *agentSim) firstReported() bool { return s.firstOK.Load() != 0 }
@@ -247,6 +249,16 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		if _, err := watch.GetInformer(ctx, obj); err != nil {
 			return fmt.Errorf("watching %T: %w", obj, err)
 		}
+	}
+	// The reports too, through a watch like the operator's: when a watcher on this machine first saw each
+	// node's report, so a slow operator can be told from a watch that delivers late.
+	seen := &reportsSeen{}
+	tnInformer, err := watch.GetInformer(ctx, &v1alpha1.TransferNode{})
+	if err != nil {
+		return fmt.Errorf("watching TransferNodes: %w", err)
+	}
+	if _, err := tnInformer.AddEventHandler(seen.handler()); err != nil {
+		return fmt.Errorf("watching TransferNodes: %w", err)
 	}
 	syncCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -293,17 +305,30 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		return s
 	}
 	cpu0 := cpu()
+	queues := func() (queueSnapshot, bool) {
+		if o.operatorMetrics == "" {
+			return queueSnapshot{}, false
+		}
+		q, err := scrapeQueues(ctx, o.operatorMetrics)
+		if err != nil {
+			fmt.Printf("operator queues: %v\n", err)
+			return queueSnapshot{}, false
+		}
+		return q, true
+	}
+	queuesCreated, okCreated := queues()
 	if err := agents.Create(ctx, pool); err != nil {
 		return fmt.Errorf("creating TransferPool %s/%s: %w", o.poolNamespace, o.poolName, err)
 	}
 	poolApplied := time.Now()
 
+	failedBy := &failureCount{}
 	sims := make([]*agentSim, o.nodes)
 	var running, firstDone sync.WaitGroup
 	firstDone.Add(o.nodes)
 	for i := range sims {
 		rep := syntheticReport(i)
-		sim := &agentSim{}
+		sim := &agentSim{failedBy: failedBy}
 		r, err := nodesync.New(nodesync.Config{
 			NodeName: nodeName(i), PoolNamespace: o.poolNamespace, PoolName: o.poolName, Period: o.heartbeat,
 			Identity: nodestatus.Identity{AgentVersion: "v0.1.0", Endpoint: fmt.Sprintf("10.%d.%d.%d:7470", 1+i/65536, (i/256)%256, i%256)},
@@ -342,6 +367,7 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 			lastFirst = t
 		}
 	}
+	fmt.Printf("observer watch: %s\n", seen.report(sims, lastFirst))
 	var (
 		converged time.Time
 		detail    string
@@ -354,9 +380,18 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		fmt.Printf("NOT every agent reported: %v\n", convErr)
 	} else {
 		fmt.Printf("all %d agents reported once; the last %.1f s after the pool was created\n", o.nodes, lastFirst.Sub(poolApplied).Seconds())
+		queuesFirst, okFirst := queues()
 		converged, detail, convErr = waitConverged(ctx, watch, o, expected, lastFirst.Add(o.timeout))
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if queuesDone, okDone := queues(); okCreated && okFirst && okDone {
+			for _, l := range queueReport(queuesCreated, queuesFirst) {
+				fmt.Printf("operator, pool created to last first report: %s\n", l)
+			}
+			for _, l := range queueReport(queuesFirst, queuesDone) {
+				fmt.Printf("operator, last first report to converged: %s\n", l)
+			}
 		}
 	}
 	convergeS := math.Max(0, converged.Sub(lastFirst).Seconds())
@@ -399,6 +434,9 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		failures += s.failures.Load()
 	}
 	fmt.Printf("agent report rounds that failed: %d\n", failures)
+	if failures > 0 {
+		fmt.Printf("agent report rounds that failed, by cause: %s\n", failedBy.String())
+	}
 	var since []string
 	for _, r := range agentRequests.byKind() {
 		since = append(since, fmt.Sprintf("%s: %.0f", r.labels["kind"], r.value))
@@ -425,6 +463,13 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 			return err
 		}
 		fmt.Printf("operator log: %d error lines\n", n)
+		kinds, err := errorKinds(o.operatorLog, 5)
+		if err != nil {
+			return err
+		}
+		for _, k := range kinds {
+			fmt.Printf("  %s\n", k)
+		}
 	}
 	if convErr != nil {
 		fmt.Printf("did not converge %d nodes (%s), operator RSS %.0f MiB, API %.1f req/s\n", o.nodes, detail, rssMiB, rate)
@@ -450,6 +495,7 @@ func (s *agentSim) afterRound(firstDone *sync.WaitGroup) func(error) {
 	return func(err error) {
 		if err != nil {
 			s.failures.Add(1)
+			s.failedBy.add(failureKind(err))
 		} else if s.firstOK.CompareAndSwap(0, time.Now().UnixNano()) {
 			firstDone.Done()
 		}
@@ -475,7 +521,7 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 		names[v1alpha1.DomainObjectName(k)] = d.nodes
 	}
 	detail := "nothing observed yet"
-	lastProgress := time.Now()
+	var lastProgress time.Time // the first line shows what the last first report left to do
 	began := time.Now()
 	var poolReady, vpodsComplete time.Time
 	opRate := operatorRate{url: o.operatorMetrics, at: time.Now()}
@@ -489,10 +535,17 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 		if err := watch.List(ctx, &vps); err != nil {
 			return time.Time{}, detail, fmt.Errorf("listing vPODs from the watch cache: %w", err)
 		}
-		complete := 0
+		complete, short, missing := 0, 0, 0
 		for _, vp := range vps.Items {
-			if want, ok := names[vp.Name]; ok && int(vp.Status.Nodes) == want && len(vp.Status.MissingMembers) == 0 {
+			want, ok := names[vp.Name]
+			switch {
+			case !ok:
+			case int(vp.Status.Nodes) == want && len(vp.Status.MissingMembers) == 0:
 				complete++
+			case len(vp.Status.MissingMembers) > 0:
+				missing++
+			default:
+				short++
 			}
 		}
 		ready := pool.Status.ReadyNodes == int32(o.nodes) && pool.Status.DesiredNodes == int32(o.nodes)
@@ -507,8 +560,11 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 			return time.Now(), fmt.Sprintf("%s; pool ready %.2f s, vPODs complete %.2f s after waiting began", detail,
 				poolReady.Sub(began).Seconds(), vpodsComplete.Sub(began).Seconds()), nil
 		}
-		if time.Since(lastProgress) >= 10*time.Second {
-			fmt.Printf("  waiting: %s%s\n", detail, opRate.next(ctx))
+		if time.Since(lastProgress) >= 5*time.Second {
+			// Why not yet: vPODs listing fewer members than the layout has, or naming stale members; the pool's
+			// first not-ready nodes.
+			fmt.Printf("  waiting: %s (%d vPODs short of members, %d with stale members; pool not ready: %v; %d vPODs exist)%s\n",
+				detail, short, missing, firstOf(pool.Status.NotReadyNodes, 3), len(vps.Items), opRate.next(ctx))
 			lastProgress = time.Now()
 		}
 		if time.Now().After(deadline) {
@@ -615,6 +671,22 @@ func printOperatorWrites(before, after []sample) {
 		fmt.Printf("operator writes (API server latency, pool created to converged): %s n=%.0f p50 %s p90 %s p99 %s\n",
 			l.kind, l.count, ms(l.p50), ms(l.p90), ms(l.p99))
 	}
+	// Every client's writes, so the operator's share of what the API server did is seen (agents' reports and
+	// Leases, Events, the controller manager's).
+	all := histogramQuantiles(before, after, func(l map[string]string) bool {
+		switch l["verb"] {
+		case "POST", "PUT", "PATCH", "APPLY", "DELETE":
+			return true
+		}
+		return false
+	}, "verb", "resource", "subresource")
+	parts := make([]string, 0, len(all))
+	total := 0.0
+	for _, l := range all {
+		total += l.count
+		parts = append(parts, fmt.Sprintf("%s n=%.0f p50 %s", l.kind, l.count, ms(l.p50)))
+	}
+	fmt.Printf("all writes (API server, pool created to converged): %.0f: %s\n", total, strings.Join(parts, "; "))
 }
 
 // steadyState measures request rates over the window: the API server's apiserver_request_total (every client,
@@ -718,4 +790,9 @@ func printVPodSlices(ctx context.Context, cs kubernetes.Interface, domains int) 
 	}
 	fmt.Printf("vPOD ResourceSlices: %d for %d scale-up domains, %d devices\n", slices, domains, devices)
 	return nil
+}
+
+// firstOf is at most the first n of names.
+func firstOf(names []string, n int) []string {
+	return names[:min(n, len(names))]
 }
