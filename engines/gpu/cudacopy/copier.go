@@ -127,8 +127,7 @@ type Copier struct {
 	slots    *gpushare.Staging[*slot]
 	resident *gpushare.Resident[*slot]
 
-	evMu   sync.Mutex
-	events [2][]cuda.Event // idle events: [0] without timing, [1] with
+	events gpushare.Events[cuda.Event] // idle completion events
 
 	// With Options.TimeDevice: a mapped pinned word the stream waits on before
 	// each timed submission, raised once the submission is queued.
@@ -142,33 +141,10 @@ type Copier struct {
 // getEvent reuses an idle event (creating one costs a driver round trip per
 // submission); the Copier's context must be current.
 func (c *Copier) getEvent(timing bool) (cuda.Event, error) {
-	k := 0
-	if timing {
-		k = 1
-	}
-	c.evMu.Lock()
-	if n := len(c.events[k]); n > 0 {
-		ev := c.events[k][n-1]
-		c.events[k] = c.events[k][:n-1]
-		c.evMu.Unlock()
+	if ev, ok := c.events.Get(timing); ok {
 		return ev, nil
 	}
-	c.evMu.Unlock()
 	return c.drv.EventCreate(timing)
-}
-
-// putEvent returns a completed (or never recorded) event to the pool.
-func (c *Copier) putEvent(ev cuda.Event, timing bool) {
-	if ev == 0 {
-		return
-	}
-	k := 0
-	if timing {
-		k = 1
-	}
-	c.evMu.Lock()
-	c.events[k] = append(c.events[k], ev)
-	c.evMu.Unlock()
 }
 
 // NewCopier opens ordinal's primary context, creates a stream and loads the
@@ -657,8 +633,8 @@ func (c *Copier) LaunchContiguous(dst, src, n uint64) error {
 }
 
 func (c *Copier) release(p *Pending) {
-	c.putEvent(p.start, true)
-	c.putEvent(p.event, c.opts.TimeDevice)
+	c.events.Put(p.start, true)
+	c.events.Put(p.event, c.opts.TimeDevice)
 	if p.slot != nil {
 		c.slots.Put(p.slot)
 	}
@@ -678,14 +654,7 @@ func (c *Copier) Close() error {
 		if c.gate != nil {
 			errs = append(errs, c.gate.Close())
 		}
-		c.evMu.Lock()
-		for _, evs := range c.events {
-			for _, ev := range evs {
-				errs = append(errs, c.drv.EventDestroy(ev))
-			}
-		}
-		c.events = [2][]cuda.Event{}
-		c.evMu.Unlock()
+		errs = append(errs, c.events.Destroy(c.drv.EventDestroy)...)
 		if c.kernels != nil {
 			errs = append(errs, c.drv.ModuleUnload(c.kernels.module))
 		}
