@@ -79,20 +79,8 @@ func NewBackend(drv *cuda.Driver, opts Options) (*Backend, error) {
 		return p, err
 	}
 	b.ids.drop = func(p uintptr) error { return b.inSomeContext(func() error { return drv.MemFreeHost(p) }) }
-	n, err := drv.DeviceCount()
-	if err != nil {
-		return nil, fmt.Errorf("counting CUDA devices: %w", err)
-	}
-	for i := 0; i < n; i++ {
-		dev, err := drv.DeviceGet(i)
-		if err != nil {
-			return nil, err
-		}
-		bus, err := drv.DevicePCIBusID(dev)
-		if err != nil {
-			return nil, err
-		}
-		b.reg.Add(bus, i)
+	if err := b.reg.Enumerate(); err != nil {
+		return nil, err
 	}
 	return b, nil
 }
@@ -130,10 +118,6 @@ func (b *Backend) Mode(ordinal int) (Mode, string, error) {
 	return c.Mode(), c.Reason(), nil
 }
 
-func isNVIDIAGPU(d *engines.MemoryDesc) bool {
-	return d.Location.Kind == engines.LocationGPU && d.Location.Vendor == engines.VendorNVIDIA
-}
-
 // Claims implements xgmi.Backend.
 func (b *Backend) Claims(src, dst *engines.MemoryDesc) (bool, string) { return b.reg.Claims(src, dst) }
 
@@ -143,7 +127,7 @@ func (b *Backend) Claims(src, dst *engines.MemoryDesc) (bool, string) { return b
 // pinned when the driver allows, so kernels can address it.
 func (b *Backend) Register(ctx context.Context, d engines.MemoryDesc) (engines.MemoryDesc, error) {
 	switch {
-	case isNVIDIAGPU(&d):
+	case b.reg.Owns(&d):
 		m, out, err := b.registerGPU(ctx, d)
 		if err != nil {
 			return d, err

@@ -5,7 +5,6 @@ package hipcopy
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -52,21 +51,9 @@ func NewBackend(rt *hip.Runtime, opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	n, err := rt.DeviceCount()
-	if err != nil {
-		return nil, fmt.Errorf("counting HIP devices: %w", err)
-	}
 	b := newBackend(rt, opts)
-	for i := 0; i < n; i++ {
-		dev, err := rt.DeviceGet(i)
-		if err != nil {
-			return nil, err
-		}
-		bus, err := rt.DevicePCIBusID(dev)
-		if err != nil {
-			return nil, err
-		}
-		b.reg.Add(bus, i)
+	if err := b.reg.Enumerate(); err != nil {
+		return nil, err
 	}
 	return b, nil
 }
@@ -95,10 +82,6 @@ func (b *Backend) Mode(ordinal int) (Mode, string, error) {
 		return "", "", err
 	}
 	return c.Mode(), c.Reason(), nil
-}
-
-func isAMDGPU(d *engines.MemoryDesc) bool {
-	return d.Location.Kind == engines.LocationGPU && d.Location.Vendor == engines.VendorAMD
 }
 
 // Claims implements xgmi.Backend.

@@ -20,7 +20,7 @@ import (
 // pinned when the runtime allows, so hipMemcpyAsync moves it without staging.
 func (b *Backend) Register(_ context.Context, d engines.MemoryDesc) (engines.MemoryDesc, error) {
 	switch {
-	case isAMDGPU(&d):
+	case b.reg.Owns(&d):
 		m, out, err := b.registerGPU(d)
 		if err != nil {
 			return d, err

@@ -22,7 +22,9 @@ import (
 // its primary context; HIP: the thread's device) and enabling peer access. Each backend implements it on a
 // small unexported type; none of it is on the copy path (Copier.Submit, Pending.Wait), which stays concrete.
 type Runtime[C Closer, D any] interface {
+	DeviceCount() (int, error)
 	DeviceGet(ordinal int) (D, error)
+	DevicePCIBusID(dev D) (string, error)
 	CanAccessPeer(dev, peer D) (bool, error)
 	// NewCopier sets up GPU ordinal's copier (context or device, stream, kernels); the Registry's lock is
 	// held, so it must not call back into the Registry.
@@ -75,6 +77,31 @@ func NewRegistry[C Closer, D any](rt Runtime[C, D], name, runtime string, vendor
 		copiers: map[int]C{}, regions: map[engines.MemoryID]*Region{}, peers: map[[2]int]error{}}
 	r.segs.New = func() any { return new([]scatter.Segment) }
 	return r
+}
+
+// Enumerate records every device the runtime shows under its PCI address.
+func (r *Registry[C, D]) Enumerate() error {
+	n, err := r.rt.DeviceCount()
+	if err != nil {
+		return fmt.Errorf("counting %s devices: %w", r.Runtime, err)
+	}
+	for i := 0; i < n; i++ {
+		dev, err := r.rt.DeviceGet(i)
+		if err != nil {
+			return err
+		}
+		bus, err := r.rt.DevicePCIBusID(dev)
+		if err != nil {
+			return err
+		}
+		r.Add(bus, i)
+	}
+	return nil
+}
+
+// Owns reports whether d is GPU memory of the backend's vendor.
+func (r *Registry[C, D]) Owns(d *engines.MemoryDesc) bool {
+	return d.Location.Kind == engines.LocationGPU && d.Location.Vendor == r.vendor
 }
 
 // Copier is GPU ordinal's copier, set up on first use.

@@ -6,6 +6,7 @@ package gpushare
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,11 @@ type fakeRuntime struct {
 	made, closed, peerCalls, current int
 }
 
+func (f *fakeRuntime) DeviceCount() (int, error)          { return 3, nil }
 func (f *fakeRuntime) DeviceGet(ordinal int) (int, error) { return ordinal, nil }
+func (f *fakeRuntime) DevicePCIBusID(dev int) (string, error) {
+	return fmt.Sprintf("0000:%02X:00.0", 0x0a+dev), nil
+}
 func (f *fakeRuntime) CanAccessPeer(dev, peer int) (bool, error) {
 	f.peerCalls++
 	return dev != 2 && peer != 2, nil
@@ -45,14 +50,21 @@ func (f *fakeRuntime) EnablePeer(from, to int, _, _ int) error { return nil }
 func newFake() (*Registry[*fakeCopier, int], *fakeRuntime) {
 	rt := &fakeRuntime{current: -1}
 	r := NewRegistry[*fakeCopier, int](rt, "cuda", "CUDA", engines.VendorNVIDIA, "NVLink")
-	for i, bus := range []string{"0000:0a:00.0", "0000:0b:00.0", "0000:0c:00.0"} {
-		r.Add(bus, i)
+	if err := r.Enumerate(); err != nil {
+		panic(err)
 	}
 	return r, rt
 }
 
 func TestRegistryCopierOncePerGPU(t *testing.T) {
 	r, rt := newFake()
+	if n, err := r.Of(engines.Location{BusID: "0000:0b:00.0"}); err != nil || n != 1 || r.Count() != 3 {
+		t.Fatalf("enumerated %d devices; 0000:0b:00.0 is %d (%v), want 1", r.Count(), n, err)
+	}
+	if !r.Owns(&engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationGPU, Vendor: engines.VendorNVIDIA}}) ||
+		r.Owns(&engines.MemoryDesc{Location: engines.Location{Kind: engines.LocationGPU, Vendor: engines.VendorAMD}}) {
+		t.Error("Owns must take the backend's vendor's GPU memory only")
+	}
 	a, _ := r.Copier(1)
 	b, _ := r.Copier(1)
 	if a != b || rt.made != 1 {
