@@ -535,34 +535,14 @@ func (c *Copier) launchStaged(p *Pending, st staged) error {
 }
 
 // launch queues the scatter kernel over descriptors already in place; the
-// flat kernel also copies them to keep (device memory) unless it is 0.
+// flat kernel also copies them to keep (device memory) unless it is 0. One
+// launch is at most one full wave of resident blocks.
 func (c *Copier) launch(layout scatter.Layout, descs, keep uint64) error {
-	count := uint32(layout.Pieces)
-	if layout.Flat16 {
-		// One block per run of pieces, at most one full wave of resident blocks.
-		per := uint32(layout.PieceSize / 16)
-		runs := (uint64(layout.Pieces) + uint64(scatter.FlatChunk(per, threadsPerBlock)) - 1) / uint64(scatter.FlatChunk(per, threadsPerBlock))
-		cfg := cuda.LaunchConfig{GridX: uint32(min(runs, uint64(c.sms*blocksPerSM))), BlockX: threadsPerBlock, Stream: c.stream}
-		if layout.Packed {
-			return c.drv.Launch(c.kernels.packed, cfg, []unsafe.Pointer{
-				unsafe.Pointer(&layout.SrcBase), unsafe.Pointer(&layout.DstBase), unsafe.Pointer(&descs),
-				unsafe.Pointer(&count), unsafe.Pointer(&per), unsafe.Pointer(&layout.Unit),
-				unsafe.Pointer(&layout.SrcBits), unsafe.Pointer(&layout.DstBits), unsafe.Pointer(&keep)})
-		}
-		total := uint32(uint64(layout.Pieces) * uint64(per))
-		return c.drv.Launch(c.kernels.flat16, cfg, []unsafe.Pointer{
-			unsafe.Pointer(&layout.SrcBase), unsafe.Pointer(&layout.DstBase), unsafe.Pointer(&descs),
-			unsafe.Pointer(&total), unsafe.Pointer(&per), unsafe.Pointer(&layout.Shift), unsafe.Pointer(&keep)})
-	}
-	blocks := min((layout.Pieces+warpsPerBlock-1)/warpsPerBlock, c.sms*blocksPerSM)
-	cfg := cuda.LaunchConfig{GridX: uint32(blocks), BlockX: threadsPerBlock, Stream: c.stream}
-	if layout.Uniform {
-		size := layout.PieceSize
-		return c.drv.Launch(c.kernels.uniform, cfg, []unsafe.Pointer{
-			unsafe.Pointer(&layout.SrcBase), unsafe.Pointer(&layout.DstBase), unsafe.Pointer(&descs),
-			unsafe.Pointer(&count), unsafe.Pointer(&size), unsafe.Pointer(&layout.Shift)})
-	}
-	return c.drv.Launch(c.kernels.general, cfg, []unsafe.Pointer{unsafe.Pointer(&descs), unsafe.Pointer(&count)})
+	kind, grid := scatter.Shape(layout, threadsPerBlock, warpsPerBlock, uint64(c.sms*blocksPerSM))
+	cfg := cuda.LaunchConfig{GridX: grid, BlockX: threadsPerBlock, Stream: c.stream}
+	var args scatter.Args
+	ptrs, n := args.Pointers(kind, layout, descs, keep)
+	return c.drv.Launch(c.kernels.byKind(kind), cfg, ptrs[:n])
 }
 
 // Prepared is a descriptor set placed once and launchable many times, for

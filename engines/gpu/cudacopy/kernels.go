@@ -11,6 +11,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/gpushare"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/scatter"
 	"github.com/fabricxfer/fabricxfer/native/kernels"
 )
 
@@ -107,4 +108,17 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 		}
 	}
 	return k, nil
+}
+
+// byKind is the scatter kernel of kind.
+func (k *Kernels) byKind(kind scatter.Kernel) cuda.Function {
+	switch kind {
+	case scatter.KernelFlat16:
+		return k.flat16
+	case scatter.KernelPacked:
+		return k.packed
+	case scatter.KernelUniform:
+		return k.uniform
+	}
+	return k.general
 }

@@ -30,7 +30,9 @@ type runtime struct {
 	opts Options
 }
 
-func (r runtime) NewCopier(ordinal int) (*Copier, error) { return NewCopier(r.Runtime, ordinal, r.opts) }
+func (r runtime) NewCopier(ordinal int) (*Copier, error) {
+	return NewCopier(r.Runtime, ordinal, r.opts)
+}
 
 func (r runtime) InOrdinal(ordinal int, fn func() error) error {
 	dev, err := r.DeviceGet(ordinal)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/engines/gpu/hip"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/gpushare"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/scatter"
 	"github.com/fabricxfer/fabricxfer/native/kernels"
 )
 
@@ -110,4 +111,17 @@ func LoadKernels(rt *hip.Runtime, rtc *hip.RTC, arch, cacheDir string) (*Kernels
 		}
 	}
 	return k, nil
+}
+
+// byKind is the scatter kernel of kind.
+func (k *Kernels) byKind(kind scatter.Kernel) hip.Function {
+	switch kind {
+	case scatter.KernelFlat16:
+		return k.flat16
+	case scatter.KernelPacked:
+		return k.packed
+	case scatter.KernelUniform:
+		return k.uniform
+	}
+	return k.general
 }

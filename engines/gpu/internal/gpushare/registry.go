@@ -237,7 +237,9 @@ func (r *Registry[C, D]) Accessors(owner int) []D {
 }
 
 // InOrdinal runs fn with GPU ordinal current, restoring the caller's state.
-func (r *Registry[C, D]) InOrdinal(ordinal int, fn func() error) error { return r.rt.InOrdinal(ordinal, fn) }
+func (r *Registry[C, D]) InOrdinal(ordinal int, fn func() error) error {
+	return r.rt.InOrdinal(ordinal, fn)
+}
 
 // MapGPU maps GPU memory d into this process on GPU m.Ordinal by the first handle it has, with that GPU
 // current: its pointer (memory of this process), a VMM fd or a legacy IPC handle.
@@ -281,7 +283,9 @@ func HostAddr(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
 
 // ExportedFD wraps a VMM fd the runtime exported for region id: it travels with the descriptor and is closed
 // with the region.
-func ExportedFD(fd int, id engines.MemoryID) *os.File { return os.NewFile(uintptr(fd), "vmm:"+string(id)) }
+func ExportedFD(fd int, id engines.MemoryID) *os.File {
+	return os.NewFile(uintptr(fd), "vmm:"+string(id))
+}
 
 // IPC is the legacy IPC mapping of a runtime: H its 64-byte handle, P its device pointer.
 type IPC[H ~[64]byte, P ~uint64] interface {
@@ -401,7 +405,9 @@ func (r *Registry[C, D]) Close() error {
 const WaitAfterCancel = 30 * time.Second
 
 // Waiter is a submitted copy.
-type Waiter interface{ Wait(ctx context.Context) error }
+type Waiter interface {
+	Wait(ctx context.Context) error
+}
 
 // WaitStopped waits for p; when ctx ends first it still waits (for up to WaitAfterCancel) for the GPU to stop.
 func WaitStopped[P Waiter](ctx context.Context, p P) error {
