@@ -62,15 +62,11 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 		return nil, fmt.Errorf("reading the GPU architecture: %w", err)
 	}
 	k := &Kernels{Arch: arch}
-	var image []byte
 	var cachePath string
 	if cacheDir != "" {
 		cachePath = filepath.Join(cacheDir, cacheKey(arch, drv.Version()))
-		if b, err := os.ReadFile(cachePath); err == nil && len(b) > 0 {
-			image, k.Origin = b, "cache"
-		}
 	}
-	if image == nil {
+	image, origin, cached, err := gpushare.CachedImage(cachePath, "nvrtc", func() ([]byte, error) {
 		if nvrtc == nil {
 			return nil, errors.New("no compiled copy kernels: NVRTC is not available and no cached image for " + arch)
 		}
@@ -78,15 +74,12 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 		if err != nil {
 			return nil, fmt.Errorf("compiling the copy kernels for %s with NVRTC %s: %w", arch, nvrtc.Version(), err)
 		}
-		image, k.Origin = out.Image, "nvrtc"
-		if cachePath != "" {
-			if err := gpushare.WriteFileAtomic(cachePath, image); err == nil {
-				k.CachePath = cachePath
-			}
-		}
-	} else {
-		k.CachePath = cachePath
+		return out.Image, nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	k.Origin, k.CachePath = origin, cached
 	if k.module, err = drv.ModuleLoadData(image); err != nil {
 		if k.Origin == "cache" {
 			// A damaged cache entry must not disable the kernels: drop it and compile.

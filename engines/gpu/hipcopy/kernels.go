@@ -49,30 +49,28 @@ func cacheKey(arch string, runtimeVersion int) string {
 // needed when arch is given; arch "" compiles for the current device and is
 // never cached (the name would not say which target it holds).
 func CompileImage(rtc *hip.RTC, arch string, runtimeVersion int, cacheDir string) (Image, error) {
-	img := Image{Arch: arch}
+	var path string
 	if cacheDir != "" && arch != "" {
-		img.CachePath = filepath.Join(cacheDir, cacheKey(arch, runtimeVersion))
-		if b, err := os.ReadFile(img.CachePath); err == nil && len(b) > 0 {
-			img.Code, img.Origin = b, "cache"
-			return img, nil
+		path = filepath.Join(cacheDir, cacheKey(arch, runtimeVersion))
+	}
+	code, origin, cached, err := gpushare.CachedImage(path, "hiprtc", func() ([]byte, error) {
+		if rtc == nil {
+			return nil, errors.New("no compiled copy kernels: hipRTC is not available and no cached code object for " + archName(arch))
 		}
-	}
-	if rtc == nil {
-		return Image{}, errors.New("no compiled copy kernels: hipRTC is not available and no cached code object for " + archName(arch))
-	}
-	opts := []string{"-O3"}
-	if arch != "" {
-		opts = append(opts, hip.ArchOption(arch))
-	}
-	out, err := rtc.Compile(kernels.HIP, "fxcopy.hip", opts)
+		opts := []string{"-O3"}
+		if arch != "" {
+			opts = append(opts, hip.ArchOption(arch))
+		}
+		out, err := rtc.Compile(kernels.HIP, "fxcopy.hip", opts)
+		if err != nil {
+			return nil, fmt.Errorf("compiling the copy kernels for %s with hipRTC %s: %w", archName(arch), rtc.Version(), err)
+		}
+		return out.Code, nil
+	})
 	if err != nil {
-		return Image{}, fmt.Errorf("compiling the copy kernels for %s with hipRTC %s: %w", archName(arch), rtc.Version(), err)
+		return Image{}, err
 	}
-	img.Code, img.Origin = out.Code, "hiprtc"
-	if img.CachePath != "" && gpushare.WriteFileAtomic(img.CachePath, img.Code) != nil {
-		img.CachePath = "" // a read-only cache only costs a compile per start
-	}
-	return img, nil
+	return Image{Code: code, Origin: origin, Arch: arch, CachePath: cached}, nil
 }
 
 func archName(arch string) string {
