@@ -257,7 +257,7 @@ func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
 	}
 	if b.opts.Observe != nil {
 		defer func() {
-			if p.Done() && p.err == nil {
+			if p.Done() && p.end.Err() == nil {
 				b.opts.Observe(CopyStats{Ordinal: ord, Segments: len(segs), Bytes: w.Plan.Bytes, Mode: c.Mode(),
 					Device: p.DeviceTime(), Host: time.Since(start), Queueing: p.queueing})
 			}
@@ -363,8 +363,8 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (xgmi.S
 			if !p.Done() {
 				return false, nil
 			}
-			if p.err != nil && perr == nil {
-				perr = p.err
+			if err := p.end.Err(); err != nil && perr == nil {
+				perr = err
 			}
 		}
 		return true, perr

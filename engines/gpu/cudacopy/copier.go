@@ -352,7 +352,8 @@ func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dst
 // submitLocked queues one submission: stage (when set) writes the kernel's descriptors, which may be kept in
 // device memory when resident is set; big go to the copy engine and driver go as driver copies. c.mu is held.
 func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot, uint64, error), resident bool, driver, big []Segment, route Route) (*Pending, error) {
-	p := &Pending{c: c, done: make(chan struct{}), bytes: nbytes}
+	p := &Pending{c: c, bytes: nbytes}
+	p.end.Start()
 	err := c.drv.WithContextKept(c.ctx, func() error {
 		// Host work first (descriptors), so a device timing covers only the GPU.
 		var st staged

@@ -119,7 +119,7 @@ func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
 	}
 	if b.opts.Observe != nil {
 		defer func() {
-			if p.Done() && p.err == nil {
+			if p.Done() && p.end.Err() == nil {
 				b.opts.Observe(CopyStats{Ordinal: ord, Segments: len(segs), Bytes: w.Plan.Bytes, Mode: c.Mode(),
 					Device: p.DeviceTime(), Host: time.Since(start)})
 			}

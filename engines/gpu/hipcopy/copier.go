@@ -118,7 +118,8 @@ func (c *Copier) Submit(segs []Segment, route Route) (*Pending, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	p := &Pending{c: c, done: make(chan struct{})}
+	p := &Pending{c: c}
+	p.end.Start()
 	var largest uint64
 	for _, s := range segs {
 		p.bytes += s.Size
