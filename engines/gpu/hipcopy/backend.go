@@ -93,15 +93,7 @@ func (b *Backend) Claims(src, dst *engines.MemoryDesc) (bool, string) { return b
 // on the source GPU's stream (the destination's when the source is host
 // memory); pushing over XGMI keeps the reads local.
 func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
-	ms, md, ok := b.reg.Pair(w.Src.ID, w.Dst.ID)
-	if !ok {
-		return b.reg.NotMapped()
-	}
-	ord := ms.Ordinal
-	if ord < 0 {
-		ord = md.Ordinal
-	}
-	c, err := b.copier(ord)
+	ms, md, ord, c, err := b.reg.CopierFor(w.Src.ID, w.Dst.ID)
 	if err != nil {
 		return err
 	}

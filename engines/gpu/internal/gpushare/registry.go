@@ -146,6 +146,21 @@ func (r *Registry[C, D]) Pair(src, dst engines.MemoryID) (ms, md *Region, ok boo
 	return ms, md, okS && okD
 }
 
+// CopierFor looks up a pair of regions and the copier of the GPU that runs copies between them: the
+// source's, the destination's when the source is host memory (pushing over a GPU link keeps the reads local).
+func (r *Registry[C, D]) CopierFor(src, dst engines.MemoryID) (ms, md *Region, ord int, c C, err error) {
+	ms, md, ok := r.Pair(src, dst)
+	if !ok {
+		return nil, nil, 0, c, r.NotMapped()
+	}
+	ord = ms.Ordinal
+	if ord < 0 {
+		ord = md.Ordinal
+	}
+	c, err = r.Copier(ord)
+	return ms, md, ord, c, err
+}
+
 // NotMapped is the error of a copy between regions Pair does not know.
 func (r *Registry[C, D]) NotMapped() error {
 	return fmt.Errorf("%w: region not mapped by the %s backend", engines.ErrUnknownMemory, r.name)
