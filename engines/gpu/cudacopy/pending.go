@@ -6,7 +6,6 @@ package cudacopy
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,7 +22,6 @@ type Pending struct {
 	resident  *gpushare.ResidentSet[*slot] // kept descriptors the launch read or wrote
 	reused    bool                         // the launch read kept descriptors
 	end       gpushare.Completion
-	watchOnce sync.Once
 	bytes     uint64        // what the submission moves
 	queued    time.Time     // when it was queued
 	timedFrom time.Time     // when the device timing's start was queued
@@ -93,7 +91,7 @@ func (p *Pending) Wait(ctx context.Context) error {
 	started := p.queued // the copy runs from here, or once the copy before it ended
 	if prev := p.prev.Load(); prev != nil {
 		if err := prev.follow(ctx); err != nil {
-			p.watchOnce.Do(func() { go p.watch() })
+			p.end.WatchOnce.Do(func() { go p.watch() })
 			return fmt.Errorf("waiting for a GPU copy: %w", err)
 		}
 		p.prev.Store(nil)
@@ -115,7 +113,7 @@ func (p *Pending) Wait(ctx context.Context) error {
 		p.finish(qerr)
 		return p.end.Err()
 	}
-	p.watchOnce.Do(func() { go p.watch() })
+	p.end.WatchOnce.Do(func() { go p.watch() })
 	return p.end.Block(ctx)
 }
 

@@ -5,7 +5,6 @@ package hipcopy
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines/gpu/hip"
@@ -16,14 +15,13 @@ import (
 // queried and awaited without a current device, so waiting never touches the
 // calling thread's device.
 type Pending struct {
-	c         *Copier
-	start     hip.Event // with Options.TimeDevice
-	event     hip.Event
-	slot      *slot
-	end       gpushare.Completion
-	watchOnce sync.Once
-	bytes     uint64    // what the submission moves
-	queued    time.Time // when it was queued
+	c      *Copier
+	start  hip.Event // with Options.TimeDevice
+	event  hip.Event
+	slot   *slot
+	end    gpushare.Completion
+	bytes  uint64    // what the submission moves
+	queued time.Time // when it was queued
 }
 
 // DeviceTime is the GPU time of the copy (Options.TimeDevice; 0 otherwise or before Done).
@@ -67,7 +65,7 @@ func (p *Pending) Wait(ctx context.Context) error {
 		p.finish(err)
 		return p.end.Err()
 	}
-	p.watchOnce.Do(func() { go p.watch() })
+	p.end.WatchOnce.Do(func() { go p.watch() })
 	return p.end.Block(ctx)
 }
 

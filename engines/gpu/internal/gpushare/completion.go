@@ -15,10 +15,13 @@ import (
 // the end is seen (which event, in which context, after which earlier copy) stays with each backend's Pending.
 // A Pending holds it by value: starting one allocates only its channel.
 type Completion struct {
-	once sync.Once
 	done chan struct{}
 	err  error
 	gpu  time.Duration
+	once sync.Once
+	// WatchOnce starts the backend's watcher thread at most once per copy. It sits beside once so that the
+	// two pack without padding: a Pending stays in the allocation size class it had.
+	WatchOnce sync.Once
 }
 
 // Start readies c for a new submission.
