@@ -15,7 +15,10 @@ type fakePending struct {
 	calls int
 }
 
-func (p *fakePending) ended(err error) (error, time.Duration) { p.calls++; return err, time.Millisecond }
+func (p *fakePending) ended(err error) (error, time.Duration) {
+	p.calls++
+	return err, time.Millisecond
+}
 
 func TestCompletionEndsOnce(t *testing.T) {
 	p := &fakePending{}
