@@ -543,7 +543,7 @@ func (c *Copier) launch(layout scatter.Layout, descs, keep uint64) error {
 	cfg := cuda.LaunchConfig{GridX: grid, BlockX: threadsPerBlock, Stream: c.stream}
 	var args scatter.Args
 	ptrs, n := args.Pointers(kind, layout, descs, keep)
-	return c.drv.Launch(c.kernels.byKind(kind), cfg, ptrs[:n])
+	return c.drv.Launch(c.kernels.copy.ByKind(kind), cfg, ptrs[:n])
 }
 
 // Prepared is a descriptor set placed once and launchable many times, for
@@ -610,7 +610,7 @@ func (c *Copier) LaunchContiguous(dst, src, n uint64) error {
 	}
 	blocks := min(int((n+threadsPerBlock*64-1)/(threadsPerBlock*64)), c.sms*8)
 	cfg := cuda.LaunchConfig{GridX: uint32(max(blocks, 1)), BlockX: threadsPerBlock, Stream: c.stream}
-	return c.drv.Launch(c.kernels.contig, cfg, []unsafe.Pointer{unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&n)})
+	return c.drv.Launch(c.kernels.copy.Contig, cfg, []unsafe.Pointer{unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&n)})
 }
 
 func (c *Copier) release(p *Pending) {

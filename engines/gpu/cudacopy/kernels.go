@@ -11,18 +11,13 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/gpushare"
-	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/scatter"
 	"github.com/fabricxfer/fabricxfer/native/kernels"
 )
 
 // Kernels are the copy kernels loaded into one context.
 type Kernels struct {
-	module  cuda.Module
-	contig  cuda.Function
-	general cuda.Function
-	uniform cuda.Function
-	flat16  cuda.Function
-	packed  cuda.Function
+	module cuda.Module
+	copy   gpushare.CopyKernels[cuda.Function]
 	// Block lists checked on the GPU (fx_blocks_check, fx_blocks16).
 	blocksCheck, blocks16 cuda.Function
 	// Origin says where the image came from: "nvrtc" (compiled now) or "cache".
@@ -90,28 +85,17 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 		}
 		return nil, fmt.Errorf("loading the copy kernels: %w", err)
 	}
-	for _, f := range []struct {
-		dst  *cuda.Function
-		name string
-	}{{&k.contig, kernels.ContigCopy}, {&k.general, kernels.ScatterGeneral}, {&k.uniform, kernels.ScatterUniform}, {&k.flat16, kernels.ScatterFlat16},
-		{&k.packed, kernels.ScatterPacked}, {&k.blocksCheck, kernels.BlocksCheck}, {&k.blocks16, kernels.BlocksCopy16}} {
-		if *f.dst, err = drv.ModuleFunction(k.module, f.name); err != nil {
-			_ = drv.ModuleUnload(k.module)
-			return nil, err
-		}
+	get := func(name string) (cuda.Function, error) { return drv.ModuleFunction(k.module, name) }
+	err = k.copy.Lookup(get)
+	if err == nil {
+		k.blocksCheck, err = get(kernels.BlocksCheck)
+	}
+	if err == nil {
+		k.blocks16, err = get(kernels.BlocksCopy16)
+	}
+	if err != nil {
+		_ = drv.ModuleUnload(k.module)
+		return nil, err
 	}
 	return k, nil
-}
-
-// byKind is the scatter kernel of kind.
-func (k *Kernels) byKind(kind scatter.Kernel) cuda.Function {
-	switch kind {
-	case scatter.KernelFlat16:
-		return k.flat16
-	case scatter.KernelPacked:
-		return k.packed
-	case scatter.KernelUniform:
-		return k.uniform
-	}
-	return k.general
 }

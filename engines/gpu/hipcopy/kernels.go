@@ -11,18 +11,13 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/engines/gpu/hip"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/gpushare"
-	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/scatter"
 	"github.com/fabricxfer/fabricxfer/native/kernels"
 )
 
 // Kernels are the copy kernels loaded onto one device.
 type Kernels struct {
-	module  hip.Module
-	contig  hip.Function
-	general hip.Function
-	uniform hip.Function
-	flat16  hip.Function
-	packed  hip.Function
+	module hip.Module
+	copy   gpushare.CopyKernels[hip.Function]
 	Image
 }
 
@@ -98,28 +93,9 @@ func LoadKernels(rt *hip.Runtime, rtc *hip.RTC, arch, cacheDir string) (*Kernels
 		}
 		return nil, fmt.Errorf("loading the copy kernels for %s: %w", archName(arch), err)
 	}
-	for _, f := range []struct {
-		dst  *hip.Function
-		name string
-	}{{&k.contig, kernels.ContigCopy}, {&k.general, kernels.ScatterGeneral}, {&k.uniform, kernels.ScatterUniform}, {&k.flat16, kernels.ScatterFlat16},
-		{&k.packed, kernels.ScatterPacked}} {
-		if *f.dst, err = rt.ModuleFunction(k.module, f.name); err != nil {
-			_ = rt.ModuleUnload(k.module)
-			return nil, err
-		}
+	if err := k.copy.Lookup(func(name string) (hip.Function, error) { return rt.ModuleFunction(k.module, name) }); err != nil {
+		_ = rt.ModuleUnload(k.module)
+		return nil, err
 	}
 	return k, nil
-}
-
-// byKind is the scatter kernel of kind.
-func (k *Kernels) byKind(kind scatter.Kernel) hip.Function {
-	switch kind {
-	case scatter.KernelFlat16:
-		return k.flat16
-	case scatter.KernelPacked:
-		return k.packed
-	case scatter.KernelUniform:
-		return k.uniform
-	}
-	return k.general
 }

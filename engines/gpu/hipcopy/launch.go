@@ -34,5 +34,5 @@ func (c *Copier) launch(l scatter.Layout, descs uint64) error {
 	cfg := hip.LaunchConfig{GridX: grid, BlockX: threadsPerBlock, Stream: c.stream}
 	var args scatter.Args
 	ptrs, n := args.Pointers(kind, l, descs, 0)
-	return c.rt.Launch(c.kernels.byKind(kind), cfg, ptrs[:n])
+	return c.rt.Launch(c.kernels.copy.ByKind(kind), cfg, ptrs[:n])
 }
