@@ -6,6 +6,8 @@ package cuda
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/dynlib"
 )
 
 // DeviceCount is the number of CUDA devices visible to this process.
@@ -28,7 +30,7 @@ func (d *Driver) DeviceName(dev Device) (string, error) {
 	if err := d.call("cuDeviceGetName", d.f.deviceGetName, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), uintptr(dev)); err != nil {
 		return "", err
 	}
-	return cString(buf), nil
+	return dynlib.CString(buf), nil
 }
 
 // DevicePCIBusID is dev's PCI address, e.g. "0000:00:06.0".
@@ -37,16 +39,7 @@ func (d *Driver) DevicePCIBusID(dev Device) (string, error) {
 	if err := d.call("cuDeviceGetPCIBusId", d.f.deviceGetPCIBusID, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), uintptr(dev)); err != nil {
 		return "", err
 	}
-	return cString(buf), nil
-}
-
-func cString(b []byte) string {
-	for i, c := range b {
-		if c == 0 {
-			return string(b[:i])
-		}
-	}
-	return string(b)
+	return dynlib.CString(buf), nil
 }
 
 // DeviceAttribute reads one CU_DEVICE_ATTRIBUTE_* value.

@@ -11,10 +11,15 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/dynlib"
 )
 
 // DefaultDriverLibraries are the sonames tried, in order, when Load is given none.
 var defaultDriverLibraries = []string{"libcuda.so.1", "libcuda.so"}
+
+// symbol is an entry point resolved at load.
+type symbol dynlib.Symbol
 
 // Result is a CUresult code.
 type Result int32
@@ -104,7 +109,7 @@ func Load(paths ...string) (*Driver, error) {
 	if len(paths) == 0 {
 		paths = defaultDriverLibraries
 	}
-	lib, path, err := openFirst(paths)
+	lib, path, err := dynlib.OpenFirst(paths)
 	if err != nil {
 		return nil, fmt.Errorf("no CUDA driver: %w", err)
 	}
@@ -123,23 +128,8 @@ func Load(paths ...string) (*Driver, error) {
 	return d, nil
 }
 
-func openFirst(paths []string) (uintptr, string, error) {
-	var errs []string
-	for _, p := range paths {
-		h, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
-		if err == nil {
-			return h, p, nil
-		}
-		errs = append(errs, err.Error())
-	}
-	return 0, "", errors.New(strings.Join(errs, "; "))
-}
-
 func (d *Driver) resolve() error {
-	required := []struct {
-		dst  *uintptr
-		name string
-	}{
+	required := []symbol{
 		{&d.f.init, "cuInit"}, {&d.f.driverGetVersion, "cuDriverGetVersion"},
 		{&d.f.getErrorName, "cuGetErrorName"},
 		{&d.f.deviceGet, "cuDeviceGet"}, {&d.f.deviceGetCount, "cuDeviceGetCount"},
@@ -182,16 +172,7 @@ func (d *Driver) resolve() error {
 		{&d.f.pointerGetAttribute, "cuPointerGetAttribute"},
 		{&d.f.memGetAddressRange, "cuMemGetAddressRange_v2"},
 	}
-	var missing []string
-	for _, s := range required {
-		p, err := purego.Dlsym(d.lib, s.name)
-		if err != nil || p == 0 {
-			missing = append(missing, s.name)
-			continue
-		}
-		*s.dst = p
-	}
-	if len(missing) > 0 {
+	if missing := dynlib.Resolve(d.lib, required); len(missing) > 0 {
 		return fmt.Errorf("driver lacks entry points %s", strings.Join(missing, ", "))
 	}
 	// dma-buf export (CUDA 11.7+) is optional: without it GPUDirect RDMA uses peer memory.
@@ -241,27 +222,13 @@ func (d *Driver) errorName(code Result) string {
 	if uint32(r) != 0 || p == 0 {
 		return ""
 	}
-	return goString(p)
-}
-
-// goString copies a NUL-terminated C string.
-func goString(p uintptr) string {
-	if p == 0 {
-		return ""
-	}
-	base := HostPointer(p)
-	for n := 0; n < 4096; n++ {
-		if *(*byte)(unsafe.Add(base, n)) == 0 {
-			return string(unsafe.Slice((*byte)(base), n))
-		}
-	}
-	return string(unsafe.Slice((*byte)(base), 4096))
+	return dynlib.GoString(p)
 }
 
 // HostPointer turns an address the driver returned (C memory, never the Go
 // heap) into a pointer Go code can read and write.
 func HostPointer(p uintptr) unsafe.Pointer {
-	return *(*unsafe.Pointer)(unsafe.Pointer(&p))
+	return dynlib.HostPointer(p)
 }
 
 // Path is the library that was opened.

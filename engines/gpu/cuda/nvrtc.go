@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/dynlib"
 )
 
 var defaultNVRTCLibraries = []string{"libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"}
@@ -31,31 +33,19 @@ func LoadNVRTC(paths ...string) (*NVRTC, error) {
 	if len(paths) == 0 {
 		paths = defaultNVRTCLibraries
 	}
-	lib, path, err := openFirst(paths)
+	lib, path, err := dynlib.OpenFirst(paths)
 	if err != nil {
 		return nil, fmt.Errorf("no NVRTC: %w", err)
 	}
 	n := &NVRTC{lib: lib, path: path}
-	syms := []struct {
-		dst  *uintptr
-		name string
-	}{
+	syms := []symbol{
 		{&n.f.version, "nvrtcVersion"}, {&n.f.getErrorString, "nvrtcGetErrorString"},
 		{&n.f.create, "nvrtcCreateProgram"}, {&n.f.destroy, "nvrtcDestroyProgram"},
 		{&n.f.compile, "nvrtcCompileProgram"}, {&n.f.logSize, "nvrtcGetProgramLogSize"},
 		{&n.f.log, "nvrtcGetProgramLog"}, {&n.f.cubinSize, "nvrtcGetCUBINSize"},
 		{&n.f.cubin, "nvrtcGetCUBIN"}, {&n.f.ptxSize, "nvrtcGetPTXSize"}, {&n.f.ptx, "nvrtcGetPTX"},
 	}
-	var missing []string
-	for _, s := range syms {
-		p, err := purego.Dlsym(lib, s.name)
-		if err != nil || p == 0 {
-			missing = append(missing, s.name)
-			continue
-		}
-		*s.dst = p
-	}
-	if len(missing) > 0 {
+	if missing := dynlib.Resolve(lib, syms); len(missing) > 0 {
 		return nil, fmt.Errorf("NVRTC %s lacks %s", path, strings.Join(missing, ", "))
 	}
 	var major, minor int32
@@ -81,7 +71,7 @@ func (n *NVRTC) call(op string, fn uintptr, args ...uintptr) error {
 	}
 	msg := ""
 	if p, _, _ := purego.SyscallN(n.f.getErrorString, uintptr(code)); p != 0 {
-		msg = goString(p)
+		msg = dynlib.GoString(p)
 	}
 	return fmt.Errorf("%s: %s (nvrtcResult %d)", op, msg, code)
 }
@@ -107,23 +97,10 @@ func (n *NVRTC) Compile(src, name string, options []string) (CompileOutput, erro
 
 	// The option strings must stay put while NVRTC reads them: keep them in
 	// one heap buffer and pass pointers into it.
-	var buf []byte
-	offs := make([]int, len(options))
-	for i, o := range options {
-		offs[i] = len(buf)
-		buf = append(buf, o...)
-		buf = append(buf, 0)
-	}
-	ptrs := make([]uintptr, len(options))
-	for i := range options {
-		ptrs[i] = uintptr(unsafe.Pointer(&buf[offs[i]]))
-	}
-	var optsPtr uintptr
-	if len(ptrs) > 0 {
-		optsPtr = uintptr(unsafe.Pointer(&ptrs[0]))
-	}
+	buf, ptrs, optsPtr := dynlib.Argv(options)
 	compileErr := n.call("nvrtcCompileProgram", n.f.compile, prog, uintptr(len(options)), optsPtr)
 	runtime.KeepAlive(buf)
+	runtime.KeepAlive(ptrs)
 	out := CompileOutput{Log: n.programLog(prog)}
 	if compileErr != nil {
 		return out, fmt.Errorf("%w: %s", compileErr, strings.TrimSpace(out.Log))
@@ -165,5 +142,5 @@ func (n *NVRTC) programLog(prog uintptr) string {
 	if err := n.call("nvrtcGetProgramLog", n.f.log, prog, uintptr(unsafe.Pointer(&b[0]))); err != nil {
 		return ""
 	}
-	return cString(b)
+	return dynlib.CString(b)
 }

@@ -9,9 +9,7 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
@@ -26,59 +24,63 @@ import (
 type Backend struct {
 	drv  *cuda.Driver
 	opts Options
-
-	mu      sync.Mutex
-	copiers map[int]*Copier // by CUDA ordinal
-	ords    gpushare.Ordinals
-	regions map[engines.MemoryID]*mapped
-	peers   map[[2]int]error // (from, to) ordinals → enabling peer access
-	segPool sync.Pool        // *[]Segment
-	ids     *idBuffers       // pinned block-id buffers (PinnedIDs)
+	reg  *gpushare.Registry[*Copier, cuda.Device] // copiers by CUDA ordinal, mapped regions, peer pairs
+	ids  *idBuffers                               // pinned block-id buffers (PinnedIDs)
 }
 
-// mapped is how this process reaches one registered region.
-type mapped struct {
-	ordinal int    // CUDA ordinal; -1 for host memory
-	addr    uint64 // address of the region's first byte, in this process
-	release func() error
-	// pinned host memory can be read by kernels; pageable host memory only by driver copies.
-	pinned bool
-	// refs counts the tcp engine's staged handles on the mapping (guarded by Backend.mu); when the same-node
-	// engine releases it while some remain, dropped is set and the last handle releases it.
-	refs    int
-	dropped bool
+// mapped is how this process reaches one registered region; pinned host memory can be read by kernels,
+// pageable host memory only by driver copies.
+type mapped = gpushare.Region
+
+// runtime is what the registry asks of the CUDA driver: each GPU runs in its primary context, which its
+// copier retains.
+type runtime struct {
+	*cuda.Driver
+	b *Backend
 }
 
-// waitAfterCancel bounds how long Copy waits for queued GPU work after its
-// context ended: a launched kernel cannot be recalled, and the contract says
-// Copy returns only once the hardware has stopped touching the memory.
-const waitAfterCancel = 30 * time.Second
+func (r runtime) NewCopier(ordinal int) (*Copier, error) {
+	c, err := NewCopier(r.Driver, ordinal, r.b.opts)
+	if err != nil {
+		return nil, err
+	}
+	c.ids = r.b.ids
+	return c, nil
+}
+
+func (r runtime) InOrdinal(ordinal int, fn func() error) error {
+	c, err := r.b.copier(ordinal)
+	if err != nil {
+		return err
+	}
+	return r.WithContext(c.Context(), fn)
+}
+
+// EnablePeer makes from's context able to address to's memory.
+func (r runtime) EnablePeer(from, to int, _, _ cuda.Device) error {
+	fc, err := r.b.copier(from)
+	if err != nil {
+		return err
+	}
+	tc, err := r.b.copier(to)
+	if err != nil {
+		return err
+	}
+	return r.WithContext(fc.Context(), func() error { return r.CtxEnablePeerAccess(tc.Context()) })
+}
 
 // NewBackend returns the CUDA backend; copiers are created per GPU on first use.
 func NewBackend(drv *cuda.Driver, opts Options) (*Backend, error) {
-	b := &Backend{drv: drv, opts: opts, copiers: map[int]*Copier{}, ords: gpushare.Ordinals{Runtime: "CUDA"},
-		regions: map[engines.MemoryID]*mapped{}, peers: map[[2]int]error{}}
-	b.segPool.New = func() any { return new([]Segment) }
+	b := &Backend{drv: drv, opts: opts}
+	b.reg = gpushare.NewRegistry[*Copier, cuda.Device](runtime{drv, b}, "cuda", "CUDA", engines.VendorNVIDIA, "NVLink")
 	b.ids = &idBuffers{bases: map[uintptr]bool{}}
 	b.ids.alloc = func(size uint64) (p uintptr, err error) {
 		err = b.inSomeContext(func() (err error) { p, err = drv.MemHostAlloc(size); return err })
 		return p, err
 	}
 	b.ids.drop = func(p uintptr) error { return b.inSomeContext(func() error { return drv.MemFreeHost(p) }) }
-	n, err := drv.DeviceCount()
-	if err != nil {
-		return nil, fmt.Errorf("counting CUDA devices: %w", err)
-	}
-	for i := 0; i < n; i++ {
-		dev, err := drv.DeviceGet(i)
-		if err != nil {
-			return nil, err
-		}
-		bus, err := drv.DevicePCIBusID(dev)
-		if err != nil {
-			return nil, err
-		}
-		b.ords.Add(bus, i)
+	if err := b.reg.Enumerate(); err != nil {
+		return nil, err
 	}
 	return b, nil
 }
@@ -91,35 +93,13 @@ func (b *Backend) Limits() engines.Limits {
 	return engines.Limits{MaxPlanSegments: 1 << 24, BlockPlans: true}
 }
 
-// ordinal maps a location to a CUDA ordinal.
-func (b *Backend) ordinal(loc engines.Location) (int, error) { return b.ords.Of(loc) }
-
-func (b *Backend) copier(ordinal int) (*Copier, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if c, ok := b.copiers[ordinal]; ok {
-		return c, nil
-	}
-	c, err := NewCopier(b.drv, ordinal, b.opts)
-	if err != nil {
-		return nil, err
-	}
-	c.ids = b.ids
-	b.copiers[ordinal] = c
-	return c, nil
-}
+func (b *Backend) copier(ordinal int) (*Copier, error) { return b.reg.Copier(ordinal) }
 
 // inSomeContext runs fn with the context of a GPU this backend has set up current (for pinned memory, which
 // every context reaches); errNoCopier when none is.
 func (b *Backend) inSomeContext(fn func() error) error {
-	b.mu.Lock()
-	var c *Copier
-	for _, k := range b.copiers {
-		c = k
-		break
-	}
-	b.mu.Unlock()
-	if c == nil {
+	c, ok := b.reg.AnyCopier()
+	if !ok {
 		return errNoCopier
 	}
 	return b.drv.WithContext(c.ctx, fn)
@@ -138,65 +118,8 @@ func (b *Backend) Mode(ordinal int) (Mode, string, error) {
 	return c.Mode(), c.Reason(), nil
 }
 
-func isNVIDIAGPU(d *engines.MemoryDesc) bool {
-	return d.Location.Kind == engines.LocationGPU && d.Location.Vendor == engines.VendorNVIDIA
-}
-
 // Claims implements xgmi.Backend.
-func (b *Backend) Claims(src, dst *engines.MemoryDesc) (bool, string) {
-	b.mu.Lock()
-	ms, okS := b.regions[src.ID]
-	md, okD := b.regions[dst.ID]
-	b.mu.Unlock()
-	s, d := gpushare.Side{Mapped: okS, Ordinal: -1}, gpushare.Side{Mapped: okD, Ordinal: -1}
-	if okS {
-		s.Ordinal = ms.ordinal
-	}
-	if okD {
-		d.Ordinal = md.ordinal
-	}
-	return gpushare.Claim(engines.VendorNVIDIA, src, dst, s, d, b.enablePeer)
-}
-
-// enablePeer makes from's context able to address to's memory (once).
-func (b *Backend) enablePeer(from, to int) error {
-	b.mu.Lock()
-	err, done := b.peers[[2]int{from, to}]
-	b.mu.Unlock()
-	if done {
-		return err
-	}
-	err = func() error {
-		fd, err := b.drv.DeviceGet(from)
-		if err != nil {
-			return err
-		}
-		td, err := b.drv.DeviceGet(to)
-		if err != nil {
-			return err
-		}
-		ok, err := b.drv.CanAccessPeer(fd, td)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return errors.New("no peer access between them (no NVLink or PCIe P2P)")
-		}
-		fc, err := b.copier(from)
-		if err != nil {
-			return err
-		}
-		tc, err := b.copier(to)
-		if err != nil {
-			return err
-		}
-		return b.drv.WithContext(fc.Context(), func() error { return b.drv.CtxEnablePeerAccess(tc.Context()) })
-	}()
-	b.mu.Lock()
-	b.peers[[2]int{from, to}] = err
-	b.mu.Unlock()
-	return err
-}
+func (b *Backend) Claims(src, dst *engines.MemoryDesc) (bool, string) { return b.reg.Claims(src, dst) }
 
 // Register implements xgmi.Backend: GPU memory is mapped into this process
 // (imported from a VMM fd or IPC handle when it belongs to another process)
@@ -204,34 +127,21 @@ func (b *Backend) enablePeer(from, to int) error {
 // pinned when the driver allows, so kernels can address it.
 func (b *Backend) Register(ctx context.Context, d engines.MemoryDesc) (engines.MemoryDesc, error) {
 	switch {
-	case isNVIDIAGPU(&d):
+	case b.reg.Owns(&d):
 		m, out, err := b.registerGPU(ctx, d)
 		if err != nil {
 			return d, err
 		}
-		b.mu.Lock()
-		b.regions[d.ID] = m
-		b.mu.Unlock()
+		b.reg.Put(d.ID, m)
 		return out, nil
 	case d.Location.Kind == engines.LocationHost && d.Handles.Host != nil:
-		m := &mapped{ordinal: -1, addr: uint64(uintptr(unsafe.Pointer(&d.Handles.Host[0])))}
-		// Pinning is an optimisation: memory the driver will not pin (already
-		// pinned elsewhere, limits) still moves, through driver copies.
-		if b.ords.Count() > 0 && b.withOrdinal(0, func() error { return b.drv.MemHostRegister(uintptr(m.addr), d.Size) }) == nil {
-			m.pinned = true
-			m.release = func() error {
-				return b.withOrdinal(0, func() error { return b.drv.MemHostUnregister(uintptr(m.addr)) })
-			}
-		}
-		b.mu.Lock()
-		b.regions[d.ID] = m
-		b.mu.Unlock()
+		b.reg.PutHost(&d, b.drv.MemHostRegister, b.drv.MemHostUnregister)
 	}
 	return d, nil
 }
 
 func (b *Backend) registerGPU(ctx context.Context, d engines.MemoryDesc) (*mapped, engines.MemoryDesc, error) {
-	ord, err := b.ordinal(d.Location)
+	ord, err := b.reg.Of(d.Location)
 	if err != nil {
 		return nil, d, err
 	}
@@ -239,20 +149,13 @@ func (b *Backend) registerGPU(ctx context.Context, d engines.MemoryDesc) (*mappe
 	if err != nil {
 		return nil, d, err
 	}
-	m := &mapped{ordinal: ord}
-	err = b.drv.WithContext(c.Context(), func() error {
-		switch {
-		case d.Handles.Ptr != 0:
-			return b.adoptPointer(c, m, &d)
-		case d.Handles.VMM != nil:
-			return b.importVMM(ctx, c, m, &d)
-		case len(d.Handles.IPC) == engines.IPCHandleSize:
-			return b.openIPC(m, &d)
-		}
-		return fmt.Errorf("GPU memory %s has no pointer, VMM fd or IPC handle", d.ID)
-	})
+	m := &mapped{Ordinal: ord}
+	err = b.reg.MapGPU(m, &d,
+		func() error { return b.adoptPointer(m, &d) },
+		func() error { return b.importVMM(ctx, c, m, &d) },
+		func() error { return gpushare.OpenIPC(b.reg, b.drv, m, &d) })
 	if err != nil {
-		return nil, d, fmt.Errorf("mapping %s on GPU %d: %w", d.ID, ord, err)
+		return nil, d, err
 	}
 	return m, d, nil
 }
@@ -260,26 +163,26 @@ func (b *Backend) registerGPU(ctx context.Context, d engines.MemoryDesc) (*mappe
 // adoptPointer checks that [Ptr, Ptr+Size) is device memory of this GPU inside
 // one allocation (an overrun on a GPU is silent corruption), and exports the
 // handles other processes need to reach it.
-func (b *Backend) adoptPointer(c *Copier, m *mapped, d *engines.MemoryDesc) error {
+func (b *Backend) adoptPointer(m *mapped, d *engines.MemoryDesc) error {
 	info, err := b.drv.PointerGetInfo(uint64(d.Handles.Ptr))
 	if err != nil {
 		return fmt.Errorf("pointer %#x is not GPU memory the driver knows: %w", d.Handles.Ptr, err)
 	}
-	if info.Type != cuda.MemoryTypeDevice || info.Ordinal != m.ordinal {
-		return fmt.Errorf("pointer %#x is memory type %d on device %d, not device memory of GPU %d", d.Handles.Ptr, info.Type, info.Ordinal, m.ordinal)
+	if info.Type != cuda.MemoryTypeDevice || info.Ordinal != m.Ordinal {
+		return fmt.Errorf("pointer %#x is memory type %d on device %d, not device memory of GPU %d", d.Handles.Ptr, info.Type, info.Ordinal, m.Ordinal)
 	}
 	start := uint64(d.Handles.Ptr)
 	if start+d.Size < start || start+d.Size > info.RangeStart+info.RangeSize {
 		return fmt.Errorf("region [%#x, +%d) runs past its allocation [%#x, +%d)", start, d.Size, info.RangeStart, info.RangeSize)
 	}
-	m.addr = start
+	m.Addr = start
 	types, err := b.drv.PointerHandleTypes(start)
 	if err == nil && types&cuda.HandleTypePosixFD != 0 && d.Handles.VMM == nil {
 		if h, base, size, err := b.drv.AllocationOf(cuda.DevicePtr(start)); err == nil {
 			if fd, err := b.drv.ExportPosixFD(h); err == nil {
-				f := newFile(fd, string(d.ID))
+				f := gpushare.ExportedFD(fd, d.ID)
 				d.Handles.VMM = &engines.VMMHandle{FDs: []*os.File{f}, Offset: start - uint64(base), AllocSize: size}
-				m.release = f.Close
+				m.Release = f.Close
 			}
 			_ = b.drv.MemRelease(h)
 		}
@@ -306,14 +209,12 @@ func (b *Backend) importVMM(ctx context.Context, c *Copier, m *mapped, d *engine
 	for i, f := range v.FDs {
 		fds[i] = int(f.Fd())
 	}
-	r, err := cuda.ImportRange(ctx, b.drv, fds, v.AllocSize, g, b.accessors(m.ordinal))
+	r, err := cuda.ImportRange(ctx, b.drv, fds, v.AllocSize, g, b.reg.Accessors(m.Ordinal))
 	if err != nil {
 		return err
 	}
-	m.addr = uint64(r.Ptr) + v.Offset
-	m.release = func() error {
-		return b.withOrdinal(m.ordinal, func() error { return r.Release(b.drv) })
-	}
+	m.Addr = uint64(r.Ptr) + v.Offset
+	b.reg.ReleaseIn(m, func() error { return r.Release(b.drv) })
 	return nil
 }
 
@@ -321,95 +222,24 @@ func (b *Backend) importVMM(ctx context.Context, c *Copier, m *mapped, d *engine
 // constant does not compile when they differ.
 const _ = uint(engines.MaxVMMAllocations-cuda.MaxRangeAllocations) + uint(cuda.MaxRangeAllocations-engines.MaxVMMAllocations)
 
-// accessors are the GPUs granted access to memory of GPU owner: itself and
-// every GPU with peer access to it.
-func (b *Backend) accessors(owner int) []cuda.Device {
-	od, _ := b.drv.DeviceGet(owner)
-	devs := []cuda.Device{od}
-	for i := range b.ords.Count() {
-		if i == owner {
-			continue
-		}
-		d, err := b.drv.DeviceGet(i)
-		if err != nil {
-			continue
-		}
-		if ok, err := b.drv.CanAccessPeer(d, od); err == nil && ok {
-			devs = append(devs, d)
-		}
-	}
-	return devs
-}
+func (b *Backend) withOrdinal(ord int, fn func() error) error { return b.reg.InOrdinal(ord, fn) }
 
-func (b *Backend) openIPC(m *mapped, d *engines.MemoryDesc) error {
-	var h cuda.IPCMemHandle
-	copy(h[:], d.Handles.IPC)
-	ptr, err := b.drv.IPCOpenMemHandle(h)
-	if err != nil {
-		return err
-	}
-	m.addr = uint64(ptr) + d.Handles.IPCOffset
-	m.release = func() error { return b.withOrdinal(m.ordinal, func() error { return b.drv.IPCCloseMemHandle(ptr) }) }
-	return nil
-}
-
-func (b *Backend) withOrdinal(ord int, fn func() error) error {
-	c, err := b.copier(ord)
-	if err != nil {
-		return err
-	}
-	return b.drv.WithContext(c.Context(), fn)
-}
-
-// Release implements xgmi.Backend.
-func (b *Backend) Release(_ context.Context, d *engines.MemoryDesc) error {
-	b.mu.Lock()
-	m, ok := b.regions[d.ID]
-	delete(b.regions, d.ID)
-	held := ok && m.refs > 0
-	if held {
-		m.dropped = true // the tcp engine still stages it: its last handle releases the mapping
-	}
-	b.mu.Unlock()
-	if !ok || held || m.release == nil {
-		return nil
-	}
-	if err := m.release(); err != nil {
-		return fmt.Errorf("releasing %s: %w", d.ID, err)
-	}
-	return nil
-}
+// Release implements xgmi.Backend; a region the tcp engine still stages is released by its last handle.
+func (b *Backend) Release(_ context.Context, d *engines.MemoryDesc) error { return b.reg.Release(d.ID) }
 
 // Copy implements xgmi.Backend: every segment of the plan in one submission
 // on the source GPU's stream (the destination's when the source is host
 // memory); pushing over NVLink keeps the reads local.
 func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
-	b.mu.Lock()
-	ms, okS := b.regions[w.Src.ID]
-	md, okD := b.regions[w.Dst.ID]
-	b.mu.Unlock()
-	if !okS || !okD {
-		return fmt.Errorf("%w: region not mapped by the cuda backend", engines.ErrUnknownMemory)
-	}
-	ord := ms.ordinal
-	if ord < 0 {
-		ord = md.ordinal
-	}
-	c, err := b.copier(ord)
+	ms, md, ord, c, err := b.reg.CopierFor(w.Src.ID, w.Dst.ID)
 	if err != nil {
 		return err
 	}
-	// The segment list is recycled: a plan of many small blocks would
-	// otherwise allocate (and collect) hundreds of kilobytes per copy.
-	buf := b.segPool.Get().(*[]Segment)
-	defer b.segPool.Put(buf)
-	segs := (*buf)[:0]
-	for _, s := range engines.SegmentsOf(w.Plan) {
-		segs = append(segs, Segment{Src: ms.addr + s.SrcOffset, Dst: md.addr + s.DstOffset, Size: s.Size})
-	}
-	*buf = segs
+	buf := b.reg.Segments(engines.SegmentsOf(w.Plan), ms.Addr, md.Addr)
+	defer b.reg.PutSegments(buf)
+	segs := *buf
 	route := RouteAuto
-	if (ms.ordinal < 0 && !ms.pinned) || (md.ordinal < 0 && !md.pinned) {
+	if !kernelReaches(ms) || !kernelReaches(md) {
 		route = RouteDriver
 	}
 	start := time.Now()
@@ -419,14 +249,17 @@ func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
 	}
 	if b.opts.Observe != nil {
 		defer func() {
-			if p.Done() && p.err == nil {
+			if p.Done() && p.end.Err() == nil {
 				b.opts.Observe(CopyStats{Ordinal: ord, Segments: len(segs), Bytes: w.Plan.Bytes, Mode: c.Mode(),
 					Device: p.DeviceTime(), Host: time.Since(start), Queueing: p.queueing})
 			}
 		}()
 	}
-	return waitPending(ctx, p)
+	return gpushare.WaitStopped(ctx, p)
 }
+
+// kernelReaches reports whether the copy kernels can address m: GPU memory and pinned host memory.
+func kernelReaches(m *mapped) bool { return m.Ordinal >= 0 || m.Pinned }
 
 // StartBlocks implements xgmi.BlockCopier: the block plans of one submission (every region pair of a KV
 // layout) go to each source GPU's stream as one launch whose descriptors come from the ids.
@@ -438,17 +271,17 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (xgmi.S
 	groups := map[int]*group{}
 	var order []int
 	var list *engines.BlockList
-	b.mu.Lock()
+	b.reg.Lock()
 	for _, w := range works {
-		ms, okS := b.regions[w.Src.ID]
-		md, okD := b.regions[w.Dst.ID]
+		ms, okS := b.reg.RegionLocked(w.Src.ID)
+		md, okD := b.reg.RegionLocked(w.Dst.ID)
 		if !okS || !okD {
-			b.mu.Unlock()
-			return xgmi.Started{}, fmt.Errorf("%w: region not mapped by the cuda backend", engines.ErrUnknownMemory)
+			b.reg.Unlock()
+			return xgmi.Started{}, b.reg.NotMapped()
 		}
-		if (ms.ordinal < 0 && !ms.pinned) || (md.ordinal < 0 && !md.pinned) || w.Plan.Blocks == nil ||
+		if !kernelReaches(ms) || !kernelReaches(md) || w.Plan.Blocks == nil ||
 			(list != nil && w.Plan.Blocks != list) {
-			b.mu.Unlock()
+			b.reg.Unlock()
 			if err := checkLists(works); err != nil {
 				return xgmi.Started{}, err
 			}
@@ -456,9 +289,9 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (xgmi.S
 			return xgmi.Started{Wait: func(ctx context.Context) error { return b.copyEach(ctx, works) }}, nil
 		}
 		list = w.Plan.Blocks
-		ord := ms.ordinal
+		ord := ms.Ordinal
 		if ord < 0 {
-			ord = md.ordinal
+			ord = md.Ordinal
 		}
 		g := groups[ord]
 		if g == nil {
@@ -466,10 +299,10 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (xgmi.S
 			groups[ord] = g
 			order = append(order, ord)
 		}
-		g.pairs = append(g.pairs, scatter.BlockBases{Src: ms.addr, Dst: md.addr})
+		g.pairs = append(g.pairs, scatter.BlockBases{Src: ms.Addr, Dst: md.Addr})
 		g.bytes += w.Plan.Bytes
 	}
-	b.mu.Unlock()
+	b.reg.Unlock()
 	copiers := make([]*Copier, len(order))
 	onDevice := list.Unchecked
 	for i, ord := range order {
@@ -505,7 +338,7 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (xgmi.S
 	wait := func(ctx context.Context) error {
 		var werr error
 		for _, p := range pend {
-			if e := waitPending(ctx, p); e != nil && werr == nil {
+			if e := gpushare.WaitStopped(ctx, p); e != nil && werr == nil {
 				werr = e
 			}
 		}
@@ -522,8 +355,8 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (xgmi.S
 			if !p.Done() {
 				return false, nil
 			}
-			if p.err != nil && perr == nil {
-				perr = p.err
+			if err := p.end.Err(); err != nil && perr == nil {
+				perr = err
 			}
 		}
 		return true, perr
@@ -549,16 +382,13 @@ func (b *Backend) ChecksBlocksAtRun(src, dst *engines.MemoryDesc, bs uint64, ids
 	if ids < minCheckedIDs {
 		return false
 	}
-	b.mu.Lock()
-	ms, okS := b.regions[src.ID]
-	md, okD := b.regions[dst.ID]
-	b.mu.Unlock()
-	if !okS || !okD || (ms.ordinal < 0 && !ms.pinned) || (md.ordinal < 0 && !md.pinned) || ms.addr%16 != 0 || md.addr%16 != 0 {
+	ms, md, ok := b.reg.Pair(src.ID, dst.ID)
+	if !ok || !kernelReaches(ms) || !kernelReaches(md) || ms.Addr%16 != 0 || md.Addr%16 != 0 {
 		return false
 	}
-	ord := ms.ordinal
+	ord := ms.Ordinal
 	if ord < 0 {
-		ord = md.ordinal
+		ord = md.Ordinal
 	}
 	if ord < 0 {
 		return false
@@ -578,38 +408,8 @@ func (b *Backend) copyEach(ctx context.Context, works []engines.Work) error {
 	return nil
 }
 
-// waitPending waits for p; when ctx ends first it still waits (bounded) for the GPU to stop.
-func waitPending(ctx context.Context, p *Pending) error {
-	if err := p.Wait(ctx); err != nil {
-		if ctx.Err() != nil {
-			wctx, cancel := context.WithTimeout(context.Background(), waitAfterCancel)
-			defer cancel()
-			if werr := p.Wait(wctx); werr != nil && wctx.Err() != nil {
-				return fmt.Errorf("%w; the GPU copy did not finish within %v afterwards", ctx.Err(), waitAfterCancel)
-			}
-			return ctx.Err()
-		}
-		return err
-	}
-	return nil
-}
-
 // Close releases every mapping and copier.
 func (b *Backend) Close() error {
-	errs := []error{b.ids.close()} // while a copier's context is still there to free them in
-	b.mu.Lock()
-	regions, copiers := b.regions, b.copiers
-	b.regions, b.copiers = map[engines.MemoryID]*mapped{}, map[int]*Copier{}
-	b.mu.Unlock()
-	for id, m := range regions {
-		if m.release != nil {
-			if err := m.release(); err != nil {
-				errs = append(errs, fmt.Errorf("releasing %s: %w", id, err))
-			}
-		}
-	}
-	for _, c := range copiers {
-		errs = append(errs, c.Close())
-	}
-	return errors.Join(errs...)
+	idsErr := b.ids.close() // while a copier's context is still there to free them in
+	return errors.Join(idsErr, b.reg.Close())
 }

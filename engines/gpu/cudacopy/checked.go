@@ -81,7 +81,8 @@ func (c *Copier) SubmitCheckedBlocks(pairs []scatter.BlockBases, bs uint64, srcI
 	pieces := uint64(len(pairs)) * uint64(n)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	p := &Pending{c: c, done: make(chan struct{}), bytes: pieces * bs}
+	p := &Pending{c: c, bytes: pieces * bs}
+	p.end.Start()
 	err := c.drv.WithContextKept(c.ctx, func() error {
 		if err := c.growScratch(uint64(n), uint64(dstBlocks)); err != nil {
 			return err

@@ -127,8 +127,7 @@ type Copier struct {
 	slots    *gpushare.Staging[*slot]
 	resident *gpushare.Resident[*slot]
 
-	evMu   sync.Mutex
-	events [2][]cuda.Event // idle events: [0] without timing, [1] with
+	events gpushare.Events[cuda.Event] // idle completion events
 
 	// With Options.TimeDevice: a mapped pinned word the stream waits on before
 	// each timed submission, raised once the submission is queued.
@@ -142,33 +141,10 @@ type Copier struct {
 // getEvent reuses an idle event (creating one costs a driver round trip per
 // submission); the Copier's context must be current.
 func (c *Copier) getEvent(timing bool) (cuda.Event, error) {
-	k := 0
-	if timing {
-		k = 1
-	}
-	c.evMu.Lock()
-	if n := len(c.events[k]); n > 0 {
-		ev := c.events[k][n-1]
-		c.events[k] = c.events[k][:n-1]
-		c.evMu.Unlock()
+	if ev, ok := c.events.Get(timing); ok {
 		return ev, nil
 	}
-	c.evMu.Unlock()
 	return c.drv.EventCreate(timing)
-}
-
-// putEvent returns a completed (or never recorded) event to the pool.
-func (c *Copier) putEvent(ev cuda.Event, timing bool) {
-	if ev == 0 {
-		return
-	}
-	k := 0
-	if timing {
-		k = 1
-	}
-	c.evMu.Lock()
-	c.events[k] = append(c.events[k], ev)
-	c.evMu.Unlock()
 }
 
 // NewCopier opens ordinal's primary context, creates a stream and loads the
@@ -376,7 +352,8 @@ func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dst
 // submitLocked queues one submission: stage (when set) writes the kernel's descriptors, which may be kept in
 // device memory when resident is set; big go to the copy engine and driver go as driver copies. c.mu is held.
 func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot, uint64, error), resident bool, driver, big []Segment, route Route) (*Pending, error) {
-	p := &Pending{c: c, done: make(chan struct{}), bytes: nbytes}
+	p := &Pending{c: c, bytes: nbytes}
+	p.end.Start()
 	err := c.drv.WithContextKept(c.ctx, func() error {
 		// Host work first (descriptors), so a device timing covers only the GPU.
 		var st staged
@@ -559,34 +536,14 @@ func (c *Copier) launchStaged(p *Pending, st staged) error {
 }
 
 // launch queues the scatter kernel over descriptors already in place; the
-// flat kernel also copies them to keep (device memory) unless it is 0.
+// flat kernel also copies them to keep (device memory) unless it is 0. One
+// launch is at most one full wave of resident blocks.
 func (c *Copier) launch(layout scatter.Layout, descs, keep uint64) error {
-	count := uint32(layout.Pieces)
-	if layout.Flat16 {
-		// One block per run of pieces, at most one full wave of resident blocks.
-		per := uint32(layout.PieceSize / 16)
-		runs := (uint64(layout.Pieces) + uint64(scatter.FlatChunk(per, threadsPerBlock)) - 1) / uint64(scatter.FlatChunk(per, threadsPerBlock))
-		cfg := cuda.LaunchConfig{GridX: uint32(min(runs, uint64(c.sms*blocksPerSM))), BlockX: threadsPerBlock, Stream: c.stream}
-		if layout.Packed {
-			return c.drv.Launch(c.kernels.packed, cfg, []unsafe.Pointer{
-				unsafe.Pointer(&layout.SrcBase), unsafe.Pointer(&layout.DstBase), unsafe.Pointer(&descs),
-				unsafe.Pointer(&count), unsafe.Pointer(&per), unsafe.Pointer(&layout.Unit),
-				unsafe.Pointer(&layout.SrcBits), unsafe.Pointer(&layout.DstBits), unsafe.Pointer(&keep)})
-		}
-		total := uint32(uint64(layout.Pieces) * uint64(per))
-		return c.drv.Launch(c.kernels.flat16, cfg, []unsafe.Pointer{
-			unsafe.Pointer(&layout.SrcBase), unsafe.Pointer(&layout.DstBase), unsafe.Pointer(&descs),
-			unsafe.Pointer(&total), unsafe.Pointer(&per), unsafe.Pointer(&layout.Shift), unsafe.Pointer(&keep)})
-	}
-	blocks := min((layout.Pieces+warpsPerBlock-1)/warpsPerBlock, c.sms*blocksPerSM)
-	cfg := cuda.LaunchConfig{GridX: uint32(blocks), BlockX: threadsPerBlock, Stream: c.stream}
-	if layout.Uniform {
-		size := layout.PieceSize
-		return c.drv.Launch(c.kernels.uniform, cfg, []unsafe.Pointer{
-			unsafe.Pointer(&layout.SrcBase), unsafe.Pointer(&layout.DstBase), unsafe.Pointer(&descs),
-			unsafe.Pointer(&count), unsafe.Pointer(&size), unsafe.Pointer(&layout.Shift)})
-	}
-	return c.drv.Launch(c.kernels.general, cfg, []unsafe.Pointer{unsafe.Pointer(&descs), unsafe.Pointer(&count)})
+	kind, grid := scatter.Shape(layout, threadsPerBlock, warpsPerBlock, uint64(c.sms*blocksPerSM))
+	cfg := cuda.LaunchConfig{GridX: grid, BlockX: threadsPerBlock, Stream: c.stream}
+	var args scatter.Args
+	ptrs, n := args.Pointers(kind, layout, descs, keep)
+	return c.drv.Launch(c.kernels.copy.ByKind(kind), cfg, ptrs[:n])
 }
 
 // Prepared is a descriptor set placed once and launchable many times, for
@@ -653,12 +610,12 @@ func (c *Copier) LaunchContiguous(dst, src, n uint64) error {
 	}
 	blocks := min(int((n+threadsPerBlock*64-1)/(threadsPerBlock*64)), c.sms*8)
 	cfg := cuda.LaunchConfig{GridX: uint32(max(blocks, 1)), BlockX: threadsPerBlock, Stream: c.stream}
-	return c.drv.Launch(c.kernels.contig, cfg, []unsafe.Pointer{unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&n)})
+	return c.drv.Launch(c.kernels.copy.Contig, cfg, []unsafe.Pointer{unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&n)})
 }
 
 func (c *Copier) release(p *Pending) {
-	c.putEvent(p.start, true)
-	c.putEvent(p.event, c.opts.TimeDevice)
+	c.events.Put(p.start, true)
+	c.events.Put(p.event, c.opts.TimeDevice)
 	if p.slot != nil {
 		c.slots.Put(p.slot)
 	}
@@ -678,14 +635,7 @@ func (c *Copier) Close() error {
 		if c.gate != nil {
 			errs = append(errs, c.gate.Close())
 		}
-		c.evMu.Lock()
-		for _, evs := range c.events {
-			for _, ev := range evs {
-				errs = append(errs, c.drv.EventDestroy(ev))
-			}
-		}
-		c.events = [2][]cuda.Event{}
-		c.evMu.Unlock()
+		errs = append(errs, c.events.Destroy(c.drv.EventDestroy)...)
 		if c.kernels != nil {
 			errs = append(errs, c.drv.ModuleUnload(c.kernels.module))
 		}

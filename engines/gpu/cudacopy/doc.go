@@ -9,4 +9,9 @@
 //
 // It is the CUDA backend of the xgmi engine; the engine plans, this package
 // executes plans on a device's stream and reports completion through events.
+// The bookkeeping it shares with the HIP backend (engines/gpu/hipcopy) lives in
+// engines/gpu/internal/gpushare and engines/gpu/internal/scatter; what is
+// CUDA's alone stays here: the copy path (Copier.Submit*, Pending.Wait), block
+// lists checked on the GPU, pinned id buffers, kept descriptor sets, timing
+// gates, batch copies and the tcp engine's stager.
 package cudacopy

@@ -16,12 +16,8 @@ import (
 
 // Kernels are the copy kernels loaded into one context.
 type Kernels struct {
-	module  cuda.Module
-	contig  cuda.Function
-	general cuda.Function
-	uniform cuda.Function
-	flat16  cuda.Function
-	packed  cuda.Function
+	module cuda.Module
+	copy   gpushare.CopyKernels[cuda.Function]
 	// Block lists checked on the GPU (fx_blocks_check, fx_blocks16).
 	blocksCheck, blocks16 cuda.Function
 	// Origin says where the image came from: "nvrtc" (compiled now) or "cache".
@@ -61,15 +57,11 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 		return nil, fmt.Errorf("reading the GPU architecture: %w", err)
 	}
 	k := &Kernels{Arch: arch}
-	var image []byte
 	var cachePath string
 	if cacheDir != "" {
 		cachePath = filepath.Join(cacheDir, cacheKey(arch, drv.Version()))
-		if b, err := os.ReadFile(cachePath); err == nil && len(b) > 0 {
-			image, k.Origin = b, "cache"
-		}
 	}
-	if image == nil {
+	image, origin, cached, err := gpushare.CachedImage(cachePath, "nvrtc", func() ([]byte, error) {
 		if nvrtc == nil {
 			return nil, errors.New("no compiled copy kernels: NVRTC is not available and no cached image for " + arch)
 		}
@@ -77,15 +69,12 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 		if err != nil {
 			return nil, fmt.Errorf("compiling the copy kernels for %s with NVRTC %s: %w", arch, nvrtc.Version(), err)
 		}
-		image, k.Origin = out.Image, "nvrtc"
-		if cachePath != "" {
-			if err := gpushare.WriteFileAtomic(cachePath, image); err == nil {
-				k.CachePath = cachePath
-			}
-		}
-	} else {
-		k.CachePath = cachePath
+		return out.Image, nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	k.Origin, k.CachePath = origin, cached
 	if k.module, err = drv.ModuleLoadData(image); err != nil {
 		if k.Origin == "cache" {
 			// A damaged cache entry must not disable the kernels: drop it and compile.
@@ -96,15 +85,17 @@ func LoadKernels(drv *cuda.Driver, nvrtc *cuda.NVRTC, dev cuda.Device, cacheDir 
 		}
 		return nil, fmt.Errorf("loading the copy kernels: %w", err)
 	}
-	for _, f := range []struct {
-		dst  *cuda.Function
-		name string
-	}{{&k.contig, kernels.ContigCopy}, {&k.general, kernels.ScatterGeneral}, {&k.uniform, kernels.ScatterUniform}, {&k.flat16, kernels.ScatterFlat16},
-		{&k.packed, kernels.ScatterPacked}, {&k.blocksCheck, kernels.BlocksCheck}, {&k.blocks16, kernels.BlocksCopy16}} {
-		if *f.dst, err = drv.ModuleFunction(k.module, f.name); err != nil {
-			_ = drv.ModuleUnload(k.module)
-			return nil, err
-		}
+	get := func(name string) (cuda.Function, error) { return drv.ModuleFunction(k.module, name) }
+	err = k.copy.Lookup(get)
+	if err == nil {
+		k.blocksCheck, err = get(kernels.BlocksCheck)
+	}
+	if err == nil {
+		k.blocks16, err = get(kernels.BlocksCopy16)
+	}
+	if err != nil {
+		_ = drv.ModuleUnload(k.module)
+		return nil, err
 	}
 	return k, nil
 }

@@ -29,27 +29,17 @@ const stageDriverMax = 4
 // Stage implements tcp.Stager. The mapping is held until the staged region is released, even when the
 // same-node engine lets go of it first (deregistration releases the engines in parallel).
 func (s *Stager) Stage(d engines.MemoryDesc) (tcp.StagedRegion, error) {
-	s.b.mu.Lock()
-	defer s.b.mu.Unlock()
-	m, ok := s.b.regions[d.ID]
-	switch {
-	case !ok:
-		return nil, fmt.Errorf("%s is not NVIDIA GPU memory the CUDA backend mapped", d.ID)
-	case m.ordinal < 0:
-		return nil, fmt.Errorf("%s is host memory, not GPU memory", d.ID)
+	m, c, err := s.b.reg.Hold(d.ID)
+	if err != nil {
+		return nil, err
 	}
-	c, ok := s.b.copiers[m.ordinal]
-	if !ok {
-		return nil, fmt.Errorf("%s: no copier on GPU %d", d.ID, m.ordinal)
-	}
-	m.refs++
 	return &stagedRegion{b: s.b, m: m, c: c, size: d.Size}, nil
 }
 
 // AllocPinned implements tcp.Stager: portable, device-mapped pinned memory, which kernels and copy engines of
 // every GPU reach at its host address.
 func (s *Stager) AllocPinned(n int) ([]byte, func() error, error) {
-	if s.b.ords.Count() == 0 {
+	if s.b.reg.Count() == 0 {
 		return nil, nil, fmt.Errorf("no CUDA device")
 	}
 	var p uintptr
@@ -88,9 +78,9 @@ func (r *stagedRegion) submit(buf []byte, segs []engines.Segment, toHost bool) (
 		if sg.Size == 0 || region > r.size || sg.Size > r.size-region || hostOff > uint64(len(buf)) || sg.Size > uint64(len(buf))-hostOff {
 			return nil, fmt.Errorf("%w: staging segment %+v outside the region (%d bytes) or buffer (%d bytes)", engines.ErrOutOfBounds, sg, r.size, len(buf))
 		}
-		out[i] = Segment{Src: r.m.addr + region, Dst: host + hostOff, Size: sg.Size}
+		out[i] = Segment{Src: r.m.Addr + region, Dst: host + hostOff, Size: sg.Size}
 		if !toHost {
-			out[i] = Segment{Src: host + hostOff, Dst: r.m.addr + region, Size: sg.Size}
+			out[i] = Segment{Src: host + hostOff, Dst: r.m.Addr + region, Size: sg.Size}
 		}
 	}
 	route := RouteAuto
@@ -116,15 +106,5 @@ func (r *stagedRegion) FromHost(buf []byte, segs []engines.Segment) (tcp.StageWa
 
 // Release implements tcp.StagedRegion: the mapping goes once neither engine holds it.
 func (r *stagedRegion) Release() error {
-	r.b.mu.Lock()
-	r.m.refs--
-	var rel func() error
-	if r.m.refs == 0 && r.m.dropped {
-		rel = r.m.release
-	}
-	r.b.mu.Unlock()
-	if rel != nil {
-		return rel()
-	}
-	return nil
+	return r.b.reg.Unhold(r.m)
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"runtime"
 	"unsafe"
+
+	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/dynlib"
 )
 
 // DeviceCount is the number of HIP devices visible to this process
@@ -30,7 +32,7 @@ func (r *Runtime) DeviceName(dev Device) (string, error) {
 	if err := r.call("hipDeviceGetName", r.f.deviceGetName, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), uintptr(dev)); err != nil {
 		return "", err
 	}
-	return cString(buf), nil
+	return dynlib.CString(buf), nil
 }
 
 // DevicePCIBusID is dev's PCI address, e.g. "0000:c1:00.0".
@@ -39,16 +41,7 @@ func (r *Runtime) DevicePCIBusID(dev Device) (string, error) {
 	if err := r.call("hipDeviceGetPCIBusId", r.f.deviceGetPCIBusID, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), uintptr(dev)); err != nil {
 		return "", err
 	}
-	return cString(buf), nil
-}
-
-func cString(b []byte) string {
-	for i, c := range b {
-		if c == 0 {
-			return string(b[:i])
-		}
-	}
-	return string(b)
+	return dynlib.CString(buf), nil
 }
 
 // DeviceAttribute reads one hipDeviceAttribute_t value (the Attr* constants).

@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/dynlib"
 )
 
 // defaultRTCLibraries are tried, in order, when LoadRTC is given no paths.
@@ -59,7 +61,7 @@ func LoadRTC(paths ...string) (*RTC, error) {
 			continue
 		}
 		n := &RTC{lib: lib, path: p}
-		missing := resolveSymbols(lib, []symbol{
+		missing := dynlib.Resolve(lib, []symbol{
 			{&n.f.version, "hiprtcVersion"}, {&n.f.getErrorString, "hiprtcGetErrorString"},
 			{&n.f.create, "hiprtcCreateProgram"}, {&n.f.destroy, "hiprtcDestroyProgram"},
 			{&n.f.compile, "hiprtcCompileProgram"}, {&n.f.logSize, "hiprtcGetProgramLogSize"},
@@ -114,7 +116,7 @@ func (n *RTC) call(op string, fn uintptr, args ...uintptr) error {
 	}
 	msg := ""
 	if p, _, _ := purego.SyscallN(n.f.getErrorString, uintptr(code)); p != 0 {
-		msg = goString(p)
+		msg = dynlib.GoString(p)
 	}
 	return &RTCError{Op: op, Code: code, Msg: msg}
 }
@@ -181,23 +183,10 @@ func (n *RTC) Compile(src, name string, options []string) (CompileOutput, error)
 
 	// The option strings must stay put while hipRTC reads them: keep them in
 	// one heap buffer and pass pointers into it.
-	var buf []byte
-	offs := make([]int, len(options))
-	for i, o := range options {
-		offs[i] = len(buf)
-		buf = append(buf, o...)
-		buf = append(buf, 0)
-	}
-	ptrs := make([]uintptr, len(options))
-	for i := range options {
-		ptrs[i] = uintptr(unsafe.Pointer(&buf[offs[i]]))
-	}
-	var optsPtr uintptr
-	if len(ptrs) > 0 {
-		optsPtr = uintptr(unsafe.Pointer(&ptrs[0]))
-	}
+	buf, ptrs, optsPtr := dynlib.Argv(options)
 	compileErr := n.call("hiprtcCompileProgram", n.f.compile, *prog, uintptr(len(options)), optsPtr)
 	runtime.KeepAlive(buf)
+	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(csrc)
 	runtime.KeepAlive(cname)
@@ -229,19 +218,19 @@ func (n *RTC) programLog(prog uintptr) string {
 	if err := n.call("hiprtcGetProgramLog", n.f.log, prog, uintptr(unsafe.Pointer(&b[0]))); err != nil {
 		return ""
 	}
-	return cString(b)
+	return dynlib.CString(b)
 }
 
 // comgrTargets asks the code object manager which ISAs it supports; names
 // look like "amdgcn-amd-amdhsa--gfx942" (amd_comgr.h: amd_comgr_get_isa_count,
 // amd_comgr_get_isa_name, both returning amd_comgr_status_t, 0 on success).
 func comgrTargets(paths []string) (map[string]bool, error) {
-	lib, path, err := openFirst(paths)
+	lib, path, err := dynlib.OpenFirst(paths)
 	if err != nil {
 		return nil, fmt.Errorf("cannot list hipRTC targets: %w", err)
 	}
 	var count, name uintptr
-	if missing := resolveSymbols(lib, []symbol{{&count, "amd_comgr_get_isa_count"}, {&name, "amd_comgr_get_isa_name"}}); len(missing) > 0 {
+	if missing := dynlib.Resolve(lib, []symbol{{&count, "amd_comgr_get_isa_count"}, {&name, "amd_comgr_get_isa_name"}}); len(missing) > 0 {
 		return nil, fmt.Errorf("cannot list hipRTC targets: %s lacks %s", path, strings.Join(missing, ", "))
 	}
 	var n uint64
@@ -254,7 +243,7 @@ func comgrTargets(paths []string) (map[string]bool, error) {
 		if st, _, _ := purego.SyscallN(name, uintptr(i), uintptr(unsafe.Pointer(&p))); uint32(st) != 0 {
 			return nil, fmt.Errorf("cannot list hipRTC targets: amd_comgr_get_isa_name(%d): status %d", i, uint32(st))
 		}
-		isa := goString(p)
+		isa := dynlib.GoString(p)
 		if i := strings.LastIndex(isa, "--"); i >= 0 {
 			isa = isa[i+2:]
 		}

@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/dynlib"
 )
 
 // defaultRuntimeLibraries are tried, in order, when Load is given no paths:
@@ -20,6 +22,9 @@ var defaultRuntimeLibraries = []string{
 	"libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5",
 	"/opt/rocm/lib/libamdhip64.so",
 }
+
+// symbol is an entry point resolved at load.
+type symbol dynlib.Symbol
 
 // Result is a hipError_t code (hip_runtime_api.h).
 type Result int32
@@ -105,7 +110,7 @@ func Load(paths ...string) (*Runtime, error) {
 	if len(paths) == 0 {
 		paths = defaultRuntimeLibraries
 	}
-	lib, path, err := openFirst(paths)
+	lib, path, err := dynlib.OpenFirst(paths)
 	if err != nil {
 		return nil, fmt.Errorf("HIP unavailable: %w", err)
 	}
@@ -126,37 +131,6 @@ func Load(paths ...string) (*Runtime, error) {
 	}
 	r.driverVersion = int(v)
 	return r, nil
-}
-
-func openFirst(paths []string) (uintptr, string, error) {
-	var errs []string
-	for _, p := range paths {
-		h, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
-		if err == nil {
-			return h, p, nil
-		}
-		errs = append(errs, err.Error())
-	}
-	return 0, "", errors.New(strings.Join(errs, "; "))
-}
-
-type symbol struct {
-	dst  *uintptr
-	name string
-}
-
-// resolveSymbols fills every dst and returns the names the library lacks.
-func resolveSymbols(lib uintptr, syms []symbol) []string {
-	var missing []string
-	for _, s := range syms {
-		p, err := purego.Dlsym(lib, s.name)
-		if err != nil || p == 0 {
-			missing = append(missing, s.name)
-			continue
-		}
-		*s.dst = p
-	}
-	return missing
 }
 
 func (r *Runtime) resolve() error {
@@ -187,11 +161,11 @@ func (r *Runtime) resolve() error {
 		{&f.ipcGetMemHandle, "hipIpcGetMemHandle"}, {&f.ipcOpenMemHandle, "hipIpcOpenMemHandle"},
 		{&f.ipcCloseMemHandle, "hipIpcCloseMemHandle"}, {&f.memGetAddressRange, "hipMemGetAddressRange"},
 	}
-	if missing := resolveSymbols(r.lib, required); len(missing) > 0 {
+	if missing := dynlib.Resolve(r.lib, required); len(missing) > 0 {
 		return fmt.Errorf("runtime lacks entry points %s", strings.Join(missing, ", "))
 	}
 	// The VMM subset is optional: without it, VMM calls fail with ErrSymbolNotFound.
-	_ = resolveSymbols(r.lib, []symbol{
+	_ = dynlib.Resolve(r.lib, []symbol{
 		{&f.memGetAllocationGranularity, "hipMemGetAllocationGranularity"},
 		{&f.memCreate, "hipMemCreate"}, {&f.memRelease, "hipMemRelease"},
 		{&f.memExport, "hipMemExportToShareableHandle"}, {&f.memImport, "hipMemImportFromShareableHandle"},
@@ -223,27 +197,13 @@ func (r *Runtime) errorName(code Result) string {
 	}
 	// hipGetErrorName returns a static string, "hipErrorUnknown" for codes it does not know.
 	p, _, _ := purego.SyscallN(r.f.getErrorName, uintptr(code))
-	return goString(p)
-}
-
-// goString copies a NUL-terminated C string (at most 4096 bytes).
-func goString(p uintptr) string {
-	if p == 0 {
-		return ""
-	}
-	base := HostPointer(p)
-	for n := 0; n < 4096; n++ {
-		if *(*byte)(unsafe.Add(base, n)) == 0 {
-			return string(unsafe.Slice((*byte)(base), n))
-		}
-	}
-	return string(unsafe.Slice((*byte)(base), 4096))
+	return dynlib.GoString(p)
 }
 
 // HostPointer turns an address the runtime returned (C memory, never the Go
 // heap) into a pointer Go code can read and write.
 func HostPointer(p uintptr) unsafe.Pointer {
-	return *(*unsafe.Pointer)(unsafe.Pointer(&p))
+	return dynlib.HostPointer(p)
 }
 
 // Path is the library that was opened.

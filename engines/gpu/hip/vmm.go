@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"unsafe"
+
+	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/dynlib"
 )
 
 // VMMAllocation is physical device memory from hipMemCreate mapped read-write
@@ -49,10 +51,7 @@ func (r *Runtime) Granularity(dev Device, handleTypes int) (uint64, error) {
 
 // RoundUp rounds size up to a multiple of granularity g (g a power of two).
 func RoundUp(size, g uint64) uint64 {
-	if g == 0 {
-		return size
-	}
-	return (size + g - 1) &^ (g - 1)
+	return dynlib.RoundUp(size, g)
 }
 
 // MemCreate creates physical memory on dev exportable as handleTypes.

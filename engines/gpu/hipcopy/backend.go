@@ -5,11 +5,7 @@ package hipcopy
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/hip"
@@ -22,26 +18,34 @@ import (
 type Backend struct {
 	rt   *hip.Runtime
 	opts Options
-
-	mu      sync.Mutex
-	copiers map[int]*Copier // by HIP ordinal
-	ords    gpushare.Ordinals
-	regions map[engines.MemoryID]*mapped
-	peers   map[[2]int]error // (from, to) ordinals → enabling peer access
-	segPool sync.Pool        // *[]Segment
+	reg  *gpushare.Registry[*Copier, hip.Device] // copiers by HIP ordinal, mapped regions, peer pairs
 }
 
 // mapped is how this process reaches one registered region.
-type mapped struct {
-	ordinal int    // HIP ordinal; -1 for host memory
-	addr    uint64 // address of the region's first byte, in this process
-	release func() error
+type mapped = gpushare.Region
+
+// runtime is what the registry asks of HIP: the current device is per thread, set around each call.
+type runtime struct {
+	*hip.Runtime
+	opts Options
 }
 
-// waitAfterCancel bounds how long Copy waits for queued GPU work after its
-// context ended: the contract says Copy returns only once the hardware has
-// stopped touching the memory.
-const waitAfterCancel = 30 * time.Second
+func (r runtime) NewCopier(ordinal int) (*Copier, error) {
+	return NewCopier(r.Runtime, ordinal, r.opts)
+}
+
+func (r runtime) InOrdinal(ordinal int, fn func() error) error {
+	dev, err := r.DeviceGet(ordinal)
+	if err != nil {
+		return err
+	}
+	return r.WithDevice(dev, fn)
+}
+
+// EnablePeer lets device fd address td's memory.
+func (r runtime) EnablePeer(_, _ int, fd, td hip.Device) error {
+	return r.WithDevice(fd, func() error { return r.EnablePeerAccess(td) })
+}
 
 // NewBackend returns the HIP backend; copiers are created per GPU on first use.
 func NewBackend(rt *hip.Runtime, opts Options) (*Backend, error) {
@@ -49,30 +53,16 @@ func NewBackend(rt *hip.Runtime, opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	n, err := rt.DeviceCount()
-	if err != nil {
-		return nil, fmt.Errorf("counting HIP devices: %w", err)
-	}
 	b := newBackend(rt, opts)
-	for i := 0; i < n; i++ {
-		dev, err := rt.DeviceGet(i)
-		if err != nil {
-			return nil, err
-		}
-		bus, err := rt.DevicePCIBusID(dev)
-		if err != nil {
-			return nil, err
-		}
-		b.ords.Add(bus, i)
+	if err := b.reg.Enumerate(); err != nil {
+		return nil, err
 	}
 	return b, nil
 }
 
 func newBackend(rt *hip.Runtime, opts Options) *Backend {
-	b := &Backend{rt: rt, opts: opts, copiers: map[int]*Copier{}, ords: gpushare.Ordinals{Runtime: "HIP"},
-		regions: map[engines.MemoryID]*mapped{}, peers: map[[2]int]error{}}
-	b.segPool.New = func() any { return new([]Segment) }
-	return b
+	return &Backend{rt: rt, opts: opts,
+		reg: gpushare.NewRegistry[*Copier, hip.Device](runtime{rt, opts}, "hip", "HIP", engines.VendorAMD, "XGMI link")}
 }
 
 // Name implements xgmi.Backend.
@@ -82,21 +72,9 @@ func (b *Backend) Name() string { return "hip" }
 func (b *Backend) Limits() engines.Limits { return engines.Limits{MaxPlanSegments: 1 << 24} }
 
 // ordinal maps a location to a HIP ordinal.
-func (b *Backend) ordinal(loc engines.Location) (int, error) { return b.ords.Of(loc) }
+func (b *Backend) ordinal(loc engines.Location) (int, error) { return b.reg.Of(loc) }
 
-func (b *Backend) copier(ordinal int) (*Copier, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if c, ok := b.copiers[ordinal]; ok {
-		return c, nil
-	}
-	c, err := NewCopier(b.rt, ordinal, b.opts)
-	if err != nil {
-		return nil, err
-	}
-	b.copiers[ordinal] = c
-	return c, nil
-}
+func (b *Backend) copier(ordinal int) (*Copier, error) { return b.reg.Copier(ordinal) }
 
 // Mode reports how scattered items move on GPU ordinal, and why not with the
 // kernel when they do not.
@@ -108,57 +86,23 @@ func (b *Backend) Mode(ordinal int) (Mode, string, error) {
 	return c.Mode(), c.Reason(), nil
 }
 
-func isAMDGPU(d *engines.MemoryDesc) bool {
-	return d.Location.Kind == engines.LocationGPU && d.Location.Vendor == engines.VendorAMD
-}
-
 // Claims implements xgmi.Backend.
-func (b *Backend) Claims(src, dst *engines.MemoryDesc) (bool, string) {
-	b.mu.Lock()
-	ms, okS := b.regions[src.ID]
-	md, okD := b.regions[dst.ID]
-	b.mu.Unlock()
-	s, d := gpushare.Side{Mapped: okS, Ordinal: -1}, gpushare.Side{Mapped: okD, Ordinal: -1}
-	if okS {
-		s.Ordinal = ms.ordinal
-	}
-	if okD {
-		d.Ordinal = md.ordinal
-	}
-	return gpushare.Claim(engines.VendorAMD, src, dst, s, d, b.enablePeer)
-}
+func (b *Backend) Claims(src, dst *engines.MemoryDesc) (bool, string) { return b.reg.Claims(src, dst) }
 
 // Copy implements xgmi.Backend: every segment of the plan in one submission
 // on the source GPU's stream (the destination's when the source is host
 // memory); pushing over XGMI keeps the reads local.
 func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
-	b.mu.Lock()
-	ms, okS := b.regions[w.Src.ID]
-	md, okD := b.regions[w.Dst.ID]
-	b.mu.Unlock()
-	if !okS || !okD {
-		return fmt.Errorf("%w: region not mapped by the hip backend", engines.ErrUnknownMemory)
-	}
-	ord := ms.ordinal
-	if ord < 0 {
-		ord = md.ordinal
-	}
-	c, err := b.copier(ord)
+	ms, md, ord, c, err := b.reg.CopierFor(w.Src.ID, w.Dst.ID)
 	if err != nil {
 		return err
 	}
-	// The segment list is recycled: a plan of many small blocks would
-	// otherwise allocate (and collect) hundreds of kilobytes per copy.
-	buf := b.segPool.Get().(*[]Segment)
-	defer b.segPool.Put(buf)
-	segs := (*buf)[:0]
-	for _, s := range w.Plan.Segments {
-		segs = append(segs, Segment{Src: ms.addr + s.SrcOffset, Dst: md.addr + s.DstOffset, Size: s.Size})
-	}
-	*buf = segs
+	buf := b.reg.Segments(w.Plan.Segments, ms.Addr, md.Addr)
+	defer b.reg.PutSegments(buf)
+	segs := *buf
 	route := RouteAuto
-	if ms.ordinal < 0 || md.ordinal < 0 {
-		route = RouteRuntime
+	if ms.Ordinal < 0 || md.Ordinal < 0 {
+		route = RouteRuntime // the kernel cannot address host memory, pinned or not
 	}
 	start := time.Now()
 	p, err := c.Submit(segs, route)
@@ -167,45 +111,14 @@ func (b *Backend) Copy(ctx context.Context, w engines.Work) error {
 	}
 	if b.opts.Observe != nil {
 		defer func() {
-			if p.Done() && p.err == nil {
+			if p.Done() && p.end.Err() == nil {
 				b.opts.Observe(CopyStats{Ordinal: ord, Segments: len(segs), Bytes: w.Plan.Bytes, Mode: c.Mode(),
 					Device: p.DeviceTime(), Host: time.Since(start)})
 			}
 		}()
 	}
-	if err := p.Wait(ctx); err != nil {
-		if ctx.Err() != nil {
-			wctx, cancel := context.WithTimeout(context.Background(), waitAfterCancel)
-			defer cancel()
-			if werr := p.Wait(wctx); werr != nil && wctx.Err() != nil {
-				return fmt.Errorf("%w; the GPU copy did not finish within %v afterwards", ctx.Err(), waitAfterCancel)
-			}
-			return ctx.Err()
-		}
-		return err
-	}
-	return nil
+	return gpushare.WaitStopped(ctx, p)
 }
-
-// hostAddr is the address of a host region's first byte.
-func hostAddr(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
 
 // Close releases every mapping and copier.
-func (b *Backend) Close() error {
-	b.mu.Lock()
-	regions, copiers := b.regions, b.copiers
-	b.regions, b.copiers = map[engines.MemoryID]*mapped{}, map[int]*Copier{}
-	b.mu.Unlock()
-	var errs []error
-	for id, m := range regions {
-		if m.release != nil {
-			if err := m.release(); err != nil {
-				errs = append(errs, fmt.Errorf("releasing %s: %w", id, err))
-			}
-		}
-	}
-	for _, c := range copiers {
-		errs = append(errs, c.Close())
-	}
-	return errors.Join(errs...)
-}
+func (b *Backend) Close() error { return b.reg.Close() }

@@ -30,9 +30,9 @@ func TestClaimsByVendorAndReach(t *testing.T) {
 	host := &engines.MemoryDesc{ID: "host", Node: "n", Size: 4096, Location: engines.Location{Kind: engines.LocationHost}}
 	amd0, amd0b, nv := gpuDesc("amd0", engines.VendorAMD, 0), gpuDesc("amd0b", engines.VendorAMD, 0), gpuDesc("nv", engines.VendorNVIDIA, 0)
 	unmapped := gpuDesc("amd-unmapped", engines.VendorAMD, 1)
-	b.regions["amd0"] = &mapped{ordinal: 0, addr: 0x1000}
-	b.regions["amd0b"] = &mapped{ordinal: 0, addr: 0x9000}
-	b.regions["host"] = &mapped{ordinal: -1, addr: 0x5000}
+	b.reg.Put("amd0", &mapped{Ordinal: 0, Addr: 0x1000})
+	b.reg.Put("amd0b", &mapped{Ordinal: 0, Addr: 0x9000})
+	b.reg.Put("host", &mapped{Ordinal: -1, Addr: 0x5000})
 	for _, c := range []struct {
 		name     string
 		src, dst *engines.MemoryDesc
@@ -61,9 +61,9 @@ func TestClaimsByVendorAndReach(t *testing.T) {
 // refused with the reason, without asking the runtime again.
 func TestPeerRefusalIsRemembered(t *testing.T) {
 	b := newBackend(nil, Options{})
-	b.regions["a"] = &mapped{ordinal: 0}
-	b.regions["b"] = &mapped{ordinal: 1}
-	b.peers[[2]int{0, 1}] = errors.New("no peer access between them (no XGMI link or PCIe P2P)")
+	b.reg.Put("a", &mapped{Ordinal: 0})
+	b.reg.Put("b", &mapped{Ordinal: 1})
+	b.reg.SetPeer(0, 1, errors.New("no peer access between them (no XGMI link or PCIe P2P)"))
 	ok, why := b.Claims(gpuDesc("a", engines.VendorAMD, 0), gpuDesc("b", engines.VendorAMD, 1))
 	if ok || why != "GPU 0 cannot reach GPU 1 directly: no peer access between them (no XGMI link or PCIe P2P)" {
 		t.Fatalf("Claims = %t, %q", ok, why)

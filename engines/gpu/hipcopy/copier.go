@@ -44,8 +44,7 @@ type Copier struct {
 	mu    sync.Mutex // serializes submissions on the stream
 	slots *gpushare.Staging[*slot]
 
-	evMu   sync.Mutex
-	events [2][]hip.Event // idle events: [0] without timing, [1] with
+	events gpushare.Events[hip.Event] // idle completion events
 }
 
 // NewCopier creates a stream on GPU ordinal and loads the kernels for its gfx
@@ -119,7 +118,8 @@ func (c *Copier) Submit(segs []Segment, route Route) (*Pending, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	p := &Pending{c: c, done: make(chan struct{})}
+	p := &Pending{c: c}
+	p.end.Start()
 	var largest uint64
 	for _, s := range segs {
 		p.bytes += s.Size
@@ -176,16 +176,9 @@ func (c *Copier) Submit(segs []Segment, route Route) (*Pending, error) {
 // record takes an idle event (creating one costs a runtime call per
 // submission), stores it in *ev and records it on the stream.
 func (c *Copier) record(ev *hip.Event, timing bool) error {
-	k := 0
-	if timing {
-		k = 1
+	if e, ok := c.events.Get(timing); ok {
+		*ev = e
 	}
-	c.evMu.Lock()
-	if n := len(c.events[k]); n > 0 {
-		*ev = c.events[k][n-1]
-		c.events[k] = c.events[k][:n-1]
-	}
-	c.evMu.Unlock()
 	if *ev == 0 {
 		e, err := c.rt.EventCreate(timing)
 		if err != nil {
@@ -196,23 +189,9 @@ func (c *Copier) record(ev *hip.Event, timing bool) error {
 	return c.rt.EventRecord(*ev, c.stream)
 }
 
-// putEvent returns a completed (or never recorded) event to the pool.
-func (c *Copier) putEvent(ev hip.Event, timing bool) {
-	if ev == 0 {
-		return
-	}
-	k := 0
-	if timing {
-		k = 1
-	}
-	c.evMu.Lock()
-	c.events[k] = append(c.events[k], ev)
-	c.evMu.Unlock()
-}
-
 func (c *Copier) release(p *Pending) {
-	c.putEvent(p.start, true)
-	c.putEvent(p.event, c.opts.TimeDevice)
+	c.events.Put(p.start, true)
+	c.events.Put(p.event, c.opts.TimeDevice)
 	if p.slot != nil {
 		c.slots.Put(p.slot)
 	}
@@ -224,14 +203,7 @@ func (c *Copier) Close() error {
 	defer c.mu.Unlock()
 	return c.rt.WithDevice(c.dev, func() error {
 		errs := []error{c.rt.StreamSynchronize(c.stream), c.slots.Close(), c.rt.StreamDestroy(c.stream)}
-		c.evMu.Lock()
-		for _, evs := range c.events {
-			for _, ev := range evs {
-				errs = append(errs, c.rt.EventDestroy(ev))
-			}
-		}
-		c.events = [2][]hip.Event{}
-		c.evMu.Unlock()
+		errs = append(errs, c.events.Destroy(c.rt.EventDestroy)...)
 		if c.kernels != nil {
 			errs = append(errs, c.rt.ModuleUnload(c.kernels.module))
 		}

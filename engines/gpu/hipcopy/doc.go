@@ -9,8 +9,12 @@
 // Copier.Reason says why.
 //
 // It is the AMD backend of the xgmi engine, the counterpart of
-// engines/gpu/cudacopy; the two share only the descriptor layout
-// (engines/gpu/internal/scatter), because the kernels read the same structs.
-// HIP's current device is per OS thread, so every call that needs one runs
-// under hip.Runtime.WithDevice, which restores the caller's device.
+// engines/gpu/cudacopy. What does not depend on the runtime is shared: the
+// descriptor layout, kernel choice and launch arguments
+// (engines/gpu/internal/scatter), and the backend's bookkeeping (copiers,
+// mapped regions, peer pairs, event pools, a copy's end, the kernel cache:
+// engines/gpu/internal/gpushare). What stays here is HIP's: the runtime calls,
+// its options and modes, and the copy path itself. HIP's current device is
+// per OS thread, so every call that needs one runs under
+// hip.Runtime.WithDevice, which restores the caller's device.
 package hipcopy

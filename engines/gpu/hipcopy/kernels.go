@@ -16,12 +16,8 @@ import (
 
 // Kernels are the copy kernels loaded onto one device.
 type Kernels struct {
-	module  hip.Module
-	contig  hip.Function
-	general hip.Function
-	uniform hip.Function
-	flat16  hip.Function
-	packed  hip.Function
+	module hip.Module
+	copy   gpushare.CopyKernels[hip.Function]
 	Image
 }
 
@@ -48,30 +44,28 @@ func cacheKey(arch string, runtimeVersion int) string {
 // needed when arch is given; arch "" compiles for the current device and is
 // never cached (the name would not say which target it holds).
 func CompileImage(rtc *hip.RTC, arch string, runtimeVersion int, cacheDir string) (Image, error) {
-	img := Image{Arch: arch}
+	var path string
 	if cacheDir != "" && arch != "" {
-		img.CachePath = filepath.Join(cacheDir, cacheKey(arch, runtimeVersion))
-		if b, err := os.ReadFile(img.CachePath); err == nil && len(b) > 0 {
-			img.Code, img.Origin = b, "cache"
-			return img, nil
+		path = filepath.Join(cacheDir, cacheKey(arch, runtimeVersion))
+	}
+	code, origin, cached, err := gpushare.CachedImage(path, "hiprtc", func() ([]byte, error) {
+		if rtc == nil {
+			return nil, errors.New("no compiled copy kernels: hipRTC is not available and no cached code object for " + archName(arch))
 		}
-	}
-	if rtc == nil {
-		return Image{}, errors.New("no compiled copy kernels: hipRTC is not available and no cached code object for " + archName(arch))
-	}
-	opts := []string{"-O3"}
-	if arch != "" {
-		opts = append(opts, hip.ArchOption(arch))
-	}
-	out, err := rtc.Compile(kernels.HIP, "fxcopy.hip", opts)
+		opts := []string{"-O3"}
+		if arch != "" {
+			opts = append(opts, hip.ArchOption(arch))
+		}
+		out, err := rtc.Compile(kernels.HIP, "fxcopy.hip", opts)
+		if err != nil {
+			return nil, fmt.Errorf("compiling the copy kernels for %s with hipRTC %s: %w", archName(arch), rtc.Version(), err)
+		}
+		return out.Code, nil
+	})
 	if err != nil {
-		return Image{}, fmt.Errorf("compiling the copy kernels for %s with hipRTC %s: %w", archName(arch), rtc.Version(), err)
+		return Image{}, err
 	}
-	img.Code, img.Origin = out.Code, "hiprtc"
-	if img.CachePath != "" && gpushare.WriteFileAtomic(img.CachePath, img.Code) != nil {
-		img.CachePath = "" // a read-only cache only costs a compile per start
-	}
-	return img, nil
+	return Image{Code: code, Origin: origin, Arch: arch, CachePath: cached}, nil
 }
 
 func archName(arch string) string {
@@ -99,15 +93,9 @@ func LoadKernels(rt *hip.Runtime, rtc *hip.RTC, arch, cacheDir string) (*Kernels
 		}
 		return nil, fmt.Errorf("loading the copy kernels for %s: %w", archName(arch), err)
 	}
-	for _, f := range []struct {
-		dst  *hip.Function
-		name string
-	}{{&k.contig, kernels.ContigCopy}, {&k.general, kernels.ScatterGeneral}, {&k.uniform, kernels.ScatterUniform}, {&k.flat16, kernels.ScatterFlat16},
-		{&k.packed, kernels.ScatterPacked}} {
-		if *f.dst, err = rt.ModuleFunction(k.module, f.name); err != nil {
-			_ = rt.ModuleUnload(k.module)
-			return nil, err
-		}
+	if err := k.copy.Lookup(func(name string) (hip.Function, error) { return rt.ModuleFunction(k.module, name) }); err != nil {
+		_ = rt.ModuleUnload(k.module)
+		return nil, err
 	}
 	return k, nil
 }

@@ -5,8 +5,6 @@ package hipcopy
 
 import (
 	"context"
-	"fmt"
-	"sync"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines/gpu/hip"
@@ -17,17 +15,13 @@ import (
 // queried and awaited without a current device, so waiting never touches the
 // calling thread's device.
 type Pending struct {
-	c         *Copier
-	start     hip.Event // with Options.TimeDevice
-	event     hip.Event
-	slot      *slot
-	once      sync.Once
-	watchOnce sync.Once
-	bytes     uint64    // what the submission moves
-	queued    time.Time // when it was queued
-	err       error
-	done      chan struct{}
-	gpu       time.Duration
+	c      *Copier
+	start  hip.Event // with Options.TimeDevice
+	event  hip.Event
+	slot   *slot
+	end    gpushare.Completion
+	bytes  uint64    // what the submission moves
+	queued time.Time // when it was queued
 }
 
 // DeviceTime is the GPU time of the copy (Options.TimeDevice; 0 otherwise or before Done).
@@ -35,16 +29,14 @@ func (p *Pending) DeviceTime() time.Duration {
 	if !p.Done() {
 		return 0
 	}
-	return p.gpu
+	return p.end.DeviceTime()
 }
 
 // Done reports whether the copy has finished (successfully or not), asking
 // the GPU without blocking.
 func (p *Pending) Done() bool {
-	select {
-	case <-p.done:
+	if p.end.Ended() {
 		return true
-	default:
 	}
 	ready, err := p.c.rt.EventQuery(p.event)
 	if ready || err != nil {
@@ -63,25 +55,18 @@ func (p *Pending) Done() bool {
 // copy can take (a hand-off between threads costs more than a short copy),
 // then leaves it to a watcher blocked in hipEventSynchronize.
 func (p *Pending) Wait(ctx context.Context) error {
-	select {
-	case <-p.done:
-		return p.err
-	default:
+	if p.end.Ended() {
+		return p.end.Err()
 	}
 	least := time.Duration(float64(p.bytes) / p.c.opts.SleepRate * 1e9)
 	if finished, err := gpushare.SpinUntil(ctx, time.Now().Add(p.c.opts.SpinWait+least), 0, func() (bool, error) {
 		return p.c.rt.EventQuery(p.event)
 	}); finished {
 		p.finish(err)
-		return p.err
+		return p.end.Err()
 	}
-	p.watchOnce.Do(func() { go p.watch() })
-	select {
-	case <-p.done:
-		return p.err
-	case <-ctx.Done():
-		return fmt.Errorf("waiting for a GPU copy: %w", ctx.Err())
-	}
+	p.end.WatchOnce.Do(func() { go p.watch() })
+	return p.end.Block(ctx)
 }
 
 // watch waits for the completion event on its own thread, blocked in the runtime.
@@ -89,15 +74,16 @@ func (p *Pending) watch() {
 	p.finish(p.c.rt.EventSynchronize(p.event))
 }
 
-func (p *Pending) finish(err error) {
-	p.once.Do(func() {
-		if err == nil && p.start != 0 {
-			if ms, err := p.c.rt.EventElapsed(p.start, p.event); err == nil {
-				p.gpu = time.Duration(float64(ms) * 1e6)
-			}
+func (p *Pending) finish(err error) { p.end.Finish(err, p.ended) }
+
+// ended is how the copy ended and its GPU time; it hands back the events and staging.
+func (p *Pending) ended(err error) (error, time.Duration) {
+	var gpu time.Duration
+	if err == nil && p.start != 0 {
+		if ms, err := p.c.rt.EventElapsed(p.start, p.event); err == nil {
+			gpu = time.Duration(float64(ms) * 1e6)
 		}
-		p.err = err
-		p.c.release(p)
-		close(p.done)
-	})
+	}
+	p.c.release(p)
+	return err, gpu
 }

@@ -121,3 +121,21 @@ func WriteFileAtomic(path string, b []byte) error {
 	}
 	return os.Rename(tmp.Name(), path)
 }
+
+// CachedImage returns the kernel image cached at path (empty: no cache) when one is there (origin "cache"),
+// else what compile returns (origin compiled), written to path for the next start. cachePath is where the
+// image now lies on disk, "" where nowhere: a read-only cache only costs a compile per start.
+func CachedImage(path, compiled string, compile func() ([]byte, error)) (image []byte, origin, cachePath string, err error) {
+	if path != "" {
+		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
+			return b, "cache", path, nil
+		}
+	}
+	if image, err = compile(); err != nil {
+		return nil, "", "", err
+	}
+	if path != "" && WriteFileAtomic(path, image) == nil {
+		cachePath = path
+	}
+	return image, compiled, cachePath, nil
+}

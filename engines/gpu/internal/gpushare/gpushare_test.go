@@ -125,3 +125,24 @@ func TestStagingReusesAndFreesBuffers(t *testing.T) {
 		t.Errorf("Close freed %d idle buffers (%v), want 1 (the other is still out)", frees, err)
 	}
 }
+
+func TestCachedImageCompilesOnceAndSaysWhereItLies(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "k.bin")
+	compiles := 0
+	compile := func() ([]byte, error) { compiles++; return []byte("image"), nil }
+	img, origin, at, err := CachedImage(path, "nvrtc", compile)
+	if err != nil || string(img) != "image" || origin != "nvrtc" || at != path {
+		t.Fatalf("first start: %q %q %q %v", img, origin, at, err)
+	}
+	img, origin, at, err = CachedImage(path, "nvrtc", compile)
+	if err != nil || string(img) != "image" || origin != "cache" || at != path || compiles != 1 {
+		t.Fatalf("second start: %q %q %q %v after %d compiles, want the cached image", img, origin, at, err, compiles)
+	}
+	if _, _, at, _ := CachedImage("", "nvrtc", compile); at != "" || compiles != 2 {
+		t.Errorf("without a cache: at %q after %d compiles", at, compiles)
+	}
+	boom := errors.New("no compiler")
+	if _, _, _, err := CachedImage(filepath.Join(t.TempDir(), "x"), "nvrtc", func() ([]byte, error) { return nil, boom }); err != boom {
+		t.Errorf("a failed compile must be reported as is: %v", err)
+	}
+}

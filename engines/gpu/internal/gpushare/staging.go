@@ -59,3 +59,58 @@ func (p *Staging[T]) Close() error {
 	p.idle = nil
 	return errors.Join(errs...)
 }
+
+// Events keeps a copier's idle completion events for reuse (creating one is a runtime call per submission),
+// those recording timing apart from the others. Safe for concurrent use.
+type Events[E comparable] struct {
+	mu   sync.Mutex
+	idle [2][]E // [0] without timing, [1] with
+}
+
+func timingIndex(timing bool) int {
+	if timing {
+		return 1
+	}
+	return 0
+}
+
+// Get takes an idle event of the kind, if there is one.
+func (p *Events[E]) Get(timing bool) (E, bool) {
+	k := timingIndex(timing)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.idle[k]); n > 0 {
+		ev := p.idle[k][n-1]
+		p.idle[k] = p.idle[k][:n-1]
+		return ev, true
+	}
+	var none E
+	return none, false
+}
+
+// Put hands back a completed (or never recorded) event; the zero event (none was taken) is ignored.
+func (p *Events[E]) Put(ev E, timing bool) {
+	var none E
+	if ev == none {
+		return
+	}
+	k := timingIndex(timing)
+	p.mu.Lock()
+	p.idle[k] = append(p.idle[k], ev)
+	p.mu.Unlock()
+}
+
+// Destroy destroys every idle event and forgets them (the runtime's context must be current where it needs
+// one).
+func (p *Events[E]) Destroy(destroy func(E) error) []error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, evs := range p.idle {
+		for _, ev := range evs {
+			errs = append(errs, destroy(ev))
+		}
+	}
+	p.idle = [2][]E{}
+	return errs
+}
