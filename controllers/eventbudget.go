@@ -54,9 +54,9 @@ func (b *eventBudget) Eventf(regarding, related runtime.Object, eventtype, reaso
 	b.next.Eventf(regarding, related, eventtype, reason, action, note, args...)
 }
 
-// domainEventsDropped is the counter of the domains' Events left out, by type (Normal, Warning), registered
+// DomainEventsDropped is the counter of the domains' Events left out, by type (Normal, Warning), registered
 // once with reg (a second reconciler in one process shares it). Both series exist from the start.
-func domainEventsDropped(reg prometheus.Registerer) *prometheus.CounterVec {
+func DomainEventsDropped(reg prometheus.Registerer) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fabricxfer_operator_domain_events_dropped_total",
 		Help: "Events on VPodTopologies not recorded because more than the operator's budget for them came at once " +

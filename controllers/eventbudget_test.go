@@ -72,7 +72,7 @@ func TestEventBudgetBoundsEachType(t *testing.T) {
 // before anything was dropped.
 func TestDomainEventsDroppedRegistersOnce(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	a, b := domainEventsDropped(reg), domainEventsDropped(reg)
+	a, b := DomainEventsDropped(reg), DomainEventsDropped(reg)
 	a.WithLabelValues(corev1.EventTypeWarning).Inc()
 	if got := counterValue(t, b.WithLabelValues(corev1.EventTypeWarning)); got != 1 {
 		t.Errorf("second counter reads %g, want the first's 1", got)

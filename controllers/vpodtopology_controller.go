@@ -541,7 +541,7 @@ func (r *VPodTopologyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		r.Clock = clock.RealClock{}
 	}
 	if r.Recorder != nil {
-		r.Recorder = newEventBudget(r.Recorder, domainEventsPerSecond, domainEventBurst, r.Clock, domainEventsDropped(ctrlmetrics.Registry))
+		r.Recorder = newEventBudget(r.Recorder, domainEventsPerSecond, domainEventBurst, r.Clock, DomainEventsDropped(ctrlmetrics.Registry))
 	}
 	ctx := context.Background()
 	idx := mgr.GetFieldIndexer()
