@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	fxclient "github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/internal/syncbuf"
 )
 
 // TestAMDNodeWithoutHIPRunsHostBackendOnly runs the transfer side on the MI300X fixture with a HIP runtime that
@@ -36,7 +37,7 @@ func TestAMDNodeWithoutHIPRunsHostBackendOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	log := funcr.New(func(prefix, args string) { logs.Write([]byte(prefix + " " + args + "\n")) }, funcr.Options{})
 	ts, err := newTransferSideFromDetection(context.Background(), opts, nil, detect, nil, log)
 	if err != nil {

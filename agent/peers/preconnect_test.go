@@ -20,6 +20,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/enginetest"
 	"github.com/fabricxfer/fabricxfer/engines/tcp"
+	"github.com/fabricxfer/fabricxfer/internal/syncbuf"
 )
 
 // listDir is a directory whose membership the test changes, as TransferNodes come and go.
@@ -49,24 +50,6 @@ func (d *listDir) remove(node string) {
 	d.mu.Unlock()
 }
 
-// syncBuffer collects log output written from the channel's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestDataConnectionsFollowTheDirectory: once a peer appears, the channel opens the tcp engine's data
 // connections to the address the peer's Hello names, retrying while they cannot open; the first transfer then
 // dials nothing; a peer that leaves the directory loses its data connections.
@@ -88,7 +71,7 @@ func TestDataConnectionsFollowTheDirectory(t *testing.T) {
 	t.Cleanup(func() { teB.Close() })
 
 	dir := &listDir{nodes: map[string]string{"node-a": a.peerLn.Addr().String(), "node-b": b.peerLn.Addr().String()}}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	serve := func(n *node, te *tcp.Engine, dir peers.Directory, log *slog.Logger) *peers.Peers {
 		p, err := peers.New(peers.Options{Node: n.name, PoolNamespace: "infer", PoolName: "kv", AgentVersion: "test",
 			Listener: n.peerLn, TLS: n.tls, Directory: dir, Refresh: 50 * time.Millisecond, Logger: log,

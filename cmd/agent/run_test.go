@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,25 +25,8 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/node"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/internal/syncbuf"
 )
-
-// syncBuffer collects the agent's log while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestRunReportsUntilStopped runs "agent run" as the demo does (a kubeconfig, a fixture root, a node name
 // from NODE_NAME) against a real API server, and stops it the way SIGTERM does.
@@ -91,7 +73,7 @@ func TestRunReportsUntilStopped(t *testing.T) {
 	}
 	t.Setenv(node.EnvNodeName, "rdma-1")
 
-	var stderr syncBuffer
+	var stderr syncbuf.Buffer
 	exit := make(chan int, 1)
 	socketDir := t.TempDir()
 	healthAddr := freeAddr(t)

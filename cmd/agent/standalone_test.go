@@ -12,6 +12,7 @@ import (
 	"time"
 
 	fxclient "github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/internal/syncbuf"
 )
 
 // TestStandaloneServesBlockTransfers runs "agent standalone" with no API server and a fixture root, and moves
@@ -20,7 +21,7 @@ func TestStandaloneServesBlockTransfers(t *testing.T) {
 	socketDir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	exit := make(chan int, 1)
-	var stderr syncBuffer
+	var stderr syncbuf.Buffer
 	go func() {
 		exit <- runMain(ctx, []string{"standalone", "--host-root", filepath.Join(testdata, "rdma-only-node"),
 			"--node-name", "bench-0", "--socket-dir", socketDir, "--caller-host-root", "/"}, &bytes.Buffer{}, &stderr)

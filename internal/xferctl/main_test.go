@@ -4,7 +4,6 @@
 package xferctl
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,10 +11,11 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fabricxfer/fabricxfer/internal/syncbuf"
 )
 
 // TestMain lets the test binary stand in for xferctl when bench starts "xferctl local-agent" as a child.
@@ -31,29 +31,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// syncBuffer is a bytes.Buffer safe for the writes of a background command.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func run(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var out, errb syncBuffer
+	var out, errb syncbuf.Buffer
 	code := Run(ctx, Program{Name: "xferctl", Version: "test"}, args, &out, &errb)
 	return out.String(), errb.String(), code
 }
@@ -103,7 +85,7 @@ func TestSmokeCommandsAgainstALocalAgent(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var agentOut, agentErr syncBuffer
+	var agentOut, agentErr syncbuf.Buffer
 	agentDone := make(chan int, 1)
 	go func() {
 		agentDone <- Run(ctx, Program{Name: "xferctl"}, []string{"local-agent", "--socket-dir", dir, "--pool", "kv", "--node-name", "node-a"}, &agentOut, &agentErr)
@@ -112,7 +94,7 @@ func TestSmokeCommandsAgainstALocalAgent(t *testing.T) {
 	waitFor(t, func() bool { return strings.Contains(agentOut.String(), "ready:") }, "local agent")
 
 	holdCtx, stopHold := context.WithCancel(ctx)
-	var regOut, regErr syncBuffer
+	var regOut, regErr syncbuf.Buffer
 	regDone := make(chan int, 1)
 	go func() {
 		regDone <- Run(holdCtx, Program{Name: "xferctl"}, []string{"register", "--socket", socket, "--size", "64Ki", "--segment", "kv-0"}, &regOut, &regErr)
