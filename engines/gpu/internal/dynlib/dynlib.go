@@ -4,6 +4,7 @@
 package dynlib
 
 import (
+	"cmp"
 	"errors"
 	"strings"
 	"unsafe"
@@ -20,7 +21,13 @@ func OpenFirst(paths []string) (uintptr, string, error) {
 		if err == nil {
 			return h, p, nil
 		}
-		errs = append(errs, err.Error())
+		// dlerror names the file most of the time, but not always (an empty message was seen for the first of
+		// two missing files): the path is said whenever the message does not say it.
+		msg := err.Error()
+		if !strings.Contains(msg, p) {
+			msg = p + ": " + cmp.Or(msg, "cannot be opened")
+		}
+		errs = append(errs, msg)
 	}
 	return 0, "", errors.New(strings.Join(errs, "; "))
 }
