@@ -72,6 +72,9 @@ type Options struct {
 
 	// stageIdle is how long staging slots stay unused before they go back to the stager (tests shorten it).
 	stageIdle time.Duration
+	// tlsRecordsOnly keeps the data in TLS's own records: the engine neither offers nor accepts sealed records
+	// (tests use it to stand for an agent that predates them).
+	tlsRecordsOnly bool
 }
 
 // Engine is the TCP engine.
@@ -81,6 +84,8 @@ type Engine struct {
 	wg   sync.WaitGroup
 	// scratch lends buffers that gather small parts into one write on TLS connections (writeBuffers).
 	scratch sync.Pool
+	// sealBufs lends the buffers of sealed records (sealed.go).
+	sealBufs sealBuffers
 
 	mu          sync.Mutex
 	closed      bool
@@ -160,6 +165,15 @@ func New(opts Options) (*Engine, error) {
 	}
 	if opts.Listener != nil && opts.Advertise == "" {
 		opts.Advertise = opts.Listener.Addr().String()
+	}
+	if opts.TLS != nil {
+		// Connections are long-lived and never resumed; a TLS 1.3 ticket sent after the handshake would sit in the
+		// stream where sealed records begin.
+		opts.TLS = opts.TLS.Clone()
+		opts.TLS.SessionTicketsDisabled = true
+		if !opts.tlsRecordsOnly {
+			opts.TLS.NextProtos = []string{sealedProto}
+		}
 	}
 	e := &Engine{opts: opts, reg: engines.NewRegistry(opts.Node, opts.Grace),
 		peers: map[string]*peer{}, serverConns: map[net.Conn]struct{}{},

@@ -204,6 +204,12 @@ func (e *Engine) dialConn(ctx context.Context, addr, node string) (nc, raw net.C
 			return nil, nil, fmt.Errorf("hello: node %s at %s: %w", node, addr, err)
 		}
 	}
+	if tc, ok := nc.(*tls.Conn); ok && tc.ConnectionState().NegotiatedProtocol == sealedProto {
+		if nc, err = newSealedConn(raw, tc, true, &e.sealBufs); err != nil {
+			raw.Close()
+			return nil, nil, fmt.Errorf("hello: node %s at %s: %w", node, addr, err)
+		}
+	}
 	raw.SetDeadline(time.Time{})
 	return nc, raw, nil
 }

@@ -81,6 +81,11 @@ func (e *Engine) serveConn(raw net.Conn) error {
 	if err != nil {
 		return fmt.Errorf("hello: %w", err)
 	}
+	if tc, ok := nc.(*tls.Conn); ok && tc.ConnectionState().NegotiatedProtocol == sealedProto {
+		if nc, err = newSealedConn(raw, tc, false, &e.sealBufs); err != nil {
+			return fmt.Errorf("client %q: %w", client, err)
+		}
+	}
 	e.stats.accepted.Add(1)
 	raw.SetDeadline(time.Time{})
 	br := bufio.NewReaderSize(nc, 64<<10)

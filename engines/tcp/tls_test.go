@@ -27,7 +27,7 @@ type testCA struct {
 	pool *x509.CertPool
 }
 
-func newCA(t *testing.T) *testCA {
+func newCA(t testing.TB) *testCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -47,7 +47,7 @@ func newCA(t *testing.T) *testCA {
 }
 
 // config returns the mutual-TLS configuration of one agent.
-func (ca *testCA) config(t *testing.T, name string) *tls.Config {
+func (ca *testCA) config(t testing.TB, name string) *tls.Config {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

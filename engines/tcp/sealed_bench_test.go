@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package tcp
+
+import (
+	"context"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// BenchmarkWireModes writes 64 MiB of host memory to another node over loopback: a plain Go TCP stream between
+// two goroutines (the ceiling of the same run), the engine over plain TCP, over mutual TLS with TLS's own
+// records (agents that predate sealed records), and over mutual TLS with sealed records (agents today).
+func BenchmarkWireModes(b *testing.B) {
+	const size = 64 << 20
+	b.Run("raw-tcp", func(b *testing.B) {
+		ln := listen(b)
+		defer ln.Close()
+		done := make(chan error, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err == nil {
+				_, err = io.Copy(io.Discard, c)
+				c.Close()
+			}
+			done <- err
+		}()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf := pattern(size, 1)
+		b.SetBytes(size)
+		for b.Loop() {
+			if _, err := c.Write(buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+		c.Close()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+	})
+	ca := newCA(b)
+	for _, mode := range []struct {
+		name       string
+		tls        bool
+		tlsRecords bool
+	}{{"engine-plain-tcp", false, false}, {"engine-tls-records", true, true}, {"engine-sealed-records", true, false}} {
+		b.Run(mode.name, func(b *testing.B) {
+			opts := func(node string, ln net.Listener) Options {
+				o := Options{Node: node, Listener: ln, PeerTimeout: 10 * time.Second, Logf: b.Logf, tlsRecordsOnly: mode.tlsRecords}
+				if mode.tls {
+					o.TLS = ca.config(b, node)
+				}
+				return o
+			}
+			peer, err := New(opts("node-b", listen(b)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer peer.Close()
+			a, err := New(opts("node-a", nil))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer a.Close()
+			src := register(b, a, "node-a/src", pattern(size, 2))
+			dst := register(b, peer, "node-b/dst", make([]byte, size))
+			imp(b, a, dst)
+			b.SetBytes(size)
+			for b.Loop() {
+				pb := a.NewPlan()
+				if err := pb.Add(engines.Item{Src: src.ID, Dst: dst.ID, Size: size}); err != nil {
+					b.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				tr, err := a.Submit(ctx, pb.Build(), engines.SubmitOptions{})
+				if err == nil {
+					err = tr.Wait(ctx)
+				}
+				cancel()
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

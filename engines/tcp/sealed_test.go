@@ -1,0 +1,330 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// sealedPair returns the two ends of a loopback TCP connection speaking sealed records with one secret, as
+// newSealedConn sets them up from a TLS session, and the raw client end for writing forged bytes.
+func sealedPair(t *testing.T) (client, server *sealedConn, rawClient net.Conn) {
+	t.Helper()
+	ln := listen(t)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	rc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, ok := <-accepted
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { rc.Close(); rs.Close() })
+	secret := bytes.Repeat([]byte{7}, 64)
+	keys := func(b []byte) *recordKeys {
+		k, err := newRecordKeys(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	bufs := &sealBuffers{}
+	client = &sealedConn{Conn: rc, bufs: bufs, wk: keys(secret[:32]), rk: keys(secret[32:])}
+	server = &sealedConn{Conn: rs, bufs: bufs, wk: keys(secret[32:]), rk: keys(secret[:32])}
+	return client, server, rc
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i%251) ^ seed
+	}
+	return b
+}
+
+func TestSealedRecordsRoundTrip(t *testing.T) {
+	client, server, _ := sealedPair(t)
+	sizes := []int{1, 720, recordMax - 1, recordMax, recordMax + 1, 3*recordMax + 17, 5 << 20}
+	go func() {
+		for i, n := range sizes {
+			if _, err := client.Write(pattern(n, byte(i))); err != nil {
+				t.Errorf("write of %d bytes: %v", n, err)
+				return
+			}
+		}
+	}()
+	for i, n := range sizes {
+		got := make([]byte, n)
+		// Odd read sizes take records apart (copies out of the record buffer) and whole (opened in place).
+		step := []int{1, 100, recordMax, n}[i%4]
+		for off := 0; off < n; {
+			m, err := server.Read(got[off:min(n, off+step)])
+			if err != nil {
+				t.Fatalf("reading %d bytes at %d: %v", n, off, err)
+			}
+			off += m
+		}
+		if !bytes.Equal(got, pattern(n, byte(i))) {
+			t.Fatalf("write %d (%d bytes) arrived altered", i, n)
+		}
+	}
+	if client.wseq != server.rseq || client.wseq == 0 {
+		t.Fatalf("records sealed %d, opened %d", client.wseq, server.rseq)
+	}
+}
+
+func TestSealedRecordsRekeyAcrossEpochs(t *testing.T) {
+	client, server, _ := sealedPair(t)
+	client.wseq, server.rseq = rekeyEvery-2, rekeyEvery-2
+	msg := pattern(5*recordMax, 3) // records rekeyEvery-2 .. rekeyEvery+2
+	go client.Write(msg)
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(server, got); err != nil {
+		t.Fatalf("reading across a key change: %v", err)
+	}
+	if !bytes.Equal(got, msg) || server.rk.epoch != 1 || client.wk.epoch != 1 {
+		t.Fatalf("equal %v, epochs %d/%d, want 1/1", bytes.Equal(got, msg), client.wk.epoch, server.rk.epoch)
+	}
+	// A reader one epoch behind cannot open the writer's records.
+	client.wseq = 3 * rekeyEvery
+	go client.Write([]byte("late"))
+	if _, err := server.Read(make([]byte, 16)); !errors.Is(err, errRecord) {
+		t.Fatalf("record of another epoch: %v, want a record error", err)
+	}
+}
+
+func TestSealedRecordsRefuseForgery(t *testing.T) {
+	for name, forge := range map[string]func(rec []byte) []byte{
+		"flipped ciphertext": func(rec []byte) []byte { rec[recordHeader+3] ^= 1; return rec },
+		"flipped tag":        func(rec []byte) []byte { rec[len(rec)-1] ^= 0x80; return rec },
+		"length changed":     func(rec []byte) []byte { rec[3]--; return rec[:len(rec)-1] },
+		"record replayed":    func(rec []byte) []byte { return append(append([]byte{}, rec...), rec...) },
+		"oversized length":   func([]byte) []byte { return []byte{0xff, 0xff, 0xff, 0xff, 1, 2, 3} },
+		"zero length":        func([]byte) []byte { return make([]byte, 64) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			client, server, raw := sealedPair(t)
+			// Seal one record through a capturing writer, then send it forged.
+			capture := &sealedConn{Conn: &captureConn{}, bufs: client.bufs, wk: client.wk}
+			if _, err := capture.Write([]byte("kv block bytes")); err != nil {
+				t.Fatal(err)
+			}
+			rec := capture.Conn.(*captureConn).buf.Bytes()
+			if _, err := raw.Write(forge(rec)); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, 64)
+			first := true
+			var err error
+			for range 3 {
+				var n int
+				n, err = server.Read(got)
+				if err != nil {
+					break
+				}
+				if !first || string(got[:n]) != "kv block bytes" || name != "record replayed" {
+					t.Fatalf("forged stream read %q", got[:n])
+				}
+				first = false
+			}
+			if !errors.Is(err, errRecord) {
+				t.Fatalf("forged stream: %v, want a record error", err)
+			}
+			if _, again := server.Read(got); !errors.Is(again, errRecord) {
+				t.Fatalf("the stream stays failed: %v", again)
+			}
+		})
+	}
+}
+
+// captureConn keeps what is written to it.
+type captureConn struct {
+	net.Conn
+	buf bytes.Buffer
+}
+
+func (c *captureConn) Write(p []byte) (int, error) { return c.buf.Write(p) }
+
+func TestSealedRecordsResumeAfterDeadline(t *testing.T) {
+	client, server, raw := sealedPair(t)
+	capture := &sealedConn{Conn: &captureConn{}, bufs: client.bufs, wk: client.wk}
+	msg := pattern(recordMax, 9)
+	if _, err := capture.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	rec := capture.Conn.(*captureConn).buf.Bytes()
+	for _, part := range [][]byte{rec[:2], rec[2 : len(rec)/2]} {
+		if _, err := raw.Write(part); err != nil {
+			t.Fatal(err)
+		}
+		server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if n, err := server.Read(make([]byte, recordMax)); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("partial record: %d bytes, %v; want a deadline", n, err)
+		}
+	}
+	server.SetReadDeadline(time.Time{})
+	if _, err := raw.Write(rec[len(rec)/2:]); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, recordMax)
+	if _, err := io.ReadFull(server, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("record resumed after two deadlines: %v, equal %v", err, bytes.Equal(got, msg))
+	}
+}
+
+// sealedConns says how many of an engine's dialed connections to node use sealed records, and how many exist.
+func sealedConns(e *Engine, node string) (sealed, all int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, p := range e.peers {
+		if p.node != node {
+			continue
+		}
+		for _, c := range p.conns {
+			all++
+			if _, ok := c.nc.(*sealedConn); ok {
+				sealed++
+			}
+		}
+	}
+	return sealed, all
+}
+
+func TestSealedRecordsBetweenAgents(t *testing.T) {
+	ca := newCA(t)
+	for _, tc := range []struct {
+		name               string
+		oldClient, oldServ bool
+		wantSealed         bool
+	}{
+		{name: "both offer sealed records", wantSealed: true},
+		{name: "client predates them", oldClient: true},
+		{name: "server predates them", oldServ: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := New(Options{Node: "node-b", Listener: listen(t), TLS: ca.config(t, "node-b"), Logf: t.Logf, tlsRecordsOnly: tc.oldServ})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			a, err := New(Options{Node: "node-a", TLS: ca.config(t, "node-a"), Logf: t.Logf, tlsRecordsOnly: tc.oldClient})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { a.Close() })
+			dstBuf := make([]byte, 9<<20)
+			dst := register(t, b, "node-b/dst", dstBuf)
+			payload := pattern(len(dstBuf), 5)
+			if err := writeOnce(t, a, dst, payload); err != nil {
+				t.Fatalf("write: %v", err)
+			}
+			view, unpin, err := b.Pin(dst.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			equal := bytes.Equal(view, payload)
+			unpin()
+			if !equal {
+				t.Fatal("bytes written differ")
+			}
+			// Read them back into a second local region: answers travel the other way.
+			back := make([]byte, len(payload))
+			local := register(t, a, "node-a/back", back)
+			pl := a.NewPlan()
+			if err := pl.Add(engines.Item{Src: dst.ID, Dst: local.ID, Size: uint64(len(back)), Tag: 2}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			tr, err := a.Submit(ctx, pl.Build(), engines.SubmitOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tr.Wait(ctx); err != nil {
+				t.Fatalf("read: %v", err)
+			}
+			if view, unpin, err := a.Pin(local.ID); err != nil || !bytes.Equal(view, payload) {
+				t.Fatalf("bytes read back differ (%v)", err)
+			} else {
+				unpin()
+			}
+			sealed, all := sealedConns(a, "node-b")
+			if all == 0 || (tc.wantSealed && sealed != all) || (!tc.wantSealed && sealed != 0) {
+				t.Fatalf("%d of %d connections sealed, want sealed=%v", sealed, all, tc.wantSealed)
+			}
+		})
+	}
+}
+
+// A client with the pool's certificate that negotiates sealed records and then sends garbage loses its own
+// connection; the agent keeps serving, and nobody else's memory changes.
+func TestSealedRecordsHostileClient(t *testing.T) {
+	ca := newCA(t)
+	b := tlsEngine(t, "node-b", ca.config(t, "node-b"), true)
+	victimBuf := pattern(1<<20, 1)
+	victim := register(t, b, "node-b/victim", victimBuf)
+
+	cfg := ca.config(t, "node-a")
+	cfg.NextProtos = []string{sealedProto}
+	cfg.ServerName = "127.0.0.1"
+	raw, err := net.Dial("tcp", b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	tc := tls.Client(raw, cfg)
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.Write(append([]byte(magic), appendString16(appendString16(nil, "node-a"), "node-b")...)); err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, 5)
+	if _, err := io.ReadFull(tc, head); err != nil || head[4] != statusOK {
+		t.Fatalf("hello: %v %v", head, err)
+	}
+	// A request header for the victim's region in the clear, where a record belongs.
+	junk := appendReqHeader(nil, reqHeader{op: opWrite, id: 1, off: 0, length: 4096, mem: victim.ID})
+	raw.Write(append(junk, make([]byte, 4096)...))
+	raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := raw.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("the agent answered %d bytes to garbage; want the connection closed", n)
+	}
+
+	view, unpin, err := b.Pin(victim.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unchanged := bytes.Equal(view, pattern(1<<20, 1))
+	unpin()
+	if !unchanged {
+		t.Fatal("a hostile stream changed another region")
+	}
+	// The agent still serves a well-behaved peer.
+	a := tlsEngine(t, "node-a", ca.config(t, "node-a"), false)
+	dst := register(t, b, "node-b/dst", make([]byte, 64<<10))
+	if err := writeOnce(t, a, dst, pattern(64<<10, 2)); err != nil {
+		t.Fatalf("write after a hostile client: %v", err)
+	}
+}
