@@ -33,8 +33,11 @@ const (
 	sealedLabel = "EXPORTER-fabricxfer-tcp-records"
 	// recordMax is the largest plaintext of one record. A record is the unit of liveness on a stream, so it must
 	// arrive within the engine's Liveness: 256 KiB in a second is any datacenter link.
-	recordMax      = 256 << 10
-	recordHeader   = 4
+	recordMax    = 256 << 10
+	recordHeader = 4
+	// recordMore, in a record's header, says that the record's writer sends the next one right away (the same
+	// Write): a reader may wait for it.
+	recordMore     = 1 << 31
 	recordTag      = 16
 	recordOverhead = recordHeader + recordTag
 	// recordsPerFlush records are sealed into one buffer before a system call writes it.
@@ -158,8 +161,9 @@ func newSealedConn(raw net.Conn, tc *tls.Conn, client bool, bufs *sealBuffers) (
 	return &sealedConn{Conn: raw, bufs: bufs, wk: wk, rk: rk}, nil
 }
 
-// Write seals p into records and writes them, recordsPerFlush to a system call. A failed write leaves the
-// stream unusable (the peer cannot find the next record), as with TLS.
+// Write seals p into records and writes them, recordsPerFlush to a system call; the records of one flush are
+// sealed in parallel. Every record but the last of a Write says that more follow, so the reader may wait for
+// them. A failed write leaves the stream unusable (the peer cannot find the next record), as with TLS.
 func (s *sealedConn) Write(p []byte) (int, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
@@ -168,36 +172,66 @@ func (s *sealedConn) Write(p []byte) (int, error) {
 	}
 	held := s.bufs.get(&s.bufs.out, recordsPerFlush*(recordMax+recordOverhead))
 	defer s.bufs.out.Put(held)
-	out := (*held)[:0]
-	var nonce [12]byte
-	written, sealed := 0, 0
+	written := 0
 	for len(p) > 0 {
-		n := min(len(p), recordMax)
-		start := len(out)
-		out = binary.BigEndian.AppendUint32(out, uint32(n))
-		aead, err := s.wk.forRecord(s.wseq, &nonce)
+		n := min(len(p), recordsPerFlush*recordMax)
+		out, err := s.sealBatch((*held)[:0], p[:n], n == len(p))
 		if err != nil {
 			s.werr = fmt.Errorf("%w: %w", errRecord, err)
 			return written, s.werr
 		}
-		out = aead.Seal(out, nonce[:], p[:n], out[start:start+recordHeader])
-		s.wseq++
-		sealed += n
-		p = p[n:]
-		if len(p) == 0 || cap(out)-len(out) < recordMax+recordOverhead {
-			if _, err := s.Conn.Write(out); err != nil {
-				s.werr = err
-				return written, err
-			}
-			written += sealed
-			sealed, out = 0, out[:0]
+		if _, err := s.Conn.Write(out); err != nil {
+			s.werr = err
+			return written, err
 		}
+		written += n
+		p = p[n:]
 	}
 	return written, nil
 }
 
-// Read returns the plaintext of the next record (or what is left of it). A record that p can hold whole is
-// opened straight into p.
+// sealBatch appends the records of p (at most recordsPerFlush) to out; the last one is marked more unless last.
+func (s *sealedConn) sealBatch(out, p []byte, last bool) ([]byte, error) {
+	records := (len(p) + recordMax - 1) / recordMax
+	jobs := make([]func(), 0, records)
+	for i := range records {
+		chunk := p[i*recordMax : min(len(p), (i+1)*recordMax)]
+		head := uint32(len(chunk))
+		if i < records-1 || !last {
+			head |= recordMore
+		}
+		start := len(out)
+		out = binary.BigEndian.AppendUint32(out, head)
+		rec := out[start : start+recordHeader+len(chunk)+recordTag]
+		out = out[:start+len(rec)]
+		var nonce [12]byte
+		aead, err := s.wk.forRecord(s.wseq, &nonce)
+		if err != nil {
+			return nil, err
+		}
+		s.wseq++
+		jobs = append(jobs, func() { aead.Seal(rec[recordHeader:recordHeader], nonce[:], chunk, rec[:recordHeader]) })
+	}
+	parallel(jobs)
+	return out, nil
+}
+
+// parallel runs jobs, all but the first on goroutines of their own, and returns when all have.
+func parallel(jobs []func()) {
+	var wg sync.WaitGroup
+	for _, job := range jobs[min(1, len(jobs)):] {
+		wg.Add(1)
+		go func() { defer wg.Done(); job() }()
+	}
+	if len(jobs) > 0 {
+		jobs[0]()
+	}
+	wg.Wait()
+}
+
+// Read returns the plaintext of the next records (or what is left of one). Records that p holds whole are
+// opened straight into p, and while their writer says more follow (one Write of the peer, which does not wait
+// for this side), up to recordsPerFlush of them are read and opened in parallel.
 func (s *sealedConn) Read(p []byte) (int, error) {
 	if s.rerr != nil {
 		return 0, s.rerr
@@ -213,17 +247,90 @@ func (s *sealedConn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	var opens []func()
+	var bufs []*[]byte
+	fails := make([]error, recordsPerFlush)
+	filled := 0
+	for len(opens) < recordsPerFlush {
+		room := len(p) - filled
+		if len(opens) == 0 {
+			room = -1 // the record this Read returns, whole or in part
+		}
+		size, more, err := s.readRecord(room)
+		if err != nil {
+			if len(opens) == 0 {
+				return 0, err
+			}
+			break // the next Read resumes the record, or reports the error
+		}
+		if size < 0 {
+			break // a record that does not fit what is left of p, header kept
+		}
+		var nonce [12]byte
+		aead, err := s.rk.forRecord(s.rseq, &nonce)
+		if err != nil {
+			s.rerr = fmt.Errorf("%w: %w", errRecord, err)
+			break
+		}
+		s.rseq++
+		body, hdr, seq := (*s.rbuf)[:size+recordTag], s.hdr, s.rseq-1
+		s.hdrGot, s.bodyGot = 0, 0
+		if filled+size > len(p) { // only the first record can be larger than p: opened into its buffer
+			if s.plain, err = aead.Open(body[:0], nonce[:], body, hdr[:]); err != nil {
+				s.plain = nil
+				s.release()
+				s.rerr = fmt.Errorf("%w %d failed authentication: the stream was altered or is not from this session", errRecord, seq)
+				return 0, s.rerr
+			}
+			return s.Read(p)
+		}
+		dst, k := p[filled:filled], len(opens)
+		opens = append(opens, func() {
+			if _, err := aead.Open(dst, nonce[:], body, hdr[:]); err != nil {
+				fails[k] = fmt.Errorf("%w %d failed authentication: the stream was altered or is not from this session", errRecord, seq)
+			}
+		})
+		bufs = append(bufs, s.rbuf)
+		s.rbuf = nil
+		filled += size
+		if !more || filled == len(p) {
+			break
+		}
+	}
+	parallel(opens)
+	for _, b := range bufs {
+		s.bufs.in.Put(b)
+	}
+	for _, err := range fails {
+		if err != nil {
+			s.rerr = err
+			return 0, err
+		}
+	}
+	if s.rerr != nil && filled == 0 {
+		return 0, s.rerr
+	}
+	return filled, nil
+}
+
+// readRecord reads the next record's header and body into s.rbuf and returns its size and whether more follow.
+// A record larger than room (-1: any size) is left unread, its header kept for the next Read: size -1.
+func (s *sealedConn) readRecord(room int) (size int, more bool, err error) {
 	for s.hdrGot < recordHeader {
 		n, err := s.Conn.Read(s.hdr[s.hdrGot:])
 		s.hdrGot += n
 		if err != nil && s.hdrGot < recordHeader {
-			return 0, s.readErr(err)
+			return 0, false, s.readErr(err)
 		}
 	}
-	size := int(binary.BigEndian.Uint32(s.hdr[:]))
+	head := binary.BigEndian.Uint32(s.hdr[:])
+	size, more = int(head&^recordMore), head&recordMore != 0
 	if size == 0 || size > recordMax {
 		s.rerr = fmt.Errorf("%w of %d bytes, 1 to %d allowed", errRecord, size, recordMax)
-		return 0, s.rerr
+		return 0, false, s.rerr
+	}
+	if room >= 0 && size > room {
+		return -1, false, nil
 	}
 	if s.rbuf == nil {
 		s.rbuf = s.bufs.get(&s.bufs.in, recordMax+recordTag)
@@ -233,33 +340,10 @@ func (s *sealedConn) Read(p []byte) (int, error) {
 		n, err := s.Conn.Read(body[s.bodyGot:])
 		s.bodyGot += n
 		if err != nil && s.bodyGot < len(body) {
-			return 0, s.readErr(err)
+			return 0, false, s.readErr(err)
 		}
 	}
-	var nonce [12]byte
-	aead, err := s.rk.forRecord(s.rseq, &nonce)
-	if err != nil {
-		s.rerr = fmt.Errorf("%w: %w", errRecord, err)
-		return 0, s.rerr
-	}
-	s.rseq++
-	s.hdrGot, s.bodyGot = 0, 0
-	if len(p) >= size {
-		_, err = aead.Open(p[:0], nonce[:], body, s.hdr[:])
-		s.release()
-	} else {
-		s.plain, err = aead.Open(body[:0], nonce[:], body, s.hdr[:])
-	}
-	if err != nil {
-		s.plain = nil
-		s.release()
-		s.rerr = fmt.Errorf("%w %d failed authentication: the stream was altered or is not from this session", errRecord, s.rseq-1)
-		return 0, s.rerr
-	}
-	if len(s.plain) == 0 {
-		return size, nil
-	}
-	return s.Read(p)
+	return size, more, nil
 }
 
 // readErr passes a read error on; a deadline keeps the partial record for the next Read, anything else ends

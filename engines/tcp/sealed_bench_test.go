@@ -5,45 +5,73 @@ package tcp
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
-// BenchmarkWireModes writes 64 MiB of host memory to another node over loopback: a plain Go TCP stream between
-// two goroutines (the ceiling of the same run), the engine over plain TCP, over mutual TLS with TLS's own
+// BenchmarkWireModes writes 64 MiB of host memory to another node over loopback: plain Go TCP streams between
+// goroutines (the ceiling of the same run, as many streams as the engine's connections), the engine over plain TCP, over mutual TLS with TLS's own
 // records (agents that predate sealed records), and over mutual TLS with sealed records (agents today).
 func BenchmarkWireModes(b *testing.B) {
 	const size = 64 << 20
 	b.Run("raw-tcp", func(b *testing.B) {
+		// The ceiling: as many plain TCP streams as the engine's connections, each received into a 4 MiB buffer.
+		const streams = 4
 		ln := listen(b)
 		defer ln.Close()
-		done := make(chan error, 1)
-		go func() {
-			c, err := ln.Accept()
-			if err == nil {
-				_, err = io.Copy(io.Discard, c)
-				c.Close()
-			}
-			done <- err
-		}()
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			b.Fatal(err)
+		done := make(chan error, streams)
+		for range streams {
+			go func() {
+				c, err := ln.Accept()
+				if err == nil {
+					buf := make([]byte, 4<<20)
+					for err == nil {
+						_, err = c.Read(buf)
+					}
+					c.Close()
+				}
+				if errors.Is(err, io.EOF) {
+					err = nil
+				}
+				done <- err
+			}()
 		}
-		buf := pattern(size, 1)
-		b.SetBytes(size)
-		for b.Loop() {
-			if _, err := c.Write(buf); err != nil {
+		conns := make([]net.Conn, streams)
+		for i := range conns {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
 				b.Fatal(err)
 			}
+			conns[i] = c
 		}
-		c.Close()
-		if err := <-done; err != nil {
-			b.Fatal(err)
+		buf := pattern(size/streams, 1)
+		b.SetBytes(size)
+		for b.Loop() {
+			var wg sync.WaitGroup
+			for _, c := range conns {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if _, err := c.Write(buf); err != nil {
+						b.Error(err)
+					}
+				}()
+			}
+			wg.Wait()
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+		for range streams {
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
 		}
 	})
 	ca := newCA(b)

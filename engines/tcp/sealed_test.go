@@ -94,6 +94,31 @@ func TestSealedRecordsRoundTrip(t *testing.T) {
 	}
 }
 
+// A Read larger than what the peer wrote returns at the end of the peer's Write: the reader waits for another
+// record only while the last one said more follow.
+func TestSealedRecordsReadReturnsAtWriteEnd(t *testing.T) {
+	client, server, _ := sealedPair(t)
+	for _, n := range []int{recordMax, 2*recordMax + 5, recordsPerFlush*recordMax + 1} {
+		msg := pattern(n, byte(n))
+		if _, err := client.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		server.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got := make([]byte, 0, n)
+		buf := make([]byte, 64<<20)
+		for len(got) < n {
+			m, err := server.Read(buf)
+			if err != nil {
+				t.Fatalf("reading a %d-byte write into a larger buffer: %v after %d bytes", n, err, len(got))
+			}
+			got = append(got, buf[:m]...)
+		}
+		if !bytes.Equal(got, msg) {
+			t.Fatalf("a %d-byte write arrived altered", n)
+		}
+	}
+}
+
 func TestSealedRecordsRekeyAcrossEpochs(t *testing.T) {
 	client, server, _ := sealedPair(t)
 	client.wseq, server.rseq = rekeyEvery-2, rekeyEvery-2
