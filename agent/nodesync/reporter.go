@@ -86,6 +86,8 @@ type Reporter struct {
 	engines []v1alpha1.EngineAvailability
 	// reported is true once a status was applied since the agent started.
 	reported bool
+	// settled is true once a whole round succeeded: until then a round may take the heartbeat timeout.
+	settled bool
 	// written is the status (with its heartbeat) as the API server stored it after the agent's last write:
 	// what the watch of the own object is compared with.
 	written *v1alpha1.TransferNodeStatus
@@ -210,10 +212,25 @@ func (r *Reporter) usesLease() bool { return r.cfg.PoolNamespace != "" && r.cfg.
 // ReportOnce detects the node, applies the TransferNode and its status when they need it, and renews the
 // heartbeat Lease. The Lease is renewed only once the report is known current, so a node whose report cannot
 // be written goes stale rather than claiming an old report. Each round is bounded by the period, so a slow
-// API server cannot stack up rounds.
+// API server cannot stack up rounds; until the first round succeeded, by the heartbeat timeout
+// (LeaseTimeoutPeriods periods): the first round writes the most (Node read, object, status, Event, Lease),
+// there is no heartbeat yet to keep, and abandoning a slow first round only to send it again is what kept a
+// thousand agents starting at once from getting through an API server they had overloaded.
 func (r *Reporter) ReportOnce(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.Period)
+	bound := r.cfg.Period
+	if !r.settled {
+		bound = LeaseTimeoutPeriods * r.cfg.Period
+	}
+	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
+	err := r.reportOnce(ctx)
+	if err == nil {
+		r.settled = true
+	}
+	return err
+}
+
+func (r *Reporter) reportOnce(ctx context.Context) error {
 	rep, err := r.cfg.Detect(ctx)
 	if err != nil {
 		return fmt.Errorf("detecting node %s: %w", r.cfg.NodeName, err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
@@ -335,5 +337,111 @@ func createNamespace(t *testing.T, c client.Client, name string) {
 	t.Helper()
 	if err := c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("creating namespace %s: %v", name, err)
+	}
+}
+
+// slowClient delays every request by the current value of delay, as an overloaded API server answers.
+func slowClient(t *testing.T, cfg *rest.Config, delay *atomic.Int64) client.WithWatch {
+	t.Helper()
+	inner, err := client.NewWithWatch(cfg, client.Options{Scheme: newScheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait := func(ctx context.Context) error {
+		select {
+		case <-time.After(time.Duration(delay.Load())):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return interceptor.NewClient(inner, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if err := wait(ctx); err != nil {
+				return err
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if err := wait(ctx); err != nil {
+				return err
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if err := wait(ctx); err != nil {
+				return err
+			}
+			return c.Update(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if err := wait(ctx); err != nil {
+				return err
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if err := wait(ctx); err != nil {
+				return err
+			}
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			if err := wait(ctx); err != nil {
+				return err
+			}
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+	})
+}
+
+// The first round, which writes the most, may take up to the heartbeat timeout on a slow API server instead of
+// failing at one period and sending it all again; once a round succeeded, rounds are bounded by the period.
+func TestReporterFirstRoundOutlastsThePeriod(t *testing.T) {
+	cfg, c := startEnv(t, false, transferNodeCRD)
+	ctx := t.Context()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "slow-api"}}
+	if err := c.Create(ctx, node); err != nil {
+		t.Fatalf("creating Node: %v", err)
+	}
+	createNamespace(t, c, "inference")
+	root := copyTree(t, filepath.Join(repoRoot, "topology", "testdata", "mi300x-8gpu-roce"))
+	host, err := topology.NewDirHost(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const period = 600 * time.Millisecond
+	var delay atomic.Int64
+	delay.Store(int64(250 * time.Millisecond)) // four or five requests: about two periods, under three
+	r, err := nodesync.New(nodesync.Config{
+		NodeName: node.Name, PoolNamespace: "inference", PoolName: "kv", Period: period,
+		Identity: nodestatus.Identity{AgentVersion: "test", Endpoint: "10.0.0.1:7470"},
+		Detect: func(ctx context.Context) (topology.Report, error) {
+			return topology.Detect(ctx, host, topology.Options{})
+		},
+		Client: slowClient(t, cfg, &delay), Log: testr.New(t), RecordEvents: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := r.ReportOnce(ctx); err != nil {
+		t.Fatalf("first round on a slow API server: %v", err)
+	}
+	if took := time.Since(start); took <= period {
+		t.Fatalf("the first round took %v, not longer than a period (%v): the test did not slow it down", took, period)
+	}
+	var tn v1alpha1.TransferNode
+	if err := c.Get(ctx, client.ObjectKey{Name: node.Name}, &tn); err != nil || tn.Status.LastHeartbeat == nil {
+		t.Fatalf("TransferNode after the first round: %v, heartbeat %v", err, tn.Status.LastHeartbeat)
+	}
+	// Steady state: a round (one Lease renewal) slower than the period fails at the period.
+	delay.Store(int64(period + 200*time.Millisecond))
+	start = time.Now()
+	if err := r.ReportOnce(ctx); err == nil {
+		t.Fatal("a steady-state round slower than the period succeeded")
+	}
+	if took := time.Since(start); took > period+150*time.Millisecond {
+		t.Fatalf("a steady-state round took %v, bounded by the period (%v)", took, period)
 	}
 }
