@@ -57,11 +57,25 @@ func (b *eventBudget) Eventf(regarding, related runtime.Object, eventtype, reaso
 // DomainEventsDropped is the counter of the domains' Events left out, by type (Normal, Warning), registered
 // once with reg (a second reconciler in one process shares it). Both series exist from the start.
 func DomainEventsDropped(reg prometheus.Registerer) *prometheus.CounterVec {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+	return droppedCounter(reg, prometheus.CounterOpts{
 		Name: "fabricxfer_operator_domain_events_dropped_total",
 		Help: "Events on VPodTopologies not recorded because more than the operator's budget for them came at once " +
 			"(agents starting or going stale together), by type; the status says the same.",
-	}, []string{"type"})
+	})
+}
+
+// AgentEventsDropped is the counter of the agents controller's Events on pools left out, by type, registered
+// once with reg. Both series exist from the start.
+func AgentEventsDropped(reg prometheus.Registerer) *prometheus.CounterVec {
+	return droppedCounter(reg, prometheus.CounterOpts{
+		Name: "fabricxfer_operator_agent_events_dropped_total",
+		Help: "Events of the pools' agent DaemonSets (created, restored, rolled out, unavailable, ...) not recorded because " +
+			"more than the operator's budget for them came at once, by type; the pools' AgentsReady condition says the same.",
+	})
+}
+
+func droppedCounter(reg prometheus.Registerer, opts prometheus.CounterOpts) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(opts, []string{"type"})
 	if err := reg.Register(c); err != nil {
 		var already prometheus.AlreadyRegisteredError
 		if errors.As(err, &already) {

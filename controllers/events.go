@@ -33,6 +33,15 @@ const (
 	EventCertsIssued   = "CertificatesIssued"     // the pool's first CA and trust bundle
 	EventCertsRotated  = "CertificatesRotated"    // the CA renewed, or an earlier version's pool-wide key removed
 	EventCertsFailed   = "CertificateIssueFailed" // issuing or renewing failed (CertificatesReady turned False for it)
+	// The agents controller's, on TransferPools.
+	EventAgentsCreated     = "AgentsCreated"     // the agents' DaemonSet, ServiceAccount and RBAC were created
+	EventAgentsUpdated     = "AgentsUpdated"     // a new generation of the pool was applied to the DaemonSet
+	EventAgentsRestored    = "AgentsRestored"    // the DaemonSet was changed outside the operator and applied again
+	EventAgentsRecreated   = "AgentsRecreated"   // the DaemonSet was deleted outside the operator and created again
+	EventAgentsRolledOut   = "AgentsRolledOut"   // the DaemonSet's rollout completed (AgentsReady turned AgentsRolledOut)
+	EventAgentsUnavailable = "AgentsUnavailable" // the DaemonSet left rolled out with no new generation (agents not available)
+	EventAgentsRemoved     = "AgentsRemoved"     // the DaemonSet was deleted: another pool came first on its nodes
+	EventAgentsCleanedUp   = "AgentsCleanedUp"   // the pool is being deleted and its agents' objects are gone
 
 	// On VPodTopologies.
 	EventDomainCreated    = "DomainCreated"  // a scale-up domain was discovered from agents' reports

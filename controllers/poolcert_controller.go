@@ -11,7 +11,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -51,6 +50,8 @@ type PoolCertReconciler struct {
 	Issuer PoolSecretIssuer
 	// Recorder records Events on pools; nil records none.
 	Recorder events.EventRecorder
+	// APIReader reads a pool from the API server when a write met a newer version; the Client when nil.
+	APIReader client.Reader
 }
 
 // recheckCerts bounds the wait before looking at a pool's certificates again, should a renewal time be lost.
@@ -70,12 +71,14 @@ func (r *PoolCertReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 	}
 	if !controllerutil.ContainsFinalizer(pool, certFinalizer) {
 		// Before the first Secret: a pool being deleted refuses new finalizers, so nothing is issued for it.
-		if err := setFinalizer(ctx, r.Client, pool, certFinalizer, true); err != nil {
+		if _, err := setPoolFinalizer(ctx, r.Client, r.apiReader(), pool, certFinalizer, true); err != nil {
 			return ctrl.Result{}, err
+		}
+		if !controllerutil.ContainsFinalizer(pool, certFinalizer) {
+			return ctrl.Result{}, nil // gone, replaced or being deleted: its own event brings the next reconcile
 		}
 	}
 
-	before := pool.DeepCopy()
 	cond := metav1.Condition{Type: fxv1.ConditionCertificatesReady, ObservedGeneration: pool.Generation}
 	var issued PoolCertificates
 	defer func() {
@@ -85,22 +88,18 @@ func (r *PoolCertReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 		if cond.Reason == "" {
 			return // nothing was concluded (reading the pool's agents failed): the condition stays as it was
 		}
-		was := meta.FindStatusCondition(before.Status.Conditions, fxv1.ConditionCertificatesReady)
-		meta.SetStatusCondition(&pool.Status.Conditions, cond)
-		now := meta.FindStatusCondition(pool.Status.Conditions, fxv1.ConditionCertificatesReady)
-		if was != nil && *was == *now {
+		// The other controllers write the rest of the status: only this condition is written, under the
+		// pool's resourceVersion, merged with theirs on a conflict (writePool).
+		was, wrote, err := setPoolCondition(ctx, r.Client, r.apiReader(), pool, cond)
+		if err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("writing the certificate condition of pool %s: %w", req, err))
 			return
 		}
-		// The pool controller writes the rest of the status from its own copy: the lock makes the later of
-		// two writers read again instead of dropping the other's conditions.
-		if err := r.Status().Patch(ctx, pool, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-			if !apierrors.IsNotFound(err) {
-				retErr = errors.Join(retErr, fmt.Errorf("writing the certificate condition of pool %s: %w", req, err))
-			}
-			return
+		if wrote {
+			// A failure is announced once, when the condition written turns to it.
+			now := meta.FindStatusCondition(pool.Status.Conditions, fxv1.ConditionCertificatesReady)
+			record(r.Recorder, pool, "IssueCertificates", certEvents(was, now, PoolCertificates{}))
 		}
-		// A failure is announced once, when the condition written turns to it.
-		record(r.Recorder, pool, "IssueCertificates", certEvents(was, now, PoolCertificates{}))
 	}()
 
 	running, err := r.agentsRun(ctx, pool)
@@ -151,10 +150,18 @@ func (r *PoolCertReconciler) finalize(ctx context.Context, pool *fxv1.TransferPo
 	if running {
 		return ctrl.Result{RequeueAfter: time.Second}, nil // the DaemonSet's deletion brings us back sooner
 	}
-	if err := deleteOwned(ctx, r.Client, pool, &corev1.SecretList{}, client.InNamespace(r.Agent.namespace())); err != nil {
+	if _, err := deleteOwned(ctx, r.Client, pool, &corev1.SecretList{}, client.InNamespace(r.Agent.namespace())); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, client.IgnoreNotFound(setFinalizer(ctx, r.Client, pool, certFinalizer, false))
+	_, err = setPoolFinalizer(ctx, r.Client, r.apiReader(), pool, certFinalizer, false)
+	return ctrl.Result{}, err
+}
+
+func (r *PoolCertReconciler) apiReader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
 }
 
 // certEvents are the Events of one pass: certificates issued or rotated, and a failure when the condition
@@ -198,22 +205,4 @@ func beingDeleted() predicate.Predicate {
 // createdOrDeleted passes objects appearing and going, not their updates (a DaemonSet's status changes often).
 func createdOrDeleted() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }}
-}
-
-// setFinalizer adds (add) or removes a pool's finalizer, under the pool's resourceVersion: a merge patch
-// replaces the whole list, and two controllers keep one finalizer each, so a patch from a stale copy must
-// fail, not drop the other's.
-func setFinalizer(ctx context.Context, c client.Client, pool *fxv1.TransferPool, finalizer string, add bool) error {
-	patch := client.MergeFromWithOptions(pool.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	verb := "removing"
-	if add {
-		verb = "adding"
-		controllerutil.AddFinalizer(pool, finalizer)
-	} else {
-		controllerutil.RemoveFinalizer(pool, finalizer)
-	}
-	if err := c.Patch(ctx, pool, patch); err != nil {
-		return fmt.Errorf("%s finalizer %s of pool %s/%s: %w", verb, finalizer, pool.Namespace, pool.Name, err)
-	}
-	return nil
 }

@@ -133,16 +133,21 @@ func runSuite(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "creating manager:", err)
 		return 1
 	}
-	pools := &TransferPoolReconciler{Client: mgr.GetClient(), Scheme: scheme, Agent: testAgentSettings,
+	pools := &TransferPoolReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Scheme: scheme, Agent: testAgentSettings,
 		Recorder: mgr.GetEventRecorder(EventRecorderName)}
 	issuer := NewCertIssuer(mgr.GetClient())
 	if err := (&NodeCertReconciler{Client: mgr.GetClient(), Agent: testAgentSettings, Issuer: issuer}).SetupWithManager(mgr); err != nil {
 		fmt.Fprintln(os.Stderr, "setting up the node certificate signer:", err)
 		return 1
 	}
-	if err := (&PoolCertReconciler{Client: mgr.GetClient(), Agent: testAgentSettings, Issuer: issuer,
+	if err := (&PoolCertReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Agent: testAgentSettings, Issuer: issuer,
 		Recorder: mgr.GetEventRecorder(EventRecorderName)}).SetupWithManager(mgr); err != nil {
 		fmt.Fprintln(os.Stderr, "setting up the pool certificate controller:", err)
+		return 1
+	}
+	if err := (&PoolAgentsReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Agent: testAgentSettings,
+		Recorder: mgr.GetEventRecorder(EventRecorderName)}).SetupWithManager(mgr); err != nil {
+		fmt.Fprintln(os.Stderr, "setting up pool agents:", err)
 		return 1
 	}
 	if err := pools.SetupWithManager(mgr); err != nil {

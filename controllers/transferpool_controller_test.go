@@ -13,12 +13,10 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -179,133 +177,6 @@ func waitPool(t *testing.T, c client.Client, pool *fxv1.TransferPool, ready meta
 	return got
 }
 
-func TestPoolOwnsAgentDaemonSetAndRBAC(t *testing.T) {
-	c := apiClient(t)
-	ctx := context.Background()
-	ns := newNamespace(t, c)
-	pool := newPool(t, c, ns, "kv", "owns")
-	name := AgentObjectName(ns, "kv")
-	inAgents := client.ObjectKey{Namespace: testAgentNamespace, Name: name}
-
-	// The agents, their identity and their certificates live in the operator's namespace, never the tenant's.
-	ds := &appsv1.DaemonSet{}
-	eventually(t, settle, "agent DaemonSet", func() error { return c.Get(ctx, inAgents, ds) })
-	if got := ds.Spec.Template.Spec.NodeSelector["fabricxfer.io/test-group"]; got != "owns" {
-		t.Errorf("DaemonSet node selector = %v, want the pool's", ds.Spec.Template.Spec.NodeSelector)
-	}
-	if len(ds.Spec.Template.Spec.Tolerations) != 1 || ds.Spec.Template.Spec.Tolerations[0].Key != "nvidia.com/gpu" {
-		t.Errorf("DaemonSet tolerations = %v, want the pool's", ds.Spec.Template.Spec.Tolerations)
-	}
-	if ds.Spec.Template.Spec.ServiceAccountName != name {
-		t.Errorf("agents run as %q, want the pool's own ServiceAccount %q", ds.Spec.Template.Spec.ServiceAccountName, name)
-	}
-	for _, obj := range []client.Object{&corev1.ServiceAccount{}, &rbacv1.ClusterRoleBinding{}} {
-		key := inAgents
-		if _, cluster := obj.(*rbacv1.ClusterRoleBinding); cluster {
-			key = client.ObjectKey{Name: name}
-		}
-		eventually(t, settle, fmt.Sprintf("%T of the pool", obj), func() error {
-			if err := c.Get(ctx, key, obj); err != nil {
-				return err
-			}
-			if l := obj.GetLabels(); l[fxv1.LabelPoolName] != "kv" || l[fxv1.LabelPoolNamespace] != ns {
-				return fmt.Errorf("labels %v do not name the pool", l)
-			}
-			return nil
-		})
-	}
-	crb := &rbacv1.ClusterRoleBinding{}
-	if err := c.Get(ctx, client.ObjectKey{Name: name}, crb); err != nil {
-		t.Fatal(err)
-	}
-	if crb.RoleRef.Name != AgentClusterRole || len(crb.Subjects) != 1 || crb.Subjects[0].Namespace != testAgentNamespace {
-		t.Errorf("ClusterRoleBinding binds %s to %v, want %s to the agents' ServiceAccount", crb.RoleRef.Name, crb.Subjects, AgentClusterRole)
-	}
-	// In the pool's namespace only what lets agents read the pool and renew Leases, owned by the pool.
-	for _, obj := range []client.Object{&rbacv1.Role{}, &rbacv1.RoleBinding{}} {
-		key := client.ObjectKey{Namespace: ns, Name: name}
-		eventually(t, settle, fmt.Sprintf("%T owned by the pool", obj), func() error {
-			if err := c.Get(ctx, key, obj); err != nil {
-				return err
-			}
-			refs := obj.GetOwnerReferences()
-			if len(refs) != 1 || refs[0].Kind != "TransferPool" || refs[0].Name != "kv" || refs[0].Controller == nil || !*refs[0].Controller {
-				return fmt.Errorf("owner references %v", refs)
-			}
-			return nil
-		})
-	}
-	// The agents' Secret holds the CA bundle and no key: each agent's key stays on its node.
-	eventually(t, settle, "agent certificates", func() error {
-		s := &corev1.Secret{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: testAgentNamespace, Name: name + "-tls"}, s); err != nil {
-			return err
-		}
-		if len(s.Data["ca.crt"]) == 0 || len(s.Data) != 1 {
-			return fmt.Errorf("secret holds %d keys, want only ca.crt", len(s.Data))
-		}
-		return nil
-	})
-	for _, list := range []client.ObjectList{&appsv1.DaemonSetList{}, &corev1.SecretList{}, &corev1.ServiceAccountList{}} {
-		if err := c.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{fxv1.LabelPoolName: "kv"}); err != nil {
-			t.Fatal(err)
-		}
-		if n := meta.LenList(list); n != 0 {
-			t.Errorf("%d %T of the pool in the tenant's namespace %s, want none", n, list, ns)
-		}
-	}
-
-	// A changed pool changes the DaemonSet (retrying while the operator writes status).
-	var got *fxv1.TransferPool
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var err error
-		if got, err = getPool(c, pool); err != nil {
-			return err
-		}
-		got.Spec.NodeSelector = map[string]string{"fabricxfer.io/test-group": "owns-2"}
-		got.Spec.Agent.HeartbeatSeconds = 5
-		return c.Update(ctx, got)
-	}); err != nil {
-		t.Fatalf("updating pool: %v", err)
-	}
-	eventually(t, settle, "DaemonSet follows the pool", func() error {
-		if err := c.Get(ctx, inAgents, ds); err != nil {
-			return err
-		}
-		if ds.Spec.Template.Spec.NodeSelector["fabricxfer.io/test-group"] != "owns-2" {
-			return fmt.Errorf("node selector %v", ds.Spec.Template.Spec.NodeSelector)
-		}
-		if !strings.Contains(strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), "--heartbeat=5s") {
-			return fmt.Errorf("args %v", ds.Spec.Template.Spec.Containers[0].Args)
-		}
-		return nil
-	})
-
-	// Deleting the pool removes what it owns outside its namespace (finalizer, by owner labels).
-	if err := c.Delete(ctx, got); err != nil {
-		t.Fatalf("deleting pool: %v", err)
-	}
-	eventually(t, settle, "pool and what it owned outside its namespace gone", func() error {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(pool), &fxv1.TransferPool{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("pool still there: %v", err)
-		}
-		for _, obj := range []struct {
-			key client.ObjectKey
-			o   client.Object
-		}{
-			{inAgents, &appsv1.DaemonSet{}}, {inAgents, &corev1.ServiceAccount{}},
-			{client.ObjectKey{Namespace: testAgentNamespace, Name: name + "-tls"}, &corev1.Secret{}},
-			{client.ObjectKey{Namespace: testAgentNamespace, Name: name + "-tls-ca"}, &corev1.Secret{}},
-			{client.ObjectKey{Name: name}, &rbacv1.ClusterRoleBinding{}},
-		} {
-			if err := c.Get(ctx, obj.key, obj.o); !apierrors.IsNotFound(err) {
-				return fmt.Errorf("%T %s still there: %v", obj.o, obj.key, err)
-			}
-		}
-		return nil
-	})
-}
-
 func TestPoolStatusCountsReportingNodes(t *testing.T) {
 	c := apiClient(t)
 	ns := newNamespace(t, c)
@@ -354,8 +225,10 @@ func TestPoolsSelectingTheSameNodesConflict(t *testing.T) {
 	eventually(t, settle, "the first pool's agents", func() error {
 		return c.Get(ctx, client.ObjectKey{Namespace: testAgentNamespace, Name: AgentObjectName(ns, "a")}, &appsv1.DaemonSet{})
 	})
-	// The certificate controller's condition follows the agents; read the first pool once it is there.
+	// The certificate controller's condition follows the agents; read the first pool once it and the agents
+	// controller's condition are there.
 	waitCertCondition(t, c, a, metav1.ConditionTrue, fxv1.ReasonCertificatesIssued)
+	waitAgentsCondition(t, c, a, metav1.ConditionTrue, fxv1.ReasonAgentsRollingOut)
 	gotA, err := getPool(c, a)
 	if err != nil {
 		t.Fatal(err)
@@ -392,6 +265,10 @@ func TestPoolsSelectingTheSameNodesConflict(t *testing.T) {
 		}
 		return nil
 	})
+	// The agents controller says the same in its own condition, and ran no agent for b.
+	if cond := waitAgentsCondition(t, c, b, metav1.ConditionFalse, fxv1.ReasonConflict); !strings.Contains(cond.Message, ns+"/a") {
+		t.Errorf("AgentsReady of the later pool %q does not name the first", cond.Message)
+	}
 	time.Sleep(time.Second) // the first pool's reconciles that b's creation caused
 	after, err := getPool(c, a)
 	if err != nil {

@@ -63,6 +63,13 @@ const (
 	// ReasonWaitingForAgents: certificates are issued once the pool runs agents (not for a refused or
 	// conflicting pool).
 	ReasonWaitingForAgents = "WaitingForAgents"
+	// ConditionAgentsReady says whether the operator runs the pool's agents as its spec asks: their DaemonSet,
+	// ServiceAccount and RBAC applied for the pool's generation (written by the operator's agents controller).
+	// True: AgentsRolledOut once the DaemonSet's rollout is complete, AgentsRollingOut before. False:
+	// InvalidSpec or ImageNotAllowed (refused, nothing written), Conflict (another pool came first: no agents),
+	// ReconcileError (the API server refused an object).
+	ConditionAgentsReady   = "AgentsReady"
+	ReasonAgentsRollingOut = "AgentsRollingOut"
 )
 
 // Labels and annotations the operator and agents set.

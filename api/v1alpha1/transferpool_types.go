@@ -190,8 +190,8 @@ type EngineCount struct {
 type TransferPoolStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// Conditions Ready, Progressing and Degraded (the pool controller's) and CertificatesReady (the
-	// certificate controller's).
+	// Conditions Ready, Progressing and Degraded (the pool controller's), AgentsReady (the agents
+	// controller's) and CertificatesReady (the certificate controller's).
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright The fabricxfer Authors
 
-// Command operator runs the fabricxfer operator: one agent DaemonSet per TransferPool, pool status from agent
-// reports, and VPodTopology objects from the scale-up domains agents detect.
+// Command operator runs the fabricxfer operator: one agent DaemonSet per TransferPool (with its certificates),
+// pool status from agent reports, and VPodTopology objects from the scale-up domains agents detect.
 package main
 
 import (
@@ -98,6 +98,8 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
+	// One controller per concern, each writing its own condition of a pool: the aggregate status (nodes
+	// reporting), the agents' objects (AgentsReady), the certificates (CertificatesReady).
 	pools := &controllers.TransferPoolReconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
@@ -105,9 +107,15 @@ func run() error {
 		Agent:     agent,
 		Recorder:  mgr.GetEventRecorder(controllers.EventRecorderName),
 	}
+	agents := &controllers.PoolAgentsReconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Agent:     agent,
+		Recorder:  mgr.GetEventRecorder(controllers.EventRecorderName),
+	}
 	// The certificate controller runs either way: with issuing off it only lets go pools that carry its
 	// finalizer from a run that issued.
-	certs := &controllers.PoolCertReconciler{Client: mgr.GetClient(), Agent: agent,
+	certs := &controllers.PoolCertReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Agent: agent,
 		Recorder: mgr.GetEventRecorder(controllers.EventRecorderName)}
 	if *issueAgentCert {
 		issuer := controllers.NewCertIssuer(mgr.GetClient())
@@ -118,6 +126,9 @@ func run() error {
 	}
 	if err := certs.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the pool certificate controller: %w", err)
+	}
+	if err := agents.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the pool agents controller: %w", err)
 	}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TransferPool controller: %w", err)
