@@ -4,7 +4,6 @@
 package tcp
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -103,17 +102,7 @@ func BenchmarkWireModes(b *testing.B) {
 			imp(b, a, dst)
 			b.SetBytes(size)
 			for b.Loop() {
-				pb := a.NewPlan()
-				if err := pb.Add(engines.Item{Src: src.ID, Dst: dst.ID, Size: size}); err != nil {
-					b.Fatal(err)
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				tr, err := a.Submit(ctx, pb.Build(), engines.SubmitOptions{})
-				if err == nil {
-					err = tr.Wait(ctx)
-				}
-				cancel()
-				if err != nil {
+				if err := moveWithin(a, 30*time.Second, item(engines.Item{Src: src.ID, Dst: dst.ID, Size: size})); err != nil {
 					b.Fatal(err)
 				}
 			}

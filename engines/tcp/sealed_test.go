@@ -5,7 +5,6 @@ package tcp
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -276,17 +275,7 @@ func TestSealedRecordsBetweenAgents(t *testing.T) {
 			// Read them back into a second local region: answers travel the other way.
 			back := make([]byte, len(payload))
 			local := register(t, a, "node-a/back", back)
-			pl := a.NewPlan()
-			if err := pl.Add(engines.Item{Src: dst.ID, Dst: local.ID, Size: uint64(len(back)), Tag: 2}); err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			tr, err := a.Submit(ctx, pl.Build(), engines.SubmitOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := tr.Wait(ctx); err != nil {
+			if err := moveWithin(a, 10*time.Second, item(engines.Item{Src: dst.ID, Dst: local.ID, Size: uint64(len(back)), Tag: 2})); err != nil {
 				t.Fatalf("read: %v", err)
 			}
 			if view, unpin, err := a.Pin(local.ID); err != nil || !bytes.Equal(view, payload) {

@@ -4,7 +4,6 @@
 package tcp
 
 import (
-	"context"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -32,17 +31,7 @@ func BenchmarkStagedBlocks(b *testing.B) {
 	run := func(b *testing.B, plan func(engines.PlanBuilder) error) {
 		b.SetBytes(n * bs)
 		for b.Loop() {
-			pb := a.NewPlan()
-			if err := plan(pb); err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			tr, err := a.Submit(ctx, pb.Build(), engines.SubmitOptions{})
-			if err == nil {
-				err = tr.Wait(ctx)
-			}
-			cancel()
-			if err != nil {
+			if err := moveWithin(a, 30*time.Second, plan); err != nil {
 				b.Fatal(err)
 			}
 		}

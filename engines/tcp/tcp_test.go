@@ -47,6 +47,26 @@ func register(t testing.TB, e *Engine, id string, buf []byte) engines.MemoryDesc
 	return d
 }
 
+// moveWithin plans on e what add adds, submits it and waits for it, all within limit.
+func moveWithin(e *Engine, limit time.Duration, add func(engines.PlanBuilder) error) error {
+	pb := e.NewPlan()
+	if err := add(pb); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	tr, err := e.Submit(ctx, pb.Build(), engines.SubmitOptions{})
+	if err != nil {
+		return err
+	}
+	return tr.Wait(ctx)
+}
+
+// item is a plan's add of one item, for moveWithin.
+func item(it engines.Item) func(engines.PlanBuilder) error {
+	return func(pb engines.PlanBuilder) error { return pb.Add(it) }
+}
+
 // imp ships a descriptor the way agents do (wire encoding) and imports it.
 func imp(t testing.TB, e *Engine, d engines.MemoryDesc) {
 	t.Helper()

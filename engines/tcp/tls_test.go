@@ -4,7 +4,6 @@
 package tcp
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -85,17 +84,7 @@ func writeOnce(t *testing.T, a *Engine, remote engines.MemoryDesc, payload []byt
 	t.Helper()
 	local := register(t, a, "node-a/src", payload)
 	imp(t, a, remote)
-	b := a.NewPlan()
-	if err := b.Add(engines.Item{Src: local.ID, Dst: remote.ID, Size: uint64(len(payload)), Tag: 1}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	tr, err := a.Submit(ctx, b.Build(), engines.SubmitOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tr.Wait(ctx)
+	return moveWithin(a, 10*time.Second, item(engines.Item{Src: local.ID, Dst: remote.ID, Size: uint64(len(payload)), Tag: 1}))
 }
 
 func TestMutualTLS(t *testing.T) {
