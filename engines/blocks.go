@@ -322,8 +322,13 @@ func (p *planner) buildBlocks() {
 // compositeBlocks is the composite planner's block batch: the pairs by the engine that moves them.
 type compositeBlocks struct {
 	batch  Blocks
-	engine []int // per pair
+	engine []int      // per pair
+	infos  []pairInfo // per pair, what judging it found (sizes, generations, direction)
+	shape  blockShape
 	added  bool
+	// dupChecked: the destination ids were checked for repeats, with dupErr the outcome.
+	dupChecked bool
+	dupErr     error
 }
 
 // AddBlocks implements BlockAdder: the batch is checked once (geometry, bounds, a route per pair) and handed to
@@ -345,6 +350,10 @@ func (p *compositePlanner) AddBlocks(b Blocks) error {
 		return p.reject(blockItem(&b, firstPair(b)), err, 0)
 	}
 	engs := make([]int, len(b.Pairs))
+	var infos []pairInfo
+	if p.c.shared {
+		infos = make([]pairInfo, len(b.Pairs))
+	}
 	for i, bp := range b.Pairs {
 		info := p.judgePair(bp.Src, bp.Dst)
 		if info.err == nil && !b.deferred {
@@ -354,11 +363,15 @@ func (p *compositePlanner) AddBlocks(b Blocks) error {
 			return p.reject(blockItem(&b, bp), info.err, info.dir)
 		}
 		engs[i] = info.engine
+		if infos != nil {
+			info.src, info.dst = bp.Src, bp.Dst
+			infos[i] = info
+		}
 	}
 	if !b.deferred {
 		b.shape = &sh
 	}
-	p.blocks.batch, p.blocks.engine = b, engs
+	p.blocks.batch, p.blocks.engine, p.blocks.infos, p.blocks.shape = b, engs, infos, sh
 	return nil
 }
 
@@ -402,6 +415,10 @@ func (p *compositePlanner) buildBlocks(out *PlanSet) {
 		if len(pairs) == 0 {
 			continue
 		}
+		if p.c.shared {
+			p.addPart(out, p.planBlocks(eng, pairs))
+			continue
+		}
 		pb := p.c.engines[eng].NewPlan()
 		sub := *b
 		sub.Pairs = pairs
@@ -412,4 +429,88 @@ func (p *compositePlanner) buildBlocks(out *PlanSet) {
 		}
 		p.addPart(out, pb.Build())
 	}
+}
+
+// planBlocks plans engine eng's pairs of the checked block batch, for an engine sharing the composite's
+// registry, as its own planner would have: in block form when its limits take block plans (the destination
+// ids checked for repeats once per batch, however many engines take it), else one entry per block through the
+// overlap check and the coalescing of items.
+func (p *compositePlanner) planBlocks(eng int, pairs []BlockPair) *PlanSet {
+	b := &p.blocks.batch
+	part := p.c.newPart(eng)
+	lim := p.c.limits[eng]
+	var infos []pairInfo
+	for i, e := range p.blocks.engine {
+		if e == eng {
+			infos = append(infos, p.blocks.infos[i])
+		}
+	}
+	if lim.BlockPlans {
+		if err := p.blocksDuplicate(); err != nil {
+			sub := *b
+			sub.Pairs = pairs
+			part.Rejected = append(part.Rejected, &ItemError{Item: blockItem(&sub, pairs[0]), Err: err})
+			return part
+		}
+		sh := p.blocks.shape
+		srcBlocks, dstBlocks := uint64(math.MaxUint32), uint64(math.MaxUint32)
+		for i := range infos {
+			srcBlocks, dstBlocks = min(srcBlocks, infos[i].srcSize/b.BlockBytes), min(dstBlocks, infos[i].dstSize/b.BlockBytes)
+		}
+		list := &BlockList{BlockBytes: b.BlockBytes, SrcIDs: b.SrcIDs, DstIDs: b.DstIDs,
+			SrcMin: sh.minSrc, SrcMax: sh.maxSrc, DstMin: sh.minDst, DstMax: sh.maxDst,
+			Unchecked: b.deferred, SrcBlocks: uint32(srcBlocks), DstBlocks: uint32(dstBlocks)}
+		for i := range infos {
+			info := &infos[i]
+			part.Plans = append(part.Plans, Plan{Engine: part.planner, Direction: info.dir, Src: info.src, Dst: info.dst,
+				srcGen: info.srcGen, dstGen: info.dstGen, Blocks: list, Tags: []Tag{b.Tag}, Bytes: list.Bytes()})
+		}
+		return part
+	}
+	// One entry per block, in the order an engine planner fed block by block would have taken them. The
+	// batch's pairs were checked; the entries are bounded by the batch's shape, or checked one by one when the
+	// ids were left to the engine (as its planner's Add did, stopping at the first refusal).
+	bt := p.b
+	bt.pairs = append(bt.pairs[:0], infos...)
+	bt.entries = bt.entries[:0]
+	defer func() { bt.pairs, bt.entries = bt.pairs[:0], bt.entries[:0] }()
+expand:
+	for k := range bt.pairs {
+		pi := &bt.pairs[k]
+		for i := range b.SrcIDs {
+			it := Item{Src: pi.src, Dst: pi.dst, SrcOffset: uint64(b.SrcIDs[i]) * b.BlockBytes,
+				DstOffset: uint64(b.DstIDs[i]) * b.BlockBytes, Size: b.BlockBytes, Tag: b.Tag}
+			if b.deferred {
+				if err := CheckBounds(it, pi.srcSize, pi.dstSize); err != nil {
+					part.Rejected = append(part.Rejected, &ItemError{Item: it, Err: err})
+					break expand
+				}
+			}
+			bt.accept(int32(k), it)
+		}
+	}
+	if len(bt.entries) == 0 {
+		return part
+	}
+	bt.intern()
+	bt.rejectOverlaps(func(it Item, err error) { part.Rejected = append(part.Rejected, &ItemError{Item: it, Err: err}) })
+	bt.groupByPair()
+	bt.eachPair(func(es []entry) { planPair(part, part.planner, lim, &bt.pairs[es[0].pair], es) })
+	return part
+}
+
+// blocksDuplicate checks the batch's destination ids for repeats, once per batch (nil when planning left the
+// ids to the engine that runs them).
+func (p *compositePlanner) blocksDuplicate() error {
+	bl := &p.blocks
+	if bl.batch.deferred {
+		return nil
+	}
+	if !bl.dupChecked {
+		bl.dupChecked = true
+		if i, ok := firstDuplicate(bl.batch.DstIDs, bl.shape.maxDst, &p.b.dup); ok {
+			bl.dupErr = fmt.Errorf("%w: destination block %d is named twice (entry %d)", ErrOverlap, bl.batch.DstIDs[i], i)
+		}
+	}
+	return bl.dupErr
 }

@@ -43,9 +43,18 @@ type cluster struct {
 	next    atomic.Uint64
 }
 
-func newCluster(t *testing.T) *cluster {
+// newCluster builds node-a as the agent does: one registry, owned by the composite and shared by its engines.
+func newCluster(t *testing.T) *cluster { t.Helper(); return newClusterOn(t, true) }
+
+// newClusterOn builds node-a with one shared registry, or (shared false) with engines built standalone, each
+// keeping its own registry beside the composite's.
+func newClusterOn(t *testing.T, shared bool) *cluster {
 	t.Helper()
 	c := &cluster{gate: &enginetest.Gate{}, metrics: engines.NewMetrics()}
+	var regions *engines.Registry
+	if shared {
+		regions = engines.NewRegistry("node-a", 0)
+	}
 	listen := func() net.Listener {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -53,11 +62,11 @@ func newCluster(t *testing.T) *cluster {
 		}
 		return ln
 	}
-	x, err := xgmi.New(xgmi.Options{Node: "node-a", CheckDisjoint: true}, gatedHost{xgmi.NewHostBackend(), c.gate})
+	x, err := xgmi.New(xgmi.Options{Node: "node-a", CheckDisjoint: true, Registry: regions}, gatedHost{xgmi.NewHostBackend(), c.gate})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ta, err := tcp.New(tcp.Options{Node: "node-a", Listener: listen(), ChunkBytes: 64 << 10, Logf: t.Logf})
+	ta, err := tcp.New(tcp.Options{Node: "node-a", Listener: listen(), ChunkBytes: 64 << 10, Logf: t.Logf, Registry: regions})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +74,7 @@ func newCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.a, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a", Metrics: c.metrics}, ta, x)
+	c.a, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a", Metrics: c.metrics, Registry: regions}, ta, x)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,12 +30,15 @@ type Options struct {
 	Workers int
 	// Grace bounds how long Deregister and Close wait for cancelled copies.
 	Grace time.Duration
+	// Registry, when set, is the composite's region table, shared by every engine of the node (see
+	// engines.Regions); nil gives the engine one of its own.
+	Registry *engines.Registry
 }
 
 // Engine is the fabric engine.
 type Engine struct {
 	opts        Options
-	reg         *engines.Registry
+	reg         engines.Regions
 	slots       chan struct{}
 	available   bool
 	unavailable string
@@ -72,7 +75,11 @@ func New(opts Options) (*Engine, error) {
 	if opts.Workers <= 0 {
 		opts.Workers = 4
 	}
-	e := &Engine{opts: opts, reg: engines.NewRegistry(opts.Node, opts.Grace), slots: make(chan struct{}, opts.Workers),
+	reg, err := engines.NewRegions(engines.EngineFabric, opts.Registry, opts.Node, opts.Grace)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{opts: opts, reg: reg, slots: make(chan struct{}, opts.Workers),
 		local: map[engines.MemoryID]localRegion{}, notExp: map[engines.MemoryID]string{}, mappings: map[engines.MemoryID]*mapping{}}
 	e.available, e.unavailable = opts.Runtime.Available()
 	return e, nil
@@ -230,8 +237,14 @@ func Claims(self string, src, dst *engines.MemoryDesc) (bool, string) {
 
 // NewPlan implements engines.Engine.
 func (e *Engine) NewPlan() engines.PlanBuilder {
-	return engines.NewPlanner(e.Name(), e.reg, engines.Limits{}, e.CanHandle)
+	return engines.NewPlanner(e.Name(), e.reg.Registry, e.PlanLimits(), e.CanHandle)
 }
+
+// Registry is the region table the engine plans and submits against (the composite's when shared).
+func (e *Engine) Registry() *engines.Registry { return e.reg.Registry }
+
+// PlanLimits are the limits the engine plans with (none: a plan is one copy call per segment).
+func (e *Engine) PlanLimits() engines.Limits { return engines.Limits{} }
 
 // SetNotifyHandler implements engines.Engine.
 func (e *Engine) SetNotifyHandler(fn engines.NotifyFunc) {
@@ -332,7 +345,7 @@ func (e *Engine) remoteBase(gpu int, remote *engines.MemoryDesc) (uint64, error)
 // remote node through the Notifier, reads (which land here) to this node's
 // handler. A notification that cannot be delivered fails its plans.
 func (e *Engine) notifyAll(ctx context.Context, plans []engines.Plan, outcomes []engines.Outcome, payload []byte) {
-	engines.NotifyDestinations(ctx, e.opts.Node, e.reg, plans, outcomes, payload,
+	engines.NotifyDestinations(ctx, e.opts.Node, e.reg.Registry, plans, outcomes, payload,
 		func(n engines.Notification) {
 			e.mu.Lock()
 			fn := e.notify

@@ -56,12 +56,15 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// Grace bounds how long Deregister and Close wait for cancelled copies.
 	Grace time.Duration
+	// Registry, when set, is the composite's region table, shared by every engine of the node (see
+	// engines.Regions); nil gives the engine one of its own.
+	Registry *engines.Registry
 }
 
 // Engine is the rdma engine.
 type Engine struct {
 	opts        Options
-	reg         *engines.Registry
+	reg         engines.Regions
 	slots       chan struct{}
 	unavailable string
 	wrIDs       atomic.Uint64
@@ -114,7 +117,11 @@ func New(opts Options) (*Engine, error) {
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = 10 * time.Second
 	}
-	e := &Engine{opts: opts, reg: engines.NewRegistry(opts.Node, opts.Grace), slots: make(chan struct{}, opts.Workers),
+	reg, err := engines.NewRegions(engines.EngineRDMA, opts.Registry, opts.Node, opts.Grace)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{opts: opts, reg: reg, slots: make(chan struct{}, opts.Workers),
 		devices: map[string]Device{}, sets: map[setKey]*qpSet{}, local: map[engines.MemoryID]*localMR{}, noMR: map[engines.MemoryID]string{}}
 	e.unavailable = unavailableReason(&opts.NICs)
 	if e.unavailable == "" && opts.Exchanger == nil {
@@ -309,7 +316,15 @@ func (e *Engine) CanHandle(src, dst *engines.MemoryDesc) (bool, string) {
 
 // NewPlan implements engines.Engine: segments are cut at the chunk size.
 func (e *Engine) NewPlan() engines.PlanBuilder {
-	return engines.NewPlanner(e.Name(), e.reg, engines.Limits{MaxSegmentBytes: e.opts.ChunkBytes}, e.CanHandle)
+	return engines.NewPlanner(e.Name(), e.reg.Registry, e.PlanLimits(), e.CanHandle)
+}
+
+// Registry is the region table the engine plans and submits against (the composite's when shared).
+func (e *Engine) Registry() *engines.Registry { return e.reg.Registry }
+
+// PlanLimits are the limits the engine plans with: a segment is one work request, cut at the chunk size.
+func (e *Engine) PlanLimits() engines.Limits {
+	return engines.Limits{MaxSegmentBytes: e.opts.ChunkBytes}
 }
 
 // SetNotifyHandler implements engines.Engine.

@@ -69,6 +69,9 @@ type Options struct {
 	// Yield, when set, names pairs another engine claims; the engine leaves pairs with GPU memory on either side
 	// to it (the agent asks the fabric and rdma engines), so engines stay disjoint.
 	Yield func(src, dst *engines.MemoryDesc) bool
+	// Registry, when set, is the composite's region table, shared by every engine of the node (see
+	// engines.Regions); nil gives the engine one of its own.
+	Registry *engines.Registry
 
 	// stageIdle is how long staging slots stay unused before they go back to the stager (tests shorten it).
 	stageIdle time.Duration
@@ -77,7 +80,7 @@ type Options struct {
 // Engine is the TCP engine.
 type Engine struct {
 	opts Options
-	reg  *engines.Registry
+	reg  engines.Regions
 	wg   sync.WaitGroup
 	// scratch lends buffers that gather small parts into one write on TLS connections (writeBuffers).
 	scratch sync.Pool
@@ -161,7 +164,11 @@ func New(opts Options) (*Engine, error) {
 	if opts.Listener != nil && opts.Advertise == "" {
 		opts.Advertise = opts.Listener.Addr().String()
 	}
-	e := &Engine{opts: opts, reg: engines.NewRegistry(opts.Node, opts.Grace),
+	reg, err := engines.NewRegions(engines.EngineTCP, opts.Registry, opts.Node, opts.Grace)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{opts: opts, reg: reg,
 		peers: map[string]*peer{}, serverConns: map[net.Conn]struct{}{},
 		staged: map[engines.MemoryID]stagedEntry{}, stageOut: map[string]*stagePool{}, stageIn: map[string]*stagePool{}}
 	if opts.Listener != nil {
@@ -310,8 +317,14 @@ func (e *Engine) CanHandle(src, dst *engines.MemoryDesc) (bool, string) {
 // Block batches stay in block form (checked once, not planned block by block); submit expands them into the
 // segments it cuts into requests.
 func (e *Engine) NewPlan() engines.PlanBuilder {
-	return engines.NewPlanner(e.Name(), e.reg, engines.Limits{BlockPlans: true}, e.CanHandle)
+	return engines.NewPlanner(e.Name(), e.reg.Registry, e.PlanLimits(), e.CanHandle)
 }
+
+// Registry is the region table the engine plans and submits against (the composite's when shared).
+func (e *Engine) Registry() *engines.Registry { return e.reg.Registry }
+
+// PlanLimits are the limits the engine plans with: plans are not split, block batches stay in block form.
+func (e *Engine) PlanLimits() engines.Limits { return engines.Limits{BlockPlans: true} }
 
 // SetNotifyHandler implements engines.Engine.
 func (e *Engine) SetNotifyHandler(fn engines.NotifyFunc) {

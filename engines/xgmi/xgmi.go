@@ -42,13 +42,16 @@ type Options struct {
 	Grace time.Duration
 	// CheckDisjoint makes CanHandle ask every backend and refuse a pair that two claim (tests, debugging).
 	CheckDisjoint bool
+	// Registry, when set, is the composite's region table, shared by every engine of the node (see
+	// engines.Regions); nil gives the engine one of its own.
+	Registry *engines.Registry
 }
 
 // Engine is the same-node engine.
 type Engine struct {
 	opts     Options
 	backends []Backend
-	reg      *engines.Registry
+	reg      engines.Regions
 	limits   engines.Limits
 	slots    chan struct{}
 
@@ -69,8 +72,11 @@ func New(opts Options, backends ...Backend) (*Engine, error) {
 	if opts.Workers <= 0 {
 		opts.Workers = 4
 	}
-	e := &Engine{opts: opts, backends: backends, reg: engines.NewRegistry(opts.Node, opts.Grace),
-		slots: make(chan struct{}, opts.Workers)}
+	reg, err := engines.NewRegions(engines.EngineXGMI, opts.Registry, opts.Node, opts.Grace)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{opts: opts, backends: backends, reg: reg, slots: make(chan struct{}, opts.Workers)}
 	for _, b := range backends {
 		e.limits = tighter(e.limits, b.Limits())
 	}
@@ -209,8 +215,15 @@ func (e *Engine) backendFor(src, dst *engines.MemoryDesc) (Backend, string) {
 
 // NewPlan implements engines.Engine.
 func (e *Engine) NewPlan() engines.PlanBuilder {
-	return engines.NewPlanner(e.Name(), e.reg, e.limits, e.CanHandle)
+	return engines.NewPlanner(e.Name(), e.reg.Registry, e.limits, e.CanHandle)
 }
+
+// Registry is the region table the engine plans and submits against (the composite's when shared).
+func (e *Engine) Registry() *engines.Registry { return e.reg.Registry }
+
+// PlanLimits are the limits the engine plans with; the composite plans with them for an engine sharing its
+// registry.
+func (e *Engine) PlanLimits() engines.Limits { return e.limits }
 
 // SetNotifyHandler implements engines.Engine.
 func (e *Engine) SetNotifyHandler(fn engines.NotifyFunc) {
