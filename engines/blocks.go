@@ -322,10 +322,12 @@ func (p *planner) buildBlocks() {
 // compositeBlocks is the composite planner's block batch: the pairs by the engine that moves them.
 type compositeBlocks struct {
 	batch  Blocks
-	engine []int      // per pair
-	infos  []pairInfo // per pair, what judging it found (sizes, generations, direction)
-	shape  blockShape
-	added  bool
+	engine []int // per pair; nil when the composite plans for the engines (infos has it)
+	// infos is, per pair, what judging it found (engine, sizes, generations, direction), kept in the planner's
+	// pooled batch when the composite plans for the engines.
+	infos []pairInfo
+	shape blockShape
+	added bool
 	// dupChecked: the destination ids were checked for repeats, with dupErr the outcome.
 	dupChecked bool
 	dupErr     error
@@ -349,10 +351,10 @@ func (p *compositePlanner) AddBlocks(b Blocks) error {
 	if err != nil {
 		return p.reject(blockItem(&b, firstPair(b)), err, 0)
 	}
-	engs := make([]int, len(b.Pairs))
-	var infos []pairInfo
-	if p.c.shared {
-		infos = make([]pairInfo, len(b.Pairs))
+	var engs []int
+	infos := p.b.pairs[:0]
+	if !p.c.shared {
+		engs = make([]int, len(b.Pairs))
 	}
 	for i, bp := range b.Pairs {
 		info := p.judgePair(bp.Src, bp.Dst)
@@ -362,12 +364,14 @@ func (p *compositePlanner) AddBlocks(b Blocks) error {
 		if info.err != nil {
 			return p.reject(blockItem(&b, bp), info.err, info.dir)
 		}
-		engs[i] = info.engine
-		if infos != nil {
+		if p.c.shared {
 			info.src, info.dst = bp.Src, bp.Dst
-			infos[i] = info
+			infos = append(infos, info)
+		} else {
+			engs[i] = info.engine
 		}
 	}
+	p.b.pairs = infos
 	if !b.deferred {
 		b.shape = &sh
 	}
@@ -405,6 +409,18 @@ func (p *compositePlanner) checkedAtRun(b *Blocks) bool {
 // buildBlocks hands the batch to the engines' planners, in engine order, each with its pairs in the order given.
 func (p *compositePlanner) buildBlocks(out *PlanSet) {
 	b := &p.blocks.batch
+	if p.c.shared {
+		var planned [4]bool // at most one engine of each kind
+		for i := range p.blocks.infos {
+			planned[p.blocks.infos[i].engine] = true
+		}
+		for eng, ok := range planned {
+			if ok {
+				p.addPart(out, p.planBlocks(eng))
+			}
+		}
+		return
+	}
 	for eng := range p.c.engines {
 		var pairs []BlockPair
 		for i, e := range p.blocks.engine {
@@ -413,10 +429,6 @@ func (p *compositePlanner) buildBlocks(out *PlanSet) {
 			}
 		}
 		if len(pairs) == 0 {
-			continue
-		}
-		if p.c.shared {
-			p.addPart(out, p.planBlocks(eng, pairs))
 			continue
 		}
 		pb := p.c.engines[eng].NewPlan()
@@ -435,45 +447,48 @@ func (p *compositePlanner) buildBlocks(out *PlanSet) {
 // registry, as its own planner would have: in block form when its limits take block plans (the destination
 // ids checked for repeats once per batch, however many engines take it), else one entry per block through the
 // overlap check and the coalescing of items.
-func (p *compositePlanner) planBlocks(eng int, pairs []BlockPair) *PlanSet {
+func (p *compositePlanner) planBlocks(eng int) *PlanSet {
 	b := &p.blocks.batch
 	part := p.c.newPart(eng)
 	lim := p.c.limits[eng]
-	var infos []pairInfo
-	for i, e := range p.blocks.engine {
-		if e == eng {
-			infos = append(infos, p.blocks.infos[i])
-		}
-	}
+	infos := p.blocks.infos
 	if lim.BlockPlans {
+		first := -1
+		srcBlocks, dstBlocks := uint64(math.MaxUint32), uint64(math.MaxUint32)
+		for i := range infos {
+			if infos[i].engine == eng {
+				if first < 0 {
+					first = i
+				}
+				srcBlocks, dstBlocks = min(srcBlocks, infos[i].srcSize/b.BlockBytes), min(dstBlocks, infos[i].dstSize/b.BlockBytes)
+			}
+		}
 		if err := p.blocksDuplicate(); err != nil {
-			sub := *b
-			sub.Pairs = pairs
-			part.Rejected = append(part.Rejected, &ItemError{Item: blockItem(&sub, pairs[0]), Err: err})
+			part.Rejected = append(part.Rejected, &ItemError{Item: blockItem(b, BlockPair{Src: infos[first].src, Dst: infos[first].dst}), Err: err})
 			return part
 		}
 		sh := p.blocks.shape
-		srcBlocks, dstBlocks := uint64(math.MaxUint32), uint64(math.MaxUint32)
-		for i := range infos {
-			srcBlocks, dstBlocks = min(srcBlocks, infos[i].srcSize/b.BlockBytes), min(dstBlocks, infos[i].dstSize/b.BlockBytes)
-		}
 		list := &BlockList{BlockBytes: b.BlockBytes, SrcIDs: b.SrcIDs, DstIDs: b.DstIDs,
 			SrcMin: sh.minSrc, SrcMax: sh.maxSrc, DstMin: sh.minDst, DstMax: sh.maxDst,
 			Unchecked: b.deferred, SrcBlocks: uint32(srcBlocks), DstBlocks: uint32(dstBlocks)}
 		for i := range infos {
-			info := &infos[i]
-			part.Plans = append(part.Plans, Plan{Engine: part.planner, Direction: info.dir, Src: info.src, Dst: info.dst,
-				srcGen: info.srcGen, dstGen: info.dstGen, Blocks: list, Tags: []Tag{b.Tag}, Bytes: list.Bytes()})
+			if info := &infos[i]; info.engine == eng {
+				part.Plans = append(part.Plans, Plan{Engine: part.planner, Direction: info.dir, Src: info.src, Dst: info.dst,
+					srcGen: info.srcGen, dstGen: info.dstGen, Blocks: list, Tags: []Tag{b.Tag}, Bytes: list.Bytes()})
+			}
 		}
 		return part
 	}
 	// One entry per block, in the order an engine planner fed block by block would have taken them. The
 	// batch's pairs were checked; the entries are bounded by the batch's shape, or checked one by one when the
 	// ids were left to the engine (as its planner's Add did, stopping at the first refusal).
-	bt := p.b
-	bt.pairs = append(bt.pairs[:0], infos...)
-	bt.entries = bt.entries[:0]
-	defer func() { bt.pairs, bt.entries = bt.pairs[:0], bt.entries[:0] }()
+	bt := p.c.reg.getBatch()
+	defer p.c.reg.putBatch(bt)
+	for i := range infos {
+		if infos[i].engine == eng {
+			bt.pairs = append(bt.pairs, infos[i])
+		}
+	}
 expand:
 	for k := range bt.pairs {
 		pi := &bt.pairs[k]
