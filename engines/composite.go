@@ -231,6 +231,9 @@ func (c *Composite) deregisterShared(ctx context.Context, id MemoryID) error {
 	if err := c.reg.Drain(ctx, id); err != nil {
 		return err
 	}
+	if !c.reg.release(id) {
+		return fmt.Errorf("deregistering %s: %w: deregistered concurrently", id, ErrUnknownMemory)
+	}
 	errs := c.deregisterAll(ctx, id)
 	c.mu.Lock()
 	clear(c.routes)

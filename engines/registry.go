@@ -43,6 +43,8 @@ type region struct {
 	// reserved: the id is taken while the composite's engines register the memory; the region is not usable
 	// (draining is set too) and Describe does not find it.
 	reserved bool
+	// releasing: drained, and the composite's engines are releasing their state of it (see release).
+	releasing bool
 	pins     int
 	users    map[*Tracker]int
 	idle     chan struct{} // made when draining starts with pins > 0; closed when pins reaches 0
@@ -230,6 +232,19 @@ func (r *Registry) Remove(ctx context.Context, id MemoryID) error {
 	}
 	r.forget(id)
 	return nil
+}
+
+// release marks a drained region as having its engines' state released, and reports whether this caller is
+// the one to do it (two Deregisters at once must not release it twice).
+func (r *Registry) release(id MemoryID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g, ok := r.regions[id]
+	if !ok || !g.draining || g.reserved || g.releasing || g.pins > 0 {
+		return false
+	}
+	g.releasing = true
+	return true
 }
 
 // forget deletes a drained region.

@@ -90,6 +90,32 @@ func TestSharedRegistryConcurrentRegistration(t *testing.T) {
 	}
 }
 
+// TestSharedRegistryConcurrentDeregistration: of two deregistrations of one region at once, exactly one
+// succeeds (and releases the engines' state of it); the other finds the memory unknown.
+func TestSharedRegistryConcurrentDeregistration(t *testing.T) {
+	c := newCluster(t)
+	for range 20 {
+		d := c.localRegion(t, make([]byte, 64))
+		var wg sync.WaitGroup
+		var ok atomic.Int32
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := c.a.Deregister(context.Background(), d.ID); err == nil {
+					ok.Add(1)
+				} else if !errors.Is(err, engines.ErrUnknownMemory) {
+					t.Errorf("losing deregistration: %v, want ErrUnknownMemory", err)
+				}
+			}()
+		}
+		wg.Wait()
+		if ok.Load() != 1 {
+			t.Fatalf("%d deregistrations of %s succeeded, want 1", ok.Load(), d.ID)
+		}
+	}
+}
+
 // TestSharedRegistryRefusesForeignEngine: a composite given a registry refuses an engine built on another one,
 // and engines sharing one registry refuse each other's plan sets.
 func TestSharedRegistryRefusesForeignEngine(t *testing.T) {
