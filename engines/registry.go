@@ -45,9 +45,9 @@ type region struct {
 	reserved bool
 	// releasing: drained, and the composite's engines are releasing their state of it (see release).
 	releasing bool
-	pins     int
-	users    map[*Tracker]int
-	idle     chan struct{} // made when draining starts with pins > 0; closed when pins reaches 0
+	pins      int
+	users     map[*Tracker]int
+	idle      chan struct{} // made when draining starts with pins > 0; closed when pins reaches 0
 }
 
 // NewRegistry returns an empty registry for the node named self. grace bounds how long cancelled copies may

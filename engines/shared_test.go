@@ -419,3 +419,54 @@ func describePlans(ps *engines.PlanSet) []string {
 	out = append(out, fmt.Sprintf("dropped %v", ps.Dropped))
 	return out
 }
+
+// TestSharedRegistryEngineCloseStopsOnlyItsTransfers: closing one engine of a shared registry cancels its
+// transfers and refuses its submissions; another engine's transfer on the same table goes on.
+func TestSharedRegistryEngineCloseStopsOnlyItsTransfers(t *testing.T) {
+	c := newCluster(t)
+	src := c.localRegion(t, make([]byte, 1<<16))
+	local := c.localRegion(t, make([]byte, 1<<16))
+	remote := c.remoteRegion(t, make([]byte, 1<<16))
+	release := c.gate.Shut(t)
+	defer release()
+	submit := func(dst engines.MemoryID) engines.Transfer {
+		t.Helper()
+		p := c.a.NewPlan()
+		if err := p.Add(engines.Item{Src: src.ID, Dst: dst, Size: 1 << 16}); err != nil {
+			t.Fatal(err)
+		}
+		tr, err := c.a.Submit(context.Background(), p.Build(), engines.SubmitOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr
+	}
+	byXGMI, byTCP := submit(local.ID), submit(remote.ID)
+	var xe engines.Engine
+	for _, e := range c.a.Engines() {
+		if e.Name() == engines.EngineXGMI {
+			xe = e
+		}
+	}
+	if err := xe.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := byXGMI.Wait(context.Background()); !errors.Is(err, engines.ErrClosed) {
+		t.Fatalf("transfer of the closed engine: %v, want ErrClosed", err)
+	}
+	select {
+	case <-byTCP.Done():
+		t.Fatalf("closing xgmi ended the tcp transfer: %v", byTCP.Wait(context.Background()))
+	case <-time.After(100 * time.Millisecond):
+	}
+	release()
+	if err := byTCP.Wait(context.Background()); err != nil {
+		t.Fatalf("tcp transfer: %v", err)
+	}
+	if err := submit(local.ID).Wait(context.Background()); !errors.Is(err, engines.ErrClosed) {
+		t.Fatalf("submitting to the closed engine: %v, want ErrClosed", err)
+	}
+	if _, _, err := c.a.Registry().Lookup(src.ID); err != nil {
+		t.Fatalf("the table lost a region when one engine closed: %v", err)
+	}
+}
