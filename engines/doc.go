@@ -44,10 +44,11 @@
 //
 // # Writing an engine
 //
-// An engine embeds nothing; it composes the helpers here: [Regions] for its region table, [NewPlanner] for
-// planning with its [Limits] and CanHandle, and [Registry.Begin] at submit time, which validates the plan set,
-// pins its regions for the life of the transfer and returns a [Tracker] to report each plan's outcome into. The
-// contract suite in engines/enginetest checks an engine against every rule above.
+// An engine embeds a [Base] (its name, its region table, planning with its [Limits] and CanHandle, Import, the
+// notification handler) and writes the rest: CanHandle, Register (its handles and private state), Deregister
+// (releasing that state), Submit and Close. Its table is [Regions]; at submit time [Registry.Begin] validates
+// the plan set, pins its regions for the life of the transfer and returns a [Tracker] to report each plan's
+// outcome into. The contract suite in engines/enginetest checks an engine against every rule above.
 //
 // # One registry, one planning pass
 //

@@ -37,6 +37,7 @@ type Options struct {
 
 // Engine is the fabric engine.
 type Engine struct {
+	*engines.Base
 	opts        Options
 	reg         engines.Regions
 	slots       chan struct{}
@@ -44,7 +45,6 @@ type Engine struct {
 	unavailable string
 
 	mu       sync.Mutex
-	notify   engines.NotifyFunc
 	local    map[engines.MemoryID]localRegion
 	notExp   map[engines.MemoryID]string // local regions that could not be exported, and why
 	mappings map[engines.MemoryID]*mapping
@@ -82,11 +82,10 @@ func New(opts Options) (*Engine, error) {
 	e := &Engine{opts: opts, reg: reg, slots: make(chan struct{}, opts.Workers),
 		local: map[engines.MemoryID]localRegion{}, notExp: map[engines.MemoryID]string{}, mappings: map[engines.MemoryID]*mapping{}}
 	e.available, e.unavailable = opts.Runtime.Available()
+	// No limits: a plan is one copy call per segment.
+	e.Base = engines.NewBase(engines.EngineFabric, reg, engines.Limits{}, e.CanHandle)
 	return e, nil
 }
-
-// Name implements engines.Engine.
-func (e *Engine) Name() string { return engines.EngineFabric }
 
 // Available reports whether the engine moves bytes on this node, and why not.
 func (e *Engine) Available() (bool, string) { return e.available, e.unavailable }
@@ -146,14 +145,6 @@ func (e *Engine) Register(ctx context.Context, desc engines.MemoryDesc) (engines
 	}
 	e.mu.Unlock()
 	return out, nil
-}
-
-// Import implements engines.Engine. The mapping is made on first use.
-func (e *Engine) Import(_ context.Context, desc engines.MemoryDesc) error {
-	if err := e.reg.AddRemote(desc); err != nil {
-		return fmt.Errorf("fabric: importing %s: %w", desc.ID, err)
-	}
-	return nil
 }
 
 // Deregister implements engines.Engine: once no copy uses the region, its
@@ -233,24 +224,6 @@ func Claims(self string, src, dst *engines.MemoryDesc) (bool, string) {
 		return false, fmt.Sprintf("%s is not fabric-exportable (its allocation was not created with a fabric handle type)", remote.ID)
 	}
 	return true, ""
-}
-
-// NewPlan implements engines.Engine.
-func (e *Engine) NewPlan() engines.PlanBuilder {
-	return engines.NewPlanner(e.Name(), e.reg.Registry, e.PlanLimits(), e.CanHandle)
-}
-
-// Registry is the region table the engine plans and submits against (the composite's when shared).
-func (e *Engine) Registry() *engines.Registry { return e.reg.Registry }
-
-// PlanLimits are the limits the engine plans with (none: a plan is one copy call per segment).
-func (e *Engine) PlanLimits() engines.Limits { return engines.Limits{} }
-
-// SetNotifyHandler implements engines.Engine.
-func (e *Engine) SetNotifyHandler(fn engines.NotifyFunc) {
-	e.mu.Lock()
-	e.notify = fn
-	e.mu.Unlock()
 }
 
 // Submit implements engines.Engine.
@@ -345,32 +318,13 @@ func (e *Engine) remoteBase(gpu int, remote *engines.MemoryDesc) (uint64, error)
 // remote node through the Notifier, reads (which land here) to this node's
 // handler. A notification that cannot be delivered fails its plans.
 func (e *Engine) notifyAll(ctx context.Context, plans []engines.Plan, outcomes []engines.Outcome, payload []byte) {
-	engines.NotifyDestinations(ctx, e.opts.Node, e.reg.Registry, plans, outcomes, payload,
-		func(n engines.Notification) {
-			e.mu.Lock()
-			fn := e.notify
-			e.mu.Unlock()
-			if fn != nil {
-				fn(n)
-			}
-		},
+	engines.NotifyDestinations(ctx, e.opts.Node, e.reg.Registry, plans, outcomes, payload, e.Deliver,
 		func(ctx context.Context, node string, _ *engines.Plan, n engines.Notification) error {
 			if e.opts.Notifier == nil {
 				return errors.New("no channel to the destination node")
 			}
 			return e.opts.Notifier.SendNotification(ctx, node, n)
 		})
-}
-
-// Deliver hands a notification that arrived over the agent channel to this
-// node's handler (the receiving side of Options.Notifier).
-func (e *Engine) Deliver(n engines.Notification) {
-	e.mu.Lock()
-	fn := e.notify
-	e.mu.Unlock()
-	if fn != nil {
-		fn(n)
-	}
 }
 
 // Close implements engines.Engine: cancels transfers, then undoes every mapping.
