@@ -322,8 +322,15 @@ func (p *planner) buildBlocks() {
 // compositeBlocks is the composite planner's block batch: the pairs by the engine that moves them.
 type compositeBlocks struct {
 	batch  Blocks
-	engine []int // per pair
-	added  bool
+	engine []int // per pair; nil when the composite plans for the engines (infos has it)
+	// infos is, per pair, what judging it found (engine, sizes, generations, direction), kept in the planner's
+	// pooled batch when the composite plans for the engines.
+	infos []pairInfo
+	shape blockShape
+	added bool
+	// dupChecked: the destination ids were checked for repeats, with dupErr the outcome.
+	dupChecked bool
+	dupErr     error
 }
 
 // AddBlocks implements BlockAdder: the batch is checked once (geometry, bounds, a route per pair) and handed to
@@ -344,7 +351,11 @@ func (p *compositePlanner) AddBlocks(b Blocks) error {
 	if err != nil {
 		return p.reject(blockItem(&b, firstPair(b)), err, 0)
 	}
-	engs := make([]int, len(b.Pairs))
+	var engs []int
+	infos := p.b.pairs[:0]
+	if !p.c.shared {
+		engs = make([]int, len(b.Pairs))
+	}
 	for i, bp := range b.Pairs {
 		info := p.judgePair(bp.Src, bp.Dst)
 		if info.err == nil && !b.deferred {
@@ -353,12 +364,18 @@ func (p *compositePlanner) AddBlocks(b Blocks) error {
 		if info.err != nil {
 			return p.reject(blockItem(&b, bp), info.err, info.dir)
 		}
-		engs[i] = info.engine
+		if p.c.shared {
+			info.src, info.dst = bp.Src, bp.Dst
+			infos = append(infos, info)
+		} else {
+			engs[i] = info.engine
+		}
 	}
+	p.b.pairs = infos
 	if !b.deferred {
 		b.shape = &sh
 	}
-	p.blocks.batch, p.blocks.engine = b, engs
+	p.blocks.batch, p.blocks.engine, p.blocks.infos, p.blocks.shape = b, engs, infos, sh
 	return nil
 }
 
@@ -392,6 +409,18 @@ func (p *compositePlanner) checkedAtRun(b *Blocks) bool {
 // buildBlocks hands the batch to the engines' planners, in engine order, each with its pairs in the order given.
 func (p *compositePlanner) buildBlocks(out *PlanSet) {
 	b := &p.blocks.batch
+	if p.c.shared {
+		var planned [4]bool // at most one engine of each kind
+		for i := range p.blocks.infos {
+			planned[p.blocks.infos[i].engine] = true
+		}
+		for eng, ok := range planned {
+			if ok {
+				p.addPart(out, p.planBlocks(eng))
+			}
+		}
+		return
+	}
 	for eng := range p.c.engines {
 		var pairs []BlockPair
 		for i, e := range p.blocks.engine {
@@ -412,4 +441,91 @@ func (p *compositePlanner) buildBlocks(out *PlanSet) {
 		}
 		p.addPart(out, pb.Build())
 	}
+}
+
+// planBlocks plans engine eng's pairs of the checked block batch, for an engine sharing the composite's
+// registry, as its own planner would have: in block form when its limits take block plans (the destination
+// ids checked for repeats once per batch, however many engines take it), else one entry per block through the
+// overlap check and the coalescing of items.
+func (p *compositePlanner) planBlocks(eng int) *PlanSet {
+	b := &p.blocks.batch
+	part := p.c.newPart(eng)
+	lim := p.c.limits[eng]
+	infos := p.blocks.infos
+	if lim.BlockPlans {
+		first := -1
+		srcBlocks, dstBlocks := uint64(math.MaxUint32), uint64(math.MaxUint32)
+		for i := range infos {
+			if infos[i].engine == eng {
+				if first < 0 {
+					first = i
+				}
+				srcBlocks, dstBlocks = min(srcBlocks, infos[i].srcSize/b.BlockBytes), min(dstBlocks, infos[i].dstSize/b.BlockBytes)
+			}
+		}
+		if err := p.blocksDuplicate(); err != nil {
+			part.Rejected = append(part.Rejected, &ItemError{Item: blockItem(b, BlockPair{Src: infos[first].src, Dst: infos[first].dst}), Err: err})
+			return part
+		}
+		sh := p.blocks.shape
+		list := &BlockList{BlockBytes: b.BlockBytes, SrcIDs: b.SrcIDs, DstIDs: b.DstIDs,
+			SrcMin: sh.minSrc, SrcMax: sh.maxSrc, DstMin: sh.minDst, DstMax: sh.maxDst,
+			Unchecked: b.deferred, SrcBlocks: uint32(srcBlocks), DstBlocks: uint32(dstBlocks)}
+		for i := range infos {
+			if info := &infos[i]; info.engine == eng {
+				part.Plans = append(part.Plans, Plan{Engine: part.planner, Direction: info.dir, Src: info.src, Dst: info.dst,
+					srcGen: info.srcGen, dstGen: info.dstGen, Blocks: list, Tags: []Tag{b.Tag}, Bytes: list.Bytes()})
+			}
+		}
+		return part
+	}
+	// One entry per block, in the order an engine planner fed block by block would have taken them. The
+	// batch's pairs were checked; the entries are bounded by the batch's shape, or checked one by one when the
+	// ids were left to the engine (as its planner's Add did, stopping at the first refusal).
+	bt := p.c.reg.getBatch()
+	defer p.c.reg.putBatch(bt)
+	for i := range infos {
+		if infos[i].engine == eng {
+			bt.pairs = append(bt.pairs, infos[i])
+		}
+	}
+expand:
+	for k := range bt.pairs {
+		pi := &bt.pairs[k]
+		for i := range b.SrcIDs {
+			it := Item{Src: pi.src, Dst: pi.dst, SrcOffset: uint64(b.SrcIDs[i]) * b.BlockBytes,
+				DstOffset: uint64(b.DstIDs[i]) * b.BlockBytes, Size: b.BlockBytes, Tag: b.Tag}
+			if b.deferred {
+				if err := CheckBounds(it, pi.srcSize, pi.dstSize); err != nil {
+					part.Rejected = append(part.Rejected, &ItemError{Item: it, Err: err})
+					break expand
+				}
+			}
+			bt.accept(int32(k), it)
+		}
+	}
+	if len(bt.entries) == 0 {
+		return part
+	}
+	bt.intern()
+	bt.rejectOverlaps(func(it Item, err error) { part.Rejected = append(part.Rejected, &ItemError{Item: it, Err: err}) })
+	bt.groupByPair()
+	bt.eachPair(func(es []entry) { planPair(part, part.planner, lim, &bt.pairs[es[0].pair], es) })
+	return part
+}
+
+// blocksDuplicate checks the batch's destination ids for repeats, once per batch (nil when planning left the
+// ids to the engine that runs them).
+func (p *compositePlanner) blocksDuplicate() error {
+	bl := &p.blocks
+	if bl.batch.deferred {
+		return nil
+	}
+	if !bl.dupChecked {
+		bl.dupChecked = true
+		if i, ok := firstDuplicate(bl.batch.DstIDs, bl.shape.maxDst, &p.b.dup); ok {
+			bl.dupErr = fmt.Errorf("%w: destination block %d is named twice (entry %d)", ErrOverlap, bl.batch.DstIDs[i], i)
+		}
+	}
+	return bl.dupErr
 }

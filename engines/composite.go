@@ -24,6 +24,22 @@ type CompositeOptions struct {
 	Node string
 	// Metrics, when set, is charged for every plan and every rejected item.
 	Metrics *Metrics
+	// Registry, when set, is the node's one region table: every engine was built with it (each engine's
+	// Options.Registry) and shares it. The composite then alone adds and removes regions, drains them on
+	// Deregister across engines, and plans every batch once, for all engines (see Planned). Nil: the composite
+	// keeps a table of its own beside each engine's, and hands items to each engine's NewPlan.
+	Registry *Registry
+}
+
+// Planned is an engine that shares the composite's registry and lets the composite plan for it: the composite
+// builds the engine's plan sets itself, with the engine's limits, in the one pass that checks the batch
+// (lookup, bounds, overlap, order), and the engine only executes them.
+type Planned interface {
+	Engine
+	// Registry is the region table the engine plans and submits against.
+	Registry() *Registry
+	// PlanLimits are the limits the engine plans with.
+	PlanLimits() Limits
 }
 
 // Composite routes each (source, destination) pair to the first engine, in the fixed order xgmi, fabric, rdma,
@@ -33,6 +49,9 @@ type Composite struct {
 	opts    CompositeOptions
 	engines []Engine
 	reg     *Registry
+	// shared: every engine shares reg (CompositeOptions.Registry) and limits holds each one's plan limits.
+	shared bool
+	limits []Limits
 
 	mu     sync.Mutex
 	routes map[[2]MemoryID]route
@@ -68,7 +87,22 @@ func NewComposite(opts CompositeOptions, engs ...Engine) (*Composite, error) {
 		rb, _ := EngineRank(b.Name())
 		return ra - rb
 	})
-	c := &Composite{opts: opts, engines: sorted, reg: NewRegistry(opts.Node, 0), routes: map[[2]MemoryID]route{}}
+	c := &Composite{opts: opts, engines: sorted, reg: opts.Registry, routes: map[[2]MemoryID]route{}}
+	if c.reg == nil {
+		c.reg = NewRegistry(opts.Node, 0)
+	} else {
+		if c.reg.Self() != opts.Node {
+			return nil, fmt.Errorf("composite engine: %w: registry of node %q for node %q", ErrInvalid, c.reg.Self(), opts.Node)
+		}
+		c.shared = true
+		for _, e := range sorted {
+			pe, ok := e.(Planned)
+			if !ok || pe.Registry() != c.reg {
+				return nil, fmt.Errorf("composite engine: %w: engine %s does not share the composite's registry", ErrInvalid, e.Name())
+			}
+			c.limits = append(c.limits, pe.PlanLimits())
+		}
+	}
 	for _, e := range sorted {
 		e.SetNotifyHandler(c.deliver)
 	}
@@ -81,6 +115,9 @@ func (c *Composite) Name() string { return CompositeName }
 // Engines returns the configured engines in routing order.
 func (c *Composite) Engines() []Engine { return slices.Clone(c.engines) }
 
+// Registry is the composite's region table: with CompositeOptions.Registry, the only one of the node.
+func (c *Composite) Registry() *Registry { return c.reg }
+
 // Register implements Engine: every engine registers the region in turn, each adding its handles to what the
 // ones before it produced; if one fails, the others are undone.
 func (c *Composite) Register(ctx context.Context, desc MemoryDesc) (MemoryDesc, error) {
@@ -89,6 +126,9 @@ func (c *Composite) Register(ctx context.Context, desc MemoryDesc) (MemoryDesc, 
 	}
 	if desc.Node != c.opts.Node {
 		return desc, fmt.Errorf("registering %s: %w: memory of node %q on node %q", desc.ID, ErrInvalid, desc.Node, c.opts.Node)
+	}
+	if c.shared {
+		return c.registerShared(ctx, desc)
 	}
 	if _, _, err := c.reg.Lookup(desc.ID); err == nil {
 		return desc, fmt.Errorf("registering %s: %w: id already registered", desc.ID, ErrInvalid)
@@ -107,6 +147,36 @@ func (c *Composite) Register(ctx context.Context, desc MemoryDesc) (MemoryDesc, 
 		return desc, fmt.Errorf("registering %s: %w", desc.ID, err)
 	}
 	return merged, nil
+}
+
+// registerShared registers with engines that share the registry: the id is reserved first, so a concurrent
+// registration of it fails before any engine sets up state, and the region becomes usable only once every
+// engine has filled its handles.
+func (c *Composite) registerShared(ctx context.Context, desc MemoryDesc) (MemoryDesc, error) {
+	if err := c.reg.reserve(desc.ID); err != nil {
+		return desc, fmt.Errorf("registering %s: %w", desc.ID, err)
+	}
+	merged := desc
+	for i, e := range c.engines {
+		next, err := e.Register(ctx, merged)
+		if err != nil {
+			c.abandon(ctx, c.engines[:i], merged)
+			return desc, fmt.Errorf("registering %s: %w", desc.ID, err)
+		}
+		merged = next
+	}
+	if err := c.reg.commit(merged); err != nil {
+		c.abandon(ctx, c.engines, merged)
+		return desc, fmt.Errorf("registering %s: %w", desc.ID, err)
+	}
+	return merged, nil
+}
+
+// abandon undoes a shared registration that failed: the engines that registered d release their state of it.
+func (c *Composite) abandon(ctx context.Context, engs []Engine, d MemoryDesc) {
+	c.reg.settle(d)
+	c.undo(ctx, engs, d.ID)
+	c.reg.forget(d.ID)
 }
 
 func (c *Composite) undo(ctx context.Context, engs []Engine, id MemoryID) {
@@ -132,10 +202,51 @@ func (c *Composite) Import(ctx context.Context, desc MemoryDesc) error {
 
 // Deregister implements Engine: every engine deregisters the region at once (each waits for, then cancels, its
 // own transfers using it). The region stays known here until all of them succeeded, so it can be retried.
+//
+// With a shared registry the composite drains the region itself, across engines (it waits for, then cancels,
+// every transfer using it, whichever engine runs it); only then does each engine release its own state of it,
+// and the region is removed. If transfers do not stop (ErrBusy) the region stays pinned and no engine has
+// released anything, so it can be retried.
 func (c *Composite) Deregister(ctx context.Context, id MemoryID) error {
+	if c.shared {
+		return c.deregisterShared(ctx, id)
+	}
 	if _, _, err := c.reg.Lookup(id); err != nil {
 		return fmt.Errorf("deregistering: %w", err)
 	}
+	errs := c.deregisterAll(ctx, id)
+	c.mu.Lock()
+	clear(c.routes)
+	c.mu.Unlock()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("deregistering %s: %w", id, err)
+	}
+	return c.reg.Remove(ctx, id)
+}
+
+func (c *Composite) deregisterShared(ctx context.Context, id MemoryID) error {
+	if _, _, err := c.reg.Describe(id); err != nil {
+		return fmt.Errorf("deregistering: %w", err)
+	}
+	if err := c.reg.Drain(ctx, id); err != nil {
+		return err
+	}
+	if !c.reg.release(id) {
+		return fmt.Errorf("deregistering %s: %w: deregistered concurrently", id, ErrUnknownMemory)
+	}
+	errs := c.deregisterAll(ctx, id)
+	c.mu.Lock()
+	clear(c.routes)
+	c.mu.Unlock()
+	c.reg.forget(id)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("deregistering %s: %w", id, err)
+	}
+	return nil
+}
+
+// deregisterAll deregisters id from every engine at once and returns their errors (unknown memory is none).
+func (c *Composite) deregisterAll(ctx context.Context, id MemoryID) []error {
 	errs := make([]error, len(c.engines))
 	var wg sync.WaitGroup
 	for i, e := range c.engines {
@@ -148,13 +259,7 @@ func (c *Composite) Deregister(ctx context.Context, id MemoryID) error {
 		}()
 	}
 	wg.Wait()
-	c.mu.Lock()
-	clear(c.routes)
-	c.mu.Unlock()
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("deregistering %s: %w", id, err)
-	}
-	return c.reg.Remove(ctx, id)
+	return errs
 }
 
 // CanHandle implements Engine: some engine claims the pair.
@@ -268,7 +373,9 @@ func (c *Composite) Close() error {
 			errs = append(errs, fmt.Errorf("%s: %w", e.Name(), err))
 		}
 	}
-	c.reg.Close()
+	if err := c.reg.Close(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -308,12 +415,14 @@ func (p *compositePlanner) Add(it Item) error {
 	return nil
 }
 
+// judgePair looks both regions up once, with their generations (which the plans of engines sharing the
+// registry carry to Submit), and routes the pair.
 func (p *compositePlanner) judgePair(srcID, dstID MemoryID) pairInfo {
-	src, sLocal, err := p.c.reg.Lookup(srcID)
+	src, sLocal, srcGen, err := p.c.reg.lookup(srcID)
 	if err != nil {
 		return pairInfo{err: fmt.Errorf("source: %w", err)}
 	}
-	dst, dLocal, err := p.c.reg.Lookup(dstID)
+	dst, dLocal, dstGen, err := p.c.reg.lookup(dstID)
 	if err != nil {
 		return pairInfo{err: fmt.Errorf("destination: %w", err)}
 	}
@@ -322,7 +431,7 @@ func (p *compositePlanner) judgePair(srcID, dstID MemoryID) pairInfo {
 		return pairInfo{err: &UnplannableError{Src: srcID, Dst: dstID,
 			Refusals: []Refusal{{Engine: CompositeName, Reason: "neither region belongs to this node"}}}}
 	}
-	info := pairInfo{dir: dir, srcSize: src.Size, dstSize: dst.Size}
+	info := pairInfo{dir: dir, srcSize: src.Size, dstSize: dst.Size, srcGen: srcGen, dstGen: dstGen}
 	r := p.c.routeFor(src, dst)
 	if r.engine < 0 {
 		info.err = &UnplannableError{Src: srcID, Dst: dstID, Refusals: r.refusals}
@@ -361,6 +470,14 @@ func (p *compositePlanner) Build() *PlanSet {
 	p.b.rejectOverlaps(func(it Item, err error) {
 		p.reject(it, err, p.b.pairs[p.b.index[[2]MemoryID{it.Src, it.Dst}]].dir)
 	})
+	if p.c.shared {
+		// The batch is checked: it is planned here, once, for every engine.
+		p.b.groupByPair()
+		p.planParts(out)
+		p.c.reg.putBatch(p.b)
+		p.b = nil
+		return out
+	}
 	// Items go to their engine's planner without an intermediate copy. Plans come out in the order their pairs
 	// were first added, so several pairs go back to that order; one pair stays in destination order, which the
 	// planner's own sort then finds already done.
@@ -385,6 +502,32 @@ func (p *compositePlanner) Build() *PlanSet {
 		p.addPart(out, b.Build())
 	}
 	return out
+}
+
+// planParts builds each engine's plan set from the checked batch (entries grouped by pair, pairs in the order
+// they were first added, each pair's entries in destination order) with that engine's limits: parts in
+// engine order, plans of a part in pair order, as the engines' own planners would have made them.
+func (p *compositePlanner) planParts(out *PlanSet) {
+	var parts [4]*PlanSet // at most one engine of each kind
+	p.b.eachPair(func(es []entry) {
+		info := &p.b.pairs[es[0].pair]
+		part := parts[info.engine]
+		if part == nil {
+			part = p.c.newPart(info.engine)
+			parts[info.engine] = part
+		}
+		planPair(part, part.planner, p.c.limits[info.engine], info, es)
+	})
+	for _, part := range parts[:len(p.c.engines)] {
+		if part != nil {
+			p.addPart(out, part)
+		}
+	}
+}
+
+// newPart returns an empty plan set of engine eng, submittable to it.
+func (c *Composite) newPart(eng int) *PlanSet {
+	return &PlanSet{owner: c.reg, planner: c.engines[eng].Name()}
 }
 
 func (p *compositePlanner) addPart(out *PlanSet, part *PlanSet) {

@@ -43,9 +43,18 @@ type cluster struct {
 	next    atomic.Uint64
 }
 
-func newCluster(t *testing.T) *cluster {
+// newCluster builds node-a as the agent does: one registry, owned by the composite and shared by its engines.
+func newCluster(t *testing.T) *cluster { t.Helper(); return newClusterOn(t, true) }
+
+// newClusterOn builds node-a with one shared registry, or (shared false) with engines built standalone, each
+// keeping its own registry beside the composite's.
+func newClusterOn(t *testing.T, shared bool) *cluster {
 	t.Helper()
 	c := &cluster{gate: &enginetest.Gate{}, metrics: engines.NewMetrics()}
+	var regions *engines.Registry
+	if shared {
+		regions = engines.NewRegistry("node-a", 0)
+	}
 	listen := func() net.Listener {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -53,11 +62,11 @@ func newCluster(t *testing.T) *cluster {
 		}
 		return ln
 	}
-	x, err := xgmi.New(xgmi.Options{Node: "node-a", CheckDisjoint: true}, gatedHost{xgmi.NewHostBackend(), c.gate})
+	x, err := xgmi.New(xgmi.Options{Node: "node-a", CheckDisjoint: true, Registry: regions}, gatedHost{xgmi.NewHostBackend(), c.gate})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ta, err := tcp.New(tcp.Options{Node: "node-a", Listener: listen(), ChunkBytes: 64 << 10, Logf: t.Logf})
+	ta, err := tcp.New(tcp.Options{Node: "node-a", Listener: listen(), ChunkBytes: 64 << 10, Logf: t.Logf, Registry: regions})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +74,7 @@ func newCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.a, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a", Metrics: c.metrics}, ta, x)
+	c.a, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a", Metrics: c.metrics, Registry: regions}, ta, x)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,8 +117,15 @@ func (c *cluster) localRegion(t testing.TB, buf []byte) engines.MemoryDesc {
 	return d
 }
 
-func TestCompositeContract(t *testing.T) {
-	c := newCluster(t)
+func TestCompositeContract(t *testing.T) { compositeContract(t, newCluster(t)) }
+
+// TestCompositeContractSeparateRegistries runs the contract against a composite over engines built standalone,
+// each with a registry of its own, to which the composite hands items for planning.
+func TestCompositeContractSeparateRegistries(t *testing.T) {
+	compositeContract(t, newClusterOn(t, false))
+}
+
+func compositeContract(t *testing.T, c *cluster) {
 	enginetest.Run(t, enginetest.Harness{
 		Engine:     c.a,
 		Directions: []engines.Direction{engines.DirLocal, engines.DirWrite, engines.DirRead},
@@ -350,14 +366,25 @@ func counters(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 }
 
 // BenchmarkCompositePlanScattered plans 15,360 blocks of 720 B between two local regions through the composite
-// (which judges the pairs, then hands the items to the engine that moves them): the agent's planning path.
-func BenchmarkCompositePlanScattered(b *testing.B) {
+// over engines sharing its registry (it checks the batch and builds the engine's plans in one pass): the
+// agent's planning path.
+func BenchmarkCompositePlanScattered(b *testing.B) { benchmarkCompositePlanScattered(b, true) }
+
+// BenchmarkCompositePlanScatteredSeparate is the same batch through a composite over an engine with a
+// registry of its own, to which the composite hands the checked items for planning.
+func BenchmarkCompositePlanScatteredSeparate(b *testing.B) { benchmarkCompositePlanScattered(b, false) }
+
+func benchmarkCompositePlanScattered(b *testing.B, shared bool) {
 	const n, bs = 15360, 720
-	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, xgmi.NewHostBackend())
+	var regions *engines.Registry
+	if shared {
+		regions = engines.NewRegistry("node-a", 0)
+	}
+	x, err := xgmi.New(xgmi.Options{Node: "node-a", Registry: regions}, xgmi.NewHostBackend())
 	if err != nil {
 		b.Fatal(err)
 	}
-	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x)
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a", Registry: regions}, x)
 	if err != nil {
 		b.Fatal(err)
 	}

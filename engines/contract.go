@@ -232,8 +232,10 @@ type PlanSet struct {
 	// Dropped holds the tags of empty items.
 	Dropped []Tag
 
-	// owner identifies the registry that planned the set; Submit refuses sets planned elsewhere.
-	owner any
+	// owner identifies the registry (or composite) that planned the set and planner the engine it was planned
+	// for; Submit refuses sets planned elsewhere, including by another engine sharing the registry.
+	owner   any
+	planner string
 	// parts holds the per-engine plan sets of a composite plan set, in engine order.
 	parts []*PlanSet
 }

@@ -44,10 +44,22 @@
 //
 // # Writing an engine
 //
-// An engine embeds nothing; it composes the helpers here: a [Registry] for its regions, [NewPlanner] for
-// planning with its [Limits] and CanHandle, and [Registry.Begin] at submit time, which validates the plan set,
-// pins its regions for the life of the transfer and returns a [Tracker] to report each plan's outcome into. The
-// contract suite in engines/enginetest checks an engine against every rule above.
+// An engine embeds a [Base] (its name, its region table, planning with its [Limits] and CanHandle, Import, the
+// notification handler) and writes the rest: CanHandle, Register (its handles and private state), Deregister
+// (releasing that state), Submit and Close. Its table is [Regions]; at submit time [Registry.Begin] validates
+// the plan set, pins its regions for the life of the transfer and returns a [Tracker] to report each plan's
+// outcome into. The contract suite in engines/enginetest checks an engine against every rule above.
+//
+// # One registry, one planning pass
+//
+// In the agent a node has one [Registry]: the composite's ([CompositeOptions.Registry]), on which every engine
+// is built (each engine's Options.Registry). The composite alone adds and removes regions; on Deregister it
+// drains a region across engines, then each engine releases its own state of it (memory registrations,
+// mappings, staging, kept by MemoryID), then the region is removed. Engines answer CanHandle, fill handles in
+// Register, and execute plan sets in Submit; the composite plans every batch once for them ([Planned]: it
+// builds each engine's plans with the engine's [Limits] from the batch it checked). [Regions] makes an
+// engine's Register, Import, Deregister and Close right whether its table is shared or its own: an engine used
+// alone (tests, benchmarks) keeps a registry of its own and plans with its own planner.
 //
 // Engines restore any ambient state they touch on the caller's goroutine: a GPU engine that sets the current
 // device or context (cudaSetDevice, cuCtxPushCurrent, hipSetDevice) restores the previous one before returning,

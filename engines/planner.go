@@ -382,11 +382,11 @@ func (p *planner) reject(it Item, err error) error {
 
 func (p *planner) Build() *PlanSet {
 	if p.built {
-		return &PlanSet{owner: p.reg}
+		return &PlanSet{owner: p.reg, planner: p.engine}
 	}
 	p.built = true
 	out := &p.out
-	out.owner = p.reg
+	out.owner, out.planner = p.reg, p.engine
 	if p.blocks.added {
 		p.buildBlocks()
 		p.reg.putBatch(p.b)
@@ -399,29 +399,34 @@ func (p *planner) Build() *PlanSet {
 	p.b.intern()
 	p.b.rejectOverlaps(func(it Item, err error) { p.reject(it, err) })
 	p.b.groupByPair()
-	es := p.b.entries
-	for start := 0; start < len(es); {
-		end := start + 1
-		for end < len(es) && es[end].pair == es[start].pair {
-			end++
-		}
-		p.planPair(es[start:end])
-		start = end
-	}
+	p.b.eachPair(func(es []entry) { planPair(out, p.engine, p.lim, &p.b.pairs[es[0].pair], es) })
 	p.reg.putBatch(p.b)
 	p.b = nil
 	return out
 }
 
-// planPair turns one pair's entries (sorted) into plans.
-func (p *planner) planPair(es []entry) {
-	info := &p.b.pairs[es[0].pair]
+// eachPair calls fn with each pair's run of entries, in order; call groupByPair first.
+func (b *batch) eachPair(fn func(es []entry)) {
+	es := b.entries
+	for start := 0; start < len(es); {
+		end := start + 1
+		for end < len(es) && es[end].pair == es[start].pair {
+			end++
+		}
+		fn(es[start:end])
+		start = end
+	}
+}
+
+// planPair turns one pair's entries (sorted by destination) into plans of engine with its limits, appended to
+// out. Engine planners and the composite (planning for the engines that share its registry) both call it.
+func planPair(out *PlanSet, engine string, lim Limits, info *pairInfo, es []entry) {
 	newPlan := func() Plan {
 		n := len(es)
-		if p.lim.MaxPlanSegments > 0 {
-			n = min(n, p.lim.MaxPlanSegments)
+		if lim.MaxPlanSegments > 0 {
+			n = min(n, lim.MaxPlanSegments)
 		}
-		return Plan{Engine: p.engine, Direction: info.dir, Src: info.src, Dst: info.dst, srcGen: info.srcGen, dstGen: info.dstGen,
+		return Plan{Engine: engine, Direction: info.dir, Src: info.src, Dst: info.dst, srcGen: info.srcGen, dstGen: info.dstGen,
 			Segments: make([]Segment, 0, n), Tags: make([]Tag, 0, n)}
 	}
 	plan := newPlan()
@@ -434,21 +439,21 @@ func (p *planner) planPair(es []entry) {
 			end++
 		}
 		pieces := 1
-		if m := p.lim.MaxSegmentBytes; m > 0 {
+		if m := lim.MaxSegmentBytes; m > 0 {
 			pieces = int((run.Size + m - 1) / m)
 		}
-		if p.lim.MaxPlanSegments > 0 && len(plan.Segments) > 0 && len(plan.Segments)+pieces > p.lim.MaxPlanSegments {
-			p.out.Plans = append(p.out.Plans, plan)
+		if lim.MaxPlanSegments > 0 && len(plan.Segments) > 0 && len(plan.Segments)+pieces > lim.MaxPlanSegments {
+			out.Plans = append(out.Plans, plan)
 			plan = newPlan()
 		}
-		appendSplit(&plan, run, p.lim.MaxSegmentBytes)
+		appendSplit(&plan, run, lim.MaxSegmentBytes)
 		for _, e := range es[start:end] {
 			plan.Tags = append(plan.Tags, e.tag)
 		}
 		plan.Bytes += run.Size
 		start = end
 	}
-	p.out.Plans = append(p.out.Plans, plan)
+	out.Plans = append(out.Plans, plan)
 }
 
 func appendSplit(plan *Plan, run Segment, maxBytes uint64) {

@@ -13,8 +13,9 @@ import (
 // DefaultGrace is how long Deregister and Close wait for cancelled copies to stop before giving up with ErrBusy.
 const DefaultGrace = 10 * time.Second
 
-// Registry holds an engine's regions (local and imported), pins them while transfers use them, and implements
-// the Deregister rule of the contract. Engines keep one each; it is safe for concurrent use.
+// Registry holds regions (local and imported), pins them while transfers use them, and implements the
+// Deregister rule of the contract. In the agent there is one, owned by the composite and shared by every
+// engine (see Regions); an engine running alone keeps its own. It is safe for concurrent use.
 type Registry struct {
 	self  string
 	grace time.Duration
@@ -24,7 +25,8 @@ type Registry struct {
 	lastGen  uint64
 	closed   bool
 	trackers map[*Tracker]struct{}
-	allIdle  chan struct{} // closed when trackers becomes empty after Close
+	// closedEngines are engines closed on a shared registry: their submissions are refused, the others' not.
+	closedEngines map[string]bool
 
 	handoffs handoffs // waited transfers not yet driven
 
@@ -38,9 +40,14 @@ type region struct {
 	local    bool
 	gen      uint64
 	draining bool
-	pins     int
-	users    map[*Tracker]int
-	idle     chan struct{} // made when draining starts with pins > 0; closed when pins reaches 0
+	// reserved: the id is taken while the composite's engines register the memory; the region is not usable
+	// (draining is set too) and Describe does not find it.
+	reserved bool
+	// releasing: drained, and the composite's engines are releasing their state of it (see release).
+	releasing bool
+	pins      int
+	users     map[*Tracker]int
+	idle      chan struct{} // made when draining starts with pins > 0; closed when pins reaches 0
 }
 
 // NewRegistry returns an empty registry for the node named self. grace bounds how long cancelled copies may
@@ -74,9 +81,10 @@ func (r *Registry) AddRemote(d MemoryDesc) error {
 	return r.add(d, false)
 }
 
-func (r *Registry) add(d MemoryDesc, local bool) error {
+// owned validates d and returns it with the handles it shares with the caller copied.
+func owned(d MemoryDesc) (MemoryDesc, error) {
 	if err := d.Validate(); err != nil {
-		return err
+		return d, err
 	}
 	d.Handles.RDMA = append([]RDMAKey(nil), d.Handles.RDMA...)
 	d.Handles.IPC = append([]byte(nil), d.Handles.IPC...)
@@ -86,6 +94,14 @@ func (r *Registry) add(d MemoryDesc, local bool) error {
 	if f := d.Handles.Fabric; f != nil {
 		c := *f
 		d.Handles.Fabric = &c
+	}
+	return d, nil
+}
+
+func (r *Registry) add(d MemoryDesc, local bool) error {
+	d, err := owned(d)
+	if err != nil {
+		return err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -98,6 +114,55 @@ func (r *Registry) add(d MemoryDesc, local bool) error {
 	r.lastGen++
 	r.regions[d.ID] = &region{desc: d, local: local, gen: r.lastGen, users: map[*Tracker]int{}}
 	return nil
+}
+
+// reserve takes an id for a local region whose descriptor is not known yet (the composite's engines are
+// registering it), so that a concurrent registration of the same id fails before any engine sets up state.
+func (r *Registry) reserve(id MemoryID) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	if _, ok := r.regions[id]; ok {
+		return fmt.Errorf("adding memory %s: %w: id already registered", id, ErrInvalid)
+	}
+	r.regions[id] = &region{desc: MemoryDesc{ID: id}, local: true, draining: true, reserved: true, users: map[*Tracker]int{}}
+	return nil
+}
+
+// commit turns a reservation into the registered region d (validated like AddLocal).
+func (r *Registry) commit(d MemoryDesc) error {
+	if d.Node != r.self {
+		return fmt.Errorf("registering memory %s: %w: it belongs to node %q, this is %q", d.ID, ErrInvalid, d.Node, r.self)
+	}
+	d, err := owned(d)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g, ok := r.regions[d.ID]
+	if !ok || !g.reserved {
+		return fmt.Errorf("registering memory %s: %w: not reserved", d.ID, ErrInvalid)
+	}
+	if r.closed {
+		return ErrClosed
+	}
+	r.lastGen++
+	g.desc, g.gen, g.reserved, g.draining = d, r.lastGen, false, false
+	return nil
+}
+
+// settle turns a reservation into a region that is being removed, described by d: the registration failed
+// after some engines set up state for it, which their Deregister releases (it finds d with Describe); forget
+// removes it then.
+func (r *Registry) settle(d MemoryDesc) {
+	r.mu.Lock()
+	if g, ok := r.regions[d.ID]; ok && g.reserved {
+		g.desc, g.reserved = d, false
+	}
+	r.mu.Unlock()
 }
 
 // Lookup returns a region's descriptor (shared: do not modify it) and whether it is local. Regions being
@@ -123,7 +188,7 @@ func (r *Registry) Describe(id MemoryID) (*MemoryDesc, bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	g, ok := r.regions[id]
-	if !ok {
+	if !ok || g.reserved {
 		return nil, false, fmt.Errorf("memory %s: %w", id, ErrUnknownMemory)
 	}
 	return &g.desc, g.local, nil
@@ -162,9 +227,43 @@ func (r *Registry) unpin(g *region, t *Tracker) {
 // Remove deregisters a region following the contract: refuse new work, wait for in-flight work until ctx ends,
 // then cancel it with ErrDeregistered and wait up to the grace period; ErrBusy if copies still run.
 func (r *Registry) Remove(ctx context.Context, id MemoryID) error {
+	if err := r.Drain(ctx, id); err != nil {
+		return err
+	}
+	r.forget(id)
+	return nil
+}
+
+// release marks a drained region as having its engines' state released, and reports whether this caller is
+// the one to do it (two Deregisters at once must not release it twice).
+func (r *Registry) release(id MemoryID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g, ok := r.regions[id]
+	if !ok || !g.draining || g.reserved || g.releasing || g.pins > 0 {
+		return false
+	}
+	g.releasing = true
+	return true
+}
+
+// forget deletes a drained region.
+func (r *Registry) forget(id MemoryID) {
+	r.mu.Lock()
+	if g, ok := r.regions[id]; ok && g.draining && !g.reserved {
+		delete(r.regions, id)
+	}
+	r.mu.Unlock()
+}
+
+// Drain is Remove without the removal: once it returns nil no transfer uses the region and none can start,
+// but Describe still finds it. The composite drains a shared region, lets each engine release its own state
+// of it, then removes it; an engine's own Deregister on a shared registry drains (at once, when the
+// composite did).
+func (r *Registry) Drain(ctx context.Context, id MemoryID) error {
 	r.mu.Lock()
 	g, ok := r.regions[id]
-	if !ok {
+	if !ok || g.reserved {
 		r.mu.Unlock()
 		return fmt.Errorf("deregistering memory %s: %w", id, ErrUnknownMemory)
 	}
@@ -199,11 +298,6 @@ func (r *Registry) Remove(ctx context.Context, id MemoryID) error {
 			}
 		}
 	}
-	r.mu.Lock()
-	if r.regions[id] == g {
-		delete(r.regions, id)
-	}
-	r.mu.Unlock()
 	return nil
 }
 
@@ -232,6 +326,34 @@ func (r *Registry) Close() error {
 		active = append(active, t)
 	}
 	r.mu.Unlock()
+	return r.stop(active)
+}
+
+// CloseEngine is Close for one engine of a shared registry: that engine's submissions are refused from now
+// on, its transfers in flight are cancelled with ErrClosed and waited for; the regions and the other engines'
+// transfers stay.
+func (r *Registry) CloseEngine(engine string) error {
+	r.mu.Lock()
+	if r.closed || r.closedEngines[engine] {
+		r.mu.Unlock()
+		return nil
+	}
+	if r.closedEngines == nil {
+		r.closedEngines = map[string]bool{}
+	}
+	r.closedEngines[engine] = true
+	var active []*Tracker
+	for t := range r.trackers {
+		if t.engine == engine {
+			active = append(active, t)
+		}
+	}
+	r.mu.Unlock()
+	return r.stop(active)
+}
+
+// stop cancels the given transfers with ErrClosed and waits up to the grace period for them.
+func (r *Registry) stop(active []*Tracker) error {
 	for _, t := range active {
 		t.cancel(ErrClosed)
 	}
@@ -262,7 +384,7 @@ type Work struct {
 // context still live); it may set errors in outcomes, e.g. when a notification could not be delivered.
 func (r *Registry) Begin(ctx context.Context, engine string, ps *PlanSet, opts SubmitOptions,
 	finalize func(ctx context.Context, outcomes []Outcome)) (*Tracker, []Work, error) {
-	if ps == nil || ps.owner != any(r) {
+	if ps == nil || ps.owner != any(r) || ps.planner != engine {
 		return nil, nil, fmt.Errorf("submitting to %s: %w", engine, ErrForeignPlan)
 	}
 	if len(opts.Notify) > MaxNotifyPayload {
@@ -279,7 +401,7 @@ func (r *Registry) Begin(ctx context.Context, engine string, ps *PlanSet, opts S
 	var refusedErr []error
 
 	r.mu.Lock()
-	if r.closed {
+	if r.closed || r.closedEngines[engine] {
 		r.mu.Unlock()
 		t.cancel(ErrClosed)
 		return nil, nil, fmt.Errorf("submitting to %s: %w", engine, ErrClosed)

@@ -107,14 +107,14 @@ func (t *transferSide) cudaBackend() *cudacopy.Backend {
 }
 
 // fabricEngine builds the fabric engine on the CUDA runtime when the copy backend runs and the pool allows
-// fabric, with notifier carrying its notifications to peers. It returns the engine (nil when it does not run)
-// and what closes its runtime once the engine is closed.
-func (t *transferSide) fabricEngine(node string, notifier engines.NotifySender) (*fabric.Engine, func() error) {
+// fabric, with notifier carrying its notifications to peers and reg the node's region table. It returns the
+// engine (nil when it does not run) and what closes its runtime once the engine is closed.
+func (t *transferSide) fabricEngine(node string, reg *engines.Registry, notifier engines.NotifySender) (*fabric.Engine, func() error) {
 	if !t.cudaCopyRunning || !engineAllowed(t.report, engines.EngineFabric) {
 		return nil, nil
 	}
 	rt := fabric.NewCUDARuntime(t.cudaDriver, t.cudaCopy)
-	fe, err := fabric.New(fabric.Options{Node: node, Runtime: rt, Notifier: notifier})
+	fe, err := fabric.New(fabric.Options{Node: node, Runtime: rt, Notifier: notifier, Registry: reg})
 	if err != nil {
 		t.log.Info("fabric engine unavailable", "reason", err.Error())
 		_ = rt.Close()

@@ -22,8 +22,8 @@ import (
 // pairs are exchanged over the channel) and libibverbs must load and see a detected device. The engine
 // exchanges its queue pairs and sends its notifications over the channel and answers peers' exchanges; where
 // it does not run, t.rdmaWhyNot says why and peers that ask are told so. fe, when running, claims the pairs
-// whose remote side it can map; rdma leaves those to it.
-func (t *transferSide) rdmaEngine(cfg Config, pc *peers.Peers, fe *fabric.Engine) (*rdma.Engine, error) {
+// whose remote side it can map; rdma leaves those to it. reg is the node's region table.
+func (t *transferSide) rdmaEngine(cfg Config, reg *engines.Registry, pc *peers.Peers, fe *fabric.Engine) (*rdma.Engine, error) {
 	provider, why := t.rdmaProvider(cfg)
 	if why != "" {
 		t.rdmaWhyNot = why
@@ -35,7 +35,8 @@ func (t *transferSide) rdmaEngine(cfg Config, pc *peers.Peers, fe *fabric.Engine
 		}
 		return nil, nil
 	}
-	opts := rdma.Options{Node: cfg.NodeName, Provider: provider, NICs: rdmanics.FromReport(&t.report), Exchanger: pc, Notifier: pc}
+	opts := rdma.Options{Node: cfg.NodeName, Provider: provider, NICs: rdmanics.FromReport(&t.report), Exchanger: pc, Notifier: pc,
+		Registry: reg}
 	if t.cudaDriver != nil {
 		opts.DMABuf = rdma.CUDADMABuf{Driver: t.cudaDriver, PageSize: uint64(os.Getpagesize())}
 	}

@@ -91,6 +91,8 @@ type transferSide struct {
 	cudaCopyRunning bool
 	// fabric is the fabric engine once it runs: the rdma engine yields its pairs, /metrics reads its cache.
 	fabric atomic.Pointer[fabric.Engine]
+	// composite is the assembled composite engine once it runs.
+	composite atomic.Pointer[engines.Composite]
 	// rdmaRunning says the rdma engine runs; rdmaWhyNot says why not.
 	rdmaRunning bool
 	rdmaWhyNot  string
@@ -172,6 +174,10 @@ func (t *transferSide) serve(ctx context.Context) error {
 		}
 	}()
 
+	// The node's one region table: every engine is built on it and the composite owns it, so a region is
+	// kept once and a batch planned once (by the composite, for every engine).
+	regions := engines.NewRegistry(cfg.NodeName, 0)
+
 	// 2. The pool's certificates, then the tcp engine and the agent-to-agent channel that opens its data
 	// connections ahead of use. Without certificates the node runs alone: no channel, no tcp.
 	var (
@@ -213,7 +219,7 @@ func (t *transferSide) serve(ctx context.Context) error {
 			te, err = tcp.New(tcp.Options{Node: cfg.NodeName, Listener: dataLn, Advertise: advertise(cfg.DataAdvertise, dataLn),
 				TLS: tlsFiles.Config(), CheckPeer: tlsFiles.CheckPeer, Logf: func(f string, a ...any) { log.Info(fmt.Sprintf(f, a...), "engine", "tcp") },
 				Stager: t.tcpStager, NoStageReason: t.tcpNoStageReason, StagingBytes: cfg.TCPStagingBytes,
-				ConnsPerPeer: cfg.TCPConnsPerPeer,
+				ConnsPerPeer: cfg.TCPConnsPerPeer, Registry: regions,
 				// GPU pairs another engine moves without staging are left to it.
 				Yield: func(src, dst *engines.MemoryDesc) bool {
 					for _, o := range others {
@@ -260,12 +266,12 @@ func (t *transferSide) serve(ctx context.Context) error {
 	if pc != nil {
 		notifier = pc
 	}
-	fe, closeFabric := t.fabricEngine(cfg.NodeName, notifier)
+	fe, closeFabric := t.fabricEngine(cfg.NodeName, regions, notifier)
 	if fe != nil {
 		built = append(built, fe)
 		gpuClosers = append(gpuClosers, closeFabric)
 	}
-	re, err := t.rdmaEngine(cfg, pc, fe)
+	re, err := t.rdmaEngine(cfg, regions, pc, fe)
 	if err != nil {
 		return fmt.Errorf("building the engines that use the agent-to-agent channel: %w", err)
 	}
@@ -275,7 +281,7 @@ func (t *transferSide) serve(ctx context.Context) error {
 
 	// 4. The same-node engine over the GPU backends and the host's, then the composite in the order of the
 	// design (xgmi, fabric, tcp, rdma here; the composite plans by its own fixed order).
-	x, err := xgmi.New(xgmi.Options{Node: cfg.NodeName}, append(t.xgmiBackends, xgmi.NewHostBackend())...)
+	x, err := xgmi.New(xgmi.Options{Node: cfg.NodeName, Registry: regions}, append(t.xgmiBackends, xgmi.NewHostBackend())...)
 	if err != nil {
 		return err
 	}
@@ -302,12 +308,13 @@ func (t *transferSide) serve(ctx context.Context) error {
 	// GetInfo and explain say what runs: an engine detection found possible but this agent does not run is
 	// reported unavailable, with both facts.
 	t.markNotRunning(cfg, fe != nil)
-	comp, err := engines.NewComposite(engines.CompositeOptions{Node: cfg.NodeName, Metrics: t.deps.Metrics}, engs...)
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: cfg.NodeName, Metrics: t.deps.Metrics, Registry: regions}, engs...)
 	if err != nil {
 		return err
 	}
 	built = nil // the composite closes them now
 	defer comp.Close()
+	t.composite.Store(comp)
 
 	// 5. Pool memory and the socket server.
 	pool, err := newPool(cfg, t.gpus, driverOrNil(t.cudaDriver), log)

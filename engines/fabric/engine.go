@@ -30,18 +30,21 @@ type Options struct {
 	Workers int
 	// Grace bounds how long Deregister and Close wait for cancelled copies.
 	Grace time.Duration
+	// Registry, when set, is the composite's region table, shared by every engine of the node (see
+	// engines.Regions); nil gives the engine one of its own.
+	Registry *engines.Registry
 }
 
 // Engine is the fabric engine.
 type Engine struct {
+	*engines.Base
 	opts        Options
-	reg         *engines.Registry
+	reg         engines.Regions
 	slots       chan struct{}
 	available   bool
 	unavailable string
 
 	mu       sync.Mutex
-	notify   engines.NotifyFunc
 	local    map[engines.MemoryID]localRegion
 	notExp   map[engines.MemoryID]string // local regions that could not be exported, and why
 	mappings map[engines.MemoryID]*mapping
@@ -72,14 +75,17 @@ func New(opts Options) (*Engine, error) {
 	if opts.Workers <= 0 {
 		opts.Workers = 4
 	}
-	e := &Engine{opts: opts, reg: engines.NewRegistry(opts.Node, opts.Grace), slots: make(chan struct{}, opts.Workers),
+	reg, err := engines.NewRegions(engines.EngineFabric, opts.Registry, opts.Node, opts.Grace)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{opts: opts, reg: reg, slots: make(chan struct{}, opts.Workers),
 		local: map[engines.MemoryID]localRegion{}, notExp: map[engines.MemoryID]string{}, mappings: map[engines.MemoryID]*mapping{}}
 	e.available, e.unavailable = opts.Runtime.Available()
+	// No limits: a plan is one copy call per segment.
+	e.Base = engines.NewBase(engines.EngineFabric, reg, engines.Limits{}, e.CanHandle)
 	return e, nil
 }
-
-// Name implements engines.Engine.
-func (e *Engine) Name() string { return engines.EngineFabric }
 
 // Available reports whether the engine moves bytes on this node, and why not.
 func (e *Engine) Available() (bool, string) { return e.available, e.unavailable }
@@ -139,14 +145,6 @@ func (e *Engine) Register(ctx context.Context, desc engines.MemoryDesc) (engines
 	}
 	e.mu.Unlock()
 	return out, nil
-}
-
-// Import implements engines.Engine. The mapping is made on first use.
-func (e *Engine) Import(_ context.Context, desc engines.MemoryDesc) error {
-	if err := e.reg.AddRemote(desc); err != nil {
-		return fmt.Errorf("fabric: importing %s: %w", desc.ID, err)
-	}
-	return nil
 }
 
 // Deregister implements engines.Engine: once no copy uses the region, its
@@ -226,18 +224,6 @@ func Claims(self string, src, dst *engines.MemoryDesc) (bool, string) {
 		return false, fmt.Sprintf("%s is not fabric-exportable (its allocation was not created with a fabric handle type)", remote.ID)
 	}
 	return true, ""
-}
-
-// NewPlan implements engines.Engine.
-func (e *Engine) NewPlan() engines.PlanBuilder {
-	return engines.NewPlanner(e.Name(), e.reg, engines.Limits{}, e.CanHandle)
-}
-
-// SetNotifyHandler implements engines.Engine.
-func (e *Engine) SetNotifyHandler(fn engines.NotifyFunc) {
-	e.mu.Lock()
-	e.notify = fn
-	e.mu.Unlock()
 }
 
 // Submit implements engines.Engine.
@@ -332,32 +318,13 @@ func (e *Engine) remoteBase(gpu int, remote *engines.MemoryDesc) (uint64, error)
 // remote node through the Notifier, reads (which land here) to this node's
 // handler. A notification that cannot be delivered fails its plans.
 func (e *Engine) notifyAll(ctx context.Context, plans []engines.Plan, outcomes []engines.Outcome, payload []byte) {
-	engines.NotifyDestinations(ctx, e.opts.Node, e.reg, plans, outcomes, payload,
-		func(n engines.Notification) {
-			e.mu.Lock()
-			fn := e.notify
-			e.mu.Unlock()
-			if fn != nil {
-				fn(n)
-			}
-		},
+	engines.NotifyDestinations(ctx, e.opts.Node, e.reg.Registry, plans, outcomes, payload, e.Deliver,
 		func(ctx context.Context, node string, _ *engines.Plan, n engines.Notification) error {
 			if e.opts.Notifier == nil {
 				return errors.New("no channel to the destination node")
 			}
 			return e.opts.Notifier.SendNotification(ctx, node, n)
 		})
-}
-
-// Deliver hands a notification that arrived over the agent channel to this
-// node's handler (the receiving side of Options.Notifier).
-func (e *Engine) Deliver(n engines.Notification) {
-	e.mu.Lock()
-	fn := e.notify
-	e.mu.Unlock()
-	if fn != nil {
-		fn(n)
-	}
 }
 
 // Close implements engines.Engine: cancels transfers, then undoes every mapping.

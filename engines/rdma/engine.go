@@ -56,18 +56,21 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// Grace bounds how long Deregister and Close wait for cancelled copies.
 	Grace time.Duration
+	// Registry, when set, is the composite's region table, shared by every engine of the node (see
+	// engines.Regions); nil gives the engine one of its own.
+	Registry *engines.Registry
 }
 
 // Engine is the rdma engine.
 type Engine struct {
+	*engines.Base
 	opts        Options
-	reg         *engines.Registry
+	reg         engines.Regions
 	slots       chan struct{}
 	unavailable string
 	wrIDs       atomic.Uint64
 
 	mu      sync.Mutex
-	notify  engines.NotifyFunc
 	devices map[string]Device
 	sets    map[setKey]*qpSet
 	local   map[engines.MemoryID]*localMR
@@ -114,17 +117,20 @@ func New(opts Options) (*Engine, error) {
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = 10 * time.Second
 	}
-	e := &Engine{opts: opts, reg: engines.NewRegistry(opts.Node, opts.Grace), slots: make(chan struct{}, opts.Workers),
+	reg, err := engines.NewRegions(engines.EngineRDMA, opts.Registry, opts.Node, opts.Grace)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{opts: opts, reg: reg, slots: make(chan struct{}, opts.Workers),
 		devices: map[string]Device{}, sets: map[setKey]*qpSet{}, local: map[engines.MemoryID]*localMR{}, noMR: map[engines.MemoryID]string{}}
 	e.unavailable = unavailableReason(&opts.NICs)
 	if e.unavailable == "" && opts.Exchanger == nil {
 		e.unavailable = "no agent channel to exchange queue-pair info"
 	}
+	// A segment is one work request: segments are cut at the chunk size.
+	e.Base = engines.NewBase(engines.EngineRDMA, reg, engines.Limits{MaxSegmentBytes: opts.ChunkBytes}, e.CanHandle)
 	return e, nil
 }
-
-// Name implements engines.Engine.
-func (e *Engine) Name() string { return engines.EngineRDMA }
 
 // Available reports whether the engine moves bytes on this node, and why not.
 func (e *Engine) Available() (bool, string) { return e.unavailable == "", e.unavailable }
@@ -246,14 +252,6 @@ func (e *Engine) RegistrationMethod(id engines.MemoryID) (string, string) {
 	return "", e.noMR[id]
 }
 
-// Import implements engines.Engine.
-func (e *Engine) Import(_ context.Context, desc engines.MemoryDesc) error {
-	if err := e.reg.AddRemote(desc); err != nil {
-		return fmt.Errorf("rdma: importing %s: %w", desc.ID, err)
-	}
-	return nil
-}
-
 // Deregister implements engines.Engine: the registration is dropped once no
 // transfer uses the region.
 func (e *Engine) Deregister(ctx context.Context, id engines.MemoryID) error {
@@ -305,28 +303,6 @@ func (e *Engine) CanHandle(src, dst *engines.MemoryDesc) (bool, string) {
 		return false, fmt.Sprintf("%s has no RDMA key (its node registered it on no NIC)", remote.ID)
 	}
 	return true, ""
-}
-
-// NewPlan implements engines.Engine: segments are cut at the chunk size.
-func (e *Engine) NewPlan() engines.PlanBuilder {
-	return engines.NewPlanner(e.Name(), e.reg, engines.Limits{MaxSegmentBytes: e.opts.ChunkBytes}, e.CanHandle)
-}
-
-// SetNotifyHandler implements engines.Engine.
-func (e *Engine) SetNotifyHandler(fn engines.NotifyFunc) {
-	e.mu.Lock()
-	e.notify = fn
-	e.mu.Unlock()
-}
-
-// Deliver hands a notification that arrived over the agent channel to this node's handler.
-func (e *Engine) Deliver(n engines.Notification) {
-	e.mu.Lock()
-	fn := e.notify
-	e.mu.Unlock()
-	if fn != nil {
-		fn(n)
-	}
 }
 
 // Close implements engines.Engine: cancels transfers, tears down queue pairs

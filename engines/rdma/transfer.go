@@ -165,7 +165,7 @@ func (e *Engine) drain(set *qpSet, ch <-chan verbs.Completion, n int) error {
 // remote node through the Notifier, reads to this node's handler. A
 // notification that cannot be delivered fails its plans.
 func (e *Engine) notifyAll(ctx context.Context, plans []engines.Plan, outcomes []engines.Outcome, payload []byte) {
-	engines.NotifyDestinations(ctx, e.opts.Node, e.reg, plans, outcomes, payload, e.Deliver,
+	engines.NotifyDestinations(ctx, e.opts.Node, e.reg.Registry, plans, outcomes, payload, e.Deliver,
 		func(ctx context.Context, node string, _ *engines.Plan, n engines.Notification) error {
 			if e.opts.Notifier == nil {
 				return errors.New("no channel to the destination node")

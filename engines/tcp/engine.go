@@ -69,6 +69,9 @@ type Options struct {
 	// Yield, when set, names pairs another engine claims; the engine leaves pairs with GPU memory on either side
 	// to it (the agent asks the fabric and rdma engines), so engines stay disjoint.
 	Yield func(src, dst *engines.MemoryDesc) bool
+	// Registry, when set, is the composite's region table, shared by every engine of the node (see
+	// engines.Regions); nil gives the engine one of its own.
+	Registry *engines.Registry
 
 	// stageIdle is how long staging slots stay unused before they go back to the stager (tests shorten it).
 	stageIdle time.Duration
@@ -79,8 +82,9 @@ type Options struct {
 
 // Engine is the TCP engine.
 type Engine struct {
+	*engines.Base
 	opts Options
-	reg  *engines.Registry
+	reg  engines.Regions
 	wg   sync.WaitGroup
 	// scratch lends buffers that gather small parts into one write on TLS connections (writeBuffers).
 	scratch sync.Pool
@@ -91,7 +95,6 @@ type Engine struct {
 	closed      bool
 	peers       map[string]*peer
 	serverConns map[net.Conn]struct{}
-	notify      engines.NotifyFunc
 	// staged holds the staging state of local GPU regions; stageOut and stageIn the staging pools per peer
 	// node, for this node's transfers and for serving the peer's requests.
 	staged            map[engines.MemoryID]stagedEntry
@@ -175,9 +178,16 @@ func New(opts Options) (*Engine, error) {
 			opts.TLS.NextProtos = []string{sealedProto}
 		}
 	}
-	e := &Engine{opts: opts, reg: engines.NewRegistry(opts.Node, opts.Grace),
+	reg, err := engines.NewRegions(engines.EngineTCP, opts.Registry, opts.Node, opts.Grace)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{opts: opts, reg: reg,
 		peers: map[string]*peer{}, serverConns: map[net.Conn]struct{}{},
 		staged: map[engines.MemoryID]stagedEntry{}, stageOut: map[string]*stagePool{}, stageIn: map[string]*stagePool{}}
+	// Plans are not split: chunking happens at submit, across connections. Block batches stay in block form
+	// (checked once, not planned block by block); submit expands them into the segments it cuts into requests.
+	e.Base = engines.NewBase(engines.EngineTCP, reg, engines.Limits{BlockPlans: true}, e.CanHandle)
 	if opts.Listener != nil {
 		e.wg.Add(1)
 		go e.serve(opts.Listener)
@@ -191,9 +201,6 @@ func New(opts Options) (*Engine, error) {
 }
 
 func (e *Engine) logf(format string, args ...any) { e.opts.Logf(format, args...) }
-
-// Name implements engines.Engine.
-func (e *Engine) Name() string { return engines.EngineTCP }
 
 // Addr is the address peers dial (empty without a listener).
 func (e *Engine) Addr() string { return e.opts.Advertise }
@@ -248,14 +255,6 @@ func (e *Engine) Register(_ context.Context, desc engines.MemoryDesc) (engines.M
 		e.mu.Unlock()
 	}
 	return desc, nil
-}
-
-// Import implements engines.Engine.
-func (e *Engine) Import(_ context.Context, desc engines.MemoryDesc) error {
-	if err := e.reg.AddRemote(desc); err != nil {
-		return fmt.Errorf("tcp: importing %s: %w", desc.ID, err)
-	}
-	return nil
 }
 
 // Deregister implements engines.Engine. Peers' requests that are being served hold the region too.
@@ -320,28 +319,8 @@ func (e *Engine) CanHandle(src, dst *engines.MemoryDesc) (bool, string) {
 	return true, ""
 }
 
-// NewPlan implements engines.Engine. Plans are not split: chunking happens at submit, across connections.
-// Block batches stay in block form (checked once, not planned block by block); submit expands them into the
-// segments it cuts into requests.
-func (e *Engine) NewPlan() engines.PlanBuilder {
-	return engines.NewPlanner(e.Name(), e.reg, engines.Limits{BlockPlans: true}, e.CanHandle)
-}
-
-// SetNotifyHandler implements engines.Engine.
-func (e *Engine) SetNotifyHandler(fn engines.NotifyFunc) {
-	e.mu.Lock()
-	e.notify = fn
-	e.mu.Unlock()
-}
-
-func (e *Engine) deliver(n engines.Notification) {
-	e.mu.Lock()
-	fn := e.notify
-	e.mu.Unlock()
-	if fn != nil {
-		fn(n)
-	}
-}
+// deliver hands a notification to this node's handler.
+func (e *Engine) deliver(n engines.Notification) { e.Deliver(n) }
 
 // peerFor returns the connected peer at addr, dialing it if needed.
 func (e *Engine) peerFor(ctx context.Context, node, addr string) (*peer, error) {

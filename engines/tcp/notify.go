@@ -13,7 +13,7 @@ import (
 // connections, this node's handler directly (reads land here). A notification that cannot be delivered fails
 // the plans writing to that node: the caller cannot count on the receiver knowing.
 func (e *Engine) notifyAll(ctx context.Context, plans []engines.Plan, outcomes []engines.Outcome, payload []byte) {
-	engines.NotifyDestinations(ctx, e.opts.Node, e.reg, plans, outcomes, payload, e.deliver,
+	engines.NotifyDestinations(ctx, e.opts.Node, e.reg.Registry, plans, outcomes, payload, e.deliver,
 		func(ctx context.Context, _ string, anyPlan *engines.Plan, n engines.Notification) error {
 			return e.sendNotification(ctx, anyPlan, n)
 		})

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -42,18 +41,18 @@ type Options struct {
 	Grace time.Duration
 	// CheckDisjoint makes CanHandle ask every backend and refuse a pair that two claim (tests, debugging).
 	CheckDisjoint bool
+	// Registry, when set, is the composite's region table, shared by every engine of the node (see
+	// engines.Regions); nil gives the engine one of its own.
+	Registry *engines.Registry
 }
 
 // Engine is the same-node engine.
 type Engine struct {
+	*engines.Base
 	opts     Options
 	backends []Backend
-	reg      *engines.Registry
-	limits   engines.Limits
+	reg      engines.Regions
 	slots    chan struct{}
-
-	mu     sync.Mutex
-	notify engines.NotifyFunc
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -69,11 +68,16 @@ func New(opts Options, backends ...Backend) (*Engine, error) {
 	if opts.Workers <= 0 {
 		opts.Workers = 4
 	}
-	e := &Engine{opts: opts, backends: backends, reg: engines.NewRegistry(opts.Node, opts.Grace),
-		slots: make(chan struct{}, opts.Workers)}
-	for _, b := range backends {
-		e.limits = tighter(e.limits, b.Limits())
+	reg, err := engines.NewRegions(engines.EngineXGMI, opts.Registry, opts.Node, opts.Grace)
+	if err != nil {
+		return nil, err
 	}
+	e := &Engine{opts: opts, backends: backends, reg: reg, slots: make(chan struct{}, opts.Workers)}
+	var lim engines.Limits
+	for _, b := range backends {
+		lim = tighter(lim, b.Limits())
+	}
+	e.Base = engines.NewBase(engines.EngineXGMI, reg, lim, e.CanHandle)
 	return e, nil
 }
 
@@ -105,9 +109,6 @@ func tighter(a, b engines.Limits) engines.Limits {
 	}
 	return a
 }
-
-// Name implements engines.Engine.
-func (e *Engine) Name() string { return engines.EngineXGMI }
 
 // Register implements engines.Engine: every backend fills what it can.
 func (e *Engine) Register(ctx context.Context, desc engines.MemoryDesc) (engines.MemoryDesc, error) {
@@ -143,15 +144,6 @@ func (e *Engine) release(ctx context.Context, bs []Backend, d *engines.MemoryDes
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// Import implements engines.Engine. Remote memory is never this engine's, but knowing it lets CanHandle and
-// planning say why instead of "unknown".
-func (e *Engine) Import(_ context.Context, desc engines.MemoryDesc) error {
-	if err := e.reg.AddRemote(desc); err != nil {
-		return fmt.Errorf("xgmi: importing %s: %w", desc.ID, err)
-	}
-	return nil
 }
 
 // Deregister implements engines.Engine.
@@ -205,18 +197,6 @@ func (e *Engine) backendFor(src, dst *engines.MemoryDesc) (Backend, string) {
 		return nil, "no backend claims the pair (" + strings.Join(reasons, "; ") + ")"
 	}
 	return chosen, ""
-}
-
-// NewPlan implements engines.Engine.
-func (e *Engine) NewPlan() engines.PlanBuilder {
-	return engines.NewPlanner(e.Name(), e.reg, e.limits, e.CanHandle)
-}
-
-// SetNotifyHandler implements engines.Engine.
-func (e *Engine) SetNotifyHandler(fn engines.NotifyFunc) {
-	e.mu.Lock()
-	e.notify = fn
-	e.mu.Unlock()
 }
 
 // Submit implements engines.Engine.
@@ -333,17 +313,11 @@ func (e *Engine) deliver(plans []engines.Plan, outcomes []engines.Outcome, paylo
 	if !engines.AllSucceeded(outcomes) || len(plans) == 0 {
 		return
 	}
-	e.mu.Lock()
-	fn := e.notify
-	e.mu.Unlock()
-	if fn == nil {
-		return
-	}
 	ptrs := make([]*engines.Plan, len(plans))
 	for i := range plans {
 		ptrs[i] = &plans[i]
 	}
-	fn(engines.BuildNotification(e.opts.Node, ptrs, payload))
+	e.Deliver(engines.BuildNotification(e.opts.Node, ptrs, payload))
 }
 
 func (e *Engine) run(t *engines.Tracker, work []engines.Work, started []startedBlocks) {
