@@ -162,32 +162,59 @@ func newSealedConn(raw net.Conn, tc *tls.Conn, client bool, bufs *sealBuffers) (
 }
 
 // Write seals p into records and writes them, recordsPerFlush to a system call; the records of one flush are
-// sealed in parallel. Every record but the last of a Write says that more follow, so the reader may wait for
-// them. A failed write leaves the stream unusable (the peer cannot find the next record), as with TLS.
+// sealed in parallel, and the next flush is sealed while this one is written. Every record but the last of a
+// Write says that more follow, so the reader may wait for them. A failed write leaves the stream unusable (the
+// peer cannot find the next record), as with TLS.
 func (s *sealedConn) Write(p []byte) (int, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if s.werr != nil {
 		return 0, s.werr
 	}
-	held := s.bufs.get(&s.bufs.out, recordsPerFlush*(recordMax+recordOverhead))
-	defer s.bufs.out.Put(held)
-	written := 0
-	for len(p) > 0 {
-		n := min(len(p), recordsPerFlush*recordMax)
-		out, err := s.sealBatch((*held)[:0], p[:n], n == len(p))
-		if err != nil {
-			s.werr = fmt.Errorf("%w: %w", errRecord, err)
-			return written, s.werr
+	const flush = recordsPerFlush * recordMax
+	size := recordsPerFlush * (recordMax + recordOverhead)
+	held, spare := s.bufs.get(&s.bufs.out, size), (*[]byte)(nil)
+	defer func() {
+		s.bufs.out.Put(held)
+		if spare != nil {
+			s.bufs.out.Put(spare)
 		}
-		if _, err := s.Conn.Write(out); err != nil {
-			s.werr = err
-			return written, err
+	}()
+	n := min(len(p), flush)
+	out, err := s.sealBatch((*held)[:0], p[:n], n == len(p))
+	written := 0
+	for err == nil {
+		// Seal the next flush on another goroutine while this one goes out.
+		rest := p[n:]
+		var next []byte
+		var nextErr error
+		var sealing sync.WaitGroup
+		m := min(len(rest), flush)
+		if m > 0 {
+			if spare == nil {
+				spare = s.bufs.get(&s.bufs.out, size)
+			}
+			sealing.Add(1)
+			go func() {
+				defer sealing.Done()
+				next, nextErr = s.sealBatch((*spare)[:0], rest[:m], m == len(rest))
+			}()
+		}
+		_, werr := s.Conn.Write(out)
+		sealing.Wait()
+		if werr != nil {
+			s.werr = werr
+			return written, werr
 		}
 		written += n
-		p = p[n:]
+		if m == 0 {
+			return written, nil
+		}
+		p, n, out, err = rest, m, next, nextErr
+		held, spare = spare, held
 	}
-	return written, nil
+	s.werr = fmt.Errorf("%w: %w", errRecord, err)
+	return written, s.werr
 }
 
 // sealBatch appends the records of p (at most recordsPerFlush) to out; the last one is marked more unless last.
@@ -247,18 +274,18 @@ func (s *sealedConn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	var opens []func()
+	var opening sync.WaitGroup
 	var bufs []*[]byte
 	fails := make([]error, recordsPerFlush)
 	filled := 0
-	for len(opens) < recordsPerFlush {
+	for {
 		room := len(p) - filled
-		if len(opens) == 0 {
+		if len(bufs) == 0 {
 			room = -1 // the record this Read returns, whole or in part
 		}
 		size, more, err := s.readRecord(room)
 		if err != nil {
-			if len(opens) == 0 {
+			if len(bufs) == 0 {
 				return 0, err
 			}
 			break // the next Read resumes the record, or reports the error
@@ -284,20 +311,23 @@ func (s *sealedConn) Read(p []byte) (int, error) {
 			}
 			return s.Read(p)
 		}
-		dst, k := p[filled:filled], len(opens)
-		opens = append(opens, func() {
+		dst, k := p[filled:filled], len(bufs)
+		open := func() {
 			if _, err := aead.Open(dst, nonce[:], body, hdr[:]); err != nil {
 				fails[k] = fmt.Errorf("%w %d failed authentication: the stream was altered or is not from this session", errRecord, seq)
 			}
-		})
+		}
 		bufs = append(bufs, s.rbuf)
 		s.rbuf = nil
 		filled += size
-		if !more || filled == len(p) {
+		if !more || filled == len(p) || len(bufs) == recordsPerFlush {
+			open() // the last one here; the others were opened while the next arrived
 			break
 		}
+		opening.Add(1)
+		go func() { defer opening.Done(); open() }()
 	}
-	parallel(opens)
+	opening.Wait()
 	for _, b := range bufs {
 		s.bufs.in.Put(b)
 	}
