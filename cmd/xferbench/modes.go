@@ -173,18 +173,20 @@ func setupHost(ctx context.Context, cfg SetupConfig) (*Target, error) {
 }
 
 func setupAuto(ctx context.Context, cfg SetupConfig) (*Target, error) {
-	x, err := xgmi.New(xgmi.Options{Node: benchNode}, hostBackend(cfg))
+	// One region table for the node, as the agent keeps it: the composite plans once for its engines.
+	regions := engines.NewRegistry(benchNode, 0)
+	x, err := xgmi.New(xgmi.Options{Node: benchNode, Registry: regions}, hostBackend(cfg))
 	if err != nil {
 		return nil, err
 	}
 	if cfg.Peer != "remote" {
-		comp, err := engines.NewComposite(engines.CompositeOptions{Node: benchNode}, x)
+		comp, err := engines.NewComposite(engines.CompositeOptions{Node: benchNode, Registry: regions}, x)
 		if err != nil {
 			return nil, err
 		}
 		return localPair(ctx, comp, benchNode, cfg.Capacity)
 	}
-	return setupRemote(ctx, cfg, func(t engines.Engine) (engines.Engine, error) {
-		return engines.NewComposite(engines.CompositeOptions{Node: benchNode}, x, t)
+	return setupRemote(ctx, cfg, regions, func(t engines.Engine) (engines.Engine, error) {
+		return engines.NewComposite(engines.CompositeOptions{Node: benchNode, Registry: regions}, x, t)
 	})
 }

@@ -35,7 +35,7 @@ const (
 func init() {
 	registerMode(Mode{Name: "tcp", Description: "host memory to or from a peer process over the tcp engine; baseline plain Go TCP between the same processes",
 		Setup: func(ctx context.Context, cfg SetupConfig) (*Target, error) {
-			return setupRemote(ctx, cfg, func(t engines.Engine) (engines.Engine, error) { return t, nil })
+			return setupRemote(ctx, cfg, nil, func(t engines.Engine) (engines.Engine, error) { return t, nil })
 		}})
 }
 
@@ -47,7 +47,8 @@ type peerHello struct {
 
 // setupRemote starts a peer process holding one region, and a local tcp engine (wrapped by wrap, e.g. into a
 // composite) holding the other. For "write" the local region is the source; for "read" the destination.
-func setupRemote(ctx context.Context, cfg SetupConfig, wrap func(engines.Engine) (engines.Engine, error)) (*Target, error) {
+// regions, when set, is the node's region table the tcp engine shares with the composite wrap builds.
+func setupRemote(ctx context.Context, cfg SetupConfig, regions *engines.Registry, wrap func(engines.Engine) (engines.Engine, error)) (*Target, error) {
 	cmd := exec.Command(cfg.Self, "peer", "-capacity", fmt.Sprint(cfg.Capacity))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -100,7 +101,7 @@ func setupRemote(ctx context.Context, cfg SetupConfig, wrap func(engines.Engine)
 		return nil, err
 	}
 
-	te, err := tcp.New(tcp.Options{Node: benchNode, ConnsPerPeer: cfg.Conns, ChunkBytes: cfg.ChunkBytes})
+	te, err := tcp.New(tcp.Options{Node: benchNode, ConnsPerPeer: cfg.Conns, ChunkBytes: cfg.ChunkBytes, Registry: regions})
 	if err != nil {
 		stopPeer()
 		return nil, err

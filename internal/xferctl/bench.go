@@ -226,11 +226,12 @@ func benchSocket(ctx context.Context, path string, size uint64, warmup, n int, s
 
 // benchDirect measures the same copy as a direct in-process call of the composite engine: plan, submit, wait.
 func benchDirect(ctx context.Context, size uint64, warmup, n int) (latency, error) {
-	x, err := xgmi.New(xgmi.Options{Node: "bench"}, xgmi.NewHostBackend())
+	regions := engines.NewRegistry("bench", 0) // one table, as the agent keeps it
+	x, err := xgmi.New(xgmi.Options{Node: "bench", Registry: regions}, xgmi.NewHostBackend())
 	if err != nil {
 		return latency{}, err
 	}
-	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "bench"}, x)
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "bench", Registry: regions}, x)
 	if err != nil {
 		return latency{}, err
 	}
