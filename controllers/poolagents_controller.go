@@ -478,18 +478,7 @@ func (r *PoolAgentsReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder != nil {
 		r.Recorder = newEventBudget(r.Recorder, agentEventsPerSecond, agentEventBurst, r.Clock, AgentEventsDropped(ctrlmetrics.Registry))
 	}
-	allPools := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
-		pools := &fxv1.TransferPoolList{}
-		if err := mgr.GetClient().List(ctx, pools); err != nil {
-			mgr.GetLogger().Error(err, "listing pools to requeue")
-			return nil
-		}
-		reqs := make([]reconcile.Request, 0, len(pools.Items))
-		for _, p := range pools.Items {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&p)})
-		}
-		return reqs
-	})
+	allPools := enqueueAllPools(mgr)
 	// Objects outside the pool's namespace carry no owner reference: the owner labels name the pool. Any
 	// event on them but their creation (the operator's own apply, or the cache filling at start) means they
 	// may differ from what the pool asks for.

@@ -403,23 +403,7 @@ func TestHostileAgentValuesAnsweredByAgentsReady(t *testing.T) {
 	ns := newNamespace(t, c)
 	// Pools of this test select no node, so they never contest the nodes of another test's pools.
 	nobody := map[string]string{"fabricxfer.io/test-group": "agents-hostile"}
-	cases := []struct {
-		name   string
-		spec   fxv1.TransferPoolSpec
-		reason string
-		want   string
-	}{
-		{"foreign-image", fxv1.TransferPoolSpec{NodeSelector: nobody, Agent: fxv1.AgentSpec{Image: "attacker.example/agent:v1"}},
-			fxv1.ReasonImageNotAllowed, `spec.agent.image "attacker.example/agent:v1": not the operator's agent image`},
-		{"bad-selector", fxv1.TransferPoolSpec{NodeSelector: map[string]string{"gpu": "-x-"}},
-			fxv1.ReasonInvalidSpec, `spec.nodeSelector["gpu"] value "-x-"`},
-		// Looks like the allowlisted agent-dev images, is another registry's.
-		{"look-alike-image", fxv1.TransferPoolSpec{NodeSelector: nobody, Agent: fxv1.AgentSpec{Image: "example.com/agent-dev.evil.example/agent:v1"}},
-			fxv1.ReasonImageNotAllowed, `spec.agent.image "example.com/agent-dev.evil.example/agent:v1"`},
-		{"several-problems", fxv1.TransferPoolSpec{NodeSelector: map[string]string{"gpu": "_x"}, Agent: fxv1.AgentSpec{Image: "attacker.example/a:1"}},
-			fxv1.ReasonImageNotAllowed, `spec.nodeSelector["gpu"] value "_x"`},
-	}
-	for _, tc := range cases {
+	for _, tc := range refusedAgentSpecs(nobody) {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: tc.name}, Spec: tc.spec}
 			if err := c.Create(ctx, pool); err != nil {

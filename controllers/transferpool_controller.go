@@ -253,18 +253,7 @@ func (r *TransferPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
 	}
-	allPools := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
-		pools := &fxv1.TransferPoolList{}
-		if err := mgr.GetClient().List(ctx, pools); err != nil {
-			mgr.GetLogger().Error(err, "listing pools to requeue")
-			return nil
-		}
-		reqs := make([]reconcile.Request, 0, len(pools.Items))
-		for _, p := range pools.Items {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&p)})
-		}
-		return reqs
-	})
+	allPools := enqueueAllPools(mgr)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("transferpool").
 		For(&fxv1.TransferPool{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, agentsApplyErrorChanged()))).
@@ -294,4 +283,20 @@ func poolOfTransferNode(_ context.Context, obj client.Object) []reconcile.Reques
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: tn.Spec.PoolNamespace, Name: tn.Spec.PoolName}}}
+}
+
+// enqueueAllPools maps any event to a request for every pool: for objects whose change may concern any of them.
+func enqueueAllPools(mgr ctrl.Manager) handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		pools := &fxv1.TransferPoolList{}
+		if err := mgr.GetClient().List(ctx, pools); err != nil {
+			mgr.GetLogger().Error(err, "listing pools to requeue")
+			return nil
+		}
+		reqs := make([]reconcile.Request, 0, len(pools.Items))
+		for _, p := range pools.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&p)})
+		}
+		return reqs
+	})
 }
