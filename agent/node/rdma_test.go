@@ -11,11 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/rdma/fakeverbs"
-	"github.com/fabricxfer/fabricxfer/internal/pki"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
 
@@ -37,16 +35,7 @@ func freePort(t *testing.T) string {
 // agents' peer channel, a write (with its notification through the channel) and a read go through the rdma
 // engine, ahead of tcp, and land byte for byte.
 func TestTwoStacksMoveBytesOverRDMA(t *testing.T) {
-	now := time.Now()
-	ca, _ := pki.NewCA("infer", "kv", now, time.Hour)
-	agent, err := pki.IssueAgent(ca, "infer", "kv", now, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsDir := t.TempDir()
-	if err := peers.WriteFiles(tlsDir, agent, ca.CertPEM); err != nil {
-		t.Fatal(err)
-	}
+	tlsDir := poolCertDir(t, "infer", "kv")
 	epA, epB := freePort(t), freePort(t)
 	fabric := fakeverbs.NewNetwork()
 	rep := topology.Report{NICs: []topology.NIC{{Name: "mlx5_0", Port: 1, State: "ACTIVE", LinkLayer: "InfiniBand"}},

@@ -15,9 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/fabricxfer/fabricxfer/agent/peers"
 	fxclient "github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/internal/pki"
 )
 
 // TestRDMAReportedUnavailableWithTheReason runs the transfer side on a fixture node with two usable RDMA ports
@@ -25,19 +23,7 @@ import (
 // certificates are missing) GetInfo says rdma is unavailable, with what the hardware offers and why the engine
 // does not run.
 func TestRDMAReportedUnavailableWithTheReason(t *testing.T) {
-	tlsDir := filepath.Join(t.TempDir(), "tls")
-	now := time.Now()
-	ca, err := pki.NewCA("inference", "kv", now, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, err := pki.IssueAgent(ca, "inference", "kv", now, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := peers.WriteFiles(tlsDir, agent, ca.CertPEM); err != nil {
-		t.Fatal(err)
-	}
+	tlsDir := poolCertDir(t, "inference", "kv")
 	for _, tc := range []struct {
 		name string
 		args []string

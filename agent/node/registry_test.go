@@ -10,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/engines"
-	"github.com/fabricxfer/fabricxfer/internal/pki"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
 
@@ -20,16 +18,7 @@ import (
 // registered through the composite is kept once, in the table every engine plans and submits against, with
 // the handles of every engine; deregistered, it is gone from all of them at once.
 func TestAssembledAgentHasOneRegistry(t *testing.T) {
-	now := time.Now()
-	ca, _ := pki.NewCA("infer", "kv", now, time.Hour)
-	agent, err := pki.IssueAgent(ca, "infer", "kv", now, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsDir := t.TempDir()
-	if err := peers.WriteFiles(tlsDir, agent, ca.CertPEM); err != nil {
-		t.Fatal(err)
-	}
+	tlsDir := poolCertDir(t, "infer", "kv")
 	cfg := Config{NodeName: "node-a", SocketDir: t.TempDir(), PoolNamespace: "infer", PoolName: "kv", HostRoot: "/",
 		AllowLocal: true, SocketGID: -1, TLSDir: tlsDir, PeerListen: "127.0.0.1:0", DataListen: "127.0.0.1:0",
 		MaxRegions: 16, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16}

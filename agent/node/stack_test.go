@@ -149,20 +149,31 @@ func (l *countingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
+// poolCertDir writes the CA bundle and the pool-wide agent certificate of pool namespace/name into a new
+// directory, as the operator's Secret mounts them.
+func poolCertDir(t *testing.T, namespace, name string) string {
+	t.Helper()
+	now := time.Now()
+	ca, err := pki.NewCA(namespace, name, now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := pki.IssueAgent(ca, namespace, name, now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := peers.WriteFiles(dir, agent, ca.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // TestTwoStacksTalk runs the stack twice, as two agents of one pool outside Kubernetes (static peers, the
 // pool's certificates on disk), and moves bytes between them. The reading agent opens its data connections as
 // soon as it meets the other one, so the transfer opens none.
 func TestTwoStacksTalk(t *testing.T) {
-	now := time.Now()
-	ca, _ := pki.NewCA("infer", "kv", now, time.Hour)
-	agent, err := pki.IssueAgent(ca, "infer", "kv", now, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsDir := t.TempDir()
-	if err := peers.WriteFiles(tlsDir, agent, ca.CertPEM); err != nil {
-		t.Fatal(err)
-	}
+	tlsDir := poolCertDir(t, "infer", "kv")
 	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
 		PeerListen: "127.0.0.1:0", DataListen: "127.0.0.1:0", MaxRegions: 16, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16}
 	twoStacksTalk(t, base, func(string) Deps { return Deps{} })
