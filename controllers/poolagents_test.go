@@ -27,19 +27,7 @@ import (
 // pool's current generation, and returns it.
 func waitAgentsCondition(t *testing.T, c client.Client, pool *fxv1.TransferPool, status metav1.ConditionStatus, reason string) *metav1.Condition {
 	t.Helper()
-	var got *metav1.Condition
-	eventually(t, settle, fmt.Sprintf("pool %s AgentsReady=%s/%s", pool.Name, status, reason), func() error {
-		p, err := getPool(c, pool)
-		if err != nil {
-			return err
-		}
-		got = meta.FindStatusCondition(p.Status.Conditions, fxv1.ConditionAgentsReady)
-		if got == nil || got.Status != status || got.Reason != reason || got.ObservedGeneration != p.Generation {
-			return fmt.Errorf("condition %+v at generation %d", got, p.Generation)
-		}
-		return nil
-	})
-	return got
+	return waitPoolCondition(t, c, pool, fxv1.ConditionAgentsReady, status, reason)
 }
 
 // agentsKey is where the pool's agent DaemonSet and ServiceAccount live.

@@ -27,13 +27,20 @@ import (
 // the pool's current generation.
 func waitCertCondition(t *testing.T, c client.Client, pool *fxv1.TransferPool, status metav1.ConditionStatus, reason string) *metav1.Condition {
 	t.Helper()
+	return waitPoolCondition(t, c, pool, fxv1.ConditionCertificatesReady, status, reason)
+}
+
+// waitPoolCondition waits for the pool's condition of type typ with the status and reason, written for the
+// pool's current generation, and returns it.
+func waitPoolCondition(t *testing.T, c client.Client, pool *fxv1.TransferPool, typ string, status metav1.ConditionStatus, reason string) *metav1.Condition {
+	t.Helper()
 	var got *metav1.Condition
-	eventually(t, settle, fmt.Sprintf("pool %s CertificatesReady=%s/%s", pool.Name, status, reason), func() error {
+	eventually(t, settle, fmt.Sprintf("pool %s %s=%s/%s", pool.Name, typ, status, reason), func() error {
 		p, err := getPool(c, pool)
 		if err != nil {
 			return err
 		}
-		got = meta.FindStatusCondition(p.Status.Conditions, fxv1.ConditionCertificatesReady)
+		got = meta.FindStatusCondition(p.Status.Conditions, typ)
 		if got == nil || got.Status != status || got.Reason != reason || got.ObservedGeneration != p.Generation {
 			return fmt.Errorf("condition %+v at generation %d", got, p.Generation)
 		}

@@ -160,15 +160,11 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() (bool,
 	return 0
 }
 
-// transferNodeCRD is the one CRD an agent writes.
-const transferNodeCRD = "fabricxfer.io_transfernodes.yaml"
-
-func TestReporterWritesTransferNode(t *testing.T) {
-	c := startAPIServer(t, transferNodeCRD)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mi300x-a"}}
+// fixtureNode creates the Node name and the namespace "inference", and returns the Node, a host of a copy of
+// the mi300x-8gpu-roce fixture tree and the copy's root (the test may change it).
+func fixtureNode(ctx context.Context, t *testing.T, c client.Client, name string) (*corev1.Node, topology.Host, string) {
+	t.Helper()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if err := c.Create(ctx, node); err != nil {
 		t.Fatalf("creating Node: %v", err)
 	}
@@ -178,6 +174,18 @@ func TestReporterWritesTransferNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return node, host, root
+}
+
+// transferNodeCRD is the one CRD an agent writes.
+const transferNodeCRD = "fabricxfer.io_transfernodes.yaml"
+
+func TestReporterWritesTransferNode(t *testing.T) {
+	c := startAPIServer(t, transferNodeCRD)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+
+	node, host, root := fixtureNode(ctx, t, c, "mi300x-a")
 	const period = 2 * time.Second
 	r, err := nodesync.New(nodesync.Config{
 		NodeName: node.Name, PoolNamespace: "inference", PoolName: "kv",
@@ -400,16 +408,7 @@ func slowClient(t *testing.T, cfg *rest.Config, delay *atomic.Int64) client.With
 func TestReporterFirstRoundOutlastsThePeriod(t *testing.T) {
 	cfg, c := startEnv(t, false, transferNodeCRD)
 	ctx := t.Context()
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "slow-api"}}
-	if err := c.Create(ctx, node); err != nil {
-		t.Fatalf("creating Node: %v", err)
-	}
-	createNamespace(t, c, "inference")
-	root := copyTree(t, filepath.Join(repoRoot, "topology", "testdata", "mi300x-8gpu-roce"))
-	host, err := topology.NewDirHost(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node, host, _ := fixtureNode(ctx, t, c, "slow-api")
 	const period = 600 * time.Millisecond
 	var delay atomic.Int64
 	delay.Store(int64(250 * time.Millisecond)) // four or five requests: about two periods, under three
