@@ -76,6 +76,9 @@ func TestTCPStagingReported(t *testing.T) {
 				if e.Name == "tcp" && (!e.Available || !strings.Contains(e.Reason, tc.want)) {
 					t.Errorf("tcp engine: available %t, reason %q; want available saying %q", e.Available, e.Reason, tc.want)
 				}
+				if wire := "data over mutual TLS, in AES-GCM records keyed from the TLS session"; e.Name == "tcp" && !strings.Contains(e.Reason, wire) {
+					t.Errorf("tcp engine reason %q does not say how data travels (%q)", e.Reason, wire)
+				}
 			}
 		})
 	}

@@ -17,6 +17,9 @@ func (t *transferSide) markNotRunning(cfg Config, fabricRunning bool) {
 	for i, e := range t.statuses {
 		if e.Name == "tcp" && e.Available && running["tcp"] {
 			t.statuses[i].Reason = e.Reason + "; " + t.tcpStaging(cfg)
+			if t.tcpWire != "" {
+				t.statuses[i].Reason += "; " + t.tcpWire
+			}
 		}
 		if e.Name == "xgmi" && e.Available && t.gpuCopyWhyNot != "" {
 			// Host copies still run, so the engine stays available; GPU pairs are refused, and this says why.

@@ -81,7 +81,9 @@ type transferSide struct {
 	xgmiBackends []xgmi.Backend
 	// tcpStager lets the tcp engine stage GPU memory through pinned host memory (nil: it refuses GPU regions,
 	// saying tcpNoStageReason).
-	tcpStager        tcp.Stager
+	tcpStager tcp.Stager
+	// tcpWire says how the running tcp engine carries data (empty when it does not run).
+	tcpWire          string
 	tcpNoStageReason string
 	// cudaDriver is the loaded CUDA driver (nil when none loaded): the fabric engine, the rdma engine's GPU
 	// memory and GPU pool memory need it; cudaCopy is how its kernels are compiled.
@@ -303,7 +305,8 @@ func (t *transferSide) serve(ctx context.Context) error {
 	}
 	if te != nil {
 		ok, how := te.Staging()
-		log.Info("tcp engine", "gpuStaging", ok, "detail", how)
+		t.tcpWire = te.Wire()
+		log.Info("tcp engine", "gpuStaging", ok, "detail", how, "wire", t.tcpWire)
 	}
 	// GetInfo and explain say what runs: an engine detection found possible but this agent does not run is
 	// reported unavailable, with both facts.

@@ -212,6 +212,17 @@ func (e *Engine) Stats() Stats {
 		Dialed: e.stats.dialed.Load(), Accepted: e.stats.accepted.Load()}
 }
 
+// Wire says how this engine's connections carry data, for reports.
+func (e *Engine) Wire() string {
+	switch {
+	case e.opts.TLS == nil:
+		return "data over plain TCP (no TLS configured)"
+	case e.opts.tlsRecordsOnly:
+		return "data over mutual TLS"
+	}
+	return "data over mutual TLS, in AES-GCM records keyed from the TLS session with peers that offer them (TLS records otherwise)"
+}
+
 // Staging reports whether this engine stages GPU memory through pinned host memory, and says how or why not.
 func (e *Engine) Staging() (bool, string) {
 	if e.opts.Stager == nil {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -288,6 +289,28 @@ func TestSealedRecordsBetweenAgents(t *testing.T) {
 				t.Fatalf("%d of %d connections sealed, want sealed=%v", sealed, all, tc.wantSealed)
 			}
 		})
+	}
+}
+
+// Wire says what the engine does with the data: what an admin reads in GetInfo.
+func TestWireReported(t *testing.T) {
+	ca := newCA(t)
+	for _, tc := range []struct {
+		opts Options
+		want string
+	}{
+		{Options{Node: "n"}, "plain TCP"},
+		{Options{Node: "n", TLS: ca.config(t, "n"), tlsRecordsOnly: true}, "data over mutual TLS"},
+		{Options{Node: "n", TLS: ca.config(t, "n")}, "AES-GCM records keyed from the TLS session"},
+	} {
+		e, err := New(tc.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := e.Wire(); !strings.Contains(got, tc.want) {
+			t.Errorf("Wire() = %q, want it to say %q", got, tc.want)
+		}
+		e.Close()
 	}
 }
 
