@@ -401,6 +401,17 @@ func TestHostileAgentValuesAnsweredByAgentsReady(t *testing.T) {
 			if !strings.Contains(cond.Message, tc.want) || !strings.Contains(cond.Message, "runs no agent") {
 				t.Errorf("AgentsReady message %q, want it to say %q and that no agent runs", cond.Message, tc.want)
 			}
+			eventually(t, settle, "the pool's refusal", func() error {
+				got, err := getPool(c, pool)
+				if err != nil {
+					return err
+				}
+				cond := meta.FindStatusCondition(got.Status.Conditions, fxv1.ConditionReady)
+				if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != tc.reason || !strings.Contains(cond.Message, tc.want) {
+					return fmt.Errorf("Ready %+v, want False/%s saying %q", cond, tc.reason, tc.want)
+				}
+				return nil
+			})
 			if n := ownedObjects(t, c, pool); n != 0 {
 				t.Errorf("%d objects made for a refused pool, want none", n)
 			}

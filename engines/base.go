@@ -20,8 +20,7 @@ type Base struct {
 	lim  Limits
 	can  CanHandleFunc
 
-	mu     sync.Mutex
-	notify NotifyFunc
+	hook notifyHook
 }
 
 // NewBase returns the common part of the named engine, planning against reg with lim and can.
@@ -51,18 +50,29 @@ func (b *Base) Import(_ context.Context, desc MemoryDesc) error {
 }
 
 // SetNotifyHandler implements Engine.
-func (b *Base) SetNotifyHandler(fn NotifyFunc) {
-	b.mu.Lock()
-	b.notify = fn
-	b.mu.Unlock()
-}
+func (b *Base) SetNotifyHandler(fn NotifyFunc) { b.hook.set(fn) }
 
 // Deliver hands a notification to this node's handler (dropped when none is installed): notifications of
 // transfers that landed here, and those that arrive from peers over the agent channel.
-func (b *Base) Deliver(n Notification) {
-	b.mu.Lock()
-	fn := b.notify
-	b.mu.Unlock()
+func (b *Base) Deliver(n Notification) { b.hook.deliver(n) }
+
+// notifyHook is the handler notifications are delivered to, set and read from any goroutine.
+type notifyHook struct {
+	mu sync.Mutex
+	fn NotifyFunc
+}
+
+func (h *notifyHook) set(fn NotifyFunc) {
+	h.mu.Lock()
+	h.fn = fn
+	h.mu.Unlock()
+}
+
+// deliver hands n to the handler; without one it is dropped.
+func (h *notifyHook) deliver(n Notification) {
+	h.mu.Lock()
+	fn := h.fn
+	h.mu.Unlock()
 	if fn != nil {
 		fn(n)
 	}

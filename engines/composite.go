@@ -55,7 +55,7 @@ type Composite struct {
 
 	mu     sync.Mutex
 	routes map[[2]MemoryID]route
-	notify NotifyFunc
+	hook   notifyHook
 }
 
 type route struct {
@@ -350,20 +350,9 @@ func (c *Composite) Explain(src, dst MemoryID) (Explanation, error) {
 }
 
 // SetNotifyHandler implements Engine; notifications from every engine reach fn.
-func (c *Composite) SetNotifyHandler(fn NotifyFunc) {
-	c.mu.Lock()
-	c.notify = fn
-	c.mu.Unlock()
-}
+func (c *Composite) SetNotifyHandler(fn NotifyFunc) { c.hook.set(fn) }
 
-func (c *Composite) deliver(n Notification) {
-	c.mu.Lock()
-	fn := c.notify
-	c.mu.Unlock()
-	if fn != nil {
-		fn(n)
-	}
-}
+func (c *Composite) deliver(n Notification) { c.hook.deliver(n) }
 
 // Close implements Engine.
 func (c *Composite) Close() error {

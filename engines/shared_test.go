@@ -61,29 +61,38 @@ func TestSharedRegistryIsTheOnlyTable(t *testing.T) {
 	}
 }
 
+// exactlyOneWins runs call twice at once and fails t unless exactly one succeeds and the other fails with loser.
+func exactlyOneWins(t *testing.T, what string, loser error, call func() error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var ok atomic.Int32
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := call(); err == nil {
+				ok.Add(1)
+			} else if !errors.Is(err, loser) {
+				t.Errorf("losing %s: %v, want %v", what, err, loser)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() != 1 {
+		t.Fatalf("%d of 2 concurrent attempts (%s) succeeded, want 1", ok.Load(), what)
+	}
+}
+
 // TestSharedRegistryConcurrentRegistration: of two registrations of one id at once, exactly one succeeds, and
 // the loser leaves no trace (the winner deregisters and the id registers again).
 func TestSharedRegistryConcurrentRegistration(t *testing.T) {
 	c := newCluster(t)
 	for round := range 20 {
 		id := fmt.Sprintf("node-a/race-%d", round)
-		var wg sync.WaitGroup
-		var ok atomic.Int32
-		for range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, err := c.a.Register(context.Background(), hostDesc(id, "node-a", make([]byte, 64))); err == nil {
-					ok.Add(1)
-				} else if !errors.Is(err, engines.ErrInvalid) {
-					t.Errorf("losing registration: %v, want ErrInvalid", err)
-				}
-			}()
-		}
-		wg.Wait()
-		if ok.Load() != 1 {
-			t.Fatalf("%d registrations of %s succeeded, want 1", ok.Load(), id)
-		}
+		exactlyOneWins(t, "registration of "+id, engines.ErrInvalid, func() error {
+			_, err := c.a.Register(context.Background(), hostDesc(id, "node-a", make([]byte, 64)))
+			return err
+		})
 		if err := c.a.Deregister(context.Background(), engines.MemoryID(id)); err != nil {
 			t.Fatal(err)
 		}
@@ -96,23 +105,9 @@ func TestSharedRegistryConcurrentDeregistration(t *testing.T) {
 	c := newCluster(t)
 	for range 20 {
 		d := c.localRegion(t, make([]byte, 64))
-		var wg sync.WaitGroup
-		var ok atomic.Int32
-		for range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := c.a.Deregister(context.Background(), d.ID); err == nil {
-					ok.Add(1)
-				} else if !errors.Is(err, engines.ErrUnknownMemory) {
-					t.Errorf("losing deregistration: %v, want ErrUnknownMemory", err)
-				}
-			}()
-		}
-		wg.Wait()
-		if ok.Load() != 1 {
-			t.Fatalf("%d deregistrations of %s succeeded, want 1", ok.Load(), d.ID)
-		}
+		exactlyOneWins(t, "deregistration of "+string(d.ID), engines.ErrUnknownMemory, func() error {
+			return c.a.Deregister(context.Background(), d.ID)
+		})
 	}
 }
 
