@@ -151,12 +151,21 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying.
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var arena fastwire.IDArena
-	defer arena.Unmap()
-	in := sockio.FrameReader{R: sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin, Budget: s.spinners}, Max: maxFastFrame}
-	var out []byte
+	var fc fastConn
+	defer fc.arena.Unmap()
+	defer fc.mailbox.Unmap()
+	in := sockio.FrameReader{R: sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin, Budget: s.spinners, Doorbell: &fc.mailbox}, Max: maxFastFrame}
 	for {
 		frame, err := in.Next()
+		if errors.Is(err, sockio.ErrRung) || (err == nil && len(frame) == 0 && fc.mailbox.Attached()) {
+			// A request in the mailbox, or an empty frame (its doorbell) that may have found it taken already.
+			if fc.mailbox.Rung() {
+				if err := s.serveMailbox(callCtx, sess, &fc, conn); err != nil {
+					return
+				}
+			}
+			continue
+		}
 		trace.Log(callCtx, "fast", "frame read")
 		if err != nil {
 			if err != io.EOF {
@@ -165,19 +174,9 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 			}
 			return
 		}
-		var reply *agentv1.FastReply
-		if resp, err := s.serveFastFrame(callCtx, sess, &arena, frame); err != nil {
-			reply = fastwire.ErrReply(err)
-		} else {
-			reply = &agentv1.FastReply{Response: resp}
-		}
-		// The reply is marshalled behind four reserved bytes of a buffer kept for the connection: one write, no
-		// allocation.
-		if out, err = (proto.MarshalOptions{}).MarshalAppend(append(out[:0], 0, 0, 0, 0), reply); err == nil {
-			_, err = conn.Write(sockio.SealFrame(out))
-		}
-		if cap(out) > 64<<10 {
-			out = nil
+		out, err := fc.reply(s.serveFastFrame(callCtx, sess, &fc, frame, false))
+		if err == nil {
+			_, err = conn.Write(out)
 		}
 		trace.Log(callCtx, "fast", "replied")
 		if err != nil {
@@ -186,12 +185,68 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	}
 }
 
-// serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would.
-func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *fastwire.IDArena, frame []byte) (*agentv1.TransferResponse, error) {
+// fastConn is what a fast connection keeps between frames: the caller's id arena and mailbox, and the buffer
+// replies are marshalled into.
+type fastConn struct {
+	arena   fastwire.IDArena
+	mailbox fastwire.Mailbox
+	out     []byte
+}
+
+// reply marshals the answer to one frame behind four reserved bytes of the buffer kept for the connection and
+// returns the sealed frame (valid until the next reply): one write, no allocation.
+func (fc *fastConn) reply(resp *agentv1.TransferResponse, err error) ([]byte, error) {
+	var r *agentv1.FastReply
+	if err != nil {
+		r = fastwire.ErrReply(err)
+	} else {
+		r = &agentv1.FastReply{Response: resp}
+	}
+	if cap(fc.out) > 64<<10 {
+		fc.out = nil
+	}
+	out, err := (proto.MarshalOptions{}).MarshalAppend(append(fc.out[:0], 0, 0, 0, 0), r)
+	if err != nil {
+		return nil, err
+	}
+	fc.out = out
+	return sockio.SealFrame(out), nil
+}
+
+// serveMailbox serves the request waiting in the connection's mailbox and answers it there, waking the caller
+// with a wake-up on the socket when it sleeps. It fails only when the socket does.
+func (s *Server) serveMailbox(ctx context.Context, sess *session, fc *fastConn, conn *net.UnixConn) error {
+	frame, err := fc.mailbox.Take()
+	trace.Log(ctx, "fast", "frame read")
+	var out []byte
+	if err != nil {
+		s.metrics.Edge.Refused("fast", "malformed")
+		out, err = fc.reply(nil, status.Error(codes.InvalidArgument, err.Error()))
+	} else {
+		out, err = fc.reply(s.serveFastFrame(ctx, sess, fc, frame, true))
+	}
+	if err != nil {
+		return err
+	}
+	wake, err := fc.mailbox.Reply(out)
+	if err != nil {
+		out, _ = fc.reply(nil, status.Error(codes.Internal, err.Error()))
+		wake, _ = fc.mailbox.Reply(out)
+	}
+	trace.Log(ctx, "fast", "replied")
+	if wake {
+		_, err = conn.Write(fastwire.WakeFrame[:])
+	}
+	return err
+}
+
+// serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would. inMailbox says
+// the frame came through the mailbox, which cannot replace itself.
+func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn, frame []byte, inMailbox bool) (*agentv1.TransferResponse, error) {
 	// Block transfers, the large frames, are read without copying their ids.
 	blocks, err := fastwire.DecodeBlocks(frame)
 	if err == nil {
-		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, arena.IDs())
+		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs())
 	}
 	if !errors.Is(err, fastwire.ErrNotBlocks) {
 		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
@@ -204,13 +259,40 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, arena *fastw
 	case *agentv1.FastRequest_Transfer:
 		return s.xfer.Transfer(ctx, &sess.Session, r.Transfer)
 	case *agentv1.FastRequest_Blocks:
-		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, arena.IDs())
+		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, fc.arena.IDs())
 	case *agentv1.FastRequest_IdArena:
-		return nil, s.setIDArena(sess, arena, r.IdArena)
+		return nil, s.setIDArena(sess, &fc.arena, r.IdArena)
 	case *agentv1.FastRequest_Wait:
 		return s.xfer.FastWait(ctx, &sess.Session, r.Wait)
+	case *agentv1.FastRequest_Mailbox:
+		if inMailbox {
+			return nil, status.Error(codes.InvalidArgument, "a mailbox is set through the socket, not through the mailbox")
+		}
+		return nil, s.setMailbox(sess, &fc.mailbox, r.Mailbox)
 	}
 	return nil, status.Error(codes.InvalidArgument, "fast request names no transfer")
+}
+
+// setMailbox maps the memfd the caller passed as the connection's mailbox, read-write, replacing the one it had.
+// Like the id arena it must be sealed against shrinking.
+func (s *Server) setMailbox(sess *session, mb *fastwire.Mailbox, req *agentv1.Mailbox) error {
+	if req.Size < fastwire.MinMailbox || req.Size > fastwire.MaxMailbox {
+		return status.Errorf(codes.InvalidArgument, "a mailbox of %d bytes: between %d and %d", req.Size, fastwire.MinMailbox, fastwire.MaxMailbox)
+	}
+	f, err := s.tokens.Take(sess.Caller.Key, req.FdToken, false)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "mailbox: %v", err)
+	}
+	defer f.Close() // the mapping keeps the memory
+	_, mapping, err := regiontable.MapShared(f, 0, req.Size, syscall.PROT_READ|syscall.PROT_WRITE)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "mailbox: %v", err)
+	}
+	if err := mb.Attach(mapping); err != nil {
+		_ = syscall.Munmap(mapping)
+		return status.Errorf(codes.InvalidArgument, "mailbox: %v", err)
+	}
+	return nil
 }
 
 // setIDArena maps the memfd the caller passed as the connection's id arena, read-only, replacing the one it

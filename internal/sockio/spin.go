@@ -4,6 +4,7 @@
 package sockio
 
 import (
+	"errors"
 	"io"
 	"net"
 	"sync/atomic"
@@ -21,7 +22,27 @@ type SpinReader struct {
 	// Budget (may be nil: no bound) bounds how many readers spin at once; a reader that finds it spent parks
 	// at once.
 	Budget *SpinBudget
+	// Doorbell (may be nil) is shared memory watched beside the socket while spinning: Read returns ErrRung when
+	// it rings.
+	Doorbell Doorbell
 }
+
+// Doorbell is a request channel in shared memory beside the socket, which a reader polls without system calls.
+type Doorbell interface {
+	// Rung reports whether a request waits.
+	Rung() bool
+	// Polling tells the other side whether the reader watches the doorbell (true) or waits on the socket
+	// (false), where it must be woken by a write. It is called with false before every wait on the socket, and
+	// Rung is read once more after it.
+	Polling(on bool)
+}
+
+// ErrRung is Read's answer when the doorbell rang: nothing was read from the socket.
+var ErrRung = errors.New("the doorbell rang")
+
+// socketEvery is how many doorbell polls pass between two reads of the socket while spinning: a read is a
+// system call, a poll of the doorbell a load.
+const socketEvery = 32
 
 // SpinBudget bounds the readers spinning at one time, and with them the cores a server keeps busy for latency.
 type SpinBudget struct {
@@ -59,7 +80,8 @@ func (b *SpinBudget) Spinning() int {
 }
 
 func (r SpinReader) Read(p []byte) (int, error) {
-	if r.Spin <= 0 {
+	bell := r.Doorbell
+	if r.Spin <= 0 && bell == nil {
 		return r.Conn.Read(p)
 	}
 	rc, err := r.Conn.SyscallConn()
@@ -69,11 +91,22 @@ func (r SpinReader) Read(p []byte) (int, error) {
 	var (
 		n    int
 		rerr error
+		rung bool
 	)
-	spinning := r.Budget.take()
+	spinning := r.Spin > 0 && r.Budget.take()
 	until := time.Now().Add(r.Spin)
 	err = rc.Read(func(fd uintptr) bool {
-		for {
+		if bell != nil {
+			bell.Polling(true)
+		}
+		for i := 0; ; i++ {
+			if bell != nil && bell.Rung() {
+				rung = true
+				return true
+			}
+			if bell != nil && spinning && i%socketEvery != 0 {
+				continue
+			}
 			n, rerr = syscall.Read(int(fd), p)
 			switch {
 			case rerr == syscall.EINTR:
@@ -89,6 +122,13 @@ func (r SpinReader) Read(p []byte) (int, error) {
 				spinning = false
 				r.Budget.give()
 			}
+			if bell != nil {
+				bell.Polling(false)
+				if bell.Rung() { // raised before the caller could see that nobody watched
+					rung = true
+					return true
+				}
+			}
 			return false // park until readable
 		}
 	})
@@ -97,6 +137,9 @@ func (r SpinReader) Read(p []byte) (int, error) {
 	}
 	if err != nil {
 		return 0, err
+	}
+	if rung {
+		return 0, ErrRung
 	}
 	if rerr != nil {
 		return 0, rerr

@@ -20,6 +20,7 @@ const (
 	fastFieldBlocks   = 2
 	fastFieldIDArena  = 3
 	fastFieldWait     = 4
+	fastFieldMailbox  = 5
 
 	blocksFieldOp        = 1
 	blocksFieldLayout    = 2
@@ -33,7 +34,7 @@ const (
 	blocksFieldArenaIDs  = 10
 )
 
-// ErrNotBlocks says the frame is a FastRequest.transfer, .id_arena or .wait, decoded the general way.
+// ErrNotBlocks says the frame is a FastRequest.transfer, .id_arena, .wait or .mailbox, decoded the general way.
 var ErrNotBlocks = errors.New("a transfer or arena frame")
 
 // DecodeBlocks reads a FastRequest whose request is blocks without copying its id lists: LocalIds and
@@ -47,7 +48,7 @@ func DecodeBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 			return nil, protowire.ParseError(n)
 		}
 		b = b[n:]
-		if typ == protowire.BytesType && (num == fastFieldTransfer || num == fastFieldIDArena || num == fastFieldWait) {
+		if typ == protowire.BytesType && (num == fastFieldTransfer || num == fastFieldIDArena || num == fastFieldWait || num == fastFieldMailbox) {
 			return nil, ErrNotBlocks
 		}
 		if typ == protowire.BytesType && num == fastFieldBlocks {

@@ -61,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--pool-name", default="kv", help="pool name, the socket's folder (default kv)")
     p.add_argument("--agent-arg", action="append", default=[], help="one more argument for the agent (repeatable)")
     p.add_argument("--expandable", action="store_true", help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    p.add_argument("--no-mailbox", action="store_true",
+                   help="frames on the fast socket only, without the shared-memory mailbox (Client(mailbox=False))")
     p.add_argument("--json", help="write the results here too")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of %s" % ",".join(CASES))
     p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
@@ -139,6 +141,8 @@ def client_command(a, socket_path):
         cmd += ["--json", os.path.abspath(a.json)]
     if a.expandable:
         cmd.append("--expandable")
+    if a.no_mailbox:
+        cmd.append("--no-mailbox")
     return cmd
 
 
@@ -249,7 +253,7 @@ class Bench:
         self.a, self.torch = a, torch
         self.dev = torch.device("cuda", a.device)
         torch.cuda.set_device(self.dev)
-        self.c = Client(a.socket, timeout=a.call_timeout, name="bench-gpu")
+        self.c = Client(a.socket, timeout=a.call_timeout, name="bench-gpu", mailbox=not a.no_mailbox)
         self.gen = torch.Generator().manual_seed(1)
         self.warm_gpu()
 
@@ -504,9 +508,10 @@ def run_client(a) -> int:
                   "agent": bench.c.info.agent_version, "node": bench.c.info.node_name,
                   "engines": ["%s%s" % (e.name, "" if e.available else " (unavailable: %s)" % e.reason)
                               for e in bench.c.info.engines],
-                  "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
-        print("torch %s on %s, %s; agent %s on %s; engines: %s" % (
-            header["torch"], header["device"], header["mode"], header["agent"], header["node"],
+                  "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                  "frames": "mailbox" if bench.c._fast is not None and bench.c._fast.mailbox is not None else "socket"}
+        print("torch %s on %s, %s; agent %s on %s; fast frames through the %s; engines: %s" % (
+            header["torch"], header["device"], header["mode"], header["agent"], header["node"], header["frames"],
             ", ".join(header["engines"])), flush=True)
     except Exception as e:
         traceback.print_exc()

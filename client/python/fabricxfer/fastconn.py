@@ -9,6 +9,12 @@ and Python never polls before a read that would succeed at once. A reply is read
 connection: a small reply arrives in one recv_into. The caller polls for the reply for up to spin seconds (waking
 a blocked reader costs tens of microseconds, as much as a small GPU copy) and only then waits in poll(), always
 within the call's deadline.
+
+With a mailbox (shared memory the agent maps, see agent.proto's Mailbox) a frame that fits travels through memory
+instead: the caller writes it and raises a sequence number, the agent, polling, answers in the same memory. While
+both sides poll, a round trip needs no system call. An agent that does not poll says so, and the caller rings it
+with an empty frame on the socket; a caller that stops polling says so, and the agent wakes it with four 0xff bytes,
+a header no reply has.
 """
 
 import select
@@ -17,6 +23,18 @@ import struct
 import time
 
 _HDR = struct.Struct(">I")
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+
+# The mailbox's layout (agent.proto, Mailbox).
+MAILBOX_BYTES = 64 << 10
+_REQUEST_SEQ, _TAKEN, _REPLY_SEQ, _POLLING, _ASLEEP, _AREAS = 0, 64, 128, 192, 196, 4096
+# A request the agent has not taken after this long is rung for, whatever the agent said: the caller's write of
+# the sequence and its read of the agent's word may pass each other, so "polling" may be stale.
+_RING_AFTER = 50e-6
+_EMPTY_FRAME = b"\0\0\0\0"
+# The agent's wake-up: a frame header no reply has.
+_WAKE = 0xFFFFFFFF
 
 
 class FastConnError(ConnectionError):
@@ -37,9 +55,23 @@ class FastConn:
         self._poll.register(sock.fileno(), select.POLLIN)
         self._wpoll = select.poll()
         self._wpoll.register(sock.fileno(), select.POLLOUT)
+        self.mailbox = None
+
+    def attach_mailbox(self, mm):
+        """Sends the frames that fit through mm, the mailbox the agent has just mapped."""
+        self.mailbox = mm
+        self._area = (len(mm) - _AREAS) // 2
+        self._reply_at = _AREAS + self._area
+        (self._seq,) = _U64.unpack_from(mm, _REQUEST_SEQ)
 
     def close(self):
         self.sock.close()
+        if self.mailbox is not None:
+            try:
+                self.mailbox.close()
+            except BufferError:  # a view of it still lives: the mapping goes with that view
+                pass
+            self.mailbox = None
 
     def _wait(self, poller, deadline: float, what: str):
         left = deadline - time.perf_counter()
@@ -75,10 +107,10 @@ class FastConn:
                 return
 
     def recv_frame(self, deadline: float) -> bytes:
-        """Reads one reply frame and returns its payload."""
+        """Reads one reply frame and returns its payload, passing over the agent's wake-ups."""
         sock, view = self.sock, self._view
         got = 0
-        need = 4
+        need = 0  # 4 + the payload's length, once the header is in
         spin_until = time.perf_counter() + self.spin
         while True:
             try:
@@ -91,15 +123,19 @@ class FastConn:
             if n == 0:
                 raise FastConnError("the agent closed the fast socket%s" % (" mid-reply" if got else ""))
             got += n
-            if got >= 4 and need == 4:
+            while not need and got >= 4:
                 (size,) = _HDR.unpack_from(view, 0)
+                if size == _WAKE:
+                    view[:got - 4] = view[4:got]
+                    got -= 4
+                    continue
                 if size > self.max_reply:
                     raise FastConnError("a reply of %d bytes, at most %d" % (size, self.max_reply))
                 need = 4 + size
                 if need > len(self._buf):
                     self._grow(need)
                     view = self._view
-            if got >= need:
+            if need and got >= need:
                 if got > need:
                     raise FastConnError("%d bytes after the reply: the connection is out of step" % (got - need))
                 return bytes(view[4:need])
@@ -110,5 +146,70 @@ class FastConn:
         self._buf, self._view = buf, memoryview(buf)
 
     def call(self, parts, deadline: float) -> bytes:
+        mm = self.mailbox
+        if mm is not None:
+            size = sum(map(len, parts))
+            if size <= self._area:
+                return self._mailbox_call(mm, parts, deadline)
         self.send(parts, deadline)
         return self.recv_frame(deadline)
+
+    def _mailbox_call(self, mm, parts, deadline: float) -> bytes:
+        at = _AREAS
+        for p in parts:
+            n = len(p)
+            mm[at:at + n] = p
+            at += n
+        seq = self._seq + 1
+        self._seq = seq
+        _U64.pack_into(mm, _REQUEST_SEQ, seq)
+        rang = not _U32.unpack_from(mm, _POLLING)[0]
+        if rang:
+            self.send([_EMPTY_FRAME], deadline)
+        load = _U64.unpack_from
+        start = time.perf_counter()
+        spin_until = start + self.spin
+        i = 0
+        while load(mm, _REPLY_SEQ)[0] != seq:
+            i += 1
+            if i & 63:
+                continue
+            now = time.perf_counter()
+            if not rang and now - start > _RING_AFTER and load(mm, _TAKEN)[0] != seq:
+                self.send([_EMPTY_FRAME], deadline)
+                rang = True
+            if now >= spin_until:
+                self._sleep(mm, seq, deadline)
+                break
+        (n,) = _HDR.unpack_from(mm, self._reply_at)
+        if n > self._area - 4:
+            raise FastConnError("a mailbox reply of %d bytes, at most %d" % (n, self._area - 4))
+        return bytes(mm[self._reply_at + 4:self._reply_at + 4 + n])
+
+    def _sleep(self, mm, seq: int, deadline: float):
+        """Waits on the socket for the reply to seq: the agent sends an empty frame after a reply to a caller that
+        says it sleeps (a wake-up: four 0xff bytes). Polls wake at least every millisecond, in case that word and the reply passed each other."""
+        _U32.pack_into(mm, _ASLEEP, 1)
+        try:
+            while _U64.unpack_from(mm, _REPLY_SEQ)[0] != seq:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    raise FastConnError("no reply from the agent within the call's deadline")
+                if _U64.unpack_from(mm, _TAKEN)[0] != seq:
+                    self.send([_EMPTY_FRAME], deadline)
+                self._poll.poll(1)
+                self._drain()
+        finally:
+            _U32.pack_into(mm, _ASLEEP, 0)
+
+    def _drain(self):
+        """Reads the wake-ups waiting on the socket (nothing else comes while a mailbox call is on)."""
+        while True:
+            try:
+                n = self.sock.recv_into(self._view)
+            except (BlockingIOError, InterruptedError):
+                return
+            if n == 0:
+                raise FastConnError("the agent closed the fast socket")
+            if n % 4 or self._view[:n].tobytes().strip(b"\xff"):
+                raise FastConnError("a frame on the socket during a mailbox call: the connection is out of step")

@@ -43,13 +43,13 @@ class GPUBenchPureTest(unittest.TestCase):
 
     def test_client_command_and_environment(self):
         a = bench_gpu.parse_args(["--expandable", "--json", "out.json", "--cases", "b", "--warmup-seconds", "0.5",
-                                  "--idle", "0.005"])
+                                  "--idle", "0.005", "--no-mailbox"])
         cmd = bench_gpu.client_command(a, "/tmp/x/kv/agent.sock")
         self.assertEqual(cmd[:3], [sys.executable, os.path.abspath(bench_gpu.__file__), "--client"])
         back = bench_gpu.parse_args(cmd[2:])
         self.assertEqual((back.client, back.socket, back.cases, back.expandable, back.json, back.warmup_seconds,
-                          back.idle),
-                         (True, "/tmp/x/kv/agent.sock", ["b"], True, os.path.abspath("out.json"), 0.5, 0.005))
+                          back.idle, back.no_mailbox),
+                         (True, "/tmp/x/kv/agent.sock", ["b"], True, os.path.abspath("out.json"), 0.5, 0.005, True))
         env = bench_gpu.client_env(a, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:False"})
         self.assertEqual(env["PYTORCH_CUDA_ALLOC_CONF"], "max_split_size_mb:64,expandable_segments:True")
         self.assertTrue(env["PYTHONPATH"].startswith(os.path.dirname(BENCH)))

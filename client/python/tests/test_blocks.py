@@ -174,6 +174,45 @@ class BlocksTest(unittest.TestCase):
                 self.assertEqual(c.wait(tids[1]).state, pb.TRANSFER_STATE_SUCCEEDED)
                 c.transfer_blocks("write", src_l, lids[:2], to_layout(dst_l), rids[:2])
 
+    def test_mailbox_socket_and_sleeping_callers_move_the_same_bytes(self):
+        # The fast connection's mailbox (frames through shared memory) where the machine offers it, the socket
+        # without one, and a caller that sleeps at once (woken by the agent on the socket) all move the same
+        # blocks; a frame too large for the mailbox goes on the socket of the same connection, and refusals come
+        # back through the mailbox as through the socket.
+        import platform
+        boxed = Client(SOCKET)
+        self.addCleanup(boxed.close)
+        plain = Client(SOCKET, mailbox=False)
+        self.addCleanup(plain.close)
+        sleepy = Client(SOCKET, spin=0)
+        self.addCleanup(sleepy.close)
+        if platform.machine() in ("x86_64", "AMD64"):
+            self.assertIsNotNone(boxed._fast.mailbox)
+            self.assertIsNotNone(sleepy._fast.mailbox)
+        self.assertIsNone(plain._fast.mailbox)
+        rng = np.random.default_rng(11)
+        for c in (boxed, plain, sleepy):
+            with self.subTest(mailbox=c._fast.mailbox is not None, spin=c._spin):
+                src_l, src = self.layout(c, blocks=4096, block=64)
+                dst_l, dst = self.layout(c, blocks=4096, block=64, fill=False)
+                before = [d.copy() for d in dst]
+                lids, rids = rng.permutation(4096)[:3000], rng.permutation(4096)[:3000]
+                for k in range(0, 200, 2):  # one block a call: the latency-bound kind
+                    c.transfer_blocks("write", src_l, lids[k:k + 2], to_layout(dst_l), rids[k:k + 2])
+                # 2,800 int64 ids a side as bytes: 45 KB, larger than the mailbox's area.
+                big_l, big_r = lids[200:].astype("<i8").tobytes(), rids[200:].astype("<i8").tobytes()
+                c.transfer_blocks("write", src_l, big_l, to_layout(dst_l), big_r, id_bytes=8)
+                tids = [c.transfer_blocks("write", src_l, lids[k:k + 1], to_layout(dst_l), rids[k:k + 1], wait=False)
+                        for k in range(200, 210)]
+                self.assertEqual(c.wait_all(tids, timeout=10).state, pb.TRANSFER_STATE_SUCCEEDED)
+                self.check(dst, src, rids, lids, before)
+                was = [d.copy() for d in dst]
+                with self.assertRaises(AgentError) as e:
+                    c.transfer_blocks("write", src_l, lids[:1], to_layout(dst_l), np.array([4096]))
+                self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, e.exception.details())
+                for k, (d, b) in enumerate(zip(dst, was)):
+                    self.assertTrue(np.array_equal(d, b), "a refused call changed region %d" % k)
+
     def test_refusals_move_nothing(self):
         for c in (self.c, self.slow):
             with self.subTest(fast=c._fast is not None):

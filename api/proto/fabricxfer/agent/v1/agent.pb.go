@@ -3327,6 +3327,75 @@ func (x *IdArena) GetSize() uint64 {
 	return 0
 }
 
+// Mailbox is shared memory through which a fast connection's requests and replies travel instead of the socket:
+// a memfd of 16 KiB to 1 MiB sealed against shrinking, passed through the fd socket, mapped by the agent
+// read-write for as long as the connection lives. Layout (little-endian words, offsets in bytes):
+//
+//	0     u64 request sequence: the caller writes a frame (u32 big-endian length + FastRequest) at 4096, then
+//	      raises this by one
+//	64    u64 taken: the agent's copy of the request sequence once it has copied the request out
+//	128   u64 reply sequence: the agent writes the reply frame (u32 big-endian length + FastReply) at
+//	      4096 + (size-4096)/2, then sets this to the request sequence it answers
+//	192   u32 polling: 1 while the agent watches the mailbox, 0 once it waits on the socket: the caller then
+//	      sends an empty frame (four zero bytes) on the socket to wake it
+//	196   u32 caller asleep: set by the caller before it waits on the socket; the agent then sends four 0xff
+//	      bytes (a frame header no reply has) after the reply
+//
+// A request area and a reply area of (size-4096)/2 bytes each; larger frames still go through the socket, whose
+// frames are answered there as before. On a connection with a mailbox, an empty frame from the caller is a
+// doorbell, answered by nothing.
+type Mailbox struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FdToken       string                 `protobuf:"bytes,1,opt,name=fd_token,json=fdToken,proto3" json:"fd_token,omitempty"`
+	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Mailbox) Reset() {
+	*x = Mailbox{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Mailbox) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Mailbox) ProtoMessage() {}
+
+func (x *Mailbox) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Mailbox.ProtoReflect.Descriptor instead.
+func (*Mailbox) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *Mailbox) GetFdToken() string {
+	if x != nil {
+		return x.FdToken
+	}
+	return ""
+}
+
+func (x *Mailbox) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 // FastRequest is one request frame on the fast socket.
 type FastRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3336,6 +3405,7 @@ type FastRequest struct {
 	//	*FastRequest_Blocks
 	//	*FastRequest_IdArena
 	//	*FastRequest_Wait
+	//	*FastRequest_Mailbox
 	Request       isFastRequest_Request `protobuf_oneof:"request"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3343,7 +3413,7 @@ type FastRequest struct {
 
 func (x *FastRequest) Reset() {
 	*x = FastRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3355,7 +3425,7 @@ func (x *FastRequest) String() string {
 func (*FastRequest) ProtoMessage() {}
 
 func (x *FastRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3368,7 +3438,7 @@ func (x *FastRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastRequest.ProtoReflect.Descriptor instead.
 func (*FastRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *FastRequest) GetRequest() isFastRequest_Request {
@@ -3414,6 +3484,15 @@ func (x *FastRequest) GetWait() *FastWait {
 	return nil
 }
 
+func (x *FastRequest) GetMailbox() *Mailbox {
+	if x != nil {
+		if x, ok := x.Request.(*FastRequest_Mailbox); ok {
+			return x.Mailbox
+		}
+	}
+	return nil
+}
+
 type isFastRequest_Request interface {
 	isFastRequest_Request()
 }
@@ -3436,6 +3515,11 @@ type FastRequest_Wait struct {
 	Wait *FastWait `protobuf:"bytes,4,opt,name=wait,proto3,oneof"`
 }
 
+type FastRequest_Mailbox struct {
+	// Sets (or replaces) the connection's mailbox, through the socket only; the reply carries no response.
+	Mailbox *Mailbox `protobuf:"bytes,5,opt,name=mailbox,proto3,oneof"`
+}
+
 func (*FastRequest_Transfer) isFastRequest_Request() {}
 
 func (*FastRequest_Blocks) isFastRequest_Request() {}
@@ -3443,6 +3527,8 @@ func (*FastRequest_Blocks) isFastRequest_Request() {}
 func (*FastRequest_IdArena) isFastRequest_Request() {}
 
 func (*FastRequest_Wait) isFastRequest_Request() {}
+
+func (*FastRequest_Mailbox) isFastRequest_Request() {}
 
 // FastWait waits on the fast socket for transfers of the caller's, in one round trip however many: the reply's
 // response carries the transfer_id and status of the first listed transfer that did not succeed, else of the
@@ -3459,7 +3545,7 @@ type FastWait struct {
 
 func (x *FastWait) Reset() {
 	*x = FastWait{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3471,7 +3557,7 @@ func (x *FastWait) String() string {
 func (*FastWait) ProtoMessage() {}
 
 func (x *FastWait) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3484,7 +3570,7 @@ func (x *FastWait) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastWait.ProtoReflect.Descriptor instead.
 func (*FastWait) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *FastWait) GetTransferIds() []uint64 {
@@ -3514,7 +3600,7 @@ type FastReply struct {
 
 func (x *FastReply) Reset() {
 	*x = FastReply{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3526,7 +3612,7 @@ func (x *FastReply) String() string {
 func (*FastReply) ProtoMessage() {}
 
 func (x *FastReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3539,7 +3625,7 @@ func (x *FastReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastReply.ProtoReflect.Descriptor instead.
 func (*FastReply) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *FastReply) GetCode() uint32 {
@@ -3806,12 +3892,16 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\rR\barenaIds\"8\n" +
 	"\aIdArena\x12\x19\n" +
 	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"\x92\x02\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"8\n" +
+	"\aMailbox\x12\x19\n" +
+	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"\xcc\x02\n" +
 	"\vFastRequest\x12B\n" +
 	"\btransfer\x18\x01 \x01(\v2$.fabricxfer.agent.v1.TransferRequestH\x00R\btransfer\x12D\n" +
 	"\x06blocks\x18\x02 \x01(\v2*.fabricxfer.agent.v1.TransferBlocksRequestH\x00R\x06blocks\x129\n" +
 	"\bid_arena\x18\x03 \x01(\v2\x1c.fabricxfer.agent.v1.IdArenaH\x00R\aidArena\x123\n" +
-	"\x04wait\x18\x04 \x01(\v2\x1d.fabricxfer.agent.v1.FastWaitH\x00R\x04waitB\t\n" +
+	"\x04wait\x18\x04 \x01(\v2\x1d.fabricxfer.agent.v1.FastWaitH\x00R\x04wait\x128\n" +
+	"\amailbox\x18\x05 \x01(\v2\x1c.fabricxfer.agent.v1.MailboxH\x00R\amailboxB\t\n" +
 	"\arequest\"b\n" +
 	"\bFastWait\x12!\n" +
 	"\ftransfer_ids\x18\x01 \x03(\x04R\vtransferIds\x123\n" +
@@ -3875,7 +3965,7 @@ func file_fabricxfer_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(MemoryKind)(0),                  // 0: fabricxfer.agent.v1.MemoryKind
 	(HandleType)(0),                  // 1: fabricxfer.agent.v1.HandleType
@@ -3925,10 +4015,11 @@ var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(*LayoutRef)(nil),                // 45: fabricxfer.agent.v1.LayoutRef
 	(*TransferBlocksRequest)(nil),    // 46: fabricxfer.agent.v1.TransferBlocksRequest
 	(*IdArena)(nil),                  // 47: fabricxfer.agent.v1.IdArena
-	(*FastRequest)(nil),              // 48: fabricxfer.agent.v1.FastRequest
-	(*FastWait)(nil),                 // 49: fabricxfer.agent.v1.FastWait
-	(*FastReply)(nil),                // 50: fabricxfer.agent.v1.FastReply
-	(*durationpb.Duration)(nil),      // 51: google.protobuf.Duration
+	(*Mailbox)(nil),                  // 48: fabricxfer.agent.v1.Mailbox
+	(*FastRequest)(nil),              // 49: fabricxfer.agent.v1.FastRequest
+	(*FastWait)(nil),                 // 50: fabricxfer.agent.v1.FastWait
+	(*FastReply)(nil),                // 51: fabricxfer.agent.v1.FastReply
+	(*durationpb.Duration)(nil),      // 52: google.protobuf.Duration
 }
 var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: fabricxfer.agent.v1.PoolMemoryInfo.kind:type_name -> fabricxfer.agent.v1.MemoryKind
@@ -3946,12 +4037,12 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	2,  // 12: fabricxfer.agent.v1.TransferRequest.op:type_name -> fabricxfer.agent.v1.Op
 	17, // 13: fabricxfer.agent.v1.TransferRequest.remote:type_name -> fabricxfer.agent.v1.RemoteRef
 	18, // 14: fabricxfer.agent.v1.TransferRequest.items:type_name -> fabricxfer.agent.v1.TransferItem
-	51, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
+	52, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
 	22, // 16: fabricxfer.agent.v1.TransferResponse.status:type_name -> fabricxfer.agent.v1.TransferStatus
 	3,  // 17: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
 	21, // 18: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
-	51, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
-	51, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	52, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
+	52, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 21: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
 	2,  // 22: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
 	30, // 23: fabricxfer.agent.v1.ExplainRequest.source:type_name -> fabricxfer.agent.v1.Endpoint
@@ -3963,50 +4054,51 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	41, // 29: fabricxfer.agent.v1.RegisterLayoutResponse.layout:type_name -> fabricxfer.agent.v1.Layout
 	2,  // 30: fabricxfer.agent.v1.TransferBlocksRequest.op:type_name -> fabricxfer.agent.v1.Op
 	45, // 31: fabricxfer.agent.v1.TransferBlocksRequest.remote:type_name -> fabricxfer.agent.v1.LayoutRef
-	51, // 32: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
+	52, // 32: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
 	19, // 33: fabricxfer.agent.v1.FastRequest.transfer:type_name -> fabricxfer.agent.v1.TransferRequest
 	46, // 34: fabricxfer.agent.v1.FastRequest.blocks:type_name -> fabricxfer.agent.v1.TransferBlocksRequest
 	47, // 35: fabricxfer.agent.v1.FastRequest.id_arena:type_name -> fabricxfer.agent.v1.IdArena
-	49, // 36: fabricxfer.agent.v1.FastRequest.wait:type_name -> fabricxfer.agent.v1.FastWait
-	51, // 37: fabricxfer.agent.v1.FastWait.timeout:type_name -> google.protobuf.Duration
-	20, // 38: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
-	4,  // 39: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
-	12, // 40: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
-	15, // 41: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
-	19, // 42: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
-	23, // 43: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
-	24, // 44: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
-	25, // 45: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
-	26, // 46: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
-	28, // 47: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
-	31, // 48: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
-	34, // 49: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
-	36, // 50: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
-	38, // 51: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
-	40, // 52: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
-	43, // 53: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
-	46, // 54: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
-	11, // 55: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
-	14, // 56: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
-	16, // 57: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
-	20, // 58: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
-	22, // 59: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 60: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 61: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
-	27, // 62: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
-	29, // 63: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
-	33, // 64: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
-	35, // 65: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
-	37, // 66: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
-	39, // 67: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
-	42, // 68: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
-	44, // 69: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
-	20, // 70: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
-	55, // [55:71] is the sub-list for method output_type
-	39, // [39:55] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	50, // 36: fabricxfer.agent.v1.FastRequest.wait:type_name -> fabricxfer.agent.v1.FastWait
+	48, // 37: fabricxfer.agent.v1.FastRequest.mailbox:type_name -> fabricxfer.agent.v1.Mailbox
+	52, // 38: fabricxfer.agent.v1.FastWait.timeout:type_name -> google.protobuf.Duration
+	20, // 39: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
+	4,  // 40: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
+	12, // 41: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
+	15, // 42: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
+	19, // 43: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
+	23, // 44: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
+	24, // 45: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
+	25, // 46: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
+	26, // 47: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
+	28, // 48: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
+	31, // 49: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
+	34, // 50: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
+	36, // 51: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
+	38, // 52: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
+	40, // 53: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
+	43, // 54: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
+	46, // 55: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
+	11, // 56: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
+	14, // 57: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
+	16, // 58: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
+	20, // 59: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
+	22, // 60: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 61: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 62: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
+	27, // 63: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
+	29, // 64: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
+	33, // 65: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
+	35, // 66: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
+	37, // 67: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
+	39, // 68: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
+	42, // 69: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
+	44, // 70: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
+	20, // 71: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
+	56, // [56:72] is the sub-list for method output_type
+	40, // [40:56] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_agent_proto_init() }
@@ -4028,11 +4120,12 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 		(*LayoutRef_LayoutId)(nil),
 		(*LayoutRef_Segment)(nil),
 	}
-	file_fabricxfer_agent_v1_agent_proto_msgTypes[44].OneofWrappers = []any{
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[45].OneofWrappers = []any{
 		(*FastRequest_Transfer)(nil),
 		(*FastRequest_Blocks)(nil),
 		(*FastRequest_IdArena)(nil),
 		(*FastRequest_Wait)(nil),
+		(*FastRequest_Mailbox)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -4040,7 +4133,7 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_agent_proto_rawDesc), len(file_fabricxfer_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   47,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

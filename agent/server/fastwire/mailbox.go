@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package fastwire
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+)
+
+// The mailbox's layout (agent.proto, Mailbox): each word the two sides write lies in a cache line of its own, so
+// the caller's polling of the reply sequence does not slow the agent's writes around it.
+const (
+	MinMailbox = 16 << 10
+	MaxMailbox = 1 << 20
+
+	mbRequestSeq  = 0
+	mbTaken       = 64
+	mbReplySeq    = 128
+	mbPolling     = 192
+	mbCallerSleep = 196
+	mbAreas       = 4096
+)
+
+// WakeFrame wakes a caller that sleeps on its socket during a mailbox call: a frame header no reply has (replies
+// are at most a few MiB), so a wake-up that arrives late is told apart from the next reply on the socket.
+var WakeFrame = [4]byte{0xff, 0xff, 0xff, 0xff}
+
+// Mailbox is a fast connection's mapping of its caller's mailbox: requests and replies in shared memory, so a
+// round trip needs no system call while both sides poll. Everything in it is the caller's to write at any time:
+// a request is copied out before anything reads it, and the words the agent reads only decide when it looks.
+type Mailbox struct {
+	mapping []byte
+	area    int    // bytes of each of the request and reply areas
+	last    uint64 // the request sequence last taken
+	req     []byte // the request being served, copied out of the mapping
+}
+
+// Attach makes mapping (the caller's whole memfd, MinMailbox to MaxMailbox bytes, page-aligned by mmap) the
+// mailbox, unmapping the one it had. The caller's request sequence at this moment counts as taken.
+func (m *Mailbox) Attach(mapping []byte) error {
+	if len(mapping) < MinMailbox || len(mapping) > MaxMailbox {
+		return fmt.Errorf("a mailbox of %d bytes: between %d and %d", len(mapping), MinMailbox, MaxMailbox)
+	}
+	m.Unmap()
+	m.mapping = mapping
+	m.area = (len(mapping) - mbAreas) / 2
+	m.last = m.word64(mbRequestSeq).Load()
+	m.word64(mbTaken).Store(m.last)
+	m.word32(mbPolling).Store(1)
+	return nil
+}
+
+// Attached reports whether the connection has a mailbox.
+func (m *Mailbox) Attached() bool { return m.mapping != nil }
+
+// Unmap unmaps the mailbox (the connection ended, or the caller set another).
+func (m *Mailbox) Unmap() {
+	if m.mapping != nil {
+		_ = syscall.Munmap(m.mapping)
+		m.mapping = nil
+	}
+}
+
+func (m *Mailbox) word64(off int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&m.mapping[off]))
+}
+
+func (m *Mailbox) word32(off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&m.mapping[off]))
+}
+
+// Rung reports whether a request waits in the mailbox (sockio.Doorbell).
+func (m *Mailbox) Rung() bool {
+	return m.mapping != nil && m.word64(mbRequestSeq).Load() != m.last
+}
+
+// Polling tells the caller whether the agent watches the mailbox (sockio.Doorbell). The agent's store is
+// sequentially consistent, so a request raised before it reads as Rung afterwards.
+func (m *Mailbox) Polling(on bool) {
+	if m.mapping == nil {
+		return
+	}
+	v := uint32(0)
+	if on {
+		v = 1
+	}
+	m.word32(mbPolling).Store(v)
+}
+
+// Take copies the waiting request out of the mailbox and returns its payload (valid until the next Take), or an
+// error naming what is wrong with the frame the caller wrote.
+func (m *Mailbox) Take() ([]byte, error) {
+	m.last = m.word64(mbRequestSeq).Load()
+	m.word64(mbTaken).Store(m.last)
+	area := m.mapping[mbAreas : mbAreas+m.area]
+	n := int(binary.BigEndian.Uint32(area)) // the caller may change it under us: read once
+	if n > m.area-4 {
+		return nil, fmt.Errorf("a mailbox frame of %d bytes, at most %d: send larger frames on the socket", n, m.area-4)
+	}
+	m.req = append(m.req[:0], area[4:4+n]...)
+	return m.req, nil
+}
+
+// Reply writes a sealed reply frame (u32 length + FastReply) for the request last taken and reports whether the
+// caller sleeps on the socket, to be woken with WakeFrame. A frame larger than the reply area is refused:
+// the server answers with a short error instead.
+func (m *Mailbox) Reply(frame []byte) (wake bool, err error) {
+	if len(frame) > m.area {
+		return false, fmt.Errorf("a reply of %d bytes does not fit the mailbox's %d", len(frame), m.area)
+	}
+	copy(m.mapping[mbAreas+m.area:], frame)
+	m.word64(mbReplySeq).Store(m.last)
+	return m.word32(mbCallerSleep).Load() != 0, nil
+}

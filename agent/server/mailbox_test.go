@@ -1,0 +1,318 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package server_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
+)
+
+// testMailbox is a caller's side of a fast connection's mailbox (agent.proto, Mailbox), written the way any
+// process could: every word is the caller's to write.
+type testMailbox struct {
+	t    *testing.T
+	file *os.File
+	mem  []byte
+	conn net.Conn
+	seq  uint64
+}
+
+func (m *testMailbox) u64(off int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&m.mem[off]))
+}
+func (m *testMailbox) u32(off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&m.mem[off]))
+}
+func (m *testMailbox) area() int { return (len(m.mem) - 4096) / 2 }
+
+// post writes a frame of payload (announcing length bytes) and raises the request sequence, ringing the socket
+// when the agent does not watch.
+func (m *testMailbox) post(payload []byte, length uint32) {
+	binary.BigEndian.PutUint32(m.mem[4096:], length)
+	copy(m.mem[4100:], payload)
+	m.seq++
+	m.u64(0).Store(m.seq)
+	if m.u32(192).Load() == 0 {
+		m.ring()
+	}
+}
+
+func (m *testMailbox) ring() {
+	m.t.Helper()
+	_ = m.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := m.conn.Write([]byte{0, 0, 0, 0}); err != nil {
+		m.t.Fatalf("ringing: %v", err)
+	}
+}
+
+// reply waits (5 s at most, ringing once after 100 ms as a caller that lost the race with a sleeping agent
+// does) for the answer to the last request.
+func (m *testMailbox) reply() *agentv1.FastReply {
+	m.t.Helper()
+	start := time.Now()
+	rang := false
+	for m.u64(128).Load() != m.seq {
+		if !rang && time.Since(start) > 100*time.Millisecond && m.u64(64).Load() != m.seq {
+			m.ring()
+			rang = true
+		}
+		if time.Since(start) > 5*time.Second {
+			m.t.Fatalf("no reply to mailbox request %d within 5 s", m.seq)
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+	at := 4096 + m.area()
+	n := binary.BigEndian.Uint32(m.mem[at:])
+	if int(n) > m.area()-4 {
+		m.t.Fatalf("a reply of %d bytes in an area of %d", n, m.area())
+	}
+	var r agentv1.FastReply
+	if err := proto.Unmarshal(m.mem[at+4:at+4+int(n)], &r); err != nil {
+		m.t.Fatalf("the mailbox's reply: %v", err)
+	}
+	return &r
+}
+
+func (m *testMailbox) call(payload []byte) *agentv1.FastReply {
+	m.t.Helper()
+	m.post(payload, uint32(len(payload)))
+	return m.reply()
+}
+
+// attachMailbox binds a fast connection and gives it a sealed mailbox of size bytes.
+func attachMailbox(t *testing.T, a *agent, c *client.Client, size uint64) *testMailbox {
+	t.Helper()
+	conn, r := bindFast(t, c.API(), a.srv.FastSocketPath())
+	if r.Code != 0 {
+		t.Fatalf("binding: %v", r)
+	}
+	mem := shm(t, size)
+	token, err := fdpass.Put(ctxT(t), a.srv.FDSocketPath(), mem.File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := setMailbox(t, conn, token, size); r.Code != 0 {
+		t.Fatalf("a sealed mailbox of %d bytes: %v", size, r)
+	}
+	return &testMailbox{t: t, file: mem.File, mem: mem.Bytes, conn: conn}
+}
+
+func setMailbox(t *testing.T, conn net.Conn, token string, size uint64) *agentv1.FastReply {
+	return rawFrame(t, conn, fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Mailbox{
+		Mailbox: &agentv1.Mailbox{FdToken: token, Size: size}}}))
+}
+
+// TestMailboxIsCheckedAndCarriesRequests: a mailbox must be a sealed memfd of a bounded size passed by its own
+// caller; through it a block transfer moves exactly its blocks, and whatever a caller writes into it — a garbage
+// frame, a length past its area, a mailbox request, its own words — is answered with a clear InvalidArgument in
+// the mailbox, moves nothing, and leaves the connection serving, on the socket as in the mailbox, and another
+// caller's transfers untouched.
+func TestMailboxIsCheckedAndCarriesRequests(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	c := dial(t, a)
+	ctx := ctxT(t)
+	rng := rand.New(rand.NewPCG(7, 8))
+	const bs, blocks = 64, 1024
+	src, srcMem := hostLayout(t, c, rng, 2, blocks, bs)
+	dst, dstMem := hostLayout(t, c, rng, 2, blocks, bs)
+	refused := func(what string, r *agentv1.FastReply, says string) {
+		t.Helper()
+		if codes.Code(r.Code) != codes.InvalidArgument || !strings.Contains(r.Message, says) {
+			t.Fatalf("%s: %v %q, want InvalidArgument saying %q", what, codes.Code(r.Code), r.Message, says)
+		}
+	}
+	put := func(f *os.File) string {
+		t.Helper()
+		token, err := fdpass.Put(ctx, a.srv.FDSocketPath(), f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return token
+	}
+
+	conn, r := bindFast(t, c.API(), a.srv.FastSocketPath())
+	if r.Code != 0 {
+		t.Fatalf("binding: %v", r)
+	}
+	unsealed := memfd(t, 64<<10, unix.MFD_ALLOW_SEALING)
+	refused("unsealed memfd", setMailbox(t, conn, put(unsealed), 64<<10), "not sealed against shrinking")
+	good := shm(t, 64<<10)
+	refused("a mailbox larger than its memfd", setMailbox(t, conn, put(good.File), 128<<10), "outside the passed memory")
+	refused("a mailbox below the bound", setMailbox(t, conn, put(good.File), 4096), "between")
+	refused("a mailbox past the bound", setMailbox(t, conn, put(good.File), 64<<20), "between")
+	refused("unknown token", setMailbox(t, conn, "no-such-token", 64<<10), "mailbox")
+
+	mb := attachMailbox(t, a, c, 64<<10)
+	blocksFrame := func(local, remote []uint32) []byte {
+		lb, rb := make([]byte, 4*len(local)), make([]byte, 4*len(remote))
+		for i := range local {
+			binary.LittleEndian.PutUint32(lb[4*i:], local[i])
+		}
+		for i := range remote {
+			binary.LittleEndian.PutUint32(rb[4*i:], remote[i])
+		}
+		return fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
+			Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
+			IdBytes: 4, LocalIds: lb, RemoteIds: rb, Wait: true}}})
+	}
+	snapshot := func() [][]byte {
+		var out [][]byte
+		for _, m := range dstMem {
+			out = append(out, bytes.Clone(m.Bytes))
+		}
+		return out
+	}
+	before := snapshot()
+	unchanged := func(what string) {
+		t.Helper()
+		for k, m := range dstMem {
+			if !bytes.Equal(m.Bytes, before[k]) {
+				t.Fatalf("%s changed destination region %d", what, k)
+			}
+		}
+	}
+
+	// Hostile requests, each answered in the mailbox.
+	garbage := make([]byte, 300)
+	for i := range garbage {
+		garbage[i] = byte(rng.Uint32())
+	}
+	refused("a garbage frame", mb.call(garbage), "not a FastRequest")
+	mb.post(nil, uint32(mb.area())) // a length past the area
+	refused("a frame past the area", mb.reply(), "at most")
+	mb.post(nil, 0xffffffff)
+	refused("a length of 4 GiB", mb.reply(), "at most")
+	refused("a mailbox through the mailbox", mb.call(fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Mailbox{
+		Mailbox: &agentv1.Mailbox{FdToken: "x", Size: 64 << 10}}})), "through the socket")
+	refused("an id out of range", mb.call(blocksFrame([]uint32{1, 2}, []uint32{3, blocks})), "")
+	// The caller scribbles over the agent's words and its own reply; doorbells with nothing posted are ignored.
+	mb.u64(64).Store(^uint64(0))
+	mb.u64(128).Store(12345)
+	mb.u32(192).Store(7)
+	for range 20 {
+		mb.ring()
+	}
+	// A caller cannot shrink what the agent maps.
+	if err := unix.Ftruncate(int(mb.file.Fd()), 4096); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("shrinking the mailbox: %v, want EPERM (sealed)", err)
+	}
+	unchanged("refused mailbox requests")
+
+	// Another caller's transfer is untouched by all of that.
+	other := dial(t, a)
+	oSrc, oSrcMem := hostLayout(t, other, rng, 1, 16, bs)
+	oDst, oDstMem := hostLayout(t, other, rng, 1, 16, bs)
+	if _, err := other.TransferBlocks(ctx, client.Write, oSrc, []uint32{3}, client.ToLayout(oDst), []uint32{5}, client.TransferOptions{}); err != nil {
+		t.Fatalf("another caller's transfer: %v", err)
+	}
+	if !bytes.Equal(oDstMem[0].Bytes[5*bs:6*bs], oSrcMem[0].Bytes[3*bs:4*bs]) {
+		t.Fatal("another caller's block did not land")
+	}
+
+	// Good requests through the mailbox, and one on the socket of the same connection between them.
+	const n = 200
+	local, remote := rng.Perm(blocks)[:n], rng.Perm(blocks)[:n]
+	l32, r32 := make([]uint32, n), make([]uint32, n)
+	for i := range n {
+		l32[i], r32[i] = uint32(local[i]), uint32(remote[i])
+	}
+	if r := mb.call(blocksFrame(l32[:n/2], r32[:n/2])); r.Code != 0 || r.Response.GetStatus().GetState() != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+		t.Fatalf("blocks through the mailbox: %v", r)
+	}
+	if r := rawFrame(t, mb.conn, blocksFrame(l32[n/2:], r32[n/2:])); r.Code != 0 {
+		t.Fatalf("blocks on the socket of a connection with a mailbox: %v", r)
+	}
+	for k := range dstMem {
+		want := bytes.Clone(before[k])
+		for i := range n {
+			copy(want[remote[i]*bs:][:bs], srcMem[k].Bytes[local[i]*bs:][:bs])
+		}
+		if !bytes.Equal(dstMem[k].Bytes, want) {
+			t.Fatalf("region %d: the blocks did not land exactly", k)
+		}
+	}
+}
+
+// TestMailboxWakesAnAgentAsleepAndACallerAsleep: an agent that does not poll says so in the mailbox and serves a
+// request once rung; a caller that says it sleeps gets a wake-up (a frame header no reply has) on the socket after
+// its reply, and nothing when it does not.
+func TestMailboxWakesAnAgentAsleepAndACallerAsleep(t *testing.T) {
+	opts := baseOptions(t, newProcFixture(t))
+	opts.FastSpin = -1 // never polls
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	rng := rand.New(rand.NewPCG(9, 10))
+	src, srcMem := hostLayout(t, c, rng, 1, 64, 64)
+	dst, dstMem := hostLayout(t, c, rng, 1, 64, 64)
+	mb := attachMailbox(t, a, c, 16<<10)
+	frame := fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
+		Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
+		IdBytes: 4, LocalIds: []byte{1, 0, 0, 0}, RemoteIds: []byte{2, 0, 0, 0}, Wait: true}}})
+
+	deadline := time.Now().Add(5 * time.Second)
+	for mb.u32(192).Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("an agent that does not poll still says it watches the mailbox")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Posted without a ring, the request waits; the ring serves it.
+	binary.BigEndian.PutUint32(mb.mem[4096:], uint32(len(frame)))
+	copy(mb.mem[4100:], frame)
+	mb.seq++
+	mb.u64(0).Store(mb.seq)
+	time.Sleep(50 * time.Millisecond)
+	if mb.u64(64).Load() == mb.seq {
+		t.Fatal("an agent asleep on its socket took a request nobody rang for")
+	}
+	mb.ring()
+	if r := mb.reply(); r.Code != 0 {
+		t.Fatalf("a rung request: %v", r)
+	}
+	if !bytes.Equal(dstMem[0].Bytes[2*64:3*64], srcMem[0].Bytes[64:2*64]) {
+		t.Fatal("the rung request's block did not land")
+	}
+
+	// A caller asleep is woken on the socket; one awake is not written to.
+	mb.u32(196).Store(1)
+	if r := mb.call(frame); r.Code != 0 {
+		t.Fatalf("a caller asleep: %v", r)
+	}
+	_ = mb.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var wake [4]byte
+	if _, err := io.ReadFull(mb.conn, wake[:]); err != nil || wake != [4]byte{0xff, 0xff, 0xff, 0xff} {
+		t.Fatalf("the wake-up of a caller asleep: %v %v", wake, err)
+	}
+	mb.u32(196).Store(0)
+	if r := mb.call(frame); r.Code != 0 {
+		t.Fatalf("a caller awake: %v", r)
+	}
+	_ = mb.conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, err := mb.conn.Read(wake[:]); n != 0 || !isTimeout(err) {
+		t.Fatalf("a caller awake got %d bytes on the socket (%v)", n, err)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
