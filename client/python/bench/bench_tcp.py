@@ -16,6 +16,7 @@ socket and B on node-b's, which time, in one run:
   host      1 GiB of host memory (memfd) from A's region to B's through the agents (the tcp engine, mTLS)
   gpu-1g    a 1 GiB CUDA tensor of A to one of B through the agents (staged through pinned host memory)
   blocks    15,360 blocks of 720 B between two pools of 262,144 blocks (one uint8 [262144, 720] tensor each)
+  gpu-11m   the blocks' bytes (15,360 x 720 B) as one contiguous CUDA tensor: what gathering costs the blocks
   layers    the 32-layer layout: 32 layers x K/V = 64 tensors per side of [1024, 16384] uint8, a permutation of
             all 1,024 block ids in one call (1 GiB)
   cancel    A reads 1 GiB of B's GPU memory into its own and cancels it mid-way: A's tensor is compared right
@@ -26,7 +27,8 @@ socket and B on node-b's, which time, in one run:
 
 Each figure is the median of --iters writes after --warmup; every destination byte is compared by B with what
 it computes itself from the same seeds (torch generators on the same device). The table gives GB/s and the
-ratios the acceptance asks for: gpu-1g / raw, blocks / gpu-1g, layers / gpu-1g, host / raw. The agents are
+ratios the acceptance asks for: gpu-1g / raw, blocks / gpu-1g, layers / gpu-1g, host / raw, and blocks / gpu-11m
+(the blocks against the same bytes in one piece). The agents are
 stopped at the end whatever happens (their logs stay in the state directory).
 """
 
@@ -46,7 +48,8 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 MIB, GIB = 1 << 20, 1 << 30
-CASES = ("raw", "raw-tls", "host", "gpu-1g", "blocks", "layers", "cancel", "kill")
+CASES = ("raw", "raw-tls", "host", "gpu-1g", "blocks", "gpu-11m", "layers", "cancel", "kill")
+BLOCKS_BYTES = 15360 * 720
 RAW_HDR = struct.Struct(">QQ")
 
 
@@ -93,7 +96,8 @@ def ratios(results):
     out = {}
     for name, num, den in (("gpu-1g / raw", "gpu-1g", "raw"), ("blocks / gpu-1g", "blocks", "gpu-1g"),
                            ("layers / gpu-1g", "layers", "gpu-1g"), ("host / raw", "host", "raw"),
-                           ("gpu-1g / raw-tls", "gpu-1g", "raw-tls"), ("gpu-1g / host", "gpu-1g", "host")):
+                           ("gpu-1g / raw-tls", "gpu-1g", "raw-tls"), ("gpu-1g / host", "gpu-1g", "host"),
+                           ("blocks / gpu-11m", "blocks", "gpu-11m")):
         if by.get(num) and by.get(den):
             out[name] = by[num] / by[den]
     return out
@@ -151,7 +155,8 @@ def client_env():
 
 # ---- what both clients compute the same way ----
 
-SEED = {"raw": 11, "raw-tls": 11, "host": 12, "gpu-1g": 13, "blocks": 14, "layers": 15, "cancel": 16, "kill": 17}
+SEED = {"raw": 11, "raw-tls": 11, "host": 12, "gpu-1g": 13, "blocks": 14, "layers": 15, "cancel": 16, "kill": 17,
+        "gpu-11m": 18}
 
 
 def host_bytes(torch, n, seed, out=None):
@@ -205,8 +210,8 @@ class RoleB:
             fd, mm = shared_memory("bench-b", GIB)
             r = c.register_host(fd, 0, GIB, segment="host-1g")
             self.held[case] = {"dst": mm, "regions": [r], "close": [mm.close, lambda: os.close(fd)]}
-        elif case in ("gpu-1g", "kill"):
-            t = torch.zeros(GIB, dtype=torch.uint8, device=self.dev)
+        elif case in ("gpu-1g", "kill", "gpu-11m"):
+            t = torch.zeros(BLOCKS_BYTES if case == "gpu-11m" else GIB, dtype=torch.uint8, device=self.dev)
             r = c.register_tensor(t, segment=case, gpu_index=self.a.device)
             self.held[case] = {"dst": t, "regions": [r]}
         elif case == "cancel":
@@ -268,8 +273,9 @@ class RoleB:
             ok = bool(torch.equal(got, host_bytes(torch, GIB, SEED[case])))
             del got  # the mapping closes at release
             return ok
-        if case == "gpu-1g":
-            return bool(torch.equal(self.held[case]["dst"], gpu_bytes(torch, self.dev, (GIB,), SEED[case])))
+        if case in ("gpu-1g", "gpu-11m"):
+            n = GIB if case == "gpu-1g" else BLOCKS_BYTES
+            return bool(torch.equal(self.held[case]["dst"], gpu_bytes(torch, self.dev, (n,), SEED[case])))
         if case == "blocks":
             src = gpu_bytes(torch, self.dev, (262144, 720), SEED[case])
             s, d = block_ids(torch, 262144, 15360, SEED[case])
@@ -529,17 +535,20 @@ class RoleA:
             self.c.deregister(r)
             os.close(fd)
 
-    def case_gpu_1g(self, info):
+    def case_gpu_1g(self, info, case="gpu-1g", n=GIB):
         from fabricxfer.client import to_segment
         torch = self.torch
-        src = gpu_bytes(torch, self.dev, (GIB,), SEED["gpu-1g"])
+        src = gpu_bytes(torch, self.dev, (n,), SEED[case])
         sync(torch, self.dev)
         r = self.c.register_tensor(src, gpu_index=self.a.device)
         try:
-            remote = to_segment(self.a.node_b, "gpu-1g")
-            return self.timed(lambda i: self.c.write(r, 0, remote, 0, GIB)), GIB
+            remote = to_segment(self.a.node_b, case)
+            return self.timed(lambda i: self.c.write(r, 0, remote, 0, n)), n
         finally:
             self.c.deregister(r)
+
+    def case_gpu_11m(self, info):
+        return self.case_gpu_1g(info, "gpu-11m", BLOCKS_BYTES)
 
     def case_blocks(self, info):
         from fabricxfer.client import to_layout_segment

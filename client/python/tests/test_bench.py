@@ -122,8 +122,9 @@ class TCPBenchPureTest(unittest.TestCase):
     def test_ratios_only_from_verified_cases(self):
         rs = [{"case": "raw", "gbps": 10.0, "verified": True}, {"case": "gpu-1g", "gbps": 8.5, "verified": True},
               {"case": "blocks", "gbps": 7.0, "verified": True}, {"case": "layers", "gbps": 9.0, "verified": False},
-              {"case": "host", "gbps": 9.0, "verified": True}]
+              {"case": "host", "gbps": 9.0, "verified": True}, {"case": "gpu-11m", "gbps": 7.7, "verified": True}]
         r = bench_tcp.ratios(rs)
+        self.assertAlmostEqual(r["blocks / gpu-11m"], 7.0 / 7.7)
         self.assertAlmostEqual(r["gpu-1g / raw"], 0.85)
         self.assertAlmostEqual(r["blocks / gpu-1g"], 7.0 / 8.5)
         self.assertAlmostEqual(r["host / raw"], 0.9)
