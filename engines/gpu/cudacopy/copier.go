@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -70,8 +69,6 @@ type Options struct {
 	// PollGap spaces Wait's polls of the GPU (default 5µs; negative: none). A poll is a driver call of about
 	// 2 µs on the H200 VM, and polls back to back from the waiter of one copy slowed the queueing of the next
 	// copies by the same process: eight 64 MiB copies in flight took 78 µs each, against 36 for torch.
-	// The gap applies while copies are queued behind the one polled; a lone copy is polled every
-	// lonePollGap, as nothing waits to be queued.
 	PollGap time.Duration
 	// SleepRate (bytes/s) bounds how long Wait polls a large copy before
 	// handing it to a watcher: SpinWait plus bytes/SleepRate. Set it above
@@ -125,9 +122,8 @@ type Copier struct {
 	reason  string
 	opts    Options
 
-	mu       sync.Mutex    // serializes submissions on the stream
-	last     *Pending      // the latest submission (c.mu): the next one ends after it
-	queued   atomic.Uint32 // submissions so far (mod 2^32): a Pending whose number is the latest has nothing queued behind it
+	mu       sync.Mutex // serializes submissions on the stream
+	last     *Pending   // the latest submission (c.mu): the next one ends after it
 	slots    *gpushare.Staging[*slot]
 	resident *gpushare.Resident[*slot]
 
@@ -438,7 +434,6 @@ func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot
 		p.prev.Store(c.last)
 	}
 	c.last = p
-	p.number = c.queued.Add(1)
 	return p, nil
 }
 
