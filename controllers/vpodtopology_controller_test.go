@@ -11,10 +11,19 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/fabricxfer/fabricxfer/internal/heartbeat"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
@@ -303,5 +312,71 @@ func TestReportTouchesOnlyItsDomains(t *testing.T) {
 	}
 	if after.ResourceVersion != untouched.ResourceVersion {
 		t.Errorf("domain C rewritten by a report of other domains: resourceVersion %s -> %s", untouched.ResourceVersion, after.ResourceVersion)
+	}
+}
+
+// TestNewDomainsFirstStatusHasMembersThatReportedDuringItsCreate: a domain is created from the reports its
+// reconcile read; a member whose report arrives while the create is on its way is in the first status too,
+// rather than costing a second status write.
+func TestNewDomainsFirstStatusHasMembersThatReportedDuringItsCreate(t *testing.T) {
+	ctx := context.Background()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := fxv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	key := "ualink:9/2"
+	beat := metav1.NewTime(time.Now())
+	reportOf := func(node string) *fxv1.TransferNode {
+		return &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: fxv1.TransferNodeSpec{NodeName: node},
+			Status: fxv1.TransferNodeStatus{GPUs: gpusIn(key, 0, 1), LastHeartbeat: &beat}}
+	}
+	statusWrites := 0
+	c := fake.NewClientBuilder().WithScheme(scheme).
+		WithStatusSubresource(&fxv1.VPodTopology{}).
+		WithObjects(reportOf("early-0")).
+		WithIndex(&fxv1.TransferNode{}, indexTransferNodeDomains, func(o client.Object) []string {
+			return reportedDomains(o.(*fxv1.TransferNode))
+		}).
+		WithIndex(&fxv1.VPodTopology{}, indexVPodDomain, func(o client.Object) []string {
+			return []string{o.(*fxv1.VPodTopology).Spec.Domain}
+		}).
+		WithIndex(&coordinationv1.Lease{}, indexLeaseHeartbeat, func(o client.Object) []string {
+			if k, _, ok := heartbeat.FromLease(o.(*coordinationv1.Lease)); ok {
+				return []string{k.String()}
+			}
+			return nil
+		}).
+		WithInterceptorFuncs(interceptor.Funcs{
+			Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+				if _, ok := obj.(*fxv1.VPodTopology); ok {
+					if err := c.Create(ctx, reportOf("late-1")); err != nil {
+						return err
+					}
+				}
+				return c.Create(ctx, obj, opts...)
+			},
+			SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+				if _, ok := obj.(*fxv1.VPodTopology); ok && sub == "status" {
+					statusWrites++
+				}
+				return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+			},
+		}).Build()
+	r := &VPodTopologyReconciler{Client: c, Clock: clock.RealClock{}, indexed: true}
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Name: key}}
+	for range 2 { // the second reconcile is the one the late report's own event brings
+		if _, err := r.Reconcile(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vp := &fxv1.VPodTopology{}
+	if err := c.Get(ctx, client.ObjectKey{Name: fxv1.DomainObjectName(key)}, vp); err != nil {
+		t.Fatal(err)
+	}
+	if got := memberNodes(vp); !slices.Equal(got, []string{"early-0", "late-1"}) || statusWrites != 1 {
+		t.Errorf("members %v after %d status writes; want both members in the one first status", got, statusWrites)
 	}
 }

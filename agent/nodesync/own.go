@@ -11,10 +11,9 @@ import (
 	"slices"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -231,29 +230,21 @@ func statusDiff(a, b v1alpha1.TransferNodeStatus) []string {
 	return out
 }
 
-// statusOf decodes the status of an object the API server returned.
-func statusOf(obj *unstructured.Unstructured) (*v1alpha1.TransferNodeStatus, error) {
-	raw, _, err := unstructured.NestedMap(obj.Object, "status")
-	if err != nil {
-		return nil, fmt.Errorf("reading TransferNode status: %w", err)
-	}
-	var st v1alpha1.TransferNodeStatus
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &st); err != nil {
-		return nil, fmt.Errorf("decoding TransferNode status: %w", err)
-	}
-	return &st, nil
-}
-
 // clearForeign makes the status exactly st after an apply left fields that someone else added: an apply sets
 // and takes the fields it names but leaves fields it does not name (a forged endpoint where the agent has none,
 // an engine entry of another name), and applying again would change nothing. One merge patch replaces the
-// differing top-level fields with the agent's values, or removes them.
-func (r *Reporter) clearForeign(ctx context.Context, got *unstructured.Unstructured, st v1alpha1.TransferNodeStatus) error {
-	seen, err := statusOf(got)
-	if err != nil {
-		return err
+// differing top-level fields with the agent's values, or removes them. got is the object the apply returned;
+// after the patch it is the object as patched.
+func (r *Reporter) clearForeign(ctx context.Context, got *v1alpha1.TransferNode, st v1alpha1.TransferNodeStatus) error {
+	stored := st // as the API server stores it: times in whole seconds
+	if st.LastHeartbeat != nil {
+		beat := st.LastHeartbeat.Rfc3339Copy()
+		stored.LastHeartbeat = &beat
 	}
-	fields := statusDiff(*seen, st)
+	if equality.Semantic.DeepEqual(got.Status, stored) {
+		return nil // the usual case, told without encoding either status
+	}
+	fields := statusDiff(got.Status, st)
 	if len(fields) == 0 {
 		return nil
 	}

@@ -350,36 +350,40 @@ func (r *Reporter) applyObject(ctx context.Context) error {
 	return nil
 }
 
+// statusApply is the apply configuration of the TransferNode's status: the typed status, encoded once. The API
+// server gets the same server-side apply as from an unstructured object, but the agent does not turn the status
+// into maps and back: make scale runs a thousand agents' clients on the machine of the API server they wait for.
+type statusApply struct {
+	APIVersion string                      `json:"apiVersion"`
+	Kind       string                      `json:"kind"`
+	Metadata   statusApplyMeta             `json:"metadata"`
+	Status     v1alpha1.TransferNodeStatus `json:"status"`
+}
+
+type statusApplyMeta struct {
+	Name string `json:"name"`
+}
+
 func (r *Reporter) applyStatus(ctx context.Context, st v1alpha1.TransferNodeStatus) error {
-	raw, err := json.Marshal(st)
+	raw, err := json.Marshal(statusApply{
+		APIVersion: v1alpha1.GroupVersion.String(), Kind: "TransferNode",
+		Metadata: statusApplyMeta{Name: r.cfg.NodeName}, Status: st,
+	})
 	if err != nil {
 		return fmt.Errorf("encoding TransferNode status: %w", err)
 	}
-	var status map[string]any
-	if err := json.Unmarshal(raw, &status); err != nil {
-		return fmt.Errorf("encoding TransferNode status: %w", err)
-	}
-	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1alpha1.GroupVersion.String(),
-		"kind":       "TransferNode",
-		"metadata":   map[string]any{"name": r.cfg.NodeName},
-		"status":     status,
-	}}
-	if err := r.cfg.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+	got := &v1alpha1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: r.cfg.NodeName}}
+	if err := r.cfg.Client.Status().Patch(ctx, got, client.RawPatch(types.ApplyPatchType, raw), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying TransferNode %s status: %w", r.cfg.NodeName, err)
 	}
-	if uid := obj.GetUID(); uid != "" {
-		r.reportUID = uid
+	if got.UID != "" {
+		r.reportUID = got.UID
 	}
-	if err := r.clearForeign(ctx, obj, st); err != nil {
+	if err := r.clearForeign(ctx, got, st); err != nil {
 		return err
 	}
-	written, err := statusOf(obj)
-	if err != nil {
-		return err
-	}
-	r.written = written
-	r.awaitWrite(obj.GetResourceVersion())
+	r.written = got.Status.DeepCopy()
+	r.awaitWrite(got.ResourceVersion)
 	r.statusWrites.Add(1)
 	return nil
 }

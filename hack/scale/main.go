@@ -532,7 +532,9 @@ func waitConverged(ctx context.Context, watch cache.Cache, o options, expected m
 		if err := watch.Get(ctx, client.ObjectKey{Namespace: o.poolNamespace, Name: o.poolName}, &pool); err != nil {
 			return time.Time{}, detail, fmt.Errorf("reading the pool from the watch cache: %w", err)
 		}
-		if err := watch.List(ctx, &vps); err != nil {
+		// Read in place: a copy of 832 vPODs every 20 ms took 8 % of a core from the machine the API server
+		// and the operator share, during the very seconds that are measured.
+		if err := watch.List(ctx, &vps, client.UnsafeDisableDeepCopy); err != nil {
 			return time.Time{}, detail, fmt.Errorf("listing vPODs from the watch cache: %w", err)
 		}
 		complete, short, missing := 0, 0, 0
