@@ -5,6 +5,7 @@ package server_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"math/rand/v2"
 	"os"
@@ -34,26 +35,15 @@ func fastMsg(t *testing.T, m *agentv1.FastRequest) []byte {
 // the frame. Every refusal is a clear InvalidArgument on a connection that stays up, and moves nothing; the good
 // arena moves exactly the blocks it names, and what the caller writes into it afterwards changes nothing.
 func TestIDArenaIsCheckedAndItsIDsCopiedOnce(t *testing.T) {
-	a := startAgent(t, baseOptions(t, newProcFixture(t)))
-	c := dial(t, a)
-	ctx := ctxT(t)
-	rng := rand.New(rand.NewPCG(5, 6))
 	const bs, blocks = 64, 4096
-	src, srcMem := hostLayout(t, c, rng, 2, blocks, bs)
-	dst, dstMem := hostLayout(t, c, rng, 2, blocks, bs)
+	b := newFastBlocksBed(t, 5, blocks, bs)
+	a, c, ctx, rng := b.a, b.c, b.ctx, b.rng
+	src, srcMem, dst, dstMem := b.src, b.srcMem, b.dst, b.dstMem
 	conn, r := bindFast(t, c.API(), a.srv.FastSocketPath())
 	if r.Code != 0 {
 		t.Fatalf("binding: %v", r)
 	}
-
-	put := func(f *os.File) string {
-		t.Helper()
-		token, err := fdpass.Put(ctx, a.srv.FDSocketPath(), f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return token
-	}
+	put, refused, snapshot, unchanged := b.put, b.refused, b.snapshot, b.unchanged
 	setArena := func(token string, size uint64) *agentv1.FastReply {
 		return rawFrame(t, conn, fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_IdArena{
 			IdArena: &agentv1.IdArena{FdToken: token, Size: size}}}))
@@ -62,27 +52,6 @@ func TestIDArenaIsCheckedAndItsIDsCopiedOnce(t *testing.T) {
 		return rawFrame(t, conn, fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
 			Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
 			IdBytes: 4, ArenaIds: n, LocalIds: local, RemoteIds: remote, Wait: true}}}))
-	}
-	snapshot := func() [][]byte {
-		var out [][]byte
-		for _, m := range dstMem {
-			out = append(out, bytes.Clone(m.Bytes))
-		}
-		return out
-	}
-	unchanged := func(what string, before [][]byte) {
-		t.Helper()
-		for k, m := range dstMem {
-			if !bytes.Equal(m.Bytes, before[k]) {
-				t.Fatalf("%s changed destination region %d", what, k)
-			}
-		}
-	}
-	refused := func(what string, r *agentv1.FastReply, says string) {
-		t.Helper()
-		if codes.Code(r.Code) != codes.InvalidArgument || !strings.Contains(r.Message, says) {
-			t.Fatalf("%s: %v %q, want InvalidArgument saying %q", what, codes.Code(r.Code), r.Message, says)
-		}
 	}
 
 	before := snapshot()
@@ -147,5 +116,59 @@ func TestIDArenaIsCheckedAndItsIDsCopiedOnce(t *testing.T) {
 		Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}}, IdBytes: 4, ArenaIds: 2, Wait: true})
 	if client.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "no id arena") {
 		t.Fatalf("gRPC with arena ids: %v", err)
+	}
+}
+
+// fastBlocksBed is an agent with two host layouts of equal geometry for the fast socket's refusal tests, and the
+// checks they share: a token for a file, a refusal's code and words, and the destination's bytes before and after.
+type fastBlocksBed struct {
+	t              *testing.T
+	a              *agent
+	c              *client.Client
+	ctx            context.Context
+	rng            *rand.Rand
+	src, dst       *client.Layout
+	srcMem, dstMem []*client.SharedMemory
+}
+
+func newFastBlocksBed(t *testing.T, seed uint64, blocks int, bs uint64) *fastBlocksBed {
+	b := &fastBlocksBed{t: t, a: startAgent(t, baseOptions(t, newProcFixture(t))), ctx: ctxT(t), rng: rand.New(rand.NewPCG(seed, seed+1))}
+	b.c = dial(t, b.a)
+	b.src, b.srcMem = hostLayout(t, b.c, b.rng, 2, blocks, bs)
+	b.dst, b.dstMem = hostLayout(t, b.c, b.rng, 2, blocks, bs)
+	return b
+}
+
+// put passes f through the agent's fd socket and returns its token.
+func (b *fastBlocksBed) put(f *os.File) string {
+	b.t.Helper()
+	token, err := fdpass.Put(b.ctx, b.a.srv.FDSocketPath(), f)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return token
+}
+
+func (b *fastBlocksBed) refused(what string, r *agentv1.FastReply, says string) {
+	b.t.Helper()
+	if codes.Code(r.Code) != codes.InvalidArgument || !strings.Contains(r.Message, says) {
+		b.t.Fatalf("%s: %v %q, want InvalidArgument saying %q", what, codes.Code(r.Code), r.Message, says)
+	}
+}
+
+func (b *fastBlocksBed) snapshot() [][]byte {
+	var out [][]byte
+	for _, m := range b.dstMem {
+		out = append(out, bytes.Clone(m.Bytes))
+	}
+	return out
+}
+
+func (b *fastBlocksBed) unchanged(what string, before [][]byte) {
+	b.t.Helper()
+	for k, m := range b.dstMem {
+		if !bytes.Equal(m.Bytes, before[k]) {
+			b.t.Fatalf("%s changed destination region %d", what, k)
+		}
 	}
 }

@@ -11,14 +11,12 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
@@ -127,27 +125,11 @@ func setMailbox(t *testing.T, conn net.Conn, token string, size uint64) *agentv1
 // the mailbox, moves nothing, and leaves the connection serving, on the socket as in the mailbox, and another
 // caller's transfers untouched.
 func TestMailboxIsCheckedAndCarriesRequests(t *testing.T) {
-	a := startAgent(t, baseOptions(t, newProcFixture(t)))
-	c := dial(t, a)
-	ctx := ctxT(t)
-	rng := rand.New(rand.NewPCG(7, 8))
 	const bs, blocks = 64, 1024
-	src, srcMem := hostLayout(t, c, rng, 2, blocks, bs)
-	dst, dstMem := hostLayout(t, c, rng, 2, blocks, bs)
-	refused := func(what string, r *agentv1.FastReply, says string) {
-		t.Helper()
-		if codes.Code(r.Code) != codes.InvalidArgument || !strings.Contains(r.Message, says) {
-			t.Fatalf("%s: %v %q, want InvalidArgument saying %q", what, codes.Code(r.Code), r.Message, says)
-		}
-	}
-	put := func(f *os.File) string {
-		t.Helper()
-		token, err := fdpass.Put(ctx, a.srv.FDSocketPath(), f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return token
-	}
+	b := newFastBlocksBed(t, 7, blocks, bs)
+	a, c, ctx, rng := b.a, b.c, b.ctx, b.rng
+	src, srcMem, dst, dstMem := b.src, b.srcMem, b.dst, b.dstMem
+	put, refused := b.put, b.refused
 
 	conn, r := bindFast(t, c.API(), a.srv.FastSocketPath())
 	if r.Code != 0 {
@@ -174,22 +156,8 @@ func TestMailboxIsCheckedAndCarriesRequests(t *testing.T) {
 			Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
 			IdBytes: 4, LocalIds: lb, RemoteIds: rb, Wait: true}}})
 	}
-	snapshot := func() [][]byte {
-		var out [][]byte
-		for _, m := range dstMem {
-			out = append(out, bytes.Clone(m.Bytes))
-		}
-		return out
-	}
-	before := snapshot()
-	unchanged := func(what string) {
-		t.Helper()
-		for k, m := range dstMem {
-			if !bytes.Equal(m.Bytes, before[k]) {
-				t.Fatalf("%s changed destination region %d", what, k)
-			}
-		}
-	}
+	before := b.snapshot()
+	unchanged := func(what string) { b.unchanged(what, before) }
 
 	// Hostile requests, each answered in the mailbox.
 	garbage := make([]byte, 300)
