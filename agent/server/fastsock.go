@@ -235,9 +235,35 @@ func (s *Server) serveMailbox(ctx context.Context, sess *session, fc *fastConn, 
 	}
 	trace.Log(ctx, "fast", "replied")
 	if wake {
-		_, err = conn.Write(fastwire.WakeFrame[:])
+		return wakeCaller(conn)
 	}
-	return err
+	return nil
+}
+
+// wakeCaller writes a wake-up without waiting for room: a socket too full to take four bytes already holds
+// wake-ups its caller has not read, which wake it as well, and a caller that never reads must not hold this
+// connection's goroutine in a write.
+func wakeCaller(conn *net.UnixConn) error {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var werr error
+	if err := rc.Write(func(fd uintptr) bool {
+		for {
+			_, werr = syscall.Write(int(fd), fastwire.WakeFrame[:])
+			if werr != syscall.EINTR {
+				break
+			}
+		}
+		if werr == syscall.EAGAIN {
+			werr = nil
+		}
+		return true
+	}); err != nil {
+		return err
+	}
+	return werr
 }
 
 // serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would. inMailbox says

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -277,6 +278,34 @@ func TestMailboxWakesAnAgentAsleepAndACallerAsleep(t *testing.T) {
 	_ = mb.conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	if n, err := mb.conn.Read(wake[:]); n != 0 || !isTimeout(err) {
 		t.Fatalf("a caller awake got %d bytes on the socket (%v)", n, err)
+	}
+
+	// A caller that says it sleeps and never reads its socket fills it with wake-ups (a few hundred fill a Unix
+	// socket's buffer); the agent does not wait for room and goes on answering in the mailbox.
+	mb.u32(196).Store(1)
+	for i := range 3000 {
+		if r := mb.call(frame); r.Code != 0 {
+			t.Fatalf("call %d of a caller that never reads its socket: %v", i, r)
+		}
+	}
+	mb.u32(196).Store(0)
+	got, buf := 0, make([]byte, 64<<10)
+	for {
+		_ = mb.conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		n, err := mb.conn.Read(buf)
+		if k := bytes.IndexFunc(buf[:n], func(r rune) bool { return r != utf8.RuneError }); k >= 0 {
+			t.Fatalf("something other than wake-ups (0xff bytes) on the socket: % x", buf[k:min(n, k+16)])
+		}
+		got += n
+		if isTimeout(err) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got == 0 || got%4 != 0 {
+		t.Fatalf("%d bytes of wake-ups waited on the socket, want whole ones", got)
 	}
 }
 
