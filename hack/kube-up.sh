@@ -6,6 +6,10 @@
 # kube-apiserver and, when built, kube-controller-manager (garbage collection of owned objects). There is no
 # scheduler and no kubelet: agents run as local processes instead of DaemonSet pods.
 # Writes STATE_DIR/kubeconfig; hack/kube-down.sh STATE_DIR stops it. Ports: API_PORT (16443), ETCD_PORT (23790).
+# Clients authenticate with static tokens (STATE_DIR/pki/tokens.csv; the first line is the kubeconfig's admin in
+# system:masters). EXTRA_TOKENS adds lines to it, one per line, in its format token,user,uid,"group1,group2":
+# hack/scale.sh gives its simulated agents the identity of the pool's agent ServiceAccount that way.
+# APISERVER_FLAGS are added to kube-apiserver's command line (e.g. "--max-requests-inflight=20").
 set -euo pipefail
 BIN=${BIN_DIR:-$PWD/bin}
 ST=${1:?usage: hack/kube-up.sh STATE_DIR}
@@ -28,7 +32,12 @@ if [ ! -f "$P/tokens.csv" ]; then
   openssl genrsa -out "$P/sa.key" 2048 2>/dev/null
   echo "$(openssl rand -hex 16),admin,admin,\"system:masters\"" >"$P/tokens.csv"
 fi
-TOKEN=$(cut -d, -f1 "$P/tokens.csv")
+if [ -n "${EXTRA_TOKENS:-}" ]; then
+  while IFS= read -r line; do
+    [ -z "$line" ] || grep -qxF -- "$line" "$P/tokens.csv" || echo "$line" >>"$P/tokens.csv"
+  done <<<"$EXTRA_TOKENS"
+fi
+TOKEN=$(head -1 "$P/tokens.csv" | cut -d, -f1)
 
 start() { # start NAME CMD...: run in the background, recording the PID and a log
   local name=$1
@@ -51,6 +60,7 @@ for i in $(seq 1 120); do
   fi
   sleep 0.25
 done
+# shellcheck disable=SC2086 # APISERVER_FLAGS is a list of flags
 start apiserver "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
   --bind-address=127.0.0.1 --secure-port="$API_PORT" \
   --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
@@ -58,7 +68,7 @@ start apiserver "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_POR
   --token-auth-file="$P/tokens.csv" --authorization-mode=RBAC \
   --service-account-issuer=https://kubernetes.default.svc \
   --service-account-key-file="$P/sa.key" --service-account-signing-key-file="$P/sa.key" \
-  --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true
+  --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true ${APISERVER_FLAGS:-}
 
 cat >"$ST/kubeconfig" <<KC
 apiVersion: v1

@@ -13,6 +13,10 @@
 # Extra flags for hack/scale run go in SCALE_FLAGS (e.g. "-window 60s -ramp 0"). SCALE_CPU_PROFILE=FILE saves the
 # operator's CPU profile over the first SCALE_PROFILE_SECONDS (default 60) of the measured run. Everything it started is
 # stopped on exit; the state directory is removed unless KEEP_STATE=1.
+# The simulated agents authenticate as the pool's agent ServiceAccount (a static token for its user name and
+# groups), so the API server applies the RBAC the operator grants them and API Priority and Fairness queues them
+# (flow schema service-accounts, priority level workload-low) as it does real agents' requests.
+# SCALE_AGENT_IDENTITY=admin has them use the admin token instead (system:masters, which APF exempts), for comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -79,10 +83,29 @@ step "building operator and the scale harness"
 go build -o "$ST/operator" ./cmd/operator
 go build -o "$ST/scale" ./hack/scale
 
+AGENT_IDENTITY=${SCALE_AGENT_IDENTITY:-serviceaccount}
+AGENT_FLAGS=()
+EXTRA_TOKENS=
+case $AGENT_IDENTITY in
+serviceaccount)
+  # The user and groups the API server gives a ServiceAccount's tokens; the agent namespace is the operator's
+  # default (it runs with no --agent-namespace here).
+  # shellcheck disable=SC2086 # SCALE_FLAGS may name another pool
+  agent_user=$("$ST/scale" agent-user ${SCALE_FLAGS:-})
+  agent_ns=${agent_user#system:serviceaccount:}
+  agent_ns=${agent_ns%%:*}
+  (umask 077 && openssl rand -hex 16 >"$ST/agent-token")
+  EXTRA_TOKENS="$(cat "$ST/agent-token"),$agent_user,$agent_user,\"system:serviceaccounts,system:serviceaccounts:$agent_ns,system:authenticated\""
+  AGENT_FLAGS=(-agent-token-file "$ST/agent-token")
+  ;;
+admin) ;;
+*) echo "scale: SCALE_AGENT_IDENTITY is serviceaccount or admin, not $AGENT_IDENTITY" >&2; exit 2 ;;
+esac
+
 step "starting kube-apiserver + etcd on 127.0.0.1:$API_PORT"
 # On a loaded machine etcd can start slower than kube-apiserver waits for it; a few more tries cover that.
 for try in 1 2 3; do
-  BIN_DIR=$BIN hack/kube-up.sh "$ST/kube" >/dev/null 2>"$ST/kube-up.err" && break
+  BIN_DIR=$BIN EXTRA_TOKENS=$EXTRA_TOKENS hack/kube-up.sh "$ST/kube" >/dev/null 2>"$ST/kube-up.err" && break
   echo "scale: control plane did not start (try $try of 3); etcd log tail:" >&2
   tail -3 "$ST/kube/etcd.log" >&2 || true
   BIN_DIR=$BIN hack/kube-down.sh "$ST/kube"
@@ -90,6 +113,9 @@ for try in 1 2 3; do
 done
 export KUBECONFIG=$ST/kube/kubeconfig
 kc apply -f config/crd/bases >/dev/null
+# The agents' ClusterRole, as the chart installs it; the operator binds it to each pool's agents. (Not the
+# agents' ValidatingAdmissionPolicy: it needs the node a pod-bound token names, which a static token lacks.)
+kc apply -f config/rbac/agent_role.yaml >/dev/null
 kc wait --for=condition=Established --timeout=60s crd/transferpools.fabricxfer.io crd/transfernodes.fabricxfer.io crd/vpodtopologies.fabricxfer.io >/dev/null
 
 step "creating $N Node objects"
@@ -113,10 +139,10 @@ if [ -n "${SCALE_CPU_PROFILE:-}" ]; then
   curl -sf --max-time $((${SCALE_PROFILE_SECONDS:-60} + 30)) -o "$SCALE_CPU_PROFILE" \
     "http://127.0.0.1:$((OPERATOR_PORT + 2))/debug/pprof/profile?seconds=${SCALE_PROFILE_SECONDS:-60}" &
 fi
-step "simulating $N agents and measuring"
+step "simulating $N agents ($AGENT_IDENTITY identity) and measuring"
 # shellcheck disable=SC2086 # SCALE_FLAGS is a list of flags
 if ! "$ST/scale" run -n "$N" -operator-pid "$OPERATOR_PID" -operator-metrics "http://127.0.0.1:$OPERATOR_PORT/metrics" \
-  -operator-log "$ST/operator.log" ${SCALE_FLAGS:-}; then
+  -operator-log "$ST/operator.log" "${AGENT_FLAGS[@]}" ${SCALE_FLAGS:-}; then
   echo "scale: operator log tail:" >&2
   tail -5 "$ST/operator.log" >&2
   exit 1

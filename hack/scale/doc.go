@@ -9,6 +9,13 @@
 //
 //	scale nodes -n N                 creates N Node objects labelled for the pool
 //	scale run -n N -operator-pid PID applies the pool, runs N simulated agents and prints the measurements
+//	scale agent-user                 prints the user name of the pool's agent ServiceAccount
+//
+// With -agent-token-file the agents authenticate as the pool's agent ServiceAccount (hack/scale.sh gives the API
+// server a static token for its user name and groups), so they have only the rights the operator binds to it
+// and API Priority and Fairness queues them as it queues real agents; they start once the operator's DaemonSet
+// exists and the API server grants them every request of a round. The harness's own setup and observer use the
+// kubeconfig's admin. It prints what APF dispatched, rejected and queued from pool creation to convergence.
 //
 // The agents are goroutines in one process that share one API client (one client per agent would measure
 // this program, not the operator) but each keeps its own heartbeat period and writes its TransferNode and

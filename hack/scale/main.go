@@ -41,6 +41,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
 	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/controllers"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
 
@@ -70,11 +71,13 @@ type options struct {
 	operatorPID     int
 	operatorMetrics string
 	operatorLog     string
+	agentNamespace  string
+	agentTokenFile  string
 }
 
 func run(ctx context.Context, args []string) error {
-	if len(args) == 0 || (args[0] != "nodes" && args[0] != "run") {
-		return errors.New("usage: scale nodes|run [flags] (see hack/scale.sh)")
+	if len(args) == 0 || (args[0] != "nodes" && args[0] != "run" && args[0] != "agent-user") {
+		return errors.New("usage: scale nodes|run|agent-user [flags] (see hack/scale.sh)")
 	}
 	fs := flag.NewFlagSet("scale "+args[0], flag.ContinueOnError)
 	var o options
@@ -89,8 +92,16 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&o.operatorPID, "operator-pid", 0, "PID of the operator process, for its peak RSS")
 	fs.StringVar(&o.operatorMetrics, "operator-metrics", "", "URL of the operator's metrics endpoint")
 	fs.StringVar(&o.operatorLog, "operator-log", "", "the operator's log file, to count its error lines")
+	fs.StringVar(&o.agentNamespace, "agent-namespace", controllers.DefaultAgentNamespace, "the operator's --agent-namespace, where the pool's agent ServiceAccount lives")
+	fs.StringVar(&o.agentTokenFile, "agent-token-file", "", "bearer token the simulated agents authenticate with, as the pool's agent ServiceAccount "+
+		"(hack/scale.sh adds it to the API server's static tokens); empty: the kubeconfig's identity (admin, which API Priority and Fairness exempts)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
+	}
+	if args[0] == "agent-user" {
+		// The user name the API server gives the pool's agents: hack/scale.sh makes a token for it.
+		fmt.Println(agentUser(o))
+		return nil
 	}
 	if o.nodes < 1 || o.heartbeat <= 0 || o.window <= 0 || o.qps <= 0 || o.ramp < 0 {
 		return fmt.Errorf("need -n >= 1 and positive -heartbeat, -window, -qps (got %d, %s, %s, %g)", o.nodes, o.heartbeat, o.window, o.qps)
@@ -102,8 +113,27 @@ func run(ctx context.Context, args []string) error {
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(v1alpha1.AddToScheme(scheme))
+	// The harness's own setup and observer act as the kubeconfig's admin; the simulated agents as the pool's
+	// agent ServiceAccount when given its token, so RBAC and API Priority and Fairness treat them as the API
+	// server treats real agents (admin is in system:masters, which APF exempts from queueing).
+	admin, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating the admin client: %w", err)
+	}
+	if args[0] == "nodes" {
+		return createNodes(ctx, admin, o.nodes)
+	}
+	agentAuth := rest.CopyConfig(cfg)
+	if o.agentTokenFile != "" {
+		raw, err := os.ReadFile(o.agentTokenFile)
+		if err != nil {
+			return fmt.Errorf("reading the agents' token: %w", err)
+		}
+		agentAuth = rest.AnonymousClientConfig(cfg)
+		agentAuth.BearerToken = strings.TrimSpace(string(raw))
+	}
 	var agentRequests requestCount
-	agentCfg := rest.CopyConfig(cfg)
+	agentCfg := rest.CopyConfig(agentAuth)
 	agentCfg.QPS, agentCfg.Burst = float32(o.qps), int(2*o.qps)
 	agentCfg.UserAgent = "fabricxfer-agent-sim"
 	agentCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt, &agentRequests} })
@@ -111,10 +141,7 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("creating the agents' client: %w", err)
 	}
-	if args[0] == "nodes" {
-		return createNodes(ctx, agents, o.nodes)
-	}
-	return measure(ctx, o, cfg, scheme, agents, &agentRequests)
+	return measure(ctx, o, cfg, scheme, admin, agentAuth, agents, &agentRequests)
 }
 
 type countingTransport struct {
@@ -234,7 +261,8 @@ func (s *agentSim) firstReportAt() time.Time {
 	return time.Time{}
 }
 
-func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.Scheme, agents client.Client, agentRequests *requestCount) error {
+func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.Scheme, admin client.Client, agentAuth *rest.Config,
+	agents client.Client, agentRequests *requestCount) error {
 	// The harness watches through its own cache so that polling for convergence costs the API server nothing.
 	obsCfg := rest.CopyConfig(cfg)
 	obsCfg.QPS, obsCfg.Burst = 50, 100
@@ -294,6 +322,10 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 	if err != nil {
 		return err
 	}
+	apf0, err := scrapeAPF(ctx, cs)
+	if err != nil {
+		return err
+	}
 	cpu := func() float64 {
 		if o.operatorPID <= 0 {
 			return math.NaN()
@@ -317,10 +349,16 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		return q, true
 	}
 	queuesCreated, okCreated := queues()
-	if err := agents.Create(ctx, pool); err != nil {
+	if err := admin.Create(ctx, pool); err != nil {
 		return fmt.Errorf("creating TransferPool %s/%s: %w", o.poolNamespace, o.poolName, err)
 	}
 	poolApplied := time.Now()
+	who, err := waitAgentsAllowed(ctx, o, admin, agentAuth)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("simulated agents act as %s; their DaemonSet and rights in place %.2f s after the pool was created\n",
+		who, time.Since(poolApplied).Seconds())
 
 	failedBy := &failureCount{}
 	sims := make([]*agentSim, o.nodes)
@@ -408,6 +446,13 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		return err
 	}
 	printOperatorWrites(latency0, latency1)
+	apf1, err := scrapeAPF(ctx, cs)
+	if err != nil {
+		return err
+	}
+	for _, l := range apfReport(apf0, apf1) {
+		fmt.Printf("API Priority and Fairness, pool created to converged: %s\n", l)
+	}
 	cpu1, at1 := cpu(), time.Now()
 	fmt.Printf("operator CPU from pool creation to convergence: %.2f s in %.1f s\n", cpu1-cpu0, at1.Sub(poolApplied).Seconds())
 

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestAPFReportCountsRejectionsAndWaits(t *testing.T) {
+	before, err := parseAPF([]byte(`
+apiserver_flowcontrol_dispatched_requests_total{flow_schema="service-accounts",priority_level="workload-low"} 10
+apiserver_flowcontrol_request_wait_duration_seconds_bucket{execute="true",flow_schema="service-accounts",priority_level="workload-low",le="0.1"} 10
+apiserver_flowcontrol_request_wait_duration_seconds_bucket{execute="true",flow_schema="service-accounts",priority_level="workload-low",le="1"} 10
+apiserver_flowcontrol_request_wait_duration_seconds_bucket{execute="true",flow_schema="service-accounts",priority_level="workload-low",le="+Inf"} 10
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := parseAPF([]byte(`
+apiserver_flowcontrol_dispatched_requests_total{flow_schema="exempt",priority_level="exempt"} 5
+apiserver_flowcontrol_dispatched_requests_total{flow_schema="service-accounts",priority_level="workload-low"} 110
+apiserver_flowcontrol_rejected_requests_total{flow_schema="service-accounts",priority_level="workload-low",reason="queue-full"} 7
+apiserver_flowcontrol_request_wait_duration_seconds_bucket{execute="true",flow_schema="service-accounts",priority_level="workload-low",le="0.1"} 60
+apiserver_flowcontrol_request_wait_duration_seconds_bucket{execute="true",flow_schema="service-accounts",priority_level="workload-low",le="1"} 110
+apiserver_flowcontrol_request_wait_duration_seconds_bucket{execute="true",flow_schema="service-accounts",priority_level="workload-low",le="+Inf"} 110
+apiserver_flowcontrol_request_wait_duration_seconds_bucket{execute="false",flow_schema="service-accounts",priority_level="workload-low",le="+Inf"} 7
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(apfReport(before, after), "\n")
+	for _, want := range []string{
+		"dispatched (priority level): exempt=5 workload-low=100",
+		"rejected (priority level/flow schema/reason): workload-low/service-accounts/queue-full=7",
+		// 50 of the 100 executed waited under 0.1 s: the median is the first bucket's upper bound.
+		"queue wait of executed requests: workload-low n=100 p50 100 ms",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+}
