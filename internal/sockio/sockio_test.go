@@ -9,6 +9,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -179,5 +180,99 @@ func TestSpinBudgetBoundsSpinningReaders(t *testing.T) {
 	}
 	if n := budget.Spinning(); n != 0 {
 		t.Fatalf("%d spins left taken after the reads", n)
+	}
+}
+
+// testBell is a doorbell whose ringing and the reader's polling word the test sees.
+type testBell struct {
+	rung    atomic.Bool
+	polling atomic.Int32 // 1 polling, 0 waiting on the socket, -1 never told
+}
+
+func (b *testBell) Rung() bool { return b.rung.Load() }
+func (b *testBell) Polling(on bool) {
+	if on {
+		b.polling.Store(1)
+	} else {
+		b.polling.Store(0)
+	}
+}
+
+// TestSpinReaderAnswersItsDoorbell: a spinning reader returns ErrRung for a doorbell that rings while it polls,
+// says it stops polling before it waits on the socket (where a ring alone no longer reaches it), and reads the
+// socket as before; a frame reader keeps a frame it had half read across ErrRung.
+func TestSpinReaderAnswersItsDoorbell(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan *net.UnixConn, 1)
+	go func() {
+		c, err := ln.AcceptUnix()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	peer := <-accepted
+	defer peer.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+
+	bell := &testBell{}
+	bell.polling.Store(-1)
+	fr := FrameReader{R: SpinReader{Conn: c, Spin: time.Second, Doorbell: bell}, Max: 64}
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		bell.rung.Store(true)
+	}()
+	if _, err := fr.Next(); err != ErrRung {
+		t.Fatalf("a ring while spinning: %v, want ErrRung", err)
+	}
+	if bell.polling.Load() != 1 {
+		t.Fatal("a spinning reader did not say it polls")
+	}
+	bell.rung.Store(false)
+
+	// Half a frame, a ring, then the rest: the frame survives the ring.
+	if _, err := peer.Write([]byte{0, 0, 0, 5, 'h', 'e'}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		bell.rung.Store(true)
+	}()
+	if _, err := fr.Next(); err != ErrRung {
+		t.Fatalf("a ring after half a frame: %v, want ErrRung", err)
+	}
+	bell.rung.Store(false)
+	if _, err := peer.Write([]byte("llo")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := fr.Next(); err != nil || string(got) != "hello" {
+		t.Fatalf("the frame around a ring: %q, %v", got, err)
+	}
+
+	// A reader that may not spin waits on the socket at once and says so first.
+	quiet := FrameReader{R: SpinReader{Conn: c, Doorbell: bell}, Max: 64}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_ = WriteFrame(peer, []byte("late"))
+	}()
+	if got, err := quiet.Next(); err != nil || string(got) != "late" {
+		t.Fatalf("a reader that does not spin: %q, %v", got, err)
+	}
+	bell.polling.Store(-1)
+	_ = c.SetDeadline(time.Now().Add(30 * time.Millisecond))
+	if _, err := quiet.Next(); err == nil {
+		t.Fatal("read past the deadline succeeded")
+	}
+	if bell.polling.Load() != 0 {
+		t.Fatal("a reader waiting on its socket did not say it stopped polling")
 	}
 }
