@@ -32,27 +32,11 @@ func TestFramesRoundTripAndAreBounded(t *testing.T) {
 }
 
 func TestSpinReaderReadsAndHonoursDeadlines(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	c, peer := unixPair(t)
 	go func() {
-		c, err := ln.AcceptUnix()
-		if err != nil {
-			return
-		}
-		defer c.Close()
 		time.Sleep(20 * time.Millisecond) // longer than the spin: the reader must park, then wake
-		_ = WriteFrame(c, []byte("late"))
-		time.Sleep(time.Second)
+		_ = WriteFrame(peer, []byte("late"))
 	}()
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	r := SpinReader{Conn: c, Spin: 100 * time.Microsecond}
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	got, err := ReadFrame(r, 64)
@@ -202,26 +186,7 @@ func (b *testBell) Polling(on bool) {
 // says it stops polling before it waits on the socket (where a ring alone no longer reaches it), and reads the
 // socket as before; a frame reader keeps a frame it had half read across ErrRung.
 func TestSpinReaderAnswersItsDoorbell(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan *net.UnixConn, 1)
-	go func() {
-		c, err := ln.AcceptUnix()
-		if err == nil {
-			accepted <- c
-		}
-	}()
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	peer := <-accepted
-	defer peer.Close()
+	c, peer := unixPair(t)
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 
 	bell := &testBell{}
@@ -275,4 +240,33 @@ func TestSpinReaderAnswersItsDoorbell(t *testing.T) {
 	if bell.polling.Load() != 0 {
 		t.Fatal("a reader waiting on its socket did not say it stopped polling")
 	}
+}
+
+// unixPair is a connected pair of Unix stream sockets, closed when the test ends.
+func unixPair(t *testing.T) (c, peer *net.UnixConn) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan *net.UnixConn, 1)
+	go func() {
+		p, err := ln.AcceptUnix()
+		if err != nil {
+			p = nil
+		}
+		accepted <- p
+	}()
+	c, err = net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if peer = <-accepted; peer == nil {
+		t.Fatal("accepting the test connection failed")
+	}
+	t.Cleanup(func() { peer.Close() })
+	return c, peer
 }
