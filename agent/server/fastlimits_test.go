@@ -4,10 +4,13 @@
 package server_test
 
 import (
+	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,5 +126,52 @@ func TestInFlightBytesPerCaller(t *testing.T) {
 		if _, err := c.Write(ctxT(t), rs, 0, client.ToRegion(rd), 0, 1<<20); err != nil {
 			t.Fatalf("write %d of 1 MiB: %v", i, err)
 		}
+	}
+}
+
+// TestFastSocketDropsACallerThatStopsReading: a caller that sends requests and never reads the replies fills its
+// socket; the agent waits for room at most Options.FastReplyTimeout, then ends that fast connection, and the
+// caller's session and its other fast connections go on.
+func TestFastSocketDropsACallerThatStopsReading(t *testing.T) {
+	opts := baseOptions(t, newProcFixture(t))
+	opts.FastReplyTimeout = 300 * time.Millisecond
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	conn, r := bindFast(t, c.API(), a.srv.FastSocketPath())
+	if r.Code != 0 {
+		t.Fatalf("binding: %v", r)
+	}
+	payload := waitFrame(t, time.Millisecond, 1<<40) // an unknown id: a NotFound reply, at once
+	frame := binary.BigEndian.AppendUint32(nil, uint32(len(payload)))
+	frame = append(frame, payload...)
+	burst := bytes.Repeat(frame, 256)
+	sent := 0
+	for sent < 1<<20 {
+		_ = conn.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		n, err := conn.Write(burst)
+		sent += n / len(frame)
+		if err != nil {
+			break // the agent stopped reading: it waits to write a reply nobody reads
+		}
+	}
+	if sent >= 1<<20 {
+		t.Fatal("a million requests went in without the agent ever waiting on its replies")
+	}
+	// Past the reply timeout the connection has ended: what the caller reads now is the replies that fit, then
+	// the end (EOF, or a reset since the agent closed with requests unread).
+	time.Sleep(time.Second)
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, conn); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the agent kept the connection of a caller that stopped reading for a second: %v", err)
+	}
+	other, r := bindFast(t, c.API(), a.srv.FastSocketPath())
+	if r.Code != 0 {
+		t.Fatalf("another fast connection of the same caller: %v", r)
+	}
+	if r := rawFrame(t, other, payload); codes.Code(r.Code) != codes.NotFound {
+		t.Fatalf("a wait on the caller's other fast connection: %v, want NotFound", r)
+	}
+	if _, err := c.API().GetInfo(ctxT(t), &agentv1.GetInfoRequest{}); err != nil {
+		t.Fatalf("the caller's session after it lost a fast connection: %v", err)
 	}
 }

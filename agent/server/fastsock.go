@@ -176,13 +176,25 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		}
 		out, err := fc.reply(s.serveFastFrame(callCtx, sess, &fc, frame, false))
 		if err == nil {
-			_, err = conn.Write(out)
+			err = s.writeFastReply(conn, out)
 		}
 		trace.Log(callCtx, "fast", "replied")
 		if err != nil {
 			return
 		}
 	}
+}
+
+// writeFastReply writes a reply frame within Options.FastReplyTimeout. The deadline is cleared afterwards: the
+// wake-ups of mailbox calls are written without waiting, and a deadline left in the past would refuse them.
+func (s *Server) writeFastReply(conn *net.UnixConn, out []byte) error {
+	_ = conn.SetWriteDeadline(time.Now().Add(s.opts.FastReplyTimeout))
+	_, err := conn.Write(out)
+	_ = conn.SetWriteDeadline(time.Time{})
+	if err != nil {
+		return fmt.Errorf("writing a fast reply: %w", err)
+	}
+	return nil
 }
 
 // fastConn is what a fast connection keeps between frames: the caller's id arena and mailbox, and the buffer

@@ -122,6 +122,9 @@ type Options struct {
 	// FastSpinners bounds the fast connections polling at once, and so the cores the agent keeps busy for
 	// latency (default DefaultFastSpinners); the others sleep until their next request.
 	FastSpinners int
+	// FastReplyTimeout bounds how long a reply on the fast socket may wait for its caller to read (default
+	// 10 s): a caller that stops reading its replies loses that fast connection, not a goroutine of the agent.
+	FastReplyTimeout time.Duration
 	// FinishedRetention is how long settled transfers stay visible to Wait (default 2 min).
 	FinishedRetention time.Duration
 	Logger            *slog.Logger
@@ -189,6 +192,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.FastSpinners <= 0 {
 		opts.FastSpinners = DefaultFastSpinners()
+	}
+	if opts.FastReplyTimeout <= 0 {
+		opts.FastReplyTimeout = 10 * time.Second
 	}
 	if opts.FinishedRetention <= 0 {
 		opts.FinishedRetention = 2 * time.Minute
