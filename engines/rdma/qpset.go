@@ -255,6 +255,12 @@ func (e *Engine) dial(ctx context.Context, s *qpSet) {
 		for _, c := range conns {
 			go c.close()
 		}
+		if s.byAccept {
+			// The peer's dial is being accepted into this very set (our dial lost the race, as the peer said):
+			// that AcceptQPs finishes it. Finishing it here would make the accept refuse the peer, and each
+			// side would then wait for the other's connection until ConnectTimeout.
+			return
+		}
 		if e.sets[s.key] == s {
 			delete(e.sets, s.key)
 		}
