@@ -90,20 +90,25 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return r.reconcileAll(ctx)
 	}
 	key := req.Name
-	tns := &fxv1.TransferNodeList{}
-	// Reports and Leases are only read here, so the cache's own objects are used without copies.
-	if err := r.List(ctx, tns, client.MatchingFields{indexTransferNodeDomains: key}, client.UnsafeDisableDeepCopy); err != nil {
-		return ctrl.Result{}, fmt.Errorf("listing transfer nodes of domain %s: %w", key, err)
+	// reports reads the domain's TransferNodes and their members' heartbeats. Reports and Leases are only read
+	// here, so the cache's own objects are used without copies.
+	reports := func() ([]fxv1.TransferNode, heartbeat.Beats, error) {
+		tns := &fxv1.TransferNodeList{}
+		if err := r.List(ctx, tns, client.MatchingFields{indexTransferNodeDomains: key}, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, nil, fmt.Errorf("listing transfer nodes of domain %s: %w", key, err)
+		}
+		beats, err := r.memberHeartbeats(ctx, tns.Items)
+		return tns.Items, beats, err
+	}
+	tns, beats, err := reports()
+	if err != nil {
+		return ctrl.Result{}, err
 	}
 	vps := &fxv1.VPodTopologyList{}
 	if err := r.List(ctx, vps, client.MatchingFields{indexVPodDomain: key}); err != nil {
 		return ctrl.Result{}, fmt.Errorf("listing vpod topologies of domain %s: %w", key, err)
 	}
 	timeouts, err := r.heartbeatTimeouts(ctx)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	beats, err := r.memberHeartbeats(ctx, tns.Items)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -117,20 +122,16 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if uncached {
 		exp.add(trustUncached)
 	}
-	obs := AggregateDomains(tns.Items, freshness(now, timeouts, beats, &exp))[key]
+	obs := AggregateDomains(tns, freshness(now, timeouts, beats, &exp))[key]
 	// observe reads the domain's reports again, for the first status of a domain just created.
 	observe := func() (*DomainObservation, error) {
-		tns := &fxv1.TransferNodeList{}
-		if err := r.List(ctx, tns, client.MatchingFields{indexTransferNodeDomains: key}, client.UnsafeDisableDeepCopy); err != nil {
-			return nil, fmt.Errorf("listing transfer nodes of domain %s: %w", key, err)
-		}
-		beats, err := r.memberHeartbeats(ctx, tns.Items)
+		tns, beats, err := reports()
 		if err != nil {
 			return nil, err
 		}
-		return AggregateDomains(tns.Items, freshness(now, timeouts, beats, &exp))[key], nil
+		return AggregateDomains(tns, freshness(now, timeouts, beats, &exp))[key], nil
 	}
-	if _, err := r.syncDomain(ctx, key, obs, observe, items, reportsByNode(tns.Items), now); err != nil {
+	if _, err := r.syncDomain(ctx, key, obs, observe, items, reportsByNode(tns), now); err != nil {
 		return ctrl.Result{}, err
 	}
 	// Heartbeats expire without events (renewals that change nothing are filtered out): look again when the

@@ -312,19 +312,13 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 }
 
 // setMailbox maps the memfd the caller passed as the connection's mailbox, read-write, replacing the one it had.
-// Like the id arena it must be sealed against shrinking.
 func (s *Server) setMailbox(sess *session, mb *fastwire.Mailbox, req *agentv1.Mailbox) error {
 	if req.Size < fastwire.MinMailbox || req.Size > fastwire.MaxMailbox {
 		return status.Errorf(codes.InvalidArgument, "a mailbox of %d bytes: between %d and %d", req.Size, fastwire.MinMailbox, fastwire.MaxMailbox)
 	}
-	f, err := s.tokens.Take(sess.Caller.Key, req.FdToken, false)
+	_, mapping, err := s.mapPassedFile(sess, "mailbox", req.FdToken, req.Size, syscall.PROT_READ|syscall.PROT_WRITE)
 	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "mailbox: %v", err)
-	}
-	defer f.Close() // the mapping keeps the memory
-	_, mapping, err := regiontable.MapShared(f, 0, req.Size, syscall.PROT_READ|syscall.PROT_WRITE)
-	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "mailbox: %v", err)
+		return err
 	}
 	if err := mb.Attach(mapping); err != nil {
 		_ = syscall.Munmap(mapping)
@@ -334,22 +328,33 @@ func (s *Server) setMailbox(sess *session, mb *fastwire.Mailbox, req *agentv1.Ma
 }
 
 // setIDArena maps the memfd the caller passed as the connection's id arena, read-only, replacing the one it
-// had. The memfd must be sealed against shrinking, so the caller cannot make the agent's reads fault.
+// had.
 func (s *Server) setIDArena(sess *session, arena *fastwire.IDArena, req *agentv1.IdArena) error {
 	if req.Size == 0 || req.Size > fastwire.MaxIDArena {
 		return status.Errorf(codes.InvalidArgument, "an id arena of %d bytes: between 1 byte and %d", req.Size, fastwire.MaxIDArena)
 	}
-	f, err := s.tokens.Take(sess.Caller.Key, req.FdToken, false)
+	view, mapping, err := s.mapPassedFile(sess, "id arena", req.FdToken, req.Size, syscall.PROT_READ)
 	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "id arena: %v", err)
-	}
-	defer f.Close() // the mapping keeps the memory
-	view, mapping, err := regiontable.MapShared(f, 0, req.Size, syscall.PROT_READ)
-	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "id arena: %v", err)
+		return err
 	}
 	arena.Replace(mapping, view)
 	return nil
+}
+
+// mapPassedFile maps the first size bytes of the memfd its caller passed under token, for the life of a fast
+// connection. The memfd must be sealed against shrinking, so the caller cannot make the agent's accesses fault;
+// what names the mapping in the InvalidArgument a refusal is.
+func (s *Server) mapPassedFile(sess *session, what, token string, size uint64, prot int) (view, mapping []byte, err error) {
+	f, err := s.tokens.Take(sess.Caller.Key, token, false)
+	if err != nil {
+		return nil, nil, status.Errorf(codes.InvalidArgument, "%s: %v", what, err)
+	}
+	defer f.Close() // the mapping keeps the memory
+	view, mapping, err = regiontable.MapShared(f, 0, size, prot)
+	if err != nil {
+		return nil, nil, status.Errorf(codes.InvalidArgument, "%s: %v", what, err)
+	}
+	return view, mapping, nil
 }
 
 // fastRoomLocked says why the caller may not bind another fast connection ("" when it may).

@@ -567,38 +567,36 @@ class Client:
             import numpy as np
         except ImportError:
             return None
-        fd, buf = shared_memory("fabricxfer-ids", ID_ARENA_BYTES)
-        try:
-            token = put_fd(self.fd_socket, fd, self.timeout)
-            reply = self._setup_frame(conn, pb.FastRequest(
-                id_arena=pb.IdArena(fd_token=token, size=ID_ARENA_BYTES)).SerializeToString())
-        except (OSError, FdSocketError, ConnectionError):
-            buf.close()
-            return None
-        finally:
-            os.close(fd)
-        if reply.code:
-            buf.close()
-            return None
-        return _blocks.IdArena(buf, np)
+        buf = self._pass_memory(conn, "fabricxfer-ids", ID_ARENA_BYTES,
+                                lambda token: pb.FastRequest(id_arena=pb.IdArena(fd_token=token, size=ID_ARENA_BYTES)))
+        return None if buf is None else _blocks.IdArena(buf, np)
 
     def _open_mailbox(self, conn):
         """Gives the fast connection a mailbox where the agent takes one (an older agent answers with an error, and
         every frame then travels on the socket)."""
-        fd, buf = shared_memory("fabricxfer-mailbox", _fastconn.MAILBOX_BYTES)
+        size = _fastconn.MAILBOX_BYTES
+        buf = self._pass_memory(conn, "fabricxfer-mailbox", size,
+                                lambda token: pb.FastRequest(mailbox=pb.Mailbox(fd_token=token, size=size)))
+        if buf is not None:
+            conn.attach_mailbox(buf)
+
+    def _pass_memory(self, conn, name: str, size: int, request):
+        """Creates size bytes of shared memory, passes them to the agent through the fd socket and sets them up
+        with request(token) on the new fast connection; returns the mapping, or None where the agent refused or
+        the passing failed (the connection then works without it)."""
+        fd, buf = shared_memory(name, size)
         try:
             token = put_fd(self.fd_socket, fd, self.timeout)
-            reply = self._setup_frame(conn, pb.FastRequest(
-                mailbox=pb.Mailbox(fd_token=token, size=_fastconn.MAILBOX_BYTES)).SerializeToString())
+            reply = self._setup_frame(conn, request(token).SerializeToString())
         except (OSError, FdSocketError, ConnectionError):
             buf.close()
-            return
+            return None
         finally:
             os.close(fd)
         if reply.code:
             buf.close()
-            return
-        conn.attach_mailbox(buf)
+            return None
+        return buf
 
     def close(self):
         if self._fast is not None:
