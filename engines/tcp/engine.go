@@ -36,7 +36,7 @@ type Options struct {
 	// CheckPeer, with TLS, is asked whether the certificate a peer presented belongs to the node it names in
 	// its hello (accepted connections) or answers as (dialed ones); an error refuses the connection.
 	CheckPeer func(state tls.ConnectionState, node string) error
-	// ConnsPerPeer is the number of connections to each peer (default 4).
+	// ConnsPerPeer is the number of connections to each peer (default defaultConnsPerPeer).
 	ConnsPerPeer int
 	// ChunkBytes is the striping unit: segments are cut into chunks of at most this size, spread over the
 	// connections (default 4 MiB, at most 64 MiB).
@@ -123,7 +123,7 @@ func New(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("tcp engine: %w: node name required", engines.ErrInvalid)
 	}
 	if opts.ConnsPerPeer <= 0 {
-		opts.ConnsPerPeer = 4
+		opts.ConnsPerPeer = defaultConnsPerPeer
 	}
 	if opts.ChunkBytes <= 0 {
 		opts.ChunkBytes = 4 << 20

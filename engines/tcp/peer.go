@@ -43,13 +43,16 @@ type peer struct {
 // and by the receiver while reading a reply into it; done runs once the outcome is known and nobody touches
 // the buffer any more.
 type request struct {
-	op   byte
-	mem  engines.MemoryID
-	off  uint64
-	buf  []byte
-	vec  []vecPart // vectored requests (opWriteV, opReadV) instead of off and buf
-	done func(error)
-	c    *conn // set by send
+	op  byte
+	mem engines.MemoryID
+	off uint64
+	buf []byte
+	vec []vecPart // vectored requests (opWriteV, opReadV) instead of off and buf
+	// packed, for an opWriteV whose parts lie back to back in part order (a staging slot): their bytes, written
+	// as one buffer instead of one per part.
+	packed []byte
+	done   func(error)
+	c      *conn // set by send
 
 	// guarded by conn.mu
 	id        uint64
@@ -248,6 +251,10 @@ func (c *conn) send(ctx context.Context, r *request) error {
 	switch r.op {
 	case opWriteV:
 		bufs = append(bufs, appendVec(hdr, r.vec))
+		if r.packed != nil {
+			bufs = append(bufs, r.packed)
+			break
+		}
 		for _, p := range r.vec {
 			bufs = append(bufs, p.buf)
 		}

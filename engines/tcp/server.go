@@ -23,6 +23,10 @@ const handshakeTimeout = 10 * time.Second
 // client's Liveness should be several times longer.
 const keepaliveEvery = 100 * time.Millisecond
 
+// completerQueue bounds the staged requests a connection has received and not yet answered; the serving loop
+// waits beyond it. Each holds a staging slot, so the serving pool (StagingBytes) bounds them first.
+const completerQueue = 64
+
 // serve accepts peers until the listener closes.
 func (e *Engine) serve(ln net.Listener) {
 	defer e.wg.Done()
@@ -100,15 +104,18 @@ func (e *Engine) serveConn(raw net.Conn) error {
 		nc.SetWriteDeadline(time.Now().Add(e.opts.PeerTimeout))
 		return writeBuffers(nc, bufs, &e.scratch)
 	}
-	var completing sync.WaitGroup
-	defer func() {
-		raw.Close() // a completion blocked on a peer that stopped reading fails now
-		completing.Wait()
-	}()
-	complete := func(finish stagedAnswer) {
-		completing.Add(1)
-		go func() {
-			defer completing.Done()
+	// Staged requests are answered in order by one completer, which waits for each chunk's GPU copy while the
+	// loop receives the next request; it polls for the next chunk briefly before parking (handoffSpin), since
+	// a goroutine per chunk would wait to be scheduled as long as the chunk spent on the wire.
+	finishes := make(chan stagedAnswer, completerQueue)
+	completed := make(chan struct{})
+	go func() {
+		defer close(completed)
+		for {
+			finish, ok := recvSpinning(finishes, handoffSpin)
+			if !ok {
+				return
+			}
 			resp, data, sent := finish()
 			err := writeFrame(net.Buffers{appendRespHeader(nil, resp), data})
 			if sent != nil {
@@ -117,8 +124,14 @@ func (e *Engine) serveConn(raw net.Conn) error {
 			if err != nil {
 				raw.Close() // the stream is broken: the serving loop fails on its next read
 			}
-		}()
-	}
+		}
+	}()
+	defer func() {
+		raw.Close() // a completion blocked on a peer that stopped reading fails now
+		close(finishes)
+		<-completed
+	}()
+	complete := func(finish stagedAnswer) { finishes <- finish }
 	for {
 		h, err := readReqHeader(br, hdr)
 		if err != nil {

@@ -53,7 +53,22 @@ const (
 	// stageDrain bounds how long a queued GPU copy is waited for after its transfer stopped: a launched copy
 	// cannot be recalled, and its slot must not be reused (nor its transfer end) while it may still run.
 	stageDrain = 30 * time.Second
+	// stageChunkMin and stageChunkAlign bound how finely a staged plan is cut (stagedChunkBytes).
+	stageChunkMin   = 512 << 10
+	stageChunkAlign = 64 << 10
+	// defaultConnsPerPeer is Options.ConnsPerPeer's default.
+	defaultConnsPerPeer = 4
 )
+
+// stagedChunkBytes is the chunk size of a staged plan of total bytes over conns connections: at most a slot,
+// and small enough for about two chunks per connection, so all of them start at once and one chunk's GPU copy
+// overlaps the others' time on the wire; at least stageChunkMin, so a chunk's fixed costs (a GPU submission on
+// each side, a request and its answer) stay small beside its time on the wire.
+func stagedChunkBytes(total uint64, conns int) int {
+	per := total / uint64(2*max(conns, 1))
+	per = (per + stageChunkAlign - 1) &^ (stageChunkAlign - 1)
+	return int(min(max(per, stageChunkMin), stageSlot))
+}
 
 // stagedEntry is a local GPU region's staging state: the stager's handle, or why it has none.
 type stagedEntry struct {
@@ -281,9 +296,9 @@ func stageSegs(ch chunk, toHost bool) []engines.Segment {
 func slotRequest(op byte, mem engines.MemoryID, ch chunk, slot []byte) *request {
 	r := &request{op: op, mem: mem, off: ch.remoteOff, buf: slot[:ch.n]}
 	if ch.parts != nil {
-		r.op, r.off, r.buf = opWriteV, 0, nil
+		r.op, r.off, r.buf, r.packed = opWriteV, 0, nil, slot[:ch.n]
 		if op == opRead {
-			r.op = opReadV
+			r.op, r.packed = opReadV, nil
 		}
 		r.vec = make([]vecPart, len(ch.parts))
 		var off uint64
@@ -308,13 +323,14 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 	if sr == nil {
 		return fmt.Errorf("%w: %s is GPU memory this node does not stage: %s", engines.ErrInvalid, local.ID, why)
 	}
-	chunks := e.chunks(w.Plan, op == opRead, stageSlot)
+	chunks := e.chunks(w.Plan, op == opRead, stagedChunkBytes(w.Plan.Bytes, len(p.conns)))
 	pool := e.pool(false, remote.Node)
 
 	var run planRun
 	record, result, track := run.record, run.err, run.track
 	stopped := func() bool { return run.failed() || ctx.Err() != nil }
-	var outstanding sync.WaitGroup
+	outstanding := newCountdown()
+	outstanding.Add(1) // this function's, until every goroutine is started
 	finished := make(chan struct{})
 	// putBack returns a slot unless a copy that did not drain may still touch it.
 	putBack := func(slot []byte, drained bool) {
@@ -369,7 +385,11 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 		lane := func(k int) {
 			defer outstanding.Done()
 			c := connOf(k)
-			for g := range ready {
+			for {
+				g, ok := recvSpinning(ready, handoffSpin)
+				if !ok {
+					return
+				}
 				if stopped() {
 					pool.put(g.slot) // drained: the producer stops at its next chunk
 					continue
@@ -472,11 +492,8 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 		go lane(0)
 	}
 
-	allDone := make(chan struct{})
-	go func() {
-		outstanding.Wait()
-		close(allDone)
-	}()
+	outstanding.Done()
+	allDone := outstanding.zero
 	select {
 	case <-allDone:
 	case <-ctx.Done():

@@ -258,10 +258,10 @@ func TestStagedPairs(t *testing.T) {
 					if kinds[1] == "gpu" {
 						sides++
 					}
-					// One copy per request: chunks of at most 4 MiB and 1024 parts.
-					maxChunks := int32(size/stageSlot + 1)
+					// One copy per request: chunks of at most a slot and 1024 parts.
+					maxChunks := wantStagedChunks(1, size)
 					if scattered {
-						maxChunks = int32((blocks + maxVecParts - 1) / maxVecParts)
+						maxChunks = wantStagedChunks(blocks, block)
 					}
 					if copies > sides*maxChunks {
 						t.Fatalf("%d staging copies for %d staged sides, want at most %d each (gathered per chunk, not per block)", copies, sides, maxChunks)
@@ -274,6 +274,19 @@ func TestStagedPairs(t *testing.T) {
 	if n := sa.allocs.Load(); n > defaultStagingBytes/stageSlot {
 		t.Fatalf("node-a allocated %d staging slots, at most %d", n, defaultStagingBytes/stageSlot)
 	}
+}
+
+// wantStagedChunks is how many chunks, one staging copy per staged side each, a staged plan of n parts of
+// partBytes each is cut into over the default connections: parts below vecPartMax are packed up to the chunk
+// size and maxVecParts per chunk, larger ones cut at the chunk size.
+func wantStagedChunks(n int, partBytes uint64) int32 {
+	total := uint64(n) * partBytes
+	chunk := uint64(stagedChunkBytes(total, defaultConnsPerPeer))
+	if partBytes > vecPartMax {
+		return int32(uint64(n) * ((partBytes + chunk - 1) / chunk))
+	}
+	per := min(uint64(maxVecParts), chunk/partBytes)
+	return int32((uint64(n) + per - 1) / per)
 }
 
 func firstDiff(a, b []byte) int {
@@ -307,9 +320,10 @@ func TestStagedPipelineOverlaps(t *testing.T) {
 		}
 		return nil
 	}
+	chunk := uint64(stagedChunkBytes(size, defaultConnsPerPeer))
 	sa.beforeToHost = func(k int) error {
 		if k == 2 {
-			return waitUntil("the peer received chunk 1", func() bool { return b.Stats().ServedIn >= stageSlot })
+			return waitUntil("the peer received chunk 1", func() bool { return b.Stats().ServedIn >= chunk })
 		}
 		return nil
 	}
@@ -329,7 +343,7 @@ func TestStagedPipelineOverlaps(t *testing.T) {
 	clear(local)
 	sa.beforeFromHost = func(k int) error {
 		if k == 1 {
-			return waitUntil("chunk 2 arrived", func() bool { return a.Stats().Received >= 2*stageSlot })
+			return waitUntil("chunk 2 arrived", func() bool { return a.Stats().Received >= 2*chunk })
 		}
 		return nil
 	}
@@ -829,7 +843,7 @@ func TestStagingRefusals(t *testing.T) {
 }
 
 // TestStagedBlockBatch: a block batch between two GPU layouts of two regions each goes as one tcp plan per
-// region pair in block form, gathered and scattered per chunk (1,024 blocks at most), never per block.
+// region pair in block form, gathered and scattered per chunk, never per block.
 func TestStagedBlockBatch(t *testing.T) {
 	sa, sb := newFakeStager(t), newFakeStager(t)
 	a := stagedEngine(t, "node-a", false, sa, nil)
@@ -882,9 +896,9 @@ func TestStagedBlockBatch(t *testing.T) {
 			t.Fatalf("region pair %d: destination differs", k)
 		}
 	}
-	per := int32((n + maxVecParts - 1) / maxVecParts)
+	per := wantStagedChunks(n, bs)
 	if got := sa.toHost.Load(); got != 2*per {
-		t.Fatalf("%d gathers for 2 x %d blocks, want %d (one per chunk of at most %d blocks)", got, n, 2*per, maxVecParts)
+		t.Fatalf("%d gathers for 2 x %d blocks, want %d (one per chunk)", got, n, 2*per)
 	}
 	if got := sb.fromHost.Load(); got != 2*per {
 		t.Fatalf("%d scatters for 2 x %d blocks, want %d", got, n, 2*per)
