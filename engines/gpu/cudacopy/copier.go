@@ -126,6 +126,10 @@ type Copier struct {
 	last     *Pending   // the latest submission (c.mu): the next one ends after it
 	slots    *gpushare.Staging[*slot]
 	resident *gpushare.Resident[*slot]
+	// bounce is device memory staged chunks pass through (SubmitBounced), grown to the largest chunk; one
+	// serves every submission, since they run in order on the stream.
+	bounce     cuda.DevicePtr
+	bounceSize uint64
 
 	events gpushare.Events[cuda.Event] // idle completion events
 
@@ -301,7 +305,7 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		stage = func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
 		small = nil
 	}
-	p, err := c.submitLocked(nbytes, stage, true, small, big, route)
+	p, err := c.submitLocked(nbytes, stage, true, small, big, nil, route)
 	if err != nil {
 		return nil, fmt.Errorf("queueing %d segments on GPU %d: %w", len(segs), c.dev, err)
 	}
@@ -342,7 +346,7 @@ func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dst
 	}
 	// A block list covers every layer in one launch, so there is no next layer to keep its descriptors for, and
 	// hashing them would cost more than reading them once.
-	p, err := c.submitLocked(uint64(l.Pieces)*bs, stage, false, nil, nil, RouteAuto)
+	p, err := c.submitLocked(uint64(l.Pieces)*bs, stage, false, nil, nil, nil, RouteAuto)
 	if err != nil {
 		return nil, fmt.Errorf("queueing %d blocks of %d region pairs on GPU %d: %w", len(srcIDs), len(pairs), c.dev, err)
 	}
@@ -350,8 +354,9 @@ func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dst
 }
 
 // submitLocked queues one submission: stage (when set) writes the kernel's descriptors, which may be kept in
-// device memory when resident is set; big go to the copy engine and driver go as driver copies. c.mu is held.
-func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot, uint64, error), resident bool, driver, big []Segment, route Route) (*Pending, error) {
+// device memory when resident is set; big go to the copy engine before the kernel and after behind it, driver go
+// as driver copies. c.mu is held.
+func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot, uint64, error), resident bool, driver, big, after []Segment, route Route) (*Pending, error) {
 	p := &Pending{c: c, bytes: nbytes}
 	p.end.Start()
 	err := c.drv.WithContextKept(c.ctx, func() error {
@@ -408,6 +413,11 @@ func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot
 			}
 		case len(driver) > 0:
 			if err := c.queueDriver(driver); err != nil {
+				return err
+			}
+		}
+		for _, s := range after {
+			if err := c.drv.MemcpyAsync(s.Dst, s.Src, s.Size, c.stream); err != nil {
 				return err
 			}
 		}
@@ -631,7 +641,7 @@ func (c *Copier) Close() error {
 	err := c.drv.WithContext(c.ctx, func() error {
 		errs := []error{c.drv.StreamSynchronize(c.stream)}
 		c.resident.Drain()
-		errs = append(errs, c.freeScratch(), c.slots.Close(), c.drv.StreamDestroy(c.stream))
+		errs = append(errs, c.freeScratch(), c.freeBounce(), c.slots.Close(), c.drv.StreamDestroy(c.stream))
 		if c.gate != nil {
 			errs = append(errs, c.gate.Close())
 		}

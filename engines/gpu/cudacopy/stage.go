@@ -14,7 +14,7 @@ import (
 
 // Stager is the tcp engine's seam to this backend: it stages NVIDIA GPU regions the backend mapped (the
 // same-node engine registers every region first) through pinned host memory, each call one submission on the
-// region's GPU: the scatter kernel for scattered segments, the copy engine for a few large ones.
+// region's GPU: scattered segments through device staging (SubmitBounced), a few large ones on the copy engine.
 type Stager struct{ b *Backend }
 
 var _ tcp.Stager = (*Stager)(nil)
@@ -68,7 +68,8 @@ func (r *stagedRegion) submit(buf []byte, segs []engines.Segment, toHost bool) (
 		return nil, fmt.Errorf("nothing to stage")
 	}
 	host := uint64(uintptr(unsafe.Pointer(&buf[0])))
-	out := make([]Segment, len(segs))
+	parts := make([]StagedPart, len(segs))
+	var end uint64
 	for i, sg := range segs {
 		region, hostOff := sg.SrcOffset, sg.DstOffset
 		if !toHost {
@@ -78,20 +79,20 @@ func (r *stagedRegion) submit(buf []byte, segs []engines.Segment, toHost bool) (
 		if sg.Size == 0 || region > r.size || sg.Size > r.size-region || hostOff > uint64(len(buf)) || sg.Size > uint64(len(buf))-hostOff {
 			return nil, fmt.Errorf("%w: staging segment %+v outside the region (%d bytes) or buffer (%d bytes)", engines.ErrOutOfBounds, sg, r.size, len(buf))
 		}
-		out[i] = Segment{Src: r.m.Addr + region, Dst: host + hostOff, Size: sg.Size}
+		parts[i] = StagedPart{Addr: r.m.Addr + region, Off: hostOff, Size: sg.Size}
+		end = max(end, hostOff+sg.Size)
+	}
+	if len(parts) > stageDriverMax {
+		return r.c.SubmitBounced(parts, host, end, toHost)
+	}
+	out := make([]Segment, len(parts))
+	for i, p := range parts {
+		out[i] = Segment{Src: p.Addr, Dst: host + p.Off, Size: p.Size}
 		if !toHost {
-			out[i] = Segment{Src: host + hostOff, Dst: r.m.Addr + region, Size: sg.Size}
+			out[i] = Segment{Src: host + p.Off, Dst: p.Addr, Size: p.Size}
 		}
 	}
-	route := RouteAuto
-	if len(out) <= stageDriverMax {
-		route = RouteDriver
-	}
-	p, err := r.c.SubmitRoute(out, route)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
+	return r.c.SubmitRoute(out, RouteDriver)
 }
 
 // ToHost implements tcp.StagedRegion.
