@@ -6,6 +6,7 @@ package cudacopy
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/scatter"
@@ -49,14 +50,17 @@ func (c *Copier) SubmitBounced(parts []StagedPart, host, n uint64, toHost bool) 
 	if err != nil {
 		return nil, fmt.Errorf("allocating %d bytes of device staging on GPU %d: %w", n, c.dev, err)
 	}
-	kernelSegs := make([]Segment, len(parts))
-	for i, p := range parts {
-		kernelSegs[i] = Segment{Src: p.Addr, Dst: bounce + p.Off, Size: p.Size}
-		if !toHost {
-			kernelSegs[i] = Segment{Src: bounce + p.Off, Dst: p.Addr, Size: p.Size}
+	stage := c.bouncedBlocks(parts, bounce, toHost)
+	if stage == nil {
+		kernelSegs := make([]Segment, len(parts))
+		for i, p := range parts {
+			kernelSegs[i] = Segment{Src: p.Addr, Dst: bounce + p.Off, Size: p.Size}
+			if !toHost {
+				kernelSegs[i] = Segment{Src: bounce + p.Off, Dst: p.Addr, Size: p.Size}
+			}
 		}
+		stage = func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
 	}
-	stage := func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
 	crossing := []Segment{{Src: bounce, Dst: host, Size: n}}
 	var before, after []Segment
 	if toHost {
@@ -70,6 +74,44 @@ func (c *Copier) SubmitBounced(parts []StagedPart, host, n uint64, toHost bool) 
 		return nil, fmt.Errorf("queueing a staged chunk of %d parts on GPU %d: %w", len(parts), c.dev, err)
 	}
 	return p, nil
+}
+
+// bouncedBlocks returns the descriptor staging of a chunk of equal blocks (a block list's chunk) in block form,
+// one 8-byte descriptor written per block from its ids (a fraction of the host time of a segment each); nil when
+// the parts are not such blocks. Ids count blocks from the lowest part's address and from the buffer's start.
+func (c *Copier) bouncedBlocks(parts []StagedPart, bounce uint64, toHost bool) func() (scatter.Layout, *slot, uint64, error) {
+	bs, base := parts[0].Size, parts[0].Addr
+	if bs >= c.opts.CopyEngineMin {
+		return nil
+	}
+	for _, p := range parts {
+		if p.Size != bs {
+			return nil
+		}
+		base = min(base, p.Addr)
+	}
+	at, off := make([]uint32, len(parts)), make([]uint32, len(parts))
+	atRange, offRange := scatter.IDRange{Min: math.MaxUint32}, scatter.IDRange{Min: math.MaxUint32}
+	for i, p := range parts {
+		d := p.Addr - base
+		if d%bs != 0 || p.Off%bs != 0 || d/bs > math.MaxUint32 || p.Off/bs > math.MaxUint32 {
+			return nil
+		}
+		at[i], off[i] = uint32(d/bs), uint32(p.Off/bs)
+		atRange = scatter.IDRange{Min: min(atRange.Min, at[i]), Max: max(atRange.Max, at[i])}
+		offRange = scatter.IDRange{Min: min(offRange.Min, off[i]), Max: max(offRange.Max, off[i])}
+	}
+	pairs := []scatter.BlockBases{{Src: base, Dst: bounce}}
+	srcIDs, dstIDs, src, dst := at, off, atRange, offRange
+	if !toHost {
+		pairs[0] = scatter.BlockBases{Src: bounce, Dst: base}
+		srcIDs, dstIDs, src, dst = off, at, offRange, atRange
+	}
+	l, ok := scatter.PlanBlocks(pairs, bs, len(parts), src, dst, c.opts.MaxPiece)
+	if !ok {
+		return nil
+	}
+	return c.blockStage(l, pairs, bs, srcIDs, dstIDs)
 }
 
 // bounceLocked returns device staging of at least n bytes. Growing it waits for the stream first: queued

@@ -332,7 +332,18 @@ func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dst
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	stage := func() (scatter.Layout, *slot, uint64, error) {
+	// A block list covers every layer in one launch, so there is no next layer to keep its descriptors for, and
+	// hashing them would cost more than reading them once.
+	p, err := c.submitLocked(uint64(l.Pieces)*bs, c.blockStage(l, pairs, bs, srcIDs, dstIDs), false, nil, nil, nil, RouteAuto)
+	if err != nil {
+		return nil, fmt.Errorf("queueing %d blocks of %d region pairs on GPU %d: %w", len(srcIDs), len(pairs), c.dev, err)
+	}
+	return p, nil
+}
+
+// blockStage writes a block list's descriptors (PlanBlocks' layout l) from the ids into a staging slot.
+func (c *Copier) blockStage(l scatter.Layout, pairs []scatter.BlockBases, bs uint64, srcIDs, dstIDs []uint32) func() (scatter.Layout, *slot, uint64, error) {
+	return func() (scatter.Layout, *slot, uint64, error) {
 		s, err := c.slots.Get(uint64(l.Bytes()))
 		if err != nil {
 			return l, nil, 0, err
@@ -344,13 +355,6 @@ func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dst
 		}
 		return l, s, descs, nil
 	}
-	// A block list covers every layer in one launch, so there is no next layer to keep its descriptors for, and
-	// hashing them would cost more than reading them once.
-	p, err := c.submitLocked(uint64(l.Pieces)*bs, stage, false, nil, nil, nil, RouteAuto)
-	if err != nil {
-		return nil, fmt.Errorf("queueing %d blocks of %d region pairs on GPU %d: %w", len(srcIDs), len(pairs), c.dev, err)
-	}
-	return p, nil
 }
 
 // submitLocked queues one submission: stage (when set) writes the kernel's descriptors, which may be kept in
