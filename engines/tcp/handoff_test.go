@@ -4,8 +4,15 @@
 package tcp
 
 import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
 	"testing"
 	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
 )
 
 // TestStagedChunkBytes: a staged plan is cut into about two chunks per connection, within the bounds: never below stageChunkMin (unless the plan is smaller), never above a slot, always aligned.
@@ -74,4 +81,81 @@ func TestCountdown(t *testing.T) {
 		}
 	}()
 	c.Done()
+}
+
+// TestStagedCompleterPeerStopsReading: a peer connection that asks for staged reads of GPU memory and never
+// reads the answers stalls only itself. Its connection's completer blocks writing an answer, the serving loop
+// behind it stops taking requests, and both end within the peer timeout: the connection is closed. Meanwhile
+// another peer's staged write into the same GPU region lands, and afterwards the region is still served.
+func TestStagedCompleterPeerStopsReading(t *testing.T) {
+	const peerTimeout = 500 * time.Millisecond
+	sb := newFakeStager(t)
+	b := stagedEngine(t, "node-b", true, sb, func(o *Options) { o.PeerTimeout = peerTimeout })
+	gpu := make([]byte, 2*stageSlot)
+	d := registerGPU(t, b, sb, "b/gpu", gpu)
+
+	stalled := stagedEngine(t, "node-a", false, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	nc, _, err := stalled.dialConn(ctx, b.Addr(), "node-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	// Far more answer bytes than the sockets buffer; each request is a whole slot.
+	var reqs []byte
+	for id := uint64(1); id <= 32; id++ {
+		reqs = appendReqHeader(reqs, reqHeader{op: opRead, id: id, off: 0, length: stageSlot, mem: d.ID})
+	}
+	nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := nc.Write(reqs); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another peer writes into the region while that connection is stuck.
+	other := stagedEngine(t, "node-c", false, nil, nil)
+	src := seq(64<<10, 9)
+	sd := register(t, other, "c/src", src)
+	imp(t, other, d)
+	start := time.Now()
+	if _, err := transfer(t, other, []engines.Item{{Src: sd.ID, Dst: d.ID, DstOffset: stageSlot, Size: uint64(len(src))}}, 5*time.Second); err != nil {
+		t.Fatalf("a staged write beside a stalled peer connection: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("a staged write beside a stalled peer connection took %v", took)
+	}
+	_, unpin, err := b.reg.Pin(d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	landed := bytes.Equal(gpu[stageSlot:stageSlot+len(src)], src)
+	unpin()
+	if !landed {
+		t.Fatal("the other peer's staged write did not land")
+	}
+
+	// The stalled connection is closed once an answer could not be written within the peer timeout: reading it
+	// after that drains what was sent and then ends.
+	time.Sleep(4 * peerTimeout)
+	nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := io.Copy(io.Discard, nc)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("the stalled connection was still open after 10 s (%d bytes read)", n)
+	}
+	if n >= 32*stageSlot {
+		t.Fatalf("read %d bytes: every answer was sent, so nothing stalled", n)
+	}
+
+	// The region is still served to a new connection of the same peer.
+	again := stagedEngine(t, "node-a", false, nil, nil)
+	dst := make([]byte, len(src))
+	dd := register(t, again, "a/dst", dst)
+	imp(t, again, d)
+	if _, err := transfer(t, again, []engines.Item{{Src: d.ID, SrcOffset: stageSlot, Dst: dd.ID, Size: uint64(len(dst))}}, 5*time.Second); err != nil {
+		t.Fatalf("a staged read after the stalled connection ended: %v", err)
+	}
+	if !bytes.Equal(dst, src) {
+		t.Fatal("the staged read after the stalled connection returned other bytes")
+	}
 }
