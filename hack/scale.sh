@@ -17,7 +17,7 @@
 # groups), so the API server applies the RBAC the operator grants them and API Priority and Fairness queues them
 # (flow schema service-accounts, priority level workload-low) as it does real agents' requests.
 # SCALE_AGENT_IDENTITY=admin has them use the admin token instead (system:masters, which APF exempts), for comparison.
-# As the ServiceAccount, the agents get the product's own flow schema and priority level, fabricxfer-agents
+# As the ServiceAccount, the agents get the product's own flow schemas and priority level, fabricxfer-agents
 # (config/flowcontrol/agent_priority.yaml, which the chart and dist/install.yaml ship); SCALE_AGENT_APF=off leaves
 # them out, so the agents queue in service-accounts/workload-low as without them.
 set -euo pipefail
@@ -125,10 +125,10 @@ kc apply -f config/crd/bases >/dev/null
 # agents' ValidatingAdmissionPolicy: it needs the node a pod-bound token names, which a static token lacks.)
 kc apply -f config/rbac/agent_role.yaml >/dev/null
 if [ "$AGENT_APF" = on ]; then
-  # The agents' flow schema and priority level as the chart installs them, for the agents' namespace; the API
-  # server marks the schema not Dangling once it has taken both in.
+  # The agents' flow schemas and priority level as the chart installs them, for the agents' namespace; the API
+  # server marks a schema not Dangling once it has taken in the level it names.
   sed "s/^\(        namespace:\) fabricxfer-system\$/\1 $agent_ns/" config/flowcontrol/agent_priority.yaml | kc apply -f - >/dev/null
-  kc wait --for=condition=Dangling=False --timeout=60s flowschema/fabricxfer-agents >/dev/null
+  kc wait --for=condition=Dangling=False --timeout=60s flowschema/fabricxfer-agents flowschema/fabricxfer-agent-leases >/dev/null
 fi
 kc wait --for=condition=Established --timeout=60s crd/transferpools.fabricxfer.io crd/transfernodes.fabricxfer.io crd/vpodtopologies.fabricxfer.io >/dev/null
 
@@ -153,7 +153,7 @@ if [ -n "${SCALE_CPU_PROFILE:-}" ]; then
   curl -sf --max-time $((${SCALE_PROFILE_SECONDS:-60} + 30)) -o "$SCALE_CPU_PROFILE" \
     "http://127.0.0.1:$((OPERATOR_PORT + 2))/debug/pprof/profile?seconds=${SCALE_PROFILE_SECONDS:-60}" &
 fi
-step "simulating $N agents ($AGENT_IDENTITY identity; flow schema fabricxfer-agents: $AGENT_APF) and measuring"
+step "simulating $N agents ($AGENT_IDENTITY identity; flow schemas fabricxfer-agent*: $AGENT_APF) and measuring"
 # shellcheck disable=SC2086 # SCALE_FLAGS is a list of flags
 if ! "$ST/scale" run -n "$N" -operator-pid "$OPERATOR_PID" -operator-metrics "http://127.0.0.1:$OPERATOR_PORT/metrics" \
   -operator-log "$ST/operator.log" "${AGENT_FLAGS[@]}" ${SCALE_FLAGS:-}; then
