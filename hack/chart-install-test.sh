@@ -162,9 +162,9 @@ kubectl -n "$NS" get serviceaccount/fabricxfer-operator service/fabricxfer-opera
 kubectl get clusterrolebinding/fabricxfer-operator >/dev/null || fail "ClusterRoleBinding missing"
 ok "ServiceAccount, metrics Service, leader-election Role/RoleBinding, PDB, ClusterRoleBinding exist"
 # The API server marks a FlowSchema Dangling=False once it has the priority level it names.
-kubectl wait --for=condition=Dangling=False --timeout=30s flowschema/fabricxfer-agents >/dev/null ||
-  fail "the agents' FlowSchema fabricxfer-agents is missing or its priority level is"
-ok "the agents' FlowSchema and PriorityLevelConfiguration fabricxfer-agents are in force"
+kubectl wait --for=condition=Dangling=False --timeout=30s flowschema/fabricxfer-agents flowschema/fabricxfer-agent-leases >/dev/null ||
+  fail "the agents' FlowSchemas fabricxfer-agents and fabricxfer-agent-leases are missing or their priority level is"
+ok "the agents' FlowSchemas and their PriorityLevelConfiguration fabricxfer-agents are in force"
 expect_rules_as_generated fabricxfer-operator
 operator_sa="system:serviceaccount:$NS:fabricxfer-operator"
 kubectl auth can-i create daemonsets.apps -n "$NS" --as="$operator_sa" >/dev/null ||
@@ -242,10 +242,10 @@ ok "TransferPool default/kv-cache (not the release's) still there"
 if kubectl -n "$NS" get deployment fabricxfer-operator >/dev/null 2>&1; then fail "operator Deployment left behind"; fi
 if kubectl -n "$NS" get transferpool default >/dev/null 2>&1; then fail "the release's TransferPool left behind"; fi
 ok "operator Deployment and the release's TransferPool removed"
-if kubectl get flowschema/fabricxfer-agents >/dev/null 2>&1 || kubectl get prioritylevelconfiguration/fabricxfer-agents >/dev/null 2>&1; then
-  fail "the agents' API Priority and Fairness left behind"
-fi
-ok "the agents' FlowSchema and PriorityLevelConfiguration removed"
+for obj in flowschema/fabricxfer-agents flowschema/fabricxfer-agent-leases prioritylevelconfiguration/fabricxfer-agents; do
+  if kubectl get "$obj" >/dev/null 2>&1; then fail "the agents' $obj left behind by uninstall"; fi
+done
+ok "the agents' FlowSchemas and PriorityLevelConfiguration removed"
 
 step "helm install --set defaultPool.enabled=true into a cluster without the CRDs is refused"
 # No operator runs now to remove its finalizer from the pools it reconciled; clear it, or deletion waits forever.
