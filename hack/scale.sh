@@ -15,11 +15,10 @@
 # stopped on exit; the state directory is removed unless KEEP_STATE=1.
 # The simulated agents authenticate as the pool's agent ServiceAccount (a static token for its user name and
 # groups), so the API server applies the RBAC the operator grants them and API Priority and Fairness queues them
-# (flow schema service-accounts, priority level workload-low) as it does real agents' requests.
+# as it does real agents' requests: in the agents' own flow schemas and priority level (fabricxfer-agent-leases,
+# fabricxfer-agents; config/flowcontrol/agent_priority.yaml, which the chart and dist/install.yaml ship), or with
+# SCALE_AGENT_APF=off, which leaves those out, in service-accounts/workload-low as without them.
 # SCALE_AGENT_IDENTITY=admin has them use the admin token instead (system:masters, which APF exempts), for comparison.
-# As the ServiceAccount, the agents get the product's own flow schemas and priority level, fabricxfer-agents
-# (config/flowcontrol/agent_priority.yaml, which the chart and dist/install.yaml ship); SCALE_AGENT_APF=off leaves
-# them out, so the agents queue in service-accounts/workload-low as without them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
