@@ -5,11 +5,11 @@
 # hack/chart-install-test.sh installs fabricxfer on a throwaway control plane (etcd + kube-apiserver on
 # loopback, no scheduler, no kubelet) in both supported ways, and checks what lands in the cluster:
 #   1. helm install with default values: CRDs established, operator Deployment, RBAC (rules as in
-#      config/rbac/role.yaml), metrics Service; a sample TransferPool is accepted;
+#      config/rbac/role.yaml), metrics Service, the agents' FlowSchema in force; a sample TransferPool is accepted;
 #      when an operator binary is at hand (bin/operator or OPERATOR_BIN), it runs as the chart's ServiceAccount
 #      with the Deployment's arguments, takes the leader lease and makes the sample pool's agent DaemonSet;
 #   2. helm upgrade with defaultPool.enabled=true creates that pool;
-#   3. helm uninstall removes the release but keeps the CRDs and the pools;
+#   3. helm uninstall removes the release (the agents' FlowSchema too) but keeps the CRDs and the pools;
 #   4. with no CRDs in the cluster, helm install --set defaultPool.enabled=true is refused and creates nothing;
 #      installed first and enabled by an upgrade, the pool is created, updated and removed with the release;
 #   5. kubectl apply -f dist/install.yaml on the cleaned cluster.
@@ -161,6 +161,10 @@ kubectl -n "$NS" get serviceaccount/fabricxfer-operator service/fabricxfer-opera
   poddisruptionbudget/fabricxfer-operator >/dev/null || fail "namespaced objects missing"
 kubectl get clusterrolebinding/fabricxfer-operator >/dev/null || fail "ClusterRoleBinding missing"
 ok "ServiceAccount, metrics Service, leader-election Role/RoleBinding, PDB, ClusterRoleBinding exist"
+# The API server marks a FlowSchema Dangling=False once it has the priority level it names.
+kubectl wait --for=condition=Dangling=False --timeout=30s flowschema/fabricxfer-agents flowschema/fabricxfer-agent-leases >/dev/null ||
+  fail "the agents' FlowSchemas fabricxfer-agents and fabricxfer-agent-leases are missing or their priority level is"
+ok "the agents' FlowSchemas and their PriorityLevelConfiguration fabricxfer-agents are in force"
 expect_rules_as_generated fabricxfer-operator
 operator_sa="system:serviceaccount:$NS:fabricxfer-operator"
 kubectl auth can-i create daemonsets.apps -n "$NS" --as="$operator_sa" >/dev/null ||
@@ -238,6 +242,10 @@ ok "TransferPool default/kv-cache (not the release's) still there"
 if kubectl -n "$NS" get deployment fabricxfer-operator >/dev/null 2>&1; then fail "operator Deployment left behind"; fi
 if kubectl -n "$NS" get transferpool default >/dev/null 2>&1; then fail "the release's TransferPool left behind"; fi
 ok "operator Deployment and the release's TransferPool removed"
+for obj in flowschema/fabricxfer-agents flowschema/fabricxfer-agent-leases prioritylevelconfiguration/fabricxfer-agents; do
+  if kubectl get "$obj" >/dev/null 2>&1; then fail "the agents' $obj left behind by uninstall"; fi
+done
+ok "the agents' FlowSchemas and PriorityLevelConfiguration removed"
 
 step "helm install --set defaultPool.enabled=true into a cluster without the CRDs is refused"
 # No operator runs now to remove its finalizer from the pools it reconciled; clear it, or deletion waits forever.

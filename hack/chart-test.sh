@@ -38,7 +38,8 @@ trap 'rm -rf "$work"' EXIT
 CHART_DIR=$work/generated hack/gen-chart.sh
 if diff -r "$work/generated/templates/crds" $chart/templates/crds >"$work/gen.diff" &&
   diff "$work/generated/templates/_rules.tpl" $chart/templates/_rules.tpl >>"$work/gen.diff" &&
-  diff "$work/generated/templates/agent-policy.yaml" $chart/templates/agent-policy.yaml >>"$work/gen.diff"; then
+  diff "$work/generated/templates/agent-policy.yaml" $chart/templates/agent-policy.yaml >>"$work/gen.diff" &&
+  diff "$work/generated/templates/agent-priority.yaml" $chart/templates/agent-priority.yaml >>"$work/gen.diff"; then
   pass "generated CRD templates and operator rules match config/"
 else
   head -40 "$work/gen.diff" >&2
@@ -102,6 +103,8 @@ expect_refused "an engine outside the enum" "/defaultPool/spec/engines/0" --set 
 expect_refused "root's group as the socket group" "/defaultPool/spec/socketGroup" --set defaultPool.spec.socketGroup=0
 expect_refused "a socket group past 2^31-1" "/defaultPool/spec/socketGroup" --set defaultPool.spec.socketGroup=2147483648
 
+expect_refused "an unknown key under agent.apiPriority" "additional properties 'enable' not allowed" --set agent.apiPriority.enable=true
+expect_refused "a string for agent.apiPriority.enabled" "at '/agent/apiPriority/enabled': got string, want boolean" --set-string agent.apiPriority.enabled=yes
 expect_refused "a ServiceMonitor without the metrics Service" "metrics.serviceMonitor.enabled needs metrics.service.enabled" \
   --set metrics.serviceMonitor.enabled=true --set metrics.service.enabled=false
 
@@ -119,6 +122,28 @@ n=$(count_in_render '^kind: CustomResourceDefinition$' --set crds.enabled=false)
 [ "$n" = 0 ] && pass "crds.enabled=false renders no CRD" || fail "crds.enabled=false still renders $n CRDs"
 n=$(count_in_render 'helm.sh/resource-policy: keep' --set crds.keep=false)
 [ "$n" = 0 ] && pass "crds.keep=false lets uninstall remove the CRDs" || fail "crds.keep=false still keeps $n CRDs"
+
+# The agents' API Priority and Fairness (config/flowcontrol/agent_priority.yaml): two FlowSchemas and their
+# PriorityLevelConfiguration, on by default, for the agents' namespace, gone with agent.apiPriority.enabled=false.
+declare -A apf_kinds=([FlowSchema]=2 [PriorityLevelConfiguration]=1)
+for kind in "${!apf_kinds[@]}"; do
+  n=$(count_in_render "^kind: $kind\$")
+  [ "$n" = "${apf_kinds[$kind]}" ] && pass "the agents' $kind rendered by default ($n)" || fail "rendered $n of the agents' $kind by default, not ${apf_kinds[$kind]}"
+  n=$(count_in_render "^kind: $kind\$" --set agent.apiPriority.enabled=false)
+  [ "$n" = 0 ] && pass "agent.apiPriority.enabled=false renders no $kind" || fail "agent.apiPriority.enabled=false still renders $n $kind"
+done
+# subjects prints each ServiceAccount subject of the rendered FlowSchemas as name/namespace, one a line.
+subjects() {
+  "$HELM" template "$release" $chart --namespace "$namespace" --kube-version "$kube_version" "$@" |
+    awk '/^---/ { fs = 0 } /^kind: FlowSchema$/ { fs = 1 } fs && /^    - kind: ServiceAccount$/ { sa = 1; next }
+      fs && sa && /^        name:/ { name = $2 } fs && sa && /^        namespace:/ { print name "/" $2; sa = 0 }'
+}
+got=$(subjects | sort | uniq -c | awk '{ print $1, $2 }' | paste -sd' ')
+[ "$got" = '2 "*"/fabricxfer-system' ] && pass "both agents' FlowSchemas match every ServiceAccount of the release namespace" ||
+  fail "the agents' FlowSchemas match [$got], not every ServiceAccount of $namespace twice"
+got=$(subjects --set agent.namespace=gpu-agents | sort | uniq -c | awk '{ print $1, $2 }' | paste -sd' ')
+[ "$got" = '2 "*"/gpu-agents' ] && pass "the agents' FlowSchemas follow agent.namespace" ||
+  fail "with agent.namespace=gpu-agents the agents' FlowSchemas match [$got]"
 
 if [ "$failures" -ne 0 ]; then
   echo "chart-test: $failures check(s) failed" >&2

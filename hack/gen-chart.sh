@@ -8,6 +8,8 @@
 #                                                 from config/rbac/role.yaml, and the agents' ClusterRole rules from
 #                                                 config/rbac/agent_role.yaml
 #   charts/fabricxfer/templates/agent-policy.yaml  config/rbac/agent_policy.yaml for the release's agent namespace
+#   charts/fabricxfer/templates/agent-priority.yaml  config/flowcontrol/agent_priority.yaml (the agents' API Priority
+#                                                 and Fairness) for the release's agent namespace
 # The chart therefore never drifts from the API markers or the controllers' RBAC markers.
 # CHART_DIR writes them under another directory instead (hack/chart-test.sh uses it to check they are fresh).
 set -euo pipefail
@@ -102,3 +104,16 @@ rules_of() {
     sed 's|system:serviceaccount:fabricxfer-system:|system:serviceaccount:{{ include "fabricxfer.agentNamespace" . }}:|'
   echo "{{- end }}"
 } >"$chart/templates/agent-policy.yaml"
+
+# The agents' flow schema and priority level (API Priority and Fairness), for the agents' namespace of the release.
+{
+  echo "$header"
+  echo "{{- if .Values.agent.apiPriority.enabled }}"
+  escape_braces <config/flowcontrol/agent_priority.yaml |
+    sed 's|^\(        namespace:\) fabricxfer-system$|\1 {{ include "fabricxfer.agentNamespace" . }}|'
+  echo "{{- end }}"
+} >"$chart/templates/agent-priority.yaml"
+grep -q '^        namespace: {{ include "fabricxfer.agentNamespace" . }}$' "$chart/templates/agent-priority.yaml" || {
+  echo "gen-chart: config/flowcontrol/agent_priority.yaml names no ServiceAccount of fabricxfer-system to make the agents' namespace" >&2
+  exit 1
+}

@@ -15,7 +15,9 @@
 # stopped on exit; the state directory is removed unless KEEP_STATE=1.
 # The simulated agents authenticate as the pool's agent ServiceAccount (a static token for its user name and
 # groups), so the API server applies the RBAC the operator grants them and API Priority and Fairness queues them
-# (flow schema service-accounts, priority level workload-low) as it does real agents' requests.
+# as it does real agents' requests: in the agents' own flow schemas and priority level (fabricxfer-agent-leases,
+# fabricxfer-agents; config/flowcontrol/agent_priority.yaml, which the chart and dist/install.yaml ship), or with
+# SCALE_AGENT_APF=off, which leaves those out, in service-accounts/workload-low as without them.
 # SCALE_AGENT_IDENTITY=admin has them use the admin token instead (system:masters, which APF exempts), for comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +86,11 @@ go build -o "$ST/operator" ./cmd/operator
 go build -o "$ST/scale" ./hack/scale
 
 AGENT_IDENTITY=${SCALE_AGENT_IDENTITY:-serviceaccount}
+AGENT_APF=${SCALE_AGENT_APF:-on}
+case $AGENT_APF in
+on | off) ;;
+*) echo "scale: SCALE_AGENT_APF is on or off, not $AGENT_APF" >&2; exit 2 ;;
+esac
 AGENT_FLAGS=()
 EXTRA_TOKENS=
 case $AGENT_IDENTITY in
@@ -98,7 +105,7 @@ serviceaccount)
   EXTRA_TOKENS="$(cat "$ST/agent-token"),$agent_user,$agent_user,\"system:serviceaccounts,system:serviceaccounts:$agent_ns,system:authenticated\""
   AGENT_FLAGS=(-agent-token-file "$ST/agent-token")
   ;;
-admin) ;;
+admin) AGENT_APF="off (admin is exempt)" ;;
 *) echo "scale: SCALE_AGENT_IDENTITY is serviceaccount or admin, not $AGENT_IDENTITY" >&2; exit 2 ;;
 esac
 
@@ -116,6 +123,12 @@ kc apply -f config/crd/bases >/dev/null
 # The agents' ClusterRole, as the chart installs it; the operator binds it to each pool's agents. (Not the
 # agents' ValidatingAdmissionPolicy: it needs the node a pod-bound token names, which a static token lacks.)
 kc apply -f config/rbac/agent_role.yaml >/dev/null
+if [ "$AGENT_APF" = on ]; then
+  # The agents' flow schemas and priority level as the chart installs them, for the agents' namespace; the API
+  # server marks a schema not Dangling once it has taken in the level it names.
+  sed "s/^\(        namespace:\) fabricxfer-system\$/\1 $agent_ns/" config/flowcontrol/agent_priority.yaml | kc apply -f - >/dev/null
+  kc wait --for=condition=Dangling=False --timeout=60s flowschema/fabricxfer-agents flowschema/fabricxfer-agent-leases >/dev/null
+fi
 kc wait --for=condition=Established --timeout=60s crd/transferpools.fabricxfer.io crd/transfernodes.fabricxfer.io crd/vpodtopologies.fabricxfer.io >/dev/null
 
 step "creating $N Node objects"
@@ -139,7 +152,7 @@ if [ -n "${SCALE_CPU_PROFILE:-}" ]; then
   curl -sf --max-time $((${SCALE_PROFILE_SECONDS:-60} + 30)) -o "$SCALE_CPU_PROFILE" \
     "http://127.0.0.1:$((OPERATOR_PORT + 2))/debug/pprof/profile?seconds=${SCALE_PROFILE_SECONDS:-60}" &
 fi
-step "simulating $N agents ($AGENT_IDENTITY identity) and measuring"
+step "simulating $N agents ($AGENT_IDENTITY identity; flow schemas fabricxfer-agent*: $AGENT_APF) and measuring"
 # shellcheck disable=SC2086 # SCALE_FLAGS is a list of flags
 if ! "$ST/scale" run -n "$N" -operator-pid "$OPERATOR_PID" -operator-metrics "http://127.0.0.1:$OPERATOR_PORT/metrics" \
   -operator-log "$ST/operator.log" "${AGENT_FLAGS[@]}" ${SCALE_FLAGS:-}; then

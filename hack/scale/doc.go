@@ -15,7 +15,8 @@
 // server a static token for its user name and groups), so they have only the rights the operator binds to it
 // and API Priority and Fairness queues them as it queues real agents; they start once the operator's DaemonSet
 // exists and the API server grants them every request of a round. The harness's own setup and observer use the
-// kubeconfig's admin. It prints what APF dispatched, rejected and queued from pool creation to convergence.
+// kubeconfig's admin. It prints what APF dispatched, rejected and queued (by priority level and flow schema) from
+// pool creation to convergence, and the seats of each level that served requests.
 //
 // The agents are goroutines in one process that share one API client (one client per agent would measure
 // this program, not the operator) but each keeps its own heartbeat period and writes its TransferNode and
