@@ -159,3 +159,50 @@ func TestStagedCompleterPeerStopsReading(t *testing.T) {
 		t.Fatal("the staged read after the stalled connection returned other bytes")
 	}
 }
+
+// TestStagedChunkSentOnceGathered: a staged write sends a chunk as soon as its gather finished, before the
+// queue of gathers is full: the first gather finishes while the second is queued, and the third is queued only
+// once the peer has received the first chunk (a producer that waits for a full queue before sending anything
+// never gets there).
+func TestStagedChunkSentOnceGathered(t *testing.T) {
+	sa := newFakeStager(t)
+	a := stagedEngine(t, "node-a", false, sa, nil)
+	b := stagedEngine(t, "node-b", true, nil, nil)
+	const size = 16 * stageChunkMin
+	local := seq(size, 5)
+	ld := registerGPU(t, a, sa, "a/1", local)
+	remote := make([]byte, size)
+	rd := register(t, b, "b/1", remote)
+	imp(t, a, rd)
+	chunk := uint64(stagedChunkBytes(size, defaultConnsPerPeer))
+	if size/chunk <= gathersAhead {
+		t.Fatalf("%d chunks: the test needs more than %d", size/chunk, gathersAhead)
+	}
+	sa.queueToHostErr = func(k int) error {
+		switch k {
+		case 2:
+			time.Sleep(50 * time.Millisecond) // the first gather finishes meanwhile
+			return nil
+		case 3:
+		default:
+			return nil
+		}
+		for deadline := time.Now().Add(5 * time.Second); b.Stats().ServedIn < chunk; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				return errors.New("the first chunk was not sent while the third gather was being queued")
+			}
+		}
+		return nil
+	}
+	if _, err := transfer(t, a, []engines.Item{{Src: ld.ID, Dst: rd.ID, Size: size}}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	view, unpin, err := b.Pin(rd.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unpin()
+	if !bytes.Equal(view, local) {
+		t.Fatal("written bytes differ")
+	}
+}

@@ -34,7 +34,8 @@ type StagedRegion interface {
 	Release() error
 }
 
-// StageWait is a queued copy.
+// StageWait is a queued copy. One that also has a Done() bool method, saying without waiting whether the copy
+// finished, lets a staged write send a gathered chunk as soon as its copy ends.
 type StageWait interface {
 	// Wait returns once the copy finished (nil) or failed, or ctx ended (the copy may still run).
 	Wait(ctx context.Context) error
@@ -270,6 +271,13 @@ func waitStage(w StageWait) (err error, drained bool) {
 		return fmt.Errorf("GPU staging copy: %w", err), true
 	}
 	return nil, true
+}
+
+// stageFinished reports, without waiting, whether a queued staging copy finished; false when the stager's copies
+// cannot say (they are then waited for in order).
+func stageFinished(w StageWait) bool {
+	d, ok := w.(interface{ Done() bool })
+	return ok && d.Done()
 }
 
 // stageSegs lists a chunk's parts as segments between the local region and a slot packed in part order:
@@ -587,6 +595,11 @@ func gatherAhead(ctx context.Context, chunks []chunk, pool *stagePool, sr Staged
 			break
 		}
 		fifo = append(fifo, queued{ch, slot, wt})
+		// Gathers that already finished go out now rather than once the queue is full: the first chunk would
+		// otherwise wait for the next gathers' host work before it leaves.
+		for ok && len(fifo) > 0 && stageFinished(fifo[0].wt) {
+			ok = next()
+		}
 	}
 	for len(fifo) > 0 {
 		if ok {

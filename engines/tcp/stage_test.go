@@ -72,6 +72,16 @@ type fakeWait struct {
 	err  error
 }
 
+// Done says whether the copy finished, as the CUDA stager's copies can.
+func (w *fakeWait) Done() bool {
+	select {
+	case <-w.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (w *fakeWait) Wait(ctx context.Context) error {
 	select {
 	case <-w.done:
