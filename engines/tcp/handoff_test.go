@@ -165,15 +165,9 @@ func TestStagedCompleterPeerStopsReading(t *testing.T) {
 // once the peer has received the first chunk (a producer that waits for a full queue before sending anything
 // never gets there).
 func TestStagedChunkSentOnceGathered(t *testing.T) {
-	sa := newFakeStager(t)
-	a := stagedEngine(t, "node-a", false, sa, nil)
-	b := stagedEngine(t, "node-b", true, nil, nil)
 	const size = 16 * stageChunkMin
-	local := seq(size, 5)
-	ld := registerGPU(t, a, sa, "a/1", local)
-	remote := make([]byte, size)
-	rd := register(t, b, "b/1", remote)
-	imp(t, a, rd)
+	w := newStagedWriteBed(t, size, 5)
+	sa, a, b, local, ld, rd := w.sa, w.a, w.b, w.local, w.ld, w.rd
 	chunk := uint64(stagedChunkBytes(size, defaultConnsPerPeer))
 	if size/chunk <= gathersAhead {
 		t.Fatalf("%d chunks: the test needs more than %d", size/chunk, gathersAhead)

@@ -191,6 +191,26 @@ func seq(n int, seed uint64) []byte {
 	return b
 }
 
+// stagedWriteBed is node-a with size bytes of GPU memory (seeded) staged by a fake stager and node-b serving size
+// bytes of host memory (zeroed), b's region imported into a.
+type stagedWriteBed struct {
+	sa            *fakeStager
+	a, b          *Engine
+	local, remote []byte
+	ld, rd        engines.MemoryDesc
+}
+
+func newStagedWriteBed(t *testing.T, size int, seed uint64) *stagedWriteBed {
+	t.Helper()
+	w := &stagedWriteBed{sa: newFakeStager(t), local: seq(size, seed), remote: make([]byte, size)}
+	w.a = stagedEngine(t, "node-a", false, w.sa, nil)
+	w.b = stagedEngine(t, "node-b", true, nil, nil)
+	w.ld = registerGPU(t, w.a, w.sa, "a/1", w.local)
+	w.rd = register(t, w.b, "b/1", w.remote)
+	imp(t, w.a, w.rd)
+	return w
+}
+
 // TestStagedPairs moves every byte of contiguous and scattered items in every direction of every pairing with
 // a GPU side (local GPU with remote host or GPU, local host with remote GPU), and checks it; scattered blocks
 // are gathered with one copy per chunk, never one per block.
@@ -312,15 +332,9 @@ func firstDiff(a, b []byte) int {
 // (a pipeline that gathers everything before sending, or one chunk at a time, never gets there); reading, the
 // scatter of chunk 1 only finishes once chunk 2 has arrived.
 func TestStagedPipelineOverlaps(t *testing.T) {
-	sa := newFakeStager(t)
-	a := stagedEngine(t, "node-a", false, sa, nil)
-	b := stagedEngine(t, "node-b", true, nil, nil)
 	const size = 6 * stageSlot
-	local := seq(size, 1)
-	ld := registerGPU(t, a, sa, "a/1", local)
-	remote := make([]byte, size)
-	rd := register(t, b, "b/1", remote)
-	imp(t, a, rd)
+	w := newStagedWriteBed(t, size, 1)
+	sa, a, b, local, remote, ld, rd := w.sa, w.a, w.b, w.local, w.remote, w.ld, w.rd
 
 	waitUntil := func(what string, cond func() bool) error {
 		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
@@ -368,15 +382,9 @@ func TestStagedPipelineOverlaps(t *testing.T) {
 // TestStagedGathersQueuedAhead: a staged write queues the next chunks' gathers while the first still runs (the
 // GPU runs them back to back), at most gathersAhead of them, and the chunks still land in order and whole.
 func TestStagedGathersQueuedAhead(t *testing.T) {
-	sa := newFakeStager(t)
-	a := stagedEngine(t, "node-a", false, sa, nil)
-	b := stagedEngine(t, "node-b", true, nil, nil)
 	const size = 8 * stageSlot
-	local := seq(size, 3)
-	ld := registerGPU(t, a, sa, "a/1", local)
-	remote := make([]byte, size)
-	rd := register(t, b, "b/1", remote)
-	imp(t, a, rd)
+	w := newStagedWriteBed(t, size, 3)
+	sa, a, b, local, ld, rd := w.sa, w.a, w.b, w.local, w.ld, w.rd
 	var queuedWhileFirstRan atomic.Int32
 	sa.beforeToHost = func(k int) error {
 		if k != 1 {
