@@ -239,12 +239,24 @@ def blocks_frame(op: int, layout_id: int, remote, local: memoryview, remote_ids:
     remote is a LayoutRef or a RemoteLayout."""
     head = _head(op, layout_id, remote, id_bytes, timeout, notify, wait)
     ln, rn = local.nbytes, remote_ids.nbytes
-    lk = _TAG_LOCAL_IDS + _varint(ln)
-    rk = _TAG_REMOTE_IDS + _varint(rn)
-    inner = len(head) + len(lk) + ln + len(rk) + rn
-    outer = _TAG_FAST_BLOCKS + _varint(inner)
-    prefix = struct.pack(">I", len(outer) + inner) + outer + head + lk
-    return [prefix, local, rk, remote_ids]
+    # A caller repeats a few shapes (one id, a batch of a given size): their framing is kept beside the heads.
+    key = (head, ln, rn) if not notify else None
+    framing = _FRAMINGS.get(key) if key is not None else None
+    if framing is None:
+        lk = _TAG_LOCAL_IDS + _varint(ln)
+        rk = _TAG_REMOTE_IDS + _varint(rn)
+        inner = len(head) + len(lk) + ln + len(rk) + rn
+        outer = _TAG_FAST_BLOCKS + _varint(inner)
+        framing = (struct.pack(">I", len(outer) + inner) + outer + head + lk, rk)
+        if key is not None:
+            if len(_FRAMINGS) >= 1024:
+                _FRAMINGS.clear()
+            _FRAMINGS[key] = framing
+    return [framing[0], local, framing[1], remote_ids]
+
+
+# The framing of recent frames: (head, local id bytes, remote id bytes) -> (prefix, remote ids' key).
+_FRAMINGS: dict = {}
 
 
 # Tag of TransferBlocksRequest's arena_ids (10): wire type 0.

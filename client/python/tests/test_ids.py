@@ -158,6 +158,18 @@ class FrameTest(unittest.TestCase):
         got = self.parse(blocks.blocks_frame(pb.OP_READ, 1, pb.LayoutRef(layout_id=2), empty, empty, 4))
         self.assertEqual((got.blocks.op, got.blocks.remote.layout_id, got.blocks.local_ids), (pb.OP_READ, 2, b""))
 
+    def test_kept_framing_follows_the_ids_lengths(self):
+        # The framing of a frame is kept per head and id lengths: frames of one head with other lengths, built
+        # again or taken from what was kept, are each what protobuf writes.
+        ref = pb.LayoutRef(layout_id=3)
+        for n in (1, 2, 1, 300, 2, 300):
+            with self.subTest(n=n):
+                local, _, _ = blocks.pack_ids(array.array("q", range(n)))
+                remote, _, _ = blocks.pack_ids(array.array("q", range(100, 100 + n)))
+                got = self.parse(blocks.blocks_frame(pb.OP_WRITE, 7, ref, local, remote, 8, 2.0))
+                want = pb.FastRequest(blocks=blocks.blocks_request(pb.OP_WRITE, 7, ref, local, remote, 8, 2.0))
+                self.assertEqual(got, want)
+
     def test_frame_of_a_remote_layout_follows_it(self):
         # The frame's head is kept per remote; a RemoteLayout keys it without building its LayoutRef, and the
         # frame still names what its ref names: another remote, a layout given a new id by recover(), a segment.
