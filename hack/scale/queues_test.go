@@ -52,19 +52,14 @@ controller_runtime_reconcile_time_seconds_count{controller="vpodtopology"} 14
 workqueue_depth{controller="vpodtopology",name="vpodtopology"} 0
 rest_client_requests_total{code="409",host="x",method="PATCH"} 6
 `)
-	got := strings.Join(queueReport(before, after), "\n")
-	for _, want := range []string{
+	reportHas(t, queueReport(before, after),
 		"mean reconcile time (controller): vpodtopology/ms=1500",
 		"reconciles (controller/result): transferpool/error=5",
 		"reconcile errors (controller): transferpool=5",
 		"work queue retries (queue): none",
 		"API requests (method/code): PATCH/409=5",
 		"queue depth at the start (queue): vpodtopology=192",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("report lacks %q:\n%s", want, got)
-		}
-	}
+	)
 }
 
 // failureKind names the step and the cause of a failed agent round from the reporter's wrapped error.
@@ -109,5 +104,16 @@ not json at all
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("errorKinds:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// reportHas fails t for each of wants that the report's lines, joined, do not contain.
+func reportHas(t *testing.T, report []string, wants ...string) {
+	t.Helper()
+	got := strings.Join(report, "\n")
+	for _, want := range wants {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
 	}
 }

@@ -29,15 +29,8 @@ func (c *Copier) SubmitBounced(parts []StagedPart, host, n uint64, toHost bool) 
 	if len(parts) == 0 || n == 0 {
 		return nil, errors.New("nothing to stage")
 	}
-	direct := make([]Segment, len(parts))
-	for i, p := range parts {
-		direct[i] = Segment{Src: p.Addr, Dst: host + p.Off, Size: p.Size}
-		if !toHost {
-			direct[i] = Segment{Src: host + p.Off, Dst: p.Addr, Size: p.Size}
-		}
-	}
 	if c.mode != ModeKernel {
-		return c.SubmitRoute(direct, RouteDriver)
+		return c.SubmitRoute(stagedSegments(parts, host, toHost), RouteDriver)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -52,13 +45,7 @@ func (c *Copier) SubmitBounced(parts []StagedPart, host, n uint64, toHost bool) 
 	}
 	stage := c.bouncedBlocks(parts, bounce, toHost)
 	if stage == nil {
-		kernelSegs := make([]Segment, len(parts))
-		for i, p := range parts {
-			kernelSegs[i] = Segment{Src: p.Addr, Dst: bounce + p.Off, Size: p.Size}
-			if !toHost {
-				kernelSegs[i] = Segment{Src: bounce + p.Off, Dst: p.Addr, Size: p.Size}
-			}
-		}
+		kernelSegs := stagedSegments(parts, bounce, toHost)
 		stage = func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
 	}
 	crossing := []Segment{{Src: bounce, Dst: host, Size: n}}
@@ -74,6 +61,19 @@ func (c *Copier) SubmitBounced(parts []StagedPart, host, n uint64, toHost bool) 
 		return nil, fmt.Errorf("queueing a staged chunk of %d parts on GPU %d: %w", len(parts), c.dev, err)
 	}
 	return p, nil
+}
+
+// stagedSegments are the copies between parts and a packed buffer at base: from the parts into it (toHost), or
+// out of it into them.
+func stagedSegments(parts []StagedPart, base uint64, toHost bool) []Segment {
+	segs := make([]Segment, len(parts))
+	for i, p := range parts {
+		segs[i] = Segment{Src: p.Addr, Dst: base + p.Off, Size: p.Size}
+		if !toHost {
+			segs[i] = Segment{Src: base + p.Off, Dst: p.Addr, Size: p.Size}
+		}
+	}
+	return segs
 }
 
 // bouncedBlocks returns the descriptor staging of a chunk of equal blocks (a block list's chunk) in block form,

@@ -85,14 +85,7 @@ func (r *stagedRegion) submit(buf []byte, segs []engines.Segment, toHost bool) (
 	if len(parts) > stageDriverMax {
 		return r.c.SubmitBounced(parts, host, end, toHost)
 	}
-	out := make([]Segment, len(parts))
-	for i, p := range parts {
-		out[i] = Segment{Src: p.Addr, Dst: host + p.Off, Size: p.Size}
-		if !toHost {
-			out[i] = Segment{Src: host + p.Off, Dst: p.Addr, Size: p.Size}
-		}
-	}
-	return r.c.SubmitRoute(out, RouteDriver)
+	return r.c.SubmitRoute(stagedSegments(parts, host, toHost), RouteDriver)
 }
 
 // ToHost implements tcp.StagedRegion.
