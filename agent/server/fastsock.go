@@ -24,7 +24,9 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
+	"github.com/fabricxfer/fabricxfer/agent/server/transfers"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
@@ -153,7 +155,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	defer cancel()
 	var fc fastConn
 	defer fc.arena.Unmap()
-	defer fc.mailbox.Unmap()
+	defer fc.dropMailbox()
 	in := sockio.FrameReader{R: sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin, Budget: s.spinners, Doorbell: &fc.mailbox}, Max: maxFastFrame}
 	for {
 		frame, err := in.Next()
@@ -174,7 +176,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 			}
 			return
 		}
-		out, err := fc.reply(s.serveFastFrame(callCtx, sess, &fc, frame, false))
+		out, err := fc.reply(s.serveFastFrame(callCtx, sess, &fc, frame, false, nil))
 		if err == nil {
 			err = s.writeFastReply(conn, out)
 		}
@@ -203,6 +205,46 @@ type fastConn struct {
 	arena   fastwire.IDArena
 	mailbox fastwire.Mailbox
 	out     []byte
+	// unsignal releases the mailbox's registration for signals (nil: its requests are not signalled); pub is
+	// what a signalled request hands the transfer, early the buffer its success reply is marshalled into.
+	unsignal func() error
+	pub      transfers.Publish
+	early    []byte
+}
+
+// dropMailbox gives up the mailbox: released for signals first, and kept mapped for good when a copy that writes
+// its signal word did not finish (the hardware would write into whatever the pages became).
+func (fc *fastConn) dropMailbox() {
+	if fc.unsignal != nil {
+		err := fc.unsignal()
+		fc.unsignal = nil
+		if err != nil {
+			fc.mailbox.Forget()
+			return
+		}
+	}
+	fc.mailbox.Unmap()
+}
+
+// publish returns what a request taken from the mailbox hands a transfer to be signalled, nil when the mailbox is
+// not registered for signals.
+func (fc *fastConn) publish() *transfers.Publish {
+	if fc.unsignal == nil {
+		return nil
+	}
+	word, value := fc.mailbox.Signal()
+	fc.pub.Signal = engines.Signal{Word: word, Value: value}
+	if fc.pub.Early == nil {
+		fc.pub.Early = func(resp *agentv1.TransferResponse) bool {
+			out, err := (proto.MarshalOptions{}).MarshalAppend(append(fc.early[:0], 0, 0, 0, 0), &agentv1.FastReply{Response: resp})
+			if err != nil {
+				return false
+			}
+			fc.early = out
+			return fc.mailbox.Early(sockio.SealFrame(out))
+		}
+	}
+	return &fc.pub
 }
 
 // reply marshals the answer to one frame behind four reserved bytes of the buffer kept for the connection and
@@ -235,7 +277,7 @@ func (s *Server) serveMailbox(ctx context.Context, sess *session, fc *fastConn, 
 		s.metrics.Edge.Refused("fast", "malformed")
 		out, err = fc.reply(nil, status.Error(codes.InvalidArgument, err.Error()))
 	} else {
-		out, err = fc.reply(s.serveFastFrame(ctx, sess, fc, frame, true))
+		out, err = fc.reply(s.serveFastFrame(ctx, sess, fc, frame, true, fc.publish()))
 	}
 	if err != nil {
 		return err
@@ -278,13 +320,14 @@ func wakeCaller(conn *net.UnixConn) error {
 	return werr
 }
 
-// serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would. inMailbox says
-// the frame came through the mailbox, which cannot replace itself.
-func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn, frame []byte, inMailbox bool) (*agentv1.TransferResponse, error) {
+// serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would. pub is set for
+// frames that came through a mailbox registered for signals; inMailbox says the frame came through the mailbox,
+// which cannot replace itself.
+func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn, frame []byte, inMailbox bool, pub *transfers.Publish) (*agentv1.TransferResponse, error) {
 	// Block transfers, the large frames, are read without copying their ids.
 	blocks, err := fastwire.DecodeBlocks(frame)
 	if err == nil {
-		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs())
+		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs(), pub)
 	}
 	if !errors.Is(err, fastwire.ErrNotBlocks) {
 		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
@@ -297,7 +340,7 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 	case *agentv1.FastRequest_Transfer:
 		return s.xfer.Transfer(ctx, &sess.Session, r.Transfer)
 	case *agentv1.FastRequest_Blocks:
-		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, fc.arena.IDs())
+		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, fc.arena.IDs(), pub)
 	case *agentv1.FastRequest_IdArena:
 		return nil, s.setIDArena(sess, &fc.arena, r.IdArena)
 	case *agentv1.FastRequest_Wait:
@@ -306,13 +349,15 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 		if inMailbox {
 			return nil, status.Error(codes.InvalidArgument, "a mailbox is set through the socket, not through the mailbox")
 		}
-		return nil, s.setMailbox(sess, &fc.mailbox, r.Mailbox)
+		return nil, s.setMailbox(sess, fc, r.Mailbox)
 	}
 	return nil, status.Error(codes.InvalidArgument, "fast request names no transfer")
 }
 
-// setMailbox maps the memfd the caller passed as the connection's mailbox, read-write, replacing the one it had.
-func (s *Server) setMailbox(sess *session, mb *fastwire.Mailbox, req *agentv1.Mailbox) error {
+// setMailbox maps the memfd the caller passed as the connection's mailbox, read-write, replacing the one it had,
+// and registers it for signals where the engine writes them from hardware (the GPU's own write of a request's
+// end, which the caller sees without waiting for the reply).
+func (s *Server) setMailbox(sess *session, fc *fastConn, req *agentv1.Mailbox) error {
 	if req.Size < fastwire.MinMailbox || req.Size > fastwire.MaxMailbox {
 		return status.Errorf(codes.InvalidArgument, "a mailbox of %d bytes: between %d and %d", req.Size, fastwire.MinMailbox, fastwire.MaxMailbox)
 	}
@@ -320,9 +365,15 @@ func (s *Server) setMailbox(sess *session, mb *fastwire.Mailbox, req *agentv1.Ma
 	if err != nil {
 		return err
 	}
-	if err := mb.Attach(mapping); err != nil {
+	fc.dropMailbox()
+	if err := fc.mailbox.Attach(mapping); err != nil {
 		_ = syscall.Munmap(mapping)
 		return status.Errorf(codes.InvalidArgument, "mailbox: %v", err)
+	}
+	if sm, ok := s.opts.Engine.(engines.SignalMemory); ok {
+		if release, err := sm.RegisterSignalMemory(mapping); err == nil {
+			fc.unsignal = release
+		} // else its requests are answered by reply alone
 	}
 	return nil
 }

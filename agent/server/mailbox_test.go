@@ -313,3 +313,88 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+// early decodes the success reply the agent wrote ahead of a signalled request.
+func (m *testMailbox) early() *agentv1.FastReply {
+	m.t.Helper()
+	n := binary.BigEndian.Uint32(m.mem[1024:])
+	if n > 4096-1024-4 {
+		m.t.Fatalf("an early reply of %d bytes", n)
+	}
+	var r agentv1.FastReply
+	if err := proto.Unmarshal(m.mem[1028:1028+n], &r); err != nil {
+		m.t.Fatalf("the mailbox's early reply: %v", err)
+	}
+	return &r
+}
+
+// TestMailboxSignalsWhatLanded: a waited block transfer through the mailbox whose copies the engine vouches for
+// (here the host backend's inline copy) sets the signal word to the request's sequence once its bytes landed,
+// before the reply, and the success reply it announces is in the mailbox already; a refused transfer, an unwaited
+// or notified one, and one sent on the socket never set it. Whatever the caller writes over the signal word and
+// the early reply changes nothing for the agent, and another caller's mailbox is never written.
+func TestMailboxSignalsWhatLanded(t *testing.T) {
+	const bs, blocks = 64, 256
+	b := newFastBlocksBed(t, 11, blocks, bs)
+	a, c, rng := b.a, b.c, b.rng
+	src, srcMem, dst, dstMem := b.src, b.srcMem, b.dst, b.dstMem
+	mb := attachMailbox(t, a, c, 64<<10)
+	other := attachMailbox(t, a, dial(t, a), 64<<10)
+	frame := func(local, remote uint32, wait bool, notify []byte) []byte {
+		return fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
+			Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
+			IdBytes: 4, LocalIds: binary.LittleEndian.AppendUint32(nil, local), RemoteIds: binary.LittleEndian.AppendUint32(nil, remote),
+			Wait: wait, Notify: notify}}})
+	}
+	signalled := func() bool { return mb.u32(256).Load() == uint32(mb.seq) }
+
+	for i := range 50 {
+		local, remote := uint32(rng.IntN(blocks)), uint32(rng.IntN(blocks))
+		r := mb.call(frame(local, remote, true, nil))
+		if r.Code != 0 {
+			t.Fatalf("call %d: %v", i, r)
+		}
+		// The reply is written after the signal: a reply without it means the request was not signalled.
+		if !signalled() {
+			t.Fatalf("call %d: the signal word is %d after the reply to request %d", i, mb.u32(256).Load(), mb.seq)
+		}
+		e := mb.early()
+		if e.Code != 0 || e.Response.GetTransferId() != r.Response.GetTransferId() || e.Response.GetBytes() != bs*2 ||
+			e.Response.GetStatus().GetState() != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED || e.Response.GetStatus().GetElapsed() != nil {
+			t.Fatalf("call %d: the early reply %v does not announce the success of %v", i, e, r)
+		}
+		for k := range dstMem {
+			if !bytes.Equal(dstMem[k].Bytes[remote*bs:][:bs], srcMem[k].Bytes[local*bs:][:bs]) {
+				t.Fatalf("call %d: region %d's block had not landed", i, k)
+			}
+		}
+	}
+
+	before := b.snapshot()
+	if r := mb.call(frame(1, blocks, true, nil)); r.Code == 0 || signalled() {
+		t.Fatalf("an id out of range: %v, signalled %v", r, signalled())
+	}
+	b.unchanged("a refused request", before)
+	if r := mb.call(frame(1, 2, false, nil)); r.Code != 0 || signalled() {
+		t.Fatalf("an unwaited request: %v, signalled %v", r, signalled())
+	}
+	if r := mb.call(frame(3, 4, true, []byte("done"))); r.Code != 0 || signalled() {
+		t.Fatalf("a notified request: %v, signalled %v", r, signalled())
+	}
+	seqBefore := mb.u32(256).Load()
+	if r := rawFrame(t, mb.conn, frame(5, 6, true, nil)); r.Code != 0 || mb.u32(256).Load() != seqBefore {
+		t.Fatalf("a request on the socket: %v, signal word %d -> %d", r, seqBefore, mb.u32(256).Load())
+	}
+
+	// The caller scribbles over the signal word and the early reply; the agent reads neither.
+	mb.u32(256).Store(^uint32(0))
+	for i := 1024; i < 4096; i++ {
+		mb.mem[i] = byte(rng.Uint32())
+	}
+	if r := mb.call(frame(7, 8, true, nil)); r.Code != 0 || !signalled() || mb.early().Response.GetTransferId() != r.Response.GetTransferId() {
+		t.Fatalf("a call after the caller scribbled: %v, signalled %v", r, signalled())
+	}
+	if w := other.u32(256).Load(); w != 0 || !bytes.Equal(other.mem[1024:4096], make([]byte, 3072)) {
+		t.Fatalf("another caller's mailbox was written: signal word %d", w)
+	}
+}

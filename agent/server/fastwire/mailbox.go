@@ -22,7 +22,11 @@ const (
 	mbReplySeq    = 128
 	mbPolling     = 192
 	mbCallerSleep = 196
-	mbAreas       = 4096
+	// mbSignal is the word the hardware sets to a request's sequence (low 32 bits) once its copies are done,
+	// and mbEarly the frame of that request's success reply, written before the copies were queued.
+	mbSignal = 256
+	mbEarly  = 1024
+	mbAreas  = 4096
 )
 
 // WakeFrame wakes a caller that sleeps on its socket during a mailbox call: a frame header no reply has (replies
@@ -63,6 +67,27 @@ func (m *Mailbox) Unmap() {
 		_ = syscall.Munmap(m.mapping)
 		m.mapping = nil
 	}
+}
+
+// Forget drops the mailbox without unmapping it: hardware may still write its signal word.
+func (m *Mailbox) Forget() { m.mapping = nil }
+
+// Mapping is the whole mailbox, as mapped (nil without one).
+func (m *Mailbox) Mapping() []byte { return m.mapping }
+
+// Signal is the word a signalled request's copies set to Sequence once done, and the value they set.
+func (m *Mailbox) Signal() (word *uint32, value uint32) {
+	return (*uint32)(unsafe.Pointer(&m.mapping[mbSignal])), uint32(m.last)
+}
+
+// Early writes the sealed success reply of the request last taken where the caller reads it once the signal
+// word says so; false when it does not fit (the request is then not signalled).
+func (m *Mailbox) Early(frame []byte) bool {
+	if len(frame) > mbAreas-mbEarly {
+		return false
+	}
+	copy(m.mapping[mbEarly:], frame)
+	return true
 }
 
 func (m *Mailbox) word64(off int) *atomic.Uint64 {

@@ -124,7 +124,7 @@ func (s *Service) Transfer(ctx context.Context, sess *regiontable.Session, req *
 	if left <= 0 {
 		return nil, status.Errorf(codes.DeadlineExceeded, "the transfer's %v ran out while its peers were resolved", timeout)
 	}
-	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait, nil)
+	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait, nil, nil)
 }
 
 // checkSubmission checks what item and block transfers share: the op, the notification and the timeout.
@@ -147,7 +147,7 @@ func checkSubmission(op agentv1.Op, notify []byte, timeout *durationpb.Duration)
 // submit starts a planned transfer for the caller and, with wait, waits for it within the call. release (may be
 // nil) runs once nothing can read the plan set's memory any more: the transfer settled, or never started.
 func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *engines.PlanSet, tags []string, total uint64, items int,
-	timeout time.Duration, notify []byte, wait bool, release func()) (*agentv1.TransferResponse, error) {
+	timeout time.Duration, notify []byte, wait bool, release func(), pub *Publish) (*agentv1.TransferResponse, error) {
 	if release == nil {
 		release = func() {}
 	}
@@ -173,8 +173,22 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 		release: release}
 	s.table.Unlock()
 
+	resp := &agentv1.TransferResponse{TransferId: x.id, Items: uint32(items), Bytes: ps.Bytes()}
+	for i := range ps.Plans {
+		resp.Engines = append(resp.Engines, ps.Plans[i].Engine)
+	}
+	opts := engines.SubmitOptions{Timeout: timeout, Notify: notify, Waited: wait}
+	if pub != nil && wait && len(notify) == 0 {
+		// The success reply is where the caller finds it before the engine may signal it. A notified transfer
+		// is not signalled: its caller hears of it once the notification is on its way, as without a signal.
+		resp.Status = &agentv1.TransferStatus{TransferId: x.id, Bytes: total, State: agentv1.TransferState_TRANSFER_STATE_SUCCEEDED}
+		if pub.Early(resp) {
+			opts.Signal = &pub.Signal
+		}
+		resp.Status = nil
+	}
 	// The transfer outlives this call; its deadline comes from the request's timeout (or the engine default).
-	t, err := s.engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: notify, Waited: wait})
+	t, err := s.engine.Submit(context.Background(), ps, opts)
 	trace.Log(ctx, "transfer", "submitted")
 	if err != nil {
 		s.table.Lock()
@@ -190,11 +204,6 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	s.table.Unlock()
 	if !wait {
 		go s.settle(x)
-	}
-
-	resp := &agentv1.TransferResponse{TransferId: x.id, Items: uint32(items), Bytes: ps.Bytes()}
-	for i := range ps.Plans {
-		resp.Engines = append(resp.Engines, ps.Plans[i].Engine)
 	}
 	if wait {
 		if d, ok := t.(engines.Driven); ok {
@@ -223,6 +232,15 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 		}
 	}
 	return resp, nil
+}
+
+// Publish lets the caller of a waited transfer learn of its success before the reply: Early is handed the
+// success reply (without the elapsed time, which only the end knows) before the transfer is submitted and
+// reports whether the caller can read it; only then does the engine get Signal to write once every byte landed
+// (engines.Signal). The reply is sent as always; a caller that saw the signal does not wait for it.
+type Publish struct {
+	Signal engines.Signal
+	Early  func(*agentv1.TransferResponse) bool
 }
 
 // waitSpin is how long a waited transfer's call polls for completion before parking: a GPU copy of tens of

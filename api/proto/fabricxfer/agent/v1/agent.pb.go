@@ -3340,6 +3340,10 @@ func (x *IdArena) GetSize() uint64 {
 //	      sends an empty frame (four zero bytes) on the socket to wake it
 //	196   u32 caller asleep: set by the caller before it waits on the socket; the agent then sends four 0xff
 //	      bytes (a frame header no reply has) after the reply
+//	256   u32 signal: for a waited block transfer whose copies one engine vouches for, set by the hardware to the
+//	      request sequence's low 32 bits once every byte landed (the GPU writes it behind its copies); the
+//	      success reply it announces (u32 big-endian length + FastReply, without the elapsed time) is at
+//	      1024 before the transfer is submitted. The reply still follows as above; a caller may take either.
 //
 // A request area and a reply area of (size-4096)/2 bytes each; larger frames still go through the socket, whose
 // frames are answered there as before. On a connection with a mailbox, an empty frame from the caller is a
