@@ -20,11 +20,11 @@ import (
 // Sealed records: after the mutual TLS handshake and the hello, two agents that both offered sealedProto (ALPN)
 // move their stream in AES-128-GCM records of up to recordMax bytes over the bare TCP connection, with keys
 // exported from the TLS session. TLS's own records carry at most 16 KiB, each a system call on the way out and a
-// copy through the TLS buffer on the way in; at memory speed those, not the cipher, bound a connection. A sealed
-// record is a system call per up to four records out, and opens straight into the reader's buffer (the
-// destination region) when that buffer holds the whole record. Same guarantees as TLS for the data: secrecy,
-// integrity, order (each direction numbers its records, the number is the nonce), no replay across connections
-// (keys are per session). Differences, both documented: a record that fails authentication may have left
+// copy through the TLS buffer on the way in; at memory speed those, not the cipher, bound a connection. Sealed
+// records go out a system call per up to four (a write's first record alone, so that its system call starts
+// while the rest is sealed), and a record opens straight into the reader's buffer (the destination region)
+// when that buffer holds the whole record. Same guarantees as TLS for the data: secrecy, integrity, order (each
+// direction numbers its records, the number is the nonce), no replay across connections (keys are per session). Differences, both documented: a record that fails authentication may have left
 // garbage in the destination range it was opened into (the transfer fails; a failed transfer's destination is
 // undefined anyway), and liveness is proven per record rather than per byte.
 const (
@@ -40,7 +40,8 @@ const (
 	recordMore     = 1 << 31
 	recordTag      = 16
 	recordOverhead = recordHeader + recordTag
-	// recordsPerFlush records are sealed into one buffer before a system call writes it.
+	// recordsPerFlush records are sealed into one buffer before a system call writes it (a Write's first flush
+	// is one record).
 	recordsPerFlush = 4
 	// rekeyEvery records a direction's key changes (derived again from its secret with the epoch), so one key
 	// seals at most 64 GiB, far below AES-GCM's limits per key.
@@ -161,10 +162,10 @@ func newSealedConn(raw net.Conn, tc *tls.Conn, client bool, bufs *sealBuffers) (
 	return &sealedConn{Conn: raw, bufs: bufs, wk: wk, rk: rk}, nil
 }
 
-// Write seals p into records and writes them, recordsPerFlush to a system call; the records of one flush are
-// sealed in parallel, and the next flush is sealed while this one is written. Every record but the last of a
-// Write says that more follow, so the reader may wait for them. A failed write leaves the stream unusable (the
-// peer cannot find the next record), as with TLS.
+// Write seals p into records and writes them, the first alone and then up to recordsPerFlush to a system call;
+// the records of one flush are sealed in parallel, and the next flush is sealed while this one is written. Every
+// record but the last of a Write says that more follow, so the reader may wait for them. A failed write leaves
+// the stream unusable (the peer cannot find the next record), as with TLS.
 func (s *sealedConn) Write(p []byte) (int, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
@@ -180,7 +181,9 @@ func (s *sealedConn) Write(p []byte) (int, error) {
 			s.bufs.out.Put(spare)
 		}
 	}()
-	n := min(len(p), flush)
+	// The first flush is one record: the first system call starts once it is sealed, and the rest of the flush
+	// is sealed while it goes out, instead of the whole flush waiting for its slowest record.
+	n := min(len(p), recordMax)
 	out, err := s.sealBatch((*held)[:0], p[:n], n == len(p))
 	written := 0
 	for err == nil {

@@ -5,12 +5,14 @@ package tcp
 
 import (
 	"bytes"
+	"crypto/cipher"
 	"crypto/tls"
 	"errors"
 	"io"
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,7 +21,7 @@ import (
 
 // sealedPair returns the two ends of a loopback TCP connection speaking sealed records with one secret, as
 // newSealedConn sets them up from a TLS session, and the raw client end for writing forged bytes.
-func sealedPair(t *testing.T) (client, server *sealedConn, rawClient net.Conn) {
+func sealedPair(t testing.TB) (client, server *sealedConn, rawClient net.Conn) {
 	t.Helper()
 	ln := listen(t)
 	defer ln.Close()
@@ -215,6 +217,124 @@ func TestSealedRecordsResumeAfterDeadline(t *testing.T) {
 	got := make([]byte, recordMax)
 	if _, err := io.ReadFull(server, got); err != nil || !bytes.Equal(got, msg) {
 		t.Fatalf("record resumed after two deadlines: %v, equal %v", err, bytes.Equal(got, msg))
+	}
+}
+
+// writeLog passes writes on and keeps, for each, its size and when it began.
+type writeLog struct {
+	net.Conn
+	mu    sync.Mutex
+	sizes []int
+	at    []time.Time
+}
+
+func (w *writeLog) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	w.sizes, w.at = append(w.sizes, len(p)), append(w.at, time.Now())
+	w.mu.Unlock()
+	return w.Conn.Write(p)
+}
+
+// reset forgets the writes logged so far and returns when the first of them began (zero if none).
+func (w *writeLog) reset() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var first time.Time
+	if len(w.at) > 0 {
+		first = w.at[0]
+	}
+	w.sizes, w.at = w.sizes[:0], w.at[:0]
+	return first
+}
+
+// A Write of several records makes its first system call with the first record alone, so that the rest is
+// sealed while it goes out; later system calls carry up to recordsPerFlush whole records, and the reader gets
+// every byte in order.
+func TestSealedRecordsFirstRecordWrittenAlone(t *testing.T) {
+	client, server, _ := sealedPair(t)
+	log := &writeLog{Conn: client.Conn}
+	client.Conn = log
+	for _, n := range []int{720, recordMax, 737280, 2*recordsPerFlush*recordMax + 5} {
+		log.reset()
+		msg := pattern(n, byte(n))
+		wrote := make(chan error, 1)
+		go func() { _, err := client.Write(msg); wrote <- err }()
+		got := make([]byte, n)
+		if _, err := io.ReadFull(server, got); err != nil || !bytes.Equal(got, msg) {
+			t.Fatalf("a %d-byte write: %v, equal %v", n, err, bytes.Equal(got, msg))
+		}
+		if err := <-wrote; err != nil {
+			t.Fatal(err)
+		}
+		records := (n + recordMax - 1) / recordMax
+		log.mu.Lock()
+		sizes := append([]int(nil), log.sizes...)
+		log.mu.Unlock()
+		first := min(n, recordMax) + recordOverhead
+		if sizes[0] != first {
+			t.Fatalf("a %d-byte write (%d records) made its first system call of %d bytes, want one record of %d (writes %v)",
+				n, records, sizes[0], first, sizes)
+		}
+		wantWrites := 1
+		if records > 1 {
+			wantWrites += (records - 1 + recordsPerFlush - 1) / recordsPerFlush
+		}
+		total := 0
+		for i, size := range sizes {
+			total += size
+			if i > 0 && size > recordsPerFlush*(recordMax+recordOverhead) {
+				t.Fatalf("a %d-byte write's system call %d carried %d bytes, more than %d records", n, i, size, recordsPerFlush)
+			}
+		}
+		if len(sizes) != wantWrites || total != n+records*recordOverhead {
+			t.Fatalf("a %d-byte write: system calls %v, want %d of %d bytes in all", n, sizes, wantWrites, n+records*recordOverhead)
+		}
+	}
+}
+
+// signalAEAD tells each record it opened.
+type signalAEAD struct {
+	cipher.AEAD
+	opened chan<- int
+}
+
+func (a signalAEAD) Open(dst, nonce, ciphertext, data []byte) ([]byte, error) {
+	out, err := a.AEAD.Open(dst, nonce, ciphertext, data)
+	a.opened <- len(out)
+	return out, err
+}
+
+// A record that arrived whole is opened while the next one of the same Write is still on its way: the reader
+// does not wait for the batch.
+func TestSealedRecordsOpenedWhileNextArrives(t *testing.T) {
+	client, server, raw := sealedPair(t)
+	capture := &sealedConn{Conn: &captureConn{}, bufs: client.bufs, wk: client.wk}
+	msg := pattern(2*recordMax, 4)
+	if _, err := capture.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	wire := capture.Conn.(*captureConn).buf.Bytes()
+	opened := make(chan int, 2)
+	server.rk.aead = signalAEAD{server.rk.aead, opened}
+	got := make([]byte, len(msg))
+	read := make(chan error, 1)
+	go func() { _, err := io.ReadFull(server, got); read <- err }()
+	if _, err := raw.Write(wire[:recordHeader+recordMax+recordTag]); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-opened:
+		if n != recordMax {
+			t.Fatalf("opened %d bytes, want the first record's %d", n, recordMax)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first record was not opened while the second had not arrived")
+	}
+	if _, err := raw.Write(wire[recordHeader+recordMax+recordTag:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read; err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("two records: %v, equal %v", err, bytes.Equal(got, msg))
 	}
 }
 
