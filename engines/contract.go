@@ -296,6 +296,8 @@ type SubmitOptions struct {
 type Signal struct {
 	Word  *uint32
 	Value uint32
+	// Queued is set by the engine once it has stored the word or queued the hardware's write of it.
+	Queued bool
 }
 
 // SignalMemory is an engine that registers host memory for Signals: release undoes it once no queued copy

@@ -42,6 +42,8 @@ const (
 	maxFastPerCaller = 8
 	maxFastConns     = 1024
 	maxFastTokens    = 16
+	// detachDrain bounds how long a closing connection waits for its detached transfers to answer.
+	detachDrain = 10 * time.Second
 	// fastBindTimeout bounds how long a new fast connection may take to present its token.
 	fastBindTimeout = 5 * time.Second
 	// DefaultFastSpin: a fast connection polls 2 ms for its caller's next request. A caller that sends every
@@ -210,11 +212,20 @@ type fastConn struct {
 	unsignal func() error
 	pub      transfers.Publish
 	early    []byte
+	detached sync.WaitGroup // detached transfers whose answer may still be written into the mailbox
 }
 
 // dropMailbox gives up the mailbox: released for signals first, and kept mapped for good when a copy that writes
 // its signal word did not finish (the hardware would write into whatever the pages became).
 func (fc *fastConn) dropMailbox() {
+	drained := make(chan struct{})
+	go func() { fc.detached.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(detachDrain):
+		fc.mailbox.Forget() // a transfer still ending would write its answer there
+		return
+	}
 	if fc.unsignal != nil {
 		err := fc.unsignal()
 		fc.unsignal = nil
@@ -227,13 +238,15 @@ func (fc *fastConn) dropMailbox() {
 }
 
 // publish returns what a request taken from the mailbox hands a transfer to be signalled, nil when the mailbox is
-// not registered for signals.
-func (fc *fastConn) publish() *transfers.Publish {
+// not registered for signals. It holds the mailbox for a detached answer (settled), which the caller gives back
+// (fc.detached.Done) when the transfer did not detach.
+func (fc *fastConn) publish(conn *net.UnixConn) *transfers.Publish {
 	if fc.unsignal == nil {
 		return nil
 	}
-	word, value := fc.mailbox.Signal()
+	word, value, seq := fc.mailbox.Signal()
 	fc.pub.Signal = engines.Signal{Word: word, Value: value}
+	fc.pub.Detached = false
 	if fc.pub.Early == nil {
 		fc.pub.Early = func(resp *agentv1.TransferResponse) bool {
 			out, err := (proto.MarshalOptions{}).MarshalAppend(append(fc.early[:0], 0, 0, 0, 0), &agentv1.FastReply{Response: resp})
@@ -244,26 +257,60 @@ func (fc *fastConn) publish() *transfers.Publish {
 			return fc.mailbox.Early(sockio.SealFrame(out))
 		}
 	}
+	fc.detached.Add(1)
+	fc.pub.Settled = fc.settled(conn, fc.mailbox.Mapping(), seq)
 	return &fc.pub
+}
+
+// settled answers request seq once its detached transfer ended: nothing when it succeeded, since its signal said
+// so (the hardware wrote it before the end was seen; the caller may be on to later requests by now, so the word
+// is not read again), only a wake-up for a sleeping caller; else the reply, as serveMailbox would have written
+// it. The mailbox stays mapped until every settled has run (dropMailbox).
+func (fc *fastConn) settled(conn *net.UnixConn, mapping []byte, seq uint64) func(*agentv1.TransferResponse, error) {
+	return func(resp *agentv1.TransferResponse, err error) {
+		defer fc.detached.Done()
+		wake := fastwire.Asleep(mapping)
+		if err != nil || resp.GetStatus().GetState() != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+			var out []byte
+			if out, err = replyFrame(nil, resp, err); err == nil {
+				wake, err = fastwire.ReplyTo(mapping, seq, out)
+			}
+			if err != nil {
+				return
+			}
+		}
+		if wake {
+			_ = wakeCaller(conn)
+		}
+	}
 }
 
 // reply marshals the answer to one frame behind four reserved bytes of the buffer kept for the connection and
 // returns the sealed frame (valid until the next reply): one write, no allocation.
 func (fc *fastConn) reply(resp *agentv1.TransferResponse, err error) ([]byte, error) {
+	if cap(fc.out) > 64<<10 {
+		fc.out = nil
+	}
+	out, err := replyFrame(fc.out[:0], resp, err)
+	if err != nil {
+		return nil, err
+	}
+	fc.out = out
+	return out, nil
+}
+
+// replyFrame appends the sealed frame of the answer to one request to buf.
+func replyFrame(buf []byte, resp *agentv1.TransferResponse, err error) ([]byte, error) {
 	var r *agentv1.FastReply
 	if err != nil {
 		r = fastwire.ErrReply(err)
 	} else {
 		r = &agentv1.FastReply{Response: resp}
 	}
-	if cap(fc.out) > 64<<10 {
-		fc.out = nil
-	}
-	out, err := (proto.MarshalOptions{}).MarshalAppend(append(fc.out[:0], 0, 0, 0, 0), r)
+	out, err := (proto.MarshalOptions{}).MarshalAppend(append(buf, 0, 0, 0, 0), r)
 	if err != nil {
 		return nil, err
 	}
-	fc.out = out
 	return sockio.SealFrame(out), nil
 }
 
@@ -277,7 +324,15 @@ func (s *Server) serveMailbox(ctx context.Context, sess *session, fc *fastConn, 
 		s.metrics.Edge.Refused("fast", "malformed")
 		out, err = fc.reply(nil, status.Error(codes.InvalidArgument, err.Error()))
 	} else {
-		out, err = fc.reply(s.serveFastFrame(ctx, sess, fc, frame, true, fc.publish()))
+		pub := fc.publish(conn)
+		out, err = fc.reply(s.serveFastFrame(ctx, sess, fc, frame, true, pub))
+		if pub != nil {
+			if pub.Detached {
+				trace.Log(ctx, "fast", "detached")
+				return nil
+			}
+			fc.detached.Done() // nothing answers later
+		}
 	}
 	if err != nil {
 		return err
@@ -355,8 +410,8 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 }
 
 // setMailbox maps the memfd the caller passed as the connection's mailbox, read-write, replacing the one it had,
-// and registers it for signals where the engine writes them from hardware (the GPU's own write of a request's
-// end, which the caller sees without waiting for the reply).
+// and, for a caller that watches signals, registers it for them where the engine writes them from hardware (the
+// GPU's own write of a request's end, which the caller sees without waiting for the agent).
 func (s *Server) setMailbox(sess *session, fc *fastConn, req *agentv1.Mailbox) error {
 	if req.Size < fastwire.MinMailbox || req.Size > fastwire.MaxMailbox {
 		return status.Errorf(codes.InvalidArgument, "a mailbox of %d bytes: between %d and %d", req.Size, fastwire.MinMailbox, fastwire.MaxMailbox)
@@ -370,7 +425,7 @@ func (s *Server) setMailbox(sess *session, fc *fastConn, req *agentv1.Mailbox) e
 		_ = syscall.Munmap(mapping)
 		return status.Errorf(codes.InvalidArgument, "mailbox: %v", err)
 	}
-	if sm, ok := s.opts.Engine.(engines.SignalMemory); ok {
+	if sm, ok := s.opts.Engine.(engines.SignalMemory); ok && req.Signals {
 		if release, err := sm.RegisterSignalMemory(mapping); err == nil {
 			fc.unsignal = release
 		} // else its requests are answered by reply alone

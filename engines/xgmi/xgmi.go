@@ -327,6 +327,7 @@ func (e *Engine) runInline(t *engines.Tracker, work []engines.Work, sig *engines
 		}
 		if sig != nil && i == len(work)-1 && !failed {
 			atomic.StoreUint32(sig.Word, sig.Value) // before the last Finish: the caller may hear of it first
+			sig.Queued = true
 		}
 		t.Finish(w.Index, nil)
 	}

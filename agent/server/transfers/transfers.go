@@ -183,6 +183,7 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 		// is not signalled: its caller hears of it once the notification is on its way, as without a signal.
 		resp.Status = &agentv1.TransferStatus{TransferId: x.id, Bytes: total, State: agentv1.TransferState_TRANSFER_STATE_SUCCEEDED}
 		if pub.Early(resp) {
+			pub.Signal.Queued = false
 			opts.Signal = &pub.Signal
 		}
 		resp.Status = nil
@@ -202,45 +203,62 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	s.table.Lock()
 	s.transfers[x.id] = x
 	s.table.Unlock()
-	if !wait {
+	switch {
+	case !wait:
 		go s.settle(x)
-	}
-	if wait {
-		if d, ok := t.(engines.Driven); ok {
-			d.Drive(ctx) // a GPU copy seen done on this goroutine, without a hand-off
-		}
-		spinUntilDone(t.Done(), waitSpin)
-		select {
-		case <-t.Done():
-			trace.Log(ctx, "transfer", "settled")
-			s.finish(x)
-			// Block ids left to the GPU are refused as it runs them (nothing moved); the waiting caller hears it
-			// as the same refusal planning would have given.
-			if err := x.err; errors.Is(err, engines.ErrOutOfBounds) || errors.Is(err, engines.ErrOverlap) {
-				return nil, status.Errorf(codes.InvalidArgument, "transfer %d refused: %v", x.id, err)
-			}
-			resp.Status = x.status
-		case <-ctx.Done():
-			go s.settle(x) // the transfer goes on; its status is recorded when it ends
-			// A call that ran out of time is DeadlineExceeded; one cut short otherwise (the agent stopping, the
-			// connection closing) is Unavailable, so clients retry or recover instead of blaming their deadline.
-			code := codes.Unavailable
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				code = codes.DeadlineExceeded
-			}
-			return nil, status.Errorf(code, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
-		}
+	case opts.Signal != nil && opts.Signal.Queued && pub.Settled != nil:
+		// The caller hears of success from the hardware: the call ends now, and the transfer is seen done on
+		// another goroutine, which answers the caller only when the signal did not say it all.
+		pub.Detached = true
+		settled := pub.Settled
+		go func() { settled(s.waited(context.Background(), x, resp)) }()
+	default:
+		return s.waited(ctx, x, resp)
 	}
 	return resp, nil
+}
+
+// waited waits for a waited transfer on the calling goroutine and returns its call's answer: resp with the
+// transfer's status, or why the call ended first.
+func (s *Service) waited(ctx context.Context, x *transfer, resp *agentv1.TransferResponse) (*agentv1.TransferResponse, error) {
+	if d, ok := x.t.(engines.Driven); ok {
+		d.Drive(ctx) // a GPU copy seen done on this goroutine, without a hand-off
+	}
+	spinUntilDone(x.t.Done(), waitSpin)
+	select {
+	case <-x.t.Done():
+		trace.Log(ctx, "transfer", "settled")
+		s.finish(x)
+		// Block ids left to the GPU are refused as it runs them (nothing moved); the waiting caller hears it
+		// as the same refusal planning would have given.
+		if err := x.err; errors.Is(err, engines.ErrOutOfBounds) || errors.Is(err, engines.ErrOverlap) {
+			return nil, status.Errorf(codes.InvalidArgument, "transfer %d refused: %v", x.id, err)
+		}
+		resp.Status = x.status
+		return resp, nil
+	case <-ctx.Done():
+		go s.settle(x) // the transfer goes on; its status is recorded when it ends
+		// A call that ran out of time is DeadlineExceeded; one cut short otherwise (the agent stopping, the
+		// connection closing) is Unavailable, so clients retry or recover instead of blaming their deadline.
+		code := codes.Unavailable
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			code = codes.DeadlineExceeded
+		}
+		return nil, status.Errorf(code, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
+	}
 }
 
 // Publish lets the caller of a waited transfer learn of its success before the reply: Early is handed the
 // success reply (without the elapsed time, which only the end knows) before the transfer is submitted and
 // reports whether the caller can read it; only then does the engine get Signal to write once every byte landed
-// (engines.Signal). The reply is sent as always; a caller that saw the signal does not wait for it.
+// (engines.Signal). When the engine queued the signal and Settled is set, the call returns at once with
+// Detached set and no answer to send; Settled gets the call's answer on another goroutine once the transfer
+// ended. Otherwise the call waits and answers as always.
 type Publish struct {
-	Signal engines.Signal
-	Early  func(*agentv1.TransferResponse) bool
+	Signal   engines.Signal
+	Early    func(*agentv1.TransferResponse) bool
+	Settled  func(*agentv1.TransferResponse, error)
+	Detached bool
 }
 
 // waitSpin is how long a waited transfer's call polls for completion before parking: a GPU copy of tens of

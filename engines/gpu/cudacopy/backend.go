@@ -344,6 +344,7 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work, sig *en
 		}
 		if signal != nil {
 			b.recordSignal(signal, p)
+			sig.Queued = p != nil && p.Signalled()
 		}
 		if err != nil {
 			break
