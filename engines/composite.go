@@ -535,9 +535,6 @@ func (c *Composite) Submit(ctx context.Context, ps *PlanSet, opts SubmitOptions)
 	// One count per part plus one for this function, so the transfer completes only once every part is known.
 	ct.remaining.Store(int64(len(ps.parts)) + 1)
 	ct.subs = make([]Transfer, len(ps.parts))
-	if len(ps.parts) != 1 {
-		opts.Signal = nil // one engine's word would say nothing of the others' plans
-	}
 	for i, part := range ps.parts {
 		var once sync.Once
 		partDone := func() { once.Do(ct.partDone) }
@@ -560,18 +557,6 @@ func (c *Composite) Submit(ctx context.Context, ps *PlanSet, opts SubmitOptions)
 	}
 	ct.partDone()
 	return ct, nil
-}
-
-// RegisterSignalMemory implements SignalMemory over every engine that registers memory for signals (those that
-// do not write signals from hardware need nothing).
-func (c *Composite) RegisterSignalMemory(mem []byte) (func() error, error) {
-	var sms []SignalMemory
-	for _, e := range c.engines {
-		if sm, ok := e.(SignalMemory); ok {
-			sms = append(sms, sm)
-		}
-	}
-	return RegisterSignalMemoryWith(mem, sms)
 }
 
 // pinnedIDs is an engine (or an engine's backend) that hands out block-id buffers its GPU kernels read in place.

@@ -5,7 +5,6 @@ package engines
 
 import (
 	"context"
-	"errors"
 	"math"
 	"os"
 	"time"
@@ -277,55 +276,10 @@ type SubmitOptions struct {
 	// copy of a few microseconds ends without a hand-off between threads. A wait that gives up, or none at
 	// all within WaitedHandoff, hands the transfer to a goroutine, so it always completes.
 	Waited bool
-	// Signal, when set, is a word the engine writes once every byte of a Waited submission has landed, before
-	// it reports the transfer done (see Signal). Engines that cannot leave it alone.
-	Signal *Signal
 
 	// onDone is the composite's hook: trackers call it after Done closes and before unpinning regions, so the
 	// composite transfer is done before a Deregister waiting for those regions returns.
 	onDone func()
-}
-
-// Signal is a 32-bit word in host memory that an engine sets to Value once every byte of a submission has
-// landed, so that a caller polling the word learns of success before the agent's reply: a GPU engine has the
-// GPU write it in stream order behind its copies, a host engine stores it after its last copy. An engine writes
-// it only when it can vouch for the whole submission (one GPU submission whose ids were checked on the host,
-// or host copies done inline); a transfer that fails never writes it, and an engine that does not write it
-// changes nothing else. Word must lie in memory the node's GPU backends registered for signals (see
-// SignalMemory) and stay mapped until the transfer is done.
-type Signal struct {
-	Word  *uint32
-	Value uint32
-	// Queued is set by the engine once it has stored the word or queued the hardware's write of it.
-	Queued bool
-}
-
-// SignalMemory is an engine that registers host memory for Signals: release undoes it once no queued copy
-// may still write there, and fails (leaving the memory registered) when one did not finish in time; the
-// memory must then stay mapped.
-type SignalMemory interface {
-	RegisterSignalMemory(mem []byte) (release func() error, err error)
-}
-
-// RegisterSignalMemoryWith registers mem with each of sms (an engine's parts) and returns one release for all;
-// when one refuses, those done are released again.
-func RegisterSignalMemoryWith(mem []byte, sms []SignalMemory) (func() error, error) {
-	var releases []func() error
-	release := func() error {
-		var errs []error
-		for _, r := range releases {
-			errs = append(errs, r())
-		}
-		return errors.Join(errs...)
-	}
-	for _, sm := range sms {
-		r, err := sm.RegisterSignalMemory(mem)
-		if err != nil {
-			return nil, errors.Join(err, release())
-		}
-		releases = append(releases, r)
-	}
-	return release, nil
 }
 
 // Driven is implemented by transfers whose completion the waiting goroutine can observe itself

@@ -115,7 +115,7 @@ func (s *Server) TransferBlocks(ctx context.Context, req *agentv1.TransferBlocks
 	if err != nil {
 		return nil, err
 	}
-	return s.xfer.TransferBlocks(ctx, &sess.Session, req, nil, nil)
+	return s.xfer.TransferBlocks(ctx, &sess.Session, req, nil)
 }
 
 // Wait implements agentv1.AgentServer.

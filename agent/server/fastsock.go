@@ -24,9 +24,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
-	"github.com/fabricxfer/fabricxfer/agent/server/transfers"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
-	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
@@ -42,8 +40,6 @@ const (
 	maxFastPerCaller = 8
 	maxFastConns     = 1024
 	maxFastTokens    = 16
-	// detachDrain bounds how long a closing connection waits for its detached transfers to answer.
-	detachDrain = 10 * time.Second
 	// fastBindTimeout bounds how long a new fast connection may take to present its token.
 	fastBindTimeout = 5 * time.Second
 	// DefaultFastSpin: a fast connection polls 2 ms for its caller's next request. A caller that sends every
@@ -157,7 +153,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	defer cancel()
 	var fc fastConn
 	defer fc.arena.Unmap()
-	defer fc.dropMailbox()
+	defer fc.mailbox.Unmap()
 	in := sockio.FrameReader{R: sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin, Budget: s.spinners, Doorbell: &fc.mailbox}, Max: maxFastFrame}
 	for {
 		frame, err := in.Next()
@@ -178,7 +174,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 			}
 			return
 		}
-		out, err := fc.reply(s.serveFastFrame(callCtx, sess, &fc, frame, false, nil))
+		out, err := fc.reply(s.serveFastFrame(callCtx, sess, &fc, frame, false))
 		if err == nil {
 			err = s.writeFastReply(conn, out)
 		}
@@ -207,110 +203,25 @@ type fastConn struct {
 	arena   fastwire.IDArena
 	mailbox fastwire.Mailbox
 	out     []byte
-	// unsignal releases the mailbox's registration for signals (nil: its requests are not signalled); pub is
-	// what a signalled request hands the transfer, early the buffer its success reply is marshalled into.
-	unsignal func() error
-	pub      transfers.Publish
-	early    []byte
-	detached sync.WaitGroup // detached transfers whose answer may still be written into the mailbox
-}
-
-// dropMailbox gives up the mailbox: released for signals first, and kept mapped for good when a copy that writes
-// its signal word did not finish (the hardware would write into whatever the pages became).
-func (fc *fastConn) dropMailbox() {
-	drained := make(chan struct{})
-	go func() { fc.detached.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(detachDrain):
-		fc.mailbox.Forget() // a transfer still ending would write its answer there
-		return
-	}
-	if fc.unsignal != nil {
-		err := fc.unsignal()
-		fc.unsignal = nil
-		if err != nil {
-			fc.mailbox.Forget()
-			return
-		}
-	}
-	fc.mailbox.Unmap()
-}
-
-// publish returns what a request taken from the mailbox hands a transfer to be signalled, nil when the mailbox is
-// not registered for signals. It holds the mailbox for a detached answer (settled), which the caller gives back
-// (fc.detached.Done) when the transfer did not detach.
-func (fc *fastConn) publish(conn *net.UnixConn) *transfers.Publish {
-	if fc.unsignal == nil {
-		return nil
-	}
-	word, value, seq := fc.mailbox.Signal()
-	fc.pub.Signal = engines.Signal{Word: word, Value: value}
-	fc.pub.Detached = false
-	if fc.pub.Early == nil {
-		fc.pub.Early = func(resp *agentv1.TransferResponse) bool {
-			out, err := (proto.MarshalOptions{}).MarshalAppend(append(fc.early[:0], 0, 0, 0, 0), &agentv1.FastReply{Response: resp})
-			if err != nil {
-				return false
-			}
-			fc.early = out
-			return fc.mailbox.Early(sockio.SealFrame(out))
-		}
-	}
-	fc.detached.Add(1)
-	fc.pub.Settled = fc.settled(conn, fc.mailbox.Mapping(), seq)
-	return &fc.pub
-}
-
-// settled answers request seq once its detached transfer ended: nothing when it succeeded, since its signal said
-// so (the hardware wrote it before the end was seen; the caller may be on to later requests by now, so the word
-// is not read again), only a wake-up for a sleeping caller; else the reply, as serveMailbox would have written
-// it. The mailbox stays mapped until every settled has run (dropMailbox).
-func (fc *fastConn) settled(conn *net.UnixConn, mapping []byte, seq uint64) func(*agentv1.TransferResponse, error) {
-	return func(resp *agentv1.TransferResponse, err error) {
-		defer fc.detached.Done()
-		wake := fastwire.Asleep(mapping)
-		if err != nil || resp.GetStatus().GetState() != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
-			var out []byte
-			if out, err = replyFrame(nil, resp, err); err == nil {
-				wake, err = fastwire.ReplyTo(mapping, seq, out)
-			}
-			if err != nil {
-				return
-			}
-		}
-		if wake {
-			_ = wakeCaller(conn)
-		}
-	}
 }
 
 // reply marshals the answer to one frame behind four reserved bytes of the buffer kept for the connection and
 // returns the sealed frame (valid until the next reply): one write, no allocation.
 func (fc *fastConn) reply(resp *agentv1.TransferResponse, err error) ([]byte, error) {
-	if cap(fc.out) > 64<<10 {
-		fc.out = nil
-	}
-	out, err := replyFrame(fc.out[:0], resp, err)
-	if err != nil {
-		return nil, err
-	}
-	fc.out = out
-	return out, nil
-}
-
-// replyFrame appends the sealed frame of the answer to one request to buf.
-func replyFrame(buf []byte, resp *agentv1.TransferResponse, err error) ([]byte, error) {
 	var r *agentv1.FastReply
 	if err != nil {
 		r = fastwire.ErrReply(err)
 	} else {
 		r = &agentv1.FastReply{Response: resp}
 	}
-	out, err := (proto.MarshalOptions{}).MarshalAppend(append(buf, 0, 0, 0, 0), r)
+	if cap(fc.out) > 64<<10 {
+		fc.out = nil
+	}
+	out, err := (proto.MarshalOptions{}).MarshalAppend(append(fc.out[:0], 0, 0, 0, 0), r)
 	if err != nil {
 		return nil, err
 	}
+	fc.out = out
 	return sockio.SealFrame(out), nil
 }
 
@@ -324,15 +235,7 @@ func (s *Server) serveMailbox(ctx context.Context, sess *session, fc *fastConn, 
 		s.metrics.Edge.Refused("fast", "malformed")
 		out, err = fc.reply(nil, status.Error(codes.InvalidArgument, err.Error()))
 	} else {
-		pub := fc.publish(conn)
-		out, err = fc.reply(s.serveFastFrame(ctx, sess, fc, frame, true, pub))
-		if pub != nil {
-			if pub.Detached {
-				trace.Log(ctx, "fast", "detached")
-				return nil
-			}
-			fc.detached.Done() // nothing answers later
-		}
+		out, err = fc.reply(s.serveFastFrame(ctx, sess, fc, frame, true))
 	}
 	if err != nil {
 		return err
@@ -375,14 +278,13 @@ func wakeCaller(conn *net.UnixConn) error {
 	return werr
 }
 
-// serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would. pub is set for
-// frames that came through a mailbox registered for signals; inMailbox says the frame came through the mailbox,
-// which cannot replace itself.
-func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn, frame []byte, inMailbox bool, pub *transfers.Publish) (*agentv1.TransferResponse, error) {
+// serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would. inMailbox says
+// the frame came through the mailbox, which cannot replace itself.
+func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn, frame []byte, inMailbox bool) (*agentv1.TransferResponse, error) {
 	// Block transfers, the large frames, are read without copying their ids.
 	blocks, err := fastwire.DecodeBlocks(frame)
 	if err == nil {
-		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs(), pub)
+		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs())
 	}
 	if !errors.Is(err, fastwire.ErrNotBlocks) {
 		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
@@ -395,7 +297,7 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 	case *agentv1.FastRequest_Transfer:
 		return s.xfer.Transfer(ctx, &sess.Session, r.Transfer)
 	case *agentv1.FastRequest_Blocks:
-		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, fc.arena.IDs(), pub)
+		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, fc.arena.IDs())
 	case *agentv1.FastRequest_IdArena:
 		return nil, s.setIDArena(sess, &fc.arena, r.IdArena)
 	case *agentv1.FastRequest_Wait:
@@ -404,15 +306,13 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 		if inMailbox {
 			return nil, status.Error(codes.InvalidArgument, "a mailbox is set through the socket, not through the mailbox")
 		}
-		return nil, s.setMailbox(sess, fc, r.Mailbox)
+		return nil, s.setMailbox(sess, &fc.mailbox, r.Mailbox)
 	}
 	return nil, status.Error(codes.InvalidArgument, "fast request names no transfer")
 }
 
-// setMailbox maps the memfd the caller passed as the connection's mailbox, read-write, replacing the one it had,
-// and, for a caller that watches signals, registers it for them where the engine writes them from hardware (the
-// GPU's own write of a request's end, which the caller sees without waiting for the agent).
-func (s *Server) setMailbox(sess *session, fc *fastConn, req *agentv1.Mailbox) error {
+// setMailbox maps the memfd the caller passed as the connection's mailbox, read-write, replacing the one it had.
+func (s *Server) setMailbox(sess *session, mb *fastwire.Mailbox, req *agentv1.Mailbox) error {
 	if req.Size < fastwire.MinMailbox || req.Size > fastwire.MaxMailbox {
 		return status.Errorf(codes.InvalidArgument, "a mailbox of %d bytes: between %d and %d", req.Size, fastwire.MinMailbox, fastwire.MaxMailbox)
 	}
@@ -420,15 +320,9 @@ func (s *Server) setMailbox(sess *session, fc *fastConn, req *agentv1.Mailbox) e
 	if err != nil {
 		return err
 	}
-	fc.dropMailbox()
-	if err := fc.mailbox.Attach(mapping); err != nil {
+	if err := mb.Attach(mapping); err != nil {
 		_ = syscall.Munmap(mapping)
 		return status.Errorf(codes.InvalidArgument, "mailbox: %v", err)
-	}
-	if sm, ok := s.opts.Engine.(engines.SignalMemory); ok && req.Signals {
-		if release, err := sm.RegisterSignalMemory(mapping); err == nil {
-			fc.unsignal = release
-		} // else its requests are answered by reply alone
 	}
 	return nil
 }

@@ -19,7 +19,6 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
@@ -68,26 +67,9 @@ func (m *testMailbox) ring() {
 // does) for the answer to the last request.
 func (m *testMailbox) reply() *agentv1.FastReply {
 	m.t.Helper()
-	m.await(func() bool { return m.u64(128).Load() == m.seq })
-	return m.replyArea()
-}
-
-// answer waits as reply does for the reply to the last request or its signal, whichever comes first, and returns
-// that answer: the reply, or the early reply the signal announces.
-func (m *testMailbox) answer() (r *agentv1.FastReply, signalled bool) {
-	m.t.Helper()
-	m.await(func() bool { return m.u64(128).Load() == m.seq || m.u32(256).Load() == uint32(m.seq) })
-	if m.u64(128).Load() == m.seq {
-		return m.replyArea(), false
-	}
-	return m.early(), true
-}
-
-func (m *testMailbox) await(answered func() bool) {
-	m.t.Helper()
 	start := time.Now()
 	rang := false
-	for !answered() {
+	for m.u64(128).Load() != m.seq {
 		if !rang && time.Since(start) > 100*time.Millisecond && m.u64(64).Load() != m.seq {
 			m.ring()
 			rang = true
@@ -97,10 +79,6 @@ func (m *testMailbox) await(answered func() bool) {
 		}
 		time.Sleep(20 * time.Microsecond)
 	}
-}
-
-func (m *testMailbox) replyArea() *agentv1.FastReply {
-	m.t.Helper()
 	at := 4096 + m.area()
 	n := binary.BigEndian.Uint32(m.mem[at:])
 	if int(n) > m.area()-4 {
@@ -113,21 +91,14 @@ func (m *testMailbox) replyArea() *agentv1.FastReply {
 	return &r
 }
 
-// call posts payload and returns its answer, by reply or by signal.
 func (m *testMailbox) call(payload []byte) *agentv1.FastReply {
 	m.t.Helper()
 	m.post(payload, uint32(len(payload)))
-	r, _ := m.answer()
-	return r
+	return m.reply()
 }
 
-// attachMailbox binds a fast connection and gives it a sealed mailbox of size bytes, whose caller watches signals.
+// attachMailbox binds a fast connection and gives it a sealed mailbox of size bytes.
 func attachMailbox(t *testing.T, a *agent, c *client.Client, size uint64) *testMailbox {
-	t.Helper()
-	return attachMailboxSignals(t, a, c, size, true)
-}
-
-func attachMailboxSignals(t *testing.T, a *agent, c *client.Client, size uint64, signals bool) *testMailbox {
 	t.Helper()
 	conn, r := bindFast(t, c.API(), a.srv.FastSocketPath())
 	if r.Code != 0 {
@@ -138,9 +109,7 @@ func attachMailboxSignals(t *testing.T, a *agent, c *client.Client, size uint64,
 	if err != nil {
 		t.Fatal(err)
 	}
-	r = rawFrame(t, conn, fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Mailbox{
-		Mailbox: &agentv1.Mailbox{FdToken: token, Size: size, Signals: signals}}}))
-	if r.Code != 0 {
+	if r := setMailbox(t, conn, token, size); r.Code != 0 {
 		t.Fatalf("a sealed mailbox of %d bytes: %v", size, r)
 	}
 	return &testMailbox{t: t, file: mem.File, mem: mem.Bytes, conn: conn}
@@ -285,7 +254,7 @@ func TestMailboxWakesAnAgentAsleepAndACallerAsleep(t *testing.T) {
 		t.Fatal("an agent asleep on its socket took a request nobody rang for")
 	}
 	mb.ring()
-	if r, _ := mb.answer(); r.Code != 0 {
+	if r := mb.reply(); r.Code != 0 {
 		t.Fatalf("a rung request: %v", r)
 	}
 	if !bytes.Equal(dstMem[0].Bytes[2*64:3*64], srcMem[0].Bytes[64:2*64]) {
@@ -343,109 +312,4 @@ func TestMailboxWakesAnAgentAsleepAndACallerAsleep(t *testing.T) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
-}
-
-// early decodes the success reply the agent wrote ahead of a signalled request.
-func (m *testMailbox) early() *agentv1.FastReply {
-	m.t.Helper()
-	n := binary.BigEndian.Uint32(m.mem[1024:])
-	if n > 4096-1024-4 {
-		m.t.Fatalf("an early reply of %d bytes", n)
-	}
-	var r agentv1.FastReply
-	if err := proto.Unmarshal(m.mem[1028:1028+n], &r); err != nil {
-		m.t.Fatalf("the mailbox's early reply: %v", err)
-	}
-	return &r
-}
-
-// TestMailboxSignalsWhatLanded: a waited block transfer through the mailbox whose copies the engine vouches for
-// (here the host backend's inline copy) sets the signal word to the request's sequence once its bytes landed, and
-// the success reply it announces is in the mailbox already; the agent then writes no reply. A refused transfer, an
-// unwaited or notified one, and one sent on the socket are answered by reply and never set the word. Whatever the
-// caller writes over the signal word and the early reply changes nothing for the agent, and another caller's
-// mailbox is never written.
-func TestMailboxSignalsWhatLanded(t *testing.T) {
-	const bs, blocks = 64, 256
-	b := newFastBlocksBed(t, 11, blocks, bs)
-	a, c, rng := b.a, b.c, b.rng
-	src, srcMem, dst, dstMem := b.src, b.srcMem, b.dst, b.dstMem
-	mb := attachMailbox(t, a, c, 64<<10)
-	other := attachMailbox(t, a, dial(t, a), 64<<10)
-	unwatched := attachMailboxSignals(t, a, c, 64<<10, false) // a caller that does not watch signals
-	frame := func(local, remote uint32, wait bool, notify []byte) []byte {
-		return fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
-			Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
-			IdBytes: 4, LocalIds: binary.LittleEndian.AppendUint32(nil, local), RemoteIds: binary.LittleEndian.AppendUint32(nil, remote),
-			Wait: wait, Notify: notify}}})
-	}
-	byReply := func(what string, payload []byte, ok bool) *agentv1.FastReply {
-		t.Helper()
-		mb.post(payload, uint32(len(payload)))
-		r, signalled := mb.answer()
-		if signalled || (r.Code == 0) != ok {
-			t.Fatalf("%s: %v (signalled %v), want an answer by reply that succeeded: %v", what, r, signalled, ok)
-		}
-		return r
-	}
-
-	var ids []uint64
-	for i := range 50 {
-		local, remote := uint32(rng.IntN(blocks)), uint32(rng.IntN(blocks))
-		mb.post(frame(local, remote, true, nil), uint32(len(frame(local, remote, true, nil))))
-		e, signalled := mb.answer()
-		if !signalled {
-			t.Fatalf("call %d was answered by reply (%v), not by its signal", i, e)
-		}
-		if e.Code != 0 || e.Response.GetBytes() != bs*2 || e.Response.GetStatus().GetTransferId() != e.Response.GetTransferId() ||
-			e.Response.GetStatus().GetState() != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED || e.Response.GetStatus().GetElapsed() != nil {
-			t.Fatalf("call %d: the early reply %v does not announce a success", i, e)
-		}
-		ids = append(ids, e.Response.GetTransferId())
-		for k := range dstMem {
-			if !bytes.Equal(dstMem[k].Bytes[remote*bs:][:bs], srcMem[k].Bytes[local*bs:][:bs]) {
-				t.Fatalf("call %d: region %d's block had not landed", i, k)
-			}
-		}
-	}
-	// The transfers are the agent's like any other: each settled as succeeded.
-	for _, id := range ids {
-		st, err := c.API().Wait(b.ctx, &agentv1.WaitRequest{TransferId: id, Timeout: durationpb.New(5 * time.Second)})
-		if err != nil || st.GetState() != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
-			t.Fatalf("transfer %d: %v %v", id, st, err)
-		}
-	}
-	if got := mb.u64(128).Load(); got >= mb.seq-49 {
-		t.Fatalf("the agent replied to signalled request %d", got)
-	}
-
-	before := b.snapshot()
-	byReply("an id out of range", frame(1, blocks, true, nil), false)
-	b.unchanged("a refused request", before)
-	byReply("an unwaited request", frame(1, 2, false, nil), true)
-	byReply("a notified request", frame(3, 4, true, []byte("done")), true)
-	seqBefore := mb.u32(256).Load()
-	if r := rawFrame(t, mb.conn, frame(5, 6, true, nil)); r.Code != 0 || mb.u32(256).Load() != seqBefore {
-		t.Fatalf("a request on the socket: %v, signal word %d -> %d", r, seqBefore, mb.u32(256).Load())
-	}
-
-	// The caller scribbles over the signal word and the early reply; the agent reads neither.
-	mb.u32(256).Store(^uint32(0))
-	for i := 1024; i < 4096; i++ {
-		mb.mem[i] = byte(rng.Uint32())
-	}
-	mb.post(frame(7, 8, true, nil), uint32(len(frame(7, 8, true, nil))))
-	if e, signalled := mb.answer(); !signalled || e.Code != 0 || e.Response.GetStatus().GetState() != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
-		t.Fatalf("a call after the caller scribbled: %v, signalled %v", e, signalled)
-	}
-	if w := other.u32(256).Load(); w != 0 || !bytes.Equal(other.mem[1024:4096], make([]byte, 3072)) {
-		t.Fatalf("another caller's mailbox was written: signal word %d", w)
-	}
-	// A caller that did not ask for signals is answered by reply, as before signals existed.
-	for i := range 5 {
-		unwatched.post(frame(9, 10, true, nil), uint32(len(frame(9, 10, true, nil))))
-		if r, signalled := unwatched.answer(); signalled || r.Code != 0 || unwatched.u32(256).Load() != 0 {
-			t.Fatalf("call %d of a caller that watches no signals: %v, signalled %v", i, r, signalled)
-		}
-	}
 }

@@ -22,7 +22,7 @@ type pollingHost struct {
 	polled, ran atomic.Int64
 }
 
-func (h *pollingHost) StartBlocks(ctx context.Context, works []engines.Work, _ *engines.Signal) (xgmi.Started, error) {
+func (h *pollingHost) StartBlocks(ctx context.Context, works []engines.Work) (xgmi.Started, error) {
 	for _, w := range works {
 		if err := h.HostBackend.Copy(ctx, w); err != nil {
 			return xgmi.Started{}, err

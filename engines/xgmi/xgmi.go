@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -85,9 +84,8 @@ func New(opts Options, backends ...Backend) (*Engine, error) {
 // BlockCopier is a Backend that copies the block plans of one submission together (one launch for every
 // region pair of a KV layout). Every work item it is given has Plan.Blocks set and the same BlockList.
 type BlockCopier interface {
-	// StartBlocks queues the copies without waiting for them. sig, when set, is written behind the copies
-	// (engines.Signal) if the backend can have its hardware do so in order.
-	StartBlocks(ctx context.Context, works []engines.Work, sig *engines.Signal) (Started, error)
+	// StartBlocks queues the copies without waiting for them.
+	StartBlocks(ctx context.Context, works []engines.Work) (Started, error)
 }
 
 // Started is a queued block copy.
@@ -220,15 +218,10 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 		}
 		return t, nil
 	}
-	// A signal speaks for the whole submission: every plan must be about to run.
-	sig := opts.Signal
-	if !opts.Waited || len(work) != len(ps.Plans) {
-		sig = nil
-	}
-	if len(work) > 0 && !e.runInline(t, work, sig) {
+	if len(work) > 0 && !e.runInline(t, work) {
 		// Block copies are queued here, so the GPU starts before any goroutine hand-off; they are waited for
 		// beside the other plans.
-		rest, started := e.startBlocks(t, work, sig)
+		rest, started := e.startBlocks(t, work)
 		if poll := e.pollStarted(t, started); opts.Waited && len(rest) == 0 && poll != nil {
 			// The submitter waits at once: its Wait polls the GPU itself, and only a Wait that gives up (or
 			// none at all) hands the copy to a goroutine.
@@ -238,17 +231,6 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 		}
 	}
 	return t, nil
-}
-
-// RegisterSignalMemory implements engines.SignalMemory over the backends whose hardware writes signals.
-func (e *Engine) RegisterSignalMemory(mem []byte) (func() error, error) {
-	var sms []engines.SignalMemory
-	for _, b := range e.backends {
-		if sm, ok := b.(engines.SignalMemory); ok {
-			sms = append(sms, sm)
-		}
-	}
-	return engines.RegisterSignalMemoryWith(mem, sms)
 }
 
 // PinnedIDs returns a block-id buffer a backend's kernels read in place (nil when no backend has one).
@@ -296,9 +278,8 @@ func (e *Engine) checkLists(work []engines.Work) error {
 // inlineMaxBytes: host copies this small are done inside Submit; a goroutine hand-off costs more than they do.
 const inlineMaxBytes = 64 << 10
 
-// runInline copies small host-only submissions on the caller's goroutine and reports whether it did; sig, when
-// set, is stored once every copy succeeded.
-func (e *Engine) runInline(t *engines.Tracker, work []engines.Work, sig *engines.Signal) bool {
+// runInline copies small host-only submissions on the caller's goroutine and reports whether it did.
+func (e *Engine) runInline(t *engines.Tracker, work []engines.Work) bool {
 	var total uint64
 	for _, w := range work {
 		total += w.Plan.Bytes
@@ -312,22 +293,15 @@ func (e *Engine) runInline(t *engines.Tracker, work []engines.Work, sig *engines
 		return false
 	}
 	ctx := t.Context()
-	failed := false
-	for i, w := range work {
+	for _, w := range work {
 		b, _ := e.backendFor(w.Src, w.Dst)
 		if err := ctx.Err(); err != nil { // already cancelled or past its deadline: move nothing
 			t.Finish(w.Index, err)
-			failed = true
 			continue
 		}
 		if err := b.Copy(ctx, w); err != nil {
 			t.Finish(w.Index, fmt.Errorf("xgmi %s copy %s -> %s: %w", b.Name(), w.Plan.Src, w.Plan.Dst, err))
-			failed = true
 			continue
-		}
-		if sig != nil && i == len(work)-1 && !failed {
-			atomic.StoreUint32(sig.Word, sig.Value) // before the last Finish: the caller may hear of it first
-			sig.Queued = true
 		}
 		t.Finish(w.Index, nil)
 	}
@@ -414,8 +388,8 @@ func (e *Engine) finishStarted(t *engines.Tracker, sb startedBlocks, err error) 
 }
 
 // startBlocks queues the block plans whose backend is a BlockCopier, one call per backend, and returns the
-// rest. Plans whose start failed are finished here. sig goes to the backend when it queues the whole work.
-func (e *Engine) startBlocks(t *engines.Tracker, work []engines.Work, sig *engines.Signal) ([]engines.Work, []startedBlocks) {
+// rest. Plans whose start failed are finished here.
+func (e *Engine) startBlocks(t *engines.Tracker, work []engines.Work) ([]engines.Work, []startedBlocks) {
 	var rest []engines.Work
 	groups := map[Backend][]engines.Work{}
 	var order []Backend
@@ -431,16 +405,13 @@ func (e *Engine) startBlocks(t *engines.Tracker, work []engines.Work, sig *engin
 		groups[b] = append(groups[b], w)
 	}
 	ctx := t.Context()
-	if len(rest) > 0 || len(order) != 1 {
-		sig = nil
-	}
 	var started []startedBlocks
 	for _, b := range order {
 		ws := groups[b]
 		err := ctx.Err()
 		var st Started
 		if err == nil {
-			st, err = b.(BlockCopier).StartBlocks(ctx, ws, sig)
+			st, err = b.(BlockCopier).StartBlocks(ctx, ws)
 		}
 		if err != nil {
 			for _, w := range ws {

@@ -22,11 +22,7 @@ const (
 	mbReplySeq    = 128
 	mbPolling     = 192
 	mbCallerSleep = 196
-	// mbSignal is the word the hardware sets to a request's sequence (low 32 bits) once its copies are done,
-	// and mbEarly the frame of that request's success reply, written before the copies were queued.
-	mbSignal = 256
-	mbEarly  = 1024
-	mbAreas  = 4096
+	mbAreas       = 4096
 )
 
 // WakeFrame wakes a caller that sleeps on its socket during a mailbox call: a frame header no reply has (replies
@@ -67,27 +63,6 @@ func (m *Mailbox) Unmap() {
 		_ = syscall.Munmap(m.mapping)
 		m.mapping = nil
 	}
-}
-
-// Forget drops the mailbox without unmapping it: hardware may still write its signal word.
-func (m *Mailbox) Forget() { m.mapping = nil }
-
-// Mapping is the whole mailbox, as mapped (nil without one).
-func (m *Mailbox) Mapping() []byte { return m.mapping }
-
-// Signal is the word a signalled request's copies set once done, the value they set, and the request's sequence.
-func (m *Mailbox) Signal() (word *uint32, value uint32, seq uint64) {
-	return (*uint32)(unsafe.Pointer(&m.mapping[mbSignal])), uint32(m.last), m.last
-}
-
-// Early writes the sealed success reply of the request last taken where the caller reads it once the signal
-// word says so; false when it does not fit (the request is then not signalled).
-func (m *Mailbox) Early(frame []byte) bool {
-	if len(frame) > mbAreas-mbEarly {
-		return false
-	}
-	copy(m.mapping[mbEarly:], frame)
-	return true
 }
 
 func (m *Mailbox) word64(off int) *atomic.Uint64 {
@@ -134,22 +109,10 @@ func (m *Mailbox) Take() ([]byte, error) {
 // caller sleeps on the socket, to be woken with WakeFrame. A frame larger than the reply area is refused:
 // the server answers with a short error instead.
 func (m *Mailbox) Reply(frame []byte) (wake bool, err error) {
-	return ReplyTo(m.mapping, m.last, frame)
-}
-
-// ReplyTo is Reply for request seq of the mailbox mapped at mapping, for an answer written after the
-// connection went on to other requests (the end of a signalled transfer).
-func ReplyTo(mapping []byte, seq uint64, frame []byte) (wake bool, err error) {
-	area := (len(mapping) - mbAreas) / 2
-	if len(frame) > area {
-		return false, fmt.Errorf("a reply of %d bytes does not fit the mailbox's %d", len(frame), area)
+	if len(frame) > m.area {
+		return false, fmt.Errorf("a reply of %d bytes does not fit the mailbox's %d", len(frame), m.area)
 	}
-	copy(mapping[mbAreas+area:], frame)
-	(*atomic.Uint64)(unsafe.Pointer(&mapping[mbReplySeq])).Store(seq)
-	return Asleep(mapping), nil
-}
-
-// Asleep reports whether the caller of the mailbox mapped at mapping says it sleeps on its socket.
-func Asleep(mapping []byte) bool {
-	return (*atomic.Uint32)(unsafe.Pointer(&mapping[mbCallerSleep])).Load() != 0
+	copy(m.mapping[mbAreas+m.area:], frame)
+	m.word64(mbReplySeq).Store(m.last)
+	return m.word32(mbCallerSleep).Load() != 0, nil
 }

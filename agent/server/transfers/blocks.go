@@ -25,7 +25,7 @@ const blockTag = "blocks"
 // TransferBlocks serves TransferBlocks for the gRPC call and the fast socket alike. The ids are decoded and
 // range-checked here, once; the engines check bounds and duplicate destinations as they plan. arena is the
 // fast connection's id arena (nil elsewhere), read when the request says its ids are there.
-func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session, req *agentv1.TransferBlocksRequest, arena []byte, pub *Publish) (*agentv1.TransferResponse, error) {
+func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session, req *agentv1.TransferBlocksRequest, arena []byte) (*agentv1.TransferResponse, error) {
 	timeout, err := checkSubmission(req.Op, req.Notify, req.Timeout)
 	if err != nil {
 		return nil, err
@@ -122,7 +122,7 @@ func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session,
 		return nil, blockPlanError(n, len(pairs), ps.Rejected[0].Err)
 	}
 	trace.Log(ctx, "blocks", "planned")
-	resp, err := s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release, pub)
+	resp, err := s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
 	if peer != nil && (err != nil || resp.Status != nil && resp.Status.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED) {
 		// A transfer that failed over a cached peer layout asks the peer again next time.
 		s.forgetPeerLayout(sess, req.Remote.Node, req.Remote.GetSegment())

@@ -124,7 +124,7 @@ func (s *Service) Transfer(ctx context.Context, sess *regiontable.Session, req *
 	if left <= 0 {
 		return nil, status.Errorf(codes.DeadlineExceeded, "the transfer's %v ran out while its peers were resolved", timeout)
 	}
-	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait, nil, nil)
+	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait, nil)
 }
 
 // checkSubmission checks what item and block transfers share: the op, the notification and the timeout.
@@ -147,7 +147,7 @@ func checkSubmission(op agentv1.Op, notify []byte, timeout *durationpb.Duration)
 // submit starts a planned transfer for the caller and, with wait, waits for it within the call. release (may be
 // nil) runs once nothing can read the plan set's memory any more: the transfer settled, or never started.
 func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *engines.PlanSet, tags []string, total uint64, items int,
-	timeout time.Duration, notify []byte, wait bool, release func(), pub *Publish) (*agentv1.TransferResponse, error) {
+	timeout time.Duration, notify []byte, wait bool, release func()) (*agentv1.TransferResponse, error) {
 	if release == nil {
 		release = func() {}
 	}
@@ -173,23 +173,8 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 		release: release}
 	s.table.Unlock()
 
-	resp := &agentv1.TransferResponse{TransferId: x.id, Items: uint32(items), Bytes: ps.Bytes()}
-	for i := range ps.Plans {
-		resp.Engines = append(resp.Engines, ps.Plans[i].Engine)
-	}
-	opts := engines.SubmitOptions{Timeout: timeout, Notify: notify, Waited: wait}
-	if pub != nil && wait && len(notify) == 0 {
-		// The success reply is where the caller finds it before the engine may signal it. A notified transfer
-		// is not signalled: its caller hears of it once the notification is on its way, as without a signal.
-		resp.Status = &agentv1.TransferStatus{TransferId: x.id, Bytes: total, State: agentv1.TransferState_TRANSFER_STATE_SUCCEEDED}
-		if pub.Early(resp) {
-			pub.Signal.Queued = false
-			opts.Signal = &pub.Signal
-		}
-		resp.Status = nil
-	}
 	// The transfer outlives this call; its deadline comes from the request's timeout (or the engine default).
-	t, err := s.engine.Submit(context.Background(), ps, opts)
+	t, err := s.engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: notify, Waited: wait})
 	trace.Log(ctx, "transfer", "submitted")
 	if err != nil {
 		s.table.Lock()
@@ -203,62 +188,41 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	s.table.Lock()
 	s.transfers[x.id] = x
 	s.table.Unlock()
-	switch {
-	case !wait:
+	if !wait {
 		go s.settle(x)
-	case opts.Signal != nil && opts.Signal.Queued && pub.Settled != nil:
-		// The caller hears of success from the hardware: the call ends now, and the transfer is seen done on
-		// another goroutine, which answers the caller only when the signal did not say it all.
-		pub.Detached = true
-		settled := pub.Settled
-		go func() { settled(s.waited(context.Background(), x, resp)) }()
-	default:
-		return s.waited(ctx, x, resp)
+	}
+
+	resp := &agentv1.TransferResponse{TransferId: x.id, Items: uint32(items), Bytes: ps.Bytes()}
+	for i := range ps.Plans {
+		resp.Engines = append(resp.Engines, ps.Plans[i].Engine)
+	}
+	if wait {
+		if d, ok := t.(engines.Driven); ok {
+			d.Drive(ctx) // a GPU copy seen done on this goroutine, without a hand-off
+		}
+		spinUntilDone(t.Done(), waitSpin)
+		select {
+		case <-t.Done():
+			trace.Log(ctx, "transfer", "settled")
+			s.finish(x)
+			// Block ids left to the GPU are refused as it runs them (nothing moved); the waiting caller hears it
+			// as the same refusal planning would have given.
+			if err := x.err; errors.Is(err, engines.ErrOutOfBounds) || errors.Is(err, engines.ErrOverlap) {
+				return nil, status.Errorf(codes.InvalidArgument, "transfer %d refused: %v", x.id, err)
+			}
+			resp.Status = x.status
+		case <-ctx.Done():
+			go s.settle(x) // the transfer goes on; its status is recorded when it ends
+			// A call that ran out of time is DeadlineExceeded; one cut short otherwise (the agent stopping, the
+			// connection closing) is Unavailable, so clients retry or recover instead of blaming their deadline.
+			code := codes.Unavailable
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				code = codes.DeadlineExceeded
+			}
+			return nil, status.Errorf(code, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
+		}
 	}
 	return resp, nil
-}
-
-// waited waits for a waited transfer on the calling goroutine and returns its call's answer: resp with the
-// transfer's status, or why the call ended first.
-func (s *Service) waited(ctx context.Context, x *transfer, resp *agentv1.TransferResponse) (*agentv1.TransferResponse, error) {
-	if d, ok := x.t.(engines.Driven); ok {
-		d.Drive(ctx) // a GPU copy seen done on this goroutine, without a hand-off
-	}
-	spinUntilDone(x.t.Done(), waitSpin)
-	select {
-	case <-x.t.Done():
-		trace.Log(ctx, "transfer", "settled")
-		s.finish(x)
-		// Block ids left to the GPU are refused as it runs them (nothing moved); the waiting caller hears it
-		// as the same refusal planning would have given.
-		if err := x.err; errors.Is(err, engines.ErrOutOfBounds) || errors.Is(err, engines.ErrOverlap) {
-			return nil, status.Errorf(codes.InvalidArgument, "transfer %d refused: %v", x.id, err)
-		}
-		resp.Status = x.status
-		return resp, nil
-	case <-ctx.Done():
-		go s.settle(x) // the transfer goes on; its status is recorded when it ends
-		// A call that ran out of time is DeadlineExceeded; one cut short otherwise (the agent stopping, the
-		// connection closing) is Unavailable, so clients retry or recover instead of blaming their deadline.
-		code := codes.Unavailable
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			code = codes.DeadlineExceeded
-		}
-		return nil, status.Errorf(code, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
-	}
-}
-
-// Publish lets the caller of a waited transfer learn of its success before the reply: Early is handed the
-// success reply (without the elapsed time, which only the end knows) before the transfer is submitted and
-// reports whether the caller can read it; only then does the engine get Signal to write once every byte landed
-// (engines.Signal). When the engine queued the signal and Settled is set, the call returns at once with
-// Detached set and no answer to send; Settled gets the call's answer on another goroutine once the transfer
-// ended. Otherwise the call waits and answers as always.
-type Publish struct {
-	Signal   engines.Signal
-	Early    func(*agentv1.TransferResponse) bool
-	Settled  func(*agentv1.TransferResponse, error)
-	Detached bool
 }
 
 // waitSpin is how long a waited transfer's call polls for completion before parking: a GPU copy of tens of

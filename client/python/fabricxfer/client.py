@@ -576,7 +576,7 @@ class Client:
         every frame then travels on the socket)."""
         size = _fastconn.MAILBOX_BYTES
         buf = self._pass_memory(conn, "fabricxfer-mailbox", size,
-                                lambda token: pb.FastRequest(mailbox=pb.Mailbox(fd_token=token, size=size, signals=True)))
+                                lambda token: pb.FastRequest(mailbox=pb.Mailbox(fd_token=token, size=size)))
         if buf is not None:
             conn.attach_mailbox(buf)
 

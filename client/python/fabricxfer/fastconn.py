@@ -15,11 +15,6 @@ instead: the caller writes it and raises a sequence number, the agent, polling, 
 both sides poll, a round trip needs no system call. An agent that does not poll says so, and the caller rings it
 with an empty frame on the socket; a caller that stops polling says so, and the agent wakes it with four 0xff bytes,
 a header no reply has.
-
-Where the agent's engine can, the hardware itself says when a waited block transfer's bytes have landed: the agent
-writes the success reply into the mailbox before it queues the copies, and the GPU (or the agent's host copy) sets
-a signal word to the request's sequence behind them. The caller polls that word beside the reply's, and so learns
-of the end without waiting for the agent to see it and reply; the reply follows as always.
 """
 
 import select
@@ -33,7 +28,7 @@ _U32 = struct.Struct("<I")
 
 # The mailbox's layout (agent.proto, Mailbox).
 MAILBOX_BYTES = 64 << 10
-_REQUEST_SEQ, _TAKEN, _REPLY_SEQ, _POLLING, _ASLEEP, _SIGNAL, _EARLY, _AREAS = 0, 64, 128, 192, 196, 256, 1024, 4096
+_REQUEST_SEQ, _TAKEN, _REPLY_SEQ, _POLLING, _ASLEEP, _AREAS = 0, 64, 128, 192, 196, 4096
 # A request the agent has not taken after this long is rung for, whatever the agent said: the caller's write of
 # the sequence and its read of the agent's word may pass each other, so "polling" may be stale.
 _RING_AFTER = 50e-6
@@ -61,8 +56,6 @@ class FastConn:
         self._wpoll = select.poll()
         self._wpoll.register(sock.fileno(), select.POLLOUT)
         self.mailbox = None
-        # Mailbox calls answered by the signal word and the reply written ahead of it.
-        self.early_replies = 0
 
     def attach_mailbox(self, mm):
         """Sends the frames that fit through mm, the mailbox the agent has just mapped."""
@@ -173,13 +166,11 @@ class FastConn:
         rang = not _U32.unpack_from(mm, _POLLING)[0]
         if rang:
             self.send([_EMPTY_FRAME], deadline)
-        load, signal, seq32 = _U64.unpack_from, _U32.unpack_from, seq & 0xFFFFFFFF
+        load = _U64.unpack_from
         start = time.perf_counter()
         spin_until = start + self.spin
         i = 0
         while load(mm, _REPLY_SEQ)[0] != seq:
-            if signal(mm, _SIGNAL)[0] == seq32:
-                return self._early(mm)
             i += 1
             if i & 63:
                 continue
@@ -188,31 +179,19 @@ class FastConn:
                 self.send([_EMPTY_FRAME], deadline)
                 rang = True
             if now >= spin_until:
-                if self._sleep(mm, seq, deadline):
-                    return self._early(mm)
+                self._sleep(mm, seq, deadline)
                 break
         (n,) = _HDR.unpack_from(mm, self._reply_at)
         if n > self._area - 4:
             raise FastConnError("a mailbox reply of %d bytes, at most %d" % (n, self._area - 4))
         return bytes(mm[self._reply_at + 4:self._reply_at + 4 + n])
 
-    def _early(self, mm) -> bytes:
-        """The success reply the agent wrote ahead of a signalled request."""
-        (n,) = _HDR.unpack_from(mm, _EARLY)
-        if n > _AREAS - _EARLY - 4:
-            raise FastConnError("an early mailbox reply of %d bytes, at most %d" % (n, _AREAS - _EARLY - 4))
-        self.early_replies += 1
-        return bytes(mm[_EARLY + 4:_EARLY + 4 + n])
-
-    def _sleep(self, mm, seq: int, deadline: float) -> bool:
+    def _sleep(self, mm, seq: int, deadline: float):
         """Waits on the socket for the reply to seq: the agent sends an empty frame after a reply to a caller that
-        says it sleeps (a wake-up: four 0xff bytes). Polls wake at least every millisecond, in case that word and
-        the reply passed each other. Returns True when the signal word came first and the reply has not."""
+        says it sleeps (a wake-up: four 0xff bytes). Polls wake at least every millisecond, in case that word and the reply passed each other."""
         _U32.pack_into(mm, _ASLEEP, 1)
         try:
             while _U64.unpack_from(mm, _REPLY_SEQ)[0] != seq:
-                if _U32.unpack_from(mm, _SIGNAL)[0] == seq & 0xFFFFFFFF:
-                    return True
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     raise FastConnError("no reply from the agent within the call's deadline")
@@ -220,7 +199,6 @@ class FastConn:
                     self.send([_EMPTY_FRAME], deadline)
                 self._poll.poll(1)
                 self._drain()
-            return False
         finally:
             _U32.pack_into(mm, _ASLEEP, 0)
 

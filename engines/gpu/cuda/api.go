@@ -269,16 +269,6 @@ func (d *Driver) StreamWaitValue32(s Stream, addr uint64, value uint32) error {
 	return d.call("cuStreamWaitValue32", d.f.streamWaitValue32, uintptr(s), uintptr(addr), uintptr(value), waitValueGEQ)
 }
 
-// StreamWriteValue32 queues on s a write of value to the 32-bit word at addr (device memory, or host memory
-// registered with the device mapped), behind s's earlier work: the driver's default flags make the stream's
-// earlier writes visible before it.
-func (d *Driver) StreamWriteValue32(s Stream, addr uint64, value uint32) error {
-	if d.f.streamWriteValue32 == 0 {
-		return &Error{Op: "cuStreamWriteValue32", Code: ErrNotSupported, Name: "not exported by this driver"}
-	}
-	return d.call("cuStreamWriteValue32", d.f.streamWriteValue32, uintptr(s), uintptr(addr), uintptr(value), 0)
-}
-
 // EventCreate creates an event; timing events cost more to record.
 func (d *Driver) EventCreate(timing bool) (Event, error) {
 	var e Event

@@ -98,7 +98,7 @@ type driverFuncs struct {
 	memRetainAllocationHandle, memGetAllocationPropertiesFromHandle          uintptr
 	ipcGetMemHandle, ipcOpenMemHandle, ipcCloseMemHandle                     uintptr
 	pointerGetAttribute, memGetAddressRange, memGetHandleForAddressRange     uintptr
-	streamWaitValue32, streamWriteValue32                                    uintptr
+	streamWaitValue32                                                        uintptr
 }
 
 // Load opens the CUDA driver library (the first of paths that opens, or the
@@ -180,18 +180,10 @@ func (d *Driver) resolve() error {
 		d.f.memGetHandleForAddressRange = p
 	}
 	// Stream memory operations are optional (CUDA 12 exports the current ABI as _v2).
-	for _, op := range []struct {
-		f     *uintptr
-		names []string
-	}{
-		{&d.f.streamWaitValue32, []string{"cuStreamWaitValue32_v2", "cuStreamWaitValue32"}},
-		{&d.f.streamWriteValue32, []string{"cuStreamWriteValue32_v2", "cuStreamWriteValue32"}},
-	} {
-		for _, name := range op.names {
-			if p, err := purego.Dlsym(d.lib, name); err == nil && p != 0 {
-				*op.f = p
-				break
-			}
+	for _, name := range []string{"cuStreamWaitValue32_v2", "cuStreamWaitValue32"} {
+		if p, err := purego.Dlsym(d.lib, name); err == nil && p != 0 {
+			d.f.streamWaitValue32 = p
+			break
 		}
 	}
 	// The batch copy API is optional: CUDA 13 exports it as _v2 without failIdx.

@@ -26,8 +26,6 @@ type Backend struct {
 	opts Options
 	reg  *gpushare.Registry[*Copier, cuda.Device] // copiers by CUDA ordinal, mapped regions, peer pairs
 	ids  *idBuffers                               // pinned block-id buffers (PinnedIDs)
-	// signals is the host memory signals may be written to (RegisterSignalMemory).
-	signals signalRanges
 }
 
 // mapped is how this process reaches one registered region; pinned host memory can be read by kernels,
@@ -265,7 +263,7 @@ func kernelReaches(m *mapped) bool { return m.Ordinal >= 0 || m.Pinned }
 
 // StartBlocks implements xgmi.BlockCopier: the block plans of one submission (every region pair of a KV
 // layout) go to each source GPU's stream as one launch whose descriptors come from the ids.
-func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work, sig *engines.Signal) (xgmi.Started, error) {
+func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work) (xgmi.Started, error) {
 	type group struct {
 		pairs []scatter.BlockBases
 		bytes uint64
@@ -321,12 +319,6 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work, sig *en
 			return xgmi.Started{}, err
 		}
 	}
-	// A signal is written by the one submission of the transfer, and only behind ids checked on the host: a
-	// list the GPU checks may be refused after the copies were queued.
-	var signal *signalRange
-	if len(order) == 1 && !onDevice {
-		signal = b.takeSignal(copiers[0], sig)
-	}
 	var pend []*Pending
 	var err error
 	for i, ord := range order {
@@ -335,16 +327,8 @@ func (b *Backend) StartBlocks(ctx context.Context, works []engines.Work, sig *en
 		if onDevice {
 			p, err = c.SubmitCheckedBlocks(groups[ord].pairs, list.BlockBytes, list.SrcIDs, list.DstIDs, list.SrcBlocks, list.DstBlocks)
 		} else {
-			var s *engines.Signal
-			if signal != nil {
-				s = sig
-			}
-			p, err = c.SubmitSignalledBlocks(groups[ord].pairs, list.BlockBytes, list.SrcIDs, list.DstIDs,
-				scatter.IDRange{Min: list.SrcMin, Max: list.SrcMax}, scatter.IDRange{Min: list.DstMin, Max: list.DstMax}, s)
-		}
-		if signal != nil {
-			b.recordSignal(signal, p)
-			sig.Queued = p != nil && p.Signalled()
+			p, err = c.SubmitBlocks(groups[ord].pairs, list.BlockBytes, list.SrcIDs, list.DstIDs,
+				scatter.IDRange{Min: list.SrcMin, Max: list.SrcMax}, scatter.IDRange{Min: list.DstMin, Max: list.DstMax})
 		}
 		if err != nil {
 			break

@@ -56,7 +56,7 @@ func (c *Copier) SubmitBounced(parts []StagedPart, host, n uint64, toHost bool) 
 		crossing[0] = Segment{Src: host, Dst: bounce, Size: n}
 		before = crossing
 	}
-	p, err := c.submitLocked(n, stage, false, nil, before, after, RouteAuto, nil)
+	p, err := c.submitLocked(n, stage, false, nil, before, after, RouteAuto)
 	if err != nil {
 		return nil, fmt.Errorf("queueing a staged chunk of %d parts on GPU %d: %w", len(parts), c.dev, err)
 	}

@@ -10,7 +10,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/gpushare"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/scatter"
@@ -138,8 +137,6 @@ type Copier struct {
 	// each timed submission, raised once the submission is queued.
 	gate       *cuda.StreamGate // nil: timings not held
 	gateReason string
-
-	signalOff string // why this copier writes no signals (c.mu; "" while it does)
 
 	check checkScratch // device memory of block lists checked on the GPU
 	ids   *idBuffers   // the backend's pinned id buffers, read in place (nil for a Copier of its own)
@@ -284,10 +281,6 @@ func (c *Copier) Submit(segs []Segment) (*Pending, error) {
 
 // SubmitRoute is Submit with a route.
 func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
-	return c.submitRoute(segs, route, nil)
-}
-
-func (c *Copier) submitRoute(segs []Segment, route Route, sig *engines.Signal) (*Pending, error) {
 	if len(segs) == 0 {
 		return nil, errors.New("nothing to copy")
 	}
@@ -312,7 +305,7 @@ func (c *Copier) submitRoute(segs []Segment, route Route, sig *engines.Signal) (
 		stage = func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
 		small = nil
 	}
-	p, err := c.submitLocked(nbytes, stage, true, small, big, nil, route, sig)
+	p, err := c.submitLocked(nbytes, stage, true, small, big, nil, route)
 	if err != nil {
 		return nil, fmt.Errorf("queueing %d segments on GPU %d: %w", len(segs), c.dev, err)
 	}
@@ -324,12 +317,6 @@ func (c *Copier) submitRoute(segs []Segment, route Route, sig *engines.Signal) (
 // with no segment per block. src and dst are the ids' ranges (every id must lie within them). Lists the flat kernels cannot take, blocks for the copy engine and copiers without
 // kernels go as segments.
 func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dstIDs []uint32, src, dst scatter.IDRange) (*Pending, error) {
-	return c.SubmitSignalledBlocks(pairs, bs, srcIDs, dstIDs, src, dst, nil)
-}
-
-// SubmitSignalledBlocks is SubmitBlocks that also has the GPU write sig (when set, in memory registered with
-// RegisterSignalMemory's driver call) behind the copies; Pending.Signalled says whether it will.
-func (c *Copier) SubmitSignalledBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dstIDs []uint32, src, dst scatter.IDRange, sig *engines.Signal) (*Pending, error) {
 	if len(srcIDs) != len(dstIDs) {
 		return nil, fmt.Errorf("%d source ids and %d destination ids", len(srcIDs), len(dstIDs))
 	}
@@ -341,13 +328,13 @@ func (c *Copier) SubmitSignalledBlocks(pairs []scatter.BlockBases, bs uint64, sr
 				segs = append(segs, Segment{Src: p.Src + uint64(srcIDs[i])*bs, Dst: p.Dst + uint64(dstIDs[i])*bs, Size: bs})
 			}
 		}
-		return c.submitRoute(segs, RouteAuto, sig)
+		return c.SubmitRoute(segs, RouteAuto)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// A block list covers every layer in one launch, so there is no next layer to keep its descriptors for, and
 	// hashing them would cost more than reading them once.
-	p, err := c.submitLocked(uint64(l.Pieces)*bs, c.blockStage(l, pairs, bs, srcIDs, dstIDs), false, nil, nil, nil, RouteAuto, sig)
+	p, err := c.submitLocked(uint64(l.Pieces)*bs, c.blockStage(l, pairs, bs, srcIDs, dstIDs), false, nil, nil, nil, RouteAuto)
 	if err != nil {
 		return nil, fmt.Errorf("queueing %d blocks of %d region pairs on GPU %d: %w", len(srcIDs), len(pairs), c.dev, err)
 	}
@@ -372,8 +359,8 @@ func (c *Copier) blockStage(l scatter.Layout, pairs []scatter.BlockBases, bs uin
 
 // submitLocked queues one submission: stage (when set) writes the kernel's descriptors, which may be kept in
 // device memory when resident is set; big go to the copy engine before the kernel and after behind it, driver go
-// as driver copies; sig (when set) is written behind them all. c.mu is held.
-func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot, uint64, error), resident bool, driver, big, after []Segment, route Route, sig *engines.Signal) (*Pending, error) {
+// as driver copies. c.mu is held.
+func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot, uint64, error), resident bool, driver, big, after []Segment, route Route) (*Pending, error) {
 	p := &Pending{c: c, bytes: nbytes}
 	p.end.Start()
 	err := c.drv.WithContextKept(c.ctx, func() error {
@@ -436,15 +423,6 @@ func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot
 		for _, s := range after {
 			if err := c.drv.MemcpyAsync(s.Dst, s.Src, s.Size, c.stream); err != nil {
 				return err
-			}
-		}
-		if sig != nil && c.signalOff == "" {
-			// Before the end event, so the copy is seen done only once the word was written. A driver without
-			// stream memory operations refuses without queueing anything: signals stay off on this copier.
-			if err := c.drv.StreamWriteValue32(c.stream, uint64(uintptr(unsafe.Pointer(sig.Word))), sig.Value); err != nil {
-				c.signalOff = err.Error()
-			} else {
-				p.signalled = true
 			}
 		}
 		ev, err := c.getEvent(c.opts.TimeDevice)

@@ -27,7 +27,6 @@ type Pending struct {
 	timedFrom time.Time     // when the device timing's start was queued
 	queueing  time.Duration // host time from there to the end event
 	checked   *checkedList  // a block list the GPU checked: its verdict is read at the end
-	signalled bool          // the GPU writes the submission's signal before its end event
 	// prev is the submission queued before this one on the stream (nil once either ended), which the stream
 	// finishes first: Wait blocks on it before polling, so of many copies in flight only the oldest polls the
 	// GPU. With every waiter polling, eight 64 MiB copies in flight took 69 µs each instead of 43: the polls
@@ -46,9 +45,6 @@ func (p *Pending) DeviceTime() time.Duration {
 	}
 	return p.end.DeviceTime()
 }
-
-// Signalled reports whether the GPU writes the signal the submission was given behind its copies.
-func (p *Pending) Signalled() bool { return p.signalled }
 
 // ReusedDescriptors reports whether the kernel read descriptors an earlier
 // launch left in device memory (Options.ResidentLayouts) instead of staging.

@@ -3340,22 +3340,14 @@ func (x *IdArena) GetSize() uint64 {
 //	      sends an empty frame (four zero bytes) on the socket to wake it
 //	196   u32 caller asleep: set by the caller before it waits on the socket; the agent then sends four 0xff
 //	      bytes (a frame header no reply has) after the reply
-//	256   u32 signal (callers that set `signals`): for a waited block transfer whose copies one engine vouches
-//	      for, set by the hardware to the request sequence's low 32 bits once every byte landed (the GPU writes
-//	      it behind its copies); the success reply it announces (u32 big-endian length + FastReply, without the
-//	      elapsed time) is at 1024 before the transfer is submitted, and no reply follows: the caller must
-//	      watch this word beside the reply sequence. A signalled transfer that fails is answered by reply.
 //
 // A request area and a reply area of (size-4096)/2 bytes each; larger frames still go through the socket, whose
 // frames are answered there as before. On a connection with a mailbox, an empty frame from the caller is a
 // doorbell, answered by nothing.
 type Mailbox struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	FdToken string                 `protobuf:"bytes,1,opt,name=fd_token,json=fdToken,proto3" json:"fd_token,omitempty"`
-	Size    uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
-	// signals: the caller watches the signal word (layout above), so the agent may answer a waited block
-	// transfer by it alone.
-	Signals       bool `protobuf:"varint,3,opt,name=signals,proto3" json:"signals,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FdToken       string                 `protobuf:"bytes,1,opt,name=fd_token,json=fdToken,proto3" json:"fd_token,omitempty"`
+	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3402,13 +3394,6 @@ func (x *Mailbox) GetSize() uint64 {
 		return x.Size
 	}
 	return 0
-}
-
-func (x *Mailbox) GetSignals() bool {
-	if x != nil {
-		return x.Signals
-	}
-	return false
 }
 
 // FastRequest is one request frame on the fast socket.
@@ -3907,11 +3892,10 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\rR\barenaIds\"8\n" +
 	"\aIdArena\x12\x19\n" +
 	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"R\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"8\n" +
 	"\aMailbox\x12\x19\n" +
 	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x18\n" +
-	"\asignals\x18\x03 \x01(\bR\asignals\"\xcc\x02\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"\xcc\x02\n" +
 	"\vFastRequest\x12B\n" +
 	"\btransfer\x18\x01 \x01(\v2$.fabricxfer.agent.v1.TransferRequestH\x00R\btransfer\x12D\n" +
 	"\x06blocks\x18\x02 \x01(\v2*.fabricxfer.agent.v1.TransferBlocksRequestH\x00R\x06blocks\x129\n" +
