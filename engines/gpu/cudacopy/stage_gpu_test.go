@@ -168,7 +168,9 @@ func TestGPUStagedTCP(t *testing.T) {
 // BenchmarkGPUBouncedChunk times one staged chunk of the tcp engine's block transfers: 1,024 scattered 720 B
 // blocks (737,280 bytes) gathered into pinned host memory through device staging, and scattered back, with the
 // host's queueing time (queue-µs, what the staging goroutine spends before the next chunk) beside the whole
-// submission waited for. The contiguous row is the same bytes as one copy-engine transfer, the floor.
+// submission waited for. The direct row has the kernel write the blocks into host memory itself (no device
+// staging), the batch rows move them as one cuMemcpyBatchAsync of 1,024 copy-engine copies (no kernel); the
+// contiguous row is the same bytes as one copy-engine transfer, the floor.
 func BenchmarkGPUBouncedChunk(b *testing.B) {
 	drv, nv := gpuEnv(b)
 	c, err := cudacopy.NewCopier(drv, 0, cudacopy.Options{NVRTC: nv})
@@ -190,12 +192,26 @@ func BenchmarkGPUBouncedChunk(b *testing.B) {
 	for i, id := range ids {
 		parts[i] = cudacopy.StagedPart{Addr: uint64(src) + uint64(id)*bs, Off: uint64(i) * bs, Size: bs}
 	}
+	direct, back := make([]cudacopy.Segment, n), make([]cudacopy.Segment, n)
+	for i, p := range parts {
+		direct[i] = cudacopy.Segment{Src: p.Addr, Dst: uint64(host) + p.Off, Size: p.Size}
+		back[i] = cudacopy.Segment{Src: uint64(host) + p.Off, Dst: p.Addr, Size: p.Size}
+	}
+	batch, err := cudacopy.NewCopier(drv, 0, cudacopy.Options{NVRTC: nv, Force: cudacopy.ModeBatch})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer batch.Close()
+	b.Logf("batch copier: %s (%s)", batch.Mode(), batch.Reason())
 	for _, tc := range []struct {
 		name   string
 		submit func() (*cudacopy.Pending, error)
 	}{
 		{"gather-to-host", func() (*cudacopy.Pending, error) { return c.SubmitBounced(parts, uint64(host), bs*n, true) }},
 		{"scatter-from-host", func() (*cudacopy.Pending, error) { return c.SubmitBounced(parts, uint64(host), bs*n, false) }},
+		{"gather-direct-to-host", func() (*cudacopy.Pending, error) { return c.Submit(direct) }},
+		{"gather-batch-to-host", func() (*cudacopy.Pending, error) { return batch.Submit(direct) }},
+		{"scatter-batch-from-host", func() (*cudacopy.Pending, error) { return batch.Submit(back) }},
 		{"contiguous-to-host", func() (*cudacopy.Pending, error) {
 			return c.SubmitRoute([]cudacopy.Segment{{Src: uint64(src), Dst: uint64(host), Size: bs * n}}, cudacopy.RouteDriver)
 		}},
