@@ -24,9 +24,10 @@ import (
 // records go out a system call per up to four (a write's first record alone, so that its system call starts
 // while the rest is sealed), and a record opens straight into the reader's buffer (the destination region)
 // when that buffer holds the whole record. Same guarantees as TLS for the data: secrecy, integrity, order (each
-// direction numbers its records, the number is the nonce), no replay across connections (keys are per session). Differences, both documented: a record that fails authentication may have left
-// garbage in the destination range it was opened into (the transfer fails; a failed transfer's destination is
-// undefined anyway), and liveness is proven per record rather than per byte.
+// direction numbers its records, the number is the nonce), no replay across connections (keys are per
+// session). Differences, both documented: a record that fails authentication may have left garbage in the
+// destination range it was opened into (the transfer fails; a failed transfer's destination is undefined
+// anyway), and liveness is proven per record rather than per byte.
 const (
 	sealedProto = "fxt-sealed/1"
 	// sealedLabel is the TLS exporter label of the records' secrets (RFC 8446 7.5).
