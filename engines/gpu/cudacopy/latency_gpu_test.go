@@ -16,7 +16,7 @@ import (
 )
 
 // BenchmarkGPULatencyLadder times one small block copy, waited for, at each floor of the stack the socket
-// path climbs: the driver alone (launch, record, poll), the copier (descriptors from ids, launch, wait), the
+// path climbs: the driver alone (the contiguous kernel or the copy engine: launch, record, poll), the copier (descriptors from ids, launch, wait), the
 // xgmi engine (plan, tracker, completion) and the composite above it. The difference between two floors is
 // what that floor costs per transfer; the driver floor is what any process on this GPU pays.
 func BenchmarkGPULatencyLadder(b *testing.B) {
@@ -44,33 +44,41 @@ func BenchmarkGPULatencyLadder(b *testing.B) {
 			srcIDs[i] = uint32(i)
 			dstIDs[i] = uint32(shape.blocks - 1 - i)
 		}
-		b.Run(shape.name+"/driver", func(b *testing.B) {
-			c, src, dst := benchCopier(b, size)
-			n := uint64(shape.ids) * shape.bs
-			err := drv.WithContext(c.Context(), func() error {
-				ev, err := drv.EventCreate(false)
-				if err != nil {
-					return err
-				}
-				defer drv.EventDestroy(ev)
-				return timed(b, func() error {
-					if err := c.LaunchContiguous(uint64(dst), uint64(src), n); err != nil {
+		// The floors: the contiguous kernel, and the copy engine (cuMemcpyAsync), each launched and its event polled.
+		for _, floor := range []string{"/driver", "/copy-engine"} {
+			b.Run(shape.name+floor, func(b *testing.B) {
+				c, src, dst := benchCopier(b, size)
+				n := uint64(shape.ids) * shape.bs
+				err := drv.WithContext(c.Context(), func() error {
+					ev, err := drv.EventCreate(false)
+					if err != nil {
 						return err
 					}
-					if err := drv.EventRecord(ev, c.Stream()); err != nil {
-						return err
-					}
-					for {
-						if done, err := drv.EventQuery(ev); err != nil || done {
+					defer drv.EventDestroy(ev)
+					return timed(b, func() error {
+						if floor == "/driver" {
+							err = c.LaunchContiguous(uint64(dst), uint64(src), n)
+						} else {
+							err = drv.MemcpyAsync(uint64(dst), uint64(src), n, c.Stream())
+						}
+						if err != nil {
 							return err
 						}
-					}
+						if err := drv.EventRecord(ev, c.Stream()); err != nil {
+							return err
+						}
+						for {
+							if done, err := drv.EventQuery(ev); err != nil || done {
+								return err
+							}
+						}
+					})
 				})
+				if err != nil {
+					b.Fatal(err)
+				}
 			})
-			if err != nil {
-				b.Fatal(err)
-			}
-		})
+		}
 		srcRange, dstRange := idRange(srcIDs), idRange(dstIDs) // planning's pass, not timed here
 		for _, checked := range []bool{false, true} {
 			name := map[bool]string{false: "/copier", true: "/copier-checked"}[checked]
