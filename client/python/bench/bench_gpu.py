@@ -32,7 +32,10 @@ uses them, as a scheduler hands over ids it just computed: ids drawn seconds ear
 caches, and reading them from memory cost the client tens of microseconds of case a. Every destination byte is compared (torch.equal) with what torch's
 own copies produced from the same ids. A failing case prints its error and the next one runs. The agent is
 killed at the end whatever happens. --expandable runs the client with
-PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. --busy runs a third process that keeps the GPU computing
+(4096 x 4096 fp16 matmuls, 20 between synchronizes) for the whole run, as an inference engine keeps its GPU busy
+between transfers: without MPS the GPU runs one process's work at a time, so every copy of the agent and of the
+client waits for that process's timeslice.
 """
 
 import argparse
@@ -61,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--pool-name", default="kv", help="pool name, the socket's folder (default kv)")
     p.add_argument("--agent-arg", action="append", default=[], help="one more argument for the agent (repeatable)")
     p.add_argument("--expandable", action="store_true", help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    p.add_argument("--busy", action="store_true",
+                   help="keep the GPU computing from a third process during the run (as an inference engine would)")
     p.add_argument("--no-mailbox", action="store_true",
                    help="frames on the fast socket only, without the shared-memory mailbox (Client(mailbox=False))")
     p.add_argument("--json", help="write the results here too")
@@ -76,8 +81,9 @@ def parse_args(argv=None):
     p.add_argument("--start-timeout", type=float, default=60.0, help="seconds to wait for the agent socket")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds the client process may run in all")
     p.add_argument("--call-timeout", type=float, default=60.0, help="seconds one agent call may take")
-    # Internal: the client half.
+    # Internal: the client half, and the process that keeps the GPU busy.
     p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--busy-loop", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--socket", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]
@@ -146,6 +152,27 @@ def client_command(a, socket_path):
     return cmd
 
 
+def busy_command(a):
+    """The command line of the process --busy starts: it computes on --device until it is stopped, at most
+    --timeout seconds."""
+    return [sys.executable, os.path.abspath(__file__), "--busy-loop", "--device", str(a.device), "--timeout",
+            str(a.timeout)]
+
+
+def run_busy(a) -> int:
+    """Keeps the GPU computing: 4096 x 4096 fp16 matmuls, synchronizing every 20, until stopped or --timeout."""
+    import torch
+
+    dev = torch.device("cuda", a.device)
+    x = torch.randn(4096, 4096, device=dev, dtype=torch.float16)
+    end = time.monotonic() + a.timeout
+    while time.monotonic() < end:
+        for _ in range(20):
+            torch.mm(x, x)
+        torch.cuda.synchronize(dev)
+    return 0
+
+
 def client_env(a, base=None):
     env = dict(os.environ if base is None else base)
     env["PYTHONUNBUFFERED"] = "1"
@@ -208,7 +235,7 @@ def drive(a) -> int:
     own_dir = a.socket_dir is None
     sock_dir = a.socket_dir or tempfile.mkdtemp(prefix="fxbench")
     log_path = os.path.join(sock_dir, "agent.log")
-    proc = child = None
+    proc = child = busy = None
     try:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([agent, "standalone", "--socket-dir", sock_dir, "--pool-name", a.pool_name]
@@ -216,6 +243,9 @@ def drive(a) -> int:
         sock = os.path.join(sock_dir, a.pool_name, "agent.sock")
         wait_for_socket(sock, proc, a.start_timeout)
         print("agent %s serving %s (log %s)" % (agent, sock, log_path), flush=True)
+        if a.busy:
+            busy = subprocess.Popen(busy_command(a), env=client_env(a))
+            print("process %d keeps GPU %d computing for the whole run" % (busy.pid, a.device), flush=True)
         child = subprocess.Popen(client_command(a, sock), env=client_env(a))
         try:
             return child.wait(a.timeout)
@@ -227,6 +257,7 @@ def drive(a) -> int:
         return 1
     finally:
         stop(child, 5.0)
+        stop(busy, 5.0)
         stop(proc)
         if proc is not None and proc.returncode not in (0, -signal.SIGTERM, None):
             print("agent exit status %s; the end of its log:" % proc.returncode, flush=True)
@@ -546,6 +577,8 @@ def run_client(a) -> int:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.busy_loop:
+        return run_busy(a)
     return run_client(a) if a.client else drive(a)
 
 

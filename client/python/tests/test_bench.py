@@ -41,6 +41,16 @@ class GPUBenchPureTest(unittest.TestCase):
         self.assertEqual(bench_gpu.case_name("d-idle", bench_gpu.parse_args(["--idle", "0.005"])),
                          "d 4 KiB after 5 ms idle, p50")
 
+    def test_busy_process_command(self):
+        a = bench_gpu.parse_args(["--busy", "--device", "1", "--timeout", "300"])
+        self.assertTrue(a.busy)
+        self.assertFalse(bench_gpu.parse_args([]).busy)
+        cmd = bench_gpu.busy_command(a)
+        self.assertEqual(cmd[:3], [sys.executable, os.path.abspath(bench_gpu.__file__), "--busy-loop"])
+        back = bench_gpu.parse_args(cmd[2:])
+        # The busy process computes on the benchmark's GPU and stops by itself after the run's bound.
+        self.assertEqual((back.busy_loop, back.client, back.device, back.timeout), (True, False, 1, 300.0))
+
     def test_client_command_and_environment(self):
         a = bench_gpu.parse_args(["--expandable", "--json", "out.json", "--cases", "b", "--warmup-seconds", "0.5",
                                   "--idle", "0.005", "--no-mailbox"])
