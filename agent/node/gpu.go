@@ -4,7 +4,9 @@
 package node
 
 import (
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
@@ -103,7 +105,48 @@ func (t *transferSide) cudaBackend() *cudacopy.Backend {
 	// first, and the stager holds the mapping while the tcp engine uses it.
 	t.tcpStager = be.Stager()
 	t.cudaCopyRunning = true
+	t.gpuSharing = gpuSharing(drv.DeviceCount, func(ordinal int) (int, error) {
+		dev, err := drv.DeviceGet(ordinal)
+		if err != nil {
+			return 0, err
+		}
+		return drv.DeviceAttribute(dev, cuda.AttrMPSEnabled)
+	})
+	t.log.Info("NVIDIA GPU sharing", "sharing", t.gpuSharing)
 	return be
+}
+
+// gpuSharing says how the agent's GPU work shares the NVIDIA GPUs with the other processes on them, from the
+// driver's count of GPUs and each one's CU_DEVICE_ATTRIBUTE_MPS_ENABLED. It matters more than any copy path:
+// without MPS a GPU runs one process's work at a time, so while an inference engine computes on it every copy
+// of the agent waits for that engine's timeslice (about 2.4 ms each on an H200, DESIGN.md); through MPS the
+// copies run beside its kernels.
+func gpuSharing(count func() (int, error), mps func(ordinal int) (int, error)) string {
+	n, err := count()
+	if err != nil {
+		return "GPU sharing unknown: counting GPUs: " + err.Error()
+	}
+	var shared []string
+	for i := range n {
+		on, err := mps(i)
+		if err != nil {
+			return fmt.Sprintf("GPU sharing unknown: reading whether GPU %d runs under MPS: %s", i, err)
+		}
+		if on != 0 {
+			shared = append(shared, strconv.Itoa(i))
+		}
+	}
+	const timeSliced = "time-sliced with other processes (no MPS): while another process computes on a GPU, each copy waits for its timeslice"
+	switch {
+	case n == 0:
+		return "no NVIDIA GPU visible to the CUDA driver"
+	case len(shared) == n:
+		return "GPU work shared through MPS: copies run beside other processes' kernels"
+	case len(shared) == 0:
+		return "GPUs " + timeSliced
+	default:
+		return fmt.Sprintf("GPU work shared through MPS on CUDA GPUs %s of %d; the others %s", strings.Join(shared, ","), n, timeSliced)
+	}
 }
 
 // fabricEngine builds the fabric engine on the CUDA runtime when the copy backend runs and the pool allows

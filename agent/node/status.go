@@ -25,6 +25,9 @@ func (t *transferSide) markNotRunning(cfg Config, fabricRunning bool) {
 			// Host copies still run, so the engine stays available; GPU pairs are refused, and this says why.
 			t.statuses[i].Reason = fmt.Sprintf("hardware: %s; host backend only: %s", e.Reason, t.gpuCopyWhyNot)
 		}
+		if e.Name == "xgmi" && e.Available && t.gpuSharing != "" {
+			t.statuses[i].Reason += "; " + t.gpuSharing
+		}
 		if e.Available && !running[e.Name] {
 			t.statuses[i].Available = false
 			t.statuses[i].Reason = fmt.Sprintf("hardware: %s; not running: %s", e.Reason, why[e.Name])

@@ -100,6 +100,8 @@ type transferSide struct {
 	rdmaWhyNot  string
 	// gpuCopyWhyNot says why the same-node engine runs without the AMD GPU backend on a node with AMD GPUs.
 	gpuCopyWhyNot string
+	// gpuSharing says how this agent's GPU work shares the NVIDIA GPUs with other processes (gpuSharing()).
+	gpuSharing string
 }
 
 // newTransferSide prepares the transfer side from a detection: which engines this node offers and its GPUs.

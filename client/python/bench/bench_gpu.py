@@ -35,7 +35,10 @@ killed at the end whatever happens. --expandable runs the client with
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. --busy runs a third process that keeps the GPU computing
 (4096 x 4096 fp16 matmuls, 20 between synchronizes) for the whole run, as an inference engine keeps its GPU busy
 between transfers: without MPS the GPU runs one process's work at a time, so every copy of the agent and of the
-client waits for that process's timeslice.
+client waits for that process's timeslice. --mps makes the agent, the client and the --busy process clients of
+one MPS server (a control daemon of the run's own, its pipe folder in the run's folder, so no other process of the
+machine joins it): their kernels and copies then run side by side instead of taking turns, as on a node whose
+GPUs are shared through MPS.
 """
 
 import argparse
@@ -66,6 +69,10 @@ def parse_args(argv=None):
     p.add_argument("--expandable", action="store_true", help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     p.add_argument("--busy", action="store_true",
                    help="keep the GPU computing from a third process during the run (as an inference engine would)")
+    p.add_argument("--mps", action="store_true",
+                   help="run the agent, the client and the --busy process as clients of an MPS control daemon "
+                        "started for this run (nvidia-cuda-mps-control, its pipe and log folders in the run's "
+                        "folder; quit at the end)")
     p.add_argument("--no-mailbox", action="store_true",
                    help="frames on the fast socket only, without the shared-memory mailbox (Client(mailbox=False))")
     p.add_argument("--json", help="write the results here too")
@@ -173,6 +180,23 @@ def run_busy(a) -> int:
     return 0
 
 
+def mps_env(sock_dir):
+    """The environment that makes CUDA processes clients of the run's MPS control daemon (--mps)."""
+    d = os.path.join(sock_dir, "mps")
+    return {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(d, "pipe"), "CUDA_MPS_LOG_DIRECTORY": os.path.join(d, "log")}
+
+
+def start_mps(env, timeout=30.0):
+    """Starts an MPS control daemon whose folders env names; returns the command that stops it."""
+    for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        os.makedirs(env[k], exist_ok=True)
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        raise RuntimeError("--mps: nvidia-cuda-mps-control is not on PATH")
+    subprocess.run([control, "-d"], env=dict(os.environ, **env), check=True, timeout=timeout)
+    return lambda: subprocess.run([control], input=b"quit\n", env=dict(os.environ, **env), timeout=timeout)
+
+
 def client_env(a, base=None):
     env = dict(os.environ if base is None else base)
     env["PYTHONUNBUFFERED"] = "1"
@@ -235,8 +259,13 @@ def drive(a) -> int:
     own_dir = a.socket_dir is None
     sock_dir = a.socket_dir or tempfile.mkdtemp(prefix="fxbench")
     log_path = os.path.join(sock_dir, "agent.log")
-    proc = child = busy = None
+    proc = child = busy = stop_mps = None
     try:
+        if a.mps:
+            # Every process started below inherits the run's MPS folders.
+            os.environ.update(mps_env(sock_dir))
+            stop_mps = start_mps(mps_env(sock_dir))
+            print("MPS control daemon for this run: %s" % os.environ["CUDA_MPS_PIPE_DIRECTORY"], flush=True)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([agent, "standalone", "--socket-dir", sock_dir, "--pool-name", a.pool_name]
                                     + a.agent_arg, stdout=log, stderr=subprocess.STDOUT)
@@ -259,6 +288,11 @@ def drive(a) -> int:
         stop(child, 5.0)
         stop(busy, 5.0)
         stop(proc)
+        if stop_mps is not None:
+            try:
+                stop_mps()
+            except (OSError, subprocess.SubprocessError) as e:
+                print("bench_gpu: stopping the MPS control daemon: %s" % e, flush=True)
         if proc is not None and proc.returncode not in (0, -signal.SIGTERM, None):
             print("agent exit status %s; the end of its log:" % proc.returncode, flush=True)
         if proc is not None:
@@ -537,7 +571,9 @@ def run_client(a) -> int:
         header = {"mode": "expandable_segments" if a.expandable else "caching allocator (cudaMalloc segments)",
                   "torch": torch.__version__, "device": torch.cuda.get_device_name(bench.dev),
                   "agent": bench.c.info.agent_version, "node": bench.c.info.node_name,
-                  "engines": ["%s%s" % (e.name, "" if e.available else " (unavailable: %s)" % e.reason)
+                  # The same-node engine's reason says how the GPU is shared with other processes (MPS or not).
+                  "engines": ["%s%s" % (e.name, " (%s)" % e.reason if e.name == "xgmi" else
+                                        "" if e.available else " (unavailable: %s)" % e.reason)
                               for e in bench.c.info.engines],
                   "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
                   "frames": "mailbox" if bench.c._fast is not None and bench.c._fast.mailbox is not None else "socket"}

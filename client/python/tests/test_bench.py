@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 from contextlib import redirect_stderr
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
@@ -50,6 +51,19 @@ class GPUBenchPureTest(unittest.TestCase):
         back = bench_gpu.parse_args(cmd[2:])
         # The busy process computes on the benchmark's GPU and stops by itself after the run's bound.
         self.assertEqual((back.busy_loop, back.client, back.device, back.timeout), (True, False, 1, 300.0))
+
+    def test_mps_folders_are_the_runs_own(self):
+        self.assertFalse(bench_gpu.parse_args([]).mps)
+        self.assertTrue(bench_gpu.parse_args(["--mps"]).mps)
+        env = bench_gpu.mps_env("/tmp/fxbench1")
+        # Only processes given these folders join the run's MPS server; nothing of the machine's default one.
+        self.assertEqual(env, {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/fxbench1/mps/pipe",
+                               "CUDA_MPS_LOG_DIRECTORY": "/tmp/fxbench1/mps/log"})
+
+    def test_mps_without_control_daemon_fails_before_anything_runs(self):
+        with tempfile.TemporaryDirectory() as d, mock.patch.dict(os.environ, {"PATH": d}):  # no control daemon here
+            with self.assertRaisesRegex(RuntimeError, "nvidia-cuda-mps-control is not on PATH"):
+                bench_gpu.start_mps(bench_gpu.mps_env(d))
 
     def test_client_command_and_environment(self):
         a = bench_gpu.parse_args(["--expandable", "--json", "out.json", "--cases", "b", "--warmup-seconds", "0.5",

@@ -42,6 +42,7 @@ const (
 	AttrDmaBufSupported           = 124
 	AttrIPCEventSupported         = 125
 	AttrHandleTypeFabricSupported = 128
+	AttrMPSEnabled                = 133 // contexts created on the device are shared through an MPS server
 )
 
 // Memory handle types (CUmemAllocationHandleType); a bit set.

@@ -41,6 +41,8 @@ func TestGPUCopierSubmitBlocks(t *testing.T) {
 		{"64 regions x 1024 x 16 KiB", 16 << 10, 64, 1024, 1024, 0},
 		{"4 regions 512 B apart x 720 B", 720, 4, 4096, 1000, 512},
 		{"one 64 MiB block", 64 << 20, 1, 1, 1, 0},
+		{"two 4 KiB blocks", 4 << 10, 1, 64, 2, 0},
+		{"one 720 B block over 2 regions 512 B apart", 720, 2, 64, 1, 512},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			region := uint64(tc.blocks)*tc.bs + tc.gap

@@ -15,7 +15,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
-// BenchmarkGPULatencyLadder times one small block copy, waited for, at each floor of the stack the socket
+// BenchmarkGPULatencyLadder times one block copy (4 KiB, a KV batch, 64 MiB), waited for, at each floor of the stack the socket
 // path climbs: the driver alone (the contiguous kernel or the copy engine: launch, record, poll), the copier (descriptors from ids, launch, wait), the
 // xgmi engine (plan, tracker, completion) and the composite above it. The difference between two floors is
 // what that floor costs per transfer; the driver floor is what any process on this GPU pays.
@@ -37,7 +37,7 @@ func BenchmarkGPULatencyLadder(b *testing.B) {
 		bs     uint64
 		blocks int
 		ids    int
-	}{{"1x4KiB", bs, blocks, 1}, {"15360x720B", 720, 1 << 18, 15360}} {
+	}{{"1x4KiB", bs, blocks, 1}, {"15360x720B", 720, 1 << 18, 15360}, {"1x64MiB", 64 << 20, 2, 1}} {
 		size := shape.bs * uint64(shape.blocks)
 		srcIDs, dstIDs := make([]uint32, shape.ids), make([]uint32, shape.ids)
 		for i := range srcIDs {
