@@ -60,6 +60,14 @@ type AgentSettings struct {
 	// --node-cert); the agents' Secret then holds only the CA bundle. Off: the Secret holds a key pair an admin
 	// provides, shared by the pool's agents.
 	NodeCerts bool
+	// MPSPipeDir is the host folder of the NVIDIA MPS control daemon's pipes (its CUDA_MPS_PIPE_DIRECTORY) the
+	// agents join: mounted at the same path and set for the agent, so its GPU copies run beside the inference
+	// pods' kernels instead of waiting for their timeslices. Empty: no MPS.
+	MPSPipeDir string
+	// MPSShmDir is the host folder the MPS server and its clients share as /dev/shm (the NVIDIA device plugin's
+	// MPS daemon keeps one under /run/nvidia/mps); empty: the host's /dev/shm, which the agent sees through its
+	// /dev mount.
+	MPSShmDir string
 }
 
 // Host folders of the kubelet's DRA plugins and of CDI specs, mounted at the same paths (agent --dra).
@@ -308,18 +316,31 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) (*appsv1a
 		}
 	}
 
+	containerEnv := []*corev1ac.EnvVarApplyConfiguration{
+		env("NODE_NAME", "spec.nodeName"),
+		env("HOST_IP", "status.hostIP"),
+		env("POD_NAMESPACE", "metadata.namespace"),
+		env("POD_NAME", "metadata.name"),
+		// The NVIDIA container runtime injects every GPU and the driver's user-space libraries.
+		corev1ac.EnvVar().WithName("NVIDIA_VISIBLE_DEVICES").WithValue("all"),
+		corev1ac.EnvVar().WithName("NVIDIA_DRIVER_CAPABILITIES").WithValue("compute,utility"),
+	}
+	if settings.MPSPipeDir != "" {
+		// The CUDA driver joins the MPS server whose control daemon listens in this folder. Created when missing,
+		// so a node without the daemon still runs its agent, which then says its GPUs are time-sliced.
+		containerEnv = append(containerEnv, corev1ac.EnvVar().WithName("CUDA_MPS_PIPE_DIRECTORY").WithValue(settings.MPSPipeDir))
+		mounts = append(mounts, corev1ac.VolumeMount().WithName("mps-pipe").WithMountPath(settings.MPSPipeDir))
+		volumes = append(volumes, hostPath("mps-pipe", settings.MPSPipeDir, corev1.HostPathDirectoryOrCreate))
+		if settings.MPSShmDir != "" {
+			mounts = append(mounts, corev1ac.VolumeMount().WithName("mps-shm").WithMountPath("/dev/shm"))
+			volumes = append(volumes, hostPath("mps-shm", settings.MPSShmDir, corev1.HostPathDirectory))
+		}
+	}
+
 	container := corev1ac.Container().
 		WithName("agent").WithImage(image).WithImagePullPolicy(pullPolicy).
 		WithArgs(args...).
-		WithEnv(
-			env("NODE_NAME", "spec.nodeName"),
-			env("HOST_IP", "status.hostIP"),
-			env("POD_NAMESPACE", "metadata.namespace"),
-			env("POD_NAME", "metadata.name"),
-			// The NVIDIA container runtime injects every GPU and the driver's user-space libraries.
-			corev1ac.EnvVar().WithName("NVIDIA_VISIBLE_DEVICES").WithValue("all"),
-			corev1ac.EnvVar().WithName("NVIDIA_DRIVER_CAPABILITIES").WithValue("compute,utility"),
-		).
+		WithEnv(containerEnv...).
 		WithPorts(
 			corev1ac.ContainerPort().WithName("agent").WithContainerPort(port).WithProtocol(corev1.ProtocolTCP),
 			corev1ac.ContainerPort().WithName("data").WithContainerPort(port+1).WithProtocol(corev1.ProtocolTCP),

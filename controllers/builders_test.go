@@ -6,6 +6,7 @@ package controllers
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -231,4 +232,60 @@ func TestDaemonSetRunsTheDRADriverWhenAsked(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestDaemonSetJoinsMPSWhenAsked: with the admin's MPS folders the agent gets the pipe folder at its host path and
+// CUDA_MPS_PIPE_DIRECTORY naming it, and the shared memory folder as /dev/shm; without them, neither.
+func TestDaemonSetJoinsMPSWhenAsked(t *testing.T) {
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "kv"}}
+	for _, tc := range []struct {
+		name          string
+		pipe, shm     string
+		wantEnv       string
+		wantMounts    map[string]string // volume name -> mount path
+		wantHostPaths map[string]string // volume name -> host path
+	}{
+		{"no MPS", "", "", "", nil, nil},
+		{"pipe folder", "/run/nvidia/mps", "", "/run/nvidia/mps",
+			map[string]string{"mps-pipe": "/run/nvidia/mps"}, map[string]string{"mps-pipe": "/run/nvidia/mps"}},
+		{"pipe and shared memory folders", "/run/nvidia/mps/pipe", "/run/nvidia/mps/shm", "/run/nvidia/mps/pipe",
+			map[string]string{"mps-pipe": "/run/nvidia/mps/pipe", "mps-shm": "/dev/shm"},
+			map[string]string{"mps-pipe": "/run/nvidia/mps/pipe", "mps-shm": "/run/nvidia/mps/shm"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ds := mustDaemonSet(t, pool, AgentSettings{Image: "registry.local/agent:dev", MPSPipeDir: tc.pipe, MPSShmDir: tc.shm})
+			spec := ds.Spec.Template.Spec
+			c := spec.Containers[0]
+			env := ""
+			for _, e := range c.Env {
+				if *e.Name == "CUDA_MPS_PIPE_DIRECTORY" {
+					env = *e.Value
+				}
+			}
+			if env != tc.wantEnv {
+				t.Errorf("CUDA_MPS_PIPE_DIRECTORY %q, want %q", env, tc.wantEnv)
+			}
+			mounts, hosts := map[string]string{}, map[string]string{}
+			for _, m := range c.VolumeMounts {
+				if strings.HasPrefix(*m.Name, "mps-") {
+					mounts[*m.Name] = *m.MountPath
+				}
+			}
+			for _, v := range spec.Volumes {
+				if strings.HasPrefix(*v.Name, "mps-") && v.HostPath != nil {
+					hosts[*v.Name] = *v.HostPath.Path
+				}
+			}
+			if fmt.Sprint(mounts) != fmt.Sprint(orEmpty(tc.wantMounts)) || fmt.Sprint(hosts) != fmt.Sprint(orEmpty(tc.wantHostPaths)) {
+				t.Errorf("MPS mounts %v from host %v, want %v from %v", mounts, hosts, tc.wantMounts, tc.wantHostPaths)
+			}
+		})
+	}
+}
+
+func orEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
 }

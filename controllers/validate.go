@@ -55,6 +55,26 @@ func ValidateSocketDirPrefix(prefix string) error {
 	return nil
 }
 
+// ValidateMPSDirs checks an admin's MPS folders (AgentSettings.MPSPipeDir, MPSShmDir): each empty or an absolute
+// directory other than / in normal form, and a shared memory folder only with a pipe folder.
+func ValidateMPSDirs(pipeDir, shmDir string) error {
+	for _, d := range []struct{ what, dir string }{{"MPS pipe folder", pipeDir}, {"MPS shared memory folder", shmDir}} {
+		if d.dir != "" && (!prefixPattern.MatchString(d.dir) || path.Clean(d.dir) != d.dir) {
+			return fmt.Errorf("%s %q: want an absolute directory other than /, written without '.', '..', '//' or a trailing '/'", d.what, d.dir)
+		}
+	}
+	// The pipe folder is mounted at its host path: not over, inside or around a folder the agent mounts already.
+	for _, m := range []string{agentHostRootMount, agentSocketMount, agentTLSMount, agentKernelCache, "/dev"} {
+		if pipeDir != "" && (pipeDir == m || strings.HasPrefix(pipeDir, m+"/") || strings.HasPrefix(m, pipeDir+"/")) {
+			return fmt.Errorf("MPS pipe folder %q: the agent mounts %s itself", pipeDir, m)
+		}
+	}
+	if shmDir != "" && pipeDir == "" {
+		return fmt.Errorf("MPS shared memory folder %q without an MPS pipe folder: the agent would not join MPS", shmDir)
+	}
+	return nil
+}
+
 // socketDirUnder reports whether dir is prefix or a directory under it, in normal form.
 func socketDirUnder(dir, prefix string) bool {
 	if !regexp.MustCompile(`^` + regexp.QuoteMeta(prefix) + `(` + segment + `)*$`).MatchString(dir) {

@@ -148,3 +148,23 @@ func TestValidatePoolRefusesWhatMakesInvalidObjects(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateMPSDirs: the operator refuses MPS folders that would mount something nobody asked for (a relative,
+// unclean or root path, one over a folder the agent mounts itself) or that would not make the agent join MPS.
+func TestValidateMPSDirs(t *testing.T) {
+	for _, bad := range [][2]string{
+		{"run/nvidia/mps", ""}, {"/", ""}, {"/run/nvidia/mps/", ""}, {"/run/nvidia/../mps", ""}, {"/run//mps", ""},
+		{"/dev", ""}, {"/dev/mps", ""}, {"/host", ""}, {"/host/run/mps", ""}, {"/run/fabricxfer/mps", ""}, {"/run", ""},
+		{"/etc/fabricxfer/tls", ""}, {"/var/cache", ""},
+		{"/run/nvidia/mps", "shm"}, {"/run/nvidia/mps", "/run/nvidia/mps/shm/"}, {"", "/run/nvidia/mps/shm"},
+	} {
+		if ValidateMPSDirs(bad[0], bad[1]) == nil {
+			t.Errorf("pipe %q, shm %q accepted", bad[0], bad[1])
+		}
+	}
+	for _, good := range [][2]string{{"", ""}, {"/run/nvidia/mps", ""}, {"/run/nvidia/mps/pipe", "/run/nvidia/mps/shm"}, {"/tmp/nvidia-mps", ""}} {
+		if err := ValidateMPSDirs(good[0], good[1]); err != nil {
+			t.Errorf("pipe %q, shm %q: %v", good[0], good[1], err)
+		}
+	}
+}

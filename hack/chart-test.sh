@@ -105,6 +105,8 @@ expect_refused "a socket group past 2^31-1" "/defaultPool/spec/socketGroup" --se
 
 expect_refused "an unknown key under agent.apiPriority" "additional properties 'enable' not allowed" --set agent.apiPriority.enable=true
 expect_refused "a string for agent.apiPriority.enabled" "at '/agent/apiPriority/enabled': got string, want boolean" --set-string agent.apiPriority.enabled=yes
+expect_refused "a relative MPS pipe folder" "/agent/mps/pipeDirectory" --set agent.mps.pipeDirectory=run/nvidia/mps
+expect_refused "an unknown key under agent.mps" "additional properties 'pipeDir' not allowed" --set agent.mps.pipeDir=/run/nvidia/mps
 expect_refused "a ServiceMonitor without the metrics Service" "metrics.serviceMonitor.enabled needs metrics.service.enabled" \
   --set metrics.serviceMonitor.enabled=true --set metrics.service.enabled=false
 

@@ -56,6 +56,8 @@ func run() error {
 		agentNamespace = flag.String("agent-namespace", defaultAgentNamespace(), "namespace of every pool's agents, their ServiceAccounts and certificates; never a tenant's (default: the pod's namespace, else "+controllers.DefaultAgentNamespace+")")
 		agentDRA       = flag.Bool("agent-dra", false, "run each agent's fabricxfer.io DRA driver: ResourceSlices of its node and claim preparation for the kubelet (needs resource.k8s.io/v1)")
 		socketPrefix   = flag.String("socket-dir-prefix", fxv1.DefaultSocketDir, "host directory every pool's socketDir must be or lie under (the CRD's rule must say the same)")
+		mpsPipeDir     = flag.String("agent-mps-pipe-dir", "", "host folder of the NVIDIA MPS control daemon's pipes (its CUDA_MPS_PIPE_DIRECTORY): the agents join MPS, so their GPU copies run beside the pods' kernels (empty: no MPS)")
+		mpsShmDir      = flag.String("agent-mps-shm-dir", "", "host folder the MPS server and its clients share as /dev/shm, mounted there in the agents (empty: the host's /dev/shm)")
 		vpodDevices    = flag.Int("dra-vpod-devices", vpoddra.DefaultDevices, "fabricxfer.io DRA devices published per VPodTopology, bound to its nodes (0: none)")
 	)
 	// JSON with ts in RFC 3339 by default, as the agents' --log-format=json writes (--zap-time-encoding changes it).
@@ -66,8 +68,11 @@ func run() error {
 	if err := controllers.ValidateSocketDirPrefix(*socketPrefix); err != nil {
 		return fmt.Errorf("--socket-dir-prefix: %w", err)
 	}
+	if err := controllers.ValidateMPSDirs(*mpsPipeDir, *mpsShmDir); err != nil {
+		return fmt.Errorf("--agent-mps-pipe-dir, --agent-mps-shm-dir: %w", err)
+	}
 	agent := controllers.AgentSettings{Image: *agentImage, SocketDirPrefix: *socketPrefix, Namespace: *agentNamespace, DRA: *agentDRA,
-		NodeCerts: *issueAgentCert}
+		NodeCerts: *issueAgentCert, MPSPipeDir: *mpsPipeDir, MPSShmDir: *mpsShmDir}
 	for _, image := range strings.Split(*imageAllowlist, ",") {
 		if image = strings.TrimSpace(image); image != "" {
 			agent.ImageAllowlist = append(agent.ImageAllowlist, image)
