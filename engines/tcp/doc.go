@@ -4,7 +4,8 @@
 // Package tcp is the universal fallback engine: it moves host memory between agents on different nodes over
 // TCP (optionally TLS, e.g. the agents' mTLS), for pairs no faster engine claims. Over TLS 1.3, two engines that
 // both offer the ALPN protocol "fxt-sealed/1" move their data after the hello in AES-GCM records of up to
-// 256 KiB keyed from the session's exporter, instead of TLS's 16 KiB records (sealed.go).
+// 256 KiB keyed from the session's exporter, instead of TLS's 16 KiB records (sealed.go); two that both offer
+// "fxt-sealed/2" also send vectored requests of up to 8,192 parts instead of 1,024.
 //
 // Each agent serves its registered host regions on one listener; a region's descriptor carries that address in
 // Handles.TCP. To move bytes to or from a peer, the engine dials several connections to it and stripes every

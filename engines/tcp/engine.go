@@ -78,6 +78,9 @@ type Options struct {
 	// tlsRecordsOnly keeps the data in TLS's own records: the engine neither offers nor accepts sealed records
 	// (tests use it to stand for an agent that predates them).
 	tlsRecordsOnly bool
+	// narrowSealed offers sealedProto but not sealedWideProto, and reads vectored requests of up to maxVecParts
+	// parts only (tests use it to stand for an agent of fxt-sealed/1).
+	narrowSealed bool
 }
 
 // Engine is the TCP engine.
@@ -175,7 +178,10 @@ func New(opts Options) (*Engine, error) {
 		opts.TLS = opts.TLS.Clone()
 		opts.TLS.SessionTicketsDisabled = true
 		if !opts.tlsRecordsOnly {
-			opts.TLS.NextProtos = []string{sealedProto}
+			opts.TLS.NextProtos = []string{sealedWideProto, sealedProto}
+			if opts.narrowSealed {
+				opts.TLS.NextProtos = []string{sealedProto}
+			}
 		}
 	}
 	reg, err := engines.NewRegions(engines.EngineTCP, opts.Registry, opts.Node, opts.Grace)
@@ -489,7 +495,7 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work, early func(error))
 	if remote.Location.Kind == engines.LocationGPU {
 		size = min(size, stageSlot) // the peer stages each request in one slot
 	}
-	chunks := e.chunks(w.Plan, op == opRead, size)
+	chunks := e.chunks(w.Plan, op == opRead, size, p.maxParts)
 
 	var run planRun
 	record, failed := run.record, run.failed
@@ -621,9 +627,13 @@ func (s *planRun) abandon(cause error) []*request {
 }
 
 // chunks cuts a plan into requests: large segments into pieces of at most limit bytes, runs of small segments
-// (up to vecPartMax each) gathered into vectored requests of up to limit bytes and maxVecParts parts.
-func (e *Engine) chunks(p *engines.Plan, read bool, limit int) []chunk {
+// (up to vecPartMax each) gathered into vectored requests of up to limit bytes and maxParts parts (what the peer
+// reads).
+func (e *Engine) chunks(p *engines.Plan, read bool, limit, maxParts int) []chunk {
 	size := uint64(min(limit, e.opts.ChunkBytes))
+	if maxParts <= 0 {
+		maxParts = maxVecParts
+	}
 	var out []chunk
 	// Every part of the plan lives in one array, each vectored chunk a slice of it: a block list is cut
 	// without a segment or an allocation per block.
@@ -654,7 +664,7 @@ func (e *Engine) chunks(p *engines.Plan, read bool, limit int) []chunk {
 				out = append(out, chunk{localOff: c.localOff, remoteOff: c.remoteOff, n: c.n})
 				continue
 			}
-			if len(all)-start == maxVecParts || vecBytes+c.n > size {
+			if len(all)-start == maxParts || vecBytes+c.n > size {
 				flush()
 			}
 			all = append(all, c)

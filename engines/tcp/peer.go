@@ -23,13 +23,15 @@ import (
 
 // peer is the client side towards one remote agent: several connections and a budget of bytes in flight.
 type peer struct {
-	e      *Engine
-	node   string
-	addr   string
-	name   string // "node (addr)", for errors
-	conns  []*conn
-	budget *semaphore.Weighted
-	next   atomic.Uint64
+	e     *Engine
+	node  string
+	addr  string
+	name  string // "node (addr)", for errors
+	conns []*conn
+	// maxParts is the most parts a vectored request to this peer may carry (what every connection negotiated).
+	maxParts int
+	budget   *semaphore.Weighted
+	next     atomic.Uint64
 
 	ready   chan struct{} // closed once dialing finished (dialErr says how)
 	dialErr error
@@ -135,9 +137,11 @@ func (p *peer) dial(ctx context.Context) {
 		p.e.forgetPeer(p)
 		return
 	}
+	p.maxParts = maxVecPartsWide
 	for _, r := range results {
 		p.e.stats.dialed.Add(1)
 		p.conns = append(p.conns, &conn{p: p, nc: r.nc, raw: r.raw, wsem: make(chan struct{}, 1), pending: map[uint64]*request{}})
+		p.maxParts = min(p.maxParts, vecPartsOn(r.nc))
 	}
 	for _, c := range p.conns {
 		go c.recvLoop()
@@ -207,7 +211,7 @@ func (e *Engine) dialConn(ctx context.Context, addr, node string) (nc, raw net.C
 			return nil, nil, fmt.Errorf("hello: node %s at %s: %w", node, addr, err)
 		}
 	}
-	if tc, ok := nc.(*tls.Conn); ok && tc.ConnectionState().NegotiatedProtocol == sealedProto {
+	if tc, ok := nc.(*tls.Conn); ok && sealedNegotiated(tc) {
 		if nc, err = newSealedConn(raw, tc, true, &e.sealBufs); err != nil {
 			raw.Close()
 			return nil, nil, fmt.Errorf("hello: node %s at %s: %w", node, addr, err)

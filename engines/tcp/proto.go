@@ -41,8 +41,11 @@ const (
 	// maxNotifyWire bounds an encoded notification.
 	maxNotifyWire = engines.MaxNotifyPayload + 1<<20
 	maxErrText    = 4096
-	// maxVecParts bounds the parts of one vectored request.
-	maxVecParts = 1024
+	// maxVecParts bounds the parts of one vectored request to a peer that did not negotiate sealedWideProto;
+	// maxVecPartsWide bounds them to one that did, and what this node reads from anyone. A staged chunk of
+	// 720 B KV blocks was cut at 1,024 parts (737 KB) while contiguous memory went in chunks twice that size.
+	maxVecParts     = 1024
+	maxVecPartsWide = 8192
 	// vecPartMax: segments up to this size travel in vectored requests.
 	vecPartMax = 64 << 10
 	maxNameLen = 512
@@ -255,15 +258,15 @@ type vecDesc struct {
 	n   uint32
 }
 
-// readVec reads a vectored request's part list; total must equal the header's length.
-func readVec(r io.Reader, total uint64) ([]vecDesc, error) {
+// readVec reads a vectored request's part list of at most maxParts parts; total must equal the header's length.
+func readVec(r io.Reader, total uint64, maxParts uint32) ([]vecDesc, error) {
 	var cnt [4]byte
 	if _, err := io.ReadFull(r, cnt[:]); err != nil {
 		return nil, err
 	}
 	n := binary.BigEndian.Uint32(cnt[:])
-	if n == 0 || n > maxVecParts {
-		return nil, fmt.Errorf("vectored request of %d parts, 1 to %d allowed", n, maxVecParts)
+	if n == 0 || n > maxParts {
+		return nil, fmt.Errorf("vectored request of %d parts, 1 to %d allowed", n, maxParts)
 	}
 	raw := make([]byte, 12*int(n))
 	if _, err := io.ReadFull(r, raw); err != nil {

@@ -30,6 +30,9 @@ import (
 // anyway), and liveness is proven per record rather than per byte.
 const (
 	sealedProto = "fxt-sealed/1"
+	// sealedWideProto is sealedProto whose vectored requests may carry up to maxVecPartsWide parts. Offered
+	// first, so two agents that both know it pick it and an agent that does not answers with sealedProto.
+	sealedWideProto = "fxt-sealed/2"
 	// sealedLabel is the TLS exporter label of the records' secrets (RFC 8446 7.5).
 	sealedLabel = "EXPORTER-fabricxfer-tcp-records"
 	// recordMax is the largest plaintext of one record. A record is the unit of liveness on a stream, so it must
@@ -118,6 +121,9 @@ func (k *recordKeys) forRecord(seq uint64, nonce *[12]byte) (cipher.AEAD, error)
 type sealedConn struct {
 	net.Conn
 	bufs *sealBuffers
+	// maxParts is the most parts a vectored request on this connection may carry (maxVecPartsWide when both ends
+	// negotiated sealedWideProto).
+	maxParts int
 
 	wmu  sync.Mutex
 	wk   *recordKeys
@@ -135,7 +141,7 @@ type sealedConn struct {
 	plain   []byte // opened bytes not read yet, in rbuf
 }
 
-// newSealedConn switches a connection whose TLS session negotiated sealedProto to sealed records. raw is the TCP
+// newSealedConn switches a connection whose TLS session negotiated sealed records to them. raw is the TCP
 // connection under tc; nothing may be buffered in tc (both ends switch right after the hello, before either
 // sends more).
 func newSealedConn(raw net.Conn, tc *tls.Conn, client bool, bufs *sealBuffers) (*sealedConn, error) {
@@ -160,7 +166,33 @@ func newSealedConn(raw net.Conn, tc *tls.Conn, client bool, bufs *sealBuffers) (
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errRecord, err)
 	}
-	return &sealedConn{Conn: raw, bufs: bufs, wk: wk, rk: rk}, nil
+	maxParts := maxVecParts
+	if cs.NegotiatedProtocol == sealedWideProto {
+		maxParts = maxVecPartsWide
+	}
+	return &sealedConn{Conn: raw, bufs: bufs, wk: wk, rk: rk, maxParts: maxParts}, nil
+}
+
+// sealedNegotiated reports whether a TLS session agreed on sealed records (either version).
+func sealedNegotiated(tc *tls.Conn) bool {
+	p := tc.ConnectionState().NegotiatedProtocol
+	return p == sealedProto || p == sealedWideProto
+}
+
+// partsRead is the most parts of a vectored request this node reads: what it offered.
+func (e *Engine) partsRead() uint32 {
+	if e.opts.narrowSealed {
+		return maxVecParts
+	}
+	return maxVecPartsWide
+}
+
+// vecPartsOn is the most parts a vectored request on nc may carry: what the peer said it reads.
+func vecPartsOn(nc net.Conn) int {
+	if sc, ok := nc.(*sealedConn); ok {
+		return sc.maxParts
+	}
+	return maxVecParts
 }
 
 // Write seals p into records and writes them, the first alone and then up to recordsPerFlush to a system call;

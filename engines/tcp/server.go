@@ -85,7 +85,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 	if err != nil {
 		return fmt.Errorf("hello: %w", err)
 	}
-	if tc, ok := nc.(*tls.Conn); ok && tc.ConnectionState().NegotiatedProtocol == sealedProto {
+	if tc, ok := nc.(*tls.Conn); ok && sealedNegotiated(tc) {
 		if nc, err = newSealedConn(raw, tc, false, &e.sealBufs); err != nil {
 			return fmt.Errorf("client %q: %w", client, err)
 		}
@@ -195,7 +195,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 			if h.length > maxChunk {
 				return fmt.Errorf("vectored request of %d bytes, at most %d", h.length, maxChunk)
 			}
-			parts, err := readVec(br, h.length)
+			parts, err := readVec(br, h.length, e.partsRead())
 			if err != nil {
 				return err
 			}

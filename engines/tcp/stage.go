@@ -331,7 +331,7 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 	if sr == nil {
 		return fmt.Errorf("%w: %s is GPU memory this node does not stage: %s", engines.ErrInvalid, local.ID, why)
 	}
-	chunks := e.chunks(w.Plan, op == opRead, stagedChunkBytes(w.Plan.Bytes, len(p.conns)))
+	chunks := e.chunks(w.Plan, op == opRead, stagedChunkBytes(w.Plan.Bytes, len(p.conns)), p.maxParts)
 	pool := e.pool(false, remote.Node)
 
 	var run planRun
@@ -631,7 +631,7 @@ func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, clien
 	}
 	parts := []vecDesc{{off: h.off, n: uint32(h.length)}}
 	if h.op == opWriteV || h.op == opReadV {
-		if parts, err = readVec(br, h.length); err != nil {
+		if parts, err = readVec(br, h.length, e.partsRead()); err != nil {
 			return resp, nil, nil, nil, err
 		}
 	}
