@@ -495,7 +495,9 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work, early func(error))
 	if remote.Location.Kind == engines.LocationGPU {
 		size = min(size, stageSlot) // the peer stages each request in one slot
 	}
-	chunks := e.chunks(w.Plan, op == opRead, size, p.maxParts)
+	// Host memory keeps requests of up to maxVecParts parts: at ChunkBytes each, wide ones would put a block list
+	// on fewer connections than it has (measured only for staged GPU memory, which cuts its own chunks smaller).
+	chunks := e.chunks(w.Plan, op == opRead, size, maxVecParts)
 
 	var run planRun
 	record, failed := run.record, run.failed

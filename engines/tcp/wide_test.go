@@ -32,21 +32,17 @@ func TestWideVectoredRequestsNegotiated(t *testing.T) {
 		{name: "server without sealed records", tlsRecordsServer: true, wantParts: maxVecParts},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := New(Options{Node: "node-b", Listener: listen(t), TLS: ca.config(t, "node-b"), Logf: t.Logf,
-				narrowSealed: tc.narrowServer, tlsRecordsOnly: tc.tlsRecordsServer})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { b.Close() })
-			a, err := New(Options{Node: "node-a", TLS: ca.config(t, "node-a"), Logf: t.Logf, narrowSealed: tc.narrowClient})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { a.Close() })
+			b := stagedEngine(t, "node-b", true, nil, func(o *Options) {
+				o.TLS, o.narrowSealed, o.tlsRecordsOnly = ca.config(t, "node-b"), tc.narrowServer, tc.tlsRecordsServer
+			})
+			// The writer's blocks are GPU memory (a fake stager): staged transfers cut their requests by the
+			// peer's part count; host memory keeps 1,024 parts whatever the peer reads.
+			sa := newFakeStager(t)
+			a := stagedEngine(t, "node-a", false, sa, func(o *Options) { o.TLS, o.narrowSealed = ca.config(t, "node-a"), tc.narrowClient })
 			dstBuf := make([]byte, blocks*bs)
 			dst := register(t, b, "node-b/dst", dstBuf)
 			src := pattern(blocks*bs, 9)
-			local := register(t, a, "node-a/src", src)
+			local := registerGPU(t, a, sa, "node-a/src", src)
 			imp(t, a, dst)
 			r := rand.New(rand.NewPCG(3, 4))
 			to := r.Perm(blocks)
@@ -91,7 +87,7 @@ func TestWideVectoredRequestsNegotiated(t *testing.T) {
 			}
 			ps := pb.Build()
 			most := 0
-			for _, c := range a.chunks(&ps.Plans[0], false, a.opts.ChunkBytes, p.maxParts) {
+			for _, c := range a.chunks(&ps.Plans[0], false, stagedChunkBytes(ps.Plans[0].Bytes, len(p.conns)), p.maxParts) {
 				most = max(most, len(c.parts))
 			}
 			if most > tc.wantParts || (most > maxVecParts) != tc.wantWideRequests {
