@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
@@ -288,4 +290,20 @@ func orEmpty(m map[string]string) map[string]string {
 		return map[string]string{}
 	}
 	return m
+}
+
+// TestDaemonSetWithMPSAcceptedByTheAPIServer: the agents' DaemonSet with both MPS folders passes a real API
+// server's validation (server-side apply, dry run): no mount path clashes with the agent's own, /dev/shm inside
+// the /dev mount included.
+func TestDaemonSetWithMPSAcceptedByTheAPIServer(t *testing.T) {
+	c := apiClient(t)
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "kv"}}
+	settings := testAgentSettings
+	settings.MPSPipeDir, settings.MPSShmDir = "/run/nvidia/mps/pipe", "/run/nvidia/mps/shm"
+	ds := mustDaemonSet(t, pool, settings)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Apply(ctx, ds, client.FieldOwner(FieldManager), client.ForceOwnership, client.DryRunAll); err != nil {
+		t.Fatalf("the API server refused the DaemonSet with MPS folders: %v", err)
+	}
 }
