@@ -110,3 +110,47 @@ func updateField(ctx context.Context, c client.Client, obj *unstructured.Unstruc
 		return c.Update(ctx, obj)
 	})
 }
+
+// TestAPIServerBoundsReportedDomainSize: an agent's report may give a GPU's domain size only from 1 to 65,536;
+// anything else is refused with the whole status write, so no value outside the bound reaches the operator.
+func TestAPIServerBoundsReportedDomainSize(t *testing.T) {
+	c := apiClient(t)
+	ctx := context.Background()
+	tn := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte("apiVersion: fabricxfer.io/v1alpha1\nkind: TransferNode\nmetadata: {name: size-node}\nspec: {nodeName: size-node}"), &tn.Object); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, tn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), tn) })
+	for _, tc := range []struct {
+		size int64
+		want string // empty: accepted
+	}{
+		{0, "should be greater than or equal to 1"},
+		{-4, "should be greater than or equal to 1"},
+		{65537, "should be less than or equal to 65536"},
+		{1 << 40, "should be less than or equal to 65536"},
+		{72, ""},
+		{65536, ""},
+	} {
+		gpu := map[string]any{"index": int64(0), "vendor": "amd", "pciBusID": "0000:05:00.0", "numaNode": int64(0),
+			"fabric": map[string]any{"kind": "ualink", "domain": "ualink:9/1", "domainSize": tc.size}}
+		if err := unstructured.SetNestedSlice(tn.Object, []any{gpu}, "status", "gpus"); err != nil {
+			t.Fatal(err)
+		}
+		err := c.Status().Update(ctx, tn)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("domain size %d refused: %v", tc.size, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("domain size %d: got %v, want a refusal saying %q", tc.size, err, tc.want)
+		}
+		if err == nil {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(tn), tn); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}

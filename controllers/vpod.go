@@ -22,6 +22,8 @@ type DomainObservation struct {
 	Members []fxv1.VPodMember
 	// Stale are nodes that still report the domain but whose heartbeat expired, sorted.
 	Stale []string
+	// Size is the largest domain size (GPUs) a fresh member reports for the domain; 0 when none says.
+	Size int32
 }
 
 // AggregateDomains groups the GPUs of every TransferNode by fabric domain key. fresh says whether a report's
@@ -32,11 +34,13 @@ func AggregateDomains(tns []fxv1.TransferNode, fresh func(*fxv1.TransferNode) bo
 		tn := &tns[i]
 		fresh := fresh(tn)
 		perDomain := map[string][]int32{}
+		sizes := map[string]int32{}
 		for _, g := range tn.Status.GPUs {
 			if g.Fabric == nil || g.Fabric.Domain == "" {
 				continue
 			}
 			perDomain[g.Fabric.Domain] = append(perDomain[g.Fabric.Domain], g.Index)
+			sizes[g.Fabric.Domain] = max(sizes[g.Fabric.Domain], g.Fabric.DomainSize)
 		}
 		for key, gpus := range perDomain {
 			kind, err := fxv1.DomainKind(key)
@@ -51,6 +55,7 @@ func AggregateDomains(tns []fxv1.TransferNode, fresh func(*fxv1.TransferNode) bo
 			if fresh {
 				slices.Sort(gpus)
 				d.Members = append(d.Members, fxv1.VPodMember{Node: tn.Name, GPUs: gpus})
+				d.Size = max(d.Size, sizes[key])
 			} else {
 				d.Stale = append(d.Stale, tn.Name)
 			}

@@ -298,6 +298,14 @@ func readUALink(h Host, g *GPU) {
 	}
 	g.Fabric = &Fabric{Kind: FabricUALink, Domain: key}
 	g.FabricNote = fmt.Sprintf("UALink %s, accel_state %s", linkType, strings.ToLower(state))
+	// vpod_size only tells the operator when the domain is complete; firmware without it leaves the size unknown.
+	if raw, err := readTrimmed(h, dir+"/vpod_size"); err == nil {
+		if size, err := ualinkSize(raw); err != nil {
+			g.FabricNote += "; " + err.Error()
+		} else {
+			g.Fabric.Size = size
+		}
+	}
 }
 
 // numericNames keeps the names that are small decimal numbers, sorted numerically.

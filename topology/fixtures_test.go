@@ -166,7 +166,7 @@ func TestUALinkVPODNodes(t *testing.T) {
 			t.Fatalf("node %s: %d GPUs, %d NICs", name, len(r.GPUs), len(r.NICs))
 		}
 		for _, g := range r.GPUs {
-			if g.Fabric == nil || g.Fabric.Kind != "ualink" || g.Fabric.Domain != key || len(g.XGMIPeers) != 0 {
+			if g.Fabric == nil || g.Fabric.Kind != "ualink" || g.Fabric.Domain != key || g.Fabric.Size != 8 || len(g.XGMIPeers) != 0 {
 				t.Errorf("node %s GPU %d: fabric %+v peers %v", name, g.Index, g.Fabric, g.XGMIPeers)
 			}
 			if g.NICs[0].NIC != fmt.Sprintf("mlx5_%d", g.Index) || g.NICs[0].Level != topology.LevelPIX {
@@ -188,7 +188,7 @@ func TestUALinkVPODNodes(t *testing.T) {
 	t.Run("GPU in UALink error state", func(t *testing.T) {
 		r := mustDetect(t, fixture(t, "ualink-vpod-node-b-accel-error"), topology.Options{})
 		d := diff(t, b, r)
-		assertDiffPaths(t, d, ".gpus[3].fabric.kind", ".gpus[3].fabric.domain", ".gpus[3].fabric.source", ".gpus[3].fabricNote", ".engines[1].reason")
+		assertDiffPaths(t, d, ".gpus[3].fabric.kind", ".gpus[3].fabric.domain", ".gpus[3].fabric.source", ".gpus[3].fabric.size", ".gpus[3].fabricNote", ".engines[1].reason")
 		want := key + `: GPUs 0-2; not in a domain: GPU 3: UALink accel_state "error" is not usable (want ready or active)`
 		if e := engineOf(t, r, "fabric"); !e.Available || e.Reason != want {
 			t.Errorf("fabric engine %+v, want reason %q", e, want)
@@ -207,6 +207,22 @@ func TestUALinkVPODNodes(t *testing.T) {
 		}
 		if r.GPUs[1].Fabric != nil || !strings.Contains(r.GPUs[1].FabricNote, "ppod_configured") {
 			t.Errorf("GPU 1 fabric %+v note %q", r.GPUs[1].Fabric, r.GPUs[1].FabricNote)
+		}
+	})
+	t.Run("vpod_size zero, past the bound, not a number or absent", func(t *testing.T) {
+		// The size only times the operator's writes: a bad one leaves it unknown, the domain stays.
+		at := func(bus string) string { return "/sys/bus/pci/devices/0000:" + bus + ":00.0/ualink/vpod_size" }
+		h := alteredHost{Host: fixture(t, "ualink-vpod-node-a"),
+			contents: map[string]string{at("05"): "0\n", at("25"): "65537\n", at("85"): "eight\n"},
+			errs:     map[string]error{at("a5"): syscall.ENOENT}}
+		r := mustDetect(t, h, topology.Options{})
+		for i, g := range r.GPUs {
+			if g.Fabric == nil || g.Fabric.Domain != key || g.Fabric.Size != 0 {
+				t.Errorf("GPU %d fabric %+v, want domain %s of unknown size", i, g.Fabric, key)
+			}
+			if bad := i < 3; strings.Contains(g.FabricNote, "vpod_size") != bad || len(g.Unreadable) != 0 {
+				t.Errorf("GPU %d note %q unreadable %v: want the bad size noted (%v), nothing unreadable", i, g.FabricNote, g.Unreadable, bad)
+			}
 		}
 	})
 	t.Run("ualink attribute not visible", func(t *testing.T) {

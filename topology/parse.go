@@ -173,6 +173,18 @@ var ualinkUsableStates = map[string]bool{"ready": true, "active": true}
 // vpodUnset is the vpod_id the firmware reports before the first query.
 const vpodUnset = 0xffffffff
 
+// MaxDomainSize bounds the GPUs a domain's reported size may claim (the TransferNode field's bound).
+const MaxDomainSize = 1 << 16
+
+// ualinkSize parses vpod_size: the accelerators of the vPOD, 1 to MaxDomainSize.
+func ualinkSize(raw string) (int, error) {
+	n, err := strconv.ParseUint(strings.TrimSpace(raw), 10, 32)
+	if err != nil || n == 0 || n > MaxDomainSize {
+		return 0, fmt.Errorf("vpod_size %q ignored: want 1 to %d", clip(raw), MaxDomainSize)
+	}
+	return int(n), nil
+}
+
 // ualinkKey builds the domain key from ppod_id and vpod_id, or says why the pair names no vPOD. The ppod id
 // is a 128-bit value the kernel prints as a UUID (%pU); some tools print it as 0x-prefixed hex, so both are
 // accepted and written as the lowercase UUID.

@@ -72,6 +72,8 @@ type Fabric struct {
 	Source string `json:"source"`
 	// Declaration names the declaration that placed the GPU (SourceDeclared).
 	Declaration string `json:"declaration,omitempty"`
+	// Size is how many GPUs the hardware says the domain holds (UALink vpod_size); 0 when it does not say.
+	Size int `json:"size,omitempty"`
 }
 
 // NICRank is one NIC port as seen from a GPU.

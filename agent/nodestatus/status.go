@@ -65,6 +65,9 @@ func FromReport(r topology.Report, id Identity) v1alpha1.TransferNodeStatus {
 		if g.Fabric != nil {
 			out.Fabric = &v1alpha1.FabricMembership{Kind: v1alpha1.FabricKind(g.Fabric.Kind), Domain: clip(g.Fabric.Domain, maxDomainLen),
 				Source: v1alpha1.FabricSource(g.Fabric.Source), Declaration: clip(g.Fabric.Declaration, maxNameLen)}
+			if g.Fabric.Size > 0 && g.Fabric.Size <= topology.MaxDomainSize {
+				out.Fabric.DomainSize = int32(g.Fabric.Size)
+			}
 		}
 		st.GPUs = append(st.GPUs, out)
 	}

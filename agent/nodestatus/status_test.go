@@ -31,7 +31,7 @@ func TestStatusMirrorsTheReport(t *testing.T) {
 		s := st.GPUs[i]
 		if int(s.Index) != g.Index || string(s.Vendor) != g.Vendor || s.PCIBusID != g.PCIBusID || int(s.NUMANode) != g.NUMANode ||
 			s.MemoryBytes != g.MemoryBytes || s.UUID != g.UUID || s.Fabric == nil || s.Fabric.Domain != g.Fabric.Domain ||
-			s.Fabric.Kind != v1alpha1.FabricUALink {
+			s.Fabric.Kind != v1alpha1.FabricUALink || s.Fabric.DomainSize != 8 {
 			t.Errorf("GPU %d: status %+v from %+v", i, s, g)
 		}
 	}
@@ -108,5 +108,12 @@ func TestStatusKeepsDeclarationsWithinAPILimits(t *testing.T) {
 	}
 	if f := st.GPUs[0].Fabric; f.Source != "declared" || len(f.Declaration) != 253 {
 		t.Errorf("fabric %+v", f)
+	}
+	// A domain size past what the API takes is left out rather than written and refused with the whole report.
+	for size, want := range map[int]int32{0: 0, 1: 1, 72: 72, topology.MaxDomainSize: topology.MaxDomainSize, topology.MaxDomainSize + 1: 0, -3: 0} {
+		r.GPUs[0].Fabric.Size = size
+		if got := nodestatus.FromReport(r, nodestatus.Identity{}).GPUs[0].Fabric.DomainSize; got != want {
+			t.Errorf("domain size %d reported as %d, want %d", size, got, want)
+		}
 	}
 }

@@ -58,6 +58,13 @@ type FabricMembership struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	Declaration string `json:"declaration,omitempty"`
+	// DomainSize is how many GPUs the hardware says the domain holds (UALink's vpod_size); absent when it does
+	// not say. The operator writes the status of a domain still short of it less often while its members
+	// report, and at once when the last one does.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65536
+	DomainSize int32 `json:"domainSize,omitempty"`
 }
 
 // FabricDeclaration is one VPodTopology that declares GPUs of this node, and what the agent took of it.

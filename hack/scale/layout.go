@@ -64,11 +64,13 @@ func domainOf(i, g int) (key string, kind domainKind) {
 type domainShape struct {
 	kind  domainKind
 	nodes int // distinct member nodes
+	gpus  int // member GPUs: what a UALink member reports as the vPOD's size
 }
 
 // expectedDomains maps every domain key of an n-node cluster to its kind and member count.
 func expectedDomains(n int) map[string]domainShape {
 	members := map[string]map[int]bool{}
+	gpus := map[string]int{}
 	kinds := map[string]domainKind{}
 	for i := 0; i < n; i++ {
 		for g := 0; g < gpusPerNode; g++ {
@@ -78,18 +80,20 @@ func expectedDomains(n int) map[string]domainShape {
 			}
 			members[key][i] = true
 			kinds[key] = kind
+			gpus[key]++
 		}
 	}
 	out := make(map[string]domainShape, len(members))
 	for k, m := range members {
-		out[k] = domainShape{kind: kinds[k], nodes: len(m)}
+		out[k] = domainShape{kind: kinds[k], nodes: len(m), gpus: gpus[k]}
 	}
 	return out
 }
 
 // syntheticReport is what detection would find on simulated node i: 8 GPUs fully connected by XGMI/NVLink,
-// each in its scale-up domain, and 8 InfiniBand NICs, one per GPU at PIX distance, GPUDirect by dma-buf.
-func syntheticReport(i int) topology.Report {
+// each in its scale-up domain (a UALink one with its vpod_size, from domains), and 8 InfiniBand NICs, one per GPU
+// at PIX distance, GPUDirect by dma-buf.
+func syntheticReport(i int, domains map[string]domainShape) topology.Report {
 	_, kind := domainOf(i, 0)
 	vendor, fabric, mem := topology.VendorAMD, topology.FabricUALink, int64(256)<<30 // MI325X
 	if kind == nvlink72 {
@@ -114,6 +118,9 @@ func syntheticReport(i int) topology.Report {
 			XGMIPeers: peers,
 			Fabric:    &topology.Fabric{Kind: fabric, Domain: key},
 		})
+		if fabric == topology.FabricUALink {
+			r.GPUs[g].Fabric.Size = domains[key].gpus
+		}
 	}
 	for n := 0; n < nicsPerNode; n++ {
 		r.NICs = append(r.NICs, topology.NIC{

@@ -365,7 +365,7 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 	var running, firstDone sync.WaitGroup
 	firstDone.Add(o.nodes)
 	for i := range sims {
-		rep := syntheticReport(i)
+		rep := syntheticReport(i, expected)
 		sim := &agentSim{failedBy: failedBy}
 		r, err := nodesync.New(nodesync.Config{
 			NodeName: nodeName(i), PoolNamespace: o.poolNamespace, PoolName: o.poolName, Period: o.heartbeat,
