@@ -56,9 +56,10 @@ func TestAssemblyHoldLeft(t *testing.T) {
 }
 
 // TestAssemblingDomainWrittenWhenComplete drives the reconciler over a fake client with a fake clock: a domain
-// of four one-GPU members that report one by one gets its first status at once, the next members within the
-// hold not at all, a write when the hold ends, and the member that completes it at once. A member that claims a
-// size the domain never reaches (65,536) delays the status by one hold at most, and another domain not at all.
+// of four one-GPU members that report one by one is created at once, its status written when the hold after the
+// create ends and again when the member that completes it reports, nothing in between; a domain complete at its
+// create is written at once. A member that claims a size the domain never reaches (65,536) delays the status by
+// one hold at most, and other domains not at all.
 func TestAssemblingDomainWrittenWhenComplete(t *testing.T) {
 	ctx := context.Background()
 	scheme := runtime.NewScheme()
@@ -122,37 +123,43 @@ func TestAssemblingDomainWrittenWhenComplete(t *testing.T) {
 		}
 	}
 
-	const key, liar = "ualink:9/4", "ualink:9/5"
+	const key, liar, single = "ualink:9/4", "ualink:9/5", "ualink:9/6"
 	report("a-0", key, 4)
-	reconcile(key)
-	expect(key, 1, 1) // the first status at once
+	if after := reconcile(key); after <= 0 || after > vpodAssemblyHold {
+		t.Fatalf("a created domain's held status requeued after %v, want within %v", after, vpodAssemblyHold)
+	}
+	expect(key, 0, 0) // created; its first status waits while it assembles
 	clk.Step(time.Second)
 	report("a-1", key, 4)
-	if after := reconcile(key); after <= 0 || after > vpodAssemblyHold {
-		t.Fatalf("a held write requeued after %v, want within %v", after, vpodAssemblyHold)
-	}
+	reconcile(key)
+	expect(key, 0, 0)
+	clk.Step(vpodAssemblyHold)
+	reconcile(key) // the requeue after the hold
+	expect(key, 1, 2)
 	clk.Step(time.Second)
 	report("a-2", key, 4)
 	reconcile(key)
-	expect(key, 1, 1) // held: the domain assembles
-	clk.Step(vpodAssemblyHold)
-	reconcile(key) // the requeue after the hold
-	expect(key, 2, 3)
-	clk.Step(time.Second)
+	expect(key, 1, 2) // held again
 	report("a-3", key, 4)
 	reconcile(key)
-	expect(key, 3, 4) // complete: written at once, inside the hold
+	expect(key, 2, 4) // complete: written at once, inside the hold
+
+	// A domain complete when created is written at once.
+	report("c-0", single, 1)
+	reconcile(single)
+	expect(single, 1, 1)
 
 	// A member claiming more GPUs than will ever report: each write waits one hold at most.
 	report("b-0", liar, fxv1MaxDomainSize)
 	reconcile(liar)
 	report("b-1", liar, fxv1MaxDomainSize)
 	reconcile(liar)
-	expect(liar, 1, 1)
+	expect(liar, 0, 0)
 	clk.Step(vpodAssemblyHold)
 	reconcile(liar)
-	expect(liar, 2, 2)
-	expect(key, 3, 4) // the other domain untouched
+	expect(liar, 1, 2)
+	expect(key, 2, 4) // the other domains untouched
+	expect(single, 1, 1)
 }
 
 // fxv1MaxDomainSize is the API's bound on a reported domain size.

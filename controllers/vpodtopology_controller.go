@@ -83,7 +83,8 @@ const trustUncached = 10 * time.Second
 const vpodBatchWindow = 200 * time.Millisecond
 
 // vpodAssemblyHold is how long the status of a domain still short of the size its members report waits after
-// its last write before the next member that joins is written; the member that completes it is written at once.
+// its create or its last write before the members that joined are written; the member that completes it is
+// written at once.
 // Why: while a cluster's agents start, the members of a domain report seconds apart, and each used to cost the
 // domain a status patch of its own (make scale N=1000: 1,577 patches for 798 domains, all of them members added).
 const vpodAssemblyHold = 5 * time.Second
@@ -285,8 +286,15 @@ func (r *VPodTopologyReconciler) syncDomain(ctx context.Context, key string, obs
 			obs = again
 		}
 	}
+	first := ComputeVPodStatus(vp, obs)
+	if left := assemblyHoldLeft(fxv1.VPodTopologyStatus{}, first, obs, false, now, now); left > 0 {
+		// Still assembling: the first status waits like any other write, from the create on.
+		r.markStatusWritten(vp.Name, now)
+		w.held = left
+		return w, nil
+	}
 	w.patched++
-	return w, r.patchStatus(ctx, vp, ComputeVPodStatus(vp, obs))
+	return w, r.patchStatus(ctx, vp, first)
 }
 
 // reconcileAll is one pass over every domain, writing up to vpodWriters domains at a time.
@@ -377,12 +385,7 @@ func (r *VPodTopologyReconciler) patchStatus(ctx context.Context, vp *fxv1.VPodT
 		return fmt.Errorf("patching status of domain %s: %w", vp.Name, err)
 	}
 	r.remember(vp, r.Clock.Now())
-	r.writtenMu.Lock()
-	if r.statusWritten == nil {
-		r.statusWritten = map[string]time.Time{}
-	}
-	r.statusWritten[vp.Name] = r.Clock.Now()
-	r.writtenMu.Unlock()
+	r.markStatusWritten(vp.Name, r.Clock.Now())
 	record(r.Recorder, vp, "Reconcile", vpodEvents(before.Status, vp.Status))
 	return nil
 }
@@ -401,6 +404,17 @@ func (r *VPodTopologyReconciler) forget(name string) {
 	defer r.writtenMu.Unlock()
 	delete(r.written, name)
 	delete(r.statusWritten, name)
+}
+
+// markStatusWritten records a status write of domain name at (or, for a domain just created and still
+// assembling, the start of its first hold).
+func (r *VPodTopologyReconciler) markStatusWritten(name string, at time.Time) {
+	r.writtenMu.Lock()
+	defer r.writtenMu.Unlock()
+	if r.statusWritten == nil {
+		r.statusWritten = map[string]time.Time{}
+	}
+	r.statusWritten[name] = at
 }
 
 // lastStatusWrite is when this reconciler last patched the status of domain name (zero: not since it started).
