@@ -8,18 +8,13 @@ import (
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
-	"github.com/fabricxfer/fabricxfer/internal/heartbeat"
 )
 
 // TestAssemblyHoldLeft: a status write waits only while members join a discovered domain short of its
@@ -62,37 +57,16 @@ func TestAssemblyHoldLeft(t *testing.T) {
 // one hold at most, and other domains not at all.
 func TestAssemblingDomainWrittenWhenComplete(t *testing.T) {
 	ctx := context.Background()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := fxv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
 	clk := clocktesting.NewFakeClock(time.Now())
 	writes := map[string]int{}
-	c := fake.NewClientBuilder().WithScheme(scheme).
-		WithStatusSubresource(&fxv1.VPodTopology{}).
-		WithIndex(&fxv1.TransferNode{}, indexTransferNodeDomains, func(o client.Object) []string {
-			return reportedDomains(o.(*fxv1.TransferNode))
-		}).
-		WithIndex(&fxv1.VPodTopology{}, indexVPodDomain, func(o client.Object) []string {
-			return []string{o.(*fxv1.VPodTopology).Spec.Domain}
-		}).
-		WithIndex(&coordinationv1.Lease{}, indexLeaseHeartbeat, func(o client.Object) []string {
-			if k, _, ok := heartbeat.FromLease(o.(*coordinationv1.Lease)); ok {
-				return []string{k.String()}
+	c := fakeVPodClient(t, interceptor.Funcs{
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if vp, ok := obj.(*fxv1.VPodTopology); ok && sub == "status" {
+				writes[vp.Spec.Domain]++
 			}
-			return nil
-		}).
-		WithInterceptorFuncs(interceptor.Funcs{
-			SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-				if vp, ok := obj.(*fxv1.VPodTopology); ok && sub == "status" {
-					writes[vp.Spec.Domain]++
-				}
-				return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
-			},
-		}).Build()
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	})
 	r := &VPodTopologyReconciler{Client: c, Clock: clk, indexed: true}
 	report := func(node, key string, size int32) {
 		t.Helper()

@@ -318,8 +318,10 @@ func TestReportTouchesOnlyItsDomains(t *testing.T) {
 // TestNewDomainsFirstStatusHasMembersThatReportedDuringItsCreate: a domain is created from the reports its
 // reconcile read; a member whose report arrives while the create is on its way is in the first status too,
 // rather than costing a second status write.
-func TestNewDomainsFirstStatusHasMembersThatReportedDuringItsCreate(t *testing.T) {
-	ctx := context.Background()
+// fakeVPodClient is a fake client with the indexes the vPOD reconciler reads through, holding objs, with funcs
+// around its calls.
+func fakeVPodClient(t *testing.T, funcs interceptor.Funcs, objs ...client.Object) client.WithWatch {
+	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
@@ -327,16 +329,9 @@ func TestNewDomainsFirstStatusHasMembersThatReportedDuringItsCreate(t *testing.T
 	if err := fxv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	key := "ualink:9/2"
-	beat := metav1.NewTime(time.Now())
-	reportOf := func(node string) *fxv1.TransferNode {
-		return &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: fxv1.TransferNodeSpec{NodeName: node},
-			Status: fxv1.TransferNodeStatus{GPUs: gpusIn(key, 0, 1), LastHeartbeat: &beat}}
-	}
-	statusWrites := 0
-	c := fake.NewClientBuilder().WithScheme(scheme).
+	return fake.NewClientBuilder().WithScheme(scheme).
 		WithStatusSubresource(&fxv1.VPodTopology{}).
-		WithObjects(reportOf("early-0")).
+		WithObjects(objs...).
 		WithIndex(&fxv1.TransferNode{}, indexTransferNodeDomains, func(o client.Object) []string {
 			return reportedDomains(o.(*fxv1.TransferNode))
 		}).
@@ -349,22 +344,34 @@ func TestNewDomainsFirstStatusHasMembersThatReportedDuringItsCreate(t *testing.T
 			}
 			return nil
 		}).
-		WithInterceptorFuncs(interceptor.Funcs{
-			Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
-				if _, ok := obj.(*fxv1.VPodTopology); ok {
-					if err := c.Create(ctx, reportOf("late-1")); err != nil {
-						return err
-					}
+		WithInterceptorFuncs(funcs).Build()
+}
+
+func TestNewDomainsFirstStatusHasMembersThatReportedDuringItsCreate(t *testing.T) {
+	ctx := context.Background()
+	key := "ualink:9/2"
+	beat := metav1.NewTime(time.Now())
+	reportOf := func(node string) *fxv1.TransferNode {
+		return &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: fxv1.TransferNodeSpec{NodeName: node},
+			Status: fxv1.TransferNodeStatus{GPUs: gpusIn(key, 0, 1), LastHeartbeat: &beat}}
+	}
+	statusWrites := 0
+	c := fakeVPodClient(t, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if _, ok := obj.(*fxv1.VPodTopology); ok {
+				if err := c.Create(ctx, reportOf("late-1")); err != nil {
+					return err
 				}
-				return c.Create(ctx, obj, opts...)
-			},
-			SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-				if _, ok := obj.(*fxv1.VPodTopology); ok && sub == "status" {
-					statusWrites++
-				}
-				return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
-			},
-		}).Build()
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if _, ok := obj.(*fxv1.VPodTopology); ok && sub == "status" {
+				statusWrites++
+			}
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	}, reportOf("early-0"))
 	r := &VPodTopologyReconciler{Client: c, Clock: clock.RealClock{}, indexed: true}
 	req := ctrl.Request{NamespacedName: client.ObjectKey{Name: key}}
 	for range 2 { // the second reconcile is the one the late report's own event brings
