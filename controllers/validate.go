@@ -49,17 +49,23 @@ var prefixPattern = regexp.MustCompile(`^(` + segment + `)+$`)
 
 // ValidateSocketDirPrefix checks an admin's socket directory prefix: absolute, in normal form, not the root.
 func ValidateSocketDirPrefix(prefix string) error {
-	if !prefixPattern.MatchString(prefix) || path.Clean(prefix) != prefix {
+	if !normalDir(prefix) {
 		return fmt.Errorf("socket directory prefix %q: want an absolute directory other than /, written without '.', '..', '//' or a trailing '/'", prefix)
 	}
 	return nil
+}
+
+// normalDir reports whether dir is an absolute directory other than / in normal form, of the names a CRD's
+// socketDir rule allows.
+func normalDir(dir string) bool {
+	return prefixPattern.MatchString(dir) && path.Clean(dir) == dir
 }
 
 // ValidateMPSDirs checks an admin's MPS folders (AgentSettings.MPSPipeDir, MPSShmDir): each empty or an absolute
 // directory other than / in normal form, and a shared memory folder only with a pipe folder.
 func ValidateMPSDirs(pipeDir, shmDir string) error {
 	for _, d := range []struct{ what, dir string }{{"MPS pipe folder", pipeDir}, {"MPS shared memory folder", shmDir}} {
-		if d.dir != "" && (!prefixPattern.MatchString(d.dir) || path.Clean(d.dir) != d.dir) {
+		if d.dir != "" && !normalDir(d.dir) {
 			return fmt.Errorf("%s %q: want an absolute directory other than /, written without '.', '..', '//' or a trailing '/'", d.what, d.dir)
 		}
 	}
