@@ -16,7 +16,9 @@
 #   a.log, b.log, a.pid, b.pid         the agents' logs and process ids
 #   env                                NODE_A, NODE_B, SOCK_A, SOCK_B, for scripts to source
 # Ports: $PORT_BASE (default 17570) and the next two for node-a (peer gRPC, tcp data, unused), +10 for node-b.
-# Extra agent flags: AGENT_ARGS (both), e.g. AGENT_ARGS="--tcp-staging-bytes 134217728".
+# Extra agent flags: AGENT_ARGS (both), e.g. AGENT_ARGS="--tcp-staging-bytes 134217728". TRACE_DIR: each agent
+# writes an execution trace of its run there (a.trace, b.trace; hack/trace-tcp.py reads their staged transfers);
+# PROFILE_DIR: a CPU profile of its run (a.pprof, b.pprof).
 set -euo pipefail
 
 AGENT=${AGENT:-bin/agent}
@@ -35,10 +37,13 @@ start_one() { # name node peer-port data-port other-node other-peer-port
   local name=$1 node=$2 pport=$3 dport=$4 other=$5 opport=$6
   mkdir -p "$DIR/$name"
   # shellcheck disable=SC2086 # AGENT_ARGS is a list of flags
+  local trace=()
+  if [ -n "${TRACE_DIR:-}" ]; then mkdir -p "$TRACE_DIR"; trace=(--trace "$TRACE_DIR/$name.trace"); fi
+  if [ -n "${PROFILE_DIR:-}" ]; then mkdir -p "$PROFILE_DIR"; trace+=(--cpu-profile "$PROFILE_DIR/$name.pprof"); fi
   "$AGENT" standalone --node-name "$node" --socket-dir "$DIR/$name" --pool-namespace default --pool-name kv \
     --tls-dir "$DIR/tls" --peer-listen "$HOST:$pport" --endpoint "$HOST:$pport" \
     --data-listen "$HOST:$dport" --data-advertise "$HOST:$dport" --peers "$other=$HOST:$opport" \
-    ${AGENT_ARGS:-} >"$DIR/$name.log" 2>&1 &
+    "${trace[@]}" ${AGENT_ARGS:-} >"$DIR/$name.log" 2>&1 &
   echo $! >"$DIR/$name.pid"
 }
 

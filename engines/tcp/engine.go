@@ -465,6 +465,10 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 type chunk struct {
 	localOff, remoteOff, n uint64
 	parts                  []part
+	// ids, when set, are the local block indexes of parts (one whole block of blockBytes each): staged GPU
+	// memory copies them by index (StagedBlocks) instead of a segment per part.
+	ids        []uint32
+	blockBytes uint64
 }
 
 // part is one range of a vectored chunk. It holds no pointer, so a block list's thousands of parts cost the
@@ -644,6 +648,16 @@ func (e *Engine) chunks(p *engines.Plan, read bool, limit, maxParts int) []chunk
 		n = len(p.Blocks.SrcIDs)
 	}
 	all := make([]part, 0, n)
+	// A block list whose blocks each become one part: part k of all is block k, so a chunk's local block ids
+	// are a slice of the list's.
+	var localIDs []uint32
+	var blockBytes uint64
+	if l := p.Blocks; l != nil && l.BlockBytes <= size && l.BlockBytes <= vecPartMax {
+		localIDs, blockBytes = l.SrcIDs, l.BlockBytes
+		if read {
+			localIDs = l.DstIDs
+		}
+	}
 	start := 0
 	var vecBytes uint64
 	flush := func() {
@@ -652,7 +666,11 @@ func (e *Engine) chunks(p *engines.Plan, read bool, limit, maxParts int) []chunk
 		case 1:
 			out = append(out, chunk{localOff: vec[0].localOff, remoteOff: vec[0].remoteOff, n: vec[0].n})
 		default:
-			out = append(out, chunk{n: vecBytes, parts: vec[:len(vec):len(vec)]})
+			ch := chunk{n: vecBytes, parts: vec[:len(vec):len(vec)]}
+			if localIDs != nil {
+				ch.ids, ch.blockBytes = localIDs[start:len(all):len(all)], blockBytes
+			}
+			out = append(out, ch)
 		}
 		start, vecBytes = len(all), 0
 	}

@@ -118,6 +118,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 			}
 			resp, data, sent := finish()
 			err := writeFrame(net.Buffers{appendRespHeader(nil, resp), data})
+			mark("serve.answered", resp.id, resp.length)
 			if sent != nil {
 				sent(err == nil)
 			}
@@ -147,6 +148,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 		staged := false
 		if h.op >= opWrite && h.op <= opReadV && h.op != opNotify {
 			if _, _, ok := e.stagedRegion(h.mem); ok {
+				mark("serve.request", h.id, h.length)
 				staged = true
 				var finish stagedAnswer
 				if resp, data, unpin, finish, err = e.serveStaged(br, &pr, h, client); err != nil {

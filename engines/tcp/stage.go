@@ -34,6 +34,16 @@ type StagedRegion interface {
 	Release() error
 }
 
+// StagedBlocks is a StagedRegion that also copies whole blocks by index: one submission for a chunk of a block
+// list, with no segment per block (for thousands of KV blocks those cost more host time than the copy). Block b
+// is [b*bs, (b+1)*bs) of the region; the chunk's blocks are packed in order in buf.
+type StagedBlocks interface {
+	// BlocksToHost queues copies of blocks ids of the region into buf.
+	BlocksToHost(buf []byte, bs uint64, ids []uint32) (StageWait, error)
+	// BlocksFromHost queues copies from buf into blocks ids of the region.
+	BlocksFromHost(buf []byte, bs uint64, ids []uint32) (StageWait, error)
+}
+
 // StageWait is a queued copy. One that also has a Done() bool method, saying without waiting whether the copy
 // finished, lets a staged write send a gathered chunk as soon as its copy ends.
 type StageWait interface {
@@ -300,6 +310,42 @@ func stageSegs(ch chunk, toHost bool) []engines.Segment {
 	return segs
 }
 
+// stageChunk queues a chunk's copy between the local region and slot (packed in part order), toHost from the
+// region: by block index when the chunk is whole blocks of a block list and the region stages blocks, else as
+// segments.
+func stageChunk(sr StagedRegion, slot []byte, ch chunk, toHost bool) (StageWait, error) {
+	if sb, ok := sr.(StagedBlocks); ok && ch.ids != nil {
+		if toHost {
+			return sb.BlocksToHost(slot, ch.blockBytes, ch.ids)
+		}
+		return sb.BlocksFromHost(slot, ch.blockBytes, ch.ids)
+	}
+	if toHost {
+		return sr.ToHost(slot, stageSegs(ch, true))
+	}
+	return sr.FromHost(slot, stageSegs(ch, false))
+}
+
+// servedBlocks returns the block size and block indexes of a staged request's parts when they are two or more
+// whole blocks of one size (a block list's chunk), each within a region of size bytes; ok is false otherwise
+// (the parts are then served as segments, and checked there).
+func servedBlocks(parts []vecDesc, size uint64) (bs uint64, ids []uint32, ok bool) {
+	if len(parts) < 2 || parts[0].n == 0 {
+		return 0, nil, false
+	}
+	bs = uint64(parts[0].n)
+	limit := min(size/bs, 1<<32) // block indexes below it lie within the region and fit 32 bits
+	ids = make([]uint32, len(parts))
+	for k, p := range parts {
+		id := p.off / bs
+		if uint64(p.n) != bs || id*bs != p.off || id >= limit {
+			return 0, nil, false
+		}
+		ids[k] = uint32(id)
+	}
+	return bs, ids, true
+}
+
 // slotRequest builds a chunk's request whose payload (written or read) is the slot, packed in part order.
 func slotRequest(op byte, mem engines.MemoryID, ch chunk, slot []byte) *request {
 	r := &request{op: op, mem: mem, off: ch.remoteOff, buf: slot[:ch.n]}
@@ -333,6 +379,14 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 	}
 	chunks := e.chunks(w.Plan, op == opRead, stagedChunkBytes(w.Plan.Bytes, len(p.conns)), p.maxParts)
 	pool := e.pool(false, remote.Node)
+	if traced() {
+		var parts uint64
+		for _, ch := range chunks {
+			parts += uint64(len(ch.parts))
+		}
+		mark("staged.start", uint64(len(chunks)), parts)
+		defer mark("staged.end", uint64(len(chunks)), parts)
+	}
 
 	var run planRun
 	record, result, track := run.record, run.err, run.track
@@ -410,6 +464,7 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 				r := slotRequest(opWrite, remote.ID, g.ch, g.slot)
 				n, slot := g.ch.n, g.slot
 				r.done = func(err error) {
+					mark("staged.answered", r.id, n)
 					p.budget.Release(int64(n))
 					pool.put(slot)
 					if err != nil {
@@ -417,7 +472,9 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 					}
 					outstanding.Done()
 				}
-				send(c, r, n, func() { pool.put(slot) })
+				if send(c, r, n, func() { pool.put(slot) }) {
+					mark("staged.sent", r.id, n)
+				}
 			}
 		}
 		outstanding.Add(lanes)
@@ -444,7 +501,7 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 						outstanding.Done()
 						continue
 					}
-					wt, err := sr.FromHost(a.slot, stageSegs(a.ch, false))
+					wt, err := stageChunk(sr, a.slot, a.ch, false)
 					drained := true
 					if err == nil {
 						err, drained = waitStage(wt)
@@ -533,6 +590,7 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 func gatherAhead(ctx context.Context, chunks []chunk, pool *stagePool, sr StagedRegion, stopped func() bool,
 	record func(error), putBack func([]byte, bool), send func(chunk, []byte) bool) {
 	type queued struct {
+		i    int
 		ch   chunk
 		slot []byte
 		wt   StageWait
@@ -544,6 +602,7 @@ func gatherAhead(ctx context.Context, chunks []chunk, pool *stagePool, sr Staged
 		q := fifo[0]
 		fifo = fifo[1:]
 		err, drained := waitStage(q.wt)
+		mark("staged.gathered", uint64(q.i), q.ch.n)
 		if err != nil {
 			putBack(q.slot, drained)
 			record(err)
@@ -555,7 +614,7 @@ func gatherAhead(ctx context.Context, chunks []chunk, pool *stagePool, sr Staged
 		}
 		return send(q.ch, q.slot)
 	}
-	for _, ch := range chunks {
+	for i, ch := range chunks {
 		if !ok || stopped() {
 			break
 		}
@@ -587,14 +646,15 @@ func gatherAhead(ctx context.Context, chunks []chunk, pool *stagePool, sr Staged
 			ok = false
 			break
 		}
-		wt, err := sr.ToHost(slot, stageSegs(ch, true))
+		wt, err := stageChunk(sr, slot, ch, true)
 		if err != nil {
 			pool.put(slot)
 			record(fmt.Errorf("queueing GPU staging copy: %w", err))
 			ok = false
 			break
 		}
-		fifo = append(fifo, queued{ch, slot, wt})
+		mark("staged.gatherq", uint64(i), ch.n)
+		fifo = append(fifo, queued{i, ch, slot, wt})
 		// Gathers that already finished go out now rather than once the queue is full: the first chunk would
 		// otherwise wait for the next gathers' host work before it leaves.
 		for ok && len(fifo) > 0 && stageFinished(fifo[0].wt) {
@@ -657,19 +717,29 @@ func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, clien
 		unpinRegion()
 		return refuse(fmt.Errorf("%w: staged request of %d bytes, 1 to %d allowed", engines.ErrInvalid, h.length, stageSlot))
 	}
-	segs := make([]engines.Segment, len(parts))
-	var off uint64
-	for i, p := range parts {
-		n := uint64(p.n)
-		if n == 0 || p.off > d.Size || n > d.Size-p.off {
-			unpinRegion()
-			return refuse(fmt.Errorf("%w: part [%d, +%d) of %s (%d bytes)", engines.ErrOutOfBounds, p.off, n, h.mem, d.Size))
+	// A block list's chunk goes to the GPU by block index; anything else as segments, each checked here.
+	sb, blockwise := sr.(StagedBlocks)
+	var bs uint64
+	var ids []uint32
+	if blockwise {
+		bs, ids, blockwise = servedBlocks(parts, d.Size)
+	}
+	var segs []engines.Segment
+	if !blockwise {
+		segs = make([]engines.Segment, len(parts))
+		var off uint64
+		for i, p := range parts {
+			n := uint64(p.n)
+			if n == 0 || p.off > d.Size || n > d.Size-p.off {
+				unpinRegion()
+				return refuse(fmt.Errorf("%w: part [%d, +%d) of %s (%d bytes)", engines.ErrOutOfBounds, p.off, n, h.mem, d.Size))
+			}
+			segs[i] = engines.Segment{SrcOffset: p.off, DstOffset: off, Size: n}
+			if write {
+				segs[i] = engines.Segment{SrcOffset: off, DstOffset: p.off, Size: n}
+			}
+			off += n
 		}
-		segs[i] = engines.Segment{SrcOffset: p.off, DstOffset: off, Size: n}
-		if write {
-			segs[i] = engines.Segment{SrcOffset: off, DstOffset: p.off, Size: n}
-		}
-		off += n
 	}
 	pool := e.pool(true, client)
 	ctx, cancel := context.WithTimeout(context.Background(), e.opts.PeerTimeout)
@@ -686,11 +756,17 @@ func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, clien
 			unpinRegion()
 			return resp, nil, nil, nil, err
 		}
+		mark("serve.payload", h.id, h.length)
 	}
 	var wt StageWait
-	if write {
+	switch {
+	case blockwise && write:
+		wt, err = sb.BlocksFromHost(buf, bs, ids)
+	case blockwise:
+		wt, err = sb.BlocksToHost(buf, bs, ids)
+	case write:
 		wt, err = sr.FromHost(buf, segs)
-	} else {
+	default:
 		wt, err = sr.ToHost(buf, segs)
 	}
 	if err != nil {
@@ -701,8 +777,10 @@ func (e *Engine) serveStaged(br io.Reader, pr *payloadReader, h reqHeader, clien
 	}
 	// settle waits for the copy; the slot goes back once nothing uses it (a read's answer is sent from it), and
 	// never while the copy may still run.
+	mark("serve.copyq", h.id, h.length)
 	settle := func(keep bool) error {
 		err, drained := waitStage(wt)
+		mark("serve.copied", h.id, h.length)
 		if drained && (err != nil || !keep) {
 			pool.put(slot)
 		}

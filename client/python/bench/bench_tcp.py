@@ -60,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--state-dir", default="/tmp/fabricxfer-bench-tcp", help="the two agents' state (sockets, logs)")
     p.add_argument("--port-base", type=int, default=17570, help="first of the agents' loopback ports")
     p.add_argument("--agent-arg", action="append", default=[], help="one more flag for both agents (repeatable)")
+    p.add_argument("--trace-dir", help="each agent writes an execution trace here (a.trace, b.trace; hack/trace-tcp.py)")
+    p.add_argument("--profile-dir", help="each agent writes a CPU profile of its run here (a.pprof, b.pprof)")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of %s" % ",".join(CASES))
     p.add_argument("--device", type=int, default=0, help="CUDA device of both clients (default 0)")
     p.add_argument("--iters", type=int, default=5, help="timed writes per case (default 5)")
@@ -127,6 +129,10 @@ def drive(a) -> int:
         raise SystemExit("agent binary %s not found: pass --agent or set AGENT" % a.agent)
     env = dict(os.environ, AGENT=os.path.abspath(agent), TWO_AGENTS_DIR=a.state_dir, PORT_BASE=str(a.port_base),
                AGENT_ARGS=" ".join(a.agent_arg))
+    if a.trace_dir:
+        env["TRACE_DIR"] = os.path.abspath(a.trace_dir)
+    if a.profile_dir:
+        env["PROFILE_DIR"] = os.path.abspath(a.profile_dir)
     script = os.path.join(ROOT, "hack", "two-agents.sh")
     up = subprocess.run([script, "up"], env=env)
     try:

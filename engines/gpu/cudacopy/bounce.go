@@ -32,6 +32,45 @@ func (c *Copier) SubmitBounced(parts []StagedPart, host, n uint64, toHost bool) 
 	if c.mode != ModeKernel {
 		return c.SubmitRoute(stagedSegments(parts, host, toHost), RouteDriver)
 	}
+	return c.bounced(n, len(parts), host, toHost, func(bounce uint64) stageFunc {
+		if stage := c.bouncedBlocks(parts, bounce, toHost); stage != nil {
+			return stage
+		}
+		kernelSegs := stagedSegments(parts, bounce, toHost)
+		return func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
+	})
+}
+
+// SubmitBouncedBlocks is SubmitBounced for a chunk of whole blocks given by index: block ids[k] of the blocks
+// of bs bytes from base, packed as block k of the host buffer at host. The kernel's descriptors are written
+// from the ids (one multiply-add each), with no part per block to build and read back; within is the range of
+// the ids. A list the block form cannot describe goes through SubmitBounced.
+func (c *Copier) SubmitBouncedBlocks(base, bs uint64, ids []uint32, within scatter.IDRange, host uint64, toHost bool) (*Pending, error) {
+	if len(ids) == 0 || bs == 0 {
+		return nil, errors.New("nothing to stage")
+	}
+	n := bs * uint64(len(ids))
+	if c.mode != ModeKernel || bs >= c.opts.CopyEngineMin {
+		return c.SubmitBounced(blockParts(base, bs, ids), host, n, toHost)
+	}
+	return c.bounced(n, len(ids), host, toHost, func(bounce uint64) stageFunc {
+		packed := c.iotaLocked(len(ids))
+		all := scatter.IDRange{Min: 0, Max: uint32(len(ids) - 1)}
+		if stage := c.bouncedIDs(base, bs, ids, within, packed, all, bounce, toHost); stage != nil {
+			return stage
+		}
+		kernelSegs := stagedSegments(blockParts(base, bs, ids), bounce, toHost)
+		return func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
+	})
+}
+
+// stageFunc writes a submission's kernel descriptors (see submitLocked).
+type stageFunc = func() (scatter.Layout, *slot, uint64, error)
+
+// bounced queues one staged chunk of n bytes in parts pieces through the device staging: stage(bounce) says how
+// the kernel moves the pieces between their places and the staging, the copy engine moves the staging to or from
+// host.
+func (c *Copier) bounced(n uint64, parts int, host uint64, toHost bool, stage func(bounce uint64) stageFunc) (*Pending, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var bounce uint64
@@ -43,11 +82,6 @@ func (c *Copier) SubmitBounced(parts []StagedPart, host, n uint64, toHost bool) 
 	if err != nil {
 		return nil, fmt.Errorf("allocating %d bytes of device staging on GPU %d: %w", n, c.dev, err)
 	}
-	stage := c.bouncedBlocks(parts, bounce, toHost)
-	if stage == nil {
-		kernelSegs := stagedSegments(parts, bounce, toHost)
-		stage = func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
-	}
 	crossing := []Segment{{Src: bounce, Dst: host, Size: n}}
 	var before, after []Segment
 	if toHost {
@@ -56,11 +90,28 @@ func (c *Copier) SubmitBounced(parts []StagedPart, host, n uint64, toHost bool) 
 		crossing[0] = Segment{Src: host, Dst: bounce, Size: n}
 		before = crossing
 	}
-	p, err := c.submitLocked(n, stage, false, nil, before, after, RouteAuto)
+	p, err := c.submitLocked(n, stage(bounce), false, nil, before, after, RouteAuto)
 	if err != nil {
-		return nil, fmt.Errorf("queueing a staged chunk of %d parts on GPU %d: %w", len(parts), c.dev, err)
+		return nil, fmt.Errorf("queueing a staged chunk of %d parts on GPU %d: %w", parts, c.dev, err)
 	}
 	return p, nil
+}
+
+// blockParts are the parts of whole blocks given by index, packed in order.
+func blockParts(base, bs uint64, ids []uint32) []StagedPart {
+	parts := make([]StagedPart, len(ids))
+	for k, id := range ids {
+		parts[k] = StagedPart{Addr: base + uint64(id)*bs, Off: uint64(k) * bs, Size: bs}
+	}
+	return parts
+}
+
+// iotaLocked returns 0, 1, ..., n-1: the packed positions of a chunk's blocks. c.mu is held.
+func (c *Copier) iotaLocked(n int) []uint32 {
+	for k := len(c.iota); k < n; k++ {
+		c.iota = append(c.iota, uint32(k))
+	}
+	return c.iota[:n]
 }
 
 // stagedSegments are the copies between parts and a packed buffer at base: from the parts into it (toHost), or
@@ -79,7 +130,7 @@ func stagedSegments(parts []StagedPart, base uint64, toHost bool) []Segment {
 // bouncedBlocks returns the descriptor staging of a chunk of equal blocks (a block list's chunk) in block form,
 // one 8-byte descriptor written per block from its ids (a fraction of the host time of a segment each); nil when
 // the parts are not such blocks. Ids count blocks from the lowest part's address and from the buffer's start.
-func (c *Copier) bouncedBlocks(parts []StagedPart, bounce uint64, toHost bool) func() (scatter.Layout, *slot, uint64, error) {
+func (c *Copier) bouncedBlocks(parts []StagedPart, bounce uint64, toHost bool) stageFunc {
 	bs, base := parts[0].Size, parts[0].Addr
 	if bs >= c.opts.CopyEngineMin {
 		return nil
@@ -101,13 +152,20 @@ func (c *Copier) bouncedBlocks(parts []StagedPart, bounce uint64, toHost bool) f
 		atRange = scatter.IDRange{Min: min(atRange.Min, at[i]), Max: max(atRange.Max, at[i])}
 		offRange = scatter.IDRange{Min: min(offRange.Min, off[i]), Max: max(offRange.Max, off[i])}
 	}
+	return c.bouncedIDs(base, bs, at, atRange, off, offRange, bounce, toHost)
+}
+
+// bouncedIDs returns the descriptor staging of blocks at (within atRange) of the blocks of bs bytes from base,
+// each to or from block packed[k] (within offRange) of the device staging at bounce; nil when the block form
+// cannot describe them.
+func (c *Copier) bouncedIDs(base, bs uint64, at []uint32, atRange scatter.IDRange, packed []uint32, offRange scatter.IDRange, bounce uint64, toHost bool) stageFunc {
 	pairs := []scatter.BlockBases{{Src: base, Dst: bounce}}
-	srcIDs, dstIDs, src, dst := at, off, atRange, offRange
+	srcIDs, dstIDs, src, dst := at, packed, atRange, offRange
 	if !toHost {
 		pairs[0] = scatter.BlockBases{Src: bounce, Dst: base}
-		srcIDs, dstIDs, src, dst = off, at, offRange, atRange
+		srcIDs, dstIDs, src, dst = packed, at, offRange, atRange
 	}
-	l, ok := scatter.PlanBlocks(pairs, bs, len(parts), src, dst, c.opts.MaxPiece)
+	l, ok := scatter.PlanBlocks(pairs, bs, len(at), src, dst, c.opts.MaxPiece)
 	if !ok {
 		return nil
 	}

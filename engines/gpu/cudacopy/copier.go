@@ -130,6 +130,7 @@ type Copier struct {
 	// serves every submission, since they run in order on the stream.
 	bounce     cuda.DevicePtr
 	bounceSize uint64
+	iota       []uint32 // 0, 1, 2, ...: the packed positions of staged blocks (iotaLocked)
 
 	events gpushare.Events[cuda.Event] // idle completion events
 

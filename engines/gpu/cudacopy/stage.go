@@ -9,6 +9,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/scatter"
 	"github.com/fabricxfer/fabricxfer/engines/tcp"
 )
 
@@ -17,7 +18,10 @@ import (
 // region's GPU: scattered segments through device staging (SubmitBounced), a few large ones on the copy engine.
 type Stager struct{ b *Backend }
 
-var _ tcp.Stager = (*Stager)(nil)
+var (
+	_ tcp.Stager       = (*Stager)(nil)
+	_ tcp.StagedBlocks = (*stagedRegion)(nil)
+)
 
 // Stager returns the backend's stager for the tcp engine.
 func (b *Backend) Stager() *Stager { return &Stager{b: b} }
@@ -96,6 +100,34 @@ func (r *stagedRegion) ToHost(buf []byte, segs []engines.Segment) (tcp.StageWait
 // FromHost implements tcp.StagedRegion.
 func (r *stagedRegion) FromHost(buf []byte, segs []engines.Segment) (tcp.StageWait, error) {
 	return r.submit(buf, segs, false)
+}
+
+// BlocksToHost implements tcp.StagedBlocks.
+func (r *stagedRegion) BlocksToHost(buf []byte, bs uint64, ids []uint32) (tcp.StageWait, error) {
+	return r.blocks(buf, bs, ids, true)
+}
+
+// BlocksFromHost implements tcp.StagedBlocks.
+func (r *stagedRegion) BlocksFromHost(buf []byte, bs uint64, ids []uint32) (tcp.StageWait, error) {
+	return r.blocks(buf, bs, ids, false)
+}
+
+// blocks queues one submission between blocks ids of the region and buf, packed in order.
+func (r *stagedRegion) blocks(buf []byte, bs uint64, ids []uint32, toHost bool) (tcp.StageWait, error) {
+	if len(buf) == 0 || len(ids) == 0 || bs == 0 {
+		return nil, fmt.Errorf("nothing to stage")
+	}
+	// The engine checked the blocks against the region; a GPU overrun is silent, so check again.
+	within := scatter.IDRange{Min: ids[0], Max: ids[0]}
+	for _, id := range ids {
+		within = scatter.IDRange{Min: min(within.Min, id), Max: max(within.Max, id)}
+	}
+	if uint64(within.Max) >= r.size/bs || bs > uint64(len(buf))/uint64(len(ids)) {
+		return nil, fmt.Errorf("%w: %d staging blocks of %d bytes up to block %d outside the region (%d bytes) or buffer (%d bytes)",
+			engines.ErrOutOfBounds, len(ids), bs, within.Max, r.size, len(buf))
+	}
+	host := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	return r.c.SubmitBouncedBlocks(r.m.Addr, bs, ids, within, host, toHost)
 }
 
 // Release implements tcp.StagedRegion: the mapping goes once neither engine holds it.

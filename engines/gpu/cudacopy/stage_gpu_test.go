@@ -6,6 +6,8 @@ package cudacopy_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"math"
 	"math/rand/v2"
 	"net"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cudacopy"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/scatter"
 	"github.com/fabricxfer/fabricxfer/engines/tcp"
 )
 
@@ -90,7 +93,7 @@ func TestGPUStagedTCP(t *testing.T) {
 		}
 		return out
 	}
-	run := func(what string, items []engines.Item) {
+	run := func(what string, items []engines.Item, blocks ...engines.Blocks) {
 		t.Helper()
 		pl := a.NewPlan()
 		var n uint64
@@ -99,6 +102,12 @@ func TestGPUStagedTCP(t *testing.T) {
 				t.Fatal(err)
 			}
 			n += it.Size
+		}
+		for _, bl := range blocks {
+			if err := pl.(engines.BlockAdder).AddBlocks(bl); err != nil {
+				t.Fatal(err)
+			}
+			n += bl.BlockBytes * uint64(len(bl.SrcIDs))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -141,6 +150,17 @@ func TestGPUStagedTCP(t *testing.T) {
 		if got := get(to); !bytes.Equal(got, want) {
 			t.Fatalf("%s blocks: destination differs", dir)
 		}
+		// The same blocks as a block list: staged by block index on both sides.
+		put(to, dstBytes)
+		bl := engines.Blocks{Pairs: []engines.BlockPair{{Src: src.ID, Dst: dst.ID}}, BlockBytes: blk,
+			SrcIDs: make([]uint32, nblk), DstIDs: make([]uint32, nblk)}
+		for i := range nblk {
+			bl.SrcIDs[i], bl.DstIDs[i] = uint32(perm[i]), uint32(perm[nblk+i])
+		}
+		run(dir+" 15,360 x 720 B block list", nil, bl)
+		if got := get(to); !bytes.Equal(got, want) {
+			t.Fatalf("%s block list: destination differs", dir)
+		}
 	}
 	// The same-node engine lets go first (deregistration runs the engines in parallel): the tcp engine's
 	// staging keeps the mapping until it is released.
@@ -162,6 +182,80 @@ func TestGPUStagedTCP(t *testing.T) {
 	}
 	if err := b.Deregister(ctx, db.ID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestGPUStagedBlocksRefused: the stager copies whole blocks by index only within the region and the buffer; a
+// block past either is refused before anything is queued.
+func TestGPUStagedBlocksRefused(t *testing.T) {
+	drv, nv := gpuEnv(t)
+	be, err := cudacopy.NewBackend(drv, cudacopy.Options{NVRTC: nv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	c, err := cudacopy.NewCopier(drv, 0, cudacopy.Options{NVRTC: nv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const bs, blocks = 720, 64
+	src, _, free := devicePair(t, drv, c, bs*blocks)
+	defer free()
+	d := engines.MemoryDesc{ID: "gpu", Node: "n", Size: bs * blocks,
+		Location: engines.Location{Kind: engines.LocationGPU, Vendor: engines.VendorNVIDIA, Device: 0},
+		Handles:  engines.Handles{Ptr: uintptr(src)}}
+	if d, err = be.Register(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	sr, err := be.Stager().Stage(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sr.Release()
+	sb := sr.(tcp.StagedBlocks)
+	buf, freeBuf, err := be.Stager().AllocPinned(bs * 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer freeBuf()
+	for _, tc := range []struct {
+		name string
+		ids  []uint32
+		buf  []byte
+	}{
+		{"block past the region", []uint32{0, blocks}, buf},
+		{"block index 2^32-1", []uint32{1, 1<<32 - 1}, buf},
+		{"more blocks than the buffer holds", []uint32{0, 1, 2, 3, 4}, buf},
+	} {
+		for _, toHost := range []bool{true, false} {
+			var err error
+			if toHost {
+				_, err = sb.BlocksToHost(tc.buf, bs, tc.ids)
+			} else {
+				_, err = sb.BlocksFromHost(tc.buf, bs, tc.ids)
+			}
+			if !errors.Is(err, engines.ErrOutOfBounds) {
+				t.Errorf("%s (to host %v): %v, want out of bounds", tc.name, toHost, err)
+			}
+		}
+	}
+	// Within both, the blocks arrive in order.
+	w, err := sb.BlocksToHost(buf, bs, []uint32{5, blocks - 1, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	host := make([]byte, bs*blocks)
+	if err := drv.WithContext(c.Context(), func() error { return drv.MemcpyDtoH(host, src) }); err != nil {
+		t.Fatal(err)
+	}
+	for k, id := range []uint32{5, blocks - 1, 0} {
+		if !bytes.Equal(buf[k*bs:(k+1)*bs], host[id*bs:(id+1)*bs]) {
+			t.Fatalf("staged block %d (block %d of the region) differs", k, id)
+		}
 	}
 }
 
@@ -189,8 +283,12 @@ func BenchmarkGPUBouncedChunk(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	ids := rng.Perm(blocks)[:n]
 	parts := make([]cudacopy.StagedPart, n)
+	blockIDs := make([]uint32, n)
+	within := scatter.IDRange{Min: math.MaxUint32}
 	for i, id := range ids {
 		parts[i] = cudacopy.StagedPart{Addr: uint64(src) + uint64(id)*bs, Off: uint64(i) * bs, Size: bs}
+		blockIDs[i] = uint32(id)
+		within = scatter.IDRange{Min: min(within.Min, uint32(id)), Max: max(within.Max, uint32(id))}
 	}
 	direct, back := make([]cudacopy.Segment, n), make([]cudacopy.Segment, n)
 	for i, p := range parts {
@@ -209,6 +307,12 @@ func BenchmarkGPUBouncedChunk(b *testing.B) {
 	}{
 		{"gather-to-host", func() (*cudacopy.Pending, error) { return c.SubmitBounced(parts, uint64(host), bs*n, true) }},
 		{"scatter-from-host", func() (*cudacopy.Pending, error) { return c.SubmitBounced(parts, uint64(host), bs*n, false) }},
+		{"gather-by-index-to-host", func() (*cudacopy.Pending, error) {
+			return c.SubmitBouncedBlocks(uint64(src), bs, blockIDs, within, uint64(host), true)
+		}},
+		{"scatter-by-index-from-host", func() (*cudacopy.Pending, error) {
+			return c.SubmitBouncedBlocks(uint64(src), bs, blockIDs, within, uint64(host), false)
+		}},
 		{"gather-direct-to-host", func() (*cudacopy.Pending, error) { return c.Submit(direct) }},
 		{"gather-batch-to-host", func() (*cudacopy.Pending, error) { return batch.Submit(direct) }},
 		{"scatter-batch-from-host", func() (*cudacopy.Pending, error) { return batch.Submit(back) }},

@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"testing"
+	"time"
+)
+
+// TestStagedServerHostile speaks the protocol to a node serving a staged GPU region, as a broken or hostile
+// peer would: a request larger than a staging slot is refused with its payload consumed; a write whose payload
+// stops half way (the peer died) leaves the GPU region untouched; other regions are unaffected.
+func TestStagedServerHostile(t *testing.T) {
+	sb := newFakeStager(t)
+	b := stagedEngine(t, "node-b", true, sb, nil)
+	gpu := make([]byte, 2*stageSlot)
+	d := registerGPU(t, b, sb, "b/gpu", gpu)
+	other := make([]byte, 4096)
+	od := register(t, b, "b/other", other)
+	a := stagedEngine(t, "node-a", false, nil, nil)
+	dial := func() io.ReadWriteCloser {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		nc, _, err := a.dialConn(ctx, b.Addr(), "node-b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.SetDeadline(time.Now().Add(10 * time.Second))
+		t.Cleanup(func() { nc.Close() })
+		return nc
+	}
+	nc := dial()
+	answer := func() respHeader {
+		t.Helper()
+		hdr := make([]byte, respHeaderSize)
+		for {
+			if _, err := io.ReadFull(nc, hdr); err != nil {
+				t.Fatal(err)
+			}
+			if h := parseRespHeader(hdr); h.op != opKeepalive {
+				if _, err := io.CopyN(io.Discard, nc, int64(h.length)); err != nil {
+					t.Fatal(err)
+				}
+				return h
+			}
+		}
+	}
+	big := stageSlot + 16
+	msg := appendReqHeader(nil, reqHeader{op: opWrite, id: 1, length: uint64(big), mem: d.ID})
+	if _, err := nc.Write(append(msg, make([]byte, big)...)); err != nil {
+		t.Fatal(err)
+	}
+	if h := answer(); h.id != 1 || h.status != statusInvalid {
+		t.Fatalf("oversized staged write answered %+v, want status %d", h, statusInvalid)
+	}
+	msg = appendReqHeader(nil, reqHeader{op: opWrite, id: 2, off: 8, length: 4, mem: d.ID})
+	if _, err := nc.Write(append(msg, "abcd"...)); err != nil {
+		t.Fatal(err)
+	}
+	if h := answer(); h.id != 2 || h.status != statusOK {
+		t.Fatalf("staged write after a refusal answered %+v", h)
+	}
+	pinned := func(check func()) {
+		t.Helper()
+		// The pin orders this test after the serving goroutine's copy (it unpins once the copy finished).
+		_, unpin, err := b.reg.Pin(d.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unpin()
+		check()
+	}
+	pinned(func() {
+		if string(gpu[8:12]) != "abcd" {
+			t.Fatal("staged write did not land")
+		}
+	})
+	// Vectored writes of whole equal blocks go to the GPU by block index; one block past the region refuses the
+	// request, nothing of it lands, and the connection goes on. Unaligned parts go as segments.
+	vecWrite := func(id uint64, fill byte, offs ...uint64) {
+		t.Helper()
+		vec := make([]vecPart, len(offs))
+		for k, off := range offs {
+			vec[k] = vecPart{off: off, buf: bytes.Repeat([]byte{fill}, 512)}
+		}
+		msg := appendVec(appendReqHeader(nil, reqHeader{op: opWriteV, id: id, length: uint64(512 * len(offs)), mem: d.ID}), vec)
+		if _, err := nc.Write(append(msg, bytes.Repeat([]byte{fill}, 512*len(offs))...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	byIndex := sb.blockCalls.Load()
+	vecWrite(10, 0xb1, 512*7, uint64(len(gpu)), 512*3)
+	if h := answer(); h.id != 10 || h.status != statusBounds {
+		t.Fatalf("a vectored write with a block past the region answered %+v, want status %d", h, statusBounds)
+	}
+	vecWrite(11, 0xb2, 512*9, 512*(1<<40), 512*3)
+	if h := answer(); h.id != 11 || h.status != statusBounds {
+		t.Fatalf("a vectored write with a block index past 2^32 answered %+v, want status %d", h, statusBounds)
+	}
+	vecWrite(12, 0xb3, 512*5, 512*2)
+	if h := answer(); h.id != 12 || h.status != statusOK {
+		t.Fatalf("a vectored write of two blocks answered %+v", h)
+	}
+	vecWrite(13, 0xb4, 512*20+16, 512*30)
+	if h := answer(); h.id != 13 || h.status != statusOK {
+		t.Fatalf("a vectored write of unaligned parts answered %+v", h)
+	}
+	pinned(func() {
+		if bytes.Contains(gpu, []byte{0xb1}) || bytes.Contains(gpu, []byte{0xb2}) {
+			t.Fatal("a refused vectored write reached the GPU region")
+		}
+		for _, at := range []int{512 * 5, 512 * 2} {
+			if !bytes.Equal(gpu[at:at+512], bytes.Repeat([]byte{0xb3}, 512)) {
+				t.Fatalf("block at %d of a vectored write did not land", at)
+			}
+		}
+		for _, at := range []int{512*20 + 16, 512 * 30} {
+			if !bytes.Equal(gpu[at:at+512], bytes.Repeat([]byte{0xb4}, 512)) {
+				t.Fatalf("part at %d of an unaligned vectored write did not land", at)
+			}
+		}
+		if got := sb.blockCalls.Load() - byIndex; got != 1 {
+			t.Fatalf("%d copies by block index, want 1 (the aligned write; the refused ones never reach the stager)", got)
+		}
+	})
+	clear(gpu)
+	copy(gpu[8:], "abcd")
+	copies := sb.fromHost.Load()
+	// Half a payload, then the connection closes: nothing of it may reach the GPU region.
+	nc2 := dial()
+	msg = appendReqHeader(nil, reqHeader{op: opWrite, id: 3, off: 1 << 20, length: 1 << 20, mem: d.ID})
+	if _, err := nc2.Write(append(msg, bytes.Repeat([]byte{0xee}, 512<<10)...)); err != nil {
+		t.Fatal(err)
+	}
+	nc2.Close()
+	time.Sleep(100 * time.Millisecond)
+	pinned(func() {
+		if bytes.Contains(gpu, []byte{0xee}) || sb.fromHost.Load() != copies {
+			t.Fatalf("a truncated write reached the GPU region (%d copies in, %d before)", sb.fromHost.Load(), copies)
+		}
+	})
+	if !bytes.Equal(other, make([]byte, 4096)) || od.ID == "" {
+		t.Fatal("another region changed")
+	}
+	// The first connection still serves: a staged read answers from the GPU region.
+	msg = appendReqHeader(nil, reqHeader{op: opRead, id: 4, off: 8, length: 4, mem: d.ID})
+	if _, err := nc.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	hdr := make([]byte, respHeaderSize+4)
+	if _, err := io.ReadFull(nc, hdr); err != nil {
+		t.Fatal(err)
+	}
+	if h := parseRespHeader(hdr); h.id != 4 || h.status != statusOK || string(hdr[respHeaderSize:]) != "abcd" {
+		t.Fatalf("staged read answered %+v %q", h, hdr[respHeaderSize:])
+	}
+}
