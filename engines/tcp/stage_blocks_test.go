@@ -5,7 +5,6 @@ package tcp
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -90,21 +89,17 @@ func TestStagedBlockBatch(t *testing.T) {
 			}
 			move := func(pairs []engines.BlockPair, src, dst []uint32) {
 				t.Helper()
-				pb := a.NewPlan()
-				if err := pb.(engines.BlockAdder).AddBlocks(engines.Blocks{Pairs: pairs, BlockBytes: bs, SrcIDs: src, DstIDs: dst, Tag: 1}); err != nil {
+				add := func(pb engines.PlanBuilder) error {
+					return pb.(engines.BlockAdder).AddBlocks(engines.Blocks{Pairs: pairs, BlockBytes: bs, SrcIDs: src, DstIDs: dst, Tag: 1})
+				}
+				probe := a.NewPlan()
+				if err := add(probe); err != nil {
 					t.Fatal(err)
 				}
-				ps := pb.Build()
-				if len(ps.Plans) != 2 || ps.Plans[0].Blocks == nil {
+				if ps := probe.Build(); len(ps.Plans) != 2 || ps.Plans[0].Blocks == nil {
 					t.Fatalf("%d plans (block form %v), want 2 in block form", len(ps.Plans), len(ps.Plans) > 0 && ps.Plans[0].Blocks != nil)
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer cancel()
-				tr, err := a.Submit(ctx, ps, engines.SubmitOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := tr.Wait(ctx); err != nil {
+				if err := moveWithin(a, 20*time.Second, add); err != nil {
 					t.Fatal(err)
 				}
 			}
