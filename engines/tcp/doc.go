@@ -42,8 +42,9 @@
 // node's transfers to the peer and as much for serving the peer's requests), in 4 MiB slots allocated on first
 // use and given back once a peer's slots went unused for 30 s, so pinned memory follows the active peers; a
 // request touching GPU memory is at most one slot. Each staged chunk is one submission to the GPU (the
-// scatter kernel gathers or scatters all of a vectored chunk's blocks, up to 1,024, in one launch; a contiguous
-// chunk goes to the copy engine), never one copy per block. Writing from local GPU memory, a producer gathers
+// scatter kernel gathers or scatters all of a vectored chunk's blocks, up to 8,192, in one launch; a contiguous
+// chunk goes to the copy engine), never one copy per block; a chunk of whole blocks of one size goes to a stager
+// that is also a StagedBlocks by block index, on both sides, without a segment per block. Writing from local GPU memory, a producer gathers
 // chunk after chunk into slots while the connections send the ones already gathered, so the device-to-host copy
 // of chunk i+1 overlaps the send of chunk i; a slot returns once its chunk is acknowledged. Reading into local
 // GPU memory, chunks arrive into slots on every connection while a worker copies the arrived ones into the
