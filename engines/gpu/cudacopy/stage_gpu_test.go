@@ -240,22 +240,44 @@ func TestGPUStagedBlocksRefused(t *testing.T) {
 			}
 		}
 	}
-	// Within both, the blocks arrive in order.
-	w, err := sb.BlocksToHost(buf, bs, []uint32{5, blocks - 1, 0})
+	host := randomBytes(rand.New(rand.NewPCG(7, 8)), bs*blocks)
+	if err := drv.WithContext(c.Context(), func() error { return drv.MemcpyHtoD(src, host) }); err != nil {
+		t.Fatal(err)
+	}
+	// Within both, the blocks arrive in order: blocks of 720 B in the kernel's block form, blocks of 100 B (not a
+	// multiple of 16) as segments.
+	for _, size := range []uint64{bs, 100} {
+		ids := []uint32{5, uint32(bs*blocks/size) - 1, 0}
+		clear(buf)
+		w, err := sb.BlocksToHost(buf, size, ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for k, id := range ids {
+			if !bytes.Equal(buf[uint64(k)*size:][:size], host[uint64(id)*size:][:size]) {
+				t.Fatalf("staged block %d (block %d of %d bytes of the region) differs", k, id, size)
+			}
+		}
+	}
+	// And back: blocks of the buffer into the region by index.
+	for k := range buf[:bs*2] {
+		buf[k] = byte(k * 7)
+	}
+	w, err := sb.BlocksFromHost(buf[:bs*2], bs, []uint32{9, 3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	host := make([]byte, bs*blocks)
 	if err := drv.WithContext(c.Context(), func() error { return drv.MemcpyDtoH(host, src) }); err != nil {
 		t.Fatal(err)
 	}
-	for k, id := range []uint32{5, blocks - 1, 0} {
-		if !bytes.Equal(buf[k*bs:(k+1)*bs], host[id*bs:(id+1)*bs]) {
-			t.Fatalf("staged block %d (block %d of the region) differs", k, id)
-		}
+	if !bytes.Equal(host[9*bs:10*bs], buf[:bs]) || !bytes.Equal(host[3*bs:4*bs], buf[bs:2*bs]) {
+		t.Fatal("blocks written by index into the region differ")
 	}
 }
 
