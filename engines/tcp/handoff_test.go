@@ -18,23 +18,27 @@ import (
 // TestStagedChunkBytes: a staged plan is cut into about two chunks per connection, within the bounds: never below stageChunkMin (unless the plan is smaller), never above a slot, always aligned.
 func TestStagedChunkBytes(t *testing.T) {
 	for _, tc := range []struct {
-		total uint64
-		conns int
-		want  int
+		total  uint64
+		conns  int
+		blocks bool
+		want   int
 	}{
-		{total: 1 << 30, conns: 4, want: stageSlot},               // large: whole slots
-		{total: 11059200, conns: 4, want: 1408 << 10},             // 11 MB: 8 chunks of 1.375 MiB
-		{total: 11059200, conns: 1, want: stageSlot},              // one connection: halves would exceed a slot
-		{total: 4096, conns: 4, want: stageChunkMin},              // tiny: the minimum (one chunk carries it)
-		{total: 8 * stageChunkMin, conns: 4, want: stageChunkMin}, // exactly two minimum chunks per connection
-		{total: 100 << 20, conns: 64, want: 832 << 10},            // many connections: 100 MiB / 128, aligned up
+		{total: 1 << 30, conns: 4, want: stageSlot},                                 // large: whole slots
+		{total: 11059200, conns: 4, want: 1408 << 10},                               // 11 MB: 8 chunks of 1.375 MiB
+		{total: 11059200, conns: 4, blocks: true, want: 2752 << 10},                 // a block list: 4 of 2.69 MiB
+		{total: 11059200, conns: 1, want: stageSlot},                                // one connection: halves would exceed a slot
+		{total: 16 << 20, conns: 4, blocks: true, want: stageSlot},                  // a layer's 1,024 x 16 KiB: 4 slots
+		{total: 4096, conns: 4, want: stageChunkMin},                                // tiny: the minimum (one chunk carries it)
+		{total: 8 * stageChunkMin, conns: 4, want: stageChunkMin},                   // exactly two minimum chunks per connection
+		{total: 8 * stageChunkMin, conns: 4, blocks: true, want: 2 * stageChunkMin}, // one chunk per connection
+		{total: 100 << 20, conns: 64, want: 832 << 10},                              // many connections: 100 MiB / 128, aligned up
 	} {
-		got := stagedChunkBytes(tc.total, tc.conns)
+		got := stagedChunkBytes(tc.total, tc.conns, tc.blocks)
 		if got != tc.want {
-			t.Errorf("stagedChunkBytes(%d, %d) = %d, want %d", tc.total, tc.conns, got, tc.want)
+			t.Errorf("stagedChunkBytes(%d, %d, %v) = %d, want %d", tc.total, tc.conns, tc.blocks, got, tc.want)
 		}
 		if got%stageChunkAlign != 0 || got > stageSlot || got < stageChunkMin {
-			t.Errorf("stagedChunkBytes(%d, %d) = %d: outside [%d, %d] or not a multiple of %d", tc.total, tc.conns, got, stageChunkMin, stageSlot, stageChunkAlign)
+			t.Errorf("stagedChunkBytes(%d, %d, %v) = %d: outside [%d, %d] or not a multiple of %d", tc.total, tc.conns, tc.blocks, got, stageChunkMin, stageSlot, stageChunkAlign)
 		}
 	}
 }
@@ -168,7 +172,7 @@ func TestStagedChunkSentOnceGathered(t *testing.T) {
 	const size = 16 * stageChunkMin
 	w := newStagedWriteBed(t, size, 5)
 	sa, a, b, local, ld, rd := w.sa, w.a, w.b, w.local, w.ld, w.rd
-	chunk := uint64(stagedChunkBytes(size, defaultConnsPerPeer))
+	chunk := uint64(stagedChunkBytes(size, defaultConnsPerPeer, false))
 	if size/chunk <= gathersAhead {
 		t.Fatalf("%d chunks: the test needs more than %d", size/chunk, gathersAhead)
 	}

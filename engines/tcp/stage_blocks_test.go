@@ -115,7 +115,7 @@ func TestStagedBlockBatch(t *testing.T) {
 					t.Fatalf("region pair %d: destination differs", k)
 				}
 			}
-			per := wantStagedChunks(n, bs)
+			per := wantStagedChunks(n, bs, true)
 			if got := sa.toHost.Load(); got != 2*per {
 				t.Fatalf("%d gathers for 2 x %d blocks, want %d (one per chunk)", got, n, 2*per)
 			}

@@ -294,9 +294,9 @@ func TestStagedPairs(t *testing.T) {
 						sides++
 					}
 					// One copy per request: chunks of at most a slot and 1024 parts.
-					maxChunks := wantStagedChunks(1, size)
+					maxChunks := wantStagedChunks(1, size, false)
 					if scattered {
-						maxChunks = wantStagedChunks(blocks, block)
+						maxChunks = wantStagedChunks(blocks, block, false)
 					}
 					if copies > sides*maxChunks {
 						t.Fatalf("%d staging copies for %d staged sides, want at most %d each (gathered per chunk, not per block)", copies, sides, maxChunks)
@@ -312,11 +312,11 @@ func TestStagedPairs(t *testing.T) {
 }
 
 // wantStagedChunks is how many chunks, one staging copy per staged side each, a staged plan of n parts of
-// partBytes each is cut into over the default connections: parts below vecPartMax are packed up to the chunk
-// size and maxVecParts per chunk, larger ones cut at the chunk size.
-func wantStagedChunks(n int, partBytes uint64) int32 {
+// partBytes each (a block list's blocks when blocks) is cut into over the default connections: parts below
+// vecPartMax are packed up to the chunk size and maxVecParts per chunk, larger ones cut at the chunk size.
+func wantStagedChunks(n int, partBytes uint64, blocks bool) int32 {
 	total := uint64(n) * partBytes
-	chunk := uint64(stagedChunkBytes(total, defaultConnsPerPeer))
+	chunk := uint64(stagedChunkBytes(total, defaultConnsPerPeer, blocks))
 	if partBytes > vecPartMax {
 		return int32(uint64(n) * ((partBytes + chunk - 1) / chunk))
 	}
@@ -349,7 +349,7 @@ func TestStagedPipelineOverlaps(t *testing.T) {
 		}
 		return nil
 	}
-	chunk := uint64(stagedChunkBytes(size, defaultConnsPerPeer))
+	chunk := uint64(stagedChunkBytes(size, defaultConnsPerPeer, false))
 	sa.beforeToHost = func(k int) error {
 		if k == 2 {
 			return waitUntil("the peer received chunk 1", func() bool { return b.Stats().ServedIn >= chunk })

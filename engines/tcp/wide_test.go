@@ -87,7 +87,7 @@ func TestWideVectoredRequestsNegotiated(t *testing.T) {
 			}
 			ps := pb.Build()
 			most := 0
-			for _, c := range a.chunks(&ps.Plans[0], false, stagedChunkBytes(ps.Plans[0].Bytes, len(p.conns)), p.maxParts) {
+			for _, c := range a.chunks(&ps.Plans[0], false, stagedChunkBytes(ps.Plans[0].Bytes, len(p.conns), ps.Plans[0].Blocks != nil), p.maxParts) {
 				most = max(most, len(c.parts))
 			}
 			if most > tc.wantParts || (most > maxVecParts) != tc.wantWideRequests {
