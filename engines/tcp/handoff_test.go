@@ -15,7 +15,8 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
-// TestStagedChunkBytes: a staged plan is cut into about two chunks per connection, within the bounds: never below stageChunkMin (unless the plan is smaller), never above a slot, always aligned.
+// TestStagedChunkBytes: a staged plan is cut into about two chunks per connection (a block list into one), within
+// the bounds: never below stageChunkMin (unless the plan is smaller), never above a slot, always aligned.
 func TestStagedChunkBytes(t *testing.T) {
 	for _, tc := range []struct {
 		total  uint64
