@@ -17,6 +17,8 @@ socket and B on node-b's, which time, in one run:
   gpu-1g    a 1 GiB CUDA tensor of A to one of B through the agents (staged through pinned host memory)
   blocks    15,360 blocks of 720 B between two pools of 262,144 blocks (one uint8 [262144, 720] tensor each)
   gpu-11m   the blocks' bytes (15,360 x 720 B) as one contiguous CUDA tensor: what gathering costs the blocks
+  pair      gpu-11m and blocks alternating write by write (11m, blocks, blocks, 11m, ...), so that both see the
+            same moments of the machine: each one's median, and the median of the ratios of the writes paired
   layers    the 32-layer layout: 32 layers x K/V = 64 tensors per side of [1024, 16384] uint8, a permutation of
             all 1,024 block ids in one call (1 GiB)
   cancel    A reads 1 GiB of B's GPU memory into its own and cancels it mid-way: A's tensor is compared right
@@ -28,7 +30,7 @@ socket and B on node-b's, which time, in one run:
 Each figure is the median of --iters writes after --warmup; every destination byte is compared by B with what
 it computes itself from the same seeds (torch generators on the same device). The table gives GB/s and the
 ratios the acceptance asks for: gpu-1g / raw, blocks / gpu-1g, layers / gpu-1g, host / raw, and blocks / gpu-11m
-(the blocks against the same bytes in one piece). The agents are
+(the blocks against the same bytes in one piece; from pair, the paired figure). The agents are
 stopped at the end whatever happens (their logs stay in the state directory).
 """
 
@@ -48,7 +50,9 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 MIB, GIB = 1 << 20, 1 << 30
-CASES = ("raw", "raw-tls", "host", "gpu-1g", "blocks", "gpu-11m", "layers", "cancel", "kill")
+CASES = ("raw", "raw-tls", "host", "gpu-1g", "blocks", "gpu-11m", "layers", "pair", "cancel", "kill")
+# The pair case's two halves, timed alternately: (case, the name of its result).
+PAIR = (("gpu-11m", "gpu-11m paired"), ("blocks", "blocks paired"))
 BLOCKS_BYTES = 15360 * 720
 RAW_HDR = struct.Struct(">QQ")
 
@@ -102,7 +106,18 @@ def ratios(results):
                            ("blocks / gpu-11m", "blocks", "gpu-11m")):
         if by.get(num) and by.get(den):
             out[name] = by[num] / by[den]
+    paired = [r for r in results if r.get("case") == PAIR[1][1] and r.get("verified") and r.get("pair_ratio")]
+    halves = [r for r in results if r.get("case") == PAIR[0][1]]
+    if paired and halves and all(r.get("verified") for r in halves):
+        out["blocks / gpu-11m paired"] = paired[0]["pair_ratio"]
     return out
+
+
+def pair_ratio(contiguous, blocks):
+    """The median over paired writes of contiguous time / blocks time (above 1: the blocks were faster), and the
+    lowest and highest of them."""
+    rs = sorted(c / b for c, b in zip(contiguous, blocks))
+    return statistics.median(rs), rs[0], rs[-1]
 
 
 def format_table(results):
@@ -395,7 +410,53 @@ class RoleA:
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
+    def timed_pair(self, first, second):
+        """Times of first and second, alternating first-second, second-first, ... after the warm-up of both."""
+        for i in range(self.a.warmup):
+            first(i)
+            second(i)
+        times = ([], [])
+        for i in range(self.a.iters):
+            for k in ((0, 1) if i % 2 == 0 else (1, 0)):
+                fn = first if k == 0 else second
+                t0 = time.perf_counter()
+                fn(i)
+                times[k].append(time.perf_counter() - t0)
+        return times
+
+    def run_pair(self):
+        """The pair case: both halves set up on node-b, their writes alternating, both checked."""
+        (c11, name11), (cb, nameb) = PAIR
+        writers = []
+        try:
+            for case in (c11, cb):
+                self.ask("setup", case)
+                writers.append(getattr(self, "writer_" + case.replace("-", "_"))())
+            (w11, n11, _), (wb, nb, _) = writers
+            t11, tb = self.timed_pair(w11, wb)
+            ratio, low, high = pair_ratio(t11, tb)
+            out = []
+            for name, case, ts, n in ((name11, c11, t11, n11), (nameb, cb, tb, nb)):
+                sec = statistics.median(ts)
+                out.append({"case": name, "bytes": n, "seconds": sec, "gbps": gbps(n, sec),
+                            "verified": self.ask("check", case), "error": ""})
+            out[1]["pair_ratio"] = ratio
+            out[1]["note"] = "gpu-11m / blocks time over %d paired writes: median %.2f, lowest %.2f, highest %.2f" % (
+                len(tb), ratio, low, high)
+            return out
+        finally:
+            sync(self.torch, self.dev)
+            for _, _, release in writers:
+                release()
+            for case in (c11, cb):
+                try:
+                    self.ask("release", case)
+                except Exception:
+                    traceback.print_exc()
+
     def run(self, case):
+        if case == "pair":
+            return self.run_pair()
         torch = self.torch
         info = self.ask("setup", case)
         try:
@@ -541,22 +602,21 @@ class RoleA:
             self.c.deregister(r)
             os.close(fd)
 
-    def case_gpu_1g(self, info, case="gpu-1g", n=GIB):
+    def writer_gpu(self, case, n):
+        """(write(i), bytes, release): a contiguous tensor of node-a written over node-b's segment named case."""
         from fabricxfer.client import to_segment
         torch = self.torch
         src = gpu_bytes(torch, self.dev, (n,), SEED[case])
         sync(torch, self.dev)
         r = self.c.register_tensor(src, gpu_index=self.a.device)
-        try:
-            remote = to_segment(self.a.node_b, case)
-            return self.timed(lambda i: self.c.write(r, 0, remote, 0, n)), n
-        finally:
-            self.c.deregister(r)
+        remote = to_segment(self.a.node_b, case)
+        return (lambda i: self.c.write(r, 0, remote, 0, n)), n, (lambda: self.c.deregister(r))
 
-    def case_gpu_11m(self, info):
-        return self.case_gpu_1g(info, "gpu-11m", BLOCKS_BYTES)
+    def writer_gpu_11m(self):
+        return self.writer_gpu("gpu-11m", BLOCKS_BYTES)
 
-    def case_blocks(self, info):
+    def writer_blocks(self):
+        """The 15,360 blocks of node-a's pool written into node-b's published layout."""
         from fabricxfer.client import to_layout_segment
         torch = self.torch
         src = gpu_bytes(torch, self.dev, (262144, 720), SEED["blocks"])
@@ -564,13 +624,30 @@ class RoleA:
         s, d = block_ids(torch, 262144, 15360, SEED["blocks"])
         r = self.c.register_tensor(src, gpu_index=self.a.device)
         lay = self.c.register_layout([r], 720)
-        try:
-            remote = to_layout_segment(self.a.node_b, "kv-blocks")
-            t = self.timed(lambda i: self.c.transfer_blocks("write", lay, s, remote, d, timeout=self.a.call_timeout))
-            return t, 15360 * 720
-        finally:
+        remote = to_layout_segment(self.a.node_b, "kv-blocks")
+
+        def release():
             self.c.deregister_layout(lay)
             self.c.deregister(r)
+
+        return (lambda i: self.c.transfer_blocks("write", lay, s, remote, d, timeout=self.a.call_timeout)), \
+            15360 * 720, release
+
+    def timed_writer(self, writer):
+        write, n, release = writer
+        try:
+            return self.timed(write), n
+        finally:
+            release()
+
+    def case_gpu_1g(self, info):
+        return self.timed_writer(self.writer_gpu("gpu-1g", GIB))
+
+    def case_gpu_11m(self, info):
+        return self.timed_writer(self.writer_gpu_11m())
+
+    def case_blocks(self, info):
+        return self.timed_writer(self.writer_blocks())
 
     def case_layers(self, info):
         from fabricxfer.client import to_layout_segment
@@ -605,12 +682,13 @@ def run_a(a) -> int:
                                                 "; ".join(header["engines"])), flush=True)
         for case in a.cases:
             try:
-                r = bench.run(case)
+                rs = bench.run(case)
             except Exception as e:
                 traceback.print_exc()
-                r = {"case": case, "error": "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")}
-            print("%s: %s" % (case, r.get("error") or "%.2f GB/s" % (r.get("gbps") or 0)), flush=True)
-            results.append(r)
+                rs = {"case": case, "error": "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")}
+            for r in rs if isinstance(rs, list) else [rs]:
+                print("%s: %s" % (r["case"], r.get("error") or "%.2f GB/s" % (r.get("gbps") or 0)), flush=True)
+                results.append(r)
     except Exception as e:
         traceback.print_exc()
         results.append({"case": "setup", "error": "%s: %s" % (type(e).__name__, e)})

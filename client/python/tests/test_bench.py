@@ -154,6 +154,23 @@ class TCPBenchPureTest(unittest.TestCase):
         self.assertAlmostEqual(r["host / raw"], 0.9)
         self.assertNotIn("layers / gpu-1g", r)  # a case whose bytes differ gives no figure
 
+    def test_paired_ratio(self):
+        # Writes paired in time: the machine slowed both in the second pair, which the ratio of medians would
+        # fold in unevenly; the paired ratio is the median of each pair's own.
+        contiguous, blocks = [2.0, 4.0, 2.2], [2.5, 4.4, 2.0]
+        ratio, low, high = bench_tcp.pair_ratio(contiguous, blocks)
+        self.assertAlmostEqual(ratio, 4.0 / 4.4)
+        self.assertAlmostEqual(low, 0.8)
+        self.assertAlmostEqual(high, 1.1)
+        rs = [{"case": "gpu-11m paired", "gbps": 5.0, "verified": True},
+              {"case": "blocks paired", "gbps": 4.0, "verified": True, "pair_ratio": ratio}]
+        self.assertAlmostEqual(bench_tcp.ratios(rs)["blocks / gpu-11m paired"], ratio)
+        # Either half unchecked: no figure.
+        self.assertNotIn("blocks / gpu-11m paired", bench_tcp.ratios([dict(rs[0], verified=False), rs[1]]))
+        self.assertNotIn("blocks / gpu-11m paired", bench_tcp.ratios([rs[0], dict(rs[1], verified=False)]))
+        self.assertNotIn("blocks / gpu-11m paired", bench_tcp.ratios([rs[1]]))
+        self.assertIn("pair", bench_tcp.parse_args(["--cases", "pair"]).cases)
+
     def test_table(self):
         rs = [{"case": "raw", "bytes": 1 << 30, "seconds": 0.1, "gbps": 10.7, "verified": True},
               {"case": "gpu-1g", "error": "TransferFailed: peer lost"}]
