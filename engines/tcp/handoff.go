@@ -15,6 +15,12 @@ import (
 // running transfer is usually microseconds away.
 const handoffSpin = 200 * time.Microsecond
 
+// firstChunkSpin is how long a sending lane polls for its first chunk: that one comes only once the producer
+// gathered it on the GPU, which for a block list's chunk (thousands of blocks, one kernel) took 190-300 µs on
+// the H200 VM, past handoffSpin; lanes that had parked by then started sending 80 µs late. Bounded, since a
+// GPU shared with a computing process can take milliseconds to gather.
+const firstChunkSpin = 2 * time.Millisecond
+
 // recvSpinning receives from ch like <-ch, polling it for up to spin first (yielding the processor between polls).
 func recvSpinning[T any](ch <-chan T, spin time.Duration) (T, bool) {
 	until := time.Now().Add(spin)

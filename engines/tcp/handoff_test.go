@@ -15,8 +15,9 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
-// TestStagedChunkBytes: a staged plan is cut into about two chunks per connection (a block list into one), within
-// the bounds: never below stageChunkMin (unless the plan is smaller), never above a slot, always aligned.
+// TestStagedChunkBytes: a staged plan is cut into about two chunks per connection (a block list whose chunks would
+// be half a slot or more into whole slots), within the bounds: never below stageChunkMin (unless the plan is
+// smaller), never above a slot, always aligned.
 func TestStagedChunkBytes(t *testing.T) {
 	for _, tc := range []struct {
 		total  uint64
@@ -24,15 +25,17 @@ func TestStagedChunkBytes(t *testing.T) {
 		blocks bool
 		want   int
 	}{
-		{total: 1 << 30, conns: 4, want: stageSlot},                                 // large: whole slots
-		{total: 11059200, conns: 4, want: 1408 << 10},                               // 11 MB: 8 chunks of 1.375 MiB
-		{total: 11059200, conns: 4, blocks: true, want: 2752 << 10},                 // a block list: 4 of 2.69 MiB
-		{total: 11059200, conns: 1, want: stageSlot},                                // one connection: halves would exceed a slot
-		{total: 16 << 20, conns: 4, blocks: true, want: stageSlot},                  // a layer's 1,024 x 16 KiB: 4 slots
-		{total: 4096, conns: 4, want: stageChunkMin},                                // tiny: the minimum (one chunk carries it)
-		{total: 8 * stageChunkMin, conns: 4, want: stageChunkMin},                   // exactly two minimum chunks per connection
-		{total: 8 * stageChunkMin, conns: 4, blocks: true, want: 2 * stageChunkMin}, // one chunk per connection
-		{total: 100 << 20, conns: 64, want: 832 << 10},                              // many connections: 100 MiB / 128, aligned up
+		{total: 1 << 30, conns: 4, want: stageSlot},                                                      // large: whole slots
+		{total: 11059200, conns: 4, want: 1408 << 10},                                                    // 11 MB: 8 chunks of 1.375 MiB
+		{total: 11059200, conns: 4, blocks: true, want: 1408 << 10},                                      // a block list of 11 MB: the same 8
+		{total: 11059200, conns: 1, want: stageSlot},                                                     // one connection: halves would exceed a slot
+		{total: 16 << 20, conns: 4, blocks: true, want: stageSlot},                                       // a layer's 1,024 x 16 KiB: 4 slots
+		{total: 16 << 20, conns: 4, want: stageSlot / 2},                                                 // the same bytes contiguous: 8 halves
+		{total: 16<<20 - 8*stageChunkAlign, conns: 4, blocks: true, want: stageSlot/2 - stageChunkAlign}, // just under
+		{total: 4096, conns: 4, want: stageChunkMin},                                                     // tiny: the minimum (one chunk carries it)
+		{total: 8 * stageChunkMin, conns: 4, want: stageChunkMin},                                        // exactly two minimum chunks per connection
+		{total: 8 * stageChunkMin, conns: 4, blocks: true, want: stageChunkMin},                          // small block lists as contiguous
+		{total: 100 << 20, conns: 64, want: 832 << 10},                                                   // many connections: 100 MiB / 128, aligned up
 	} {
 		got := stagedChunkBytes(tc.total, tc.conns, tc.blocks)
 		if got != tc.want {

@@ -439,7 +439,8 @@ class RoleA:
             for name, case, ts, n in ((name11, c11, t11, n11), (nameb, cb, tb, nb)):
                 sec = statistics.median(ts)
                 out.append({"case": name, "bytes": n, "seconds": sec, "gbps": gbps(n, sec),
-                            "verified": self.ask("check", case), "error": ""})
+                            "verified": self.ask("check", case), "error": "",
+                            "times_ms": [round(t * 1e3, 3) for t in ts]})
             out[1]["pair_ratio"] = ratio
             out[1]["note"] = "gpu-11m / blocks time over %d paired writes: median %.2f, lowest %.2f, highest %.2f" % (
                 len(tb), ratio, low, high)
