@@ -278,6 +278,73 @@ func twoStacksTalk(t *testing.T, base Config, deps func(node string) Deps) {
 		t.Fatalf("node-a accepted %d data connections, want the %d opened ahead of the transfer", n, connsPerPeer)
 	}
 	blocksAcrossNodes(ctx, t, ca1, cb)
+	republishedLayout(ctx, t, filepath.Join(a.SocketDir, "kv", "agent.sock"), cb)
+}
+
+// hostLayout registers a layout of two host regions of blocks blocks of bs bytes through c, their bytes a pattern
+// of name; the regions' memory closes with the test.
+func hostLayout(ctx context.Context, t *testing.T, c *client.Client, name string, bs, blocks uint64, opts ...client.LayoutOption) (*client.Layout, []*client.Region, []*client.SharedMemory) {
+	t.Helper()
+	var regions []*client.Region
+	var mems []*client.SharedMemory
+	for k := range 2 {
+		m, err := client.NewSharedMemory(name, bs*blocks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		for i := range m.Bytes {
+			m.Bytes[i] = byte(i*7 + k*13 + len(name))
+		}
+		r, err := c.RegisterHost(ctx, m.File, 0, bs*blocks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		regions, mems = append(regions, r), append(mems, m)
+	}
+	l, err := c.RegisterLayout(ctx, regions, bs, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, regions, mems
+}
+
+// republishedLayout: node-a's pod publishes a layout, node-b writes to it (and keeps what it resolved), then the
+// pod deregisters it and publishes the same name over new memory, as a restarted pod does; node-b's next write,
+// at once, lands in the new memory: the write over what node-b had kept fails at node-a (unknown memory) and is
+// asked again of the layout published now.
+func republishedLayout(ctx context.Context, t *testing.T, socketA string, cb *client.Client) {
+	const bs, blocks = 4096, 16
+	ca, err := client.Dial(ctx, socketA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close()
+	la, ra, _ := hostLayout(ctx, t, ca, "kv-old", bs, blocks, client.PublishLayout("kv-r"))
+	lb, _, memB := hostLayout(ctx, t, cb, "kv-r-b", bs, blocks)
+	remote := client.ToLayoutSegment("node-a", "kv-r")
+	if _, err := cb.TransferBlocks(ctx, client.Write, lb, []uint32{0}, remote, []uint32{1}, client.TransferOptions{}); err != nil {
+		t.Fatalf("writing to node-a's layout: %v", err)
+	}
+	resolved := time.Now()
+	if err := ca.DeregisterLayout(ctx, la); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range ra {
+		if err := ca.Deregister(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _, memNew := hostLayout(ctx, t, ca, "kv-new", bs, blocks, client.PublishLayout("kv-r"))
+	st, err := cb.TransferBlocks(ctx, client.Write, lb, []uint32{2}, remote, []uint32{3}, client.TransferOptions{})
+	if err != nil {
+		t.Fatalf("writing to node-a's layout published again %v after node-b resolved it: %v", time.Since(resolved), err)
+	}
+	for k := range 2 {
+		if !bytes.Equal(memNew[k].Bytes[3*bs:4*bs], memB[k].Bytes[2*bs:3*bs]) {
+			t.Fatalf("region %d: the block written after the layout was published again is not in its new memory (status %v)", k, st)
+		}
+	}
 }
 
 // blocksAcrossNodes: node B reads and writes blocks of a layout node A published, by segment, every byte
@@ -285,27 +352,7 @@ func twoStacksTalk(t *testing.T, base Config, deps func(node string) Deps) {
 func blocksAcrossNodes(ctx context.Context, t *testing.T, ca, cb *client.Client) {
 	const bs, blocks = 4096, 64
 	layout := func(c *client.Client, name string, opts ...client.LayoutOption) (*client.Layout, []*client.SharedMemory) {
-		var regions []*client.Region
-		var mems []*client.SharedMemory
-		for k := range 2 {
-			m, err := client.NewSharedMemory(name, bs*blocks)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { m.Close() })
-			for i := range m.Bytes {
-				m.Bytes[i] = byte(i*7 + k*13 + len(name))
-			}
-			r, err := c.RegisterHost(ctx, m.File, 0, bs*blocks)
-			if err != nil {
-				t.Fatal(err)
-			}
-			regions, mems = append(regions, r), append(mems, m)
-		}
-		l, err := c.RegisterLayout(ctx, regions, bs, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
+		l, _, mems := hostLayout(ctx, t, c, name, bs, blocks, opts...)
 		return l, mems
 	}
 	_, memA := layout(ca, "kv-a", client.PublishLayout("kv-a"))

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"runtime/trace"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -59,19 +60,74 @@ func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session,
 
 	// A layout another node published is resolved (and its regions imported) before the lock: it may ask the peer.
 	var peer *peerLayout
-	if ref := req.Remote; ref != nil && ref.Node != "" && ref.Node != s.node {
+	cached := false
+	ref := req.Remote
+	if ref != nil && ref.Node != "" && ref.Node != s.node {
 		seg, ok := ref.Target.(*agentv1.LayoutRef_Segment)
 		if !ok {
 			return nil, status.Errorf(codes.InvalidArgument, "a layout id names a layout on this node; name node %q's layout by its segment", ref.Node)
 		}
 		// The transfer's timeout bounds the question to the peer too: a stalled peer fails it within its timeout.
 		rctx, cancel := context.WithTimeout(ctx, cmp.Or(timeout, engines.DefaultTimeout))
-		peer, err = s.resolvePeerLayout(rctx, sess, ref.Node, seg.Segment)
+		peer, cached, err = s.resolvePeerLayout(rctx, sess, ref.Node, seg.Segment)
 		cancel()
 		if err != nil {
 			return nil, err
 		}
 	}
+	start := time.Now()
+	resp, err := s.submitBlocks(ctx, sess, req, n, width, peer, timeout)
+	if peer == nil || !blocksFailed(resp, err) {
+		return resp, err
+	}
+	// A transfer that failed over a cached peer layout asks the peer again next time.
+	s.forgetPeerLayout(sess, ref.Node, ref.GetSegment())
+	if !cached || !req.Wait || !peerForgot(resp) {
+		return resp, err
+	}
+	// The peer no longer holds the regions this node had cached for the name: the layout was published again
+	// (its pod restarted, say). Nothing went to memory the peer does not hold, so the transfer is asked again
+	// of the layout published now, once, within what is left of its timeout.
+	left := cmp.Or(timeout, engines.DefaultTimeout) - time.Since(start)
+	if left <= 0 {
+		return resp, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, left)
+	peer, _, rerr := s.resolvePeerLayout(rctx, sess, ref.Node, ref.GetSegment())
+	cancel()
+	if rerr != nil {
+		return resp, err
+	}
+	resp, err = s.submitBlocks(ctx, sess, req, n, width, peer, left)
+	if blocksFailed(resp, err) {
+		s.forgetPeerLayout(sess, ref.Node, ref.GetSegment())
+	}
+	return resp, err
+}
+
+// blocksFailed says whether a block transfer was refused or, waited for, did not succeed.
+func blocksFailed(resp *agentv1.TransferResponse, err error) bool {
+	return err != nil || resp.Status != nil && resp.Status.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED
+}
+
+// peerForgot says whether a waited transfer failed only because memory it named was unknown where it was
+// served: what a peer answers for regions it deregistered.
+func peerForgot(resp *agentv1.TransferResponse) bool {
+	if resp == nil || resp.Status == nil || len(resp.Status.Failures) == 0 {
+		return false
+	}
+	for _, f := range resp.Status.Failures {
+		if f.Code != codes.NotFound.String() {
+			return false
+		}
+	}
+	return true
+}
+
+// submitBlocks plans and submits a block transfer whose ids were checked for shape: the local layout paired with
+// the remote one (peer, when another node published it), the ids decoded against both.
+func (s *Service) submitBlocks(ctx context.Context, sess *regiontable.Session, req *agentv1.TransferBlocksRequest, n, width int,
+	peer *peerLayout, timeout time.Duration) (*agentv1.TransferResponse, error) {
 	s.table.Lock()
 	local, err := s.table.OwnLayoutLocked(sess, req.LayoutId)
 	var remote regiontable.Side
@@ -122,12 +178,7 @@ func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session,
 		return nil, blockPlanError(n, len(pairs), ps.Rejected[0].Err)
 	}
 	trace.Log(ctx, "blocks", "planned")
-	resp, err := s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
-	if peer != nil && (err != nil || resp.Status != nil && resp.Status.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED) {
-		// A transfer that failed over a cached peer layout asks the peer again next time.
-		s.forgetPeerLayout(sess, req.Remote.Node, req.Remote.GetSegment())
-	}
-	return resp, err
+	return s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
 }
 
 // blockPlanError reports a refused block batch; ids out of range are the caller's argument, not a range of

@@ -18,8 +18,8 @@ import (
 
 // peerLayoutTTL is how long a peer's published layout, once resolved, is used without asking again: a block
 // transfer of a few megabytes takes about as long as the question. A layout republished meanwhile with other
-// regions fails the transfers that still name the old ones (the owner refuses memory it no longer holds), and
-// such a failure forgets the entry.
+// regions fails the transfers that still name the old ones (the owner refuses memory it no longer holds); such
+// a failure forgets the entry, and a waited transfer is then asked again of the layout published now.
 const peerLayoutTTL = 2 * time.Second
 
 // maxPeerLayouts bounds the cache of resolved peer layouts (one per node, namespace and name).
@@ -40,42 +40,42 @@ type peerLayouts struct {
 
 type peerLayoutKey struct{ node, asker, segment string }
 
-// resolvePeerLayout returns the published layout segment of node for the caller, from the cache or asked of
-// node and imported; it must not be called with the table's lock held (it talks to the peer).
-func (s *Service) resolvePeerLayout(ctx context.Context, sess *regiontable.Session, node, segment string) (*peerLayout, error) {
+// resolvePeerLayout returns the published layout segment of node for the caller, from the cache (cached) or
+// asked of node and imported; it must not be called with the table's lock held (it talks to the peer).
+func (s *Service) resolvePeerLayout(ctx context.Context, sess *regiontable.Session, node, segment string) (pl *peerLayout, cached bool, err error) {
 	if err := regiontable.CheckSegmentRef(segment); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	key := peerLayoutKey{node: node, asker: sess.Caller.Namespace, segment: segment}
 	s.peerLayouts.mu.Lock()
 	if pl, ok := s.peerLayouts.entries[key]; ok && time.Since(pl.resolved) < peerLayoutTTL {
 		s.peerLayouts.mu.Unlock()
-		return pl, nil
+		return pl, true, nil
 	}
 	s.peerLayouts.mu.Unlock()
 	if s.peers == nil {
-		return nil, status.Errorf(codes.Unavailable, "layout segment %q is on node %s and this agent has no peer channel", segment, node)
+		return nil, false, status.Errorf(codes.Unavailable, "layout segment %q is on node %s and this agent has no peer channel", segment, node)
 	}
 	ld, err := s.peers.ResolveLayout(ctx, node, segment, sess.Caller.Namespace)
 	if err != nil {
-		return nil, status.Errorf(peerCode(err), "resolving layout segment %q on node %s: %v", segment, node, err)
+		return nil, false, status.Errorf(peerCode(err), "resolving layout segment %q on node %s: %v", segment, node, err)
 	}
 	hi, length := bits.Mul64(ld.Blocks, ld.BlockBytes)
 	if n := len(ld.Regions); n == 0 || n > regiontable.MaxLayoutRegions || ld.BlockBytes == 0 || ld.Blocks == 0 || ld.Blocks > 1<<32 || hi != 0 {
-		return nil, status.Errorf(codes.FailedPrecondition, "node %s described layout segment %q as %d regions of %d blocks of %d bytes: not a layout", node, segment, n, ld.Blocks, ld.BlockBytes)
+		return nil, false, status.Errorf(codes.FailedPrecondition, "node %s described layout segment %q as %d regions of %d blocks of %d bytes: not a layout", node, segment, n, ld.Blocks, ld.BlockBytes)
 	}
-	pl := &peerLayout{blockBytes: ld.BlockBytes, blocks: ld.Blocks, mems: make([]engines.MemoryID, len(ld.Regions)), resolved: time.Now()}
+	pl = &peerLayout{blockBytes: ld.BlockBytes, blocks: ld.Blocks, mems: make([]engines.MemoryID, len(ld.Regions)), resolved: time.Now()}
 	for k, desc := range ld.Regions {
 		sd, _, err := s.table.ParseDescriptor(desc)
 		if err != nil {
-			return nil, status.Errorf(codes.FailedPrecondition, "region %d of layout segment %q on node %s: %v", k, segment, node, err)
+			return nil, false, status.Errorf(codes.FailedPrecondition, "region %d of layout segment %q on node %s: %v", k, segment, node, err)
 		}
 		// A peer describes its own memory only, of the geometry it announced.
 		if sd.Node != node || sd.Length != length {
-			return nil, status.Errorf(codes.FailedPrecondition, "region %d of layout segment %q on node %s is %d bytes of node %q, not %d bytes of that node", k, segment, node, sd.Length, sd.Node, length)
+			return nil, false, status.Errorf(codes.FailedPrecondition, "region %d of layout segment %q on node %s is %d bytes of node %q, not %d bytes of that node", k, segment, node, sd.Length, sd.Node, length)
 		}
 		if pl.mems[k], err = s.importDescriptor(ctx, desc); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	s.peerLayouts.mu.Lock()
@@ -84,7 +84,7 @@ func (s *Service) resolvePeerLayout(ctx context.Context, sess *regiontable.Sessi
 	}
 	s.peerLayouts.entries[key] = pl
 	s.peerLayouts.mu.Unlock()
-	return pl, nil
+	return pl, false, nil
 }
 
 // forgetPeerLayout drops a cached peer layout after a transfer over it failed, so the next one asks again.
