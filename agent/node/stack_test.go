@@ -335,7 +335,7 @@ func republishedLayout(ctx context.Context, t *testing.T, socketA string, cb *cl
 			t.Fatal(err)
 		}
 	}
-	_, _, memNew := hostLayout(ctx, t, ca, "kv-new", bs, blocks, client.PublishLayout("kv-r"))
+	lNew, rNew, memNew := hostLayout(ctx, t, ca, "kv-new", bs, blocks, client.PublishLayout("kv-r"))
 	st, err := cb.TransferBlocks(ctx, client.Write, lb, []uint32{2}, remote, []uint32{3}, client.TransferOptions{})
 	if err != nil {
 		t.Fatalf("writing to node-a's layout published again %v after node-b resolved it: %v", time.Since(resolved), err)
@@ -343,6 +343,26 @@ func republishedLayout(ctx context.Context, t *testing.T, socketA string, cb *cl
 	for k := range 2 {
 		if !bytes.Equal(memNew[k].Bytes[3*bs:4*bs], memB[k].Bytes[2*bs:3*bs]) {
 			t.Fatalf("region %d: the block written after the layout was published again is not in its new memory (status %v)", k, st)
+		}
+	}
+	// Gone without a successor: the read over what node-b kept fails, and so does asking again; the error says
+	// the memory is not there, and nothing of node-b's changed.
+	if err := ca.DeregisterLayout(ctx, lNew); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rNew {
+		if err := ca.Deregister(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := [][]byte{bytes.Clone(memB[0].Bytes), bytes.Clone(memB[1].Bytes)}
+	_, err = cb.TransferBlocks(ctx, client.Read, lb, []uint32{5}, remote, []uint32{6}, client.TransferOptions{})
+	if err == nil || !strings.Contains(err.Error(), "unknown or deregistered memory") {
+		t.Fatalf("reading node-a's layout after it was deregistered: %v, want it failed on unknown memory", err)
+	}
+	for k := range 2 {
+		if !bytes.Equal(memB[k].Bytes, before[k]) {
+			t.Fatalf("a failed read from a deregistered layout changed node-b's region %d", k)
 		}
 	}
 }

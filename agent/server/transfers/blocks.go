@@ -59,6 +59,7 @@ func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session,
 	}
 
 	// A layout another node published is resolved (and its regions imported) before the lock: it may ask the peer.
+	start := time.Now()
 	var peer *peerLayout
 	cached := false
 	ref := req.Remote
@@ -75,7 +76,6 @@ func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session,
 			return nil, err
 		}
 	}
-	start := time.Now()
 	resp, err := s.submitBlocks(ctx, sess, req, n, width, peer, timeout)
 	if peer == nil || !blocksFailed(resp, err) {
 		return resp, err
