@@ -8,8 +8,10 @@
     hack/trace-tcp.py DIR/a.trace.txt DIR/b.trace.txt
 
 The sending agent marks each staged write's start and end and, per chunk, its gather queued and finished, its
-request sent and its answer received; the serving agent marks each request arriving, its payload in, its GPU
-copy queued and finished and its answer written (engines/tcp/marks.go; wall clock, so the agents line up).
+request sent and its answer received (a read: its request sent, its answer received and its copy into the region
+queued and finished); the serving agent marks each request arriving, its payload in, its GPU copy queued and
+finished and its answer written (engines/tcp/marks.go; wall clock, so the agents line up). Trace reads and writes
+of the same shape in separate runs: they are grouped by shape only.
 For each kind of write (contiguous, or with N parts: scattered blocks) this prints the median over the writes
 of when the first and the last of each step happened, in microseconds after the write started.
 """
@@ -20,7 +22,7 @@ from collections import defaultdict
 
 LINE = re.compile(r'Log .*Category="tcp" Message="(\d+) (\S+) (\d+) (\d+)"')
 ORDER = ["staged.gatherq", "staged.gathered", "staged.sent", "serve.request", "serve.payload", "serve.copyq",
-         "serve.copied", "serve.answered", "staged.answered", "staged.end"]
+         "serve.copied", "serve.answered", "staged.answered", "staged.copyq", "staged.copied", "staged.end"]
 
 
 def read(paths):

@@ -50,8 +50,12 @@ type request struct {
 	off uint64
 	buf []byte
 	vec []vecPart // vectored requests (opWriteV, opReadV) instead of off and buf
-	// packed, for an opWriteV whose parts lie back to back in part order (a staging slot): their bytes, written
-	// as one buffer instead of one per part.
+	// parts, for a packed vectored request (packed set), are its parts' remote offsets and sizes instead of vec:
+	// a staged block chunk's thousands of parts are described from the plan's parts as they are.
+	parts []part
+	// packed, for an opWriteV or opReadV whose parts lie back to back in part order (a staging slot): their
+	// bytes, written or read as one buffer instead of one per part. Read so, a record opens straight into the
+	// slot; read per part, every record was opened into the stream's buffer and copied out 720 bytes at a time.
 	packed []byte
 	done   func(error)
 	c      *conn // set by send
@@ -249,12 +253,12 @@ func (c *conn) send(ctx context.Context, r *request) error {
 	c.mu.Unlock()
 
 	length := r.length()
-	hdr := make([]byte, 0, reqHeaderSize+256+4+12*len(r.vec))
+	hdr := make([]byte, 0, reqHeaderSize+256+4+12*max(len(r.vec), len(r.parts)))
 	hdr = appendReqHeader(hdr, reqHeader{op: r.op, id: r.id, off: r.off, length: length, mem: r.mem})
 	bufs := net.Buffers{}
 	switch r.op {
 	case opWriteV:
-		bufs = append(bufs, appendVec(hdr, r.vec))
+		bufs = append(bufs, r.appendVec(hdr))
 		if r.packed != nil {
 			bufs = append(bufs, r.packed)
 			break
@@ -263,7 +267,7 @@ func (c *conn) send(ctx context.Context, r *request) error {
 			bufs = append(bufs, p.buf)
 		}
 	case opReadV:
-		bufs = append(bufs, appendVec(hdr, r.vec))
+		bufs = append(bufs, r.appendVec(hdr))
 	case opRead:
 		bufs = append(bufs, hdr)
 	default:
@@ -287,6 +291,9 @@ func (c *conn) send(ctx context.Context, r *request) error {
 
 // length is the request's payload size (written, or asked for).
 func (r *request) length() uint64 {
+	if r.packed != nil {
+		return uint64(len(r.packed))
+	}
 	if r.vec == nil {
 		return uint64(len(r.buf))
 	}
@@ -295,6 +302,14 @@ func (r *request) length() uint64 {
 		n += uint64(len(p.buf))
 	}
 	return n
+}
+
+// appendVec appends a vectored request's part list to b.
+func (r *request) appendVec(b []byte) []byte {
+	if r.parts != nil {
+		return appendParts(b, r.parts)
+	}
+	return appendVec(b, r.vec)
 }
 
 // settle records r's outcome (first one wins) and completes it when nobody holds its buffer. Caller holds c.mu;
@@ -469,9 +484,12 @@ func (c *conn) handle(br *bufio.Reader, h respHeader) error {
 		r.holds++
 		c.mu.Unlock()
 		var err error
-		if r.op == opRead {
+		switch {
+		case r.op == opRead:
 			_, err = io.ReadFull(br, r.buf)
-		} else {
+		case r.packed != nil:
+			_, err = io.ReadFull(br, r.packed)
+		default:
 			for _, p := range r.vec {
 				if _, err = io.ReadFull(br, p.buf); err != nil {
 					break

@@ -252,6 +252,16 @@ func appendVec(b []byte, parts []vecPart) []byte {
 	return b
 }
 
+// appendParts is appendVec for parts given as a plan's parts (their remote offsets and sizes).
+func appendParts(b []byte, parts []part) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(len(parts)))
+	for _, p := range parts {
+		b = binary.BigEndian.AppendUint64(b, p.remoteOff)
+		b = binary.BigEndian.AppendUint32(b, uint32(p.n))
+	}
+	return b
+}
+
 // vecDesc is a vectored request's part as the server reads it.
 type vecDesc struct {
 	off uint64

@@ -357,15 +357,11 @@ func servedBlocks(parts []vecDesc, size uint64) (bs uint64, ids []uint32, ok boo
 func slotRequest(op byte, mem engines.MemoryID, ch chunk, slot []byte) *request {
 	r := &request{op: op, mem: mem, off: ch.remoteOff, buf: slot[:ch.n]}
 	if ch.parts != nil {
-		r.op, r.off, r.buf, r.packed = opWriteV, 0, nil, slot[:ch.n]
+		// The slot holds the parts back to back in part order: written and read as one buffer, described by the
+		// plan's parts.
+		r.op, r.off, r.buf, r.packed, r.parts = opWriteV, 0, nil, slot[:ch.n], ch.parts
 		if op == opRead {
-			r.op, r.packed = opReadV, nil
-		}
-		r.vec = make([]vecPart, len(ch.parts))
-		var off uint64
-		for k, part := range ch.parts {
-			r.vec[k] = vecPart{off: part.remoteOff, buf: slot[off : off+part.n]}
-			off += part.n
+			r.op = opReadV
 		}
 	}
 	return r
@@ -493,6 +489,7 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 		type arrived struct {
 			ch   chunk
 			slot []byte
+			id   uint64 // the request's, for the trace marks
 		}
 		// Answers are read by the connections' receive loops, which must never block: the queue holds every
 		// chunk there is.
@@ -511,7 +508,9 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 					wt, err := stageChunk(sr, a.slot, a.ch, false)
 					drained := true
 					if err == nil {
+						mark("staged.copyq", a.id, a.ch.n)
 						err, drained = waitStage(wt)
+						mark("staged.copied", a.id, a.ch.n)
 					} else {
 						err = fmt.Errorf("queueing GPU staging copy: %w", err)
 					}
@@ -550,11 +549,13 @@ func (e *Engine) runStaged(ctx context.Context, w engines.Work, p *peer, op byte
 						outstanding.Done()
 						return
 					}
-					landed <- arrived{ch, slot} // the scatter worker finishes the chunk
+					mark("staged.answered", r.id, ch.n)
+					landed <- arrived{ch, slot, r.id} // the scatter worker finishes the chunk
 				}
 				if !send(c, r, ch.n, func() { pool.put(slot) }) {
 					return
 				}
+				mark("staged.sent", r.id, ch.n)
 			}
 		}
 		outstanding.Add(lanes)

@@ -19,6 +19,8 @@ socket and B on node-b's, which time, in one run:
   gpu-11m   the blocks' bytes (15,360 x 720 B) as one contiguous CUDA tensor: what gathering costs the blocks
   pair      gpu-11m and blocks alternating write by write (11m, blocks, blocks, 11m, ...), so that both see the
             same moments of the machine: each one's median, and the median of the ratios of the writes paired
+  pair-read the same as reads: A reads node-b's 11 MB tensor and 15,360 blocks of node-b's published layout
+            into its own, alternating, and checks them itself
   layers    the 32-layer layout: 32 layers x K/V = 64 tensors per side of [1024, 16384] uint8, a permutation of
             all 1,024 block ids in one call (1 GiB)
   cancel    A reads 1 GiB of B's GPU memory into its own and cancels it mid-way: A's tensor is compared right
@@ -50,9 +52,12 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 MIB, GIB = 1 << 20, 1 << 30
-CASES = ("raw", "raw-tls", "host", "gpu-1g", "blocks", "gpu-11m", "layers", "pair", "cancel", "kill")
-# The pair case's two halves, timed alternately: (case, the name of its result).
-PAIR = (("gpu-11m", "gpu-11m paired"), ("blocks", "blocks paired"))
+CASES = ("raw", "raw-tls", "host", "gpu-1g", "blocks", "gpu-11m", "layers", "pair", "pair-read", "cancel", "kill")
+# The paired cases' two halves, timed alternately: (node-b's setup, the name of the result), contiguous first; and
+# the name of their ratio.
+PAIRS = {"pair": ((("gpu-11m", "gpu-11m paired"), ("blocks", "blocks paired")), "blocks / gpu-11m paired"),
+         "pair-read": ((("gpu-11m-src", "gpu-11m read paired"), ("blocks-src", "blocks read paired")),
+                       "blocks / gpu-11m read paired")}
 BLOCKS_BYTES = 15360 * 720
 RAW_HDR = struct.Struct(">QQ")
 
@@ -106,10 +111,11 @@ def ratios(results):
                            ("blocks / gpu-11m", "blocks", "gpu-11m")):
         if by.get(num) and by.get(den):
             out[name] = by[num] / by[den]
-    paired = [r for r in results if r.get("case") == PAIR[1][1] and r.get("verified") and r.get("pair_ratio")]
-    halves = [r for r in results if r.get("case") == PAIR[0][1]]
-    if paired and halves and all(r.get("verified") for r in halves):
-        out["blocks / gpu-11m paired"] = paired[0]["pair_ratio"]
+    for ((_, contiguous), (_, blocks)), name in PAIRS.values():
+        paired = [r for r in results if r.get("case") == blocks and r.get("verified") and r.get("pair_ratio")]
+        halves = [r for r in results if r.get("case") == contiguous]
+        if paired and halves and all(r.get("verified") for r in halves):
+            out[name] = paired[0]["pair_ratio"]
     return out
 
 
@@ -177,7 +183,7 @@ def client_env():
 # ---- what both clients compute the same way ----
 
 SEED = {"raw": 11, "raw-tls": 11, "host": 12, "gpu-1g": 13, "blocks": 14, "layers": 15, "cancel": 16, "kill": 17,
-        "gpu-11m": 18}
+        "gpu-11m": 18, "gpu-11m-src": 19, "blocks-src": 20}
 
 
 def host_bytes(torch, n, seed, out=None):
@@ -239,6 +245,15 @@ class RoleB:
             t = gpu_bytes(torch, self.dev, (GIB,), SEED[case])
             r = c.register_tensor(t, segment="cancel-src", gpu_index=self.a.device)
             self.held[case] = {"dst": t, "regions": [r]}
+        elif case == "gpu-11m-src":
+            t = gpu_bytes(torch, self.dev, (BLOCKS_BYTES,), SEED[case])
+            r = c.register_tensor(t, segment=case, gpu_index=self.a.device)
+            self.held[case] = {"dst": t, "regions": [r]}
+        elif case == "blocks-src":
+            t = gpu_bytes(torch, self.dev, (262144, 720), SEED[case])
+            r = c.register_tensor(t, gpu_index=self.a.device)
+            lay = c.register_layout([r], 720, segment="kv-blocks-src")
+            self.held[case] = {"dst": t, "regions": [r], "layout": lay}
         elif case == "blocks":
             t = torch.zeros(262144, 720, dtype=torch.uint8, device=self.dev)
             r = c.register_tensor(t, gpu_index=self.a.device)
@@ -424,40 +439,39 @@ class RoleA:
                 times[k].append(time.perf_counter() - t0)
         return times
 
-    def run_pair(self):
-        """The pair case: both halves set up on node-b, their writes alternating, both checked."""
-        (c11, name11), (cb, nameb) = PAIR
-        writers = []
+    def run_pair(self, case):
+        """A paired case: both halves set up on node-b, their transfers alternating, both checked."""
+        ((c11, name11), (cb, nameb)), _ = PAIRS[case]
+        halves = []
         try:
-            for case in (c11, cb):
-                self.ask("setup", case)
-                writers.append(getattr(self, "writer_" + case.replace("-", "_"))())
-            (w11, n11, _), (wb, nb, _) = writers
+            for half in (c11, cb):
+                self.ask("setup", half)
+                halves.append(getattr(self, "writer_" + half.replace("-", "_"))())
+            (w11, n11, _, check11), (wb, nb, _, checkb) = halves
             t11, tb = self.timed_pair(w11, wb)
             ratio, low, high = pair_ratio(t11, tb)
             out = []
-            for name, case, ts, n in ((name11, c11, t11, n11), (nameb, cb, tb, nb)):
+            for name, check, ts, n in ((name11, check11, t11, n11), (nameb, checkb, tb, nb)):
                 sec = statistics.median(ts)
-                out.append({"case": name, "bytes": n, "seconds": sec, "gbps": gbps(n, sec),
-                            "verified": self.ask("check", case), "error": "",
-                            "times_ms": [round(t * 1e3, 3) for t in ts]})
+                out.append({"case": name, "bytes": n, "seconds": sec, "gbps": gbps(n, sec), "verified": check(),
+                            "error": "", "times_ms": [round(t * 1e3, 3) for t in ts]})
             out[1]["pair_ratio"] = ratio
-            out[1]["note"] = "gpu-11m / blocks time over %d paired writes: median %.2f, lowest %.2f, highest %.2f" % (
+            out[1]["note"] = "gpu-11m / blocks time over %d paired transfers: median %.2f, lowest %.2f, highest %.2f" % (
                 len(tb), ratio, low, high)
             return out
         finally:
             sync(self.torch, self.dev)
-            for _, _, release in writers:
+            for _, _, release, _ in halves:
                 release()
-            for case in (c11, cb):
+            for half in (c11, cb):
                 try:
-                    self.ask("release", case)
+                    self.ask("release", half)
                 except Exception:
                     traceback.print_exc()
 
     def run(self, case):
-        if case == "pair":
-            return self.run_pair()
+        if case in PAIRS:
+            return self.run_pair(case)
         torch = self.torch
         info = self.ask("setup", case)
         try:
@@ -611,7 +625,8 @@ class RoleA:
         sync(torch, self.dev)
         r = self.c.register_tensor(src, gpu_index=self.a.device)
         remote = to_segment(self.a.node_b, case)
-        return (lambda i: self.c.write(r, 0, remote, 0, n)), n, (lambda: self.c.deregister(r))
+        return (lambda i: self.c.write(r, 0, remote, 0, n)), n, (lambda: self.c.deregister(r)), \
+            (lambda: self.ask("check", case))
 
     def writer_gpu_11m(self):
         return self.writer_gpu("gpu-11m", BLOCKS_BYTES)
@@ -632,10 +647,44 @@ class RoleA:
             self.c.deregister(r)
 
         return (lambda i: self.c.transfer_blocks("write", lay, s, remote, d, timeout=self.a.call_timeout)), \
-            15360 * 720, release
+            15360 * 720, release, (lambda: self.ask("check", "blocks"))
+
+    def writer_gpu_11m_src(self):
+        """A read of node-b's 11 MB tensor into one of node-a, checked here."""
+        from fabricxfer.client import to_segment
+        torch = self.torch
+        dst = torch.zeros(BLOCKS_BYTES, dtype=torch.uint8, device=self.dev)
+        r = self.c.register_tensor(dst, gpu_index=self.a.device)
+        remote = to_segment(self.a.node_b, "gpu-11m-src")
+        check = lambda: bool(torch.equal(dst, gpu_bytes(torch, self.dev, (BLOCKS_BYTES,), SEED["gpu-11m-src"])))  # noqa: E731
+        return (lambda i: self.c.read(r, 0, remote, 0, BLOCKS_BYTES)), BLOCKS_BYTES, (lambda: self.c.deregister(r)), check
+
+    def writer_blocks_src(self):
+        """A read of 15,360 blocks of node-b's published layout into node-a's pool, checked here."""
+        from fabricxfer.client import to_layout_segment
+        torch = self.torch
+        dst = torch.zeros(262144, 720, dtype=torch.uint8, device=self.dev)
+        s, d = block_ids(torch, 262144, 15360, SEED["blocks-src"])
+        r = self.c.register_tensor(dst, gpu_index=self.a.device)
+        lay = self.c.register_layout([r], 720)
+        remote = to_layout_segment(self.a.node_b, "kv-blocks-src")
+
+        def check():
+            sync(torch, self.dev)
+            src = gpu_bytes(torch, self.dev, (262144, 720), SEED["blocks-src"])
+            want = torch.zeros_like(src)
+            want[d.to(self.dev)] = src[s.to(self.dev)]
+            return bool(torch.equal(dst, want))
+
+        def release():
+            self.c.deregister_layout(lay)
+            self.c.deregister(r)
+
+        return (lambda i: self.c.transfer_blocks("read", lay, d, remote, s, timeout=self.a.call_timeout)), \
+            15360 * 720, release, check
 
     def timed_writer(self, writer):
-        write, n, release = writer
+        write, n, release, _ = writer
         try:
             return self.timed(write), n
         finally:

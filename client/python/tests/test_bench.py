@@ -169,7 +169,14 @@ class TCPBenchPureTest(unittest.TestCase):
         self.assertNotIn("blocks / gpu-11m paired", bench_tcp.ratios([dict(rs[0], verified=False), rs[1]]))
         self.assertNotIn("blocks / gpu-11m paired", bench_tcp.ratios([rs[0], dict(rs[1], verified=False)]))
         self.assertNotIn("blocks / gpu-11m paired", bench_tcp.ratios([rs[1]]))
-        self.assertIn("pair", bench_tcp.parse_args(["--cases", "pair"]).cases)
+        # The read pair has its own figure, from its own halves only.
+        reads = [{"case": "gpu-11m read paired", "gbps": 5.0, "verified": True},
+                 {"case": "blocks read paired", "gbps": 4.5, "verified": True, "pair_ratio": 0.9}]
+        both = bench_tcp.ratios(rs + reads)
+        self.assertAlmostEqual(both["blocks / gpu-11m read paired"], 0.9)
+        self.assertAlmostEqual(both["blocks / gpu-11m paired"], ratio)
+        self.assertNotIn("blocks / gpu-11m read paired", bench_tcp.ratios(rs + reads[1:]))
+        self.assertEqual(bench_tcp.parse_args(["--cases", "pair,pair-read"]).cases, ["pair", "pair-read"])
 
     def test_table(self):
         rs = [{"case": "raw", "bytes": 1 << 30, "seconds": 0.1, "gbps": 10.7, "verified": True},
