@@ -457,18 +457,27 @@ func (c *conn) handle(br *bufio.Reader, h respHeader) error {
 		_, err := io.CopyN(io.Discard, br, int64(h.length)) // an abandoned request's answer
 		return err
 	}
+	// An answer that breaks the stream fails its request here: it left the pending set above, where failing the
+	// peer (what the receive loop does next) would not find it, and it would wait for its transfer's deadline.
+	broken := func(err error) error {
+		c.mu.Lock()
+		f := r.settle(c.p.lost(err))
+		c.mu.Unlock()
+		run(f)
+		return err
+	}
 	if r.op != h.op {
 		c.mu.Unlock()
-		return fmt.Errorf("answer op %d for request op %d", h.op, r.op)
+		return broken(fmt.Errorf("answer op %d for request op %d", h.op, r.op))
 	}
 	if h.status != statusOK {
 		c.mu.Unlock()
 		text := make([]byte, min(h.length, maxErrText))
 		if _, err := io.ReadFull(br, text); err != nil {
-			return err
+			return broken(err)
 		}
 		if _, err := io.CopyN(io.Discard, br, int64(h.length)-int64(len(text))); err != nil {
-			return err
+			return broken(err)
 		}
 		c.mu.Lock()
 		f := r.settle(statusError(h.status, string(text)))
@@ -479,7 +488,7 @@ func (c *conn) handle(br *bufio.Reader, h respHeader) error {
 	if r.op == opRead || r.op == opReadV {
 		if want := r.length(); h.length != want {
 			c.mu.Unlock()
-			return fmt.Errorf("read answer of %d bytes for a %d-byte request", h.length, want)
+			return broken(fmt.Errorf("read answer of %d bytes for a %d-byte request", h.length, want))
 		}
 		r.holds++
 		c.mu.Unlock()
@@ -515,7 +524,7 @@ func (c *conn) handle(br *bufio.Reader, h respHeader) error {
 	}
 	if h.length != 0 {
 		c.mu.Unlock()
-		return fmt.Errorf("acknowledgement with %d bytes of payload", h.length)
+		return broken(fmt.Errorf("acknowledgement with %d bytes of payload", h.length))
 	}
 	f := r.settle(nil)
 	c.mu.Unlock()

@@ -4,11 +4,17 @@
 package tcp
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"net"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
 )
 
 // TestStagedServerHostile speaks the protocol to a node serving a staged GPU region, as a broken or hostile
@@ -157,5 +163,86 @@ func TestStagedServerHostile(t *testing.T) {
 	}
 	if h := parseRespHeader(hdr); h.id != 4 || h.status != statusOK || string(hdr[respHeaderSize:]) != "abcd" {
 		t.Fatalf("staged read answered %+v %q", h, hdr[respHeaderSize:])
+	}
+}
+
+// TestStagedReadAnswerHostile feeds the connection that asked for a staged block chunk answers a broken or
+// hostile peer could send: of another length, another op, a payload or refusal that stops half way, an
+// acknowledgement of a write with a body. Each is refused at once (the stream is given up) and the chunk fails
+// with the peer, so it never reaches the GPU copy and does not wait for its transfer's deadline; a whole answer
+// lands in the slot in part order, as the parts were asked for.
+func TestStagedReadAnswerHostile(t *testing.T) {
+	const bs, blocks = 720, 64
+	payload := make([]byte, bs*blocks)
+	for i := range payload {
+		payload[i] = byte(i*7 + i/bs)
+	}
+	ch := chunk{n: bs * blocks}
+	for k := range blocks {
+		ch.parts = append(ch.parts, part{localOff: uint64(k) * bs, remoteOff: uint64((k*37)%blocks) * bs, n: bs})
+	}
+	for name, c := range map[string]struct {
+		write   bool // the request is a staged write, answered by an acknowledgement
+		op      byte // the answer's (opReadV, or opWriteV for a write, when 0)
+		status  byte
+		answer  []byte
+		length  uint64
+		wantErr string
+	}{
+		"whole":                       {answer: payload, length: uint64(len(payload))},
+		"another length":              {answer: payload[:bs], length: bs, wantErr: "read answer of 720 bytes"},
+		"payload cut short":           {answer: payload[:len(payload)/2], length: uint64(len(payload)), wantErr: "EOF"},
+		"another op":                  {op: opWriteV, answer: payload, length: uint64(len(payload)), wantErr: "answer op"},
+		"refusal cut short":           {status: statusRefused, answer: []byte("no"), length: 100, wantErr: "EOF"},
+		"acknowledgement with a body": {write: true, answer: payload[:bs], length: bs, wantErr: "acknowledgement with 720 bytes"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e, err := New(Options{Node: "node-a", Logf: t.Logf})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			local, remote := net.Pipe()
+			defer remote.Close()
+			p := &peer{e: e, node: "node-b", name: "node-b (hostile)", dead: make(chan struct{})}
+			cn := &conn{p: p, nc: local, raw: local, wsem: make(chan struct{}, 1), pending: map[uint64]*request{}}
+			p.conns = []*conn{cn}
+			slot := make([]byte, 4<<20)
+			op, answerOp := byte(opRead), byte(opReadV)
+			if c.write {
+				op, answerOp = opWrite, opWriteV
+			}
+			if c.op != 0 {
+				answerOp = c.op
+			}
+			r := slotRequest(op, "node-b/1", ch, slot)
+			var got error
+			settled := false
+			r.done = func(err error) { got, settled = err, true }
+			r.id = 1
+			cn.pending[1] = r
+			br := bufio.NewReader(bytes.NewReader(c.answer))
+			herr := cn.handle(br, respHeader{op: answerOp, status: c.status, id: 1, length: c.length})
+			if c.wantErr == "" {
+				if herr != nil || !settled || got != nil {
+					t.Fatalf("a whole answer: handle %v, settled %v with %v", herr, settled, got)
+				}
+				if !bytes.Equal(slot[:len(payload)], payload) {
+					t.Fatal("the answer is not in the slot in part order")
+				}
+				return
+			}
+			if herr == nil || !strings.Contains(herr.Error(), c.wantErr) {
+				t.Fatalf("handle: %v, want an error with %q", herr, c.wantErr)
+			}
+			cn.p.kill(herr) // what the receive loop does with it
+			if !settled || got == nil {
+				t.Fatalf("the chunk settled %v with %v: it must fail, so its copy into the GPU is never queued", settled, got)
+			}
+			var pl *engines.PeerLostError
+			if !errors.As(got, &pl) || pl.Peer != "node-b (hostile)" {
+				t.Fatalf("the chunk failed with %v, want a PeerLostError naming the peer", got)
+			}
+		})
 	}
 }
