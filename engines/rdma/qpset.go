@@ -33,8 +33,10 @@ type qpSet struct {
 	// byAccept marks a set the peer dialed; a dial of ours that lost the race
 	// finds it here.
 	byAccept bool
-	broken   atomic.Bool
-	next     atomic.Uint64
+	// connected is when the set was finished without error (guarded by the engine's mu).
+	connected time.Time
+	broken    atomic.Bool
+	next      atomic.Uint64
 }
 
 func newSet(k setKey) *qpSet { return &qpSet{key: k, ready: make(chan struct{})} }
@@ -297,6 +299,9 @@ func (s *qpSet) finish(conns []*qpConn, err error) {
 	default:
 	}
 	s.qps, s.err = conns, err
+	if err == nil {
+		s.connected = time.Now()
+	}
 	close(s.ready)
 }
 
@@ -350,6 +355,10 @@ func (e *Engine) AcceptQPs(ctx context.Context, req ExchangeRequest) ([]verbs.Co
 	if ok {
 		select {
 		case <-old.ready:
+			if lateLoser(old, e.opts.Node, req.From, e.opts.ConnectTimeout) {
+				e.mu.Unlock()
+				return nil, ErrConnectRace
+			}
 			// Established (or failed) before: the peer made a new set, so its end
 			// of the old one is gone. Replace it.
 			delete(e.sets, k)
@@ -401,6 +410,16 @@ func (e *Engine) AcceptQPs(ctx context.Context, req ExchangeRequest) ([]verbs.Co
 	}
 	s.finish(conns, nil)
 	return infos, nil
+}
+
+// lateLoser says whether a peer's dial that finds set established is the losing half of a simultaneous dial
+// rather than a new set: we win ties (our name is lower), our own dial made the set, and it connected within the
+// time a dial may take, so the peer's dial left before the peer accepted ours. Replacing the set then (as a
+// peer that lost its end is answered) would connect a set the peer discards, and leave ours to queue pairs it
+// retires: the peer keeps the set it accepted once we refuse. A peer that restarted within that time is refused
+// as well; its dial waits for ours, which does not come, and its next one, later, is answered.
+func lateLoser(set *qpSet, node, from string, within time.Duration) bool {
+	return set.err == nil && !set.byAccept && !set.broken.Load() && node < from && time.Since(set.connected) < within
 }
 
 // maxSetsPerPeer bounds the queue-pair sets one peer may hold here: one per (local NIC, remote NIC) pair of
