@@ -317,3 +317,57 @@ func TestSimultaneousDialsMakeOneSetPerPeer(t *testing.T) {
 		t.Fatalf("%d queue pairs connected, want 6 (one set of 3 per side)", c.net.Connected)
 	}
 }
+
+// TestRestartedPeerDialsAgainAfterTheTieWindow: node-a (which wins ties) connected to node-b, then node-b
+// restarts and dials node-a at once. Within ConnectTimeout of node-a's set that dial is taken for the losing
+// half of a simultaneous dial and refused, so node-b's transfer fails after waiting ConnectTimeout for a dial of
+// node-a's; once the window passed, node-b's next dial replaces the set and its transfer lands.
+func TestRestartedPeerDialsAgainAfterTheTieWindow(t *testing.T) {
+	const window = 300 * time.Millisecond
+	short := func(o *rdma.Options) { o.ConnectTimeout = window }
+	c := newCluster(t, short, "node-a", "node-b")
+	a := c.nodes["node-a"]
+	la, abuf := c.region(t, "node-a", 0, 1<<16)
+	lb, _ := c.region(t, "node-b", 0, 1<<16)
+	if err := a.Import(context.Background(), lb.Remote()); err != nil {
+		t.Fatal(err)
+	}
+	if err := transfer(t, a, engines.Item{Src: la.ID, Dst: lb.ID, Size: 1 << 16, Tag: 1}); err != nil {
+		t.Fatalf("node-a's first write: %v", err)
+	}
+	connected := time.Now()
+
+	// node-b restarts: a new engine, new memory, nothing of the old set.
+	o := rdma.Options{Node: "node-b", Provider: c.net.Provider("node-b"), NICs: nics(), Exchanger: c, Notifier: c,
+		DMABuf: &fakeDMABuf{}, DrainTimeout: 100 * time.Millisecond, ChunkBytes: 64 << 10}
+	short(&o)
+	b, err := rdma.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	c.mu.Lock()
+	old := c.nodes["node-b"]
+	c.nodes["node-b"] = b
+	c.mu.Unlock()
+	old.Close()
+	lb2, bbuf := c.region(t, "node-b", 0, 1<<16)
+	copy(bbuf, strings.Repeat("restart!", 1<<13))
+	if err := b.Import(context.Background(), la.Remote()); err != nil {
+		t.Fatal(err)
+	}
+	dialed := time.Now()
+	err = transfer(t, b, engines.Item{Src: lb2.ID, Dst: la.ID, Size: 1 << 16, Tag: 2})
+	if early := dialed.Sub(connected); early >= window {
+		t.Logf("node-b dialed %v after node-a's set connected, past the %v window: nothing to check there", early, window)
+	} else if err == nil {
+		t.Fatalf("node-b's dial %v after node-a's set connected was taken: a late losing dial would be taken the same way", early)
+	}
+	time.Sleep(time.Until(connected.Add(window + 50*time.Millisecond)))
+	if err := transfer(t, b, engines.Item{Src: lb2.ID, Dst: la.ID, Size: 1 << 16, Tag: 3}); err != nil {
+		t.Fatalf("node-b's write once the window passed: %v", err)
+	}
+	if string(abuf) != string(bbuf) {
+		t.Fatal("node-a's memory does not hold what restarted node-b wrote")
+	}
+}
