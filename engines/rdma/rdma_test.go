@@ -75,8 +75,7 @@ func (f *fakeDMABuf) DMABuf(gpu int, addr, length uint64) (int, uint64, error) {
 func newCluster(t *testing.T, opts func(*rdma.Options), nodes ...string) *cluster {
 	c := &cluster{net: fakeverbs.NewNetwork(), nodes: map[string]*rdma.Engine{}}
 	for _, n := range nodes {
-		o := rdma.Options{Node: n, Provider: c.net.Provider(n), NICs: nics(), Exchanger: c, Notifier: c,
-			DMABuf: &fakeDMABuf{}, DrainTimeout: 100 * time.Millisecond, ChunkBytes: 64 << 10}
+		o := c.options(n)
 		if opts != nil {
 			opts(&o)
 		}
@@ -88,6 +87,12 @@ func newCluster(t *testing.T, opts func(*rdma.Options), nodes ...string) *cluste
 		c.nodes[n] = e
 	}
 	return c
+}
+
+// options are an engine's for node on the cluster's network, before a test's own.
+func (c *cluster) options(node string) rdma.Options {
+	return rdma.Options{Node: node, Provider: c.net.Provider(node), NICs: nics(), Exchanger: c, Notifier: c,
+		DMABuf: &fakeDMABuf{}, DrainTimeout: 100 * time.Millisecond, ChunkBytes: 64 << 10}
 }
 
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
@@ -338,8 +343,7 @@ func TestRestartedPeerDialsAgainAfterTheTieWindow(t *testing.T) {
 	connected := time.Now()
 
 	// node-b restarts: a new engine, new memory, nothing of the old set.
-	o := rdma.Options{Node: "node-b", Provider: c.net.Provider("node-b"), NICs: nics(), Exchanger: c, Notifier: c,
-		DMABuf: &fakeDMABuf{}, DrainTimeout: 100 * time.Millisecond, ChunkBytes: 64 << 10}
+	o := c.options("node-b")
 	short(&o)
 	b, err := rdma.New(o)
 	if err != nil {
