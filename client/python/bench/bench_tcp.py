@@ -618,7 +618,8 @@ class RoleA:
             os.close(fd)
 
     def writer_gpu(self, case, n):
-        """(write(i), bytes, release): a contiguous tensor of node-a written over node-b's segment named case."""
+        """(write(i), bytes, release, check): a contiguous tensor of node-a written over node-b's segment named
+        case; check asks node-b whether it holds the bytes."""
         from fabricxfer.client import to_segment
         torch = self.torch
         src = gpu_bytes(torch, self.dev, (n,), SEED[case])
