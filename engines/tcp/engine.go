@@ -536,10 +536,7 @@ func (e *Engine) runPlan(ctx context.Context, w engines.Work, early func(error))
 				if op == opRead {
 					r.op = opReadV
 				}
-				r.vec = make([]vecPart, len(ch.parts))
-				for k, part := range ch.parts {
-					r.vec[k] = vecPart{off: part.remoteOff, buf: local.Handles.Host[part.localOff : part.localOff+part.n]}
-				}
+				r.parts, r.host = ch.parts, local.Handles.Host
 			}
 			r.done = func(err error) {
 				p.budget.Release(int64(ch.n))

@@ -49,13 +49,14 @@ type request struct {
 	mem engines.MemoryID
 	off uint64
 	buf []byte
-	vec []vecPart // vectored requests (opWriteV, opReadV) instead of off and buf
-	// parts, for a packed vectored request (packed set), are its parts' remote offsets and sizes instead of vec:
-	// a staged block chunk's thousands of parts are described from the plan's parts as they are.
+	// parts, for a vectored request (opWriteV, opReadV) instead of off and buf, are the plan's parts as they are:
+	// their remote offsets and sizes describe the request, and their local offsets index host.
 	parts []part
-	// packed, for an opWriteV or opReadV whose parts lie back to back in part order (a staging slot): their
-	// bytes, written or read as one buffer instead of one per part. Read so, a record opens straight into the
-	// slot; read per part, every record was opened into the stream's buffer and copied out 720 bytes at a time.
+	host  []byte
+	// packed, for a vectored request whose parts lie back to back in part order (a staging slot) instead of in
+	// host: their bytes, written or read as one buffer instead of one per part. Read so, a record opens straight
+	// into the slot; read per part, every record was opened into the stream's buffer and copied out 720 bytes at a
+	// time.
 	packed []byte
 	done   func(error)
 	c      *conn // set by send
@@ -253,21 +254,21 @@ func (c *conn) send(ctx context.Context, r *request) error {
 	c.mu.Unlock()
 
 	length := r.length()
-	hdr := make([]byte, 0, reqHeaderSize+256+4+12*max(len(r.vec), len(r.parts)))
+	hdr := make([]byte, 0, reqHeaderSize+256+4+12*len(r.parts))
 	hdr = appendReqHeader(hdr, reqHeader{op: r.op, id: r.id, off: r.off, length: length, mem: r.mem})
 	bufs := net.Buffers{}
 	switch r.op {
 	case opWriteV:
-		bufs = append(bufs, r.appendVec(hdr))
+		bufs = append(bufs, appendParts(hdr, r.parts))
 		if r.packed != nil {
 			bufs = append(bufs, r.packed)
 			break
 		}
-		for _, p := range r.vec {
-			bufs = append(bufs, p.buf)
+		for _, p := range r.parts {
+			bufs = append(bufs, r.hostPart(p))
 		}
 	case opReadV:
-		bufs = append(bufs, r.appendVec(hdr))
+		bufs = append(bufs, appendParts(hdr, r.parts))
 	case opRead:
 		bufs = append(bufs, hdr)
 	default:
@@ -294,23 +295,18 @@ func (r *request) length() uint64 {
 	if r.packed != nil {
 		return uint64(len(r.packed))
 	}
-	if r.vec == nil {
+	if r.parts == nil {
 		return uint64(len(r.buf))
 	}
 	var n uint64
-	for _, p := range r.vec {
-		n += uint64(len(p.buf))
+	for _, p := range r.parts {
+		n += p.n
 	}
 	return n
 }
 
-// appendVec appends a vectored request's part list to b.
-func (r *request) appendVec(b []byte) []byte {
-	if r.parts != nil {
-		return appendParts(b, r.parts)
-	}
-	return appendVec(b, r.vec)
-}
+// hostPart is the local bytes of part p of a vectored request over host memory.
+func (r *request) hostPart(p part) []byte { return r.host[p.localOff : p.localOff+p.n] }
 
 // settle records r's outcome (first one wins) and completes it when nobody holds its buffer. Caller holds c.mu;
 // the returned function, if any, must be called after unlocking.
@@ -499,8 +495,8 @@ func (c *conn) handle(br *bufio.Reader, h respHeader) error {
 		case r.packed != nil:
 			_, err = io.ReadFull(br, r.packed)
 		default:
-			for _, p := range r.vec {
-				if _, err = io.ReadFull(br, p.buf); err != nil {
+			for _, p := range r.parts {
+				if _, err = io.ReadFull(br, r.hostPart(p)); err != nil {
 					break
 				}
 			}

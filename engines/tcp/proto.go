@@ -237,22 +237,7 @@ func (r *sliceReader) u64() uint64 {
 	return 0
 }
 
-// vecPart is one part of a vectored request: remote offset and the local bytes.
-type vecPart struct {
-	off uint64
-	buf []byte
-}
-
-func appendVec(b []byte, parts []vecPart) []byte {
-	b = binary.BigEndian.AppendUint32(b, uint32(len(parts)))
-	for _, p := range parts {
-		b = binary.BigEndian.AppendUint64(b, p.off)
-		b = binary.BigEndian.AppendUint32(b, uint32(len(p.buf)))
-	}
-	return b
-}
-
-// appendParts is appendVec for parts given as a plan's parts (their remote offsets and sizes).
+// appendParts appends a vectored request's part list to b: the count, then each part's remote offset and size.
 func appendParts(b []byte, parts []part) []byte {
 	b = binary.BigEndian.AppendUint32(b, uint32(len(parts)))
 	for _, p := range parts {

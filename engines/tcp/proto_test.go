@@ -30,16 +30,15 @@ func TestServerRefusesBadVectoredParts(t *testing.T) {
 	defer nc.Close()
 	nc.SetDeadline(time.Now().Add(5 * time.Second))
 
-	roundTrip := func(id uint64, parts []vecPart) respHeader {
+	// roundTrip writes payload's parts, of 2 bytes each, at offs.
+	roundTrip := func(id uint64, payload string, offs ...uint64) respHeader {
 		t.Helper()
-		var total uint64
-		for _, p := range parts {
-			total += uint64(len(p.buf))
+		parts := make([]part, len(offs))
+		for k, off := range offs {
+			parts[k] = part{remoteOff: off, n: 2}
 		}
-		msg := appendVec(appendReqHeader(nil, reqHeader{op: opWriteV, id: id, length: total, mem: d.ID}), parts)
-		for _, p := range parts {
-			msg = append(msg, p.buf...)
-		}
+		msg := appendParts(appendReqHeader(nil, reqHeader{op: opWriteV, id: id, length: uint64(len(payload)), mem: d.ID}), parts)
+		msg = append(msg, payload...)
 		if _, err := nc.Write(msg); err != nil {
 			t.Fatal(err)
 		}
@@ -53,13 +52,13 @@ func TestServerRefusesBadVectoredParts(t *testing.T) {
 		}
 		return h
 	}
-	if h := roundTrip(1, []vecPart{{off: 0, buf: []byte("ok")}, {off: 4095, buf: []byte("xy")}}); h.status != statusBounds || h.id != 1 {
+	if h := roundTrip(1, "okxy", 0, 4095); h.status != statusBounds || h.id != 1 {
 		t.Fatalf("out-of-bounds part answered %+v, want status %d", h, statusBounds)
 	}
 	if mem[0] != 0 {
 		t.Fatal("a refused vectored write changed memory")
 	}
-	if h := roundTrip(2, []vecPart{{off: 10, buf: []byte("ab")}, {off: 100, buf: []byte("cd")}}); h.status != statusOK || h.id != 2 {
+	if h := roundTrip(2, "abcd", 10, 100); h.status != statusOK || h.id != 2 {
 		t.Fatalf("valid vectored write answered %+v", h)
 	}
 	view, unpin, err := b.Pin(d.ID)

@@ -89,11 +89,11 @@ func TestStagedServerHostile(t *testing.T) {
 	// request, nothing of it lands, and the connection goes on. Unaligned parts go as segments.
 	vecWrite := func(id uint64, fill byte, offs ...uint64) {
 		t.Helper()
-		vec := make([]vecPart, len(offs))
+		parts := make([]part, len(offs))
 		for k, off := range offs {
-			vec[k] = vecPart{off: off, buf: bytes.Repeat([]byte{fill}, 512)}
+			parts[k] = part{remoteOff: off, n: 512}
 		}
-		msg := appendVec(appendReqHeader(nil, reqHeader{op: opWriteV, id: id, length: uint64(512 * len(offs)), mem: d.ID}), vec)
+		msg := appendParts(appendReqHeader(nil, reqHeader{op: opWriteV, id: id, length: uint64(512 * len(offs)), mem: d.ID}), parts)
 		if _, err := nc.Write(append(msg, bytes.Repeat([]byte{fill}, 512*len(offs))...)); err != nil {
 			t.Fatal(err)
 		}

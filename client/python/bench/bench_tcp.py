@@ -446,7 +446,7 @@ class RoleA:
         try:
             for half in (c11, cb):
                 self.ask("setup", half)
-                halves.append(getattr(self, "writer_" + half.replace("-", "_"))())
+                halves.append(getattr(self, "mover_" + half.replace("-", "_"))())
             (w11, n11, _, check11), (wb, nb, _, checkb) = halves
             t11, tb = self.timed_pair(w11, wb)
             ratio, low, high = pair_ratio(t11, tb)
@@ -617,7 +617,7 @@ class RoleA:
             self.c.deregister(r)
             os.close(fd)
 
-    def writer_gpu(self, case, n):
+    def mover_gpu(self, case, n):
         """(write(i), bytes, release, check): a contiguous tensor of node-a written over node-b's segment named
         case; check asks node-b whether it holds the bytes."""
         from fabricxfer.client import to_segment
@@ -629,10 +629,10 @@ class RoleA:
         return (lambda i: self.c.write(r, 0, remote, 0, n)), n, (lambda: self.c.deregister(r)), \
             (lambda: self.ask("check", case))
 
-    def writer_gpu_11m(self):
-        return self.writer_gpu("gpu-11m", BLOCKS_BYTES)
+    def mover_gpu_11m(self):
+        return self.mover_gpu("gpu-11m", BLOCKS_BYTES)
 
-    def writer_blocks(self):
+    def mover_blocks(self):
         """The 15,360 blocks of node-a's pool written into node-b's published layout."""
         from fabricxfer.client import to_layout_segment
         torch = self.torch
@@ -650,7 +650,7 @@ class RoleA:
         return (lambda i: self.c.transfer_blocks("write", lay, s, remote, d, timeout=self.a.call_timeout)), \
             15360 * 720, release, (lambda: self.ask("check", "blocks"))
 
-    def writer_gpu_11m_src(self):
+    def mover_gpu_11m_src(self):
         """A read of node-b's 11 MB tensor into one of node-a, checked here."""
         from fabricxfer.client import to_segment
         torch = self.torch
@@ -660,7 +660,7 @@ class RoleA:
         check = lambda: bool(torch.equal(dst, gpu_bytes(torch, self.dev, (BLOCKS_BYTES,), SEED["gpu-11m-src"])))  # noqa: E731
         return (lambda i: self.c.read(r, 0, remote, 0, BLOCKS_BYTES)), BLOCKS_BYTES, (lambda: self.c.deregister(r)), check
 
-    def writer_blocks_src(self):
+    def mover_blocks_src(self):
         """A read of 15,360 blocks of node-b's published layout into node-a's pool, checked here."""
         from fabricxfer.client import to_layout_segment
         torch = self.torch
@@ -684,21 +684,23 @@ class RoleA:
         return (lambda i: self.c.transfer_blocks("read", lay, d, remote, s, timeout=self.a.call_timeout)), \
             15360 * 720, release, check
 
-    def timed_writer(self, writer):
-        write, n, release, _ = writer
+    # A mover is (move(i), bytes, release, check): one case's transfer from node-a's side, its size, what undoes
+    # its registrations, and what says whether the destination holds the bytes.
+    def timed_mover(self, mover):
+        move, n, release, _ = mover
         try:
-            return self.timed(write), n
+            return self.timed(move), n
         finally:
             release()
 
     def case_gpu_1g(self, info):
-        return self.timed_writer(self.writer_gpu("gpu-1g", GIB))
+        return self.timed_mover(self.mover_gpu("gpu-1g", GIB))
 
     def case_gpu_11m(self, info):
-        return self.timed_writer(self.writer_gpu_11m())
+        return self.timed_mover(self.mover_gpu_11m())
 
     def case_blocks(self, info):
-        return self.timed_writer(self.writer_blocks())
+        return self.timed_mover(self.mover_blocks())
 
     def case_layers(self, info):
         from fabricxfer.client import to_layout_segment

@@ -36,8 +36,7 @@ func (c *Copier) SubmitBounced(parts []StagedPart, host, n uint64, toHost bool) 
 		if stage := c.bouncedBlocks(parts, bounce, toHost); stage != nil {
 			return stage
 		}
-		kernelSegs := stagedSegments(parts, bounce, toHost)
-		return func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
+		return c.segmentStage(parts, bounce, toHost)
 	})
 }
 
@@ -59,13 +58,19 @@ func (c *Copier) SubmitBouncedBlocks(base, bs uint64, ids []uint32, within scatt
 		if stage := c.bouncedIDs(base, bs, ids, within, packed, all, bounce, toHost); stage != nil {
 			return stage
 		}
-		kernelSegs := stagedSegments(blockParts(base, bs, ids), bounce, toHost)
-		return func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
+		return c.segmentStage(blockParts(base, bs, ids), bounce, toHost)
 	})
 }
 
 // stageFunc writes a submission's kernel descriptors (see submitLocked).
 type stageFunc = func() (scatter.Layout, *slot, uint64, error)
+
+// segmentStage is the descriptor staging of parts as one segment each, between their places and the device
+// staging at bounce: what the block form cannot describe.
+func (c *Copier) segmentStage(parts []StagedPart, bounce uint64, toHost bool) stageFunc {
+	kernelSegs := stagedSegments(parts, bounce, toHost)
+	return func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
+}
 
 // bounced queues one staged chunk of n bytes in parts pieces through the device staging: stage(bounce) says how
 // the kernel moves the pieces between their places and the staging, the copy engine moves the staging to or from
