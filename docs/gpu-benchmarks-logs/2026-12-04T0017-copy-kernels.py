@@ -1,0 +1,84 @@
+import cupy as cp, numpy as np, torch, sys
+
+src_code = r'''
+typedef uint4 v16;
+extern "C" __global__ void gs4(v16* __restrict__ d, const v16* __restrict__ s, unsigned long long n) {
+  unsigned long long lanes = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 3 * lanes < n; i += 4 * lanes) {
+    v16 a = s[i], b = s[i + lanes], c = s[i + 2 * lanes], e = s[i + 3 * lanes];
+    d[i] = a; d[i + lanes] = b; d[i + 2 * lanes] = c; d[i + 3 * lanes] = e;
+  }
+  for (; i < n; i += lanes) d[i] = s[i];
+}
+template <int U, bool H>
+__device__ __forceinline__ void tile(v16* __restrict__ d, const v16* __restrict__ s, unsigned long long n) {
+  unsigned long long per = (unsigned long long)blockDim.x * U;
+  for (unsigned long long base = (unsigned long long)blockIdx.x * per; base < n; base += (unsigned long long)gridDim.x * per) {
+    v16 r[U];
+    unsigned long long i = base + threadIdx.x;
+    if (base + per <= n) {
+#pragma unroll
+      for (int k = 0; k < U; k++) r[k] = H ? __ldcs(&s[i + k * blockDim.x]) : s[i + k * blockDim.x];
+#pragma unroll
+      for (int k = 0; k < U; k++) { if (H) __stcs(&d[i + k * blockDim.x], r[k]); else d[i + k * blockDim.x] = r[k]; }
+    } else {
+      for (int k = 0; k < U; k++) if (i + k * blockDim.x < n) d[i + k * blockDim.x] = s[i + k * blockDim.x];
+    }
+  }
+}
+extern "C" __global__ void t4(v16* d, const v16* s, unsigned long long n) { tile<4, true>(d, s, n); }
+extern "C" __global__ void t8(v16* d, const v16* s, unsigned long long n) { tile<8, true>(d, s, n); }
+extern "C" __global__ void t16(v16* d, const v16* s, unsigned long long n) { tile<16, true>(d, s, n); }
+extern "C" __global__ void p8(v16* d, const v16* s, unsigned long long n) { tile<8, false>(d, s, n); }
+'''
+mod = cp.RawModule(code=src_code, options=('-std=c++17', '--gpu-architecture=sm_90'))
+props = cp.cuda.runtime.getDeviceProperties(0)
+sms = props['multiProcessorCount']
+print('sms', sms, props['name'])
+
+CHECK = []
+def med_time(fn, iters=200, warm=10):
+    st = cp.cuda.get_current_stream()
+    CHECK[0][1].zero_()
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(iters):
+        a = cp.cuda.Event(); b = cp.cuda.Event()
+        a.record(st); fn(); b.record(st); b.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(a, b) * 1000)
+    ts.sort()
+    torch.cuda.synchronize()
+    assert torch.equal(CHECK[0][0], CHECK[0][1])
+    return ts[len(ts) // 2], ts[len(ts) // 10]
+
+for nbytes in (64 << 20, 1 << 30):
+    ts_src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device='cuda')
+    ts_dst = torch.empty_like(ts_src)
+    CHECK[:] = [(ts_src, ts_dst)]
+    src = cp.asarray(ts_src); dst = cp.asarray(ts_dst)
+    n16 = nbytes // 16
+    res = {}
+    res['torch copy_'] = med_time(lambda: ts_dst.copy_(ts_src))
+    res['memcpyAsync'] = med_time(lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3, cp.cuda.get_current_stream().ptr))
+    for name in ('gs4',):
+        k = mod.get_function(name)
+        for grid, block in ((sms * 4, 256), (sms * 8, 256), (sms * 4, 512), (sms * 2, 1024)):
+            res[f'{name} {grid}x{block}'] = med_time(lambda: k((grid,), (block,), (dst, src, cp.uint64(n16))))
+    for name, U in (('t4', 4), ('t8', 8), ('t16', 16), ('p8', 8)):
+        k = mod.get_function(name)
+        for block in (256, 512):
+            full = (n16 + block * U - 1) // (block * U)
+            for grid in (sms * 2, sms * 4, sms * 8, min(full, 1 << 30)):
+                if grid > full:
+                    continue
+                res[f'{name} {grid}x{block}'] = med_time(lambda: k((grid,), (block,), (dst, src, cp.uint64(n16))))
+    torch.cuda.synchronize()
+    assert torch.equal(ts_src, ts_dst)
+    ref = res['torch copy_'][0]
+    print(f'== {nbytes >> 20} MiB (median / p10 us, TB/s r+w at median, vs torch)')
+    for k_, (m, p) in sorted(res.items(), key=lambda kv: kv[1][0]):
+        print(f'{k_:24s} {m:8.2f} {p:8.2f}  {2 * nbytes / m / 1e6:6.2f}  {ref / m:5.2f}')
+    del ts_src, ts_dst, src, dst
+    torch.cuda.empty_cache()
