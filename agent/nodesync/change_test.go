@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -66,8 +67,9 @@ func resourceOf(path string) string {
 }
 
 // TestReporterRewritesOnlyOnChange drives rounds by hand and checks, request by request, that a steady round is
-// one Lease update, that the TransferNode is written again only when the report changes or went missing, and
-// that the Node is read once.
+// one Lease update, that the TransferNode is written again only when the report changes or went missing, that
+// a round writing the status (which carries the heartbeat) leaves a Lease the report owns alone and creates
+// none, and that the Node is read once.
 func TestReporterRewritesOnlyOnChange(t *testing.T) {
 	cfg, admin := startEnv(t, false, transferNodeCRD)
 	ctx := t.Context()
@@ -141,19 +143,26 @@ func TestReporterRewritesOnlyOnChange(t *testing.T) {
 	}
 
 	first := now
-	round("first round", "GET nodes", "PATCH transfernodes", "PATCH transfernodes/status", "POST leases")
+	round("first round", "GET nodes", "PATCH transfernodes", "PATCH transfernodes/status")
 	read()
 	version := tn.ResourceVersion
 	if tn.Status.LastHeartbeat == nil || !tn.Status.LastHeartbeat.Time.Equal(first) {
 		t.Errorf("lastHeartbeat %v, want the first round's %s", tn.Status.LastHeartbeat, first)
 	}
-	renewedAt(first)
+	if err := admin.Get(ctx, leaseKey, &lease); !apierrors.IsNotFound(err) {
+		t.Errorf("after the first round: Lease %v (%v), want none yet: the status carried the heartbeat", lease.Spec.RenewTime, err)
+	}
 
 	for i := range 3 {
 		at := tick()
-		round(fmt.Sprintf("steady round %d", i+1), "PUT leases")
+		if i == 0 {
+			round("first steady round", "POST leases")
+		} else {
+			round(fmt.Sprintf("steady round %d", i+1), "PUT leases")
+		}
 		renewedAt(at)
 	}
+	renewed := lease.Spec.RenewTime.Time
 	read()
 	if tn.ResourceVersion != version {
 		t.Errorf("TransferNode resourceVersion %s -> %s in rounds that changed nothing", version, tn.ResourceVersion)
@@ -164,11 +173,12 @@ func TestReporterRewritesOnlyOnChange(t *testing.T) {
 	registered = 1 << 20
 	mu.Unlock()
 	at := tick()
-	round("registered bytes changed", "PATCH transfernodes/status", "PUT leases")
+	round("registered bytes changed", "PATCH transfernodes/status")
 	read()
 	if tn.Status.RegisteredBytes != 1<<20 || !tn.Status.LastHeartbeat.Time.Equal(at) {
 		t.Errorf("registered %d lastHeartbeat %s, want 1 MiB written at %s", tn.Status.RegisteredBytes, tn.Status.LastHeartbeat, at)
 	}
+	renewedAt(renewed)
 	tick()
 	round("steady after the change", "PUT leases")
 
@@ -177,7 +187,7 @@ func TestReporterRewritesOnlyOnChange(t *testing.T) {
 	nicState = "DOWN"
 	mu.Unlock()
 	tick()
-	round("NIC down", "PATCH transfernodes/status", "PUT leases")
+	round("NIC down", "PATCH transfernodes/status")
 	read()
 	if len(tn.Status.NICs) != 1 || tn.Status.NICs[0].State != "DOWN" {
 		t.Errorf("NICs %+v, want mlx5_0 DOWN", tn.Status.NICs)
@@ -209,7 +219,7 @@ func TestReporterRewritesOnlyOnChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	at = tick()
-	round("lease recreated", "PUT leases", "POST leases", "PATCH transfernodes/status", "PUT leases")
+	round("lease recreated", "PUT leases", "POST leases", "PATCH transfernodes/status")
 	renewedAt(at)
 	// Someone else wrote the Lease: the renewal reads it and retries.
 	lease.Spec.RenewTime = &metav1.MicroTime{Time: at.Add(time.Second)}
