@@ -210,11 +210,10 @@ func RetryDelay(period time.Duration, failures int, jitter float64) time.Duratio
 func (r *Reporter) usesLease() bool { return r.cfg.PoolNamespace != "" && r.cfg.PoolName != "" }
 
 // ReportOnce detects the node, applies the TransferNode and its status when they need it, and renews the
-// heartbeat Lease unless the status written in the round carried the heartbeat (leaseOwnedByReport). The Lease
-// is renewed only once the report is known current, so a node whose report cannot be written goes stale rather
-// than claiming an old report. Each round is bounded by the period, so a slow
+// heartbeat Lease. The Lease is renewed only once the report is known current, so a node whose report cannot
+// be written goes stale rather than claiming an old report. Each round is bounded by the period, so a slow
 // API server cannot stack up rounds; until the first round succeeded, by the heartbeat timeout
-// (LeaseTimeoutPeriods periods): the first round writes the most (Node read, object, status, Event),
+// (LeaseTimeoutPeriods periods): the first round writes the most (Node read, object, status, Event, Lease),
 // there is no heartbeat yet to keep, and abandoning a slow first round only to send it again is what kept a
 // thousand agents starting at once from getting through an API server they had overloaded.
 func (r *Reporter) ReportOnce(ctx context.Context) error {
@@ -261,7 +260,6 @@ func (r *Reporter) write(ctx context.Context, st v1alpha1.TransferNodeStatus, no
 		}
 		r.objectApplied = true
 	}
-	beatWritten := false
 	if r.applied == nil || !r.usesLease() || !equality.Semantic.DeepEqual(*r.applied, st) {
 		withBeat := *st.DeepCopy()
 		beat := metav1.NewTime(now)
@@ -279,7 +277,6 @@ func (r *Reporter) write(ctx context.Context, st v1alpha1.TransferNodeStatus, no
 			return false, err
 		}
 		r.applied = &st
-		beatWritten = true
 		var before []v1alpha1.EngineAvailability
 		if r.reported {
 			before = r.engines
@@ -292,7 +289,7 @@ func (r *Reporter) write(ctx context.Context, st v1alpha1.TransferNodeStatus, no
 		}
 		r.reported, r.engines = true, st.Engines
 	}
-	if !r.usesLease() || (beatWritten && r.leaseOwnedByReport()) {
+	if !r.usesLease() {
 		return false, nil
 	}
 	recreated, err := r.renewLease(ctx, now)
@@ -442,20 +439,6 @@ func (r *Reporter) renewLease(ctx context.Context, now time.Time) (recreated boo
 		}
 		// Gone, or written by someone else since: start again from what the API server has.
 	}
-}
-
-// leaseOwnedByReport reports whether a round that just wrote the status (whose lastHeartbeat is the round's
-// heartbeat: the operator takes the later of it and the Lease's renewal) may leave the Lease as it is: unless
-// the Lease this agent holds names an earlier report as its owner, which garbage collection would take it
-// with. With no Lease known yet (the agent's first round, or one after a failed renewal) the Lease is created
-// or read by the next round that writes nothing else: a thousand agents starting at once then cost the API
-// server three writes each instead of four while they all start.
-func (r *Reporter) leaseOwnedByReport() bool {
-	if r.lease == nil {
-		return true
-	}
-	owners := r.lease.OwnerReferences
-	return len(owners) == 1 && owners[0].UID == r.reportUID
 }
 
 // fillLease sets what the agent owns in its Lease: holder (the node), duration (the heartbeat timeout), the
