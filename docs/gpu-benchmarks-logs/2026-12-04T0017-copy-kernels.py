@@ -1,3 +1,10 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
+"""Contiguous device-to-device copies of 64 MiB and 1 GiB on one GPU: torch copy_, cudaMemcpyAsync and SM copy
+kernels of several shapes, timed by CUDA events (median and 10th percentile of 200 single copies), every byte
+compared after each variant. Needs torch and CuPy: python3 2026-12-04T0017-copy-kernels.py"""
+
 import cupy as cp, numpy as np, torch, sys
 
 src_code = r'''
