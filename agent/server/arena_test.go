@@ -65,13 +65,15 @@ func TestIDArenaIsCheckedAndItsIDsCopiedOnce(t *testing.T) {
 	refused("unknown token", setArena("no-such-token", 1<<20), "id arena")
 	unchanged("refused arenas", before)
 
-	// Setting an arena again replaces the old mapping: a caller repeating it holds one mapping, not many.
+	// Setting an arena again replaces the old mapping: a caller repeating it holds one mapping, not many. Only
+	// shared-memory mappings are counted: the Go runtime maps more of other kinds (thread stacks, heap) as it
+	// pleases, which on a loaded machine grew the count by five in 50 rounds.
 	maps := func() int {
 		b, err := os.ReadFile("/proc/self/maps")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return bytes.Count(b, []byte("\n"))
+		return bytes.Count(b, []byte("/memfd:"))
 	}
 	if r := setArena(put(good.File), 1<<20); r.Code != 0 {
 		t.Fatalf("a sealed memfd of 1 MiB: %v", r)
@@ -82,8 +84,8 @@ func TestIDArenaIsCheckedAndItsIDsCopiedOnce(t *testing.T) {
 			t.Fatalf("setting the arena again: %v", r)
 		}
 	}
-	if n := maps(); n > mapped+4 {
-		t.Fatalf("50 arena replacements grew the agent's mappings from %d to %d", mapped, n)
+	if n := maps(); n > mapped+1 {
+		t.Fatalf("50 arena replacements grew the shared-memory mappings from %d to %d", mapped, n)
 	}
 	ids := good.Bytes
 	refused("more ids than the arena holds", blocksReq(1<<18, nil, nil), "need")
