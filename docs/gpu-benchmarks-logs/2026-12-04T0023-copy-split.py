@@ -2,7 +2,7 @@
 # Copyright The fabricxfer Authors
 
 """The same copies split across streams: two or four copy-engine parts, or a copy engine beside an SM kernel,
-joined on one stream and timed by CUDA events. Needs torch and CuPy: python3 2026-12-04T0031-copy-split.py"""
+joined on one stream and timed by CUDA events. Needs torch and CuPy: python3 2026-12-04T0023-copy-split.py"""
 
 import cupy as cp, numpy as np, torch, sys
 
