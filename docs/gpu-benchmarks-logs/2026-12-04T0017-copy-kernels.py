@@ -1,9 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # Copyright The fabricxfer Authors
 
-"""Contiguous device-to-device copies of 64 MiB and 1 GiB on one GPU: torch copy_, cudaMemcpyAsync and SM copy
-kernels of several shapes, timed by CUDA events (median and 10th percentile of 200 single copies), every byte
-compared after each variant. Needs torch and CuPy: python3 2026-12-04T0017-copy-kernels.py"""
+"""Contiguous device-to-device copies of 64 MiB and 1 GiB on one GPU, timed by CUDA events (median and 10th
+percentile of 200 single copies), every byte compared after each variant. Needs torch and CuPy.
+
+    python3 2026-12-04T0017-copy-kernels.py shapes   torch copy_, cudaMemcpyAsync and SM copy kernels of several shapes
+    python3 2026-12-04T0017-copy-kernels.py split    the same copy split across streams: copy engines, or a copy
+                                                     engine beside an SM kernel (the 00:23 log)"""
 
 import cupy as cp, numpy as np, torch, sys
 
@@ -60,32 +63,86 @@ def med_time(fn, iters=200, warm=10):
     assert torch.equal(CHECK[0][0], CHECK[0][1])
     return ts[len(ts) // 2], ts[len(ts) // 10]
 
-for nbytes in (64 << 20, 1 << 30):
-    ts_src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device='cuda')
-    ts_dst = torch.empty_like(ts_src)
-    CHECK[:] = [(ts_src, ts_dst)]
-    src = cp.asarray(ts_src); dst = cp.asarray(ts_dst)
-    n16 = nbytes // 16
-    res = {}
-    res['torch copy_'] = med_time(lambda: ts_dst.copy_(ts_src))
-    res['memcpyAsync'] = med_time(lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3, cp.cuda.get_current_stream().ptr))
-    for name in ('gs4',):
-        k = mod.get_function(name)
-        for grid, block in ((sms * 4, 256), (sms * 8, 256), (sms * 4, 512), (sms * 2, 1024)):
-            res[f'{name} {grid}x{block}'] = med_time(lambda: k((grid,), (block,), (dst, src, cp.uint64(n16))))
-    for name, U in (('t4', 4), ('t8', 8), ('t16', 16), ('p8', 8)):
-        k = mod.get_function(name)
-        for block in (256, 512):
-            full = (n16 + block * U - 1) // (block * U)
-            for grid in (sms * 2, sms * 4, sms * 8, min(full, 1 << 30)):
-                if grid > full:
-                    continue
+streams = [cp.cuda.Stream(non_blocking=True) for _ in range(4)]
+t16 = mod.get_function('t16')
+t4 = mod.get_function('t4')
+
+def split(dst, src, nbytes, parts):
+    """parts: list of (kind, fraction); each part on its own stream, joined on the current stream."""
+    cur = cp.cuda.get_current_stream()
+    ev0 = cp.cuda.Event(disable_timing=True); ev0.record(cur)
+    off = 0
+    evs = []
+    for k, (kind, frac) in enumerate(parts):
+        n = nbytes - off if k == len(parts) - 1 else (int(nbytes * frac) // 4096) * 4096
+        st = streams[k]
+        st.wait_event(ev0)
+        if kind == 'ce':
+            cp.cuda.runtime.memcpyAsync(dst.data.ptr + off, src.data.ptr + off, n, 3, st.ptr)
+        else:
+            with st:
+                grid = max(1, min(sms * 4, n // (512 * 16 * 16)))
+                t16((grid,), (512,), (dst.data.ptr + off, src.data.ptr + off, cp.uint64(n // 16)))
+        e = cp.cuda.Event(disable_timing=True); e.record(st); evs.append(e)
+        off += n
+    for e in evs:
+        cur.wait_event(e)
+
+
+def run_shapes():
+    for nbytes in (64 << 20, 1 << 30):
+        ts_src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device='cuda')
+        ts_dst = torch.empty_like(ts_src)
+        CHECK[:] = [(ts_src, ts_dst)]
+        src = cp.asarray(ts_src); dst = cp.asarray(ts_dst)
+        n16 = nbytes // 16
+        res = {}
+        res['torch copy_'] = med_time(lambda: ts_dst.copy_(ts_src))
+        res['memcpyAsync'] = med_time(lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3, cp.cuda.get_current_stream().ptr))
+        for name in ('gs4',):
+            k = mod.get_function(name)
+            for grid, block in ((sms * 4, 256), (sms * 8, 256), (sms * 4, 512), (sms * 2, 1024)):
                 res[f'{name} {grid}x{block}'] = med_time(lambda: k((grid,), (block,), (dst, src, cp.uint64(n16))))
-    torch.cuda.synchronize()
-    assert torch.equal(ts_src, ts_dst)
-    ref = res['torch copy_'][0]
-    print(f'== {nbytes >> 20} MiB (median / p10 us, TB/s r+w at median, vs torch)')
-    for k_, (m, p) in sorted(res.items(), key=lambda kv: kv[1][0]):
-        print(f'{k_:24s} {m:8.2f} {p:8.2f}  {2 * nbytes / m / 1e6:6.2f}  {ref / m:5.2f}')
-    del ts_src, ts_dst, src, dst
-    torch.cuda.empty_cache()
+        for name, U in (('t4', 4), ('t8', 8), ('t16', 16), ('p8', 8)):
+            k = mod.get_function(name)
+            for block in (256, 512):
+                full = (n16 + block * U - 1) // (block * U)
+                for grid in (sms * 2, sms * 4, sms * 8, min(full, 1 << 30)):
+                    if grid > full:
+                        continue
+                    res[f'{name} {grid}x{block}'] = med_time(lambda: k((grid,), (block,), (dst, src, cp.uint64(n16))))
+        torch.cuda.synchronize()
+        assert torch.equal(ts_src, ts_dst)
+        ref = res['torch copy_'][0]
+        print(f'== {nbytes >> 20} MiB (median / p10 us, TB/s r+w at median, vs torch)')
+        for k_, (m, p) in sorted(res.items(), key=lambda kv: kv[1][0]):
+            print(f'{k_:24s} {m:8.2f} {p:8.2f}  {2 * nbytes / m / 1e6:6.2f}  {ref / m:5.2f}')
+        del ts_src, ts_dst, src, dst
+        torch.cuda.empty_cache()
+
+
+def run_split():
+    for nbytes in (64 << 20, 1 << 30):
+        ts_src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device='cuda')
+        ts_dst = torch.empty_like(ts_src)
+        CHECK[:] = [(ts_src, ts_dst)]
+        src = cp.asarray(ts_src); dst = cp.asarray(ts_dst)
+        res = {}
+        for rep in range(2):
+            res[f'torch copy_ #{rep}'] = med_time(lambda: ts_dst.copy_(ts_src))
+            res[f'memcpyAsync #{rep}'] = med_time(lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3, cp.cuda.get_current_stream().ptr))
+            for parts in ([('ce', 0.5), ('ce', 0.5)], [('ce', .25)] * 4, [('ce', 0.5), ('k', 0.5)], [('ce', 0.6), ('k', 0.4)],
+                          [('ce', 0.7), ('k', 0.3)], [('ce', 0.4), ('k', 0.6)], [('k', 1.0)]):
+                name = '+'.join(f'{k}{f:g}' for k, f in parts) + f' #{rep}'
+                res[name] = med_time(lambda: split(dst, src, nbytes, parts))
+        torch.cuda.synchronize()
+        ref = res['torch copy_ #0'][0]
+        print(f'== {nbytes >> 20} MiB (median / p10 us, TB/s r+w at median, vs torch)')
+        for k_, (m, p) in sorted(res.items(), key=lambda kv: kv[1][0]):
+            print(f'{k_:28s} {m:8.2f} {p:8.2f}  {2 * nbytes / m / 1e6:6.2f}  {ref / m:5.2f}')
+        del ts_src, ts_dst, src, dst
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    {"shapes": run_shapes, "split": run_split}[sys.argv[1] if len(sys.argv) > 1 else "shapes"]()
