@@ -89,54 +89,18 @@ def split(dst, src, nbytes, parts):
         cur.wait_event(e)
 
 
-def run_shapes():
-    for nbytes in (64 << 20, 1 << 30):
-        ts_src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device='cuda')
-        ts_dst = torch.empty_like(ts_src)
-        CHECK[:] = [(ts_src, ts_dst)]
-        src = cp.asarray(ts_src); dst = cp.asarray(ts_dst)
-        n16 = nbytes // 16
-        res = {}
-        res['torch copy_'] = med_time(lambda: ts_dst.copy_(ts_src))
-        res['memcpyAsync'] = med_time(lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3, cp.cuda.get_current_stream().ptr))
-        for name in ('gs4',):
-            k = mod.get_function(name)
-            for grid, block in ((sms * 4, 256), (sms * 8, 256), (sms * 4, 512), (sms * 2, 1024)):
-                res[f'{name} {grid}x{block}'] = med_time(lambda: k((grid,), (block,), (dst, src, cp.uint64(n16))))
-        for name, U in (('t4', 4), ('t8', 8), ('t16', 16), ('p8', 8)):
-            k = mod.get_function(name)
-            for block in (256, 512):
-                full = (n16 + block * U - 1) // (block * U)
-                for grid in (sms * 2, sms * 4, sms * 8, min(full, 1 << 30)):
-                    if grid > full:
-                        continue
-                    res[f'{name} {grid}x{block}'] = med_time(lambda: k((grid,), (block,), (dst, src, cp.uint64(n16))))
-        torch.cuda.synchronize()
-        assert torch.equal(ts_src, ts_dst)
-        ref = res['torch copy_'][0]
-        print(f'== {nbytes >> 20} MiB (median / p10 us, TB/s r+w at median, vs torch)')
-        for k_, (m, p) in sorted(res.items(), key=lambda kv: kv[1][0]):
-            print(f'{k_:24s} {m:8.2f} {p:8.2f}  {2 * nbytes / m / 1e6:6.2f}  {ref / m:5.2f}')
-        del ts_src, ts_dst, src, dst
-        torch.cuda.empty_cache()
-
-
-def run_split():
+def each_size(fill):
+    """Runs fill(res, nbytes, torch src, torch dst, cupy src, cupy dst) for 64 MiB and 1 GiB and prints what it
+    timed, fastest first, against torch's copy_."""
     for nbytes in (64 << 20, 1 << 30):
         ts_src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device='cuda')
         ts_dst = torch.empty_like(ts_src)
         CHECK[:] = [(ts_src, ts_dst)]
         src = cp.asarray(ts_src); dst = cp.asarray(ts_dst)
         res = {}
-        for rep in range(2):
-            res[f'torch copy_ #{rep}'] = med_time(lambda: ts_dst.copy_(ts_src))
-            res[f'memcpyAsync #{rep}'] = med_time(lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3, cp.cuda.get_current_stream().ptr))
-            for parts in ([('ce', 0.5), ('ce', 0.5)], [('ce', .25)] * 4, [('ce', 0.5), ('k', 0.5)], [('ce', 0.6), ('k', 0.4)],
-                          [('ce', 0.7), ('k', 0.3)], [('ce', 0.4), ('k', 0.6)], [('k', 1.0)]):
-                name = '+'.join(f'{k}{f:g}' for k, f in parts) + f' #{rep}'
-                res[name] = med_time(lambda: split(dst, src, nbytes, parts))
+        fill(res, nbytes, ts_src, ts_dst, src, dst)
         torch.cuda.synchronize()
-        ref = res['torch copy_ #0'][0]
+        ref = res[next(k for k in res if k.startswith('torch copy_'))][0]
         print(f'== {nbytes >> 20} MiB (median / p10 us, TB/s r+w at median, vs torch)')
         for k_, (m, p) in sorted(res.items(), key=lambda kv: kv[1][0]):
             print(f'{k_:28s} {m:8.2f} {p:8.2f}  {2 * nbytes / m / 1e6:6.2f}  {ref / m:5.2f}')
@@ -144,5 +108,32 @@ def run_split():
         torch.cuda.empty_cache()
 
 
+def fill_shapes(res, nbytes, ts_src, ts_dst, src, dst):
+    n16 = nbytes // 16
+    res['torch copy_'] = med_time(lambda: ts_dst.copy_(ts_src))
+    res['memcpyAsync'] = med_time(lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3, cp.cuda.get_current_stream().ptr))
+    k = mod.get_function('gs4')
+    for grid, block in ((sms * 4, 256), (sms * 8, 256), (sms * 4, 512), (sms * 2, 1024)):
+        res[f'gs4 {grid}x{block}'] = med_time(lambda: k((grid,), (block,), (dst, src, cp.uint64(n16))))
+    for name, U in (('t4', 4), ('t8', 8), ('t16', 16), ('p8', 8)):
+        k = mod.get_function(name)
+        for block in (256, 512):
+            full = (n16 + block * U - 1) // (block * U)
+            for grid in (sms * 2, sms * 4, sms * 8, min(full, 1 << 30)):
+                if grid > full:
+                    continue
+                res[f'{name} {grid}x{block}'] = med_time(lambda: k((grid,), (block,), (dst, src, cp.uint64(n16))))
+
+
+def fill_split(res, nbytes, ts_src, ts_dst, src, dst):
+    for rep in range(2):
+        res[f'torch copy_ #{rep}'] = med_time(lambda: ts_dst.copy_(ts_src))
+        res[f'memcpyAsync #{rep}'] = med_time(lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3, cp.cuda.get_current_stream().ptr))
+        for parts in ([('ce', 0.5), ('ce', 0.5)], [('ce', .25)] * 4, [('ce', 0.5), ('k', 0.5)], [('ce', 0.6), ('k', 0.4)],
+                      [('ce', 0.7), ('k', 0.3)], [('ce', 0.4), ('k', 0.6)], [('k', 1.0)]):
+            name = '+'.join(f'{k}{f:g}' for k, f in parts) + f' #{rep}'
+            res[name] = med_time(lambda: split(dst, src, nbytes, parts))
+
+
 if __name__ == "__main__":
-    {"shapes": run_shapes, "split": run_split}[sys.argv[1] if len(sys.argv) > 1 else "shapes"]()
+    each_size({"shapes": fill_shapes, "split": fill_split}[sys.argv[1] if len(sys.argv) > 1 else "shapes"])
