@@ -269,6 +269,17 @@ func (d *Driver) StreamWaitValue32(s Stream, addr uint64, value uint32) error {
 	return d.call("cuStreamWaitValue32", d.f.streamWaitValue32, uintptr(s), uintptr(addr), uintptr(value), waitValueGEQ)
 }
 
+// StreamWriteValue32 queues on s a write of value to the 32-bit word at addr (device memory, or mapped pinned
+// host memory), after everything queued before it and behind a memory barrier: once the word shows value, the
+// writes of that earlier work are visible.
+func (d *Driver) StreamWriteValue32(s Stream, addr uint64, value uint32) error {
+	if d.f.streamWriteValue32 == 0 {
+		return &Error{Op: "cuStreamWriteValue32", Code: ErrNotSupported, Name: "not exported by this driver"}
+	}
+	const writeValueDefault = 0x0 // CU_STREAM_WRITE_VALUE_DEFAULT: a memory barrier before the write
+	return d.call("cuStreamWriteValue32", d.f.streamWriteValue32, uintptr(s), uintptr(addr), uintptr(value), writeValueDefault)
+}
+
 // EventCreate creates an event; timing events cost more to record.
 func (d *Driver) EventCreate(timing bool) (Event, error) {
 	var e Event

@@ -46,3 +46,19 @@ func TestRoundUp(t *testing.T) {
 		}
 	}
 }
+
+func TestSeqReachedComparesCyclically(t *testing.T) {
+	for _, c := range []struct {
+		shown, seq uint32
+		want       bool
+	}{
+		{0, 1, false}, {1, 1, true}, {2, 1, true}, {1, 2, false},
+		{0xffffffff, 0xffffffff, true}, {1, 0xffffffff, true}, // the word wrapped past seq (0 is skipped)
+		{0xffffffff, 1, false}, // seq was issued after the wrap, the word has not got there
+		{0x70000000, 1, true}, {1, 0x70000000, false},
+	} {
+		if got := SeqReached(c.shown, c.seq); got != c.want {
+			t.Errorf("SeqReached(%#x, %#x) = %v, want %v", c.shown, c.seq, got, c.want)
+		}
+	}
+}

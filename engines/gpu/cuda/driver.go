@@ -99,6 +99,7 @@ type driverFuncs struct {
 	ipcGetMemHandle, ipcOpenMemHandle, ipcCloseMemHandle                     uintptr
 	pointerGetAttribute, memGetAddressRange, memGetHandleForAddressRange     uintptr
 	streamWaitValue32                                                        uintptr
+	streamWriteValue32                                                       uintptr
 }
 
 // Load opens the CUDA driver library (the first of paths that opens, or the
@@ -183,6 +184,12 @@ func (d *Driver) resolve() error {
 	for _, name := range []string{"cuStreamWaitValue32_v2", "cuStreamWaitValue32"} {
 		if p, err := purego.Dlsym(d.lib, name); err == nil && p != 0 {
 			d.f.streamWaitValue32 = p
+			break
+		}
+	}
+	for _, name := range []string{"cuStreamWriteValue32_v2", "cuStreamWriteValue32"} {
+		if p, err := purego.Dlsym(d.lib, name); err == nil && p != 0 {
+			d.f.streamWriteValue32 = p
 			break
 		}
 	}

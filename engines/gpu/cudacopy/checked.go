@@ -147,7 +147,11 @@ func (c *Copier) SubmitCheckedBlocks(pairs []scatter.BlockBases, bs uint64, srcI
 			return err
 		}
 		p.event = ev
-		return c.drv.EventRecord(ev, c.stream)
+		if err := c.drv.EventRecord(ev, c.stream); err != nil {
+			return err
+		}
+		p.doneSeq = c.signalDone()
+		return nil
 	})
 	if err != nil {
 		_ = c.drv.WithContext(c.ctx, func() error { return c.drv.StreamSynchronize(c.stream) })

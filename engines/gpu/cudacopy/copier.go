@@ -66,7 +66,8 @@ type Options struct {
 	// SpinWait is how long Wait polls the GPU on the caller's goroutine
 	// before handing over to a watcher thread (default 200µs).
 	SpinWait time.Duration
-	// PollGap spaces Wait's polls of the GPU (default 5µs; negative: none). A poll is a driver call of about
+	// PollGap spaces Wait's polls of the completion event where the copier has no done word (default 5µs;
+	// negative: none). A poll is a driver call of about
 	// 2 µs on the H200 VM, and polls back to back from the waiter of one copy slowed the queueing of the next
 	// copies by the same process: eight 64 MiB copies in flight took 78 µs each, against 36 for torch.
 	PollGap time.Duration
@@ -139,6 +140,12 @@ type Copier struct {
 	gate       *cuda.StreamGate // nil: timings not held
 	gateReason string
 
+	// done is the word the stream writes behind each submission, which its waiter polls instead of the
+	// driver (nil where the driver cannot, or once a write was refused: waiters then ask the driver).
+	done       *cuda.DoneWord
+	doneOff    bool // a write was refused: done stays allocated until Close, unused
+	doneReason string
+
 	check checkScratch // device memory of block lists checked on the GPU
 	ids   *idBuffers   // the backend's pinned id buffers, read in place (nil for a Copier of its own)
 }
@@ -203,6 +210,9 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 			if c.gate, err = cuda.NewStreamGate(drv); err != nil {
 				c.gateReason = err.Error()
 			}
+		}
+		if c.done, err = cuda.NewDoneWord(drv); err != nil {
+			c.doneReason = err.Error()
 		}
 		c.chooseMode()
 		return nil
@@ -431,7 +441,9 @@ func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot
 			return err
 		}
 		p.event = ev
-		err = c.drv.EventRecord(ev, c.stream)
+		if err = c.drv.EventRecord(ev, c.stream); err == nil {
+			p.doneSeq = c.signalDone()
+		}
 		p.queued = time.Now()
 		if !p.timedFrom.IsZero() {
 			p.queueing = p.queued.Sub(p.timedFrom)
@@ -450,6 +462,28 @@ func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot
 	}
 	c.last = p
 	return p, nil
+}
+
+// signalDone queues the write of the done word behind what the stream holds and returns its sequence number, 0
+// when there is no word (waiters then ask the driver). A refused write turns the word off for good. c.mu is
+// held and the context current.
+func (c *Copier) signalDone() uint32 {
+	if c.done == nil || c.doneOff {
+		return 0
+	}
+	seq, err := c.done.Signal(c.stream)
+	if err != nil {
+		c.doneOff, c.doneReason = true, err.Error()
+		return 0
+	}
+	return seq
+}
+
+// DoneWord reports whether waiters poll a word the stream writes (true) or the driver, and why not.
+func (c *Copier) DoneWord() (bool, string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.done != nil && !c.doneOff, c.doneReason
 }
 
 // queueDriver queues segs as driver copies: one batch call where the driver
@@ -649,6 +683,9 @@ func (c *Copier) Close() error {
 		errs = append(errs, c.freeScratch(), c.freeBounce(), c.slots.Close(), c.drv.StreamDestroy(c.stream))
 		if c.gate != nil {
 			errs = append(errs, c.gate.Close())
+		}
+		if c.done != nil {
+			errs = append(errs, c.done.Close())
 		}
 		errs = append(errs, c.events.Destroy(c.drv.EventDestroy)...)
 		if c.kernels != nil {

@@ -11,3 +11,9 @@ func (c *Copier) IDsInPlace(ids []uint32) bool {
 	_, ok := c.ids.at(ids)
 	return ok
 }
+
+// DoneSeq is the sequence number p's end writes to its copier's done word (0: none).
+func (p *Pending) DoneSeq() uint32 { return p.doneSeq }
+
+// DoneWordReached reports whether c's done word shows seq.
+func (c *Copier) DoneWordReached(seq uint32) bool { return c.done.Reached(seq) }

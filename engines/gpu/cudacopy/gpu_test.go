@@ -525,3 +525,77 @@ func TestGPUCopiesInFlightEndInAnyWaitOrder(t *testing.T) {
 	}
 	check(3)
 }
+
+// TestGPUWaitersSeeTheDoneWord: every submission is followed on the stream by a write of the copier's done word,
+// which the waiter polls instead of the driver. The word must show a copy's number only once the copy's bytes
+// are there: not right after a 512 MiB copy is queued (it runs for about 250 µs), and always when Wait returns.
+func TestGPUWaitersSeeTheDoneWord(t *testing.T) {
+	drv, nv := gpuEnv(t)
+	c, err := cudacopy.NewCopier(drv, 0, cudacopy.Options{NVRTC: nv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if on, why := c.DoneWord(); !on {
+		t.Skipf("this driver cannot write a word from a stream (%s): waiters ask the driver", why)
+	}
+	const big, small = 512 << 20, 4096
+	src, dst, free := devicePair(t, drv, c, big)
+	defer free()
+	r := rand.New(rand.NewPCG(11, 11))
+	data := randomBytes(r, big)
+	if err := drv.WithContext(c.Context(), func() error { return drv.MemcpyHtoD(src, data) }); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	p, err := c.Submit([]cudacopy.Segment{{Src: uint64(src), Dst: uint64(dst), Size: big}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := p.DoneSeq()
+	if seq == 0 {
+		t.Fatal("a submission of a copier with a done word got no sequence number")
+	}
+	if c.DoneWordReached(seq) {
+		t.Fatal("the done word showed a 512 MiB copy ended right after it was queued")
+	}
+	if err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !c.DoneWordReached(seq) {
+		t.Fatal("Wait returned before the done word showed the copy's end")
+	}
+	got := make([]byte, big)
+	if err := drv.WithContext(c.Context(), func() error { return drv.MemcpyDtoH(got, dst) }); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("the 512 MiB copy's bytes differ after its wait")
+	}
+
+	// Small copies one after another, each from another offset, on the kernel path: each wait sees its own bytes.
+	for i := range 2000 {
+		off := uint64(r.IntN(big/small)) * small
+		p, err := c.Submit([]cudacopy.Segment{{Src: uint64(src) + off, Dst: uint64(dst), Size: small}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if p.DoneSeq() != seq+uint32(i)+1 || !c.DoneWordReached(p.DoneSeq()) {
+			t.Fatalf("copy %d: sequence %d (previous %d), reached %v", i, p.DoneSeq(), seq+uint32(i), c.DoneWordReached(p.DoneSeq()))
+		}
+		if i%100 == 0 {
+			got := make([]byte, small)
+			if err := drv.WithContext(c.Context(), func() error { return drv.MemcpyDtoH(got, dst) }); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, data[off:off+small]) {
+				t.Fatalf("copy %d: the 4 KiB at the destination are not the source's at %d", i, off)
+			}
+		}
+	}
+}

@@ -21,6 +21,7 @@ type Pending struct {
 	slot      *slot
 	resident  *gpushare.ResidentSet[*slot] // kept descriptors the launch read or wrote
 	reused    bool                         // the launch read kept descriptors
+	doneSeq   uint32                       // what the copier's done word shows once the copy ended (0: none)
 	end       gpushare.Completion
 	bytes     uint64        // what the submission moves
 	queued    time.Time     // when it was queued
@@ -56,6 +57,10 @@ func (p *Pending) Done() bool {
 	if p.end.Ended() {
 		return true
 	}
+	if p.doneSeq != 0 && p.c.done.Reached(p.doneSeq) {
+		p.finish(nil)
+		return true
+	}
 	var ready bool
 	var qerr error
 	_ = p.c.drv.WithContextKept(p.c.ctx, func() error {
@@ -74,10 +79,13 @@ func (p *Pending) Done() bool {
 // a later Wait still reports how it ended. A Pending must be waited for (or
 // polled with Done until true): that returns its staging and events.
 //
-// Short copies are awaited by polling the completion event on the calling
-// goroutine for up to Options.SpinWait, which saves the hand-offs between
-// threads that dominate a copy of tens of microseconds; longer ones are left
-// to a watcher blocked in the driver.
+// Short copies are awaited by polling on the calling goroutine for up to
+// Options.SpinWait, which saves the hand-offs between threads that dominate a
+// copy of tens of microseconds: the copier's done word (memory, read back to
+// back) or, where there is none, the completion event (a driver call, spaced
+// by Options.PollGap). Longer ones are left to a watcher blocked in the driver,
+// which also reports how a failed copy ended (a failed stream never writes the
+// word).
 func (p *Pending) Wait(ctx context.Context) error {
 	if p.end.Ended() {
 		return p.end.Err()
@@ -103,12 +111,17 @@ func (p *Pending) Wait(ctx context.Context) error {
 	}
 	var finished bool
 	var qerr error
-	_ = p.c.drv.WithContextKept(p.c.ctx, func() error {
-		finished, qerr = gpushare.SpinUntil(ctx, time.Now().Add(p.c.opts.SpinWait+least), p.c.opts.PollGap, func() (bool, error) {
-			return p.c.drv.EventQuery(p.event)
+	if p.doneSeq != 0 {
+		// The done word is memory: polled back to back, it costs the driver nothing.
+		finished, _ = gpushare.SpinUntil(ctx, time.Now().Add(p.c.opts.SpinWait+least), 0, p.reached)
+	} else {
+		_ = p.c.drv.WithContextKept(p.c.ctx, func() error {
+			finished, qerr = gpushare.SpinUntil(ctx, time.Now().Add(p.c.opts.SpinWait+least), p.c.opts.PollGap, func() (bool, error) {
+				return p.c.drv.EventQuery(p.event)
+			})
+			return nil
 		})
-		return nil
-	})
+	}
 	if finished {
 		p.finish(qerr)
 		return p.end.Err()
@@ -116,6 +129,9 @@ func (p *Pending) Wait(ctx context.Context) error {
 	p.end.WatchOnce.Do(func() { go p.watch() })
 	return p.end.Block(ctx)
 }
+
+// reached polls the copier's done word for p's sequence number.
+func (p *Pending) reached() (bool, error) { return p.c.done.Reached(p.doneSeq), nil }
 
 // follow returns once p has ended, or with ctx's error: it blocks on p's end while another goroutine waits for
 // p (which polls the GPU), else it waits for p itself, so a later copy waited for first still ends.
