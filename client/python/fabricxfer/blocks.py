@@ -294,6 +294,7 @@ class IdArena:
         self.size = len(buf)
         self._np = np
         self._u32 = np.frombuffer(buf, dtype="<u4")
+        self._dtypes = {4: np.dtype("<i4"), 8: np.dtype("<i8")}
 
     def close(self):
         self._u32 = None
@@ -302,19 +303,19 @@ class IdArena:
         except BufferError:  # a view of it still lives somewhere: the mapping goes when that view does
             pass
 
-    def fill(self, ids, remote_ids) -> Optional[int]:
-        """Writes both lists as 32-bit ids (local first) and returns their count, or None when they are not
-        numpy/torch integer arrays of one length, do not fit in 32 bits or do not fit the arena."""
-        a, b = _as_numpy(ids), _as_numpy(remote_ids)
-        if a is None or b is None or a.shape[0] != b.shape[0]:
-            return None
+    def fill(self, local, local_width: int, remote, remote_width: int) -> Optional[int]:
+        """Writes two packed id lists (pack_ids' little-endian bytes and their widths) as 32-bit ids, local
+        first, and returns their count, or None when they differ in length, an id does not fit in 32 bits or
+        they do not fit the arena (the frame then carries them)."""
+        np = self._np
+        a = np.frombuffer(local, dtype=self._dtypes[local_width])
+        b = np.frombuffer(remote, dtype=self._dtypes[remote_width])
         n = a.shape[0]
-        if 8 * n > self.size:
+        if n != b.shape[0] or 8 * n > self.size:
             return None
         if not _fits_32(a) or not _fits_32(b):
             return None
         # int32 ids keep their bits (a negative one reads as a huge unsigned id, refused as out of range).
-        np = self._np
         np.copyto(self._u32[:n], a, casting="unsafe")
         np.copyto(self._u32[n:2 * n], b, casting="unsafe")
         return n

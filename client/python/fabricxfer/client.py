@@ -69,17 +69,6 @@ _HDR = struct.Struct(">I")
 ID_ARENA_BYTES = 1 << 20
 
 
-def _length(ids) -> int:
-    """How many ids a numpy array or torch tensor holds (-1 for anything else: it takes the packing path)."""
-    mod = type(ids).__module__ or ""
-    if mod.startswith("numpy") or mod.startswith("torch"):
-        try:
-            return int(ids.size) if mod.startswith("numpy") else int(ids.numel())
-        except (AttributeError, TypeError):
-            return -1
-    return -1
-
-
 class AgentError(grpc.RpcError):
     """An error the agent answered on the fast socket; code() and details() read like a gRPC error's."""
 
@@ -462,9 +451,9 @@ class Client:
             self._session = self._losses
 
     def _check_session(self):
-        with self._lock:
-            lost = self._losses != self._session
-        if lost:
+        # Two ints read without the lock (each read is atomic): a loss counted just after this check is the same
+        # race as one counted just after a locked check, and the next check sees it.
+        if self._losses != self._session:
             raise SessionLost("agent session lost (agent restarted?): call recover() and retry")
 
     def _call(self, method, req, **kw):
@@ -873,17 +862,17 @@ class Client:
         TransferFailed; without it returns the transfer id for wait(). The agent refuses (INVALID_ARGUMENT,
         nothing moved) ids out of range, repeated destination ids and layouts of different geometry."""
         code = _op(op)
-        # Long numpy/torch lists are written into the fast connection's id arena instead of the frame.
-        if (self._arena is not None and self._fast is not None and id_bytes is None
-                and _blocks.ARENA_MIN_IDS <= _length(ids) == _length(remote_ids)):
-            self._check_session()
-            resp = self._arena_call(code, layout, ids, remote, remote_ids, timeout, notify, wait)
-            if resp is not None:
-                return self._settled(resp, wait)
         local, width, count = _blocks.pack_ids(ids, id_bytes)
         rids, rwidth, rcount = _blocks.pack_ids(remote_ids, id_bytes)
         if count != rcount:
             raise ValueError("%d local ids but %d remote ids: they pair one to one" % (count, rcount))
+        # Long lists are written into the fast connection's id arena instead of the frame, from their packed
+        # bytes: the ids are asked of torch or numpy once, whatever their length.
+        if count >= _blocks.ARENA_MIN_IDS and self._arena is not None and self._fast is not None:
+            self._check_session()
+            resp = self._arena_call(code, layout, (local, width, rids, rwidth), remote, timeout, notify, wait)
+            if resp is not None:
+                return self._settled(resp, wait)
         if width != rwidth:
             local = _blocks.widen(local) if width == 4 else local
             rids = _blocks.widen(rids) if rwidth == 4 else rids
@@ -903,10 +892,11 @@ class Client:
             resp = self._call(self.stub.TransferBlocks, req)
         return self._settled(resp, wait)
 
-    def _arena_call(self, code, layout, ids, remote, remote_ids, timeout, notify, wait):
-        """A block transfer whose ids go through the fast connection's arena; None when they do not fit it."""
+    def _arena_call(self, code, layout, packed, remote, timeout, notify, wait):
+        """A block transfer whose ids (packed: both lists as pack_ids returned them, with their widths) go
+        through the fast connection's arena; None when they do not fit it."""
         def build(conn):
-            count = self._arena.fill(ids, remote_ids) if self._arena is not None else None
+            count = self._arena.fill(*packed) if self._arena is not None else None
             return None if count is None else _blocks.arena_frame(code, layout.pb.id, remote, count, timeout, notify,
                                                                    wait)
 

@@ -96,23 +96,23 @@ class PackTest(unittest.TestCase):
     def test_arena_fill(self):
         arena = blocks.IdArena(bytearray(64), np)
         u32 = lambda n: list(np.frombuffer(bytes(arena.buf[:8 * n]), dtype="<u4"))  # noqa: E731
-        self.assertEqual(arena.fill(np.array([4, 5, 6]), np.array([1, 2, 3], dtype=np.int32)), 3)
+        fill = lambda a, b: arena.fill(*blocks.pack_ids(a)[:2], *blocks.pack_ids(b)[:2])  # noqa: E731
+        self.assertEqual(fill(np.array([4, 5, 6]), np.array([1, 2, 3], dtype=np.int32)), 3)
         self.assertEqual(u32(3), [4, 5, 6, 1, 2, 3])
-        self.assertEqual(arena.fill(np.arange(8, dtype=">i8")[::-2], np.arange(4)), 4)  # strided, big-endian
+        self.assertEqual(fill(np.arange(8, dtype=">i8")[::-2], np.arange(4)), 4)  # strided, big-endian
         self.assertEqual(u32(4), [7, 5, 3, 1, 0, 1, 2, 3])
+        self.assertEqual(fill(array.array("q", [9, 8]), array.array("i", [-1, 2])), 2)  # buffers; int32 bits kept
+        self.assertEqual(u32(2), [9, 8, 2 ** 32 - 1, 2])
         for bad in ((np.array([2 ** 32]), np.array([0])), (np.array([-1]), np.array([0])),
-                    (np.array([1, 2]), np.array([1])), (np.arange(9), np.arange(9)),  # unequal, too many
-                    (np.array([1.0]), np.array([1])), (memoryview(b"12345678"), np.array([1]))):
-            self.assertIsNone(arena.fill(*bad), bad)  # the packing path takes these and explains
+                    (np.array([1, 2]), np.array([1])), (np.arange(9), np.arange(9))):  # unequal, too many
+            before = bytes(arena.buf)
+            self.assertIsNone(fill(*bad), bad)  # the frame carries these (and the agent refuses the bad ids)
+            self.assertEqual(bytes(arena.buf), before, bad)
         if torch is not None:
             t = torch.arange(10, dtype=torch.int64)
-            self.assertEqual(arena.fill(t[::3], torch.tensor([1, 2, 3, 4], dtype=torch.int32)), 4)
+            self.assertEqual(fill(t[::3], torch.tensor([1, 2, 3, 4], dtype=torch.int32)), 4)
             self.assertEqual(u32(4), [0, 3, 6, 9, 1, 2, 3, 4])
-            self.assertIsNone(arena.fill(torch.tensor([2 ** 32]), torch.tensor([1])))
-            self.assertIsNone(arena.fill(t[:2].float(), t[:2]))
-            self.assertIsNone(arena.fill(torch.ones(2, dtype=torch.int64, requires_grad=False).neg(), t[:2]))
-            if torch.cuda.is_available():
-                self.assertIsNone(arena.fill(t[:2].cuda(), t[:2]))
+            self.assertIsNone(fill(torch.tensor([2 ** 32]), torch.tensor([1])))
 
     @unittest.skipIf(np is None, "numpy not installed")
     def test_narrow_ids(self):
