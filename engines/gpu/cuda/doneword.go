@@ -15,9 +15,8 @@ import (
 // 3–4 µs late on average. A stream that fails never writes the word; its waiter falls back to the driver's
 // answer. Signal is not safe for concurrent use (the stream's submissions are serialized); Reached is.
 type DoneWord struct {
-	drv  *Driver
-	word uintptr
-	seq  uint32
+	hostWord
+	seq uint32
 }
 
 // NewDoneWord allocates the word; a context must be current. It fails when the driver cannot write words from
@@ -26,12 +25,11 @@ func NewDoneWord(d *Driver) (*DoneWord, error) {
 	if d.f.streamWriteValue32 == 0 {
 		return nil, &Error{Op: "cuStreamWriteValue32", Code: ErrNotSupported, Name: "not exported by this driver"}
 	}
-	w, err := d.MemHostAlloc(4096)
+	w, err := newHostWord(d)
 	if err != nil {
 		return nil, err
 	}
-	atomic.StoreUint32((*uint32)(HostPointer(w)), 0)
-	return &DoneWord{drv: d, word: w}, nil
+	return &DoneWord{hostWord: w}, nil
 }
 
 // Signal queues on s the write of the next sequence number and returns it (never 0, so callers may keep 0 for
@@ -41,7 +39,7 @@ func (w *DoneWord) Signal(s Stream) (uint32, error) {
 	if next == 0 {
 		next = 1
 	}
-	if err := w.drv.StreamWriteValue32(s, uint64(w.word), next); err != nil {
+	if err := w.drv.StreamWriteValue32(s, uint64(w.addr), next); err != nil {
 		return 0, err
 	}
 	w.seq = next
@@ -50,7 +48,7 @@ func (w *DoneWord) Signal(s Stream) (uint32, error) {
 
 // Reached reports whether the stream has written seq or a later sequence number.
 func (w *DoneWord) Reached(seq uint32) bool {
-	return SeqReached(atomic.LoadUint32((*uint32)(HostPointer(w.word))), seq)
+	return SeqReached(atomic.LoadUint32(w.word()), seq)
 }
 
 // SeqReached reports whether a word showing shown has passed seq, comparing cyclically: sequence numbers wrap,
@@ -59,10 +57,8 @@ func SeqReached(shown, seq uint32) bool { return int32(shown-seq) >= 0 }
 
 // Close frees the word; no stream may still write it, and a context must be current.
 func (w *DoneWord) Close() error {
-	if w == nil || w.word == 0 {
-		return errors.New("closing a done word twice")
+	if w == nil {
+		return errors.New("closing a nil done word")
 	}
-	err := w.drv.MemFreeHost(w.word)
-	w.word = 0
-	return err
+	return w.close("done word")
 }
