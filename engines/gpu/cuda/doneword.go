@@ -5,6 +5,7 @@ package cuda
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
 )
 
@@ -17,6 +18,9 @@ import (
 type DoneWord struct {
 	hostWord
 	seq uint32
+	// freeing guards the word against Close: a waiter still polling when its copier closes reads "not yet"
+	// instead of memory the driver has unmapped.
+	freeing sync.RWMutex
 }
 
 // NewDoneWord allocates the word; a context must be current. It fails when the driver cannot write words from
@@ -46,9 +50,12 @@ func (w *DoneWord) Signal(s Stream) (uint32, error) {
 	return next, nil
 }
 
-// Reached reports whether the stream has written seq or a later sequence number.
+// Reached reports whether the stream has written seq or a later sequence number (false once the word is
+// closed: the driver then says how the copy ended).
 func (w *DoneWord) Reached(seq uint32) bool {
-	return SeqReached(atomic.LoadUint32(w.word()), seq)
+	w.freeing.RLock()
+	defer w.freeing.RUnlock()
+	return w.addr != 0 && SeqReached(atomic.LoadUint32(w.word()), seq)
 }
 
 // SeqReached reports whether a word showing shown has passed seq, comparing cyclically: sequence numbers wrap,
@@ -60,5 +67,7 @@ func (w *DoneWord) Close() error {
 	if w == nil {
 		return errors.New("closing a nil done word")
 	}
+	w.freeing.Lock()
+	defer w.freeing.Unlock()
 	return w.close("done word")
 }

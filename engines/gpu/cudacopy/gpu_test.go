@@ -535,13 +535,23 @@ func TestGPUWaitersSeeTheDoneWord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	closed := false
+	defer func() {
+		if !closed {
+			c.Close()
+		}
+	}()
 	if on, why := c.DoneWord(); !on {
 		t.Skipf("this driver cannot write a word from a stream (%s): waiters ask the driver", why)
 	}
 	const big, small = 512 << 20, 4096
 	src, dst, free := devicePair(t, drv, c, big)
-	defer free()
+	freed := false
+	defer func() {
+		if !freed {
+			free()
+		}
+	}()
 	r := rand.New(rand.NewPCG(11, 11))
 	data := randomBytes(r, big)
 	if err := drv.WithContext(c.Context(), func() error { return drv.MemcpyHtoD(src, data) }); err != nil {
@@ -597,5 +607,24 @@ func TestGPUWaitersSeeTheDoneWord(t *testing.T) {
 				t.Fatalf("copy %d: the 4 KiB at the destination are not the source's at %d", i, off)
 			}
 		}
+	}
+
+	// A waiter that polls after its copier closed (an agent shutting down) reads "not yet" instead of the
+	// word the driver has unmapped, which would fault.
+	last, err := c.Submit([]cudacopy.Segment{{Src: uint64(src), Dst: uint64(dst), Size: small}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := last.Wait(ctx); err != nil || !c.DoneWordReached(last.DoneSeq()) {
+		t.Fatalf("the last copy before closing: %v, reached %v", err, c.DoneWordReached(last.DoneSeq()))
+	}
+	free()
+	freed = true
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	if c.DoneWordReached(last.DoneSeq()) {
+		t.Fatal("a closed copier's done word still answered")
 	}
 }
