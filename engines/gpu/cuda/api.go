@@ -215,7 +215,7 @@ func (d *Driver) MemcpyPeer(dst DevicePtr, dstCtx Context, src DevicePtr, srcCtx
 // default stream (the driver answers "invalid argument").
 func (d *Driver) MemcpyBatchAsync(dsts, srcs []DevicePtr, sizes []uint64, s Stream) error {
 	if d.batchABI == 0 {
-		return &Error{Op: "cuMemcpyBatchAsync", Code: ErrSymbolNotFoundInDriver, Name: "not exported by this driver"}
+		return notExported("cuMemcpyBatchAsync", ErrSymbolNotFoundInDriver)
 	}
 	if len(dsts) != len(srcs) || len(dsts) != len(sizes) {
 		return fmt.Errorf("cuMemcpyBatchAsync: %d destinations, %d sources, %d sizes", len(dsts), len(srcs), len(sizes))
@@ -263,7 +263,7 @@ func (d *Driver) StreamWaitEvent(s Stream, e Event) error {
 // memory, or mapped pinned host memory) is at least value.
 func (d *Driver) StreamWaitValue32(s Stream, addr uint64, value uint32) error {
 	if d.f.streamWaitValue32 == 0 {
-		return &Error{Op: "cuStreamWaitValue32", Code: ErrNotSupported, Name: "not exported by this driver"}
+		return notExported("cuStreamWaitValue32", ErrNotSupported)
 	}
 	const waitValueGEQ = 0x0 // CU_STREAM_WAIT_VALUE_GEQ
 	return d.call("cuStreamWaitValue32", d.f.streamWaitValue32, uintptr(s), uintptr(addr), uintptr(value), waitValueGEQ)
@@ -274,7 +274,7 @@ func (d *Driver) StreamWaitValue32(s Stream, addr uint64, value uint32) error {
 // writes of that earlier work are visible.
 func (d *Driver) StreamWriteValue32(s Stream, addr uint64, value uint32) error {
 	if d.f.streamWriteValue32 == 0 {
-		return &Error{Op: "cuStreamWriteValue32", Code: ErrNotSupported, Name: "not exported by this driver"}
+		return notExported("cuStreamWriteValue32", ErrNotSupported)
 	}
 	const writeValueDefault = 0x0 // CU_STREAM_WRITE_VALUE_DEFAULT: a memory barrier before the write
 	return d.call("cuStreamWriteValue32", d.f.streamWriteValue32, uintptr(s), uintptr(addr), uintptr(value), writeValueDefault)

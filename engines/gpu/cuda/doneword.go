@@ -27,7 +27,7 @@ type DoneWord struct {
 // a stream.
 func NewDoneWord(d *Driver) (*DoneWord, error) {
 	if d.f.streamWriteValue32 == 0 {
-		return nil, &Error{Op: "cuStreamWriteValue32", Code: ErrNotSupported, Name: "not exported by this driver"}
+		return nil, notExported("cuStreamWriteValue32", ErrNotSupported)
 	}
 	w, err := newHostWord(d)
 	if err != nil {

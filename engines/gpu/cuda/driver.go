@@ -218,6 +218,11 @@ func (d *Driver) result(fn uintptr, args ...uintptr) Result {
 	return Result(int32(uint32(r)))
 }
 
+// notExported is the error of an optional entry point op that this driver lacks.
+func notExported(op string, code Result) *Error {
+	return &Error{Op: op, Code: code, Name: "not exported by this driver"}
+}
+
 // fail is the error of op ending with code.
 func (d *Driver) fail(op string, code Result) error {
 	return &Error{Op: op, Code: code, Name: d.errorName(code)}

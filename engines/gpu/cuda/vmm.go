@@ -188,7 +188,7 @@ func (d *Driver) IPCCloseMemHandle(p DevicePtr) error {
 // must be host-page aligned) for a NIC to register; the caller closes it.
 func (d *Driver) DMABufFD(ptr DevicePtr, size uint64) (int, error) {
 	if d.f.memGetHandleForAddressRange == 0 {
-		return -1, &Error{Op: "cuMemGetHandleForAddressRange", Code: ErrSymbolNotFoundInDriver, Name: "not exported by this driver"}
+		return -1, notExported("cuMemGetHandleForAddressRange", ErrSymbolNotFoundInDriver)
 	}
 	var fd int32 = -1
 	const dmaBufFD = 0x1 // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
