@@ -142,16 +142,7 @@ func (c *Copier) SubmitCheckedBlocks(pairs []scatter.BlockBases, bs uint64, srcI
 			unsafe.Pointer(&bitmap), unsafe.Pointer(&status), unsafe.Pointer(&report)}); err != nil {
 			return err
 		}
-		ev, err := c.getEvent(false)
-		if err != nil {
-			return err
-		}
-		p.event = ev
-		if err := c.drv.EventRecord(ev, c.stream); err != nil {
-			return err
-		}
-		p.doneSeq = c.signalDone()
-		return nil
+		return c.queueEnd(p)
 	})
 	if err != nil {
 		_ = c.drv.WithContext(c.ctx, func() error { return c.drv.StreamSynchronize(c.stream) })

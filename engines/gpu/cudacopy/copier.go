@@ -124,6 +124,7 @@ type Copier struct {
 	opts    Options
 
 	mu       sync.Mutex // serializes submissions on the stream
+	closed   bool       // Close ran (c.mu): the stream is gone, so a watcher records no event on it
 	last     *Pending   // the latest submission (c.mu): the next one ends after it
 	slots    *gpushare.Staging[*slot]
 	resident *gpushare.Resident[*slot]
@@ -436,14 +437,7 @@ func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot
 				return err
 			}
 		}
-		ev, err := c.getEvent(c.opts.TimeDevice)
-		if err != nil {
-			return err
-		}
-		p.event = ev
-		if err = c.drv.EventRecord(ev, c.stream); err == nil {
-			p.doneSeq = c.signalDone()
-		}
+		err := c.queueEnd(p)
 		p.queued = time.Now()
 		if !p.timedFrom.IsZero() {
 			p.queueing = p.queued.Sub(p.timedFrom)
@@ -462,6 +456,30 @@ func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot
 	}
 	c.last = p
 	return p, nil
+}
+
+// queueEnd queues what tells p's waiters that it ended: the done word's next number and, only where there is no
+// word or the GPU time is measured, a completion event. A waiter that blocks records an event then (watch): a
+// recorded event per submission cost about 1.3 µs of driver time on the H200 VM, for the few copies that outlast
+// the waiter's spin. c.mu is held and the context current.
+func (c *Copier) queueEnd(p *Pending) error {
+	if !c.opts.TimeDevice {
+		if p.doneSeq = c.signalDone(); p.doneSeq != 0 {
+			return nil
+		}
+	}
+	ev, err := c.getEvent(c.opts.TimeDevice)
+	if err != nil {
+		return err
+	}
+	p.event = ev
+	if err := c.drv.EventRecord(ev, c.stream); err != nil {
+		return err
+	}
+	if c.opts.TimeDevice {
+		p.doneSeq = c.signalDone()
+	}
+	return nil
 }
 
 // signalDone queues the write of the done word behind what the stream holds and returns its sequence number, 0
@@ -677,6 +695,7 @@ func (c *Copier) release(p *Pending) {
 func (c *Copier) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.closed = true
 	err := c.drv.WithContext(c.ctx, func() error {
 		errs := []error{c.drv.StreamSynchronize(c.stream)}
 		c.resident.Drain()

@@ -17,3 +17,6 @@ func (p *Pending) DoneSeq() uint32 { return p.doneSeq }
 
 // DoneWordReached reports whether c's done word shows seq.
 func (c *Copier) DoneWordReached(seq uint32) bool { return c.done.Reached(seq) }
+
+// HasEvent reports whether p's submission recorded a completion event of its own.
+func (p *Pending) HasEvent() bool { return p.event != 0 }

@@ -628,3 +628,78 @@ func TestGPUWaitersSeeTheDoneWord(t *testing.T) {
 		t.Fatal("a closed copier's done word still answered")
 	}
 }
+
+// TestGPUBlockedWaitersRecordTheirOwnEvent: with the done word a submission records no completion event; a
+// waiter that outlasts its spin records one behind the stream's work and blocks on it. Copies in flight waited
+// for in reverse order each end with their own bytes, and a copier without the word still records its events.
+func TestGPUBlockedWaitersRecordTheirOwnEvent(t *testing.T) {
+	drv, nv := gpuEnv(t)
+	c, err := cudacopy.NewCopier(drv, 0, cudacopy.Options{NVRTC: nv, SpinWait: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if on, why := c.DoneWord(); !on {
+		t.Skipf("this driver cannot write a word from a stream (%s): every submission records its event", why)
+	}
+	const part, parts = 128 << 20, 4
+	src, dst, free := devicePair(t, drv, c, part*parts)
+	defer free()
+	r := rand.New(rand.NewPCG(12, 12))
+	data := randomBytes(r, part*parts)
+	if err := drv.WithContext(c.Context(), func() error { return drv.MemcpyHtoD(src, data) }); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var pend []*cudacopy.Pending
+	for i := range parts {
+		off := uint64(i) * part
+		p, err := c.Submit([]cudacopy.Segment{{Src: uint64(src) + off, Dst: uint64(dst) + off, Size: part}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.HasEvent() {
+			t.Fatalf("copy %d recorded a completion event although the done word tells its end", i)
+		}
+		pend = append(pend, p)
+	}
+	errs := make(chan error, parts)
+	for i := parts - 1; i >= 0; i-- {
+		go func(p *cudacopy.Pending) { errs <- p.Wait(ctx) }(pend[i])
+	}
+	for range parts {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, p := range pend {
+		if !p.Done() || !c.DoneWordReached(p.DoneSeq()) {
+			t.Fatalf("copy %d: waited for, but done %v, word reached %v", i, p.Done(), c.DoneWordReached(p.DoneSeq()))
+		}
+	}
+	got := make([]byte, part*parts)
+	if err := drv.WithContext(c.Context(), func() error { return drv.MemcpyDtoH(got, dst) }); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("copies waited for by blocked waiters left other bytes than the source's")
+	}
+
+	// Timed copies keep their event: the GPU time is measured between two.
+	timed, err := cudacopy.NewCopier(drv, 0, cudacopy.Options{NVRTC: nv, TimeDevice: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer timed.Close()
+	p, err := timed.Submit([]cudacopy.Segment{{Src: uint64(src), Dst: uint64(dst), Size: part}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.HasEvent() {
+		t.Fatal("a timed copy recorded no completion event")
+	}
+	if err := p.Wait(ctx); err != nil || p.DeviceTime() <= 0 {
+		t.Fatalf("timed copy: %v, GPU time %v", err, p.DeviceTime())
+	}
+}

@@ -9,9 +9,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/gpushare"
 )
+
+// errCopierClosed ends a copy whose end nobody saw before its copier closed (Close waited for the stream, so it
+// did end; how is not known).
+var errCopierClosed = fmt.Errorf("the GPU copier closed before the copy's end was seen: %w", engines.ErrClosed)
 
 // Pending is a submitted copy; Wait reports how it ended.
 type Pending struct {
@@ -52,12 +57,19 @@ func (p *Pending) DeviceTime() time.Duration {
 func (p *Pending) ReusedDescriptors() bool { return p.reused }
 
 // Done reports whether the copy has finished (successfully or not), asking
-// the GPU without blocking.
+// the GPU without blocking: the done word where the copier writes one (a
+// failed copy, which never writes it, is reported by Wait, whose watcher asks
+// the driver), else the completion event.
 func (p *Pending) Done() bool {
 	if p.end.Ended() {
 		return true
 	}
-	if p.doneSeq != 0 && p.c.done.Reached(p.doneSeq) {
+	if p.doneSeq != 0 {
+		// Polled back to back by the engines: a driver query between reads of the word would hold the driver
+		// from the thread queueing the next copies and see the word late by its own length.
+		if !p.c.done.Reached(p.doneSeq) {
+			return false
+		}
 		p.finish(nil)
 		return true
 	}
@@ -148,10 +160,35 @@ func (p *Pending) follow(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// watch waits for the completion event on its own thread, blocked in the
-// driver (which spins briefly, then yields).
+// watch waits for the copy's end on its own thread, blocked in the driver
+// (which spins briefly, then yields) on its completion event, or, where the
+// done word left it without one, on an event recorded now: it completes once
+// everything queued so far has, this copy included.
 func (p *Pending) watch() {
-	err := p.c.drv.WithContext(p.c.ctx, func() error { return p.c.drv.EventSynchronize(p.event) })
+	if p.event != 0 {
+		p.finish(p.c.drv.WithContext(p.c.ctx, func() error { return p.c.drv.EventSynchronize(p.event) }))
+		return
+	}
+	c := p.c
+	var ev cuda.Event
+	c.mu.Lock()
+	err := errCopierClosed
+	if !c.closed {
+		err = c.drv.WithContext(c.ctx, func() error {
+			var err error
+			if ev, err = c.getEvent(false); err != nil {
+				return err
+			}
+			return c.drv.EventRecord(ev, c.stream)
+		})
+	}
+	c.mu.Unlock()
+	if err == nil {
+		err = c.drv.WithContext(c.ctx, func() error { return c.drv.EventSynchronize(ev) })
+	}
+	if ev != 0 {
+		c.events.Put(ev, false)
+	}
 	p.finish(err)
 }
 
