@@ -42,11 +42,12 @@ generate() {
   (cd "$ROOT" && go run ./hack/protogen -proto-root "$PROTO_ROOT" -out "$out" -go-opt "module=$MODULE" \
     -plugin-go "$BIN/protoc-gen-go" -plugin-go-grpc "$BIN/protoc-gen-go-grpc" -check-python "$check" "${GO_PROTOS[@]}")
   [ $python_gen = 1 ] || return 0
-  (cd "$ROOT/$PROTO_ROOT" && protoc -I . --python_out="$out/$PY_OUT" "${PY_PROTOS[@]}")
-  # Debian's grpc_tools bundles an older protoc; only its gRPC plugin output is taken. Its include path
-  # provides the well-known types.
+  # grpc_tools' include path provides the well-known types (google/protobuf/duration.proto), to protoc too:
+  # protoc's own copies come with libprotobuf-dev, which a machine with protoc need not have.
   local wkt
   wkt=$("$PYTHON" -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))')
+  (cd "$ROOT/$PROTO_ROOT" && protoc -I . -I "$wkt" --python_out="$out/$PY_OUT" "${PY_PROTOS[@]}")
+  # Debian's grpc_tools bundles an older protoc; only its gRPC plugin output is taken.
   (cd "$ROOT/$PROTO_ROOT" && "$PYTHON" -m grpc_tools.protoc -I . -I "$wkt" \
     --grpc_python_out="$out/$PY_OUT" "${PY_PROTOS[@]}")
 }
