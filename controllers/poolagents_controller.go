@@ -431,8 +431,13 @@ func rollout(pool *fxv1.TransferPool, settings AgentSettings, ds *appsv1.DaemonS
 // reasons: the API server's Event series joins Events of one reason about one pool version, keeping the
 // first note. was is the AgentsReady
 // condition before, prior the DaemonSet before the apply (nil: there was none), applied the apply's answer.
+// An answer of another UID than prior's was created by the apply: prior is the cache's copy of a DaemonSet
+// deleted since, whose deletion had not reached the cache (a reconcile that another object's change started).
 func applyEvents(pool *fxv1.TransferPool, settings AgentSettings, was *metav1.Condition, prior, applied *appsv1.DaemonSet) []pendingEvent {
 	ds := settings.namespace() + "/" + agentName(pool)
+	if prior != nil && applied != nil && applied.UID != prior.UID {
+		prior = nil
+	}
 	switch {
 	case prior == nil && was != nil && was.Status == metav1.ConditionTrue:
 		return []pendingEvent{{corev1.EventTypeWarning, EventAgentsRecreated,

@@ -500,8 +500,10 @@ func TestAgentsEventsOnlyOnTransitions(t *testing.T) {
 		return &metav1.Condition{Type: fxv1.ConditionAgentsReady, Status: s, Reason: reason, ObservedGeneration: gen, Message: reason}
 	}
 	ds := func(gen int64) *appsv1.DaemonSet {
-		return &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Generation: gen}}
+		return &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Generation: gen, UID: "ds-1"}}
 	}
+	// recreated is the DaemonSet an apply created after someone deleted the cached one.
+	recreated := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Generation: 1, UID: "ds-2"}}
 	reasons := func(evs []pendingEvent) []string {
 		var out []string
 		for _, e := range evs {
@@ -519,6 +521,8 @@ func TestAgentsEventsOnlyOnTransitions(t *testing.T) {
 		{"first apply", nil, nil, ds(1), []string{"Normal/" + EventAgentsCreated}},
 		{"after a conflict", cond(metav1.ConditionFalse, fxv1.ReasonConflict, 2), nil, ds(1), []string{"Normal/" + EventAgentsCreated}},
 		{"deleted by someone", rolled, nil, ds(1), []string{"Warning/" + EventAgentsRecreated}},
+		{"deleted, the cache not told yet", rolling, ds(4), recreated, []string{"Warning/" + EventAgentsRecreated}},
+		{"never made, the cache not told of a deletion", nil, ds(4), recreated, []string{"Normal/" + EventAgentsCreated}},
 		{"nothing changed", rolled, ds(4), ds(4), nil},
 		{"a new generation", cond(metav1.ConditionTrue, fxv1.ReasonAgentsRolledOut, 1), ds(4), ds(5), []string{"Normal/" + EventAgentsUpdated}},
 		{"edited by someone", rolling, ds(4), ds(5), []string{"Warning/" + EventAgentsRestored}},
