@@ -29,6 +29,7 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 	lf.register(fs)
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the whole run to this file (profiling the socket path)")
 	traceFile := fs.String("trace", "", "write an execution trace of the whole run to this file (scheduling latency on the socket path)")
+	heapProfile := fs.String("heap-profile", "", "write a profile of the memory in use at the end of the run to this file (what the collector marks)")
 	// Defaults for one machine: a pool name to find the socket by, no certificates, no health port.
 	for name, value := range map[string]string{"pool-namespace": "default", "pool-name": "kv", "tls-dir": "",
 		"health-addr": "", "peer-listen": "127.0.0.1:0", "data-listen": "127.0.0.1:0"} {
@@ -74,6 +75,19 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 			return fmt.Errorf("starting the trace: %w", err)
 		}
 		defer trace.Stop()
+	}
+	if *heapProfile != "" {
+		f, err := os.Create(*heapProfile)
+		if err != nil {
+			return fmt.Errorf("creating the heap profile: %w", err)
+		}
+		defer f.Close()
+		defer func() {
+			runtime.GC() // the profile shows memory in use as of the last collection
+			if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+				fmt.Fprintf(stderr, "agent standalone: writing the heap profile: %v\n", err)
+			}
+		}()
 	}
 	return n.Run(ctx)
 }

@@ -26,8 +26,10 @@ import (
 const maxFinished = 1 << 16
 
 type transfer struct {
-	id     uint64
-	owner  string
+	id    uint64
+	owner string
+	// t is the engines' transfer while it runs (s.table's lock); nil once settled: what a settled transfer is
+	// kept for (its status, for Wait by id) must not keep its plans, tracker and context alive with it.
 	t      engines.Transfer
 	tags   []string // engines.Tag -> the caller's tag
 	bytes  uint64
@@ -315,6 +317,7 @@ func (s *Service) finish(x *transfer) {
 		s.table.Lock()
 		x.status, x.err = st, err
 		x.ended = time.Now()
+		x.t, x.release, x.tags = nil, nil, nil
 		if u := s.table.UsageOfLocked(x.owner); u != nil {
 			u.InFlight--
 			u.InFlightBytes -= x.bytes
@@ -444,7 +447,12 @@ func (s *Service) Cancel(ctx context.Context, sess *regiontable.Session, req *ag
 	if err != nil {
 		return nil, err
 	}
-	x.t.Cancel()
+	s.table.Lock()
+	t := x.t
+	s.table.Unlock()
+	if t != nil { // nil: settled already
+		t.Cancel()
+	}
 	select {
 	case <-x.done:
 		return x.status, nil
