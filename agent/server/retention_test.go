@@ -8,8 +8,8 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/fabricxfer/fabricxfer/client"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client"
 )
 
 // Settled transfers stay visible to Wait for the retention (up to 65,536 of them), so what each one keeps is
