@@ -28,8 +28,9 @@ const maxFinished = 1 << 16
 type transfer struct {
 	id    uint64
 	owner string
-	// t is the engines' transfer while it runs (s.table's lock); nil once settled: what a settled transfer is
-	// kept for (its status, for Wait by id) must not keep its plans, tracker and context alive with it.
+	// t is the engines' transfer while it runs, nil once settled: what a settled transfer is kept for (its
+	// status, for Wait by id) must not keep its plans, tracker and context alive with it. The one goroutine that
+	// finishes the transfer reads it freely and clears it under s.table's lock; anyone else reads it there.
 	t      engines.Transfer
 	tags   []string // engines.Tag -> the caller's tag
 	bytes  uint64
