@@ -482,6 +482,25 @@ func (c *Copier) queueEnd(p *Pending) error {
 	return nil
 }
 
+// recordBehindQueued records an event of its own behind everything the stream holds (a waiter's, which puts it
+// back once it completed); errCopierClosed once Close ran, when there is no stream to record on.
+func (c *Copier) recordBehindQueued() (cuda.Event, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, errCopierClosed
+	}
+	var ev cuda.Event
+	err := c.drv.WithContext(c.ctx, func() error {
+		var err error
+		if ev, err = c.getEvent(false); err != nil {
+			return err
+		}
+		return c.drv.EventRecord(ev, c.stream)
+	})
+	return ev, err
+}
+
 // signalDone queues the write of the done word behind what the stream holds and returns its sequence number, 0
 // when there is no word (waiters then ask the driver). A refused write turns the word off for good. c.mu is
 // held and the context current.

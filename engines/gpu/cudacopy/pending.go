@@ -165,29 +165,14 @@ func (p *Pending) follow(ctx context.Context) error {
 // done word left it without one, on an event recorded now: it completes once
 // everything queued so far has, this copy included.
 func (p *Pending) watch() {
-	if p.event != 0 {
-		p.finish(p.c.drv.WithContext(p.c.ctx, func() error { return p.c.drv.EventSynchronize(p.event) }))
-		return
+	ev, err := p.event, error(nil)
+	if ev == 0 {
+		if ev, err = p.c.recordBehindQueued(); ev != 0 {
+			defer p.c.events.Put(ev, false)
+		}
 	}
-	c := p.c
-	var ev cuda.Event
-	c.mu.Lock()
-	err := errCopierClosed
-	if !c.closed {
-		err = c.drv.WithContext(c.ctx, func() error {
-			var err error
-			if ev, err = c.getEvent(false); err != nil {
-				return err
-			}
-			return c.drv.EventRecord(ev, c.stream)
-		})
-	}
-	c.mu.Unlock()
 	if err == nil {
-		err = c.drv.WithContext(c.ctx, func() error { return c.drv.EventSynchronize(ev) })
-	}
-	if ev != 0 {
-		c.events.Put(ev, false)
+		err = p.c.drv.WithContext(p.c.ctx, func() error { return p.c.drv.EventSynchronize(ev) })
 	}
 	p.finish(err)
 }
