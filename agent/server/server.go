@@ -409,7 +409,6 @@ func (s *Server) sweep(ctx context.Context) {
 			return
 		case now := <-t.C:
 			s.tokens.Sweep(now)
-			s.xfer.ForgetFinished(now)
 		}
 	}
 }

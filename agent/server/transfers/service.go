@@ -56,7 +56,8 @@ type Config struct {
 	Engines []EngineNote
 	// SessionGrace bounds how long an evicted import waits for the transfers still using it.
 	SessionGrace time.Duration
-	// FinishedRetention is how long settled transfers stay visible to Wait.
+	// FinishedRetention is how long settled transfers stay visible to Wait (and Cancel and Watch by id), among
+	// the agent's last 65,536 transfers.
 	FinishedRetention time.Duration
 	// Stopping is closed when the server begins to stop; open streams (Watch, Notifications) end with it.
 	Stopping <-chan struct{}
@@ -74,12 +75,14 @@ type Service struct {
 	peers             SegmentResolver
 	engines           []EngineNote
 	sessionGrace      time.Duration
-	finishedRetention time.Duration
 	stopping          <-chan struct{}
 	refusals          *refusals.Counters
 
-	transfers map[uint64]*transfer
-	nextXfer  uint64
+	// running are the transfers not settled yet; settled keeps the settled ones' statuses for Wait.
+	running  map[uint64]*transfer
+	settled  settledRing
+	closed   chan struct{} // closed: the done of a settled transfer looked up again
+	nextXfer uint64
 	watchers  map[string]map[*watcher]struct{}
 	listeners map[string]map[*notifyListener]struct{}
 	imports   map[engines.MemoryID]*imported
@@ -92,11 +95,13 @@ type Service struct {
 
 // New makes a service with no transfers.
 func New(cfg Config) *Service {
-	return &Service{table: cfg.Table, engine: cfg.Engine, limits: cfg.Limits, node: cfg.Node, peers: cfg.Peers,
-		engines: cfg.Engines, sessionGrace: cfg.SessionGrace, finishedRetention: cfg.FinishedRetention,
-		stopping: cfg.Stopping, refusals: cfg.Refusals,
-		transfers: map[uint64]*transfer{}, watchers: map[string]map[*watcher]struct{}{},
-		listeners: map[string]map[*notifyListener]struct{}{}, imports: map[engines.MemoryID]*imported{}}
+	s := &Service{table: cfg.Table, engine: cfg.Engine, limits: cfg.Limits, node: cfg.Node, peers: cfg.Peers,
+		engines: cfg.Engines, sessionGrace: cfg.SessionGrace, stopping: cfg.Stopping, refusals: cfg.Refusals,
+		running: map[uint64]*transfer{}, settled: newSettledRing(cfg.FinishedRetention), closed: make(chan struct{}),
+		watchers: map[string]map[*watcher]struct{}{}, listeners: map[string]map[*notifyListener]struct{}{},
+		imports: map[engines.MemoryID]*imported{}}
+	close(s.closed)
+	return s
 }
 
 // ImportedLocked is how many other nodes' regions are imported into the engines (the table's lock held).

@@ -22,15 +22,12 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
-// maxFinished bounds how many settled transfers are kept for Wait, whatever their age.
-const maxFinished = 1 << 16
-
 type transfer struct {
 	id    uint64
 	owner string
-	// t is the engines' transfer while it runs, nil once settled: what a settled transfer is kept for (its
-	// status, for Wait by id) must not keep its plans, tracker and context alive with it. The one goroutine that
-	// finishes the transfer reads it freely and clears it under s.table's lock; anyone else reads it there.
+	// t is the engines' transfer while it runs, nil once settled: a waiter that still holds the transfer must
+	// not keep its plans, tracker and context alive with it. The one goroutine that finishes the transfer reads
+	// it freely and clears it under s.table's lock; anyone else reads it there.
 	t      engines.Transfer
 	tags   []string // engines.Tag -> the caller's tag
 	bytes  uint64
@@ -39,7 +36,6 @@ type transfer struct {
 	once   sync.Once
 	status *agentv1.TransferStatus
 	err    error // how the engines ended it, set with status
-	ended  time.Time
 	// release hands back memory the plans read (block ids), once the transfer settled.
 	release func()
 }
@@ -189,7 +185,7 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	}
 	x.t = t
 	s.table.Lock()
-	s.transfers[x.id] = x
+	s.running[x.id] = x
 	s.table.Unlock()
 	if !wait {
 		go s.settle(x)
@@ -317,8 +313,9 @@ func (s *Service) finish(x *transfer) {
 		st := s.statusOf(x, err)
 		s.table.Lock()
 		x.status, x.err = st, err
-		x.ended = time.Now()
 		x.t, x.release, x.tags = nil, nil, nil
+		delete(s.running, x.id)
+		s.settled.put(x.owner, st, time.Now())
 		if u := s.table.UsageOfLocked(x.owner); u != nil {
 			u.InFlight--
 			u.InFlightBytes -= x.bytes
@@ -376,11 +373,20 @@ func (s *Service) statusOf(x *transfer, err error) *agentv1.TransferStatus {
 func (s *Service) ownTransfer(sess *regiontable.Session, id uint64) (*transfer, error) {
 	s.table.Lock()
 	defer s.table.Unlock()
-	x, ok := s.transfers[id]
-	if !ok || x.owner != sess.Caller.Key {
-		return nil, status.Errorf(codes.NotFound, "transfer %d is not known for this caller (settled more than %s ago, or never submitted)", id, s.finishedRetention)
+	x, err := s.ownTransferLocked(sess, id)
+	return x, err
+}
+
+// ownTransferLocked finds the caller's transfer id, running or settled; a settled one comes back as a transfer
+// already done, with its status.
+func (s *Service) ownTransferLocked(sess *regiontable.Session, id uint64) (*transfer, error) {
+	if x, ok := s.running[id]; ok && x.owner == sess.Caller.Key {
+		return x, nil
 	}
-	return x, nil
+	if st := s.settled.get(sess.Caller.Key, id, time.Now()); st != nil {
+		return &transfer{id: id, owner: sess.Caller.Key, done: s.closed, status: st}, nil
+	}
+	return nil, status.Errorf(codes.NotFound, "transfer %d is not known for this caller (settled more than %s ago or before the agent's last %d transfers, or never submitted)", id, s.settled.retention, maxFinished)
 }
 
 func pending(id uint64) *agentv1.TransferStatus {
@@ -473,10 +479,10 @@ func (s *Service) Watch(sess *regiontable.Session, req *agentv1.WatchRequest, st
 	if len(req.TransferIds) > 0 {
 		w.ids = map[uint64]bool{}
 		for _, id := range req.TransferIds {
-			x, ok := s.transfers[id]
-			if !ok || x.owner != sess.Caller.Key {
+			x, err := s.ownTransferLocked(sess, id)
+			if err != nil {
 				s.table.Unlock()
-				return status.Errorf(codes.NotFound, "transfer %d is not known for this caller", id)
+				return err
 			}
 			if w.ids[id] {
 				continue
@@ -489,8 +495,8 @@ func (s *Service) Watch(sess *regiontable.Session, req *agentv1.WatchRequest, st
 			}
 		}
 	} else {
-		for _, x := range s.transfers {
-			if x.owner == sess.Caller.Key && x.status == nil {
+		for _, x := range s.running {
+			if x.owner == sess.Caller.Key {
 				remaining++ // reported as they settle
 			}
 		}
@@ -533,22 +539,4 @@ func (s *Service) Watch(sess *regiontable.Session, req *agentv1.WatchRequest, st
 		}
 	}
 	return nil
-}
-
-// ForgetFinished drops settled transfers older than the retention, and the oldest beyond maxFinished.
-func (s *Service) ForgetFinished(now time.Time) {
-	s.table.Lock()
-	defer s.table.Unlock()
-	for id, x := range s.transfers {
-		if x.status != nil && now.Sub(x.ended) > s.finishedRetention {
-			delete(s.transfers, id)
-		}
-	}
-	if len(s.transfers) > maxFinished {
-		for id, x := range s.transfers {
-			if x.status != nil && len(s.transfers) > maxFinished {
-				delete(s.transfers, id)
-			}
-		}
-	}
 }

@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package transfers
+
+import (
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+)
+
+func succeeded(id, bytes uint64) *agentv1.TransferStatus {
+	return &agentv1.TransferStatus{TransferId: id, State: agentv1.TransferState_TRANSFER_STATE_SUCCEEDED, Bytes: bytes,
+		Elapsed: durationpb.New(time.Duration(id) * time.Microsecond)}
+}
+
+func failed(id uint64) *agentv1.TransferStatus {
+	return &agentv1.TransferStatus{TransferId: id, State: agentv1.TransferState_TRANSFER_STATE_FAILED, Error: "peer gone",
+		Failures: []*agentv1.TagFailure{{Tag: "kv", Code: "Unavailable", Message: "peer gone"}}}
+}
+
+func TestSettledRingAnswersItsOwnerOnly(t *testing.T) {
+	r := newSettledRing(time.Minute)
+	now := r.epoch.Add(time.Second)
+	r.put("pod-a", succeeded(7, 4096), now)
+	st := r.get("pod-a", 7, now)
+	if st == nil || st.TransferId != 7 || st.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED || st.Bytes != 4096 ||
+		st.Elapsed.AsDuration() != 7*time.Microsecond {
+		t.Fatalf("the owner's lookup: %v", st)
+	}
+	if st := r.get("pod-b", 7, now); st != nil {
+		t.Fatalf("another caller saw transfer 7: %v", st)
+	}
+	for _, id := range []uint64{0, 6, 8, 7 + maxFinished} {
+		if st := r.get("pod-a", id, now); st != nil {
+			t.Fatalf("transfer %d was never settled, got %v", id, st)
+		}
+	}
+}
+
+func TestSettledRingForgetsByAgeAndByNewerTransfers(t *testing.T) {
+	r := newSettledRing(time.Minute)
+	t0 := r.epoch.Add(time.Second)
+	r.put("pod-a", succeeded(1, 1), t0)
+	r.put("pod-a", failed(2), t0)
+	if r.get("pod-a", 1, t0.Add(59*time.Second)) == nil {
+		t.Fatal("transfer 1 was forgotten within the retention")
+	}
+	if st := r.get("pod-a", 2, t0.Add(59*time.Second)); st == nil || len(st.Failures) != 1 || st.Failures[0].Tag != "kv" {
+		t.Fatalf("a failed transfer's status is kept whole: %v", st)
+	}
+	if st := r.get("pod-a", 1, t0.Add(61*time.Second)); st != nil {
+		t.Fatalf("transfer 1 outlived the retention: %v", st)
+	}
+	if st := r.get("pod-a", 2, t0.Add(61*time.Second)); st != nil || len(r.failed) != 0 {
+		t.Fatalf("failed transfer 2 outlived the retention: %v (%d failures kept)", st, len(r.failed))
+	}
+
+	// The slot of a transfer is taken by the one maxFinished later; that one's failure status leaves with it.
+	r.put("pod-a", failed(3), t0)
+	r.put("pod-b", succeeded(3+maxFinished, 9), t0)
+	if st := r.get("pod-a", 3, t0); st != nil || len(r.failed) != 0 {
+		t.Fatalf("transfer 3 is still answered after a newer one took its slot: %v (%d failures kept)", st, len(r.failed))
+	}
+	if st := r.get("pod-b", 3+maxFinished, t0); st == nil || st.Bytes != 9 {
+		t.Fatalf("the newer transfer: %v", st)
+	}
+	// An older transfer settling late does not push out a newer one.
+	r.put("pod-a", succeeded(3, 1), t0)
+	if st := r.get("pod-b", 3+maxFinished, t0); st == nil {
+		t.Fatal("a transfer that settled late pushed out a newer one")
+	}
+	if st := r.get("pod-a", 3, t0); st != nil {
+		t.Fatalf("a transfer settled after %d newer ones is kept: %v", maxFinished, st)
+	}
+}
+
+// A lookup of ids nobody submitted allocates nothing: any caller may ask for any id.
+func TestSettledRingLookupsAllocateNothing(t *testing.T) {
+	r := newSettledRing(time.Minute)
+	now := r.epoch
+	r.put("pod-a", succeeded(1, 1), now)
+	id := uint64(1)
+	allocs := testing.AllocsPerRun(1000, func() {
+		id += 4099
+		_ = r.get("pod-b", id, now)
+	})
+	if allocs != 0 {
+		t.Fatalf("a lookup of an unknown id allocated %.1f times", allocs)
+	}
+	chunks := 0
+	for _, c := range r.chunks {
+		if c != nil {
+			chunks++
+		}
+	}
+	if chunks != 1 {
+		t.Fatalf("%d chunks allocated after one settled transfer and lookups of others, want 1", chunks)
+	}
+}
+
+// Recording a settled success allocates nothing once its chunk exists: the busiest caller adds no work for the
+// collector by settling transfers.
+func TestSettledRingRecordsSuccessesWithoutAllocating(t *testing.T) {
+	r := newSettledRing(time.Minute)
+	now := r.epoch
+	st := succeeded(1, 1)
+	r.put("pod-a", st, now)
+	allocs := testing.AllocsPerRun(1000, func() {
+		st.TransferId += maxFinished // the same slot
+		r.put("pod-a", st, now)
+	})
+	if allocs != 0 {
+		t.Fatalf("recording a success allocated %.1f times", allocs)
+	}
+}
