@@ -68,21 +68,21 @@ type Config struct {
 // records how they end for Wait and Watch, delivers notifications and imports other nodes' memory into the
 // engines. Its state lives under the table's lock.
 type Service struct {
-	table             *regiontable.Table
-	engine            Engine
-	limits            Limits
-	node              string
-	peers             SegmentResolver
-	engines           []EngineNote
-	sessionGrace      time.Duration
-	stopping          <-chan struct{}
-	refusals          *refusals.Counters
+	table        *regiontable.Table
+	engine       Engine
+	limits       Limits
+	node         string
+	peers        SegmentResolver
+	engines      []EngineNote
+	sessionGrace time.Duration
+	stopping     <-chan struct{}
+	refusals     *refusals.Counters
 
 	// running are the transfers not settled yet; settled keeps the settled ones' statuses for Wait.
-	running  map[uint64]*transfer
-	settled  settledRing
-	closed   chan struct{} // closed: the done of a settled transfer looked up again
-	nextXfer uint64
+	running   map[uint64]*transfer
+	settled   settledRing
+	closed    chan struct{} // closed: the done of a settled transfer looked up again
+	nextXfer  uint64
 	watchers  map[string]map[*watcher]struct{}
 	listeners map[string]map[*notifyListener]struct{}
 	imports   map[engines.MemoryID]*imported
