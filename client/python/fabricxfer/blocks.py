@@ -163,6 +163,32 @@ def _packer(ids):
     return pack
 
 
+# Buffer formats of native int32/int64 ids; on a little-endian host their bytes go into a frame as they are.
+_SHORT_FORMATS = frozenset(("i", "l", "q")) if _LITTLE else frozenset()
+
+
+def short_ids(ids):
+    """(little-endian bytes, bytes per id, count) of ids that are already a contiguous 1-D native int32/int64
+    buffer (a numpy array, an array.array, a torch CPU tensor through its numpy view), found with as few calls as a
+    short list allows; None for anything else, which pack_ids then takes (and refuses where it must). A torch
+    tensor is recognised once pack_ids has met its type."""
+    try:
+        mv = memoryview(ids)
+    except TypeError:
+        if _PACKERS.get(type(ids)) is not _from_torch:
+            return None
+        try:
+            mv = memoryview(ids.numpy())
+        except (TypeError, RuntimeError, ValueError):  # a CUDA tensor, one that needs grad
+            return None
+    if mv.ndim != 1 or mv.format not in _SHORT_FORMATS or not mv.c_contiguous:
+        return None
+    width = mv.itemsize
+    if width != 4 and width != 8:
+        return None
+    return mv.cast("B"), width, mv.shape[0]
+
+
 def narrow_ids(ids, count: int):
     """int64 ids (a numpy array or a torch CPU tensor) as 32-bit little-endian bytes when every one fits in 32
     bits, else None. Half the bytes cross the socket (a list of 15,360 pairs then fits the socket's buffer in one

@@ -426,6 +426,8 @@ class Client:
                                       timeout=timeout, wait_for_ready=True)
         self._fast = None
         self._fast_lock = threading.Lock()
+        # Framings of short block transfers, by shape (_short_blocks); recover() empties it.
+        self._frames = {}
         if fast:
             self._open_fast()
 
@@ -477,6 +479,7 @@ class Client:
             if self._fast is not None:
                 self._fast.close()
                 self._fast = None
+        self._frames.clear()  # the layouts' agent records are replaced below
         # An agent still stopping or just starting can drop the first connection: keep asking until timeout.
         deadline = time.monotonic() + timeout
         while True:
@@ -795,7 +798,29 @@ class Client:
     def _fast_call(self, parts, timeout: Optional[float] = None) -> pb.TransferResponse:
         """One frame (a list of bytes-like parts) on the fast socket and its reply, within timeout (the transfer's,
         else the client's) plus a second for the reply to travel."""
-        return self._fast_exchange(lambda conn: parts, timeout)
+        deadline = time.perf_counter() + (timeout or self.timeout) + 1.0
+        with self._fast_lock:
+            conn = self._fast
+            if conn is None:
+                raise SessionLost("the fast socket is closed: call recover() and retry")
+            try:
+                raw = conn.call(parts, deadline)
+            except (OSError, ConnectionError) as e:
+                raise self._fast_lost(conn, e) from e
+        return self._fast_response(raw)
+
+    def _fast_lost(self, conn, e) -> "SessionLost":
+        """Closes a fast connection that broke (the fast lock held) and says so."""
+        conn.close()
+        self._fast = None
+        return SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e)
+
+    @staticmethod
+    def _fast_response(raw: bytes) -> pb.TransferResponse:
+        reply = pb.FastReply.FromString(raw)
+        if reply.code:
+            raise AgentError(reply.code, reply.message)
+        return reply.response
 
     def _fast_exchange(self, build, timeout: Optional[float]) -> Optional[pb.TransferResponse]:
         """Like _fast_call, with the frame's parts made by build(conn) under the fast lock (the id arena is
@@ -811,13 +836,8 @@ class Client:
             try:
                 raw = conn.call(parts, deadline)
             except (OSError, ConnectionError) as e:
-                conn.close()
-                self._fast = None
-                raise SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e) from e
-        reply = pb.FastReply.FromString(raw)
-        if reply.code:
-            raise AgentError(reply.code, reply.message)
-        return reply.response
+                raise self._fast_lost(conn, e) from e
+        return self._fast_response(raw)
 
     @staticmethod
     def _settled(resp: pb.TransferResponse, wait: bool):
@@ -861,6 +881,10 @@ class Client:
         they travel packed, never as Python objects. With wait (default) returns the settled status or raises
         TransferFailed; without it returns the transfer id for wait(). The agent refuses (INVALID_ARGUMENT,
         nothing moved) ids out of range, repeated destination ids and layouts of different geometry."""
+        if notify is None and id_bytes is None:
+            done = self._short_blocks(op, layout, ids, remote, remote_ids, timeout, wait)
+            if done is not None:
+                return done
         code = _op(op)
         local, width, count = _blocks.pack_ids(ids, id_bytes)
         rids, rwidth, rcount = _blocks.pack_ids(remote_ids, id_bytes)
@@ -891,6 +915,42 @@ class Client:
             req = _blocks.blocks_request(code, layout.id, remote.ref, local, rids, width, timeout, notify, wait)
             resp = self._call(self.stub.TransferBlocks, req)
         return self._settled(resp, wait)
+
+    def _short_blocks(self, op, layout, ids, remote, remote_ids, timeout, wait):
+        """transfer_blocks of a short list of ids already packed as the frame wants them (native int32 or int64
+        buffers of one width, fewer than the arena takes) on the fast socket, with the frame's framing kept per
+        shape: a waited one-block call is latency-bound, and every Python step shows in it. None when the call
+        is not of that kind (the general path then takes it)."""
+        if self._fast is None or type(remote) is not RemoteLayout:
+            return None
+        local = _blocks.short_ids(ids)
+        if local is None:
+            return None
+        rids = _blocks.short_ids(remote_ids)
+        width, count = local[1], local[2]
+        if rids is None or rids[1] != width or rids[2] != count or count >= _blocks.ARENA_MIN_IDS:
+            return None
+        code = _op(op)
+        # Keyed by the identity of the layouts' agent records (recover() replaces them, and the entry holds
+        # them, so an identity is not reused while it is kept).
+        lay = layout.pb
+        other = remote._layout.pb if remote._layout is not None else remote
+        key = (code, id(lay), id(other), timeout, wait, width, count)
+        framing = self._frames.get(key)
+        if framing is None:
+            parts = _blocks.blocks_frame(code, lay.id, remote, local[0], rids[0], width, timeout, None, wait)
+            framing = (parts[0], parts[2], lay, other)
+            if len(self._frames) >= 256:
+                self._frames.clear()
+            self._frames[key] = framing
+        self._check_session()
+        resp = self._fast_call([framing[0], local[0], framing[1], rids[0]], timeout)
+        if not wait:
+            return resp.transfer_id
+        st = resp.status
+        if st.state != pb.TRANSFER_STATE_SUCCEEDED:
+            raise TransferFailed(st)
+        return st
 
     def _arena_call(self, code, layout, packed, remote, timeout, notify, wait):
         """A block transfer whose ids (packed: both lists as pack_ids returned them, with their widths) go

@@ -174,6 +174,41 @@ class BlocksTest(unittest.TestCase):
                 self.assertEqual(c.wait(tids[1]).state, pb.TRANSFER_STATE_SUCCEEDED)
                 c.transfer_blocks("write", src_l, lids[:2], to_layout(dst_l), rids[:2])
 
+    def test_short_lists_reach_the_layouts_they_name(self):
+        # Short id lists take a path whose frames are kept per shape: the same shape to another layout, the other
+        # direction, another width, a strided view, ids given as array.array and a layout registered after
+        # another was deregistered each reach the memory they name, and ids of mixed widths still pair up.
+        import array
+        c = self.c
+        src_l, src = self.layout(c)
+        a_l, a = self.layout(c, fill=False)
+        b_l, b = self.layout(c, fill=False)
+        before_a, before_b = [x.copy() for x in a], [x.copy() for x in b]
+        c.transfer_blocks("write", src_l, np.array([1, 2]), to_layout(a_l), np.array([3, 4]))
+        c.transfer_blocks("write", src_l, np.array([5, 6]), to_layout(b_l), np.array([7, 8]))
+        self.check(a, src, [3, 4], [1, 2], before_a)
+        self.check(b, src, [7, 8], [5, 6], before_b)
+        back_l, back = self.layout(c, fill=False)
+        before = [x.copy() for x in back]
+        c.transfer_blocks("read", back_l, np.array([0, 9], dtype=np.int32), to_layout(a_l),
+                          np.array([3, 4], dtype=np.int32))
+        self.check(back, a, [0, 9], [3, 4], before)
+        before = [x.copy() for x in back]
+        c.transfer_blocks("write", src_l, array.array("q", [10]), to_layout(back_l), array.array("q", [11]))
+        c.transfer_blocks("write", src_l, np.array([12, 0, 13])[::2], to_layout(back_l), np.array([14, 15]))
+        c.transfer_blocks("write", src_l, np.array([1], dtype=np.int32), to_layout(back_l), np.array([2]))
+        self.check(back, src, [11, 14, 15, 2], [10, 12, 13, 1], before)
+        self.assertEqual(c.wait(c.transfer_blocks("write", src_l, np.array([3]), to_layout(a_l), np.array([0]),
+                                                  wait=False)).state, pb.TRANSFER_STATE_SUCCEEDED)
+        c.deregister_layout(b_l)
+        c_l, c_views = self.layout(c, fill=False)
+        before = [x.copy() for x in c_views]
+        c.transfer_blocks("write", src_l, np.array([5, 6]), to_layout(c_l), np.array([7, 8]))
+        self.check(c_views, src, [7, 8], [5, 6], before)
+        with self.assertRaises(AgentError) as e:
+            c.transfer_blocks("write", src_l, np.array([5, 6]), to_layout(b_l), np.array([7, 8]))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, e.exception.details())
+
     def test_mailbox_socket_and_sleeping_callers_move_the_same_bytes(self):
         # The fast connection's mailbox (frames through shared memory) where the machine offers it, the socket
         # without one, and a caller that sleeps at once (woken by the agent on the socket) all move the same

@@ -263,6 +263,7 @@ class ClientChecksTest(unittest.TestCase):
 
     def test_refused_before_any_call(self):
         c = Client.__new__(Client)
+        c._frames = {}
         lay = Layout(pb.Layout(id=1, block_bytes=720, blocks=16, region_ids=[1]), [])
         other = to_layout(Layout(pb.Layout(id=2, block_bytes=720, blocks=16, region_ids=[2]), []))
         cases = [
@@ -271,10 +272,14 @@ class ClientChecksTest(unittest.TestCase):
             (ValueError, ("copy", lay, array.array("q", [1]), other, array.array("q", [1]))),
             (TypeError, ("read", lay, [1], other, [1])),
         ]
-        for exc, args in cases:
-            with self.subTest(args=args[0]):
-                with self.assertRaises(exc):
-                    c.transfer_blocks(*args)
+        # Without a fast connection, and with one that fails whatever is asked of it (the short-list path must
+        # refuse these before it touches the connection).
+        for fast in (None, object()):
+            c._fast = fast
+            for exc, args in cases:
+                with self.subTest(args=args[0], fast=fast):
+                    with self.assertRaises(exc):
+                        c.transfer_blocks(*args)
         self.assertEqual(other.ref.layout_id, 2)
 
 
