@@ -168,56 +168,22 @@ _SHORT_FORMATS = frozenset(("i", "l", "q")) if _LITTLE else frozenset()
 
 
 def short_ids(ids):
-    """(little-endian bytes, bytes per id, count) of ids that are already a contiguous 1-D native int32/int64
-    buffer (a numpy array, an array.array, a torch CPU tensor through its numpy view), found with as few calls as a
-    short list allows; None for anything else, which pack_ids then takes (and refuses where it must). A torch
-    tensor is recognised once pack_ids has met its type."""
+    """pack_ids(ids) found with as few steps as a latency-bound call allows, or None for what pack_ids must take
+    itself (then call it): a contiguous 1-D native int32/int64 buffer (a numpy array, an array.array) is viewed
+    as it is, and a torch tensor, once pack_ids has met its type, packed as pack_ids packs it (refusals
+    included)."""
     try:
         mv = memoryview(ids)
     except TypeError:
-        if _PACKERS.get(type(ids)) is not _from_torch:
-            return None
-        return _short_torch(ids)
+        if _PACKERS.get(type(ids)) is _from_torch:
+            return _from_torch(ids, None)
+        return None
     if mv.ndim != 1 or mv.format not in _SHORT_FORMATS or not mv.c_contiguous:
         return None
     width = mv.itemsize
     if width != 4 and width != 8:
         return None
     return mv.cast("B"), width, mv.shape[0]
-
-
-# The Struct packing n little-endian ids of a width, for the few lengths torch's short lists come in.
-_ID_STRUCTS: dict = {}
-# torch lists up to this long are read as Python ints (one call into torch); longer ones through numpy's view.
-_TORCH_SHORT = 16
-
-
-def _short_torch(t):
-    """short_ids of a torch tensor: its dtype, device and values asked for in three calls into torch (each costs
-    about a microsecond on a GPU host; numpy's view of a one-id tensor costs more than all three)."""
-    width = _TORCH_WIDTHS.get(t.dtype)
-    if width is None or not t.is_cpu:
-        return None
-    try:
-        n = len(t)
-    except TypeError:  # a 0-d tensor
-        return None
-    if n > _TORCH_SHORT:
-        try:
-            mv = memoryview(t.numpy())
-        except (TypeError, RuntimeError, ValueError):  # needs grad
-            return None
-        if mv.ndim != 1 or not mv.c_contiguous:
-            return None
-        return mv.cast("B"), width, n
-    vals = t.tolist()
-    if n and type(vals[0]) is not int:  # more than one dimension
-        return None
-    key = (n, width)
-    st = _ID_STRUCTS.get(key)
-    if st is None:
-        st = _ID_STRUCTS[key] = struct.Struct("<%d%s" % (n, "i" if width == 4 else "q"))
-    return memoryview(st.pack(*vals)), width, n
 
 
 def narrow_ids(ids, count: int):

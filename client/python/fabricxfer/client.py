@@ -881,15 +881,18 @@ class Client:
         they travel packed, never as Python objects. With wait (default) returns the settled status or raises
         TransferFailed; without it returns the transfer id for wait(). The agent refuses (INVALID_ARGUMENT,
         nothing moved) ids out of range, repeated destination ids and layouts of different geometry."""
-        if notify is None and id_bytes is None:
-            done = self._short_blocks(op, layout, ids, remote, remote_ids, timeout, wait)
-            if done is not None:
-                return done
         code = _op(op)
-        local, width, count = _blocks.pack_ids(ids, id_bytes)
-        rids, rwidth, rcount = _blocks.pack_ids(remote_ids, id_bytes)
+        if id_bytes is None:
+            local, width, count = _blocks.short_ids(ids) or _blocks.pack_ids(ids)
+            rids, rwidth, rcount = _blocks.short_ids(remote_ids) or _blocks.pack_ids(remote_ids)
+        else:
+            local, width, count = _blocks.pack_ids(ids, id_bytes)
+            rids, rwidth, rcount = _blocks.pack_ids(remote_ids, id_bytes)
         if count != rcount:
             raise ValueError("%d local ids but %d remote ids: they pair one to one" % (count, rcount))
+        if (notify is None and width == rwidth and count < _blocks.ARENA_MIN_IDS and self._fast is not None
+                and type(remote) is RemoteLayout):
+            return self._short_blocks(code, layout, local, rids, width, count, remote, timeout, wait)
         # Long lists are written into the fast connection's id arena instead of the frame, from their packed
         # bytes: the ids are asked of torch or numpy once, whatever their length.
         if count >= _blocks.ARENA_MIN_IDS and self._arena is not None and self._fast is not None:
@@ -916,21 +919,10 @@ class Client:
             resp = self._call(self.stub.TransferBlocks, req)
         return self._settled(resp, wait)
 
-    def _short_blocks(self, op, layout, ids, remote, remote_ids, timeout, wait):
-        """transfer_blocks of a short list of ids already packed as the frame wants them (native int32 or int64
-        buffers of one width, fewer than the arena takes) on the fast socket, with the frame's framing kept per
-        shape: a waited one-block call is latency-bound, and every Python step shows in it. None when the call
-        is not of that kind (the general path then takes it)."""
-        if self._fast is None or type(remote) is not RemoteLayout:
-            return None
-        local = _blocks.short_ids(ids)
-        if local is None:
-            return None
-        rids = _blocks.short_ids(remote_ids)
-        width, count = local[1], local[2]
-        if rids is None or rids[1] != width or rids[2] != count or count >= _blocks.ARENA_MIN_IDS:
-            return None
-        code = _op(op)
+    def _short_blocks(self, code, layout, local, rids, width, count, remote, timeout, wait):
+        """transfer_blocks of a short list of ids of one width (fewer than the arena takes), packed, on the fast
+        socket, with the frame's framing kept per shape: a waited one-block call is latency-bound, and every
+        Python step shows in it."""
         # Keyed by the identity of the layouts' agent records (recover() replaces them, and the entry holds
         # them, so an identity is not reused while it is kept).
         lay = layout.pb
@@ -938,13 +930,13 @@ class Client:
         key = (code, id(lay), id(other), timeout, wait, width, count)
         framing = self._frames.get(key)
         if framing is None:
-            parts = _blocks.blocks_frame(code, lay.id, remote, local[0], rids[0], width, timeout, None, wait)
+            parts = _blocks.blocks_frame(code, lay.id, remote, local, rids, width, timeout, None, wait)
             framing = (parts[0], parts[2], lay, other)
             if len(self._frames) >= 256:
                 self._frames.clear()
             self._frames[key] = framing
         self._check_session()
-        resp = self._fast_call([framing[0], local[0], framing[1], rids[0]], timeout)
+        resp = self._fast_call([framing[0], local, framing[1], rids], timeout)
         if not wait:
             return resp.transfer_id
         st = resp.status
