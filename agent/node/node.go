@@ -26,6 +26,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/internal/gcfloor"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
 
@@ -44,10 +45,14 @@ type component interface {
 // Node is an assembled agent: the parts that run side by side, sharing one detector, client and identity.
 type Node struct {
 	components []component
+	// gcHeapFloor is held while the agent runs (Options.GCHeapFloor).
+	gcHeapFloor uint64
 }
 
 // Run starts every part and waits until ctx ends or one fails.
 func (n *Node) Run(ctx context.Context) error {
+	floor := gcfloor.Hold(n.gcHeapFloor)
+	defer floor.Release()
 	g, ctx := errgroup.WithContext(ctx)
 	for _, c := range n.components {
 		g.Go(func() error { return c.Run(ctx) })
@@ -64,6 +69,9 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 	}
 	if opts.Heartbeat <= 0 {
 		return nil, fmt.Errorf("--heartbeat %s must be positive", opts.Heartbeat)
+	}
+	if err := opts.checkGCHeapFloor(); err != nil {
+		return nil, err
 	}
 	node := opts.Detection.NodeName
 	// Declared vPODs: the VPodTopologies labelled for this node only, read once before the first detection, so
@@ -109,7 +117,7 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 	// The transfer side registers GPU memory under each GPU's domain as the latest detection has it.
 	domains := &gpuDomains{}
 	detect = domains.track(detect)
-	n := &Node{components: []component{decls}}
+	n := &Node{components: []component{decls}, gcHeapFloor: opts.GCHeapFloor}
 	rep, err := nodesync.New(nodesync.Config{
 		NodeName:      node,
 		PoolNamespace: opts.PoolNamespace,
@@ -155,6 +163,9 @@ func NewStandalone(ctx context.Context, opts Options, log logr.Logger) (*Node, e
 		opts.Detection.NodeName = host
 	}
 	opts.Transfer.AllowLocal = true // there is no API server to identify pods with
+	if err := opts.checkGCHeapFloor(); err != nil {
+		return nil, err
+	}
 	detect, err := opts.Detection.detector(nil)
 	if err != nil {
 		return nil, err
@@ -163,7 +174,7 @@ func NewStandalone(ctx context.Context, opts Options, log logr.Logger) (*Node, e
 	if err != nil {
 		return nil, err
 	}
-	return &Node{components: []component{ts}}, nil
+	return &Node{components: []component{ts}, gcHeapFloor: opts.GCHeapFloor}, nil
 }
 
 // newTransferSideFromDetection detects once to learn the node's engines and GPUs, then prepares the socket

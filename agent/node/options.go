@@ -39,7 +39,17 @@ type Options struct {
 	DRA      DRAOptions
 	// Version is the agent's version, reported in the TransferNode, GetInfo and to peers.
 	Version string
+	// GCHeapFloor keeps the Go collector's heap goal at least about twice this many bytes while the agent runs
+	// (internal/gcfloor), so a busy socket caller meets a collection every few thousand calls, not every
+	// thousand; 0 leaves the collector's default.
+	GCHeapFloor uint64
 }
+
+// DefaultGCHeapFloor is --gc-heap-floor's default: 64 MiB between collections, about 16,000 waited calls.
+const DefaultGCHeapFloor = 64 << 20
+
+// maxGCHeapFloor bounds --gc-heap-floor: memory the agent may hold as garbage between collections.
+const maxGCHeapFloor = 4 << 30
 
 // RegisterFlags adds the flags of "agent run" (and "agent standalone") to fs.
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
@@ -50,8 +60,17 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Heartbeat, "heartbeat", 10*time.Second, "heartbeat and re-detection period")
 	fs.StringVar(&o.Endpoint, "endpoint", "", "host:port other agents reach this one at, reported in the TransferNode")
 	fs.StringVar(&o.Endpoint, "advertise", "", "same as --endpoint (the name the operator's DaemonSet uses)")
+	fs.Uint64Var(&o.GCHeapFloor, "gc-heap-floor", DefaultGCHeapFloor, "bytes the Go collector lets the heap grow by between collections at least (never touched: no resident memory); 0 keeps Go's default of twice the live heap, at most 4 GiB")
 	o.Transfer.RegisterFlags(fs)
 	o.DRA.RegisterFlags(fs)
+}
+
+// checkGCHeapFloor refuses a floor above maxGCHeapFloor (a unit typed wrong, most likely).
+func (o *Options) checkGCHeapFloor() error {
+	if o.GCHeapFloor > maxGCHeapFloor {
+		return fmt.Errorf("--gc-heap-floor %d bytes is above %d (4 GiB)", o.GCHeapFloor, uint64(maxGCHeapFloor))
+	}
+	return nil
 }
 
 // DetectionOptions say how the node is detected ("agent detect", "run" and "standalone" share them).

@@ -8,9 +8,13 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/metrics"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/fabricxfer/fabricxfer/agent/node"
 	fxclient "github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/internal/syncbuf"
 )
@@ -96,5 +100,22 @@ func TestStandaloneServesBlockTransfers(t *testing.T) {
 	copy(want[5*bs:6*bs], srcMem.Bytes[1*bs:2*bs])
 	if !bytes.Equal(dstMem.Bytes, want) {
 		t.Fatal("destination differs from blocks 7 and 1 written to 0 and 5")
+	}
+	// The agent runs in this process: while it serves, the collector's goal stays above twice its heap floor.
+	runtime.GC()
+	goal := []metrics.Sample{{Name: "/gc/heap/goal:bytes"}}
+	metrics.Read(goal)
+	if g := goal[0].Value.Uint64(); g < 2*node.DefaultGCHeapFloor {
+		t.Fatalf("heap goal %d bytes while the agent serves, want at least twice its default floor of %d", g, node.DefaultGCHeapFloor)
+	}
+}
+
+// A heap floor above 4 GiB (bytes typed for kilobytes, say) is refused before anything starts.
+func TestStandaloneRefusesAHugeHeapFloor(t *testing.T) {
+	var stderr bytes.Buffer
+	code := runMain(context.Background(), []string{"standalone", "--host-root", filepath.Join(testdata, "rdma-only-node"),
+		"--node-name", "bench-0", "--socket-dir", t.TempDir(), "--gc-heap-floor", "5368709120"}, &bytes.Buffer{}, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "--gc-heap-floor 5368709120 bytes is above") {
+		t.Fatalf("exit %d, stderr %q: want 1 and the floor refused", code, stderr.String())
 	}
 }
