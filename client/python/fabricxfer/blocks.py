@@ -172,11 +172,11 @@ def short_ids(ids):
     itself (then call it): a contiguous 1-D native int32/int64 buffer (a numpy array, an array.array) is viewed
     as it is, and a torch tensor, once pack_ids has met its type, packed as pack_ids packs it (refusals
     included)."""
+    if _PACKERS.get(type(ids)) is _from_torch:  # before memoryview(), whose refusal costs a microsecond or two
+        return _from_torch(ids, None)
     try:
         mv = memoryview(ids)
     except TypeError:
-        if _PACKERS.get(type(ids)) is _from_torch:
-            return _from_torch(ids, None)
         return None
     if mv.ndim != 1 or mv.format not in _SHORT_FORMATS or not mv.c_contiguous:
         return None
