@@ -10,7 +10,9 @@ Each request on a fast connection logs "frame read", then "decoded" / "planned" 
 "submitted", "settled" (waited transfers) and "replied"; any other mark a build logs on the same goroutine in
 between (a diagnostic build's marks inside the copier, say) becomes a step of its own. For each step this prints
 the median, p90 and p99, and the median of that step within the slowest 1% of requests (by frame read to
-reply); last, which step took longest in each of those, which says where a tail is spent. --last N keeps the last N requests only (one benchmark case's).
+reply); last, which step took longest in each of those, which says where a tail is spent. --last N keeps the last N requests only (one benchmark case's),
+--skip N leaves the last N of those out (the cases after it). It also counts the collector's mark phases within
+the requests kept and how many of the slowest 1% overlap one, which says whether the collector made the tail.
 """
 import argparse
 import re
@@ -19,12 +21,23 @@ import sys
 from collections import defaultdict
 
 line_re = re.compile(r'G=(\d+) Log Time=(\d+) .*Message="([^"]+)"')
+range_re = re.compile(r'Range(Begin|End) Time=(\d+) Name="GC concurrent mark phase"')
 
 
-def requests(lines):
-    """Each request as its list of (mark, time in ns), from "frame read" to "replied" on one goroutine."""
+def requests(lines, marks_out):
+    """Each request as its list of (mark, time in ns), from "frame read" to "replied" on one goroutine; the
+    collector's mark phases, (begin, end) in ns, are appended to marks_out as they are read."""
     open_req = {}
+    begun = None
     for line in lines:
+        r = range_re.search(line)
+        if r:
+            if r.group(1) == "Begin":
+                begun = int(r.group(2))
+            elif begun is not None:
+                marks_out.append((begun, int(r.group(2))))
+                begun = None
+            continue
         m = line_re.search(line)
         if not m:
             continue
@@ -56,10 +69,14 @@ def steps_of(reqs):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--last", type=int, default=0, help="keep only the last N requests")
+    p.add_argument("--skip", type=int, default=0, help="of those, leave the last N out")
     a = p.parse_args()
-    reqs = list(requests(sys.stdin))
+    gc = []
+    reqs = list(requests(sys.stdin, gc))
     if a.last:
         reqs = reqs[-a.last:]
+    if a.skip:
+        reqs = reqs[:-a.skip]
     if not reqs:
         print("no request marks in the trace")
         return 1
@@ -81,6 +98,18 @@ def main():
             statistics.median(s) / 1e3 if s else float("nan")))
     print("longest step in each of the slowest 1%: " + ", ".join("%s %d" % (k, n) for k, n in
                                                                   sorted(longest.items(), key=lambda kv: -kv[1])))
+    whole = sorted(steps["frame read -> replied"])
+    print("frame read -> replied p99.9 %.1f us, slowest %.1f us" % (whole[int(len(whole) * 0.999)] / 1e3,
+                                                                    whole[-1] / 1e3))
+    if reqs:
+        first, last = reqs[0][0][1], reqs[-1][-1][1]
+        within = [(b, e) for b, e in gc if b < last and first < e]
+
+        def during(marks):
+            return any(b < marks[-1][1] and marks[0][1] < e for b, e in within)
+
+        print("collector mark phases within these requests' %.1f ms: %d; of the slowest 1%%, %d overlap one" % (
+            (last - first) / 1e6, len(within), sum(1 for m in slowest if during(m))))
     return 0
 
 
