@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/agent/dra"
+	"github.com/fabricxfer/fabricxfer/internal/gcfloor"
 	"github.com/fabricxfer/fabricxfer/topology"
 	"github.com/fabricxfer/fabricxfer/topology/nvmlfake"
 )
@@ -45,8 +46,8 @@ type Options struct {
 	GCHeapFloor uint64
 }
 
-// DefaultGCHeapFloor is --gc-heap-floor's default: 64 MiB between collections, about 16,000 waited calls.
-const DefaultGCHeapFloor = 64 << 20
+// DefaultGCHeapFloor is --gc-heap-floor's default.
+const DefaultGCHeapFloor = gcfloor.Default
 
 // maxGCHeapFloor bounds --gc-heap-floor: memory the agent may hold as garbage between collections.
 const maxGCHeapFloor = 4 << 30

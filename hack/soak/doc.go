@@ -18,7 +18,8 @@
 //
 // It fails when a transfer is lost (submitted but neither completed nor failed when the run ends), exceeds its
 // deadline, completes with wrong bytes or fails outside a churn window; when a long-lived process exits, or
-// its RSS, goroutines or fds grew past the tolerance over the warm-up baseline; when a churned agent or a pool
+// its RSS, goroutines or fds grew past the tolerance over the warm-up baseline (an agent's RSS may also grow by
+// its collector's heap floor, internal/gcfloor.Default: garbage it holds by design); when a churned agent or a pool
 // does not converge within its deadline; or when objects of deleted pools are left behind. The last line is
 //
 //	soak: D s, T transfers (F failed during churn, L lost), agent RSS a→b MiB, goroutines c→d, fds e→f
