@@ -44,13 +44,13 @@ func newSettledRing(retention time.Duration) settledRing {
 	return settledRing{epoch: time.Now(), retention: retention, failed: map[uint64]*agentv1.TransferStatus{}}
 }
 
-// slot returns id's record, allocating its chunk when make is set (else nil where none is allocated yet: a
+// slot returns id's record, allocating its chunk when alloc is set (else nil where none is allocated yet: a
 // lookup of ids never submitted allocates nothing).
-func (r *settledRing) slot(id uint64, make bool) *settledRecord {
+func (r *settledRing) slot(id uint64, alloc bool) *settledRecord {
 	i := id & (maxFinished - 1)
 	c := r.chunks[i/settledChunk]
 	if c == nil {
-		if !make {
+		if !alloc {
 			return nil
 		}
 		c = new([settledChunk]settledRecord)
