@@ -534,9 +534,15 @@ func (c *Composite) Submit(ctx context.Context, ps *PlanSet, opts SubmitOptions)
 	ct := &compositeTransfer{plans: ps.Plans, done: make(chan struct{}), metrics: c.opts.Metrics}
 	// One count per part plus one for this function, so the transfer completes only once every part is known.
 	ct.remaining.Store(int64(len(ps.parts)) + 1)
-	ct.subs = make([]Transfer, len(ps.parts))
+	// A transfer of one part (one engine), the usual one, keeps its part and the part's once inline.
+	onces := ct.one.once[:]
+	if len(ps.parts) > 1 {
+		ct.subs, onces = make([]Transfer, len(ps.parts)), make([]sync.Once, len(ps.parts))
+	} else {
+		ct.subs = ct.one.sub[:len(ps.parts)]
+	}
 	for i, part := range ps.parts {
-		var once sync.Once
+		once := &onces[i]
 		partDone := func() { once.Do(ct.partDone) }
 		opts.onDone = partDone
 		var sub Transfer
@@ -599,6 +605,10 @@ type compositeTransfer struct {
 	subs      []Transfer
 	metrics   *Metrics
 	remaining atomic.Int64
+	one       struct { // the part of a transfer of one part, and its once (Submit)
+		sub  [1]Transfer
+		once [1]sync.Once
+	}
 
 	done     chan struct{}
 	outcomes []Outcome
@@ -609,8 +619,12 @@ func (t *compositeTransfer) partDone() {
 	if t.remaining.Add(-1) != 0 {
 		return
 	}
-	for _, s := range t.subs {
-		t.outcomes = append(t.outcomes, s.Outcomes()...)
+	if len(t.subs) == 1 {
+		t.outcomes = t.subs[0].Outcomes() // settled, so no longer written: shared rather than copied
+	} else {
+		for _, s := range t.subs {
+			t.outcomes = append(t.outcomes, s.Outcomes()...)
+		}
 	}
 	var failures []Failure
 	for i, o := range t.outcomes {

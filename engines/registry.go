@@ -209,9 +209,23 @@ func (r *Registry) Pin(id MemoryID) (d *MemoryDesc, unpin func(), err error) {
 }
 
 // unpin drops one pin of g (held by t, when t is not nil). Caller must not hold r.mu.
+// releaseTracker unpins a settled transfer's regions and forgets it, under one hold of the lock.
+func (r *Registry) releaseTracker(t *Tracker) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, g := range t.pinned {
+		r.unpinLocked(g, t)
+	}
+	delete(r.trackers, t)
+}
+
 func (r *Registry) unpin(g *region, t *Tracker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.unpinLocked(g, t)
+}
+
+func (r *Registry) unpinLocked(g *region, t *Tracker) {
 	g.pins--
 	if t != nil {
 		if g.users[t]--; g.users[t] <= 0 {
@@ -396,6 +410,7 @@ func (r *Registry) Begin(ctx context.Context, engine string, ps *PlanSet, opts S
 	}
 	t := newTracker(ctx, engine, ps.Plans, opts, finalize)
 	t.handoffs = &r.handoffs
+	t.pinned = make([]*region, 0, 2*len(ps.Plans))
 	work := make([]Work, 0, len(ps.Plans))
 	var refused []int
 	var refusedErr []error
@@ -425,14 +440,7 @@ func (r *Registry) Begin(ctx context.Context, engine string, ps *PlanSet, opts S
 	}
 	r.mu.Unlock()
 
-	t.release = func() {
-		for _, g := range t.pinned {
-			r.unpin(g, t)
-		}
-		r.mu.Lock()
-		delete(r.trackers, t)
-		r.mu.Unlock()
-	}
+	t.reg = r
 	for k, i := range refused {
 		t.Finish(i, refusedErr[k])
 	}

@@ -35,8 +35,15 @@ type Tracker struct {
 
 	finalize func(ctx context.Context, outcomes []Outcome)
 	onDone   func()
-	pinned   []*region
-	release  func()
+	// pinned are the regions Begin pinned for the transfer; reg unpins them once it settles (nil: none).
+	pinned []*region
+	reg    *Registry
+	// one holds the outcome and the finished flag of a transfer of one plan, the usual waited block copy,
+	// sparing their two allocations.
+	one struct {
+		outcome  [1]Outcome
+		finished [1]bool
+	}
 
 	drive    driver    // set by DriveOnWait
 	handoffs *handoffs // the registry's, which DriveOnWait joins; nil: one of the tracker's own
@@ -206,12 +213,15 @@ func newTracker(parent context.Context, engine string, plans []Plan, opts Submit
 		engine:    engine,
 		plans:     plans,
 		start:     time.Now(),
-		outcomes:  make([]Outcome, len(plans)),
-		finished:  make([]bool, len(plans)),
 		remaining: len(plans),
 		done:      make(chan struct{}),
 		finalize:  finalize,
 		onDone:    opts.onDone,
+	}
+	if len(plans) == 1 {
+		t.outcomes, t.finished = t.one.outcome[:], t.one.finished[:]
+	} else {
+		t.outcomes, t.finished = make([]Outcome, len(plans)), make([]bool, len(plans))
 	}
 	// The earlier of the context's deadline and now+Timeout; DefaultTimeout when neither is set.
 	parentDeadline, hasParent := parent.Deadline()
@@ -339,8 +349,8 @@ func (t *Tracker) complete() {
 	if t.onDone != nil {
 		t.onDone()
 	}
-	if t.release != nil {
-		t.release()
+	if t.reg != nil {
+		t.reg.releaseTracker(t)
 	}
 }
 

@@ -59,51 +59,78 @@ func BenchmarkPlainCopy(b *testing.B) {
 // by its waiter's first poll, the shape of a GPU block copy of a few microseconds: what the engine adds to the
 // copier's floor per transfer (plan, tracker, completion), with the host's copy of 4 KiB standing in for the GPU.
 func BenchmarkWaitedBlock(b *testing.B) {
+	for _, composite := range []bool{false, true} {
+		b.Run(map[bool]string{false: "engine", true: "composite"}[composite], func(b *testing.B) {
+			copyOne := waitedBlockRig(b, composite)
+			b.ReportAllocs()
+			for b.Loop() {
+				copyOne()
+			}
+		})
+	}
+}
+
+// TestWaitedBlockAllocations bounds the allocations of one waited block copy through the engine and through the
+// composite (BenchmarkWaitedBlock's copy): each is work for the collector on the latency-bound path, and the
+// tracker, the registry's pins and the composite's wrapper of a one-part transfer keep their state inline. The
+// bounds leave three for pools the collector emptied.
+func TestWaitedBlockAllocations(t *testing.T) {
+	for _, tc := range []struct {
+		composite bool
+		most      float64
+	}{{false, 24}, {true, 33}} {
+		copyOne := waitedBlockRig(t, tc.composite)
+		copyOne()
+		if got := testing.AllocsPerRun(500, copyOne); got > tc.most {
+			t.Errorf("composite %v: %.1f allocations a copy, want at most %.0f", tc.composite, got, tc.most)
+		}
+	}
+}
+
+// waitedBlockRig registers two host regions of 16 blocks of 4 KiB with an engine whose backend's block copies
+// end on their first poll (pollingHost), through the composite when asked, and returns one waited copy of one
+// block between them.
+func waitedBlockRig(tb testing.TB, composite bool) func() {
 	h := &pollingHost{HostBackend: xgmi.NewHostBackend(), polls: 1}
 	e, err := xgmi.New(xgmi.Options{Node: "node-a"}, h)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	b.Cleanup(func() { e.Close() })
-	for _, composite := range []bool{false, true} {
-		b.Run(map[bool]string{false: "engine", true: "composite"}[composite], func(b *testing.B) {
-			var eng engines.Engine = e
-			if composite {
-				c, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, e)
-				if err != nil {
-					b.Fatal(err)
-				}
-				eng = c
-			}
-			ctx := context.Background()
-			const bs, blocks = 4096, 16
-			for _, id := range []string{"node-a/s", "node-a/d"} {
-				if _, err := eng.Register(ctx, engines.MemoryDesc{ID: engines.MemoryID(id), Node: "node-a", Size: bs * blocks,
-					Location: engines.Location{Kind: engines.LocationHost}, Handles: engines.Handles{Host: make([]byte, bs*blocks)}}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.Cleanup(func() {
-				for _, id := range []string{"node-a/s", "node-a/d"} {
-					_ = eng.Deregister(ctx, engines.MemoryID(id))
-				}
-			})
-			batch := engines.Blocks{Pairs: []engines.BlockPair{{Src: "node-a/s", Dst: "node-a/d"}}, BlockBytes: bs,
-				SrcIDs: []uint32{3}, DstIDs: []uint32{9}}
-			b.ReportAllocs()
-			for b.Loop() {
-				plan := eng.NewPlan()
-				if err := plan.(engines.BlockAdder).AddBlocks(batch); err != nil {
-					b.Fatal(err)
-				}
-				t, err := eng.Submit(ctx, plan.Build(), engines.SubmitOptions{Waited: true})
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := t.Wait(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+	tb.Cleanup(func() { e.Close() })
+	var eng engines.Engine = e
+	if composite {
+		c, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, e)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		eng = c
+	}
+	ctx := context.Background()
+	const bs, blocks = 4096, 16
+	for _, id := range []string{"node-a/s", "node-a/d"} {
+		if _, err := eng.Register(ctx, engines.MemoryDesc{ID: engines.MemoryID(id), Node: "node-a", Size: bs * blocks,
+			Location: engines.Location{Kind: engines.LocationHost}, Handles: engines.Handles{Host: make([]byte, bs*blocks)}}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	tb.Cleanup(func() {
+		for _, id := range []string{"node-a/s", "node-a/d"} {
+			_ = eng.Deregister(ctx, engines.MemoryID(id))
+		}
+	})
+	batch := engines.Blocks{Pairs: []engines.BlockPair{{Src: "node-a/s", Dst: "node-a/d"}}, BlockBytes: bs,
+		SrcIDs: []uint32{3}, DstIDs: []uint32{9}}
+	return func() {
+		plan := eng.NewPlan()
+		if err := plan.(engines.BlockAdder).AddBlocks(batch); err != nil {
+			tb.Fatal(err)
+		}
+		t, err := eng.Submit(ctx, plan.Build(), engines.SubmitOptions{Waited: true})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := t.Wait(ctx); err != nil {
+			tb.Fatal(err)
+		}
 	}
 }
