@@ -924,10 +924,11 @@ class Client:
         socket, with the frame's framing kept per shape: a waited one-block call is latency-bound, and every
         Python step shows in it."""
         # Keyed by the identity of the layouts' agent records (recover() replaces them, and the entry holds
-        # them, so an identity is not reused while it is kept).
+        # them, so an identity is not reused while it is kept); a published layout by its node and name.
         lay = layout.pb
-        other = remote._layout.pb if remote._layout is not None else remote
-        key = (code, id(lay), id(other), timeout, wait, width, count)
+        other = remote._layout.pb if remote._layout is not None else None
+        where = id(other) if other is not None else (remote._node, remote._segment)
+        key = (code, id(lay), where, timeout, wait, width, count)
         framing = self._frames.get(key)
         if framing is None:
             parts = _blocks.blocks_frame(code, lay.id, remote, local, rids, width, timeout, None, wait)

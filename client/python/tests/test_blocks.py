@@ -208,6 +208,13 @@ class BlocksTest(unittest.TestCase):
         with self.assertRaises(AgentError) as e:
             c.transfer_blocks("write", src_l, np.array([5, 6]), to_layout(b_l), np.array([7, 8]))
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, e.exception.details())
+        # A published layout named afresh on every call (to_layout_segment) is framed once for the shape.
+        seg_l, seg = self.layout(c, fill=False, segment="py-short-seg")
+        before, kept = [x.copy() for x in seg], len(c._frames)
+        for k in range(3):
+            c.transfer_blocks("write", src_l, np.array([k]), to_layout_segment("", "py-short-seg"), np.array([k + 4]))
+        self.check(seg, src, [4, 5, 6], [0, 1, 2], before)
+        self.assertEqual(len(c._frames), kept + 1, "a published layout's frame is kept once for its shape")
 
     def test_mailbox_socket_and_sleeping_callers_move_the_same_bytes(self):
         # The fast connection's mailbox (frames through shared memory) where the machine offers it, the socket
