@@ -4,9 +4,11 @@
 package server_test
 
 import (
+	"context"
 	"math/rand/v2"
 	"runtime"
 	"testing"
+	"time"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
@@ -24,8 +26,11 @@ func TestSettledTransfersKeepOnlyTheirStatus(t *testing.T) {
 	const bs, blocks = 720, 64
 	src, _ := hostLayout(t, c, rng, 1, blocks, bs)
 	dst, _ := hostLayout(t, c, rng, 1, blocks, bs)
-	ctx := ctxT(t) // one for every call: a context each would be kept by the test until it ends
 	call := func(i int) *client.Status {
+		// A deadline of its own for each call, released at once (ctxT's would be kept by the test until it
+		// ends, and one for all 22,000 calls runs out on a busy machine).
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		st, err := c.TransferBlocks(ctx, client.Write, src, []uint32{uint32(i % blocks)}, client.ToLayout(dst),
 			[]uint32{uint32((i * 7) % blocks)}, client.TransferOptions{})
 		if err != nil {
