@@ -66,9 +66,7 @@ func (r *settledRing) put(owner string, st *agentv1.TransferStatus, now time.Tim
 	if rec.id > st.TransferId {
 		return
 	}
-	if rec.id != 0 && rec.state != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
-		delete(r.failed, rec.id)
-	}
+	r.clear(rec)
 	*rec = settledRecord{id: st.TransferId, owner: owner, bytes: st.Bytes, elapsed: st.Elapsed.AsDuration(),
 		ended: now.Sub(r.epoch), state: st.State}
 	if st.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
@@ -87,14 +85,19 @@ func (r *settledRing) get(owner string, id uint64, now time.Time) *agentv1.Trans
 		return nil
 	}
 	if now.Sub(r.epoch)-rec.ended > r.retention {
-		if rec.state != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
-			delete(r.failed, id)
-		}
-		*rec = settledRecord{}
+		r.clear(rec)
 		return nil
 	}
 	if st := r.failed[id]; st != nil {
 		return st
 	}
 	return &agentv1.TransferStatus{TransferId: id, State: rec.state, Bytes: rec.bytes, Elapsed: durationpb.New(rec.elapsed)}
+}
+
+// clear empties rec's slot, and forgets the failure status kept beside it.
+func (r *settledRing) clear(rec *settledRecord) {
+	if rec.id != 0 && rec.state != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+		delete(r.failed, rec.id)
+	}
+	*rec = settledRecord{}
 }

@@ -373,8 +373,7 @@ func (s *Service) statusOf(x *transfer, err error) *agentv1.TransferStatus {
 func (s *Service) ownTransfer(sess *regiontable.Session, id uint64) (*transfer, error) {
 	s.table.Lock()
 	defer s.table.Unlock()
-	x, err := s.ownTransferLocked(sess, id)
-	return x, err
+	return s.ownTransferLocked(sess, id)
 }
 
 // ownTransferLocked finds the caller's transfer id, running or settled; a settled one comes back as a transfer

@@ -795,57 +795,39 @@ class Client:
             resp = self._call(self.stub.Transfer, req)
         return self._settled(resp, wait)
 
-    def _fast_call(self, parts, timeout: Optional[float] = None) -> pb.TransferResponse:
+    def _fast_call(self, parts, timeout: Optional[float] = None, build=None) -> Optional[pb.TransferResponse]:
         """One frame (a list of bytes-like parts) on the fast socket and its reply, within timeout (the transfer's,
-        else the client's) plus a second for the reply to travel."""
+        else the client's) plus a second for the reply to travel. With build, the parts are build(conn), made
+        under the fast lock (the id arena is written there); build returns None when the frame cannot be made,
+        and so does this."""
         deadline = time.perf_counter() + (timeout or self.timeout) + 1.0
         with self._fast_lock:
             conn = self._fast
             if conn is None:
                 raise SessionLost("the fast socket is closed: call recover() and retry")
+            if build is not None:
+                parts = build(conn)
+                if parts is None:
+                    return None
             try:
                 raw = conn.call(parts, deadline)
             except (OSError, ConnectionError) as e:
-                raise self._fast_lost(conn, e) from e
-        return self._fast_response(raw)
-
-    def _fast_lost(self, conn, e) -> "SessionLost":
-        """Closes a fast connection that broke (the fast lock held) and says so."""
-        conn.close()
-        self._fast = None
-        return SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e)
-
-    @staticmethod
-    def _fast_response(raw: bytes) -> pb.TransferResponse:
+                conn.close()
+                self._fast = None
+                raise SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e) from e
         reply = pb.FastReply.FromString(raw)
         if reply.code:
             raise AgentError(reply.code, reply.message)
         return reply.response
 
-    def _fast_exchange(self, build, timeout: Optional[float]) -> Optional[pb.TransferResponse]:
-        """Like _fast_call, with the frame's parts made by build(conn) under the fast lock (the id arena is
-        written there); build returns None when the frame cannot be made, and so does this."""
-        deadline = time.perf_counter() + (timeout or self.timeout) + 1.0
-        with self._fast_lock:
-            conn = self._fast
-            if conn is None:
-                raise SessionLost("the fast socket is closed: call recover() and retry")
-            parts = build(conn)
-            if parts is None:
-                return None
-            try:
-                raw = conn.call(parts, deadline)
-            except (OSError, ConnectionError) as e:
-                raise self._fast_lost(conn, e) from e
-        return self._fast_response(raw)
-
     @staticmethod
     def _settled(resp: pb.TransferResponse, wait: bool):
         if not wait:
             return resp.transfer_id
-        if resp.status.state != pb.TRANSFER_STATE_SUCCEEDED:
-            raise TransferFailed(resp.status)
-        return resp.status
+        st = resp.status
+        if st.state != pb.TRANSFER_STATE_SUCCEEDED:
+            raise TransferFailed(st)
+        return st
 
     def register_layout(self, regions: Sequence[Region], block_bytes: int, segment: str = "",
                         grants: Sequence[str] = ()) -> Layout:
@@ -937,13 +919,7 @@ class Client:
                 self._frames.clear()
             self._frames[key] = framing
         self._check_session()
-        resp = self._fast_call([framing[0], local, framing[1], rids], timeout)
-        if not wait:
-            return resp.transfer_id
-        st = resp.status
-        if st.state != pb.TRANSFER_STATE_SUCCEEDED:
-            raise TransferFailed(st)
-        return st
+        return self._settled(self._fast_call([framing[0], local, framing[1], rids], timeout), wait)
 
     def _arena_call(self, code, layout, packed, remote, timeout, notify, wait):
         """A block transfer whose ids (packed: both lists as pack_ids returned them, with their widths) go
@@ -953,7 +929,7 @@ class Client:
             return None if count is None else _blocks.arena_frame(code, layout.pb.id, remote, count, timeout, notify,
                                                                    wait)
 
-        return self._fast_exchange(build, timeout)
+        return self._fast_call(None, timeout, build)
 
     def write(self, local: Region, local_offset: int, remote: Remote, remote_offset: int, length: int):
         return self.transfer("write", [Item(local, remote, length, local_offset, remote_offset)])
