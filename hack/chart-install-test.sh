@@ -133,11 +133,22 @@ ok "kube-apiserver ready in $(elapsed) s"
 kubectl() { "$BIN/kubectl" "$@"; }
 helm() { "$BIN/helm" "$@"; }
 
-# expect_crds_established fails unless every fabricxfer CRD exists and is Established.
+# expect_crds_established fails unless every fabricxfer CRD exists and is Established within 60 s. On failure
+# it prints each CRD's conditions and the API server's lines about it: the API server marks a CRD Established
+# only after its names are accepted, and the two steps can be minutes apart on a starved machine, so the
+# failure has to say which step did not happen.
 expect_crds_established() {
-  kubectl wait --for=condition=Established --timeout=30s "${CRDS[@]/#/crd/}" >/dev/null ||
-    fail "CRDs not established"
-  ok "CRDs established: ${CRDS[*]}"
+  kubectl wait --for=condition=Established --timeout=60s "${CRDS[@]/#/crd/}" >/dev/null && {
+    ok "CRDs established: ${CRDS[*]}"
+    return
+  }
+  local crd
+  for crd in "${CRDS[@]}"; do
+    kubectl get crd "$crd" -o jsonpath='{.metadata.name} uid={.metadata.uid} deleting={.metadata.deletionTimestamp}{"\n"}{range .status.conditions[*]}  {.type}={.status} {.reason} {.lastTransitionTime}{"\n"}{end}' >&2 ||
+      true
+    grep -F "$crd" "$state/apiserver.log" | tail -5 >&2 || true
+  done
+  fail "CRDs not established in 60 s"
 }
 # expect_rules_as_generated compares the operator ClusterRole in the cluster with config/rbac/role.yaml.
 expect_rules_as_generated() {
@@ -281,6 +292,10 @@ for crd in "${CRDS[@]}"; do kubectl get crd "$crd" >/dev/null 2>&1 || fail "CRD 
 
 step "kubectl apply -f dist/install.yaml"
 kubectl delete crd "${CRDS[@]}" --timeout=60s >/dev/null
+# A CRD still being deleted would take the apply as a change to itself and then vanish under it.
+for crd in "${CRDS[@]}"; do
+  if kubectl get crd "$crd" >/dev/null 2>&1; then fail "CRD $crd still exists after its delete returned"; fi
+done
 kubectl apply -f dist/install.yaml
 expect_crds_established
 kubectl -n "$NS" get deployment fabricxfer-operator >/dev/null || fail "dist/install.yaml made no operator Deployment"
