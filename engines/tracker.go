@@ -20,8 +20,7 @@ type Tracker struct {
 	plans  []Plan
 	start  time.Time
 
-	ctx      context.Context
-	stop     context.CancelFunc
+	ctx      transferContext
 	cause    atomic.Pointer[error] // why cancel stopped it, for StopCause (the deadline's is the context's)
 	deadline time.Time
 
@@ -239,15 +238,16 @@ func newTracker(parent context.Context, engine string, plans []Plan, opts Submit
 	}
 	// The context carries the enforced deadline (engines hand ctx.Deadline() to peers and syscalls) and ends
 	// with errDeadline as its cause when it passes. One context, not a cancellable one under the deadline: the
-	// reason of a cancel is kept beside it, which spares a context, its channel and its link per transfer.
-	t.ctx, t.stop = context.WithDeadlineCause(parent, deadline, errDeadline)
+	// reason of a cancel is kept beside it. It lives in the tracker and arms its timer only if someone waits on
+	// its Done (transferContext).
+	t.ctx.init(parent, deadline)
 	t.deadline = deadline
 	return t
 }
 
 // Context is cancelled when the transfer must stop: Cancel, deadline, deregistration of one of its regions,
 // engine Close, or the submitter's context ending. Engines watch it.
-func (t *Tracker) Context() context.Context { return t.ctx }
+func (t *Tracker) Context() context.Context { return &t.ctx }
 
 // Deadline returns the deadline the tracker enforces: the earlier of the submitter's context deadline and
 // now+Timeout, or now+DefaultTimeout when neither is set. Never zero.
@@ -258,7 +258,7 @@ func (t *Tracker) cancel(cause error) {
 	if t.ctx.Err() == nil {
 		t.cause.CompareAndSwap(nil, &cause)
 	}
-	t.stop()
+	t.ctx.stop()
 }
 
 // Cancel implements Transfer.
@@ -278,7 +278,7 @@ func (t *Tracker) stopCause() error {
 	if t.ctx.Err() == nil {
 		return nil
 	}
-	cause := context.Cause(t.ctx)
+	cause := t.ctx.cause()
 	if c := t.cause.Load(); c != nil && !errors.Is(cause, ErrDeadline) {
 		cause = *c
 	}
@@ -331,7 +331,7 @@ func (t *Tracker) arm() {
 
 func (t *Tracker) complete() {
 	if t.finalize != nil {
-		t.finalize(t.ctx, t.outcomes)
+		t.finalize(&t.ctx, t.outcomes)
 	}
 	var failures []Failure
 	for i, o := range t.outcomes {
@@ -343,7 +343,7 @@ func (t *Tracker) complete() {
 	if len(failures) > 0 {
 		t.result = &TransferError{Failures: failures}
 	}
-	t.stop() // releases the context's resources; the outcome is already fixed
+	t.ctx.stop() // releases the context's timer and link, if Done armed them; the outcome is already fixed
 	// Done closes before the regions are unpinned, so a Deregister that waited for them returns after Done.
 	close(t.done)
 	if t.onDone != nil {
