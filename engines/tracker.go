@@ -112,11 +112,13 @@ func (t *Tracker) Drive(ctx context.Context) bool {
 	d.mu.Unlock()
 	until := time.Now().Add(driverPollBudget)
 	done := false
+	// The contexts and the clock are read every 16 polls: the transfer's context reads the clock for its
+	// deadline, and a poll of a done word is a few nanoseconds.
 	for i := 0; ; i++ {
-		if done = poll(); done || ctx.Err() != nil || t.ctx.Err() != nil {
+		if done = poll(); done {
 			break
 		}
-		if i%16 == 15 && time.Now().After(until) {
+		if i%16 == 15 && (ctx.Err() != nil || t.ctx.Err() != nil || time.Now().After(until)) {
 			break
 		}
 	}
