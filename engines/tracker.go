@@ -20,9 +20,8 @@ type Tracker struct {
 	plans  []Plan
 	start  time.Time
 
-	ctx      transferContext
-	cause    atomic.Pointer[error] // why cancel stopped it, for StopCause (the deadline's is the context's)
-	deadline time.Time
+	ctx   transferContext
+	cause atomic.Pointer[error] // why cancel stopped it, for StopCause (the deadline's is the context's)
 
 	mu        sync.Mutex
 	outcomes  []Outcome
@@ -243,7 +242,6 @@ func newTracker(parent context.Context, engine string, plans []Plan, opts Submit
 	// reason of a cancel is kept beside it. It lives in the tracker and arms its timer only if someone waits on
 	// its Done (transferContext).
 	t.ctx.init(parent, deadline)
-	t.deadline = deadline
 	return t
 }
 
@@ -253,7 +251,7 @@ func (t *Tracker) Context() context.Context { return &t.ctx }
 
 // Deadline returns the deadline the tracker enforces: the earlier of the submitter's context deadline and
 // now+Timeout, or now+DefaultTimeout when neither is set. Never zero.
-func (t *Tracker) Deadline() time.Time { return t.deadline }
+func (t *Tracker) Deadline() time.Time { return t.ctx.deadline }
 
 // cancel stops the transfer's context with cause, unless it already ended (the first reason stands).
 func (t *Tracker) cancel(cause error) {

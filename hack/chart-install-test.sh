@@ -133,10 +133,10 @@ ok "kube-apiserver ready in $(elapsed) s"
 kubectl() { "$BIN/kubectl" "$@"; }
 helm() { "$BIN/helm" "$@"; }
 
-# expect_crds_established fails unless every fabricxfer CRD exists and is Established within 60 s. On failure
-# it prints each CRD's conditions and the API server's lines about it: the API server marks a CRD Established
-# only after its names are accepted, and the two steps can be minutes apart on a starved machine, so the
-# failure has to say which step did not happen.
+# expect_crds_established fails unless every fabricxfer CRD exists and is Established within 60 s. The API
+# server marks a CRD Established in a second step, after it accepted the CRD's names; on failure each CRD's
+# conditions and the API server's lines about it say which step did not happen (one CI run waited 30 s in vain
+# for transfernodes after the delete and apply below, with nothing printed to tell why).
 expect_crds_established() {
   kubectl wait --for=condition=Established --timeout=60s "${CRDS[@]/#/crd/}" >/dev/null && {
     ok "CRDs established: ${CRDS[*]}"
