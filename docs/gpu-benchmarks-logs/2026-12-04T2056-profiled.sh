@@ -7,10 +7,10 @@ import lzma,shutil,os
 with lzma.open('.gpuc/agent-new.xz') as f, open('/tmp/agent','wb') as o: shutil.copyfileobj(f,o)
 os.chmod('/tmp/agent',0o755)"
 { date -u; nvidia-smi --query-gpu=name,driver_version,compute_mode,clocks.sm,clocks.mem --format=csv; } > $OUT/times.txt
-AGENT_ARGS="--cpu-profile /tmp/agent-4k.prof" PYTHONUNBUFFERED=1 timeout 150 python3 .gpuc/pieces.py client/python /tmp/agent profiled > $OUT/pieces-profiled.txt 2>&1
+AGENT_ARGS="--cpu-profile /tmp/agent-4k.prof" PYTHONUNBUFFERED=1 timeout 150 python3 docs/gpu-benchmarks-logs/2026-12-04T1820-pieces.py client/python /tmp/agent profiled > $OUT/pieces-profiled.txt 2>&1
 echo "$(date -u +%T) pieces profiled rc $?" >> $OUT/times.txt
 cp /tmp/agent-4k.prof $OUT/ 2>/dev/null
-PYTHONUNBUFFERED=1 timeout 150 python3 .gpuc/pieces.py client/python /tmp/agent plain > $OUT/pieces-plain.txt 2>&1
+PYTHONUNBUFFERED=1 timeout 150 python3 docs/gpu-benchmarks-logs/2026-12-04T1820-pieces.py client/python /tmp/agent plain > $OUT/pieces-plain.txt 2>&1
 echo "$(date -u +%T) pieces plain rc $?" >> $OUT/times.txt
 for i in 1 2; do
   echo "=== socket $i $(date -u +%T)" >> $OUT/socket.txt

@@ -20,7 +20,7 @@ for r in 1 2; do for v in old new; do
   echo "$(date -u +%T) ladder $v $r rc $?" >> $OUT/times.txt
 done; done
 for r in 1 2; do for v in old new; do
-  PYTHONUNBUFFERED=1 timeout 120 python3 .gpuc/pieces.py client/python /tmp/agent-$v $v-$r >> $OUT/pieces.txt 2>&1
+  PYTHONUNBUFFERED=1 timeout 120 python3 docs/gpu-benchmarks-logs/2026-12-04T1820-pieces.py client/python /tmp/agent-$v $v-$r >> $OUT/pieces.txt 2>&1
   echo "$(date -u +%T) pieces $v $r rc $?" >> $OUT/times.txt
 done; done
 for r in 1 2; do for v in new old; do
