@@ -31,17 +31,21 @@ type settledRecord struct {
 
 // settledRing keeps settled transfers in slot id mod maxFinished: a lookup is one index, a settlement one
 // store, and nothing sweeps it. A record leaves when a newer transfer takes its slot or, on lookup, once it is
-// older than the retention. Its records hold no pointer but the owner's key, so the collector has next to
-// nothing to mark however busy the caller is; it lives under the table's lock.
+// older than the retention. A newer transfer of another caller takes the slot only from a caller that holds
+// more records than its own: one caller's flood of transfers pushes out its own records and those of callers
+// busier than it, never a quieter caller's. Its records hold no pointer but the owner's key, so the collector
+// has next to nothing to mark however busy the caller is; it lives under the table's lock.
 type settledRing struct {
 	epoch     time.Time
 	retention time.Duration
 	chunks    [maxFinished / settledChunk]*[settledChunk]settledRecord
 	failed    map[uint64]*agentv1.TransferStatus
+	held      map[string]int // how many records each caller holds (only callers holding some)
 }
 
 func newSettledRing(retention time.Duration) settledRing {
-	return settledRing{epoch: time.Now(), retention: retention, failed: map[uint64]*agentv1.TransferStatus{}}
+	return settledRing{epoch: time.Now(), retention: retention, failed: map[uint64]*agentv1.TransferStatus{},
+		held: map[string]int{}}
 }
 
 // slot returns id's record, allocating its chunk when alloc is set (else nil where none is allocated yet: a
@@ -59,19 +63,29 @@ func (r *settledRing) slot(id uint64, alloc bool) *settledRecord {
 	return &c[i%settledChunk]
 }
 
-// put records st, the status of the owner's transfer, settled at now. A transfer that settles after
-// maxFinished newer ones were submitted finds its slot taken by a newer one and is not kept.
+// put records st, the status of the owner's transfer, settled at now. It is not kept when its slot holds a
+// newer transfer (it settled after maxFinished newer ones were submitted), or another caller's record within the
+// retention while that caller holds no more records than the owner.
 func (r *settledRing) put(owner string, st *agentv1.TransferStatus, now time.Time) {
 	rec := r.slot(st.TransferId, true)
 	if rec.id > st.TransferId {
 		return
 	}
+	if rec.id != 0 && rec.owner != owner && !r.expired(rec, now) && r.held[rec.owner] <= r.held[owner] {
+		return
+	}
 	r.clear(rec)
 	*rec = settledRecord{id: st.TransferId, owner: owner, bytes: st.Bytes, elapsed: st.Elapsed.AsDuration(),
 		ended: now.Sub(r.epoch), state: st.State}
+	r.held[owner]++
 	if st.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
 		r.failed[st.TransferId] = st
 	}
+}
+
+// expired reports whether rec settled longer than the retention before now.
+func (r *settledRing) expired(rec *settledRecord, now time.Time) bool {
+	return now.Sub(r.epoch)-rec.ended > r.retention
 }
 
 // get returns the status of the owner's settled transfer id, or nil when it is not kept (never settled, older
@@ -84,7 +98,7 @@ func (r *settledRing) get(owner string, id uint64, now time.Time) *agentv1.Trans
 	if rec == nil || rec.id != id || rec.owner != owner {
 		return nil
 	}
-	if now.Sub(r.epoch)-rec.ended > r.retention {
+	if r.expired(rec, now) {
 		r.clear(rec)
 		return nil
 	}
@@ -96,8 +110,14 @@ func (r *settledRing) get(owner string, id uint64, now time.Time) *agentv1.Trans
 
 // clear empties rec's slot, and forgets the failure status kept beside it.
 func (r *settledRing) clear(rec *settledRecord) {
-	if rec.id != 0 && rec.state != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+	if rec.id == 0 {
+		return
+	}
+	if rec.state != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
 		delete(r.failed, rec.id)
+	}
+	if r.held[rec.owner]--; r.held[rec.owner] <= 0 {
+		delete(r.held, rec.owner)
 	}
 	*rec = settledRecord{}
 }

@@ -117,3 +117,54 @@ func TestSettledRingRecordsSuccessesWithoutAllocating(t *testing.T) {
 		t.Fatalf("recording a success allocated %.1f times", allocs)
 	}
 }
+
+// A caller's flood of transfers pushes out its own settled records, never those of a quieter caller: any local
+// process may submit as many transfers as its limits allow, and another tenant's statuses must stay answerable.
+func TestSettledRingKeepsAQuietCallersRecordsThroughAFlood(t *testing.T) {
+	r := newSettledRing(time.Minute)
+	now := r.epoch.Add(time.Second)
+	for id := uint64(1); id <= 10; id++ {
+		r.put("pod-a", succeeded(id, id), now)
+	}
+	r.put("pod-a", failed(11), now)
+	const flood = 3 * maxFinished
+	for id := uint64(12); id < 12+flood; id++ {
+		r.put("pod-b", succeeded(id, 1), now)
+	}
+	for id := uint64(1); id <= 10; id++ {
+		if st := r.get("pod-a", id, now); st == nil || st.Bytes != id {
+			t.Fatalf("pod-a's transfer %d after pod-b's %d transfers: %v", id, flood, st)
+		}
+	}
+	if st := r.get("pod-a", 11, now); st == nil || len(st.Failures) != 1 || st.Failures[0].Message != "peer gone" {
+		t.Fatalf("pod-a's failed transfer 11 after the flood: %v", st)
+	}
+	if r.held["pod-a"] != 11 || r.held["pod-b"] != maxFinished-11 {
+		t.Fatalf("records held: pod-a %d, pod-b %d; want 11 and %d", r.held["pod-a"], r.held["pod-b"], maxFinished-11)
+	}
+	last := uint64(12 + flood - 1) // in pod-a's slot 11
+	if st := r.get("pod-b", 100+2*maxFinished, now); st == nil {
+		t.Fatal("the flood's last round is not kept")
+	}
+	// The flood's transfers that fell on pod-a's slots were not kept.
+	if st := r.get("pod-b", 5+2*maxFinished, now); st != nil {
+		t.Fatalf("pod-b's transfer took pod-a's slot: %v", st)
+	}
+	// A quiet caller's newer transfer takes a slot from the busier one.
+	r.put("pod-c", succeeded(last+1, 3), now)
+	if st := r.get("pod-c", last+1, now); st == nil || st.Bytes != 3 {
+		t.Fatalf("pod-c's transfer beside the flood: %v", st)
+	}
+	if st := r.get("pod-b", last+1-maxFinished, now); st != nil {
+		t.Fatalf("the busier caller's record in pod-c's slot is still answered: %v", st)
+	}
+	// Past the retention, pod-a's records give way to anyone.
+	later := now.Add(61 * time.Second)
+	r.put("pod-b", succeeded(1+4*maxFinished, 7), later)
+	if st := r.get("pod-b", 1+4*maxFinished, later); st == nil || st.Bytes != 7 {
+		t.Fatalf("pod-b's transfer in the slot of pod-a's expired record: %v", st)
+	}
+	if st := r.get("pod-a", 1, later); st != nil {
+		t.Fatalf("pod-a's expired record is answered: %v", st)
+	}
+}

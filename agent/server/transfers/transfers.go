@@ -385,7 +385,7 @@ func (s *Service) ownTransferLocked(sess *regiontable.Session, id uint64) (*tran
 	if st := s.settled.get(sess.Caller.Key, id, time.Now()); st != nil {
 		return &transfer{id: id, owner: sess.Caller.Key, done: s.closed, status: st}, nil
 	}
-	return nil, status.Errorf(codes.NotFound, "transfer %d is not known for this caller (settled more than %s ago or before the agent's last %d transfers, or never submitted)", id, s.settled.retention, maxFinished)
+	return nil, status.Errorf(codes.NotFound, "transfer %d is not known for this caller (settled more than %s ago, pushed out by %d newer transfers of this caller or of busier ones, or never submitted)", id, s.settled.retention, maxFinished)
 }
 
 func pending(id uint64) *agentv1.TransferStatus {
