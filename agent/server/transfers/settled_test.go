@@ -142,7 +142,6 @@ func TestSettledRingKeepsAQuietCallersRecordsThroughAFlood(t *testing.T) {
 	if r.held["pod-a"] != 11 || r.held["pod-b"] != maxFinished-11 {
 		t.Fatalf("records held: pod-a %d, pod-b %d; want 11 and %d", r.held["pod-a"], r.held["pod-b"], maxFinished-11)
 	}
-	last := uint64(12 + flood - 1) // in pod-a's slot 11
 	if st := r.get("pod-b", 100+2*maxFinished, now); st == nil {
 		t.Fatal("the flood's last round is not kept")
 	}
@@ -150,7 +149,9 @@ func TestSettledRingKeepsAQuietCallersRecordsThroughAFlood(t *testing.T) {
 	if st := r.get("pod-b", 5+2*maxFinished, now); st != nil {
 		t.Fatalf("pod-b's transfer took pod-a's slot: %v", st)
 	}
-	// A quiet caller's newer transfer takes a slot from the busier one.
+	// A quiet caller's newer transfer takes a slot from the busier one (the flood's last id fell in pod-a's slot
+	// 11; the next slot is pod-b's).
+	last := uint64(12 + flood - 1)
 	r.put("pod-c", succeeded(last+1, 3), now)
 	if st := r.get("pod-c", last+1, now); st == nil || st.Bytes != 3 {
 		t.Fatalf("pod-c's transfer beside the flood: %v", st)
