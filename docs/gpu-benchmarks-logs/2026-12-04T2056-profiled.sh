@@ -1,4 +1,7 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # A profiled agent under waited 4 KiB calls; then the socket cases and the Python GPU tests with the same agent.
 set -u
 cd "$(dirname "$0")/.."

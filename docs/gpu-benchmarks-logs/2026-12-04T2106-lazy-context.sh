@@ -1,4 +1,7 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # The agent before (old, 38e7839) and after (new) the lazy transfer context, alternated: the 4 KiB pieces and the
 # socket cases; the engine ladder is not built here. Then the Python GPU tests with the new agent.
 set -u

@@ -1,4 +1,7 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # The final agent: the socket cases three times (the pipelined ones once), the 4 KiB pieces, the Python GPU tests
 # in both allocator modes.
 set -u
