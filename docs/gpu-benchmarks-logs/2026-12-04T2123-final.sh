@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Copyright The fabricxfer Authors
 #
-# The final agent: the socket cases three times (the pipelined ones once), the 4 KiB pieces, the Python GPU tests
+# The final agent: the socket cases three times and once with expandable segments, the 4 KiB pieces, the Python GPU tests
 # in both allocator modes.
 set -u
 cd "$(dirname "$0")/.."
