@@ -155,6 +155,7 @@ fi
 step "simulating $N agents ($AGENT_IDENTITY identity; flow schemas fabricxfer-agent*: $AGENT_APF) and measuring"
 # shellcheck disable=SC2086 # SCALE_FLAGS is a list of flags
 if ! "$ST/scale" run -n "$N" -operator-pid "$OPERATOR_PID" -operator-metrics "http://127.0.0.1:$OPERATOR_PORT/metrics" \
+  -apiserver-pid "$(cat "$ST/kube/apiserver.pid")" -etcd-pid "$(cat "$ST/kube/etcd.pid")" \
   -operator-log "$ST/operator.log" "${AGENT_FLAGS[@]}" ${SCALE_FLAGS:-}; then
   echo "scale: operator log tail:" >&2
   tail -5 "$ST/operator.log" >&2

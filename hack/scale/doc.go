@@ -24,6 +24,8 @@
 // that stands for an 8-GPU, 8-NIC node in a scale-up domain. The agents' requests are counted by verb and
 // resource (Leases beside TransferNode writes). Beside the convergence it prints the operator's own controller
 // metrics before and after the last first report (reconcile times, queue waits, errors, retries, status
-// codes), every client's writes, the agents' failed rounds by cause, and when its own watch of the reports
-// delivered them, so a slow run says whether the operator was busy, backing off, or waiting for its input.
+// codes), every client's writes, the agents' failed rounds by cause, when its own watch of the reports
+// delivered them, and the CPU time of the API server, etcd, the operator and itself (hack/scale.sh passes their
+// PIDs), so a slow run says whether the operator was busy, backing off, or waiting for its input, and who had
+// the cores.
 package main

@@ -69,6 +69,8 @@ type options struct {
 	poolNamespace   string
 	poolName        string
 	operatorPID     int
+	apiserverPID    int
+	etcdPID         int
 	operatorMetrics string
 	operatorLog     string
 	agentNamespace  string
@@ -90,6 +92,8 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.poolNamespace, "pool-namespace", "default", "namespace of the TransferPool")
 	fs.StringVar(&o.poolName, "pool-name", "scale", "name of the TransferPool")
 	fs.IntVar(&o.operatorPID, "operator-pid", 0, "PID of the operator process, for its peak RSS")
+	fs.IntVar(&o.apiserverPID, "apiserver-pid", 0, "PID of the kube-apiserver process, for its CPU time beside the operator's (0: not shown)")
+	fs.IntVar(&o.etcdPID, "etcd-pid", 0, "PID of the etcd process, for its CPU time beside the operator's (0: not shown)")
 	fs.StringVar(&o.operatorMetrics, "operator-metrics", "", "URL of the operator's metrics endpoint")
 	fs.StringVar(&o.operatorLog, "operator-log", "", "the operator's log file, to count its error lines")
 	fs.StringVar(&o.agentNamespace, "agent-namespace", controllers.DefaultAgentNamespace, "the operator's --agent-namespace, where the pool's agent ServiceAccount lives")
@@ -337,6 +341,10 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		return s
 	}
 	cpu0 := cpu()
+	// Everything on this machine that the measured seconds share its cores with: a run whose convergence is
+	// slow says whether the API server, etcd, the operator or this harness had the cores.
+	procs := processesOf(o)
+	procs0 := procs.cpu()
 	queues := func() (queueSnapshot, bool) {
 		if o.operatorMetrics == "" {
 			return queueSnapshot{}, false
@@ -455,6 +463,7 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 	}
 	cpu1, at1 := cpu(), time.Now()
 	fmt.Printf("operator CPU from pool creation to convergence: %.2f s in %.1f s\n", cpu1-cpu0, at1.Sub(poolApplied).Seconds())
+	fmt.Printf("CPU by process from pool creation to convergence: %s\n", procs.report(procs0, procs.cpu(), at1.Sub(poolApplied)))
 
 	size, stripped, err := transferNodeSize(ctx, cfg, nodeName(0))
 	if err != nil {
@@ -464,11 +473,13 @@ func measure(ctx context.Context, o options, cfg *rest.Config, scheme *runtime.S
 		nodeName(0), size, stripped)
 
 	cpu2, at2 := cpu(), time.Now()
+	procs2 := procs.cpu()
 	rate, err := steadyState(ctx, o, cfg, agentRequests)
 	if err != nil {
 		return err
 	}
 	cpu3, at3 := cpu(), time.Now()
+	fmt.Printf("CPU by process in the steady state: %s\n", procs.report(procs2, procs.cpu(), at3.Sub(at2)))
 	fmt.Printf("operator CPU in the steady state: %.2f s in %.1f s (%.1f %% of a core)\n", cpu3-cpu2, at3.Sub(at2).Seconds(),
 		100*(cpu3-cpu2)/at3.Sub(at2).Seconds())
 	if err := printVPodSlices(ctx, cs, len(expected)); err != nil {

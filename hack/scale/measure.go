@@ -12,6 +12,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -232,6 +233,54 @@ func ms(s float64) string {
 		return "> last bucket"
 	}
 	return fmt.Sprintf("%.0f ms", s*1000)
+}
+
+// processes are the processes whose CPU time a run reports, by name.
+type processes []struct {
+	name string
+	pid  int
+}
+
+// processesOf names the API server, etcd and the operator where their PIDs were given, and this harness.
+func processesOf(o options) processes {
+	var ps processes
+	for _, p := range []struct {
+		name string
+		pid  int
+	}{{"kube-apiserver", o.apiserverPID}, {"etcd", o.etcdPID}, {"operator", o.operatorPID}, {"harness", os.Getpid()}} {
+		if p.pid > 0 {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// cpu reads each process's CPU seconds (NaN where it cannot be read).
+func (ps processes) cpu() []float64 {
+	out := make([]float64, len(ps))
+	for i, p := range ps {
+		s, err := procCPUSeconds(p.pid)
+		if err != nil {
+			s = math.NaN()
+		}
+		out[i] = s
+	}
+	return out
+}
+
+// report says what each process used between two readings over wall, and the machine's cores over it.
+func (ps processes) report(before, after []float64, wall time.Duration) string {
+	var parts []string
+	total := 0.0
+	for i, p := range ps {
+		d := after[i] - before[i]
+		if !math.IsNaN(d) {
+			total += d
+		}
+		parts = append(parts, fmt.Sprintf("%s %.2f s (%.0f %% of a core)", p.name, d, 100*d/wall.Seconds()))
+	}
+	return fmt.Sprintf("%s; together %.2f s of the %d cores' %.1f s", strings.Join(parts, ", "), total, runtime.NumCPU(),
+		float64(runtime.NumCPU())*wall.Seconds())
 }
 
 // procCPUSeconds is the user+system CPU time a process has used, from /proc/<pid>/stat (clock ticks of 1/100 s,
