@@ -205,10 +205,9 @@ func (r *Registry) Pin(id MemoryID) (d *MemoryDesc, unpin func(), err error) {
 	}
 	g.pins++
 	var once sync.Once
-	return &g.desc, func() { once.Do(func() { r.unpin(g, nil) }) }, nil
+	return &g.desc, func() { once.Do(func() { r.unpin(g) }) }, nil
 }
 
-// unpin drops one pin of g (held by t, when t is not nil). Caller must not hold r.mu.
 // releaseTracker unpins a settled transfer's regions and forgets it, under one hold of the lock.
 func (r *Registry) releaseTracker(t *Tracker) {
 	r.mu.Lock()
@@ -219,12 +218,14 @@ func (r *Registry) releaseTracker(t *Tracker) {
 	delete(r.trackers, t)
 }
 
-func (r *Registry) unpin(g *region, t *Tracker) {
+// unpin drops one pin of g that Pin took. Caller must not hold r.mu.
+func (r *Registry) unpin(g *region) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.unpinLocked(g, t)
+	r.unpinLocked(g, nil)
 }
 
+// unpinLocked drops one pin of g (held by t, when t is not nil); r.mu is held.
 func (r *Registry) unpinLocked(g *region, t *Tracker) {
 	g.pins--
 	if t != nil {
