@@ -176,6 +176,21 @@ ok "ServiceAccount, metrics Service, leader-election Role/RoleBinding, PDB, Clus
 kubectl wait --for=condition=Dangling=False --timeout=30s flowschema/fabricxfer-agents flowschema/fabricxfer-agent-leases >/dev/null ||
   fail "the agents' FlowSchemas fabricxfer-agents and fabricxfer-agent-leases are missing or their priority level is"
 ok "the agents' FlowSchemas and their PriorityLevelConfiguration fabricxfer-agents are in force"
+# The level borrows no seats (borrowingLimitPercent 0): the API server's upper limit for it is its nominal one,
+# so a start-up of agents never runs more requests at once than that, whatever other levels leave idle.
+seats=
+for _ in $(seq 1 60); do
+  seats=$(kubectl get --raw /metrics | awk -F'[ ]' '
+    /^apiserver_flowcontrol_nominal_limit_seats\{priority_level="fabricxfer-agents"\}/ { n = $2 }
+    /^apiserver_flowcontrol_upper_limit_seats\{priority_level="fabricxfer-agents"\}/ { u = $2 }
+    END { if (n != "" && u != "") print n, u }')
+  [ -n "$seats" ] && break
+  sleep 0.5
+done
+read -r nominal upper <<<"${seats:-? ?}"
+[ "$nominal" != "?" ] && [ "$nominal" -gt 0 ] && [ "$upper" = "$nominal" ] ||
+  fail "the agents' priority level may use $upper seats, not only its nominal $nominal (or the API server does not report them)"
+ok "the agents' priority level is held to its $nominal nominal seats"
 expect_rules_as_generated fabricxfer-operator
 operator_sa="system:serviceaccount:$NS:fabricxfer-operator"
 kubectl auth can-i create daemonsets.apps -n "$NS" --as="$operator_sa" >/dev/null ||
