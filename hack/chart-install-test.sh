@@ -180,7 +180,7 @@ ok "the agents' FlowSchemas and their PriorityLevelConfiguration fabricxfer-agen
 # so a start-up of agents never runs more requests at once than that, whatever other levels leave idle.
 seats=
 for _ in $(seq 1 60); do
-  seats=$(kubectl get --raw /metrics | awk -F'[ ]' '
+  seats=$({ kubectl get --raw /metrics 2>/dev/null || true; } | awk -F'[ ]' '
     /^apiserver_flowcontrol_nominal_limit_seats\{priority_level="fabricxfer-agents"\}/ { n = $2 }
     /^apiserver_flowcontrol_upper_limit_seats\{priority_level="fabricxfer-agents"\}/ { u = $2 }
     END { if (n != "" && u != "") print n, u }')
