@@ -173,9 +173,25 @@ kubectl -n "$NS" get serviceaccount/fabricxfer-operator service/fabricxfer-opera
 kubectl get clusterrolebinding/fabricxfer-operator >/dev/null || fail "ClusterRoleBinding missing"
 ok "ServiceAccount, metrics Service, leader-election Role/RoleBinding, PDB, ClusterRoleBinding exist"
 # The API server marks a FlowSchema Dangling=False once it has the priority level it names.
-kubectl wait --for=condition=Dangling=False --timeout=30s flowschema/fabricxfer-agents flowschema/fabricxfer-agent-leases >/dev/null ||
-  fail "the agents' FlowSchemas fabricxfer-agents and fabricxfer-agent-leases are missing or their priority level is"
-ok "the agents' FlowSchemas and their PriorityLevelConfiguration fabricxfer-agents are in force"
+kubectl wait --for=condition=Dangling=False --timeout=30s flowschema/fabricxfer-agents flowschema/fabricxfer-agent-leases \
+  flowschema/fabricxfer-operator >/dev/null ||
+  fail "the FlowSchemas fabricxfer-agents, fabricxfer-agent-leases and fabricxfer-operator are missing or their priority level is"
+ok "the agents' FlowSchemas and their PriorityLevelConfiguration fabricxfer-agents are in force, and the operator's"
+# Where the API server puts each identity's requests, from its answer to one made as it (the priority level's
+# UID in X-Kubernetes-PF-PriorityLevel-UID): an agent's ServiceAccount in the agents' level, the operator's,
+# which shares their namespace, in workload-low as it would be without these schemas.
+level_uid() {
+  curl -s --max-time 5 -o /dev/null -D - --cacert "$pki/ca.crt" -H "Authorization: Bearer $token" -H "Impersonate-User: $1" \
+    "https://127.0.0.1:$API_PORT/api/v1/namespaces/$NS/serviceaccounts" |
+    tr -d '\r' | awk -F': ' 'tolower($1) == "x-kubernetes-pf-prioritylevel-uid" { print $2 }'
+}
+for who in fabricxfer-agent-sample:fabricxfer-agents fabricxfer-operator:workload-low; do
+  sa=${who%%:*} level=${who#*:}
+  got=$(level_uid "system:serviceaccount:$NS:$sa")
+  want=$(kubectl get prioritylevelconfiguration "$level" -o jsonpath='{.metadata.uid}')
+  [ -n "$want" ] && [ "$got" = "$want" ] || fail "requests of ServiceAccount $NS/$sa went to priority level UID '$got', not $level ($want)"
+done
+ok "an agent's requests go to priority level fabricxfer-agents, the operator's to workload-low"
 # The level borrows no seats (borrowingLimitPercent 0): the API server's upper limit for it is its nominal one,
 # so a start-up of agents never runs more requests at once than that, whatever other levels leave idle.
 seats=
@@ -268,7 +284,8 @@ ok "TransferPool default/kv-cache (not the release's) still there"
 if kubectl -n "$NS" get deployment fabricxfer-operator >/dev/null 2>&1; then fail "operator Deployment left behind"; fi
 if kubectl -n "$NS" get transferpool default >/dev/null 2>&1; then fail "the release's TransferPool left behind"; fi
 ok "operator Deployment and the release's TransferPool removed"
-for obj in flowschema/fabricxfer-agents flowschema/fabricxfer-agent-leases prioritylevelconfiguration/fabricxfer-agents; do
+for obj in flowschema/fabricxfer-agents flowschema/fabricxfer-agent-leases flowschema/fabricxfer-operator \
+  prioritylevelconfiguration/fabricxfer-agents; do
   if kubectl get "$obj" >/dev/null 2>&1; then fail "the agents' $obj left behind by uninstall"; fi
 done
 ok "the agents' FlowSchemas and PriorityLevelConfiguration removed"

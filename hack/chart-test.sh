@@ -126,8 +126,9 @@ n=$(count_in_render 'helm.sh/resource-policy: keep' --set crds.keep=false)
 [ "$n" = 0 ] && pass "crds.keep=false lets uninstall remove the CRDs" || fail "crds.keep=false still keeps $n CRDs"
 
 # The agents' API Priority and Fairness (config/flowcontrol/agent_priority.yaml): two FlowSchemas and their
-# PriorityLevelConfiguration, on by default, for the agents' namespace, gone with agent.apiPriority.enabled=false.
-declare -A apf_kinds=([FlowSchema]=2 [PriorityLevelConfiguration]=1)
+# PriorityLevelConfiguration for the agents' namespace, and one for the operator's ServiceAccount, on by default,
+# gone with agent.apiPriority.enabled=false.
+declare -A apf_kinds=([FlowSchema]=3 [PriorityLevelConfiguration]=1)
 for kind in "${!apf_kinds[@]}"; do
   n=$(count_in_render "^kind: $kind\$")
   [ "$n" = "${apf_kinds[$kind]}" ] && pass "the agents' $kind rendered by default ($n)" || fail "rendered $n of the agents' $kind by default, not ${apf_kinds[$kind]}"
@@ -137,15 +138,18 @@ done
 # subjects prints each ServiceAccount subject of the rendered FlowSchemas as name/namespace, one a line.
 subjects() {
   "$HELM" template "$release" $chart --namespace "$namespace" --kube-version "$kube_version" "$@" |
-    awk '/^---/ { fs = 0 } /^kind: FlowSchema$/ { fs = 1 } fs && /^    - kind: ServiceAccount$/ { sa = 1; next }
+    awk '/^---/ { fs = 0; sa = 0 } /^kind: FlowSchema$/ { fs = 1 } fs && /^    - kind: ServiceAccount$/ { sa = 1; next }
+      fs && sa && /^      serviceAccount: \{name: .*, namespace: .*\}$/ { gsub(/[{},]/, ""); print $3 "/" $5; sa = 0 }
       fs && sa && /^        name:/ { name = $2 } fs && sa && /^        namespace:/ { print name "/" $2; sa = 0 }'
 }
 got=$(subjects | sort | uniq -c | awk '{ print $1, $2 }' | paste -sd' ')
-[ "$got" = '2 "*"/fabricxfer-system' ] && pass "both agents' FlowSchemas match every ServiceAccount of the release namespace" ||
-  fail "the agents' FlowSchemas match [$got], not every ServiceAccount of $namespace twice"
-got=$(subjects --set agent.namespace=gpu-agents | sort | uniq -c | awk '{ print $1, $2 }' | paste -sd' ')
-[ "$got" = '2 "*"/gpu-agents' ] && pass "the agents' FlowSchemas follow agent.namespace" ||
-  fail "with agent.namespace=gpu-agents the agents' FlowSchemas match [$got]"
+[ "$got" = '2 "*"/fabricxfer-system 1 fabricxfer-operator/fabricxfer-system' ] &&
+  pass "both agents' FlowSchemas match every ServiceAccount of the release namespace, the operator's its ServiceAccount" ||
+  fail "the FlowSchemas match [$got], not every ServiceAccount of $namespace twice and the operator's once"
+got=$(subjects --set agent.namespace=gpu-agents --set serviceAccount.name=xfer-op | sort | uniq -c | awk '{ print $1, $2 }' | paste -sd' ')
+[ "$got" = '2 "*"/gpu-agents 1 xfer-op/fabricxfer-system' ] &&
+  pass "the agents' FlowSchemas follow agent.namespace, the operator's its ServiceAccount in the release namespace" ||
+  fail "with agent.namespace=gpu-agents and serviceAccount.name=xfer-op the FlowSchemas match [$got]"
 
 if [ "$failures" -ne 0 ]; then
   echo "chart-test: $failures check(s) failed" >&2

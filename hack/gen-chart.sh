@@ -110,10 +110,15 @@ rules_of() {
   echo "$header"
   echo "{{- if .Values.agent.apiPriority.enabled }}"
   escape_braces <config/flowcontrol/agent_priority.yaml |
-    sed 's|^\(        namespace:\) fabricxfer-system$|\1 {{ include "fabricxfer.agentNamespace" . }}|'
+    sed -e 's|^\(        namespace:\) fabricxfer-system$|\1 {{ include "fabricxfer.agentNamespace" . }}|' \
+      -e 's|^\(      serviceAccount: {name:\) fabricxfer-operator, namespace: fabricxfer-system}$|\1 {{ include "fabricxfer.serviceAccountName" . }}, namespace: {{ .Release.Namespace }}}|'
   echo "{{- end }}"
 } >"$chart/templates/agent-priority.yaml"
 grep -q '^        namespace: {{ include "fabricxfer.agentNamespace" . }}$' "$chart/templates/agent-priority.yaml" || {
   echo "gen-chart: config/flowcontrol/agent_priority.yaml names no ServiceAccount of fabricxfer-system to make the agents' namespace" >&2
+  exit 1
+}
+grep -q '^      serviceAccount: {name: {{ include "fabricxfer.serviceAccountName" . }}, namespace: {{ .Release.Namespace }}}$' "$chart/templates/agent-priority.yaml" || {
+  echo "gen-chart: config/flowcontrol/agent_priority.yaml names no operator ServiceAccount to make the release's" >&2
   exit 1
 }
