@@ -19,6 +19,9 @@
 # fabricxfer-agents; config/flowcontrol/agent_priority.yaml, which the chart and dist/install.yaml ship), or with
 # SCALE_AGENT_APF=off, which leaves those out, in service-accounts/workload-low as without them.
 # SCALE_AGENT_IDENTITY=admin has them use the admin token instead (system:masters, which APF exempts), for comparison.
+# The operator runs as its installed ServiceAccount with its installed RBAC (config/rbac) and a token the API
+# server issues, so APF queues it as an installed operator (flow schema fabricxfer-operator, or service-accounts
+# without the schemas); SCALE_OPERATOR_IDENTITY=admin runs it as admin (exempt), as earlier runs did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -86,6 +89,11 @@ go build -o "$ST/operator" ./cmd/operator
 go build -o "$ST/scale" ./hack/scale
 
 AGENT_IDENTITY=${SCALE_AGENT_IDENTITY:-serviceaccount}
+OPERATOR_IDENTITY=${SCALE_OPERATOR_IDENTITY:-serviceaccount}
+case $OPERATOR_IDENTITY in
+serviceaccount | admin) ;;
+*) echo "scale: SCALE_OPERATOR_IDENTITY is serviceaccount or admin, not $OPERATOR_IDENTITY" >&2; exit 2 ;;
+esac
 AGENT_APF=${SCALE_AGENT_APF:-on}
 case $AGENT_APF in
 on | off) ;;
@@ -134,10 +142,20 @@ kc wait --for=condition=Established --timeout=60s crd/transferpools.fabricxfer.i
 step "creating $N Node objects"
 "$ST/scale" nodes -n "$N"
 
-step "starting the operator (agents' namespace fabricxfer-system)"
+step "starting the operator (agents' namespace fabricxfer-system; $OPERATOR_IDENTITY identity)"
 kc create namespace fabricxfer-system >/dev/null
+OPERATOR_KUBECONFIG=$ST/kube/kubeconfig
+if [ "$OPERATOR_IDENTITY" = serviceaccount ]; then
+  # The operator's ServiceAccount and RBAC as installed, and a token the API server issues for it: its requests
+  # are authorized and queued (flow schema fabricxfer-operator, level workload-low) as an installed operator's.
+  kc apply -f config/rbac/service_account.yaml -f config/rbac/role.yaml -f config/rbac/role_binding.yaml \
+    -f config/rbac/dra_role.yaml -f config/rbac/dra_role_binding.yaml >/dev/null
+  operator_token=$(kc -n fabricxfer-system create token fabricxfer-operator --duration=6h)
+  OPERATOR_KUBECONFIG=$ST/operator.kubeconfig
+  (umask 077 && sed "s|token: \"[^\"]*\"|token: \"$operator_token\"|" "$ST/kube/kubeconfig" >"$OPERATOR_KUBECONFIG")
+fi
 # shellcheck disable=SC2086 # OPERATOR_FLAGS is a list of flags
-"$ST/operator" --leader-elect=false --metrics-bind-address="127.0.0.1:$OPERATOR_PORT" \
+KUBECONFIG=$OPERATOR_KUBECONFIG "$ST/operator" --leader-elect=false --metrics-bind-address="127.0.0.1:$OPERATOR_PORT" \
   --health-probe-bind-address="127.0.0.1:$((OPERATOR_PORT + 1))" --pprof-bind-address="127.0.0.1:$((OPERATOR_PORT + 2))" \
   ${OPERATOR_FLAGS:-} >"$ST/operator.log" 2>&1 &
 OPERATOR_PID=$!
