@@ -131,7 +131,7 @@ n=$(count_in_render 'helm.sh/resource-policy: keep' --set crds.keep=false)
 declare -A apf_kinds=([FlowSchema]=3 [PriorityLevelConfiguration]=1)
 for kind in "${!apf_kinds[@]}"; do
   n=$(count_in_render "^kind: $kind\$")
-  [ "$n" = "${apf_kinds[$kind]}" ] && pass "the agents' $kind rendered by default ($n)" || fail "rendered $n of the agents' $kind by default, not ${apf_kinds[$kind]}"
+  [ "$n" = "${apf_kinds[$kind]}" ] && pass "the API Priority and Fairness $kind rendered by default ($n)" || fail "rendered $n API Priority and Fairness $kind by default, not ${apf_kinds[$kind]}"
   n=$(count_in_render "^kind: $kind\$" --set agent.apiPriority.enabled=false)
   [ "$n" = 0 ] && pass "agent.apiPriority.enabled=false renders no $kind" || fail "agent.apiPriority.enabled=false still renders $n $kind"
 done
