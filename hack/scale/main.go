@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -730,13 +731,17 @@ func printOperatorWrites(before, after []sample) {
 			l.kind, l.count, ms(l.p50), ms(l.p90), ms(l.p99))
 	}
 	// Every client's writes, so the operator's share of what the API server did is seen (agents' reports and
-	// Leases, Events, the controller manager's).
+	// Leases, Events, the controller manager's), and every client's reads beside them (GET and LIST; watches are
+	// long-running and left out), which a slow start-up has more of.
+	printAllRequests(before, after, "all writes", "POST", "PUT", "PATCH", "APPLY", "DELETE")
+	printAllRequests(before, after, "all reads", "GET", "LIST")
+}
+
+// printAllRequests prints the API server's count and median latency of every client's requests of the given
+// verbs between two scrapes, by verb, resource and subresource.
+func printAllRequests(before, after []sample, label string, verbs ...string) {
 	all := histogramQuantiles(before, after, func(l map[string]string) bool {
-		switch l["verb"] {
-		case "POST", "PUT", "PATCH", "APPLY", "DELETE":
-			return true
-		}
-		return false
+		return slices.Contains(verbs, l["verb"])
 	}, "verb", "resource", "subresource")
 	parts := make([]string, 0, len(all))
 	total := 0.0
@@ -744,7 +749,7 @@ func printOperatorWrites(before, after []sample) {
 		total += l.count
 		parts = append(parts, fmt.Sprintf("%s n=%.0f p50 %s", l.kind, l.count, ms(l.p50)))
 	}
-	fmt.Printf("all writes (API server, pool created to converged): %.0f: %s\n", total, strings.Join(parts, "; "))
+	fmt.Printf("%s (API server, pool created to converged): %.0f: %s\n", label, total, strings.Join(parts, "; "))
 }
 
 // steadyState measures request rates over the window: the API server's apiserver_request_total (every client,
