@@ -72,14 +72,14 @@ func (c *transferContext) cause() error {
 // Done implements context.Context. The first call makes the channel and, while the context is live, arms the
 // deadline's timer and joins the parent, so that the channel closes when either ends.
 func (c *transferContext) Done() <-chan struct{} {
-	live := c.Err() == nil // may end it, which takes mu: not under mu
+	c.Err() // ends it now if its deadline passed or its parent ended; that takes mu, so not under mu
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.done != nil {
 		return c.done
 	}
 	c.done = make(chan struct{})
-	if !live || c.ended.Load() != nil {
+	if c.ended.Load() != nil {
 		close(c.done)
 		c.closed = true
 		return c.done

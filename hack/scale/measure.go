@@ -235,19 +235,19 @@ func ms(s float64) string {
 	return fmt.Sprintf("%.0f ms", s*1000)
 }
 
-// processes are the processes whose CPU time a run reports, by name.
-type processes []struct {
+// process is a process whose CPU time a run reports, by name.
+type process struct {
 	name string
 	pid  int
 }
 
+// processes are the processes a run reports, in the order of its line.
+type processes []process
+
 // processesOf names the API server, etcd and the operator where their PIDs were given, and this harness.
 func processesOf(o options) processes {
 	var ps processes
-	for _, p := range []struct {
-		name string
-		pid  int
-	}{{"kube-apiserver", o.apiserverPID}, {"etcd", o.etcdPID}, {"operator", o.operatorPID}, {"harness", os.Getpid()}} {
+	for _, p := range []process{{"kube-apiserver", o.apiserverPID}, {"etcd", o.etcdPID}, {"operator", o.operatorPID}, {"harness", os.Getpid()}} {
 		if p.pid > 0 {
 			ps = append(ps, p)
 		}
