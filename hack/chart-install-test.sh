@@ -323,11 +323,19 @@ ok "uninstall removed the release's pool and kept the CRDs"
 for crd in "${CRDS[@]}"; do kubectl get crd "$crd" >/dev/null 2>&1 || fail "CRD $crd was removed by uninstall"; done
 
 step "kubectl apply -f dist/install.yaml"
-kubectl delete crd "${CRDS[@]}" --timeout=60s >/dev/null
-# A CRD still being deleted would take the apply as a change to itself and then vanish under it.
-for crd in "${CRDS[@]}"; do
-  if kubectl get crd "$crd" >/dev/null 2>&1; then fail "CRD $crd still exists after its delete returned"; fi
-done
+# The CRDs go first, and must be gone before the apply: a CRD still being deleted would take the apply as a
+# change to itself and then vanish under it. The API server's finalizer deletes a CRD's objects before the CRD;
+# one CI run's delete of transfernodes was still waiting after 60 s with nothing printed to tell why, so a CRD
+# that outlives the wait prints its finalizers and conditions and the API server's lines about it.
+kubectl delete crd "${CRDS[@]}" --wait=false >/dev/null
+if ! kubectl wait --for=delete --timeout=120s "${CRDS[@]/#/crd/}" >/dev/null 2>&1; then
+  for crd in "${CRDS[@]}"; do
+    kubectl get crd "$crd" -o jsonpath='{.metadata.name} finalizers={.metadata.finalizers} deleting={.metadata.deletionTimestamp}{"\n"}{range .status.conditions[*]}  {.type}={.status} {.reason}: {.message}{"\n"}{end}' >&2 ||
+      true
+    grep -F "$crd" "$state/apiserver.log" | tail -5 >&2 || true
+  done
+  fail "CRDs not deleted within 120 s"
+fi
 kubectl apply -f dist/install.yaml
 expect_crds_established
 kubectl -n "$NS" get deployment fabricxfer-operator >/dev/null || fail "dist/install.yaml made no operator Deployment"
