@@ -11,6 +11,10 @@ numpy's fancy-index copy (dst[ids] = src[ids]) on the same mapped memory, in thi
 Two pools of --blocks blocks of --block-bytes (one region, one layout each); every iteration moves --ids
 random distinct blocks to random distinct blocks (ids drawn before the timing). Prints the median time and
 bandwidth of both, their ratio (numpy time / ours) and how long building the request takes.
+
+Then --round-trips waited calls of one 4 KiB block (between two pools of 256 such blocks, one-id int64 arrays as a
+scheduler hands them over) against numpy's own dst[ids] = src[ids] with the same arrays: p50, p99 and p99.9 of
+each, the fixed cost of a call through the socket that a small copy cannot hide.
 """
 
 import argparse
@@ -40,6 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--ids", type=int, default=15360, help="blocks moved per call (default 15360)")
     p.add_argument("--iters", type=int, default=30, help="timed iterations (default 30)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
+    p.add_argument("--round-trips", type=int, default=2000,
+                   help="timed one-block 4 KiB calls after the scattered case (default 2000; 0: none)")
     p.add_argument("--json", help="also write the results here")
     a = p.parse_args(argv)
     if a.ids > a.blocks:
@@ -49,6 +55,60 @@ def parse_args(argv=None):
 
 def median_ms(times):
     return statistics.median(times) * 1e3
+
+
+def quantile_us(times, q):
+    s = sorted(times)
+    return s[min(len(s) - 1, int(len(s) * q))] * 1e6
+
+
+ROUND_TRIP_BLOCKS, ROUND_TRIP_BYTES = 256, 4096
+
+
+def round_trips(c, n):
+    """n waited one-block calls between two pools of ROUND_TRIP_BLOCKS blocks of 4 KiB, after as many untimed
+    ones, against numpy's indexed copy of the same block; returns the figures and whether the bytes agree."""
+    size = ROUND_TRIP_BLOCKS * ROUND_TRIP_BYTES
+    fds, views, regions = [], [], []
+    try:
+        for name in ("bench-rt-src", "bench-rt-dst", "bench-rt-ref"):
+            fd, buf = shared_memory(name, size)
+            fds.append(fd)
+            views.append(np.frombuffer(buf, dtype=np.uint8).reshape(ROUND_TRIP_BLOCKS, ROUND_TRIP_BYTES))
+        src, dst, ref = views
+        src[:] = np.random.default_rng(2).integers(0, 256, src.shape, dtype=np.uint8)
+        regions = [c.register_host(fds[i], 0, size) for i in range(2)]
+        src_l = c.register_layout([regions[0]], ROUND_TRIP_BYTES)
+        dst_l = c.register_layout([regions[1]], ROUND_TRIP_BYTES)
+        remote = to_layout(dst_l)
+        ids = [np.array([i], dtype=np.int64) for i in range(ROUND_TRIP_BLOCKS)]
+        ours, theirs = [], []
+        for i in range(2 * n):
+            k = ids[i % ROUND_TRIP_BLOCKS]
+            t0 = time.perf_counter()
+            c.transfer_blocks("write", src_l, k, remote, k, timeout=30.0)
+            if i >= n:
+                ours.append(time.perf_counter() - t0)
+        for i in range(2 * n):
+            k = ids[i % ROUND_TRIP_BLOCKS]
+            t0 = time.perf_counter()
+            ref[k] = src[k]
+            if i >= n:
+                theirs.append(time.perf_counter() - t0)
+        m = min(2 * n, ROUND_TRIP_BLOCKS)  # the blocks the calls wrote
+        ok = np.array_equal(dst[:m], src[:m]) and not dst[m:].any()
+        c.deregister_layout(src_l)
+        c.deregister_layout(dst_l)
+        for r in regions:
+            c.deregister(r)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    out = {"round_trips": n, "verified": bool(ok)}
+    for who, ts in (("fabricxfer", ours), ("numpy", theirs)):
+        for q, name in ((0.5, "p50"), (0.99, "p99"), (0.999, "p999")):
+            out["%s_%s_us" % (who, name)] = quantile_us(ts, q)
+    return out
 
 
 def main(argv=None) -> int:
@@ -111,12 +171,22 @@ def main(argv=None) -> int:
             os.close(fd)  # the mappings stay, the client keeps its own duplicate until close
         c.deregister_layout(src_l)
         c.deregister_layout(dst_l)
+        if a.round_trips > 0:
+            result["round_trip"] = rt = round_trips(c, a.round_trips)
+            ok = ok and rt["verified"]
+            result["verified"] = bool(ok)
     print("%d x %d B blocks of %d-block pools (%.1f MiB per call), median of %d:" % (
         a.ids, a.block_bytes, a.blocks, moved / (1 << 20), a.iters))
     print("  fabricxfer transfer_blocks  %8.3f ms  %7.2f GB/s" % (result["fabricxfer_ms"], result["fabricxfer_gbps"]))
     print("  numpy dst[ids] = src[ids]   %8.3f ms  %7.2f GB/s" % (result["numpy_ms"], result["numpy_gbps"]))
     print("  ratio (numpy time / ours)   %8.2f" % result["ratio"])
     print("  request build               %8.1f us (pack 2 x %d ids + frame)" % (result["build_us"], a.ids))
+    rt = result.get("round_trip")
+    if rt:
+        print("one 4 KiB block a call, %d waited calls after as many untimed (us):" % rt["round_trips"])
+        for who, label in (("fabricxfer", "fabricxfer transfer_blocks"), ("numpy", "numpy dst[ids] = src[ids]")):
+            print("  %-27s p50 %7.1f  p99 %7.1f  p99.9 %7.1f" % (
+                label, rt[who + "_p50_us"], rt[who + "_p99_us"], rt[who + "_p999_us"]))
     print("  bytes verified: %s" % ("yes" if ok else "NO, THEY DIFFER"))
     if a.json:
         with open(a.json, "w") as f:

@@ -115,7 +115,7 @@ class HostBenchTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "host.json")
             p = subprocess.run([sys.executable, os.path.join(BENCH, "bench_host.py"), "--socket", SOCKET, "--blocks",
-                                "2048", "--ids", "512", "--iters", "3", "--warmup", "1", "--json", out],
+                                "2048", "--ids", "512", "--iters", "3", "--warmup", "1", "--round-trips", "300", "--json", out],
                                capture_output=True, text=True, timeout=120,
                                env=dict(os.environ, PYTHONPATH=os.path.dirname(BENCH)))
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
@@ -125,6 +125,13 @@ class HostBenchTest(unittest.TestCase):
             self.assertTrue(r["verified"])
             self.assertEqual((r["ids"], r["blocks"], r["bytes"]), (512, 2048, 512 * 720))
             self.assertGreater(r["fabricxfer_ms"], 0)
+            rt = r["round_trip"]
+            self.assertTrue(rt["verified"])
+            self.assertEqual(rt["round_trips"], 300)
+            for who in ("fabricxfer", "numpy"):
+                self.assertGreater(rt[who + "_p50_us"], 0)
+                self.assertLessEqual(rt[who + "_p50_us"], rt[who + "_p99_us"])
+            self.assertIn("one 4 KiB block a call", p.stdout)
 
 
 if __name__ == "__main__":
