@@ -169,11 +169,23 @@ _SHORT_FORMATS = frozenset(("i", "l", "q")) if _LITTLE else frozenset()
 
 def short_ids(ids):
     """pack_ids(ids) found with as few steps as a latency-bound call allows, or None for what pack_ids must take
-    itself (then call it): a contiguous 1-D native int32/int64 buffer (a numpy array, an array.array) is viewed
-    as it is, and a torch tensor, once pack_ids has met its type, packed as pack_ids packs it (refusals
-    included)."""
-    if _PACKERS.get(type(ids)) is _from_torch:  # before memoryview(), whose refusal costs a microsecond or two
+    itself (then call it): a 1-D numpy int32/int64 array shorter than ARENA_MIN_IDS is copied into bytes (fewer
+    steps than a view of it, whatever its strides), a longer one and a contiguous native int32/int64 buffer
+    (an array.array) viewed as they are, and a torch tensor packed as pack_ids packs it (refusals included)."""
+    pack = _PACKERS.get(type(ids))
+    if pack is None:
+        try:
+            pack = _packer(ids)
+        except TypeError:  # a list: pack_ids says what to pass instead
+            return None
+    if pack is _from_torch:  # before memoryview(), whose refusal costs a microsecond or two
         return _from_torch(ids, None)
+    if pack is _from_numpy and _LITTLE:
+        width = _numpy_widths(sys.modules["numpy"]).get(ids.dtype)
+        if width is not None and ids.ndim == 1:
+            n = len(ids)
+            if n < ARENA_MIN_IDS:
+                return ids.tobytes(), width, n
     try:
         mv = memoryview(ids)
     except TypeError:
@@ -184,6 +196,16 @@ def short_ids(ids):
     if width != 4 and width != 8:
         return None
     return mv.cast("B"), width, mv.shape[0]
+
+
+# numpy's native int32 and int64 dtypes and their widths, filled once numpy is met.
+_NUMPY_WIDTHS: dict = {}
+
+
+def _numpy_widths(np) -> dict:
+    if not _NUMPY_WIDTHS:
+        _NUMPY_WIDTHS.update({np.dtype(np.int32): 4, np.dtype(np.int64): 8})
+    return _NUMPY_WIDTHS
 
 
 def narrow_ids(ids, count: int):
@@ -228,8 +250,8 @@ def blocks_request(op: int, layout_id: int, remote: pb.LayoutRef, local: memoryv
                    id_bytes: int, timeout: Optional[float] = None, notify: Optional[bytes] = None,
                    wait: bool = True) -> pb.TransferBlocksRequest:
     """The request as a protobuf message (for the gRPC call; copies the ids once)."""
-    req = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=remote, local_ids=local.tobytes(),
-                                   remote_ids=remote_ids.tobytes(), id_bytes=id_bytes, wait=wait, notify=notify or b"")
+    req = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=remote, local_ids=bytes(local),
+                                   remote_ids=bytes(remote_ids), id_bytes=id_bytes, wait=wait, notify=notify or b"")
     if timeout:
         req.timeout.FromNanoseconds(int(timeout * 1e9))
     return req
@@ -278,7 +300,7 @@ def blocks_frame(op: int, layout_id: int, remote, local: memoryview, remote_ids:
     length-delimited fields pointing at the callers' buffers (protobuf readers take fields in any order).
     remote is a LayoutRef or a RemoteLayout."""
     head = _head(op, layout_id, remote, id_bytes, timeout, notify, wait)
-    ln, rn = local.nbytes, remote_ids.nbytes
+    ln, rn = len(local), len(remote_ids)
     # A caller repeats a few shapes (one id, a batch of a given size): their framing is kept beside the heads.
     key = (head, ln, rn) if not notify else None
     framing = _FRAMINGS.get(key) if key is not None else None

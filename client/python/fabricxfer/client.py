@@ -893,7 +893,7 @@ class Client:
                 local, rids, width = nl, nr, 4
         self._check_session()
         # A frame the fast socket would refuse goes by gRPC, whose refusal leaves the fast connection up.
-        if self._fast is not None and local.nbytes + rids.nbytes < FAST_FRAME_MAX - 4096:
+        if self._fast is not None and len(local) + len(rids) < FAST_FRAME_MAX - 4096:
             parts = _blocks.blocks_frame(code, layout.pb.id, remote, local, rids, width, timeout, notify, wait)
             resp = self._fast_call(parts, timeout)
         else:
@@ -919,7 +919,13 @@ class Client:
                 self._frames.clear()
             self._frames[key] = framing
         self._check_session()
-        return self._settled(self._fast_call([framing[0], local, framing[1], rids], timeout), wait)
+        resp = self._fast_call((framing[0], local, framing[1], rids), timeout)
+        if not wait:
+            return resp.transfer_id
+        st = resp.status
+        if st.state != pb.TRANSFER_STATE_SUCCEEDED:
+            raise TransferFailed(st)
+        return st
 
     def _arena_call(self, code, layout, packed, remote, timeout, notify, wait):
         """A block transfer whose ids (packed: both lists as pack_ids returned them, with their widths) go

@@ -148,18 +148,19 @@ class FastConn:
     def call(self, parts, deadline: float) -> bytes:
         mm = self.mailbox
         if mm is not None:
-            size = sum(map(len, parts))
-            if size <= self._area:
-                return self._mailbox_call(mm, parts, deadline)
+            if len(parts) == 1:
+                frame = parts[0]
+            elif sum(map(len, parts)) <= self._area:
+                frame = b"".join(parts)  # a few short parts: one copy into the mailbox rather than one per part
+            else:
+                frame = None
+            if frame is not None and len(frame) <= self._area:
+                return self._mailbox_call(mm, frame, deadline)
         self.send(parts, deadline)
         return self.recv_frame(deadline)
 
-    def _mailbox_call(self, mm, parts, deadline: float) -> bytes:
-        at = _AREAS
-        for p in parts:
-            n = len(p)
-            mm[at:at + n] = p
-            at += n
+    def _mailbox_call(self, mm, frame, deadline: float) -> bytes:
+        mm[_AREAS:_AREAS + len(frame)] = frame
         seq = self._seq + 1
         self._seq = seq
         _U64.pack_into(mm, _REQUEST_SEQ, seq)
@@ -181,10 +182,11 @@ class FastConn:
             if now >= spin_until:
                 self._sleep(mm, seq, deadline)
                 break
-        (n,) = _HDR.unpack_from(mm, self._reply_at)
+        at = self._reply_at
+        (n,) = _HDR.unpack_from(mm, at)
         if n > self._area - 4:
             raise FastConnError("a mailbox reply of %d bytes, at most %d" % (n, self._area - 4))
-        return bytes(mm[self._reply_at + 4:self._reply_at + 4 + n])
+        return mm[at + 4:at + 4 + n]
 
     def _sleep(self, mm, seq: int, deadline: float):
         """Waits on the socket for the reply to seq: the agent sends an empty frame after a reply to a caller that

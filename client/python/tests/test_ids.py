@@ -95,20 +95,21 @@ class PackTest(unittest.TestCase):
     @unittest.skipIf(np is None, "numpy not installed")
     def test_short_lists_pack_as_the_general_path_does(self):
         for ids in (np.array([7]), np.array([7, 2 ** 40], dtype=np.int64), np.arange(5, dtype=np.int32),
-                    array.array("q", [3, 4]), array.array("i", [5]), np.array([], dtype=np.int64)):
+                    np.arange(6)[::2], np.arange(40, dtype=np.int32)[::-3], np.arange(1023),
+                    np.arange(blocks.ARENA_MIN_IDS), array.array("q", [3, 4]), array.array("i", [5]),
+                    np.array([], dtype=np.int64)):
             with self.subTest(ids=ids):
                 mv, w, n = blocks.short_ids(ids)
                 pm, pw, pn = blocks.pack_ids(ids)
-                self.assertEqual((w, n, mv.tobytes()), (pw, pn, pm.tobytes()))
+                self.assertEqual((w, n, bytes(mv)), (pw, pn, pm.tobytes()))
         # What the general path takes (and widens, copies or refuses): not a short list.
-        for ids in (np.array([[1, 2]]), np.arange(6)[::2], np.array([1.0]), np.array([1], dtype=np.int16),
+        for ids in (np.array([[1, 2]]), np.arange(2 * blocks.ARENA_MIN_IDS)[::2], np.array([1.0]), np.array([1], dtype=np.int16),
                     np.array([1], dtype=">i8"), np.array([1], dtype=np.uint32), b"\0" * 8, [1, 2], np.int64(3)):
             with self.subTest(ids=ids):
                 self.assertIsNone(blocks.short_ids(ids))
 
     @unittest.skipIf(torch is None, "torch not installed")
     def test_short_torch_lists_pack_as_the_general_path_does(self):
-        blocks.pack_ids(torch.arange(2))  # short_ids knows torch tensors once pack_ids has met their type
         cases = [torch.tensor([7]), torch.tensor([7], dtype=torch.int32), torch.arange(16), torch.tensor(3),
                  torch.arange(40, dtype=torch.int32)[::3], torch.arange(17), torch.arange(4).reshape(2, 2),
                  torch.tensor([2 ** 40, -1]), torch.tensor([], dtype=torch.int64)]
@@ -116,7 +117,7 @@ class PackTest(unittest.TestCase):
             with self.subTest(t=t):
                 mv, w, n = blocks.short_ids(t)
                 pm, pw, pn = blocks.pack_ids(t)
-                self.assertEqual((w, n, mv.tobytes()), (pw, pn, pm.tobytes()))
+                self.assertEqual((w, n, bytes(mv)), (pw, pn, pm.tobytes()))
         others = [torch.tensor([1.0]), torch.tensor([1], dtype=torch.int16), torch.tensor([True])]
         if torch.cuda.is_available():
             others.append(torch.tensor([1], device="cuda"))
