@@ -143,12 +143,8 @@ func checkBlockIDs(b *Blocks, scratch *dupScratch, checkDup bool) (blockShape, e
 	case len(b.Pairs) == 0:
 		return sh, fmt.Errorf("%w: no region pairs", ErrInvalid)
 	}
-	seen := make(map[MemoryID]struct{}, len(b.Pairs))
-	for _, p := range b.Pairs {
-		if _, dup := seen[p.Dst]; dup {
-			return sh, fmt.Errorf("%w: destination region %s appears twice in the batch", ErrOverlap, p.Dst)
-		}
-		seen[p.Dst] = struct{}{}
+	if dst, dup := repeatedDestination(b.Pairs); dup {
+		return sh, fmt.Errorf("%w: destination region %s appears twice in the batch", ErrOverlap, dst)
 	}
 	if b.deferred {
 		return sh, nil
@@ -166,6 +162,29 @@ func checkBlockIDs(b *Blocks, scratch *dupScratch, checkDup bool) (blockShape, e
 		return sh, fmt.Errorf("%w: destination block %d is named twice (entry %d)", ErrOverlap, b.DstIDs[i], i)
 	}
 	return sh, nil
+}
+
+// repeatedDestination returns a destination region two pairs name, if any: pair by pair for a few pairs (a
+// layout of a tensor or two, the usual batch: no map to allocate), through a map for more.
+func repeatedDestination(pairs []BlockPair) (MemoryID, bool) {
+	if len(pairs) <= 16 {
+		for i := 1; i < len(pairs); i++ {
+			for j := range i {
+				if pairs[j].Dst == pairs[i].Dst {
+					return pairs[i].Dst, true
+				}
+			}
+		}
+		return "", false
+	}
+	seen := make(map[MemoryID]struct{}, len(pairs))
+	for _, p := range pairs {
+		if _, dup := seen[p.Dst]; dup {
+			return p.Dst, true
+		}
+		seen[p.Dst] = struct{}{}
+	}
+	return "", false
 }
 
 // idRange returns the smallest and largest id (0, 0 for none), four lanes at a time.
@@ -443,16 +462,28 @@ func (p *compositePlanner) buildBlocks(out *PlanSet) {
 	}
 }
 
+// blockPart is an engine's part of a composite block batch in block form, with what its plans point to.
+type blockPart struct {
+	PlanSet
+	list  BlockList
+	plans [1]Plan
+	tags  [1]Tag
+}
+
 // planBlocks plans engine eng's pairs of the checked block batch, for an engine sharing the composite's
 // registry, as its own planner would have: in block form when its limits take block plans (the destination
 // ids checked for repeats once per batch, however many engines take it), else one entry per block through the
 // overlap check and the coalescing of items.
 func (p *compositePlanner) planBlocks(eng int) *PlanSet {
 	b := &p.blocks.batch
-	part := p.c.newPart(eng)
 	lim := p.c.limits[eng]
 	infos := p.blocks.infos
 	if lim.BlockPlans {
+		// The part, its block list, its plan (one per pair: usually one) and their tags in one allocation; the
+		// plans share the tags, which nothing writes.
+		bp := &blockPart{PlanSet: PlanSet{owner: p.c.reg, planner: p.c.engines[eng].Name()}, tags: [1]Tag{b.Tag}}
+		part := &bp.PlanSet
+		part.Plans = bp.plans[:0]
 		first := -1
 		srcBlocks, dstBlocks := uint64(math.MaxUint32), uint64(math.MaxUint32)
 		for i := range infos {
@@ -468,17 +499,19 @@ func (p *compositePlanner) planBlocks(eng int) *PlanSet {
 			return part
 		}
 		sh := p.blocks.shape
-		list := &BlockList{BlockBytes: b.BlockBytes, SrcIDs: b.SrcIDs, DstIDs: b.DstIDs,
+		list := &bp.list
+		*list = BlockList{BlockBytes: b.BlockBytes, SrcIDs: b.SrcIDs, DstIDs: b.DstIDs,
 			SrcMin: sh.minSrc, SrcMax: sh.maxSrc, DstMin: sh.minDst, DstMax: sh.maxDst,
 			Unchecked: b.deferred, SrcBlocks: uint32(srcBlocks), DstBlocks: uint32(dstBlocks)}
 		for i := range infos {
 			if info := &infos[i]; info.engine == eng {
 				part.Plans = append(part.Plans, Plan{Engine: part.planner, Direction: info.dir, Src: info.src, Dst: info.dst,
-					srcGen: info.srcGen, dstGen: info.dstGen, Blocks: list, Tags: []Tag{b.Tag}, Bytes: list.Bytes()})
+					srcGen: info.srcGen, dstGen: info.dstGen, Blocks: list, Tags: bp.tags[:], Bytes: list.Bytes()})
 			}
 		}
 		return part
 	}
+	part := p.c.newPart(eng)
 	// One entry per block, in the order an engine planner fed block by block would have taken them. The
 	// batch's pairs were checked; the entries are bounded by the batch's shape, or checked one by one when the
 	// ids were left to the engine (as its planner's Add did, stopping at the first refusal).

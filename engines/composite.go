@@ -520,8 +520,17 @@ func (c *Composite) newPart(eng int) *PlanSet {
 }
 
 func (p *compositePlanner) addPart(out *PlanSet, part *PlanSet) {
+	if out.parts == nil {
+		out.parts = out.onePart[:0]
+	}
 	out.parts = append(out.parts, part)
-	out.Plans = append(out.Plans, part.Plans...)
+	if len(out.Plans) == 0 {
+		// The first part's plans as they are (nothing writes a planned set's plans); a later part's are appended
+		// to a copy, the capacity being cut to the length.
+		out.Plans = part.Plans[:len(part.Plans):len(part.Plans)]
+	} else {
+		out.Plans = append(out.Plans, part.Plans...)
+	}
 	out.Rejected = append(out.Rejected, part.Rejected...)
 	out.Dropped = append(out.Dropped, part.Dropped...)
 }
@@ -535,16 +544,14 @@ func (c *Composite) Submit(ctx context.Context, ps *PlanSet, opts SubmitOptions)
 	// One count per part plus one for this function, so the transfer completes only once every part is known.
 	ct.remaining.Store(int64(len(ps.parts)) + 1)
 	// A transfer of one part (one engine), the usual one, keeps its part and the part's once inline.
-	onces := ct.one.once[:]
+	ct.onces = ct.one.once[:]
 	if len(ps.parts) > 1 {
-		ct.subs, onces = make([]Transfer, len(ps.parts)), make([]sync.Once, len(ps.parts))
+		ct.subs, ct.onces = make([]Transfer, len(ps.parts)), make([]sync.Once, len(ps.parts))
 	} else {
 		ct.subs = ct.one.sub[:len(ps.parts)]
 	}
 	for i, part := range ps.parts {
-		once := &onces[i]
-		partDone := func() { once.Do(ct.partDone) }
-		opts.onDone = partDone
+		opts.onDone, opts.onDonePart = ct, i
 		var sub Transfer
 		var err error
 		if e := c.engineNamed(partEngine(part)); e == nil {
@@ -558,7 +565,7 @@ func (c *Composite) Submit(ctx context.Context, ps *PlanSet, opts SubmitOptions)
 		ct.subs[i] = sub
 		if _, tracked := sub.(*Tracker); !tracked {
 			// Transfers that may not call the hook are watched instead.
-			go func() { <-sub.Done(); partDone() }()
+			go func() { <-sub.Done(); ct.partFinished(i) }()
 		}
 	}
 	ct.partDone()
@@ -603,6 +610,7 @@ func (c *Composite) engineNamed(name string) Engine {
 type compositeTransfer struct {
 	plans     []Plan
 	subs      []Transfer
+	onces     []sync.Once // per part: its end counted once
 	metrics   *Metrics
 	remaining atomic.Int64
 	one       struct { // the part of a transfer of one part, and its once (Submit)
@@ -614,6 +622,9 @@ type compositeTransfer struct {
 	outcomes []Outcome
 	result   error
 }
+
+// partFinished counts part i's end (once, whoever reports it).
+func (t *compositeTransfer) partFinished(i int) { t.onces[i].Do(t.partDone) }
 
 func (t *compositeTransfer) partDone() {
 	if t.remaining.Add(-1) != 0 {

@@ -236,8 +236,9 @@ type PlanSet struct {
 	// for; Submit refuses sets planned elsewhere, including by another engine sharing the registry.
 	owner   any
 	planner string
-	// parts holds the per-engine plan sets of a composite plan set, in engine order.
-	parts []*PlanSet
+	// parts holds the per-engine plan sets of a composite plan set, in engine order (in onePart when one).
+	parts   []*PlanSet
+	onePart [1]*PlanSet
 }
 
 // Bytes returns the total size of all plans.
@@ -277,9 +278,16 @@ type SubmitOptions struct {
 	// all within WaitedHandoff, hands the transfer to a goroutine, so it always completes.
 	Waited bool
 
-	// onDone is the composite's hook: trackers call it after Done closes and before unpinning regions, so the
-	// composite transfer is done before a Deregister waiting for those regions returns.
-	onDone func()
+	// onDone is the composite's hook, told that part onDonePart finished: trackers call it after Done closes and
+	// before unpinning regions, so the composite transfer is done before a Deregister waiting for those regions
+	// returns. An interface and an index rather than a closure: nothing to allocate per transfer.
+	onDone     partWatcher
+	onDonePart int
+}
+
+// partWatcher is told when a part of a composite transfer finished.
+type partWatcher interface {
+	partFinished(part int)
 }
 
 // Driven is implemented by transfers whose completion the waiting goroutine can observe itself

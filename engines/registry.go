@@ -411,8 +411,12 @@ func (r *Registry) Begin(ctx context.Context, engine string, ps *PlanSet, opts S
 	}
 	t := newTracker(ctx, engine, ps.Plans, opts, finalize)
 	t.handoffs = &r.handoffs
-	t.pinned = make([]*region, 0, 2*len(ps.Plans))
-	work := make([]Work, 0, len(ps.Plans))
+	var work []Work
+	if len(ps.Plans) == 1 {
+		t.pinned, work = t.one.pinned[:0], t.one.work[:0]
+	} else {
+		t.pinned, work = make([]*region, 0, 2*len(ps.Plans)), make([]Work, 0, len(ps.Plans))
+	}
 	var refused []int
 	var refusedErr []error
 

@@ -31,16 +31,19 @@ type Tracker struct {
 	result    error
 	done      chan struct{}
 
-	finalize func(ctx context.Context, outcomes []Outcome)
-	onDone   func()
+	finalize   func(ctx context.Context, outcomes []Outcome)
+	onDone     partWatcher
+	onDonePart int
 	// pinned are the regions Begin pinned for the transfer; reg unpins them once it settles (nil: none).
 	pinned []*region
 	reg    *Registry
-	// one holds the outcome and the finished flag of a transfer of one plan, the usual waited block copy,
-	// sparing their two allocations.
+	// one holds what a transfer of one plan, the usual waited block copy, keeps per plan (its outcome, finished
+	// flag, pinned regions and work), sparing their allocations.
 	one struct {
 		outcome  [1]Outcome
 		finished [1]bool
+		pinned   [2]*region
+		work     [1]Work
 	}
 
 	drive    driver    // set by DriveOnWait
@@ -210,13 +213,14 @@ func (t *Tracker) isDone() bool {
 func newTracker(parent context.Context, engine string, plans []Plan, opts SubmitOptions,
 	finalize func(context.Context, []Outcome)) *Tracker {
 	t := &Tracker{
-		engine:    engine,
-		plans:     plans,
-		start:     time.Now(),
-		remaining: len(plans),
-		done:      make(chan struct{}),
-		finalize:  finalize,
-		onDone:    opts.onDone,
+		engine:     engine,
+		plans:      plans,
+		start:      time.Now(),
+		remaining:  len(plans),
+		done:       make(chan struct{}),
+		finalize:   finalize,
+		onDone:     opts.onDone,
+		onDonePart: opts.onDonePart,
 	}
 	if len(plans) == 1 {
 		t.outcomes, t.finished = t.one.outcome[:], t.one.finished[:]
@@ -347,7 +351,7 @@ func (t *Tracker) complete() {
 	// Done closes before the regions are unpinned, so a Deregister that waited for them returns after Done.
 	close(t.done)
 	if t.onDone != nil {
-		t.onDone()
+		t.onDone.partFinished(t.onDonePart)
 	}
 	if t.reg != nil {
 		t.reg.releaseTracker(t)

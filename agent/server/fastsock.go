@@ -197,12 +197,14 @@ func (s *Server) writeFastReply(conn *net.UnixConn, out []byte) error {
 	return nil
 }
 
-// fastConn is what a fast connection keeps between frames: the caller's id arena and mailbox, and the buffer
-// replies are marshalled into.
+// fastConn is what a fast connection keeps between frames: the caller's id arena and mailbox, the messages its
+// block frames are decoded into and the buffer replies are marshalled into.
 type fastConn struct {
 	arena   fastwire.IDArena
 	mailbox fastwire.Mailbox
+	blocks  fastwire.BlocksDecoder
 	out     []byte
+	ok      agentv1.FastReply // the reply to a served request, kept: one message fewer per call
 }
 
 // reply marshals the answer to one frame behind four reserved bytes of the buffer kept for the connection and
@@ -212,12 +214,14 @@ func (fc *fastConn) reply(resp *agentv1.TransferResponse, err error) ([]byte, er
 	if err != nil {
 		r = fastwire.ErrReply(err)
 	} else {
-		r = &agentv1.FastReply{Response: resp}
+		fc.ok.Response = resp
+		r = &fc.ok
 	}
 	if cap(fc.out) > 64<<10 {
 		fc.out = nil
 	}
 	out, err := (proto.MarshalOptions{}).MarshalAppend(append(fc.out[:0], 0, 0, 0, 0), r)
+	fc.ok.Response = nil // the response is the call's: the connection keeps no part of it
 	if err != nil {
 		return nil, err
 	}
@@ -282,7 +286,7 @@ func wakeCaller(conn *net.UnixConn) error {
 // the frame came through the mailbox, which cannot replace itself.
 func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn, frame []byte, inMailbox bool) (*agentv1.TransferResponse, error) {
 	// Block transfers, the large frames, are read without copying their ids.
-	blocks, err := fastwire.DecodeBlocks(frame)
+	blocks, err := fc.blocks.Decode(frame)
 	if err == nil {
 		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs())
 	}

@@ -78,6 +78,22 @@ func hostComposite(t *testing.T, node string, more ...engines.Engine) *engines.C
 	return c
 }
 
+// nodeComposite is a host composite assembled as the agent assembles its node's (agent/node): one region
+// registry shared by the composite and its engines, and the engines' metrics.
+func nodeComposite(t *testing.T, node string) *engines.Composite {
+	t.Helper()
+	regions := engines.NewRegistry(node, 0)
+	x, err := xgmi.New(xgmi.Options{Node: node, Registry: regions}, xgmi.NewHostBackend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := engines.NewComposite(engines.CompositeOptions{Node: node, Metrics: engines.NewMetrics(), Registry: regions}, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // baseOptions is a local-only agent (callers outside pods admitted) on a fresh socket directory.
 func baseOptions(t *testing.T, proc *procFixture) server.Options {
 	return server.Options{

@@ -6,9 +6,9 @@ package fastwire
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
@@ -37,11 +37,23 @@ const (
 // ErrNotBlocks says the frame is a FastRequest.transfer, .id_arena, .wait or .mailbox, decoded the general way.
 var ErrNotBlocks = errors.New("a transfer or arena frame")
 
-// DecodeBlocks reads a FastRequest whose request is blocks without copying its id lists: LocalIds and
-// RemoteIds alias frame, so the request is valid only until the next frame is read (the ids are decoded into
-// the engines' own arrays before that). A frame holding a FastRequest.transfer returns ErrNotBlocks.
-func DecodeBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
-	var body []byte
+// BlocksDecoder reads the block frames of one fast connection into the messages it keeps, so a call allocates
+// none of them: the request, its remote layout and its timeout are valid until the next Decode.
+type BlocksDecoder struct {
+	req     agentv1.TransferBlocksRequest
+	remote  agentv1.LayoutRef
+	byID    agentv1.LayoutRef_LayoutId
+	timeout durationpb.Duration
+}
+
+// Decode reads a FastRequest whose request is blocks without copying its id lists: LocalIds and RemoteIds alias
+// frame, so the request is valid only until the next frame is read (the ids are decoded into the engines' own
+// arrays before that) and the next Decode. A frame holding a FastRequest.transfer returns ErrNotBlocks. It
+// reads what proto.Unmarshal would read, and refuses what it would refuse (a string that is not UTF-8).
+func (d *BlocksDecoder) Decode(frame []byte) (*agentv1.TransferBlocksRequest, error) {
+	req := &d.req
+	*req = agentv1.TransferBlocksRequest{}
+	named := false
 	for b := frame; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -56,7 +68,12 @@ func DecodeBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 			if n < 0 {
 				return nil, protowire.ParseError(n)
 			}
-			body, b = v, b[n:]
+			b = b[n:]
+			// A message field met twice is merged, as proto.Unmarshal merges it.
+			if err := d.decodeBlocks(v); err != nil {
+				return nil, err
+			}
+			named = true
 			continue
 		}
 		n = protowire.ConsumeFieldValue(num, typ, b)
@@ -65,14 +82,19 @@ func DecodeBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 		}
 		b = b[n:]
 	}
-	if body == nil {
+	if !named {
 		return nil, errors.New("fast request names no transfer")
 	}
-	req := &agentv1.TransferBlocksRequest{}
+	return req, nil
+}
+
+// decodeBlocks merges a TransferBlocksRequest's bytes into d.req.
+func (d *BlocksDecoder) decodeBlocks(body []byte) error {
+	req := &d.req
 	for b := body; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return nil, protowire.ParseError(n)
+			return protowire.ParseError(n)
 		}
 		b = b[n:]
 		var err error
@@ -81,7 +103,7 @@ func DecodeBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 			num == blocksFieldWait || num == blocksFieldArenaIDs):
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
-				return nil, protowire.ParseError(n)
+				return protowire.ParseError(n)
 			}
 			b = b[n:]
 			switch num {
@@ -99,7 +121,7 @@ func DecodeBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 		case typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
-				return nil, protowire.ParseError(n)
+				return protowire.ParseError(n)
 			}
 			b = b[n:]
 			switch num {
@@ -110,22 +132,112 @@ func DecodeBlocks(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 			case blocksFieldNotify:
 				req.Notify = append([]byte(nil), v...) // outlives the frame
 			case blocksFieldRemote:
-				req.Remote = &agentv1.LayoutRef{}
-				err = proto.Unmarshal(v, req.Remote)
+				if req.Remote == nil {
+					d.remote = agentv1.LayoutRef{}
+					req.Remote = &d.remote
+				}
+				err = d.decodeLayoutRef(v)
 			case blocksFieldTimeout:
-				req.Timeout = &durationpb.Duration{}
-				err = proto.Unmarshal(v, req.Timeout)
+				if req.Timeout == nil {
+					d.timeout = durationpb.Duration{}
+					req.Timeout = &d.timeout
+				}
+				err = decodeDuration(v, req.Timeout)
 			}
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
-				return nil, protowire.ParseError(n)
+				return protowire.ParseError(n)
 			}
 			b = b[n:]
 		}
 		if err != nil {
-			return nil, fmt.Errorf("field %d: %w", num, err)
+			return fmt.Errorf("field %d: %w", num, err)
 		}
 	}
-	return req, nil
+	return nil
+}
+
+// Field numbers of LayoutRef and google.protobuf.Duration.
+const (
+	layoutRefFieldLayoutID = 1
+	layoutRefFieldSegment  = 2
+	layoutRefFieldNode     = 3
+
+	durationFieldSeconds = 1
+	durationFieldNanos   = 2
+)
+
+// decodeLayoutRef merges a LayoutRef's bytes into d.remote: a layout id (the usual remote, kept in d.byID), a
+// segment (the last of the two named wins, as in a oneof) and a node.
+func (d *BlocksDecoder) decodeLayoutRef(b []byte) error {
+	ref := &d.remote
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case num == layoutRefFieldLayoutID && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+			d.byID.LayoutId = v
+			ref.Target = &d.byID
+		case (num == layoutRefFieldSegment || num == layoutRefFieldNode) && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+			if !utf8.Valid(v) {
+				return errors.New("string field contains invalid UTF-8")
+			}
+			if num == layoutRefFieldSegment {
+				ref.Target = &agentv1.LayoutRef_Segment{Segment: string(v)}
+			} else {
+				ref.Node = string(v)
+			}
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+		}
+	}
+	return nil
+}
+
+// decodeDuration merges a Duration's bytes into out.
+func decodeDuration(b []byte, out *durationpb.Duration) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		if typ != protowire.VarintType || (num != durationFieldSeconds && num != durationFieldNanos) {
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		if num == durationFieldSeconds {
+			out.Seconds = int64(v)
+		} else {
+			out.Nanos = int32(v)
+		}
+	}
+	return nil
 }

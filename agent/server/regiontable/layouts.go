@@ -33,6 +33,7 @@ type Layout struct {
 	blockBytes uint64
 	blocks     uint64
 	regions    []uint64
+	mems       []engines.MemoryID // the regions' memory (a region's never changes), read only
 	segment    string
 	pub        publication
 }
@@ -71,11 +72,13 @@ func (tab *Table) RegisterLayout(ctx context.Context, sess *Session, req *agentv
 	}
 	var length uint64
 	seen := make(map[uint64]bool, len(req.RegionIds))
+	mems := make([]engines.MemoryID, len(req.RegionIds))
 	for k, id := range req.RegionIds {
 		r, err := tab.OwnRegionLocked(sess, id)
 		if err != nil {
 			return nil, status.Errorf(codes.NotFound, "region %d of the layout: %s", k, status.Convert(err).Message())
 		}
+		mems[k] = r.mem
 		if seen[id] {
 			return nil, status.Errorf(codes.InvalidArgument, "region %d appears twice in the layout (entries must be distinct memory)", id)
 		}
@@ -111,7 +114,7 @@ func (tab *Table) RegisterLayout(ctx context.Context, sess *Session, req *agentv
 	}
 	tab.nextLayout++
 	l := &Layout{id: tab.epoch | tab.nextLayout, owner: sess.Caller.Key, session: sess.ID, blockBytes: req.BlockBytes,
-		blocks: blocks, regions: append([]uint64(nil), req.RegionIds...), segment: req.SegmentName, pub: pub}
+		blocks: blocks, regions: append([]uint64(nil), req.RegionIds...), mems: mems, segment: req.SegmentName, pub: pub}
 	tab.layouts[l.id] = l
 	if l.segment != "" {
 		tab.layoutSegments[scopedName(pub.namespace, l.segment)] = l
@@ -157,23 +160,23 @@ func (tab *Table) OwnLayoutLocked(sess *Session, id uint64) (*Layout, error) {
 	return l, nil
 }
 
-// Side is the remote side of a block transfer: a layout of this node or one another node published.
+// Side is the remote side of a block transfer: a layout of this node or one another node published. Mems may
+// be the layout's own list: read only.
 type Side struct {
 	BlockBytes, Blocks uint64
 	Mems               []engines.MemoryID
 }
 
-// sideLocked is l as the remote side of a transfer; its regions must still be registered by its owner.
+// sideLocked is l as the remote side of a transfer; its regions must still be registered by its owner. Region
+// ids are never reused, so a region still registered is the one the layout was made of, with the memory kept.
 func (tab *Table) sideLocked(l *Layout) (Side, error) {
-	out := Side{BlockBytes: l.blockBytes, Blocks: l.blocks, Mems: make([]engines.MemoryID, len(l.regions))}
-	for k, id := range l.regions {
+	for _, id := range l.regions {
 		r, ok := tab.regions[id]
 		if !ok || r.owner != l.owner {
 			return Side{}, status.Errorf(codes.NotFound, "region %d of layout %d is no longer registered", id, l.id)
 		}
-		out.Mems[k] = r.mem
 	}
-	return out, nil
+	return Side{BlockBytes: l.blockBytes, Blocks: l.blocks, Mems: l.mems}, nil
 }
 
 // RemoteLayoutLocked resolves the remote side of a block transfer on this node.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"runtime/trace"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -147,13 +148,13 @@ func (s *Service) submitBlocks(ctx context.Context, sess *regiontable.Session, r
 		return nil, err
 	}
 
-	localIDs, remoteIDs, release := s.idBuffers(n)
+	localIDs, remoteIDs, lease := s.idBuffers(n)
 	if err := fastwire.DecodeBlockIDs(localIDs, req.LocalIds, width, local.Blocks(), "local"); err != nil {
-		release()
+		lease.release()
 		return nil, err
 	}
 	if err := fastwire.DecodeBlockIDs(remoteIDs, req.RemoteIds, width, remote.Blocks, "remote"); err != nil {
-		release()
+		lease.release()
 		return nil, err
 	}
 	b := engines.Blocks{Pairs: pairs, BlockBytes: local.BlockBytes(), SrcIDs: localIDs, DstIDs: remoteIDs}
@@ -164,21 +165,21 @@ func (s *Service) submitBlocks(ctx context.Context, sess *regiontable.Session, r
 	plan := s.engine.NewPlan()
 	adder, ok := plan.(engines.BlockAdder)
 	if !ok {
-		release()
+		lease.release()
 		return nil, status.Error(codes.Unimplemented, "this agent's engine plans no block batches")
 	}
 	if err := adder.AddBlocks(b); err != nil {
 		plan.Build()
-		release()
+		lease.release()
 		return nil, blockPlanError(n, len(pairs), err)
 	}
 	ps := plan.Build()
 	if len(ps.Rejected) > 0 {
-		release()
+		lease.release()
 		return nil, blockPlanError(n, len(pairs), ps.Rejected[0].Err)
 	}
 	trace.Log(ctx, "blocks", "planned")
-	return s.submit(ctx, sess, ps, []string{blockTag}, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, release)
+	return s.submit(ctx, sess, ps, s.blockTags, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, lease)
 }
 
 // blockPlanError reports a refused block batch; ids out of range are the caller's argument, not a range of
@@ -200,23 +201,45 @@ type pinnedIDs interface {
 // idBuffers returns the two id arrays of a block transfer of n ids and what gives them back once the transfer
 // settled: the engine's pinned buffers when it has them, else arrays from the server's pool (reused: fresh
 // pages for them cost more than the copy).
-func (s *Service) idBuffers(n int) (local, remote []uint32, release func()) {
+func (s *Service) idBuffers(n int) (local, remote []uint32, lease idLease) {
 	if p, ok := s.engine.(pinnedIDs); ok {
 		if l, freeL := p.PinnedIDs(n); l != nil {
 			if r, freeR := p.PinnedIDs(n); r != nil {
-				return l, r, func() { freeL(); freeR() }
+				return l, r, idLease{freeLocal: freeL, freeRemote: freeR}
 			}
 			freeL()
 		}
 	}
-	local, remote = s.idBuffer(n), s.idBuffer(n)
-	return local, remote, func() { s.ids.Put(&local); s.ids.Put(&remote) }
+	lease = idLease{pool: &s.ids, local: s.idBuffer(n), remote: s.idBuffer(n)}
+	return (*lease.local)[:n], (*lease.remote)[:n], lease
 }
 
-// idBuffer returns a block-id array of n entries from the server's pool.
-func (s *Service) idBuffer(n int) []uint32 {
+// idBuffer returns an array of at least n block ids from the server's pool.
+func (s *Service) idBuffer(n int) *[]uint32 {
 	if p, ok := s.ids.Get().(*[]uint32); ok && cap(*p) >= n {
-		return (*p)[:n]
+		return p
 	}
-	return make([]uint32, n, max(n, 1<<14))
+	p := make([]uint32, n, max(n, 1<<14))
+	return &p
+}
+
+// idLease is the block-id arrays of one transfer, given back once it settled (or was refused): a value kept in
+// the transfer, so a call allocates nothing to give them back.
+type idLease struct {
+	pool                  *sync.Pool // the server's arrays
+	local, remote         *[]uint32
+	freeLocal, freeRemote func() // or the engine's pinned buffers
+}
+
+// release gives the arrays back; the zero lease holds none.
+func (l *idLease) release() {
+	if l.pool != nil {
+		l.pool.Put(l.local)
+		l.pool.Put(l.remote)
+	}
+	if l.freeLocal != nil {
+		l.freeLocal()
+		l.freeRemote()
+	}
+	*l = idLease{}
 }

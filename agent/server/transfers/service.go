@@ -91,6 +91,10 @@ type Service struct {
 	peerLayouts peerLayouts
 	// ids recycles the block-id arrays of block transfers (*[]uint32).
 	ids sync.Pool
+	// blockTags are a block transfer's tags (one, for all its blocks); oneEngine the engines list of a transfer
+	// of one plan, by engine. Both are read only, shared by every transfer.
+	blockTags []string
+	oneEngine map[string][]string
 }
 
 // New makes a service with no transfers.
@@ -99,7 +103,10 @@ func New(cfg Config) *Service {
 		engines: cfg.Engines, sessionGrace: cfg.SessionGrace, stopping: cfg.Stopping, refusals: cfg.Refusals,
 		running: map[uint64]*transfer{}, settled: newSettledRing(cfg.FinishedRetention), closed: make(chan struct{}),
 		watchers: map[string]map[*watcher]struct{}{}, listeners: map[string]map[*notifyListener]struct{}{},
-		imports: map[engines.MemoryID]*imported{}}
+		imports: map[engines.MemoryID]*imported{}, blockTags: []string{blockTag}, oneEngine: map[string][]string{}}
+	for _, name := range []string{engines.EngineXGMI, engines.EngineFabric, engines.EngineRDMA, engines.EngineTCP} {
+		s.oneEngine[name] = []string{name}
+	}
 	close(s.closed)
 	return s
 }

@@ -36,8 +36,8 @@ type transfer struct {
 	once   sync.Once
 	status *agentv1.TransferStatus
 	err    error // how the engines ended it, set with status
-	// release hands back memory the plans read (block ids), once the transfer settled.
-	release func()
+	// ids hands back memory the plans read (block ids), once the transfer settled.
+	ids idLease
 }
 
 type watcher struct {
@@ -123,7 +123,7 @@ func (s *Service) Transfer(ctx context.Context, sess *regiontable.Session, req *
 	if left <= 0 {
 		return nil, status.Errorf(codes.DeadlineExceeded, "the transfer's %v ran out while its peers were resolved", timeout)
 	}
-	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait, nil)
+	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait, idLease{})
 }
 
 // checkSubmission checks what item and block transfers share: the op, the notification and the timeout.
@@ -143,24 +143,22 @@ func checkSubmission(op agentv1.Op, notify []byte, timeout *durationpb.Duration)
 	return timeout.AsDuration(), nil
 }
 
-// submit starts a planned transfer for the caller and, with wait, waits for it within the call. release (may be
-// nil) runs once nothing can read the plan set's memory any more: the transfer settled, or never started.
+// submit starts a planned transfer for the caller and, with wait, waits for it within the call. ids (the zero
+// lease: none) is given back once nothing can read the plan set's memory any more: the transfer settled, or never
+// started.
 func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *engines.PlanSet, tags []string, total uint64, items int,
-	timeout time.Duration, notify []byte, wait bool, release func()) (*agentv1.TransferResponse, error) {
-	if release == nil {
-		release = func() {}
-	}
+	timeout time.Duration, notify []byte, wait bool, ids idLease) (*agentv1.TransferResponse, error) {
 	s.table.Lock()
 	u := s.table.UsageLocked(sess.Caller.Key)
 	if u.InFlight >= s.limits.MaxInFlight {
 		s.table.Unlock()
-		release()
+		ids.release()
 		s.refusals.LimitHit(refusals.LimitInFlight)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d transfers in flight, the limit is %d", u.InFlight, s.limits.MaxInFlight)
 	}
 	if max := s.limits.MaxInFlightBytes; u.InFlightBytes+total > max || u.InFlightBytes+total < total {
 		s.table.Unlock()
-		release()
+		ids.release()
 		s.refusals.Edge.Refused("grpc", "busy")
 		s.refusals.LimitHit(refusals.LimitInFlightBytes)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d bytes in flight; %d more would pass the limit of %d", u.InFlightBytes, total, max)
@@ -169,7 +167,7 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	u.InFlightBytes += total
 	s.nextXfer++
 	x := &transfer{id: s.nextXfer, owner: sess.Caller.Key, tags: tags, bytes: total, start: time.Now(), done: make(chan struct{}),
-		release: release}
+		ids: ids}
 	s.table.Unlock()
 
 	// The transfer outlives this call; its deadline comes from the request's timeout (or the engine default).
@@ -180,7 +178,7 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 		u.InFlight--
 		u.InFlightBytes -= total
 		s.table.Unlock()
-		release()
+		ids.release()
 		return nil, status.Errorf(regiontable.StatusCode(err), "submitting: %v", err)
 	}
 	x.t = t
@@ -192,8 +190,12 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	}
 
 	resp := &agentv1.TransferResponse{TransferId: x.id, Items: uint32(items), Bytes: ps.Bytes()}
-	for i := range ps.Plans {
-		resp.Engines = append(resp.Engines, ps.Plans[i].Engine)
+	if one, ok := s.oneEngine[planEngine(ps)]; ok && len(ps.Plans) == 1 {
+		resp.Engines = one // read only, as every response is once answered
+	} else {
+		for i := range ps.Plans {
+			resp.Engines = append(resp.Engines, ps.Plans[i].Engine)
+		}
 	}
 	if wait {
 		if d, ok := t.(engines.Driven); ok {
@@ -307,13 +309,11 @@ func (s *Service) settle(x *transfer) {
 func (s *Service) finish(x *transfer) {
 	x.once.Do(func() {
 		err := x.t.Wait(context.Background())
-		if x.release != nil {
-			x.release()
-		}
+		x.ids.release()
 		st := s.statusOf(x, err)
 		s.table.Lock()
 		x.status, x.err = st, err
-		x.t, x.release, x.tags = nil, nil, nil
+		x.t, x.tags = nil, nil
 		delete(s.running, x.id)
 		s.settled.put(x.owner, st, time.Now())
 		if u := s.table.UsageOfLocked(x.owner); u != nil {
@@ -335,8 +335,26 @@ func (s *Service) finish(x *transfer) {
 	})
 }
 
+// planEngine is the engine of a plan set's first plan ("" for none).
+func planEngine(ps *engines.PlanSet) string {
+	if len(ps.Plans) == 0 {
+		return ""
+	}
+	return ps.Plans[0].Engine
+}
+
+// settledStatus is a status and its elapsed time, allocated together.
+type settledStatus struct {
+	st      agentv1.TransferStatus
+	elapsed durationpb.Duration
+}
+
 func (s *Service) statusOf(x *transfer, err error) *agentv1.TransferStatus {
-	st := &agentv1.TransferStatus{TransferId: x.id, Bytes: x.bytes, Elapsed: durationpb.New(time.Since(x.start))}
+	ss := &settledStatus{elapsed: durationpb.Duration{}}
+	d := time.Since(x.start)
+	ss.elapsed.Seconds, ss.elapsed.Nanos = int64(d/time.Second), int32(d%time.Second)
+	st := &ss.st
+	st.TransferId, st.Bytes, st.Elapsed = x.id, x.bytes, &ss.elapsed
 	if err == nil {
 		st.State = agentv1.TransferState_TRANSFER_STATE_SUCCEEDED
 		return st

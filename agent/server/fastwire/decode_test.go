@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package fastwire
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+)
+
+// TestBlocksDecoderReadsWhatUnmarshalReads decodes random block frames with one decoder, frame after frame (so a
+// field left over from an earlier frame would show), and compares each request with proto.Unmarshal's reading of
+// the same bytes: fields in any order and repeated (a message field merged, the oneof's last choice winning),
+// fields of the wrong wire type and unknown fields (skipped), a segment or node that is not UTF-8 (refused by
+// both).
+func TestBlocksDecoderReadsWhatUnmarshalReads(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var d BlocksDecoder
+	refusedBoth := 0
+	for round := range 3000 {
+		frame := randomBlocksFrame(rng)
+		var want agentv1.FastRequest
+		wantErr := proto.Unmarshal(frame, &want)
+		got, err := d.Decode(frame)
+		if wantErr != nil || err != nil {
+			if (wantErr == nil) != (err == nil) {
+				t.Fatalf("round %d: Decode error %v, proto.Unmarshal error %v, frame %x", round, err, wantErr, frame)
+			}
+			refusedBoth++
+			continue
+		}
+		wb := want.GetBlocks()
+		if wb == nil {
+			wb = &agentv1.TransferBlocksRequest{} // a frame whose blocks field is empty
+		}
+		dropUnknown(wb.ProtoReflect())
+		if !proto.Equal(got, wb) {
+			t.Fatalf("round %d: Decode read\n%v\nproto.Unmarshal read\n%v\nframe %x", round, got, wb, frame)
+		}
+	}
+	if refusedBoth == 0 {
+		t.Fatal("no frame was refused: the generator never wrote a string that is not UTF-8")
+	}
+	// A frame of another request is left to proto.Unmarshal.
+	wait, _ := proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Wait{Wait: &agentv1.FastWait{TransferIds: []uint64{1}}}})
+	if _, err := d.Decode(wait); !errors.Is(err, ErrNotBlocks) {
+		t.Fatalf("a wait frame: %v, want ErrNotBlocks", err)
+	}
+}
+
+// TestBlocksDecoderAllocatesNothingForAUsualFrame: a waited one-block frame with a remote layout id and a timeout,
+// as the clients send it, is read into the decoder's own messages.
+func TestBlocksDecoderAllocatesNothingForAUsualFrame(t *testing.T) {
+	frame, err := proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
+		Op: agentv1.Op_OP_WRITE, LayoutId: 7, Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: 8}},
+		LocalIds: []byte{1, 0, 0, 0}, RemoteIds: []byte{2, 0, 0, 0}, IdBytes: 4, Wait: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame = protowire.AppendTag(frame, fastFieldBlocks, protowire.BytesType) // and a timeout, merged into it
+	frame = protowire.AppendBytes(frame, protowire.AppendBytes(protowire.AppendTag(nil, blocksFieldTimeout, protowire.BytesType),
+		protowire.AppendVarint(protowire.AppendTag(nil, durationFieldSeconds, protowire.VarintType), 30)))
+	var d BlocksDecoder
+	if got := testing.AllocsPerRun(200, func() {
+		req, err := d.Decode(frame)
+		if err != nil || req.GetRemote().GetLayoutId() != 8 || req.GetTimeout().GetSeconds() != 30 || req.LayoutId != 7 {
+			t.Fatalf("decoded %v, %v", req, err)
+		}
+	}); got != 0 {
+		t.Fatalf("%.1f allocations a frame, want none", got)
+	}
+}
+
+// randomBlocksFrame writes a FastRequest of one or more blocks fields (merged by a reader) whose fields come in
+// a random order, some twice, some with the wrong wire type, some unknown.
+func randomBlocksFrame(rng *rand.Rand) []byte {
+	var frame []byte
+	for range 1 + rng.IntN(2) {
+		var body []byte
+		for range rng.IntN(9) {
+			body = appendRandomBlocksField(rng, body)
+		}
+		frame = protowire.AppendTag(frame, fastFieldBlocks, protowire.BytesType)
+		frame = protowire.AppendBytes(frame, body)
+	}
+	if rng.IntN(8) == 0 {
+		frame = protowire.AppendTag(frame, 99, protowire.VarintType)
+		frame = protowire.AppendVarint(frame, rng.Uint64())
+	}
+	return frame
+}
+
+func appendRandomBlocksField(rng *rand.Rand, b []byte) []byte {
+	varint := func(num protowire.Number, v uint64) []byte {
+		return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), v)
+	}
+	bytesField := func(num protowire.Number, v []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(b, num, protowire.BytesType), v)
+	}
+	switch rng.IntN(12) {
+	case 0:
+		return varint(blocksFieldOp, uint64(rng.IntN(4)))
+	case 1:
+		return varint(blocksFieldLayout, rng.Uint64())
+	case 2:
+		return bytesField(blocksFieldRemote, randomLayoutRef(rng))
+	case 3:
+		return bytesField(blocksFieldLocalIDs, randomBytes(rng, 16))
+	case 4:
+		return bytesField(blocksFieldRemoteIDs, randomBytes(rng, 16))
+	case 5:
+		return varint(blocksFieldIDBytes, uint64(rng.IntN(10)))
+	case 6:
+		var dur []byte
+		for range rng.IntN(3) {
+			num := protowire.Number(1 + rng.IntN(3)) // seconds, nanos, and an unknown field
+			dur = protowire.AppendVarint(protowire.AppendTag(dur, num, protowire.VarintType), rng.Uint64N(1<<40))
+		}
+		return bytesField(blocksFieldTimeout, dur)
+	case 7:
+		return bytesField(blocksFieldNotify, randomBytes(rng, 8))
+	case 8:
+		return varint(blocksFieldWait, uint64(rng.IntN(3)))
+	case 9:
+		return varint(blocksFieldArenaIDs, uint64(rng.IntN(1<<20)))
+	case 10: // a known field of the wrong wire type
+		return bytesField(blocksFieldLayout, randomBytes(rng, 4))
+	default: // an unknown field
+		return varint(protowire.Number(20+rng.IntN(10)), rng.Uint64())
+	}
+}
+
+func randomLayoutRef(rng *rand.Rand) []byte {
+	var b []byte
+	for range rng.IntN(4) {
+		switch rng.IntN(5) {
+		case 0:
+			b = protowire.AppendVarint(protowire.AppendTag(b, layoutRefFieldLayoutID, protowire.VarintType), rng.Uint64())
+		case 1:
+			b = protowire.AppendBytes(protowire.AppendTag(b, layoutRefFieldSegment, protowire.BytesType), randomName(rng))
+		case 2:
+			b = protowire.AppendBytes(protowire.AppendTag(b, layoutRefFieldNode, protowire.BytesType), randomName(rng))
+		case 3:
+			b = protowire.AppendBytes(protowire.AppendTag(b, layoutRefFieldLayoutID, protowire.BytesType), randomBytes(rng, 3))
+		default:
+			b = protowire.AppendVarint(protowire.AppendTag(b, 9, protowire.VarintType), 1)
+		}
+	}
+	return b
+}
+
+// randomName is a short name, now and then one that is not UTF-8.
+func randomName(rng *rand.Rand) []byte {
+	if rng.IntN(10) == 0 {
+		return []byte{'k', 0xff, 'v'}
+	}
+	return []byte([]string{"kv", "node-b", "", "prefill/kv"}[rng.IntN(4)])
+}
+
+func randomBytes(rng *rand.Rand, most int) []byte {
+	b := make([]byte, rng.IntN(most+1))
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// dropUnknown clears the unknown fields of m and of the messages it holds: Decode skips them, as it must.
+func dropUnknown(m protoreflect.Message) {
+	m.SetUnknown(nil)
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Message() != nil && !fd.IsList() && !fd.IsMap() {
+			dropUnknown(v.Message())
+		}
+		return true
+	})
+}
