@@ -198,30 +198,33 @@ func (s *Server) writeFastReply(conn *net.UnixConn, out []byte) error {
 }
 
 // fastConn is what a fast connection keeps between frames: the caller's id arena and mailbox, the messages its
-// block frames are decoded into and the buffer replies are marshalled into.
+// block frames are decoded into and the buffer replies are written into.
 type fastConn struct {
 	arena   fastwire.IDArena
 	mailbox fastwire.Mailbox
 	blocks  fastwire.BlocksDecoder
 	out     []byte
-	ok      agentv1.FastReply // the reply to a served request, kept: one message fewer per call
 }
 
 // reply marshals the answer to one frame behind four reserved bytes of the buffer kept for the connection and
 // returns the sealed frame (valid until the next reply): one write, no allocation.
 func (fc *fastConn) reply(resp *agentv1.TransferResponse, err error) ([]byte, error) {
+	if cap(fc.out) > 64<<10 {
+		fc.out = nil
+	}
+	if err == nil {
+		if out, ok := fastwire.AppendResponseReply(append(fc.out[:0], 0, 0, 0, 0), resp); ok {
+			fc.out = out
+			return sockio.SealFrame(out), nil
+		}
+	}
 	var r *agentv1.FastReply
 	if err != nil {
 		r = fastwire.ErrReply(err)
 	} else {
-		fc.ok.Response = resp
-		r = &fc.ok
-	}
-	if cap(fc.out) > 64<<10 {
-		fc.out = nil
+		r = &agentv1.FastReply{Response: resp} // a string that is not UTF-8: proto.Marshal says so
 	}
 	out, err := (proto.MarshalOptions{}).MarshalAppend(append(fc.out[:0], 0, 0, 0, 0), r)
-	fc.ok.Response = nil // the response is the call's: the connection keeps no part of it
 	if err != nil {
 		return nil, err
 	}

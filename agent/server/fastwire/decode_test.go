@@ -4,6 +4,7 @@
 package fastwire
 
 import (
+	"bytes"
 	"errors"
 	"math/rand/v2"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 )
@@ -181,4 +183,48 @@ func dropUnknown(m protoreflect.Message) {
 		}
 		return true
 	})
+}
+
+// TestResponseReplyIsWhatMarshalWrites compares the hand-written reply with proto.Marshal's bytes for random
+// responses: fields zero and not, engines empty or with an empty name, a status or none, failures with empty
+// fields, elapsed times negative and not; and a string that is not UTF-8 is left to proto.Marshal, which
+// refuses it.
+func TestResponseReplyIsWhatMarshalWrites(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	pick := func(vals ...uint64) uint64 { return vals[rng.IntN(len(vals))] }
+	str := func() string { return []string{"", "xgmi", "blocks", "DEADLINE_EXCEEDED", "copy of 4096 bytes failed: ünïcode"}[rng.IntN(5)] }
+	for round := range 2000 {
+		r := &agentv1.TransferResponse{TransferId: pick(0, 1, 300, 1<<40, 1<<63), Items: uint32(pick(0, 1, 15360, 1<<31)), Bytes: pick(0, 4096, 1<<30)}
+		for range rng.IntN(3) {
+			r.Engines = append(r.Engines, str())
+		}
+		if rng.IntN(4) > 0 {
+			st := &agentv1.TransferStatus{TransferId: r.TransferId, State: agentv1.TransferState(rng.IntN(6)), Bytes: pick(0, 4096), Error: str()}
+			for range rng.IntN(3) {
+				st.Failures = append(st.Failures, &agentv1.TagFailure{Tag: str(), Code: str(), Message: str()})
+			}
+			if rng.IntN(3) > 0 {
+				st.Elapsed = &durationpb.Duration{Seconds: int64(pick(0, 1, 1<<40)) * int64(1-2*rng.IntN(2)), Nanos: int32(rng.IntN(2e9) - 1e9)}
+			}
+			r.Status = st
+		}
+		want, err := proto.Marshal(&agentv1.FastReply{Response: r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := AppendResponseReply([]byte{9}, r)
+		if !ok || !bytes.Equal(got[1:], want) || got[0] != 9 {
+			t.Fatalf("round %d: %v\nwrote   %x (%v)\nMarshal %x", round, r, got, ok, want)
+		}
+	}
+	if got, ok := AppendResponseReply([]byte{9}, nil); !ok || !bytes.Equal(got, []byte{9}) {
+		t.Fatalf("no response (the answer to a setup): wrote %x, %v; want the empty reply", got, ok)
+	}
+	bad := &agentv1.TransferResponse{TransferId: 1, Status: &agentv1.TransferStatus{Error: "k\xffv"}}
+	if got, ok := AppendResponseReply(nil, bad); ok || len(got) != 0 {
+		t.Fatalf("a status whose error is not UTF-8: wrote %x, %v", got, ok)
+	}
+	if _, err := proto.Marshal(&agentv1.FastReply{Response: bad}); err == nil {
+		t.Fatal("proto.Marshal took a string that is not UTF-8: the fallback would not refuse it")
+	}
 }

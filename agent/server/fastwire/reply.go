@@ -5,8 +5,10 @@ package fastwire
 
 import (
 	"net"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
@@ -26,4 +28,153 @@ func WriteReply(conn net.Conn, r *agentv1.FastReply) error {
 func ErrReply(err error) *agentv1.FastReply {
 	st := status.Convert(err)
 	return &agentv1.FastReply{Code: uint32(st.Code()), Message: st.Message()}
+}
+
+// Field numbers of FastReply, TransferResponse, TransferStatus, TagFailure and Duration, written by hand.
+const (
+	replyFieldResponse = 3
+
+	responseFieldID      = 1
+	responseFieldItems   = 2
+	responseFieldBytes   = 3
+	responseFieldEngines = 4
+	responseFieldStatus  = 5
+
+	statusFieldID       = 1
+	statusFieldState    = 2
+	statusFieldFailures = 3
+	statusFieldBytes    = 4
+	statusFieldElapsed  = 5
+	statusFieldError    = 6
+
+	failureFieldTag     = 1
+	failureFieldCode    = 2
+	failureFieldMessage = 3
+)
+
+// AppendResponseReply appends FastReply{Response: resp} as proto.Marshal writes it (fields in number order, zero
+// values left out), without reflection: every served fast call is answered this way (a nil resp, the answer to
+// a setup, is the empty reply). ok is false, and nothing appended, when a string of resp is not UTF-8, which
+// proto.Marshal refuses: marshal it to hear why.
+func AppendResponseReply(b []byte, resp *agentv1.TransferResponse) (_ []byte, ok bool) {
+	if resp == nil {
+		return b, true
+	}
+	if !responseUTF8(resp) {
+		return b, false
+	}
+	b = protowire.AppendTag(b, replyFieldResponse, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(responseSize(resp)))
+	b = appendUint(b, responseFieldID, resp.TransferId)
+	b = appendUint(b, responseFieldItems, uint64(resp.Items))
+	b = appendUint(b, responseFieldBytes, resp.Bytes)
+	for _, e := range resp.Engines {
+		b = appendString(b, responseFieldEngines, e, true)
+	}
+	if st := resp.Status; st != nil {
+		b = protowire.AppendTag(b, responseFieldStatus, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(statusSize(st)))
+		b = appendUint(b, statusFieldID, st.TransferId)
+		b = appendUint(b, statusFieldState, uint64(int64(st.State)))
+		for _, f := range st.Failures {
+			b = protowire.AppendTag(b, statusFieldFailures, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(failureSize(f)))
+			b = appendString(b, failureFieldTag, f.Tag, false)
+			b = appendString(b, failureFieldCode, f.Code, false)
+			b = appendString(b, failureFieldMessage, f.Message, false)
+		}
+		b = appendUint(b, statusFieldBytes, st.Bytes)
+		if d := st.Elapsed; d != nil {
+			b = protowire.AppendTag(b, statusFieldElapsed, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(durationSize(d.Seconds, d.Nanos)))
+			b = appendUint(b, durationFieldSeconds, uint64(d.Seconds))
+			b = appendUint(b, durationFieldNanos, uint64(int64(d.Nanos)))
+		}
+		b = appendString(b, statusFieldError, st.Error, false)
+	}
+	return b, true
+}
+
+// responseUTF8 reports whether every string of r is UTF-8.
+func responseUTF8(r *agentv1.TransferResponse) bool {
+	for _, e := range r.Engines {
+		if !utf8.ValidString(e) {
+			return false
+		}
+	}
+	st := r.Status
+	if st == nil {
+		return true
+	}
+	for _, f := range st.Failures {
+		if !utf8.ValidString(f.Tag) || !utf8.ValidString(f.Code) || !utf8.ValidString(f.Message) {
+			return false
+		}
+	}
+	return utf8.ValidString(st.Error)
+}
+
+func responseSize(r *agentv1.TransferResponse) int {
+	n := uintSize(responseFieldID, r.TransferId) + uintSize(responseFieldItems, uint64(r.Items)) + uintSize(responseFieldBytes, r.Bytes)
+	for _, e := range r.Engines {
+		n += stringSize(responseFieldEngines, e, true)
+	}
+	if r.Status != nil {
+		n += messageSize(responseFieldStatus, statusSize(r.Status))
+	}
+	return n
+}
+
+func statusSize(st *agentv1.TransferStatus) int {
+	n := uintSize(statusFieldID, st.TransferId) + uintSize(statusFieldState, uint64(int64(st.State))) + uintSize(statusFieldBytes, st.Bytes) +
+		stringSize(statusFieldError, st.Error, false)
+	for _, f := range st.Failures {
+		n += messageSize(statusFieldFailures, failureSize(f))
+	}
+	if d := st.Elapsed; d != nil {
+		n += messageSize(statusFieldElapsed, durationSize(d.Seconds, d.Nanos))
+	}
+	return n
+}
+
+func failureSize(f *agentv1.TagFailure) int {
+	return stringSize(failureFieldTag, f.Tag, false) + stringSize(failureFieldCode, f.Code, false) + stringSize(failureFieldMessage, f.Message, false)
+}
+
+func durationSize(seconds int64, nanos int32) int {
+	return uintSize(durationFieldSeconds, uint64(seconds)) + uintSize(durationFieldNanos, uint64(int64(nanos)))
+}
+
+// appendUint appends a varint field, left out when zero (proto3).
+func appendUint(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), v)
+}
+
+// appendString appends a string field; a singular one is left out when empty, an element of a repeated one is not.
+func appendString(b []byte, num protowire.Number, s string, repeated bool) []byte {
+	if s == "" && !repeated {
+		return b
+	}
+	return protowire.AppendString(protowire.AppendTag(b, num, protowire.BytesType), s)
+}
+
+func uintSize(num protowire.Number, v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeVarint(v)
+}
+
+func stringSize(num protowire.Number, s string, repeated bool) int {
+	if s == "" && !repeated {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeBytes(len(s))
+}
+
+func messageSize(num protowire.Number, size int) int {
+	return protowire.SizeTag(num) + protowire.SizeBytes(size)
 }
