@@ -192,7 +192,9 @@ func dropUnknown(m protoreflect.Message) {
 func TestResponseReplyIsWhatMarshalWrites(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	pick := func(vals ...uint64) uint64 { return vals[rng.IntN(len(vals))] }
-	str := func() string { return []string{"", "xgmi", "blocks", "DEADLINE_EXCEEDED", "copy of 4096 bytes failed: ünïcode"}[rng.IntN(5)] }
+	str := func() string {
+		return []string{"", "xgmi", "blocks", "DEADLINE_EXCEEDED", "copy of 4096 bytes failed: ünïcode"}[rng.IntN(5)]
+	}
 	for round := range 2000 {
 		r := &agentv1.TransferResponse{TransferId: pick(0, 1, 300, 1<<40, 1<<63), Items: uint32(pick(0, 1, 15360, 1<<31)), Bytes: pick(0, 4096, 1<<30)}
 		for range rng.IntN(3) {
