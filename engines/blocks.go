@@ -391,10 +391,10 @@ func (p *compositePlanner) AddBlocks(b Blocks) error {
 		}
 	}
 	p.b.pairs = infos
-	if !b.deferred {
-		b.shape = &sh
-	}
 	p.blocks.batch, p.blocks.engine, p.blocks.infos, p.blocks.shape = b, engs, infos, sh
+	if !b.deferred {
+		p.blocks.batch.shape = &p.blocks.shape // the planner's own copy: sh stays on the stack
+	}
 	return nil
 }
 
