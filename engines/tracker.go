@@ -57,24 +57,30 @@ const WaitedHandoff = 5 * time.Millisecond
 // running after this is long enough for a thread hand-off not to matter.
 const driverPollBudget = 2 * time.Millisecond
 
-// driver lets the waiting goroutine advance a transfer (DriveOnWait); handing over starts run once.
+// Drivable is a transfer's work an engine leaves to its waiter (DriveOnWait): Poll, non-blocking, finishes what
+// has ended and reports whether every plan has; Run, blocking, waits for the rest on a goroutine of its own.
+// Only one goroutine calls Poll at a time. An interface, not two closures: one object per transfer.
+type Drivable interface {
+	Poll() bool
+	Run()
+}
+
+// driver lets the waiting goroutine advance a transfer (DriveOnWait); handing over starts Run once.
 type driver struct {
 	mu      sync.Mutex
-	poll    func() bool
-	run     func()
+	work    Drivable
 	handed  bool
 	holding bool
 	driven  bool // a Drive started: it hands the transfer over itself if it gives up
 }
 
-// DriveOnWait makes Wait and Drive advance the transfer by calling poll (non-blocking: it finishes what has
-// ended and reports whether every plan has) on the waiting goroutine, and run (blocking, on a goroutine of its
-// own) the fallback: when a Drive gives up, or nobody drives within WaitedHandoff. Engines call it before
-// Submit returns, instead of starting run themselves.
-func (t *Tracker) DriveOnWait(poll func() bool, run func()) {
+// DriveOnWait makes Wait and Drive advance the transfer by calling work.Poll on the waiting goroutine, and
+// work.Run (on a goroutine of its own) the fallback: when a Drive gives up, or nobody drives within
+// WaitedHandoff. Engines call it before Submit returns, instead of starting Run themselves.
+func (t *Tracker) DriveOnWait(work Drivable) {
 	d := &t.drive
 	d.mu.Lock()
-	d.poll, d.run = poll, run
+	d.work = work
 	d.mu.Unlock()
 	if t.handoffs == nil {
 		t.handoffs = &handoffs{}
@@ -86,17 +92,17 @@ func (t *Tracker) DriveOnWait(poll func() bool, run func()) {
 func (t *Tracker) handOff() {
 	d := &t.drive
 	d.mu.Lock()
-	if d.handed || d.run == nil {
+	if d.handed || d.work == nil {
 		d.mu.Unlock()
 		return
 	}
 	d.handed = true
-	run := d.run
+	work := d.work
 	d.mu.Unlock()
 	select {
 	case <-t.done:
 	default:
-		go run()
+		go work.Run()
 	}
 }
 
@@ -105,19 +111,19 @@ func (t *Tracker) handOff() {
 func (t *Tracker) Drive(ctx context.Context) bool {
 	d := &t.drive
 	d.mu.Lock()
-	if d.poll == nil || d.handed || d.holding {
+	if d.work == nil || d.handed || d.holding {
 		d.mu.Unlock()
 		return t.isDone()
 	}
 	d.holding, d.driven = true, true
-	poll := d.poll
+	work := d.work
 	d.mu.Unlock()
 	until := time.Now().Add(driverPollBudget)
 	done := false
 	// The contexts and the clock are read every 16 polls: the transfer's context reads the clock for its
 	// deadline, and a poll of a done word is a few nanoseconds.
 	for i := 0; ; i++ {
-		if done = poll(); done {
+		if done = work.Poll(); done {
 			break
 		}
 		if i%16 == 15 && (ctx.Err() != nil || t.ctx.Err() != nil || time.Now().After(until)) {

@@ -82,7 +82,7 @@ func TestHandoffsShareOneTimer(t *testing.T) {
 		tr.handoffs = &h
 		j := joined{tr: tr, ran: make(chan time.Time, 2)}
 		j.at = time.Now()
-		tr.DriveOnWait(func() bool { return false }, func() { j.ran <- time.Now() })
+		tr.DriveOnWait(drivable{poll: func() bool { return false }, run: func() { j.ran <- time.Now() }})
 		return j
 	}
 	first := join()
@@ -194,3 +194,12 @@ func TestTrackerFirstStopCauseStands(t *testing.T) {
 	}
 	tr.Finish(0, nil)
 }
+
+// drivable is a Drivable of two functions.
+type drivable struct {
+	poll func() bool
+	run  func()
+}
+
+func (d drivable) Poll() bool { return d.poll() }
+func (d drivable) Run()       { d.run() }

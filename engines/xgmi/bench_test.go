@@ -78,7 +78,7 @@ func TestWaitedBlockAllocations(t *testing.T) {
 	for _, tc := range []struct {
 		composite bool
 		most      float64
-	}{{false, 18}, {true, 24}} {
+	}{{false, 14}, {true, 19}} {
 		copyOne := waitedBlockRig(t, tc.composite)
 		copyOne()
 		if got := testing.AllocsPerRun(500, copyOne); got > tc.most {

@@ -221,13 +221,13 @@ func (e *Engine) Submit(ctx context.Context, ps *engines.PlanSet, opts engines.S
 	if len(work) > 0 && !e.runInline(t, work) {
 		// Block copies are queued here, so the GPU starts before any goroutine hand-off; they are waited for
 		// beside the other plans.
-		rest, started := e.startBlocks(t, work)
-		if poll := e.pollStarted(t, started); opts.Waited && len(rest) == 0 && poll != nil {
+		r := e.startBlocks(t, work)
+		if opts.Waited && len(r.rest) == 0 && r.pollable() {
 			// The submitter waits at once: its Wait polls the GPU itself, and only a Wait that gives up (or
 			// none at all) hands the copy to a goroutine.
-			t.DriveOnWait(poll, func() { e.run(t, nil, started) })
+			t.DriveOnWait(r)
 		} else {
-			go e.run(t, rest, started)
+			go r.Run()
 		}
 	}
 	return t, nil
@@ -320,12 +320,30 @@ func (e *Engine) deliver(plans []engines.Plan, outcomes []engines.Outcome, paylo
 	e.Deliver(engines.BuildNotification(e.opts.Node, ptrs, payload))
 }
 
-func (e *Engine) run(t *engines.Tracker, work []engines.Work, started []startedBlocks) {
+// blockRun is one submission's plans past planning: the block copies queued on BlockCopiers (started) and the
+// plans copied otherwise (rest). One object holds what a submission to one backend needs, and it is what a
+// waiter drives (engines.Drivable).
+type blockRun struct {
+	e        *Engine
+	t        *engines.Tracker
+	rest     []engines.Work
+	started  []startedBlocks
+	finished []bool // of started, set by Poll
+	one      struct {
+		started  [1]startedBlocks
+		finished [1]bool
+	}
+}
+
+// Run waits for the started copies, then copies the rest. It reads nothing Poll writes: a handoff may start it
+// while a waiter still polls, and a plan finished twice keeps its first outcome.
+func (r *blockRun) Run() {
+	e, t := r.e, r.t
 	ctx := t.Context()
-	for _, sb := range started {
+	for _, sb := range r.started {
 		e.finishStarted(t, sb, sb.Wait(ctx))
 	}
-	engines.RunPlans(t, work, e.slots, func(ctx context.Context, w engines.Work) error {
+	engines.RunPlans(t, r.rest, e.slots, func(ctx context.Context, w engines.Work) error {
 		b, reason := e.backendFor(w.Src, w.Dst)
 		if b == nil {
 			return fmt.Errorf("xgmi: %w: %s", engines.ErrUnplannable, reason)
@@ -347,34 +365,35 @@ type startedBlocks struct {
 	Started
 }
 
-// pollStarted returns a non-blocking step that finishes the started copies that have ended and reports
-// whether all have; nil when one of them cannot be polled. Only one goroutine calls it at a time.
-func (e *Engine) pollStarted(t *engines.Tracker, started []startedBlocks) func() bool {
-	if len(started) == 0 {
-		return nil
+// pollable reports whether every started copy can be polled (and there is one).
+func (r *blockRun) pollable() bool {
+	if len(r.started) == 0 {
+		return false
 	}
-	for _, sb := range started {
+	for _, sb := range r.started {
 		if sb.Poll == nil {
-			return nil
+			return false
 		}
 	}
-	finished := make([]bool, len(started))
-	return func() bool {
-		all := true
-		for i, sb := range started {
-			if finished[i] {
-				continue
-			}
-			done, err := sb.Poll()
-			if !done {
-				all = false
-				continue
-			}
-			finished[i] = true
-			e.finishStarted(t, sb, err)
+	return true
+}
+
+// Poll finishes the started copies that have ended and reports whether all have (engines.Drivable).
+func (r *blockRun) Poll() bool {
+	all := true
+	for i, sb := range r.started {
+		if r.finished[i] {
+			continue
 		}
-		return all
+		done, err := sb.Poll()
+		if !done {
+			all = false
+			continue
+		}
+		r.finished[i] = true
+		r.e.finishStarted(r.t, sb, err)
 	}
+	return all
 }
 
 // finishStarted records how a started block copy ended, for each of its plans.
@@ -387,27 +406,40 @@ func (e *Engine) finishStarted(t *engines.Tracker, sb startedBlocks, err error) 
 	}
 }
 
-// startBlocks queues the block plans whose backend is a BlockCopier, one call per backend, and returns the
-// rest. Plans whose start failed are finished here.
-func (e *Engine) startBlocks(t *engines.Tracker, work []engines.Work) ([]engines.Work, []startedBlocks) {
-	var rest []engines.Work
-	groups := map[Backend][]engines.Work{}
+// startBlocks queues the block plans whose backend is a BlockCopier, one call per backend, and keeps the rest.
+// Plans whose start failed are finished here.
+func (e *Engine) startBlocks(t *engines.Tracker, work []engines.Work) *blockRun {
+	r := &blockRun{e: e, t: t}
+	r.started, r.finished = r.one.started[:0], r.one.finished[:]
+	var groups map[Backend][]engines.Work
 	var order []Backend
-	for _, w := range work {
-		b, _ := e.backendFor(w.Src, w.Dst)
-		if _, ok := b.(BlockCopier); !ok || w.Plan.Blocks == nil {
-			rest = append(rest, w)
-			continue
+	if len(work) == 1 {
+		// One plan, the usual block copy: its backend is the one group, the work slice its list.
+		if b, _ := e.backendFor(work[0].Src, work[0].Dst); isBlockCopier(b, work[0]) {
+			order = []Backend{b}
+		} else {
+			r.rest = work
 		}
-		if groups[b] == nil {
-			order = append(order, b)
+	} else {
+		groups = map[Backend][]engines.Work{}
+		for _, w := range work {
+			b, _ := e.backendFor(w.Src, w.Dst)
+			if !isBlockCopier(b, w) {
+				r.rest = append(r.rest, w)
+				continue
+			}
+			if groups[b] == nil {
+				order = append(order, b)
+			}
+			groups[b] = append(groups[b], w)
 		}
-		groups[b] = append(groups[b], w)
 	}
 	ctx := t.Context()
-	var started []startedBlocks
 	for _, b := range order {
-		ws := groups[b]
+		ws := work
+		if groups != nil {
+			ws = groups[b]
+		}
 		err := ctx.Err()
 		var st Started
 		if err == nil {
@@ -419,9 +451,18 @@ func (e *Engine) startBlocks(t *engines.Tracker, work []engines.Work) ([]engines
 			}
 			continue
 		}
-		started = append(started, startedBlocks{backend: b.Name(), works: ws, Started: st})
+		r.started = append(r.started, startedBlocks{backend: b.Name(), works: ws, Started: st})
 	}
-	return rest, started
+	if len(r.started) > len(r.one.finished) {
+		r.finished = make([]bool, len(r.started))
+	}
+	return r
+}
+
+// isBlockCopier reports whether w is a block plan that b queues as such.
+func isBlockCopier(b Backend, w engines.Work) bool {
+	_, ok := b.(BlockCopier)
+	return ok && w.Plan.Blocks != nil
 }
 
 // Close implements engines.Engine.
