@@ -44,7 +44,7 @@ func BenchmarkBlockTransferOverhead(b *testing.B) {
 // TestBlockCallAllocations bounds the allocations of one waited one-block transfer through the fast socket, the
 // Go client's and the agent's together (they share this process), with the composite assembled as the agent's:
 // each is work for the collector on the latency-bound path. 56 before the agent kept its decoded frames, reply,
-// layouts' memory and a one-plan transfer's parts inline; 36 after. The bound leaves four for pools the collector
+// layouts' memory and a one-plan transfer's parts inline; 35 after. The bound leaves four for pools the collector
 // emptied.
 func TestBlockCallAllocations(t *testing.T) {
 	opts := baseOptions(t, newProcFixture(t))
