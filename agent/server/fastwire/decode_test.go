@@ -50,6 +50,20 @@ func TestBlocksDecoderReadsWhatUnmarshalReads(t *testing.T) {
 	if refusedBoth == 0 {
 		t.Fatal("no frame was refused: the generator never wrote a string that is not UTF-8")
 	}
+	// A field number past the largest valid one is refused, as proto.Unmarshal refuses it, inside the request and
+	// around it.
+	for _, frame := range [][]byte{
+		{0x12, 0x06, 0x80, 0xff, 0xff, 0xff, 0x30, 0x00},
+		{0x80, 0xff, 0xff, 0xff, 0x30, 0x00, 0x12, 0x00},
+	} {
+		var want agentv1.FastRequest
+		if proto.Unmarshal(frame, &want) == nil {
+			t.Fatalf("proto.Unmarshal read %x: the case tests nothing", frame)
+		}
+		if got, err := d.Decode(frame); err == nil {
+			t.Fatalf("Decode read %x as %v", frame, got)
+		}
+	}
 	// A frame of another request is left to proto.Unmarshal.
 	wait, _ := proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Wait{Wait: &agentv1.FastWait{TransferIds: []uint64{1}}}})
 	if _, err := d.Decode(wait); !errors.Is(err, ErrNotBlocks) {

@@ -55,7 +55,7 @@ func (d *BlocksDecoder) Decode(frame []byte) (*agentv1.TransferBlocksRequest, er
 	*req = agentv1.TransferBlocksRequest{}
 	named := false
 	for b := frame; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return nil, protowire.ParseError(n)
 		}
@@ -92,7 +92,7 @@ func (d *BlocksDecoder) Decode(frame []byte) (*agentv1.TransferBlocksRequest, er
 func (d *BlocksDecoder) decodeBlocks(body []byte) error {
 	req := &d.req
 	for b := body; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
@@ -173,7 +173,7 @@ const (
 func (d *BlocksDecoder) decodeLayoutRef(b []byte) error {
 	ref := &d.remote
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
@@ -215,7 +215,7 @@ func (d *BlocksDecoder) decodeLayoutRef(b []byte) error {
 // decodeDuration merges a Duration's bytes into out.
 func decodeDuration(b []byte, out *durationpb.Duration) error {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
@@ -240,4 +240,14 @@ func decodeDuration(b []byte, out *durationpb.Duration) error {
 		}
 	}
 	return nil
+}
+
+// consumeTag is protowire.ConsumeTag with proto.Unmarshal's refusal of field numbers past the largest valid one.
+func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n >= 0 && num > protowire.MaxValidNumber {
+		_, _, n = protowire.ConsumeTag([]byte{0}) // field number 0: protowire's own code for a bad number
+		return 0, 0, n
+	}
+	return num, typ, n
 }
