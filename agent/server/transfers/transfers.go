@@ -186,7 +186,14 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	s.running[x.id] = x
 	s.table.Unlock()
 	if !wait {
-		go s.settle(x)
+		select {
+		case <-t.Done():
+			// Done already (a host copy runs within Submit): recorded here rather than by a goroutine, whose
+			// start wakes a thread that competes with the caller's.
+			s.finish(x)
+		default:
+			go s.settle(x)
+		}
 	}
 
 	resp := &agentv1.TransferResponse{TransferId: x.id, Items: uint32(items), Bytes: ps.Bytes()}
@@ -435,13 +442,19 @@ func (s *Service) FastWait(ctx context.Context, sess *regiontable.Session, req *
 // running when timeout (when positive) passed. Without a timeout the transfers' own deadlines bound it.
 func (s *Service) waitFor(ctx context.Context, sess *regiontable.Session, ids []uint64, timeout *durationpb.Duration) (*agentv1.TransferStatus, error) {
 	xs := make([]*transfer, len(ids))
+	// The engines' transfers of those still running: the waiter sees them end and records them itself, rather
+	// than waiting for their settling goroutines to be woken first.
+	ts := make([]engines.Transfer, len(ids))
+	s.table.Lock()
 	for i, id := range ids {
-		x, err := s.ownTransfer(sess, id)
+		x, err := s.ownTransferLocked(sess, id)
 		if err != nil {
+			s.table.Unlock()
 			return nil, err
 		}
-		xs[i] = x
+		xs[i], ts[i] = x, x.t
 	}
+	s.table.Unlock()
 	var timer <-chan time.Time
 	if timeout != nil && timeout.AsDuration() > 0 {
 		t := time.NewTimer(timeout.AsDuration())
@@ -449,8 +462,22 @@ func (s *Service) waitFor(ctx context.Context, sess *regiontable.Session, ids []
 		timer = t.C
 	}
 	var st *agentv1.TransferStatus
-	for _, x := range xs {
-		spinUntilDone(x.done, waitSpin) // the last of a pipeline of copies usually ends within the spin
+	for i, x := range xs {
+		if t := ts[i]; t != nil {
+			if d, ok := t.(engines.Driven); ok {
+				d.Drive(ctx) // a transfer its engine left to its waiter
+			}
+			spinUntilDone(t.Done(), waitSpin) // the last of a pipeline of copies usually ends within the spin
+			select {
+			case <-t.Done():
+				s.finish(x)
+			case <-timer:
+				return pending(x.id), nil
+			case <-ctx.Done():
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+		}
+		spinUntilDone(x.done, waitSpin)
 		select {
 		case <-x.done:
 			if st = x.status; st.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {

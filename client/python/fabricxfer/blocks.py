@@ -321,6 +321,30 @@ def blocks_frame(op: int, layout_id: int, remote, local: memoryview, remote_ids:
 _FRAMINGS: dict = {}
 
 
+# Tag of FastRequest.wait (4): wire type 2.
+_TAG_FAST_WAIT = b"\x22"
+# Serialized FastWait{timeout} by timeout (seconds): the few a caller uses.
+_WAIT_TIMEOUTS: dict = {}
+
+
+def wait_frame(transfer_ids, timeout: float) -> List[bytes]:
+    """The fast-socket frame of FastRequest{wait: FastWait{transfer_ids, timeout}}: the ids serialized by protobuf,
+    the timeout's bytes kept per timeout and appended (a reader merges fields in any order), the FastRequest's own
+    framing written here. Half of what building both messages cost (about 3 against 6 µs for one id on the
+    development VM)."""
+    tail = _WAIT_TIMEOUTS.get(timeout)
+    if tail is None:
+        w = pb.FastWait()
+        w.timeout.FromNanoseconds(int(timeout * 1e9))
+        tail = w.SerializeToString()
+        if len(_WAIT_TIMEOUTS) >= 256:
+            _WAIT_TIMEOUTS.clear()
+        _WAIT_TIMEOUTS[timeout] = tail
+    inner = pb.FastWait(transfer_ids=transfer_ids).SerializeToString() + tail
+    head = _TAG_FAST_WAIT + _varint(len(inner))
+    return [struct.pack(">I", len(head) + len(inner)), head, inner]
+
+
 # Tag of TransferBlocksRequest's arena_ids (10): wire type 0.
 _TAG_ARENA_IDS = b"\x50"
 # Lists at least this long go through the connection's id arena when it has one.

@@ -991,11 +991,9 @@ class Client:
 
     def _fast_wait(self, ids: List[int], timeout: Optional[float]) -> pb.TransferStatus:
         """One FastWait frame for ids: the first that did not succeed, else the last one's status."""
-        req = pb.FastWait(transfer_ids=ids)
-        req.timeout.FromNanoseconds(int((timeout or self.timeout) * 1e9))
+        parts = _blocks.wait_frame(ids, timeout or self.timeout)
         self._check_session()
-        payload = pb.FastRequest(wait=req).SerializeToString()
-        return self._fast_call([_HDR.pack(len(payload)), payload], timeout).status
+        return self._fast_call(parts, timeout).status
 
     def resolve_segment(self, node: str, segment: str) -> bytes:
         return self._call(self.stub.ResolveSegment, pb.ResolveSegmentRequest(node=node, segment=segment)).desc

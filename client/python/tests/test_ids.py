@@ -180,6 +180,21 @@ class FrameTest(unittest.TestCase):
         self.assertEqual(n, len(frame) - 4)
         return pb.FastRequest.FromString(frame[4:])
 
+    def test_wait_frame_is_the_fast_request_protobuf_would_write(self):
+        for ids, timeout in (([5], 30.0), ([123456789], 0.25), (list(range(1000, 1024)), 10.0), ([2 ** 64 - 1], 1.5),
+                             ([1, 2], 30.0), ([3], 1e-9)):
+            with self.subTest(ids=ids, timeout=timeout):
+                parts = blocks.wait_frame(ids, timeout)
+                req = pb.FastWait(transfer_ids=ids)
+                req.timeout.FromNanoseconds(int(timeout * 1e9))
+                want = pb.FastRequest(wait=req)
+                self.assertEqual(self.parse(parts), want)
+                self.assertEqual(b"".join(parts)[4:], want.SerializeToString())
+        for bad in ([-1], [2 ** 64], ["7"]):
+            with self.subTest(bad=bad):
+                with self.assertRaises((ValueError, TypeError)):
+                    blocks.wait_frame(bad, 1.0)
+
     def test_frame_is_the_fast_request_protobuf_would_write(self):
         local, _, _ = blocks.pack_ids(array.array("q", range(300)))
         remote, _, _ = blocks.pack_ids(array.array("q", range(1000, 1300)))
