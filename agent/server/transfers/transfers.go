@@ -357,7 +357,7 @@ type settledStatus struct {
 }
 
 func (s *Service) statusOf(x *transfer, err error) *agentv1.TransferStatus {
-	ss := &settledStatus{elapsed: durationpb.Duration{}}
+	ss := &settledStatus{}
 	d := time.Since(x.start)
 	ss.elapsed.Seconds, ss.elapsed.Nanos = int64(d/time.Second), int32(d%time.Second)
 	st := &ss.st
