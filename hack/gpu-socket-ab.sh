@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
+# hack/gpu-socket-ab.sh OLD_AGENT OLD_CLIENT NEW_AGENT NEW_CLIENT [ROUNDS]
+#
+# On a machine with a CUDA GPU and PyTorch: two builds of the agent, each with its own Python client tree (a
+# client/python directory: its bench/bench_gpu.py runs against its own fabricxfer), measured one after the other
+# (agents on one GPU are compared in turn: run side by side, the GPU switches between their contexts), ROUNDS
+# times (default 3), then the Python GPU tests against the new build in both allocator modes. An agent given as
+# FILE.xz is unpacked first. Everything goes to $OUT (default ./gpu-socket-ab): socket.txt (the bench_gpu.py
+# tables, each headed by the side and the time), pytests.txt and times.txt (each step's exit status).
+#
+#   git archive BASE client/python | tar -x -C /tmp/base   # the old client tree, from the commit compared against
+#   hack/gpu-socket-ab.sh /tmp/agent-base /tmp/base/client/python bin/agent client/python
+#
+# CASES (default a,b,c64,c1g,d,a-pipe,c64-pipe) picks the bench_gpu.py cases.
+set -uo pipefail
+if [[ $# -lt 4 ]]; then
+  sed -n '5,17p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+out=${OUT:-gpu-socket-ab}
+rounds=${5:-3}
+cases=${CASES:-a,b,c64,c1g,d,a-pipe,c64-pipe}
+mkdir -p "$out"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# agent FILE NAME: FILE as an executable, unpacked when it is an .xz.
+agent() {
+  if [[ $1 == *.xz ]]; then
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$work/$2"
+    chmod 755 "$work/$2"
+    echo "$work/$2"
+  else
+    readlink -f "$1"
+  fi
+}
+old_agent=$(agent "$1" old) new_agent=$(agent "$3" new)
+old_client=$(readlink -f "$2") new_client=$(readlink -f "$4")
+{ date -u; nvidia-smi --query-gpu=name,driver_version,compute_mode,clocks.sm,clocks.mem --format=csv 2>&1; } >"$out/times.txt"
+
+for r in $(seq "$rounds"); do
+  for side in old new; do
+    a=$old_agent c=$old_client
+    [[ $side == new ]] && a=$new_agent c=$new_client
+    echo "=== $side round $r $(date -u +%T)" >>"$out/socket.txt"
+    timeout 300 python3 "$c/bench/bench_gpu.py" --agent "$a" --cases "$cases" >>"$out/socket.txt" 2>&1
+    rc=$?
+    echo "$(date -u +%T) $side round $r rc $rc" >>"$out/times.txt"
+  done
+done
+
+sock=$work/fx/kv/agent.sock
+mkdir -p "$work/fx"
+"$new_agent" standalone --socket-dir "$work/fx" --pool-name kv >"$work/agent.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.2; done
+(
+  cd "$new_client" || exit 1
+  FABRICXFER_SOCKET=$sock timeout 180 python3 -m unittest tests.test_gpu tests.test_ids >"$out/pytests.txt" 2>&1
+  rc=$?
+  echo "$(date -u +%T) pytests caching allocator rc $rc" >>"$out/times.txt"
+  echo "=== expandable segments" >>"$out/pytests.txt"
+  FABRICXFER_SOCKET=$sock PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 180 python3 -m unittest tests.test_gpu >>"$out/pytests.txt" 2>&1
+  rc=$?
+  echo "$(date -u +%T) pytests expandable segments rc $rc" >>"$out/times.txt"
+)
+kill "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+date -u >>"$out/times.txt"
