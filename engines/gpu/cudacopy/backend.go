@@ -73,7 +73,7 @@ func (r runtime) EnablePeer(from, to int, _, _ cuda.Device) error {
 func NewBackend(drv *cuda.Driver, opts Options) (*Backend, error) {
 	b := &Backend{drv: drv, opts: opts}
 	b.reg = gpushare.NewRegistry[*Copier, cuda.Device](runtime{drv, b}, "cuda", "CUDA", engines.VendorNVIDIA, "NVLink")
-	b.ids = &idBuffers{bases: map[uintptr]bool{}}
+	b.ids = &idBuffers{bases: map[uintptr]uint64{}}
 	b.ids.alloc = func(size uint64) (p uintptr, err error) {
 		err = b.inSomeContext(func() (err error) { p, err = drv.MemHostAlloc(size); return err })
 		return p, err

@@ -24,9 +24,11 @@ const (
 
 // idBuffers is a backend's pool of pinned id buffers.
 type idBuffers struct {
-	mu    sync.Mutex
-	free  []uintptr
-	bases map[uintptr]bool // every buffer's first byte
+	mu   sync.Mutex
+	free []uintptr
+	// bases are every buffer's first byte, with the lending it is out on (0: none); lendings counts them.
+	bases    map[uintptr]uint64
+	lendings uint64
 	// alloc returns size bytes of portable pinned host memory (nil: no GPU set up yet).
 	alloc func(size uint64) (uintptr, error)
 	drop  func(uintptr) error
@@ -51,16 +53,23 @@ func (p *idBuffers) get(n int) ([]uint32, func()) {
 		if base, err = p.alloc(4 * idBufferIDs); err != nil {
 			return nil, nil
 		}
-		p.bases[base] = true
 	}
+	p.lendings++
+	lending := p.lendings
+	p.bases[base] = lending
 	ids := unsafe.Slice((*uint32)(cuda.HostPointer(base)), idBufferIDs)[:n:n]
-	var once sync.Once
-	return ids, func() {
-		once.Do(func() {
-			p.mu.Lock()
-			p.free = append(p.free, base)
-			p.mu.Unlock()
-		})
+	// The give-back names its lending, so a second one, even after the buffer went out again, changes nothing;
+	// one allocation (the function) per lending.
+	return ids, func() { p.giveBack(base, lending) }
+}
+
+// giveBack returns base to the free buffers if it is still out on lending.
+func (p *idBuffers) giveBack(base uintptr, lending uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.bases[base] == lending {
+		p.bases[base] = 0
+		p.free = append(p.free, base)
 	}
 }
 
@@ -72,7 +81,8 @@ func (p *idBuffers) at(ids []uint32) (uintptr, bool) {
 	base := uintptr(unsafe.Pointer(&ids[0]))
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return base, p.bases[base]
+	_, ok := p.bases[base]
+	return base, ok
 }
 
 // close frees every buffer; nothing may use them any more.
@@ -83,7 +93,7 @@ func (p *idBuffers) close() error {
 	for base := range p.bases {
 		errs = append(errs, p.drop(base))
 	}
-	p.bases, p.free = map[uintptr]bool{}, nil
+	p.bases, p.free = map[uintptr]uint64{}, nil
 	return errors.Join(errs...)
 }
 

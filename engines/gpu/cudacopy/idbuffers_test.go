@@ -9,11 +9,12 @@ import (
 )
 
 // The id pool lends at most maxIDBuffers buffers, knows its own buffers (and only those) by their first id,
-// reuses what comes back, takes a double give-back once, and refuses sizes it cannot hold.
+// reuses what comes back, takes a double give-back once (a stale one, after the buffer went out again, changes
+// nothing), and refuses sizes it cannot hold.
 func TestIDBuffersLendAndKnowTheirOwn(t *testing.T) {
 	var keep [][]byte // the "pinned" memory of this test, kept alive here
 	allocs, drops := 0, 0
-	p := &idBuffers{bases: map[uintptr]bool{},
+	p := &idBuffers{bases: map[uintptr]uint64{},
 		alloc: func(size uint64) (uintptr, error) {
 			allocs++
 			b := make([]byte, size)
@@ -56,7 +57,17 @@ func TestIDBuffersLendAndKnowTheirOwn(t *testing.T) {
 	if b, _ := p.get(100); b != nil {
 		t.Fatal("a buffer given back twice was lent twice")
 	}
+	frees[0]() // a stale give-back, the buffer out again on another lending: it stays out
+	if b, _ := p.get(100); b != nil {
+		t.Fatal("a stale give-back freed a buffer lent again")
+	}
 	freeA()
+	if got := testing.AllocsPerRun(100, func() {
+		_, free := p.get(64)
+		free()
+	}); got > 1 {
+		t.Fatalf("%.1f allocations a lending, want at most one (its give-back)", got)
+	}
 	if allocs != maxIDBuffers {
 		t.Fatalf("%d allocations for %d buffers", allocs, maxIDBuffers)
 	}
@@ -68,7 +79,7 @@ func TestIDBuffersLendAndKnowTheirOwn(t *testing.T) {
 	}
 
 	// No GPU set up yet: nothing is lent, and the caller uses its own memory.
-	none := &idBuffers{bases: map[uintptr]bool{}, alloc: func(uint64) (uintptr, error) { return 0, errNoCopier }}
+	none := &idBuffers{bases: map[uintptr]uint64{}, alloc: func(uint64) (uintptr, error) { return 0, errNoCopier }}
 	if ids, _ := none.get(10); ids != nil {
 		t.Fatal("a buffer lent without memory behind it")
 	}
