@@ -455,11 +455,26 @@ func (s *Service) waitFor(ctx context.Context, sess *regiontable.Session, ids []
 		xs[i], ts[i] = x, x.t
 	}
 	s.table.Unlock()
-	var timer <-chan time.Time
+	// The timeout's timer is made only when a wait has to block: most waits find their transfers ending within
+	// the spin.
+	var deadline time.Time
 	if timeout != nil && timeout.AsDuration() > 0 {
-		t := time.NewTimer(timeout.AsDuration())
-		defer t.Stop()
-		timer = t.C
+		deadline = time.Now().Add(timeout.AsDuration())
+	}
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	expired := func() <-chan time.Time {
+		if deadline.IsZero() {
+			return nil
+		}
+		if timer == nil {
+			timer = time.NewTimer(time.Until(deadline))
+		}
+		return timer.C
 	}
 	var st *agentv1.TransferStatus
 	for i, x := range xs {
@@ -470,23 +485,31 @@ func (s *Service) waitFor(ctx context.Context, sess *regiontable.Session, ids []
 			spinUntilDone(t.Done(), waitSpin) // the last of a pipeline of copies usually ends within the spin
 			select {
 			case <-t.Done():
-				s.finish(x)
-			case <-timer:
+			default:
+				select {
+				case <-t.Done():
+				case <-expired():
+					return pending(x.id), nil
+				case <-ctx.Done():
+					return nil, status.FromContextError(ctx.Err()).Err()
+				}
+			}
+			s.finish(x)
+		}
+		spinUntilDone(x.done, waitSpin)
+		select {
+		case <-x.done:
+		default:
+			select {
+			case <-x.done:
+			case <-expired():
 				return pending(x.id), nil
 			case <-ctx.Done():
 				return nil, status.FromContextError(ctx.Err()).Err()
 			}
 		}
-		spinUntilDone(x.done, waitSpin)
-		select {
-		case <-x.done:
-			if st = x.status; st.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
-				return st, nil
-			}
-		case <-timer:
-			return pending(x.id), nil
-		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
+		if st = x.status; st.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+			return st, nil
 		}
 	}
 	return st, nil
