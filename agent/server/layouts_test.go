@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -267,5 +268,75 @@ func TestSubmittedBlockTransfersOverlapAndSettle(t *testing.T) {
 	}
 	if _, err := c.SubmitBlocks(ctx, client.Write, src, []uint32{0, 1}, client.ToLayout(dst), []uint32{5, 5}, client.TransferOptions{}); client.Code(err).String() != "InvalidArgument" {
 		t.Fatalf("a repeated destination id: %v, want InvalidArgument from the submission", err)
+	}
+}
+
+// TestLayoutWithADeregisteredRegionIsRefused: once one region of a layout is deregistered, a block transfer
+// naming that layout on either side is refused (NotFound, naming the region) and moves nothing, even after the
+// same memory is registered again (a new region: a layout names the regions it was made of), and a layout of
+// the new region moves its blocks. The agent keeps a layout's regions' memory; this is what must not go stale.
+func TestLayoutWithADeregisteredRegionIsRefused(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	rng := rand.New(rand.NewPCG(15, 16))
+	const bs, blocks = 64, 16
+	c := dial(t, a)
+	var regions []*client.Region
+	var mems []*client.SharedMemory
+	for range 2 {
+		m := shm(t, blocks*bs)
+		for i := range m.Bytes {
+			m.Bytes[i] = byte(rng.Uint32())
+		}
+		r, err := c.RegisterHost(ctxT(t), m.File, 0, m.Size())
+		if err != nil {
+			t.Fatal(err)
+		}
+		regions, mems = append(regions, r), append(mems, m)
+	}
+	gone, err := c.RegisterLayout(ctxT(t), regions, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, otherMem := hostLayout(t, c, rng, 2, blocks, bs)
+	ids := []uint32{3}
+	if _, err := c.TransferBlocks(ctxT(t), client.Write, other, ids, client.ToLayout(gone), ids, client.TransferOptions{}); err != nil {
+		t.Fatalf("before the deregistration: %v", err)
+	}
+	if err := c.Deregister(ctxT(t), regions[1]); err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.RegisterHost(ctxT(t), mems[1].File, 0, mems[1].Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := [][][]byte{snapshot(mems), snapshot(otherMem)}
+	for name, call := range map[string]func() error{
+		"as the remote side": func() error {
+			_, err := c.TransferBlocks(ctxT(t), client.Write, other, ids, client.ToLayout(gone), ids, client.TransferOptions{})
+			return err
+		},
+		"as the local side": func() error {
+			_, err := c.TransferBlocks(ctxT(t), client.Write, gone, ids, client.ToLayout(other), ids, client.TransferOptions{})
+			return err
+		},
+	} {
+		if err := call(); client.Code(err).String() != "NotFound" || !strings.Contains(err.Error(), "no longer registered") {
+			t.Fatalf("%s: want NotFound saying the region is no longer registered, got %v", name, err)
+		}
+	}
+	if after := [][][]byte{snapshot(mems), snapshot(otherMem)}; !reflect.DeepEqual(before, after) {
+		t.Fatal("a refused transfer changed memory")
+	}
+	renewed, err := c.RegisterLayout(ctxT(t), []*client.Region{regions[0], again}, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.TransferBlocks(ctxT(t), client.Write, other, []uint32{5}, client.ToLayout(renewed), []uint32{6}, client.TransferOptions{}); err != nil {
+		t.Fatalf("a layout of the region registered again: %v", err)
+	}
+	for k := range 2 {
+		if got, want := mems[k].Bytes[6*bs:7*bs], otherMem[k].Bytes[5*bs:6*bs]; !bytes.Equal(got, want) {
+			t.Fatalf("region %d: block 6 is not block 5 of the other layout", k)
+		}
 	}
 }
