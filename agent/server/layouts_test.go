@@ -20,10 +20,21 @@ import (
 // hostLayout registers n regions of blocks*bs bytes of fresh shared memory, filled with random bytes.
 func hostLayout(t *testing.T, c *client.Client, rng *rand.Rand, n, blocks int, bs uint64, opts ...client.LayoutOption) (*client.Layout, []*client.SharedMemory) {
 	t.Helper()
+	regions, mems := hostRegions(t, c, rng, n, uint64(blocks)*bs)
+	l, err := c.RegisterLayout(ctxT(t), regions, bs, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, mems
+}
+
+// hostRegions registers n regions of size bytes of fresh shared memory, filled with random bytes.
+func hostRegions(t *testing.T, c *client.Client, rng *rand.Rand, n int, size uint64) ([]*client.Region, []*client.SharedMemory) {
+	t.Helper()
 	var regions []*client.Region
 	var mems []*client.SharedMemory
 	for range n {
-		m := shm(t, uint64(blocks)*bs)
+		m := shm(t, size)
 		for i := range m.Bytes {
 			m.Bytes[i] = byte(rng.Uint32())
 		}
@@ -33,11 +44,7 @@ func hostLayout(t *testing.T, c *client.Client, rng *rand.Rand, n, blocks int, b
 		}
 		regions, mems = append(regions, r), append(mems, m)
 	}
-	l, err := c.RegisterLayout(ctxT(t), regions, bs, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l, mems
+	return regions, mems
 }
 
 func snapshot(mems []*client.SharedMemory) [][]byte {
@@ -280,19 +287,7 @@ func TestLayoutWithADeregisteredRegionIsRefused(t *testing.T) {
 	rng := rand.New(rand.NewPCG(15, 16))
 	const bs, blocks = 64, 16
 	c := dial(t, a)
-	var regions []*client.Region
-	var mems []*client.SharedMemory
-	for range 2 {
-		m := shm(t, blocks*bs)
-		for i := range m.Bytes {
-			m.Bytes[i] = byte(rng.Uint32())
-		}
-		r, err := c.RegisterHost(ctxT(t), m.File, 0, m.Size())
-		if err != nil {
-			t.Fatal(err)
-		}
-		regions, mems = append(regions, r), append(mems, m)
-	}
+	regions, mems := hostRegions(t, c, rng, 2, blocks*bs)
 	gone, err := c.RegisterLayout(ctxT(t), regions, bs)
 	if err != nil {
 		t.Fatal(err)

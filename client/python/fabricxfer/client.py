@@ -919,13 +919,7 @@ class Client:
                 self._frames.clear()
             self._frames[key] = framing
         self._check_session()
-        resp = self._fast_call((framing[0], local, framing[1], rids), timeout)
-        if not wait:
-            return resp.transfer_id
-        st = resp.status
-        if st.state != pb.TRANSFER_STATE_SUCCEEDED:
-            raise TransferFailed(st)
-        return st
+        return self._settled(self._fast_call((framing[0], local, framing[1], rids), timeout), wait)
 
     def _arena_call(self, code, layout, packed, remote, timeout, notify, wait):
         """A block transfer whose ids (packed: both lists as pack_ids returned them, with their widths) go
