@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 )
 
@@ -124,5 +127,33 @@ func TestWaitNeverOutlivesItsDeadline(t *testing.T) {
 	}
 	if _, err := tr.Wait(ctx); err != nil {
 		t.Fatalf("full wait: %v", err)
+	}
+}
+
+// TestWaitFindsAnEndedTransferDoneWhateverItsTimeout: a wait whose timeout is shorter than the call itself
+// answers a transfer that already ended with how it ended, never PENDING, every time (the timeout bounds waiting;
+// it does not race an answer that is already there).
+func TestWaitFindsAnEndedTransferDoneWhateverItsTimeout(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	c := dial(t, a)
+	ctx := ctxT(t)
+	m := shm(t, 8192)
+	r1, _ := c.RegisterHost(ctx, m.File, 0, 4096)
+	r2, err := c.RegisterHost(ctx, m.File, 4096, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := c.Submit(ctx, client.Write, []client.Item{{Local: r1, Remote: client.ToRegion(r2), Length: 4096}}, client.TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		st, err := c.API().Wait(ctx, &agentv1.WaitRequest{TransferId: tr.ID, Timeout: durationpb.New(time.Nanosecond)})
+		if err != nil || st.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+			t.Fatalf("wait %d with a 1 ns timeout on a transfer that ended: %v, %v", i, st, err)
+		}
 	}
 }
