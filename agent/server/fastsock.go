@@ -206,7 +206,7 @@ type fastConn struct {
 	out     []byte
 }
 
-// reply marshals the answer to one frame behind four reserved bytes of the buffer kept for the connection and
+// reply writes the answer to one frame behind four reserved bytes of the buffer kept for the connection and
 // returns the sealed frame (valid until the next reply): one write, no allocation.
 func (fc *fastConn) reply(resp *agentv1.TransferResponse, err error) ([]byte, error) {
 	if cap(fc.out) > 64<<10 {
