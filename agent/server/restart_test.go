@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 
@@ -155,5 +156,37 @@ func TestWaitFindsAnEndedTransferDoneWhateverItsTimeout(t *testing.T) {
 		if err != nil || st.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
 			t.Fatalf("wait %d with a 1 ns timeout on a transfer that ended: %v, %v", i, st, err)
 		}
+	}
+}
+
+// TestWaitsRaceTheSettlingOfUnwaitedTransfers: unwaited transfers that end after their submission returned (host
+// copies past the inline size) are waited for at once, again and again, so a wait often records a transfer
+// before the goroutine started to record it has run; nothing may read what the wait already cleared (before
+// the fix, that goroutine read the engines' transfer from the record and crashed the agent), and every wait
+// answers the transfer's end.
+func TestWaitsRaceTheSettlingOfUnwaitedTransfers(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	c := dial(t, a)
+	ctx := ctxT(t)
+	const size = 256 << 10 // past the size a host copy runs within its submission
+	m := shm(t, 2*size)
+	r1, _ := c.RegisterHost(ctx, m.File, 0, size)
+	r2, err := c.RegisterHost(ctx, m.File, size, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		tr, err := c.Submit(ctx, client.Write, []client.Item{{Local: r1, Remote: client.ToRegion(r2), Length: size}}, client.TransferOptions{})
+		if err != nil {
+			t.Fatalf("submission %d: %v", i, err)
+		}
+		if st, err := tr.Wait(ctx); err != nil || st.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+			t.Fatalf("wait %d: %v, %v", i, st, err)
+		}
+	}
+	runtime.Gosched()
+	time.Sleep(20 * time.Millisecond) // the settling goroutines of the last transfers run now, if they are to crash
+	if _, err := c.Submit(ctx, client.Write, []client.Item{{Local: r1, Remote: client.ToRegion(r2), Length: 4096}}, client.TransferOptions{}); err != nil {
+		t.Fatalf("the agent after the waits: %v", err)
 	}
 }

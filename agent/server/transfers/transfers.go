@@ -192,7 +192,7 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 			// start wakes a thread that competes with the caller's.
 			s.finish(x)
 		default:
-			go s.settle(x)
+			go s.settle(x, t)
 		}
 	}
 
@@ -220,7 +220,7 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 			}
 			resp.Status = x.status
 		case <-ctx.Done():
-			go s.settle(x) // the transfer goes on; its status is recorded when it ends
+			go s.settle(x, t) // the transfer goes on; its status is recorded when it ends
 			// A call that ran out of time is DeadlineExceeded; one cut short otherwise (the agent stopping, the
 			// connection closing) is Unavailable, so clients retry or recover instead of blaming their deadline.
 			code := codes.Unavailable
@@ -305,9 +305,10 @@ func peerCode(err error) codes.Code {
 	return codes.Unavailable
 }
 
-// settle waits for a transfer to end and finishes it.
-func (s *Service) settle(x *transfer) {
-	<-x.t.Done()
+// settle waits for x's engine transfer t to end and finishes x. It is handed t rather than reading x.t: a wait
+// may have finished x (and cleared x.t) before this goroutine runs.
+func (s *Service) settle(x *transfer, t engines.Transfer) {
+	<-t.Done()
 	s.finish(x)
 }
 
