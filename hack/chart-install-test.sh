@@ -142,13 +142,18 @@ expect_crds_established() {
     ok "CRDs established: ${CRDS[*]}"
     return
   }
+  describe_crds
+  fail "CRDs not established in 60 s"
+}
+# describe_crds prints, for a CRD that did not do what was waited for, its identity, finalizers, deletion and
+# conditions, and the API server's last lines about it.
+describe_crds() {
   local crd
   for crd in "${CRDS[@]}"; do
-    kubectl get crd "$crd" -o jsonpath='{.metadata.name} uid={.metadata.uid} deleting={.metadata.deletionTimestamp}{"\n"}{range .status.conditions[*]}  {.type}={.status} {.reason} {.lastTransitionTime}{"\n"}{end}' >&2 ||
+    kubectl get crd "$crd" -o jsonpath='{.metadata.name} uid={.metadata.uid} finalizers={.metadata.finalizers} deleting={.metadata.deletionTimestamp}{"\n"}{range .status.conditions[*]}  {.type}={.status} {.reason} {.lastTransitionTime}: {.message}{"\n"}{end}' >&2 ||
       true
     grep -F "$crd" "$state/apiserver.log" | tail -5 >&2 || true
   done
-  fail "CRDs not established in 60 s"
 }
 # expect_rules_as_generated compares the operator ClusterRole in the cluster with config/rbac/role.yaml.
 expect_rules_as_generated() {
@@ -329,11 +334,7 @@ step "kubectl apply -f dist/install.yaml"
 # that outlives the wait prints its finalizers and conditions and the API server's lines about it.
 kubectl delete crd "${CRDS[@]}" --wait=false >/dev/null
 if ! kubectl wait --for=delete --timeout=120s "${CRDS[@]/#/crd/}" >/dev/null 2>&1; then
-  for crd in "${CRDS[@]}"; do
-    kubectl get crd "$crd" -o jsonpath='{.metadata.name} finalizers={.metadata.finalizers} deleting={.metadata.deletionTimestamp}{"\n"}{range .status.conditions[*]}  {.type}={.status} {.reason}: {.message}{"\n"}{end}' >&2 ||
-      true
-    grep -F "$crd" "$state/apiserver.log" | tail -5 >&2 || true
-  done
+  describe_crds
   fail "CRDs not deleted within 120 s"
 fi
 kubectl apply -f dist/install.yaml
