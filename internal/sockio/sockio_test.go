@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -243,7 +244,7 @@ func TestSpinReaderAnswersItsDoorbell(t *testing.T) {
 }
 
 // unixPair is a connected pair of Unix stream sockets, closed when the test ends.
-func unixPair(t *testing.T) (c, peer *net.UnixConn) {
+func unixPair(t testing.TB) (c, peer *net.UnixConn) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "s.sock")
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
@@ -269,4 +270,61 @@ func unixPair(t *testing.T) (c, peer *net.UnixConn) {
 	}
 	t.Cleanup(func() { peer.Close() })
 	return c, peer
+}
+
+// seqBell rings while its sequence differs from the last one answered.
+type seqBell struct{ seq, answered atomic.Int64 }
+
+func (b *seqBell) Rung() bool   { return b.seq.Load() != b.answered.Load() }
+func (b *seqBell) Polling(bool) {}
+
+// BenchmarkDoorbellAnswered: how long after a ring a spinning SpinReader returns ErrRung (p50 and p99 as
+// metrics), beside a bare loop polling the same word: the floor any poller has.
+func BenchmarkDoorbellAnswered(b *testing.B) {
+	for _, bare := range []bool{false, true} {
+		name := "spin-reader"
+		if bare {
+			name = "bare-poll"
+		}
+		b.Run(name, func(b *testing.B) {
+			c, _ := unixPair(b)
+			bell := &seqBell{}
+			r := SpinReader{Conn: c, Spin: time.Minute, Doorbell: bell}
+			var rungAt atomic.Int64
+			lat := make([]time.Duration, b.N)
+			failed := make(chan error, 1)
+			go func() {
+				buf := make([]byte, 16)
+				for i := range lat {
+					if bare {
+						for !bell.Rung() {
+						}
+					} else if _, err := r.Read(buf); err != ErrRung {
+						failed <- err
+						return
+					}
+					lat[i] = time.Duration(time.Now().UnixNano() - rungAt.Load())
+					bell.answered.Store(bell.seq.Load())
+				}
+			}()
+			for i := range lat {
+				// Rings land at varied points of the reader's loop; the ringer spins for the answer, as a
+				// mailbox caller does.
+				for until := time.Now().Add(time.Duration(3+i%7) * time.Microsecond); time.Now().Before(until); {
+				}
+				rungAt.Store(time.Now().UnixNano())
+				seq := bell.seq.Add(1)
+				for bell.answered.Load() != seq {
+					select {
+					case err := <-failed:
+						b.Fatal(err)
+					default:
+					}
+				}
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2]), "p50-ns")
+			b.ReportMetric(float64(lat[len(lat)*99/100]), "p99-ns")
+		})
+	}
 }

@@ -44,6 +44,9 @@ var ErrRung = errors.New("the doorbell rang")
 // system call, a poll of the doorbell a load.
 const socketEvery = 32
 
+// socketGap is the least time between two reads of the socket while a reader with a doorbell spins.
+const socketGap = 5 * time.Microsecond
+
 // SpinBudget bounds the readers spinning at one time, and with them the cores a server keeps busy for latency.
 type SpinBudget struct {
 	size int64
@@ -95,6 +98,7 @@ func (r SpinReader) Read(p []byte) (int, error) {
 	)
 	spinning := r.Spin > 0 && r.Budget.take()
 	until := time.Now().Add(r.Spin)
+	var nextRead time.Time
 	err = rc.Read(func(fd uintptr) bool {
 		if bell != nil {
 			bell.Polling(true)
@@ -104,8 +108,18 @@ func (r SpinReader) Read(p []byte) (int, error) {
 				rung = true
 				return true
 			}
-			if bell != nil && spinning && i%socketEvery != 0 {
-				continue
+			if bell != nil && spinning {
+				if i%socketEvery != 0 {
+					continue
+				}
+				// A read of the socket is a system call, hundreds of doorbell polls long: while it runs, a
+				// request in the doorbell waits. The socket carries little beside the doorbell (a frame too
+				// large for it, the close), so it is read once per socketGap.
+				if now := time.Now(); now.Before(nextRead) && now.Before(until) {
+					continue
+				} else {
+					nextRead = now.Add(socketGap)
+				}
 			}
 			n, rerr = syscall.Read(int(fd), p)
 			switch {
