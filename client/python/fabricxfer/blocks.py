@@ -51,6 +51,10 @@ def _from_numpy(a, id_bytes: Optional[int]):
 
 
 _TORCH_WIDTHS: dict = {}
+# Torch id tensors of up to this many ids are read as Python ints (tolist), fewer calls into torch than a view.
+_TORCH_SHORT = 16
+_SHORT_PACKS = {(w, n): struct.Struct("<%d%s" % (n, "i" if w == 4 else "q")).pack
+                for w in (4, 8) for n in range(_TORCH_SHORT + 1)}
 
 
 def _torch_widths(torch_mod) -> dict:
@@ -72,8 +76,14 @@ def _from_torch(t, id_bytes: Optional[int]):
     if id_bytes is not None and id_bytes != width:
         raise ValueError("ids are %s but id_bytes=%d" % (t.dtype, id_bytes))
     n = t.numel()
-    if n == 1:  # one block (a contiguous copy, a single page): its value, without a view of the storage
-        return memoryview(struct.pack("<i" if width == 4 else "<q", int(t.item()))), width, 1
+    if n <= _TORCH_SHORT:
+        # A few blocks (a contiguous copy, a page or two): their values in one call into torch, packed here. A
+        # view of the storage (numpy(), or reshape and contiguous first) costs several calls.
+        v = t.tolist()
+        if type(v) is int:  # a 0-d tensor
+            return memoryview(_SHORT_PACKS[width, 1](v)), width, 1
+        if not v or type(v[0]) is int:  # 1-D (more dimensions are flattened below)
+            return memoryview(_SHORT_PACKS[width, n](*v)), width, n
     if t.dim() != 1 or not t.is_contiguous():
         t = t.reshape(-1).contiguous()
     try:

@@ -7,6 +7,7 @@ refusals made before any call, and how long building the request for 15,360 ids 
 import array
 import socket
 import statistics
+import struct
 import threading
 import time
 import unittest
@@ -112,12 +113,17 @@ class PackTest(unittest.TestCase):
     def test_short_torch_lists_pack_as_the_general_path_does(self):
         cases = [torch.tensor([7]), torch.tensor([7], dtype=torch.int32), torch.arange(16), torch.tensor(3),
                  torch.arange(40, dtype=torch.int32)[::3], torch.arange(17), torch.arange(4).reshape(2, 2),
-                 torch.tensor([2 ** 40, -1]), torch.tensor([], dtype=torch.int64)]
+                 torch.tensor([2 ** 40, -1]), torch.tensor([], dtype=torch.int64), torch.arange(10)[7:8],
+                 torch.tensor([[5]], dtype=torch.int32), torch.zeros(2, 0, dtype=torch.int64)]
         for t in cases:
             with self.subTest(t=t):
                 mv, w, n = blocks.short_ids(t)
                 pm, pw, pn = blocks.pack_ids(t)
                 self.assertEqual((w, n, bytes(mv)), (pw, pn, pm.tobytes()))
+                # The ids' own values, little-endian, whichever way torch was read.
+                width = 4 if t.dtype == torch.int32 else 8
+                want = struct.pack("<%d%s" % (t.numel(), "i" if width == 4 else "q"), *t.reshape(-1).tolist())
+                self.assertEqual((w, n, bytes(mv)), (width, t.numel(), want))
         others = [torch.tensor([1.0]), torch.tensor([1], dtype=torch.int16), torch.tensor([True])]
         if torch.cuda.is_available():
             others.append(torch.tensor([1], device="cuda"))
