@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # Cost of reading a one-element torch CPU id tensor, ways compared (median ns of 200k, 3 passes).
 import ctypes, struct, sys, time, statistics
 sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else "client/python")

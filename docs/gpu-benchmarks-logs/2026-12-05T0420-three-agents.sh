@@ -1,4 +1,7 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # old (7d1396b), prev (479e687) and new (main) agents, each with its own Python client, alternated through the
 # socket cases; the ladder; a traced diagnostic agent; id packing costs; the Python GPU tests.
 set -u
