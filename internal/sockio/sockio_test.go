@@ -314,11 +314,15 @@ func BenchmarkDoorbellAnswered(b *testing.B) {
 				}
 				rungAt.Store(time.Now().UnixNano())
 				seq := bell.seq.Add(1)
-				for bell.answered.Load() != seq {
+				deadline := time.Now().Add(10 * time.Second)
+				for spins := 0; bell.answered.Load() != seq; spins++ {
 					select {
 					case err := <-failed:
 						b.Fatal(err)
 					default:
+					}
+					if spins%4096 == 4095 && time.Now().After(deadline) {
+						b.Fatalf("ring %d not answered within 10 s", i)
 					}
 				}
 			}

@@ -40,8 +40,8 @@ type Doorbell interface {
 // ErrRung is Read's answer when the doorbell rang: nothing was read from the socket.
 var ErrRung = errors.New("the doorbell rang")
 
-// socketEvery is how many doorbell polls pass between two reads of the socket while spinning: a read is a
-// system call, a poll of the doorbell a load.
+// socketEvery is how many doorbell polls pass between two looks at the clock (and at most one read of the socket)
+// while spinning: a read is a system call, a poll of the doorbell a load.
 const socketEvery = 32
 
 // socketGap is the least time between two reads of the socket while a reader with a doorbell spins.
@@ -115,11 +115,11 @@ func (r SpinReader) Read(p []byte) (int, error) {
 				// A read of the socket is a system call, hundreds of doorbell polls long: while it runs, a
 				// request in the doorbell waits. The socket carries little beside the doorbell (a frame too
 				// large for it, the close), so it is read once per socketGap.
-				if now := time.Now(); now.Before(nextRead) && now.Before(until) {
+				now := time.Now()
+				if now.Before(nextRead) && now.Before(until) {
 					continue
-				} else {
-					nextRead = now.Add(socketGap)
 				}
+				nextRead = now.Add(socketGap)
 			}
 			n, rerr = syscall.Read(int(fd), p)
 			switch {
