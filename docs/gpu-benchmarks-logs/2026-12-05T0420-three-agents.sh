@@ -3,7 +3,8 @@
 # Copyright The fabricxfer Authors
 #
 # old (7d1396b), prev (479e687) and new (main) agents, each with its own Python client, alternated through the
-# socket cases; the ladder; a traced diagnostic agent; id packing costs; the Python GPU tests.
+# socket cases; the ladder; a traced diagnostic agent (traced.py is 2026-12-04T1825-traced.py); id packing costs;
+# the Python GPU tests.
 set -u
 cd "$(dirname "$0")/../.."
 C=.gpuc/carry
