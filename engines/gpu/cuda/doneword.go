@@ -39,16 +39,28 @@ func NewDoneWord(d *Driver) (*DoneWord, error) {
 // Signal queues on s the write of the next sequence number and returns it (never 0, so callers may keep 0 for
 // "none").
 func (w *DoneWord) Signal(s Stream) (uint32, error) {
-	next := w.seq + 1
-	if next == 0 {
-		next = 1
-	}
+	next := w.Next()
 	if err := w.drv.StreamWriteValue32(s, uint64(w.addr), next); err != nil {
 		return 0, err
 	}
 	w.seq = next
 	return next, nil
 }
+
+// Next is the sequence number the next write will carry (never 0).
+func (w *DoneWord) Next() uint32 {
+	if w.seq+1 == 0 {
+		return 1
+	}
+	return w.seq + 1
+}
+
+// Advance records that a kernel queued on the stream writes seq (Next) to the word itself at its end, in place
+// of Signal's stream write.
+func (w *DoneWord) Advance(seq uint32) { w.seq = seq }
+
+// Addr is the word's device address, which a kernel writes.
+func (w *DoneWord) Addr() DevicePtr { return DevicePtr(w.addr) }
 
 // Reached reports whether the stream has written seq or a later sequence number (false once the word is
 // closed: the driver then says how the copy ended).

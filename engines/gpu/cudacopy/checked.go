@@ -136,13 +136,15 @@ func (c *Copier) SubmitCheckedBlocks(pairs []scatter.BlockBases, bs uint64, srcI
 		runs := (pieces + chunk - 1) / chunk
 		cfg.GridX = uint32(min(runs, uint64(c.sms*blocksPerSM)))
 		bases, report := host+basesOff, host
+		// The copy's last block writes the done word behind the report (its own block counter is status[2]).
+		sig := c.kernelSignal()
 		if err := c.drv.Launch(c.kernels.blocks16, cfg, []unsafe.Pointer{
 			unsafe.Pointer(&bases), unsafe.Pointer(&npairs), unsafe.Pointer(&count),
 			unsafe.Pointer(&devSrc), unsafe.Pointer(&devDst), unsafe.Pointer(&dstBlocks), unsafe.Pointer(&per),
-			unsafe.Pointer(&bitmap), unsafe.Pointer(&status), unsafe.Pointer(&report)}); err != nil {
+			unsafe.Pointer(&bitmap), unsafe.Pointer(&status), unsafe.Pointer(&report), unsafe.Pointer(&sig)}); err != nil {
 			return err
 		}
-		return c.queueEnd(p)
+		return c.queueEndAfter(p, sig)
 	})
 	if err != nil {
 		_ = c.drv.WithContext(c.ctx, func() error { return c.drv.StreamSynchronize(c.stream) })

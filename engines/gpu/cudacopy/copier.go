@@ -146,6 +146,9 @@ type Copier struct {
 	done       *cuda.DoneWord
 	doneOff    bool // a write was refused: done stays allocated until Close, unused
 	doneReason string
+	// signalCount is the device word the kernels count their finished blocks in when they write the done word
+	// themselves (fx_signal); 0: the stream writes the word behind every submission.
+	signalCount cuda.DevicePtr
 
 	check checkScratch // device memory of block lists checked on the GPU
 	ids   *idBuffers   // the backend's pinned id buffers, read in place (nil for a Copier of its own)
@@ -216,6 +219,9 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 			c.doneReason = err.Error()
 		}
 		c.chooseMode()
+		if c.mode == ModeKernel && c.done != nil {
+			c.signalCount = c.newSignalCount()
+		}
 		return nil
 	})
 	if err != nil {
@@ -223,6 +229,20 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 		return nil, fmt.Errorf("setting up GPU %d: %w", ordinal, err)
 	}
 	return c, nil
+}
+
+// newSignalCount allocates the kernels' zeroed block counter; 0 where it cannot (the stream then writes the done
+// word, as without kernels). The context is current.
+func (c *Copier) newSignalCount() cuda.DevicePtr {
+	p, err := c.drv.MemAlloc(16)
+	if err != nil {
+		return 0
+	}
+	if err := c.drv.MemsetD8(p, 0, 16); err != nil {
+		_ = c.drv.MemFree(p)
+		return 0
+	}
+	return p
 }
 
 func (c *Copier) chooseMode() {
@@ -311,13 +331,19 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 	case c.mode == ModeKernel && largest >= c.opts.CopyEngineMin:
 		small, big = scatter.SplitBySize(segs, c.opts.CopyEngineMin)
 	}
-	var stage func() (scatter.Layout, *slot, uint64, error)
-	if len(small) > 0 && c.mode == ModeKernel {
+	var kw kernelWork
+	switch {
+	case len(small) == 1 && c.mode == ModeKernel:
+		// One range needs no descriptors: its addresses are the launch's arguments, and the GPU reads nothing
+		// across PCIe before it starts.
+		kw.contig, small = small[0], nil
+	case len(small) > 0 && c.mode == ModeKernel:
 		kernelSegs := small // the closure must not see small cleared below
-		stage = func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
+		kw.stage = func() (scatter.Layout, *slot, uint64, error) { return c.stageDescriptors(kernelSegs) }
+		kw.resident = true
 		small = nil
 	}
-	p, err := c.submitLocked(nbytes, stage, true, small, big, nil, route)
+	p, err := c.submitLocked(nbytes, kw, small, big, nil, route)
 	if err != nil {
 		return nil, fmt.Errorf("queueing %d segments on GPU %d: %w", len(segs), c.dev, err)
 	}
@@ -333,7 +359,7 @@ func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dst
 		return nil, fmt.Errorf("%d source ids and %d destination ids", len(srcIDs), len(dstIDs))
 	}
 	l, ok := scatter.PlanBlocks(pairs, bs, len(srcIDs), src, dst, c.opts.MaxPiece)
-	if !ok || c.mode != ModeKernel || bs >= c.opts.CopyEngineMin {
+	if !ok || c.mode != ModeKernel || bs >= c.opts.CopyEngineMin || len(pairs)*len(srcIDs) == 1 {
 		segs := make([]Segment, 0, len(pairs)*len(srcIDs))
 		for _, p := range pairs {
 			for i := range srcIDs {
@@ -346,7 +372,7 @@ func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dst
 	defer c.mu.Unlock()
 	// A block list covers every layer in one launch, so there is no next layer to keep its descriptors for, and
 	// hashing them would cost more than reading them once.
-	p, err := c.submitLocked(uint64(l.Pieces)*bs, c.blockStage(l, pairs, bs, srcIDs, dstIDs), false, nil, nil, nil, RouteAuto)
+	p, err := c.submitLocked(uint64(l.Pieces)*bs, kernelWork{stage: c.blockStage(l, pairs, bs, srcIDs, dstIDs)}, nil, nil, nil, RouteAuto)
 	if err != nil {
 		return nil, fmt.Errorf("queueing %d blocks of %d region pairs on GPU %d: %w", len(srcIDs), len(pairs), c.dev, err)
 	}
@@ -369,22 +395,31 @@ func (c *Copier) blockStage(l scatter.Layout, pairs []scatter.BlockBases, bs uin
 	}
 }
 
-// submitLocked queues one submission: stage (when set) writes the kernel's descriptors, which may be kept in
-// device memory when resident is set; big go to the copy engine before the kernel and after behind it, driver go
-// as driver copies. c.mu is held.
-func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot, uint64, error), resident bool, driver, big, after []Segment, route Route) (*Pending, error) {
+// kernelWork is what a submission's kernel moves: the descriptors stage writes (kept in device memory when
+// resident is set and the set repeats), or one range, contig, whose addresses are the launch's arguments.
+type kernelWork struct {
+	stage    stageFunc
+	resident bool
+	contig   Segment
+}
+
+func (kw kernelWork) any() bool { return kw.stage != nil || kw.contig.Size > 0 }
+
+// submitLocked queues one submission: kw's kernel, with big on the copy engine before it and after behind it,
+// and driver as driver copies. c.mu is held.
+func (c *Copier) submitLocked(nbytes uint64, kw kernelWork, driver, big, after []Segment, route Route) (*Pending, error) {
 	p := &Pending{c: c, bytes: nbytes}
 	p.end.Start()
 	err := c.drv.WithContextKept(c.ctx, func() error {
 		// Host work first (descriptors), so a device timing covers only the GPU.
 		var st staged
-		kernel := stage != nil
-		if kernel {
+		kernel := kw.any()
+		if kw.stage != nil {
 			var err error
-			if st.layout, p.slot, st.descs, err = stage(); err != nil {
+			if st.layout, p.slot, st.descs, err = kw.stage(); err != nil {
 				return err
 			}
-			if resident {
+			if kw.resident {
 				c.findResident(p, &st)
 			}
 		}
@@ -422,9 +457,18 @@ func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot
 				return err
 			}
 		}
+		// The kernel writes the done word itself when nothing is queued behind it.
+		var sig scatter.Signal
+		if kernel && len(after) == 0 {
+			sig = c.kernelSignal()
+		}
 		switch {
+		case kw.contig.Size > 0:
+			if err := c.launchContig(kw.contig, sig); err != nil {
+				return err
+			}
 		case kernel:
-			if err := c.launchStaged(p, st); err != nil {
+			if err := c.launchStaged(p, st, sig); err != nil {
 				return err
 			}
 		case len(driver) > 0:
@@ -437,7 +481,7 @@ func (c *Copier) submitLocked(nbytes uint64, stage func() (scatter.Layout, *slot
 				return err
 			}
 		}
-		err := c.queueEnd(p)
+		err := c.queueEndAfter(p, sig)
 		p.queued = time.Now()
 		if !p.timedFrom.IsZero() {
 			p.queueing = p.queued.Sub(p.timedFrom)
@@ -479,6 +523,27 @@ func (c *Copier) queueEnd(p *Pending) error {
 	if c.opts.TimeDevice {
 		p.doneSeq = c.signalDone()
 	}
+	return nil
+}
+
+// kernelSignal is the signal a kernel launched next passes to write the done word itself (the zero Signal, which
+// signals nothing, when the stream must write it: timed submissions record an event first, and a copier without
+// the word or the kernels' block counter has none). c.mu is held.
+func (c *Copier) kernelSignal() scatter.Signal {
+	if c.opts.TimeDevice || c.done == nil || c.doneOff || c.signalCount == 0 {
+		return scatter.Signal{}
+	}
+	return scatter.Signal{Done: uint64(c.done.Addr()), Count: uint64(c.signalCount), Seq: c.done.Next()}
+}
+
+// queueEndAfter is queueEnd for a submission whose last launch passed sig: a kernel that writes the done word
+// itself leaves nothing to queue.
+func (c *Copier) queueEndAfter(p *Pending, sig scatter.Signal) error {
+	if sig.Done == 0 {
+		return c.queueEnd(p)
+	}
+	c.done.Advance(sig.Seq)
+	p.doneSeq, p.byKernel = sig.Seq, true
 	return nil
 }
 
@@ -599,9 +664,9 @@ func (c *Copier) findResident(p *Pending, st *staged) {
 // launchStaged queues the kernel over st's descriptors, uploading them first
 // with Options.UploadDescriptors; a set that may be kept and was not found
 // has its device copy written by this launch and is kept.
-func (c *Copier) launchStaged(p *Pending, st staged) error {
+func (c *Copier) launchStaged(p *Pending, st staged, sig scatter.Signal) error {
 	if st.fromDevice {
-		return c.launch(st.layout, st.descs, 0)
+		return c.launch(st.layout, st.descs, 0, sig)
 	}
 	var keep uint64
 	if c.opts.UploadDescriptors {
@@ -611,7 +676,7 @@ func (c *Copier) launchStaged(p *Pending, st staged) error {
 	} else if st.keepable {
 		keep = uint64(p.slot.devPtr)
 	}
-	if err := c.launch(st.layout, st.descs, keep); err != nil {
+	if err := c.launch(st.layout, st.descs, keep, sig); err != nil {
 		return err
 	}
 	if st.keepable {
@@ -624,12 +689,22 @@ func (c *Copier) launchStaged(p *Pending, st staged) error {
 // launch queues the scatter kernel over descriptors already in place; the
 // flat kernel also copies them to keep (device memory) unless it is 0. One
 // launch is at most one full wave of resident blocks.
-func (c *Copier) launch(layout scatter.Layout, descs, keep uint64) error {
+func (c *Copier) launch(layout scatter.Layout, descs, keep uint64, sig scatter.Signal) error {
 	kind, grid := scatter.Shape(layout, threadsPerBlock, warpsPerBlock, uint64(c.sms*blocksPerSM))
 	cfg := cuda.LaunchConfig{GridX: grid, BlockX: threadsPerBlock, Stream: c.stream}
 	var args scatter.Args
-	ptrs, n := args.Pointers(kind, layout, descs, keep)
+	ptrs, n := args.Signalled(kind, layout, descs, keep, sig)
 	return c.drv.Launch(c.kernels.copy.ByKind(kind), cfg, ptrs[:n])
+}
+
+// launchContig queues the contiguous-copy kernel over one range: a block per 16 KiB (a thread's four 16-byte
+// vectors), at most a wave of resident blocks. The context must be current.
+func (c *Copier) launchContig(s Segment, sig scatter.Signal) error {
+	blocks := min((s.Size+threadsPerBlock*64-1)/(threadsPerBlock*64), uint64(c.sms*blocksPerSM))
+	cfg := cuda.LaunchConfig{GridX: uint32(max(blocks, 1)), BlockX: threadsPerBlock, Stream: c.stream}
+	dst, src, n := s.Dst, s.Src, s.Size
+	return c.drv.Launch(c.kernels.copy.Contig, cfg, []unsafe.Pointer{unsafe.Pointer(&dst), unsafe.Pointer(&src),
+		unsafe.Pointer(&n), unsafe.Pointer(&sig)})
 }
 
 // Prepared is a descriptor set placed once and launchable many times, for
@@ -677,7 +752,7 @@ func (c *Copier) Prepare(segs []Segment) (*Prepared, error) {
 func (p *Prepared) Launch() error {
 	p.c.mu.Lock()
 	defer p.c.mu.Unlock()
-	return p.c.drv.WithContext(p.c.ctx, func() error { return p.c.launch(p.layout, p.descs, 0) })
+	return p.c.drv.WithContext(p.c.ctx, func() error { return p.c.launch(p.layout, p.descs, 0, scatter.Signal{}) })
 }
 
 // Release hands the staging back; no launch of p may still be running.
@@ -694,9 +769,7 @@ func (c *Copier) LaunchContiguous(dst, src, n uint64) error {
 	if c.kernels == nil {
 		return errors.New("no copy kernels loaded: " + c.reason)
 	}
-	blocks := min(int((n+threadsPerBlock*64-1)/(threadsPerBlock*64)), c.sms*8)
-	cfg := cuda.LaunchConfig{GridX: uint32(max(blocks, 1)), BlockX: threadsPerBlock, Stream: c.stream}
-	return c.drv.Launch(c.kernels.copy.Contig, cfg, []unsafe.Pointer{unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&n)})
+	return c.launchContig(Segment{Src: src, Dst: dst, Size: n}, scatter.Signal{})
 }
 
 func (c *Copier) release(p *Pending) {
@@ -724,6 +797,9 @@ func (c *Copier) Close() error {
 		}
 		if c.done != nil {
 			errs = append(errs, c.done.Close())
+		}
+		if c.signalCount != 0 {
+			errs = append(errs, c.drv.MemFree(c.signalCount))
 		}
 		errs = append(errs, c.events.Destroy(c.drv.EventDestroy)...)
 		if c.kernels != nil {

@@ -20,3 +20,6 @@ func (c *Copier) DoneWordReached(seq uint32) bool { return c.done.Reached(seq) }
 
 // HasEvent reports whether p's submission recorded a completion event of its own.
 func (p *Pending) HasEvent() bool { return p.event != 0 }
+
+// SignalledByKernel reports whether p's kernel writes its done word itself (no stream write behind it).
+func (p *Pending) SignalledByKernel() bool { return p.byKernel }

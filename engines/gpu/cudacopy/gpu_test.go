@@ -526,8 +526,8 @@ func TestGPUCopiesInFlightEndInAnyWaitOrder(t *testing.T) {
 	check(3)
 }
 
-// TestGPUWaitersSeeTheDoneWord: every submission is followed on the stream by a write of the copier's done word,
-// which the waiter polls instead of the driver. The word must show a copy's number only once the copy's bytes
+// TestGPUWaitersSeeTheDoneWord: every submission ends with a write of the copier's done word (by the stream, or
+// by the kernel that runs last), which the waiter polls instead of the driver. The word must show a copy's number only once the copy's bytes
 // are there: not right after a 512 MiB copy is queued (it runs for about 250 µs), and always when Wait returns.
 func TestGPUWaitersSeeTheDoneWord(t *testing.T) {
 	drv, nv := gpuEnv(t)

@@ -26,6 +26,7 @@ type Pending struct {
 	slot      *slot
 	resident  *gpushare.ResidentSet[*slot] // kept descriptors the launch read or wrote
 	reused    bool                         // the launch read kept descriptors
+	byKernel  bool                         // the submission's kernel writes doneSeq itself
 	doneSeq   uint32                       // what the copier's done word shows once the copy ended (0: none)
 	end       gpushare.Completion
 	bytes     uint64        // what the submission moves

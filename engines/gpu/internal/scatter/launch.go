@@ -44,6 +44,18 @@ type Args struct {
 	count, per  uint32
 	total       uint32
 	size        uint64
+	sig         Signal
+}
+
+// Signal is the last argument of the CUDA copy kernels (fx_signal in copy.cu; copy.hip's kernels take none):
+// with Done set, the launch's last block to finish writes Seq to the host word at Done once every block's
+// writes are visible system-wide, counting finished blocks in the device word at Count, which must be zero
+// before the launch (the last block resets it). The zero value signals nothing. Its layout is the kernel's:
+// two 64-bit addresses and a 32-bit number, 24 bytes.
+type Signal struct {
+	Done, Count uint64
+	Seq         uint32
+	_           uint32
 }
 
 // Pointers lays out the arguments of kernel k over l's descriptors at descs (an address the kernel reads);
@@ -69,4 +81,15 @@ func (a *Args) Pointers(k Kernel, l Layout, descs, keep uint64) (p [9]unsafe.Poi
 			unsafe.Pointer(&a.count), unsafe.Pointer(&a.size), unsafe.Pointer(&a.l.Shift)}, 6
 	}
 	return [9]unsafe.Pointer{unsafe.Pointer(&a.descs), unsafe.Pointer(&a.count)}, 2
+}
+
+// Signalled is Pointers for kernels that take a Signal last (copy.cu's), with sig there.
+func (a *Args) Signalled(k Kernel, l Layout, descs, keep uint64, sig Signal) (p [10]unsafe.Pointer, n int) {
+	q, n := a.Pointers(k, l, descs, keep)
+	for i := range n { // not copy: a slice of p would move a to the heap
+		p[i] = q[i]
+	}
+	a.sig = sig
+	p[n] = unsafe.Pointer(&a.sig)
+	return p, n + 1
 }

@@ -58,6 +58,30 @@ func TestArgsMatchTheKernelSignatures(t *testing.T) {
 	if n != 2 || u64(p[0]) != 0xd000 || u32(p[1]) != 10 {
 		t.Errorf("general arguments wrong (%d)", n)
 	}
+	// copy.cu's kernels take the signal last, after the same arguments.
+	sig := Signal{Done: 0xa000, Count: 0xb000, Seq: 7}
+	for _, k := range []Kernel{KernelGeneral, KernelUniform, KernelFlat16, KernelPacked} {
+		plain, pn := a.Pointers(k, l, 0xd000, 0xe000)
+		want := make([]uint64, pn)
+		for i := range pn {
+			want[i] = *(*uint64)(plain[i]) // 8 bytes from each: the low word of 32-bit arguments is theirs
+		}
+		sp, sn := a.Signalled(k, l, 0xd000, 0xe000, sig)
+		if sn != pn+1 {
+			t.Fatalf("kernel %d: %d signalled arguments, want %d", k, sn, pn+1)
+		}
+		for i := range pn {
+			if got := *(*uint64)(sp[i]); uint32(got) != uint32(want[i]) {
+				t.Errorf("kernel %d: argument %d moved with the signal", k, i)
+			}
+		}
+		if got := *(*Signal)(sp[pn]); got != sig {
+			t.Errorf("kernel %d: signal argument %+v, want %+v", k, got, sig)
+		}
+	}
+	if unsafe.Sizeof(Signal{}) != 24 || unsafe.Offsetof(Signal{}.Seq) != 16 {
+		t.Errorf("Signal is %d bytes with Seq at %d; fx_signal is 24 with seq at 16", unsafe.Sizeof(Signal{}), unsafe.Offsetof(Signal{}.Seq))
+	}
 }
 
 // TestArgsAllocateNothing: a launch's arguments stay on the caller's stack (the copy path allocates nothing per
@@ -69,6 +93,8 @@ func TestArgsAllocateNothing(t *testing.T) {
 		var a Args
 		p, n := a.Pointers(KernelPacked, l, 0xd000, 0)
 		sum += uint64(n) + *(*uint64)(p[2])
+		q, m := a.Signalled(KernelPacked, l, 0xd000, 0, Signal{Seq: 1})
+		sum += uint64(m) + uint64((*Signal)(q[m-1]).Seq)
 	})
 	if allocs != 0 || sum == 0 {
 		t.Errorf("%v allocations per launch's arguments, want 0", allocs)
