@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
@@ -41,10 +42,12 @@ type Client struct {
 	fdSocket   string
 	dials      atomic.Uint64
 	noFast     bool
+	noMailbox  bool
 	spin       time.Duration
 
 	fastMu sync.Mutex
 	fast   *net.UnixConn
+	mbox   *fastwire.CallerMailbox // the fast connection's mailbox; nil: frames go on the socket
 
 	mu      sync.Mutex
 	gen     uint64 // the dial generation regions are registered under
@@ -56,9 +59,10 @@ type Client struct {
 type Option func(*dialOptions)
 
 type dialOptions struct {
-	name   string
-	noFast bool
-	spin   time.Duration
+	name      string
+	noFast    bool
+	noMailbox bool
+	spin      time.Duration
 }
 
 // WithSpin sets how long a fast-path call polls for its reply before sleeping (default DefaultSpin; 0 never
@@ -71,6 +75,10 @@ func WithName(name string) Option { return func(o *dialOptions) { o.name = name 
 // WithoutFastPath keeps every call on gRPC (by default Do, Write and Read use the agent's fast socket).
 func WithoutFastPath() Option { return func(o *dialOptions) { o.noFast = true } }
 
+// WithoutMailbox keeps fast-path frames on the socket. By default they travel through shared memory the agent
+// watches (agent.proto, Mailbox) where they fit, so a call while both sides poll makes no system call.
+func WithoutMailbox() Option { return func(o *dialOptions) { o.noMailbox = true } }
+
 // Dial connects to the agent socket at socketPath and negotiates the API version.
 func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, error) {
 	o := dialOptions{spin: DefaultSpin}
@@ -78,7 +86,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		fn(&o)
 	}
 	c := &Client{socketPath: socketPath, fdSocket: filepath.Join(filepath.Dir(socketPath), FDSocketName),
-		regions: map[*Region]struct{}{}, noFast: o.noFast, spin: o.spin}
+		regions: map[*Region]struct{}{}, noFast: o.noFast, noMailbox: o.noMailbox, spin: o.spin}
 	// gRPC turns a failed dial into an Unavailable status; the dial's own error is kept to explain a refusal.
 	var lastDialErr atomic.Pointer[error]
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {

@@ -12,7 +12,10 @@
 // of VMM allocations mapped back to back (any number, in address order), or a fabric handle.
 //
 // Transfers are asynchronous (Submit, then Transfer.Wait) or one round trip (Write, Read). Every call takes a
-// context; its deadline bounds the call, TransferOptions.Timeout bounds the transfer itself.
+// context; its deadline bounds the call, TransferOptions.Timeout bounds the transfer itself. Transfers and
+// block transfers go over the agent's fast socket, their frames through shared memory both sides poll (a
+// mailbox) where they fit; WithSpin bounds the client's polling, WithoutMailbox and WithoutFastPath turn the
+// two off.
 //
 // Regions belong to the client's connection. When the agent restarts, calls fail fast with ErrSessionLost
 // (never hang); Recover re-registers every region the client registered from its own memory (ids change,

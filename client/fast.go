@@ -5,8 +5,10 @@ package client
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"path/filepath"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
@@ -54,11 +57,13 @@ func (c *Client) openFast(ctx context.Context) error {
 		conn.Close()
 		return fmt.Errorf("binding the fast socket: %w", err)
 	}
-	c.fastMu.Lock()
-	if c.fast != nil {
-		c.fast.Close()
+	var mb *fastwire.CallerMailbox
+	if !c.noMailbox {
+		mb = c.openMailbox(ctx, conn)
 	}
-	c.fast = conn
+	c.fastMu.Lock()
+	c.closeFastLocked()
+	c.fast, c.mbox = conn, mb
 	c.fastMu.Unlock()
 	return nil
 }
@@ -66,26 +71,61 @@ func (c *Client) openFast(ctx context.Context) error {
 // DefaultSpin is how long the client polls the fast socket for a reply before parking.
 const DefaultSpin = 50 * time.Microsecond
 
-// fastCall writes one frame and reads the reply, bounded by ctx's deadline.
+// callDeadline is ctx's deadline, or fastDefaultDeadline from now.
+func callDeadline(ctx context.Context) time.Time {
+	if deadline, ok := ctx.Deadline(); ok {
+		return deadline
+	}
+	return time.Now().Add(fastDefaultDeadline)
+}
+
+// fastCall writes one frame on the socket and reads the reply, bounded by ctx's deadline.
 func fastCall(ctx context.Context, conn *net.UnixConn, payload []byte, spin time.Duration) (*agentv1.FastReply, error) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(fastDefaultDeadline)
-	}
-	_ = conn.SetDeadline(deadline)
-	if err := sockio.WriteFrame(conn, payload); err != nil {
-		return nil, err
-	}
-	body, err := sockio.ReadFrame(sockio.SpinReader{Conn: conn, Spin: spin}, 64<<20)
+	body, err := socketCall(ctx, conn, payload, spin)
 	if err != nil {
 		return nil, err
 	}
+	return decodeReply(body)
+}
+
+func decodeReply(body []byte) (*agentv1.FastReply, error) {
 	var reply agentv1.FastReply
 	if err := proto.Unmarshal(body, &reply); err != nil {
 		return nil, fmt.Errorf("decoding a fast reply: %w", err)
 	}
 	return &reply, nil
 }
+
+// socketCall writes one frame on the socket and returns the reply's payload, passing over the wake-ups of
+// earlier mailbox calls that the agent sent after their replies.
+func socketCall(ctx context.Context, conn *net.UnixConn, payload []byte, spin time.Duration) ([]byte, error) {
+	_ = conn.SetDeadline(callDeadline(ctx))
+	if err := sockio.WriteFrame(conn, payload); err != nil {
+		return nil, err
+	}
+	r := sockio.SpinReader{Conn: conn, Spin: spin}
+	for {
+		var hdr [4]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return nil, err
+		}
+		if hdr == fastwire.WakeFrame {
+			continue
+		}
+		n := binary.BigEndian.Uint32(hdr[:])
+		if n > maxFastReply {
+			return nil, fmt.Errorf("a fast reply of %d bytes, at most %d", n, maxFastReply)
+		}
+		body := make([]byte, n)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return nil, err
+		}
+		return body, nil
+	}
+}
+
+// maxFastReply bounds a reply frame on the fast socket.
+const maxFastReply = 64 << 20
 
 // transferFast sends req over the fast socket. ok is false when there is no fast path (the caller uses gRPC).
 // Calls are serialized on the one connection.
@@ -104,11 +144,19 @@ func (c *Client) fastRequest(ctx context.Context, req *agentv1.FastRequest) (res
 	if err != nil {
 		return nil, true, err
 	}
-	reply, err := fastCall(ctx, c.fast, payload, c.spin)
+	var body []byte
+	if c.mbox != nil && c.mbox.Fits(len(payload)) {
+		body, err = mailboxCall(ctx, c.fast, c.mbox, payload, c.spin)
+	} else {
+		body, err = socketCall(ctx, c.fast, payload, c.spin)
+	}
+	var reply *agentv1.FastReply
+	if err == nil {
+		reply, err = decodeReply(body)
+	}
 	if err != nil {
 		// The stream is out of step (or gone): drop it; Recover opens a new one.
-		c.fast.Close()
-		c.fast = nil
+		c.closeFastLocked()
 		var ne net.Error
 		if ctx.Err() != nil || (errors.As(err, &ne) && ne.Timeout()) {
 			return nil, true, status.Errorf(codes.DeadlineExceeded, "fast path: %v", err)
@@ -124,8 +172,17 @@ func (c *Client) fastRequest(ctx context.Context, req *agentv1.FastRequest) (res
 func (c *Client) closeFast() {
 	c.fastMu.Lock()
 	defer c.fastMu.Unlock()
+	c.closeFastLocked()
+}
+
+// closeFastLocked closes the fast connection and unmaps its mailbox; c.fastMu is held.
+func (c *Client) closeFastLocked() {
 	if c.fast != nil {
 		c.fast.Close()
 		c.fast = nil
+	}
+	if c.mbox != nil {
+		c.mbox.Unmap()
+		c.mbox = nil
 	}
 }

@@ -40,6 +40,11 @@ func runLocalAgent() (srv *server.Server, stop func(), err error) {
 
 // runAgentIn runs an agent server with its sockets in dir; stop ends it and leaves dir.
 func runAgentIn(dir string) (srv *server.Server, stop func(), err error) {
+	return runAgentWith(dir, nil)
+}
+
+// runAgentWith is runAgentIn with tune (when set) changing the server's options.
+func runAgentWith(dir string, tune func(*server.Options)) (srv *server.Server, stop func(), err error) {
 	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, xgmi.NewHostBackend())
 	if err != nil {
 		return nil, nil, err
@@ -52,9 +57,13 @@ func runAgentIn(dir string) (srv *server.Server, stop func(), err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	srv, err = server.New(server.Options{SocketDir: dir, PoolNamespace: "infer", PoolName: "kv", NodeName: "node-a",
+	opts := server.Options{SocketDir: dir, PoolNamespace: "infer", PoolName: "kv", NodeName: "node-a",
 		AgentVersion: "test", Engine: comp, Pool: pool, SocketGID: -1,
-		Identifier: identity.Identifier{ProcRoot: "/proc", AllowLocal: true}})
+		Identifier: identity.Identifier{ProcRoot: "/proc", AllowLocal: true}}
+	if tune != nil {
+		tune(&opts)
+	}
+	srv, err = server.New(opts)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -145,11 +145,11 @@ func (a *agent) stop(t *testing.T) {
 	}
 }
 
-func dial(t *testing.T, a *agent) *client.Client {
+func dial(t *testing.T, a *agent, opts ...client.Option) *client.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, a.srv.SocketPath())
+	c, err := client.Dial(ctx, a.srv.SocketPath(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

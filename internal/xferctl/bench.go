@@ -189,6 +189,22 @@ func benchSocket(ctx context.Context, path string, size uint64, warmup, n int, s
 	}
 	items := []client.Item{{Local: src, Remote: client.ToRegion(dst), Length: size}}
 	fastTrip := func() error { _, err := c.Do(ctx, client.Write, items, client.TransferOptions{}); return err }
+	// The same call from a client whose frames stay on the socket (no mailbox), beside it.
+	sc, err := client.Dial(dctx, path, client.WithName("xferctl-bench-socket"), client.WithSpin(spin), client.WithoutMailbox())
+	if err != nil {
+		return nil, err
+	}
+	defer sc.Close()
+	sSrc, err := sc.RegisterHost(dctx, m.File, 0, size)
+	if err != nil {
+		return nil, err
+	}
+	sDst, err := sc.RegisterHost(dctx, m.File, size, size)
+	if err != nil {
+		return nil, err
+	}
+	sItems := []client.Item{{Local: sSrc, Remote: client.ToRegion(sDst), Length: size}}
+	socketTrip := func() error { _, err := sc.Do(ctx, client.Write, sItems, client.TransferOptions{}); return err }
 	// The same request as a gRPC call, for comparison with the fast socket.
 	oneTrip := func() error {
 		_, err := c.API().Transfer(ctx, &agentv1.TransferRequest{Op: agentv1.Op_OP_WRITE, Wait: true,
@@ -210,7 +226,8 @@ func benchSocket(ctx context.Context, path string, size uint64, warmup, n int, s
 		name string
 		fn   func() error
 	}{
-		{"fast socket: Transfer(wait) — client.Do", fastTrip},
+		{"fast socket, mailbox: Transfer(wait) — client.Do", fastTrip},
+		{"fast socket, frames on the socket: the same", socketTrip},
 		{"gRPC: Transfer(wait) — 1 round trip", oneTrip},
 		{"gRPC: Transfer + Wait — 2 round trips", twoTrips},
 		{"gRPC: GetInfo — 1 round trip, no transfer", info},

@@ -116,3 +116,79 @@ func (m *Mailbox) Reply(frame []byte) (wake bool, err error) {
 	m.word64(mbReplySeq).Store(m.last)
 	return m.word32(mbCallerSleep).Load() != 0, nil
 }
+
+// CallerMailbox is the caller's side of a mailbox (the Go client's): it writes requests into the memory it shares
+// with the agent and reads the replies there. Not safe for concurrent use.
+type CallerMailbox struct {
+	mapping []byte
+	area    int
+	seq     uint64 // the last request sequence raised
+}
+
+// NewCallerMailbox uses mapping (the caller's memfd, MinMailbox to MaxMailbox bytes, mapped shared) as a mailbox
+// to be passed to the agent.
+func NewCallerMailbox(mapping []byte) (*CallerMailbox, error) {
+	if len(mapping) < MinMailbox || len(mapping) > MaxMailbox {
+		return nil, fmt.Errorf("a mailbox of %d bytes: between %d and %d", len(mapping), MinMailbox, MaxMailbox)
+	}
+	m := &CallerMailbox{mapping: mapping, area: (len(mapping) - mbAreas) / 2}
+	m.seq = m.word64(mbRequestSeq).Load()
+	return m, nil
+}
+
+func (m *CallerMailbox) word64(off int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&m.mapping[off]))
+}
+
+func (m *CallerMailbox) word32(off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&m.mapping[off]))
+}
+
+// Fits reports whether a request of n bytes travels through the mailbox (larger ones go on the socket).
+func (m *CallerMailbox) Fits(n int) bool { return n+4 <= m.area }
+
+// Post writes a request frame of payload (which must fit) and raises the request sequence; it reports whether
+// the agent said it watches the mailbox (if not, the caller rings with an empty frame on the socket).
+func (m *CallerMailbox) Post(payload []byte) (watched bool) {
+	binary.BigEndian.PutUint32(m.mapping[mbAreas:], uint32(len(payload)))
+	copy(m.mapping[mbAreas+4:], payload)
+	m.seq++
+	m.word64(mbRequestSeq).Store(m.seq)
+	return m.word32(mbPolling).Load() != 0
+}
+
+// Taken reports whether the agent has copied the last request out.
+func (m *CallerMailbox) Taken() bool { return m.word64(mbTaken).Load() == m.seq }
+
+// Answered reports whether the reply to the last request is there.
+func (m *CallerMailbox) Answered() bool { return m.word64(mbReplySeq).Load() == m.seq }
+
+// Sleeping tells the agent whether the caller waits on the socket (and must be woken with WakeFrame).
+func (m *CallerMailbox) Sleeping(on bool) {
+	v := uint32(0)
+	if on {
+		v = 1
+	}
+	m.word32(mbCallerSleep).Store(v)
+}
+
+// Reply is the payload of the reply to the last request (once Answered), valid until the next Post.
+func (m *CallerMailbox) Reply() ([]byte, error) {
+	at := mbAreas + m.area
+	n := int(binary.BigEndian.Uint32(m.mapping[at:]))
+	if n > m.area-4 {
+		return nil, fmt.Errorf("a mailbox reply of %d bytes, at most %d", n, m.area-4)
+	}
+	return m.mapping[at+4 : at+4+n], nil
+}
+
+// Unmap unmaps the mailbox; it is unusable afterwards.
+func (m *CallerMailbox) Unmap() {
+	if m.mapping != nil {
+		_ = syscall.Munmap(m.mapping)
+		m.mapping = nil
+	}
+}
+
+// Sequence is the last request sequence raised (the count of requests posted since the memory was zero).
+func (m *CallerMailbox) Sequence() uint64 { return m.seq }
