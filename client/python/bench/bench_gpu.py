@@ -26,7 +26,8 @@ on cuda:<--device> with register_tensor and times, against what torch users writ
 
 torch is timed with torch.cuda.synchronize() around each call (each round of --depth for the -pipe cases), ours
 wall-clock per call (wait=True; the -pipe rounds end when wait_all returns); each time is the median of --iters
-after --warmup calls and at least --warmup-seconds of calls on each side, after half a second of copies that
+after --warmup calls and at least --warmup-seconds of calls on each side (all of ours, then all of torch's; with
+--interleave call by call, ours then torch's, and the median of each pair's own ratio beside), after half a second of copies that
 bring the GPU to its clocks. Block ids are drawn ahead of time and copied (untimed) just before the call that
 uses them, as a scheduler hands over ids it just computed: ids drawn seconds earlier are no longer in the CPU's
 caches, and reading them from memory cost the client tens of microseconds of case a. Every destination byte is compared (torch.equal) with what torch's
@@ -54,6 +55,8 @@ import tempfile
 import time
 import traceback
 
+from bench_tcp import pair_ratio
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = ("a", "b", "c64", "c1g", "d", "d-idle", "a-pipe", "c64-pipe", "c1g-pipe")
 MIB = 1 << 20
@@ -75,6 +78,9 @@ def parse_args(argv=None):
                         "folder; quit at the end)")
     p.add_argument("--no-mailbox", action="store_true",
                    help="frames on the fast socket only, without the shared-memory mailbox (Client(mailbox=False))")
+    p.add_argument("--interleave", action="store_true",
+                   help="time the two sides call by call, alternating (ours, then torch's), instead of all of ours "
+                        "and then all of torch's; each case also reports the median of the pairs' own ratios")
     p.add_argument("--json", help="write the results here too")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of %s" % ",".join(CASES))
     p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
@@ -141,6 +147,9 @@ def format_table(results):
             out.append("%s: %s" % (r["case"], r["error"]))
         if r.get("note"):
             out.append("%s: %s" % (r["case"], r["note"]))
+        if r.get("pair_ratio") is not None:
+            out.append("%s: interleaved, median of the pairs' ratios %.2f (lowest %.2f, highest %.2f)" % (
+                r["case"], r["pair_ratio"], r["pair_low"], r["pair_high"]))
     return "\n".join(out)
 
 
@@ -156,6 +165,8 @@ def client_command(a, socket_path):
         cmd.append("--expandable")
     if a.no_mailbox:
         cmd.append("--no-mailbox")
+    if a.interleave:
+        cmd.append("--interleave")
     return cmd
 
 
@@ -383,6 +394,40 @@ class Bench:
             times.append(time.perf_counter() - t0)
         return times
 
+    def time_pair(self, ours, theirs, n=None, prepare=None):
+        """Times ours and theirs (torch's) over the same calls: with --interleave call by call, alternating
+        (ours i, then torch's i), so drift of the machine during a case falls on both alike; otherwise all of ours,
+        then all of torch's. prepare(i), untimed, runs before call i on both sides. Returns both lists of
+        seconds, in call order."""
+        if not self.a.interleave:
+            return self.time_ours(ours, n, prepare), self.time_torch(theirs, n, prepare)
+        self.sync()  # what torch wrote must be there before the agent reads it
+        self.warm(ours, prepare)
+        self.warm(theirs, lambda i: (prepare(i) if prepare else None, self.sync()))
+        ours_t, torch_t = [], []
+        for i in range(self.a.warmup, self.a.warmup + (n or self.a.iters)):
+            if prepare:
+                prepare(i)
+            t0 = time.perf_counter()
+            ours(i)
+            ours_t.append(time.perf_counter() - t0)
+            if prepare:
+                prepare(i)
+            self.sync()
+            t0 = time.perf_counter()
+            theirs(i)
+            self.sync()
+            torch_t.append(time.perf_counter() - t0)
+        return ours_t, torch_t
+
+    def paired(self, ours_t, torch_t, depth=1):
+        """The result's extras of an interleaved case: the median of each pair's own ratio (torch / ours), with
+        the lowest and highest."""
+        if not self.a.interleave:
+            return {}
+        ratio, low, high = pair_ratio(torch_t, ours_t)
+        return {"pair_ratio": ratio, "pair_low": low, "pair_high": high}
+
     def layout(self, tensors, block_bytes):
         regions = [self.c.register_tensor(t, gpu_index=self.a.device) for t in tensors]
         return self.c.register_layout(regions, block_bytes)
@@ -439,19 +484,17 @@ class Bench:
                 fn = lambda i: self.submit_all([  # noqa: E731
                     lambda s=s, d=d: self.c.transfer_blocks("write", src_l, s, remote, d, timeout=self.a.call_timeout,
                                                             wait=False) for s, d in fresh])
-            ours_t = self.time_ours(fn, iters, prepare)
-
             def torch_copy(i):
                 for s, d in gpu_sets[i * depth:(i + 1) * depth]:
                     for k in range(pools):
                         ref[k][d] = src[k][s]
 
-            torch_t = self.time_torch(torch_copy, iters)
+            ours_t, torch_t = self.time_pair(fn, torch_copy, iters, prepare)
             self.sync()
             ok = all(torch.equal(x, y) for x, y in zip(ours, ref))
             moved = pools * ids * block_bytes
             return result(name, moved, statistics.median(ours_t) * 1e3 / depth,
-                          statistics.median(torch_t) * 1e3 / depth, ok)
+                          statistics.median(torch_t) * 1e3 / depth, ok, **self.paired(ours_t, torch_t))
         finally:
             self.release(src_l, dst_l)
             del src, ours, ref
@@ -481,14 +524,14 @@ class Bench:
             one = lambda wait=True: self.c.transfer_blocks("write", src_l, zero, remote, zero,  # noqa: E731
                                                            timeout=self.a.call_timeout, wait=wait)
             if depth == 1:
-                ours_t = self.time_ours(lambda i: one())
+                ours_fn = lambda i: one()  # noqa: E731
             else:
-                ours_t = self.time_ours(lambda i: self.submit_all([lambda: one(False)] * depth))
-            torch_t = self.time_torch(lambda i: [ref.copy_(src) for _ in range(depth)])
+                ours_fn = lambda i: self.submit_all([lambda: one(False)] * depth)  # noqa: E731
+            ours_t, torch_t = self.time_pair(ours_fn, lambda i: [ref.copy_(src) for _ in range(depth)])
             self.sync()
             ok = torch.equal(ours, src) and torch.equal(ref, src)
             return result(name, size, statistics.median(ours_t) * 1e3 / depth, statistics.median(torch_t) * 1e3 / depth,
-                          ok)
+                          ok, **self.paired(ours_t, torch_t))
         finally:
             self.release(src_l, dst_l)
             del src, ours, ref
@@ -526,15 +569,15 @@ class Bench:
             remote = to_layout(dst_l)
             # The idle time is spent before the timer starts, as a caller does other work between calls.
             wait = (lambda i: _idle(idle)) if idle else None
-            ours_t = self.time_ours(lambda i: self.c.transfer_blocks("write", src_l, ids[i % blocks], remote,
-                                                                     ids[i % blocks], timeout=self.a.call_timeout), n,
-                                    prepare=wait)
-            torch_t = self.time_torch(lambda i: ref[i % blocks].copy_(src[i % blocks]), n, prepare=wait)
+            ours_t, torch_t = self.time_pair(
+                lambda i: self.c.transfer_blocks("write", src_l, ids[i % blocks], remote, ids[i % blocks],
+                                                 timeout=self.a.call_timeout),
+                lambda i: ref[i % blocks].copy_(src[i % blocks]), n, prepare=wait)
             self.sync()
             ok = torch.equal(ours, src) and torch.equal(ref, src)
             p = lambda ts, q: sorted(ts)[min(len(ts) - 1, int(len(ts) * q))] * 1e3  # noqa: E731
             r = result(name, bs, p(ours_t, 0.5), p(torch_t, 0.5), ok,
-                       fabricxfer_p99_ms=p(ours_t, 0.99), torch_p99_ms=p(torch_t, 0.99))
+                       fabricxfer_p99_ms=p(ours_t, 0.99), torch_p99_ms=p(torch_t, 0.99), **self.paired(ours_t, torch_t))
             r["note"] = "p99 fabricxfer %.4f ms, torch %.4f ms (of %d)" % (r["fabricxfer_p99_ms"], r["torch_p99_ms"], n)
             return r
         finally:

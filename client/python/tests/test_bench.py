@@ -67,13 +67,15 @@ class GPUBenchPureTest(unittest.TestCase):
 
     def test_client_command_and_environment(self):
         a = bench_gpu.parse_args(["--expandable", "--json", "out.json", "--cases", "b", "--warmup-seconds", "0.5",
-                                  "--idle", "0.005", "--no-mailbox"])
+                                  "--idle", "0.005", "--no-mailbox", "--interleave"])
         cmd = bench_gpu.client_command(a, "/tmp/x/kv/agent.sock")
         self.assertEqual(cmd[:3], [sys.executable, os.path.abspath(bench_gpu.__file__), "--client"])
         back = bench_gpu.parse_args(cmd[2:])
         self.assertEqual((back.client, back.socket, back.cases, back.expandable, back.json, back.warmup_seconds,
-                          back.idle, back.no_mailbox),
-                         (True, "/tmp/x/kv/agent.sock", ["b"], True, os.path.abspath("out.json"), 0.5, 0.005, True))
+                          back.idle, back.no_mailbox, back.interleave),
+                         (True, "/tmp/x/kv/agent.sock", ["b"], True, os.path.abspath("out.json"), 0.5, 0.005, True,
+                          True))
+        self.assertFalse(bench_gpu.parse_args(bench_gpu.client_command(bench_gpu.parse_args([]), "s")[2:]).interleave)
         env = bench_gpu.client_env(a, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:False"})
         self.assertEqual(env["PYTORCH_CUDA_ALLOC_CONF"], "max_split_size_mb:64,expandable_segments:True")
         self.assertTrue(env["PYTHONPATH"].startswith(os.path.dirname(BENCH)))
@@ -98,6 +100,45 @@ class GPUBenchPureTest(unittest.TestCase):
         self.assertIn("d rtt: p99", text)
         json.dumps(rs)
         self.assertIn("case", bench_gpu.format_table([]))
+
+    def test_interleaved_timing(self):
+        # Both sides' calls in the order they run, with a clock that moves only in the calls: ours take 2, torch's 1.
+        def bench(*argv):
+            b = bench_gpu.Bench.__new__(bench_gpu.Bench)
+            b.a = bench_gpu.parse_args(list(argv) + ["--warmup", "2", "--iters", "3", "--warmup-seconds", "0"])
+            b.log, b.now = [], 0.0
+            b.sync = lambda: b.log.append("sync")
+            return b
+
+        def run(b):
+            def call(side, cost):
+                def fn(i):
+                    b.log.append("%s%d" % (side, i))
+                    b.now += cost
+                return fn
+            with mock.patch.object(bench_gpu.time, "perf_counter", lambda: b.now):
+                return bench_gpu.Bench.time_pair(b, call("ours", 2.0), call("torch", 1.0),
+                                                 prepare=lambda i: b.log.append("prep%d" % i))
+
+        b = bench("--interleave")
+        ours_t, torch_t = run(b)
+        self.assertEqual((ours_t, torch_t), ([2.0] * 3, [1.0] * 3))
+        timed = b.log[b.log.index("ours2", b.log.index("torch1") + 1) - 1:]
+        self.assertEqual(timed, ["prep2", "ours2", "prep2", "sync", "torch2", "sync",
+                                 "prep3", "ours3", "prep3", "sync", "torch3", "sync",
+                                 "prep4", "ours4", "prep4", "sync", "torch4", "sync"])
+        extras = bench_gpu.Bench.paired(b, [2.0, 4.0, 2.0], [1.0, 1.0, 3.0])
+        self.assertEqual(extras, {"pair_ratio": 0.5, "pair_low": 0.25, "pair_high": 1.5})
+        text = bench_gpu.format_table([bench_gpu.result("c 64 MiB", 1 << 26, 2.0, 1.0, True, **extras)])
+        self.assertIn("c 64 MiB: interleaved, median of the pairs' ratios 0.50 (lowest 0.25, highest 1.50)", text)
+
+        b = bench()  # all of ours, then all of torch's
+        ours_t, torch_t = run(b)
+        self.assertEqual((ours_t, torch_t), ([2.0] * 3, [1.0] * 3))
+        calls = [x for x in b.log if x.startswith(("ours", "torch"))]
+        last_ours = max(i for i, x in enumerate(calls) if x.startswith("ours"))
+        self.assertTrue(all(x.startswith("torch") for x in calls[last_ours + 1:]) and calls[-1] == "torch4")
+        self.assertEqual(bench_gpu.Bench.paired(b, ours_t, torch_t), {})
 
     def test_missing_agent_says_how_to_build_it(self):
         with self.assertRaises(SystemExit) as e:
