@@ -48,6 +48,7 @@ type Client struct {
 	fastMu sync.Mutex
 	fast   *net.UnixConn
 	mbox   *fastwire.CallerMailbox // the fast connection's mailbox; nil: frames go on the socket
+	arena  []byte                  // the fast connection's id arena (mapped); nil: ids travel in the frame
 
 	mu      sync.Mutex
 	gen     uint64 // the dial generation regions are registered under

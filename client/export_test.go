@@ -12,3 +12,10 @@ func MailboxRequests(c *Client) (attached bool, n uint64) {
 	}
 	return true, c.mbox.Sequence()
 }
+
+// HasIDArena reports whether c's fast connection has an id arena.
+func HasIDArena(c *Client) bool {
+	c.fastMu.Lock()
+	defer c.fastMu.Unlock()
+	return c.arena != nil
+}

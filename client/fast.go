@@ -57,15 +57,30 @@ func (c *Client) openFast(ctx context.Context) error {
 		conn.Close()
 		return fmt.Errorf("binding the fast socket: %w", err)
 	}
+	arena := c.openArena(ctx, conn)
 	var mb *fastwire.CallerMailbox
 	if !c.noMailbox {
 		mb = c.openMailbox(ctx, conn)
 	}
 	c.fastMu.Lock()
 	c.closeFastLocked()
-	c.fast, c.mbox = conn, mb
+	c.fast, c.mbox, c.arena = conn, mb, arena
 	c.fastMu.Unlock()
 	return nil
+}
+
+// idArenaBytes is the fast connection's id arena: 131,072 32-bit ids, two lists of the most one transfer names.
+const idArenaBytes = 1 << 20
+
+// arenaMinIDs: lists at least this long go through the id arena; shorter ones are cheaper in the frame.
+const arenaMinIDs = 1024
+
+// openArena gives conn an id arena, shared memory the ids of long block lists are written into instead of the
+// frame; nil where the agent does not take one.
+func (c *Client) openArena(ctx context.Context, conn *net.UnixConn) []byte {
+	return c.passMemory(ctx, conn, "fabricxfer-ids", idArenaBytes, func(token string) *agentv1.FastRequest {
+		return &agentv1.FastRequest{Request: &agentv1.FastRequest_IdArena{IdArena: &agentv1.IdArena{FdToken: token, Size: idArenaBytes}}}
+	})
 }
 
 // DefaultSpin is how long the client polls the fast socket for a reply before parking.
@@ -140,6 +155,31 @@ func (c *Client) fastRequest(ctx context.Context, req *agentv1.FastRequest) (res
 	if c.fast == nil {
 		return nil, false, nil
 	}
+	return c.fastRequestLocked(ctx, req)
+}
+
+// fastBlocks sends a block transfer over the fast socket, its ids through the id arena when the list is long and
+// fits, else in the frame (req's id fields are set here). ok is false when there is no fast path (req's ids are
+// then unset).
+func (c *Client) fastBlocks(ctx context.Context, req *agentv1.TransferBlocksRequest, ids, remoteIDs []uint32) (resp *agentv1.TransferResponse, ok bool, err error) {
+	c.fastMu.Lock()
+	defer c.fastMu.Unlock()
+	if c.fast == nil {
+		return nil, false, nil
+	}
+	if n := len(ids); c.arena != nil && n >= arenaMinIDs && n == len(remoteIDs) && 8*n <= len(c.arena) {
+		// Written under the lock the call holds until its reply: the agent copies them out before it answers.
+		putIDs(c.arena, ids)
+		putIDs(c.arena[4*n:], remoteIDs)
+		req.ArenaIds, req.LocalIds, req.RemoteIds = uint32(n), nil, nil
+	} else {
+		req.ArenaIds, req.LocalIds, req.RemoteIds = 0, packIDs(ids), packIDs(remoteIDs)
+	}
+	return c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}})
+}
+
+// fastRequestLocked is fastRequest with c.fastMu held and the fast connection open.
+func (c *Client) fastRequestLocked(ctx context.Context, req *agentv1.FastRequest) (resp *agentv1.TransferResponse, ok bool, err error) {
 	payload, err := proto.Marshal(req)
 	if err != nil {
 		return nil, true, err
@@ -184,5 +224,9 @@ func (c *Client) closeFastLocked() {
 	if c.mbox != nil {
 		c.mbox.Unmap()
 		c.mbox = nil
+	}
+	if c.arena != nil {
+		_ = unix.Munmap(c.arena)
+		c.arena = nil
 	}
 }

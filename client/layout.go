@@ -130,10 +130,15 @@ func (r RemoteLayout) proto() (*agentv1.LayoutRef, error) {
 // packIDs encodes ids as the little-endian int32 the agent reads.
 func packIDs(ids []uint32) []byte {
 	b := make([]byte, 4*len(ids))
+	putIDs(b, ids)
+	return b
+}
+
+// putIDs writes ids into b as little-endian 32-bit integers.
+func putIDs(b []byte, ids []uint32) {
 	for i, id := range ids {
 		binary.LittleEndian.PutUint32(b[4*i:], id)
 	}
-	return b
 }
 
 // TransferBlocks moves blocks ids[i] of every region of l to (Write) or from (Read) blocks remoteIDs[i] of the
@@ -148,8 +153,9 @@ func (c *Client) TransferBlocks(ctx context.Context, op Op, l *Layout, ids []uin
 	if err != nil {
 		return nil, err
 	}
-	resp, fast, err := c.fastRequest(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}})
+	resp, fast, err := c.fastBlocks(ctx, req, ids, remoteIDs)
 	if !fast {
+		req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
 		resp, err = c.api.TransferBlocks(ctx, req)
 	}
 	if err != nil {
@@ -169,6 +175,7 @@ func (c *Client) SubmitBlocks(ctx context.Context, op Op, l *Layout, ids []uint3
 	if err != nil {
 		return nil, err
 	}
+	req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
 	resp, err := c.api.TransferBlocks(ctx, req)
 	if err != nil {
 		return nil, c.wrap("submitting blocks", gen, err)
@@ -176,7 +183,8 @@ func (c *Client) SubmitBlocks(ctx context.Context, op Op, l *Layout, ids []uint3
 	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen}, nil
 }
 
-// blocksRequest checks and builds a block transfer's request.
+// blocksRequest checks and builds a block transfer's request, without its ids (the caller puts them in the
+// request or the id arena).
 func blocksRequest(op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions, wait bool) (*agentv1.TransferBlocksRequest, error) {
 	if len(ids) != len(remoteIDs) {
 		return nil, fmt.Errorf("transferring blocks: %d local ids and %d remote ids", len(ids), len(remoteIDs))
@@ -189,8 +197,7 @@ func blocksRequest(op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteID
 	if err != nil {
 		return nil, fmt.Errorf("transferring blocks: %w", err)
 	}
-	req := &agentv1.TransferBlocksRequest{LayoutId: id, Remote: ref, LocalIds: packIDs(ids), RemoteIds: packIDs(remoteIDs),
-		IdBytes: 4, Notify: opts.Notify, Wait: wait}
+	req := &agentv1.TransferBlocksRequest{LayoutId: id, Remote: ref, IdBytes: 4, Notify: opts.Notify, Wait: wait}
 	if req.Op, req.Timeout, err = submission(op, opts); err != nil {
 		return nil, err
 	}

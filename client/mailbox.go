@@ -41,13 +41,10 @@ var emptyFrame = []byte{0, 0, 0, 0}
 // openMailbox gives conn (a bound fast connection) a mailbox. It returns nil where the agent does not take one
 // (an older agent answers with an error) or the memory could not be set up: frames then travel on the socket.
 func (c *Client) openMailbox(ctx context.Context, conn *net.UnixConn) *fastwire.CallerMailbox {
-	f, err := newSealedMemfd("fabricxfer-mailbox", mailboxBytes)
-	if err != nil {
-		return nil
-	}
-	defer f.Close() // the mapping keeps the memory
-	mem, err := unix.Mmap(int(f.Fd()), 0, mailboxBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
+	mem := c.passMemory(ctx, conn, "fabricxfer-mailbox", mailboxBytes, func(token string) *agentv1.FastRequest {
+		return &agentv1.FastRequest{Request: &agentv1.FastRequest_Mailbox{Mailbox: &agentv1.Mailbox{FdToken: token, Size: mailboxBytes}}}
+	})
+	if mem == nil {
 		return nil
 	}
 	mb, err := fastwire.NewCallerMailbox(mem)
@@ -55,11 +52,26 @@ func (c *Client) openMailbox(ctx context.Context, conn *net.UnixConn) *fastwire.
 		_ = unix.Munmap(mem)
 		return nil
 	}
+	return mb
+}
+
+// passMemory creates size bytes of shared memory sealed against shrinking, passes them to the agent through the
+// fd socket and sets them up on conn with request(token); it returns this process's mapping, or nil where the
+// agent refused or the passing failed (the connection then works without it).
+func (c *Client) passMemory(ctx context.Context, conn *net.UnixConn, name string, size int, request func(token string) *agentv1.FastRequest) []byte {
+	f, err := newSealedMemfd(name, uint64(size))
+	if err != nil {
+		return nil
+	}
+	defer f.Close() // the mapping keeps the memory
+	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil
+	}
 	token, err := c.putFD(ctx, f)
 	var payload []byte
 	if err == nil {
-		payload, err = proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Mailbox{
-			Mailbox: &agentv1.Mailbox{FdToken: token, Size: mailboxBytes}}})
+		payload, err = proto.Marshal(request(token))
 	}
 	if err == nil {
 		var reply *agentv1.FastReply
@@ -69,10 +81,10 @@ func (c *Client) openMailbox(ctx context.Context, conn *net.UnixConn) *fastwire.
 		}
 	}
 	if err != nil {
-		mb.Unmap()
+		_ = unix.Munmap(mem)
 		return nil
 	}
-	return mb
+	return mem
 }
 
 // mailboxCall sends payload through mb and returns the reply's payload (valid until the next call): it polls

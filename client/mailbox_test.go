@@ -17,9 +17,10 @@ import (
 
 // TestGoClientCallsThroughItsMailbox: the Go client's block transfers travel through its fast connection's
 // mailbox when both sides poll, when the client sleeps and is woken (no spin), and when the agent sleeps and
-// is rung (an agent that never polls); an id list too long for the mailbox goes on the socket, past the
-// wake-ups earlier calls left there, and the mailbox carries the next call again. Every transfer's blocks are
-// checked, and a client without a mailbox moves the same blocks.
+// is rung (an agent that never polls); a long id list goes through the id arena and a short frame; a transfer
+// of items too large for the mailbox goes on the socket, past the wake-ups earlier calls left there, and the
+// mailbox carries the next call again. Every transfer's bytes are checked, and a client without a mailbox moves
+// the same blocks.
 func TestGoClientCallsThroughItsMailbox(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -64,13 +65,21 @@ func TestGoClientCallsThroughItsMailbox(t *testing.T) {
 			if _, n := client.MailboxRequests(c); n-before != calls {
 				t.Fatalf("%d of %d calls went through the mailbox", n-before, calls)
 			}
-			// 16,384 ids a side do not fit the mailbox's area: the socket, past earlier wake-ups.
-			b.move(t, ctx, c, rng, 16384, "a list longer than the mailbox")
-			if _, n := client.MailboxRequests(c); n-before != calls {
-				t.Fatal("a list longer than the mailbox went through it")
+			// 16,384 ids a side (128 KiB, more than the mailbox's area) go through the id arena.
+			if !client.HasIDArena(c) {
+				t.Fatal("the client's fast connection has no id arena")
+			}
+			b.move(t, ctx, c, rng, 16384, "a list through the id arena")
+			if _, n := client.MailboxRequests(c); n-before != calls+1 {
+				t.Fatal("a block list in the id arena did not go through the mailbox")
+			}
+			// 3,000 items (about 60 KiB of frame) do not fit the mailbox: the socket, past earlier wake-ups.
+			b.items(t, ctx, c, rng, 3000, "items past the mailbox")
+			if _, n := client.MailboxRequests(c); n-before != calls+1 {
+				t.Fatal("a frame larger than the mailbox went through it")
 			}
 			b.move(t, ctx, c, rng, 3, "the call after the socket's")
-			if _, n := client.MailboxRequests(c); n-before != calls+1 {
+			if _, n := client.MailboxRequests(c); n-before != calls+2 {
 				t.Fatal("the call after a socket call did not go through the mailbox")
 			}
 			pb := newBlockBed(t, ctx, plain, 64, 1024)
@@ -85,13 +94,14 @@ func TestGoClientCallsThroughItsMailbox(t *testing.T) {
 type blockBed struct {
 	bs             int
 	srcMem, dstMem *client.SharedMemory
+	src, dst       *client.Region
 	srcL, dstL     *client.Layout
 }
 
 func newBlockBed(t *testing.T, ctx context.Context, c *client.Client, bs, blocks int) *blockBed {
 	t.Helper()
 	b := &blockBed{bs: bs}
-	layout := func(name string) (*client.SharedMemory, *client.Layout) {
+	layout := func(name string) (*client.SharedMemory, *client.Region, *client.Layout) {
 		mem, err := client.NewSharedMemory(name, uint64(bs*blocks))
 		if err != nil {
 			t.Fatal(err)
@@ -105,10 +115,10 @@ func newBlockBed(t *testing.T, ctx context.Context, c *client.Client, bs, blocks
 		if err != nil {
 			t.Fatal(err)
 		}
-		return mem, l
+		return mem, r, l
 	}
-	b.srcMem, b.srcL = layout("src")
-	b.dstMem, b.dstL = layout("dst")
+	b.srcMem, b.src, b.srcL = layout("src")
+	b.dstMem, b.dst, b.dstL = layout("dst")
 	rng := rand.New(rand.NewPCG(5, 6))
 	for i := range b.srcMem.Bytes {
 		b.srcMem.Bytes[i] = byte(rng.Uint32())
@@ -132,6 +142,28 @@ func (b *blockBed) move(t *testing.T, ctx context.Context, c *client.Client, rng
 		s, d := int(src[i])*b.bs, int(dst[i])*b.bs
 		if !bytes.Equal(b.dstMem.Bytes[d:d+b.bs], b.srcMem.Bytes[s:s+b.bs]) {
 			t.Fatalf("%s: destination block %d does not hold source block %d", what, dst[i], src[i])
+		}
+	}
+}
+
+// items moves n random source blocks to n distinct destination blocks as a transfer of n items (one frame of
+// about 20 bytes an item) and checks each destination.
+func (b *blockBed) items(t *testing.T, ctx context.Context, c *client.Client, rng *rand.Rand, n int, what string) {
+	t.Helper()
+	blocks := len(b.srcMem.Bytes) / b.bs
+	clear(b.dstMem.Bytes)
+	items := make([]client.Item, n)
+	for i, d := range rng.Perm(blocks)[:n] {
+		items[i] = client.Item{Local: b.src, LocalOffset: uint64(rng.IntN(blocks) * b.bs), Remote: client.ToRegion(b.dst),
+			RemoteOffset: uint64(d * b.bs), Length: uint64(b.bs)}
+	}
+	if _, err := c.Do(ctx, client.Write, items, client.TransferOptions{}); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	for _, it := range items {
+		s, d := it.LocalOffset, it.RemoteOffset
+		if !bytes.Equal(b.dstMem.Bytes[d:d+uint64(b.bs)], b.srcMem.Bytes[s:s+uint64(b.bs)]) {
+			t.Fatalf("%s: destination offset %d does not hold source offset %d", what, d, s)
 		}
 	}
 }

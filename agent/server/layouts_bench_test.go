@@ -11,9 +11,10 @@ import (
 )
 
 // BenchmarkBlockTransferOverhead is one block transfer through the fast socket between host layouts of
-// 2^18 blocks of 720 B: one block (the fixed cost of a call) and 15,360 blocks (the cost per id beside the copy),
-// with the composite assembled as the agent assembles it; "1 block, socket" is the one-block call of a client
-// whose frames stay on the socket (WithoutMailbox) in the same run.
+// 2^18 blocks, with the composite assembled as the agent assembles it: one 720 B block (the fixed cost of a call),
+// 15,360 of 720 B (the cost per id beside the copy) and of 16 B (the ids' own path: the Go client writes lists
+// of 1,024 ids and more into its id arena); "1 block, socket" is the one-block call of a client whose frames stay
+// on the socket (WithoutMailbox) in the same run.
 func BenchmarkBlockTransferOverhead(b *testing.B) {
 	t := &testing.T{}
 	opts := baseOptions(t, newProcFixture(t))
@@ -21,30 +22,35 @@ func BenchmarkBlockTransferOverhead(b *testing.B) {
 	a := startAgent(t, opts)
 	mailboxed, socketOnly := dial(t, a), dial(t, a, client.WithoutMailbox())
 	rng := rand.New(rand.NewPCG(1, 2))
-	const bs, blocks = 720, 1 << 18
-	src, _ := hostLayout(t, mailboxed, rng, 1, blocks, bs)
-	dst, _ := hostLayout(t, mailboxed, rng, 1, blocks, bs)
-	sSrc, _ := hostLayout(t, socketOnly, rng, 1, blocks, bs)
-	sDst, _ := hostLayout(t, socketOnly, rng, 1, blocks, bs)
-	for _, n := range []int{1, 15360, -1} {
-		c, src, dst := mailboxed, src, dst
-		if n < 0 {
-			c, src, dst, n = socketOnly, sSrc, sDst, 1
-		}
-		name := map[int]string{1: "1 block", 15360: "15360 blocks"}[n]
-		if c == socketOnly {
-			name = "1 block, socket"
-		}
-		b.Run(name, func(b *testing.B) {
-			s, d := make([]uint32, n), make([]uint32, n)
-			for i, v := range rng.Perm(blocks)[:n] {
+	const blocks = 1 << 18
+	type pair struct{ src, dst *client.Layout }
+	layouts := func(c *client.Client, bs uint64) pair {
+		src, _ := hostLayout(t, c, rng, 1, blocks, bs)
+		dst, _ := hostLayout(t, c, rng, 1, blocks, bs)
+		return pair{src, dst}
+	}
+	wide, narrow, socketWide := layouts(mailboxed, 720), layouts(mailboxed, 16), layouts(socketOnly, 720)
+	for _, bc := range []struct {
+		name string
+		c    *client.Client
+		l    pair
+		n    int
+	}{
+		{"1 block", mailboxed, wide, 1},
+		{"15360 blocks", mailboxed, wide, 15360},
+		{"15360 blocks of 16 B", mailboxed, narrow, 15360},
+		{"1 block, socket", socketOnly, socketWide, 1},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			s, d := make([]uint32, bc.n), make([]uint32, bc.n)
+			for i, v := range rng.Perm(blocks)[:bc.n] {
 				s[i] = uint32(v)
 			}
-			for i, v := range rng.Perm(blocks)[:n] {
+			for i, v := range rng.Perm(blocks)[:bc.n] {
 				d[i] = uint32(v)
 			}
 			for b.Loop() {
-				if _, err := c.TransferBlocks(ctxT(t), client.Write, src, s, client.ToLayout(dst), d, client.TransferOptions{}); err != nil {
+				if _, err := bc.c.TransferBlocks(ctxT(t), client.Write, bc.l.src, s, client.ToLayout(bc.l.dst), d, client.TransferOptions{}); err != nil {
 					b.Fatal(err)
 				}
 			}
