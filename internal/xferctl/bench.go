@@ -166,45 +166,57 @@ func spawnLocalAgent(ctx context.Context, stderr io.Writer, spin time.Duration) 
 	return filepath.Join(dir, "bench", "agent.sock"), stop, nil
 }
 
+// benchClient is a client of the agent at path with both halves of m registered (size bytes each).
+type benchClient struct {
+	c        *client.Client
+	src, dst *client.Region
+}
+
+func dialBench(ctx context.Context, path string, m *client.SharedMemory, size uint64, opts ...client.Option) (benchClient, error) {
+	c, err := client.Dial(ctx, path, opts...)
+	if err != nil {
+		return benchClient{}, err
+	}
+	b := benchClient{c: c}
+	if b.src, err = c.RegisterHost(ctx, m.File, 0, size); err == nil {
+		b.dst, err = c.RegisterHost(ctx, m.File, size, size)
+	}
+	if err != nil {
+		c.Close()
+		return benchClient{}, err
+	}
+	return b, nil
+}
+
+// do is one waited transfer of the source half to the destination half on the fast socket (client.Do).
+func (b benchClient) do(ctx context.Context) error {
+	_, err := b.c.Do(ctx, client.Write, []client.Item{{Local: b.src, Remote: client.ToRegion(b.dst), Length: b.src.Len()}}, client.TransferOptions{})
+	return err
+}
+
 func benchSocket(ctx context.Context, path string, size uint64, warmup, n int, spin time.Duration) ([]latency, error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c, err := client.Dial(dctx, path, client.WithName("xferctl-bench"), client.WithSpin(spin))
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
 	m, err := client.NewSharedMemory("bench", 2*size)
 	if err != nil {
 		return nil, err
 	}
 	defer m.Close()
-	src, err := c.RegisterHost(dctx, m.File, 0, size)
+	b, err := dialBench(dctx, path, m, size, client.WithName("xferctl-bench"), client.WithSpin(spin))
 	if err != nil {
 		return nil, err
 	}
-	dst, err := c.RegisterHost(dctx, m.File, size, size)
-	if err != nil {
-		return nil, err
-	}
-	items := []client.Item{{Local: src, Remote: client.ToRegion(dst), Length: size}}
-	fastTrip := func() error { _, err := c.Do(ctx, client.Write, items, client.TransferOptions{}); return err }
+	defer b.c.Close()
 	// The same call from a client whose frames stay on the socket (no mailbox), beside it.
-	sc, err := client.Dial(dctx, path, client.WithName("xferctl-bench-socket"), client.WithSpin(spin), client.WithoutMailbox())
+	sb, err := dialBench(dctx, path, m, size, client.WithName("xferctl-bench-socket"), client.WithSpin(spin), client.WithoutMailbox())
 	if err != nil {
 		return nil, err
 	}
-	defer sc.Close()
-	sSrc, err := sc.RegisterHost(dctx, m.File, 0, size)
-	if err != nil {
-		return nil, err
-	}
-	sDst, err := sc.RegisterHost(dctx, m.File, size, size)
-	if err != nil {
-		return nil, err
-	}
-	sItems := []client.Item{{Local: sSrc, Remote: client.ToRegion(sDst), Length: size}}
-	socketTrip := func() error { _, err := sc.Do(ctx, client.Write, sItems, client.TransferOptions{}); return err }
+	defer sb.c.Close()
+	c, src, dst := b.c, b.src, b.dst
+	items := []client.Item{{Local: src, Remote: client.ToRegion(dst), Length: size}}
+	fastTrip := func() error { return b.do(ctx) }
+	socketTrip := func() error { return sb.do(ctx) }
 	// The same request as a gRPC call, for comparison with the fast socket.
 	oneTrip := func() error {
 		_, err := c.API().Transfer(ctx, &agentv1.TransferRequest{Op: agentv1.Op_OP_WRITE, Wait: true,

@@ -365,34 +365,43 @@ class Bench:
                 before(i)
             fn(i)
 
-    def time_torch(self, fn, n=None, prepare=None):
+    def timed_calls(self, n=None):
+        """The indices of the timed calls, after the warm-up's."""
+        return range(self.a.warmup, self.a.warmup + (n or self.a.iters))
+
+    def torch_before(self, prepare):
+        """What runs untimed before each of torch's calls: prepare(i), then a synchronize."""
         def before(i):
             if prepare:
                 prepare(i)
             self.sync()
+        return before
 
-        self.warm(fn, before)
-        times = []
-        for i in range(self.a.warmup, self.a.warmup + (n or self.a.iters)):
-            before(i)
-            t0 = time.perf_counter()
-            fn(i)
-            self.sync()
-            times.append(time.perf_counter() - t0)
-        return times
+    def call_torch(self, fn, i, prepare):
+        """Torch's call i, timed with a synchronize at its end."""
+        self.torch_before(prepare)(i)
+        t0 = time.perf_counter()
+        fn(i)
+        self.sync()
+        return time.perf_counter() - t0
+
+    def call_ours(self, fn, i, prepare):
+        """Our call i, timed by the wall clock (a waited call returns with its transfer settled)."""
+        if prepare:
+            prepare(i)
+        t0 = time.perf_counter()
+        fn(i)
+        return time.perf_counter() - t0
+
+    def time_torch(self, fn, n=None, prepare=None):
+        self.warm(fn, self.torch_before(prepare))
+        return [self.call_torch(fn, i, prepare) for i in self.timed_calls(n)]
 
     def time_ours(self, fn, n=None, prepare=None):
         """prepare(i), untimed, runs before call i on both sides (fresh ids)."""
         self.sync()  # what torch wrote must be there before the agent reads it
         self.warm(fn, prepare)
-        times = []
-        for i in range(self.a.warmup, self.a.warmup + (n or self.a.iters)):
-            if prepare:
-                prepare(i)
-            t0 = time.perf_counter()
-            fn(i)
-            times.append(time.perf_counter() - t0)
-        return times
+        return [self.call_ours(fn, i, prepare) for i in self.timed_calls(n)]
 
     def time_pair(self, ours, theirs, n=None, prepare=None):
         """Times ours and theirs (torch's) over the same calls: with --interleave call by call, alternating
@@ -403,24 +412,14 @@ class Bench:
             return self.time_ours(ours, n, prepare), self.time_torch(theirs, n, prepare)
         self.sync()  # what torch wrote must be there before the agent reads it
         self.warm(ours, prepare)
-        self.warm(theirs, lambda i: (prepare(i) if prepare else None, self.sync()))
+        self.warm(theirs, self.torch_before(prepare))
         ours_t, torch_t = [], []
-        for i in range(self.a.warmup, self.a.warmup + (n or self.a.iters)):
-            if prepare:
-                prepare(i)
-            t0 = time.perf_counter()
-            ours(i)
-            ours_t.append(time.perf_counter() - t0)
-            if prepare:
-                prepare(i)
-            self.sync()
-            t0 = time.perf_counter()
-            theirs(i)
-            self.sync()
-            torch_t.append(time.perf_counter() - t0)
+        for i in self.timed_calls(n):
+            ours_t.append(self.call_ours(ours, i, prepare))
+            torch_t.append(self.call_torch(theirs, i, prepare))
         return ours_t, torch_t
 
-    def paired(self, ours_t, torch_t, depth=1):
+    def paired(self, ours_t, torch_t):
         """The result's extras of an interleaved case: the median of each pair's own ratio (torch / ours), with
         the lowest and highest."""
         if not self.a.interleave:

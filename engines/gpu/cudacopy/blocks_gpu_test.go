@@ -23,11 +23,7 @@ import (
 // for one large block) and compares the whole destination with a host reference.
 func TestGPUCopierSubmitBlocks(t *testing.T) {
 	drv, nv := gpuEnv(t)
-	c, err := cudacopy.NewCopier(drv, 0, cudacopy.Options{NVRTC: nv})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newCopier(t, drv, cudacopy.Options{NVRTC: nv})
 	t.Logf("mode %s %s", c.Mode(), c.Reason())
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
 	for _, tc := range []struct {

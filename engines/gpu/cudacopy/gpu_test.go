@@ -36,6 +36,17 @@ func gpuEnv(t testing.TB) (*cuda.Driver, *cuda.NVRTC) {
 	return drv, nv
 }
 
+// newCopier opens a copier on GPU 0, closed when the test ends (after its deferred frees).
+func newCopier(t testing.TB, drv *cuda.Driver, opts cudacopy.Options) *cudacopy.Copier {
+	t.Helper()
+	c, err := cudacopy.NewCopier(drv, 0, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func randomBytes(r *rand.Rand, n int) []byte {
 	b := make([]byte, n)
 	for i := 0; i+8 <= n; i += 8 {
@@ -370,15 +381,11 @@ func TestGPUCopierTimingIsGated(t *testing.T) {
 
 func TestGPUCopierHostAndDevice(t *testing.T) {
 	drv, nv := gpuEnv(t)
-	c, err := cudacopy.NewCopier(drv, 0, cudacopy.Options{NVRTC: nv})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newCopier(t, drv, cudacopy.Options{NVRTC: nv})
 	const size = 8 << 20
 	var dev cuda.DevicePtr
 	var pinned uintptr
-	err = drv.WithContext(c.Context(), func() error {
+	err := drv.WithContext(c.Context(), func() error {
 		var err error
 		if dev, err = drv.MemAlloc(size); err != nil {
 			return err
@@ -451,11 +458,7 @@ func TestGPUFallbackWithoutNVRTCSaysSo(t *testing.T) {
 // deadline, and every byte lands.
 func TestGPUCopiesInFlightEndInAnyWaitOrder(t *testing.T) {
 	drv, nv := gpuEnv(t)
-	c, err := cudacopy.NewCopier(drv, 0, cudacopy.Options{NVRTC: nv})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newCopier(t, drv, cudacopy.Options{NVRTC: nv})
 	const n, size = 8, 8 << 20
 	src, dst, free := devicePair(t, drv, c, n*size)
 	defer free()
@@ -469,6 +472,7 @@ func TestGPUCopiesInFlightEndInAnyWaitOrder(t *testing.T) {
 		for i := range ps {
 			// Each round writes every chunk from another one, so a copy that did not run leaves the old bytes.
 			from := (i + round) % n
+			var err error
 			ps[i], err = c.Submit([]cudacopy.Segment{{Src: uint64(src) + uint64(from*size), Dst: uint64(dst) + uint64(i*size), Size: size}})
 			if err != nil {
 				t.Fatal(err)

@@ -21,11 +21,7 @@ import (
 // number and the copy's bytes in place, and a long kernel must not show its number before it ends.
 func TestGPUKernelsWriteTheDoneWord(t *testing.T) {
 	drv, nv := gpuEnv(t)
-	c, err := cudacopy.NewCopier(drv, 0, cudacopy.Options{NVRTC: nv})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newCopier(t, drv, cudacopy.Options{NVRTC: nv})
 	if c.Mode() != cudacopy.ModeKernel {
 		t.Skipf("no copy kernels: %s", c.Reason())
 	}

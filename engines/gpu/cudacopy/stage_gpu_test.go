@@ -289,11 +289,7 @@ func TestGPUStagedBlocksRefused(t *testing.T) {
 // contiguous row is the same bytes as one copy-engine transfer, the floor.
 func BenchmarkGPUBouncedChunk(b *testing.B) {
 	drv, nv := gpuEnv(b)
-	c, err := cudacopy.NewCopier(drv, 0, cudacopy.Options{NVRTC: nv})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
+	c := newCopier(b, drv, cudacopy.Options{NVRTC: nv})
 	const bs, blocks, n = 720, 1 << 18, 1024
 	src, _, free := devicePair(b, drv, c, bs*blocks)
 	defer free()
