@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,8 +20,8 @@ import (
 // mailbox when both sides poll, when the client sleeps and is woken (no spin), and when the agent sleeps and
 // is rung (an agent that never polls); a long id list goes through the id arena and a short frame; a transfer
 // of items too large for the mailbox goes on the socket, past the wake-ups earlier calls left there, and the
-// mailbox carries the next call again. Every transfer's bytes are checked, and a client without a mailbox moves
-// the same blocks.
+// mailbox carries the next call again; calls from four goroutines at once each get their own reply. Every
+// transfer's bytes are checked, and a client without a mailbox moves the same blocks.
 func TestGoClientCallsThroughItsMailbox(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -82,6 +83,38 @@ func TestGoClientCallsThroughItsMailbox(t *testing.T) {
 			if _, n := client.MailboxRequests(c); n-before != calls+2 {
 				t.Fatal("the call after a socket call did not go through the mailbox")
 			}
+			// Calls from several goroutines share the one connection and its mailbox, each its own destination
+			// blocks: every call answered with its own reply, every block in place.
+			var wg sync.WaitGroup
+			errs := make(chan error, 4)
+			clear(b.dstMem.Bytes)
+			for g := range 4 {
+				wg.Add(1)
+				go func(g int) {
+					defer wg.Done()
+					for i := range 50 {
+						src, dst := uint32((g*50+i)*7%16384), uint32(g*4096+i)
+						if _, err := c.TransferBlocks(ctx, client.Write, b.srcL, []uint32{src}, client.ToLayout(b.dstL), []uint32{dst}, client.TransferOptions{}); err != nil {
+							errs <- fmt.Errorf("goroutine %d call %d: %w", g, i, err)
+							return
+						}
+					}
+				}(g)
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			for g := range 4 {
+				for i := range 50 {
+					s, d := (g*50+i)*7%16384*64, (g*4096+i)*64
+					if !bytes.Equal(b.dstMem.Bytes[d:d+64], b.srcMem.Bytes[s:s+64]) {
+						t.Fatalf("goroutine %d call %d: its destination block holds other bytes", g, i)
+					}
+				}
+			}
+
 			pb := newBlockBed(t, ctx, plain, 64, 1024)
 			for i := range 20 {
 				pb.move(t, ctx, plain, rng, 1+rng.IntN(48), fmt.Sprintf("socket call %d", i))
