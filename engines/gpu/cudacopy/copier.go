@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/internal/gpushare"
@@ -702,9 +701,9 @@ func (c *Copier) launch(layout scatter.Layout, descs, keep uint64, sig scatter.S
 func (c *Copier) launchContig(s Segment, sig scatter.Signal) error {
 	blocks := min((s.Size+threadsPerBlock*64-1)/(threadsPerBlock*64), uint64(c.sms*blocksPerSM))
 	cfg := cuda.LaunchConfig{GridX: uint32(max(blocks, 1)), BlockX: threadsPerBlock, Stream: c.stream}
-	dst, src, n := s.Dst, s.Src, s.Size
-	return c.drv.Launch(c.kernels.copy.Contig, cfg, []unsafe.Pointer{unsafe.Pointer(&dst), unsafe.Pointer(&src),
-		unsafe.Pointer(&n), unsafe.Pointer(&sig)})
+	var args scatter.Args
+	ptrs, n := args.Contig(s.Dst, s.Src, s.Size, sig)
+	return c.drv.Launch(c.kernels.copy.Contig, cfg, ptrs[:n])
 }
 
 // Prepared is a descriptor set placed once and launchable many times, for

@@ -41,6 +41,7 @@ func Shape(l Layout, threads, groups uint32, wave uint64) (Kernel, uint32) {
 type Args struct {
 	l           Layout
 	descs, keep uint64
+	src, dst    uint64 // fx_copy_contig's range
 	count, per  uint32
 	total       uint32
 	size        uint64
@@ -92,4 +93,10 @@ func (a *Args) Signalled(k Kernel, l Layout, descs, keep uint64, sig Signal) (p 
 	a.sig = sig
 	p[n] = unsafe.Pointer(&a.sig)
 	return p, n + 1
+}
+
+// Contig lays out the arguments of fx_copy_contig (copy.cu): size bytes from src to dst, then sig.
+func (a *Args) Contig(dst, src, size uint64, sig Signal) (p [10]unsafe.Pointer, n int) {
+	a.dst, a.src, a.size, a.sig = dst, src, size, sig
+	return [10]unsafe.Pointer{unsafe.Pointer(&a.dst), unsafe.Pointer(&a.src), unsafe.Pointer(&a.size), unsafe.Pointer(&a.sig)}, 4
 }

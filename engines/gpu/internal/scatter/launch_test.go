@@ -79,6 +79,10 @@ func TestArgsMatchTheKernelSignatures(t *testing.T) {
 			t.Errorf("kernel %d: signal argument %+v, want %+v", k, got, sig)
 		}
 	}
+	cp, cn := a.Contig(0x9000, 0x8000, 4096, sig)
+	if cn != 4 || u64(cp[0]) != 0x9000 || u64(cp[1]) != 0x8000 || u64(cp[2]) != 4096 || *(*Signal)(cp[3]) != sig {
+		t.Errorf("fx_copy_contig's arguments wrong (%d)", cn)
+	}
 	if unsafe.Sizeof(Signal{}) != 24 || unsafe.Offsetof(Signal{}.Seq) != 16 {
 		t.Errorf("Signal is %d bytes with Seq at %d; fx_signal is 24 with seq at 16", unsafe.Sizeof(Signal{}), unsafe.Offsetof(Signal{}.Seq))
 	}
@@ -95,6 +99,8 @@ func TestArgsAllocateNothing(t *testing.T) {
 		sum += uint64(n) + *(*uint64)(p[2])
 		q, m := a.Signalled(KernelPacked, l, 0xd000, 0, Signal{Seq: 1})
 		sum += uint64(m) + uint64((*Signal)(q[m-1]).Seq)
+		c, k := a.Contig(0x9000, 0x8000, 4096, Signal{Seq: 2})
+		sum += uint64(k) + *(*uint64)(c[2])
 	})
 	if allocs != 0 || sum == 0 {
 		t.Errorf("%v allocations per launch's arguments, want 0", allocs)
