@@ -102,14 +102,16 @@ func mailboxCall(ctx context.Context, conn *net.UnixConn, mb *fastwire.CallerMai
 		if i&63 != 0 {
 			continue
 		}
-		since := time.Since(start)
+		now := time.Now()
+		since := now.Sub(start)
 		if !rang && since > ringAfter && !mb.Taken() {
 			if err := ring(conn, deadline); err != nil {
 				return nil, err
 			}
 			rang = true
 		}
-		if since >= spin {
+		// Past the spin, or the call's end (a spin longer than the deadline still ends with it): wait there.
+		if since >= spin || !now.Before(deadline) || ctx.Err() != nil {
 			if err := sleepForReply(ctx, conn, mb, deadline); err != nil {
 				return nil, err
 			}

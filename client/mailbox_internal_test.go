@@ -100,6 +100,22 @@ func TestMailboxCallEndsWithinItsDeadline(t *testing.T) {
 	if _, err := mailboxCall(ctx, p.conn, p.mb, []byte("request"), 0); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a call whose context was cancelled: %v", err)
 	}
+
+	// A spin longer than the call's deadline ends with the deadline, as does a cancel during the spin.
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	if _, err := mailboxCall(ctx, p.conn, p.mb, []byte("request"), time.Minute); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("a call spinning past its deadline: %v, want a timeout", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("a call with a 30 ms deadline and a minute's spin took %v", took)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	if _, err := mailboxCall(ctx, p.conn, p.mb, []byte("request"), time.Minute); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a call cancelled during its spin: %v", err)
+	}
 }
 
 // TestMailboxCallRefusesWhatTheAgentMustNotSend: a reply announcing more bytes than its area, and a frame on
