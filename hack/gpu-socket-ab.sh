@@ -14,15 +14,17 @@
 #   git archive BASE client/python | tar -x -C /tmp/base   # the old client tree, from the commit compared against
 #   hack/gpu-socket-ab.sh /tmp/agent-base /tmp/base/client/python bin/agent client/python
 #
-# CASES (default a,b,c64,c1g,d,a-pipe,c64-pipe) picks the bench_gpu.py cases.
+# CASES (default a,b,c64,c1g,d,a-pipe,c64-pipe) picks the bench_gpu.py cases; BENCH_ARGS adds arguments to both
+# sides' bench_gpu.py (BENCH_ARGS=--interleave where both client trees have it).
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
-  sed -n '5,17p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '5,18p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 out=${OUT:-gpu-socket-ab}
 rounds=${5:-3}
 cases=${CASES:-a,b,c64,c1g,d,a-pipe,c64-pipe}
+read -r -a bench_args <<<"${BENCH_ARGS:-}"
 mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -46,7 +48,7 @@ for r in $(seq "$rounds"); do
     a=$old_agent c=$old_client
     [[ $side == new ]] && a=$new_agent c=$new_client
     echo "=== $side round $r $(date -u +%T)" >>"$out/socket.txt"
-    timeout 300 python3 "$c/bench/bench_gpu.py" --agent "$a" --cases "$cases" >>"$out/socket.txt" 2>&1
+    timeout 300 python3 "$c/bench/bench_gpu.py" --agent "$a" --cases "$cases" "${bench_args[@]}" >>"$out/socket.txt" 2>&1
     rc=$?
     echo "$(date -u +%T) $side round $r rc $rc" >>"$out/times.txt"
   done
