@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
@@ -176,6 +177,40 @@ func (c *Client) fastBlocks(ctx context.Context, req *agentv1.TransferBlocksRequ
 		req.ArenaIds, req.LocalIds, req.RemoteIds = 0, packIDs(ids), packIDs(remoteIDs)
 	}
 	return c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}})
+}
+
+// fastWaitSlice bounds how long a Wait holds the fast connection: a transfer still running after it is waited
+// for through gRPC, so the client's other calls (which share the connection) are not held behind a long one. A
+// GPU copy of 1 GiB ends within it.
+const fastWaitSlice = 2 * time.Millisecond
+
+// fastWait waits on the fast socket for transfer id for up to fastWaitSlice (less when ctx ends sooner: half of
+// what is left, so the agent answers before the call's deadline). ok is false when the transfer is still
+// running then, or the fast connection is busy or absent: the caller waits through gRPC.
+func (c *Client) fastWait(ctx context.Context, id uint64) (st *Status, ok bool, err error) {
+	if !c.fastMu.TryLock() {
+		return nil, false, nil
+	}
+	defer c.fastMu.Unlock()
+	if c.fast == nil {
+		return nil, false, nil
+	}
+	slice := fastWaitSlice
+	if deadline, has := ctx.Deadline(); has {
+		slice = min(slice, time.Until(deadline)/2)
+	}
+	if slice < 50*time.Microsecond {
+		return nil, false, nil
+	}
+	resp, _, err := c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Wait{
+		Wait: &agentv1.FastWait{TransferIds: []uint64{id}, Timeout: durationpb.New(slice)}}})
+	if err != nil {
+		return nil, true, err
+	}
+	if resp.Status == nil || resp.Status.State == agentv1.TransferState_TRANSFER_STATE_PENDING {
+		return nil, false, nil
+	}
+	return resp.Status, true, nil
 }
 
 // fastRequestLocked is fastRequest with c.fastMu held and the fast connection open.

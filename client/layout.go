@@ -175,8 +175,11 @@ func (c *Client) SubmitBlocks(ctx context.Context, op Op, l *Layout, ids []uint3
 	if err != nil {
 		return nil, err
 	}
-	req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
-	resp, err := c.api.TransferBlocks(ctx, req)
+	resp, fast, err := c.fastBlocks(ctx, req, ids, remoteIDs)
+	if !fast {
+		req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
+		resp, err = c.api.TransferBlocks(ctx, req)
+	}
 	if err != nil {
 		return nil, c.wrap("submitting blocks", gen, err)
 	}

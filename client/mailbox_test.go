@@ -20,7 +20,8 @@ import (
 // mailbox when both sides poll, when the client sleeps and is woken (no spin), and when the agent sleeps and
 // is rung (an agent that never polls); a long id list goes through the id arena and a short frame; a transfer
 // of items too large for the mailbox goes on the socket, past the wake-ups earlier calls left there, and the
-// mailbox carries the next call again; calls from four goroutines at once each get their own reply. Every
+// mailbox carries the next call again; a submission without waiting and its wait both take the mailbox; calls
+// from four goroutines at once each get their own reply. Every
 // transfer's bytes are checked, and a client without a mailbox moves the same blocks.
 func TestGoClientCallsThroughItsMailbox(t *testing.T) {
 	for _, tc := range []struct {
@@ -82,6 +83,21 @@ func TestGoClientCallsThroughItsMailbox(t *testing.T) {
 			b.move(t, ctx, c, rng, 3, "the call after the socket's")
 			if _, n := client.MailboxRequests(c); n-before != calls+2 {
 				t.Fatal("the call after a socket call did not go through the mailbox")
+			}
+			// Submitted without waiting, then waited for: both through the mailbox.
+			clear(b.dstMem.Bytes)
+			tr, err := c.SubmitBlocks(ctx, client.Write, b.srcL, []uint32{7}, client.ToLayout(b.dstL), []uint32{9}, client.TransferOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tr.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(b.dstMem.Bytes[9*64:10*64], b.srcMem.Bytes[7*64:8*64]) {
+				t.Fatal("a submitted and waited block is not in place")
+			}
+			if _, n := client.MailboxRequests(c); n-before != calls+4 {
+				t.Fatalf("a submission and its wait made %d mailbox calls, want 2", n-before-calls-2)
 			}
 			// Calls from several goroutines share the one connection and its mailbox, each its own destination
 			// blocks: every call answered with its own reply, every block in place.

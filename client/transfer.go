@@ -151,7 +151,10 @@ func (c *Client) Submit(ctx context.Context, op Op, items []Item, opts TransferO
 	if err != nil {
 		return nil, fmt.Errorf("submitting: %w", err)
 	}
-	resp, err := c.api.Transfer(ctx, req)
+	resp, fast, err := c.transferFast(ctx, req)
+	if !fast {
+		resp, err = c.api.Transfer(ctx, req)
+	}
 	if err != nil {
 		return nil, c.wrap("submitting", gen, err)
 	}
@@ -197,9 +200,14 @@ func statusErr(st *Status) error {
 }
 
 // Wait blocks until the transfer settles or ctx ends. A transfer that did not succeed returns its status and
-// a *TransferError.
+// a *TransferError. The wait starts on the fast socket, where a transfer that ends within fastWaitSlice is seen
+// without a gRPC round trip; one still running then is waited for through gRPC, so the client's other calls
+// are not held behind it.
 func (t *Transfer) Wait(ctx context.Context) (*Status, error) {
-	st, err := t.c.api.Wait(ctx, &agentv1.WaitRequest{TransferId: t.ID})
+	st, fast, err := t.c.fastWait(ctx, t.ID)
+	if !fast {
+		st, err = t.c.api.Wait(ctx, &agentv1.WaitRequest{TransferId: t.ID})
+	}
 	if err != nil {
 		return nil, t.c.wrap(fmt.Sprintf("waiting for transfer %d", t.ID), t.gen, err)
 	}

@@ -218,13 +218,21 @@ func benchSocket(ctx context.Context, path string, size uint64, warmup, n int, s
 	fastTrip := func() error { return b.do(ctx) }
 	socketTrip := func() error { return sb.do(ctx) }
 	// The same request as a gRPC call, for comparison with the fast socket.
-	oneTrip := func() error {
-		_, err := c.API().Transfer(ctx, &agentv1.TransferRequest{Op: agentv1.Op_OP_WRITE, Wait: true,
+	grpcTransfer := func(wait bool) (*agentv1.TransferResponse, error) {
+		return c.API().Transfer(ctx, &agentv1.TransferRequest{Op: agentv1.Op_OP_WRITE, Wait: wait,
 			Items: []*agentv1.TransferItem{{LocalRegionId: src.ID(), Length: size,
 				Remote: &agentv1.RemoteRef{Target: &agentv1.RemoteRef_RegionId{RegionId: dst.ID()}}}}})
+	}
+	oneTrip := func() error { _, err := grpcTransfer(true); return err }
+	twoTrips := func() error {
+		resp, err := grpcTransfer(false)
+		if err != nil {
+			return err
+		}
+		_, err = c.API().Wait(ctx, &agentv1.WaitRequest{TransferId: resp.TransferId})
 		return err
 	}
-	twoTrips := func() error {
+	fastTwoTrips := func() error {
 		t, err := c.Submit(ctx, client.Write, items, client.TransferOptions{})
 		if err != nil {
 			return err
@@ -240,6 +248,7 @@ func benchSocket(ctx context.Context, path string, size uint64, warmup, n int, s
 	}{
 		{"fast socket, mailbox: Transfer(wait) — client.Do", fastTrip},
 		{"fast socket, frames on the socket: the same", socketTrip},
+		{"fast socket, mailbox: Submit + Wait — 2 round trips", fastTwoTrips},
 		{"gRPC: Transfer(wait) — 1 round trip", oneTrip},
 		{"gRPC: Transfer + Wait — 2 round trips", twoTrips},
 		{"gRPC: GetInfo — 1 round trip, no transfer", info},

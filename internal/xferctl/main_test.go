@@ -66,7 +66,7 @@ func TestBenchMeasuresSocketAndDirectPaths(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("bench output is not JSON: %v\n%s", err, out)
 	}
-	if rep.Size != 4096 || len(rep.Results) != 7 {
+	if rep.Size != 4096 || len(rep.Results) != 8 {
 		t.Fatalf("report %+v", rep)
 	}
 	for _, r := range rep.Results {
@@ -74,8 +74,8 @@ func TestBenchMeasuresSocketAndDirectPaths(t *testing.T) {
 			t.Errorf("implausible summary %+v", r)
 		}
 	}
-	if !strings.HasPrefix(rep.Results[5].Path, "direct") {
-		t.Errorf("sixth path %q, want the direct engine call", rep.Results[5].Path)
+	if !strings.HasPrefix(rep.Results[6].Path, "direct") {
+		t.Errorf("seventh path %q, want the direct engine call", rep.Results[6].Path)
 	}
 	if !strings.Contains(rep.Results[0].Path, "mailbox") || !strings.Contains(rep.Results[1].Path, "frames on the socket") {
 		t.Errorf("first paths %q, %q: want the fast socket with its mailbox, then without", rep.Results[0].Path, rep.Results[1].Path)

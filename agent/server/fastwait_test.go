@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/enginetest"
+	"github.com/fabricxfer/fabricxfer/engines/xgmi"
+)
+
+// gatedHost is the host backend behind a gate, so a test can hold a transfer in flight.
+type gatedHost struct {
+	*xgmi.HostBackend
+	gate *enginetest.Gate
+}
+
+func (g *gatedHost) Copy(ctx context.Context, w engines.Work) error {
+	if err := g.gate.Wait(ctx); err != nil {
+		return err
+	}
+	return g.HostBackend.Copy(ctx, w)
+}
+
+// TestGoClientWaitsOnTheFastSocketWithoutHoldingIt: the Go client submits without waiting and waits on the
+// fast socket; a transfer still running after the fast wait's slice is waited for through gRPC, so while it is
+// held the same client's other calls go on at once; the wait ends when the transfer does, with its bytes in
+// place; a wait whose context ends first says so within that deadline and leaves the client working.
+func TestGoClientWaitsOnTheFastSocketWithoutHoldingIt(t *testing.T) {
+	backend := &gatedHost{HostBackend: xgmi.NewHostBackend(), gate: &enginetest.Gate{}}
+	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, backend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := baseOptions(t, newProcFixture(t))
+	opts.Engine = comp
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	ctx := ctxT(t)
+	m := shm(t, 2<<20)
+	fill(t, m.Bytes[:1<<20])
+	src, err := c.RegisterHost(ctx, m.File, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := c.RegisterHost(ctx, m.File, 1<<20, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	item := func(off uint64) []client.Item {
+		return []client.Item{{Local: src, LocalOffset: off, Remote: client.ToRegion(dst), RemoteOffset: off, Length: 4096}}
+	}
+	moved := func(off uint64) bool { return bytes.Equal(m.Bytes[1<<20+off:1<<20+off+4096], m.Bytes[off:off+4096]) }
+
+	// Open gate: submitted, then waited, every transfer ends with its bytes.
+	for i := range uint64(20) {
+		tr, err := c.Submit(ctx, client.Write, item(i*4096), client.TransferOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tr.Wait(ctx); err != nil {
+			t.Fatalf("wait %d: %v", i, err)
+		}
+		if !moved(i * 4096) {
+			t.Fatalf("transfer %d waited for, its bytes not in place", i)
+		}
+	}
+
+	release := backend.gate.Shut(t)
+	defer release()
+	held, err := c.Submit(ctx, client.Write, item(100*4096), client.TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { _, err := held.Wait(ctx); waited <- err }()
+	time.Sleep(50 * time.Millisecond) // past the fast wait's slice: the wait is on gRPC now
+	select {
+	case err := <-waited:
+		t.Fatalf("a wait on a held transfer returned: %v", err)
+	default:
+	}
+	// The same client's calls are not held behind that wait.
+	submitted := make(chan *client.Transfer, 1)
+	go func() {
+		tr, err := c.Submit(ctx, client.Write, item(101*4096), client.TransferOptions{})
+		if err != nil {
+			t.Error(err)
+		}
+		submitted <- tr
+	}()
+	var other *client.Transfer
+	select {
+	case other = <-submitted:
+	case <-time.After(2 * time.Second):
+		t.Fatal("a submission was held behind another call's wait")
+	}
+	if other == nil {
+		t.FailNow()
+	}
+	// A wait whose context ends first says so within its deadline.
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = other.Wait(short)
+	if status.Code(err) != codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a wait cut by its deadline: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("a wait with a 30 ms deadline took %v", d)
+	}
+	release()
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatalf("the held transfer's wait: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held transfer's wait did not end once the gate opened")
+	}
+	if _, err := other.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !moved(100*4096) || !moved(101*4096) {
+		t.Fatal("the held transfers' bytes are not in place")
+	}
+	// The client still works on its fast path.
+	if _, err := c.Do(ctx, client.Write, item(102*4096), client.TransferOptions{}); err != nil || !moved(102*4096) {
+		t.Fatalf("a transfer after the waits: %v", err)
+	}
+}
