@@ -22,18 +22,6 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
-type gatedHost struct {
-	*xgmi.HostBackend
-	gate *enginetest.Gate
-}
-
-func (g gatedHost) Copy(ctx context.Context, w engines.Work) error {
-	if err := g.gate.Wait(ctx); err != nil {
-		return err
-	}
-	return g.HostBackend.Copy(ctx, w)
-}
-
 // cluster is node-a (a composite of xgmi and tcp, the engine under test) and node-b (a tcp engine) on loopback.
 type cluster struct {
 	a       *engines.Composite
@@ -62,7 +50,7 @@ func newClusterOn(t *testing.T, shared bool) *cluster {
 		}
 		return ln
 	}
-	x, err := xgmi.New(xgmi.Options{Node: "node-a", CheckDisjoint: true, Registry: regions}, gatedHost{xgmi.NewHostBackend(), c.gate})
+	x, err := xgmi.New(xgmi.Options{Node: "node-a", CheckDisjoint: true, Registry: regions}, enginetest.GatedHost{HostBackend: xgmi.NewHostBackend(), Gate: c.gate})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,25 +19,12 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
-// gatedHost is the host backend behind a gate, so a test can hold a transfer in flight.
-type gatedHost struct {
-	*xgmi.HostBackend
-	gate *enginetest.Gate
-}
-
-func (g *gatedHost) Copy(ctx context.Context, w engines.Work) error {
-	if err := g.gate.Wait(ctx); err != nil {
-		return err
-	}
-	return g.HostBackend.Copy(ctx, w)
-}
-
 // TestGoClientWaitsOnTheFastSocketWithoutHoldingIt: the Go client submits without waiting and waits on the
 // fast socket; a transfer still running after the fast wait's slice is waited for through gRPC, so while it is
 // held the same client's other calls go on at once; the wait ends when the transfer does, with its bytes in
 // place; a wait whose context ends first says so within that deadline and leaves the client working.
 func TestGoClientWaitsOnTheFastSocketWithoutHoldingIt(t *testing.T) {
-	backend := &gatedHost{HostBackend: xgmi.NewHostBackend(), gate: &enginetest.Gate{}}
+	backend := enginetest.NewGatedHost()
 	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, backend)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +67,7 @@ func TestGoClientWaitsOnTheFastSocketWithoutHoldingIt(t *testing.T) {
 		}
 	}
 
-	release := backend.gate.Shut(t)
+	release := backend.Gate.Shut(t)
 	defer release()
 	held, err := c.Submit(ctx, client.Write, item(100*4096), client.TransferOptions{})
 	if err != nil {

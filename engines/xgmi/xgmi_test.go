@@ -17,21 +17,8 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
-// gatedHost is the host backend behind a gate, so the suite can hold a transfer in flight.
-type gatedHost struct {
-	*xgmi.HostBackend
-	gate *enginetest.Gate
-}
-
-func (g *gatedHost) Copy(ctx context.Context, w engines.Work) error {
-	if err := g.gate.Wait(ctx); err != nil {
-		return err
-	}
-	return g.HostBackend.Copy(ctx, w)
-}
-
 func newHostHarness(t *testing.T) (enginetest.Harness, *xgmi.Engine) {
-	backend := &gatedHost{HostBackend: xgmi.NewHostBackend(), gate: &enginetest.Gate{}}
+	backend := enginetest.NewGatedHost()
 	eng, err := xgmi.New(xgmi.Options{Node: "node-a", CheckDisjoint: true}, backend)
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +44,7 @@ func newHostHarness(t *testing.T) (enginetest.Harness, *xgmi.Engine) {
 				Read: func(off, n uint64) []byte { return append([]byte(nil), dst[off:off+n]...) },
 			}
 		},
-		Gate:         backend.gate.Shut,
+		Gate:         backend.Gate.Shut,
 		SetDstNotify: func(_ engines.Direction, fn engines.NotifyFunc) { eng.SetNotifyHandler(fn) },
 	}, eng
 }
