@@ -35,9 +35,10 @@ func residentBytes(t *testing.T) uint64 {
 }
 
 // A floor of 256 MiB raises the heap goal past 512 MiB and the resident set by far less than its size; once
-// released, the goal falls back after a collection. On a loaded machine the runtime was seen to zero the floor's
-// pages now and then (about one run in twelve beside another package's tests), which makes them resident: a run
-// whose resident set grew is measured again in fresh processes, and only a floor resident in all three fails.
+// released, the goal falls back after a collection. On a loaded machine the floor's pages were found resident
+// now and then (about one run in twelve beside another package's tests; the allocation then took as long as
+// writing 256 MiB): a run whose resident set grew is measured again in fresh processes, and only a floor
+// resident in all three fails.
 func TestFloorRaisesTheGoalNotTheResidentSet(t *testing.T) {
 	const n = 256 << 20
 	runtime.GC()
