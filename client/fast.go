@@ -250,7 +250,7 @@ func (c *Client) closeFast() {
 	c.closeFastLocked()
 }
 
-// closeFastLocked closes the fast connection and unmaps its mailbox; c.fastMu is held.
+// closeFastLocked closes the fast connection and unmaps its mailbox and id arena; c.fastMu is held.
 func (c *Client) closeFastLocked() {
 	if c.fast != nil {
 		c.fast.Close()

@@ -145,21 +145,9 @@ func putIDs(b []byte, ids []uint32) {
 // same region of remote, in one call, and waits. The agent refuses ids out of range, duplicate destination ids,
 // unequal counts and layouts of another geometry before anything moves.
 func (c *Client) TransferBlocks(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions) (*Status, error) {
-	gen := c.generation()
-	if err := c.check(); err != nil {
-		return nil, err
-	}
-	req, err := blocksRequest(op, l, ids, remote, remoteIDs, opts, true)
+	resp, _, err := c.sendBlocks(ctx, op, l, ids, remote, remoteIDs, opts, true)
 	if err != nil {
 		return nil, err
-	}
-	resp, fast, err := c.fastBlocks(ctx, req, ids, remoteIDs)
-	if !fast {
-		req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
-		resp, err = c.api.TransferBlocks(ctx, req)
-	}
-	if err != nil {
-		return nil, c.wrap("transferring blocks", gen, err)
 	}
 	return resp.Status, statusErr(resp.Status)
 }
@@ -167,13 +155,23 @@ func (c *Client) TransferBlocks(ctx context.Context, op Op, l *Layout, ids []uin
 // SubmitBlocks is TransferBlocks without waiting: it returns once the agent queued the copy (refusals of the
 // ids come back here, as from TransferBlocks); Wait on the result. Several in flight overlap their copies.
 func (c *Client) SubmitBlocks(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions) (*Transfer, error) {
-	gen := c.generation()
-	if err := c.check(); err != nil {
-		return nil, err
-	}
-	req, err := blocksRequest(op, l, ids, remote, remoteIDs, opts, false)
+	resp, gen, err := c.sendBlocks(ctx, op, l, ids, remote, remoteIDs, opts, false)
 	if err != nil {
 		return nil, err
+	}
+	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen}, nil
+}
+
+// sendBlocks sends a block transfer, waited or not, on the fast socket where there is one, else through gRPC;
+// gen is the dial generation it was sent under.
+func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions, wait bool) (resp *agentv1.TransferResponse, gen uint64, err error) {
+	gen = c.generation()
+	if err := c.check(); err != nil {
+		return nil, gen, err
+	}
+	req, err := blocksRequest(op, l, ids, remote, remoteIDs, opts, wait)
+	if err != nil {
+		return nil, gen, err
 	}
 	resp, fast, err := c.fastBlocks(ctx, req, ids, remoteIDs)
 	if !fast {
@@ -181,9 +179,13 @@ func (c *Client) SubmitBlocks(ctx context.Context, op Op, l *Layout, ids []uint3
 		resp, err = c.api.TransferBlocks(ctx, req)
 	}
 	if err != nil {
-		return nil, c.wrap("submitting blocks", gen, err)
+		what := "submitting blocks"
+		if wait {
+			what = "transferring blocks"
+		}
+		return nil, gen, c.wrap(what, gen, err)
 	}
-	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen}, nil
+	return resp, gen, nil
 }
 
 // blocksRequest checks and builds a block transfer's request, without its ids (the caller puts them in the

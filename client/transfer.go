@@ -143,20 +143,9 @@ func (c *Client) request(op Op, items []Item, opts TransferOptions, wait bool) (
 
 // Submit starts a transfer and returns at once; Wait on the result.
 func (c *Client) Submit(ctx context.Context, op Op, items []Item, opts TransferOptions) (*Transfer, error) {
-	gen := c.generation()
-	if err := c.check(); err != nil {
+	resp, gen, err := c.send(ctx, op, items, opts, false)
+	if err != nil {
 		return nil, err
-	}
-	req, err := c.request(op, items, opts, false)
-	if err != nil {
-		return nil, fmt.Errorf("submitting: %w", err)
-	}
-	resp, fast, err := c.transferFast(ctx, req)
-	if !fast {
-		resp, err = c.api.Transfer(ctx, req)
-	}
-	if err != nil {
-		return nil, c.wrap("submitting", gen, err)
 	}
 	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen}, nil
 }
@@ -164,22 +153,36 @@ func (c *Client) Submit(ctx context.Context, op Op, items []Item, opts TransferO
 // Do submits a transfer and waits for it in one round trip; a transfer that did not succeed returns its
 // status and a *TransferError.
 func (c *Client) Do(ctx context.Context, op Op, items []Item, opts TransferOptions) (*Status, error) {
-	gen := c.generation()
-	if err := c.check(); err != nil {
+	resp, _, err := c.send(ctx, op, items, opts, true)
+	if err != nil {
 		return nil, err
 	}
-	req, err := c.request(op, items, opts, true)
+	return resp.Status, statusErr(resp.Status)
+}
+
+// send sends a transfer, waited or not, on the fast socket where there is one, else through gRPC; gen is the
+// dial generation it was sent under.
+func (c *Client) send(ctx context.Context, op Op, items []Item, opts TransferOptions, wait bool) (resp *agentv1.TransferResponse, gen uint64, err error) {
+	what := "submitting"
+	if wait {
+		what = "transferring"
+	}
+	gen = c.generation()
+	if err := c.check(); err != nil {
+		return nil, gen, err
+	}
+	req, err := c.request(op, items, opts, wait)
 	if err != nil {
-		return nil, fmt.Errorf("transferring: %w", err)
+		return nil, gen, fmt.Errorf("%s: %w", what, err)
 	}
 	resp, fast, err := c.transferFast(ctx, req)
 	if !fast {
 		resp, err = c.api.Transfer(ctx, req)
 	}
 	if err != nil {
-		return nil, c.wrap("transferring", gen, err)
+		return nil, gen, c.wrap(what, gen, err)
 	}
-	return resp.Status, statusErr(resp.Status)
+	return resp, gen, nil
 }
 
 // Write copies length bytes from local at localOff to remote at remoteOff and waits.
