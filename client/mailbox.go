@@ -47,7 +47,7 @@ func (c *Client) openMailbox(ctx context.Context, conn *net.UnixConn) *fastwire.
 	if mem == nil {
 		return nil
 	}
-	mb, err := fastwire.NewCallerMailbox(mem)
+	mb, err := fastwire.NewCallerMailbox(mem, false)
 	if err != nil {
 		_ = unix.Munmap(mem)
 		return nil

@@ -43,7 +43,7 @@ func newMailboxPair(t *testing.T) *mailboxPair {
 		}
 		return m
 	}
-	mb, err := fastwire.NewCallerMailbox(mapping())
+	mb, err := fastwire.NewCallerMailbox(mapping(), false)
 	if err != nil {
 		t.Fatal(err)
 	}

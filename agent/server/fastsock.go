@@ -327,7 +327,7 @@ func (s *Server) setMailbox(sess *session, mb *fastwire.Mailbox, req *agentv1.Ma
 	if err != nil {
 		return err
 	}
-	if err := mb.Attach(mapping); err != nil {
+	if err := mb.Attach(mapping, req.Checked); err != nil {
 		_ = syscall.Munmap(mapping)
 		return status.Errorf(codes.InvalidArgument, "mailbox: %v", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
@@ -28,11 +29,12 @@ import (
 // testMailbox is a caller's side of a fast connection's mailbox (agent.proto, Mailbox), written the way any
 // process could: every word is the caller's to write.
 type testMailbox struct {
-	t    *testing.T
-	file *os.File
-	mem  []byte
-	conn net.Conn
-	seq  uint64
+	t       *testing.T
+	file    *os.File
+	mem     []byte
+	conn    net.Conn
+	seq     uint64
+	checked bool // frames carry seals (Mailbox.checked)
 }
 
 func (m *testMailbox) u64(off int) *atomic.Uint64 {
@@ -46,8 +48,22 @@ func (m *testMailbox) area() int { return (len(m.mem) - 4096) / 2 }
 // post writes a frame of payload (announcing length bytes) and raises the request sequence, ringing the socket
 // when the agent does not watch.
 func (m *testMailbox) post(payload []byte, length uint32) {
+	m.write(payload, length, m.seq+1)
+	m.raise()
+}
+
+// write writes a frame (and in a checked mailbox its seal, for sequence seq) into the request area.
+func (m *testMailbox) write(payload []byte, length uint32, seq uint64) {
 	binary.BigEndian.PutUint32(m.mem[4096:], length)
 	copy(m.mem[4100:], payload)
+	if m.checked {
+		end := 4100 + len(payload)
+		binary.LittleEndian.PutUint32(m.mem[end:], fastwire.Seal(seq, m.mem[4096:end]))
+	}
+}
+
+// raise raises the request sequence, ringing the socket when the agent does not watch.
+func (m *testMailbox) raise() {
 	m.seq++
 	m.u64(0).Store(m.seq)
 	if m.u32(192).Load() == 0 {
@@ -84,6 +100,12 @@ func (m *testMailbox) reply() *agentv1.FastReply {
 	if int(n) > m.area()-4 {
 		m.t.Fatalf("a reply of %d bytes in an area of %d", n, m.area())
 	}
+	if m.checked {
+		end := at + 4 + int(n)
+		if got, want := binary.LittleEndian.Uint32(m.mem[end:]), fastwire.Seal(m.seq, m.mem[at:end]); got != want {
+			m.t.Fatalf("the reply to request %d is sealed %08x, want %08x", m.seq, got, want)
+		}
+	}
 	var r agentv1.FastReply
 	if err := proto.Unmarshal(m.mem[at+4:at+4+int(n)], &r); err != nil {
 		m.t.Fatalf("the mailbox's reply: %v", err)
@@ -100,6 +122,12 @@ func (m *testMailbox) call(payload []byte) *agentv1.FastReply {
 // attachMailbox binds a fast connection and gives it a sealed mailbox of size bytes.
 func attachMailbox(t *testing.T, a *agent, c *client.Client, size uint64) *testMailbox {
 	t.Helper()
+	return attachMailboxChecked(t, a, c, size, false)
+}
+
+// attachMailboxChecked is attachMailbox, with frames sealed when checked.
+func attachMailboxChecked(t *testing.T, a *agent, c *client.Client, size uint64, checked bool) *testMailbox {
+	t.Helper()
 	conn, r := bindFast(t, c.API(), a.srv.FastSocketPath())
 	if r.Code != 0 {
 		t.Fatalf("binding: %v", r)
@@ -109,10 +137,12 @@ func attachMailbox(t *testing.T, a *agent, c *client.Client, size uint64) *testM
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := setMailbox(t, conn, token, size); r.Code != 0 {
+	r = rawFrame(t, conn, fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Mailbox{
+		Mailbox: &agentv1.Mailbox{FdToken: token, Size: size, Checked: checked}}}))
+	if r.Code != 0 {
 		t.Fatalf("a sealed mailbox of %d bytes: %v", size, r)
 	}
-	return &testMailbox{t: t, file: mem.File, mem: mem.Bytes, conn: conn}
+	return &testMailbox{t: t, file: mem.File, mem: mem.Bytes, conn: conn, checked: checked}
 }
 
 func setMailbox(t *testing.T, conn net.Conn, token string, size uint64) *agentv1.FastReply {
@@ -312,4 +342,97 @@ func TestMailboxWakesAnAgentAsleepAndACallerAsleep(t *testing.T) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// TestCheckedMailboxSealsFramesBothWays: in a mailbox asked to be checked (for callers whose writes may become
+// visible out of order), the agent says so in the checked word, seals its replies, and serves a request only
+// once its seal matches: a frame whose bytes land after its sequence is served once they do, while a frame
+// that never matches its seal — garbage, the previous call's frame under a new sequence, a length past the area
+// — is refused with InvalidArgument after a millisecond, moving nothing, and the connection goes on serving.
+func TestCheckedMailboxSealsFramesBothWays(t *testing.T) {
+	const bs, blocks = 64, 256
+	b := newFastBlocksBed(t, 11, blocks, bs)
+	src, srcMem, dst, dstMem := b.src, b.srcMem, b.dst, b.dstMem
+	frame := func(from, to uint32) []byte {
+		return fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
+			Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
+			IdBytes: 4, LocalIds: binary.LittleEndian.AppendUint32(nil, from), RemoteIds: binary.LittleEndian.AppendUint32(nil, to), Wait: true}}})
+	}
+	landed := func(what string, from, to uint32) {
+		t.Helper()
+		for k := range dstMem {
+			if !bytes.Equal(dstMem[k].Bytes[to*bs:][:bs], srcMem[k].Bytes[from*bs:][:bs]) {
+				t.Fatalf("%s: block %d of region %d did not land", what, to, k)
+			}
+		}
+	}
+	unchecked := attachMailbox(t, b.a, b.c, 16<<10)
+	if unchecked.u32(200).Load() != 0 {
+		t.Fatal("the agent set the checked word of a mailbox nobody asked to be checked")
+	}
+	mb := attachMailboxChecked(t, b.a, b.c, 16<<10, true)
+	if mb.u32(200).Load() != 1 {
+		t.Fatal("the agent did not set the checked word of a checked mailbox")
+	}
+
+	if r := mb.call(frame(1, 2)); r.Code != 0 { // mb.reply checks the reply's seal
+		t.Fatalf("a sealed request: %v", r)
+	}
+	landed("a sealed request", 1, 2)
+
+	// The sequence is seen before the frame and its seal: the agent reads again until they match. Bytes that
+	// come later than the agent's patience are refused, which a loaded machine's scheduler can cause here (never
+	// a CPU's stores, which land within microseconds): such a try is made again.
+	late := frame(3, 4)
+	for try := 1; ; try++ {
+		start := time.Now()
+		mb.raise()
+		for time.Since(start) < 100*time.Microsecond { // a sleep this short takes milliseconds on a loaded machine
+		}
+		mb.write(late, uint32(len(late)), mb.seq)
+		wrote := time.Since(start)
+		r := mb.reply()
+		if r.Code == 0 {
+			break
+		}
+		if try == 5 || wrote < fastwire.SealPatience/2 {
+			t.Fatalf("a request whose bytes came %v after its sequence (try %d): %v", wrote, try, r)
+		}
+		t.Logf("try %d: the bytes came %v after the sequence, past the agent's patience; again", try, wrote)
+	}
+	landed("a request whose bytes came after its sequence", 3, 4)
+
+	// The previous frame under the next sequence is not served again, even when its source changed.
+	for k := range srcMem {
+		copy(srcMem[k].Bytes[3*bs:][:bs], bytes.Repeat([]byte{0xa5}, bs))
+	}
+	before := b.snapshot()
+	start := time.Now()
+	mb.raise()
+	b.refused("the previous frame under a new sequence", mb.reply(), "does not match its seal")
+	if took := time.Since(start); took < fastwire.SealPatience {
+		t.Fatalf("refused after %v, before the seal's patience of %v", took, fastwire.SealPatience)
+	}
+	b.unchanged("a stale frame", before)
+
+	// A wrong seal, and a length past the area (whatever its seal), are refused and move nothing.
+	f := frame(5, 6)
+	mb.write(f, uint32(len(f)), mb.seq+1)
+	mb.mem[4100+len(f)] ^= 1
+	mb.raise()
+	b.refused("a wrong seal", mb.reply(), "does not match its seal")
+	mb.write(nil, uint32(mb.area()-4), mb.seq+1)
+	mb.raise()
+	b.refused("a length past the area", mb.reply(), "at most")
+	b.unchanged("refused checked requests", before)
+
+	// Both mailboxes still serve, each in its own form.
+	if r := mb.call(frame(7, 8)); r.Code != 0 {
+		t.Fatalf("a sealed request after the refusals: %v", r)
+	}
+	landed("a sealed request after the refusals", 7, 8)
+	if r := unchecked.call(frame(9, 10)); r.Code != 0 {
+		t.Fatalf("the unchecked mailbox beside it: %v", r)
+	}
+	landed("the unchecked mailbox beside it", 9, 10)
 }

@@ -46,6 +46,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
     p.add_argument("--round-trips", type=int, default=2000,
                    help="timed one-block 4 KiB calls after the scattered case (default 2000; 0: none)")
+    p.add_argument("--mailbox", choices=("on", "checked", "off"), default="on",
+                   help="frames through the shared-memory mailbox (on: the client's default, sealed on CPUs other "
+                        "than x86; checked: sealed here too), or off: on the fast socket only")
     p.add_argument("--json", help="also write the results here")
     a = p.parse_args(argv)
     if a.ids > a.blocks:
@@ -111,12 +114,22 @@ def round_trips(c, n):
     return out
 
 
+def frames(c) -> str:
+    """How the client's frames travel: "mailbox", "socket", or for a checked mailbox (which carries no call that
+    reaches this process's host memory, as every call here does) "sealed mailbox, host memory on the socket"."""
+    fast = c._fast
+    if fast is None or fast.mailbox is None:
+        return "socket"
+    return "sealed mailbox, host memory on the socket" if fast._checked else "mailbox"
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     size = a.blocks * a.block_bytes
     moved = a.ids * a.block_bytes
     rng = np.random.default_rng(1)
-    with Client(a.socket, name="bench-host") as c:
+    mailbox = {"on": True, "checked": "checked", "off": False}[a.mailbox]
+    with Client(a.socket, name="bench-host", mailbox=mailbox) as c:
         fds, views, regions = [], [], []
         for name in ("bench-src", "bench-dst"):
             fd, buf = shared_memory(name, size)
@@ -166,6 +179,7 @@ def main(argv=None) -> int:
             "numpy_ms": numpy_ms, "numpy_gbps": moved / numpy_ms / 1e6,
             "ratio": numpy_ms / ours_ms, "build_us": statistics.median(build) * 1e6, "verified": bool(ok),
             "engines": [e.name for e in c.info.engines if e.available],
+            "frames": frames(c),
         }
         for fd, _ in fds:
             os.close(fd)  # the mappings stay, the client keeps its own duplicate until close
@@ -175,8 +189,8 @@ def main(argv=None) -> int:
             result["round_trip"] = rt = round_trips(c, a.round_trips)
             ok = ok and rt["verified"]
             result["verified"] = bool(ok)
-    print("%d x %d B blocks of %d-block pools (%.1f MiB per call), median of %d:" % (
-        a.ids, a.block_bytes, a.blocks, moved / (1 << 20), a.iters))
+    print("%d x %d B blocks of %d-block pools (%.1f MiB per call), median of %d, frames %s:" % (
+        a.ids, a.block_bytes, a.blocks, moved / (1 << 20), a.iters, result["frames"]))
     print("  fabricxfer transfer_blocks  %8.3f ms  %7.2f GB/s" % (result["fabricxfer_ms"], result["fabricxfer_gbps"]))
     print("  numpy dst[ids] = src[ids]   %8.3f ms  %7.2f GB/s" % (result["numpy_ms"], result["numpy_gbps"]))
     print("  ratio (numpy time / ours)   %8.2f" % result["ratio"])

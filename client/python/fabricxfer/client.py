@@ -29,6 +29,7 @@ import platform
 import random
 import socket
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,6 +66,9 @@ def _op(op: str) -> int:
 # waiting caller has nothing else to do on that thread; torch.cuda.synchronize() polls the same way.
 FAST_SPIN = 10e-3
 _HDR = struct.Struct(">I")
+_U32 = struct.Struct("<I")
+# CPUs that keep a core's stores in order and its loads in order (x86), as an unsealed mailbox needs.
+_ORDERED_CPUS = frozenset(("x86_64", "AMD64", "i386", "i686"))
 # The fast connection's id arena: 131,072 32-bit ids, two lists of the most one transfer may name.
 ID_ARENA_BYTES = 1 << 20
 
@@ -250,6 +254,8 @@ class Region:
     lost: bool = False
     # What keeps the memory alive while it is registered (the torch tensor of register_tensor).
     keep: object = field(default=None, repr=False)
+    # Whether this process's own loads and stores reach the memory (a memfd, pool memory); False for GPU memory.
+    host_memory: bool = True
 
 
 @dataclass
@@ -293,6 +299,8 @@ class Layout:
         self.pb = layout
         self.regions = list(regions)
         self.grants = list(grants)
+        # Whether a transfer of its blocks reaches this process's host memory (see Client's mailbox).
+        self._host = any(r.host_memory for r in self.regions)
 
     @property
     def id(self) -> int:
@@ -389,13 +397,15 @@ class Client:
     _arena = None
 
     def __init__(self, socket_path: Optional[str] = None, timeout: float = 10.0, name: str = "python", fast: bool = True,
-                 spin: float = FAST_SPIN, mailbox: bool = True):
+                 spin: float = FAST_SPIN, mailbox=True):
         """socket_path: default $FABRICXFER_SOCKET (a prepared fabricxfer.io claim sets it), else
         /run/fabricxfer/agent.sock. fast: send waited transfers over the agent's fast socket (one framed round
         trip, no HTTP/2). spin: seconds a waited fast call polls for its reply, keeping its thread's core busy,
         before it sleeps until the reply comes (0: sleep at once, for callers that would rather give the core
         away than save the wake-up). mailbox: let the fast connection's frames travel through shared memory the
-        agent polls (no system call per round trip) where the agent offers it, on x86-64."""
+        agent polls (no system call per round trip) where the agent offers it; on CPUs other than x86 (arm64)
+        its frames are sealed and checked, since Python cannot order its accesses to shared memory there, and
+        mailbox="checked" seals them on x86 too. False keeps every frame on the socket."""
         socket_path = socket_path or os.environ.get("FABRICXFER_SOCKET") or "/run/fabricxfer/agent.sock"
         self.socket_path = socket_path
         _check_socket_permission(socket_path)
@@ -404,7 +414,12 @@ class Client:
         self.name = name
         self._want_fast = fast
         self._spin = max(0.0, spin)
-        self._want_mailbox = mailbox and platform.machine() in ("x86_64", "AMD64")
+        if mailbox not in (True, False, "checked"):
+            raise ValueError("mailbox must be True, False or \"checked\", not %r" % (mailbox,))
+        # None: no mailbox; else whether its frames are sealed. The layout's words are little-endian.
+        self._mailbox_checked = None
+        if mailbox and sys.byteorder == "little":
+            self._mailbox_checked = mailbox == "checked" or platform.machine() not in _ORDERED_CPUS
         # Regions are tied to the connection, so an idle channel must not quietly drop it.
         self._channel = grpc.insecure_channel("unix:" + socket_path, options=[
             ("grpc.client_idle_timeout_ms", 2 ** 31 - 1),
@@ -543,8 +558,8 @@ class Client:
         arena = self._open_arena(conn)
         if self._arena is not None:
             self._arena.close()
-        if self._want_mailbox:
-            self._open_mailbox(conn)
+        if self._mailbox_checked is not None:
+            self._open_mailbox(conn, self._mailbox_checked)
         self._fast, self._arena = conn, arena
 
     def _setup_frame(self, conn, payload: bytes) -> pb.FastReply:
@@ -563,14 +578,19 @@ class Client:
                                 lambda token: pb.FastRequest(id_arena=pb.IdArena(fd_token=token, size=ID_ARENA_BYTES)))
         return None if buf is None else _blocks.IdArena(buf, np)
 
-    def _open_mailbox(self, conn):
+    def _open_mailbox(self, conn, checked: bool):
         """Gives the fast connection a mailbox where the agent takes one (an older agent answers with an error, and
-        every frame then travels on the socket)."""
+        every frame then travels on the socket). A checked mailbox is used only when the agent says it seals and
+        checks frames: one that ignored the request would neither."""
         size = _fastconn.MAILBOX_BYTES
-        buf = self._pass_memory(conn, "fabricxfer-mailbox", size,
-                                lambda token: pb.FastRequest(mailbox=pb.Mailbox(fd_token=token, size=size)))
-        if buf is not None:
-            conn.attach_mailbox(buf)
+        buf = self._pass_memory(conn, "fabricxfer-mailbox", size, lambda token: pb.FastRequest(
+            mailbox=pb.Mailbox(fd_token=token, size=size, checked=checked)))
+        if buf is None:
+            return
+        if checked and not _U32.unpack_from(buf, _fastconn.CHECKED_WORD)[0]:
+            buf.close()
+            return
+        conn.attach_mailbox(buf, checked)
 
     def _pass_memory(self, conn, name: str, size: int, request):
         """Creates size bytes of shared memory, passes them to the agent through the fd socket and sets them up
@@ -673,6 +693,7 @@ class Client:
             _release_ipc_counter(counter)  # sharing took a reference on the storage; nothing holds it now
             raise
         region.keep = tensor
+        region.host_memory = False
         how = _Owned(req=req, ipc_counter=counter)
         if len(fds) > 1:
             how.fds = fds
@@ -790,16 +811,17 @@ class Client:
         self._check_session()
         if self._fast is not None:
             payload = pb.FastRequest(transfer=req).SerializeToString()
-            resp = self._fast_call([_HDR.pack(len(payload)), payload], timeout)
+            resp = self._fast_call([_HDR.pack(len(payload)), payload], timeout, mailbox=not self._mailbox_checked)
         else:
             resp = self._call(self.stub.Transfer, req)
         return self._settled(resp, wait)
 
-    def _fast_call(self, parts, timeout: Optional[float] = None, build=None) -> Optional[pb.TransferResponse]:
+    def _fast_call(self, parts, timeout: Optional[float] = None, build=None,
+                   mailbox: bool = True) -> Optional[pb.TransferResponse]:
         """One frame (a list of bytes-like parts) on the fast socket and its reply, within timeout (the transfer's,
         else the client's) plus a second for the reply to travel. With build, the parts are build(conn), made
         under the fast lock (the id arena is written there); build returns None when the frame cannot be made,
-        and so does this."""
+        and so does this. mailbox=False keeps the frame on the socket (see _mailbox_for)."""
         deadline = time.perf_counter() + (timeout or self.timeout) + 1.0
         with self._fast_lock:
             conn = self._fast
@@ -810,7 +832,7 @@ class Client:
                 if parts is None:
                     return None
             try:
-                raw = conn.call(parts, deadline)
+                raw = conn.call(parts, deadline, mailbox)
             except (OSError, ConnectionError) as e:
                 conn.close()
                 self._fast = None
@@ -895,7 +917,7 @@ class Client:
         # A frame the fast socket would refuse goes by gRPC, whose refusal leaves the fast connection up.
         if self._fast is not None and len(local) + len(rids) < FAST_FRAME_MAX - 4096:
             parts = _blocks.blocks_frame(code, layout.pb.id, remote, local, rids, width, timeout, notify, wait)
-            resp = self._fast_call(parts, timeout)
+            resp = self._fast_call(parts, timeout, mailbox=self._mailbox_for(layout, remote))
         else:
             req = _blocks.blocks_request(code, layout.id, remote.ref, local, rids, width, timeout, notify, wait)
             resp = self._call(self.stub.TransferBlocks, req)
@@ -914,12 +936,23 @@ class Client:
         framing = self._frames.get(key)
         if framing is None:
             parts = _blocks.blocks_frame(code, lay.id, remote, local, rids, width, timeout, None, wait)
-            framing = (parts[0], parts[2], lay, other)
+            framing = (parts[0], parts[2], lay, other, self._mailbox_for(layout, remote))
             if len(self._frames) >= 256:
                 self._frames.clear()
             self._frames[key] = framing
         self._check_session()
-        return self._settled(self._fast_call((framing[0], local, framing[1], rids), timeout), wait)
+        return self._settled(self._fast_call((framing[0], local, framing[1], rids), timeout, mailbox=framing[4]), wait)
+
+    def _mailbox_for(self, layout: Layout, remote) -> bool:
+        """Whether a block transfer may travel through a mailbox. A checked mailbox (CPUs other than x86) orders
+        nothing but its own frames: this process's stores to its host memory before a call, and its loads of it
+        after, could pass the mailbox's words there. So a transfer that reaches this process's host memory (its
+        layout's, or that of its own layout on the other side) goes on the socket, whose system calls order them;
+        one between GPU memory (and layouts other processes published) takes the mailbox."""
+        if not self._mailbox_checked:
+            return True
+        own = getattr(remote, "_layout", None)
+        return not layout._host and (own is None or not own._host)
 
     def _arena_call(self, code, layout, packed, remote, timeout, notify, wait):
         """A block transfer whose ids (packed: both lists as pack_ids returned them, with their widths) go
@@ -929,7 +962,8 @@ class Client:
             return None if count is None else _blocks.arena_frame(code, layout.pb.id, remote, count, timeout, notify,
                                                                    wait)
 
-        return self._fast_call(None, timeout, build)
+        # The arena is this process's memory too: in a checked mailbox its frame goes on the socket.
+        return self._fast_call(None, timeout, build, mailbox=not self._mailbox_checked)
 
     def write(self, local: Region, local_offset: int, remote: Remote, remote_offset: int, length: int):
         return self.transfer("write", [Item(local, remote, length, local_offset, remote_offset)])
@@ -987,7 +1021,8 @@ class Client:
         """One FastWait frame for ids: the first that did not succeed, else the last one's status."""
         parts = _blocks.wait_frame(ids, timeout or self.timeout)
         self._check_session()
-        return self._fast_call(parts, timeout).status
+        # The transfers waited for may have written this process's host memory (see _mailbox_for).
+        return self._fast_call(parts, timeout, mailbox=not self._mailbox_checked).status
 
     def resolve_segment(self, node: str, segment: str) -> bytes:
         return self._call(self.stub.ResolveSegment, pb.ResolveSegmentRequest(node=node, segment=segment)).desc

@@ -15,20 +15,34 @@ instead: the caller writes it and raises a sequence number, the agent, polling, 
 both sides poll, a round trip needs no system call. An agent that does not poll says so, and the caller rings it
 with an empty frame on the socket; a caller that stops polling says so, and the agent wakes it with four 0xff bytes,
 a header no reply has.
+
+Python has no memory fences. x86 keeps a core's stores in order and its loads in order, which the mailbox relies
+on; elsewhere (arm64) the mailbox is checked: each frame carries a seal (a CRC-32 over its sequence number and its
+bytes), and a side that reads a frame whose seal is wrong reads it again, since the writer's bytes are on their way.
+The sequence words are written and read in one 8-byte access each (native struct format, a memoryview of 8-byte
+items): standard-size packing writes byte by byte, and the agent could read half a number.
 """
 
 import select
 import socket
 import struct
 import time
+import zlib
 
 _HDR = struct.Struct(">I")
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+# One 8-byte store of a sequence word (native format copies the number in one access; the mailbox is used only
+# on little-endian machines, where it matches the layout).
+_SEQ_STORE = struct.Struct("Q").pack_into
 
 # The mailbox's layout (agent.proto, Mailbox).
 MAILBOX_BYTES = 64 << 10
-_REQUEST_SEQ, _TAKEN, _REPLY_SEQ, _POLLING, _ASLEEP, _AREAS = 0, 64, 128, 192, 196, 4096
+_REQUEST_SEQ, _TAKEN, _REPLY_SEQ, _POLLING, _ASLEEP, CHECKED_WORD, _AREAS = 0, 64, 128, 192, 196, 200, 4096
+# The sequence words' indices in a view of the mailbox as 8-byte items.
+_TAKEN_ITEM, _REPLY_SEQ_ITEM = _TAKEN // 8, _REPLY_SEQ // 8
+# What a checked mailbox's seal adds behind a frame.
+_SEAL_BYTES = 4
 # A request the agent has not taken after this long is rung for, whatever the agent said: the caller's write of
 # the sequence and its read of the agent's word may pass each other, so "polling" may be stale.
 _RING_AFTER = 50e-6
@@ -56,16 +70,26 @@ class FastConn:
         self._wpoll = select.poll()
         self._wpoll.register(sock.fileno(), select.POLLOUT)
         self.mailbox = None
+        self._words = None
+        self._checked = False
 
-    def attach_mailbox(self, mm):
-        """Sends the frames that fit through mm, the mailbox the agent has just mapped."""
+    def attach_mailbox(self, mm, checked: bool = False):
+        """Sends the frames that fit through mm, the mailbox the agent has just mapped; checked: seal them, and
+        check the agent's seals (the agent was asked to, and said it does)."""
         self.mailbox = mm
+        self._words = memoryview(mm).cast("Q")
+        self._checked = checked
         self._area = (len(mm) - _AREAS) // 2
+        # The largest frame that goes through the mailbox, its seal left room for.
+        self._fits = self._area - (_SEAL_BYTES if checked else 0)
         self._reply_at = _AREAS + self._area
         (self._seq,) = _U64.unpack_from(mm, _REQUEST_SEQ)
 
     def close(self):
         self.sock.close()
+        if self._words is not None:
+            self._words.release()
+            self._words = None
         if self.mailbox is not None:
             try:
                 self.mailbox.close()
@@ -145,59 +169,80 @@ class FastConn:
         buf[:len(self._buf)] = self._buf
         self._buf, self._view = buf, memoryview(buf)
 
-    def call(self, parts, deadline: float) -> bytes:
+    def call(self, parts, deadline: float, mailbox: bool = True) -> bytes:
+        """One frame and its reply: through the mailbox where there is one, the frame fits and mailbox allows,
+        else on the socket."""
         mm = self.mailbox
-        if mm is not None:
+        if mm is not None and mailbox:
             if len(parts) == 1:
                 frame = parts[0]
-            elif sum(map(len, parts)) <= self._area:
+            elif sum(map(len, parts)) <= self._fits:
                 frame = b"".join(parts)  # a few short parts: one copy into the mailbox rather than one per part
             else:
                 frame = None
-            if frame is not None and len(frame) <= self._area:
+            if frame is not None and len(frame) <= self._fits:
                 return self._mailbox_call(mm, frame, deadline)
         self.send(parts, deadline)
         return self.recv_frame(deadline)
 
     def _mailbox_call(self, mm, frame, deadline: float) -> bytes:
-        mm[_AREAS:_AREAS + len(frame)] = frame
         seq = self._seq + 1
         self._seq = seq
-        _U64.pack_into(mm, _REQUEST_SEQ, seq)
+        mm[_AREAS:_AREAS + len(frame)] = frame
+        if self._checked:
+            _U32.pack_into(mm, _AREAS + len(frame), zlib.crc32(frame, seq & 0xFFFFFFFF))
+        _SEQ_STORE(mm, _REQUEST_SEQ, seq)
         rang = not _U32.unpack_from(mm, _POLLING)[0]
         if rang:
             self.send([_EMPTY_FRAME], deadline)
-        load = _U64.unpack_from
+        words = self._words
         start = time.perf_counter()
         spin_until = start + self.spin
         i = 0
-        while load(mm, _REPLY_SEQ)[0] != seq:
+        while words[_REPLY_SEQ_ITEM] != seq:
             i += 1
             if i & 63:
                 continue
             now = time.perf_counter()
-            if not rang and now - start > _RING_AFTER and load(mm, _TAKEN)[0] != seq:
+            if not rang and now - start > _RING_AFTER and words[_TAKEN_ITEM] != seq:
                 self.send([_EMPTY_FRAME], deadline)
                 rang = True
             if now >= spin_until:
                 self._sleep(mm, seq, deadline)
                 break
+        if self._checked:
+            return self._sealed_reply(mm, seq, deadline)
         at = self._reply_at
         (n,) = _HDR.unpack_from(mm, at)
         if n > self._area - 4:
             raise FastConnError("a mailbox reply of %d bytes, at most %d" % (n, self._area - 4))
         return mm[at + 4:at + 4 + n]
 
+    def _sealed_reply(self, mm, seq: int, deadline: float) -> bytes:
+        """The reply to seq in a checked mailbox: read until its seal matches (its bytes may reach this core after
+        the sequence did), within the call's deadline."""
+        at, most, start = self._reply_at, self._area - 4 - _SEAL_BYTES, seq & 0xFFFFFFFF
+        while True:
+            (n,) = _HDR.unpack_from(mm, at)
+            if n <= most:
+                raw = mm[at:at + 4 + n + _SEAL_BYTES]  # one copy: what is checked is what is returned
+                if zlib.crc32(raw[:-_SEAL_BYTES], start) == _U32.unpack_from(raw, 4 + n)[0]:
+                    return raw[4:-_SEAL_BYTES]
+            if time.perf_counter() >= deadline:
+                raise FastConnError("a mailbox reply (%d bytes) that does not match its seal within the call's "
+                                    "deadline" % n)
+
     def _sleep(self, mm, seq: int, deadline: float):
         """Waits on the socket for the reply to seq: the agent sends an empty frame after a reply to a caller that
         says it sleeps (a wake-up: four 0xff bytes). Polls wake at least every millisecond, in case that word and the reply passed each other."""
         _U32.pack_into(mm, _ASLEEP, 1)
+        words = self._words
         try:
-            while _U64.unpack_from(mm, _REPLY_SEQ)[0] != seq:
+            while words[_REPLY_SEQ_ITEM] != seq:
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     raise FastConnError("no reply from the agent within the call's deadline")
-                if _U64.unpack_from(mm, _TAKEN)[0] != seq:
+                if words[_TAKEN_ITEM] != seq:
                     self.send([_EMPTY_FRAME], deadline)
                 self._poll.poll(1)
                 self._drain()

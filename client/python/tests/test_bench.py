@@ -156,7 +156,8 @@ class HostBenchTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "host.json")
             p = subprocess.run([sys.executable, os.path.join(BENCH, "bench_host.py"), "--socket", SOCKET, "--blocks",
-                                "2048", "--ids", "512", "--iters", "3", "--warmup", "1", "--round-trips", "300", "--json", out],
+                                "2048", "--ids", "512", "--iters", "3", "--warmup", "1", "--round-trips", "300", "--mailbox", "checked",
+                                "--json", out],
                                capture_output=True, text=True, timeout=120,
                                env=dict(os.environ, PYTHONPATH=os.path.dirname(BENCH)))
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
@@ -164,6 +165,7 @@ class HostBenchTest(unittest.TestCase):
             with open(out) as f:
                 r = json.load(f)
             self.assertTrue(r["verified"])
+            self.assertTrue(r["frames"].startswith("sealed mailbox"), r["frames"])
             self.assertEqual((r["ids"], r["blocks"], r["bytes"]), (512, 2048, 512 * 720))
             self.assertGreater(r["fabricxfer_ms"], 0)
             rt = r["round_trip"]

@@ -228,19 +228,39 @@ class BlocksTest(unittest.TestCase):
         self.addCleanup(plain.close)
         sleepy = Client(SOCKET, spin=0)
         self.addCleanup(sleepy.close)
-        if platform.machine() in ("x86_64", "AMD64"):
-            self.assertIsNotNone(boxed._fast.mailbox)
-            self.assertIsNotNone(sleepy._fast.mailbox)
+        # Sealed frames, as on CPUs other than x86; here also asleep at once, so a sealed reply is read after a
+        # wake-up as well.
+        checked = Client(SOCKET, mailbox="checked")
+        self.addCleanup(checked.close)
+        checked_sleepy = Client(SOCKET, mailbox="checked", spin=0)
+        self.addCleanup(checked_sleepy.close)
+        for c in (boxed, sleepy, checked, checked_sleepy):
+            self.assertIsNotNone(c._fast.mailbox)
+        self.assertEqual(boxed._fast._checked, platform.machine() not in ("x86_64", "AMD64"))
+        self.assertTrue(checked._fast._checked)
         self.assertIsNone(plain._fast.mailbox)
+        with self.assertRaises(ValueError):
+            Client(SOCKET, mailbox="sealed")
         rng = np.random.default_rng(11)
-        for c in (boxed, plain, sleepy):
-            with self.subTest(mailbox=c._fast.mailbox is not None, spin=c._spin):
+        lids, rids = rng.permutation(4096)[:3000], rng.permutation(4096)[:3000]
+        for c in (boxed, plain, sleepy, checked, checked_sleepy):
+            with self.subTest(mailbox=c._fast.mailbox is not None, checked=c._fast._checked, spin=c._spin):
                 src_l, src = self.layout(c, blocks=4096, block=64)
                 dst_l, dst = self.layout(c, blocks=4096, block=64, fill=False)
+                if c._fast._checked:
+                    # A checked mailbox carries no transfer that reaches this process's host memory (its frames
+                    # are ordered, the memory is not): those go on the socket.
+                    seq = c._fast._seq
+                    c.transfer_blocks("write", src_l, lids[:1], to_layout(dst_l), rids[:1])
+                    self.assertEqual(c._fast._seq, seq, "a host-memory transfer went through a checked mailbox")
+                    # Layouts taken for GPU memory (x86 orders host memory anyway), to carry the calls below.
+                    src_l._host = dst_l._host = False
                 before = [d.copy() for d in dst]
-                lids, rids = rng.permutation(4096)[:3000], rng.permutation(4096)[:3000]
+                seq = getattr(c._fast, "_seq", 0)
                 for k in range(0, 200, 2):  # one block a call: the latency-bound kind
                     c.transfer_blocks("write", src_l, lids[k:k + 2], to_layout(dst_l), rids[k:k + 2])
+                if c._fast.mailbox is not None:
+                    self.assertEqual(c._fast._seq, seq + 100, "short block calls not through the mailbox")
                 # 2,800 int64 ids a side as bytes: 45 KB, larger than the mailbox's area.
                 big_l, big_r = lids[200:].astype("<i8").tobytes(), rids[200:].astype("<i8").tobytes()
                 c.transfer_blocks("write", src_l, big_l, to_layout(dst_l), big_r, id_bytes=8)
@@ -254,6 +274,27 @@ class BlocksTest(unittest.TestCase):
                 self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, e.exception.details())
                 for k, (d, b) in enumerate(zip(dst, was)):
                     self.assertTrue(np.array_equal(d, b), "a refused call changed region %d" % k)
+
+    def test_a_checked_mailbox_is_used_only_where_the_agent_seals(self):
+        # An agent from before Mailbox.checked maps the mailbox but leaves the checked word clear: it would neither
+        # seal its replies nor check the requests, so the client keeps that connection's frames on the socket.
+        c = Client(SOCKET, mailbox="checked")
+        self.addCleanup(c.close)
+        attached = []
+
+        class Conn:
+            def attach_mailbox(self, mm, checked=False):
+                attached.append(checked)
+
+        for word, want in ((0, []), (1, [True])):
+            attached.clear()
+            fd, buf = shared_memory("py-test-mailbox", 64 << 10)
+            os.close(fd)
+            self.addCleanup(buf.close)
+            buf[200:204] = word.to_bytes(4, "little")
+            c._pass_memory = lambda *args, buf=buf: buf
+            c._open_mailbox(Conn(), True)
+            self.assertEqual(attached, want, "checked word %d" % word)
 
     def test_refusals_move_nothing(self):
         for c in (self.c, self.slow):

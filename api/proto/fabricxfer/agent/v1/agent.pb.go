@@ -3340,14 +3340,24 @@ func (x *IdArena) GetSize() uint64 {
 //	      sends an empty frame (four zero bytes) on the socket to wake it
 //	196   u32 caller asleep: set by the caller before it waits on the socket; the agent then sends four 0xff
 //	      bytes (a frame header no reply has) after the reply
+//	200   u32 checked: the agent's 1 once it seals and checks frames (checked below), 0 otherwise
 //
 // A request area and a reply area of (size-4096)/2 bytes each; larger frames still go through the socket, whose
 // frames are answered there as before. On a connection with a mailbox, an empty frame from the caller is a
 // doorbell, answered by nothing.
 type Mailbox struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	FdToken       string                 `protobuf:"bytes,1,opt,name=fd_token,json=fdToken,proto3" json:"fd_token,omitempty"`
-	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	FdToken string                 `protobuf:"bytes,1,opt,name=fd_token,json=fdToken,proto3" json:"fd_token,omitempty"`
+	Size    uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// For callers that cannot order their writes to shared memory, nor their reads of it (Python on CPUs other
+	// than x86, which may make stores visible and perform loads out of order): every frame in either area is
+	// followed by a u32 little-endian seal, the CRC-32 (IEEE) of the frame, its length word included, started
+	// from the low 32 bits of the sequence number it is announced with (zlib's crc32(frame, seq & 0xffffffff)),
+	// so that the previous call's frame never passes for the next one's. A reader that finds the
+	// seal wrong reads the frame again: the writer's bytes are on their way. The agent gives up on a request
+	// still unsealed after a millisecond and answers InvalidArgument. An agent that knows this field sets the
+	// checked word (200) before it answers the setup; a caller that finds it clear must not use the mailbox.
+	Checked       bool `protobuf:"varint,3,opt,name=checked,proto3" json:"checked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3394,6 +3404,13 @@ func (x *Mailbox) GetSize() uint64 {
 		return x.Size
 	}
 	return 0
+}
+
+func (x *Mailbox) GetChecked() bool {
+	if x != nil {
+		return x.Checked
+	}
+	return false
 }
 
 // FastRequest is one request frame on the fast socket.
@@ -3892,10 +3909,11 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\rR\barenaIds\"8\n" +
 	"\aIdArena\x12\x19\n" +
 	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"8\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"R\n" +
 	"\aMailbox\x12\x19\n" +
 	"\bfd_token\x18\x01 \x01(\tR\afdToken\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"\xcc\x02\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x18\n" +
+	"\achecked\x18\x03 \x01(\bR\achecked\"\xcc\x02\n" +
 	"\vFastRequest\x12B\n" +
 	"\btransfer\x18\x01 \x01(\v2$.fabricxfer.agent.v1.TransferRequestH\x00R\btransfer\x12D\n" +
 	"\x06blocks\x18\x02 \x01(\v2*.fabricxfer.agent.v1.TransferBlocksRequestH\x00R\x06blocks\x129\n" +

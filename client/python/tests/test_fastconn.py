@@ -1,0 +1,101 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
+"""Tests of the fast connection's mailbox against a thread that plays the agent in shared memory: what a checked
+mailbox does when the other side's bytes reach this core late, or never match their seal. No agent needed."""
+
+import mmap
+import socket
+import struct
+import threading
+import time
+import unittest
+import zlib
+
+from fabricxfer import fastconn
+
+U64 = struct.Struct("<Q")
+U32 = struct.Struct("<I")
+AREAS = 4096
+
+
+def seal(seq, frame):
+    return zlib.crc32(frame, seq & 0xFFFFFFFF)
+
+
+class CheckedMailboxTest(unittest.TestCase):
+    def setUp(self):
+        self.mm = mmap.mmap(-1, 16 << 10)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(theirs.close)
+        self.conn = fastconn.FastConn(ours, spin=1.0)
+        self.addCleanup(self.conn.close)
+        U32.pack_into(self.mm, 192, 1)  # the "agent" polls: no doorbell on the socket
+        self.conn.attach_mailbox(self.mm, checked=True)
+        self.area = (len(self.mm) - AREAS) // 2
+
+    def agent(self, answer, late=0.0):
+        """Plays the agent for one request: waits for it, checks its seal, then answers with answer(seq, request)
+        -> (reply frame, seal); with late, raises the reply sequence first and writes the reply late seconds
+        after (bytes reaching the caller after the sequence did)."""
+        got = {}
+
+        def run():
+            deadline = time.monotonic() + 5
+            while U64.unpack_from(self.mm, 0)[0] == 0:
+                if time.monotonic() > deadline:
+                    return
+            seq = U64.unpack_from(self.mm, 0)[0]
+            (n,) = struct.unpack_from(">I", self.mm, AREAS)
+            frame = bytes(self.mm[AREAS:AREAS + 4 + n])
+            got["sealed"] = U32.unpack_from(self.mm, AREAS + 4 + n)[0] == seal(seq, frame)
+            got["payload"] = frame[4:]
+            reply, sealed = answer(seq, got["payload"])
+            at = AREAS + self.area
+            if late:
+                U64.pack_into(self.mm, 128, seq)
+                time.sleep(late)
+            self.mm[at:at + len(reply)] = reply
+            U32.pack_into(self.mm, at + len(reply), sealed)
+            U64.pack_into(self.mm, 128, seq)
+
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        self.addCleanup(th.join, 5)
+        return got
+
+    def test_requests_are_sealed_and_late_replies_read_once_whole(self):
+        # A stale reply under the new sequence (last call's bytes) must not be taken for this call's.
+        old = struct.pack(">I", 5) + b"stale"
+        at = AREAS + self.area
+        self.mm[at:at + len(old)] = old
+        U32.pack_into(self.mm, at + len(old), seal(0, old))
+
+        def answer(seq, payload):
+            reply = struct.pack(">I", len(payload) + 4) + b"re: " + payload
+            return reply, seal(seq, reply)
+
+        got = self.agent(answer, late=0.05)
+        body = b"a request"
+        out = self.conn.call([struct.pack(">I", len(body)), body], time.perf_counter() + 5)
+        self.assertTrue(got["sealed"], "the request's seal did not match its sequence and bytes")
+        self.assertEqual(got["payload"], body)
+        self.assertEqual(out, b"re: a request")
+
+    def test_a_reply_that_never_matches_its_seal_ends_with_the_deadline(self):
+        got = self.agent(lambda seq, payload: (struct.pack(">I", 2) + b"no", seal(seq + 1, b"no")))
+        start = time.perf_counter()
+        with self.assertRaisesRegex(fastconn.FastConnError, "does not match its seal"):
+            self.conn.call([struct.pack(">I", 3) + b"abc"], start + 0.2)
+        took = time.perf_counter() - start
+        self.assertGreaterEqual(took, 0.2)
+        self.assertLess(took, 2.0)
+        self.assertTrue(got["sealed"])
+
+    def test_frames_leave_room_for_their_seal(self):
+        # A frame that fills the area but for its seal goes on the socket, not into the mailbox.
+        self.assertEqual(self.conn._fits, self.area - 4)
+
+
+if __name__ == "__main__":
+    unittest.main()
