@@ -32,6 +32,7 @@ import struct
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Sequence
 
@@ -89,6 +90,64 @@ class AgentError(grpc.RpcError):
 
     def __str__(self):
         return "%s: %s" % (self._code.name, self._details)
+
+
+class AgentUnreachable(grpc.RpcError, ConnectionError):
+    """No agent answered at the socket within the client's timeout; the message names the path and what was
+    found there. code() is gRPC's (DEADLINE_EXCEEDED or UNAVAILABLE)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self._code, self._details = code, message
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def __str__(self):
+        return self._details
+
+
+def _unreachable(path: str, timeout: float, details: str) -> str:
+    if not os.path.exists(path):
+        where = os.path.dirname(path)
+        found = ("the folder holds no agent.sock, but %s: name the pool's folder (<socket dir>/<pool>/agent.sock)"
+                 % ", ".join(sorted(os.listdir(where))[:8]) if os.path.isdir(where) and os.listdir(where)
+                 else "there is no socket there: is the agent running, and is this its socket directory "
+                 "(<socket dir>/<pool>/agent.sock; FABRICXFER_SOCKET names it in a pod with a claim)?")
+    else:
+        found = "the socket exists but nothing answered on it (%s): a socket left by a stopped agent?" % details
+    return "no agent answered at %s within %.1f s: %s" % (path, timeout, found)
+
+
+class _Forks:
+    """What a forked child inherits: the parent's clients (their gRPC connection, fast socket and mailbox are
+    the parent's, and a child writing to them breaks the parent's calls), and whether gRPC was running when the
+    process forked (without GRPC_ENABLE_FORK_SUPPORT it cannot start again in the child: a new client would wait
+    forever, and its traffic can reach the parent's connection)."""
+
+    def __init__(self):
+        self.clients = weakref.WeakSet()
+        self.grpc_running = False
+
+    def after_in_child(self):
+        for c in list(self.clients):
+            c._forked = True
+            c._losses += 1  # the next session check says why
+        if self.clients and os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").lower() not in ("1", "true"):
+            self.grpc_running = True
+        self.clients = weakref.WeakSet()
+
+
+_FORKS = _Forks()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_FORKS.after_in_child)
+
+_FORKED_CLIENT = ("this Client belongs to the process that created it; a forked child must create its own (and "
+                  "cannot while gRPC ran in the parent without GRPC_ENABLE_FORK_SUPPORT=1: start workers with "
+                  "multiprocessing's 'spawn' method instead)")
 
 
 class SessionLost(Exception):
@@ -276,11 +335,23 @@ class PoolSlice:
 class Remote:
     """The other side of an item; build with to_region, to_segment or to_descriptor."""
 
-    ref: pb.RemoteRef
+    _ref: pb.RemoteRef
+    # The caller's own region named by to_region: its id is read at each call, so it follows recover().
+    region: Optional[Region] = None
+
+    @property
+    def ref(self) -> pb.RemoteRef:
+        if self.region is not None:
+            return pb.RemoteRef(region_id=self.region.id)
+        return self._ref
 
 
 def to_region(r: Region) -> Remote:
-    return Remote(pb.RemoteRef(region_id=r.id))
+    """Another of this caller's regions on this node (its id after recover() included)."""
+    if not isinstance(r, Region):
+        raise TypeError("to_region takes a Region (from register_host, register_tensor or a pool slice's .region), "
+                        "not %s" % type(r).__name__)
+    return Remote(pb.RemoteRef(region_id=r.id), region=r)
 
 
 def to_segment(node: str, segment: str) -> Remote:
@@ -347,6 +418,17 @@ class RemoteLayout:
         return "RemoteLayout(%s)" % str(self.ref).replace("\n", " ").strip()
 
 
+def _blocks_sides_error(layout, remote) -> str:
+    """What transfer_blocks says when its layout or remote is something else."""
+    if type(layout) is not Layout:
+        return "transfer_blocks moves blocks of a Layout (from register_layout), not of %s" % type(layout).__name__
+    if isinstance(remote, Layout):
+        return "remote is a Layout: pass to_layout(layout) (or to_layout_segment(node, segment) for a published one)"
+    return ("remote must be to_layout(layout) or to_layout_segment(node, segment), not %s%s" % (
+        type(remote).__name__, " (to_segment and to_region name regions, for transfer)" if isinstance(remote, Remote)
+        else ""))
+
+
 def to_layout(layout: Layout) -> RemoteLayout:
     """Another of this caller's layouts on this node."""
     return RemoteLayout(layout=layout)
@@ -395,6 +477,8 @@ class Client:
 
     # The fast connection's id arena (blocks.IdArena), when it has one.
     _arena = None
+    # Set in a forked child: the client is its parent's.
+    _forked = False
 
     def __init__(self, socket_path: Optional[str] = None, timeout: float = 10.0, name: str = "python", fast: bool = True,
                  spin: float = FAST_SPIN, mailbox=True):
@@ -406,6 +490,10 @@ class Client:
         agent polls (no system call per round trip) where the agent offers it; on CPUs other than x86 (arm64)
         its frames are sealed and checked, since Python cannot order its accesses to shared memory there, and
         mailbox="checked" seals them on x86 too. False keeps every frame on the socket."""
+        if _FORKS.grpc_running:
+            raise RuntimeError("this process was forked from one whose fabricxfer Client had started gRPC, which "
+                               "cannot start again here: start workers with multiprocessing's 'spawn' method, or "
+                               "set GRPC_ENABLE_FORK_SUPPORT=1 in the parent before it creates a Client")
         socket_path = socket_path or os.environ.get("FABRICXFER_SOCKET") or "/run/fabricxfer/agent.sock"
         self.socket_path = socket_path
         _check_socket_permission(socket_path)
@@ -420,8 +508,11 @@ class Client:
         self._mailbox_checked = None
         if mailbox and sys.byteorder == "little":
             self._mailbox_checked = mailbox == "checked" or platform.machine() not in _ORDERED_CPUS
-        # Regions are tied to the connection, so an idle channel must not quietly drop it.
+        # Regions are tied to the connection, so an idle channel must not quietly drop it, nor share it: gRPC
+        # otherwise gives channels of one target one connection, and the agent would see one session for every
+        # Client of this process (closing one would free nobody's regions).
         self._channel = grpc.insecure_channel("unix:" + socket_path, options=[
+            ("grpc.use_local_subchannel_pool", 1),
             ("grpc.client_idle_timeout_ms", 2 ** 31 - 1),
             ("grpc.initial_reconnect_backoff_ms", 50),
             ("grpc.max_reconnect_backoff_ms", 1000),
@@ -437,14 +528,22 @@ class Client:
         # Layouts this client registered, re-registered by recover().
         self._layouts = []
         self._channel.subscribe(self._on_state, try_to_connect=True)
-        self.info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=name),
-                                      timeout=timeout, wait_for_ready=True)
+        try:
+            self.info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=name),
+                                          timeout=timeout, wait_for_ready=True)
+        except grpc.RpcError as e:
+            self._channel.unsubscribe(self._on_state)
+            self._channel.close()
+            if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                raise AgentUnreachable(e.code(), _unreachable(socket_path, timeout, e.details())) from e
+            raise
         self._fast = None
         self._fast_lock = threading.Lock()
         # Framings of short block transfers, by shape (_short_blocks); recover() empties it.
         self._frames = {}
         if fast:
             self._open_fast()
+        _FORKS.clients.add(self)
 
     def _on_state(self, state):
         with self._lock:
@@ -471,6 +570,8 @@ class Client:
         # Two ints read without the lock (each read is atomic): a loss counted just after this check is the same
         # race as one counted just after a locked check, and the next check sees it.
         if self._losses != self._session:
+            if self._forked:
+                raise RuntimeError(_FORKED_CLIENT)
             raise SessionLost("agent session lost (agent restarted?): call recover() and retry")
 
     def _call(self, method, req, **kw):
@@ -479,17 +580,34 @@ class Client:
         try:
             resp = method(req, timeout=kw.pop("timeout", self.timeout), **kw)
         except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
+            # UNAVAILABLE is also the agent's own answer (a peer it cannot reach): only a connection that went
+            # down means the session, and the regions with it, are gone.
+            if e.code() == grpc.StatusCode.UNAVAILABLE and self._connection_dropped():
                 raise SessionLost("agent unavailable (%s): call recover() and retry" % e.details()) from e
             raise
         self._check_session()
         return resp
 
+    def _connection_dropped(self, within: float = 0.25) -> bool:
+        """Whether the connection to the agent left READY (now, or within a moment: gRPC reports connectivity
+        on its own thread, a little after a failed call returns)."""
+        deadline = time.monotonic() + within
+        while True:
+            with self._lock:
+                if self._losses != self._session or self._state != grpc.ChannelConnectivity.READY:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
     def recover(self, timeout: Optional[float] = None):
         """Waits (up to timeout, default the client's) for the agent to answer again and registers every region
         this client registered from its own memory anew; their ids and descriptors change in place. Pool slices
         are marked lost. Raises the first error after trying every region."""
+        if self._forked:
+            raise RuntimeError(_FORKED_CLIENT)
         timeout = timeout or self.timeout
+        session = self._session
         with self._fast_lock:
             if self._fast is not None:
                 self._fast.close()
@@ -508,10 +626,14 @@ class Client:
                     raise
                 time.sleep(0.05)
         self._settle(min(timeout, 2.0))
-        with self._lock:
-            owned = list(self._owned.items())
         if self._want_fast:
             self._open_fast()
+        if self._session == session:
+            # The connection never dropped (the fast socket did, or nothing): the agent still holds every region
+            # and layout, and registering them again would hold them twice.
+            return
+        with self._lock:
+            owned = list(self._owned.items())
         first = None
         for region, how in owned:
             if how is None:
@@ -611,6 +733,11 @@ class Client:
         return buf
 
     def close(self):
+        if self._forked:
+            # The connections are the parent's: closing gRPC's here could end the parent's session. The child's
+            # copies of the descriptors and mappings go with it.
+            self._fast = self._arena = None
+            return
         if self._fast is not None:
             self._fast.close()
             self._fast = None
@@ -799,6 +926,10 @@ class Client:
         if timeout:
             req.timeout.FromNanoseconds(int(timeout * 1e9))
         for it in items:
+            if type(it.remote) is not Remote or not isinstance(it.local, Region):
+                raise TypeError("an Item's local side is a Region and its remote side to_region(region), "
+                                "to_segment(node, name) or to_descriptor(desc), not %s and %s (block layouts "
+                                "move with transfer_blocks)" % (type(it.local).__name__, type(it.remote).__name__))
             req.items.add(local_region_id=it.local.id, local_offset=it.local_offset, remote=it.remote.ref,
                           remote_offset=it.remote_offset, length=it.length, tag=it.tag)
         return req
@@ -806,15 +937,22 @@ class Client:
     def transfer(self, op: str, items: List[Item], timeout: Optional[float] = None, notify: Optional[bytes] = None,
                  wait: bool = True):
         """op is "read" or "write". With wait (default) returns the settled status or raises TransferFailed;
-        without it returns the transfer id for wait()."""
+        without it returns the transfer id for wait(). timeout: seconds the transfer may take (a waited one
+        defaults to the client's timeout; the agent fails it with DEADLINE_EXCEEDED when it runs out)."""
+        if wait and not timeout:
+            timeout = self.timeout  # the agent ends it, and answers, before this call gives up
         req = self._request(_op(op), items, timeout, notify, wait)
         self._check_session()
         if self._fast is not None:
             payload = pb.FastRequest(transfer=req).SerializeToString()
             resp = self._fast_call([_HDR.pack(len(payload)), payload], timeout, mailbox=not self._mailbox_checked)
         else:
-            resp = self._call(self.stub.Transfer, req)
+            resp = self._call(self.stub.Transfer, req, timeout=self._call_timeout(timeout))
         return self._settled(resp, wait)
+
+    def _call_timeout(self, timeout: Optional[float]) -> float:
+        """A gRPC call's deadline for a transfer of timeout seconds: the agent's answer must have time to come."""
+        return max(self.timeout, (timeout or 0.0) + 1.0)
 
     def _fast_call(self, parts, timeout: Optional[float] = None, build=None,
                    mailbox: bool = True) -> Optional[pb.TransferResponse]:
@@ -883,9 +1021,12 @@ class Client:
         remote block remote_ids[i], "read" the reverse. ids and remote_ids are numpy int32/int64 arrays, torch
         CPU int32/int64 tensors or buffers of int32/int64 (raw bytes need id_bytes=4 or 8), of equal length;
         they travel packed, never as Python objects. With wait (default) returns the settled status or raises
-        TransferFailed; without it returns the transfer id for wait(). The agent refuses (INVALID_ARGUMENT,
-        nothing moved) ids out of range, repeated destination ids and layouts of different geometry."""
+        TransferFailed; without it returns the transfer id for wait(). timeout: seconds the transfer may take (a
+        waited one defaults to the client's timeout). The agent refuses (INVALID_ARGUMENT, nothing moved) ids out
+        of range, repeated destination ids and layouts of different geometry."""
         code = _op(op)
+        if type(remote) is not RemoteLayout or type(layout) is not Layout:
+            raise TypeError(_blocks_sides_error(layout, remote))
         if id_bytes is None:
             local, width, count = _blocks.short_ids(ids) or _blocks.pack_ids(ids)
             rids, rwidth, rcount = _blocks.short_ids(remote_ids) or _blocks.pack_ids(remote_ids)
@@ -894,6 +1035,8 @@ class Client:
             rids, rwidth, rcount = _blocks.pack_ids(remote_ids, id_bytes)
         if count != rcount:
             raise ValueError("%d local ids but %d remote ids: they pair one to one" % (count, rcount))
+        if wait and not timeout:
+            timeout = self.timeout  # the agent ends it, and answers, before this call gives up
         if (notify is None and width == rwidth and count < _blocks.ARENA_MIN_IDS and self._fast is not None
                 and type(remote) is RemoteLayout):
             return self._short_blocks(code, layout, local, rids, width, count, remote, timeout, wait)
@@ -920,7 +1063,7 @@ class Client:
             resp = self._fast_call(parts, timeout, mailbox=self._mailbox_for(layout, remote))
         else:
             req = _blocks.blocks_request(code, layout.id, remote.ref, local, rids, width, timeout, notify, wait)
-            resp = self._call(self.stub.TransferBlocks, req)
+            resp = self._call(self.stub.TransferBlocks, req, timeout=self._call_timeout(timeout))
         return self._settled(resp, wait)
 
     def _short_blocks(self, code, layout, local, rids, width, count, remote, timeout, wait):
@@ -973,7 +1116,8 @@ class Client:
 
     def wait(self, transfer_id: int, timeout: Optional[float] = None) -> pb.TransferStatus:
         """Waits for a submitted transfer; raises TransferFailed if it did not succeed, and returns a PENDING
-        status when timeout (default: the client's) passed first. The wait goes through the fast socket when
+        status (it does not raise, unlike wait_all) when timeout (None or 0: the client's) passed first: the
+        transfer goes on, and may be waited for again. The wait goes through the fast socket when
         the client has one (it holds that socket meanwhile: threads that submit while others wait should use
         one client each)."""
         if self._fast is None:

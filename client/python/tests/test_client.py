@@ -4,16 +4,18 @@
 """Tests of the Python client against a real agent socket: FABRICXFER_SOCKET names it (client/python_test.go
 starts an agent and runs this with /usr/bin/python3)."""
 
+import array
 import hashlib
 import os
 import threading
+import time
 import unittest
 
 import grpc
 
 from fabricxfer.agent.v1 import agent_pb2 as pb
-from fabricxfer.client import (Client, Item, TransferFailed, shared_memory,
-                               to_descriptor, to_region, to_segment)
+from fabricxfer.client import (AgentUnreachable, Client, Item, Region, SessionLost, TransferFailed, shared_memory,
+                               to_descriptor, to_layout, to_region, to_segment)
 
 SOCKET = os.environ.get("FABRICXFER_SOCKET", "")
 
@@ -129,6 +131,138 @@ class ClientTest(unittest.TestCase):
             with self.assertRaises(grpc.RpcError) as e:
                 c.write(rs, 0, to_region(rd), 4096, 8192)
             self.assertEqual(e.exception.code(), grpc.StatusCode.OUT_OF_RANGE)
+
+    def test_each_client_is_a_session_of_its_own(self):
+        # gRPC shares one connection between channels of one target unless told not to, and the agent ties
+        # regions to the connection: closing one client must free its regions (and names) while another client of
+        # the same process stays open and keeps its own.
+        fd, buf = self.shm(4096)
+        kept = self.c.register_host(fd, 0, 4096, segment="py-kept")
+        for k in range(3):
+            c = Client(SOCKET)
+            c.register_host(fd, 0, 4096, segment="py-own-session")
+            c.close()
+            deadline = time.monotonic() + 5
+            while True:  # the agent frees the closed session's regions once it sees the connection end
+                probe = Client(SOCKET)
+                try:
+                    probe.register_host(fd, 0, 4096, segment="py-own-session")
+                    break
+                except grpc.RpcError as e:
+                    self.assertEqual(e.code(), grpc.StatusCode.ALREADY_EXISTS, e.details())
+                    self.assertLess(time.monotonic(), deadline, "round %d: a closed client's segment is still "
+                                    "registered after 5 s" % k)
+                    time.sleep(0.05)
+                finally:
+                    probe.close()
+        self.c.write(kept, 0, to_segment("", "py-kept"), 0, 16)
+
+    def test_the_agents_own_unavailable_is_not_a_lost_session(self):
+        # UNAVAILABLE is also what the agent answers for a peer it cannot reach; the session is fine, and
+        # recover() on a live session registers nothing again (region ids stay, no second copy is held).
+        slow = Client(SOCKET, fast=False)
+        self.addCleanup(slow.close)
+        fd, _ = self.shm(4096)
+        r = slow.register_host(fd, 0, 4096)
+        before = r.id
+        for c in (self.c, slow):
+            with self.assertRaises(grpc.RpcError) as e:
+                c.transfer("write", [Item(r if c is slow else self.c.register_host(fd, 0, 4096),
+                                          to_segment("node-nowhere", "kv"), 16)])
+            self.assertNotIsInstance(e.exception, SessionLost)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE, e.exception.details())
+            with self.assertRaises(grpc.RpcError) as e:
+                c.resolve_segment("node-nowhere", "kv")
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE, e.exception.details())
+        slow.recover()
+        self.assertEqual(r.id, before, "recover() on a live session registered the region again")
+        slow.write(r, 0, to_region(r), 2048, 16)
+
+    def test_waited_transfers_carry_the_clients_deadline_and_calls_outlast_theirs(self):
+        # A waited transfer without a timeout is given the client's, so the agent ends it and answers before the
+        # call gives up; a gRPC call waits for its transfer's own timeout, not only the client's.
+        seen = []
+
+        class Stub:
+            def Transfer(self, req, timeout=None, **kw):
+                seen.append((req.timeout.ToNanoseconds() / 1e9 if req.HasField("timeout") else None, timeout))
+                return pb.TransferResponse(transfer_id=1, status=pb.TransferStatus(
+                    state=pb.TRANSFER_STATE_SUCCEEDED))
+
+        c = Client.__new__(Client)
+        c.stub, c.timeout, c._fast, c._losses, c._session = Stub(), 0.2, None, 0, 0
+        r = Region(id=1, length=4096)
+        c.transfer("write", [Item(r, to_region(r), 16)])
+        c.transfer("write", [Item(r, to_region(r), 16)], timeout=5.0)
+        c.transfer("write", [Item(r, to_region(r), 16)], wait=False)
+        self.assertEqual(seen[0], (0.2, 1.2))
+        self.assertEqual(seen[1], (5.0, 6.0))
+        self.assertEqual(seen[2][0], None)
+
+    def test_a_socket_path_with_no_agent_says_so(self):
+        start = time.monotonic()
+        with self.assertRaises(AgentUnreachable) as e:
+            Client(os.path.join(os.path.dirname(SOCKET), "no-such-pool", "agent.sock"), timeout=0.3)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertIn("no-such-pool", str(e.exception))
+        self.assertIn("no socket there", str(e.exception))
+        self.assertIsInstance(e.exception, grpc.RpcError)
+        with self.assertRaises(AgentUnreachable) as e:
+            Client(os.path.join(os.path.dirname(os.path.dirname(SOCKET)), "agent.sock"), timeout=0.3)
+        self.assertIn("name the pool's folder", str(e.exception))
+
+    def test_wrong_sides_are_refused_with_what_to_pass(self):
+        fd, _ = self.shm(4096)
+        r = self.c.register_host(fd, 0, 4096)
+        lay = self.c.register_layout([r], 1024)
+        ids = array.array("q", [1])
+        for remote, says in ((lay, "to_layout"), (to_segment("", "x"), "to_layout"), (to_region(r), "name regions")):
+            with self.assertRaisesRegex(TypeError, says):
+                self.c.transfer_blocks("write", lay, ids, remote, ids)
+        with self.assertRaisesRegex(TypeError, "of a Layout"):
+            self.c.transfer_blocks("write", r, ids, to_layout(lay), ids)
+        with self.assertRaisesRegex(TypeError, "to_region"):
+            self.c.transfer("write", [Item(r, to_layout(lay), 16)])
+        with self.assertRaisesRegex(TypeError, "Region"):
+            to_region(lay)
+
+    def test_to_region_follows_the_region_across_recover(self):
+        fd, _ = self.shm(4096)
+        r = self.c.register_host(fd, 0, 4096)
+        remote = to_region(r)
+        r.id = r.id + 1  # what recover() does in place
+        self.assertEqual(remote.ref.region_id, r.id)
+
+    def test_a_forked_child_can_neither_use_nor_break_its_parents_client(self):
+        fd, buf = self.shm(8192)
+        r = self.c.register_host(fd, 0, 8192)
+        self.c.write(r, 0, to_region(r), 4096, 64)
+        pid = os.fork()
+        if pid == 0:  # the child: every use of the parent's client, and a new one, is refused at once
+            code = 0
+            try:
+                for k, call in enumerate((lambda: self.c.write(r, 0, to_region(r), 4096, 64),
+                                          lambda: self.c.recover(timeout=1),
+                                          lambda: Client(SOCKET, timeout=1))):
+                    try:
+                        call()
+                        code = code or 10 + k
+                    except RuntimeError as e:
+                        if "fork" not in str(e) and "spawn" not in str(e):
+                            code = code or 20 + k
+                self.c.close()
+            except BaseException:
+                code = code or 30
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        # The parent's client and connection are untouched, on the fast socket and through gRPC.
+        buf[:64] = os.urandom(64)
+        self.c.write(r, 0, to_region(r), 4096, 64)
+        self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
+        slow = Client(SOCKET, fast=False)
+        self.addCleanup(slow.close)
+        self.assertEqual(slow.info.caller.pid, os.getpid())
 
     def test_unknown_segment_is_not_found(self):
         sfd, _ = self.shm(4096)
