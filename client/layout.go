@@ -169,7 +169,7 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 	if err := c.check(); err != nil {
 		return nil, gen, err
 	}
-	req, err := blocksRequest(op, l, ids, remote, remoteIDs, opts, wait)
+	req, err := blocksRequest(ctx, op, l, ids, remote, remoteIDs, opts, wait)
 	if err != nil {
 		return nil, gen, err
 	}
@@ -190,7 +190,7 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 
 // blocksRequest checks and builds a block transfer's request, without its ids (the caller puts them in the
 // request or the id arena).
-func blocksRequest(op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions, wait bool) (*agentv1.TransferBlocksRequest, error) {
+func blocksRequest(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions, wait bool) (*agentv1.TransferBlocksRequest, error) {
 	if len(ids) != len(remoteIDs) {
 		return nil, fmt.Errorf("transferring blocks: %d local ids and %d remote ids", len(ids), len(remoteIDs))
 	}
@@ -203,7 +203,7 @@ func blocksRequest(op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteID
 		return nil, fmt.Errorf("transferring blocks: %w", err)
 	}
 	req := &agentv1.TransferBlocksRequest{LayoutId: id, Remote: ref, IdBytes: 4, Notify: opts.Notify, Wait: wait}
-	if req.Op, req.Timeout, err = submission(op, opts); err != nil {
+	if req.Op, req.Timeout, err = submission(ctx, op, opts, wait); err != nil {
 		return nil, err
 	}
 	return req, nil

@@ -71,7 +71,9 @@ const (
 
 // TransferOptions tune a submission.
 type TransferOptions struct {
-	// Timeout bounds the transfer on the agent (zero: the agent's default).
+	// Timeout bounds the transfer on the agent (zero: the agent's default). A waited transfer is also bounded
+	// by its context's deadline, less a margin for the answer to come back: the agent ends it then and says so,
+	// rather than going on with it after the call gave up.
 	Timeout time.Duration
 	// Notify is delivered to the target's Notifications stream once every byte landed.
 	Notify []byte
@@ -102,11 +104,12 @@ func (e *TransferError) Error() string {
 		e.Status.Error, strings.Join(tags, "; "))
 }
 
-// submission is what item and block transfers send alike: the op and the timeout.
-func submission(op Op, opts TransferOptions) (agentv1.Op, *durationpb.Duration, error) {
+// submission is what item and block transfers send alike: the op and the timeout, the latter bounded by ctx's
+// deadline for a waited transfer.
+func submission(ctx context.Context, op Op, opts TransferOptions, wait bool) (agentv1.Op, *durationpb.Duration, error) {
 	var timeout *durationpb.Duration
-	if opts.Timeout > 0 {
-		timeout = durationpb.New(opts.Timeout)
+	if d := boundedTimeout(ctx, opts.Timeout, wait); d > 0 {
+		timeout = durationpb.New(d)
 	}
 	switch op {
 	case Write:
@@ -117,10 +120,28 @@ func submission(op Op, opts TransferOptions) (agentv1.Op, *durationpb.Duration, 
 	return 0, nil, fmt.Errorf("unknown op %d", op)
 }
 
-func (c *Client) request(op Op, items []Item, opts TransferOptions, wait bool) (*agentv1.TransferRequest, error) {
+// boundedTimeout is a transfer's timeout on the agent: timeout, and for a waited transfer at most what ctx has
+// left less a tenth (at most 100 ms), the time the agent's answer needs to come back within the call.
+func boundedTimeout(ctx context.Context, timeout time.Duration, wait bool) time.Duration {
+	deadline, ok := ctx.Deadline()
+	if !wait || !ok {
+		return timeout
+	}
+	left := time.Until(deadline)
+	left -= min(left/10, 100*time.Millisecond)
+	if left <= 0 {
+		left = time.Millisecond // the call is out of time: the agent's answer says so
+	}
+	if timeout <= 0 || left < timeout {
+		return left
+	}
+	return timeout
+}
+
+func (c *Client) request(ctx context.Context, op Op, items []Item, opts TransferOptions, wait bool) (*agentv1.TransferRequest, error) {
 	req := &agentv1.TransferRequest{Items: make([]*agentv1.TransferItem, len(items)), Notify: opts.Notify, Wait: wait}
 	var err error
-	if req.Op, req.Timeout, err = submission(op, opts); err != nil {
+	if req.Op, req.Timeout, err = submission(ctx, op, opts, wait); err != nil {
 		return nil, err
 	}
 	for i, it := range items {
@@ -171,7 +192,7 @@ func (c *Client) send(ctx context.Context, op Op, items []Item, opts TransferOpt
 	if err := c.check(); err != nil {
 		return nil, gen, err
 	}
-	req, err := c.request(op, items, opts, wait)
+	req, err := c.request(ctx, op, items, opts, wait)
 	if err != nil {
 		return nil, gen, fmt.Errorf("%s: %w", what, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,5 +129,62 @@ func TestGoClientWaitsOnTheFastSocketWithoutHoldingIt(t *testing.T) {
 	// The client still works on its fast path.
 	if _, err := c.Do(ctx, client.Write, item(102*4096), client.TransferOptions{}); err != nil || !moved(102*4096) {
 		t.Fatalf("a transfer after the waits: %v", err)
+	}
+}
+
+// TestGoClientsDeadlineEndsItsTransferOnTheAgent: a waited transfer whose context has a deadline (and no
+// timeout of its own) is ended by the agent within that deadline, which answers on the same fast connection: the
+// call returns the agent's failed status, not the client's own timeout (which would drop the fast connection),
+// the transfer never lands once its backend frees up, and the next call works.
+func TestGoClientsDeadlineEndsItsTransferOnTheAgent(t *testing.T) {
+	backend := enginetest.NewGatedHost()
+	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, backend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := baseOptions(t, newProcFixture(t))
+	opts.Engine = comp
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	ctx := ctxT(t)
+	m := shm(t, 2<<20)
+	fill(t, m.Bytes[:1<<20])
+	src, err := c.RegisterHost(ctx, m.File, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := c.RegisterHost(ctx, m.File, 1<<20, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	item := []client.Item{{Local: src, Remote: client.ToRegion(dst), Length: 4096}}
+	release := backend.Gate.Shut(t)
+	defer release()
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	st, err := c.Do(short, client.Write, item, client.TransferOptions{})
+	took := time.Since(start)
+	var terr *client.TransferError
+	if !errors.As(err, &terr) || st == nil || !strings.Contains(st.Error, "deadline") {
+		t.Fatalf("a waited transfer held past its context's deadline: %v (status %v), want the agent's deadline failure", err, st)
+	}
+	if took > 2*time.Second {
+		t.Fatalf("the call with a 300 ms deadline took %v", took)
+	}
+	release()
+	time.Sleep(100 * time.Millisecond)
+	if bytes.Equal(m.Bytes[1<<20:1<<20+4096], m.Bytes[:4096]) {
+		t.Fatal("the transfer landed after the agent ended it")
+	}
+	if _, err := c.Do(ctx, client.Write, item, client.TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(m.Bytes[1<<20:1<<20+4096], m.Bytes[:4096]) {
+		t.Fatal("the next transfer's bytes are not in place")
 	}
 }
