@@ -25,30 +25,7 @@ import (
 // held the same client's other calls go on at once; the wait ends when the transfer does, with its bytes in
 // place; a wait whose context ends first says so within that deadline and leaves the client working.
 func TestGoClientWaitsOnTheFastSocketWithoutHoldingIt(t *testing.T) {
-	backend := enginetest.NewGatedHost()
-	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, backend)
-	if err != nil {
-		t.Fatal(err)
-	}
-	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := baseOptions(t, newProcFixture(t))
-	opts.Engine = comp
-	a := startAgent(t, opts)
-	c := dial(t, a)
-	ctx := ctxT(t)
-	m := shm(t, 2<<20)
-	fill(t, m.Bytes[:1<<20])
-	src, err := c.RegisterHost(ctx, m.File, 0, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := c.RegisterHost(ctx, m.File, 1<<20, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	backend, c, ctx, m, src, dst := newGatedBed(t)
 	item := func(off uint64) []client.Item {
 		return []client.Item{{Local: src, LocalOffset: off, Remote: client.ToRegion(dst), RemoteOffset: off, Length: 4096}}
 	}
@@ -137,30 +114,7 @@ func TestGoClientWaitsOnTheFastSocketWithoutHoldingIt(t *testing.T) {
 // call returns the agent's failed status, not the client's own timeout (which would drop the fast connection),
 // the transfer never lands once its backend frees up, and the next call works.
 func TestGoClientsDeadlineEndsItsTransferOnTheAgent(t *testing.T) {
-	backend := enginetest.NewGatedHost()
-	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, backend)
-	if err != nil {
-		t.Fatal(err)
-	}
-	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := baseOptions(t, newProcFixture(t))
-	opts.Engine = comp
-	a := startAgent(t, opts)
-	c := dial(t, a)
-	ctx := ctxT(t)
-	m := shm(t, 2<<20)
-	fill(t, m.Bytes[:1<<20])
-	src, err := c.RegisterHost(ctx, m.File, 0, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := c.RegisterHost(ctx, m.File, 1<<20, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	backend, c, ctx, m, src, dst := newGatedBed(t)
 	item := []client.Item{{Local: src, Remote: client.ToRegion(dst), Length: 4096}}
 	release := backend.Gate.Shut(t)
 	defer release()
@@ -187,4 +141,35 @@ func TestGoClientsDeadlineEndsItsTransferOnTheAgent(t *testing.T) {
 	if !bytes.Equal(m.Bytes[1<<20:1<<20+4096], m.Bytes[:4096]) {
 		t.Fatal("the next transfer's bytes are not in place")
 	}
+}
+
+// newGatedBed starts an agent whose only engine copies host memory behind a gate, and registers the two halves of
+// a 2 MiB memfd with a client of it: src (random bytes) and dst.
+func newGatedBed(t *testing.T) (enginetest.GatedHost, *client.Client, context.Context, *client.SharedMemory, *client.Region, *client.Region) {
+	t.Helper()
+	backend := enginetest.NewGatedHost()
+	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, backend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := baseOptions(t, newProcFixture(t))
+	opts.Engine = comp
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	ctx := ctxT(t)
+	m := shm(t, 2<<20)
+	fill(t, m.Bytes[:1<<20])
+	src, err := c.RegisterHost(ctx, m.File, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := c.RegisterHost(ctx, m.File, 1<<20, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return backend, c, ctx, m, src, dst
 }
