@@ -74,27 +74,8 @@ _ORDERED_CPUS = frozenset(("x86_64", "AMD64", "i386", "i686"))
 ID_ARENA_BYTES = 1 << 20
 
 
-class AgentError(grpc.RpcError):
-    """An error the agent answered on the fast socket; code() and details() read like a gRPC error's."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self._code = _CODES.get(code, grpc.StatusCode.UNKNOWN)
-        self._details = message
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
-
-    def __str__(self):
-        return "%s: %s" % (self._code.name, self._details)
-
-
-class AgentUnreachable(grpc.RpcError, ConnectionError):
-    """No agent answered at the socket within the client's timeout; the message names the path and what was
-    found there. code() is gRPC's (DEADLINE_EXCEEDED or UNAVAILABLE)."""
+class _StatusError(grpc.RpcError):
+    """An error that reads like a gRPC call's: code() and details()."""
 
     def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__(message)
@@ -107,7 +88,19 @@ class AgentUnreachable(grpc.RpcError, ConnectionError):
         return self._details
 
     def __str__(self):
-        return self._details
+        return "%s: %s" % (self._code.name, self._details)
+
+
+class AgentError(_StatusError):
+    """An error the agent answered on the fast socket; code() and details() read like a gRPC error's."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
+
+
+class AgentUnreachable(_StatusError, ConnectionError):
+    """No agent answered at the socket within the client's timeout; the message names the path and what was
+    found there. code() is gRPC's (DEADLINE_EXCEEDED or UNAVAILABLE)."""
 
 
 def _unreachable(path: str, timeout: float, details: str) -> str:
