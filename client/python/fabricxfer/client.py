@@ -643,7 +643,8 @@ class Client:
         with self._lock:
             layouts = list(self._layouts)
         for lay in layouts:
-            if any(r.lost for r in lay.regions):
+            # A layout over pool memory (lost with the agent) or over a region deregistered since cannot come back.
+            if any(r.lost or r not in self._owned for r in lay.regions):
                 with self._lock:
                     self._layouts.remove(lay)
                 continue
@@ -1001,11 +1002,14 @@ class Client:
         return lay
 
     def deregister_layout(self, layout: Layout):
-        """Forgets a layout; its regions stay registered."""
-        self._call(self.stub.DeregisterLayout, pb.DeregisterLayoutRequest(layout_id=layout.id))
-        with self._lock:
-            if layout in self._layouts:
-                self._layouts.remove(layout)
+        """Forgets a layout; its regions stay registered. The client forgets it even when the agent no longer
+        knows it (NOT_FOUND: it went with an agent restart recover() could not bring it back from)."""
+        try:
+            self._call(self.stub.DeregisterLayout, pb.DeregisterLayoutRequest(layout_id=layout.id))
+        finally:
+            with self._lock:
+                if layout in self._layouts:
+                    self._layouts.remove(layout)
 
     def transfer_blocks(self, op: str, layout: Layout, ids, remote: RemoteLayout, remote_ids,
                         timeout: Optional[float] = None, wait: bool = True, notify: Optional[bytes] = None,

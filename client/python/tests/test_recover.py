@@ -11,7 +11,7 @@ import unittest
 
 import grpc
 
-from fabricxfer.client import Client, Item, SessionLost, shared_memory, to_region, to_segment
+from fabricxfer.client import Client, Item, SessionLost, shared_memory, to_layout, to_region, to_segment
 
 SOCKET = os.environ.get("FABRICXFER_SOCKET", "")
 RESTARTS = os.environ.get("FABRICXFER_RESTARTS") == "1"
@@ -45,6 +45,15 @@ class RecoverTest(unittest.TestCase):
         pool = c.allocate_from_pool(4096) if c.info.HasField("pool_memory") else None
         c.write(rs, 0, to_region(rd), 0, 4096)
         old = (rs.id, rd.id, rd.descriptor)
+        # A layout whose region was deregistered since cannot come back: recover() drops it instead of failing.
+        xfd, xbuf = shared_memory("py-recover-x", 4096)
+        self.addCleanup(xbuf.close)
+        rx = c.register_host(xfd, 0, 4096)
+        os.close(xfd)
+        lx = c.register_layout([rx], 1024)
+        c.deregister(rx)
+        kept = c.register_layout([rs], 4096)
+        dst_layout = c.register_layout([rd], 4096)
 
         # The caller closing its own fds must not stop recover() from registering the memory again.
         os.close(sfd)
@@ -57,6 +66,15 @@ class RecoverTest(unittest.TestCase):
             self.assertIn(e.exception.code(), (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND))
 
         c.recover(timeout=10.0)
+        self.assertNotIn(lx, c._layouts, "a layout over a deregistered region was kept")
+        with self.assertRaises(grpc.RpcError) as e:
+            c.deregister_layout(lx)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIn(kept, c._layouts)
+        src[:64] = os.urandom(64)
+        c.transfer_blocks("write", kept, memoryview(b"\0\0\0\0").cast("i"), to_layout(dst_layout),
+                          memoryview(b"\0\0\0\0").cast("i"))
+        self.assertEqual(bytes(src[:4096]), bytes(dst[:4096]), "a layout recover() brought back moved nothing")
         self.assertNotEqual(rd.descriptor, old[2], "the destination kept its old descriptor")
         self.assertFalse(rs.lost or rd.lost)
         if pool is not None:
