@@ -135,8 +135,8 @@ func TestBlockTransferRefusals(t *testing.T) {
 		code          string
 		says          string
 	}{
-		"id out of range":        {u32(16), u32(0), client.ToLayout(l2), "InvalidArgument", "source block 16 of 64 bytes ends outside"},
-		"remote id out of range": {u32(1), u32(1 << 31), client.ToLayout(l2), "InvalidArgument", "destination block 2147483648"},
+		"id out of range":        {u32(16), u32(0), client.ToLayout(l2), "InvalidArgument", "local block id 16 (entry 0) is outside the layout's 16 blocks"},
+		"remote id out of range": {u32(1), u32(1 << 31), client.ToLayout(l2), "InvalidArgument", "remote block id 2147483648 (-2147483648 as int32) (entry 0) is outside"},
 		"duplicate destinations": {u32(1, 2), u32(4, 4), client.ToLayout(l2), "InvalidArgument", "named twice"},
 		"other block size":       {u32(1), u32(1), client.ToLayout(wide), "InvalidArgument", "geometry"},
 		"other region count":     {u32(1), u32(1), client.ToLayout(three), "InvalidArgument", "geometry"},

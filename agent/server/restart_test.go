@@ -8,9 +8,11 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
@@ -188,5 +190,115 @@ func TestWaitsRaceTheSettlingOfUnwaitedTransfers(t *testing.T) {
 	time.Sleep(20 * time.Millisecond) // the settling goroutines of the last transfers run now, if they are to crash
 	if _, err := c.Submit(ctx, client.Write, []client.Item{{Local: r1, Remote: client.ToRegion(r2), Length: 4096}}, client.TransferOptions{}); err != nil {
 		t.Fatalf("the agent after the waits: %v", err)
+	}
+}
+
+// TestTransferIDsOfAPreviousAgentAreNotFound: transfer ids carry the agent instance's epoch, as region and layout
+// ids do. One agent's ids are distinct and increasing; after a restart, a wait (gRPC, fast socket, one id or a
+// list), a cancel or a watch on an id the previous instance handed out is NotFound saying so, never the status of
+// the new instance's transfer that happens to count to the same number (before the fix: SUCCEEDED, with that
+// transfer's bytes).
+func TestTransferIDsOfAPreviousAgentAreNotFound(t *testing.T) {
+	opts := baseOptions(t, newProcFixture(t))
+	a := startAgent(t, opts)
+	ctx := ctxT(t)
+	m := shm(t, 1<<20)
+	regions := func(c *client.Client) (src, dst *client.Region) {
+		src, err := c.RegisterHost(ctx, m.File, 0, 1<<19)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst, err = c.RegisterHost(ctx, m.File, 1<<19, 1<<19)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src, dst
+	}
+	submit := func(c *client.Client, src, dst *client.Region, length uint64, wait bool) *agentv1.TransferResponse {
+		t.Helper()
+		resp, err := c.API().Transfer(ctx, &agentv1.TransferRequest{Op: agentv1.Op_OP_WRITE, Wait: wait,
+			Remote: &agentv1.RemoteRef{Target: &agentv1.RemoteRef_RegionId{RegionId: dst.ID()}},
+			Items:  []*agentv1.TransferItem{{LocalRegionId: src.ID(), Length: length}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+
+	ca := dial(t, a)
+	srcA, dstA := regions(ca)
+	var old []uint64
+	for i := range 5 {
+		old = append(old, submit(ca, srcA, dstA, 4096*uint64(i+1), false).TransferId) // not waited for
+	}
+	if old[0]>>32 == 0 {
+		t.Errorf("transfer id %#x carries no epoch in its high 32 bits", old[0])
+	}
+	for i, id := range old {
+		if i > 0 && id <= old[i-1] {
+			t.Fatalf("transfer ids of one agent are not distinct and increasing: %d after %d", id, old[i-1])
+		}
+	}
+	a.stop(t)
+
+	b := startAgent(t, opts)
+	cb := dial(t, b)
+	srcB, dstB := regions(cb)
+	var fresh []uint64
+	for range 2 * len(old) { // the new instance counts past every id the old one handed out
+		resp := submit(cb, srcB, dstB, 12345, true)
+		if resp.Status.GetState() != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+			t.Fatalf("a transfer of the new agent: %v", resp.Status)
+		}
+		fresh = append(fresh, resp.TransferId)
+	}
+	if fresh[0]>>32 == old[0]>>32 {
+		t.Errorf("the new agent's transfer id %#x has the previous agent's epoch (its first id was %#x)", fresh[0], old[0])
+	}
+	for i, id := range fresh {
+		if i > 0 && id <= fresh[i-1] {
+			t.Fatalf("transfer ids of one agent are not distinct and increasing: %d after %d", id, fresh[i-1])
+		}
+	}
+
+	const says = "not one of this agent's"
+	notFound := func(what string, st *agentv1.TransferStatus, err error) {
+		t.Helper()
+		if err == nil {
+			t.Fatalf("%s on transfer %d of the previous agent answered %v, want NotFound", what, old[4], st)
+		}
+		if client.Code(err) != codes.NotFound || !strings.Contains(err.Error(), says) {
+			t.Fatalf("%s on transfer %d of the previous agent: %v, want NotFound saying %q", what, old[4], err, says)
+		}
+	}
+	for _, id := range old {
+		st, err := cb.API().Wait(ctx, &agentv1.WaitRequest{TransferId: id})
+		if err == nil {
+			t.Fatalf("wait on transfer %d of the previous agent answered %v, want NotFound", id, st)
+		}
+	}
+	st, err := cb.API().Wait(ctx, &agentv1.WaitRequest{TransferId: old[4], Timeout: durationpb.New(time.Second)})
+	notFound("wait", st, err)
+	st, err = cb.API().Cancel(ctx, &agentv1.CancelRequest{TransferId: old[4]})
+	notFound("cancel", st, err)
+	watch, err := cb.API().Watch(ctx, &agentv1.WatchRequest{TransferIds: []uint64{old[4]}})
+	if err == nil {
+		st, err = watch.Recv()
+	}
+	notFound("watch", st, err)
+	conn := fastConn(t, b, cb)
+	for _, ids := range [][]uint64{{old[4]}, {fresh[0], old[4]}} {
+		r := rawFrame(t, conn, waitFrame(t, time.Second, ids...))
+		if codes.Code(r.Code) != codes.NotFound || !strings.Contains(r.Message, says) {
+			t.Fatalf("fast wait on %v (the last of the previous agent): %v %q %v, want NotFound saying %q",
+				ids, codes.Code(r.Code), r.Message, r.Response, says)
+		}
+	}
+	// The new agent's own ids still answer.
+	if st, err := cb.API().Wait(ctx, &agentv1.WaitRequest{TransferId: fresh[4]}); err != nil || st.Bytes != 12345 {
+		t.Fatalf("wait on the new agent's own transfer: %v, %v", st, err)
+	}
+	if r := rawFrame(t, conn, waitFrame(t, time.Second, fresh...)); r.Code != 0 || r.Response.GetStatus().GetTransferId() != fresh[len(fresh)-1] {
+		t.Fatalf("fast wait on the new agent's own transfers: %v", r)
 	}
 }

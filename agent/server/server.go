@@ -206,12 +206,15 @@ func New(opts Options) (*Server, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, fmt.Errorf("agent server: %w", err)
 	}
+	// Region, layout and transfer ids carry a random epoch in their high 32 bits, so an id from a previous agent
+	// instance never names a new region, layout or transfer.
+	epoch := uint64(binary.BigEndian.Uint32(b[:])|1) << 32
 	metrics := newServerMetrics()
 	tokens := fdsocket.NewTokens(opts.TokenTTL, 64)
 	table := regiontable.New(regiontable.Config{Node: opts.NodeName, PoolNamespace: opts.PoolNamespace, PoolName: opts.PoolName,
 		PeerEndpoint: opts.PeerEndpoint,
-		// Region ids carry a random epoch so an id from a previous agent instance never names a new region.
-		Epoch:  uint64(binary.BigEndian.Uint32(b[:])|1) << 32,
+		// The epoch is or'ed into region and layout ids.
+		Epoch:  epoch,
 		Engine: opts.Engine, Limits: regiontable.Limits{MaxRegions: opts.Limits.MaxRegions, MaxRegisteredBytes: opts.Limits.MaxRegisteredBytes},
 		Tokens: tokens, GPUs: opts.GPUs, FabricDomainOf: opts.FabricDomainOf, Refusals: metrics.Counters})
 	stopping := make(chan struct{})
@@ -222,7 +225,8 @@ func New(opts Options) (*Server, error) {
 	cfg := transfers.Config{Table: table, Engine: opts.Engine, Node: opts.NodeName, Peers: opts.Peers, Engines: notes,
 		Limits: transfers.Limits{MaxInFlight: opts.Limits.MaxInFlight, MaxItemsPerTransfer: opts.Limits.MaxItemsPerTransfer,
 			MaxInFlightBytes: opts.Limits.MaxInFlightBytes},
-		SessionGrace: opts.SessionGrace, FinishedRetention: opts.FinishedRetention, Stopping: stopping, Refusals: metrics.Counters}
+		SessionGrace: opts.SessionGrace, FinishedRetention: opts.FinishedRetention, Stopping: stopping, Refusals: metrics.Counters,
+		Epoch: epoch}
 	s := &Server{metrics: metrics, opts: opts, log: opts.Logger, tokens: tokens, stopping: stopping,
 		table: table, xfer: transfers.New(cfg), sessions: map[uint64]*session{},
 		pool: poollend.New(poollend.Config{Pool: opts.Pool, Table: table, Tokens: tokens, GPUs: opts.GPUs, Refusals: metrics.Counters}),

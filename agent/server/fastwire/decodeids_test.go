@@ -72,6 +72,72 @@ func TestDecodeBlockIDsMatchesItsDefinition(t *testing.T) {
 	}
 }
 
+// TestInt32IDsDecodeAsSentAndOutsideIDsNamesTheFirstBadOne: int32 ids are copied as sent, whatever their range
+// (the engines check it as they plan); OutsideIDs, what a refusal of the engines says, names one past the
+// layout, the largest uint32 (an int32 -1) or 2^31 (the most negative int32) anywhere in a list of any length by
+// its entry and the id as sent, and finds nothing in a list within the layout, the last block included.
+func TestInt32IDsDecodeAsSentAndOutsideIDsNamesTheFirstBadOne(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for round := range 400 {
+		blocks := uint64(1 + rng.IntN(1<<20))
+		if round%9 == 0 {
+			blocks = math.MaxUint32 // the widest layout: every id but the largest uint32 is in range
+		}
+		n := 1 + rng.IntN(300)
+		vals := make([]uint32, n)
+		for i := range vals {
+			vals[i] = uint32(rng.Uint64N(blocks))
+		}
+		vals[rng.IntN(n)] = uint32(blocks - 1)
+		want, shown := -1, ""
+		if round%2 == 1 {
+			want = rng.IntN(n)
+			switch round % 3 {
+			case 0:
+				vals[want] = uint32(min(blocks, math.MaxUint32)) // one past the layout
+			case 1:
+				vals[want] = math.MaxUint32 // an int32 -1
+			default:
+				vals[want] = 1 << 31 // the most negative int32
+			}
+			shown = itoa(int(vals[want]))
+			if int32(vals[want]) < 0 {
+				shown += " (" + itoa(int(int32(vals[want]))) + " as int32)"
+			}
+			if uint64(vals[want]) < blocks {
+				want = -1
+			}
+		}
+		b := make([]byte, 4*n)
+		for i, v := range vals {
+			binary.LittleEndian.PutUint32(b[4*i:], v)
+		}
+		ids := make([]uint32, n)
+		if err := DecodeBlockIDs(ids, b, 4, blocks, "remote"); err != nil {
+			t.Fatalf("round %d: int32 ids refused as they are decoded: %v", round, err)
+		}
+		for i, v := range vals {
+			if ids[i] != v {
+				t.Fatalf("round %d: entry %d decoded as %d, sent %d", round, i, ids[i], v)
+			}
+		}
+		err := OutsideIDs(ids, blocks, 4, "remote")
+		if want < 0 {
+			if err != nil {
+				t.Fatalf("round %d: good ids of a layout of %d blocks named outside: %v", round, blocks, err)
+			}
+			continue
+		}
+		msg := "remote block id " + shown + " (entry " + itoa(want) + ") is outside the layout's " + itoa(int(blocks)) + " blocks"
+		if err == nil || !strings.Contains(err.Error(), msg) {
+			t.Fatalf("round %d: id %d at entry %d of a layout of %d blocks: got %v, want %q", round, vals[want], want, blocks, err, msg)
+		}
+	}
+	if err := OutsideIDs(make([]uint32, 1), 0, 4, "local"); err == nil {
+		t.Fatal("an int32 id of a layout of no blocks is not named outside it")
+	}
+}
+
 func itoa(i int) string { return fmtID(uint64(i), 8) }
 
 func BenchmarkDecodeBlockIDs(b *testing.B) {
@@ -90,4 +156,16 @@ func BenchmarkDecodeBlockIDs(b *testing.B) {
 			}
 		})
 	}
+	b.Run("int32", func(b *testing.B) {
+		raw := make([]byte, 4*n)
+		for i := range n {
+			binary.LittleEndian.PutUint32(raw[4*i:], uint32(i*17%262144))
+		}
+		ids := make([]uint32, n)
+		for b.Loop() {
+			if err := DecodeBlockIDs(ids, raw, 4, 262144, "local"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -24,8 +24,9 @@ import (
 // blockTag is the tag failures of a block transfer are reported under.
 const blockTag = "blocks"
 
-// TransferBlocks serves TransferBlocks for the gRPC call and the fast socket alike. The ids are decoded and
-// range-checked here, once; the engines check bounds and duplicate destinations as they plan. arena is the
+// TransferBlocks serves TransferBlocks for the gRPC call and the fast socket alike. The ids are decoded here,
+// once (int64 ids range-checked as they are narrowed); the engines check bounds and duplicate destinations as
+// they plan, and a refusal of ids out of range names them as the caller sent them. arena is the
 // fast connection's id arena (nil elsewhere), read when the request says its ids are there.
 func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session, req *agentv1.TransferBlocksRequest, arena []byte) (*agentv1.TransferResponse, error) {
 	timeout, err := checkSubmission(req.Op, req.Notify, req.Timeout)
@@ -170,23 +171,33 @@ func (s *Service) submitBlocks(ctx context.Context, sess *regiontable.Session, r
 	}
 	if err := adder.AddBlocks(b); err != nil {
 		plan.Build()
+		err = blockPlanError(n, len(pairs), err, localIDs, remoteIDs, local.Blocks(), remote.Blocks, width)
 		lease.release()
-		return nil, blockPlanError(n, len(pairs), err)
+		return nil, err
 	}
 	ps := plan.Build()
 	if len(ps.Rejected) > 0 {
+		err := blockPlanError(n, len(pairs), ps.Rejected[0].Err, localIDs, remoteIDs, local.Blocks(), remote.Blocks, width)
 		lease.release()
-		return nil, blockPlanError(n, len(pairs), ps.Rejected[0].Err)
+		return nil, err
 	}
 	trace.Log(ctx, "blocks", "planned")
 	return s.submit(ctx, sess, ps, s.blockTags, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, lease)
 }
 
-// blockPlanError reports a refused block batch; ids out of range are the caller's argument, not a range of
-// memory it named, so they are InvalidArgument like every other bad id.
-func blockPlanError(n, pairs int, err error) error {
+// blockPlanError reports a refused block batch. Ids out of range are the caller's argument, not a range of
+// memory it named, so they are InvalidArgument like every other bad id, and named as the caller sent them (the
+// side, the id, its entry, the layout's block count) when the decoded ids show one: int32 ids are not
+// range-checked as they are decoded.
+func blockPlanError(n, pairs int, err error, localIDs, remoteIDs []uint32, localBlocks, remoteBlocks uint64, width int) error {
 	code := regiontable.StatusCode(err)
 	if errors.Is(err, engines.ErrOutOfBounds) {
+		if out := fastwire.OutsideIDs(localIDs, localBlocks, width, "local"); out != nil {
+			return out
+		}
+		if out := fastwire.OutsideIDs(remoteIDs, remoteBlocks, width, "remote"); out != nil {
+			return out
+		}
 		code = codes.InvalidArgument
 	}
 	return status.Errorf(code, "planning %d blocks of %d region pairs: %v", n, pairs, err)

@@ -62,6 +62,9 @@ type Config struct {
 	// Stopping is closed when the server begins to stop; open streams (Watch, Notifications) end with it.
 	Stopping <-chan struct{}
 	Refusals *refusals.Counters
+	// Epoch is this agent instance's epoch (high 32 bits; the table's): transfer ids count up from it, so an id
+	// a previous instance handed out names no transfer here and is told apart from ids this one handed out.
+	Epoch uint64
 }
 
 // Service moves memory between the regions of a Table and other nodes' memory: it plans and submits transfers,
@@ -79,9 +82,12 @@ type Service struct {
 	refusals     *refusals.Counters
 
 	// running are the transfers not settled yet; settled keeps the settled ones' statuses for Wait.
-	running   map[uint64]*transfer
-	settled   settledRing
-	closed    chan struct{} // closed: the done of a settled transfer looked up again
+	running map[uint64]*transfer
+	settled settledRing
+	closed  chan struct{} // closed: the done of a settled transfer looked up again
+	// Transfer ids are epoch+1, epoch+2, …, epoch+nextXfer (past 2^32 transfers the count carries into the
+	// epoch's bits: ids stay distinct and increasing).
+	epoch     uint64
 	nextXfer  uint64
 	watchers  map[string]map[*watcher]struct{}
 	listeners map[string]map[*notifyListener]struct{}
@@ -101,7 +107,7 @@ type Service struct {
 func New(cfg Config) *Service {
 	s := &Service{table: cfg.Table, engine: cfg.Engine, limits: cfg.Limits, node: cfg.Node, peers: cfg.Peers,
 		engines: cfg.Engines, sessionGrace: cfg.SessionGrace, stopping: cfg.Stopping, refusals: cfg.Refusals,
-		running: map[uint64]*transfer{}, settled: newSettledRing(cfg.FinishedRetention), closed: make(chan struct{}),
+		epoch: cfg.Epoch, running: map[uint64]*transfer{}, settled: newSettledRing(cfg.FinishedRetention), closed: make(chan struct{}),
 		watchers: map[string]map[*watcher]struct{}{}, listeners: map[string]map[*notifyListener]struct{}{},
 		imports: map[engines.MemoryID]*imported{}, blockTags: []string{blockTag}, oneEngine: map[string][]string{}}
 	for _, name := range []string{engines.EngineXGMI, engines.EngineFabric, engines.EngineRDMA, engines.EngineTCP} {

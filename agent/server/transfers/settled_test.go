@@ -169,3 +169,32 @@ func TestSettledRingKeepsAQuietCallersRecordsThroughAFlood(t *testing.T) {
 		t.Fatalf("pod-a's expired record is answered: %v", st)
 	}
 }
+
+// Transfer ids carry the agent's epoch in their high 32 bits: the ring indexes them by their low bits (the count),
+// and answers an id of another epoch that falls in the same slot with nothing, never the record kept there.
+func TestSettledRingTellsEpochsApart(t *testing.T) {
+	const epoch, other = uint64(0x9e3779b9) << 32, uint64(0x7f4a7c15) << 32
+	r := newSettledRing(time.Minute)
+	now := r.epoch.Add(time.Second)
+	r.put("pod-a", succeeded(epoch+7, 4096), now)
+	r.put("pod-a", failed(epoch+8), now)
+	if st := r.get("pod-a", epoch+7, now); st == nil || st.TransferId != epoch+7 || st.Bytes != 4096 {
+		t.Fatalf("the owner's lookup of an epoch's id: %v", st)
+	}
+	if st := r.get("pod-a", epoch+8, now); st == nil || len(st.Failures) != 1 {
+		t.Fatalf("the owner's lookup of an epoch's failed id: %v", st)
+	}
+	for _, id := range []uint64{7, 8, other + 7, other + 8} {
+		if st := r.get("pod-a", id, now); st != nil {
+			t.Fatalf("id %#x of another epoch answered transfer %#x's status: %v", id, st.TransferId, st)
+		}
+	}
+	// The slot is the count's: the epoch's transfer maxFinished later takes it.
+	r.put("pod-a", succeeded(epoch+7+maxFinished, 1), now)
+	if st := r.get("pod-a", epoch+7, now); st != nil {
+		t.Fatalf("transfer %#x is still answered after a newer one took its slot: %v", epoch+7, st)
+	}
+	if st := r.get("pod-a", epoch+7+maxFinished, now); st == nil || st.Bytes != 1 {
+		t.Fatalf("the newer transfer: %v", st)
+	}
+}

@@ -166,7 +166,7 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	u.InFlight++
 	u.InFlightBytes += total
 	s.nextXfer++
-	x := &transfer{id: s.nextXfer, owner: sess.Caller.Key, tags: tags, bytes: total, start: time.Now(), done: make(chan struct{}),
+	x := &transfer{id: s.epoch + s.nextXfer, owner: sess.Caller.Key, tags: tags, bytes: total, start: time.Now(), done: make(chan struct{}),
 		ids: ids}
 	s.table.Unlock()
 
@@ -411,7 +411,25 @@ func (s *Service) ownTransferLocked(sess *regiontable.Session, id uint64) (*tran
 	if st := s.settled.get(sess.Caller.Key, id, time.Now()); st != nil {
 		return &transfer{id: id, owner: sess.Caller.Key, done: s.closed, status: st}, nil
 	}
+	if !s.handedOutLocked(id) {
+		return nil, s.notHandedOutLocked(id)
+	}
 	return nil, status.Errorf(codes.NotFound, "transfer %d is not known for this caller (settled more than %s ago, pushed out by %d newer transfers of this caller or of busier ones, or never submitted)", id, s.settled.retention, maxFinished)
+}
+
+// handedOutLocked reports whether this agent instance handed out transfer id (epoch+1 to epoch+nextXfer).
+func (s *Service) handedOutLocked(id uint64) bool {
+	return id-s.epoch-1 < s.nextXfer
+}
+
+// notHandedOutLocked is the answer for an id this agent instance never handed out: most likely one a previous
+// instance handed out (the caller outlived an agent restart), whose transfer this agent knows nothing of.
+func (s *Service) notHandedOutLocked(id uint64) error {
+	ours := "it has handed out none yet"
+	if s.nextXfer > 0 {
+		ours = fmt.Sprintf("its transfer ids are %d to %d", s.epoch+1, s.epoch+s.nextXfer)
+	}
+	return status.Errorf(codes.NotFound, "transfer %d is not one of this agent's (%s): an id of a previous agent instance (the agent restarted since), or never handed out", id, ours)
 }
 
 func pending(id uint64) *agentv1.TransferStatus {

@@ -54,6 +54,9 @@ class RecoverTest(unittest.TestCase):
         c.deregister(rx)
         kept = c.register_layout([rs], 4096)
         dst_layout = c.register_layout([rd], 4096)
+        # A transfer id of this agent names nothing of the next one (ids restart there, but carry its epoch).
+        tid = c.transfer("write", [Item(rs, to_region(rd), 16)], wait=False)
+        c.wait(tid, timeout=5.0)
 
         # The caller closing its own fds must not stop recover() from registering the memory again.
         os.close(sfd)
@@ -67,6 +70,11 @@ class RecoverTest(unittest.TestCase):
 
         c.recover(timeout=10.0)
         self.assertNotIn(lx, c._layouts, "a layout over a deregistered region was kept")
+        c.transfer("write", [Item(rs, to_region(rd), 4096)], wait=False)
+        with self.assertRaises(grpc.RpcError) as e:
+            c.wait(tid, timeout=5.0)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, e.exception.details())
+        self.assertIn("previous agent", e.exception.details())
         with self.assertRaises(grpc.RpcError) as e:
             c.deregister_layout(lx)
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
