@@ -174,7 +174,14 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 			}
 			return
 		}
-		out, err := fc.reply(s.serveFastFrame(callCtx, sess, &fc, frame, false))
+		resp, serr := s.serveFastFrame(callCtx, sess, &fc, frame, false)
+		if serr != nil && callCtx.Err() != nil {
+			// The agent is stopping (the connection's context ends with the server's) and cut the call short: no
+			// answer, the connection ends, which clients read as the end of their session and recover from. An
+			// Unavailable reply saying "wait for it by id" would send them after an id that dies with this agent.
+			return
+		}
+		out, err := fc.reply(resp, serr)
 		if err == nil {
 			err = s.writeFastReply(conn, out)
 		}
@@ -242,7 +249,11 @@ func (s *Server) serveMailbox(ctx context.Context, sess *session, fc *fastConn, 
 		s.metrics.Edge.Refused("fast", "malformed")
 		out, err = fc.reply(nil, status.Error(codes.InvalidArgument, err.Error()))
 	} else {
-		out, err = fc.reply(s.serveFastFrame(ctx, sess, fc, frame, true))
+		resp, serr := s.serveFastFrame(ctx, sess, fc, frame, true)
+		if serr != nil && ctx.Err() != nil {
+			return serr // the agent is stopping: no reply, the connection ends (as in handleFast)
+		}
+		out, err = fc.reply(resp, serr)
 	}
 	if err != nil {
 		return err

@@ -512,6 +512,7 @@ class Client:
         ])
         self.stub = pb_grpc.AgentStub(self._channel)
         self._lock = threading.Lock()
+        self._recover_lock = threading.Lock()
         # The agent ties regions to the connection: every time a READY channel leaves READY, a session ended.
         self._state = None
         self._losses = 0
@@ -596,11 +597,18 @@ class Client:
     def recover(self, timeout: Optional[float] = None):
         """Waits (up to timeout, default the client's) for the agent to answer again and registers every region
         this client registered from its own memory anew; their ids and descriptors change in place. Pool slices
-        are marked lost. Raises the first error after trying every region."""
+        are marked lost. Raises the first error after trying every region. Threads that share the client may all
+        call it: one recovers, the others wait for it and return (AgentUnreachable when no agent answers)."""
         if self._forked:
             raise RuntimeError(_FORKED_CLIENT)
         timeout = timeout or self.timeout
         session = self._session
+        with self._recover_lock:
+            if self._session != session and self._session == self._losses:
+                return  # another thread recovered the session this one lost
+            self._recover(timeout, session)
+
+    def _recover(self, timeout: float, session: int):
         with self._fast_lock:
             if self._fast is not None:
                 self._fast.close()
@@ -615,8 +623,10 @@ class Client:
                     timeout=max(deadline - time.monotonic(), 0.001), wait_for_ready=True)
                 break
             except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise
+                if time.monotonic() >= deadline:
+                    raise AgentUnreachable(e.code(), _unreachable(self.socket_path, timeout, e.details())) from e
                 time.sleep(0.05)
         self._settle(min(timeout, 2.0))
         if self._want_fast:
@@ -727,11 +737,6 @@ class Client:
         return buf
 
     def close(self):
-        if self._forked:
-            # The connections are the parent's: closing gRPC's here could end the parent's session. The child's
-            # copies of the descriptors and mappings go with it.
-            self._fast = self._arena = None
-            return
         if self._fast is not None:
             self._fast.close()
             self._fast = None
@@ -743,7 +748,11 @@ class Client:
             self._layouts = []
         for how in owned.values():
             if how is not None:
-                self._drop(how)
+                self._drop(how, release=not self._forked)
+        if self._forked:
+            # The gRPC connection is the parent's: closing it here could end the parent's session. (The fast
+            # socket, the mappings and the fds closed above are this process's copies: closing them sends nothing.)
+            return
         self._channel.unsubscribe(self._on_state)
         self._channel.close()
 
@@ -758,8 +767,9 @@ class Client:
         """Registers [offset, offset+length) of shared memory fd (a memfd, read-write; a sealable one is sealed
         against shrinking, which the agent requires). The client keeps
         a duplicate of fd until deregister() or close(), so recover() can register it again. segment publishes
-        it in this pod's namespace; grants names other namespaces whose pods may reach it as "<namespace>/<name>"
-        ("*": every namespace the pool admits)."""
+        it in this pod's namespace; grants lists other namespaces (names, such as "team-b"; "*": every namespace
+        the pool admits) whose pods may then reach it as "<this namespace>/<segment>". Without Kubernetes
+        (agent standalone) there are no namespaces and grants change nothing."""
         req = pb.RegisterMemoryRequest(kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD, offset=offset,
                                        length=length, segment_name=segment, segment_grants=list(grants))
         try:  # the agent maps only memory sealed against shrinking; a sealable memfd is sealed here
@@ -878,18 +888,22 @@ class Client:
             self._drop(how)
 
     @staticmethod
-    def _drop(how: _Owned):
+    def _drop(how: _Owned, release: bool = True):
+        """Closes the client's duplicates of a region's fds and, with release, gives PyTorch's IPC reference
+        back (not in a forked child: the registration is its parent's)."""
         if how.fd >= 0:
             os.close(how.fd)
             how.fd = -1
         for fd in how.fds:
             os.close(fd)
         how.fds = []
-        _release_ipc_counter(how.ipc_counter)
+        if release:
+            _release_ipc_counter(how.ipc_counter)
         how.ipc_counter = None
 
     def allocate_from_pool(self, length: int, segment: str = "", grants: Sequence[str] = ()) -> PoolSlice:
-        """Borrows pool memory; the returned buffer is shared with the agent."""
+        """Borrows pool memory; the returned buffer is shared with the agent. segment and grants publish it as
+        register_host's do."""
         resp = self._call(self.stub.AllocateFromPool, pb.AllocateFromPoolRequest(length=length, segment_name=segment,
                                                                                  segment_grants=list(grants)))
         fd = get_fd(self.fd_socket, resp.fd_token, self.timeout)
@@ -971,6 +985,8 @@ class Client:
                 raise SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e) from e
         reply = pb.FastReply.FromString(raw)
         if reply.code:
+            if _CODES.get(reply.code) == grpc.StatusCode.UNAVAILABLE and self._connection_dropped():
+                raise SessionLost("agent unavailable (%s): call recover() and retry" % reply.message)
             raise AgentError(reply.code, reply.message)
         return reply.response
 
@@ -987,7 +1003,7 @@ class Client:
                         grants: Sequence[str] = ()) -> Layout:
         """Groups regions of one length (a multiple of block_bytes) as numbered blocks: block i is
         [i*block_bytes, (i+1)*block_bytes) of every region; region k pairs with region k of the other layout of
-        a transfer. segment publishes the layout to peers (to_layout_segment)."""
+        a transfer. segment publishes the layout to peers (to_layout_segment); grants as register_host's."""
         regions = list(regions)
         if not regions:
             raise ValueError("a layout needs at least one region")
@@ -1128,6 +1144,12 @@ class Client:
             raise TransferFailed(st)
         return st
 
+    def cancel(self, transfer_id: int) -> pb.TransferStatus:
+        """Cancels a transfer submitted with wait=False and returns its status once it settled: CANCELLED, or how
+        it had already ended (copies already on the wire or queued on a device may still land); PENDING if it had
+        not settled within 5 s. Ids the agent does not know as this caller's raise NOT_FOUND."""
+        return self._call(self.stub.Cancel, pb.CancelRequest(transfer_id=transfer_id))
+
     def wait_all(self, transfer_ids: Sequence[int], timeout: Optional[float] = None) -> pb.TransferStatus:
         """Waits for every transfer of transfer_ids (submitted with wait=False) within timeout in all (default:
         the client's), in one round trip per 1,024 ids on the fast socket; returns the last one's status, raises
@@ -1169,8 +1191,29 @@ class Client:
         return self._call(self.stub.ResolveSegment, pb.ResolveSegmentRequest(node=node, segment=segment)).desc
 
     def notifications(self, regions: Optional[List[Region]] = None) -> Iterator[pb.Notification]:
-        """Streams notifications for this client's regions; cancel() the returned iterator to stop. Returns
-        once the agent listens, so nothing that lands afterwards is missed."""
-        call = self.stub.Notifications(pb.NotificationsRequest(region_ids=[r.id for r in regions or []]))
-        call.initial_metadata()
+        """Streams the notifications that transfers with notify leave on regions (default: every region this
+        client registered and holds now; the agent's own filter is the caller's, which is every client of a pod,
+        or of a user without Kubernetes); cancel() the returned iterator to stop. Returns once the agent listens,
+        so nothing that lands afterwards is missed; raises SessionLost after an agent restart (recover() first)
+        and the agent's refusal (an unknown region: NOT_FOUND) at once."""
+        self._check_session()
+        if regions is None:
+            with self._lock:
+                regions = [r for r, how in self._owned.items() if not r.lost]
+            if not regions:
+                raise ValueError("this client holds no regions to be notified about: register them first, or name "
+                                 "regions")
+        call = self.stub.Notifications(pb.NotificationsRequest(region_ids=[r.id for r in regions]),
+                                       wait_for_ready=False)
+        try:
+            call.initial_metadata()
+        except grpc.RpcError:
+            pass
+        if not call.is_active() or call.done():
+            code = call.code()
+            if code is not None and code != grpc.StatusCode.OK:
+                if code == grpc.StatusCode.UNAVAILABLE and self._connection_dropped():
+                    raise SessionLost("agent unavailable (%s): call recover() and retry" % call.details())
+                raise AgentError(code.value[0], call.details() or "")
+        self._check_session()
         return call

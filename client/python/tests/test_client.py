@@ -264,6 +264,44 @@ class ClientTest(unittest.TestCase):
         self.addCleanup(slow.close)
         self.assertEqual(slow.info.caller.pid, os.getpid())
 
+    def test_notifications_are_this_clients_own_and_refusals_raise_at_once(self):
+        # The agent's filter is the caller (every client of this process here): by default a client listens to
+        # the regions it holds, so another client's notified write does not reach its stream.
+        other = Client(SOCKET)
+        self.addCleanup(other.close)
+        empty = Client(SOCKET)
+        self.addCleanup(empty.close)
+        with self.assertRaises(ValueError):
+            empty.notifications()
+        fd, _ = self.shm(3 * 4096)
+        src = self.c.register_host(fd, 0, 4096)
+        self.c.register_host(fd, 4096, 4096, segment="py-notes-mine")
+        other.register_host(fd, 8192, 4096, segment="py-notes-theirs")
+        stream = self.c.notifications()
+        self.addCleanup(stream.cancel)
+        got = []
+        t = threading.Thread(target=lambda: got.append(next(stream)))
+        t.start()
+        self.c.transfer("write", [Item(src, to_segment("", "py-notes-theirs"), 16)], notify=b"theirs")
+        self.c.transfer("write", [Item(src, to_segment("", "py-notes-mine"), 16)], notify=b"mine")
+        t.join(5.0)
+        self.assertTrue(got, "no notification within 5 s")
+        self.assertEqual(got[0].payload, b"mine")
+        with self.assertRaises(grpc.RpcError) as e:
+            self.c.notifications([Region(id=12345, length=1)])
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, e.exception.details())
+
+    def test_cancel_answers_a_settled_transfer_and_refuses_unknown_ids(self):
+        fd, _ = self.shm(8192)
+        r = self.c.register_host(fd, 0, 8192)
+        tid = self.c.transfer("write", [Item(r, to_region(r), 4096, 0, 4096)], wait=False)
+        self.c.wait(tid, timeout=5.0)
+        st = self.c.cancel(tid)
+        self.assertEqual((st.transfer_id, st.state), (tid, pb.TRANSFER_STATE_SUCCEEDED))
+        with self.assertRaises(grpc.RpcError) as e:
+            self.c.cancel(tid + 1000)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, e.exception.details())
+
     def test_unknown_segment_is_not_found(self):
         sfd, _ = self.shm(4096)
         rs = self.c.register_host(sfd, 0, 4096)

@@ -4,13 +4,17 @@
 """An agent restart under a live client: client/python_test.go restarts the agent when this test prints
 RESTART-AGENT and answers on stdin once the new agent listens (FABRICXFER_RESTARTS=1)."""
 
+import array
 import hashlib
 import os
 import sys
+import threading
+import time
 import unittest
 
 import grpc
 
+from fabricxfer.agent.v1 import agent_pb2 as pb
 from fabricxfer.client import Client, Item, SessionLost, shared_memory, to_layout, to_region, to_segment
 
 SOCKET = os.environ.get("FABRICXFER_SOCKET", "")
@@ -68,7 +72,21 @@ class RecoverTest(unittest.TestCase):
         if isinstance(e.exception, grpc.RpcError):
             self.assertIn(e.exception.code(), (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND))
 
-        c.recover(timeout=10.0)
+        # Threads sharing the client each catch SessionLost and recover(): one recovers, the others wait for it.
+        errors, threads = [], [threading.Thread(target=lambda: self._recover_into(c, errors)) for _ in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        self.assertEqual(errors, [], "concurrent recover() calls failed")
+        # The caller's usage counts each region once (an earlier test's client may still be leaving: wait for it).
+        deadline = time.monotonic() + 5
+        while True:
+            regions = c.stub.GetInfo(pb.GetInfoRequest(api_versions=["v1"]), timeout=5).usage.regions
+            if regions <= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        self.assertEqual(regions, 2, "regions held after three concurrent recover() calls")
         self.assertNotIn(lx, c._layouts, "a layout over a deregistered region was kept")
         c.transfer("write", [Item(rs, to_region(rd), 4096)], wait=False)
         with self.assertRaises(grpc.RpcError) as e:
@@ -94,6 +112,49 @@ class RecoverTest(unittest.TestCase):
         self.assertEqual(hashlib.sha256(src).hexdigest(), hashlib.sha256(dst).hexdigest())
         c.deregister(rs)
         c.deregister(rd)
+
+
+    @staticmethod
+    def _recover_into(c, errors):
+        try:
+            c.recover(timeout=10.0)
+        except Exception as e:  # reported by the test's thread
+            errors.append(e)
+
+    def test_a_waited_call_cut_short_by_the_agent_stopping_is_a_lost_session(self):
+        # The agent stopping mid-call closes the fast connection instead of answering "pending, wait for it by
+        # id": the caller hears SessionLost (then recovers), never an AgentError whose id dies with the agent.
+        size = 64 << 20
+        c = Client(SOCKET, timeout=10.0)
+        self.addCleanup(c.close)
+        sfd, src = shared_memory("py-stop-src", size)
+        dfd, dst = shared_memory("py-stop-dst", size)
+        for fd, buf in ((sfd, src), (dfd, dst)):
+            self.addCleanup(buf.close)
+            self.addCleanup(os.close, fd)
+        ls = c.register_layout([c.register_host(sfd, 0, size)], 1 << 20)
+        ld = c.register_layout([c.register_host(dfd, 0, size)], 1 << 20)
+        ids = array.array("i", range(64))
+        got, running = [], threading.Event()
+
+        def loop():
+            while True:
+                try:
+                    c.transfer_blocks("write", ls, ids, to_layout(ld), ids)
+                    running.set()
+                except BaseException as e:
+                    got.append(e)
+                    running.set()
+                    return
+
+        th = threading.Thread(target=loop)
+        th.start()
+        running.wait(10)
+        restart_agent()
+        th.join(30)
+        self.assertEqual(len(got), 1)
+        self.assertIsInstance(got[0], SessionLost, "%s: %s" % (type(got[0]).__name__, got[0]))
+        c.recover(timeout=10.0)
 
 
 if __name__ == "__main__":
