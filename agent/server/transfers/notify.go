@@ -4,6 +4,8 @@
 package transfers
 
 import (
+	"slices"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -18,27 +20,47 @@ type notifyListener struct {
 	overflow bool
 }
 
-// DeliverNotification receives the engines' notifications for this node and hands each to the listeners of
-// the caller owning the written region.
+// DeliverNotification receives the engines' notifications for this node and hands each listener of the callers
+// owning the written regions one message naming every one of its regions the transfer touched: a transfer over
+// a 64-region layout is one message, not 64 (which filled a listener's buffer within 16 transfers).
 func (s *Service) DeliverNotification(n engines.Notification) {
 	s.table.Lock()
 	defer s.table.Unlock()
+	type message struct {
+		msg   *agentv1.Notification
+		first *regiontable.Region // the region of the lowest id: region_id and segment name it
+	}
+	var msgs map[*notifyListener]*message
 	for _, mem := range n.Regions {
 		r, ok := s.table.ByMemoryLocked(mem)
 		if !ok {
 			continue // deregistered meanwhile
 		}
-		msg := &agentv1.Notification{RegionId: r.ID(), Segment: r.Segment(), SourceNode: n.From,
-			Op: agentv1.Op_OP_WRITE, Payload: n.Payload}
 		for l := range s.listeners[r.Owner()] {
 			if l.regions != nil && !l.regions[r.ID()] {
 				continue
 			}
-			select {
-			case l.ch <- msg:
-			default:
-				l.overflow = true
+			if m := msgs[l]; m != nil {
+				m.msg.RegionIds = append(m.msg.RegionIds, r.ID())
+				if r.ID() < m.first.ID() {
+					m.first = r
+				}
+				continue
 			}
+			if msgs == nil {
+				msgs = map[*notifyListener]*message{}
+			}
+			msgs[l] = &message{first: r, msg: &agentv1.Notification{SourceNode: n.From, Op: agentv1.Op_OP_WRITE, Payload: n.Payload,
+				RegionIds: []uint64{r.ID()}}}
+		}
+	}
+	for l, m := range msgs {
+		slices.Sort(m.msg.RegionIds)
+		m.msg.RegionId, m.msg.Segment = m.first.ID(), m.first.Segment()
+		select {
+		case l.ch <- m.msg:
+		default:
+			l.overflow = true
 		}
 	}
 }

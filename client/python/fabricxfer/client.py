@@ -1191,8 +1191,8 @@ class Client:
         return self._call(self.stub.ResolveSegment, pb.ResolveSegmentRequest(node=node, segment=segment)).desc
 
     def notifications(self, regions: Optional[List[Region]] = None) -> Iterator[pb.Notification]:
-        """Streams the notifications that transfers with notify leave on regions (default: every region this
-        client registered and holds now; the agent's own filter is the caller's, which is every client of a pod,
+        """Streams the notifications that transfers with notify leave on regions, one per transfer naming every
+        listened region it touched (region_ids) (default: every region this client registered and holds now; the agent's own filter is the caller's, which is every client of a pod,
         or of a user without Kubernetes); cancel() the returned iterator to stop. Returns once the agent listens,
         so nothing that lands afterwards is missed; raises SessionLost after an agent restart (recover() first)
         and the agent's refusal (an unknown region: NOT_FOUND) at once."""

@@ -2067,18 +2067,24 @@ func (x *NotificationsRequest) GetRegionIds() []uint64 {
 	return nil
 }
 
+// Notification is what one transfer with notify left on one listener's regions: one message per transfer and
+// listener, however many of its regions (a layout's, say) the transfer touched.
 type Notification struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The caller region the transfer touched, and its segment name.
-	RegionId         uint64 `protobuf:"varint,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
-	Segment          string `protobuf:"bytes,2,opt,name=segment,proto3" json:"segment,omitempty"`
-	SourceNode       string `protobuf:"bytes,3,opt,name=source_node,json=sourceNode,proto3" json:"source_node,omitempty"`
+	// The first of region_ids, and its segment name.
+	RegionId   uint64 `protobuf:"varint,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	Segment    string `protobuf:"bytes,2,opt,name=segment,proto3" json:"segment,omitempty"`
+	SourceNode string `protobuf:"bytes,3,opt,name=source_node,json=sourceNode,proto3" json:"source_node,omitempty"`
+	// Not reported yet (0): the engines do not carry the source's transfer id or byte count to the receiver.
 	SourceTransferId uint64 `protobuf:"varint,4,opt,name=source_transfer_id,json=sourceTransferId,proto3" json:"source_transfer_id,omitempty"`
-	Op               Op     `protobuf:"varint,5,opt,name=op,proto3,enum=fabricxfer.agent.v1.Op" json:"op,omitempty"`
-	Bytes            uint64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Payload          []byte `protobuf:"bytes,7,opt,name=payload,proto3" json:"payload,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// OP_WRITE: bytes were written into the regions (by another's write, or by a read of this caller's).
+	Op      Op     `protobuf:"varint,5,opt,name=op,proto3,enum=fabricxfer.agent.v1.Op" json:"op,omitempty"`
+	Bytes   uint64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Payload []byte `protobuf:"bytes,7,opt,name=payload,proto3" json:"payload,omitempty"`
+	// Every region of the listener's (of those it asked for) the transfer touched, in ascending id order.
+	RegionIds     []uint64 `protobuf:"varint,8,rep,packed,name=region_ids,json=regionIds,proto3" json:"region_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Notification) Reset() {
@@ -2156,6 +2162,13 @@ func (x *Notification) GetBytes() uint64 {
 func (x *Notification) GetPayload() []byte {
 	if x != nil {
 		return x.Payload
+	}
+	return nil
+}
+
+func (x *Notification) GetRegionIds() []uint64 {
+	if x != nil {
+		return x.RegionIds
 	}
 	return nil
 }
@@ -3819,7 +3832,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x06length\x18\x04 \x01(\x04R\x06length\"5\n" +
 	"\x14NotificationsRequest\x12\x1d\n" +
 	"\n" +
-	"region_ids\x18\x01 \x03(\x04R\tregionIds\"\xed\x01\n" +
+	"region_ids\x18\x01 \x03(\x04R\tregionIds\"\x8c\x02\n" +
 	"\fNotification\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\x04R\bregionId\x12\x18\n" +
 	"\asegment\x18\x02 \x01(\tR\asegment\x12\x1f\n" +
@@ -3828,7 +3841,9 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x12source_transfer_id\x18\x04 \x01(\x04R\x10sourceTransferId\x12'\n" +
 	"\x02op\x18\x05 \x01(\x0e2\x17.fabricxfer.agent.v1.OpR\x02op\x12\x14\n" +
 	"\x05bytes\x18\x06 \x01(\x04R\x05bytes\x12\x18\n" +
-	"\apayload\x18\a \x01(\fR\apayload\"y\n" +
+	"\apayload\x18\a \x01(\fR\apayload\x12\x1d\n" +
+	"\n" +
+	"region_ids\x18\b \x03(\x04R\tregionIds\"y\n" +
 	"\bEndpoint\x12\x1d\n" +
 	"\tregion_id\x18\x01 \x01(\x04H\x00R\bregionId\x12\x1a\n" +
 	"\asegment\x18\x02 \x01(\tH\x00R\asegment\x12\x14\n" +
