@@ -6,6 +6,9 @@ package xferctl
 import (
 	"bytes"
 	"context"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -105,5 +108,28 @@ func TestCompletion(t *testing.T) {
 				t.Errorf("__complete %q lacks %q: code %d\n%s%s", tc.args, w, code, out, errOut)
 			}
 		}
+	}
+}
+
+// TestAMissingSocketNamesTheOnesThere: a socket path with no agent behind it says so and names the pools'
+// sockets found beside it (<socket dir>/<pool>/agent.sock), the mistake of naming the socket directory itself.
+func TestAMissingSocketNamesTheOnesThere(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "kv"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", filepath.Join(dir, "kv", "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, errOut, code := run(t, "info", "--socket", filepath.Join(dir, "agent.sock"), "--timeout", "2s")
+	if code == 0 || !strings.Contains(errOut, "no agent socket at "+filepath.Join(dir, "agent.sock")) ||
+		!strings.Contains(errOut, filepath.Join(dir, "kv", "agent.sock")) {
+		t.Errorf("a socket directory given as the socket: code %d, %q", code, errOut)
+	}
+	_, errOut, code = run(t, "info", "--socket", filepath.Join(dir, "none", "x", "agent.sock"), "--timeout", "2s")
+	if code == 0 || !strings.Contains(errOut, "is the agent running?") {
+		t.Errorf("no socket anywhere near: code %d, %q", code, errOut)
 	}
 }

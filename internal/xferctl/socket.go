@@ -42,9 +42,38 @@ func (s *socketFlags) dial(ctx context.Context) (*client.Client, context.Context
 	c, err := client.Dial(ctx, s.socket, client.WithName("xferctl"))
 	if err != nil {
 		cancel()
-		return nil, nil, nil, err
+		return nil, nil, nil, socketHint(s.socket, err)
 	}
 	return c, ctx, cancel, nil
+}
+
+// socketHint explains a failed dial of path when nothing is there: which pools' sockets its folder's parent
+// holds (an agent serves <socket dir>/<pool>/agent.sock), and how to name one.
+func socketHint(path string, err error) error {
+	if _, serr := os.Stat(path); serr == nil {
+		return err
+	}
+	var pools []string
+	for _, dir := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if sock := filepath.Join(dir, e.Name(), "agent.sock"); e.IsDir() && isSocket(sock) {
+				pools = append(pools, sock)
+			}
+		}
+		if len(pools) > 0 {
+			break
+		}
+	}
+	if len(pools) == 0 {
+		return fmt.Errorf("no agent socket at %s (is the agent running? pass --socket <socket dir>/<pool>/agent.sock or set FABRICXFER_SOCKET): %w", path, err)
+	}
+	return fmt.Errorf("no agent socket at %s; agents listen at %s: pass one as --socket or FABRICXFER_SOCKET: %w", path, strings.Join(pools, ", "), err)
+}
+
+func isSocket(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode()&os.ModeSocket != 0
 }
 
 // parseSize reads "4096", "4Ki", "1MiB", "2G" (2·10⁹), as every command does (bytesize.Parse).
