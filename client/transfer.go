@@ -4,6 +4,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -120,8 +121,12 @@ func submission(ctx context.Context, op Op, opts TransferOptions, wait bool) (ag
 	return 0, nil, fmt.Errorf("unknown op %d", op)
 }
 
-// boundedTimeout is a transfer's timeout on the agent: timeout, and for a waited transfer at most what ctx has
-// left less a tenth (at most 100 ms), the time the agent's answer needs to come back within the call.
+// agentDefaultTimeout is the timeout the agent gives a transfer that names none (engines.DefaultTimeout).
+const agentDefaultTimeout = 60 * time.Second
+
+// boundedTimeout is a transfer's timeout on the agent: timeout (zero: the agent's default), and for a waited
+// transfer at most what ctx has left less a tenth (at most 100 ms), the time the agent's answer needs to come
+// back within the call. A context with more time left than the timeout changes nothing.
 func boundedTimeout(ctx context.Context, timeout time.Duration, wait bool) time.Duration {
 	deadline, ok := ctx.Deadline()
 	if !wait || !ok {
@@ -132,7 +137,7 @@ func boundedTimeout(ctx context.Context, timeout time.Duration, wait bool) time.
 	if left <= 0 {
 		left = time.Millisecond // the call is out of time: the agent's answer says so
 	}
-	if timeout <= 0 || left < timeout {
+	if left < cmp.Or(timeout, agentDefaultTimeout) {
 		return left
 	}
 	return timeout

@@ -133,9 +133,11 @@ type Options struct {
 // Server is the sidecar socket server of one pool on one node.
 type Server struct {
 	agentv1.UnimplementedAgentServer
-	opts    Options
-	log     *slog.Logger
-	metrics *serverMetrics
+	opts Options
+	// instance names this agent process to clients (GetInfo): its epoch, which every id it hands out carries.
+	instance string
+	log      *slog.Logger
+	metrics  *serverMetrics
 
 	grpc   *grpc.Server
 	ln     *net.UnixListener
@@ -227,7 +229,7 @@ func New(opts Options) (*Server, error) {
 			MaxInFlightBytes: opts.Limits.MaxInFlightBytes},
 		SessionGrace: opts.SessionGrace, FinishedRetention: opts.FinishedRetention, Stopping: stopping, Refusals: metrics.Counters,
 		Epoch: epoch}
-	s := &Server{metrics: metrics, opts: opts, log: opts.Logger, tokens: tokens, stopping: stopping,
+	s := &Server{metrics: metrics, opts: opts, log: opts.Logger, tokens: tokens, stopping: stopping, instance: fmt.Sprintf("%08x", epoch>>32),
 		table: table, xfer: transfers.New(cfg), sessions: map[uint64]*session{},
 		pool: poollend.New(poollend.Config{Pool: opts.Pool, Table: table, Tokens: tokens, GPUs: opts.GPUs, Refusals: metrics.Counters}),
 		fast: fastTokens{entries: map[string]fastToken{}}, spinners: sockio.NewSpinBudget(opts.FastSpinners),

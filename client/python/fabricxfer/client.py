@@ -105,9 +105,12 @@ class AgentUnreachable(_StatusError, ConnectionError):
 
 def _unreachable(path: str, timeout: float, details: str) -> str:
     if not os.path.exists(path):
-        where = os.path.dirname(path)
+        try:
+            entries = sorted(os.listdir(os.path.dirname(path)))[:8]
+        except OSError:
+            entries = []
         found = ("the folder holds no agent.sock, but %s: name the pool's folder (<socket dir>/<pool>/agent.sock)"
-                 % ", ".join(sorted(os.listdir(where))[:8]) if os.path.isdir(where) and os.listdir(where)
+                 % ", ".join(entries) if entries
                  else "there is no socket there: is the agent running, and is this its socket directory "
                  "(<socket dir>/<pool>/agent.sock; FABRICXFER_SOCKET names it in a pod with a claim)?")
     else:
@@ -129,6 +132,8 @@ class _Forks:
         for c in list(self.clients):
             c._forked = True
             c._losses += 1  # the next session check says why
+            # A lock another thread of the parent held at the fork stays held here: the child gets its own.
+            c._lock, c._fast_lock, c._recover_lock = threading.Lock(), threading.Lock(), threading.Lock()
         if self.clients and os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").lower() not in ("1", "true"):
             self.grpc_running = True
         self.clients = weakref.WeakSet()
@@ -324,19 +329,22 @@ class PoolSlice:
         return memoryview(self.buffer)[self._mapping_offset:self._mapping_offset + self.region.length]
 
 
-@dataclass
 class Remote:
     """The other side of an item; build with to_region, to_segment or to_descriptor."""
 
-    _ref: pb.RemoteRef
-    # The caller's own region named by to_region: its id is read at each call, so it follows recover().
-    region: Optional[Region] = None
+    def __init__(self, ref: Optional[pb.RemoteRef] = None, region: Optional[Region] = None):
+        self._ref = ref
+        # The caller's own region named by to_region: its id is read at each call, so it follows recover().
+        self.region = region
 
     @property
     def ref(self) -> pb.RemoteRef:
         if self.region is not None:
             return pb.RemoteRef(region_id=self.region.id)
         return self._ref
+
+    def __repr__(self):
+        return "Remote(%s)" % str(self.ref).replace("\n", " ").strip()
 
 
 def to_region(r: Region) -> Remote:
@@ -513,6 +521,10 @@ class Client:
         self.stub = pb_grpc.AgentStub(self._channel)
         self._lock = threading.Lock()
         self._recover_lock = threading.Lock()
+        # recover(): how many completed, and what a restarted agent lost that is not registered again yet.
+        self._recoveries = 0
+        self._unregistered = set()
+        self._layouts_pending = []
         # The agent ties regions to the connection: every time a READY channel leaves READY, a session ended.
         self._state = None
         self._losses = 0
@@ -595,32 +607,34 @@ class Client:
             time.sleep(0.005)
 
     def recover(self, timeout: Optional[float] = None):
-        """Waits (up to timeout, default the client's) for the agent to answer again and registers every region
-        this client registered from its own memory anew; their ids and descriptors change in place. Pool slices
-        are marked lost. Raises the first error after trying every region. Threads that share the client may all
-        call it: one recovers, the others wait for it and return (AgentUnreachable when no agent answers)."""
+        """Waits (up to timeout, default the client's) for the agent to answer again and, when it is another agent
+        instance than the one the regions were registered with (it restarted), registers every region this client
+        registered from its own memory anew, then its layouts; their ids and descriptors change in place. Pool
+        slices are marked lost. Raises the first error after trying every region; calling it again registers what
+        is still missing. Threads that share the client may all call it: one recovers, the others wait for it
+        and return (AgentUnreachable when no agent answers)."""
         if self._forked:
             raise RuntimeError(_FORKED_CLIENT)
         timeout = timeout or self.timeout
-        session = self._session
+        recovered = self._recoveries
         with self._recover_lock:
-            if self._session != session and self._session == self._losses:
-                return  # another thread recovered the session this one lost
-            self._recover(timeout, session)
+            if (self._recoveries != recovered and not self._unregistered and not self._layouts_pending
+                    and self._losses == self._session and (self._fast is not None or not self._want_fast)):
+                return  # another thread recovered while this one waited for it
+            self._recover(timeout)
 
-    def _recover(self, timeout: float, session: int):
+    def _recover(self, timeout: float):
         with self._fast_lock:
             if self._fast is not None:
                 self._fast.close()
                 self._fast = None
-        self._frames.clear()  # the layouts' agent records are replaced below
+        self._frames.clear()  # the layouts' agent records may be replaced below
         # An agent still stopping or just starting can drop the first connection: keep asking until timeout.
         deadline = time.monotonic() + timeout
         while True:
             try:
-                self.info = self.stub.GetInfo(
-                    pb.GetInfoRequest(api_versions=[API_VERSION], client_name=self.name),
-                    timeout=max(deadline - time.monotonic(), 0.001), wait_for_ready=True)
+                info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=self.name),
+                                         timeout=max(deadline - time.monotonic(), 0.001), wait_for_ready=True)
                 break
             except grpc.RpcError as e:
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -628,44 +642,66 @@ class Client:
                 if time.monotonic() >= deadline:
                     raise AgentUnreachable(e.code(), _unreachable(self.socket_path, timeout, e.details())) from e
                 time.sleep(0.05)
+        session = self._session
         self._settle(min(timeout, 2.0))
+        # Another instance holds none of this client's memory. The instance says so however the connectivity
+        # callbacks were timed; an agent too old to name it is judged by the connection dropping.
+        if info.instance and self.info.instance:
+            restarted = info.instance != self.info.instance
+        else:
+            restarted = self._session != session
+        self.info = info
         if self._want_fast:
             self._open_fast()
-        if self._session == session:
-            # The connection never dropped (the fast socket did, or nothing): the agent still holds every region
-            # and layout, and registering them again would hold them twice.
-            return
-        with self._lock:
-            owned = list(self._owned.items())
+        if restarted:
+            with self._lock:
+                for region, how in list(self._owned.items()):
+                    if how is None:  # pool memory went with the agent
+                        region.lost = True
+                        self._owned.pop(region)
+                self._unregistered = set(self._owned)
+                self._layouts_pending = list(self._layouts)
+        first = self._register_again()
+        if first is not None:
+            raise first
+        self._recoveries += 1
+
+    def _register_again(self):
+        """Registers the regions and then the layouts a restarted agent lost (what an earlier try left over too)
+        and returns the first error, having tried them all."""
         first = None
-        for region, how in owned:
-            if how is None:
-                region.lost = True
-                with self._lock:
-                    self._owned.pop(region, None)
-                continue
+        with self._lock:
+            pending = [(r, self._owned[r]) for r in self._unregistered if r in self._owned]
+            self._unregistered &= set(self._owned)  # deregistered since: nothing to bring back
+        for region, how in pending:
             try:
                 fresh = self._register(how.req, how.fds if how.fds else how.fd)
             except Exception as e:  # keep going: one bad region must not strand the others
                 first = first or e
                 continue
             region.id, region.descriptor = fresh.id, fresh.descriptor
-        with self._lock:
-            layouts = list(self._layouts)
-        for lay in layouts:
-            # A layout over pool memory (lost with the agent) or over a region deregistered since cannot come back.
-            if any(r.lost or r not in self._owned for r in lay.regions):
+            with self._lock:
+                self._unregistered.discard(region)
+        for lay in list(self._layouts_pending):
+            # A layout deregistered since, or over pool memory (lost with the agent) or a region deregistered
+            # since, cannot come back.
+            if lay not in self._layouts or any(r.lost or r not in self._owned for r in lay.regions):
                 with self._lock:
-                    self._layouts.remove(lay)
+                    if lay in self._layouts:
+                        self._layouts.remove(lay)
+                self._layouts_pending.remove(lay)
                 continue
+            if any(r in self._unregistered for r in lay.regions):
+                continue  # its regions are not back yet: the next recover() tries again
             try:
                 lay.pb = self._call(self.stub.RegisterLayout, pb.RegisterLayoutRequest(
                     region_ids=[r.id for r in lay.regions], block_bytes=lay.block_bytes,
                     segment_name=lay.segment, segment_grants=lay.grants)).layout
             except Exception as e:
                 first = first or e
-        if first is not None:
-            raise first
+                continue
+            self._layouts_pending.remove(lay)
+        return first
 
     def _open_fast(self):
         token = self.stub.OpenFastPath(pb.OpenFastPathRequest(), timeout=self.timeout).token
@@ -1022,10 +1058,16 @@ class Client:
         knows it (NOT_FOUND: it went with an agent restart recover() could not bring it back from)."""
         try:
             self._call(self.stub.DeregisterLayout, pb.DeregisterLayoutRequest(layout_id=layout.id))
-        finally:
-            with self._lock:
-                if layout in self._layouts:
-                    self._layouts.remove(layout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                self._forget_layout(layout)
+            raise
+        self._forget_layout(layout)
+
+    def _forget_layout(self, layout: Layout):
+        with self._lock:
+            if layout in self._layouts:
+                self._layouts.remove(layout)
 
     def transfer_blocks(self, op: str, layout: Layout, ids, remote: RemoteLayout, remote_ids,
                         timeout: Optional[float] = None, wait: bool = True, notify: Optional[bytes] = None,

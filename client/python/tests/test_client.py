@@ -178,6 +178,31 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(r.id, before, "recover() on a live session registered the region again")
         slow.write(r, 0, to_region(r), 2048, 16)
 
+    def test_threads_recovering_a_dropped_fast_socket_open_one(self):
+        # Only the fast socket ended (the session lives): of three threads that each call recover(), one opens a
+        # new fast socket and the others return, rather than each closing the one the last had just opened.
+        c = Client(SOCKET)
+        self.addCleanup(c.close)
+        fd, _ = self.shm(8192)
+        r = c.register_host(fd, 0, 8192)
+        before = r.id
+        with c._fast_lock:
+            c._fast.close()
+            c._fast = None
+        opened, real = [], c._open_fast
+        c._open_fast = lambda: (opened.append(1), real())
+        go = threading.Event()
+        threads = [threading.Thread(target=lambda: (go.wait(10), c.recover(timeout=10))) for _ in range(3)]
+        for th in threads:
+            th.start()
+        go.set()  # all three ask at once; one recovery takes 50 ms or more (it waits for the connection to settle)
+        for th in threads:
+            th.join(30)
+        self.assertEqual(len(opened), 1, "fast sockets opened by three recovering threads")
+        self.assertIsNotNone(c._fast)
+        self.assertEqual(r.id, before, "recover() of a live session registered the region again")
+        c.write(r, 0, to_region(r), 4096, 64)
+
     def test_waited_transfers_carry_the_clients_deadline_and_calls_outlast_theirs(self):
         # A waited transfer without a timeout is given the client's, so the agent ends it and answers before the
         # call gives up; a gRPC call waits for its transfer's own timeout, not only the client's.

@@ -121,6 +121,48 @@ class RecoverTest(unittest.TestCase):
         except Exception as e:  # reported by the test's thread
             errors.append(e)
 
+    def test_a_recover_that_failed_partway_registers_the_rest_when_called_again(self):
+        # A region whose published name another client took on the new agent cannot come back: recover() raises,
+        # the other regions are back, and once the name is free a second recover() registers the missing one
+        # (and its layout) instead of returning as if all were back.
+        c = Client(SOCKET, timeout=5.0)
+        self.addCleanup(c.close)
+        fds = []
+        for name in ("py-partway-a", "py-partway-b"):
+            fd, buf = shared_memory(name, 8192)
+            self.addCleanup(buf.close)
+            self.addCleanup(os.close, fd)
+            fds.append((fd, buf))
+        ra = c.register_host(fds[0][0], 0, 8192)
+        rb = c.register_host(fds[1][0], 0, 8192, segment="py-partway-name")
+        lb = c.register_layout([rb], 4096)
+        instance = c.info.instance
+        restart_agent()
+        squatter = Client(SOCKET, timeout=5.0)
+        sfd, sbuf = shared_memory("py-partway-squat", 4096)
+        self.addCleanup(sbuf.close)
+        self.addCleanup(os.close, sfd)
+        squatter.register_host(sfd, 0, 4096, segment="py-partway-name")
+        with self.assertRaises(grpc.RpcError) as e:
+            c.recover(timeout=10.0)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.ALREADY_EXISTS, e.exception.details())
+        self.assertNotEqual(c.info.instance, instance, "the agent's instance did not change with its restart")
+        c.write(ra, 0, to_region(ra), 4096, 64)  # the region that could come back did
+        squatter.close()
+        deadline = time.monotonic() + 5
+        while True:  # the agent frees the closed client's name once it sees its connection end
+            try:
+                c.recover(timeout=10.0)
+                break
+            except grpc.RpcError as e:
+                self.assertEqual(e.code(), grpc.StatusCode.ALREADY_EXISTS, e.details())
+                self.assertLess(time.monotonic(), deadline, "the name was not freed within 5 s")
+                time.sleep(0.05)
+        fds[1][1][:64] = os.urandom(64)
+        c.transfer_blocks("write", lb, array.array("i", [0]), to_layout(lb), array.array("i", [1]))
+        self.assertEqual(bytes(fds[1][1][:64]), bytes(fds[1][1][4096:4096 + 64]))
+        self.assertEqual(c.resolve_segment("", "py-partway-name"), rb.descriptor)
+
     def test_a_waited_call_cut_short_by_the_agent_stopping_is_a_lost_session(self):
         # The agent stopping mid-call closes the fast connection instead of answering "pending, wait for it by
         # id": the caller hears SessionLost (then recovers), never an AgentError whose id dies with the agent.

@@ -754,8 +754,11 @@ type GetInfoResponse struct {
 	Limits               *Limits       `protobuf:"bytes,9,opt,name=limits,proto3" json:"limits,omitempty"`
 	Usage                *Usage        `protobuf:"bytes,10,opt,name=usage,proto3" json:"usage,omitempty"`
 	// Path of the fd socket, as the agent sees it; clients normally derive it from the agent socket's directory.
-	FdSocket      string          `protobuf:"bytes,11,opt,name=fd_socket,json=fdSocket,proto3" json:"fd_socket,omitempty"`
-	PoolMemory    *PoolMemoryInfo `protobuf:"bytes,12,opt,name=pool_memory,json=poolMemory,proto3" json:"pool_memory,omitempty"`
+	FdSocket   string          `protobuf:"bytes,11,opt,name=fd_socket,json=fdSocket,proto3" json:"fd_socket,omitempty"`
+	PoolMemory *PoolMemoryInfo `protobuf:"bytes,12,opt,name=pool_memory,json=poolMemory,proto3" json:"pool_memory,omitempty"`
+	// This agent process: it changes when the agent restarts, and with it every region, layout and transfer id
+	// (a client that finds another instance registers its memory again).
+	Instance      string `protobuf:"bytes,13,opt,name=instance,proto3" json:"instance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -872,6 +875,13 @@ func (x *GetInfoResponse) GetPoolMemory() *PoolMemoryInfo {
 		return x.PoolMemory
 	}
 	return nil
+}
+
+func (x *GetInfoResponse) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
 }
 
 type RegisterMemoryRequest struct {
@@ -3726,7 +3736,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"free_bytes\x18\x04 \x01(\x04R\tfreeBytes\x12+\n" +
 	"\x11fabric_exportable\x18\x05 \x01(\bR\x10fabricExportable\x12#\n" +
-	"\rfabric_reason\x18\x06 \x01(\tR\ffabricReason\"\xac\x04\n" +
+	"\rfabric_reason\x18\x06 \x01(\tR\ffabricReason\"\xc8\x04\n" +
 	"\x0fGetInfoResponse\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x124\n" +
@@ -3742,7 +3752,8 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	" \x01(\v2\x1a.fabricxfer.agent.v1.UsageR\x05usage\x12\x1b\n" +
 	"\tfd_socket\x18\v \x01(\tR\bfdSocket\x12D\n" +
 	"\vpool_memory\x18\f \x01(\v2#.fabricxfer.agent.v1.PoolMemoryInfoR\n" +
-	"poolMemory\"\x8a\x04\n" +
+	"poolMemory\x12\x1a\n" +
+	"\binstance\x18\r \x01(\tR\binstance\"\x8a\x04\n" +
 	"\x15RegisterMemoryRequest\x123\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12@\n" +
 	"\vhandle_type\x18\x02 \x01(\x0e2\x1f.fabricxfer.agent.v1.HandleTypeR\n" +

@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package client
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// TestBoundedTimeout: a waited transfer's timeout on the agent is the shorter of its own (zero: the agent's
+// default) and what its context has left less a margin for the answer; a context with more time than that, or
+// an unwaited transfer, changes nothing.
+func TestBoundedTimeout(t *testing.T) {
+	if agentDefaultTimeout != engines.DefaultTimeout {
+		t.Fatalf("the client takes the agent's default timeout for %v, the engines' is %v", agentDefaultTimeout, engines.DefaultTimeout)
+	}
+	within := func(ctxLeft time.Duration) context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), ctxLeft)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	near := func(got, want time.Duration) bool { return got <= want && got > want-50*time.Millisecond }
+	if got := boundedTimeout(within(10*time.Minute), 0, true); got != 0 {
+		t.Errorf("a 10-minute context, no timeout: %v, want 0 (the agent's default, shorter)", got)
+	}
+	if got := boundedTimeout(within(time.Second), 0, true); !near(got, 900*time.Millisecond) {
+		t.Errorf("a 1 s context, no timeout: %v, want about 0.9 s", got)
+	}
+	if got := boundedTimeout(within(time.Second), 5*time.Second, true); !near(got, 900*time.Millisecond) {
+		t.Errorf("a 1 s context, 5 s timeout: %v, want about 0.9 s", got)
+	}
+	if got := boundedTimeout(within(10*time.Second), 2*time.Second, true); got != 2*time.Second {
+		t.Errorf("a 10 s context, 2 s timeout: %v, want 2 s", got)
+	}
+	if got := boundedTimeout(within(time.Second), 0, false); got != 0 {
+		t.Errorf("an unwaited transfer: %v, want its own timeout (0)", got)
+	}
+	if got := boundedTimeout(context.Background(), 3*time.Second, true); got != 3*time.Second {
+		t.Errorf("no deadline: %v, want 3 s", got)
+	}
+}
