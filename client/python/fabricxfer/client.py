@@ -773,12 +773,19 @@ class Client:
         return buf
 
     def close(self):
-        if self._fast is not None:
-            self._fast.close()
-            self._fast = None
-        if self._arena is not None:
-            self._arena.close()
-            self._arena = None
+        # A call on the fast connection holds its lock until its reply: closing under it keeps that call's
+        # mailbox and arena mapped until it ends (bounded by the longest call's deadline).
+        held = self._fast_lock.acquire(timeout=self.timeout + 1.0)
+        try:
+            if self._fast is not None:
+                self._fast.close()
+                self._fast = None
+            if self._arena is not None:
+                self._arena.close()
+                self._arena = None
+        finally:
+            if held:
+                self._fast_lock.release()
         with self._lock:
             owned, self._owned = self._owned, {}
             self._layouts = []
