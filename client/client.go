@@ -50,6 +50,8 @@ type Client struct {
 	mbox   *fastwire.CallerMailbox // the fast connection's mailbox; nil: frames go on the socket
 	arena  []byte                  // the fast connection's id arena (mapped); nil: ids travel in the frame
 
+	recoverMu sync.Mutex // one Recover at a time
+
 	mu      sync.Mutex
 	gen     uint64 // the dial generation regions are registered under
 	info    *agentv1.GetInfoResponse
@@ -190,6 +192,10 @@ func (c *Client) generation() uint64 {
 // Recover waits (until ctx ends) for the agent to answer again and re-registers every region this client
 // registered from its own memory. Pool slices are dropped (Region.Lost reports it).
 func (c *Client) Recover(ctx context.Context) error {
+	// Goroutines that share the client may all call it: one recovers at a time, and one that finds the session
+	// it holds to be the agent's current one has nothing to register.
+	c.recoverMu.Lock()
+	defer c.recoverMu.Unlock()
 	// An agent that is still stopping or just starting can drop the first connection (EOF, reset): keep asking
 	// until ctx ends.
 	var info *agentv1.GetInfoResponse
@@ -209,6 +215,9 @@ func (c *Client) Recover(ctx context.Context) error {
 		}
 	}
 	c.mu.Lock()
+	// Regions belong to a session (a connection) of one agent instance; the agent names both (one too old to
+	// leaves them empty, and everything is registered again, as before).
+	same := info.Instance != "" && c.info != nil && info.Instance == c.info.Instance && info.Session == c.info.Session
 	c.info = info
 	c.gen = c.dials.Load()
 	regs := make([]*Region, 0, len(c.regions))
@@ -221,6 +230,9 @@ func (c *Client) Recover(ctx context.Context) error {
 		if err := c.openFast(ctx); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if same {
+		return errors.Join(errs...) // the agent still holds every region: registering them again would hold them twice
 	}
 	for _, r := range regs {
 		if r.keep == nil && r.gpu == nil {

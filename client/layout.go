@@ -143,7 +143,8 @@ func putIDs(b []byte, ids []uint32) {
 
 // TransferBlocks moves blocks ids[i] of every region of l to (Write) or from (Read) blocks remoteIDs[i] of the
 // same region of remote, in one call, and waits. The agent refuses ids out of range, duplicate destination ids,
-// unequal counts and layouts of another geometry before anything moves.
+// unequal counts and layouts of another geometry before anything moves. Pairs run in any order: a block one
+// pair reads and another writes (a swap within one layout) gets no defined bytes; split such a move in two.
 func (c *Client) TransferBlocks(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions) (*Status, error) {
 	resp, _, err := c.sendBlocks(ctx, op, l, ids, remote, remoteIDs, opts, true)
 	if err != nil {

@@ -73,8 +73,10 @@ const (
 // TransferOptions tune a submission.
 type TransferOptions struct {
 	// Timeout bounds the transfer on the agent (zero: the agent's default). A waited transfer is also bounded
-	// by its context's deadline, less a margin for the answer to come back: the agent ends it then and says so,
-	// rather than going on with it after the call gave up.
+	// by its context's deadline, less a margin for the answer to come back: the agent fails it then. Copies an
+	// engine already started (a host copy under way, a queued GPU copy) may still land after that, as after
+	// Cancel; memory a failed or timed-out call wrote to is not to be reused until a Wait or Cancel of a
+	// submitted transfer returns, or a later transfer over it completes.
 	Timeout time.Duration
 	// Notify is delivered to the target's Notifications stream once every byte landed.
 	Notify []byte

@@ -35,7 +35,7 @@ func (s *Server) GetInfo(ctx context.Context, req *agentv1.GetInfoRequest) (*age
 			Pid: c.Cred.PID, Uid: c.Cred.UID, Identity: c.Key},
 		Limits: &agentv1.Limits{MaxRegions: uint32(s.opts.Limits.MaxRegions), MaxRegisteredBytes: s.opts.Limits.MaxRegisteredBytes,
 			MaxInFlight: uint32(s.opts.Limits.MaxInFlight), MaxItemsPerTransfer: uint32(s.opts.Limits.MaxItemsPerTransfer)},
-		FdSocket: s.FDSocketPath(), Instance: s.instance,
+		FdSocket: s.FDSocketPath(), Instance: s.instance, Session: sess.ID,
 	}
 	for _, e := range s.opts.Engines {
 		resp.Engines = append(resp.Engines, &agentv1.EngineInfo{Name: e.Name, Available: e.Available, Reason: e.Reason})

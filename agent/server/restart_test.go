@@ -9,6 +9,7 @@ import (
 	"errors"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,6 +95,26 @@ func TestAgentRestartFailsFastAndClientsReregister(t *testing.T) {
 	}
 	if rs.ID() == oldID {
 		t.Errorf("region id %d survived a restart: ids must differ between agent instances", oldID)
+	}
+	// Recover again, from several goroutines at once, on the session it recovered: the agent holds every region
+	// already (its instance and session are the same), so nothing is registered twice and no id changes.
+	recovered := rs.ID()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if err := c.Recover(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	info, err := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Usage.GetRegions() != 2 || rs.ID() != recovered {
+		t.Fatalf("after Recover on a live session: the agent holds %d regions of the caller (want 2), id %d (was %d)",
+			info.Usage.GetRegions(), rs.ID(), recovered)
 	}
 	clear(dst.Bytes)
 	if _, err := c.Write(ctx, rs, 0, client.ToSegment("", "dst"), 0, 1<<20); err != nil {

@@ -644,10 +644,11 @@ class Client:
                 time.sleep(0.05)
         session = self._session
         self._settle(min(timeout, 2.0))
-        # Another instance holds none of this client's memory. The instance says so however the connectivity
-        # callbacks were timed; an agent too old to name it is judged by the connection dropping.
+        # Regions and layouts belong to a session (a connection) of one instance of the agent: another session or
+        # instance holds none of them. The agent names both, however gRPC's connectivity callbacks were timed; one
+        # too old to name them is judged by the connection dropping.
         if info.instance and self.info.instance:
-            restarted = info.instance != self.info.instance
+            restarted = (info.instance, info.session) != (self.info.instance, self.info.session)
         else:
             restarted = self._session != session
         self.info = info
@@ -1085,7 +1086,9 @@ class Client:
         they travel packed, never as Python objects. With wait (default) returns the settled status or raises
         TransferFailed; without it returns the transfer id for wait(). timeout: seconds the transfer may take (a
         waited one defaults to the client's timeout). The agent refuses (INVALID_ARGUMENT, nothing moved) ids out
-        of range, repeated destination ids and layouts of different geometry."""
+        of range, repeated destination ids and layouts of different geometry. Pairs run in any order: a block
+        that one pair reads and another writes (a swap within one layout) gets no defined bytes; split such a
+        move into two calls."""
         code = _op(op)
         if type(remote) is not RemoteLayout or type(layout) is not Layout:
             raise TypeError(_blocks_sides_error(layout, remote))

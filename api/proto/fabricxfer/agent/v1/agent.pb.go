@@ -756,9 +756,11 @@ type GetInfoResponse struct {
 	// Path of the fd socket, as the agent sees it; clients normally derive it from the agent socket's directory.
 	FdSocket   string          `protobuf:"bytes,11,opt,name=fd_socket,json=fdSocket,proto3" json:"fd_socket,omitempty"`
 	PoolMemory *PoolMemoryInfo `protobuf:"bytes,12,opt,name=pool_memory,json=poolMemory,proto3" json:"pool_memory,omitempty"`
-	// This agent process: it changes when the agent restarts, and with it every region, layout and transfer id
-	// (a client that finds another instance registers its memory again).
-	Instance      string `protobuf:"bytes,13,opt,name=instance,proto3" json:"instance,omitempty"`
+	// This agent process: it changes when the agent restarts, and with it every region, layout and transfer id.
+	Instance string `protobuf:"bytes,13,opt,name=instance,proto3" json:"instance,omitempty"`
+	// The session of the connection the call came on (regions and layouts belong to it): another session, or
+	// another instance, holds none of what this one registered, and a client that finds either registers again.
+	Session       uint64 `protobuf:"varint,14,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -882,6 +884,13 @@ func (x *GetInfoResponse) GetInstance() string {
 		return x.Instance
 	}
 	return ""
+}
+
+func (x *GetInfoResponse) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
 }
 
 type RegisterMemoryRequest struct {
@@ -3736,7 +3745,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"free_bytes\x18\x04 \x01(\x04R\tfreeBytes\x12+\n" +
 	"\x11fabric_exportable\x18\x05 \x01(\bR\x10fabricExportable\x12#\n" +
-	"\rfabric_reason\x18\x06 \x01(\tR\ffabricReason\"\xc8\x04\n" +
+	"\rfabric_reason\x18\x06 \x01(\tR\ffabricReason\"\xe2\x04\n" +
 	"\x0fGetInfoResponse\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x124\n" +
@@ -3753,7 +3762,8 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\tfd_socket\x18\v \x01(\tR\bfdSocket\x12D\n" +
 	"\vpool_memory\x18\f \x01(\v2#.fabricxfer.agent.v1.PoolMemoryInfoR\n" +
 	"poolMemory\x12\x1a\n" +
-	"\binstance\x18\r \x01(\tR\binstance\"\x8a\x04\n" +
+	"\binstance\x18\r \x01(\tR\binstance\x12\x18\n" +
+	"\asession\x18\x0e \x01(\x04R\asession\"\x8a\x04\n" +
 	"\x15RegisterMemoryRequest\x123\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12@\n" +
 	"\vhandle_type\x18\x02 \x01(\x0e2\x1f.fabricxfer.agent.v1.HandleTypeR\n" +
