@@ -11,6 +11,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +22,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
@@ -51,6 +54,10 @@ type Client struct {
 	arena  []byte                  // the fast connection's id arena (mapped); nil: ids travel in the frame
 
 	recoverMu sync.Mutex // one Recover at a time
+
+	// session names the agent session the client's memory is registered in ("<instance>/<session>", from
+	// GetInfo); every call carries it, and the agent refuses one that reaches another session.
+	session atomic.Pointer[string]
 
 	mu      sync.Mutex
 	gen     uint64 // the dial generation regions are registered under
@@ -107,6 +114,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		// Reconnect quickly after an agent restart; calls never wait for readiness (fail fast).
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond,
 			Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: time.Second}),
+		grpc.WithChainUnaryInterceptor(c.nameSession), grpc.WithChainStreamInterceptor(c.nameSessionStream),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to agent socket %s: %w", socketPath, err)
@@ -123,6 +131,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	}
 	c.info = info
 	c.gen = c.dials.Load()
+	c.nameSessionOf(info)
 	if !c.noFast {
 		if err := c.openFast(ctx); err != nil {
 			conn.Close()
@@ -130,6 +139,42 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		}
 	}
 	return c, nil
+}
+
+// sessionHeader is the agent's server.SessionHeader: the metadata key a call names its session with.
+const sessionHeader = "fabricxfer-session"
+
+// sessionLostPrefix starts the agent's refusal of a call that reached another session than the one it names.
+const sessionLostPrefix = "session lost:"
+
+// nameSessionOf makes later calls name the session info describes (an agent too old to name it: none).
+func (c *Client) nameSessionOf(info *agentv1.GetInfoResponse) {
+	if info.GetInstance() == "" {
+		c.session.Store(nil)
+		return
+	}
+	name := info.GetInstance() + "/" + strconv.FormatUint(info.GetSession(), 10)
+	c.session.Store(&name)
+}
+
+func (c *Client) nameSession(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if name := c.session.Load(); name != nil {
+		ctx = metadata.AppendToOutgoingContext(ctx, sessionHeader, *name)
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+func (c *Client) nameSessionStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if name := c.session.Load(); name != nil {
+		ctx = metadata.AppendToOutgoingContext(ctx, sessionHeader, *name)
+	}
+	return streamer(ctx, desc, cc, method, opts...)
+}
+
+// sessionRefused reports whether err is the agent's refusal of a call that reached another session.
+func sessionRefused(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Aborted && strings.HasPrefix(st.Message(), sessionLostPrefix)
 }
 
 // notInSocketGroup explains a connect refused with EACCES: the sockets and their directory are 0660/0750 in
@@ -177,7 +222,7 @@ func (c *Client) wrap(what string, gen uint64, err error) error {
 	if err == nil {
 		return nil
 	}
-	if c.dials.Load() != gen {
+	if c.dials.Load() != gen || sessionRefused(err) {
 		return fmt.Errorf("%s: %w (%v)", what, ErrSessionLost, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
@@ -220,6 +265,7 @@ func (c *Client) Recover(ctx context.Context) error {
 	same := info.Instance != "" && c.info != nil && info.Instance == c.info.Instance && info.Session == c.info.Session
 	c.info = info
 	c.gen = c.dials.Load()
+	c.nameSessionOf(info) // the regions registered below go into this session
 	regs := make([]*Region, 0, len(c.regions))
 	for r := range c.regions {
 		regs = append(regs, r)

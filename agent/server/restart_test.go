@@ -8,16 +8,21 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/agent/server"
 	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 )
 
 // TestAgentRestartFailsFastAndClientsReregister stops the agent under a client with registered regions and a
@@ -77,8 +82,14 @@ func TestAgentRestartFailsFastAndClientsReregister(t *testing.T) {
 	}
 	t.Logf("with no agent: %v", err)
 
-	// A new agent on the same socket: the client's regions are gone there, and it is told so.
+	// A new agent on the same socket: the client's regions are gone there, and it is told so. A registration
+	// made before the client noticed is refused (its call names the old session), not made in the new session
+	// behind the client's back, where Recover would then find its name taken.
 	b := startAgent(t, opts)
+	late := shm(t, 4096)
+	if _, err := c.RegisterHost(ctx, late.File, 0, 4096, client.Segment("after-restart")); !errors.Is(err, client.ErrSessionLost) {
+		t.Fatalf("a registration on the new agent before Recover: %v, want ErrSessionLost", err)
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		_, err = c.Write(ctx, rs, 0, client.ToRegion(rd), 0, 4096)
@@ -116,6 +127,9 @@ func TestAgentRestartFailsFastAndClientsReregister(t *testing.T) {
 		t.Fatalf("after Recover on a live session: the agent holds %d regions of the caller (want 2), id %d (was %d)",
 			info.Usage.GetRegions(), rs.ID(), recovered)
 	}
+	if _, err := c.RegisterHost(ctx, late.File, 0, 4096, client.Segment("after-restart")); err != nil {
+		t.Fatalf("the registration refused before Recover, made after it: %v", err)
+	}
 	clear(dst.Bytes)
 	if _, err := c.Write(ctx, rs, 0, client.ToSegment("", "dst"), 0, 1<<20); err != nil {
 		t.Fatalf("write after Recover: %v", err)
@@ -124,6 +138,58 @@ func TestAgentRestartFailsFastAndClientsReregister(t *testing.T) {
 		t.Fatal("bytes differ after Recover")
 	}
 	_ = b
+}
+
+// TestACallNamingAnotherSessionIsRefused: a call whose session header names another session than its
+// connection's (a stale one, garbage, a long string) is refused with Aborted "session lost" before it does
+// anything, unary and streaming alike; GetInfo, the correct name, and no header at all pass.
+func TestACallNamingAnotherSessionIsRefused(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	c := dial(t, a)
+	ctx := ctxT(t)
+	info, err := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := info.Instance + "/" + strconv.FormatUint(info.Session, 10)
+	if info.Instance == "" || info.Session == 0 {
+		t.Fatalf("GetInfo names no instance or session: %v", info)
+	}
+	m := shm(t, 4096)
+	register := func(name string) error {
+		token, err := fdpass.Put(ctx, a.srv.FDSocketPath(), m.File)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.API().RegisterMemory(metadata.AppendToOutgoingContext(ctx, server.SessionHeader, name), &agentv1.RegisterMemoryRequest{
+			Kind: agentv1.MemoryKind_MEMORY_KIND_HOST, HandleType: agentv1.HandleType_HANDLE_TYPE_SHM_FD, FdToken: token, Length: 4096})
+		return err
+	}
+	for _, name := range []string{info.Instance + "/" + strconv.FormatUint(info.Session+1, 10), "00000001/1", "", strings.Repeat("x", 4096)} {
+		err := register(name)
+		if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "session lost") {
+			t.Fatalf("a registration naming session %.20q: %v, want Aborted, session lost", name, err)
+		}
+		stream, err := c.API().Notifications(metadata.AppendToOutgoingContext(ctx, server.SessionHeader, name), &agentv1.NotificationsRequest{})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		if status.Code(err) != codes.Aborted {
+			t.Fatalf("notifications naming session %.20q: %v, want Aborted", name, err)
+		}
+		if _, err := c.API().GetInfo(metadata.AppendToOutgoingContext(ctx, server.SessionHeader, name), &agentv1.GetInfoRequest{}); err != nil {
+			t.Fatalf("GetInfo naming session %.20q: %v", name, err)
+		}
+	}
+	if got, _ := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{}); got.GetUsage().GetRegions() != 0 {
+		t.Fatalf("refused registrations left %d regions", got.GetUsage().GetRegions())
+	}
+	if err := register(mine); err != nil {
+		t.Fatalf("a registration naming its own session: %v", err)
+	}
+	if _, err := c.API().RegisterMemory(ctx, &agentv1.RegisterMemoryRequest{}); status.Code(err) == codes.Aborted {
+		t.Fatalf("a call without the header was refused as another session's: %v", err)
+	}
 }
 
 // TestWaitNeverOutlivesItsDeadline: a Wait on a transfer that cannot finish returns PENDING at its timeout,
@@ -321,5 +387,48 @@ func TestTransferIDsOfAPreviousAgentAreNotFound(t *testing.T) {
 	}
 	if r := rawFrame(t, conn, waitFrame(t, time.Second, fresh...)); r.Code != 0 || r.Response.GetStatus().GetTransferId() != fresh[len(fresh)-1] {
 		t.Fatalf("fast wait on the new agent's own transfers: %v", r)
+	}
+}
+
+// TestARegistrationAfterARestartIsNotMadeBehindTheClientsBack: the agent restarts while the client makes no
+// call; the client's next registration reaches the new agent, which refuses it (it names the old session), so
+// the client hears ErrSessionLost, nothing is held for it there, and after Recover the same name registers.
+func TestARegistrationAfterARestartIsNotMadeBehindTheClientsBack(t *testing.T) {
+	opts := baseOptions(t, newProcFixture(t))
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	ctx := ctxT(t)
+	m := shm(t, 8192)
+	if _, err := c.RegisterHost(ctx, m.File, 0, 4096, client.Segment("before")); err != nil {
+		t.Fatal(err)
+	}
+	a.stop(t)
+	startAgent(t, opts)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := c.RegisterHost(ctx, m.File, 4096, 4096, client.Segment("after"))
+		if errors.Is(err, client.ErrSessionLost) {
+			break
+		}
+		if err == nil {
+			t.Fatal("a registration after the agent restarted was made in a session the client does not know of")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("registering after the restart: %v, want ErrSessionLost", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := c.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RegisterHost(ctx, m.File, 4096, 4096, client.Segment("after")); err != nil {
+		t.Fatalf("registering the name after Recover: %v", err)
+	}
+	info, err := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Usage.GetRegions() != 2 {
+		t.Fatalf("the new agent holds %d regions of the caller, want 2", info.Usage.GetRegions())
 	}
 }

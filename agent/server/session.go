@@ -7,6 +7,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -240,18 +243,49 @@ func (s *Server) sessionOf(ctx context.Context) (*session, error) {
 	return info.s, nil
 }
 
-func (s *Server) unaryAuth(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if _, err := s.sessionOf(ctx); err != nil {
+func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.sameSession(ctx, sess, info.FullMethod); err != nil {
 		return nil, err
 	}
 	return h(ctx, req)
 }
 
-func (s *Server) streamAuth(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if _, err := s.sessionOf(ss.Context()); err != nil {
+func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	sess, err := s.sessionOf(ss.Context())
+	if err != nil {
+		return err
+	}
+	if err := s.sameSession(ss.Context(), sess, info.FullMethod); err != nil {
 		return err
 	}
 	return h(srv, ss)
+}
+
+// SessionHeader is the metadata key a client names the session it registered its memory in with
+// ("<instance>/<session>", as GetInfo answered): a call that reaches another session — the agent restarted, or
+// gRPC re-established the connection under the call — is refused before it does anything, instead of
+// registering memory or moving bytes in a session the client does not know it is in.
+const SessionHeader = "fabricxfer-session"
+
+// sameSession refuses a call whose SessionHeader names another session than its connection's. GetInfo, which
+// tells a client its session, and calls without the header (older clients) pass.
+func (s *Server) sameSession(ctx context.Context, sess *session, method string) error {
+	if strings.HasSuffix(method, "/GetInfo") {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	names := md.Get(SessionHeader)
+	if len(names) == 0 {
+		return nil
+	}
+	if here := s.instance + "/" + strconv.FormatUint(sess.ID, 10); names[0] != here {
+		return status.Errorf(codes.Aborted, "session lost: the call names session %.64q, this connection is %s (the agent restarted, or the connection was made again): recover and retry", names[0], here)
+	}
+	return nil
 }
 
 // connClosed ends the connection's session in the background: its regions are deregistered once their

@@ -148,6 +148,22 @@ _FORKED_CLIENT = ("this Client belongs to the process that created it; a forked 
                   "multiprocessing's 'spawn' method instead)")
 
 
+# The metadata key a call names the session it registered its memory in with (the agent's SessionHeader).
+_SESSION_HEADER = "fabricxfer-session"
+
+
+def _session_metadata(info: pb.GetInfoResponse):
+    """The metadata that names info's session on every call (none for an agent too old to name it): the agent
+    refuses a call that reaches another session, instead of registering memory in one this client does not know."""
+    if not info.instance:
+        return None
+    return ((_SESSION_HEADER, "%s/%d" % (info.instance, info.session)),)
+
+
+def _session_refused(code, details) -> bool:
+    return code == grpc.StatusCode.ABORTED and (details or "").startswith("session lost:")
+
+
 class SessionLost(Exception):
     """The connection to the agent ended (agent restarted?): every region registered through it is gone on the
     agent side. Call Client.recover(), then retry."""
@@ -480,6 +496,8 @@ class Client:
     _arena = None
     # Set in a forked child: the client is its parent's.
     _forked = False
+    # The metadata naming the session this client's memory is in (see _session_metadata).
+    _session_md = None
 
     def __init__(self, socket_path: Optional[str] = None, timeout: float = 10.0, name: str = "python", fast: bool = True,
                  spin: float = FAST_SPIN, mailbox=True):
@@ -543,6 +561,7 @@ class Client:
             if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                 raise AgentUnreachable(e.code(), _unreachable(socket_path, timeout, e.details())) from e
             raise
+        self._session_md = _session_metadata(self.info)
         self._fast = None
         self._fast_lock = threading.Lock()
         # Framings of short block transfers, by shape (_short_blocks); recover() empties it.
@@ -584,12 +603,14 @@ class Client:
         """One unary call that fails with SessionLost, not with another session's answer, after a reconnect."""
         self._check_session()
         try:
-            resp = method(req, timeout=kw.pop("timeout", self.timeout), **kw)
+            resp = method(req, timeout=kw.pop("timeout", self.timeout), metadata=self._session_md, **kw)
         except grpc.RpcError as e:
             # UNAVAILABLE is also the agent's own answer (a peer it cannot reach): only a connection that went
-            # down means the session, and the regions with it, are gone.
-            if e.code() == grpc.StatusCode.UNAVAILABLE and self._connection_dropped():
-                raise SessionLost("agent unavailable (%s): call recover() and retry" % e.details()) from e
+            # down means the session, and the regions with it, are gone. ABORTED "session lost" is the agent
+            # refusing a call that reached another session than the one it names.
+            if (e.code() == grpc.StatusCode.UNAVAILABLE and self._connection_dropped()) or _session_refused(
+                    e.code(), e.details()):
+                raise SessionLost("agent session lost (%s): call recover() and retry" % e.details()) from e
             raise
         self._check_session()
         return resp
@@ -652,6 +673,7 @@ class Client:
         else:
             restarted = self._session != session
         self.info = info
+        self._session_md = _session_metadata(info)  # what is registered below goes into this session
         if self._want_fast:
             self._open_fast()
         if restarted:
@@ -705,7 +727,7 @@ class Client:
         return first
 
     def _open_fast(self):
-        token = self.stub.OpenFastPath(pb.OpenFastPathRequest(), timeout=self.timeout).token
+        token = self.stub.OpenFastPath(pb.OpenFastPathRequest(), timeout=self.timeout, metadata=self._session_md).token
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout)
         try:
@@ -1256,7 +1278,7 @@ class Client:
                 raise ValueError("this client holds no regions to be notified about: register them first, or name "
                                  "regions")
         call = self.stub.Notifications(pb.NotificationsRequest(region_ids=[r.id for r in regions]),
-                                       wait_for_ready=False)
+                                       wait_for_ready=False, metadata=self._session_md)
         try:
             call.initial_metadata()
         except grpc.RpcError:
@@ -1264,8 +1286,9 @@ class Client:
         if not call.is_active() or call.done():
             code = call.code()
             if code is not None and code != grpc.StatusCode.OK:
-                if code == grpc.StatusCode.UNAVAILABLE and self._connection_dropped():
-                    raise SessionLost("agent unavailable (%s): call recover() and retry" % call.details())
+                if (code == grpc.StatusCode.UNAVAILABLE and self._connection_dropped()) or _session_refused(
+                        code, call.details()):
+                    raise SessionLost("agent session lost (%s): call recover() and retry" % call.details())
                 raise AgentError(code.value[0], call.details() or "")
         self._check_session()
         return call

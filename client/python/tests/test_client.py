@@ -178,6 +178,21 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(r.id, before, "recover() on a live session registered the region again")
         slow.write(r, 0, to_region(r), 2048, 16)
 
+    def test_a_call_that_reaches_another_session_is_refused_as_a_lost_one(self):
+        # Every call names the session the client's memory is in; one that reaches another (the agent restarted,
+        # or gRPC made the connection again under the call) is refused before it registers anything.
+        c = Client(SOCKET, fast=False)
+        self.addCleanup(c.close)
+        self.assertTrue(c.info.instance and c.info.session, "the agent names no instance or session")
+        fd, _ = self.shm(4096)
+        mine = c._session_md
+        c._session_md = (("fabricxfer-session", "%s/%d" % (c.info.instance, c.info.session + 1)),)
+        with self.assertRaises(SessionLost) as e:
+            c.register_host(fd, 0, 4096, segment="py-other-session")
+        self.assertIn("session lost", str(e.exception))
+        c._session_md = mine
+        c.register_host(fd, 0, 4096, segment="py-other-session")  # the refused one held nothing
+
     def test_threads_recovering_a_dropped_fast_socket_open_one(self):
         # Only the fast socket ended (the session lives): of three threads that each call recover(), one opens a
         # new fast socket and the others return, rather than each closing the one the last had just opened.
