@@ -311,7 +311,7 @@ type SharedMemory struct {
 	Bytes []byte
 }
 
-// NewSharedMemory creates size bytes of shared memory (memfd_create, rounded up to pages), sealed against
+// NewSharedMemory creates size bytes of shared memory (memfd_create; Size reports size), sealed against
 // shrinking (F_SEAL_SHRINK) as the agent requires.
 func NewSharedMemory(name string, size uint64) (*SharedMemory, error) {
 	if size == 0 {

@@ -160,7 +160,15 @@ func (c *Client) register(ctx context.Context, r *Region) error {
 		r.mu.Unlock()
 		return nil
 	}
+	// The fd is passed under the region's lock: Deregister or Close (release) would otherwise close it meanwhile,
+	// and its number could then name other memory by the time it is passed.
+	r.mu.Lock()
+	if r.keep == nil {
+		r.mu.Unlock()
+		return fmt.Errorf("registering host memory: the region was deregistered, or its client closed")
+	}
 	token, err := c.putFD(ctx, r.keep)
+	r.mu.Unlock()
 	if err != nil {
 		return c.wrap("registering host memory: passing its fd", gen, err)
 	}
@@ -202,6 +210,8 @@ func (c *Client) forget(r *Region) {
 
 // release closes what the client kept to register r again.
 func (r *Region) release() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.keep != nil {
 		r.keep.Close()
 		r.keep = nil

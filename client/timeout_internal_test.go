@@ -5,9 +5,12 @@ package client
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
@@ -41,5 +44,19 @@ func TestBoundedTimeout(t *testing.T) {
 	}
 	if got := boundedTimeout(context.Background(), 3*time.Second, true); got != 3*time.Second {
 		t.Errorf("no deadline: %v, want 3 s", got)
+	}
+}
+
+// TestTransferErrorNamesAFewFailures: the error of a transfer with thousands of failed items names the first
+// few and how many more, not every one (Status keeps them all).
+func TestTransferErrorNamesAFewFailures(t *testing.T) {
+	st := &Status{TransferId: 7, State: agentv1.TransferState_TRANSFER_STATE_FAILED, Error: "deadline"}
+	for i := range 8192 {
+		st.Failures = append(st.Failures, &agentv1.TagFailure{Tag: fmt.Sprintf("item-%d", i), Code: "DEADLINE_EXCEEDED", Message: "ran out"})
+	}
+	msg := (&TransferError{Status: st}).Error()
+	if len(msg) > 2048 || !strings.Contains(msg, "item-0:") || !strings.Contains(msg, "item-7:") ||
+		strings.Contains(msg, "item-8:") || !strings.Contains(msg, "and 8184 more") {
+		t.Fatalf("a transfer of 8,192 failed items: %d bytes: %.300s", len(msg), msg)
 	}
 }

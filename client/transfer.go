@@ -99,8 +99,15 @@ type TransferError struct {
 }
 
 func (e *TransferError) Error() string {
+	// The first few failures name the trouble; a transfer of thousands of items that timed out would otherwise
+	// make an error of hundreds of kilobytes (Status.Failures holds them all).
+	const shown = 8
 	var tags []string
-	for _, f := range e.Status.Failures {
+	for i, f := range e.Status.Failures {
+		if i == shown {
+			tags = append(tags, fmt.Sprintf("and %d more", len(e.Status.Failures)-shown))
+			break
+		}
 		tags = append(tags, fmt.Sprintf("%s: %s %s", f.Tag, f.Code, f.Message))
 	}
 	return fmt.Sprintf("transfer %d %s: %s [%s]", e.Status.TransferId, strings.TrimPrefix(e.Status.State.String(), "TRANSFER_STATE_"),

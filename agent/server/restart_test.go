@@ -5,6 +5,7 @@ package server_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"runtime"
@@ -430,5 +431,41 @@ func TestARegistrationAfterARestartIsNotMadeBehindTheClientsBack(t *testing.T) {
 	}
 	if info.Usage.GetRegions() != 2 {
 		t.Fatalf("the new agent holds %d regions of the caller, want 2", info.Usage.GetRegions())
+	}
+}
+
+// TestRecoverAndCloseAtOnce: Close while Recover registers the regions again after a restart: neither hangs,
+// and (under the race detector) the fd a registration passes is never closed under it.
+func TestRecoverAndCloseAtOnce(t *testing.T) {
+	opts := baseOptions(t, newProcFixture(t))
+	a := startAgent(t, opts)
+	c, err := client.Dial(ctxT(t), a.srv.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	m := shm(t, 256<<10)
+	var first *client.Region
+	for i := range uint64(64) {
+		r, err := c.RegisterHost(ctx, m.File, i*4096, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first = cmp.Or(first, r)
+	}
+	old := first.ID()
+	a.stop(t)
+	startAgent(t, opts)
+	done := make(chan error, 1)
+	go func() { done <- c.Recover(ctx) }()
+	for deadline := time.Now().Add(10 * time.Second); first.ID() == old && time.Now().Before(deadline); {
+		runtime.Gosched() // close once Recover is registering
+	}
+	_ = c.Close()
+	select {
+	case err := <-done:
+		t.Logf("Recover beside Close: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Recover beside Close did not end")
 	}
 }
