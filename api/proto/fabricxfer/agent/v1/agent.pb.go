@@ -1699,8 +1699,10 @@ type TransferStatus struct {
 	TransferId uint64                 `protobuf:"varint,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
 	State      TransferState          `protobuf:"varint,2,opt,name=state,proto3,enum=fabricxfer.agent.v1.TransferState" json:"state,omitempty"`
 	Failures   []*TagFailure          `protobuf:"bytes,3,rep,name=failures,proto3" json:"failures,omitempty"`
-	Bytes      uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Elapsed    *durationpb.Duration   `protobuf:"bytes,5,opt,name=elapsed,proto3" json:"elapsed,omitempty"`
+	// The transfer's size: what it was asked to move, whether it succeeded or not (a failed or cancelled
+	// transfer may have moved part of it; engines do not count what landed).
+	Bytes   uint64               `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Elapsed *durationpb.Duration `protobuf:"bytes,5,opt,name=elapsed,proto3" json:"elapsed,omitempty"`
 	// A summary of what went wrong, empty on success.
 	Error         string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -69,8 +69,8 @@ type AgentClient interface {
 	Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*TransferStatus, error)
 	// ResolveSegment looks a named segment up on a node of the pool (this one when node is empty).
 	ResolveSegment(ctx context.Context, in *ResolveSegmentRequest, opts ...grpc.CallOption) (*ResolveSegmentResponse, error)
-	// Notifications streams, on the target side, the completions of transfers that wrote into or read from the
-	// caller's regions and carried a notification payload.
+	// Notifications streams the completions of transfers that carried a notification payload, on the side their
+	// bytes landed: the caller's regions another's write wrote into, or its own read read into.
 	Notifications(ctx context.Context, in *NotificationsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Notification], error)
 	// Explain says which engine would carry a transfer between two endpoints and why the others would not.
 	Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error)
@@ -305,8 +305,8 @@ type AgentServer interface {
 	Cancel(context.Context, *CancelRequest) (*TransferStatus, error)
 	// ResolveSegment looks a named segment up on a node of the pool (this one when node is empty).
 	ResolveSegment(context.Context, *ResolveSegmentRequest) (*ResolveSegmentResponse, error)
-	// Notifications streams, on the target side, the completions of transfers that wrote into or read from the
-	// caller's regions and carried a notification payload.
+	// Notifications streams the completions of transfers that carried a notification payload, on the side their
+	// bytes landed: the caller's regions another's write wrote into, or its own read read into.
 	Notifications(*NotificationsRequest, grpc.ServerStreamingServer[Notification]) error
 	// Explain says which engine would carry a transfer between two endpoints and why the others would not.
 	Explain(context.Context, *ExplainRequest) (*ExplainResponse, error)

@@ -158,8 +158,8 @@ class AgentServicer(object):
     raise NotImplementedError('Method not implemented!')
 
   def Notifications(self, request, context):
-    """Notifications streams, on the target side, the completions of transfers that wrote into or read from the
-    caller's regions and carried a notification payload.
+    """Notifications streams the completions of transfers that carried a notification payload, on the side their
+    bytes landed: the caller's regions another's write wrote into, or its own read read into.
     """
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
     context.set_details('Method not implemented!')
