@@ -5,10 +5,13 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -58,5 +61,27 @@ func TestTransferErrorNamesAFewFailures(t *testing.T) {
 	if len(msg) > 2048 || !strings.Contains(msg, "item-0:") || !strings.Contains(msg, "item-7:") ||
 		strings.Contains(msg, "item-8:") || !strings.Contains(msg, "and 8184 more") {
 		t.Fatalf("a transfer of 8,192 failed items: %d bytes: %.300s", len(msg), msg)
+	}
+}
+
+// TestTransferErrorReadsAsItsState: Code and errors.Is read a transfer that ran out of time or was cancelled as
+// the context errors and gRPC codes of those, and a failed one as its first failure's code.
+func TestTransferErrorReadsAsItsState(t *testing.T) {
+	wrapped := func(st *Status) error { return fmt.Errorf("transferring: %w", &TransferError{Status: st}) }
+	deadline := wrapped(&Status{State: agentv1.TransferState_TRANSFER_STATE_DEADLINE_EXCEEDED})
+	if Code(deadline) != codes.DeadlineExceeded || !errors.Is(deadline, context.DeadlineExceeded) || errors.Is(deadline, context.Canceled) {
+		t.Errorf("a transfer past its deadline: code %v, Is(DeadlineExceeded) %v", Code(deadline), errors.Is(deadline, context.DeadlineExceeded))
+	}
+	cancelled := wrapped(&Status{State: agentv1.TransferState_TRANSFER_STATE_CANCELLED})
+	if Code(cancelled) != codes.Canceled || !errors.Is(cancelled, context.Canceled) {
+		t.Errorf("a cancelled transfer: code %v", Code(cancelled))
+	}
+	failed := wrapped(&Status{State: agentv1.TransferState_TRANSFER_STATE_FAILED,
+		Failures: []*agentv1.TagFailure{{Tag: "a", Code: codes.OutOfRange.String()}, {Tag: "b", Code: "NotFound"}}})
+	if Code(failed) != codes.OutOfRange || errors.Is(failed, context.DeadlineExceeded) {
+		t.Errorf("a failed transfer: code %v", Code(failed))
+	}
+	if odd := wrapped(&Status{State: agentv1.TransferState_TRANSFER_STATE_FAILED, Failures: []*agentv1.TagFailure{{Code: "nonsense"}}}); Code(odd) != codes.Unknown {
+		t.Errorf("a failure of an unknown code: %v", Code(odd))
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
@@ -93,9 +95,50 @@ type Transfer struct {
 // Status is how a transfer ended.
 type Status = agentv1.TransferStatus
 
-// TransferError reports a transfer that did not succeed, with the failed tags.
+// TransferError reports a transfer that did not succeed, with the failed tags. Code reads its state as a gRPC
+// code (DeadlineExceeded, Canceled, else its first failure's), and errors.Is matches context.DeadlineExceeded
+// and context.Canceled for those states.
 type TransferError struct {
 	Status *Status
+}
+
+// GRPCStatus is the transfer's outcome as a gRPC status (status.FromError and Code read it).
+func (e *TransferError) GRPCStatus() *status.Status {
+	code := codes.Unknown
+	switch e.Status.GetState() {
+	case agentv1.TransferState_TRANSFER_STATE_DEADLINE_EXCEEDED:
+		code = codes.DeadlineExceeded
+	case agentv1.TransferState_TRANSFER_STATE_CANCELLED:
+		code = codes.Canceled
+	default:
+		if f := e.Status.GetFailures(); len(f) > 0 {
+			if c, ok := codeNamed(f[0].Code); ok {
+				code = c
+			}
+		}
+	}
+	return status.New(code, e.Error())
+}
+
+// Is matches context.DeadlineExceeded and context.Canceled for a transfer that ran out of time or was cancelled.
+func (e *TransferError) Is(target error) bool {
+	switch e.Status.GetState() {
+	case agentv1.TransferState_TRANSFER_STATE_DEADLINE_EXCEEDED:
+		return target == context.DeadlineExceeded
+	case agentv1.TransferState_TRANSFER_STATE_CANCELLED:
+		return target == context.Canceled
+	}
+	return false
+}
+
+// codeNamed reads a code the agent names a failure with (codes.Code's String).
+func codeNamed(name string) (codes.Code, bool) {
+	for c := codes.OK; c <= codes.Unauthenticated; c++ {
+		if c.String() == name {
+			return c, true
+		}
+	}
+	return codes.Unknown, false
 }
 
 func (e *TransferError) Error() string {
