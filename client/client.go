@@ -34,6 +34,9 @@ import (
 // were registered: they are gone on the agent side. Call Recover, then retry.
 var ErrSessionLost = errors.New("agent session lost (agent restarted?): call Recover and retry")
 
+// ErrClosed means the call was made on a client after Close.
+var ErrClosed = errors.New("the client is closed")
+
 // FDSocketName is the fd socket's name beside the agent socket.
 const FDSocketName = "agent.fd.sock"
 
@@ -54,6 +57,7 @@ type Client struct {
 	arena  []byte                  // the fast connection's id arena (mapped); nil: ids travel in the frame
 
 	recoverMu sync.Mutex // one Recover at a time
+	closed    atomic.Bool
 
 	// session names the agent session the client's memory is registered in ("<instance>/<session>", from
 	// GetInfo); every call carries it, and the agent refuses one that reaches another session.
@@ -185,8 +189,12 @@ func notInSocketGroup(path string, err error) error {
 		"pool's spec.socketGroup in its securityContext.supplementalGroups", path, os.Getuid(), os.Getgid(), groups, err)
 }
 
-// Close closes the connection; the agent then deregisters this client's regions.
+// Close closes the connection; the agent then deregisters this client's regions. Later calls fail with
+// ErrClosed; closing again does nothing.
 func (c *Client) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
 	c.mu.Lock()
 	for r := range c.regions {
 		r.release()
@@ -209,6 +217,9 @@ func (c *Client) API() agentv1.AgentClient { return c.api }
 
 // check fails fast when the connection was re-established since the regions were registered.
 func (c *Client) check() error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.dials.Load() != c.gen {
@@ -221,6 +232,9 @@ func (c *Client) check() error {
 func (c *Client) wrap(what string, gen uint64, err error) error {
 	if err == nil {
 		return nil
+	}
+	if c.closed.Load() {
+		return fmt.Errorf("%s: %w (%v)", what, ErrClosed, err)
 	}
 	if c.dials.Load() != gen || sessionRefused(err) {
 		return fmt.Errorf("%s: %w (%v)", what, ErrSessionLost, err)

@@ -149,6 +149,9 @@ func newSealedMemfd(name string, size uint64) (*os.File, error) {
 }
 
 func (c *Client) register(ctx context.Context, r *Region) error {
+	if c.closed.Load() {
+		return ErrClosed // before its fd is passed: nothing may be left with the agent
+	}
 	gen := c.generation()
 	if r.gpu != nil {
 		resp, err := c.registerGPU(ctx, r, gen)

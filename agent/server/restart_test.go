@@ -469,3 +469,34 @@ func TestRecoverAndCloseAtOnce(t *testing.T) {
 		t.Fatal("Recover beside Close did not end")
 	}
 }
+
+// TestACallAfterCloseSaysTheClientIsClosed: every kind of call on a closed client fails with ErrClosed (not
+// gRPC's "the client connection is closing"), and closing again does nothing.
+func TestACallAfterCloseSaysTheClientIsClosed(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	c, err := client.Dial(ctxT(t), a.srv.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	m := shm(t, 8192)
+	r, err := c.RegisterHost(ctx, m.File, 0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("closing again: %v", err)
+	}
+	if _, err := c.Write(ctx, r, 0, client.ToRegion(r), 4096, 16); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("a write after Close: %v, want ErrClosed", err)
+	}
+	if _, err := c.RegisterHost(ctx, m.File, 4096, 4096); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("a registration after Close: %v, want ErrClosed", err)
+	}
+	if _, err := c.Submit(ctx, client.Write, []client.Item{{Local: r, Remote: client.ToRegion(r), RemoteOffset: 4096, Length: 16}}, client.TransferOptions{}); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("a submission after Close: %v, want ErrClosed", err)
+	}
+}
