@@ -12,12 +12,17 @@
 // of VMM allocations mapped back to back (any number, in address order), or a fabric handle.
 //
 // Transfers are asynchronous (Submit, then Transfer.Wait) or one round trip (Write, Read). Every call takes a
-// context; its deadline bounds the call, TransferOptions.Timeout bounds the transfer itself. Transfers and
+// context; its deadline bounds the call, and a waited transfer's too (the agent fails it then; copies already
+// started may still land); TransferOptions.Timeout bounds the transfer itself. A TransferError reads as its
+// state (Code, and errors.Is with context.DeadlineExceeded or context.Canceled). Transfers and
 // block transfers go over the agent's fast socket, their frames through shared memory both sides poll (a
 // mailbox) where they fit; WithSpin bounds the client's polling, WithoutMailbox and WithoutFastPath turn the
 // two off.
 //
 // Regions belong to the client's connection. When the agent restarts, calls fail fast with ErrSessionLost
-// (never hang); Recover re-registers every region the client registered from its own memory (ids change,
-// *Region values stay valid). Pool slices cannot be recovered: their memory belonged to the old agent.
+// (never hang): every call names the agent session its memory is in, and the agent refuses one that reaches
+// another. Recover re-registers every region the client registered from its own memory (ids change, *Region
+// values stay valid; layouts are registered again by the caller), once however many goroutines call it, and
+// only when the agent's instance or the connection's session changed. Pool slices cannot be recovered: their
+// memory belonged to the old agent. Calls after Close fail with ErrClosed.
 package client
