@@ -162,17 +162,19 @@ func (c *Client) nameSessionOf(info *agentv1.GetInfoResponse) {
 }
 
 func (c *Client) nameSession(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	if name := c.session.Load(); name != nil {
-		ctx = metadata.AppendToOutgoingContext(ctx, sessionHeader, *name)
-	}
-	return invoker(ctx, method, req, reply, cc, opts...)
+	return invoker(c.inSession(ctx), method, req, reply, cc, opts...)
 }
 
 func (c *Client) nameSessionStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return streamer(c.inSession(ctx), desc, cc, method, opts...)
+}
+
+// inSession is ctx with the session header the client's calls carry, where it knows its session.
+func (c *Client) inSession(ctx context.Context) context.Context {
 	if name := c.session.Load(); name != nil {
-		ctx = metadata.AppendToOutgoingContext(ctx, sessionHeader, *name)
+		return metadata.AppendToOutgoingContext(ctx, sessionHeader, *name)
 	}
-	return streamer(ctx, desc, cc, method, opts...)
+	return ctx
 }
 
 // sessionRefused reports whether err is the agent's refusal of a call that reached another session.

@@ -244,25 +244,26 @@ func (s *Server) sessionOf(ctx context.Context) (*session, error) {
 }
 
 func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	sess, err := s.sessionOf(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.sameSession(ctx, sess, info.FullMethod); err != nil {
+	if err := s.admitCall(ctx, info.FullMethod); err != nil {
 		return nil, err
 	}
 	return h(ctx, req)
 }
 
 func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	sess, err := s.sessionOf(ss.Context())
-	if err != nil {
-		return err
-	}
-	if err := s.sameSession(ss.Context(), sess, info.FullMethod); err != nil {
+	if err := s.admitCall(ss.Context(), info.FullMethod); err != nil {
 		return err
 	}
 	return h(srv, ss)
+}
+
+// admitCall refuses a call whose connection is not an admitted session, or that names another session.
+func (s *Server) admitCall(ctx context.Context, method string) error {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return err
+	}
+	return s.sameSession(ctx, sess, method)
 }
 
 // SessionHeader is the metadata key a client names the session it registered its memory in with

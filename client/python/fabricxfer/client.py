@@ -160,10 +160,6 @@ def _session_metadata(info: pb.GetInfoResponse):
     return ((_SESSION_HEADER, "%s/%d" % (info.instance, info.session)),)
 
 
-def _session_refused(code, details) -> bool:
-    return code == grpc.StatusCode.ABORTED and (details or "").startswith("session lost:")
-
-
 class SessionLost(Exception):
     """The connection to the agent ended (agent restarted?): every region registered through it is gone on the
     agent side. Call Client.recover(), then retry."""
@@ -605,15 +601,19 @@ class Client:
         try:
             resp = method(req, timeout=kw.pop("timeout", self.timeout), metadata=self._session_md, **kw)
         except grpc.RpcError as e:
-            # UNAVAILABLE is also the agent's own answer (a peer it cannot reach): only a connection that went
-            # down means the session, and the regions with it, are gone. ABORTED "session lost" is the agent
-            # refusing a call that reached another session than the one it names.
-            if (e.code() == grpc.StatusCode.UNAVAILABLE and self._connection_dropped()) or _session_refused(
-                    e.code(), e.details()):
+            if self._session_lost(e.code(), e.details()):
                 raise SessionLost("agent session lost (%s): call recover() and retry" % e.details()) from e
             raise
         self._check_session()
         return resp
+
+    def _session_lost(self, code, details) -> bool:
+        """Whether an error means this client's session, and the regions with it, are gone: UNAVAILABLE on a
+        connection that went down (it is also the agent's own answer, for a peer it cannot reach), or the agent's
+        ABORTED "session lost" (a call that reached another session than the one it names)."""
+        if code == grpc.StatusCode.ABORTED:
+            return (details or "").startswith("session lost:")
+        return code == grpc.StatusCode.UNAVAILABLE and self._connection_dropped()
 
     def _connection_dropped(self, within: float = 0.25) -> bool:
         """Whether the connection to the agent left READY (now, or within a moment: gRPC reports connectivity
@@ -1051,7 +1051,7 @@ class Client:
                 raise SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e) from e
         reply = pb.FastReply.FromString(raw)
         if reply.code:
-            if _CODES.get(reply.code) == grpc.StatusCode.UNAVAILABLE and self._connection_dropped():
+            if self._session_lost(_CODES.get(reply.code), reply.message):
                 raise SessionLost("agent unavailable (%s): call recover() and retry" % reply.message)
             raise AgentError(reply.code, reply.message)
         return reply.response
@@ -1286,8 +1286,7 @@ class Client:
         if not call.is_active() or call.done():
             code = call.code()
             if code is not None and code != grpc.StatusCode.OK:
-                if (code == grpc.StatusCode.UNAVAILABLE and self._connection_dropped()) or _session_refused(
-                        code, call.details()):
+                if self._session_lost(code, call.details()):
                     raise SessionLost("agent session lost (%s): call recover() and retry" % call.details())
                 raise AgentError(code.value[0], call.details() or "")
         self._check_session()
