@@ -6,6 +6,7 @@ package fastwire
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -199,10 +200,10 @@ func dropUnknown(m protoreflect.Message) {
 	})
 }
 
-// TestResponseReplyIsWhatMarshalWrites compares the hand-written reply with proto.Marshal's bytes for random
-// responses: fields zero and not, engines empty or with an empty name, a status or none, failures with empty
-// fields, elapsed times negative and not; and a string that is not UTF-8 is left to proto.Marshal, which
-// refuses it.
+// TestResponseReplyIsWhatMarshalWrites compares the hand-written reply with proto.Marshal's for random responses
+// (fields zero and not, engines empty or with an empty name, a status or none, failures with empty fields,
+// elapsed times negative and not): the same length, the same message decoded, the status first; and a string
+// that is not UTF-8 is left to proto.Marshal, which refuses it.
 func TestResponseReplyIsWhatMarshalWrites(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	pick := func(vals ...uint64) uint64 { return vals[rng.IntN(len(vals))] }
@@ -229,9 +230,20 @@ func TestResponseReplyIsWhatMarshalWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, ok := AppendResponseReply([]byte{9}, r)
-		if !ok || !bytes.Equal(got[1:], want) || got[0] != 9 {
+		if !ok || got[0] != 9 {
 			t.Fatalf("round %d: %v\nwrote   %x (%v)\nMarshal %x", round, r, got, ok, want)
 		}
+		if err := sameReply(got[1:], want, r); err != nil {
+			t.Fatalf("round %d: %v\nwrote   %x\nMarshal %x", round, err, got[1:], want)
+		}
+	}
+	// A waited success as a client reads it: 1a LEN 2a LEN' and the status in the LEN' bytes after.
+	st := &agentv1.TransferStatus{TransferId: 1<<40 + 3, State: agentv1.TransferState_TRANSFER_STATE_SUCCEEDED, Bytes: 4096,
+		Elapsed: &durationpb.Duration{Nanos: 23456}}
+	got, _ := AppendResponseReply(nil, &agentv1.TransferResponse{TransferId: st.TransferId, Items: 1, Bytes: 4096, Engines: []string{"xgmi"}, Status: st})
+	var read agentv1.TransferStatus
+	if got[0] != 0x1a || int(got[1]) != len(got)-2 || got[2] != 0x2a || proto.Unmarshal(got[4:4+int(got[3])], &read) != nil || !proto.Equal(&read, st) {
+		t.Fatalf("a waited success's reply %x: the status is not in the bytes after 1a LEN 2a LEN'", got)
 	}
 	if got, ok := AppendResponseReply([]byte{9}, nil); !ok || !bytes.Equal(got, []byte{9}) {
 		t.Fatalf("no response (the answer to a setup): wrote %x, %v; want the empty reply", got, ok)
@@ -243,4 +255,28 @@ func TestResponseReplyIsWhatMarshalWrites(t *testing.T) {
 	if _, err := proto.Marshal(&agentv1.FastReply{Response: bad}); err == nil {
 		t.Fatal("proto.Marshal took a string that is not UTF-8: the fallback would not refuse it")
 	}
+}
+
+// sameReply checks a hand-written reply against proto.Marshal's bytes want of FastReply{Response: r}: as long,
+// decoding to the same message, and the response's status, if any, its first field.
+func sameReply(got, want []byte, r *agentv1.TransferResponse) error {
+	if len(got) != len(want) {
+		return fmt.Errorf("%d bytes, proto.Marshal writes %d", len(got), len(want))
+	}
+	var back agentv1.FastReply
+	if err := proto.Unmarshal(got, &back); err != nil {
+		return fmt.Errorf("decoding the reply: %w", err)
+	}
+	if !proto.Equal(&back, &agentv1.FastReply{Response: r}) {
+		return fmt.Errorf("decodes to %v", &back)
+	}
+	if r == nil || r.Status == nil {
+		return nil
+	}
+	_, _, n := protowire.ConsumeTag(got)
+	_, m := protowire.ConsumeVarint(got[n:])
+	if num, _, _ := protowire.ConsumeTag(got[n+m:]); num != responseFieldStatus {
+		return fmt.Errorf("the response's first field is %d, not its status", num)
+	}
+	return nil
 }

@@ -52,10 +52,12 @@ const (
 	failureFieldMessage = 3
 )
 
-// AppendResponseReply appends FastReply{Response: resp} as proto.Marshal writes it (fields in number order, zero
-// values left out), without reflection: every served fast call is answered this way (a nil resp, the answer to
-// a setup, is the empty reply). ok is false, and nothing appended, when a string of resp is not UTF-8, which
-// proto.Marshal refuses: marshal it to hear why.
+// AppendResponseReply appends FastReply{Response: resp} without reflection, zero values left out as
+// proto.Marshal leaves them: every served fast call is answered this way (a nil resp, the answer to a setup, is
+// the empty reply). The response's status comes first, before its other fields (agent.proto, FastReply): a
+// waiting client reads the status alone, from the reply's fourth byte, without decoding the rest. ok is false,
+// and nothing appended, when a string of resp is not UTF-8, which proto.Marshal refuses: marshal it to hear
+// why.
 func AppendResponseReply(b []byte, resp *agentv1.TransferResponse) (_ []byte, ok bool) {
 	if resp == nil {
 		return b, true
@@ -65,12 +67,6 @@ func AppendResponseReply(b []byte, resp *agentv1.TransferResponse) (_ []byte, ok
 	}
 	b = protowire.AppendTag(b, replyFieldResponse, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(responseSize(resp)))
-	b = appendUint(b, responseFieldID, resp.TransferId)
-	b = appendUint(b, responseFieldItems, uint64(resp.Items))
-	b = appendUint(b, responseFieldBytes, resp.Bytes)
-	for _, e := range resp.Engines {
-		b = appendString(b, responseFieldEngines, e, true)
-	}
 	if st := resp.Status; st != nil {
 		b = protowire.AppendTag(b, responseFieldStatus, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(statusSize(st)))
@@ -91,6 +87,12 @@ func AppendResponseReply(b []byte, resp *agentv1.TransferResponse) (_ []byte, ok
 			b = appendUint(b, durationFieldNanos, uint64(int64(d.Nanos)))
 		}
 		b = appendString(b, statusFieldError, st.Error, false)
+	}
+	b = appendUint(b, responseFieldID, resp.TransferId)
+	b = appendUint(b, responseFieldItems, uint64(resp.Items))
+	b = appendUint(b, responseFieldBytes, resp.Bytes)
+	for _, e := range resp.Engines {
+		b = appendString(b, responseFieldEngines, e, true)
 	}
 	return b, true
 }

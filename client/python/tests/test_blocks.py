@@ -13,7 +13,8 @@ import grpc
 
 from fabricxfer.agent.v1 import agent_pb2 as pb
 from fabricxfer.blocks import blocks_frame, pack_ids
-from fabricxfer.client import AgentError, Client, shared_memory, to_layout, to_layout_segment
+from fabricxfer.client import (AgentError, Client, TransferFailed, shared_memory, status_first, to_layout,
+                               to_layout_segment)
 
 try:
     import numpy as np
@@ -215,6 +216,65 @@ class BlocksTest(unittest.TestCase):
             c.transfer_blocks("write", src_l, np.array([k]), to_layout_segment("", "py-short-seg"), np.array([k + 4]))
         self.check(seg, src, [4, 5, 6], [0, 1, 2], before)
         self.assertEqual(len(c._frames), kept + 1, "a published layout's frame is kept once for its shape")
+
+    def test_a_waited_short_call_reads_the_status_the_reply_starts_with(self):
+        # The agent's reply to a waited call starts with its status, which the client decodes alone; replies that
+        # start otherwise (an error, the status last, one of 128 bytes or more) are decoded whole, to the same
+        # outcome.
+        c = self.c
+        src_l, src = self.layout(c)
+        dst_l, dst = self.layout(c, fill=False)
+        before = [x.copy() for x in dst]
+        conn = c._fast
+        agent_call, replies = conn.call, []
+        conn.call = lambda *a, **kw: replies.append(agent_call(*a, **kw)) or replies[-1]
+        st = c.transfer_blocks("write", src_l, np.array([3]), to_layout(dst_l), np.array([5]))
+        self.check(dst, src, [5], [3], before)
+        first = status_first(replies[-1])
+        self.assertIsNotNone(first, "the agent's reply %s does not start with its status" % bytes(replies[-1]).hex())
+        self.assertEqual(first, st)
+        self.assertEqual((st.state, st.bytes), (pb.TRANSFER_STATE_SUCCEEDED, 2 * BLOCK))
+        self.assertTrue(st.transfer_id and st.HasField("elapsed"), st)
+
+        def reply(resp=None, code=0, message="", status_last=False):
+            """A FastReply's bytes; a response's status written first, as the agent writes it, unless status_last."""
+            if resp is None or status_last or not resp.HasField("status"):
+                return pb.FastReply(code=code, message=message, response=resp).SerializeToString()
+            rest = pb.TransferResponse()
+            rest.CopyFrom(resp)
+            rest.ClearField("status")
+            body = pb.TransferResponse(status=resp.status).SerializeToString() + rest.SerializeToString()
+            n, size = len(body), b""
+            while n > 0x7F:
+                size, n = size + bytes([n & 0x7F | 0x80]), n >> 7
+            return b"\x1a" + size + bytes([n]) + body
+
+        failed = pb.TransferStatus(transfer_id=st.transfer_id, state=pb.TRANSFER_STATE_DEADLINE_EXCEEDED, bytes=BLOCK,
+                                   error="deadline")
+        long_failure = pb.TransferStatus(transfer_id=st.transfer_id, state=pb.TRANSFER_STATE_FAILED, error="x" * 300)
+        ok = pb.TransferResponse(transfer_id=st.transfer_id, items=1, bytes=BLOCK, engines=["xgmi"], status=st)
+        cases = [
+            ("status first", reply(ok), st, None),
+            ("status last", reply(ok, status_last=True), st, None),
+            ("a failure first", reply(pb.TransferResponse(transfer_id=1, status=failed)), None, failed),
+            ("a failure of 300 bytes", reply(pb.TransferResponse(transfer_id=1, status=long_failure)), None, long_failure),
+        ]
+        for name, raw, want, fails in cases:
+            conn.call = lambda *a, raw=raw, **kw: raw
+            if fails is None:
+                self.assertEqual(c.transfer_blocks("write", src_l, np.array([3]), to_layout(dst_l), np.array([5])),
+                                 want, name)
+                continue
+            with self.assertRaises(TransferFailed, msg=name) as e:
+                c.transfer_blocks("write", src_l, np.array([3]), to_layout(dst_l), np.array([5]))
+            self.assertEqual(e.exception.status, fails, name)
+        conn.call = lambda *a, **kw: reply(code=grpc.StatusCode.NOT_FOUND.value[0], message="layout 7 not found")
+        with self.assertRaises(AgentError) as e:
+            c.transfer_blocks("write", src_l, np.array([3]), to_layout(dst_l), np.array([5]))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIsNone(status_first(reply(ok, status_last=True)))
+        self.assertIsNone(status_first(reply(pb.TransferResponse(transfer_id=1, status=long_failure))))
+        conn.call = agent_call
 
     def test_mailbox_socket_and_sleeping_callers_move_the_same_bytes(self):
         # The fast connection's mailbox (frames through shared memory) where the machine offers it, the socket

@@ -3638,7 +3638,10 @@ func (x *FastWait) GetTimeout() *durationpb.Duration {
 	return nil
 }
 
-// FastReply answers one frame on the fast socket.
+// FastReply answers one frame on the fast socket. The agent writes a response's status (field 5) before the
+// response's other fields, so a successful waited transfer's reply starts 1a LEN 2a LEN' with the status in the
+// LEN' bytes after (each length one byte when under 128): a client may read the status alone from there, and
+// decode the whole reply when its bytes start otherwise (an error, a status of 128 bytes or more).
 type FastReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A gRPC status code (0 = OK) and its message, as the gRPC call would have answered.
