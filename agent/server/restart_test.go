@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -498,5 +499,42 @@ func TestACallAfterCloseSaysTheClientIsClosed(t *testing.T) {
 	}
 	if _, err := c.Submit(ctx, client.Write, []client.Item{{Local: r, Remote: client.ToRegion(r), RemoteOffset: 4096, Length: 16}}, client.TransferOptions{}); !errors.Is(err, client.ErrClosed) {
 		t.Errorf("a submission after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestAnUnavailableTheAgentAnswersIsMarked: the Unavailable the agent answers itself (a node it has no peer
+// channel to) carries AnsweredHeader with its instance, so a client need not watch its
+// connection to tell it from one that broke; other errors and successes carry no such trailer.
+func TestAnUnavailableTheAgentAnswersIsMarked(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	c := dial(t, a)
+	ctx := ctxT(t)
+	info, err := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var trailer metadata.MD
+	_, err = c.API().ResolveSegment(ctx, &agentv1.ResolveSegmentRequest{Node: "node-nowhere", Segment: "kv"}, grpc.Trailer(&trailer))
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("resolving a segment of a node without a peer channel: %v, want Unavailable", err)
+	}
+	if got := trailer.Get(server.AnsweredHeader); len(got) != 1 || got[0] != info.Instance {
+		t.Fatalf("the agent's own Unavailable carries %s %q, want the instance %q", server.AnsweredHeader, got, info.Instance)
+	}
+	for name, call := range map[string]func(opt grpc.CallOption) error{
+		"a refusal (NotFound)": func(opt grpc.CallOption) error {
+			_, err := c.API().ResolveSegment(ctx, &agentv1.ResolveSegmentRequest{Segment: "no-such-segment"}, opt)
+			return err
+		},
+		"a success": func(opt grpc.CallOption) error {
+			_, err := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{}, opt)
+			return err
+		},
+	} {
+		trailer = nil
+		err := call(grpc.Trailer(&trailer))
+		if len(trailer.Get(server.AnsweredHeader)) != 0 {
+			t.Fatalf("%s (%v) carries %s", name, err, server.AnsweredHeader)
+		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/fabricxfer/fabricxfer/agent/poolmem"
 	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
@@ -136,6 +137,8 @@ type Server struct {
 	opts Options
 	// instance names this agent process to clients (GetInfo): its epoch, which every id it hands out carries.
 	instance string
+	// answered is the trailer of the Unavailable statuses the agent answers itself (AnsweredHeader).
+	answered metadata.MD
 	log      *slog.Logger
 	metrics  *serverMetrics
 
@@ -234,6 +237,7 @@ func New(opts Options) (*Server, error) {
 		pool: poollend.New(poollend.Config{Pool: opts.Pool, Table: table, Tokens: tokens, GPUs: opts.GPUs, Refusals: metrics.Counters}),
 		fast: fastTokens{entries: map[string]fastToken{}}, spinners: sockio.NewSpinBudget(opts.FastSpinners),
 	}
+	s.answered = metadata.Pairs(AnsweredHeader, s.instance)
 	opts.Engine.SetNotifyHandler(s.xfer.DeliverNotification)
 	return s, nil
 }

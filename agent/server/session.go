@@ -247,15 +247,43 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 	if err := s.admitCall(ctx, info.FullMethod); err != nil {
 		return nil, err
 	}
-	return h(ctx, req)
+	resp, err := h(ctx, req)
+	if s.answeredItself(err) {
+		_ = grpc.SetTrailer(ctx, s.answered)
+	}
+	return resp, err
 }
 
 func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	if err := s.admitCall(ss.Context(), info.FullMethod); err != nil {
 		return err
 	}
-	return h(srv, ss)
+	err := h(srv, ss)
+	if s.answeredItself(err) {
+		ss.SetTrailer(s.answered)
+	}
+	return err
 }
+
+// answeredItself reports whether err is an Unavailable status to mark with AnsweredHeader: not while the agent
+// stops, whose Unavailable answers do end the caller's session.
+func (s *Server) answeredItself(err error) bool {
+	if status.Code(err) != codes.Unavailable {
+		return false
+	}
+	select {
+	case <-s.stopping:
+		return false
+	default:
+		return true
+	}
+}
+
+// AnsweredHeader is the trailer key of an Unavailable status the agent answered itself on a session that goes on
+// (a peer it cannot reach), valued with the agent's instance: gRPC gives the same code for a connection that
+// broke under the call, which ends the caller's session, so a client tells the two apart without waiting to
+// see whether its connection went down.
+const AnsweredHeader = "fabricxfer-answered"
 
 // admitCall refuses a call whose connection is not an admitted session, or that names another session.
 func (s *Server) admitCall(ctx context.Context, method string) error {

@@ -118,6 +118,19 @@ def _unreachable(path: str, timeout: float, details: str) -> str:
     return "no agent answered at %s within %.1f s: %s" % (path, timeout, found)
 
 
+# The trailer key of an UNAVAILABLE the agent answered itself (the agent's server.AnsweredHeader).
+_ANSWERED = "fabricxfer-answered"
+
+
+def _answered(call) -> bool:
+    """Whether a failed gRPC call's UNAVAILABLE came from the agent (a peer it cannot reach) rather than from a
+    connection that broke under it."""
+    try:
+        return any(key == _ANSWERED for key, _ in call.trailing_metadata() or ())
+    except Exception:  # a call that never reached a server has no trailers to read
+        return False
+
+
 def status_first(raw) -> Optional[pb.TransferStatus]:
     """The status of a fast reply whose response starts with it (agent.proto, FastReply: 1a LEN 2a LEN', the status
     in the LEN' bytes after), decoded alone; None for any other reply (an error, a response without a status, a
@@ -612,19 +625,23 @@ class Client:
         try:
             resp = method(req, timeout=kw.pop("timeout", self.timeout), metadata=self._session_md, **kw)
         except grpc.RpcError as e:
-            if self._session_lost(e.code(), e.details()):
+            if self._session_lost(e.code(), e.details(), _answered(e)):
                 raise SessionLost("agent session lost (%s): call recover() and retry" % e.details()) from e
             raise
         self._check_session()
         return resp
 
-    def _session_lost(self, code, details) -> bool:
+    def _session_lost(self, code, details, answered: bool = False) -> bool:
         """Whether an error means this client's session, and the regions with it, are gone: UNAVAILABLE on a
-        connection that went down (it is also the agent's own answer, for a peer it cannot reach), or the agent's
-        ABORTED "session lost" (a call that reached another session than the one it names)."""
+        connection that went down, or the agent's ABORTED "session lost" (a call that reached another session than
+        the one it names). UNAVAILABLE is also the agent's own answer (a peer it cannot reach): answered says the
+        agent marked it so, or it came over the live fast socket, and then only a loss already counted is one;
+        otherwise the connection's state is watched for a moment."""
         if code == grpc.StatusCode.ABORTED:
             return (details or "").startswith("session lost:")
-        return code == grpc.StatusCode.UNAVAILABLE and self._connection_dropped()
+        if code != grpc.StatusCode.UNAVAILABLE:
+            return False
+        return self._connection_dropped(within=0.0 if answered else 0.25)
 
     def _connection_dropped(self, within: float = 0.25) -> bool:
         """Whether the connection to the agent left READY (now, or within a moment: gRPC reports connectivity
@@ -1071,7 +1088,7 @@ class Client:
         """The response of a fast reply, or the error it carries raised."""
         reply = pb.FastReply.FromString(raw)
         if reply.code:
-            if self._session_lost(_CODES.get(reply.code), reply.message):
+            if self._session_lost(_CODES.get(reply.code), reply.message, answered=True):
                 raise SessionLost("agent unavailable (%s): call recover() and retry" % reply.message)
             raise AgentError(reply.code, reply.message)
         return reply.response
@@ -1314,7 +1331,7 @@ class Client:
         if not call.is_active() or call.done():
             code = call.code()
             if code is not None and code != grpc.StatusCode.OK:
-                if self._session_lost(code, call.details()):
+                if self._session_lost(code, call.details(), _answered(call)):
                     raise SessionLost("agent session lost (%s): call recover() and retry" % call.details())
                 raise AgentError(code.value[0], call.details() or "")
         self._check_session()
