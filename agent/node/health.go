@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"time"
 
@@ -15,8 +16,8 @@ import (
 )
 
 // serveHealth answers /healthz while the process runs, /readyz once the sockets are open, and /metrics.
-func (t *transferSide) serveHealth(ctx context.Context) error {
-	if t.opts.HealthAddr == "" {
+func (t *transferSide) serveHealth(ctx context.Context, ln net.Listener) error {
+	if ln == nil {
 		return nil
 	}
 	mux := http.NewServeMux()
@@ -42,7 +43,7 @@ func (t *transferSide) serveHealth(ctx context.Context) error {
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()
-	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serving health on %s: %w", t.opts.HealthAddr, err)
 	}
 	return nil
@@ -68,4 +69,16 @@ func fabricMappedGauge(mapped interface{ MappedRegions() int }) prometheus.Colle
 			}
 			return float64(mapped.MappedRegions())
 		})
+}
+
+// listenHealth opens the health endpoint's listener (nil without HealthAddr).
+func (t *transferSide) listenHealth() (net.Listener, error) {
+	if t.opts.HealthAddr == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", t.opts.HealthAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listening for health checks on %s (--health-addr): %w", t.opts.HealthAddr, err)
+	}
+	return ln, nil
 }

@@ -6,7 +6,10 @@ package node
 import (
 	"context"
 	"errors"
+	"net"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,5 +89,34 @@ func TestAssembledAgentHasOneRegistry(t *testing.T) {
 	}
 	if _, _, err := table.Describe(d.ID); !errors.Is(err, engines.ErrUnknownMemory) {
 		t.Fatalf("deregistered region still in the table: %v", err)
+	}
+}
+
+// TestAHealthAddressInUseFailsTheAgentAtOnce: an agent whose health address another process holds stops at once
+// with an error naming it, serving no socket, instead of running with its probes answered by that process.
+func TestAHealthAddressInUseFailsTheAgentAtOnce(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	dir := t.TempDir()
+	cfg := Config{NodeName: "node-a", SocketDir: dir, PoolNamespace: "infer", PoolName: "kv", HostRoot: "/",
+		AllowLocal: true, SocketGID: -1, PeerListen: "127.0.0.1:0", DataListen: "127.0.0.1:0",
+		MaxRegions: 16, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16}
+	ts := newTransferSide(TransferOptions{Config: cfg, HealthAddr: taken.Addr().String()}, topology.Report{},
+		Deps{AgentVersion: "test", Ready: func(string) { t.Error("the agent got ready beside a health address in use") }})
+	done := make(chan error, 1)
+	go func() { done <- ts.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), taken.Addr().String()) || !strings.Contains(err.Error(), "--health-addr") {
+			t.Fatalf("Run with its health address in use: %v, want an error naming the address and the flag", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent ran on with its health address in use")
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("the agent left %d entries in its socket directory", len(entries))
 	}
 }

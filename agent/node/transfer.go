@@ -124,13 +124,19 @@ func newTransferSide(opts TransferOptions, rep topology.Report, deps Deps) *tran
 }
 
 // Run serves the socket and the engines until ctx ends, and the health endpoint beside them from the start
-// (a slow node certificate or GPU runtime must not fail a liveness probe).
+// (a slow node certificate or GPU runtime must not fail a liveness probe). A health address it cannot listen
+// on fails it at once, as the peer and data ports do: served meanwhile, the agent would look healthy through
+// whatever else answers there.
 func (t *transferSide) Run(ctx context.Context) error {
+	ln, err := t.listenHealth()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	healthErr := make(chan error, 1)
-	go func() { healthErr <- t.serveHealth(ctx) }()
-	err := t.serve(ctx)
+	go func() { healthErr <- t.serveHealth(ctx, ln) }()
+	err = t.serve(ctx)
 	cancel()
 	return errors.Join(err, <-healthErr)
 }
