@@ -82,7 +82,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PeerListen, "peer-listen", ":7470", "listen address of the agent-to-agent channel (mTLS gRPC)")
 	fs.StringVar(&c.DataListen, "data-listen", ":7471", "listen address of the tcp engine's data path")
 	fs.StringVar(&c.DataAdvertise, "data-advertise", "", "address peers dial for the tcp engine (default $"+EnvPodIP+" with the listen port)")
-	fs.StringVar(&c.TLSDir, "tls-dir", "/etc/fabricxfer/tls", "directory with the pool's tls.crt, tls.key and ca.crt; empty runs this node alone (no peers, no tcp engine)")
+	fs.StringVar(&c.TLSDir, "tls-dir", "/etc/fabricxfer/tls", "directory with the pool's tls.crt, tls.key and ca.crt (outside Kubernetes \"agent certs --dir DIR\" writes them); empty runs this node alone (no peers, no tcp engine)")
 	fs.BoolVar(&c.NodeCert, "node-cert", false, "obtain this node's own agent-to-agent certificate from the operator (a CertificateSigningRequest); --tls-dir then holds only ca.crt")
 	fs.StringVar(&c.StaticPeers, "peers", "", "static peer list node=host:port,... (outside Kubernetes; otherwise TransferNode endpoints are used)")
 	fs.BoolVar(&c.DisableTCP, "disable-tcp", false, "keep the tcp engine off")
@@ -118,6 +118,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := ParsePeers(c.StaticPeers); err != nil {
 		errs = append(errs, err)
+	} else if c.StaticPeers != "" && c.TLSDir == "" {
+		// Without certificates the node runs alone: the peers would be ignored, and transfers to them fail later.
+		errs = append(errs, errors.New("--peers needs the pool's certificates in --tls-dir (\"agent certs --dir DIR\" writes them; every agent of the pool gets the same)"))
 	}
 	if c.TCPConnsPerPeer < 0 || c.TCPConnsPerPeer > 64 {
 		errs = append(errs, fmt.Errorf("--tcp-conns-per-peer %d must be 0 (the default) or from 1 to 64", c.TCPConnsPerPeer))

@@ -98,6 +98,15 @@ func TestFlagsAndValidation(t *testing.T) {
 	if _, err := ParsePeers("node-b"); err == nil {
 		t.Fatal("a peer without an address was accepted")
 	}
+	// Peers without certificates would be ignored (the node runs alone): refused, saying where they come from.
+	c.TLSDir = ""
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--tls-dir") || !strings.Contains(err.Error(), "agent certs") {
+		t.Errorf("--peers without --tls-dir: %v, want it refused naming --tls-dir and agent certs", err)
+	}
+	c.StaticPeers = ""
+	if err := c.Validate(); err != nil {
+		t.Errorf("no peers and no certificates (a node alone) refused: %v", err)
+	}
 }
 
 func runStack(t *testing.T, cfg Config, deps Deps) (endpoint string) {

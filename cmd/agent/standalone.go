@@ -36,6 +36,7 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 		if err := fs.Set(name, value); err != nil {
 			return fmt.Errorf("setting the default of --%s: %w", name, err)
 		}
+		fs.Lookup(name).DefValue = value // what --help shows
 	}
 	if err := fs.Parse(args); err != nil {
 		return errUsage

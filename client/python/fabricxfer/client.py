@@ -1147,7 +1147,8 @@ class Client:
         waited one defaults to the client's timeout). The agent refuses (INVALID_ARGUMENT, nothing moved) ids out
         of range, repeated destination ids and layouts of different geometry. Pairs run in any order: a block
         that one pair reads and another writes (a swap within one layout) gets no defined bytes; split such a
-        move into two calls."""
+        move into two calls. A transfer that failed on its timeout may still land blocks afterwards (copies
+        already started finish): its destination blocks are undefined."""
         code = _op(op)
         if type(remote) is not RemoteLayout or type(layout) is not Layout:
             raise TypeError(_blocks_sides_error(layout, remote))
