@@ -55,6 +55,17 @@ FAST_FRAME_MAX = 4 << 20
 _MAX_WAIT_IDS = 1024
 
 
+def _seconds(timeout, what: str = "timeout"):
+    """timeout itself, refused unless None or a number of seconds from 0 to a year (NaN fails both comparisons)."""
+    if timeout is None or 0 <= timeout <= _MAX_TIMEOUT:
+        return timeout
+    raise ValueError("%s must be seconds from 0 to %d (None or 0: the client's), not %r" % (what, _MAX_TIMEOUT, timeout))
+
+
+# The longest timeout a call takes: a year.
+_MAX_TIMEOUT = 365 * 24 * 3600
+
+
 def _op(op: str) -> int:
     try:
         return _OPS[op]
@@ -129,6 +140,33 @@ def _answered(call) -> bool:
         return any(key == _ANSWERED for key, _ in call.trailing_metadata() or ())
     except Exception:  # a call that never reached a server has no trailers to read
         return False
+
+
+class _NotificationStream:
+    """The iterator notifications() returns: the gRPC call's, but a stream the agent's restart or stop ended raises
+    SessionLost, as the client's other calls do, instead of gRPC's UNAVAILABLE. cancel() ends it (the next read
+    then raises the CANCELLED error gRPC gives); the call's other methods pass through."""
+
+    def __init__(self, client: "Client", call):
+        self._client, self._call = client, call
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> pb.Notification:
+        try:
+            return next(self._call)
+        except grpc.RpcError as e:
+            if self._client._session_lost(e.code(), e.details(), _answered(e)):
+                raise SessionLost("agent session lost (%s): call recover() and notifications() again"
+                                  % e.details()) from e
+            raise
+
+    def cancel(self):
+        return self._call.cancel()
+
+    def __getattr__(self, name):
+        return getattr(self._call, name)
 
 
 def status_first(raw) -> Optional[pb.TransferStatus]:
@@ -533,6 +571,9 @@ class Client:
             raise RuntimeError("this process was forked from one whose fabricxfer Client had started gRPC, which "
                                "cannot start again here: start workers with multiprocessing's 'spawn' method, or "
                                "set GRPC_ENABLE_FORK_SUPPORT=1 in the parent before it creates a Client")
+        _seconds(timeout)
+        if not timeout:
+            raise ValueError("the client's timeout must be positive seconds, not %r" % (timeout,))
         socket_path = socket_path or os.environ.get("FABRICXFER_SOCKET") or "/run/fabricxfer/agent.sock"
         self.socket_path = socket_path
         _check_socket_permission(socket_path)
@@ -664,7 +705,7 @@ class Client:
         and return (AgentUnreachable when no agent answers)."""
         if self._forked:
             raise RuntimeError(_FORKED_CLIENT)
-        timeout = timeout or self.timeout
+        timeout = _seconds(timeout) or self.timeout
         recovered = self._recoveries
         with self._recover_lock:
             if (self._recoveries != recovered and not self._unregistered and not self._layouts_pending
@@ -1041,7 +1082,7 @@ class Client:
         """op is "read" or "write". With wait (default) returns the settled status or raises TransferFailed;
         without it returns the transfer id for wait(). timeout: seconds the transfer may take (a waited one
         defaults to the client's timeout; the agent fails it with DEADLINE_EXCEEDED when it runs out)."""
-        if wait and not timeout:
+        if wait and not _seconds(timeout):
             timeout = self.timeout  # the agent ends it, and answers, before this call gives up
         req = self._request(_op(op), items, timeout, notify, wait)
         self._check_session()
@@ -1160,6 +1201,8 @@ class Client:
             rids, rwidth, rcount = _blocks.pack_ids(remote_ids, id_bytes)
         if count != rcount:
             raise ValueError("%d local ids but %d remote ids: they pair one to one" % (count, rcount))
+        if timeout is not None and not 0 <= timeout <= _MAX_TIMEOUT:
+            _seconds(timeout)
         if wait and not timeout:
             timeout = self.timeout  # the agent ends it, and answers, before this call gives up
         if (notify is None and width == rwidth and count < _blocks.ARENA_MIN_IDS and self._fast is not None
@@ -1253,6 +1296,7 @@ class Client:
         transfer goes on, and may be waited for again. The wait goes through the fast socket when
         the client has one (it holds that socket meanwhile: threads that submit while others wait should use
         one client each)."""
+        _seconds(timeout)
         if self._fast is None:
             req = pb.WaitRequest(transfer_id=transfer_id)
             req.timeout.FromNanoseconds(int((timeout or self.timeout) * 1e9))
@@ -1274,6 +1318,7 @@ class Client:
         """Waits for every transfer of transfer_ids (submitted with wait=False) within timeout in all (default:
         the client's), in one round trip per 1,024 ids on the fast socket; returns the last one's status, raises
         TransferFailed for the first that did not succeed and TimeoutError when the time ran out first."""
+        _seconds(timeout)
         ids = list(transfer_ids)
         if not ids:
             raise ValueError("no transfers to wait for")
@@ -1315,7 +1360,8 @@ class Client:
         listened region it touched (region_ids) (default: every region this client registered and holds now; the agent's own filter is the caller's, which is every client of a pod,
         or of a user without Kubernetes); cancel() the returned iterator to stop. Returns once the agent listens,
         so nothing that lands afterwards is missed; raises SessionLost after an agent restart (recover() first)
-        and the agent's refusal (an unknown region: NOT_FOUND) at once."""
+        and the agent's refusal (an unknown region: NOT_FOUND) at once. A stream the agent's restart ends raises
+        SessionLost where it is read."""
         self._check_session()
         if regions is None:
             with self._lock:
@@ -1336,4 +1382,4 @@ class Client:
                     raise SessionLost("agent session lost (%s): call recover() and retry" % call.details())
                 raise AgentError(code.value[0], call.details() or "")
         self._check_session()
-        return call
+        return _NotificationStream(self, call)

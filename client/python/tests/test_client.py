@@ -271,6 +271,31 @@ class ClientTest(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "Region"):
             to_region(lay)
 
+    def test_timeouts_that_are_not_seconds_are_refused_with_what_to_pass(self):
+        # NaN, infinite and negative timeouts raise one ValueError that says what a timeout is, before any call;
+        # nothing moves.
+        fd, buf = self.shm(4096)
+        r = self.c.register_host(fd, 0, 4096)
+        lay = self.c.register_layout([r], 1024)
+        before = bytes(buf)
+        ids, other = array.array("q", [1]), array.array("q", [2])
+        calls = {
+            "transfer_blocks": lambda t: self.c.transfer_blocks("write", lay, ids, to_layout(lay), other, timeout=t),
+            "transfer": lambda t: self.c.transfer("write", [Item(r, to_region(r), 16, 0, 2048)], timeout=t),
+            "wait": lambda t: self.c.wait(1, timeout=t),
+            "wait_all": lambda t: self.c.wait_all([1], timeout=t),
+            "recover": lambda t: self.c.recover(timeout=t),
+            "Client": lambda t: Client(SOCKET, timeout=t),
+        }
+        for name, call in calls.items():
+            for bad in (float("nan"), float("inf"), -1.0, 1e12):
+                with self.assertRaisesRegex(ValueError, "must be .*seconds", msg="%s(timeout=%r)" % (name, bad)):
+                    call(bad)
+        with self.assertRaisesRegex(ValueError, "positive"):
+            Client(SOCKET, timeout=0)
+        self.assertEqual(bytes(buf), before, "a refused call moved bytes")
+        self.c.transfer_blocks("write", lay, ids, to_layout(lay), other, timeout=2.5)
+
     def test_to_region_follows_the_region_across_recover(self):
         fd, _ = self.shm(4096)
         r = self.c.register_host(fd, 0, 4096)

@@ -65,7 +65,11 @@ class RecoverTest(unittest.TestCase):
         # The caller closing its own fds must not stop recover() from registering the memory again.
         os.close(sfd)
         os.close(dfd)
+        stream = c.notifications([rd])
         restart_agent()
+        # A notification stream the restart ended says so as the client's calls do, not as gRPC's UNAVAILABLE.
+        with self.assertRaises(SessionLost):
+            next(stream)
         with self.assertRaises((SessionLost, grpc.RpcError)) as e:
             c.write(rs, 0, to_region(rd), 0, size)
         print("after the restart: %s: %s" % (type(e.exception).__name__, e.exception), flush=True)
