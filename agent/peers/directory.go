@@ -9,6 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -26,11 +29,12 @@ type Directory interface {
 // StaticDirectory is a fixed node -> endpoint map (the demo outside Kubernetes, tests).
 type StaticDirectory map[string]string
 
-// Endpoint implements Directory.
+// Endpoint implements Directory. A node that is not listed is NotFound: a caller that retries Unavailable would
+// retry a mistyped node name forever.
 func (d StaticDirectory) Endpoint(_ context.Context, node string) (string, error) {
 	ep, ok := d[node]
 	if !ok {
-		return "", fmt.Errorf("node %q is not in the peer list", node)
+		return "", status.Errorf(codes.NotFound, "node %q is not in the peer list (--peers)", node)
 	}
 	return ep, nil
 }
@@ -82,10 +86,18 @@ func (d *APIDirectory) Endpoint(ctx context.Context, node string) (string, error
 	d.mu.Unlock()
 	var tn fxv1.TransferNode
 	if err := d.Reader.Get(ctx, types.NamespacedName{Name: node}, &tn); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", status.Errorf(codes.NotFound, "node %q has no TransferNode: no agent of pool %s/%s runs there", node, d.PoolNamespace, d.PoolName)
+		}
 		return "", fmt.Errorf("looking up TransferNode %s: %w", node, err)
 	}
 	if !d.member(&tn) {
-		return "", fmt.Errorf("node %s has no agent of pool %s/%s with an endpoint (TransferNode reports pool %s/%s, endpoint %q)",
+		// Another pool's node is not this pool's (NotFound); this pool's agent without an endpoint yet is starting.
+		code := codes.NotFound
+		if tn.Spec.PoolNamespace == d.PoolNamespace && tn.Spec.PoolName == d.PoolName {
+			code = codes.Unavailable
+		}
+		return "", status.Errorf(code, "node %s has no agent of pool %s/%s with an endpoint (TransferNode reports pool %s/%s, endpoint %q)",
 			node, d.PoolNamespace, d.PoolName, tn.Spec.PoolNamespace, tn.Spec.PoolName, tn.Status.Endpoint)
 	}
 	d.remember(node, tn.Status.Endpoint)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
@@ -87,10 +89,18 @@ func TestAPIDirectoryReadsTransferNodeEndpoints(t *testing.T) {
 	if ep, err := dir.Endpoint(ctx, "node-b"); err != nil || ep != "10.0.0.2:7470" {
 		t.Fatalf("endpoint of node-b: %q, %v", ep, err)
 	}
-	if _, err := dir.Endpoint(ctx, "node-c"); err == nil || !strings.Contains(err.Error(), "pool infer/kv") {
-		t.Fatalf("node of another pool: %v", err)
+	// A node that is not the pool's is NotFound (a caller retrying Unavailable would retry a mistyped name
+	// forever); the pool's own agent without an endpoint yet is Unavailable (it is starting).
+	if _, err := dir.Endpoint(ctx, "node-c"); status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "pool infer/kv") {
+		t.Fatalf("node of another pool: %v, want NotFound naming the pool", err)
 	}
-	if _, err := dir.Endpoint(ctx, "node-z"); err == nil {
-		t.Fatal("a node without a TransferNode has an endpoint")
+	if _, err := dir.Endpoint(ctx, "node-z"); status.Code(err) != codes.NotFound {
+		t.Fatalf("a node without a TransferNode: %v, want NotFound", err)
+	}
+	if _, err := dir.Endpoint(ctx, "node-d"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("the pool's node whose agent reports no endpoint yet: %v, want Unavailable", err)
+	}
+	if _, err := (peers.StaticDirectory{"node-a": "10.0.0.1:7470"}).Endpoint(ctx, "node-aa"); status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "--peers") {
+		t.Fatalf("a node missing from the static list: %v, want NotFound naming --peers", err)
 	}
 }

@@ -410,7 +410,7 @@ func (p *Peers) ResolveSegment(ctx context.Context, node, segment, asker string)
 	defer cancel()
 	c, err := p.connTo(ctx, node, "")
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "%v", err)
+		return nil, unreachable(err)
 	}
 	resp, err := c.api.ResolveSegment(ctx, &agentv1.PeerResolveSegmentRequest{Segment: segment, RequesterNamespace: asker})
 	if err != nil {
@@ -419,13 +419,22 @@ func (p *Peers) ResolveSegment(ctx context.Context, node, segment, asker string)
 	return resp.Desc, nil
 }
 
+// unreachable is the status of failing to reach a peer: Unavailable, unless the directory said better (NotFound:
+// no such node in the pool).
+func unreachable(err error) error {
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+		return err
+	}
+	return status.Errorf(codes.Unavailable, "%v", err)
+}
+
 // ResolveLayout asks node for a published layout (server.SegmentResolver).
 func (p *Peers) ResolveLayout(ctx context.Context, node, segment, asker string) (*agentv1.LayoutDescriptor, error) {
 	ctx, cancel := p.bounded(ctx)
 	defer cancel()
 	c, err := p.connTo(ctx, node, "")
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "%v", err)
+		return nil, unreachable(err)
 	}
 	resp, err := c.api.ResolveSegment(ctx, &agentv1.PeerResolveSegmentRequest{Segment: segment, RequesterNamespace: asker, Layout: true})
 	if err != nil {

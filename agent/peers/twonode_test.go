@@ -322,9 +322,13 @@ func moveBothWays(t *testing.T, a, b *node) {
 		t.Fatalf("explain: %v", ex)
 	}
 
-	// A segment that does not exist on the peer is a clear NotFound.
+	// A segment that does not exist on the peer is a clear NotFound, and so is a node the pool does not have (a
+	// mistyped name: Unavailable would be retried for ever).
 	if _, err := ca.ResolveSegment(ctx, "node-b", "nope"); client.Code(err).String() != "NotFound" {
 		t.Fatalf("resolving a missing segment: %v", err)
+	}
+	if _, err := ca.Read(ctx, rback, 0, client.ToSegment("node-bb", "kv-b"), 0, 4096); client.Code(err).String() != "NotFound" || !strings.Contains(err.Error(), "node-bb") {
+		t.Fatalf("reading from a node the pool does not have: %v, want NotFound naming it", err)
 	}
 }
 
