@@ -48,10 +48,21 @@ func nodeTLS(t *testing.T, ca pki.KeyPair, node string) *peers.TLSFiles {
 type quietLocal struct {
 	mu       sync.Mutex
 	notified []string
+	// asked and forgot record the layouts looked up (segment, node told) and forgotten (node, segment, asker).
+	asked, forgot []string
 }
 
-func (l *quietLocal) LookupLayout(segment, _ string) (*agentv1.LayoutDescriptor, error) {
+func (l *quietLocal) LookupLayout(segment, _, node string) (*agentv1.LayoutDescriptor, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.asked = append(l.asked, segment+" by "+node)
 	return nil, status.Errorf(codes.NotFound, "no layout segment %q", segment)
+}
+
+func (l *quietLocal) ForgetPeerLayout(node, segment, asker string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.forgot = append(l.forgot, node+" "+segment+" "+asker)
 }
 
 func (l *quietLocal) LookupSegment(segment, _ string) ([]byte, error) {
@@ -128,12 +139,31 @@ func TestPeerCertificateMustNameItsNode(t *testing.T) {
 	dir["c"] = "127.0.0.1:1" // c is a node of the pool: the check that fails is the certificate's
 	_, err = api.ExchangeQPs(ctx, &agentv1.ExchangeQPsRequest{FromNode: "c", ToNode: "b", Qps: []*agentv1.QPConnInfo{{Qpn: 1}}})
 	refused("ExchangeQPs", err)
+	// Saying a layout is gone is the owner's to say, and the node to tell is the one asking: in c's name, nothing
+	// is forgotten and nothing recorded.
+	_, err = api.ForgetLayout(ctx, &agentv1.PeerForgetLayoutRequest{FromNode: "c", Segment: "kv", RequesterNamespace: "default"})
+	refused("ForgetLayout", err)
+	_, err = api.ResolveSegment(ctx, &agentv1.PeerResolveSegmentRequest{Segment: "kv", RequesterNamespace: "default", Layout: true, RequesterNode: "c"})
+	refused("ResolveSegment of a layout", err)
 	if _, err := api.Notify(ctx, &agentv1.PeerNotifyRequest{FromNode: "a", Payload: []byte("ok")}); err != nil {
 		t.Fatalf("Notify from a as a: %v", err)
+	}
+	if _, err := api.ForgetLayout(ctx, &agentv1.PeerForgetLayoutRequest{FromNode: "a", Segment: "kv", RequesterNamespace: "default"}); err != nil {
+		t.Fatalf("ForgetLayout from a as a: %v", err)
+	}
+	_, err = api.ResolveSegment(ctx, &agentv1.PeerResolveSegmentRequest{Segment: "kv", RequesterNamespace: "default", Layout: true, RequesterNode: "a"})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("resolving a layout as a: %v, want the local answer (NotFound)", err)
 	}
 	local.mu.Lock()
 	if got := strings.Join(local.notified, ","); got != "a" {
 		t.Errorf("notifications delivered from %q, want only a's", got)
+	}
+	if got := strings.Join(local.forgot, ","); got != "a kv default" {
+		t.Errorf("layouts forgotten: %q, want only a's", got)
+	}
+	if got := strings.Join(local.asked, ","); got != "kv by a" {
+		t.Errorf("layouts looked up: %q, want only the one a asked for itself", got)
 	}
 	local.mu.Unlock()
 

@@ -50,7 +50,10 @@ type DataPath interface {
 // Local is what this node answers peers with: the agent socket server.
 type Local interface {
 	LookupSegment(segment, asker string) ([]byte, error)
-	LookupLayout(segment, asker string) (*agentv1.LayoutDescriptor, error)
+	// LookupLayout answers node's agent (empty: one that will not be told when the layout goes).
+	LookupLayout(segment, asker, node string) (*agentv1.LayoutDescriptor, error)
+	// ForgetPeerLayout drops what was kept of node's layout segment, asked for namespace asker: node says it is gone.
+	ForgetPeerLayout(node, segment, asker string)
 	DeliverPeerNotification(n engines.Notification) error
 }
 
@@ -436,7 +439,8 @@ func (p *Peers) ResolveLayout(ctx context.Context, node, segment, asker string) 
 	if err != nil {
 		return nil, unreachable(err)
 	}
-	resp, err := c.api.ResolveSegment(ctx, &agentv1.PeerResolveSegmentRequest{Segment: segment, RequesterNamespace: asker, Layout: true})
+	resp, err := c.api.ResolveSegment(ctx, &agentv1.PeerResolveSegmentRequest{Segment: segment, RequesterNamespace: asker, Layout: true,
+		RequesterNode: p.opts.Node})
 	if err != nil {
 		return nil, err
 	}
@@ -444,6 +448,19 @@ func (p *Peers) ResolveLayout(ctx context.Context, node, segment, asker string) 
 		return nil, status.Errorf(codes.Unimplemented, "node %s answered no layout (an agent that serves only regions)", node)
 	}
 	return resp.Layout, nil
+}
+
+// ForgetLayout tells node, which resolved this node's published layout as segment for namespace asker, that the
+// layout is gone (server.SegmentResolver).
+func (p *Peers) ForgetLayout(ctx context.Context, node, segment, asker string) error {
+	ctx, cancel := p.bounded(ctx)
+	defer cancel()
+	c, err := p.connTo(ctx, node, "")
+	if err != nil {
+		return unreachable(err)
+	}
+	_, err = c.api.ForgetLayout(ctx, &agentv1.PeerForgetLayoutRequest{FromNode: p.opts.Node, Segment: segment, RequesterNamespace: asker})
+	return err
 }
 
 // SendNotification carries a notification to node (engines.NotifySender).
@@ -518,13 +535,31 @@ func (s *peerService) Notify(ctx context.Context, req *agentv1.PeerNotifyRequest
 	return &agentv1.PeerNotifyResponse{}, nil
 }
 
+// ForgetLayout implements agentv1.PeerServer: only the layout's own node may say it is gone.
+func (s *peerService) ForgetLayout(ctx context.Context, req *agentv1.PeerForgetLayoutRequest) (*agentv1.PeerForgetLayoutResponse, error) {
+	if s.p.local == nil {
+		return nil, status.Error(codes.Unavailable, "agent not ready")
+	}
+	if err := s.p.callerIs(ctx, req.FromNode); err != nil {
+		return nil, err
+	}
+	s.p.local.ForgetPeerLayout(req.FromNode, req.Segment, req.RequesterNamespace)
+	return &agentv1.PeerForgetLayoutResponse{}, nil
+}
+
 // ResolveSegment implements agentv1.PeerServer.
-func (s *peerService) ResolveSegment(_ context.Context, req *agentv1.PeerResolveSegmentRequest) (*agentv1.PeerResolveSegmentResponse, error) {
+func (s *peerService) ResolveSegment(ctx context.Context, req *agentv1.PeerResolveSegmentRequest) (*agentv1.PeerResolveSegmentResponse, error) {
 	if s.p.local == nil {
 		return nil, status.Error(codes.Unavailable, "agent not ready")
 	}
 	if req.Layout {
-		l, err := s.p.local.LookupLayout(req.Segment, req.RequesterNamespace)
+		// The node to tell when the layout goes must be the one asking: another could be told in its place.
+		if req.RequesterNode != "" {
+			if err := s.p.callerIs(ctx, req.RequesterNode); err != nil {
+				return nil, err
+			}
+		}
+		l, err := s.p.local.LookupLayout(req.Segment, req.RequesterNamespace, req.RequesterNode)
 		if err != nil {
 			return nil, err
 		}

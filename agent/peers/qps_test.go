@@ -38,9 +38,11 @@ func nicReport() *topology.Report {
 // notes is the Local of an agent whose socket server only collects the notifications peers deliver.
 type notes struct{ ch chan engines.Notification }
 
-func (n notes) LookupLayout(segment, _ string) (*agentv1.LayoutDescriptor, error) {
+func (n notes) LookupLayout(segment, _, _ string) (*agentv1.LayoutDescriptor, error) {
 	return nil, status.Errorf(codes.NotFound, "no layout segment %q", segment)
 }
+
+func (n notes) ForgetPeerLayout(_, _, _ string) {}
 
 func (n notes) LookupSegment(segment, _ string) ([]byte, error) {
 	return nil, status.Errorf(codes.NotFound, "no segment %q", segment)

@@ -97,7 +97,12 @@ func (s *Server) DeregisterLayout(ctx context.Context, req *agentv1.DeregisterLa
 	if err != nil {
 		return nil, err
 	}
-	return s.table.DeregisterLayout(ctx, &sess.Session, req)
+	resp, askers, err := s.table.DeregisterLayout(ctx, &sess.Session, req)
+	if err == nil {
+		// Before answering: once the owner hears the layout is gone, no other node's new transfer reaches it.
+		s.xfer.TellLayoutGone(ctx, askers)
+	}
+	return resp, err
 }
 
 // Transfer implements agentv1.AgentServer.
@@ -179,9 +184,15 @@ func (s *Server) LookupSegment(segment, asker string) ([]byte, error) {
 }
 
 // LookupLayout answers a peer asking for a published layout (agent/peers): its geometry and every region's
-// descriptor, when a pod of namespace asker may use it; one it may not use is missing.
-func (s *Server) LookupLayout(segment, asker string) (*agentv1.LayoutDescriptor, error) {
-	return s.table.LookupLayout(segment, asker)
+// descriptor, when a pod of namespace asker may use it; one it may not use is missing. node (when not empty) is
+// told when the layout goes.
+func (s *Server) LookupLayout(segment, asker, node string) (*agentv1.LayoutDescriptor, error) {
+	return s.table.LookupLayout(segment, asker, node)
+}
+
+// ForgetPeerLayout drops what this agent kept of node's published layout, which node says is gone (agent/peers).
+func (s *Server) ForgetPeerLayout(node, segment, asker string) {
+	s.xfer.ForgetPeerLayout(node, segment, asker)
 }
 
 // DeliverPeerNotification hands over a notification another agent of the pool sent for regions of this node

@@ -32,6 +32,11 @@ func (stalledPeers) ResolveLayout(ctx context.Context, _, _, _ string) (*agentv1
 	return nil, ctx.Err()
 }
 
+func (stalledPeers) ForgetLayout(ctx context.Context, _, _, _ string) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
 // TestStalledPeerIsBoundedByTheTransfersTimeout: a transfer naming a segment of a peer that never answers
 // fails within its own timeout, not the call's.
 func TestStalledPeerIsBoundedByTheTransfersTimeout(t *testing.T) {
@@ -98,6 +103,8 @@ type describingPeers struct{ ld *agentv1.LayoutDescriptor }
 func (describingPeers) ResolveSegment(context.Context, string, string, string) ([]byte, error) {
 	return nil, status.Error(codes.NotFound, "no segment")
 }
+
+func (describingPeers) ForgetLayout(context.Context, string, string, string) error { return nil }
 
 func (p describingPeers) ResolveLayout(context.Context, string, string, string) (*agentv1.LayoutDescriptor, error) {
 	return p.ld, nil

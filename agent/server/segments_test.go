@@ -85,13 +85,13 @@ func TestSegmentsBelongToTheirNamespace(t *testing.T) {
 	if _, err := ca.RegisterLayout(ctx, []*client.Region{ra}, 512, client.PublishLayout("kv-granted", "team-b")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.srv.LookupLayout("team-a/kv-private", "team-b"); client.Code(err).String() != "NotFound" {
+	if _, err := a.srv.LookupLayout("team-a/kv-private", "team-b", ""); client.Code(err).String() != "NotFound" {
 		t.Fatalf("peer lookup of an ungranted layout: %v", err)
 	}
-	if _, err := a.srv.LookupLayout("team-a/kv/x", "team-b"); client.Code(err).String() != "InvalidArgument" {
+	if _, err := a.srv.LookupLayout("team-a/kv/x", "team-b", ""); client.Code(err).String() != "InvalidArgument" {
 		t.Fatalf("peer lookup of a malformed layout name: %v", err)
 	}
-	ld, err := a.srv.LookupLayout("team-a/kv-granted", "team-b")
+	ld, err := a.srv.LookupLayout("team-a/kv-granted", "team-b", "")
 	if err != nil || ld.BlockBytes != 512 || ld.Blocks != 8 || len(ld.Regions) != 1 {
 		t.Fatalf("peer lookup of a granted layout: %v, %v", ld, err)
 	}

@@ -53,6 +53,9 @@ type SegmentResolver interface {
 	ResolveSegment(ctx context.Context, node, segment, asker string) ([]byte, error)
 	// ResolveLayout returns the published layout segment of node, asked for by a pod of namespace asker.
 	ResolveLayout(ctx context.Context, node, segment, asker string) (*agentv1.LayoutDescriptor, error)
+	// ForgetLayout tells node, which resolved this node's published layout as segment for namespace asker,
+	// that the layout is gone.
+	ForgetLayout(ctx context.Context, node, segment, asker string) error
 }
 
 // Limits bound what one caller (one pod) may hold.
@@ -231,7 +234,7 @@ func New(opts Options) (*Server, error) {
 		Limits: transfers.Limits{MaxInFlight: opts.Limits.MaxInFlight, MaxItemsPerTransfer: opts.Limits.MaxItemsPerTransfer,
 			MaxInFlightBytes: opts.Limits.MaxInFlightBytes},
 		SessionGrace: opts.SessionGrace, FinishedRetention: opts.FinishedRetention, Stopping: stopping, Refusals: metrics.Counters,
-		Epoch: epoch}
+		Epoch: epoch, Logger: opts.Logger}
 	s := &Server{metrics: metrics, opts: opts, log: opts.Logger, tokens: tokens, stopping: stopping, instance: fmt.Sprintf("%08x", epoch>>32),
 		table: table, xfer: transfers.New(cfg), sessions: map[uint64]*session{},
 		pool: poollend.New(poollend.Config{Pool: opts.Pool, Table: table, Tokens: tokens, GPUs: opts.GPUs, Refusals: metrics.Counters}),

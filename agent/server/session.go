@@ -339,7 +339,7 @@ func (s *Server) endSession(sess *session) {
 	for _, c := range sess.fastConns {
 		c.Close()
 	}
-	s.table.DropSessionLayoutsLocked(&sess.Session) // a layout names the session's regions, which go below
+	askers := s.table.DropSessionLayoutsLocked(&sess.Session) // a layout names the session's regions, which go below
 	regs := make([]*regiontable.Region, 0, len(sess.Regions))
 	for _, r := range sess.Regions {
 		regs = append(regs, r)
@@ -351,6 +351,7 @@ func (s *Server) endSession(sess *session) {
 	s.table.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.SessionGrace)
 	defer cancel()
+	s.xfer.TellLayoutGone(ctx, askers)
 	for _, r := range regs {
 		if r.Alloc() != "" {
 			continue // released with its allocation below

@@ -36,7 +36,20 @@ type Layout struct {
 	mems       []engines.MemoryID // the regions' memory (a region's never changes), read only
 	segment    string
 	pub        publication
+	// askers are the other nodes' agents that resolved the published layout, told when it goes (peers).
+	askers map[LayoutAsker]struct{}
 }
+
+// LayoutAsker is another node's agent that resolved a published layout: its node and the segment reference and
+// namespace it asked with (what it keeps the answer under).
+type LayoutAsker struct {
+	Node, Segment, Namespace string
+}
+
+// maxLayoutAskers bounds the askers a published layout remembers (every node of a pool, a few namespaces and
+// spellings of the name each); past it the later ones are not told, and see the layout gone when they next
+// ask (peerLayoutTTL).
+const maxLayoutAskers = 4096
 
 // Blocks is how many blocks each region of the layout holds.
 func (l *Layout) Blocks() uint64 { return l.blocks }
@@ -122,32 +135,41 @@ func (tab *Table) RegisterLayout(ctx context.Context, sess *Session, req *agentv
 	return &agentv1.RegisterLayoutResponse{Layout: l.proto()}, nil
 }
 
-// DeregisterLayout serves the Agent API call of that name for the caller of sess.
-func (tab *Table) DeregisterLayout(ctx context.Context, sess *Session, req *agentv1.DeregisterLayoutRequest) (*agentv1.DeregisterLayoutResponse, error) {
+// DeregisterLayout serves the Agent API call of that name for the caller of sess; it returns, beside the
+// answer, the other nodes' agents that resolved the layout and must be told it is gone.
+func (tab *Table) DeregisterLayout(ctx context.Context, sess *Session, req *agentv1.DeregisterLayoutRequest) (*agentv1.DeregisterLayoutResponse, []LayoutAsker, error) {
 	tab.Lock()
 	defer tab.Unlock()
 	l, err := tab.OwnLayoutLocked(sess, req.LayoutId)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	tab.dropLayoutLocked(l)
-	return &agentv1.DeregisterLayoutResponse{}, nil
+	return &agentv1.DeregisterLayoutResponse{}, tab.dropLayoutLocked(l, nil), nil
 }
 
-// DropSessionLayoutsLocked drops the layouts sess registered (it ended: they name its regions, which go next).
-func (tab *Table) DropSessionLayoutsLocked(sess *Session) {
+// DropSessionLayoutsLocked drops the layouts sess registered (it ended: they name its regions, which go next)
+// and returns the other nodes' agents to tell.
+func (tab *Table) DropSessionLayoutsLocked(sess *Session) []LayoutAsker {
+	var askers []LayoutAsker
 	for _, l := range tab.layouts {
 		if l.session == sess.ID {
-			tab.dropLayoutLocked(l)
+			askers = tab.dropLayoutLocked(l, askers)
 		}
 	}
+	return askers
 }
 
-func (tab *Table) dropLayoutLocked(l *Layout) {
+// dropLayoutLocked forgets l and appends to askers the agents that resolved it while it was published.
+func (tab *Table) dropLayoutLocked(l *Layout, askers []LayoutAsker) []LayoutAsker {
 	delete(tab.layouts, l.id)
 	if k := scopedName(l.pub.namespace, l.segment); l.segment != "" && tab.layoutSegments[k] == l {
 		delete(tab.layoutSegments, k)
 	}
+	for a := range l.askers {
+		askers = append(askers, a)
+	}
+	l.askers = nil
+	return askers
 }
 
 // OwnLayoutLocked returns a layout the session's caller registered; another caller's looks like a missing one.
@@ -226,8 +248,9 @@ func (tab *Table) LayoutPairsLocked(local *Layout, remote Side, write bool) ([]e
 }
 
 // LookupLayout answers a peer asking for a published layout (agent/peers): its geometry and every region's
-// descriptor, when a pod of namespace asker may use it; one it may not use is missing.
-func (tab *Table) LookupLayout(segment, asker string) (*agentv1.LayoutDescriptor, error) {
+// descriptor, when a pod of namespace asker may use it; one it may not use is missing. node, when not empty, is
+// the asking agent's node, told when the layout goes (DeregisterLayout, DropSessionLayoutsLocked).
+func (tab *Table) LookupLayout(segment, asker, node string) (*agentv1.LayoutDescriptor, error) {
 	if err := CheckSegmentRef(segment); err != nil {
 		return nil, err
 	}
@@ -244,6 +267,12 @@ func (tab *Table) LookupLayout(segment, asker string) (*agentv1.LayoutDescriptor
 			return nil, status.Errorf(codes.NotFound, "layout segment %q on node %s: its region %d is no longer registered", segment, tab.node, k)
 		}
 		out.Regions[k] = r.desc
+	}
+	if node != "" && len(l.askers) < maxLayoutAskers {
+		if l.askers == nil {
+			l.askers = map[LayoutAsker]struct{}{}
+		}
+		l.askers[LayoutAsker{Node: node, Segment: segment, Namespace: asker}] = struct{}{}
 	}
 	return out, nil
 }

@@ -89,7 +89,42 @@ func (s *Service) resolvePeerLayout(ctx context.Context, sess *regiontable.Sessi
 
 // forgetPeerLayout drops a cached peer layout after a transfer over it failed, so the next one asks again.
 func (s *Service) forgetPeerLayout(sess *regiontable.Session, node, segment string) {
+	s.ForgetPeerLayout(node, segment, sess.Caller.Namespace)
+}
+
+// ForgetPeerLayout drops the kept answer of node's layout segment, asked for namespace asker: node said the
+// layout is gone (peers' ForgetLayout), and the next transfer asks again.
+func (s *Service) ForgetPeerLayout(node, segment, asker string) {
 	s.peerLayouts.mu.Lock()
-	delete(s.peerLayouts.entries, peerLayoutKey{node: node, asker: sess.Caller.Namespace, segment: segment})
+	delete(s.peerLayouts.entries, peerLayoutKey{node: node, asker: asker, segment: segment})
 	s.peerLayouts.mu.Unlock()
+}
+
+// layoutGoneBound bounds how long telling the agents that resolved a layout that it is gone may hold the
+// deregistration (their answers come in parallel); one that did not answer by then learns it when its kept
+// answer expires (peerLayoutTTL).
+const layoutGoneBound = time.Second
+
+// TellLayoutGone tells every agent of askers that the published layout they resolved is gone, in parallel,
+// within ctx and layoutGoneBound, and returns when they answered: their later transfers ask again instead of
+// reaching memory the owner no longer publishes. Failures are logged, not returned: the layout is gone either
+// way.
+func (s *Service) TellLayoutGone(ctx context.Context, askers []regiontable.LayoutAsker) {
+	if len(askers) == 0 || s.peers == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, layoutGoneBound)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, a := range askers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.peers.ForgetLayout(ctx, a.Node, a.Segment, a.Namespace); err != nil {
+				s.log.Info("telling a node that a layout it resolved is gone", "node", a.Node, "segment", a.Segment,
+					"namespace", a.Namespace, "error", err)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -5,6 +5,7 @@ package transfers
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -30,6 +31,9 @@ type SegmentResolver interface {
 	ResolveSegment(ctx context.Context, node, segment, asker string) ([]byte, error)
 	// ResolveLayout returns the published layout segment of node, asked for by a pod of namespace asker.
 	ResolveLayout(ctx context.Context, node, segment, asker string) (*agentv1.LayoutDescriptor, error)
+	// ForgetLayout tells node, which resolved this node's published layout as segment for namespace asker,
+	// that the layout is gone.
+	ForgetLayout(ctx context.Context, node, segment, asker string) error
 }
 
 // Limits bound one caller's transfers.
@@ -65,6 +69,8 @@ type Config struct {
 	// Epoch is this agent instance's epoch (high 32 bits; the table's): transfer ids count up from it, so an id
 	// a previous instance handed out names no transfer here and is told apart from ids this one handed out.
 	Epoch uint64
+	// Logger hears what no caller is answered with (nil: nothing is logged).
+	Logger *slog.Logger
 }
 
 // Service moves memory between the regions of a Table and other nodes' memory: it plans and submits transfers,
@@ -80,6 +86,7 @@ type Service struct {
 	sessionGrace time.Duration
 	stopping     <-chan struct{}
 	refusals     *refusals.Counters
+	log          *slog.Logger
 
 	// running are the transfers not settled yet; settled keeps the settled ones' statuses for Wait.
 	running map[uint64]*transfer
@@ -109,7 +116,11 @@ func New(cfg Config) *Service {
 		engines: cfg.Engines, sessionGrace: cfg.SessionGrace, stopping: cfg.Stopping, refusals: cfg.Refusals,
 		epoch: cfg.Epoch, running: map[uint64]*transfer{}, settled: newSettledRing(cfg.FinishedRetention), closed: make(chan struct{}),
 		watchers: map[string]map[*watcher]struct{}{}, listeners: map[string]map[*notifyListener]struct{}{},
-		imports: map[engines.MemoryID]*imported{}, blockTags: []string{blockTag}, oneEngine: map[string][]string{}}
+		imports: map[engines.MemoryID]*imported{}, blockTags: []string{blockTag}, oneEngine: map[string][]string{},
+		log: cfg.Logger}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
 	for _, name := range []string{engines.EngineXGMI, engines.EngineFabric, engines.EngineRDMA, engines.EngineTCP} {
 		s.oneEngine[name] = []string{name}
 	}

@@ -76,7 +76,7 @@ func (x ExchangeQPsRefusal_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExchangeQPsRefusal_Reason.Descriptor instead.
 func (ExchangeQPsRefusal_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{11, 0}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{13, 0}
 }
 
 type HelloRequest struct {
@@ -238,7 +238,10 @@ type PeerResolveSegmentRequest struct {
 	// The namespace of the pod that asks; the owner's agent decides from the segment's grants.
 	RequesterNamespace string `protobuf:"bytes,2,opt,name=requester_namespace,json=requesterNamespace,proto3" json:"requester_namespace,omitempty"`
 	// Resolve a published layout (RegisterLayoutRequest.segment_name) instead of a region.
-	Layout        bool `protobuf:"varint,3,opt,name=layout,proto3" json:"layout,omitempty"`
+	Layout bool `protobuf:"varint,3,opt,name=layout,proto3" json:"layout,omitempty"`
+	// The asking agent's node (checked against its certificate): the owner tells it when the layout goes
+	// (ForgetLayout). Empty: not told.
+	RequesterNode string `protobuf:"bytes,4,opt,name=requester_node,json=requesterNode,proto3" json:"requester_node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -294,6 +297,111 @@ func (x *PeerResolveSegmentRequest) GetLayout() bool {
 	return false
 }
 
+func (x *PeerResolveSegmentRequest) GetRequesterNode() string {
+	if x != nil {
+		return x.RequesterNode
+	}
+	return ""
+}
+
+type PeerForgetLayoutRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The owner's node: the node of the layout the receiver asked for.
+	FromNode string `protobuf:"bytes,1,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	// The segment and requester_namespace of the receiver's ResolveSegment, as it sent them.
+	Segment            string `protobuf:"bytes,2,opt,name=segment,proto3" json:"segment,omitempty"`
+	RequesterNamespace string `protobuf:"bytes,3,opt,name=requester_namespace,json=requesterNamespace,proto3" json:"requester_namespace,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *PeerForgetLayoutRequest) Reset() {
+	*x = PeerForgetLayoutRequest{}
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerForgetLayoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerForgetLayoutRequest) ProtoMessage() {}
+
+func (x *PeerForgetLayoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerForgetLayoutRequest.ProtoReflect.Descriptor instead.
+func (*PeerForgetLayoutRequest) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PeerForgetLayoutRequest) GetFromNode() string {
+	if x != nil {
+		return x.FromNode
+	}
+	return ""
+}
+
+func (x *PeerForgetLayoutRequest) GetSegment() string {
+	if x != nil {
+		return x.Segment
+	}
+	return ""
+}
+
+func (x *PeerForgetLayoutRequest) GetRequesterNamespace() string {
+	if x != nil {
+		return x.RequesterNamespace
+	}
+	return ""
+}
+
+type PeerForgetLayoutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerForgetLayoutResponse) Reset() {
+	*x = PeerForgetLayoutResponse{}
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerForgetLayoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerForgetLayoutResponse) ProtoMessage() {}
+
+func (x *PeerForgetLayoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerForgetLayoutResponse.ProtoReflect.Descriptor instead.
+func (*PeerForgetLayoutResponse) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{4}
+}
+
 type PeerResolveSegmentResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Desc  []byte                 `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
@@ -305,7 +413,7 @@ type PeerResolveSegmentResponse struct {
 
 func (x *PeerResolveSegmentResponse) Reset() {
 	*x = PeerResolveSegmentResponse{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[3]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -317,7 +425,7 @@ func (x *PeerResolveSegmentResponse) String() string {
 func (*PeerResolveSegmentResponse) ProtoMessage() {}
 
 func (x *PeerResolveSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[3]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -330,7 +438,7 @@ func (x *PeerResolveSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerResolveSegmentResponse.ProtoReflect.Descriptor instead.
 func (*PeerResolveSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PeerResolveSegmentResponse) GetDesc() []byte {
@@ -360,7 +468,7 @@ type LayoutDescriptor struct {
 
 func (x *LayoutDescriptor) Reset() {
 	*x = LayoutDescriptor{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -372,7 +480,7 @@ func (x *LayoutDescriptor) String() string {
 func (*LayoutDescriptor) ProtoMessage() {}
 
 func (x *LayoutDescriptor) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -385,7 +493,7 @@ func (x *LayoutDescriptor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutDescriptor.ProtoReflect.Descriptor instead.
 func (*LayoutDescriptor) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LayoutDescriptor) GetBlockBytes() uint64 {
@@ -424,7 +532,7 @@ type PeerNotifyRequest struct {
 
 func (x *PeerNotifyRequest) Reset() {
 	*x = PeerNotifyRequest{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +544,7 @@ func (x *PeerNotifyRequest) String() string {
 func (*PeerNotifyRequest) ProtoMessage() {}
 
 func (x *PeerNotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +557,7 @@ func (x *PeerNotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerNotifyRequest.ProtoReflect.Descriptor instead.
 func (*PeerNotifyRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PeerNotifyRequest) GetFromNode() string {
@@ -488,7 +596,7 @@ type PeerNotifyResponse struct {
 
 func (x *PeerNotifyResponse) Reset() {
 	*x = PeerNotifyResponse{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +608,7 @@ func (x *PeerNotifyResponse) String() string {
 func (*PeerNotifyResponse) ProtoMessage() {}
 
 func (x *PeerNotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +621,7 @@ func (x *PeerNotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerNotifyResponse.ProtoReflect.Descriptor instead.
 func (*PeerNotifyResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 // SegmentDescriptor is what Region.desc holds (serialized). It names a region on one node and carries
@@ -539,7 +647,7 @@ type SegmentDescriptor struct {
 
 func (x *SegmentDescriptor) Reset() {
 	*x = SegmentDescriptor{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -551,7 +659,7 @@ func (x *SegmentDescriptor) String() string {
 func (*SegmentDescriptor) ProtoMessage() {}
 
 func (x *SegmentDescriptor) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -564,7 +672,7 @@ func (x *SegmentDescriptor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentDescriptor.ProtoReflect.Descriptor instead.
 func (*SegmentDescriptor) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SegmentDescriptor) GetNode() string {
@@ -654,7 +762,7 @@ type QPConnInfo struct {
 
 func (x *QPConnInfo) Reset() {
 	*x = QPConnInfo{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -666,7 +774,7 @@ func (x *QPConnInfo) String() string {
 func (*QPConnInfo) ProtoMessage() {}
 
 func (x *QPConnInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -679,7 +787,7 @@ func (x *QPConnInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QPConnInfo.ProtoReflect.Descriptor instead.
 func (*QPConnInfo) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{8}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *QPConnInfo) GetQpn() uint32 {
@@ -732,7 +840,7 @@ type ExchangeQPsRequest struct {
 
 func (x *ExchangeQPsRequest) Reset() {
 	*x = ExchangeQPsRequest{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +852,7 @@ func (x *ExchangeQPsRequest) String() string {
 func (*ExchangeQPsRequest) ProtoMessage() {}
 
 func (x *ExchangeQPsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +865,7 @@ func (x *ExchangeQPsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExchangeQPsRequest.ProtoReflect.Descriptor instead.
 func (*ExchangeQPsRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{9}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExchangeQPsRequest) GetFromNode() string {
@@ -804,7 +912,7 @@ type ExchangeQPsResponse struct {
 
 func (x *ExchangeQPsResponse) Reset() {
 	*x = ExchangeQPsResponse{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +924,7 @@ func (x *ExchangeQPsResponse) String() string {
 func (*ExchangeQPsResponse) ProtoMessage() {}
 
 func (x *ExchangeQPsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +937,7 @@ func (x *ExchangeQPsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExchangeQPsResponse.ProtoReflect.Descriptor instead.
 func (*ExchangeQPsResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{10}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExchangeQPsResponse) GetQps() []*QPConnInfo {
@@ -849,7 +957,7 @@ type ExchangeQPsRefusal struct {
 
 func (x *ExchangeQPsRefusal) Reset() {
 	*x = ExchangeQPsRefusal{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[11]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +969,7 @@ func (x *ExchangeQPsRefusal) String() string {
 func (*ExchangeQPsRefusal) ProtoMessage() {}
 
 func (x *ExchangeQPsRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[11]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +982,7 @@ func (x *ExchangeQPsRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExchangeQPsRefusal.ProtoReflect.Descriptor instead.
 func (*ExchangeQPsRefusal) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{11}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExchangeQPsRefusal) GetReason() ExchangeQPsRefusal_Reason {
@@ -901,11 +1009,17 @@ const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
 	"\tpool_name\x18\x03 \x01(\tR\bpoolName\x12#\n" +
 	"\ragent_version\x18\x04 \x01(\tR\fagentVersion\x12\x1f\n" +
 	"\vapi_version\x18\x05 \x01(\tR\n" +
-	"apiVersion\"~\n" +
+	"apiVersion\"\xa5\x01\n" +
 	"\x19PeerResolveSegmentRequest\x12\x18\n" +
 	"\asegment\x18\x01 \x01(\tR\asegment\x12/\n" +
 	"\x13requester_namespace\x18\x02 \x01(\tR\x12requesterNamespace\x12\x16\n" +
-	"\x06layout\x18\x03 \x01(\bR\x06layout\"o\n" +
+	"\x06layout\x18\x03 \x01(\bR\x06layout\x12%\n" +
+	"\x0erequester_node\x18\x04 \x01(\tR\rrequesterNode\"\x81\x01\n" +
+	"\x17PeerForgetLayoutRequest\x12\x1b\n" +
+	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12\x18\n" +
+	"\asegment\x18\x02 \x01(\tR\asegment\x12/\n" +
+	"\x13requester_namespace\x18\x03 \x01(\tR\x12requesterNamespace\"\x1a\n" +
+	"\x18PeerForgetLayoutResponse\"o\n" +
 	"\x1aPeerResolveSegmentResponse\x12\x12\n" +
 	"\x04desc\x18\x01 \x01(\fR\x04desc\x12=\n" +
 	"\x06layout\x18\x02 \x01(\v2%.fabricxfer.agent.v1.LayoutDescriptorR\x06layout\"e\n" +
@@ -953,12 +1067,13 @@ const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13REASON_CONNECT_RACE\x10\x01\x12\x1b\n" +
-	"\x17REASON_RDMA_NOT_RUNNING\x10\x022\x86\x03\n" +
+	"\x17REASON_RDMA_NOT_RUNNING\x10\x022\xf3\x03\n" +
 	"\x04Peer\x12N\n" +
 	"\x05Hello\x12!.fabricxfer.agent.v1.HelloRequest\x1a\".fabricxfer.agent.v1.HelloResponse\x12q\n" +
 	"\x0eResolveSegment\x12..fabricxfer.agent.v1.PeerResolveSegmentRequest\x1a/.fabricxfer.agent.v1.PeerResolveSegmentResponse\x12Y\n" +
 	"\x06Notify\x12&.fabricxfer.agent.v1.PeerNotifyRequest\x1a'.fabricxfer.agent.v1.PeerNotifyResponse\x12`\n" +
-	"\vExchangeQPs\x12'.fabricxfer.agent.v1.ExchangeQPsRequest\x1a(.fabricxfer.agent.v1.ExchangeQPsResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
+	"\vExchangeQPs\x12'.fabricxfer.agent.v1.ExchangeQPsRequest\x1a(.fabricxfer.agent.v1.ExchangeQPsResponse\x12k\n" +
+	"\fForgetLayout\x12,.fabricxfer.agent.v1.PeerForgetLayoutRequest\x1a-.fabricxfer.agent.v1.PeerForgetLayoutResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_fabricxfer_agent_v1_peer_proto_rawDescOnce sync.Once
@@ -973,39 +1088,43 @@ func file_fabricxfer_agent_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fabricxfer_agent_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_fabricxfer_agent_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_fabricxfer_agent_v1_peer_proto_goTypes = []any{
 	(ExchangeQPsRefusal_Reason)(0),     // 0: fabricxfer.agent.v1.ExchangeQPsRefusal.Reason
 	(*HelloRequest)(nil),               // 1: fabricxfer.agent.v1.HelloRequest
 	(*HelloResponse)(nil),              // 2: fabricxfer.agent.v1.HelloResponse
 	(*PeerResolveSegmentRequest)(nil),  // 3: fabricxfer.agent.v1.PeerResolveSegmentRequest
-	(*PeerResolveSegmentResponse)(nil), // 4: fabricxfer.agent.v1.PeerResolveSegmentResponse
-	(*LayoutDescriptor)(nil),           // 5: fabricxfer.agent.v1.LayoutDescriptor
-	(*PeerNotifyRequest)(nil),          // 6: fabricxfer.agent.v1.PeerNotifyRequest
-	(*PeerNotifyResponse)(nil),         // 7: fabricxfer.agent.v1.PeerNotifyResponse
-	(*SegmentDescriptor)(nil),          // 8: fabricxfer.agent.v1.SegmentDescriptor
-	(*QPConnInfo)(nil),                 // 9: fabricxfer.agent.v1.QPConnInfo
-	(*ExchangeQPsRequest)(nil),         // 10: fabricxfer.agent.v1.ExchangeQPsRequest
-	(*ExchangeQPsResponse)(nil),        // 11: fabricxfer.agent.v1.ExchangeQPsResponse
-	(*ExchangeQPsRefusal)(nil),         // 12: fabricxfer.agent.v1.ExchangeQPsRefusal
-	(MemoryKind)(0),                    // 13: fabricxfer.agent.v1.MemoryKind
+	(*PeerForgetLayoutRequest)(nil),    // 4: fabricxfer.agent.v1.PeerForgetLayoutRequest
+	(*PeerForgetLayoutResponse)(nil),   // 5: fabricxfer.agent.v1.PeerForgetLayoutResponse
+	(*PeerResolveSegmentResponse)(nil), // 6: fabricxfer.agent.v1.PeerResolveSegmentResponse
+	(*LayoutDescriptor)(nil),           // 7: fabricxfer.agent.v1.LayoutDescriptor
+	(*PeerNotifyRequest)(nil),          // 8: fabricxfer.agent.v1.PeerNotifyRequest
+	(*PeerNotifyResponse)(nil),         // 9: fabricxfer.agent.v1.PeerNotifyResponse
+	(*SegmentDescriptor)(nil),          // 10: fabricxfer.agent.v1.SegmentDescriptor
+	(*QPConnInfo)(nil),                 // 11: fabricxfer.agent.v1.QPConnInfo
+	(*ExchangeQPsRequest)(nil),         // 12: fabricxfer.agent.v1.ExchangeQPsRequest
+	(*ExchangeQPsResponse)(nil),        // 13: fabricxfer.agent.v1.ExchangeQPsResponse
+	(*ExchangeQPsRefusal)(nil),         // 14: fabricxfer.agent.v1.ExchangeQPsRefusal
+	(MemoryKind)(0),                    // 15: fabricxfer.agent.v1.MemoryKind
 }
 var file_fabricxfer_agent_v1_peer_proto_depIdxs = []int32{
-	5,  // 0: fabricxfer.agent.v1.PeerResolveSegmentResponse.layout:type_name -> fabricxfer.agent.v1.LayoutDescriptor
-	13, // 1: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	9,  // 2: fabricxfer.agent.v1.ExchangeQPsRequest.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
-	9,  // 3: fabricxfer.agent.v1.ExchangeQPsResponse.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
+	7,  // 0: fabricxfer.agent.v1.PeerResolveSegmentResponse.layout:type_name -> fabricxfer.agent.v1.LayoutDescriptor
+	15, // 1: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	11, // 2: fabricxfer.agent.v1.ExchangeQPsRequest.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
+	11, // 3: fabricxfer.agent.v1.ExchangeQPsResponse.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
 	0,  // 4: fabricxfer.agent.v1.ExchangeQPsRefusal.reason:type_name -> fabricxfer.agent.v1.ExchangeQPsRefusal.Reason
 	1,  // 5: fabricxfer.agent.v1.Peer.Hello:input_type -> fabricxfer.agent.v1.HelloRequest
 	3,  // 6: fabricxfer.agent.v1.Peer.ResolveSegment:input_type -> fabricxfer.agent.v1.PeerResolveSegmentRequest
-	6,  // 7: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
-	10, // 8: fabricxfer.agent.v1.Peer.ExchangeQPs:input_type -> fabricxfer.agent.v1.ExchangeQPsRequest
-	2,  // 9: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
-	4,  // 10: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
-	7,  // 11: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
-	11, // 12: fabricxfer.agent.v1.Peer.ExchangeQPs:output_type -> fabricxfer.agent.v1.ExchangeQPsResponse
-	9,  // [9:13] is the sub-list for method output_type
-	5,  // [5:9] is the sub-list for method input_type
+	8,  // 7: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
+	12, // 8: fabricxfer.agent.v1.Peer.ExchangeQPs:input_type -> fabricxfer.agent.v1.ExchangeQPsRequest
+	4,  // 9: fabricxfer.agent.v1.Peer.ForgetLayout:input_type -> fabricxfer.agent.v1.PeerForgetLayoutRequest
+	2,  // 10: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
+	6,  // 11: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
+	9,  // 12: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
+	13, // 13: fabricxfer.agent.v1.Peer.ExchangeQPs:output_type -> fabricxfer.agent.v1.ExchangeQPsResponse
+	5,  // 14: fabricxfer.agent.v1.Peer.ForgetLayout:output_type -> fabricxfer.agent.v1.PeerForgetLayoutResponse
+	10, // [10:15] is the sub-list for method output_type
+	5,  // [5:10] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name
@@ -1023,7 +1142,7 @@ func file_fabricxfer_agent_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_peer_proto_rawDesc), len(file_fabricxfer_agent_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

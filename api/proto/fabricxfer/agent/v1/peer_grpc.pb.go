@@ -29,6 +29,7 @@ const (
 	Peer_ResolveSegment_FullMethodName = "/fabricxfer.agent.v1.Peer/ResolveSegment"
 	Peer_Notify_FullMethodName         = "/fabricxfer.agent.v1.Peer/Notify"
 	Peer_ExchangeQPs_FullMethodName    = "/fabricxfer.agent.v1.Peer/ExchangeQPs"
+	Peer_ForgetLayout_FullMethodName   = "/fabricxfer.agent.v1.Peer/ForgetLayout"
 )
 
 // PeerClient is the client API for Peer service.
@@ -50,6 +51,12 @@ type PeerClient interface {
 	// caller at the same moment and its dial wins (the caller then waits for that connection);
 	// PERMISSION_DENIED when from_node is not a node of the pool.
 	ExchangeQPs(ctx context.Context, in *ExchangeQPsRequest, opts ...grpc.CallOption) (*ExchangeQPsResponse, error)
+	// ForgetLayout tells an agent that asked for a published layout (ResolveSegment with layout and
+	// requester_node) that the layout is gone: deregistered, or its owner's session ended. The asking agent drops
+	// what it kept of the answer, so its next transfer asks again (and fails, or reaches memory published under
+	// the name since) instead of reaching memory the owner no longer publishes. The owner waits for the answer
+	// before its DeregisterLayout returns, within a bound. PERMISSION_DENIED when from_node is not the caller.
+	ForgetLayout(ctx context.Context, in *PeerForgetLayoutRequest, opts ...grpc.CallOption) (*PeerForgetLayoutResponse, error)
 }
 
 type peerClient struct {
@@ -100,6 +107,16 @@ func (c *peerClient) ExchangeQPs(ctx context.Context, in *ExchangeQPsRequest, op
 	return out, nil
 }
 
+func (c *peerClient) ForgetLayout(ctx context.Context, in *PeerForgetLayoutRequest, opts ...grpc.CallOption) (*PeerForgetLayoutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PeerForgetLayoutResponse)
+	err := c.cc.Invoke(ctx, Peer_ForgetLayout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -119,6 +136,12 @@ type PeerServer interface {
 	// caller at the same moment and its dial wins (the caller then waits for that connection);
 	// PERMISSION_DENIED when from_node is not a node of the pool.
 	ExchangeQPs(context.Context, *ExchangeQPsRequest) (*ExchangeQPsResponse, error)
+	// ForgetLayout tells an agent that asked for a published layout (ResolveSegment with layout and
+	// requester_node) that the layout is gone: deregistered, or its owner's session ended. The asking agent drops
+	// what it kept of the answer, so its next transfer asks again (and fails, or reaches memory published under
+	// the name since) instead of reaching memory the owner no longer publishes. The owner waits for the answer
+	// before its DeregisterLayout returns, within a bound. PERMISSION_DENIED when from_node is not the caller.
+	ForgetLayout(context.Context, *PeerForgetLayoutRequest) (*PeerForgetLayoutResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -140,6 +163,9 @@ func (UnimplementedPeerServer) Notify(context.Context, *PeerNotifyRequest) (*Pee
 }
 func (UnimplementedPeerServer) ExchangeQPs(context.Context, *ExchangeQPsRequest) (*ExchangeQPsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExchangeQPs not implemented")
+}
+func (UnimplementedPeerServer) ForgetLayout(context.Context, *PeerForgetLayoutRequest) (*PeerForgetLayoutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForgetLayout not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -234,6 +260,24 @@ func _Peer_ExchangeQPs_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_ForgetLayout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeerForgetLayoutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ForgetLayout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ForgetLayout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ForgetLayout(ctx, req.(*PeerForgetLayoutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -256,6 +300,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ExchangeQPs",
 			Handler:    _Peer_ExchangeQPs_Handler,
+		},
+		{
+			MethodName: "ForgetLayout",
+			Handler:    _Peer_ForgetLayout_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

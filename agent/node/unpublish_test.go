@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package node
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/topology"
+)
+
+// TestAnUnpublishedLayoutIsNotReachedThroughWhatPeersKept: node-b writes to a layout node-a published (and keeps
+// what it resolved); node-a's pod deregisters the layout but keeps its regions. node-b's next write, at once, is
+// refused (the layout is gone) and leaves node-a's memory as it was; published again over other memory, the
+// name's next write lands there and not in the old regions. Before node-a told node-b, node-b wrote into the
+// unpublished memory for up to 2 s and reported success.
+func TestAnUnpublishedLayoutIsNotReachedThroughWhatPeersKept(t *testing.T) {
+	tlsDir := poolCertDir(t, "infer", "kv")
+	epA, epB := freePort(t), freePort(t)
+	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
+		DataListen: "127.0.0.1:0", MaxRegions: 64, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16,
+		StaticPeers: "node-a=" + epA + ",node-b=" + epB}
+	a, b := base, base
+	a.NodeName, a.SocketDir, a.PeerListen = "node-a", t.TempDir(), epA
+	b.NodeName, b.SocketDir, b.PeerListen = "node-b", t.TempDir(), epB
+	runStackOn(t, a, topology.Report{}, Deps{})
+	runStackOn(t, b, topology.Report{}, Deps{})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ca, err := client.Dial(ctx, filepath.Join(a.SocketDir, "kv", "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close()
+	cb, err := client.Dial(ctx, filepath.Join(b.SocketDir, "kv", "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cb.Close()
+
+	const bs, blocks = 4096, 16
+	old, _, memOld := hostLayout(ctx, t, ca, "kv-old", bs, blocks, client.PublishLayout("kv-u"))
+	lb, _, memB := hostLayout(ctx, t, cb, "kv-u-b", bs, blocks)
+	remote := client.ToLayoutSegment("node-a", "kv-u")
+	write := func(src, dst uint32) error {
+		_, err := cb.TransferBlocks(ctx, client.Write, lb, []uint32{src}, remote, []uint32{dst}, client.TransferOptions{})
+		return err
+	}
+	if err := write(0, 1); err != nil {
+		t.Fatalf("writing to node-a's layout: %v", err)
+	}
+	if err := ca.DeregisterLayout(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	kept := [][]byte{bytes.Clone(memOld[0].Bytes), bytes.Clone(memOld[1].Bytes)}
+	unpublished := time.Now()
+	if err := write(2, 3); client.Code(err).String() != "NotFound" || !strings.Contains(err.Error(), "kv-u") {
+		t.Fatalf("writing to node-a's layout %v after it was deregistered (its regions kept): %v, want NotFound naming it",
+			time.Since(unpublished), err)
+	}
+	for k := range 2 {
+		if !bytes.Equal(memOld[k].Bytes, kept[k]) {
+			t.Fatalf("region %d of the unpublished layout was written after node-a deregistered it", k)
+		}
+	}
+
+	_, _, memNew := hostLayout(ctx, t, ca, "kv-new", bs, blocks, client.PublishLayout("kv-u"))
+	if err := write(4, 5); err != nil {
+		t.Fatalf("writing to node-a's layout published again: %v", err)
+	}
+	for k := range 2 {
+		if !bytes.Equal(memNew[k].Bytes[5*bs:6*bs], memB[k].Bytes[4*bs:5*bs]) {
+			t.Fatalf("region %d: the write after the layout was published again is not in its new memory", k)
+		}
+		if !bytes.Equal(memOld[k].Bytes, kept[k]) {
+			t.Fatalf("region %d of the old layout was written after the name was published over other memory", k)
+		}
+	}
+}
