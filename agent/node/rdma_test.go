@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"net"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -52,16 +51,7 @@ func TestTwoStacksMoveBytesOverRDMA(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cA, err := client.Dial(ctx, filepath.Join(a.SocketDir, "kv", "agent.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cA.Close()
-	cB, err := client.Dial(ctx, filepath.Join(b.SocketDir, "kv", "agent.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cB.Close()
+	cA, cB := dialNode(ctx, t, a), dialNode(ctx, t, b)
 	const size = 1 << 20
 	ma, _ := client.NewSharedMemory("a", size)
 	mb, _ := client.NewSharedMemory("b", size)

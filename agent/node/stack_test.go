@@ -255,16 +255,7 @@ func twoStacksTalk(t *testing.T, base Config, deps func(node string) Deps) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ca1, err := client.Dial(ctx, filepath.Join(a.SocketDir, "kv", "agent.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ca1.Close()
-	cb, err := client.Dial(ctx, filepath.Join(b.SocketDir, "kv", "agent.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cb.Close()
+	ca1, cb := dialNode(ctx, t, a), dialNode(ctx, t, b)
 	ma, _ := client.NewSharedMemory("a", 1<<20)
 	mb, _ := client.NewSharedMemory("b", 1<<20)
 	defer ma.Close()

@@ -6,7 +6,6 @@ package node
 import (
 	"bytes"
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -34,16 +33,7 @@ func TestAnUnpublishedLayoutIsNotReachedThroughWhatPeersKept(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ca, err := client.Dial(ctx, filepath.Join(a.SocketDir, "kv", "agent.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ca.Close()
-	cb, err := client.Dial(ctx, filepath.Join(b.SocketDir, "kv", "agent.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cb.Close()
+	ca, cb := dialNode(ctx, t, a), dialNode(ctx, t, b)
 
 	const bs, blocks = 4096, 16
 	old, _, memOld := hostLayout(ctx, t, ca, "kv-old", bs, blocks, client.PublishLayout("kv-u"))
