@@ -87,7 +87,8 @@ func (c *Client) RegisterLayout(ctx context.Context, regions []*Region, blockByt
 	return l, nil
 }
 
-// DeregisterLayout forgets the layout; its regions stay registered.
+// DeregisterLayout forgets the layout; its regions stay registered. A published layout's agent first tells the
+// other nodes' agents that resolved it (within a second, and ctx), so no later transfer of theirs reaches it.
 func (c *Client) DeregisterLayout(ctx context.Context, l *Layout) error {
 	id, err := l.current()
 	if err != nil {

@@ -1163,7 +1163,9 @@ class Client:
 
     def deregister_layout(self, layout: Layout):
         """Forgets a layout; its regions stay registered. The client forgets it even when the agent no longer
-        knows it (NOT_FOUND: it went with an agent restart recover() could not bring it back from)."""
+        knows it (NOT_FOUND: it went with an agent restart recover() could not bring it back from). A published
+        layout's agent first tells the other nodes' agents that resolved it (within a second), so no later
+        transfer of theirs reaches it."""
         try:
             self._call(self.stub.DeregisterLayout, pb.DeregisterLayoutRequest(layout_id=layout.id))
         except grpc.RpcError as e:
