@@ -1203,6 +1203,10 @@ class Client:
             rids, rwidth, rcount = _blocks.pack_ids(remote_ids, id_bytes)
         if count != rcount:
             raise ValueError("%d local ids but %d remote ids: they pair one to one" % (count, rcount))
+        if count > 4096 and count > (self.info.limits.max_items_per_transfer or count):
+            # Refused here: past 4 MiB the agent could not even read the request, and gRPC's refusal says only that.
+            raise ValueError("%d block ids: the agent moves at most %d blocks a call (info.limits."
+                             "max_items_per_transfer); split the transfer" % (count, self.info.limits.max_items_per_transfer))
         if timeout is not None and not 0 <= timeout <= _MAX_TIMEOUT:
             _seconds(timeout)
         if wait and not timeout:

@@ -296,6 +296,21 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(bytes(buf), before, "a refused call moved bytes")
         self.c.transfer_blocks("write", lay, ids, to_layout(lay), other, timeout=2.5)
 
+    def test_more_blocks_than_a_call_moves_are_refused_with_the_limit(self):
+        # More blocks than the agent moves in a call are refused here with the limit, not by gRPC's message size
+        # (past 4 MiB the request cannot even be read).
+        fd, buf = self.shm(4096)
+        r = self.c.register_host(fd, 0, 4096)
+        lay = self.c.register_layout([r], 1024)
+        before = bytes(buf)
+        most = self.c.info.limits.max_items_per_transfer
+        self.assertGreater(most, 0)
+        for n in (most + 1, 600000):
+            many = array.array("q", [0]) * n
+            with self.assertRaisesRegex(ValueError, "at most %d blocks a call" % most):
+                self.c.transfer_blocks("write", lay, many, to_layout(lay), many)
+        self.assertEqual(bytes(buf), before, "a refused call moved bytes")
+
     def test_to_region_follows_the_region_across_recover(self):
         fd, _ = self.shm(4096)
         r = self.c.register_host(fd, 0, 4096)
