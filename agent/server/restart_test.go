@@ -146,13 +146,8 @@ func TestAgentRestartFailsFastAndClientsReregister(t *testing.T) {
 // connection's (a stale one, garbage, a long string) is refused with Aborted "session lost" before it does
 // anything, unary and streaming alike; GetInfo, the correct name, and no header at all pass.
 func TestACallNamingAnotherSessionIsRefused(t *testing.T) {
-	a := startAgent(t, baseOptions(t, newProcFixture(t)))
-	c := dial(t, a)
+	a, c, info := agentSession(t)
 	ctx := ctxT(t)
-	info, err := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	mine := info.Instance + "/" + strconv.FormatUint(info.Session, 10)
 	if info.Instance == "" || info.Session == 0 {
 		t.Fatalf("GetInfo names no instance or session: %v", info)
@@ -506,15 +501,10 @@ func TestACallAfterCloseSaysTheClientIsClosed(t *testing.T) {
 // channel to) carries AnsweredHeader with its instance, so a client need not watch its
 // connection to tell it from one that broke; other errors and successes carry no such trailer.
 func TestAnUnavailableTheAgentAnswersIsMarked(t *testing.T) {
-	a := startAgent(t, baseOptions(t, newProcFixture(t)))
-	c := dial(t, a)
+	_, c, info := agentSession(t)
 	ctx := ctxT(t)
-	info, err := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var trailer metadata.MD
-	_, err = c.API().ResolveSegment(ctx, &agentv1.ResolveSegmentRequest{Node: "node-nowhere", Segment: "kv"}, grpc.Trailer(&trailer))
+	_, err := c.API().ResolveSegment(ctx, &agentv1.ResolveSegmentRequest{Node: "node-nowhere", Segment: "kv"}, grpc.Trailer(&trailer))
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("resolving a segment of a node without a peer channel: %v, want Unavailable", err)
 	}
@@ -537,4 +527,16 @@ func TestAnUnavailableTheAgentAnswersIsMarked(t *testing.T) {
 			t.Fatalf("%s (%v) carries %s", name, err, server.AnsweredHeader)
 		}
 	}
+}
+
+// agentSession starts an agent and a client of it, and returns what GetInfo told that client.
+func agentSession(t *testing.T) (*agent, *client.Client, *agentv1.GetInfoResponse) {
+	t.Helper()
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	c := dial(t, a)
+	info, err := c.API().GetInfo(ctxT(t), &agentv1.GetInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, c, info
 }
