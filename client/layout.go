@@ -9,6 +9,9 @@ import (
 	"fmt"
 	"sync"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 )
 
@@ -170,6 +173,12 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 	gen = c.generation()
 	if err := c.check(); err != nil {
 		return nil, gen, err
+	}
+	if len(ids) > 4096 {
+		// Refused here: past 4 MiB the agent could not even read the request, and gRPC's refusal says only that.
+		if most := c.Info().GetLimits().GetMaxItemsPerTransfer(); most > 0 && len(ids) > int(most) {
+			return nil, gen, status.Errorf(codes.InvalidArgument, "transferring blocks: %d block ids, the agent moves at most %d blocks a call (Info().Limits.MaxItemsPerTransfer): split the transfer", len(ids), most)
+		}
 	}
 	req, err := blocksRequest(ctx, op, l, ids, remote, remoteIDs, opts, wait)
 	if err != nil {

@@ -142,6 +142,9 @@ func TestBlockTransferRefusals(t *testing.T) {
 		"other region count":     {u32(1), u32(1), client.ToLayout(three), "InvalidArgument", "geometry"},
 		"unknown segment":        {u32(1), u32(1), client.ToLayoutSegment("", "nope"), "NotFound", "no layout segment"},
 		"other node, no peers":   {u32(1), u32(1), client.ToLayoutSegment("node-z", "kv"), "Unavailable", "no peer channel"},
+		// Past 4 MiB of ids the agent cannot read the request: the client refuses it with the limit.
+		"more ids than a call moves":    {make([]uint32, 600000), make([]uint32, 600000), client.ToLayout(l2), "InvalidArgument", "at most 65536 blocks a call"},
+		"one id more than a call moves": {make([]uint32, 65537), make([]uint32, 65537), client.ToLayout(l2), "InvalidArgument", "at most 65536 blocks"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := c.TransferBlocks(ctxT(t), client.Write, l, tc.local, tc.to, tc.remote, client.TransferOptions{})
