@@ -45,6 +45,30 @@ func nodeTLS(t *testing.T, ca pki.KeyPair, node string) *peers.TLSFiles {
 	return f
 }
 
+// growingDirectory is a static directory a test adds nodes to while the peer channel reads it.
+type growingDirectory struct {
+	mu    sync.Mutex
+	nodes peers.StaticDirectory
+}
+
+func (d *growingDirectory) add(node, endpoint string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nodes[node] = endpoint
+}
+
+func (d *growingDirectory) Endpoint(ctx context.Context, node string) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.nodes.Endpoint(ctx, node)
+}
+
+func (d *growingDirectory) Nodes(ctx context.Context) (map[string]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.nodes.Nodes(ctx)
+}
+
 type quietLocal struct {
 	mu       sync.Mutex
 	notified []string
@@ -76,7 +100,7 @@ func (l *quietLocal) DeliverPeerNotification(n engines.Notification) error {
 }
 
 // servePeer runs the peer channel of node on tlsFiles until the test ends and returns its endpoint.
-func servePeer(t *testing.T, node string, tlsFiles *peers.TLSFiles, dir peers.StaticDirectory, local peers.Local) (*peers.Peers, string) {
+func servePeer(t *testing.T, node string, tlsFiles *peers.TLSFiles, dir peers.Directory, local peers.Local) (*peers.Peers, string) {
 	t.Helper()
 	ln := listen(t)
 	p, err := peers.New(peers.Options{Node: node, PoolNamespace: "infer", PoolName: "kv", AgentVersion: "test",
@@ -108,9 +132,9 @@ func TestPeerCertificateMustNameItsNode(t *testing.T) {
 	}
 	aTLS, bTLS, cTLS := nodeTLS(t, ca, "a"), nodeTLS(t, ca, "b"), nodeTLS(t, ca, "c")
 	local := &quietLocal{}
-	dir := peers.StaticDirectory{}
+	dir := &growingDirectory{nodes: peers.StaticDirectory{}}
 	_, bEP := servePeer(t, "b", bTLS, dir, local)
-	dir["b"] = bEP
+	dir.add("b", bEP)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -136,7 +160,7 @@ func TestPeerCertificateMustNameItsNode(t *testing.T) {
 	refused("Hello", hello("c"))
 	_, err = api.Notify(ctx, &agentv1.PeerNotifyRequest{FromNode: "c", Payload: []byte("forged")})
 	refused("Notify", err)
-	dir["c"] = "127.0.0.1:1" // c is a node of the pool: the check that fails is the certificate's
+	dir.add("c", "127.0.0.1:1") // c is a node of the pool: the check that fails is the certificate's
 	_, err = api.ExchangeQPs(ctx, &agentv1.ExchangeQPsRequest{FromNode: "c", ToNode: "b", Qps: []*agentv1.QPConnInfo{{Qpn: 1}}})
 	refused("ExchangeQPs", err)
 	// Saying a layout is gone is the owner's to say, and the node to tell is the one asking: in c's name, nothing
