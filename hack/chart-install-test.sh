@@ -145,6 +145,19 @@ expect_crds_established() {
   describe_crds
   fail "CRDs not established in 60 s"
 }
+# wait_crds_served waits until the API server lists the CRDs' objects. A CRD's storage starts after it is
+# Established; deleted before that, its finalizer's first list fails ("storage is (re)initializing") and is
+# retried with a backoff that doubles each time, which once outlasted the 120 s wait for the deletion below.
+wait_crds_served() {
+  local kinds i
+  kinds=$(IFS=,; echo "${CRDS[*]}")
+  for i in $(seq 120); do
+    kubectl get "$kinds" -A >/dev/null 2>&1 && return
+    sleep 0.5
+  done
+  describe_crds
+  fail "the API server did not list the CRDs' objects within 60 s"
+}
 # describe_crds prints, for a CRD that did not do what was waited for, its identity, finalizers, deletion and
 # conditions, and the API server's last lines about it.
 describe_crds() {
@@ -301,6 +314,7 @@ for pool in $(kubectl get transferpools -A -o jsonpath='{range .items[*]}{.metad
   kubectl -n "${pool%/*}" patch transferpool "${pool#*/}" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null
 done
 kubectl delete transferpools --all -A --timeout=30s >/dev/null
+wait_crds_served
 kubectl delete crd "${CRDS[@]}" --timeout=60s >/dev/null
 if helm install fabricxfer charts/fabricxfer -n "$NS" --set defaultPool.enabled=true --timeout 60s \
   >"$state/refused.log" 2>&1; then
@@ -332,6 +346,7 @@ step "kubectl apply -f dist/install.yaml"
 # change to itself and then vanish under it. The API server's finalizer deletes a CRD's objects before the CRD;
 # one CI run's delete of transfernodes was still waiting after 60 s with nothing printed to tell why, so a CRD
 # that outlives the wait prints its finalizers and conditions and the API server's lines about it.
+wait_crds_served
 kubectl delete crd "${CRDS[@]}" --wait=false >/dev/null
 if ! kubectl wait --for=delete --timeout=120s "${CRDS[@]/#/crd/}" >/dev/null 2>&1; then
   describe_crds
