@@ -145,12 +145,6 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	return c, nil
 }
 
-// sessionHeader is the agent's server.SessionHeader: the metadata key a call names its session with.
-const sessionHeader = "fabricxfer-session"
-
-// sessionLostPrefix starts the agent's refusal of a call that reached another session than the one it names.
-const sessionLostPrefix = "session lost:"
-
 // nameSessionOf makes later calls name the session info describes (an agent too old to name it: none).
 func (c *Client) nameSessionOf(info *agentv1.GetInfoResponse) {
 	if info.GetInstance() == "" {
@@ -172,7 +166,7 @@ func (c *Client) nameSessionStream(ctx context.Context, desc *grpc.StreamDesc, c
 // inSession is ctx with the session header the client's calls carry, where it knows its session.
 func (c *Client) inSession(ctx context.Context) context.Context {
 	if name := c.session.Load(); name != nil {
-		return metadata.AppendToOutgoingContext(ctx, sessionHeader, *name)
+		return metadata.AppendToOutgoingContext(ctx, fastwire.SessionHeader, *name)
 	}
 	return ctx
 }
@@ -180,7 +174,7 @@ func (c *Client) inSession(ctx context.Context) context.Context {
 // sessionRefused reports whether err is the agent's refusal of a call that reached another session.
 func sessionRefused(err error) bool {
 	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.Aborted && strings.HasPrefix(st.Message(), sessionLostPrefix)
+	return ok && st.Code() == codes.Aborted && strings.HasPrefix(st.Message(), fastwire.SessionLostPrefix)
 }
 
 // notInSocketGroup explains a connect refused with EACCES: the sockets and their directory are 0660/0750 in

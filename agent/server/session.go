@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/agent/server/poollend"
 	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
@@ -279,11 +280,8 @@ func (s *Server) answeredItself(err error) bool {
 	}
 }
 
-// AnsweredHeader is the trailer key of an Unavailable status the agent answered itself on a session that goes on
-// (a peer it cannot reach), valued with the agent's instance: gRPC gives the same code for a connection that
-// broke under the call, which ends the caller's session, so a client tells the two apart without waiting to
-// see whether its connection went down.
-const AnsweredHeader = "fabricxfer-answered"
+// AnsweredHeader marks the Unavailable statuses the agent answers itself (fastwire.AnsweredHeader).
+const AnsweredHeader = fastwire.AnsweredHeader
 
 // admitCall refuses a call whose connection is not an admitted session, or that names another session.
 func (s *Server) admitCall(ctx context.Context, method string) error {
@@ -294,11 +292,8 @@ func (s *Server) admitCall(ctx context.Context, method string) error {
 	return s.sameSession(ctx, sess, method)
 }
 
-// SessionHeader is the metadata key a client names the session it registered its memory in with
-// ("<instance>/<session>", as GetInfo answered): a call that reaches another session — the agent restarted, or
-// gRPC re-established the connection under the call — is refused before it does anything, instead of
-// registering memory or moving bytes in a session the client does not know it is in.
-const SessionHeader = "fabricxfer-session"
+// SessionHeader names the session a call is made in (fastwire.SessionHeader).
+const SessionHeader = fastwire.SessionHeader
 
 // sameSession refuses a call whose SessionHeader names another session than its connection's. GetInfo, which
 // tells a client its session, and calls without the header (older clients) pass.
@@ -312,7 +307,7 @@ func (s *Server) sameSession(ctx context.Context, sess *session, method string) 
 		return nil
 	}
 	if here := s.instance + "/" + strconv.FormatUint(sess.ID, 10); names[0] != here {
-		return status.Errorf(codes.Aborted, "session lost: the call names session %.64q, this connection is %s (the agent restarted, or the connection was made again): recover and retry", names[0], here)
+		return status.Errorf(codes.Aborted, fastwire.SessionLostPrefix+" the call names session %.64q, this connection is %s (the agent restarted, or the connection was made again): recover and retry", names[0], here)
 	}
 	return nil
 }

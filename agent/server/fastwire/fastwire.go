@@ -251,3 +251,19 @@ func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
 	}
 	return num, typ, n
 }
+
+// The names a call's session travels under on the agent's gRPC socket, shared by the agent and its clients.
+const (
+	// SessionHeader is the metadata key a client names the session it registered its memory in with
+	// ("<instance>/<session>", as GetInfo answered): a call that reaches another session — the agent restarted, or
+	// gRPC re-established the connection under the call — is refused before it does anything, instead of
+	// registering memory or moving bytes in a session the client does not know it is in.
+	SessionHeader = "fabricxfer-session"
+	// SessionLostPrefix starts the message of that refusal (Aborted).
+	SessionLostPrefix = "session lost:"
+	// AnsweredHeader is the trailer key of an Unavailable status the agent answered itself on a session that goes
+	// on (a peer it cannot reach), valued with the agent's instance: gRPC gives the same code for a connection
+	// that broke under the call, which ends the caller's session, so a client tells the two apart without
+	// waiting to see whether its connection went down.
+	AnsweredHeader = "fabricxfer-answered"
+)

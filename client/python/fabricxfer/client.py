@@ -129,7 +129,7 @@ def _unreachable(path: str, timeout: float, details: str) -> str:
     return "no agent answered at %s within %.1f s: %s" % (path, timeout, found)
 
 
-# The trailer key of an UNAVAILABLE the agent answered itself (the agent's server.AnsweredHeader).
+# The trailer key of an UNAVAILABLE the agent answered itself (fastwire.AnsweredHeader in the Go tree).
 _ANSWERED = "fabricxfer-answered"
 
 
@@ -1207,8 +1207,7 @@ class Client:
             # Refused here: past 4 MiB the agent could not even read the request, and gRPC's refusal says only that.
             raise ValueError("%d block ids: the agent moves at most %d blocks a call (info.limits."
                              "max_items_per_transfer); split the transfer" % (count, self.info.limits.max_items_per_transfer))
-        if timeout is not None and not 0 <= timeout <= _MAX_TIMEOUT:
-            _seconds(timeout)
+        _seconds(timeout)
         if wait and not timeout:
             timeout = self.timeout  # the agent ends it, and answers, before this call gives up
         if (notify is None and width == rwidth and count < _blocks.ARENA_MIN_IDS and self._fast is not None
