@@ -204,6 +204,14 @@ func equalBlocks(r *rand.Rand, size, blk, slot uint64, n int) []cudacopy.Segment
 // completed submission.
 func checkCopies(t *testing.T, drv *cuda.Driver, c *cudacopy.Copier, r *rand.Rand, segs []cudacopy.Segment, size uint64, srcPtr, dstPtr uint64) *cudacopy.Pending {
 	t.Helper()
+	return checkSubmitted(t, drv, c, r, segs, size, srcPtr, dstPtr, c.Submit)
+}
+
+// checkSubmitted copies segs (offsets) from a random source into a poisoned destination with submit and compares
+// every byte of the destination.
+func checkSubmitted(t *testing.T, drv *cuda.Driver, c *cudacopy.Copier, r *rand.Rand, segs []cudacopy.Segment, size uint64, srcPtr, dstPtr uint64,
+	submit func([]cudacopy.Segment) (*cudacopy.Pending, error)) *cudacopy.Pending {
+	t.Helper()
 	src := randomBytes(r, int(size))
 	poison := bytes.Repeat([]byte{0xA5}, int(size))
 	want := append([]byte(nil), poison...)
@@ -225,7 +233,7 @@ func checkCopies(t *testing.T, drv *cuda.Driver, c *cudacopy.Copier, r *rand.Ran
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := c.Submit(abs)
+	p, err := submit(abs)
 	if err != nil {
 		t.Fatal(err)
 	}
