@@ -305,12 +305,19 @@ func (c *Client) Recover(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Code returns the gRPC code of an error from this package (codes.OK for nil).
+// Code returns the gRPC code of an error from this package (codes.OK for nil). A call whose context ended before
+// the agent answered reads Canceled or DeadlineExceeded, whether or not its request had left.
 func Code(err error) codes.Code {
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		if st, ok := status.FromError(e); ok {
 			return st.Code()
 		}
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
 	}
 	return status.Code(err)
 }
