@@ -109,6 +109,13 @@ class AgentError(_StatusError):
         super().__init__(_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
 
 
+def _request_fits(nbytes: int, items: int):
+    """Refuses a request the agent could not read (past 4 MiB), which gRPC would refuse saying only its size."""
+    if nbytes > FAST_FRAME_MAX:
+        raise ValueError("%d items make a %d-byte request; the agent reads requests of at most %d bytes: split the "
+                         "transfer (or move blocks of a layout with transfer_blocks)" % (items, nbytes, FAST_FRAME_MAX))
+
+
 class AgentUnreachable(_StatusError, ConnectionError):
     """No agent answered at the socket within the client's timeout; the message names the path and what was
     found there. code() is gRPC's (DEADLINE_EXCEEDED or UNAVAILABLE)."""
@@ -1084,12 +1091,17 @@ class Client:
         defaults to the client's timeout; the agent fails it with DEADLINE_EXCEEDED when it runs out)."""
         if wait and not _seconds(timeout):
             timeout = self.timeout  # the agent ends it, and answers, before this call gives up
+        if len(items) > 4096 and len(items) > (self.info.limits.max_items_per_transfer or len(items)):
+            raise ValueError("%d items: the agent moves at most %d items a call (info.limits.max_items_per_transfer); "
+                             "split the transfer" % (len(items), self.info.limits.max_items_per_transfer))
         req = self._request(_op(op), items, timeout, notify, wait)
         self._check_session()
         if self._fast is not None:
             payload = pb.FastRequest(transfer=req).SerializeToString()
+            _request_fits(len(payload), len(items))
             resp = self._fast_call([_HDR.pack(len(payload)), payload], timeout, mailbox=not self._mailbox_checked)
         else:
+            _request_fits(req.ByteSize(), len(items))
             resp = self._call(self.stub.Transfer, req, timeout=self._call_timeout(timeout))
         return self._settled(resp, wait)
 

@@ -311,6 +311,22 @@ class ClientTest(unittest.TestCase):
                 self.c.transfer_blocks("write", lay, many, to_layout(lay), many)
         self.assertEqual(bytes(buf), before, "a refused call moved bytes")
 
+    def test_item_transfers_past_the_agents_limits_are_refused_with_them(self):
+        # More items than a call moves, or a request the agent could not read (past 4 MiB, here through long
+        # tags), are refused before anything is sent, naming the limit; the memory is untouched.
+        fd, buf = self.shm(4096)
+        r = self.c.register_host(fd, 0, 4096)
+        before = bytes(buf)
+        most = self.c.info.limits.max_items_per_transfer
+        many = [Item(r, to_region(r), 1)] * (most + 1)
+        with self.assertRaisesRegex(ValueError, "at most %d items a call" % most):
+            self.c.transfer("write", many)
+        wide = [Item(r, to_region(r), 1, tag="t" * 1000)] * 5000
+        with self.assertRaisesRegex(ValueError, "requests of at most 4194304 bytes"):
+            self.c.transfer("write", wide)
+        self.assertEqual(bytes(buf), before, "a refused call moved bytes")
+        self.c.transfer("write", [Item(r, to_region(r), 64, 0, 2048)])
+
     def test_to_region_follows_the_region_across_recover(self):
         fd, _ = self.shm(4096)
         r = self.c.register_host(fd, 0, 4096)
