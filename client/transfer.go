@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
@@ -196,6 +197,9 @@ func boundedTimeout(ctx context.Context, timeout time.Duration, wait bool) time.
 }
 
 func (c *Client) request(ctx context.Context, op Op, items []Item, opts TransferOptions, wait bool) (*agentv1.TransferRequest, error) {
+	if most := c.Info().GetLimits().GetMaxItemsPerTransfer(); most > 0 && len(items) > int(most) {
+		return nil, status.Errorf(codes.InvalidArgument, "%d items, the agent moves at most %d items a call (Info().Limits.MaxItemsPerTransfer): split the transfer", len(items), most)
+	}
 	req := &agentv1.TransferRequest{Items: make([]*agentv1.TransferItem, len(items)), Notify: opts.Notify, Wait: wait}
 	var err error
 	if req.Op, req.Timeout, err = submission(ctx, op, opts, wait); err != nil {
@@ -216,8 +220,15 @@ func (c *Client) request(ctx context.Context, op Op, items []Item, opts Transfer
 		req.Items[i] = &agentv1.TransferItem{LocalRegionId: id, LocalOffset: it.LocalOffset, Remote: ref,
 			RemoteOffset: it.RemoteOffset, Length: it.Length, Tag: it.Tag}
 	}
+	// Refused here with the limit: past it the agent cannot read the request, and gRPC's refusal names only a size.
+	if n := proto.Size(req); n > MaxRequestBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "%d items make a %d-byte request, the agent reads requests of at most %d bytes: split the transfer", len(items), n, MaxRequestBytes)
+	}
 	return req, nil
 }
+
+// MaxRequestBytes is the largest request the agent reads, on its fast socket as through gRPC.
+const MaxRequestBytes = 4 << 20
 
 // Submit starts a transfer and returns at once; Wait on the result.
 func (c *Client) Submit(ctx context.Context, op Op, items []Item, opts TransferOptions) (*Transfer, error) {
