@@ -29,11 +29,8 @@ type socketFlags struct {
 }
 
 func (s *socketFlags) register(fs *flag.FlagSet) {
-	def := os.Getenv("FABRICXFER_SOCKET")
-	if def == "" {
-		def = filepath.Join(fxv1.DefaultSocketDir, "default", "agent.sock")
-	}
-	fs.StringVar(&s.socket, "socket", def, "agent socket (default $FABRICXFER_SOCKET or <default socket dir>/default/agent.sock)")
+	fs.StringVar(&s.socket, "socket", client.SocketPath(""), "agent socket (default: $FABRICXFER_SOCKET, else a pod's "+
+		client.DefaultSocket+", else the one pool socket under "+fxv1.DefaultSocketDir+", as the clients find it)")
 	fs.DurationVar(&s.timeout, "timeout", 30*time.Second, "deadline of the whole command")
 }
 

@@ -6,10 +6,10 @@
 __version__ = "0.1.0"
 
 from fabricxfer.client import (AgentError, AgentUnreachable, Client, FdSocketError, Item, Layout, PoolSlice, Region,  # noqa: E402
-                               Remote, RemoteLayout, SessionLost, TransferFailed, get_fd, put_fd, shared_memory,
+                               Remote, RemoteLayout, SessionLost, TransferFailed, default_socket, get_fd, put_fd, shared_memory,
                                to_descriptor, to_layout, to_layout_segment, to_region, to_segment)
 from fabricxfer.cuda import CudaShare, parse_cuda_share  # noqa: E402
 
 __all__ = ["AgentError", "AgentUnreachable", "Client", "CudaShare", "FdSocketError", "Item", "Layout", "PoolSlice", "Region", "Remote",
-           "RemoteLayout", "SessionLost", "TransferFailed", "get_fd", "parse_cuda_share", "put_fd", "shared_memory",
+           "RemoteLayout", "SessionLost", "TransferFailed", "default_socket", "get_fd", "parse_cuda_share", "put_fd", "shared_memory",
            "to_descriptor", "to_layout", "to_layout_segment", "to_region", "to_segment"]

@@ -28,6 +28,7 @@ import os
 import platform
 import random
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -107,6 +108,38 @@ class AgentError(_StatusError):
 
     def __init__(self, code: int, message: str):
         super().__init__(_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
+
+
+DEFAULT_SOCKET = "/run/fabricxfer/agent.sock"
+HOST_SOCKET_DIRS = ("/run/fabricxfer", "/var/run/fabricxfer")
+
+
+def default_socket(default: Optional[str] = None, host_dirs: Optional[Sequence[str]] = None) -> str:
+    """The socket a client dials when given no path and no $FABRICXFER_SOCKET, by the Go client's rule: default
+    (where a pod mounts it) when it is there, else the one pool socket under the host's socket directories
+    (<dir>/<pool>/agent.sock: an agent run standalone, or a DaemonSet's on its node), else default. Several
+    pools' sockets are not guessed between: dialing default then fails naming them."""
+    default = default or DEFAULT_SOCKET
+    if _is_socket(default):
+        return default
+    found = []
+    for d in host_dirs or HOST_SOCKET_DIRS:
+        try:
+            pools = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for pool in pools:
+            path = os.path.realpath(os.path.join(d, pool, "agent.sock"))
+            if _is_socket(path) and path not in found:
+                found.append(path)
+    return found[0] if len(found) == 1 else default
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _request_fits(nbytes: int, items: int):
@@ -567,8 +600,8 @@ class Client:
     def __init__(self, socket_path: Optional[str] = None, timeout: float = 10.0, name: str = "python", fast: bool = True,
                  spin: float = FAST_SPIN, mailbox=True):
         """socket_path: default $FABRICXFER_SOCKET (a prepared fabricxfer.io claim sets it), else
-        /run/fabricxfer/agent.sock. fast: send waited transfers over the agent's fast socket (one framed round
-        trip, no HTTP/2). spin: seconds a waited fast call polls for its reply, keeping its thread's core busy,
+        default_socket() (/run/fabricxfer/agent.sock where a pod mounts it, or the host's one pool socket).
+        fast: send waited transfers over the agent's fast socket (one framed round trip, no HTTP/2). spin: seconds a waited fast call polls for its reply, keeping its thread's core busy,
         before it sleeps until the reply comes (0: sleep at once, for callers that would rather give the core
         away than save the wake-up). mailbox: let the fast connection's frames travel through shared memory the
         agent polls (no system call per round trip) where the agent offers it; on CPUs other than x86 (arm64)
@@ -581,7 +614,7 @@ class Client:
         _seconds(timeout)
         if not timeout:
             raise ValueError("the client's timeout must be positive seconds, not %r" % (timeout,))
-        socket_path = socket_path or os.environ.get("FABRICXFER_SOCKET") or "/run/fabricxfer/agent.sock"
+        socket_path = socket_path or os.environ.get("FABRICXFER_SOCKET") or default_socket()
         self.socket_path = socket_path
         _check_socket_permission(socket_path)
         self.fd_socket = os.path.join(os.path.dirname(socket_path), FD_SOCKET_NAME)
