@@ -6,6 +6,7 @@ package server_test
 import (
 	"bytes"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
@@ -142,4 +143,55 @@ func TestLayoutsBelongToTheirNamespace(t *testing.T) {
 	if !bytes.Equal(grantedMem[0].Bytes[2*bs:3*bs], lbMem[0].Bytes[bs:2*bs]) {
 		t.Fatal("the granted layout's block 2 is not team-b's block 1")
 	}
+}
+
+// TestANameOfTheOtherKindIsNamedSo: a region's segment asked for as a layout, or a layout's asked for as a
+// region, is NotFound saying what the name is and which call moves it; a caller the owner did not grant the
+// name hears only that it is missing, as for any name it may not use.
+func TestANameOfTheOtherKindIsNamedSo(t *testing.T) {
+	a, proc, podA, podB := twoNamespaces(t)
+	ctx := ctxT(t)
+	rng := rand.New(rand.NewPCG(19, 20))
+	const bs, blocks = 256, 8
+	proc.setPod(t, podA)
+	ca := dial(t, a)
+	la, _ := hostLayout(t, ca, rng, 1, blocks, bs, client.PublishLayout("kv-layout", "team-b"))
+	ra, err := ca.RegisterHost(ctx, shm(t, 4096).File, 0, 4096, client.Segment("kv-region"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.RegisterHost(ctx, shm(t, 4096).File, 0, 4096, client.Segment("shared-region"), client.Grant("team-b")); err != nil {
+		t.Fatal(err)
+	}
+	notFound := func(who string, err error, hint string) {
+		t.Helper()
+		if client.Code(err).String() != "NotFound" {
+			t.Fatalf("%s: want NotFound, got %v", who, err)
+		}
+		if hint == "" && strings.Contains(err.Error(), "segment, ") {
+			t.Errorf("%s: a caller without a grant was told what the name is: %v", who, err)
+		}
+		if hint != "" && !strings.Contains(err.Error(), hint) {
+			t.Errorf("%s: %v, want it to say %q", who, err, hint)
+		}
+	}
+	const isLayout, isRegion = "is a layout's segment, whose blocks move with transfer_blocks", "is a region's segment, which items move to"
+	_, err = ca.ResolveSegment(ctx, "", "kv-layout")
+	notFound("resolving a layout's name as a region", err, isLayout)
+	_, err = ca.Write(ctx, ra, 0, client.ToSegment("", "kv-layout"), 0, 64)
+	notFound("writing items to a layout's name", err, isLayout)
+	_, err = ca.TransferBlocks(ctx, client.Write, la, []uint32{1}, client.ToLayoutSegment("", "kv-region"), []uint32{2}, client.TransferOptions{})
+	notFound("writing blocks to a region's name", err, isRegion)
+	_, err = a.srv.LookupLayout("kv-region", "team-a", "")
+	notFound("a peer asking for a region's name as a layout", err, isRegion)
+
+	proc.setPod(t, podB)
+	cb := dial(t, a)
+	lb, _ := hostLayout(t, cb, rng, 1, blocks, bs)
+	_, err = cb.TransferBlocks(ctx, client.Write, lb, []uint32{1}, client.ToLayoutSegment("", "team-a/kv-region"), []uint32{2}, client.TransferOptions{})
+	notFound("team-b writing blocks to team-a's private region name", err, "")
+	_, err = cb.TransferBlocks(ctx, client.Write, lb, []uint32{1}, client.ToLayoutSegment("", "team-a/shared-region"), []uint32{2}, client.TransferOptions{})
+	notFound("team-b writing blocks to a region name granted to it", err, isRegion)
+	_, err = cb.ResolveSegment(ctx, "", "team-a/kv-layout")
+	notFound("team-b resolving a layout name granted to it", err, isLayout)
 }

@@ -219,7 +219,8 @@ func (tab *Table) RemoteLayoutLocked(sess *Session, ref *agentv1.LayoutRef) (Sid
 		}
 		l, ok := tab.layoutSegments[resolveName(sess.Caller.Namespace, t.Segment)]
 		if !ok || !l.pub.admits(sess.Caller.Namespace) {
-			return Side{}, status.Errorf(codes.NotFound, "no layout segment %q on node %s", t.Segment, tab.node)
+			return Side{}, status.Errorf(codes.NotFound, "no layout segment %q on node %s%s", t.Segment, tab.node,
+				tab.notFoundHintLocked(t.Segment, sess.Caller.Namespace, true))
 		}
 		return tab.sideLocked(l)
 	}
@@ -258,7 +259,7 @@ func (tab *Table) LookupLayout(segment, asker, node string) (*agentv1.LayoutDesc
 	defer tab.Unlock()
 	l, ok := tab.layoutSegments[resolveName(asker, segment)]
 	if !ok || !l.pub.admits(asker) {
-		return nil, status.Errorf(codes.NotFound, "no layout segment %q on node %s", segment, tab.node)
+		return nil, status.Errorf(codes.NotFound, "no layout segment %q on node %s%s", segment, tab.node, tab.notFoundHintLocked(segment, asker, true))
 	}
 	out := &agentv1.LayoutDescriptor{BlockBytes: l.blockBytes, Blocks: l.blocks, Regions: make([][]byte, len(l.regions))}
 	for k, id := range l.regions {

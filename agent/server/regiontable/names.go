@@ -4,6 +4,7 @@
 package regiontable
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -68,4 +69,21 @@ func CheckSegmentRef(ref string) error {
 		return status.Errorf(codes.InvalidArgument, "segment name %q is not valid", ref)
 	}
 	return CheckSegmentName(name)
+}
+
+// notFoundHint is what a caller of namespace asker who found no region segment (layout false) or no layout
+// segment (layout true) of that name is told the name is instead: the other kind, when it has one the caller may
+// use (a caller is never told of names it may not use). Empty when there is none.
+func (tab *Table) notFoundHintLocked(name, asker string, layout bool) string {
+	key := resolveName(asker, name)
+	if layout {
+		if r, ok := tab.segments[key]; ok && r.desc != nil && r.pub.admits(asker) {
+			return fmt.Sprintf(": %q is a region's segment, which items move to (to_segment, client.ToSegment), not blocks", name)
+		}
+		return ""
+	}
+	if l, ok := tab.layoutSegments[key]; ok && l.pub.admits(asker) {
+		return fmt.Sprintf(": %q is a layout's segment, whose blocks move with transfer_blocks (to_layout_segment, client.ToLayoutSegment)", name)
+	}
+	return ""
 }

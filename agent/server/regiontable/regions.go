@@ -538,7 +538,7 @@ func (tab *Table) LookupSegment(segment, asker string) ([]byte, error) {
 func (tab *Table) SegmentLocked(segment, asker string) (*Region, error) {
 	r, ok := tab.segments[resolveName(asker, segment)]
 	if !ok || r.desc == nil || !r.pub.admits(asker) {
-		return nil, status.Errorf(codes.NotFound, "no segment %q on node %s", segment, tab.node)
+		return nil, status.Errorf(codes.NotFound, "no segment %q on node %s%s", segment, tab.node, tab.notFoundHintLocked(segment, asker, false))
 	}
 	return r, nil
 }
