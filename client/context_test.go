@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/fabricxfer/fabricxfer/agent/server"
 	"github.com/fabricxfer/fabricxfer/client"
 )
 
@@ -17,23 +18,8 @@ import (
 // it reached the agent reads Canceled or DeadlineExceeded (not Unknown), leaves nothing registered, and the
 // same memory registers under the same segment name afterwards.
 func TestACallWhoseContextEndedReadsSo(t *testing.T) {
-	srv, stop, err := runLocalAgent()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := client.Dial(ctx, srv.SocketPath(), client.WithName("ended-contexts"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	mem, err := client.NewSharedMemory("kv", 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
+	c, ctx := dialLocal(t, startLocal(t), "ended-contexts")
+	mem := sharedMemory(t, "kv", 1<<20)
 
 	cancelled, cancelNow := context.WithCancel(ctx)
 	cancelNow()
@@ -61,4 +47,39 @@ func TestACallWhoseContextEndedReadsSo(t *testing.T) {
 	if err := c.Deregister(ctx, r); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// startLocal runs an agent with its sockets in a fresh folder until the test ends.
+func startLocal(t *testing.T) *server.Server {
+	t.Helper()
+	srv, stop, err := runLocalAgent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return srv
+}
+
+// dialLocal dials srv as name with opts; the client closes, and the context (of 20 s) ends, with the test.
+func dialLocal(t *testing.T, srv *server.Server, name string, opts ...client.Option) (*client.Client, context.Context) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	c, err := client.Dial(ctx, srv.SocketPath(), append(opts, client.WithName(name))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, ctx
+}
+
+// sharedMemory is size bytes of fresh shared memory, closed when the test ends.
+func sharedMemory(t *testing.T, name string, size uint64) *client.SharedMemory {
+	t.Helper()
+	m, err := client.NewSharedMemory(name, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }

@@ -5,11 +5,9 @@ package client_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -21,24 +19,10 @@ import (
 // before anything is sent, on the fast socket and through gRPC alike; the memory is untouched and the client
 // goes on working.
 func TestItemTransfersPastTheAgentsLimitsAreRefusedWithThem(t *testing.T) {
-	srv, stop, err := runLocalAgent()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	srv := startLocal(t)
 	for _, opts := range [][]client.Option{nil, {client.WithoutFastPath()}} {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		c, err := client.Dial(ctx, srv.SocketPath(), append(opts, client.WithName("limits"))...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		mem, err := client.NewSharedMemory("limits", 4096)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer mem.Close()
+		c, ctx := dialLocal(t, srv, "limits", opts...)
+		mem := sharedMemory(t, "limits", 4096)
 		copy(mem.Bytes, bytes.Repeat([]byte("fabric"), 600))
 		before := append([]byte(nil), mem.Bytes...)
 		r, err := c.RegisterHost(ctx, mem.File, 0, 4096)
