@@ -1,4 +1,8 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+# the copier's GPU tests and contiguous-copy benchmark, then two rounds of main (old) against the kernel route for one range within a GPU (new) through the socket
+#
 # usage: .gpuc/run.sh ROUNDS
 set -u
 K=$(cd "$(dirname "$0")" && pwd)

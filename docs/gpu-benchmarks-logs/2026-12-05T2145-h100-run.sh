@@ -1,4 +1,8 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+# the copier's GPU tests, then hack/gpu-socket-ab.sh: 156b5bc (old) against main (new), two rounds, and the Python GPU tests
+
 set -u
 K=$(cd "$(dirname "$0")" && pwd)
 cd "$K/.."
