@@ -71,7 +71,7 @@ func CheckSegmentRef(ref string) error {
 	return CheckSegmentName(name)
 }
 
-// notFoundHint is what a caller of namespace asker who found no region segment (layout false) or no layout
+// notFoundHintLocked is what a caller of namespace asker who found no region segment (layout false) or no layout
 // segment (layout true) of that name is told the name is instead: the other kind, when it has one the caller may
 // use (a caller is never told of names it may not use). Empty when there is none.
 func (tab *Table) notFoundHintLocked(name, asker string, layout bool) string {
