@@ -722,7 +722,12 @@ class Client:
             return (details or "").startswith("session lost:")
         if code != grpc.StatusCode.UNAVAILABLE:
             return False
-        return self._connection_dropped(within=0.0 if answered else 0.25)
+        if answered:
+            # The agent answered on this session, so the connection was up: the channel's state, which gRPC
+            # reports on its own thread and may not show READY yet for a new client, is not asked.
+            with self._lock:
+                return self._losses != self._session
+        return self._connection_dropped()
 
     def _connection_dropped(self, within: float = 0.25) -> bool:
         """Whether the connection to the agent left READY (now, or within a moment: gRPC reports connectivity
