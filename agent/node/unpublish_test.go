@@ -74,3 +74,55 @@ func TestAnUnpublishedLayoutIsNotReachedThroughWhatPeersKept(t *testing.T) {
 		}
 	}
 }
+
+// TestWritesToAPeerLayoutLandWhileItsAnswerIsAskedAgain: node-b writes to node-a's layout across more than the
+// 2 s its answer is kept, past the age at which it is asked again in the background; every write lands in
+// node-a's memory, and a write after node-a deregistered the layout is refused (a refreshed answer does not
+// outlive the layout).
+func TestWritesToAPeerLayoutLandWhileItsAnswerIsAskedAgain(t *testing.T) {
+	tlsDir := poolCertDir(t, "infer", "kv")
+	epA, epB := freePort(t), freePort(t)
+	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
+		DataListen: "127.0.0.1:0", MaxRegions: 64, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16,
+		StaticPeers: "node-a=" + epA + ",node-b=" + epB}
+	a, b := base, base
+	a.NodeName, a.SocketDir, a.PeerListen = "node-a", t.TempDir(), epA
+	b.NodeName, b.SocketDir, b.PeerListen = "node-b", t.TempDir(), epB
+	runStackOn(t, a, topology.Report{}, Deps{})
+	runStackOn(t, b, topology.Report{}, Deps{})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ca, cb := dialNode(ctx, t, a), dialNode(ctx, t, b)
+	const bs, blocks = 4096, 16
+	la, _, memA := hostLayout(ctx, t, ca, "kv-r", bs, blocks, client.PublishLayout("kv-r"))
+	lb, _, memB := hostLayout(ctx, t, cb, "kv-r-b", bs, blocks)
+	remote := client.ToLayoutSegment("node-a", "kv-r")
+	start := time.Now()
+	for k, at := range []time.Duration{0, 1100 * time.Millisecond, 1600 * time.Millisecond, 2300 * time.Millisecond, 3500 * time.Millisecond} {
+		time.Sleep(time.Until(start.Add(at)))
+		if _, err := cb.TransferBlocks(ctx, client.Write, lb, []uint32{uint32(k)}, remote, []uint32{uint32(k + 8)}, client.TransferOptions{}); err != nil {
+			t.Fatalf("write %d, %v after the first: %v", k, time.Since(start), err)
+		}
+		for r := range 2 {
+			if !bytes.Equal(memA[r].Bytes[(k+8)*bs:(k+9)*bs], memB[r].Bytes[k*bs:(k+1)*bs]) {
+				t.Fatalf("write %d did not land in region %d of node-a's layout", k, r)
+			}
+		}
+	}
+	time.Sleep(1100 * time.Millisecond) // the kept answer is due to be asked again
+	if _, err := cb.TransferBlocks(ctx, client.Write, lb, []uint32{6}, remote, []uint32{14}, client.TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.DeregisterLayout(ctx, la); err != nil {
+		t.Fatal(err)
+	}
+	kept := bytes.Clone(memA[0].Bytes)
+	time.Sleep(200 * time.Millisecond) // a background question under way has answered
+	if _, err := cb.TransferBlocks(ctx, client.Write, lb, []uint32{7}, remote, []uint32{15}, client.TransferOptions{}); client.Code(err).String() != "NotFound" {
+		t.Fatalf("a write after node-a deregistered the layout: %v, want NotFound", err)
+	}
+	if !bytes.Equal(memA[0].Bytes, kept) {
+		t.Fatal("the deregistered layout's memory was written")
+	}
+}
