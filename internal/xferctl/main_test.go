@@ -113,7 +113,7 @@ func TestSmokeCommandsAgainstALocalAgent(t *testing.T) {
 		t.Fatalf("explain: code %d\n%s%s", code, out, errOut)
 	}
 	out, errOut, code = run(t, "info", "--socket", socket)
-	if code != 0 || !strings.Contains(out, "pool default/kv") || !strings.Contains(out, fmt.Sprintf("pid %d", os.Getpid())) {
+	if code != 0 || !strings.Contains(out, "pool default/kv, at "+socket) || !strings.Contains(out, fmt.Sprintf("pid %d", os.Getpid())) {
 		t.Fatalf("info: code %d\n%s%s", code, out, errOut)
 	}
 	out, errOut, code = run(t, "transfer", "--socket", socket, "--to", "kv-0", "--size", "1Mi")

@@ -107,7 +107,7 @@ func infoCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	defer cancel()
 	defer c.Close()
 	i := c.Info()
-	fmt.Fprintf(stdout, "agent %s (API %s) on node %s, pool %s/%s\n", i.AgentVersion, i.ApiVersion, i.NodeName, i.PoolNamespace, i.PoolName)
+	fmt.Fprintf(stdout, "agent %s (API %s) on node %s, pool %s/%s, at %s\n", i.AgentVersion, i.ApiVersion, i.NodeName, i.PoolNamespace, i.PoolName, sf.socket)
 	fmt.Fprintf(stdout, "caller: %s (pid %d, uid %d)\n", i.Caller.Identity, i.Caller.Pid, i.Caller.Uid)
 	for _, e := range i.Engines {
 		state := "available"
