@@ -20,20 +20,7 @@ import (
 // name's next write lands there and not in the old regions. Before node-a told node-b, node-b wrote into the
 // unpublished memory for up to 2 s and reported success.
 func TestAnUnpublishedLayoutIsNotReachedThroughWhatPeersKept(t *testing.T) {
-	tlsDir := poolCertDir(t, "infer", "kv")
-	epA, epB := freePort(t), freePort(t)
-	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
-		DataListen: "127.0.0.1:0", MaxRegions: 64, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16,
-		StaticPeers: "node-a=" + epA + ",node-b=" + epB}
-	a, b := base, base
-	a.NodeName, a.SocketDir, a.PeerListen = "node-a", t.TempDir(), epA
-	b.NodeName, b.SocketDir, b.PeerListen = "node-b", t.TempDir(), epB
-	runStackOn(t, a, topology.Report{}, Deps{})
-	runStackOn(t, b, topology.Report{}, Deps{})
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ca, cb := dialNode(ctx, t, a), dialNode(ctx, t, b)
+	ctx, ca, cb := twoPeerNodes(t)
 
 	const bs, blocks = 4096, 16
 	old, _, memOld := hostLayout(ctx, t, ca, "kv-old", bs, blocks, client.PublishLayout("kv-u"))
@@ -80,20 +67,7 @@ func TestAnUnpublishedLayoutIsNotReachedThroughWhatPeersKept(t *testing.T) {
 // node-a's memory, and a write after node-a deregistered the layout is refused (a refreshed answer does not
 // outlive the layout).
 func TestWritesToAPeerLayoutLandWhileItsAnswerIsAskedAgain(t *testing.T) {
-	tlsDir := poolCertDir(t, "infer", "kv")
-	epA, epB := freePort(t), freePort(t)
-	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
-		DataListen: "127.0.0.1:0", MaxRegions: 64, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16,
-		StaticPeers: "node-a=" + epA + ",node-b=" + epB}
-	a, b := base, base
-	a.NodeName, a.SocketDir, a.PeerListen = "node-a", t.TempDir(), epA
-	b.NodeName, b.SocketDir, b.PeerListen = "node-b", t.TempDir(), epB
-	runStackOn(t, a, topology.Report{}, Deps{})
-	runStackOn(t, b, topology.Report{}, Deps{})
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ca, cb := dialNode(ctx, t, a), dialNode(ctx, t, b)
+	ctx, ca, cb := twoPeerNodes(t)
 	const bs, blocks = 4096, 16
 	la, _, memA := hostLayout(ctx, t, ca, "kv-r", bs, blocks, client.PublishLayout("kv-r"))
 	lb, _, memB := hostLayout(ctx, t, cb, "kv-r-b", bs, blocks)
@@ -125,4 +99,23 @@ func TestWritesToAPeerLayoutLandWhileItsAnswerIsAskedAgain(t *testing.T) {
 	if !bytes.Equal(memA[0].Bytes, kept) {
 		t.Fatal("the deregistered layout's memory was written")
 	}
+}
+
+// twoPeerNodes runs node-a and node-b of one pool, peers over TLS, and dials each one's socket; the context
+// ends 30 s on, or with the test.
+func twoPeerNodes(t *testing.T) (ctx context.Context, ca, cb *client.Client) {
+	t.Helper()
+	tlsDir := poolCertDir(t, "infer", "kv")
+	epA, epB := freePort(t), freePort(t)
+	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
+		DataListen: "127.0.0.1:0", MaxRegions: 64, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16,
+		StaticPeers: "node-a=" + epA + ",node-b=" + epB}
+	a, b := base, base
+	a.NodeName, a.SocketDir, a.PeerListen = "node-a", t.TempDir(), epA
+	b.NodeName, b.SocketDir, b.PeerListen = "node-b", t.TempDir(), epB
+	runStackOn(t, a, topology.Report{}, Deps{})
+	runStackOn(t, b, topology.Report{}, Deps{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx, dialNode(ctx, t, a), dialNode(ctx, t, b)
 }
