@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 )
 
@@ -221,14 +222,11 @@ func (c *Client) request(ctx context.Context, op Op, items []Item, opts Transfer
 			RemoteOffset: it.RemoteOffset, Length: it.Length, Tag: it.Tag}
 	}
 	// Refused here with the limit: past it the agent cannot read the request, and gRPC's refusal names only a size.
-	if n := proto.Size(req); n > MaxRequestBytes {
-		return nil, status.Errorf(codes.InvalidArgument, "%d items make a %d-byte request, the agent reads requests of at most %d bytes: split the transfer", len(items), n, MaxRequestBytes)
+	if n := proto.Size(req); n > fastwire.MaxRequest {
+		return nil, status.Errorf(codes.InvalidArgument, "%d items make a %d-byte request, the agent reads requests of at most %d bytes: split the transfer", len(items), n, fastwire.MaxRequest)
 	}
 	return req, nil
 }
-
-// MaxRequestBytes is the largest request the agent reads, on its fast socket as through gRPC.
-const MaxRequestBytes = 4 << 20
 
 // Submit starts a transfer and returns at once; Wait on the result.
 func (c *Client) Submit(ctx context.Context, op Op, items []Item, opts TransferOptions) (*Transfer, error) {

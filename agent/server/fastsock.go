@@ -32,9 +32,8 @@ import (
 const FastSocketName = "agent.fast.sock"
 
 const (
-	// maxFastFrame bounds one frame on the fast socket: a block transfer of the most ids (65,536 of 8 bytes a
-	// side) is 1 MiB, a TransferRequest of 65,536 items about 3 MiB.
-	maxFastFrame = 4 << 20
+	// maxFastFrame bounds one frame on the fast socket.
+	maxFastFrame = fastwire.MaxRequest
 	// maxFastPerCaller and maxFastConns bound bound fast connections per caller and in all, and
 	// maxFastTokens the tokens one caller may hold unused: each bound connection can hold a frame in memory.
 	maxFastPerCaller = 8

@@ -14,6 +14,11 @@ import (
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 )
 
+// MaxRequest is the largest request the agent reads, a frame on its fast socket as a message through gRPC (whose
+// own default receive limit it is): a block transfer of the most ids (65,536 of 8 bytes a side) is 1 MiB, a
+// TransferRequest of 65,536 items about 3 MiB. Clients refuse a larger one before sending it.
+const MaxRequest = 4 << 20
+
 // Field numbers of FastRequest and TransferBlocksRequest (agent.proto), read by hand on the fast socket.
 const (
 	fastFieldTransfer = 1

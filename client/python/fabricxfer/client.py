@@ -601,8 +601,8 @@ class Client:
                  spin: float = FAST_SPIN, mailbox=True):
         """socket_path: default $FABRICXFER_SOCKET (a prepared fabricxfer.io claim sets it), else
         default_socket() (/run/fabricxfer/agent.sock where a pod mounts it, or the host's one pool socket).
-        fast: send waited transfers over the agent's fast socket (one framed round trip, no HTTP/2). spin: seconds a waited fast call polls for its reply, keeping its thread's core busy,
-        before it sleeps until the reply comes (0: sleep at once, for callers that would rather give the core
+        fast: send waited transfers over the agent's fast socket (one framed round trip, no HTTP/2). spin:
+        seconds a waited fast call polls for its reply, keeping its thread's core busy, before it sleeps until the reply comes (0: sleep at once, for callers that would rather give the core
         away than save the wake-up). mailbox: let the fast connection's frames travel through shared memory the
         agent polls (no system call per round trip) where the agent offers it; on CPUs other than x86 (arm64)
         its frames are sealed and checked, since Python cannot order its accesses to shared memory there, and
