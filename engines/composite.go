@@ -670,6 +670,20 @@ func (t *compositeTransfer) Drive(ctx context.Context) bool {
 	}
 }
 
+// DriveLanded implements LandedDriven for a transfer of one part whose transfer does (the waited block copy);
+// any other is driven without telling l: its parts land apart.
+func (t *compositeTransfer) DriveLanded(ctx context.Context, l Lander) (done, landed bool) {
+	if len(t.subs) == 1 {
+		if ld, ok := t.subs[0].(LandedDriven); ok {
+			if _, landed = ld.DriveLanded(ctx, l); landed {
+				<-t.done // the part's end is counted before its regions are unpinned: microseconds
+				return true, true
+			}
+		}
+	}
+	return t.Drive(ctx), false
+}
+
 func (t *compositeTransfer) Wait(ctx context.Context) error {
 	t.Drive(ctx)
 	select {

@@ -297,6 +297,19 @@ type Driven interface {
 	Drive(ctx context.Context) bool
 }
 
+// LandedDriven is implemented by transfers that can tell the goroutine driving them that every byte landed
+// before their own bookkeeping (unpinning regions, metrics, closing Done) runs, so a waited call's answer
+// leaves that much sooner. DriveLanded drives as Drive does; when the transfer succeeds while it drives, l is
+// told once, before Done closes, and landed is true. Once DriveLanded returns, l is never told.
+type LandedDriven interface {
+	DriveLanded(ctx context.Context, l Lander) (done, landed bool)
+}
+
+// Lander is told that a transfer's bytes have all landed (LandedDriven); it must not wait for the transfer.
+type Lander interface {
+	Landed()
+}
+
 // Transfer is a submitted plan set.
 type Transfer interface {
 	// Done is closed when every plan has finished (succeeded, failed, cancelled or timed out).

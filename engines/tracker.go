@@ -48,6 +48,10 @@ type Tracker struct {
 
 	drive    driver    // set by DriveOnWait
 	handoffs *handoffs // the registry's, which DriveOnWait joins; nil: one of the tracker's own
+
+	// lander is told that every byte landed (DriveLanded), under mu; landed says complete told it.
+	lander Lander
+	landed bool
 }
 
 // WaitedHandoff bounds how long a transfer submitted as Waited waits for a Wait before a goroutine takes it.
@@ -137,6 +141,25 @@ func (t *Tracker) Drive(ctx context.Context) bool {
 		t.handOff()
 	}
 	return done && t.isDone()
+}
+
+// DriveLanded implements LandedDriven: Drive, with l told of a success before the transfer's bookkeeping.
+func (t *Tracker) DriveLanded(ctx context.Context, l Lander) (done, landed bool) {
+	t.mu.Lock()
+	t.lander = l
+	t.mu.Unlock()
+	done = t.Drive(ctx)
+	t.mu.Lock()
+	taken := t.lander == nil
+	t.lander = nil
+	t.mu.Unlock()
+	if !taken {
+		return done, false
+	}
+	// complete took l, on this goroutine or another: it tells l (or not) before Done closes, so l has
+	// returned once Done is closed, and nothing tells it afterwards.
+	<-t.done
+	return true, t.landed
 }
 
 // driveTaken reports whether the transfer no longer needs the handoff: done, handed over, or driven (a Drive
@@ -352,6 +375,14 @@ func (t *Tracker) complete() {
 	}
 	if len(failures) > 0 {
 		t.result = &TransferError{Failures: failures}
+	}
+	t.mu.Lock()
+	l := t.lander
+	t.lander = nil
+	t.landed = l != nil && t.result == nil
+	t.mu.Unlock()
+	if t.landed {
+		l.Landed() // before the rest: the waiting caller hears of its bytes before the bookkeeping below
 	}
 	t.ctx.stop() // releases the context's timer and link, if Done armed them; the outcome is already fixed
 	// Done closes before the regions are unpinned, so a Deregister that waited for them returns after Done.

@@ -111,7 +111,7 @@ func (s *Server) Transfer(ctx context.Context, req *agentv1.TransferRequest) (*a
 	if err != nil {
 		return nil, err
 	}
-	return s.xfer.Transfer(ctx, &sess.Session, req)
+	return s.xfer.Transfer(ctx, &sess.Session, req, nil)
 }
 
 // TransferBlocks implements agentv1.AgentServer.
@@ -120,7 +120,7 @@ func (s *Server) TransferBlocks(ctx context.Context, req *agentv1.TransferBlocks
 	if err != nil {
 		return nil, err
 	}
-	return s.xfer.TransferBlocks(ctx, &sess.Session, req, nil)
+	return s.xfer.TransferBlocks(ctx, &sess.Session, req, nil, nil)
 }
 
 // Wait implements agentv1.AgentServer.

@@ -150,7 +150,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying.
 	callCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var fc fastConn
+	fc := fastConn{conn: conn, replyTimeout: s.opts.FastReplyTimeout}
 	defer fc.arena.Unmap()
 	defer fc.mailbox.Unmap()
 	in := sockio.FrameReader{R: sockio.SpinReader{Conn: conn, Spin: s.opts.FastSpin, Budget: s.spinners, Doorbell: &fc.mailbox}, Max: maxFastFrame}
@@ -159,7 +159,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		if errors.Is(err, sockio.ErrRung) || (err == nil && len(frame) == 0 && fc.mailbox.Attached()) {
 			// A request in the mailbox, or an empty frame (its doorbell) that may have found it taken already.
 			if fc.mailbox.Rung() {
-				if err := s.serveMailbox(callCtx, sess, &fc, conn); err != nil {
+				if err := s.serveMailbox(callCtx, sess, &fc); err != nil {
 					return
 				}
 			}
@@ -173,7 +173,14 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 			}
 			return
 		}
+		fc.inMailbox = false
 		resp, serr := s.serveFastFrame(callCtx, sess, &fc, frame, false)
+		if answered, err := fc.takeAnswered(); answered {
+			if err != nil {
+				return
+			}
+			continue
+		}
 		if serr != nil && callCtx.Err() != nil {
 			// The agent is stopping (the connection's context ends with the server's) and cut the call short: no
 			// answer, the connection ends, which clients read as the end of their session and recover from. An
@@ -182,25 +189,13 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		}
 		out, err := fc.reply(resp, serr)
 		if err == nil {
-			err = s.writeFastReply(conn, out)
+			err = fc.answer(out)
 		}
 		trace.Log(callCtx, "fast", "replied")
 		if err != nil {
 			return
 		}
 	}
-}
-
-// writeFastReply writes a reply frame within Options.FastReplyTimeout. The deadline is cleared afterwards: the
-// wake-ups of mailbox calls are written without waiting, and a deadline left in the past would refuse them.
-func (s *Server) writeFastReply(conn *net.UnixConn, out []byte) error {
-	_ = conn.SetWriteDeadline(time.Now().Add(s.opts.FastReplyTimeout))
-	_, err := conn.Write(out)
-	_ = conn.SetWriteDeadline(time.Time{})
-	if err != nil {
-		return fmt.Errorf("writing a fast reply: %w", err)
-	}
-	return nil
 }
 
 // fastConn is what a fast connection keeps between frames: the caller's id arena and mailbox, the messages its
@@ -210,6 +205,55 @@ type fastConn struct {
 	mailbox fastwire.Mailbox
 	blocks  fastwire.BlocksDecoder
 	out     []byte
+
+	// conn and replyTimeout carry replies on the socket; inMailbox says where the frame being served came from.
+	conn         *net.UnixConn
+	replyTimeout time.Duration
+	inMailbox    bool
+	// answered says the frame being served was answered already (ReplyEarly), and answerErr how that ended.
+	answered  bool
+	answerErr error
+}
+
+// ReplyEarly implements transfers.Replier: a waited transfer whose bytes landed is answered at once. It may
+// run on another goroutine while the connection's waits for the transfer's end, never beside another reply.
+func (fc *fastConn) ReplyEarly(resp *agentv1.TransferResponse) {
+	out, err := fc.reply(resp, nil)
+	if err != nil {
+		return // answered when the call returns, as any reply
+	}
+	fc.answered, fc.answerErr = true, fc.answer(out)
+}
+
+// takeAnswered reports (and forgets) whether the frame just served was answered already, and how that ended.
+func (fc *fastConn) takeAnswered() (bool, error) {
+	answered, err := fc.answered, fc.answerErr
+	fc.answered, fc.answerErr = false, nil
+	return answered, err
+}
+
+// answer delivers a reply frame where its request came from: on the socket within Options.FastReplyTimeout,
+// or in the mailbox, waking its caller when it sleeps. The socket's write deadline is cleared afterwards: the
+// wake-ups of mailbox calls are written without waiting, and a deadline left in the past would refuse them.
+func (fc *fastConn) answer(out []byte) error {
+	if !fc.inMailbox {
+		_ = fc.conn.SetWriteDeadline(time.Now().Add(fc.replyTimeout))
+		_, err := fc.conn.Write(out)
+		_ = fc.conn.SetWriteDeadline(time.Time{})
+		if err != nil {
+			return fmt.Errorf("writing a fast reply: %w", err)
+		}
+		return nil
+	}
+	wake, err := fc.mailbox.Reply(out)
+	if err != nil {
+		out, _ = fc.reply(nil, status.Error(codes.Internal, err.Error()))
+		wake, _ = fc.mailbox.Reply(out)
+	}
+	if wake {
+		return wakeCaller(fc.conn)
+	}
+	return nil
 }
 
 // reply writes the answer to one frame behind four reserved bytes of the buffer kept for the connection and
@@ -240,15 +284,19 @@ func (fc *fastConn) reply(resp *agentv1.TransferResponse, err error) ([]byte, er
 
 // serveMailbox serves the request waiting in the connection's mailbox and answers it there, waking the caller
 // with a wake-up on the socket when it sleeps. It fails only when the socket does.
-func (s *Server) serveMailbox(ctx context.Context, sess *session, fc *fastConn, conn *net.UnixConn) error {
+func (s *Server) serveMailbox(ctx context.Context, sess *session, fc *fastConn) error {
 	frame, err := fc.mailbox.Take()
 	trace.Log(ctx, "fast", "frame read")
+	fc.inMailbox = true
 	var out []byte
 	if err != nil {
 		s.metrics.Edge.Refused("fast", "malformed")
 		out, err = fc.reply(nil, status.Error(codes.InvalidArgument, err.Error()))
 	} else {
 		resp, serr := s.serveFastFrame(ctx, sess, fc, frame, true)
+		if answered, err := fc.takeAnswered(); answered {
+			return err
+		}
 		if serr != nil && ctx.Err() != nil {
 			return serr // the agent is stopping: no reply, the connection ends (as in handleFast)
 		}
@@ -257,16 +305,9 @@ func (s *Server) serveMailbox(ctx context.Context, sess *session, fc *fastConn, 
 	if err != nil {
 		return err
 	}
-	wake, err := fc.mailbox.Reply(out)
-	if err != nil {
-		out, _ = fc.reply(nil, status.Error(codes.Internal, err.Error()))
-		wake, _ = fc.mailbox.Reply(out)
-	}
+	err = fc.answer(out)
 	trace.Log(ctx, "fast", "replied")
-	if wake {
-		return wakeCaller(conn)
-	}
-	return nil
+	return err
 }
 
 // wakeCaller writes a wake-up without waiting for room: a socket too full to take four bytes already holds
@@ -301,7 +342,7 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 	// Block transfers, the large frames, are read without copying their ids.
 	blocks, err := fc.blocks.Decode(frame)
 	if err == nil {
-		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs())
+		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs(), fc)
 	}
 	if !errors.Is(err, fastwire.ErrNotBlocks) {
 		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
@@ -312,9 +353,9 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 	}
 	switch r := req.Request.(type) {
 	case *agentv1.FastRequest_Transfer:
-		return s.xfer.Transfer(ctx, &sess.Session, r.Transfer)
+		return s.xfer.Transfer(ctx, &sess.Session, r.Transfer, fc)
 	case *agentv1.FastRequest_Blocks:
-		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, fc.arena.IDs())
+		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, fc.arena.IDs(), fc)
 	case *agentv1.FastRequest_IdArena:
 		return nil, s.setIDArena(sess, &fc.arena, r.IdArena)
 	case *agentv1.FastRequest_Wait:

@@ -95,3 +95,10 @@ func (c *gatedConn) Close() error {
 	c.cancel()
 	return c.Conn.Close()
 }
+
+// shutNow reports whether the gate is shut.
+func (g *Gate) shutNow() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.shut != nil
+}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/enginetest"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
@@ -88,10 +89,10 @@ func TestWaitedBlockAllocations(t *testing.T) {
 }
 
 // waitedBlockRig registers two host regions of 16 blocks of 4 KiB with an engine whose backend's block copies
-// end on their first poll (pollingHost), through the composite when asked, and returns one waited copy of one
+// end on their first poll (enginetest.PollingHost), through the composite when asked, and returns one waited copy of one
 // block between them.
 func waitedBlockRig(tb testing.TB, composite bool) func() {
-	h := &pollingHost{HostBackend: xgmi.NewHostBackend(), polls: 1}
+	h := enginetest.NewPollingHost(1)
 	e, err := xgmi.New(xgmi.Options{Node: "node-a"}, h)
 	if err != nil {
 		tb.Fatal(err)

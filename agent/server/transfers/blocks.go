@@ -27,8 +27,9 @@ const blockTag = "blocks"
 // TransferBlocks serves TransferBlocks for the gRPC call and the fast socket alike. The ids are decoded here,
 // once (int64 ids range-checked as they are narrowed); the engines check bounds and duplicate destinations as
 // they plan, and a refusal of ids out of range names them as the caller sent them. arena is the
-// fast connection's id arena (nil elsewhere), read when the request says its ids are there.
-func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session, req *agentv1.TransferBlocksRequest, arena []byte) (*agentv1.TransferResponse, error) {
+// fast connection's id arena (nil elsewhere), read when the request says its ids are there; early (nil on gRPC)
+// answers a waited transfer as soon as its bytes landed.
+func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session, req *agentv1.TransferBlocksRequest, arena []byte, early Replier) (*agentv1.TransferResponse, error) {
 	timeout, err := checkSubmission(req.Op, req.Notify, req.Timeout)
 	if err != nil {
 		return nil, err
@@ -78,7 +79,7 @@ func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session,
 			return nil, err
 		}
 	}
-	resp, err := s.submitBlocks(ctx, sess, req, n, width, peer, timeout)
+	resp, err := s.submitBlocks(ctx, sess, req, n, width, peer, timeout, early)
 	if peer == nil || !blocksFailed(resp, err) {
 		return resp, err
 	}
@@ -100,7 +101,7 @@ func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session,
 	if rerr != nil {
 		return resp, err
 	}
-	resp, err = s.submitBlocks(ctx, sess, req, n, width, peer, left)
+	resp, err = s.submitBlocks(ctx, sess, req, n, width, peer, left, early)
 	if blocksFailed(resp, err) {
 		s.forgetPeerLayout(sess, ref.Node, ref.GetSegment())
 	}
@@ -129,7 +130,7 @@ func peerForgot(resp *agentv1.TransferResponse) bool {
 // submitBlocks plans and submits a block transfer whose ids were checked for shape: the local layout paired with
 // the remote one (peer, when another node published it), the ids decoded against both.
 func (s *Service) submitBlocks(ctx context.Context, sess *regiontable.Session, req *agentv1.TransferBlocksRequest, n, width int,
-	peer *peerLayout, timeout time.Duration) (*agentv1.TransferResponse, error) {
+	peer *peerLayout, timeout time.Duration, early Replier) (*agentv1.TransferResponse, error) {
 	s.table.Lock()
 	local, err := s.table.OwnLayoutLocked(sess, req.LayoutId)
 	var remote regiontable.Side
@@ -182,7 +183,7 @@ func (s *Service) submitBlocks(ctx context.Context, sess *regiontable.Session, r
 		return nil, err
 	}
 	trace.Log(ctx, "blocks", "planned")
-	return s.submit(ctx, sess, ps, s.blockTags, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, lease)
+	return s.submit(ctx, sess, ps, s.blockTags, ps.Bytes(), n*len(pairs), timeout, req.Notify, req.Wait, lease, early)
 }
 
 // blockPlanError reports a refused block batch. Ids out of range are the caller's argument, not a range of

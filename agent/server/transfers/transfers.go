@@ -38,6 +38,26 @@ type transfer struct {
 	err    error // how the engines ended it, set with status
 	// ids hands back memory the plans read (block ids), once the transfer settled.
 	ids idLease
+	// early answers the waiting caller once the bytes landed (Landed), with resp; landed is the status it
+	// answered, which the record keeps.
+	early  Replier
+	resp   *agentv1.TransferResponse
+	landed *agentv1.TransferStatus
+}
+
+// Replier answers a waited transfer's caller as soon as its bytes have landed, before the agent records its
+// end (the fast socket's mailbox or socket); the call's own return is then answered no more. Nil: the call's
+// return is the answer.
+type Replier interface {
+	ReplyEarly(resp *agentv1.TransferResponse)
+}
+
+// Landed implements engines.Lander: the success is answered now, the bookkeeping follows.
+func (x *transfer) Landed() {
+	x.landed = statusNow(x)
+	x.landed.State = agentv1.TransferState_TRANSFER_STATE_SUCCEEDED
+	x.resp.Status = x.landed
+	x.early.ReplyEarly(x.resp)
 }
 
 type watcher struct {
@@ -48,7 +68,8 @@ type watcher struct {
 
 // Transfer serves Transfer for the gRPC call and the fast socket alike. Every item is checked before anything
 // moves: a request with one bad item is refused whole, naming the item, and changes nothing.
-func (s *Service) Transfer(ctx context.Context, sess *regiontable.Session, req *agentv1.TransferRequest) (*agentv1.TransferResponse, error) {
+// early (nil on gRPC) answers a waited transfer as soon as its bytes landed.
+func (s *Service) Transfer(ctx context.Context, sess *regiontable.Session, req *agentv1.TransferRequest, early Replier) (*agentv1.TransferResponse, error) {
 	timeout, err := checkSubmission(req.Op, req.Notify, req.Timeout)
 	if err != nil {
 		return nil, err
@@ -123,7 +144,7 @@ func (s *Service) Transfer(ctx context.Context, sess *regiontable.Session, req *
 	if left <= 0 {
 		return nil, status.Errorf(codes.DeadlineExceeded, "the transfer's %v ran out while its peers were resolved", timeout)
 	}
-	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait, idLease{})
+	return s.submit(ctx, sess, ps, tags, total, len(req.Items)-len(ps.Dropped), left, req.Notify, req.Wait, idLease{}, early)
 }
 
 // checkSubmission checks what item and block transfers share: the op, the notification and the timeout.
@@ -145,9 +166,10 @@ func checkSubmission(op agentv1.Op, notify []byte, timeout *durationpb.Duration)
 
 // submit starts a planned transfer for the caller and, with wait, waits for it within the call. ids (the zero
 // lease: none) is given back once nothing can read the plan set's memory any more: the transfer settled, or never
-// started.
+// started. early, when the engines can tell the waiting goroutine that the bytes landed, answers a waited
+// success then, before the transfer is recorded.
 func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *engines.PlanSet, tags []string, total uint64, items int,
-	timeout time.Duration, notify []byte, wait bool, ids idLease) (*agentv1.TransferResponse, error) {
+	timeout time.Duration, notify []byte, wait bool, ids idLease, early Replier) (*agentv1.TransferResponse, error) {
 	s.table.Lock()
 	u := s.table.UsageLocked(sess.Caller.Key)
 	if u.InFlight >= s.limits.MaxInFlight {
@@ -205,8 +227,13 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 		}
 	}
 	if wait {
-		if d, ok := t.(engines.Driven); ok {
-			d.Drive(ctx) // a GPU copy seen done on this goroutine, without a hand-off
+		// A GPU copy is seen done on this goroutine, without a hand-off; with early, its caller is answered
+		// the moment it is, and the records below follow.
+		if ld, ok := t.(engines.LandedDriven); ok && early != nil {
+			x.early, x.resp = early, resp
+			ld.DriveLanded(ctx, x)
+		} else if d, ok := t.(engines.Driven); ok {
+			d.Drive(ctx)
 		}
 		spinUntilDone(t.Done(), waitSpin)
 		select {
@@ -358,11 +385,10 @@ type settledStatus struct {
 }
 
 func (s *Service) statusOf(x *transfer, err error) *agentv1.TransferStatus {
-	ss := &settledStatus{}
-	d := time.Since(x.start)
-	ss.elapsed.Seconds, ss.elapsed.Nanos = int64(d/time.Second), int32(d%time.Second)
-	st := &ss.st
-	st.TransferId, st.Bytes, st.Elapsed = x.id, x.bytes, &ss.elapsed
+	if err == nil && x.landed != nil {
+		return x.landed // the status its caller was answered
+	}
+	st := statusNow(x)
 	if err == nil {
 		st.State = agentv1.TransferState_TRANSFER_STATE_SUCCEEDED
 		return st
@@ -394,6 +420,15 @@ func (s *Service) statusOf(x *transfer, err error) *agentv1.TransferStatus {
 		st.State = agentv1.TransferState_TRANSFER_STATE_DEADLINE_EXCEEDED
 	}
 	return st
+}
+
+// statusNow is x's status with no state yet, its elapsed time counted until now.
+func statusNow(x *transfer) *agentv1.TransferStatus {
+	ss := &settledStatus{}
+	d := time.Since(x.start)
+	ss.elapsed.Seconds, ss.elapsed.Nanos = int64(d/time.Second), int32(d%time.Second)
+	ss.st.TransferId, ss.st.Bytes, ss.st.Elapsed = x.id, x.bytes, &ss.elapsed
+	return &ss.st
 }
 
 func (s *Service) ownTransfer(sess *regiontable.Session, id uint64) (*transfer, error) {
