@@ -8,19 +8,33 @@ import (
 	"testing"
 
 	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/enginetest"
+	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
 // BenchmarkBlockTransferOverhead is one block transfer through the fast socket between host layouts of
 // 2^18 blocks, with the composite assembled as the agent assembles it: one 720 B block (the fixed cost of a call),
 // 15,360 of 720 B (the cost per id beside the copy) and of 16 B (the ids' own path: the Go client writes lists
 // of 1,024 ids and more into its id arena); "1 block, socket" is the one-block call of a client whose frames stay
-// on the socket (WithoutMailbox) in the same run.
+// on the socket (WithoutMailbox) in the same run; "1 block, driven" is the one-block call of an agent whose
+// block copies, like GPU copies, end when the waiting call's poll sees them end (enginetest.PollingHost), so the
+// call takes the path of a GPU copy's around a host copy.
 func BenchmarkBlockTransferOverhead(b *testing.B) {
 	t := &testing.T{}
 	opts := baseOptions(t, newProcFixture(t))
 	opts.Engine = nodeComposite(t, "node-a")
 	a := startAgent(t, opts)
 	mailboxed, socketOnly := dial(t, a), dial(t, a, client.WithoutMailbox())
+	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, enginetest.NewPollingHost(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	polledOpts := baseOptions(t, newProcFixture(t))
+	if polledOpts.Engine, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x); err != nil {
+		b.Fatal(err)
+	}
+	polled := dial(t, startAgent(t, polledOpts))
 	rng := rand.New(rand.NewPCG(1, 2))
 	const blocks = 1 << 18
 	type pair struct{ src, dst *client.Layout }
@@ -29,7 +43,7 @@ func BenchmarkBlockTransferOverhead(b *testing.B) {
 		dst, _ := hostLayout(t, c, rng, 1, blocks, bs)
 		return pair{src, dst}
 	}
-	wide, narrow, socketWide := layouts(mailboxed, 720), layouts(mailboxed, 16), layouts(socketOnly, 720)
+	wide, narrow, socketWide, polledWide := layouts(mailboxed, 720), layouts(mailboxed, 16), layouts(socketOnly, 720), layouts(polled, 720)
 	for _, bc := range []struct {
 		name string
 		c    *client.Client
@@ -40,6 +54,7 @@ func BenchmarkBlockTransferOverhead(b *testing.B) {
 		{"15360 blocks", mailboxed, wide, 15360},
 		{"15360 blocks of 16 B", mailboxed, narrow, 15360},
 		{"1 block, socket", socketOnly, socketWide, 1},
+		{"1 block, driven", polled, polledWide, 1},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			s, d := make([]uint32, bc.n), make([]uint32, bc.n)
