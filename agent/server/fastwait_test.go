@@ -148,18 +148,7 @@ func TestGoClientsDeadlineEndsItsTransferOnTheAgent(t *testing.T) {
 func newGatedBed(t *testing.T) (enginetest.GatedHost, *client.Client, context.Context, *client.SharedMemory, *client.Region, *client.Region) {
 	t.Helper()
 	backend := enginetest.NewGatedHost()
-	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, backend)
-	if err != nil {
-		t.Fatal(err)
-	}
-	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := baseOptions(t, newProcFixture(t))
-	opts.Engine = comp
-	a := startAgent(t, opts)
-	c := dial(t, a)
+	c := dial(t, startOnBackend(t, backend))
 	ctx := ctxT(t)
 	m := shm(t, 2<<20)
 	fill(t, m.Bytes[:1<<20])
@@ -172,4 +161,18 @@ func newGatedBed(t *testing.T) (enginetest.GatedHost, *client.Client, context.Co
 		t.Fatal(err)
 	}
 	return backend, c, ctx, m, src, dst
+}
+
+// startOnBackend starts an agent whose composite has one engine, xgmi over backend.
+func startOnBackend(t *testing.T, backend xgmi.Backend) *agent {
+	t.Helper()
+	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, backend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := baseOptions(t, newProcFixture(t))
+	if opts.Engine, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x); err != nil {
+		t.Fatal(err)
+	}
+	return startAgent(t, opts)
 }

@@ -15,9 +15,7 @@ import (
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/enginetest"
-	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
 // TestWaitedTransfersAreAnsweredOnceAsTheirBytesLand: waited transfers whose copies the waiting call sees end
@@ -28,17 +26,7 @@ import (
 // that ends afterwards answering nobody: the next call's answer is its own.
 func TestWaitedTransfersAreAnsweredOnceAsTheirBytesLand(t *testing.T) {
 	host := enginetest.NewPollingHost(20)
-	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	comp, err := engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := baseOptions(t, newProcFixture(t))
-	opts.Engine = comp
-	a := startAgent(t, opts)
+	a := startOnBackend(t, host)
 	ctx := ctxT(t)
 	rng := rand.New(rand.NewPCG(7, 8))
 	const bs, blocks = 4096, 64
@@ -49,16 +37,8 @@ func TestWaitedTransfersAreAnsweredOnceAsTheirBytesLand(t *testing.T) {
 	}{{"mailbox", dial(t, a)}, {"socket", dial(t, a, client.WithoutMailbox())}} {
 		t.Run(side.name, func(t *testing.T) {
 			c := side.c
-			srcRegions, srcMem := hostRegions(t, c, rng, 1, blocks*bs)
-			dstRegions, dstMem := hostRegions(t, c, rng, 1, blocks*bs)
-			src, err := c.RegisterLayout(ctx, srcRegions, bs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dst, err := c.RegisterLayout(ctx, dstRegions, bs)
-			if err != nil {
-				t.Fatal(err)
-			}
+			src, srcMem := hostLayout(t, c, rng, 1, blocks, bs)
+			dst, dstMem := hostLayout(t, c, rng, 1, blocks, bs)
 			var last uint64
 			// answered checks one call's answer: its own id (after the previous call's), recorded with the same
 			// status, and the blocks in place.
@@ -88,8 +68,8 @@ func TestWaitedTransfersAreAnsweredOnceAsTheirBytesLand(t *testing.T) {
 					st, err := c.TransferBlocks(ctx, client.Write, src, []uint32{uint32(from)}, client.ToLayout(dst), []uint32{uint32(to)}, client.TransferOptions{})
 					answered(st, err, from, to)
 				} else {
-					st, err := c.Do(ctx, client.Write, []client.Item{{Local: srcRegions[0], LocalOffset: uint64(from * bs),
-						Remote: client.ToRegion(dstRegions[0]), RemoteOffset: uint64(to * bs), Length: bs}}, client.TransferOptions{})
+					st, err := c.Do(ctx, client.Write, []client.Item{{Local: src.Regions()[0], LocalOffset: uint64(from * bs),
+						Remote: client.ToRegion(dst.Regions()[0]), RemoteOffset: uint64(to * bs), Length: bs}}, client.TransferOptions{})
 					answered(st, err, from, to)
 				}
 			}
@@ -97,7 +77,7 @@ func TestWaitedTransfersAreAnsweredOnceAsTheirBytesLand(t *testing.T) {
 
 			// A failed copy is answered as failed; the next one succeeds with its own answer.
 			host.SetFail(errors.New("the copy faulted"))
-			_, err = c.TransferBlocks(ctx, client.Write, src, []uint32{1}, client.ToLayout(dst), []uint32{2}, client.TransferOptions{})
+			_, err := c.TransferBlocks(ctx, client.Write, src, []uint32{1}, client.ToLayout(dst), []uint32{2}, client.TransferOptions{})
 			var te *client.TransferError
 			if !errors.As(err, &te) || te.Status.GetState() != agentv1.TransferState_TRANSFER_STATE_FAILED || te.Status.TransferId <= last {
 				t.Fatalf("a failed copy answered %v, want a later transfer, failed", err)

@@ -8,9 +8,7 @@ import (
 	"testing"
 
 	"github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/enginetest"
-	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
 // BenchmarkBlockTransferOverhead is one block transfer through the fast socket between host layouts of
@@ -26,15 +24,7 @@ func BenchmarkBlockTransferOverhead(b *testing.B) {
 	opts.Engine = nodeComposite(t, "node-a")
 	a := startAgent(t, opts)
 	mailboxed, socketOnly := dial(t, a), dial(t, a, client.WithoutMailbox())
-	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, enginetest.NewPollingHost(1))
-	if err != nil {
-		b.Fatal(err)
-	}
-	polledOpts := baseOptions(t, newProcFixture(t))
-	if polledOpts.Engine, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x); err != nil {
-		b.Fatal(err)
-	}
-	polled := dial(t, startAgent(t, polledOpts))
+	polled := dial(t, startOnBackend(t, enginetest.NewPollingHost(1)))
 	rng := rand.New(rand.NewPCG(1, 2))
 	const blocks = 1 << 18
 	type pair struct{ src, dst *client.Layout }

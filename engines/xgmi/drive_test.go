@@ -41,32 +41,8 @@ func TestWaitedTransfersAreSeenDoneByTheirWaiter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := enginetest.NewPollingHost(50)
-			e, err := xgmi.New(xgmi.Options{Node: "node-a"}, h)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
-			src, dst := make([]byte, 8*64), make([]byte, 8*64)
-			for i := range src {
-				src[i] = byte(i)
-			}
-			ctx := context.Background()
-			for id, buf := range map[string][]byte{"node-a/s": src, "node-a/d": dst} {
-				if _, err := e.Register(ctx, engines.MemoryDesc{ID: engines.MemoryID(id), Node: "node-a", Size: uint64(len(buf)),
-					Location: engines.Location{Kind: engines.LocationHost}, Handles: engines.Handles{Host: buf}}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			plan := e.NewPlan()
-			if err := plan.(engines.BlockAdder).AddBlocks(engines.Blocks{Pairs: []engines.BlockPair{{Src: "node-a/s", Dst: "node-a/d"}},
-				BlockBytes: 64, SrcIDs: []uint32{1, 2}, DstIDs: []uint32{5, 6}}); err != nil {
-				t.Fatal(err)
-			}
 			start := time.Now()
-			tr, err := e.Submit(ctx, plan.Build(), engines.SubmitOptions{Timeout: 10 * time.Second, Waited: tc.waited})
-			if err != nil {
-				t.Fatal(err)
-			}
+			tr, src, dst := polledCopy(t, h, false, tc.waited)
 			if err := tc.wait(tr); err != nil {
 				t.Fatalf("transfer: %v", err)
 			}
@@ -132,37 +108,8 @@ func TestDriveLandedTellsOfBytesBeforeTheBookkeeping(t *testing.T) {
 			if tc.fail {
 				h.SetFail(errors.New("the copy faulted"))
 			}
-			x, err := xgmi.New(xgmi.Options{Node: "node-a"}, h)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer x.Close()
-			var e engines.Engine = x
-			if tc.composite {
-				if e, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x); err != nil {
-					t.Fatal(err)
-				}
-			}
-			src, dst := make([]byte, 8*64), make([]byte, 8*64)
-			for i := range src {
-				src[i] = byte(i + 1)
-			}
+			tr, src, dst := polledCopy(t, h, tc.composite, true)
 			ctx := context.Background()
-			for id, buf := range map[string][]byte{"node-a/s": src, "node-a/d": dst} {
-				if _, err := e.Register(ctx, engines.MemoryDesc{ID: engines.MemoryID(id), Node: "node-a", Size: uint64(len(buf)),
-					Location: engines.Location{Kind: engines.LocationHost}, Handles: engines.Handles{Host: buf}}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			plan := e.NewPlan()
-			if err := plan.(engines.BlockAdder).AddBlocks(engines.Blocks{Pairs: []engines.BlockPair{{Src: "node-a/s", Dst: "node-a/d"}},
-				BlockBytes: 64, SrcIDs: []uint32{1, 2}, DstIDs: []uint32{5, 6}}); err != nil {
-				t.Fatal(err)
-			}
-			tr, err := e.Submit(ctx, plan.Build(), engines.SubmitOptions{Timeout: 10 * time.Second, Waited: true})
-			if err != nil {
-				t.Fatal(err)
-			}
 			l := &lander{tr: tr, landed: func() bool { return dst[5*64] == src[64] && dst[6*64+63] == src[2*64+63] }}
 			ld, ok := tr.(engines.LandedDriven)
 			if !ok {
@@ -184,4 +131,41 @@ func TestDriveLandedTellsOfBytesBeforeTheBookkeeping(t *testing.T) {
 			}
 		})
 	}
+}
+
+// polledCopy submits a copy of blocks 1 and 2 of a source of 8 blocks of 64 bytes to blocks 5 and 6 of a
+// destination, through the xgmi engine over h (and a composite in front of it when asked).
+func polledCopy(t *testing.T, h *enginetest.PollingHost, composite, waited bool) (tr engines.Transfer, src, dst []byte) {
+	t.Helper()
+	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close() })
+	var e engines.Engine = x
+	if composite {
+		if e, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, dst = make([]byte, 8*64), make([]byte, 8*64)
+	for i := range src {
+		src[i] = byte(i + 1)
+	}
+	ctx := context.Background()
+	for id, buf := range map[string][]byte{"node-a/s": src, "node-a/d": dst} {
+		if _, err := e.Register(ctx, engines.MemoryDesc{ID: engines.MemoryID(id), Node: "node-a", Size: uint64(len(buf)),
+			Location: engines.Location{Kind: engines.LocationHost}, Handles: engines.Handles{Host: buf}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plan := e.NewPlan()
+	if err := plan.(engines.BlockAdder).AddBlocks(engines.Blocks{Pairs: []engines.BlockPair{{Src: "node-a/s", Dst: "node-a/d"}},
+		BlockBytes: 64, SrcIDs: []uint32{1, 2}, DstIDs: []uint32{5, 6}}); err != nil {
+		t.Fatal(err)
+	}
+	if tr, err = e.Submit(ctx, plan.Build(), engines.SubmitOptions{Timeout: 10 * time.Second, Waited: waited}); err != nil {
+		t.Fatal(err)
+	}
+	return tr, src, dst
 }
