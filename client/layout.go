@@ -41,7 +41,7 @@ func (l *Layout) ID() uint64 {
 // Blocks is the number of blocks in each region.
 func (l *Layout) Blocks() uint64 { return l.blocks }
 
-// Regions are the layout's regions, in block order of their blocks' pairing (the caller's slice, not a copy).
+// Regions are the layout's regions in the order they were given (the layout's own slice: read it, do not change it).
 func (l *Layout) Regions() []*Region { return l.regions }
 
 // BlockBytes is the block size.
