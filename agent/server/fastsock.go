@@ -215,9 +215,14 @@ type fastConn struct {
 	answerErr error
 }
 
-// ReplyEarly implements transfers.Replier: a waited transfer whose bytes landed is answered at once. It may
-// run on another goroutine while the connection's waits for the transfer's end, never beside another reply.
+// ReplyEarly implements transfers.Replier: a waited transfer whose bytes landed is answered at once, in the
+// mailbox. It may run on another goroutine while the connection's waits for the transfer's end, never beside
+// another reply. A frame from the socket is answered when its call returns: a write there may wait for a caller
+// that does not read, and this one runs before the engines unpin the transfer's regions.
 func (fc *fastConn) ReplyEarly(resp *agentv1.TransferResponse) {
+	if !fc.inMailbox {
+		return
+	}
 	out, err := fc.reply(resp, nil)
 	if err != nil {
 		return // answered when the call returns, as any reply

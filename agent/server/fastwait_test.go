@@ -163,15 +163,17 @@ func newGatedBed(t *testing.T) (enginetest.GatedHost, *client.Client, context.Co
 	return backend, c, ctx, m, src, dst
 }
 
-// startOnBackend starts an agent whose composite has one engine, xgmi over backend.
+// startOnBackend starts an agent whose composite has one engine, xgmi over backend, assembled as the agent
+// assembles its node's (one region registry, the engines' metrics).
 func startOnBackend(t *testing.T, backend xgmi.Backend) *agent {
 	t.Helper()
-	x, err := xgmi.New(xgmi.Options{Node: "node-a"}, backend)
+	regions := engines.NewRegistry("node-a", 0)
+	x, err := xgmi.New(xgmi.Options{Node: "node-a", Registry: regions}, backend)
 	if err != nil {
 		t.Fatal(err)
 	}
 	opts := baseOptions(t, newProcFixture(t))
-	if opts.Engine, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x); err != nil {
+	if opts.Engine, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a", Metrics: engines.NewMetrics(), Registry: regions}, x); err != nil {
 		t.Fatal(err)
 	}
 	return startAgent(t, opts)

@@ -19,11 +19,11 @@ import (
 )
 
 // TestWaitedTransfersAreAnsweredOnceAsTheirBytesLand: waited transfers whose copies the waiting call sees end
-// (as GPU copies are) are answered as their bytes land, before the agent records them; on the mailbox and on
-// the socket, block and item transfers alike, every call gets its own answer, once: the id the agent records,
-// the bytes in place, the status the record keeps. A failed copy is answered as failed, a copy that outlives
-// the call's polling is answered when it ends, and one that outlives its timeout is answered as such, the copy
-// that ends afterwards answering nobody: the next call's answer is its own.
+// (as GPU copies are) are answered as their bytes land, before the agent records them (in the mailbox; on the
+// socket when the call returns). On both, block and item transfers alike, every call gets its own answer, once:
+// the id the agent records, the bytes in place, the status the record keeps. A failed copy is answered as
+// failed, a copy that outlives the call's polling is answered when it ends, and one that outlives its timeout
+// is answered as such, the copy that ends afterwards answering nobody: the next call's answer is its own.
 func TestWaitedTransfersAreAnsweredOnceAsTheirBytesLand(t *testing.T) {
 	host := enginetest.NewPollingHost(20)
 	a := startOnBackend(t, host)
