@@ -24,6 +24,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
+	"github.com/fabricxfer/fabricxfer/agent/server/transfers"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
@@ -175,12 +176,6 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		}
 		fc.inMailbox = false
 		resp, serr := s.serveFastFrame(callCtx, sess, &fc, frame, false)
-		if answered, err := fc.takeAnswered(); answered {
-			if err != nil {
-				return
-			}
-			continue
-		}
 		if serr != nil && callCtx.Err() != nil {
 			// The agent is stopping (the connection's context ends with the server's) and cut the call short: no
 			// answer, the connection ends, which clients read as the end of their session and recover from. An
@@ -215,14 +210,10 @@ type fastConn struct {
 	answerErr error
 }
 
-// ReplyEarly implements transfers.Replier: a waited transfer whose bytes landed is answered at once, in the
-// mailbox. It may run on another goroutine while the connection's waits for the transfer's end, never beside
-// another reply. A frame from the socket is answered when its call returns: a write there may wait for a caller
-// that does not read, and this one runs before the engines unpin the transfer's regions.
+// ReplyEarly implements transfers.Replier for mailbox frames: a waited transfer whose bytes landed is answered
+// at once. It may run on another goroutine while the connection's waits for the transfer's end, never beside
+// another reply.
 func (fc *fastConn) ReplyEarly(resp *agentv1.TransferResponse) {
-	if !fc.inMailbox {
-		return
-	}
 	out, err := fc.reply(resp, nil)
 	if err != nil {
 		return // answered when the call returns, as any reply
@@ -344,10 +335,17 @@ func wakeCaller(conn *net.UnixConn) error {
 // serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would. inMailbox says
 // the frame came through the mailbox, which cannot replace itself.
 func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn, frame []byte, inMailbox bool) (*agentv1.TransferResponse, error) {
+	// A mailbox frame's waited transfer is answered as its bytes land. A socket frame's is answered when its call
+	// returns: a write there may wait for a caller that does not read, and an early answer is written before the
+	// engines unpin the transfer's regions, which other callers' deregistrations may be waiting for.
+	var early transfers.Replier
+	if inMailbox {
+		early = fc
+	}
 	// Block transfers, the large frames, are read without copying their ids.
 	blocks, err := fc.blocks.Decode(frame)
 	if err == nil {
-		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs(), fc)
+		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs(), early)
 	}
 	if !errors.Is(err, fastwire.ErrNotBlocks) {
 		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
@@ -358,9 +356,9 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 	}
 	switch r := req.Request.(type) {
 	case *agentv1.FastRequest_Transfer:
-		return s.xfer.Transfer(ctx, &sess.Session, r.Transfer, fc)
+		return s.xfer.Transfer(ctx, &sess.Session, r.Transfer, early)
 	case *agentv1.FastRequest_Blocks:
-		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, fc.arena.IDs(), fc)
+		return s.xfer.TransferBlocks(ctx, &sess.Session, r.Blocks, fc.arena.IDs(), early)
 	case *agentv1.FastRequest_IdArena:
 		return nil, s.setIDArena(sess, &fc.arena, r.IdArena)
 	case *agentv1.FastRequest_Wait:

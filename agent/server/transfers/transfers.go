@@ -46,8 +46,8 @@ type transfer struct {
 }
 
 // Replier answers a waited transfer's caller as soon as its bytes have landed, before the agent records its
-// end (the fast socket's mailbox or socket); the call's own return is then answered no more. Nil: the call's
-// return is the answer.
+// end (the fast socket's mailbox); the call's own return is then answered no more. Nil: the call's return is
+// the answer.
 type Replier interface {
 	ReplyEarly(resp *agentv1.TransferResponse)
 }
