@@ -6,11 +6,16 @@ package node
 import (
 	"bytes"
 	"context"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/engines/enginetest"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
 
@@ -104,6 +109,12 @@ func TestWritesToAPeerLayoutLandWhileItsAnswerIsAskedAgain(t *testing.T) {
 // twoPeerNodes runs node-a and node-b of one pool, peers over TLS, and dials each one's socket; the context
 // ends 30 s on, or with the test.
 func twoPeerNodes(t *testing.T) (ctx context.Context, ca, cb *client.Client) {
+	return twoPeerNodesVia(t, nil)
+}
+
+// twoPeerNodesVia is twoPeerNodes with node-b reaching node-a's agent channel through a relay behind gate (nil:
+// directly), so a test can stall node-a as node-b sees it.
+func twoPeerNodesVia(t *testing.T, gate *enginetest.Gate) (ctx context.Context, ca, cb *client.Client) {
 	t.Helper()
 	tlsDir := poolCertDir(t, "infer", "kv")
 	epA, epB := freePort(t), freePort(t)
@@ -113,9 +124,91 @@ func twoPeerNodes(t *testing.T) (ctx context.Context, ca, cb *client.Client) {
 	a, b := base, base
 	a.NodeName, a.SocketDir, a.PeerListen = "node-a", t.TempDir(), epA
 	b.NodeName, b.SocketDir, b.PeerListen = "node-b", t.TempDir(), epB
+	if gate != nil {
+		b.StaticPeers = "node-a=" + gatedRelay(t, gate, epA) + ",node-b=" + epB
+	}
 	runStackOn(t, a, topology.Report{}, Deps{})
 	runStackOn(t, b, topology.Report{}, Deps{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx, dialNode(ctx, t, a), dialNode(ctx, t, b)
+}
+
+// gatedRelay relays connections to target through a listener behind gate and returns its address: while the gate
+// is shut, what either side sends waits.
+func gatedRelay(t *testing.T, gate *enginetest.Gate, target string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	gated := gate.Listener(ln)
+	go func() {
+		for {
+			in, err := gated.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(out, in); out.Close() }()
+			go func() { _, _ = io.Copy(in, out); in.Close() }()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestAStalledOwnerHoldsNoWriteThroughAKeptAnswer: node-b writes into a layout node-a published while node-a, as
+// node-b reaches it, stalls. Writes while node-b's kept answer lasts land without waiting for the question asked
+// again in the background (which the stall holds); once the answer expired, a write must ask in its own call and
+// fails within its timeout instead of waiting for the owner; when node-a answers again, writes land again.
+func TestAStalledOwnerHoldsNoWriteThroughAKeptAnswer(t *testing.T) {
+	gate := &enginetest.Gate{}
+	ctx, ca, cb := twoPeerNodesVia(t, gate)
+	const bs, blocks = 4096, 16
+	_, _, memA := hostLayout(ctx, t, ca, "kv-s", bs, blocks, client.PublishLayout("kv-s"))
+	lb, _, memB := hostLayout(ctx, t, cb, "kv-s-b", bs, blocks)
+	remote := client.ToLayoutSegment("node-a", "kv-s")
+	write := func(k int, timeout time.Duration) error {
+		_, err := cb.TransferBlocks(ctx, client.Write, lb, []uint32{uint32(k)}, remote, []uint32{uint32(k + 8)}, client.TransferOptions{Timeout: timeout})
+		return err
+	}
+	landed := func(k int) bool { return bytes.Equal(memA[0].Bytes[(k+8)*bs:(k+9)*bs], memB[0].Bytes[k*bs:(k+1)*bs]) }
+	if err := write(0, 0); err != nil || !landed(0) {
+		t.Fatalf("the first write: %v (landed: %v)", err, landed(0))
+	}
+	resolved := time.Now()
+	release := gate.Shut(t)
+	defer release()
+	// Past the age at which the kept answer is asked again, and well before it expires: each write bounded by
+	// 1 s, so one that waited for the owner fails as such.
+	for k, at := range []time.Duration{1100 * time.Millisecond, 1300 * time.Millisecond, 1500 * time.Millisecond} {
+		time.Sleep(time.Until(resolved.Add(at)))
+		began := time.Now()
+		if err := write(k+1, time.Second); err != nil || !landed(k+1) {
+			t.Fatalf("write %d while node-a stalls, %v after it was resolved: %v (landed: %v)", k+1, time.Since(resolved), err, landed(k+1))
+		}
+		if took := time.Since(began); took > 500*time.Millisecond {
+			t.Fatalf("write %d took %v: it waited for the stalled owner", k+1, took)
+		}
+	}
+	time.Sleep(time.Until(resolved.Add(2400 * time.Millisecond))) // the kept answer has expired
+	began := time.Now()
+	err := write(4, 300*time.Millisecond)
+	if client.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a write that had to ask a stalled owner: %v, want DeadlineExceeded", err)
+	}
+	if took := time.Since(began); took > time.Second {
+		t.Fatalf("a write asking a stalled owner took %v with a timeout of 300ms", took)
+	}
+	release()
+	for k := 5; k < 8; k++ {
+		if err := write(k, 0); err != nil || !landed(k) {
+			t.Fatalf("write %d once node-a answers again: %v (landed: %v)", k, err, landed(k))
+		}
+	}
 }
