@@ -15,10 +15,12 @@
 #   hack/gpu-socket-ab.sh /tmp/agent-base /tmp/base/client/python bin/agent client/python
 #
 # CASES (default a,b,c64,c1g,d,a-pipe,c64-pipe) picks the bench_gpu.py cases; BENCH_ARGS adds arguments to both
-# sides' bench_gpu.py (BENCH_ARGS=--interleave where both client trees have it).
+# sides' bench_gpu.py (BENCH_ARGS=--interleave where both client trees have it). RESTARTS=N then starts each
+# side's agent N times more for the contiguous cases alone (restarts.txt): the 64 MiB call's median has moved
+# more between agent starts than between builds.
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
-  sed -n '5,18p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '5,20p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 out=${OUT:-gpu-socket-ab}
@@ -51,6 +53,16 @@ for r in $(seq "$rounds"); do
     timeout 300 python3 "$c/bench/bench_gpu.py" --agent "$a" --cases "$cases" "${bench_args[@]}" >>"$out/socket.txt" 2>&1
     rc=$?
     echo "$(date -u +%T) $side round $r rc $rc" >>"$out/times.txt"
+  done
+done
+
+for r in $(seq "${RESTARTS:-0}"); do
+  for side in old new; do
+    a=$old_agent c=$old_client
+    [[ $side == new ]] && a=$new_agent c=$new_client
+    echo "=== $side start $r $(date -u +%T)" >>"$out/restarts.txt"
+    timeout 120 python3 "$c/bench/bench_gpu.py" --agent "$a" --cases c64,c1g "${bench_args[@]}" >>"$out/restarts.txt" 2>&1
+    echo "$(date -u +%T) $side start $r rc $?" >>"$out/times.txt"
   done
 done
 
