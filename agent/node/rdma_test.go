@@ -34,18 +34,11 @@ func freePort(t *testing.T) string {
 // agents' peer channel, a write (with its notification through the channel) and a read go through the rdma
 // engine, ahead of tcp, and land byte for byte.
 func TestTwoStacksMoveBytesOverRDMA(t *testing.T) {
-	tlsDir := poolCertDir(t, "infer", "kv")
-	epA, epB := freePort(t), freePort(t)
+	a, b := peerConfigs(t, 16)
 	fabric := fakeverbs.NewNetwork()
 	rep := topology.Report{NICs: []topology.NIC{{Name: "mlx5_0", Port: 1, State: "ACTIVE", LinkLayer: "InfiniBand"}},
 		Engines: []topology.Engine{{Name: engines.EngineRDMA, Available: true, Reason: "1 of 1 ports usable"}}}
 	withRDMA := func(node string) Deps { return Deps{RDMAProvider: fabric.Provider(node)} }
-	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
-		DataListen: "127.0.0.1:0", MaxRegions: 16, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16,
-		StaticPeers: "node-a=" + epA + ",node-b=" + epB}
-	a, b := base, base
-	a.NodeName, a.SocketDir, a.PeerListen = "node-a", t.TempDir(), epA
-	b.NodeName, b.SocketDir, b.PeerListen = "node-b", t.TempDir(), epB
 	runStackOn(t, a, rep, withRDMA("node-a"))
 	runStackOn(t, b, rep, withRDMA("node-b"))
 

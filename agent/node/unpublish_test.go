@@ -116,22 +116,30 @@ func twoPeerNodes(t *testing.T) (ctx context.Context, ca, cb *client.Client) {
 // directly), so a test can stall node-a as node-b sees it.
 func twoPeerNodesVia(t *testing.T, gate *enginetest.Gate) (ctx context.Context, ca, cb *client.Client) {
 	t.Helper()
-	tlsDir := poolCertDir(t, "infer", "kv")
-	epA, epB := freePort(t), freePort(t)
-	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
-		DataListen: "127.0.0.1:0", MaxRegions: 64, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16,
-		StaticPeers: "node-a=" + epA + ",node-b=" + epB}
-	a, b := base, base
-	a.NodeName, a.SocketDir, a.PeerListen = "node-a", t.TempDir(), epA
-	b.NodeName, b.SocketDir, b.PeerListen = "node-b", t.TempDir(), epB
+	a, b := peerConfigs(t, 64)
 	if gate != nil {
-		b.StaticPeers = "node-a=" + gatedRelay(t, gate, epA) + ",node-b=" + epB
+		b.StaticPeers = "node-a=" + gatedRelay(t, gate, a.PeerListen) + ",node-b=" + b.PeerListen
 	}
 	runStackOn(t, a, topology.Report{}, Deps{})
 	runStackOn(t, b, topology.Report{}, Deps{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx, dialNode(ctx, t, a), dialNode(ctx, t, b)
+}
+
+// peerConfigs are node-a's and node-b's configs in one pool, peers over TLS on ports of their own, each holding up
+// to maxRegions regions.
+func peerConfigs(t *testing.T, maxRegions int) (a, b Config) {
+	t.Helper()
+	tlsDir := poolCertDir(t, "infer", "kv")
+	epA, epB := freePort(t), freePort(t)
+	base := Config{PoolNamespace: "infer", PoolName: "kv", HostRoot: "/", AllowLocal: true, SocketGID: -1, TLSDir: tlsDir,
+		DataListen: "127.0.0.1:0", MaxRegions: maxRegions, MaxRegisteredBytes: 1 << 30, MaxInFlight: 16,
+		StaticPeers: "node-a=" + epA + ",node-b=" + epB}
+	a, b = base, base
+	a.NodeName, a.SocketDir, a.PeerListen = "node-a", t.TempDir(), epA
+	b.NodeName, b.SocketDir, b.PeerListen = "node-b", t.TempDir(), epB
+	return a, b
 }
 
 // gatedRelay relays connections to target through a listener behind gate and returns its address: while the gate
