@@ -100,6 +100,9 @@ type driverFuncs struct {
 	pointerGetAttribute, memGetAddressRange, memGetHandleForAddressRange     uintptr
 	streamWaitValue32                                                        uintptr
 	streamWriteValue32                                                       uintptr
+	// Graphs (optional): a captured copy replayed with one launch.
+	streamBeginCapture, streamEndCapture, graphInstantiate, graphDestroy uintptr
+	graphLaunch, graphExecDestroy                                        uintptr
 }
 
 // Load opens the CUDA driver library (the first of paths that opens, or the
@@ -192,6 +195,12 @@ func (d *Driver) resolve() error {
 			d.f.streamWriteValue32 = p
 			break
 		}
+	}
+	graphs := []symbol{{&d.f.streamBeginCapture, "cuStreamBeginCapture_v2"}, {&d.f.streamEndCapture, "cuStreamEndCapture"},
+		{&d.f.graphInstantiate, "cuGraphInstantiateWithFlags"}, {&d.f.graphDestroy, "cuGraphDestroy"},
+		{&d.f.graphLaunch, "cuGraphLaunch"}, {&d.f.graphExecDestroy, "cuGraphExecDestroy"}}
+	if missing := dynlib.Resolve(d.lib, graphs); len(missing) > 0 {
+		d.f.graphLaunch = 0 // HasGraphs: all or none
 	}
 	// The batch copy API is optional: CUDA 13 exports it as _v2 without failIdx.
 	if p, err := purego.Dlsym(d.lib, "cuMemcpyBatchAsync_v2"); err == nil && p != 0 {

@@ -40,7 +40,9 @@ type runtime struct {
 }
 
 func (r runtime) NewCopier(ordinal int) (*Copier, error) {
-	c, err := NewCopier(r.Driver, ordinal, r.b.opts)
+	opts := r.b.opts
+	opts.MappingEpoch = r.b.reg.MappingEpoch
+	c, err := NewCopier(r.Driver, ordinal, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -95,7 +95,7 @@ func (c *Copier) bounced(n uint64, parts int, host uint64, toHost bool, stage fu
 		crossing[0] = Segment{Src: host, Dst: bounce, Size: n}
 		before = crossing
 	}
-	p, err := c.submitLocked(n, kernelWork{stage: stage(bounce)}, nil, before, after, RouteAuto)
+	p, err := c.submitLocked(n, kernelWork{stage: stage(bounce)}, nil, before, after, RouteAuto, false)
 	if err != nil {
 		return nil, fmt.Errorf("queueing a staged chunk of %d parts on GPU %d: %w", parts, c.dev, err)
 	}

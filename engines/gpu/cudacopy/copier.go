@@ -76,6 +76,10 @@ type Options struct {
 	SleepRate float64
 	// Observe, when set, receives every completed copy of a Backend.
 	Observe func(CopyStats)
+	// MappingEpoch, when set, counts the mappings released so far (the Backend sets it): copy-engine ranges
+	// copied more than once are then replayed from instantiated graphs (copyReplays), all dropped whenever
+	// it moves. Unset, every copy-engine copy is a cuMemcpyAsync.
+	MappingEpoch func() uint64
 }
 
 // CopyStats describes one completed Backend copy.
@@ -149,6 +153,10 @@ type Copier struct {
 	// themselves (fx_signal); 0: the stream writes the word behind every submission.
 	signalCount cuda.DevicePtr
 
+	// replays keeps repeated copy-engine ranges as graphs (nil: off); captures go to captureStream.
+	replays       *copyReplays
+	captureStream cuda.Stream
+
 	check checkScratch // device memory of block lists checked on the GPU
 	ids   *idBuffers   // the backend's pinned id buffers, read in place (nil for a Copier of its own)
 }
@@ -200,6 +208,9 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 	}
 	c := &Copier{drv: drv, dev: dev, ctx: ctx, opts: opts}
 	c.slots = newSlots(drv)
+	if opts.MappingEpoch != nil && drv.HasGraphs() {
+		c.replays = newCopyReplays(opts.MappingEpoch, c.captureCopy, func(x cuda.GraphExec) { _ = drv.GraphExecDestroy(x) })
+	}
 	c.resident = &gpushare.Resident[*slot]{Max: max(opts.ResidentLayouts, 0), MaxBytes: maxResidentBytes,
 		Host: (*slot).host, Put: c.slots.Put}
 	err = drv.WithContext(ctx, func() error {
@@ -342,7 +353,7 @@ func (c *Copier) SubmitRoute(segs []Segment, route Route) (*Pending, error) {
 		kw.resident = true
 		small = nil
 	}
-	p, err := c.submitLocked(nbytes, kw, small, big, nil, route)
+	p, err := c.submitLocked(nbytes, kw, small, big, nil, route, route == RouteAuto)
 	if err != nil {
 		return nil, fmt.Errorf("queueing %d segments on GPU %d: %w", len(segs), c.dev, err)
 	}
@@ -371,7 +382,7 @@ func (c *Copier) SubmitBlocks(pairs []scatter.BlockBases, bs uint64, srcIDs, dst
 	defer c.mu.Unlock()
 	// A block list covers every layer in one launch, so there is no next layer to keep its descriptors for, and
 	// hashing them would cost more than reading them once.
-	p, err := c.submitLocked(uint64(l.Pieces)*bs, kernelWork{stage: c.blockStage(l, pairs, bs, srcIDs, dstIDs)}, nil, nil, nil, RouteAuto)
+	p, err := c.submitLocked(uint64(l.Pieces)*bs, kernelWork{stage: c.blockStage(l, pairs, bs, srcIDs, dstIDs)}, nil, nil, nil, RouteAuto, false)
 	if err != nil {
 		return nil, fmt.Errorf("queueing %d blocks of %d region pairs on GPU %d: %w", len(srcIDs), len(pairs), c.dev, err)
 	}
@@ -404,9 +415,10 @@ type kernelWork struct {
 
 func (kw kernelWork) any() bool { return kw.stage != nil || kw.contig.Size > 0 }
 
-// submitLocked queues one submission: kw's kernel, with big on the copy engine before it and after behind it,
-// and driver as driver copies. c.mu is held.
-func (c *Copier) submitLocked(nbytes uint64, kw kernelWork, driver, big, after []Segment, route Route) (*Pending, error) {
+// submitLocked queues one submission: kw's kernel, with big on the copy engine before it (replayed from kept
+// graphs where replay allows: the caller's memory, not the copier's own) and after behind it, and driver as
+// driver copies. c.mu is held.
+func (c *Copier) submitLocked(nbytes uint64, kw kernelWork, driver, big, after []Segment, route Route, replay bool) (*Pending, error) {
 	p := &Pending{c: c, bytes: nbytes}
 	p.end.Start()
 	err := c.drv.WithContextKept(c.ctx, func() error {
@@ -452,7 +464,7 @@ func (c *Copier) submitLocked(nbytes uint64, kw kernelWork, driver, big, after [
 			}
 		}
 		for _, s := range big {
-			if err := c.drv.MemcpyAsync(s.Dst, s.Src, s.Size, c.stream); err != nil {
+			if err := c.copyEngine(s, replay); err != nil {
 				return err
 			}
 		}
@@ -499,6 +511,38 @@ func (c *Copier) submitLocked(nbytes uint64, kw kernelWork, driver, big, after [
 	}
 	c.last = p
 	return p, nil
+}
+
+// copyEngine queues s on the copy engine: from its kept graph where replay allows and the range repeats, else as
+// a cuMemcpyAsync. c.mu is held and the context current.
+func (c *Copier) copyEngine(s Segment, replay bool) error {
+	if replay && c.replays != nil {
+		if x, ok := c.replays.lookup(copyRange{dst: s.Dst, src: s.Src, size: s.Size}); ok {
+			err := c.drv.GraphLaunch(x, c.stream)
+			if err == nil {
+				return nil
+			}
+			c.replays.stop(err)
+		}
+	}
+	return c.drv.MemcpyAsync(s.Dst, s.Src, s.Size, c.stream)
+}
+
+// captureCopy instantiates r's copy, captured on a stream of its own (c.stream keeps running what is queued on
+// it). c.mu is held and the context current.
+func (c *Copier) captureCopy(r copyRange) (cuda.GraphExec, error) {
+	if c.captureStream == 0 {
+		s, err := c.drv.StreamCreate()
+		if err != nil {
+			return 0, fmt.Errorf("creating the capture stream: %w", err)
+		}
+		c.captureStream = s
+	}
+	x, err := c.drv.CaptureCopy(r.dst, r.src, r.size, c.captureStream)
+	if err != nil {
+		return 0, fmt.Errorf("capturing a copy of %d bytes: %w", r.size, err)
+	}
+	return x, nil
 }
 
 // queueEnd queues what tells p's waiters that it ended: the done word's next number and, only where there is no
@@ -791,6 +835,12 @@ func (c *Copier) Close() error {
 		errs := []error{c.drv.StreamSynchronize(c.stream)}
 		c.resident.Drain()
 		errs = append(errs, c.freeScratch(), c.freeBounce(), c.slots.Close(), c.drv.StreamDestroy(c.stream))
+		if c.replays != nil {
+			c.replays.dropAll()
+		}
+		if c.captureStream != 0 {
+			errs = append(errs, c.drv.StreamDestroy(c.captureStream))
+		}
 		if c.gate != nil {
 			errs = append(errs, c.gate.Close())
 		}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -68,7 +69,13 @@ type Registry[C Closer, D any] struct {
 	regions map[engines.MemoryID]*Region
 	peers   map[[2]int]error // (from, to) ordinals → enabling peer access
 	segs    sync.Pool        // *[]scatter.Segment
+	// released counts the regions released (Release): what a copier keeps by address (a replayed copy) is
+	// stale once it moves, since a later region may take the same addresses.
+	released atomic.Uint64
 }
+
+// MappingEpoch is the number of regions released so far; it moves before any of their memory is unmapped.
+func (r *Registry[C, D]) MappingEpoch() uint64 { return r.released.Load() }
 
 // NewRegistry returns an empty registry of the backend name ("cuda") over runtime (named in errors, "CUDA")
 // for vendor's GPUs, whose direct GPU links are called link.
@@ -328,6 +335,9 @@ func (r *Registry[C, D]) Release(id engines.MemoryID) error {
 	r.mu.Lock()
 	m, ok := r.regions[id]
 	delete(r.regions, id)
+	if ok {
+		r.released.Add(1)
+	}
 	held := ok && m.refs > 0
 	if held {
 		m.dropped = true

@@ -199,3 +199,36 @@ func TestEventsReuseByKind(t *testing.T) {
 		t.Errorf("destroyed %v, want [8]", destroyed)
 	}
 }
+
+// A region's release moves the mapping epoch before its memory is unmapped, whether it is unmapped now, by
+// its last holder, or never by this process (its release function is nil); an unknown id moves nothing.
+func TestRegistryReleaseMovesTheMappingEpochFirst(t *testing.T) {
+	r, _ := newFake()
+	var epochAtUnmap []uint64
+	unmap := func() error { epochAtUnmap = append(epochAtUnmap, r.MappingEpoch()); return nil }
+	r.Put("now", &Region{Ordinal: 0, Release: unmap})
+	r.Put("held", &Region{Ordinal: 1, Release: unmap})
+	r.Put("foreign", &Region{Ordinal: 0})
+	if _, err := r.Copier(1); err != nil {
+		t.Fatal(err)
+	}
+	held, _, err := r.Hold("held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Release("now"); err != nil || r.MappingEpoch() != 1 || len(epochAtUnmap) != 1 || epochAtUnmap[0] != 1 {
+		t.Fatalf("after releasing a region: epoch %d, epochs seen at unmapping %v (%v); want 1 and [1]", r.MappingEpoch(), epochAtUnmap, err)
+	}
+	if err := r.Release("held"); err != nil || r.MappingEpoch() != 2 || len(epochAtUnmap) != 1 {
+		t.Fatalf("after releasing a held region: epoch %d, unmapped %d times (%v); want 2 and not yet", r.MappingEpoch(), len(epochAtUnmap), err)
+	}
+	if err := r.Unhold(held); err != nil || len(epochAtUnmap) != 2 || epochAtUnmap[1] != 2 {
+		t.Fatalf("the last holder's unmapping saw epochs %v (%v), want [1 2]", epochAtUnmap, err)
+	}
+	if err := r.Release("foreign"); err != nil || r.MappingEpoch() != 3 {
+		t.Fatalf("a region this process does not unmap: epoch %d (%v), want 3", r.MappingEpoch(), err)
+	}
+	if err := r.Release("unknown"); err != nil || r.MappingEpoch() != 3 {
+		t.Fatalf("an unknown id moved the epoch to %d (%v)", r.MappingEpoch(), err)
+	}
+}

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package cudacopy_test
+
+import (
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cudacopy"
+)
+
+// A copy-engine range copied again and again is captured once, on its second copy, and replayed from then on
+// with every byte in place (a fresh source each time); a released mapping drops it and it is captured anew.
+func TestGPUCopierReplaysRepeatedCopyEngineRanges(t *testing.T) {
+	drv, nv := gpuEnv(t)
+	if !drv.HasGraphs() {
+		t.Skip("the driver exports no graph capture and launch")
+	}
+	var epoch atomic.Uint64
+	c := newCopier(t, drv, cudacopy.Options{NVRTC: nv, MappingEpoch: epoch.Load})
+	if c.Mode() != cudacopy.ModeKernel {
+		t.Skipf("copies go to the copy engine by size only beside the kernels, which are unavailable: %s", c.Reason())
+	}
+	const size = 32 << 20 // past the default copy-engine threshold of 16 MiB
+	src, dst, free := devicePair(t, drv, c, size)
+	defer free()
+	r := rand.New(rand.NewPCG(7, 11))
+	whole := []cudacopy.Segment{{Size: size}}
+	half := []cudacopy.Segment{{Src: size / 2, Dst: 0, Size: size / 2}, {Src: 0, Dst: size / 2, Size: size / 2}}
+	for i := range 5 {
+		checkCopies(t, drv, c, r, whole, size, uint64(src), uint64(dst))
+		if got, off := c.ReplayCaptures(); off != "" || got != min(i, 1) {
+			t.Fatalf("after %d copies of one range: %d captures (replays off: %q), want %d", i+1, got, off, min(i, 1))
+		}
+	}
+	for range 3 {
+		checkCopies(t, drv, c, r, half, size, uint64(src), uint64(dst))
+	}
+	if got, off := c.ReplayCaptures(); got != 3 || off != "" {
+		t.Fatalf("two more ranges copied three times: %d captures in all (off %q), want 3", got, off)
+	}
+	epoch.Add(1) // some mapping was released: nothing kept may be launched again
+	for range 3 {
+		checkCopies(t, drv, c, r, whole, size, uint64(src), uint64(dst))
+	}
+	if got, off := c.ReplayCaptures(); got != 4 || off != "" {
+		t.Fatalf("after a release, the range copied three times: %d captures in all (off %q), want 4", got, off)
+	}
+	// A copy without a mapping epoch (a copier of its own) never replays.
+	plain := newCopier(t, drv, cudacopy.Options{NVRTC: nv})
+	for range 3 {
+		checkCopies(t, drv, plain, r, whole, size, uint64(src), uint64(dst))
+	}
+	if got, off := plain.ReplayCaptures(); got != 0 || off != "not set up" {
+		t.Fatalf("a copier without a mapping epoch: %d captures (%q)", got, off)
+	}
+}
