@@ -4,9 +4,11 @@
 package cudacopy_test
 
 import (
+	"context"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cudacopy"
 )
@@ -55,5 +57,63 @@ func TestGPUCopierReplaysRepeatedCopyEngineRanges(t *testing.T) {
 	}
 	if got, off := plain.ReplayCaptures(); got != 0 || off != "not set up" {
 		t.Fatalf("a copier without a mapping epoch: %d captures (%q)", got, off)
+	}
+}
+
+// BenchmarkGPUCopyEngineReplay times one waited 64 MiB copy within one GPU through the copier, queued as a
+// cuMemcpyAsync (a copier without a mapping epoch) and replayed from its kept graph, beside the bare
+// cuMemcpyAsync with a stream synchronize in the same run (the ceiling): the host time a replay saves before
+// the copy starts is what a waited call through the agent gains.
+func BenchmarkGPUCopyEngineReplay(b *testing.B) {
+	drv, nv := gpuEnv(b)
+	var epoch atomic.Uint64
+	replayed := newCopier(b, drv, cudacopy.Options{NVRTC: nv, MappingEpoch: epoch.Load})
+	plain := newCopier(b, drv, cudacopy.Options{NVRTC: nv})
+	if replayed.Mode() != cudacopy.ModeKernel || !drv.HasGraphs() {
+		b.Skipf("needs the kernels and graphs: mode %s (%s), graphs %v", replayed.Mode(), replayed.Reason(), drv.HasGraphs())
+	}
+	const size = 64 << 20
+	src, dst, free := devicePair(b, drv, plain, size)
+	defer free()
+	segs := []cudacopy.Segment{{Src: uint64(src), Dst: uint64(dst), Size: size}}
+	waited := func(c *cudacopy.Copier) func() error {
+		return func() error {
+			p, err := c.Submit(segs)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			return p.Wait(ctx)
+		}
+	}
+	bare := func() error {
+		return drv.WithContext(plain.Context(), func() error {
+			if err := drv.MemcpyAsync(uint64(dst), uint64(src), size, plain.Stream()); err != nil {
+				return err
+			}
+			return drv.StreamSynchronize(plain.Stream())
+		})
+	}
+	for _, bc := range []struct {
+		name string
+		copy func() error
+	}{{"memcpy+sync", bare}, {"copier", waited(plain)}, {"copier-replayed", waited(replayed)}} {
+		b.Run(bc.name, func(b *testing.B) {
+			for range 20 { // warm-up; the replayed copier captures the range at its second copy
+				if err := bc.copy(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetBytes(size)
+			for b.Loop() {
+				if err := bc.copy(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	if n, off := replayed.ReplayCaptures(); n != 1 || off != "" {
+		b.Fatalf("the replayed copier captured %d ranges (off %q), want 1", n, off)
 	}
 }
