@@ -15,12 +15,13 @@
 #   hack/gpu-socket-ab.sh /tmp/agent-base /tmp/base/client/python bin/agent client/python
 #
 # CASES (default a,b,c64,c1g,d,a-pipe,c64-pipe) picks the bench_gpu.py cases; BENCH_ARGS adds arguments to both
-# sides' bench_gpu.py (BENCH_ARGS=--interleave where both client trees have it). RESTARTS=N then starts each
+# sides' bench_gpu.py (BENCH_ARGS=--interleave where both client trees have it; without MPS it makes the GPU switch
+# processes at every call, about 150 us on both sides: not for latency). RESTARTS=N then starts each
 # side's agent N times more for the contiguous cases alone (restarts.txt): the 64 MiB call's median has moved
 # more between agent starts than between builds.
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
-  sed -n '5,20p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '5,21p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 out=${OUT:-gpu-socket-ab}
