@@ -3,7 +3,11 @@
 
 package cudacopy
 
-import "github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
+import (
+	"fmt"
+
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
+)
 
 const (
 	// replayMax bounds the ranges replayed from a graph: on the H200 a 1 GiB copy launched from a graph ran at
@@ -21,8 +25,9 @@ type copyRange struct{ dst, src, size uint64 }
 
 // replay is a kept, instantiated copy of one range.
 type replay struct {
-	exec cuda.GraphExec
-	used uint64 // the copier's use count at its last launch
+	exec     cuda.GraphExec
+	used     uint64 // the copier's use count at its last launch
+	launches int
 }
 
 // copyReplays keeps the copy-engine ranges a copier queues again and again (a layout's 64 MiB block, the same
@@ -42,6 +47,10 @@ type copyReplays struct {
 	seen  map[copyRange]struct{}
 	off   string // why replays stopped (a capture or launch failed): every copy is a cuMemcpyAsync then
 	count int    // captures made, for tests
+	// wasted counts graphs evicted before a second launch: ranges that come back only after more than
+	// replayKept others. At replayKept replays stop, so a caller cycling through many ranges does not make
+	// every copy a capture (host time under the copier's lock, which other callers' copies wait for).
+	wasted int
 }
 
 func newCopyReplays(epoch func() uint64, capture func(copyRange) (cuda.GraphExec, error), destroy func(cuda.GraphExec)) *copyReplays {
@@ -61,6 +70,7 @@ func (c *copyReplays) lookup(r copyRange) (cuda.GraphExec, bool) {
 	c.uses++
 	if k := c.kept[r]; k != nil {
 		k.used = c.uses
+		k.launches++
 		return k.exec, true
 	}
 	if _, ok := c.seen[r]; !ok {
@@ -80,7 +90,11 @@ func (c *copyReplays) lookup(r copyRange) (cuda.GraphExec, bool) {
 	if len(c.kept) >= replayKept {
 		c.evictOldest()
 	}
-	c.kept[r] = &replay{exec: x, used: c.uses}
+	if c.off != "" { // the eviction found the kept ranges churning
+		c.destroy(x)
+		return 0, false
+	}
+	c.kept[r] = &replay{exec: x, used: c.uses, launches: 1}
 	return x, true
 }
 
@@ -93,8 +107,14 @@ func (c *copyReplays) evictOldest() {
 			oldest, at, first = r, k.used, false
 		}
 	}
-	c.destroy(c.kept[oldest].exec)
+	k := c.kept[oldest]
+	c.destroy(k.exec)
 	delete(c.kept, oldest)
+	if k.launches < 2 {
+		if c.wasted++; c.wasted >= replayKept {
+			c.stop(fmt.Errorf("%d captured ranges were dropped before they were copied again", c.wasted))
+		}
+	}
 }
 
 // stop turns replays off for good (a capture or a launch failed; the copies go as cuMemcpyAsync, which says

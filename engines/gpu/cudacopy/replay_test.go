@@ -148,3 +148,36 @@ func sortedExecs(xs []cuda.GraphExec) []cuda.GraphExec {
 	slices.Sort(out)
 	return out
 }
+
+// A caller cycling through twice as many ranges as are kept, each coming back only after all the others, would
+// make every other copy a capture whose graph is dropped unused: once as many graphs as are kept were dropped
+// before a second launch, replays stop.
+func TestCopyReplaysStopWhenRangesChurn(t *testing.T) {
+	d := &replayDriver{}
+	c := d.replays()
+	ranges := make([]copyRange, 2*replayKept)
+	for i := range ranges {
+		ranges[i] = copyRange{dst: uint64(i+1) << 32, src: 1 << 30, size: 16 << 20}
+	}
+	copies := 0
+	for c.off == "" && copies < 10*len(ranges) {
+		c.lookup(ranges[copies%len(ranges)])
+		copies++
+	}
+	if c.off == "" {
+		t.Fatalf("after %d copies cycling through %d ranges, %d captures and replays still on", copies, len(ranges), len(d.captured))
+	}
+	if len(d.captured) > 2*replayKept+1 || len(c.kept) != 0 || len(d.destroyed) != len(d.captured) {
+		t.Fatalf("churn: %d captures, %d kept, %d destroyed; want at most %d captures and every graph destroyed",
+			len(d.captured), len(c.kept), len(d.destroyed), 2*replayKept+1)
+	}
+	n := len(d.captured)
+	for _, r := range ranges {
+		c.lookup(r)
+		c.lookup(r)
+	}
+	if len(d.captured) != n {
+		t.Fatal("captures went on after replays stopped")
+	}
+	t.Logf("stopped after %d copies and %d captures: %s", copies, n, c.off)
+}
