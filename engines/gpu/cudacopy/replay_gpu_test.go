@@ -4,12 +4,16 @@
 package cudacopy_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cudacopy"
 )
 
@@ -115,5 +119,82 @@ func BenchmarkGPUCopyEngineReplay(b *testing.B) {
 	}
 	if n, off := replayed.ReplayCaptures(); n != 1 || off != "" {
 		b.Fatalf("the replayed copier captured %d ranges (off %q), want 1", n, off)
+	}
+}
+
+// Through the engine, as the agent copies: a large item copied again is replayed from the backend copier's graph,
+// every byte in place each time; deregistering one of its regions drops the graph, and the same memory registered
+// anew is copied correctly and captured again only at its second copy.
+func TestGPUEngineReplaysRangesUntilARegionIsReleased(t *testing.T) {
+	eng, g, drv, ctx := gpuEngine(t)
+	c, err := g.CopierOf(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode() != cudacopy.ModeKernel || !drv.HasGraphs() {
+		t.Skipf("needs the kernels and graphs: mode %s (%s), graphs %v", c.Mode(), c.Reason(), drv.HasGraphs())
+	}
+	const size = 32 << 20
+	var src, dst cuda.DevicePtr
+	err = drv.WithContext(ctx, func() (err error) {
+		if src, err = drv.MemAlloc(size); err != nil {
+			return err
+		}
+		dst, err = drv.MemAlloc(size)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drv.WithContext(ctx, func() error { return errors.Join(drv.MemFree(src), drv.MemFree(dst)) })
+	register := func(id engines.MemoryID, p cuda.DevicePtr) {
+		if _, err := eng.Register(context.Background(), gpuDesc(id, p, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	register("node-a/replay-src", src)
+	register("node-a/replay-dst", dst)
+	r := rand.New(rand.NewPCG(5, 6))
+	copyOnce := func(dstID engines.MemoryID) {
+		t.Helper()
+		want := randomBytes(r, size)
+		if err := drv.WithContext(ctx, func() error { return drv.MemcpyHtoD(src, want) }); err != nil {
+			t.Fatal(err)
+		}
+		run(t, eng, []engines.Item{{Src: "node-a/replay-src", Dst: dstID, Size: size, Tag: 1}})
+		got := make([]byte, size)
+		if err := drv.WithContext(ctx, func() error { return drv.MemcpyDtoH(got, dst) }); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatal("the destination differs from the source after the copy")
+		}
+	}
+	captures := func() int {
+		n, off := c.ReplayCaptures()
+		if off != "" {
+			t.Fatalf("replays stopped: %s", off)
+		}
+		return n
+	}
+	for range 3 {
+		copyOnce("node-a/replay-dst")
+	}
+	if n := captures(); n != 1 {
+		t.Fatalf("one range copied three times through the engine: %d captures, want 1", n)
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := eng.Deregister(dctx, "node-a/replay-dst"); err != nil {
+		t.Fatal(err)
+	}
+	register("node-a/replay-dst-again", dst)
+	copyOnce("node-a/replay-dst-again")
+	if n := captures(); n != 1 {
+		t.Fatalf("the first copy after a release: %d captures, want still 1 (the range is new again)", n)
+	}
+	copyOnce("node-a/replay-dst-again")
+	if n := captures(); n != 2 {
+		t.Fatalf("the second copy after a release: %d captures, want 2", n)
 	}
 }
