@@ -6,7 +6,6 @@ package cudacopy_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -135,18 +134,8 @@ func TestGPUEngineReplaysRangesUntilARegionIsReleased(t *testing.T) {
 		t.Skipf("needs the kernels and graphs: mode %s (%s), graphs %v", c.Mode(), c.Reason(), drv.HasGraphs())
 	}
 	const size = 32 << 20
-	var src, dst cuda.DevicePtr
-	err = drv.WithContext(ctx, func() (err error) {
-		if src, err = drv.MemAlloc(size); err != nil {
-			return err
-		}
-		dst, err = drv.MemAlloc(size)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer drv.WithContext(ctx, func() error { return errors.Join(drv.MemFree(src), drv.MemFree(dst)) })
+	src, dst, free := devicePair(t, drv, c, size)
+	defer free()
 	register := func(id engines.MemoryID, p cuda.DevicePtr) {
 		if _, err := eng.Register(context.Background(), gpuDesc(id, p, size)); err != nil {
 			t.Fatal(err)
