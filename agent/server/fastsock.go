@@ -175,7 +175,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 			return
 		}
 		fc.inMailbox = false
-		resp, serr := s.serveFastFrame(callCtx, sess, &fc, frame, false)
+		resp, serr := s.serveFastFrame(callCtx, sess, &fc, frame)
 		if serr != nil && callCtx.Err() != nil {
 			// The agent is stopping (the connection's context ends with the server's) and cut the call short: no
 			// answer, the connection ends, which clients read as the end of their session and recover from. An
@@ -289,7 +289,7 @@ func (s *Server) serveMailbox(ctx context.Context, sess *session, fc *fastConn) 
 		s.metrics.Edge.Refused("fast", "malformed")
 		out, err = fc.reply(nil, status.Error(codes.InvalidArgument, err.Error()))
 	} else {
-		resp, serr := s.serveFastFrame(ctx, sess, fc, frame, true)
+		resp, serr := s.serveFastFrame(ctx, sess, fc, frame)
 		if answered, err := fc.takeAnswered(); answered {
 			return err
 		}
@@ -332,14 +332,14 @@ func wakeCaller(conn *net.UnixConn) error {
 	return werr
 }
 
-// serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would. inMailbox says
+// serveFastFrame decodes one FastRequest and serves it as the gRPC call of the same name would. fc.inMailbox says
 // the frame came through the mailbox, which cannot replace itself.
-func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn, frame []byte, inMailbox bool) (*agentv1.TransferResponse, error) {
+func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn, frame []byte) (*agentv1.TransferResponse, error) {
 	// A mailbox frame's waited transfer is answered as its bytes land. A socket frame's is answered when its call
 	// returns: a write there may wait for a caller that does not read, and an early answer is written before the
 	// engines unpin the transfer's regions, which other callers' deregistrations may be waiting for.
 	var early transfers.Replier
-	if inMailbox {
+	if fc.inMailbox {
 		early = fc
 	}
 	// Block transfers, the large frames, are read without copying their ids.
@@ -364,7 +364,7 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 	case *agentv1.FastRequest_Wait:
 		return s.xfer.FastWait(ctx, &sess.Session, r.Wait)
 	case *agentv1.FastRequest_Mailbox:
-		if inMailbox {
+		if fc.inMailbox {
 			return nil, status.Error(codes.InvalidArgument, "a mailbox is set through the socket, not through the mailbox")
 		}
 		return nil, s.setMailbox(sess, &fc.mailbox, r.Mailbox)

@@ -100,11 +100,10 @@ func (c *copyReplays) lookup(r copyRange) (cuda.GraphExec, bool) {
 
 func (c *copyReplays) evictOldest() {
 	var oldest copyRange
-	var at uint64
-	first := true
+	var at uint64 // uses count from 1, so 0 is "none yet"
 	for r, k := range c.kept {
-		if first || k.used < at {
-			oldest, at, first = r, k.used, false
+		if at == 0 || k.used < at {
+			oldest, at = r, k.used
 		}
 	}
 	k := c.kept[oldest]
