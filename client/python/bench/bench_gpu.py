@@ -17,6 +17,8 @@ on cuda:<--device> with register_tensor and times, against what torch users writ
   b  32 layers x K/V = 64 tensors per side of [1024, 16384] uint8, 1,024 random block ids in one call, vs a
      loop of indexed copies over the 64 tensors
   c  contiguous 64 MiB and 1 GiB tensor to tensor (a one-region layout of one block), vs dst.copy_(src)
+  c64-prep, c1g-prep  the same copies through prepare_blocks, packed once and run each call, as a caller that
+     moves the same tensors every step (weights, a fixed staging buffer) would
   d  4 KiB round trips (one 4 KiB block), p50 and p99 of 2,000, vs a 4 KiB copy_ and a synchronize
   d-idle  the same with --idle (1 ms) of idle time before each call on both sides, as a scheduler calls between
      steps: within the agent's --fast-spin the call finds it polling, past it the agent must be woken
@@ -58,7 +60,7 @@ import traceback
 from bench_tcp import pair_ratio
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = ("a", "b", "c64", "c1g", "d", "d-idle", "a-pipe", "c64-pipe", "c1g-pipe")
+CASES = ("a", "b", "c64", "c1g", "c64-prep", "c1g-prep", "d", "d-idle", "a-pipe", "c64-pipe", "c1g-pipe")
 MIB = 1 << 20
 
 
@@ -510,7 +512,7 @@ class Bench:
     def case_b(self):
         return self.scattered(CASE_NAMES["b"], 64, 1024, 16384, 1024, self.a.iters)
 
-    def contiguous(self, name, size, depth=1):
+    def contiguous(self, name, size, depth=1, prepared=False):
         torch = self.torch
         from fabricxfer.client import to_layout
 
@@ -524,7 +526,10 @@ class Bench:
             remote = to_layout(dst_l)
             one = lambda wait=True: self.c.transfer_blocks("write", src_l, zero, remote, zero,  # noqa: E731
                                                            timeout=self.a.call_timeout, wait=wait)
-            if depth == 1:
+            if prepared:
+                run = self.c.prepare_blocks("write", src_l, zero, remote, zero, timeout=self.a.call_timeout).run
+                ours_fn = lambda i: run()  # noqa: E731
+            elif depth == 1:
                 ours_fn = lambda i: one()  # noqa: E731
             else:
                 ours_fn = lambda i: self.submit_all([lambda: one(False)] * depth)  # noqa: E731
@@ -542,6 +547,12 @@ class Bench:
 
     def case_c1g(self):
         return self.contiguous(CASE_NAMES["c1g"], 1024 * MIB)
+
+    def case_c64_prep(self):
+        return self.contiguous(CASE_NAMES["c64-prep"], 64 * MIB, prepared=True)
+
+    def case_c1g_prep(self):
+        return self.contiguous(CASE_NAMES["c1g-prep"], 1024 * MIB, prepared=True)
 
     def case_c64_pipe(self):
         return self.contiguous(CASE_NAMES["c64-pipe"] % self.a.depth, 64 * MIB, self.a.depth)
@@ -587,7 +598,8 @@ class Bench:
 
 
 CASE_NAMES = {"a": "a 15360x720B of 2x262144", "b": "b 64x1024x16KiB perm", "c64": "c 64 MiB contiguous",
-              "c1g": "c 1 GiB contiguous", "d": "d 4 KiB round trip p50",
+              "c1g": "c 1 GiB contiguous", "c64-prep": "c 64 MiB prepared", "c1g-prep": "c 1 GiB prepared",
+              "d": "d 4 KiB round trip p50",
               "d-idle": "d 4 KiB after %g ms idle, p50", "a-pipe": "a %d in flight, per copy",
               "c64-pipe": "c 64 MiB %d in flight, per copy", "c1g-pipe": "c 1 GiB %d in flight, per copy"}
 

@@ -356,6 +356,56 @@ class BlocksTest(unittest.TestCase):
             c._open_mailbox(Conn(), True)
             self.assertEqual(attached, want, "checked word %d" % word)
 
+    def test_prepared_transfers_move_the_ids_they_were_given(self):
+        for c in (self.c, self.slow):
+            with self.subTest(fast=c._fast is not None):
+                src_l, src = self.layout(c)
+                dst_l, dst = self.layout(c, fill=False)
+                lids, rids = np.array([3, 0, 15], dtype=np.int64), np.array([1, 2, 14], dtype=np.int32)
+                p = c.prepare_blocks("write", src_l, lids, to_layout(dst_l), rids)
+                # The ids are copied when prepared: changing the arrays afterwards moves nothing else.
+                want_l, want_r = lids.copy(), rids.copy()
+                lids[:], rids[:] = 9, 9
+                for run in range(3):
+                    for v in src:
+                        v[:] = np.frombuffer(os.urandom(v.size), dtype=np.uint8).reshape(v.shape)
+                    before = [d.copy() for d in dst]
+                    self.assertIsNone(p.run() if run % 2 else p())
+                    self.check(dst, src, want_r, want_l, before)
+                # Read, not waited for: the transfer id, then waited.
+                back_l, back = self.layout(c, fill=False)
+                before = [b.copy() for b in back]
+                p = c.prepare_blocks("read", back_l, np.array([7], np.int32), to_layout(dst_l), np.array([14], np.int32),
+                                     wait=False)
+                self.assertEqual(c.wait(p.run(), timeout=5.0).state, pb.TRANSFER_STATE_SUCCEEDED)
+                self.check(back, dst, [7], [14], before)
+                # A long list (the id arena's path) and one of mixed widths go through transfer_blocks.
+                for lw, rw, n in ((np.int64, np.int64, 16), (np.int32, np.int64, 5)):
+                    perm = np.random.default_rng(n).permutation(BLOCKS)[:n]
+                    before = [d.copy() for d in dst]
+                    p = c.prepare_blocks("write", src_l, np.arange(n, dtype=lw), to_layout(dst_l), perm.astype(rw))
+                    p.run()
+                    self.check(dst, src, perm, np.arange(n), before)
+                # Checked by the agent at every run, as transfer_blocks's ids are: refused, nothing moved.
+                before = [d.copy() for d in dst]
+                bad = c.prepare_blocks("write", src_l, np.array([0, 16], np.int64), to_layout(dst_l),
+                                       np.array([1, 2], np.int64))
+                for _ in range(2):
+                    with self.assertRaises(grpc.RpcError) as e:
+                        bad.run()
+                    self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, e.exception.details())
+                for k, (d, b) in enumerate(zip(dst, before)):
+                    self.assertTrue(np.array_equal(d, b), "a refused prepared transfer changed region %d" % k)
+                with self.assertRaises(ValueError):
+                    c.prepare_blocks("write", src_l, np.array([0, 1]), to_layout(dst_l), np.array([1]))
+                with self.assertRaises(TypeError):
+                    c.prepare_blocks("write", src_l, np.array([0]), dst_l, np.array([1]))
+                # A layout deregistered since is refused at the run.
+                c.deregister_layout(back_l)
+                gone = c.prepare_blocks("read", back_l, np.array([0], np.int32), to_layout(dst_l), np.array([0], np.int32))
+                with self.assertRaises(grpc.RpcError):
+                    gone.run()
+
     def test_refusals_move_nothing(self):
         for c in (self.c, self.slow):
             with self.subTest(fast=c._fast is not None):

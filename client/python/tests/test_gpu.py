@@ -72,6 +72,38 @@ class GPUTensorTest(unittest.TestCase):
             self.c.transfer_blocks("write", a, lids[i:i + 1], to_layout(b), rids[i:i + 1])
             self.assertTrue(torch.equal(dst[int(rids[i])], src[int(lids[i])]), "call %d returned before its block landed" % i)
 
+    def test_a_prepared_large_copy_lands_at_every_run_and_follows_new_registrations(self):
+        """A 32 MiB block (the copy engine's range, replayed by the agent from its second copy) prepared once
+        with torch ids and run again after the source changed; then the same two tensors registered again the
+        other way round: a copy kept from before would move the old direction."""
+        n = 32 << 20
+        x, y = self.rand(n), torch.zeros(n, dtype=torch.uint8, device=self.dev)
+        zero = torch.zeros(1, dtype=torch.int64)
+
+        def layouts(src, dst):
+            return (self.c.register_layout([self.c.register_tensor(src)], n),
+                    self.c.register_layout([self.c.register_tensor(dst)], n))
+
+        a, b = layouts(x, y)
+        p = self.c.prepare_blocks("write", a, zero, to_layout(b), zero)
+        for i in range(4):
+            x.copy_(self.rand(n))
+            torch.cuda.synchronize()
+            self.assertIsNone(p.run())
+            self.assertTrue(torch.equal(y, x), "run %d returned before its bytes landed" % i)
+        for lay in (a, b):
+            self.c.deregister_layout(lay)
+            for r in lay.regions:
+                self.c.deregister(r)
+        y.copy_(self.rand(n))
+        torch.cuda.synchronize()
+        a, b = layouts(y, x)
+        for i in range(3):
+            self.c.transfer_blocks("write", a, zero, to_layout(b), zero)
+            self.assertTrue(torch.equal(x, y), "copy %d after registering again moved the old direction" % i)
+            y.copy_(self.rand(n))
+            torch.cuda.synchronize()
+
     def test_block_refusals_move_nothing(self):
         """Ids out of range (either side, negative), repeated destination ids and layouts of another geometry
         are refused with INVALID_ARGUMENT naming the problem, and the GPU destination keeps every byte; the

@@ -315,6 +315,33 @@ class FrameTest(unittest.TestCase):
         self.assertLess(med, 5e-3, "building the request took %.3f ms (target 0.2 ms)" % (med * 1e3))
 
 
+class LandedReplyTest(unittest.TestCase):
+    def test_only_a_succeeded_status_at_the_reply_start_is_told_without_decoding(self):
+        from fabricxfer.client import _landed
+
+        def landed(raw):
+            return _landed(memoryview(raw))
+
+        def reply(**status):
+            return pb.FastReply(response=pb.TransferResponse(status=pb.TransferStatus(**status))).SerializeToString()
+
+        ok = pb.TRANSFER_STATE_SUCCEEDED
+        for tid in (1, 16, 127, 128, 0x2A, 0x1002, 1 << 35, (1 << 64) - 1):
+            with self.subTest(transfer_id=tid):
+                self.assertTrue(landed(reply(transfer_id=tid, state=ok, bytes=4096)))
+                for other in (pb.TRANSFER_STATE_PENDING, pb.TRANSFER_STATE_FAILED, pb.TRANSFER_STATE_CANCELLED,
+                              pb.TRANSFER_STATE_DEADLINE_EXCEEDED):
+                    self.assertFalse(landed(reply(transfer_id=tid, state=other)), other)
+                failed = reply(transfer_id=tid, state=pb.TRANSFER_STATE_FAILED, error="x" * 300,
+                               failures=[pb.TagFailure(tag="t", code="NOT_FOUND", message="\x10\x02" * 40)])
+                self.assertFalse(landed(failed))
+        # No transfer id (not encoded), an error reply, a reply without a status: decoded whole instead.
+        self.assertFalse(landed(reply(state=ok)))
+        self.assertFalse(landed(pb.FastReply(code=3, message="\x10\x02").SerializeToString()))
+        self.assertFalse(landed(pb.FastReply(response=pb.TransferResponse(transfer_id=5)).SerializeToString()))
+        self.assertFalse(landed(b""))
+
+
 class ClientChecksTest(unittest.TestCase):
     """Refusals transfer_blocks makes before any call (the client here has no connection at all)."""
 

@@ -58,6 +58,9 @@ class RecoverTest(unittest.TestCase):
         c.deregister(rx)
         kept = c.register_layout([rs], 4096)
         dst_layout = c.register_layout([rd], 4096)
+        # Prepared before the restart: its frame names the layouts' ids of the old agent.
+        prepared = c.prepare_blocks("write", kept, array.array("i", [1]), to_layout(dst_layout), array.array("i", [1]))
+        prepared.run()
         # A transfer id of this agent names nothing of the next one (ids restart there, but carry its epoch).
         tid = c.transfer("write", [Item(rs, to_region(rd), 16)], wait=False)
         c.wait(tid, timeout=5.0)
@@ -105,6 +108,10 @@ class RecoverTest(unittest.TestCase):
         c.transfer_blocks("write", kept, memoryview(b"\0\0\0\0").cast("i"), to_layout(dst_layout),
                           memoryview(b"\0\0\0\0").cast("i"))
         self.assertEqual(bytes(src[:4096]), bytes(dst[:4096]), "a layout recover() brought back moved nothing")
+        src[4096:4160] = os.urandom(64)
+        self.assertIsNone(prepared.run())
+        self.assertEqual(bytes(src[4096:8192]), bytes(dst[4096:8192]),
+                         "a transfer prepared before recover() did not follow its layouts' new ids")
         self.assertNotEqual(rd.descriptor, old[2], "the destination kept its old descriptor")
         self.assertFalse(rs.lost or rd.lost)
         if pool is not None:
