@@ -645,9 +645,10 @@ class PreparedBlocks:
         Not waited for, it returns the transfer id for wait()."""
         c = self._client
         if not self._short():
-            return c.transfer_blocks(_OP_NAMES[self._op], self._layout, _typed(self._local, self._width),
-                                     self._remote, _typed(self._rids, self._rwidth), timeout=self._timeout,
-                                     wait=self._wait)
+            answer = c.transfer_blocks(_OP_NAMES[self._op], self._layout, _typed(self._local, self._width),
+                                       self._remote, _typed(self._rids, self._rwidth), timeout=self._timeout,
+                                       wait=self._wait)
+            return None if self._wait else answer  # a waited call that did not land raised
         c._check_session()
         if not self._wait:
             return c._fast_reply(c._fast_raw(self._frame, self._timeout, mailbox=self._mailbox)).transfer_id
