@@ -611,7 +611,7 @@ class PreparedBlocks:
     other goes through transfer_blocks with the packed ids."""
 
     __slots__ = ("_client", "_op", "_layout", "_local", "_width", "_remote", "_rids", "_rwidth", "_timeout",
-                 "_wait", "_frame", "_mailbox", "_lay", "_other")
+                 "_wait", "_frame", "_mailbox", "_lay", "_other", "_conn")
 
     def __init__(self, client: "Client", op: int, layout: Layout, local: bytes, width: int, remote: RemoteLayout,
                  rids: bytes, rwidth: int, timeout: Optional[float], wait: bool):
@@ -619,15 +619,15 @@ class PreparedBlocks:
         self._remote, self._rids, self._rwidth, self._timeout, self._wait = remote, rids, rwidth, timeout, wait
         self._frame = None
         self._mailbox = True
-        self._lay = self._other = None
+        self._lay = self._other = self._conn = None
 
     def _short(self) -> bool:
-        """Whether the frame path applies, building the frame where it is missing or names a layout id that
-        recover() replaced."""
+        """Whether the frame path applies, building the frame where it is missing, names a layout id that
+        recover() replaced, or was built for another fast connection (whose mailbox may be checked)."""
         c, lay = self._client, self._layout.pb
         own = self._remote._layout
         other = own.pb if own is not None else None
-        if self._frame is not None and lay is self._lay and other is self._other:
+        if self._frame is not None and lay is self._lay and other is self._other and c._fast is self._conn:
             return True
         count = len(self._local) // self._width
         if (self._width != self._rwidth or count >= _blocks.ARENA_MIN_IDS or c._fast is None):
@@ -636,7 +636,7 @@ class PreparedBlocks:
                                      memoryview(self._rids), self._width, self._timeout, None, self._wait)
         self._frame = (b"".join(parts),)
         self._mailbox = c._mailbox_for(self._layout, self._remote)
-        self._lay, self._other = lay, other
+        self._lay, self._other, self._conn = lay, other, c._fast
         return True
 
     def run(self):
