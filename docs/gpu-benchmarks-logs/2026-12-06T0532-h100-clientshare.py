@@ -1,3 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # Where a plain transfer_blocks call's client time goes with torch ids, on the machine with torch: pieces of the
 # id packing timed alone, then waited one-block host calls (plain with numpy ids, plain with torch ids, prepared)
 # through a running agent, alternated in rounds.
