@@ -66,7 +66,8 @@ func TestGPUCopierReplaysRepeatedCopyEngineRanges(t *testing.T) {
 // BenchmarkGPUCopyEngineReplay times one waited 64 MiB copy within one GPU through the copier, queued as a
 // cuMemcpyAsync (a copier without a mapping epoch) and replayed from its kept graph, beside the bare
 // cuMemcpyAsync with a stream synchronize in the same run (the ceiling): the host time a replay saves before
-// the copy starts is what a waited call through the agent gains.
+// the copy starts is what a waited call through the agent gains; then what a capture costs the copy that makes it
+// ("capture+destroy").
 func BenchmarkGPUCopyEngineReplay(b *testing.B) {
 	drv, nv := gpuEnv(b)
 	var epoch atomic.Uint64
@@ -119,6 +120,30 @@ func BenchmarkGPUCopyEngineReplay(b *testing.B) {
 	if n, off := replayed.ReplayCaptures(); n != 1 || off != "" {
 		b.Fatalf("the replayed copier captured %d ranges (off %q), want 1", n, off)
 	}
+	// What a range's second copy adds to its host time, under the copier's lock: capturing and instantiating
+	// the copy, and destroying the graph again (as a release or an eviction does).
+	b.Run("capture+destroy", func(b *testing.B) {
+		err := drv.WithContext(plain.Context(), func() error {
+			s, err := drv.StreamCreate()
+			if err != nil {
+				return err
+			}
+			defer drv.StreamDestroy(s)
+			for b.Loop() {
+				x, err := drv.CaptureCopy(uint64(dst), uint64(src), size, s)
+				if err != nil {
+					return err
+				}
+				if err := drv.GraphExecDestroy(x); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	})
 }
 
 // Through the engine, as the agent copies: a large item copied again is replayed from the backend copier's graph,
