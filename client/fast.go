@@ -219,6 +219,22 @@ func (c *Client) fastRequestLocked(ctx context.Context, req *agentv1.FastRequest
 	if err != nil {
 		return nil, true, err
 	}
+	return c.fastPayloadLocked(ctx, payload)
+}
+
+// fastPayload sends an encoded FastRequest on the fast socket and returns its response; ok is false when there
+// is no fast connection (the caller goes through gRPC).
+func (c *Client) fastPayload(ctx context.Context, payload []byte) (resp *agentv1.TransferResponse, ok bool, err error) {
+	c.fastMu.Lock()
+	defer c.fastMu.Unlock()
+	if c.fast == nil {
+		return nil, false, nil
+	}
+	return c.fastPayloadLocked(ctx, payload)
+}
+
+// fastPayloadLocked is fastPayload with c.fastMu held and the fast connection open.
+func (c *Client) fastPayloadLocked(ctx context.Context, payload []byte) (resp *agentv1.TransferResponse, ok bool, err error) {
 	var body []byte
 	if c.mbox != nil && c.mbox.Fits(len(payload)) {
 		body, err = mailboxCall(ctx, c.fast, c.mbox, payload, c.spin)

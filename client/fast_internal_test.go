@@ -5,6 +5,7 @@ package client
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,11 +16,13 @@ import (
 )
 
 // BenchmarkOneBlockRequestAndReply is the Go client's own work around a waited one-block call, without the round
-// trip: the request built and encoded as sendBlocks and fastBlocks build it, and a success reply decoded. It
-// bounds what a prepared form of the call (the Python client's prepare_blocks) could save a Go caller.
+// trip: the request checked, built and encoded as sendBlocks and fastBlocks build it ("plain") or a prepared
+// run's frame ("prepared"), and a success reply decoded.
 func BenchmarkOneBlockRequestAndReply(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	c := &Client{}
+	l, other := &Layout{c: c, id: 7}, &Layout{c: c, id: 9}
 	ids, remoteIDs := []uint32{3}, []uint32{9}
 	reply, err := proto.Marshal(&agentv1.FastReply{Response: &agentv1.TransferResponse{Status: &agentv1.TransferStatus{
 		TransferId: 1 << 40, State: agentv1.TransferState_TRANSFER_STATE_SUCCEEDED, Bytes: 4096,
@@ -27,17 +30,7 @@ func BenchmarkOneBlockRequestAndReply(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.ReportAllocs()
-	for b.Loop() {
-		req := &agentv1.TransferBlocksRequest{LayoutId: 7, IdBytes: 4, Wait: true,
-			Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: 9}}}
-		if req.Op, req.Timeout, err = submission(ctx, Write, TransferOptions{}, true); err != nil {
-			b.Fatal(err)
-		}
-		req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
-		if _, err := proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}}); err != nil {
-			b.Fatal(err)
-		}
+	answer := func() {
 		r, err := decodeReply(reply)
 		if err != nil {
 			b.Fatal(err)
@@ -46,4 +39,100 @@ func BenchmarkOneBlockRequestAndReply(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	b.Run("plain", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			req, err := blocksRequest(ctx, Write, l, ids, ToLayout(other), remoteIDs, TransferOptions{}, true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
+			if _, err := proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}}); err != nil {
+				b.Fatal(err)
+			}
+			answer()
+		}
+	})
+	b.Run("prepared", func(b *testing.B) {
+		p, err := c.PrepareBlocks(Write, l, ids, ToLayout(other), remoteIDs, TransferOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if len(p.payload(boundedTimeout(ctx, p.opts.Timeout, true))) == 0 {
+				b.Fatal("an empty frame")
+			}
+			answer()
+		}
+	})
+}
+
+// TestPreparedPayloadIsTheRequestTransferBlocksSends: whatever the context leaves, a prepared run's frame decodes
+// to the FastRequest the plain call builds for the same arguments and context (the timeout TransferBlocks would
+// give the agent included, and none where it gives none).
+func TestPreparedPayloadIsTheRequestTransferBlocksSends(t *testing.T) {
+	c := &Client{}
+	l, other := &Layout{c: c, id: 7}, &Layout{c: c, id: 1 << 40}
+	ids, remoteIDs := []uint32{3, 1 << 31, 0}, []uint32{9, 8, 7}
+	for _, tc := range []struct {
+		name   string
+		remote RemoteLayout
+		opts   TransferOptions
+		ctx    func() (context.Context, context.CancelFunc)
+	}{
+		{"no deadline, no timeout", ToLayout(other), TransferOptions{}, background},
+		{"no deadline, a timeout", ToLayout(other), TransferOptions{Timeout: 1500 * time.Millisecond}, background},
+		{"whole seconds", ToLayoutSegment("node-b", "kv"), TransferOptions{Timeout: 3 * time.Second}, background},
+		{"a deadline sooner than the timeout", ToLayout(other), TransferOptions{Timeout: time.Hour}, within(2 * time.Second)},
+		{"a deadline and the agent's default", ToLayoutSegment("", "kv"), TransferOptions{}, within(5 * time.Second)},
+		{"a deadline past the timeout", ToLayout(other), TransferOptions{Timeout: 250 * time.Microsecond}, within(time.Minute)},
+		{"a deadline already passed", ToLayout(other), TransferOptions{}, within(-time.Second)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := c.PrepareBlocks(Read, l, ids, tc.remote, remoteIDs, tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := tc.ctx()
+			defer cancel()
+			want, err := blocksRequest(ctx, Read, l, ids, tc.remote, remoteIDs, tc.opts, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := &agentv1.FastRequest{}
+			if err := proto.Unmarshal(p.payload(boundedTimeout(ctx, tc.opts.Timeout, true)), got); err != nil {
+				t.Fatal(err)
+			}
+			want.LocalIds, want.RemoteIds = packIDs(ids), packIDs(remoteIDs)
+			// The two timeouts were read from the clock a moment apart: equal to the millisecond.
+			gt, wt := got.GetBlocks().GetTimeout(), want.GetTimeout()
+			if (gt == nil) != (wt == nil) || gt != nil && (gt.AsDuration()-wt.AsDuration()).Abs() > time.Millisecond {
+				t.Fatalf("timeout %v, want %v", gt, wt)
+			}
+			got.GetBlocks().Timeout, want.Timeout = nil, nil
+			if !proto.Equal(got, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: want}}) {
+				t.Fatalf("prepared frame decodes to %v, want %v", got, want)
+			}
+		})
+	}
+	ids[0] = 5 // the caller's slices are copied when prepared
+	p, err := c.PrepareBlocks(Write, l, ids[:1], ToLayout(other), remoteIDs[:1], TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids[0] = 6
+	got := &agentv1.FastRequest{}
+	if err := proto.Unmarshal(p.payload(0), got); err != nil || !slices.Equal(got.GetBlocks().LocalIds, packIDs([]uint32{5})) {
+		t.Fatalf("prepared ids %x (%v), want those of the prepare", got.GetBlocks().GetLocalIds(), err)
+	}
+	if _, err := c.PrepareBlocks(Write, l, ids, ToLayout(other), remoteIDs[:1], TransferOptions{}); err == nil {
+		t.Fatal("unequal id counts were prepared")
+	}
+}
+
+func background() (context.Context, context.CancelFunc) { return context.Background(), func() {} }
+
+func within(d time.Duration) func() (context.Context, context.CancelFunc) {
+	return func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), d) }
 }

@@ -17,7 +17,8 @@ import (
 // of 1,024 ids and more into its id arena); "1 block, socket" is the one-block call of a client whose frames stay
 // on the socket (WithoutMailbox) in the same run; "1 block, driven" is the one-block call of an agent whose
 // block copies, like GPU copies, end when the waiting call's poll sees them end (enginetest.PollingHost), so the
-// call takes the path of a GPU copy's around a host copy.
+// call takes the path of a GPU copy's around a host copy; "1 block, prepared" is the one-block call prepared
+// once (client.PrepareBlocks) and run each time.
 func BenchmarkBlockTransferOverhead(b *testing.B) {
 	t := &testing.T{}
 	opts := baseOptions(t, newProcFixture(t))
@@ -61,6 +62,18 @@ func BenchmarkBlockTransferOverhead(b *testing.B) {
 			}
 		})
 	}
+	b.Run("1 block, prepared", func(b *testing.B) {
+		p, err := mailboxed.PrepareBlocks(client.Write, wide.src, []uint32{uint32(rng.IntN(blocks))}, client.ToLayout(wide.dst),
+			[]uint32{uint32(rng.IntN(blocks))}, client.TransferOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if _, err := p.Run(ctxT(t)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // TestBlockCallAllocations bounds the allocations of one waited one-block transfer through the fast socket, the

@@ -8,6 +8,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,9 +36,7 @@ func hostRegions(t *testing.T, c *client.Client, rng *rand.Rand, n int, size uin
 	var mems []*client.SharedMemory
 	for range n {
 		m := shm(t, size)
-		for i := range m.Bytes {
-			m.Bytes[i] = byte(rng.Uint32())
-		}
+		fillRandom(rng, m.Bytes)
 		r, err := c.RegisterHost(ctxT(t), m.File, 0, m.Size())
 		if err != nil {
 			t.Fatal(err)
@@ -45,6 +44,13 @@ func hostRegions(t *testing.T, c *client.Client, rng *rand.Rand, n int, size uin
 		regions, mems = append(regions, r), append(mems, m)
 	}
 	return regions, mems
+}
+
+// fillRandom fills b with bytes of rng.
+func fillRandom(rng *rand.Rand, b []byte) {
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
 }
 
 func snapshot(mems []*client.SharedMemory) [][]byte {
@@ -110,6 +116,79 @@ func int64s(v ...int64) []byte {
 		}
 	}
 	return b
+}
+
+// TestPreparedBlockTransfersRunAsTransferBlocks: a transfer prepared once moves the blocks named when it was
+// prepared at every run, on the fast socket, through the id arena (long lists) and through gRPC (no fast
+// path); one the agent refuses is refused at every run and moves nothing, as is one whose layout went away.
+func TestPreparedBlockTransfersRunAsTransferBlocks(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	rng := rand.New(rand.NewPCG(21, 22))
+	const bs, blocks = 64, 4096
+	for _, c := range []*client.Client{dial(t, a), dialNoFast(t, a)} {
+		src, srcMem := hostLayout(t, c, rng, 2, blocks, bs)
+		dst, dstMem := hostLayout(t, c, rng, 2, blocks, bs)
+		for _, n := range []int{1, 7, 1500} {
+			local, remote := make([]uint32, n), make([]uint32, n)
+			for i, v := range rng.Perm(blocks)[:n] {
+				local[i] = uint32(v)
+			}
+			for i, v := range rng.Perm(blocks)[:n] {
+				remote[i] = uint32(v)
+			}
+			named := slices.Clone(local)
+			p, err := c.PrepareBlocks(client.Write, src, local, client.ToLayout(dst), remote, client.TransferOptions{Timeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			local[0] = (local[0] + 1) % blocks // the prepared transfer keeps its own copy
+			for run := range 3 {
+				for _, m := range srcMem {
+					fillRandom(rng, m.Bytes)
+				}
+				before := snapshot(dstMem)
+				st, err := p.Run(ctxT(t))
+				if err != nil || st.State != agentv1.TransferState_TRANSFER_STATE_SUCCEEDED {
+					t.Fatalf("%d ids, run %d: %v %v", n, run, st, err)
+				}
+				for k := range dstMem {
+					want := before[k]
+					for i := range named {
+						copy(want[uint64(remote[i])*bs:][:bs], srcMem[k].Bytes[uint64(named[i])*bs:][:bs])
+					}
+					if !bytes.Equal(dstMem[k].Bytes, want) {
+						t.Fatalf("%d ids, run %d: region %d differs from the blocks prepared", n, run, k)
+					}
+				}
+			}
+		}
+		// Refused at every run, nothing moved.
+		before := snapshot(dstMem)
+		bad, err := c.PrepareBlocks(client.Write, src, []uint32{1, blocks}, client.ToLayout(dst), []uint32{2, 3}, client.TransferOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if _, err := bad.Run(ctxT(t)); client.Code(err).String() != "InvalidArgument" || !strings.Contains(err.Error(), "outside") {
+				t.Fatalf("a prepared id out of range: %v", err)
+			}
+		}
+		if err := c.DeregisterLayout(ctxT(t), src); err != nil {
+			t.Fatal(err)
+		}
+		gone, err := c.PrepareBlocks(client.Write, dst, []uint32{1}, client.ToLayout(src), []uint32{1}, client.TransferOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := gone.Run(ctxT(t)); client.Code(err).String() != "NotFound" {
+			t.Fatalf("a prepared transfer to a deregistered layout: %v", err)
+		}
+		for k := range dstMem {
+			if !bytes.Equal(dstMem[k].Bytes, before[k]) {
+				t.Fatalf("region %d changed although every run was refused", k)
+			}
+		}
+	}
 }
 
 // TestBlockTransferRefusals: out-of-range, negative and duplicate ids, unequal counts, other geometries,
