@@ -22,6 +22,7 @@ Block layouts (a paged KV cache: every layer's K and V tensor cut into blocks of
     c.transfer_blocks("write", lay, src_ids, to_layout_segment("node-b", "kv-0"), dst_ids)
 """
 
+import array
 import fcntl
 import mmap
 import os
@@ -588,7 +589,6 @@ class TransferFailed(Exception):
                                                        status.error, tags))
 
 
-
 # A fast reply whose response starts with a status of state SUCCEEDED (agent.proto: FastReply 1a LEN, its
 # TransferResponse's status 2a LEN', then TransferStatus transfer_id 08 VARINT and state 10 02), told without
 # decoding it: a third of what protobuf takes to decode the status. Any other encoding is decoded whole.
@@ -596,19 +596,24 @@ _LANDED = re.compile(rb"\x1a.\x2a.\x08[\x80-\xff]{0,9}[\x00-\x7f]\x10\x02", re.D
 
 
 def _landed(raw) -> bool:
-    """Whether raw is a fast reply that says its transfer succeeded, its two lengths one byte each as _LANDED reads them."""
+    """Whether raw is a fast reply that says its transfer succeeded (its two lengths one byte each, as _LANDED
+    reads them)."""
     return _LANDED(raw) is not None and raw[1] == len(raw) - 2 and raw[3] < 0x80
 
 
-def _typed(packed: bytes, width: int) -> memoryview:
-    """Packed little-endian ids as a buffer of their width, as transfer_blocks reads one."""
-    return memoryview(packed).cast("i" if width == 4 else "q")
+def _typed(packed: bytes, width: int):
+    """Packed little-endian ids as an array of their width in this host's order, as transfer_blocks reads one."""
+    ids = array.array("i" if width == 4 else "q")
+    ids.frombytes(packed)
+    if sys.byteorder != "little":
+        ids.byteswap()
+    return ids
 
 
 class PreparedBlocks:
-    """A block transfer packed by Client.prepare_blocks; run() moves its blocks. A short list of ids of one width on the fast
-    socket runs from its frame, built at the first run and again after recover() gave a layout a new id; any
-    other goes through transfer_blocks with the packed ids."""
+    """A block transfer packed by Client.prepare_blocks; run() moves its blocks. A short list of ids of one width
+    on the fast socket runs from its frame, built at the first run and again after recover() gave a layout a new
+    id; any other goes through transfer_blocks with the packed ids."""
 
     __slots__ = ("_client", "_op", "_layout", "_local", "_width", "_remote", "_rids", "_rwidth", "_timeout",
                  "_wait", "_frame", "_mailbox", "_lay", "_other", "_conn")
@@ -657,10 +662,10 @@ class PreparedBlocks:
             return None
         st = status_first(raw)
         if st is None:
-            st = c._settled(c._fast_reply(raw), True)
+            c._settled(c._fast_reply(raw), True)  # raises for any end but success
         elif st.state != pb.TRANSFER_STATE_SUCCEEDED:
             raise TransferFailed(st)
-        return None if st.state == pb.TRANSFER_STATE_SUCCEEDED else st
+        return None
 
     __call__ = run
 
@@ -1376,8 +1381,9 @@ class Client:
                        timeout: Optional[float] = None, wait: bool = True) -> "PreparedBlocks":
         """transfer_blocks packed once, to run any number of times: PreparedBlocks.run() moves the same blocks
         each time, as transfer_blocks(op, layout, ids, remote, remote_ids, timeout, wait) would (waited, it
-        returns None once they landed rather than the status, and raises as transfer_blocks does). The ids are copied now (changing the arrays afterwards changes nothing) and checked by the
-        agent at each run, as transfer_blocks's are. For a transfer repeated as it is (a model's weights into the
+        returns None once they landed rather than the status, and raises as transfer_blocks does). The ids are
+        copied now (changing the arrays afterwards changes nothing) and checked by the agent at each run, as
+        transfer_blocks's are. For a transfer repeated as it is (a model's weights into the
         same tensors each step, one fixed staging block), a run skips what a call does before its frame is
         written: reading the ids out of numpy or torch, checking the arguments, building and joining the
         frame."""

@@ -375,8 +375,8 @@ class BlocksTest(unittest.TestCase):
                 # Read, not waited for: the transfer id, then waited.
                 back_l, back = self.layout(c, fill=False)
                 before = [b.copy() for b in back]
-                p = c.prepare_blocks("read", back_l, np.array([7], np.int32), to_layout(dst_l), np.array([14], np.int32),
-                                     wait=False)
+                p = c.prepare_blocks("read", back_l, np.array([7], np.int32), to_layout(dst_l),
+                                     np.array([14], np.int32), wait=False)
                 self.assertEqual(c.wait(p.run(), timeout=5.0).state, pb.TRANSFER_STATE_SUCCEEDED)
                 self.check(back, dst, [7], [14], before)
                 # A long list (the id arena's path) and one of mixed widths go through transfer_blocks.
@@ -402,7 +402,8 @@ class BlocksTest(unittest.TestCase):
                     c.prepare_blocks("write", src_l, np.array([0]), dst_l, np.array([1]))
                 # A layout deregistered since is refused at the run.
                 c.deregister_layout(back_l)
-                gone = c.prepare_blocks("read", back_l, np.array([0], np.int32), to_layout(dst_l), np.array([0], np.int32))
+                gone = c.prepare_blocks("read", back_l, np.array([0], np.int32), to_layout(dst_l),
+                                        np.array([0], np.int32))
                 with self.assertRaises(grpc.RpcError):
                     gone.run()
 
