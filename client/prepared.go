@@ -76,7 +76,7 @@ func (p *PreparedBlocks) Run(ctx context.Context) (*Status, error) {
 
 // payload is the FastRequest of one run: the prepared request with timeout (none when zero) appended.
 func (p *PreparedBlocks) payload(timeout time.Duration) []byte {
-	var dur []byte
+	var dur []byte // a google.protobuf.Duration: seconds (field 1) and nanos (field 2), each left out when zero
 	if timeout > 0 {
 		if s := int64(timeout / time.Second); s != 0 {
 			dur = protowire.AppendVarint(protowire.AppendTag(dur, 1, protowire.VarintType), uint64(s))
