@@ -17,11 +17,12 @@
 # CASES (default a,b,c64,c1g,d,a-pipe,c64-pipe) picks the bench_gpu.py cases; BENCH_ARGS adds arguments to both
 # sides' bench_gpu.py (BENCH_ARGS=--interleave where both client trees have it; without MPS it makes the GPU switch
 # processes at every call, about 150 us on both sides: not for latency). RESTARTS=N then starts each
-# side's agent N times more for the contiguous cases alone (restarts.txt): the 64 MiB call's median has moved
-# more between agent starts than between builds.
+# side's agent N times more for the contiguous cases alone (restarts.txt; RESTART_CASES, default c64,c1g, or
+# c64-prep,c1g-prep where both client trees have them): the 64 MiB call's median has moved more between agent
+# starts than between builds.
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
-  sed -n '5,21p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '5,22p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 out=${OUT:-gpu-socket-ab}
@@ -62,7 +63,7 @@ for r in $(seq "${RESTARTS:-0}"); do
     a=$old_agent c=$old_client
     [[ $side == new ]] && a=$new_agent c=$new_client
     echo "=== $side start $r $(date -u +%T)" >>"$out/restarts.txt"
-    timeout 120 python3 "$c/bench/bench_gpu.py" --agent "$a" --cases c64,c1g "${bench_args[@]}" >>"$out/restarts.txt" 2>&1
+    timeout 120 python3 "$c/bench/bench_gpu.py" --agent "$a" --cases "${RESTART_CASES:-c64,c1g}" "${bench_args[@]}" >>"$out/restarts.txt" 2>&1
     echo "$(date -u +%T) $side start $r rc $?" >>"$out/times.txt"
   done
 done
