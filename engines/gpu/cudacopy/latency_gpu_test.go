@@ -117,13 +117,18 @@ func BenchmarkGPULatencyLadder(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer be.Close()
-				x, err := xgmi.New(xgmi.Options{Node: "node-a"}, be, xgmi.NewHostBackend())
+				// The composite as the agent assembles it: one region table shared by the engine and the composite.
+				var shared *engines.Registry
+				if composite {
+					shared = engines.NewRegistry("node-a", 0)
+				}
+				x, err := xgmi.New(xgmi.Options{Node: "node-a", Registry: shared}, be, xgmi.NewHostBackend())
 				if err != nil {
 					b.Fatal(err)
 				}
 				var eng engines.Engine = x
 				if composite {
-					if eng, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x); err != nil {
+					if eng, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a", Registry: shared}, x); err != nil {
 						b.Fatal(err)
 					}
 				}
