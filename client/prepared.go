@@ -59,19 +59,24 @@ func (c *Client) PrepareBlocks(op Op, l *Layout, ids []uint32, remote RemoteLayo
 func (p *PreparedBlocks) Run(ctx context.Context) (*Status, error) {
 	c := p.c
 	if p.blocks == nil || c.generation() != p.gen {
-		return c.TransferBlocks(ctx, p.op, p.l, p.ids, p.remote, p.remoteIDs, p.opts)
+		return p.plain(ctx)
 	}
 	if err := c.check(); err != nil {
 		return nil, err
 	}
 	resp, fast, err := c.fastPayload(ctx, p.payload(boundedTimeout(ctx, p.opts.Timeout, true)))
 	if !fast {
-		return c.TransferBlocks(ctx, p.op, p.l, p.ids, p.remote, p.remoteIDs, p.opts)
+		return p.plain(ctx)
 	}
 	if err != nil {
 		return nil, c.wrap("transferring blocks", p.gen, err)
 	}
 	return resp.Status, statusErr(resp.Status)
+}
+
+// plain runs the transfer as TransferBlocks, for what the kept frame cannot carry.
+func (p *PreparedBlocks) plain(ctx context.Context) (*Status, error) {
+	return p.c.TransferBlocks(ctx, p.op, p.l, p.ids, p.remote, p.remoteIDs, p.opts)
 }
 
 // payload is the FastRequest of one run: the prepared request with timeout (none when zero) appended.

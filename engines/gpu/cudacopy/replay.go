@@ -125,9 +125,9 @@ func (c *copyReplays) stop(err error) {
 
 // dropAll destroys every kept graph and forgets the ranges seen.
 func (c *copyReplays) dropAll() {
-	for r, k := range c.kept {
+	for _, k := range c.kept {
 		c.destroy(k.exec)
-		delete(c.kept, r)
 	}
+	clear(c.kept)
 	clear(c.seen)
 }
