@@ -26,11 +26,13 @@ import (
 func (t *transferSide) loadGPURuntimes() (closers []func() error) {
 	if slices.ContainsFunc(t.report.GPUs, func(g topology.GPU) bool { return g.Vendor == topology.VendorAMD }) {
 		if be := t.hipBackend(); be != nil {
+			t.hipCopiers.Store(be)
 			t.xgmiBackends = append(t.xgmiBackends, be)
 			closers = append(closers, be.Close)
 		}
 	}
 	if be := t.cudaBackend(); be != nil {
+		t.cudaCopiers.Store(be)
 		t.xgmiBackends = append(t.xgmiBackends, be)
 		closers = append(closers, be.Close)
 	}
@@ -94,7 +96,7 @@ func (t *transferSide) cudaBackend() *cudacopy.Backend {
 		t.log.Info("NVRTC unavailable: copies use driver batch copies", "reason", err.Error())
 		nvrtc = nil
 	}
-	t.cudaCopy = cudacopy.Options{NVRTC: nvrtc, CacheDir: t.opts.KernelCache}
+	t.cudaCopy = cudacopy.Options{NVRTC: nvrtc, CacheDir: t.opts.KernelCache, FeatureOff: logFeatureOff(t.log)}
 	be, err := cudacopy.NewBackend(drv, t.cudaCopy)
 	if err != nil {
 		t.log.Info("GPU copy backend unavailable", "reason", err.Error())

@@ -27,6 +27,8 @@ func (t *transferSide) serveHealth(ctx context.Context, ln net.Listener) error {
 	}
 	// The fabric engine's import cache (0 until, or where, it does not run).
 	_ = reg.Register(fabricMappedGauge(fabricMapped{t}))
+	// The GPU copiers (none until, or where, a GPU backend runs).
+	_ = reg.Register(newGPUCopierCollector(func() []gpuCopier { return gpuCopiersOf(t.cudaCopiers.Load(), t.hipCopiers.Load()) }))
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Timeout: 5 * time.Second}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {

@@ -43,7 +43,8 @@ func exportedMetrics(t *testing.T) (names map[string]bool, histograms map[string
 	}
 	names = map[string]bool{}
 	for _, c := range []prometheus.Collector{m, srv.Collector(), (&peers.Peers{}).Collector(), controllers.Metrics{},
-		controllers.DomainEventsDropped(prometheus.NewRegistry()), controllers.AgentEventsDropped(prometheus.NewRegistry()), fabricMappedGauge(nil)} {
+		controllers.DomainEventsDropped(prometheus.NewRegistry()), controllers.AgentEventsDropped(prometheus.NewRegistry()), fabricMappedGauge(nil),
+		newGPUCopierCollector(func() []gpuCopier { return nil })} {
 		ch := make(chan *prometheus.Desc, 64)
 		go func() { c.Describe(ch); close(ch) }()
 		for d := range ch {

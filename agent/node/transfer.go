@@ -25,6 +25,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines/fabric"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cudacopy"
+	"github.com/fabricxfer/fabricxfer/engines/gpu/hipcopy"
 	"github.com/fabricxfer/fabricxfer/engines/rdma"
 	"github.com/fabricxfer/fabricxfer/engines/tcp"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
@@ -91,6 +92,9 @@ type transferSide struct {
 	cudaCopy   cudacopy.Options
 	// cudaCopyRunning says the CUDA copy backend started (the fabric engine runs on the same runtime).
 	cudaCopyRunning bool
+	// cudaCopiers and hipCopiers are the GPU backends once they run: /metrics reads their copiers.
+	cudaCopiers atomic.Pointer[cudacopy.Backend]
+	hipCopiers  atomic.Pointer[hipcopy.Backend]
 	// fabric is the fabric engine once it runs: the rdma engine yields its pairs, /metrics reads its cache.
 	fabric atomic.Pointer[fabric.Engine]
 	// composite is the assembled composite engine once it runs.

@@ -80,6 +80,10 @@ type Options struct {
 	// copied more than once are then replayed from instantiated graphs (copyReplays), all dropped whenever
 	// it moves. Unset, every copy-engine copy is a cuMemcpyAsync.
 	MappingEpoch func() uint64
+	// FeatureOff, when set, is told of each feature a copier starts without (copy replays only where
+	// MappingEpoch asks for them) and of each one that turns off later (a refused write of the done word, a
+	// failed capture): an agent logs it. It may run under the copier's lock, so it must not call the copier.
+	FeatureOff func(ordinal int, f Feature, why string)
 }
 
 // CopyStats describes one completed Backend copy.
@@ -117,6 +121,7 @@ const (
 // Copier executes copies on one device's stream in its primary context.
 type Copier struct {
 	drv     *cuda.Driver
+	ordinal int
 	dev     cuda.Device
 	ctx     cuda.Context
 	sms     int
@@ -155,6 +160,7 @@ type Copier struct {
 
 	// replays keeps repeated copy-engine ranges as graphs (nil: off); captures go to captureStream.
 	replays       *copyReplays
+	replaysReason string // why replays is nil
 	captureStream cuda.Stream
 
 	check checkScratch // device memory of block lists checked on the GPU
@@ -206,10 +212,16 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("retaining GPU %d's primary context: %w", ordinal, err)
 	}
-	c := &Copier{drv: drv, dev: dev, ctx: ctx, opts: opts}
+	c := &Copier{drv: drv, ordinal: ordinal, dev: dev, ctx: ctx, opts: opts}
 	c.slots = newSlots(drv)
-	if opts.MappingEpoch != nil && drv.HasGraphs() {
+	switch {
+	case opts.MappingEpoch == nil:
+		c.replaysReason = "not asked for (a copier outside a backend)"
+	case !drv.HasGraphs():
+		c.replaysReason = "the CUDA driver has no graph calls"
+	default:
 		c.replays = newCopyReplays(opts.MappingEpoch, c.captureCopy, func(x cuda.GraphExec) { _ = drv.GraphExecDestroy(x) })
+		c.replays.stopped = func(why string) { c.reportOff(FeatureCopyReplay, why) }
 	}
 	c.resident = &gpushare.Resident[*slot]{Max: max(opts.ResidentLayouts, 0), MaxBytes: maxResidentBytes,
 		Host: (*slot).host, Put: c.slots.Put}
@@ -238,6 +250,7 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 		_ = drv.PrimaryContextRelease(dev)
 		return nil, fmt.Errorf("setting up GPU %d: %w", ordinal, err)
 	}
+	c.reportOffAtStart()
 	return c, nil
 }
 
@@ -520,6 +533,7 @@ func (c *Copier) copyEngine(s Segment, replay bool) error {
 		if x, ok := c.replays.lookup(copyRange{dst: s.Dst, src: s.Src, size: s.Size}); ok {
 			err := c.drv.GraphLaunch(x, c.stream)
 			if err == nil {
+				c.replays.launched++
 				return nil
 			}
 			c.replays.stop(err)
@@ -619,6 +633,7 @@ func (c *Copier) signalDone() uint32 {
 	seq, err := c.done.Signal(c.stream)
 	if err != nil {
 		c.doneOff, c.doneReason = true, err.Error()
+		c.reportOff(FeatureDoneWord, c.doneReason)
 		return 0
 	}
 	return seq

@@ -24,13 +24,8 @@ func (p *Pending) HasEvent() bool { return p.event != 0 }
 // SignalledByKernel reports whether p's kernel writes its done word itself (no stream write behind it).
 func (p *Pending) SignalledByKernel() bool { return p.byKernel }
 
-// ReplayCaptures is how many copy-engine ranges c captured as graphs, and why replays stopped ("" while on;
-// "not set up" where the copier has none).
+// ReplayCaptures is how many copy-engine ranges c captured as graphs, and why replays are off ("" while on).
 func (c *Copier) ReplayCaptures() (int, string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.replays == nil {
-		return 0, "not set up"
-	}
-	return c.replays.count, c.replays.off
+	st := c.State()
+	return int(st.Captured), st.Off[FeatureCopyReplay]
 }

@@ -41,12 +41,15 @@ type copyReplays struct {
 	capture func(copyRange) (cuda.GraphExec, error)
 	destroy func(cuda.GraphExec)
 
-	at    uint64 // the epoch the kept graphs and seen ranges belong to
-	uses  uint64
-	kept  map[copyRange]*replay
-	seen  map[copyRange]struct{}
-	off   string // why replays stopped (a capture or launch failed): every copy is a cuMemcpyAsync then
-	count int    // captures made, for tests
+	at       uint64 // the epoch the kept graphs and seen ranges belong to
+	uses     uint64
+	kept     map[copyRange]*replay
+	seen     map[copyRange]struct{}
+	off      string // why replays stopped (a capture or launch failed): every copy is a cuMemcpyAsync then
+	count    int    // captures made
+	launched uint64 // copies launched from kept graphs (the copier counts them)
+	// stopped, when set, is told why replays stopped.
+	stopped func(why string)
 	// wasted counts graphs evicted before a second launch: ranges that come back only after more than
 	// replayKept others. At replayKept replays stop, so a caller cycling through many ranges does not make
 	// every copy a capture (host time under the copier's lock, which other callers' copies wait for).
@@ -121,6 +124,9 @@ func (c *copyReplays) evictOldest() {
 func (c *copyReplays) stop(err error) {
 	c.off = err.Error()
 	c.dropAll()
+	if c.stopped != nil {
+		c.stopped(c.off)
+	}
 }
 
 // dropAll destroys every kept graph and forgets the ranges seen.

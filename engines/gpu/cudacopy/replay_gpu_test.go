@@ -6,6 +6,7 @@ package cudacopy_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -24,7 +25,11 @@ func TestGPUCopierReplaysRepeatedCopyEngineRanges(t *testing.T) {
 		t.Skip("the driver exports no graph capture and launch")
 	}
 	var epoch atomic.Uint64
-	c := newCopier(t, drv, cudacopy.Options{NVRTC: nv, MappingEpoch: epoch.Load})
+	var off []string // what the copiers reported off
+	report := func(ord int, f cudacopy.Feature, why string) {
+		off = append(off, fmt.Sprintf("GPU %d %s: %s", ord, f, why))
+	}
+	c := newCopier(t, drv, cudacopy.Options{NVRTC: nv, MappingEpoch: epoch.Load, FeatureOff: report})
 	if c.Mode() != cudacopy.ModeKernel {
 		t.Skipf("copies go to the copy engine by size only beside the kernels, which are unavailable: %s", c.Reason())
 	}
@@ -38,6 +43,9 @@ func TestGPUCopierReplaysRepeatedCopyEngineRanges(t *testing.T) {
 		checkCopies(t, drv, c, r, whole, size, uint64(src), uint64(dst))
 		if got, off := c.ReplayCaptures(); off != "" || got != min(i, 1) {
 			t.Fatalf("after %d copies of one range: %d captures (replays off: %q), want %d", i+1, got, off, min(i, 1))
+		}
+		if st := c.State(); st.Replayed != uint64(i) {
+			t.Fatalf("after %d copies of one range: %d launched from the graph, want %d (all but the first)", i+1, st.Replayed, i)
 		}
 	}
 	for range 3 {
@@ -53,13 +61,20 @@ func TestGPUCopierReplaysRepeatedCopyEngineRanges(t *testing.T) {
 	if got, off := c.ReplayCaptures(); got != 4 || off != "" {
 		t.Fatalf("after a release, the range copied three times: %d captures in all (off %q), want 4", got, off)
 	}
-	// A copy without a mapping epoch (a copier of its own) never replays.
-	plain := newCopier(t, drv, cudacopy.Options{NVRTC: nv})
+	// 4 launches of the whole range, then the two halves' 2 and 2, then the whole range's 2 after the release.
+	if st := c.State(); st.Replayed != 10 || len(st.Off) != 0 {
+		t.Fatalf("state after the copies: %+v, want 10 launched from graphs and nothing off", st)
+	}
+	// A copy without a mapping epoch (a copier of its own) never replays, and was not asked to: nothing reported.
+	plain := newCopier(t, drv, cudacopy.Options{NVRTC: nv, FeatureOff: report})
 	for range 3 {
 		checkCopies(t, drv, plain, r, whole, size, uint64(src), uint64(dst))
 	}
-	if got, off := plain.ReplayCaptures(); got != 0 || off != "not set up" {
-		t.Fatalf("a copier without a mapping epoch: %d captures (%q)", got, off)
+	if got, why := plain.ReplayCaptures(); got != 0 || why == "" {
+		t.Fatalf("a copier without a mapping epoch: %d captures (off: %q)", got, why)
+	}
+	if len(off) != 0 {
+		t.Fatalf("copiers with their kernels, done word and (asked for) replays reported %q off", off)
 	}
 }
 

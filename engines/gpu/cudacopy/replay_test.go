@@ -6,6 +6,7 @@ package cudacopy
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/fabricxfer/fabricxfer/engines/gpu/cuda"
@@ -120,6 +121,8 @@ func TestCopyReplaysKeepTheRecentlyUsed(t *testing.T) {
 func TestCopyReplaysStopAfterAFailedCapture(t *testing.T) {
 	d := &replayDriver{}
 	c := d.replays()
+	var told []string // what the copier's agent is told
+	c.stopped = func(why string) { told = append(told, why) }
 	kept := copyRange{dst: 1 << 30, src: 2 << 30, size: 16 << 20}
 	c.lookup(kept)
 	c.lookup(kept)
@@ -141,6 +144,9 @@ func TestCopyReplaysStopAfterAFailedCapture(t *testing.T) {
 	if len(d.captured) != 1 {
 		t.Fatalf("captures %v after replays stopped", d.captured)
 	}
+	if len(told) != 1 || !strings.Contains(told[0], "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED") {
+		t.Fatalf("told %q; want the failed capture once", told)
+	}
 }
 
 func sortedExecs(xs []cuda.GraphExec) []cuda.GraphExec {
@@ -155,6 +161,8 @@ func sortedExecs(xs []cuda.GraphExec) []cuda.GraphExec {
 func TestCopyReplaysStopWhenRangesChurn(t *testing.T) {
 	d := &replayDriver{}
 	c := d.replays()
+	told := 0
+	c.stopped = func(string) { told++ }
 	ranges := make([]copyRange, 2*replayKept)
 	for i := range ranges {
 		ranges[i] = copyRange{dst: uint64(i+1) << 32, src: 1 << 30, size: 16 << 20}
@@ -178,6 +186,9 @@ func TestCopyReplaysStopWhenRangesChurn(t *testing.T) {
 	}
 	if len(d.captured) != n {
 		t.Fatal("captures went on after replays stopped")
+	}
+	if told != 1 {
+		t.Fatalf("told %d times that replays stopped, want once", told)
 	}
 	t.Logf("stopped after %d copies and %d captures: %s", copies, n, c.off)
 }

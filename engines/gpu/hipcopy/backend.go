@@ -86,6 +86,15 @@ func (b *Backend) Mode(ordinal int) (Mode, string, error) {
 	return c.Mode(), c.Reason(), nil
 }
 
+// Modes is how scattered items move on each GPU whose copier is set up so far (at its first registration).
+func (b *Backend) Modes() map[int]Mode {
+	modes := map[int]Mode{}
+	for ord, c := range b.reg.Copiers() {
+		modes[ord] = c.Mode()
+	}
+	return modes
+}
+
 // Claims implements xgmi.Backend.
 func (b *Backend) Claims(src, dst *engines.MemoryDesc) (bool, string) { return b.reg.Claims(src, dst) }
 

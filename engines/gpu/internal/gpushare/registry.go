@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"sync"
@@ -124,6 +125,13 @@ func (r *Registry[C, D]) Copier(ordinal int) (C, error) {
 	}
 	r.copiers[ordinal] = c
 	return c, nil
+}
+
+// Copiers are the copiers set up so far, by ordinal.
+func (r *Registry[C, D]) Copiers() map[int]C {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.copiers)
 }
 
 // AnyCopier is one copier already set up, if any.
