@@ -87,6 +87,33 @@ func (c *Client) openArena(ctx context.Context, conn *net.UnixConn) []byte {
 // DefaultSpin is how long the client polls the fast socket for a reply before parking.
 const DefaultSpin = 50 * time.Microsecond
 
+// A waited transfer polls for its reply longer, by the time its bytes take at waitedSpinRate (slower than a GPU
+// copy within one node: an H100 copies 64 MiB in about 53 µs, an H200 in 40), up to maxWaitedSpin: a reply that
+// comes after the client parked costs a wake-up through the socket, which took a waited 64 MiB copy from about
+// 60 to 75 µs.
+const (
+	waitedSpinRate = 1e12 // bytes per second
+	maxWaitedSpin  = 2 * time.Millisecond
+)
+
+// spinFor is how long a call polls for its reply: the client's spin, and for a waited transfer of n bytes that
+// plus the bytes' time at waitedSpinRate, within maxWaitedSpin (or the client's spin, when longer). A client that
+// never polls (WithSpin(0)) does not start for a large transfer.
+func (c *Client) spinFor(wait bool, n uint64) time.Duration {
+	if !wait || c.spin <= 0 {
+		return c.spin
+	}
+	return min(c.spin+time.Duration(float64(n)/waitedSpinRate*float64(time.Second)), max(c.spin, maxWaitedSpin))
+}
+
+// transferBytes is what req moves, for spinFor.
+func transferBytes(req *agentv1.TransferRequest) (n uint64) {
+	for _, it := range req.GetItems() {
+		n += it.GetLength()
+	}
+	return n
+}
+
 // callDeadline is ctx's deadline, or fastDefaultDeadline from now.
 func callDeadline(ctx context.Context) time.Time {
 	if deadline, ok := ctx.Deadline(); ok {
@@ -146,23 +173,19 @@ const maxFastReply = 64 << 20
 // transferFast sends req over the fast socket. ok is false when there is no fast path (the caller uses gRPC).
 // Calls are serialized on the one connection.
 func (c *Client) transferFast(ctx context.Context, req *agentv1.TransferRequest) (resp *agentv1.TransferResponse, ok bool, err error) {
-	return c.fastRequest(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Transfer{Transfer: req}})
-}
-
-// fastRequest sends one request frame over the fast socket and reads its reply.
-func (c *Client) fastRequest(ctx context.Context, req *agentv1.FastRequest) (resp *agentv1.TransferResponse, ok bool, err error) {
 	c.fastMu.Lock()
 	defer c.fastMu.Unlock()
 	if c.fast == nil {
 		return nil, false, nil
 	}
-	return c.fastRequestLocked(ctx, req)
+	return c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Transfer{Transfer: req}},
+		c.spinFor(req.GetWait(), transferBytes(req)))
 }
 
-// fastBlocks sends a block transfer over the fast socket, its ids through the id arena when the list is long and
-// fits, else in the frame (req's id fields are set here). ok is false when there is no fast path (req's ids are
-// then unset).
-func (c *Client) fastBlocks(ctx context.Context, req *agentv1.TransferBlocksRequest, ids, remoteIDs []uint32) (resp *agentv1.TransferResponse, ok bool, err error) {
+// fastBlocks sends a block transfer of n bytes over the fast socket, its ids through the id arena when the list is
+// long and fits, else in the frame (req's id fields are set here). ok is false when there is no fast path (req's
+// ids are then unset).
+func (c *Client) fastBlocks(ctx context.Context, req *agentv1.TransferBlocksRequest, ids, remoteIDs []uint32, n uint64) (resp *agentv1.TransferResponse, ok bool, err error) {
 	c.fastMu.Lock()
 	defer c.fastMu.Unlock()
 	if c.fast == nil {
@@ -176,7 +199,7 @@ func (c *Client) fastBlocks(ctx context.Context, req *agentv1.TransferBlocksRequ
 	} else {
 		req.ArenaIds, req.LocalIds, req.RemoteIds = 0, packIDs(ids), packIDs(remoteIDs)
 	}
-	return c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}})
+	return c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}}, c.spinFor(req.GetWait(), n))
 }
 
 // fastWaitSlice bounds how long a Wait holds the fast connection: a transfer still running after it is waited
@@ -203,7 +226,7 @@ func (c *Client) fastWait(ctx context.Context, id uint64) (st *Status, ok bool, 
 		return nil, false, nil
 	}
 	resp, _, err := c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Wait{
-		Wait: &agentv1.FastWait{TransferIds: []uint64{id}, Timeout: durationpb.New(slice)}}})
+		Wait: &agentv1.FastWait{TransferIds: []uint64{id}, Timeout: durationpb.New(slice)}}}, c.spin)
 	if err != nil {
 		return nil, true, err
 	}
@@ -213,33 +236,34 @@ func (c *Client) fastWait(ctx context.Context, id uint64) (st *Status, ok bool, 
 	return resp.Status, true, nil
 }
 
-// fastRequestLocked is fastRequest with c.fastMu held and the fast connection open.
-func (c *Client) fastRequestLocked(ctx context.Context, req *agentv1.FastRequest) (resp *agentv1.TransferResponse, ok bool, err error) {
+// fastRequestLocked sends one request frame over the fast socket, polling for its reply for spin, with c.fastMu
+// held and the fast connection open.
+func (c *Client) fastRequestLocked(ctx context.Context, req *agentv1.FastRequest, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
 	payload, err := proto.Marshal(req)
 	if err != nil {
 		return nil, true, err
 	}
-	return c.fastPayloadLocked(ctx, payload)
+	return c.fastPayloadLocked(ctx, payload, spin)
 }
 
-// fastPayload sends an encoded FastRequest on the fast socket and returns its response; ok is false when there
-// is no fast connection (the caller goes through gRPC).
-func (c *Client) fastPayload(ctx context.Context, payload []byte) (resp *agentv1.TransferResponse, ok bool, err error) {
+// fastPayload sends an encoded FastRequest on the fast socket, polling for its reply for spin, and returns its
+// response; ok is false when there is no fast connection (the caller goes through gRPC).
+func (c *Client) fastPayload(ctx context.Context, payload []byte, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
 	c.fastMu.Lock()
 	defer c.fastMu.Unlock()
 	if c.fast == nil {
 		return nil, false, nil
 	}
-	return c.fastPayloadLocked(ctx, payload)
+	return c.fastPayloadLocked(ctx, payload, spin)
 }
 
 // fastPayloadLocked is fastPayload with c.fastMu held and the fast connection open.
-func (c *Client) fastPayloadLocked(ctx context.Context, payload []byte) (resp *agentv1.TransferResponse, ok bool, err error) {
+func (c *Client) fastPayloadLocked(ctx context.Context, payload []byte, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
 	var body []byte
 	if c.mbox != nil && c.mbox.Fits(len(payload)) {
-		body, err = mailboxCall(ctx, c.fast, c.mbox, payload, c.spin)
+		body, err = mailboxCall(ctx, c.fast, c.mbox, payload, spin)
 	} else {
-		body, err = socketCall(ctx, c.fast, payload, c.spin)
+		body, err = socketCall(ctx, c.fast, payload, spin)
 	}
 	var reply *agentv1.FastReply
 	if err == nil {

@@ -136,3 +136,38 @@ func background() (context.Context, context.CancelFunc) { return context.Backgro
 func within(d time.Duration) func() (context.Context, context.CancelFunc) {
 	return func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), d) }
 }
+
+// A waited transfer polls for its reply for the client's spin plus its bytes' time at waitedSpinRate, within
+// maxWaitedSpin (or a longer spin of the caller's); a submission, a wait and a client that never polls keep
+// their spin.
+func TestWaitedTransfersPollForTheirBytes(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		name  string
+		spin  time.Duration
+		wait  bool
+		bytes uint64
+		want  time.Duration
+	}{
+		{"a 4 KiB call", DefaultSpin, true, 4096, DefaultSpin + 4096*time.Nanosecond/1000},
+		{"a waited 64 MiB copy", DefaultSpin, true, 64 * mib, DefaultSpin + 67108864*time.Nanosecond/1000},
+		{"a 64 MiB submission", DefaultSpin, false, 64 * mib, DefaultSpin},
+		{"a waited 16 GiB copy", DefaultSpin, true, 16 << 30, maxWaitedSpin},
+		{"a client that never polls", 0, true, 64 * mib, 0},
+		{"a caller's spin past the bound", 5 * time.Millisecond, true, 16 << 30, 5 * time.Millisecond},
+	} {
+		c := &Client{spin: tc.spin}
+		if got := c.spinFor(tc.wait, tc.bytes); got != tc.want {
+			t.Errorf("%s: polls %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// What a layout's call moves: every region's blocks.
+	l := &Layout{blockBytes: 16 << 10, regions: make([]*Region, 64)}
+	if got := l.bytesOf(1024); got != 1<<30 {
+		t.Errorf("1,024 blocks of 64 regions of 16 KiB: %d bytes, want 1 GiB", got)
+	}
+	req := &agentv1.TransferRequest{Items: []*agentv1.TransferItem{{Length: 3}, {Length: 5 << 20}}}
+	if got := transferBytes(req); got != 3+5<<20 {
+		t.Errorf("items of 3 B and 5 MiB: %d bytes", got)
+	}
+}

@@ -38,6 +38,9 @@ func (l *Layout) ID() uint64 {
 	return l.id
 }
 
+// bytesOf is what n blocks of every region of l span.
+func (l *Layout) bytesOf(n int) uint64 { return uint64(n) * l.blockBytes * uint64(len(l.regions)) }
+
 // Blocks is the number of blocks in each region.
 func (l *Layout) Blocks() uint64 { return l.blocks }
 
@@ -187,7 +190,7 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 	if err != nil {
 		return nil, gen, err
 	}
-	resp, fast, err := c.fastBlocks(ctx, req, ids, remoteIDs)
+	resp, fast, err := c.fastBlocks(ctx, req, ids, remoteIDs, l.bytesOf(len(ids)))
 	if !fast {
 		req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
 		resp, err = c.api.TransferBlocks(ctx, req)

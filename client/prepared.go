@@ -31,6 +31,7 @@ type PreparedBlocks struct {
 	blocks                    []byte
 	blocksField, timeoutField protowire.Number
 	gen                       uint64 // the session the layouts' ids belong to
+	bytes                     uint64 // what a run moves
 }
 
 // PrepareBlocks encodes TransferBlocks(ctx, op, l, ids, remote, remoteIDs, opts) once; its Run moves the same
@@ -43,7 +44,7 @@ func (c *Client) PrepareBlocks(op Op, l *Layout, ids []uint32, remote RemoteLayo
 		return nil, fmt.Errorf("preparing blocks: %w", err)
 	}
 	p := &PreparedBlocks{c: c, op: op, l: l, remote: remote, ids: slices.Clone(ids), remoteIDs: slices.Clone(remoteIDs),
-		opts: opts, gen: gen,
+		opts: opts, gen: gen, bytes: l.bytesOf(len(ids)),
 		blocksField:  (&agentv1.FastRequest{}).ProtoReflect().Descriptor().Fields().ByName("blocks").Number(),
 		timeoutField: req.ProtoReflect().Descriptor().Fields().ByName("timeout").Number()}
 	if len(ids) < arenaMinIDs { // longer lists go through the id arena, written at each call
@@ -64,7 +65,7 @@ func (p *PreparedBlocks) Run(ctx context.Context) (*Status, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
-	resp, fast, err := c.fastPayload(ctx, p.payload(boundedTimeout(ctx, p.opts.Timeout, true)))
+	resp, fast, err := c.fastPayload(ctx, p.payload(boundedTimeout(ctx, p.opts.Timeout, true)), c.spinFor(true, p.bytes))
 	if !fast {
 		return p.plain(ctx)
 	}
