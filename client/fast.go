@@ -207,10 +207,11 @@ func (c *Client) fastBlocks(ctx context.Context, req *agentv1.TransferBlocksRequ
 // GPU copy of 1 GiB ends within it.
 const fastWaitSlice = 2 * time.Millisecond
 
-// fastWait waits on the fast socket for transfer id for up to fastWaitSlice (less when ctx ends sooner: half of
-// what is left, so the agent answers before the call's deadline). ok is false when the transfer is still
-// running then, or the fast connection is busy or absent: the caller waits through gRPC.
-func (c *Client) fastWait(ctx context.Context, id uint64) (st *Status, ok bool, err error) {
+// fastWait waits on the fast socket for transfer id, of n bytes, for up to fastWaitSlice (less when ctx ends
+// sooner: half of what is left, so the agent answers before the call's deadline), polling for the answer as a
+// waited transfer of n bytes would. ok is false when the transfer is still running then, or the fast connection
+// is busy or absent: the caller waits through gRPC.
+func (c *Client) fastWait(ctx context.Context, id, n uint64) (st *Status, ok bool, err error) {
 	if !c.fastMu.TryLock() {
 		return nil, false, nil
 	}
@@ -226,7 +227,7 @@ func (c *Client) fastWait(ctx context.Context, id uint64) (st *Status, ok bool, 
 		return nil, false, nil
 	}
 	resp, _, err := c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Wait{
-		Wait: &agentv1.FastWait{TransferIds: []uint64{id}, Timeout: durationpb.New(slice)}}}, c.spin)
+		Wait: &agentv1.FastWait{TransferIds: []uint64{id}, Timeout: durationpb.New(slice)}}}, min(c.spinFor(true, n), max(c.spin, slice)))
 	if err != nil {
 		return nil, true, err
 	}

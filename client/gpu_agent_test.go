@@ -234,8 +234,9 @@ func TestGPUGoClientMovesLayoutBlocksOfRegisteredGPUMemory(t *testing.T) {
 }
 
 // BenchmarkGPUGoClientContiguousCopy times a waited 64 MiB copy within GPU 0 from this process through the agent's
-// socket, as TransferBlocks and as a prepared transfer, beside what this process does alone in the same run: a
-// cuMemcpyAsync on the default stream and a context synchronize (what torch's copy_ and synchronize() do).
+// socket, as TransferBlocks, as a prepared transfer and submitted then waited for, beside what this process does
+// alone in the same run: a cuMemcpyAsync on the default stream and a context synchronize (what torch's copy_ and
+// synchronize() do).
 func BenchmarkGPUGoClientContiguousCopy(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -271,6 +272,14 @@ func BenchmarkGPUGoClientContiguousCopy(b *testing.B) {
 			return err
 		}},
 		{"prepared", func() error { _, err := run.Run(ctx); return err }},
+		{"SubmitBlocks+Wait", func() error {
+			tr, err := g.c.SubmitBlocks(ctx, client.Write, from, zero, client.ToLayout(into), zero, client.TransferOptions{})
+			if err != nil {
+				return err
+			}
+			_, err = tr.Wait(ctx)
+			return err
+		}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			for range 20 { // warm-up: the agent replays the range from its second copy

@@ -170,7 +170,7 @@ func (c *Client) SubmitBlocks(ctx context.Context, op Op, l *Layout, ids []uint3
 	if err != nil {
 		return nil, err
 	}
-	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen}, nil
+	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen, bytes: l.bytesOf(len(ids))}, nil
 }
 
 // sendBlocks sends a block transfer, waited or not, on the fast socket where there is one, else through gRPC;

@@ -92,6 +92,7 @@ type Transfer struct {
 	Engines []string
 	c       *Client
 	gen     uint64
+	bytes   uint64 // what it moves: how long Wait polls for its end
 }
 
 // Status is how a transfer ended.
@@ -234,7 +235,11 @@ func (c *Client) Submit(ctx context.Context, op Op, items []Item, opts TransferO
 	if err != nil {
 		return nil, err
 	}
-	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen}, nil
+	var n uint64
+	for _, it := range items {
+		n += it.Length
+	}
+	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen, bytes: n}, nil
 }
 
 // Do submits a transfer and waits for it in one round trip; a transfer that did not succeed returns its
@@ -294,7 +299,7 @@ func statusErr(st *Status) error {
 // without a gRPC round trip; one still running then is waited for through gRPC, so the client's other calls
 // are not held behind it.
 func (t *Transfer) Wait(ctx context.Context) (*Status, error) {
-	st, fast, err := t.c.fastWait(ctx, t.ID)
+	st, fast, err := t.c.fastWait(ctx, t.ID, t.bytes)
 	if !fast {
 		st, err = t.c.api.Wait(ctx, &agentv1.WaitRequest{TransferId: t.ID})
 	}
