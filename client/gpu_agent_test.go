@@ -8,6 +8,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -255,24 +256,14 @@ func BenchmarkGPUGoClientContiguousCopy(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, bc := range []struct {
-		name string
-		copy func() error
-	}{
-		{"cuMemcpyAsync+synchronize", func() error {
-			return g.drv.WithContext(g.ctx, func() error {
-				if err := g.drv.MemcpyAsync(uint64(g.dst), uint64(g.src), size, 0); err != nil {
-					return err
-				}
-				return g.drv.CtxSynchronize()
-			})
-		}},
-		{"TransferBlocks", func() error {
+	benchCopies(b, size, []benchCopy{
+		{"cuMemcpyAsync+synchronize", func(int) error { return g.bare(g.dst, g.src, size) }},
+		{"TransferBlocks", func(int) error {
 			_, err := g.c.TransferBlocks(ctx, client.Write, from, zero, client.ToLayout(into), zero, client.TransferOptions{})
 			return err
 		}},
-		{"prepared", func() error { _, err := run.Run(ctx); return err }},
-		{"SubmitBlocks+Wait", func() error {
+		{"prepared", func(int) error { _, err := run.Run(ctx); return err }},
+		{"SubmitBlocks+Wait", func(int) error {
 			tr, err := g.c.SubmitBlocks(ctx, client.Write, from, zero, client.ToLayout(into), zero, client.TransferOptions{})
 			if err != nil {
 				return err
@@ -280,19 +271,82 @@ func BenchmarkGPUGoClientContiguousCopy(b *testing.B) {
 			_, err = tr.Wait(ctx)
 			return err
 		}},
-	} {
+	})
+}
+
+// BenchmarkGPUGoClientSmallCopy times a waited 4 KiB block copied within GPU 0 through the agent's socket, another
+// block of 256 at each call, beside a cuMemcpyAsync of the same block and a context synchronize in this process;
+// besides the mean it reports the median and the 99th percentile.
+func BenchmarkGPUGoClientSmallCopy(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const bs, blocks = 4096, 256
+	g := registerGPURegions(b, ctx, bs*blocks, 1)
+	from, err := g.c.RegisterLayout(ctx, g.srcRegions, bs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	into, err := g.c.RegisterLayout(ctx, g.dstRegions, bs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ids := make([][]uint32, blocks)
+	for i := range ids {
+		ids[i] = []uint32{uint32(i)}
+	}
+	benchCopies(b, bs, []benchCopy{
+		{"cuMemcpyAsync+synchronize", func(i int) error {
+			at := cuda.DevicePtr(i%blocks) * bs
+			return g.bare(g.dst+at, g.src+at, bs)
+		}},
+		{"TransferBlocks", func(i int) error {
+			_, err := g.c.TransferBlocks(ctx, client.Write, from, ids[i%blocks], client.ToLayout(into), ids[i%blocks], client.TransferOptions{})
+			return err
+		}},
+	})
+}
+
+// benchCopy is one way of making the i-th copy of a benchmark.
+type benchCopy struct {
+	name string
+	copy func(i int) error
+}
+
+// benchCopies runs each case as a sub-benchmark of size-byte copies after a warm-up (the agent replays a large
+// range from its second copy), reporting the median and 99th percentile beside the mean.
+func benchCopies(b *testing.B, size int64, cases []benchCopy) {
+	for _, bc := range cases {
 		b.Run(bc.name, func(b *testing.B) {
-			for range 20 { // warm-up: the agent replays the range from its second copy
-				if err := bc.copy(); err != nil {
+			for i := range 20 {
+				if err := bc.copy(i); err != nil {
 					b.Fatal(err)
 				}
 			}
 			b.SetBytes(size)
+			var took []time.Duration
+			i := 0
 			for b.Loop() {
-				if err := bc.copy(); err != nil {
+				start := time.Now()
+				if err := bc.copy(i); err != nil {
 					b.Fatal(err)
 				}
+				took = append(took, time.Since(start))
+				i++
 			}
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2].Nanoseconds()), "p50-ns")
+			b.ReportMetric(float64(took[len(took)*99/100].Nanoseconds()), "p99-ns")
 		})
 	}
+}
+
+// bare copies n bytes within the GPU on the default stream and synchronizes the context, as torch's copy_ and
+// synchronize() do.
+func (g *gpuRegions) bare(dst, src cuda.DevicePtr, n uint64) error {
+	return g.drv.WithContext(g.ctx, func() error {
+		if err := g.drv.MemcpyAsync(uint64(dst), uint64(src), n, 0); err != nil {
+			return err
+		}
+		return g.drv.CtxSynchronize()
+	})
 }
