@@ -4,7 +4,9 @@
 package client
 
 import (
+	"bytes"
 	"context"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -169,5 +171,38 @@ func TestWaitedTransfersPollForTheirBytes(t *testing.T) {
 	req := &agentv1.TransferRequest{Items: []*agentv1.TransferItem{{Length: 3}, {Length: 5 << 20}}}
 	if got := transferBytes(req); got != 3+5<<20 {
 		t.Errorf("items of 3 B and 5 MiB: %d bytes", got)
+	}
+}
+
+// Ids are written as little-endian 32-bit integers whatever their count, as the agent reads them.
+func TestBlockIDsAreLittleEndian(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 5))
+	for _, n := range []int{0, 1, 3, 1023, 15360} {
+		ids := make([]uint32, n)
+		want := make([]byte, 4*n)
+		for i := range ids {
+			ids[i] = r.Uint32()
+			want[4*i], want[4*i+1], want[4*i+2], want[4*i+3] = byte(ids[i]), byte(ids[i]>>8), byte(ids[i]>>16), byte(ids[i]>>24)
+		}
+		if got := packIDs(ids); !bytes.Equal(got, want) {
+			t.Fatalf("%d ids packed as %x, want %x", n, got[:min(len(got), 16)], want[:min(len(want), 16)])
+		}
+		arena := bytes.Repeat([]byte{0xee}, 4*n+8)
+		putIDs(arena, ids)
+		if !bytes.Equal(arena[:4*n], want) || !bytes.Equal(arena[4*n:], bytes.Repeat([]byte{0xee}, 8)) {
+			t.Fatalf("%d ids written into an arena: wrong bytes, or past their own", n)
+		}
+	}
+}
+
+// BenchmarkPackIDs packs the ids of a 15,360-block transfer (one side).
+func BenchmarkPackIDs(b *testing.B) {
+	ids := make([]uint32, 15360)
+	for i := range ids {
+		ids[i] = uint32(i * 7)
+	}
+	arena := make([]byte, 4*len(ids))
+	for b.Loop() {
+		putIDs(arena, ids)
 	}
 }
