@@ -76,8 +76,9 @@ func (c *Copier) reportOff(f Feature, why string) {
 
 // reportOffAtStart tells Options.FeatureOff of each feature a new copier starts without.
 func (c *Copier) reportOffAtStart() {
+	off := c.State().Off
 	for _, f := range []Feature{FeatureKernels, FeatureDoneWord, FeatureCopyReplay} {
-		if why, off := c.State().Off[f]; off && (f != FeatureCopyReplay || c.opts.MappingEpoch != nil) {
+		if why, ok := off[f]; ok && (f != FeatureCopyReplay || c.opts.MappingEpoch != nil) {
 			c.reportOff(f, why)
 		}
 	}
