@@ -63,3 +63,50 @@ func Example() {
 	fmt.Println(st.State, st.Bytes, bytes.HasPrefix(dst.Bytes, []byte("a KV block")))
 	// Output: TRANSFER_STATE_SUCCEEDED 4096 true
 }
+
+// A KV cache on a GPU as a block layout: each layer's K and V tensor registered by the IPC handle of the
+// cudaMalloc allocation it lives in (or RegisterGPU with VMMFiles for VMM memory), grouped as numbered blocks,
+// and blocks moved to a layout another pod published on this node, one call for every layer. The handles come
+// from the process's own CUDA bindings; the agent opens them from its own process.
+func ExampleClient_RegisterLayout() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.DialDefault(ctx, client.WithName("decode"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	const layers, blockBytes, blocks = 32, 16 << 10, 1024
+	var tensors [2 * layers]struct {
+		ipcHandle []byte // cudaIpcGetMemHandle of the allocation holding the tensor
+		offset    uint64 // the tensor's offset into that allocation
+	}
+	regions := make([]*client.Region, 0, len(tensors))
+	for _, t := range tensors {
+		r, err := c.RegisterGPU(ctx, client.GPUMemory{GPUIndex: 0, IPCHandle: t.ipcHandle, Offset: t.offset,
+			Length: blocks * blockBytes})
+		if err != nil {
+			log.Fatal(err)
+		}
+		regions = append(regions, r)
+	}
+	kv, err := c.RegisterLayout(ctx, regions, blockBytes)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Blocks 3, 9 and 4 of every layer's K and V into blocks 0, 1 and 2 of the layout published as "prefill-kv".
+	if _, err := c.TransferBlocks(ctx, client.Write, kv, []uint32{3, 9, 4}, client.ToLayoutSegment("", "prefill-kv"),
+		[]uint32{0, 1, 2}, client.TransferOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	// The same blocks every step: pack the call once, run it each time.
+	step, err := c.PrepareBlocks(client.Write, kv, []uint32{0}, client.ToLayoutSegment("", "prefill-kv"), []uint32{0},
+		client.TransferOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := step.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
