@@ -1335,9 +1335,13 @@ class Client:
             raise TypeError(_blocks_sides_error(layout, remote))
         if id_bytes is None:
             local, width, count = _blocks.short_ids(ids) or _blocks.pack_ids(ids)
-            rids, rwidth, rcount = _blocks.short_ids(remote_ids) or _blocks.pack_ids(remote_ids)
         else:
             local, width, count = _blocks.pack_ids(ids, id_bytes)
+        if remote_ids is ids:  # block i to block i: one object is read once (a torch tensor's read is a microsecond)
+            rids, rwidth, rcount = local, width, count
+        elif id_bytes is None:
+            rids, rwidth, rcount = _blocks.short_ids(remote_ids) or _blocks.pack_ids(remote_ids)
+        else:
             rids, rwidth, rcount = _blocks.pack_ids(remote_ids, id_bytes)
         if count != rcount:
             raise ValueError("%d local ids but %d remote ids: they pair one to one" % (count, rcount))
@@ -1364,7 +1368,7 @@ class Client:
             width = 8
         if width == 8 and id_bytes is None and count >= 1024:
             nl = _blocks.narrow_ids(ids, count)
-            nr = _blocks.narrow_ids(remote_ids, count) if nl is not None else None
+            nr = None if nl is None else nl if remote_ids is ids else _blocks.narrow_ids(remote_ids, count)
             if nr is not None:
                 local, rids, width = nl, nr, 4
         self._check_session()

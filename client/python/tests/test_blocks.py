@@ -217,6 +217,28 @@ class BlocksTest(unittest.TestCase):
         self.check(seg, src, [4, 5, 6], [0, 1, 2], before)
         self.assertEqual(len(c._frames), kept + 1, "a published layout's frame is kept once for its shape")
 
+    def test_one_id_object_for_both_sides_moves_block_i_to_block_i(self):
+        # The same object as ids and remote_ids is read once: short and long lists, int32 and int64 (the long
+        # int64 one narrowed), by the fast socket, the id arena and gRPC; each block lands at its own index, and
+        # a bad id in the shared list is refused for both sides with nothing moved.
+        for c in (self.c, self.slow):
+            for n, dtype in ((3, np.int64), (3, np.int32), (1500, np.int64), (1500, np.int32)):
+                with self.subTest(fast=c._fast is not None, n=n, dtype=dtype.__name__):
+                    src_l, src = self.layout(c, regions=1, blocks=2048, block=16)
+                    dst_l, dst = self.layout(c, regions=1, blocks=2048, block=16, fill=False)
+                    ids = np.random.default_rng(n).permutation(2048)[:n].astype(dtype)
+                    before = [d.copy() for d in dst]
+                    c.transfer_blocks("write", src_l, ids, to_layout(dst_l), ids)
+                    self.check(dst, src, ids, ids, before)
+                    bad = ids.copy()
+                    bad[-1] = 2048
+                    before = [d.copy() for d in dst]
+                    with self.assertRaises((AgentError, grpc.RpcError)) as e:  # the fast socket's or gRPC's
+                        c.transfer_blocks("write", src_l, bad, to_layout(dst_l), bad)
+                    self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, e.exception.details())
+                    for d, b in zip(dst, before):
+                        self.assertTrue(np.array_equal(d, b), "a refused transfer moved bytes")
+
     def test_a_waited_short_call_reads_the_status_the_reply_starts_with(self):
         # The agent's reply to a waited call starts with its status, which the client decodes alone; replies that
         # start otherwise (an error, the status last, one of 128 bytes or more) are decoded whole, to the same
