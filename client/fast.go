@@ -106,14 +106,6 @@ func (c *Client) spinFor(wait bool, n uint64) time.Duration {
 	return min(c.spin+time.Duration(float64(n)/waitedSpinRate*float64(time.Second)), max(c.spin, maxWaitedSpin))
 }
 
-// transferBytes is what req moves, for spinFor.
-func transferBytes(req *agentv1.TransferRequest) (n uint64) {
-	for _, it := range req.GetItems() {
-		n += it.GetLength()
-	}
-	return n
-}
-
 // callDeadline is ctx's deadline, or fastDefaultDeadline from now.
 func callDeadline(ctx context.Context) time.Time {
 	if deadline, ok := ctx.Deadline(); ok {
@@ -170,16 +162,15 @@ func socketCall(ctx context.Context, conn *net.UnixConn, payload []byte, spin ti
 // maxFastReply bounds a reply frame on the fast socket.
 const maxFastReply = 64 << 20
 
-// transferFast sends req over the fast socket. ok is false when there is no fast path (the caller uses gRPC).
-// Calls are serialized on the one connection.
-func (c *Client) transferFast(ctx context.Context, req *agentv1.TransferRequest) (resp *agentv1.TransferResponse, ok bool, err error) {
+// transferFast sends req over the fast socket, polling for its reply for spin. ok is false when there is no fast
+// path (the caller uses gRPC). Calls are serialized on the one connection.
+func (c *Client) transferFast(ctx context.Context, req *agentv1.TransferRequest, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
 	c.fastMu.Lock()
 	defer c.fastMu.Unlock()
 	if c.fast == nil {
 		return nil, false, nil
 	}
-	return c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Transfer{Transfer: req}},
-		c.spinFor(req.GetWait(), transferBytes(req)))
+	return c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Transfer{Transfer: req}}, spin)
 }
 
 // fastBlocks sends a block transfer of n bytes over the fast socket, its ids through the id arena when the list is

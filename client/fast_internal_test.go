@@ -168,8 +168,7 @@ func TestWaitedTransfersPollForTheirBytes(t *testing.T) {
 	if got := l.bytesOf(1024); got != 1<<30 {
 		t.Errorf("1,024 blocks of 64 regions of 16 KiB: %d bytes, want 1 GiB", got)
 	}
-	req := &agentv1.TransferRequest{Items: []*agentv1.TransferItem{{Length: 3}, {Length: 5 << 20}}}
-	if got := transferBytes(req); got != 3+5<<20 {
+	if got := itemBytes([]Item{{Length: 3}, {Length: 5 << 20}}); got != 3+5<<20 {
 		t.Errorf("items of 3 B and 5 MiB: %d bytes", got)
 	}
 }

@@ -231,30 +231,35 @@ func (c *Client) request(ctx context.Context, op Op, items []Item, opts Transfer
 
 // Submit starts a transfer and returns at once; Wait on the result.
 func (c *Client) Submit(ctx context.Context, op Op, items []Item, opts TransferOptions) (*Transfer, error) {
-	resp, gen, err := c.send(ctx, op, items, opts, false)
+	n := itemBytes(items)
+	resp, gen, err := c.send(ctx, op, items, n, opts, false)
 	if err != nil {
 		return nil, err
 	}
-	var n uint64
+	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen, bytes: n}, nil
+}
+
+// itemBytes is what items move: how long a wait for them polls (spinFor).
+func itemBytes(items []Item) (n uint64) {
 	for _, it := range items {
 		n += it.Length
 	}
-	return &Transfer{ID: resp.TransferId, Engines: resp.Engines, c: c, gen: gen, bytes: n}, nil
+	return n
 }
 
 // Do submits a transfer and waits for it in one round trip; a transfer that did not succeed returns its
 // status and a *TransferError.
 func (c *Client) Do(ctx context.Context, op Op, items []Item, opts TransferOptions) (*Status, error) {
-	resp, _, err := c.send(ctx, op, items, opts, true)
+	resp, _, err := c.send(ctx, op, items, itemBytes(items), opts, true)
 	if err != nil {
 		return nil, err
 	}
 	return resp.Status, statusErr(resp.Status)
 }
 
-// send sends a transfer, waited or not, on the fast socket where there is one, else through gRPC; gen is the
-// dial generation it was sent under.
-func (c *Client) send(ctx context.Context, op Op, items []Item, opts TransferOptions, wait bool) (resp *agentv1.TransferResponse, gen uint64, err error) {
+// send sends a transfer of n bytes, waited or not, on the fast socket where there is one, else through gRPC; gen
+// is the dial generation it was sent under.
+func (c *Client) send(ctx context.Context, op Op, items []Item, n uint64, opts TransferOptions, wait bool) (resp *agentv1.TransferResponse, gen uint64, err error) {
 	what := "submitting"
 	if wait {
 		what = "transferring"
@@ -267,7 +272,7 @@ func (c *Client) send(ctx context.Context, op Op, items []Item, opts TransferOpt
 	if err != nil {
 		return nil, gen, fmt.Errorf("%s: %w", what, err)
 	}
-	resp, fast, err := c.transferFast(ctx, req)
+	resp, fast, err := c.transferFast(ctx, req, c.spinFor(wait, n))
 	if !fast {
 		resp, err = c.api.Transfer(ctx, req)
 	}

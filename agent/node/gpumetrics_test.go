@@ -13,38 +13,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
+	"github.com/fabricxfer/fabricxfer/internal/promtest"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
-
-// gathered is every sample of reg by metric name and its one label's value ("" without labels).
-func gathered(t *testing.T, reg *prometheus.Registry) map[string]map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]map[string]float64{}
-	for _, mf := range mfs {
-		out[mf.GetName()] = map[string]float64{}
-		for _, m := range mf.GetMetric() {
-			label := ""
-			if len(m.GetLabel()) > 0 {
-				label = m.GetLabel()[0].GetValue()
-			}
-			out[mf.GetName()][label] = value(m)
-		}
-	}
-	return out
-}
-
-func value(m *dto.Metric) float64 {
-	if m.GetGauge() != nil {
-		return m.GetGauge().GetValue()
-	}
-	return m.GetCounter().GetValue()
-}
 
 // The copiers' gauges count copiers by mode and by feature off, every mode and feature exported (0 where none
 // has it), and the replay counters sum the copiers'.
@@ -56,31 +28,27 @@ func TestGPUCopierMetricsCountModesFeaturesAndReplays(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newGPUCopierCollector(func() []gpuCopier { return copiers }))
-	got := gathered(t, reg)
-	want := map[string]map[string]float64{
-		"fabricxfer_agent_gpu_copiers":             {"kernel": 2, "driver-batch": 1, "driver-per-item": 0, "runtime-per-item": 0},
-		"fabricxfer_agent_gpu_copiers_feature_off": {"kernels": 1, "done_word": 1, "copy_replay": 1},
-		"fabricxfer_agent_gpu_copy_replays_total":  {"": 8},
-		"fabricxfer_agent_gpu_copy_captures_total": {"": 3},
+	got := promtest.Gather(t, reg)
+	want := map[string]float64{
+		`fabricxfer_agent_gpu_copiers{mode=kernel}`: 2, `fabricxfer_agent_gpu_copiers{mode=driver-batch}`: 1,
+		`fabricxfer_agent_gpu_copiers{mode=driver-per-item}`: 0, `fabricxfer_agent_gpu_copiers{mode=runtime-per-item}`: 0,
+		`fabricxfer_agent_gpu_copiers_feature_off{feature=kernels}`: 1, `fabricxfer_agent_gpu_copiers_feature_off{feature=done_word}`: 1,
+		`fabricxfer_agent_gpu_copiers_feature_off{feature=copy_replay}`: 1,
+		`fabricxfer_agent_gpu_copy_replays_total{}`:                     8, `fabricxfer_agent_gpu_copy_captures_total{}`: 3,
 	}
-	for name, series := range want {
-		if len(got[name]) != len(series) {
-			t.Errorf("%s: %v, want %v", name, got[name], series)
-			continue
-		}
-		for label, v := range series {
-			if got[name][label] != v {
-				t.Errorf("%s{%q} = %v, want %v", name, label, got[name][label], v)
-			}
+	if len(got) != len(want) {
+		t.Errorf("%d series, want %d: %v", len(got), len(want), got)
+	}
+	for series, v := range want {
+		if g, ok := got[series]; !ok || g != v {
+			t.Errorf("%s = %v (exported: %v), want %v", series, g, ok, v)
 		}
 	}
 	// The copiers as the agent first reads them: none set up yet, every series at 0.
 	copiers = nil
-	for name, series := range gathered(t, reg) {
-		for label, v := range series {
-			if v != 0 {
-				t.Errorf("without copiers %s{%q} = %v, want 0", name, label, v)
-			}
+	for series, v := range promtest.Gather(t, reg) {
+		if v != 0 {
+			t.Errorf("without copiers %s = %v, want 0", series, v)
 		}
 	}
 }

@@ -8,44 +8,12 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/internal/promtest"
 )
-
-// gather scrapes reg into "name{label=value,...}" -> value (counters, gauges; histograms by sample count).
-func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, l.GetName()+"="+l.GetValue())
-			}
-			out[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = value(m)
-		}
-	}
-	return out
-}
-
-func value(m *dto.Metric) float64 {
-	switch {
-	case m.Counter != nil:
-		return m.GetCounter().GetValue()
-	case m.Gauge != nil:
-		return m.GetGauge().GetValue()
-	case m.Histogram != nil:
-		return float64(m.GetHistogram().GetSampleCount())
-	}
-	return 0
-}
 
 // Every gauge and counter of the server is exported, moves with what the server holds, and carries only
 // bounded labels (none names a pod, a region or a segment).
@@ -59,7 +27,7 @@ func TestServerMetricsMoveAndStayBounded(t *testing.T) {
 	a := startAgent(t, opts)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(a.srv.Collector(), em)
-	before := gather(t, reg)
+	before := promtest.Gather(t, reg)
 	for _, name := range []string{
 		"fabricxfer_agent_regions{origin=registered}", "fabricxfer_agent_regions{origin=pool}",
 		"fabricxfer_agent_region_bytes{origin=registered}", "fabricxfer_agent_region_bytes{origin=pool}",
@@ -96,7 +64,7 @@ func TestServerMetricsMoveAndStayBounded(t *testing.T) {
 	if _, err := c.Write(ctx, rs, 0, client.ToRegion(rd), 0, 4096); err != nil {
 		t.Fatal(err)
 	}
-	got := gather(t, reg)
+	got := promtest.Gather(t, reg)
 	for name, want := range map[string]float64{
 		"fabricxfer_agent_regions{origin=registered}":                                 2,
 		"fabricxfer_agent_region_bytes{origin=registered}":                            2 << 20,

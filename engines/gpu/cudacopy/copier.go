@@ -160,7 +160,6 @@ type Copier struct {
 
 	// replays keeps repeated copy-engine ranges as graphs (nil: off); captures go to captureStream.
 	replays       *copyReplays
-	replaysReason string // why replays is nil
 	captureStream cuda.Stream
 
 	check checkScratch // device memory of block lists checked on the GPU
@@ -214,12 +213,7 @@ func NewCopier(drv *cuda.Driver, ordinal int, opts Options) (*Copier, error) {
 	}
 	c := &Copier{drv: drv, ordinal: ordinal, dev: dev, ctx: ctx, opts: opts}
 	c.slots = newSlots(drv)
-	switch {
-	case opts.MappingEpoch == nil:
-		c.replaysReason = "not asked for (a copier outside a backend)"
-	case !drv.HasGraphs():
-		c.replaysReason = "the CUDA driver has no graph calls"
-	default:
+	if opts.MappingEpoch != nil && drv.HasGraphs() {
 		c.replays = newCopyReplays(opts.MappingEpoch, c.captureCopy, func(x cuda.GraphExec) { _ = drv.GraphExecDestroy(x) })
 		c.replays.stopped = func(why string) { c.reportOff(FeatureCopyReplay, why) }
 	}

@@ -45,8 +45,10 @@ func (c *Copier) State() State {
 		st.Off[FeatureDoneWord] = c.doneReason
 	}
 	switch {
+	case c.opts.MappingEpoch == nil:
+		st.Off[FeatureCopyReplay] = "not asked for (a copier outside a backend)"
 	case c.replays == nil:
-		st.Off[FeatureCopyReplay] = c.replaysReason
+		st.Off[FeatureCopyReplay] = "the CUDA driver has no graph calls"
 	case c.replays.off != "":
 		st.Off[FeatureCopyReplay] = c.replays.off
 	}
