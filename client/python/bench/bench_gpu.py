@@ -29,8 +29,9 @@ on cuda:<--device> with register_tensor and times, against what torch users writ
 torch is timed with torch.cuda.synchronize() around each call (each round of --depth for the -pipe cases), ours
 wall-clock per call (wait=True; the -pipe rounds end when wait_all returns); each time is the median of --iters
 after --warmup calls and at least --warmup-seconds of calls on each side (all of ours, then all of torch's; with
---interleave call by call, ours then torch's, and the median of each pair's own ratio beside), after half a second of copies that
-bring the GPU to its clocks. Block ids are drawn ahead of time and copied (untimed) just before the call that
+--interleave call by call, ours then torch's, and the median of each pair's own ratio beside; with --rounds R
+in R rounds of a share of the calls each, ours then torch's, and the median of the rounds' own ratios beside),
+after half a second of copies that bring the GPU to its clocks. Block ids are drawn ahead of time and copied (untimed) just before the call that
 uses them, as a scheduler hands over ids it just computed: ids drawn seconds earlier are no longer in the CPU's
 caches, and reading them from memory cost the client tens of microseconds of case a. Every destination byte is compared (torch.equal) with what torch's
 own copies produced from the same ids. A failing case prints its error and the next one runs. The agent is
@@ -85,6 +86,12 @@ def parse_args(argv=None):
                         "and then all of torch's; each case also reports the median of the pairs' own ratios. On a GPU "
                         "without MPS every call then switches the GPU between the two processes, which adds about "
                         "150 us to both sides' calls on an H200: use it for throughput cases, not for latency")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time the two sides in this many rounds, each a share of the calls: ours, then torch's, so a "
+                        "machine whose speed drifts during a case weighs on both sides; the first --warmup calls of "
+                        "each round's side are untimed (the GPU switching processes, the agent waking). Each case "
+                        "also reports the median of the rounds' own ratios. Default 1: all of ours, then all of "
+                        "torch's")
     p.add_argument("--json", help="write the results here too")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of %s" % ",".join(CASES))
     p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
@@ -110,6 +117,8 @@ def parse_args(argv=None):
     a.cases = cases
     if a.iters < 1 or a.warmup < 0 or a.rtt_iters < 1 or a.warmup_seconds < 0 or a.depth < 1 or a.idle < 0:
         p.error("--iters, --rtt-iters and --depth must be positive, --warmup, --warmup-seconds and --idle not negative")
+    if a.rounds < 1 or (a.rounds > 1 and a.interleave):
+        p.error("--rounds must be positive, and --interleave times call by call: pass one of them")
     if a.client and not a.socket:
         p.error("--client needs --socket")
     return a
@@ -154,6 +163,9 @@ def format_table(results):
         if r.get("pair_ratio") is not None:
             out.append("%s: interleaved, median of the pairs' ratios %.2f (lowest %.2f, highest %.2f)" % (
                 r["case"], r["pair_ratio"], r["pair_low"], r["pair_high"]))
+        if r.get("round_ratio") is not None:
+            out.append("%s: in %d rounds, median of the rounds' ratios %.2f (lowest %.2f, highest %.2f)" % (
+                r["case"], r["rounds"], r["round_ratio"], r["round_low"], r["round_high"]))
     return "\n".join(out)
 
 
@@ -171,6 +183,8 @@ def client_command(a, socket_path):
         cmd.append("--no-mailbox")
     if a.interleave:
         cmd.append("--interleave")
+    if a.rounds > 1:
+        cmd += ["--rounds", str(a.rounds)]
     return cmd
 
 
@@ -412,6 +426,8 @@ class Bench:
         (ours i, then torch's i), so drift of the machine during a case falls on both alike; otherwise all of ours,
         then all of torch's. prepare(i), untimed, runs before call i on both sides. Returns both lists of
         seconds, in call order."""
+        if self.a.rounds > 1:
+            return self.time_rounds(ours, theirs, n, prepare)
         if not self.a.interleave:
             return self.time_ours(ours, n, prepare), self.time_torch(theirs, n, prepare)
         self.sync()  # what torch wrote must be there before the agent reads it
@@ -423,9 +439,39 @@ class Bench:
             torch_t.append(self.call_torch(theirs, i, prepare))
         return ours_t, torch_t
 
+    def time_rounds(self, ours, theirs, n=None, prepare=None):
+        """time_pair in --rounds rounds: each round times its share of the calls on our side, then the same calls
+        on torch's, after --warmup of them untimed on each side (copies again what they copy, so the bytes
+        compared at the end do not change). Returns both lists of seconds, in call order."""
+        self.sync()
+        self.warm(ours, prepare)
+        self.warm(theirs, self.torch_before(prepare))
+        ours_t, torch_t = [], []
+        for chunk in self.round_calls(n):
+            self.sync()
+            for i in chunk[:self.a.warmup]:
+                self.call_ours(ours, i, prepare)
+            ours_t += [self.call_ours(ours, i, prepare) for i in chunk]
+            for i in chunk[:self.a.warmup]:
+                self.call_torch(theirs, i, prepare)
+            torch_t += [self.call_torch(theirs, i, prepare) for i in chunk]
+        return ours_t, torch_t
+
+    def round_calls(self, n=None):
+        """The timed calls' indices cut into --rounds shares (fewer when there are fewer calls)."""
+        calls = list(self.timed_calls(n))
+        k = -(-len(calls) // min(self.a.rounds, len(calls)))
+        return [calls[s:s + k] for s in range(0, len(calls), k)]
+
     def paired(self, ours_t, torch_t):
         """The result's extras of an interleaved case: the median of each pair's own ratio (torch / ours), with
-        the lowest and highest."""
+        the lowest and highest; of a case in rounds, the same of each round's medians."""
+        if self.a.rounds > 1:
+            k = len(self.round_calls(len(ours_t))[0])
+            ratios = sorted(statistics.median(torch_t[s:s + k]) / statistics.median(ours_t[s:s + k])
+                            for s in range(0, len(ours_t), k))
+            return {"rounds": len(ratios), "round_ratio": statistics.median(ratios), "round_low": ratios[0],
+                    "round_high": ratios[-1]}
         if not self.a.interleave:
             return {}
         ratio, low, high = pair_ratio(torch_t, ours_t)

@@ -7,6 +7,7 @@ table; and bench_host.py end to end at a small size against the test agent."""
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -139,6 +140,50 @@ class GPUBenchPureTest(unittest.TestCase):
         last_ours = max(i for i, x in enumerate(calls) if x.startswith("ours"))
         self.assertTrue(all(x.startswith("torch") for x in calls[last_ours + 1:]) and calls[-1] == "torch4")
         self.assertEqual(bench_gpu.Bench.paired(b, ours_t, torch_t), {})
+
+    def test_timing_in_rounds(self):
+        # A clock that moves only in the calls, on a machine that slows down: every call costs a little more than
+        # the one before it, and ours cost twice what torch's cost at the same moment.
+        def run(*argv):
+            b = bench_gpu.Bench.__new__(bench_gpu.Bench)
+            b.a = bench_gpu.parse_args(["--warmup", "1", "--warmup-seconds", "0"] + list(argv))
+            b.log, b.now, b.cost = [], 0.0, 1.0
+            b.sync = lambda: b.log.append("sync")
+
+            def call(side, share):
+                def fn(i):
+                    b.log.append("%s%d" % (side, i))
+                    b.now += b.cost * share
+                    b.cost += 0.1
+                return fn
+
+            with mock.patch.object(bench_gpu.time, "perf_counter", lambda: b.now):
+                ours_t, torch_t = bench_gpu.Bench.time_pair(b, call("ours", 2.0), call("torch", 1.0))
+            return [x for x in b.log if x.startswith(("ours", "torch"))], ours_t, torch_t, bench_gpu.Bench.paired(
+                b, ours_t, torch_t)
+
+        calls, ours_t, torch_t, extras = run("--iters", "5", "--rounds", "2")
+        # Warm-up (one call a side), then two rounds of three and two calls, each side's first call of a round
+        # repeated untimed first.
+        self.assertEqual(calls[2:], ["ours1", "ours1", "ours2", "ours3", "torch1", "torch1", "torch2", "torch3",
+                                     "ours4", "ours4", "ours5", "torch4", "torch4", "torch5"])
+        self.assertEqual((len(ours_t), len(torch_t)), (5, 5))
+        self.assertEqual(extras["rounds"], 2)
+        self.assertTrue(extras["round_low"] <= extras["round_ratio"] <= extras["round_high"], extras)
+        text = bench_gpu.format_table([bench_gpu.result("c 64 MiB", 1 << 26, 2.0, 1.0, True, **extras)])
+        self.assertRegex(text, r"c 64 MiB: in 2 rounds, median of the rounds' ratios \d\.\d\d \(lowest")
+
+        # The true ratio is 0.5: all of ours and then all of torch's lays the drift on torch's side; rounds spread it.
+        _, ours_t, torch_t, _ = run("--iters", "40")
+        sequential = statistics.median(torch_t) / statistics.median(ours_t)
+        _, ours_t, torch_t, extras = run("--iters", "40", "--rounds", "8")
+        self.assertLess(abs(statistics.median(torch_t) / statistics.median(ours_t) - 0.5), abs(sequential - 0.5) / 3)
+        self.assertLess(abs(extras["round_ratio"] - 0.5), abs(sequential - 0.5) / 3)
+
+        with self.assertRaises(SystemExit), mock.patch("sys.stderr"):
+            bench_gpu.parse_args(["--rounds", "2", "--interleave"])
+        back = bench_gpu.parse_args(bench_gpu.client_command(bench_gpu.parse_args(["--rounds", "3"]), "s")[2:])
+        self.assertEqual(back.rounds, 3)
 
     def test_missing_agent_says_how_to_build_it(self):
         with self.assertRaises(SystemExit) as e:
