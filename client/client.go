@@ -55,6 +55,7 @@ type Client struct {
 	fast   *net.UnixConn
 	mbox   *fastwire.CallerMailbox // the fast connection's mailbox; nil: frames go on the socket
 	arena  []byte                  // the fast connection's id arena (mapped); nil: ids travel in the frame
+	frame  []byte                  // the buffer block requests are written into (fastBlocks)
 
 	recoverMu sync.Mutex // one Recover at a time
 	closed    atomic.Bool

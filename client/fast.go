@@ -173,25 +173,34 @@ func (c *Client) transferFast(ctx context.Context, req *agentv1.TransferRequest,
 	return c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Transfer{Transfer: req}}, spin)
 }
 
-// fastBlocks sends a block transfer of n bytes over the fast socket, its ids through the id arena when the list is
-// long and fits, else in the frame (req's id fields are set here). ok is false when there is no fast path (req's
-// ids are then unset).
-func (c *Client) fastBlocks(ctx context.Context, req *agentv1.TransferBlocksRequest, ids, remoteIDs []uint32, n uint64) (resp *agentv1.TransferResponse, ok bool, err error) {
+// fastBlocks sends block request r with its ids (n bytes moved) on the fast socket: ids of arenaMinIDs and more in
+// the id arena, the frame written into the connection's own buffer; ok is false when there is no fast connection.
+func (c *Client) fastBlocks(ctx context.Context, r *blockRequest, ids, remoteIDs []uint32, n uint64) (resp *agentv1.TransferResponse, ok bool, err error) {
 	c.fastMu.Lock()
 	defer c.fastMu.Unlock()
 	if c.fast == nil {
 		return nil, false, nil
 	}
-	if n := len(ids); c.arena != nil && n >= arenaMinIDs && n == len(remoteIDs) && 8*n <= len(c.arena) {
+	var arena uint32
+	if k := len(ids); c.arena != nil && k >= arenaMinIDs && k == len(remoteIDs) && 8*k <= len(c.arena) {
 		// Written under the lock the call holds until its reply: the agent copies them out before it answers.
 		putIDs(c.arena, ids)
-		putIDs(c.arena[4*n:], remoteIDs)
-		req.ArenaIds, req.LocalIds, req.RemoteIds = uint32(n), nil, nil
-	} else {
-		req.ArenaIds, req.LocalIds, req.RemoteIds = 0, packIDs(ids), packIDs(remoteIDs)
+		putIDs(c.arena[4*k:], remoteIDs)
+		arena = uint32(k)
 	}
-	return c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}}, c.spinFor(req.GetWait(), n))
+	// The buffer is the connection's, under c.fastMu: the mailbox and the socket copy the frame before the call
+	// returns. One grown past a short list's frame is not kept.
+	c.frame = r.appendFast(c.frame[:0], ids, remoteIDs, arena)
+	resp, ok, err = c.fastPayloadLocked(ctx, c.frame, c.spinFor(r.wait, n))
+	if cap(c.frame) > maxKeptFrame {
+		c.frame = nil
+	}
+	return resp, ok, err
 }
+
+// maxKeptFrame is the largest block frame buffer a client keeps between calls (a list of ids shorter than the id
+// arena takes, both sides, fits).
+const maxKeptFrame = 16 << 10
 
 // fastWaitSlice bounds how long a Wait holds the fast connection: a transfer still running after it is waited
 // for through gRPC, so the client's other calls (which share the connection) are not held behind a long one. A

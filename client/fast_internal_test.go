@@ -8,18 +8,22 @@ import (
 	"context"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 )
 
 // BenchmarkOneBlockRequestAndReply is the Go client's own work around a waited one-block call, without the round
-// trip: the request checked, built and encoded as sendBlocks and fastBlocks build it ("plain") or a prepared
-// run's frame ("prepared"), and a success reply decoded.
+// trip: the request checked and written as sendBlocks and fastBlocks write it ("plain"), a prepared run's frame
+// ("prepared"), and, for comparison, the request built and marshalled as messages ("messages", how frames were
+// written before); each with a success reply decoded.
 func BenchmarkOneBlockRequestAndReply(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -41,17 +45,15 @@ func BenchmarkOneBlockRequestAndReply(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	var frame []byte
 	b.Run("plain", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			req, err := blocksRequest(ctx, Write, l, ids, ToLayout(other), remoteIDs, TransferOptions{}, true)
+			r, err := newBlockRequest(ctx, Write, l, ids, ToLayout(other), remoteIDs, TransferOptions{}, true)
 			if err != nil {
 				b.Fatal(err)
 			}
-			req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
-			if _, err := proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}}); err != nil {
-				b.Fatal(err)
-			}
+			frame = r.appendFast(frame[:0], ids, remoteIDs, 0)
 			answer()
 		}
 	})
@@ -62,51 +64,97 @@ func BenchmarkOneBlockRequestAndReply(b *testing.B) {
 		}
 		b.ReportAllocs()
 		for b.Loop() {
-			if len(p.payload(boundedTimeout(ctx, p.opts.Timeout, true))) == 0 {
-				b.Fatal("an empty frame")
+			r := p.req
+			r.timeout = boundedTimeout(ctx, p.opts.Timeout, true)
+			frame = r.appendFast(frame[:0], p.ids, p.remoteIDs, 0)
+			answer()
+		}
+	})
+	b.Run("messages", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			r, err := newBlockRequest(ctx, Write, l, ids, ToLayout(other), remoteIDs, TransferOptions{}, true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			req := r.message()
+			req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
+			if _, err := proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: req}}); err != nil {
+				b.Fatal(err)
 			}
 			answer()
 		}
 	})
 }
 
-// TestPreparedPayloadIsTheRequestTransferBlocksSends: whatever the context leaves, a prepared run's frame decodes
-// to the FastRequest the plain call builds for the same arguments and context (the timeout TransferBlocks would
-// give the agent included, and none where it gives none).
-func TestPreparedPayloadIsTheRequestTransferBlocksSends(t *testing.T) {
+// TestBlockFrameIsTheRequestOfTheArguments: whatever the arguments and the context, the frame a block call
+// writes decodes to the FastRequest of the TransferBlocksRequest those arguments make (the timeout TransferBlocks
+// gives the agent included, none where it gives none; ids in the frame or counted in the arena), and gRPC's
+// message is the same request.
+func TestBlockFrameIsTheRequestOfTheArguments(t *testing.T) {
 	c := &Client{}
 	l, other := &Layout{c: c, id: 7}, &Layout{c: c, id: 1 << 40}
+	zero := &Layout{c: c} // a layout id of 0 is still named (a oneof member is written when zero)
 	ids, remoteIDs := []uint32{3, 1 << 31, 0}, []uint32{9, 8, 7}
+	byID := func(id uint64) *agentv1.LayoutRef {
+		return &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: id}}
+	}
+	bySegment := func(node, segment string) *agentv1.LayoutRef {
+		return &agentv1.LayoutRef{Target: &agentv1.LayoutRef_Segment{Segment: segment}, Node: node}
+	}
 	for _, tc := range []struct {
 		name   string
+		op     Op
 		remote RemoteLayout
+		ref    *agentv1.LayoutRef
 		opts   TransferOptions
 		ctx    func() (context.Context, context.CancelFunc)
+		wait   bool
+		arena  uint32
 	}{
-		{"no deadline, no timeout", ToLayout(other), TransferOptions{}, background},
-		{"no deadline, a timeout", ToLayout(other), TransferOptions{Timeout: 1500 * time.Millisecond}, background},
-		{"whole seconds", ToLayoutSegment("node-b", "kv"), TransferOptions{Timeout: 3 * time.Second}, background},
-		{"a deadline sooner than the timeout", ToLayout(other), TransferOptions{Timeout: time.Hour}, within(2 * time.Second)},
-		{"a deadline and the agent's default", ToLayoutSegment("", "kv"), TransferOptions{}, within(5 * time.Second)},
-		{"a deadline past the timeout", ToLayout(other), TransferOptions{Timeout: 250 * time.Microsecond}, within(time.Minute)},
-		{"a deadline already passed", ToLayout(other), TransferOptions{}, within(-time.Second)},
+		{"no deadline, no timeout", Read, ToLayout(other), byID(1 << 40), TransferOptions{}, background, true, 0},
+		{"no deadline, a timeout", Write, ToLayout(other), byID(1 << 40), TransferOptions{Timeout: 1500 * time.Millisecond}, background, true, 0},
+		{"whole seconds", Read, ToLayoutSegment("node-b", "kv"), bySegment("node-b", "kv"), TransferOptions{Timeout: 3 * time.Second}, background, true, 0},
+		{"under a second", Read, ToLayout(zero), byID(0), TransferOptions{Timeout: 250 * time.Millisecond}, background, false, 0},
+		{"a deadline sooner than the timeout", Read, ToLayout(other), byID(1 << 40), TransferOptions{Timeout: time.Hour}, within(2 * time.Second), true, 0},
+		{"a deadline and the agent's default", Write, ToLayoutSegment("", "kv"), bySegment("", "kv"), TransferOptions{}, within(5 * time.Second), true, 0},
+		{"a deadline past the timeout", Read, ToLayout(other), byID(1 << 40), TransferOptions{Timeout: 250 * time.Microsecond}, within(time.Minute), true, 0},
+		{"a deadline already passed", Read, ToLayout(other), byID(1 << 40), TransferOptions{}, within(-time.Second), true, 0},
+		{"a negative timeout, not waited", Write, ToLayout(other), byID(1 << 40), TransferOptions{Timeout: -time.Second}, within(time.Minute), false, 0},
+		{"a notification, not waited", Write, ToLayoutSegment("node-c", "prefill/kv"), bySegment("node-c", "prefill/kv"), TransferOptions{Notify: []byte("layer 3 done")}, background, false, 0},
+		{"ids in the arena", Read, ToLayout(other), byID(1 << 40), TransferOptions{Timeout: time.Second}, background, true, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := c.PrepareBlocks(Read, l, ids, tc.remote, remoteIDs, tc.opts)
-			if err != nil {
-				t.Fatal(err)
-			}
 			ctx, cancel := tc.ctx()
 			defer cancel()
-			want, err := blocksRequest(ctx, Read, l, ids, tc.remote, remoteIDs, tc.opts, true)
+			r, err := newBlockRequest(ctx, tc.op, l, ids, tc.remote, remoteIDs, tc.opts, tc.wait)
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The request the arguments make, built here from them.
+			op := agentv1.Op_OP_READ
+			if tc.op == Write {
+				op = agentv1.Op_OP_WRITE
+			}
+			want := &agentv1.TransferBlocksRequest{Op: op, LayoutId: 7, Remote: tc.ref, IdBytes: 4, Notify: tc.opts.Notify,
+				Wait: tc.wait}
+			if d := boundedTimeout(ctx, tc.opts.Timeout, tc.wait); d > 0 {
+				want.Timeout = durationpb.New(d)
+			}
 			got := &agentv1.FastRequest{}
-			if err := proto.Unmarshal(p.payload(boundedTimeout(ctx, tc.opts.Timeout, true)), got); err != nil {
+			if err := proto.Unmarshal(r.appendFast([]byte{0xee}, ids, remoteIDs, tc.arena)[1:], got); err != nil {
 				t.Fatal(err)
 			}
-			want.LocalIds, want.RemoteIds = packIDs(ids), packIDs(remoteIDs)
+			msg := r.message()
+			if tc.arena > 0 {
+				want.ArenaIds, msg.ArenaIds = tc.arena, tc.arena
+			} else {
+				want.LocalIds, want.RemoteIds = packIDs(ids), packIDs(remoteIDs)
+				msg.LocalIds, msg.RemoteIds = packIDs(ids), packIDs(remoteIDs)
+			}
+			if !proto.Equal(got.GetBlocks(), msg) {
+				t.Fatalf("the frame decodes to %v, gRPC's message is %v", got.GetBlocks(), msg)
+			}
 			// The two timeouts were read from the clock a moment apart: equal to the millisecond.
 			gt, wt := got.GetBlocks().GetTimeout(), want.GetTimeout()
 			if (gt == nil) != (wt == nil) || gt != nil && (gt.AsDuration()-wt.AsDuration()).Abs() > time.Millisecond {
@@ -114,18 +162,80 @@ func TestPreparedPayloadIsTheRequestTransferBlocksSends(t *testing.T) {
 			}
 			got.GetBlocks().Timeout, want.Timeout = nil, nil
 			if !proto.Equal(got, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: want}}) {
-				t.Fatalf("prepared frame decodes to %v, want %v", got, want)
+				t.Fatalf("the frame decodes to %v, want %v", got, want)
 			}
 		})
 	}
-	ids[0] = 5 // the caller's slices are copied when prepared
+	for _, tc := range []struct {
+		name   string
+		op     Op
+		remote RemoteLayout
+		ids    []uint32
+		want   string
+	}{
+		{"unequal counts", Write, ToLayout(other), ids[:1], "3 local ids and 1 remote ids"},
+		{"no remote", Write, RemoteLayout{}, remoteIDs, "names neither a layout nor a segment"},
+		{"an unknown op", Op(9), ToLayout(other), remoteIDs, "unknown op 9"},
+	} {
+		if _, err := newBlockRequest(context.Background(), tc.op, l, ids, tc.remote, tc.ids, TransferOptions{}, true); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// The field numbers the block frame is written with are agent.proto's.
+func TestBlockWireFieldNumbers(t *testing.T) {
+	num := func(m proto.Message, field string) protowire.Number {
+		f := m.ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name(field))
+		if f == nil {
+			t.Fatalf("%T has no field %s", m, field)
+		}
+		return f.Number()
+	}
+	for _, f := range []struct {
+		m     proto.Message
+		field string
+		want  protowire.Number
+	}{
+		{&agentv1.FastRequest{}, "blocks", fastRequestBlocks},
+		{&agentv1.TransferBlocksRequest{}, "op", blocksOp},
+		{&agentv1.TransferBlocksRequest{}, "layout_id", blocksLayoutID},
+		{&agentv1.TransferBlocksRequest{}, "remote", blocksRemote},
+		{&agentv1.TransferBlocksRequest{}, "local_ids", blocksLocalIDs},
+		{&agentv1.TransferBlocksRequest{}, "remote_ids", blocksRemoteIDs},
+		{&agentv1.TransferBlocksRequest{}, "id_bytes", blocksIDBytes},
+		{&agentv1.TransferBlocksRequest{}, "timeout", blocksTimeout},
+		{&agentv1.TransferBlocksRequest{}, "notify", blocksNotify},
+		{&agentv1.TransferBlocksRequest{}, "wait", blocksWait},
+		{&agentv1.TransferBlocksRequest{}, "arena_ids", blocksArenaIDs},
+		{&agentv1.LayoutRef{}, "layout_id", layoutRefLayoutID},
+		{&agentv1.LayoutRef{}, "segment", layoutRefSegment},
+		{&agentv1.LayoutRef{}, "node", layoutRefNode},
+		{&durationpb.Duration{}, "seconds", durationSeconds},
+		{&durationpb.Duration{}, "nanos", durationNanos},
+	} {
+		if got := num(f.m, f.field); got != f.want {
+			t.Errorf("%T.%s is field %d, the frame writes it as %d", f.m, f.field, got, f.want)
+		}
+	}
+	// Every field of the request is written: a field added to agent.proto needs a line here and in appendFast.
+	if n := (&agentv1.TransferBlocksRequest{}).ProtoReflect().Descriptor().Fields().Len(); n != 10 {
+		t.Errorf("TransferBlocksRequest has %d fields, the frame writes 10", n)
+	}
+}
+
+// A prepared transfer keeps copies of the caller's ids, and checks its arguments when prepared.
+func TestPreparedBlocksKeepTheirIDs(t *testing.T) {
+	c := &Client{}
+	l, other := &Layout{c: c, id: 7}, &Layout{c: c, id: 9}
+	ids, remoteIDs := []uint32{5, 1}, []uint32{9, 8}
 	p, err := c.PrepareBlocks(Write, l, ids[:1], ToLayout(other), remoteIDs[:1], TransferOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ids[0] = 6
 	got := &agentv1.FastRequest{}
-	if err := proto.Unmarshal(p.payload(0), got); err != nil || !slices.Equal(got.GetBlocks().LocalIds, packIDs([]uint32{5})) {
+	if err := proto.Unmarshal(p.req.appendFast(nil, p.ids, p.remoteIDs, 0), got); err != nil || !slices.Equal(got.GetBlocks().LocalIds, packIDs([]uint32{5})) {
 		t.Fatalf("prepared ids %x (%v), want those of the prepare", got.GetBlocks().GetLocalIds(), err)
 	}
 	if _, err := c.PrepareBlocks(Write, l, ids, ToLayout(other), remoteIDs[:1], TransferOptions{}); err == nil {

@@ -124,20 +124,6 @@ func ToLayoutSegment(node, segment string) RemoteLayout {
 	return RemoteLayout{node: node, segment: segment}
 }
 
-func (r RemoteLayout) proto() (*agentv1.LayoutRef, error) {
-	if r.layout != nil {
-		id, err := r.layout.current()
-		if err != nil {
-			return nil, err
-		}
-		return &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: id}}, nil
-	}
-	if r.segment == "" {
-		return nil, fmt.Errorf("remote layout names neither a layout nor a segment")
-	}
-	return &agentv1.LayoutRef{Target: &agentv1.LayoutRef_Segment{Segment: r.segment}, Node: r.node}, nil
-}
-
 // packIDs encodes ids as the little-endian int32 the agent reads.
 func packIDs(ids []uint32) []byte {
 	b := make([]byte, 4*len(ids))
@@ -198,12 +184,13 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 			return nil, gen, status.Errorf(codes.InvalidArgument, "transferring blocks: %d block ids, the agent moves at most %d blocks a call (Info().Limits.MaxItemsPerTransfer): split the transfer", len(ids), most)
 		}
 	}
-	req, err := blocksRequest(ctx, op, l, ids, remote, remoteIDs, opts, wait)
+	r, err := newBlockRequest(ctx, op, l, ids, remote, remoteIDs, opts, wait)
 	if err != nil {
 		return nil, gen, err
 	}
-	resp, fast, err := c.fastBlocks(ctx, req, ids, remoteIDs, l.bytesOf(len(ids)))
+	resp, fast, err := c.fastBlocks(ctx, &r, ids, remoteIDs, l.bytesOf(len(ids)))
 	if !fast {
+		req := r.message()
 		req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
 		resp, err = c.api.TransferBlocks(ctx, req)
 	}
@@ -215,25 +202,4 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 		return nil, gen, c.wrap(what, gen, err)
 	}
 	return resp, gen, nil
-}
-
-// blocksRequest checks and builds a block transfer's request, without its ids (the caller puts them in the
-// request or the id arena).
-func blocksRequest(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions, wait bool) (*agentv1.TransferBlocksRequest, error) {
-	if len(ids) != len(remoteIDs) {
-		return nil, fmt.Errorf("transferring blocks: %d local ids and %d remote ids", len(ids), len(remoteIDs))
-	}
-	id, err := l.current()
-	if err != nil {
-		return nil, err
-	}
-	ref, err := remote.proto()
-	if err != nil {
-		return nil, fmt.Errorf("transferring blocks: %w", err)
-	}
-	req := &agentv1.TransferBlocksRequest{LayoutId: id, Remote: ref, IdBytes: 4, Notify: opts.Notify, Wait: wait}
-	if req.Op, req.Timeout, err = submission(ctx, op, opts, wait); err != nil {
-		return nil, err
-	}
-	return req, nil
 }

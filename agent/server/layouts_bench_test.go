@@ -79,8 +79,8 @@ func BenchmarkBlockTransferOverhead(b *testing.B) {
 // TestBlockCallAllocations bounds the allocations of one waited one-block transfer through the fast socket, the
 // Go client's and the agent's together (they share this process), with the composite assembled as the agent's:
 // each is work for the collector on the latency-bound path. 56 before the agent kept its decoded frames, reply,
-// layouts' memory and a one-plan transfer's parts inline; 35 after. The bound leaves four for pools the collector
-// emptied.
+// layouts' memory and a one-plan transfer's parts inline; 35 after; 25 once the Go client wrote its block frames
+// directly instead of building and marshalling messages. The bound leaves five for pools the collector emptied.
 func TestBlockCallAllocations(t *testing.T) {
 	opts := baseOptions(t, newProcFixture(t))
 	opts.Engine = nodeComposite(t, "node-a")
@@ -96,7 +96,9 @@ func TestBlockCallAllocations(t *testing.T) {
 		}
 	}
 	call()
-	if got := testing.AllocsPerRun(300, call); got > 40 {
-		t.Errorf("%.1f allocations a waited one-block call, want at most 40", got)
+	got := testing.AllocsPerRun(300, call)
+	t.Logf("%.1f allocations a waited one-block call", got)
+	if got > 30 {
+		t.Errorf("%.1f allocations a waited one-block call, want at most 30", got)
 	}
 }
