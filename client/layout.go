@@ -178,11 +178,8 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 	if err := c.check(); err != nil {
 		return nil, gen, err
 	}
-	if len(ids) > 4096 {
-		// Refused here: past 4 MiB the agent could not even read the request, and gRPC's refusal says only that.
-		if most := c.Info().GetLimits().GetMaxItemsPerTransfer(); most > 0 && len(ids) > int(most) {
-			return nil, gen, status.Errorf(codes.InvalidArgument, "transferring blocks: %d block ids, the agent moves at most %d blocks a call (Info().Limits.MaxItemsPerTransfer): split the transfer", len(ids), most)
-		}
+	if err := c.checkBlockCount(len(ids)); err != nil {
+		return nil, gen, err
 	}
 	r, err := newBlockRequest(ctx, op, l, ids, remote, remoteIDs, opts, wait)
 	if err != nil {
@@ -202,4 +199,16 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 		return nil, gen, c.wrap(what, gen, err)
 	}
 	return resp, gen, nil
+}
+
+// checkBlockCount refuses a list of more block ids than the agent moves in one call: past 4 MiB the agent could
+// not even read the request, and gRPC's refusal says only that.
+func (c *Client) checkBlockCount(n int) error {
+	if n <= 4096 {
+		return nil
+	}
+	if most := c.Info().GetLimits().GetMaxItemsPerTransfer(); most > 0 && n > int(most) {
+		return status.Errorf(codes.InvalidArgument, "transferring blocks: %d block ids, the agent moves at most %d blocks a call (Info().Limits.MaxItemsPerTransfer): split the transfer", n, most)
+	}
+	return nil
 }

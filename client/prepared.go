@@ -29,6 +29,9 @@ type PreparedBlocks struct {
 // are copied (changing the slices afterwards changes nothing).
 func (c *Client) PrepareBlocks(op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions) (*PreparedBlocks, error) {
 	gen := c.generation()
+	if err := c.checkBlockCount(len(ids)); err != nil {
+		return nil, err
+	}
 	req, err := newBlockRequest(context.Background(), op, l, ids, remote, remoteIDs, opts, true)
 	if err != nil {
 		return nil, fmt.Errorf("preparing blocks: %w", err)

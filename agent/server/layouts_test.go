@@ -230,6 +230,14 @@ func TestBlockTransferRefusals(t *testing.T) {
 			if client.Code(err).String() != tc.code || !strings.Contains(err.Error(), tc.says) {
 				t.Fatalf("want %s saying %q, got %v", tc.code, tc.says, err)
 			}
+			// Prepared, the same transfer is refused as it is prepared (a count past the agent's limit) or run.
+			p, err := c.PrepareBlocks(client.Write, l, tc.local, tc.to, tc.remote, client.TransferOptions{})
+			if err == nil {
+				_, err = p.Run(ctxT(t))
+			}
+			if client.Code(err).String() != tc.code || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("prepared: want %s saying %q, got %v", tc.code, tc.says, err)
+			}
 		})
 	}
 	raw := func(req *agentv1.TransferBlocksRequest) error {
