@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 )
 
@@ -105,9 +106,9 @@ func (r *blockRequest) message() *agentv1.TransferBlocksRequest {
 func (r *blockRequest) appendFast(b []byte, ids, remoteIDs []uint32, arena uint32) []byte {
 	ref := r.refSize()
 	dur := durationSize(r.timeout)
-	size := sizeVarint(blocksOp, uint64(r.op)) + sizeVarint(blocksLayoutID, r.layoutID) +
-		protowire.SizeTag(blocksRemote) + protowire.SizeBytes(ref) + sizeVarint(blocksIDBytes, 4) +
-		sizeVarint(blocksArenaIDs, uint64(arena))
+	size := fastwire.UintSize(blocksOp, uint64(r.op)) + fastwire.UintSize(blocksLayoutID, r.layoutID) +
+		protowire.SizeTag(blocksRemote) + protowire.SizeBytes(ref) + fastwire.UintSize(blocksIDBytes, 4) +
+		fastwire.UintSize(blocksArenaIDs, uint64(arena))
 	if arena == 0 {
 		size += sizeBytes(blocksLocalIDs, 4*len(ids)) + sizeBytes(blocksRemoteIDs, 4*len(remoteIDs))
 	}
@@ -116,12 +117,12 @@ func (r *blockRequest) appendFast(b []byte, ids, remoteIDs []uint32, arena uint3
 	}
 	size += sizeBytes(blocksNotify, len(r.notify))
 	if r.wait {
-		size += sizeVarint(blocksWait, 1)
+		size += fastwire.UintSize(blocksWait, 1)
 	}
 
 	b = protowire.AppendVarint(protowire.AppendTag(b, fastRequestBlocks, protowire.BytesType), uint64(size))
-	b = appendVarint(b, blocksOp, uint64(r.op))
-	b = appendVarint(b, blocksLayoutID, r.layoutID)
+	b = fastwire.AppendUint(b, blocksOp, uint64(r.op))
+	b = fastwire.AppendUint(b, blocksLayoutID, r.layoutID)
 	b = protowire.AppendVarint(protowire.AppendTag(b, blocksRemote, protowire.BytesType), uint64(ref))
 	if r.byID {
 		// A oneof member is written even when zero.
@@ -136,19 +137,19 @@ func (r *blockRequest) appendFast(b []byte, ids, remoteIDs []uint32, arena uint3
 		b = appendIDs(b, blocksLocalIDs, ids)
 		b = appendIDs(b, blocksRemoteIDs, remoteIDs)
 	}
-	b = appendVarint(b, blocksIDBytes, 4)
+	b = fastwire.AppendUint(b, blocksIDBytes, 4)
 	if dur > 0 {
 		b = protowire.AppendVarint(protowire.AppendTag(b, blocksTimeout, protowire.BytesType), uint64(dur))
-		b = appendVarint(b, durationSeconds, uint64(r.timeout/time.Second))
-		b = appendVarint(b, durationNanos, uint64(r.timeout%time.Second))
+		b = fastwire.AppendUint(b, durationSeconds, uint64(r.timeout/time.Second))
+		b = fastwire.AppendUint(b, durationNanos, uint64(r.timeout%time.Second))
 	}
 	if len(r.notify) > 0 {
 		b = protowire.AppendBytes(protowire.AppendTag(b, blocksNotify, protowire.BytesType), r.notify)
 	}
 	if r.wait {
-		b = appendVarint(b, blocksWait, 1)
+		b = fastwire.AppendUint(b, blocksWait, 1)
 	}
-	return appendVarint(b, blocksArenaIDs, uint64(arena))
+	return fastwire.AppendUint(b, blocksArenaIDs, uint64(arena))
 }
 
 // refSize is the size of r's LayoutRef.
@@ -165,22 +166,7 @@ func durationSize(d time.Duration) int {
 	if d <= 0 {
 		return 0
 	}
-	return sizeVarint(durationSeconds, uint64(d/time.Second)) + sizeVarint(durationNanos, uint64(d%time.Second))
-}
-
-// sizeVarint and appendVarint size and write a varint field, left out when zero (proto3's scalars).
-func sizeVarint(num protowire.Number, v uint64) int {
-	if v == 0 {
-		return 0
-	}
-	return protowire.SizeTag(num) + protowire.SizeVarint(v)
-}
-
-func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
-	if v == 0 {
-		return b
-	}
-	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), v)
+	return fastwire.UintSize(durationSeconds, uint64(d/time.Second)) + fastwire.UintSize(durationNanos, uint64(d%time.Second))
 }
 
 // sizeBytes is the size of a bytes field of n bytes, left out when empty.

@@ -70,8 +70,8 @@ func AppendResponseReply(b []byte, resp *agentv1.TransferResponse) (_ []byte, ok
 	if st := resp.Status; st != nil {
 		b = protowire.AppendTag(b, responseFieldStatus, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(statusSize(st)))
-		b = appendUint(b, statusFieldID, st.TransferId)
-		b = appendUint(b, statusFieldState, uint64(int64(st.State)))
+		b = AppendUint(b, statusFieldID, st.TransferId)
+		b = AppendUint(b, statusFieldState, uint64(int64(st.State)))
 		for _, f := range st.Failures {
 			b = protowire.AppendTag(b, statusFieldFailures, protowire.BytesType)
 			b = protowire.AppendVarint(b, uint64(failureSize(f)))
@@ -79,18 +79,18 @@ func AppendResponseReply(b []byte, resp *agentv1.TransferResponse) (_ []byte, ok
 			b = appendString(b, failureFieldCode, f.Code, false)
 			b = appendString(b, failureFieldMessage, f.Message, false)
 		}
-		b = appendUint(b, statusFieldBytes, st.Bytes)
+		b = AppendUint(b, statusFieldBytes, st.Bytes)
 		if d := st.Elapsed; d != nil {
 			b = protowire.AppendTag(b, statusFieldElapsed, protowire.BytesType)
 			b = protowire.AppendVarint(b, uint64(durationSize(d.Seconds, d.Nanos)))
-			b = appendUint(b, durationFieldSeconds, uint64(d.Seconds))
-			b = appendUint(b, durationFieldNanos, uint64(int64(d.Nanos)))
+			b = AppendUint(b, durationFieldSeconds, uint64(d.Seconds))
+			b = AppendUint(b, durationFieldNanos, uint64(int64(d.Nanos)))
 		}
 		b = appendString(b, statusFieldError, st.Error, false)
 	}
-	b = appendUint(b, responseFieldID, resp.TransferId)
-	b = appendUint(b, responseFieldItems, uint64(resp.Items))
-	b = appendUint(b, responseFieldBytes, resp.Bytes)
+	b = AppendUint(b, responseFieldID, resp.TransferId)
+	b = AppendUint(b, responseFieldItems, uint64(resp.Items))
+	b = AppendUint(b, responseFieldBytes, resp.Bytes)
 	for _, e := range resp.Engines {
 		b = appendString(b, responseFieldEngines, e, true)
 	}
@@ -117,7 +117,7 @@ func responseUTF8(r *agentv1.TransferResponse) bool {
 }
 
 func responseSize(r *agentv1.TransferResponse) int {
-	n := uintSize(responseFieldID, r.TransferId) + uintSize(responseFieldItems, uint64(r.Items)) + uintSize(responseFieldBytes, r.Bytes)
+	n := UintSize(responseFieldID, r.TransferId) + UintSize(responseFieldItems, uint64(r.Items)) + UintSize(responseFieldBytes, r.Bytes)
 	for _, e := range r.Engines {
 		n += stringSize(responseFieldEngines, e, true)
 	}
@@ -128,7 +128,7 @@ func responseSize(r *agentv1.TransferResponse) int {
 }
 
 func statusSize(st *agentv1.TransferStatus) int {
-	n := uintSize(statusFieldID, st.TransferId) + uintSize(statusFieldState, uint64(int64(st.State))) + uintSize(statusFieldBytes, st.Bytes) +
+	n := UintSize(statusFieldID, st.TransferId) + UintSize(statusFieldState, uint64(int64(st.State))) + UintSize(statusFieldBytes, st.Bytes) +
 		stringSize(statusFieldError, st.Error, false)
 	for _, f := range st.Failures {
 		n += messageSize(statusFieldFailures, failureSize(f))
@@ -144,11 +144,12 @@ func failureSize(f *agentv1.TagFailure) int {
 }
 
 func durationSize(seconds int64, nanos int32) int {
-	return uintSize(durationFieldSeconds, uint64(seconds)) + uintSize(durationFieldNanos, uint64(int64(nanos)))
+	return UintSize(durationFieldSeconds, uint64(seconds)) + UintSize(durationFieldNanos, uint64(int64(nanos)))
 }
 
-// appendUint appends a varint field, left out when zero (proto3).
-func appendUint(b []byte, num protowire.Number, v uint64) []byte {
+// AppendUint appends a varint field, left out when zero (proto3's scalars); the client writes its block requests
+// with it too.
+func AppendUint(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
@@ -163,7 +164,8 @@ func appendString(b []byte, num protowire.Number, s string, repeated bool) []byt
 	return protowire.AppendString(protowire.AppendTag(b, num, protowire.BytesType), s)
 }
 
-func uintSize(num protowire.Number, v uint64) int {
+// UintSize is the size of the varint field AppendUint writes.
+func UintSize(num protowire.Number, v uint64) int {
 	if v == 0 {
 		return 0
 	}
