@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -73,6 +74,9 @@ func newBlockRequest(ctx context.Context, op Op, l *Layout, ids []uint32, remote
 		}
 	case remote.segment == "":
 		return r, fmt.Errorf("transferring blocks: remote layout names neither a layout nor a segment")
+	case !utf8.ValidString(remote.segment) || !utf8.ValidString(remote.node):
+		// Protobuf strings: the message would not marshal, and the frame must not carry what it refuses.
+		return r, fmt.Errorf("transferring blocks: remote layout %q on node %q is not valid UTF-8", remote.segment, remote.node)
 	default:
 		r.node, r.segment = remote.node, remote.segment
 	}

@@ -176,6 +176,8 @@ func TestBlockFrameIsTheRequestOfTheArguments(t *testing.T) {
 		{"unequal counts", Write, ToLayout(other), ids[:1], "3 local ids and 1 remote ids"},
 		{"no remote", Write, RemoteLayout{}, remoteIDs, "names neither a layout nor a segment"},
 		{"an unknown op", Op(9), ToLayout(other), remoteIDs, "unknown op 9"},
+		{"a segment name that is not UTF-8", Write, ToLayoutSegment("", "kv\xff"), remoteIDs, "not valid UTF-8"},
+		{"a node name that is not UTF-8", Write, ToLayoutSegment("node\xc3", "kv"), remoteIDs, "not valid UTF-8"},
 	} {
 		if _, err := newBlockRequest(context.Background(), tc.op, l, ids, tc.remote, tc.ids, TransferOptions{}, true); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
@@ -224,19 +226,22 @@ func TestBlockWireFieldNumbers(t *testing.T) {
 	}
 }
 
-// A prepared transfer keeps copies of the caller's ids, and checks its arguments when prepared.
+// A prepared transfer keeps copies of the caller's ids and notification, and checks its arguments when prepared.
 func TestPreparedBlocksKeepTheirIDs(t *testing.T) {
 	c := &Client{}
 	l, other := &Layout{c: c, id: 7}, &Layout{c: c, id: 9}
-	ids, remoteIDs := []uint32{5, 1}, []uint32{9, 8}
-	p, err := c.PrepareBlocks(Write, l, ids[:1], ToLayout(other), remoteIDs[:1], TransferOptions{})
+	ids, remoteIDs, note := []uint32{5, 1}, []uint32{9, 8}, []byte("step 1")
+	p, err := c.PrepareBlocks(Write, l, ids[:1], ToLayout(other), remoteIDs[:1], TransferOptions{Notify: note})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids[0] = 6
+	ids[0], note[5] = 6, '2'
 	got := &agentv1.FastRequest{}
 	if err := proto.Unmarshal(p.req.appendFast(nil, p.ids, p.remoteIDs, 0), got); err != nil || !slices.Equal(got.GetBlocks().LocalIds, packIDs([]uint32{5})) {
 		t.Fatalf("prepared ids %x (%v), want those of the prepare", got.GetBlocks().GetLocalIds(), err)
+	}
+	if n := string(got.GetBlocks().GetNotify()); n != "step 1" {
+		t.Fatalf("prepared notification %q, want the prepare's %q", n, "step 1")
 	}
 	if _, err := c.PrepareBlocks(Write, l, ids, ToLayout(other), remoteIDs[:1], TransferOptions{}); err == nil {
 		t.Fatal("unequal id counts were prepared")

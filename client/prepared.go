@@ -26,7 +26,7 @@ type PreparedBlocks struct {
 
 // PrepareBlocks checks TransferBlocks(ctx, op, l, ids, remote, remoteIDs, opts) once; its Run moves the same
 // blocks each time, with the timeout TransferBlocks would give them, and answers as TransferBlocks does. The ids
-// are copied (changing the slices afterwards changes nothing).
+// and the notification are copied (changing the slices afterwards changes nothing).
 func (c *Client) PrepareBlocks(op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions) (*PreparedBlocks, error) {
 	gen := c.generation()
 	if err := c.checkBlockCount(len(ids)); err != nil {
@@ -36,6 +36,7 @@ func (c *Client) PrepareBlocks(op Op, l *Layout, ids []uint32, remote RemoteLayo
 	if err != nil {
 		return nil, fmt.Errorf("preparing blocks: %w", err)
 	}
+	req.notify = slices.Clone(req.notify) // as the ids: what was prepared is what runs
 	return &PreparedBlocks{c: c, op: op, l: l, remote: remote, ids: slices.Clone(ids), remoteIDs: slices.Clone(remoteIDs),
 		opts: opts, req: req, gen: gen, bytes: l.bytesOf(len(ids))}, nil
 }
