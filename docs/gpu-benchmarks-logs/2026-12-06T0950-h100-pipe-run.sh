@@ -14,7 +14,7 @@ for i in 1 2; do
   echo "=== pipe cases $i $(date -u +%T)" >> $OUT/pipe.txt
   timeout 120 python3 client/python/bench/bench_gpu.py --agent /tmp/agent-new --cases a-pipe,c64-pipe,c1g-pipe,c64 >> $OUT/pipe.txt 2>&1
   echo "=== probe $i $(date -u +%T)" >> $OUT/pipe.txt
-  timeout 120 python3 .gpuc/pipeprobe.py >> $OUT/pipe.txt 2>&1
+  timeout 120 python3 .gpuc/pipeprobe.py >> $OUT/pipe.txt 2>&1  # logged as 2026-12-06T0950-pipe-probe.py
 done
 date -u >> $OUT/machine.txt
 cat $OUT/machine.txt; grep -vE ": done$" $OUT/pipe.txt | grep -E "^(===|a |c |fabricxfer|torch|submission|bytes)"

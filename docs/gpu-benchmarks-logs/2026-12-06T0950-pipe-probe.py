@@ -3,15 +3,17 @@
 
 """Eight 64 MiB transfers in flight from Python (wait=False, then wait_all), each submission timed on its own:
 is a round bound by the submissions or by the GPU? Beside it torch's eight copy_ and one synchronize. Run from the
-repository root with the agent at /tmp/agent."""
+repository root with the agent at /tmp/agent-new; ROUNDS (default 400) rounds are timed, and the script's own
+arguments go to the agent (--trace FILE for the execution trace of 09:52, with ROUNDS=30)."""
 
 import os, statistics, subprocess, sys, tempfile, time
+ROUNDS = int(os.environ.get("ROUNDS", "400"))
 sys.path.insert(0, "client/python")
 import torch
 from fabricxfer.client import Client, to_layout
 
 d = tempfile.mkdtemp()
-agent = subprocess.Popen(["/tmp/agent-new", "standalone", "--socket-dir", d, "--pool-name", "kv"],
+agent = subprocess.Popen(["/tmp/agent-new", "standalone", "--socket-dir", d, "--pool-name", "kv"] + sys.argv[1:],
                          stdout=open(d + "/a.log", "w"), stderr=subprocess.STDOUT)
 sock = d + "/kv/agent.sock"
 for _ in range(600):
@@ -32,7 +34,7 @@ for _ in range(200):
     c.transfer_blocks("write", ls, zero, remote, zero, timeout=60)
 subs, waits, rounds, firsts = [], [], [], []
 bypos = [[] for _ in range(8)]
-for r in range(400):
+for r in range(ROUNDS):
     t0 = time.perf_counter_ns()
     ids = []
     for k in range(8):
@@ -46,7 +48,7 @@ for r in range(400):
     waits.append(e - s)
     rounds.append(e - t0)
 ours = []
-for r in range(400):
+for r in range(ROUNDS):
     torch.cuda.synchronize()
     t0 = time.perf_counter_ns()
     for k in range(8):
