@@ -185,6 +185,54 @@ func TestBlockFrameIsTheRequestOfTheArguments(t *testing.T) {
 	}
 }
 
+// Random block requests, frames and messages alike: every frame decodes to its request's gRPC message with its ids
+// (or the arena's count), whatever the ids, names, notification and timeout.
+func TestBlockFramesOfRandomRequestsDecodeToTheirMessage(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	var frame []byte
+	for i := range 3000 {
+		r := blockRequest{op: agentv1.Op(1 + rng.IntN(2)), layoutID: rng.Uint64() >> rng.IntN(64), wait: rng.IntN(2) == 0,
+			timeout: time.Duration(rng.Int64N(int64(48*time.Hour))) >> rng.IntN(48)}
+		if rng.IntN(2) == 0 {
+			r.byID, r.remoteID = true, rng.Uint64()>>rng.IntN(64)
+		} else {
+			r.segment, r.node = "kv-"+strings.Repeat("s", rng.IntN(300)), strings.Repeat("n", rng.IntN(3)*70)
+		}
+		if rng.IntN(3) == 0 {
+			r.notify = make([]byte, rng.IntN(2000))
+			for k := range r.notify {
+				r.notify[k] = byte(rng.Uint32())
+			}
+		}
+		n := rng.IntN(1500)
+		ids, remoteIDs := make([]uint32, n), make([]uint32, n)
+		for k := range ids {
+			ids[k], remoteIDs[k] = rng.Uint32(), rng.Uint32()
+		}
+		var arena uint32
+		if rng.IntN(4) == 0 {
+			arena = uint32(n)
+		}
+		frame = r.appendFast(frame[:0], ids, remoteIDs, arena)
+		got := &agentv1.FastRequest{}
+		if err := proto.Unmarshal(frame, got); err != nil {
+			t.Fatalf("request %d: the frame does not decode: %v", i, err)
+		}
+		want := r.message()
+		if arena > 0 {
+			want.ArenaIds = arena
+		} else {
+			want.LocalIds, want.RemoteIds = packIDs(ids), packIDs(remoteIDs)
+		}
+		if !proto.Equal(got, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: want}}) {
+			t.Fatalf("request %d (%+v): the frame decodes to %v, want %v", i, r, got.GetBlocks(), want)
+		}
+		if size := proto.Size(got); size != len(frame) {
+			t.Fatalf("request %d: a frame of %d bytes for a message of %d", i, len(frame), size)
+		}
+	}
+}
+
 // The field numbers the block frame is written with are agent.proto's.
 func TestBlockWireFieldNumbers(t *testing.T) {
 	num := func(m proto.Message, field string) protowire.Number {
