@@ -16,8 +16,8 @@ import (
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 )
 
-// Field numbers of agent.proto that block requests are written with directly (TestBlockWireMatchesProto checks
-// them against the descriptors, and what is written against proto.Marshal's message).
+// Field numbers of agent.proto that block requests are written with directly (TestBlockWireFieldNumbers checks
+// them against the descriptors, TestBlockFrameIsTheRequestOfTheArguments what is written against the message).
 const (
 	fastRequestBlocks protowire.Number = 2 // FastRequest.blocks
 
@@ -35,9 +35,6 @@ const (
 	layoutRefLayoutID protowire.Number = 1 // LayoutRef
 	layoutRefSegment  protowire.Number = 2
 	layoutRefNode     protowire.Number = 3
-
-	durationSeconds protowire.Number = 1 // google.protobuf.Duration
-	durationNanos   protowire.Number = 2
 )
 
 // blockRequest is a checked block transfer (newBlockRequest) as plain values. The fast socket's frame is written
@@ -109,15 +106,15 @@ func (r *blockRequest) message() *agentv1.TransferBlocksRequest {
 // arena (then ids and remoteIDs are not written).
 func (r *blockRequest) appendFast(b []byte, ids, remoteIDs []uint32, arena uint32) []byte {
 	ref := r.refSize()
-	dur := durationSize(r.timeout)
+	seconds, nanos := int64(r.timeout/time.Second), int32(r.timeout%time.Second)
 	size := fastwire.UintSize(blocksOp, uint64(r.op)) + fastwire.UintSize(blocksLayoutID, r.layoutID) +
 		protowire.SizeTag(blocksRemote) + protowire.SizeBytes(ref) + fastwire.UintSize(blocksIDBytes, 4) +
 		fastwire.UintSize(blocksArenaIDs, uint64(arena))
 	if arena == 0 {
 		size += sizeBytes(blocksLocalIDs, 4*len(ids)) + sizeBytes(blocksRemoteIDs, 4*len(remoteIDs))
 	}
-	if dur > 0 {
-		size += protowire.SizeTag(blocksTimeout) + protowire.SizeBytes(dur)
+	if r.timeout > 0 {
+		size += protowire.SizeTag(blocksTimeout) + protowire.SizeBytes(fastwire.DurationSize(seconds, nanos))
 	}
 	size += sizeBytes(blocksNotify, len(r.notify))
 	if r.wait {
@@ -142,10 +139,8 @@ func (r *blockRequest) appendFast(b []byte, ids, remoteIDs []uint32, arena uint3
 		b = appendIDs(b, blocksRemoteIDs, remoteIDs)
 	}
 	b = fastwire.AppendUint(b, blocksIDBytes, 4)
-	if dur > 0 {
-		b = protowire.AppendVarint(protowire.AppendTag(b, blocksTimeout, protowire.BytesType), uint64(dur))
-		b = fastwire.AppendUint(b, durationSeconds, uint64(r.timeout/time.Second))
-		b = fastwire.AppendUint(b, durationNanos, uint64(r.timeout%time.Second))
+	if r.timeout > 0 {
+		b = fastwire.AppendDuration(b, blocksTimeout, seconds, nanos)
 	}
 	if len(r.notify) > 0 {
 		b = protowire.AppendBytes(protowire.AppendTag(b, blocksNotify, protowire.BytesType), r.notify)
@@ -163,14 +158,6 @@ func (r *blockRequest) refSize() int {
 	}
 	n := protowire.SizeTag(layoutRefSegment) + protowire.SizeBytes(len(r.segment))
 	return n + sizeBytes(layoutRefNode, len(r.node))
-}
-
-// durationSize is the size of a google.protobuf.Duration of d (0 when d is not positive: no timeout is sent).
-func durationSize(d time.Duration) int {
-	if d <= 0 {
-		return 0
-	}
-	return fastwire.UintSize(durationSeconds, uint64(d/time.Second)) + fastwire.UintSize(durationNanos, uint64(d%time.Second))
 }
 
 // sizeBytes is the size of a bytes field of n bytes, left out when empty.

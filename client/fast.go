@@ -247,18 +247,8 @@ func (c *Client) fastRequestLocked(ctx context.Context, req *agentv1.FastRequest
 	return c.fastPayloadLocked(ctx, payload, spin)
 }
 
-// fastPayload sends an encoded FastRequest on the fast socket, polling for its reply for spin, and returns its
-// response; ok is false when there is no fast connection (the caller goes through gRPC).
-func (c *Client) fastPayload(ctx context.Context, payload []byte, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
-	c.fastMu.Lock()
-	defer c.fastMu.Unlock()
-	if c.fast == nil {
-		return nil, false, nil
-	}
-	return c.fastPayloadLocked(ctx, payload, spin)
-}
-
-// fastPayloadLocked is fastPayload with c.fastMu held and the fast connection open.
+// fastPayloadLocked sends an encoded FastRequest on the fast socket, polling for its reply for spin, and returns
+// its response, with c.fastMu held and the fast connection open.
 func (c *Client) fastPayloadLocked(ctx context.Context, payload []byte, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
 	var body []byte
 	if c.mbox != nil && c.mbox.Fits(len(payload)) {

@@ -81,10 +81,7 @@ func AppendResponseReply(b []byte, resp *agentv1.TransferResponse) (_ []byte, ok
 		}
 		b = AppendUint(b, statusFieldBytes, st.Bytes)
 		if d := st.Elapsed; d != nil {
-			b = protowire.AppendTag(b, statusFieldElapsed, protowire.BytesType)
-			b = protowire.AppendVarint(b, uint64(durationSize(d.Seconds, d.Nanos)))
-			b = AppendUint(b, durationFieldSeconds, uint64(d.Seconds))
-			b = AppendUint(b, durationFieldNanos, uint64(int64(d.Nanos)))
+			b = AppendDuration(b, statusFieldElapsed, d.Seconds, d.Nanos)
 		}
 		b = appendString(b, statusFieldError, st.Error, false)
 	}
@@ -134,7 +131,7 @@ func statusSize(st *agentv1.TransferStatus) int {
 		n += messageSize(statusFieldFailures, failureSize(f))
 	}
 	if d := st.Elapsed; d != nil {
-		n += messageSize(statusFieldElapsed, durationSize(d.Seconds, d.Nanos))
+		n += messageSize(statusFieldElapsed, DurationSize(d.Seconds, d.Nanos))
 	}
 	return n
 }
@@ -143,8 +140,17 @@ func failureSize(f *agentv1.TagFailure) int {
 	return stringSize(failureFieldTag, f.Tag, false) + stringSize(failureFieldCode, f.Code, false) + stringSize(failureFieldMessage, f.Message, false)
 }
 
-func durationSize(seconds int64, nanos int32) int {
+// DurationSize is the size of a google.protobuf.Duration's fields (seconds and nanos, each left out when zero).
+func DurationSize(seconds int64, nanos int32) int {
 	return UintSize(durationFieldSeconds, uint64(seconds)) + UintSize(durationFieldNanos, uint64(int64(nanos)))
+}
+
+// AppendDuration appends a google.protobuf.Duration as field num (the client's block requests write their timeout
+// with it too).
+func AppendDuration(b []byte, num protowire.Number, seconds int64, nanos int32) []byte {
+	b = protowire.AppendVarint(protowire.AppendTag(b, num, protowire.BytesType), uint64(DurationSize(seconds, nanos)))
+	b = AppendUint(b, durationFieldSeconds, uint64(seconds))
+	return AppendUint(b, durationFieldNanos, uint64(int64(nanos)))
 }
 
 // AppendUint appends a varint field, left out when zero (proto3's scalars); the client writes its block requests
