@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/internal/promtest"
 )
 
 // The operator's gauges count pools by Ready reason, their nodes, reports and domains, and move with them.
@@ -21,19 +22,13 @@ func TestOperatorMetricsCountPoolsNodesAndDomains(t *testing.T) {
 	reg.MustRegister(Metrics{Reader: c})
 	read := func() map[string]float64 {
 		t.Helper()
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
 		out := map[string]float64{}
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				key := mf.GetName()
-				for _, l := range m.GetLabel() {
-					key += "/" + l.GetValue()
-				}
-				out[key] = m.GetGauge().GetValue()
+		for _, s := range promtest.Samples(t, reg) {
+			key := s.Name
+			for _, l := range s.Labels {
+				key += "/" + l.Value
 			}
+			out[key] = s.Value
 		}
 		return out
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines/enginetest"
 	"github.com/fabricxfer/fabricxfer/engines/tcp"
 	"github.com/fabricxfer/fabricxfer/engines/xgmi"
+	"github.com/fabricxfer/fabricxfer/internal/promtest"
 )
 
 // cluster is node-a (a composite of xgmi and tcp, the engine under test) and node-b (a tcp engine) on loopback.
@@ -331,24 +332,14 @@ func TestMixedBatchAndMetrics(t *testing.T) {
 // counters flattens the transfer counters to "name/engine/direction/status" -> value.
 func counters(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]float64{}
-	for _, mf := range mfs {
-		name := strings.TrimPrefix(mf.GetName(), "fabricxfer_transfer_")
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			v := m.GetCounter().GetValue()
-			if h := m.GetHistogram(); h != nil {
-				v = float64(h.GetSampleCount())
-			}
-			out[name+"/"+labels["engine"]+"/"+labels["direction"]+"/"+labels["status"]] = v
+	for _, s := range promtest.Samples(t, reg) {
+		labels := map[string]string{}
+		for _, l := range s.Labels {
+			labels[l.Name] = l.Value
 		}
+		name := strings.TrimPrefix(s.Name, "fabricxfer_transfer_")
+		out[name+"/"+labels["engine"]+"/"+labels["direction"]+"/"+labels["status"]] = s.Value
 	}
 	return out
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/enginetest"
 	"github.com/fabricxfer/fabricxfer/engines/tcp"
+	"github.com/fabricxfer/fabricxfer/internal/promtest"
 	"github.com/fabricxfer/fabricxfer/internal/syncbuf"
 )
 
@@ -167,18 +168,12 @@ func peerStates(t *testing.T, p *peers.Peers) map[string]float64 {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(p.Collector())
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			if len(m.GetLabel()) != 1 || m.GetLabel()[0].GetName() != "state" {
-				t.Fatalf("%s has labels %v, want state alone", mf.GetName(), m.GetLabel())
-			}
-			out[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+	for _, s := range promtest.Samples(t, reg) {
+		if len(s.Labels) != 1 || s.Labels[0].Name != "state" {
+			t.Fatalf("%s has labels %v, want state alone", s.Name, s.Labels)
 		}
+		out[s.Labels[0].Value] = s.Value
 	}
 	return out
 }
