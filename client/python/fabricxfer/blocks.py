@@ -10,7 +10,7 @@ Ids come as numpy int32/int64 arrays, torch CPU int32/int64 tensors, or any buff
 
 import struct
 import sys
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 from fabricxfer.agent.v1 import agent_pb2 as pb
 
@@ -67,8 +67,7 @@ def _torch_widths(torch_mod) -> dict:
 
 def _from_torch(t, id_bytes: Optional[int]):
     # Every step here is a call into torch, each costing a microsecond or more: ask only what decides something.
-    widths = _TORCH_WIDTHS or _torch_widths(sys.modules["torch"])
-    width = widths.get(t.dtype)
+    width = (_TORCH_WIDTHS or _torch_widths(sys.modules["torch"])).get(t.dtype)
     if width is None:
         raise _dtype_error(t.dtype)
     if not t.is_cpu:
@@ -81,9 +80,9 @@ def _from_torch(t, id_bytes: Optional[int]):
         # view of the storage (numpy(), or reshape and contiguous first) costs several calls.
         v = t.tolist()
         if type(v) is int:  # a 0-d tensor
-            return memoryview(_SHORT_PACKS[width, 1](v)), width, 1
+            return _SHORT_PACKS[width, 1](v), width, 1
         if not v or type(v[0]) is int:  # 1-D (more dimensions are flattened below)
-            return memoryview(_SHORT_PACKS[width, n](*v)), width, n
+            return _SHORT_PACKS[width, n](*v), width, n
     if t.dim() != 1 or not t.is_contiguous():
         t = t.reshape(-1).contiguous()
     try:
@@ -141,9 +140,9 @@ def _from_buffer(obj, id_bytes: Optional[int]):
     return mv, width, mv.nbytes // width
 
 
-def pack_ids(ids, id_bytes: Optional[int] = None) -> Tuple[memoryview, int, int]:
-    """Returns (little-endian bytes of ids as a memoryview, bytes per id, count), without copying when ids are
-    already contiguous little-endian int32/int64. Raises ValueError for another dtype, TypeError for a type
+def pack_ids(ids, id_bytes: Optional[int] = None) -> Tuple[Union[memoryview, bytes], int, int]:
+    """Returns (little-endian bytes of ids, bytes per id, count): a memoryview of ids, without copying, when they
+    are already contiguous little-endian int32/int64, else bytes (a short torch tensor's values packed). Raises ValueError for another dtype, TypeError for a type
     that is not an array or a buffer (a list: wrap it in array.array('q', ids) or numpy)."""
     pack = _PACKERS.get(type(ids))
     if pack is None:
@@ -191,7 +190,7 @@ def short_ids(ids):
     if pack is _from_torch:  # before memoryview(), whose refusal costs a microsecond or two
         return _from_torch(ids, None)
     if pack is _from_numpy and _LITTLE:
-        width = _numpy_widths(sys.modules["numpy"]).get(ids.dtype)
+        width = (_NUMPY_WIDTHS or _numpy_widths(sys.modules["numpy"])).get(ids.dtype)
         if width is not None and ids.ndim == 1:
             n = len(ids)
             if n < ARENA_MIN_IDS:

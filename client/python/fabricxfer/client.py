@@ -47,6 +47,8 @@ from fabricxfer import cuda as _cuda
 from fabricxfer.agent.v1 import agent_pb2 as pb
 from fabricxfer.agent.v1 import agent_pb2_grpc as pb_grpc
 
+_short_ids, _ARENA_MIN_IDS = _blocks.short_ids, _blocks.ARENA_MIN_IDS
+
 FD_SOCKET_NAME = "agent.fd.sock"
 FAST_SOCKET_NAME = "agent.fast.sock"
 API_VERSION = "v1"
@@ -599,6 +601,67 @@ def _landed(raw) -> bool:
     """Whether raw is a fast reply that says its transfer succeeded (its two lengths one byte each, as _LANDED
     reads them)."""
     return _LANDED(raw) is not None and raw[1] == len(raw) - 2 and raw[3] < 0x80
+
+
+class _LandedStatus:
+    """The TransferStatus of a waited transfer that succeeded, decoded from its reply when first read. A waited
+    block call is latency-bound and most callers only need it not to raise: decoding the status took a third of
+    the client's own work around a one-block call. Reading and setting fields, calling the message's methods,
+    comparing, printing and isinstance(st, TransferStatus) act on the decoded message; a protobuf call that takes
+    a message as its argument (CopyFrom, a repeated field's append) needs that message itself:
+    transfer_status(st). Protobuf's message classes cannot be subclassed, hence a stand-in."""
+
+    __slots__ = ("_raw", "_msg")
+
+    def __init__(self, raw: bytes):
+        _SET_RAW(self, raw)
+        _SET_MSG(self, None)
+
+    def _decoded(self) -> pb.TransferStatus:
+        msg = self._msg
+        if msg is None:
+            msg = pb.TransferStatus.FromString(self._raw[4:4 + self._raw[3]])
+            _SET_MSG(self, msg)
+        return msg
+
+    def __getattr__(self, name):
+        return getattr(self._decoded(), name)
+
+    def __setattr__(self, name, value):
+        setattr(self._decoded(), name, value)
+
+    def __delattr__(self, name):
+        delattr(self._decoded(), name)
+
+    @property
+    def __class__(self):
+        return pb.TransferStatus
+
+    def __eq__(self, other):
+        return self._decoded() == transfer_status(other)
+
+    __hash__ = None  # as the message's
+
+    def __repr__(self):
+        return repr(self._decoded())
+
+    def __str__(self):
+        return str(self._decoded())
+
+    def __dir__(self):
+        return dir(self._decoded())
+
+    def __reduce__(self):
+        return (pb.TransferStatus.FromString, (self._decoded().SerializeToString(),))
+
+
+_SET_RAW, _SET_MSG = _LandedStatus._raw.__set__, _LandedStatus._msg.__set__
+
+
+def transfer_status(st) -> pb.TransferStatus:
+    """The TransferStatus message a call returned: itself, or the message behind the stand-in a waited
+    transfer_blocks returns (for protobuf calls that take a message, such as CopyFrom)."""
+    return st._decoded() if type(st) is _LandedStatus else st
 
 
 def _typed(packed: bytes, width: int):
@@ -1324,23 +1387,30 @@ class Client:
         remote block remote_ids[i], "read" the reverse. ids and remote_ids are numpy int32/int64 arrays, torch
         CPU int32/int64 tensors or buffers of int32/int64 (raw bytes need id_bytes=4 or 8), of equal length;
         they travel packed, never as Python objects. With wait (default) returns the settled status or raises
-        TransferFailed; without it returns the transfer id for wait(). timeout: seconds the transfer may take (a
+        TransferFailed; without it returns the transfer id for wait(). A status that says the blocks landed is
+        decoded when first read: it acts as the TransferStatus (fields, methods, printing, ==, isinstance), and
+        transfer_status(st) is the message itself, for protobuf calls that take one (a message's constructor,
+        CopyFrom) and for a message compared with it on the left. timeout: seconds the transfer may take (a
         waited one defaults to the client's timeout). The agent refuses (INVALID_ARGUMENT, nothing moved) ids out
         of range, repeated destination ids and layouts of different geometry. Pairs run in any order: a block
         that one pair reads and another writes (a swap within one layout) gets no defined bytes; split such a
         move into two calls. A transfer that failed on its timeout may still land blocks afterwards (copies
         already started finish): its destination blocks are undefined."""
-        code = _op(op)
+        # Every step before the frame is written and after its reply shows in a waited one-block call (each
+        # microsecond of the client's is about 2% of a 64 MiB copy on a GPU): the common case takes few of them.
+        code = _OPS.get(op) if type(op) is str else None
+        if code is None:
+            code = _op(op)
         if type(remote) is not RemoteLayout or type(layout) is not Layout:
             raise TypeError(_blocks_sides_error(layout, remote))
         if id_bytes is None:
-            local, width, count = _blocks.short_ids(ids) or _blocks.pack_ids(ids)
+            local, width, count = _short_ids(ids) or _blocks.pack_ids(ids)
         else:
             local, width, count = _blocks.pack_ids(ids, id_bytes)
         if remote_ids is ids:  # block i to block i: one object is read once (a torch tensor's read is a microsecond)
             rids, rwidth, rcount = local, width, count
         elif id_bytes is None:
-            rids, rwidth, rcount = _blocks.short_ids(remote_ids) or _blocks.pack_ids(remote_ids)
+            rids, rwidth, rcount = _short_ids(remote_ids) or _blocks.pack_ids(remote_ids)
         else:
             rids, rwidth, rcount = _blocks.pack_ids(remote_ids, id_bytes)
         if count != rcount:
@@ -1349,11 +1419,11 @@ class Client:
             # Refused here: past 4 MiB the agent could not even read the request, and gRPC's refusal says only that.
             raise ValueError("%d block ids: the agent moves at most %d blocks a call (info.limits."
                              "max_items_per_transfer); split the transfer" % (count, self.info.limits.max_items_per_transfer))
-        _seconds(timeout)
+        if timeout is not None and not 0 <= timeout <= _MAX_TIMEOUT:
+            _seconds(timeout)  # raises
         if wait and not timeout:
             timeout = self.timeout  # the agent ends it, and answers, before this call gives up
-        if (notify is None and width == rwidth and count < _blocks.ARENA_MIN_IDS and self._fast is not None
-                and type(remote) is RemoteLayout):
+        if notify is None and width == rwidth and count < _ARENA_MIN_IDS and self._fast is not None:
             return self._short_blocks(code, layout, local, rids, width, count, remote, timeout, wait)
         # Long lists are written into the fast connection's id arena instead of the frame, from their packed
         # bytes: the ids are asked of torch or numpy once, whatever their length.
@@ -1410,9 +1480,12 @@ class Client:
         # Keyed by the identity of the layouts' agent records (recover() replaces them, and the entry holds
         # them, so an identity is not reused while it is kept); a published layout by its node and name.
         lay = layout.pb
-        other = remote._layout.pb if remote._layout is not None else None
-        where = id(other) if other is not None else (remote._node, remote._segment)
-        key = (code, id(lay), where, timeout, wait, width, count)
+        other = remote._layout
+        if other is not None:
+            other = other.pb
+            key = (code, id(lay), id(other), timeout, wait, width, count)
+        else:
+            key = (code, id(lay), remote._node, remote._segment, timeout, wait, width, count)
         framing = self._frames.get(key)
         if framing is None:
             parts = _blocks.blocks_frame(code, lay.id, remote, local, rids, width, timeout, None, wait)
@@ -1420,10 +1493,15 @@ class Client:
             if len(self._frames) >= 256:
                 self._frames.clear()
             self._frames[key] = framing
-        self._check_session()
+        if self._losses != self._session:
+            self._check_session()  # raises
+        # One frame: a single part goes into the mailbox as it is.
+        frame = (b"".join((framing[0], local, framing[1], rids)),)
         if not wait:
-            return self._fast_call((framing[0], local, framing[1], rids), timeout, mailbox=framing[4]).transfer_id
-        raw = self._fast_raw((framing[0], local, framing[1], rids), timeout, mailbox=framing[4])
+            return self._fast_call(frame, timeout, mailbox=framing[4]).transfer_id
+        raw = self._fast_raw(frame, timeout, mailbox=framing[4])
+        if _LANDED(raw) is not None and raw[1] == len(raw) - 2 and raw[3] < 0x80:
+            return _LandedStatus(raw)
         st = status_first(raw)
         if st is None:
             return self._settled(self._fast_reply(raw), wait)

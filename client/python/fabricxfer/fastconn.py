@@ -19,8 +19,8 @@ a header no reply has.
 Python has no memory fences. x86 keeps a core's stores in order and its loads in order, which the mailbox relies
 on; elsewhere (arm64) the mailbox is checked: each frame carries a seal (a CRC-32 over its sequence number and its
 bytes), and a side that reads a frame whose seal is wrong reads it again, since the writer's bytes are on their way.
-The sequence words are written and read in one 8-byte access each (native struct format, a memoryview of 8-byte
-items): standard-size packing writes byte by byte, and the agent could read half a number.
+The sequence words are written and read in one 8-byte access each (a memoryview of native 8-byte items, which
+copies an item in one access): standard-size packing writes byte by byte, and the agent could read half a number.
 """
 
 import select
@@ -32,15 +32,14 @@ import zlib
 _HDR = struct.Struct(">I")
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-# One 8-byte store of a sequence word (native format copies the number in one access; the mailbox is used only
-# on little-endian machines, where it matches the layout).
-_SEQ_STORE = struct.Struct("Q").pack_into
 
 # The mailbox's layout (agent.proto, Mailbox).
 MAILBOX_BYTES = 64 << 10
 _REQUEST_SEQ, _TAKEN, _REPLY_SEQ, _POLLING, _ASLEEP, CHECKED_WORD, _AREAS = 0, 64, 128, 192, 196, 200, 4096
-# The sequence words' indices in a view of the mailbox as 8-byte items.
-_TAKEN_ITEM, _REPLY_SEQ_ITEM = _TAKEN // 8, _REPLY_SEQ // 8
+# The sequence words' indices in a view of the mailbox as 8-byte items, and the agent's polling word's in a view
+# of 4-byte items (native items: the mailbox is used only on little-endian machines, where they match its layout).
+_REQUEST_SEQ_ITEM, _TAKEN_ITEM, _REPLY_SEQ_ITEM = _REQUEST_SEQ // 8, _TAKEN // 8, _REPLY_SEQ // 8
+_POLLING_ITEM = _POLLING // 4
 # What a checked mailbox's seal adds behind a frame.
 _SEAL_BYTES = 4
 # A request the agent has not taken after this long is rung for, whatever the agent said: the caller's write of
@@ -70,7 +69,7 @@ class FastConn:
         self._wpoll = select.poll()
         self._wpoll.register(sock.fileno(), select.POLLOUT)
         self.mailbox = None
-        self._words = None
+        self._words = self._words32 = None
         self._checked = False
 
     def attach_mailbox(self, mm, checked: bool = False):
@@ -78,6 +77,7 @@ class FastConn:
         check the agent's seals (the agent was asked to, and said it does)."""
         self.mailbox = mm
         self._words = memoryview(mm).cast("Q")
+        self._words32 = memoryview(mm).cast("I")
         self._checked = checked
         self._area = (len(mm) - _AREAS) // 2
         # The largest frame that goes through the mailbox, its seal left room for.
@@ -89,7 +89,8 @@ class FastConn:
         self.sock.close()
         if self._words is not None:
             self._words.release()
-            self._words = None
+            self._words32.release()
+            self._words = self._words32 = None
         if self.mailbox is not None:
             try:
                 self.mailbox.close()
@@ -191,19 +192,21 @@ class FastConn:
         mm[_AREAS:_AREAS + len(frame)] = frame
         if self._checked:
             _U32.pack_into(mm, _AREAS + len(frame), zlib.crc32(frame, seq & 0xFFFFFFFF))
-        _SEQ_STORE(mm, _REQUEST_SEQ, seq)
-        rang = not _U32.unpack_from(mm, _POLLING)[0]
+        words = self._words
+        words[_REQUEST_SEQ_ITEM] = seq  # one 8-byte store, as the agent reads it
+        rang = not self._words32[_POLLING_ITEM]
         if rang:
             self.send([_EMPTY_FRAME], deadline)
-        words = self._words
-        start = time.perf_counter()
-        spin_until = start + self.spin
+        # The clock is first read after 64 polls (a few microseconds): a short call never reads it.
+        start = spin_until = None
         i = 0
         while words[_REPLY_SEQ_ITEM] != seq:
             i += 1
             if i & 63:
                 continue
             now = time.perf_counter()
+            if start is None:
+                start, spin_until = now, now + self.spin
             if not rang and now - start > _RING_AFTER and words[_TAKEN_ITEM] != seq:
                 self.send([_EMPTY_FRAME], deadline)
                 rang = True

@@ -342,6 +342,51 @@ class LandedReplyTest(unittest.TestCase):
         self.assertFalse(landed(b""))
 
 
+class LandedStatusTest(unittest.TestCase):
+    """What a waited transfer_blocks returns for a reply that says its transfer succeeded: the status, decoded
+    only when read, acting as the TransferStatus message it stands for."""
+
+    def test_it_acts_as_its_decoded_message(self):
+        import copy
+        import pickle
+
+        from fabricxfer.client import _landed, _LandedStatus, transfer_status
+
+        msg = pb.TransferStatus(transfer_id=(1 << 40) + 7, state=pb.TRANSFER_STATE_SUCCEEDED, bytes=64 << 20)
+        msg.elapsed.FromNanoseconds(45_123)
+        # The agent's reply: the response's status first (transfer_blocks tells such a reply by its bytes).
+        body = (pb.TransferResponse(status=msg).SerializeToString()
+                + pb.TransferResponse(transfer_id=msg.transfer_id, bytes=msg.bytes).SerializeToString())
+        raw = b"\x1a" + bytes([len(body)]) + body
+        self.assertTrue(_landed(raw))
+        st = _LandedStatus(raw)
+        self.assertIsNone(st._msg, "decoded before anything was read")
+        self.assertIsInstance(st, pb.TransferStatus)
+        self.assertEqual((st.transfer_id, st.state, st.bytes, st.elapsed.ToNanoseconds()),
+                         (msg.transfer_id, msg.state, msg.bytes, 45_123))
+        self.assertIsNotNone(st._msg)
+        self.assertTrue(st.HasField("elapsed"))
+        self.assertEqual(st.SerializeToString(), msg.SerializeToString())
+        self.assertEqual(repr(st), repr(msg))
+        self.assertEqual(str(st), str(msg))
+        self.assertIn("bytes", dir(st))
+        self.assertTrue(st == msg and not st != msg and st == _LandedStatus(raw))
+        self.assertFalse(st == pb.TransferStatus(transfer_id=msg.transfer_id))
+        # protobuf's own calls take the message itself
+        self.assertIs(type(transfer_status(st)), pb.TransferStatus)
+        self.assertEqual(transfer_status(st), msg)
+        self.assertIs(transfer_status(msg), msg)
+        for made in (copy.copy(st), copy.deepcopy(st), pickle.loads(pickle.dumps(st))):
+            self.assertIs(type(made), pb.TransferStatus)
+            self.assertEqual(made, msg)
+        with self.assertRaises(TypeError):
+            hash(st)
+        st.error = "read later"  # fields are set on the message
+        self.assertEqual(transfer_status(st).error, "read later")
+        with self.assertRaises(AttributeError):
+            st.no_such_field
+
+
 class ClientChecksTest(unittest.TestCase):
     """Refusals transfer_blocks makes before any call (the client here has no connection at all)."""
 
