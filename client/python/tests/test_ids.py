@@ -27,7 +27,7 @@ except ImportError:
 
 
 def ints(mv, width):
-    return list(array.array("i" if width == 4 else "q", mv.tobytes()))
+    return list(array.array("i" if width == 4 else "q", bytes(mv)))
 
 
 class PackTest(unittest.TestCase):
@@ -102,7 +102,7 @@ class PackTest(unittest.TestCase):
             with self.subTest(ids=ids):
                 mv, w, n = blocks.short_ids(ids)
                 pm, pw, pn = blocks.pack_ids(ids)
-                self.assertEqual((w, n, bytes(mv)), (pw, pn, pm.tobytes()))
+                self.assertEqual((w, n, bytes(mv)), (pw, pn, bytes(pm)))
         # What the general path takes (and widens, copies or refuses): not a short list.
         for ids in (np.array([[1, 2]]), np.arange(2 * blocks.ARENA_MIN_IDS)[::2], np.array([1.0]), np.array([1], dtype=np.int16),
                     np.array([1], dtype=">i8"), np.array([1], dtype=np.uint32), b"\0" * 8, [1, 2], np.int64(3)):
@@ -119,7 +119,7 @@ class PackTest(unittest.TestCase):
             with self.subTest(t=t):
                 mv, w, n = blocks.short_ids(t)
                 pm, pw, pn = blocks.pack_ids(t)
-                self.assertEqual((w, n, bytes(mv)), (pw, pn, pm.tobytes()))
+                self.assertEqual((w, n, bytes(mv)), (pw, pn, bytes(pm)))
                 # The ids' own values, little-endian, whichever way torch was read.
                 width = 4 if t.dtype == torch.int32 else 8
                 want = struct.pack("<%d%s" % (t.numel(), "i" if width == 4 else "q"), *t.reshape(-1).tolist())
