@@ -142,8 +142,9 @@ def _from_buffer(obj, id_bytes: Optional[int]):
 
 def pack_ids(ids, id_bytes: Optional[int] = None) -> Tuple[Union[memoryview, bytes], int, int]:
     """Returns (little-endian bytes of ids, bytes per id, count): a memoryview of ids, without copying, when they
-    are already contiguous little-endian int32/int64, else bytes (a short torch tensor's values packed). Raises ValueError for another dtype, TypeError for a type
-    that is not an array or a buffer (a list: wrap it in array.array('q', ids) or numpy)."""
+    are already contiguous little-endian int32/int64, else bytes (a short torch tensor's values packed). Raises
+    ValueError for another dtype, TypeError for a type that is not an array or a buffer (a list: wrap it in
+    array.array('q', ids) or numpy)."""
     pack = _PACKERS.get(type(ids))
     if pack is None:
         pack = _packer(ids)

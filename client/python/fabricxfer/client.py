@@ -1500,7 +1500,7 @@ class Client:
         if not wait:
             return self._fast_call(frame, timeout, mailbox=framing[4]).transfer_id
         raw = self._fast_raw(frame, timeout, mailbox=framing[4])
-        if _LANDED(raw) is not None and raw[1] == len(raw) - 2 and raw[3] < 0x80:
+        if _LANDED(raw) is not None and raw[1] == len(raw) - 2 and raw[3] < 0x80:  # _landed(raw), inline
             return _LandedStatus(raw)
         st = status_first(raw)
         if st is None:
