@@ -16,6 +16,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
 // A fast connection's mailbox (agent.proto, Mailbox): frames that fit travel through shared memory the agent
@@ -98,12 +99,17 @@ func mailboxCall(ctx context.Context, conn *net.UnixConn, mb *fastwire.CallerMai
 		}
 	}
 	start := time.Now()
+	offered := start
 	for i := 0; !mb.Answered(); i++ {
 		if i&63 != 0 {
 			continue
 		}
 		now := time.Now()
 		since := now.Sub(start)
+		if now.Sub(offered) > sockio.YieldGap {
+			sockio.OfferCore() // the agent's thread may wait for this core to answer
+			offered = now
+		}
 		if !rang && since > ringAfter && !mb.Taken() {
 			if err := ring(conn, deadline); err != nil {
 				return nil, err

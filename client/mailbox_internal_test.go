@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
+	"github.com/fabricxfer/fabricxfer/internal/coretest"
 )
 
 // mailboxPair is a caller's mailbox and a socket pair, with the agent's side of both left to the test: a second
@@ -153,3 +154,22 @@ func TestMailboxCallRefusesWhatTheAgentMustNotSend(t *testing.T) {
 // word64 and word32 are the mailbox's words as the agent reads and writes them (fastwire.Mailbox).
 func word64(mem []byte, off int) *atomic.Uint64 { return (*atomic.Uint64)(unsafe.Pointer(&mem[off])) }
 func word32(mem []byte, off int) *atomic.Uint32 { return (*atomic.Uint32)(unsafe.Pointer(&mem[off])) }
+
+// TestMailboxCallLeavesItsCoreToWaitingThreads: a call polling its mailbox for a reply offers its core often, so
+// another thread that needs it (on a host whose cores are all busy, the agent's, which is to write the reply)
+// runs within a fraction of a millisecond rather than when the caller's time slice ends.
+func TestMailboxCallLeavesItsCoreToWaitingThreads(t *testing.T) {
+	p := newMailboxPair(t)
+	word32(p.agent, 192).Store(1) // the agent says it polls: no ring, the call spins on the mailbox
+	var calling atomic.Bool
+	b := coretest.RunBeside(t, 100*time.Millisecond, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		calling.Store(true)
+		defer calling.Store(false)
+		_, _ = mailboxCall(ctx, p.conn, p.mb, []byte("request"), time.Minute) // nobody answers: it ends at its deadline
+	}, calling.Load)
+	if b.Kept > 5 {
+		t.Errorf("another thread on the calling thread's CPU waited over 1 ms %d times in 100 ms (longest %v): the call keeps its core", b.Kept, b.Longest)
+	}
+}

@@ -23,6 +23,7 @@ The sequence words are written and read in one 8-byte access each (a memoryview 
 copies an item in one access): standard-size packing writes byte by byte, and the agent could read half a number.
 """
 
+import os
 import select
 import socket
 import struct
@@ -46,6 +47,11 @@ _SEAL_BYTES = 4
 # the sequence and its read of the agent's word may pass each other, so "polling" may be stale.
 _RING_AFTER = 50e-6
 _EMPTY_FRAME = b"\0\0\0\0"
+# A polling caller offers its core to the kernel this often (os.sched_yield, which returns at once when no other
+# thread waits for it): on a host whose cores are all busy, the agent's thread that is to answer may be waiting for
+# this very core, and without the offer it ran only when this thread's time slice ended (milliseconds later).
+_YIELD_GAP = 50e-6
+_offer_core = getattr(os, "sched_yield", lambda: None)
 # The agent's wake-up: a frame header no reply has.
 _WAKE = 0xFFFFFFFF
 
@@ -136,12 +142,17 @@ class FastConn:
         sock, view = self.sock, self._view
         got = 0
         need = 0  # 4 + the payload's length, once the header is in
-        spin_until = time.perf_counter() + self.spin
+        offered = time.perf_counter()
+        spin_until = offered + self.spin
         while True:
             try:
                 n = sock.recv_into(view[got:])
             except (BlockingIOError, InterruptedError):
-                if time.perf_counter() < spin_until:
+                now = time.perf_counter()
+                if now < spin_until:
+                    if now - offered > _YIELD_GAP:
+                        _offer_core()
+                        offered = now
                     continue
                 self._wait(self._poll, deadline, "reply")
                 continue
@@ -206,7 +217,11 @@ class FastConn:
                 continue
             now = time.perf_counter()
             if start is None:
-                start, spin_until = now, now + self.spin
+                start = offered = now
+                spin_until = now + self.spin
+            elif now - offered > _YIELD_GAP:
+                _offer_core()
+                offered = now
             if not rang and now - start > _RING_AFTER and words[_TAKEN_ITEM] != seq:
                 self.send([_EMPTY_FRAME], deadline)
                 rang = True

@@ -97,5 +97,54 @@ class CheckedMailboxTest(unittest.TestCase):
         self.assertEqual(self.conn._fits, self.area - 4)
 
 
+
+class PollingOffersItsCoreTest(unittest.TestCase):
+    """A caller polling for its reply, in the mailbox or on the socket, offers its core to the kernel
+    (os.sched_yield) every _YIELD_GAP: on a host whose cores are all busy, the agent's thread that is to answer may
+    be waiting for this very core."""
+
+    def setUp(self):
+        self.offers = 0
+        kept = fastconn._offer_core
+
+        def counted():
+            self.offers += 1
+            kept()
+
+        fastconn._offer_core = counted
+        self.addCleanup(setattr, fastconn, "_offer_core", kept)
+        ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(self.theirs.close)
+        self.conn = fastconn.FastConn(ours, spin=1.0)
+        self.addCleanup(self.conn.close)
+
+    def answer_later(self, answer, after=0.02):
+        th = threading.Thread(target=lambda: (time.sleep(after), answer()), daemon=True)
+        th.start()
+        self.addCleanup(th.join, 5)
+
+    def test_a_mailbox_caller_offers_its_core_while_it_polls(self):
+        mm = mmap.mmap(-1, 16 << 10)
+        U32.pack_into(mm, 192, 1)  # the "agent" polls: no doorbell on the socket
+        self.conn.attach_mailbox(mm)
+        at = AREAS + (len(mm) - AREAS) // 2
+
+        def answer():
+            mm[at:at + 6] = struct.pack(">I", 2) + b"ok"
+            U64.pack_into(mm, 128, U64.unpack_from(mm, 0)[0])
+
+        self.answer_later(answer)
+        self.assertEqual(self.conn.call([struct.pack(">I", 3) + b"abc"], time.perf_counter() + 5), b"ok")
+        self.assertGreater(self.offers, 10, "a caller polling 20 ms for its reply never offered its core")
+
+    def test_a_socket_caller_offers_its_core_while_it_polls(self):
+        def answer():
+            self.theirs.recv(64)
+            self.theirs.sendall(struct.pack(">I", 2) + b"ok")
+
+        self.answer_later(answer)
+        self.assertEqual(self.conn.call([struct.pack(">I", 3) + b"abc"], time.perf_counter() + 5), b"ok")
+        self.assertGreater(self.offers, 10, "a caller polling 20 ms for its reply never offered its core")
+
 if __name__ == "__main__":
     unittest.main()
