@@ -1315,6 +1315,10 @@ class Client:
             if conn is None:
                 raise SessionLost("the fast socket is closed: call recover() and retry")
             if build is not None:
+                # A frame built here takes a while (ids written into the arena): an agent that stopped polling
+                # (the caller was busy elsewhere for milliseconds) is rung now, and wakes meanwhile.
+                if mailbox:
+                    conn.wake(deadline)
                 parts = build(conn)
                 if parts is None:
                     return None

@@ -146,5 +146,48 @@ class PollingOffersItsCoreTest(unittest.TestCase):
         self.assertEqual(self.conn.call([struct.pack(">I", 3) + b"abc"], time.perf_counter() + 5), b"ok")
         self.assertGreater(self.offers, 10, "a caller polling 20 ms for its reply never offered its core")
 
+
+class WakeTest(unittest.TestCase):
+    """wake() rings an agent that says it does not poll its mailbox (an empty frame on the socket), and writes
+    nothing to one that polls: a frame that takes a while to build is preceded by the agent's wake-up."""
+
+    def test_only_an_agent_that_does_not_poll_is_rung(self):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(theirs.close)
+        conn = fastconn.FastConn(ours, spin=0.0)
+        self.addCleanup(conn.close)
+        conn.wake(time.perf_counter() + 1)  # no mailbox: nothing to ring
+        mm = mmap.mmap(-1, 16 << 10)
+        conn.attach_mailbox(mm)
+        U32.pack_into(mm, 192, 1)
+        conn.wake(time.perf_counter() + 1)
+        theirs.setblocking(False)
+        with self.assertRaises(BlockingIOError):
+            theirs.recv(64)
+        U32.pack_into(mm, 192, 0)
+        conn.wake(time.perf_counter() + 1)
+        self.assertEqual(theirs.recv(64), b"\0\0\0\0")
+
+    def test_a_frame_built_under_the_lock_rings_a_parked_agent_first(self):
+        from fabricxfer.client import Client
+
+        order = []
+
+        class Conn:
+            def wake(self, deadline):
+                order.append("wake")
+
+            def call(self, parts, deadline, mailbox):
+                order.append(("call", mailbox))
+                return b"reply"
+
+        c = Client.__new__(Client)
+        c._fast_lock, c._fast, c.timeout = threading.Lock(), Conn(), 5.0
+        self.assertEqual(c._fast_raw(None, 1.0, lambda conn: order.append("build") or [b"frame"], True), b"reply")
+        self.assertEqual(order, ["wake", "build", ("call", True)])
+        order.clear()
+        c._fast_raw(None, 1.0, lambda conn: order.append("build") or [b"frame"], False)  # the frame goes on the socket
+        self.assertEqual(order, ["build", ("call", False)])
+
 if __name__ == "__main__":
     unittest.main()
