@@ -9,6 +9,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -246,6 +247,10 @@ func DesiredDaemonSet(pool *fxv1.TransferPool, settings AgentSettings) (*appsv1a
 	}
 	if spec.FabricDomainOverride != "" {
 		args = append(args, "--fabric-domain="+spec.FabricDomainOverride)
+	}
+	if us := spec.Agent.PollMicroseconds; us != nil {
+		// Unset leaves the agent's own default, so pools that never named it keep their DaemonSet as it was.
+		args = append(args, "--fast-spin="+(time.Duration(*us)*time.Microsecond).String())
 	}
 	// Pool memory in bytes, checked by memoryBytes: the agent allocates it at start and lends it (AllocateFromPool).
 	for _, m := range []struct {

@@ -82,6 +82,32 @@ func TestBuildersMatchGolden(t *testing.T) {
 	}
 }
 
+// TestDaemonSetPassesThePollTime: agent.pollMicroseconds reaches the agent as --fast-spin (0 included: never poll);
+// unset, no flag, so the agent's default holds and a pool that never named it keeps its DaemonSet.
+func TestDaemonSetPassesThePollTime(t *testing.T) {
+	for _, tc := range []struct {
+		us   *int32
+		want string // the flag, or "" for none
+	}{
+		{nil, ""},
+		{ptr(int32(0)), "--fast-spin=0s"},
+		{ptr(int32(2000)), "--fast-spin=2ms"},
+		{ptr(int32(100000)), "--fast-spin=100ms"},
+	} {
+		pool := samplePool()
+		pool.Spec.Agent.PollMicroseconds = tc.us
+		var got []string
+		for _, a := range mustDaemonSet(t, pool, AgentSettings{Image: "unused", ImageAllowlist: []string{"ghcr.io/fabricxfer/agent:*"}}).Spec.Template.Spec.Containers[0].Args {
+			if strings.HasPrefix(a, "--fast-spin") {
+				got = append(got, a)
+			}
+		}
+		if tc.want == "" && len(got) != 0 || tc.want != "" && (len(got) != 1 || got[0] != tc.want) {
+			t.Errorf("pollMicroseconds %v: args %v, want %q", tc.us, got, tc.want)
+		}
+	}
+}
+
 func TestDaemonSetDefaultsWhenThePoolSaysLittle(t *testing.T) {
 	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}}
 	ds := mustDaemonSet(t, pool, AgentSettings{Image: "registry.local/agent:dev"})

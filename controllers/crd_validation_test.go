@@ -41,6 +41,8 @@ func TestAPIServerRefusesInvalidObjects(t *testing.T) {
 		{"bad namespace name", pool("  allowedNamespaces: [Inference_NS]"), "spec.allowedNamespaces[0] in body should match"},
 		{"heartbeat too fast", pool("  agent: {heartbeatSeconds: 0}"), "spec.agent.heartbeatSeconds in body should be greater than or equal to 1"},
 		{"privileged port", pool("  agent: {port: 80}"), "spec.agent.port in body should be greater than or equal to 1024"},
+		{"negative poll", pool("  agent: {pollMicroseconds: -1}"), "spec.agent.pollMicroseconds in body should be greater than or equal to 0"},
+		{"poll past 100 ms", pool("  agent: {pollMicroseconds: 100001}"), "spec.agent.pollMicroseconds in body should be less than or equal to 100000"},
 		{"bad domain override", pool("  fabricDomainOverride: hive:1"), "spec.fabricDomainOverride in body should match"},
 		{"too many tolerations", pool("  tolerations:\n" + strings.Repeat("  - {key: a, operator: Exists}\n", 33)), "must have at most 32 items"},
 		{"node name mismatch", node("n1", "  nodeName: n2"), "metadata.name must equal spec.nodeName"},
