@@ -1318,7 +1318,10 @@ class Client:
                 # A frame built here takes a while (ids written into the arena): an agent that stopped polling
                 # (the caller was busy elsewhere for milliseconds) is rung now, and wakes meanwhile.
                 if mailbox:
-                    conn.wake(deadline)
+                    try:
+                        conn.wake(deadline)
+                    except (OSError, ConnectionError):
+                        pass  # a broken socket: the call below meets it too, and says so
                 parts = build(conn)
                 if parts is None:
                     return None

@@ -189,5 +189,19 @@ class WakeTest(unittest.TestCase):
         c._fast_raw(None, 1.0, lambda conn: order.append("build") or [b"frame"], False)  # the frame goes on the socket
         self.assertEqual(order, ["build", ("call", False)])
 
+    def test_a_ring_into_a_broken_socket_leaves_the_call_to_say_so(self):
+        from fabricxfer.client import Client, SessionLost
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        theirs.close()
+        conn = fastconn.FastConn(ours, spin=0.0)
+        mm = mmap.mmap(-1, 16 << 10)
+        conn.attach_mailbox(mm)  # the agent's polling word is 0: the call rings first
+        c = Client.__new__(Client)
+        c._fast_lock, c._fast, c.timeout = threading.Lock(), conn, 5.0
+        with self.assertRaises(SessionLost):
+            c._fast_raw(None, 1.0, lambda conn: [struct.pack(">I", 3) + b"abc"], True)
+        self.assertIsNone(c._fast, "the broken fast connection was kept")
+
 if __name__ == "__main__":
     unittest.main()
