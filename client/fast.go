@@ -252,7 +252,7 @@ func (c *Client) fastRequestLocked(ctx context.Context, req *agentv1.FastRequest
 func (c *Client) fastPayloadLocked(ctx context.Context, payload []byte, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
 	var body []byte
 	if c.mbox != nil && c.mbox.Fits(len(payload)) {
-		body, err = mailboxCall(ctx, c.fast, c.mbox, payload, spin)
+		body, err = mailboxCall(ctx, c.fast, c.mbox, payload, spin, sockio.OfferCore)
 	} else {
 		body, err = socketCall(ctx, c.fast, payload, spin)
 	}

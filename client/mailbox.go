@@ -89,8 +89,9 @@ func (c *Client) passMemory(ctx context.Context, conn *net.UnixConn, name string
 }
 
 // mailboxCall sends payload through mb and returns the reply's payload (valid until the next call): it polls
-// the reply for up to spin, then sleeps on conn until the agent wakes it, within ctx's deadline.
-func mailboxCall(ctx context.Context, conn *net.UnixConn, mb *fastwire.CallerMailbox, payload []byte, spin time.Duration) ([]byte, error) {
+// the reply for up to spin, offering its core every sockio.YieldGap meanwhile (offer: sockio.OfferCore), then
+// sleeps on conn until the agent wakes it, within ctx's deadline.
+func mailboxCall(ctx context.Context, conn *net.UnixConn, mb *fastwire.CallerMailbox, payload []byte, spin time.Duration, offer func()) ([]byte, error) {
 	deadline := callDeadline(ctx)
 	rang := !mb.Post(payload)
 	if rang {
@@ -107,7 +108,7 @@ func mailboxCall(ctx context.Context, conn *net.UnixConn, mb *fastwire.CallerMai
 		now := time.Now()
 		since := now.Sub(start)
 		if now.Sub(offered) > sockio.YieldGap {
-			sockio.OfferCore() // the agent's thread may wait for this core to answer
+			offer() // the agent's thread may wait for this core to answer
 			offered = now
 		}
 		if !rang && since > ringAfter && !mb.Taken() {

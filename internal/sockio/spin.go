@@ -25,6 +25,9 @@ type SpinReader struct {
 	// Doorbell (may be nil) is shared memory watched beside the socket while spinning: Read returns ErrRung when
 	// it rings.
 	Doorbell Doorbell
+
+	// offer is what offers the core while spinning (tests count it); nil is OfferCore.
+	offer func()
 }
 
 // Doorbell is a request channel in shared memory beside the socket, which a reader polls without system calls.
@@ -106,6 +109,10 @@ func (r SpinReader) Read(p []byte) (int, error) {
 	until := time.Now().Add(r.Spin)
 	var nextRead time.Time
 	nextYield := time.Now().Add(YieldGap)
+	offer := r.offer
+	if offer == nil {
+		offer = OfferCore
+	}
 	err = rc.Read(func(fd uintptr) bool {
 		if bell != nil {
 			bell.Polling(true)
@@ -124,7 +131,7 @@ func (r SpinReader) Read(p []byte) (int, error) {
 				// large for it, the close), so it is read once per socketGap.
 				now := time.Now()
 				if now.After(nextYield) {
-					OfferCore()
+					offer()
 					nextYield = now.Add(YieldGap)
 				}
 				if now.Before(nextRead) && now.Before(until) {
@@ -144,7 +151,7 @@ func (r SpinReader) Read(p []byte) (int, error) {
 				// kernel instead (OfferCore), which keeps the goroutine on its thread.
 				if now := time.Now(); now.Before(until) {
 					if bell == nil && now.After(nextYield) {
-						OfferCore()
+						offer()
 						nextYield = now.Add(YieldGap)
 					}
 					continue
