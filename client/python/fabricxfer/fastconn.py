@@ -47,11 +47,27 @@ _SEAL_BYTES = 4
 # the sequence and its read of the agent's word may pass each other, so "polling" may be stale.
 _RING_AFTER = 50e-6
 _EMPTY_FRAME = b"\0\0\0\0"
-# A polling caller offers its core to the kernel this often (os.sched_yield, which returns at once when no other
+# A polling caller offers its core to the kernel this often (sched_yield, which returns at once when no other
 # thread waits for it): on a host whose cores are all busy, the agent's thread that is to answer may be waiting for
 # this very core, and without the offer it ran only when this thread's time slice ended (milliseconds later).
 _YIELD_GAP = 50e-6
-_offer_core = getattr(os, "sched_yield", lambda: None)
+
+
+def _core_offer():
+    """sched_yield called with the GIL held: the offer is for other processes' threads (the agent's). os.sched_yield
+    lets the GIL go, and a busy thread of this process that took it would then hold up the poll until Python's
+    switch interval (5 ms) passed."""
+    try:
+        import ctypes
+
+        offer = ctypes.PyDLL(None).sched_yield
+        offer.argtypes, offer.restype = (), ctypes.c_int
+        return offer
+    except (ImportError, OSError, AttributeError):
+        return getattr(os, "sched_yield", lambda: None)
+
+
+_offer_core = _core_offer()
 # The agent's wake-up: a frame header no reply has.
 _WAKE = 0xFFFFFFFF
 

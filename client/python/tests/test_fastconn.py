@@ -123,6 +123,15 @@ class PollingOffersItsCoreTest(unittest.TestCase):
         th.start()
         self.addCleanup(th.join, 5)
 
+    def test_the_offer_keeps_the_gil(self):
+        # Letting the GIL go (os.sched_yield does) would let a busy thread of this process hold up the poll for
+        # Python's switch interval; the offer is for other processes' threads.
+        import ctypes
+
+        offer = fastconn._core_offer()
+        self.assertTrue(offer._flags_ & ctypes._FUNCFLAG_PYTHONAPI, "the offer lets the GIL go")
+        self.assertEqual(offer(), 0)
+
     def test_a_mailbox_caller_offers_its_core_while_it_polls(self):
         mm = mmap.mmap(-1, 16 << 10)
         U32.pack_into(mm, 192, 1)  # the "agent" polls: no doorbell on the socket
