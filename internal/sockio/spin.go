@@ -106,12 +106,19 @@ func (r SpinReader) Read(p []byte) (int, error) {
 		rung bool
 	)
 	spinning := r.Spin > 0 && r.Budget.take()
-	until := time.Now().Add(r.Spin)
+	start := time.Now()
+	until := start.Add(r.Spin)
 	var nextRead time.Time
-	nextYield := time.Now().Add(YieldGap)
-	offer := r.offer
+	offer, nextOffer := r.offer, start.Add(YieldGap)
 	if offer == nil {
 		offer = OfferCore
+	}
+	// offerDue offers the core when YieldGap passed since the last offer (now read by the caller's loop).
+	offerDue := func(now time.Time) {
+		if now.After(nextOffer) {
+			offer()
+			nextOffer = now.Add(YieldGap)
+		}
 	}
 	err = rc.Read(func(fd uintptr) bool {
 		if bell != nil {
@@ -130,10 +137,7 @@ func (r SpinReader) Read(p []byte) (int, error) {
 				// request in the doorbell waits. The socket carries little beside the doorbell (a frame too
 				// large for it, the close), so it is read once per socketGap.
 				now := time.Now()
-				if now.After(nextYield) {
-					offer()
-					nextYield = now.Add(YieldGap)
-				}
+				offerDue(now)
 				if now.Before(nextRead) && now.Before(until) {
 					continue
 				}
@@ -150,9 +154,8 @@ func (r SpinReader) Read(p []byte) (int, error) {
 				// thread hops doubled every phase of a round trip on the H200 VM. The core is offered to the
 				// kernel instead (OfferCore), which keeps the goroutine on its thread.
 				if now := time.Now(); now.Before(until) {
-					if bell == nil && now.After(nextYield) {
-						offer()
-						nextYield = now.Add(YieldGap)
+					if bell == nil { // with a doorbell, the poll above offers
+						offerDue(now)
 					}
 					continue
 				}

@@ -721,13 +721,8 @@ class PreparedBlocks:
         if not self._wait:
             return c._fast_reply(c._fast_raw(self._frame, self._timeout, mailbox=self._mailbox)).transfer_id
         raw = c._fast_raw(self._frame, self._timeout, mailbox=self._mailbox)
-        if _landed(raw):
-            return None
-        st = status_first(raw)
-        if st is None:
-            c._settled(c._fast_reply(raw), True)  # raises for any end but success
-        elif st.state != pb.TRANSFER_STATE_SUCCEEDED:
-            raise TransferFailed(st)
+        if not _landed(raw):
+            c._waited_status(raw)  # raises for any end but success
         return None
 
     __call__ = run
@@ -1509,9 +1504,14 @@ class Client:
         raw = self._fast_raw(frame, timeout, mailbox=framing[4])
         if _LANDED(raw) is not None and raw[1] == len(raw) - 2 and raw[3] < 0x80:  # _landed(raw), inline
             return _LandedStatus(raw)
+        return self._waited_status(raw)
+
+    def _waited_status(self, raw) -> pb.TransferStatus:
+        """The status of a waited fast reply that _landed did not tell: decoded (its status alone when the reply
+        starts with it), and raised as TransferFailed or the agent's error unless the transfer succeeded."""
         st = status_first(raw)
         if st is None:
-            return self._settled(self._fast_reply(raw), wait)
+            return self._settled(self._fast_reply(raw), True)
         if st.state != pb.TRANSFER_STATE_SUCCEEDED:
             raise TransferFailed(st)
         return st
