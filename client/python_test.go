@@ -153,7 +153,7 @@ func TestPythonClientRecoversAfterAgentRestart(t *testing.T) {
 			continue
 		}
 		stop()
-		if srv, stop, err = runAgentIn(dir); err != nil {
+		if _, stop, err = runAgentIn(dir); err != nil {
 			t.Fatalf("restarting the agent: %v", err)
 		}
 		restarts++

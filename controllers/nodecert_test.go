@@ -80,7 +80,7 @@ func TestNodeCertificatePerNode(t *testing.T) {
 			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}); err != nil {
 			t.Errorf("node %s's certificate does not chain to its pool's CA: %v", node, err)
 		}
-		if life := cert.Leaf.NotAfter.Sub(time.Now()); life > NodeCertValidity || life < NodeCertValidity-time.Hour {
+		if life := time.Until(cert.Leaf.NotAfter); life > NodeCertValidity || life < NodeCertValidity-time.Hour {
 			t.Errorf("node %s's certificate lives %s, want about %s", node, life, NodeCertValidity)
 		}
 		keys = append(keys, cert.Leaf.RawSubjectPublicKeyInfo)

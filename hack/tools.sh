@@ -4,13 +4,13 @@
 #
 # hack/tools.sh builds the pinned tools the tests, the demo and code generation need, from the Go module
 # proxy only: kube-apiserver, kubectl, kube-controller-manager and kube-scheduler (k8s.io/kubernetes with its
-# staging modules pinned), etcd, helm, controller-gen and the protobuf/gRPC code generators.
+# staging modules pinned), etcd, helm, controller-gen, the protobuf/gRPC code generators and staticcheck.
 #
 # Idempotent: a tool whose versioned binary already exists is not rebuilt. Builds land in
 # $TOOLS_CACHE/versioned/<tool>-<version>/ (default ~/.cache/fabricxfer/tools, outside the clone, so a fresh
 # clone on a reused machine pays nothing); $BIN_DIR (default ./bin) only holds symlinks.
 #
-# Usage: hack/tools.sh [k8s|etcd|helm|controller-gen|protoc-gen ...]   (default: all of them)
+# Usage: hack/tools.sh [k8s|etcd|helm|controller-gen|protoc-gen|staticcheck ...]   (default: all of them)
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.37.2}
@@ -19,6 +19,7 @@ HELM_VERSION=${HELM_VERSION:-v3.22.0}
 CONTROLLER_TOOLS_VERSION=${CONTROLLER_TOOLS_VERSION:-v0.23.0}
 PROTOC_GEN_GO_VERSION=${PROTOC_GEN_GO_VERSION:-v1.36.12}
 PROTOC_GEN_GO_GRPC_VERSION=${PROTOC_GEN_GO_GRPC_VERSION:-v1.6.2}
+STATICCHECK_VERSION=${STATICCHECK_VERSION:-v0.8.2}
 
 TOOLS_CACHE=${TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fabricxfer/tools}
 BIN=${BIN_DIR:-$PWD/bin}
@@ -96,7 +97,7 @@ build_helm() {
     "-X $p/internal/version.version=$HELM_VERSION -X $p/pkg/chartutil.k8sVersionMajor=1 -X $p/pkg/chartutil.k8sVersionMinor=$minor -X $p/pkg/lint/rules.k8sVersionMajor=1 -X $p/pkg/lint/rules.k8sVersionMinor=$minor"
 }
 
-[ $# -gt 0 ] || set -- controller-gen protoc-gen etcd helm k8s
+[ $# -gt 0 ] || set -- controller-gen protoc-gen staticcheck etcd helm k8s
 for tool in "$@"; do
   case $tool in
   k8s) build_k8s kube-apiserver kubectl kube-controller-manager kube-scheduler ;;
@@ -107,8 +108,9 @@ for tool in "$@"; do
     go_install protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go "$PROTOC_GEN_GO_VERSION"
     go_install protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION"
     ;;
+  staticcheck) go_install staticcheck honnef.co/go/tools/cmd/staticcheck "$STATICCHECK_VERSION" ;;
   *)
-    echo "hack/tools.sh: unknown tool $tool (want k8s, etcd, helm, controller-gen or protoc-gen)" >&2
+    echo "hack/tools.sh: unknown tool $tool (want k8s, etcd, helm, controller-gen, protoc-gen or staticcheck)" >&2
     exit 2
     ;;
   esac

@@ -90,7 +90,7 @@ func TestSharedVPodClaimKeepsItsPodsInsideTheVPod(t *testing.T) {
 		return nil
 	})
 
-	group := selectorClaim(t, cs, "group-a", "vpod", fmt.Sprintf(`device.attributes["fabricxfer.io"].type == "vpod" && device.attributes["fabricxfer.io"].vpod == %q`, vpodA))
+	selectorClaim(t, cs, "group-a", "vpod", fmt.Sprintf(`device.attributes["fabricxfer.io"].type == "vpod" && device.attributes["fabricxfer.io"].vpod == %q`, vpodA))
 	pods := []string{"prefill-0", "decode-0", "prefill-1", "decode-1"}
 	for _, pod := range pods {
 		// No type test: the vPOD devices must not match (nor break) a selector written for channels.

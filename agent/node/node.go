@@ -82,7 +82,7 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 		initial []topology.Declaration
 	)
 	detect, err := opts.Detection.detector(func(context.Context) []topology.Declaration {
-		if decls.WaitSynced(nil) {
+		if decls.Synced() {
 			return decls.Declarations()
 		}
 		return initial

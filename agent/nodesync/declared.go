@@ -46,21 +46,12 @@ func NewDeclarationWatch(c client.WithWatch, node string, log logr.Logger) *Decl
 // Received counts the VPodTopologies the API server sent this watch (list items and watch events).
 func (w *DeclarationWatch) Received() int64 { return w.received.Load() }
 
-// WaitSynced waits until the first list arrived or ctx ends, and reports whether it arrived; a nil ctx
-// does not wait.
-func (w *DeclarationWatch) WaitSynced(ctx context.Context) bool {
-	if ctx == nil {
-		select {
-		case <-w.synced:
-			return true
-		default:
-			return false
-		}
-	}
+// Synced reports whether the first list arrived (it does not wait for it).
+func (w *DeclarationWatch) Synced() bool {
 	select {
 	case <-w.synced:
 		return true
-	case <-ctx.Done():
+	default:
 		return false
 	}
 }

@@ -81,7 +81,7 @@ func TestGoClientRegistersGPUMemoryByKind(t *testing.T) {
 
 	// After an agent restart Recover registers the same allocations again from the client's duplicates.
 	a.stop(t)
-	a = startAgent(t, a.opts)
+	startAgent(t, a.opts) // on the same socket, where the client finds it
 	be.mu.Lock()
 	be.seen = map[engines.MemoryID]vmmSeen{}
 	be.mu.Unlock()

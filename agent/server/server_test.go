@@ -262,7 +262,7 @@ func TestNotificationsReachTheTarget(t *testing.T) {
 	if err != nil || rs == nil {
 		t.Fatal(err)
 	}
-	ch, end, err := c.Notifications(ctx, rd)
+	ch, _, err := c.Notifications(ctx, rd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +277,6 @@ func TestNotificationsReachTheTarget(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("no notification within 5 s")
-		_ = end
 	}
 }
 

@@ -202,13 +202,6 @@ func (sp *stagePool) reap(idleFor time.Duration) error {
 	return errors.Join(errs...)
 }
 
-// allocated is the number of slots the pool holds (idle or in use).
-func (sp *stagePool) allocated() int {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	return len(sp.frees)
-}
-
 // close releases every slot; nothing may use them any more.
 func (sp *stagePool) close() error {
 	sp.mu.Lock()

@@ -133,8 +133,10 @@ func TestFDSocketFloodKeepsDescriptorsBounded(t *testing.T) {
 
 func TestFDSocketConnectionCaps(t *testing.T) {
 	s := &Socket{maxConns: 3, maxPerUID: 2}
-	if s.enter(1) != "" || s.enter(1) != "" {
-		t.Fatal("first two connections of uid 1 refused")
+	for i := range 2 {
+		if why := s.enter(1); why != "" {
+			t.Fatalf("connection %d of uid 1 refused: %s", i+1, why)
+		}
 	}
 	if why := s.enter(1); !strings.Contains(why, "uid 1") {
 		t.Fatalf("third connection of uid 1: %q", why)
