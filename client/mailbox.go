@@ -100,17 +100,14 @@ func mailboxCall(ctx context.Context, conn *net.UnixConn, mb *fastwire.CallerMai
 		}
 	}
 	start := time.Now()
-	offered := start
+	offers := sockio.NewCoreOffers(start, offer)
 	for i := 0; !mb.Answered(); i++ {
 		if i&63 != 0 {
 			continue
 		}
 		now := time.Now()
 		since := now.Sub(start)
-		if now.Sub(offered) > sockio.YieldGap {
-			offer() // the agent's thread may wait for this core to answer
-			offered = now
-		}
+		offers.Due(now) // the agent's thread may wait for this core to answer
 		if !rang && since > ringAfter && !mb.Taken() {
 			if err := ring(conn, deadline); err != nil {
 				return nil, err

@@ -56,6 +56,29 @@ const socketGap = 5 * time.Microsecond
 // when the poller's time slice or spin ended (1.5–2 ms later). With nothing else to run the offer returns at once.
 const YieldGap = 50 * time.Microsecond
 
+// CoreOffers paces a polling loop's offers of its core (OfferCore) to one per YieldGap.
+type CoreOffers struct {
+	offer func()
+	next  time.Time
+}
+
+// NewCoreOffers paces offer (nil: OfferCore) for a loop that starts polling at start.
+func NewCoreOffers(start time.Time, offer func()) CoreOffers {
+	if offer == nil {
+		offer = OfferCore
+	}
+	return CoreOffers{offer: offer, next: start.Add(YieldGap)}
+}
+
+// Due offers the core when YieldGap has passed since the last offer (or the start); now is the loop's own reading
+// of the clock.
+func (o *CoreOffers) Due(now time.Time) {
+	if now.After(o.next) {
+		o.offer()
+		o.next = now.Add(YieldGap)
+	}
+}
+
 // SpinBudget bounds the readers spinning at one time, and with them the cores a server keeps busy for latency.
 type SpinBudget struct {
 	size int64
@@ -109,17 +132,7 @@ func (r SpinReader) Read(p []byte) (int, error) {
 	start := time.Now()
 	until := start.Add(r.Spin)
 	var nextRead time.Time
-	offer, nextOffer := r.offer, start.Add(YieldGap)
-	if offer == nil {
-		offer = OfferCore
-	}
-	// offerDue offers the core when YieldGap passed since the last offer (now read by the caller's loop).
-	offerDue := func(now time.Time) {
-		if now.After(nextOffer) {
-			offer()
-			nextOffer = now.Add(YieldGap)
-		}
-	}
+	offers := NewCoreOffers(start, r.offer)
 	err = rc.Read(func(fd uintptr) bool {
 		if bell != nil {
 			bell.Polling(true)
@@ -137,7 +150,7 @@ func (r SpinReader) Read(p []byte) (int, error) {
 				// request in the doorbell waits. The socket carries little beside the doorbell (a frame too
 				// large for it, the close), so it is read once per socketGap.
 				now := time.Now()
-				offerDue(now)
+				offers.Due(now)
 				if now.Before(nextRead) && now.Before(until) {
 					continue
 				}
@@ -155,7 +168,7 @@ func (r SpinReader) Read(p []byte) (int, error) {
 				// kernel instead (OfferCore), which keeps the goroutine on its thread.
 				if now := time.Now(); now.Before(until) {
 					if bell == nil { // with a doorbell, the poll above offers
-						offerDue(now)
+						offers.Due(now)
 					}
 					continue
 				}
