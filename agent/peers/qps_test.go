@@ -284,13 +284,27 @@ func TestRDMAEnginesExchangeQueuePairsOverThePeerChannel(t *testing.T) {
 // waits for node A's set instead of failing, and both transfers complete over one set.
 func TestSimultaneousDialsResolveAcrossTheWire(t *testing.T) {
 	net, a, b := twoRDMAAgents(t)
-	// Node A sends its queue pairs only once it has refused node B's: both dials are in flight at once.
+	// Both dials are in flight at once: node B sends its queue pairs only once node A's dial has begun (its
+	// set is pending on node A), and node A sends its own only once it has refused node B's. Without the first
+	// gate node B's dial could be accepted before node A's transfer dials at all; that is no race, node A then
+	// uses node B's set, and there is nothing to refuse.
+	aDialing := make(chan struct{})
+	var aDialOnce sync.Once
 	a.ex.before = func(ctx context.Context) error {
+		aDialOnce.Do(func() { close(aDialing) })
 		select {
 		case <-a.acc.raced:
 			return nil
 		case <-ctx.Done():
 			return fmt.Errorf("node B's queue pairs never reached node A: %w", ctx.Err())
+		}
+	}
+	b.ex.before = func(ctx context.Context) error {
+		select {
+		case <-aDialing:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("node A never dialed node B: %w", ctx.Err())
 		}
 	}
 	const size = 256 << 10
@@ -321,6 +335,13 @@ func TestSimultaneousDialsResolveAcrossTheWire(t *testing.T) {
 	}
 	if aErrs := a.ex.results(); len(aErrs) != 1 || aErrs[0] != nil {
 		t.Fatalf("node A's exchanges returned %v, want one success", aErrs)
+	}
+	if calls, from, _, errs := a.acc.seen(); calls != 1 || from != "node-b" || !errors.Is(errs[0], rdma.ErrConnectRace) {
+		t.Fatalf("node A's engine answered %d exchanges (last from %q) with %v, want node B's refused with rdma.ErrConnectRace",
+			calls, from, errs)
+	}
+	if calls, from, _, errs := b.acc.seen(); calls != 1 || from != "node-a" || errs[0] != nil {
+		t.Fatalf("node B's engine answered %d exchanges (last from %q) with %v, want node A's accepted", calls, from, errs)
 	}
 	if net.Connected != 4 {
 		t.Fatalf("%d queue pairs connected, want 4: one set of 2 per side", net.Connected)
