@@ -202,7 +202,8 @@ func dropUnknown(m protoreflect.Message) {
 
 // TestResponseReplyIsWhatMarshalWrites compares the hand-written reply with proto.Marshal's for random responses
 // (fields zero and not, engines empty or with an empty name, a status or none, failures with empty fields,
-// elapsed times negative and not): the same length, the same message decoded, the status first; and a string
+// elapsed times negative and not): the same length, the same message decoded, the status first and its state
+// first within it; and a string
 // that is not UTF-8 is left to proto.Marshal, which refuses it.
 func TestResponseReplyIsWhatMarshalWrites(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
@@ -245,6 +246,9 @@ func TestResponseReplyIsWhatMarshalWrites(t *testing.T) {
 	if got[0] != 0x1a || int(got[1]) != len(got)-2 || got[2] != 0x2a || proto.Unmarshal(got[4:4+int(got[3])], &read) != nil || !proto.Equal(&read, st) {
 		t.Fatalf("a waited success's reply %x: the status is not in the bytes after 1a LEN 2a LEN'", got)
 	}
+	if got[4] != 0x10 || got[5] != byte(agentv1.TransferState_TRANSFER_STATE_SUCCEEDED) {
+		t.Fatalf("a waited success's reply %x: its status does not start 10 02 (the state, as a client tells a success)", got)
+	}
 	if got, ok := AppendResponseReply([]byte{9}, nil); !ok || !bytes.Equal(got, []byte{9}) {
 		t.Fatalf("no response (the answer to a setup): wrote %x, %v; want the empty reply", got, ok)
 	}
@@ -258,7 +262,7 @@ func TestResponseReplyIsWhatMarshalWrites(t *testing.T) {
 }
 
 // sameReply checks a hand-written reply against proto.Marshal's bytes want of FastReply{Response: r}: as long,
-// decoding to the same message, and the response's status, if any, its first field.
+// decoding to the same message, the response's status, if any, its first field, and the status's state its own.
 func sameReply(got, want []byte, r *agentv1.TransferResponse) error {
 	if len(got) != len(want) {
 		return fmt.Errorf("%d bytes, proto.Marshal writes %d", len(got), len(want))
@@ -275,8 +279,16 @@ func sameReply(got, want []byte, r *agentv1.TransferResponse) error {
 	}
 	_, _, n := protowire.ConsumeTag(got)
 	_, m := protowire.ConsumeVarint(got[n:])
-	if num, _, _ := protowire.ConsumeTag(got[n+m:]); num != responseFieldStatus {
+	num, _, k := protowire.ConsumeTag(got[n+m:])
+	if num != responseFieldStatus {
 		return fmt.Errorf("the response's first field is %d, not its status", num)
+	}
+	if r.Status.State == 0 {
+		return nil // not written
+	}
+	_, l := protowire.ConsumeVarint(got[n+m+k:])
+	if num, _, _ := protowire.ConsumeTag(got[n+m+k+l:]); num != statusFieldState {
+		return fmt.Errorf("the status's first field is %d, not its state", num)
 	}
 	return nil
 }

@@ -54,8 +54,9 @@ const (
 
 // AppendResponseReply appends FastReply{Response: resp} without reflection, zero values left out as
 // proto.Marshal leaves them: every served fast call is answered this way (a nil resp, the answer to a setup, is
-// the empty reply). The response's status comes first, before its other fields (agent.proto, FastReply): a
-// waiting client reads the status alone, from the reply's fourth byte, without decoding the rest. ok is false,
+// the empty reply). The response's status comes first, before its other fields, and its state first within it
+// (agent.proto, FastReply): a waiting client reads the status alone, from the reply's fourth byte, and tells a
+// success by two bytes at a fixed place (10 02 from the fifth), without decoding anything. ok is false,
 // and nothing appended, when a string of resp is not UTF-8, which proto.Marshal refuses: marshal it to hear
 // why.
 func AppendResponseReply(b []byte, resp *agentv1.TransferResponse) (_ []byte, ok bool) {
@@ -70,8 +71,8 @@ func AppendResponseReply(b []byte, resp *agentv1.TransferResponse) (_ []byte, ok
 	if st := resp.Status; st != nil {
 		b = protowire.AppendTag(b, responseFieldStatus, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(statusSize(st)))
-		b = AppendUint(b, statusFieldID, st.TransferId)
 		b = AppendUint(b, statusFieldState, uint64(int64(st.State)))
+		b = AppendUint(b, statusFieldID, st.TransferId)
 		for _, f := range st.Failures {
 			b = protowire.AppendTag(b, statusFieldFailures, protowire.BytesType)
 			b = protowire.AppendVarint(b, uint64(failureSize(f)))

@@ -28,7 +28,6 @@ import mmap
 import os
 import platform
 import random
-import re
 import socket
 import stat
 import struct
@@ -594,13 +593,12 @@ class TransferFailed(Exception):
 # A fast reply whose response starts with a status of state SUCCEEDED (agent.proto: FastReply 1a LEN, its
 # TransferResponse's status 2a LEN', then TransferStatus transfer_id 08 VARINT and state 10 02), told without
 # decoding it: a third of what protobuf takes to decode the status. Any other encoding is decoded whole.
-_LANDED = re.compile(rb"\x1a.\x2a.\x08[\x80-\xff]{0,9}[\x00-\x7f]\x10\x02", re.DOTALL).match
-
-
 def _landed(raw) -> bool:
-    """Whether raw is a fast reply that says its transfer succeeded (its two lengths one byte each, as _LANDED
-    reads them)."""
-    return _LANDED(raw) is not None and raw[1] == len(raw) - 2 and raw[3] < 0x80
+    """Whether raw is a fast reply that says its transfer succeeded: 1a LEN 2a LEN' 10 02, its two lengths one
+    byte each (the agent writes a response's status first and the status's state first, agent.proto FastReply).
+    A reply that starts otherwise (an error, a failure, an agent that wrote the transfer id first) is decoded."""
+    return (len(raw) > 5 and raw[4] == 0x10 and raw[5] == 2 and raw[0] == 0x1A and raw[2] == 0x2A
+            and raw[1] == len(raw) - 2 and raw[3] < 0x80)
 
 
 class _LandedStatus:
@@ -611,18 +609,20 @@ class _LandedStatus:
     a message as its argument (CopyFrom, a repeated field's append) needs that message itself:
     transfer_status(st). Protobuf's message classes cannot be subclassed, hence a stand-in."""
 
+    # _msg stays unset until the status is read: one store fewer on the hot path (_landed_status).
     __slots__ = ("_raw", "_msg")
 
     def __init__(self, raw: bytes):
         _SET_RAW(self, raw)
-        _SET_MSG(self, None)
 
     def _decoded(self) -> pb.TransferStatus:
-        msg = self._msg
-        if msg is None:
-            msg = pb.TransferStatus.FromString(self._raw[4:4 + self._raw[3]])
+        try:
+            return _GET_MSG(self)  # the slot's own read: an unset one raises here, not through __getattr__
+        except AttributeError:
+            raw = _GET_RAW(self)
+            msg = pb.TransferStatus.FromString(raw[4:4 + raw[3]])
             _SET_MSG(self, msg)
-        return msg
+            return msg
 
     def __getattr__(self, name):
         return getattr(self._decoded(), name)
@@ -656,6 +656,8 @@ class _LandedStatus:
 
 
 _SET_RAW, _SET_MSG = _LandedStatus._raw.__set__, _LandedStatus._msg.__set__
+_GET_RAW, _GET_MSG = _LandedStatus._raw.__get__, _LandedStatus._msg.__get__
+_NEW = object.__new__
 
 
 def transfer_status(st) -> pb.TransferStatus:
@@ -720,7 +722,7 @@ class PreparedBlocks:
         c._check_session()
         if not self._wait:
             return c._fast_reply(c._fast_raw(self._frame, self._timeout, mailbox=self._mailbox)).transfer_id
-        raw = c._fast_raw(self._frame, self._timeout, mailbox=self._mailbox)
+        raw = c._fast_frame(self._frame[0], self._timeout, self._mailbox)
         if not _landed(raw):
             c._waited_status(raw)  # raises for any end but success
         return None
@@ -1323,10 +1325,26 @@ class Client:
             try:
                 raw = conn.call(parts, deadline, mailbox)
             except (OSError, ConnectionError) as e:
-                conn.close()
-                self._fast = None
-                raise SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e) from e
+                raise self._fast_lost(conn, e) from e
         return raw
+
+    def _fast_frame(self, frame: bytes, timeout: Optional[float], mailbox: bool):
+        """_fast_raw of one built frame, the latency-bound path of a waited block call: straight to the mailbox
+        (FastConn.call_frame), its deadline taken from the clock only if the call lasts."""
+        with self._fast_lock:
+            conn = self._fast
+            if conn is None:
+                raise SessionLost("the fast socket is closed: call recover() and retry")
+            try:
+                return conn.call_frame(frame, (timeout or self.timeout) + 1.0, mailbox)
+            except (OSError, ConnectionError) as e:
+                raise self._fast_lost(conn, e) from e
+
+    def _fast_lost(self, conn, e: Exception) -> "SessionLost":
+        """Closes a fast connection that broke under a call (held under the fast lock) and says so."""
+        conn.close()
+        self._fast = None
+        return SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e)
 
     def _fast_reply(self, raw) -> pb.TransferResponse:
         """The response of a fast reply, or the error it carries raised."""
@@ -1498,12 +1516,15 @@ class Client:
         if self._losses != self._session:
             self._check_session()  # raises
         # One frame: a single part goes into the mailbox as it is.
-        frame = (b"".join((framing[0], local, framing[1], rids)),)
+        frame = b"".join((framing[0], local, framing[1], rids))
         if not wait:
-            return self._fast_call(frame, timeout, mailbox=framing[4]).transfer_id
-        raw = self._fast_raw(frame, timeout, mailbox=framing[4])
-        if _LANDED(raw) is not None and raw[1] == len(raw) - 2 and raw[3] < 0x80:  # _landed(raw), inline
-            return _LandedStatus(raw)
+            return self._fast_call((frame,), timeout, mailbox=framing[4]).transfer_id
+        raw = self._fast_frame(frame, timeout, framing[4])
+        if (len(raw) > 5 and raw[4] == 0x10 and raw[5] == 2 and raw[0] == 0x1A and raw[2] == 0x2A  # _landed(raw)
+                and raw[1] == len(raw) - 2 and raw[3] < 0x80):
+            st = _NEW(_LandedStatus)  # _LandedStatus(raw) without its __init__'s call
+            _SET_RAW(st, raw)
+            return st
         return self._waited_status(raw)
 
     def _waited_status(self, raw) -> pb.TransferStatus:

@@ -209,8 +209,18 @@ class FastConn:
             else:
                 frame = None
             if frame is not None and len(frame) <= self._fits:
-                return self._mailbox_call(mm, frame, deadline)
+                return self._mailbox_call(mm, frame, deadline - time.perf_counter())
         self.send(parts, deadline)
+        return self.recv_frame(deadline)
+
+    def call_frame(self, frame: bytes, wait: float, mailbox: bool = True) -> bytes:
+        """call() of one built frame whose deadline is wait seconds away: a mailbox call reads the clock only
+        once it has polled for a while (a short call never does)."""
+        mm = self.mailbox
+        if mm is not None and mailbox and len(frame) <= self._fits:
+            return self._mailbox_call(mm, frame, wait)
+        deadline = time.perf_counter() + wait
+        self.send((frame,), deadline)
         return self.recv_frame(deadline)
 
     def wake(self, deadline: float):
@@ -220,7 +230,9 @@ class FastConn:
         if self._words32 is not None and not self._words32[_POLLING_ITEM]:
             self.send([_EMPTY_FRAME], deadline)
 
-    def _mailbox_call(self, mm, frame, deadline: float) -> bytes:
+    def _mailbox_call(self, mm, frame, wait: float) -> bytes:
+        """One frame through the mailbox and its reply, within wait seconds of the call (counted from the first
+        read of the clock, a few microseconds in)."""
         seq = self._seq + 1
         self._seq = seq
         mm[_AREAS:_AREAS + len(frame)] = frame
@@ -229,7 +241,9 @@ class FastConn:
         words = self._words
         words[_REQUEST_SEQ_ITEM] = seq  # one 8-byte store, as the agent reads it
         rang = not self._words32[_POLLING_ITEM]
+        deadline = None
         if rang:
+            deadline = time.perf_counter() + wait
             self.send([_EMPTY_FRAME], deadline)
         # The clock is first read after 64 polls (a few microseconds): a short call never reads it.
         start = spin_until = None
@@ -242,6 +256,8 @@ class FastConn:
             if start is None:
                 start = offered = now
                 spin_until = now + self.spin
+                if deadline is None:
+                    deadline = now + wait
             elif now - offered > _YIELD_GAP:
                 _offer_core()
                 offered = now
@@ -252,7 +268,7 @@ class FastConn:
                 self._sleep(mm, seq, deadline)
                 break
         if self._checked:
-            return self._sealed_reply(mm, seq, deadline)
+            return self._sealed_reply(mm, seq, time.perf_counter() + wait if deadline is None else deadline)
         at = self._reply_at
         (n,) = _HDR.unpack_from(mm, at)
         if n > self._area - 4:

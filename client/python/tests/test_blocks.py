@@ -240,37 +240,53 @@ class BlocksTest(unittest.TestCase):
                         self.assertTrue(np.array_equal(d, b), "a refused transfer moved bytes")
 
     def test_a_waited_short_call_reads_the_status_the_reply_starts_with(self):
-        # The agent's reply to a waited call starts with its status, which the client decodes alone; replies that
-        # start otherwise (an error, the status last, one of 128 bytes or more) are decoded whole, to the same
-        # outcome.
+        # The agent's reply to a waited call starts with its status, its state first, which the client tells by
+        # its bytes and decodes alone when read; replies that start otherwise (an error, the status last, its
+        # transfer id first, one of 128 bytes or more) are decoded whole, to the same outcome.
+        from fabricxfer.client import _landed, _LandedStatus
+
         c = self.c
         src_l, src = self.layout(c)
         dst_l, dst = self.layout(c, fill=False)
         before = [x.copy() for x in dst]
         conn = c._fast
-        agent_call, replies = conn.call, []
-        conn.call = lambda *a, **kw: replies.append(agent_call(*a, **kw)) or replies[-1]
+        agent_call, replies = conn.call_frame, []  # the path of a waited short call
+        conn.call_frame = lambda *a, **kw: replies.append(agent_call(*a, **kw)) or replies[-1]
         st = c.transfer_blocks("write", src_l, np.array([3]), to_layout(dst_l), np.array([5]))
         self.check(dst, src, [5], [3], before)
         first = status_first(replies[-1])
         self.assertIsNotNone(first, "the agent's reply %s does not start with its status" % bytes(replies[-1]).hex())
+        self.assertTrue(_landed(replies[-1]), "the agent's reply %s does not start 1a LEN 2a LEN' 10 02"
+                        % bytes(replies[-1]).hex())
+        self.assertIs(type(st), _LandedStatus)
         self.assertEqual(transfer_status(st), first)
         self.assertEqual((st.state, st.bytes), (pb.TRANSFER_STATE_SUCCEEDED, 2 * BLOCK))
         self.assertTrue(st.transfer_id and st.HasField("elapsed"), st)
         st = transfer_status(st)  # the message itself, for protobuf's own calls below
 
-        def reply(resp=None, code=0, message="", status_last=False):
-            """A FastReply's bytes; a response's status written first, as the agent writes it, unless status_last."""
+        def reply(resp=None, code=0, message="", status_last=False, id_first=False):
+            """A FastReply's bytes; a response's status written first and its state first, as the agent writes
+            them, unless status_last (protobuf's own order throughout) or id_first (the status first, protobuf's
+            order within it)."""
             if resp is None or status_last or not resp.HasField("status"):
                 return pb.FastReply(code=code, message=message, response=resp).SerializeToString()
             rest = pb.TransferResponse()
             rest.CopyFrom(resp)
             rest.ClearField("status")
-            body = pb.TransferResponse(status=resp.status).SerializeToString() + rest.SerializeToString()
-            n, size = len(body), b""
+            status = resp.status.SerializeToString()
+            if not id_first:
+                others = pb.TransferStatus()
+                others.CopyFrom(resp.status)
+                others.ClearField("state")
+                status = pb.TransferStatus(state=resp.status.state).SerializeToString() + others.SerializeToString()
+            body = b"\x2a" + varint(len(status)) + status + rest.SerializeToString()
+            return b"\x1a" + varint(len(body)) + body
+
+        def varint(n):
+            size = b""
             while n > 0x7F:
                 size, n = size + bytes([n & 0x7F | 0x80]), n >> 7
-            return b"\x1a" + size + bytes([n]) + body
+            return size + bytes([n])
 
         failed = pb.TransferStatus(transfer_id=st.transfer_id, state=pb.TRANSFER_STATE_DEADLINE_EXCEEDED, bytes=BLOCK,
                                    error="deadline")
@@ -279,11 +295,13 @@ class BlocksTest(unittest.TestCase):
         cases = [
             ("status first", reply(ok), st, None),
             ("status last", reply(ok, status_last=True), st, None),
+            ("its transfer id first", reply(ok, id_first=True), st, None),
             ("a failure first", reply(pb.TransferResponse(transfer_id=1, status=failed)), None, failed),
             ("a failure of 300 bytes", reply(pb.TransferResponse(transfer_id=1, status=long_failure)), None, long_failure),
         ]
+        self.assertEqual([_landed(raw) for _, raw, _, _ in cases], [True, False, False, False, False])
         for name, raw, want, fails in cases:
-            conn.call = lambda *a, raw=raw, **kw: raw
+            conn.call_frame = lambda *a, raw=raw, **kw: raw
             if fails is None:
                 got = c.transfer_blocks("write", src_l, np.array([3]), to_layout(dst_l), np.array([5]))
                 self.assertEqual(transfer_status(got), want, name)
@@ -291,13 +309,13 @@ class BlocksTest(unittest.TestCase):
             with self.assertRaises(TransferFailed, msg=name) as e:
                 c.transfer_blocks("write", src_l, np.array([3]), to_layout(dst_l), np.array([5]))
             self.assertEqual(e.exception.status, fails, name)
-        conn.call = lambda *a, **kw: reply(code=grpc.StatusCode.NOT_FOUND.value[0], message="layout 7 not found")
+        conn.call_frame = lambda *a, **kw: reply(code=grpc.StatusCode.NOT_FOUND.value[0], message="layout 7 not found")
         with self.assertRaises(AgentError) as e:
             c.transfer_blocks("write", src_l, np.array([3]), to_layout(dst_l), np.array([5]))
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
         self.assertIsNone(status_first(reply(ok, status_last=True)))
         self.assertIsNone(status_first(reply(pb.TransferResponse(transfer_id=1, status=long_failure))))
-        conn.call = agent_call
+        conn.call_frame = agent_call
 
     def test_mailbox_socket_and_sleeping_callers_move_the_same_bytes(self):
         # The fast connection's mailbox (frames through shared memory) where the machine offers it, the socket

@@ -322,8 +322,21 @@ class LandedReplyTest(unittest.TestCase):
         def landed(raw):
             return _landed(memoryview(raw))
 
-        def reply(**status):
-            return pb.FastReply(response=pb.TransferResponse(status=pb.TransferStatus(**status))).SerializeToString()
+        def varint(n):
+            out = bytearray()
+            while n > 0x7F:
+                out.append(n & 0x7F | 0x80)
+                n >>= 7
+            return bytes(out + bytes([n]))
+
+        def reply(state=None, **status):
+            # As the agent writes it: the status's state first (protobuf's own order puts the transfer id first).
+            st = (pb.TransferStatus(state=state).SerializeToString() if state is not None else b"") + \
+                pb.TransferStatus(**status).SerializeToString()
+            resp = b"\x2a" + varint(len(st)) + st
+            raw = b"\x1a" + varint(len(resp)) + resp
+            self.assertEqual(pb.FastReply.FromString(raw).response.status, pb.TransferStatus(state=state, **status))
+            return raw
 
         ok = pb.TRANSFER_STATE_SUCCEEDED
         for tid in (1, 16, 127, 128, 0x2A, 0x1002, 1 << 35, (1 << 64) - 1):
@@ -335,8 +348,13 @@ class LandedReplyTest(unittest.TestCase):
                 failed = reply(transfer_id=tid, state=pb.TRANSFER_STATE_FAILED, error="x" * 300,
                                failures=[pb.TagFailure(tag="t", code="NOT_FOUND", message="\x10\x02" * 40)])
                 self.assertFalse(landed(failed))
-        # No transfer id (not encoded), an error reply, a reply without a status: decoded whole instead.
-        self.assertFalse(landed(reply(state=ok)))
+        # Protobuf's own order (the transfer id first, as an agent of before 2026-12-06 wrote it), an error reply, a
+        # reply without a status, replies too short to hold a state: decoded whole instead.
+        self.assertTrue(landed(reply(state=ok)))
+        self.assertFalse(landed(pb.FastReply(response=pb.TransferResponse(status=pb.TransferStatus(
+            transfer_id=7, state=ok))).SerializeToString()))
+        for short in (b"\x08\x03", b"\x1a\x02\x2a\x00", b"\x1a\x04\x2a\x02\x10"):
+            self.assertFalse(landed(short), short)
         self.assertFalse(landed(pb.FastReply(code=3, message="\x10\x02").SerializeToString()))
         self.assertFalse(landed(pb.FastReply(response=pb.TransferResponse(transfer_id=5)).SerializeToString()))
         self.assertFalse(landed(b""))
@@ -354,17 +372,28 @@ class LandedStatusTest(unittest.TestCase):
 
         msg = pb.TransferStatus(transfer_id=(1 << 40) + 7, state=pb.TRANSFER_STATE_SUCCEEDED, bytes=64 << 20)
         msg.elapsed.FromNanoseconds(45_123)
-        # The agent's reply: the response's status first (transfer_blocks tells such a reply by its bytes).
-        body = (pb.TransferResponse(status=msg).SerializeToString()
+        # The agent's reply: the response's status first, its state first (transfer_blocks tells such a reply by
+        # its bytes).
+        status = pb.TransferStatus(state=msg.state).SerializeToString() + pb.TransferStatus(
+            transfer_id=msg.transfer_id, bytes=msg.bytes, elapsed=msg.elapsed).SerializeToString()
+        body = (b"\x2a" + bytes([len(status)]) + status
                 + pb.TransferResponse(transfer_id=msg.transfer_id, bytes=msg.bytes).SerializeToString())
         raw = b"\x1a" + bytes([len(body)]) + body
         self.assertTrue(_landed(raw))
+
+        def decoded(st):
+            try:
+                _LandedStatus._msg.__get__(st)  # the slot itself: reading st._msg would decode it
+            except AttributeError:
+                return False
+            return True
+
         st = _LandedStatus(raw)
-        self.assertIsNone(st._msg, "decoded before anything was read")
+        self.assertFalse(decoded(st), "decoded before anything was read")
         self.assertIsInstance(st, pb.TransferStatus)
         self.assertEqual((st.transfer_id, st.state, st.bytes, st.elapsed.ToNanoseconds()),
                          (msg.transfer_id, msg.state, msg.bytes, 45_123))
-        self.assertIsNotNone(st._msg)
+        self.assertTrue(decoded(st))
         self.assertTrue(st.HasField("elapsed"))
         self.assertEqual(st.SerializeToString(), msg.SerializeToString())
         self.assertEqual(repr(st), repr(msg))
