@@ -30,6 +30,7 @@ for i in 1 2; do
 rm -rf /tmp/fx2; mkdir -p /tmp/fx2
 /tmp/agent-new standalone --socket-dir /tmp/fx2 --pool-name kv > /dev/null 2>&1 & pid=$!
 for _ in $(seq 100); do [[ -S /tmp/fx2/kv/agent.sock ]] && break; sleep 0.2; done
+# .gpuc/diag64.py is docs/gpu-benchmarks-logs/2026-12-06T1427-h100-plain-vs-prepared.py
 timeout 60 python3 .gpuc/diag64.py /tmp/fx2/kv/agent.sock >> $OUT/diag64.txt 2>&1
 kill $pid; wait $pid 2>/dev/null
 done
