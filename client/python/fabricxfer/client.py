@@ -591,8 +591,8 @@ class TransferFailed(Exception):
 
 
 # A fast reply whose response starts with a status of state SUCCEEDED (agent.proto: FastReply 1a LEN, its
-# TransferResponse's status 2a LEN', then TransferStatus transfer_id 08 VARINT and state 10 02), told without
-# decoding it: a third of what protobuf takes to decode the status. Any other encoding is decoded whole.
+# TransferResponse's status 2a LEN', then the TransferStatus's state 10 02 before its other fields), told by six
+# bytes at fixed places without decoding it. Any other encoding is decoded whole.
 def _landed(raw) -> bool:
     """Whether raw is a fast reply that says its transfer succeeded: 1a LEN 2a LEN' 10 02, its two lengths one
     byte each (the agent writes a response's status first and the status's state first, agent.proto FastReply).
@@ -609,7 +609,7 @@ class _LandedStatus:
     a message as its argument (CopyFrom, a repeated field's append) needs that message itself:
     transfer_status(st). Protobuf's message classes cannot be subclassed, hence a stand-in."""
 
-    # _msg stays unset until the status is read: one store fewer on the hot path (_landed_status).
+    # _msg stays unset until the status is read: the hot path (_short_blocks) stores _raw alone.
     __slots__ = ("_raw", "_msg")
 
     def __init__(self, raw: bytes):
