@@ -3640,8 +3640,8 @@ func (x *FastWait) GetTimeout() *durationpb.Duration {
 
 // FastReply answers one frame on the fast socket. The agent writes a response's status (field 5) before the
 // response's other fields, and the status's state (field 2) before its other fields, so a successful waited
-// transfer's reply starts 1a LEN 2a LEN' 10 02 with the status in the LEN' bytes from 2a LEN' on (each length one
-// byte when under 128): a client may tell a success by those bytes and read the status alone, and decode the
+// transfer's reply starts 1a LEN 2a LEN' 10 02, the status being the LEN' bytes after 2a LEN' (each length one
+// byte when under 128): a client may tell a success by those six bytes and read the status alone, and decode the
 // whole reply when its bytes start otherwise (an error, a failure, a status of 128 bytes or more).
 type FastReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
