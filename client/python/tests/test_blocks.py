@@ -12,7 +12,7 @@ import unittest
 import grpc
 
 from fabricxfer.agent.v1 import agent_pb2 as pb
-from fabricxfer.blocks import blocks_frame, pack_ids
+from fabricxfer.blocks import _varint, blocks_frame, pack_ids
 from fabricxfer.client import (AgentError, Client, TransferFailed, shared_memory, status_first, to_layout,
                                to_layout_segment, transfer_status)
 
@@ -279,14 +279,8 @@ class BlocksTest(unittest.TestCase):
                 others.CopyFrom(resp.status)
                 others.ClearField("state")
                 status = pb.TransferStatus(state=resp.status.state).SerializeToString() + others.SerializeToString()
-            body = b"\x2a" + varint(len(status)) + status + rest.SerializeToString()
-            return b"\x1a" + varint(len(body)) + body
-
-        def varint(n):
-            size = b""
-            while n > 0x7F:
-                size, n = size + bytes([n & 0x7F | 0x80]), n >> 7
-            return size + bytes([n])
+            body = b"\x2a" + _varint(len(status)) + status + rest.SerializeToString()
+            return b"\x1a" + _varint(len(body)) + body
 
         failed = pb.TransferStatus(transfer_id=st.transfer_id, state=pb.TRANSFER_STATE_DEADLINE_EXCEEDED, bytes=BLOCK,
                                    error="deadline")

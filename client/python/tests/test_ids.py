@@ -322,19 +322,12 @@ class LandedReplyTest(unittest.TestCase):
         def landed(raw):
             return _landed(memoryview(raw))
 
-        def varint(n):
-            out = bytearray()
-            while n > 0x7F:
-                out.append(n & 0x7F | 0x80)
-                n >>= 7
-            return bytes(out + bytes([n]))
-
         def reply(state=None, **status):
             # As the agent writes it: the status's state first (protobuf's own order puts the transfer id first).
             st = (pb.TransferStatus(state=state).SerializeToString() if state is not None else b"") + \
                 pb.TransferStatus(**status).SerializeToString()
-            resp = b"\x2a" + varint(len(st)) + st
-            raw = b"\x1a" + varint(len(resp)) + resp
+            resp = b"\x2a" + blocks._varint(len(st)) + st
+            raw = b"\x1a" + blocks._varint(len(resp)) + resp
             self.assertEqual(pb.FastReply.FromString(raw).response.status, pb.TransferStatus(state=state, **status))
             return raw
 
