@@ -272,14 +272,14 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	fastLn, err := s.listen(s.FastSocketPath())
 	if err != nil {
-		ln.Close()
+		closeSocket(ln, s.SocketPath())
 		return err
 	}
 	// The fd socket is created last: its presence tells callers (and tests) that every socket is up.
 	fdLn, err := s.listen(s.FDSocketPath())
 	if err != nil {
-		ln.Close()
-		fastLn.Close()
+		closeSocket(ln, s.SocketPath())
+		closeSocket(fastLn, s.FastSocketPath())
 		return err
 	}
 	s.ln, s.fdLn, s.fastLn = ln, fdLn, fastLn
@@ -340,26 +340,49 @@ func (s *Server) prepareSocketDir() error {
 	return nil
 }
 
+// listen binds path's socket in a private directory beside it, gives it its mode (and group) there, and only then
+// links it at path. bind gives a socket the mode the umask leaves; bound at path, it would be reachable with that
+// mode until the chmod, and under umask 0 by anyone. The private directory (0700) admits no one but the agent
+// until the socket is linked with its final mode, so a socket at path is always ready and always 0660: callers
+// and tests may take its presence as the sign. A link, not a rename: a socket another agent put at path meanwhile
+// is not replaced. The listener does not unlink on close, as its bound name is gone; shutdown removes path.
 func (s *Server) listen(path string) (*net.UnixListener, error) {
 	if err := removeStaleSocket(path); err != nil {
 		return nil, err
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	private, err := os.MkdirTemp(filepath.Dir(path), ".b")
+	if err != nil {
+		return nil, fmt.Errorf("creating a private directory to bind %s in: %w", path, err)
+	}
+	defer os.RemoveAll(private)
+	bound := filepath.Join(private, "s") // short: a socket's path has at most 107 bytes
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: bound, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", path, err)
 	}
-	ln.SetUnlinkOnClose(true)
-	if err := os.Chmod(path, 0o660); err != nil {
+	ln.SetUnlinkOnClose(false)
+	fail := func(err error) (*net.UnixListener, error) {
 		ln.Close()
-		return nil, fmt.Errorf("setting mode 0660 on %s: %w", path, err)
+		return nil, err
+	}
+	if err := os.Chmod(bound, 0o660); err != nil {
+		return fail(fmt.Errorf("setting mode 0660 on %s: %w", path, err))
 	}
 	if s.opts.SocketGID >= 0 {
-		if err := os.Chown(path, -1, s.opts.SocketGID); err != nil {
-			ln.Close()
-			return nil, fmt.Errorf("giving %s to group %d: %w", path, s.opts.SocketGID, err)
+		if err := os.Chown(bound, -1, s.opts.SocketGID); err != nil {
+			return fail(fmt.Errorf("giving %s to group %d: %w", path, s.opts.SocketGID, err))
 		}
 	}
+	if err := os.Link(bound, path); err != nil {
+		return fail(fmt.Errorf("publishing the socket at %s: %w", path, err))
+	}
 	return ln, nil
+}
+
+// closeSocket closes a listener that listen returned and removes its path.
+func closeSocket(ln *net.UnixListener, path string) {
+	ln.Close()
+	os.Remove(path)
 }
 
 // removeStaleSocket deletes a socket left by an agent that died, and refuses to steal one that is served.
@@ -393,12 +416,9 @@ func (s *Server) shutdown() {
 	case <-time.After(5 * time.Second):
 		s.grpc.Stop() // streams (Watch, Notifications) never end on their own
 	}
-	s.fdLn.Close()
-	s.fastLn.Close()
-	s.ln.Close()
-	os.Remove(s.SocketPath())
-	os.Remove(s.FDSocketPath())
-	os.Remove(s.FastSocketPath())
+	closeSocket(s.fdLn, s.FDSocketPath())
+	closeSocket(s.fastLn, s.FastSocketPath())
+	closeSocket(s.ln, s.SocketPath())
 	s.table.Lock()
 	var live []*session
 	for _, sess := range s.sessions {

@@ -8,8 +8,12 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -45,6 +49,59 @@ func TestSocketModeAndRemovalOnShutdown(t *testing.T) {
 		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s still exists after shutdown (%v)", p, err)
 		}
+	}
+}
+
+// bind gives a socket the mode the umask leaves: under umask 0, everyone's. A watcher listing the pool's directory
+// while agents start must never see a socket at its path with a mode other than 0660, nor a directory beside
+// them that others may enter (where the agent binds before the chmod); after each start only the three sockets
+// are there.
+func TestSocketsAppearOnlyWithTheirFinalMode(t *testing.T) {
+	defer syscall.Umask(syscall.Umask(0))
+	opts := baseOptions(t, newProcFixture(t))
+	dir := filepath.Join(opts.SocketDir, opts.PoolName)
+	stop, seen := make(chan struct{}), make(chan []string, 1)
+	go func() {
+		var wrong []string
+		defer func() { seen <- wrong }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			entries, _ := os.ReadDir(dir)
+			for _, e := range entries {
+				fi, err := e.Info()
+				if err != nil {
+					continue // removed between the listing and the look
+				}
+				socket := fi.Mode()&os.ModeSocket != 0 && fi.Mode().Perm() == 0o660
+				private := fi.IsDir() && fi.Mode().Perm() == 0o700
+				if !socket && !private {
+					wrong = append(wrong, fmt.Sprintf("%s %v", e.Name(), fi.Mode()))
+				}
+			}
+		}
+	}()
+	for range 20 {
+		a := startAgent(t, opts)
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		if want := []string{server.FastSocketName, server.FDSocketName, server.SocketName}; !slices.Equal(names, want) {
+			t.Fatalf("socket directory holds %v after the start, want %v", names, want)
+		}
+		a.stop(t)
+	}
+	close(stop)
+	if wrong := <-seen; len(wrong) > 0 {
+		t.Errorf("seen in the socket directory while agents started: %v", wrong)
 	}
 }
 
