@@ -128,6 +128,9 @@ type blockShape struct {
 // dupScratch is a reusable bitmap for the duplicate-destination check.
 type dupScratch struct{ words []uint64 }
 
+// shortIDList is the longest id list checked for duplicates pair by pair (at most 120 comparisons).
+const shortIDList = 16
+
 // maxBitmapIDs bounds the bitmap of the duplicate check (2 MiB); sparser id lists are sorted instead.
 const maxBitmapIDs = 1 << 24
 
@@ -206,9 +209,17 @@ func idRange(ids []uint32) (lo, hi uint32) {
 	return min(l0, l1, l2, l3), max(h0, h1, h2, h3)
 }
 
-// firstDuplicate returns the index of the first id seen before, with a bitmap when the ids are dense enough
-// and a sort otherwise.
+// firstDuplicate returns the index of the first id seen before: by comparing each id with those before it when
+// the list is short, with a bitmap when the ids are dense enough, and with a sort otherwise.
 func firstDuplicate(ids []uint32, maxID uint32, scratch *dupScratch) (int, bool) {
+	if len(ids) <= shortIDList {
+		for i := 1; i < len(ids); i++ {
+			if slices.Contains(ids[:i], ids[i]) {
+				return i, true
+			}
+		}
+		return 0, false
+	}
 	if uint64(maxID) < maxBitmapIDs {
 		n := int(maxID/64) + 1
 		if cap(scratch.words) < n {
@@ -224,7 +235,19 @@ func firstDuplicate(ids []uint32, maxID uint32, scratch *dupScratch) (int, bool)
 			}
 			w[id>>6] = x | m
 		}
-		clear(w) // reused: one clear of the words beats unsetting the ids one by one
+		// The bitmap is reused, so it is left empty: a few ids in a large pool unset their own words (a clear of
+		// the whole map would cost a call of 16 ids among 2^24 blocks 2 MiB of writes), many ids clear it at once.
+		set := ids
+		if dup >= 0 {
+			set = ids[:dup]
+		}
+		if len(set) < n/4 {
+			for _, id := range set {
+				w[id>>6] = 0
+			}
+		} else {
+			clear(w)
+		}
 		return dup, dup >= 0
 	}
 	sorted := slices.Clone(ids)

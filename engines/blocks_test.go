@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -153,28 +154,35 @@ func TestBlockBatchRefusals(t *testing.T) {
 	})
 }
 
+// BenchmarkPlanBlocks plans one batch between two regions of 2^18 blocks of 720 B: 15,360 ids (a long prefill's
+// blocks), and 16 and 1 ids (a decode step's, or one contiguous block), whose planning should not grow with the pool.
 func BenchmarkPlanBlocks(b *testing.B) {
 	c := newCluster(&testing.T{})
 	rng := rand.New(rand.NewPCG(1, 1))
 	const bs, pool = 720, 1 << 18
 	s := c.localRegion(b, make([]byte, bs*pool))
 	d := c.localRegion(b, make([]byte, bs*pool))
-	ids := func() []uint32 {
-		out := make([]uint32, 15360)
-		for i, v := range rng.Perm(pool)[:15360] {
-			out[i] = uint32(v)
+	for _, n := range []int{15360, 16, 1} {
+		ids := func() []uint32 {
+			out := make([]uint32, n)
+			for i, v := range rng.Perm(pool)[:n] {
+				out[i] = uint32(v)
+			}
+			return out
 		}
-		return out
-	}
-	srcIDs, dstIDs := ids(), ids()
-	b.ReportAllocs()
-	for b.Loop() {
-		plan := c.a.NewPlan()
-		if err := plan.(engines.BlockAdder).AddBlocks(engines.Blocks{Pairs: []engines.BlockPair{{Src: s.ID, Dst: d.ID}}, BlockBytes: bs, SrcIDs: srcIDs, DstIDs: dstIDs}); err != nil {
-			b.Fatal(err)
-		}
-		if ps := plan.Build(); len(ps.Plans) != 1 {
-			b.Fatal(ps.Rejected)
-		}
+		srcIDs, dstIDs := ids(), ids()
+		dstIDs[0] = pool - 1 // the bitmap of the duplicate check spans the pool
+		b.Run(fmt.Sprintf("%d ids", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				plan := c.a.NewPlan()
+				if err := plan.(engines.BlockAdder).AddBlocks(engines.Blocks{Pairs: []engines.BlockPair{{Src: s.ID, Dst: d.ID}}, BlockBytes: bs, SrcIDs: srcIDs, DstIDs: dstIDs}); err != nil {
+					b.Fatal(err)
+				}
+				if ps := plan.Build(); len(ps.Plans) != 1 {
+					b.Fatal(ps.Rejected)
+				}
+			}
+		})
 	}
 }
