@@ -5,6 +5,7 @@ package controllers
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -45,6 +46,8 @@ func TestAPIServerRefusesInvalidObjects(t *testing.T) {
 		{"poll past 100 ms", pool("  agent: {pollMicroseconds: 100001}"), "spec.agent.pollMicroseconds in body should be less than or equal to 100000"},
 		{"bad domain override", pool("  fabricDomainOverride: hive:1"), "spec.fabricDomainOverride in body should match"},
 		{"too many tolerations", pool("  tolerations:\n" + strings.Repeat("  - {key: a, operator: Exists}\n", 33)), "must have at most 32 items"},
+		{"toleration key past a qualified name", pool("  tolerations: [{key: " + strings.Repeat("k", 317) + ", operator: Exists}]"), "a toleration's key is a qualified name: at most 316 characters"},
+		{"toleration value past a label value", pool("  tolerations: [{key: k, value: " + strings.Repeat("v", 64) + "}]"), "a toleration's value is a label value: at most 63 characters"},
 		{"node name mismatch", node("n1", "  nodeName: n2"), "metadata.name must equal spec.nodeName"},
 		{"node without name", node("n1", "  poolName: p"), "spec.nodeName: Required value"},
 		{"vpod kind and key disagree", vpod("  kind: nvlink\n  domain: ualink:1/2"), "spec.domain must start with spec.kind"},
@@ -113,9 +116,12 @@ func updateField(ctx context.Context, c client.Client, obj *unstructured.Unstruc
 	})
 }
 
-// TestAPIServerBoundsReportedDomainSize: an agent's report may give a GPU's domain size only from 1 to 65,536;
-// anything else is refused with the whole status write, so no value outside the bound reaches the operator.
-func TestAPIServerBoundsReportedDomainSize(t *testing.T) {
+// TestAPIServerBoundsReportedGPUs: what an agent (or whoever holds its node's token) reports of its GPUs is
+// bounded where the operator copies it into a VPodTopology: a domain size from 1 to 65,536, GPU indexes from 0 to
+// 1023 and each once (a domain's members hold such indexes, and one refused member would refuse the domain's
+// whole status write), domain keys of the form VPodTopology takes. Anything else is refused with the whole status
+// write, so no value outside the bounds reaches the operator.
+func TestAPIServerBoundsReportedGPUs(t *testing.T) {
 	c := apiClient(t)
 	ctx := context.Background()
 	tn := &unstructured.Unstructured{}
@@ -126,33 +132,43 @@ func TestAPIServerBoundsReportedDomainSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Delete(context.Background(), tn) })
+	gpu := func(index int64, domain string, size int64) any {
+		return map[string]any{"index": index, "vendor": "amd", "pciBusID": "0000:05:00.0", "numaNode": int64(0),
+			"fabric": map[string]any{"kind": "ualink", "domain": domain, "domainSize": size}}
+	}
 	for _, tc := range []struct {
-		size int64
+		name string
+		gpus []any
 		want string // empty: accepted
 	}{
-		{0, "should be greater than or equal to 1"},
-		{-4, "should be greater than or equal to 1"},
-		{65537, "should be less than or equal to 65536"},
-		{1 << 40, "should be less than or equal to 65536"},
-		{72, ""},
-		{65536, ""},
+		{"domain size 0", []any{gpu(0, "ualink:9/1", 0)}, "should be greater than or equal to 1"},
+		{"domain size -4", []any{gpu(0, "ualink:9/1", -4)}, "should be greater than or equal to 1"},
+		{"domain size 65537", []any{gpu(0, "ualink:9/1", 65537)}, "should be less than or equal to 65536"},
+		{"domain size 2^40", []any{gpu(0, "ualink:9/1", 1<<40)}, "should be less than or equal to 65536"},
+		{"GPU index 1024", []any{gpu(1024, "ualink:9/1", 8)}, "should be less than or equal to 1023"},
+		{"GPU index 2^31-1", []any{gpu(1<<31-1, "ualink:9/1", 8)}, "should be less than or equal to 1023"},
+		{"GPU index twice", []any{gpu(3, "ualink:9/1", 8), gpu(3, "ualink:9/1", 8)}, "GPU indexes must be unique"},
+		{"malformed domain key", []any{gpu(0, "ualink:zz!/x", 8)}, "should match"},
+		{"domain key of no kind", []any{gpu(0, "hive:9/1", 8)}, "should match"},
+		{"domain size 72", []any{gpu(0, "ualink:9/1", 72)}, ""},
+		{"domain size 65536", []any{gpu(0, "ualink:9/1", 65536)}, ""},
+		{"GPU indexes 0 and 1023", []any{gpu(0, "nvlink:1c9e2f4a-6b7d.3", 72), gpu(1023, "ualink:9/1", 72)}, ""},
 	} {
-		gpu := map[string]any{"index": int64(0), "vendor": "amd", "pciBusID": "0000:05:00.0", "numaNode": int64(0),
-			"fabric": map[string]any{"kind": "ualink", "domain": "ualink:9/1", "domainSize": tc.size}}
-		if err := unstructured.SetNestedSlice(tn.Object, []any{gpu}, "status", "gpus"); err != nil {
+		if err := unstructured.SetNestedSlice(tn.Object, tc.gpus, "status", "gpus"); err != nil {
 			t.Fatal(err)
 		}
 		err := c.Status().Update(ctx, tn)
 		switch {
 		case tc.want == "" && err != nil:
-			t.Errorf("domain size %d refused: %v", tc.size, err)
+			t.Errorf("%s refused: %v", tc.name, err)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("domain size %d: got %v, want a refusal saying %q", tc.size, err, tc.want)
+			t.Errorf("%s: got %v, want a refusal saying %q", tc.name, err, tc.want)
 		}
-		if err == nil {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(tn), tn); err != nil {
-				t.Fatal(err)
-			}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(tn), tn); err != nil {
+			t.Fatal(err)
+		}
+		if stored, _, _ := unstructured.NestedSlice(tn.Object, "status", "gpus"); tc.want != "" && reflect.DeepEqual(stored, tc.gpus) {
+			t.Errorf("%s: refused, yet stored", tc.name)
 		}
 	}
 }

@@ -50,6 +50,7 @@ type FabricMembership struct {
 	Kind FabricKind `json:"kind"`
 	// Domain is the domain key: ualink:<ppod_id>/<vpod_id> or nvlink:<clusterUUID>.<cliqueId>.
 	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^(ualink:[0-9a-fA-F-]+/[0-9]+|nvlink:[0-9a-fA-F-]+\.[0-9]+)$`
 	Domain string `json:"domain"`
 	// Source says where the domain came from; agents older than declarations leave it empty (discovered).
 	// +optional
@@ -95,7 +96,9 @@ type Unreadable struct {
 
 // GPU is one detected GPU (or GPU partition).
 type GPU struct {
+	// Index is the GPU's index on its node; a VPodTopology's members hold indexes up to 1023.
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1023
 	Index  int32     `json:"index"`
 	Vendor GPUVendor `json:"vendor"`
 	// UUID (NVIDIA) or unique_id (AMD) of the GPU.
@@ -177,6 +180,7 @@ type GPUDirect struct {
 type TransferNodeStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(g, self.exists_one(h, h.index == g.index))",message="GPU indexes must be unique"
 	// +listType=atomic
 	GPUs []GPU `json:"gpus,omitempty"`
 	// +optional
