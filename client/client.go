@@ -317,6 +317,10 @@ func Code(err error) codes.Code {
 		}
 	}
 	switch {
+	case errors.Is(err, fdpass.ErrNotMemory):
+		return codes.InvalidArgument // refused on the fd socket, which speaks no gRPC
+	case errors.Is(err, fdpass.ErrExhausted):
+		return codes.ResourceExhausted
 	case errors.Is(err, context.Canceled):
 		return codes.Canceled
 	case errors.Is(err, context.DeadlineExceeded):

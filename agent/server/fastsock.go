@@ -99,9 +99,9 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 
 func (s *Server) serveFast(ctx context.Context, ln *net.UnixListener) {
 	for {
-		conn, err := ln.AcceptUnix()
+		conn, err := sockio.Accept(ln, func() { s.metrics.Edge.Refused("fast", "accept_emfile") })
 		if err != nil {
-			return
+			return // listener closed on shutdown
 		}
 		go s.handleFast(ctx, conn)
 	}
@@ -109,12 +109,17 @@ func (s *Server) serveFast(ctx context.Context, ln *net.UnixListener) {
 
 func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(fastBindTimeout))
+	bindBy := time.Now().Add(fastBindTimeout)
+	_ = conn.SetDeadline(bindBy)
 	token, err := sockio.ReadFrame(conn, 64)
 	if err != nil {
 		return
 	}
-	caller, err := s.identifyConn(ctx, conn)
+	// Identifying may ask the API server (a pod it has not seen): bounded by the bind's deadline, early enough to
+	// say why, so a connection that came while the API server stalls ends instead of holding a descriptor.
+	ictx, cancel := context.WithDeadline(ctx, bindBy.Add(-fastBindTimeout/20))
+	caller, err := s.identifyConn(ictx, conn)
+	cancel()
 	if err != nil {
 		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.PermissionDenied, err.Error())))
 		return

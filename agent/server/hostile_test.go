@@ -9,19 +9,25 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket/fdsockettest"
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/internal/fdpass"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
@@ -243,6 +249,109 @@ func TestHostileUnsealedAndTruncatedMemory(t *testing.T) {
 		t.Fatalf("truncated memfd: %v", err)
 	}
 	b.check(t)
+}
+
+// A hugetlb memfd is a sealed memfd too, but its pages can vanish under the agent's mapping (a hole punched while
+// the huge page pool is taken: SIGBUS in the agent) and it cannot be unmapped in the pieces the agent maps (every
+// mailbox of one leaked a mapping until the agent ran out of them): it is refused as memory, as a mailbox and as an
+// id arena, saying why, and the agent keeps serving. The memfd needs no huge pages to exist.
+func TestHostileHugetlbMemoryIsRefused(t *testing.T) {
+	b := newHostileBed(t)
+	c := dial(t, b.a)
+	fd, err := unix.MemfdCreate("hostile-huge", unix.MFD_CLOEXEC|unix.MFD_HUGETLB|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Skipf("this kernel makes no hugetlb memfd (%v)", err)
+	}
+	huge := os.NewFile(uintptr(fd), "hostile-huge")
+	defer huge.Close()
+	if err := huge.Truncate(2 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.SealShrink(huge); err != nil {
+		t.Fatal(err)
+	}
+	err = registerRaw(t, b.a, c, huge, 0, 1<<20)
+	if client.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "hugetlb") {
+		t.Fatalf("hugetlb memfd registered: %v, want InvalidArgument naming hugetlb", err)
+	}
+	for _, what := range []string{"mailbox", "id arena"} {
+		if err := setFastMemory(t, b.a, what, huge, 16<<10); err == nil || !strings.Contains(err.Error(), "hugetlb") {
+			t.Errorf("hugetlb memfd as the fast connection's %s: %v, want a refusal naming hugetlb", what, err)
+		}
+	}
+	b.check(t)
+}
+
+// Descriptors that cannot be memory are refused on the fd socket before the agent holds them, saying what they
+// are: closing one can stall as long as its maker wants (a socket lingering toward a peer that never reads held
+// the token store's lock, and every caller's registrations, for the linger time when its token expired).
+func TestHostileDescriptorsThatAreNoMemory(t *testing.T) {
+	b := newHostileBed(t)
+	a, peer, err := socketPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer peer.Close()
+	dir, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pipe, err := os.OpenFile(fifo, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pipe.Close()
+	for _, tc := range []struct {
+		f    *os.File
+		want string
+	}{{a, "is a socket"}, {dir, "is a directory"}, {pipe, "is a pipe"}} {
+		_, err := fdpass.Put(ctxT(t), b.a.srv.FDSocketPath(), tc.f)
+		if !errors.Is(err, fdpass.ErrNotMemory) || !strings.Contains(err.Error(), tc.want) || client.Code(err) != codes.InvalidArgument {
+			t.Errorf("PUT of a descriptor that %s: %v, want a refusal saying so", tc.want, err)
+		}
+	}
+	b.check(t)
+}
+
+// socketPair is two connected Unix stream sockets.
+func socketPair() (*os.File, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	return os.NewFile(uintptr(fds[0]), "socket-a"), os.NewFile(uintptr(fds[1]), "socket-b"), nil
+}
+
+// setFastMemory binds a fast connection of a new client of the agent and hands it f as its mailbox or its id
+// arena, as a hostile caller would; it returns the agent's refusal, nil when it took f.
+func setFastMemory(t *testing.T, a *agent, what string, f *os.File, size uint64) error {
+	t.Helper()
+	c := dial(t, a)
+	conn, r := bindFast(t, c.API(), a.srv.FastSocketPath())
+	if r.Code != 0 {
+		t.Fatalf("binding: %v", r)
+	}
+	defer conn.Close()
+	token, err := fdpass.Put(ctxT(t), a.srv.FDSocketPath(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if what == "mailbox" {
+		r = setMailbox(t, conn, token, size)
+	} else {
+		r = rawFrame(t, conn, fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_IdArena{
+			IdArena: &agentv1.IdArena{FdToken: token, Size: size}}}))
+	}
+	if r.Code != 0 {
+		return status.Error(codes.Code(r.Code), r.Message)
+	}
+	return nil
 }
 
 // A process in a delegated cgroup that names the victim's pod UID is refused on every socket and cannot

@@ -32,6 +32,13 @@ var ErrExhausted = errors.New("fd socket is at a limit, retry later")
 // ExhaustedPrefix starts the reason of an ERR line that is ErrExhausted ("ERR RESOURCE_EXHAUSTED: ...").
 const ExhaustedPrefix = "RESOURCE_EXHAUSTED: "
 
+// ErrNotMemory marks a refusal of the descriptors themselves (a socket, a pipe: nothing memory can come as);
+// retrying cannot help. It is an ErrRefused too.
+var ErrNotMemory = errors.New("the descriptor passed is no memory")
+
+// NotMemoryPrefix starts the reason of an ERR line that is ErrNotMemory ("ERR INVALID_ARGUMENT: ...").
+const NotMemoryPrefix = "INVALID_ARGUMENT: "
+
 // Put hands f to the agent listening on socketPath and returns the token that names it. The caller keeps
 // its own f open (the agent received a duplicate).
 func Put(ctx context.Context, socketPath string, f *os.File) (string, error) {
@@ -136,6 +143,8 @@ func parseReply(line string) (string, error) {
 		return strings.TrimPrefix(line, "OK "), nil
 	case strings.HasPrefix(line, "ERR "+ExhaustedPrefix):
 		return "", fmt.Errorf("%w: %w: %s", ErrRefused, ErrExhausted, strings.TrimPrefix(line, "ERR "+ExhaustedPrefix))
+	case strings.HasPrefix(line, "ERR "+NotMemoryPrefix):
+		return "", fmt.Errorf("%w: %w: %s", ErrRefused, ErrNotMemory, strings.TrimPrefix(line, "ERR "+NotMemoryPrefix))
 	case strings.HasPrefix(line, "ERR "):
 		return "", fmt.Errorf("%w: %s", ErrRefused, strings.TrimPrefix(line, "ERR "))
 	default:

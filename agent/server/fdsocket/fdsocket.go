@@ -17,10 +17,13 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
+	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
 // Tokens holds descriptors in transit between the fd socket and gRPC calls. A token is one-time, bound to
@@ -91,26 +94,32 @@ func (t *Tokens) AddFiles(owner string, files []*os.File, outbound bool) (string
 		CloseFiles(files)
 		return "", err
 	}
+	if err := t.admit(owner, token, files, outbound); err != nil {
+		CloseFiles(files) // after the lock: closing a caller's descriptor may take as long as the caller wants
+		return "", err
+	}
+	return token, nil
+}
+
+// admit stores files under token unless one of the limits refuses them.
+func (t *Tokens) admit(owner, token string, files []*os.File, outbound bool) error {
 	n := len(files)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
 	case t.owned[owner] >= t.maxPerOwner:
-		CloseFiles(files)
-		return "", fmt.Errorf("%w: %d tokens already wait for a call from this caller (limit %d): use or let them expire", ErrExhausted, t.owned[owner], t.maxPerOwner)
+		return fmt.Errorf("%w: %d tokens already wait for a call from this caller (limit %d): use or let them expire", ErrExhausted, t.owned[owner], t.maxPerOwner)
 	case t.ownedFD[owner]+n > t.maxFDsPerOwner:
-		CloseFiles(files)
-		return "", fmt.Errorf("%w: %d descriptors already wait for a call from this caller, %d more would pass the limit of %d: use or let them expire",
+		return fmt.Errorf("%w: %d descriptors already wait for a call from this caller, %d more would pass the limit of %d: use or let them expire",
 			ErrExhausted, t.ownedFD[owner], n, t.maxFDsPerOwner)
 	case t.fds+n > t.maxFDs:
-		CloseFiles(files)
-		return "", fmt.Errorf("%w: %d descriptors wait for calls on this agent, %d more would pass the limit of %d", ErrExhausted, t.fds, n, t.maxFDs)
+		return fmt.Errorf("%w: %d descriptors wait for calls on this agent, %d more would pass the limit of %d", ErrExhausted, t.fds, n, t.maxFDs)
 	}
 	t.entries[token] = &fdEntry{files: files, owner: owner, expires: time.Now().Add(t.ttl), outbound: outbound}
 	t.owned[owner]++
 	t.ownedFD[owner] += n
 	t.fds += n
-	return token, nil
+	return nil
 }
 
 // forgetLocked drops the entry of token from the counts and the map (its files are the caller's to close).
@@ -128,16 +137,18 @@ func (t *Tokens) forgetLocked(token string, e *fdEntry) {
 // take removes and returns the one descriptor behind token if owner may use it in this direction.
 func (t *Tokens) Take(owner, token string, outbound bool) (*os.File, error) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	e, err := t.checkLocked(owner, token, outbound)
 	if err != nil {
+		t.mu.Unlock()
 		return nil, err
 	}
 	if len(e.files) != 1 {
+		t.mu.Unlock()
 		// Left waiting: the caller named a multi-descriptor token where one descriptor goes.
 		return nil, fmt.Errorf("fd token %.8s… names %d descriptors where one is expected (name it in fd_tokens)", token, len(e.files))
 	}
 	t.forgetLocked(token, e)
+	t.mu.Unlock()
 	if time.Now().After(e.expires) {
 		CloseFiles(e.files)
 		return nil, fmt.Errorf("fd token %.8s… expired (tokens live %s)", token, t.ttl)
@@ -165,11 +176,13 @@ func (t *Tokens) TakeAll(owner string, tokens []string, want int) ([]*os.File, e
 	if len(tokens) > want {
 		return nil, fmt.Errorf("%d fd tokens name more than the %d descriptors expected", len(tokens), want)
 	}
+	var expired []*os.File
+	defer func() { CloseFiles(expired) }() // after the lock (deferred calls run in reverse order)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	seen := make(map[string]struct{}, len(tokens))
 	n := 0
-	var expired []string
+	var stale []string
 	now := time.Now()
 	for i, tok := range tokens {
 		if _, dup := seen[tok]; dup {
@@ -181,17 +194,17 @@ func (t *Tokens) TakeAll(owner string, tokens []string, want int) ([]*os.File, e
 			return nil, fmt.Errorf("fd_tokens[%d]: %w", i, err)
 		}
 		if now.After(e.expires) {
-			expired = append(expired, tok)
+			stale = append(stale, tok)
 		}
 		n += len(e.files)
 	}
-	if len(expired) > 0 {
-		for _, tok := range expired {
+	if len(stale) > 0 {
+		for _, tok := range stale {
 			e := t.entries[tok]
 			t.forgetLocked(tok, e)
-			CloseFiles(e.files)
+			expired = append(expired, e.files...)
 		}
-		return nil, fmt.Errorf("fd token %.8s… expired (tokens live %s)", expired[0], t.ttl)
+		return nil, fmt.Errorf("fd token %.8s… expired (tokens live %s)", stale[0], t.ttl)
 	}
 	if n != want {
 		return nil, fmt.Errorf("fd tokens name %d descriptors, %d expected", n, want)
@@ -214,37 +227,40 @@ func (t *Tokens) Waiting(owner string) (tokens, fds int) {
 
 // sweep closes expired descriptors.
 func (t *Tokens) Sweep(now time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for k, e := range t.entries {
-		if now.After(e.expires) {
-			t.forgetLocked(k, e)
-			CloseFiles(e.files)
-		}
-	}
+	t.closeOutside(t.drop(func(e *fdEntry) bool { return now.After(e.expires) }))
 }
 
 // dropOwner closes the descriptors waiting for owner (a caller whose admission was revoked).
 func (t *Tokens) DropOwner(owner string) {
+	t.closeOutside(t.drop(func(e *fdEntry) bool { return e.owner == owner }))
+}
+
+// drop forgets the entries that match and returns their descriptors.
+func (t *Tokens) drop(match func(*fdEntry) bool) []*os.File {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	var files []*os.File
 	for k, e := range t.entries {
-		if e.owner == owner {
+		if match(e) {
 			t.forgetLocked(k, e)
-			CloseFiles(e.files)
+			files = append(files, e.files...)
 		}
+	}
+	return files
+}
+
+// closeOutside closes descriptors callers passed away from everyone's path: closing one can block as long as
+// its maker wants (a socket lingering on a peer that does not read, a file system that does not answer the
+// flush), and the sweep, a revocation or a stopping agent must not wait for that, nor anyone behind the lock.
+func (t *Tokens) closeOutside(files []*os.File) {
+	if len(files) > 0 {
+		go CloseFiles(files)
 	}
 }
 
 // CloseAll closes every waiting descriptor (the server stopping).
 func (t *Tokens) CloseAll() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for k, e := range t.entries {
-		CloseFiles(e.files)
-		delete(t.entries, k)
-	}
-	t.owned, t.ownedFD, t.fds = map[string]int{}, map[string]int{}, 0
+	t.closeOutside(t.drop(func(*fdEntry) bool { return true }))
 }
 
 // ErrExhausted marks fd-socket refusals that free up by themselves; the reply says RESOURCE_EXHAUSTED so
@@ -301,16 +317,8 @@ func NewSocket(ln *net.UnixListener, tokens *Tokens, identify func(ctx context.C
 // Serve accepts connections until the listener is closed.
 func (s *Socket) Serve(ctx context.Context) {
 	for {
-		conn, err := s.ln.AcceptUnix()
+		conn, err := sockio.Accept(s.ln, func() { s.edge.Refused("fd", "accept_emfile") })
 		if err != nil {
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				continue
-			}
-			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-				s.edge.Refused("fd", "accept_emfile")
-				time.Sleep(10 * time.Millisecond) // out of descriptors: let connections end before accepting more
-				continue
-			}
 			return // listener closed on shutdown
 		}
 		cred, err := identity.PeerCredOf(conn)
@@ -476,6 +484,12 @@ func (s *Socket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 			reply("ERR %s announces %d descriptors, got %d (send them with the line, in one message)", truncate(line, 16), want, len(fds))
 			return
 		}
+		if err := notMemory(fds); err != nil {
+			s.edge.Refused("fd", "not_memory")
+			reply("ERR %s%s", fdpass.NotMemoryPrefix, err)
+			fdpass.CloseFDs(fds) // after the answer: closing may take as long as the caller made it
+			return
+		}
 		files := make([]*os.File, len(fds))
 		for i, fd := range fds {
 			files[i] = os.NewFile(uintptr(fd), "caller-fd")
@@ -503,6 +517,40 @@ func (s *Socket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 		s.edge.Refused("fd", "malformed")
 		reply("ERR unknown request %q (want PUT or GET <token>)", truncate(line, 32))
 	}
+}
+
+// notMemory refuses descriptors that cannot be memory by their type, before the agent holds them: memory comes
+// as a memfd, a VMM allocation's handle or a dma-buf, never a socket, pipe, directory or block device, nor a file
+// of a FUSE file system. Those are what closing can stall on (a socket lingering toward a peer that does not
+// read, a FUSE daemon that does not answer the flush); the agent closes descriptors it was handed as tokens
+// expire and callers go. Whatever passes is checked again where it is used.
+func notMemory(fds []int) error {
+	for i, fd := range fds {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return fmt.Errorf("descriptor %d: %w", i, err)
+		}
+		kind := ""
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFSOCK:
+			kind = "a socket"
+		case unix.S_IFIFO:
+			kind = "a pipe"
+		case unix.S_IFDIR:
+			kind = "a directory"
+		case unix.S_IFBLK:
+			kind = "a block device"
+		case unix.S_IFREG:
+			var fs unix.Statfs_t
+			if err := unix.Fstatfs(fd, &fs); err == nil && fs.Type == unix.FUSE_SUPER_MAGIC {
+				kind = "a file of a FUSE file system"
+			}
+		}
+		if kind != "" {
+			return fmt.Errorf("descriptor %d is %s (pass a memfd, a VMM allocation's handle or a dma-buf)", i, kind)
+		}
+	}
+	return nil
 }
 
 // putCount is how many descriptors a PUT line announces: "PUT" one, "PUT <n>" n (1 to fdpass.MaxPutFDs).

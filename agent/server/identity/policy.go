@@ -38,9 +38,12 @@ type APIPoolPolicy struct {
 	Name      string
 	TTL       time.Duration
 
-	mu     sync.Mutex
-	cached []string
-	at     time.Time
+	// turn is held by the one caller asking the API server; the others wait for it within their own contexts
+	// (a mutex would hold them past their deadlines while the API server stalls).
+	turnOnce sync.Once
+	turn     chan struct{}
+	cached   []string
+	at       time.Time
 }
 
 // AllowedNamespaces implements NamespacePolicy.
@@ -49,8 +52,13 @@ func (p *APIPoolPolicy) AllowedNamespaces(ctx context.Context) ([]string, error)
 	if ttl <= 0 {
 		ttl = 5 * time.Second
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.turnOnce.Do(func() { p.turn = make(chan struct{}, 1) })
+	select {
+	case p.turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("reading TransferPool %s/%s: waiting for the read under way: %w", p.Namespace, p.Name, ctx.Err())
+	}
+	defer func() { <-p.turn }()
 	if !p.at.IsZero() && time.Since(p.at) < ttl {
 		return slices.Clone(p.cached), nil
 	}

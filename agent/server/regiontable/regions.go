@@ -270,6 +270,19 @@ func MapShared(f *os.File, off, length uint64, prot int) (view, mapping []byte, 
 	if seals&unix.F_SEAL_SHRINK == 0 {
 		return nil, nil, fmt.Errorf("%w: the passed memfd is not sealed against shrinking (a caller that truncated it would crash the agent): %s", errUnsealed, sealHowTo)
 	}
+	// Only shmem: a hugetlb memfd is a memfd too, but its pages can vanish under the agent (a hole punched, the
+	// pool's pages taken: SIGBUS again) and it cannot be unmapped in the page-sized pieces the agent maps.
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil {
+		return nil, nil, fmt.Errorf("inspecting the passed memfd's file system: %w", err)
+	}
+	if fs.Type != unix.TMPFS_MAGIC {
+		what := fmt.Sprintf("file system type %#x", fs.Type)
+		if fs.Type == unix.HUGETLBFS_MAGIC {
+			what = "hugetlb (MFD_HUGETLB)"
+		}
+		return nil, nil, fmt.Errorf("the passed memfd is %s memory; only ordinary memfds are taken: %s", what, sealHowTo)
+	}
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, nil, fmt.Errorf("inspecting the passed fd: %w", err)

@@ -289,8 +289,23 @@ def _check_socket_permission(path: str):
             path)
 
 
-class FdSocketError(Exception):
-    """The agent's fd socket refused a request (the message says why)."""
+class FdSocketError(_StatusError):
+    """The agent's fd socket refused a request (the message says why). It reads like a gRPC error: code() is
+    INVALID_ARGUMENT for a descriptor that cannot be memory (a socket, a pipe), RESOURCE_EXHAUSTED for a limit
+    that frees up by itself, UNKNOWN otherwise."""
+
+    def __init__(self, message: str):
+        code = grpc.StatusCode.UNKNOWN
+        for prefix, c in _FD_SOCKET_CODES:
+            if message.startswith(prefix):
+                code, message = c, message[len(prefix):]
+                break
+        super().__init__(code, message)
+
+
+# The codes the fd socket's ERR lines start with.
+_FD_SOCKET_CODES = (("INVALID_ARGUMENT: ", grpc.StatusCode.INVALID_ARGUMENT),
+                    ("RESOURCE_EXHAUSTED: ", grpc.StatusCode.RESOURCE_EXHAUSTED))
 
 
 def _read_line(sock: socket.socket, want_fds: bool):
