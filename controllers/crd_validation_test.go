@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -169,6 +171,21 @@ func TestAPIServerBoundsReportedGPUs(t *testing.T) {
 		}
 		if stored, _, _ := unstructured.NestedSlice(tn.Object, "status", "gpus"); tc.want != "" && reflect.DeepEqual(stored, tc.gpus) {
 			t.Errorf("%s: refused, yet stored", tc.name)
+		}
+	}
+	// The operator checks keys again as it aggregates (reports stored before the pattern); its check and the
+	// API server's agree.
+	for _, key := range []string{"ualink:9/1", "nvlink:1c9e2f4a-6b7d.3", "ualink:ABCdef-01/7", "ualink:zz!/x", "hive:9/1",
+		"ualink:9/", "UALINK:9/1", "nvlink:1c9e.3.4", "ualink:" + strings.Repeat("a", 130) + "/1"} {
+		if err := unstructured.SetNestedSlice(tn.Object, []any{gpu(0, key, 8)}, "status", "gpus"); err != nil {
+			t.Fatal(err)
+		}
+		err := c.Status().Update(ctx, tn)
+		if (err == nil) != fxv1.ValidDomainKey(key) {
+			t.Errorf("domain key %q: the API server says %v, ValidDomainKey %v", key, err, fxv1.ValidDomainKey(key))
+		}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(tn), tn); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

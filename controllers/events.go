@@ -50,6 +50,7 @@ const (
 	EventMembersChanged   = "MembersChanged" // nodes joined or left the domain
 	EventMembersMissing   = "MembersMissing" // declared or known members stopped reporting
 	EventDuplicate        = "DuplicateDomain"
+	EventDomainNameTaken  = "DomainNameTaken"  // a discovered domain's object name is another domain's object's
 	EventDomainComplete   = "DomainComplete"   // every member reports (Ready turned True)
 	EventDomainIncomplete = "DomainIncomplete" // Ready left True: members missing, or none left
 )
@@ -126,15 +127,8 @@ func vpodEvents(before, after fxv1.VPodTopologyStatus) []pendingEvent {
 		}
 		return evs
 	}
-	names := func(ms []fxv1.VPodMember) []string {
-		out := make([]string, 0, len(ms))
-		for _, m := range ms {
-			out = append(out, m.Node)
-		}
-		return out
-	}
-	joined := without(names(after.Members), names(before.Members))
-	left := without(names(before.Members), names(after.Members))
+	joined := without(memberNames(after.Members), memberNames(before.Members))
+	left := without(memberNames(before.Members), memberNames(after.Members))
 	if len(joined)+len(left) > 0 {
 		note := fmt.Sprintf("%d nodes, %d GPUs", after.Nodes, after.GPUs)
 		if len(joined) > 0 {

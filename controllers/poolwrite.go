@@ -79,6 +79,7 @@ func setPoolCondition(ctx context.Context, c client.Client, reader client.Reader
 		if p.Generation != cond.ObservedGeneration || !p.DeletionTimestamp.IsZero() {
 			return false
 		}
+		cond.Message = boundedMessage(cond.Message)
 		return meta.SetStatusCondition(&p.Status.Conditions, cond)
 	})
 	if err != nil || before == nil {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -167,7 +168,7 @@ func PoolRequeueAfter(pool *fxv1.TransferPool, obs PoolObservation) time.Duratio
 		if tn == nil || !selects(pool, node) {
 			continue
 		}
-		if at := obs.Heartbeats.Last(tn); !at.IsZero() && obs.Now.Sub(at) < timeout {
+		if at := obs.Heartbeats.Last(tn); heartbeat.FreshAt(at, obs.Now, timeout) {
 			exp.fresh(at, timeout)
 		} else {
 			exp.stale(timeout)
@@ -179,7 +180,7 @@ func PoolRequeueAfter(pool *fxv1.TransferPool, obs PoolObservation) time.Duratio
 func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus, staleNodes int, invalid, applyErr error) {
 	set := func(condType string, s metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-			Type: condType, Status: s, Reason: reason, Message: msg, ObservedGeneration: pool.Generation,
+			Type: condType, Status: s, Reason: reason, Message: boundedMessage(msg), ObservedGeneration: pool.Generation,
 		})
 	}
 	ready, desired := status.ReadyNodes, status.DesiredNodes
@@ -227,4 +228,21 @@ func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus,
 			set(fxv1.ConditionDegraded, metav1.ConditionFalse, fxv1.ReasonAsExpected, msg)
 		}
 	}
+}
+
+// maxConditionMessage bounds what the operator writes into a condition's message. The API allows 32,768 bytes;
+// a message past that (an error quoting a tenant's 40,000-character field) refused the whole status write, so the
+// condition never said anything. Kept well below: a condition is read by people.
+const maxConditionMessage = 4096
+
+// boundedMessage cuts msg to maxConditionMessage bytes, at a character boundary, saying how much was cut.
+func boundedMessage(msg string) string {
+	if len(msg) <= maxConditionMessage {
+		return msg
+	}
+	cut := maxConditionMessage - 64
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes more)", msg[:cut], len(msg)-cut)
 }

@@ -24,6 +24,8 @@ type DomainObservation struct {
 	Stale []string
 	// Size is the largest domain size (GPUs) a fresh member reports for the domain; 0 when none says.
 	Size int32
+	// Truncated counts fresh members left out of Members past MaxVPodMembers.
+	Truncated int
 }
 
 // AggregateDomains groups the GPUs of every TransferNode by fabric domain key. fresh says whether a report's
@@ -36,7 +38,10 @@ func AggregateDomains(tns []fxv1.TransferNode, fresh func(*fxv1.TransferNode) bo
 		perDomain := map[string][]int32{}
 		sizes := map[string]int32{}
 		for _, g := range tn.Status.GPUs {
-			if g.Fabric == nil || g.Fabric.Domain == "" {
+			// What the CRD bounds is bounded here again: a report stored before those bounds, or one that got
+			// past them, must not put into a domain's status what its schema refuses, which would refuse every
+			// status write of that domain.
+			if g.Fabric == nil || !fxv1.ValidDomainKey(g.Fabric.Domain) || g.Index < 0 || g.Index > fxv1.MaxGPUIndex {
 				continue
 			}
 			perDomain[g.Fabric.Domain] = append(perDomain[g.Fabric.Domain], g.Index)
@@ -54,6 +59,7 @@ func AggregateDomains(tns []fxv1.TransferNode, fresh func(*fxv1.TransferNode) bo
 			}
 			if fresh {
 				slices.Sort(gpus)
+				gpus = slices.Compact(gpus)
 				d.Members = append(d.Members, fxv1.VPodMember{Node: tn.Name, GPUs: gpus})
 				d.Size = max(d.Size, sizes[key])
 			} else {
@@ -64,6 +70,11 @@ func AggregateDomains(tns []fxv1.TransferNode, fresh func(*fxv1.TransferNode) bo
 	for _, d := range domains {
 		slices.SortFunc(d.Members, func(a, b fxv1.VPodMember) int { return strings.Compare(a.Node, b.Node) })
 		slices.Sort(d.Stale)
+		// A status lists at most MaxVPodMembers nodes; more reporting one domain are counted as missing
+		// nothing and listed no further (the first by name stay), rather than refuse the whole write.
+		d.Truncated = max(len(d.Members)-fxv1.MaxVPodMembers, 0)
+		d.Members = d.Members[:min(len(d.Members), fxv1.MaxVPodMembers)]
+		d.Stale = d.Stale[:min(len(d.Stale), fxv1.MaxVPodMembers)]
 	}
 	return domains
 }
@@ -107,10 +118,11 @@ func ComputeVPodStatus(vp *fxv1.VPodTopology, obs *DomainObservation) fxv1.VPodT
 		status.MissingMembers = append(status.MissingMembers, n)
 	}
 	slices.Sort(status.MissingMembers)
+	status.MissingMembers = status.MissingMembers[:min(len(status.MissingMembers), fxv1.MaxVPodMembers)]
 
 	set := func(condType string, s metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-			Type: condType, Status: s, Reason: reason, Message: msg, ObservedGeneration: vp.Generation,
+			Type: condType, Status: s, Reason: reason, Message: boundedMessage(msg), ObservedGeneration: vp.Generation,
 		})
 	}
 	switch {
@@ -124,6 +136,9 @@ func ComputeVPodStatus(vp *fxv1.VPodTopology, obs *DomainObservation) fxv1.VPodT
 		set(fxv1.ConditionDegraded, metav1.ConditionTrue, fxv1.ReasonMembersMissing, msg)
 	default:
 		msg := "every member reports the domain"
+		if obs != nil && obs.Truncated > 0 {
+			msg += fmt.Sprintf("; %d more nodes report it than a status lists (%d)", obs.Truncated, fxv1.MaxVPodMembers)
+		}
 		set(fxv1.ConditionReady, metav1.ConditionTrue, fxv1.ReasonMembersComplete, msg)
 		set(fxv1.ConditionDegraded, metav1.ConditionFalse, fxv1.ReasonMembersComplete, msg)
 	}
@@ -167,7 +182,7 @@ func DuplicateVPodStatus(vp, owner *fxv1.VPodTopology) fxv1.VPodTopologyStatus {
 		s        metav1.ConditionStatus
 	}{{fxv1.ConditionReady, metav1.ConditionFalse}, {fxv1.ConditionDegraded, metav1.ConditionTrue}} {
 		meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: c.condType, Status: c.s,
-			Reason: fxv1.ReasonDuplicateDomain, Message: msg, ObservedGeneration: vp.Generation})
+			Reason: fxv1.ReasonDuplicateDomain, Message: boundedMessage(msg), ObservedGeneration: vp.Generation})
 	}
 	return status
 }

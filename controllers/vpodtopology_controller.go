@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,7 +52,9 @@ const (
 // VPodTopologyReconciler keeps VPodTopology objects equal to what TransferNodes report.
 type VPodTopologyReconciler struct {
 	client.Client
-	Clock clock.PassiveClock
+	// APIReader reads a domain object the cache may not have seen yet; the Client when nil.
+	APIReader client.Reader
+	Clock     clock.PassiveClock
 	// Recorder records Events on domains (created, emptied, members joining and leaving); nil records none.
 	// SetupWithManager bounds the rate of its Events (eventBudget).
 	Recorder events.EventRecorder
@@ -131,6 +134,9 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if uncached {
 		exp.add(trustUncached)
 	}
+	// Own writes are found by name, and the name may be another domain's object's (a name keeps 32 bits of the
+	// key's hash): that object is not this domain's, whose reconcile found no owner in it and panicked.
+	items = slices.DeleteFunc(items, func(vp fxv1.VPodTopology) bool { return vp.Spec.Domain != key })
 	obs := AggregateDomains(tns, freshness(now, timeouts, beats, &exp))[key]
 	// observe reads the domain's reports again, for the first status of a domain just created.
 	observe := func() (*DomainObservation, error) {
@@ -160,7 +166,7 @@ func freshness(now time.Time, timeouts func(*fxv1.TransferNode) time.Duration, b
 		if at.IsZero() {
 			return false
 		}
-		if now.Sub(at) < timeout {
+		if heartbeat.FreshAt(at, now, timeout) {
 			exp.fresh(at, timeout)
 			return true
 		}
@@ -233,7 +239,9 @@ func (r *VPodTopologyReconciler) syncDomain(ctx context.Context, key string, obs
 			want = DuplicateVPodStatus(vp, owner)
 		}
 		if !duplicate && len(vp.Spec.Members) > 0 {
-			meta.SetStatusCondition(&want.Conditions, DeclaredCondition(vp, reports))
+			declared := DeclaredCondition(vp, reports)
+			declared.Message = boundedMessage(declared.Message) // members write what it quotes
+			meta.SetStatusCondition(&want.Conditions, declared)
 		} else {
 			meta.RemoveStatusCondition(&want.Conditions, fxv1.ConditionDeclared)
 		}
@@ -264,7 +272,18 @@ func (r *VPodTopologyReconciler) syncDomain(ctx context.Context, key string, obs
 	switch err := r.Create(ctx, vp); {
 	case apierrors.IsAlreadyExists(err):
 		// Created before the cache could show it: its status is patched all the same (the patch carries no
-		// resourceVersion), and its event brings it into this domain's next reconcile.
+		// resourceVersion), and its event brings it into this domain's next reconcile. Unless the object of that
+		// name is another domain's: a name keeps 32 bits of the key's hash, and a node's report can choose its
+		// key to meet another domain's name. That object is left alone, and an Event on it says why.
+		existing := &fxv1.VPodTopology{}
+		if err := r.apiReader().Get(ctx, client.ObjectKeyFromObject(vp), existing); err != nil {
+			return w, fmt.Errorf("reading domain object %s, which exists already, for %s: %w", vp.Name, key, err)
+		}
+		if existing.Spec.Domain != key {
+			record(r.Recorder, existing, "Create", []pendingEvent{{corev1.EventTypeWarning, EventDomainNameTaken,
+				fmt.Sprintf("domain %s, reported by %s, has this object's name: it is not written", key, namedAtMost(memberNames(obs.Members), ", "))}})
+			return w, nil
+		}
 		w.existed++
 	case err != nil:
 		return w, fmt.Errorf("creating domain %s for %s: %w", vp.Name, key, err)
@@ -683,4 +702,20 @@ func (r *VPodTopologyReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&fxv1.VPodTopology{}, batched(ofDomain)).
 		Watches(&coordinationv1.Lease{}, batched(ofLease), builder.WithPredicates(heartbeatPredicate(r.Clock))).
 		Complete(r)
+}
+
+func (r *VPodTopologyReconciler) apiReader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
+}
+
+// memberNames are the nodes of members.
+func memberNames(members []fxv1.VPodMember) []string {
+	names := make([]string, len(members))
+	for i, m := range members {
+		names[i] = m.Node
+	}
+	return names
 }

@@ -7,8 +7,26 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"regexp"
 	"strings"
 )
+
+// domainKeyPattern is the form of a domain key the CRDs take (TransferNode GPUs, VPodTopology spec.domain).
+var domainKeyPattern = regexp.MustCompile(`^(ualink:[0-9a-fA-F-]+/[0-9]+|nvlink:[0-9a-fA-F-]+\.[0-9]+)$`)
+
+// MaxDomainKey is the longest domain key the CRDs take.
+const MaxDomainKey = 128
+
+// MaxGPUIndex is the largest GPU index a VPodTopology member may name.
+const MaxGPUIndex = 1023
+
+// MaxVPodMembers is the most members (and missing members) a VPodTopology's status lists.
+const MaxVPodMembers = 1024
+
+// ValidDomainKey reports whether key has the form and length the CRDs take for a domain key.
+func ValidDomainKey(key string) bool {
+	return len(key) <= MaxDomainKey && domainKeyPattern.MatchString(key)
+}
 
 // DomainObjectName derives a VPodTopology name from a domain key. Keys hold ':', '/' and '.', which names may
 // not, so the readable part is sanitised and a short hash of the whole key keeps distinct keys distinct.

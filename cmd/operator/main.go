@@ -138,7 +138,7 @@ func run() error {
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TransferPool controller: %w", err)
 	}
-	if err := (&controllers.VPodTopologyReconciler{Client: mgr.GetClient(),
+	if err := (&controllers.VPodTopologyReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
 		Recorder: mgr.GetEventRecorder(controllers.EventRecorderName)}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the VPodTopology controller: %w", err)
 	}

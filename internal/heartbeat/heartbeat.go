@@ -108,8 +108,15 @@ func (h Beats) Last(tn *fxv1.TransferNode) time.Time {
 
 // Fresh reports whether a TransferNode's agent heartbeat is younger than timeout at now.
 func (h Beats) Fresh(tn *fxv1.TransferNode, now time.Time, timeout time.Duration) bool {
-	at := h.Last(tn)
-	return !at.IsZero() && now.Sub(at) < timeout
+	return FreshAt(h.Last(tn), now, timeout)
+}
+
+// FreshAt reports whether a heartbeat at at is fresh at now: less than timeout ago, and less than timeout
+// ahead. Both clocks are the agent's and the operator's, which agree to far less than a timeout; a beat further
+// ahead was written to be fresh for ever (a node's token can write its own report and Lease), and keeping a dead
+// node Ready until its date is not what it means.
+func FreshAt(at, now time.Time, timeout time.Duration) bool {
+	return !at.IsZero() && now.Sub(at) < timeout && at.Sub(now) < timeout
 }
 
 // IsAgentLease reports whether obj is an agent's heartbeat Lease.

@@ -85,6 +85,15 @@ func TestLastAndFresh(t *testing.T) {
 	if !beats.Fresh(tn, now, Timeout(10)) || beats.Fresh(tn, now, 5*time.Second) {
 		t.Fatal("freshness does not follow the timeout")
 	}
+	// A beat dated ahead of now is fresh only while it is less than a timeout ahead: a report a node wrote a
+	// century ahead would keep it fresh until then, dead or not.
+	for _, ahead := range []time.Duration{time.Second, 29 * time.Second, 30 * time.Second, 100 * 365 * 24 * time.Hour} {
+		late := tn.DeepCopy()
+		late.Status.LastHeartbeat = &metav1.Time{Time: now.Add(ahead)}
+		if got, want := beats.Fresh(late, now, Timeout(10)), ahead < Timeout(10); got != want {
+			t.Errorf("a heartbeat %s ahead: fresh %v, want %v", ahead, got, want)
+		}
+	}
 	if Timeout(0) != 30*time.Second || Timeout(-4) != 30*time.Second || Timeout(2) != 6*time.Second {
 		t.Fatalf("Timeout: %s %s %s", Timeout(0), Timeout(-4), Timeout(2))
 	}
