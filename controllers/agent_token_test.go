@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -141,6 +142,48 @@ func TestAgentTokenWritesOnlyItsNode(t *testing.T) {
 	}
 	if err := agent.Create(ctx, event(nodes[1])); err == nil || !strings.Contains(err.Error(), "may record Events only about the TransferNode of its own node") {
 		t.Errorf("an Event about another node: %v, want refused", err)
+	}
+
+	// With DRA the agent publishes its node's ResourceSlice; RBAC grants ResourceSlices of every node and driver.
+	slice := func(node, driver string) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{GenerateName: "own-node-slice-"},
+			Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: &node,
+				Pool:    resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+				Devices: []resourceapi.Device{{Name: "channel-0"}}}}
+	}
+	const sliceWant = "may write only ResourceSlices of driver fabricxfer.io for its own node"
+	mine := slice(nodes[0], "fabricxfer.io")
+	if err := agent.Create(ctx, mine); err != nil {
+		t.Errorf("the agent may not publish its own node's ResourceSlice: %v", err)
+	} else {
+		// As the agent's DRA driver clears its slices: a collection delete, admitted slice by slice.
+		err := agent.DeleteAllOf(ctx, &resourceapi.ResourceSlice{}, client.MatchingFields{
+			resourceapi.ResourceSliceSelectorDriver: "fabricxfer.io", resourceapi.ResourceSliceSelectorNodeName: nodes[0]})
+		if err != nil {
+			t.Errorf("the agent may not delete its own node's ResourceSlices: %v", err)
+		} else if err := c.Get(ctx, client.ObjectKeyFromObject(mine), mine); !apierrors.IsNotFound(err) {
+			t.Errorf("its own node's ResourceSlice after the agent deleted its slices: %v", err)
+		}
+	}
+	for _, s := range []*resourceapi.ResourceSlice{slice(nodes[1], "fabricxfer.io"), slice(nodes[0], "gpu.example.com")} {
+		if err := agent.Create(ctx, s); err == nil || !strings.Contains(err.Error(), sliceWant) {
+			_ = c.Delete(ctx, s)
+			t.Errorf("a ResourceSlice of driver %s for node %s: %v, want refused", s.Spec.Driver, *s.Spec.NodeName, err)
+		}
+	}
+	theirs := slice(nodes[1], "gpu.example.com")
+	if err := c.Create(ctx, theirs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), theirs) })
+	if err := agent.Delete(ctx, theirs); err == nil || !strings.Contains(err.Error(), sliceWant) {
+		t.Errorf("deleting another driver's ResourceSlice of another node: %v, want refused", err)
+	}
+	if err := agent.DeleteAllOf(ctx, &resourceapi.ResourceSlice{}); err == nil || !strings.Contains(err.Error(), sliceWant) {
+		t.Errorf("deleting every ResourceSlice: %v, want refused", err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(theirs), theirs); err != nil {
+		t.Errorf("another driver's ResourceSlice after the agent's attempts: %v", err)
 	}
 
 	for _, key := range []client.ObjectKey{
