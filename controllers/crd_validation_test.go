@@ -48,7 +48,7 @@ func TestAPIServerRefusesInvalidObjects(t *testing.T) {
 		{"poll past 100 ms", pool("  agent: {pollMicroseconds: 100001}"), "spec.agent.pollMicroseconds in body should be less than or equal to 100000"},
 		{"bad domain override", pool("  fabricDomainOverride: hive:1"), "spec.fabricDomainOverride in body should match"},
 		{"too many tolerations", pool("  tolerations:\n" + strings.Repeat("  - {key: a, operator: Exists}\n", 33)), "must have at most 32 items"},
-		{"toleration key past a qualified name", pool("  tolerations: [{key: " + strings.Repeat("k", 317) + ", operator: Exists}]"), "a toleration's key is a qualified name: at most 316 characters"},
+		{"toleration key past a qualified name", pool("  tolerations: [{key: " + strings.Repeat("k", 318) + ", operator: Exists}]"), "a toleration's key is a qualified name: at most 317 characters"},
 		{"toleration value past a label value", pool("  tolerations: [{key: k, value: " + strings.Repeat("v", 64) + "}]"), "a toleration's value is a label value: at most 63 characters"},
 		{"node name mismatch", node("n1", "  nodeName: n2"), "metadata.name must equal spec.nodeName"},
 		{"node without name", node("n1", "  poolName: p"), "spec.nodeName: Required value"},

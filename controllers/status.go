@@ -168,7 +168,7 @@ func PoolRequeueAfter(pool *fxv1.TransferPool, obs PoolObservation) time.Duratio
 		if tn == nil || !selects(pool, node) {
 			continue
 		}
-		if at := obs.Heartbeats.Last(tn); heartbeat.FreshAt(at, obs.Now, timeout) {
+		if at := obs.Heartbeats.LastAt(tn, obs.Now, timeout); !at.IsZero() && obs.Now.Sub(at) < timeout {
 			exp.fresh(at, timeout)
 		} else {
 			exp.stale(timeout)

@@ -162,11 +162,11 @@ func (r *VPodTopologyReconciler) Reconcile(ctx context.Context, req ctrl.Request
 func freshness(now time.Time, timeouts func(*fxv1.TransferNode) time.Duration, beats heartbeat.Beats, exp *expiryTracker) func(*fxv1.TransferNode) bool {
 	return func(tn *fxv1.TransferNode) bool {
 		timeout := timeouts(tn)
-		at := beats.Last(tn)
+		at := beats.LastAt(tn, now, timeout)
 		if at.IsZero() {
 			return false
 		}
-		if heartbeat.FreshAt(at, now, timeout) {
+		if now.Sub(at) < timeout {
 			exp.fresh(at, timeout)
 			return true
 		}

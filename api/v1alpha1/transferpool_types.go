@@ -61,7 +61,7 @@ type TransferPoolSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')",message="a toleration with operator Exists must not have a value"
 	// +kubebuilder:validation:XValidation:rule="self.all(t, has(t.key) && t.key != '' || has(t.operator) && t.operator == 'Exists')",message="a toleration without a key must have operator Exists"
 	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.tolerationSeconds) || has(t.effect) && t.effect == 'NoExecute')",message="tolerationSeconds needs effect NoExecute"
-	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.key) || size(t.key) <= 316)",message="a toleration's key is a qualified name: at most 316 characters"
+	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.key) || size(t.key) <= 317)",message="a toleration's key is a qualified name: at most 317 characters"
 	// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.value) || size(t.value) <= 63)",message="a toleration's value is a label value: at most 63 characters"
 	// +listType=atomic
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`

@@ -106,17 +106,25 @@ func (h Beats) Last(tn *fxv1.TransferNode) time.Time {
 	return at
 }
 
-// Fresh reports whether a TransferNode's agent heartbeat is younger than timeout at now.
-func (h Beats) Fresh(tn *fxv1.TransferNode, now time.Time, timeout time.Duration) bool {
-	return FreshAt(h.Last(tn), now, timeout)
+// LastAt is Last at now, leaving out a beat more than timeout ahead of now: the agent's clock and the
+// operator's agree to far less than a timeout, and a beat further ahead was written to be fresh for ever (a
+// node's token writes its own report and Lease), which would keep a dead node Ready until its date. Left out, not
+// judged: a report written while the node's clock ran ahead must not hide its Lease's current renewals.
+func (h Beats) LastAt(tn *fxv1.TransferNode, now time.Time, timeout time.Duration) time.Time {
+	var at time.Time
+	if tn.Status.LastHeartbeat != nil && tn.Status.LastHeartbeat.Time.Sub(now) < timeout {
+		at = tn.Status.LastHeartbeat.Time
+	}
+	if renew := h[KeyOf(tn)]; renew.After(at) && renew.Sub(now) < timeout {
+		at = renew
+	}
+	return at
 }
 
-// FreshAt reports whether a heartbeat at at is fresh at now: less than timeout ago, and less than timeout
-// ahead. Both clocks are the agent's and the operator's, which agree to far less than a timeout; a beat further
-// ahead was written to be fresh for ever (a node's token can write its own report and Lease), and keeping a dead
-// node Ready until its date is not what it means.
-func FreshAt(at, now time.Time, timeout time.Duration) bool {
-	return !at.IsZero() && now.Sub(at) < timeout && at.Sub(now) < timeout
+// Fresh reports whether a TransferNode's agent heartbeat is younger than timeout at now (LastAt).
+func (h Beats) Fresh(tn *fxv1.TransferNode, now time.Time, timeout time.Duration) bool {
+	at := h.LastAt(tn, now, timeout)
+	return !at.IsZero() && now.Sub(at) < timeout
 }
 
 // IsAgentLease reports whether obj is an agent's heartbeat Lease.

@@ -85,14 +85,33 @@ func TestLastAndFresh(t *testing.T) {
 	if !beats.Fresh(tn, now, Timeout(10)) || beats.Fresh(tn, now, 5*time.Second) {
 		t.Fatal("freshness does not follow the timeout")
 	}
-	// A beat dated ahead of now is fresh only while it is less than a timeout ahead: a report a node wrote a
-	// century ahead would keep it fresh until then, dead or not.
+	// A beat dated ahead of now counts only while it is less than a timeout ahead: a report a node wrote a
+	// century ahead would keep it fresh until then, dead or not. One further ahead is left out, so the Lease's
+	// renewal 5 s ago still decides (a report written while the node's clock ran ahead must not hide it), and
+	// without a Lease nothing is fresh.
 	for _, ahead := range []time.Duration{time.Second, 29 * time.Second, 30 * time.Second, 100 * 365 * 24 * time.Hour} {
 		late := tn.DeepCopy()
 		late.Status.LastHeartbeat = &metav1.Time{Time: now.Add(ahead)}
-		if got, want := beats.Fresh(late, now, Timeout(10)), ahead < Timeout(10); got != want {
-			t.Errorf("a heartbeat %s ahead: fresh %v, want %v", ahead, got, want)
+		counted := ahead < Timeout(10)
+		if got := beats.Fresh(late, now, Timeout(10)); !got {
+			t.Errorf("a report %s ahead hid the Lease renewed 5 s ago", ahead)
 		}
+		if got, want := beats.LastAt(late, now, Timeout(10)).Equal(now.Add(ahead)), counted; got != want {
+			t.Errorf("a report %s ahead: counted %v, want %v", ahead, got, want)
+		}
+		if got, want := (Beats{}).Fresh(late, now, Timeout(10)), counted; got != want {
+			t.Errorf("a report %s ahead and no Lease: fresh %v, want %v", ahead, got, want)
+		}
+	}
+	century := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "n", Labels: map[string]string{fxv1.LabelPoolName: "p"}}}
+	holder, renew := "n", metav1.NewMicroTime(now.Add(100*365*24*time.Hour))
+	century.Spec.HolderIdentity, century.Spec.RenewTime = &holder, &renew
+	stale := tn.DeepCopy()
+	stale.Status.LastHeartbeat = &metav1.Time{Time: now.Add(-time.Hour)}
+	forged := Beats{}
+	forged.Add(century)
+	if forged.Fresh(stale, now, Timeout(10)) {
+		t.Error("a Lease renewed a century ahead kept a node an hour silent fresh")
 	}
 	if Timeout(0) != 30*time.Second || Timeout(-4) != 30*time.Second || Timeout(2) != 6*time.Second {
 		t.Fatalf("Timeout: %s %s %s", Timeout(0), Timeout(-4), Timeout(2))

@@ -42,8 +42,10 @@ type APIPoolPolicy struct {
 	// (a mutex would hold them past their deadlines while the API server stalls).
 	turnOnce sync.Once
 	turn     chan struct{}
-	cached   []string
-	at       time.Time
+	// mu guards the last answer, which a caller that gave up waiting for its turn may still use.
+	mu     sync.Mutex
+	cached []string
+	at     time.Time
 }
 
 // AllowedNamespaces implements NamespacePolicy.
@@ -56,19 +58,34 @@ func (p *APIPoolPolicy) AllowedNamespaces(ctx context.Context) ([]string, error)
 	select {
 	case p.turn <- struct{}{}:
 	case <-ctx.Done():
+		if last, ok := p.last(10 * ttl); ok {
+			return last, nil
+		}
 		return nil, fmt.Errorf("reading TransferPool %s/%s: waiting for the read under way: %w", p.Namespace, p.Name, ctx.Err())
 	}
 	defer func() { <-p.turn }()
-	if !p.at.IsZero() && time.Since(p.at) < ttl {
-		return slices.Clone(p.cached), nil
+	if last, ok := p.last(ttl); ok {
+		return last, nil
 	}
 	var pool fxv1.TransferPool
 	if err := p.Reader.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, &pool); err != nil {
-		if !p.at.IsZero() && time.Since(p.at) < 10*ttl {
-			return slices.Clone(p.cached), nil
+		if last, ok := p.last(10 * ttl); ok {
+			return last, nil
 		}
 		return nil, fmt.Errorf("reading TransferPool %s/%s: %w", p.Namespace, p.Name, err)
 	}
+	p.mu.Lock()
 	p.cached, p.at = slices.Clone(pool.Spec.AllowedNamespaces), time.Now()
-	return slices.Clone(p.cached), nil
+	p.mu.Unlock()
+	return slices.Clone(pool.Spec.AllowedNamespaces), nil
+}
+
+// last returns the last answer if it is younger than age.
+func (p *APIPoolPolicy) last(age time.Duration) ([]string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.at.IsZero() || time.Since(p.at) >= age {
+		return nil, false
+	}
+	return slices.Clone(p.cached), true
 }

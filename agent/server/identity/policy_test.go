@@ -70,4 +70,27 @@ func TestPoolPolicyWaitsWithinEachCallersDeadline(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the first read did not end with its context")
 	}
+
+	// With an answer read a little over the TTL ago, a caller that gives up waiting uses it, as one whose own
+	// read fails does (for up to ten TTLs), instead of refusing a caller the pool admits.
+	p = &APIPoolPolicy{Reader: c, Namespace: "infer", Name: "kv", TTL: time.Second,
+		cached: []string{"infer"}, at: time.Now().Add(-2 * time.Second)}
+	first, cancelFirst = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelFirst()
+	before := requests.Load()
+	go func() { _, err := p.AllowedNamespaces(first); firstDone <- err }()
+	for deadline := time.Now().Add(5 * time.Second); requests.Load() == before; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the second policy's read never reached the API server")
+		}
+	}
+	second, cancelSecond = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancelSecond()
+	if got, err := p.AllowedNamespaces(second); err != nil || len(got) != 1 || got[0] != "infer" {
+		t.Fatalf("a caller that gave up waiting, with an answer 2 s old: %v, %v; want the answer", got, err)
+	}
+	cancelFirst()
+	if err := <-firstDone; err != nil {
+		t.Fatalf("the read that timed out, with an answer 2 s old: %v; want the answer", err)
+	}
 }
