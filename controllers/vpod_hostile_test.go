@@ -163,9 +163,18 @@ func TestConditionMessagesAreBounded(t *testing.T) {
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	cond := metav1.Condition{Type: "LongMessageTest", Status: metav1.ConditionFalse, Reason: fxv1.ReasonReconcileError,
-		Message: "applying the DaemonSet: " + strings.Repeat("k", 40000), ObservedGeneration: pool.Generation}
-	if _, wrote, err := setPoolCondition(ctx, c, c, pool, cond); err != nil || !wrote {
+	// The running operator writes the new pool's finalizers and conditions meanwhile: a conflict is retried.
+	var wrote bool
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() (err error) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
+			return err
+		}
+		cond := metav1.Condition{Type: "LongMessageTest", Status: metav1.ConditionFalse, Reason: fxv1.ReasonReconcileError,
+			Message: "applying the DaemonSet: " + strings.Repeat("k", 40000), ObservedGeneration: pool.Generation}
+		_, wrote, err = setPoolCondition(ctx, c, c, pool, cond)
+		return err
+	})
+	if err != nil || !wrote {
 		t.Fatalf("writing a condition with a 40,000-byte message: wrote %v, %v", wrote, err)
 	}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
