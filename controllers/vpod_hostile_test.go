@@ -159,10 +159,14 @@ func TestConditionMessagesAreBounded(t *testing.T) {
 
 	c := apiClient(t)
 	ctx := context.Background()
-	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: newNamespace(t, c), Name: "long-message"}}
+	// It selects no node: a pool selecting every node would be served first there, and later pools of the suite
+	// would run no agents.
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: newNamespace(t, c), Name: "long-message"},
+		Spec: fxv1.TransferPoolSpec{NodeSelector: map[string]string{"fabricxfer.test/none": "true"}}}
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), pool) })
 	// The running operator writes the new pool's finalizers and conditions meanwhile: a conflict is retried.
 	var wrote bool
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() (err error) {
