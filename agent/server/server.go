@@ -142,8 +142,10 @@ type Server struct {
 	instance string
 	// answered is the trailer of the Unavailable statuses the agent answers itself (AnsweredHeader).
 	answered metadata.MD
-	log      *slog.Logger
-	metrics  *serverMetrics
+	// revoker starts the loop that ends sessions the pool no longer admits, with the first session.
+	revoker sync.Once
+	log     *slog.Logger
+	metrics *serverMetrics
 
 	grpc   *grpc.Server
 	ln     *net.UnixListener

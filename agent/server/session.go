@@ -159,29 +159,24 @@ func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) *session {
 
 // revokeInterval is how often held sessions are checked against the pool's allowedNamespaces. With the
 // policy's cache (APIPoolPolicy, 5 s by default) a session whose namespace was removed ends within 10 s.
-var revokeInterval = 2 * time.Second
+const revokeInterval = 2 * time.Second
 
-// revokers marks the servers whose revocation loop runs (one per server, started with the first session and
-// ended when the server stops).
-var revokers sync.Map
-
+// startRevoker starts the server's revocation loop, once: with its first session, until the server stops.
 func (s *Server) startRevoker() {
-	if _, running := revokers.LoadOrStore(s, true); running {
-		return
-	}
-	go func() {
-		defer revokers.Delete(s)
-		t := time.NewTicker(revokeInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.stopping:
-				return
-			case <-t.C:
-				s.revokeDisallowed()
-			}
+	s.revoker.Do(func() { go s.revokeLoop() })
+}
+
+func (s *Server) revokeLoop() {
+	t := time.NewTicker(revokeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopping:
+			return
+		case <-t.C:
+			s.revokeDisallowed()
 		}
-	}()
+	}
 }
 
 // revokeDisallowed ends the sessions of callers whose namespace the pool no longer allows, through the path
