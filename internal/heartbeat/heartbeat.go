@@ -96,14 +96,7 @@ func FromLease(l *coordinationv1.Lease) (_ Key, renew time.Time, ok bool) {
 // Last is when the agent that wrote tn last showed it was alive: the later of its Lease's renewal and the
 // report's own lastHeartbeat. Zero when neither exists.
 func (h Beats) Last(tn *fxv1.TransferNode) time.Time {
-	var at time.Time
-	if tn.Status.LastHeartbeat != nil {
-		at = tn.Status.LastHeartbeat.Time
-	}
-	if renew := h[KeyOf(tn)]; renew.After(at) {
-		at = renew
-	}
-	return at
+	return h.latest(tn, func(time.Time) bool { return true })
 }
 
 // LastAt is Last at now, leaving out a beat more than timeout ahead of now: the agent's clock and the
@@ -111,11 +104,16 @@ func (h Beats) Last(tn *fxv1.TransferNode) time.Time {
 // node's token writes its own report and Lease), which would keep a dead node Ready until its date. Left out, not
 // judged: a report written while the node's clock ran ahead must not hide its Lease's current renewals.
 func (h Beats) LastAt(tn *fxv1.TransferNode, now time.Time, timeout time.Duration) time.Time {
+	return h.latest(tn, func(at time.Time) bool { return at.Sub(now) < timeout })
+}
+
+// latest is the later of tn's Lease renewal and its report's lastHeartbeat among those counted.
+func (h Beats) latest(tn *fxv1.TransferNode, counted func(time.Time) bool) time.Time {
 	var at time.Time
-	if tn.Status.LastHeartbeat != nil && tn.Status.LastHeartbeat.Time.Sub(now) < timeout {
+	if tn.Status.LastHeartbeat != nil && counted(tn.Status.LastHeartbeat.Time) {
 		at = tn.Status.LastHeartbeat.Time
 	}
-	if renew := h[KeyOf(tn)]; renew.After(at) && renew.Sub(now) < timeout {
+	if renew := h[KeyOf(tn)]; renew.After(at) && counted(renew) {
 		at = renew
 	}
 	return at

@@ -136,24 +136,32 @@ func (t *Tokens) forgetLocked(token string, e *fdEntry) {
 
 // take removes and returns the one descriptor behind token if owner may use it in this direction.
 func (t *Tokens) Take(owner, token string, outbound bool) (*os.File, error) {
+	e, err := t.takeOne(owner, token, outbound)
+	if err != nil {
+		return nil, err
+	}
+	if time.Now().After(e.expires) {
+		CloseFiles(e.files) // after the lock: closing a caller's descriptor may take as long as the caller wants
+		return nil, fmt.Errorf("fd token %.8s… expired (tokens live %s)", token, t.ttl)
+	}
+	return e.files[0], nil
+}
+
+// takeOne removes and returns the entry of token if owner may use it in this direction and it holds one
+// descriptor.
+func (t *Tokens) takeOne(owner, token string, outbound bool) (*fdEntry, error) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	e, err := t.checkLocked(owner, token, outbound)
 	if err != nil {
-		t.mu.Unlock()
 		return nil, err
 	}
 	if len(e.files) != 1 {
-		t.mu.Unlock()
 		// Left waiting: the caller named a multi-descriptor token where one descriptor goes.
 		return nil, fmt.Errorf("fd token %.8s… names %d descriptors where one is expected (name it in fd_tokens)", token, len(e.files))
 	}
 	t.forgetLocked(token, e)
-	t.mu.Unlock()
-	if time.Now().After(e.expires) {
-		CloseFiles(e.files)
-		return nil, fmt.Errorf("fd token %.8s… expired (tokens live %s)", token, t.ttl)
-	}
-	return e.files[0], nil
+	return e, nil
 }
 
 func (t *Tokens) checkLocked(owner, token string, outbound bool) (*fdEntry, error) {

@@ -303,11 +303,6 @@ class FdSocketError(_StatusError):
         super().__init__(code, message)
 
 
-# The codes the fd socket's ERR lines start with.
-_FD_SOCKET_CODES = (("INVALID_ARGUMENT: ", grpc.StatusCode.INVALID_ARGUMENT),
-                    ("RESOURCE_EXHAUSTED: ", grpc.StatusCode.RESOURCE_EXHAUSTED))
-
-
 def _read_line(sock: socket.socket, want_fds: bool):
     data, fds = b"", []
     while b"\n" not in data:
@@ -329,6 +324,9 @@ def _read_line(sock: socket.socket, want_fds: bool):
 
 
 EXHAUSTED_PREFIX = "RESOURCE_EXHAUSTED: "
+# The codes the fd socket's ERR lines start with (FdSocketError.code()).
+_FD_SOCKET_CODES = (("INVALID_ARGUMENT: ", grpc.StatusCode.INVALID_ARGUMENT),
+                    (EXHAUSTED_PREFIX, grpc.StatusCode.RESOURCE_EXHAUSTED))
 
 
 def put_fd(fd_socket: str, fd: int, timeout: float = 5.0) -> str:
