@@ -168,6 +168,8 @@ type Server struct {
 	pool        *poollend.Lender
 	nextSession uint64
 	sessions    map[uint64]*session
+	// conns counts the agent.sock connections each holder keeps.
+	conns connCounts
 }
 
 // New checks the options and prepares a server; Serve opens the sockets.
@@ -239,8 +241,9 @@ func New(opts Options) (*Server, error) {
 		Epoch: epoch, Logger: opts.Logger}
 	s := &Server{metrics: metrics, opts: opts, log: opts.Logger, tokens: tokens, stopping: stopping, instance: fmt.Sprintf("%08x", epoch>>32),
 		table: table, xfer: transfers.New(cfg), sessions: map[uint64]*session{},
-		pool: poollend.New(poollend.Config{Pool: opts.Pool, Table: table, Tokens: tokens, GPUs: opts.GPUs, Refusals: metrics.Counters}),
-		fast: fastTokens{entries: map[string]fastToken{}}, spinners: sockio.NewSpinBudget(opts.FastSpinners),
+		conns: connCounts{held: map[string]int{}, told: map[string]bool{}},
+		pool:  poollend.New(poollend.Config{Pool: opts.Pool, Table: table, Tokens: tokens, GPUs: opts.GPUs, Refusals: metrics.Counters}),
+		fast:  fastTokens{entries: map[string]fastToken{}}, spinners: sockio.NewSpinBudget(opts.FastSpinners),
 	}
 	s.answered = metadata.Pairs(AnsweredHeader, s.instance)
 	opts.Engine.SetNotifyHandler(s.xfer.DeliverNotification)

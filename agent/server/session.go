@@ -5,6 +5,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -35,8 +36,10 @@ type session struct {
 	endedOnce sync.Once
 	// fastConns are fast-socket connections bound to the session; closed when it ends.
 	fastConns []net.Conn
-	// conn is the session's gRPC connection, closed to end a revoked session.
-	conn net.Conn
+	// conn is the session's gRPC connection, closed to end a revoked session; holder is whom it is counted
+	// against (connCounts).
+	conn   net.Conn
+	holder string
 	// revoked, once set, is why the caller lost its admission (its namespace left allowedNamespaces): every
 	// later call is refused with it.
 	revoked atomic.Pointer[string]
@@ -92,7 +95,10 @@ func (p peerCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s := p.srv.newSession(ctx, tc.UnixConn)
+	s, err := p.srv.newSession(ctx, tc.UnixConn)
+	if err != nil {
+		return nil, nil, err // gRPC closes the connection
+	}
 	s.conn = tc
 	tc.sess = s
 	return raw, sessionInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, s: s}, nil
@@ -142,19 +148,91 @@ func (s *Server) admit(ctx context.Context, c identity.Caller) error {
 	return nil
 }
 
-func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) *session {
+func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) (*session, error) {
 	caller, err := s.identifyConn(ctx, conn)
+	holder := caller.Key
+	if err != nil {
+		holder = refusedHolder(conn)
+	}
 	s.table.Lock()
 	defer s.table.Unlock()
+	if refusal := s.conns.enter(holder); refusal != "" {
+		s.metrics.Edge.Refused("grpc", "connections")
+		if !s.conns.told[holder] { // once until the holder is under its limit again: a flood writes one line
+			s.conns.told[holder] = true
+			s.log.Info("closing new connections to the socket", "reason", refusal)
+		}
+		return nil, errors.New(refusal)
+	}
 	s.nextSession++
 	sess := &session{Session: regiontable.Session{ID: s.nextSession, Caller: caller, Regions: map[uint64]*regiontable.Region{}},
-		identErr: err, allocs: poollend.Loans{}}
+		identErr: err, allocs: poollend.Loans{}, holder: holder}
 	s.sessions[sess.ID] = sess
 	if err != nil {
 		s.log.Info("refused a caller", "error", err)
 	}
 	s.startRevoker()
-	return sess
+	return sess, nil
+}
+
+// Connections to agent.sock that one holder may keep. Each is a gRPC transport (about 50 KiB of buffers and three
+// goroutines) that the agent keeps for as long as the process idles, so without a bound one process could hold
+// the agent's memory or descriptors. A caller (a pod, or a local uid) may keep 128, more than the processes of any
+// inference pod open; a process that was refused (its connection stays so every call can say why) 16 per uid,
+// and refused processes 256 in all.
+const (
+	maxConnsPerCaller     = 128
+	maxRefusedConnsPerUID = 16
+	maxRefusedConns       = 256
+	refusedHolderPrefix   = "refused/"
+)
+
+// connCounts are the agent.sock connections held, by holder: the caller's key, or refusedHolderPrefix and the
+// peer's uid. Under the table's lock.
+type connCounts struct {
+	held    map[string]int
+	refused int
+	// told marks holders whose refusal was logged since they were last under their limit.
+	told map[string]bool
+}
+
+// enter counts one more connection of holder, or says why it may not have one.
+func (c *connCounts) enter(holder string) string {
+	n := c.held[holder]
+	refused := strings.HasPrefix(holder, refusedHolderPrefix)
+	switch {
+	case refused && n >= maxRefusedConnsPerUID:
+		return fmt.Sprintf("%s holds %d connections to the agent's socket (limit %d for a refused process)", holder, n, maxRefusedConnsPerUID)
+	case refused && c.refused >= maxRefusedConns:
+		return fmt.Sprintf("refused processes hold %d connections to the agent's socket (limit %d)", c.refused, maxRefusedConns)
+	case !refused && n >= maxConnsPerCaller:
+		return fmt.Sprintf("caller %s holds %d connections to the agent's socket (limit %d): share clients between threads", holder, n, maxConnsPerCaller)
+	}
+	c.held[holder] = n + 1
+	if refused {
+		c.refused++
+	}
+	return ""
+}
+
+// leave uncounts a connection of holder.
+func (c *connCounts) leave(holder string) {
+	if c.held[holder]--; c.held[holder] <= 0 {
+		delete(c.held, holder)
+	}
+	delete(c.told, holder)
+	if strings.HasPrefix(holder, refusedHolderPrefix) {
+		c.refused--
+	}
+}
+
+// refusedHolder is whom a refused connection is counted against: its peer's uid.
+func refusedHolder(conn *net.UnixConn) string {
+	cred, err := identity.PeerCredOf(conn)
+	if err != nil {
+		return refusedHolderPrefix + "unknown"
+	}
+	return fmt.Sprintf("%suid=%d", refusedHolderPrefix, cred.UID)
 }
 
 // revokeInterval is how often held sessions are checked against the pool's allowedNamespaces. With the
@@ -313,6 +391,9 @@ func (s *Server) connClosed(c *trackedConn) {
 	if c.sess == nil {
 		return
 	}
+	s.table.Lock()
+	s.conns.leave(c.sess.holder)
+	s.table.Unlock()
 	c.sess.endedOnce.Do(func() {
 		s.wg.Add(1)
 		go func() {

@@ -333,17 +333,20 @@ func (tab *Table) AddRegion(ctx context.Context, sess *Session, kind agentv1.Mem
 	u := tab.UsageLocked(sess.Caller.Key)
 	lim := tab.limits
 	if u.Regions+1 > lim.MaxRegions {
+		tab.ReleaseUsageLocked(sess.Caller.Key)
 		tab.Unlock()
 		tab.refusals.LimitHit(refusals.LimitRegions)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d regions, the limit is %d", u.Regions, lim.MaxRegions)
 	}
 	if u.Bytes+length > lim.MaxRegisteredBytes || u.Bytes+length < u.Bytes {
+		tab.ReleaseUsageLocked(sess.Caller.Key)
 		tab.Unlock()
 		tab.refusals.LimitHit(refusals.LimitRegisteredBytes)
 		return nil, status.Errorf(codes.ResourceExhausted, "registering %d bytes would bring the caller to %d bytes, the limit is %d", length, u.Bytes+length, lim.MaxRegisteredBytes)
 	}
 	if segment != "" {
 		if _, taken := tab.segments[key]; taken {
+			tab.ReleaseUsageLocked(sess.Caller.Key)
 			tab.Unlock()
 			return nil, status.Errorf(codes.AlreadyExists, "segment %q is already registered in namespace %q on node %s", segment, pub.namespace, tab.node)
 		}
@@ -363,6 +366,7 @@ func (tab *Table) AddRegion(ctx context.Context, sess *Session, kind agentv1.Mem
 		tab.Lock()
 		u.Regions--
 		u.Bytes -= length
+		tab.ReleaseUsageLocked(sess.Caller.Key)
 		if segment != "" && tab.segments[key] == r {
 			delete(tab.segments, key)
 		}
@@ -474,6 +478,7 @@ func (tab *Table) RemoveRegion(ctx context.Context, r *Region) error {
 	if u := tab.callers[r.owner]; u != nil {
 		u.Regions--
 		u.Bytes -= r.length
+		tab.ReleaseUsageLocked(r.owner)
 	}
 	tab.Unlock()
 	if r.mapping != nil {

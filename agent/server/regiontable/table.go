@@ -112,8 +112,20 @@ type Usage struct {
 	InFlightBytes uint64
 }
 
-// UsageOfLocked is what the caller of key holds, nil when it never held anything.
+// UsageOfLocked is what the caller of key holds, nil when it holds nothing.
 func (tab *Table) UsageOfLocked(key string) *Usage { return tab.callers[key] }
+
+// ReleaseUsageLocked forgets the usage of key once it holds nothing, so the table keeps an entry per caller that
+// holds something rather than per pod the node ever ran. Called after every decrease and every refusal that may
+// leave an entry empty; an entry is only ever held across an unlock while it counts something.
+func (tab *Table) ReleaseUsageLocked(key string) {
+	if u := tab.callers[key]; u != nil && *u == (Usage{}) {
+		delete(tab.callers, key)
+	}
+}
+
+// CallersLocked is how many callers hold something.
+func (tab *Table) CallersLocked() int { return len(tab.callers) }
 
 // EachUsageLocked calls f with every caller's usage.
 func (tab *Table) EachUsageLocked(f func(*Usage)) {

@@ -173,12 +173,14 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	s.table.Lock()
 	u := s.table.UsageLocked(sess.Caller.Key)
 	if u.InFlight >= s.limits.MaxInFlight {
+		s.table.ReleaseUsageLocked(sess.Caller.Key)
 		s.table.Unlock()
 		ids.release()
 		s.refusals.LimitHit(refusals.LimitInFlight)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d transfers in flight, the limit is %d", u.InFlight, s.limits.MaxInFlight)
 	}
 	if max := s.limits.MaxInFlightBytes; u.InFlightBytes+total > max || u.InFlightBytes+total < total {
+		s.table.ReleaseUsageLocked(sess.Caller.Key)
 		s.table.Unlock()
 		ids.release()
 		s.refusals.Edge.Refused("grpc", "busy")
@@ -199,6 +201,7 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 		s.table.Lock()
 		u.InFlight--
 		u.InFlightBytes -= total
+		s.table.ReleaseUsageLocked(sess.Caller.Key)
 		s.table.Unlock()
 		ids.release()
 		return nil, status.Errorf(regiontable.StatusCode(err), "submitting: %v", err)
@@ -354,6 +357,7 @@ func (s *Service) finish(x *transfer) {
 		if u := s.table.UsageOfLocked(x.owner); u != nil {
 			u.InFlight--
 			u.InFlightBytes -= x.bytes
+			s.table.ReleaseUsageLocked(x.owner)
 		}
 		for w := range s.watchers[x.owner] {
 			if w.ids != nil && !w.ids[x.id] {

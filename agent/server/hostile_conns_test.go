@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package server_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
+	"github.com/fabricxfer/fabricxfer/client"
+)
+
+// http2Open connects to the agent's socket as a gRPC client would, up to the HTTP/2 preface, and reports whether
+// the agent kept the connection (it sent its settings) rather than closing it.
+func http2Open(t *testing.T, path string) (net.Conn, bool) {
+	t.Helper()
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	// The client preface and an empty SETTINGS frame: the connection then outlives the agent's 10 s preface bound.
+	if _, err := conn.Write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)); err != nil && !errors.Is(err, syscall.EPIPE) {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	head := make([]byte, 9)
+	if _, err := io.ReadFull(conn, head); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+			return conn, false
+		}
+		t.Fatalf("reading the agent's HTTP/2 settings: %v", err)
+	}
+	if head[3] != 4 {
+		t.Fatalf("the agent's first frame is of type %d, want SETTINGS", head[3])
+	}
+	_ = conn.SetReadDeadline(time.Time{})
+	return conn, true
+}
+
+// TestHostileConnectionFloodIsBounded: each agent.sock connection is a gRPC transport the agent keeps while its
+// process idles, and a pod that opened them without end held the agent's memory and descriptors. A pod keeps
+// at most 128: the next ones are closed at once, its own client and everyone else's keep working, and it may
+// connect again once it lets some go. A process the agent refuses keeps at most 16.
+func TestHostileConnectionFloodIsBounded(t *testing.T) {
+	const victimPod, hostilePod = "00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000b"
+	proc := newProcFixture(t)
+	opts := baseOptions(t, proc)
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	a := startAgent(t, opts)
+	ctx := ctxT(t)
+	m := shm(t, 1<<20)
+	copy(m.Bytes[:4096], bytes.Repeat([]byte{0x5a}, 4096))
+
+	proc.setPod(t, victimPod)
+	victim := dial(t, a)
+	vsrc, err := victim.RegisterHost(ctx, m.File, 0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vdst, err := victim.RegisterHost(ctx, m.File, 4096, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	proc.setPod(t, hostilePod)
+	hostile := dial(t, a) // one connection of the 128
+	var held []net.Conn
+	for i := range 127 {
+		conn, kept := http2Open(t, a.srv.SocketPath())
+		if !kept {
+			t.Fatalf("the pod's connection %d of 128 was closed", i+2)
+		}
+		held = append(held, conn)
+	}
+	for i := range 3 {
+		if _, kept := http2Open(t, a.srv.SocketPath()); kept {
+			t.Fatalf("connection %d past the pod's 128 was kept", i+1)
+		}
+	}
+
+	// The pod's own client, and another pod's, old and new, are served as before.
+	hr, err := hostile.RegisterHost(ctx, m.File, 8192, 4096)
+	if err != nil {
+		t.Fatalf("the flooding pod's own client: %v", err)
+	}
+	if _, err := hostile.Write(ctx, hr, 0, client.ToRegion(hr), 2048, 1024); err != nil {
+		t.Fatalf("the flooding pod's own transfer: %v", err)
+	}
+	if _, err := victim.Write(ctx, vsrc, 0, client.ToRegion(vdst), 0, 4096); err != nil || !bytes.Equal(m.Bytes[4096:8192], m.Bytes[:4096]) {
+		t.Fatalf("the other pod's transfer during the flood: %v", err)
+	}
+	proc.setPod(t, victimPod)
+	if _, kept := http2Open(t, a.srv.SocketPath()); !kept {
+		t.Fatal("another pod's new connection was closed during the flood")
+	}
+	late := dial(t, a)
+	if _, err := late.RegisterHost(ctx, m.File, 12288, 4096); err != nil {
+		t.Fatalf("another pod's new client during the flood: %v", err)
+	}
+
+	// Connections let go are uncounted: the pod connects again.
+	proc.setPod(t, hostilePod)
+	for _, c := range held[:4] {
+		c.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, kept := http2Open(t, a.srv.SocketPath()); kept {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pod could not connect again after closing 4 of its connections")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A process the agent refuses (in no pod, local callers not admitted) keeps 16 connections to learn why.
+	proc.setLocal(t)
+	for i := range 16 {
+		if _, kept := http2Open(t, a.srv.SocketPath()); !kept {
+			t.Fatalf("refused process's connection %d of 16 was closed", i+1)
+		}
+	}
+	if _, kept := http2Open(t, a.srv.SocketPath()); kept {
+		t.Fatal("a refused process's 17th connection was kept")
+	}
+	if _, err := victim.Write(ctx, vsrc, 0, client.ToRegion(vdst), 0, 4096); err != nil {
+		t.Fatalf("the other pod's transfer after the floods: %v", err)
+	}
+}
