@@ -175,7 +175,12 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		if err != nil {
 			if err != io.EOF {
 				s.metrics.Edge.Refused("fast", "malformed")
-				_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)))
+				// On the socket within the reply timeout, as every answer: a caller that stopped reading does not
+				// hold this goroutine in the write.
+				fc.inMailbox = false
+				if out, rerr := fc.reply(nil, status.Errorf(codes.InvalidArgument, "reading a frame: %v", err)); rerr == nil {
+					_ = fc.answer(out)
+				}
 			}
 			return
 		}
