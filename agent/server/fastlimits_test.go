@@ -8,12 +8,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
@@ -173,5 +175,57 @@ func TestFastSocketDropsACallerThatStopsReading(t *testing.T) {
 	}
 	if _, err := c.API().GetInfo(ctxT(t), &agentv1.GetInfoRequest{}); err != nil {
 		t.Fatalf("the caller's session after it lost a fast connection: %v", err)
+	}
+}
+
+// TestFastSocketDropsASleeperThatSendsGarbage: a caller that says it sleeps and never reads fills its socket with
+// wake-ups, which the agent writes without waiting; a malformed frame then is answered like every reply, within
+// Options.FastReplyTimeout, and the connection ends, rather than holding the agent's goroutine in a write for as
+// long as the caller likes. The caller's other connections go on.
+func TestFastSocketDropsASleeperThatSendsGarbage(t *testing.T) {
+	opts := baseOptions(t, newProcFixture(t))
+	opts.FastReplyTimeout = 200 * time.Millisecond
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	rng := rand.New(rand.NewPCG(11, 12))
+	src, srcMem := hostLayout(t, c, rng, 1, 64, 64)
+	dst, dstMem := hostLayout(t, c, rng, 1, 64, 64)
+	mb := attachMailbox(t, a, c, 16<<10)
+	frame := fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
+		Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
+		IdBytes: 4, LocalIds: []byte{1, 0, 0, 0}, RemoteIds: []byte{2, 0, 0, 0}, Wait: true}}})
+	mb.u32(196).Store(1) // asleep: each reply comes with a wake-up on the socket, which this caller never reads
+	for i := range 3000 {
+		if r := mb.call(frame); r.Code != 0 {
+			t.Fatalf("call %d: %v", i, r)
+		}
+	}
+	_ = mb.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := mb.conn.Write(binary.BigEndian.AppendUint32(nil, 1<<30)); err != nil { // a frame past the cap
+		t.Fatal(err)
+	}
+	// Without reading a byte (reading would make the room the agent waits for): the agent's end closes.
+	raw, err := mb.conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hup bool
+	deadline := time.Now().Add(5 * time.Second)
+	for !hup && time.Now().Before(deadline) {
+		_ = raw.Control(func(fd uintptr) {
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+			if n, _ := unix.Poll(fds, 100); n == 1 && fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP) != 0 {
+				hup = true
+			}
+		})
+	}
+	if !hup {
+		t.Fatal("the agent still holds the connection of a sleeper that sent a malformed frame, 5 s on")
+	}
+	if _, err := c.TransferBlocks(ctxT(t), client.Write, src, []uint32{3}, client.ToLayout(dst), []uint32{4}, client.TransferOptions{}); err != nil {
+		t.Fatalf("the caller's client afterwards: %v", err)
+	}
+	if !bytes.Equal(dstMem[0].Bytes[4*64:5*64], srcMem[0].Bytes[3*64:4*64]) {
+		t.Fatal("the caller's transfer afterwards did not land")
 	}
 }
