@@ -205,6 +205,36 @@ class GPUTensorTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.c.register_tensor(self.rand(64), gpu_index=1)
 
+    @unittest.skipIf(EXPANDABLE, "an expandable segment is shared as VMM allocations, not as an IPC handle")
+    def test_an_ipc_region_past_its_allocation_is_refused(self):
+        """An IPC handle names the caching allocator's whole segment and the request says where the region lies
+        in it: a request (built by hand, as any process may) that runs past the segment is refused with
+        INVALID_ARGUMENT, since the agent's copies would reach whatever it maps beyond; the same request within
+        the segment registers and moves."""
+        import grpc
+
+        from fabricxfer import client as fxclient
+        from fabricxfer.agent.v1 import agent_pb2 as pb
+
+        t = self.rand(1 << 20)
+        share = t.untyped_storage()._share_cuda_()
+        self.addCleanup(fxclient._release_ipc_counter, (share[4], share[5]))
+        req, fds = self.c._tensor_request(share, 0, 0, t.numel(), "", t)
+        self.assertEqual((req.handle_type, fds), (pb.HANDLE_TYPE_IPC, []))
+        for name, offset, length in (("64 GiB of a small segment", req.offset, 64 << 30),
+                                     ("an offset past the segment", req.offset + (1 << 40), 4096)):
+            req.offset, req.length = offset, length
+            with self.assertRaises(grpc.RpcError, msg=name) as e:
+                self.c._call(self.c.stub.RegisterMemory, req)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, name)
+            self.assertIn("runs past", e.exception.details(), name)
+        dst = self.rand(1 << 20)
+        a = self.c.register_layout([self.c.register_tensor(t)], 4096)
+        b = self.c.register_layout([self.c.register_tensor(dst)], 4096)
+        torch.cuda.synchronize()
+        self.c.transfer_blocks("write", a, torch.tensor([3]), to_layout(b), torch.tensor([5]))
+        self.assertTrue(torch.equal(dst[5 * 4096:6 * 4096], t[3 * 4096:4 * 4096]), "the next transfer after the refusals")
+
     def test_deregistered_tensor_memory_is_freed(self):
         """register_tensor shares the storage through PyTorch's IPC machinery, which holds the memory until the
         (never coming) receiver lets go; deregister lets go, so the memory is freed with the tensor."""

@@ -179,6 +179,18 @@ func (d *Driver) IPCOpenMemHandle(h IPCMemHandle) (DevicePtr, error) {
 	return *p, err
 }
 
+// IPCAllocationSize is how many bytes of its allocation lie from p (a pointer
+// IPCOpenMemHandle returned) to the allocation's end: a handle names a whole
+// allocation, whose size only the driver knows.
+func (d *Driver) IPCAllocationSize(p DevicePtr) (uint64, error) {
+	var base DevicePtr
+	var size uint64
+	if err := d.call("cuMemGetAddressRange", d.f.memGetAddressRange, uintptr(unsafe.Pointer(&base)), uintptr(unsafe.Pointer(&size)), uintptr(p)); err != nil {
+		return 0, err
+	}
+	return uint64(base) + size - uint64(p), nil
+}
+
 // IPCCloseMemHandle unmaps memory from IPCOpenMemHandle.
 func (d *Driver) IPCCloseMemHandle(p DevicePtr) error {
 	return d.call("cuIpcCloseMemHandle", d.f.ipcCloseMemHandle, uintptr(p))

@@ -338,6 +338,16 @@ func (r *Runtime) IPCCloseMemHandle(p DevicePtr) error {
 	return r.call("hipIpcCloseMemHandle", r.f.ipcCloseMemHandle, uintptr(p))
 }
 
+// IPCAllocationSize is how many bytes of its allocation lie from p (a pointer
+// IPCOpenMemHandle returned) to the allocation's end.
+func (r *Runtime) IPCAllocationSize(p DevicePtr) (uint64, error) {
+	base, size, err := r.AddressRange(p)
+	if err != nil {
+		return 0, err
+	}
+	return uint64(base) + size - uint64(p), nil
+}
+
 // AddressRange is the base and size of the allocation that holds p.
 func (r *Runtime) AddressRange(p DevicePtr) (DevicePtr, uint64, error) {
 	var base DevicePtr

@@ -321,15 +321,32 @@ func ExportedFD(fd int, id engines.MemoryID) *os.File {
 type IPC[H ~[64]byte, P ~uint64] interface {
 	IPCOpenMemHandle(h H) (P, error)
 	IPCCloseMemHandle(p P) error
+	// IPCAllocationSize is the size of the allocation a pointer IPCOpenMemHandle returned starts.
+	IPCAllocationSize(p P) (uint64, error)
 }
 
 // OpenIPC maps the allocation d's legacy IPC handle names (the current GPU's must be current) and points m at
-// d's offset in it; m's release closes the mapping with m's GPU current.
+// d's offset in it; m's release closes the mapping with m's GPU current. A region that runs past the allocation
+// is refused (engines.ErrInvalid): the handle names the whole allocation and the caller says where its bytes
+// are, so without the check a caller's copies would reach whatever the agent maps beyond it, another caller's
+// memory included.
 func OpenIPC[H ~[64]byte, P ~uint64, C Closer, D any](r *Registry[C, D], ipc IPC[H, P], m *Region, d *engines.MemoryDesc) error {
 	var h H
 	copy(h[:], d.Handles.IPC)
 	ptr, err := ipc.IPCOpenMemHandle(h)
 	if err != nil {
+		return err
+	}
+	size, err := ipc.IPCAllocationSize(ptr)
+	if err == nil && (d.Handles.IPCOffset > size || d.Size > size-d.Handles.IPCOffset) {
+		err = fmt.Errorf("%w: the region (offset %d, %d bytes) runs past the %d-byte allocation its IPC handle names", engines.ErrInvalid, d.Handles.IPCOffset, d.Size, size)
+	} else if err != nil {
+		err = fmt.Errorf("finding the size of the allocation an IPC handle names: %w", err)
+	}
+	if err != nil {
+		if cerr := ipc.IPCCloseMemHandle(ptr); cerr != nil {
+			return errors.Join(err, fmt.Errorf("closing the IPC mapping: %w", cerr))
+		}
 		return err
 	}
 	m.Addr = uint64(ptr) + d.Handles.IPCOffset
