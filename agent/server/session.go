@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
@@ -224,6 +225,72 @@ func (c *connCounts) leave(holder string) {
 	if strings.HasPrefix(holder, refusedHolderPrefix) {
 		c.refused--
 	}
+}
+
+// Calls (gRPC streams) one holder may have open on agent.sock at once, over all its connections. A call's request
+// is buffered by gRPC as it arrives, up to 4 MiB, before any handler runs, and a Watch or Notifications stream
+// lives as long as its caller likes, so without a bound one connection held the agent's memory. A caller may
+// have 64 open (256 MiB of requests at most); a refused process, whose calls only learn why, 4 per uid and 64
+// in all.
+const (
+	maxStreamsPerCaller        = 64
+	maxRefusedStreamsPerHolder = 4
+	maxRefusedStreams          = 64
+)
+
+// streamCounts are the calls open on agent.sock, by holder (connCounts's). Its own lock: gRPC asks streamTap
+// with its transport's lock held.
+type streamCounts struct {
+	mu      sync.Mutex
+	open    map[string]int
+	refused int
+}
+
+// streamTap counts a new call of its connection's holder before gRPC reads its request, or refuses it
+// (RESOURCE_EXHAUSTED) when the holder has its limit open; the count drops when the call's context ends.
+func (s *Server) streamTap(ctx context.Context, _ *tap.Info) (context.Context, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return ctx, nil
+	}
+	si, ok := p.AuthInfo.(sessionInfo)
+	if !ok || si.s == nil {
+		return ctx, nil
+	}
+	holder, refused := si.s.holder, si.s.identErr != nil
+	c := &s.streams
+	c.mu.Lock()
+	n := c.open[holder]
+	var refusal string
+	switch {
+	case refused && n >= maxRefusedStreamsPerHolder:
+		refusal = fmt.Sprintf("%s has %d calls open on the agent's socket (limit %d for a refused process)", holder, n, maxRefusedStreamsPerHolder)
+	case refused && c.refused >= maxRefusedStreams:
+		refusal = fmt.Sprintf("refused processes have %d calls open on the agent's socket (limit %d)", c.refused, maxRefusedStreams)
+	case !refused && n >= maxStreamsPerCaller:
+		refusal = fmt.Sprintf("caller %s has %d calls open on the agent's socket (limit %d): end Watch or Notifications streams it no longer reads", holder, n, maxStreamsPerCaller)
+	}
+	if refusal != "" {
+		c.mu.Unlock()
+		s.metrics.Edge.Refused("grpc", "streams")
+		return nil, status.Error(codes.ResourceExhausted, refusal)
+	}
+	c.open[holder] = n + 1
+	if refused {
+		c.refused++
+	}
+	c.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		if c.open[holder]--; c.open[holder] <= 0 {
+			delete(c.open, holder)
+		}
+		if refused {
+			c.refused--
+		}
+		c.mu.Unlock()
+	})
+	return ctx, nil
 }
 
 // refusedHolder is whom a refused connection is counted against: its peer's uid.

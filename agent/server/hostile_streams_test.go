@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package server_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client"
+)
+
+// stalledCalls opens one connection to the agent's socket and starts n calls on it, each announcing a 4 MiB
+// request and sending 1 KiB of it, then stalling: gRPC buffers such a request as it comes, before any handler
+// (and so any check of the caller) runs. It returns the grpc-status of each call the agent ended within a second
+// (by stream id) and the connection, which is closed when the test ends.
+func stalledCalls(t *testing.T, path string, n int) (net.Conn, map[uint32]string) {
+	t.Helper()
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := conn.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(conn, conn)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", agentv1.Agent_GetInfo_FullMethodName},
+		{":authority", "localhost"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	body := binary.BigEndian.AppendUint32([]byte{0}, 4<<20)
+	body = append(body, make([]byte, 1024)...)
+	for i := range n {
+		id := uint32(2*i + 1)
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := fr.WriteData(id, false, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ended := map[uint32]string{}
+	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return conn, ended // the second passed
+		}
+		switch f := f.(type) {
+		case *http2.MetaHeadersFrame:
+			for _, h := range f.Fields {
+				if h.Name == "grpc-status" {
+					ended[f.StreamID] = h.Value + " " + f.PseudoValue("status")
+				}
+				if h.Name == "grpc-message" {
+					ended[f.StreamID] += " " + h.Value
+				}
+			}
+		case *http2.RSTStreamFrame:
+			if ended[f.StreamID] == "" { // an answered call is also reset, since its request never ended
+				ended[f.StreamID] = "reset " + f.ErrCode.String()
+			}
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				_ = fr.WriteSettingsAck()
+			}
+		}
+	}
+}
+
+// TestHostileCallFloodIsBounded: every call on agent.sock has its request buffered by gRPC as it arrives (up to 4
+// MiB) before any handler runs, and a connection took any number of them, so one process could hold the agent's
+// memory with stalled requests. A pod has at most 64 calls open over all its connections: the next is refused
+// RESOURCE_EXHAUSTED at once, another pod's calls go on, and the pod calls again once some end. A process the
+// agent refuses has at most 4 open.
+func TestHostileCallFloodIsBounded(t *testing.T) {
+	const victimPod, hostilePod = "00000000-0000-4000-8000-00000000000c", "00000000-0000-4000-8000-00000000000d"
+	proc := newProcFixture(t)
+	opts := baseOptions(t, proc)
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	a := startAgent(t, opts)
+	ctx := ctxT(t)
+	m := shm(t, 1<<20)
+	copy(m.Bytes[:4096], bytes.Repeat([]byte{0x3c}, 4096))
+	proc.setPod(t, victimPod)
+	victim := dial(t, a)
+	vsrc, err := victim.RegisterHost(ctx, m.File, 0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vdst, err := victim.RegisterHost(ctx, m.File, 4096, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	proc.setPod(t, hostilePod)
+	hostile := dial(t, a)
+	stalled, ended := stalledCalls(t, a.srv.SocketPath(), 64)
+	if len(ended) != 0 {
+		t.Fatalf("the pod's first 64 stalled calls: %d ended, want all open (%v)", len(ended), ended)
+	}
+	_, err = hostile.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
+	if client.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "64 calls open") {
+		t.Fatalf("the pod's 65th call: %v, want RESOURCE_EXHAUSTED naming the 64 calls", err)
+	}
+	if _, ended := stalledCalls(t, a.srv.SocketPath(), 3); len(ended) != 3 || !strings.HasPrefix(ended[1], "8 ") {
+		t.Fatalf("more stalled calls of the pod: %v, want each refused at once with grpc-status 8", ended)
+	}
+
+	// Another pod is served meanwhile, old connection and new.
+	if _, err := victim.Write(ctx, vsrc, 0, client.ToRegion(vdst), 0, 4096); err != nil || !bytes.Equal(m.Bytes[4096:8192], m.Bytes[:4096]) {
+		t.Fatalf("another pod's transfer during the flood: %v", err)
+	}
+	proc.setPod(t, victimPod)
+	late := dial(t, a)
+	if _, err := late.API().GetInfo(ctx, &agentv1.GetInfoRequest{}); err != nil {
+		t.Fatalf("another pod's new client during the flood: %v", err)
+	}
+
+	// A refused process (in no pod, local callers not admitted): 4 calls open, the 5th refused.
+	proc.setLocal(t)
+	_, ended = stalledCalls(t, a.srv.SocketPath(), 5)
+	if len(ended) != 1 || !strings.HasPrefix(ended[9], "8 ") || !strings.Contains(ended[9], "refused process") {
+		t.Fatalf("a refused process's 5 stalled calls: %v, want the 5th (stream 9) alone refused", ended)
+	}
+
+	// The pod's stalled calls end with their connection, and the pod calls again.
+	stalled.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := hostile.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
+		if err == nil {
+			break
+		}
+		if client.Code(err) != codes.ResourceExhausted || time.Now().After(deadline) {
+			t.Fatalf("the pod's call after its stalled calls' connection closed: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
