@@ -242,9 +242,9 @@ func New(opts Options) (*Server, error) {
 		Epoch: epoch, Logger: opts.Logger}
 	s := &Server{metrics: metrics, opts: opts, log: opts.Logger, tokens: tokens, stopping: stopping, instance: fmt.Sprintf("%08x", epoch>>32),
 		table: table, xfer: transfers.New(cfg), sessions: map[uint64]*session{},
-		conns: connCounts{held: map[string]int{}, told: map[string]bool{}}, streams: streamCounts{open: map[string]int{}},
-		pool: poollend.New(poollend.Config{Pool: opts.Pool, Table: table, Tokens: tokens, GPUs: opts.GPUs, Refusals: metrics.Counters}),
-		fast: fastTokens{entries: map[string]fastToken{}}, spinners: sockio.NewSpinBudget(opts.FastSpinners),
+		conns: connCounts{told: map[string]bool{}},
+		pool:  poollend.New(poollend.Config{Pool: opts.Pool, Table: table, Tokens: tokens, GPUs: opts.GPUs, Refusals: metrics.Counters}),
+		fast:  fastTokens{entries: map[string]fastToken{}}, spinners: sockio.NewSpinBudget(opts.FastSpinners),
 	}
 	s.answered = metadata.Pairs(AnsweredHeader, s.instance)
 	opts.Engine.SetNotifyHandler(s.xfer.DeliverNotification)
@@ -298,7 +298,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		// Calls are counted per holder before a request's bytes are read (streamTap); a connection also takes at
 		// most that many at once, so a client over it waits rather than fails.
 		grpc.InTapHandle(s.streamTap),
-		grpc.MaxConcurrentStreams(maxStreamsPerCaller),
+		grpc.MaxConcurrentStreams(uint32(streamLimits().perCaller)),
 		grpc.ChainUnaryInterceptor(s.unaryAuth),
 		grpc.ChainStreamInterceptor(s.streamAuth),
 	)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -26,6 +27,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/agent/server/poollend"
 	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
+	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
 // A session is one client connection. Regions and pool slices belong to the session that created them and go
@@ -157,7 +159,7 @@ func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) (*session, 
 	}
 	s.table.Lock()
 	defer s.table.Unlock()
-	if refusal := s.conns.enter(holder); refusal != "" {
+	if refusal := s.conns.enter(holder, connLimits()); refusal != "" {
 		s.metrics.Edge.Refused("grpc", "connections")
 		if !s.conns.told[holder] { // once until the holder is under its limit again: a flood writes one line
 			s.conns.told[holder] = true
@@ -181,50 +183,9 @@ func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) (*session, 
 // the agent's memory or descriptors. A caller (a pod, or a local uid) may keep 128, more than the processes of any
 // inference pod open; a process that was refused (its connection stays so every call can say why) 16 per uid,
 // and refused processes 256 in all.
-const (
-	maxConnsPerCaller     = 128
-	maxRefusedConnsPerUID = 16
-	maxRefusedConns       = 256
-	refusedHolderPrefix   = "refused/"
-)
-
-// connCounts are the agent.sock connections held, by holder: the caller's key, or refusedHolderPrefix and the
-// peer's uid. Under the table's lock.
-type connCounts struct {
-	held    map[string]int
-	refused int
-	// told marks holders whose refusal was logged since they were last under their limit.
-	told map[string]bool
-}
-
-// enter counts one more connection of holder, or says why it may not have one.
-func (c *connCounts) enter(holder string) string {
-	n := c.held[holder]
-	refused := strings.HasPrefix(holder, refusedHolderPrefix)
-	switch {
-	case refused && n >= maxRefusedConnsPerUID:
-		return fmt.Sprintf("%s holds %d connections to the agent's socket (limit %d for a refused process)", holder, n, maxRefusedConnsPerUID)
-	case refused && c.refused >= maxRefusedConns:
-		return fmt.Sprintf("refused processes hold %d connections to the agent's socket (limit %d)", c.refused, maxRefusedConns)
-	case !refused && n >= maxConnsPerCaller:
-		return fmt.Sprintf("caller %s holds %d connections to the agent's socket (limit %d): share clients between threads", holder, n, maxConnsPerCaller)
-	}
-	c.held[holder] = n + 1
-	if refused {
-		c.refused++
-	}
-	return ""
-}
-
-// leave uncounts a connection of holder.
-func (c *connCounts) leave(holder string) {
-	if c.held[holder]--; c.held[holder] <= 0 {
-		delete(c.held, holder)
-	}
-	delete(c.told, holder)
-	if strings.HasPrefix(holder, refusedHolderPrefix) {
-		c.refused--
-	}
+func connLimits() holderLimits {
+	return holderLimits{what: "connections to", perCaller: 128, perRefused: 16, refused: 256,
+		hint: "close clients it no longer uses"}
 }
 
 // Calls (gRPC streams) one holder may have open on agent.sock at once, over all its connections. A call's request
@@ -232,18 +193,67 @@ func (c *connCounts) leave(holder string) {
 // lives as long as its caller likes, so without a bound one connection held the agent's memory. A caller may
 // have 64 open (256 MiB of requests at most); a refused process, whose calls only learn why, 4 per uid and 64
 // in all.
-const (
-	maxStreamsPerCaller        = 64
-	maxRefusedStreamsPerHolder = 4
-	maxRefusedStreams          = 64
-)
+func streamLimits() holderLimits {
+	return holderLimits{what: "calls open on", perCaller: 64, perRefused: 4, refused: 64,
+		hint: "end Watch or Notifications streams it no longer reads"}
+}
 
-// streamCounts are the calls open on agent.sock, by holder (connCounts's). Its own lock: gRPC asks streamTap
-// with its transport's lock held.
+// refusedHolderPrefix starts the holder of a refused connection, counted by its peer's uid.
+const refusedHolderPrefix = "refused/"
+
+// holderLimits bound what holders have open on agent.sock: a caller's per caller, refused processes' per uid
+// and in all.
+type holderLimits struct {
+	what                           string
+	perCaller, perRefused, refused int
+	hint                           string
+}
+
+// holderCounts count what holders have open on agent.sock, against holderLimits. The caller locks them.
+type holderCounts struct {
+	callers sockio.Counts[string]
+	refused sockio.Counts[string]
+}
+
+// enter counts one more of holder's, or says which limit refuses it.
+func (c *holderCounts) enter(holder string, l holderLimits) string {
+	if strings.HasPrefix(holder, refusedHolderPrefix) {
+		total, mine, ok := c.refused.Enter(holder, l.refused, l.perRefused)
+		switch {
+		case ok:
+			return ""
+		case mine >= l.perRefused:
+			return fmt.Sprintf("%s has %d %s the agent's socket (limit %d for a refused process)", holder, mine, l.what, l.perRefused)
+		}
+		return fmt.Sprintf("refused processes have %d %s the agent's socket (limit %d)", total, l.what, l.refused)
+	}
+	if _, mine, ok := c.callers.Enter(holder, math.MaxInt, l.perCaller); !ok {
+		return fmt.Sprintf("caller %s has %d %s the agent's socket (limit %d): %s", holder, mine, l.what, l.perCaller, l.hint)
+	}
+	return ""
+}
+
+// leave uncounts one of holder's.
+func (c *holderCounts) leave(holder string) {
+	if strings.HasPrefix(holder, refusedHolderPrefix) {
+		c.refused.Leave(holder)
+	} else {
+		c.callers.Leave(holder)
+	}
+}
+
+// connCounts are the agent.sock connections held, under the table's lock.
+type connCounts struct {
+	holderCounts
+	// told marks holders whose refusal was logged since they were last under their limit.
+	told map[string]bool
+}
+
+// streamCounts are the calls open on agent.sock. Its own lock: gRPC asks streamTap with its transport's lock
+// held.
 type streamCounts struct {
-	mu      sync.Mutex
-	open    map[string]int
-	refused int
+	mu sync.Mutex
+	holderCounts
 }
 
 // streamTap counts a new call of its connection's holder before gRPC reads its request, or refuses it
@@ -257,37 +267,17 @@ func (s *Server) streamTap(ctx context.Context, _ *tap.Info) (context.Context, e
 	if !ok || si.s == nil {
 		return ctx, nil
 	}
-	holder, refused := si.s.holder, si.s.identErr != nil
-	c := &s.streams
+	holder, c := si.s.holder, &s.streams
 	c.mu.Lock()
-	n := c.open[holder]
-	var refusal string
-	switch {
-	case refused && n >= maxRefusedStreamsPerHolder:
-		refusal = fmt.Sprintf("%s has %d calls open on the agent's socket (limit %d for a refused process)", holder, n, maxRefusedStreamsPerHolder)
-	case refused && c.refused >= maxRefusedStreams:
-		refusal = fmt.Sprintf("refused processes have %d calls open on the agent's socket (limit %d)", c.refused, maxRefusedStreams)
-	case !refused && n >= maxStreamsPerCaller:
-		refusal = fmt.Sprintf("caller %s has %d calls open on the agent's socket (limit %d): end Watch or Notifications streams it no longer reads", holder, n, maxStreamsPerCaller)
-	}
+	refusal := c.enter(holder, streamLimits())
+	c.mu.Unlock()
 	if refusal != "" {
-		c.mu.Unlock()
 		s.metrics.Edge.Refused("grpc", "streams")
 		return nil, status.Error(codes.ResourceExhausted, refusal)
 	}
-	c.open[holder] = n + 1
-	if refused {
-		c.refused++
-	}
-	c.mu.Unlock()
 	context.AfterFunc(ctx, func() {
 		c.mu.Lock()
-		if c.open[holder]--; c.open[holder] <= 0 {
-			delete(c.open, holder)
-		}
-		if refused {
-			c.refused--
-		}
+		c.leave(holder)
 		c.mu.Unlock()
 	})
 	return ctx, nil
@@ -460,6 +450,7 @@ func (s *Server) connClosed(c *trackedConn) {
 	}
 	s.table.Lock()
 	s.conns.leave(c.sess.holder)
+	delete(s.conns.told, c.sess.holder)
 	s.table.Unlock()
 	c.sess.endedOnce.Do(func() {
 		s.wg.Add(1)

@@ -311,8 +311,8 @@ type Socket struct {
 	edge refusals.Edge
 
 	mu           sync.Mutex
-	unidentified connCount[int32]  // by peer uid, until identification
-	identified   connCount[string] // by caller key
+	unidentified sockio.Counts[int32]  // by peer uid, until identification
+	identified   sockio.Counts[string] // by caller key
 }
 
 // NewSocket serves the fd socket on ln: descriptors callers PUT wait in tokens for the gRPC call that names
@@ -346,34 +346,6 @@ func (s *Socket) Serve(ctx context.Context) {
 	}
 }
 
-// connCount counts open connections in all and per key.
-type connCount[K comparable] struct {
-	total int
-	per   map[K]int
-}
-
-// enter counts a connection of key unless it would pass max in all or maxPer for the key; it returns the
-// counts it found, and whether it entered.
-func (c *connCount[K]) enter(key K, max, maxPer int) (total, mine int, ok bool) {
-	if c.per == nil {
-		c.per = map[K]int{}
-	}
-	total, mine = c.total, c.per[key]
-	if total >= max || mine >= maxPer {
-		return total, mine, false
-	}
-	c.total++
-	c.per[key]++
-	return total, mine, true
-}
-
-func (c *connCount[K]) leave(key K) {
-	c.total--
-	if c.per[key]--; c.per[key] <= 0 {
-		delete(c.per, key)
-	}
-}
-
 func orDefault(v, def int) int {
 	if v <= 0 {
 		return def
@@ -386,7 +358,7 @@ func (s *Socket) enter(uid int32) string {
 	maxConns, maxPerUID := orDefault(s.maxConns, defaultFDConns), orDefault(s.maxPerUID, defaultFDConnsPerUID)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch total, mine, ok := s.unidentified.enter(uid, maxConns, maxPerUID); {
+	switch total, mine, ok := s.unidentified.Enter(uid, maxConns, maxPerUID); {
 	case ok:
 		return ""
 	case total >= maxConns:
@@ -399,7 +371,7 @@ func (s *Socket) enter(uid int32) string {
 func (s *Socket) leave(uid int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.unidentified.leave(uid)
+	s.unidentified.Leave(uid)
 }
 
 // enterCaller counts an identified connection of caller key, or says which limit refuses it.
@@ -407,7 +379,7 @@ func (s *Socket) enterCaller(key string) string {
 	maxPerCaller, maxIdentified := orDefault(s.maxPerCaller, defaultFDConnsPerCaller), orDefault(s.maxIdentified, defaultFDConnsIdentified)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch total, mine, ok := s.identified.enter(key, maxIdentified, maxPerCaller); {
+	switch total, mine, ok := s.identified.Enter(key, maxIdentified, maxPerCaller); {
 	case ok:
 		return ""
 	case total >= maxIdentified:
@@ -420,7 +392,7 @@ func (s *Socket) enterCaller(key string) string {
 func (s *Socket) leaveCaller(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.identified.leave(key)
+	s.identified.Leave(key)
 }
 
 func (s *Socket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
