@@ -229,3 +229,76 @@ func TestFastSocketDropsASleeperThatSendsGarbage(t *testing.T) {
 		t.Fatal("the caller's transfer afterwards did not land")
 	}
 }
+
+// TestFastSocketBoundsConnectionsThatNeverBind: any process that reaches the fast socket can connect and say
+// nothing, each connection holding a descriptor and a goroutine until the bind's deadline. At most 64 per uid
+// wait to bind: the next is answered RESOURCE_EXHAUSTED at once, connections bound before serve on, and once
+// the silent ones go a new one binds.
+func TestFastSocketBoundsConnectionsThatNeverBind(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	c := dial(t, a)
+	api := c.API()
+	path := a.srv.FastSocketPath()
+	held, r := bindFast(t, api, path)
+	if r.Code != 0 {
+		t.Fatalf("binding: %v", r)
+	}
+	var silent []net.Conn
+	for range 64 {
+		conn, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		silent = append(silent, conn)
+	}
+	// The agent counts a connection as it accepts it; the 65th may race the last of them, so try a few.
+	var refused *agentv1.FastReply
+	for i := 0; i < 20 && refused == nil; i++ {
+		conn, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+		var n [4]byte
+		if _, err := io.ReadFull(conn, n[:]); err == nil {
+			body := make([]byte, binary.BigEndian.Uint32(n[:]))
+			if _, err := io.ReadFull(conn, body); err == nil {
+				refused = &agentv1.FastReply{}
+				if err := proto.Unmarshal(body, refused); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		conn.Close()
+	}
+	if refused == nil || codes.Code(refused.Code) != codes.ResourceExhausted || !strings.Contains(refused.Message, "waiting to bind") {
+		t.Fatalf("a connection past 64 silent ones: %v, want RESOURCE_EXHAUSTED at once naming the limit", refused)
+	}
+	if r := rawFrame(t, held, waitFrame(t, time.Millisecond, 1<<40)); codes.Code(r.Code) != codes.NotFound {
+		t.Fatalf("a connection bound before the silent ones: %v, want its NotFound answer", r)
+	}
+	for _, conn := range silent {
+		conn.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		tok, err := api.OpenFastPath(ctxT(t), &agentv1.OpenFastPathRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rawFrame(t, conn, []byte(tok.Token))
+		conn.Close()
+		if r.Code == 0 {
+			break
+		}
+		if codes.Code(r.Code) != codes.ResourceExhausted || time.Now().After(deadline) {
+			t.Fatalf("binding after the silent connections closed: %v", r)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

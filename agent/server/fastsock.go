@@ -22,6 +22,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
 	"github.com/fabricxfer/fabricxfer/agent/server/transfers"
@@ -59,6 +60,8 @@ func DefaultFastSpinners() int {
 type fastTokens struct {
 	mu      sync.Mutex
 	entries map[string]fastToken
+	// unbound counts the connections not bound yet, by peer uid.
+	unbound sockio.Counts[int32]
 }
 
 type fastToken struct {
@@ -97,18 +100,63 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 	return &agentv1.OpenFastPathResponse{Token: token, Socket: s.FastSocketPath()}, nil
 }
 
+// Connections of the fast socket that are not bound yet, per peer uid and in all: each holds a descriptor and a
+// goroutine for up to fastBindTimeout before it says anything, and any process that reaches the socket can open
+// them (the fd socket bounds its unidentified connections the same way).
+const (
+	maxUnboundFast       = 256
+	maxUnboundFastPerUID = 64
+)
+
 func (s *Server) serveFast(ctx context.Context, ln *net.UnixListener) {
 	for {
 		conn, err := sockio.Accept(ln, func() { s.metrics.Edge.Refused("fast", "accept_emfile") })
 		if err != nil {
 			return // listener closed on shutdown
 		}
-		go s.handleFast(ctx, conn)
+		cred, err := identity.PeerCredOf(conn)
+		if err != nil {
+			s.metrics.Edge.Refused("fast", "no_peercred")
+			conn.Close()
+			continue
+		}
+		if why := s.enterUnbound(cred.UID); why != "" {
+			s.metrics.Edge.Refused("fast", "busy")
+			_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))
+			_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.ResourceExhausted, why)))
+			conn.Close()
+			continue
+		}
+		go s.handleFast(ctx, conn, cred.UID)
 	}
 }
 
-func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
+// enterUnbound counts a fast connection of uid until it binds, or says which limit refuses it.
+func (s *Server) enterUnbound(uid int32) string {
+	s.fast.mu.Lock()
+	defer s.fast.mu.Unlock()
+	switch total, mine, ok := s.fast.unbound.Enter(uid, maxUnboundFast, maxUnboundFastPerUID); {
+	case ok:
+		return ""
+	case total >= maxUnboundFast:
+		return fmt.Sprintf("%d connections wait to bind on the fast socket (limit %d)", total, maxUnboundFast)
+	default:
+		return fmt.Sprintf("uid %d has %d connections waiting to bind on the fast socket (limit %d)", uid, mine, maxUnboundFastPerUID)
+	}
+}
+
+func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn, uid int32) {
 	defer conn.Close()
+	unbound := true
+	bound := func() { // once bound (or gone), the connection counts against its caller's fast limits instead
+		if unbound {
+			unbound = false
+			s.fast.mu.Lock()
+			s.fast.unbound.Leave(uid)
+			s.fast.mu.Unlock()
+		}
+	}
+	defer bound()
 	bindBy := time.Now().Add(fastBindTimeout)
 	_ = conn.SetDeadline(bindBy)
 	token, err := sockio.ReadFrame(conn, 64)
@@ -151,6 +199,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	if err := fastwire.WriteReply(conn, &agentv1.FastReply{}); err != nil {
 		return
 	}
+	bound()
 	_ = conn.SetDeadline(time.Time{})
 
 	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying.
