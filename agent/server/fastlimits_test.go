@@ -231,11 +231,15 @@ func TestFastSocketDropsASleeperThatSendsGarbage(t *testing.T) {
 }
 
 // TestFastSocketBoundsConnectionsThatNeverBind: any process that reaches the fast socket can connect and say
-// nothing, each connection holding a descriptor and a goroutine until the bind's deadline. At most 64 per uid
-// wait to bind: the next is answered RESOURCE_EXHAUSTED at once, connections bound before serve on, and once
-// the silent ones go a new one binds.
+// nothing, each connection holding a descriptor and a goroutine until the bind's deadline. At most 64 of one
+// holder (a pod, or the uid of a process in none) wait to bind: the next is answered RESOURCE_EXHAUSTED at once,
+// a pod of the same uid binds meanwhile, connections bound before serve on, and once the silent ones go a new
+// one binds.
 func TestFastSocketBoundsConnectionsThatNeverBind(t *testing.T) {
-	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	proc := newProcFixture(t)
+	opts := baseOptions(t, proc)
+	opts.Identifier.Pods = podsByUID{}
+	a := startAgent(t, opts)
 	c := dial(t, a)
 	api := c.API()
 	path := a.srv.FastSocketPath()
@@ -278,6 +282,11 @@ func TestFastSocketBoundsConnectionsThatNeverBind(t *testing.T) {
 	if r := rawFrame(t, held, waitFrame(t, time.Millisecond, 1<<40)); codes.Code(r.Code) != codes.NotFound {
 		t.Fatalf("a connection bound before the silent ones: %v, want its NotFound answer", r)
 	}
+	proc.setPod(t, "00000000-0000-4000-8000-0000000000ee") // a pod whose processes run as the same uid
+	if _, r := bindFast(t, dial(t, a).API(), path); r.Code != 0 {
+		t.Fatalf("a pod binding while a process of its uid holds 64 silent connections: %v", r)
+	}
+	proc.setLocal(t)
 	for _, conn := range silent {
 		conn.Close()
 	}

@@ -60,8 +60,8 @@ func DefaultFastSpinners() int {
 type fastTokens struct {
 	mu      sync.Mutex
 	entries map[string]fastToken
-	// unbound counts the connections not bound yet, by peer uid.
-	unbound sockio.Counts[int32]
+	// unbound counts the connections not bound yet, by holder.
+	unbound sockio.Counts[string]
 }
 
 type fastToken struct {
@@ -100,12 +100,12 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 	return &agentv1.OpenFastPathResponse{Token: token, Socket: s.FastSocketPath()}, nil
 }
 
-// Connections of the fast socket that are not bound yet, per peer uid and in all: each holds a descriptor and a
-// goroutine for up to fastBindTimeout before it says anything, and any process that reaches the socket can open
-// them (the fd socket bounds its unidentified connections the same way).
+// Connections of the fast socket that are not bound yet, per holder (identity.Identifier.HolderOf: a pod, or
+// the uid of a process in none) and in all: each holds a descriptor and a goroutine for up to fastBindTimeout
+// before it says anything, and any process that reaches the socket can open them.
 const (
-	maxUnboundFast       = 256
-	maxUnboundFastPerUID = 64
+	maxUnboundFast          = 256
+	maxUnboundFastPerHolder = 64
 )
 
 func (s *Server) serveFast(ctx context.Context, ln *net.UnixListener) {
@@ -114,45 +114,44 @@ func (s *Server) serveFast(ctx context.Context, ln *net.UnixListener) {
 		if err != nil {
 			return // listener closed on shutdown
 		}
-		cred, err := identity.PeerCredOf(conn)
-		if err != nil {
-			s.metrics.Edge.Refused("fast", "no_peercred")
-			conn.Close()
-			continue
-		}
-		if why := s.enterUnbound(cred.UID); why != "" {
-			s.metrics.Edge.Refused("fast", "busy")
-			_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))
-			_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.ResourceExhausted, why)))
-			conn.Close()
-			continue
-		}
-		go s.handleFast(ctx, conn, cred.UID)
+		go s.handleFast(ctx, conn)
 	}
 }
 
-// enterUnbound counts a fast connection of uid until it binds, or says which limit refuses it.
-func (s *Server) enterUnbound(uid int32) string {
+// enterUnbound counts a fast connection of holder until it binds, or says which limit refuses it.
+func (s *Server) enterUnbound(holder string) string {
 	s.fast.mu.Lock()
 	defer s.fast.mu.Unlock()
-	switch total, mine, ok := s.fast.unbound.Enter(uid, maxUnboundFast, maxUnboundFastPerUID); {
+	switch total, mine, ok := s.fast.unbound.Enter(holder, maxUnboundFast, maxUnboundFastPerHolder); {
 	case ok:
 		return ""
 	case total >= maxUnboundFast:
 		return fmt.Sprintf("%d connections wait to bind on the fast socket (limit %d)", total, maxUnboundFast)
 	default:
-		return fmt.Sprintf("uid %d has %d connections waiting to bind on the fast socket (limit %d)", uid, mine, maxUnboundFastPerUID)
+		return fmt.Sprintf("%s has %d connections waiting to bind on the fast socket (limit %d)", holder, mine, maxUnboundFastPerHolder)
 	}
 }
 
-func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn, uid int32) {
+func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	defer conn.Close()
+	cred, err := identity.PeerCredOf(conn)
+	if err != nil {
+		s.metrics.Edge.Refused("fast", "no_peercred")
+		return
+	}
+	holder := s.opts.Identifier.HolderOf(cred)
+	if why := s.enterUnbound(holder); why != "" {
+		s.metrics.Edge.Refused("fast", "busy")
+		_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))
+		_ = fastwire.WriteReply(conn, fastwire.ErrReply(status.Error(codes.ResourceExhausted, why)))
+		return
+	}
 	unbound := true
 	bound := func() { // once bound (or gone), the connection counts against its caller's fast limits instead
 		if unbound {
 			unbound = false
 			s.fast.mu.Lock()
-			s.fast.unbound.Leave(uid)
+			s.fast.unbound.Leave(holder)
 			s.fast.mu.Unlock()
 		}
 	}

@@ -245,6 +245,24 @@ func stripNodeContainer(comps []string) []string {
 	return comps
 }
 
+// HolderOf is whom a connection not identified yet counts against for a socket's limits: its pod, named from its
+// cgroup without asking the API server ("pod/<uid>", as Caller.Key), or "uid=<uid>" for a process in no pod (or
+// whose cgroup cannot be read). Pods often all run as uid 0, so counting by uid let one pod's silent connections
+// refuse every other pod's.
+func (id Identifier) HolderOf(cred PeerCred) string {
+	procRoot := id.ProcRoot
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	content, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(int(cred.PID)), "cgroup"))
+	if err == nil {
+		if uid, err := podUIDFromCgroup(string(content)); err == nil && uid != "" {
+			return "pod/" + uid
+		}
+	}
+	return fmt.Sprintf("uid=%d", cred.UID)
+}
+
 // Identify resolves who is behind cred.
 func (id Identifier) Identify(ctx context.Context, cred PeerCred) (Caller, error) {
 	procRoot := id.ProcRoot
