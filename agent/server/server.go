@@ -304,7 +304,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	)
 	agentv1.RegisterAgentServer(s.grpc, s)
 
-	fds := fdsocket.NewSocket(fdLn, s.tokens, s.identifyConn, s.metrics.Edge)
+	fds := fdsocket.NewSocket(fdLn, s.tokens, s.identifyConn, s.opts.Identifier.HolderOf, s.metrics.Edge)
 	go fds.Serve(ctx)
 	go s.serveFast(ctx, fastLn)
 	go s.sweep(ctx)

@@ -276,8 +276,8 @@ func (t *Tokens) CloseAll() {
 var ErrExhausted = errors.New("descriptor limit")
 
 // Fd-socket connection limits. Every connection costs the agent one descriptor and lives at most
-// fdConnTimeout. Until it is identified a connection counts against defaultFDConns and defaultFDConnsPerUID
-// (peer uid from SO_PEERCRED) and nothing is read from it, so it brings in no descriptor; once identified,
+// fdConnTimeout. Until it is identified a connection counts against defaultFDConns and defaultFDConnsPerHolder
+// (its pod, or the uid of a process in none: identity.Identifier.HolderOf) and nothing is read from it, so it brings in no descriptor; once identified,
 // against defaultFDConnsPerCaller (so an idle caller starves only itself) and defaultFDConnsIdentified in all,
 // and it holds at most 2*fdpass.MaxPutFDs descriptors while its request is read (the ones of the first message,
 // which a PUT <n> carries, plus one more message's worth closed as soon as it arrives). The socket thus holds at most
@@ -287,7 +287,7 @@ var ErrExhausted = errors.New("descriptor limit")
 const (
 	fdConnTimeout            = fdpass.DefaultTimeout
 	defaultFDConns           = 256
-	defaultFDConnsPerUID     = 64
+	defaultFDConnsPerHolder  = 64
 	defaultFDConnsPerCaller  = 32
 	defaultFDConnsIdentified = 1024
 )
@@ -297,12 +297,14 @@ type Socket struct {
 	ln       *net.UnixListener
 	tokens   *Tokens
 	identify func(ctx context.Context, conn *net.UnixConn) (identity.Caller, error)
-	// timeout bounds one connection from accept to close (default fdConnTimeout); maxConns and maxPerUID
-	// bound the connections open at once, in all and per peer uid (defaults defaultFDConns and
-	// defaultFDConnsPerUID). Over a limit a connection is answered RESOURCE_EXHAUSTED and closed at once.
-	timeout   time.Duration
-	maxConns  int
-	maxPerUID int
+	// timeout bounds one connection from accept to close (default fdConnTimeout); maxConns and maxPerHolder
+	// bound the connections waiting to be identified, in all and per holder (defaults defaultFDConns and
+	// defaultFDConnsPerHolder). Over a limit a connection is answered RESOURCE_EXHAUSTED and closed at once.
+	timeout      time.Duration
+	maxConns     int
+	maxPerHolder int
+	// holderOf names whom a connection not identified yet counts against; nil: its peer's uid.
+	holderOf func(identity.PeerCred) string
 	// maxPerCaller and maxIdentified bound identified connections, per caller key and in all.
 	maxPerCaller  int
 	maxIdentified int
@@ -311,15 +313,16 @@ type Socket struct {
 	edge refusals.Edge
 
 	mu           sync.Mutex
-	unidentified sockio.Counts[int32]  // by peer uid, until identification
+	unidentified sockio.Counts[string] // by holder, until identification
 	identified   sockio.Counts[string] // by caller key
 }
 
 // NewSocket serves the fd socket on ln: descriptors callers PUT wait in tokens for the gRPC call that names
 // them; identify says who is behind a connection (and refuses callers the pool does not admit); edge counts the
 // socket's refusals.
-func NewSocket(ln *net.UnixListener, tokens *Tokens, identify func(ctx context.Context, conn *net.UnixConn) (identity.Caller, error), edge refusals.Edge) *Socket {
-	return &Socket{ln: ln, tokens: tokens, identify: identify, edge: edge}
+func NewSocket(ln *net.UnixListener, tokens *Tokens, identify func(ctx context.Context, conn *net.UnixConn) (identity.Caller, error),
+	holderOf func(identity.PeerCred) string, edge refusals.Edge) *Socket {
+	return &Socket{ln: ln, tokens: tokens, identify: identify, holderOf: holderOf, edge: edge}
 }
 
 // Serve accepts connections until the listener is closed.
@@ -335,14 +338,18 @@ func (s *Socket) Serve(ctx context.Context) {
 			conn.Close()
 			continue
 		}
-		if why := s.enter(cred.UID); why != "" {
+		holder := fmt.Sprintf("uid=%d", cred.UID)
+		if s.holderOf != nil {
+			holder = s.holderOf(cred)
+		}
+		if why := s.enter(holder); why != "" {
 			s.edge.Refused("fd", "busy")
 			_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))
 			_, _ = fmt.Fprintf(conn, "ERR %s%s\n", fdpass.ExhaustedPrefix, why)
 			conn.Close()
 			continue
 		}
-		go s.handle(ctx, conn, cred.UID)
+		go s.handle(ctx, conn, holder)
 	}
 }
 
@@ -354,24 +361,24 @@ func orDefault(v, def int) int {
 }
 
 // enter counts a connection of uid, or says which limit refuses it.
-func (s *Socket) enter(uid int32) string {
-	maxConns, maxPerUID := orDefault(s.maxConns, defaultFDConns), orDefault(s.maxPerUID, defaultFDConnsPerUID)
+func (s *Socket) enter(holder string) string {
+	maxConns, maxPerHolder := orDefault(s.maxConns, defaultFDConns), orDefault(s.maxPerHolder, defaultFDConnsPerHolder)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch total, mine, ok := s.unidentified.Enter(uid, maxConns, maxPerUID); {
+	switch total, mine, ok := s.unidentified.Enter(holder, maxConns, maxPerHolder); {
 	case ok:
 		return ""
 	case total >= maxConns:
 		return fmt.Sprintf("%d connections are open on the fd socket (limit %d)", total, maxConns)
 	default:
-		return fmt.Sprintf("uid %d has %d connections open on the fd socket (limit %d)", uid, mine, maxPerUID)
+		return fmt.Sprintf("%s has %d connections open on the fd socket (limit %d)", holder, mine, maxPerHolder)
 	}
 }
 
-func (s *Socket) leave(uid int32) {
+func (s *Socket) leave(holder string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.unidentified.Leave(uid)
+	s.unidentified.Leave(holder)
 }
 
 // enterCaller counts an identified connection of caller key, or says which limit refuses it.
@@ -395,12 +402,12 @@ func (s *Socket) leaveCaller(key string) {
 	s.identified.Leave(key)
 }
 
-func (s *Socket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
+func (s *Socket) handle(ctx context.Context, conn *net.UnixConn, holder string) {
 	defer conn.Close()
 	unidentified := true
 	defer func() {
 		if unidentified {
-			s.leave(uid)
+			s.leave(holder)
 		}
 	}()
 	timeout := s.timeout
@@ -423,7 +430,7 @@ func (s *Socket) handle(ctx context.Context, conn *net.UnixConn, uid int32) {
 	// Identify before reading: descriptors a refused caller sent stay in the socket's queue and the kernel
 	// closes them with the connection, so an unidentified process never makes the agent hold any.
 	caller, err := s.identify(ctx, conn)
-	s.leave(uid)
+	s.leave(holder)
 	unidentified = false
 	if err != nil {
 		s.edge.Refused("fd", "unidentified")

@@ -295,7 +295,7 @@ func TestFDTokensBoundDescriptors(t *testing.T) {
 // and only while they last.
 func TestFDSocketPutManyFloodIsBounded(t *testing.T) {
 	const maxConns = 4
-	s := &Socket{identify: anyone, timeout: 500 * time.Millisecond, maxConns: maxConns, maxPerUID: maxConns,
+	s := &Socket{identify: anyone, timeout: 500 * time.Millisecond, maxConns: maxConns, maxPerHolder: maxConns,
 		maxPerCaller: maxConns, maxIdentified: maxConns, edge: refusals.NewEdge()}
 	path := startFDSocket(t, s)
 	r, w, err := os.Pipe()

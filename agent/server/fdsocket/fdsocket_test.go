@@ -118,7 +118,7 @@ func TestFDSocketFloodKeepsDescriptorsBounded(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			const conns, maxConns = 30, 8
-			s := &Socket{identify: identify, timeout: time.Second, maxConns: maxConns, maxPerUID: maxConns,
+			s := &Socket{identify: identify, timeout: time.Second, maxConns: maxConns, maxPerHolder: maxConns,
 				maxPerCaller: maxConns, maxIdentified: maxConns}
 			peak := fdsockettest.FloodPeak(t, startFDSocket(t, s), conns, 200, 2*time.Second)
 			// Clients: one connection each. Agent: at most maxConns connections waiting to be identified and
@@ -132,23 +132,23 @@ func TestFDSocketFloodKeepsDescriptorsBounded(t *testing.T) {
 }
 
 func TestFDSocketConnectionCaps(t *testing.T) {
-	s := &Socket{maxConns: 3, maxPerUID: 2}
+	s := &Socket{maxConns: 3, maxPerHolder: 2}
 	for i := range 2 {
-		if why := s.enter(1); why != "" {
-			t.Fatalf("connection %d of uid 1 refused: %s", i+1, why)
+		if why := s.enter("pod/a"); why != "" {
+			t.Fatalf("connection %d of pod a refused: %s", i+1, why)
 		}
 	}
-	if why := s.enter(1); !strings.Contains(why, "uid 1") {
-		t.Fatalf("third connection of uid 1: %q", why)
+	if why := s.enter("pod/a"); !strings.Contains(why, "pod/a has 2") {
+		t.Fatalf("third connection of pod a: %q", why)
 	}
-	if s.enter(2) != "" {
-		t.Fatal("first connection of uid 2 refused")
+	if s.enter("pod/b") != "" {
+		t.Fatal("first connection of pod b (its processes of the same uid) refused")
 	}
-	if why := s.enter(3); !strings.Contains(why, "limit 3") {
+	if why := s.enter("uid=3"); !strings.Contains(why, "limit 3") {
 		t.Fatalf("fourth connection: %q", why)
 	}
-	s.leave(1)
-	if s.enter(3) != "" {
+	s.leave("pod/a")
+	if s.enter("uid=3") != "" {
 		t.Fatal("a connection after one left was refused")
 	}
 	// Identified connections count per caller: one caller at its limit does not refuse another.
@@ -164,7 +164,7 @@ func TestFDSocketConnectionCaps(t *testing.T) {
 
 // Over the connection cap a caller is told RESOURCE_EXHAUSTED, which clients retry.
 func TestFDSocketBusyIsResourceExhausted(t *testing.T) {
-	s := &Socket{identify: anyone, timeout: 2 * time.Second, maxConns: 1, maxPerUID: 1, maxPerCaller: 1}
+	s := &Socket{identify: anyone, timeout: 2 * time.Second, maxConns: 1, maxPerHolder: 1, maxPerCaller: 1}
 	path := startFDSocket(t, s)
 	hold, err := net.Dial("unix", path)
 	if err != nil {
