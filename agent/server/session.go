@@ -155,7 +155,7 @@ func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) (*session, 
 	caller, err := s.identifyConn(ctx, conn)
 	holder := caller.Key
 	if err != nil {
-		holder = refusedHolder(conn)
+		holder = s.refusedHolder(conn)
 	}
 	s.table.Lock()
 	defer s.table.Unlock()
@@ -181,8 +181,8 @@ func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) (*session, 
 // Connections to agent.sock that one holder may keep. Each is a gRPC transport (about 50 KiB of buffers and three
 // goroutines) that the agent keeps for as long as the process idles, so without a bound one process could hold
 // the agent's memory or descriptors. A caller (a pod, or a local uid) may keep 128, more than the processes of any
-// inference pod open; a process that was refused (its connection stays so every call can say why) 16 per uid,
-// and refused processes 256 in all.
+// inference pod open; a process that was refused (its connection stays so every call can say why) 16 per pod (or
+// uid, outside pods), and refused processes 256 in all.
 func connLimits() holderLimits {
 	return holderLimits{what: "connections to", perCaller: 128, perRefused: 16, refused: 256,
 		hint: "close clients it no longer uses"}
@@ -191,18 +191,18 @@ func connLimits() holderLimits {
 // Calls (gRPC streams) one holder may have open on agent.sock at once, over all its connections. A call's request
 // is buffered by gRPC as it arrives, up to 4 MiB, before any handler runs, and a Watch or Notifications stream
 // lives as long as its caller likes, so without a bound one connection held the agent's memory. A caller may
-// have 64 open (256 MiB of requests at most); a refused process, whose calls only learn why, 4 per uid and 64
-// in all.
+// have 64 open (256 MiB of requests at most); a refused process, whose calls only learn why, 4 per pod (or uid)
+// and 64 in all.
 func streamLimits() holderLimits {
 	return holderLimits{what: "calls open on", perCaller: 64, perRefused: 4, refused: 64,
 		hint: "end Watch or Notifications streams it no longer reads"}
 }
 
-// refusedHolderPrefix starts the holder of a refused connection, counted by its peer's uid.
+// refusedHolderPrefix starts the holder of a refused connection.
 const refusedHolderPrefix = "refused/"
 
-// holderLimits bound what holders have open on agent.sock: a caller's per caller, refused processes' per uid
-// and in all.
+// holderLimits bound what holders have open on agent.sock: a caller's per caller, refused processes' per pod
+// (or uid) and in all.
 type holderLimits struct {
 	what                           string
 	perCaller, perRefused, refused int
@@ -283,13 +283,14 @@ func (s *Server) streamTap(ctx context.Context, _ *tap.Info) (context.Context, e
 	return ctx, nil
 }
 
-// refusedHolder is whom a refused connection is counted against: its peer's uid.
-func refusedHolder(conn *net.UnixConn) string {
+// refusedHolder is whom a refused connection is counted against: its pod, or the uid of a process in none
+// (identity.Identifier.HolderOf), among the refused.
+func (s *Server) refusedHolder(conn *net.UnixConn) string {
 	cred, err := identity.PeerCredOf(conn)
 	if err != nil {
 		return refusedHolderPrefix + "unknown"
 	}
-	return fmt.Sprintf("%suid=%d", refusedHolderPrefix, cred.UID)
+	return refusedHolderPrefix + s.opts.Identifier.HolderOf(cred)
 }
 
 // revokeInterval is how often held sessions are checked against the pool's allowedNamespaces. With the
