@@ -187,13 +187,8 @@ func TestFastSocketDropsASleeperThatSendsGarbage(t *testing.T) {
 	opts.FastReplyTimeout = 200 * time.Millisecond
 	a := startAgent(t, opts)
 	c := dial(t, a)
-	rng := rand.New(rand.NewPCG(11, 12))
-	src, srcMem := hostLayout(t, c, rng, 1, 64, 64)
-	dst, dstMem := hostLayout(t, c, rng, 1, 64, 64)
+	src, srcMem, dst, dstMem, frame := oneBlockFrame(t, c, rand.New(rand.NewPCG(11, 12)))
 	mb := attachMailbox(t, a, c, 16<<10)
-	frame := fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
-		Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
-		IdBytes: 4, LocalIds: []byte{1, 0, 0, 0}, RemoteIds: []byte{2, 0, 0, 0}, Wait: true}}})
 	mb.u32(196).Store(1) // asleep: each reply comes with a wake-up on the socket, which this caller never reads
 	for i := range 3000 {
 		if r := mb.call(frame); r.Code != 0 {
@@ -292,16 +287,7 @@ func TestFastSocketBoundsConnectionsThatNeverBind(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		tok, err := api.OpenFastPath(ctxT(t), &agentv1.OpenFastPathRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, err := net.Dial("unix", path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := rawFrame(t, conn, []byte(tok.Token))
-		conn.Close()
+		_, r := bindFast(t, api, path)
 		if r.Code == 0 {
 			break
 		}

@@ -44,30 +44,52 @@ func http2Open(t *testing.T, path string) (net.Conn, bool) {
 	return conn, true
 }
 
+// floodBed is an agent that names pods by their UIDs, with a victim pod holding two regions of m, the first
+// filled: a test floods the agent from another pod and checks that the victim's transfers go on.
+type floodBed struct {
+	a        *agent
+	proc     *procFixture
+	m        *client.SharedMemory
+	victim   *client.Client
+	src, dst *client.Region
+}
+
+func newFloodBed(t *testing.T, victimPod string) *floodBed {
+	t.Helper()
+	proc := newProcFixture(t)
+	opts := baseOptions(t, proc)
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	b := &floodBed{a: startAgent(t, opts), proc: proc, m: shm(t, 1<<20)}
+	copy(b.m.Bytes[:4096], bytes.Repeat([]byte{0x5a}, 4096))
+	proc.setPod(t, victimPod)
+	b.victim = dial(t, b.a)
+	var err error
+	if b.src, err = b.victim.RegisterHost(ctxT(t), b.m.File, 0, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if b.dst, err = b.victim.RegisterHost(ctxT(t), b.m.File, 4096, 4096); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// victimMoves checks that the victim's transfer lands (when says when, for the failure).
+func (b *floodBed) victimMoves(t *testing.T, when string) {
+	t.Helper()
+	clear(b.m.Bytes[4096:8192])
+	if _, err := b.victim.Write(ctxT(t), b.src, 0, client.ToRegion(b.dst), 0, 4096); err != nil || !bytes.Equal(b.m.Bytes[4096:8192], b.m.Bytes[:4096]) {
+		t.Fatalf("the other pod's transfer %s: %v", when, err)
+	}
+}
+
 // TestHostileConnectionFloodIsBounded: each agent.sock connection is a gRPC transport the agent keeps while its
 // process idles, and a pod that opened them without end held the agent's memory and descriptors. A pod keeps
 // at most 128: the next ones are closed at once, its own client and everyone else's keep working, and it may
 // connect again once it lets some go. A process the agent refuses keeps at most 16.
 func TestHostileConnectionFloodIsBounded(t *testing.T) {
 	const victimPod, hostilePod = "00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000b"
-	proc := newProcFixture(t)
-	opts := baseOptions(t, proc)
-	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
-	a := startAgent(t, opts)
-	ctx := ctxT(t)
-	m := shm(t, 1<<20)
-	copy(m.Bytes[:4096], bytes.Repeat([]byte{0x5a}, 4096))
-
-	proc.setPod(t, victimPod)
-	victim := dial(t, a)
-	vsrc, err := victim.RegisterHost(ctx, m.File, 0, 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vdst, err := victim.RegisterHost(ctx, m.File, 4096, 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newFloodBed(t, victimPod)
+	a, proc, m, ctx := b.a, b.proc, b.m, ctxT(t)
 
 	proc.setPod(t, hostilePod)
 	hostile := dial(t, a) // one connection of the 128
@@ -93,9 +115,7 @@ func TestHostileConnectionFloodIsBounded(t *testing.T) {
 	if _, err := hostile.Write(ctx, hr, 0, client.ToRegion(hr), 2048, 1024); err != nil {
 		t.Fatalf("the flooding pod's own transfer: %v", err)
 	}
-	if _, err := victim.Write(ctx, vsrc, 0, client.ToRegion(vdst), 0, 4096); err != nil || !bytes.Equal(m.Bytes[4096:8192], m.Bytes[:4096]) {
-		t.Fatalf("the other pod's transfer during the flood: %v", err)
-	}
+	b.victimMoves(t, "during the flood")
 	proc.setPod(t, victimPod)
 	if _, kept := http2Open(t, a.srv.SocketPath()); !kept {
 		t.Fatal("another pod's new connection was closed during the flood")
@@ -131,7 +151,5 @@ func TestHostileConnectionFloodIsBounded(t *testing.T) {
 	if _, kept := http2Open(t, a.srv.SocketPath()); kept {
 		t.Fatal("a refused process's 17th connection was kept")
 	}
-	if _, err := victim.Write(ctx, vsrc, 0, client.ToRegion(vdst), 0, 4096); err != nil {
-		t.Fatalf("the other pod's transfer after the floods: %v", err)
-	}
+	b.victimMoves(t, "after the floods")
 }

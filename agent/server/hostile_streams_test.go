@@ -15,7 +15,6 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 
-	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 )
@@ -93,23 +92,8 @@ func stalledCalls(t *testing.T, path string, n int) (net.Conn, map[uint32]string
 // agent refuses has at most 4 open.
 func TestHostileCallFloodIsBounded(t *testing.T) {
 	const victimPod, hostilePod = "00000000-0000-4000-8000-00000000000c", "00000000-0000-4000-8000-00000000000d"
-	proc := newProcFixture(t)
-	opts := baseOptions(t, proc)
-	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
-	a := startAgent(t, opts)
-	ctx := ctxT(t)
-	m := shm(t, 1<<20)
-	copy(m.Bytes[:4096], bytes.Repeat([]byte{0x3c}, 4096))
-	proc.setPod(t, victimPod)
-	victim := dial(t, a)
-	vsrc, err := victim.RegisterHost(ctx, m.File, 0, 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vdst, err := victim.RegisterHost(ctx, m.File, 4096, 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newFloodBed(t, victimPod)
+	a, proc, ctx := b.a, b.proc, ctxT(t)
 
 	proc.setPod(t, hostilePod)
 	hostile := dial(t, a)
@@ -117,7 +101,7 @@ func TestHostileCallFloodIsBounded(t *testing.T) {
 	if len(ended) != 0 {
 		t.Fatalf("the pod's first 64 stalled calls: %d ended, want all open (%v)", len(ended), ended)
 	}
-	_, err = hostile.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
+	_, err := hostile.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
 	if client.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "64 calls open") {
 		t.Fatalf("the pod's 65th call: %v, want RESOURCE_EXHAUSTED naming the 64 calls", err)
 	}
@@ -126,9 +110,7 @@ func TestHostileCallFloodIsBounded(t *testing.T) {
 	}
 
 	// Another pod is served meanwhile, old connection and new.
-	if _, err := victim.Write(ctx, vsrc, 0, client.ToRegion(vdst), 0, 4096); err != nil || !bytes.Equal(m.Bytes[4096:8192], m.Bytes[:4096]) {
-		t.Fatalf("another pod's transfer during the flood: %v", err)
-	}
+	b.victimMoves(t, "during the flood")
 	proc.setPod(t, victimPod)
 	late := dial(t, a)
 	if _, err := late.API().GetInfo(ctx, &agentv1.GetInfoRequest{}); err != nil {

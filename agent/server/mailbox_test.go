@@ -259,13 +259,8 @@ func TestMailboxWakesAnAgentAsleepAndACallerAsleep(t *testing.T) {
 	opts.FastSpin = -1 // never polls
 	a := startAgent(t, opts)
 	c := dial(t, a)
-	rng := rand.New(rand.NewPCG(9, 10))
-	src, srcMem := hostLayout(t, c, rng, 1, 64, 64)
-	dst, dstMem := hostLayout(t, c, rng, 1, 64, 64)
+	_, srcMem, _, dstMem, frame := oneBlockFrame(t, c, rand.New(rand.NewPCG(9, 10)))
 	mb := attachMailbox(t, a, c, 16<<10)
-	frame := fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
-		Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
-		IdBytes: 4, LocalIds: []byte{1, 0, 0, 0}, RemoteIds: []byte{2, 0, 0, 0}, Wait: true}}})
 
 	deadline := time.Now().Add(5 * time.Second)
 	for mb.u32(192).Load() != 0 {
@@ -337,6 +332,18 @@ func TestMailboxWakesAnAgentAsleepAndACallerAsleep(t *testing.T) {
 	if got == 0 || got%4 != 0 {
 		t.Fatalf("%d bytes of wake-ups waited on the socket, want whole ones", got)
 	}
+}
+
+// oneBlockFrame registers two host layouts of 64 blocks of 64 bytes and builds the fast frame of a waited
+// transfer of the source's block 1 to the destination's block 2.
+func oneBlockFrame(t *testing.T, c *client.Client, rng *rand.Rand) (src *client.Layout, srcMem []*client.SharedMemory, dst *client.Layout, dstMem []*client.SharedMemory, frame []byte) {
+	t.Helper()
+	src, srcMem = hostLayout(t, c, rng, 1, 64, 64)
+	dst, dstMem = hostLayout(t, c, rng, 1, 64, 64)
+	frame = fastMsg(t, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{
+		Op: agentv1.Op_OP_WRITE, LayoutId: src.ID(), Remote: &agentv1.LayoutRef{Target: &agentv1.LayoutRef_LayoutId{LayoutId: dst.ID()}},
+		IdBytes: 4, LocalIds: []byte{1, 0, 0, 0}, RemoteIds: []byte{2, 0, 0, 0}, Wait: true}}})
+	return src, srcMem, dst, dstMem, frame
 }
 
 func isTimeout(err error) bool {
