@@ -7,14 +7,17 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -22,6 +25,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/internal/promtest"
 )
 
 // bindFast opens a fast connection with a fresh token of c's session and returns it with the bind reply.
@@ -242,37 +246,44 @@ func TestFastSocketBoundsConnectionsThatNeverBind(t *testing.T) {
 	if r.Code != 0 {
 		t.Fatalf("binding: %v", r)
 	}
-	var silent []net.Conn
-	for range 64 {
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(a.srv.Collector())
+	var conns []net.Conn
+	for range 80 {
 		conn, err := net.Dial("unix", path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { conn.Close() })
-		silent = append(silent, conn)
+		conns = append(conns, conn)
 	}
-	// The agent counts a connection as it accepts it; the 65th may race the last of them, so try a few.
-	var refused *agentv1.FastReply
-	for i := 0; i < 20 && refused == nil; i++ {
-		conn, err := net.Dial("unix", path)
-		if err != nil {
-			t.Fatal(err)
+	// The agent counts each as it takes it: once it refused 16, every one is counted or refused.
+	for deadline := time.Now().Add(10 * time.Second); promtest.Gather(t, reg)["fabricxfer_agent_edge_refusals_total{reason=busy,socket=fast}"] < 16; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("80 silent connections: the agent did not refuse 16 within 10 s")
 		}
-		_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+	}
+	var silent []net.Conn
+	refused := 0
+	for _, conn := range conns {
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Millisecond)) // a refusal waits there already
 		var n [4]byte
-		if _, err := io.ReadFull(conn, n[:]); err == nil {
-			body := make([]byte, binary.BigEndian.Uint32(n[:]))
-			if _, err := io.ReadFull(conn, body); err == nil {
-				refused = &agentv1.FastReply{}
-				if err := proto.Unmarshal(body, refused); err != nil {
-					t.Fatal(err)
-				}
-			}
+		if _, err := io.ReadFull(conn, n[:]); err != nil {
+			silent = append(silent, conn)
+			continue
 		}
-		conn.Close()
+		body := make([]byte, binary.BigEndian.Uint32(n[:]))
+		var r agentv1.FastReply
+		if _, err := io.ReadFull(conn, body); err != nil || proto.Unmarshal(body, &r) != nil {
+			t.Fatalf("a refusal's reply: %v", err)
+		}
+		if codes.Code(r.Code) != codes.ResourceExhausted || !strings.Contains(r.Message, fmt.Sprintf("uid=%d has 64 connections waiting to bind", os.Getuid())) {
+			t.Fatalf("a connection past 64 silent ones: %v, want RESOURCE_EXHAUSTED at once naming the limit", &r)
+		}
+		refused++
 	}
-	if refused == nil || codes.Code(refused.Code) != codes.ResourceExhausted || !strings.Contains(refused.Message, "waiting to bind") {
-		t.Fatalf("a connection past 64 silent ones: %v, want RESOURCE_EXHAUSTED at once naming the limit", refused)
+	if refused < 16 || len(silent) > 64 {
+		t.Fatalf("80 silent connections of one process: %d refused, %d kept; want at most 64 kept", refused, len(silent))
 	}
 	if r := rawFrame(t, held, waitFrame(t, time.Millisecond, 1<<40)); codes.Code(r.Code) != codes.NotFound {
 		t.Fatalf("a connection bound before the silent ones: %v, want its NotFound answer", r)

@@ -195,10 +195,10 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	sess.fastConns = append(sess.fastConns, conn)
 	s.table.Unlock()
 	defer s.forgetFastConn(sess, conn)
+	bound() // counted against the caller from here: uncounted before its caller can see it bound
 	if err := fastwire.WriteReply(conn, &agentv1.FastReply{}); err != nil {
 		return
 	}
-	bound()
 	_ = conn.SetDeadline(time.Time{})
 
 	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying.

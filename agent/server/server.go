@@ -295,10 +295,10 @@ func (s *Server) Serve(ctx context.Context) error {
 		grpc.ConnectionTimeout(10*time.Second),
 		// Reused handler goroutines instead of one new goroutine per call: small transfers are latency-bound.
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
-		// Calls are counted per holder before a request's bytes are read (streamTap); a connection also takes at
-		// most that many at once, so a client over it waits rather than fails.
+		// Calls are counted per holder before a request's bytes are read (streamTap); a connection takes at most
+		// maxStreamsPerConn at once, so a client past it waits rather than fails.
 		grpc.InTapHandle(s.streamTap),
-		grpc.MaxConcurrentStreams(uint32(streamLimits().perCaller)),
+		grpc.MaxConcurrentStreams(maxStreamsPerConn),
 		grpc.ChainUnaryInterceptor(s.unaryAuth),
 		grpc.ChainStreamInterceptor(s.streamAuth),
 	)

@@ -161,7 +161,9 @@ func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) (*session, 
 	defer s.table.Unlock()
 	if refusal := s.conns.enter(holder, connLimits()); refusal != "" {
 		s.metrics.Edge.Refused("grpc", "connections")
-		if !s.conns.told[holder] { // once until the holder is under its limit again: a flood writes one line
+		// Once until the holder is under its limit again, so a flood writes one line (and no more than 1024 holders
+		// are remembered: one refused by the total holds no connection that would forget it).
+		if !s.conns.told[holder] && len(s.conns.told) < 1024 {
 			s.conns.told[holder] = true
 			s.log.Info("closing new connections to the socket", "reason", refusal)
 		}
@@ -191,12 +193,16 @@ func connLimits() holderLimits {
 // Calls (gRPC streams) one holder may have open on agent.sock at once, over all its connections. A call's request
 // is buffered by gRPC as it arrives, up to 4 MiB, before any handler runs, and a Watch or Notifications stream
 // lives as long as its caller likes, so without a bound one connection held the agent's memory. A caller may
-// have 64 open (256 MiB of requests at most); a refused process, whose calls only learn why, 4 per pod (or uid)
+// have 128 open (512 MiB of requests at most); a refused process, whose calls only learn why, 4 per pod (or uid)
 // and 64 in all.
 func streamLimits() holderLimits {
-	return holderLimits{what: "calls open on", perCaller: 64, perRefused: 4, refused: 64,
+	return holderLimits{what: "calls open on", perCaller: 128, perRefused: 4, refused: 64,
 		hint: "end Watch or Notifications streams it no longer reads"}
 }
+
+// maxStreamsPerConn is how many calls one connection takes at once (HTTP/2's stream limit): a quarter of a
+// caller's, so one process's busy connection (its clients queue past it) leaves room for the pod's others.
+const maxStreamsPerConn = 32
 
 // refusedHolderPrefix starts the holder of a refused connection.
 const refusedHolderPrefix = "refused/"

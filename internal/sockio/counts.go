@@ -32,3 +32,6 @@ func (c *Counts[K]) Leave(key K) {
 		delete(c.per, key)
 	}
 }
+
+// Of is how many key holds.
+func (c *Counts[K]) Of(key K) int { return c.per[key] }

@@ -246,19 +246,24 @@ func stripNodeContainer(comps []string) []string {
 }
 
 // HolderOf is whom a connection not identified yet counts against for a socket's limits: its pod, named from its
-// cgroup without asking the API server ("pod/<uid>", as Caller.Key), or "uid=<uid>" for a process in no pod (or
-// whose cgroup cannot be read). Pods often all run as uid 0, so counting by uid let one pod's silent connections
-// refuse every other pod's.
+// cgroup without asking the API server ("pod/<uid>", as Caller.Key), "uid=<uid>" for a process in no pod, and
+// "unreadable" for one whose cgroup cannot be read or parsed (gone already: a pod's process that connects and
+// exits must not count as some uid's, which it could pick). Pods often all run as uid 0, so counting by uid let
+// one pod's silent connections refuse every other pod's.
 func (id Identifier) HolderOf(cred PeerCred) string {
 	procRoot := id.ProcRoot
 	if procRoot == "" {
 		procRoot = "/proc"
 	}
 	content, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(int(cred.PID)), "cgroup"))
-	if err == nil {
-		if uid, err := podUIDFromCgroup(string(content)); err == nil && uid != "" {
-			return "pod/" + uid
-		}
+	if err != nil {
+		return "unreadable"
+	}
+	switch uid, err := podUIDFromCgroup(string(content)); {
+	case err != nil:
+		return "unreadable"
+	case uid != "":
+		return "pod/" + uid
 	}
 	return fmt.Sprintf("uid=%d", cred.UID)
 }

@@ -332,17 +332,17 @@ func (tab *Table) AddRegion(ctx context.Context, sess *Session, kind agentv1.Mem
 	}
 	u := tab.UsageLocked(sess.Caller.Key)
 	lim := tab.limits
-	if u.Regions+1 > lim.MaxRegions {
+	if held := u.Regions; held+1 > lim.MaxRegions {
 		tab.ReleaseUsageLocked(sess.Caller.Key)
 		tab.Unlock()
 		tab.refusals.LimitHit(refusals.LimitRegions)
-		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d regions, the limit is %d", u.Regions, lim.MaxRegions)
+		return nil, status.Errorf(codes.ResourceExhausted, "caller holds %d regions, the limit is %d", held, lim.MaxRegions)
 	}
-	if u.Bytes+length > lim.MaxRegisteredBytes || u.Bytes+length < u.Bytes {
+	if held := u.Bytes; held+length > lim.MaxRegisteredBytes || held+length < held {
 		tab.ReleaseUsageLocked(sess.Caller.Key)
 		tab.Unlock()
 		tab.refusals.LimitHit(refusals.LimitRegisteredBytes)
-		return nil, status.Errorf(codes.ResourceExhausted, "registering %d bytes would bring the caller to %d bytes, the limit is %d", length, u.Bytes+length, lim.MaxRegisteredBytes)
+		return nil, status.Errorf(codes.ResourceExhausted, "registering %d bytes would bring the caller to %d bytes, the limit is %d", length, held+length, lim.MaxRegisteredBytes)
 	}
 	if segment != "" {
 		if _, taken := tab.segments[key]; taken {

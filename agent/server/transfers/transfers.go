@@ -172,20 +172,20 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	timeout time.Duration, notify []byte, wait bool, ids idLease, early Replier) (*agentv1.TransferResponse, error) {
 	s.table.Lock()
 	u := s.table.UsageLocked(sess.Caller.Key)
-	if u.InFlight >= s.limits.MaxInFlight {
+	if held := u.InFlight; held >= s.limits.MaxInFlight {
 		s.table.ReleaseUsageLocked(sess.Caller.Key)
 		s.table.Unlock()
 		ids.release()
 		s.refusals.LimitHit(refusals.LimitInFlight)
-		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d transfers in flight, the limit is %d", u.InFlight, s.limits.MaxInFlight)
+		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d transfers in flight, the limit is %d", held, s.limits.MaxInFlight)
 	}
-	if max := s.limits.MaxInFlightBytes; u.InFlightBytes+total > max || u.InFlightBytes+total < total {
+	if held, max := u.InFlightBytes, s.limits.MaxInFlightBytes; held+total > max || held+total < total {
 		s.table.ReleaseUsageLocked(sess.Caller.Key)
 		s.table.Unlock()
 		ids.release()
 		s.refusals.Edge.Refused("grpc", "busy")
 		s.refusals.LimitHit(refusals.LimitInFlightBytes)
-		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d bytes in flight; %d more would pass the limit of %d", u.InFlightBytes, total, max)
+		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d bytes in flight; %d more would pass the limit of %d", held, total, max)
 	}
 	u.InFlight++
 	u.InFlightBytes += total
