@@ -181,14 +181,21 @@ func (d *Driver) IPCOpenMemHandle(h IPCMemHandle) (DevicePtr, error) {
 
 // IPCAllocationSize is how many bytes of its allocation lie from p (a pointer
 // IPCOpenMemHandle returned) to the allocation's end: a handle names a whole
-// allocation, whose size only the driver knows.
+// allocation, whose size only the driver knows. The pointer's range attributes
+// describe the imported mapping (NVIDIA's own IPC import checks a peer's
+// advertised size against them).
 func (d *Driver) IPCAllocationSize(p DevicePtr) (uint64, error) {
-	var base DevicePtr
-	var size uint64
-	if err := d.call("cuMemGetAddressRange", d.f.memGetAddressRange, uintptr(unsafe.Pointer(&base)), uintptr(unsafe.Pointer(&size)), uintptr(p)); err != nil {
+	var start, size uint64
+	if err := d.call("cuPointerGetAttribute(RANGE_START_ADDR)", d.f.pointerGetAttribute, uintptr(unsafe.Pointer(&start)), pointerAttributeRangeStart, uintptr(p)); err != nil {
 		return 0, err
 	}
-	return uint64(base) + size - uint64(p), nil
+	if err := d.call("cuPointerGetAttribute(RANGE_SIZE)", d.f.pointerGetAttribute, uintptr(unsafe.Pointer(&size)), pointerAttributeRangeSize, uintptr(p)); err != nil {
+		return 0, err
+	}
+	if uint64(p) < start || uint64(p)-start > size {
+		return 0, fmt.Errorf("pointer %#x lies outside its range [%#x, +%d)", uint64(p), start, size)
+	}
+	return start + size - uint64(p), nil
 }
 
 // IPCCloseMemHandle unmaps memory from IPCOpenMemHandle.
