@@ -5,6 +5,7 @@ package transfers
 
 import (
 	"context"
+	"crypto/sha256"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -21,6 +22,15 @@ const maxImports = 4096
 type imported struct {
 	mem      engines.MemoryID
 	lastUsed time.Time
+	// sum is the hash of the memory description it was imported from: the cache is shared by every caller and
+	// keyed by the id the descriptor names, so a later descriptor of that id with other handles (a forged one,
+	// naming where the transfers of everyone using the id should go) must not take the import.
+	sum [sha256.Size]byte
+}
+
+// errOtherHandles is the refusal of a descriptor whose memory is imported with other handles.
+func errOtherHandles(md engines.MemoryDesc) error {
+	return status.Errorf(codes.FailedPrecondition, "memory %s of node %s is imported here from a descriptor with other handles: use the descriptor its node publishes (ResolveSegment)", md.ID, md.Node)
 }
 
 // importDescriptor makes the memory a descriptor names known to the engines and returns its id. A descriptor
@@ -39,9 +49,13 @@ func (s *Service) importDescriptor(ctx context.Context, b []byte) (engines.Memor
 		}
 		return r.Mem(), nil
 	}
+	sum := sha256.Sum256(sd.Memory)
 	if im, ok := s.imports[md.ID]; ok {
+		defer s.table.Unlock()
+		if im.sum != sum {
+			return "", errOtherHandles(md)
+		}
 		im.lastUsed = time.Now()
-		s.table.Unlock()
 		return md.ID, nil
 	}
 	s.table.Unlock()
@@ -49,16 +63,19 @@ func (s *Service) importDescriptor(ctx context.Context, b []byte) (engines.Memor
 	s.importMu.Lock()
 	defer s.importMu.Unlock()
 	s.table.Lock()
-	_, ok := s.imports[md.ID]
+	im, ok := s.imports[md.ID]
 	s.table.Unlock()
-	if ok {
-		return md.ID, nil // imported by a concurrent call
+	if ok { // imported by a concurrent call
+		if im.sum != sum {
+			return "", errOtherHandles(md)
+		}
+		return md.ID, nil
 	}
 	if err := s.engine.Import(ctx, md); err != nil {
 		return "", status.Errorf(regiontable.StatusCode(err), "importing memory %s of node %s: %v", md.ID, md.Node, err)
 	}
 	s.table.Lock()
-	s.imports[md.ID] = &imported{mem: md.ID, lastUsed: time.Now()}
+	s.imports[md.ID] = &imported{mem: md.ID, lastUsed: time.Now(), sum: sum}
 	var evict engines.MemoryID
 	if len(s.imports) > maxImports {
 		oldest := time.Now()
