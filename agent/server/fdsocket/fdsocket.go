@@ -277,8 +277,9 @@ var ErrExhausted = errors.New("descriptor limit")
 
 // Fd-socket connection limits. Every connection costs the agent one descriptor and lives at most
 // fdConnTimeout. Until it is identified a connection counts against defaultFDConns and defaultFDConnsPerHolder
-// (its pod, or the uid of a process in none: identity.Identifier.HolderOf) and nothing is read from it, so it brings in no descriptor; once identified,
-// against defaultFDConnsPerCaller (so an idle caller starves only itself) and defaultFDConnsIdentified in all,
+// (its pod, or the uid of a process in none: identity.Identifier.HolderOf) and nothing is read from it, so it
+// brings in no descriptor; once identified, against defaultFDConnsPerCaller (so an idle caller starves only
+// itself) and defaultFDConnsIdentified in all,
 // and it holds at most 2*fdpass.MaxPutFDs descriptors while its request is read (the ones of the first message,
 // which a PUT <n> carries, plus one more message's worth closed as soon as it arrives). The socket thus holds at most
 // defaultFDConns + defaultFDConnsIdentified*(1+2*fdpass.MaxPutFDs) descriptors however many processes push at

@@ -251,15 +251,7 @@ func stripNodeContainer(comps []string) []string {
 // exits must not count as some uid's, which it could pick). Pods often all run as uid 0, so counting by uid let
 // one pod's silent connections refuse every other pod's.
 func (id Identifier) HolderOf(cred PeerCred) string {
-	procRoot := id.ProcRoot
-	if procRoot == "" {
-		procRoot = "/proc"
-	}
-	content, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(int(cred.PID)), "cgroup"))
-	if err != nil {
-		return "unreadable"
-	}
-	switch uid, err := podUIDFromCgroup(string(content)); {
+	switch uid, _, err := id.podOf(cred.PID); {
 	case err != nil:
 		return "unreadable"
 	case uid != "":
@@ -268,20 +260,28 @@ func (id Identifier) HolderOf(cred PeerCred) string {
 	return fmt.Sprintf("uid=%d", cred.UID)
 }
 
-// Identify resolves who is behind cred.
-func (id Identifier) Identify(ctx context.Context, cred PeerCred) (Caller, error) {
+// podOf reads the pod UID of process pid from its cgroup ("" for a process in no pod) and says which file it read.
+func (id Identifier) podOf(pid int32) (uid, path string, err error) {
 	procRoot := id.ProcRoot
 	if procRoot == "" {
 		procRoot = "/proc"
 	}
-	path := filepath.Join(procRoot, strconv.Itoa(int(cred.PID)), "cgroup")
+	path = filepath.Join(procRoot, strconv.Itoa(int(pid)), "cgroup")
 	content, err := os.ReadFile(path)
 	if err != nil {
-		return Caller{}, fmt.Errorf("reading the cgroup of pid %d (%s): %w", cred.PID, path, err)
+		return "", path, fmt.Errorf("reading the cgroup of pid %d (%s): %w", pid, path, err)
 	}
-	uid, err := podUIDFromCgroup(string(content))
+	if uid, err = podUIDFromCgroup(string(content)); err != nil {
+		return "", path, fmt.Errorf("pid %d: %w; refusing it", pid, err)
+	}
+	return uid, path, nil
+}
+
+// Identify resolves who is behind cred.
+func (id Identifier) Identify(ctx context.Context, cred PeerCred) (Caller, error) {
+	uid, path, err := id.podOf(cred.PID)
 	if err != nil {
-		return Caller{}, fmt.Errorf("pid %d: %w; refusing it", cred.PID, err)
+		return Caller{}, err
 	}
 	if uid == "" {
 		if !id.AllowLocal {

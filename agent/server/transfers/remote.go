@@ -28,9 +28,18 @@ type imported struct {
 	sum [sha256.Size]byte
 }
 
-// errOtherHandles is the refusal of a descriptor whose memory is imported with other handles.
-func errOtherHandles(md engines.MemoryDesc) error {
-	return status.Errorf(codes.FailedPrecondition, "memory %s of node %s is imported here from a descriptor with other handles: use the descriptor its node publishes (ResolveSegment)", md.ID, md.Node)
+// importedLocked reports whether md's memory is imported, with its id, and marks it used; a descriptor of it with
+// other handles (sum) than it was imported from is refused.
+func (s *Service) importedLocked(md engines.MemoryDesc, sum [sha256.Size]byte) (engines.MemoryID, bool, error) {
+	im, ok := s.imports[md.ID]
+	if !ok {
+		return "", false, nil
+	}
+	if im.sum != sum {
+		return "", true, status.Errorf(codes.FailedPrecondition, "memory %s of node %s is imported here from a descriptor with other handles: use the descriptor its node publishes (ResolveSegment)", md.ID, md.Node)
+	}
+	im.lastUsed = time.Now()
+	return md.ID, true, nil
 }
 
 // importDescriptor makes the memory a descriptor names known to the engines and returns its id. A descriptor
@@ -50,26 +59,19 @@ func (s *Service) importDescriptor(ctx context.Context, b []byte) (engines.Memor
 		return r.Mem(), nil
 	}
 	sum := sha256.Sum256(sd.Memory)
-	if im, ok := s.imports[md.ID]; ok {
-		defer s.table.Unlock()
-		if im.sum != sum {
-			return "", errOtherHandles(md)
-		}
-		im.lastUsed = time.Now()
-		return md.ID, nil
-	}
+	id, known, err := s.importedLocked(md, sum)
 	s.table.Unlock()
+	if known {
+		return id, err
+	}
 
 	s.importMu.Lock()
 	defer s.importMu.Unlock()
 	s.table.Lock()
-	im, ok := s.imports[md.ID]
+	id, known, err = s.importedLocked(md, sum) // imported by a concurrent call meanwhile
 	s.table.Unlock()
-	if ok { // imported by a concurrent call
-		if im.sum != sum {
-			return "", errOtherHandles(md)
-		}
-		return md.ID, nil
+	if known {
+		return id, err
 	}
 	if err := s.engine.Import(ctx, md); err != nil {
 		return "", status.Errorf(regiontable.StatusCode(err), "importing memory %s of node %s: %v", md.ID, md.Node, err)
