@@ -180,6 +180,18 @@ func testCrossProcess(t *testing.T, mode string) {
 		fmt.Sscanf(fields[1], "%x", &h)
 		desc.Handles.IPC = h
 	}
+	if mode == "ipc" {
+		// The handle names the child's 64 MiB allocation: a region one byte longer, or
+		// at an offset past it, is refused by the driver's own account of its size.
+		for _, bad := range []struct{ off, size uint64 }{{0, childSize + 1}, {childSize, 1}, {4096, 64 << 30}} {
+			d := desc
+			d.ID, d.Size = "node-a/child-past", bad.size
+			d.Handles.IPCOffset = bad.off
+			if _, err := eng.Register(context.Background(), d); err == nil || !strings.Contains(err.Error(), "runs past") {
+				t.Fatalf("a region at offset %d of %d bytes in a %d-byte allocation: %v, want a refusal", bad.off, bad.size, childSize, err)
+			}
+		}
+	}
 	if _, err := eng.Register(context.Background(), desc); err != nil {
 		t.Fatalf("registering the child's memory: %v", err)
 	}
