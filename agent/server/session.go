@@ -118,11 +118,7 @@ func (peerCreds) OverrideServerName(string) error           { return nil }
 
 // identifyConn identifies the process behind a Unix connection (used by the gRPC and the fd socket).
 func (s *Server) identifyConn(ctx context.Context, conn *net.UnixConn) (identity.Caller, error) {
-	cred, err := identity.PeerCredOf(conn)
-	if err != nil {
-		return identity.Caller{}, err
-	}
-	c, err := s.opts.Identifier.Identify(ctx, cred)
+	c, err := s.opts.Identifier.IdentifyConn(ctx, conn)
 	if err != nil {
 		return identity.Caller{}, err
 	}
