@@ -35,7 +35,8 @@ func ToRegion(r *Region) Remote { return Remote{region: r} }
 // ToSegment names a segment on node ("" for this node).
 func ToSegment(node, segment string) Remote { return Remote{node: node, segment: segment} }
 
-// ToDescriptor names memory by a descriptor (Region.Descriptor of the owner, or ResolveSegment).
+// ToDescriptor names memory by a descriptor (Region.Descriptor of the owner, or ResolveSegment), as its node
+// issued it: the agent asks that node to confirm it the first time (an altered one is refused).
 func ToDescriptor(desc []byte) Remote { return Remote{descriptor: desc} }
 
 func (r Remote) proto() (*agentv1.RemoteRef, error) {

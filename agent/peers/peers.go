@@ -50,6 +50,8 @@ type DataPath interface {
 // Local is what this node answers peers with: the agent socket server.
 type Local interface {
 	LookupSegment(segment, asker string) ([]byte, error)
+	// IssuedDescriptor is the descriptor this node issued for region id, when key is its key.
+	IssuedDescriptor(id uint64, key []byte) ([]byte, error)
 	// LookupLayout answers node's agent (empty: one that will not be told when the layout goes).
 	LookupLayout(segment, asker, node string) (*agentv1.LayoutDescriptor, error)
 	// ForgetPeerLayout drops what was kept of node's layout segment, asked for namespace asker: node says it is gone.
@@ -422,6 +424,21 @@ func (p *Peers) ResolveSegment(ctx context.Context, node, segment, asker string)
 	return resp.Desc, nil
 }
 
+// ConfirmDescriptor asks node for the descriptor it issued for its region id with key (server.SegmentResolver).
+func (p *Peers) ConfirmDescriptor(ctx context.Context, node string, id uint64, key []byte) ([]byte, error) {
+	ctx, cancel := p.bounded(ctx)
+	defer cancel()
+	c, err := p.connTo(ctx, node, "")
+	if err != nil {
+		return nil, unreachable(err)
+	}
+	resp, err := c.api.ConfirmDescriptor(ctx, &agentv1.ConfirmDescriptorRequest{RegionId: id, Key: key})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Desc, nil
+}
+
 // unreachable is the status of failing to reach a peer: Unavailable, unless the directory said better (NotFound:
 // no such node in the pool).
 func unreachable(err error) error {
@@ -545,6 +562,19 @@ func (s *peerService) ForgetLayout(ctx context.Context, req *agentv1.PeerForgetL
 	}
 	s.p.local.ForgetPeerLayout(req.FromNode, req.Segment, req.RequesterNamespace)
 	return &agentv1.PeerForgetLayoutResponse{}, nil
+}
+
+// ConfirmDescriptor implements agentv1.PeerServer. Any agent of the pool may ask: one that holds a region's id and
+// key holds its descriptor's capability already, and learns only what it would have been given with it.
+func (s *peerService) ConfirmDescriptor(ctx context.Context, req *agentv1.ConfirmDescriptorRequest) (*agentv1.ConfirmDescriptorResponse, error) {
+	if s.p.local == nil {
+		return nil, status.Error(codes.Unavailable, "agent not ready")
+	}
+	desc, err := s.p.local.IssuedDescriptor(req.RegionId, req.Key)
+	if err != nil {
+		return nil, err
+	}
+	return &agentv1.ConfirmDescriptorResponse{Desc: desc}, nil
 }
 
 // ResolveSegment implements agentv1.PeerServer.

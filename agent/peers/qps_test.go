@@ -48,6 +48,10 @@ func (n notes) LookupSegment(segment, _ string) ([]byte, error) {
 	return nil, status.Errorf(codes.NotFound, "no segment %q", segment)
 }
 
+func (n notes) IssuedDescriptor(id uint64, _ []byte) ([]byte, error) {
+	return nil, status.Errorf(codes.NotFound, "no region %d", id)
+}
+
 func (n notes) DeliverPeerNotification(x engines.Notification) error {
 	n.ch <- x
 	return nil

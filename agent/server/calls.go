@@ -183,6 +183,11 @@ func (s *Server) LookupSegment(segment, asker string) ([]byte, error) {
 	return s.table.LookupSegment(segment, asker)
 }
 
+// IssuedDescriptor answers a peer confirming a descriptor of this node's region id with key (agent/peers).
+func (s *Server) IssuedDescriptor(id uint64, key []byte) ([]byte, error) {
+	return s.table.IssuedDescriptor(id, key)
+}
+
 // LookupLayout answers a peer asking for a published layout (agent/peers): its geometry and every region's
 // descriptor, when a pod of namespace asker may use it; one it may not use is missing. node (when not empty) is
 // told when the layout goes.

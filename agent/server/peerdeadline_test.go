@@ -37,6 +37,11 @@ func (stalledPeers) ForgetLayout(ctx context.Context, _, _, _ string) error {
 	return ctx.Err()
 }
 
+func (stalledPeers) ConfirmDescriptor(ctx context.Context, _ string, _ uint64, _ []byte) ([]byte, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
 // TestStalledPeerIsBoundedByTheTransfersTimeout: a transfer naming a segment of a peer that never answers
 // fails within its own timeout, not the call's.
 func TestStalledPeerIsBoundedByTheTransfersTimeout(t *testing.T) {
@@ -102,6 +107,10 @@ type describingPeers struct{ ld *agentv1.LayoutDescriptor }
 
 func (describingPeers) ResolveSegment(context.Context, string, string, string) ([]byte, error) {
 	return nil, status.Error(codes.NotFound, "no segment")
+}
+
+func (describingPeers) ConfirmDescriptor(context.Context, string, uint64, []byte) ([]byte, error) {
+	return nil, status.Error(codes.NotFound, "no region")
 }
 
 func (describingPeers) ForgetLayout(context.Context, string, string, string) error { return nil }

@@ -46,17 +46,9 @@ type Engine interface {
 	Explain(src, dst engines.MemoryID) (engines.Explanation, error)
 }
 
-// SegmentResolver finds named segments and delivers notifications on other nodes of the pool (agent/peers).
-type SegmentResolver interface {
-	// ResolveSegment returns the SegmentDescriptor (serialized) of segment on node, asked for by a pod of
-	// namespace asker (the owner's agent decides from the segment's grants).
-	ResolveSegment(ctx context.Context, node, segment, asker string) ([]byte, error)
-	// ResolveLayout returns the published layout segment of node, asked for by a pod of namespace asker.
-	ResolveLayout(ctx context.Context, node, segment, asker string) (*agentv1.LayoutDescriptor, error)
-	// ForgetLayout tells node, which resolved this node's published layout as segment for namespace asker,
-	// that the layout is gone.
-	ForgetLayout(ctx context.Context, node, segment, asker string) error
-}
+// SegmentResolver finds named segments and published layouts on other nodes of the pool and confirms the
+// descriptors callers hand this agent (agent/peers); its consumer, the transfer service, declares it.
+type SegmentResolver = transfers.SegmentResolver
 
 // Limits bound what one caller (one pod) may hold.
 type Limits struct {

@@ -4,9 +4,9 @@
 package regiontable
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -533,11 +533,28 @@ func (tab *Table) ParseDescriptor(b []byte) (*agentv1.SegmentDescriptor, engines
 
 // LocalByDescriptorLocked finds the local region a descriptor names, checking its key.
 func (tab *Table) LocalByDescriptorLocked(sd *agentv1.SegmentDescriptor) (*Region, error) {
-	r, ok := tab.regions[sd.RegionId]
-	if !ok || !bytes.Equal(r.key, sd.Key) {
-		return nil, status.Errorf(codes.NotFound, "descriptor names region %d on this node, which is not registered (or the key does not match)", sd.RegionId)
+	return tab.keyedLocked(sd.RegionId, sd.Key)
+}
+
+// keyedLocked finds region id when key is its key (compared in constant time: the key is the capability).
+func (tab *Table) keyedLocked(id uint64, key []byte) (*Region, error) {
+	r, ok := tab.regions[id]
+	if !ok || r.desc == nil || subtle.ConstantTimeCompare(r.key, key) != 1 {
+		return nil, status.Errorf(codes.NotFound, "descriptor names region %d on this node, which is not registered (or the key does not match)", id)
 	}
 	return r, nil
+}
+
+// IssuedDescriptor returns the descriptor this agent issued for region id, when key is its key: another agent
+// confirms a descriptor a caller handed it before importing it (the peer channel's ConfirmDescriptor).
+func (tab *Table) IssuedDescriptor(id uint64, key []byte) ([]byte, error) {
+	tab.Lock()
+	defer tab.Unlock()
+	r, err := tab.keyedLocked(id, key)
+	if err != nil {
+		return nil, err
+	}
+	return r.desc, nil
 }
 
 // LookupSegment returns the descriptor of a segment registered on this node, for a caller of namespace asker

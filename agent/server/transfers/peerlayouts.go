@@ -166,7 +166,7 @@ func (s *Service) askPeerLayout(ctx context.Context, key peerLayoutKey) (*peerLa
 		if sd.Node != node || sd.Length != length {
 			return nil, status.Errorf(codes.FailedPrecondition, "region %d of layout segment %q on node %s is %d bytes of node %q, not %d bytes of that node", k, segment, node, sd.Length, sd.Node, length)
 		}
-		if pl.mems[k], err = s.importDescriptor(ctx, desc); err != nil {
+		if pl.mems[k], err = s.importDescriptor(ctx, desc, false); err != nil {
 			return nil, err
 		}
 	}

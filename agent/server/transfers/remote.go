@@ -4,6 +4,7 @@
 package transfers
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"time"
@@ -43,8 +44,10 @@ func (s *Service) importedLocked(md engines.MemoryDesc, sum [sha256.Size]byte) (
 }
 
 // importDescriptor makes the memory a descriptor names known to the engines and returns its id. A descriptor
-// of this node's memory resolves to the local region (its key must match).
-func (s *Service) importDescriptor(ctx context.Context, b []byte) (engines.MemoryID, error) {
+// of this node's memory resolves to the local region (its key must match). fromCaller says b came from the
+// caller (RemoteRef.desc) rather than from its node through the peer channel: such a descriptor of memory not
+// imported yet is imported only once its node confirms it (confirmIssued).
+func (s *Service) importDescriptor(ctx context.Context, b []byte, fromCaller bool) (engines.MemoryID, error) {
 	sd, md, err := s.table.ParseDescriptor(b)
 	if err != nil {
 		return "", err
@@ -63,6 +66,11 @@ func (s *Service) importDescriptor(ctx context.Context, b []byte) (engines.Memor
 	s.table.Unlock()
 	if known {
 		return id, err
+	}
+	if fromCaller {
+		if err := s.confirmIssued(ctx, sd, b); err != nil {
+			return "", err
+		}
 	}
 
 	s.importMu.Lock()
@@ -98,6 +106,25 @@ func (s *Service) importDescriptor(ctx context.Context, b []byte) (engines.Memor
 		}()
 	}
 	return md.ID, nil
+}
+
+// confirmIssued asks sd's node whether b is the descriptor it issued for the region b names. Another node's
+// memory is imported once for every caller of this node and keyed by the memory id its descriptor names, so a
+// caller that imported an id first with handles of its choosing (an RDMA key, a fabric token, a tcp address)
+// would have them used for, or refuse, every other caller's transfers to that memory. Only a descriptor byte
+// for byte as its node issued it is imported.
+func (s *Service) confirmIssued(ctx context.Context, sd *agentv1.SegmentDescriptor, b []byte) error {
+	if s.peers == nil {
+		return status.Errorf(codes.Unavailable, "a descriptor of node %s is imported once its node confirms it, and this agent has no peer channel", sd.Node)
+	}
+	issued, err := s.peers.ConfirmDescriptor(ctx, sd.Node, sd.RegionId, sd.Key)
+	if err != nil {
+		return status.Errorf(peerCode(err), "confirming a descriptor of region %d with node %s: %v", sd.RegionId, sd.Node, err)
+	}
+	if !bytes.Equal(issued, b) {
+		return status.Errorf(codes.FailedPrecondition, "the descriptor of region %d is not what node %s issued for it: use the descriptor its owner shared (Region.desc) or name its segment", sd.RegionId, sd.Node)
+	}
+	return nil
 }
 
 // ResolveSegment serves the Agent API call of that name for the caller of sess.

@@ -34,6 +34,9 @@ type SegmentResolver interface {
 	// ForgetLayout tells node, which resolved this node's published layout as segment for namespace asker,
 	// that the layout is gone.
 	ForgetLayout(ctx context.Context, node, segment, asker string) error
+	// ConfirmDescriptor returns the SegmentDescriptor (serialized) node issued for its region id, when key is
+	// the region's key.
+	ConfirmDescriptor(ctx context.Context, node string, id uint64, key []byte) ([]byte, error)
 }
 
 // Limits bound one caller's transfers.

@@ -318,9 +318,9 @@ func (s *Service) resolveRemote(ctx context.Context, sess *regiontable.Session, 
 		if err != nil {
 			return "", status.Errorf(peerCode(err), "resolving segment %q on node %s: %v", t.Segment, ref.Node, err)
 		}
-		return s.importDescriptor(ctx, desc)
+		return s.importDescriptor(ctx, desc, false)
 	case *agentv1.RemoteRef_Desc:
-		return s.importDescriptor(ctx, t.Desc)
+		return s.importDescriptor(ctx, t.Desc, true)
 	}
 	return "", status.Error(codes.InvalidArgument, "remote names no region, segment or descriptor")
 }

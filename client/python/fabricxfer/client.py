@@ -491,6 +491,8 @@ def to_segment(node: str, segment: str) -> Remote:
 
 
 def to_descriptor(desc: bytes) -> Remote:
+    """Memory named by a descriptor (Region.desc of its owner, or resolve_segment's), as its node issued it: the
+    agent asks that node to confirm it the first time (an altered one is refused)."""
     return Remote(pb.RemoteRef(desc=desc))
 
 

@@ -76,7 +76,105 @@ func (x ExchangeQPsRefusal_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExchangeQPsRefusal_Reason.Descriptor instead.
 func (ExchangeQPsRefusal_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{13, 0}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{15, 0}
+}
+
+type ConfirmDescriptorRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// SegmentDescriptor.region_id and .key of the descriptor to confirm.
+	RegionId      uint64 `protobuf:"varint,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	Key           []byte `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfirmDescriptorRequest) Reset() {
+	*x = ConfirmDescriptorRequest{}
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfirmDescriptorRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfirmDescriptorRequest) ProtoMessage() {}
+
+func (x *ConfirmDescriptorRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfirmDescriptorRequest.ProtoReflect.Descriptor instead.
+func (*ConfirmDescriptorRequest) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ConfirmDescriptorRequest) GetRegionId() uint64 {
+	if x != nil {
+		return x.RegionId
+	}
+	return 0
+}
+
+func (x *ConfirmDescriptorRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+type ConfirmDescriptorResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The SegmentDescriptor (serialized) the answering agent issued for the region.
+	Desc          []byte `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfirmDescriptorResponse) Reset() {
+	*x = ConfirmDescriptorResponse{}
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfirmDescriptorResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfirmDescriptorResponse) ProtoMessage() {}
+
+func (x *ConfirmDescriptorResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfirmDescriptorResponse.ProtoReflect.Descriptor instead.
+func (*ConfirmDescriptorResponse) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ConfirmDescriptorResponse) GetDesc() []byte {
+	if x != nil {
+		return x.Desc
+	}
+	return nil
 }
 
 type HelloRequest struct {
@@ -92,7 +190,7 @@ type HelloRequest struct {
 
 func (x *HelloRequest) Reset() {
 	*x = HelloRequest{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[0]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -104,7 +202,7 @@ func (x *HelloRequest) String() string {
 func (*HelloRequest) ProtoMessage() {}
 
 func (x *HelloRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[0]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -117,7 +215,7 @@ func (x *HelloRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloRequest.ProtoReflect.Descriptor instead.
 func (*HelloRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *HelloRequest) GetNodeName() string {
@@ -168,7 +266,7 @@ type HelloResponse struct {
 
 func (x *HelloResponse) Reset() {
 	*x = HelloResponse{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[1]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -180,7 +278,7 @@ func (x *HelloResponse) String() string {
 func (*HelloResponse) ProtoMessage() {}
 
 func (x *HelloResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[1]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -193,7 +291,7 @@ func (x *HelloResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloResponse.ProtoReflect.Descriptor instead.
 func (*HelloResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *HelloResponse) GetNodeName() string {
@@ -248,7 +346,7 @@ type PeerResolveSegmentRequest struct {
 
 func (x *PeerResolveSegmentRequest) Reset() {
 	*x = PeerResolveSegmentRequest{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[2]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -260,7 +358,7 @@ func (x *PeerResolveSegmentRequest) String() string {
 func (*PeerResolveSegmentRequest) ProtoMessage() {}
 
 func (x *PeerResolveSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[2]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -273,7 +371,7 @@ func (x *PeerResolveSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerResolveSegmentRequest.ProtoReflect.Descriptor instead.
 func (*PeerResolveSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PeerResolveSegmentRequest) GetSegment() string {
@@ -317,7 +415,7 @@ type PeerForgetLayoutRequest struct {
 
 func (x *PeerForgetLayoutRequest) Reset() {
 	*x = PeerForgetLayoutRequest{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[3]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -329,7 +427,7 @@ func (x *PeerForgetLayoutRequest) String() string {
 func (*PeerForgetLayoutRequest) ProtoMessage() {}
 
 func (x *PeerForgetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[3]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -342,7 +440,7 @@ func (x *PeerForgetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerForgetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*PeerForgetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PeerForgetLayoutRequest) GetFromNode() string {
@@ -374,7 +472,7 @@ type PeerForgetLayoutResponse struct {
 
 func (x *PeerForgetLayoutResponse) Reset() {
 	*x = PeerForgetLayoutResponse{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -386,7 +484,7 @@ func (x *PeerForgetLayoutResponse) String() string {
 func (*PeerForgetLayoutResponse) ProtoMessage() {}
 
 func (x *PeerForgetLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[4]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -399,7 +497,7 @@ func (x *PeerForgetLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerForgetLayoutResponse.ProtoReflect.Descriptor instead.
 func (*PeerForgetLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 type PeerResolveSegmentResponse struct {
@@ -413,7 +511,7 @@ type PeerResolveSegmentResponse struct {
 
 func (x *PeerResolveSegmentResponse) Reset() {
 	*x = PeerResolveSegmentResponse{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +523,7 @@ func (x *PeerResolveSegmentResponse) String() string {
 func (*PeerResolveSegmentResponse) ProtoMessage() {}
 
 func (x *PeerResolveSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[5]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +536,7 @@ func (x *PeerResolveSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerResolveSegmentResponse.ProtoReflect.Descriptor instead.
 func (*PeerResolveSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PeerResolveSegmentResponse) GetDesc() []byte {
@@ -468,7 +566,7 @@ type LayoutDescriptor struct {
 
 func (x *LayoutDescriptor) Reset() {
 	*x = LayoutDescriptor{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +578,7 @@ func (x *LayoutDescriptor) String() string {
 func (*LayoutDescriptor) ProtoMessage() {}
 
 func (x *LayoutDescriptor) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[6]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +591,7 @@ func (x *LayoutDescriptor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutDescriptor.ProtoReflect.Descriptor instead.
 func (*LayoutDescriptor) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LayoutDescriptor) GetBlockBytes() uint64 {
@@ -532,7 +630,7 @@ type PeerNotifyRequest struct {
 
 func (x *PeerNotifyRequest) Reset() {
 	*x = PeerNotifyRequest{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +642,7 @@ func (x *PeerNotifyRequest) String() string {
 func (*PeerNotifyRequest) ProtoMessage() {}
 
 func (x *PeerNotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[7]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +655,7 @@ func (x *PeerNotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerNotifyRequest.ProtoReflect.Descriptor instead.
 func (*PeerNotifyRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PeerNotifyRequest) GetFromNode() string {
@@ -596,7 +694,7 @@ type PeerNotifyResponse struct {
 
 func (x *PeerNotifyResponse) Reset() {
 	*x = PeerNotifyResponse{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +706,7 @@ func (x *PeerNotifyResponse) String() string {
 func (*PeerNotifyResponse) ProtoMessage() {}
 
 func (x *PeerNotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[8]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +719,7 @@ func (x *PeerNotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerNotifyResponse.ProtoReflect.Descriptor instead.
 func (*PeerNotifyResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{8}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{10}
 }
 
 // SegmentDescriptor is what Region.desc holds (serialized). It names a region on one node and carries
@@ -647,7 +745,7 @@ type SegmentDescriptor struct {
 
 func (x *SegmentDescriptor) Reset() {
 	*x = SegmentDescriptor{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -659,7 +757,7 @@ func (x *SegmentDescriptor) String() string {
 func (*SegmentDescriptor) ProtoMessage() {}
 
 func (x *SegmentDescriptor) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[9]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -672,7 +770,7 @@ func (x *SegmentDescriptor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentDescriptor.ProtoReflect.Descriptor instead.
 func (*SegmentDescriptor) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{9}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SegmentDescriptor) GetNode() string {
@@ -762,7 +860,7 @@ type QPConnInfo struct {
 
 func (x *QPConnInfo) Reset() {
 	*x = QPConnInfo{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +872,7 @@ func (x *QPConnInfo) String() string {
 func (*QPConnInfo) ProtoMessage() {}
 
 func (x *QPConnInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[10]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,7 +885,7 @@ func (x *QPConnInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QPConnInfo.ProtoReflect.Descriptor instead.
 func (*QPConnInfo) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{10}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *QPConnInfo) GetQpn() uint32 {
@@ -840,7 +938,7 @@ type ExchangeQPsRequest struct {
 
 func (x *ExchangeQPsRequest) Reset() {
 	*x = ExchangeQPsRequest{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[11]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +950,7 @@ func (x *ExchangeQPsRequest) String() string {
 func (*ExchangeQPsRequest) ProtoMessage() {}
 
 func (x *ExchangeQPsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[11]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +963,7 @@ func (x *ExchangeQPsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExchangeQPsRequest.ProtoReflect.Descriptor instead.
 func (*ExchangeQPsRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{11}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExchangeQPsRequest) GetFromNode() string {
@@ -912,7 +1010,7 @@ type ExchangeQPsResponse struct {
 
 func (x *ExchangeQPsResponse) Reset() {
 	*x = ExchangeQPsResponse{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[12]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +1022,7 @@ func (x *ExchangeQPsResponse) String() string {
 func (*ExchangeQPsResponse) ProtoMessage() {}
 
 func (x *ExchangeQPsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[12]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1035,7 @@ func (x *ExchangeQPsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExchangeQPsResponse.ProtoReflect.Descriptor instead.
 func (*ExchangeQPsResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{12}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExchangeQPsResponse) GetQps() []*QPConnInfo {
@@ -957,7 +1055,7 @@ type ExchangeQPsRefusal struct {
 
 func (x *ExchangeQPsRefusal) Reset() {
 	*x = ExchangeQPsRefusal{}
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[13]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1067,7 @@ func (x *ExchangeQPsRefusal) String() string {
 func (*ExchangeQPsRefusal) ProtoMessage() {}
 
 func (x *ExchangeQPsRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[13]
+	mi := &file_fabricxfer_agent_v1_peer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1080,7 @@ func (x *ExchangeQPsRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExchangeQPsRefusal.ProtoReflect.Descriptor instead.
 func (*ExchangeQPsRefusal) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{13}
+	return file_fabricxfer_agent_v1_peer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExchangeQPsRefusal) GetReason() ExchangeQPsRefusal_Reason {
@@ -996,7 +1094,12 @@ var File_fabricxfer_agent_v1_peer_proto protoreflect.FileDescriptor
 
 const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x1efabricxfer/agent/v1/peer.proto\x12\x13fabricxfer.agent.v1\x1a\x1ffabricxfer/agent/v1/agent.proto\"\xb7\x01\n" +
+	"\x1efabricxfer/agent/v1/peer.proto\x12\x13fabricxfer.agent.v1\x1a\x1ffabricxfer/agent/v1/agent.proto\"I\n" +
+	"\x18ConfirmDescriptorRequest\x12\x1b\n" +
+	"\tregion_id\x18\x01 \x01(\x04R\bregionId\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\fR\x03key\"/\n" +
+	"\x19ConfirmDescriptorResponse\x12\x12\n" +
+	"\x04desc\x18\x01 \x01(\fR\x04desc\"\xb7\x01\n" +
 	"\fHelloRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12%\n" +
 	"\x0epool_namespace\x18\x02 \x01(\tR\rpoolNamespace\x12\x1b\n" +
@@ -1067,13 +1170,14 @@ const file_fabricxfer_agent_v1_peer_proto_rawDesc = "" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13REASON_CONNECT_RACE\x10\x01\x12\x1b\n" +
-	"\x17REASON_RDMA_NOT_RUNNING\x10\x022\xf3\x03\n" +
+	"\x17REASON_RDMA_NOT_RUNNING\x10\x022\xe7\x04\n" +
 	"\x04Peer\x12N\n" +
 	"\x05Hello\x12!.fabricxfer.agent.v1.HelloRequest\x1a\".fabricxfer.agent.v1.HelloResponse\x12q\n" +
 	"\x0eResolveSegment\x12..fabricxfer.agent.v1.PeerResolveSegmentRequest\x1a/.fabricxfer.agent.v1.PeerResolveSegmentResponse\x12Y\n" +
 	"\x06Notify\x12&.fabricxfer.agent.v1.PeerNotifyRequest\x1a'.fabricxfer.agent.v1.PeerNotifyResponse\x12`\n" +
 	"\vExchangeQPs\x12'.fabricxfer.agent.v1.ExchangeQPsRequest\x1a(.fabricxfer.agent.v1.ExchangeQPsResponse\x12k\n" +
-	"\fForgetLayout\x12,.fabricxfer.agent.v1.PeerForgetLayoutRequest\x1a-.fabricxfer.agent.v1.PeerForgetLayoutResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
+	"\fForgetLayout\x12,.fabricxfer.agent.v1.PeerForgetLayoutRequest\x1a-.fabricxfer.agent.v1.PeerForgetLayoutResponse\x12r\n" +
+	"\x11ConfirmDescriptor\x12-.fabricxfer.agent.v1.ConfirmDescriptorRequest\x1a..fabricxfer.agent.v1.ConfirmDescriptorResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_fabricxfer_agent_v1_peer_proto_rawDescOnce sync.Once
@@ -1088,43 +1192,47 @@ func file_fabricxfer_agent_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fabricxfer_agent_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_fabricxfer_agent_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_fabricxfer_agent_v1_peer_proto_goTypes = []any{
 	(ExchangeQPsRefusal_Reason)(0),     // 0: fabricxfer.agent.v1.ExchangeQPsRefusal.Reason
-	(*HelloRequest)(nil),               // 1: fabricxfer.agent.v1.HelloRequest
-	(*HelloResponse)(nil),              // 2: fabricxfer.agent.v1.HelloResponse
-	(*PeerResolveSegmentRequest)(nil),  // 3: fabricxfer.agent.v1.PeerResolveSegmentRequest
-	(*PeerForgetLayoutRequest)(nil),    // 4: fabricxfer.agent.v1.PeerForgetLayoutRequest
-	(*PeerForgetLayoutResponse)(nil),   // 5: fabricxfer.agent.v1.PeerForgetLayoutResponse
-	(*PeerResolveSegmentResponse)(nil), // 6: fabricxfer.agent.v1.PeerResolveSegmentResponse
-	(*LayoutDescriptor)(nil),           // 7: fabricxfer.agent.v1.LayoutDescriptor
-	(*PeerNotifyRequest)(nil),          // 8: fabricxfer.agent.v1.PeerNotifyRequest
-	(*PeerNotifyResponse)(nil),         // 9: fabricxfer.agent.v1.PeerNotifyResponse
-	(*SegmentDescriptor)(nil),          // 10: fabricxfer.agent.v1.SegmentDescriptor
-	(*QPConnInfo)(nil),                 // 11: fabricxfer.agent.v1.QPConnInfo
-	(*ExchangeQPsRequest)(nil),         // 12: fabricxfer.agent.v1.ExchangeQPsRequest
-	(*ExchangeQPsResponse)(nil),        // 13: fabricxfer.agent.v1.ExchangeQPsResponse
-	(*ExchangeQPsRefusal)(nil),         // 14: fabricxfer.agent.v1.ExchangeQPsRefusal
-	(MemoryKind)(0),                    // 15: fabricxfer.agent.v1.MemoryKind
+	(*ConfirmDescriptorRequest)(nil),   // 1: fabricxfer.agent.v1.ConfirmDescriptorRequest
+	(*ConfirmDescriptorResponse)(nil),  // 2: fabricxfer.agent.v1.ConfirmDescriptorResponse
+	(*HelloRequest)(nil),               // 3: fabricxfer.agent.v1.HelloRequest
+	(*HelloResponse)(nil),              // 4: fabricxfer.agent.v1.HelloResponse
+	(*PeerResolveSegmentRequest)(nil),  // 5: fabricxfer.agent.v1.PeerResolveSegmentRequest
+	(*PeerForgetLayoutRequest)(nil),    // 6: fabricxfer.agent.v1.PeerForgetLayoutRequest
+	(*PeerForgetLayoutResponse)(nil),   // 7: fabricxfer.agent.v1.PeerForgetLayoutResponse
+	(*PeerResolveSegmentResponse)(nil), // 8: fabricxfer.agent.v1.PeerResolveSegmentResponse
+	(*LayoutDescriptor)(nil),           // 9: fabricxfer.agent.v1.LayoutDescriptor
+	(*PeerNotifyRequest)(nil),          // 10: fabricxfer.agent.v1.PeerNotifyRequest
+	(*PeerNotifyResponse)(nil),         // 11: fabricxfer.agent.v1.PeerNotifyResponse
+	(*SegmentDescriptor)(nil),          // 12: fabricxfer.agent.v1.SegmentDescriptor
+	(*QPConnInfo)(nil),                 // 13: fabricxfer.agent.v1.QPConnInfo
+	(*ExchangeQPsRequest)(nil),         // 14: fabricxfer.agent.v1.ExchangeQPsRequest
+	(*ExchangeQPsResponse)(nil),        // 15: fabricxfer.agent.v1.ExchangeQPsResponse
+	(*ExchangeQPsRefusal)(nil),         // 16: fabricxfer.agent.v1.ExchangeQPsRefusal
+	(MemoryKind)(0),                    // 17: fabricxfer.agent.v1.MemoryKind
 }
 var file_fabricxfer_agent_v1_peer_proto_depIdxs = []int32{
-	7,  // 0: fabricxfer.agent.v1.PeerResolveSegmentResponse.layout:type_name -> fabricxfer.agent.v1.LayoutDescriptor
-	15, // 1: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	11, // 2: fabricxfer.agent.v1.ExchangeQPsRequest.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
-	11, // 3: fabricxfer.agent.v1.ExchangeQPsResponse.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
+	9,  // 0: fabricxfer.agent.v1.PeerResolveSegmentResponse.layout:type_name -> fabricxfer.agent.v1.LayoutDescriptor
+	17, // 1: fabricxfer.agent.v1.SegmentDescriptor.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	13, // 2: fabricxfer.agent.v1.ExchangeQPsRequest.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
+	13, // 3: fabricxfer.agent.v1.ExchangeQPsResponse.qps:type_name -> fabricxfer.agent.v1.QPConnInfo
 	0,  // 4: fabricxfer.agent.v1.ExchangeQPsRefusal.reason:type_name -> fabricxfer.agent.v1.ExchangeQPsRefusal.Reason
-	1,  // 5: fabricxfer.agent.v1.Peer.Hello:input_type -> fabricxfer.agent.v1.HelloRequest
-	3,  // 6: fabricxfer.agent.v1.Peer.ResolveSegment:input_type -> fabricxfer.agent.v1.PeerResolveSegmentRequest
-	8,  // 7: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
-	12, // 8: fabricxfer.agent.v1.Peer.ExchangeQPs:input_type -> fabricxfer.agent.v1.ExchangeQPsRequest
-	4,  // 9: fabricxfer.agent.v1.Peer.ForgetLayout:input_type -> fabricxfer.agent.v1.PeerForgetLayoutRequest
-	2,  // 10: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
-	6,  // 11: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
-	9,  // 12: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
-	13, // 13: fabricxfer.agent.v1.Peer.ExchangeQPs:output_type -> fabricxfer.agent.v1.ExchangeQPsResponse
-	5,  // 14: fabricxfer.agent.v1.Peer.ForgetLayout:output_type -> fabricxfer.agent.v1.PeerForgetLayoutResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
+	3,  // 5: fabricxfer.agent.v1.Peer.Hello:input_type -> fabricxfer.agent.v1.HelloRequest
+	5,  // 6: fabricxfer.agent.v1.Peer.ResolveSegment:input_type -> fabricxfer.agent.v1.PeerResolveSegmentRequest
+	10, // 7: fabricxfer.agent.v1.Peer.Notify:input_type -> fabricxfer.agent.v1.PeerNotifyRequest
+	14, // 8: fabricxfer.agent.v1.Peer.ExchangeQPs:input_type -> fabricxfer.agent.v1.ExchangeQPsRequest
+	6,  // 9: fabricxfer.agent.v1.Peer.ForgetLayout:input_type -> fabricxfer.agent.v1.PeerForgetLayoutRequest
+	1,  // 10: fabricxfer.agent.v1.Peer.ConfirmDescriptor:input_type -> fabricxfer.agent.v1.ConfirmDescriptorRequest
+	4,  // 11: fabricxfer.agent.v1.Peer.Hello:output_type -> fabricxfer.agent.v1.HelloResponse
+	8,  // 12: fabricxfer.agent.v1.Peer.ResolveSegment:output_type -> fabricxfer.agent.v1.PeerResolveSegmentResponse
+	11, // 13: fabricxfer.agent.v1.Peer.Notify:output_type -> fabricxfer.agent.v1.PeerNotifyResponse
+	15, // 14: fabricxfer.agent.v1.Peer.ExchangeQPs:output_type -> fabricxfer.agent.v1.ExchangeQPsResponse
+	7,  // 15: fabricxfer.agent.v1.Peer.ForgetLayout:output_type -> fabricxfer.agent.v1.PeerForgetLayoutResponse
+	2,  // 16: fabricxfer.agent.v1.Peer.ConfirmDescriptor:output_type -> fabricxfer.agent.v1.ConfirmDescriptorResponse
+	11, // [11:17] is the sub-list for method output_type
+	5,  // [5:11] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name
@@ -1142,7 +1250,7 @@ func file_fabricxfer_agent_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_peer_proto_rawDesc), len(file_fabricxfer_agent_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,11 +25,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Peer_Hello_FullMethodName          = "/fabricxfer.agent.v1.Peer/Hello"
-	Peer_ResolveSegment_FullMethodName = "/fabricxfer.agent.v1.Peer/ResolveSegment"
-	Peer_Notify_FullMethodName         = "/fabricxfer.agent.v1.Peer/Notify"
-	Peer_ExchangeQPs_FullMethodName    = "/fabricxfer.agent.v1.Peer/ExchangeQPs"
-	Peer_ForgetLayout_FullMethodName   = "/fabricxfer.agent.v1.Peer/ForgetLayout"
+	Peer_Hello_FullMethodName             = "/fabricxfer.agent.v1.Peer/Hello"
+	Peer_ResolveSegment_FullMethodName    = "/fabricxfer.agent.v1.Peer/ResolveSegment"
+	Peer_Notify_FullMethodName            = "/fabricxfer.agent.v1.Peer/Notify"
+	Peer_ExchangeQPs_FullMethodName       = "/fabricxfer.agent.v1.Peer/ExchangeQPs"
+	Peer_ForgetLayout_FullMethodName      = "/fabricxfer.agent.v1.Peer/ForgetLayout"
+	Peer_ConfirmDescriptor_FullMethodName = "/fabricxfer.agent.v1.Peer/ConfirmDescriptor"
 )
 
 // PeerClient is the client API for Peer service.
@@ -57,6 +58,12 @@ type PeerClient interface {
 	// the name since) instead of reaching memory the owner no longer publishes. The owner waits for the answer
 	// before its DeregisterLayout returns, within a bound. PERMISSION_DENIED when from_node is not the caller.
 	ForgetLayout(ctx context.Context, in *PeerForgetLayoutRequest, opts ...grpc.CallOption) (*PeerForgetLayoutResponse, error)
+	// ConfirmDescriptor answers with the descriptor the answering agent issued for one of its regions, given the
+	// region's id and key from a descriptor a caller handed the asking agent. Another node's memory is imported
+	// once for every caller of the asking node, so the asking agent imports a caller's descriptor only when it is
+	// byte for byte what its node issued: a forged one (handles of the forger's choosing under a real memory id)
+	// never enters the import the other callers share. NOT_FOUND when no region has that id and key.
+	ConfirmDescriptor(ctx context.Context, in *ConfirmDescriptorRequest, opts ...grpc.CallOption) (*ConfirmDescriptorResponse, error)
 }
 
 type peerClient struct {
@@ -117,6 +124,16 @@ func (c *peerClient) ForgetLayout(ctx context.Context, in *PeerForgetLayoutReque
 	return out, nil
 }
 
+func (c *peerClient) ConfirmDescriptor(ctx context.Context, in *ConfirmDescriptorRequest, opts ...grpc.CallOption) (*ConfirmDescriptorResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ConfirmDescriptorResponse)
+	err := c.cc.Invoke(ctx, Peer_ConfirmDescriptor_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -142,6 +159,12 @@ type PeerServer interface {
 	// the name since) instead of reaching memory the owner no longer publishes. The owner waits for the answer
 	// before its DeregisterLayout returns, within a bound. PERMISSION_DENIED when from_node is not the caller.
 	ForgetLayout(context.Context, *PeerForgetLayoutRequest) (*PeerForgetLayoutResponse, error)
+	// ConfirmDescriptor answers with the descriptor the answering agent issued for one of its regions, given the
+	// region's id and key from a descriptor a caller handed the asking agent. Another node's memory is imported
+	// once for every caller of the asking node, so the asking agent imports a caller's descriptor only when it is
+	// byte for byte what its node issued: a forged one (handles of the forger's choosing under a real memory id)
+	// never enters the import the other callers share. NOT_FOUND when no region has that id and key.
+	ConfirmDescriptor(context.Context, *ConfirmDescriptorRequest) (*ConfirmDescriptorResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -166,6 +189,9 @@ func (UnimplementedPeerServer) ExchangeQPs(context.Context, *ExchangeQPsRequest)
 }
 func (UnimplementedPeerServer) ForgetLayout(context.Context, *PeerForgetLayoutRequest) (*PeerForgetLayoutResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ForgetLayout not implemented")
+}
+func (UnimplementedPeerServer) ConfirmDescriptor(context.Context, *ConfirmDescriptorRequest) (*ConfirmDescriptorResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ConfirmDescriptor not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -278,6 +304,24 @@ func _Peer_ForgetLayout_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_ConfirmDescriptor_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConfirmDescriptorRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ConfirmDescriptor(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ConfirmDescriptor_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ConfirmDescriptor(ctx, req.(*ConfirmDescriptorRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -304,6 +348,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ForgetLayout",
 			Handler:    _Peer_ForgetLayout_Handler,
+		},
+		{
+			MethodName: "ConfirmDescriptor",
+			Handler:    _Peer_ConfirmDescriptor_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
