@@ -73,6 +73,16 @@ func TestStalledPeerIsBoundedByTheTransfersTimeout(t *testing.T) {
 		if err == nil || client.Code(err).String() != "DeadlineExceeded" {
 			t.Fatalf("%s: want DeadlineExceeded, got %v", name, err)
 		}
+		// A transfer naming a descriptor of the stalled peer's memory likewise: the agent asks the peer to confirm it.
+		start = time.Now()
+		_, err = cc.Do(ctxT(t), client.Write, []client.Item{{Local: r, Remote: client.ToDescriptor(nodeZDescriptor(t)), Length: 4096}},
+			client.TransferOptions{Timeout: 300 * time.Millisecond})
+		if took := time.Since(start); took > 3*time.Second {
+			t.Fatalf("%s: a 300 ms transfer to a stalled peer's descriptor returned after %s", name, took)
+		}
+		if client.Code(err).String() != "DeadlineExceeded" {
+			t.Fatalf("%s: descriptor: want DeadlineExceeded, got %v", name, err)
+		}
 		// A block transfer to the stalled peer's layout likewise.
 		l, err := cc.RegisterLayout(ctxT(t), []*client.Region{r}, 1024)
 		if err != nil {
@@ -88,6 +98,22 @@ func TestStalledPeerIsBoundedByTheTransfersTimeout(t *testing.T) {
 			t.Fatalf("%s: block transfer: want DeadlineExceeded, got %v", name, err)
 		}
 	}
+}
+
+// nodeZDescriptor is a descriptor of host memory on node-z, as node-z would issue it.
+func nodeZDescriptor(t *testing.T) []byte {
+	t.Helper()
+	mem, err := engines.MarshalDesc(engines.MemoryDesc{ID: "node-z/00112233445566778899aabbccddeeff", Node: "node-z",
+		Location: engines.Location{Kind: engines.LocationHost}, Size: 4096, Handles: engines.Handles{TCP: "10.0.0.9:7443"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := proto.Marshal(&agentv1.SegmentDescriptor{Node: "node-z", PoolNamespace: "infer", PoolName: "kv", RegionId: 7,
+		Key: bytes.Repeat([]byte{1}, 16), Kind: agentv1.MemoryKind_MEMORY_KIND_HOST, Length: 4096, Memory: mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func dialNoFast(t *testing.T, a *agent) *client.Client {
