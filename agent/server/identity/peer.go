@@ -38,7 +38,8 @@ func (id Identifier) IdentifyConn(ctx context.Context, conn *net.UnixConn) (Call
 }
 
 // PeerAlive says whether the process that connected conn still runs (ErrPeerGone if not). nil also where the
-// kernel cannot tell (no SO_PEERPIDFD).
+// agent cannot tell (a kernel without SO_PEERPIDFD, a seccomp profile that denies pidfds): refusing every
+// caller there would be worse than the race.
 func PeerAlive(conn *net.UnixConn) error {
 	raw, err := conn.SyscallConn()
 	if err != nil {
@@ -52,8 +53,8 @@ func PeerAlive(conn *net.UnixConn) error {
 		return fmt.Errorf("reading SO_PEERPIDFD: %w", err)
 	}
 	switch {
-	case errors.Is(gerr, unix.ENOPROTOOPT):
-		return nil // a kernel before 6.5
+	case errors.Is(gerr, unix.ENOPROTOOPT), errors.Is(gerr, unix.ENOSYS):
+		return nil // a kernel before 6.5 (or a filter that hides the option): it cannot tell
 	case errors.Is(gerr, unix.ESRCH), errors.Is(gerr, unix.EINVAL):
 		return ErrPeerGone // kernels that give no pidfd for a reaped peer
 	case gerr != nil:
@@ -64,6 +65,8 @@ func PeerAlive(conn *net.UnixConn) error {
 	switch err := unix.PidfdSendSignal(pidfd, 0, nil, 0); {
 	case err == nil, errors.Is(err, unix.EPERM):
 		return nil
+	case errors.Is(err, unix.ENOSYS):
+		return nil // a seccomp profile that denies pidfd_send_signal: it cannot tell, and must not refuse everyone
 	case errors.Is(err, unix.ESRCH):
 		return ErrPeerGone
 	default:
