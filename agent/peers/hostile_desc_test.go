@@ -23,7 +23,8 @@ import (
 // A, by the memory id its descriptor names. A caller of A that sends a descriptor of that id first, with handles
 // of its choosing (here a tcp address), must not have them used for the others' transfers, nor make the real
 // descriptor be refused: A imports a caller's descriptor only once B confirms it issued it, byte for byte. A
-// wrong key, or a region B does not have, is NotFound. Nothing lands on B until the real descriptor is used.
+// wrong key, or a region B does not have, is NotFound, and once the memory is imported any descriptor of it
+// other than the issued one is refused. Nothing lands on B from a forged descriptor.
 func TestHostileDescriptorsAreConfirmedByTheirNode(t *testing.T) {
 	certs := newPoolCerts(t, "infer", "kv")
 	a, b := newNode(t, "node-a", certs), newNode(t, "node-b", certs)
@@ -74,7 +75,7 @@ func TestHostileDescriptorsAreConfirmedByTheirNode(t *testing.T) {
 		t.Fatal("the forged descriptor is the issued one")
 	}
 	keepB := bytes.Clone(memB.Bytes)
-	for _, tc := range []struct {
+	forged := []struct {
 		name string
 		desc []byte
 		code codes.Code
@@ -85,7 +86,8 @@ func TestHostileDescriptorsAreConfirmedByTheirNode(t *testing.T) {
 			sd.Key = bytes.Repeat([]byte{7}, len(sd.Key))
 		}), codes.NotFound, "key does not match"},
 		{"a region node B does not have", forge(func(sd *agentv1.SegmentDescriptor, _ *engines.MemoryDesc) { sd.RegionId += 1000 }), codes.NotFound, "not registered"},
-	} {
+	}
+	for _, tc := range forged {
 		_, err := forger.Write(ctx, rf, 0, client.ToDescriptor(tc.desc), 0, size)
 		if client.Code(err) != tc.code || !strings.Contains(err.Error(), tc.says) {
 			t.Fatalf("%s: %v, want %s saying %q", tc.name, err, tc.code, tc.says)
@@ -102,9 +104,17 @@ func TestHostileDescriptorsAreConfirmedByTheirNode(t *testing.T) {
 	if !bytes.Equal(memB.Bytes, memV.Bytes) {
 		t.Fatal("node B's memory is not what the victim wrote")
 	}
-	// Imported now, the forged descriptor is still refused, and the forger's issued one works.
-	if _, err := forger.Write(ctx, rf, 0, client.ToDescriptor(redirected), 0, size); client.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("the forged descriptor once the memory is imported: %v, want FAILED_PRECONDITION", err)
+	// Imported now, every forged descriptor of that memory (another key included) is refused without asking B,
+	// and the issued one works for another caller.
+	keepB = bytes.Clone(memB.Bytes)
+	for _, tc := range forged {
+		_, err := forger.Write(ctx, rf, 0, client.ToDescriptor(tc.desc), 0, size)
+		if client.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "another descriptor") {
+			t.Fatalf("%s once the memory is imported: %v, want FAILED_PRECONDITION", tc.name, err)
+		}
+		if !bytes.Equal(memB.Bytes, keepB) {
+			t.Fatalf("%s once the memory is imported: node B's memory changed", tc.name)
+		}
 	}
 	if _, err := forger.Write(ctx, rf, 0, client.ToDescriptor(issued), 0, size); err != nil || !bytes.Equal(memB.Bytes, memF.Bytes) {
 		t.Fatalf("the issued descriptor from another caller of node A: %v", err)

@@ -38,8 +38,8 @@ func (id Identifier) IdentifyConn(ctx context.Context, conn *net.UnixConn) (Call
 }
 
 // PeerAlive says whether the process that connected conn still runs (ErrPeerGone if not). nil also where the
-// agent cannot tell (a kernel without SO_PEERPIDFD, a seccomp profile that denies pidfds): refusing every
-// caller there would be worse than the race.
+// agent cannot tell (a kernel without SO_PEERPIDFD, a filter that hides it): refusing every caller there would
+// be worse than the race.
 func PeerAlive(conn *net.UnixConn) error {
 	raw, err := conn.SyscallConn()
 	if err != nil {
@@ -53,23 +53,25 @@ func PeerAlive(conn *net.UnixConn) error {
 		return fmt.Errorf("reading SO_PEERPIDFD: %w", err)
 	}
 	switch {
-	case errors.Is(gerr, unix.ENOPROTOOPT), errors.Is(gerr, unix.ENOSYS):
-		return nil // a kernel before 6.5 (or a filter that hides the option): it cannot tell
 	case errors.Is(gerr, unix.ESRCH), errors.Is(gerr, unix.EINVAL):
-		return ErrPeerGone // kernels that give no pidfd for a reaped peer
+		return ErrPeerGone // kernels before 6.16 give no pidfd for a reaped peer
 	case gerr != nil:
-		return fmt.Errorf("reading SO_PEERPIDFD: %w", gerr)
+		return nil // a kernel before 6.5 (ENOPROTOOPT), or a filter that hides the option: it cannot tell
 	}
 	defer unix.Close(pidfd)
-	// Signal 0 checks only that the process exists; EPERM says it does (and is not ours to signal).
-	switch err := unix.PidfdSendSignal(pidfd, 0, nil, 0); {
-	case err == nil, errors.Is(err, unix.EPERM):
+	// A pidfd polls readable once its process has exited. Polling needs no permission, where a signal 0 would
+	// meet SELinux's or AppArmor's signal rules and refuse every caller of a confined agent.
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return nil // cannot tell
+		case n > 0 && fds[0].Revents&(unix.POLLIN|unix.POLLHUP) != 0:
+			return ErrPeerGone
+		}
 		return nil
-	case errors.Is(err, unix.ENOSYS):
-		return nil // a seccomp profile that denies pidfd_send_signal: it cannot tell, and must not refuse everyone
-	case errors.Is(err, unix.ESRCH):
-		return ErrPeerGone
-	default:
-		return fmt.Errorf("asking whether the peer still runs: %w", err)
 	}
 }

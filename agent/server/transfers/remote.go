@@ -23,21 +23,22 @@ const maxImports = 4096
 type imported struct {
 	mem      engines.MemoryID
 	lastUsed time.Time
-	// sum is the hash of the memory description it was imported from: the cache is shared by every caller and
-	// keyed by the id the descriptor names, so a later descriptor of that id with other handles (a forged one,
-	// naming where the transfers of everyone using the id should go) must not take the import.
+	// sum is the hash of the descriptor it was imported from, whole (its node confirmed it, or sent it): the
+	// cache is shared by every caller and keyed by the id the descriptor names, so a later descriptor of that id
+	// with other bytes (other handles, where a forger would like everyone's transfers to go, or another key) must
+	// neither take the import nor use it.
 	sum [sha256.Size]byte
 }
 
 // importedLocked reports whether md's memory is imported, with its id, and marks it used; a descriptor of it with
-// other handles (sum) than it was imported from is refused.
+// other bytes (sum) than it was imported from is refused.
 func (s *Service) importedLocked(md engines.MemoryDesc, sum [sha256.Size]byte) (engines.MemoryID, bool, error) {
 	im, ok := s.imports[md.ID]
 	if !ok {
 		return "", false, nil
 	}
 	if im.sum != sum {
-		return "", true, status.Errorf(codes.FailedPrecondition, "memory %s of node %s is imported here from a descriptor with other handles: use the descriptor its node publishes (ResolveSegment)", md.ID, md.Node)
+		return "", true, status.Errorf(codes.FailedPrecondition, "memory %s of node %s is imported here from another descriptor of it: use the descriptor its node issued (Region.desc, or ResolveSegment)", md.ID, md.Node)
 	}
 	im.lastUsed = time.Now()
 	return md.ID, true, nil
@@ -61,7 +62,7 @@ func (s *Service) importDescriptor(ctx context.Context, b []byte, fromCaller boo
 		}
 		return r.Mem(), nil
 	}
-	sum := sha256.Sum256(sd.Memory)
+	sum := sha256.Sum256(b)
 	id, known, err := s.importedLocked(md, sum)
 	s.table.Unlock()
 	if known {
