@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/fabricxfer/fabricxfer/agent/peers"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -26,12 +25,7 @@ import (
 // wrong key, or a region B does not have, is NotFound, and once the memory is imported any descriptor of it
 // other than the issued one is refused. Nothing lands on B from a forged descriptor.
 func TestHostileDescriptorsAreConfirmedByTheirNode(t *testing.T) {
-	certs := newPoolCerts(t, "infer", "kv")
-	a, b := newNode(t, "node-a", certs), newNode(t, "node-b", certs)
-	dir := peers.StaticDirectory{"node-a": a.peerLn.Addr().String(), "node-b": b.peerLn.Addr().String()}
-	a.start(t, dir)
-	b.start(t, dir)
-	waitFor(t, func() bool { return len(a.peers.Connected()) == 1 && len(b.peers.Connected()) == 1 }, "pre-connected peers")
+	a, b := startTwoNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 

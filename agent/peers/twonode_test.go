@@ -182,12 +182,21 @@ func randomShm(t *testing.T, size uint64) *client.SharedMemory {
 // the pool's certificates: clients on each node register host memory and move it both ways through the tcp
 // engine, by segment name and by descriptor, with a notification on the receiving side.
 func TestTwoAgentsMoveHostMemoryBothWaysOverMutualTLS(t *testing.T) {
+	a, b := startTwoNodes(t)
+	moveBothWays(t, a, b)
+}
+
+// startTwoNodes starts node-a and node-b of pool infer/kv, which find each other in a static directory, and
+// waits until each is connected to the other.
+func startTwoNodes(t *testing.T) (a, b *node) {
+	t.Helper()
 	certs := newPoolCerts(t, "infer", "kv")
-	a, b := newNode(t, "node-a", certs), newNode(t, "node-b", certs)
+	a, b = newNode(t, "node-a", certs), newNode(t, "node-b", certs)
 	dir := peers.StaticDirectory{"node-a": a.peerLn.Addr().String(), "node-b": b.peerLn.Addr().String()}
 	a.start(t, dir)
 	b.start(t, dir)
-	moveBothWays(t, a, b)
+	waitFor(t, func() bool { return len(a.peers.Connected()) == 1 && len(b.peers.Connected()) == 1 }, "pre-connected peers")
+	return a, b
 }
 
 // TestTwoAgentsFindEachOtherThroughTransferNodes is the same exchange with peers found the way they are in a
