@@ -81,7 +81,17 @@ func TestHostileDescriptorsAreConfirmedByTheirNode(t *testing.T) {
 		}), codes.NotFound, "key does not match"},
 		{"a region node B does not have", forge(func(sd *agentv1.SegmentDescriptor, _ *engines.MemoryDesc) { sd.RegionId += 1000 }), codes.NotFound, "not registered"},
 	}
+	explain := func(c *client.Client, r *client.Region, desc []byte) error {
+		_, err := c.API().Explain(ctx, &agentv1.ExplainRequest{
+			Source:      &agentv1.Endpoint{Target: &agentv1.Endpoint_RegionId{RegionId: r.ID()}},
+			Destination: &agentv1.Endpoint{Node: "node-b", Target: &agentv1.Endpoint_Desc{Desc: desc}}})
+		return err
+	}
 	for _, tc := range forged {
+		// Explain imports what it names without moving bytes: the same confirmation applies.
+		if err := explain(forger, rf, tc.desc); client.Code(err) != tc.code || !strings.Contains(err.Error(), tc.says) {
+			t.Fatalf("explaining %s: %v, want %s saying %q", tc.name, err, tc.code, tc.says)
+		}
 		_, err := forger.Write(ctx, rf, 0, client.ToDescriptor(tc.desc), 0, size)
 		if client.Code(err) != tc.code || !strings.Contains(err.Error(), tc.says) {
 			t.Fatalf("%s: %v, want %s saying %q", tc.name, err, tc.code, tc.says)
