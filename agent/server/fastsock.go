@@ -139,7 +139,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		s.metrics.Edge.Refused("fast", "no_peercred")
 		return
 	}
-	holder := s.opts.Identifier.HolderOf(cred)
+	holder := s.opts.Identifier.HolderOf(conn, cred)
 	if why := s.enterUnbound(holder); why != "" {
 		s.metrics.Edge.Refused("fast", "busy")
 		_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))

@@ -292,7 +292,7 @@ func (s *Server) refusedHolder(conn *net.UnixConn) string {
 	if err != nil {
 		return refusedHolderPrefix + "unknown"
 	}
-	return refusedHolderPrefix + s.opts.Identifier.HolderOf(cred)
+	return refusedHolderPrefix + s.opts.Identifier.HolderOf(conn, cred)
 }
 
 // revokeInterval is how often held sessions are checked against the pool's allowedNamespaces. With the

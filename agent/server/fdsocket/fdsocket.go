@@ -305,7 +305,7 @@ type Socket struct {
 	maxConns     int
 	maxPerHolder int
 	// holderOf names whom a connection not identified yet counts against; nil: its peer's uid.
-	holderOf func(identity.PeerCred) string
+	holderOf func(*net.UnixConn, identity.PeerCred) string
 	// maxPerCaller and maxIdentified bound identified connections, per caller key and in all.
 	maxPerCaller  int
 	maxIdentified int
@@ -322,7 +322,7 @@ type Socket struct {
 // them; identify says who is behind a connection (and refuses callers the pool does not admit); edge counts the
 // socket's refusals.
 func NewSocket(ln *net.UnixListener, tokens *Tokens, identify func(ctx context.Context, conn *net.UnixConn) (identity.Caller, error),
-	holderOf func(identity.PeerCred) string, edge refusals.Edge) *Socket {
+	holderOf func(*net.UnixConn, identity.PeerCred) string, edge refusals.Edge) *Socket {
 	return &Socket{ln: ln, tokens: tokens, identify: identify, holderOf: holderOf, edge: edge}
 }
 
@@ -341,7 +341,7 @@ func (s *Socket) Serve(ctx context.Context) {
 		}
 		holder := fmt.Sprintf("uid=%d", cred.UID)
 		if s.holderOf != nil {
-			holder = s.holderOf(cred)
+			holder = s.holderOf(conn, cred)
 		}
 		if why := s.enter(holder); why != "" {
 			s.edge.Refused("fd", "busy")

@@ -249,10 +249,11 @@ func stripNodeContainer(comps []string) []string {
 // cgroup without asking the API server ("pod/<uid>", as Caller.Key), "uid=<uid>" for a process in no pod, and
 // "unreadable" for one whose cgroup cannot be read or parsed (gone already: a pod's process that connects and
 // exits must not count as some uid's, which it could pick). Pods often all run as uid 0, so counting by uid let
-// one pod's silent connections refuse every other pod's.
-func (id Identifier) HolderOf(cred PeerCred) string {
+// one pod's silent connections refuse every other pod's. A process that exited before its cgroup was read is
+// "unreadable" too: its pid may be another pod's by then (PeerAlive).
+func (id Identifier) HolderOf(conn *net.UnixConn, cred PeerCred) string {
 	switch uid, _, err := id.podOf(cred.PID); {
-	case err != nil:
+	case err != nil, PeerAlive(conn) != nil:
 		return "unreadable"
 	case uid != "":
 		return "pod/" + uid

@@ -82,6 +82,14 @@ func TestIdentifyConnRefusesAPeerThatExited(t *testing.T) {
 	if c, err := id.IdentifyConn(ctx, conn); !errors.Is(err, ErrPeerGone) {
 		t.Fatalf("a peer that exited, its pid now a pod's: %+v, %v; want ErrPeerGone", c, err)
 	}
+	// Nor is the connection counted against that pod's limits.
+	cred, err := PeerCredOf(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := id.HolderOf(conn, cred); h != "unreadable" {
+		t.Fatalf("holder of a peer that exited, its pid now a pod's: %q, want unreadable", h)
+	}
 
 	// A live peer (this process, connected to itself) with the same fixture entry at its pid is identified.
 	own, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
@@ -104,6 +112,12 @@ func TestIdentifyConnRefusesAPeerThatExited(t *testing.T) {
 	}
 	if c, err := id.IdentifyConn(ctx, live); err != nil || c.PodName != "vllm-0" {
 		t.Fatalf("a live peer: %+v, %v", c, err)
+	}
+	if cred, err = PeerCredOf(live); err != nil {
+		t.Fatal(err)
+	}
+	if h := id.HolderOf(live, cred); h != "pod/11111111-2222-3333-4444-555555555555" {
+		t.Fatalf("holder of a live peer: %q", h)
 	}
 }
 
