@@ -68,14 +68,18 @@ func TestIdentifyConnRefusesAPeerThatExited(t *testing.T) {
 	}
 
 	procRoot := filepath.Join(dir, "proc")
-	pid := strconv.Itoa(child.Process.Pid)
-	if err := os.MkdirAll(filepath.Join(procRoot, pid), 0o755); err != nil {
-		t.Fatal(err)
+	inPod := func(pid int) { // the fixture /proc says pid is a process of pod 11111111-…
+		t.Helper()
+		p := filepath.Join(procRoot, strconv.Itoa(pid))
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(p, "cgroup"),
+			[]byte("0::/kubepods.slice/kubepods-pod11111111_2222_3333_4444_555555555555.slice/x.scope\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := os.WriteFile(filepath.Join(procRoot, pid, "cgroup"),
-		[]byte("0::/kubepods.slice/kubepods-pod11111111_2222_3333_4444_555555555555.slice/x.scope\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	inPod(child.Process.Pid)
 	id := Identifier{ProcRoot: procRoot, Pods: podLookup(func(string) (PodRef, error) {
 		return PodRef{Namespace: "infer", Name: "vllm-0"}, nil
 	})}
@@ -102,14 +106,7 @@ func TestIdentifyConnRefusesAPeerThatExited(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer live.Close()
-	self := strconv.Itoa(os.Getpid())
-	if err := os.MkdirAll(filepath.Join(procRoot, self), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(procRoot, self, "cgroup"),
-		[]byte("0::/kubepods.slice/kubepods-pod11111111_2222_3333_4444_555555555555.slice/x.scope\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	inPod(os.Getpid())
 	if c, err := id.IdentifyConn(ctx, live); err != nil || c.PodName != "vllm-0" {
 		t.Fatalf("a live peer: %+v, %v", c, err)
 	}
