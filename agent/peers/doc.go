@@ -2,8 +2,9 @@
 // Copyright The fabricxfer Authors
 
 // Package peers is the agent-to-agent channel of one pool: the fabricxfer.agent.v1 Peer gRPC service over TCP,
-// authenticated both ways with the pool's certificates (mTLS), for segment resolution, agent introductions and
-// notifications of engines that have no wire of their own, and the rdma engine's queue-pair exchange
+// authenticated both ways with the pool's certificates (mTLS), for segment resolution, the confirmation of
+// descriptors callers hand an agent ([Peers.ConfirmDescriptor]), agent introductions and notifications of
+// engines that have no wire of their own, and the rdma engine's queue-pair exchange
 // ([Peers.ExchangeQPs] is its rdma.Exchanger; the receiving agent hands the request to its [QPAcceptor]). Bulk
 // bytes do not travel here: the tcp engine carries them on its own listener, with the same TLS configuration
 // ([TLSFiles.Config]), and the rdma engine on its queue pairs.
