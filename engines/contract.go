@@ -40,6 +40,10 @@ const DefaultTimeout = 60 * time.Second
 // MaxNotifyPayload is the largest notification payload a submission may carry.
 const MaxNotifyPayload = 64 << 10
 
+// MaxNotifyEntries bounds the regions, and the tags, one notification names: a transfer has at most 65,536
+// items, each of one region pair and one tag. A receiver refuses more before looking any up.
+const MaxNotifyEntries = 1 << 16
+
 // MemoryID names a registered region. It is unique across the cluster: agents build it from their node name
 // (for example "node-a/17"). At most 256 bytes of printable ASCII without spaces.
 type MemoryID string

@@ -539,10 +539,17 @@ func (s *peerService) Notify(ctx context.Context, req *agentv1.PeerNotifyRequest
 	if len(req.Payload) > engines.MaxNotifyPayload {
 		return nil, status.Errorf(codes.InvalidArgument, "payload of %d bytes, at most %d", len(req.Payload), engines.MaxNotifyPayload)
 	}
-	n := engines.Notification{From: req.FromNode, Payload: req.Payload}
+	if len(req.MemoryIds) > engines.MaxNotifyEntries || len(req.Tags) > engines.MaxNotifyEntries {
+		return nil, status.Errorf(codes.InvalidArgument, "a notification of %d regions and %d tags: at most %d of each",
+			len(req.MemoryIds), len(req.Tags), engines.MaxNotifyEntries)
+	}
+	n := engines.Notification{From: req.FromNode, Payload: req.Payload, Regions: make([]engines.MemoryID, 0, len(req.MemoryIds))}
 	for _, id := range req.MemoryIds {
 		n.Regions = append(n.Regions, engines.MemoryID(id))
 	}
+	// Each region is looked up under the agent's table lock: a peer repeating one names it once.
+	slices.Sort(n.Regions)
+	n.Regions = slices.Compact(n.Regions)
 	for _, t := range req.Tags {
 		n.Tags = append(n.Tags, engines.Tag(t))
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -171,15 +172,18 @@ func decodeNotification(b []byte) (engines.Notification, error) {
 	rd := &sliceReader{b: b}
 	n.From = string(rd.take(int(rd.u16())))
 	count := int(rd.u32())
-	if count > len(b) {
-		return n, errors.New("notification: region count exceeds its size")
+	if count > len(b) || count > engines.MaxNotifyEntries {
+		return n, errors.New("notification: region count exceeds its size or engines.MaxNotifyEntries")
 	}
 	for i := 0; i < count && rd.err == nil; i++ {
 		n.Regions = append(n.Regions, engines.MemoryID(rd.take(int(rd.u16()))))
 	}
+	// The receiver looks each region up under its agent's table lock: one a peer repeats counts once.
+	slices.Sort(n.Regions)
+	n.Regions = slices.Compact(n.Regions)
 	count = int(rd.u32())
-	if count > len(b)/8 {
-		return n, errors.New("notification: tag count exceeds its size")
+	if count > len(b)/8 || count > engines.MaxNotifyEntries {
+		return n, errors.New("notification: tag count exceeds its size or engines.MaxNotifyEntries")
 	}
 	for i := 0; i < count && rd.err == nil; i++ {
 		n.Tags = append(n.Tags, engines.Tag(rd.u64()))

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
 )
 
 // TestServerRefusesBadVectoredParts speaks the protocol directly, as a broken or hostile peer would: a
@@ -116,5 +118,27 @@ func TestWriteBuffersGathersSmallParts(t *testing.T) {
 	}
 	if err := writeBuffers(c, bufs, &pool); err != nil || c.writes != 3 || len(c.got) != 4096*720 {
 		t.Fatalf("4,096 parts: %d writes of %d bytes (%v), want 3 of %d", c.writes, len(c.got), err, 4096*720)
+	}
+}
+
+// TestNotificationsFromPeersAreBounded: a peer's notification naming more regions or tags than a transfer has
+// items is refused as it is decoded, and a region it repeats is delivered once.
+func TestNotificationsFromPeersAreBounded(t *testing.T) {
+	many := make([]engines.MemoryID, engines.MaxNotifyEntries+1)
+	for i := range many {
+		many[i] = "node-b/1"
+	}
+	for name, n := range map[string]engines.Notification{
+		"regions": {From: "node-a", Regions: many},
+		"tags":    {From: "node-a", Regions: many[:1], Tags: make([]engines.Tag, engines.MaxNotifyEntries+1)},
+	} {
+		if _, err := decodeNotification(encodeNotification(n)); err == nil {
+			t.Errorf("a notification of %d %s was decoded", engines.MaxNotifyEntries+1, name)
+		}
+	}
+	n, err := decodeNotification(encodeNotification(engines.Notification{From: "node-a", Regions: many[:engines.MaxNotifyEntries],
+		Tags: []engines.Tag{1}, Payload: []byte("p")}))
+	if err != nil || len(n.Regions) != 1 || n.Regions[0] != "node-b/1" || string(n.Payload) != "p" {
+		t.Fatalf("a region repeated %d times: %d regions, %v", engines.MaxNotifyEntries, len(n.Regions), err)
 	}
 }

@@ -74,6 +74,7 @@ func (s *Service) DeliverPeerNotification(n engines.Notification) error {
 	for _, id := range n.Regions {
 		if _, ok := s.table.ByMemoryLocked(id); ok {
 			known++
+			break // one is enough to deliver
 		}
 	}
 	s.table.Unlock()

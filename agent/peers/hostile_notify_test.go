@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package peers_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// TestHostilePeerNotificationsAreBounded: another agent of the pool notifies through the peer channel with lists
+// no transfer makes (more regions or tags than a transfer has items), refused before any is looked up under the
+// receiving agent's lock, and with one region repeated tens of thousands of times, which reaches its listener once.
+// The receiving node's listener keeps working.
+func TestHostilePeerNotificationsAreBounded(t *testing.T) {
+	a, b := startTwoNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cb := dialNode(t, b)
+	mem := randomShm(t, 4096)
+	rb, err := cb.RegisterHost(ctx, mem.File, 0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notes, _, err := cb.Notifications(ctx, rb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sd agentv1.SegmentDescriptor
+	if err := proto.Unmarshal(rb.Descriptor(), &sd); err != nil {
+		t.Fatal(err)
+	}
+	md, err := engines.UnmarshalDesc(sd.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	many := make([]engines.MemoryID, engines.MaxNotifyEntries+1)
+	for i := range many {
+		many[i] = engines.MemoryID(fmt.Sprintf("node-b/%x", i))
+	}
+	many[0] = md.ID
+	for name, n := range map[string]engines.Notification{
+		"regions": {From: "node-a", Regions: many},
+		"tags":    {From: "node-a", Regions: []engines.MemoryID{md.ID}, Tags: make([]engines.Tag, engines.MaxNotifyEntries+1)},
+	} {
+		err := a.peers.SendNotification(ctx, "node-b", n)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "at most 65536") {
+			t.Fatalf("a notification of %d %s: %v, want INVALID_ARGUMENT naming the bound", engines.MaxNotifyEntries+1, name, err)
+		}
+	}
+	select {
+	case n := <-notes:
+		t.Fatalf("a refused notification reached the listener: %v", n)
+	default:
+	}
+
+	repeated := make([]engines.MemoryID, 50_000)
+	for i := range repeated {
+		repeated[i] = md.ID
+	}
+	if err := a.peers.SendNotification(ctx, "node-b", engines.Notification{From: "node-a", Regions: repeated, Payload: []byte("once")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-notes:
+		if len(n.RegionIds) != 1 || n.RegionIds[0] != rb.ID() || string(n.Payload) != "once" {
+			t.Fatalf("a region repeated 50,000 times reached the listener as %d region ids (%v)", len(n.RegionIds), n.Payload)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the listener got no notification")
+	}
+}
