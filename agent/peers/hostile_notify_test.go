@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
@@ -79,5 +80,49 @@ func TestHostilePeerNotificationsAreBounded(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the listener got no notification")
+	}
+}
+
+// TestHostilePeerLookupsAreNames: another agent of the pool asks for a segment or a layout in the name of a
+// "namespace" that no namespace can be called (megabytes, capitals), or for a reference of megabytes: INVALID_ARGUMENT
+// with a short message, nothing recorded (a layout keeps its askers, to tell them when it goes), and the owner's
+// published names still resolve for a real namespace.
+func TestHostilePeerLookupsAreNames(t *testing.T) {
+	a, b := startTwoNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cb := dialNode(t, b)
+	mem := randomShm(t, 8192)
+	rb, err := cb.RegisterHost(ctx, mem.File, 0, 8192, client.Segment("kv-b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cb.RegisterLayout(ctx, []*client.Region{rb}, 4096, client.PublishLayout("kv-layout")); err != nil {
+		t.Fatal(err)
+	}
+	huge := strings.Repeat("a", 1<<20)
+	for name, tc := range map[string]struct{ segment, asker string }{
+		"a namespace of a megabyte":   {"kv-b", huge},
+		"a namespace with capitals":   {"kv-b", "Infer"},
+		"a namespace with a slash":    {"kv-b", "infer/x"},
+		"a reference of a megabyte":   {huge, ""},
+		"a namespace of 64 bytes":     {"kv-b", strings.Repeat("n", 64)},
+		"a scoped reference too long": {strings.Repeat("n", 70) + "/kv-b", ""},
+	} {
+		for kind, ask := range map[string]func() error{
+			"segment": func() error { _, err := a.peers.ResolveSegment(ctx, "node-b", tc.segment, tc.asker); return err },
+			"layout":  func() error { _, err := a.peers.ResolveLayout(ctx, "node-b", tc.segment, tc.asker); return err },
+		} {
+			err := ask()
+			if status.Code(err) != codes.InvalidArgument || len(err.Error()) > 512 {
+				t.Fatalf("%s for a %s: %.200v (%d bytes), want a short INVALID_ARGUMENT", name, kind, err, len(fmt.Sprint(err)))
+			}
+		}
+	}
+	if _, err := a.peers.ResolveSegment(ctx, "node-b", "kv-b", ""); err != nil {
+		t.Fatalf("the published segment for a local process of node-a: %v", err)
+	}
+	if _, err := a.peers.ResolveLayout(ctx, "node-b", "kv-layout", ""); err != nil {
+		t.Fatalf("the published layout for a local process of node-a: %v", err)
 	}
 }

@@ -252,7 +252,7 @@ func (tab *Table) LayoutPairsLocked(local *Layout, remote Side, write bool) ([]e
 // descriptor, when a pod of namespace asker may use it; one it may not use is missing. node, when not empty, is
 // the asking agent's node, told when the layout goes (DeregisterLayout, DropSessionLayoutsLocked).
 func (tab *Table) LookupLayout(segment, asker, node string) (*agentv1.LayoutDescriptor, error) {
-	if err := CheckSegmentRef(segment); err != nil {
+	if err := checkLookup(segment, asker); err != nil {
 		return nil, err
 	}
 	tab.Lock()

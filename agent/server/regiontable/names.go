@@ -48,17 +48,36 @@ func CheckGrants(grants []string) error {
 		if g == "*" {
 			continue
 		}
-		if g == "" || len(g) > 63 || strings.ContainsFunc(g, func(r rune) bool {
-			return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-')
-		}) {
+		if !isNamespaceName(g) {
 			return status.Errorf(codes.InvalidArgument, "granted namespace %q is not a namespace name (or \"*\")", g)
 		}
 	}
 	return nil
 }
 
+// isNamespaceName reports whether s is spelled as a Kubernetes namespace can be (lower-case letters, digits and
+// '-', at most 63).
+func isNamespaceName(s string) bool {
+	return s != "" && len(s) <= 63 && !strings.ContainsFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-')
+	})
+}
+
+// checkLookup validates what another agent asks for: a segment reference and the namespace of the pod that asks
+// ("" for a local process of an agent that admits them). A peer's strings are kept (a layout's askers, told when
+// it goes) and quoted in answers, so they must be names, not megabytes.
+func checkLookup(segment, asker string) error {
+	if asker != "" && !isNamespaceName(asker) {
+		return status.Errorf(codes.InvalidArgument, "the asking namespace (%d bytes) is not a namespace name", len(asker))
+	}
+	return CheckSegmentRef(segment)
+}
+
 // CheckSegmentRef validates a reference to a published name: "name" or "namespace/name".
 func CheckSegmentRef(ref string) error {
+	if len(ref) > 64+MaxSegmentName {
+		return status.Errorf(codes.InvalidArgument, "segment reference is %d bytes, at most %d", len(ref), 64+MaxSegmentName)
+	}
 	ns, name, scoped := strings.Cut(ref, "/")
 	if !scoped {
 		name = ref

@@ -560,6 +560,9 @@ func (tab *Table) IssuedDescriptor(id uint64, key []byte) ([]byte, error) {
 // LookupSegment returns the descriptor of a segment registered on this node, for a caller of namespace asker
 // (the peer channel answers other agents with it, naming the pod that asks).
 func (tab *Table) LookupSegment(segment, asker string) ([]byte, error) {
+	if err := checkLookup(segment, asker); err != nil {
+		return nil, err
+	}
 	tab.Lock()
 	defer tab.Unlock()
 	r, err := tab.SegmentLocked(segment, asker)
