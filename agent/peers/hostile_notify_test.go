@@ -5,6 +5,7 @@ package peers_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"strings"
 	"testing"
@@ -14,9 +15,11 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fabricxfer/fabricxfer/agent/peers"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/internal/h2stall"
 )
 
 // TestHostilePeerNotificationsAreBounded: another agent of the pool notifies through the peer channel with lists
@@ -124,5 +127,48 @@ func TestHostilePeerLookupsAreNames(t *testing.T) {
 	}
 	if _, err := a.peers.ResolveLayout(ctx, "node-b", "kv-layout", ""); err != nil {
 		t.Fatalf("the published layout for a local process of node-a: %v", err)
+	}
+}
+
+// TestHostilePeerStalledCallsEnd: an agent of the pool opens calls on the peer channel whose requests announce
+// 4 MiB and stall, which gRPC buffers before any handler runs. One connection holds at most 128 at once (the 129th
+// stream is refused), each ends within the serving agent's call limit, and the agent serves the pool meanwhile.
+func TestHostilePeerStalledCallsEnd(t *testing.T) {
+	certs := newPoolCerts(t, "infer", "kv")
+	a, b := newNode(t, "node-a", certs), newNode(t, "node-b", certs)
+	b.callLimit = 500 * time.Millisecond
+	dir := peers.StaticDirectory{"node-a": a.peerLn.Addr().String(), "node-b": b.peerLn.Addr().String()}
+	a.start(t, dir)
+	b.start(t, dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cb := dialNode(t, b)
+	mem := randomShm(t, 4096)
+	if _, err := cb.RegisterHost(ctx, mem.File, 0, 4096, client.Segment("kv-b")); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := a.tls.Config().Clone()
+	cfg.NextProtos = []string{"h2"}
+	conn, err := tls.Dial("tcp", b.peerLn.Addr().String(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	ended, err := h2stall.Calls(conn, agentv1.Peer_Notify_FullMethodName, 129, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ended[257] != "reset REFUSED_STREAM" {
+		t.Fatalf("the 129th stalled call on one connection: %q, want the stream refused", ended[257])
+	}
+	for i := range 128 {
+		if s := ended[uint32(2*i+1)]; s == "" {
+			t.Fatalf("stalled call %d of 128 was still open %s after it started (call limit 500 ms): %d ended", i+1, time.Since(start), len(ended))
+		}
+	}
+	if _, err := a.peers.ResolveSegment(ctx, "node-b", "kv-b", ""); err != nil {
+		t.Fatalf("node-b's segment after the stalled calls: %v", err)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -76,7 +77,11 @@ type Options struct {
 	// HandshakeTimeout bounds how long an accepted connection may take to finish its TLS handshake and HTTP/2
 	// preface (default 10 s): a connection that never authenticates is closed, not held.
 	HandshakeTimeout time.Duration
-	Logger           *slog.Logger
+	// ServeCallLimit bounds how long a peer's call may take here, its request's arrival included (default 60 s):
+	// gRPC buffers a request as it arrives before any handler runs, and a peer that stalls one must not hold the
+	// agent's memory for longer. Peer calls are unary control-plane lookups, done in milliseconds.
+	ServeCallLimit time.Duration
+	Logger         *slog.Logger
 	// DataEndpoint is this node's data address as peers dial it (the tcp engine's); it travels in the Hello
 	// answer. Empty: peers learn it only from descriptors.
 	DataEndpoint string
@@ -131,11 +136,18 @@ func New(opts Options) (*Peers, error) {
 	if opts.CallTimeout <= 0 {
 		opts.CallTimeout = 5 * time.Second
 	}
+	if opts.ServeCallLimit <= 0 {
+		opts.ServeCallLimit = 60 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Peers{opts: opts, log: opts.Logger, conns: map[string]*peerConn{}}, nil
 }
+
+// maxPeerStreamsPerConn bounds the calls one peer connection has open at once: a transfer resolves each remote
+// once, and the asking agent's own calls are bounded by its transfers.
+const maxPeerStreamsPerConn = 128
 
 // Serve answers peers on the listener and keeps connections to the directory's nodes until ctx ends.
 func (p *Peers) Serve(ctx context.Context, local Local) error {
@@ -147,7 +159,15 @@ func (p *Peers) Serve(ctx context.Context, local Local) error {
 	if handshake <= 0 {
 		handshake = 10 * time.Second
 	}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(p.opts.TLS.Config())), grpc.ConnectionTimeout(handshake))
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(p.opts.TLS.Config())), grpc.ConnectionTimeout(handshake),
+		// A peer's calls are few and short; one connection's stalled requests (each buffered up to 4 MiB) are
+		// bounded in number and, by the tap's deadline, in time.
+		grpc.MaxConcurrentStreams(maxPeerStreamsPerConn),
+		grpc.InTapHandle(func(ctx context.Context, _ *tap.Info) (context.Context, error) {
+			ctx, cancel := context.WithTimeout(ctx, p.opts.ServeCallLimit)
+			context.AfterFunc(ctx, cancel)
+			return ctx, nil
+		}))
 	agentv1.RegisterPeerServer(srv, &peerService{p: p})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(p.opts.Listener) }()

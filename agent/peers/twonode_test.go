@@ -68,8 +68,8 @@ type node struct {
 	dataLn  net.Listener
 	tls     *peers.TLSFiles
 	stopped chan struct{}
-	// handshake, when set, is the peer listener's handshake timeout.
-	handshake time.Duration
+	// handshake, when set, is the peer listener's handshake timeout; callLimit its ServeCallLimit.
+	handshake, callLimit time.Duration
 }
 
 func newNode(t *testing.T, name string, certs poolCerts) *node {
@@ -103,7 +103,7 @@ func (n *node) start(t *testing.T, dir peers.Directory) {
 		t.Fatal(err)
 	}
 	n.peers, err = peers.New(peers.Options{Node: n.name, PoolNamespace: "infer", PoolName: "kv", AgentVersion: "test",
-		Listener: n.peerLn, TLS: n.tls, Directory: dir, Refresh: 100 * time.Millisecond, HandshakeTimeout: n.handshake})
+		Listener: n.peerLn, TLS: n.tls, Directory: dir, Refresh: 100 * time.Millisecond, HandshakeTimeout: n.handshake, ServeCallLimit: n.callLimit})
 	if err != nil {
 		t.Fatal(err)
 	}

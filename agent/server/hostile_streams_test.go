@@ -4,25 +4,21 @@
 package server_test
 
 import (
-	"bytes"
-	"encoding/binary"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/internal/h2stall"
 )
 
-// stalledCalls opens one connection to the agent's socket and starts n calls on it, each announcing a 4 MiB
-// request and sending 1 KiB of it, then stalling: gRPC buffers such a request as it comes, before any handler
-// (and so any check of the caller) runs. It returns the grpc-status of each call the agent ended within a second
-// (by stream id) and the connection, which is closed when the test ends.
+// stalledCalls opens one connection to the agent's socket and starts n stalled calls on it (h2stall.Calls),
+// returning how the agent ended those it ended within a second (by stream id) and the connection, which is closed
+// when the test ends.
 func stalledCalls(t *testing.T, path string, n int) (net.Conn, map[uint32]string) {
 	t.Helper()
 	conn, err := net.Dial("unix", path)
@@ -30,59 +26,11 @@ func stalledCalls(t *testing.T, path string, n int) (net.Conn, map[uint32]string
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := conn.Write([]byte(http2.ClientPreface)); err != nil {
+	ended, err := h2stall.Calls(conn, agentv1.Agent_GetInfo_FullMethodName, n, time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
-	fr := http2.NewFramer(conn, conn)
-	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", agentv1.Agent_GetInfo_FullMethodName},
-		{":authority", "localhost"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
-	body := binary.BigEndian.AppendUint32([]byte{0}, 4<<20)
-	body = append(body, make([]byte, 1024)...)
-	for i := range n {
-		id := uint32(2*i + 1)
-		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
-			t.Fatal(err)
-		}
-		if err := fr.WriteData(id, false, body); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ended := map[uint32]string{}
-	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			return conn, ended // the second passed
-		}
-		switch f := f.(type) {
-		case *http2.MetaHeadersFrame:
-			for _, h := range f.Fields {
-				if h.Name == "grpc-status" {
-					ended[f.StreamID] = h.Value + " " + f.PseudoValue("status")
-				}
-				if h.Name == "grpc-message" {
-					ended[f.StreamID] += " " + h.Value
-				}
-			}
-		case *http2.RSTStreamFrame:
-			if ended[f.StreamID] == "" { // an answered call is also reset, since its request never ended
-				ended[f.StreamID] = "reset " + f.ErrCode.String()
-			}
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				_ = fr.WriteSettingsAck()
-			}
-		}
-	}
+	return conn, ended
 }
 
 // TestHostileCallFloodIsBounded: every call on agent.sock has its request buffered by gRPC as it arrives (up to 4
