@@ -47,8 +47,9 @@ func nodeTLS(t *testing.T, ca pki.KeyPair, node string) *peers.TLSFiles {
 
 // growingDirectory is a static directory a test adds nodes to while the peer channel reads it.
 type growingDirectory struct {
-	mu    sync.Mutex
-	nodes peers.StaticDirectory
+	mu      sync.Mutex
+	nodes   peers.StaticDirectory
+	lookups map[string]int // Endpoint calls by node
 }
 
 func (d *growingDirectory) add(node, endpoint string) {
@@ -60,7 +61,17 @@ func (d *growingDirectory) add(node, endpoint string) {
 func (d *growingDirectory) Endpoint(ctx context.Context, node string) (string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.lookups == nil {
+		d.lookups = map[string]int{}
+	}
+	d.lookups[node]++
 	return d.nodes.Endpoint(ctx, node)
+}
+
+func (d *growingDirectory) lookupsOf(node string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lookups[node]
 }
 
 func (d *growingDirectory) Nodes(ctx context.Context) (map[string]string, error) {
@@ -164,6 +175,13 @@ func TestPeerCertificateMustNameItsNode(t *testing.T) {
 	refused("Hello", hello("c"))
 	_, err = api.Notify(ctx, &agentv1.PeerNotifyRequest{FromNode: "c", Payload: []byte("forged")})
 	refused("Notify", err)
+	// Before c is in the directory: the certificate is checked first, and the directory (an API server read in
+	// a cluster) is not asked about a name the certificate does not prove.
+	_, err = api.ExchangeQPs(ctx, &agentv1.ExchangeQPsRequest{FromNode: "c", ToNode: "b", Qps: []*agentv1.QPConnInfo{{Qpn: 1}}})
+	refused("ExchangeQPs in the name of a node outside the directory", err)
+	if n := dir.lookupsOf("c"); n != 0 {
+		t.Fatalf("the directory was asked %d times about node c, named by a certificate of node a", n)
+	}
 	dir.add("c", "127.0.0.1:1") // c is a node of the pool: the check that fails is the certificate's
 	_, err = api.ExchangeQPs(ctx, &agentv1.ExchangeQPsRequest{FromNode: "c", ToNode: "b", Qps: []*agentv1.QPConnInfo{{Qpn: 1}}})
 	refused("ExchangeQPs", err)

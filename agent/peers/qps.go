@@ -115,10 +115,11 @@ func (s *peerService) ExchangeQPs(ctx context.Context, req *agentv1.ExchangeQPsR
 	if req.ToNode != p.opts.Node {
 		return nil, status.Errorf(codes.InvalidArgument, "queue pairs for node %q reached node %q", req.ToNode, p.opts.Node)
 	}
-	if err := p.checkPoolNode(ctx, req.FromNode); err != nil {
+	// The certificate first: a node name it does not prove costs no directory lookup (an API server read).
+	if err := p.callerIs(ctx, req.FromNode); err != nil {
 		return nil, err
 	}
-	if err := p.callerIs(ctx, req.FromNode); err != nil {
+	if err := p.checkPoolNode(ctx, req.FromNode); err != nil {
 		return nil, err
 	}
 	if n := len(req.Qps); n == 0 || n > maxQPsPerExchange {
