@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -125,6 +126,11 @@ func (s *peerService) ExchangeQPs(ctx context.Context, req *agentv1.ExchangeQPsR
 	if n := len(req.Qps); n == 0 || n > maxQPsPerExchange {
 		return nil, status.Errorf(codes.InvalidArgument, "%d queue pairs offered, want 1 to %d", n, maxQPsPerExchange)
 	}
+	for _, nic := range []string{req.FromNic, req.ToNic} {
+		if !isDeviceName(nic) {
+			return nil, status.Errorf(codes.InvalidArgument, "node %s named an RDMA device of %d bytes that no device is called", req.FromNode, len(nic))
+		}
+	}
 	qps, err := qpsFromWire(req.Qps)
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "node %s offered %v", req.FromNode, err)
@@ -144,6 +150,12 @@ func (s *peerService) ExchangeQPs(ctx context.Context, req *agentv1.ExchangeQPsR
 		return nil, acceptError(err)
 	}
 	return &agentv1.ExchangeQPsResponse{Qps: qpsToWire(infos)}, nil
+}
+
+// isDeviceName reports whether s could name an RDMA device (/sys/class/infiniband: at most 64 bytes, printable,
+// no '/' or space). The receiving engine keeps the sender's device name with the queue-pair set it builds.
+func isDeviceName(s string) bool {
+	return s != "" && len(s) <= 64 && !strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r > '~' || r == '/' })
 }
 
 // acceptError maps the acceptor's error to a status the caller maps back (exchangeError).

@@ -416,6 +416,10 @@ func TestForgedSenderIsRefused(t *testing.T) {
 			codes.InvalidArgument, `queue pairs for node "node-c" reached node "node-b"`},
 		{&agentv1.ExchangeQPsRequest{FromNode: "node-a", ToNode: "node-b", FromNic: "mlx5_0", ToNic: "mlx5_0",
 			Qps: []*agentv1.QPConnInfo{{Qpn: 1, Lid: 1 << 16}}}, codes.InvalidArgument, "LID 65536 exceeds 16 bits"},
+		{&agentv1.ExchangeQPsRequest{FromNode: "node-a", ToNode: "node-b", FromNic: strings.Repeat("m", 1<<20), ToNic: "mlx5_0", Qps: qps},
+			codes.InvalidArgument, "an RDMA device of 1048576 bytes"},
+		{&agentv1.ExchangeQPsRequest{FromNode: "node-a", ToNode: "node-b", FromNic: "mlx5_0", ToNic: "../mlx5_0", Qps: qps},
+			codes.InvalidArgument, "an RDMA device of 9 bytes"},
 	} {
 		_, err := api.ExchangeQPs(ctx, tc.req)
 		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.says) {
