@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/fabricxfer/fabricxfer/agent/peers"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -134,12 +133,7 @@ func TestHostilePeerLookupsAreNames(t *testing.T) {
 // 4 MiB and stall, which gRPC buffers before any handler runs. One connection holds at most 128 at once (the 129th
 // stream is refused), each ends within the serving agent's call limit, and the agent serves the pool meanwhile.
 func TestHostilePeerStalledCallsEnd(t *testing.T) {
-	certs := newPoolCerts(t, "infer", "kv")
-	a, b := newNode(t, "node-a", certs), newNode(t, "node-b", certs)
-	b.callLimit = 500 * time.Millisecond
-	dir := peers.StaticDirectory{"node-a": a.peerLn.Addr().String(), "node-b": b.peerLn.Addr().String()}
-	a.start(t, dir)
-	b.start(t, dir)
+	a, b := startTwoNodes(t, func(_, b *node) { b.callLimit = 500 * time.Millisecond })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cb := dialNode(t, b)

@@ -187,11 +187,14 @@ func TestTwoAgentsMoveHostMemoryBothWaysOverMutualTLS(t *testing.T) {
 }
 
 // startTwoNodes starts node-a and node-b of pool infer/kv, which find each other in a static directory, and
-// waits until each is connected to the other.
-func startTwoNodes(t *testing.T) (a, b *node) {
+// waits until each is connected to the other; tune, when given, sets their options first.
+func startTwoNodes(t *testing.T, tune ...func(a, b *node)) (a, b *node) {
 	t.Helper()
 	certs := newPoolCerts(t, "infer", "kv")
 	a, b = newNode(t, "node-a", certs), newNode(t, "node-b", certs)
+	for _, f := range tune {
+		f(a, b)
+	}
 	dir := peers.StaticDirectory{"node-a": a.peerLn.Addr().String(), "node-b": b.peerLn.Addr().String()}
 	a.start(t, dir)
 	b.start(t, dir)
@@ -370,12 +373,7 @@ func TestAgentOfAnotherPoolIsRefused(t *testing.T) {
 // TestUnauthenticatedPeerConnectionsAreClosed: a TCP connection to the peer port that never completes the TLS
 // handshake is closed after the handshake timeout, and the agent keeps serving its peers.
 func TestUnauthenticatedPeerConnectionsAreClosed(t *testing.T) {
-	certs := newPoolCerts(t, "infer", "kv")
-	a, b := newNode(t, "node-a", certs), newNode(t, "node-b", certs)
-	a.handshake = 300 * time.Millisecond
-	dir := peers.StaticDirectory{"node-a": a.peerLn.Addr().String(), "node-b": b.peerLn.Addr().String()}
-	a.start(t, dir)
-	b.start(t, dir)
+	a, b := startTwoNodes(t, func(a, _ *node) { a.handshake = 300 * time.Millisecond })
 	idle, err := net.Dial("tcp", a.peerLn.Addr().String())
 	if err != nil {
 		t.Fatal(err)
