@@ -40,8 +40,10 @@ const DefaultTimeout = 60 * time.Second
 // MaxNotifyPayload is the largest notification payload a submission may carry.
 const MaxNotifyPayload = 64 << 10
 
-// MaxNotifyEntries bounds the regions, and the tags, one notification names: a transfer has at most 65,536
-// items, each of one region pair and one tag. A receiver refuses more before looking any up.
+// MaxNotifyEntries bounds the regions one notification names: a transfer has at most 65,536 items, and a block
+// transfer's pairs of layout regions are fewer (at most 4,096 a layout). A receiver refuses more before looking
+// any up. Tags are not bounded by it: a block transfer planned item by item (one item, and tag, per block and
+// region pair) has up to 65,536 times its regions' count.
 const MaxNotifyEntries = 1 << 16
 
 // MemoryID names a registered region. It is unique across the cluster: agents build it from their node name

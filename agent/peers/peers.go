@@ -559,9 +559,9 @@ func (s *peerService) Notify(ctx context.Context, req *agentv1.PeerNotifyRequest
 	if len(req.Payload) > engines.MaxNotifyPayload {
 		return nil, status.Errorf(codes.InvalidArgument, "payload of %d bytes, at most %d", len(req.Payload), engines.MaxNotifyPayload)
 	}
-	if len(req.MemoryIds) > engines.MaxNotifyEntries || len(req.Tags) > engines.MaxNotifyEntries {
-		return nil, status.Errorf(codes.InvalidArgument, "a notification of %d regions and %d tags: at most %d of each",
-			len(req.MemoryIds), len(req.Tags), engines.MaxNotifyEntries)
+	if len(req.MemoryIds) > engines.MaxNotifyEntries {
+		return nil, status.Errorf(codes.InvalidArgument, "a notification of %d regions: at most %d",
+			len(req.MemoryIds), engines.MaxNotifyEntries)
 	}
 	n := engines.Notification{From: req.FromNode, Payload: req.Payload, Regions: make([]engines.MemoryID, 0, len(req.MemoryIds))}
 	for _, id := range req.MemoryIds {
@@ -570,9 +570,8 @@ func (s *peerService) Notify(ctx context.Context, req *agentv1.PeerNotifyRequest
 	// Each region is looked up under the agent's table lock: a peer repeating one names it once.
 	slices.Sort(n.Regions)
 	n.Regions = slices.Compact(n.Regions)
-	for _, t := range req.Tags {
-		n.Tags = append(n.Tags, engines.Tag(t))
-	}
+	// Tags are not copied: no receiver reads them (a listener hears of regions), and a block transfer has one a
+	// block and region pair.
 	if err := s.p.local.DeliverPeerNotification(n); err != nil {
 		return nil, err
 	}

@@ -182,8 +182,8 @@ func decodeNotification(b []byte) (engines.Notification, error) {
 	slices.Sort(n.Regions)
 	n.Regions = slices.Compact(n.Regions)
 	count = int(rd.u32())
-	if count > len(b)/8 || count > engines.MaxNotifyEntries {
-		return n, errors.New("notification: tag count exceeds its size or engines.MaxNotifyEntries")
+	if count > len(b)/8 {
+		return n, errors.New("notification: tag count exceeds its size")
 	}
 	for i := 0; i < count && rd.err == nil; i++ {
 		n.Tags = append(n.Tags, engines.Tag(rd.u64()))
