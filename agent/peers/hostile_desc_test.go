@@ -46,19 +46,13 @@ func TestHostileDescriptorsAreConfirmedByTheirNode(t *testing.T) {
 	}
 	issued := rb.Descriptor()
 	forge := func(change func(*agentv1.SegmentDescriptor, *engines.MemoryDesc)) []byte {
-		var sd agentv1.SegmentDescriptor
-		if err := proto.Unmarshal(issued, &sd); err != nil {
-			t.Fatal(err)
-		}
-		md, err := engines.UnmarshalDesc(sd.Memory)
-		if err != nil {
-			t.Fatal(err)
-		}
-		change(&sd, &md)
+		sd, md := describedMemory(t, issued)
+		change(sd, &md)
+		var err error
 		if sd.Memory, err = engines.MarshalDesc(md); err != nil {
 			t.Fatal(err)
 		}
-		out, err := proto.Marshal(&sd)
+		out, err := proto.Marshal(sd)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,7 +13,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
@@ -39,14 +38,7 @@ func TestHostilePeerNotificationsAreBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sd agentv1.SegmentDescriptor
-	if err := proto.Unmarshal(rb.Descriptor(), &sd); err != nil {
-		t.Fatal(err)
-	}
-	md, err := engines.UnmarshalDesc(sd.Memory)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, md := describedMemory(t, rb.Descriptor())
 
 	many := make([]engines.MemoryID, engines.MaxNotifyEntries+1)
 	for i := range many {

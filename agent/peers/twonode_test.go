@@ -165,6 +165,20 @@ func dialNode(t *testing.T, n *node) *client.Client {
 	return c
 }
 
+// describedMemory decodes a region's descriptor and the engines' description of its memory inside it.
+func describedMemory(t *testing.T, desc []byte) (*agentv1.SegmentDescriptor, engines.MemoryDesc) {
+	t.Helper()
+	var sd agentv1.SegmentDescriptor
+	if err := proto.Unmarshal(desc, &sd); err != nil {
+		t.Fatal(err)
+	}
+	md, err := engines.UnmarshalDesc(sd.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &sd, md
+}
+
 func randomShm(t *testing.T, size uint64) *client.SharedMemory {
 	t.Helper()
 	m, err := client.NewSharedMemory("kv", size)
@@ -267,14 +281,7 @@ func moveBothWays(t *testing.T, a, b *node) {
 	}
 
 	// The peer channel carries notifications for engines without a wire of their own (fabric copies).
-	var sd agentv1.SegmentDescriptor
-	if err := proto.Unmarshal(rb.Descriptor(), &sd); err != nil {
-		t.Fatal(err)
-	}
-	md, err := engines.UnmarshalDesc(sd.Memory)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, md := describedMemory(t, rb.Descriptor())
 	if err := a.peers.SendNotification(ctx, "node-b", engines.Notification{From: "node-a", Regions: []engines.MemoryID{md.ID},
 		Payload: []byte("via the peer channel")}); err != nil {
 		t.Fatal(err)
