@@ -22,6 +22,21 @@ func BuildNotification(from string, plans []*Plan, payload []byte) Notification 
 	return n
 }
 
+// CheckReceived checks a notification another node sent before the receiver looks its regions up (under its
+// agent's one lock): a payload of at most MaxNotifyPayload bytes and at most MaxNotifyEntries regions, which it
+// sorts and names once each (a sender repeating one would have it looked up, and heard of, as often).
+func CheckReceived(n *Notification) error {
+	if len(n.Payload) > MaxNotifyPayload {
+		return fmt.Errorf("%w: a notification payload of %d bytes, at most %d", ErrInvalid, len(n.Payload), MaxNotifyPayload)
+	}
+	if len(n.Regions) > MaxNotifyEntries {
+		return fmt.Errorf("%w: a notification of %d regions, at most %d", ErrInvalid, len(n.Regions), MaxNotifyEntries)
+	}
+	slices.Sort(n.Regions)
+	n.Regions = slices.Compact(n.Regions)
+	return nil
+}
+
 // AllSucceeded reports whether every outcome is a success.
 func AllSucceeded(outcomes []Outcome) bool {
 	for _, o := range outcomes {

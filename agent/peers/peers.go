@@ -556,22 +556,15 @@ func (s *peerService) Notify(ctx context.Context, req *agentv1.PeerNotifyRequest
 	if err := s.p.callerIs(ctx, req.FromNode); err != nil {
 		return nil, err
 	}
-	if len(req.Payload) > engines.MaxNotifyPayload {
-		return nil, status.Errorf(codes.InvalidArgument, "payload of %d bytes, at most %d", len(req.Payload), engines.MaxNotifyPayload)
-	}
-	if len(req.MemoryIds) > engines.MaxNotifyEntries {
-		return nil, status.Errorf(codes.InvalidArgument, "a notification of %d regions: at most %d",
-			len(req.MemoryIds), engines.MaxNotifyEntries)
-	}
-	n := engines.Notification{From: req.FromNode, Payload: req.Payload, Regions: make([]engines.MemoryID, 0, len(req.MemoryIds))}
-	for _, id := range req.MemoryIds {
-		n.Regions = append(n.Regions, engines.MemoryID(id))
-	}
-	// Each region is looked up under the agent's table lock: a peer repeating one names it once.
-	slices.Sort(n.Regions)
-	n.Regions = slices.Compact(n.Regions)
 	// Tags are not copied: no receiver reads them (a listener hears of regions), and a block transfer has one a
 	// block and region pair.
+	n := engines.Notification{From: req.FromNode, Payload: req.Payload, Regions: make([]engines.MemoryID, len(req.MemoryIds))}
+	for i, id := range req.MemoryIds {
+		n.Regions[i] = engines.MemoryID(id)
+	}
+	if err := engines.CheckReceived(&n); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 	if err := s.p.local.DeliverPeerNotification(n); err != nil {
 		return nil, err
 	}

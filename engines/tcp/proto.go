@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"slices"
 	"sync"
 
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -172,15 +171,12 @@ func decodeNotification(b []byte) (engines.Notification, error) {
 	rd := &sliceReader{b: b}
 	n.From = string(rd.take(int(rd.u16())))
 	count := int(rd.u32())
-	if count > len(b) || count > engines.MaxNotifyEntries {
-		return n, errors.New("notification: region count exceeds its size or engines.MaxNotifyEntries")
+	if count > len(b) {
+		return n, errors.New("notification: region count exceeds its size")
 	}
 	for i := 0; i < count && rd.err == nil; i++ {
 		n.Regions = append(n.Regions, engines.MemoryID(rd.take(int(rd.u16()))))
 	}
-	// The receiver looks each region up under its agent's table lock: one a peer repeats counts once.
-	slices.Sort(n.Regions)
-	n.Regions = slices.Compact(n.Regions)
 	count = int(rd.u32())
 	if count > len(b)/8 {
 		return n, errors.New("notification: tag count exceeds its size")
@@ -195,8 +191,8 @@ func decodeNotification(b []byte) (engines.Notification, error) {
 	if rd.off != len(b) {
 		return n, fmt.Errorf("notification: %d trailing bytes", len(b)-rd.off)
 	}
-	if len(n.Payload) > engines.MaxNotifyPayload {
-		return n, fmt.Errorf("notification payload of %d bytes", len(n.Payload))
+	if err := engines.CheckReceived(&n); err != nil {
+		return n, fmt.Errorf("notification: %w", err)
 	}
 	return n, nil
 }

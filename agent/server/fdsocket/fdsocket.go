@@ -361,7 +361,7 @@ func orDefault(v, def int) int {
 	return v
 }
 
-// enter counts a connection of uid, or says which limit refuses it.
+// enter counts a connection of holder, or says which limit refuses it.
 func (s *Socket) enter(holder string) string {
 	maxConns, maxPerHolder := orDefault(s.maxConns, defaultFDConns), orDefault(s.maxPerHolder, defaultFDConnsPerHolder)
 	s.mu.Lock()
