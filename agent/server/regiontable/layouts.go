@@ -36,8 +36,10 @@ type Layout struct {
 	mems       []engines.MemoryID // the regions' memory (a region's never changes), read only
 	segment    string
 	pub        publication
-	// askers are the other nodes' agents that resolved the published layout, told when it goes (peers).
-	askers map[LayoutAsker]struct{}
+	// askers are the other nodes' agents that resolved the published layout, told when it goes (peers);
+	// askersOf counts them by node.
+	askers   map[LayoutAsker]struct{}
+	askersOf map[string]int
 }
 
 // LayoutAsker is another node's agent that resolved a published layout: its node and the segment reference and
@@ -47,9 +49,13 @@ type LayoutAsker struct {
 }
 
 // maxLayoutAskers bounds the askers a published layout remembers (every node of a pool, a few namespaces and
-// spellings of the name each); past it the later ones are not told, and see the layout gone when they next
-// ask (peerLayoutTTL).
-const maxLayoutAskers = 4096
+// spellings of the name each), and maxLayoutAskersPerNode those of one node, so that a node asking under many
+// namespaces and spellings cannot crowd the others out; past either the later ones are not told, and see the
+// layout gone when they next ask (peerLayoutTTL).
+const (
+	maxLayoutAskers        = 4096
+	maxLayoutAskersPerNode = 64
+)
 
 // Blocks is how many blocks each region of the layout holds.
 func (l *Layout) Blocks() uint64 { return l.blocks }
@@ -168,7 +174,7 @@ func (tab *Table) dropLayoutLocked(l *Layout, askers []LayoutAsker) []LayoutAske
 	for a := range l.askers {
 		askers = append(askers, a)
 	}
-	l.askers = nil
+	l.askers, l.askersOf = nil, nil
 	return askers
 }
 
@@ -269,11 +275,22 @@ func (tab *Table) LookupLayout(segment, asker, node string) (*agentv1.LayoutDesc
 		}
 		out.Regions[k] = r.desc
 	}
-	if node != "" && len(l.askers) < maxLayoutAskers {
-		if l.askers == nil {
-			l.askers = map[LayoutAsker]struct{}{}
-		}
-		l.askers[LayoutAsker{Node: node, Segment: segment, Namespace: asker}] = struct{}{}
-	}
+	l.rememberAsker(LayoutAsker{Node: node, Segment: segment, Namespace: asker})
 	return out, nil
+}
+
+// rememberAsker keeps a, an agent of another node that resolved l, within maxLayoutAskers and
+// maxLayoutAskersPerNode.
+func (l *Layout) rememberAsker(a LayoutAsker) {
+	if a.Node == "" || len(l.askers) >= maxLayoutAskers || l.askersOf[a.Node] >= maxLayoutAskersPerNode {
+		return
+	}
+	if _, ok := l.askers[a]; ok {
+		return
+	}
+	if l.askers == nil {
+		l.askers, l.askersOf = map[LayoutAsker]struct{}{}, map[string]int{}
+	}
+	l.askers[a] = struct{}{}
+	l.askersOf[a.Node]++
 }
