@@ -6,6 +6,7 @@ package rdma_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -67,5 +68,55 @@ func TestUnavailableSaysDetectionsReason(t *testing.T) {
 	}
 	if ok, why := e.Available(); ok || why != nics.Unavailable {
 		t.Fatalf("Available = %v %q, want detection's reason", ok, why)
+	}
+}
+
+// TestConcurrentAcceptsOfOneSetCreateOneSetOfQueuePairs: a peer that offers the same queue-pair set many times at
+// once (a hostile node of the pool, or a retry while the first is still being connected) gets one answer; the
+// others are refused as a race before any queue pair is created for them.
+func TestConcurrentAcceptsOfOneSetCreateOneSetOfQueuePairs(t *testing.T) {
+	c := newCluster(t, nil, "node-b")
+	dev, err := c.net.Provider("node-a").Open("mlx5_0", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offer []verbs.ConnInfo
+	for range 4 {
+		qp, err := dev.CreateQP(4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offer = append(offer, qp.Info())
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var creations atomic.Int32
+	c.net.BeforeCreateQP = func(node string) {
+		if node == "node-b" && creations.Add(1) == 1 { // hold the first acceptance in its first creation
+			close(entered)
+			<-release
+		}
+	}
+	created := c.net.Created
+	req := rdma.ExchangeRequest{From: "node-a", To: "node-b", FromNIC: "mlx5_0", ToNIC: "mlx5_0", QPs: offer}
+	first := make(chan error, 1)
+	go func() {
+		infos, err := c.nodes["node-b"].AcceptQPs(context.Background(), req)
+		if err == nil && len(infos) != len(offer) {
+			err = errors.New("answered a different number of queue pairs")
+		}
+		first <- err
+	}()
+	<-entered // the first acceptance is creating its queue pairs
+	for i := range 50 {
+		if _, err := c.nodes["node-b"].AcceptQPs(context.Background(), req); !errors.Is(err, rdma.ErrConnectRace) {
+			t.Fatalf("acceptance %d of a set being accepted = %v, want ErrConnectRace", i+2, err)
+		}
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("the first acceptance: %v", err)
+	}
+	if n := c.net.Created - created; n != len(offer) {
+		t.Fatalf("%d queue pairs created for 51 offers of one set of %d, want %d", n, len(offer), len(offer))
 	}
 }

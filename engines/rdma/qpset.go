@@ -369,6 +369,12 @@ func (e *Engine) AcceptQPs(ctx context.Context, req ExchangeRequest) ([]verbs.Co
 				e.mu.Unlock()
 				return nil, ErrConnectRace
 			}
+			if old.byAccept {
+				// Another acceptance of this set is under way: only one can be used, so a second one (a
+				// retry, or a hostile peer's flood) creates no queue pairs.
+				e.mu.Unlock()
+				return nil, ErrConnectRace
+			}
 		}
 	}
 	var s *qpSet

@@ -26,8 +26,11 @@ type Network struct {
 	// DMABufFails makes every dma-buf registration fail (nodes whose NIC
 	// driver lacks dma-buf support), so registration falls back to peer memory.
 	DMABufFails bool
+	// BeforeCreateQP, when set, runs before each queue pair is created (outside the network's lock): a test
+	// holds creations there.
+	BeforeCreateQP func(node string)
 	// Stats
-	Posted, Connected int
+	Posted, Connected, Created int
 }
 
 // NewNetwork returns an empty network.
@@ -150,10 +153,14 @@ func (d *Device) RegisterMemory(addr, length uint64, access verbs.Access) (rdma.
 
 // CreateQP implements rdma.Device.
 func (d *Device) CreateQP(depth int) (rdma.QP, error) {
+	if hook := d.n.BeforeCreateQP; hook != nil {
+		hook(d.node)
+	}
 	d.n.mu.Lock()
 	defer d.n.mu.Unlock()
 	q := &QP{d: d, qpn: d.n.nextQPN, depth: depth, state: verbs.QPReset}
 	d.n.nextQPN++
+	d.n.Created++
 	d.n.qps[uint64(d.lid)<<32|uint64(q.qpn)] = q
 	return q, nil
 }
