@@ -27,6 +27,7 @@ import (
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
 // APIVersion is the agent-to-agent API version.
@@ -145,6 +146,34 @@ func New(opts Options) (*Peers, error) {
 	return &Peers{opts: opts, log: opts.Logger, conns: map[string]*peerConn{}}, nil
 }
 
+// maxPeerHandshakes and maxPeerHandshakesPerSource bound the connections the peer listener holds before their
+// TLS handshake proved a pool certificate (sockio.Handshakes): anyone who reaches the port can open them. A node
+// dials one channel connection to another; a thousand nodes starting at once finish their handshakes in
+// milliseconds each.
+const (
+	maxPeerHandshakes          = 1024
+	maxPeerHandshakesPerSource = 32
+)
+
+// boundedHandshakes is the peer listener's TLS, closing a connection at once when too many are authenticating.
+type boundedHandshakes struct {
+	credentials.TransportCredentials
+	limit *sockio.Handshakes
+}
+
+func (b boundedHandshakes) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	leave, err := b.limit.Enter(raw.RemoteAddr())
+	if err != nil {
+		return nil, nil, fmt.Errorf("refusing a peer connection: %w", err)
+	}
+	defer leave()
+	return b.TransportCredentials.ServerHandshake(raw)
+}
+
+func (b boundedHandshakes) Clone() credentials.TransportCredentials {
+	return boundedHandshakes{TransportCredentials: b.TransportCredentials.Clone(), limit: b.limit}
+}
+
 // maxPeerStreamsPerConn bounds the calls one peer connection has open at once: a transfer resolves each remote
 // once, and the asking agent's own calls are bounded by its transfers.
 const maxPeerStreamsPerConn = 128
@@ -159,7 +188,9 @@ func (p *Peers) Serve(ctx context.Context, local Local) error {
 	if handshake <= 0 {
 		handshake = 10 * time.Second
 	}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(p.opts.TLS.Config())), grpc.ConnectionTimeout(handshake),
+	creds := boundedHandshakes{TransportCredentials: credentials.NewTLS(p.opts.TLS.Config()),
+		limit: &sockio.Handshakes{Max: maxPeerHandshakes, MaxPerSource: maxPeerHandshakesPerSource}}
+	srv := grpc.NewServer(grpc.Creds(creds), grpc.ConnectionTimeout(handshake),
 		// A peer's calls are few and short; one connection's stalled requests (each buffered up to 4 MiB) are
 		// bounded in number and, by the tap's deadline, in time.
 		grpc.MaxConcurrentStreams(maxPeerStreamsPerConn),

@@ -110,7 +110,7 @@ const (
 
 func (s *Server) serveFast(ctx context.Context, ln *net.UnixListener) {
 	for {
-		conn, err := sockio.Accept(ln, func() { s.metrics.Edge.Refused("fast", "accept_emfile") })
+		conn, err := sockio.Accept(ln.AcceptUnix, func() { s.metrics.Edge.Refused("fast", "accept_emfile") })
 		if err != nil {
 			return // listener closed on shutdown
 		}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
 // Options configure the engine. Zero values take the defaults noted.
@@ -104,7 +105,13 @@ type Engine struct {
 	stageOut, stageIn map[string]*stagePool
 	stopReaper        chan struct{}
 
-	stats struct{ sent, received, servedIn, servedOut, dialed, accepted atomic.Uint64 }
+	// handshakes bounds the accepted connections not yet past their hello.
+	handshakes sockio.Handshakes
+
+	stats struct {
+		sent, received, servedIn, servedOut, dialed, accepted atomic.Uint64
+		refused, acceptsExhausted                             atomic.Uint64
+	}
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -118,6 +125,9 @@ type Stats struct {
 	// Dialed counts connections this node opened to peers (hello exchanged); Accepted, connections peers
 	// opened to this node (hello exchanged).
 	Dialed, Accepted uint64
+	// Refused counts connections closed at once because too many were before their hello (in all, or from
+	// their address); AcceptsExhausted, accepts that found the process out of descriptors.
+	Refused, AcceptsExhausted uint64
 }
 
 // New starts the engine; with a listener it begins serving at once.
@@ -191,6 +201,7 @@ func New(opts Options) (*Engine, error) {
 	e := &Engine{opts: opts, reg: reg,
 		peers: map[string]*peer{}, serverConns: map[net.Conn]struct{}{},
 		staged: map[engines.MemoryID]stagedEntry{}, stageOut: map[string]*stagePool{}, stageIn: map[string]*stagePool{}}
+	e.handshakes.Max, e.handshakes.MaxPerSource = maxHandshakes, maxHandshakesPerSource
 	// Plans are not split: chunking happens at submit, across connections. Block batches stay in block form
 	// (checked once, not planned block by block); submit expands them into the segments it cuts into requests.
 	e.Base = engines.NewBase(engines.EngineTCP, reg, engines.Limits{BlockPlans: true}, e.CanHandle)
@@ -215,7 +226,8 @@ func (e *Engine) Addr() string { return e.opts.Advertise }
 func (e *Engine) Stats() Stats {
 	return Stats{Sent: e.stats.sent.Load(), Received: e.stats.received.Load(),
 		ServedIn: e.stats.servedIn.Load(), ServedOut: e.stats.servedOut.Load(),
-		Dialed: e.stats.dialed.Load(), Accepted: e.stats.accepted.Load()}
+		Dialed: e.stats.dialed.Load(), Accepted: e.stats.accepted.Load(),
+		Refused: e.stats.refused.Load(), AcceptsExhausted: e.stats.acceptsExhausted.Load()}
 }
 
 // Wire says how this engine's connections carry data, for reports.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
 // handshakeTimeout bounds the TLS handshake and the hello exchange of a connection this node accepts.
@@ -27,19 +28,30 @@ const keepaliveEvery = 100 * time.Millisecond
 // waits beyond it. Each holds a staging slot, so the serving pool (StagingBytes) bounds them first.
 const completerQueue = 64
 
-// serve accepts peers until the listener closes.
+// maxHandshakes and maxHandshakesPerSource bound the accepted connections before their hello (TLS handshake
+// included): anyone who reaches the port can open them, each held until handshakeTimeout. A peer opens
+// ConnsPerPeer (4) connections to a node at once.
+const (
+	maxHandshakes          = 1024
+	maxHandshakesPerSource = 32
+)
+
+// serve accepts peers until the listener closes; running out of descriptors pauses it (sockio.Accept).
 func (e *Engine) serve(ln net.Listener) {
 	defer e.wg.Done()
 	for {
-		nc, err := ln.Accept()
+		nc, err := sockio.Accept(ln.Accept, func() { e.stats.acceptsExhausted.Add(1) })
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
 			return // listener closed
 		}
+		leave, err := e.handshakes.Enter(nc.RemoteAddr())
+		if err != nil {
+			e.stats.refused.Add(1)
+			nc.Close()
+			continue
+		}
 		if !e.trackServerConn(nc, true) {
+			leave()
 			nc.Close()
 			return
 		}
@@ -48,7 +60,7 @@ func (e *Engine) serve(ln net.Listener) {
 			defer e.wg.Done()
 			defer e.trackServerConn(nc, false)
 			defer nc.Close()
-			if err := e.serveConn(nc); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			if err := e.serveConn(nc, leave); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				e.logf("tcp engine: serving %s: %v", nc.RemoteAddr(), err)
 			}
 		}()
@@ -70,8 +82,9 @@ func (e *Engine) trackServerConn(nc net.Conn, add bool) bool {
 }
 
 // serveConn answers one client connection: requests are handled in order, payloads go straight between the
-// socket and registered memory.
-func (e *Engine) serveConn(raw net.Conn) error {
+// socket and registered memory. authenticated is called once the hello is past (or failed).
+func (e *Engine) serveConn(raw net.Conn, authenticated func()) error {
+	defer authenticated()
 	nc := raw
 	raw.SetDeadline(time.Now().Add(handshakeTimeout))
 	if e.opts.TLS != nil {
@@ -90,6 +103,7 @@ func (e *Engine) serveConn(raw net.Conn) error {
 			return fmt.Errorf("client %q: %w", client, err)
 		}
 	}
+	authenticated()
 	e.stats.accepted.Add(1)
 	raw.SetDeadline(time.Time{})
 	br := bufio.NewReaderSize(nc, 64<<10)

@@ -13,14 +13,14 @@ import (
 // ExhaustedPause is how long Accept waits after the process ran out of descriptors before accepting again.
 const ExhaustedPause = 10 * time.Millisecond
 
-// Accept accepts the listener's next connection. Running out of descriptors (EMFILE, ENFILE) does not end a
-// socket: any local process can open connections until the agent has none left, and a listener that gave up
-// then would stay dead after they closed. Accept calls exhausted, waits ExhaustedPause for connections to end,
-// and tries again, as it does after a timeout or an aborted connection. Any other error (the listener closed)
-// is returned.
-func Accept(ln *net.UnixListener, exhausted func()) (*net.UnixConn, error) {
+// Accept returns accept's next connection. Running out of descriptors (EMFILE, ENFILE) does not end a
+// socket: any local process (any host, for a TCP listener) can open connections until the agent has none left,
+// and a listener that gave up then would stay dead after they closed. Accept calls exhausted, waits
+// ExhaustedPause for connections to end, and tries again, as it does after a timeout or an aborted connection.
+// Any other error (the listener closed) is returned.
+func Accept[C net.Conn](accept func() (C, error), exhausted func()) (C, error) {
 	for {
-		conn, err := ln.AcceptUnix()
+		conn, err := accept()
 		if err == nil {
 			return conn, nil
 		}
@@ -31,7 +31,7 @@ func Accept(ln *net.UnixListener, exhausted func()) (*net.UnixConn, error) {
 			exhausted()
 			time.Sleep(ExhaustedPause)
 		default:
-			return nil, err
+			return conn, err
 		}
 	}
 }

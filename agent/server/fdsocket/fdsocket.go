@@ -329,7 +329,7 @@ func NewSocket(ln *net.UnixListener, tokens *Tokens, identify func(ctx context.C
 // Serve accepts connections until the listener is closed.
 func (s *Socket) Serve(ctx context.Context) {
 	for {
-		conn, err := sockio.Accept(s.ln, func() { s.edge.Refused("fd", "accept_emfile") })
+		conn, err := sockio.Accept(s.ln.AcceptUnix, func() { s.edge.Refused("fd", "accept_emfile") })
 		if err != nil {
 			return // listener closed on shutdown
 		}

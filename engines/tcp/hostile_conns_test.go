@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package tcp
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/engines"
+)
+
+// writeThrough writes 64 KiB from a fresh region of a into a fresh region of b and checks what landed.
+func writeThrough(t *testing.T, a, b *Engine, id string) {
+	t.Helper()
+	src, dst := bytes.Repeat([]byte(id[:1]), 64<<10), make([]byte, 64<<10)
+	local := register(t, a, "node-a/"+id, src)
+	remote := register(t, b, "node-b/"+id, dst)
+	imp(t, a, remote)
+	if err := moveWithin(a, 5*time.Second, item(engines.Item{Src: local.ID, Dst: remote.ID, Size: 64 << 10, Tag: 1})); err != nil {
+		t.Fatalf("a write to node-b: %v", err)
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("node-b's region does not hold what was written")
+	}
+}
+
+// TestHostileConnectionsBeforeHelloAreBounded: anyone who reaches the data port can open connections that never
+// say hello, each held until the handshake deadline (10 s). One address holds at most 32 at once (the next is
+// closed at once), and a peer from another address still connects and moves bytes.
+func TestHostileConnectionsBeforeHelloAreBounded(t *testing.T) {
+	a := newEngine(t, "node-a", nil)
+	b := newEngine(t, "node-b", listen(t))
+	hostile := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, Timeout: 2 * time.Second}
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := range maxHandshakesPerSource {
+		c, err := hostile.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatalf("hostile connection %d: %v", i+1, err)
+		}
+		held = append(held, c)
+	}
+	extra, err := hostile.Dial("tcp", b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	_ = extra.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := extra.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("connection %d from one address that never says hello was held open", maxHandshakesPerSource+1)
+	}
+	if n := b.Stats().Refused; n != 1 {
+		t.Errorf("Stats().Refused = %d, want 1", n)
+	}
+	writeThrough(t, a, b, "during")
+}
+
+// TestDataListenerSurvivesDescriptorExhaustion: anyone who reaches the data port can leave the agent without
+// descriptors; every accept then fails with EMFILE. The listener used to end at that error and stayed dead until
+// the agent restarted. The process's limit is lowered to its lowest free descriptor while another process
+// connects; once accepts were seen to fail and the limit is restored, a peer connects and moves bytes.
+func TestDataListenerSurvivesDescriptorExhaustion(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("needs python3 for a second process that connects while this one has no descriptor left")
+	}
+	a := newEngine(t, "node-a", nil)
+	b := newEngine(t, "node-b", listen(t))
+	host, port, _ := net.SplitHostPort(b.Addr())
+	peer := exec.Command(python, "-c", `import socket, sys
+sys.stdin.readline()
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+print("connected", flush=True)
+sys.stdin.readline()`, host, port)
+	stdin, err := peer.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := peer.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer.Stderr = os.Stderr
+	if err := peer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = peer.Process.Kill(); _ = peer.Wait() }()
+	stop := time.AfterFunc(20*time.Second, func() { _ = peer.Process.Kill() })
+	defer stop.Stop()
+
+	var limit syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	restore := limit
+	defer func() { _ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &restore) }()
+	limit.Cur = uint64(lowestFreeFD(t))
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stdin.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "connected\n" {
+		t.Fatalf("the other process did not connect: %q, %v", line, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); b.Stats().AcceptsExhausted == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no accept failed for want of descriptors within 10 s: the test did not exhaust them")
+		}
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &restore); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = stdin.Write([]byte("done\n"))
+	writeThrough(t, a, b, "after")
+}
+
+// lowestFreeFD is the lowest descriptor number this process does not use: with RLIMIT_NOFILE at it, no
+// descriptor can be opened.
+func lowestFreeFD(t *testing.T) int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[int]bool{}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil {
+			used[fd] = true
+		}
+	}
+	fd := 0
+	for used[fd] {
+		fd++
+	}
+	return fd
+}
