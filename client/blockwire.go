@@ -56,6 +56,9 @@ type blockRequest struct {
 // newBlockRequest checks a block transfer's arguments and gives its request; the ids travel beside it.
 func newBlockRequest(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions, wait bool) (blockRequest, error) {
 	r := blockRequest{notify: opts.Notify, wait: wait, timeout: boundedTimeout(ctx, opts.Timeout, wait)}
+	if err := opts.check(); err != nil {
+		return r, fmt.Errorf("transferring blocks: %w", err)
+	}
 	if len(ids) != len(remoteIDs) {
 		return r, fmt.Errorf("transferring blocks: %d local ids and %d remote ids", len(ids), len(remoteIDs))
 	}

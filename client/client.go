@@ -34,6 +34,11 @@ import (
 // were registered: they are gone on the agent side. Call Recover, then retry.
 var ErrSessionLost = errors.New("agent session lost (agent restarted?): call Recover and retry")
 
+// ErrLost means the memory a region or layout names went with a restarted agent and Recover cannot bring it
+// back (a pool slice, a layout over one, or a layout whose region was deregistered since): allocate or register
+// it again. Retrying after Recover fails the same way.
+var ErrLost = errors.New("lost with the agent's restart and not registered again")
+
 // ErrClosed means the call was made on a client after Close.
 var ErrClosed = errors.New("the client is closed")
 
@@ -68,6 +73,7 @@ type Client struct {
 	gen     uint64 // the dial generation regions are registered under
 	info    *agentv1.GetInfoResponse
 	regions map[*Region]struct{}
+	layouts map[*Layout]struct{}
 }
 
 // Option tunes Dial.
@@ -103,7 +109,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		fn(&o)
 	}
 	c := &Client{socketPath: socketPath, fdSocket: filepath.Join(filepath.Dir(socketPath), FDSocketName),
-		regions: map[*Region]struct{}{}, noFast: o.noFast, noMailbox: o.noMailbox, spin: o.spin}
+		regions: map[*Region]struct{}{}, layouts: map[*Layout]struct{}{}, noFast: o.noFast, noMailbox: o.noMailbox, spin: o.spin}
 	// gRPC turns a failed dial into an Unavailable status; the dial's own error is kept to explain a refusal.
 	var lastDialErr atomic.Pointer[error]
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
@@ -199,6 +205,7 @@ func (c *Client) Close() error {
 		r.release()
 	}
 	c.regions = map[*Region]struct{}{}
+	c.layouts = map[*Layout]struct{}{}
 	c.mu.Unlock()
 	c.closeFast()
 	return c.conn.Close()
@@ -227,8 +234,10 @@ func (c *Client) check() error {
 	return nil
 }
 
-// wrap turns an error of a call made under generation gen into ErrSessionLost when the connection changed.
-func (c *Client) wrap(what string, gen uint64, err error) error {
+// wrap turns an error of a call made under generation gen into ErrSessionLost when the connection changed, and
+// into one that also wraps ctx's error (errors.Is(err, context.DeadlineExceeded)) when the call failed because
+// ctx ended.
+func (c *Client) wrap(ctx context.Context, what string, gen uint64, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -238,7 +247,20 @@ func (c *Client) wrap(what string, gen uint64, err error) error {
 	if c.dials.Load() != gen || sessionRefused(err) {
 		return fmt.Errorf("%s: %w (%v)", what, ErrSessionLost, err)
 	}
+	if ended := ctx.Err(); ended != nil && !errors.Is(err, ended) && endedByDeadline(err) {
+		return fmt.Errorf("%s: %w (%w)", what, err, ended)
+	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// endedByDeadline reports an error a call gets when its context ends: gRPC's DEADLINE_EXCEEDED or CANCELLED, or
+// the fast socket's own deadline.
+func endedByDeadline(err error) bool {
+	switch Code(err) {
+	case codes.DeadlineExceeded, codes.Canceled:
+		return true
+	}
+	return errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 func (c *Client) generation() uint64 {
@@ -248,7 +270,9 @@ func (c *Client) generation() uint64 {
 }
 
 // Recover waits (until ctx ends) for the agent to answer again and re-registers every region this client
-// registered from its own memory. Pool slices are dropped (Region.Lost reports it).
+// registered from its own memory, then every layout over them (their ids change in place). Pool slices, and
+// layouts over one or over a region deregistered since, are dropped: their calls fail with ErrLost. An error
+// says what could not be registered; calling Recover again tries that again.
 func (c *Client) Recover(ctx context.Context) error {
 	// Goroutines that share the client may all call it: one recovers at a time, and one that finds the session
 	// it holds to be the agent's current one has nothing to register.
@@ -283,6 +307,10 @@ func (c *Client) Recover(ctx context.Context) error {
 	for r := range c.regions {
 		regs = append(regs, r)
 	}
+	lays := make([]*Layout, 0, len(c.layouts))
+	for l := range c.layouts {
+		lays = append(lays, l)
+	}
 	c.mu.Unlock()
 	var errs []error
 	if !c.noFast {
@@ -290,10 +318,12 @@ func (c *Client) Recover(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	if same {
-		return errors.Join(errs...) // the agent still holds every region: registering them again would hold them twice
-	}
 	for _, r := range regs {
+		// In the session the agent holds (same), or registered again by an earlier Recover of this session:
+		// registering it again would hold it twice. A pool slice marked lost stays lost.
+		if _, err := r.current(); same || err == nil || errors.Is(err, ErrLost) {
+			continue
+		}
 		if r.keep == nil && r.gpu == nil {
 			r.mu.Lock()
 			r.lost = true
@@ -303,6 +333,11 @@ func (c *Client) Recover(ctx context.Context) error {
 		}
 		if err := c.register(ctx, r); err != nil {
 			errs = append(errs, fmt.Errorf("re-registering region %q: %w", r.segment, err))
+		}
+	}
+	for _, l := range lays {
+		if err := c.registerLayoutAgain(ctx, l); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)

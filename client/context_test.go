@@ -4,7 +4,9 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -46,6 +48,76 @@ func TestACallWhoseContextEndedReadsSo(t *testing.T) {
 	}
 	if err := c.Deregister(ctx, r); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEndedContextsAreTheirErrors: a call of every kind whose context ended before it was made fails with an
+// error errors.Is finds the context's error in (not only its code), saying nothing was sent, and moves nothing;
+// a negative transfer timeout and a pool slice the client did not allocate are refused with an error, not
+// taken for the default or a panic.
+func TestEndedContextsAreTheirErrors(t *testing.T) {
+	c, ctx := dialLocal(t, startLocal(t), "ended-contexts")
+	src, dst := sharedMemory(t, "src", 1<<16), sharedMemory(t, "dst", 1<<16)
+	for i := range src.Bytes {
+		src.Bytes[i] = byte(i)
+	}
+	rs, err := c.RegisterHost(ctx, src.File, 0, 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := c.RegisterHost(ctx, dst.File, 0, 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := c.RegisterLayout(ctx, []*client.Region{rs}, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld, err := c.RegisterLayout(ctx, []*client.Region{rd}, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prepared, err := c.PrepareBlocks(client.Write, ls, []uint32{1}, client.ToLayout(ld), []uint32{2}, client.TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelled, cancelNow := context.WithCancel(ctx)
+	cancelNow()
+	expired, cancelExpired := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancelExpired()
+	for _, ended := range []context.Context{cancelled, expired} {
+		calls := map[string]func() error{
+			"Write": func() error { _, err := c.Write(ended, rs, 0, client.ToRegion(rd), 0, 4096); return err },
+			"TransferBlocks": func() error {
+				_, err := c.TransferBlocks(ended, client.Write, ls, []uint32{1}, client.ToLayout(ld), []uint32{2}, client.TransferOptions{})
+				return err
+			},
+			"SubmitBlocks": func() error {
+				_, err := c.SubmitBlocks(ended, client.Write, ls, []uint32{1}, client.ToLayout(ld), []uint32{2}, client.TransferOptions{})
+				return err
+			},
+			"PreparedBlocks.Run": func() error { _, err := prepared.Run(ended); return err },
+		}
+		for name, call := range calls {
+			err := call()
+			if !errors.Is(err, ended.Err()) {
+				t.Errorf("%s with a context that ended (%v): %v, want an error that is the context's", name, ended.Err(), err)
+			}
+		}
+	}
+	if !bytes.Equal(dst.Bytes, make([]byte, len(dst.Bytes))) {
+		t.Fatal("a call whose context had ended moved bytes")
+	}
+	_, err = c.TransferBlocks(ctx, client.Write, ls, []uint32{1}, client.ToLayout(ld), []uint32{2}, client.TransferOptions{Timeout: -time.Second})
+	if client.Code(err) != codes.InvalidArgument {
+		t.Errorf("a negative timeout: %v, want InvalidArgument", err)
+	}
+	items := []client.Item{{Local: rs, Remote: client.ToRegion(rd), Length: 4096}}
+	if _, err := c.Do(ctx, client.Write, items, client.TransferOptions{Timeout: -time.Second}); client.Code(err) != codes.InvalidArgument {
+		t.Errorf("a negative timeout on Do: %v, want InvalidArgument", err)
+	}
+	if err := c.Release(ctx, &client.PoolSlice{}); err == nil {
+		t.Error("releasing a pool slice the client never allocated succeeded")
 	}
 }
 

@@ -120,7 +120,6 @@ func TestBlockFrameIsTheRequestOfTheArguments(t *testing.T) {
 		{"a deadline and the agent's default", Write, ToLayoutSegment("", "kv"), bySegment("", "kv"), TransferOptions{}, within(5 * time.Second), true, 0},
 		{"a deadline past the timeout", Read, ToLayout(other), byID(1 << 40), TransferOptions{Timeout: 250 * time.Microsecond}, within(time.Minute), true, 0},
 		{"a deadline already passed", Read, ToLayout(other), byID(1 << 40), TransferOptions{}, within(-time.Second), true, 0},
-		{"a negative timeout, not waited", Write, ToLayout(other), byID(1 << 40), TransferOptions{Timeout: -time.Second}, within(time.Minute), false, 0},
 		{"a notification, not waited", Write, ToLayoutSegment("node-c", "prefill/kv"), bySegment("node-c", "prefill/kv"), TransferOptions{Notify: []byte("layer 3 done")}, background, false, 0},
 		{"ids in the arena", Read, ToLayout(other), byID(1 << 40), TransferOptions{Timeout: time.Second}, background, true, 3},
 	} {

@@ -129,14 +129,14 @@ func (c *Client) registerGPU(ctx context.Context, r *Region, gen uint64) (*agent
 		k := min(len(files), fdpass.MaxPutFDs)
 		token, err := c.putFDs(ctx, files[:k])
 		if err != nil {
-			return nil, c.wrap("registering GPU memory: passing its VMM fds", gen, err)
+			return nil, c.wrap(ctx, "registering GPU memory: passing its VMM fds", gen, err)
 		}
 		req.FdTokens = append(req.FdTokens, token)
 		files = files[k:]
 	}
 	resp, err := c.api.RegisterMemory(ctx, req)
 	if err != nil {
-		return nil, c.wrap("registering GPU memory", gen, err)
+		return nil, c.wrap(ctx, "registering GPU memory", gen, err)
 	}
 	return resp, nil
 }

@@ -6,6 +6,7 @@ package client
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -17,8 +18,8 @@ import (
 )
 
 // Layout is a block view of registered regions of equal length, the shape of a paged KV cache: block i is
-// [i*BlockBytes, (i+1)*BlockBytes) of every region. It is tied to the agent session it was registered in:
-// after Recover, register it again.
+// [i*BlockBytes, (i+1)*BlockBytes) of every region. Recover registers it again with its regions (its ID
+// changes); one over a pool slice is lost with the agent (ErrLost).
 type Layout struct {
 	c          *Client
 	regions    []*Region
@@ -27,9 +28,10 @@ type Layout struct {
 	segment    string
 	grants     []string
 
-	mu  sync.Mutex
-	id  uint64
-	gen uint64
+	mu   sync.Mutex
+	id   uint64
+	gen  uint64
+	lost bool // its memory went with a restarted agent (ErrLost)
 }
 
 // ID is the layout's id at the agent.
@@ -52,10 +54,16 @@ func (l *Layout) Regions() []*Region { return l.regions }
 func (l *Layout) BlockBytes() uint64 { return l.blockBytes }
 
 func (l *Layout) current() (uint64, error) {
+	if l == nil {
+		return 0, errors.New("no layout (nil)")
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.gen != l.c.generation() {
-		return 0, fmt.Errorf("layout %d: %w (register the layout again)", l.id, ErrSessionLost)
+	switch {
+	case l.lost:
+		return 0, fmt.Errorf("layout %d: %w (a region of it was a pool slice or was deregistered: register the layout again)", l.id, ErrLost)
+	case l.gen != l.c.generation():
+		return 0, fmt.Errorf("layout %d: %w", l.id, ErrSessionLost)
 	}
 	return l.id, nil
 }
@@ -91,10 +99,58 @@ func (c *Client) RegisterLayout(ctx context.Context, regions []*Region, blockByt
 	}
 	resp, err := c.api.RegisterLayout(ctx, req)
 	if err != nil {
-		return nil, c.wrap("registering a layout", gen, err)
+		return nil, c.wrap(ctx, "registering a layout", gen, err)
 	}
 	l.id, l.gen, l.blocks = resp.Layout.Id, gen, resp.Layout.Blocks
+	c.mu.Lock()
+	if !c.closed.Load() {
+		c.layouts[l] = struct{}{} // Recover registers it again
+	}
+	c.mu.Unlock()
 	return l, nil
+}
+
+// registerLayoutAgain registers l anew after Recover registered its regions again; a layout over a region that
+// cannot come back is marked lost and forgotten.
+func (c *Client) registerLayoutAgain(ctx context.Context, l *Layout) error {
+	if _, err := l.current(); err == nil {
+		return nil // registered again by an earlier Recover of this session
+	}
+	req := &agentv1.RegisterLayoutRequest{BlockBytes: l.blockBytes, SegmentName: l.segment, SegmentGrants: l.grants,
+		RegionIds: make([]uint64, len(l.regions))}
+	for k, r := range l.regions {
+		c.mu.Lock()
+		_, kept := c.regions[r]
+		c.mu.Unlock()
+		id, err := r.current()
+		if !kept || errors.Is(err, ErrLost) || r.Lost() {
+			l.mu.Lock()
+			l.lost = true
+			l.mu.Unlock()
+			c.forgetLayout(l)
+			return nil // its calls say ErrLost
+		}
+		if err != nil {
+			return fmt.Errorf("re-registering layout %d: region %d is not registered again yet: %w", l.ID(), k, err)
+		}
+		req.RegionIds[k] = id
+	}
+	gen := c.generation()
+	resp, err := c.api.RegisterLayout(ctx, req)
+	if err != nil {
+		return fmt.Errorf("re-registering layout %d: %w", l.ID(), c.wrap(ctx, "registering a layout", gen, err))
+	}
+	l.mu.Lock()
+	l.id, l.gen = resp.Layout.Id, gen
+	l.mu.Unlock()
+	return nil
+}
+
+// forgetLayout stops Recover from registering l again.
+func (c *Client) forgetLayout(l *Layout) {
+	c.mu.Lock()
+	delete(c.layouts, l)
+	c.mu.Unlock()
 }
 
 // DeregisterLayout forgets the layout; its regions stay registered. A published layout's agent first tells the
@@ -105,8 +161,9 @@ func (c *Client) DeregisterLayout(ctx context.Context, l *Layout) error {
 		return err
 	}
 	if _, err := c.api.DeregisterLayout(ctx, &agentv1.DeregisterLayoutRequest{LayoutId: id}); err != nil {
-		return c.wrap(fmt.Sprintf("deregistering layout %d", id), l.gen, err)
+		return c.wrap(ctx, fmt.Sprintf("deregistering layout %d", id), l.gen, err)
 	}
+	c.forgetLayout(l)
 	return nil
 }
 
@@ -181,6 +238,9 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 	if err := c.checkBlockCount(len(ids)); err != nil {
 		return nil, gen, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, gen, fmt.Errorf("transferring blocks: nothing sent: %w", err)
+	}
 	r, err := newBlockRequest(ctx, op, l, ids, remote, remoteIDs, opts, wait)
 	if err != nil {
 		return nil, gen, err
@@ -196,7 +256,7 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 		if wait {
 			what = "transferring blocks"
 		}
-		return nil, gen, c.wrap(what, gen, err)
+		return nil, gen, c.wrap(ctx, what, gen, err)
 	}
 	return resp, gen, nil
 }

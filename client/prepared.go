@@ -50,6 +50,9 @@ func (p *PreparedBlocks) Run(ctx context.Context) (*Status, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("transferring blocks: nothing sent: %w", err)
+	}
 	r := p.req
 	r.timeout = boundedTimeout(ctx, p.opts.Timeout, true)
 	resp, fast, err := c.fastBlocks(ctx, &r, p.ids, p.remoteIDs, p.bytes)
@@ -57,7 +60,7 @@ func (p *PreparedBlocks) Run(ctx context.Context) (*Status, error) {
 		return p.plain(ctx)
 	}
 	if err != nil {
-		return nil, c.wrap("transferring blocks", p.gen, err)
+		return nil, c.wrap(ctx, "transferring blocks", p.gen, err)
 	}
 	return resp.Status, statusErr(resp.Status)
 }

@@ -5,6 +5,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -67,7 +68,7 @@ func (r *Region) current() (uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.lost {
-		return 0, fmt.Errorf("region %q: %w (pool slice; allocate again)", r.segment, ErrSessionLost)
+		return 0, fmt.Errorf("region %q: %w (pool slice; allocate again)", r.segment, ErrLost)
 	}
 	if r.gen != r.c.generation() {
 		return 0, ErrSessionLost
@@ -173,13 +174,13 @@ func (c *Client) register(ctx context.Context, r *Region) error {
 	token, err := c.putFD(ctx, r.keep)
 	r.mu.Unlock()
 	if err != nil {
-		return c.wrap("registering host memory: passing its fd", gen, err)
+		return c.wrap(ctx, "registering host memory: passing its fd", gen, err)
 	}
 	resp, err := c.api.RegisterMemory(ctx, &agentv1.RegisterMemoryRequest{Kind: agentv1.MemoryKind_MEMORY_KIND_HOST,
 		HandleType: agentv1.HandleType_HANDLE_TYPE_SHM_FD, FdToken: token, Offset: r.offset, Length: r.length,
 		SegmentName: r.segment, SegmentGrants: r.grants})
 	if err != nil {
-		return c.wrap("registering host memory", gen, err)
+		return c.wrap(ctx, "registering host memory", gen, err)
 	}
 	r.mu.Lock()
 	r.id, r.desc, r.gen, r.lost = resp.Region.Id, resp.Region.Desc, gen, false
@@ -198,7 +199,7 @@ func (c *Client) Deregister(ctx context.Context, r *Region) error {
 		return fmt.Errorf("deregistering region %d: it is a pool slice; use Release", id)
 	}
 	if _, err := c.api.DeregisterMemory(ctx, &agentv1.DeregisterMemoryRequest{RegionId: id}); err != nil {
-		return c.wrap(fmt.Sprintf("deregistering region %d", id), r.gen, err)
+		return c.wrap(ctx, fmt.Sprintf("deregistering region %d", id), r.gen, err)
 	}
 	c.forget(r)
 	return nil
@@ -241,7 +242,7 @@ func (c *Client) AllocateFromPool(ctx context.Context, length uint64, opts ...Re
 	}
 	resp, err := c.api.AllocateFromPool(ctx, &agentv1.AllocateFromPoolRequest{Length: length, SegmentName: r.segment, SegmentGrants: r.grants})
 	if err != nil {
-		return nil, c.wrap("allocating pool memory", gen, err)
+		return nil, c.wrap(ctx, "allocating pool memory", gen, err)
 	}
 	if resp.HandleType != agentv1.HandleType_HANDLE_TYPE_SHM_FD {
 		// GPU pool memory is a VMM fd: it is imported with the GPU runtime (cuMemImportFromShareableHandle, then
@@ -273,6 +274,9 @@ func (c *Client) AllocateFromPool(ctx context.Context, length uint64, opts ...Re
 
 // Release gives the slice back and unmaps it here.
 func (c *Client) Release(ctx context.Context, s *PoolSlice) error {
+	if s == nil || s.Region == nil {
+		return errors.New("releasing a pool slice: not one AllocateFromPool returned")
+	}
 	defer func() {
 		if s.mapping != nil {
 			_ = unix.Munmap(s.mapping)
@@ -284,7 +288,7 @@ func (c *Client) Release(ctx context.Context, s *PoolSlice) error {
 		return nil // the agent that lent it is gone
 	}
 	if _, err := c.api.Release(ctx, &agentv1.ReleaseRequest{AllocationId: s.alloc}); err != nil {
-		return c.wrap("releasing pool slice", s.gen, err)
+		return c.wrap(ctx, "releasing pool slice", s.gen, err)
 	}
 	return nil
 }

@@ -177,6 +177,14 @@ func submission(ctx context.Context, op Op, opts TransferOptions, wait bool) (ag
 	return 0, nil, fmt.Errorf("unknown op %d", op)
 }
 
+// check refuses options no transfer can have.
+func (o TransferOptions) check() error {
+	if o.Timeout < 0 {
+		return status.Errorf(codes.InvalidArgument, "a transfer's timeout must not be negative, got %v (zero: the agent's default)", o.Timeout)
+	}
+	return nil
+}
+
 // agentDefaultTimeout is the timeout the agent gives a transfer that names none (engines.DefaultTimeout).
 const agentDefaultTimeout = 60 * time.Second
 
@@ -200,6 +208,9 @@ func boundedTimeout(ctx context.Context, timeout time.Duration, wait bool) time.
 }
 
 func (c *Client) request(ctx context.Context, op Op, items []Item, opts TransferOptions, wait bool) (*agentv1.TransferRequest, error) {
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
 	if most := c.Info().GetLimits().GetMaxItemsPerTransfer(); most > 0 && len(items) > int(most) {
 		return nil, status.Errorf(codes.InvalidArgument, "%d items, the agent moves at most %d items a call (Info().Limits.MaxItemsPerTransfer): split the transfer", len(items), most)
 	}
@@ -269,6 +280,9 @@ func (c *Client) send(ctx context.Context, op Op, items []Item, n uint64, opts T
 	if err := c.check(); err != nil {
 		return nil, gen, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, gen, fmt.Errorf("%s: nothing sent: %w", what, err)
+	}
 	req, err := c.request(ctx, op, items, opts, wait)
 	if err != nil {
 		return nil, gen, fmt.Errorf("%s: %w", what, err)
@@ -278,7 +292,7 @@ func (c *Client) send(ctx context.Context, op Op, items []Item, n uint64, opts T
 		resp, err = c.api.Transfer(ctx, req)
 	}
 	if err != nil {
-		return nil, gen, c.wrap(what, gen, err)
+		return nil, gen, c.wrap(ctx, what, gen, err)
 	}
 	return resp, gen, nil
 }
@@ -310,7 +324,7 @@ func (t *Transfer) Wait(ctx context.Context) (*Status, error) {
 		st, err = t.c.api.Wait(ctx, &agentv1.WaitRequest{TransferId: t.ID})
 	}
 	if err != nil {
-		return nil, t.c.wrap(fmt.Sprintf("waiting for transfer %d", t.ID), t.gen, err)
+		return nil, t.c.wrap(ctx, fmt.Sprintf("waiting for transfer %d", t.ID), t.gen, err)
 	}
 	return st, statusErr(st)
 }
@@ -319,7 +333,7 @@ func (t *Transfer) Wait(ctx context.Context) (*Status, error) {
 func (t *Transfer) Cancel(ctx context.Context) (*Status, error) {
 	st, err := t.c.api.Cancel(ctx, &agentv1.CancelRequest{TransferId: t.ID})
 	if err != nil {
-		return nil, t.c.wrap(fmt.Sprintf("cancelling transfer %d", t.ID), t.gen, err)
+		return nil, t.c.wrap(ctx, fmt.Sprintf("cancelling transfer %d", t.ID), t.gen, err)
 	}
 	return st, nil
 }
