@@ -145,12 +145,13 @@ func TestAgentTokenWritesOnlyItsNode(t *testing.T) {
 	}
 
 	// With DRA the agent publishes its node's ResourceSlice; RBAC grants ResourceSlices of every node and driver.
-	slice := func(node, driver string) *resourceapi.ResourceSlice {
+	inPool := func(node, driver, pool string) *resourceapi.ResourceSlice {
 		return &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{GenerateName: "own-node-slice-"},
 			Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: &node,
-				Pool:    resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+				Pool:    resourceapi.ResourcePool{Name: pool, Generation: 99, ResourceSliceCount: 1},
 				Devices: []resourceapi.Device{{Name: "channel-0"}}}}
 	}
+	slice := func(node, driver string) *resourceapi.ResourceSlice { return inPool(node, driver, node) }
 	const sliceWant = "may write only ResourceSlices of driver fabricxfer.io for its own node"
 	mine := slice(nodes[0], "fabricxfer.io")
 	if err := agent.Create(ctx, mine); err != nil {
@@ -165,10 +166,13 @@ func TestAgentTokenWritesOnlyItsNode(t *testing.T) {
 			t.Errorf("its own node's ResourceSlice after the agent deleted its slices: %v", err)
 		}
 	}
-	for _, s := range []*resourceapi.ResourceSlice{slice(nodes[1], "fabricxfer.io"), slice(nodes[0], "gpu.example.com")} {
+	// A slice of its own node in another node's pool, or a vPOD's, would lure that pool's claims to this node
+	// (the scheduler takes the slice's node selector) and take that pool's device names.
+	for _, s := range []*resourceapi.ResourceSlice{slice(nodes[1], "fabricxfer.io"), slice(nodes[0], "gpu.example.com"),
+		inPool(nodes[0], "fabricxfer.io", nodes[1]), inPool(nodes[0], "fabricxfer.io", "vpod-rack-1")} {
 		if err := agent.Create(ctx, s); err == nil || !strings.Contains(err.Error(), sliceWant) {
 			_ = c.Delete(ctx, s)
-			t.Errorf("a ResourceSlice of driver %s for node %s: %v, want refused", s.Spec.Driver, *s.Spec.NodeName, err)
+			t.Errorf("a ResourceSlice of driver %s for node %s in pool %s: %v, want refused", s.Spec.Driver, *s.Spec.NodeName, s.Spec.Pool.Name, err)
 		}
 	}
 	theirs := slice(nodes[1], "gpu.example.com")
