@@ -191,7 +191,8 @@ func sessionRefused(err error) bool {
 func notInSocketGroup(path string, err error) error {
 	groups, _ := os.Getgroups()
 	return fmt.Errorf("connecting to agent socket %s as uid %d (gid %d, groups %v): %w; a non-root pod needs the "+
-		"pool's spec.socketGroup in its securityContext.supplementalGroups", path, os.Getuid(), os.Getgid(), groups, err)
+		"pool's spec.socketGroup in its securityContext.supplementalGroups; outside Kubernetes, run the agent as this "+
+		"user or with --socket-gid set to one of this user's groups", path, os.Getuid(), os.Getgid(), groups, err)
 }
 
 // Close closes the connection; the agent then deregisters this client's regions. Later calls fail with

@@ -84,3 +84,21 @@ func TestGPUSharingInSameNodeEngineStatus(t *testing.T) {
 		t.Errorf("rdma reason %q carries the GPU sharing", got)
 	}
 }
+
+// TestSameNodeEngineWithoutGPUsSaysHostMemory: on a node without GPUs detection finds no same-node GPU path, but
+// the engine runs with its host backend and moves host memory: GetInfo reports it available, for host memory
+// only, with detection's reason, so a caller that checks availability first does not give up.
+func TestSameNodeEngineWithoutGPUsSaysHostMemory(t *testing.T) {
+	t.Parallel()
+	side := &transferSide{statuses: []server.EngineStatus{
+		{Name: "xgmi", Available: false, Reason: "no GPU detected"},
+		{Name: "rdma", Available: false, Reason: "no RDMA device"},
+	}}
+	side.markNotRunning(Config{DisableTCP: true}, false)
+	if got := side.statuses[0]; !got.Available || got.Reason != "host memory only (no GPU detected)" {
+		t.Errorf("xgmi without GPUs: %+v, want available for host memory only", got)
+	}
+	if side.statuses[1].Available {
+		t.Error("rdma became available")
+	}
+}

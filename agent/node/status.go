@@ -15,6 +15,13 @@ func (t *transferSide) markNotRunning(cfg Config, fabricRunning bool) {
 		"tcp":    "needs the pool's agent certificates (--tls-dir) and tcp allowed by the pool",
 	}
 	for i, e := range t.statuses {
+		if e.Name == "xgmi" && !e.Available {
+			// The same-node engine runs on every node: without GPUs it copies host memory, which a caller
+			// checking availability before registering host regions must not be told it cannot do.
+			t.statuses[i].Available = true
+			t.statuses[i].Reason = "host memory only (" + e.Reason + ")"
+			continue
+		}
 		if e.Name == "tcp" && e.Available && running["tcp"] {
 			t.statuses[i].Reason = e.Reason + "; " + t.tcpStaging(cfg)
 			if t.tcpWire != "" {

@@ -133,6 +133,10 @@ func TestPoolSlicesReachOnlyTheirBorrower(t *testing.T) {
 		if _, err := ca.API().Release(ctx, &agentv1.ReleaseRequest{AllocationId: resp.AllocationId}); err != nil {
 			t.Fatal(err)
 		}
+		_, err = ca.API().Release(ctx, &agentv1.ReleaseRequest{AllocationId: resp.AllocationId})
+		if client.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "released already") {
+			t.Fatalf("releasing a slice twice: %v, want NotFound saying it may be released already", err)
+		}
 	})
 
 	t.Run("B cannot transfer, release or deregister A's slice", func(t *testing.T) {
@@ -176,4 +180,14 @@ func TestPoolSlicesReachOnlyTheirBorrower(t *testing.T) {
 			t.Errorf("pool free %d with only A's 5000-byte slice lent", free)
 		}
 	})
+}
+
+// TestAnAgentWithoutPoolMemorySaysHowToLendIt: AllocateFromPool on an agent that lends no memory is Unavailable
+// naming both remedies (the pool's spec in a cluster, --pool-host-bytes standalone).
+func TestAnAgentWithoutPoolMemorySaysHowToLendIt(t *testing.T) {
+	c := dial(t, startAgent(t, baseOptions(t, newProcFixture(t))))
+	_, err := c.AllocateFromPool(ctxT(t), 4096)
+	if client.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "--pool-host-bytes") {
+		t.Fatalf("allocating from an agent without pool memory: %v, want Unavailable naming --pool-host-bytes", err)
+	}
 }

@@ -334,6 +334,10 @@ func (s *Server) prepareSocketDir() error {
 	// Group first, then mode: a directory that is briefly the new group's with the old mode admits no one who
 	// was not admitted before or is not admitted after.
 	if err := os.Chown(dir, -1, gid); err != nil {
+		if s.opts.SocketGID < 0 {
+			// Not a group the caller asked for: the directory is another user's (an agent run earlier as root).
+			return fmt.Errorf("taking socket directory %s, which another user owns (an agent run earlier as root?), for this agent (uid %d): %w", dir, os.Geteuid(), err)
+		}
 		return fmt.Errorf("giving socket directory %s to group %d: %w", dir, gid, err)
 	}
 	if err := os.Chmod(dir, mode); err != nil {

@@ -22,12 +22,14 @@ func localAgentCommand(ctx context.Context, version string, args []string, stdou
 	opts.Config.RegisterFlags(fs) // the socket and peer flags only: no detection, GPU runtime or health port here
 	cfg := &opts.Config
 	fs.StringVar(&cfg.PoolNamespace, "pool-namespace", "default", "namespace of the pool this agent serves")
-	fs.StringVar(&cfg.PoolName, "pool", "default", "name of the pool this agent serves (the socket is <socket dir>/<pool>/agent.sock)")
+	fs.StringVar(&cfg.PoolName, "pool-name", "kv", "name of the pool this agent serves (the socket is <socket dir>/<pool>/agent.sock), as agent standalone's")
+	fs.StringVar(&cfg.PoolName, "pool", "kv", "the same as --pool-name")
 	fs.StringVar(&cfg.PeerAdvertise, "peer-advertise", "", "address peers dial for the agent-to-agent channel (default: the listen address)")
 	fs.StringVar(&cfg.NodeName, "node-name", hostname(), "node name this agent reports")
 	fs.StringVar(&cfg.HostRoot, "host-root", "/", "where the host's / is (callers' cgroups are read from <host-root>/proc)")
 	verbose := fs.Bool("v", false, "log connections and errors to stderr")
 	_ = fs.Set("tls-dir", "") // alone unless given the pool's certificates
+	fs.Lookup("tls-dir").DefValue = ""
 	if err := parseFlags(ctx, fs, args); err != nil {
 		return errUsage
 	}

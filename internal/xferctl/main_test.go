@@ -91,7 +91,7 @@ func TestSmokeCommandsAgainstALocalAgent(t *testing.T) {
 	var agentOut, agentErr syncbuf.Buffer
 	agentDone := make(chan int, 1)
 	go func() {
-		agentDone <- Run(ctx, Program{Name: "xferctl"}, []string{"local-agent", "--socket-dir", dir, "--pool", "kv", "--node-name", "node-a"}, &agentOut, &agentErr)
+		agentDone <- Run(ctx, Program{Name: "xferctl"}, []string{"local-agent", "--socket-dir", dir, "--pool-name", "kv", "--node-name", "node-a"}, &agentOut, &agentErr)
 	}()
 	socket := filepath.Join(dir, "kv", "agent.sock")
 	waitFor(t, func() bool { return strings.Contains(agentOut.String(), "ready:") }, "local agent")
@@ -107,6 +107,10 @@ func TestSmokeCommandsAgainstALocalAgent(t *testing.T) {
 	out, errOut, code := run(t, "transfer", "--socket", socket, "--to", "kv-0", "--size", "16Ki", "--offset", "4096")
 	if code != 0 || !strings.Contains(out, "verified: read back 16384 bytes") {
 		t.Fatalf("transfer: code %d\n%s%s", code, out, errOut)
+	}
+	out, errOut, code = run(t, "transfer", "--socket", socket, "--to", "kv-0", "--size", "16Ki", "--offset", "32Ki")
+	if code != 0 || !strings.Contains(out, "verified: read back 16384 bytes") {
+		t.Fatalf("transfer at an offset given as a quantity: code %d\n%s%s", code, out, errOut)
 	}
 	out, errOut, code = run(t, "explain", "--socket", socket, "--from", "kv-0", "--to", "node-a/kv-0")
 	if code != 0 || !strings.Contains(out, "kv-0 -> node-a/kv-0: xgmi") {

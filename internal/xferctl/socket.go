@@ -256,7 +256,7 @@ func transferCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	sf.register(fs)
 	to := fs.String("to", "", "target segment, [node/]segment")
 	size := fs.String("size", "1Mi", "bytes to move")
-	offset := fs.Uint64("offset", 0, "offset in the target segment")
+	offset := fs.String("offset", "0", "offset in the target segment (bytes, or a quantity such as 3Mi)")
 	read := fs.Bool("read", false, "read from the segment instead of writing to it")
 	verify := fs.Bool("verify", true, "after a write, read the bytes back and compare checksums")
 	if err := parseFlags(ctx, fs, args); err != nil {
@@ -269,6 +269,12 @@ func transferCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	n, err := parseSize(*size)
 	if err != nil {
 		return fmt.Errorf("--size: %w", err)
+	}
+	var off uint64
+	if strings.TrimSpace(*offset) != "0" {
+		if off, err = parseSize(*offset); err != nil {
+			return fmt.Errorf("--offset: %w", err)
+		}
 	}
 	c, ctx, cancel, err := sf.dial(ctx)
 	if err != nil {
@@ -293,7 +299,7 @@ func transferCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	if *read {
 		op, verb = client.Read, "read"
 	}
-	st, err := c.Do(ctx, op, []client.Item{{Local: r, Remote: remote, RemoteOffset: *offset, Length: n, Tag: "smoke"}}, client.TransferOptions{})
+	st, err := c.Do(ctx, op, []client.Item{{Local: r, Remote: remote, RemoteOffset: off, Length: n, Tag: "smoke"}}, client.TransferOptions{})
 	if err != nil {
 		return err
 	}
@@ -303,7 +309,7 @@ func transferCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	if *read || !*verify {
 		return nil
 	}
-	if _, err := c.Do(ctx, client.Read, []client.Item{{Local: r, LocalOffset: n, Remote: remote, RemoteOffset: *offset, Length: n, Tag: "verify"}},
+	if _, err := c.Do(ctx, client.Read, []client.Item{{Local: r, LocalOffset: n, Remote: remote, RemoteOffset: off, Length: n, Tag: "verify"}},
 		client.TransferOptions{}); err != nil {
 		return fmt.Errorf("reading back: %w", err)
 	}

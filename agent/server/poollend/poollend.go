@@ -67,7 +67,7 @@ func New(cfg Config) *Lender {
 // AllocateFromPool serves the Agent API call of that name for the caller of sess, whose loans the slice joins.
 func (s *Lender) AllocateFromPool(ctx context.Context, sess *regiontable.Session, loans Loans, req *agentv1.AllocateFromPoolRequest) (*agentv1.AllocateFromPoolResponse, error) {
 	if s.pool == nil {
-		return nil, status.Error(codes.Unavailable, "this agent has no pool memory (the pool sets no memory for this node)")
+		return nil, status.Error(codes.Unavailable, "this agent has no pool memory to lend (the pool's spec sets none for this node; a standalone agent lends it with --pool-host-bytes)")
 	}
 	if err := regiontable.CheckSegmentName(req.SegmentName); err != nil {
 		return nil, err
@@ -173,7 +173,7 @@ func (s *Lender) Release(ctx context.Context, loans Loans, req *agentv1.ReleaseR
 	a, ok := loans[req.AllocationId]
 	s.table.Unlock()
 	if !ok {
-		return nil, status.Errorf(codes.NotFound, "allocation %q was not lent to this connection", req.AllocationId)
+		return nil, status.Errorf(codes.NotFound, "allocation %q is not lent to this connection (released already, or lent to another)", req.AllocationId)
 	}
 	if err := s.ReleaseAllocation(ctx, loans, a); err != nil {
 		return nil, err
