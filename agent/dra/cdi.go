@@ -7,12 +7,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
@@ -36,9 +39,44 @@ func CDIDeviceID(claim types.UID) string { return CDIKind + "=" + string(claim) 
 // cdiFileName is the claim's spec file: unique per claim, so a runtime's cache never serves a stale one.
 func cdiFileName(claim types.UID) string { return DriverName + "-" + string(claim) + ".json" }
 
+// maxClaimUID is the longest claim UID taken; the API server's are UUIDs (36 characters).
+const maxClaimUID = 64
+
+// validClaimUID reports whether uid has the form of a Kubernetes UID: lowercase letters, digits and dashes,
+// not starting with a dash. The kubelet's unprepare request carries the UID as sent, and it becomes part of a
+// file name, so a separator or ".." must never get that far.
+func validClaimUID(uid types.UID) bool {
+	if len(uid) == 0 || len(uid) > maxClaimUID || uid[0] == '-' {
+		return false
+	}
+	for _, r := range uid {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// maxSpecBytes bounds what is read of one spec file: the agent's own are under 2 KiB (128 devices), and the
+// directory is shared with every other CDI writer on the node.
+const maxSpecBytes = 64 << 10
+
 // cdiStore writes and removes the CDI specs of prepared claims in one directory.
 type cdiStore struct {
 	dir string
+	log logr.Logger
+}
+
+// path is the claim's spec file, refused for a UID that is not one or would leave the directory.
+func (s cdiStore) path(claim types.UID) (string, error) {
+	if !validClaimUID(claim) {
+		return "", fmt.Errorf("claim UID %.80q is not a Kubernetes UID", string(claim))
+	}
+	p := filepath.Join(s.dir, cdiFileName(claim))
+	if filepath.Dir(p) != filepath.Clean(s.dir) {
+		return "", fmt.Errorf("the CDI spec of claim UID %s would be outside %s", claim, s.dir)
+	}
+	return p, nil
 }
 
 // write (over)writes the claim's spec atomically: the socket directory mounted at ContainerSocketDir and
@@ -63,10 +101,13 @@ func (s cdiStore) write(claim types.UID, claimRef string, devices []string, host
 	if err != nil {
 		return fmt.Errorf("encoding the CDI spec of claim %s: %w", claimRef, err)
 	}
+	path, err := s.path(claim)
+	if err != nil {
+		return fmt.Errorf("writing the CDI spec of claim %s: %w", claimRef, err)
+	}
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return fmt.Errorf("creating the CDI directory: %w", err)
 	}
-	path := filepath.Join(s.dir, cdiFileName(claim))
 	tmp, err := os.CreateTemp(s.dir, ".tmp-"+DriverName+"-*")
 	if err != nil {
 		return fmt.Errorf("writing the CDI spec of claim %s: %w", claimRef, err)
@@ -89,16 +130,67 @@ func (s cdiStore) write(claim types.UID, claimRef string, devices []string, host
 	return nil
 }
 
-// remove deletes the claim's spec; a claim never prepared (or already unprepared) is not an error.
-func (s cdiStore) remove(claim types.UID) error {
-	err := os.Remove(filepath.Join(s.dir, cdiFileName(claim)))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("removing the CDI spec of claim %s: %w", claim, err)
+// remove deletes the claim's spec; a claim never prepared (or already unprepared) is not an error. The spec
+// must be the one prepared for claimRef (namespace/name): a request naming another claim's UID leaves that
+// claim's spec in place and fails.
+func (s cdiStore) remove(claim types.UID, claimRef string) error {
+	path, err := s.path(claim)
+	if err != nil {
+		return fmt.Errorf("unpreparing claim %s: %w", claimRef, err)
+	}
+	spec, err := readSpec(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("unpreparing claim %s: %w; the file is kept", claimRef, err)
+	}
+	if owner := spec.Annotations[annClaim]; owner != claimRef || spec.Devices[0].Name != string(claim) {
+		return fmt.Errorf("unpreparing claim %s: the CDI spec of UID %s was prepared for claim %q; the file is kept", claimRef, claim, owner)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing the CDI spec of claim %s: %w", claimRef, err)
 	}
 	return nil
 }
 
+// readSpec reads one claim's spec from path without following a link, blocking on a FIFO or reading more than
+// maxSpecBytes: anyone who writes the CDI directory can put any kind of file under one of our names.
+func readSpec(path string) (*cdispec.Spec, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, fmt.Errorf("reading %s: a symbolic link, not a spec", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	if !info.Mode().IsRegular() {
+		return nil, fmt.Errorf("reading %s: not a regular file (%s)", path, info.Mode().Type())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxSpecBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	if len(b) > maxSpecBytes {
+		return nil, fmt.Errorf("reading %s: larger than %d bytes", path, maxSpecBytes)
+	}
+	var spec cdispec.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return nil, fmt.Errorf("reading %s: not CDI JSON: %w", path, err)
+	}
+	if len(spec.Devices) != 1 {
+		return nil, fmt.Errorf("reading %s: %d devices, a claim's spec has one", path, len(spec.Devices))
+	}
+	return &spec, nil
+}
+
 // holders maps each device of a prepared claim to that claim (its UID and namespace/name), read from the specs.
+// An entry that is no readable spec of ours is logged and skipped: it must not stop every claim's Prepare.
 func (s cdiStore) holders() (map[string]holder, error) {
 	entries, err := os.ReadDir(s.dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -110,19 +202,21 @@ func (s cdiStore) holders() (map[string]holder, error) {
 	out := map[string]holder{}
 	names := make([]string, 0, len(entries))
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), DriverName+"-") && strings.HasSuffix(e.Name(), ".json") {
-			names = append(names, e.Name())
+		if !strings.HasPrefix(e.Name(), DriverName+"-") || !strings.HasSuffix(e.Name(), ".json") {
+			continue
 		}
+		if !e.Type().IsRegular() {
+			s.log.Info("skipping a CDI directory entry that is not a regular file", "name", e.Name(), "type", e.Type().String())
+			continue
+		}
+		names = append(names, e.Name())
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		b, err := os.ReadFile(filepath.Join(s.dir, n))
+		spec, err := readSpec(filepath.Join(s.dir, n))
 		if err != nil {
-			return nil, fmt.Errorf("reading %s: %w", n, err)
-		}
-		var spec cdispec.Spec
-		if err := json.Unmarshal(b, &spec); err != nil || len(spec.Devices) != 1 {
-			continue // not one of ours after all
+			s.log.Info("skipping a CDI directory entry that is not a claim's spec", "name", n, "reason", err.Error())
+			continue
 		}
 		h := holder{uid: types.UID(spec.Devices[0].Name), ref: spec.Annotations[annClaim]}
 		for _, d := range strings.Split(spec.Annotations[annDevices], ",") {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -93,7 +94,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Period <= 0 {
 		cfg.Period = 10 * time.Second
 	}
-	return &Driver{cfg: cfg, cdi: cdiStore{dir: cfg.CDIDir}, ready: make(chan struct{}), sock: filepath.Join(cfg.PluginDir, "dra.sock")}, nil
+	return &Driver{cfg: cfg, cdi: cdiStore{dir: cfg.CDIDir, log: cfg.Log}, ready: make(chan struct{}), sock: filepath.Join(cfg.PluginDir, "dra.sock")}, nil
 }
 
 // PluginSocket is the plugin's gRPC socket, the one the kubelet dials.
@@ -172,34 +173,39 @@ func (d *Driver) deleteSlices() error {
 	return nil
 }
 
-// Prepare checks that each claim's devices of this driver are this node's and not held by another claim,
-// writes the claim's CDI spec and returns the CDI device its containers get. It is idempotent.
-func (d *Driver) Prepare(claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+// Prepare checks that each claim's devices of this driver are this node's (or a vPOD this node is in) and not
+// held by another claim, writes the claim's CDI spec and returns the CDI device its containers get. It is
+// idempotent. A claim that fails gets its reason; the others of the call go on.
+func (d *Driver) Prepare(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	held, err := d.cdi.holders()
 	if err != nil {
 		return nil, err
 	}
+	vpods := newVPodPools(d.cfg.Kube)
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
-		devs, err := d.prepareOne(c, held)
+		devs, err := d.prepareOne(ctx, c, held, vpods)
 		out[c.UID] = kubeletplugin.PrepareResult{Err: err, Devices: devs}
 	}
 	return out, nil
 }
 
-func (d *Driver) prepareOne(c *resourceapi.ResourceClaim, held map[string]holder) ([]kubeletplugin.Device, error) {
+// prepareOne prepares one claim; held is updated with the devices it takes, so a later claim of the same call
+// is refused them.
+func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, held map[string]holder, vpods *vpodPools) ([]kubeletplugin.Device, error) {
 	ref := c.Namespace + "/" + c.Name
+	if !validClaimUID(c.UID) {
+		return nil, fmt.Errorf("claim %s: UID %.80q is not a Kubernetes UID", ref, string(c.UID))
+	}
 	if c.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim %s is not allocated", ref)
 	}
 	pool := PoolName(d.cfg.NodeName)
-	vpods := map[string]bool{} // the operator's vPOD pools this node is in
+	var domains []string // the fabric domains of this node's GPUs, which decide the vPODs it is in
 	if d.facts != nil {
-		for _, dom := range d.facts.Domains {
-			vpods[v1alpha1.VPodDRAPoolName(v1alpha1.DomainObjectName(dom))] = true
-		}
+		domains = d.facts.Domains
 	}
 	var names []string
 	var results, placement []resourceapi.DeviceRequestAllocationResult
@@ -209,8 +215,12 @@ func (d *Driver) prepareOne(c *resourceapi.ResourceClaim, held map[string]holder
 		}
 		if r.Pool != pool && strings.HasPrefix(r.Pool, v1alpha1.VPodDRAPoolName("")) {
 			// A vPOD device places pods; it needs nothing in the container.
-			if !vpods[r.Pool] {
-				return nil, fmt.Errorf("claim %s: device %s/%s is a vPOD this node is not in", ref, r.Pool, r.Device)
+			domain, err := vpods.domain(ctx, r.Pool, r.Device)
+			if err != nil {
+				return nil, fmt.Errorf("claim %s: device %s/%s: %w", ref, r.Pool, r.Device, err)
+			}
+			if !slices.Contains(domains, domain) {
+				return nil, fmt.Errorf("claim %s: device %s/%s is a vPOD this node is not in (its domain %s, this node's %v)", ref, r.Pool, r.Device, domain, domains)
 			}
 			placement = append(placement, r)
 			continue
@@ -238,6 +248,9 @@ func (d *Driver) prepareOne(c *resourceapi.ResourceClaim, held map[string]holder
 	if err := d.cdi.write(c.UID, ref, names, d.cfg.HostSocketDir); err != nil {
 		return nil, err
 	}
+	for _, n := range names {
+		held[n] = holder{uid: c.UID, ref: ref}
+	}
 	for _, r := range results {
 		devs = append(devs, kubeletplugin.Device{
 			Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{CDIDeviceID(c.UID)},
@@ -247,14 +260,21 @@ func (d *Driver) prepareOne(c *resourceapi.ResourceClaim, held map[string]holder
 	return devs, nil
 }
 
-// Unprepare removes the claims' CDI specs; a claim not prepared here is not an error.
+// Unprepare removes the claims' CDI specs; a claim not prepared here is not an error. A UID that is not one,
+// or whose spec was prepared for another namespace/name, fails for that claim and removes nothing.
 func (d *Driver) Unprepare(claims []kubeletplugin.NamespacedObject) map[types.UID]error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
-		out[c.UID] = d.cdi.remove(c.UID)
-		d.cfg.Log.Info("claim unprepared", "claim", c.NamespacedName.String(), "uid", c.UID)
+		ref := c.NamespacedName.String()
+		if err := d.cdi.remove(c.UID, ref); err != nil {
+			d.cfg.Log.Error(err, "claim not unprepared", "claim", ref)
+			out[c.UID] = err
+			continue
+		}
+		out[c.UID] = nil
+		d.cfg.Log.Info("claim unprepared", "claim", ref, "uid", c.UID)
 	}
 	return out
 }
@@ -262,8 +282,8 @@ func (d *Driver) Unprepare(claims []kubeletplugin.NamespacedObject) map[types.UI
 // plugin is the kubeletplugin.DRAPlugin face of the driver.
 type plugin struct{ d *Driver }
 
-func (p plugin) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	return p.d.Prepare(claims)
+func (p plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	return p.d.Prepare(ctx, claims)
 }
 
 func (p plugin) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package dra
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+// vpodLookupTimeout bounds the read of one vPOD pool's slice, which Prepare does holding the driver's lock.
+const vpodLookupTimeout = 10 * time.Second
+
+// vpodPools reads the operator's vPOD slices (controllers/vpoddra) for one Prepare call, each pool once.
+//
+// A vPOD pool is named after its VPodTopology object, and a declared one may have any name, so the name says
+// nothing about the domain. The slice does: the operator names it as the pool and gives its devices the
+// VPodTopology's spec.domain as attribute vpod. Only the operator writes slices of this driver bound to no node
+// (the agents' admission policy holds them to their own node's), and the node compares that domain with what
+// its own detection reports, so a claim still cannot make a node prepare a vPOD it is not in.
+type vpodPools struct {
+	kube   kubernetes.Interface
+	slices map[string]*resourceapi.ResourceSlice
+	errs   map[string]error
+}
+
+func newVPodPools(kube kubernetes.Interface) *vpodPools {
+	return &vpodPools{kube: kube, slices: map[string]*resourceapi.ResourceSlice{}, errs: map[string]error{}}
+}
+
+// domain is the fabric domain key of device in vPOD pool, as the pool's slice publishes it.
+func (v *vpodPools) domain(ctx context.Context, pool, device string) (string, error) {
+	slice, err := v.slice(ctx, pool)
+	if err != nil {
+		return "", err
+	}
+	for _, d := range slice.Spec.Devices {
+		if d.Name != device {
+			continue
+		}
+		if typ := d.Attributes[AttrType].StringValue; typ == nil || *typ != "vpod" {
+			return "", fmt.Errorf("device %s of pool %s is not a vPOD device", device, pool)
+		}
+		domain := ptr.Deref(d.Attributes[AttrVPod].StringValue, "")
+		if domain == "" {
+			// The publisher leaves it empty for a key longer than an attribute holds (64 characters).
+			return "", fmt.Errorf("vPOD pool %s publishes no domain key", pool)
+		}
+		return domain, nil
+	}
+	return "", fmt.Errorf("vPOD pool %s has no device %s", pool, device)
+}
+
+// slice reads the operator's slice of pool, which carries the pool's name.
+func (v *vpodPools) slice(ctx context.Context, pool string) (*resourceapi.ResourceSlice, error) {
+	if s, ok := v.slices[pool]; ok {
+		return s, nil
+	}
+	if err, ok := v.errs[pool]; ok {
+		return nil, err
+	}
+	s, err := v.read(ctx, pool)
+	if err != nil {
+		v.errs[pool] = err
+		return nil, err
+	}
+	v.slices[pool] = s
+	return s, nil
+}
+
+func (v *vpodPools) read(ctx context.Context, pool string) (*resourceapi.ResourceSlice, error) {
+	ctx, cancel := context.WithTimeout(ctx, vpodLookupTimeout)
+	defer cancel()
+	s, err := v.kube.ResourceV1().ResourceSlices().Get(ctx, pool, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("no vPOD pool %s is published", pool)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the ResourceSlice of vPOD pool %s: %w", pool, err)
+	}
+	switch {
+	case s.Spec.Driver != DriverName || s.Spec.Pool.Name != pool:
+		return nil, fmt.Errorf("ResourceSlice %s is pool %s of driver %s, not vPOD pool %s", s.Name, s.Spec.Pool.Name, s.Spec.Driver, pool)
+	case ptr.Deref(s.Spec.NodeName, "") != "" || ptr.Deref(s.Spec.AllNodes, false):
+		return nil, fmt.Errorf("ResourceSlice %s is bound to a node or to all nodes: not the operator's vPOD slice", s.Name)
+	}
+	return s, nil
+}
