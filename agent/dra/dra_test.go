@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
@@ -305,9 +306,18 @@ func (k kubelet) unprepare(ctx context.Context, claims ...*resourceapi.ResourceC
 // scheduler would: device pool/device.
 func allocatedClaim(t *testing.T, cs kubernetes.Interface, name, pool, device string) *resourceapi.ResourceClaim {
 	t.Helper()
+	return allocatedClaimIn(t, cs, "default", name, pool, device)
+}
+
+// allocatedClaimIn is allocatedClaim in namespace ns, which it creates when missing.
+func allocatedClaimIn(t *testing.T, cs kubernetes.Interface, ns, name, pool, device string) *resourceapi.ResourceClaim {
+	t.Helper()
 	ctx := context.Background()
-	c, err := cs.ResourceV1().ResourceClaims("default").Create(ctx, &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	c, err := cs.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
 			Name: "socket", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: dra.DriverName},
 		}}}},
@@ -318,7 +328,7 @@ func allocatedClaim(t *testing.T, cs kubernetes.Interface, name, pool, device st
 	c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
 		Request: "socket", Driver: dra.DriverName, Pool: pool, Device: device,
 	}}}}
-	c, err = cs.ResourceV1().ResourceClaims("default").UpdateStatus(ctx, c, metav1.UpdateOptions{})
+	c, err = cs.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, c, metav1.UpdateOptions{})
 	if err != nil {
 		t.Fatalf("allocating claim %s: %v", name, err)
 	}
@@ -394,7 +404,17 @@ func TestPrepareOverTheKubeletSocket(t *testing.T) {
 	if e := resp.Claims[string(second.UID)].GetError(); !strings.Contains(e, "already prepared for claim default/kv-a") {
 		t.Fatalf("a second claim of a held device: %q", e)
 	}
-	for _, c := range []*resourceapi.ResourceClaim{foreign, second} {
+	// Another namespace's claim of the held device is refused without the holder's name (it reaches the
+	// refused pod's events).
+	elsewhere := allocatedClaimIn(t, cs, "team-b", "kv-c", dra.PoolName("gpu-node-a"), "channel-0")
+	resp, err = k.prepare(ctx, elsewhere)
+	if err != nil {
+		t.Fatalf("NodePrepareResources (another namespace): %v", err)
+	}
+	if e := resp.Claims[string(elsewhere.UID)].GetError(); !strings.Contains(e, "already prepared for a claim of another namespace") || strings.Contains(e, "kv-a") {
+		t.Fatalf("another namespace's claim of a held device: %q, want refused without the holder's name", e)
+	}
+	for _, c := range []*resourceapi.ResourceClaim{foreign, second, elsewhere} {
 		if _, err := os.Stat(filepath.Join(r.dir, "cdi", "fabricxfer.io-"+string(c.UID)+".json")); !os.IsNotExist(err) {
 			t.Fatalf("a refused claim got a CDI spec: %v", err)
 		}

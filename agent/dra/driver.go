@@ -229,7 +229,12 @@ func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, h
 			return nil, fmt.Errorf("claim %s: device %s/%s is not this node's (this agent serves pool %s)", ref, r.Pool, r.Device, pool)
 		}
 		if h, ok := held[r.Device]; ok && h.uid != c.UID {
-			return nil, fmt.Errorf("claim %s: device %s is already prepared for claim %s", ref, r.Device, h.ref)
+			// The refusal reaches the claim's pod events: another namespace's claim is not named there.
+			holder := "a claim of another namespace"
+			if ns, _, _ := strings.Cut(h.ref, "/"); ns == c.Namespace {
+				holder = "claim " + h.ref
+			}
+			return nil, fmt.Errorf("claim %s: device %s is already prepared for %s", ref, r.Device, holder)
 		}
 		names = append(names, r.Device)
 		results = append(results, r)

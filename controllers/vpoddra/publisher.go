@@ -68,6 +68,9 @@ type Publisher struct {
 	Devices  int
 	// Log receives publishing errors (the context's logger when unset).
 	Log *logr.Logger
+	// WriteLimit bounds the API calls that publish one pool or delete one slice (default 30 s): one write is in
+	// flight at a time, so an API server (or a proxy) that never answers one must not stop every pool's.
+	WriteLimit time.Duration
 
 	mu      sync.Mutex
 	wake    chan struct{}
@@ -293,7 +296,9 @@ func (p *Publisher) sync(ctx context.Context, store cache.Store) error {
 		if _, ok := desired[m.GetName()]; ok {
 			continue
 		}
-		err := p.Kube.ResourceV1().ResourceSlices().Delete(ctx, m.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: ptr.To(m.GetUID())}})
+		dctx, cancel := context.WithTimeout(ctx, p.writeLimit())
+		err := p.Kube.ResourceV1().ResourceSlices().Delete(dctx, m.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: ptr.To(m.GetUID())}})
+		cancel()
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			failed = append(failed, fmt.Errorf("deleting ResourceSlice %s of no vPOD: %w", m.GetName(), err))
 		}
@@ -341,8 +346,20 @@ func joinFirst(errs []error, n int) error {
 	return fmt.Errorf("%w (and %d more failures)", errors.Join(errs[:n]...), len(errs)-n)
 }
 
-// syncPool makes the slice named as the pool match spec.
+// defaultWriteLimit is Publisher.WriteLimit when unset.
+const defaultWriteLimit = 30 * time.Second
+
+func (p *Publisher) writeLimit() time.Duration {
+	if p.WriteLimit > 0 {
+		return p.WriteLimit
+	}
+	return defaultWriteLimit
+}
+
+// syncPool makes the slice named as the pool match spec, within the write limit.
 func (p *Publisher) syncPool(ctx context.Context, store cache.Store, name string, spec *resourceapi.ResourceSliceSpec) error {
+	ctx, cancel := context.WithTimeout(ctx, p.writeLimit())
+	defer cancel()
 	p.mu.Lock()
 	w, known := p.written[name]
 	p.mu.Unlock()

@@ -4,8 +4,11 @@
 package vpoddra
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -421,5 +424,61 @@ func TestUpdateReusesTheSpecsOfUnchangedVPods(t *testing.T) {
 	p.Update([]v1alpha1.VPodTopology{a})
 	if _, ok := p.desired[PoolName(b.Name)]; ok || len(p.desired) != 1 {
 		t.Fatalf("desired pools %v after b went", keys(p.desired))
+	}
+}
+
+// stallCreates is a transport that holds every request creating a slice whose body names pool until the
+// request's context ends, as an API server or proxy that never answers does.
+type stallCreates struct {
+	next http.RoundTripper
+	pool string
+}
+
+func (s stallCreates) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method == http.MethodPost && req.Body != nil {
+		body, err := io.ReadAll(req.Body)
+		if err != nil {
+			return nil, err
+		}
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		if bytes.Contains(body, []byte(s.pool)) { // JSON or protobuf: the name is in it as is
+			<-req.Context().Done()
+			return nil, req.Context().Err()
+		}
+	}
+	return s.next.RoundTrip(req)
+}
+
+// TestAStalledWriteCostsOnlyItsPool: the publisher writes one slice at a time, so a write the API server never
+// answers held every other vPOD's slice back for as long as it stalled; each write now ends within WriteLimit
+// and the next pool is published.
+func TestAStalledWriteCostsOnlyItsPool(t *testing.T) {
+	_, meta, cfg := startAPIServerWithCRDs(t)
+	stalled := rest.CopyConfig(cfg)
+	stalled.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return stallCreates{next: rt, pool: PoolName("ualink-a")}
+	}
+	kube := kubernetes.NewForConfigOrDie(stalled)
+	logger := testr.New(t)
+	pub := &Publisher{Kube: kube, Metadata: meta, Devices: 2, Log: &logger, WriteLimit: 300 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- pub.Start(ctx) }()
+	defer func() { cancel(); <-done }()
+	a, b := vpod("ualink-a", "ualink:p/1", "a1"), vpod("ualink-b", "ualink:p/2", "b1")
+	pub.Update([]v1alpha1.VPodTopology{a, b}) // pools are written in name order: a's stalls first
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		now := slicesByName(t, kubernetes.NewForConfigOrDie(cfg))
+		if s, ok := now[PoolName(b.Name)]; ok {
+			if err := published(s, b, 2); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("vPOD b's slice was not published within 10 s while vPOD a's create stalled")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
