@@ -131,19 +131,23 @@ func startDriver(t *testing.T, cs kubernetes.Interface, node string, det *detect
 	return startDriverWith(t, cs, node, det, channels, "/var/run/fabricxfer/kv")
 }
 
-func startDriverWith(t *testing.T, cs kubernetes.Interface, node string, det *detector, channels int, hostSocketDir string) *running {
+func startDriverWith(t *testing.T, cs kubernetes.Interface, node string, det *detector, channels int, hostSocketDir string, tune ...func(*dra.Config)) *running {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "dra")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	drv, err := dra.New(dra.Config{
+	cfg := dra.Config{
 		NodeName: node, PoolNamespace: "inference", PoolName: "kv",
 		HostSocketDir: hostSocketDir, Channels: channels,
 		CDIDir: filepath.Join(dir, "cdi"), PluginDir: filepath.Join(dir, "plugin"), RegistryDir: filepath.Join(dir, "registry"),
 		Kube: cs, Detect: det.detect, Period: 100 * time.Millisecond, Log: logr.Discard(),
-	})
+	}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	drv, err := dra.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,6 +337,41 @@ func allocatedClaimIn(t *testing.T, cs kubernetes.Interface, ns, name, pool, dev
 		t.Fatalf("allocating claim %s: %v", name, err)
 	}
 	return c
+}
+
+// TestPrepareRefusesANamespaceThePoolDoesNotAdmit: a claim of a channel from a namespace the pool does not admit
+// gets no spec (its pods could not use the socket, and it would hold the node's channel); an admitted
+// namespace's claim of the same channel is prepared.
+func TestPrepareRefusesANamespaceThePoolDoesNotAdmit(t *testing.T) {
+	cs := startAPIServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	createNode(t, cs, "gpu-node-a")
+	r := startDriverWith(t, cs, "gpu-node-a", &detector{rep: report(4, "ualink:p/1")}, 4, "/var/run/fabricxfer/kv", func(c *dra.Config) {
+		c.AdmitNamespace = func(_ context.Context, ns string) error {
+			if ns != "default" {
+				return fmt.Errorf("namespace %s may not use pool inference/kv", ns)
+			}
+			return nil
+		}
+	})
+	k := dialPlugin(t, r.drv.PluginSocket())
+	outsider := allocatedClaimIn(t, cs, "team-x", "kv-x", dra.PoolName("gpu-node-a"), "channel-0")
+	resp, err := k.prepare(ctx, outsider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := resp.Claims[string(outsider.UID)].GetError(); !strings.Contains(e, "may not use pool inference/kv") {
+		t.Fatalf("a claim of a namespace the pool does not admit: %q, want refused", e)
+	}
+	if _, err := os.Stat(filepath.Join(r.dir, "cdi", "fabricxfer.io-"+string(outsider.UID)+".json")); !os.IsNotExist(err) {
+		t.Fatalf("the refused claim got a CDI spec: %v", err)
+	}
+	admitted := allocatedClaim(t, cs, "kv-a", dra.PoolName("gpu-node-a"), "channel-0")
+	resp, err = k.prepare(ctx, admitted)
+	if err != nil || resp.Claims[string(admitted.UID)].GetError() != "" {
+		t.Fatalf("an admitted namespace's claim of the channel: %v %+v", err, resp)
+	}
 }
 
 // TestPrepareOverTheKubeletSocket: NodePrepareResources over the plugin's socket writes a CDI spec that mounts

@@ -52,6 +52,10 @@ type Config struct {
 	Detect func(ctx context.Context) (topology.Report, error)
 	Period time.Duration
 	Log    logr.Logger
+	// AdmitNamespace refuses a namespace the pool does not admit (its spec.allowedNamespaces): that namespace's
+	// pods would be refused by the socket anyway, and its claims must not hold the node's channels. Nil admits
+	// every namespace.
+	AdmitNamespace func(ctx context.Context, namespace string) error
 }
 
 // Driver is the node's DRA driver: it publishes the node's ResourceSlice and serves the kubelet's
@@ -249,6 +253,11 @@ func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, h
 	if len(results) == 0 {
 		d.cfg.Log.Info("vPOD claim prepared", "claim", ref, "uid", c.UID)
 		return devs, nil
+	}
+	if len(names) > 0 && d.cfg.AdmitNamespace != nil {
+		if err := d.cfg.AdmitNamespace(ctx, c.Namespace); err != nil {
+			return nil, fmt.Errorf("claim %s: %w", ref, err)
+		}
 	}
 	if err := d.cdi.write(c.UID, ref, names, d.cfg.HostSocketDir); err != nil {
 		return nil, err

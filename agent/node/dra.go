@@ -4,6 +4,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -13,10 +14,11 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/fabricxfer/fabricxfer/agent/dra"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 )
 
 // draDriver builds the DRA driver from the agent's options.
-func draDriver(opts Options, restCfg *rest.Config, detect detectFunc, log logr.Logger) (*dra.Driver, error) {
+func draDriver(opts Options, restCfg *rest.Config, policy identity.NamespacePolicy, detect detectFunc, log logr.Logger) (*dra.Driver, error) {
 	cs, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return nil, fmt.Errorf("creating the DRA driver's Kubernetes client: %w", err)
@@ -34,5 +36,15 @@ func draDriver(opts Options, restCfg *rest.Config, detect detectFunc, log logr.L
 		NodeName: opts.Detection.NodeName, PoolNamespace: opts.PoolNamespace, PoolName: opts.PoolName,
 		HostSocketDir: host, Channels: f.Channels, CDIDir: f.CDIDir, PluginDir: f.PluginDir, RegistryDir: f.RegistryDir,
 		Kube: cs, Detect: detect, Period: period, Log: log.WithName("dra"),
+		AdmitNamespace: func(ctx context.Context, namespace string) error {
+			allowed, err := policy.AllowedNamespaces(ctx)
+			if err != nil {
+				return fmt.Errorf("reading the namespaces pool %s/%s admits: %w", opts.PoolNamespace, opts.PoolName, err)
+			}
+			if !identity.NamespaceAllowed(opts.PoolNamespace, allowed, namespace) {
+				return fmt.Errorf("namespace %s may not use pool %s/%s (its spec.allowedNamespaces)", namespace, opts.PoolNamespace, opts.PoolName)
+			}
+			return nil
+		},
 	})
 }

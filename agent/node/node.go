@@ -24,6 +24,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/nodecert"
 	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
 	"github.com/fabricxfer/fabricxfer/agent/nodesync"
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/internal/gcfloor"
@@ -135,7 +136,8 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 	}
 	n.components = append(n.components, rep)
 	if opts.DRA.Enabled {
-		drv, err := draDriver(opts, restCfg, detect, log)
+		policy := &identity.APIPoolPolicy{Reader: c, Namespace: opts.PoolNamespace, Name: opts.PoolName}
+		drv, err := draDriver(opts, restCfg, policy, detect, log)
 		if err != nil {
 			return nil, err
 		}
