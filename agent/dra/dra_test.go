@@ -374,6 +374,45 @@ func TestPrepareRefusesANamespaceThePoolDoesNotAdmit(t *testing.T) {
 	}
 }
 
+// TestAClaimGoneWithoutUnprepareFreesItsChannel: a prepared claim deleted from the API server without an
+// Unprepare (the kubelet's state lost) held its channel for good, while the scheduler kept allocating it. The
+// next claim of that channel finds the holder gone, its spec is dropped, and the new claim is prepared; a holder
+// that still exists still holds.
+func TestAClaimGoneWithoutUnprepareFreesItsChannel(t *testing.T) {
+	cs := startAPIServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	createNode(t, cs, "gpu-node-a")
+	r := startDriver(t, cs, "gpu-node-a", &detector{rep: report(4, "ualink:p/1")}, 4)
+	k := dialPlugin(t, r.drv.PluginSocket())
+	gone := allocatedClaim(t, cs, "kv-gone", dra.PoolName("gpu-node-a"), "channel-0")
+	kept := allocatedClaim(t, cs, "kv-kept", dra.PoolName("gpu-node-a"), "channel-1")
+	for _, c := range []*resourceapi.ResourceClaim{gone, kept} {
+		if resp, err := k.prepare(ctx, c); err != nil || resp.Claims[string(c.UID)].GetError() != "" {
+			t.Fatalf("preparing %s: %v %+v", c.Name, err, resp)
+		}
+	}
+	if err := cs.ResourceV1().ResourceClaims("default").Delete(ctx, gone.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	next := allocatedClaim(t, cs, "kv-next", dra.PoolName("gpu-node-a"), "channel-0")
+	resp, err := k.prepare(ctx, next)
+	if err != nil || resp.Claims[string(next.UID)].GetError() != "" {
+		t.Fatalf("a claim of the channel a deleted claim held: %v %+v", err, resp)
+	}
+	if _, err := os.Stat(filepath.Join(r.dir, "cdi", "fabricxfer.io-"+string(gone.UID)+".json")); !os.IsNotExist(err) {
+		t.Fatalf("the deleted claim's spec is still there: %v", err)
+	}
+	other := allocatedClaim(t, cs, "kv-other", dra.PoolName("gpu-node-a"), "channel-1")
+	resp, err = k.prepare(ctx, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := resp.Claims[string(other.UID)].GetError(); !strings.Contains(e, "already prepared for claim default/kv-kept") {
+		t.Fatalf("a claim of a channel an existing claim holds: %q, want refused", e)
+	}
+}
+
 // TestPrepareOverTheKubeletSocket: NodePrepareResources over the plugin's socket writes a CDI spec that mounts
 // the pool's socket directory and sets FABRICXFER_SOCKET, and answers its CDI device; preparing again is the
 // same; an unknown claim, a claim of another node's device and a claim of a device another claim holds are

@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -233,6 +234,9 @@ func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, h
 			return nil, fmt.Errorf("claim %s: device %s/%s is not this node's (this agent serves pool %s)", ref, r.Pool, r.Device, pool)
 		}
 		if h, ok := held[r.Device]; ok && h.uid != c.UID {
+			d.dropIfGone(ctx, h, held)
+		}
+		if h, ok := held[r.Device]; ok && h.uid != c.UID {
 			// The refusal reaches the claim's pod events: another namespace's claim is not named there.
 			holder := "a claim of another namespace"
 			if ns, _, _ := strings.Cut(h.ref, "/"); ns == c.Namespace {
@@ -272,6 +276,40 @@ func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, h
 	}
 	d.cfg.Log.Info("claim prepared", "claim", ref, "uid", c.UID, "devices", names)
 	return devs, nil
+}
+
+// claimLookupTimeout bounds the read of a claim that holds a device another claim asks for.
+const claimLookupTimeout = 10 * time.Second
+
+// dropIfGone removes the spec of h, a claim holding a device another claim asks for, when h no longer exists in
+// the API server (deleted, or replaced under its name): its Unprepare never came (the kubelet's state was lost,
+// the agent was away), and its devices stayed held for good while the scheduler kept allocating them. h's
+// devices then leave held.
+func (d *Driver) dropIfGone(ctx context.Context, h holder, held map[string]holder) {
+	ns, name, ok := strings.Cut(h.ref, "/")
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, claimLookupTimeout)
+	defer cancel()
+	cur, err := d.cfg.Kube.ResourceV1().ResourceClaims(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case err == nil && cur.UID == h.uid:
+		return // still there: it holds the device
+	case err != nil && !apierrors.IsNotFound(err):
+		d.cfg.Log.Info("could not tell whether a claim holding a device still exists", "claim", h.ref, "error", err.Error())
+		return
+	}
+	if err := d.cdi.remove(h.uid, h.ref); err != nil {
+		d.cfg.Log.Error(err, "dropping the spec of a claim that no longer exists", "claim", h.ref)
+		return
+	}
+	for dev, other := range held {
+		if other.uid == h.uid {
+			delete(held, dev)
+		}
+	}
+	d.cfg.Log.Info("dropped the spec of a claim that no longer exists, which held devices", "claim", h.ref, "uid", h.uid)
 }
 
 // Unprepare removes the claims' CDI specs; a claim not prepared here is not an error. A UID that is not one,
