@@ -298,9 +298,8 @@ func (c *Client) Recover(ctx context.Context) error {
 		}
 	}
 	c.mu.Lock()
-	// Regions belong to a session (a connection) of one agent instance; the agent names both (one too old to
-	// leaves them empty, and everything is registered again, as before).
-	same := info.Instance != "" && c.info != nil && info.Instance == c.info.Instance && info.Session == c.info.Session
+	// Regions belong to a session (a connection) of one agent instance: those registered under another dial
+	// generation than this one are registered again below.
 	c.info = info
 	c.gen = c.dials.Load()
 	c.nameSessionOf(info) // the regions registered below go into this session
@@ -320,9 +319,10 @@ func (c *Client) Recover(ctx context.Context) error {
 		}
 	}
 	for _, r := range regs {
-		// In the session the agent holds (same), or registered again by an earlier Recover of this session:
-		// registering it again would hold it twice. A pool slice marked lost stays lost.
-		if _, err := r.current(); same || err == nil || errors.Is(err, ErrLost) {
+		// Registered in the session the agent holds (at Dial, or by an earlier Recover of this session):
+		// registering it again would hold it twice. A pool slice marked lost stays lost. A region an earlier
+		// Recover of this session failed to register is tried again.
+		if _, err := r.current(); err == nil || errors.Is(err, ErrLost) {
 			continue
 		}
 		if r.keep == nil && r.gpu == nil {

@@ -264,7 +264,10 @@ func (c *Client) fastPayloadLocked(ctx context.Context, payload []byte, spin tim
 		// The stream is out of step (or gone): drop it; Recover opens a new one.
 		c.closeFastLocked()
 		var ne net.Error
-		if ctx.Err() != nil || (errors.As(err, &ne) && ne.Timeout()) {
+		if ended := ctx.Err(); ended != nil {
+			return nil, true, status.Errorf(status.FromContextError(ended).Code(), "fast path: %v", err)
+		}
+		if errors.As(err, &ne) && ne.Timeout() {
 			return nil, true, status.Errorf(codes.DeadlineExceeded, "fast path: %v", err)
 		}
 		return nil, true, fmt.Errorf("fast path: %w (%v)", ErrSessionLost, err)

@@ -224,6 +224,11 @@ func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, h
 			if err != nil {
 				return nil, fmt.Errorf("claim %s: device %s/%s: %w", ref, r.Pool, r.Device, err)
 			}
+			if d.facts == nil {
+				// Prepare can come before the first detection is published (the agent just started): say so,
+				// and the kubelet's retry finds it.
+				return nil, fmt.Errorf("claim %s: device %s/%s: this node's fabric domains are not detected yet", ref, r.Pool, r.Device)
+			}
 			if !slices.Contains(domains, domain) {
 				return nil, fmt.Errorf("claim %s: device %s/%s is a vPOD this node is not in (its domain %s, this node's %v)", ref, r.Pool, r.Device, domain, domains)
 			}

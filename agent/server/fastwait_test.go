@@ -178,3 +178,18 @@ func startOnBackend(t *testing.T, backend xgmi.Backend) *agent {
 	}
 	return startAgent(t, opts)
 }
+
+// TestACallCancelledWhileWaitingReadsCancelled: a waited transfer whose context is cancelled while the agent
+// holds it fails with an error that is context.Canceled by errors.Is and by Code; the fast socket said
+// DEADLINE_EXCEEDED for any ended context.
+func TestACallCancelledWhileWaitingReadsCancelled(t *testing.T) {
+	backend, c, ctx, _, src, dst := newGatedBed(t)
+	release := backend.Gate.Shut(t)
+	defer release()
+	cancelled, cancel := context.WithCancel(ctx)
+	time.AfterFunc(100*time.Millisecond, cancel)
+	_, err := c.Do(cancelled, client.Write, []client.Item{{Local: src, Remote: client.ToRegion(dst), Length: 4096}}, client.TransferOptions{})
+	if !errors.Is(err, context.Canceled) || client.Code(err) != codes.Canceled {
+		t.Fatalf("a waited transfer cancelled while held: %v (code %v), want Canceled by errors.Is and Code", err, client.Code(err))
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/fabricxfer/fabricxfer/client"
 )
 
@@ -78,5 +80,59 @@ func TestRecoverRegistersLayoutsAgain(t *testing.T) {
 	}
 	if _, err := c.TransferBlocks(ctx, client.Write, nil, []uint32{0}, client.ToLayout(dst), []uint32{0}, client.TransferOptions{}); err == nil {
 		t.Fatal("a block transfer of a nil layout succeeded")
+	}
+}
+
+// TestARecoverThatFailedIsRetried: a Recover that could not register a region (its published name was taken
+// in the new agent by another client meanwhile) is tried again by the next Recover, which registers the region
+// and the layout over it once the name is free; the second Recover found the session to be the one it had
+// recovered and registered nothing, leaving the region lost for good.
+func TestARecoverThatFailedIsRetried(t *testing.T) {
+	opts := baseOptions(t, newProcFixture(t))
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	ctx := ctxT(t)
+	src, dst := shm(t, 8192), shm(t, 8192)
+	fill(t, src.Bytes)
+	rs, err := c.RegisterHost(ctx, src.File, 0, 8192, client.Segment("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := c.RegisterHost(ctx, dst.File, 0, 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := c.RegisterLayout(ctx, []*client.Region{rs}, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld, err := c.RegisterLayout(ctx, []*client.Region{rd}, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.stop(t)
+	b := startAgent(t, opts)
+	squatter := dial(t, b)
+	taken, err := squatter.RegisterHost(ctx, shm(t, 4096).File, 0, 4096, client.Segment("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Recover(ctx); client.Code(err) != codes.AlreadyExists {
+		t.Fatalf("Recover while another client holds the region's name: %v, want AlreadyExists", err)
+	}
+	if err := squatter.Deregister(ctx, taken); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Recover(ctx); err != nil {
+		t.Fatalf("Recover once the name is free: %v", err)
+	}
+	if _, err := c.Write(ctx, rs, 0, client.ToRegion(rd), 0, 4096); err != nil {
+		t.Fatalf("a write through the region the second Recover registered: %v", err)
+	}
+	if _, err := c.TransferBlocks(ctx, client.Write, ls, []uint32{1}, client.ToLayout(ld), []uint32{1}, client.TransferOptions{}); err != nil {
+		t.Fatalf("a block transfer through the layout over it: %v", err)
+	}
+	if !bytes.Equal(dst.Bytes, src.Bytes) {
+		t.Fatal("the destination does not hold the source's bytes")
 	}
 }
