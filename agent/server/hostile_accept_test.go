@@ -8,9 +8,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/internal/fdtest"
 	"github.com/fabricxfer/fabricxfer/internal/promtest"
 	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
@@ -68,16 +67,7 @@ sys.stdin.readline()`, paths["agent.fd.sock"], paths["agent.fast.sock"], paths["
 	stop := time.AfterFunc(20*time.Second, func() { _ = peer.Process.Kill() }) // its output ends then: no read waits longer
 	defer stop.Stop()
 
-	var limit syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
-		t.Fatal(err)
-	}
-	restore := limit
-	defer func() { _ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &restore) }()
-	limit.Cur = uint64(lowestFreeFD(t))
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
-		t.Fatal(err)
-	}
+	restore := fdtest.Exhaust(t)
 	if _, err := stdin.Write([]byte("go\n")); err != nil {
 		t.Fatal(err)
 	}
@@ -94,34 +84,12 @@ sys.stdin.readline()`, paths["agent.fd.sock"], paths["agent.fast.sock"], paths["
 	for deadline = time.Now().Add(2 * time.Second); exhausted("fast") == 0 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &restore); err != nil {
-		t.Fatal(err)
-	}
+	restore()
 	_, _ = stdin.Write([]byte("done\n"))
 	b.check(t)
 	if exhausted("fast") == 0 {
 		t.Error("the fast socket counted no exhausted accept")
 	}
-}
-
-// lowestFreeFD is the lowest descriptor number this process does not use: with RLIMIT_NOFILE at it, no
-// descriptor can be opened.
-func lowestFreeFD(t *testing.T) int {
-	entries, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	used := map[int]bool{}
-	for _, e := range entries {
-		if fd, err := strconv.Atoi(e.Name()); err == nil {
-			used[fd] = true
-		}
-	}
-	fd := 0
-	for used[fd] {
-		fd++
-	}
-	return fd
 }
 
 // stalledPods answers no question about a pod until the asker gives up: an API server that does not answer.

@@ -10,12 +10,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/internal/fdtest"
 )
 
 // writeThrough writes 64 KiB from a fresh region of a into a fresh region of b and checks what landed.
@@ -101,16 +100,7 @@ sys.stdin.readline()`, host, port)
 	stop := time.AfterFunc(20*time.Second, func() { _ = peer.Process.Kill() })
 	defer stop.Stop()
 
-	var limit syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
-		t.Fatal(err)
-	}
-	restore := limit
-	defer func() { _ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &restore) }()
-	limit.Cur = uint64(lowestFreeFD(t))
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
-		t.Fatal(err)
-	}
+	restore := fdtest.Exhaust(t)
 	if _, err := stdin.Write([]byte("go\n")); err != nil {
 		t.Fatal(err)
 	}
@@ -122,29 +112,7 @@ sys.stdin.readline()`, host, port)
 			t.Fatal("no accept failed for want of descriptors within 10 s: the test did not exhaust them")
 		}
 	}
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &restore); err != nil {
-		t.Fatal(err)
-	}
+	restore()
 	_, _ = stdin.Write([]byte("done\n"))
 	writeThrough(t, a, b, "after")
-}
-
-// lowestFreeFD is the lowest descriptor number this process does not use: with RLIMIT_NOFILE at it, no
-// descriptor can be opened.
-func lowestFreeFD(t *testing.T) int {
-	entries, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	used := map[int]bool{}
-	for _, e := range entries {
-		if fd, err := strconv.Atoi(e.Name()); err == nil {
-			used[fd] = true
-		}
-	}
-	fd := 0
-	for used[fd] {
-		fd++
-	}
-	return fd
 }
