@@ -4,18 +4,21 @@
 
 """Registers two shared-memory regions with the agent, copies one into the other and checks the bytes.
 
-    PYTHONPATH=client/python /usr/bin/python3 client/python/examples/copy_between_regions.py \\
-        /var/run/fabricxfer/kv/agent.sock
+    PYTHONPATH=client/python /usr/bin/python3 client/python/examples/copy_between_regions.py [SOCKET]
+
+Without SOCKET the client finds the agent as Client() does: $FABRICXFER_SOCKET, else a pod's
+/run/fabricxfer/agent.sock, else the host's one pool socket (/run/fabricxfer/<pool>/agent.sock).
 """
 
 import hashlib
 import os
 import sys
+from typing import Optional
 
 from fabricxfer.client import Client, shared_memory, to_segment
 
 
-def main(socket_path: str) -> int:
+def main(socket_path: Optional[str] = None) -> int:
     size = 4 << 20
     with Client(socket_path, name="example") as c:
         print("agent %s on node %s, pool %s/%s, engines: %s" % (
@@ -35,4 +38,4 @@ def main(socket_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "/var/run/fabricxfer/default/agent.sock"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))

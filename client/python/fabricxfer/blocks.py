@@ -5,7 +5,8 @@
 around them without copying them.
 
 Ids come as numpy int32/int64 arrays, torch CPU int32/int64 tensors, or any buffer of int32/int64
-(memoryview, array.array; raw bytes with id_bytes given). Nothing here loops over ids in Python.
+(memoryview, array.array; raw bytes with id_bytes given), one list each: 1-D (a 0-d array or tensor is one id;
+more dimensions are refused, not flattened). Nothing here loops over ids in Python.
 """
 
 import struct
@@ -35,14 +36,21 @@ def _dtype_error(what) -> ValueError:
     return ValueError("block ids must be int32 or int64, got %s" % (what,))
 
 
+def _shape_error(shape) -> ValueError:
+    return ValueError("block ids must be one list (1-D), got shape %s: pass ids.reshape(-1) if that is meant"
+                      % (tuple(shape),))
+
+
 def _from_numpy(a, id_bytes: Optional[int]):
     dt = a.dtype
     if dt.kind != "i" or dt.itemsize not in (4, 8):
         raise _dtype_error("numpy %s" % dt)
     if id_bytes is not None and id_bytes != dt.itemsize:
         raise ValueError("ids are %s but id_bytes=%d" % (dt, id_bytes))
-    if a.ndim != 1:
-        a = a.reshape(-1)
+    if a.ndim > 1:
+        raise _shape_error(a.shape)
+    if a.ndim == 0:  # one id (a numpy scalar, ids[i])
+        a = a.reshape(1)
     if dt.byteorder == ">" or (dt.byteorder == "=" and not _LITTLE):
         a = a.astype("<i%d" % dt.itemsize)
     if not a.flags.c_contiguous:
@@ -79,12 +87,15 @@ def _from_torch(t, id_bytes: Optional[int]):
         # A few blocks (a contiguous copy, a page or two): their values in one call into torch, packed here. A
         # view of the storage (numpy(), or reshape and contiguous first) costs several calls.
         v = t.tolist()
-        if type(v) is int:  # a 0-d tensor
+        if type(v) is int:  # a 0-d tensor: one id (ids[i])
             return _SHORT_PACKS[width, 1](v), width, 1
-        if not v or type(v[0]) is int:  # 1-D (more dimensions are flattened below)
+        if (v and type(v[0]) is int) or (not v and t.dim() == 1):
             return _SHORT_PACKS[width, n](*v), width, n
-    if t.dim() != 1 or not t.is_contiguous():
-        t = t.reshape(-1).contiguous()
+        raise _shape_error(t.shape)
+    if t.dim() != 1:
+        raise _shape_error(t.shape)
+    if not t.is_contiguous():
+        t = t.contiguous()
     try:
         arr = t.numpy()
     except (RuntimeError, ImportError, TypeError):  # torch without numpy: read the storage in place
@@ -111,6 +122,8 @@ def _from_buffer(obj, id_bytes: Optional[int]):
         raise TypeError("block ids must be a numpy array, a torch CPU tensor or a buffer of int32/int64 "
                         "(array.array('q', ids), numpy.asarray(ids, dtype=numpy.int64)), not %s"
                         % type(obj).__name__) from None
+    if mv.ndim > 1:
+        raise _shape_error(mv.shape)
     fmt = mv.format.lstrip("@=<>!")
     big = mv.format[:1] in (">", "!") or (mv.format[:1] in ("@", "=", "") and not _LITTLE)
     if fmt in ("B", "b", "c") and mv.itemsize == 1:
@@ -143,8 +156,8 @@ def _from_buffer(obj, id_bytes: Optional[int]):
 def pack_ids(ids, id_bytes: Optional[int] = None) -> Tuple[Union[memoryview, bytes], int, int]:
     """Returns (little-endian bytes of ids, bytes per id, count): a memoryview of ids, without copying, when they
     are already contiguous little-endian int32/int64, else bytes (a short torch tensor's values packed). Raises
-    ValueError for another dtype, TypeError for a type that is not an array or a buffer (a list: wrap it in
-    array.array('q', ids) or numpy)."""
+    ValueError for another dtype or more than one dimension, TypeError for a type that is not an array or a buffer
+    (a list: wrap it in array.array('q', ids) or numpy)."""
     pack = _PACKERS.get(type(ids))
     if pack is None:
         pack = _packer(ids)

@@ -58,6 +58,9 @@ _OP_NAMES = {code: name for name, code in _OPS.items()}
 FAST_FRAME_MAX = 4 << 20
 # The most transfers one FastWait lists (the agent refuses more).
 _MAX_WAIT_IDS = 1024
+# The timeout the agent gives a transfer that names none (engines.DefaultTimeout): an unwaited transfer without
+# a timeout may hold its call that long (a peer that does not answer), so the call waits for the agent past it.
+AGENT_DEFAULT_TIMEOUT = 60.0
 
 
 def _seconds(timeout, what: str = "timeout"):
@@ -114,6 +117,22 @@ class AgentError(_StatusError):
         super().__init__(_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
 
 
+class DeadlineExceeded(_StatusError, TimeoutError):
+    """The agent did not answer a fast-socket call within its deadline; code() is DEADLINE_EXCEEDED, as gRPC's
+    own call would say. The session is fine, but what the call asked may still happen (a transfer may land, under
+    an id the client never learns); the client's next fast call opens a new fast connection."""
+
+    def __init__(self, message: str):
+        super().__init__(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+
+
+class ClientClosed(ValueError):
+    """A call on a Client after its close() (a ValueError, as a call on a closed file or gRPC channel)."""
+
+    def __init__(self, message: str = "the client is closed: create a new Client"):
+        super().__init__(message)
+
+
 DEFAULT_SOCKET = "/run/fabricxfer/agent.sock"
 HOST_SOCKET_DIRS = ("/run/fabricxfer", "/var/run/fabricxfer")
 
@@ -126,6 +145,12 @@ def default_socket(default: Optional[str] = None, host_dirs: Optional[Sequence[s
     default = default or DEFAULT_SOCKET
     if _is_socket(default):
         return default
+    found = _host_sockets(host_dirs)
+    return found[0] if len(found) == 1 else default
+
+
+def _host_sockets(host_dirs: Optional[Sequence[str]] = None) -> List[str]:
+    """The pool sockets under the host's socket directories (<dir>/<pool>/agent.sock), each counted once."""
     found = []
     for d in host_dirs or HOST_SOCKET_DIRS:
         try:
@@ -136,7 +161,7 @@ def default_socket(default: Optional[str] = None, host_dirs: Optional[Sequence[s
             path = os.path.realpath(os.path.join(d, pool, "agent.sock"))
             if _is_socket(path) and path not in found:
                 found.append(path)
-    return found[0] if len(found) == 1 else default
+    return found
 
 
 def _is_socket(path: str) -> bool:
@@ -154,23 +179,37 @@ def _request_fits(nbytes: int, items: int):
 
 
 class AgentUnreachable(_StatusError, ConnectionError):
-    """No agent answered at the socket within the client's timeout; the message names the path and what was
-    found there. code() is gRPC's (DEADLINE_EXCEEDED or UNAVAILABLE)."""
+    """No agent answered at the socket within the client's timeout, or (at once, UNAVAILABLE) there is no socket at
+    the path; the message names the path and what was found there. code() is gRPC's (DEADLINE_EXCEEDED or
+    UNAVAILABLE)."""
 
 
 def _unreachable(path: str, timeout: float, details: str) -> str:
-    if not os.path.exists(path):
-        try:
-            entries = sorted(os.listdir(os.path.dirname(path)))[:8]
-        except OSError:
-            entries = []
-        found = ("the folder holds no agent.sock, but %s: name the pool's folder (<socket dir>/<pool>/agent.sock)"
-                 % ", ".join(entries) if entries
-                 else "there is no socket there: is the agent running, and is this its socket directory "
-                 "(<socket dir>/<pool>/agent.sock; FABRICXFER_SOCKET names it in a pod with a claim)?")
-    else:
-        found = "the socket exists but nothing answered on it (%s): a socket left by a stopped agent?" % details
+    found = (_why_no_socket(path) if not _is_socket(path) else
+             "the socket exists but nothing answered on it (%s): a socket left by a stopped agent?" % details)
     return "no agent answered at %s within %.1f s: %s" % (path, timeout, found)
+
+
+def _why_no_socket(path: str, pools: Sequence[str] = ()) -> str:
+    """Why no agent can answer at path, which is no socket; pools: the host's pool sockets, when Client() was
+    given no path and found several."""
+    if len(pools) > 1:
+        return ("this host has several pools' sockets (%s): name one (Client(path) or FABRICXFER_SOCKET)"
+                % ", ".join(pools))
+    if os.path.isdir(path):
+        inside = [p for p in [os.path.join(path, "agent.sock")] + _host_sockets((path,)) if _is_socket(p)]
+        return "it is a folder, not a socket: name %s" % (
+            " or ".join(inside[:4]) if inside else "a pool's socket (<socket dir>/<pool>/agent.sock)")
+    if os.path.exists(path):
+        return "it is not a socket: name the agent's (<socket dir>/<pool>/agent.sock)"
+    try:
+        entries = sorted(os.listdir(os.path.dirname(path)))[:8]
+    except OSError:
+        entries = []
+    return ("the folder holds no agent.sock, but %s: name the pool's folder (<socket dir>/<pool>/agent.sock)"
+            % ", ".join(entries) if entries
+            else "there is no socket there: is the agent running, and is this its socket directory "
+            "(<socket dir>/<pool>/agent.sock; FABRICXFER_SOCKET names it in a pod with a claim)?")
 
 
 # The trailer key of an UNAVAILABLE the agent answered itself (fastwire.AnsweredHeader in the Go tree).
@@ -201,6 +240,8 @@ class _NotificationStream:
         try:
             return next(self._call)
         except grpc.RpcError as e:
+            if self._client._closed:
+                raise ClientClosed() from e
             if self._client._session_lost(e.code(), e.details(), _answered(e)):
                 raise SessionLost("agent session lost (%s): call recover() and notifications() again"
                                   % e.details()) from e
@@ -283,10 +324,18 @@ def _check_socket_permission(path: str):
     except PermissionError:
         allowed = False
     if not allowed:
+        group = ""
+        for p in (path, os.path.dirname(path)):  # the socket's folder is in its group too, and may be all we see
+            try:
+                group = ", socket group %d" % os.stat(p).st_gid
+                break
+            except OSError:
+                pass
         raise PermissionError(
-            13, "agent socket not open to uid %d (gid %d, groups %s); a non-root pod needs the pool's "
-            "spec.socketGroup in its securityContext.supplementalGroups" % (os.geteuid(), os.getegid(), os.getgroups()),
-            path)
+            13, "agent socket not open to uid %d (gid %d, groups %s%s): a non-root pod needs the pool's "
+            "spec.socketGroup in its securityContext.supplementalGroups; without Kubernetes, run as the agent's user "
+            "or start it with `agent standalone --socket-gid <gid>` naming a group of yours"
+            % (os.geteuid(), os.getegid(), os.getgroups(), group), path)
 
 
 class FdSocketError(_StatusError):
@@ -749,6 +798,19 @@ class PreparedBlocks:
             _OP_NAMES[self._op], self._layout.id, len(self._local) // self._width, self._remote)
 
 
+class _Dropped:
+    """Stands for a fast connection closed after a call's deadline passed (Client._fast_late): the next fast call
+    opens a new one in its place (Client._fast_again)."""
+
+    mailbox = None
+
+    def close(self):
+        pass
+
+
+_DROPPED = _Dropped()
+
+
 class Client:
     """A connection to one agent socket. Regions belong to the connection: close() (or the process ending)
     makes the agent deregister them."""
@@ -759,6 +821,10 @@ class Client:
     _forked = False
     # The metadata naming the session this client's memory is in (see _session_metadata).
     _session_md = None
+    # Set by close(): every later call raises ClientClosed.
+    _closed = False
+    # Sessions lost (and close() counted) against those recover() caught up with: see _check_session.
+    _losses = _session = 0
 
     def __init__(self, socket_path: Optional[str] = None, timeout: float = 10.0, name: str = "python", fast: bool = True,
                  spin: float = FAST_SPIN, mailbox=True):
@@ -769,7 +835,8 @@ class Client:
         away than save the wake-up). mailbox: let the fast connection's frames travel through shared memory the
         agent polls (no system call per round trip) where the agent offers it; on CPUs other than x86 (arm64)
         its frames are sealed and checked, since Python cannot order its accesses to shared memory there, and
-        mailbox="checked" seals them on x86 too. False keeps every frame on the socket."""
+        mailbox="checked" seals them on x86 too. False keeps every frame on the socket. A path with no socket
+        raises AgentUnreachable at once; a socket no agent answers on, after timeout."""
         if _FORKS.grpc_running:
             raise RuntimeError("this process was forked from one whose fabricxfer Client had started gRPC, which "
                                "cannot start again here: start workers with multiprocessing's 'spawn' method, or "
@@ -777,9 +844,14 @@ class Client:
         _seconds(timeout)
         if not timeout:
             raise ValueError("the client's timeout must be positive seconds, not %r" % (timeout,))
-        socket_path = socket_path or os.environ.get("FABRICXFER_SOCKET") or default_socket()
+        named = socket_path or os.environ.get("FABRICXFER_SOCKET")
+        socket_path = named or default_socket()
         self.socket_path = socket_path
         _check_socket_permission(socket_path)
+        if not _is_socket(socket_path):
+            # Nothing there to wait for: say so now, as the Go client does, rather than after the whole timeout.
+            raise AgentUnreachable(grpc.StatusCode.UNAVAILABLE, "no agent at %s: %s" % (
+                socket_path, _why_no_socket(socket_path, () if named else _host_sockets())))
         self.fd_socket = os.path.join(os.path.dirname(socket_path), FD_SOCKET_NAME)
         self.timeout = timeout
         self.name = name
@@ -857,8 +929,10 @@ class Client:
 
     def _check_session(self):
         # Two ints read without the lock (each read is atomic): a loss counted just after this check is the same
-        # race as one counted just after a locked check, and the next check sees it.
+        # race as one counted just after a locked check, and the next check sees it. close() counts one too.
         if self._losses != self._session:
+            if self._closed:
+                raise ClientClosed()
             if self._forked:
                 raise RuntimeError(_FORKED_CLIENT)
             raise SessionLost("agent session lost (agent restarted?): call recover() and retry")
@@ -868,7 +942,11 @@ class Client:
         self._check_session()
         try:
             resp = method(req, timeout=kw.pop("timeout", self.timeout), metadata=self._session_md, **kw)
-        except grpc.RpcError as e:
+        except (grpc.RpcError, ValueError) as e:
+            if self._closed:  # closed under the call (gRPC: CANCELLED, or ValueError for a closed channel)
+                raise ClientClosed() from e
+            if not isinstance(e, grpc.RpcError):
+                raise
             if self._session_lost(e.code(), e.details(), _answered(e)):
                 raise SessionLost("agent session lost (%s): call recover() and retry" % e.details()) from e
             raise
@@ -911,6 +989,8 @@ class Client:
         slices are marked lost. Raises the first error after trying every region; calling it again registers what
         is still missing. Threads that share the client may all call it: one recovers, the others wait for it
         and return (AgentUnreachable when no agent answers)."""
+        if self._closed:
+            raise ClientClosed()
         if self._forked:
             raise RuntimeError(_FORKED_CLIENT)
         timeout = _seconds(timeout) or self.timeout
@@ -1073,6 +1153,13 @@ class Client:
         return buf
 
     def close(self):
+        """Closes the connection (the agent deregisters this client's regions); later calls raise ClientClosed,
+        and closing again does nothing."""
+        if self._closed:
+            return
+        with self._lock:
+            self._closed = True
+            self._losses += 1  # every call's session check then looks, and raises ClientClosed
         # A call on the fast connection holds its lock until its reply: closing under it keeps that call's
         # mailbox and arena mapped until it ends (bounded by the longest call's deadline).
         held = self._fast_lock.acquire(timeout=self.timeout + 1.0)
@@ -1148,6 +1235,7 @@ class Client:
         gpu_index, when given, must be the tensor's device. The region keeps a reference to the tensor until
         deregister(): do not resize it or empty PyTorch's cache of its memory meanwhile. Kernels writing the
         tensor must have finished (torch.cuda.synchronize or a stream sync) before a transfer reads it."""
+        self._check_session()  # before PyTorch's IPC reference is taken
         device, start, length = _cuda.tensor_range(tensor)
         if gpu_index is not None and gpu_index != device:
             raise ValueError("the tensor is on cuda:%d, not GPU %d as given: move it with .to('cuda:%d') or pass "
@@ -1289,7 +1377,9 @@ class Client:
                  wait: bool = True):
         """op is "read" or "write". With wait (default) returns the settled status or raises TransferFailed;
         without it returns the transfer id for wait(). timeout: seconds the transfer may take (a waited one
-        defaults to the client's timeout; the agent fails it with DEADLINE_EXCEEDED when it runs out)."""
+        defaults to the client's timeout, an unwaited one to the agent's, AGENT_DEFAULT_TIMEOUT; the agent fails it
+        with DEADLINE_EXCEEDED when it runs out). The call waits for the agent's answer past that timeout (an
+        unwaited one to a peer that does not answer is held until then); DeadlineExceeded when none came."""
         if wait and not _seconds(timeout):
             timeout = self.timeout  # the agent ends it, and answers, before this call gives up
         if len(items) > 4096 and len(items) > (self.info.limits.max_items_per_transfer or len(items)):
@@ -1307,8 +1397,15 @@ class Client:
         return self._settled(resp, wait)
 
     def _call_timeout(self, timeout: Optional[float]) -> float:
-        """A gRPC call's deadline for a transfer of timeout seconds: the agent's answer must have time to come."""
-        return max(self.timeout, (timeout or 0.0) + 1.0)
+        """A gRPC call's deadline for a transfer of timeout seconds (None: the agent's default, which an unwaited
+        transfer gets): the agent's answer must have time to come."""
+        return max(self.timeout, (timeout or AGENT_DEFAULT_TIMEOUT) + 1.0)
+
+    def _reply_wait(self, timeout: Optional[float]) -> float:
+        """How long a fast call waits for its reply: the transfer's timeout (or the wait's), within which the agent
+        answers, else the agent's default (an unwaited transfer naming none may hold its call that long), plus a
+        second for the reply to travel."""
+        return (timeout or max(self.timeout, AGENT_DEFAULT_TIMEOUT)) + 1.0
 
     def _fast_call(self, parts, timeout: Optional[float] = None, build=None,
                    mailbox: bool = True) -> Optional[pb.TransferResponse]:
@@ -1321,11 +1418,12 @@ class Client:
 
     def _fast_raw(self, parts, timeout: Optional[float], build=None, mailbox: bool = True):
         """_fast_call's round trip: the reply's bytes, undecoded."""
-        deadline = time.perf_counter() + (timeout or self.timeout) + 1.0
+        wait = self._reply_wait(timeout)
+        deadline = time.perf_counter() + wait
         with self._fast_lock:
             conn = self._fast
-            if conn is None:
-                raise SessionLost("the fast socket is closed: call recover() and retry")
+            if conn is None or conn is _DROPPED:
+                conn = self._fast_again(conn)
             if build is not None:
                 # A frame built here takes a while (ids written into the arena): an agent that stopped polling
                 # (the caller was busy elsewhere for milliseconds) is rung now, and wakes meanwhile.
@@ -1339,6 +1437,8 @@ class Client:
                     return None
             try:
                 raw = conn.call(parts, deadline, mailbox)
+            except _fastconn.FastConnTimeout as e:
+                raise self._fast_late(conn, wait) from e
             except (OSError, ConnectionError) as e:
                 raise self._fast_lost(conn, e) from e
         return raw
@@ -1348,10 +1448,12 @@ class Client:
         (FastConn.call_frame), its deadline taken from the clock only if the call lasts."""
         with self._fast_lock:
             conn = self._fast
-            if conn is None:
-                raise SessionLost("the fast socket is closed: call recover() and retry")
+            if conn is None or conn is _DROPPED:
+                conn = self._fast_again(conn)
             try:
                 return conn.call_frame(frame, (timeout or self.timeout) + 1.0, mailbox)
+            except _fastconn.FastConnTimeout as e:
+                raise self._fast_late(conn, (timeout or self.timeout) + 1.0) from e
             except (OSError, ConnectionError) as e:
                 raise self._fast_lost(conn, e) from e
 
@@ -1359,7 +1461,33 @@ class Client:
         """Closes a fast connection that broke under a call (held under the fast lock) and says so."""
         conn.close()
         self._fast = None
-        return SessionLost("the agent closed the fast socket (%s): call recover() and retry" % e)
+        return SessionLost("the fast connection broke (%s): call recover() and retry" % e)
+
+    def _fast_late(self, conn, waited: float) -> DeadlineExceeded:
+        """Closes a fast connection whose call's deadline passed (held under the fast lock): the agent may still
+        be serving the frame, and replies are matched to calls by their order alone, so its late reply would be
+        read as the next call's. The next fast call opens a new connection in the same session. The id arena goes
+        too: the agent may still read the ids of the call it serves."""
+        conn.close()
+        self._fast = _DROPPED
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
+        return DeadlineExceeded("the agent did not answer within %.1f s: the call may still take effect (a transfer "
+                                "may still land, under an id not known here)" % waited)
+
+    def _fast_again(self, conn):
+        """The connection for a fast call where the client holds none (SessionLost, raised) or dropped one after
+        a deadline (a new one, opened now under the fast lock)."""
+        if conn is None:
+            raise SessionLost("the fast socket is closed: call recover() and retry")
+        self._fast = None
+        self._check_session()
+        try:
+            self._open_fast()
+        except (grpc.RpcError, OSError, ConnectionError) as e:
+            raise SessionLost("the fast socket could not be opened again (%s): call recover() and retry" % e) from e
+        return self._fast
 
     def _fast_reply(self, raw) -> pb.TransferResponse:
         """The response of a fast reply, or the error it carries raised."""
@@ -1426,10 +1554,11 @@ class Client:
         decoded when first read: it acts as the TransferStatus (fields, methods, printing, ==, isinstance), and
         transfer_status(st) is the message itself, for protobuf calls that take one (a message's constructor,
         CopyFrom) and for a message compared with it on the left. timeout: seconds the transfer may take (a
-        waited one defaults to the client's timeout). The agent refuses (INVALID_ARGUMENT, nothing moved) ids out
-        of range, repeated destination ids and layouts of different geometry. Pairs run in any order: a block
-        that one pair reads and another writes (a swap within one layout) gets no defined bytes; split such a
-        move into two calls. A transfer that failed on its timeout may still land blocks afterwards (copies
+        waited one defaults to the client's timeout, an unwaited one to the agent's, as transfer's). Ids of more
+        than one dimension are refused (ValueError), not flattened. The agent refuses (INVALID_ARGUMENT, nothing
+        moved) ids out of range, repeated destination ids and layouts of different geometry. Pairs run in any
+        order: a block that one pair reads and another writes (a swap within one layout) gets no defined bytes;
+        split such a move into two calls. A transfer that failed on its timeout may still land blocks afterwards (copies
         already started finish): its destination blocks are undefined."""
         # Every step before the frame is written and after its reply shows in a waited one-block call (each
         # microsecond of the client's is about 2% of a 64 MiB copy on a GPU): the common case takes few of them.
@@ -1496,6 +1625,7 @@ class Client:
         same tensors each step, one fixed staging block), a run skips what a call does before its frame is
         written: reading the ids out of numpy or torch, checking the arguments, building and joining the
         frame."""
+        self._check_session()
         code = _op(op)
         if type(remote) is not RemoteLayout or type(layout) is not Layout:
             raise TypeError(_blocks_sides_error(layout, remote))
@@ -1637,7 +1767,8 @@ class Client:
 
     def _fast_wait(self, ids: List[int], timeout: Optional[float]) -> pb.TransferStatus:
         """One FastWait frame for ids: the first that did not succeed, else the last one's status."""
-        parts = _blocks.wait_frame(ids, timeout or self.timeout)
+        timeout = timeout or self.timeout
+        parts = _blocks.wait_frame(ids, timeout)
         self._check_session()
         # The transfers waited for may have written this process's host memory (see _mailbox_for).
         return self._fast_call(parts, timeout, mailbox=not self._mailbox_checked).status

@@ -76,6 +76,11 @@ class FastConnError(ConnectionError):
     """The fast connection broke (closed by the agent, a reply over its bound, or no reply in time)."""
 
 
+class FastConnTimeout(FastConnError):
+    """The call's deadline passed before the agent's reply (or room to write the frame) came: the agent may still
+    be serving the frame, and its late reply would reach the next call, so the connection is out of step."""
+
+
 class FastConn:
     """A bound fast-socket connection. Not safe for concurrent calls: the client holds a lock around call()."""
 
@@ -124,7 +129,7 @@ class FastConn:
         left = deadline - time.perf_counter()
         if left <= 0 or not poller.poll(max(1, int(left * 1e3))):
             if time.perf_counter() >= deadline:
-                raise FastConnError("no %s from the agent within the call's deadline" % what)
+                raise FastConnTimeout("no %s from the agent within the call's deadline" % what)
 
     def send(self, parts, deadline: float):
         """Writes the buffers of parts (bytes-like, one byte per item) in order: one sendmsg for a frame that fits
@@ -286,8 +291,8 @@ class FastConn:
                 if zlib.crc32(raw[:-_SEAL_BYTES], start) == _U32.unpack_from(raw, 4 + n)[0]:
                     return raw[4:-_SEAL_BYTES]
             if time.perf_counter() >= deadline:
-                raise FastConnError("a mailbox reply (%d bytes) that does not match its seal within the call's "
-                                    "deadline" % n)
+                raise FastConnTimeout("a mailbox reply (%d bytes) that does not match its seal within the call's "
+                                      "deadline" % n)
 
     def _sleep(self, mm, seq: int, deadline: float):
         """Waits on the socket for the reply to seq: the agent sends an empty frame after a reply to a caller that
@@ -298,7 +303,7 @@ class FastConn:
             while words[_REPLY_SEQ_ITEM] != seq:
                 left = deadline - time.perf_counter()
                 if left <= 0:
-                    raise FastConnError("no reply from the agent within the call's deadline")
+                    raise FastConnTimeout("no reply from the agent within the call's deadline")
                 if words[_TAKEN_ITEM] != seq:
                     self.send([_EMPTY_FRAME], deadline)
                 self._poll.poll(1)

@@ -255,6 +255,51 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(seen[1], (5.0, 6.0))
         self.assertEqual(seen[2][0], None)
 
+    def test_calls_after_close_say_the_client_is_closed(self):
+        # As the Go client's ErrClosed: every call after close() raises one error that says so, not gRPC's
+        # "Cannot invoke RPC on closed channel!" or what an empty client would say ("holds no regions").
+        for fast in (True, False):
+            c = Client(SOCKET, fast=fast)
+            fd, _ = self.shm(8192)
+            r = c.register_host(fd, 0, 8192)
+            lay = c.register_layout([r], 4096)
+            one, other, many = array.array("q", [0]), array.array("q", [1]), array.array("q", [0]) * 2048
+            prepared = c.prepare_blocks("write", lay, one, to_layout(lay), other)
+            tid = c.transfer("write", [Item(r, to_region(r), 16, 0, 4096)], wait=False)
+            pool = c.allocate_from_pool(4096) if c.info.HasField("pool_memory") else None
+            c.close()
+            calls = {
+                "register_host": lambda: c.register_host(fd, 0, 4096),
+                "register_tensor": lambda: c.register_tensor(None),
+                "register_layout": lambda: c.register_layout([r], 4096),
+                "deregister": lambda: c.deregister(r),
+                "deregister_layout": lambda: c.deregister_layout(lay),
+                "allocate_from_pool": lambda: c.allocate_from_pool(4096),
+                "transfer": lambda: c.transfer("write", [Item(r, to_region(r), 16)], wait=False),
+                "write": lambda: c.write(r, 0, to_region(r), 4096, 16),
+                "read": lambda: c.read(r, 0, to_region(r), 4096, 16),
+                "transfer_blocks": lambda: c.transfer_blocks("write", lay, one, to_layout(lay), other),
+                "transfer_blocks arena": lambda: c.transfer_blocks("write", lay, many, to_layout(lay), many,
+                                                                   wait=False),
+                "prepare_blocks": lambda: c.prepare_blocks("write", lay, one, to_layout(lay), other),
+                "PreparedBlocks.run": prepared.run,
+                "wait": lambda: c.wait(tid),
+                "wait_all": lambda: c.wait_all([tid]),
+                "cancel": lambda: c.cancel(tid),
+                "resolve_segment": lambda: c.resolve_segment("", "py-any"),
+                "notifications": c.notifications,
+                "notifications of a region": lambda: c.notifications([r]),
+                "recover": c.recover,
+            }
+            if pool is not None:
+                calls["release"] = lambda: c.release(pool)
+            for name, call in calls.items():
+                with self.subTest(fast=fast, call=name):
+                    with self.assertRaisesRegex(ValueError, "^the client is closed") as e:
+                        call()
+                    self.assertEqual(type(e.exception).__name__, "ClientClosed")
+            c.close()  # again: nothing
+
     def test_a_socket_path_with_no_agent_says_so(self):
         start = time.monotonic()
         with self.assertRaises(AgentUnreachable) as e:

@@ -77,8 +77,8 @@ class PackTest(unittest.TestCase):
         self.assertEqual(ints(mv, 8), list(range(10)))
         mv, w, n = blocks.pack_ids(a[::3])
         self.assertEqual(ints(mv, 8), [0, 3, 6, 9])
-        mv, w, n = blocks.pack_ids(a.reshape(2, 5))
-        self.assertEqual(n, 10)
+        mv, w, n = blocks.pack_ids(np.int64(7))  # a 0-d array (ids[i]) is one id
+        self.assertEqual((w, n, ints(mv, 8)), (8, 1, [7]))
         for bad in (a.astype(np.float64), a.astype(np.uint32), a.astype(np.int16), a.astype(np.uint64)):
             with self.assertRaises(ValueError):
                 blocks.pack_ids(bad)
@@ -112,9 +112,8 @@ class PackTest(unittest.TestCase):
     @unittest.skipIf(torch is None, "torch not installed")
     def test_short_torch_lists_pack_as_the_general_path_does(self):
         cases = [torch.tensor([7]), torch.tensor([7], dtype=torch.int32), torch.arange(16), torch.tensor(3),
-                 torch.arange(40, dtype=torch.int32)[::3], torch.arange(17), torch.arange(4).reshape(2, 2),
-                 torch.tensor([2 ** 40, -1]), torch.tensor([], dtype=torch.int64), torch.arange(10)[7:8],
-                 torch.tensor([[5]], dtype=torch.int32), torch.zeros(2, 0, dtype=torch.int64)]
+                 torch.arange(40, dtype=torch.int32)[::3], torch.arange(17), torch.arange(40)[::2],
+                 torch.tensor([2 ** 40, -1]), torch.tensor([], dtype=torch.int64), torch.arange(10)[7:8]]
         for t in cases:
             with self.subTest(t=t):
                 mv, w, n = blocks.short_ids(t)
@@ -133,6 +132,24 @@ class PackTest(unittest.TestCase):
                     blocks.pack_ids(t)
                 with self.assertRaises(ValueError):
                     blocks.short_ids(t)
+
+    def test_ids_of_more_than_one_dimension_are_refused(self):
+        # One list of ids per side: a 2-D array (a batch of lists, ids.reshape(1, 3)) is refused naming its shape,
+        # not flattened into one list. numpy, torch and buffers alike, on the short path and the general one.
+        cases = [memoryview(array.array("q", range(6))).cast("B").cast("q", (2, 3))]
+        if np is not None:
+            cases += [np.arange(3).reshape(1, 3), np.arange(2 * blocks.ARENA_MIN_IDS).reshape(2, -1),
+                      np.zeros((0, 3), dtype=np.int64), np.arange(6, dtype=np.int32).reshape(3, 2)[:, :1]]
+        if torch is not None:
+            cases += [torch.arange(3).reshape(1, 3), torch.arange(4).reshape(2, 2),
+                      torch.tensor([[5]], dtype=torch.int32), torch.zeros(2, 0, dtype=torch.int64),
+                      torch.zeros(0, 3, dtype=torch.int64), torch.arange(64).reshape(8, 8)]
+        for ids in cases:
+            with self.subTest(ids=type(ids).__module__, shape=tuple(ids.shape)):
+                with self.assertRaisesRegex(ValueError, r"1-D.*shape \(%s" % ids.shape[0]):
+                    blocks.pack_ids(ids)
+                with self.assertRaisesRegex(ValueError, "1-D"):
+                    blocks.short_ids(ids) or blocks.pack_ids(ids)
 
     @unittest.skipIf(np is None, "numpy not installed")
     def test_arena_fill(self):
@@ -423,6 +440,8 @@ class ClientChecksTest(unittest.TestCase):
             (ValueError, ("copy", lay, array.array("q", [1]), other, array.array("q", [1]))),
             (TypeError, ("read", lay, [1], other, [1])),
         ]
+        if np is not None:  # a batch of lists is not one list
+            cases.append((ValueError, ("write", lay, np.arange(3).reshape(1, 3), other, np.arange(3).reshape(1, 3))))
         # Without a fast connection, and with one that fails whatever is asked of it (the short-list path must
         # refuse these before it touches the connection).
         for fast in (None, object()):

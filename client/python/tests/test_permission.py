@@ -65,6 +65,10 @@ except Exception as e:
         self.assertLess(float(seconds), 1.0, "the refusal waited for readiness: " + got)
         self.assertIn("uid 65534", message)
         self.assertIn("spec.socketGroup in its securityContext.supplementalGroups", message)
+        # Outside Kubernetes: the agent's --socket-gid, or the agent's user; the socket's group is named.
+        self.assertIn("agent standalone --socket-gid <gid>", message)
+        self.assertIn("the agent's user", message)
+        self.assertIn("socket group %d" % GROUP, message)
         self.assertIn(self.path, message)
 
     def test_a_member_gets_past_the_check(self):

@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+
+"""A fast call the agent has not answered by its deadline: the client raises DEADLINE_EXCEEDED (not SessionLost),
+keeps its session and its fast path, and waits as long as the agent may hold the call. A thread on a socket pair
+plays the agent; the last test uses a real one (FABRICXFER_SOCKET)."""
+
+import os
+import socket
+import struct
+import threading
+import time
+import unittest
+from unittest import mock
+
+import grpc
+
+from fabricxfer import client as fx
+from fabricxfer import fastconn
+from fabricxfer.agent.v1 import agent_pb2 as pb
+from fabricxfer.client import Client, Item, Region, SessionLost, shared_memory, to_region
+
+SOCKET = os.environ.get("FABRICXFER_SOCKET", "")
+
+
+class StalledAgentTest(unittest.TestCase):
+    """The client's side of an agent that holds a call: answering late, or not at all."""
+
+    def client(self, timeout):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(ours.close)
+        self.addCleanup(theirs.close)
+        c = Client.__new__(Client)
+        c.timeout, c._losses, c._session, c._mailbox_checked = timeout, 0, 0, None
+        c._lock, c._fast_lock = threading.Lock(), threading.Lock()
+        c._fast = fastconn.FastConn(ours, 0.0)
+        return c, theirs
+
+    def agent(self, sock, answer_after=None):
+        """Reads one frame on sock and, answer_after seconds later, answers it with the DEADLINE_EXCEEDED the agent
+        gives a transfer whose peer never answered (None: never answers). Returns what it saw."""
+        seen = {}
+
+        def run():
+            try:
+                (n,) = struct.unpack(">I", sock.recv(4, socket.MSG_WAITALL))
+                seen["request"] = pb.FastRequest.FromString(sock.recv(n, socket.MSG_WAITALL))
+                if answer_after is None:
+                    seen["eof"] = sock.recv(1) == b""  # the client closes the connection it gave up on
+                    return
+                time.sleep(answer_after)
+                reply = pb.FastReply(code=grpc.StatusCode.DEADLINE_EXCEEDED.value[0],
+                                     message="resolving node-b's layout kv: context deadline exceeded")
+                body = reply.SerializeToString()
+                sock.sendall(struct.pack(">I", len(body)) + body)
+            except OSError as e:
+                seen["error"] = e
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        self.addCleanup(t.join, 10)
+        return seen, t
+
+    def test_an_unwaited_transfer_without_a_timeout_waits_for_the_agents_answer(self):
+        # The agent holds an unwaited transfer up to its default timeout (a peer that does not answer): the call
+        # waits for that answer, rather than giving up after the client's own timeout.
+        c, theirs = self.client(timeout=0.1)
+        seen, _ = self.agent(theirs, answer_after=1.5)
+        r = Region(id=1, length=4096)
+        with mock.patch.object(fx, "AGENT_DEFAULT_TIMEOUT", 2.0, create=True):
+            start = time.monotonic()
+            with self.assertRaises(grpc.RpcError) as e:
+                c.transfer("write", [Item(r, to_region(r), 16)], wait=False)
+        self.assertNotIsInstance(e.exception, SessionLost)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED, e.exception)
+        self.assertIn("resolving node-b", e.exception.details(), "not the agent's own answer")
+        self.assertGreaterEqual(time.monotonic() - start, 1.4)
+        self.assertFalse(seen["request"].transfer.HasField("timeout"), "an unwaited transfer keeps the agent's default")
+        self.assertIsInstance(c._fast, fastconn.FastConn, "an answered call dropped the fast connection")
+
+    def test_a_call_past_its_deadline_raises_deadline_exceeded_and_keeps_the_fast_path(self):
+        c, theirs = self.client(timeout=0.1)
+        seen, agent = self.agent(theirs)
+        r = Region(id=1, length=4096)
+        old = c._fast
+        start = time.monotonic()
+        with self.assertRaises(grpc.RpcError) as e:
+            c.transfer("write", [Item(r, to_region(r), 16)], timeout=0.2, wait=False)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertNotIsInstance(e.exception, SessionLost)
+        self.assertIsInstance(e.exception, TimeoutError)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.assertIn("may still", str(e.exception))
+        # The connection it gave up on is closed (the agent's late reply would reach the next call), but the fast
+        # path stays: the next call opens a new connection, in the same session.
+        agent.join(5)
+        self.assertTrue(seen.get("eof"), seen)
+        self.assertIsNotNone(c._fast, "the fast path was dropped for good")
+        self.assertIsNot(c._fast, old)
+        c._check_session()  # the session is not lost
+
+
+@unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
+class ReopenTest(unittest.TestCase):
+    def test_the_next_call_after_a_deadline_opens_a_new_fast_connection(self):
+        c = Client(SOCKET)
+        self.addCleanup(c.close)
+        fd, buf = shared_memory("py-deadline", 8192)
+        self.addCleanup(os.close, fd)
+        self.addCleanup(buf.close)
+        r = c.register_host(fd, 0, 8192)
+        before, old = r.id, c._fast
+        late = getattr(fastconn, "FastConnTimeout", fastconn.FastConnError)
+
+        def stalled(*args, **kwargs):  # what FastConn raises when the call's deadline passes
+            raise late("no reply from the agent within the call's deadline")
+
+        old.call = old.call_frame = stalled
+        with self.assertRaises(grpc.RpcError) as e:
+            c.write(r, 0, to_region(r), 4096, 64)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        buf[:64] = os.urandom(64)
+        c.write(r, 0, to_region(r), 4096, 64)
+        self.assertIsInstance(c._fast, fastconn.FastConn, "the call after the deadline did not open a fast connection")
+        self.assertIsNot(c._fast, old)
+        self.assertEqual(r.id, before, "the session was lost")
+        self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
+
+
+if __name__ == "__main__":
+    unittest.main()
