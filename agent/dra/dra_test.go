@@ -339,15 +339,23 @@ func allocatedClaimIn(t *testing.T, cs kubernetes.Interface, ns, name, pool, dev
 	return c
 }
 
+// oneNode starts an API server with node gpu-node-a, runs its driver of four channels (tune changes its
+// config) and dials the driver's kubelet socket; ctx ends with the test, within a minute.
+func oneNode(t *testing.T, tune ...func(*dra.Config)) (kubernetes.Interface, context.Context, *running, kubelet) {
+	t.Helper()
+	cs := startAPIServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	createNode(t, cs, "gpu-node-a")
+	r := startDriverWith(t, cs, "gpu-node-a", &detector{rep: report(4, "ualink:p/1")}, 4, "/var/run/fabricxfer/kv", tune...)
+	return cs, ctx, r, dialPlugin(t, r.drv.PluginSocket())
+}
+
 // TestPrepareRefusesANamespaceThePoolDoesNotAdmit: a claim of a channel from a namespace the pool does not admit
 // gets no spec (its pods could not use the socket, and it would hold the node's channel); an admitted
 // namespace's claim of the same channel is prepared.
 func TestPrepareRefusesANamespaceThePoolDoesNotAdmit(t *testing.T) {
-	cs := startAPIServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	createNode(t, cs, "gpu-node-a")
-	r := startDriverWith(t, cs, "gpu-node-a", &detector{rep: report(4, "ualink:p/1")}, 4, "/var/run/fabricxfer/kv", func(c *dra.Config) {
+	cs, ctx, r, k := oneNode(t, func(c *dra.Config) {
 		c.AdmitNamespace = func(_ context.Context, ns string) error {
 			if ns != "default" {
 				return fmt.Errorf("namespace %s may not use pool inference/kv", ns)
@@ -355,7 +363,6 @@ func TestPrepareRefusesANamespaceThePoolDoesNotAdmit(t *testing.T) {
 			return nil
 		}
 	})
-	k := dialPlugin(t, r.drv.PluginSocket())
 	outsider := allocatedClaimIn(t, cs, "team-x", "kv-x", dra.PoolName("gpu-node-a"), "channel-0")
 	resp, err := k.prepare(ctx, outsider)
 	if err != nil {
@@ -379,12 +386,7 @@ func TestPrepareRefusesANamespaceThePoolDoesNotAdmit(t *testing.T) {
 // next claim of that channel finds the holder gone, its spec is dropped, and the new claim is prepared; a holder
 // that still exists still holds.
 func TestAClaimGoneWithoutUnprepareFreesItsChannel(t *testing.T) {
-	cs := startAPIServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	createNode(t, cs, "gpu-node-a")
-	r := startDriver(t, cs, "gpu-node-a", &detector{rep: report(4, "ualink:p/1")}, 4)
-	k := dialPlugin(t, r.drv.PluginSocket())
+	cs, ctx, r, k := oneNode(t)
 	gone := allocatedClaim(t, cs, "kv-gone", dra.PoolName("gpu-node-a"), "channel-0")
 	kept := allocatedClaim(t, cs, "kv-kept", dra.PoolName("gpu-node-a"), "channel-1")
 	for _, c := range []*resourceapi.ResourceClaim{gone, kept} {
@@ -418,12 +420,7 @@ func TestAClaimGoneWithoutUnprepareFreesItsChannel(t *testing.T) {
 // same; an unknown claim, a claim of another node's device and a claim of a device another claim holds are
 // refused; NodeUnprepareResources removes the spec, twice without error, and frees the device.
 func TestPrepareOverTheKubeletSocket(t *testing.T) {
-	cs := startAPIServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	createNode(t, cs, "gpu-node-a")
-	r := startDriver(t, cs, "gpu-node-a", &detector{rep: report(4, "ualink:p/1")}, 4)
-	k := dialPlugin(t, r.drv.PluginSocket())
+	cs, ctx, r, k := oneNode(t)
 
 	mine := allocatedClaim(t, cs, "kv-a", dra.PoolName("gpu-node-a"), "channel-0")
 	resp, err := k.prepare(ctx, mine)

@@ -67,12 +67,7 @@ func readAll(t *testing.T, paths ...string) map[string][]byte {
 // not a file elsewhere the agent can write, not another CDI vendor's spec, not another claim's spec. The plugin
 // keeps serving: the claims' own unprepare and a new prepare work afterwards.
 func TestUnprepareRemovesOnlyTheNamedClaimsSpec(t *testing.T) {
-	cs := startAPIServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	createNode(t, cs, "gpu-node-a")
-	r := startDriver(t, cs, "gpu-node-a", &detector{rep: report(4, "ualink:p/1")}, 4)
-	k := dialPlugin(t, r.drv.PluginSocket())
+	cs, ctx, r, k := oneNode(t)
 	a := allocatedClaim(t, cs, "kv-a", dra.PoolName("gpu-node-a"), "channel-0")
 	b := allocatedClaim(t, cs, "kv-b", dra.PoolName("gpu-node-a"), "channel-1")
 	mustPrepare(ctx, t, k, a, b)
@@ -137,12 +132,7 @@ func TestUnprepareRemovesOnlyTheNamedClaimsSpec(t *testing.T) {
 // channel: the first is prepared, the second refused naming the first, with no spec; a claim of another
 // channel in the same call is prepared; once the first is unprepared the second is.
 func TestOneCallPreparesAChannelForOneClaim(t *testing.T) {
-	cs := startAPIServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	createNode(t, cs, "gpu-node-a")
-	r := startDriver(t, cs, "gpu-node-a", &detector{rep: report(4, "ualink:p/1")}, 4)
-	k := dialPlugin(t, r.drv.PluginSocket())
+	cs, ctx, r, k := oneNode(t)
 	first := allocatedClaim(t, cs, "kv-first", dra.PoolName("gpu-node-a"), "channel-0")
 	second := allocatedClaim(t, cs, "kv-second", dra.PoolName("gpu-node-a"), "channel-0")
 	other := allocatedClaim(t, cs, "kv-other", dra.PoolName("gpu-node-a"), "channel-1")
@@ -179,12 +169,7 @@ func TestOneCallPreparesAChannelForOneClaim(t *testing.T) {
 // directory, a FIFO, a symbolic link, a file too large, one that is no JSON) are skipped: Prepare neither fails
 // nor blocks on them, a real spec still holds its channel, and the entries are left alone.
 func TestCDIDirectoryJunkCostsNoClaim(t *testing.T) {
-	cs := startAPIServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	createNode(t, cs, "gpu-node-a")
-	r := startDriver(t, cs, "gpu-node-a", &detector{rep: report(4, "ualink:p/1")}, 4)
-	k := dialPlugin(t, r.drv.PluginSocket())
+	cs, ctx, r, k := oneNode(t)
 	holder := allocatedClaim(t, cs, "kv-holder", dra.PoolName("gpu-node-a"), "channel-0")
 	mustPrepare(ctx, t, k, holder)
 

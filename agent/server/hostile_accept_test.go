@@ -4,10 +4,7 @@
 package server_test
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -30,10 +27,6 @@ import (
 // connects to each socket; when both the fd and the fast socket have counted an exhausted accept, the limit
 // is restored and the hostile bed's check dials a new client, which binds a fast connection.
 func TestHostileDescriptorExhaustion(t *testing.T) {
-	python, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("needs python3 for a second process that connects while this one has no descriptor left")
-	}
 	b := newHostileBed(t)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(b.a.srv.Collector())
@@ -41,39 +34,11 @@ func TestHostileDescriptorExhaustion(t *testing.T) {
 		return promtest.Gather(t, reg)["fabricxfer_agent_edge_refusals_total{reason=accept_emfile,socket="+socket+"}"]
 	}
 	paths := b.sockets()
-	// The other process is started first (starting one takes descriptors); it connects when told on stdin.
-	peer := exec.Command(python, "-c", `import socket, sys
-sys.stdin.readline()
-held = []
-for p in sys.argv[1:]:
+	peer := fdtest.StartPeer(t, `for p in sys.argv[1:]:
     s = socket.socket(socket.AF_UNIX)
     s.connect(p)
-    held.append(s)
-print("connected", flush=True)
-sys.stdin.readline()`, paths["agent.fd.sock"], paths["agent.fast.sock"], paths["agent.sock"])
-	stdin, err := peer.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := peer.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer.Stderr = os.Stderr
-	if err := peer.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = peer.Process.Kill(); _ = peer.Wait() }()
-	stop := time.AfterFunc(20*time.Second, func() { _ = peer.Process.Kill() }) // its output ends then: no read waits longer
-	defer stop.Stop()
-
-	restore := fdtest.Exhaust(t)
-	if _, err := stdin.Write([]byte("go\n")); err != nil {
-		t.Fatal(err)
-	}
-	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "connected\n" {
-		t.Fatalf("the other process did not connect: %q, %v", line, err)
-	}
+    held.append(s)`, paths["agent.fd.sock"], paths["agent.fast.sock"], paths["agent.sock"])
+	restore := peer.ConnectExhausted(t)
 	deadline := time.Now().Add(10 * time.Second)
 	for exhausted("fd") == 0 {
 		if time.Now().After(deadline) {
@@ -85,7 +50,6 @@ sys.stdin.readline()`, paths["agent.fd.sock"], paths["agent.fast.sock"], paths["
 		time.Sleep(5 * time.Millisecond)
 	}
 	restore()
-	_, _ = stdin.Write([]byte("done\n"))
 	b.check(t)
 	if exhausted("fast") == 0 {
 		t.Error("the fast socket counted no exhausted accept")

@@ -4,12 +4,10 @@
 package tcp
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"net"
 	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -72,47 +70,16 @@ func TestHostileConnectionsBeforeHelloAreBounded(t *testing.T) {
 // the agent restarted. The process's limit is lowered to its lowest free descriptor while another process
 // connects; once accepts were seen to fail and the limit is restored, a peer connects and moves bytes.
 func TestDataListenerSurvivesDescriptorExhaustion(t *testing.T) {
-	python, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("needs python3 for a second process that connects while this one has no descriptor left")
-	}
 	a := newEngine(t, "node-a", nil)
 	b := newEngine(t, "node-b", listen(t))
 	host, port, _ := net.SplitHostPort(b.Addr())
-	peer := exec.Command(python, "-c", `import socket, sys
-sys.stdin.readline()
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-print("connected", flush=True)
-sys.stdin.readline()`, host, port)
-	stdin, err := peer.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := peer.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer.Stderr = os.Stderr
-	if err := peer.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = peer.Process.Kill(); _ = peer.Wait() }()
-	stop := time.AfterFunc(20*time.Second, func() { _ = peer.Process.Kill() })
-	defer stop.Stop()
-
-	restore := fdtest.Exhaust(t)
-	if _, err := stdin.Write([]byte("go\n")); err != nil {
-		t.Fatal(err)
-	}
-	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "connected\n" {
-		t.Fatalf("the other process did not connect: %q, %v", line, err)
-	}
+	peer := fdtest.StartPeer(t, "held.append(socket.create_connection((sys.argv[1], int(sys.argv[2]))))", host, port)
+	restore := peer.ConnectExhausted(t)
 	for deadline := time.Now().Add(10 * time.Second); b.Stats().AcceptsExhausted == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("no accept failed for want of descriptors within 10 s: the test did not exhaust them")
 		}
 	}
 	restore()
-	_, _ = stdin.Write([]byte("done\n"))
 	writeThrough(t, a, b, "after")
 }
