@@ -57,12 +57,13 @@ func (l *Layout) current() (uint64, error) {
 	if l == nil {
 		return 0, errors.New("no layout (nil)")
 	}
+	gen := l.c.generation() // before the layout's lock, as Region.current
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
 	case l.lost:
 		return 0, fmt.Errorf("layout %d: %w (a region of it was a pool slice or was deregistered: register the layout again)", l.id, ErrLost)
-	case l.gen != l.c.generation():
+	case l.gen != gen:
 		return 0, fmt.Errorf("layout %d: %w", l.id, ErrSessionLost)
 	}
 	return l.id, nil

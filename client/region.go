@@ -65,12 +65,15 @@ func (r *Region) Lost() bool {
 }
 
 func (r *Region) current() (uint64, error) {
+	// The client's generation first: Close holds the client's lock while it takes each region's, so taking the
+	// client's under the region's would deadlock a call beside Close.
+	gen := r.c.generation()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.lost {
 		return 0, fmt.Errorf("region %q: %w (pool slice; allocate again)", r.segment, ErrLost)
 	}
-	if r.gen != r.c.generation() {
+	if r.gen != gen {
 		return 0, ErrSessionLost
 	}
 	return r.id, nil

@@ -540,3 +540,48 @@ func agentSession(t *testing.T) (*agent, *client.Client, *agentv1.GetInfoRespons
 	}
 	return a, c, info
 }
+
+// TestCallsBesideCloseDoNotDeadlock: Close takes each region's lock under the client's, and a call reading a
+// region's id took the client's under the region's: a call beside Close could deadlock both. Calls on every
+// region run while the client closes; all of them and Close end.
+func TestCallsBesideCloseDoNotDeadlock(t *testing.T) {
+	for round := range 20 {
+		a := startAgent(t, baseOptions(t, newProcFixture(t)))
+		c, err := client.Dial(ctxT(t), a.srv.SocketPath(), client.WithoutFastPath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := ctxT(t)
+		m := shm(t, 64<<10)
+		var regions []*client.Region
+		for i := range uint64(16) {
+			r, err := c.RegisterHost(ctx, m.File, i*4096, 4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			regions = append(regions, r)
+		}
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for _, r := range regions {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					_ = c.Deregister(ctx, r) // reads the region's id first
+				}
+			})
+		}
+		closed := make(chan struct{})
+		go func() { _ = c.Close(); close(stop); wg.Wait(); close(closed) }()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: Close and the calls beside it did not end within 10 s", round)
+		}
+		a.stop(t)
+	}
+}
