@@ -69,6 +69,9 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 		selected[node.Name] = true
 		status.DesiredNodes++
 		tn := obs.TransferNodes[node.Name]
+		if tn != nil && !reportsFor(tn, pool) {
+			tn = nil // another pool's agent (one this pool conflicts with, or a pool deleted meanwhile)
+		}
 		if tn == nil || !obs.Heartbeats.Fresh(tn, obs.Now, timeout) {
 			notReady = append(notReady, node.Name)
 			if tn != nil {
@@ -245,4 +248,10 @@ func boundedMessage(msg string) string {
 		cut--
 	}
 	return fmt.Sprintf("%s… (%d bytes more)", msg[:cut], len(msg)-cut)
+}
+
+// reportsFor says whether tn is written by pool's agent. A report that names no pool (an agent older than the
+// field) counts for whichever pool selects its node, as before.
+func reportsFor(tn *fxv1.TransferNode, pool *fxv1.TransferPool) bool {
+	return tn.Spec.PoolName == "" || tn.Spec.PoolNamespace == pool.Namespace && tn.Spec.PoolName == pool.Name
 }

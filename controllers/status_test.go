@@ -35,6 +35,10 @@ func TestComputePoolStatus(t *testing.T) {
 		}
 		return r
 	}
+	ofPool := func(r *fxv1.TransferNode, namespace, name string) *fxv1.TransferNode {
+		r.Spec.PoolNamespace, r.Spec.PoolName = namespace, name
+		return r
+	}
 	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "p", Generation: 4, CreationTimestamp: metav1.NewTime(now)}}
 	pool.Spec.NodeSelector = gpuLabel
 	pool.Spec.Engines = []fxv1.EngineName{fxv1.EngineRDMA, fxv1.EngineTCP}
@@ -62,6 +66,12 @@ func TestComputePoolStatus(t *testing.T) {
 		{"a newer overlapping pool changes nothing", nil, []fxv1.TransferPool{{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "other", UID: "o",
 			CreationTimestamp: metav1.NewTime(now.Add(time.Hour))}, Spec: fxv1.TransferPoolSpec{NodeSelector: map[string]string{}}}},
 			metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/2", "rdma=0 tcp=0", metav1.ConditionFalse},
+		{"another pool's agents count nothing", map[string]*fxv1.TransferNode{"a": ofPool(tn("a", time.Second, fxv1.EngineTCP), "x", "old"),
+			"b": ofPool(tn("b", time.Second, fxv1.EngineTCP), "x", "old")},
+			nil, metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/2", "rdma=0 tcp=0", metav1.ConditionFalse},
+		{"its own agents count", map[string]*fxv1.TransferNode{"a": ofPool(tn("a", time.Second, fxv1.EngineTCP), "ns", "p"),
+			"b": ofPool(tn("b", time.Second, fxv1.EngineTCP), "ns", "p")},
+			nil, metav1.ConditionTrue, fxv1.ReasonAllNodesReady, "2/2", "rdma=0 tcp=2", metav1.ConditionFalse},
 		{"no conflict with a disjoint pool", nil, []fxv1.TransferPool{{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "cpu", UID: "c"},
 			Spec: fxv1.TransferPoolSpec{NodeSelector: map[string]string{"cpu-only": "yes"}}}},
 			metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/2", "rdma=0 tcp=0", metav1.ConditionFalse},
