@@ -74,8 +74,8 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 		}
 		if tn == nil || !obs.Heartbeats.Fresh(tn, obs.Now, timeout) {
 			notReady = append(notReady, node.Name)
-			if tn != nil {
-				stale = append(stale, node.Name)
+			if tn != nil && !obs.Heartbeats.Last(tn).IsZero() {
+				stale = append(stale, node.Name) // it beat once and stopped; a report not yet beating is starting
 			}
 			continue
 		}

@@ -35,6 +35,10 @@ func TestComputePoolStatus(t *testing.T) {
 		}
 		return r
 	}
+	noBeat := func(r *fxv1.TransferNode) *fxv1.TransferNode {
+		r.Status.LastHeartbeat = nil
+		return r
+	}
 	ofPool := func(r *fxv1.TransferNode, namespace, name string) *fxv1.TransferNode {
 		r.Spec.PoolNamespace, r.Spec.PoolName = namespace, name
 		return r
@@ -66,6 +70,8 @@ func TestComputePoolStatus(t *testing.T) {
 		{"a newer overlapping pool changes nothing", nil, []fxv1.TransferPool{{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "other", UID: "o",
 			CreationTimestamp: metav1.NewTime(now.Add(time.Hour))}, Spec: fxv1.TransferPoolSpec{NodeSelector: map[string]string{}}}},
 			metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/2", "rdma=0 tcp=0", metav1.ConditionFalse},
+		{"a report that never beat is starting, not stale", map[string]*fxv1.TransferNode{"a": noBeat(tn("a", 0, fxv1.EngineTCP)), "b": tn("b", time.Second, fxv1.EngineTCP)},
+			nil, metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "1/2", "rdma=0 tcp=1", metav1.ConditionFalse},
 		{"another pool's agents count nothing", map[string]*fxv1.TransferNode{"a": ofPool(tn("a", time.Second, fxv1.EngineTCP), "x", "old"),
 			"b": ofPool(tn("b", time.Second, fxv1.EngineTCP), "x", "old")},
 			nil, metav1.ConditionFalse, fxv1.ReasonNodesNotReady, "0/2", "rdma=0 tcp=0", metav1.ConditionFalse},
