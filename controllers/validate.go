@@ -112,6 +112,10 @@ func byteCount(field string, q *resource.Quantity, lo, hi int64, zeroAllowed boo
 	return v, nil
 }
 
+// agentMemoryBesidesPool is the memory an agent needs besides the host pool memory it lends (its default limit
+// is this plus hostStaging).
+const agentMemoryBesidesPool = 128 << 20
+
 // poolBytes are a pool's memory quantities as the byte counts the agent's flags take (0: flag not written).
 type poolBytes struct {
 	perGPU, hostStaging, maxRegistered int64
@@ -155,9 +159,18 @@ func ValidatePool(pool *fxv1.TransferPool, settings AgentSettings) error {
 	if g := spec.SocketGroup; g != nil && (*g < fxv1.MinSocketGroup || *g > fxv1.MaxSocketGroup) {
 		add("spec.socketGroup %d: must be a group ID between %d and %d", *g, fxv1.MinSocketGroup, fxv1.MaxSocketGroup)
 	}
-	if _, err := memoryBytes(spec.Memory); err != nil {
-		for _, e := range strings.Split(err.Error(), "\n") {
+	mem, memErr := memoryBytes(spec.Memory)
+	if memErr != nil {
+		for _, e := range strings.Split(memErr.Error(), "\n") {
 			add("%s", e)
+		}
+	}
+	if r := spec.Agent.Resources; memErr == nil && mem.hostStaging > 0 && r != nil {
+		// Host pool memory is shared memory charged to the agent's cgroup: a limit below it has the agent
+		// killed for memory once callers borrow it (the default limit makes room for it; a given one replaces it).
+		if q, ok := r.Limits[corev1.ResourceMemory]; ok && q.Value() < mem.hostStaging+agentMemoryBesidesPool {
+			add("spec.agent.resources.limits.memory %s: must leave room for spec.memory.hostStaging %s, which is charged to the agent (at least %s)",
+				q.String(), spec.Memory.HostStaging.String(), resource.NewQuantity(mem.hostStaging+agentMemoryBesidesPool, resource.BinarySI).String())
 		}
 	}
 	for k, v := range spec.NodeSelector {

@@ -136,6 +136,10 @@ func TestValidatePoolRefusesWhatMakesInvalidObjects(t *testing.T) {
 		{"1-byte memory limit", func(p *fxv1.TransferPool) {
 			p.Spec.Agent.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1")}}
 		}, "spec.agent.resources.limits.memory"},
+		{"a memory limit below the host pool memory", func(p *fxv1.TransferPool) {
+			p.Spec.Memory.HostStaging = ptr(resource.MustParse("4Gi"))
+			p.Spec.Agent.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}}
+		}, "must leave room for spec.memory.hostStaging 4Gi"},
 		{"GPUs for the agent", func(p *fxv1.TransferPool) {
 			p.Spec.Agent.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8")}}
 		}, "only cpu, memory and ephemeral-storage"},
@@ -146,6 +150,16 @@ func TestValidatePoolRefusesWhatMakesInvalidObjects(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want a refusal naming %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestAMemoryLimitWithRoomForHostStagingIsValid: a limit above the host pool memory and the agent's own is taken.
+func TestAMemoryLimitWithRoomForHostStagingIsValid(t *testing.T) {
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}}
+	pool.Spec.Memory.HostStaging = ptr(resource.MustParse("1Gi"))
+	pool.Spec.Agent.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")}}
+	if err := ValidatePool(pool, AgentSettings{}); err != nil {
+		t.Fatalf("a 2Gi limit beside 1Gi of host pool memory: %v", err)
 	}
 }
 
