@@ -216,7 +216,13 @@ func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus,
 	case ready == desired:
 		msg := fmt.Sprintf("%d/%d selected nodes have a reporting agent", ready, desired)
 		set(fxv1.ConditionReady, metav1.ConditionTrue, fxv1.ReasonAllNodesReady, msg)
-		set(fxv1.ConditionProgressing, metav1.ConditionFalse, fxv1.ReasonAgentsRolledOut, msg)
+		// Every node reporting says nothing of a spec change whose agents are still replacing the old ones: the
+		// agents controller's condition does (`kubectl wait --for=condition=Progressing=false` must wait for it).
+		if agents := meta.FindStatusCondition(status.Conditions, fxv1.ConditionAgentsReady); agents != nil && agents.Reason == fxv1.ReasonAgentsRollingOut {
+			set(fxv1.ConditionProgressing, metav1.ConditionTrue, fxv1.ReasonAgentsRollingOut, agents.Message)
+		} else {
+			set(fxv1.ConditionProgressing, metav1.ConditionFalse, fxv1.ReasonAgentsRolledOut, msg)
+		}
 		set(fxv1.ConditionDegraded, metav1.ConditionFalse, fxv1.ReasonAsExpected, msg)
 	default:
 		msg := fmt.Sprintf("%d/%d selected nodes have a reporting agent; not reporting: %s",

@@ -213,3 +213,37 @@ func TestPoolStatusListsFewVPods(t *testing.T) {
 			slices.IsSorted(status.VPods), maxListedVPods)
 	}
 }
+
+// TestProgressingFollowsTheAgentsRollout: with every node reporting, a pool whose agents are still rolling out
+// a spec change (the agents controller's AgentsReady reason) is Progressing, not rolled out; once they rolled
+// out it is not, and the predicate passes the change of reason so the status is computed again.
+func TestProgressingFollowsTheAgentsRollout(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	node := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a"}}
+	report := &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: "a"}}
+	report.Status.LastHeartbeat = &metav1.Time{Time: now.Add(-time.Second)}
+	pool := func(reason string) *fxv1.TransferPool {
+		p := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "p", Generation: 5}}
+		meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{Type: fxv1.ConditionAgentsReady, Status: metav1.ConditionTrue,
+			Reason: reason, Message: "the agents are rolling out", ObservedGeneration: 5})
+		return p
+	}
+	for _, tc := range []struct {
+		reason string
+		want   metav1.ConditionStatus
+	}{{fxv1.ReasonAgentsRollingOut, metav1.ConditionTrue}, {fxv1.ReasonAgentsRolledOut, metav1.ConditionFalse}} {
+		st := ComputePoolStatus(pool(tc.reason), PoolObservation{Nodes: []corev1.Node{node},
+			TransferNodes: map[string]*fxv1.TransferNode{"a": report}, Now: now})
+		ready := meta.FindStatusCondition(st.Conditions, fxv1.ConditionReady)
+		progressing := meta.FindStatusCondition(st.Conditions, fxv1.ConditionProgressing)
+		if ready.Status != metav1.ConditionTrue || progressing.Status != tc.want {
+			t.Errorf("agents %s: Ready %s, Progressing %s (%s), want Ready True, Progressing %s", tc.reason, ready.Status,
+				progressing.Status, progressing.Reason, tc.want)
+		}
+	}
+	changed := agentsRolloutChanged().Update(event.UpdateEvent{ObjectOld: pool(fxv1.ReasonAgentsRollingOut), ObjectNew: pool(fxv1.ReasonAgentsRolledOut)})
+	same := agentsRolloutChanged().Update(event.UpdateEvent{ObjectOld: pool(fxv1.ReasonAgentsRolledOut), ObjectNew: pool(fxv1.ReasonAgentsRolledOut)})
+	if !changed || same {
+		t.Errorf("the predicate passed a change of the agents' reason: %t, an unchanged one: %t; want true, false", changed, same)
+	}
+}

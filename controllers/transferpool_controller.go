@@ -135,6 +135,22 @@ func agentsApplyErrorChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool { return msg(e.ObjectOld) != msg(e.ObjectNew) }}
 }
 
+// agentsRolloutChanged passes a pool whose agents started or finished rolling out (the AgentsReady condition's
+// reason), which Progressing follows.
+func agentsRolloutChanged() predicate.Predicate {
+	reason := func(o client.Object) string {
+		p, ok := o.(*fxv1.TransferPool)
+		if !ok {
+			return ""
+		}
+		if c := meta.FindStatusCondition(p.Status.Conditions, fxv1.ConditionAgentsReady); c != nil {
+			return c.Reason
+		}
+		return ""
+	}
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool { return reason(e.ObjectOld) != reason(e.ObjectNew) }}
+}
+
 // patchStatus writes the status computed from obs, only what changed. The agents and certificate controllers
 // write their conditions beside these: the merge patch carries the pool's resourceVersion, so a patch from a
 // copy that lacks the others' latest write is refused instead of dropping it. Refused, the pool is read again from the
@@ -256,7 +272,8 @@ func (r *TransferPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	allPools := enqueueAllPools(mgr)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("transferpool").
-		For(&fxv1.TransferPool{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, agentsApplyErrorChanged()))).
+		For(&fxv1.TransferPool{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{},
+			agentsApplyErrorChanged(), agentsRolloutChanged()))).
 		// Node labels decide selection; any pool may be affected, and another pool's selector decides conflicts.
 		Watches(&corev1.Node{}, allPools, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&fxv1.TransferPool{}, allPools, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
