@@ -43,6 +43,9 @@ type PoolObservation struct {
 	Heartbeats heartbeat.Beats
 	// OtherPools are every other TransferPool in the cluster.
 	OtherPools []fxv1.TransferPool
+	// VPodNames name the VPodTopology of each domain key that has one (a declared one may have any name);
+	// status.vpods names the others by DomainObjectName, the name the operator gives what it discovers.
+	VPodNames map[string]string
 	// ApplyError is set when the owned objects could not be applied.
 	ApplyError error
 	// Invalid is set when the operator refuses the pool's spec (ValidatePool); nothing was applied.
@@ -101,7 +104,11 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 	status.Nodes = fmt.Sprintf("%d/%d", status.ReadyNodes, status.DesiredNodes)
 	// Names are hashed once per domain, not once per GPU (16,000 SHA-256 per reconcile at 2,000 nodes).
 	for key := range vpods {
-		status.VPods = append(status.VPods, fxv1.DomainObjectName(key))
+		name := obs.VPodNames[key]
+		if name == "" {
+			name = fxv1.DomainObjectName(key)
+		}
+		status.VPods = append(status.VPods, name)
 	}
 	slices.Sort(status.VPods)
 	status.VPodCount = int32(len(status.VPods))

@@ -212,6 +212,13 @@ func TestPoolStatusListsFewVPods(t *testing.T) {
 		t.Errorf("vpodCount %d, %d listed (sorted %v); want 100 counted, %d listed in order", status.VPodCount, len(status.VPods),
 			slices.IsSorted(status.VPods), maxListedVPods)
 	}
+	// A domain with a VPodTopology (a declared one, of any name) is listed by that object's name, which kubectl
+	// finds; before, every domain was listed by its derived name, which names no object for a declared one.
+	obs.VPodNames = map[string]string{"ualink:0/0": "a-declared-rack"}
+	status = ComputePoolStatus(pool, obs)
+	if status.VPods[0] != "a-declared-rack" || slices.Contains(status.VPods, fxv1.DomainObjectName("ualink:0/0")) {
+		t.Errorf("the declared vPOD of ualink:0/0 is not listed by its object's name: %v", status.VPods[:3])
+	}
 }
 
 // TestProgressingFollowsTheAgentsRollout: with every node reporting, a pool whose agents are still rolling out

@@ -251,6 +251,17 @@ func (r *TransferPoolReconciler) observe(ctx context.Context, pool *fxv1.Transfe
 		return fmt.Errorf("reading heartbeats for pool %s/%s: %w", pool.Namespace, pool.Name, err)
 	}
 	obs.Heartbeats = beats
+	vpods := &fxv1.VPodTopologyList{}
+	if err := r.List(ctx, vpods, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("listing VPodTopologies for pool %s/%s: %w", pool.Namespace, pool.Name, err)
+	}
+	obs.VPodNames = make(map[string]string, len(vpods.Items))
+	for i := range vpods.Items {
+		v := &vpods.Items[i]
+		if cur, ok := obs.VPodNames[v.Spec.Domain]; v.Spec.Domain != "" && (!ok || v.Name < cur) {
+			obs.VPodNames[v.Spec.Domain] = v.Name // one name for a domain whatever the list's order
+		}
+	}
 	pools := &fxv1.TransferPoolList{}
 	if err := r.List(ctx, pools); err != nil {
 		return fmt.Errorf("listing pools to find conflicts with %s/%s: %w", pool.Namespace, pool.Name, err)
