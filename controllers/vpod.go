@@ -194,16 +194,20 @@ const maxNamedNodes = 16
 // the domain, from what each member's report says of the declaration (reports by node). A member whose agent
 // refused GPUs (the hardware reports another domain, another declaration holds them, the pool pins every GPU
 // with fabricDomainOverride, the node lacks them) makes it False with reason DeclarationConflict naming the
-// member and why; one whose report does not mention the declaration yet makes it False with DeclarationPending.
+// member and why; one whose report does not mention the declaration yet, or that has no report at all (named
+// apart: a misspelled node), makes it False with DeclarationPending.
 func DeclaredCondition(vp *fxv1.VPodTopology, reports map[string]*fxv1.TransferNode) metav1.Condition {
-	var conflicts, pending []string
+	var conflicts, pending, unknown []string
 	for _, m := range vp.Spec.Members {
+		tn := reports[m.Node]
+		if tn == nil {
+			unknown = append(unknown, m.Node)
+			continue
+		}
 		var found *fxv1.FabricDeclaration
-		if tn := reports[m.Node]; tn != nil {
-			for i := range tn.Status.Declarations {
-				if d := &tn.Status.Declarations[i]; d.VPodTopology == vp.Name && d.Domain == vp.Spec.Domain {
-					found = d
-				}
+		for i := range tn.Status.Declarations {
+			if d := &tn.Status.Declarations[i]; d.VPodTopology == vp.Name && d.Domain == vp.Spec.Domain {
+				found = d
 			}
 		}
 		switch {
@@ -218,9 +222,17 @@ func DeclaredCondition(vp *fxv1.VPodTopology, reports map[string]*fxv1.TransferN
 	case len(conflicts) > 0:
 		c.Status, c.Reason = metav1.ConditionFalse, fxv1.ReasonDeclarationConflict
 		c.Message = "declared GPUs not in the domain (nothing is routed by this declaration there): " + namedAtMost(conflicts, "; ")
-	case len(pending) > 0:
+	case len(pending) > 0 || len(unknown) > 0:
 		c.Status, c.Reason = metav1.ConditionFalse, fxv1.ReasonDeclarationPending
-		c.Message = "members whose agents have not reported this declaration yet: " + namedAtMost(pending, ", ")
+		var parts []string
+		if len(pending) > 0 {
+			parts = append(parts, "members whose agents have not reported this declaration yet: "+namedAtMost(pending, ", "))
+		}
+		if len(unknown) > 0 {
+			// No agent reports for such a node at all: a misspelled name waits for ever, and should say so.
+			parts = append(parts, "members no agent reports for (no TransferNode: is the node name right?): "+namedAtMost(unknown, ", "))
+		}
+		c.Message = strings.Join(parts, "; ")
 	default:
 		c.Status, c.Reason = metav1.ConditionTrue, fxv1.ReasonDeclarationTaken
 		c.Message = "every member's agent put the declared GPUs in the domain"

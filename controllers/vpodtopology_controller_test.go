@@ -141,7 +141,7 @@ func TestDeclaredVPodTopologyIsKeptAndCompared(t *testing.T) {
 			return fmt.Errorf("member labels %v", vp.Labels)
 		}
 		if c := meta.FindStatusCondition(vp.Status.Conditions, fxv1.ConditionDeclared); c == nil || c.Reason != fxv1.ReasonDeclarationPending ||
-			c.Message != "members whose agents have not reported this declaration yet: decl-0, decl-1" {
+			c.Message != "members no agent reports for (no TransferNode: is the node name right?): decl-0, decl-1" {
 			return fmt.Errorf("Declared condition %+v", c)
 		}
 		return nil
