@@ -248,7 +248,8 @@ type TransferPoolStatus struct {
 	// +kubebuilder:validation:MaxItems=32
 	// +kubebuilder:validation:items:MaxLength=253
 	NotReadyNodes []string `json:"notReadyNodes,omitempty"`
-	// ConflictingPools are other pools (namespace/name) that select some of the same nodes.
+	// ConflictingPools are the pools (namespace/name) that came before this one and select some of its nodes:
+	// they keep those nodes, and this pool runs no agent. The pool that came first lists none.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=32
