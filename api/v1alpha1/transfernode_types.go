@@ -229,7 +229,7 @@ type TransferNodeStatus struct {
 // +kubebuilder:resource:scope=Cluster,shortName=tn;tnode,categories=fabricxfer
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.poolName`
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
-// +kubebuilder:printcolumn:name="Heartbeat",type=date,JSONPath=`.status.lastHeartbeat`
+// +kubebuilder:printcolumn:name="Reported",type=date,JSONPath=`.status.lastHeartbeat`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name == self.spec.nodeName",message="metadata.name must equal spec.nodeName"
 type TransferNode struct {
