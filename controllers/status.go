@@ -225,8 +225,15 @@ func setPoolConditions(pool *fxv1.TransferPool, status *fxv1.TransferPoolStatus,
 		set(fxv1.ConditionReady, metav1.ConditionTrue, fxv1.ReasonAllNodesReady, msg)
 		// Every node reporting says nothing of a spec change whose agents are still replacing the old ones: the
 		// agents controller's condition does (`kubectl wait --for=condition=Progressing=false` must wait for it).
-		if agents := meta.FindStatusCondition(status.Conditions, fxv1.ConditionAgentsReady); agents != nil && agents.Reason == fxv1.ReasonAgentsRollingOut {
-			set(fxv1.ConditionProgressing, metav1.ConditionTrue, fxv1.ReasonAgentsRollingOut, agents.Message)
+		// A condition of an older generation is the agents controller's answer before this change: it is
+		// applying it (both controllers see the change; this one usually writes first).
+		if agents := meta.FindStatusCondition(status.Conditions, fxv1.ConditionAgentsReady); agents != nil &&
+			(agents.Reason == fxv1.ReasonAgentsRollingOut || agents.ObservedGeneration != pool.Generation) {
+			msg := agents.Message
+			if agents.ObservedGeneration != pool.Generation {
+				msg = fmt.Sprintf("the agents of generation %d are being applied", pool.Generation)
+			}
+			set(fxv1.ConditionProgressing, metav1.ConditionTrue, fxv1.ReasonAgentsRollingOut, msg)
 		} else {
 			set(fxv1.ConditionProgressing, metav1.ConditionFalse, fxv1.ReasonAgentsRolledOut, msg)
 		}

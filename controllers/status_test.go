@@ -248,9 +248,36 @@ func TestProgressingFollowsTheAgentsRollout(t *testing.T) {
 				progressing.Status, progressing.Reason, tc.want)
 		}
 	}
+	// The agents controller has not answered the pool's new generation yet (it applies first): still progressing.
+	older := pool(fxv1.ReasonAgentsRolledOut)
+	older.Generation = 6
+	st := ComputePoolStatus(older, PoolObservation{Nodes: []corev1.Node{node}, TransferNodes: map[string]*fxv1.TransferNode{"a": report}, Now: now})
+	if p := meta.FindStatusCondition(st.Conditions, fxv1.ConditionProgressing); p.Status != metav1.ConditionTrue {
+		t.Errorf("generation 6 with the agents' condition of generation 5: Progressing %s (%s), want True", p.Status, p.Reason)
+	}
+	newer := pool(fxv1.ReasonAgentsRolledOut)
+	meta.SetStatusCondition(&newer.Status.Conditions, metav1.Condition{Type: fxv1.ConditionAgentsReady, Status: metav1.ConditionTrue,
+		Reason: fxv1.ReasonAgentsRolledOut, Message: "rolled out", ObservedGeneration: 6})
+	if !agentsRolloutChanged().Update(event.UpdateEvent{ObjectOld: pool(fxv1.ReasonAgentsRolledOut), ObjectNew: newer}) {
+		t.Error("the predicate did not pass the agents' condition of a new generation")
+	}
 	changed := agentsRolloutChanged().Update(event.UpdateEvent{ObjectOld: pool(fxv1.ReasonAgentsRollingOut), ObjectNew: pool(fxv1.ReasonAgentsRolledOut)})
 	same := agentsRolloutChanged().Update(event.UpdateEvent{ObjectOld: pool(fxv1.ReasonAgentsRolledOut), ObjectNew: pool(fxv1.ReasonAgentsRolledOut)})
 	if !changed || same {
 		t.Errorf("the predicate passed a change of the agents' reason: %t, an unchanged one: %t; want true, false", changed, same)
+	}
+}
+
+// TestDeclaredMembersWithoutAReportAreNamedApart: a member whose report does not mention the declared domain
+// yet (its agent is taking the declaration) is pending; one with no report at all is named apart, as a node
+// name no agent reports for.
+func TestDeclaredMembersWithoutAReportAreNamedApart(t *testing.T) {
+	vp := &fxv1.VPodTopology{ObjectMeta: metav1.ObjectMeta{Name: "rack-1", Generation: 2},
+		Spec: fxv1.VPodTopologySpec{Kind: fxv1.FabricUALink, Domain: "ualink:p/1",
+			Members: []fxv1.VPodMember{{Node: "gpu-a", GPUs: []int32{0}}, {Node: "gpu-typo", GPUs: []int32{0}}}}}
+	c := DeclaredCondition(vp, map[string]*fxv1.TransferNode{}, func(node string) bool { return node == "gpu-a" })
+	want := "members whose agents have not reported this declaration yet: gpu-a; members no agent reports for (no TransferNode: is the node name right?): gpu-typo"
+	if c.Reason != fxv1.ReasonDeclarationPending || c.Message != want {
+		t.Errorf("Declared %s: %q, want %s: %q", c.Reason, c.Message, fxv1.ReasonDeclarationPending, want)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -136,7 +137,7 @@ func agentsApplyErrorChanged() predicate.Predicate {
 }
 
 // agentsRolloutChanged passes a pool whose agents started or finished rolling out (the AgentsReady condition's
-// reason), which Progressing follows.
+// reason and generation), which Progressing follows.
 func agentsRolloutChanged() predicate.Predicate {
 	reason := func(o client.Object) string {
 		p, ok := o.(*fxv1.TransferPool)
@@ -144,7 +145,7 @@ func agentsRolloutChanged() predicate.Predicate {
 			return ""
 		}
 		if c := meta.FindStatusCondition(p.Status.Conditions, fxv1.ConditionAgentsReady); c != nil {
-			return c.Reason
+			return c.Reason + "/" + strconv.FormatInt(c.ObservedGeneration, 10)
 		}
 		return ""
 	}

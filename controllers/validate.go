@@ -112,8 +112,8 @@ func byteCount(field string, q *resource.Quantity, lo, hi int64, zeroAllowed boo
 	return v, nil
 }
 
-// agentMemoryBesidesPool is the memory an agent needs besides the host pool memory it lends (its default limit
-// is this plus hostStaging).
+// agentMemoryBesidesPool is the least memory a given limit must leave an agent besides the host pool memory it
+// lends (the default limit leaves it 512Mi).
 const agentMemoryBesidesPool = 128 << 20
 
 // poolBytes are a pool's memory quantities as the byte counts the agent's flags take (0: flag not written).

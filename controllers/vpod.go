@@ -195,13 +195,19 @@ const maxNamedNodes = 16
 // refused GPUs (the hardware reports another domain, another declaration holds them, the pool pins every GPU
 // with fabricDomainOverride, the node lacks them) makes it False with reason DeclarationConflict naming the
 // member and why; one whose report does not mention the declaration yet, or that has no report at all (named
-// apart: a misspelled node), makes it False with DeclarationPending.
-func DeclaredCondition(vp *fxv1.VPodTopology, reports map[string]*fxv1.TransferNode) metav1.Condition {
+// apart: a misspelled node), makes it False with DeclarationPending. reports are those that mention the domain;
+// hasReport says whether a node has a report at all.
+func DeclaredCondition(vp *fxv1.VPodTopology, reports map[string]*fxv1.TransferNode, hasReport func(node string) bool) metav1.Condition {
 	var conflicts, pending, unknown []string
 	for _, m := range vp.Spec.Members {
 		tn := reports[m.Node]
 		if tn == nil {
-			unknown = append(unknown, m.Node)
+			// reports hold those that mention the domain; another report of the node has not taken it yet.
+			if hasReport != nil && hasReport(m.Node) {
+				pending = append(pending, m.Node)
+			} else {
+				unknown = append(unknown, m.Node)
+			}
 			continue
 		}
 		var found *fxv1.FabricDeclaration

@@ -239,7 +239,9 @@ func (r *VPodTopologyReconciler) syncDomain(ctx context.Context, key string, obs
 			want = DuplicateVPodStatus(vp, owner)
 		}
 		if !duplicate && len(vp.Spec.Members) > 0 {
-			declared := DeclaredCondition(vp, reports)
+			declared := DeclaredCondition(vp, reports, func(node string) bool {
+				return r.Get(ctx, client.ObjectKey{Name: node}, &fxv1.TransferNode{}) == nil
+			})
 			declared.Message = boundedMessage(declared.Message) // members write what it quotes
 			meta.SetStatusCondition(&want.Conditions, declared)
 		} else {
