@@ -89,8 +89,7 @@ func (c *Client) RegisterLayout(ctx context.Context, regions []*Region, blockByt
 	for _, o := range opts {
 		o(l)
 	}
-	req := &agentv1.RegisterLayoutRequest{BlockBytes: blockBytes, SegmentName: l.segment, SegmentGrants: l.grants,
-		RegionIds: make([]uint64, len(regions))}
+	req := l.registration()
 	for k, r := range regions {
 		id, err := r.current()
 		if err != nil {
@@ -111,20 +110,25 @@ func (c *Client) RegisterLayout(ctx context.Context, regions []*Region, blockByt
 	return l, nil
 }
 
+// registration is the request that registers l, its region ids left for the caller to fill.
+func (l *Layout) registration() *agentv1.RegisterLayoutRequest {
+	return &agentv1.RegisterLayoutRequest{BlockBytes: l.blockBytes, SegmentName: l.segment, SegmentGrants: l.grants,
+		RegionIds: make([]uint64, len(l.regions))}
+}
+
 // registerLayoutAgain registers l anew after Recover registered its regions again; a layout over a region that
 // cannot come back is marked lost and forgotten.
 func (c *Client) registerLayoutAgain(ctx context.Context, l *Layout) error {
 	if _, err := l.current(); err == nil {
 		return nil // registered again by an earlier Recover of this session
 	}
-	req := &agentv1.RegisterLayoutRequest{BlockBytes: l.blockBytes, SegmentName: l.segment, SegmentGrants: l.grants,
-		RegionIds: make([]uint64, len(l.regions))}
+	req := l.registration()
 	for k, r := range l.regions {
 		c.mu.Lock()
 		_, kept := c.regions[r]
 		c.mu.Unlock()
 		id, err := r.current()
-		if !kept || errors.Is(err, ErrLost) || r.Lost() {
+		if !kept || errors.Is(err, ErrLost) {
 			l.mu.Lock()
 			l.lost = true
 			l.mu.Unlock()

@@ -123,33 +123,34 @@ func agentsApplyError(pool *fxv1.TransferPool) error {
 // agentsApplyErrorChanged passes pool updates that change agentsApplyError: the agents controller's condition
 // is the one status write of another controller this controller's Ready depends on.
 func agentsApplyErrorChanged() predicate.Predicate {
-	msg := func(o client.Object) string {
-		p, ok := o.(*fxv1.TransferPool)
-		if !ok {
-			return ""
-		}
+	return poolChangedIn(func(p *fxv1.TransferPool) string {
 		if err := agentsApplyError(p); err != nil {
 			return err.Error()
 		}
 		return ""
-	}
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool { return msg(e.ObjectOld) != msg(e.ObjectNew) }}
+	})
 }
 
 // agentsRolloutChanged passes a pool whose agents started or finished rolling out (the AgentsReady condition's
 // reason and generation), which Progressing follows.
 func agentsRolloutChanged() predicate.Predicate {
-	reason := func(o client.Object) string {
-		p, ok := o.(*fxv1.TransferPool)
-		if !ok {
-			return ""
-		}
+	return poolChangedIn(func(p *fxv1.TransferPool) string {
 		if c := meta.FindStatusCondition(p.Status.Conditions, fxv1.ConditionAgentsReady); c != nil {
 			return c.Reason + "/" + strconv.FormatInt(c.ObservedGeneration, 10)
 		}
 		return ""
+	})
+}
+
+// poolChangedIn passes pool updates whose key differs between the old and the new object.
+func poolChangedIn(key func(*fxv1.TransferPool) string) predicate.Predicate {
+	of := func(o client.Object) string {
+		if p, ok := o.(*fxv1.TransferPool); ok {
+			return key(p)
+		}
+		return ""
 	}
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool { return reason(e.ObjectOld) != reason(e.ObjectNew) }}
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool { return of(e.ObjectOld) != of(e.ObjectNew) }}
 }
 
 // patchStatus writes the status computed from obs, only what changed. The agents and certificate controllers

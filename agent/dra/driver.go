@@ -59,6 +59,11 @@ type Config struct {
 	AdmitNamespace func(ctx context.Context, namespace string) error
 }
 
+// apiReadLimit bounds each API read Prepare makes (a holder's claim, a vPOD pool's slice, the namespaces the pool
+// admits): it holds the driver's lock meanwhile, so a stalled API server must not stop every Prepare and Unprepare
+// of the node for longer.
+const apiReadLimit = 10 * time.Second
+
 // Driver is the node's DRA driver: it publishes the node's ResourceSlice and serves the kubelet's
 // NodePrepareResources and NodeUnprepareResources. Run it as one of the agent's components.
 type Driver struct {
@@ -208,10 +213,6 @@ func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, h
 		return nil, fmt.Errorf("claim %s is not allocated", ref)
 	}
 	pool := PoolName(d.cfg.NodeName)
-	var domains []string // the fabric domains of this node's GPUs, which decide the vPODs it is in
-	if d.facts != nil {
-		domains = d.facts.Domains
-	}
 	var names []string
 	var results, placement []resourceapi.DeviceRequestAllocationResult
 	for _, r := range c.Status.Allocation.Devices.Results {
@@ -229,8 +230,8 @@ func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, h
 				// and the kubelet's retry finds it.
 				return nil, fmt.Errorf("claim %s: device %s/%s: this node's fabric domains are not detected yet", ref, r.Pool, r.Device)
 			}
-			if !slices.Contains(domains, domain) {
-				return nil, fmt.Errorf("claim %s: device %s/%s is a vPOD this node is not in (its domain %s, this node's %v)", ref, r.Pool, r.Device, domain, domains)
+			if !slices.Contains(d.facts.Domains, domain) { // this node's GPUs' domains decide the vPODs it is in
+				return nil, fmt.Errorf("claim %s: device %s/%s is a vPOD this node is not in (its domain %s, this node's %v)", ref, r.Pool, r.Device, domain, d.facts.Domains)
 			}
 			placement = append(placement, r)
 			continue
@@ -264,7 +265,10 @@ func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, h
 		return devs, nil
 	}
 	if len(names) > 0 && d.cfg.AdmitNamespace != nil {
-		if err := d.cfg.AdmitNamespace(ctx, c.Namespace); err != nil {
+		actx, cancel := context.WithTimeout(ctx, apiReadLimit)
+		err := d.cfg.AdmitNamespace(actx, c.Namespace)
+		cancel()
+		if err != nil {
 			return nil, fmt.Errorf("claim %s: %w", ref, err)
 		}
 	}
@@ -283,9 +287,6 @@ func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, h
 	return devs, nil
 }
 
-// claimLookupTimeout bounds the read of a claim that holds a device another claim asks for.
-const claimLookupTimeout = 10 * time.Second
-
 // dropIfGone removes the spec of h, a claim holding a device another claim asks for, when h no longer exists in
 // the API server (deleted, or replaced under its name): its Unprepare never came (the kubelet's state was lost,
 // the agent was away), and its devices stayed held for good while the scheduler kept allocating them. h's
@@ -295,7 +296,7 @@ func (d *Driver) dropIfGone(ctx context.Context, h holder, held map[string]holde
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, claimLookupTimeout)
+	ctx, cancel := context.WithTimeout(ctx, apiReadLimit)
 	defer cancel()
 	cur, err := d.cfg.Kube.ResourceV1().ResourceClaims(ns).Get(ctx, name, metav1.GetOptions{})
 	switch {

@@ -6,7 +6,6 @@ package dra
 import (
 	"context"
 	"fmt"
-	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,9 +13,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 )
-
-// vpodLookupTimeout bounds the read of one vPOD pool's slice, which Prepare does holding the driver's lock.
-const vpodLookupTimeout = 10 * time.Second
 
 // vpodPools reads the operator's vPOD slices (controllers/vpoddra) for one Prepare call, each pool once.
 //
@@ -76,7 +72,7 @@ func (v *vpodPools) slice(ctx context.Context, pool string) (*resourceapi.Resour
 }
 
 func (v *vpodPools) read(ctx context.Context, pool string) (*resourceapi.ResourceSlice, error) {
-	ctx, cancel := context.WithTimeout(ctx, vpodLookupTimeout)
+	ctx, cancel := context.WithTimeout(ctx, apiReadLimit)
 	defer cancel()
 	s, err := v.kube.ResourceV1().ResourceSlices().Get(ctx, pool, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {

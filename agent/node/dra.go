@@ -37,8 +37,6 @@ func draDriver(opts Options, restCfg *rest.Config, policy identity.NamespacePoli
 		HostSocketDir: host, Channels: f.Channels, CDIDir: f.CDIDir, PluginDir: f.PluginDir, RegistryDir: f.RegistryDir,
 		Kube: cs, Detect: detect, Period: period, Log: log.WithName("dra"),
 		AdmitNamespace: func(ctx context.Context, namespace string) error {
-			ctx, cancel := context.WithTimeout(ctx, 10*time.Second) // Prepare holds the driver's lock meanwhile
-			defer cancel()
 			allowed, err := policy.AllowedNamespaces(ctx)
 			if err != nil {
 				return fmt.Errorf("reading the namespaces pool %s/%s admits: %w", opts.PoolNamespace, opts.PoolName, err)

@@ -146,16 +146,8 @@ func New(opts Options) (*Peers, error) {
 	return &Peers{opts: opts, log: opts.Logger, conns: map[string]*peerConn{}}, nil
 }
 
-// maxPeerHandshakes and maxPeerHandshakesPerSource bound the connections the peer listener holds before their
-// TLS handshake proved a pool certificate (sockio.Handshakes): anyone who reaches the port can open them. A node
-// dials one channel connection to another; a thousand nodes starting at once finish their handshakes in
-// milliseconds each.
-const (
-	maxPeerHandshakes          = 1024
-	maxPeerHandshakesPerSource = 32
-)
-
-// boundedHandshakes is the peer listener's TLS, closing a connection at once when too many are authenticating.
+// boundedHandshakes is the peer listener's TLS, closing a connection at once when too many are authenticating
+// (sockio.Handshakes): anyone who reaches the port can open them before a pool certificate is proved.
 type boundedHandshakes struct {
 	credentials.TransportCredentials
 	limit *sockio.Handshakes
@@ -189,7 +181,7 @@ func (p *Peers) Serve(ctx context.Context, local Local) error {
 		handshake = 10 * time.Second
 	}
 	creds := boundedHandshakes{TransportCredentials: credentials.NewTLS(p.opts.TLS.Config()),
-		limit: &sockio.Handshakes{Max: maxPeerHandshakes, MaxPerSource: maxPeerHandshakesPerSource}}
+		limit: &sockio.Handshakes{}}
 	srv := grpc.NewServer(grpc.Creds(creds), grpc.ConnectionTimeout(handshake),
 		// A peer's calls are few and short; one connection's stalled requests (each buffered up to 4 MiB) are
 		// bounded in number and, by the tap's deadline, in time.

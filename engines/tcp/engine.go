@@ -105,7 +105,8 @@ type Engine struct {
 	stageOut, stageIn map[string]*stagePool
 	stopReaper        chan struct{}
 
-	// handshakes bounds the accepted connections not yet past their hello.
+	// handshakes bounds the accepted connections not yet past their hello (TLS handshake included): anyone who
+	// reaches the port can open them, each held until handshakeTimeout.
 	handshakes sockio.Handshakes
 
 	stats struct {
@@ -201,7 +202,6 @@ func New(opts Options) (*Engine, error) {
 	e := &Engine{opts: opts, reg: reg,
 		peers: map[string]*peer{}, serverConns: map[net.Conn]struct{}{},
 		staged: map[engines.MemoryID]stagedEntry{}, stageOut: map[string]*stagePool{}, stageIn: map[string]*stagePool{}}
-	e.handshakes.Max, e.handshakes.MaxPerSource = maxHandshakes, maxHandshakesPerSource
 	// Plans are not split: chunking happens at submit, across connections. Block batches stay in block form
 	// (checked once, not planned block by block); submit expands them into the segments it cuts into requests.
 	e.Base = engines.NewBase(engines.EngineTCP, reg, engines.Limits{BlockPlans: true}, e.CanHandle)

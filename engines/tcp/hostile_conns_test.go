@@ -13,6 +13,7 @@ import (
 
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/internal/fdtest"
+	"github.com/fabricxfer/fabricxfer/internal/sockio"
 )
 
 // writeThrough writes 64 KiB from a fresh region of a into a fresh region of b and checks what landed.
@@ -43,7 +44,7 @@ func TestHostileConnectionsBeforeHelloAreBounded(t *testing.T) {
 			c.Close()
 		}
 	}()
-	for i := range maxHandshakesPerSource {
+	for i := range sockio.DefaultMaxHandshakesPerSource {
 		c, err := hostile.Dial("tcp", b.Addr())
 		if err != nil {
 			t.Fatalf("hostile connection %d: %v", i+1, err)
@@ -57,7 +58,7 @@ func TestHostileConnectionsBeforeHelloAreBounded(t *testing.T) {
 	defer extra.Close()
 	_ = extra.SetReadDeadline(time.Now().Add(3 * time.Second))
 	if _, err := extra.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("connection %d from one address that never says hello was held open", maxHandshakesPerSource+1)
+		t.Fatalf("connection %d from one address that never says hello was held open", sockio.DefaultMaxHandshakesPerSource+1)
 	}
 	if n := b.Stats().Refused; n != 1 {
 		t.Errorf("Stats().Refused = %d, want 1", n)

@@ -28,14 +28,6 @@ const keepaliveEvery = 100 * time.Millisecond
 // waits beyond it. Each holds a staging slot, so the serving pool (StagingBytes) bounds them first.
 const completerQueue = 64
 
-// maxHandshakes and maxHandshakesPerSource bound the accepted connections before their hello (TLS handshake
-// included): anyone who reaches the port can open them, each held until handshakeTimeout. A peer opens
-// ConnsPerPeer (4) connections to a node at once.
-const (
-	maxHandshakes          = 1024
-	maxHandshakesPerSource = 32
-)
-
 // serve accepts peers until the listener closes; running out of descriptors pauses it (sockio.Accept).
 func (e *Engine) serve(ln net.Listener) {
 	defer e.wg.Done()

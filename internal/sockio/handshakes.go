@@ -4,9 +4,18 @@
 package sockio
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"sync"
+)
+
+// DefaultMaxHandshakes and DefaultMaxHandshakesPerSource are the agent's TCP ports' bounds: a node dials one
+// channel connection and ConnsPerPeer (4) data connections to another, and a thousand nodes starting at once
+// finish their handshakes in milliseconds each.
+const (
+	DefaultMaxHandshakes          = 1024
+	DefaultMaxHandshakesPerSource = 32
 )
 
 // Handshakes bounds the connections a TCP listener holds before they authenticate, in all and per source
@@ -14,7 +23,8 @@ import (
 // handshake deadline. A connection beyond either bound is closed at once; those that authenticated are not
 // counted, so a flood from some addresses leaves room for the others' handshakes.
 type Handshakes struct {
-	// Max and MaxPerSource bound the connections being authenticated in all and from one address.
+	// Max and MaxPerSource bound the connections being authenticated in all and from one address (zero:
+	// DefaultMaxHandshakes, DefaultMaxHandshakesPerSource).
 	Max, MaxPerSource int
 
 	mu     sync.Mutex
@@ -25,14 +35,15 @@ type Handshakes struct {
 // A connection past a bound gets an error that says which.
 func (h *Handshakes) Enter(remote net.Addr) (leave func(), err error) {
 	source := sourceOf(remote)
+	max, perSource := cmp.Or(h.Max, DefaultMaxHandshakes), cmp.Or(h.MaxPerSource, DefaultMaxHandshakesPerSource)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	total, mine, ok := h.counts.Enter(source, h.Max, h.MaxPerSource)
+	total, mine, ok := h.counts.Enter(source, max, perSource)
 	if !ok {
-		if mine >= h.MaxPerSource {
-			return nil, fmt.Errorf("%d connections from %s are being authenticated (limit %d)", mine, source, h.MaxPerSource)
+		if mine >= perSource {
+			return nil, fmt.Errorf("%d connections from %s are being authenticated (limit %d)", mine, source, perSource)
 		}
-		return nil, fmt.Errorf("%d connections are being authenticated (limit %d)", total, h.Max)
+		return nil, fmt.Errorf("%d connections are being authenticated (limit %d)", total, max)
 	}
 	var once sync.Once
 	return func() {
