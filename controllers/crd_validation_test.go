@@ -42,6 +42,7 @@ func TestAPIServerRefusesInvalidObjects(t *testing.T) {
 		{"negative GPU memory", pool("  memory: {perGPU: -1Gi}"), "memory.perGPU must be 0 or between 2Mi and 1Ti"},
 		{"zero host staging", pool("  memory: {hostStaging: '0'}"), "memory.hostStaging must be between 1Mi and 1Ti"},
 		{"bad namespace name", pool("  allowedNamespaces: [Inference_NS]"), "spec.allowedNamespaces[0] in body should match"},
+		{"every namespace beside names", pool("  allowedNamespaces: [infer, '*']"), "'*' admits every namespace and stands alone"},
 		{"heartbeat too fast", pool("  agent: {heartbeatSeconds: 0}"), "spec.agent.heartbeatSeconds in body should be greater than or equal to 1"},
 		{"privileged port", pool("  agent: {port: 80}"), "spec.agent.port in body should be greater than or equal to 1024"},
 		{"negative poll", pool("  agent: {pollMicroseconds: -1}"), "spec.agent.pollMicroseconds in body should be greater than or equal to 0"},

@@ -99,9 +99,10 @@ type TransferPoolSpec struct {
 	SocketGroup *int64 `json:"socketGroup,omitempty"`
 
 	// AllowedNamespaces may use this pool through the socket. Empty admits only the pool's own namespace;
-	// "*" admits every namespace.
+	// "*" admits every namespace, and is then the list's only entry.
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="!('*' in self) || size(self) == 1",message="allowedNamespaces: '*' admits every namespace and stands alone; list either '*' or the namespaces"
 	// +kubebuilder:validation:items:MaxLength=63
 	// +kubebuilder:validation:items:Pattern=`^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$`
 	// +listType=set
