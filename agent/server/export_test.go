@@ -16,3 +16,14 @@ func (s *Server) OpenCalls(holder string) int {
 	defer s.streams.mu.Unlock()
 	return s.streams.callers.Of(holder) + s.streams.refused.Of(holder)
 }
+
+// OnRegionAdded has f run each time a region was recorded, before the call that added it goes on; nil removes
+// it (tests only).
+func (s *Server) OnRegionAdded(f func()) { s.table.SetAddedHook(f) }
+
+// Sessions is how many sessions the agent holds; a session is gone once its teardown finished (tests only).
+func (s *Server) Sessions() int {
+	s.table.Lock()
+	defer s.table.Unlock()
+	return len(s.sessions)
+}

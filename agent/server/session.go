@@ -472,9 +472,12 @@ func (s *Server) endSession(sess *session) {
 		c.Close()
 	}
 	askers := s.table.DropSessionLayoutsLocked(&sess.Session) // a layout names the session's regions, which go below
+	held := len(sess.Regions)
 	regs := make([]*regiontable.Region, 0, len(sess.Regions))
 	for _, r := range sess.Regions {
-		regs = append(regs, r)
+		if r.Alloc() == "" { // pool slices go back with their allocation below; read here, under the lock
+			regs = append(regs, r)
+		}
 	}
 	allocs := make([]*poollend.Allocation, 0, len(sess.allocs))
 	for _, a := range sess.allocs {
@@ -485,9 +488,6 @@ func (s *Server) endSession(sess *session) {
 	defer cancel()
 	s.xfer.TellLayoutGone(ctx, askers)
 	for _, r := range regs {
-		if r.Alloc() != "" {
-			continue // released with its allocation below
-		}
 		if err := s.table.RemoveRegion(ctx, r); err != nil {
 			s.log.Error("region of a gone caller stays registered", "region", r.ID(), "caller", sess.Caller.Key, "error", err)
 		}
@@ -501,6 +501,6 @@ func (s *Server) endSession(sess *session) {
 	delete(s.sessions, sess.ID)
 	s.table.Unlock()
 	if sess.identErr == nil {
-		s.log.Debug("caller left", "caller", sess.Caller.String(), "regions", len(regs), "allocations", len(allocs))
+		s.log.Debug("caller left", "caller", sess.Caller.String(), "regions", held, "allocations", len(allocs))
 	}
 }

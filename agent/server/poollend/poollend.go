@@ -112,8 +112,11 @@ func (s *Lender) AllocateFromPool(ctx context.Context, sess *regiontable.Session
 	s.table.Lock()
 	if sess.Ended {
 		// The connection closed while this call ran: the session's cleanup has already passed, so nothing
-		// would ever free the slice.
+		// would ever free the slice, nor close the descriptor waiting for a caller who will never hear its token.
 		s.table.Unlock()
+		if f, err := s.tokens.Take(sess.Caller.Key, token, true); err == nil {
+			f.Close()
+		}
 		_ = s.table.RemoveRegion(ctx, r)
 		free()
 		return nil, status.Error(codes.Unavailable, "the connection closed while pool memory was being lent; it was given back")

@@ -41,7 +41,8 @@ type Region struct {
 	key     []byte
 	engines []string
 	desc    []byte // serialized SegmentDescriptor
-	// mapping and files are released after the engines let go of the region.
+	// mapping and files are the caller's memory as the agent holds it: given to the region as it is recorded and
+	// released, once, by the RemoveRegion that takes it out, after the engines let go of it.
 	mapping []byte
 	files   []*os.File
 	alloc   string // pool slice id when the region is pool memory
@@ -125,7 +126,7 @@ func (tab *Table) RegisterMemory(ctx context.Context, sess *Session, req *agentv
 		return nil, status.Errorf(codes.InvalidArgument, "memory kind must be MEMORY_KIND_HOST or MEMORY_KIND_GPU, got %s", req.Kind)
 	}
 	desc.Size = req.Length
-	r, err := tab.AddRegion(ctx, sess, req.Kind, desc, req.SegmentName, req.SegmentGrants)
+	r, err := tab.addRegion(ctx, sess, req.Kind, desc, req.SegmentName, req.SegmentGrants, mapping, files)
 	if err != nil {
 		if mapping != nil {
 			syscall.Munmap(mapping)
@@ -133,9 +134,6 @@ func (tab *Table) RegisterMemory(ctx context.Context, sess *Session, req *agentv
 		fdsocket.CloseFiles(files)
 		return nil, err
 	}
-	tab.Lock()
-	r.mapping, r.files = mapping, files
-	tab.Unlock()
 	return &agentv1.RegisterMemoryResponse{Region: r.proto()}, nil
 }
 
@@ -314,6 +312,13 @@ const sealHowTo = "create host memory with memfd_create(name, MFD_CLOEXEC|MFD_AL
 // AddRegion checks limits, registers view with the engines and records the region. Nothing is left behind on
 // error.
 func (tab *Table) AddRegion(ctx context.Context, sess *Session, kind agentv1.MemoryKind, desc engines.MemoryDesc, segment string, grants []string) (*Region, error) {
+	return tab.addRegion(ctx, sess, kind, desc, segment, grants, nil, nil)
+}
+
+// addRegion is AddRegion for memory the agent holds by a mapping and descriptors: the region takes them in the
+// step that records it (RemoveRegion releases them); on error they are still the caller's to release.
+func (tab *Table) addRegion(ctx context.Context, sess *Session, kind agentv1.MemoryKind, desc engines.MemoryDesc, segment string, grants []string,
+	mapping []byte, files []*os.File) (*Region, error) {
 	pub := publication{namespace: sess.Caller.Namespace, grants: slices.Clone(grants)}
 	key := scopedName(pub.namespace, segment)
 	length := desc.Size
@@ -328,7 +333,7 @@ func (tab *Table) AddRegion(ctx context.Context, sess *Session, kind agentv1.Mem
 	tab.Lock()
 	if sess.Ended {
 		tab.Unlock()
-		return nil, status.Error(codes.Unavailable, "the connection is closing")
+		return nil, status.Error(codes.Unavailable, "the session ended (its connection closed): nothing was registered")
 	}
 	u := tab.UsageLocked(sess.Caller.Key)
 	lim := tab.limits
@@ -384,10 +389,11 @@ func (tab *Table) AddRegion(ctx context.Context, sess *Session, kind agentv1.Mem
 		undo()
 		return nil, status.Errorf(codes.FailedPrecondition, "no engine on node %s can reach this %s memory: %s", tab.node, desc.Location.Kind, why)
 	}
-	r.engines = engineNamesFor(merged)
+	names := engineNamesFor(merged)
+	var sd []byte
 	wire, err := engines.MarshalDesc(merged)
 	if err == nil {
-		r.desc, err = proto.Marshal(&agentv1.SegmentDescriptor{Node: tab.node, PoolNamespace: tab.poolNamespace,
+		sd, err = proto.Marshal(&agentv1.SegmentDescriptor{Node: tab.node, PoolNamespace: tab.poolNamespace,
 			PoolName: tab.poolName, AgentEndpoint: tab.peerEndpoint, RegionId: r.id, Key: rkey, Kind: kind,
 			Length: length, Segment: segment, Memory: wire})
 	}
@@ -397,17 +403,33 @@ func (tab *Table) AddRegion(ctx context.Context, sess *Session, kind agentv1.Mem
 		return nil, status.Errorf(codes.Internal, "describing region: %v", err)
 	}
 	tab.Lock()
-	if sess.Ended { // the connection went away while we registered
+	if sess.Ended { // the connection went away while we registered: its teardown has passed, nothing may stay
 		tab.Unlock()
 		_ = tab.engine.Deregister(ctx, r.mem)
 		undo()
-		return nil, status.Error(codes.Unavailable, "the connection closed during registration")
+		return nil, status.Error(codes.Unavailable, "the session ended while registering (its connection closed): nothing was kept")
 	}
+	// Filled in the step that checks the session and records the region: the session's teardown either saw Ended
+	// refuse it above or finds it whole among the session's regions, and the reserved segment (found by name
+	// under the lock) is never read half-filled.
+	r.engines, r.desc, r.mapping, r.files = names, sd, mapping, files
 	tab.regions[r.id] = r
 	tab.byMemory[r.mem] = r
 	sess.Regions[r.id] = r
+	added := tab.added
 	tab.Unlock()
+	if added != nil {
+		added()
+	}
 	return r, nil
+}
+
+// SetAddedHook has f run each time a region was recorded, before the call that added it goes on; nil removes
+// it. For tests: they end the region's session there, to land a registration right after its teardown.
+func (tab *Table) SetAddedHook(f func()) {
+	tab.Lock()
+	tab.added = f
+	tab.Unlock()
 }
 
 // engineNamesFor lists the engines that filled a handle: the ones that can reach the memory from elsewhere.
@@ -463,12 +485,19 @@ func (tab *Table) DeregisterMemory(ctx context.Context, sess *Session, req *agen
 }
 
 // RemoveRegion deregisters r from the engines (waiting for its in-flight transfers until ctx ends) and then
-// releases its memory. If a copy might still touch the memory, the region stays and the error says so.
+// releases its memory. If a copy might still touch the memory, the region stays and the error says so. A region
+// removed already is left to whoever removed it.
 func (tab *Table) RemoveRegion(ctx context.Context, r *Region) error {
 	if err := tab.engine.Deregister(ctx, r.mem); err != nil && !errors.Is(err, engines.ErrUnknownMemory) {
 		return err
 	}
 	tab.Lock()
+	if tab.regions[r.id] != r {
+		// Removed already (a session's teardown raced its own call, or another deregistration): whoever took it
+		// out released its memory and its charge.
+		tab.Unlock()
+		return nil
+	}
 	delete(tab.regions, r.id)
 	delete(tab.byMemory, r.mem)
 	if k := scopedName(r.pub.namespace, r.segment); r.segment != "" && tab.segments[k] == r {
@@ -480,11 +509,13 @@ func (tab *Table) RemoveRegion(ctx context.Context, r *Region) error {
 		u.Bytes -= r.length
 		tab.ReleaseUsageLocked(r.owner)
 	}
+	mapping, files := r.mapping, r.files
+	r.mapping, r.files = nil, nil
 	tab.Unlock()
-	if r.mapping != nil {
-		_ = syscall.Munmap(r.mapping)
+	if mapping != nil {
+		_ = syscall.Munmap(mapping)
 	}
-	fdsocket.CloseFiles(r.files)
+	fdsocket.CloseFiles(files)
 	return nil
 }
 

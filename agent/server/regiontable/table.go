@@ -81,6 +81,8 @@ type Table struct {
 	// layoutSegments are published layouts, by name (a namespace of their own beside region segments).
 	layoutSegments map[string]*Layout
 	callers        map[string]*Usage
+	// added, when set, runs after each region is recorded (SetAddedHook; tests only).
+	added func()
 }
 
 // New makes an empty table.
