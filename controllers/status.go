@@ -59,7 +59,7 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 	status.Conditions = slices.Clone(pool.Status.Conditions)
 	timeout := heartbeat.PoolTimeout(pool)
 	allowed := allowedEngines(pool)
-	engineNodes := map[fxv1.EngineName]int32{}
+	engineNodes, engineAvailable := map[fxv1.EngineName]int32{}, map[fxv1.EngineName]int32{}
 	vpods := map[string]bool{}
 	var notReady, stale []string
 	selected := map[string]bool{}
@@ -84,8 +84,14 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 		}
 		status.ReadyNodes++
 		for _, e := range tn.Status.Engines {
-			if e.Available && slices.Contains(allowed, e.Name) {
+			if !slices.Contains(allowed, e.Name) {
+				continue
+			}
+			if e.Runs() {
 				engineNodes[e.Name]++
+			}
+			if e.Available {
+				engineAvailable[e.Name]++
 			}
 		}
 		for _, g := range tn.Status.GPUs {
@@ -97,7 +103,7 @@ func ComputePoolStatus(pool *fxv1.TransferPool, obs PoolObservation) fxv1.Transf
 
 	var summary []string
 	for _, e := range allowed {
-		status.Engines = append(status.Engines, fxv1.EngineCount{Name: e, Nodes: engineNodes[e]})
+		status.Engines = append(status.Engines, fxv1.EngineCount{Name: e, Nodes: engineNodes[e], Available: engineAvailable[e]})
 		summary = append(summary, fmt.Sprintf("%s=%d", e, engineNodes[e]))
 	}
 	status.EngineSummary = strings.Join(summary, " ")

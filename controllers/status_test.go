@@ -5,6 +5,7 @@ package controllers
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -100,6 +101,39 @@ func TestComputePoolStatus(t *testing.T) {
 				t.Errorf("observedGeneration %d / %d, want 4", st.ObservedGeneration, ready.ObservedGeneration)
 			}
 		})
+	}
+}
+
+// A pool counts the engines its agents run, not what detection found: an agent without libibverbs on an RDMA
+// node runs no rdma, and explain, DRA and the pool's summary must not offer it. An agent older than the running
+// field counts what is available; a node without GPUs runs the same-node engine on host memory.
+func TestPoolCountsTheEnginesItsAgentsRun(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	yes, no := ptr(true), ptr(false)
+	report := func(name string, engines ...fxv1.EngineAvailability) *fxv1.TransferNode {
+		r := &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		r.Status.LastHeartbeat = &metav1.Time{Time: now.Add(-time.Second)}
+		r.Status.Engines = engines
+		return r
+	}
+	pool := &fxv1.TransferPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "p", CreationTimestamp: metav1.NewTime(now)}}
+	pool.Spec.Engines = []fxv1.EngineName{fxv1.EngineXGMI, fxv1.EngineRDMA, fxv1.EngineTCP}
+	nodes := []corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "no-verbs"}}, {ObjectMeta: metav1.ObjectMeta{Name: "older-agent"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "cpu-only"}}}
+	reports := map[string]*fxv1.TransferNode{
+		"no-verbs": report("no-verbs", fxv1.EngineAvailability{Name: fxv1.EngineXGMI, Available: true, Running: yes},
+			fxv1.EngineAvailability{Name: fxv1.EngineRDMA, Available: true, Running: no, RunningReason: "libibverbs did not load"},
+			fxv1.EngineAvailability{Name: fxv1.EngineTCP, Available: true, Running: yes}),
+		"older-agent": report("older-agent", fxv1.EngineAvailability{Name: fxv1.EngineRDMA, Available: true},
+			fxv1.EngineAvailability{Name: fxv1.EngineTCP, Available: true}),
+		"cpu-only": report("cpu-only", fxv1.EngineAvailability{Name: fxv1.EngineXGMI, Available: false, Running: yes},
+			fxv1.EngineAvailability{Name: fxv1.EngineTCP, Available: true, Running: no}),
+	}
+	st := ComputePoolStatus(pool, PoolObservation{Nodes: nodes, TransferNodes: reports, Now: now})
+	want := []fxv1.EngineCount{{Name: fxv1.EngineXGMI, Nodes: 2, Available: 1}, {Name: fxv1.EngineRDMA, Nodes: 1, Available: 2},
+		{Name: fxv1.EngineTCP, Nodes: 2, Available: 3}}
+	if !reflect.DeepEqual(st.Engines, want) || st.EngineSummary != "xgmi=2 rdma=1 tcp=2" {
+		t.Fatalf("engines %+v %q, want %+v \"xgmi=2 rdma=1 tcp=2\"", st.Engines, st.EngineSummary, want)
 	}
 }
 

@@ -172,6 +172,10 @@ POOLYAML
     kc get transferpool "$POOL" -o yaml >&2
     exit 1
   fi
+  # The pool counts the engines its agents run: each agent's report says so once its engines are assembled
+  # (the same-node engine runs on every agent that serves a socket).
+  wait_for 30 "the pool counting the engines its agents run" kc wait --timeout=1s \
+    --for=jsonpath='{.status.engines[?(@.name=="xgmi")].nodes}'="${#NODES[@]}" "transferpool/$POOL"
   echo "TransferPool $POOL Ready"
   echo
   kc get transferpools,transfernodes,vpodtopologies -o wide

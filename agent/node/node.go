@@ -119,6 +119,7 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 	domains := &gpuDomains{}
 	detect = domains.track(detect)
 	n := &Node{components: []component{decls}, gcHeapFloor: opts.GCHeapFloor}
+	runs := newEngineRuns(opts.Transfer.ReportOnly)
 	rep, err := nodesync.New(nodesync.Config{
 		NodeName:      node,
 		PoolNamespace: opts.PoolNamespace,
@@ -130,6 +131,8 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 		Log:           log.WithName("reporter"),
 		RecordEvents:  true,
 		Watch:         c,
+		Decorate:      runs.decorate,
+		Kick:          runs.kick,
 	})
 	if err != nil {
 		return nil, err
@@ -137,7 +140,7 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 	n.components = append(n.components, rep)
 	if opts.DRA.Enabled {
 		policy := &identity.APIPoolPolicy{Reader: c, Namespace: opts.PoolNamespace, Name: opts.PoolName}
-		drv, err := draDriver(opts, restCfg, policy, detect, log)
+		drv, err := draDriver(opts, restCfg, policy, runs.overlay(detect), log)
 		if err != nil {
 			return nil, err
 		}
@@ -148,6 +151,7 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 		if err != nil {
 			return nil, err
 		}
+		ts.deps.EnginesAssembled = runs.assembled
 		n.components = append(n.components, ts)
 	}
 	return n, nil

@@ -3,7 +3,11 @@
 
 package node
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/fabricxfer/fabricxfer/engines/tcp"
+)
 
 // markNotRunning keeps GetInfo and explain honest: an engine detection found possible but this agent does not
 // run is reported unavailable, with both facts; the same-node and tcp engines say what they do with GPU memory.
@@ -55,5 +59,5 @@ func (t *transferSide) tcpStaging(cfg Config) string {
 	if mib == 0 {
 		mib = 64
 	}
-	return fmt.Sprintf("GPU memory staged through pinned host memory (up to %d MiB per peer and side)", mib)
+	return fmt.Sprintf("%s (up to %d MiB per peer and side)", tcp.StagesGPUMemory, mib)
 }

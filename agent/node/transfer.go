@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 
 	"github.com/go-logr/logr"
@@ -52,6 +53,9 @@ type Deps struct {
 	// DataListener, when set, serves the tcp engine instead of a listener on Config.DataListen (a socket
 	// handed over by the caller); Serve closes it.
 	DataListener net.Listener
+	// EnginesAssembled, when set, is told the engine statuses GetInfo serves (what runs) once the engines are
+	// assembled, with the detection they were assembled from.
+	EnginesAssembled func(running []server.EngineStatus, detected []topology.Engine)
 	// RDMAProvider, when set, opens the RDMA devices instead of libibverbs (a fake RDMA network in tests); the
 	// rdma engine still runs only where the report finds it available and the pool's certificates are mounted.
 	RDMAProvider rdma.Provider
@@ -323,6 +327,9 @@ func (t *transferSide) serve(ctx context.Context) error {
 	// GetInfo and explain say what runs: an engine detection found possible but this agent does not run is
 	// reported unavailable, with both facts.
 	t.markNotRunning(cfg, fe != nil)
+	if t.deps.EnginesAssembled != nil {
+		t.deps.EnginesAssembled(slices.Clone(t.statuses), t.report.Engines)
+	}
 	comp, err := engines.NewComposite(engines.CompositeOptions{Node: cfg.NodeName, Metrics: t.deps.Metrics, Registry: regions}, engs...)
 	if err != nil {
 		return err

@@ -141,6 +141,9 @@ func int32s(in []int, limit int) []int32 {
 }
 
 // clip shortens s to n bytes, marking the cut, without splitting a UTF-8 sequence.
+// ClipReason keeps an engine's reason within what the API takes (512 bytes), at a character boundary.
+func ClipReason(s string) string { return clip(s, maxEngineReasonLen) }
+
 func clip(s string, n int) string {
 	if len(s) <= n {
 		return s

@@ -59,6 +59,9 @@ type Config struct {
 	// it is compared and applied. Every status field goes through this one apply: a second apply by the same
 	// field manager that left out the detected fields would remove them.
 	Decorate func(*v1alpha1.TransferNodeStatus)
+	// Kick, when set, makes Run report at once when it receives (another part of the agent changed what
+	// Decorate adds: the engines it runs, once assembled); the next round follows a period later.
+	Kick <-chan struct{}
 	// RecordEvents records Events on the TransferNode when engine availability changes (and once at start).
 	RecordEvents bool
 	// Watch, when set, is used by Run to watch the agent's own TransferNode (and only it): a status someone
@@ -174,6 +177,9 @@ func (r *Reporter) Run(ctx context.Context) error {
 				// The periodic round retries; its schedule and backoff are not disturbed.
 				r.cfg.Log.Error(err, "writing back own TransferNode", "node", r.cfg.NodeName)
 			}
+			continue
+		case <-r.cfg.Kick:
+			t.Reset(0) // this round now, on the schedule's path (its failures back off as any round's)
 			continue
 		case <-t.C:
 		}

@@ -308,6 +308,48 @@ func TestReporterWritesTransferNode(t *testing.T) {
 	}
 }
 
+// A kick reports at once what Decorate adds, rather than a period later: the engines an agent runs reach the
+// report (and the pool's counts) as soon as they are assembled, not a heartbeat after the first report.
+func TestReporterReportsAtOnceWhenKicked(t *testing.T) {
+	c := startAPIServer(t, transferNodeCRD)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	node, host, _ := fixtureNode(ctx, t, c, "mi300x-a")
+	var running atomic.Bool
+	kick := make(chan struct{}, 1)
+	r, err := nodesync.New(nodesync.Config{
+		NodeName: node.Name, Period: time.Hour, Client: c, Log: testr.New(t),
+		Detect: func(ctx context.Context) (topology.Report, error) { return topology.Detect(ctx, host, topology.Options{}) },
+		Decorate: func(st *v1alpha1.TransferNodeStatus) {
+			v := running.Load()
+			for i := range st.Engines {
+				st.Engines[i].Running = &v
+			}
+		},
+		Kick: kick,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var tn v1alpha1.TransferNode
+	runs := func(want bool) func() (bool, error) {
+		return func() (bool, error) {
+			err := c.Get(ctx, client.ObjectKey{Name: node.Name}, &tn)
+			return err == nil && len(tn.Status.Engines) > 0 && tn.Status.Engines[0].Running != nil && *tn.Status.Engines[0].Running == want, err
+		}
+	}
+	waitFor(t, 10*time.Second, "the first report, saying no engine runs", runs(false))
+	running.Store(true)
+	kick <- struct{}{}
+	waitFor(t, 10*time.Second, "the kicked report, saying the engines run (the period is an hour)", runs(true))
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run returned %v after cancel", err)
+	}
+}
+
 func TestReporterNeedsItsNode(t *testing.T) {
 	c := startAPIServer(t, transferNodeCRD)
 	r, err := nodesync.New(nodesync.Config{

@@ -161,13 +161,34 @@ type NIC struct {
 	Unreadable []Unreadable `json:"unreadable,omitempty"`
 }
 
-// EngineAvailability says whether one engine can run on this node, and why not.
+// EngineAvailability says whether one engine can run on this node (what detection found), whether the agent
+// runs it, and why not.
 type EngineAvailability struct {
-	Name      EngineName `json:"name"`
-	Available bool       `json:"available"`
+	Name EngineName `json:"name"`
+	// Available is detection's answer: the hardware and the pool's engine list allow the engine here.
+	Available bool `json:"available"`
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	Reason string `json:"reason,omitempty"`
+	// Running says whether this node's agent moves bytes with the engine now (what its socket's GetInfo says):
+	// false where the agent lacks the runtime (no CUDA driver, no libibverbs, no certificates), only reports,
+	// or has not assembled its engines yet; true for the same-node engine on a node without GPUs (host memory).
+	// Absent from agents older than the field, which are read as running what is available.
+	// +optional
+	Running *bool `json:"running,omitempty"`
+	// RunningReason says why the engine does not run, or how it runs where that differs from Reason.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	RunningReason string `json:"runningReason,omitempty"`
+}
+
+// Runs says whether the node's agent runs the engine: Running where the agent says, Available for an agent
+// older than the field.
+func (e EngineAvailability) Runs() bool {
+	if e.Running != nil {
+		return *e.Running
+	}
+	return e.Available
 }
 
 // GPUDirect says how a NIC may reach GPU memory directly.

@@ -193,11 +193,17 @@ type AgentSpec struct {
 	PriorityClassName string `json:"priorityClassName,omitempty"`
 }
 
-// EngineCount is how many ready nodes of a pool can use one engine.
+// EngineCount is how many ready nodes of a pool run one engine.
 type EngineCount struct {
 	Name EngineName `json:"name"`
+	// Nodes counts the ready nodes whose agent runs the engine.
 	// +kubebuilder:validation:Minimum=0
 	Nodes int32 `json:"nodes"`
+	// Available counts the ready nodes where detection found the engine possible, run or not: Available above
+	// Nodes names nodes whose agents lack a runtime the hardware would allow (their TransferNodes say which).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Available int32 `json:"available,omitempty"`
 }
 
 // TransferPoolStatus is what the operator observed of a pool.
@@ -221,7 +227,8 @@ type TransferPoolStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=32
 	Nodes string `json:"nodes,omitempty"`
-	// Engines counts, per engine, the ready nodes where it is available.
+	// Engines counts, per engine, the ready nodes whose agent runs it (the TransferNode's engines[].running;
+	// available, for agents that do not say), among the engines the pool allows.
 	// +optional
 	// +listType=map
 	// +listMapKey=name

@@ -108,6 +108,32 @@ func TestRunReportsUntilStopped(t *testing.T) {
 			t.Fatalf("no socket at %s within 10s; agent log:\n%s", sock, stderr.String())
 		}
 	}
+	// Once its engines are assembled the report says which run, at once rather than a heartbeat later: on this
+	// machine without GPUs, certificates or libibverbs the same-node engine copies host memory and nothing else
+	// runs, whatever detection found possible.
+	running := map[v1alpha1.EngineName]v1alpha1.EngineAvailability{}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if err := c.Get(ctx, client.ObjectKey{Name: "rdma-1"}, &tn); err == nil && len(tn.Status.Engines) == 4 &&
+			tn.Status.Engines[0].Running != nil && tn.Status.Engines[0].RunningReason != "starting: the agent has not assembled its engines yet" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the report does not say which engines run within 5s of the socket: %+v", tn.Status.Engines)
+		}
+	}
+	for _, e := range tn.Status.Engines {
+		running[e.Name] = e
+	}
+	xgmi, rdma, tcp := running[v1alpha1.EngineXGMI], running[v1alpha1.EngineRDMA], running[v1alpha1.EngineTCP]
+	if xgmi.Available || !xgmi.Runs() || !strings.Contains(xgmi.RunningReason, "host memory only") {
+		t.Errorf("xgmi on a node without GPUs: %+v, want detected unavailable, running host memory only", xgmi)
+	}
+	if !rdma.Available || rdma.Runs() || !strings.Contains(rdma.RunningReason, "not running") {
+		t.Errorf("rdma without certificates or libibverbs: %+v, want detected available, not running, saying why", rdma)
+	}
+	if !tcp.Available || tcp.Runs() || !strings.Contains(tcp.RunningReason, "--tls-dir") {
+		t.Errorf("tcp without certificates: %+v, want detected available, not running, naming --tls-dir", tcp)
+	}
 	// The health address also serves metrics: the runtime's and the process's, for watching an agent for leaks.
 	metrics := httpGet(t, "http://"+healthAddr+"/metrics")
 	for _, want := range []string{"go_goroutines ", "process_open_fds ", "process_resident_memory_bytes ",

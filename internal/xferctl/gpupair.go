@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -16,6 +17,7 @@ import (
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/fabric"
+	"github.com/fabricxfer/fabricxfer/engines/tcp"
 )
 
 // gpuRef is node/index.
@@ -35,7 +37,7 @@ func parseGPURef(s string) (gpuRef, error) {
 
 // explainGPUs says which engine carries fabric-exportable GPU memory between two GPUs, from their nodes'
 // TransferNodes: the rule the agents' composite applies to such memory (xgmi on one node, then fabric.Claims,
-// then rdma where both nodes run it; tcp does not carry GPU memory yet), with where each GPU's fabric domain
+// then rdma, then tcp where both nodes stage GPU memory: each where both nodes' agents run it), with where each GPU's fabric domain
 // came from and the declaration that decided.
 func explainGPUs(ctx context.Context, kubeconfig, from, to string, stdout io.Writer) error {
 	src, err := parseGPURef(from)
@@ -80,49 +82,71 @@ func writeGPURoute(ctx context.Context, c client.Reader, src, dst gpuRef, from, 
 			descs[i].FabricDomain = g.Fabric.Domain
 		}
 	}
-	type verdict struct {
-		engine string
-		yes    bool
-		why    string
-	}
 	var verdicts []verdict
-	available := func(tn *fxv1.TransferNode, e fxv1.EngineName) (bool, string) {
+	// runs says whether a node's agent runs an engine, and why not: what its report says it runs, or what
+	// detection found for an agent that does not say.
+	runs := func(tn *fxv1.TransferNode, e fxv1.EngineName) (bool, string) {
 		for _, a := range tn.Status.Engines {
-			if a.Name == e {
-				return a.Available, a.Reason
+			switch {
+			case a.Name != e:
+			case !a.Available && !a.Runs():
+				return false, "not available on " + tn.Name + ": " + a.Reason
+			case !a.Runs():
+				return false, "not running on " + tn.Name + ": " + a.RunningReason
+			default:
+				return true, a.RunningReason
 			}
 		}
-		return false, "not reported"
+		return false, "not reported by " + tn.Name
 	}
+	// detected says whether detection allows an engine on both nodes: the engine the pair would take once both
+	// agents run it.
+	detected := func(e fxv1.EngineName) bool {
+		for i := range tns {
+			if !slices.ContainsFunc(tns[i].Status.Engines, func(a fxv1.EngineAvailability) bool { return a.Name == e && a.Available }) {
+				return false
+			}
+		}
+		return true
+	}
+	wouldBe := ""
 	both := func(e fxv1.EngineName) (bool, string) {
 		for i := range tns {
-			if ok, why := available(&tns[i], e); !ok {
-				return false, fmt.Sprintf("not available on %s: %s", tns[i].Name, why)
+			if ok, why := runs(&tns[i], e); !ok {
+				return false, why
 			}
 		}
 		return true, ""
 	}
 	if src.node == dst.node {
-		verdicts = append(verdicts, verdict{"xgmi", true, "both GPUs on node " + src.node})
+		up, whyNot := both(fxv1.EngineXGMI)
+		if up {
+			whyNot = "both GPUs on node " + src.node
+		}
+		verdicts = append(verdicts, verdict{"xgmi", up, whyNot})
 	} else {
 		verdicts = append(verdicts, verdict{"xgmi", false, "GPUs on two nodes"})
 		ok, why := fabric.Claims(src.node, &descs[0], &descs[1])
 		if ok {
+			why = "same fabric domain " + descs[0].FabricDomain + ", " + decidedBy(&tns[0], src.index, &tns[1], dst.index)
 			if up, whyNot := both(fxv1.EngineFabric); !up {
-				ok, why = false, "same fabric domain, but the fabric engine is "+whyNot
-			} else {
-				why = "same fabric domain " + descs[0].FabricDomain + ", " + decidedBy(&tns[0], src.index, &tns[1], dst.index)
+				ok, why = false, why+", but the fabric engine is "+whyNot
+				if detected(fxv1.EngineFabric) {
+					wouldBe = "fabric"
+				}
 			}
 		}
 		verdicts = append(verdicts, verdict{"fabric", ok, why})
 		if !ok {
 			up, whyNot := both(fxv1.EngineRDMA)
 			if up {
-				whyNot = "both nodes report rdma available"
+				whyNot = "both nodes run rdma"
+			} else if wouldBe == "" && detected(fxv1.EngineRDMA) {
+				wouldBe = "rdma"
 			}
 			verdicts = append(verdicts, verdict{"rdma", up, whyNot})
 			if !up {
-				verdicts = append(verdicts, verdict{"tcp", false, "tcp does not carry GPU memory yet"})
+				verdicts = append(verdicts, tcpVerdict(&tns, runs))
 			}
 		}
 	}
@@ -134,6 +158,9 @@ func writeGPURoute(ctx context.Context, c client.Reader, src, dst gpuRef, from, 
 	}
 	if chosen == "" {
 		chosen = "no engine"
+		if wouldBe != "" {
+			chosen += " running, " + wouldBe + " once both agents run it"
+		}
 	}
 	fmt.Fprintf(stdout, "%s -> %s: %s (GPU memory with a fabric handle, from the nodes' TransferNodes)\n", from, to, chosen)
 	for i, ref := range []gpuRef{src, dst} {
@@ -147,6 +174,28 @@ func writeGPURoute(ctx context.Context, c client.Reader, src, dst gpuRef, from, 
 		fmt.Fprintf(stdout, "  %-9s %s  %s\n", v.engine, mark, v.why)
 	}
 	return nil
+}
+
+// tcpVerdict says whether tcp carries GPU memory between the two nodes: where both agents run it and stage
+// their GPU memory through pinned host memory (their tcp status says so).
+func tcpVerdict(tns *[2]fxv1.TransferNode, runs func(*fxv1.TransferNode, fxv1.EngineName) (bool, string)) verdict {
+	for i := range tns {
+		up, how := runs(&tns[i], fxv1.EngineTCP)
+		if !up {
+			return verdict{"tcp", false, how}
+		}
+		if !strings.Contains(how, tcp.StagesGPUMemory) {
+			return verdict{"tcp", false, "tcp runs on " + tns[i].Name + " without staging its GPU memory: " + how}
+		}
+	}
+	return verdict{"tcp", true, "both nodes run tcp and stage GPU memory through pinned host memory"}
+}
+
+// verdict is one engine's answer for a pair of GPUs.
+type verdict struct {
+	engine string
+	yes    bool
+	why    string
 }
 
 // domainFact is a GPU's fabric domain and where it came from.

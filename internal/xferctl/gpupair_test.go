@@ -17,11 +17,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
+	"github.com/fabricxfer/fabricxfer/engines/tcp"
 )
 
 // TestExplainGPUPairsByDeclaration: on a real API server, two GPUs of one declared vPOD on two nodes are a
 // fabric pair decided by that declaration; GPUs of two declared vPODs are not (rdma where both nodes run it,
-// else none, since tcp does not carry GPU memory), and explain names each GPU's declaration. Bad references
+// then tcp where both stage GPU memory), and explain names each GPU's declaration. Engines count where the
+// nodes' agents run them, not where detection allows them. Bad references
 // are refused with the reason.
 func TestExplainGPUPairsByDeclaration(t *testing.T) {
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
@@ -51,10 +53,27 @@ func TestExplainGPUPairsByDeclaration(t *testing.T) {
 	declared := func(domain, vp string) *fxv1.FabricMembership {
 		return &fxv1.FabricMembership{Kind: fxv1.FabricUALink, Domain: domain, Source: fxv1.FabricDeclared, Declaration: vp}
 	}
+	yes, no := true, false
+	older := func(rdma bool) []fxv1.EngineAvailability { // an agent older than the running field
+		return []fxv1.EngineAvailability{{Name: "xgmi", Available: true}, {Name: "fabric", Available: true},
+			{Name: "rdma", Available: rdma, Reason: "no usable port"}, {Name: "tcp", Available: true}}
+	}
+	staged := tcp.StagesGPUMemory + " (up to 64 MiB per peer and side)"
 	for _, n := range []struct {
-		name string
-		rdma bool
-	}{{"node-a", true}, {"node-b", true}, {"node-c", false}} {
+		name    string
+		engines []fxv1.EngineAvailability
+	}{{"node-a", older(true)}, {"node-b", older(true)}, {"node-c", older(false)},
+		{"node-d", []fxv1.EngineAvailability{{Name: "xgmi", Available: true, Running: &yes},
+			{Name: "fabric", Available: true, Running: &no, RunningReason: "hardware: ok; not running: no GPU runtime for these GPUs"},
+			{Name: "rdma", Available: true, Running: &no, RunningReason: "hardware: 2 ports; not running: libibverbs did not load"},
+			{Name: "tcp", Available: true, Running: &yes, RunningReason: "always; " + staged}}},
+		{"node-f", []fxv1.EngineAvailability{{Name: "xgmi", Available: true, Running: &yes},
+			{Name: "fabric", Available: true, Running: &no, RunningReason: "hardware: ok; not running: no GPU runtime for these GPUs"},
+			{Name: "rdma", Available: true, Running: &no, RunningReason: "hardware: 2 ports; not running: libibverbs did not load"},
+			{Name: "tcp", Available: true, Running: &yes, RunningReason: "always; GPU memory not staged: no GPU copy backend"}}},
+		{"node-e", []fxv1.EngineAvailability{{Name: "xgmi", Available: true, Running: &yes}, {Name: "fabric", Available: true, Running: &yes},
+			{Name: "rdma", Available: true, Running: &yes}, {Name: "tcp", Available: true, Running: &yes, RunningReason: "always; " + staged}}},
+	} {
 		tn := &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: n.name}, Spec: fxv1.TransferNodeSpec{NodeName: n.name}}
 		if err := kube.Create(ctx, tn); err != nil {
 			t.Fatal(err)
@@ -65,7 +84,7 @@ func TestExplainGPUPairsByDeclaration(t *testing.T) {
 				{Index: 1, Vendor: fxv1.VendorAMD, PCIBusID: "0000:02:00.0", Fabric: declared("ualink:77/2", "vpod-right")},
 				{Index: 2, Vendor: fxv1.VendorAMD, PCIBusID: "0000:03:00.0"},
 			},
-			Engines: []fxv1.EngineAvailability{{Name: "fabric", Available: true}, {Name: "rdma", Available: n.rdma, Reason: "no usable port"}},
+			Engines: n.engines,
 		}
 		if err := kube.Status().Update(ctx, tn); err != nil {
 			t.Fatal(err)
@@ -91,10 +110,23 @@ func TestExplainGPUPairsByDeclaration(t *testing.T) {
 		{"node-a/0", "node-b/0", []string{"node-a/0 -> node-b/0: fabric", "node-a GPU 0: ualink:77/1, declared by VPodTopology vpod-left",
 			"fabric    yes  same fabric domain ualink:77/1, decided by VPodTopology vpod-left"}},
 		{"node-a/0", "node-b/1", []string{"node-a/0 -> node-b/1: rdma", "node-b GPU 1: ualink:77/2, declared by VPodTopology vpod-right",
-			"fabric    no   different fabric domains", "rdma      yes  both nodes report rdma available"}},
+			"fabric    no   different fabric domains", "rdma      yes  both nodes run rdma"}},
 		{"node-a/2", "node-b/2", []string{": rdma", "node-a GPU 2: in no fabric domain", "outside any fabric domain"}},
-		{"node-a/1", "node-c/0", []string{": no engine", "rdma      no   not available on node-c: no usable port", "tcp       no   tcp does not carry GPU memory yet"}},
+		{"node-a/1", "node-c/0", []string{": no engine", "rdma      no   not available on node-c: no usable port",
+			"tcp       no   tcp runs on node-a without staging its GPU memory"}},
 		{"node-a/0", "node-a/1", []string{": xgmi", "both GPUs on node node-a"}},
+		// Detection allows fabric and rdma on node-d, but its agent runs neither: tcp carries the pair, and the
+		// fabric line still names the declaration that put both GPUs in one domain.
+		{"node-d/0", "node-e/0", []string{"node-d/0 -> node-e/0: tcp",
+			"fabric    no   same fabric domain ualink:77/1, decided by VPodTopology vpod-left, but the fabric engine is not running on node-d: hardware: ok; not running: no GPU runtime",
+			"rdma      no   not running on node-d: hardware: 2 ports; not running: libibverbs did not load",
+			"tcp       yes  both nodes run tcp and stage GPU memory"}},
+		{"node-e/0", "node-e/1", []string{": xgmi"}},
+		// Nothing runs between them, but detection allows fabric on both: explain says what would carry it.
+		{"node-d/0", "node-f/0", []string{"node-d/0 -> node-f/0: no engine running, fabric once both agents run it",
+			"tcp       no   tcp runs on node-f without staging its GPU memory: always; GPU memory not staged"}},
+		{"node-d/0", "node-f/1", []string{"node-d/0 -> node-f/1: no engine running, rdma once both agents run it"}},
+		{"node-e/0", "node-d/1", []string{": tcp", "fabric    no   different fabric domains", "rdma      no   not running on node-d"}},
 	} {
 		out, err := explain(c.from, c.to)
 		if err != nil {

@@ -164,7 +164,8 @@ type poolView struct {
 type nodeView struct {
 	Name string `json:"name"`
 	Pool string `json:"pool,omitempty"`
-	// Engines are the available engines; Unavailable the others (TransferNode status says why).
+	// Engines are the engines the node's agent runs (available ones, for an agent that does not say);
+	// Unavailable the others (TransferNode status says why).
 	Engines     []string `json:"engines,omitempty"`
 	Unavailable []string `json:"unavailable,omitempty"`
 	// UnavailableReasons says, per unavailable engine, why (-o wide shows it).
@@ -221,16 +222,20 @@ func readStatus(ctx context.Context, c client.Reader, namespace string) (statusV
 		nv := nodeView{Name: n.Name, GPUs: len(n.Status.GPUs), NICs: len(n.Status.NICs), Endpoint: n.Status.Endpoint,
 			AgentVersion: n.Status.AgentVersion}
 		for _, e := range n.Status.Engines {
-			if e.Available {
+			if e.Runs() {
 				nv.Engines = append(nv.Engines, string(e.Name))
-			} else {
-				nv.Unavailable = append(nv.Unavailable, string(e.Name))
-				if e.Reason != "" {
-					if nv.UnavailableReasons == nil {
-						nv.UnavailableReasons = map[string]string{}
-					}
-					nv.UnavailableReasons[string(e.Name)] = e.Reason
+				continue
+			}
+			nv.Unavailable = append(nv.Unavailable, string(e.Name))
+			why := e.Reason
+			if e.Available {
+				why = "not running: " + e.RunningReason // detection allows it; the agent does not run it
+			}
+			if why != "" {
+				if nv.UnavailableReasons == nil {
+					nv.UnavailableReasons = map[string]string{}
 				}
+				nv.UnavailableReasons[string(e.Name)] = why
 			}
 		}
 		if at := beats.Last(&n); !at.IsZero() {
@@ -323,7 +328,7 @@ func printTables(v statusView, wide bool, w io.Writer, now time.Time) error {
 	}
 	tp := printers.NewTablePrinter(printers.PrintOptions{Wide: wide})
 
-	// Per pool, how many of its nodes have each engine available: which transfers the pool can carry where.
+	// Per pool, how many of its nodes run each engine: which transfers the pool can carry where.
 	engineNodes := map[string]map[string]int{}
 	for _, n := range v.Nodes {
 		if n.Pool == "" {
@@ -390,9 +395,9 @@ func printTables(v statusView, wide bool, w io.Writer, now time.Time) error {
 			return fmt.Errorf("printing %s: %w", strings.ToLower(t.title), err)
 		}
 	}
-	note := "(engines: -name means detected unavailable; `kubectl get transfernode <name> -o yaml` says why)"
+	note := "(engines: -name means the node's agent does not run it; `kubectl get transfernode <name> -o yaml` says why)"
 	if wide {
-		note = "(engines: -name means detected unavailable, for the reason under UNAVAILABLE BECAUSE)"
+		note = "(engines: -name means the node's agent does not run it, for the reason under UNAVAILABLE BECAUSE)"
 	}
 	_, err := fmt.Fprintln(w, "\n"+note)
 	return err
