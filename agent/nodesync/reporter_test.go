@@ -319,7 +319,9 @@ func TestReporterReportsAtOnceWhenKicked(t *testing.T) {
 	kick := make(chan struct{}, 1)
 	r, err := nodesync.New(nodesync.Config{
 		NodeName: node.Name, Period: time.Hour, Client: c, Log: testr.New(t),
-		Detect: func(ctx context.Context) (topology.Report, error) { return topology.Detect(ctx, host, topology.Options{}) },
+		Detect: func(ctx context.Context) (topology.Report, error) {
+			return topology.Detect(ctx, host, topology.Options{})
+		},
 		Decorate: func(st *v1alpha1.TransferNodeStatus) {
 			v := running.Load()
 			for i := range st.Engines {
