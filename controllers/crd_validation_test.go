@@ -75,6 +75,29 @@ func TestAPIServerRefusesInvalidObjects(t *testing.T) {
 	}
 }
 
+// An agent's token writes its own TransferNode's status: an engine it claims to run must be one detection
+// found available there (the same-node engine aside, which copies host memory without GPUs), or the pool's
+// counts and the DRA devices would offer it.
+func TestAPIServerRefusesARunningEngineDetectionDoesNotAllow(t *testing.T) {
+	c := apiClient(t)
+	ctx := context.Background()
+	tn := &fxv1.TransferNode{}
+	tn.Name, tn.Spec.NodeName = "running-claims", "running-claims"
+	if err := c.Create(ctx, tn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), tn) })
+	yes := true
+	tn.Status.Engines = []fxv1.EngineAvailability{{Name: fxv1.EngineRDMA, Available: false, Reason: "no port", Running: &yes}}
+	if err := c.Status().Update(ctx, tn); err == nil || !strings.Contains(err.Error(), "an engine runs only where detection finds it available") {
+		t.Fatalf("rdma running where unavailable: %v, want it refused", err)
+	}
+	tn.Status.Engines = []fxv1.EngineAvailability{{Name: fxv1.EngineXGMI, Available: false, Reason: "no GPU detected", Running: &yes}}
+	if err := c.Status().Update(ctx, tn); err != nil {
+		t.Fatalf("xgmi running on host memory where detection finds no GPU: %v", err)
+	}
+}
+
 // TestImmutableFields checks the CEL transition rules: changing them would orphan agents or pods.
 func TestImmutableFields(t *testing.T) {
 	c := apiClient(t)

@@ -52,7 +52,10 @@ type Config struct {
 	// Detect reads the node; the slices follow it every Period.
 	Detect func(ctx context.Context) (topology.Report, error)
 	Period time.Duration
-	Log    logr.Logger
+	// Kick, when set, makes the driver publish at once when it receives (what Detect returns changed: the
+	// agent's engines were assembled), not a Period later.
+	Kick <-chan struct{}
+	Log  logr.Logger
 	// AdmitNamespace refuses a namespace the pool does not admit (its spec.allowedNamespaces): that namespace's
 	// pods would be refused by the socket anyway, and its claims must not hold the node's channels. Nil admits
 	// every namespace.
@@ -166,6 +169,8 @@ func (d *Driver) Run(ctx context.Context) error {
 			helper.Stop()
 			return d.deleteSlices()
 		case <-t.C:
+			publish()
+		case <-d.cfg.Kick:
 			publish()
 		}
 	}

@@ -18,7 +18,7 @@ import (
 )
 
 // draDriver builds the DRA driver from the agent's options.
-func draDriver(opts Options, restCfg *rest.Config, policy identity.NamespacePolicy, detect detectFunc, log logr.Logger) (*dra.Driver, error) {
+func draDriver(opts Options, restCfg *rest.Config, policy identity.NamespacePolicy, detect detectFunc, kick <-chan struct{}, log logr.Logger) (*dra.Driver, error) {
 	cs, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return nil, fmt.Errorf("creating the DRA driver's Kubernetes client: %w", err)
@@ -35,7 +35,7 @@ func draDriver(opts Options, restCfg *rest.Config, policy identity.NamespacePoli
 	return dra.New(dra.Config{
 		NodeName: opts.Detection.NodeName, PoolNamespace: opts.PoolNamespace, PoolName: opts.PoolName,
 		HostSocketDir: host, Channels: f.Channels, CDIDir: f.CDIDir, PluginDir: f.PluginDir, RegistryDir: f.RegistryDir,
-		Kube: cs, Detect: detect, Period: period, Log: log.WithName("dra"),
+		Kube: cs, Detect: detect, Period: period, Kick: kick, Log: log.WithName("dra"),
 		AdmitNamespace: func(ctx context.Context, namespace string) error {
 			allowed, err := policy.AllowedNamespaces(ctx)
 			if err != nil {

@@ -5,6 +5,7 @@ package node
 
 import (
 	"context"
+	"maps"
 	"sync"
 
 	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
@@ -24,23 +25,33 @@ const (
 // (an RDMA node whose agent has no libibverbs offers no rdma).
 type engineRuns struct {
 	reportOnly bool
-	// kick is signalled (without blocking) when the engines are assembled, so the report says so at once.
-	kick chan struct{}
+	// kicks are signalled (without blocking) when the engines are assembled, so the report and the DRA devices
+	// say so at once.
+	kicks []chan struct{}
 
 	mu sync.Mutex
 	// running is GetInfo's engine statuses once the transfer side assembled its engines (nil before);
-	// detectedAtStart is which engines the detection they were assembled from found possible.
+	// detectedAtStart is which engines the detection they were assembled from found possible; gpuMemory which
+	// running engines move this node's GPU memory.
 	running         map[string]server.EngineStatus
 	detectedAtStart map[string]bool
+	gpuMemory       map[string]bool
 }
 
 func newEngineRuns(reportOnly bool) *engineRuns {
-	return &engineRuns{reportOnly: reportOnly, kick: make(chan struct{}, 1)}
+	return &engineRuns{reportOnly: reportOnly}
 }
 
-// assembled records the engines the transfer side runs (its GetInfo statuses) and the detection they were
-// assembled from.
-func (r *engineRuns) assembled(statuses []server.EngineStatus, detected []topology.Engine) {
+// kick is a channel signalled once the engines are assembled (one per reader).
+func (r *engineRuns) kick() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	r.kicks = append(r.kicks, ch)
+	return ch
+}
+
+// assembled records the engines the transfer side runs (its GetInfo statuses), the detection they were
+// assembled from and which of them move GPU memory.
+func (r *engineRuns) assembled(statuses []server.EngineStatus, detected []topology.Engine, gpuMemory map[string]bool) {
 	running := make(map[string]server.EngineStatus, len(statuses))
 	for _, s := range statuses {
 		running[s.Name] = s
@@ -50,43 +61,57 @@ func (r *engineRuns) assembled(statuses []server.EngineStatus, detected []topolo
 		atStart[e.Name] = e.Available
 	}
 	r.mu.Lock()
-	r.running, r.detectedAtStart = running, atStart
+	r.running, r.detectedAtStart, r.gpuMemory = running, atStart, maps.Clone(gpuMemory)
 	r.mu.Unlock()
-	select {
-	case r.kick <- struct{}{}:
-	default:
+	for _, ch := range r.kicks {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
 	}
 }
 
-// of says whether the agent runs an engine detection now reports as e, and why not (or how, where that is not
-// detection's reason).
-func (r *engineRuns) of(e topology.Engine) (bool, string) {
+// engineRun is whether the agent runs an engine, why not (or how, where that is not detection's reason), and
+// whether it moves GPU memory (nil: not said).
+type engineRun struct {
+	runs      bool
+	why       string
+	gpuMemory *bool
+}
+
+// of says how the agent runs an engine detection now reports as e.
+func (r *engineRuns) of(e topology.Engine) engineRun {
 	if r.reportOnly {
-		return false, reportOnlyReason
+		return engineRun{why: reportOnlyReason}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.running == nil {
-		return false, startingReason
+		return engineRun{why: startingReason}
 	}
 	s, ok := r.running[e.Name]
 	switch {
 	case e.Available && (!ok || !r.detectedAtStart[e.Name]):
-		return false, restartReason
+		return engineRun{why: restartReason}
 	case !ok || (!e.Available && r.detectedAtStart[e.Name]):
-		return false, e.Reason // detection no longer finds it possible (a declaration deleted): it has no pair to move
-	case s.Available && s.Reason == e.Reason:
-		return true, "" // runs as detection says
+		return engineRun{} // detection no longer finds it possible (a declaration deleted): its reason says why
 	}
-	return s.Available, s.Reason
+	run := engineRun{runs: s.Available, why: s.Reason}
+	if run.why == e.Reason {
+		run.why = "" // as detection says: its reason is beside it
+	}
+	if gpu, said := r.gpuMemory[e.Name]; said && run.runs {
+		run.gpuMemory = &gpu
+	}
+	return run
 }
 
 // decorate adds whether each engine runs to a report's status (nodesync.Config.Decorate).
 func (r *engineRuns) decorate(st *v1alpha1.TransferNodeStatus) {
 	for i := range st.Engines {
 		e := &st.Engines[i]
-		runs, why := r.of(topology.Engine{Name: string(e.Name), Available: e.Available, Reason: e.Reason})
-		e.Running, e.RunningReason = &runs, nodestatus.ClipReason(why)
+		run := r.of(topology.Engine{Name: string(e.Name), Available: e.Available, Reason: e.Reason})
+		e.Running, e.RunningReason, e.GPUMemory = &run.runs, nodestatus.ClipReason(run.why), run.gpuMemory
 	}
 }
 
@@ -100,8 +125,8 @@ func (r *engineRuns) overlay(detect detectFunc) detectFunc {
 		}
 		engines := make([]topology.Engine, len(rep.Engines))
 		for i, e := range rep.Engines {
-			runs, why := r.of(e)
-			engines[i] = topology.Engine{Name: e.Name, Available: runs, Reason: why}
+			run := r.of(e)
+			engines[i] = topology.Engine{Name: e.Name, Available: run.runs, Reason: run.why}
 		}
 		rep.Engines = engines
 		return rep, nil

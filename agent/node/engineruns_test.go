@@ -70,14 +70,17 @@ func TestReportSaysWhichEnginesRun(t *testing.T) {
 	ts.rdmaWhyNot = "libibverbs did not load"
 	ts.markNotRunning(Config{}, false)
 	r := newEngineRuns(false)
-	r.assembled(ts.statuses, atStart.Engines)
-	select {
-	case <-r.kick:
-	default:
-		t.Fatal("assembling the engines did not ask for a report")
+	report, dra := r.kick(), r.kick()
+	r.assembled(ts.statuses, atStart.Engines, map[string]bool{"xgmi": false, "tcp": false, "fabric": false})
+	for _, kicked := range []<-chan struct{}{report, dra} {
+		select {
+		case <-kicked:
+		default:
+			t.Fatal("assembling the engines did not ask for a report and a DRA publication")
+		}
 	}
 	t.Run("assembled", func(t *testing.T) {
-		check(t, r, atStart, map[string]want{"xgmi": {true, "host memory only"}, "fabric": {false, "no fabric domain"},
+		check(t, r, atStart, map[string]want{"xgmi": {true, "host memory only"}, "fabric": {false, ""},
 			"rdma": {false, "not running: libibverbs did not load"}, "tcp": {false, "--tls-dir"}})
 	})
 
@@ -93,13 +96,30 @@ func TestReportSaysWhichEnginesRun(t *testing.T) {
 		withTCP.rdmaRunning = true
 		withTCP.markNotRunning(Config{TLSDir: "/certs"}, false)
 		r := newEngineRuns(false)
-		r.assembled(withTCP.statuses, atStart.Engines)
-		check(t, r, atStart, map[string]want{"xgmi": {true, "host memory only"}, "fabric": {false, "no fabric domain"},
+		r.assembled(withTCP.statuses, atStart.Engines, map[string]bool{"xgmi": false, "tcp": true, "fabric": false})
+		st := status(atStart)
+		r.decorate(&st)
+		if x, tc := st.Engines[0], st.Engines[3]; x.GPUMemory == nil || *x.GPUMemory || tc.GPUMemory == nil || !*tc.GPUMemory || st.Engines[1].GPUMemory != nil {
+			t.Errorf("GPU memory: xgmi %v tcp %v fabric %v, want false (host memory only), true (staged), unsaid (not running)",
+				x.GPUMemory, tc.GPUMemory, st.Engines[1].GPUMemory)
+		}
+		check(t, r, atStart, map[string]want{"xgmi": {true, "host memory only"}, "fabric": {false, ""},
 			"rdma": {true, ""}, "tcp": {true, "GPU memory not staged"}})
 
 		gone := topology.Report{Engines: append([]topology.Engine(nil), atStart.Engines...)}
 		gone.Engines[2] = topology.Engine{Name: "rdma", Available: false, Reason: "no RDMA ports"}
-		check(t, r, gone, map[string]want{"xgmi": {true, "host memory only"}, "fabric": {false, "no fabric domain"},
-			"rdma": {false, "no RDMA ports"}, "tcp": {true, "GPU memory not staged"}})
+		check(t, r, gone, map[string]want{"xgmi": {true, "host memory only"}, "fabric": {false, ""},
+			"rdma": {false, ""}, "tcp": {true, "GPU memory not staged"}})
+	})
+
+	// A pool that disables the same-node engine on a GPU node: it is not offered, whatever runs underneath.
+	t.Run("disabled on a GPU node", func(t *testing.T) {
+		gpuNode := topology.Report{GPUs: []topology.GPU{{Index: 0, Vendor: topology.VendorAMD}}, Engines: append([]topology.Engine(nil), atStart.Engines...)}
+		gpuNode.Engines[0] = topology.Engine{Name: "xgmi", Available: false, Reason: "disabled by the pool's engines (hardware: available: 1 GPU)"}
+		ts := newTransferSide(TransferOptions{}, gpuNode, Deps{})
+		ts.markNotRunning(Config{}, false)
+		r := newEngineRuns(false)
+		r.assembled(ts.statuses, gpuNode.Engines, map[string]bool{"xgmi": true})
+		check(t, r, gpuNode, map[string]want{"xgmi": {false, ""}, "fabric": {false, ""}, "rdma": {false, "not running"}, "tcp": {false, "--tls-dir"}})
 	})
 }

@@ -88,6 +88,7 @@ func (t *transferSide) cudaBackend() *cudacopy.Backend {
 	if err != nil {
 		t.log.Info("GPU engines unavailable: CUDA driver did not load", "reason", err.Error())
 		t.tcpNoStageReason = "the CUDA driver did not load: " + err.Error()
+		t.noGPUCopy(t.tcpNoStageReason)
 		return nil
 	}
 	t.cudaDriver = drv
@@ -101,6 +102,7 @@ func (t *transferSide) cudaBackend() *cudacopy.Backend {
 	if err != nil {
 		t.log.Info("GPU copy backend unavailable", "reason", err.Error())
 		t.tcpNoStageReason = "the CUDA copy backend did not start: " + err.Error()
+		t.noGPUCopy(t.tcpNoStageReason)
 		return nil
 	}
 	// The tcp engine stages GPU memory through the same backend: the same-node engine maps every region
@@ -175,4 +177,12 @@ func driverOrNil(drv *cuda.Driver) poolmem.GPUDriver {
 		return nil
 	}
 	return drv
+}
+
+// noGPUCopy records why the same-node engine copies no GPU memory on a node with GPUs (the first reason, when
+// both runtimes fail), for GetInfo and the report.
+func (t *transferSide) noGPUCopy(why string) {
+	if t.gpuCopyWhyNot == "" {
+		t.gpuCopyWhyNot = why
+	}
 }

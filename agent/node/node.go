@@ -132,7 +132,7 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 		RecordEvents:  true,
 		Watch:         c,
 		Decorate:      runs.decorate,
-		Kick:          runs.kick,
+		Kick:          runs.kick(),
 	})
 	if err != nil {
 		return nil, err
@@ -140,7 +140,7 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 	n.components = append(n.components, rep)
 	if opts.DRA.Enabled {
 		policy := &identity.APIPoolPolicy{Reader: c, Namespace: opts.PoolNamespace, Name: opts.PoolName}
-		drv, err := draDriver(opts, restCfg, policy, runs.overlay(detect), log)
+		drv, err := draDriver(opts, restCfg, policy, runs.overlay(detect), runs.kick(), log)
 		if err != nil {
 			return nil, err
 		}

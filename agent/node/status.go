@@ -3,11 +3,7 @@
 
 package node
 
-import (
-	"fmt"
-
-	"github.com/fabricxfer/fabricxfer/engines/tcp"
-)
+import "fmt"
 
 // markNotRunning keeps GetInfo and explain honest: an engine detection found possible but this agent does not
 // run is reported unavailable, with both facts; the same-node and tcp engines say what they do with GPU memory.
@@ -19,9 +15,10 @@ func (t *transferSide) markNotRunning(cfg Config, fabricRunning bool) {
 		"tcp":    "needs the pool's agent certificates (--tls-dir) and tcp allowed by the pool",
 	}
 	for i, e := range t.statuses {
-		if e.Name == "xgmi" && !e.Available {
+		if e.Name == "xgmi" && !e.Available && len(t.gpus) == 0 {
 			// The same-node engine runs on every node: without GPUs it copies host memory, which a caller
-			// checking availability before registering host regions must not be told it cannot do.
+			// checking availability before registering host regions must not be told it cannot do. (A pool
+			// that disables it on a GPU node keeps it unavailable, as the pool asked.)
 			t.statuses[i].Available = true
 			t.statuses[i].Reason = "host memory only (" + e.Reason + ")"
 			continue
@@ -59,5 +56,5 @@ func (t *transferSide) tcpStaging(cfg Config) string {
 	if mib == 0 {
 		mib = 64
 	}
-	return fmt.Sprintf("%s (up to %d MiB per peer and side)", tcp.StagesGPUMemory, mib)
+	return fmt.Sprintf("GPU memory staged through pinned host memory (up to %d MiB per peer and side)", mib)
 }

@@ -53,9 +53,9 @@ type Deps struct {
 	// DataListener, when set, serves the tcp engine instead of a listener on Config.DataListen (a socket
 	// handed over by the caller); Serve closes it.
 	DataListener net.Listener
-	// EnginesAssembled, when set, is told the engine statuses GetInfo serves (what runs) once the engines are
-	// assembled, with the detection they were assembled from.
-	EnginesAssembled func(running []server.EngineStatus, detected []topology.Engine)
+	// EnginesAssembled, when set, is told the engine statuses GetInfo serves (what runs) once the sockets
+	// serve, with the detection the engines were assembled from and which of them move GPU memory.
+	EnginesAssembled func(running []server.EngineStatus, detected []topology.Engine, gpuMemory map[string]bool)
 	// RDMAProvider, when set, opens the RDMA devices instead of libibverbs (a fake RDMA network in tests); the
 	// rdma engine still runs only where the report finds it available and the pool's certificates are mounted.
 	RDMAProvider rdma.Provider
@@ -106,7 +106,7 @@ type transferSide struct {
 	// rdmaRunning says the rdma engine runs; rdmaWhyNot says why not.
 	rdmaRunning bool
 	rdmaWhyNot  string
-	// gpuCopyWhyNot says why the same-node engine runs without the AMD GPU backend on a node with AMD GPUs.
+	// gpuCopyWhyNot says why the same-node engine runs without a GPU backend on a node with GPUs.
 	gpuCopyWhyNot string
 	// gpuSharing says how this agent's GPU work shares the NVIDIA GPUs with other processes (gpuSharing()).
 	gpuSharing string
@@ -327,9 +327,8 @@ func (t *transferSide) serve(ctx context.Context) error {
 	// GetInfo and explain say what runs: an engine detection found possible but this agent does not run is
 	// reported unavailable, with both facts.
 	t.markNotRunning(cfg, fe != nil)
-	if t.deps.EnginesAssembled != nil {
-		t.deps.EnginesAssembled(slices.Clone(t.statuses), t.report.Engines)
-	}
+	statuses := slices.Clone(t.statuses)
+	gpuMemory := map[string]bool{"xgmi": len(t.xgmiBackends) > 0, "tcp": te != nil && t.tcpStager != nil, "fabric": fe != nil}
 	comp, err := engines.NewComposite(engines.CompositeOptions{Node: cfg.NodeName, Metrics: t.deps.Metrics, Registry: regions}, engs...)
 	if err != nil {
 		return err
@@ -394,6 +393,11 @@ func (t *transferSide) serve(ctx context.Context) error {
 		log.Info("transfer side ready", "socketDir", cfg.SocketDir, "peerEndpoint", peerEP)
 		if t.deps.Ready != nil {
 			t.deps.Ready(peerEP)
+		}
+		// Said once the socket serves: a report saying what runs must not come from an agent that then fails to
+		// start its server.
+		if t.deps.EnginesAssembled != nil {
+			t.deps.EnginesAssembled(statuses, t.report.Engines, gpuMemory)
 		}
 	})
 	var first error

@@ -140,10 +140,10 @@ func int32s(in []int, limit int) []int32 {
 	return out
 }
 
-// clip shortens s to n bytes, marking the cut, without splitting a UTF-8 sequence.
 // ClipReason keeps an engine's reason within what the API takes (512 bytes), at a character boundary.
 func ClipReason(s string) string { return clip(s, maxEngineReasonLen) }
 
+// clip shortens s to n bytes, marking the cut, without splitting a UTF-8 sequence.
 func clip(s string, n int) string {
 	if len(s) <= n {
 		return s

@@ -60,7 +60,8 @@ type Config struct {
 	// field manager that left out the detected fields would remove them.
 	Decorate func(*v1alpha1.TransferNodeStatus)
 	// Kick, when set, makes Run report at once when it receives (another part of the agent changed what
-	// Decorate adds: the engines it runs, once assembled); the next round follows a period later.
+	// Decorate adds: the engines it runs, once assembled); the next round follows a period later. After a
+	// failed round the scheduled retry reports it instead, keeping the backoff.
 	Kick <-chan struct{}
 	// RecordEvents records Events on the TransferNode when engine availability changes (and once at start).
 	RecordEvents bool
@@ -179,7 +180,9 @@ func (r *Reporter) Run(ctx context.Context) error {
 			}
 			continue
 		case <-r.cfg.Kick:
-			t.Reset(0) // this round now, on the schedule's path (its failures back off as any round's)
+			if failures == 0 {
+				t.Reset(0) // this round now, on the schedule's path
+			} // else the retry already scheduled reads the new state: a kick must not undo the backoff
 			continue
 		case <-t.C:
 		}

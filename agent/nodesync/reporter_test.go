@@ -5,6 +5,7 @@ package nodesync_test
 
 import (
 	"context"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -323,8 +325,8 @@ func TestReporterReportsAtOnceWhenKicked(t *testing.T) {
 			return topology.Detect(ctx, host, topology.Options{})
 		},
 		Decorate: func(st *v1alpha1.TransferNodeStatus) {
-			v := running.Load()
 			for i := range st.Engines {
+				v := running.Load() && st.Engines[i].Available // the API refuses a running engine detection does not allow
 				st.Engines[i].Running = &v
 			}
 		},
@@ -339,7 +341,8 @@ func TestReporterReportsAtOnceWhenKicked(t *testing.T) {
 	runs := func(want bool) func() (bool, error) {
 		return func() (bool, error) {
 			err := c.Get(ctx, client.ObjectKey{Name: node.Name}, &tn)
-			return err == nil && len(tn.Status.Engines) > 0 && tn.Status.Engines[0].Running != nil && *tn.Status.Engines[0].Running == want, err
+			return err == nil && len(tn.Status.Engines) > 0 && tn.Status.Engines[0].Available && tn.Status.Engines[0].Running != nil &&
+				*tn.Status.Engines[0].Running == want, err
 		}
 	}
 	waitFor(t, 10*time.Second, "the first report, saying no engine runs", runs(false))
@@ -349,6 +352,44 @@ func TestReporterReportsAtOnceWhenKicked(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Run returned %v after cancel", err)
+	}
+}
+
+// A kick that comes while rounds fail (the engines assembled during a slow first round against an overloaded
+// API server) leaves the retry to the backoff: a thousand agents retrying at once is what the backoff prevents.
+func TestAKickKeepsTheBackoffOfAFailedRound(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	c := fake.NewClientBuilder().WithScheme(scheme).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
+			return errors.New("API server overloaded")
+		}}).Build()
+	kick := make(chan struct{}, 1)
+	var rounds atomic.Int32
+	r, err := nodesync.New(nodesync.Config{
+		NodeName: "n", Period: time.Hour, Client: c, Log: testr.New(t),
+		Detect: func(context.Context) (topology.Report, error) {
+			if rounds.Load() == 0 {
+				select { // assembled during the first, failing, round
+				case kick <- struct{}{}:
+				default:
+				}
+			}
+			return topology.Report{}, nil
+		},
+		Kick:       kick,
+		AfterRound: func(error) { rounds.Add(1) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-done
+	if n := rounds.Load(); n != 1 {
+		t.Errorf("%d rounds in 2 s after a failed one (the retry is due in 30 to 90 minutes), want 1", n)
 	}
 }
 

@@ -163,6 +163,7 @@ type NIC struct {
 
 // EngineAvailability says whether one engine can run on this node (what detection found), whether the agent
 // runs it, and why not.
+// +kubebuilder:validation:XValidation:rule="!has(self.running) || !self.running || self.available || self.name == 'xgmi'",message="an engine runs only where detection finds it available (the same-node engine aside: it copies host memory on a node without GPUs)"
 type EngineAvailability struct {
 	Name EngineName `json:"name"`
 	// Available is detection's answer: the hardware and the pool's engine list allow the engine here.
@@ -180,6 +181,11 @@ type EngineAvailability struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	RunningReason string `json:"runningReason,omitempty"`
+	// GPUMemory says whether the running engine moves this node's GPU memory: the same-node engine with a GPU
+	// copy backend (not the host backend alone), tcp staging GPU memory through pinned host memory, fabric.
+	// Absent where the agent does not say (rdma, older agents).
+	// +optional
+	GPUMemory *bool `json:"gpuMemory,omitempty"`
 }
 
 // Runs says whether the node's agent runs the engine: Running where the agent says, Available for an agent

@@ -203,7 +203,7 @@ type EngineCount struct {
 	// Nodes names nodes whose agents lack a runtime the hardware would allow (their TransferNodes say which).
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	Available int32 `json:"available,omitempty"`
+	Available int32 `json:"available"`
 }
 
 // TransferPoolStatus is what the operator observed of a pool.

@@ -304,10 +304,6 @@ func (e *Engine) Deregister(ctx context.Context, id engines.MemoryID) error {
 	return nil
 }
 
-// StagesGPUMemory begins an agent's tcp engine status (its GetInfo reason, its TransferNode's runningReason)
-// where the engine carries this node's GPU memory through pinned host memory; readers of the report test for it.
-const StagesGPUMemory = "GPU memory staged through pinned host memory"
-
 // CanHandle implements engines.Engine.
 func (e *Engine) CanHandle(src, dst *engines.MemoryDesc) (bool, string) {
 	srcLocal, dstLocal := src.Node == e.opts.Node, dst.Node == e.opts.Node

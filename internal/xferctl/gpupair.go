@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,7 +19,6 @@ import (
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/fabric"
-	"github.com/fabricxfer/fabricxfer/engines/tcp"
 )
 
 // gpuRef is node/index.
@@ -86,18 +87,16 @@ func writeGPURoute(ctx context.Context, c client.Reader, src, dst gpuRef, from, 
 	// runs says whether a node's agent runs an engine, and why not: what its report says it runs, or what
 	// detection found for an agent that does not say.
 	runs := func(tn *fxv1.TransferNode, e fxv1.EngineName) (bool, string) {
-		for _, a := range tn.Status.Engines {
-			switch {
-			case a.Name != e:
-			case !a.Available && !a.Runs():
-				return false, "not available on " + tn.Name + ": " + a.Reason
-			case !a.Runs():
-				return false, "not running on " + tn.Name + ": " + a.RunningReason
-			default:
-				return true, a.RunningReason
-			}
+		a := engineOf(tn, e)
+		switch {
+		case a == nil:
+			return false, "not reported by " + tn.Name
+		case !a.Available && !a.Runs():
+			return false, "not available on " + tn.Name + ": " + a.Reason
+		case !a.Runs():
+			return false, "not running on " + tn.Name + ": " + a.RunningReason
 		}
-		return false, "not reported by " + tn.Name
+		return true, a.RunningReason
 	}
 	// detected says whether detection allows an engine on both nodes: the engine the pair would take once both
 	// agents run it.
@@ -120,7 +119,9 @@ func writeGPURoute(ctx context.Context, c client.Reader, src, dst gpuRef, from, 
 	}
 	if src.node == dst.node {
 		up, whyNot := both(fxv1.EngineXGMI)
-		if up {
+		if x := engineOf(&tns[0], fxv1.EngineXGMI); up && x.GPUMemory != nil && !*x.GPUMemory {
+			up, whyNot = false, "the same-node engine on "+src.node+" copies host memory only: "+x.RunningReason
+		} else if up {
 			whyNot = "both GPUs on node " + src.node
 		}
 		verdicts = append(verdicts, verdict{"xgmi", up, whyNot})
@@ -164,14 +165,14 @@ func writeGPURoute(ctx context.Context, c client.Reader, src, dst gpuRef, from, 
 	}
 	fmt.Fprintf(stdout, "%s -> %s: %s (GPU memory with a fabric handle, from the nodes' TransferNodes)\n", from, to, chosen)
 	for i, ref := range []gpuRef{src, dst} {
-		fmt.Fprintf(stdout, "  %s GPU %d: %s\n", ref.node, ref.index, domainFact(tns[i].Status.GPUs[ref.index].Fabric))
+		fmt.Fprintf(stdout, "  %s GPU %d: %s\n", ref.node, ref.index, printable(domainFact(tns[i].Status.GPUs[ref.index].Fabric)))
 	}
 	for _, v := range verdicts {
 		mark := "no "
 		if v.yes {
 			mark = "yes"
 		}
-		fmt.Fprintf(stdout, "  %-9s %s  %s\n", v.engine, mark, v.why)
+		fmt.Fprintf(stdout, "  %-9s %s  %s\n", v.engine, mark, printable(v.why))
 	}
 	return nil
 }
@@ -184,11 +185,35 @@ func tcpVerdict(tns *[2]fxv1.TransferNode, runs func(*fxv1.TransferNode, fxv1.En
 		if !up {
 			return verdict{"tcp", false, how}
 		}
-		if !strings.Contains(how, tcp.StagesGPUMemory) {
+		switch staged := engineOf(&tns[i], fxv1.EngineTCP).GPUMemory; {
+		case staged == nil:
+			return verdict{"tcp", false, "the agent on " + tns[i].Name + " does not say whether tcp stages its GPU memory (an agent older than the report's gpuMemory)"}
+		case !*staged:
 			return verdict{"tcp", false, "tcp runs on " + tns[i].Name + " without staging its GPU memory: " + how}
 		}
 	}
 	return verdict{"tcp", true, "both nodes run tcp and stage GPU memory through pinned host memory"}
+}
+
+// engineOf is a report's entry for an engine, nil when it has none.
+func engineOf(tn *fxv1.TransferNode, e fxv1.EngineName) *fxv1.EngineAvailability {
+	for i := range tn.Status.Engines {
+		if tn.Status.Engines[i].Name == e {
+			return &tn.Status.Engines[i]
+		}
+	}
+	return nil
+}
+
+// printable replaces control characters in text an agent wrote (a reason) before it reaches a terminal: a
+// node's report is written with that node's token, not the admin's.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || r == utf8.RuneError {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 // verdict is one engine's answer for a pair of GPUs.

@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
-	"github.com/fabricxfer/fabricxfer/engines/tcp"
 )
 
 // TestExplainGPUPairsByDeclaration: on a real API server, two GPUs of one declared vPOD on two nodes are a
@@ -58,21 +57,25 @@ func TestExplainGPUPairsByDeclaration(t *testing.T) {
 		return []fxv1.EngineAvailability{{Name: "xgmi", Available: true}, {Name: "fabric", Available: true},
 			{Name: "rdma", Available: rdma, Reason: "no usable port"}, {Name: "tcp", Available: true}}
 	}
-	staged := tcp.StagesGPUMemory + " (up to 64 MiB per peer and side)"
+	staged := "GPU memory staged through pinned host memory (up to 64 MiB per peer and side)"
 	for _, n := range []struct {
 		name    string
 		engines []fxv1.EngineAvailability
 	}{{"node-a", older(true)}, {"node-b", older(true)}, {"node-c", older(false)},
-		{"node-d", []fxv1.EngineAvailability{{Name: "xgmi", Available: true, Running: &yes},
+		{"node-d", []fxv1.EngineAvailability{{Name: "xgmi", Available: true, Running: &yes, GPUMemory: &yes},
 			{Name: "fabric", Available: true, Running: &no, RunningReason: "hardware: ok; not running: no GPU runtime for these GPUs"},
 			{Name: "rdma", Available: true, Running: &no, RunningReason: "hardware: 2 ports; not running: libibverbs did not load"},
-			{Name: "tcp", Available: true, Running: &yes, RunningReason: "always; " + staged}}},
-		{"node-f", []fxv1.EngineAvailability{{Name: "xgmi", Available: true, Running: &yes},
-			{Name: "fabric", Available: true, Running: &no, RunningReason: "hardware: ok; not running: no GPU runtime for these GPUs"},
+			{Name: "tcp", Available: true, Running: &yes, RunningReason: "always; " + staged, GPUMemory: &yes}}},
+		// No GPU runtime loaded: the same-node engine copies host memory only and tcp stages nothing, though
+		// tcp's detection reason names staging (NVIDIA GPU memory is staged "when the CUDA driver loads").
+		{"node-f", []fxv1.EngineAvailability{
+			{Name: "xgmi", Available: true, Running: &yes, RunningReason: "hardware: 8 GPUs; host backend only: the CUDA driver did not load", GPUMemory: &no},
+			{Name: "fabric", Available: true, Running: &no, RunningReason: "hardware: ok; not running: no GPU runtime \x1b[31mfor these GPUs"},
 			{Name: "rdma", Available: true, Running: &no, RunningReason: "hardware: 2 ports; not running: libibverbs did not load"},
-			{Name: "tcp", Available: true, Running: &yes, RunningReason: "always; GPU memory not staged: no GPU copy backend"}}},
-		{"node-e", []fxv1.EngineAvailability{{Name: "xgmi", Available: true, Running: &yes}, {Name: "fabric", Available: true, Running: &yes},
-			{Name: "rdma", Available: true, Running: &yes}, {Name: "tcp", Available: true, Running: &yes, RunningReason: "always; " + staged}}},
+			{Name: "tcp", Available: true, Reason: "NVIDIA GPU memory staged through pinned host memory when the CUDA driver loads", Running: &yes,
+				RunningReason: "always; GPU memory not staged: the CUDA driver did not load", GPUMemory: &no}}},
+		{"node-e", []fxv1.EngineAvailability{{Name: "xgmi", Available: true, Running: &yes, GPUMemory: &yes}, {Name: "fabric", Available: true, Running: &yes, GPUMemory: &yes},
+			{Name: "rdma", Available: true, Running: &yes}, {Name: "tcp", Available: true, Running: &yes, RunningReason: "always; " + staged, GPUMemory: &yes}}},
 	} {
 		tn := &fxv1.TransferNode{ObjectMeta: metav1.ObjectMeta{Name: n.name}, Spec: fxv1.TransferNodeSpec{NodeName: n.name}}
 		if err := kube.Create(ctx, tn); err != nil {
@@ -113,7 +116,7 @@ func TestExplainGPUPairsByDeclaration(t *testing.T) {
 			"fabric    no   different fabric domains", "rdma      yes  both nodes run rdma"}},
 		{"node-a/2", "node-b/2", []string{": rdma", "node-a GPU 2: in no fabric domain", "outside any fabric domain"}},
 		{"node-a/1", "node-c/0", []string{": no engine", "rdma      no   not available on node-c: no usable port",
-			"tcp       no   tcp runs on node-a without staging its GPU memory"}},
+			"tcp       no   the agent on node-a does not say whether tcp stages its GPU memory"}},
 		{"node-a/0", "node-a/1", []string{": xgmi", "both GPUs on node node-a"}},
 		// Detection allows fabric and rdma on node-d, but its agent runs neither: tcp carries the pair, and the
 		// fabric line still names the declaration that put both GPUs in one domain.
@@ -125,6 +128,10 @@ func TestExplainGPUPairsByDeclaration(t *testing.T) {
 		// Nothing runs between them, but detection allows fabric on both: explain says what would carry it.
 		{"node-d/0", "node-f/0", []string{"node-d/0 -> node-f/0: no engine running, fabric once both agents run it",
 			"tcp       no   tcp runs on node-f without staging its GPU memory: always; GPU memory not staged"}},
+		{"node-f/0", "node-f/1", []string{"node-f/0 -> node-f/1: no engine",
+			"xgmi      no   the same-node engine on node-f copies host memory only: hardware: 8 GPUs; host backend only"}},
+		// What an agent wrote reaches the terminal without its control characters.
+		{"node-f/0", "node-e/0", []string{"not running on node-f: hardware: ok; not running: no GPU runtime ?[31mfor these GPUs"}},
 		{"node-d/0", "node-f/1", []string{"node-d/0 -> node-f/1: no engine running, rdma once both agents run it"}},
 		{"node-e/0", "node-d/1", []string{": tcp", "fabric    no   different fabric domains", "rdma      no   not running on node-d"}},
 	} {

@@ -228,8 +228,11 @@ func readStatus(ctx context.Context, c client.Reader, namespace string) (statusV
 			}
 			nv.Unavailable = append(nv.Unavailable, string(e.Name))
 			why := e.Reason
-			if e.Available {
-				why = "not running: " + e.RunningReason // detection allows it; the agent does not run it
+			if e.Available { // detection allows it; the agent does not run it
+				why = e.RunningReason
+				if !strings.Contains(why, "not running") {
+					why = "not running: " + why
+				}
 			}
 			if why != "" {
 				if nv.UnavailableReasons == nil {

@@ -69,7 +69,7 @@ func TestStatusReadsTheAPIServer(t *testing.T) {
 		if name == "node-b" { // detection finds RDMA here, but the agent cannot run it: it counts nowhere
 			yes, no := true, false
 			tn.Status.Engines = []fxv1.EngineAvailability{{Name: "xgmi", Available: true, Running: &yes},
-				{Name: "rdma", Available: true, Reason: "2 RoCEv2 ports", Running: &no, RunningReason: "libibverbs did not load"}}
+				{Name: "rdma", Available: true, Reason: "2 RoCEv2 ports", Running: &no, RunningReason: "hardware: 2 RoCEv2 ports; not running: libibverbs did not load"}}
 		}
 		if err := kube.Status().Update(ctx, tn); err != nil {
 			t.Fatal(err)
@@ -175,7 +175,7 @@ func TestStatusReadsTheAPIServer(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("-o wide: code %d\n%s", code, errOut)
 	}
-	for _, want := range []string{"NODES PER ENGINE", "rdma=0,xgmi=2", "UNAVAILABLE BECAUSE", "rdma: no NIC", "rdma: not running: libibverbs did not load"} {
+	for _, want := range []string{"NODES PER ENGINE", "rdma=0,xgmi=2", "UNAVAILABLE BECAUSE", "rdma: no NIC", "rdma: hardware: 2 RoCEv2 ports; not running: libibverbs did not load"} {
 		if !strings.Contains(out2, want) {
 			t.Errorf("-o wide lacks %q:\n%s", want, out2)
 		}
