@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/fabricxfer/fabricxfer/agent/server"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
@@ -110,21 +111,39 @@ func released(t *testing.T, base int, held func() string) {
 func TestLateRegistrationKeepsNothing(t *testing.T) {
 	const size = 64 << 10
 	const late = "late"
-	// bystander dials the agent and registers a region of its own, which no one else's teardown may touch.
-	bystander := func(t *testing.T, a *agent) (c *client.Client, kept *client.Region, usage func() *agentv1.Usage) {
-		c = dial(t, a)
+	// scene starts an agent and a bystander connection of the same caller holding a region of its own, which no
+	// one else's teardown may touch, then dials the victim; check waits until the agent holds no more descriptors
+	// than before the victim and held says nothing more is kept, then that the late region is gone (gone).
+	type scene struct {
+		a      *agent
+		c      *client.Client
+		kept   *client.Region
+		usage  func() *agentv1.Usage
+		before *agentv1.Usage
+		base   int
+		victim *client.Client
+	}
+	newScene := func(t *testing.T, opts server.Options) *scene {
+		sc := &scene{a: startAgent(t, opts)}
+		sc.c = dial(t, sc.a)
 		ctx := ctxT(t)
-		kept, err := c.RegisterHost(ctx, shm(t, size).File, 0, size, client.Segment("bystander"))
+		kept, err := sc.c.RegisterHost(ctx, shm(t, size).File, 0, size, client.Segment("bystander"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c, kept, func() *agentv1.Usage {
-			info, err := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
+		sc.kept = kept
+		sc.usage = func() *agentv1.Usage {
+			info, err := sc.c.API().GetInfo(ctx, &agentv1.GetInfoRequest{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			return info.Usage
 		}
+		sc.before = sc.usage()
+		sc.base = fdsWithin(t, openFDs(t))
+		noGC(t)
+		sc.victim = dial(t, sc.a)
+		return sc
 	}
 	// gone checks that the late region, which would have come right after kept, and its segment name are unknown,
 	// and that the bystander's usage is as it was.
@@ -146,14 +165,8 @@ func TestLateRegistrationKeepsNothing(t *testing.T) {
 	}
 
 	t.Run("host memfd", func(t *testing.T) {
-		a := startAgent(t, baseOptions(t, newProcFixture(t)))
-		ctx := ctxT(t)
-		c, kept, usage := bystander(t, a)
-		before := usage()
-		base := fdsWithin(t, openFDs(t))
-		noGC(t)
-
-		victim := dial(t, a)
+		sc := newScene(t, baseOptions(t, newProcFixture(t)))
+		a, ctx, victim := sc.a, ctxT(t), sc.victim
 		name := "late-registration"
 		mem, err := client.NewSharedMemory(name, size)
 		if err != nil {
@@ -170,38 +183,32 @@ func TestLateRegistrationKeepsNothing(t *testing.T) {
 			t.Fatal("the registration answered on a connection closed while it ran")
 		}
 		<-ended
-		released(t, base, func() string {
+		released(t, sc.base, func() string {
 			if fds, maps := memfdHeld(t, name); fds+maps > 0 {
 				return fmt.Sprintf("and keeps %d descriptors and %d mappings of the registered memfd", fds, maps)
 			}
 			return ""
 		})
-		gone(t, c, kept, usage, before)
+		gone(t, sc.c, sc.kept, sc.usage, sc.before)
 	})
 
 	t.Run("pool slice", func(t *testing.T) {
 		opts := baseOptions(t, newProcFixture(t))
 		pool := newHostPool(t, 1<<20)
 		opts.Pool = pool
-		a := startAgent(t, opts)
-		ctx := ctxT(t)
-		c, kept, usage := bystander(t, a)
-		before := usage()
-		base := fdsWithin(t, openFDs(t))
-		noGC(t)
-
-		victim := dial(t, a)
+		sc := newScene(t, opts)
+		a, ctx, victim := sc.a, ctxT(t), sc.victim
 		ended := endSessionOnAdd(t, a, victim, 1)
 		if _, err := victim.API().AllocateFromPool(ctx, &agentv1.AllocateFromPoolRequest{Length: size, SegmentName: late}); err == nil {
 			t.Fatal("the allocation answered on a connection closed while it ran")
 		}
 		<-ended
-		released(t, base, func() string {
+		released(t, sc.base, func() string {
 			if total, free := pool.Usage(); free != total {
 				return fmt.Sprintf("and %d bytes of the pool are still lent", total-free)
 			}
 			return ""
 		})
-		gone(t, c, kept, usage, before)
+		gone(t, sc.c, sc.kept, sc.usage, sc.before)
 	})
 }
