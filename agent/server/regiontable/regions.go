@@ -46,6 +46,8 @@ type Region struct {
 	mapping []byte
 	files   []*os.File
 	alloc   string // pool slice id when the region is pool memory
+	// removing is closed when the RemoveRegion under way ends (nil when none runs).
+	removing chan struct{}
 }
 
 // ID is the region's id, as its caller names it.
@@ -485,19 +487,35 @@ func (tab *Table) DeregisterMemory(ctx context.Context, sess *Session, req *agen
 }
 
 // RemoveRegion deregisters r from the engines (waiting for its in-flight transfers until ctx ends) and then
-// releases its memory. If a copy might still touch the memory, the region stays and the error says so. A region
-// removed already is left to whoever removed it.
+// releases its memory. If a copy might still touch the memory, the region stays and the error says so. One
+// removal runs at a time: a second (a session's teardown beside a DeregisterMemory of another connection of the
+// same pod) waits for the first, so the memory is released only after the engines let go of it, whoever asked.
 func (tab *Table) RemoveRegion(ctx context.Context, r *Region) error {
+	tab.Lock()
+	if tab.regions[r.id] != r {
+		tab.Unlock()
+		return nil // removed already: whoever took it out released its memory and its charge
+	}
+	if busy := r.removing; busy != nil {
+		tab.Unlock()
+		select {
+		case <-busy:
+			return tab.RemoveRegion(ctx, r) // gone now, or the first removal failed and this one tries
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for region %d's removal under way: %w", r.id, ctx.Err())
+		}
+	}
+	done := make(chan struct{})
+	r.removing = done
+	tab.Unlock()
+	defer close(done)
 	if err := tab.engine.Deregister(ctx, r.mem); err != nil && !errors.Is(err, engines.ErrUnknownMemory) {
+		tab.Lock()
+		r.removing = nil
+		tab.Unlock()
 		return err
 	}
 	tab.Lock()
-	if tab.regions[r.id] != r {
-		// Removed already (a session's teardown raced its own call, or another deregistration): whoever took it
-		// out released its memory and its charge.
-		tab.Unlock()
-		return nil
-	}
 	delete(tab.regions, r.id)
 	delete(tab.byMemory, r.mem)
 	if k := scopedName(r.pub.namespace, r.segment); r.segment != "" && tab.segments[k] == r {
