@@ -9,14 +9,15 @@ import (
 	"sync"
 
 	"github.com/fabricxfer/fabricxfer/agent/nodestatus"
+	"github.com/fabricxfer/fabricxfer/agent/nodesync"
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 	"github.com/fabricxfer/fabricxfer/topology"
 )
 
 const (
-	reportOnlyReason = "this agent only reports (--report-only): it serves no socket and runs no engine"
-	startingReason   = "starting: the agent has not assembled its engines yet"
+	reportOnlyReason = nodesync.RunningReasonReportOnly
+	startingReason   = nodesync.RunningReasonStarting
 	restartReason    = "detection found it possible after the agent started, and engines are assembled at start: restart the agent to run it"
 )
 

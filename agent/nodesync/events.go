@@ -22,7 +22,22 @@ const (
 	EventEnginesReported   = "EnginesReported"   // the agent's first report since it started
 	EventEngineAvailable   = "EngineAvailable"   // an engine became available
 	EventEngineUnavailable = "EngineUnavailable" // an engine stopped being available, with the reason
+	EventEngineNotRunning  = "EngineNotRunning"  // an engine detection allows does not run, with the reason
 )
+
+// Reasons an agent gives for not running an engine that need no Warning: it has not assembled its engines
+// yet, or it only reports by its configuration.
+const (
+	RunningReasonStarting   = "starting: the agent has not assembled its engines yet"
+	RunningReasonReportOnly = "this agent only reports (--report-only): it serves no socket and runs no engine"
+)
+
+// notRunning says whether the agent does not run an engine detection allows, for a reason an admin must hear
+// (a missing runtime, a restart needed).
+func notRunning(e v1alpha1.EngineAvailability) bool {
+	return e.Available && e.Running != nil && !*e.Running && e.RunningReason != RunningReasonStarting &&
+		e.RunningReason != RunningReasonReportOnly
+}
 
 // ReportingController is the reporting controller of the agents' Events.
 const ReportingController = "fabricxfer-agent"
@@ -41,8 +56,14 @@ func engineEvents(before, after []v1alpha1.EngineAvailability) []eventsv1.Event 
 				off = append(off, fmt.Sprintf("%s (%s)", e.Name, e.Reason))
 			}
 		}
-		return []eventsv1.Event{mk(corev1.EventTypeNormal, EventEnginesReported,
+		evs := []eventsv1.Event{mk(corev1.EventTypeNormal, EventEnginesReported,
 			fmt.Sprintf("agent started; available: %s; unavailable: %s", orNone(on), orNone(off)))}
+		for _, e := range after {
+			if notRunning(e) {
+				evs = append(evs, notRunningEvent(e))
+			}
+		}
+		return evs
 	}
 	was := map[v1alpha1.EngineName]v1alpha1.EngineAvailability{}
 	for _, e := range before {
@@ -57,8 +78,17 @@ func engineEvents(before, after []v1alpha1.EngineAvailability) []eventsv1.Event 
 		case !e.Available && (!known || old.Available):
 			evs = append(evs, mk(corev1.EventTypeWarning, EventEngineUnavailable, fmt.Sprintf("engine %s is unavailable: %s", e.Name, e.Reason)))
 		}
+		if notRunning(e) && (!known || !notRunning(old) || old.RunningReason != e.RunningReason) {
+			evs = append(evs, notRunningEvent(e))
+		}
 	}
 	return evs
+}
+
+// notRunningEvent is the Warning of an engine detection allows and the agent does not run.
+func notRunningEvent(e v1alpha1.EngineAvailability) eventsv1.Event {
+	return eventsv1.Event{Type: corev1.EventTypeWarning, Reason: EventEngineNotRunning,
+		Note: fmt.Sprintf("engine %s is available on this node but its agent does not run it: %s", e.Name, e.RunningReason)}
 }
 
 func orNone(s []string) string {
