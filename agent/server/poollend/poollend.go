@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -59,6 +60,10 @@ type Lender struct {
 	refusals *refusals.Counters
 }
 
+// giveBackWait bounds how long a loan that failed waits for its region's removal before giving the slice back
+// (a session's default grace).
+const giveBackWait = 30 * time.Second
+
 // New makes a lender.
 func New(cfg Config) *Lender {
 	return &Lender{pool: cfg.Pool, table: cfg.Table, tokens: cfg.Tokens, gpus: cfg.GPUs, refusals: cfg.Refusals}
@@ -89,23 +94,31 @@ func (s *Lender) AllocateFromPool(ctx context.Context, sess *regiontable.Session
 	if err != nil {
 		return nil, err
 	}
-	free := func() { _ = s.pool.Free(sl.ID) }
 	r, err := s.table.AddRegion(ctx, sess, want, desc, req.SegmentName, req.SegmentGrants)
 	if err != nil {
-		free()
+		_ = s.pool.Free(sl.ID)
 		return nil, err
+	}
+	// giveBack removes the slice's region, then frees the slice, only once the engines let go of it (a removal
+	// the session's teardown started is waited for, whatever this call's context says): a slice freed under a
+	// registration still undoing could be lent to another caller while it covers it. One whose region cannot be
+	// removed stays lent, as the region stays registered.
+	giveBack := func() {
+		wait, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackWait)
+		defer cancel()
+		if s.table.RemoveRegion(wait, r) == nil {
+			_ = s.pool.Free(sl.ID)
+		}
 	}
 	dup, err := syscall.Dup(int(sl.File.Fd()))
 	if err != nil {
-		_ = s.table.RemoveRegion(ctx, r)
-		free()
+		giveBack()
 		return nil, status.Errorf(codes.Internal, "duplicating the pool fd: %v", err)
 	}
 	syscall.CloseOnExec(dup)
 	token, err := s.tokens.Add(sess.Caller.Key, os.NewFile(uintptr(dup), "pool"), true)
 	if err != nil {
-		_ = s.table.RemoveRegion(ctx, r)
-		free()
+		giveBack()
 		return nil, status.Errorf(codes.ResourceExhausted, "%v", err)
 	}
 	a := &Allocation{id: fmt.Sprintf("%s-%d", sl.ID, r.ID()), slice: sl, region: r}
@@ -117,8 +130,7 @@ func (s *Lender) AllocateFromPool(ctx context.Context, sess *regiontable.Session
 		if f, err := s.tokens.Take(sess.Caller.Key, token, true); err == nil {
 			f.Close()
 		}
-		_ = s.table.RemoveRegion(ctx, r)
-		free()
+		giveBack()
 		return nil, status.Error(codes.Unavailable, "the connection closed while pool memory was being lent; it was given back")
 	}
 	r.SetAllocLocked(a.id)
@@ -190,8 +202,12 @@ func (s *Lender) ReleaseAllocation(ctx context.Context, loans Loans, a *Allocati
 		return status.Errorf(regiontable.StatusCode(err), "releasing %s: %v", a.id, err)
 	}
 	s.table.Lock()
+	_, mine := loans[a.id]
 	delete(loans, a.id)
 	s.table.Unlock()
+	if !mine {
+		return nil // a Release and the session's teardown at once: the other one gives the slice back
+	}
 	if err := s.pool.Free(a.slice.ID); err != nil {
 		return status.Errorf(codes.Internal, "releasing %s: %v", a.id, err)
 	}
