@@ -49,18 +49,13 @@ func TestReporterRecordsEngineAvailabilityEvents(t *testing.T) {
 	}
 	events := func() []string {
 		t.Helper()
-		var list eventsv1.EventList
-		if err := c.List(ctx, &list, client.InNamespace(metav1.NamespaceDefault)); err != nil {
-			t.Fatal(err)
-		}
 		var out []string
-		for _, e := range list.Items {
-			if e.Regarding.Kind == "TransferNode" && e.Regarding.Name == node.Name && e.ReportingController == nodesync.ReportingController {
-				out = append(out, e.Type+" "+e.Reason+": "+e.Note)
-			}
+		for _, e := range agentEvents(t, c, node.Name) {
+			out = append(out, e.Type+" "+e.Reason+": "+e.Note)
 		}
 		return out
 	}
+
 	round := func() {
 		t.Helper()
 		if err := r.ReportOnce(ctx); err != nil {
@@ -119,18 +114,15 @@ func TestReporterWarnsOfEnginesItDoesNotRun(t *testing.T) {
 	}
 	warnings := func() []string {
 		t.Helper()
-		var list eventsv1.EventList
-		if err := c.List(ctx, &list, client.InNamespace(metav1.NamespaceDefault)); err != nil {
-			t.Fatal(err)
-		}
 		var out []string
-		for _, e := range list.Items {
-			if e.Regarding.Name == node.Name && e.Reason == nodesync.EventEngineNotRunning {
+		for _, e := range agentEvents(t, c, node.Name) {
+			if e.Reason == nodesync.EventEngineNotRunning {
 				out = append(out, e.Note)
 			}
 		}
 		return out
 	}
+
 	set := func(r bool, w string) {
 		mu.Lock()
 		runs, why = r, w
@@ -159,4 +151,20 @@ func TestReporterWarnsOfEnginesItDoesNotRun(t *testing.T) {
 	if got := warnings(); len(got) != 1 {
 		t.Fatalf("a report-only agent, then rdma running, warned again: %q", got)
 	}
+}
+
+// agentEvents are the Events agents recorded about node's TransferNode.
+func agentEvents(t *testing.T, c client.Client, node string) []eventsv1.Event {
+	t.Helper()
+	var list eventsv1.EventList
+	if err := c.List(t.Context(), &list, client.InNamespace(metav1.NamespaceDefault)); err != nil {
+		t.Fatal(err)
+	}
+	var out []eventsv1.Event
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "TransferNode" && e.Regarding.Name == node && e.ReportingController == nodesync.ReportingController {
+			out = append(out, e)
+		}
+	}
+	return out
 }

@@ -14,40 +14,10 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	"github.com/fabricxfer/fabricxfer/agent/server/regiontable"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable/regiontabletest"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
-
-// slowEngine's first Deregister of a region waits until let go, as a registration being undone does; a second
-// finds it gone at once.
-type slowEngine struct {
-	mu      sync.Mutex
-	known   map[engines.MemoryID]bool
-	started chan struct{}
-	letGo   chan struct{}
-}
-
-func (e *slowEngine) Register(_ context.Context, d engines.MemoryDesc) (engines.MemoryDesc, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.known[d.ID] = true
-	return d, nil
-}
-
-func (e *slowEngine) Deregister(_ context.Context, id engines.MemoryID) error {
-	e.mu.Lock()
-	first := e.known[id]
-	delete(e.known, id)
-	e.mu.Unlock()
-	if !first {
-		return engines.ErrUnknownMemory
-	}
-	close(e.started)
-	<-e.letGo
-	return nil
-}
-
-func (e *slowEngine) CanHandle(_, _ *engines.MemoryDesc) (bool, string) { return true, "" }
 
 // countingPool is a pool of host slices that counts frees, refusing one of a slice not lent, as poolmem does.
 type countingPool struct {
@@ -76,7 +46,7 @@ func (p *countingPool) Close() error            { return nil }
 // A Release and the session's teardown releasing one loan at once: the slice is given back once, after the
 // engines let go of its region, and neither answers an error.
 func TestOneLoanReleasedTwiceAtOnceIsFreedOnce(t *testing.T) {
-	eng := &slowEngine{known: map[engines.MemoryID]bool{}, started: make(chan struct{}), letGo: make(chan struct{})}
+	eng := regiontabletest.NewDrainingEngine()
 	tab := regiontable.New(regiontable.Config{Node: "node-a", Engine: eng, Refusals: refusals.New(),
 		Limits: regiontable.Limits{MaxRegions: 4, MaxRegisteredBytes: 1 << 20}})
 	pool := &countingPool{lent: map[string]bool{"s1": true}}
@@ -93,7 +63,7 @@ func TestOneLoanReleasedTwiceAtOnceIsFreedOnce(t *testing.T) {
 	loans := Loans{a.id: a}
 	errs := make(chan error, 2)
 	go func() { errs <- lender.ReleaseAllocation(ctx, loans, a) }()
-	<-eng.started
+	<-eng.Started
 	go func() { errs <- lender.ReleaseAllocation(ctx, loans, a) }()
 	time.Sleep(50 * time.Millisecond) // the second is waiting for the first's removal
 	pool.mu.Lock()
@@ -102,7 +72,7 @@ func TestOneLoanReleasedTwiceAtOnceIsFreedOnce(t *testing.T) {
 	if early != 0 {
 		t.Fatal("the slice was given back while its region's registration was still being undone")
 	}
-	close(eng.letGo)
+	close(eng.LetGo)
 	for range 2 {
 		if err := <-errs; err != nil {
 			t.Errorf("release: %v", err)

@@ -5,55 +5,20 @@ package regiontable
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
+	"github.com/fabricxfer/fabricxfer/agent/server/regiontable/regiontabletest"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
-// drainingEngine is an engine whose first Deregister of a region waits until let go (it drains the region's
-// copies and undoes its registrations); a second one of the same region finds it gone at once, as the
-// composite's registry answers.
-type drainingEngine struct {
-	mu      sync.Mutex
-	known   map[engines.MemoryID]bool
-	started chan struct{}
-	letGo   chan struct{}
-	drained atomic.Bool
-}
-
-func (e *drainingEngine) Register(_ context.Context, d engines.MemoryDesc) (engines.MemoryDesc, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.known[d.ID] = true
-	return d, nil
-}
-
-func (e *drainingEngine) Deregister(_ context.Context, id engines.MemoryID) error {
-	e.mu.Lock()
-	first := e.known[id]
-	delete(e.known, id)
-	e.mu.Unlock()
-	if !first {
-		return engines.ErrUnknownMemory
-	}
-	close(e.started)
-	<-e.letGo
-	e.drained.Store(true)
-	return nil
-}
-
-func (e *drainingEngine) CanHandle(_, _ *engines.MemoryDesc) (bool, string) { return true, "" }
-
 // Two removals of one region at once (a session's teardown beside a DeregisterMemory of another connection of
 // the same pod): the second must not release the memory, or return, while the first's engines still hold it.
 func TestASecondRemovalWaitsForTheEnginesToLetGo(t *testing.T) {
-	eng := &drainingEngine{known: map[engines.MemoryID]bool{}, started: make(chan struct{}), letGo: make(chan struct{})}
+	eng := regiontabletest.NewDrainingEngine()
 	tab := New(Config{Node: "node-a", Engine: eng, Limits: Limits{MaxRegions: 4, MaxRegisteredBytes: 1 << 20}, Refusals: refusals.New()})
 	sess := &Session{ID: 1, Caller: identity.Caller{Key: "pod-a", Namespace: "infer"}, Regions: map[uint64]*Region{}}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -65,7 +30,7 @@ func TestASecondRemovalWaitsForTheEnginesToLetGo(t *testing.T) {
 	}
 	first := make(chan error, 1)
 	go func() { first <- tab.RemoveRegion(ctx, r) }()
-	<-eng.started
+	<-eng.Started
 	second := make(chan error, 1)
 	go func() { second <- tab.RemoveRegion(ctx, r) }()
 	select {
@@ -79,7 +44,7 @@ func TestASecondRemovalWaitsForTheEnginesToLetGo(t *testing.T) {
 	if !kept {
 		t.Fatal("the region left the table while its engines still held it")
 	}
-	close(eng.letGo)
+	close(eng.LetGo)
 	for _, c := range []chan error{first, second} {
 		if err := <-c; err != nil {
 			t.Fatalf("removal: %v", err)
@@ -87,8 +52,8 @@ func TestASecondRemovalWaitsForTheEnginesToLetGo(t *testing.T) {
 	}
 	tab.Lock()
 	defer tab.Unlock()
-	if !eng.drained.Load() || tab.regions[r.id] != nil || tab.callers["pod-a"] != nil || tab.segments[scopedName("infer", "kv")] != nil {
-		t.Fatalf("after both removals: drained %v, region %v, usage %v, name %v", eng.drained.Load(), tab.regions[r.id],
+	if !eng.Drained() || tab.regions[r.id] != nil || tab.callers["pod-a"] != nil || tab.segments[scopedName("infer", "kv")] != nil {
+		t.Fatalf("after both removals: drained %v, region %v, usage %v, name %v", eng.Drained(), tab.regions[r.id],
 			tab.callers["pod-a"], tab.segments[scopedName("infer", "kv")])
 	}
 }
