@@ -37,14 +37,7 @@ func draDriver(opts Options, restCfg *rest.Config, policy identity.NamespacePoli
 		HostSocketDir: host, Channels: f.Channels, CDIDir: f.CDIDir, PluginDir: f.PluginDir, RegistryDir: f.RegistryDir,
 		Kube: cs, Detect: detect, Period: period, Kick: kick, Log: log.WithName("dra"),
 		AdmitNamespace: func(ctx context.Context, namespace string) error {
-			allowed, err := policy.AllowedNamespaces(ctx)
-			if err != nil {
-				return fmt.Errorf("reading the namespaces pool %s/%s admits: %w", opts.PoolNamespace, opts.PoolName, err)
-			}
-			if !identity.NamespaceAllowed(opts.PoolNamespace, allowed, namespace) {
-				return fmt.Errorf("namespace %s may not use pool %s/%s (its spec.allowedNamespaces)", namespace, opts.PoolNamespace, opts.PoolName)
-			}
-			return nil
+			return identity.Admit(ctx, policy, opts.PoolNamespace, opts.PoolName, namespace)
 		},
 	})
 }

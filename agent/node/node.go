@@ -138,8 +138,9 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 		return nil, err
 	}
 	n.components = append(n.components, rep)
+	// One reading of the pool's allowedNamespaces, cached once, for the socket and the DRA driver.
+	policy := &identity.APIPoolPolicy{Reader: c, Namespace: opts.PoolNamespace, Name: opts.PoolName}
 	if opts.DRA.Enabled {
-		policy := &identity.APIPoolPolicy{Reader: c, Namespace: opts.PoolNamespace, Name: opts.PoolName}
 		drv, err := draDriver(opts, restCfg, policy, runs.overlay(detect), runs.kick(), log)
 		if err != nil {
 			return nil, err
@@ -152,6 +153,7 @@ func New(ctx context.Context, opts Options, log logr.Logger) (*Node, error) {
 			return nil, err
 		}
 		ts.deps.EnginesAssembled = runs.assembled
+		ts.deps.Policy = policy
 		n.components = append(n.components, ts)
 	}
 	return n, nil

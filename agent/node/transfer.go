@@ -56,6 +56,9 @@ type Deps struct {
 	// EnginesAssembled, when set, is told the engine statuses GetInfo serves (what runs) once the sockets
 	// serve, with the detection the engines were assembled from and which of them move GPU memory.
 	EnginesAssembled func(running []server.EngineStatus, detected []topology.Engine, gpuMemory map[string]bool)
+	// Policy, when set, is the pool's allowedNamespaces as the caller already reads them (with Kube; shared with
+	// the DRA driver, so one cache serves both).
+	Policy identity.NamespacePolicy
 	// RDMAProvider, when set, opens the RDMA devices instead of libibverbs (a fake RDMA network in tests); the
 	// rdma engine still runs only where the report finds it available and the pool's certificates are mounted.
 	RDMAProvider rdma.Provider
@@ -349,7 +352,10 @@ func (t *transferSide) serve(ctx context.Context) error {
 	var policy identity.NamespacePolicy = identity.StaticPolicy(nil)
 	if t.deps.Kube != nil {
 		id.Pods = &identity.APIPodResolver{Reader: t.deps.Kube, NodeName: cfg.NodeName}
-		policy = &identity.APIPoolPolicy{Reader: t.deps.Kube, Namespace: cfg.PoolNamespace, Name: cfg.PoolName}
+		policy = t.deps.Policy
+		if policy == nil {
+			policy = &identity.APIPoolPolicy{Reader: t.deps.Kube, Namespace: cfg.PoolNamespace, Name: cfg.PoolName}
+		}
 	}
 	sopts := server.Options{SocketDir: cfg.SocketDir, PoolNamespace: cfg.PoolNamespace, PoolName: cfg.PoolName,
 		NodeName: cfg.NodeName, AgentVersion: t.deps.AgentVersion, PeerEndpoint: peerEP, Engine: comp, Engines: t.statuses, GPUs: t.gpus,

@@ -133,16 +133,8 @@ func (s *Server) admit(ctx context.Context, c identity.Caller) error {
 	if c.Local {
 		return nil // only present when the agent admits local callers
 	}
-	allowed, err := s.opts.Policy.AllowedNamespaces(ctx)
-	if err != nil {
-		return fmt.Errorf("reading the allowed namespaces of pool %s/%s: %w", s.opts.PoolNamespace, s.opts.PoolName, err)
-	}
-	if !identity.NamespaceAllowed(s.opts.PoolNamespace, allowed, c.Namespace) {
-		shown := allowed
-		if len(shown) == 0 {
-			shown = []string{s.opts.PoolNamespace + " (the pool's own namespace)"}
-		}
-		return fmt.Errorf("%s: namespace %q may not use pool %s/%s (allowed: %v)", c, c.Namespace, s.opts.PoolNamespace, s.opts.PoolName, shown)
+	if err := identity.Admit(ctx, s.opts.Policy, s.opts.PoolNamespace, s.opts.PoolName, c.Namespace); err != nil {
+		return fmt.Errorf("%s: %w", c, err)
 	}
 	return nil
 }

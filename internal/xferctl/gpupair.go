@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -102,7 +101,7 @@ func writeGPURoute(ctx context.Context, c client.Reader, src, dst gpuRef, from, 
 	// agents run it.
 	detected := func(e fxv1.EngineName) bool {
 		for i := range tns {
-			if !slices.ContainsFunc(tns[i].Status.Engines, func(a fxv1.EngineAvailability) bool { return a.Name == e && a.Available }) {
+			if a := engineOf(&tns[i], e); a == nil || !a.Available {
 				return false
 			}
 		}

@@ -21,6 +21,23 @@ type NamespacePolicy interface {
 	AllowedNamespaces(ctx context.Context) ([]string, error)
 }
 
+// Admit says whether the pool poolNamespace/poolName, under policy, admits namespace: nil, or an error naming the
+// namespaces it admits (the socket's refusal and the DRA driver's share it).
+func Admit(ctx context.Context, policy NamespacePolicy, poolNamespace, poolName, namespace string) error {
+	allowed, err := policy.AllowedNamespaces(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the allowed namespaces of pool %s/%s: %w", poolNamespace, poolName, err)
+	}
+	if NamespaceAllowed(poolNamespace, allowed, namespace) {
+		return nil
+	}
+	shown := allowed
+	if len(shown) == 0 {
+		shown = []string{poolNamespace + " (the pool's own namespace)"}
+	}
+	return fmt.Errorf("namespace %q may not use pool %s/%s (allowed: %v)", namespace, poolNamespace, poolName, shown)
+}
+
 // StaticPolicy is a fixed allowedNamespaces list (flags, tests).
 type StaticPolicy []string
 
