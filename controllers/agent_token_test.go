@@ -169,7 +169,7 @@ func TestAgentTokenWritesOnlyItsNode(t *testing.T) {
 	// A slice of its own node in another node's pool, or a vPOD's, would lure that pool's claims to this node
 	// (the scheduler takes the slice's node selector) and take that pool's device names.
 	for _, s := range []*resourceapi.ResourceSlice{slice(nodes[1], "fabricxfer.io"), slice(nodes[0], "gpu.example.com"),
-		inPool(nodes[0], "fabricxfer.io", nodes[1]), inPool(nodes[0], "fabricxfer.io", "vpod-rack-1")} {
+		inPool(nodes[0], "fabricxfer.io", nodes[1]), inPool(nodes[0], "fabricxfer.io", "vpod/rack-1")} {
 		if err := agent.Create(ctx, s); err == nil || !strings.Contains(err.Error(), sliceWant) {
 			_ = c.Delete(ctx, s)
 			t.Errorf("a ResourceSlice of driver %s for node %s in pool %s: %v, want refused", s.Spec.Driver, *s.Spec.NodeName, s.Spec.Pool.Name, err)

@@ -224,7 +224,7 @@ func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, h
 		if r.Driver != DriverName {
 			continue
 		}
-		if r.Pool != pool && strings.HasPrefix(r.Pool, v1alpha1.VPodDRAPoolName("")) {
+		if v1alpha1.IsVPodDRAPool(r.Pool) {
 			// A vPOD device places pods; it needs nothing in the container.
 			domain, err := vpods.domain(ctx, r.Pool, r.Device)
 			if err != nil {

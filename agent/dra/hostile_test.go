@@ -234,7 +234,7 @@ func TestCDIDirectoryJunkCostsNoClaim(t *testing.T) {
 // vpodSlice is a node-less slice of the driver for pool with one vPOD device of domain.
 func vpodSlice(pool, domain string) *resourceapi.ResourceSlice {
 	return &resourceapi.ResourceSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: pool},
+		ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.VPodDRASliceName(pool)},
 		Spec: resourceapi.ResourceSliceSpec{
 			Driver: dra.DriverName, Pool: resourceapi.ResourcePool{Name: pool, ResourceSliceCount: 1}, AllNodes: ptr.To(true),
 			Devices: []resourceapi.Device{{Name: "vpod-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
@@ -276,7 +276,7 @@ func TestVPodClaimPreparedByTheVPodsDomain(t *testing.T) {
 	pub.Update([]v1alpha1.VPodTopology{declared("rack-1-vpod-a", testVPodA, "node-a1"), declared(squatName, testVPodB, "node-b1")})
 	eventually(t, "both vPOD slices", func() error {
 		for _, name := range []string{"rack-1-vpod-a", squatName} {
-			if _, err := cs.ResourceV1().ResourceSlices().Get(ctx, vpoddra.PoolName(name), metav1.GetOptions{}); err != nil {
+			if _, err := cs.ResourceV1().ResourceSlices().Get(ctx, vpoddra.SliceName(name), metav1.GetOptions{}); err != nil {
 				return err
 			}
 		}
@@ -287,8 +287,8 @@ func TestVPodClaimPreparedByTheVPodsDomain(t *testing.T) {
 	if err := <-pubDone; err != nil {
 		t.Fatalf("vPOD publisher: %v", err)
 	}
-	for _, s := range []*resourceapi.ResourceSlice{vpodSlice("vpod-all-nodes", testVPodA), vpodSlice("vpod-node-bound", testVPodA)} {
-		if s.Name == "vpod-node-bound" {
+	for _, s := range []*resourceapi.ResourceSlice{vpodSlice(vpoddra.PoolName("all-nodes"), testVPodA), vpodSlice(vpoddra.PoolName("node-bound"), testVPodA)} {
+		if s.Name == vpoddra.SliceName("node-bound") {
 			s.Spec.AllNodes, s.Spec.NodeName = nil, ptr.To("node-a1")
 		}
 		if _, err := cs.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
@@ -307,10 +307,12 @@ func TestVPodClaimPreparedByTheVPodsDomain(t *testing.T) {
 		{group, "node-b1", "is a vPOD this node is not in"},
 		{squat, "node-b1", ""},
 		{squat, "node-a1", "is a vPOD this node is not in"},
-		{allocatedClaim(t, cs, "group-ghost", "vpod-nobody", "vpod-0"), "node-a1", "no vPOD pool vpod-nobody is published"},
+		{allocatedClaim(t, cs, "group-ghost", vpoddra.PoolName("nobody"), "vpod-0"), "node-a1", "no vPOD pool vpod/nobody is published"},
+		// A pool named as vPOD pools were before (vpod-<x>) is a node's: the node named so, not this one.
+		{allocatedClaim(t, cs, "group-old-name", "vpod-rack-1-vpod-a", "vpod-0"), "node-a1", "is not this node's"},
 		{allocatedClaim(t, cs, "group-no-device", vpoddra.PoolName("rack-1-vpod-a"), "vpod-9"), "node-a1", "has no device vpod-9"},
-		{allocatedClaim(t, cs, "group-all-nodes", "vpod-all-nodes", "vpod-0"), "node-a1", "not the operator's vPOD slice"},
-		{allocatedClaim(t, cs, "group-node-bound", "vpod-node-bound", "vpod-0"), "node-a1", "not the operator's vPOD slice"},
+		{allocatedClaim(t, cs, "group-all-nodes", vpoddra.PoolName("all-nodes"), "vpod-0"), "node-a1", "not the operator's vPOD slice"},
+		{allocatedClaim(t, cs, "group-node-bound", vpoddra.PoolName("node-bound"), "vpod-0"), "node-a1", "not the operator's vPOD slice"},
 	}
 	for _, c := range cases {
 		resp, err := plugins[c.node].prepare(ctx, c.claim)

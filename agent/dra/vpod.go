@@ -12,12 +12,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	v1alpha1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
 )
 
 // vpodPools reads the operator's vPOD slices (controllers/vpoddra) for one Prepare call, each pool once.
 //
 // A vPOD pool is named after its VPodTopology object, and a declared one may have any name, so the name says
-// nothing about the domain. The slice does: the operator names it as the pool and gives its devices the
+// nothing about the domain. The slice does: the operator names it after the pool and gives its devices the
 // VPodTopology's spec.domain as attribute vpod. Only the operator writes slices of this driver bound to no node
 // (the agents' admission policy holds them to their own node's), and the node compares that domain with what
 // its own detection reports, so a claim still cannot make a node prepare a vPOD it is not in.
@@ -54,7 +56,7 @@ func (v *vpodPools) domain(ctx context.Context, pool, device string) (string, er
 	return "", fmt.Errorf("vPOD pool %s has no device %s", pool, device)
 }
 
-// slice reads the operator's slice of pool, which carries the pool's name.
+// slice reads the operator's slice of pool (v1alpha1.VPodDRASliceName).
 func (v *vpodPools) slice(ctx context.Context, pool string) (*resourceapi.ResourceSlice, error) {
 	if s, ok := v.slices[pool]; ok {
 		return s, nil
@@ -74,7 +76,7 @@ func (v *vpodPools) slice(ctx context.Context, pool string) (*resourceapi.Resour
 func (v *vpodPools) read(ctx context.Context, pool string) (*resourceapi.ResourceSlice, error) {
 	ctx, cancel := context.WithTimeout(ctx, apiReadLimit)
 	defer cancel()
-	s, err := v.kube.ResourceV1().ResourceSlices().Get(ctx, pool, metav1.GetOptions{})
+	s, err := v.kube.ResourceV1().ResourceSlices().Get(ctx, v1alpha1.VPodDRASliceName(pool), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("no vPOD pool %s is published", pool)
 	}

@@ -3,9 +3,25 @@
 
 package v1alpha1
 
+import "strings"
+
 // DRADriverName is the Dynamic Resource Allocation driver of the agents (node transfer channels) and of the
 // operator (vPOD devices).
 const DRADriverName = "fabricxfer.io"
 
-// VPodDRAPoolName is the DRA pool of the vPOD devices the operator publishes for a VPodTopology.
-func VPodDRAPoolName(vpodObject string) string { return "vpod-" + vpodObject }
+// vpodDRAPoolPrefix starts every vPOD pool's name. An agent's pool is named after its node, and a node name
+// holds no slash, so no node's pool is ever a vPOD's ("vpod-<x>" was: a node of that name and VPodTopology x
+// published one pool from two places).
+const vpodDRAPoolPrefix = "vpod/"
+
+// VPodDRAPoolName is the DRA pool of the vPOD devices the operator publishes for a VPodTopology: vpod/<name>.
+func VPodDRAPoolName(vpodObject string) string { return vpodDRAPoolPrefix + vpodObject }
+
+// IsVPodDRAPool reports whether a pool of the driver is a vPOD's (the operator's) rather than a node's.
+func IsVPodDRAPool(pool string) bool { return strings.HasPrefix(pool, vpodDRAPoolPrefix) }
+
+// VPodDRASliceName is the ResourceSlice that publishes a vPOD pool (one per pool): the pool's name with its
+// slash a dash, as object names take no slash.
+func VPodDRASliceName(pool string) string {
+	return "vpod-" + strings.TrimPrefix(pool, vpodDRAPoolPrefix)
+}

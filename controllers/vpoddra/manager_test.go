@@ -70,7 +70,7 @@ func TestPublisherInAManagerFollowsVPodTopologies(t *testing.T) {
 	eventually(t, "both declared vPODs published", func() error {
 		now := slicesByName(t, kube)
 		for _, v := range []*v1alpha1.VPodTopology{a, b} {
-			if err := published(now[PoolName(v.Name)], *v, 2); err != nil {
+			if err := published(now[SliceName(v.Name)], *v, 2); err != nil {
 				return err
 			}
 		}
@@ -84,13 +84,13 @@ func TestPublisherInAManagerFollowsVPodTopologies(t *testing.T) {
 	if err := c.Update(ctx, a); err != nil {
 		t.Fatalf("adding a member: %v", err)
 	}
-	eventually(t, "the added member in a's node selector", func() error { return published(slicesByName(t, kube)[PoolName(a.Name)], *a, 2) })
+	eventually(t, "the added member in a's node selector", func() error { return published(slicesByName(t, kube)[SliceName(a.Name)], *a, 2) })
 
 	if err := c.Delete(ctx, b); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "b's pool gone with its VPodTopology", func() error {
-		if _, ok := slicesByName(t, kube)[PoolName(b.Name)]; ok {
+		if _, ok := slicesByName(t, kube)[SliceName(b.Name)]; ok {
 			return fmt.Errorf("slice of deleted vPOD %s still there", b.Name)
 		}
 		return nil

@@ -221,9 +221,9 @@ func (p *Publisher) UpdateWithContext(ctx context.Context, domains []v1alpha1.VP
 	facts := make(map[string]string, len(domains))
 	refused := map[string]string{}
 	for i := range domains {
-		pool, f := PoolName(domains[i].Name), poolFacts(&domains[i], n)
-		if spec, ok := previousSpecs[pool]; ok && previousFacts[pool] == f {
-			desired[pool], facts[pool] = spec, f
+		slice, f := SliceName(domains[i].Name), poolFacts(&domains[i], n)
+		if spec, ok := previousSpecs[slice]; ok && previousFacts[slice] == f {
+			desired[slice], facts[slice] = spec, f
 			continue
 		}
 		specs, why := Specs(Resources(domains[i:i+1], n))
@@ -249,15 +249,16 @@ func poolFacts(v *v1alpha1.VPodTopology, devices int) string {
 		strconv.Itoa(int(v.Status.GPUs))}, Members(*v)...), "\x00")
 }
 
-// Specs turns pools into the spec of each pool's one slice (named as the pool, generation left at 0), and names
-// the pools that cannot be a slice with the reason: a VPodTopology name is up to 253 characters, and its pool's
-// name five more.
+// Specs turns pools into the spec of each pool's one slice, keyed by the slice's name (v1alpha1.VPodDRASliceName;
+// generation left at 0), and names the pools that cannot be a slice with the reason: a VPodTopology name is up to
+// 253 characters, and its slice's name five more.
 func Specs(res *resourceslice.DriverResources) (specs map[string]*resourceapi.ResourceSliceSpec, refused map[string]string) {
 	specs = make(map[string]*resourceapi.ResourceSliceSpec, len(res.Pools))
 	refused = map[string]string{}
 	for name, pool := range res.Pools {
-		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-			refused[name] = "pool name is no ResourceSlice name: " + strings.Join(errs, "; ")
+		slice := v1alpha1.VPodDRASliceName(name)
+		if errs := validation.IsDNS1123Subdomain(slice); len(errs) > 0 {
+			refused[name] = "the pool's slice name (vpod-<VPodTopology name>) is no ResourceSlice name: " + strings.Join(errs, "; ")
 			continue
 		}
 		spec := &resourceapi.ResourceSliceSpec{
@@ -268,7 +269,7 @@ func Specs(res *resourceslice.DriverResources) (specs map[string]*resourceapi.Re
 		if len(pool.Slices) > 0 {
 			spec.Devices = pool.Slices[0].Devices
 		}
-		specs[name] = spec
+		specs[slice] = spec
 	}
 	return specs, refused
 }
@@ -356,7 +357,7 @@ func (p *Publisher) writeLimit() time.Duration {
 	return defaultWriteLimit
 }
 
-// syncPool makes the slice named as the pool match spec, within the write limit.
+// syncPool makes the pool's slice (name) match spec, within the write limit.
 func (p *Publisher) syncPool(ctx context.Context, store cache.Store, name string, spec *resourceapi.ResourceSliceSpec) error {
 	ctx, cancel := context.WithTimeout(ctx, p.writeLimit())
 	defer cancel()
@@ -389,13 +390,18 @@ func (p *Publisher) syncPool(ctx context.Context, store cache.Store, name string
 	if cur.Spec.Driver != DriverName {
 		return fmt.Errorf("ResourceSlice %s belongs to driver %q: not replaced", name, cur.Spec.Driver)
 	}
-	if cur.Spec.NodeName != nil || ptr.Deref(cur.Spec.AllNodes, false) {
-		// Who is bound to one node (or all) stays so: the API server refuses to change it, so the slice is replaced.
+	if cur.Spec.NodeName != nil || ptr.Deref(cur.Spec.AllNodes, false) || cur.Spec.Pool.Name != spec.Pool.Name {
+		// Who is bound to one node (or all) stays so, and a slice's pool stays its pool (the vPOD pools were
+		// named vpod-<x> before): the API server refuses to change either, so the slice is replaced.
 		err := slices.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: ptr.To(cur.UID)}})
 		if err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("deleting ResourceSlice %s bound to other nodes than its vPOD's: %w", name, err)
+			return fmt.Errorf("deleting ResourceSlice %s of pool %.80q, bound to other nodes than its vPOD's or to another pool: %w", name, cur.Spec.Pool.Name, err)
 		}
-		return p.write(ctx, nil, max(cur.Spec.Pool.Generation+1, 1), spec)
+		generation := int64(1)
+		if cur.Spec.Pool.Name == spec.Pool.Name {
+			generation = max(cur.Spec.Pool.Generation+1, 1)
+		}
+		return p.write(ctx, nil, generation, spec)
 	}
 	generation := max(cur.Spec.Pool.Generation, 1)
 	if sameSlice(cur, spec) {
@@ -434,7 +440,7 @@ func (p *Publisher) write(ctx context.Context, onto *resourceapi.ResourceSlice, 
 	var got *resourceapi.ResourceSlice
 	var err error
 	if onto == nil {
-		slice.Name = spec.Pool.Name
+		slice.Name = v1alpha1.VPodDRASliceName(spec.Pool.Name)
 		got, err = slices.Create(ctx, slice, metav1.CreateOptions{})
 		if err != nil {
 			return fmt.Errorf("creating ResourceSlice %s: %w", slice.Name, err)

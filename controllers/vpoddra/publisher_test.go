@@ -158,7 +158,7 @@ func published(s resourceapi.ResourceSlice, v v1alpha1.VPodTopology, n int) erro
 	return nil
 }
 
-// TestPublisherWritesOnlyWhatChanged: each vPOD gets one slice named as its pool; a rebuild with the same
+// TestPublisherWritesOnlyWhatChanged: each vPOD gets one slice named after its pool; a rebuild with the same
 // VPodTopologies writes nothing, a changed vPOD rewrites only its slice, and a removed one's slice is deleted.
 func TestPublisherWritesOnlyWhatChanged(t *testing.T) {
 	kube, meta := startAPIServer(t)
@@ -172,7 +172,7 @@ func TestPublisherWritesOnlyWhatChanged(t *testing.T) {
 			return fmt.Errorf("%d slices", len(first))
 		}
 		for _, v := range []v1alpha1.VPodTopology{a, b, c} {
-			if err := published(first[PoolName(v.Name)], v, 4); err != nil {
+			if err := published(first[SliceName(v.Name)], v, 4); err != nil {
 				return err
 			}
 		}
@@ -182,12 +182,12 @@ func TestPublisherWritesOnlyWhatChanged(t *testing.T) {
 	c2 := vpod("ualink-c", "ualink:p/3", "c1", "c2", "c3")
 	pub.Update([]v1alpha1.VPodTopology{vpod("ualink-a", "ualink:p/1", "a1", "a2"), vpod("ualink-b", "ualink:p/2", "b1"), c2})
 	eventually(t, "vPOD c's slice rewritten with its third node", func() error {
-		return published(slicesByName(t, kube)[PoolName(c2.Name)], c2, 4)
+		return published(slicesByName(t, kube)[SliceName(c2.Name)], c2, 4)
 	})
 	time.Sleep(time.Second) // a pass writes several pools at once: let it end
 	now := slicesByName(t, kube)
 	for _, v := range []v1alpha1.VPodTopology{a, b} {
-		name := PoolName(v.Name)
+		name := SliceName(v.Name)
 		if now[name].ResourceVersion != first[name].ResourceVersion {
 			t.Fatalf("slice %s of an unchanged vPOD was written again (resourceVersion %s -> %s)", name, first[name].ResourceVersion, now[name].ResourceVersion)
 		}
@@ -195,13 +195,13 @@ func TestPublisherWritesOnlyWhatChanged(t *testing.T) {
 
 	pub.Update([]v1alpha1.VPodTopology{a, c2})
 	eventually(t, "vPOD b's slice deleted", func() error {
-		if s, ok := slicesByName(t, kube)[PoolName(b.Name)]; ok {
+		if s, ok := slicesByName(t, kube)[SliceName(b.Name)]; ok {
 			return fmt.Errorf("slice %s still there", s.Name)
 		}
 		return nil
 	})
-	if got := slicesByName(t, kube)[PoolName(a.Name)].ResourceVersion; got != first[PoolName(a.Name)].ResourceVersion {
-		t.Fatalf("slice of vPOD a written when b went (resourceVersion %s -> %s)", first[PoolName(a.Name)].ResourceVersion, got)
+	if got := slicesByName(t, kube)[SliceName(a.Name)].ResourceVersion; got != first[SliceName(a.Name)].ResourceVersion {
+		t.Fatalf("slice of vPOD a written when b went (resourceVersion %s -> %s)", first[SliceName(a.Name)].ResourceVersion, got)
 	}
 }
 
@@ -217,7 +217,7 @@ func TestPublisherUndoesForeignWrites(t *testing.T) {
 	slices := kube.ResourceV1().ResourceSlices()
 	// A squatter holds the name of vPOD c's pool before the publisher runs, bound to one node.
 	c := vpod("ualink-c", "ualink:p/3", "c1")
-	squat := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: PoolName(c.Name)}, Spec: resourceapi.ResourceSliceSpec{
+	squat := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: SliceName(c.Name)}, Spec: resourceapi.ResourceSliceSpec{
 		Driver: DriverName, NodeName: ptr.To("intruder"), Pool: resourceapi.ResourcePool{Name: PoolName(c.Name), Generation: 7, ResourceSliceCount: 1},
 		Devices: []resourceapi.Device{{Name: "vpod-0"}},
 	}}
@@ -231,7 +231,7 @@ func TestPublisherUndoesForeignWrites(t *testing.T) {
 	eventually(t, "three vPOD slices, the squatter replaced", func() error {
 		before = slicesByName(t, kube)
 		for _, v := range []v1alpha1.VPodTopology{a, b, c} {
-			if err := published(before[PoolName(v.Name)], v, 2); err != nil {
+			if err := published(before[SliceName(v.Name)], v, 2); err != nil {
 				return err
 			}
 		}
@@ -242,7 +242,7 @@ func TestPublisherUndoesForeignWrites(t *testing.T) {
 	})
 
 	// Edit a's slice: another node in its selector, b's domain on its devices, a label.
-	sliceA := before[PoolName(a.Name)]
+	sliceA := before[SliceName(a.Name)]
 	edited := sliceA.DeepCopy()
 	edited.Labels = map[string]string{"team": "other"}
 	edited.Spec.NodeSelector.NodeSelectorTerms[0].MatchExpressions[0].Values = []string{"a1", "a2", "intruder"}
@@ -268,7 +268,7 @@ func TestPublisherUndoesForeignWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Delete b's slice.
-	if err := slices.Delete(ctx, PoolName(b.Name), metav1.DeleteOptions{}); err != nil {
+	if err := slices.Delete(ctx, SliceName(b.Name), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "a's slice written back, the forged one gone, b's back", func() error {
@@ -276,10 +276,10 @@ func TestPublisherUndoesForeignWrites(t *testing.T) {
 		if _, ok := now["forged"]; ok {
 			return fmt.Errorf("forged slice still there")
 		}
-		if err := published(now[PoolName(a.Name)], a, 2); err != nil {
+		if err := published(now[SliceName(a.Name)], a, 2); err != nil {
 			return err
 		}
-		if err := published(now[PoolName(b.Name)], b, 2); err != nil {
+		if err := published(now[SliceName(b.Name)], b, 2); err != nil {
 			return err
 		}
 		if len(now) != 3 {
@@ -287,8 +287,8 @@ func TestPublisherUndoesForeignWrites(t *testing.T) {
 		}
 		return nil
 	})
-	if got := slicesByName(t, kube)[PoolName(c.Name)]; got.ResourceVersion != before[PoolName(c.Name)].ResourceVersion {
-		t.Fatalf("vPOD c's slice was written while others were repaired (resourceVersion %s -> %s)", before[PoolName(c.Name)].ResourceVersion, got.ResourceVersion)
+	if got := slicesByName(t, kube)[SliceName(c.Name)]; got.ResourceVersion != before[SliceName(c.Name)].ResourceVersion {
+		t.Fatalf("vPOD c's slice was written while others were repaired (resourceVersion %s -> %s)", before[SliceName(c.Name)].ResourceVersion, got.ResourceVersion)
 	}
 }
 
@@ -308,11 +308,11 @@ func TestPublisherAdoptsSlicesAfterARestart(t *testing.T) {
 		if len(before) != 2 {
 			return fmt.Errorf("%d slices", len(before))
 		}
-		return published(before[PoolName(b.Name)], b, 3)
+		return published(before[SliceName(b.Name)], b, 3)
 	})
 	stop()
 	// What k8s.io/dynamic-resource-allocation's slice controller named a pool's slice.
-	sliceA := before[PoolName(a.Name)]
+	sliceA := before[SliceName(a.Name)]
 	old := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{GenerateName: "0-fabricxfer.io-"}, Spec: *sliceA.Spec.DeepCopy()}
 	old, err := kube.ResourceV1().ResourceSlices().Create(ctx, old, metav1.CreateOptions{})
 	if err != nil {
@@ -322,7 +322,7 @@ func TestPublisherAdoptsSlicesAfterARestart(t *testing.T) {
 	pub2, _ := startPublisher(t, kube, meta, 3)
 	// Until it has the VPodTopologies, a restarted publisher takes nothing down.
 	time.Sleep(2 * time.Second)
-	if now := slicesByName(t, kube); len(now) != 3 || now[PoolName(a.Name)].ResourceVersion != before[PoolName(a.Name)].ResourceVersion {
+	if now := slicesByName(t, kube); len(now) != 3 || now[SliceName(a.Name)].ResourceVersion != before[SliceName(a.Name)].ResourceVersion {
 		t.Fatalf("before its first list of VPodTopologies the restarted publisher changed the slices: %v", keys(now))
 	}
 	d := vpod("ualink-d", "ualink:p/4", "d1")
@@ -332,12 +332,12 @@ func TestPublisherAdoptsSlicesAfterARestart(t *testing.T) {
 		if _, ok := now[old.Name]; ok {
 			return fmt.Errorf("slice %s of the previous operator still there", old.Name)
 		}
-		return published(now[PoolName(d.Name)], d, 3)
+		return published(now[SliceName(d.Name)], d, 3)
 	})
 	time.Sleep(time.Second) // a pass writes several pools at once: let it end
 	now := slicesByName(t, kube)
 	for _, v := range []v1alpha1.VPodTopology{a, b} {
-		name := PoolName(v.Name)
+		name := SliceName(v.Name)
 		if now[name].ResourceVersion != before[name].ResourceVersion {
 			t.Fatalf("restarted publisher rewrote the unchanged slice %s (resourceVersion %s -> %s)", name, before[name].ResourceVersion, now[name].ResourceVersion)
 		}
@@ -363,10 +363,10 @@ func TestHostileVPodTopologiesCostOnlyTheirOwnPool(t *testing.T) {
 	if len(refused) != 1 || len(specs) != 2 {
 		t.Fatalf("specs %v, refused %v: want good and member published, only the long name refused", keys(specs), refused)
 	}
-	if got := specs[PoolName(longMember.Name)].NodeSelector.NodeSelectorTerms[0].MatchExpressions[0].Values; !reflect.DeepEqual(got, []string{"m1"}) {
+	if got := specs[SliceName(longMember.Name)].NodeSelector.NodeSelectorTerms[0].MatchExpressions[0].Values; !reflect.DeepEqual(got, []string{"m1"}) {
 		t.Fatalf("selector values %v, want [m1]: a name no label can hold is left out", got)
 	}
-	if _, ok := specs[PoolName(onlyLong.Name)]; ok {
+	if _, ok := specs[SliceName(onlyLong.Name)]; ok {
 		t.Fatal("a vPOD whose only member no hostname label can hold got a pool")
 	}
 
@@ -378,10 +378,10 @@ func TestHostileVPodTopologiesCostOnlyTheirOwnPool(t *testing.T) {
 		if len(now) != 2 {
 			return fmt.Errorf("%d slices", len(now))
 		}
-		if err := published(now[PoolName(good.Name)], good, 2); err != nil {
+		if err := published(now[SliceName(good.Name)], good, 2); err != nil {
 			return err
 		}
-		s := now[PoolName(longMember.Name)]
+		s := now[SliceName(longMember.Name)]
 		if v := s.Spec.NodeSelector.NodeSelectorTerms[0].MatchExpressions[0].Values; !reflect.DeepEqual(v, []string{"m1"}) {
 			return fmt.Errorf("member vPOD selector %v", v)
 		}
@@ -406,23 +406,23 @@ func TestUpdateReusesTheSpecsOfUnchangedVPods(t *testing.T) {
 	first := p.desired
 	b2 := vpod("ualink-b", "ualink:p/2", "b1", "b2")
 	p.Update([]v1alpha1.VPodTopology{vpod("ualink-a", "ualink:p/1", "a1"), b2})
-	if p.desired[PoolName(a.Name)] != first[PoolName(a.Name)] {
+	if p.desired[SliceName(a.Name)] != first[SliceName(a.Name)] {
 		t.Fatal("the unchanged vPOD's spec was built again")
 	}
-	if p.desired[PoolName(b.Name)] == first[PoolName(b.Name)] {
+	if p.desired[SliceName(b.Name)] == first[SliceName(b.Name)] {
 		t.Fatal("the changed vPOD kept its old spec")
 	}
-	if got := p.desired[PoolName(b.Name)].NodeSelector.NodeSelectorTerms[0].MatchExpressions[0].Values; !reflect.DeepEqual(got, []string{"b1", "b2"}) {
+	if got := p.desired[SliceName(b.Name)].NodeSelector.NodeSelectorTerms[0].MatchExpressions[0].Values; !reflect.DeepEqual(got, []string{"b1", "b2"}) {
 		t.Fatalf("changed vPOD's nodes %v", got)
 	}
 	gone := b2
 	gone.Status.MissingMembers = []string{"b2"}
 	p.Update([]v1alpha1.VPodTopology{a, gone})
-	if got := p.desired[PoolName(b.Name)].NodeSelector.NodeSelectorTerms[0].MatchExpressions[0].Values; !reflect.DeepEqual(got, []string{"b1"}) {
+	if got := p.desired[SliceName(b.Name)].NodeSelector.NodeSelectorTerms[0].MatchExpressions[0].Values; !reflect.DeepEqual(got, []string{"b1"}) {
 		t.Fatalf("a missing member is a change: nodes %v", got)
 	}
 	p.Update([]v1alpha1.VPodTopology{a})
-	if _, ok := p.desired[PoolName(b.Name)]; ok || len(p.desired) != 1 {
+	if _, ok := p.desired[SliceName(b.Name)]; ok || len(p.desired) != 1 {
 		t.Fatalf("desired pools %v after b went", keys(p.desired))
 	}
 }
@@ -470,7 +470,7 @@ func TestAStalledWriteCostsOnlyItsPool(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		now := slicesByName(t, kubernetes.NewForConfigOrDie(cfg))
-		if s, ok := now[PoolName(b.Name)]; ok {
+		if s, ok := now[SliceName(b.Name)]; ok {
 			if err := published(s, b, 2); err != nil {
 				t.Fatal(err)
 			}
@@ -480,5 +480,55 @@ func TestAStalledWriteCostsOnlyItsPool(t *testing.T) {
 			t.Fatal("vPOD b's slice was not published within 10 s while vPOD a's create stalled")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestPublisherMovesSlicesOffTheOldPoolName: vPOD pools were named vpod-<x>, which a node named so also names
+// its own pool: a slice of the old name is replaced by one of pool vpod/<x> (a pool's name cannot change in
+// place), and the node's slice of pool vpod-<x> stays as it is, a pool apart.
+func TestPublisherMovesSlicesOffTheOldPoolName(t *testing.T) {
+	kube, meta := startAPIServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	slices := kube.ResourceV1().ResourceSlices()
+	a := vpod("ualink-a", "ualink:p/1", "a1", "a2")
+	old := "vpod-" + a.Name
+	before := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: SliceName(a.Name)}, Spec: resourceapi.ResourceSliceSpec{
+		Driver: DriverName, Pool: resourceapi.ResourcePool{Name: old, Generation: 3, ResourceSliceCount: 1},
+		NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"a1", "a2"}}}}}},
+		Devices: []resourceapi.Device{{Name: "vpod-0"}},
+	}}
+	node := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: old + "-fabricxfer.io-x7k2q"}, Spec: resourceapi.ResourceSliceSpec{
+		Driver: DriverName, NodeName: ptr.To(old), Pool: resourceapi.ResourcePool{Name: old, Generation: 1, ResourceSliceCount: 1},
+		Devices: []resourceapi.Device{{Name: "channel-0"}},
+	}}
+	var err error
+	for _, s := range []**resourceapi.ResourceSlice{&before, &node} {
+		if *s, err = slices.Create(ctx, *s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v1alpha1.IsVPodDRAPool(old) {
+		t.Fatalf("pool %s of node %s read as a vPOD's", old, old)
+	}
+	pub, _ := startPublisher(t, kube, meta, 2)
+	pub.Update([]v1alpha1.VPodTopology{a})
+	eventually(t, "vPOD a's slice in pool "+PoolName(a.Name), func() error {
+		s := slicesByName(t, kube)[SliceName(a.Name)]
+		if s.UID == before.UID {
+			return fmt.Errorf("slice %s is the one of pool %s still", s.Name, s.Spec.Pool.Name)
+		}
+		if s.Spec.Pool.Generation != 1 {
+			return fmt.Errorf("slice %s of a new pool at generation %d", s.Name, s.Spec.Pool.Generation)
+		}
+		return published(s, a, 2)
+	})
+	got, err := slices.Get(ctx, node.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("node %s's slice after the publisher ran: %v", old, err)
+	}
+	if got.ResourceVersion != node.ResourceVersion || got.Spec.Pool.Name != old {
+		t.Fatalf("node %s's slice written by the publisher: pool %s, resourceVersion %s -> %s", old, got.Spec.Pool.Name, node.ResourceVersion, got.ResourceVersion)
 	}
 }

@@ -23,8 +23,11 @@ const DriverName = v1alpha1.DRADriverName
 // DefaultDevices is how many vpod devices each vPOD gets: one per group of pods that share a claim.
 const DefaultDevices = 16
 
-// PoolName is the DRA pool of a VPodTopology's devices: vpod-<VPodTopology name>.
+// PoolName is the DRA pool of a VPodTopology's devices: vpod/<VPodTopology name>.
 func PoolName(vpodObject string) string { return v1alpha1.VPodDRAPoolName(vpodObject) }
+
+// SliceName is the one ResourceSlice of a VPodTopology's pool: vpod-<VPodTopology name>.
+func SliceName(vpodObject string) string { return v1alpha1.VPodDRASliceName(PoolName(vpodObject)) }
 
 // Members are the nodes a vPOD's devices may be used on: the discovered members less the missing ones, or the
 // declared members while nothing was discovered.

@@ -36,7 +36,7 @@ func TestResourcesOnePoolPerVPodWithItsNodesAsSelector(t *testing.T) {
 	if len(res.Pools) != 1 {
 		t.Fatalf("pools %v, want one (a vPOD without members gets none)", res.Pools)
 	}
-	p, ok := res.Pools["vpod-ualink-x"]
+	p, ok := res.Pools["vpod/ualink-x"]
 	if !ok {
 		t.Fatalf("pool names %v", res.Pools)
 	}
