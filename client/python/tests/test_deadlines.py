@@ -126,6 +126,71 @@ class ReopenTest(unittest.TestCase):
         self.assertEqual(r.id, before, "the session was lost")
         self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
 
+    def test_a_fast_connection_the_stalled_agent_cannot_open_is_tried_again_not_left_to_grpc(self):
+        # An agent stopped for a while (SIGSTOP, a long pause) answers neither the call nor the new connection's
+        # setup: the client says DEADLINE_EXCEEDED each time, never SessionLost, and never goes on through gRPC
+        # unseen; once the agent answers again the next call opens the fast connection.
+        c = Client(SOCKET, timeout=2.0)
+        self.addCleanup(c.close)
+        fd, buf = shared_memory("py-reopen", 8192)
+        self.addCleanup(os.close, fd)
+        self.addCleanup(buf.close)
+        r = c.register_host(fd, 0, 8192)
+        old = c._fast
+        late = getattr(fastconn, "FastConnTimeout", fastconn.FastConnError)
+
+        def stalled(*args, **kwargs):
+            raise late("no reply from the agent within the call's deadline")
+
+        def not_answering():
+            raise fx.DeadlineExceeded("Deadline Exceeded")  # what gRPC's OpenFastPath raises, as its code says
+
+        def no_grpc(*args, **kwargs):
+            raise AssertionError("a transfer went through gRPC while the fast socket was wanted")
+
+        old.call = old.call_frame = stalled
+        with self.assertRaises(fx.DeadlineExceeded):
+            c.write(r, 0, to_region(r), 4096, 64)
+        with mock.patch.object(c, "_open_fast", not_answering), mock.patch.object(c.stub, "Transfer", no_grpc), \
+                mock.patch.object(c.stub, "TransferBlocks", no_grpc):
+            for _ in range(2):
+                with self.assertRaises(fx.DeadlineExceeded) as e:
+                    c.write(r, 0, to_region(r), 4096, 64)
+                self.assertIn("opened again", str(e.exception))
+                self.assertIs(c._fast, fx._DROPPED, "a fast connection that could not be opened was forgotten")
+        c._check_session()  # the session is not lost
+        buf[:64] = os.urandom(64)
+        c.write(r, 0, to_region(r), 4096, 64)
+        self.assertIsInstance(c._fast, fastconn.FastConn, "the agent answered again, and no fast connection opened")
+        self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
+
+
+class GRPCDeadlineTest(unittest.TestCase):
+    def test_a_grpc_call_past_its_deadline_raises_deadline_exceeded(self):
+        # The same error as a fast call's, whichever way a call went: one except clause covers both.
+        c = Client.__new__(Client)
+        c._losses = c._session = 0
+        c._closed, c._lock, c._session_md, c.timeout = False, threading.Lock(), (), 1.0
+
+        class Late(grpc.RpcError):
+            def code(self):
+                return grpc.StatusCode.DEADLINE_EXCEEDED
+
+            def details(self):
+                return "Deadline Exceeded"
+
+            def trailing_metadata(self):
+                return ()
+
+        def method(req, **kwargs):
+            raise Late()
+
+        with self.assertRaises(fx.DeadlineExceeded) as e:
+            c._call(method, pb.GetInfoRequest())
+        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.assertIsInstance(e.exception, TimeoutError)
+        self.assertIn("Deadline Exceeded", str(e.exception))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -210,7 +210,8 @@ class WakeTest(unittest.TestCase):
         c._fast_lock, c._fast, c.timeout = threading.Lock(), conn, 5.0
         with self.assertRaises(SessionLost):
             c._fast_raw(None, 1.0, lambda conn: [struct.pack(">I", 3) + b"abc"], True)
-        self.assertIsNone(c._fast, "the broken fast connection was kept")
+        self.assertIsNot(c._fast, conn, "the broken fast connection was kept")
+        self.assertIsNotNone(c._fast, "the fast path was given up: the next call would go through gRPC unseen")
 
 if __name__ == "__main__":
     unittest.main()
