@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/fabricxfer/fabricxfer/agent/peers"
 	"github.com/fabricxfer/fabricxfer/agent/server"
 	fxv1 "github.com/fabricxfer/fabricxfer/api/v1alpha1"
@@ -104,6 +106,9 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.PoolNamespace == "" || c.PoolName == "" {
 		errs = append(errs, errors.New("the pool's namespace and name are required"))
+	} else if msgs := validation.IsDNS1123Subdomain(c.PoolName); len(msgs) > 0 {
+		// The socket's folder is <socket dir>/<pool>: a name with a slash or ".." put it elsewhere.
+		errs = append(errs, fmt.Errorf("--pool-name %.80q is no TransferPool name: %s", c.PoolName, strings.Join(msgs, "; ")))
 	}
 	if c.NodeName == "" {
 		errs = append(errs, errors.New("node name is required"))

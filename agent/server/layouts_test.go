@@ -405,7 +405,7 @@ func TestLayoutWithADeregisteredRegionIsRefused(t *testing.T) {
 			return err
 		},
 	} {
-		if err := call(); client.Code(err).String() != "NotFound" || !strings.Contains(err.Error(), "no longer registered") {
+		if err := call(); client.Code(err).String() != "NotFound" || !strings.Contains(err.Error(), "no longer registered: deregister the layout") {
 			t.Fatalf("%s: want NotFound saying the region is no longer registered, got %v", name, err)
 		}
 	}

@@ -26,7 +26,7 @@ func certsCommand(_ context.Context, args []string, stdout, stderr io.Writer) er
 	name := fs.String("pool-name", "kv", "the pool's name, as the agents' --pool-name")
 	validity := fs.Duration("validity", 24*time.Hour, "how long the certificates are valid (at most a year)")
 	if err := fs.Parse(args); err != nil {
-		return errUsage
+		return parseFailed(err)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "agent certs: unexpected arguments %q\n", fs.Args())

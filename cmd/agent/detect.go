@@ -22,7 +22,7 @@ func detectCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	endpoint := fs.String("endpoint", "", "agent-to-agent endpoint host:port to put in the JSON status")
 	kubeconfig := fs.String("kubeconfig", "", "also read the VPodTopologies that declare --node-name's GPUs from this cluster, and apply them as the agent does")
 	if err := fs.Parse(args); err != nil {
-		return errUsage
+		return parseFailed(err)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "agent detect: unexpected arguments %q\n", fs.Args())

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,18 @@ import (
 
 // errUsage means the flag package already printed what was wrong.
 var errUsage = errors.New("usage")
+
+// errHelped: a command's flags were listed because -h asked for them, which is no failure.
+var errHelped = errors.New("help shown")
+
+// parseFailed is what a command returns when its flags did not parse: errHelped for -h, errUsage otherwise (the
+// flag package has printed the error and the flags).
+func parseFailed(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return errHelped
+	}
+	return errUsage
+}
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
@@ -50,6 +63,9 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if err != nil {
+		if errors.Is(err, errHelped) {
+			return 0
+		}
 		if errors.Is(err, errUsage) {
 			return 2
 		}

@@ -21,7 +21,7 @@ func runCommand(ctx context.Context, args []string, stderr io.Writer) error {
 	opts.RegisterFlags(fs)
 	lf.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return errUsage
+		return parseFailed(err)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "agent run: unexpected arguments %q\n", fs.Args())

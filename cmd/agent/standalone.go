@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
+	"strings"
 
 	"github.com/fabricxfer/fabricxfer/agent/node"
 	"github.com/fabricxfer/fabricxfer/topology/nvml"
@@ -38,11 +39,23 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 		}
 		fs.Lookup(name).DefValue = value // what --help shows
 	}
+	fs.Usage = func() { standaloneUsage(fs, stderr) }
 	if err := fs.Parse(args); err != nil {
-		return errUsage
+		return parseFailed(err)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "agent standalone: unexpected arguments %q\n", fs.Args())
+		return errUsage
+	}
+	var cluster []string
+	fs.Visit(func(f *flag.Flag) {
+		if clusterOnly(f.Name) {
+			cluster = append(cluster, "--"+f.Name)
+		}
+	})
+	if len(cluster) > 0 {
+		fmt.Fprintf(stderr, "agent standalone: %s: only an agent in a cluster (agent run) reads these; standalone has "+
+			"no API server, kubelet or report, and would ignore them\n", strings.Join(cluster, ", "))
 		return errUsage
 	}
 	log, err := lf.logger(stderr)
@@ -91,4 +104,30 @@ func standaloneCommand(ctx context.Context, args []string, stderr io.Writer) err
 		}()
 	}
 	return n.Run(ctx)
+}
+
+// clusterOnly reports whether flag name (one of node.Options') means something only to an agent in a cluster:
+// standalone refuses it rather than ignore it (--report-only served a socket all the same), and its help leaves it
+// out.
+func clusterOnly(name string) bool {
+	switch name {
+	case "kubeconfig", "heartbeat", "report-only", "node-cert",
+		"dra", "dra-channels", "dra-host-socket-dir", "cdi-dir", "kubelet-plugin-dir", "kubelet-registry-dir":
+		return true
+	}
+	return false
+}
+
+// standaloneUsage lists standalone's flags, leaving out those of an agent in a cluster.
+func standaloneUsage(fs *flag.FlagSet, w io.Writer) {
+	fmt.Fprintln(w, "Usage of agent standalone (flags of an agent in a cluster, such as --kubeconfig and --dra, are agent run's):")
+	shown := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	shown.SetOutput(w)
+	fs.VisitAll(func(f *flag.Flag) {
+		if !clusterOnly(f.Name) {
+			shown.Var(f.Value, f.Name, f.Usage)
+			shown.Lookup(f.Name).DefValue = f.DefValue
+		}
+	})
+	shown.PrintDefaults()
 }

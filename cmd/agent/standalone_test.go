@@ -119,3 +119,38 @@ func TestStandaloneRefusesAHugeHeapFloor(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q: want 1 and the floor refused", code, stderr.String())
 	}
 }
+
+// TestStandaloneRefusesClusterFlags: flags only an agent in a cluster reads are refused by name before anything
+// starts (--report-only served a socket all the same, --kubeconfig and --dra were ignored), -h lists the others
+// and exits 0, and a pool name that would put the socket elsewhere is refused.
+func TestStandaloneRefusesClusterFlags(t *testing.T) {
+	base := []string{"standalone", "--host-root", filepath.Join(testdata, "rdma-only-node"), "--node-name", "bench-0", "--socket-dir", t.TempDir()}
+	for _, extra := range [][]string{{"--report-only"}, {"--kubeconfig", "/nonexistent"}, {"--dra"}, {"--node-cert"}, {"--cdi-dir", "/tmp"}} {
+		var stderr bytes.Buffer
+		code := runMain(context.Background(), append(append([]string{}, base...), extra...), &bytes.Buffer{}, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), extra[0]+": only an agent in a cluster") {
+			t.Errorf("standalone %v: exit %d, stderr %q; want 2 and the flag named", extra, code, stderr.String())
+		}
+	}
+	var stderr bytes.Buffer
+	if code := runMain(context.Background(), []string{"standalone", "-h"}, &bytes.Buffer{}, &stderr); code != 0 {
+		t.Errorf("standalone -h: exit %d", code)
+	}
+	for _, name := range []string{"-socket-dir", "-pool-name", "-peers", "-cpu-profile"} {
+		if !strings.Contains(stderr.String(), "  "+name+" ") {
+			t.Errorf("standalone -h does not list %s:\n%s", name, stderr.String())
+		}
+	}
+	for _, name := range []string{"-kubeconfig", "-report-only", "-dra ", "-node-cert", "-kubelet-plugin-dir"} {
+		if strings.Contains(stderr.String(), "  "+name) {
+			t.Errorf("standalone -h lists %s, which standalone refuses", name)
+		}
+	}
+	for _, pool := range []string{"x/y", "..", "Big"} {
+		var stderr bytes.Buffer
+		code := runMain(context.Background(), append(append([]string{}, base...), "--pool-name", pool), &bytes.Buffer{}, &stderr)
+		if code != 1 || !strings.Contains(stderr.String(), "is no TransferPool name") {
+			t.Errorf("standalone --pool-name %q: exit %d, stderr %q; want 1 and the name refused", pool, code, stderr.String())
+		}
+	}
+}

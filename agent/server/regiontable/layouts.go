@@ -201,7 +201,7 @@ func (tab *Table) sideLocked(l *Layout) (Side, error) {
 	for _, id := range l.regions {
 		r, ok := tab.regions[id]
 		if !ok || r.owner != l.owner {
-			return Side{}, status.Errorf(codes.NotFound, "region %d of layout %d is no longer registered", id, l.id)
+			return Side{}, status.Errorf(codes.NotFound, "region %d of layout %d is no longer registered: deregister the layout, and register a new one over regions that are", id, l.id)
 		}
 	}
 	return Side{BlockBytes: l.blockBytes, Blocks: l.blocks, Mems: l.mems}, nil

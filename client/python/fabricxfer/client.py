@@ -23,6 +23,7 @@ Block layouts (a paged KV cache: every layer's K and V tensor cut into blocks of
 """
 
 import array
+import errno
 import fcntl
 import mmap
 import os
@@ -63,11 +64,14 @@ _MAX_WAIT_IDS = 1024
 AGENT_DEFAULT_TIMEOUT = 60.0
 
 
-def _seconds(timeout, what: str = "timeout"):
+def _seconds(timeout, what: str = "timeout", default: str = " (None or 0: the client's)"):
     """timeout itself, refused unless None or a number of seconds from 0 to a year (NaN fails both comparisons)."""
-    if timeout is None or 0 <= timeout <= _MAX_TIMEOUT:
-        return timeout
-    raise ValueError("%s must be seconds from 0 to %d (None or 0: the client's), not %r" % (what, _MAX_TIMEOUT, timeout))
+    try:
+        if timeout is None or 0 <= timeout <= _MAX_TIMEOUT:
+            return timeout
+    except TypeError:  # a string, say
+        pass
+    raise ValueError("%s must be seconds from 0 to %d%s, not %r" % (what, _MAX_TIMEOUT, default, timeout))
 
 
 # The longest timeout a call takes: a year.
@@ -202,14 +206,26 @@ def _why_no_socket(path: str, pools: Sequence[str] = ()) -> str:
             " or ".join(inside[:4]) if inside else "a pool's socket (<socket dir>/<pool>/agent.sock)")
     if os.path.exists(path):
         return "it is not a socket: name the agent's (<socket dir>/<pool>/agent.sock)"
-    try:
-        entries = sorted(os.listdir(os.path.dirname(path)))[:8]
-    except OSError:
-        entries = []
-    return ("the folder holds no agent.sock, but %s: name the pool's folder (<socket dir>/<pool>/agent.sock)"
-            % ", ".join(entries) if entries
-            else "there is no socket there: is the agent running, and is this its socket directory "
+    folder = os.path.dirname(path) or "."
+    beside = os.path.join(folder, "agent.sock")
+    if _is_socket(beside):
+        return "nothing of that name, but the agent's socket is beside it: name %s" % beside
+    pools = _host_sockets((folder,))
+    if pools:
+        return "nothing of that name, but pools' sockets are in that folder: name %s" % " or ".join(pools[:4])
+    return ("there is no socket there: is the agent running, and is this its socket directory "
             "(<socket dir>/<pool>/agent.sock; FABRICXFER_SOCKET names it in a pod with a claim)?")
+
+
+def _sibling_socket(path: str) -> Optional[str]:
+    """Why path, a socket, is not the one a Client connects to: the agent's fast or descriptor socket, which the
+    client opens itself beside agent.sock (their protocol is not gRPC, so a connection would wait out the whole
+    timeout and blame a stopped agent); None for any other."""
+    name = os.path.basename(path)
+    if name not in (FAST_SOCKET_NAME, FD_SOCKET_NAME):
+        return None
+    return "%s is the agent's %s socket, which the client opens itself: name %s" % (
+        path, "fast" if name == FAST_SOCKET_NAME else "descriptor", os.path.join(os.path.dirname(path), "agent.sock"))
 
 
 # The trailer key of an UNAVAILABLE the agent answered itself (fastwire.AnsweredHeader in the Go tree).
@@ -841,7 +857,7 @@ class Client:
             raise RuntimeError("this process was forked from one whose fabricxfer Client had started gRPC, which "
                                "cannot start again here: start workers with multiprocessing's 'spawn' method, or "
                                "set GRPC_ENABLE_FORK_SUPPORT=1 in the parent before it creates a Client")
-        _seconds(timeout)
+        _seconds(timeout, "the client's timeout", "")
         if not timeout:
             raise ValueError("the client's timeout must be positive seconds, not %r" % (timeout,))
         named = socket_path or os.environ.get("FABRICXFER_SOCKET")
@@ -852,6 +868,9 @@ class Client:
             # Nothing there to wait for: say so now, as the Go client does, rather than after the whole timeout.
             raise AgentUnreachable(grpc.StatusCode.UNAVAILABLE, "no agent at %s: %s" % (
                 socket_path, _why_no_socket(socket_path, () if named else _host_sockets())))
+        sibling = _sibling_socket(socket_path)
+        if sibling:
+            raise AgentUnreachable(grpc.StatusCode.UNAVAILABLE, "no agent's gRPC socket at %s: %s" % (socket_path, sibling))
         self.fd_socket = os.path.join(os.path.dirname(socket_path), FD_SOCKET_NAME)
         self.timeout = timeout
         self.name = name
@@ -1204,12 +1223,26 @@ class Client:
         it in this pod's namespace; grants lists other namespaces (names, such as "team-b"; "*": every namespace
         the pool admits) whose pods may then reach it as "<this namespace>/<segment>". Without Kubernetes
         (agent standalone) there are no namespaces and grants change nothing."""
-        req = pb.RegisterMemoryRequest(kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD, offset=offset,
-                                       length=length, segment_name=segment, segment_grants=list(grants))
+        try:
+            req = pb.RegisterMemoryRequest(kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD,
+                                           offset=offset, length=length, segment_name=segment,
+                                           segment_grants=list(grants))
+        except (ValueError, TypeError) as e:  # protobuf's says only "Value out of range: -1"
+            raise type(e)("offset and length are byte counts from 0 to 2^64-1, not %r and %r: %s" % (
+                offset, length, e)) from None
+        if type(fd) is not int or fd < 0:
+            raise TypeError("fd is the memory's open descriptor (an int, os.memfd_create's), not %r" % (fd,))
         try:  # the agent maps only memory sealed against shrinking; a sealable memfd is sealed here
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
-        except (OSError, AttributeError):
-            pass  # not sealable (or already sealed): the agent's answer says what to do
+        except AttributeError:
+            pass  # no sealing here: the agent's answer says what to do
+        except OSError as e:
+            if e.errno == errno.EBADF:
+                # Said here: the number of a closed descriptor may name another by the time it is passed on
+                # (the client's own socket to the agent, which would be refused as one).
+                raise ValueError("descriptor %d is not open: pass the memory's open descriptor (close it after "
+                                 "registering, if at all)" % fd) from None
+            # not sealable (or already sealed): the agent's answer says what to do
         region = self._register(req, fd)
         keep = os.dup(fd)
         with self._lock:
@@ -1368,13 +1401,18 @@ class Client:
         req = pb.TransferRequest(op=op, wait=wait, notify=notify or b"")
         if timeout:
             req.timeout.FromNanoseconds(int(timeout * 1e9))
-        for it in items:
+        for i, it in enumerate(items):
             if type(it.remote) is not Remote or not isinstance(it.local, Region):
                 raise TypeError("an Item's local side is a Region and its remote side to_region(region), "
                                 "to_segment(node, name) or to_descriptor(desc), not %s and %s (block layouts "
                                 "move with transfer_blocks)" % (type(it.local).__name__, type(it.remote).__name__))
-            req.items.add(local_region_id=it.local.id, local_offset=it.local_offset, remote=it.remote.ref,
-                          remote_offset=it.remote_offset, length=it.length, tag=it.tag)
+            try:
+                req.items.add(local_region_id=it.local.id, local_offset=it.local_offset, remote=it.remote.ref,
+                              remote_offset=it.remote_offset, length=it.length, tag=it.tag)
+            except (ValueError, TypeError) as e:  # protobuf's says only "Value out of range: -1"
+                raise type(e)("item %d: offsets and length are byte counts from 0 to 2^64-1 (local_offset %r, "
+                              "remote_offset %r, length %r): %s" % (i, it.local_offset, it.remote_offset, it.length,
+                                                                     e)) from None
         return req
 
     def transfer(self, op: str, items: List[Item], timeout: Optional[float] = None, notify: Optional[bytes] = None,
@@ -1595,8 +1633,13 @@ class Client:
             # Refused here: past 4 MiB the agent could not even read the request, and gRPC's refusal says only that.
             raise ValueError("%d block ids: the agent moves at most %d blocks a call (info.limits."
                              "max_items_per_transfer); split the transfer" % (count, self.info.limits.max_items_per_transfer))
-        if timeout is not None and not 0 <= timeout <= _MAX_TIMEOUT:
-            _seconds(timeout)  # raises
+        if timeout is not None:
+            try:
+                seconds = 0 <= timeout <= _MAX_TIMEOUT
+            except TypeError:  # a string, say (a try costs nothing until it raises)
+                seconds = False
+            if not seconds:
+                _seconds(timeout)  # raises
         if wait and not timeout:
             timeout = self.timeout  # the agent ends it, and answers, before this call gives up
         if notify is None and width == rwidth and count < _ARENA_MIN_IDS and self._fast is not None:

@@ -310,7 +310,25 @@ class ClientTest(unittest.TestCase):
         self.assertIsInstance(e.exception, grpc.RpcError)
         with self.assertRaises(AgentUnreachable) as e:
             Client(os.path.join(os.path.dirname(os.path.dirname(SOCKET)), "agent.sock"), timeout=0.3)
-        self.assertIn("name the pool's folder", str(e.exception))
+        self.assertIn("pools' sockets are in that folder: name %s" % os.path.realpath(SOCKET), str(e.exception))
+        # A name mistyped beside the socket names the socket.
+        with self.assertRaises(AgentUnreachable) as e:
+            Client(os.path.join(os.path.dirname(SOCKET), "agnt.sock"), timeout=0.3)
+        self.assertIn("beside it: name %s" % SOCKET, str(e.exception))
+
+    def test_the_agents_other_sockets_are_refused_at_once_naming_agent_sock(self):
+        # Its fast and descriptor sockets do not speak gRPC: a client there waited its whole timeout and blamed a
+        # stopped agent.
+        for name, kind in (("agent.fast.sock", "fast"), ("agent.fd.sock", "descriptor")):
+            path = os.path.join(os.path.dirname(SOCKET), name)
+            if not os.path.exists(path):
+                continue  # an agent without that socket
+            start = time.monotonic()
+            with self.assertRaises(AgentUnreachable) as e:
+                Client(path, timeout=10)
+            self.assertLess(time.monotonic() - start, 2, name)
+            self.assertIn("the agent's %s socket" % kind, str(e.exception))
+            self.assertIn("name " + SOCKET, str(e.exception))
 
     def test_wrong_sides_are_refused_with_what_to_pass(self):
         fd, _ = self.shm(4096)
@@ -326,6 +344,28 @@ class ClientTest(unittest.TestCase):
             self.c.transfer("write", [Item(r, to_layout(lay), 16)])
         with self.assertRaisesRegex(TypeError, "Region"):
             to_region(lay)
+
+    def test_closed_descriptors_and_negative_offsets_are_refused_naming_them(self):
+        # A closed descriptor's number may already name another (the client's own socket to the agent was sent
+        # in its place and refused as a socket); negative offsets got protobuf's "Value out of range: -1".
+        fd, buf = self.shm(8192)
+        r = self.c.register_host(fd, 0, 8192)
+        closed = os.dup(fd)
+        os.close(closed)
+        with self.assertRaisesRegex(ValueError, "descriptor %d is not open" % closed):
+            self.c.register_host(closed, 0, 4096)
+        for bad in (-1, "3"):
+            with self.assertRaisesRegex((ValueError, TypeError), "open descriptor"):
+                self.c.register_host(bad, 0, 4096)
+        with self.assertRaisesRegex(ValueError, "byte counts from 0"):
+            self.c.register_host(fd, -1, 4096)
+        with self.assertRaisesRegex(ValueError, "item 0: offsets and length"):
+            self.c.write(r, -1, to_region(r), 4096, 64)
+        with self.assertRaisesRegex(ValueError, "item 1: offsets and length"):
+            self.c.transfer("write", [Item(r, to_region(r), 64, 0, 4096), Item(r, to_region(r), -64, 0, 4096)])
+        before = bytes(buf)
+        self.c.write(r, 0, to_region(r), 4096, 64)  # the region still works, and only it moved
+        self.assertEqual(bytes(buf[4096:4096 + 64]), before[:64])
 
     def test_timeouts_that_are_not_seconds_are_refused_with_what_to_pass(self):
         # NaN, infinite and negative timeouts raise one ValueError that says what a timeout is, before any call;
@@ -344,7 +384,7 @@ class ClientTest(unittest.TestCase):
             "Client": lambda t: Client(SOCKET, timeout=t),
         }
         for name, call in calls.items():
-            for bad in (float("nan"), float("inf"), -1.0, 1e12):
+            for bad in (float("nan"), float("inf"), -1.0, 1e12, "5"):
                 with self.assertRaisesRegex(ValueError, "must be .*seconds", msg="%s(timeout=%r)" % (name, bad)):
                     call(bad)
         with self.assertRaisesRegex(ValueError, "positive"):
