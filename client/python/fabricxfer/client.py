@@ -421,12 +421,15 @@ def _put(fd_socket: str, fds: List[int], deadline: float) -> str:
     for attempt in range(10):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(max(deadline - time.monotonic(), 0.05))
-            s.connect(fd_socket)
             try:
-                socket.send_fds(s, [line.encode()], fds)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # an agent at a limit answers and closes without reading: its answer is still there
-            reply, _ = _read_line(s, False)
+                s.connect(fd_socket)
+                try:
+                    socket.send_fds(s, [line.encode()], fds)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # an agent at a limit answers and closes without reading: its answer is still there
+                reply, _ = _read_line(s, False)
+            except TimeoutError as e:  # the same error as any other call's that the agent did not answer in time
+                raise DeadlineExceeded("the agent's descriptor socket %s did not answer in time" % fd_socket) from e
         if reply.startswith("OK "):
             return reply[3:]
         if reply.startswith("ERR " + EXHAUSTED_PREFIX) and attempt < 9 and time.monotonic() + backoff < deadline:

@@ -100,6 +100,27 @@ class StalledAgentTest(unittest.TestCase):
         c._check_session()  # the session is not lost
 
 
+class StalledDescriptorSocketTest(unittest.TestCase):
+    def test_a_descriptor_socket_that_does_not_answer_raises_deadline_exceeded(self):
+        # register_host raised a bare TimeoutError ("timed out") for an agent stopped while it passed a memfd.
+        import tempfile
+        d = tempfile.mkdtemp()
+        path = os.path.join(d, "agent.fd.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(listener.close)
+        listener.bind(path)
+        listener.listen(4)  # accepted by the kernel, never answered
+        fd, buf = shared_memory("py-stalled-fd", 4096)
+        self.addCleanup(os.close, fd)
+        self.addCleanup(buf.close)
+        start = time.monotonic()
+        with self.assertRaises(fx.DeadlineExceeded) as e:
+            fx.put_fd(path, fd, 0.3)
+        self.assertLess(time.monotonic() - start, 3)
+        self.assertIn("descriptor socket", str(e.exception))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
 @unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
 class ReopenTest(unittest.TestCase):
     def test_the_next_call_after_a_deadline_opens_a_new_fast_connection(self):
