@@ -224,9 +224,13 @@ func (d *Driver) prepareOne(ctx context.Context, c *resourceapi.ResourceClaim, h
 		if r.Driver != DriverName {
 			continue
 		}
-		if v1alpha1.IsVPodDRAPool(r.Pool) {
+		vpodPool := r.Pool
+		if renamed, ok := v1alpha1.VPodDRAPoolOfLegacyName(r.Pool); ok && r.Pool != pool {
+			vpodPool = renamed // allocated before the operator renamed its pools
+		}
+		if v1alpha1.IsVPodDRAPool(vpodPool) {
 			// A vPOD device places pods; it needs nothing in the container.
-			domain, err := vpods.domain(ctx, r.Pool, r.Device)
+			domain, err := vpods.domain(ctx, vpodPool, r.Device)
 			if err != nil {
 				return nil, fmt.Errorf("claim %s: device %s/%s: %w", ref, r.Pool, r.Device, err)
 			}

@@ -308,8 +308,10 @@ func TestVPodClaimPreparedByTheVPodsDomain(t *testing.T) {
 		{squat, "node-b1", ""},
 		{squat, "node-a1", "is a vPOD this node is not in"},
 		{allocatedClaim(t, cs, "group-ghost", vpoddra.PoolName("nobody"), "vpod-0"), "node-a1", "no vPOD pool vpod/nobody is published"},
-		// A pool named as vPOD pools were before (vpod-<x>) is a node's: the node named so, not this one.
-		{allocatedClaim(t, cs, "group-old-name", "vpod-rack-1-vpod-a", "vpod-0"), "node-a1", "is not this node's"},
+		// Allocated before the pools were renamed (vpod-<x>): read as vpod/<x>, judged by its domain all the same.
+		{allocatedClaim(t, cs, "group-old-name", "vpod-rack-1-vpod-a", "vpod-0"), "node-a1", ""},
+		{allocatedClaim(t, cs, "group-old-name-b", "vpod-rack-1-vpod-a", "vpod-0"), "node-b1", "is a vPOD this node is not in"},
+		{allocatedClaim(t, cs, "group-old-ghost", "vpod-nobody", "vpod-0"), "node-a1", "no vPOD pool vpod/nobody is published"},
 		{allocatedClaim(t, cs, "group-no-device", vpoddra.PoolName("rack-1-vpod-a"), "vpod-9"), "node-a1", "has no device vpod-9"},
 		{allocatedClaim(t, cs, "group-all-nodes", vpoddra.PoolName("all-nodes"), "vpod-0"), "node-a1", "not the operator's vPOD slice"},
 		{allocatedClaim(t, cs, "group-node-bound", vpoddra.PoolName("node-bound"), "vpod-0"), "node-a1", "not the operator's vPOD slice"},

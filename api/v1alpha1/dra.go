@@ -25,3 +25,14 @@ func IsVPodDRAPool(pool string) bool { return strings.HasPrefix(pool, vpodDRAPoo
 func VPodDRASliceName(pool string) string {
 	return "vpod-" + strings.TrimPrefix(pool, vpodDRAPoolPrefix)
 }
+
+// VPodDRAPoolOfLegacyName is the vPOD pool that a claim allocated before the pools' names held a slash names as
+// vpod-<x>: vpod/<x>, whose slice kept its object name. ok is false for a name of no such form. Only a pool that
+// is not the reading node's own may be read so (a node may be named vpod-<x>).
+func VPodDRAPoolOfLegacyName(pool string) (renamed string, ok bool) {
+	x, ok := strings.CutPrefix(pool, "vpod-")
+	if !ok || x == "" {
+		return "", false
+	}
+	return VPodDRAPoolName(x), true
+}

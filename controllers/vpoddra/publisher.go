@@ -74,8 +74,8 @@ type Publisher struct {
 
 	mu      sync.Mutex
 	wake    chan struct{}
-	desired map[string]*resourceapi.ResourceSliceSpec // by pool, which is the slice's name; replaced, never changed
-	facts   map[string]string                         // by pool, what its desired spec was built from
+	desired map[string]*resourceapi.ResourceSliceSpec // by slice name (vpod-<x>); replaced, never changed
+	facts   map[string]string                         // by slice name, what its desired spec was built from
 	refused map[string]string                         // pools that cannot be published, with the reason
 	written map[string]writtenSlice                   // by slice name
 }

@@ -228,6 +228,9 @@ def _sibling_socket(path: str) -> Optional[str]:
         path, "fast" if name == FAST_SOCKET_NAME else "descriptor", os.path.join(os.path.dirname(path), "agent.sock"))
 
 
+# What gRPC's client says of a call whose deadline passed with no answer (an agent's own answer says more).
+_GRPC_DEADLINE = "Deadline Exceeded"
+
 # The trailer key of an UNAVAILABLE the agent answered itself (fastwire.AnsweredHeader in the Go tree).
 _ANSWERED = "fabricxfer-answered"
 
@@ -428,7 +431,7 @@ def _put(fd_socket: str, fds: List[int], deadline: float) -> str:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # an agent at a limit answers and closes without reading: its answer is still there
                 reply, _ = _read_line(s, False)
-            except TimeoutError as e:  # the same error as any other call's that the agent did not answer in time
+            except (TimeoutError, socket.timeout) as e:  # as any other call's the agent did not answer in time
                 raise DeadlineExceeded("the agent's descriptor socket %s did not answer in time" % fd_socket) from e
         if reply.startswith("OK "):
             return reply[3:]
@@ -444,9 +447,12 @@ def get_fd(fd_socket: str, token: str, timeout: float = 5.0) -> int:
     """Presents a token and returns the descriptor the agent lends (the caller must close it)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
-        s.connect(fd_socket)
-        s.sendall(("GET %s\n" % token).encode())
-        line, fds = _read_line(s, True)
+        try:
+            s.connect(fd_socket)
+            s.sendall(("GET %s\n" % token).encode())
+            line, fds = _read_line(s, True)
+        except (TimeoutError, socket.timeout) as e:
+            raise DeadlineExceeded("the agent's descriptor socket %s did not answer in time" % fd_socket) from e
     if line != "OK" or len(fds) != 1:
         for fd in fds:
             os.close(fd)
@@ -844,6 +850,8 @@ class Client:
     _closed = False
     # Sessions lost (and close() counted) against those recover() caught up with: see _check_session.
     _losses = _session = 0
+    # Reopens of the fast connection the agent did not answer in time (_fast_again).
+    _reopens_failed = 0
 
     def __init__(self, socket_path: Optional[str] = None, timeout: float = 10.0, name: str = "python", fast: bool = True,
                  spin: float = FAST_SPIN, mailbox=True):
@@ -971,10 +979,12 @@ class Client:
                 raise
             if self._session_lost(e.code(), e.details(), _answered(e)):
                 raise SessionLost("agent session lost (%s): call recover() and retry" % e.details()) from e
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not isinstance(e, DeadlineExceeded):
-                # The same error as a fast call's that ran out of time, whichever way the call went.
-                raise DeadlineExceeded("the agent did not answer within the call's deadline (%s): what it asked may "
-                                       "still take effect" % e.details()) from e
+            if (e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and e.details() == _GRPC_DEADLINE
+                    and not isinstance(e, DeadlineExceeded)):
+                # gRPC's own: no answer came in time. The same error as a fast call's that ran out of time, whichever
+                # way the call went (an answer of the agent's with that code is its own, and stays as it came).
+                raise DeadlineExceeded("the agent did not answer within the call's deadline: what it asked may "
+                                       "still take effect") from e
             raise
         self._check_session()
         return resp
@@ -1057,8 +1067,6 @@ class Client:
             restarted = self._session != session
         self.info = info
         self._session_md = _session_metadata(info)  # what is registered below goes into this session
-        if self._want_fast:
-            self._open_fast()
         if restarted:
             with self._lock:
                 for region, how in list(self._owned.items()):
@@ -1067,6 +1075,15 @@ class Client:
                         self._owned.pop(region)
                 self._unregistered = set(self._owned)
                 self._layouts_pending = list(self._layouts)
+        if self._want_fast:
+            # After the bookkeeping above, so a recover() that fails here leaves the next one what to register.
+            try:
+                self._open_fast()
+            except BaseException:
+                with self._fast_lock:
+                    if self._fast is None:
+                        self._fast = _DROPPED  # wanted still: the next fast call opens it, not gRPC unseen
+                raise
         first = self._register_again()
         if first is not None:
             raise first
@@ -1465,10 +1482,11 @@ class Client:
         """_fast_call's round trip: the reply's bytes, undecoded."""
         wait = self._reply_wait(timeout)
         deadline = time.perf_counter() + wait
+        failed = self._reopens_failed
         with self._fast_lock:
             conn = self._fast
             if conn is None or conn is _DROPPED:
-                conn = self._fast_again(conn)
+                conn = self._fast_again(conn, failed)
             if build is not None:
                 # A frame built here takes a while (ids written into the arena): an agent that stopped polling
                 # (the caller was busy elsewhere for milliseconds) is rung now, and wakes meanwhile.
@@ -1491,10 +1509,11 @@ class Client:
     def _fast_frame(self, frame: bytes, timeout: Optional[float], mailbox: bool):
         """_fast_raw of one built frame, the latency-bound path of a waited block call: straight to the mailbox
         (FastConn.call_frame), its deadline taken from the clock only if the call lasts."""
+        failed = self._reopens_failed
         with self._fast_lock:
             conn = self._fast
             if conn is None or conn is _DROPPED:
-                conn = self._fast_again(conn)
+                conn = self._fast_again(conn, failed)
             try:
                 return conn.call_frame(frame, (timeout or self.timeout) + 1.0, mailbox)
             except _fastconn.FastConnTimeout as e:
@@ -1522,21 +1541,26 @@ class Client:
         return DeadlineExceeded("the agent did not answer within %.1f s: the call may still take effect (a transfer "
                                 "may still land, under an id not known here)" % waited)
 
-    def _fast_again(self, conn):
+    def _fast_again(self, conn, failed: int):
         """The connection for a fast call where the client holds none (SessionLost, raised) or dropped one (a new
         one, opened now under the fast lock). One that cannot be opened stays dropped, so the next fast call tries
         again: a client that wants the fast socket never goes on through gRPC unseen (26 times slower for a
-        one-block call). An agent that did not answer in time raises DeadlineExceeded (the session may be fine);
-        any other failure SessionLost."""
+        one-block call). An agent that did not answer in time raises DeadlineExceeded (the session may be fine),
+        at once for a call that waited for the lock while another's attempt failed (threads took a full timeout
+        each, one after another); any other failure SessionLost. failed: _reopens_failed before the lock."""
         if conn is None:
             raise SessionLost("the fast socket is closed: call recover() and retry")
+        if failed != self._reopens_failed:
+            raise DeadlineExceeded("the agent did not answer while another call opened the fast connection again: "
+                                   "the next call tries again")
         self._check_session()
         try:
             self._open_fast()
         except (grpc.RpcError, OSError, ConnectionError) as e:
             self._fast = _DROPPED
-            if isinstance(e, (TimeoutError, _fastconn.FastConnTimeout)) or (
+            if isinstance(e, (TimeoutError, socket.timeout, _fastconn.FastConnTimeout)) or (
                     isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+                self._reopens_failed += 1
                 raise DeadlineExceeded("the agent did not answer within %.1f s while the fast connection was opened "
                                        "again: the next call tries again" % self.timeout) from e
             raise SessionLost("the fast socket could not be opened again (%s): call recover() and retry" % e) from e

@@ -119,6 +119,8 @@ class StalledDescriptorSocketTest(unittest.TestCase):
         self.assertLess(time.monotonic() - start, 3)
         self.assertIn("descriptor socket", str(e.exception))
         self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        with self.assertRaises(fx.DeadlineExceeded):
+            fx.get_fd(path, "token", 0.3)
 
 
 @unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
@@ -185,6 +187,54 @@ class ReopenTest(unittest.TestCase):
         self.assertIsInstance(c._fast, fastconn.FastConn, "the agent answered again, and no fast connection opened")
         self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
 
+        # A recover() whose reopen is not answered raises, and leaves the fast connection wanted, not gRPC.
+        with mock.patch.object(c, "_open_fast", not_answering):
+            with self.assertRaises(fx.DeadlineExceeded):
+                c.recover()
+        self.assertIs(c._fast, fx._DROPPED, "a recover() that could not open the fast connection forgot it")
+        buf[:64] = os.urandom(64)
+        c.write(r, 0, to_region(r), 4096, 64)
+        self.assertIsInstance(c._fast, fastconn.FastConn)
+        self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
+
+    def test_threads_waiting_on_a_reopen_the_agent_does_not_answer_fail_with_it(self):
+        # Each thread took the client's whole timeout in turn to try again (4 threads, 1 s: 1, 2, 3, 4 s).
+        c = Client(SOCKET, timeout=1.0)
+        self.addCleanup(c.close)
+        fd, buf = shared_memory("py-reopen-threads", 8192)
+        self.addCleanup(os.close, fd)
+        self.addCleanup(buf.close)
+        r = c.register_host(fd, 0, 8192)
+        c._fast.close()
+        c._fast = fx._DROPPED
+
+        def slow_silence():
+            time.sleep(0.6)
+            raise fx.DeadlineExceeded("Deadline Exceeded")
+
+        errors, took = [], []
+
+        def call():
+            t0 = time.monotonic()
+            try:
+                c.write(r, 0, to_region(r), 4096, 64)
+            except Exception as e:  # noqa: BLE001 - each thread's outcome is asserted below
+                errors.append(e)
+            took.append(time.monotonic() - t0)
+
+        with mock.patch.object(c, "_open_fast", slow_silence):
+            threads = [threading.Thread(target=call) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+        self.assertEqual(len(errors), 4, errors)
+        for e in errors:
+            self.assertIsInstance(e, fx.DeadlineExceeded)
+        self.assertLess(max(took), 1.5, "threads retried the reopen one after another: %s" % took)
+        c.write(r, 0, to_region(r), 4096, 64)  # the agent answers again: the fast path comes back
+        self.assertIsInstance(c._fast, fastconn.FastConn)
+
 
 class GRPCDeadlineTest(unittest.TestCase):
     def test_a_grpc_call_past_its_deadline_raises_deadline_exceeded(self):
@@ -210,7 +260,17 @@ class GRPCDeadlineTest(unittest.TestCase):
             c._call(method, pb.GetInfoRequest())
         self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
         self.assertIsInstance(e.exception, TimeoutError)
-        self.assertIn("Deadline Exceeded", str(e.exception))
+        self.assertIn("did not answer", str(e.exception))
+
+        class Answered(Late):  # the agent's own answer with that code: it answered, and says what ran out
+            def details(self):
+                return "the transfer's 1ns ran out while its peers were resolved"
+
+        def answering(req, **kwargs):
+            raise Answered()
+
+        with self.assertRaises(Answered):
+            c._call(answering, pb.GetInfoRequest())
 
 
 if __name__ == "__main__":
