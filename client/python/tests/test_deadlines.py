@@ -125,13 +125,24 @@ class StalledDescriptorSocketTest(unittest.TestCase):
 
 @unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
 class ReopenTest(unittest.TestCase):
-    def test_the_next_call_after_a_deadline_opens_a_new_fast_connection(self):
-        c = Client(SOCKET)
+    def client(self, timeout=10.0):
+        """A client of the agent with one 8 KiB host region: (client, its bytes, region)."""
+        c = Client(SOCKET, timeout=timeout)
         self.addCleanup(c.close)
-        fd, buf = shared_memory("py-deadline", 8192)
+        fd, buf = shared_memory("py-reopen", 8192)
         self.addCleanup(os.close, fd)
         self.addCleanup(buf.close)
-        r = c.register_host(fd, 0, 8192)
+        return c, buf, c.register_host(fd, 0, 8192)
+
+    def assertMoves(self, c, buf, r):
+        """A write of the region's first 64 bytes to its second half lands, through a fast connection."""
+        buf[:64] = os.urandom(64)
+        c.write(r, 0, to_region(r), 4096, 64)
+        self.assertIsInstance(c._fast, fastconn.FastConn, "no fast connection carried the call")
+        self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
+
+    def test_the_next_call_after_a_deadline_opens_a_new_fast_connection(self):
+        c, buf, r = self.client()
         before, old = r.id, c._fast
         late = getattr(fastconn, "FastConnTimeout", fastconn.FastConnError)
 
@@ -142,23 +153,15 @@ class ReopenTest(unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as e:
             c.write(r, 0, to_region(r), 4096, 64)
         self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
-        buf[:64] = os.urandom(64)
-        c.write(r, 0, to_region(r), 4096, 64)
-        self.assertIsInstance(c._fast, fastconn.FastConn, "the call after the deadline did not open a fast connection")
+        self.assertMoves(c, buf, r)
         self.assertIsNot(c._fast, old)
         self.assertEqual(r.id, before, "the session was lost")
-        self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
 
     def test_a_fast_connection_the_stalled_agent_cannot_open_is_tried_again_not_left_to_grpc(self):
         # An agent stopped for a while (SIGSTOP, a long pause) answers neither the call nor the new connection's
         # setup: the client says DEADLINE_EXCEEDED each time, never SessionLost, and never goes on through gRPC
         # unseen; once the agent answers again the next call opens the fast connection.
-        c = Client(SOCKET, timeout=2.0)
-        self.addCleanup(c.close)
-        fd, buf = shared_memory("py-reopen", 8192)
-        self.addCleanup(os.close, fd)
-        self.addCleanup(buf.close)
-        r = c.register_host(fd, 0, 8192)
+        c, buf, r = self.client(timeout=2.0)
         old = c._fast
         late = getattr(fastconn, "FastConnTimeout", fastconn.FastConnError)
 
@@ -182,29 +185,18 @@ class ReopenTest(unittest.TestCase):
                 self.assertIn("opened again", str(e.exception))
                 self.assertIs(c._fast, fx._DROPPED, "a fast connection that could not be opened was forgotten")
         c._check_session()  # the session is not lost
-        buf[:64] = os.urandom(64)
-        c.write(r, 0, to_region(r), 4096, 64)
-        self.assertIsInstance(c._fast, fastconn.FastConn, "the agent answered again, and no fast connection opened")
-        self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
+        self.assertMoves(c, buf, r)  # the agent answers again
 
         # A recover() whose reopen is not answered raises, and leaves the fast connection wanted, not gRPC.
         with mock.patch.object(c, "_open_fast", not_answering):
             with self.assertRaises(fx.DeadlineExceeded):
                 c.recover()
         self.assertIs(c._fast, fx._DROPPED, "a recover() that could not open the fast connection forgot it")
-        buf[:64] = os.urandom(64)
-        c.write(r, 0, to_region(r), 4096, 64)
-        self.assertIsInstance(c._fast, fastconn.FastConn)
-        self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
+        self.assertMoves(c, buf, r)
 
     def test_threads_waiting_on_a_reopen_the_agent_does_not_answer_fail_with_it(self):
         # Each thread took the client's whole timeout in turn to try again (4 threads, 1 s: 1, 2, 3, 4 s).
-        c = Client(SOCKET, timeout=1.0)
-        self.addCleanup(c.close)
-        fd, buf = shared_memory("py-reopen-threads", 8192)
-        self.addCleanup(os.close, fd)
-        self.addCleanup(buf.close)
-        r = c.register_host(fd, 0, 8192)
+        c, buf, r = self.client(timeout=1.0)
         c._fast.close()
         c._fast = fx._DROPPED
 
@@ -232,8 +224,7 @@ class ReopenTest(unittest.TestCase):
         for e in errors:
             self.assertIsInstance(e, fx.DeadlineExceeded)
         self.assertLess(max(took), 1.5, "threads retried the reopen one after another: %s" % took)
-        c.write(r, 0, to_region(r), 4096, 64)  # the agent answers again: the fast path comes back
-        self.assertIsInstance(c._fast, fastconn.FastConn)
+        self.assertMoves(c, buf, r)  # the agent answers again: the fast path comes back
 
 
 class GRPCDeadlineTest(unittest.TestCase):
