@@ -56,11 +56,20 @@ type Client struct {
 	noMailbox  bool
 	spin       time.Duration
 
-	fastMu sync.Mutex
-	fast   *net.UnixConn
-	mbox   *fastwire.CallerMailbox // the fast connection's mailbox; nil: frames go on the socket
-	arena  []byte                  // the fast connection's id arena (mapped); nil: ids travel in the frame
-	frame  []byte                  // the buffer block requests are written into (fastBlocks)
+	// fastSem is the fast lock (held by one call at a time, taken with the call's context: lockFast), over what
+	// follows down to frame.
+	fastSem    chan struct{}
+	fast       *net.UnixConn
+	mbox       *fastwire.CallerMailbox // the fast connection's mailbox; nil: frames go on the socket
+	arena      []byte                  // the fast connection's id arena (mapped); nil: ids travel in the frame
+	frame      []byte                  // the buffer block requests are written into (fastBlocks)
+	fastWanted bool                    // a fast connection was installed: one dropped is opened again
+
+	reopening   atomic.Bool  // a background reopen of the fast connection runs (reopenFastLater)
+	reopenAfter atomic.Int64 // unix nanoseconds before which no reopen is tried (one failed)
+	// life ends at Close: what the client runs in the background stops with it.
+	life    context.Context
+	endLife context.CancelFunc
 
 	recoverMu sync.Mutex // one Recover at a time
 	closed    atomic.Bool
@@ -108,8 +117,13 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	for _, fn := range opts {
 		fn(&o)
 	}
+	if err := notAnAgentSocket(socketPath); err != nil {
+		return nil, err
+	}
 	c := &Client{socketPath: socketPath, fdSocket: filepath.Join(filepath.Dir(socketPath), FDSocketName),
-		regions: map[*Region]struct{}{}, layouts: map[*Layout]struct{}{}, noFast: o.noFast, noMailbox: o.noMailbox, spin: o.spin}
+		regions: map[*Region]struct{}{}, layouts: map[*Layout]struct{}{}, noFast: o.noFast, noMailbox: o.noMailbox, spin: o.spin,
+		fastSem: make(chan struct{}, 1)}
+	c.life, c.endLife = context.WithCancel(context.Background())
 	// gRPC turns a failed dial into an Unavailable status; the dial's own error is kept to explain a refusal.
 	var lastDialErr atomic.Pointer[error]
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
@@ -130,12 +144,14 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		grpc.WithChainUnaryInterceptor(c.nameSession), grpc.WithChainStreamInterceptor(c.nameSessionStream),
 	)
 	if err != nil {
+		c.endLife()
 		return nil, fmt.Errorf("connecting to agent socket %s: %w", socketPath, err)
 	}
 	c.conn = conn
 	c.api = agentv1.NewAgentClient(conn)
 	info, err := c.api.GetInfo(ctx, &agentv1.GetInfoRequest{ApiVersions: []string{"v1"}, ClientName: o.name})
 	if err != nil {
+		c.endLife()
 		conn.Close()
 		if de := lastDialErr.Load(); de != nil && errors.Is(*de, unix.EACCES) {
 			return nil, notInSocketGroup(socketPath, *de)
@@ -147,6 +163,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	c.nameSessionOf(info)
 	if !c.noFast {
 		if err := c.openFast(ctx); err != nil {
+			c.endLife()
 			conn.Close()
 			return nil, err
 		}
@@ -208,6 +225,7 @@ func (c *Client) Close() error {
 	c.regions = map[*Region]struct{}{}
 	c.layouts = map[*Layout]struct{}{}
 	c.mu.Unlock()
+	c.endLife()
 	c.closeFast()
 	return c.conn.Close()
 }
@@ -248,10 +266,23 @@ func (c *Client) wrap(ctx context.Context, what string, gen uint64, err error) e
 	if c.dials.Load() != gen || sessionRefused(err) {
 		return fmt.Errorf("%s: %w (%v)", what, ErrSessionLost, err)
 	}
-	if ended := ctx.Err(); ended != nil && !errors.Is(err, ended) && endedByDeadline(err) {
+	if ended := ctxEnded(ctx); ended != nil && !errors.Is(err, ended) && endedByDeadline(err) {
 		return fmt.Errorf("%s: %w (%w)", what, err, ended)
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// ctxEnded is ctx's error, or context.DeadlineExceeded once its deadline passed: a call's own waits (gRPC's, the
+// mailbox's) give up at the deadline, before the context's timer fires, and errors.Is(err,
+// context.DeadlineExceeded) then read false for 14 of 20 calls ended so.
+func ctxEnded(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if deadline, ok := ctx.Deadline(); ok && !time.Now().Before(deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // endedByDeadline reports an error a call gets when its context ends: gRPC's DEADLINE_EXCEEDED or CANCELLED, or
@@ -275,6 +306,9 @@ func (c *Client) generation() uint64 {
 // layouts over one or over a region deregistered since, are dropped: their calls fail with ErrLost. An error
 // says what could not be registered; calling Recover again tries that again.
 func (c *Client) Recover(ctx context.Context) error {
+	if c.closed.Load() {
+		return fmt.Errorf("recovering: %w", ErrClosed)
+	}
 	// Goroutines that share the client may all call it: one recovers at a time, and one that finds the session
 	// it holds to be the agent's current one has nothing to register.
 	c.recoverMu.Lock()
@@ -289,7 +323,7 @@ func (c *Client) Recover(ctx context.Context) error {
 			break
 		}
 		if Code(err) != codes.Unavailable || ctx.Err() != nil {
-			return fmt.Errorf("recovering: reaching the agent: %w", err)
+			return c.wrap(ctx, "recovering: reaching the agent", c.dials.Load(), err)
 		}
 		select {
 		case <-ctx.Done():
@@ -353,6 +387,8 @@ func Code(err error) codes.Code {
 		}
 	}
 	switch {
+	case errors.Is(err, ErrClosed):
+		return codes.Canceled // as gRPC's own call on a closed connection
 	case errors.Is(err, fdpass.ErrNotMemory):
 		return codes.InvalidArgument // refused on the fd socket, which speaks no gRPC
 	case errors.Is(err, fdpass.ErrExhausted):

@@ -17,7 +17,8 @@
 // state (Code, and errors.Is with context.DeadlineExceeded or context.Canceled). Transfers and
 // block transfers go over the agent's fast socket, their frames through shared memory both sides poll (a
 // mailbox) where they fit; WithSpin bounds the client's polling, WithoutMailbox and WithoutFastPath turn the
-// two off.
+// two off. A call the agent did not answer in time drops the fast connection; the client opens it again in the
+// background, and calls go through gRPC until it is back.
 //
 // Regions belong to the client's connection. When the agent restarts, calls fail fast with ErrSessionLost
 // (never hang): every call names the agent session its memory is in, and the agent refuses one that reaches

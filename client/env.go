@@ -5,9 +5,15 @@ package client
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // SocketEnv is the environment variable that names the agent socket; a prepared fabricxfer.io ResourceClaim
@@ -38,11 +44,9 @@ func socketPath(path, env, def string, hostDirs []string) string {
 	}
 	var found []string
 	for _, dir := range hostDirs {
-		socks, _ := filepath.Glob(filepath.Join(dir, "*", "agent.sock"))
-		for _, s := range socks {
-			real, err := filepath.EvalSymlinks(s)
-			if err == nil && isSocket(real) && !slices.Contains(found, real) {
-				found = append(found, real)
+		for _, s := range poolSockets(dir) {
+			if !slices.Contains(found, s) {
+				found = append(found, s)
 			}
 		}
 	}
@@ -50,6 +54,63 @@ func socketPath(path, env, def string, hostDirs []string) string {
 		return found[0]
 	}
 	return def
+}
+
+// poolSockets are the pool sockets under dir (<dir>/<pool>/agent.sock), as they resolve, each once.
+func poolSockets(dir string) []string {
+	var found []string
+	socks, _ := filepath.Glob(filepath.Join(dir, "*", "agent.sock"))
+	for _, s := range socks {
+		real, err := filepath.EvalSymlinks(s)
+		if err == nil && isSocket(real) && !slices.Contains(found, real) {
+			found = append(found, real)
+		}
+	}
+	return found
+}
+
+// notAnAgentSocket says, at once and as Unavailable, why no agent can answer at path, naming what to dial
+// instead: nothing there (gRPC retried the dial until the caller's deadline, or said only "no such file"), a
+// folder or a file ("connection refused"), or the agent's fast or descriptor socket, which speak no gRPC ("error
+// reading server preface"). nil for a socket of another name, and where path cannot be looked at (the dial
+// then says why, a permission it lacks included).
+func notAnAgentSocket(path string) error {
+	refuse := func(why string) error {
+		return status.Errorf(codes.Unavailable, "no agent at %s: %s", path, why)
+	}
+	dir := filepath.Dir(path)
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if beside := filepath.Join(dir, "agent.sock"); isSocket(beside) {
+			return refuse("nothing of that name, but the agent's socket is beside it: dial " + beside)
+		}
+		if pools := poolSockets(dir); len(pools) > 0 {
+			return refuse("nothing of that name, but pools' sockets are in that folder: dial " + strings.Join(pools[:min(len(pools), 4)], " or "))
+		}
+		return refuse("there is no socket there: is the agent running, and is this its socket directory " +
+			"(<socket dir>/<pool>/agent.sock; " + SocketEnv + " names it in a pod with a claim)?")
+	case err != nil:
+		return nil
+	case fi.IsDir():
+		inside := poolSockets(path)
+		if own := filepath.Join(path, "agent.sock"); isSocket(own) {
+			inside = append([]string{own}, inside...)
+		}
+		if len(inside) == 0 {
+			return refuse("it is a folder, not a socket: dial a pool's socket (<socket dir>/<pool>/agent.sock)")
+		}
+		return refuse("it is a folder, not a socket: dial " + strings.Join(inside[:min(len(inside), 4)], " or "))
+	case fi.Mode()&os.ModeSocket == 0:
+		return refuse("it is not a socket: dial the agent's (<socket dir>/<pool>/agent.sock)")
+	}
+	switch filepath.Base(path) {
+	case FastSocketName:
+		return refuse("it is the agent's fast socket, which the client opens itself: dial " + filepath.Join(dir, "agent.sock"))
+	case FDSocketName:
+		return refuse("it is the agent's descriptor socket, which the client opens itself: dial " + filepath.Join(dir, "agent.sock"))
+	}
+	return nil
 }
 
 func isSocket(path string) bool {

@@ -34,20 +34,40 @@ const fastDefaultDeadline = 65 * time.Second
 // openFast binds a fast-socket connection to this client's session. An agent without the fast path is not an
 // error: calls then go over gRPC.
 func (c *Client) openFast(ctx context.Context) error {
+	f, err := c.dialFast(ctx)
+	if err != nil || f.conn == nil {
+		return err
+	}
+	c.lockFastWait()
+	c.installFastLocked(f)
+	c.unlockFast()
+	return nil
+}
+
+// fastParts are a bound fast connection and what was set up on it.
+type fastParts struct {
+	conn  *net.UnixConn
+	mbox  *fastwire.CallerMailbox
+	arena []byte
+}
+
+// dialFast opens and binds a fast connection, without installing it; conn is nil where the agent has no fast
+// path.
+func (c *Client) dialFast(ctx context.Context) (fastParts, error) {
 	resp, err := c.api.OpenFastPath(ctx, &agentv1.OpenFastPathRequest{})
 	if status.Code(err) == codes.Unimplemented {
-		return nil
+		return fastParts{}, nil
 	}
 	if err != nil {
-		return fmt.Errorf("opening the fast path: %w", err)
+		return fastParts{}, fmt.Errorf("opening the fast path: %w", err)
 	}
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, "unix", filepath.Join(filepath.Dir(c.socketPath), FastSocketName))
 	if errors.Is(err, unix.EACCES) {
-		return notInSocketGroup(filepath.Join(filepath.Dir(c.socketPath), FastSocketName), err)
+		return fastParts{}, notInSocketGroup(filepath.Join(filepath.Dir(c.socketPath), FastSocketName), err)
 	}
 	if err != nil {
-		return fmt.Errorf("connecting to the fast socket: %w", err)
+		return fastParts{}, fmt.Errorf("connecting to the fast socket: %w", err)
 	}
 	conn := raw.(*net.UnixConn)
 	reply, err := fastCall(ctx, conn, []byte(resp.Token), 0)
@@ -56,18 +76,92 @@ func (c *Client) openFast(ctx context.Context) error {
 	}
 	if err != nil {
 		conn.Close()
-		return fmt.Errorf("binding the fast socket: %w", err)
+		return fastParts{}, fmt.Errorf("binding the fast socket: %w", err)
 	}
-	arena := c.openArena(ctx, conn)
-	var mb *fastwire.CallerMailbox
+	f := fastParts{conn: conn, arena: c.openArena(ctx, conn)}
 	if !c.noMailbox {
-		mb = c.openMailbox(ctx, conn)
+		f.mbox = c.openMailbox(ctx, conn)
 	}
-	c.fastMu.Lock()
+	return f, nil
+}
+
+// installFastLocked makes f the client's fast connection, closing any it had; the fast lock is held.
+func (c *Client) installFastLocked(f fastParts) {
 	c.closeFastLocked()
-	c.fast, c.mbox, c.arena = conn, mb, arena
-	c.fastMu.Unlock()
-	return nil
+	c.fast, c.mbox, c.arena = f.conn, f.mbox, f.arena
+	c.fastWanted = true
+}
+
+// lockFast takes the fast connection for one call, or gives up when ctx ends first: a call queued behind one the
+// agent does not answer ends at its own deadline, not at the other's.
+func (c *Client) lockFast(ctx context.Context) error {
+	select {
+	case c.fastSem <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case c.fastSem <- struct{}{}:
+		// Taken just as ctx ended, maybe: a request past its deadline is not posted (it would fail at once,
+		// dropping the connection, and the agent might still run it).
+		if ended := ctxEnded(ctx); ended != nil {
+			c.unlockFast()
+			return fmt.Errorf("fast path: nothing sent: %w (%w)", status.FromContextError(ended).Err(), ended)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("fast path: nothing sent: %w, waiting for the connection another call held (%w)",
+			status.FromContextError(ctx.Err()).Err(), ctx.Err())
+	}
+}
+
+// lockFastWait takes the fast connection however long another call holds it (bounded by that call's deadline).
+func (c *Client) lockFastWait() { c.fastSem <- struct{}{} }
+
+// tryLockFast takes the fast connection if no call holds it.
+func (c *Client) tryLockFast() bool {
+	select {
+	case c.fastSem <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *Client) unlockFast() { <-c.fastSem }
+
+// reopenLimit bounds one attempt to open a dropped fast connection again, and reopenPause separates attempts
+// that failed.
+const (
+	reopenLimit = 10 * time.Second
+	reopenPause = 250 * time.Millisecond
+)
+
+// reopenFastLater opens a dropped fast connection again in the background, unless an attempt runs or one failed
+// within reopenPause: calls meanwhile go through gRPC, and the next after it succeeds takes the fast path again.
+// Before, one call past its deadline (an agent stopped for a moment) left the client on gRPC for good, 40 times
+// slower a call and silent about it, until Recover.
+func (c *Client) reopenFastLater() {
+	if !c.fastWanted || c.closed.Load() || time.Now().UnixNano() < c.reopenAfter.Load() || !c.reopening.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer c.reopening.Store(false)
+		ctx, cancel := context.WithTimeout(c.life, reopenLimit)
+		defer cancel()
+		f, err := c.dialFast(ctx)
+		if err != nil || f.conn == nil {
+			c.reopenAfter.Store(time.Now().Add(reopenPause).UnixNano())
+			return
+		}
+		c.lockFastWait()
+		defer c.unlockFast()
+		if c.closed.Load() || c.fast != nil {
+			f.close()
+			return
+		}
+		c.installFastLocked(f)
+	}()
 }
 
 // idArenaBytes is the fast connection's id arena: 131,072 32-bit ids, two lists of the most one transfer names.
@@ -165,9 +259,12 @@ const maxFastReply = 64 << 20
 // transferFast sends req over the fast socket, polling for its reply for spin. ok is false when there is no fast
 // path (the caller uses gRPC). Calls are serialized on the one connection.
 func (c *Client) transferFast(ctx context.Context, req *agentv1.TransferRequest, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
-	c.fastMu.Lock()
-	defer c.fastMu.Unlock()
+	if err := c.lockFast(ctx); err != nil {
+		return nil, true, err
+	}
+	defer c.unlockFast()
 	if c.fast == nil {
+		c.reopenFastLater()
 		return nil, false, nil
 	}
 	return c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Transfer{Transfer: req}}, spin)
@@ -176,9 +273,12 @@ func (c *Client) transferFast(ctx context.Context, req *agentv1.TransferRequest,
 // fastBlocks sends block request r with its ids (n bytes moved) on the fast socket: ids of arenaMinIDs and more in
 // the id arena, the frame written into the connection's own buffer; ok is false when there is no fast connection.
 func (c *Client) fastBlocks(ctx context.Context, r *blockRequest, ids, remoteIDs []uint32, n uint64) (resp *agentv1.TransferResponse, ok bool, err error) {
-	c.fastMu.Lock()
-	defer c.fastMu.Unlock()
+	if err := c.lockFast(ctx); err != nil {
+		return nil, true, err
+	}
+	defer c.unlockFast()
 	if c.fast == nil {
+		c.reopenFastLater()
 		return nil, false, nil
 	}
 	var arena uint32
@@ -188,7 +288,7 @@ func (c *Client) fastBlocks(ctx context.Context, r *blockRequest, ids, remoteIDs
 		putIDs(c.arena[4*k:], remoteIDs)
 		arena = uint32(k)
 	}
-	// The buffer is the connection's, under c.fastMu: the mailbox and the socket copy the frame before the call
+	// The buffer is the connection's, under the fast lock: the mailbox and the socket copy the frame before the call
 	// returns. One grown past a short list's frame is not kept.
 	c.frame = r.appendFast(c.frame[:0], ids, remoteIDs, arena)
 	resp, ok, err = c.fastPayloadLocked(ctx, c.frame, c.spinFor(r.wait, n))
@@ -212,10 +312,10 @@ const fastWaitSlice = 2 * time.Millisecond
 // waited transfer of n bytes would. ok is false when the transfer is still running then, or the fast connection
 // is busy or absent: the caller waits through gRPC.
 func (c *Client) fastWait(ctx context.Context, id, n uint64) (st *Status, ok bool, err error) {
-	if !c.fastMu.TryLock() {
+	if !c.tryLockFast() {
 		return nil, false, nil
 	}
-	defer c.fastMu.Unlock()
+	defer c.unlockFast()
 	if c.fast == nil {
 		return nil, false, nil
 	}
@@ -237,8 +337,8 @@ func (c *Client) fastWait(ctx context.Context, id, n uint64) (st *Status, ok boo
 	return resp.Status, true, nil
 }
 
-// fastRequestLocked sends one request frame over the fast socket, polling for its reply for spin, with c.fastMu
-// held and the fast connection open.
+// fastRequestLocked sends one request frame over the fast socket, polling for its reply for spin, with the fast
+// lock held and the fast connection open.
 func (c *Client) fastRequestLocked(ctx context.Context, req *agentv1.FastRequest, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
 	payload, err := proto.Marshal(req)
 	if err != nil {
@@ -248,7 +348,7 @@ func (c *Client) fastRequestLocked(ctx context.Context, req *agentv1.FastRequest
 }
 
 // fastPayloadLocked sends an encoded FastRequest on the fast socket, polling for its reply for spin, and returns
-// its response, with c.fastMu held and the fast connection open.
+// its response, with the fast lock held and the fast connection open.
 func (c *Client) fastPayloadLocked(ctx context.Context, payload []byte, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
 	var body []byte
 	if c.mbox != nil && c.mbox.Fits(len(payload)) {
@@ -261,11 +361,12 @@ func (c *Client) fastPayloadLocked(ctx context.Context, payload []byte, spin tim
 		reply, err = decodeReply(body)
 	}
 	if err != nil {
-		// The stream is out of step (or gone): drop it; Recover opens a new one.
+		// The stream is out of step (or gone): drop it; the next call opens a new one in the background (and
+		// Recover, after a restart).
 		c.closeFastLocked()
 		var ne net.Error
-		if ended := ctx.Err(); ended != nil {
-			return nil, true, status.Errorf(status.FromContextError(ended).Code(), "fast path: %v", err)
+		if ended := ctxEnded(ctx); ended != nil {
+			return nil, true, fmt.Errorf("%w (%w)", status.Errorf(status.FromContextError(ended).Code(), "fast path: %v", err), ended)
 		}
 		if errors.As(err, &ne) && ne.Timeout() {
 			return nil, true, status.Errorf(codes.DeadlineExceeded, "fast path: %v", err)
@@ -279,23 +380,26 @@ func (c *Client) fastPayloadLocked(ctx context.Context, payload []byte, spin tim
 }
 
 func (c *Client) closeFast() {
-	c.fastMu.Lock()
-	defer c.fastMu.Unlock()
+	c.lockFastWait()
+	defer c.unlockFast()
 	c.closeFastLocked()
 }
 
-// closeFastLocked closes the fast connection and unmaps its mailbox and id arena; c.fastMu is held.
+// closeFastLocked closes the fast connection and unmaps its mailbox and id arena; the fast lock is held.
 func (c *Client) closeFastLocked() {
-	if c.fast != nil {
-		c.fast.Close()
-		c.fast = nil
+	fastParts{conn: c.fast, mbox: c.mbox, arena: c.arena}.close()
+	c.fast, c.mbox, c.arena = nil, nil, nil
+}
+
+// close closes the connection and unmaps what was set up on it.
+func (f fastParts) close() {
+	if f.conn != nil {
+		f.conn.Close()
 	}
-	if c.mbox != nil {
-		c.mbox.Unmap()
-		c.mbox = nil
+	if f.mbox != nil {
+		f.mbox.Unmap()
 	}
-	if c.arena != nil {
-		_ = unix.Munmap(c.arena)
-		c.arena = nil
+	if f.arena != nil {
+		_ = unix.Munmap(f.arena)
 	}
 }

@@ -29,6 +29,9 @@ type PreparedBlocks struct {
 // and the notification are copied (changing the slices afterwards changes nothing).
 func (c *Client) PrepareBlocks(op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions) (*PreparedBlocks, error) {
 	gen := c.generation()
+	if c.closed.Load() {
+		return nil, fmt.Errorf("preparing blocks: %w", ErrClosed)
+	}
 	if err := c.checkBlockCount(len(ids)); err != nil {
 		return nil, err
 	}

@@ -340,9 +340,13 @@ func (t *Transfer) Cancel(ctx context.Context) (*Status, error) {
 
 // ResolveSegment returns the descriptor of a segment on node ("" for this node).
 func (c *Client) ResolveSegment(ctx context.Context, node, segment string) ([]byte, error) {
+	gen := c.generation()
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
 	resp, err := c.api.ResolveSegment(ctx, &agentv1.ResolveSegmentRequest{Node: node, Segment: segment})
 	if err != nil {
-		return nil, fmt.Errorf("resolving segment %q on node %q: %w", segment, node, err)
+		return nil, c.wrap(ctx, fmt.Sprintf("resolving segment %q on node %q", segment, node), gen, err)
 	}
 	return resp.Desc, nil
 }
@@ -350,6 +354,9 @@ func (c *Client) ResolveSegment(ctx context.Context, node, segment string) ([]by
 // Notifications streams notifications for this client's regions (all of them when none are given) until ctx
 // ends. The channel is closed when the stream ends; the returned function reports why.
 func (c *Client) Notifications(ctx context.Context, regions ...*Region) (<-chan *agentv1.Notification, func() error, error) {
+	if c.closed.Load() {
+		return nil, nil, ErrClosed
+	}
 	req := &agentv1.NotificationsRequest{}
 	for _, r := range regions {
 		id, err := r.current()

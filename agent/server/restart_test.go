@@ -495,6 +495,22 @@ func TestACallAfterCloseSaysTheClientIsClosed(t *testing.T) {
 	if _, err := c.Submit(ctx, client.Write, []client.Item{{Local: r, Remote: client.ToRegion(r), RemoteOffset: 4096, Length: 16}}, client.TransferOptions{}); !errors.Is(err, client.ErrClosed) {
 		t.Errorf("a submission after Close: %v, want ErrClosed", err)
 	}
+	// These said gRPC's "the client connection is closing", or succeeded (PrepareBlocks).
+	if _, err := c.ResolveSegment(ctx, "", "kv"); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("a segment resolved after Close: %v, want ErrClosed", err)
+	}
+	if _, _, err := c.Notifications(ctx); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("notifications after Close: %v, want ErrClosed", err)
+	}
+	if err := c.Recover(ctx); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("a recovery after Close: %v, want ErrClosed", err)
+	}
+	if _, err := c.PrepareBlocks(client.Write, nil, nil, client.RemoteLayout{}, nil, client.TransferOptions{}); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("blocks prepared after Close: %v, want ErrClosed", err)
+	}
+	if got := client.Code(client.ErrClosed); got != codes.Canceled {
+		t.Errorf("Code(ErrClosed) = %v, want Canceled (gRPC's own call on a closed connection)", got)
+	}
 }
 
 // TestAnUnavailableTheAgentAnswersIsMarked: the Unavailable the agent answers itself (a node it has no peer

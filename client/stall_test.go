@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/fabricxfer/fabricxfer/client"
+)
+
+// oneBlockLayouts are two host layouts of 4 KiB blocks and their memory, for calls that must move bytes.
+func oneBlockLayouts(t *testing.T, ctx context.Context, c *client.Client) (src, dst *client.Layout, srcMem, dstMem *client.SharedMemory) {
+	t.Helper()
+	srcMem, dstMem = sharedMemory(t, "src", 1<<14), sharedMemory(t, "dst", 1<<14)
+	layout := func(m *client.SharedMemory) *client.Layout {
+		r, err := c.RegisterHost(ctx, m.File, 0, m.Size())
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := c.RegisterLayout(ctx, []*client.Region{r}, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	return layout(srcMem), layout(dstMem), srcMem, dstMem
+}
+
+// moveOne writes block 1 of src to block 2 of dst with fresh bytes, and fails the test unless they landed.
+func moveOne(t *testing.T, ctx context.Context, c *client.Client, src, dst *client.Layout, srcMem, dstMem *client.SharedMemory, round byte) {
+	t.Helper()
+	for i := 4096; i < 8192; i++ {
+		srcMem.Bytes[i] = byte(i) + round
+	}
+	if _, err := c.TransferBlocks(ctx, client.Write, src, []uint32{1}, client.ToLayout(dst), []uint32{2}, client.TransferOptions{}); err != nil {
+		t.Fatalf("round %d: %v", round, err)
+	}
+	if !bytes.Equal(dstMem.Bytes[8192:12288], srcMem.Bytes[4096:8192]) {
+		t.Fatalf("round %d: block 2 of the destination is not block 1 of the source", round)
+	}
+}
+
+// TestAFastPathDroppedAfterADeadlineIsOpenedAgain: a call the agent does not answer by its deadline reads
+// DeadlineExceeded (errors.Is too, each time: it read so in 6 of 20), and the client opens the fast connection
+// again by itself; it stayed on gRPC, 40 times slower a call, until Recover.
+func TestAFastPathDroppedAfterADeadlineIsOpenedAgain(t *testing.T) {
+	c, ctx := dialLocal(t, startLocal(t), "reopen")
+	src, dst, srcMem, dstMem := oneBlockLayouts(t, ctx, c)
+	moveOne(t, ctx, c, src, dst, srcMem, dstMem, 0)
+	for round := range 5 {
+		client.StallFastPath(t, c)
+		short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+		_, err := c.TransferBlocks(short, client.Write, src, []uint32{1}, client.ToLayout(dst), []uint32{2}, client.TransferOptions{})
+		cancel()
+		if client.Code(err) != codes.DeadlineExceeded || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("round %d: a call the agent did not answer: %v (code %v), want DeadlineExceeded that errors.Is finds", round, err, client.Code(err))
+		}
+		// Meanwhile calls go through gRPC, and land.
+		moveOne(t, ctx, c, src, dst, srcMem, dstMem, byte(round+1))
+		deadline := time.Now().Add(10 * time.Second)
+		for !client.FastPathOpen(c) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: no fast connection 10 s after the dropped one", round)
+			}
+			moveOne(t, ctx, c, src, dst, srcMem, dstMem, byte(round+1))
+			time.Sleep(10 * time.Millisecond)
+		}
+		_, before := client.MailboxRequests(c)
+		moveOne(t, ctx, c, src, dst, srcMem, dstMem, byte(round+100))
+		if attached, after := client.MailboxRequests(c); !attached || after != before+1 {
+			t.Fatalf("round %d: the call after the reopen did not take the fast connection's mailbox (%v, %d -> %d)", round, attached, before, after)
+		}
+	}
+}
+
+// TestACallQueuedBehindAStalledOneEndsAtItsOwnDeadline: a call waiting for the fast connection another call
+// holds ends at its own deadline, sending nothing (three 300 ms calls queued behind a 3 s one took 3 s each).
+func TestACallQueuedBehindAStalledOneEndsAtItsOwnDeadline(t *testing.T) {
+	c, ctx := dialLocal(t, startLocal(t), "queued")
+	src, dst, srcMem, dstMem := oneBlockLayouts(t, ctx, c)
+	release := client.HoldFastLock(c)
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	start := time.Now()
+	_, err := c.TransferBlocks(short, client.Write, src, []uint32{1}, client.ToLayout(dst), []uint32{2}, client.TransferOptions{})
+	took := time.Since(start)
+	cancel()
+	release()
+	if !errors.Is(err, context.DeadlineExceeded) || client.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "nothing sent") {
+		t.Fatalf("a call queued behind a held connection: %v, want DeadlineExceeded saying nothing was sent", err)
+	}
+	if took > time.Second {
+		t.Fatalf("a 100 ms call queued behind a held connection took %v", took)
+	}
+	if !client.FastPathOpen(c) {
+		t.Fatal("a call that only waited for the connection dropped it")
+	}
+	moveOne(t, ctx, c, src, dst, srcMem, dstMem, 1)
+}
+
+// TestDialSaysWhatToDial: a path where no agent can answer is refused at once (Unavailable), naming what to dial:
+// the agent's other sockets ("error reading server preface"), a name misspelled beside the socket, a folder and
+// a file ("connection refused"), a folder of pools, nothing at all.
+func TestDialSaysWhatToDial(t *testing.T) {
+	dir := t.TempDir()
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := filepath.Join(dir, "kv")
+	if err := os.Mkdir(pool, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"agent.sock", client.FastSocketName, client.FDSocketName} {
+		l, err := net.Listen("unix", filepath.Join(pool, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+	}
+	file := filepath.Join(dir, "notes")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(pool, "agent.sock")
+	for _, tc := range []struct{ path, want string }{
+		{filepath.Join(pool, client.FastSocketName), "the agent's fast socket, which the client opens itself: dial " + sock},
+		{filepath.Join(pool, client.FDSocketName), "the agent's descriptor socket, which the client opens itself: dial " + sock},
+		{filepath.Join(pool, "agnt.sock"), "beside it: dial " + sock},
+		{pool, "it is a folder, not a socket: dial " + sock},
+		{filepath.Join(dir, "agent.sock"), "pools' sockets are in that folder: dial " + filepath.Join(real, "kv", "agent.sock")},
+		{file, "it is not a socket"},
+		{filepath.Join(t.TempDir(), "kv", "agent.sock"), "there is no socket there"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		start := time.Now()
+		c, err := client.Dial(ctx, tc.path)
+		cancel()
+		if err == nil {
+			c.Close()
+			t.Fatalf("dialled %s", tc.path)
+		}
+		if took := time.Since(start); took > time.Second || client.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Dial(%s) after %v: %v (code %v), want Unavailable at once saying %q", tc.path, took, err, client.Code(err), tc.want)
+		}
+	}
+}
