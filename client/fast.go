@@ -139,7 +139,7 @@ const (
 
 // reopenFastLater opens a dropped fast connection again in the background, unless an attempt runs or one failed
 // within reopenPause: calls meanwhile go through gRPC, and the next after it succeeds takes the fast path again.
-// Before, one call past its deadline (an agent stopped for a moment) left the client on gRPC for good, 40 times
+// Before, one call past its deadline (an agent stopped for a moment) left the client on gRPC for good, 50 times
 // slower a call and silent about it, until Recover.
 func (c *Client) reopenFastLater() {
 	if !c.fastWanted || c.closed.Load() || time.Now().UnixNano() < c.reopenAfter.Load() || !c.reopening.CompareAndSwap(false, true) {

@@ -53,7 +53,7 @@ func moveOne(t *testing.T, ctx context.Context, c *client.Client, src, dst *clie
 
 // TestAFastPathDroppedAfterADeadlineIsOpenedAgain: a call the agent does not answer by its deadline reads
 // DeadlineExceeded (errors.Is too, each time: it read so in 6 of 20), and the client opens the fast connection
-// again by itself; it stayed on gRPC, 40 times slower a call, until Recover.
+// again by itself; it stayed on gRPC, 50 times slower a call, until Recover.
 func TestAFastPathDroppedAfterADeadlineIsOpenedAgain(t *testing.T) {
 	c, ctx := dialLocal(t, startLocal(t), "reopen")
 	src, dst, srcMem, dstMem := oneBlockLayouts(t, ctx, c)

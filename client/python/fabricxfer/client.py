@@ -1544,7 +1544,7 @@ class Client:
     def _fast_again(self, conn, failed: int):
         """The connection for a fast call where the client holds none (SessionLost, raised) or dropped one (a new
         one, opened now under the fast lock). One that cannot be opened stays dropped, so the next fast call tries
-        again: a client that wants the fast socket never goes on through gRPC unseen (26 times slower for a
+        again: a client that wants the fast socket never goes on through gRPC unseen (50 times slower for a
         one-block call). An agent that did not answer in time raises DeadlineExceeded (the session may be fine),
         at once for a call that waited for the lock while another's attempt failed (threads took a full timeout
         each, one after another); any other failure SessionLost. failed: _reopens_failed before the lock."""
