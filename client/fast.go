@@ -35,12 +35,18 @@ const fastDefaultDeadline = 65 * time.Second
 // error: calls then go over gRPC.
 func (c *Client) openFast(ctx context.Context) error {
 	f, err := c.dialFast(ctx)
-	if err != nil || f.conn == nil {
+	if err != nil {
 		return err
 	}
 	c.lockFastWait()
-	c.installFastLocked(f)
-	c.unlockFast()
+	defer c.unlockFast()
+	if f.conn == nil {
+		c.fastWanted = false // an agent without the fast path now: nothing to open again
+		return nil
+	}
+	if !c.installFastLocked(f) {
+		return ErrClosed
+	}
 	return nil
 }
 
@@ -70,6 +76,8 @@ func (c *Client) dialFast(ctx context.Context) (fastParts, error) {
 		return fastParts{}, fmt.Errorf("connecting to the fast socket: %w", err)
 	}
 	conn := raw.(*net.UnixConn)
+	// The calls below end at ctx's deadline; its cancellation (Close, for a reopen) ends them too.
+	defer context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })()
 	reply, err := fastCall(ctx, conn, []byte(resp.Token), 0)
 	if err == nil && reply.Code != 0 {
 		err = status.Error(codes.Code(reply.Code), reply.Message)
@@ -85,11 +93,17 @@ func (c *Client) dialFast(ctx context.Context) (fastParts, error) {
 	return f, nil
 }
 
-// installFastLocked makes f the client's fast connection, closing any it had; the fast lock is held.
-func (c *Client) installFastLocked(f fastParts) {
+// installFastLocked makes f the client's fast connection, closing any it had, and reports true; on a closed
+// client it closes f and reports false (a Recover beside Close left one open for good). The fast lock is held.
+func (c *Client) installFastLocked(f fastParts) bool {
+	if c.closed.Load() {
+		f.close()
+		return false
+	}
 	c.closeFastLocked()
 	c.fast, c.mbox, c.arena = f.conn, f.mbox, f.arena
 	c.fastWanted = true
+	return true
 }
 
 // lockFast takes the fast connection for one call, or gives up when ctx ends first: a call queued behind one the
@@ -97,22 +111,21 @@ func (c *Client) installFastLocked(f fastParts) {
 func (c *Client) lockFast(ctx context.Context) error {
 	select {
 	case c.fastSem <- struct{}{}:
-		return nil
 	default:
-	}
-	select {
-	case c.fastSem <- struct{}{}:
-		// Taken just as ctx ended, maybe: a request past its deadline is not posted (it would fail at once,
-		// dropping the connection, and the agent might still run it).
-		if ended := ctxEnded(ctx); ended != nil {
-			c.unlockFast()
-			return fmt.Errorf("fast path: nothing sent: %w (%w)", status.FromContextError(ended).Err(), ended)
+		select {
+		case c.fastSem <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("fast path: nothing sent: %w, waiting for the connection another call held (%w)",
+				status.FromContextError(ctx.Err()).Err(), ctx.Err())
 		}
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("fast path: nothing sent: %w, waiting for the connection another call held (%w)",
-			status.FromContextError(ctx.Err()).Err(), ctx.Err())
 	}
+	// A request past its deadline (which ctx.Err() tells only once the context's timer fired) is not posted: it
+	// would fail at once, dropping a sound connection, and the agent might still run it.
+	if ended := ctxEnded(ctx); ended != nil {
+		c.unlockFast()
+		return fmt.Errorf("fast path: nothing sent: %w (%w)", status.FromContextError(ended).Err(), ended)
+	}
+	return nil
 }
 
 // lockFastWait takes the fast connection however long another call holds it (bounded by that call's deadline).
@@ -149,6 +162,7 @@ func (c *Client) reopenFastLater() {
 		defer c.reopening.Store(false)
 		ctx, cancel := context.WithTimeout(c.life, reopenLimit)
 		defer cancel()
+		session := c.session.Load() // what the connection is bound to
 		f, err := c.dialFast(ctx)
 		if err != nil || f.conn == nil {
 			c.reopenAfter.Store(time.Now().Add(reopenPause).UnixNano())
@@ -156,7 +170,9 @@ func (c *Client) reopenFastLater() {
 		}
 		c.lockFastWait()
 		defer c.unlockFast()
-		if c.closed.Load() || c.fast != nil {
+		if c.fast != nil || c.session.Load() != session {
+			// Another open got there first, or Recover moved the client to another session meanwhile: this
+			// connection's session ended, and its first call would say the session was lost.
 			f.close()
 			return
 		}

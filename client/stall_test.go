@@ -155,3 +155,52 @@ func TestDialSaysWhatToDial(t *testing.T) {
 		}
 	}
 }
+
+// pastDeadline is a context whose deadline has passed but whose timer has not fired yet (ctx.Err() still nil), as
+// a call meets its context for a moment after the deadline.
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// TestACallPastItsDeadlineIsNotPosted: a call whose deadline passed before it took the fast connection sends
+// nothing, reads DeadlineExceeded, and leaves the connection up (it posted the request, failed at once, and
+// dropped a sound connection while the agent might still run it).
+func TestACallPastItsDeadlineIsNotPosted(t *testing.T) {
+	c, ctx := dialLocal(t, startLocal(t), "past-deadline")
+	src, dst, srcMem, dstMem := oneBlockLayouts(t, ctx, c)
+	_, before := client.MailboxRequests(c)
+	_, err := c.TransferBlocks(pastDeadline{ctx}, client.Write, src, []uint32{1}, client.ToLayout(dst), []uint32{2}, client.TransferOptions{})
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "nothing sent") {
+		t.Fatalf("a call past its deadline: %v, want DeadlineExceeded saying nothing was sent", err)
+	}
+	if _, after := client.MailboxRequests(c); after != before || !client.FastPathOpen(c) {
+		t.Fatalf("a call past its deadline posted its request (%d -> %d) or dropped the connection (open %v)", before, after, client.FastPathOpen(c))
+	}
+	moveOne(t, ctx, c, src, dst, srcMem, dstMem, 1)
+}
+
+// TestRecoverBesideCloseLeavesNoConnection: a Recover whose fast connection opened after Close ran installed
+// it for good (its descriptor and mappings leaked: Close had closed the one before).
+func TestRecoverBesideCloseLeavesNoConnection(t *testing.T) {
+	srv := startLocal(t)
+	for i := range 40 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := client.Dial(ctx, srv.SocketPath())
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = c.Recover(ctx)
+		}()
+		time.Sleep(time.Duration(i%8) * 50 * time.Microsecond)
+		c.Close()
+		<-done
+		cancel()
+		if client.FastPathOpen(c) {
+			t.Fatalf("round %d: a fast connection stayed open after Close", i)
+		}
+	}
+}
