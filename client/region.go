@@ -11,6 +11,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
@@ -101,6 +103,10 @@ func (c *Client) RegisterHost(ctx context.Context, f *os.File, offset, length ui
 	}
 	_ = SealShrink(f) // the agent says how to fix memory that cannot be sealed
 	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if errors.Is(err, unix.EBADF) {
+		return nil, fmt.Errorf("registering host memory: %w (%w)", status.Errorf(codes.InvalidArgument,
+			"file %q is closed: pass the memory's open file (close it after registering, if at all)", f.Name()), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("registering host memory: duplicating its fd: %w", err)
 	}

@@ -204,3 +204,16 @@ func TestRecoverBesideCloseLeavesNoConnection(t *testing.T) {
 		}
 	}
 }
+
+// TestAClosedFileIsRefusedAsClosed: a closed file said "duplicating its fd: bad file descriptor".
+func TestAClosedFileIsRefusedAsClosed(t *testing.T) {
+	c, ctx := dialLocal(t, startLocal(t), "closed-file")
+	m, err := client.NewSharedMemory("closed", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	if _, err := c.RegisterHost(ctx, m.File, 0, 4096); client.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "is closed: pass the memory's open file") {
+		t.Fatalf("registering a closed file: %v (code %v), want InvalidArgument saying it is closed", err, client.Code(err))
+	}
+}
