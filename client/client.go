@@ -50,6 +50,7 @@ type Client struct {
 	conn       *grpc.ClientConn
 	api        agentv1.AgentClient
 	socketPath string
+	socketDir  string // the folder of the agent's sockets (socketPath's, links resolved)
 	fdSocket   string
 	dials      atomic.Uint64
 	noFast     bool
@@ -120,7 +121,12 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	if err := notAnAgentSocket(socketPath); err != nil {
 		return nil, err
 	}
-	c := &Client{socketPath: socketPath, fdSocket: filepath.Join(filepath.Dir(socketPath), FDSocketName),
+	// The agent's other sockets lie beside the socket itself, not beside a link to it elsewhere.
+	dir := filepath.Dir(socketPath)
+	if real, err := filepath.EvalSymlinks(socketPath); err == nil {
+		dir = filepath.Dir(real)
+	}
+	c := &Client{socketPath: socketPath, socketDir: dir, fdSocket: filepath.Join(dir, FDSocketName),
 		regions: map[*Region]struct{}{}, layouts: map[*Layout]struct{}{}, noFast: o.noFast, noMailbox: o.noMailbox, spin: o.spin,
 		fastSem: make(chan struct{}, 1)}
 	c.life, c.endLife = context.WithCancel(context.Background())

@@ -68,9 +68,9 @@ func (c *Client) dialFast(ctx context.Context) (fastParts, error) {
 		return fastParts{}, fmt.Errorf("opening the fast path: %w", err)
 	}
 	var d net.Dialer
-	raw, err := d.DialContext(ctx, "unix", filepath.Join(filepath.Dir(c.socketPath), FastSocketName))
+	raw, err := d.DialContext(ctx, "unix", filepath.Join(c.socketDir, FastSocketName))
 	if errors.Is(err, unix.EACCES) {
-		return fastParts{}, notInSocketGroup(filepath.Join(filepath.Dir(c.socketPath), FastSocketName), err)
+		return fastParts{}, notInSocketGroup(filepath.Join(c.socketDir, FastSocketName), err)
 	}
 	if err != nil {
 		return fastParts{}, fmt.Errorf("connecting to the fast socket: %w", err)

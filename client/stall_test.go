@@ -217,3 +217,25 @@ func TestAClosedFileIsRefusedAsClosed(t *testing.T) {
 		t.Fatalf("registering a closed file: %v (code %v), want InvalidArgument saying it is closed", err, client.Code(err))
 	}
 }
+
+// TestDialThroughALinkElsewhere: a link to the agent socket in another folder dials the agent's fast and
+// descriptor sockets beside the socket itself (they were looked for beside the link, and Dial failed).
+func TestDialThroughALinkElsewhere(t *testing.T) {
+	srv := startLocal(t)
+	link := filepath.Join(t.TempDir(), "agent.sock")
+	if err := os.Symlink(srv.SocketPath(), link); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, link)
+	if err != nil {
+		t.Fatalf("dialling a link to the socket: %v", err)
+	}
+	defer c.Close()
+	src, dst, srcMem, dstMem := oneBlockLayouts(t, ctx, c) // through the descriptor socket
+	moveOne(t, ctx, c, src, dst, srcMem, dstMem, 1)
+	if attached, n := client.MailboxRequests(c); !attached || n == 0 {
+		t.Fatalf("the call through a link did not take the fast connection's mailbox (%v, %d)", attached, n)
+	}
+}

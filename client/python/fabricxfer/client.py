@@ -882,7 +882,9 @@ class Client:
         sibling = _sibling_socket(socket_path)
         if sibling:
             raise AgentUnreachable(grpc.StatusCode.UNAVAILABLE, "no agent's gRPC socket at %s: %s" % (socket_path, sibling))
-        self.fd_socket = os.path.join(os.path.dirname(socket_path), FD_SOCKET_NAME)
+        # The agent's other sockets lie beside the socket itself, not beside a link to it elsewhere.
+        self._socket_dir = os.path.dirname(os.path.realpath(socket_path))
+        self.fd_socket = os.path.join(self._socket_dir, FD_SOCKET_NAME)
         self.timeout = timeout
         self.name = name
         self._want_fast = fast
@@ -1131,7 +1133,7 @@ class Client:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout)
         try:
-            s.connect(os.path.join(os.path.dirname(self.socket_path), FAST_SOCKET_NAME))
+            s.connect(os.path.join(self._socket_dir, FAST_SOCKET_NAME))
             conn = _fastconn.FastConn(s, self._spin)
             reply = self._setup_frame(conn, token.encode())
         except Exception:

@@ -316,6 +316,19 @@ class ClientTest(unittest.TestCase):
             Client(os.path.join(os.path.dirname(SOCKET), "agnt.sock"), timeout=0.3)
         self.assertIn("beside it: name %s" % SOCKET, str(e.exception))
 
+    def test_a_link_to_the_socket_in_another_folder_reaches_the_agents_other_sockets(self):
+        # They were looked for beside the link: registering failed on the descriptor socket, the fast path too.
+        import tempfile
+        d = tempfile.mkdtemp()
+        link = os.path.join(d, "agent.sock")
+        os.symlink(SOCKET, link)
+        with Client(link) as c:
+            fd, buf = self.shm(8192)
+            r = c.register_host(fd, 0, 8192)
+            c.write(r, 0, to_region(r), 4096, 64)
+            self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
+            self.assertIsNotNone(c._fast, "no fast connection through the link")
+
     def test_the_agents_other_sockets_are_refused_at_once_naming_agent_sock(self):
         # Its fast and descriptor sockets do not speak gRPC: a client there waited its whole timeout and blamed a
         # stopped agent.
