@@ -50,8 +50,6 @@ type Client struct {
 	conn       *grpc.ClientConn
 	api        agentv1.AgentClient
 	socketPath string
-	socketDir  string // the folder of the agent's sockets (socketPath's, links resolved)
-	fdSocket   string
 	dials      atomic.Uint64
 	noFast     bool
 	noMailbox  bool
@@ -121,12 +119,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	if err := notAnAgentSocket(socketPath); err != nil {
 		return nil, err
 	}
-	// The agent's other sockets lie beside the socket itself, not beside a link to it elsewhere.
-	dir := filepath.Dir(socketPath)
-	if real, err := filepath.EvalSymlinks(socketPath); err == nil {
-		dir = filepath.Dir(real)
-	}
-	c := &Client{socketPath: socketPath, socketDir: dir, fdSocket: filepath.Join(dir, FDSocketName),
+	c := &Client{socketPath: socketPath,
 		regions: map[*Region]struct{}{}, layouts: map[*Layout]struct{}{}, noFast: o.noFast, noMailbox: o.noMailbox, spin: o.spin,
 		fastSem: make(chan struct{}, 1)}
 	c.life, c.endLife = context.WithCancel(context.Background())
@@ -176,6 +169,19 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	}
 	return c, nil
 }
+
+// socketDir is the folder of the agent's sockets: socketPath's, links resolved now (the agent's other sockets lie
+// beside the socket itself, not beside a link to it elsewhere; gRPC follows a link retargeted since, and so
+// does this).
+func (c *Client) socketDir() string {
+	if real, err := filepath.EvalSymlinks(c.socketPath); err == nil {
+		return filepath.Dir(real)
+	}
+	return filepath.Dir(c.socketPath)
+}
+
+// fdSocket is the agent's descriptor socket.
+func (c *Client) fdSocket() string { return filepath.Join(c.socketDir(), FDSocketName) }
 
 // nameSessionOf makes later calls name the session info describes (an agent too old to name it: none).
 func (c *Client) nameSessionOf(info *agentv1.GetInfoResponse) {
@@ -462,9 +468,9 @@ func (c *Client) putFDs(ctx context.Context, files []*os.File) (string, error) {
 		var token string
 		var err error
 		if len(files) == 1 {
-			token, err = fdpass.Put(ctx, c.fdSocket, files[0])
+			token, err = fdpass.Put(ctx, c.fdSocket(), files[0])
 		} else {
-			token, err = fdpass.PutMany(ctx, c.fdSocket, files)
+			token, err = fdpass.PutMany(ctx, c.fdSocket(), files)
 		}
 		if err == nil || !errors.Is(err, fdpass.ErrExhausted) {
 			return token, err

@@ -68,9 +68,10 @@ func (c *Client) dialFast(ctx context.Context) (fastParts, error) {
 		return fastParts{}, fmt.Errorf("opening the fast path: %w", err)
 	}
 	var d net.Dialer
-	raw, err := d.DialContext(ctx, "unix", filepath.Join(c.socketDir, FastSocketName))
+	path := filepath.Join(c.socketDir(), FastSocketName)
+	raw, err := d.DialContext(ctx, "unix", path)
 	if errors.Is(err, unix.EACCES) {
-		return fastParts{}, notInSocketGroup(filepath.Join(c.socketDir, FastSocketName), err)
+		return fastParts{}, notInSocketGroup(path, err)
 	}
 	if err != nil {
 		return fastParts{}, fmt.Errorf("connecting to the fast socket: %w", err)
@@ -86,9 +87,14 @@ func (c *Client) dialFast(ctx context.Context) (fastParts, error) {
 		conn.Close()
 		return fastParts{}, fmt.Errorf("binding the fast socket: %w", err)
 	}
-	f := fastParts{conn: conn, arena: c.openArena(ctx, conn)}
-	if !c.noMailbox {
-		f.mbox = c.openMailbox(ctx, conn)
+	f := fastParts{conn: conn}
+	f.arena, err = c.openArena(ctx, conn)
+	if err == nil && !c.noMailbox {
+		f.mbox, err = c.openMailbox(ctx, conn)
+	}
+	if err != nil {
+		f.close()
+		return fastParts{}, err
 	}
 	return f, nil
 }
@@ -187,8 +193,8 @@ const idArenaBytes = 1 << 20
 const arenaMinIDs = 1024
 
 // openArena gives conn an id arena, shared memory the ids of long block lists are written into instead of the
-// frame; nil where the agent does not take one.
-func (c *Client) openArena(ctx context.Context, conn *net.UnixConn) []byte {
+// frame; nil where the agent does not take one, an error where conn is out of step (passMemory).
+func (c *Client) openArena(ctx context.Context, conn *net.UnixConn) ([]byte, error) {
 	return c.passMemory(ctx, conn, "fabricxfer-ids", idArenaBytes, func(token string) *agentv1.FastRequest {
 		return &agentv1.FastRequest{Request: &agentv1.FastRequest_IdArena{IdArena: &agentv1.IdArena{FdToken: token, Size: idArenaBytes}}}
 	})

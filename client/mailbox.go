@@ -41,51 +41,55 @@ var emptyFrame = []byte{0, 0, 0, 0}
 
 // openMailbox gives conn (a bound fast connection) a mailbox. It returns nil where the agent does not take one
 // (an older agent answers with an error) or the memory could not be set up: frames then travel on the socket.
-func (c *Client) openMailbox(ctx context.Context, conn *net.UnixConn) *fastwire.CallerMailbox {
-	mem := c.passMemory(ctx, conn, "fabricxfer-mailbox", mailboxBytes, func(token string) *agentv1.FastRequest {
+// An error means conn is out of step (passMemory).
+func (c *Client) openMailbox(ctx context.Context, conn *net.UnixConn) (*fastwire.CallerMailbox, error) {
+	mem, err := c.passMemory(ctx, conn, "fabricxfer-mailbox", mailboxBytes, func(token string) *agentv1.FastRequest {
 		return &agentv1.FastRequest{Request: &agentv1.FastRequest_Mailbox{Mailbox: &agentv1.Mailbox{FdToken: token, Size: mailboxBytes}}}
 	})
 	if mem == nil {
-		return nil
+		return nil, err
 	}
 	mb, err := fastwire.NewCallerMailbox(mem, false)
 	if err != nil {
 		_ = unix.Munmap(mem)
-		return nil
+		return nil, nil
 	}
-	return mb
+	return mb, nil
 }
 
 // passMemory creates size bytes of shared memory sealed against shrinking, passes them to the agent through the
 // fd socket and sets them up on conn with request(token); it returns this process's mapping, or nil where the
-// agent refused or the passing failed (the connection then works without it).
-func (c *Client) passMemory(ctx context.Context, conn *net.UnixConn, name string, size int, request func(token string) *agentv1.FastRequest) []byte {
+// agent refused or the passing failed (the connection then works without it). An error means the setup frame
+// got no reply (an agent stopped meanwhile): its late reply would be read as the next call's, so conn is out of
+// step and must not be used.
+func (c *Client) passMemory(ctx context.Context, conn *net.UnixConn, name string, size int, request func(token string) *agentv1.FastRequest) ([]byte, error) {
 	f, err := newSealedMemfd(name, uint64(size))
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	defer f.Close() // the mapping keeps the memory
 	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	token, err := c.putFD(ctx, f)
 	var payload []byte
 	if err == nil {
 		payload, err = proto.Marshal(request(token))
 	}
-	if err == nil {
-		var reply *agentv1.FastReply
-		reply, err = fastCall(ctx, conn, payload, 0)
-		if err == nil && reply.Code != 0 {
-			err = errors.New(reply.Message)
-		}
-	}
 	if err != nil {
 		_ = unix.Munmap(mem)
-		return nil
+		return nil, nil
 	}
-	return mem
+	reply, err := fastCall(ctx, conn, payload, 0)
+	if err != nil || reply.Code != 0 {
+		_ = unix.Munmap(mem)
+		if err != nil {
+			return nil, fmt.Errorf("setting up %s on the fast connection: %w", name, err)
+		}
+		return nil, nil
+	}
+	return mem, nil
 }
 
 // mailboxCall sends payload through mb and returns the reply's payload (valid until the next call): it polls

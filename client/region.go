@@ -260,7 +260,7 @@ func (c *Client) AllocateFromPool(ctx context.Context, length uint64, opts ...Re
 		return nil, fmt.Errorf("the pool lends %s memory (%d-byte allocation): map it with the GPU runtime; this client maps host memory only",
 			resp.HandleType, resp.AllocationSize)
 	}
-	f, err := fdpass.Get(ctx, c.fdSocket, resp.FdToken)
+	f, err := fdpass.Get(ctx, c.fdSocket(), resp.FdToken)
 	if err != nil {
 		_, _ = c.api.Release(ctx, &agentv1.ReleaseRequest{AllocationId: resp.AllocationId})
 		return nil, fmt.Errorf("fetching the pool fd: %w", err)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -287,7 +288,12 @@ func TestVPodClaimPreparedByTheVPodsDomain(t *testing.T) {
 	if err := <-pubDone; err != nil {
 		t.Fatalf("vPOD publisher: %v", err)
 	}
-	for _, s := range []*resourceapi.ResourceSlice{vpodSlice(vpoddra.PoolName("all-nodes"), testVPodA), vpodSlice(vpoddra.PoolName("node-bound"), testVPodA)} {
+	// Slices of an older operator carry the pool's old name, vpod-<x>, until the operator replaces them.
+	oldNamed := vpodSlice(vpoddra.PoolName("old-operator"), testVPodA)
+	oldNamed.Spec.Pool.Name, oldNamed.Spec.AllNodes = oldNamed.Name, nil
+	oldNamed.Spec.NodeSelector = &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+		{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"node-a1"}}}}}}
+	for _, s := range []*resourceapi.ResourceSlice{vpodSlice(vpoddra.PoolName("all-nodes"), testVPodA), vpodSlice(vpoddra.PoolName("node-bound"), testVPodA), oldNamed} {
 		if s.Name == vpoddra.SliceName("node-bound") {
 			s.Spec.AllNodes, s.Spec.NodeName = nil, ptr.To("node-a1")
 		}
@@ -312,6 +318,8 @@ func TestVPodClaimPreparedByTheVPodsDomain(t *testing.T) {
 		{allocatedClaim(t, cs, "group-old-name", "vpod-rack-1-vpod-a", "vpod-0"), "node-a1", ""},
 		{allocatedClaim(t, cs, "group-old-name-b", "vpod-rack-1-vpod-a", "vpod-0"), "node-b1", "is a vPOD this node is not in"},
 		{allocatedClaim(t, cs, "group-old-ghost", "vpod-nobody", "vpod-0"), "node-a1", "no vPOD pool vpod/nobody is published"},
+		{allocatedClaim(t, cs, "group-old-operator", "vpod-old-operator", "vpod-0"), "node-a1", ""},
+		{allocatedClaim(t, cs, "group-old-operator-new-name", vpoddra.PoolName("old-operator"), "vpod-0"), "node-a1", ""},
 		{allocatedClaim(t, cs, "group-no-device", vpoddra.PoolName("rack-1-vpod-a"), "vpod-9"), "node-a1", "has no device vpod-9"},
 		{allocatedClaim(t, cs, "group-all-nodes", vpoddra.PoolName("all-nodes"), "vpod-0"), "node-a1", "not the operator's vPOD slice"},
 		{allocatedClaim(t, cs, "group-node-bound", vpoddra.PoolName("node-bound"), "vpod-0"), "node-a1", "not the operator's vPOD slice"},

@@ -83,8 +83,10 @@ func (v *vpodPools) read(ctx context.Context, pool string) (*resourceapi.Resourc
 	if err != nil {
 		return nil, fmt.Errorf("reading the ResourceSlice of vPOD pool %s: %w", pool, err)
 	}
+	// The slice may still carry the pool's name from before the rename (vpod-<x>, its own object name) until the
+	// operator replaces it, or after going back to an older operator.
 	switch {
-	case s.Spec.Driver != DriverName || s.Spec.Pool.Name != pool:
+	case s.Spec.Driver != DriverName || s.Spec.Pool.Name != pool && s.Spec.Pool.Name != v1alpha1.VPodDRASliceName(pool):
 		return nil, fmt.Errorf("ResourceSlice %s is pool %s of driver %s, not vPOD pool %s", s.Name, s.Spec.Pool.Name, s.Spec.Driver, pool)
 	case ptr.Deref(s.Spec.NodeName, "") != "" || ptr.Deref(s.Spec.AllNodes, false):
 		return nil, fmt.Errorf("ResourceSlice %s is bound to a node or to all nodes: not the operator's vPOD slice", s.Name)

@@ -26,6 +26,7 @@ import array
 import errno
 import fcntl
 import mmap
+import operator
 import os
 import platform
 import random
@@ -853,6 +854,18 @@ class Client:
     # Reopens of the fast connection the agent did not answer in time (_fast_again).
     _reopens_failed = 0
 
+    @property
+    def _socket_dir(self) -> str:
+        """The folder of the agent's sockets: socket_path's, links resolved now (the agent's other sockets lie
+        beside the socket itself, not beside a link to it elsewhere; gRPC follows a link retargeted since, and so
+        does this)."""
+        return os.path.dirname(os.path.realpath(self.socket_path))
+
+    @property
+    def fd_socket(self) -> str:
+        """The agent's descriptor socket."""
+        return os.path.join(self._socket_dir, FD_SOCKET_NAME)
+
     def __init__(self, socket_path: Optional[str] = None, timeout: float = 10.0, name: str = "python", fast: bool = True,
                  spin: float = FAST_SPIN, mailbox=True):
         """socket_path: default $FABRICXFER_SOCKET (a prepared fabricxfer.io claim sets it), else
@@ -882,9 +895,7 @@ class Client:
         sibling = _sibling_socket(socket_path)
         if sibling:
             raise AgentUnreachable(grpc.StatusCode.UNAVAILABLE, "no agent's gRPC socket at %s: %s" % (socket_path, sibling))
-        # The agent's other sockets lie beside the socket itself, not beside a link to it elsewhere.
-        self._socket_dir = os.path.dirname(os.path.realpath(socket_path))
-        self.fd_socket = os.path.join(self._socket_dir, FD_SOCKET_NAME)
+        self._reopens_failed = 0  # an instance attribute: read on every fast call
         self.timeout = timeout
         self.name = name
         self._want_fast = fast
@@ -1040,6 +1051,18 @@ class Client:
             self._recover(timeout)
 
     def _recover(self, timeout: float):
+        try:
+            self._recover_session(timeout)
+        except BaseException:
+            # Wherever it failed (an agent still stopped fails GetInfo), the fast connection stays wanted: the
+            # client must not go on through gRPC unseen.
+            if self._want_fast:
+                with self._fast_lock:
+                    if self._fast is None:
+                        self._fast = _DROPPED
+            raise
+
+    def _recover_session(self, timeout: float):
         with self._fast_lock:
             if self._fast is not None:
                 self._fast.close()
@@ -1079,13 +1102,7 @@ class Client:
                 self._layouts_pending = list(self._layouts)
         if self._want_fast:
             # After the bookkeeping above, so a recover() that fails here leaves the next one what to register.
-            try:
-                self._open_fast()
-            except BaseException:
-                with self._fast_lock:
-                    if self._fast is None:
-                        self._fast = _DROPPED  # wanted still: the next fast call opens it, not gRPC unseen
-                raise
+            self._open_fast()
         first = self._register_again()
         if first is not None:
             raise first
@@ -1142,11 +1159,18 @@ class Client:
         if reply.code:
             s.close()
             raise AgentError(reply.code, reply.message)
-        arena = self._open_arena(conn)
+        arena = None
+        try:
+            arena = self._open_arena(conn)
+            if self._mailbox_checked is not None:
+                self._open_mailbox(conn, self._mailbox_checked)
+        except BaseException:
+            conn.close()
+            if arena is not None:
+                arena.close()
+            raise
         if self._arena is not None:
             self._arena.close()
-        if self._mailbox_checked is not None:
-            self._open_mailbox(conn, self._mailbox_checked)
         self._fast, self._arena = conn, arena
 
     def _setup_frame(self, conn, payload: bytes) -> pb.FastReply:
@@ -1182,16 +1206,23 @@ class Client:
     def _pass_memory(self, conn, name: str, size: int, request):
         """Creates size bytes of shared memory, passes them to the agent through the fd socket and sets them up
         with request(token) on the new fast connection; returns the mapping, or None where the agent refused or
-        the passing failed (the connection then works without it)."""
+        the passing failed (the connection then works without it). Raises where the setup frame got no reply:
+        the connection is out of step."""
         fd, buf = shared_memory(name, size)
         try:
             token = put_fd(self.fd_socket, fd, self.timeout)
-            reply = self._setup_frame(conn, request(token).SerializeToString())
         except (OSError, FdSocketError, ConnectionError):
             buf.close()
             return None
         finally:
             os.close(fd)
+        try:
+            reply = self._setup_frame(conn, request(token).SerializeToString())
+        except BaseException:
+            # No reply in time (an agent stopped meanwhile) or a broken socket: the late reply would be read as
+            # the next call's, so the connection is out of step, and the open fails (it was used regardless).
+            buf.close()
+            raise
         if reply.code:
             buf.close()
             return None
@@ -1246,12 +1277,14 @@ class Client:
         the pool admits) whose pods may then reach it as "<this namespace>/<segment>". Without Kubernetes
         (agent standalone) there are no namespaces and grants change nothing."""
         try:
-            req = pb.RegisterMemoryRequest(kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD,
-                                           offset=offset, length=length, segment_name=segment,
-                                           segment_grants=list(grants))
-        except (ValueError, TypeError) as e:  # protobuf's says only "Value out of range: -1"
-            raise type(e)("offset and length are byte counts from 0 to 2^64-1, not %r and %r: %s" % (
-                offset, length, e)) from None
+            offset, length = operator.index(offset), operator.index(length)  # numpy's integers too
+        except TypeError:
+            raise TypeError("offset and length are integers, not %r and %r" % (offset, length)) from None
+        if not (0 <= offset < 1 << 64 and 0 <= length < 1 << 64):
+            # protobuf's refusal says only "Value out of range: -1"
+            raise ValueError("offset and length are byte counts from 0 to 2^64-1, not %r and %r" % (offset, length))
+        req = pb.RegisterMemoryRequest(kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD, offset=offset,
+                                       length=length, segment_name=segment, segment_grants=list(grants))
         if type(fd) is not int or fd < 0:
             raise TypeError("fd is the memory's open descriptor (an int, os.memfd_create's), not %r" % (fd,))
         try:  # the agent maps only memory sealed against shrinking; a sealable memfd is sealed here
@@ -1444,7 +1477,7 @@ class Client:
         defaults to the client's timeout, an unwaited one to the agent's, AGENT_DEFAULT_TIMEOUT; the agent fails it
         with DEADLINE_EXCEEDED when it runs out). The call waits for the agent's answer past that timeout (an
         unwaited one to a peer that does not answer is held until then); DeadlineExceeded when none came."""
-        if wait and not _seconds(timeout):
+        if not _seconds(timeout) and wait:
             timeout = self.timeout  # the agent ends it, and answers, before this call gives up
         if len(items) > 4096 and len(items) > (self.info.limits.max_items_per_transfer or len(items)):
             raise ValueError("%d items: the agent moves at most %d items a call (info.limits.max_items_per_transfer); "

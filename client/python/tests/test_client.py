@@ -391,6 +391,8 @@ class ClientTest(unittest.TestCase):
         calls = {
             "transfer_blocks": lambda t: self.c.transfer_blocks("write", lay, ids, to_layout(lay), other, timeout=t),
             "transfer": lambda t: self.c.transfer("write", [Item(r, to_region(r), 16, 0, 2048)], timeout=t),
+            "unwaited transfer": lambda t: self.c.transfer("write", [Item(r, to_region(r), 16, 0, 2048)], timeout=t,
+                                                           wait=False),
             "wait": lambda t: self.c.wait(1, timeout=t),
             "wait_all": lambda t: self.c.wait_all([1], timeout=t),
             "recover": lambda t: self.c.recover(timeout=t),

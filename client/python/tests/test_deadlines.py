@@ -123,6 +123,37 @@ class StalledDescriptorSocketTest(unittest.TestCase):
             fx.get_fd(path, "token", 0.3)
 
 
+class SetupFrameTest(unittest.TestCase):
+    def test_a_setup_frame_without_a_reply_fails_the_connection(self):
+        # Memory handed to the agent whose setup frame (a mailbox, an id arena) got no reply in time left the
+        # connection out of step (the late reply is read as the next call's); it was used regardless.
+        import tempfile
+        d = tempfile.mkdtemp()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(listener.close)
+        listener.bind(os.path.join(d, "agent.fd.sock"))
+        listener.listen(4)
+
+        def take_every_descriptor():
+            while True:
+                try:
+                    s, _ = listener.accept()
+                except OSError:
+                    return
+                with s:
+                    if s.recv(64):
+                        s.sendall(b"OK token-1\n")
+
+        threading.Thread(target=take_every_descriptor, daemon=True).start()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(ours.close)
+        self.addCleanup(theirs.close)
+        c = Client.__new__(Client)
+        c.socket_path, c.timeout = os.path.join(d, "agent.sock"), 0.3
+        with self.assertRaises(fastconn.FastConnError):
+            c._open_arena(fastconn.FastConn(ours, 0.0))
+
+
 @unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
 class ReopenTest(unittest.TestCase):
     def client(self, timeout=10.0):
@@ -192,6 +223,20 @@ class ReopenTest(unittest.TestCase):
             with self.assertRaises(fx.DeadlineExceeded):
                 c.recover()
         self.assertIs(c._fast, fx._DROPPED, "a recover() that could not open the fast connection forgot it")
+        self.assertMoves(c, buf, r)
+
+    def test_a_recover_the_agent_does_not_answer_keeps_the_fast_connection_wanted(self):
+        # A recover() that failed before it reached the fast connection (GetInfo of an agent still stopped) left
+        # it None, and every later call went through gRPC unseen.
+        c, buf, r = self.client(timeout=1.0)
+
+        def silent(*args, **kwargs):
+            raise fx.DeadlineExceeded("Deadline Exceeded")
+
+        with mock.patch.object(c.stub, "GetInfo", silent):
+            with self.assertRaises(grpc.RpcError):
+                c.recover(timeout=0.5)
+        self.assertIs(c._fast, fx._DROPPED, "a recover() that failed forgot the fast connection")
         self.assertMoves(c, buf, r)
 
     def test_threads_waiting_on_a_reopen_the_agent_does_not_answer_fail_with_it(self):
