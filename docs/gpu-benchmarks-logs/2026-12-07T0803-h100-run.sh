@@ -1,4 +1,7 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Copyright The fabricxfer Authors
+#
 # On an H200: bench_gpu.py's done-when cases once, then agent starts of the 64 MiB cases until 120 s. Then, on any
 # GPU, the Python GPU tests in both allocator modes and the Go client's GPU test and benchmarks.
 set -u
