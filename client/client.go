@@ -63,6 +63,8 @@ type Client struct {
 	arena      []byte                  // the fast connection's id arena (mapped); nil: ids travel in the frame
 	frame      []byte                  // the buffer block requests are written into (fastBlocks)
 	fastWanted bool                    // a fast connection was installed: one dropped is opened again
+	// fastLive is fast, readable without the fast lock: Close closes it under a call that holds the lock.
+	fastLive atomic.Pointer[net.UnixConn]
 
 	reopening   atomic.Bool  // a background reopen of the fast connection runs (reopenFastLater)
 	reopenAfter atomic.Int64 // unix nanoseconds before which no reopen is tried (one failed)
@@ -238,6 +240,12 @@ func (c *Client) Close() error {
 	c.layouts = map[*Layout]struct{}{}
 	c.mu.Unlock()
 	c.endLife()
+	// A call in flight on the fast connection (an agent that does not answer) ends at once rather than at its
+	// deadline: its wait on the socket fails, and it gives the lock back. The mailbox it may poll stays mapped
+	// until closeFast holds the lock.
+	if conn := c.fastLive.Load(); conn != nil {
+		_ = conn.Close()
+	}
 	c.closeFast()
 	return c.conn.Close()
 }

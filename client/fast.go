@@ -108,6 +108,7 @@ func (c *Client) installFastLocked(f fastParts) bool {
 	}
 	c.closeFastLocked()
 	c.fast, c.mbox, c.arena = f.conn, f.mbox, f.arena
+	c.fastLive.Store(f.conn)
 	c.fastWanted = true
 	return true
 }
@@ -411,6 +412,7 @@ func (c *Client) closeFast() {
 func (c *Client) closeFastLocked() {
 	fastParts{conn: c.fast, mbox: c.mbox, arena: c.arena}.close()
 	c.fast, c.mbox, c.arena = nil, nil, nil
+	c.fastLive.Store(nil)
 }
 
 // close closes the connection and unmaps what was set up on it.

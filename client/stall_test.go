@@ -239,3 +239,35 @@ func TestDialThroughALinkElsewhere(t *testing.T) {
 		t.Fatalf("the call through a link did not take the fast connection's mailbox (%v, %d)", attached, n)
 	}
 }
+
+// TestCloseEndsACallTheAgentDoesNotAnswer: Close during a call the agent does not answer ends that call at once
+// with ErrClosed (Close waited for the call's whole deadline, 9.8 s of a 10 s one).
+func TestCloseEndsACallTheAgentDoesNotAnswer(t *testing.T) {
+	c, ctx := dialLocal(t, startLocal(t), "close-stalled")
+	src, dst, _, _ := oneBlockLayouts(t, ctx, c)
+	client.StallFastPath(t, c)
+	ended := make(chan error, 1)
+	go func() {
+		long, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := c.TransferBlocks(long, client.Write, src, []uint32{1}, client.ToLayout(dst), []uint32{2}, client.TransferOptions{})
+		ended <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the call is waiting for its reply
+	start := time.Now()
+	c.Close()
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("Close took %v beside a call the agent did not answer", took)
+	}
+	select {
+	case err := <-ended:
+		if !errors.Is(err, client.ErrClosed) {
+			t.Fatalf("the call Close ended: %v, want ErrClosed", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the call was still waiting 2 s after Close")
+	}
+	if client.FastPathOpen(c) {
+		t.Fatal("a fast connection stayed open after Close")
+	}
+}
