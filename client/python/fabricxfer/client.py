@@ -1236,8 +1236,16 @@ class Client:
         with self._lock:
             self._closed = True
             self._losses += 1  # every call's session check then looks, and raises ClientClosed
-        # A call on the fast connection holds its lock until its reply: closing under it keeps that call's
-        # mailbox and arena mapped until it ends (bounded by the longest call's deadline).
+        # A call on the fast connection holds its lock until its reply: its socket is shut down first, so a call
+        # the agent does not answer ends now (its wait on the socket sees the end) rather than at its deadline;
+        # its mailbox and arena stay mapped until it gave the lock back.
+        fast = self._fast
+        # Not in a forked child: the socket is its parent's too, and a shutdown would end the parent's connection.
+        if isinstance(fast, _fastconn.FastConn) and not self._forked:
+            try:
+                fast.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already
         held = self._fast_lock.acquire(timeout=self.timeout + 1.0)
         try:
             if self._fast is not None:
@@ -1561,6 +1569,8 @@ class Client:
         not forgotten: the next fast call opens a new one if the session lives, and says SessionLost if not."""
         conn.close()
         self._fast = _DROPPED
+        if self._closed:
+            return ClientClosed()  # close() ended the call
         return SessionLost("the fast connection broke (%s): call recover() and retry" % e)
 
     def _fast_late(self, conn, waited: float) -> DeadlineExceeded:

@@ -239,6 +239,33 @@ class ReopenTest(unittest.TestCase):
         self.assertIs(c._fast, fx._DROPPED, "a recover() that failed forgot the fast connection")
         self.assertMoves(c, buf, r)
 
+    def test_close_ends_a_call_the_agent_does_not_answer(self):
+        # close() waited for the call's lock up to the client's timeout and a second.
+        c, buf, r = self.client(timeout=10.0)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(theirs.close)
+        c._fast.close()
+        c._fast = fastconn.FastConn(ours, 0.0)  # an agent that reads nothing and answers nothing
+        got = []
+
+        def call():
+            try:
+                c.write(r, 0, to_region(r), 4096, 64)
+            except Exception as e:  # noqa: BLE001 - asserted below
+                got.append(e)
+
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(0.2)
+        start = time.monotonic()
+        c.close()
+        took = time.monotonic() - start
+        t.join(5)
+        self.assertLess(took, 2, "close() beside a call the agent did not answer")
+        self.assertFalse(t.is_alive(), "the call went on after close()")
+        self.assertEqual(len(got), 1)
+        self.assertIsInstance(got[0], fx.ClientClosed)
+
     def test_threads_waiting_on_a_reopen_the_agent_does_not_answer_fail_with_it(self):
         # Each thread took the client's whole timeout in turn to try again (4 threads, 1 s: 1, 2, 3, 4 s).
         c, buf, r = self.client(timeout=1.0)
