@@ -116,20 +116,24 @@ func (c *Client) installFastLocked(f fastParts) bool {
 // lockFast takes the fast connection for one call, or gives up when ctx ends first: a call queued behind one the
 // agent does not answer ends at its own deadline, not at the other's.
 func (c *Client) lockFast(ctx context.Context) error {
+	var ended error
 	select {
 	case c.fastSem <- struct{}{}:
 	default:
 		select {
 		case c.fastSem <- struct{}{}:
 		case <-ctx.Done():
-			return fmt.Errorf("fast path: nothing sent: %w, waiting for the connection another call held (%w)",
-				status.FromContextError(ctx.Err()).Err(), ctx.Err())
+			ended = ctx.Err()
 		}
 	}
-	// A request past its deadline (which ctx.Err() tells only once the context's timer fired) is not posted: it
-	// would fail at once, dropping a sound connection, and the agent might still run it.
-	if ended := ctxEnded(ctx); ended != nil {
-		c.unlockFast()
+	// A request past its deadline (which ctx.Err() tells only once the context's timer fired) is not posted
+	// either: it would fail at once, dropping a sound connection, and the agent might still run it.
+	if ended == nil {
+		if ended = ctxEnded(ctx); ended != nil {
+			c.unlockFast()
+		}
+	}
+	if ended != nil {
 		return fmt.Errorf("fast path: nothing sent: %w (%w)", status.FromContextError(ended).Err(), ended)
 	}
 	return nil

@@ -23,6 +23,7 @@ Block layouts (a paged KV cache: every layer's K and V tensor cut into blocks of
 """
 
 import array
+import contextlib
 import errno
 import fcntl
 import mmap
@@ -425,15 +426,13 @@ def _put(fd_socket: str, fds: List[int], deadline: float) -> str:
     for attempt in range(10):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(max(deadline - time.monotonic(), 0.05))
-            try:
+            with _answered_in_time(fd_socket):
                 s.connect(fd_socket)
                 try:
                     socket.send_fds(s, [line.encode()], fds)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # an agent at a limit answers and closes without reading: its answer is still there
                 reply, _ = _read_line(s, False)
-            except (TimeoutError, socket.timeout) as e:  # as any other call's the agent did not answer in time
-                raise DeadlineExceeded("the agent's descriptor socket %s did not answer in time" % fd_socket) from e
         if reply.startswith("OK "):
             return reply[3:]
         if reply.startswith("ERR " + EXHAUSTED_PREFIX) and attempt < 9 and time.monotonic() + backoff < deadline:
@@ -444,16 +443,24 @@ def _put(fd_socket: str, fds: List[int], deadline: float) -> str:
     raise FdSocketError("the fd socket stayed at its limit")
 
 
+@contextlib.contextmanager
+def _answered_in_time(fd_socket: str):
+    """Turns a descriptor socket's timeout into the DeadlineExceeded of every other call the agent did not answer
+    in time (a bare "timed out" said nothing of what was asked)."""
+    try:
+        yield
+    except (TimeoutError, socket.timeout) as e:  # socket.timeout is no TimeoutError before Python 3.10
+        raise DeadlineExceeded("the agent's descriptor socket %s did not answer in time" % fd_socket) from e
+
+
 def get_fd(fd_socket: str, token: str, timeout: float = 5.0) -> int:
     """Presents a token and returns the descriptor the agent lends (the caller must close it)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
-        try:
+        with _answered_in_time(fd_socket):
             s.connect(fd_socket)
             s.sendall(("GET %s\n" % token).encode())
             line, fds = _read_line(s, True)
-        except (TimeoutError, socket.timeout) as e:
-            raise DeadlineExceeded("the agent's descriptor socket %s did not answer in time" % fd_socket) from e
     if line != "OK" or len(fds) != 1:
         for fd in fds:
             os.close(fd)
