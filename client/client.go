@@ -481,7 +481,7 @@ func (c *Client) putFDs(ctx context.Context, files []*os.File) (string, error) {
 			token, err = fdpass.PutMany(ctx, c.fdSocket(), files)
 		}
 		if err == nil || !errors.Is(err, fdpass.ErrExhausted) {
-			return token, err
+			return token, notBesideAgentSocket(c.fdSocket(), "descriptor", "", err)
 		}
 		exhausted := fmt.Errorf("%w (%w; %d attempts)", status.Error(codes.ResourceExhausted, err.Error()), err, attempt+1)
 		pause := delay/2 + rand.N(delay)

@@ -6,6 +6,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -111,6 +112,22 @@ func notAnAgentSocket(path string) error {
 		return refuse("it is the agent's descriptor socket, which the client opens itself: dial " + filepath.Join(dir, "agent.sock"))
 	}
 	return nil
+}
+
+// notBesideAgentSocket explains a connect to one of the agent's other sockets that found nothing there while
+// agent.sock answered: a pod that mounts agent.sock alone (a hostPath of the file, not of its folder) reaches the
+// agent but not the sockets beside it. what names the socket; optOut, when not empty, how to go without it.
+func notBesideAgentSocket(path, what, optOut string, err error) error {
+	if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	why := fmt.Sprintf("the agent answered on %s but its %s socket %s is not beside it: mount the agent's whole socket "+
+		"folder (agent.sock, %s, %s), not agent.sock alone", filepath.Join(filepath.Dir(path), "agent.sock"), what, path,
+		FastSocketName, FDSocketName)
+	if optOut != "" {
+		why += ", or " + optOut
+	}
+	return fmt.Errorf("%s: %w", why, err)
 }
 
 func isSocket(path string) bool {

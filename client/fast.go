@@ -74,7 +74,8 @@ func (c *Client) dialFast(ctx context.Context) (fastParts, error) {
 		return fastParts{}, notInSocketGroup(path, err)
 	}
 	if err != nil {
-		return fastParts{}, fmt.Errorf("connecting to the fast socket: %w", err)
+		return fastParts{}, fmt.Errorf("connecting to the fast socket: %w",
+			notBesideAgentSocket(path, "fast", "dial WithoutFastPath() to go through gRPC alone (slower)", err))
 	}
 	conn := raw.(*net.UnixConn)
 	// The calls below end at ctx's deadline; its cancellation (Close, for a reopen) ends them too.

@@ -263,7 +263,7 @@ func (c *Client) AllocateFromPool(ctx context.Context, length uint64, opts ...Re
 	f, err := fdpass.Get(ctx, c.fdSocket(), resp.FdToken)
 	if err != nil {
 		_, _ = c.api.Release(ctx, &agentv1.ReleaseRequest{AllocationId: resp.AllocationId})
-		return nil, fmt.Errorf("fetching the pool fd: %w", err)
+		return nil, fmt.Errorf("fetching the pool fd: %w", notBesideAgentSocket(c.fdSocket(), "descriptor", "", err))
 	}
 	defer f.Close() // the mapping keeps the memory
 	page := uint64(os.Getpagesize())

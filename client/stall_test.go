@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -270,4 +271,44 @@ func TestCloseEndsACallTheAgentDoesNotAnswer(t *testing.T) {
 	if client.FastPathOpen(c) {
 		t.Fatal("a fast connection stayed open after Close")
 	}
+}
+
+// TestAgentSocketMountedAloneSaysToMountTheFolder: a pod that mounts agent.sock alone (a hostPath of the file)
+// reaches the agent but not the sockets beside it. Dial said only "connecting to the fast socket: no such file
+// or directory", and a registration the same of the descriptor socket; each now names the socket that is
+// missing, the folder to mount, and for the fast socket how to go without it. The agent serves others as before.
+func TestAgentSocketMountedAloneSaysToMountTheFolder(t *testing.T) {
+	srv := startLocal(t)
+	alone := filepath.Join(t.TempDir(), "agent.sock")
+	if err := os.Link(srv.SocketPath(), alone); err != nil { // the socket itself, without its folder
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := client.Dial(ctx, alone)
+	if err == nil {
+		t.Fatal("Dial with no fast socket beside agent.sock succeeded")
+	}
+	for _, want := range []string{filepath.Join(filepath.Dir(alone), client.FastSocketName), "mount the agent's whole socket folder", "WithoutFastPath"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Dial's error %q does not say %q", err, want)
+		}
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Dial's error %v does not wrap the missing file", err)
+	}
+	c, err := client.Dial(ctx, alone, client.WithoutFastPath())
+	if err != nil {
+		t.Fatalf("Dial without the fast path: %v", err)
+	}
+	defer c.Close()
+	m := sharedMemory(t, "alone", 1<<14)
+	_, err = c.RegisterHost(ctx, m.File, 0, m.Size())
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(filepath.Dir(alone), client.FDSocketName)) ||
+		!strings.Contains(err.Error(), "mount the agent's whole socket folder") {
+		t.Fatalf("RegisterHost with no descriptor socket beside agent.sock: %v", err)
+	}
+	other, ctx2 := dialLocal(t, srv, "beside")
+	src, dst, srcMem, dstMem := oneBlockLayouts(t, ctx2, other)
+	moveOne(t, ctx2, other, src, dst, srcMem, dstMem, 1)
 }

@@ -426,7 +426,7 @@ def _put(fd_socket: str, fds: List[int], deadline: float) -> str:
     for attempt in range(10):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(max(deadline - time.monotonic(), 0.05))
-            with _answered_in_time(fd_socket):
+            with _descriptor_socket(fd_socket):
                 s.connect(fd_socket)
                 try:
                     socket.send_fds(s, [line.encode()], fds)
@@ -444,20 +444,31 @@ def _put(fd_socket: str, fds: List[int], deadline: float) -> str:
 
 
 @contextlib.contextmanager
-def _answered_in_time(fd_socket: str):
+def _descriptor_socket(fd_socket: str):
     """Turns a descriptor socket's timeout into the DeadlineExceeded of every other call the agent did not answer
-    in time (a bare "timed out" said nothing of what was asked)."""
+    in time (a bare "timed out" said nothing of what was asked), and a socket that is not there into an error that
+    names it (a bare "No such file or directory" named nothing)."""
     try:
         yield
     except (TimeoutError, socket.timeout) as e:  # socket.timeout is no TimeoutError before Python 3.10
         raise DeadlineExceeded("the agent's descriptor socket %s did not answer in time" % fd_socket) from e
+    except FileNotFoundError as e:
+        raise _not_beside_agent_sock(fd_socket, "descriptor") from e
+
+
+def _not_beside_agent_sock(path: str, what: str, opt_out: str = "") -> FileNotFoundError:
+    """One of the agent's other sockets is not where the client looks, beside agent.sock: a pod that mounts
+    agent.sock alone (a hostPath of the file, not of its folder) reaches the agent but not them."""
+    why = ("the agent's %s socket is not beside agent.sock: mount the agent's whole socket folder (agent.sock, %s, "
+           "%s), not agent.sock alone" % (what, FAST_SOCKET_NAME, FD_SOCKET_NAME))
+    return FileNotFoundError(errno.ENOENT, why + (", or " + opt_out if opt_out else ""), path)
 
 
 def get_fd(fd_socket: str, token: str, timeout: float = 5.0) -> int:
     """Presents a token and returns the descriptor the agent lends (the caller must close it)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
-        with _answered_in_time(fd_socket):
+        with _descriptor_socket(fd_socket):
             s.connect(fd_socket)
             s.sendall(("GET %s\n" % token).encode())
             line, fds = _read_line(s, True)
@@ -953,7 +964,12 @@ class Client:
         # Framings of short block transfers, by shape (_short_blocks); recover() empties it.
         self._frames = {}
         if fast:
-            self._open_fast()
+            try:
+                self._open_fast()
+            except BaseException:  # no Client to close(): its channel would stay open, and subscribed
+                self._channel.unsubscribe(self._on_state)
+                self._channel.close()
+                raise
         _FORKS.clients.add(self)
 
     def _on_state(self, state):
@@ -1157,7 +1173,12 @@ class Client:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout)
         try:
-            s.connect(os.path.join(self._socket_dir, FAST_SOCKET_NAME))
+            path = os.path.join(self._socket_dir, FAST_SOCKET_NAME)
+            try:
+                s.connect(path)
+            except FileNotFoundError as e:
+                raise _not_beside_agent_sock(path, "fast", "pass Client(fast=False) to go through gRPC alone "
+                                                           "(slower)") from e
             conn = _fastconn.FastConn(s, self._spin)
             reply = self._setup_frame(conn, token.encode())
         except Exception:

@@ -329,6 +329,36 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
             self.assertIsNotNone(c._fast, "no fast connection through the link")
 
+    def test_agent_sock_mounted_alone_names_the_missing_socket_and_the_folder_to_mount(self):
+        # A pod that mounts agent.sock alone (a hostPath of the file) reaches the agent but not the sockets beside
+        # it: Client() raised a bare "No such file or directory" naming no path, and left its gRPC channel open;
+        # a registration the same of the descriptor socket.
+        import tempfile
+        from unittest import mock
+        alone = os.path.join(tempfile.mkdtemp(), "agent.sock")
+        os.link(SOCKET, alone)  # the socket itself, without its folder
+        opened = []
+        real = grpc.insecure_channel
+        with mock.patch.object(grpc, "insecure_channel", lambda *a, **k: opened.append(real(*a, **k)) or opened[-1]):
+            with self.assertRaises(FileNotFoundError) as e:
+                Client(alone)
+        self.assertEqual(e.exception.filename, os.path.join(os.path.dirname(alone), "agent.fast.sock"))
+        for says in ("mount the agent's whole socket folder", "fast=False"):
+            self.assertIn(says, str(e.exception))
+        with self.assertRaisesRegex(ValueError, "closed channel"):
+            opened[0].unary_unary("/fabricxfer.agent.v1.Agent/GetInfo")(b"")
+        with Client(alone, fast=False) as c:
+            fd, _ = self.shm(4096)
+            with self.assertRaises(FileNotFoundError) as e:
+                c.register_host(fd, 0, 4096)
+            self.assertEqual(e.exception.filename, os.path.join(os.path.dirname(alone), "agent.fd.sock"))
+            self.assertIn("mount the agent's whole socket folder", str(e.exception))
+        fd, buf = self.shm(8192)  # the agent serves the others as before
+        r = self.c.register_host(fd, 0, 8192)
+        buf[:64] = os.urandom(64)
+        self.c.write(r, 0, to_region(r), 4096, 64)
+        self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
+
     def test_the_agents_other_sockets_are_refused_at_once_naming_agent_sock(self):
         # Its fast and descriptor sockets do not speak gRPC: a client there waited its whole timeout and blamed a
         # stopped agent.
