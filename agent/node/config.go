@@ -101,14 +101,28 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxInFlight, "max-in-flight", server.DefaultLimits.MaxInFlight, "transfers one caller may have in flight")
 }
 
+// CheckPoolRef refuses a pool namespace and name that no TransferPool can have. The socket's folder is <socket
+// dir>/<pool>, where a name with a slash or ".." put it elsewhere; certificates name the pool in their SANs, which
+// an agent given a name it refuses would never present.
+func CheckPoolRef(namespace, name string) error {
+	var errs []error
+	if namespace == "" || name == "" {
+		return errors.New("the pool's namespace and name are required")
+	}
+	if msgs := validation.IsDNS1123Label(namespace); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--pool-namespace %.80q is no namespace: %s", namespace, strings.Join(msgs, "; ")))
+	}
+	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--pool-name %.80q is no TransferPool name: %s", name, strings.Join(msgs, "; ")))
+	}
+	return errors.Join(errs...)
+}
+
 // Validate checks the configuration before anything starts.
 func (c *Config) Validate() error {
 	var errs []error
-	if c.PoolNamespace == "" || c.PoolName == "" {
-		errs = append(errs, errors.New("the pool's namespace and name are required"))
-	} else if msgs := validation.IsDNS1123Subdomain(c.PoolName); len(msgs) > 0 {
-		// The socket's folder is <socket dir>/<pool>: a name with a slash or ".." put it elsewhere.
-		errs = append(errs, fmt.Errorf("--pool-name %.80q is no TransferPool name: %s", c.PoolName, strings.Join(msgs, "; ")))
+	if err := CheckPoolRef(c.PoolNamespace, c.PoolName); err != nil {
+		errs = append(errs, err)
 	}
 	if c.NodeName == "" {
 		errs = append(errs, errors.New("node name is required"))

@@ -39,8 +39,9 @@ func certsCommand(_ context.Context, args []string, stdout, stderr io.Writer) er
 	case *validity <= 0 || *validity > maxCertValidity:
 		fmt.Fprintf(stderr, "agent certs: --validity %v: want more than 0 and at most %v\n", *validity, maxCertValidity)
 		return errUsage
-	case *ns == "" || *name == "":
-		fmt.Fprintln(stderr, "agent certs: --pool-namespace and --pool-name must not be empty")
+	}
+	if err := node.CheckPoolRef(*ns, *name); err != nil {
+		fmt.Fprintf(stderr, "agent certs: %v\n", err)
 		return errUsage
 	}
 	if err := node.WritePoolCertificates(*dir, *ns, *name, *validity); err != nil {

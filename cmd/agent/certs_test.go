@@ -22,6 +22,10 @@ func TestCertsCommandRefusesBadInput(t *testing.T) {
 		{"--dir", dir, "--validity", "-1h"},
 		{"--dir", dir, "--validity", "9000h"},
 		{"--dir", dir, "--pool-name", ""},
+		{"--dir", dir, "--pool-name", "x/y"}, // an agent refuses to start as pool x/y: its certificates were useless
+		{"--dir", dir, "--pool-name", "KV"},
+		{"--dir", dir, "--pool-namespace", "a.b"},
+		{"--dir", dir, "--pool-namespace", ""},
 		{"--dir", dir, "--validity", "soon"},
 		{"--dir", dir, "extra"},
 	} {

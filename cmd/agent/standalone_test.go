@@ -153,4 +153,9 @@ func TestStandaloneRefusesClusterFlags(t *testing.T) {
 			t.Errorf("standalone --pool-name %q: exit %d, stderr %q; want 1 and the name refused", pool, code, stderr.String())
 		}
 	}
+	var nsErr bytes.Buffer
+	code := runMain(context.Background(), append(append([]string{}, base...), "--pool-namespace", "a/b"), &bytes.Buffer{}, &nsErr)
+	if code != 1 || !strings.Contains(nsErr.String(), "is no namespace") {
+		t.Errorf("standalone --pool-namespace a/b: exit %d, stderr %q; want 1 and the namespace refused", code, nsErr.String())
+	}
 }
