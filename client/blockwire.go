@@ -5,6 +5,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -56,7 +57,10 @@ type blockRequest struct {
 // newBlockRequest checks a block transfer's arguments and gives its request; the ids travel beside it.
 func newBlockRequest(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions, wait bool) (blockRequest, error) {
 	r := blockRequest{notify: opts.Notify, wait: wait, timeout: boundedTimeout(ctx, opts.Timeout, wait)}
-	if err := opts.check(); err != nil {
+	if l == nil {
+		return r, errors.New("transferring blocks: no layout (nil)")
+	}
+	if err := opts.check(l.c.Info()); err != nil {
 		return r, fmt.Errorf("transferring blocks: %w", err)
 	}
 	if len(ids) != len(remoteIDs) {

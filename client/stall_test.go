@@ -312,3 +312,44 @@ func TestAgentSocketMountedAloneSaysToMountTheFolder(t *testing.T) {
 	src, dst, srcMem, dstMem := oneBlockLayouts(t, ctx2, other)
 	moveOne(t, ctx2, other, src, dst, srcMem, dstMem, 1)
 }
+
+// TestNotifyPayloadsTheAgentWouldNotDeliverAreRefused: an empty Notify travelled as none (the listener waited for
+// nothing), and one past the agent's limit was refused only by the agent; both are refused before they are sent,
+// naming the limit the agent now tells, and the largest payload it takes is delivered whole.
+func TestNotifyPayloadsTheAgentWouldNotDeliverAreRefused(t *testing.T) {
+	c, ctx := dialLocal(t, startLocal(t), "notify-limits")
+	most := int(c.Info().GetLimits().GetMaxNotifyBytes())
+	if most != 64<<10 {
+		t.Fatalf("Info().Limits.MaxNotifyBytes = %d, want the agent's 65536", most)
+	}
+	src, dst, srcMem, dstMem := oneBlockLayouts(t, ctx, c)
+	for _, payload := range [][]byte{{}, make([]byte, most+1), make([]byte, 5<<20)} {
+		_, err := c.TransferBlocks(ctx, client.Write, src, []uint32{1}, client.ToLayout(dst), []uint32{2}, client.TransferOptions{Notify: payload})
+		if client.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "Notify") {
+			t.Errorf("TransferBlocks with a %d-byte Notify: %v, want InvalidArgument naming Notify", len(payload), err)
+		}
+		_, err = c.Submit(ctx, client.Write, []client.Item{{Local: src.Regions()[0], Remote: client.ToRegion(dst.Regions()[0]), Length: 64}}, client.TransferOptions{Notify: payload})
+		if client.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "Notify") {
+			t.Errorf("Submit with a %d-byte Notify: %v, want InvalidArgument naming Notify", len(payload), err)
+		}
+	}
+	listen, stop := context.WithCancel(ctx)
+	defer stop()
+	notes, _, err := c.Notifications(listen, dst.Regions()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte{'n'}, most)
+	if _, err := c.TransferBlocks(ctx, client.Write, src, []uint32{1}, client.ToLayout(dst), []uint32{2}, client.TransferOptions{Notify: want}); err != nil {
+		t.Fatalf("TransferBlocks with a %d-byte Notify: %v", most, err)
+	}
+	select {
+	case n := <-notes:
+		if !bytes.Equal(n.GetPayload(), want) {
+			t.Fatalf("the notification carried %d bytes, want the %d sent", len(n.GetPayload()), most)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no notification within 5 s")
+	}
+	moveOne(t, ctx, c, src, dst, srcMem, dstMem, 3)
+}

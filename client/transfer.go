@@ -83,7 +83,9 @@ type TransferOptions struct {
 	// Cancel; memory a failed or timed-out call wrote to is not to be reused until a Wait or Cancel of a
 	// submitted transfer returns, or a later transfer over it completes.
 	Timeout time.Duration
-	// Notify is delivered to the target's Notifications stream once every byte landed.
+	// Notify is delivered to the target's Notifications stream once every byte landed: 1 to
+	// Info().Limits.MaxNotifyBytes bytes (an empty one, which would travel as none, and a longer one are refused
+	// as InvalidArgument before anything is sent); nil for none.
 	Notify []byte
 }
 
@@ -178,12 +180,25 @@ func submission(ctx context.Context, op Op, opts TransferOptions, wait bool) (ag
 }
 
 // check refuses options no transfer can have.
-func (o TransferOptions) check() error {
+func (o TransferOptions) check(info *agentv1.GetInfoResponse) error {
 	if o.Timeout < 0 {
 		return status.Errorf(codes.InvalidArgument, "a transfer's timeout must not be negative, got %v (zero: the agent's default)", o.Timeout)
 	}
+	if o.Notify != nil {
+		// An empty payload travels as none: the listener would wait for a notification that never comes.
+		most := cmp.Or(int(info.GetLimits().GetMaxNotifyBytes()), defaultMaxNotifyBytes)
+		if len(o.Notify) == 0 {
+			return status.Errorf(codes.InvalidArgument, "an empty Notify sends no notification: give it at least one byte (the block ids, say), or leave it nil for none")
+		}
+		if len(o.Notify) > most {
+			return status.Errorf(codes.InvalidArgument, "a Notify of %d bytes: the agent delivers at most %d (Info().Limits.MaxNotifyBytes)", len(o.Notify), most)
+		}
+	}
 	return nil
 }
+
+// defaultMaxNotifyBytes is the notify payload limit of an agent too old to say it (engines.MaxNotifyPayload).
+const defaultMaxNotifyBytes = 64 << 10
 
 // agentDefaultTimeout is the timeout the agent gives a transfer that names none (engines.DefaultTimeout).
 const agentDefaultTimeout = 60 * time.Second
@@ -208,7 +223,7 @@ func boundedTimeout(ctx context.Context, timeout time.Duration, wait bool) time.
 }
 
 func (c *Client) request(ctx context.Context, op Op, items []Item, opts TransferOptions, wait bool) (*agentv1.TransferRequest, error) {
-	if err := opts.check(); err != nil {
+	if err := opts.check(c.Info()); err != nil {
 		return nil, err
 	}
 	if most := c.Info().GetLimits().GetMaxItemsPerTransfer(); most > 0 && len(items) > int(most) {

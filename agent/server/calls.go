@@ -34,7 +34,8 @@ func (s *Server) GetInfo(ctx context.Context, req *agentv1.GetInfoRequest) (*age
 		Caller: &agentv1.CallerInfo{Namespace: c.Namespace, PodName: c.PodName, PodUid: c.PodUID,
 			Pid: c.Cred.PID, Uid: c.Cred.UID, Identity: c.Key},
 		Limits: &agentv1.Limits{MaxRegions: uint32(s.opts.Limits.MaxRegions), MaxRegisteredBytes: s.opts.Limits.MaxRegisteredBytes,
-			MaxInFlight: uint32(s.opts.Limits.MaxInFlight), MaxItemsPerTransfer: uint32(s.opts.Limits.MaxItemsPerTransfer)},
+			MaxInFlight: uint32(s.opts.Limits.MaxInFlight), MaxItemsPerTransfer: uint32(s.opts.Limits.MaxItemsPerTransfer),
+			MaxNotifyBytes: engines.MaxNotifyPayload},
 		FdSocket: s.FDSocketPath(), Instance: s.instance, Session: sess.ID,
 	}
 	for _, e := range s.opts.Engines {

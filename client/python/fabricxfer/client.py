@@ -59,6 +59,8 @@ _OPS = {"read": pb.OP_READ, "write": pb.OP_WRITE}
 _OP_NAMES = {code: name for name, code in _OPS.items()}
 # The largest frame the agent reads on its fast socket (agent/server/fastsock.go).
 FAST_FRAME_MAX = 4 << 20
+# The notify payload limit of an agent too old to say it (info.limits.max_notify_bytes).
+DEFAULT_MAX_NOTIFY_BYTES = 64 << 10
 # The most transfers one FastWait lists (the agent refuses more).
 _MAX_WAIT_IDS = 1024
 # The timeout the agent gives a transfer that names none (engines.DefaultTimeout): an unwaited transfer without
@@ -1518,6 +1520,8 @@ class Client:
         if len(items) > 4096 and len(items) > (self.info.limits.max_items_per_transfer or len(items)):
             raise ValueError("%d items: the agent moves at most %d items a call (info.limits.max_items_per_transfer); "
                              "split the transfer" % (len(items), self.info.limits.max_items_per_transfer))
+        if notify is not None:
+            notify = self._check_notify(notify)
         req = self._request(_op(op), items, timeout, notify, wait)
         self._check_session()
         if self._fast is not None:
@@ -1528,6 +1532,23 @@ class Client:
             _request_fits(req.ByteSize(), len(items))
             resp = self._call(self.stub.Transfer, req, timeout=self._call_timeout(timeout))
         return self._settled(resp, wait)
+
+    def _check_notify(self, notify) -> bytes:
+        """notify as bytes; refuses a notify payload the agent would not deliver: an empty one travels as none (the listener would
+        wait for a notification that never comes), and one past the agent's limit was refused by the agent, or,
+        on the fast socket past its frame, broke the connection and read as SessionLost."""
+        try:
+            n = len(memoryview(notify))
+        except TypeError:
+            raise TypeError("notify is bytes (the listener's payload), not %s" % type(notify).__name__) from None
+        most = self.info.limits.max_notify_bytes or DEFAULT_MAX_NOTIFY_BYTES
+        if n == 0:
+            raise ValueError("notify=b'' sends no notification: give it at least one byte (the block ids, say), "
+                             "or None for none")
+        if n > most:
+            raise ValueError("notify is %d bytes: the agent delivers at most %d (info.limits.max_notify_bytes)"
+                             % (n, most))
+        return notify if type(notify) is bytes else bytes(notify)
 
     def _call_timeout(self, timeout: Optional[float]) -> float:
         """A gRPC call's deadline for a transfer of timeout seconds (None: the agent's default, which an unwaited
@@ -1744,6 +1765,8 @@ class Client:
             timeout = self.timeout  # the agent ends it, and answers, before this call gives up
         if notify is None and width == rwidth and count < _ARENA_MIN_IDS and self._fast is not None:
             return self._short_blocks(code, layout, local, rids, width, count, remote, timeout, wait)
+        if notify is not None:
+            notify = self._check_notify(notify)
         # Long lists are written into the fast connection's id arena instead of the frame, from their packed
         # bytes: the ids are asked of torch or numpy once, whatever their length.
         if count >= _blocks.ARENA_MIN_IDS and self._arena is not None and self._fast is not None:
@@ -1762,7 +1785,7 @@ class Client:
                 local, rids, width = nl, nr, 4
         self._check_session()
         # A frame the fast socket would refuse goes by gRPC, whose refusal leaves the fast connection up.
-        if self._fast is not None and len(local) + len(rids) < FAST_FRAME_MAX - 4096:
+        if self._fast is not None and len(local) + len(rids) + len(notify or b"") < FAST_FRAME_MAX - 4096:
             parts = _blocks.blocks_frame(code, layout.pb.id, remote, local, rids, width, timeout, notify, wait)
             resp = self._fast_call(parts, timeout, mailbox=self._mailbox_for(layout, remote))
         else:

@@ -107,6 +107,41 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(got[0].payload, b"block ready")
         self.assertEqual(got[0].region_id, rd.id)
 
+    def test_notify_payloads_the_agent_would_not_deliver_are_refused_naming_the_limit(self):
+        # notify=b"" travelled as none (the listener waited for nothing); a payload past the agent's 64 KiB was
+        # refused by it through gRPC, and on the fast socket past 4 MiB broke the connection as SessionLost.
+        most = self.c.info.limits.max_notify_bytes
+        self.assertEqual(most, 64 << 10)
+        fd, buf = self.shm(4 * 4096)
+        r = self.c.register_host(fd, 0, 4 * 4096)
+        lay = self.c.register_layout([r], 4096)
+        ids, rids = array.array("q", [0]), array.array("q", [3])
+        calls = (lambda notify, wait=True: self.c.transfer("write", [Item(r, to_region(r), 64, remote_offset=4096)],
+                                                           notify=notify, wait=wait),
+                 lambda notify, wait=True: self.c.transfer_blocks("write", lay, ids, to_layout(lay), rids,
+                                                                  notify=notify, wait=wait))
+        for call in calls:
+            for wait in (True, False):
+                with self.assertRaisesRegex(ValueError, "sends no notification"):
+                    call(b"", wait)
+                for size in (most + 1, 5 << 20):
+                    with self.assertRaisesRegex(ValueError, "at most %d .info.limits.max_notify_bytes" % most):
+                        call(b"z" * size, wait)
+                with self.assertRaisesRegex(TypeError, "notify is bytes"):
+                    call("text", wait)
+        stream = self.c.notifications([r])
+        self.addCleanup(stream.cancel)
+        got = []
+        t = threading.Thread(target=lambda: got.append(next(stream)))
+        t.start()
+        buf[:4096] = os.urandom(4096)
+        self.c.transfer_blocks("write", lay, ids, to_layout(lay), rids, notify=bytearray(b"n" * most))
+        t.join(5.0)
+        self.assertTrue(got, "no notification within 5 s")
+        self.assertEqual(got[0].payload, b"n" * most)
+        self.assertEqual(bytes(buf[3 * 4096:4 * 4096]), bytes(buf[:4096]))
+        self.assertIsNotNone(self.c._fast, "a refused payload dropped the fast connection")
+
     def test_pool_memory_round_trip(self):
         if not self.c.info.HasField("pool_memory"):
             self.skipTest("the agent has no pool memory")

@@ -464,8 +464,10 @@ type Limits struct {
 	MaxRegisteredBytes  uint64                 `protobuf:"varint,2,opt,name=max_registered_bytes,json=maxRegisteredBytes,proto3" json:"max_registered_bytes,omitempty"`
 	MaxInFlight         uint32                 `protobuf:"varint,3,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	MaxItemsPerTransfer uint32                 `protobuf:"varint,4,opt,name=max_items_per_transfer,json=maxItemsPerTransfer,proto3" json:"max_items_per_transfer,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The largest notify payload a transfer may carry, in bytes (zero from an agent too old to say: 65536).
+	MaxNotifyBytes uint32 `protobuf:"varint,5,opt,name=max_notify_bytes,json=maxNotifyBytes,proto3" json:"max_notify_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Limits) Reset() {
@@ -522,6 +524,13 @@ func (x *Limits) GetMaxInFlight() uint32 {
 func (x *Limits) GetMaxItemsPerTransfer() uint32 {
 	if x != nil {
 		return x.MaxItemsPerTransfer
+	}
+	return 0
+}
+
+func (x *Limits) GetMaxNotifyBytes() uint32 {
+	if x != nil {
+		return x.MaxNotifyBytes
 	}
 	return 0
 }
@@ -1473,7 +1482,8 @@ type TransferRequest struct {
 	Items  []*TransferItem `protobuf:"bytes,3,rep,name=items,proto3" json:"items,omitempty"`
 	// How long the transfer may take from submission; zero means the agent's default.
 	Timeout *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
-	// When set, delivered to the target side's Notifications stream once every item has landed.
+	// When set (at least one byte, at most Limits.max_notify_bytes), delivered to the target side's Notifications
+	// stream once every item has landed. An empty payload is no notification.
 	Notify []byte `protobuf:"bytes,5,opt,name=notify,proto3" json:"notify,omitempty"`
 	// Return only once the transfer has settled, with its status in the response (one round trip for small,
 	// latency-bound transfers).
@@ -3725,13 +3735,14 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\apod_uid\x18\x03 \x01(\tR\x06podUid\x12\x10\n" +
 	"\x03pid\x18\x04 \x01(\x05R\x03pid\x12\x10\n" +
 	"\x03uid\x18\x05 \x01(\x05R\x03uid\x12\x1a\n" +
-	"\bidentity\x18\x06 \x01(\tR\bidentity\"\xb4\x01\n" +
+	"\bidentity\x18\x06 \x01(\tR\bidentity\"\xde\x01\n" +
 	"\x06Limits\x12\x1f\n" +
 	"\vmax_regions\x18\x01 \x01(\rR\n" +
 	"maxRegions\x120\n" +
 	"\x14max_registered_bytes\x18\x02 \x01(\x04R\x12maxRegisteredBytes\x12\"\n" +
 	"\rmax_in_flight\x18\x03 \x01(\rR\vmaxInFlight\x123\n" +
-	"\x16max_items_per_transfer\x18\x04 \x01(\rR\x13maxItemsPerTransfer\"i\n" +
+	"\x16max_items_per_transfer\x18\x04 \x01(\rR\x13maxItemsPerTransfer\x12(\n" +
+	"\x10max_notify_bytes\x18\x05 \x01(\rR\x0emaxNotifyBytes\"i\n" +
 	"\x05Usage\x12\x18\n" +
 	"\aregions\x18\x01 \x01(\rR\aregions\x12)\n" +
 	"\x10registered_bytes\x18\x02 \x01(\x04R\x0fregisteredBytes\x12\x1b\n" +
