@@ -366,6 +366,22 @@ func (c *Client) ResolveSegment(ctx context.Context, node, segment string) ([]by
 	return resp.Desc, nil
 }
 
+// ResolveLayoutSegment returns the geometry of the layout published as segment on node ("": this one), as a
+// TransferBlocks to ToLayoutSegment(node, segment) would find it: BlockBytes and Regions, which the caller's
+// layout must match, and Blocks, above which ids are refused. NotFound while nothing is published under the
+// name (a consumer started before its producer can ask again until it is).
+func (c *Client) ResolveLayoutSegment(ctx context.Context, node, segment string) (*agentv1.LayoutGeometry, error) {
+	gen := c.generation()
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	resp, err := c.api.ResolveSegment(ctx, &agentv1.ResolveSegmentRequest{Node: node, Segment: segment, Layout: true})
+	if err != nil {
+		return nil, c.wrap(ctx, fmt.Sprintf("resolving layout segment %q on node %q", segment, node), gen, err)
+	}
+	return resp.Layout, nil
+}
+
 // Notifications streams notifications for this client's regions (all of them when none are given) until ctx
 // ends. The channel is closed when the stream ends; the returned function reports why.
 func (c *Client) Notifications(ctx context.Context, regions ...*Region) (<-chan *agentv1.Notification, func() error, error) {

@@ -220,3 +220,37 @@ func TestAStalledOwnerHoldsNoWriteThroughAKeptAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestAPeersLayoutResolvesToItsGeometry: a consumer on node-b that starts before its producer on node-a asks for
+// the producer's layout by name: NotFound until it is published, then its geometry (as the block transfer that
+// follows finds it, without asking node-a again), and NotFound again once node-a deregistered it.
+func TestAPeersLayoutResolvesToItsGeometry(t *testing.T) {
+	ctx, ca, cb := twoPeerNodes(t)
+	if _, err := cb.ResolveLayoutSegment(ctx, "node-a", "kv-g"); client.Code(err) != codes.NotFound {
+		t.Fatalf("resolving a layout node-a has not published: %v, want NotFound", err)
+	}
+	const bs, blocks = 4096, 16
+	la, _, memA := hostLayout(ctx, t, ca, "kv-g", bs, blocks, client.PublishLayout("kv-g"))
+	lb, _, memB := hostLayout(ctx, t, cb, "kv-g-b", bs, blocks)
+	g, err := cb.ResolveLayoutSegment(ctx, "node-a", "kv-g")
+	if err != nil {
+		t.Fatalf("resolving node-a's layout: %v", err)
+	}
+	if g.GetBlockBytes() != bs || g.GetBlocks() != blocks || g.GetRegions() != uint32(len(memA)) {
+		t.Fatalf("node-a's layout resolved to %v, want %d blocks of %d bytes in %d regions", g, blocks, bs, len(memA))
+	}
+	if _, err := cb.TransferBlocks(ctx, client.Write, lb, []uint32{3}, client.ToLayoutSegment("node-a", "kv-g"), []uint32{7}, client.TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for r := range memA {
+		if !bytes.Equal(memA[r].Bytes[7*bs:8*bs], memB[r].Bytes[3*bs:4*bs]) {
+			t.Fatalf("block 3 of node-b's region %d did not land as block 7 of node-a's", r)
+		}
+	}
+	if err := ca.DeregisterLayout(ctx, la); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cb.ResolveLayoutSegment(ctx, "node-a", "kv-g"); client.Code(err) != codes.NotFound {
+		t.Fatalf("resolving the layout node-a deregistered: %v, want NotFound", err)
+	}
+}

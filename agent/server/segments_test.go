@@ -195,3 +195,58 @@ func TestANameOfTheOtherKindIsNamedSo(t *testing.T) {
 	_, err = cb.ResolveSegment(ctx, "", "team-a/kv-layout")
 	notFound("team-b resolving a layout name granted to it", err, isLayout)
 }
+
+// TestPublishedLayoutsResolveToTheirGeometry: ResolveSegment with layout set answers a published layout's block
+// size, block count and region count, as a block transfer to the name would find it, and refuses as that
+// transfer would: a name nobody published, a region's name (saying so), another namespace's ungranted name
+// (saying nothing more), a malformed name. Nothing moves, and the layouts stay as they were.
+func TestPublishedLayoutsResolveToTheirGeometry(t *testing.T) {
+	a, proc, podA, podB := twoNamespaces(t)
+	ctx := ctxT(t)
+	rng := rand.New(rand.NewPCG(23, 24))
+	proc.setPod(t, podA)
+	ca := dial(t, a)
+	_, privMem := hostLayout(t, ca, rng, 1, 8, 256, client.PublishLayout("kv"))
+	hostLayout(t, ca, rng, 3, 5, 512, client.PublishLayout("kv-shared", "team-b"))
+	if _, err := ca.RegisterHost(ctx, shm(t, 4096).File, 0, 4096, client.Segment("kv-region")); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(privMem)
+	geometry := func(c *client.Client, name string, blockBytes, blocks uint64, regions uint32) {
+		t.Helper()
+		g, err := c.ResolveLayoutSegment(ctx, "", name)
+		if err != nil {
+			t.Fatalf("resolving layout %s: %v", name, err)
+		}
+		if g.GetBlockBytes() != blockBytes || g.GetBlocks() != blocks || g.GetRegions() != regions {
+			t.Fatalf("layout %s resolved to %v, want %d blocks of %d bytes in %d regions", name, g, blocks, blockBytes, regions)
+		}
+	}
+	refused := func(c *client.Client, name, code, hint string) {
+		t.Helper()
+		_, err := c.ResolveLayoutSegment(ctx, "", name)
+		if client.Code(err).String() != code || !strings.Contains(err.Error(), hint) {
+			t.Fatalf("resolving layout %q: %v, want %s saying %q", name, err, code, hint)
+		}
+		if hint == "" && strings.Contains(err.Error(), "segment, ") {
+			t.Errorf("resolving layout %q: a caller without a grant was told what the name is: %v", name, err)
+		}
+	}
+	geometry(ca, "kv", 256, 8, 1)
+	geometry(ca, "kv-shared", 512, 5, 3)
+	refused(ca, "kv-nobody", "NotFound", "no layout segment")
+	refused(ca, "kv-region", "NotFound", "is a region's segment")
+	for _, bad := range []string{"", "a/b/c", strings.Repeat("x", 300), "bad name"} {
+		refused(ca, bad, "InvalidArgument", "")
+	}
+	proc.setPod(t, podB)
+	cb := dial(t, a)
+	geometry(cb, "team-a/kv-shared", 512, 5, 3)
+	refused(cb, "team-a/kv", "NotFound", "")
+	refused(cb, "kv", "NotFound", "")
+	if !bytes.Equal(privMem[0].Bytes, before[0]) {
+		t.Fatal("team-a's layout changed")
+	}
+	proc.setPod(t, podA)
+	geometry(ca, "kv", 256, 8, 1)
+}

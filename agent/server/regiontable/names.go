@@ -102,7 +102,7 @@ func (tab *Table) notFoundHintLocked(name, asker string, layout bool) string {
 		return ""
 	}
 	if l, ok := tab.layoutSegments[key]; ok && l.pub.admits(asker) {
-		return fmt.Sprintf(": %q is a layout's segment, whose blocks move with transfer_blocks (to_layout_segment, client.ToLayoutSegment)", name)
+		return fmt.Sprintf(": %q is a layout's segment, whose blocks move with transfer_blocks (to_layout_segment, client.ToLayoutSegment; resolve_layout, client.ResolveLayoutSegment, says its geometry)", name)
 	}
 	return ""
 }

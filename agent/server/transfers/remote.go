@@ -134,6 +134,9 @@ func (s *Service) ResolveSegment(ctx context.Context, sess *regiontable.Session,
 	if err := regiontable.CheckSegmentRef(req.Segment); err != nil {
 		return nil, err
 	}
+	if req.Layout {
+		return s.resolveLayoutSegment(ctx, sess, req.Node, req.Segment)
+	}
 	var desc []byte
 	if req.Node == "" || req.Node == s.node {
 		desc, err = s.table.LookupSegment(req.Segment, sess.Caller.Namespace)
@@ -153,6 +156,34 @@ func (s *Service) ResolveSegment(ctx context.Context, sess *regiontable.Session,
 		return nil, err
 	}
 	return &agentv1.ResolveSegmentResponse{Desc: desc, Node: sd.Node, Kind: sd.Kind, Length: sd.Length}, nil
+}
+
+// resolveLayoutSegment answers ResolveSegment for a published layout: its geometry as a block transfer of the
+// caller's would find it (another node's through the same kept answer, so the transfer that follows does not ask
+// the peer again), and refusals worded as that transfer's.
+func (s *Service) resolveLayoutSegment(ctx context.Context, sess *regiontable.Session, node, segment string) (*agentv1.ResolveSegmentResponse, error) {
+	var blockBytes, blocks uint64
+	var regions int
+	if node == "" || node == s.node {
+		s.table.Lock()
+		side, err := s.table.RemoteLayoutLocked(sess, &agentv1.LayoutRef{Target: &agentv1.LayoutRef_Segment{Segment: segment}})
+		s.table.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		node, blockBytes, blocks, regions = s.node, side.BlockBytes, side.Blocks, len(side.Mems)
+	} else {
+		// Bounded as a block transfer without a timeout is: a peer that does not answer fails the call.
+		rctx, cancel := context.WithTimeout(ctx, engines.DefaultTimeout)
+		pl, _, err := s.resolvePeerLayout(rctx, sess, node, segment)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		blockBytes, blocks, regions = pl.blockBytes, pl.blocks, len(pl.mems)
+	}
+	return &agentv1.ResolveSegmentResponse{Node: node, Length: blockBytes * blocks,
+		Layout: &agentv1.LayoutGeometry{BlockBytes: blockBytes, Blocks: blocks, Regions: uint32(regions)}}, nil
 }
 
 // Explain serves the Agent API call of that name for the caller of sess.

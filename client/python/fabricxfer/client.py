@@ -1952,7 +1952,16 @@ class Client:
         return self._fast_call(parts, timeout, mailbox=not self._mailbox_checked).status
 
     def resolve_segment(self, node: str, segment: str) -> bytes:
+        """The descriptor of the region published as segment on node ("": this one)."""
         return self._call(self.stub.ResolveSegment, pb.ResolveSegmentRequest(node=node, segment=segment)).desc
+
+    def resolve_layout(self, node: str, segment: str) -> pb.LayoutGeometry:
+        """The geometry of the layout published as segment on node ("": this one), as a transfer_blocks to
+        to_layout_segment(node, segment) would find it: block_bytes and regions, which your layout must match,
+        and blocks, above which ids are refused. Raises the agent's NOT_FOUND while nothing is published under
+        the name (a consumer started before its producer can ask again until it is)."""
+        return self._call(self.stub.ResolveSegment,
+                          pb.ResolveSegmentRequest(node=node, segment=segment, layout=True)).layout
 
     def notifications(self, regions: Optional[List[Region]] = None) -> Iterator[pb.Notification]:
         """Streams the notifications that transfers with notify leave on regions, one per transfer naming every

@@ -142,6 +142,28 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(bytes(buf[3 * 4096:4 * 4096]), bytes(buf[:4096]))
         self.assertIsNotNone(self.c._fast, "a refused payload dropped the fast connection")
 
+    def test_a_published_layout_resolves_to_its_geometry(self):
+        # A consumer started before its producer could learn of the layout only by failed transfers, and its
+        # geometry only from a refusal naming it.
+        with self.assertRaises(grpc.RpcError) as e:
+            self.c.resolve_layout("", "py-geometry")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        fds = [self.shm(3 * 8192)[0] for _ in range(2)]
+        lay = self.c.register_layout([self.c.register_host(fd, 0, 3 * 8192) for fd in fds], 8192,
+                                     segment="py-geometry")
+        g = self.c.resolve_layout("", "py-geometry")
+        self.assertEqual((g.block_bytes, g.blocks, g.regions), (8192, 3, 2))
+        self.c.register_host(self.shm(4096)[0], 0, 4096, segment="py-geometry-region")
+        with self.assertRaisesRegex(grpc.RpcError, "is a region's segment") as e:
+            self.c.resolve_layout("", "py-geometry-region")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        with self.assertRaisesRegex(grpc.RpcError, "resolve_layout") as e:
+            self.c.resolve_segment("", "py-geometry")
+        self.c.deregister_layout(lay)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.c.resolve_layout("", "py-geometry")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
     def test_pool_memory_round_trip(self):
         if not self.c.info.HasField("pool_memory"):
             self.skipTest("the agent has no pool memory")

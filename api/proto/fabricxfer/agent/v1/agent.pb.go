@@ -1934,9 +1934,12 @@ func (x *CancelRequest) GetTransferId() uint64 {
 }
 
 type ResolveSegmentRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Segment       string                 `protobuf:"bytes,2,opt,name=segment,proto3" json:"segment,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Node    string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Segment string                 `protobuf:"bytes,2,opt,name=segment,proto3" json:"segment,omitempty"`
+	// Look up a published layout (RegisterLayoutRequest.segment_name) instead of a region: the response says its
+	// geometry (layout) and carries no descriptor (a layout's blocks move with TransferBlocks, named by segment).
+	Layout        bool `protobuf:"varint,3,opt,name=layout,proto3" json:"layout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1985,12 +1988,22 @@ func (x *ResolveSegmentRequest) GetSegment() string {
 	return ""
 }
 
+func (x *ResolveSegmentRequest) GetLayout() bool {
+	if x != nil {
+		return x.Layout
+	}
+	return false
+}
+
 type ResolveSegmentResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Desc          []byte                 `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
-	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
-	Kind          MemoryKind             `protobuf:"varint,3,opt,name=kind,proto3,enum=fabricxfer.agent.v1.MemoryKind" json:"kind,omitempty"`
-	Length        uint64                 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Desc  []byte                 `protobuf:"bytes,1,opt,name=desc,proto3" json:"desc,omitempty"`
+	Node  string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Kind  MemoryKind             `protobuf:"varint,3,opt,name=kind,proto3,enum=fabricxfer.agent.v1.MemoryKind" json:"kind,omitempty"`
+	// Bytes of the region; of each of the layout's regions when a layout was asked for.
+	Length uint64 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
+	// Set when the request asked for a layout.
+	Layout        *LayoutGeometry `protobuf:"bytes,5,opt,name=layout,proto3" json:"layout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2053,6 +2066,75 @@ func (x *ResolveSegmentResponse) GetLength() uint64 {
 	return 0
 }
 
+func (x *ResolveSegmentResponse) GetLayout() *LayoutGeometry {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+// LayoutGeometry is what a block transfer to a published layout must match: the block size and region count of
+// the caller's own layout (block counts may differ), and ids below blocks.
+type LayoutGeometry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BlockBytes    uint64                 `protobuf:"varint,1,opt,name=block_bytes,json=blockBytes,proto3" json:"block_bytes,omitempty"`
+	Blocks        uint64                 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Regions       uint32                 `protobuf:"varint,3,opt,name=regions,proto3" json:"regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayoutGeometry) Reset() {
+	*x = LayoutGeometry{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayoutGeometry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayoutGeometry) ProtoMessage() {}
+
+func (x *LayoutGeometry) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayoutGeometry.ProtoReflect.Descriptor instead.
+func (*LayoutGeometry) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *LayoutGeometry) GetBlockBytes() uint64 {
+	if x != nil {
+		return x.BlockBytes
+	}
+	return 0
+}
+
+func (x *LayoutGeometry) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *LayoutGeometry) GetRegions() uint32 {
+	if x != nil {
+		return x.Regions
+	}
+	return 0
+}
+
 type NotificationsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Regions to hear about; empty means every region of the caller.
@@ -2063,7 +2145,7 @@ type NotificationsRequest struct {
 
 func (x *NotificationsRequest) Reset() {
 	*x = NotificationsRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2075,7 +2157,7 @@ func (x *NotificationsRequest) String() string {
 func (*NotificationsRequest) ProtoMessage() {}
 
 func (x *NotificationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2088,7 +2170,7 @@ func (x *NotificationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotificationsRequest.ProtoReflect.Descriptor instead.
 func (*NotificationsRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NotificationsRequest) GetRegionIds() []uint64 {
@@ -2120,7 +2202,7 @@ type Notification struct {
 
 func (x *Notification) Reset() {
 	*x = Notification{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2132,7 +2214,7 @@ func (x *Notification) String() string {
 func (*Notification) ProtoMessage() {}
 
 func (x *Notification) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2145,7 +2227,7 @@ func (x *Notification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Notification.ProtoReflect.Descriptor instead.
 func (*Notification) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Notification) GetRegionId() uint64 {
@@ -2220,7 +2302,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2314,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2327,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Endpoint) GetTarget() isEndpoint_Target {
@@ -2321,7 +2403,7 @@ type ExplainRequest struct {
 
 func (x *ExplainRequest) Reset() {
 	*x = ExplainRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2415,7 @@ func (x *ExplainRequest) String() string {
 func (*ExplainRequest) ProtoMessage() {}
 
 func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2428,7 @@ func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExplainRequest) GetSource() *Endpoint {
@@ -2374,7 +2456,7 @@ type EngineVerdict struct {
 
 func (x *EngineVerdict) Reset() {
 	*x = EngineVerdict{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2468,7 @@ func (x *EngineVerdict) String() string {
 func (*EngineVerdict) ProtoMessage() {}
 
 func (x *EngineVerdict) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2481,7 @@ func (x *EngineVerdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineVerdict.ProtoReflect.Descriptor instead.
 func (*EngineVerdict) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *EngineVerdict) GetEngine() string {
@@ -2436,7 +2518,7 @@ type ExplainResponse struct {
 
 func (x *ExplainResponse) Reset() {
 	*x = ExplainResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2448,7 +2530,7 @@ func (x *ExplainResponse) String() string {
 func (*ExplainResponse) ProtoMessage() {}
 
 func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2461,7 +2543,7 @@ func (x *ExplainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainResponse.ProtoReflect.Descriptor instead.
 func (*ExplainResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExplainResponse) GetEngine() string {
@@ -2499,7 +2581,7 @@ type AllocateFromPoolRequest struct {
 
 func (x *AllocateFromPoolRequest) Reset() {
 	*x = AllocateFromPoolRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2511,7 +2593,7 @@ func (x *AllocateFromPoolRequest) String() string {
 func (*AllocateFromPoolRequest) ProtoMessage() {}
 
 func (x *AllocateFromPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2524,7 +2606,7 @@ func (x *AllocateFromPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateFromPoolRequest.ProtoReflect.Descriptor instead.
 func (*AllocateFromPoolRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AllocateFromPoolRequest) GetLength() uint64 {
@@ -2581,7 +2663,7 @@ type AllocateFromPoolResponse struct {
 
 func (x *AllocateFromPoolResponse) Reset() {
 	*x = AllocateFromPoolResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2593,7 +2675,7 @@ func (x *AllocateFromPoolResponse) String() string {
 func (*AllocateFromPoolResponse) ProtoMessage() {}
 
 func (x *AllocateFromPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2606,7 +2688,7 @@ func (x *AllocateFromPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateFromPoolResponse.ProtoReflect.Descriptor instead.
 func (*AllocateFromPoolResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AllocateFromPoolResponse) GetAllocationId() string {
@@ -2667,7 +2749,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2679,7 +2761,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2692,7 +2774,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReleaseRequest) GetAllocationId() string {
@@ -2710,7 +2792,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2722,7 +2804,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2735,7 +2817,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 type OpenFastPathRequest struct {
@@ -2746,7 +2828,7 @@ type OpenFastPathRequest struct {
 
 func (x *OpenFastPathRequest) Reset() {
 	*x = OpenFastPathRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2758,7 +2840,7 @@ func (x *OpenFastPathRequest) String() string {
 func (*OpenFastPathRequest) ProtoMessage() {}
 
 func (x *OpenFastPathRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2771,7 +2853,7 @@ func (x *OpenFastPathRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFastPathRequest.ProtoReflect.Descriptor instead.
 func (*OpenFastPathRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 type OpenFastPathResponse struct {
@@ -2785,7 +2867,7 @@ type OpenFastPathResponse struct {
 
 func (x *OpenFastPathResponse) Reset() {
 	*x = OpenFastPathResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2797,7 +2879,7 @@ func (x *OpenFastPathResponse) String() string {
 func (*OpenFastPathResponse) ProtoMessage() {}
 
 func (x *OpenFastPathResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2810,7 +2892,7 @@ func (x *OpenFastPathResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFastPathResponse.ProtoReflect.Descriptor instead.
 func (*OpenFastPathResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *OpenFastPathResponse) GetToken() string {
@@ -2843,7 +2925,7 @@ type RegisterLayoutRequest struct {
 
 func (x *RegisterLayoutRequest) Reset() {
 	*x = RegisterLayoutRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2855,7 +2937,7 @@ func (x *RegisterLayoutRequest) String() string {
 func (*RegisterLayoutRequest) ProtoMessage() {}
 
 func (x *RegisterLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2868,7 +2950,7 @@ func (x *RegisterLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterLayoutRequest.ProtoReflect.Descriptor instead.
 func (*RegisterLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RegisterLayoutRequest) GetRegionIds() []uint64 {
@@ -2913,7 +2995,7 @@ type Layout struct {
 
 func (x *Layout) Reset() {
 	*x = Layout{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2925,7 +3007,7 @@ func (x *Layout) String() string {
 func (*Layout) ProtoMessage() {}
 
 func (x *Layout) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2938,7 +3020,7 @@ func (x *Layout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layout.ProtoReflect.Descriptor instead.
 func (*Layout) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Layout) GetId() uint64 {
@@ -2985,7 +3067,7 @@ type RegisterLayoutResponse struct {
 
 func (x *RegisterLayoutResponse) Reset() {
 	*x = RegisterLayoutResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2997,7 +3079,7 @@ func (x *RegisterLayoutResponse) String() string {
 func (*RegisterLayoutResponse) ProtoMessage() {}
 
 func (x *RegisterLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3010,7 +3092,7 @@ func (x *RegisterLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterLayoutResponse.ProtoReflect.Descriptor instead.
 func (*RegisterLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RegisterLayoutResponse) GetLayout() *Layout {
@@ -3029,7 +3111,7 @@ type DeregisterLayoutRequest struct {
 
 func (x *DeregisterLayoutRequest) Reset() {
 	*x = DeregisterLayoutRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3041,7 +3123,7 @@ func (x *DeregisterLayoutRequest) String() string {
 func (*DeregisterLayoutRequest) ProtoMessage() {}
 
 func (x *DeregisterLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3054,7 +3136,7 @@ func (x *DeregisterLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterLayoutRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeregisterLayoutRequest) GetLayoutId() uint64 {
@@ -3072,7 +3154,7 @@ type DeregisterLayoutResponse struct {
 
 func (x *DeregisterLayoutResponse) Reset() {
 	*x = DeregisterLayoutResponse{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3084,7 +3166,7 @@ func (x *DeregisterLayoutResponse) String() string {
 func (*DeregisterLayoutResponse) ProtoMessage() {}
 
 func (x *DeregisterLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3097,7 +3179,7 @@ func (x *DeregisterLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterLayoutResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 // LayoutRef names the other side of a block transfer.
@@ -3115,7 +3197,7 @@ type LayoutRef struct {
 
 func (x *LayoutRef) Reset() {
 	*x = LayoutRef{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3127,7 +3209,7 @@ func (x *LayoutRef) String() string {
 func (*LayoutRef) ProtoMessage() {}
 
 func (x *LayoutRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3140,7 +3222,7 @@ func (x *LayoutRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutRef.ProtoReflect.Descriptor instead.
 func (*LayoutRef) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *LayoutRef) GetTarget() isLayoutRef_Target {
@@ -3218,7 +3300,7 @@ type TransferBlocksRequest struct {
 
 func (x *TransferBlocksRequest) Reset() {
 	*x = TransferBlocksRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3230,7 +3312,7 @@ func (x *TransferBlocksRequest) String() string {
 func (*TransferBlocksRequest) ProtoMessage() {}
 
 func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3243,7 +3325,7 @@ func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferBlocksRequest.ProtoReflect.Descriptor instead.
 func (*TransferBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TransferBlocksRequest) GetOp() Op {
@@ -3329,7 +3411,7 @@ type IdArena struct {
 
 func (x *IdArena) Reset() {
 	*x = IdArena{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3341,7 +3423,7 @@ func (x *IdArena) String() string {
 func (*IdArena) ProtoMessage() {}
 
 func (x *IdArena) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3354,7 +3436,7 @@ func (x *IdArena) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdArena.ProtoReflect.Descriptor instead.
 func (*IdArena) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *IdArena) GetFdToken() string {
@@ -3408,7 +3490,7 @@ type Mailbox struct {
 
 func (x *Mailbox) Reset() {
 	*x = Mailbox{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3420,7 +3502,7 @@ func (x *Mailbox) String() string {
 func (*Mailbox) ProtoMessage() {}
 
 func (x *Mailbox) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3433,7 +3515,7 @@ func (x *Mailbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mailbox.ProtoReflect.Descriptor instead.
 func (*Mailbox) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Mailbox) GetFdToken() string {
@@ -3474,7 +3556,7 @@ type FastRequest struct {
 
 func (x *FastRequest) Reset() {
 	*x = FastRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3486,7 +3568,7 @@ func (x *FastRequest) String() string {
 func (*FastRequest) ProtoMessage() {}
 
 func (x *FastRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3499,7 +3581,7 @@ func (x *FastRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastRequest.ProtoReflect.Descriptor instead.
 func (*FastRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *FastRequest) GetRequest() isFastRequest_Request {
@@ -3606,7 +3688,7 @@ type FastWait struct {
 
 func (x *FastWait) Reset() {
 	*x = FastWait{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3618,7 +3700,7 @@ func (x *FastWait) String() string {
 func (*FastWait) ProtoMessage() {}
 
 func (x *FastWait) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3631,7 +3713,7 @@ func (x *FastWait) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastWait.ProtoReflect.Descriptor instead.
 func (*FastWait) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *FastWait) GetTransferIds() []uint64 {
@@ -3665,7 +3747,7 @@ type FastReply struct {
 
 func (x *FastReply) Reset() {
 	*x = FastReply{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3677,7 +3759,7 @@ func (x *FastReply) String() string {
 func (*FastReply) ProtoMessage() {}
 
 func (x *FastReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3690,7 +3772,7 @@ func (x *FastReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastReply.ProtoReflect.Descriptor instead.
 func (*FastReply) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *FastReply) GetCode() uint32 {
@@ -3859,15 +3941,22 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\ftransfer_ids\x18\x01 \x03(\x04R\vtransferIds\"0\n" +
 	"\rCancelRequest\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\x04R\n" +
-	"transferId\"E\n" +
+	"transferId\"]\n" +
 	"\x15ResolveSegmentRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
-	"\asegment\x18\x02 \x01(\tR\asegment\"\x8d\x01\n" +
+	"\asegment\x18\x02 \x01(\tR\asegment\x12\x16\n" +
+	"\x06layout\x18\x03 \x01(\bR\x06layout\"\xca\x01\n" +
 	"\x16ResolveSegmentResponse\x12\x12\n" +
 	"\x04desc\x18\x01 \x01(\fR\x04desc\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x123\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12\x16\n" +
-	"\x06length\x18\x04 \x01(\x04R\x06length\"5\n" +
+	"\x06length\x18\x04 \x01(\x04R\x06length\x12;\n" +
+	"\x06layout\x18\x05 \x01(\v2#.fabricxfer.agent.v1.LayoutGeometryR\x06layout\"c\n" +
+	"\x0eLayoutGeometry\x12\x1f\n" +
+	"\vblock_bytes\x18\x01 \x01(\x04R\n" +
+	"blockBytes\x12\x16\n" +
+	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x18\n" +
+	"\aregions\x18\x03 \x01(\rR\aregions\"5\n" +
 	"\x14NotificationsRequest\x12\x1d\n" +
 	"\n" +
 	"region_ids\x18\x01 \x03(\x04R\tregionIds\"\x8c\x02\n" +
@@ -4036,7 +4125,7 @@ func file_fabricxfer_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(MemoryKind)(0),                  // 0: fabricxfer.agent.v1.MemoryKind
 	(HandleType)(0),                  // 1: fabricxfer.agent.v1.HandleType
@@ -4066,31 +4155,32 @@ var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(*CancelRequest)(nil),            // 25: fabricxfer.agent.v1.CancelRequest
 	(*ResolveSegmentRequest)(nil),    // 26: fabricxfer.agent.v1.ResolveSegmentRequest
 	(*ResolveSegmentResponse)(nil),   // 27: fabricxfer.agent.v1.ResolveSegmentResponse
-	(*NotificationsRequest)(nil),     // 28: fabricxfer.agent.v1.NotificationsRequest
-	(*Notification)(nil),             // 29: fabricxfer.agent.v1.Notification
-	(*Endpoint)(nil),                 // 30: fabricxfer.agent.v1.Endpoint
-	(*ExplainRequest)(nil),           // 31: fabricxfer.agent.v1.ExplainRequest
-	(*EngineVerdict)(nil),            // 32: fabricxfer.agent.v1.EngineVerdict
-	(*ExplainResponse)(nil),          // 33: fabricxfer.agent.v1.ExplainResponse
-	(*AllocateFromPoolRequest)(nil),  // 34: fabricxfer.agent.v1.AllocateFromPoolRequest
-	(*AllocateFromPoolResponse)(nil), // 35: fabricxfer.agent.v1.AllocateFromPoolResponse
-	(*ReleaseRequest)(nil),           // 36: fabricxfer.agent.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),          // 37: fabricxfer.agent.v1.ReleaseResponse
-	(*OpenFastPathRequest)(nil),      // 38: fabricxfer.agent.v1.OpenFastPathRequest
-	(*OpenFastPathResponse)(nil),     // 39: fabricxfer.agent.v1.OpenFastPathResponse
-	(*RegisterLayoutRequest)(nil),    // 40: fabricxfer.agent.v1.RegisterLayoutRequest
-	(*Layout)(nil),                   // 41: fabricxfer.agent.v1.Layout
-	(*RegisterLayoutResponse)(nil),   // 42: fabricxfer.agent.v1.RegisterLayoutResponse
-	(*DeregisterLayoutRequest)(nil),  // 43: fabricxfer.agent.v1.DeregisterLayoutRequest
-	(*DeregisterLayoutResponse)(nil), // 44: fabricxfer.agent.v1.DeregisterLayoutResponse
-	(*LayoutRef)(nil),                // 45: fabricxfer.agent.v1.LayoutRef
-	(*TransferBlocksRequest)(nil),    // 46: fabricxfer.agent.v1.TransferBlocksRequest
-	(*IdArena)(nil),                  // 47: fabricxfer.agent.v1.IdArena
-	(*Mailbox)(nil),                  // 48: fabricxfer.agent.v1.Mailbox
-	(*FastRequest)(nil),              // 49: fabricxfer.agent.v1.FastRequest
-	(*FastWait)(nil),                 // 50: fabricxfer.agent.v1.FastWait
-	(*FastReply)(nil),                // 51: fabricxfer.agent.v1.FastReply
-	(*durationpb.Duration)(nil),      // 52: google.protobuf.Duration
+	(*LayoutGeometry)(nil),           // 28: fabricxfer.agent.v1.LayoutGeometry
+	(*NotificationsRequest)(nil),     // 29: fabricxfer.agent.v1.NotificationsRequest
+	(*Notification)(nil),             // 30: fabricxfer.agent.v1.Notification
+	(*Endpoint)(nil),                 // 31: fabricxfer.agent.v1.Endpoint
+	(*ExplainRequest)(nil),           // 32: fabricxfer.agent.v1.ExplainRequest
+	(*EngineVerdict)(nil),            // 33: fabricxfer.agent.v1.EngineVerdict
+	(*ExplainResponse)(nil),          // 34: fabricxfer.agent.v1.ExplainResponse
+	(*AllocateFromPoolRequest)(nil),  // 35: fabricxfer.agent.v1.AllocateFromPoolRequest
+	(*AllocateFromPoolResponse)(nil), // 36: fabricxfer.agent.v1.AllocateFromPoolResponse
+	(*ReleaseRequest)(nil),           // 37: fabricxfer.agent.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 38: fabricxfer.agent.v1.ReleaseResponse
+	(*OpenFastPathRequest)(nil),      // 39: fabricxfer.agent.v1.OpenFastPathRequest
+	(*OpenFastPathResponse)(nil),     // 40: fabricxfer.agent.v1.OpenFastPathResponse
+	(*RegisterLayoutRequest)(nil),    // 41: fabricxfer.agent.v1.RegisterLayoutRequest
+	(*Layout)(nil),                   // 42: fabricxfer.agent.v1.Layout
+	(*RegisterLayoutResponse)(nil),   // 43: fabricxfer.agent.v1.RegisterLayoutResponse
+	(*DeregisterLayoutRequest)(nil),  // 44: fabricxfer.agent.v1.DeregisterLayoutRequest
+	(*DeregisterLayoutResponse)(nil), // 45: fabricxfer.agent.v1.DeregisterLayoutResponse
+	(*LayoutRef)(nil),                // 46: fabricxfer.agent.v1.LayoutRef
+	(*TransferBlocksRequest)(nil),    // 47: fabricxfer.agent.v1.TransferBlocksRequest
+	(*IdArena)(nil),                  // 48: fabricxfer.agent.v1.IdArena
+	(*Mailbox)(nil),                  // 49: fabricxfer.agent.v1.Mailbox
+	(*FastRequest)(nil),              // 50: fabricxfer.agent.v1.FastRequest
+	(*FastWait)(nil),                 // 51: fabricxfer.agent.v1.FastWait
+	(*FastReply)(nil),                // 52: fabricxfer.agent.v1.FastReply
+	(*durationpb.Duration)(nil),      // 53: google.protobuf.Duration
 }
 var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: fabricxfer.agent.v1.PoolMemoryInfo.kind:type_name -> fabricxfer.agent.v1.MemoryKind
@@ -4108,68 +4198,69 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	2,  // 12: fabricxfer.agent.v1.TransferRequest.op:type_name -> fabricxfer.agent.v1.Op
 	17, // 13: fabricxfer.agent.v1.TransferRequest.remote:type_name -> fabricxfer.agent.v1.RemoteRef
 	18, // 14: fabricxfer.agent.v1.TransferRequest.items:type_name -> fabricxfer.agent.v1.TransferItem
-	52, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
+	53, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
 	22, // 16: fabricxfer.agent.v1.TransferResponse.status:type_name -> fabricxfer.agent.v1.TransferStatus
 	3,  // 17: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
 	21, // 18: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
-	52, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
-	52, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	53, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
+	53, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 21: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	2,  // 22: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
-	30, // 23: fabricxfer.agent.v1.ExplainRequest.source:type_name -> fabricxfer.agent.v1.Endpoint
-	30, // 24: fabricxfer.agent.v1.ExplainRequest.destination:type_name -> fabricxfer.agent.v1.Endpoint
-	32, // 25: fabricxfer.agent.v1.ExplainResponse.verdicts:type_name -> fabricxfer.agent.v1.EngineVerdict
-	0,  // 26: fabricxfer.agent.v1.AllocateFromPoolRequest.kind:type_name -> fabricxfer.agent.v1.MemoryKind
-	1,  // 27: fabricxfer.agent.v1.AllocateFromPoolResponse.handle_type:type_name -> fabricxfer.agent.v1.HandleType
-	13, // 28: fabricxfer.agent.v1.AllocateFromPoolResponse.region:type_name -> fabricxfer.agent.v1.Region
-	41, // 29: fabricxfer.agent.v1.RegisterLayoutResponse.layout:type_name -> fabricxfer.agent.v1.Layout
-	2,  // 30: fabricxfer.agent.v1.TransferBlocksRequest.op:type_name -> fabricxfer.agent.v1.Op
-	45, // 31: fabricxfer.agent.v1.TransferBlocksRequest.remote:type_name -> fabricxfer.agent.v1.LayoutRef
-	52, // 32: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
-	19, // 33: fabricxfer.agent.v1.FastRequest.transfer:type_name -> fabricxfer.agent.v1.TransferRequest
-	46, // 34: fabricxfer.agent.v1.FastRequest.blocks:type_name -> fabricxfer.agent.v1.TransferBlocksRequest
-	47, // 35: fabricxfer.agent.v1.FastRequest.id_arena:type_name -> fabricxfer.agent.v1.IdArena
-	50, // 36: fabricxfer.agent.v1.FastRequest.wait:type_name -> fabricxfer.agent.v1.FastWait
-	48, // 37: fabricxfer.agent.v1.FastRequest.mailbox:type_name -> fabricxfer.agent.v1.Mailbox
-	52, // 38: fabricxfer.agent.v1.FastWait.timeout:type_name -> google.protobuf.Duration
-	20, // 39: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
-	4,  // 40: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
-	12, // 41: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
-	15, // 42: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
-	19, // 43: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
-	23, // 44: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
-	24, // 45: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
-	25, // 46: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
-	26, // 47: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
-	28, // 48: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
-	31, // 49: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
-	34, // 50: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
-	36, // 51: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
-	38, // 52: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
-	40, // 53: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
-	43, // 54: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
-	46, // 55: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
-	11, // 56: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
-	14, // 57: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
-	16, // 58: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
-	20, // 59: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
-	22, // 60: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 61: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 62: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
-	27, // 63: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
-	29, // 64: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
-	33, // 65: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
-	35, // 66: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
-	37, // 67: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
-	39, // 68: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
-	42, // 69: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
-	44, // 70: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
-	20, // 71: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
-	56, // [56:72] is the sub-list for method output_type
-	40, // [40:56] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	28, // 22: fabricxfer.agent.v1.ResolveSegmentResponse.layout:type_name -> fabricxfer.agent.v1.LayoutGeometry
+	2,  // 23: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
+	31, // 24: fabricxfer.agent.v1.ExplainRequest.source:type_name -> fabricxfer.agent.v1.Endpoint
+	31, // 25: fabricxfer.agent.v1.ExplainRequest.destination:type_name -> fabricxfer.agent.v1.Endpoint
+	33, // 26: fabricxfer.agent.v1.ExplainResponse.verdicts:type_name -> fabricxfer.agent.v1.EngineVerdict
+	0,  // 27: fabricxfer.agent.v1.AllocateFromPoolRequest.kind:type_name -> fabricxfer.agent.v1.MemoryKind
+	1,  // 28: fabricxfer.agent.v1.AllocateFromPoolResponse.handle_type:type_name -> fabricxfer.agent.v1.HandleType
+	13, // 29: fabricxfer.agent.v1.AllocateFromPoolResponse.region:type_name -> fabricxfer.agent.v1.Region
+	42, // 30: fabricxfer.agent.v1.RegisterLayoutResponse.layout:type_name -> fabricxfer.agent.v1.Layout
+	2,  // 31: fabricxfer.agent.v1.TransferBlocksRequest.op:type_name -> fabricxfer.agent.v1.Op
+	46, // 32: fabricxfer.agent.v1.TransferBlocksRequest.remote:type_name -> fabricxfer.agent.v1.LayoutRef
+	53, // 33: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
+	19, // 34: fabricxfer.agent.v1.FastRequest.transfer:type_name -> fabricxfer.agent.v1.TransferRequest
+	47, // 35: fabricxfer.agent.v1.FastRequest.blocks:type_name -> fabricxfer.agent.v1.TransferBlocksRequest
+	48, // 36: fabricxfer.agent.v1.FastRequest.id_arena:type_name -> fabricxfer.agent.v1.IdArena
+	51, // 37: fabricxfer.agent.v1.FastRequest.wait:type_name -> fabricxfer.agent.v1.FastWait
+	49, // 38: fabricxfer.agent.v1.FastRequest.mailbox:type_name -> fabricxfer.agent.v1.Mailbox
+	53, // 39: fabricxfer.agent.v1.FastWait.timeout:type_name -> google.protobuf.Duration
+	20, // 40: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
+	4,  // 41: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
+	12, // 42: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
+	15, // 43: fabricxfer.agent.v1.Agent.DeregisterMemory:input_type -> fabricxfer.agent.v1.DeregisterMemoryRequest
+	19, // 44: fabricxfer.agent.v1.Agent.Transfer:input_type -> fabricxfer.agent.v1.TransferRequest
+	23, // 45: fabricxfer.agent.v1.Agent.Wait:input_type -> fabricxfer.agent.v1.WaitRequest
+	24, // 46: fabricxfer.agent.v1.Agent.Watch:input_type -> fabricxfer.agent.v1.WatchRequest
+	25, // 47: fabricxfer.agent.v1.Agent.Cancel:input_type -> fabricxfer.agent.v1.CancelRequest
+	26, // 48: fabricxfer.agent.v1.Agent.ResolveSegment:input_type -> fabricxfer.agent.v1.ResolveSegmentRequest
+	29, // 49: fabricxfer.agent.v1.Agent.Notifications:input_type -> fabricxfer.agent.v1.NotificationsRequest
+	32, // 50: fabricxfer.agent.v1.Agent.Explain:input_type -> fabricxfer.agent.v1.ExplainRequest
+	35, // 51: fabricxfer.agent.v1.Agent.AllocateFromPool:input_type -> fabricxfer.agent.v1.AllocateFromPoolRequest
+	37, // 52: fabricxfer.agent.v1.Agent.Release:input_type -> fabricxfer.agent.v1.ReleaseRequest
+	39, // 53: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
+	41, // 54: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
+	44, // 55: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
+	47, // 56: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
+	11, // 57: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
+	14, // 58: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
+	16, // 59: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
+	20, // 60: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
+	22, // 61: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 62: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 63: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
+	27, // 64: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
+	30, // 65: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
+	34, // 66: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
+	36, // 67: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
+	38, // 68: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
+	40, // 69: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
+	43, // 70: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
+	45, // 71: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
+	20, // 72: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
+	57, // [57:73] is the sub-list for method output_type
+	41, // [41:57] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_fabricxfer_agent_v1_agent_proto_init() }
@@ -4182,16 +4273,16 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 		(*RemoteRef_Segment)(nil),
 		(*RemoteRef_Desc)(nil),
 	}
-	file_fabricxfer_agent_v1_agent_proto_msgTypes[26].OneofWrappers = []any{
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[27].OneofWrappers = []any{
 		(*Endpoint_RegionId)(nil),
 		(*Endpoint_Segment)(nil),
 		(*Endpoint_Desc)(nil),
 	}
-	file_fabricxfer_agent_v1_agent_proto_msgTypes[41].OneofWrappers = []any{
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[42].OneofWrappers = []any{
 		(*LayoutRef_LayoutId)(nil),
 		(*LayoutRef_Segment)(nil),
 	}
-	file_fabricxfer_agent_v1_agent_proto_msgTypes[45].OneofWrappers = []any{
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[46].OneofWrappers = []any{
 		(*FastRequest_Transfer)(nil),
 		(*FastRequest_Blocks)(nil),
 		(*FastRequest_IdArena)(nil),
@@ -4204,7 +4295,7 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_agent_proto_rawDesc), len(file_fabricxfer_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   48,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

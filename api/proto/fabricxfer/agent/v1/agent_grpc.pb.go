@@ -67,7 +67,8 @@ type AgentClient interface {
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TransferStatus], error)
 	// Cancel stops a pending transfer; items already on the wire may still land.
 	Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*TransferStatus, error)
-	// ResolveSegment looks a named segment up on a node of the pool (this one when node is empty).
+	// ResolveSegment looks a named segment up on a node of the pool (this one when node is empty): a region's
+	// descriptor, or a published layout's geometry.
 	ResolveSegment(ctx context.Context, in *ResolveSegmentRequest, opts ...grpc.CallOption) (*ResolveSegmentResponse, error)
 	// Notifications streams the completions of transfers that carried a notification payload, on the side their
 	// bytes landed: the caller's regions another's write wrote into, or its own read read into.
@@ -303,7 +304,8 @@ type AgentServer interface {
 	Watch(*WatchRequest, grpc.ServerStreamingServer[TransferStatus]) error
 	// Cancel stops a pending transfer; items already on the wire may still land.
 	Cancel(context.Context, *CancelRequest) (*TransferStatus, error)
-	// ResolveSegment looks a named segment up on a node of the pool (this one when node is empty).
+	// ResolveSegment looks a named segment up on a node of the pool (this one when node is empty): a region's
+	// descriptor, or a published layout's geometry.
 	ResolveSegment(context.Context, *ResolveSegmentRequest) (*ResolveSegmentResponse, error)
 	// Notifications streams the completions of transfers that carried a notification payload, on the side their
 	// bytes landed: the caller's regions another's write wrote into, or its own read read into.

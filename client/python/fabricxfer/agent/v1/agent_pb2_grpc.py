@@ -151,7 +151,8 @@ class AgentServicer(object):
     raise NotImplementedError('Method not implemented!')
 
   def ResolveSegment(self, request, context):
-    """ResolveSegment looks a named segment up on a node of the pool (this one when node is empty).
+    """ResolveSegment looks a named segment up on a node of the pool (this one when node is empty): a region's
+    descriptor, or a published layout's geometry.
     """
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
     context.set_details('Method not implemented!')
