@@ -229,6 +229,10 @@ func TestAPeersLayoutResolvesToItsGeometry(t *testing.T) {
 	if _, err := cb.ResolveLayoutSegment(ctx, "node-a", "kv-g"); client.Code(err) != codes.NotFound {
 		t.Fatalf("resolving a layout node-a has not published: %v, want NotFound", err)
 	}
+	start := time.Now()
+	if _, err := cb.ResolveLayoutSegment(ctx, "node-nowhere", "kv-g"); err == nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("resolving a layout on a node that is not in the pool: %v after %v, want a refusal at once", err, time.Since(start))
+	}
 	const bs, blocks = 4096, 16
 	la, _, memA := hostLayout(ctx, t, ca, "kv-g", bs, blocks, client.PublishLayout("kv-g"))
 	lb, _, memB := hostLayout(ctx, t, cb, "kv-g-b", bs, blocks)
