@@ -119,10 +119,19 @@ class _StatusError(grpc.RpcError):
 
 
 class AgentError(_StatusError):
-    """An error the agent answered on the fast socket; code() and details() read like a gRPC error's."""
+    """A call's error status, whichever socket the call took (the fast socket's, and gRPC's in its place): code()
+    and details() read like a gRPC error's, which it is (a grpc.RpcError), so one except clause covers both."""
 
-    def __init__(self, code: int, message: str):
-        super().__init__(_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
+    def __init__(self, code, message: str):
+        super().__init__(code if isinstance(code, grpc.StatusCode) else _CODES.get(code, grpc.StatusCode.UNKNOWN),
+                         message)
+
+
+def _agent_error(e: grpc.RpcError) -> AgentError:
+    """gRPC's error e as the AgentError the fast socket raises for the same answer; raise it outside the except
+    clause that caught e, so that e is not chained to it: e's traceback would hold the call's frames, and the
+    memory their locals name (a caller's mapped buffers), for as long as the error is kept."""
+    return AgentError(e.code(), e.details() or "")
 
 
 class DeadlineExceeded(_StatusError, TimeoutError):
@@ -250,11 +259,13 @@ def _answered(call) -> bool:
 
 class _NotificationStream:
     """The iterator notifications() returns: the gRPC call's, but a stream the agent's restart or stop ended raises
-    SessionLost, as the client's other calls do, instead of gRPC's UNAVAILABLE. cancel() ends it (the next read
-    then raises the CANCELLED error gRPC gives); the call's other methods pass through."""
+    SessionLost, as the client's other calls do, instead of gRPC's UNAVAILABLE, and the agent's other ends
+    (RESOURCE_EXHAUSTED for a listener too far behind) raise AgentError. cancel() ends it: a for loop over it
+    finishes (gRPC's iterator raised CANCELLED into it). The call's other methods pass through."""
 
     def __init__(self, client: "Client", call):
         self._client, self._call = client, call
+        self._cancelled = False
 
     def __iter__(self):
         return self
@@ -268,9 +279,13 @@ class _NotificationStream:
             if self._client._session_lost(e.code(), e.details(), _answered(e)):
                 raise SessionLost("agent session lost (%s): call recover() and notifications() again"
                                   % e.details()) from e
-            raise
+            ended = None if self._cancelled and e.code() == grpc.StatusCode.CANCELLED else _agent_error(e)
+        if ended is None:
+            raise StopIteration  # the caller's own cancel(): a for loop over the stream ends
+        raise ended  # outside the except clause, as Client._call's
 
     def cancel(self):
+        self._cancelled = True
         return self._call.cancel()
 
     def __getattr__(self, name):
@@ -1008,6 +1023,7 @@ class Client:
     def _call(self, method, req, **kw):
         """One unary call that fails with SessionLost, not with another session's answer, after a reconnect."""
         self._check_session()
+        answered = None
         try:
             resp = method(req, timeout=kw.pop("timeout", self.timeout), metadata=self._session_md, **kw)
         except (grpc.RpcError, ValueError) as e:
@@ -1023,7 +1039,11 @@ class Client:
                 # way the call went (an answer of the agent's with that code is its own, and stays as it came).
                 raise DeadlineExceeded("the agent did not answer within the call's deadline: what it asked may "
                                        "still take effect") from e
-            raise
+            if isinstance(e, _StatusError):
+                raise
+            answered = _agent_error(e)
+        if answered is not None:
+            raise answered  # outside the except clause: nothing chains gRPC's error, and its frames, to it
         self._check_session()
         return resp
 

@@ -14,7 +14,7 @@ import unittest
 import grpc
 
 from fabricxfer.agent.v1 import agent_pb2 as pb
-from fabricxfer.client import (AgentUnreachable, Client, Item, Region, SessionLost, TransferFailed, shared_memory,
+from fabricxfer.client import (AgentError, AgentUnreachable, Client, Item, Region, SessionLost, TransferFailed, shared_memory,
                                to_descriptor, to_layout, to_region, to_segment)
 
 SOCKET = os.environ.get("FABRICXFER_SOCKET", "")
@@ -145,9 +145,10 @@ class ClientTest(unittest.TestCase):
     def test_a_published_layout_resolves_to_its_geometry(self):
         # A consumer started before its producer could learn of the layout only by failed transfers, and its
         # geometry only from a refusal naming it.
-        with self.assertRaises(grpc.RpcError) as e:
+        with self.assertRaises(AgentError) as e:  # gRPC's refusal raised as the fast socket's are
             self.c.resolve_layout("", "py-geometry")
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIsInstance(e.exception, grpc.RpcError)
         fds = [self.shm(3 * 8192)[0] for _ in range(2)]
         lay = self.c.register_layout([self.c.register_host(fd, 0, 3 * 8192) for fd in fds], 8192,
                                      segment="py-geometry")
@@ -163,6 +164,34 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as e:
             self.c.resolve_layout("", "py-geometry")
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def test_a_for_loop_over_notifications_ends_when_the_stream_is_cancelled(self):
+        # Every listening thread ended in a traceback: gRPC's iterator raised CANCELLED into the loop.
+        sfd, _ = self.shm(4096)
+        dfd, _ = self.shm(4096, fill=False)
+        rs, rd = self.c.register_host(sfd, 0, 4096), self.c.register_host(dfd, 0, 4096, segment="py-loop")
+        stream = self.c.notifications([rd])
+        got, ended = [], []
+
+        def listen():
+            try:
+                for n in stream:
+                    got.append(n.payload)
+                ended.append("loop ended")
+            except Exception as e:
+                ended.append(e)
+        t = threading.Thread(target=listen)
+        t.start()
+        for k in range(3):
+            self.c.transfer("write", [Item(rs, to_segment("", "py-loop"), 4096)], notify=b"n%d" % k)
+        deadline = time.monotonic() + 5
+        while len(got) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stream.cancel()
+        t.join(5.0)
+        self.assertFalse(t.is_alive(), "the loop went on after cancel()")
+        self.assertEqual(ended, ["loop ended"])
+        self.assertEqual(got, [b"n0", b"n1", b"n2"])
 
     def test_pool_memory_round_trip(self):
         if not self.c.info.HasField("pool_memory"):

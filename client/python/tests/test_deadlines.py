@@ -332,8 +332,12 @@ class GRPCDeadlineTest(unittest.TestCase):
         def answering(req, **kwargs):
             raise Answered()
 
-        with self.assertRaises(Answered):
+        with self.assertRaises(fx.AgentError) as e:  # as the fast socket's answers are: one except clause
             c._call(answering, pb.GetInfoRequest())
+        self.assertNotIsInstance(e.exception, fx.DeadlineExceeded)
+        self.assertIsInstance(e.exception, grpc.RpcError)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.assertEqual(e.exception.details(), "the transfer's 1ns ran out while its peers were resolved")
 
 
 if __name__ == "__main__":
