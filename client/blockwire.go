@@ -60,7 +60,7 @@ func newBlockRequest(ctx context.Context, op Op, l *Layout, ids []uint32, remote
 	if l == nil {
 		return r, errors.New("transferring blocks: no layout (nil)")
 	}
-	if err := opts.check(l.c.Info()); err != nil {
+	if err := opts.check(l.c.Info); err != nil {
 		return r, fmt.Errorf("transferring blocks: %w", err)
 	}
 	if len(ids) != len(remoteIDs) {

@@ -122,7 +122,7 @@ func notBesideAgentSocket(path, what, optOut string, err error) error {
 		return err
 	}
 	why := fmt.Sprintf("the agent answered on %s but its %s socket %s is not beside it: mount the agent's whole socket "+
-		"folder (agent.sock, %s, %s), not agent.sock alone", filepath.Join(filepath.Dir(path), "agent.sock"), what, path,
+		"folder (agent.sock, %s, %s), not agent.sock alone (an agent that is restarting makes it again in a moment)", filepath.Join(filepath.Dir(path), "agent.sock"), what, path,
 		FastSocketName, FDSocketName)
 	if optOut != "" {
 		why += ", or " + optOut

@@ -288,6 +288,9 @@ func TestPreparedBlocksKeepTheirIDs(t *testing.T) {
 	if n := string(got.GetBlocks().GetNotify()); n != "step 1" {
 		t.Fatalf("prepared notification %q, want the prepare's %q", n, "step 1")
 	}
+	if n := string(p.opts.Notify); n != "step 1" { // what Run sends through TransferBlocks, without the fast path
+		t.Fatalf("the notification a prepared transfer sends without the fast path is %q, want the prepare's %q", n, "step 1")
+	}
 	if _, err := c.PrepareBlocks(Write, l, ids, ToLayout(other), remoteIDs[:1], TransferOptions{}); err == nil {
 		t.Fatal("unequal id counts were prepared")
 	}

@@ -40,6 +40,7 @@ func (c *Client) PrepareBlocks(op Op, l *Layout, ids []uint32, remote RemoteLayo
 		return nil, fmt.Errorf("preparing blocks: %w", err)
 	}
 	req.notify = slices.Clone(req.notify) // as the ids: what was prepared is what runs
+	opts.Notify = req.notify              // plain runs from opts: the copy, not the caller's slice
 	return &PreparedBlocks{c: c, op: op, l: l, remote: remote, ids: slices.Clone(ids), remoteIDs: slices.Clone(remoteIDs),
 		opts: opts, req: req, gen: gen, bytes: l.bytesOf(len(ids))}, nil
 }

@@ -180,13 +180,15 @@ func submission(ctx context.Context, op Op, opts TransferOptions, wait bool) (ag
 }
 
 // check refuses options no transfer can have.
-func (o TransferOptions) check(info *agentv1.GetInfoResponse) error {
+// check refuses options the agent would refuse or misread; limits gives the agent's (read only for a payload:
+// Info takes the client's lock, which a block transfer's common case does without).
+func (o TransferOptions) check(limits func() *agentv1.GetInfoResponse) error {
 	if o.Timeout < 0 {
 		return status.Errorf(codes.InvalidArgument, "a transfer's timeout must not be negative, got %v (zero: the agent's default)", o.Timeout)
 	}
 	if o.Notify != nil {
 		// An empty payload travels as none: the listener would wait for a notification that never comes.
-		most := cmp.Or(int(info.GetLimits().GetMaxNotifyBytes()), defaultMaxNotifyBytes)
+		most := cmp.Or(int(limits().GetLimits().GetMaxNotifyBytes()), defaultMaxNotifyBytes)
 		if len(o.Notify) == 0 {
 			return status.Errorf(codes.InvalidArgument, "an empty Notify sends no notification: give it at least one byte (the block ids, say), or leave it nil for none")
 		}
@@ -223,7 +225,7 @@ func boundedTimeout(ctx context.Context, timeout time.Duration, wait bool) time.
 }
 
 func (c *Client) request(ctx context.Context, op Op, items []Item, opts TransferOptions, wait bool) (*agentv1.TransferRequest, error) {
-	if err := opts.check(c.Info()); err != nil {
+	if err := opts.check(c.Info); err != nil {
 		return nil, err
 	}
 	if most := c.Info().GetLimits().GetMaxItemsPerTransfer(); most > 0 && len(items) > int(most) {
@@ -368,7 +370,7 @@ func (c *Client) ResolveSegment(ctx context.Context, node, segment string) ([]by
 
 // ResolveLayoutSegment returns the geometry of the layout published as segment on node ("": this one), as a
 // TransferBlocks to ToLayoutSegment(node, segment) would find it: BlockBytes and Regions, which the caller's
-// layout must match, and Blocks, above which ids are refused. NotFound while nothing is published under the
+// layout must match, and Blocks, which every id must be below. NotFound while nothing is published under the
 // name (a consumer started before its producer can ask again until it is).
 func (c *Client) ResolveLayoutSegment(ctx context.Context, node, segment string) (*agentv1.LayoutGeometry, error) {
 	gen := c.generation()
@@ -378,6 +380,10 @@ func (c *Client) ResolveLayoutSegment(ctx context.Context, node, segment string)
 	resp, err := c.api.ResolveSegment(ctx, &agentv1.ResolveSegmentRequest{Node: node, Segment: segment, Layout: true})
 	if err != nil {
 		return nil, c.wrap(ctx, fmt.Sprintf("resolving layout segment %q on node %q", segment, node), gen, err)
+	}
+	if resp.Layout == nil {
+		// An agent older than the layout field read the question as a region's, and answered as one.
+		return nil, status.Errorf(codes.Unimplemented, "resolving layout segment %q on node %q: the agent does not look layouts up (it predates ResolveSegment's layout field): upgrade it", segment, node)
 	}
 	return resp.Layout, nil
 }

@@ -223,7 +223,7 @@ func TestAStalledOwnerHoldsNoWriteThroughAKeptAnswer(t *testing.T) {
 
 // TestAPeersLayoutResolvesToItsGeometry: a consumer on node-b that starts before its producer on node-a asks for
 // the producer's layout by name: NotFound until it is published, then its geometry (as the block transfer that
-// follows finds it, without asking node-a again), and NotFound again once node-a deregistered it.
+// follows finds it), and NotFound again once node-a deregistered it.
 func TestAPeersLayoutResolvesToItsGeometry(t *testing.T) {
 	ctx, ca, cb := twoPeerNodes(t)
 	if _, err := cb.ResolveLayoutSegment(ctx, "node-a", "kv-g"); client.Code(err) != codes.NotFound {

@@ -127,10 +127,15 @@ class AgentError(_StatusError):
                          message)
 
 
-def _agent_error(e: grpc.RpcError) -> AgentError:
-    """gRPC's error e as the AgentError the fast socket raises for the same answer; raise it outside the except
-    clause that caught e, so that e is not chained to it: e's traceback would hold the call's frames, and the
-    memory their locals name (a caller's mapped buffers), for as long as the error is kept."""
+def _agent_error(e: grpc.RpcError) -> "_StatusError":
+    """gRPC's error e as the fast socket's for the same outcome: the agent's answer as AgentError, and gRPC's own
+    deadline (no answer came in time) as DeadlineExceeded, whichever way the call went (an answer of the agent's
+    with that code is its own, and stays an AgentError). Raise it outside the except clause that caught e, so that
+    e is not chained to it: e's traceback would hold the call's frames, and the memory their locals name (a
+    caller's mapped buffers), for as long as the error is kept."""
+    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and e.details() == _GRPC_DEADLINE:
+        return DeadlineExceeded("the agent did not answer within the call's deadline: what it asked may still "
+                                "take effect")
     return AgentError(e.code(), e.details() or "")
 
 
@@ -477,7 +482,8 @@ def _not_beside_agent_sock(path: str, what: str, opt_out: str = "") -> FileNotFo
     """One of the agent's other sockets is not where the client looks, beside agent.sock: a pod that mounts
     agent.sock alone (a hostPath of the file, not of its folder) reaches the agent but not them."""
     why = ("the agent's %s socket is not beside agent.sock: mount the agent's whole socket folder (agent.sock, %s, "
-           "%s), not agent.sock alone" % (what, FAST_SOCKET_NAME, FD_SOCKET_NAME))
+           "%s), not agent.sock alone (an agent that is restarting makes it again in a moment)"
+           % (what, FAST_SOCKET_NAME, FD_SOCKET_NAME))
     return FileNotFoundError(errno.ENOENT, why + (", or " + opt_out if opt_out else ""), path)
 
 
@@ -966,6 +972,7 @@ class Client:
         # Layouts this client registered, re-registered by recover().
         self._layouts = []
         self._channel.subscribe(self._on_state, try_to_connect=True)
+        refused = None
         try:
             self.info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=name),
                                           timeout=timeout, wait_for_ready=True)
@@ -974,7 +981,9 @@ class Client:
             self._channel.close()
             if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                 raise AgentUnreachable(e.code(), _unreachable(socket_path, timeout, e.details())) from e
-            raise
+            refused = _agent_error(e)  # an API version it does not speak, a caller it cannot identify
+        if refused is not None:
+            raise refused
         self._session_md = _session_metadata(self.info)
         self._fast = None
         self._fast_lock = threading.Lock()
@@ -1033,12 +1042,6 @@ class Client:
                 raise
             if self._session_lost(e.code(), e.details(), _answered(e)):
                 raise SessionLost("agent session lost (%s): call recover() and retry" % e.details()) from e
-            if (e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and e.details() == _GRPC_DEADLINE
-                    and not isinstance(e, DeadlineExceeded)):
-                # gRPC's own: no answer came in time. The same error as a fast call's that ran out of time, whichever
-                # way the call went (an answer of the agent's with that code is its own, and stays as it came).
-                raise DeadlineExceeded("the agent did not answer within the call's deadline: what it asked may "
-                                       "still take effect") from e
             if isinstance(e, _StatusError):
                 raise
             answered = _agent_error(e)
@@ -1116,16 +1119,19 @@ class Client:
         # An agent still stopping or just starting can drop the first connection: keep asking until timeout.
         deadline = time.monotonic() + timeout
         while True:
+            refused = None
             try:
                 info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=self.name),
                                          timeout=max(deadline - time.monotonic(), 0.001), wait_for_ready=True)
                 break
             except grpc.RpcError as e:
                 if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise
-                if time.monotonic() >= deadline:
+                    refused = _agent_error(e)
+                elif time.monotonic() >= deadline:
                     raise AgentUnreachable(e.code(), _unreachable(self.socket_path, timeout, e.details())) from e
-                time.sleep(0.05)
+            if refused is not None:
+                raise refused
+            time.sleep(0.05)
         session = self._session
         self._settle(min(timeout, 2.0))
         # Regions and layouts belong to a session (a connection) of one instance of the agent: another session or
@@ -1191,7 +1197,14 @@ class Client:
         return first
 
     def _open_fast(self):
-        token = self.stub.OpenFastPath(pb.OpenFastPathRequest(), timeout=self.timeout, metadata=self._session_md).token
+        refused = None
+        try:
+            token = self.stub.OpenFastPath(pb.OpenFastPathRequest(), timeout=self.timeout,
+                                           metadata=self._session_md).token
+        except grpc.RpcError as e:
+            refused = _agent_error(e)
+        if refused is not None:
+            raise refused
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout)
         try:
@@ -1558,7 +1571,7 @@ class Client:
         wait for a notification that never comes), and one past the agent's limit was refused by the agent, or,
         on the fast socket past its frame, broke the connection and read as SessionLost."""
         try:
-            n = len(memoryview(notify))
+            n = memoryview(notify).nbytes  # bytes, not items: an array of wider items or more dimensions too
         except TypeError:
             raise TypeError("notify is bytes (the listener's payload), not %s" % type(notify).__name__) from None
         most = self.info.limits.max_notify_bytes or DEFAULT_MAX_NOTIFY_BYTES
@@ -1568,7 +1581,7 @@ class Client:
         if n > most:
             raise ValueError("notify is %d bytes: the agent delivers at most %d (info.limits.max_notify_bytes)"
                              % (n, most))
-        return notify if type(notify) is bytes else bytes(notify)
+        return notify if type(notify) is bytes else memoryview(notify).tobytes()
 
     def _call_timeout(self, timeout: Optional[float]) -> float:
         """A gRPC call's deadline for a transfer of timeout seconds (None: the agent's default, which an unwaited
@@ -1978,10 +1991,14 @@ class Client:
     def resolve_layout(self, node: str, segment: str) -> pb.LayoutGeometry:
         """The geometry of the layout published as segment on node ("": this one), as a transfer_blocks to
         to_layout_segment(node, segment) would find it: block_bytes and regions, which your layout must match,
-        and blocks, above which ids are refused. Raises the agent's NOT_FOUND while nothing is published under
+        and blocks, which every id must be below. Raises the agent's NOT_FOUND while nothing is published under
         the name (a consumer started before its producer can ask again until it is)."""
-        return self._call(self.stub.ResolveSegment,
-                          pb.ResolveSegmentRequest(node=node, segment=segment, layout=True)).layout
+        resp = self._call(self.stub.ResolveSegment, pb.ResolveSegmentRequest(node=node, segment=segment, layout=True))
+        if not resp.HasField("layout"):
+            # An agent older than the layout field read the question as a region's, and answered as one.
+            raise AgentError(grpc.StatusCode.UNIMPLEMENTED, "the agent does not look layouts up (it predates "
+                             "ResolveSegment's layout field): upgrade it")
+        return resp.layout
 
     def notifications(self, regions: Optional[List[Region]] = None) -> Iterator[pb.Notification]:
         """Streams the notifications that transfers with notify leave on regions, one per transfer naming every

@@ -129,6 +129,15 @@ class ClientTest(unittest.TestCase):
                         call(b"z" * size, wait)
                 with self.assertRaisesRegex(TypeError, "notify is bytes"):
                     call("text", wait)
+                try:
+                    import numpy as np
+                except ImportError:
+                    continue
+                # Counted in bytes, not items: no bytes in three rows, and 8-byte items past the limit.
+                with self.assertRaisesRegex(ValueError, "sends no notification"):
+                    call(np.zeros((3, 0), np.uint8), wait)
+                with self.assertRaisesRegex(ValueError, "notify is %d bytes" % (most // 4 * 8)):
+                    call(np.zeros(most // 4, np.uint64), wait)
         stream = self.c.notifications([r])
         self.addCleanup(stream.cancel)
         got = []
@@ -141,6 +150,16 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(got[0].payload, b"n" * most)
         self.assertEqual(bytes(buf[3 * 4096:4 * 4096]), bytes(buf[:4096]))
         self.assertIsNotNone(self.c._fast, "a refused payload dropped the fast connection")
+
+    def test_refusals_of_the_connection_itself_raise_agent_error(self):
+        # Client()'s GetInfo went around the conversion: an API version the agent does not speak raised gRPC's
+        # own error, which `except AgentError` missed.
+        from unittest import mock
+        import fabricxfer.client as fxc
+        with mock.patch.object(fxc, "API_VERSION", "v0"):
+            with self.assertRaises(AgentError) as e:
+                Client(SOCKET)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION, e.exception.details())
 
     def test_a_published_layout_resolves_to_its_geometry(self):
         # A consumer started before its producer could learn of the layout only by failed transfers, and its

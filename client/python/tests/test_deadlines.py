@@ -340,5 +340,25 @@ class GRPCDeadlineTest(unittest.TestCase):
         self.assertEqual(e.exception.details(), "the transfer's 1ns ran out while its peers were resolved")
 
 
+class OlderAgentTest(unittest.TestCase):
+    def test_a_layout_lookup_an_older_agent_answered_as_a_regions_is_refused(self):
+        # An agent older than ResolveSegment's layout field reads the question as a region's and answers as one:
+        # resolve_layout returned an empty geometry (0 blocks of 0 bytes) as if that were the layout.
+        c = Client.__new__(Client)
+        c._losses = c._session = 0
+        c._closed, c._lock, c._session_md, c.timeout = False, threading.Lock(), (), 1.0
+
+        class Stub:
+            @staticmethod
+            def ResolveSegment(req, **kwargs):
+                assert req.layout
+                return pb.ResolveSegmentResponse(desc=b"a region's descriptor", node="old-node", length=4096)
+        c.stub = Stub()
+        with self.assertRaises(fx.AgentError) as e:
+            c.resolve_layout("", "kv")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+        self.assertIn("upgrade", e.exception.details())
+
+
 if __name__ == "__main__":
     unittest.main()

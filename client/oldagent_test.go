@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package client_test
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
+	"github.com/fabricxfer/fabricxfer/client"
+)
+
+// olderAgent answers as an agent that predates the fast path and ResolveSegment's layout field: it reads every
+// ResolveSegment as a region's (the field is unknown to it) and answers OpenFastPath Unimplemented.
+type olderAgent struct {
+	agentv1.UnimplementedAgentServer
+}
+
+func (olderAgent) GetInfo(context.Context, *agentv1.GetInfoRequest) (*agentv1.GetInfoResponse, error) {
+	return &agentv1.GetInfoResponse{NodeName: "old-node", ApiVersion: "v1"}, nil
+}
+
+func (olderAgent) ResolveSegment(_ context.Context, req *agentv1.ResolveSegmentRequest) (*agentv1.ResolveSegmentResponse, error) {
+	return &agentv1.ResolveSegmentResponse{Desc: []byte("a region's descriptor"), Node: "old-node", Length: 4096}, nil
+}
+
+// TestAnOlderAgentIsToldApart: a client of an agent without the fast path goes through gRPC, and a layout lookup
+// the agent answered as a region's is refused as Unimplemented, not returned as a nil geometry with no error
+// (reading its fields panicked, and a name published as a region looked like an empty layout).
+func TestAnOlderAgentIsToldApart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	agentv1.RegisterAgentServer(srv, olderAgent{})
+	go srv.Serve(ln)
+	defer srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, path)
+	if err != nil {
+		t.Fatalf("dialling an agent without the fast path: %v", err)
+	}
+	defer c.Close()
+	g, err := c.ResolveLayoutSegment(ctx, "", "kv")
+	if client.Code(err) != codes.Unimplemented || !strings.Contains(err.Error(), "upgrade") || g != nil {
+		t.Fatalf("a layout lookup an older agent answered as a region's: %v, %v; want Unimplemented saying to upgrade", g, err)
+	}
+	if desc, err := c.ResolveSegment(ctx, "", "kv"); err != nil || string(desc) != "a region's descriptor" {
+		t.Fatalf("a region lookup of the older agent: %q, %v", desc, err)
+	}
+}
