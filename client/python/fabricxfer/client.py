@@ -1202,6 +1202,11 @@ class Client:
             token = self.stub.OpenFastPath(pb.OpenFastPathRequest(), timeout=self.timeout,
                                            metadata=self._session_md).token
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                # An agent without the fast path (older than it): calls go through gRPC, as the Go client's do,
+                # and nothing is opened again later.
+                self._want_fast = False
+                return
             refused = _agent_error(e)
         if refused is not None:
             raise refused

@@ -360,5 +360,34 @@ class OlderAgentTest(unittest.TestCase):
         self.assertIn("upgrade", e.exception.details())
 
 
+class OlderAgentServedTest(unittest.TestCase):
+    def test_an_agent_without_the_fast_path_is_used_through_grpc(self):
+        # As the Go client does: Client() raised the agent's UNIMPLEMENTED for OpenFastPath, so an agent older
+        # than the fast path could not be used at all. Its layout lookups, answered as a region's, are refused.
+        from concurrent import futures
+        import tempfile
+        from fabricxfer.agent.v1 import agent_pb2_grpc as pbg
+
+        class Older(pbg.AgentServicer):
+            def GetInfo(self, req, ctx):
+                return pb.GetInfoResponse(node_name="old-node", api_version="v1")
+
+            def ResolveSegment(self, req, ctx):
+                return pb.ResolveSegmentResponse(desc=b"a region's descriptor", node="old-node", length=4096)
+        path = os.path.join(tempfile.mkdtemp(), "agent.sock")
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        pbg.add_AgentServicer_to_server(Older(), server)
+        server.add_insecure_port("unix:" + path)
+        server.start()
+        self.addCleanup(server.stop, None)
+        with Client(path, timeout=5) as c:
+            self.assertIsNone(c._fast)
+            self.assertEqual(c.info.node_name, "old-node")
+            self.assertEqual(c.resolve_segment("", "kv"), b"a region's descriptor")
+            with self.assertRaises(fx.AgentError) as e:
+                c.resolve_layout("", "kv")
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+
+
 if __name__ == "__main__":
     unittest.main()
