@@ -1196,10 +1196,16 @@ class Client:
             self._layouts_pending.remove(lay)
         return first
 
-    def _open_fast(self):
+    def _open_fast(self, within: Optional[float] = None):
+        """Opens and sets up a fast connection within the client's timeout, or within seconds when a call opens
+        it on its way (its own wait bounds everything done for it)."""
+        deadline = time.monotonic() + (self.timeout if within is None else min(self.timeout, within))
+
+        def left():
+            return max(deadline - time.monotonic(), 0.001)
         refused = None
         try:
-            token = self.stub.OpenFastPath(pb.OpenFastPathRequest(), timeout=self.timeout,
+            token = self.stub.OpenFastPath(pb.OpenFastPathRequest(), timeout=left(),
                                            metadata=self._session_md).token
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
@@ -1211,7 +1217,7 @@ class Client:
         if refused is not None:
             raise refused
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
+        s.settimeout(left())
         try:
             path = os.path.join(self._socket_dir, FAST_SOCKET_NAME)
             try:
@@ -1220,7 +1226,7 @@ class Client:
                 raise _not_beside_agent_sock(path, "fast", "pass Client(fast=False) to go through gRPC alone "
                                                            "(slower)") from e
             conn = _fastconn.FastConn(s, self._spin)
-            reply = self._setup_frame(conn, token.encode())
+            reply = self._setup_frame(conn, token.encode(), left())
         except Exception:
             s.close()
             raise
@@ -1229,9 +1235,9 @@ class Client:
             raise AgentError(reply.code, reply.message)
         arena = None
         try:
-            arena = self._open_arena(conn)
+            arena = self._open_arena(conn, left)
             if self._mailbox_checked is not None:
-                self._open_mailbox(conn, self._mailbox_checked)
+                self._open_mailbox(conn, self._mailbox_checked, left)
         except BaseException:
             conn.close()
             if arena is not None:
@@ -1241,12 +1247,12 @@ class Client:
             self._arena.close()
         self._fast, self._arena = conn, arena
 
-    def _setup_frame(self, conn, payload: bytes) -> pb.FastReply:
-        """One frame that sets a new fast connection up (its token, its arena) and the agent's reply."""
-        return pb.FastReply.FromString(conn.call([_HDR.pack(len(payload)), payload],
-                                                 time.perf_counter() + self.timeout))
+    def _setup_frame(self, conn, payload: bytes, within: float) -> pb.FastReply:
+        """One frame that sets a new fast connection up (its token, its arena) and the agent's reply, within
+        seconds."""
+        return pb.FastReply.FromString(conn.call([_HDR.pack(len(payload)), payload], time.perf_counter() + within))
 
-    def _open_arena(self, conn) -> Optional["_blocks.IdArena"]:
+    def _open_arena(self, conn, left) -> Optional["_blocks.IdArena"]:
         """Gives the fast connection an id arena when numpy is at hand and the agent takes one (an agent that
         does not answers with an error, and long id lists then travel in the frame)."""
         try:
@@ -1254,16 +1260,17 @@ class Client:
         except ImportError:
             return None
         buf = self._pass_memory(conn, "fabricxfer-ids", ID_ARENA_BYTES,
-                                lambda token: pb.FastRequest(id_arena=pb.IdArena(fd_token=token, size=ID_ARENA_BYTES)))
+                                lambda token: pb.FastRequest(id_arena=pb.IdArena(fd_token=token, size=ID_ARENA_BYTES)),
+                                left)
         return None if buf is None else _blocks.IdArena(buf, np)
 
-    def _open_mailbox(self, conn, checked: bool):
+    def _open_mailbox(self, conn, checked: bool, left):
         """Gives the fast connection a mailbox where the agent takes one (an older agent answers with an error, and
         every frame then travels on the socket). A checked mailbox is used only when the agent says it seals and
         checks frames: one that ignored the request would neither."""
         size = _fastconn.MAILBOX_BYTES
         buf = self._pass_memory(conn, "fabricxfer-mailbox", size, lambda token: pb.FastRequest(
-            mailbox=pb.Mailbox(fd_token=token, size=size, checked=checked)))
+            mailbox=pb.Mailbox(fd_token=token, size=size, checked=checked)), left)
         if buf is None:
             return
         if checked and not _U32.unpack_from(buf, _fastconn.CHECKED_WORD)[0]:
@@ -1271,21 +1278,21 @@ class Client:
             return
         conn.attach_mailbox(buf, checked)
 
-    def _pass_memory(self, conn, name: str, size: int, request):
+    def _pass_memory(self, conn, name: str, size: int, request, left):
         """Creates size bytes of shared memory, passes them to the agent through the fd socket and sets them up
         with request(token) on the new fast connection; returns the mapping, or None where the agent refused or
         the passing failed (the connection then works without it). Raises where the setup frame got no reply:
         the connection is out of step."""
         fd, buf = shared_memory(name, size)
         try:
-            token = put_fd(self.fd_socket, fd, self.timeout)
+            token = put_fd(self.fd_socket, fd, left())
         except (OSError, FdSocketError, ConnectionError):
             buf.close()
             return None
         finally:
             os.close(fd)
         try:
-            reply = self._setup_frame(conn, request(token).SerializeToString())
+            reply = self._setup_frame(conn, request(token).SerializeToString(), left())
         except BaseException:
             # No reply in time (an agent stopped meanwhile) or a broken socket: the late reply would be read as
             # the next call's, so the connection is out of step, and the open fails (it was used regardless).
@@ -1616,7 +1623,7 @@ class Client:
         with self._fast_lock:
             conn = self._fast
             if conn is None or conn is _DROPPED:
-                conn = self._fast_again(conn, failed)
+                conn = self._fast_again(conn, failed, max(deadline - time.perf_counter(), 0.001))
             if build is not None:
                 # A frame built here takes a while (ids written into the arena): an agent that stopped polling
                 # (the caller was busy elsewhere for milliseconds) is rung now, and wakes meanwhile.
@@ -1640,14 +1647,17 @@ class Client:
         """_fast_raw of one built frame, the latency-bound path of a waited block call: straight to the mailbox
         (FastConn.call_frame), its deadline taken from the clock only if the call lasts."""
         failed = self._reopens_failed
+        wait = (timeout or self.timeout) + 1.0
         with self._fast_lock:
             conn = self._fast
             if conn is None or conn is _DROPPED:
-                conn = self._fast_again(conn, failed)
+                start = time.perf_counter()
+                conn = self._fast_again(conn, failed, wait)
+                wait = max(wait - (time.perf_counter() - start), 0.001)  # the call's wait bounds both
             try:
-                return conn.call_frame(frame, (timeout or self.timeout) + 1.0, mailbox)
+                return conn.call_frame(frame, wait, mailbox)
             except _fastconn.FastConnTimeout as e:
-                raise self._fast_late(conn, (timeout or self.timeout) + 1.0) from e
+                raise self._fast_late(conn, wait) from e
             except (OSError, ConnectionError) as e:
                 raise self._fast_lost(conn, e) from e
 
@@ -1673,28 +1683,30 @@ class Client:
         return DeadlineExceeded("the agent did not answer within %.1f s: the call may still take effect (a transfer "
                                 "may still land, under an id not known here)" % waited)
 
-    def _fast_again(self, conn, failed: int):
+    def _fast_again(self, conn, failed: int, within: float):
         """The connection for a fast call where the client holds none (SessionLost, raised) or dropped one (a new
         one, opened now under the fast lock). One that cannot be opened stays dropped, so the next fast call tries
         again: a client that wants the fast socket never goes on through gRPC unseen (50 times slower for a
         one-block call). An agent that did not answer in time raises DeadlineExceeded (the session may be fine),
         at once for a call that waited for the lock while another's attempt failed (threads took a full timeout
-        each, one after another); any other failure SessionLost. failed: _reopens_failed before the lock."""
+        each, one after another); any other failure SessionLost. failed: _reopens_failed before the lock; within:
+        what is left of the call's wait, which bounds the reopen (it took the client's whole timeout)."""
         if conn is None:
             raise SessionLost("the fast socket is closed: call recover() and retry")
         if failed != self._reopens_failed:
             raise DeadlineExceeded("the agent did not answer while another call opened the fast connection again: "
                                    "the next call tries again")
         self._check_session()
+        within = min(self.timeout, within)
         try:
-            self._open_fast()
+            self._open_fast(within)
         except (grpc.RpcError, OSError, ConnectionError) as e:
             self._fast = _DROPPED
             if isinstance(e, (TimeoutError, socket.timeout, _fastconn.FastConnTimeout)) or (
                     isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
                 self._reopens_failed += 1
                 raise DeadlineExceeded("the agent did not answer within %.1f s while the fast connection was opened "
-                                       "again: the next call tries again" % self.timeout) from e
+                                       "again: the next call tries again" % within) from e
             raise SessionLost("the fast socket could not be opened again (%s): call recover() and retry" % e) from e
         return self._fast
 

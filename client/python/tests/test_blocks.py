@@ -388,7 +388,7 @@ class BlocksTest(unittest.TestCase):
             self.addCleanup(buf.close)
             buf[200:204] = word.to_bytes(4, "little")
             c._pass_memory = lambda *args, buf=buf: buf
-            c._open_mailbox(Conn(), True)
+            c._open_mailbox(Conn(), True, lambda: 1.0)
             self.assertEqual(attached, want, "checked word %d" % word)
 
     def test_prepared_transfers_move_the_ids_they_were_given(self):

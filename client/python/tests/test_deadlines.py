@@ -151,7 +151,7 @@ class SetupFrameTest(unittest.TestCase):
         c = Client.__new__(Client)
         c.socket_path, c.timeout = os.path.join(d, "agent.sock"), 0.3
         with self.assertRaises(fastconn.FastConnError):
-            c._open_arena(fastconn.FastConn(ours, 0.0))
+            c._open_arena(fastconn.FastConn(ours, 0.0), lambda: 1.0)
 
 
 @unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
@@ -199,7 +199,7 @@ class ReopenTest(unittest.TestCase):
         def stalled(*args, **kwargs):
             raise late("no reply from the agent within the call's deadline")
 
-        def not_answering():
+        def not_answering(*args):
             raise fx.DeadlineExceeded("Deadline Exceeded")  # what gRPC's OpenFastPath raises, as its code says
 
         def no_grpc(*args, **kwargs):
@@ -224,6 +224,31 @@ class ReopenTest(unittest.TestCase):
                 c.recover()
         self.assertIs(c._fast, fx._DROPPED, "a recover() that could not open the fast connection forgot it")
         self.assertMoves(c, buf, r)
+
+    def test_a_reopen_on_a_calls_way_is_bounded_by_the_calls_timeout(self):
+        # A call of 0.3 s whose fast connection had to be opened again waited the client's whole timeout (2 s)
+        # for an agent that did not answer the reopen: the caller's timeout bounds what is done for it.
+        import array
+        c, buf, r = self.client(timeout=2.0)
+        lay = c.register_layout([r], 4096)
+        c._fast.close()
+        c._fast = fx._DROPPED
+        asked = []
+
+        def silent(req, timeout=None, **kwargs):  # OpenFastPath of a stopped agent: no answer within timeout
+            asked.append(timeout)
+            time.sleep(timeout)
+            raise fx.DeadlineExceeded("Deadline Exceeded")
+
+        with mock.patch.object(c.stub, "OpenFastPath", silent):
+            start = time.monotonic()
+            with self.assertRaises(fx.DeadlineExceeded):
+                c.transfer_blocks("write", lay, array.array("q", [0]), fx.to_layout(lay), array.array("q", [1]),
+                                  timeout=0.3)
+            took = time.monotonic() - start
+        self.assertLessEqual(asked[0], 1.3, "the reopen was given %.2f s" % asked[0])
+        self.assertLess(took, 1.6, "a call of 0.3 s took %.2f s" % took)
+        self.assertMoves(c, buf, r)  # the agent answers again
 
     def test_a_recover_the_agent_does_not_answer_keeps_the_fast_connection_wanted(self):
         # A recover() that failed before it reached the fast connection (GetInfo of an agent still stopped) left
@@ -272,7 +297,7 @@ class ReopenTest(unittest.TestCase):
         c._fast.close()
         c._fast = fx._DROPPED
 
-        def slow_silence():
+        def slow_silence(*args):
             time.sleep(0.6)
             raise fx.DeadlineExceeded("Deadline Exceeded")
 
