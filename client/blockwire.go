@@ -5,11 +5,12 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -58,13 +59,13 @@ type blockRequest struct {
 func newBlockRequest(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions, wait bool) (blockRequest, error) {
 	r := blockRequest{notify: opts.Notify, wait: wait, timeout: boundedTimeout(ctx, opts.Timeout, wait)}
 	if l == nil {
-		return r, errors.New("transferring blocks: no layout (nil)")
+		return r, status.Error(codes.InvalidArgument, "transferring blocks: no layout (nil)")
 	}
 	if err := opts.check(l.c.Info); err != nil {
 		return r, fmt.Errorf("transferring blocks: %w", err)
 	}
 	if len(ids) != len(remoteIDs) {
-		return r, fmt.Errorf("transferring blocks: %d local ids and %d remote ids", len(ids), len(remoteIDs))
+		return r, status.Errorf(codes.InvalidArgument, "transferring blocks: %d local ids and %d remote ids", len(ids), len(remoteIDs))
 	}
 	var err error
 	if r.layoutID, err = l.current(); err != nil {
@@ -77,10 +78,10 @@ func newBlockRequest(ctx context.Context, op Op, l *Layout, ids []uint32, remote
 			return r, fmt.Errorf("transferring blocks: %w", err)
 		}
 	case remote.segment == "":
-		return r, fmt.Errorf("transferring blocks: remote layout names neither a layout nor a segment")
+		return r, status.Errorf(codes.InvalidArgument, "transferring blocks: remote layout names neither a layout nor a segment")
 	case !utf8.ValidString(remote.segment) || !utf8.ValidString(remote.node):
 		// Protobuf strings: the message would not marshal, and the frame must not carry what it refuses.
-		return r, fmt.Errorf("transferring blocks: remote layout %q on node %q is not valid UTF-8", remote.segment, remote.node)
+		return r, status.Errorf(codes.InvalidArgument, "transferring blocks: remote layout %q on node %q is not valid UTF-8", remote.segment, remote.node)
 	default:
 		r.node, r.segment = remote.node, remote.segment
 	}
@@ -90,7 +91,7 @@ func newBlockRequest(ctx context.Context, op Op, l *Layout, ids []uint32, remote
 	case Read:
 		r.op = agentv1.Op_OP_READ
 	default:
-		return r, fmt.Errorf("unknown op %d", op)
+		return r, status.Errorf(codes.InvalidArgument, "unknown op %d", op)
 	}
 	return r, nil
 }

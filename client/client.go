@@ -386,7 +386,9 @@ func (c *Client) Recover(ctx context.Context) error {
 			c.forget(r)
 			continue
 		}
+		gen := c.generation()
 		if err := c.register(ctx, r); err != nil {
+			r.failedRecover(gen, err)
 			errs = append(errs, fmt.Errorf("re-registering region %q: %w", r.segment, err))
 		}
 	}

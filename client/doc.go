@@ -23,7 +23,8 @@
 // Regions belong to the client's connection. When the agent restarts, calls fail fast with ErrSessionLost
 // (never hang): every call names the agent session its memory is in, and the agent refuses one that reaches
 // another. Recover re-registers every region the client registered from its own memory (ids change, *Region
-// values stay valid; layouts are registered again by the caller), once however many goroutines call it, and
+// and layout values stay valid: Recover registers the layouts again too; a Notifications stream ends with the
+// session and is opened again by the caller), once however many goroutines call it, and
 // only when the agent's instance or the connection's session changed. Pool slices cannot be recovered: their
 // memory belonged to the old agent. Calls after Close fail with ErrClosed.
 package client

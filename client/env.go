@@ -75,9 +75,18 @@ func poolSockets(dir string) []string {
 // folder or a file ("connection refused"), or the agent's fast or descriptor socket, which speak no gRPC ("error
 // reading server preface"). nil for a socket of another name, and where path cannot be looked at (the dial
 // then says why, a permission it lacks included).
+// sunPathMax is the longest path a Unix socket address holds (sockaddr_un.sun_path, less its terminating zero).
+const sunPathMax = 107
+
 func notAnAgentSocket(path string) error {
 	refuse := func(why string) error {
 		return status.Errorf(codes.Unavailable, "no agent at %s: %s", path, why)
+	}
+	if rest, ok := strings.CutPrefix(path, "unix:"); ok {
+		return refuse("give the socket's path, without the unix: scheme: dial " + strings.TrimPrefix(rest, "//"))
+	}
+	if len(path) > sunPathMax {
+		return refuse(fmt.Sprintf("the path is %d bytes, more than a Unix socket address holds (%d): dial it by a shorter path (a link to its folder)", len(path), sunPathMax))
 	}
 	dir := filepath.Dir(path)
 	fi, err := os.Stat(path)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -74,8 +75,11 @@ func (c *Client) dialFast(ctx context.Context) (fastParts, error) {
 		return fastParts{}, notInSocketGroup(path, err)
 	}
 	if err != nil {
-		return fastParts{}, fmt.Errorf("connecting to the fast socket: %w",
-			notBesideAgentSocket(path, "fast", "dial WithoutFastPath() to go through gRPC alone (slower)", err))
+		optOut := "dial WithoutFastPath() to go through gRPC alone (slower)"
+		if _, ferr := os.Stat(c.fdSocket()); ferr != nil {
+			optOut = "" // without the fast path, registering host memory would fail on the missing descriptor socket
+		}
+		return fastParts{}, fmt.Errorf("connecting to the fast socket: %w", notBesideAgentSocket(path, "fast", optOut, err))
 	}
 	conn := raw.(*net.UnixConn)
 	// The calls below end at ctx's deadline; its cancellation (Close, for a reopen) ends them too.

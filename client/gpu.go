@@ -5,11 +5,12 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
@@ -52,35 +53,35 @@ func (m *GPUMemory) request() (*agentv1.RegisterMemoryRequest, error) {
 	}
 	switch {
 	case kinds != 1:
-		return nil, errors.New("name the GPU memory by exactly one of an IPC handle, VMM fds or a fabric handle")
+		return nil, status.Error(codes.InvalidArgument, "name the GPU memory by exactly one of an IPC handle, VMM fds or a fabric handle")
 	case m.Length == 0:
-		return nil, errors.New("a GPU region of no bytes")
+		return nil, status.Error(codes.InvalidArgument, "a GPU region of no bytes")
 	case m.GPUIndex < 0 && m.GPUUUID == "":
 		return nil, fmt.Errorf("GPU index %d: name the GPU by index or UUID", m.GPUIndex)
 	case m.Offset+m.Length < m.Offset:
-		return nil, fmt.Errorf("range [%d, +%d) overflows", m.Offset, m.Length)
+		return nil, status.Errorf(codes.InvalidArgument, "range [%d, +%d) overflows", m.Offset, m.Length)
 	}
 	switch {
 	case m.IPCHandle != nil:
 		if len(m.IPCHandle) != IPCHandleSize {
-			return nil, fmt.Errorf("an IPC handle is %d bytes, not %d", IPCHandleSize, len(m.IPCHandle))
+			return nil, status.Errorf(codes.InvalidArgument, "an IPC handle is %d bytes, not %d", IPCHandleSize, len(m.IPCHandle))
 		}
 		req.HandleType, req.IpcHandle, req.AllocationSize = agentv1.HandleType_HANDLE_TYPE_IPC, m.IPCHandle, 0
 	case m.FabricHandle != nil:
 		if len(m.FabricHandle) != FabricHandleSize {
-			return nil, fmt.Errorf("a fabric handle is %d bytes, not %d", FabricHandleSize, len(m.FabricHandle))
+			return nil, status.Errorf(codes.InvalidArgument, "a fabric handle is %d bytes, not %d", FabricHandleSize, len(m.FabricHandle))
 		}
 		if m.Offset+m.Length > m.AllocationSize {
-			return nil, fmt.Errorf("range [%d, +%d) lies outside the allocation of %d bytes", m.Offset, m.Length, m.AllocationSize)
+			return nil, status.Errorf(codes.InvalidArgument, "range [%d, +%d) lies outside the allocation of %d bytes", m.Offset, m.Length, m.AllocationSize)
 		}
 		req.HandleType, req.FabricHandle = agentv1.HandleType_HANDLE_TYPE_FABRIC, m.FabricHandle
 	default:
 		n := uint64(len(m.VMMFiles))
 		if n == 0 || m.AllocationSize == 0 {
-			return nil, errors.New("VMM memory needs its allocations' fds and their size")
+			return nil, status.Error(codes.InvalidArgument, "VMM memory needs its allocations' fds and their size")
 		}
 		if m.AllocationSize > ^uint64(0)/n || m.Offset+m.Length > n*m.AllocationSize {
-			return nil, fmt.Errorf("range [%d, +%d) lies outside %d allocations of %d bytes", m.Offset, m.Length, n, m.AllocationSize)
+			return nil, status.Errorf(codes.InvalidArgument, "range [%d, +%d) lies outside %d allocations of %d bytes", m.Offset, m.Length, n, m.AllocationSize)
 		}
 		req.HandleType = agentv1.HandleType_HANDLE_TYPE_VMM_POSIX_FD
 	}

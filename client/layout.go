@@ -32,6 +32,9 @@ type Layout struct {
 	id   uint64
 	gen  uint64
 	lost bool // its memory went with a restarted agent (ErrLost)
+	// notBack and notBackGen are Region's: why Recover could not register it again in that session.
+	notBack    error
+	notBackGen uint64
 }
 
 // ID is the layout's id at the agent.
@@ -55,7 +58,7 @@ func (l *Layout) BlockBytes() uint64 { return l.blockBytes }
 
 func (l *Layout) current() (uint64, error) {
 	if l == nil {
-		return 0, errors.New("no layout (nil)")
+		return 0, status.Error(codes.InvalidArgument, "no layout (nil)")
 	}
 	gen := l.c.generation() // before the layout's lock, as Region.current
 	l.mu.Lock()
@@ -63,6 +66,8 @@ func (l *Layout) current() (uint64, error) {
 	switch {
 	case l.lost:
 		return 0, fmt.Errorf("layout %d: %w (a region of it was a pool slice or was deregistered: register the layout again)", l.id, ErrLost)
+	case l.gen != gen && l.notBack != nil && l.notBackGen == gen:
+		return 0, notRegisteredAgain(fmt.Sprintf("layout %d", l.id), l.notBack)
 	case l.gen != gen:
 		return 0, fmt.Errorf("layout %d: %w", l.id, ErrSessionLost)
 	}
@@ -136,14 +141,24 @@ func (c *Client) registerLayoutAgain(ctx context.Context, l *Layout) error {
 			return nil // its calls say ErrLost
 		}
 		if err != nil {
-			return fmt.Errorf("re-registering layout %d: region %d is not registered again yet: %w", l.ID(), k, err)
+			err = fmt.Errorf("region %d of it is not registered again yet: %w", k, err)
+			if gen := c.generation(); !errors.Is(err, ErrSessionLost) {
+				l.mu.Lock()
+				l.notBack, l.notBackGen = err, gen
+				l.mu.Unlock()
+			}
+			return fmt.Errorf("re-registering layout %d: %w", l.ID(), err)
 		}
 		req.RegionIds[k] = id
 	}
 	gen := c.generation()
 	resp, err := c.api.RegisterLayout(ctx, req)
 	if err != nil {
-		return fmt.Errorf("re-registering layout %d: %w", l.ID(), c.wrap(ctx, "registering a layout", gen, err))
+		err = c.wrap(ctx, "registering a layout", gen, err)
+		l.mu.Lock()
+		l.notBack, l.notBackGen = err, gen
+		l.mu.Unlock()
+		return fmt.Errorf("re-registering layout %d: %w", l.ID(), err)
 	}
 	l.mu.Lock()
 	l.id, l.gen = resp.Layout.Id, gen

@@ -24,9 +24,11 @@ type PreparedBlocks struct {
 	bytes          uint64 // what a run moves
 }
 
-// PrepareBlocks checks TransferBlocks(ctx, op, l, ids, remote, remoteIDs, opts) once; its Run moves the same
-// blocks each time, with the timeout TransferBlocks would give them, and answers as TransferBlocks does. The ids
-// and the notification are copied (changing the slices afterwards changes nothing).
+// PrepareBlocks packs TransferBlocks(ctx, op, l, ids, remote, remoteIDs, opts) once, checking what the client
+// can (the id counts, the options); its Run moves the same blocks each time, with the timeout TransferBlocks
+// would give them, and answers as TransferBlocks does, the agent's refusals included (ids out of range, a
+// remote layout not published). The ids and the notification are copied (changing the slices afterwards changes
+// nothing).
 func (c *Client) PrepareBlocks(op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions) (*PreparedBlocks, error) {
 	gen := c.generation()
 	if c.closed.Load() {

@@ -37,6 +37,10 @@ type Region struct {
 	desc  []byte
 	alloc string
 	lost  bool
+	// notBack is why Recover could not register the region again in session notBackGen (its name taken
+	// meanwhile, say): calls say that, not ErrSessionLost, which a "Recover and retry" loop would repeat for good.
+	notBack    error
+	notBackGen uint64
 }
 
 // ID is the region's current id at the agent.
@@ -76,9 +80,39 @@ func (r *Region) current() (uint64, error) {
 		return 0, fmt.Errorf("region %q: %w (pool slice; allocate again)", r.segment, ErrLost)
 	}
 	if r.gen != gen {
+		if r.notBack != nil && r.notBackGen == gen {
+			return 0, notRegisteredAgain(fmt.Sprintf("region %q", r.segment), r.notBack)
+		}
 		return 0, ErrSessionLost
 	}
 	return r.id, nil
+}
+
+// notRegisteredAgain is the error of a call on a region or layout that Recover could not register again in the
+// session the client holds, for why (the agent's refusal, whose code it keeps).
+func notRegisteredAgain(what string, why error) error {
+	return fmt.Errorf("%s was not registered again after the agent restarted (the next Recover tries again): %w", what, why)
+}
+
+// heldRegions are the regions this client holds now (none lost).
+func (c *Client) heldRegions() []*Region {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	held := make([]*Region, 0, len(c.regions))
+	for r := range c.regions {
+		if r.Lost() {
+			continue
+		}
+		held = append(held, r)
+	}
+	return held
+}
+
+// failedRecover records why Recover could not register the region again in session gen.
+func (r *Region) failedRecover(gen uint64, why error) {
+	r.mu.Lock()
+	r.notBack, r.notBackGen = why, gen
+	r.mu.Unlock()
 }
 
 // RegionOption tunes a registration.
@@ -99,7 +133,7 @@ func Grant(namespaces ...string) RegionOption {
 // client keeps a duplicate of f until Deregister or Close.
 func (c *Client) RegisterHost(ctx context.Context, f *os.File, offset, length uint64, opts ...RegionOption) (*Region, error) {
 	if f == nil {
-		return nil, fmt.Errorf("registering host memory: no file")
+		return nil, status.Errorf(codes.InvalidArgument, "registering host memory: no file")
 	}
 	_ = SealShrink(f) // the agent says how to fix memory that cannot be sealed
 	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
@@ -205,7 +239,7 @@ func (c *Client) Deregister(ctx context.Context, r *Region) error {
 		return nil // nothing left at the agent
 	}
 	if r.alloc != "" {
-		return fmt.Errorf("deregistering region %d: it is a pool slice; use Release", id)
+		return status.Errorf(codes.InvalidArgument, "deregistering region %d: it is a pool slice; use Release", id)
 	}
 	if _, err := c.api.DeregisterMemory(ctx, &agentv1.DeregisterMemoryRequest{RegionId: id}); err != nil {
 		return c.wrap(ctx, fmt.Sprintf("deregistering region %d", id), r.gen, err)
@@ -284,7 +318,7 @@ func (c *Client) AllocateFromPool(ctx context.Context, length uint64, opts ...Re
 // Release gives the slice back and unmaps it here.
 func (c *Client) Release(ctx context.Context, s *PoolSlice) error {
 	if s == nil || s.Region == nil {
-		return errors.New("releasing a pool slice: not one AllocateFromPool returned")
+		return status.Error(codes.InvalidArgument, "releasing a pool slice: not one AllocateFromPool returned")
 	}
 	defer func() {
 		if s.mapping != nil {

@@ -142,6 +142,8 @@ func TestDialSaysWhatToDial(t *testing.T) {
 		{filepath.Join(dir, "agent.sock"), "pools' sockets are in that folder: dial " + filepath.Join(real, "kv", "agent.sock")},
 		{file, "it is not a socket"},
 		{filepath.Join(t.TempDir(), "kv", "agent.sock"), "there is no socket there"},
+		{"unix://" + sock, "without the unix: scheme: dial " + sock},
+		{filepath.Join(dir, strings.Repeat("d", 100), "agent.sock"), "more than a Unix socket address holds"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		start := time.Now()
@@ -289,13 +291,26 @@ func TestAgentSocketMountedAloneSaysToMountTheFolder(t *testing.T) {
 	if err == nil {
 		t.Fatal("Dial with no fast socket beside agent.sock succeeded")
 	}
-	for _, want := range []string{filepath.Join(filepath.Dir(alone), client.FastSocketName), "mount the agent's whole socket folder", "WithoutFastPath"} {
+	for _, want := range []string{filepath.Join(filepath.Dir(alone), client.FastSocketName), "mount the agent's whole socket folder"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Dial's error %q does not say %q", err, want)
 		}
 	}
+	if strings.Contains(err.Error(), "WithoutFastPath") { // it would fail on the missing descriptor socket next
+		t.Errorf("Dial's error %q offers WithoutFastPath with the descriptor socket missing too", err)
+	}
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Dial's error %v does not wrap the missing file", err)
+	}
+	// With the descriptor socket beside it, going without the fast path is offered.
+	withFD := filepath.Join(t.TempDir(), "agent.sock")
+	for _, name := range []string{"agent.sock", client.FDSocketName} {
+		if err := os.Link(filepath.Join(filepath.Dir(srv.SocketPath()), name), filepath.Join(filepath.Dir(withFD), name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := client.Dial(ctx, withFD); err == nil || !strings.Contains(err.Error(), "WithoutFastPath") {
+		t.Errorf("Dial with the fast socket alone missing: %v, want it to offer WithoutFastPath", err)
 	}
 	c, err := client.Dial(ctx, alone, client.WithoutFastPath())
 	if err != nil {
@@ -352,4 +367,68 @@ func TestNotifyPayloadsTheAgentWouldNotDeliverAreRefused(t *testing.T) {
 		t.Fatal("no notification within 5 s")
 	}
 	moveOne(t, ctx, c, src, dst, srcMem, dstMem, 3)
+}
+
+// TestNotificationsOfNoRegionsAreThisClientsOwn: a client that names no regions hears of its own regions only.
+// The agent's filter is the caller, every client of one user without Kubernetes (or of one pod): another
+// client's notified writes reached the stream, so two decode processes on one machine read each other's
+// requests.
+func TestNotificationsOfNoRegionsAreThisClientsOwn(t *testing.T) {
+	srv := startLocal(t)
+	mine, ctx := dialLocal(t, srv, "listener")
+	other, _ := dialLocal(t, srv, "other")
+	empty, _ := dialLocal(t, srv, "empty")
+	if _, _, err := empty.Notifications(ctx); client.Code(err) != codes.InvalidArgument {
+		t.Fatalf("notifications of a client that holds no regions: %v, want InvalidArgument", err)
+	}
+	theirs := sharedMemory(t, "theirs", 8192)
+	rt, err := other.RegisterHost(ctx, theirs.File, 0, 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := sharedMemory(t, "ours", 4096)
+	ro, err := mine.RegisterHost(ctx, ours.File, 0, 4096, client.Segment("notified-ours"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen, stop := context.WithCancel(ctx)
+	defer stop()
+	notes, _, err := mine.Notifications(listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Do(ctx, client.Write, []client.Item{{Local: rt, Remote: client.ToRegion(rt), RemoteOffset: 4096, Length: 64}},
+		client.TransferOptions{Notify: []byte("theirs")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Do(ctx, client.Write, []client.Item{{Local: rt, Remote: client.ToSegment("", "notified-ours"), Length: 64}},
+		client.TransferOptions{Notify: []byte("ours")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-notes:
+		if string(n.GetPayload()) != "ours" || n.GetRegionId() != ro.ID() {
+			t.Fatalf("the listener heard %q of region %d, want %q of its own region %d", n.GetPayload(), n.GetRegionId(), "ours", ro.ID())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no notification within 5 s")
+	}
+}
+
+// TestArgumentsTheClientRefusesReadInvalidArgument: arguments refused before anything is sent carry the code the
+// agent gives the same mistakes (they read Unknown, so a caller's switch on Code missed them).
+func TestArgumentsTheClientRefusesReadInvalidArgument(t *testing.T) {
+	c, ctx := dialLocal(t, startLocal(t), "arguments")
+	src, dst, _, _ := oneBlockLayouts(t, ctx, c)
+	_, blocksErr := c.TransferBlocks(ctx, client.Write, src, []uint32{1, 2}, client.ToLayout(dst), []uint32{1}, client.TransferOptions{})
+	_, prepErr := c.PrepareBlocks(client.Write, src, []uint32{1, 2}, client.ToLayout(dst), []uint32{1}, client.TransferOptions{})
+	_, fileErr := c.RegisterHost(ctx, nil, 0, 4096)
+	_, gpuErr := c.RegisterGPU(ctx, client.GPUMemory{IPCHandle: []byte{1}, Length: 4096})
+	_, itemErr := c.Do(ctx, client.Write, []client.Item{{Remote: client.ToRegion(src.Regions()[0]), Length: 1}}, client.TransferOptions{})
+	for what, err := range map[string]error{"unequal id counts": blocksErr, "unequal prepared id counts": prepErr,
+		"no file": fileErr, "a short IPC handle": gpuErr, "an item without a local region": itemErr} {
+		if client.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v (code %v), want InvalidArgument", what, err, client.Code(err))
+		}
+	}
 }

@@ -6,7 +6,6 @@ package client
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -52,7 +51,7 @@ func (r Remote) proto() (*agentv1.RemoteRef, error) {
 	case r.descriptor != nil:
 		return &agentv1.RemoteRef{Target: &agentv1.RemoteRef_Desc{Desc: r.descriptor}}, nil
 	}
-	return nil, errors.New("remote names no region, segment or descriptor")
+	return nil, status.Error(codes.InvalidArgument, "remote names no region, segment or descriptor")
 }
 
 // Item is one contiguous copy between a local region and the remote.
@@ -176,7 +175,7 @@ func submission(ctx context.Context, op Op, opts TransferOptions, wait bool) (ag
 	case Read:
 		return agentv1.Op_OP_READ, timeout, nil
 	}
-	return 0, nil, fmt.Errorf("unknown op %d", op)
+	return 0, nil, status.Errorf(codes.InvalidArgument, "unknown op %d", op)
 }
 
 // check refuses options no transfer can have.
@@ -238,7 +237,7 @@ func (c *Client) request(ctx context.Context, op Op, items []Item, opts Transfer
 	}
 	for i, it := range items {
 		if it.Local == nil {
-			return nil, fmt.Errorf("item %d (tag %q) has no local region", i, it.Tag)
+			return nil, status.Errorf(codes.InvalidArgument, "item %d (tag %q) has no local region", i, it.Tag)
 		}
 		id, err := it.Local.current()
 		if err != nil {
@@ -388,13 +387,25 @@ func (c *Client) ResolveLayoutSegment(ctx context.Context, node, segment string)
 	return resp.Layout, nil
 }
 
-// Notifications streams notifications for this client's regions (all of them when none are given) until ctx
-// ends. The channel is closed when the stream ends; the returned function reports why.
+// Notifications streams notifications for the given regions (every region this client holds now when none are
+// given; another client's are not told) until ctx ends or the agent ends the stream: an agent restart ends it
+// (open it again after Recover: what landed meanwhile is not told), and so does a listener that fell about
+// 1,024 notifications behind the agent (ResourceExhausted; the channel and the connection hold more before
+// that). Open it before the other side may write: nothing that landed earlier is told. The channel is closed
+// when the stream ends; the returned function waits for that (cancel ctx to end it) and says why.
 func (c *Client) Notifications(ctx context.Context, regions ...*Region) (<-chan *agentv1.Notification, func() error, error) {
 	if c.closed.Load() {
 		return nil, nil, ErrClosed
 	}
 	req := &agentv1.NotificationsRequest{}
+	if len(regions) == 0 {
+		// The agent's filter is the caller (every client of a pod, or of a user without Kubernetes): asked for
+		// nothing, it streamed other clients' notifications too.
+		regions = c.heldRegions()
+		if len(regions) == 0 {
+			return nil, nil, status.Error(codes.InvalidArgument, "this client holds no regions to be notified about: register them first, or name regions")
+		}
+	}
 	for _, r := range regions {
 		id, err := r.current()
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,6 +120,15 @@ func TestARecoverThatFailedIsRetried(t *testing.T) {
 	}
 	if err := c.Recover(ctx); client.Code(err) != codes.AlreadyExists {
 		t.Fatalf("Recover while another client holds the region's name: %v, want AlreadyExists", err)
+	}
+	// Until then the region's and the layout's calls say why, not ErrSessionLost: a "Recover and retry" loop
+	// went on for good.
+	_, err = c.Write(ctx, rs, 0, client.ToRegion(rd), 0, 4096)
+	_, lerr := c.TransferBlocks(ctx, client.Write, ls, []uint32{1}, client.ToLayout(ld), []uint32{1}, client.TransferOptions{})
+	for what, err := range map[string]error{"a write through the region": err, "a block transfer through the layout": lerr} {
+		if client.Code(err) != codes.AlreadyExists || errors.Is(err, client.ErrSessionLost) || !strings.Contains(err.Error(), "not registered again") {
+			t.Errorf("%s Recover could not register again: %v, want AlreadyExists saying so, not ErrSessionLost", what, err)
+		}
 	}
 	if err := squatter.Deregister(ctx, taken); err != nil {
 		t.Fatal(err)

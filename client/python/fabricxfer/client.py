@@ -212,12 +212,19 @@ def _unreachable(path: str, timeout: float, details: str) -> str:
     return "no agent answered at %s within %.1f s: %s" % (path, timeout, found)
 
 
+# The longest path a Unix socket address holds (sockaddr_un.sun_path, less its terminating zero).
+_SUN_PATH_MAX = 107
+
+
 def _why_no_socket(path: str, pools: Sequence[str] = ()) -> str:
     """Why no agent can answer at path, which is no socket; pools: the host's pool sockets, when Client() was
     given no path and found several."""
     if len(pools) > 1:
         return ("this host has several pools' sockets (%s): name one (Client(path) or FABRICXFER_SOCKET)"
                 % ", ".join(pools))
+    if path.startswith("unix:"):
+        rest = path[len("unix:"):]
+        return "give the socket's path, without the unix: scheme: %s" % (rest[2:] if rest.startswith("//") else rest)
     if os.path.isdir(path):
         inside = [p for p in [os.path.join(path, "agent.sock")] + _host_sockets((path,)) if _is_socket(p)]
         return "it is a folder, not a socket: name %s" % (
@@ -928,6 +935,10 @@ class Client:
         named = socket_path or os.environ.get("FABRICXFER_SOCKET")
         socket_path = named or default_socket()
         self.socket_path = socket_path
+        if len(os.fsencode(socket_path)) > _SUN_PATH_MAX:
+            raise AgentUnreachable(grpc.StatusCode.UNAVAILABLE, "no agent reachable at %s: the path is %d bytes, more "
+                                   "than a Unix socket address holds (%d): name it by a shorter path (a link to its "
+                                   "folder)" % (socket_path, len(os.fsencode(socket_path)), _SUN_PATH_MAX))
         _check_socket_permission(socket_path)
         if not _is_socket(socket_path):
             # Nothing there to wait for: say so now, as the Go client does, rather than after the whole timeout.

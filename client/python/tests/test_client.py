@@ -421,6 +421,16 @@ class ClientTest(unittest.TestCase):
             Client(os.path.join(os.path.dirname(SOCKET), "agnt.sock"), timeout=0.3)
         self.assertIn("beside it: name %s" % SOCKET, str(e.exception))
 
+    def test_a_socket_path_with_a_scheme_or_too_long_is_refused_saying_so(self):
+        for path, says in (("unix://" + SOCKET, "without the unix: scheme: " + SOCKET),
+                           (os.path.join(os.path.dirname(SOCKET), "d" * 100, "agent.sock"),
+                            "more than a Unix socket address holds")):
+            start = time.monotonic()
+            with self.assertRaises(AgentUnreachable) as e:
+                Client(path, timeout=5)
+            self.assertLess(time.monotonic() - start, 1, path)
+            self.assertIn(says, str(e.exception))
+
     def test_a_link_to_the_socket_in_another_folder_reaches_the_agents_other_sockets(self):
         # They were looked for beside the link: registering failed on the descriptor socket, the fast path too.
         import tempfile
