@@ -86,6 +86,9 @@ type Client struct {
 	layouts map[*Layout]struct{}
 }
 
+// dialReadyWait bounds Dial's wait for an agent to answer when its context has no deadline.
+const dialReadyWait = 10 * time.Second
+
 // Option tunes Dial.
 type Option func(*dialOptions)
 
@@ -150,12 +153,28 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	}
 	c.conn = conn
 	c.api = agentv1.NewAgentClient(conn)
-	info, err := c.api.GetInfo(ctx, &agentv1.GetInfoRequest{ApiVersions: []string{"v1"}, ClientName: o.name})
+	// An agent that is starting, or paused for a moment, is waited for (as Python's Client does) until ctx ends,
+	// and for dialReadyWait at most when ctx has no deadline: it failed after gRPC's first connect timeout (1 s)
+	// with "error reading server preface".
+	ready, cancelReady := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		ready, cancelReady = context.WithTimeout(ctx, dialReadyWait)
+	}
+	info, err := c.api.GetInfo(ready, &agentv1.GetInfoRequest{ApiVersions: []string{"v1"}, ClientName: o.name}, grpc.WaitForReady(true))
+	cancelReady()
 	if err != nil {
 		c.endLife()
 		conn.Close()
-		if de := lastDialErr.Load(); de != nil && errors.Is(*de, unix.EACCES) {
+		de := lastDialErr.Load()
+		if de != nil && errors.Is(*de, unix.EACCES) {
 			return nil, notInSocketGroup(socketPath, *de)
+		}
+		if ended := ready.Err(); ended != nil {
+			why := "nothing answered on its socket: an agent paused, or a socket left by a stopped agent?"
+			if de != nil {
+				why = fmt.Sprintf("its socket refused the connection (%v): a socket left by a stopped agent?", *de)
+			}
+			return nil, fmt.Errorf("no agent answered at %s in time: %s: %w", socketPath, why, ended)
 		}
 		return nil, fmt.Errorf("asking agent %s for its info: %w", socketPath, err)
 	}

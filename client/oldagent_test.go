@@ -5,6 +5,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 	"strings"
@@ -58,5 +59,42 @@ func TestAnOlderAgentIsToldApart(t *testing.T) {
 	}
 	if desc, err := c.ResolveSegment(ctx, "", "kv"); err != nil || string(desc) != "a region's descriptor" {
 		t.Fatalf("a region lookup of the older agent: %q, %v", desc, err)
+	}
+}
+
+// TestDialWaitsForAnAgentThatAnswersLate: an agent whose socket is there but that answers late (starting, or
+// paused for a moment) is waited for until the caller's deadline; Dial gave up after gRPC's first connect
+// timeout (1 s) with "error reading server preface", not a deadline error. One that never answers ends at the
+// deadline, as a deadline error that says what was found.
+func TestDialWaitsForAnAgentThatAnswersLate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	agentv1.RegisterAgentServer(srv, olderAgent{})
+	defer srv.Stop()
+	time.AfterFunc(1500*time.Millisecond, func() { srv.Serve(ln) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, path)
+	if err != nil {
+		t.Fatalf("dialling an agent that answers 1.5 s late: %v", err)
+	}
+	c.Close()
+
+	silent := filepath.Join(t.TempDir(), "agent.sock")
+	quiet, err := net.Listen("unix", silent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer quiet.Close()
+	short, cancelShort := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancelShort()
+	start := time.Now()
+	_, err = client.Dial(short, silent)
+	if took := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || took < 1400*time.Millisecond || !strings.Contains(err.Error(), "nothing answered") {
+		t.Fatalf("dialling a socket nothing answers on: %v after %v, want a deadline error at 1.5 s saying nothing answered", err, took)
 	}
 }

@@ -391,6 +391,12 @@ func TestNotificationsOfNoRegionsAreThisClientsOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	expired, cancel := context.WithTimeout(ctx, time.Nanosecond)
+	defer cancel()
+	time.Sleep(time.Millisecond)
+	if _, _, err := mine.Notifications(expired); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("notifications of an expired context: %v, want context.DeadlineExceeded", err)
+	}
 	listen, stop := context.WithCancel(ctx)
 	defer stop()
 	notes, _, err := mine.Notifications(listen)

@@ -394,6 +394,7 @@ func (c *Client) ResolveLayoutSegment(ctx context.Context, node, segment string)
 // that). Open it before the other side may write: nothing that landed earlier is told. The channel is closed
 // when the stream ends; the returned function waits for that (cancel ctx to end it) and says why.
 func (c *Client) Notifications(ctx context.Context, regions ...*Region) (<-chan *agentv1.Notification, func() error, error) {
+	gen := c.generation()
 	if c.closed.Load() {
 		return nil, nil, ErrClosed
 	}
@@ -415,11 +416,11 @@ func (c *Client) Notifications(ctx context.Context, regions ...*Region) (<-chan 
 	}
 	stream, err := c.api.Notifications(ctx, req)
 	if err != nil {
-		return nil, nil, fmt.Errorf("opening the notification stream: %w", err)
+		return nil, nil, c.wrap(ctx, "opening the notification stream", gen, err)
 	}
 	// The agent sends headers once it listens, so nothing that happens after this returns is missed.
 	if _, err := stream.Header(); err != nil {
-		return nil, nil, fmt.Errorf("opening the notification stream: %w", err)
+		return nil, nil, c.wrap(ctx, "opening the notification stream", gen, err)
 	}
 	ch := make(chan *agentv1.Notification, 64)
 	var end error
