@@ -118,15 +118,24 @@ func (c *Client) installFastLocked(f fastParts) bool {
 	return true
 }
 
-// lockFast takes the fast connection for one call, or gives up when ctx ends first: a call queued behind one the
-// agent does not answer ends at its own deadline, not at the other's.
-func (c *Client) lockFast(ctx context.Context) error {
+// fastQueueWait bounds how long a call waits for the fast connection while another call holds it: past it, the
+// call goes through gRPC (a round trip of tens of microseconds more) instead of queueing behind a long transfer
+// (a goroutine's 4 KiB call waited 9 ms behind another's waited 256 MiB one) or one the agent does not answer.
+const fastQueueWait = 200 * time.Microsecond
+
+// lockFast takes the fast connection for one call: taken is false when another call held it for fastQueueWait
+// (the caller goes through gRPC), err set when ctx ended first (nothing was sent).
+func (c *Client) lockFast(ctx context.Context) (taken bool, err error) {
 	var ended error
 	select {
 	case c.fastSem <- struct{}{}:
 	default:
+		queued := time.NewTimer(fastQueueWait)
+		defer queued.Stop()
 		select {
 		case c.fastSem <- struct{}{}:
+		case <-queued.C:
+			return false, nil
 		case <-ctx.Done():
 			ended = ctx.Err()
 		}
@@ -139,9 +148,9 @@ func (c *Client) lockFast(ctx context.Context) error {
 		}
 	}
 	if ended != nil {
-		return fmt.Errorf("fast path: nothing sent: %w (%w)", status.FromContextError(ended).Err(), ended)
+		return false, fmt.Errorf("fast path: nothing sent: %w (%w)", status.FromContextError(ended).Err(), ended)
 	}
-	return nil
+	return true, nil
 }
 
 // lockFastWait takes the fast connection however long another call holds it (bounded by that call's deadline).
@@ -289,10 +298,10 @@ func socketCall(ctx context.Context, conn *net.UnixConn, payload []byte, spin ti
 const maxFastReply = 64 << 20
 
 // transferFast sends req over the fast socket, polling for its reply for spin. ok is false when there is no fast
-// path (the caller uses gRPC). Calls are serialized on the one connection.
+// path, or another call holds it (the caller uses gRPC). Calls are serialized on the one connection.
 func (c *Client) transferFast(ctx context.Context, req *agentv1.TransferRequest, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
-	if err := c.lockFast(ctx); err != nil {
-		return nil, true, err
+	if taken, err := c.lockFast(ctx); !taken {
+		return nil, err != nil, err
 	}
 	defer c.unlockFast()
 	if c.fast == nil {
@@ -303,10 +312,11 @@ func (c *Client) transferFast(ctx context.Context, req *agentv1.TransferRequest,
 }
 
 // fastBlocks sends block request r with its ids (n bytes moved) on the fast socket: ids of arenaMinIDs and more in
-// the id arena, the frame written into the connection's own buffer; ok is false when there is no fast connection.
+// the id arena, the frame written into the connection's own buffer; ok is false when there is no fast connection,
+// or another call holds it (the caller uses gRPC).
 func (c *Client) fastBlocks(ctx context.Context, r *blockRequest, ids, remoteIDs []uint32, n uint64) (resp *agentv1.TransferResponse, ok bool, err error) {
-	if err := c.lockFast(ctx); err != nil {
-		return nil, true, err
+	if taken, err := c.lockFast(ctx); !taken {
+		return nil, err != nil, err
 	}
 	defer c.unlockFast()
 	if c.fast == nil {
