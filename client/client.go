@@ -124,6 +124,10 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	if err := notAnAgentSocket(socketPath); err != nil {
 		return nil, err
 	}
+	// A socket this user may not open is said at once: gRPC would retry the refused dial until ctx ended.
+	if err := unix.Access(socketPath, unix.W_OK); errors.Is(err, unix.EACCES) {
+		return nil, notInSocketGroup(socketPath, err)
+	}
 	c := &Client{socketPath: socketPath,
 		regions: map[*Region]struct{}{}, layouts: map[*Layout]struct{}{}, noFast: o.noFast, noMailbox: o.noMailbox, spin: o.spin,
 		fastSem: make(chan struct{}, 1)}
@@ -160,8 +164,8 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	if _, ok := ctx.Deadline(); !ok {
 		ready, cancelReady = context.WithTimeout(ctx, dialReadyWait)
 	}
+	defer cancelReady()
 	info, err := c.api.GetInfo(ready, &agentv1.GetInfoRequest{ApiVersions: []string{"v1"}, ClientName: o.name}, grpc.WaitForReady(true))
-	cancelReady()
 	if err != nil {
 		c.endLife()
 		conn.Close()
@@ -182,9 +186,12 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	c.gen = c.dials.Load()
 	c.nameSessionOf(info)
 	if !c.noFast {
-		if err := c.openFast(ctx); err != nil {
+		if err := c.openFast(ready); err != nil { // bounded as GetInfo was: an agent that stalls now is not waited for unbounded
 			c.endLife()
 			conn.Close()
+			if ended := ready.Err(); ended != nil && !errors.Is(err, ended) {
+				err = fmt.Errorf("%w (%w)", err, ended)
+			}
 			return nil, err
 		}
 	}

@@ -75,9 +75,6 @@ func poolSockets(dir string) []string {
 // folder or a file ("connection refused"), or the agent's fast or descriptor socket, which speak no gRPC ("error
 // reading server preface"). nil for a socket of another name, and where path cannot be looked at (the dial
 // then says why, a permission it lacks included).
-// sunPathMax is the longest path a Unix socket address holds (sockaddr_un.sun_path, less its terminating zero).
-const sunPathMax = 107
-
 func notAnAgentSocket(path string) error {
 	refuse := func(why string) error {
 		return status.Errorf(codes.Unavailable, "no agent at %s: %s", path, why)
@@ -86,7 +83,7 @@ func notAnAgentSocket(path string) error {
 		return refuse("give the socket's path, without the unix: scheme: dial " + strings.TrimPrefix(rest, "//"))
 	}
 	if len(path) > sunPathMax {
-		return refuse(fmt.Sprintf("the path is %d bytes, more than a Unix socket address holds (%d): dial it by a shorter path (a link to its folder)", len(path), sunPathMax))
+		return refuse(fmt.Sprintf("the path is %d bytes, more than a Unix socket address holds (%d): give the agent's socket folder a shorter path (its --socket-dir, or a bind mount of it; a link is resolved back to the long path)", len(path), sunPathMax))
 	}
 	dir := filepath.Dir(path)
 	fi, err := os.Stat(path)
@@ -122,6 +119,9 @@ func notAnAgentSocket(path string) error {
 	}
 	return nil
 }
+
+// sunPathMax is the longest path a Unix socket address holds (sockaddr_un.sun_path, less its terminating zero).
+const sunPathMax = 107
 
 // notBesideAgentSocket explains a connect to one of the agent's other sockets that found nothing there while
 // agent.sock answered: a pod that mounts agent.sock alone (a hostPath of the file, not of its folder) reaches the

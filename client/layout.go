@@ -142,7 +142,7 @@ func (c *Client) registerLayoutAgain(ctx context.Context, l *Layout) error {
 		}
 		if err != nil {
 			err = fmt.Errorf("region %d of it is not registered again yet: %w", k, err)
-			if gen := c.generation(); !errors.Is(err, ErrSessionLost) {
+			if gen := c.generation(); refusedForGood(err) {
 				l.mu.Lock()
 				l.notBack, l.notBackGen = err, gen
 				l.mu.Unlock()
@@ -155,9 +155,11 @@ func (c *Client) registerLayoutAgain(ctx context.Context, l *Layout) error {
 	resp, err := c.api.RegisterLayout(ctx, req)
 	if err != nil {
 		err = c.wrap(ctx, "registering a layout", gen, err)
-		l.mu.Lock()
-		l.notBack, l.notBackGen = err, gen
-		l.mu.Unlock()
+		if refusedForGood(err) {
+			l.mu.Lock()
+			l.notBack, l.notBackGen = err, gen
+			l.mu.Unlock()
+		}
 		return fmt.Errorf("re-registering layout %d: %w", l.ID(), err)
 	}
 	l.mu.Lock()

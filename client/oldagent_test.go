@@ -98,3 +98,43 @@ func TestDialWaitsForAnAgentThatAnswersLate(t *testing.T) {
 		t.Fatalf("dialling a socket nothing answers on: %v after %v, want a deadline error at 1.5 s saying nothing answered", err, took)
 	}
 }
+
+// stallingAgent answers GetInfo and never OpenFastPath (an agent paused right after it answered).
+type stallingAgent struct{ olderAgent }
+
+func (stallingAgent) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathRequest) (*agentv1.OpenFastPathResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestDialWithoutADeadlineIsBounded: Dial with a context without deadline gives up after dialReadyWait (10 s)
+// on an agent that stops answering after GetInfo; only GetInfo was bounded, and the fast path's setup waited for
+// good.
+func TestDialWithoutADeadlineIsBounded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	agentv1.RegisterAgentServer(srv, stallingAgent{})
+	go srv.Serve(ln)
+	defer srv.Stop()
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		c, err := client.Dial(context.Background(), path)
+		if err == nil {
+			c.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Dial of an agent that does not open the fast path: %v after %v, want a deadline error", err, time.Since(start))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Dial without a deadline still waited after 20 s")
+	}
+}

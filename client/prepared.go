@@ -62,6 +62,17 @@ func (p *PreparedBlocks) Run(ctx context.Context) (*Status, error) {
 	r := p.req
 	r.timeout = boundedTimeout(ctx, p.opts.Timeout, true)
 	resp, fast, err := c.fastBlocks(ctx, &r, p.ids, p.remoteIDs, p.bytes)
+	if !fast && c.hasFast() {
+		// Another call held the fast connection: through gRPC from the packed request, not through
+		// TransferBlocks, which would check the arguments again and wait for the connection a second time.
+		req := r.message()
+		req.LocalIds, req.RemoteIds = packIDs(p.ids), packIDs(p.remoteIDs)
+		resp, err = c.api.TransferBlocks(ctx, req)
+		if err != nil {
+			return nil, c.wrap(ctx, "transferring blocks", p.gen, err)
+		}
+		return resp.Status, statusErr(resp.Status)
+	}
 	if !fast {
 		return p.plain(ctx)
 	}

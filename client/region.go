@@ -108,11 +108,26 @@ func (c *Client) heldRegions() []*Region {
 	return held
 }
 
-// failedRecover records why Recover could not register the region again in session gen.
+// failedRecover records why Recover could not register the region again in session gen, where the agent refused
+// it for a reason a retry alone does not mend (refusedForGood).
 func (r *Region) failedRecover(gen uint64, why error) {
+	if !refusedForGood(why) {
+		return
+	}
 	r.mu.Lock()
 	r.notBack, r.notBackGen = why, gen
 	r.mu.Unlock()
+}
+
+// refusedForGood says whether the agent refused a registration for a reason that a retry alone does not mend (a
+// name taken, a permission, the request itself): its calls then say so. Anything else (the agent's sockets not
+// back yet, Recover's context ending) leaves ErrSessionLost, for a "Recover and retry" loop to go on.
+func refusedForGood(err error) bool {
+	switch Code(err) {
+	case codes.AlreadyExists, codes.PermissionDenied, codes.InvalidArgument, codes.FailedPrecondition:
+		return !errors.Is(err, ErrSessionLost) && !errors.Is(err, ErrClosed)
+	}
+	return false
 }
 
 // RegionOption tunes a registration.

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +114,21 @@ func TestARecoverThatFailedIsRetried(t *testing.T) {
 	}
 	a.stop(t)
 	b := startAgent(t, opts)
+	// A Recover that fails for what a retry mends (the descriptor socket not there yet) leaves the calls'
+	// ErrSessionLost, so a "Recover and retry" loop goes on.
+	fdSock := b.srv.FDSocketPath()
+	if err := os.Rename(fdSock, fdSock+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Recover(ctx); err == nil {
+		t.Fatal("Recover without the descriptor socket succeeded")
+	}
+	if err := os.Rename(fdSock+".away", fdSock); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(ctx, rs, 0, client.ToRegion(rd), 0, 4096); !errors.Is(err, client.ErrSessionLost) {
+		t.Fatalf("a write through a region a Recover could not register for a missing socket: %v, want ErrSessionLost", err)
+	}
 	squatter := dial(t, b)
 	taken, err := squatter.RegisterHost(ctx, shm(t, 4096).File, 0, 4096, client.Segment("x"))
 	if err != nil {

@@ -937,8 +937,9 @@ class Client:
         self.socket_path = socket_path
         if len(os.fsencode(socket_path)) > _SUN_PATH_MAX:
             raise AgentUnreachable(grpc.StatusCode.UNAVAILABLE, "no agent reachable at %s: the path is %d bytes, more "
-                                   "than a Unix socket address holds (%d): name it by a shorter path (a link to its "
-                                   "folder)" % (socket_path, len(os.fsencode(socket_path)), _SUN_PATH_MAX))
+                                   "than a Unix socket address holds (%d): give the agent's socket folder a shorter path (its "
+                                   "--socket-dir, or a bind mount of it; a link is resolved back to the long path)"
+                                   % (socket_path, len(os.fsencode(socket_path)), _SUN_PATH_MAX))
         _check_socket_permission(socket_path)
         if not _is_socket(socket_path):
             # Nothing there to wait for: say so now, as the Go client does, rather than after the whole timeout.
@@ -1711,6 +1712,10 @@ class Client:
         within = min(self.timeout, within)
         try:
             self._open_fast(within)
+            if not self._want_fast:  # the agent answers without a fast path now (an older agent in its place)
+                self._fast = None
+                raise SessionLost("the agent no longer offers the fast path (an older agent in its place?): call "
+                                  "recover(), which goes on through gRPC, and retry")
         except (grpc.RpcError, OSError, ConnectionError) as e:
             self._fast = _DROPPED
             if isinstance(e, (TimeoutError, socket.timeout, _fastconn.FastConnTimeout)) or (

@@ -250,6 +250,32 @@ class ReopenTest(unittest.TestCase):
         self.assertLess(took, 1.6, "a call of 0.3 s took %.2f s" % took)
         self.assertMoves(c, buf, r)  # the agent answers again
 
+    def test_an_agent_that_stops_offering_the_fast_path_is_said_then_used_through_grpc(self):
+        # A reopen that met UNIMPLEMENTED (an older agent in the place of the one the client knew) handed the
+        # call the dropped connection's stand-in, which raised AttributeError.
+        c, buf, r = self.client(timeout=2.0)
+        c._fast.close()
+        c._fast = fx._DROPPED
+
+        class Unimplemented(grpc.RpcError):
+            def code(self):
+                return grpc.StatusCode.UNIMPLEMENTED
+
+            def details(self):
+                return "unknown method OpenFastPath"
+
+        def older(req, **kwargs):
+            raise Unimplemented()
+
+        with mock.patch.object(c.stub, "OpenFastPath", older):
+            with self.assertRaisesRegex(SessionLost, "no longer offers the fast path"):
+                c.write(r, 0, to_region(r), 4096, 64)
+            c.recover()
+        self.assertIsNone(c._fast)
+        buf[:64] = os.urandom(64)
+        c.write(r, 0, to_region(r), 4096, 64)  # through gRPC
+        self.assertEqual(bytes(buf[:64]), bytes(buf[4096:4096 + 64]))
+
     def test_a_recover_the_agent_does_not_answer_keeps_the_fast_connection_wanted(self):
         # A recover() that failed before it reached the fast connection (GetInfo of an agent still stopped) left
         # it None, and every later call went through gRPC unseen.
