@@ -33,19 +33,26 @@ func (olderAgent) ResolveSegment(_ context.Context, req *agentv1.ResolveSegmentR
 	return &agentv1.ResolveSegmentResponse{Desc: []byte("a region's descriptor"), Node: "old-node", Length: 4096}, nil
 }
 
-// TestAnOlderAgentIsToldApart: a client of an agent without the fast path goes through gRPC, and a layout lookup
-// the agent answered as a region's is refused as Unimplemented, not returned as a nil geometry with no error
-// (reading its fields panicked, and a name published as a region looked like an empty layout).
-func TestAnOlderAgentIsToldApart(t *testing.T) {
+// serveFakeAgent serves agent on a fresh agent.sock until the test ends, and returns its path.
+func serveFakeAgent(t *testing.T, agent agentv1.AgentServer) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	agentv1.RegisterAgentServer(srv, olderAgent{})
+	agentv1.RegisterAgentServer(srv, agent)
 	go srv.Serve(ln)
-	defer srv.Stop()
+	t.Cleanup(srv.Stop)
+	return path
+}
+
+// TestAnOlderAgentIsToldApart: a client of an agent without the fast path goes through gRPC, and a layout lookup
+// the agent answered as a region's is refused as Unimplemented, not returned as a nil geometry with no error
+// (reading its fields panicked, and a name published as a region looked like an empty layout).
+func TestAnOlderAgentIsToldApart(t *testing.T) {
+	path := serveFakeAgent(t, olderAgent{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := client.Dial(ctx, path)
@@ -111,15 +118,7 @@ func (stallingAgent) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathRe
 // on an agent that stops answering after GetInfo; only GetInfo was bounded, and the fast path's setup waited for
 // good.
 func TestDialWithoutADeadlineIsBounded(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "agent.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	agentv1.RegisterAgentServer(srv, stallingAgent{})
-	go srv.Serve(ln)
-	defer srv.Stop()
+	path := serveFakeAgent(t, stallingAgent{})
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() {
