@@ -61,6 +61,17 @@ func TestUnsealedHostMemoryIsRefused(t *testing.T) {
 	if err := registerRaw(t, a, c, sealable, 0, 1<<20); client.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "not sealed against shrinking") {
 		t.Fatalf("unsealed memfd: %v", err)
 	}
+	// A file of /dev/shm (tmpfs, which cannot be sealed) is named as such, not as an unsealed memfd.
+	if shmFile, err := os.CreateTemp("/dev/shm", "fabricxfer-seal-test-"); err != nil {
+		t.Logf("no /dev/shm file to try (%v)", err)
+	} else {
+		defer os.Remove(shmFile.Name())
+		defer shmFile.Close()
+		_ = shmFile.Truncate(1 << 20)
+		if err := registerRaw(t, a, c, shmFile, 0, 1<<20); client.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "cannot be (a memfd made without MFD_ALLOW_SEALING, or a file of /dev/shm") {
+			t.Fatalf("a /dev/shm file: %v, want InvalidArgument naming what it is", err)
+		}
+	}
 	// A regular file is not shared memory.
 	reg, _ := os.CreateTemp(t.TempDir(), "file")
 	defer reg.Close()

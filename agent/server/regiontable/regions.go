@@ -267,6 +267,11 @@ func MapShared(f *os.File, off, length uint64, prot int) (view, mapping []byte, 
 	if err != nil {
 		return nil, nil, fmt.Errorf("the passed fd is not shared memory (not a memfd: F_GET_SEALS: %v): %s", err, sealHowTo)
 	}
+	if seals&unix.F_SEAL_SHRINK == 0 && seals&unix.F_SEAL_SEAL != 0 {
+		// Sealing is closed on it: a memfd made without MFD_ALLOW_SEALING, or a tmpfs file (/dev/shm, shm_open),
+		// whose error said "memfd" of what was no memfd.
+		return nil, nil, fmt.Errorf("%w: the passed shared memory is not sealed against shrinking and cannot be (a memfd made without MFD_ALLOW_SEALING, or a file of /dev/shm or shm_open); a caller that truncated it would crash the agent: %s", errUnsealed, sealHowTo)
+	}
 	if seals&unix.F_SEAL_SHRINK == 0 {
 		return nil, nil, fmt.Errorf("%w: the passed memfd is not sealed against shrinking (a caller that truncated it would crash the agent): %s", errUnsealed, sealHowTo)
 	}
