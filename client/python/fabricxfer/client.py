@@ -1293,11 +1293,18 @@ class Client:
     def _pass_memory(self, conn, name: str, size: int, request, left):
         """Creates size bytes of shared memory, passes them to the agent through the fd socket and sets them up
         with request(token) on the new fast connection; returns the mapping, or None where the agent refused or
-        the passing failed (the connection then works without it). Raises where the setup frame got no reply:
-        the connection is out of step."""
+        the passing failed (the connection then works without it). Raises where the agent did not answer in time
+        (DeadlineExceeded, a TimeoutError), and where the setup frame got no reply: the connection is out of
+        step."""
         fd, buf = shared_memory(name, size)
         try:
             token = put_fd(self.fd_socket, fd, left())
+        except TimeoutError:
+            # An agent that did not answer in time (a reopen late in its call's wait, say) fails the open, as a
+            # setup frame without a reply does: the connection would otherwise go on without its mailbox or
+            # arena, slower for good and unseen.
+            buf.close()
+            raise
         except (OSError, FdSocketError, ConnectionError):
             buf.close()
             return None

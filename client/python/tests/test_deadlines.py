@@ -153,6 +153,24 @@ class SetupFrameTest(unittest.TestCase):
         with self.assertRaises(fastconn.FastConnError):
             c._open_arena(fastconn.FastConn(ours, 0.0), lambda: 1.0)
 
+    def test_a_descriptor_socket_that_does_not_answer_fails_the_connections_setup(self):
+        # Memory for a mailbox or an id arena the agent took no descriptor of in time was given up silently: the
+        # connection went on without it, slower for good and unseen (likelier once a reopen has only what is
+        # left of its call's wait).
+        import tempfile
+        d = tempfile.mkdtemp()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(listener.close)
+        listener.bind(os.path.join(d, "agent.fd.sock"))
+        listener.listen(4)  # accepts (the kernel does) and never answers
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(ours.close)
+        self.addCleanup(theirs.close)
+        c = Client.__new__(Client)
+        c.socket_path, c.timeout = os.path.join(d, "agent.sock"), 0.3
+        with self.assertRaises(fx.DeadlineExceeded):
+            c._open_arena(fastconn.FastConn(ours, 0.0), lambda: 0.2)
+
 
 @unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
 class ReopenTest(unittest.TestCase):
