@@ -118,9 +118,6 @@ func (c *Client) installFastLocked(f fastParts) bool {
 	return true
 }
 
-// hasFast says whether the client holds a fast connection now (read without the fast lock).
-func (c *Client) hasFast() bool { return c.fastLive.Load() != nil }
-
 // fastQueueWait bounds how long a call waits for the fast connection while another call holds it: past it, the
 // call goes through gRPC (slower, by tens of microseconds to a millisecond on a busy host) instead of queueing behind a long transfer
 // (a goroutine's 4 KiB call waited 9 ms behind another's waited 256 MiB one) or one the agent does not answer.

@@ -142,11 +142,7 @@ func (c *Client) registerLayoutAgain(ctx context.Context, l *Layout) error {
 		}
 		if err != nil {
 			err = fmt.Errorf("region %d of it is not registered again yet: %w", k, err)
-			if gen := c.generation(); refusedForGood(err) {
-				l.mu.Lock()
-				l.notBack, l.notBackGen = err, gen
-				l.mu.Unlock()
-			}
+			l.failedRecover(c.generation(), err)
 			return fmt.Errorf("re-registering layout %d: %w", l.ID(), err)
 		}
 		req.RegionIds[k] = id
@@ -155,17 +151,23 @@ func (c *Client) registerLayoutAgain(ctx context.Context, l *Layout) error {
 	resp, err := c.api.RegisterLayout(ctx, req)
 	if err != nil {
 		err = c.wrap(ctx, "registering a layout", gen, err)
-		if refusedForGood(err) {
-			l.mu.Lock()
-			l.notBack, l.notBackGen = err, gen
-			l.mu.Unlock()
-		}
+		l.failedRecover(gen, err)
 		return fmt.Errorf("re-registering layout %d: %w", l.ID(), err)
 	}
 	l.mu.Lock()
 	l.id, l.gen = resp.Layout.Id, gen
 	l.mu.Unlock()
 	return nil
+}
+
+// failedRecover is Region.failedRecover for a layout.
+func (l *Layout) failedRecover(gen uint64, why error) {
+	if !refusedForGood(why) {
+		return
+	}
+	l.mu.Lock()
+	l.notBack, l.notBackGen = why, gen
+	l.mu.Unlock()
 }
 
 // forgetLayout stops Recover from registering l again.
@@ -269,9 +271,7 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 	}
 	resp, fast, err := c.fastBlocks(ctx, &r, ids, remoteIDs, l.bytesOf(len(ids)))
 	if !fast {
-		req := r.message()
-		req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
-		resp, err = c.api.TransferBlocks(ctx, req)
+		resp, err = c.grpcBlocks(ctx, &r, ids, remoteIDs)
 	}
 	if err != nil {
 		what := "submitting blocks"
@@ -281,6 +281,14 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 		return nil, gen, c.wrap(ctx, what, gen, err)
 	}
 	return resp, gen, nil
+}
+
+// grpcBlocks sends block request r with its ids through gRPC: for a client without a fast connection, or a call
+// that found it held by another.
+func (c *Client) grpcBlocks(ctx context.Context, r *blockRequest, ids, remoteIDs []uint32) (*agentv1.TransferResponse, error) {
+	req := r.message()
+	req.LocalIds, req.RemoteIds = packIDs(ids), packIDs(remoteIDs)
+	return c.api.TransferBlocks(ctx, req)
 }
 
 // checkBlockCount refuses a list of more block ids than the agent moves in one call: past 4 MiB the agent could

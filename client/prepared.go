@@ -62,19 +62,10 @@ func (p *PreparedBlocks) Run(ctx context.Context) (*Status, error) {
 	r := p.req
 	r.timeout = boundedTimeout(ctx, p.opts.Timeout, true)
 	resp, fast, err := c.fastBlocks(ctx, &r, p.ids, p.remoteIDs, p.bytes)
-	if !fast && c.hasFast() {
-		// Another call held the fast connection: through gRPC from the packed request, not through
-		// TransferBlocks, which would check the arguments again and wait for the connection a second time.
-		req := r.message()
-		req.LocalIds, req.RemoteIds = packIDs(p.ids), packIDs(p.remoteIDs)
-		resp, err = c.api.TransferBlocks(ctx, req)
-		if err != nil {
-			return nil, c.wrap(ctx, "transferring blocks", p.gen, err)
-		}
-		return resp.Status, statusErr(resp.Status)
-	}
 	if !fast {
-		return p.plain(ctx)
+		// No fast connection, or another call held it: through gRPC from the packed request (TransferBlocks
+		// would check the arguments again, and wait for a held connection a second time).
+		resp, err = c.grpcBlocks(ctx, &r, p.ids, p.remoteIDs)
 	}
 	if err != nil {
 		return nil, c.wrap(ctx, "transferring blocks", p.gen, err)
@@ -82,7 +73,8 @@ func (p *PreparedBlocks) Run(ctx context.Context) (*Status, error) {
 	return resp.Status, statusErr(resp.Status)
 }
 
-// plain runs the transfer as TransferBlocks, for a session recovered since or a client without the fast socket.
+// plain runs the transfer as TransferBlocks, for a session recovered since (the packed request names the layouts'
+// old ids).
 func (p *PreparedBlocks) plain(ctx context.Context) (*Status, error) {
 	return p.c.TransferBlocks(ctx, p.op, p.l, p.ids, p.remote, p.remoteIDs, p.opts)
 }
