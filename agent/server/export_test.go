@@ -27,3 +27,10 @@ func (s *Server) Sessions() int {
 	defer s.table.Unlock()
 	return len(s.sessions)
 }
+
+// QueuedNotificationBytes is the bytes of notifications the agent holds for listeners (tests only).
+func (s *Server) QueuedNotificationBytes() int {
+	s.table.Lock()
+	defer s.table.Unlock()
+	return s.xfer.QueuedNotificationBytesLocked()
+}

@@ -16,7 +16,7 @@ import (
 type serverMetrics struct {
 	*refusals.Counters
 
-	regions, regionBytes, lent, capacity, inFlight, inFlightBytes, callers, sessions, imports, usageRatio *prometheus.Desc
+	regions, regionBytes, lent, capacity, inFlight, inFlightBytes, callers, sessions, imports, notifyQueued, usageRatio *prometheus.Desc
 }
 
 func newServerMetrics() *serverMetrics {
@@ -33,6 +33,7 @@ func newServerMetrics() *serverMetrics {
 	m.callers = d("callers", "Callers (pods) holding regions or transfers.")
 	m.sessions = d("sessions", "Open caller connections to the sidecar socket.")
 	m.imports = d("imported_regions", "Memory of other nodes (and of pods' GPU handles) imported into the engines and kept for reuse.")
+	m.notifyQueued = d("notification_bytes_queued", "Bytes of notifications the agent holds for listeners that have not read them yet (at most 32 MiB a caller).")
 	m.usageRatio = d("caller_usage_ratio_max", "The highest fraction of a limit any one caller uses, by limit (1: a caller is at its limit).", "limit")
 	return m
 }
@@ -47,7 +48,7 @@ func (c serverCollector) Describe(ch chan<- *prometheus.Desc) {
 	m := c.s.metrics
 	m.Counters.Describe(ch)
 	for _, d := range []*prometheus.Desc{m.regions, m.regionBytes, m.lent, m.capacity, m.inFlight, m.inFlightBytes,
-		m.callers, m.sessions, m.imports, m.usageRatio} {
+		m.callers, m.sessions, m.imports, m.notifyQueued, m.usageRatio} {
 		ch <- d
 	}
 }
@@ -89,7 +90,7 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 		frac(refusals.LimitInFlight, float64(u.InFlight), float64(lim.MaxInFlight))
 		frac(refusals.LimitInFlightBytes, float64(u.InFlightBytes), float64(lim.MaxInFlightBytes))
 	})
-	sessions, imports := len(s.sessions), s.xfer.ImportedLocked()
+	sessions, imports, notifyQueued := len(s.sessions), s.xfer.ImportedLocked(), s.xfer.QueuedNotificationBytesLocked()
 	s.table.Unlock()
 	// The callers' counts include their pool slices.
 	regs, regBytes = regs-min(regs, lentRegs), regBytes-min(regBytes, lentBytes)
@@ -112,6 +113,7 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	g(m.callers, float64(callers))
 	g(m.sessions, float64(sessions))
 	g(m.imports, float64(imports))
+	g(m.notifyQueued, float64(notifyQueued))
 	for _, l := range []string{refusals.LimitRegions, refusals.LimitRegisteredBytes, refusals.LimitInFlight, refusals.LimitInFlightBytes} {
 		g(m.usageRatio, ratio[l], l)
 	}

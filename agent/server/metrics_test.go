@@ -34,6 +34,7 @@ func TestServerMetricsMoveAndStayBounded(t *testing.T) {
 		"fabricxfer_agent_pool_capacity_bytes{}", "fabricxfer_agent_pool_lent_bytes{}",
 		"fabricxfer_agent_transfers_in_flight{}", "fabricxfer_agent_transfer_bytes_in_flight{}",
 		"fabricxfer_agent_callers{}", "fabricxfer_agent_sessions{}", "fabricxfer_agent_imported_regions{}",
+		"fabricxfer_agent_notification_bytes_queued{}",
 		"fabricxfer_agent_caller_usage_ratio_max{limit=regions}", "fabricxfer_agent_limit_refusals_total{limit=regions}",
 	} {
 		if _, ok := before[name]; !ok {

@@ -4,11 +4,18 @@
 package server_test
 
 import (
+	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 )
@@ -105,4 +112,126 @@ func TestANotifiedTransferIsOneNotificationPerListener(t *testing.T) {
 	}
 	check(next(all, "the last write"), "the last write", ids(dstRegions), agentv1.Op_OP_WRITE, "last")
 	check(next(some, "the last write, two regions"), "the last write, two regions", ids(dstRegions[1:3]), agentv1.Op_OP_WRITE, "last")
+}
+
+// TestNotificationsNotReadAreBounded: a pod whose listeners never read cannot make the agent hold its
+// notifications without bound. Its listeners together hold at most 32 MiB (payloads and region ids), and each at
+// most 1,024 notifications; past that the listener furthest behind loses its stream with ResourceExhausted saying
+// why, while the same pod's listener that reads, and another pod's, miss nothing.
+func TestNotificationsNotReadAreBounded(t *testing.T) {
+	proc := newProcFixture(t)
+	opts := baseOptions(t, proc)
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	a := startAgent(t, opts)
+	ctx := ctxT(t)
+	rng := rand.New(rand.NewPCG(41, 42))
+	type pod struct {
+		c        *client.Client
+		src, dst *client.Layout
+	}
+	newPod := func(uid string) pod {
+		proc.setPod(t, uid)
+		c := dial(t, a)
+		src, _ := hostLayout(t, c, rng, 2, 4, 256)
+		dst, _ := hostLayout(t, c, rng, 2, 4, 256)
+		return pod{c, src, dst}
+	}
+	flood, quiet := newPod("0b6f4a2e-1111-4c1e-9d8a-000000000001"), newPod("0b6f4a2e-2222-4c1e-9d8a-000000000002")
+	listen := func(c *client.Client) agentv1.Agent_NotificationsClient {
+		t.Helper()
+		stream, err := c.API().Notifications(ctx, &agentv1.NotificationsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Header(); err != nil {
+			t.Fatal(err)
+		}
+		return stream
+	}
+	// read counts what a listener that reads receives, checking the payloads come in the order sent.
+	read := func(stream agentv1.Agent_NotificationsClient, want int) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			for i := range want {
+				n, err := stream.Recv()
+				if err != nil {
+					done <- fmt.Errorf("after %d of %d notifications: %w", i, want, err)
+					return
+				}
+				if got := binary.LittleEndian.Uint32(n.Payload); got != uint32(i) {
+					done <- fmt.Errorf("notification %d carries %d", i, got)
+					return
+				}
+			}
+			done <- nil
+		}()
+		return done
+	}
+	write := func(p pod, seq, size int) {
+		t.Helper()
+		payload := make([]byte, size)
+		binary.LittleEndian.PutUint32(payload, uint32(seq))
+		if _, err := p.c.TransferBlocks(ctx, client.Write, p.src, []uint32{1}, client.ToLayout(p.dst), []uint32{2},
+			client.TransferOptions{Notify: payload}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// lostFor drains a listener that did not read and says why its stream ended.
+	lostFor := func(stream agentv1.Agent_NotificationsClient) error {
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return err
+			}
+		}
+	}
+
+	// Eight listeners of the flooding pod never read, one does; the quiet pod's one reads.
+	var idle []agentv1.Agent_NotificationsClient
+	for range 8 {
+		idle = append(idle, listen(flood.c))
+	}
+	// 62.5 MiB of notifications: even the last idle listener passes 32 MiB alone, beside what gRPC's flow control
+	// window (at most 16 MiB a stream) lets through to its client.
+	const transfers = 1000
+	floodRead, quietRead := read(listen(flood.c), transfers), read(listen(quiet.c), transfers)
+	most := 0
+	for i := range transfers {
+		write(flood, i, 64<<10)
+		write(quiet, i, 16)
+		most = max(most, a.srv.QueuedNotificationBytes())
+	}
+	if most > 32<<20 {
+		t.Errorf("the agent held %d bytes of notifications, want at most 32 MiB for the flooding pod", most)
+	}
+	for name, done := range map[string]<-chan error{"the flooding pod's listener that reads": floodRead, "the quiet pod's listener": quietRead} {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: not every notification within 10 s", name)
+		}
+	}
+	for i, stream := range idle {
+		if err := lostFor(stream); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "furthest behind") {
+			t.Errorf("idle listener %d ended with %v, want ResourceExhausted saying it was furthest behind", i, err)
+		}
+	}
+	if n := a.srv.QueuedNotificationBytes(); n != 0 {
+		t.Errorf("%d bytes of notifications still held after every listener read or lost its stream", n)
+	}
+
+	// A listener 1,024 notifications behind loses its stream too, however small they are: 4 MiB of 4 KiB ones
+	// here, sent past what the client's flow control window takes in (at most 16 MiB).
+	behind := listen(quiet.c)
+	for i := range 1024 + 4096 + 100 {
+		write(quiet, i, 4<<10)
+	}
+	if err := lostFor(behind); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "1024 notifications behind") {
+		t.Errorf("a listener that never read ended with %v, want ResourceExhausted saying it fell 1,024 behind", err)
+	}
+	if _, err := flood.c.API().GetInfo(ctx, &agentv1.GetInfoRequest{}); err != nil {
+		t.Errorf("the agent after the flood: %v", err)
+	}
 }

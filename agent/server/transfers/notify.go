@@ -4,6 +4,7 @@
 package transfers
 
 import (
+	"fmt"
 	"slices"
 
 	"google.golang.org/grpc/codes"
@@ -14,10 +15,112 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
+// A listener holds at most maxListenerBacklog notifications its caller has not read, and a caller's listeners
+// together at most maxCallerNotifyBytes of them (payloads and region ids, counted per listener). Past either, the
+// listener furthest behind (whose oldest notification not sent is the oldest) loses its stream: notifications of
+// 64 KiB naming 65,536 regions are 576 KiB each, and 128 listeners that never read could hold 1,024 of them each, 72 GiB
+// of one pod's, in the agent.
+const (
+	maxListenerBacklog   = 1024
+	maxCallerNotifyBytes = 32 << 20
+)
+
 type notifyListener struct {
-	regions  map[uint64]bool // nil: every region of the caller
-	ch       chan *agentv1.Notification
-	overflow bool
+	regions map[uint64]bool // nil: every region of the caller
+	// Under the table lock: the notifications not sent yet and their bytes, and why the stream was lost ("" while
+	// it was not). wake (one slot) tells the stream's goroutine to look.
+	queue  []queuedNotification
+	queued int
+	lost   string
+	wake   chan struct{}
+}
+
+// queuedNotification is a notification waiting for its listener; seq orders the deliveries, oldest first.
+type queuedNotification struct {
+	msg *agentv1.Notification
+	seq uint64
+}
+
+// notificationBytes is what a notification holds in the agent while it waits for its listener.
+func notificationBytes(n *agentv1.Notification) int {
+	return 64 + len(n.Payload) + len(n.Segment) + len(n.SourceNode) + 8*len(n.RegionIds)
+}
+
+// queueLocked queues n for listener l of caller key, or ends the stream of the caller's listener furthest behind
+// (l itself, when l is) if l is full or the caller's listeners would hold more than maxCallerNotifyBytes.
+func (s *Service) queueLocked(key string, l *notifyListener, n *agentv1.Notification, seq uint64) {
+	if l.lost != "" {
+		return
+	}
+	if len(l.queue) >= maxListenerBacklog {
+		s.loseLocked(key, l, fmt.Sprintf("notification stream fell %d notifications behind (at most %d): read it faster or listen to fewer regions",
+			len(l.queue), maxListenerBacklog))
+		return
+	}
+	size := notificationBytes(n)
+	for s.notifyBytes[key]+size > maxCallerNotifyBytes {
+		behind := l // l's queue may be empty: it is never further behind than one that is not
+		for o := range s.listeners[key] {
+			if len(o.queue) > 0 && (len(behind.queue) == 0 || o.queue[0].seq < behind.queue[0].seq ||
+				o.queue[0].seq == behind.queue[0].seq && o.queued > behind.queued) {
+				behind = o
+			}
+		}
+		s.loseLocked(key, behind, fmt.Sprintf("this caller's notification streams held %d bytes not read (at most %d together); this one, %d notifications (%d bytes) behind, was furthest behind",
+			s.notifyBytes[key], maxCallerNotifyBytes, len(behind.queue), behind.queued))
+		if behind == l {
+			return
+		}
+	}
+	l.queue = append(l.queue, queuedNotification{n, seq})
+	l.queued += size
+	s.notifyBytes[key] += size
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loseLocked ends l's stream for the reason why, dropping what it held.
+func (s *Service) loseLocked(key string, l *notifyListener, why string) {
+	l.lost = why
+	s.notifyBytes[key] -= l.queued
+	if s.notifyBytes[key] == 0 {
+		delete(s.notifyBytes, key)
+	}
+	clear(l.queue)
+	l.queue, l.queued = nil, 0
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// nextLocked takes l's oldest queued notification off its queue (nil if none).
+func (s *Service) nextLocked(key string, l *notifyListener) *agentv1.Notification {
+	if len(l.queue) == 0 {
+		return nil
+	}
+	n := l.queue[0].msg
+	l.queue[0] = queuedNotification{}
+	l.queue = l.queue[1:]
+	size := notificationBytes(n)
+	l.queued -= size
+	s.notifyBytes[key] -= size
+	if s.notifyBytes[key] == 0 {
+		delete(s.notifyBytes, key)
+	}
+	return n
+}
+
+// QueuedNotificationBytesLocked is the bytes of notifications the agent holds for listeners that have not read
+// them yet, all callers together.
+func (s *Service) QueuedNotificationBytesLocked() int {
+	total := 0
+	for _, b := range s.notifyBytes {
+		total += b
+	}
+	return total
 }
 
 // DeliverNotification receives the engines' notifications for this node and hands each listener of the callers
@@ -54,14 +157,11 @@ func (s *Service) DeliverNotification(n engines.Notification) {
 				RegionIds: []uint64{r.ID()}}}
 		}
 	}
+	s.notifySeq++
 	for l, m := range msgs {
 		slices.Sort(m.msg.RegionIds)
 		m.msg.RegionId, m.msg.Segment = m.first.ID(), m.first.Segment()
-		select {
-		case l.ch <- m.msg:
-		default:
-			l.overflow = true
-		}
+		s.queueLocked(m.first.Owner(), l, m.msg, s.notifySeq)
 	}
 }
 
@@ -87,7 +187,7 @@ func (s *Service) DeliverPeerNotification(n engines.Notification) error {
 
 // Notifications serves the Agent API call of that name for the caller of sess.
 func (s *Service) Notifications(sess *regiontable.Session, req *agentv1.NotificationsRequest, stream agentv1.Agent_NotificationsServer) error {
-	l := &notifyListener{ch: make(chan *agentv1.Notification, 1024)}
+	l := &notifyListener{wake: make(chan struct{}, 1)}
 	s.table.Lock()
 	if len(req.RegionIds) > 0 {
 		l.regions = map[uint64]bool{}
@@ -108,6 +208,7 @@ func (s *Service) Notifications(sess *regiontable.Session, req *agentv1.Notifica
 	defer func() {
 		s.table.Lock()
 		delete(s.listeners[key], l)
+		s.loseLocked(key, l, "ended")
 		s.table.Unlock()
 	}()
 	// The header tells the client the listener is in place: nothing sent after this is missed.
@@ -115,21 +216,24 @@ func (s *Service) Notifications(sess *regiontable.Session, req *agentv1.Notifica
 		return err
 	}
 	for {
-		select {
-		case n := <-l.ch:
+		s.table.Lock()
+		n, lost := s.nextLocked(key, l), l.lost
+		s.table.Unlock()
+		switch {
+		case n != nil:
 			if err := stream.Send(n); err != nil {
 				return err
 			}
+			continue
+		case lost != "":
+			return status.Error(codes.ResourceExhausted, lost)
+		}
+		select {
+		case <-l.wake:
 		case <-stream.Context().Done():
 			return nil
 		case <-s.stopping:
 			return status.Error(codes.Unavailable, "the agent is shutting down")
-		}
-		s.table.Lock()
-		over := l.overflow
-		s.table.Unlock()
-		if over && len(l.ch) == 0 {
-			return status.Error(codes.ResourceExhausted, "notification stream fell more than 1024 behind")
 		}
 	}
 }

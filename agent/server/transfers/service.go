@@ -101,8 +101,11 @@ type Service struct {
 	nextXfer  uint64
 	watchers  map[string]map[*watcher]struct{}
 	listeners map[string]map[*notifyListener]struct{}
-	imports   map[engines.MemoryID]*imported
-	importMu  sync.Mutex
+	// notifyBytes are the bytes of notifications the listeners of each caller hold, by caller key.
+	notifyBytes map[string]int
+	notifySeq   uint64 // deliveries so far
+	imports     map[engines.MemoryID]*imported
+	importMu    sync.Mutex
 	// peerLayouts are other nodes' published layouts, resolved (under a lock of their own).
 	peerLayouts peerLayouts
 	// ids recycles the block-id arrays of block transfers (*[]uint32).
@@ -119,7 +122,8 @@ func New(cfg Config) *Service {
 		engines: cfg.Engines, sessionGrace: cfg.SessionGrace, stopping: cfg.Stopping, refusals: cfg.Refusals,
 		epoch: cfg.Epoch, running: map[uint64]*transfer{}, settled: newSettledRing(cfg.FinishedRetention), closed: make(chan struct{}),
 		watchers: map[string]map[*watcher]struct{}{}, listeners: map[string]map[*notifyListener]struct{}{},
-		imports: map[engines.MemoryID]*imported{}, blockTags: []string{blockTag}, oneEngine: map[string][]string{},
+		notifyBytes: map[string]int{},
+		imports:     map[engines.MemoryID]*imported{}, blockTags: []string{blockTag}, oneEngine: map[string][]string{},
 		log: cfg.Logger}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
