@@ -89,6 +89,16 @@ def _op(op: str) -> int:
         raise ValueError("op must be \"read\" or \"write\", not %r" % (op,)) from None
 
 
+# How long a call waits for the fast connection while another thread's call holds it: past it the call goes
+# through gRPC (a one-block call behind another thread's waited 256 MiB one waited for all of it), as the Go
+# client's do.
+FAST_QUEUE_WAIT = 200e-6
+
+
+class _FastBusy(Exception):
+    """Another thread's call held the fast connection past FAST_QUEUE_WAIT: this call goes through gRPC."""
+
+
 # How long a fast-socket call polls for the agent's reply before sleeping in poll(): waking a sleeping reader
 # costs tens of microseconds, as much as a small transfer, and a waited 1 GiB copy takes half a millisecond. A
 # waiting caller has nothing else to do on that thread; torch.cuda.synchronize() polls the same way.
@@ -858,9 +868,14 @@ class PreparedBlocks:
                                        wait=self._wait)
             return None if self._wait else answer  # a waited call that did not land raised
         c._check_session()
-        if not self._wait:
-            return c._fast_reply(c._fast_raw(self._frame, self._timeout, mailbox=self._mailbox)).transfer_id
-        raw = c._fast_frame(self._frame[0], self._timeout, self._mailbox)
+        try:
+            if not self._wait:
+                return c._fast_reply(c._fast_raw(self._frame, self._timeout, mailbox=self._mailbox)).transfer_id
+            raw = c._fast_frame(self._frame[0], self._timeout, self._mailbox)
+        except _FastBusy:
+            answer = c._grpc_blocks(self._op, self._layout, self._remote, self._local, self._rids, self._width,
+                                    self._timeout, None, self._wait)
+            return None if self._wait else answer  # a waited call that did not land raised
         if not _landed(raw):
             c._waited_status(raw)  # raises for any end but success
         return None
@@ -1591,10 +1606,13 @@ class Client:
         if self._fast is not None:
             payload = pb.FastRequest(transfer=req).SerializeToString()
             _request_fits(len(payload), len(items))
-            resp = self._fast_call([_HDR.pack(len(payload)), payload], timeout, mailbox=not self._mailbox_checked)
-        else:
-            _request_fits(req.ByteSize(), len(items))
-            resp = self._call(self.stub.Transfer, req, timeout=self._call_timeout(timeout))
+            try:
+                resp = self._fast_call([_HDR.pack(len(payload)), payload], timeout, mailbox=not self._mailbox_checked)
+                return self._settled(resp, wait)
+            except _FastBusy:
+                pass
+        _request_fits(req.ByteSize(), len(items))
+        resp = self._call(self.stub.Transfer, req, timeout=self._call_timeout(timeout))
         return self._settled(resp, wait)
 
     def _check_notify(self, notify) -> bytes:
@@ -1639,7 +1657,10 @@ class Client:
         wait = self._reply_wait(timeout)
         deadline = time.perf_counter() + wait
         failed = self._reopens_failed
-        with self._fast_lock:
+        lock = self._fast_lock
+        if not lock.acquire(False) and not lock.acquire(True, FAST_QUEUE_WAIT):
+            raise _FastBusy
+        try:
             conn = self._fast
             if conn is None or conn is _DROPPED:
                 conn = self._fast_again(conn, failed, max(deadline - time.perf_counter(), 0.001))
@@ -1660,6 +1681,8 @@ class Client:
                 raise self._fast_late(conn, wait) from e
             except (OSError, ConnectionError) as e:
                 raise self._fast_lost(conn, e) from e
+        finally:
+            lock.release()
         return raw
 
     def _fast_frame(self, frame: bytes, timeout: Optional[float], mailbox: bool):
@@ -1667,7 +1690,10 @@ class Client:
         (FastConn.call_frame), its deadline taken from the clock only if the call lasts."""
         failed = self._reopens_failed
         wait = (timeout or self.timeout) + 1.0
-        with self._fast_lock:
+        lock = self._fast_lock
+        if not lock.acquire(False) and not lock.acquire(True, FAST_QUEUE_WAIT):
+            raise _FastBusy
+        try:
             conn = self._fast
             if conn is None or conn is _DROPPED:
                 start = time.perf_counter()
@@ -1679,6 +1705,8 @@ class Client:
                 raise self._fast_late(conn, wait) from e
             except (OSError, ConnectionError) as e:
                 raise self._fast_lost(conn, e) from e
+        finally:
+            lock.release()
 
     def _fast_lost(self, conn, e: Exception) -> "SessionLost":
         """Closes a fast connection that broke under a call (held under the fast lock) and says so. It is dropped,
@@ -1842,9 +1870,13 @@ class Client:
             notify = self._check_notify(notify)
         # Long lists are written into the fast connection's id arena instead of the frame, from their packed
         # bytes: the ids are asked of torch or numpy once, whatever their length.
+        busy = False
         if count >= _blocks.ARENA_MIN_IDS and self._arena is not None and self._fast is not None:
             self._check_session()
-            resp = self._arena_call(code, layout, (local, width, rids, rwidth), remote, timeout, notify, wait)
+            try:
+                resp = self._arena_call(code, layout, (local, width, rids, rwidth), remote, timeout, notify, wait)
+            except _FastBusy:
+                resp, busy = None, True
             if resp is not None:
                 return self._settled(resp, wait)
         if width != rwidth:
@@ -1858,13 +1890,18 @@ class Client:
                 local, rids, width = nl, nr, 4
         self._check_session()
         # A frame the fast socket would refuse goes by gRPC, whose refusal leaves the fast connection up.
-        if self._fast is not None and len(local) + len(rids) + len(notify or b"") < FAST_FRAME_MAX - 4096:
+        if not busy and self._fast is not None and len(local) + len(rids) + len(notify or b"") < FAST_FRAME_MAX - 4096:
             parts = _blocks.blocks_frame(code, layout.pb.id, remote, local, rids, width, timeout, notify, wait)
-            resp = self._fast_call(parts, timeout, mailbox=self._mailbox_for(layout, remote))
-        else:
-            req = _blocks.blocks_request(code, layout.id, remote.ref, local, rids, width, timeout, notify, wait)
-            resp = self._call(self.stub.TransferBlocks, req, timeout=self._call_timeout(timeout))
-        return self._settled(resp, wait)
+            try:
+                return self._settled(self._fast_call(parts, timeout, mailbox=self._mailbox_for(layout, remote)), wait)
+            except _FastBusy:
+                pass
+        return self._grpc_blocks(code, layout, remote, local, rids, width, timeout, notify, wait)
+
+    def _grpc_blocks(self, code, layout, remote, local, rids, width, timeout, notify, wait):
+        """transfer_blocks through gRPC, of packed ids of one width: the status (waited) or the transfer id."""
+        req = _blocks.blocks_request(code, layout.id, remote.ref, local, rids, width, timeout, notify, wait)
+        return self._settled(self._call(self.stub.TransferBlocks, req, timeout=self._call_timeout(timeout)), wait)
 
     def prepare_blocks(self, op: str, layout: Layout, ids, remote: RemoteLayout, remote_ids,
                        timeout: Optional[float] = None, wait: bool = True) -> "PreparedBlocks":
@@ -1913,9 +1950,12 @@ class Client:
             self._check_session()  # raises
         # One frame: a single part goes into the mailbox as it is.
         frame = b"".join((framing[0], local, framing[1], rids))
-        if not wait:
-            return self._fast_call((frame,), timeout, mailbox=framing[4]).transfer_id
-        raw = self._fast_frame(frame, timeout, framing[4])
+        try:
+            if not wait:
+                return self._fast_call((frame,), timeout, mailbox=framing[4]).transfer_id
+            raw = self._fast_frame(frame, timeout, framing[4])
+        except _FastBusy:
+            return self._grpc_blocks(code, layout, remote, local, rids, width, timeout, None, wait)
         if (len(raw) > 5 and raw[4] == 0x10 and raw[5] == 2 and raw[0] == 0x1A and raw[2] == 0x2A  # _landed(raw)
                 and raw[1] == len(raw) - 2 and raw[3] < 0x80):
             st = _NEW(_LandedStatus)  # _LandedStatus(raw) without its __init__'s call
@@ -1965,16 +2005,9 @@ class Client:
         """Waits for a submitted transfer; raises TransferFailed if it did not succeed, and returns a PENDING
         status (it does not raise, unlike wait_all) when timeout (None or 0: the client's) passed first: the
         transfer goes on, and may be waited for again. The wait goes through the fast socket when
-        the client has one (it holds that socket meanwhile: threads that submit while others wait should use
-        one client each)."""
+        the client has one (holding it meanwhile: other threads' calls go through gRPC while it does)."""
         _seconds(timeout)
-        if self._fast is None:
-            req = pb.WaitRequest(transfer_id=transfer_id)
-            req.timeout.FromNanoseconds(int((timeout or self.timeout) * 1e9))
-            self._check_session()
-            st = self._call(self.stub.Wait, req, timeout=(timeout or self.timeout) + 1.0)
-        else:
-            st = self._fast_wait([transfer_id], timeout)
+        st = self._fast_wait([transfer_id], timeout)
         if st.state not in (pb.TRANSFER_STATE_SUCCEEDED, pb.TRANSFER_STATE_PENDING):
             raise TransferFailed(st)
         return st
@@ -2000,13 +2033,7 @@ class Client:
             if left <= 0:
                 st = pb.TransferStatus(transfer_id=ids[k], state=pb.TRANSFER_STATE_PENDING)
                 break
-            if self._fast is None:
-                for tid in ids[k:k + _MAX_WAIT_IDS]:
-                    st = self.wait(tid, timeout=max(deadline - time.perf_counter(), 1e-6))
-                    if st.state == pb.TRANSFER_STATE_PENDING:
-                        break
-            else:
-                st = self._fast_wait(ids[k:k + _MAX_WAIT_IDS], left)
+            st = self._fast_wait(ids[k:k + _MAX_WAIT_IDS], left)
             if st.state != pb.TRANSFER_STATE_SUCCEEDED:
                 break
         if st.state == pb.TRANSFER_STATE_PENDING:
@@ -2017,12 +2044,27 @@ class Client:
         return st
 
     def _fast_wait(self, ids: List[int], timeout: Optional[float]) -> pb.TransferStatus:
-        """One FastWait frame for ids: the first that did not succeed, else the last one's status."""
+        """Waits for ids within timeout (None or 0: the client's), in one FastWait frame where the fast connection
+        is there and free, else through gRPC one by one: the first that did not succeed, else the last one's
+        status."""
         timeout = timeout or self.timeout
-        parts = _blocks.wait_frame(ids, timeout)
         self._check_session()
-        # The transfers waited for may have written this process's host memory (see _mailbox_for).
-        return self._fast_call(parts, timeout, mailbox=not self._mailbox_checked).status
+        if self._fast is not None:
+            parts = _blocks.wait_frame(ids, timeout)
+            try:
+                # The transfers waited for may have written this process's host memory (see _mailbox_for).
+                return self._fast_call(parts, timeout, mailbox=not self._mailbox_checked).status
+            except _FastBusy:
+                pass
+        deadline = time.perf_counter() + timeout
+        for tid in ids:
+            left = max(deadline - time.perf_counter(), 1e-6)
+            req = pb.WaitRequest(transfer_id=tid)
+            req.timeout.FromNanoseconds(int(left * 1e9))
+            st = self._call(self.stub.Wait, req, timeout=left + 1.0)
+            if st.state != pb.TRANSFER_STATE_SUCCEEDED:
+                break
+        return st
 
     def resolve_segment(self, node: str, segment: str) -> bytes:
         """The descriptor of the region published as segment on node ("": this one)."""

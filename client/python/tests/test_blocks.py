@@ -6,15 +6,17 @@ checked with numpy, and the agent's refusals moving nothing.
 
 Skips while the agent answers UNIMPLEMENTED for TransferBlocks (before the server's block layouts landed)."""
 
+import collections
 import os
+import threading
 import unittest
 
 import grpc
 
 from fabricxfer.agent.v1 import agent_pb2 as pb
 from fabricxfer.blocks import _varint, blocks_frame, pack_ids
-from fabricxfer.client import (AgentError, Client, TransferFailed, shared_memory, status_first, to_layout,
-                               to_layout_segment, transfer_status)
+from fabricxfer.client import (AgentError, Client, Item, TransferFailed, shared_memory, status_first, to_layout,
+                               to_layout_segment, to_region, transfer_status)
 
 try:
     import numpy as np
@@ -74,6 +76,69 @@ class BlocksTest(unittest.TestCase):
             want = b.copy()
             want[np.asarray(dst_ids, dtype=np.int64)] = s[np.asarray(src_ids, dtype=np.int64)]
             self.assertTrue(np.array_equal(d, want), "region %d differs" % k)
+
+    def test_a_call_behind_a_held_fast_connection_goes_through_grpc(self):
+        """A call that finds the fast connection held by another thread's call (a long copy, a wait) goes through
+        gRPC after FAST_QUEUE_WAIT and lands, instead of queueing behind it (a one-block call waited for all of a
+        256 MiB one): short id lists, arena-sized ones, prepared runs, item transfers, waits. Once it is free,
+        calls take it again."""
+        c = self.c
+        self.assertIsNotNone(c._fast)
+        src, sv = self.layout(c, regions=1, blocks=4096, block=64)
+        dst, dv = self.layout(c, regions=1, blocks=4096, block=64)
+        grpc_calls = collections.Counter()
+        for name in ("Transfer", "TransferBlocks", "Wait"):
+            def counted(*args, _real=getattr(c.stub, name), _name=name, **kwargs):
+                grpc_calls[_name] += 1
+                return _real(*args, **kwargs)
+            setattr(c.stub, name, counted)
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            with c._fast_lock:  # as another thread's call holds it until the agent answers
+                held.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        self.addCleanup(holder.join)
+        self.addCleanup(release.set)
+        self.assertTrue(held.wait(5))
+
+        before = [v.copy() for v in dv]
+        moved_src, moved_dst = [], []
+
+        def moved(s_ids, d_ids):
+            moved_src.extend(int(i) for i in s_ids)
+            moved_dst.extend(int(i) for i in d_ids)
+
+        c.transfer_blocks("write", src, np.array([1, 2], np.int32), to_layout(dst), np.array([3, 4], np.int32))
+        moved([1, 2], [3, 4])
+        perm = np.random.default_rng(7).permutation(1024).astype(np.int32)  # past ARENA_MIN_IDS: the arena's path
+        c.transfer_blocks("write", src, perm + 1024, to_layout(dst), np.arange(1024, 2048, dtype=np.int32))
+        moved(perm + 1024, range(1024, 2048))
+        self.assertIsNone(c.prepare_blocks("write", src, np.array([5]), to_layout(dst), np.array([6])).run())
+        moved([5], [6])
+        st = c.transfer("write", [Item(src.regions[0], to_region(dst.regions[0]), 64, 7 * 64, 8 * 64)])
+        self.assertEqual(st.state, pb.TRANSFER_STATE_SUCCEEDED)
+        moved([7], [8])
+        tid = c.transfer_blocks("write", src, np.array([9]), to_layout(dst), np.array([10]), wait=False)
+        self.assertEqual(c.wait(tid, timeout=5).state, pb.TRANSFER_STATE_SUCCEEDED)
+        tids = [c.transfer_blocks("write", src, np.array([11 + k]), to_layout(dst), np.array([2048 + k]), wait=False)
+                for k in range(3)]
+        self.assertEqual(c.wait_all(tids, timeout=5).state, pb.TRANSFER_STATE_SUCCEEDED)
+        moved([9, 11, 12, 13], [10, 2048, 2049, 2050])
+        self.assertTrue(holder.is_alive(), "the fast connection was released before the calls ended")
+        self.assertEqual(grpc_calls, collections.Counter(Transfer=1, TransferBlocks=7, Wait=4))
+        self.check(dv, sv, moved_dst, moved_src, before)
+
+        release.set()
+        holder.join(5)
+        c.transfer_blocks("write", src, np.array([20]), to_layout(dst), np.array([21]))
+        c.wait(c.transfer_blocks("write", src, np.array([22]), to_layout(dst), np.array([23]), wait=False))
+        self.assertEqual(grpc_calls, collections.Counter(Transfer=1, TransferBlocks=7, Wait=4),
+                         "calls went through gRPC once the fast connection was free")
+        self.assertTrue(np.array_equal(dv[0][[21, 23]], sv[0][[20, 22]]))
 
     def test_write_and_read_blocks_with_int32_int64_and_bytes_ids(self):
         for c in (self.c, self.slow):

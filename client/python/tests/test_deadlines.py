@@ -336,7 +336,9 @@ class ReopenTest(unittest.TestCase):
         self.assertIsInstance(got[0], fx.ClientClosed)
 
     def test_threads_waiting_on_a_reopen_the_agent_does_not_answer_fail_with_it(self):
-        # Each thread took the client's whole timeout in turn to try again (4 threads, 1 s: 1, 2, 3, 4 s).
+        # Each thread took the client's whole timeout in turn to try again (4 threads, 1 s: 1, 2, 3, 4 s). The
+        # thread that reopens fails with the agent's silence; the others, finding the fast connection held, went
+        # through gRPC meanwhile.
         c, buf, r = self.client(timeout=1.0)
         c._fast.close()
         c._fast = fx._DROPPED
@@ -361,9 +363,9 @@ class ReopenTest(unittest.TestCase):
                 t.start()
             for t in threads:
                 t.join(10)
-        self.assertEqual(len(errors), 4, errors)
-        for e in errors:
-            self.assertIsInstance(e, fx.DeadlineExceeded)
+        self.assertEqual(len(errors), 1, errors)
+        self.assertIsInstance(errors[0], fx.DeadlineExceeded)
+        self.assertEqual(len(took), 4)
         self.assertLess(max(took), 1.5, "threads retried the reopen one after another: %s" % took)
         self.assertMoves(c, buf, r)  # the agent answers again: the fast path comes back
 
