@@ -15,11 +15,11 @@ import (
 	"github.com/fabricxfer/fabricxfer/engines"
 )
 
-// A listener holds at most maxListenerBacklog notifications its caller has not read, and a caller's listeners
-// together at most maxCallerNotifyBytes of them (payloads and region ids, counted per listener). Past either, the
-// listener furthest behind (whose oldest notification not sent is the oldest) loses its stream: notifications of
-// 64 KiB naming 65,536 regions are 576 KiB each, and 128 listeners that never read could hold 1,024 of them each, 72 GiB
-// of one pod's, in the agent.
+// A listener holds at most maxListenerBacklog notifications its caller has not read (past it, it loses its
+// stream), and a caller's listeners together at most maxCallerNotifyBytes of them (payloads and region ids,
+// counted per listener; past it, the one furthest behind, whose oldest notification not sent is the oldest,
+// loses its stream). A caller may keep 128 streams open: 128 listeners that never read could hold 1,024
+// notifications of 64 KiB each, 8 GiB of one pod's, in the agent.
 const (
 	maxListenerBacklog   = 1024
 	maxCallerNotifyBytes = 32 << 20
@@ -216,6 +216,11 @@ func (s *Service) Notifications(sess *regiontable.Session, req *agentv1.Notifica
 		return err
 	}
 	for {
+		select {
+		case <-s.stopping: // before the backlog: a listener fed as fast as it reads would keep shutdown waiting
+			return status.Error(codes.Unavailable, "the agent is shutting down")
+		default:
+		}
 		s.table.Lock()
 		n, lost := s.nextLocked(key, l), l.lost
 		s.table.Unlock()
