@@ -1681,6 +1681,9 @@ class Client:
                 raise self._fast_late(conn, wait) from e
             except (OSError, ConnectionError) as e:
                 raise self._fast_lost(conn, e) from e
+            except BaseException:
+                self._fast_drop(conn)  # interrupted (KeyboardInterrupt): the reply would be read as the next call's
+                raise
         finally:
             lock.release()
         return raw
@@ -1705,6 +1708,9 @@ class Client:
                 raise self._fast_late(conn, wait) from e
             except (OSError, ConnectionError) as e:
                 raise self._fast_lost(conn, e) from e
+            except BaseException:
+                self._fast_drop(conn)  # interrupted (KeyboardInterrupt): the reply would be read as the next call's
+                raise
         finally:
             lock.release()
 
@@ -1718,17 +1724,22 @@ class Client:
         return SessionLost("the fast connection broke (%s): call recover() and retry" % e)
 
     def _fast_late(self, conn, waited: float) -> DeadlineExceeded:
-        """Closes a fast connection whose call's deadline passed (held under the fast lock): the agent may still
-        be serving the frame, and replies are matched to calls by their order alone, so its late reply would be
-        read as the next call's. The next fast call opens a new connection in the same session. The id arena goes
-        too: the agent may still read the ids of the call it serves."""
+        """Drops a fast connection whose call's deadline passed (_fast_drop) and says so."""
+        self._fast_drop(conn)
+        return DeadlineExceeded("the agent did not answer within %.1f s: the call may still take effect (a transfer "
+                                "may still land, under an id not known here)" % waited)
+
+    def _fast_drop(self, conn):
+        """Closes a fast connection whose call ended before its reply was read (its deadline passed, or it was
+        interrupted), held under the fast lock: the agent may still be serving the frame, and replies are matched
+        to calls by their order alone, so its late reply would be read as the next call's (a waited transfer
+        reported as landed with another's status). The next fast call opens a new connection in the same session.
+        The id arena goes too: the agent may still read the ids of the call it serves."""
         conn.close()
         self._fast = _DROPPED
         if self._arena is not None:
             self._arena.close()
             self._arena = None
-        return DeadlineExceeded("the agent did not answer within %.1f s: the call may still take effect (a transfer "
-                                "may still land, under an id not known here)" % waited)
 
     def _fast_again(self, conn, failed: int, within: float):
         """The connection for a fast call where the client holds none (SessionLost, raised) or dropped one (a new
