@@ -287,12 +287,16 @@ class _NotificationStream:
 
     def __init__(self, client: "Client", call):
         self._client, self._call = client, call
-        self._cancelled = False
+        self._cancelled = self._forked = False
+        _FORKS.streams.add(self)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> pb.Notification:
+        if self._forked:
+            raise RuntimeError("this notification stream is the parent process's (inherited across a fork): open one "
+                               "in this process with a Client of its own")
         try:
             return next(self._call)
         except grpc.RpcError as e:
@@ -308,7 +312,24 @@ class _NotificationStream:
 
     def cancel(self):
         self._cancelled = True
+        if self._forked:
+            return False  # the parent's: a cancel sent from here would end the parent's stream
         return self._call.cancel()
+
+    def _inherited(self):
+        """Marks the stream as a forked child's copy of its parent's. gRPC cancels a call that is garbage-collected
+        unfinished, and the child's copy of it, collected when the child exits (sys.exit, not os._exit), sent that
+        cancel on the parent's connection: the parent's stream ended with nothing said, and its reader waited for
+        ever. The copy is marked finished so that nothing is sent."""
+        self._forked = True
+        state = getattr(self._call, "_state", None)  # gRPC's own; absent in other versions: nothing to do
+        try:
+            if state is not None and state.code is None:
+                # Not under state.condition: a thread of the parent may have held it at the fork, and this
+                # process has one thread.
+                state.code, state.details = grpc.StatusCode.CANCELLED, "inherited by a forked process"
+        except AttributeError:
+            pass
 
     def __getattr__(self, name):
         return getattr(self._call, name)
@@ -326,13 +347,14 @@ def status_first(raw) -> Optional[pb.TransferStatus]:
 
 
 class _Forks:
-    """What a forked child inherits: the parent's clients (their gRPC connection, fast socket and mailbox are
-    the parent's, and a child writing to them breaks the parent's calls), and whether gRPC was running when the
-    process forked (without GRPC_ENABLE_FORK_SUPPORT it cannot start again in the child: a new client would wait
+    """What a forked child inherits: the parent's clients and notification streams (their gRPC connection, fast
+    socket and mailbox are the parent's, and a child writing to them breaks the parent's calls), and whether gRPC
+    was running when the process forked (without GRPC_ENABLE_FORK_SUPPORT it cannot start again in the child: a new client would wait
     forever, and its traffic can reach the parent's connection)."""
 
     def __init__(self):
         self.clients = weakref.WeakSet()
+        self.streams = weakref.WeakSet()
         self.grpc_running = False
 
     def after_in_child(self):
@@ -341,9 +363,11 @@ class _Forks:
             c._losses += 1  # the next session check says why
             # A lock another thread of the parent held at the fork stays held here: the child gets its own.
             c._lock, c._fast_lock, c._recover_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        for stream in list(self.streams):
+            stream._inherited()
         if self.clients and os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").lower() not in ("1", "true"):
             self.grpc_running = True
-        self.clients = weakref.WeakSet()
+        self.clients, self.streams = weakref.WeakSet(), weakref.WeakSet()
 
 
 _FORKS = _Forks()

@@ -7,11 +7,16 @@ starts an agent and runs this with /usr/bin/python3)."""
 import array
 import hashlib
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import unittest
 
 import grpc
+
+import fabricxfer.client
 
 from fabricxfer.agent.v1 import agent_pb2 as pb
 from fabricxfer.client import (AgentError, AgentUnreachable, Client, Item, Region, SessionLost, TransferFailed, shared_memory,
@@ -620,6 +625,41 @@ class ClientTest(unittest.TestCase):
         slow = Client(SOCKET, fast=False)
         self.addCleanup(slow.close)
         self.assertEqual(slow.info.caller.pid, os.getpid())
+
+    def test_a_forked_child_that_exits_leaves_its_parents_notification_stream_open(self):
+        # The child's copy of the parent's stream, collected when the child exited through sys.exit, cancelled the
+        # stream on the parent's connection (gRPC cancels a call collected unfinished): the parent's reader waited
+        # for ever and nothing said why. A child's cancel() did the same. A script of its own: as the test
+        # process's child, unittest's own objects would run at its exit too.
+        script = textwrap.dedent("""
+            import os, sys, threading
+            from fabricxfer.client import Client, Item, shared_memory, to_region
+            c = Client(sys.argv[1])
+            fd, buf = shared_memory("py-fork-notes", 8192)
+            r = c.register_host(fd, 0, 8192)
+            stream = c.notifications()
+            for how in ("exit", "cancel"):
+                pid = os.fork()
+                if pid == 0:
+                    if how == "cancel":
+                        stream.cancel()
+                    sys.exit(0)
+                os.waitpid(pid, 0)
+                got = []
+                t = threading.Thread(target=lambda: got.append(next(stream).payload), daemon=True)
+                t.start()
+                c.transfer("write", [Item(r, to_region(r), 16, 0, 4096)], notify=how.encode())
+                t.join(5)
+                print(how, got == [how.encode()], flush=True)
+            os._exit(0)
+        """)
+        package = os.path.dirname(os.path.dirname(os.path.abspath(fabricxfer.client.__file__)))
+        env = dict(os.environ, PYTHONPATH=package)
+        out = subprocess.run([sys.executable, "-c", script, SOCKET], capture_output=True, text=True, timeout=60,
+                             env=env)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split("\n")[:2], ["exit True", "cancel True"],
+                         "the parent's stream after a child's exit, then a child's cancel():\n" + out.stdout + out.stderr)
 
     def test_notifications_are_this_clients_own_and_refusals_raise_at_once(self):
         # The agent's filter is the caller (every client of this process here): by default a client listens to
