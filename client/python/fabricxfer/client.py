@@ -753,13 +753,31 @@ class Item:
 
 
 class TransferFailed(Exception):
-    """A transfer did not succeed; .status holds the per-tag failures."""
+    """A transfer did not succeed; .status holds the per-tag failures. code() says how it ended as a gRPC status
+    code, as AgentError's does for a transfer refused before it started: a timeout too short reads
+    DEADLINE_EXCEEDED either way (it runs out before the transfer starts, or while it runs)."""
 
     def __init__(self, status: pb.TransferStatus):
         self.status = status
         tags = "; ".join("%s: %s %s" % (f.tag, f.code, f.message) for f in status.failures)
         super().__init__("transfer %d %s: %s [%s]" % (status.transfer_id, pb.TransferState.Name(status.state),
                                                        status.error, tags))
+
+    def code(self) -> grpc.StatusCode:
+        """DEADLINE_EXCEEDED or CANCELLED for a transfer that ended so, else its first failure's code (UNKNOWN
+        without one)."""
+        st = self.status
+        if st.state == pb.TRANSFER_STATE_DEADLINE_EXCEEDED:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+        if st.state == pb.TRANSFER_STATE_CANCELLED:
+            return grpc.StatusCode.CANCELLED
+        for f in st.failures:
+            return grpc.StatusCode.__members__.get(f.code, grpc.StatusCode.UNKNOWN)
+        return grpc.StatusCode.UNKNOWN
+
+    def details(self) -> str:
+        """The transfer's error summary."""
+        return self.status.error
 
 
 # A fast reply whose response starts with a status of state SUCCEEDED (agent.proto: FastReply 1a LEN, its
@@ -2072,7 +2090,7 @@ class Client:
             if st.state != pb.TRANSFER_STATE_SUCCEEDED:
                 break
         if st.state == pb.TRANSFER_STATE_PENDING:
-            raise TimeoutError("transfer %d still pending when the wait's %.3f s ran out" % (st.transfer_id,
+            raise TimeoutError("transfer %d still pending when the wait's %.3g s ran out" % (st.transfer_id,
                                                                                           timeout or self.timeout))
         if st.state != pb.TRANSFER_STATE_SUCCEEDED:
             raise TransferFailed(st)

@@ -713,12 +713,33 @@ class ClientTest(unittest.TestCase):
         rs, rd = self.c.register_host(sfd, 0, size), self.c.register_host(dfd, 0, size)
         with self.assertRaises((TransferFailed, grpc.RpcError)) as e:
             self.c.transfer("write", [Item(rs, to_region(rd), size, tag="big")], timeout=1e-9)
+        # Either way it ended, one except clause and code() tell it.
+        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED, e.exception.details())
         if isinstance(e.exception, grpc.RpcError):
             # An agent with engines that resolve peers first runs out of time before the transfer exists.
             self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED, e.exception.details())
             return
         self.assertEqual(e.exception.status.state, pb.TRANSFER_STATE_DEADLINE_EXCEEDED)
         self.assertEqual([f.tag for f in e.exception.status.failures], ["big"])
+
+
+class TransferFailedTest(unittest.TestCase):
+    def test_code_reads_how_the_transfer_ended(self):
+        # A too-short timeout raised AgentError (code() DEADLINE_EXCEEDED) or TransferFailed (no code()), as the
+        # time ran out before or during the transfer: a caller had to tell the two apart.
+        def failed(state, *codes):
+            return TransferFailed(pb.TransferStatus(transfer_id=7, state=state, error="summary", failures=[
+                pb.TagFailure(tag="t%d" % k, code=c, message="m") for k, c in enumerate(codes)]))
+
+        for e, want in ((failed(pb.TRANSFER_STATE_DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED"), grpc.StatusCode.DEADLINE_EXCEEDED),
+                        (failed(pb.TRANSFER_STATE_CANCELLED), grpc.StatusCode.CANCELLED),
+                        (failed(pb.TRANSFER_STATE_FAILED, "UNAVAILABLE", "INTERNAL"), grpc.StatusCode.UNAVAILABLE),
+                        (failed(pb.TRANSFER_STATE_FAILED, "NOT_A_CODE"), grpc.StatusCode.UNKNOWN),
+                        (failed(pb.TRANSFER_STATE_FAILED, "__class__"), grpc.StatusCode.UNKNOWN),
+                        (failed(pb.TRANSFER_STATE_FAILED), grpc.StatusCode.UNKNOWN)):
+            with self.subTest(status=e.status):
+                self.assertEqual(e.code(), want)
+                self.assertEqual(e.details(), "summary")
 
 
 if __name__ == "__main__":
