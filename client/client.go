@@ -173,7 +173,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		if de != nil && errors.Is(*de, unix.EACCES) {
 			return nil, notInSocketGroup(socketPath, *de)
 		}
-		if ended := ready.Err(); ended != nil {
+		if ended := endedBy(ready, err); ended != nil {
 			why := "nothing answered on its socket: an agent paused, or a socket left by a stopped agent?"
 			if de != nil {
 				why = fmt.Sprintf("its socket refused the connection (%v): a socket left by a stopped agent?", *de)
@@ -189,13 +189,26 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		if err := c.openFast(ready); err != nil { // bounded as GetInfo was: an agent that stalls now is not waited for unbounded
 			c.endLife()
 			conn.Close()
-			if ended := ready.Err(); ended != nil && !errors.Is(err, ended) {
+			if ended := endedBy(ready, err); ended != nil && !errors.Is(err, ended) {
 				err = fmt.Errorf("%w (%w)", err, ended)
 			}
 			return nil, err
 		}
 	}
 	return c, nil
+}
+
+// endedBy is the context error that ended a call of ctx's with err, nil if none did. A call's DeadlineExceeded
+// status may come before ctx's own timer fires (the agent's copy of the deadline ended the stream first): that is
+// ctx's deadline too.
+func endedBy(ctx context.Context, err error) error {
+	if ended := ctx.Err(); ended != nil {
+		return ended
+	}
+	if _, has := ctx.Deadline(); has && status.Code(err) == codes.DeadlineExceeded {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // socketDir is the folder of the agent's sockets: socketPath's, links resolved now (the agent's other sockets lie
