@@ -86,6 +86,9 @@ type Client struct {
 	layouts map[*Layout]struct{}
 }
 
+// closeWait bounds Close's wait for the agent to end the session.
+const closeWait = 2 * time.Second
+
 // dialReadyWait bounds Dial's wait for an agent to answer when its context has no deadline.
 const dialReadyWait = 10 * time.Second
 
@@ -265,11 +268,21 @@ func notInSocketGroup(path string, err error) error {
 		"user or with --socket-gid set to one of this user's groups", path, os.Getuid(), os.Getgid(), groups, err)
 }
 
-// Close closes the connection; the agent then deregisters this client's regions. Later calls fail with
-// ErrClosed; closing again does nothing.
+// Close ends the client's session, whose regions, layouts and pool slices the agent frees before it answers
+// (waited for up to 2 s; an older agent frees them once the connection is gone), and closes the connection.
+// Later calls fail with ErrClosed; closing again does nothing.
 func (c *Client) Close() error {
+	live := c.check() == nil
 	if c.closed.Swap(true) {
 		return nil
+	}
+	if live {
+		// The agent frees the session's names before it answers (when the connection closes, it does so in the
+		// background: a process registering them again at once could find them taken). An agent too old to
+		// have EndSession, or one that does not answer within closeWait, is left to do it then.
+		ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+		_, _ = c.api.EndSession(ctx, &agentv1.EndSessionRequest{})
+		cancel()
 	}
 	c.mu.Lock()
 	for r := range c.regions {

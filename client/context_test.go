@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/fabricxfer/fabricxfer/agent/server"
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 )
 
@@ -154,4 +155,30 @@ func sharedMemory(t *testing.T, name string, size uint64) *client.SharedMemory {
 	}
 	t.Cleanup(func() { m.Close() })
 	return m
+}
+
+// TestNamesAreFreeWhenCloseReturns: a process that closes its client and registers the same segment and layout
+// names in a new one at once (a restarted engine, the next worker) finds them free: Close ends the session and the
+// agent frees them before it answers (when only the connection closes, the agent frees them in the background).
+func TestNamesAreFreeWhenCloseReturns(t *testing.T) {
+	srv := startLocal(t)
+	mem := sharedMemory(t, "kv", 1<<16)
+	watcher, wctx := dialLocal(t, srv, "close-names-watcher")
+	for round := range 30 {
+		c, ctx := dialLocal(t, srv, "close-names")
+		r, err := c.RegisterHost(ctx, mem.File, 0, 1<<16, client.Segment("handoff"))
+		if err != nil {
+			t.Fatalf("round %d: registering the names the last client closed with: %v", round, err)
+		}
+		if _, err := c.RegisterLayout(ctx, []*client.Region{r}, 4096, client.PublishLayout("kv")); err != nil {
+			t.Fatalf("round %d: publishing the layout name the last client closed with: %v", round, err)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		// Asked at once on a connection open already: no dial's round trips in between.
+		if _, err := watcher.API().ResolveSegment(wctx, &agentv1.ResolveSegmentRequest{Segment: "handoff"}); client.Code(err) != codes.NotFound {
+			t.Fatalf("round %d: the closed client's segment right after Close: %v, want NotFound", round, err)
+		}
+	}
 }

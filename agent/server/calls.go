@@ -106,6 +106,23 @@ func (s *Server) DeregisterLayout(ctx context.Context, req *agentv1.DeregisterLa
 	return resp, err
 }
 
+// EndSession implements agentv1.AgentServer: the caller's session ends as when its connection closes, and the
+// answer waits for that within the caller's deadline (the teardown goes on past it).
+func (s *Server) EndSession(ctx context.Context, _ *agentv1.EndSessionRequest) (*agentv1.EndSessionResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sess.endedByCaller.Store(true)
+	s.endInBackground(sess)
+	select {
+	case <-sess.ended:
+		return &agentv1.EndSessionResponse{}, nil
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
 // Transfer implements agentv1.AgentServer.
 func (s *Server) Transfer(ctx context.Context, req *agentv1.TransferRequest) (*agentv1.TransferResponse, error) {
 	sess, err := s.sessionOf(ctx)

@@ -37,6 +37,10 @@ type session struct {
 	identErr  error
 	allocs    poollend.Loans
 	endedOnce sync.Once
+	// ended is closed once endSession released what the session held; endedByCaller is set by EndSession, after
+	// which the connection's other calls are refused.
+	ended         chan struct{}
+	endedByCaller atomic.Bool
 	// fastConns are fast-socket connections bound to the session; closed when it ends.
 	fastConns []net.Conn
 	// conn is the session's gRPC connection, closed to end a revoked session; holder is whom it is counted
@@ -159,7 +163,7 @@ func (s *Server) newSession(ctx context.Context, conn *net.UnixConn) (*session, 
 	}
 	s.nextSession++
 	sess := &session{Session: regiontable.Session{ID: s.nextSession, Caller: caller, Regions: map[uint64]*regiontable.Region{}},
-		identErr: err, allocs: poollend.Loans{}, holder: holder}
+		identErr: err, allocs: poollend.Loans{}, holder: holder, ended: make(chan struct{})}
 	s.sessions[sess.ID] = sess
 	if err != nil {
 		s.log.Info("refused a caller", "error", err)
@@ -408,11 +412,15 @@ func (s *Server) answeredItself(err error) bool {
 // AnsweredHeader marks the Unavailable statuses the agent answers itself (fastwire.AnsweredHeader).
 const AnsweredHeader = fastwire.AnsweredHeader
 
-// admitCall refuses a call whose connection is not an admitted session, or that names another session.
+// admitCall refuses a call whose connection is not an admitted session, or that names another session, or whose
+// session its caller ended (EndSession, which may be asked again).
 func (s *Server) admitCall(ctx context.Context, method string) error {
 	sess, err := s.sessionOf(ctx)
 	if err != nil {
 		return err
+	}
+	if sess.endedByCaller.Load() && !strings.HasSuffix(method, "/EndSession") {
+		return status.Error(codes.FailedPrecondition, "this connection's session was ended by its caller (EndSession): connect again")
 	}
 	return s.sameSession(ctx, sess, method)
 }
@@ -447,11 +455,16 @@ func (s *Server) connClosed(c *trackedConn) {
 	s.conns.leave(c.sess.holder)
 	delete(s.conns.told, c.sess.holder)
 	s.table.Unlock()
-	c.sess.endedOnce.Do(func() {
+	s.endInBackground(c.sess)
+}
+
+// endInBackground ends sess in the background unless that began already; sess.ended tells when it is done.
+func (s *Server) endInBackground(sess *session) {
+	sess.endedOnce.Do(func() {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.endSession(c.sess)
+			s.endSession(sess)
 		}()
 	})
 }
@@ -492,6 +505,7 @@ func (s *Server) endSession(sess *session) {
 	s.table.Lock()
 	delete(s.sessions, sess.ID)
 	s.table.Unlock()
+	close(sess.ended)
 	if sess.identErr == nil {
 		s.log.Debug("caller left", "caller", sess.Caller.String(), "regions", held, "allocations", len(allocs))
 	}

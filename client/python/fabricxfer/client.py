@@ -89,6 +89,9 @@ def _op(op: str) -> int:
         raise ValueError("op must be \"read\" or \"write\", not %r" % (op,)) from None
 
 
+# How long close() waits for the agent to end the session (EndSession).
+_CLOSE_WAIT = 2.0
+
 # How long a call waits for the fast connection while another thread's call holds it: past it the call goes
 # through gRPC (a one-block call behind another thread's waited 256 MiB one waited for all of it), as the Go
 # client's do.
@@ -1380,11 +1383,13 @@ class Client:
         return buf
 
     def close(self):
-        """Closes the connection (the agent deregisters this client's regions); later calls raise ClientClosed,
-        and closing again does nothing."""
+        """Ends the client's session, whose regions, layouts and pool slices the agent frees before it answers
+        (waited for up to 2 s; an older agent frees them once the connection is gone), and closes the connection;
+        later calls raise ClientClosed, and closing again does nothing."""
         if self._closed:
             return
         with self._lock:
+            live = self._losses == self._session and not self._forked
             self._closed = True
             self._losses += 1  # every call's session check then looks, and raises ClientClosed
         # A call on the fast connection holds its lock until its reply: its socket is shut down first, so a call
@@ -1408,6 +1413,16 @@ class Client:
         finally:
             if held:
                 self._fast_lock.release()
+        ended = False
+        if live:
+            # The agent frees the session's regions and names before it answers (once the connection is gone it
+            # does so in the background, and a process registering the names again at once could find them
+            # taken), and before this process lets go of the memory below.
+            try:
+                self.stub.EndSession(pb.EndSessionRequest(), timeout=_CLOSE_WAIT, metadata=self._session_md)
+                ended = True
+            except grpc.RpcError:
+                pass  # an agent older than EndSession, or one that did not answer: it frees them when the connection goes
         with self._lock:
             owned, self._owned = self._owned, {}
             self._layouts = []
@@ -1419,7 +1434,11 @@ class Client:
             # socket, the mappings and the fds closed above are this process's copies: closing them sends nothing.)
             return
         self._channel.unsubscribe(self._on_state)
-        self._channel.close()
+        if ended:
+            # gRPC's close waits for its connectivity watch to end (up to 200 ms); the session is gone already.
+            threading.Thread(target=self._channel.close, name="fabricxfer-close", daemon=True).start()
+        else:
+            self._channel.close()
 
     def __enter__(self):
         return self

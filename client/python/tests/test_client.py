@@ -661,6 +661,23 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(out.stdout.split("\n")[:2], ["exit True", "cancel True"],
                          "the parent's stream after a child's exit, then a child's cancel():\n" + out.stdout + out.stderr)
 
+    def test_names_are_free_when_close_returns(self):
+        # close() ends the session with the agent, which frees the names before it answers: when only the
+        # connection closed they went in the background (close() took 200 ms, gRPC's connectivity watch, and a
+        # faster close left them registered), so a restarted engine registering them at once could find them taken.
+        fd, _ = self.shm(8192)
+        for round_ in range(10):
+            c = Client(SOCKET)
+            r = c.register_host(fd, 0, 8192, segment="py-close-names")
+            c.register_layout([r], 4096, segment="py-close-kv")
+            c.close()
+            with self.assertRaises(AgentError) as e:
+                self.c.resolve_segment("", "py-close-names")
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, "round %d" % round_)
+            with self.assertRaises(AgentError) as e:
+                self.c.resolve_layout("", "py-close-kv")
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, "round %d" % round_)
+
     def test_notifications_are_this_clients_own_and_refusals_raise_at_once(self):
         # The agent's filter is the caller (every client of this process here): by default a client listens to
         # the regions it holds, so another client's notified write does not reach its stream.

@@ -3182,6 +3182,78 @@ func (*DeregisterLayoutResponse) Descriptor() ([]byte, []int) {
 	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
+type EndSessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndSessionRequest) Reset() {
+	*x = EndSessionRequest{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndSessionRequest) ProtoMessage() {}
+
+func (x *EndSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndSessionRequest.ProtoReflect.Descriptor instead.
+func (*EndSessionRequest) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+}
+
+type EndSessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndSessionResponse) Reset() {
+	*x = EndSessionResponse{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndSessionResponse) ProtoMessage() {}
+
+func (x *EndSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndSessionResponse.ProtoReflect.Descriptor instead.
+func (*EndSessionResponse) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+}
+
 // LayoutRef names the other side of a block transfer.
 type LayoutRef struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3197,7 +3269,7 @@ type LayoutRef struct {
 
 func (x *LayoutRef) Reset() {
 	*x = LayoutRef{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3209,7 +3281,7 @@ func (x *LayoutRef) String() string {
 func (*LayoutRef) ProtoMessage() {}
 
 func (x *LayoutRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3222,7 +3294,7 @@ func (x *LayoutRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutRef.ProtoReflect.Descriptor instead.
 func (*LayoutRef) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *LayoutRef) GetTarget() isLayoutRef_Target {
@@ -3300,7 +3372,7 @@ type TransferBlocksRequest struct {
 
 func (x *TransferBlocksRequest) Reset() {
 	*x = TransferBlocksRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3312,7 +3384,7 @@ func (x *TransferBlocksRequest) String() string {
 func (*TransferBlocksRequest) ProtoMessage() {}
 
 func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3325,7 +3397,7 @@ func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferBlocksRequest.ProtoReflect.Descriptor instead.
 func (*TransferBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *TransferBlocksRequest) GetOp() Op {
@@ -3411,7 +3483,7 @@ type IdArena struct {
 
 func (x *IdArena) Reset() {
 	*x = IdArena{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3423,7 +3495,7 @@ func (x *IdArena) String() string {
 func (*IdArena) ProtoMessage() {}
 
 func (x *IdArena) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3436,7 +3508,7 @@ func (x *IdArena) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdArena.ProtoReflect.Descriptor instead.
 func (*IdArena) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *IdArena) GetFdToken() string {
@@ -3490,7 +3562,7 @@ type Mailbox struct {
 
 func (x *Mailbox) Reset() {
 	*x = Mailbox{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3502,7 +3574,7 @@ func (x *Mailbox) String() string {
 func (*Mailbox) ProtoMessage() {}
 
 func (x *Mailbox) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3515,7 +3587,7 @@ func (x *Mailbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mailbox.ProtoReflect.Descriptor instead.
 func (*Mailbox) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Mailbox) GetFdToken() string {
@@ -3556,7 +3628,7 @@ type FastRequest struct {
 
 func (x *FastRequest) Reset() {
 	*x = FastRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3568,7 +3640,7 @@ func (x *FastRequest) String() string {
 func (*FastRequest) ProtoMessage() {}
 
 func (x *FastRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3581,7 +3653,7 @@ func (x *FastRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastRequest.ProtoReflect.Descriptor instead.
 func (*FastRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *FastRequest) GetRequest() isFastRequest_Request {
@@ -3688,7 +3760,7 @@ type FastWait struct {
 
 func (x *FastWait) Reset() {
 	*x = FastWait{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +3772,7 @@ func (x *FastWait) String() string {
 func (*FastWait) ProtoMessage() {}
 
 func (x *FastWait) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +3785,7 @@ func (x *FastWait) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastWait.ProtoReflect.Descriptor instead.
 func (*FastWait) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *FastWait) GetTransferIds() []uint64 {
@@ -3747,7 +3819,7 @@ type FastReply struct {
 
 func (x *FastReply) Reset() {
 	*x = FastReply{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3759,7 +3831,7 @@ func (x *FastReply) String() string {
 func (*FastReply) ProtoMessage() {}
 
 func (x *FastReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3772,7 +3844,7 @@ func (x *FastReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastReply.ProtoReflect.Descriptor instead.
 func (*FastReply) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{48}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FastReply) GetCode() uint32 {
@@ -4030,7 +4102,9 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x06layout\x18\x01 \x01(\v2\x1b.fabricxfer.agent.v1.LayoutR\x06layout\"6\n" +
 	"\x17DeregisterLayoutRequest\x12\x1b\n" +
 	"\tlayout_id\x18\x01 \x01(\x04R\blayoutId\"\x1a\n" +
-	"\x18DeregisterLayoutResponse\"d\n" +
+	"\x18DeregisterLayoutResponse\"\x13\n" +
+	"\x11EndSessionRequest\"\x14\n" +
+	"\x12EndSessionResponse\"d\n" +
 	"\tLayoutRef\x12\x1d\n" +
 	"\tlayout_id\x18\x01 \x01(\x04H\x00R\blayoutId\x12\x1a\n" +
 	"\asegment\x18\x02 \x01(\tH\x00R\asegment\x12\x12\n" +
@@ -4093,7 +4167,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x18TRANSFER_STATE_SUCCEEDED\x10\x02\x12\x19\n" +
 	"\x15TRANSFER_STATE_FAILED\x10\x03\x12\x1c\n" +
 	"\x18TRANSFER_STATE_CANCELLED\x10\x04\x12$\n" +
-	" TRANSFER_STATE_DEADLINE_EXCEEDED\x10\x052\x96\f\n" +
+	" TRANSFER_STATE_DEADLINE_EXCEEDED\x10\x052\xf5\f\n" +
 	"\x05Agent\x12T\n" +
 	"\aGetInfo\x12#.fabricxfer.agent.v1.GetInfoRequest\x1a$.fabricxfer.agent.v1.GetInfoResponse\x12i\n" +
 	"\x0eRegisterMemory\x12*.fabricxfer.agent.v1.RegisterMemoryRequest\x1a+.fabricxfer.agent.v1.RegisterMemoryResponse\x12o\n" +
@@ -4110,7 +4184,9 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\fOpenFastPath\x12(.fabricxfer.agent.v1.OpenFastPathRequest\x1a).fabricxfer.agent.v1.OpenFastPathResponse\x12i\n" +
 	"\x0eRegisterLayout\x12*.fabricxfer.agent.v1.RegisterLayoutRequest\x1a+.fabricxfer.agent.v1.RegisterLayoutResponse\x12o\n" +
 	"\x10DeregisterLayout\x12,.fabricxfer.agent.v1.DeregisterLayoutRequest\x1a-.fabricxfer.agent.v1.DeregisterLayoutResponse\x12c\n" +
-	"\x0eTransferBlocks\x12*.fabricxfer.agent.v1.TransferBlocksRequest\x1a%.fabricxfer.agent.v1.TransferResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
+	"\x0eTransferBlocks\x12*.fabricxfer.agent.v1.TransferBlocksRequest\x1a%.fabricxfer.agent.v1.TransferResponse\x12]\n" +
+	"\n" +
+	"EndSession\x12&.fabricxfer.agent.v1.EndSessionRequest\x1a'.fabricxfer.agent.v1.EndSessionResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_fabricxfer_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -4125,7 +4201,7 @@ func file_fabricxfer_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(MemoryKind)(0),                  // 0: fabricxfer.agent.v1.MemoryKind
 	(HandleType)(0),                  // 1: fabricxfer.agent.v1.HandleType
@@ -4173,14 +4249,16 @@ var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(*RegisterLayoutResponse)(nil),   // 43: fabricxfer.agent.v1.RegisterLayoutResponse
 	(*DeregisterLayoutRequest)(nil),  // 44: fabricxfer.agent.v1.DeregisterLayoutRequest
 	(*DeregisterLayoutResponse)(nil), // 45: fabricxfer.agent.v1.DeregisterLayoutResponse
-	(*LayoutRef)(nil),                // 46: fabricxfer.agent.v1.LayoutRef
-	(*TransferBlocksRequest)(nil),    // 47: fabricxfer.agent.v1.TransferBlocksRequest
-	(*IdArena)(nil),                  // 48: fabricxfer.agent.v1.IdArena
-	(*Mailbox)(nil),                  // 49: fabricxfer.agent.v1.Mailbox
-	(*FastRequest)(nil),              // 50: fabricxfer.agent.v1.FastRequest
-	(*FastWait)(nil),                 // 51: fabricxfer.agent.v1.FastWait
-	(*FastReply)(nil),                // 52: fabricxfer.agent.v1.FastReply
-	(*durationpb.Duration)(nil),      // 53: google.protobuf.Duration
+	(*EndSessionRequest)(nil),        // 46: fabricxfer.agent.v1.EndSessionRequest
+	(*EndSessionResponse)(nil),       // 47: fabricxfer.agent.v1.EndSessionResponse
+	(*LayoutRef)(nil),                // 48: fabricxfer.agent.v1.LayoutRef
+	(*TransferBlocksRequest)(nil),    // 49: fabricxfer.agent.v1.TransferBlocksRequest
+	(*IdArena)(nil),                  // 50: fabricxfer.agent.v1.IdArena
+	(*Mailbox)(nil),                  // 51: fabricxfer.agent.v1.Mailbox
+	(*FastRequest)(nil),              // 52: fabricxfer.agent.v1.FastRequest
+	(*FastWait)(nil),                 // 53: fabricxfer.agent.v1.FastWait
+	(*FastReply)(nil),                // 54: fabricxfer.agent.v1.FastReply
+	(*durationpb.Duration)(nil),      // 55: google.protobuf.Duration
 }
 var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: fabricxfer.agent.v1.PoolMemoryInfo.kind:type_name -> fabricxfer.agent.v1.MemoryKind
@@ -4198,12 +4276,12 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	2,  // 12: fabricxfer.agent.v1.TransferRequest.op:type_name -> fabricxfer.agent.v1.Op
 	17, // 13: fabricxfer.agent.v1.TransferRequest.remote:type_name -> fabricxfer.agent.v1.RemoteRef
 	18, // 14: fabricxfer.agent.v1.TransferRequest.items:type_name -> fabricxfer.agent.v1.TransferItem
-	53, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
+	55, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
 	22, // 16: fabricxfer.agent.v1.TransferResponse.status:type_name -> fabricxfer.agent.v1.TransferStatus
 	3,  // 17: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
 	21, // 18: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
-	53, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
-	53, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	55, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
+	55, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 21: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
 	28, // 22: fabricxfer.agent.v1.ResolveSegmentResponse.layout:type_name -> fabricxfer.agent.v1.LayoutGeometry
 	2,  // 23: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
@@ -4215,14 +4293,14 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	13, // 29: fabricxfer.agent.v1.AllocateFromPoolResponse.region:type_name -> fabricxfer.agent.v1.Region
 	42, // 30: fabricxfer.agent.v1.RegisterLayoutResponse.layout:type_name -> fabricxfer.agent.v1.Layout
 	2,  // 31: fabricxfer.agent.v1.TransferBlocksRequest.op:type_name -> fabricxfer.agent.v1.Op
-	46, // 32: fabricxfer.agent.v1.TransferBlocksRequest.remote:type_name -> fabricxfer.agent.v1.LayoutRef
-	53, // 33: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
+	48, // 32: fabricxfer.agent.v1.TransferBlocksRequest.remote:type_name -> fabricxfer.agent.v1.LayoutRef
+	55, // 33: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
 	19, // 34: fabricxfer.agent.v1.FastRequest.transfer:type_name -> fabricxfer.agent.v1.TransferRequest
-	47, // 35: fabricxfer.agent.v1.FastRequest.blocks:type_name -> fabricxfer.agent.v1.TransferBlocksRequest
-	48, // 36: fabricxfer.agent.v1.FastRequest.id_arena:type_name -> fabricxfer.agent.v1.IdArena
-	51, // 37: fabricxfer.agent.v1.FastRequest.wait:type_name -> fabricxfer.agent.v1.FastWait
-	49, // 38: fabricxfer.agent.v1.FastRequest.mailbox:type_name -> fabricxfer.agent.v1.Mailbox
-	53, // 39: fabricxfer.agent.v1.FastWait.timeout:type_name -> google.protobuf.Duration
+	49, // 35: fabricxfer.agent.v1.FastRequest.blocks:type_name -> fabricxfer.agent.v1.TransferBlocksRequest
+	50, // 36: fabricxfer.agent.v1.FastRequest.id_arena:type_name -> fabricxfer.agent.v1.IdArena
+	53, // 37: fabricxfer.agent.v1.FastRequest.wait:type_name -> fabricxfer.agent.v1.FastWait
+	51, // 38: fabricxfer.agent.v1.FastRequest.mailbox:type_name -> fabricxfer.agent.v1.Mailbox
+	55, // 39: fabricxfer.agent.v1.FastWait.timeout:type_name -> google.protobuf.Duration
 	20, // 40: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
 	4,  // 41: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
 	12, // 42: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
@@ -4239,25 +4317,27 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	39, // 53: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
 	41, // 54: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
 	44, // 55: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
-	47, // 56: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
-	11, // 57: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
-	14, // 58: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
-	16, // 59: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
-	20, // 60: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
-	22, // 61: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 62: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 63: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
-	27, // 64: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
-	30, // 65: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
-	34, // 66: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
-	36, // 67: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
-	38, // 68: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
-	40, // 69: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
-	43, // 70: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
-	45, // 71: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
-	20, // 72: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
-	57, // [57:73] is the sub-list for method output_type
-	41, // [41:57] is the sub-list for method input_type
+	49, // 56: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
+	46, // 57: fabricxfer.agent.v1.Agent.EndSession:input_type -> fabricxfer.agent.v1.EndSessionRequest
+	11, // 58: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
+	14, // 59: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
+	16, // 60: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
+	20, // 61: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
+	22, // 62: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 63: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 64: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
+	27, // 65: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
+	30, // 66: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
+	34, // 67: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
+	36, // 68: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
+	38, // 69: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
+	40, // 70: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
+	43, // 71: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
+	45, // 72: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
+	20, // 73: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
+	47, // 74: fabricxfer.agent.v1.Agent.EndSession:output_type -> fabricxfer.agent.v1.EndSessionResponse
+	58, // [58:75] is the sub-list for method output_type
+	41, // [41:58] is the sub-list for method input_type
 	41, // [41:41] is the sub-list for extension type_name
 	41, // [41:41] is the sub-list for extension extendee
 	0,  // [0:41] is the sub-list for field type_name
@@ -4278,11 +4358,11 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 		(*Endpoint_Segment)(nil),
 		(*Endpoint_Desc)(nil),
 	}
-	file_fabricxfer_agent_v1_agent_proto_msgTypes[42].OneofWrappers = []any{
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[44].OneofWrappers = []any{
 		(*LayoutRef_LayoutId)(nil),
 		(*LayoutRef_Segment)(nil),
 	}
-	file_fabricxfer_agent_v1_agent_proto_msgTypes[46].OneofWrappers = []any{
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[48].OneofWrappers = []any{
 		(*FastRequest_Transfer)(nil),
 		(*FastRequest_Blocks)(nil),
 		(*FastRequest_IdArena)(nil),
@@ -4295,7 +4375,7 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_agent_proto_rawDesc), len(file_fabricxfer_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   49,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

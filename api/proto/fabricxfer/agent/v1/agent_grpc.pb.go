@@ -46,6 +46,7 @@ const (
 	Agent_RegisterLayout_FullMethodName   = "/fabricxfer.agent.v1.Agent/RegisterLayout"
 	Agent_DeregisterLayout_FullMethodName = "/fabricxfer.agent.v1.Agent/DeregisterLayout"
 	Agent_TransferBlocks_FullMethodName   = "/fabricxfer.agent.v1.Agent/TransferBlocks"
+	Agent_EndSession_FullMethodName       = "/fabricxfer.agent.v1.Agent/EndSession"
 )
 
 // AgentClient is the client API for Agent service.
@@ -97,6 +98,11 @@ type AgentClient interface {
 	// TransferBlocks moves the listed blocks of every region of a layout into (WRITE) or out of (READ) the same
 	// blocks of another layout of equal geometry, in one call. Ids are checked once, before anything moves.
 	TransferBlocks(ctx context.Context, in *TransferBlocksRequest, opts ...grpc.CallOption) (*TransferResponse, error)
+	// EndSession ends the caller's session as closing its connection does (its regions, layouts and pool slices
+	// go, its fast connection and streams end) and answers once they are gone, within the call's deadline (past
+	// it the teardown goes on): a client that closes its connection after this answer knows its segment and
+	// layout names are free. Later calls on the connection are refused (FAILED_PRECONDITION).
+	EndSession(ctx context.Context, in *EndSessionRequest, opts ...grpc.CallOption) (*EndSessionResponse, error)
 }
 
 type agentClient struct {
@@ -285,6 +291,16 @@ func (c *agentClient) TransferBlocks(ctx context.Context, in *TransferBlocksRequ
 	return out, nil
 }
 
+func (c *agentClient) EndSession(ctx context.Context, in *EndSessionRequest, opts ...grpc.CallOption) (*EndSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EndSessionResponse)
+	err := c.cc.Invoke(ctx, Agent_EndSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -334,6 +350,11 @@ type AgentServer interface {
 	// TransferBlocks moves the listed blocks of every region of a layout into (WRITE) or out of (READ) the same
 	// blocks of another layout of equal geometry, in one call. Ids are checked once, before anything moves.
 	TransferBlocks(context.Context, *TransferBlocksRequest) (*TransferResponse, error)
+	// EndSession ends the caller's session as closing its connection does (its regions, layouts and pool slices
+	// go, its fast connection and streams end) and answers once they are gone, within the call's deadline (past
+	// it the teardown goes on): a client that closes its connection after this answer knows its segment and
+	// layout names are free. Later calls on the connection are refused (FAILED_PRECONDITION).
+	EndSession(context.Context, *EndSessionRequest) (*EndSessionResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -391,6 +412,9 @@ func (UnimplementedAgentServer) DeregisterLayout(context.Context, *DeregisterLay
 }
 func (UnimplementedAgentServer) TransferBlocks(context.Context, *TransferBlocksRequest) (*TransferResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TransferBlocks not implemented")
+}
+func (UnimplementedAgentServer) EndSession(context.Context, *EndSessionRequest) (*EndSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EndSession not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -687,6 +711,24 @@ func _Agent_TransferBlocks_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_EndSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EndSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).EndSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_EndSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).EndSession(ctx, req.(*EndSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -749,6 +791,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TransferBlocks",
 			Handler:    _Agent_TransferBlocks_Handler,
+		},
+		{
+			MethodName: "EndSession",
+			Handler:    _Agent_EndSession_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -94,6 +94,11 @@ class AgentStub(object):
         request_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.TransferBlocksRequest.SerializeToString,
         response_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.TransferResponse.FromString,
         )
+    self.EndSession = channel.unary_unary(
+        '/fabricxfer.agent.v1.Agent/EndSession',
+        request_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.EndSessionRequest.SerializeToString,
+        response_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.EndSessionResponse.FromString,
+        )
 
 
 class AgentServicer(object):
@@ -223,6 +228,16 @@ class AgentServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def EndSession(self, request, context):
+    """EndSession ends the caller's session as closing its connection does (its regions, layouts and pool slices
+    go, its fast connection and streams end) and answers once they are gone, within the call's deadline (past
+    it the teardown goes on): a client that closes its connection after this answer knows its segment and
+    layout names are free. Later calls on the connection are refused (FAILED_PRECONDITION).
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -305,6 +320,11 @@ def add_AgentServicer_to_server(servicer, server):
           servicer.TransferBlocks,
           request_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.TransferBlocksRequest.FromString,
           response_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.TransferResponse.SerializeToString,
+      ),
+      'EndSession': grpc.unary_unary_rpc_method_handler(
+          servicer.EndSession,
+          request_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.EndSessionRequest.FromString,
+          response_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.EndSessionResponse.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(
