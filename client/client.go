@@ -202,13 +202,13 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 }
 
 // endedBy is the context error that ended a call of ctx's with err, nil if none did. A call's DeadlineExceeded
-// status may come before ctx's own timer fires (the agent's copy of the deadline ended the stream first): that is
-// ctx's deadline too.
+// status, or a socket's deadline set from ctx's, may come before ctx's own timer fires (the agent's copy of the
+// deadline ended the stream first, or the socket's timer fired first): that is ctx's deadline too.
 func endedBy(ctx context.Context, err error) error {
 	if ended := ctx.Err(); ended != nil {
 		return ended
 	}
-	if _, has := ctx.Deadline(); has && status.Code(err) == codes.DeadlineExceeded {
+	if _, has := ctx.Deadline(); has && (status.Code(err) == codes.DeadlineExceeded || errors.Is(err, os.ErrDeadlineExceeded)) {
 		return context.DeadlineExceeded
 	}
 	return nil

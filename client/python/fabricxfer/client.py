@@ -55,6 +55,11 @@ FD_SOCKET_NAME = "agent.fd.sock"
 FAST_SOCKET_NAME = "agent.fast.sock"
 API_VERSION = "v1"
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+# Status codes by name, as a TagFailure spells them (the agent's are Go's: "Unavailable", "OutOfRange",
+# "Canceled") and as gRPC's Python names do ("UNAVAILABLE").
+_CODE_NAMES = {**{c.name: c for c in grpc.StatusCode},
+               **{"".join(w.capitalize() for w in c.name.split("_")): c for c in grpc.StatusCode},
+               "OK": grpc.StatusCode.OK, "Canceled": grpc.StatusCode.CANCELLED}
 _OPS = {"read": pb.OP_READ, "write": pb.OP_WRITE}
 _OP_NAMES = {code: name for name, code in _OPS.items()}
 # The largest frame the agent reads on its fast socket (agent/server/fastsock.go).
@@ -100,6 +105,17 @@ FAST_QUEUE_WAIT = 200e-6
 
 class _FastBusy(Exception):
     """Another thread's call held the fast connection past FAST_QUEUE_WAIT: this call goes through gRPC."""
+
+
+def _freed_soon(lock) -> bool:
+    """Whether a fast lock another thread holds is given back within FAST_QUEUE_WAIT. The call then takes it with
+    `with` (and waits, should another thread take it first): a lock taken by acquire() and given back in a
+    finally was left held for good by a signal handled between the two (every later call through gRPC,
+    recover() waiting for ever); `with` gives it back."""
+    if not lock.acquire(True, FAST_QUEUE_WAIT):
+        return False
+    lock.release()
+    return True
 
 
 # How long a fast-socket call polls for the agent's reply before sleeping in poll(): waking a sleeping reader
@@ -329,8 +345,9 @@ class _NotificationStream:
         try:
             if state is not None and state.code is None:
                 # Not under state.condition: a thread of the parent may have held it at the fork, and this
-                # process has one thread.
+                # process has one thread. gRPC's __del__ takes it: a fresh one cannot be held.
                 state.code, state.details = grpc.StatusCode.CANCELLED, "inherited by a forked process"
+                state.condition = threading.Condition()
         except AttributeError:
             pass
 
@@ -775,7 +792,7 @@ class TransferFailed(Exception):
         if st.state == pb.TRANSFER_STATE_CANCELLED:
             return grpc.StatusCode.CANCELLED
         for f in st.failures:
-            return grpc.StatusCode.__members__.get(f.code, grpc.StatusCode.UNKNOWN)
+            return _CODE_NAMES.get(f.code, grpc.StatusCode.UNKNOWN)
         return grpc.StatusCode.UNKNOWN
 
     def details(self) -> str:
@@ -1299,7 +1316,7 @@ class Client:
                                                            "(slower)") from e
             conn = _fastconn.FastConn(s, self._spin)
             reply = self._setup_frame(conn, token.encode(), left())
-        except Exception:
+        except BaseException:  # an interrupt too: the socket is closed, not left to the traceback
             s.close()
             raise
         if reply.code:
@@ -1402,8 +1419,9 @@ class Client:
                 fast.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # closed already
-        held = self._fast_lock.acquire(timeout=self.timeout + 1.0)
+        held = False
         try:
+            held = self._fast_lock.acquire(timeout=self.timeout + 1.0)
             if self._fast is not None:
                 self._fast.close()
                 self._fast = None
@@ -1719,9 +1737,9 @@ class Client:
         deadline = time.perf_counter() + wait
         failed = self._reopens_failed
         lock = self._fast_lock
-        if not lock.acquire(False) and not lock.acquire(True, FAST_QUEUE_WAIT):
+        if lock.locked() and not _freed_soon(lock):
             raise _FastBusy
-        try:
+        with lock:
             conn = self._fast
             if conn is None or conn is _DROPPED:
                 conn = self._fast_again(conn, failed, max(deadline - time.perf_counter(), 0.001))
@@ -1745,8 +1763,6 @@ class Client:
             except BaseException:
                 self._fast_drop(conn)  # interrupted (KeyboardInterrupt): the reply would be read as the next call's
                 raise
-        finally:
-            lock.release()
         return raw
 
     def _fast_frame(self, frame: bytes, timeout: Optional[float], mailbox: bool):
@@ -1755,9 +1771,9 @@ class Client:
         failed = self._reopens_failed
         wait = (timeout or self.timeout) + 1.0
         lock = self._fast_lock
-        if not lock.acquire(False) and not lock.acquire(True, FAST_QUEUE_WAIT):
+        if lock.locked() and not _freed_soon(lock):
             raise _FastBusy
-        try:
+        with lock:
             conn = self._fast
             if conn is None or conn is _DROPPED:
                 start = time.perf_counter()
@@ -1772,8 +1788,6 @@ class Client:
             except BaseException:
                 self._fast_drop(conn)  # interrupted (KeyboardInterrupt): the reply would be read as the next call's
                 raise
-        finally:
-            lock.release()
 
     def _fast_lost(self, conn, e: Exception) -> "SessionLost":
         """Closes a fast connection that broke under a call (held under the fast lock) and says so. It is dropped,

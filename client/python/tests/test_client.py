@@ -738,19 +738,26 @@ class ClientTest(unittest.TestCase):
             return
         self.assertEqual(e.exception.status.state, pb.TRANSFER_STATE_DEADLINE_EXCEEDED)
         self.assertEqual([f.tag for f in e.exception.status.failures], ["big"])
+        # The failure's code as the agent spells it reads as the status code it is.
+        self.assertEqual([fabricxfer.client._CODE_NAMES.get(f.code) for f in e.exception.status.failures],
+                         [grpc.StatusCode.DEADLINE_EXCEEDED], e.exception.status)
 
 
 class TransferFailedTest(unittest.TestCase):
     def test_code_reads_how_the_transfer_ended(self):
         # A too-short timeout raised AgentError (code() DEADLINE_EXCEEDED) or TransferFailed (no code()), as the
-        # time ran out before or during the transfer: a caller had to tell the two apart.
+        # time ran out before or during the transfer: a caller had to tell the two apart. The agent spells a
+        # failure's code as Go does ("OutOfRange").
         def failed(state, *codes):
             return TransferFailed(pb.TransferStatus(transfer_id=7, state=state, error="summary", failures=[
                 pb.TagFailure(tag="t%d" % k, code=c, message="m") for k, c in enumerate(codes)]))
 
         for e, want in ((failed(pb.TRANSFER_STATE_DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED"), grpc.StatusCode.DEADLINE_EXCEEDED),
                         (failed(pb.TRANSFER_STATE_CANCELLED), grpc.StatusCode.CANCELLED),
-                        (failed(pb.TRANSFER_STATE_FAILED, "UNAVAILABLE", "INTERNAL"), grpc.StatusCode.UNAVAILABLE),
+                        (failed(pb.TRANSFER_STATE_FAILED, "Unavailable", "Internal"), grpc.StatusCode.UNAVAILABLE),
+                        (failed(pb.TRANSFER_STATE_FAILED, "OutOfRange"), grpc.StatusCode.OUT_OF_RANGE),
+                        (failed(pb.TRANSFER_STATE_FAILED, "Canceled"), grpc.StatusCode.CANCELLED),
+                        (failed(pb.TRANSFER_STATE_FAILED, "UNAVAILABLE"), grpc.StatusCode.UNAVAILABLE),
                         (failed(pb.TRANSFER_STATE_FAILED, "NOT_A_CODE"), grpc.StatusCode.UNKNOWN),
                         (failed(pb.TRANSFER_STATE_FAILED, "__class__"), grpc.StatusCode.UNKNOWN),
                         (failed(pb.TRANSFER_STATE_FAILED), grpc.StatusCode.UNKNOWN)):

@@ -1646,7 +1646,7 @@ func (x *TransferResponse) GetStatus() *TransferStatus {
 type TagFailure struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Tag   string                 `protobuf:"bytes,1,opt,name=tag,proto3" json:"tag,omitempty"`
-	// A gRPC status code name ("DEADLINE_EXCEEDED", "UNAVAILABLE", ...).
+	// A gRPC status code name as Go spells it ("DeadlineExceeded", "Unavailable", "OutOfRange", ...).
 	Code          string `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
 	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
