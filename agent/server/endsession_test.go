@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 )
@@ -20,9 +19,7 @@ import (
 // connection closes they go in the background), refuses the connection's later calls with FailedPrecondition
 // but answers EndSession again, ends its fast connection, and leaves another pod's registrations working.
 func TestEndSessionFreesTheSessionBeforeItAnswers(t *testing.T) {
-	proc := newProcFixture(t)
-	opts := baseOptions(t, proc)
-	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	opts, proc := podOptions(t)
 	a := startAgent(t, opts)
 	ctx := ctxT(t)
 	rng := rand.New(rand.NewPCG(51, 52))

@@ -140,9 +140,7 @@ func waitFrame(t *testing.T, timeout time.Duration, ids ...uint64) []byte {
 // answers NotFound for another pod's transfer or an unknown id, leaving the connection serving and the other
 // pod's transfer as it was.
 func TestFastWaitIsTheCallersOwn(t *testing.T) {
-	proc := newProcFixture(t)
-	opts := baseOptions(t, proc)
-	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	opts, proc := podOptions(t)
 	a := startAgent(t, opts)
 	ctx := ctxT(t)
 

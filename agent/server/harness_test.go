@@ -58,6 +58,16 @@ func (p *procFixture) setPod(t *testing.T, uid string) {
 		".slice/cri-containerd-0123456789abcdef.scope\n")
 }
 
+// podOptions are baseOptions whose callers are pods named by their UIDs (setPod picks the next connection's), for
+// tests of several callers.
+func podOptions(t *testing.T) (server.Options, *procFixture) {
+	t.Helper()
+	proc := newProcFixture(t)
+	opts := baseOptions(t, proc)
+	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	return opts, proc
+}
+
 type agent struct {
 	srv    *server.Server
 	opts   server.Options

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	"github.com/fabricxfer/fabricxfer/client"
 )
 
@@ -56,9 +55,7 @@ type floodBed struct {
 
 func newFloodBed(t *testing.T, victimPod string) *floodBed {
 	t.Helper()
-	proc := newProcFixture(t)
-	opts := baseOptions(t, proc)
-	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	opts, proc := podOptions(t)
 	b := &floodBed{a: startAgent(t, opts), proc: proc, m: shm(t, 1<<20)}
 	copy(b.m.Bytes[:4096], bytes.Repeat([]byte{0x5a}, 4096))
 	proc.setPod(t, victimPod)

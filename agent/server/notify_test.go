@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 )
@@ -119,9 +118,7 @@ func TestANotifiedTransferIsOneNotificationPerListener(t *testing.T) {
 // most 1,024 notifications; past that the listener furthest behind loses its stream with ResourceExhausted saying
 // why, while the same pod's listener that reads, and another pod's, miss nothing.
 func TestNotificationsNotReadAreBounded(t *testing.T) {
-	proc := newProcFixture(t)
-	opts := baseOptions(t, proc)
-	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	opts, proc := podOptions(t)
 	a := startAgent(t, opts)
 	ctx := ctxT(t)
 	rng := rand.New(rand.NewPCG(41, 42))

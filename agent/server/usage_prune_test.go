@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/fabricxfer/fabricxfer/agent/server"
-	"github.com/fabricxfer/fabricxfer/agent/server/identity"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 )
@@ -23,9 +22,7 @@ import (
 // register, move bytes, get refused a region past the byte limit and leave; one more keeps a region. Only the
 // one that holds something is left, its usage exactly what it holds.
 func TestUsageIsKeptOnlyForCallersHoldingSomething(t *testing.T) {
-	proc := newProcFixture(t)
-	opts := baseOptions(t, proc)
-	opts.Identifier = identity.Identifier{ProcRoot: proc.root, Pods: podsByUID{}}
+	opts, proc := podOptions(t)
 	opts.Limits = server.Limits{MaxRegions: 4, MaxRegisteredBytes: 1 << 20, MaxInFlight: 8, MaxItemsPerTransfer: 16}
 	a := startAgent(t, opts)
 	ctx := ctxT(t)
