@@ -144,7 +144,8 @@ func TestAgentRestartFailsFastAndClientsReregister(t *testing.T) {
 
 // TestACallNamingAnotherSessionIsRefused: a call whose session header names another session than its
 // connection's (a stale one, garbage, a long string) is refused with Aborted "session lost" before it does
-// anything, unary and streaming alike; GetInfo, the correct name, and no header at all pass.
+// anything, unary and streaming alike, EndSession included (the session goes on); GetInfo, the correct name, and
+// no header at all pass.
 func TestACallNamingAnotherSessionIsRefused(t *testing.T) {
 	a, c, info := agentSession(t)
 	ctx := ctxT(t)
@@ -176,6 +177,10 @@ func TestACallNamingAnotherSessionIsRefused(t *testing.T) {
 		}
 		if _, err := c.API().GetInfo(metadata.AppendToOutgoingContext(ctx, server.SessionHeader, name), &agentv1.GetInfoRequest{}); err != nil {
 			t.Fatalf("GetInfo naming session %.20q: %v", name, err)
+		}
+		// EndSession ends the connection's own session only, and not one its header does not name.
+		if _, err := c.API().EndSession(metadata.AppendToOutgoingContext(ctx, server.SessionHeader, name), &agentv1.EndSessionRequest{}); status.Code(err) != codes.Aborted {
+			t.Fatalf("EndSession naming session %.20q: %v, want Aborted", name, err)
 		}
 	}
 	if got, _ := c.API().GetInfo(ctx, &agentv1.GetInfoRequest{}); got.GetUsage().GetRegions() != 0 {
