@@ -108,13 +108,16 @@ class _FastBusy(Exception):
 
 
 def _freed_soon(lock) -> bool:
-    """Whether a fast lock another thread holds is given back within FAST_QUEUE_WAIT. The call then takes it with
-    `with` (and waits, should another thread take it first): a lock taken by acquire() and given back in a
-    finally was left held for good by a signal handled between the two (every later call through gRPC,
+    """Whether a fast lock another thread holds is given back within FAST_QUEUE_WAIT, polled (sleeping between
+    looks, so the holder gets the interpreter) and never taken here. The call then takes it with `with`, and
+    waits should another thread take it first: a lock taken by acquire() and given back in a finally, here or in
+    the call, was left held for good by a signal handled between the two (every later call through gRPC,
     recover() waiting for ever); `with` gives it back."""
-    if not lock.acquire(True, FAST_QUEUE_WAIT):
-        return False
-    lock.release()
+    end = time.perf_counter() + FAST_QUEUE_WAIT
+    while lock.locked():
+        if time.perf_counter() >= end:
+            return False
+        time.sleep(20e-6)
     return True
 
 
@@ -1406,6 +1409,8 @@ class Client:
         if self._closed:
             return
         with self._lock:
+            if self._closed:
+                return  # another thread closes it
             live = self._losses == self._session and not self._forked
             self._closed = True
             self._losses += 1  # every call's session check then looks, and raises ClientClosed

@@ -477,6 +477,9 @@ class RandomInterruptTest(unittest.TestCase):
                          lambda: c.transfer_blocks("write", src, many, fx.to_layout(dst), many),
                          lambda: c.wait_all([c.transfer("write", [Item(r, to_region(r), 64, 0, 8192)], wait=False)]))
                 seen, at = set(), 2 * block * blocks
+                # One thread: a call of another would send this one through gRPC, and a signal raised inside
+                # gRPC's own code can leave its channel unusable (a limit of gRPC's, said in the README). The
+                # reopen after an interrupt is made by the untimed call below, for the same reason.
                 for _ in range(300):
                     call = rng.choice(calls)
                     try:

@@ -99,9 +99,10 @@ type AgentClient interface {
 	// blocks of another layout of equal geometry, in one call. Ids are checked once, before anything moves.
 	TransferBlocks(ctx context.Context, in *TransferBlocksRequest, opts ...grpc.CallOption) (*TransferResponse, error)
 	// EndSession ends the caller's session as closing its connection does (its regions, layouts and pool slices
-	// go, its fast connection and streams end) and answers once they are gone, within the call's deadline (past
-	// it the teardown goes on): a client that closes its connection after this answer knows its segment and
-	// layout names are free. Later calls on the connection are refused (FAILED_PRECONDITION).
+	// go, its fast connection ends) and answers once they are gone, within the call's deadline (past it the
+	// teardown goes on): a client that closes its connection after this answer knows its segment and layout
+	// names are free. Later calls on the connection are refused (FAILED_PRECONDITION); its Watch and
+	// Notifications streams end when the connection closes.
 	EndSession(ctx context.Context, in *EndSessionRequest, opts ...grpc.CallOption) (*EndSessionResponse, error)
 }
 
@@ -351,9 +352,10 @@ type AgentServer interface {
 	// blocks of another layout of equal geometry, in one call. Ids are checked once, before anything moves.
 	TransferBlocks(context.Context, *TransferBlocksRequest) (*TransferResponse, error)
 	// EndSession ends the caller's session as closing its connection does (its regions, layouts and pool slices
-	// go, its fast connection and streams end) and answers once they are gone, within the call's deadline (past
-	// it the teardown goes on): a client that closes its connection after this answer knows its segment and
-	// layout names are free. Later calls on the connection are refused (FAILED_PRECONDITION).
+	// go, its fast connection ends) and answers once they are gone, within the call's deadline (past it the
+	// teardown goes on): a client that closes its connection after this answer knows its segment and layout
+	// names are free. Later calls on the connection are refused (FAILED_PRECONDITION); its Watch and
+	// Notifications streams end when the connection closes.
 	EndSession(context.Context, *EndSessionRequest) (*EndSessionResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }

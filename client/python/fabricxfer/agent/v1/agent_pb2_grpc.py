@@ -230,9 +230,10 @@ class AgentServicer(object):
 
   def EndSession(self, request, context):
     """EndSession ends the caller's session as closing its connection does (its regions, layouts and pool slices
-    go, its fast connection and streams end) and answers once they are gone, within the call's deadline (past
-    it the teardown goes on): a client that closes its connection after this answer knows its segment and
-    layout names are free. Later calls on the connection are refused (FAILED_PRECONDITION).
+    go, its fast connection ends) and answers once they are gone, within the call's deadline (past it the
+    teardown goes on): a client that closes its connection after this answer knows its segment and layout
+    names are free. Later calls on the connection are refused (FAILED_PRECONDITION); its Watch and
+    Notifications streams end when the connection closes.
     """
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
     context.set_details('Method not implemented!')
