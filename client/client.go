@@ -176,7 +176,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		if de != nil && errors.Is(*de, unix.EACCES) {
 			return nil, notInSocketGroup(socketPath, *de)
 		}
-		if ended := endedBy(ready, err); ended != nil {
+		if ended := ctxEnded(ready); ended != nil {
 			why := "nothing answered on its socket: an agent paused, or a socket left by a stopped agent?"
 			if de != nil {
 				why = fmt.Sprintf("its socket refused the connection (%v): a socket left by a stopped agent?", *de)
@@ -192,26 +192,13 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		if err := c.openFast(ready); err != nil { // bounded as GetInfo was: an agent that stalls now is not waited for unbounded
 			c.endLife()
 			conn.Close()
-			if ended := endedBy(ready, err); ended != nil && !errors.Is(err, ended) {
+			if ended := ctxEnded(ready); ended != nil && !errors.Is(err, ended) {
 				err = fmt.Errorf("%w (%w)", err, ended)
 			}
 			return nil, err
 		}
 	}
 	return c, nil
-}
-
-// endedBy is the context error that ended a call of ctx's with err, nil if none did. A call's DeadlineExceeded
-// status, or a socket's deadline set from ctx's, may come before ctx's own timer fires (the agent's copy of the
-// deadline ended the stream first, or the socket's timer fired first): that is ctx's deadline too.
-func endedBy(ctx context.Context, err error) error {
-	if ended := ctx.Err(); ended != nil {
-		return ended
-	}
-	if _, has := ctx.Deadline(); has && (status.Code(err) == codes.DeadlineExceeded || errors.Is(err, os.ErrDeadlineExceeded)) {
-		return context.DeadlineExceeded
-	}
-	return nil
 }
 
 // socketDir is the folder of the agent's sockets: socketPath's, links resolved now (the agent's other sockets lie
@@ -269,19 +256,23 @@ func notInSocketGroup(path string, err error) error {
 }
 
 // Close ends the client's session, whose regions, layouts and pool slices the agent frees before it answers
-// (waited for up to 2 s; an older agent frees them once the connection is gone), and closes the connection.
-// Later calls fail with ErrClosed; closing again does nothing.
+// (an older agent frees them once the connection is gone), and closes the connection. It waits for that up to
+// 2 s (transfers in flight on the regions settle first) and returns the error when the session had not ended by
+// then: its names may still be taken for a moment. Later calls fail with ErrClosed; closing again does nothing.
 func (c *Client) Close() error {
 	live := c.check() == nil
 	if c.closed.Swap(true) {
 		return nil
 	}
+	var ending error
 	if live {
 		// The agent frees the session's names before it answers (when the connection closes, it does so in the
 		// background: a process registering them again at once could find them taken). An agent too old to
-		// have EndSession, or one that does not answer within closeWait, is left to do it then.
+		// have EndSession is left to do it then; one that did not end it within closeWait is said.
 		ctx, cancel := context.WithTimeout(context.Background(), closeWait)
-		_, _ = c.api.EndSession(ctx, &agentv1.EndSessionRequest{})
+		if _, err := c.api.EndSession(ctx, &agentv1.EndSessionRequest{}); err != nil && status.Code(err) != codes.Unimplemented {
+			ending = fmt.Errorf("ending the session within %v: %w: its regions and names are freed once their transfers in flight settle", closeWait, err)
+		}
 		cancel()
 	}
 	c.mu.Lock()
@@ -299,7 +290,10 @@ func (c *Client) Close() error {
 		_ = conn.Close()
 	}
 	c.closeFast()
-	return c.conn.Close()
+	if err := c.conn.Close(); err != nil {
+		return err
+	}
+	return ending
 }
 
 // Info returns what the agent said at Dial (or at the last Recover).
@@ -333,7 +327,8 @@ func (c *Client) wrap(ctx context.Context, what string, gen uint64, err error) e
 		return nil
 	}
 	if c.closed.Load() {
-		return fmt.Errorf("%s: %w (%v)", what, ErrClosed, err)
+		// What the call met as Close cut it off (a lost session, a closed socket) would only mislead.
+		return fmt.Errorf("%s: %w", what, ErrClosed)
 	}
 	if c.dials.Load() != gen || sessionRefused(err) {
 		return fmt.Errorf("%s: %w (%v)", what, ErrSessionLost, err)

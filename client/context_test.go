@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -180,5 +181,55 @@ func TestNamesAreFreeWhenCloseReturns(t *testing.T) {
 		if _, err := watcher.API().ResolveSegment(wctx, &agentv1.ResolveSegmentRequest{Segment: "handoff"}); client.Code(err) != codes.NotFound {
 			t.Fatalf("round %d: the closed client's segment right after Close: %v, want NotFound", round, err)
 		}
+	}
+}
+
+// TestANotificationStreamSaysWhyItEnded: a stream's end reads as the client's calls do: the context's error when
+// the caller cancelled it, ErrClosed after Close, ErrSessionLost when the agent stopped (it read as gRPC's
+// Canceled or Unavailable, which a "Recover on ErrSessionLost" loop never met).
+func TestANotificationStreamSaysWhyItEnded(t *testing.T) {
+	srv, stopAgent, err := runLocalAgent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := sync.OnceFunc(stopAgent)
+	t.Cleanup(stop)
+	c, ctx := dialLocal(t, srv, "stream-ends")
+	mem := sharedMemory(t, "kv", 1<<16)
+	if _, err := c.RegisterHost(ctx, mem.File, 0, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	listen := func(ctx context.Context) func() error {
+		t.Helper()
+		_, wait, err := c.Notifications(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return wait
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	wait := listen(cancelled)
+	cancel()
+	if err := wait(); !errors.Is(err, context.Canceled) {
+		t.Errorf("a stream whose context was cancelled: %v, want context.Canceled", err)
+	}
+	wait = listen(ctx)
+	stop()
+	if err := wait(); !errors.Is(err, client.ErrSessionLost) {
+		t.Errorf("a stream of an agent that stopped: %v, want ErrSessionLost", err)
+	}
+
+	srv2 := startLocal(t)
+	c2, ctx2 := dialLocal(t, srv2, "stream-ends-close")
+	if _, err := c2.RegisterHost(ctx2, mem.File, 0, 1<<16); err != nil {
+		t.Fatal(err)
+	}
+	_, wait, err = c2.Notifications(ctx2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2.Close()
+	if err := wait(); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("a stream of a closed client: %v, want ErrClosed", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
@@ -135,5 +136,37 @@ func TestDialWithoutADeadlineIsBounded(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("Dial without a deadline still waited after 20 s")
+	}
+}
+
+// slowEndingAgent answers EndSession only when the call's deadline ends (a session whose transfers in flight do
+// not settle in time).
+type slowEndingAgent struct{ olderAgent }
+
+func (slowEndingAgent) EndSession(ctx context.Context, _ *agentv1.EndSessionRequest) (*agentv1.EndSessionResponse, error) {
+	<-ctx.Done()
+	return nil, status.FromContextError(ctx.Err()).Err()
+}
+
+// TestCloseSaysWhenTheSessionDidNotEndInTime: Close returns an error when the agent had not ended the session
+// within its wait (it returned nil, and the names it held were still taken), and nil for an agent too old to have
+// EndSession, which frees them once the connection goes.
+func TestCloseSaysWhenTheSessionDidNotEndInTime(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		agent agentv1.AgentServer
+		want  codes.Code
+	}{{"an agent still ending it", slowEndingAgent{}, codes.DeadlineExceeded}, {"an older agent", olderAgent{}, codes.OK}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := client.Dial(ctx, serveFakeAgent(t, tc.agent))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		err = c.Close()
+		if client.Code(err) != tc.want || time.Since(start) > 5*time.Second {
+			t.Errorf("%s: Close after %v: %v, want %v", tc.name, time.Since(start), err, tc.want)
+		}
 	}
 }

@@ -7,13 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -85,31 +83,5 @@ func TestTransferErrorReadsAsItsState(t *testing.T) {
 	}
 	if odd := wrapped(&Status{State: agentv1.TransferState_TRANSFER_STATE_FAILED, Failures: []*agentv1.TagFailure{{Code: "nonsense"}}}); Code(odd) != codes.Unknown {
 		t.Errorf("a failure of an unknown code: %v", Code(odd))
-	}
-}
-
-// TestEndedByTellsTheDeadlineWhicheverTimerFiredFirst: a call's deadline status, or a socket's deadline set from
-// the context's, reads as the context's deadline even before the context's own timer fired (Dial's error then
-// did not match context.DeadlineExceeded); without a deadline they are the call's own errors.
-func TestEndedByTellsTheDeadlineWhicheverTimerFiredFirst(t *testing.T) {
-	withDeadline, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
-	cancelled, cancelNow := context.WithCancel(context.Background())
-	cancelNow()
-	for _, tc := range []struct {
-		name string
-		ctx  context.Context
-		err  error
-		want error
-	}{
-		{"a deadline status", withDeadline, status.Error(codes.DeadlineExceeded, "stream terminated by RST_STREAM"), context.DeadlineExceeded},
-		{"a socket's deadline", withDeadline, fmt.Errorf("reading the setup reply: %w", os.ErrDeadlineExceeded), context.DeadlineExceeded},
-		{"another error", withDeadline, status.Error(codes.Unavailable, "gone"), nil},
-		{"no deadline", context.Background(), status.Error(codes.DeadlineExceeded, "the agent's own answer"), nil},
-		{"a cancelled context", cancelled, status.Error(codes.Unavailable, "gone"), context.Canceled},
-	} {
-		if got := endedBy(tc.ctx, tc.err); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
-		}
 	}
 }

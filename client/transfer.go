@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -431,7 +432,7 @@ func (c *Client) Notifications(ctx context.Context, regions ...*Region) (<-chan 
 		for {
 			n, err := stream.Recv()
 			if err != nil {
-				end = err
+				end = c.streamEnd(ctx, gen, stream.Trailer(), err)
 				return
 			}
 			select {
@@ -443,4 +444,14 @@ func (c *Client) Notifications(ctx context.Context, regions ...*Region) (<-chan 
 		}
 	}()
 	return ch, func() error { <-done; return end }, nil
+}
+
+// streamEnd says why a stream of this client ended with err, as its calls say it: ErrClosed after Close, ctx's
+// error, ErrSessionLost when the connection or the agent went (an Unavailable the agent did not mark as its own
+// answer in the trailer: an agent stopping, or gone), else the agent's answer.
+func (c *Client) streamEnd(ctx context.Context, gen uint64, trailer metadata.MD, err error) error {
+	if Code(err) == codes.Unavailable && len(trailer.Get(fastwire.AnsweredHeader)) == 0 && !c.closed.Load() {
+		return fmt.Errorf("notification stream: %w (%v)", ErrSessionLost, err)
+	}
+	return c.wrap(ctx, "notification stream", gen, err)
 }

@@ -6,6 +6,7 @@ package transfers
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,8 +18,7 @@ import (
 
 // A listener holds at most maxListenerBacklog notifications its caller has not read (past it, it loses its
 // stream), and a caller's listeners together at most maxCallerNotifyBytes of them (payloads and region ids,
-// counted per listener; past it, the one furthest behind, whose oldest notification not sent is the oldest,
-// loses its stream). A caller may keep 128 streams open: 128 listeners that never read could hold 1,024
+// counted per listener; past it, the one furthest behind loses its stream: furtherBehind). A caller may keep 128 streams open: 128 listeners that never read could hold 1,024
 // notifications of 64 KiB each, 8 GiB of one pod's, in the agent.
 const (
 	maxListenerBacklog   = 1024
@@ -33,6 +33,33 @@ type notifyListener struct {
 	queued int
 	lost   string
 	wake   chan struct{}
+	// sendingSince is when the stream began handing its client the notification it is on (zero between them),
+	// under the table lock: gRPC's flow control holds a send to a client that does not read.
+	sendingSince time.Time
+}
+
+// furtherBehind reports whether listener a, which holds notifications, is further behind than b: held longer in
+// handing one to its client, else holding an older one, else more bytes. Queue positions alone picked a listener
+// that reads over ones that never did: gRPC's buffers take a few notifications off a listener's queue before its
+// sends stop, more than a reader that lagged a moment had taken.
+func furtherBehind(a, b *notifyListener, now time.Time) bool {
+	if len(b.queue) == 0 {
+		return true
+	}
+	sinceA, sinceB := a.sendingSince, b.sendingSince
+	if sinceA.IsZero() {
+		sinceA = now
+	}
+	if sinceB.IsZero() {
+		sinceB = now
+	}
+	switch {
+	case !sinceA.Equal(sinceB):
+		return sinceA.Before(sinceB)
+	case a.queue[0].seq != b.queue[0].seq:
+		return a.queue[0].seq < b.queue[0].seq
+	}
+	return a.queued > b.queued
 }
 
 // queuedNotification is a notification waiting for its listener; seq orders the deliveries, oldest first.
@@ -59,10 +86,9 @@ func (s *Service) queueLocked(key string, l *notifyListener, n *agentv1.Notifica
 	}
 	size := notificationBytes(n)
 	for s.notifyBytes[key]+size > maxCallerNotifyBytes {
-		behind := l // l's queue may be empty: it is never further behind than one that is not
+		behind, now := l, time.Now() // l's queue may be empty: any that is not is further behind
 		for o := range s.listeners[key] {
-			if len(o.queue) > 0 && (len(behind.queue) == 0 || o.queue[0].seq < behind.queue[0].seq ||
-				o.queue[0].seq == behind.queue[0].seq && o.queued > behind.queued) {
+			if len(o.queue) > 0 && furtherBehind(o, behind, now) {
 				behind = o
 			}
 		}
@@ -223,6 +249,10 @@ func (s *Service) Notifications(sess *regiontable.Session, req *agentv1.Notifica
 		}
 		s.table.Lock()
 		n, lost := s.nextLocked(key, l), l.lost
+		l.sendingSince = time.Time{}
+		if n != nil {
+			l.sendingSince = time.Now()
+		}
 		s.table.Unlock()
 		switch {
 		case n != nil:
@@ -231,6 +261,7 @@ func (s *Service) Notifications(sess *regiontable.Session, req *agentv1.Notifica
 			}
 			continue
 		case lost != "":
+			s.log.Info("ended a notification stream that fell behind", "caller", key, "why", lost)
 			return status.Error(codes.ResourceExhausted, lost)
 		}
 		select {

@@ -6,6 +6,7 @@ package transfers
 import (
 	"strings"
 	"testing"
+	"time"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 )
@@ -70,5 +71,35 @@ func TestTheListenerFurthestBehindLosesItsStream(t *testing.T) {
 	}
 	if !strings.Contains(full.lost, "1024 notifications behind") || other.lost != "" || len(other.queue) != 1 {
 		t.Fatalf("past the count: %q; another caller's listener lost %q with %d queued", full.lost, other.lost, len(other.queue))
+	}
+}
+
+// TestAListenerWhoseClientStoppedReadingIsFurthestBehind: a listener whose send to its client has been held the
+// longest (gRPC's flow control: the client does not read) goes before one holding older notifications that is
+// sending as its client reads (gRPC's buffers had taken the first few off the first one's queue).
+func TestAListenerWhoseClientStoppedReadingIsFurthestBehind(t *testing.T) {
+	now := time.Now()
+	queued := func(seq uint64, since time.Duration) *notifyListener {
+		l := &notifyListener{queue: []queuedNotification{{seq: seq}}, queued: 100}
+		if since > 0 {
+			l.sendingSince = now.Add(-since)
+		}
+		return l
+	}
+	stuck, reading, idleOlder := queued(40, time.Second), queued(9, time.Millisecond), queued(5, 0)
+	for _, tc := range []struct {
+		name string
+		a, b *notifyListener
+		want bool
+	}{
+		{"held a second against sending for a millisecond", stuck, reading, true},
+		{"sending for a millisecond against held a second", reading, stuck, false},
+		{"held a second against not sending with older ones", stuck, idleOlder, true},
+		{"both not sending: the older first", idleOlder, queued(9, 0), true},
+		{"against an empty queue", reading, &notifyListener{}, true},
+	} {
+		if got := furtherBehind(tc.a, tc.b, now); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
