@@ -392,8 +392,10 @@ func (c *Client) ResolveLayoutSegment(ctx context.Context, node, segment string)
 // given; another client's are not told) until ctx ends or the agent ends the stream: an agent restart ends it
 // (open it again after Recover: what landed meanwhile is not told), and so does a listener that fell about
 // 1,024 notifications behind the agent, or furthest behind when the caller's listeners hold 32 MiB not read
-// (ResourceExhausted; the channel and the connection hold more before that). Open it before the other side may write: nothing that landed earlier is told. The channel is closed
-// when the stream ends; the returned function waits for that (cancel ctx to end it) and says why.
+// (ResourceExhausted; the channel and the connection hold more before that). Open it before the other side may
+// write: nothing that landed earlier is told. The channel is closed when the stream ends; the returned function
+// waits for that (cancel ctx to end it) and says why: the context's error, ErrClosed, ErrSessionLost, or the
+// agent's answer.
 func (c *Client) Notifications(ctx context.Context, regions ...*Region) (<-chan *agentv1.Notification, func() error, error) {
 	gen := c.generation()
 	if c.closed.Load() {

@@ -372,8 +372,8 @@ def status_first(raw) -> Optional[pb.TransferStatus]:
 class _Forks:
     """What a forked child inherits: the parent's clients and notification streams (their gRPC connection, fast
     socket and mailbox are the parent's, and a child writing to them breaks the parent's calls), and whether gRPC
-    was running when the process forked (without GRPC_ENABLE_FORK_SUPPORT it cannot start again in the child: a new client would wait
-    forever, and its traffic can reach the parent's connection)."""
+    was running when the process forked (without GRPC_ENABLE_FORK_SUPPORT it cannot start again in the child: a
+    new client would wait forever, and its traffic can reach the parent's connection)."""
 
     def __init__(self):
         self.clients = weakref.WeakSet()
@@ -1445,7 +1445,7 @@ class Client:
                 self.stub.EndSession(pb.EndSessionRequest(), timeout=_CLOSE_WAIT, metadata=self._session_md)
                 ended = True
             except grpc.RpcError:
-                pass  # an agent older than EndSession, or one that did not answer: it frees them when the connection goes
+                pass  # an agent older than EndSession, or one that did not answer: it frees them later
         with self._lock:
             owned, self._owned = self._owned, {}
             self._layouts = []
