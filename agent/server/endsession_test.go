@@ -4,14 +4,18 @@
 package server_test
 
 import (
+	"context"
 	"math/rand/v2"
+	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/engines/enginetest"
 )
 
 // TestEndSessionFreesTheSessionBeforeItAnswers: EndSession answers once the caller's regions and layouts, and
@@ -50,5 +54,49 @@ func TestEndSessionFreesTheSessionBeforeItAnswers(t *testing.T) {
 	}
 	if _, err := other.TransferBlocks(ctx, client.Write, kept, []uint32{1, 2}, client.ToLayout(kept), []uint32{5, 6}, client.TransferOptions{}); err != nil {
 		t.Fatalf("another pod's layout after 20 sessions ended: %v", err)
+	}
+}
+
+// TestANameHeldByAnEndedSessionSaysSo: a segment whose session ended while a transfer on it was still in flight
+// stays taken until the transfer settles (EndSession's wait ran out first), and registering it meanwhile says why
+// and that it frees itself; once the transfer settles it registers.
+func TestANameHeldByAnEndedSessionSaysSo(t *testing.T) {
+	backend := enginetest.NewGatedHost()
+	a := startOnBackend(t, backend)
+	ctx := ctxT(t)
+	m := shm(t, 2<<20)
+	old := dial(t, a)
+	src, err := old.RegisterHost(ctx, m.File, 0, 1<<20, client.Segment("handoff"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := old.RegisterHost(ctx, m.File, 1<<20, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := backend.Gate.Shut(t)
+	if _, err := old.Submit(ctx, client.Write, []client.Item{{Local: src, Remote: client.ToRegion(dst), Length: 4096}}, client.TransferOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := old.API().EndSession(short, &agentv1.EndSessionRequest{}); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("EndSession with a transfer held in flight: %v, want DeadlineExceeded", err)
+	}
+	again := dial(t, a)
+	_, err = again.RegisterHost(ctx, m.File, 0, 4096, client.Segment("handoff"))
+	if status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "free once its transfers in flight settle") {
+		t.Fatalf("registering the ending session's segment: %v, want AlreadyExists saying it frees itself", err)
+	}
+	release()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err = again.RegisterHost(ctx, m.File, 0, 4096, client.Segment("handoff")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the segment 10 s after the transfer was let go: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -357,10 +357,15 @@ func (tab *Table) addRegion(ctx context.Context, sess *Session, kind agentv1.Mem
 		return nil, status.Errorf(codes.ResourceExhausted, "registering %d bytes would bring the caller to %d bytes, the limit is %d", length, held+length, lim.MaxRegisteredBytes)
 	}
 	if segment != "" {
-		if _, taken := tab.segments[key]; taken {
+		if held, taken := tab.segments[key]; taken {
+			why := ""
+			if held.holder != nil && held.holder.Ended {
+				// A restarted process meets this: the name is freed once the transfers in flight on it settle.
+				why = ": the connection that registered it has ended, and the name is free once its transfers in flight settle"
+			}
 			tab.ReleaseUsageLocked(sess.Caller.Key)
 			tab.Unlock()
-			return nil, status.Errorf(codes.AlreadyExists, "segment %q is already registered in namespace %q on node %s", segment, pub.namespace, tab.node)
+			return nil, status.Errorf(codes.AlreadyExists, "segment %q is already registered in namespace %q on node %s%s", segment, pub.namespace, tab.node, why)
 		}
 	}
 	tab.nextRegion++
