@@ -31,10 +31,8 @@ type Layout struct {
 	mu   sync.Mutex
 	id   uint64
 	gen  uint64
-	lost bool // its memory went with a restarted agent (ErrLost)
-	// notBack and notBackGen are Region's: why Recover could not register it again in that session.
-	notBack    error
-	notBackGen uint64
+	lost bool    // its memory went with a restarted agent (ErrLost)
+	back notBack // under mu
 }
 
 // ID is the layout's id at the agent.
@@ -66,9 +64,10 @@ func (l *Layout) current() (uint64, error) {
 	switch {
 	case l.lost:
 		return 0, fmt.Errorf("layout %d: %w (a region of it was a pool slice or was deregistered: register the layout again)", l.id, ErrLost)
-	case l.gen != gen && l.notBack != nil && l.notBackGen == gen:
-		return 0, notRegisteredAgain(fmt.Sprintf("layout %d", l.id), l.notBack)
 	case l.gen != gen:
+		if err := l.back.in(gen, fmt.Sprintf("layout %d", l.id)); err != nil {
+			return 0, err
+		}
 		return 0, fmt.Errorf("layout %d: %w", l.id, ErrSessionLost)
 	}
 	return l.id, nil
@@ -162,11 +161,8 @@ func (c *Client) registerLayoutAgain(ctx context.Context, l *Layout) error {
 
 // failedRecover is Region.failedRecover for a layout.
 func (l *Layout) failedRecover(gen uint64, why error) {
-	if !refusedForGood(why) {
-		return
-	}
 	l.mu.Lock()
-	l.notBack, l.notBackGen = why, gen
+	l.back.record(gen, why)
 	l.mu.Unlock()
 }
 

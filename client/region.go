@@ -37,10 +37,7 @@ type Region struct {
 	desc  []byte
 	alloc string
 	lost  bool
-	// notBack is why Recover could not register the region again in session notBackGen (its name taken
-	// meanwhile, say): calls say that, not ErrSessionLost, which a "Recover and retry" loop would repeat for good.
-	notBack    error
-	notBackGen uint64
+	back  notBack // under mu
 }
 
 // ID is the region's current id at the agent.
@@ -80,18 +77,37 @@ func (r *Region) current() (uint64, error) {
 		return 0, fmt.Errorf("region %q: %w (pool slice; allocate again)", r.segment, ErrLost)
 	}
 	if r.gen != gen {
-		if r.notBack != nil && r.notBackGen == gen {
-			return 0, notRegisteredAgain(fmt.Sprintf("region %q", r.segment), r.notBack)
+		if err := r.back.in(gen, fmt.Sprintf("region %q", r.segment)); err != nil {
+			return 0, err
 		}
 		return 0, ErrSessionLost
 	}
 	return r.id, nil
 }
 
-// notRegisteredAgain is the error of a call on a region or layout that Recover could not register again in the
-// session the client holds, for why (the agent's refusal, whose code it keeps).
-func notRegisteredAgain(what string, why error) error {
-	return fmt.Errorf("%s was not registered again after the agent restarted (the next Recover tries again): %w", what, why)
+// notBack is why Recover could not register a region or layout again in session gen (its name taken meanwhile,
+// say): its calls say that, not ErrSessionLost, which a "Recover and retry" loop would repeat for good. Its
+// owner's lock guards it.
+type notBack struct {
+	why error
+	gen uint64
+}
+
+// record keeps why Recover failed in session gen, where the agent refused for a reason a retry alone does not
+// mend (refusedForGood).
+func (n *notBack) record(gen uint64, why error) {
+	if refusedForGood(why) {
+		n.why, n.gen = why, gen
+	}
+}
+
+// in is the error of a call on what in session gen (the agent's refusal, whose code it keeps), nil when Recover
+// did not fail in it.
+func (n *notBack) in(gen uint64, what string) error {
+	if n.why == nil || n.gen != gen {
+		return nil
+	}
+	return fmt.Errorf("%s was not registered again after the agent restarted (the next Recover tries again): %w", what, n.why)
 }
 
 // heldRegions are the regions this client holds now (none lost).
@@ -108,14 +124,10 @@ func (c *Client) heldRegions() []*Region {
 	return held
 }
 
-// failedRecover records why Recover could not register the region again in session gen, where the agent refused
-// it for a reason a retry alone does not mend (refusedForGood).
+// failedRecover records why Recover could not register the region again in session gen.
 func (r *Region) failedRecover(gen uint64, why error) {
-	if !refusedForGood(why) {
-		return
-	}
 	r.mu.Lock()
-	r.notBack, r.notBackGen = why, gen
+	r.back.record(gen, why)
 	r.mu.Unlock()
 }
 

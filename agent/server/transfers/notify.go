@@ -99,23 +99,29 @@ func (s *Service) queueLocked(key string, l *notifyListener, n *agentv1.Notifica
 		}
 	}
 	l.queue = append(l.queue, queuedNotification{n, seq})
-	l.queued += size
-	s.notifyBytes[key] += size
-	select {
-	case l.wake <- struct{}{}:
-	default:
-	}
+	s.holdLocked(key, l, size)
+	l.wakeUp()
 }
 
 // loseLocked ends l's stream for the reason why, dropping what it held.
 func (s *Service) loseLocked(key string, l *notifyListener, why string) {
 	l.lost = why
-	s.notifyBytes[key] -= l.queued
-	if s.notifyBytes[key] == 0 {
+	s.holdLocked(key, l, -l.queued)
+	clear(l.queue)
+	l.queue = nil
+	l.wakeUp()
+}
+
+// holdLocked counts delta bytes more (or fewer) held for listener l of caller key.
+func (s *Service) holdLocked(key string, l *notifyListener, delta int) {
+	l.queued += delta
+	if s.notifyBytes[key] += delta; s.notifyBytes[key] == 0 {
 		delete(s.notifyBytes, key)
 	}
-	clear(l.queue)
-	l.queue, l.queued = nil, 0
+}
+
+// wakeUp tells l's stream to look at its queue (the one slot taken already: it will look).
+func (l *notifyListener) wakeUp() {
 	select {
 	case l.wake <- struct{}{}:
 	default:
@@ -130,12 +136,7 @@ func (s *Service) nextLocked(key string, l *notifyListener) *agentv1.Notificatio
 	n := l.queue[0].msg
 	l.queue[0] = queuedNotification{}
 	l.queue = l.queue[1:]
-	size := notificationBytes(n)
-	l.queued -= size
-	s.notifyBytes[key] -= size
-	if s.notifyBytes[key] == 0 {
-		delete(s.notifyBytes, key)
-	}
+	s.holdLocked(key, l, -notificationBytes(n))
 	return n
 }
 

@@ -125,6 +125,16 @@ class StalledDescriptorSocketTest(unittest.TestCase):
 
 
 class SetupFrameTest(unittest.TestCase):
+    def bare_client(self, d):
+        """A client of no agent whose sockets are in folder d, and a fast connection to a peer that never
+        answers."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(ours.close)
+        self.addCleanup(theirs.close)
+        c = Client.__new__(Client)
+        c.socket_path, c.timeout = os.path.join(d, "agent.sock"), 0.3
+        return c, fastconn.FastConn(ours, 0.0)
+
     def test_a_setup_frame_without_a_reply_fails_the_connection(self):
         # Memory handed to the agent whose setup frame (a mailbox, an id arena) got no reply in time left the
         # connection out of step (the late reply is read as the next call's); it was used regardless.
@@ -146,13 +156,9 @@ class SetupFrameTest(unittest.TestCase):
                         s.sendall(b"OK token-1\n")
 
         threading.Thread(target=take_every_descriptor, daemon=True).start()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.addCleanup(ours.close)
-        self.addCleanup(theirs.close)
-        c = Client.__new__(Client)
-        c.socket_path, c.timeout = os.path.join(d, "agent.sock"), 0.3
+        c, conn = self.bare_client(d)
         with self.assertRaises(fastconn.FastConnError):
-            c._open_arena(fastconn.FastConn(ours, 0.0), lambda: 1.0)
+            c._open_arena(conn, lambda: 1.0)
 
     def test_a_descriptor_socket_that_does_not_answer_fails_the_connections_setup(self):
         # Memory for a mailbox or an id arena the agent took no descriptor of in time was given up silently: the
@@ -164,13 +170,9 @@ class SetupFrameTest(unittest.TestCase):
         self.addCleanup(listener.close)
         listener.bind(os.path.join(d, "agent.fd.sock"))
         listener.listen(4)  # accepts (the kernel does) and never answers
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.addCleanup(ours.close)
-        self.addCleanup(theirs.close)
-        c = Client.__new__(Client)
-        c.socket_path, c.timeout = os.path.join(d, "agent.sock"), 0.3
+        c, conn = self.bare_client(d)
         with self.assertRaises(fx.DeadlineExceeded):
-            c._open_arena(fastconn.FastConn(ours, 0.0), lambda: 0.2)
+            c._open_arena(conn, lambda: 0.2)
 
 
 @unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
