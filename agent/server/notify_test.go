@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -133,7 +134,8 @@ func TestNotificationsNotReadAreBounded(t *testing.T) {
 		dst, _ := hostLayout(t, c, rng, 2, 4, 256)
 		return pod{c, src, dst}
 	}
-	flood, quiet := newPod("0b6f4a2e-1111-4c1e-9d8a-000000000001"), newPod("0b6f4a2e-2222-4c1e-9d8a-000000000002")
+	const floodUID = "0b6f4a2e-1111-4c1e-9d8a-000000000001"
+	flood, quiet := newPod(floodUID), newPod("0b6f4a2e-2222-4c1e-9d8a-000000000002")
 	listen := func(c *client.Client) agentv1.Agent_NotificationsClient {
 		t.Helper()
 		stream, err := c.API().Notifications(ctx, &agentv1.NotificationsRequest{})
@@ -145,24 +147,40 @@ func TestNotificationsNotReadAreBounded(t *testing.T) {
 		}
 		return stream
 	}
-	// read counts what a listener that reads receives, checking the payloads come in the order sent.
-	read := func(stream agentv1.Agent_NotificationsClient, want int) <-chan error {
-		done := make(chan error, 1)
+	// reader is a listener that reads, checking the payloads come in the order sent; got counts what it received.
+	type reader struct {
+		got  atomic.Int64
+		done chan error
+	}
+	read := func(stream agentv1.Agent_NotificationsClient, want int) *reader {
+		r := &reader{done: make(chan error, 1)}
 		go func() {
 			for i := range want {
 				n, err := stream.Recv()
 				if err != nil {
-					done <- fmt.Errorf("after %d of %d notifications: %w", i, want, err)
+					r.done <- fmt.Errorf("after %d of %d notifications: %w", i, want, err)
 					return
 				}
 				if got := binary.LittleEndian.Uint32(n.Payload); got != uint32(i) {
-					done <- fmt.Errorf("notification %d carries %d", i, got)
+					r.done <- fmt.Errorf("notification %d carries %d", i, got)
 					return
 				}
+				r.got.Add(1)
 			}
-			done <- nil
+			r.done <- nil
 		}()
-		return done
+		return r
+	}
+	// keepUp waits until r is at most lag notifications behind sent: a listener that reads keeps up within a few,
+	// however the scheduler of a loaded machine runs its goroutine (one that stopped for 63 writes was, rightly,
+	// the furthest behind).
+	keepUp := func(r *reader, sent int, lag int64) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); r.got.Load() < int64(sent)-lag; time.Sleep(50 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("a listener that reads got %d of %d notifications in 10 s", r.got.Load(), sent)
+			}
+		}
 	}
 	write := func(p pod, seq, size int) {
 		t.Helper()
@@ -190,9 +208,14 @@ func TestNotificationsNotReadAreBounded(t *testing.T) {
 	// 62.5 MiB of notifications: even the last idle listener passes 32 MiB alone, beside what gRPC's flow control
 	// window (at most 16 MiB a stream) lets through to its client.
 	const transfers = 1000
-	floodRead, quietRead := read(listen(flood.c), transfers), read(listen(quiet.c), transfers)
+	// The flooding pod's reader has a connection of its own, as another process of the pod would: on the idle
+	// listeners' connection, gRPC's flow control and writer are shared with them.
+	proc.setPod(t, floodUID)
+	floodRead, quietRead := read(listen(dial(t, a)), transfers), read(listen(quiet.c), transfers)
 	most := 0
 	for i := range transfers {
+		keepUp(floodRead, i, 8)
+		keepUp(quietRead, i, 8)
 		write(flood, i, 64<<10)
 		write(quiet, i, 16)
 		most = max(most, a.srv.QueuedNotificationBytes())
@@ -200,9 +223,9 @@ func TestNotificationsNotReadAreBounded(t *testing.T) {
 	if most > 32<<20 {
 		t.Errorf("the agent held %d bytes of notifications, want at most 32 MiB for the flooding pod", most)
 	}
-	for name, done := range map[string]<-chan error{"the flooding pod's listener that reads": floodRead, "the quiet pod's listener": quietRead} {
+	for name, r := range map[string]*reader{"the flooding pod's listener that reads": floodRead, "the quiet pod's listener": quietRead} {
 		select {
-		case err := <-done:
+		case err := <-r.done:
 			if err != nil {
 				t.Errorf("%s: %v", name, err)
 			}
