@@ -975,8 +975,9 @@ class Client:
     _forked = False
     # The metadata naming the session this client's memory is in (see _session_metadata).
     _session_md = None
-    # Set by close(): every later call raises ClientClosed.
+    # Set by close(): every later call raises ClientClosed; _ended, whether the agent said the session ended.
     _closed = False
+    _ended = False
     # Sessions lost (and close() counted) against those recover() caught up with: see _check_session.
     _losses = _session = 0
     # Reopens of the fast connection the agent did not answer in time (_fast_again).
@@ -1402,15 +1403,18 @@ class Client:
             return None
         return buf
 
-    def close(self):
+    def close(self) -> bool:
         """Ends the client's session, whose regions, layouts and pool slices the agent frees before it answers
         (waited for up to 2 s; an older agent frees them once the connection is gone), and closes the connection;
-        later calls raise ClientClosed, and closing again does nothing."""
+        later calls raise ClientClosed, and closing again does nothing. Returns whether the agent said the session
+        ended: False when it did not within the 2 s (a transfer in flight on its memory; the names free themselves
+        once it settles), or could not say (an agent older than EndSession, one that stopped, a forked child's
+        copy), so a caller about to register the same names elsewhere knows they may still be taken."""
         if self._closed:
-            return
+            return self._ended
         with self._lock:
             if self._closed:
-                return  # another thread closes it
+                return self._ended  # another thread closes it (False until it is done)
             live = self._losses == self._session and not self._forked
             self._closed = True
             self._losses += 1  # every call's session check then looks, and raises ClientClosed
@@ -1443,7 +1447,7 @@ class Client:
             # taken), and before this process lets go of the memory below.
             try:
                 self.stub.EndSession(pb.EndSessionRequest(), timeout=_CLOSE_WAIT, metadata=self._session_md)
-                ended = True
+                ended = self._ended = True
             except grpc.RpcError:
                 pass  # an agent older than EndSession, or one that did not answer: it frees them later
         with self._lock:
@@ -1455,13 +1459,14 @@ class Client:
         if self._forked:
             # The gRPC connection is the parent's: closing it here could end the parent's session. (The fast
             # socket, the mappings and the fds closed above are this process's copies: closing them sends nothing.)
-            return
+            return False
         self._channel.unsubscribe(self._on_state)
         if ended:
             # gRPC's close waits for its connectivity watch to end (up to 200 ms); the session is gone already.
             threading.Thread(target=self._channel.close, name="fabricxfer-close", daemon=True).start()
         else:
             self._channel.close()
+        return ended
 
     def __enter__(self):
         return self

@@ -670,13 +670,38 @@ class ClientTest(unittest.TestCase):
             c = Client(SOCKET)
             r = c.register_host(fd, 0, 8192, segment="py-close-names")
             c.register_layout([r], 4096, segment="py-close-kv")
-            c.close()
+            self.assertTrue(c.close(), "round %d: close() says the session did not end" % round_)
+            self.assertTrue(c.close(), "round %d: closing again" % round_)
             with self.assertRaises(AgentError) as e:
                 self.c.resolve_segment("", "py-close-names")
             self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, "round %d" % round_)
             with self.assertRaises(AgentError) as e:
                 self.c.resolve_layout("", "py-close-kv")
             self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, "round %d" % round_)
+
+    def test_close_says_when_the_agent_did_not_end_the_session(self):
+        # Go's Close returns an error when the session did not end in time; Python's close() returned None either
+        # way, and a caller registering the names elsewhere next could not know they might still be taken.
+        saved = fabricxfer.client._CLOSE_WAIT
+        fabricxfer.client._CLOSE_WAIT = 1e-9  # no agent answers within it
+        self.addCleanup(setattr, fabricxfer.client, "_CLOSE_WAIT", saved)
+        c = Client(SOCKET)
+        fd, _ = self.shm(4096)
+        c.register_host(fd, 0, 4096, segment="py-close-late")
+        self.assertIs(c.close(), False)
+        self.assertIs(c.close(), False, "closing again")
+        with self.assertRaisesRegex(ValueError, "^the client is closed"):
+            c.resolve_segment("", "py-close-late")
+        # The agent frees the names once it sees the connection go.
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                self.c.resolve_segment("", "py-close-late")
+            except AgentError as e:
+                self.assertEqual(e.code(), grpc.StatusCode.NOT_FOUND)
+                break
+            self.assertLess(time.monotonic(), deadline, "the segment of a closed client still resolves after 5 s")
+            time.sleep(0.01)
 
     def test_notifications_are_this_clients_own_and_refusals_raise_at_once(self):
         # The agent's filter is the caller (every client of this process here): by default a client listens to
