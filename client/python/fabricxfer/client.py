@@ -172,8 +172,8 @@ def _agent_error(e: grpc.RpcError) -> "_StatusError":
 
 
 class DeadlineExceeded(_StatusError, TimeoutError):
-    """The agent did not answer a fast-socket call within its deadline; code() is DEADLINE_EXCEEDED, as gRPC's
-    own call would say. The session is fine, but what the call asked may still happen (a transfer may land, under
+    """The agent did not answer a call within its deadline (or wait_all's transfers were still pending when its
+    time ran out); code() is DEADLINE_EXCEEDED, as gRPC's own call would say. The session is fine, but what the call asked may still happen (a transfer may land, under
     an id the client never learns); the client's next fast call opens a new fast connection."""
 
     def __init__(self, message: str):
@@ -301,6 +301,14 @@ def _answered(call) -> bool:
         return False
 
 
+def _header_of(call):
+    """Waits for a streaming call's header (or its end)."""
+    try:
+        call.initial_metadata()
+    except grpc.RpcError:
+        pass
+
+
 class _NotificationStream:
     """The iterator notifications() returns: the gRPC call's, but a stream the agent's restart or stop ended raises
     SessionLost, as the client's other calls do, instead of gRPC's UNAVAILABLE, and the agent's other ends
@@ -322,14 +330,15 @@ class _NotificationStream:
         try:
             return next(self._call)
         except grpc.RpcError as e:
+            if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                # The caller's own cancel(), a close() after it or not: a for loop over the stream ends.
+                raise StopIteration from None
             if self._client._closed:
                 raise ClientClosed() from e
             if self._client._session_lost(e.code(), e.details(), _answered(e)):
                 raise SessionLost("agent session lost (%s): call recover() and notifications() again"
                                   % e.details()) from e
-            ended = None if self._cancelled and e.code() == grpc.StatusCode.CANCELLED else _agent_error(e)
-        if ended is None:
-            raise StopIteration  # the caller's own cancel(): a for loop over the stream ends
+            ended = _agent_error(e)
         raise ended  # outside the except clause, as Client._call's
 
     def cancel(self):
@@ -2117,7 +2126,8 @@ class Client:
     def wait_all(self, transfer_ids: Sequence[int], timeout: Optional[float] = None) -> pb.TransferStatus:
         """Waits for every transfer of transfer_ids (submitted with wait=False) within timeout in all (default:
         the client's), in one round trip per 1,024 ids on the fast socket; returns the last one's status, raises
-        TransferFailed for the first that did not succeed and TimeoutError when the time ran out first."""
+        TransferFailed for the first that did not succeed and DeadlineExceeded (a TimeoutError) when the time ran
+        out first."""
         _seconds(timeout)
         ids = list(transfer_ids)
         if not ids:
@@ -2133,7 +2143,7 @@ class Client:
             if st.state != pb.TRANSFER_STATE_SUCCEEDED:
                 break
         if st.state == pb.TRANSFER_STATE_PENDING:
-            raise TimeoutError("transfer %d still pending when the wait's %.3g s ran out" % (st.transfer_id,
+            raise DeadlineExceeded("transfer %d still pending when the wait's %.3g s ran out" % (st.transfer_id,
                                                                                           timeout or self.timeout))
         if st.state != pb.TRANSFER_STATE_SUCCEEDED:
             raise TransferFailed(st)
@@ -2178,14 +2188,17 @@ class Client:
                              "ResolveSegment's layout field): upgrade it")
         return resp.layout
 
-    def notifications(self, regions: Optional[List[Region]] = None) -> Iterator[pb.Notification]:
+    def notifications(self, regions: Optional[List[Region]] = None,
+                      timeout: Optional[float] = None) -> Iterator[pb.Notification]:
         """Streams the notifications that transfers with notify leave on regions, one per transfer naming every
         listened region it touched (region_ids) (default: every region this client registered and holds now; the agent's own filter is the caller's, which is every client of a pod,
         or of a user without Kubernetes); cancel() the returned iterator to stop. Returns once the agent listens,
         so nothing that lands afterwards is missed; raises SessionLost after an agent restart (recover() first)
         and the agent's refusal (an unknown region: NOT_FOUND) at once. A stream the agent's restart ends raises
-        SessionLost where it is read."""
+        SessionLost where it is read. timeout (default the client's) bounds the wait for the agent to listen:
+        DeadlineExceeded after it; the stream itself has no deadline."""
         self._check_session()
+        timeout = _seconds(timeout) or self.timeout
         if regions is None:
             with self._lock:
                 regions = [r for r, how in self._owned.items() if not r.lost]
@@ -2194,10 +2207,14 @@ class Client:
                                  "regions")
         call = self.stub.Notifications(pb.NotificationsRequest(region_ids=[r.id for r in regions]),
                                        wait_for_ready=False, metadata=self._session_md)
-        try:
-            call.initial_metadata()
-        except grpc.RpcError:
-            pass
+        # gRPC's wait for the header has no deadline of its own: an agent that stalled held the caller for ever.
+        listening = threading.Thread(target=_header_of, args=(call,), name="fabricxfer-listen", daemon=True)
+        listening.start()
+        listening.join(timeout)
+        if listening.is_alive():
+            call.cancel()
+            raise DeadlineExceeded("the agent did not start listening within %.3g s (stalled, or too busy to "
+                                   "answer); nothing is listening" % timeout)
         if not call.is_active() or call.done():
             code = call.code()
             if code is not None and code != grpc.StatusCode.OK:

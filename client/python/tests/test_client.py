@@ -217,6 +217,31 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(ended, ["loop ended"])
         self.assertEqual(got, [b"n0", b"n1", b"n2"])
 
+    def test_a_loop_over_a_cancelled_stream_ends_when_close_follows_at_once(self):
+        # A decode process's shutdown, cancel() and then close(): the loop raised ClientClosed, every time.
+        for round_ in range(5):
+            c = Client(SOCKET)
+            fd, _ = self.shm(4096)
+            r = c.register_host(fd, 0, 4096)
+            stream = c.notifications([r])
+            ended = []
+
+            def listen():
+                try:
+                    for _ in stream:
+                        pass
+                    ended.append("loop ended")
+                except Exception as e:
+                    ended.append(e)
+            t = threading.Thread(target=listen)
+            t.start()
+            time.sleep(0.01)
+            stream.cancel()
+            c.close()
+            t.join(5.0)
+            self.assertFalse(t.is_alive(), "round %d: the loop went on after cancel() and close()" % round_)
+            self.assertEqual(ended, ["loop ended"], "round %d" % round_)
+
     def test_pool_memory_round_trip(self):
         if not self.c.info.HasField("pool_memory"):
             self.skipTest("the agent has no pool memory")

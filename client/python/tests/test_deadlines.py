@@ -101,6 +101,59 @@ class StalledAgentTest(unittest.TestCase):
         c._check_session()  # the session is not lost
 
 
+class StalledNotificationsTest(unittest.TestCase):
+    def test_notifications_of_an_agent_that_does_not_listen_raise_deadline_exceeded(self):
+        # notifications() waited for the stream's header without a deadline: with the agent stopped, a decode
+        # process listening again after recover() waited for as long as the agent was stopped, for ever if it
+        # never came back.
+        class HeldCall:
+            def __init__(self):
+                self.cancelled = threading.Event()
+
+            def initial_metadata(self):
+                self.cancelled.wait(30)  # a header never comes; gRPC ends the wait when the call is cancelled
+                raise grpc.RpcError()
+
+            def cancel(self):
+                self.cancelled.set()
+                return True
+
+        call = HeldCall()
+
+        class Stub:
+            def Notifications(self, req, **kw):
+                return call
+
+        c = Client.__new__(Client)
+        c.timeout, c._losses, c._session, c._lock, c._session_md = 5.0, 0, 0, threading.Lock(), None
+        c.stub = Stub()
+        r = Region(id=7, length=4096)
+        start = time.monotonic()
+        with self.assertRaises(fx.DeadlineExceeded) as e:
+            c.notifications([r], timeout=0.3)
+        took = time.monotonic() - start
+        self.assertGreaterEqual(took, 0.3)
+        self.assertLess(took, 3.0, "the wait outlived its timeout")
+        self.assertIn("did not start listening", str(e.exception))
+        self.assertTrue(call.cancelled.is_set(), "the call given up on was not cancelled")
+
+
+class WaitAllTimeoutTest(unittest.TestCase):
+    def test_wait_all_past_its_time_raises_deadline_exceeded_with_its_code(self):
+        # It raised a bare TimeoutError, without code(): "except (grpc.RpcError, TransferFailed)", the README's
+        # advice, missed it, and wait() says the same by a PENDING status.
+        c = Client.__new__(Client)
+        c.timeout = 5.0
+        with mock.patch.object(Client, "_fast_wait", lambda self, ids, left: pb.TransferStatus(
+                transfer_id=ids[0], state=pb.TRANSFER_STATE_PENDING)):
+            with self.assertRaises(fx.DeadlineExceeded) as e:
+                c.wait_all([41, 42], timeout=0.01)
+        self.assertIsInstance(e.exception, grpc.RpcError)
+        self.assertIsInstance(e.exception, TimeoutError)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.assertIn("transfer 41 still pending", e.exception.details())
+
+
 class StalledDescriptorSocketTest(unittest.TestCase):
     def test_a_descriptor_socket_that_does_not_answer_raises_deadline_exceeded(self):
         # register_host raised a bare TimeoutError ("timed out") for an agent stopped while it passed a memfd.
