@@ -21,7 +21,8 @@ import (
 // Field numbers of agent.proto that block requests are written with directly (TestBlockWireFieldNumbers checks
 // them against the descriptors, TestBlockFrameIsTheRequestOfTheArguments what is written against the message).
 const (
-	fastRequestBlocks protowire.Number = 2 // FastRequest.blocks
+	fastRequestBlocks      protowire.Number = 2 // FastRequest.blocks
+	fastRequestCallTimeout protowire.Number = 6 // FastRequest.call_timeout
 
 	blocksOp        protowire.Number = 1 // TransferBlocksRequest
 	blocksLayoutID  protowire.Number = 2
@@ -186,4 +187,14 @@ func appendIDs(b []byte, num protowire.Number, ids []uint32) []byte {
 	b = append(b, make([]byte, 4*len(ids))...)
 	putIDs(b[n:], ids)
 	return b
+}
+
+// appendCallTimeout appends FastRequest.call_timeout to a fast frame b for a call bounded by ctx (nothing when ctx
+// has no deadline): fields of a message may come in any order.
+func appendCallTimeout(ctx context.Context, b []byte) []byte {
+	d := callTimeout(ctx)
+	if d <= 0 {
+		return b
+	}
+	return fastwire.AppendDuration(b, fastRequestCallTimeout, int64(d/time.Second), int32(d%time.Second))
 }

@@ -332,7 +332,7 @@ func (c *Client) fastBlocks(ctx context.Context, r *blockRequest, ids, remoteIDs
 	}
 	// The buffer is the connection's, under the fast lock: the mailbox and the socket copy the frame before the call
 	// returns. One grown past a short list's frame is not kept.
-	c.frame = r.appendFast(c.frame[:0], ids, remoteIDs, arena)
+	c.frame = appendCallTimeout(ctx, r.appendFast(c.frame[:0], ids, remoteIDs, arena))
 	resp, ok, err = c.fastPayloadLocked(ctx, c.frame, c.spinFor(r.wait, n))
 	if cap(c.frame) > maxKeptFrame {
 		c.frame = nil
@@ -382,6 +382,9 @@ func (c *Client) fastWait(ctx context.Context, id, n uint64) (st *Status, ok boo
 // fastRequestLocked sends one request frame over the fast socket, polling for its reply for spin, with the fast
 // lock held and the fast connection open.
 func (c *Client) fastRequestLocked(ctx context.Context, req *agentv1.FastRequest, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
+	if d := callTimeout(ctx); d > 0 {
+		req.CallTimeout = durationpb.New(d)
+	}
 	payload, err := proto.Marshal(req)
 	if err != nil {
 		return nil, true, err

@@ -224,6 +224,20 @@ func boundedTimeout(ctx context.Context, timeout time.Duration, wait bool) time.
 	return timeout
 }
 
+// callTimeout is how long the agent has to answer a fast call bounded by ctx (FastRequest.call_timeout), zero
+// without a deadline: what ctx has left less a twentieth (at most 50 ms) for the answer to travel, as the agent
+// leaves itself for a gRPC call; half the margin of a waited transfer's own timeout (boundedTimeout), which
+// then fires first and is what the caller hears.
+func callTimeout(ctx context.Context) time.Duration {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return 0
+	}
+	left := time.Until(deadline)
+	left -= min(left/20, 50*time.Millisecond)
+	return max(left, time.Millisecond) // out of time: the agent's answer says so
+}
+
 func (c *Client) request(ctx context.Context, op Op, items []Item, opts TransferOptions, wait bool) (*agentv1.TransferRequest, error) {
 	if err := opts.check(c.Info); err != nil {
 		return nil, err

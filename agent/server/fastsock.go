@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/fabricxfer/fabricxfer/agent/server/fastwire"
 	"github.com/fabricxfer/fabricxfer/agent/server/fdsocket"
@@ -403,6 +404,11 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 	// Block transfers, the large frames, are read without copying their ids.
 	blocks, err := fc.blocks.Decode(frame)
 	if err == nil {
+		ctx, cancel, err := withCallTimeout(ctx, fc.blocks.CallTimeout())
+		if err != nil {
+			return nil, err
+		}
+		defer cancel()
 		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs(), early)
 	}
 	if !errors.Is(err, fastwire.ErrNotBlocks) {
@@ -412,6 +418,11 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 	if err := proto.Unmarshal(frame, &req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "frame is not a FastRequest: %v", err)
 	}
+	ctx, cancel, err := withCallTimeout(ctx, req.CallTimeout)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
 	switch r := req.Request.(type) {
 	case *agentv1.FastRequest_Transfer:
 		return s.xfer.Transfer(ctx, &sess.Session, r.Transfer, early)
@@ -428,6 +439,22 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 		return nil, s.setMailbox(sess, &fc.mailbox, r.Mailbox)
 	}
 	return nil, status.Error(codes.InvalidArgument, "fast request names no transfer")
+}
+
+// withCallTimeout bounds ctx by a frame's FastRequest.call_timeout, as gRPC bounds a call by its caller's
+// grpc-timeout: what the agent does for the call (resolving a peer's layout or segment, waiting) ends by then. A
+// fast connection's context has no deadline of its own, and a caller that gave up on a call to a stalled peer
+// left the agent resolving it until the transfer's timeout (60 s by default), its connection counted against
+// the caller's fast connections, and the transfer submitted once the peer answered.
+func withCallTimeout(ctx context.Context, d *durationpb.Duration) (context.Context, context.CancelFunc, error) {
+	if d == nil {
+		return ctx, func() {}, nil
+	}
+	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
+		return ctx, nil, status.Errorf(codes.InvalidArgument, "call_timeout %ds %dns: a positive duration, or none", d.GetSeconds(), d.GetNanos())
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.AsDuration())
+	return ctx, cancel, nil
 }
 
 // setMailbox maps the memfd the caller passed as the connection's mailbox, read-write, replacing the one it had.
@@ -487,7 +514,9 @@ func (s *Server) fastRoomLocked(key string) string {
 	}
 	switch {
 	case mine >= maxFastPerCaller:
-		return fmt.Sprintf("caller has %d fast connections, the limit is %d", mine, maxFastPerCaller)
+		return fmt.Sprintf("caller has %d fast connections, the limit is %d: close clients no longer used, or give the "+
+			"ones past it no fast path (Go client.WithoutFastPath, Python Client(fast=False)); outside Kubernetes every "+
+			"process of a user is one caller", mine, maxFastPerCaller)
 	case total >= maxFastConns:
 		return fmt.Sprintf("the agent serves %d fast connections, the limit is %d", total, maxFastConns)
 	}

@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,6 +87,28 @@ func TestFastSocketRefusesBadTokensAndFrames(t *testing.T) {
 	}
 	if r := rawFrame(t, conn2, []byte{0xff, 0xff, 0xff}); codes.Code(r.Code) != codes.InvalidArgument {
 		t.Fatalf("garbage frame: %v, want InvalidArgument", r)
+	}
+	// A call_timeout that is no positive duration, on a block frame (read by hand) and on any other: refused, and
+	// the connection answers the next frame.
+	for _, d := range []*durationpb.Duration{{Seconds: -1}, {}, {Nanos: -5}, {Seconds: 1, Nanos: 2e9}, {Seconds: 1 << 62}} {
+		for kind, req := range map[string]*agentv1.FastRequest{
+			"blocks": {Request: &agentv1.FastRequest_Blocks{Blocks: &agentv1.TransferBlocksRequest{LayoutId: 1, IdBytes: 4}}},
+			"wait":   {Request: &agentv1.FastRequest_Wait{Wait: &agentv1.FastWait{TransferIds: []uint64{1}}}},
+		} {
+			req.CallTimeout = d
+			payload, err := proto.Marshal(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r := rawFrame(t, conn2, payload); codes.Code(r.Code) != codes.InvalidArgument || !strings.Contains(r.Message, "call_timeout") {
+				t.Errorf("a %s frame with call_timeout %v: %v, want InvalidArgument naming call_timeout", kind, d, r)
+			}
+		}
+	}
+	wait, _ := proto.Marshal(&agentv1.FastRequest{Request: &agentv1.FastRequest_Wait{Wait: &agentv1.FastWait{TransferIds: []uint64{1}}},
+		CallTimeout: durationpb.New(time.Second)})
+	if r := rawFrame(t, conn2, wait); codes.Code(r.Code) != codes.NotFound {
+		t.Fatalf("a wait for a transfer nobody submitted, after the refusals: %v, want NotFound", r)
 	}
 	// The token was one-time.
 	conn3, _ := net.Dial("unix", a.srv.FastSocketPath())

@@ -377,11 +377,28 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 	if err := s.admitCall(ctx, info.FullMethod); err != nil {
 		return nil, err
 	}
+	ctx, cancel := answerBefore(ctx)
+	defer cancel()
 	resp, err := h(ctx, req)
 	if s.answeredItself(err) {
 		_ = grpc.SetTrailer(ctx, s.answered)
 	}
 	return resp, err
+}
+
+// answerBefore ends what the agent does for a gRPC call a twentieth of the call's time (at most 50 ms) before its
+// caller's deadline, so that the agent's own answer, saying what ran out (a peer that did not answer), reaches the
+// caller before gRPC's deadline does: with the same deadline on both sides the caller's fired first, and it read
+// as an agent that did not answer (a layout lookup towards a stalled peer), or as a failure of a call that had
+// done what it asked (a layout deregistered while its askers were told, past the caller's deadline). Half the
+// margin the clients leave a waited transfer's own timeout (a tenth, at most 100 ms), so that timeout fires first
+// and the caller hears the transfer's failure, not a call cut short with the transfer still running.
+func answerBefore(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, deadline.Add(-min(time.Until(deadline)/20, 50*time.Millisecond)))
 }
 
 func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {

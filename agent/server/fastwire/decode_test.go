@@ -26,7 +26,7 @@ import (
 func TestBlocksDecoderReadsWhatUnmarshalReads(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	var d BlocksDecoder
-	refusedBoth := 0
+	refusedBoth, callTimeouts := 0, 0
 	for round := range 3000 {
 		frame := randomBlocksFrame(rng)
 		var want agentv1.FastRequest
@@ -47,6 +47,16 @@ func TestBlocksDecoderReadsWhatUnmarshalReads(t *testing.T) {
 		if !proto.Equal(got, wb) {
 			t.Fatalf("round %d: Decode read\n%v\nproto.Unmarshal read\n%v\nframe %x", round, got, wb, frame)
 		}
+		if want.CallTimeout != nil {
+			dropUnknown(want.CallTimeout.ProtoReflect())
+			callTimeouts++
+		}
+		if ct := d.CallTimeout(); (ct == nil) != (want.CallTimeout == nil) || !proto.Equal(ct, want.CallTimeout) {
+			t.Fatalf("round %d: Decode read call_timeout %v, proto.Unmarshal %v, frame %x", round, ct, want.CallTimeout, frame)
+		}
+	}
+	if callTimeouts == 0 {
+		t.Fatal("no frame carried a call_timeout: the generator never wrote one")
 	}
 	if refusedBoth == 0 {
 		t.Fatal("no frame was refused: the generator never wrote a string that is not UTF-8")
@@ -107,11 +117,29 @@ func randomBlocksFrame(rng *rand.Rand) []byte {
 		frame = protowire.AppendTag(frame, fastFieldBlocks, protowire.BytesType)
 		frame = protowire.AppendBytes(frame, body)
 	}
+	for range rng.IntN(3) { // FastRequest.call_timeout, before or after the blocks, now and then twice (merged)
+		at := 0
+		if rng.IntN(2) == 0 {
+			at = len(frame)
+		}
+		field := protowire.AppendBytes(protowire.AppendTag(nil, fastFieldCallTime, protowire.BytesType), randomDuration(rng))
+		frame = append(frame[:at:at], append(field, frame[at:]...)...)
+	}
 	if rng.IntN(8) == 0 {
 		frame = protowire.AppendTag(frame, 99, protowire.VarintType)
 		frame = protowire.AppendVarint(frame, rng.Uint64())
 	}
 	return frame
+}
+
+// randomDuration is a Duration's bytes: seconds, nanos and an unknown field, in any order and number.
+func randomDuration(rng *rand.Rand) []byte {
+	var dur []byte
+	for range rng.IntN(3) {
+		num := protowire.Number(1 + rng.IntN(3))
+		dur = protowire.AppendVarint(protowire.AppendTag(dur, num, protowire.VarintType), rng.Uint64N(1<<40))
+	}
+	return dur
 }
 
 func appendRandomBlocksField(rng *rand.Rand, b []byte) []byte {
@@ -135,12 +163,7 @@ func appendRandomBlocksField(rng *rand.Rand, b []byte) []byte {
 	case 5:
 		return varint(blocksFieldIDBytes, uint64(rng.IntN(10)))
 	case 6:
-		var dur []byte
-		for range rng.IntN(3) {
-			num := protowire.Number(1 + rng.IntN(3)) // seconds, nanos, and an unknown field
-			dur = protowire.AppendVarint(protowire.AppendTag(dur, num, protowire.VarintType), rng.Uint64N(1<<40))
-		}
-		return bytesField(blocksFieldTimeout, dur)
+		return bytesField(blocksFieldTimeout, randomDuration(rng))
 	case 7:
 		return bytesField(blocksFieldNotify, randomBytes(rng, 8))
 	case 8:

@@ -26,6 +26,7 @@ const (
 	fastFieldIDArena  = 3
 	fastFieldWait     = 4
 	fastFieldMailbox  = 5
+	fastFieldCallTime = 6
 
 	blocksFieldOp        = 1
 	blocksFieldLayout    = 2
@@ -49,6 +50,18 @@ type BlocksDecoder struct {
 	remote  agentv1.LayoutRef
 	byID    agentv1.LayoutRef_LayoutId
 	timeout durationpb.Duration
+	// callTimeout is the frame's FastRequest.call_timeout when set (hasCallTimeout).
+	callTimeout    durationpb.Duration
+	hasCallTimeout bool
+}
+
+// CallTimeout is the FastRequest.call_timeout of the frame Decode read last, nil when it had none; valid until the
+// next Decode.
+func (d *BlocksDecoder) CallTimeout() *durationpb.Duration {
+	if !d.hasCallTimeout {
+		return nil
+	}
+	return &d.callTimeout
 }
 
 // Decode reads a FastRequest whose request is blocks without copying its id lists: LocalIds and RemoteIds alias
@@ -58,6 +71,7 @@ type BlocksDecoder struct {
 func (d *BlocksDecoder) Decode(frame []byte) (*agentv1.TransferBlocksRequest, error) {
 	req := &d.req
 	*req = agentv1.TransferBlocksRequest{}
+	d.hasCallTimeout = false
 	named := false
 	for b := frame; len(b) > 0; {
 		num, typ, n := consumeTag(b)
@@ -79,6 +93,20 @@ func (d *BlocksDecoder) Decode(frame []byte) (*agentv1.TransferBlocksRequest, er
 				return nil, err
 			}
 			named = true
+			continue
+		}
+		if typ == protowire.BytesType && num == fastFieldCallTime {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			b = b[n:]
+			if !d.hasCallTimeout {
+				d.callTimeout, d.hasCallTimeout = durationpb.Duration{}, true
+			}
+			if err := decodeDuration(v, &d.callTimeout); err != nil {
+				return nil, fmt.Errorf("field %d: %w", num, err)
+			}
 			continue
 		}
 		n = protowire.ConsumeFieldValue(num, typ, b)

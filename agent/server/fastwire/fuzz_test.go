@@ -48,6 +48,12 @@ func FuzzBlocksDecoder(f *testing.F) {
 		if !proto.Equal(got, wb) {
 			t.Fatalf("Decode read\n%v\nproto.Unmarshal read\n%v\nframe %x", got, wb, frame)
 		}
+		if want.CallTimeout != nil {
+			dropUnknown(want.CallTimeout.ProtoReflect())
+		}
+		if ct := d.CallTimeout(); (ct == nil) != (want.CallTimeout == nil) || !proto.Equal(ct, want.CallTimeout) {
+			t.Fatalf("Decode read call_timeout %v, proto.Unmarshal %v, frame %x", ct, want.CallTimeout, frame)
+		}
 	})
 }
 

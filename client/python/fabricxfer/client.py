@@ -925,7 +925,8 @@ class PreparedBlocks:
         if (self._width != self._rwidth or count >= _blocks.ARENA_MIN_IDS or c._fast is None):
             return False
         parts = _blocks.blocks_frame(self._op, lay.id, self._remote, memoryview(self._local),
-                                     memoryview(self._rids), self._width, self._timeout, None, self._wait)
+                                     memoryview(self._rids), self._width, self._timeout, None, self._wait,
+                                     c._answer_within(self._timeout))
         self._frame = (b"".join(parts),)
         self._mailbox = c._mailbox_for(self._layout, self._remote)
         self._lay, self._other, self._conn = lay, other, c._fast
@@ -1690,8 +1691,9 @@ class Client:
         """op is "read" or "write". With wait (default) returns the settled status or raises TransferFailed;
         without it returns the transfer id for wait(). timeout: seconds the transfer may take (a waited one
         defaults to the client's timeout, an unwaited one to the agent's, AGENT_DEFAULT_TIMEOUT; the agent fails it
-        with DEADLINE_EXCEEDED when it runs out). The call waits for the agent's answer past that timeout (an
-        unwaited one to a peer that does not answer is held until then); DeadlineExceeded when none came."""
+        with DEADLINE_EXCEEDED when it runs out). The call itself (resolving a peer's segment, waiting) has that
+        timeout, or the client's, and half a second more: the agent answers by then, and the call waits for its
+        answer a second past it; DeadlineExceeded when none came."""
         if not _seconds(timeout) and wait:
             timeout = self.timeout  # the agent ends it, and answers, before this call gives up
         if len(items) > 4096 and len(items) > (self.info.limits.max_items_per_transfer or len(items)):
@@ -1702,7 +1704,8 @@ class Client:
         req = self._request(_op(op), items, timeout, notify, wait)
         self._check_session()
         if self._fast is not None:
-            payload = pb.FastRequest(transfer=req).SerializeToString()
+            payload = (pb.FastRequest(transfer=req).SerializeToString()
+                       + _blocks.call_timeout_field(self._answer_within(timeout)))
             _request_fits(len(payload), len(items))
             try:
                 resp = self._fast_call([_HDR.pack(len(payload)), payload], timeout, mailbox=not self._mailbox_checked)
@@ -1731,15 +1734,20 @@ class Client:
         return notify if type(notify) is bytes else memoryview(notify).tobytes()
 
     def _call_timeout(self, timeout: Optional[float]) -> float:
-        """A gRPC call's deadline for a transfer of timeout seconds (None: the agent's default, which an unwaited
-        transfer gets): the agent's answer must have time to come."""
-        return max(self.timeout, (timeout or AGENT_DEFAULT_TIMEOUT) + 1.0)
+        """A gRPC call's deadline for a transfer of timeout seconds (None: an unwaited transfer naming none, whose
+        call the client's timeout bounds): the agent's answer must have time to come."""
+        return max(self.timeout, (timeout or self.timeout) + 1.0)
+
+    def _answer_within(self, timeout: Optional[float]) -> float:
+        """FastRequest.call_timeout of a fast call for a transfer (or wait) of timeout seconds (None: the client's
+        timeout bounds the call): the agent ends what it does for the call by then and answers. Half a second past
+        the transfer's own timeout, which fires first and is what the caller hears; a stalled peer held an
+        unwaited call, and the agent's work for it, until the agent's default (60 s) after the caller gave up."""
+        return (timeout or self.timeout) + 0.5
 
     def _reply_wait(self, timeout: Optional[float]) -> float:
-        """How long a fast call waits for its reply: the transfer's timeout (or the wait's), within which the agent
-        answers, else the agent's default (an unwaited transfer naming none may hold its call that long), plus a
-        second for the reply to travel."""
-        return (timeout or max(self.timeout, AGENT_DEFAULT_TIMEOUT)) + 1.0
+        """How long a fast call waits for its reply: half a second past _answer_within, for the reply to travel."""
+        return (timeout or self.timeout) + 1.0
 
     def _fast_call(self, parts, timeout: Optional[float] = None, build=None,
                    mailbox: bool = True) -> Optional[pb.TransferResponse]:
@@ -1996,7 +2004,8 @@ class Client:
         self._check_session()
         # A frame the fast socket would refuse goes by gRPC, whose refusal leaves the fast connection up.
         if not busy and self._fast is not None and len(local) + len(rids) + len(notify or b"") < FAST_FRAME_MAX - 4096:
-            parts = _blocks.blocks_frame(code, layout.pb.id, remote, local, rids, width, timeout, notify, wait)
+            parts = _blocks.blocks_frame(code, layout.pb.id, remote, local, rids, width, timeout, notify, wait,
+                                         self._answer_within(timeout))
             try:
                 return self._settled(self._fast_call(parts, timeout, mailbox=self._mailbox_for(layout, remote)), wait)
             except _FastBusy:
@@ -2046,19 +2055,20 @@ class Client:
             key = (code, id(lay), remote._node, remote._segment, timeout, wait, width, count)
         framing = self._frames.get(key)
         if framing is None:
-            parts = _blocks.blocks_frame(code, lay.id, remote, local, rids, width, timeout, None, wait)
-            framing = (parts[0], parts[2], lay, other, self._mailbox_for(layout, remote))
+            parts = _blocks.blocks_frame(code, lay.id, remote, local, rids, width, timeout, None, wait,
+                                         self._answer_within(timeout))
+            framing = (parts[0], parts[2], parts[4], lay, other, self._mailbox_for(layout, remote))
             if len(self._frames) >= 256:
                 self._frames.clear()
             self._frames[key] = framing
         if self._losses != self._session:
             self._check_session()  # raises
         # One frame: a single part goes into the mailbox as it is.
-        frame = b"".join((framing[0], local, framing[1], rids))
+        frame = b"".join((framing[0], local, framing[1], rids, framing[2]))
         try:
             if not wait:
-                return self._fast_call((frame,), timeout, mailbox=framing[4]).transfer_id
-            raw = self._fast_frame(frame, timeout, framing[4])
+                return self._fast_call((frame,), timeout, mailbox=framing[5]).transfer_id
+            raw = self._fast_frame(frame, timeout, framing[5])
         except _FastBusy:
             return self._grpc_blocks(code, layout, remote, local, rids, width, timeout, None, wait)
         if (len(raw) > 5 and raw[4] == 0x10 and raw[5] == 2 and raw[0] == 0x1A and raw[2] == 0x2A  # _landed(raw)
@@ -2095,7 +2105,7 @@ class Client:
         def build(conn):
             count = self._arena.fill(*packed) if self._arena is not None else None
             return None if count is None else _blocks.arena_frame(code, layout.pb.id, remote, count, timeout, notify,
-                                                                   wait)
+                                                                   wait, self._answer_within(timeout))
 
         # The arena is this process's memory too: in a checked mailbox its frame goes on the socket.
         return self._fast_call(None, timeout, build, mailbox=not self._mailbox_checked)
@@ -2156,7 +2166,7 @@ class Client:
         timeout = timeout or self.timeout
         self._check_session()
         if self._fast is not None:
-            parts = _blocks.wait_frame(ids, timeout)
+            parts = _blocks.wait_frame(ids, timeout, self._answer_within(timeout))
             try:
                 # The transfers waited for may have written this process's host memory (see _mailbox_for).
                 return self._fast_call(parts, timeout, mailbox=not self._mailbox_checked).status

@@ -62,21 +62,25 @@ class StalledAgentTest(unittest.TestCase):
         self.addCleanup(t.join, 10)
         return seen, t
 
-    def test_an_unwaited_transfer_without_a_timeout_waits_for_the_agents_answer(self):
-        # The agent holds an unwaited transfer up to its default timeout (a peer that does not answer): the call
-        # waits for that answer, rather than giving up after the client's own timeout.
-        c, theirs = self.client(timeout=0.1)
-        seen, _ = self.agent(theirs, answer_after=1.5)
+    def test_an_unwaited_transfer_tells_the_agent_when_to_answer_and_waits_for_that_answer(self):
+        # An unwaited transfer naming no timeout keeps the agent's default for the transfer, but its call (a peer's
+        # segment resolved, the transfer submitted) is bounded by the client's timeout, which the frame carries as
+        # call_timeout: a stalled peer held the call, and the agent's work for it, for the agent's 60 s default
+        # after the caller gave up, and the transfer was submitted when the peer came back. The agent answers
+        # within it, and the call waits for that answer.
+        c, theirs = self.client(timeout=0.4)
+        seen, _ = self.agent(theirs, answer_after=0.8)
         r = Region(id=1, length=4096)
-        with mock.patch.object(fx, "AGENT_DEFAULT_TIMEOUT", 2.0, create=True):
-            start = time.monotonic()
-            with self.assertRaises(grpc.RpcError) as e:
-                c.transfer("write", [Item(r, to_region(r), 16)], wait=False)
+        start = time.monotonic()
+        with self.assertRaises(grpc.RpcError) as e:
+            c.transfer("write", [Item(r, to_region(r), 16)], wait=False)
         self.assertNotIsInstance(e.exception, SessionLost)
         self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED, e.exception)
         self.assertIn("resolving node-b", e.exception.details(), "not the agent's own answer")
-        self.assertGreaterEqual(time.monotonic() - start, 1.4)
-        self.assertFalse(seen["request"].transfer.HasField("timeout"), "an unwaited transfer keeps the agent's default")
+        self.assertGreaterEqual(time.monotonic() - start, 0.7)
+        req = seen["request"]
+        self.assertFalse(req.transfer.HasField("timeout"), "an unwaited transfer keeps the agent's default")
+        self.assertEqual(req.call_timeout.ToNanoseconds(), 900_000_000, "the call's bound: the client's timeout and 0.5 s")
         self.assertIsInstance(c._fast, fastconn.FastConn, "an answered call dropped the fast connection")
 
     def test_a_call_past_its_deadline_raises_deadline_exceeded_and_keeps_the_fast_path(self):

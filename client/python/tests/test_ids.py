@@ -232,6 +232,35 @@ class FrameTest(unittest.TestCase):
         got = self.parse(blocks.blocks_frame(pb.OP_READ, 1, pb.LayoutRef(layout_id=2), empty, empty, 4))
         self.assertEqual((got.blocks.op, got.blocks.remote.layout_id, got.blocks.local_ids), (pb.OP_READ, 2, b""))
 
+    def test_frames_carry_the_calls_timeout_as_protobuf_would_write_it(self):
+        # FastRequest.call_timeout, appended after the request: each builder's frame reads as the message with it,
+        # framings kept per call timeout too (one kept for another would tell the agent the wrong bound).
+        local, _, _ = blocks.pack_ids(array.array("q", range(3)))
+        ref = pb.LayoutRef(layout_id=3)
+        for call in (10.5, 0.75, 10.5, 1e-10):
+            with self.subTest(call=call):
+                want_ct = pb.FastRequest()
+                want_ct.call_timeout.FromNanoseconds(max(int(call * 1e9), 1))
+                frames = {
+                    "blocks": (blocks.blocks_frame(pb.OP_WRITE, 7, ref, local, local, 8, 2.0, call_timeout=call),
+                               pb.FastRequest(blocks=blocks.blocks_request(pb.OP_WRITE, 7, ref, local, local, 8, 2.0))),
+                    "arena": (blocks.arena_frame(pb.OP_READ, 7, ref, 3, 2.0, call_timeout=call),
+                              pb.FastRequest(blocks=pb.TransferBlocksRequest(op=pb.OP_READ, layout_id=7, remote=ref,
+                                                                             id_bytes=4, arena_ids=3, wait=True))),
+                    "wait": (blocks.wait_frame([5, 6], 2.0, call_timeout=call), None),
+                }
+                for kind, (parts, want) in frames.items():
+                    got = self.parse(parts)
+                    self.assertEqual(got.call_timeout, want_ct.call_timeout, kind)
+                    if want is not None:
+                        if kind == "arena":
+                            want.blocks.timeout.FromNanoseconds(2_000_000_000)
+                        want.call_timeout.CopyFrom(want_ct.call_timeout)
+                        self.assertEqual(got, want, kind)
+                    else:
+                        self.assertEqual(list(got.wait.transfer_ids), [5, 6])
+        self.assertFalse(self.parse(blocks.wait_frame([5], 2.0)).HasField("call_timeout"))
+
     def test_kept_framing_follows_the_ids_lengths(self):
         # The framing of a frame is kept per head and id lengths: frames of one head with other lengths, built
         # again or taken from what was kept, are each what protobuf writes.

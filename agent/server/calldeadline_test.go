@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package server_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fabricxfer/fabricxfer/client"
+)
+
+// peerWork is a peer channel that never answers and records, for each call made to it, how long after the call
+// began its context ended: how long the agent kept working for a caller on a peer that does not answer.
+type peerWork struct {
+	stalledPeers
+	held chan time.Duration
+}
+
+func (p peerWork) hold(ctx context.Context) error {
+	start := time.Now()
+	<-ctx.Done()
+	p.held <- time.Since(start)
+	return ctx.Err()
+}
+
+func (p peerWork) ResolveSegment(ctx context.Context, _, _, _ string) ([]byte, error) {
+	return nil, p.hold(ctx)
+}
+
+func (p peerWork) ForgetLayout(ctx context.Context, _, _, _ string) error { return p.hold(ctx) }
+
+// TestCallsOnAStalledPeerEndAtTheCallersDeadline: what the agent does for a call towards a peer that does not
+// answer ends by the caller's deadline, and the caller hears the agent's own answer, naming what ran out:
+//   - an unwaited transfer on the fast socket: a fast connection's context had no deadline, so the agent resolved
+//     the peer's segment until the transfer's default timeout (60 s) after the caller gave up, submitted the
+//     transfer if the peer answered meanwhile (bytes landed after an error), and the connection counted against
+//     the caller's eight;
+//   - a layout deregistered while a node that resolved it is told: the telling used the caller's whole deadline,
+//     so the answer (success: the layout is gone) came after it, and the caller read a failure.
+func TestCallsOnAStalledPeerEndAtTheCallersDeadline(t *testing.T) {
+	peers := peerWork{held: make(chan time.Duration, 8)}
+	opts := baseOptions(t, newProcFixture(t))
+	opts.Peers = peers
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	m := shm(t, 4096)
+	r, err := c.RegisterHost(ctxT(t), m.File, 0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const deadline = 400 * time.Millisecond
+	heldFor := func(what string) {
+		t.Helper()
+		select {
+		case d := <-peers.held:
+			if d > deadline {
+				t.Errorf("%s: the agent waited on the peer %v, past the caller's %v", what, d, deadline)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the agent still waited on the peer 5 s after the caller's %v deadline", what, deadline)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	start := time.Now()
+	_, err = c.Submit(ctx, client.Write, []client.Item{{Local: r, Remote: client.ToSegment("node-z", "kv"), Length: 4096}}, client.TransferOptions{})
+	cancel()
+	took := time.Since(start)
+	if err == nil || client.Code(err).String() != "DeadlineExceeded" || !strings.Contains(err.Error(), "node-z") {
+		t.Errorf("an unwaited fast transfer towards a stalled peer: %v, want the agent's DeadlineExceeded naming node-z", err)
+	}
+	if took > deadline+200*time.Millisecond {
+		t.Errorf("an unwaited fast transfer towards a stalled peer returned after %v, its deadline %v", took, deadline)
+	}
+	heldFor("an unwaited fast transfer")
+	// The agent answered before the caller gave up: the connection stays in step, and the next call takes it.
+	if _, err := c.Write(ctxT(t), r, 0, client.ToRegion(r), 2048, 16); err != nil {
+		t.Fatalf("a transfer after: %v", err)
+	}
+
+	// A layout that node-z resolved: deregistering tells node-z, which does not answer.
+	l, _ := hostLayout(t, c, rand.New(rand.NewPCG(3, 4)), 1, 4, 256, client.PublishLayout("kv-told"))
+	if _, err := a.srv.LookupLayout("kv-told", "", "node-z"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), deadline)
+	err = c.DeregisterLayout(ctx, l)
+	cancel()
+	if err != nil {
+		t.Errorf("deregistering a layout a stalled node resolved: %v, want it deregistered (the telling is the agent's to bound)", err)
+	}
+	heldFor("telling a stalled node a layout is gone")
+	if _, err := c.ResolveLayoutSegment(ctxT(t), "", "kv-told"); client.Code(err).String() != "NotFound" {
+		t.Errorf("the deregistered layout resolves: %v", err)
+	}
+}
