@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Copyright The fabricxfer Authors
 #
-# hack/two-agents.sh up|down|status — two agents on one machine as two nodes of one pool, without Kubernetes
+# hack/two-agents.sh up|down|status|restart — two agents on one machine as two nodes of one pool, without Kubernetes
 # and without Go: node-a and node-b run `agent standalone` with their own node names, sockets and ports, each
 # other as static peers (--peers), and the pool's certificates written by `agent certs` (the operator's own
 # PKI), so everything between them crosses the agent-to-agent channel and the tcp engine over loopback, as
@@ -19,6 +19,9 @@
 # Extra agent flags: AGENT_ARGS (both), e.g. AGENT_ARGS="--tcp-staging-bytes 134217728". TRACE_DIR: each agent
 # writes an execution trace of its run there (a.trace, b.trace; hack/trace-tcp.py reads their staged transfers);
 # PROFILE_DIR: a CPU profile of its run (a.pprof, b.pprof).
+# `restart a|b [TERM|KILL]` stops one agent (TERM by default: it ends its sessions as on a node's shutdown; KILL:
+# as a crash) and starts it again with the same flags, the certificates kept, its log before that kept as a.log.N:
+# what a client sees of its agent's restart, or of a peer's.
 set -euo pipefail
 
 AGENT=${AGENT:-bin/agent}
@@ -57,14 +60,44 @@ wait_socket() { # name
   die "agent $1 did not open its socket within 60 s (log $DIR/$1.log)"
 }
 
+start_node() { # a|b
+  case $1 in
+  a) start_one a "$NODE_A" "$PORT_BASE" $((PORT_BASE + 1)) "$NODE_B" $((PORT_BASE + 10)) ;;
+  b) start_one b "$NODE_B" $((PORT_BASE + 10)) $((PORT_BASE + 11)) "$NODE_A" "$PORT_BASE" ;;
+  esac
+}
+
+stop_one() { # name signal: the agent stopped with signal, waited for up to 10 s, then killed
+  local pid
+  alive "$DIR/$1.pid" || { rm -f "$DIR/$1.pid"; return 0; }
+  pid=$(cat "$DIR/$1.pid")
+  kill -"$2" "$pid"
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; fi
+  rm -f "$DIR/$1.pid"
+}
+
+restart() { # a|b [TERM|KILL]
+  local name=${1:-} sig=${2:-TERM} n=1
+  case $name in a | b) ;; *) die "usage: hack/two-agents.sh restart a|b [TERM|KILL]" ;; esac
+  case $sig in TERM | KILL | INT) ;; *) die "restart stops an agent with TERM, INT or KILL, not $sig" ;; esac
+  [ -f "$DIR/tls/ca.crt" ] || die "not up in $DIR (hack/two-agents.sh up first)"
+  stop_one "$name" "$sig"
+  while [ -e "$DIR/$name.log.$n" ]; do n=$((n + 1)); done
+  if [ -f "$DIR/$name.log" ]; then mv "$DIR/$name.log" "$DIR/$name.log.$n"; fi
+  start_node "$name"
+  wait_socket "$name"
+  echo "agent $name restarted after $sig (log $DIR/$name.log; the one before, $DIR/$name.log.$n)"
+}
+
 up() {
   [ -x "$AGENT" ] || die "no agent binary at $AGENT (set AGENT=/path/to/agent)"
   if alive "$DIR/a.pid" || alive "$DIR/b.pid"; then die "already up in $DIR (hack/two-agents.sh down first)"; fi
   rm -rf "$DIR"
   mkdir -p "$DIR"
   "$AGENT" certs --dir "$DIR/tls" --pool-namespace default --pool-name kv --validity 24h >/dev/null
-  start_one a "$NODE_A" "$PORT_BASE" $((PORT_BASE + 1)) "$NODE_B" $((PORT_BASE + 10))
-  start_one b "$NODE_B" $((PORT_BASE + 10)) $((PORT_BASE + 11)) "$NODE_A" "$PORT_BASE"
+  start_node a
+  start_node b
   wait_socket a
   wait_socket b
   cat >"$DIR/env" <<ENV
@@ -78,15 +111,9 @@ ENV
 }
 
 down() {
-  local name pid
+  local name
   for name in a b; do
-    if alive "$DIR/$name.pid"; then
-      pid=$(cat "$DIR/$name.pid")
-      kill -TERM "$pid"
-      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
-    fi
-    rm -f "$DIR/$name.pid"
+    stop_one "$name" TERM
   done
   echo "two agents down ($DIR kept for the logs)"
 }
@@ -102,5 +129,6 @@ case ${1:-} in
 up) up ;;
 down) down ;;
 status) status ;;
-*) echo "usage: hack/two-agents.sh up|down|status (AGENT=/path/to/agent)" >&2; exit 2 ;;
+restart) restart "${2:-}" "${3:-}" ;;
+*) echo "usage: hack/two-agents.sh up|down|status|restart a|b [TERM|KILL] (AGENT=/path/to/agent)" >&2; exit 2 ;;
 esac
