@@ -98,3 +98,35 @@ func TestCallsOnAStalledPeerEndAtTheCallersDeadline(t *testing.T) {
 		t.Errorf("the deregistered layout resolves: %v", err)
 	}
 }
+
+// TestAPeersRefusalReadsInItsOwnWords: a peer's answer is quoted as its message under its own code, not as gRPC's
+// "rpc error: code = NotFound desc = ..." inside the agent's.
+func TestAPeersRefusalReadsInItsOwnWords(t *testing.T) {
+	opts := baseOptions(t, newProcFixture(t))
+	opts.Peers = &forgetRecorder{nodes: map[string]int{}}
+	a := startAgent(t, opts)
+	c := dial(t, a)
+	l, _ := hostLayout(t, c, rand.New(rand.NewPCG(5, 6)), 1, 4, 256)
+	m := shm(t, 4096)
+	r, err := c.RegisterHost(ctxT(t), m.File, 0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, call := range map[string]func() error{
+		"a block transfer to a layout segment": func() error {
+			_, err := c.TransferBlocks(ctxT(t), client.Write, l, []uint32{0}, client.ToLayoutSegment("node-z", "gone"), []uint32{0}, client.TransferOptions{})
+			return err
+		},
+		"a layout lookup": func() error { _, err := c.ResolveLayoutSegment(ctxT(t), "node-z", "gone"); return err },
+		"a transfer to a segment": func() error {
+			_, err := c.Write(ctxT(t), r, 0, client.ToSegment("node-z", "gone"), 0, 16)
+			return err
+		},
+		"a segment lookup": func() error { _, err := c.ResolveSegment(ctxT(t), "node-z", "gone"); return err },
+	} {
+		err := call()
+		if client.Code(err).String() != "NotFound" || strings.Count(err.Error(), "rpc error") > 1 || !strings.Contains(err.Error(), "on node") {
+			t.Errorf("%s: %v, want NotFound quoting node-z's answer once", what, err)
+		}
+	}
+}

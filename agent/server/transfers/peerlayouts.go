@@ -150,7 +150,7 @@ func (s *Service) askPeerLayout(ctx context.Context, key peerLayoutKey) (*peerLa
 	}
 	ld, err := s.peers.ResolveLayout(ctx, node, segment, key.asker)
 	if err != nil {
-		return nil, status.Errorf(peerCode(err), "resolving layout segment %q on node %s: %v", segment, node, err)
+		return nil, status.Errorf(peerCode(err), "resolving layout segment %q on node %s: %s", segment, node, peerMessage(err))
 	}
 	hi, length := bits.Mul64(ld.Blocks, ld.BlockBytes)
 	if n := len(ld.Regions); n == 0 || n > regiontable.MaxLayoutRegions || ld.BlockBytes == 0 || ld.Blocks == 0 || ld.Blocks > 1<<32 || hi != 0 {

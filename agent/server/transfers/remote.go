@@ -145,7 +145,7 @@ func (s *Service) ResolveSegment(ctx context.Context, sess *regiontable.Session,
 	} else {
 		desc, err = s.peers.ResolveSegment(ctx, req.Node, req.Segment, sess.Caller.Namespace)
 		if err != nil {
-			err = status.Errorf(peerCode(err), "resolving segment %q on node %s: %v", req.Segment, req.Node, err)
+			err = status.Errorf(peerCode(err), "resolving segment %q on node %s: %s", req.Segment, req.Node, peerMessage(err))
 		}
 	}
 	if err != nil {

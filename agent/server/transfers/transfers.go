@@ -316,13 +316,22 @@ func (s *Service) resolveRemote(ctx context.Context, sess *regiontable.Session, 
 		}
 		desc, err := s.peers.ResolveSegment(ctx, ref.Node, t.Segment, sess.Caller.Namespace)
 		if err != nil {
-			return "", status.Errorf(peerCode(err), "resolving segment %q on node %s: %v", t.Segment, ref.Node, err)
+			return "", status.Errorf(peerCode(err), "resolving segment %q on node %s: %s", t.Segment, ref.Node, peerMessage(err))
 		}
 		return s.importDescriptor(ctx, desc, false)
 	case *agentv1.RemoteRef_Desc:
 		return s.importDescriptor(ctx, t.Desc, true)
 	}
 	return "", status.Error(codes.InvalidArgument, "remote names no region, segment or descriptor")
+}
+
+// peerMessage is what a peer's error says, without gRPC's "rpc error: code = ... desc =" around it (the code is
+// the answer's own: peerCode).
+func peerMessage(err error) string {
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+		return st.Message()
+	}
+	return err.Error()
 }
 
 func peerCode(err error) codes.Code {
