@@ -43,15 +43,7 @@ func (p peerWork) ForgetLayout(ctx context.Context, _, _, _ string) error { retu
 //     so the answer (success: the layout is gone) came after it, and the caller read a failure.
 func TestCallsOnAStalledPeerEndAtTheCallersDeadline(t *testing.T) {
 	peers := peerWork{held: make(chan time.Duration, 8)}
-	opts := baseOptions(t, newProcFixture(t))
-	opts.Peers = peers
-	a := startAgent(t, opts)
-	c := dial(t, a)
-	m := shm(t, 4096)
-	r, err := c.RegisterHost(ctxT(t), m.File, 0, 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, c, r, _ := withPeers(t, peers)
 	const deadline = 400 * time.Millisecond
 	heldFor := func(what string) {
 		t.Helper()
@@ -67,7 +59,7 @@ func TestCallsOnAStalledPeerEndAtTheCallersDeadline(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	start := time.Now()
-	_, err = c.Submit(ctx, client.Write, []client.Item{{Local: r, Remote: client.ToSegment("node-z", "kv"), Length: 4096}}, client.TransferOptions{})
+	_, err := c.Submit(ctx, client.Write, []client.Item{{Local: r, Remote: client.ToSegment("node-z", "kv"), Length: 4096}}, client.TransferOptions{})
 	cancel()
 	took := time.Since(start)
 	if err == nil || client.Code(err).String() != "DeadlineExceeded" || !strings.Contains(err.Error(), "node-z") {
@@ -102,16 +94,8 @@ func TestCallsOnAStalledPeerEndAtTheCallersDeadline(t *testing.T) {
 // TestAPeersRefusalReadsInItsOwnWords: a peer's answer is quoted as its message under its own code, not as gRPC's
 // "rpc error: code = NotFound desc = ..." inside the agent's.
 func TestAPeersRefusalReadsInItsOwnWords(t *testing.T) {
-	opts := baseOptions(t, newProcFixture(t))
-	opts.Peers = &forgetRecorder{nodes: map[string]int{}}
-	a := startAgent(t, opts)
-	c := dial(t, a)
+	_, c, r, _ := withPeers(t, &forgetRecorder{nodes: map[string]int{}})
 	l, _ := hostLayout(t, c, rand.New(rand.NewPCG(5, 6)), 1, 4, 256)
-	m := shm(t, 4096)
-	r, err := c.RegisterHost(ctxT(t), m.File, 0, 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for what, call := range map[string]func() error{
 		"a block transfer to a layout segment": func() error {
 			_, err := c.TransferBlocks(ctxT(t), client.Write, l, []uint32{0}, client.ToLayoutSegment("node-z", "gone"), []uint32{0}, client.TransferOptions{})

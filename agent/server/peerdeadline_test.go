@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fabricxfer/fabricxfer/agent/server"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/engines"
@@ -42,11 +43,11 @@ func (stalledPeers) ConfirmDescriptor(ctx context.Context, _ string, _ uint64, _
 	return nil, ctx.Err()
 }
 
-// TestStalledPeerIsBoundedByTheTransfersTimeout: a transfer naming a segment of a peer that never answers
-// fails within its own timeout, not the call's.
-func TestStalledPeerIsBoundedByTheTransfersTimeout(t *testing.T) {
+// withPeers starts an agent whose peer channel is peers, with a client that registered 4 KiB of host memory.
+func withPeers(t *testing.T, peers server.SegmentResolver) (*agent, *client.Client, *client.Region, *client.SharedMemory) {
+	t.Helper()
 	opts := baseOptions(t, newProcFixture(t))
-	opts.Peers = stalledPeers{}
+	opts.Peers = peers
 	a := startAgent(t, opts)
 	c := dial(t, a)
 	m := shm(t, 4096)
@@ -54,6 +55,14 @@ func TestStalledPeerIsBoundedByTheTransfersTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return a, c, r, m
+}
+
+// TestStalledPeerIsBoundedByTheTransfersTimeout: a transfer naming a segment of a peer that never answers
+// fails within its own timeout, not the call's.
+func TestStalledPeerIsBoundedByTheTransfersTimeout(t *testing.T) {
+	a, c, r, m := withPeers(t, stalledPeers{})
+	var err error
 	for name, fast := range map[string]bool{"fast socket": true, "grpc": false} {
 		cc := c
 		if !fast {
