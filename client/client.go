@@ -336,6 +336,11 @@ func (c *Client) wrap(ctx context.Context, what string, gen uint64, err error) e
 	if ended := ctxEnded(ctx); ended != nil && !errors.Is(err, ended) && endedByDeadline(err) {
 		return fmt.Errorf("%s: %w (%w)", what, err, ended)
 	}
+	if Code(err) == codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
+		// The agent's answer that a deadline ran out: the call's (it answers a little before the context's, to be
+		// heard), or the transfer's own. It reads as the context's would, as a TransferError of that state does.
+		return fmt.Errorf("%s: %w (%w)", what, err, context.DeadlineExceeded)
+	}
 	return fmt.Errorf("%s: %w", what, err)
 }
 

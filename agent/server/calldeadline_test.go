@@ -5,12 +5,19 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/tcp"
 )
 
 // peerWork is a peer channel that never answers and records, for each call made to it, how long after the call
@@ -68,7 +75,18 @@ func TestCallsOnAStalledPeerEndAtTheCallersDeadline(t *testing.T) {
 	if took > deadline+200*time.Millisecond {
 		t.Errorf("an unwaited fast transfer towards a stalled peer returned after %v, its deadline %v", took, deadline)
 	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("the agent's answer that the call's deadline ran out does not match context.DeadlineExceeded: %v", err)
+	}
 	heldFor("an unwaited fast transfer")
+	// Through gRPC, a lookup: the agent's answer, before the caller's deadline, reads as the deadline's end too.
+	ctx, cancel = context.WithTimeout(context.Background(), deadline)
+	_, err = c.ResolveSegment(ctx, "node-z", "kv")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "node node-z") {
+		t.Errorf("a segment lookup towards a stalled peer: %v, want the agent's answer naming node-z, matching context.DeadlineExceeded", err)
+	}
+	heldFor("a segment lookup")
 	// The agent answered before the caller gave up: the connection stays in step, and the next call takes it.
 	if _, err := c.Write(ctxT(t), r, 0, client.ToRegion(r), 2048, 16); err != nil {
 		t.Fatalf("a transfer after: %v", err)
@@ -111,6 +129,58 @@ func TestAPeersRefusalReadsInItsOwnWords(t *testing.T) {
 		err := call()
 		if client.Code(err).String() != "NotFound" || strings.Count(err.Error(), "rpc error") > 1 || !strings.Contains(err.Error(), "on node") {
 			t.Errorf("%s: %v, want NotFound quoting node-z's answer once", what, err)
+		}
+	}
+}
+
+// slowLayoutPeers answer a layout lookup after delay, with ld.
+type slowLayoutPeers struct {
+	stalledPeers
+	delay time.Duration
+	ld    *agentv1.LayoutDescriptor
+}
+
+func (p slowLayoutPeers) ResolveLayout(ctx context.Context, _, _, _ string) (*agentv1.LayoutDescriptor, error) {
+	select {
+	case <-time.After(p.delay):
+		return p.ld, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestABlockTransfersTimeoutCountsTheLayoutLookup: a waited block transfer to a layout another node published,
+// whose lookup took a while and whose copy never ends (a peer's data address that never answers), fails on its own
+// timeout, and the caller hears that failure with its state, before its deadline. Its timeout was counted from
+// after the lookup: it outlived the caller's deadline, the call ended first, and the caller heard "still pending".
+func TestABlockTransfersTimeoutCountsTheLayoutLookup(t *testing.T) {
+	mem, err := engines.MarshalDesc(engines.MemoryDesc{ID: "node-z/00112233445566778899aabbccddeeff", Node: "node-z",
+		Location: engines.Location{Kind: engines.LocationHost}, Size: 4096, Handles: engines.Handles{TCP: "10.0.0.9:7443"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, err := proto.Marshal(&agentv1.SegmentDescriptor{Node: "node-z", PoolNamespace: "infer", PoolName: "kv", RegionId: 7,
+		Length: 4096, Kind: agentv1.MemoryKind_MEMORY_KIND_HOST, Memory: mem})
+	if err != nil {
+		t.Fatal(err)
+	}
+	never, err := tcp.New(tcp.Options{Node: "node-a", DialTimeout: time.Minute,
+		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) { <-ctx.Done(); return nil, ctx.Err() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := baseOptions(t, newProcFixture(t))
+	opts.Engine = hostComposite(t, "node-a", never)
+	opts.Peers = slowLayoutPeers{delay: 300 * time.Millisecond, ld: &agentv1.LayoutDescriptor{BlockBytes: 1024, Blocks: 4, Regions: [][]byte{desc}}}
+	a := startAgent(t, opts)
+	for name, c := range map[string]*client.Client{"fast socket": dial(t, a), "grpc": dialNoFast(t, a)} {
+		l, _ := hostLayout(t, c, rand.New(rand.NewPCG(7, 8)), 1, 4, 1024)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := c.TransferBlocks(ctx, client.Write, l, []uint32{0}, client.ToLayoutSegment("node-z", "kv"), []uint32{1}, client.TransferOptions{})
+		cancel()
+		var failed *client.TransferError
+		if !errors.As(err, &failed) || failed.Status.State != agentv1.TransferState_TRANSFER_STATE_DEADLINE_EXCEEDED {
+			t.Errorf("%s: %v, want the transfer's own DEADLINE_EXCEEDED status", name, err)
 		}
 	}
 }

@@ -37,6 +37,7 @@ func (s *Server) GetInfo(ctx context.Context, req *agentv1.GetInfoRequest) (*age
 			MaxInFlight: uint32(s.opts.Limits.MaxInFlight), MaxItemsPerTransfer: uint32(s.opts.Limits.MaxItemsPerTransfer),
 			MaxNotifyBytes: engines.MaxNotifyPayload},
 		FdSocket: s.FDSocketPath(), Instance: s.instance, Session: sess.ID,
+		Features: []string{FeatureFastCallTimeout},
 	}
 	for _, e := range s.opts.Engines {
 		resp.Engines = append(resp.Engines, &agentv1.EngineInfo{Name: e.Name, Available: e.Available, Reason: e.Reason})
@@ -209,6 +210,10 @@ func (s *Server) IssuedDescriptor(id uint64, key []byte) ([]byte, error) {
 // LookupLayout answers a peer asking for a published layout (agent/peers): its geometry and every region's
 // descriptor, when a pod of namespace asker may use it; one it may not use is missing. node (when not empty) is
 // told when the layout goes.
+// FeatureFastCallTimeout (GetInfoResponse.features) says the agent bounds a fast call by its
+// FastRequest.call_timeout.
+const FeatureFastCallTimeout = "fast-call-timeout"
+
 func (s *Server) LookupLayout(segment, asker, node string) (*agentv1.LayoutDescriptor, error) {
 	return s.table.LookupLayout(segment, asker, node)
 }

@@ -177,6 +177,11 @@ func TestNotificationsNotReadAreBounded(t *testing.T) {
 	keepUp := func(r *reader, sent int, lag int64) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); r.got.Load() < int64(sent)-lag; time.Sleep(50 * time.Microsecond) {
+			select {
+			case err := <-r.done: // it stopped reading: why, rather than a count 10 s later
+				t.Fatalf("a listener that reads stopped after %d of %d notifications: %v", r.got.Load(), sent, err)
+			default:
+			}
 			if time.Now().After(deadline) {
 				t.Fatalf("a listener that reads got %d of %d notifications in 10 s", r.got.Load(), sent)
 			}

@@ -78,6 +78,12 @@ func (s *Service) TransferBlocks(ctx context.Context, sess *regiontable.Session,
 		if err != nil {
 			return nil, err
 		}
+		// The transfer's timeout counts from the call, the question included (as Transfer's does): counted from
+		// after it, a slow answer let the transfer outlive its caller's deadline, which then ended the call first
+		// ("still pending") instead of the transfer's own failure.
+		if timeout = cmp.Or(timeout, engines.DefaultTimeout) - time.Since(start); timeout <= 0 {
+			return nil, status.Errorf(codes.DeadlineExceeded, "the transfer's timeout ran out while node %s's layout %q was resolved", ref.Node, seg.Segment)
+		}
 	}
 	resp, err := s.submitBlocks(ctx, sess, req, n, width, peer, timeout, early)
 	if peer == nil || !blocksFailed(resp, err) {

@@ -120,7 +120,7 @@ func (s *Service) confirmIssued(ctx context.Context, sd *agentv1.SegmentDescript
 	}
 	issued, err := s.peers.ConfirmDescriptor(ctx, sd.Node, sd.RegionId, sd.Key)
 	if err != nil {
-		return status.Errorf(peerCode(err), "confirming a descriptor of region %d with node %s: %v", sd.RegionId, sd.Node, err)
+		return status.Errorf(peerCode(err), "confirming a descriptor of region %d with node %s: %s", sd.RegionId, sd.Node, peerMessage(err))
 	}
 	if !bytes.Equal(issued, b) {
 		return status.Errorf(codes.FailedPrecondition, "the descriptor of region %d is not what node %s issued for it: use the descriptor its owner shared (Region.desc) or name its segment", sd.RegionId, sd.Node)

@@ -71,6 +71,8 @@ _MAX_WAIT_IDS = 1024
 # The timeout the agent gives a transfer that names none (engines.DefaultTimeout): an unwaited transfer without
 # a timeout may hold its call that long (a peer that does not answer), so the call waits for the agent past it.
 AGENT_DEFAULT_TIMEOUT = 60.0
+# GetInfoResponse.features of an agent that bounds a fast call by its FastRequest.call_timeout.
+_FEATURE_CALL_TIMEOUT = "fast-call-timeout"
 
 
 def _seconds(timeout, what: str = "timeout", default: str = " (None or 0: the client's)"):
@@ -152,11 +154,23 @@ class _StatusError(grpc.RpcError):
 
 class AgentError(_StatusError):
     """A call's error status, whichever socket the call took (the fast socket's, and gRPC's in its place): code()
-    and details() read like a gRPC error's, which it is (a grpc.RpcError), so one except clause covers both."""
+    and details() read like a gRPC error's, which it is (a grpc.RpcError), so one except clause covers both. The
+    agent's DEADLINE_EXCEEDED (a deadline ran out: the call's, which the agent answers a little before the caller
+    gives up, or the transfer's own) is also a TimeoutError, as a silent agent's DeadlineExceeded is."""
+
+    def __new__(cls, code=None, message: str = ""):
+        if cls is AgentError and code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.DEADLINE_EXCEEDED.value[0]):
+            cls = AgentDeadlineExceeded
+        return super().__new__(cls, code, message)
 
     def __init__(self, code, message: str):
         super().__init__(code if isinstance(code, grpc.StatusCode) else _CODES.get(code, grpc.StatusCode.UNKNOWN),
                          message)
+
+
+class AgentDeadlineExceeded(AgentError, TimeoutError):
+    """The agent's answer that a deadline ran out, naming what (a peer that did not answer, say): an AgentError and
+    a TimeoutError. AgentError(DEADLINE_EXCEEDED, ...) makes one."""
 
 
 def _agent_error(e: grpc.RpcError) -> "_StatusError":
@@ -172,8 +186,8 @@ def _agent_error(e: grpc.RpcError) -> "_StatusError":
 
 
 class DeadlineExceeded(_StatusError, TimeoutError):
-    """The agent did not answer a call within its deadline (or wait_all's transfers were still pending when its
-    time ran out); code() is DEADLINE_EXCEEDED, as gRPC's own call would say. The session is fine, but what the call asked may still happen (a transfer may land, under
+    """The agent did not answer a call within its deadline; code() is DEADLINE_EXCEEDED, as gRPC's own call would
+    say. (wait_all and notifications raise it too when their time ran out; the rest below is of silent calls.) The session is fine, but what the call asked may still happen (a transfer may land, under
     an id the client never learns); the client's next fast call opens a new fast connection."""
 
     def __init__(self, message: str):
@@ -903,7 +917,7 @@ class PreparedBlocks:
     id; any other goes through transfer_blocks with the packed ids."""
 
     __slots__ = ("_client", "_op", "_layout", "_local", "_width", "_remote", "_rids", "_rwidth", "_timeout",
-                 "_wait", "_frame", "_mailbox", "_lay", "_other", "_conn")
+                 "_wait", "_frame", "_mailbox", "_lay", "_other", "_conn", "_bound")
 
     def __init__(self, client: "Client", op: int, layout: Layout, local: bytes, width: int, remote: RemoteLayout,
                  rids: bytes, rwidth: int, timeout: Optional[float], wait: bool):
@@ -911,7 +925,7 @@ class PreparedBlocks:
         self._remote, self._rids, self._rwidth, self._timeout, self._wait = remote, rids, rwidth, timeout, wait
         self._frame = None
         self._mailbox = True
-        self._lay = self._other = self._conn = None
+        self._lay = self._other = self._conn = self._bound = None
 
     def _short(self) -> bool:
         """Whether the frame path applies, building the frame where it is missing, names a layout id that
@@ -919,7 +933,8 @@ class PreparedBlocks:
         c, lay = self._client, self._layout.pb
         own = self._remote._layout
         other = own.pb if own is not None else None
-        if self._frame is not None and lay is self._lay and other is self._other and c._fast is self._conn:
+        if (self._frame is not None and lay is self._lay and other is self._other and c._fast is self._conn
+                and c.timeout == self._bound):
             return True
         count = len(self._local) // self._width
         if (self._width != self._rwidth or count >= _blocks.ARENA_MIN_IDS or c._fast is None):
@@ -929,7 +944,7 @@ class PreparedBlocks:
                                      c._answer_within(self._timeout))
         self._frame = (b"".join(parts),)
         self._mailbox = c._mailbox_for(self._layout, self._remote)
-        self._lay, self._other, self._conn = lay, other, c._fast
+        self._lay, self._other, self._conn, self._bound = lay, other, c._fast, c.timeout  # the frame's call_timeout
         return True
 
     def run(self):
@@ -1733,21 +1748,31 @@ class Client:
                              % (n, most))
         return notify if type(notify) is bytes else memoryview(notify).tobytes()
 
+    def _call_bound(self, timeout: Optional[float]) -> float:
+        """What bounds the call of a transfer (or wait) of timeout seconds on the agent: that timeout, else (an
+        unwaited transfer naming none) the client's, which the agent ends the call's work by (FastRequest.
+        call_timeout); an agent older than that holds such a call up to its default transfer timeout, 60 s (a
+        stalled peer being asked), and the call waits that long for its answer."""
+        if timeout:
+            return timeout
+        if _FEATURE_CALL_TIMEOUT in self.info.features:
+            return self.timeout
+        return max(self.timeout, AGENT_DEFAULT_TIMEOUT)
+
     def _call_timeout(self, timeout: Optional[float]) -> float:
-        """A gRPC call's deadline for a transfer of timeout seconds (None: an unwaited transfer naming none, whose
-        call the client's timeout bounds): the agent's answer must have time to come."""
-        return max(self.timeout, (timeout or self.timeout) + 1.0)
+        """A gRPC call's deadline for a transfer of timeout seconds: the agent's answer must have time to come."""
+        return max(self.timeout, self._call_bound(timeout) + 1.0)
 
     def _answer_within(self, timeout: Optional[float]) -> float:
-        """FastRequest.call_timeout of a fast call for a transfer (or wait) of timeout seconds (None: the client's
-        timeout bounds the call): the agent ends what it does for the call by then and answers. Half a second past
-        the transfer's own timeout, which fires first and is what the caller hears; a stalled peer held an
-        unwaited call, and the agent's work for it, until the agent's default (60 s) after the caller gave up."""
-        return (timeout or self.timeout) + 0.5
+        """FastRequest.call_timeout of a fast call for a transfer (or wait) of timeout seconds: the agent ends what
+        it does for the call by then and answers. Half a second past the call's bound, so a transfer's own
+        timeout fires first and is what the caller hears; a stalled peer held an unwaited call, and the agent's
+        work for it, until the agent's default (60 s) after the caller gave up."""
+        return self._call_bound(timeout) + 0.5
 
     def _reply_wait(self, timeout: Optional[float]) -> float:
         """How long a fast call waits for its reply: half a second past _answer_within, for the reply to travel."""
-        return (timeout or self.timeout) + 1.0
+        return self._call_bound(timeout) + 1.0
 
     def _fast_call(self, parts, timeout: Optional[float] = None, build=None,
                    mailbox: bool = True) -> Optional[pb.TransferResponse]:
@@ -2050,9 +2075,9 @@ class Client:
         other = remote._layout
         if other is not None:
             other = other.pb
-            key = (code, id(lay), id(other), timeout, wait, width, count)
+            key = (code, id(lay), id(other), timeout, wait, width, count, self.timeout)
         else:
-            key = (code, id(lay), remote._node, remote._segment, timeout, wait, width, count)
+            key = (code, id(lay), remote._node, remote._segment, timeout, wait, width, count, self.timeout)
         framing = self._frames.get(key)
         if framing is None:
             parts = _blocks.blocks_frame(code, lay.id, remote, local, rids, width, timeout, None, wait,

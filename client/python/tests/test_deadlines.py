@@ -35,6 +35,7 @@ class StalledAgentTest(unittest.TestCase):
         c.timeout, c._losses, c._session, c._mailbox_checked = timeout, 0, 0, None
         c._lock, c._fast_lock = threading.Lock(), threading.Lock()
         c._fast = fastconn.FastConn(ours, 0.0)
+        c.info = pb.GetInfoResponse(features=["fast-call-timeout"])
         return c, theirs
 
     def agent(self, sock, answer_after=None):
@@ -82,6 +83,11 @@ class StalledAgentTest(unittest.TestCase):
         self.assertFalse(req.transfer.HasField("timeout"), "an unwaited transfer keeps the agent's default")
         self.assertEqual(req.call_timeout.ToNanoseconds(), 900_000_000, "the call's bound: the client's timeout and 0.5 s")
         self.assertIsInstance(c._fast, fastconn.FastConn, "an answered call dropped the fast connection")
+        # An agent older than call_timeout (no such feature) may hold the call up to its default: the client waits
+        # for that, as it did.
+        c.info = pb.GetInfoResponse()
+        self.assertEqual(c._reply_wait(None), fx.AGENT_DEFAULT_TIMEOUT + 1.0)
+        self.assertEqual(c._reply_wait(2.0), 3.0, "a transfer's own timeout bounds its call on any agent")
 
     def test_a_call_past_its_deadline_raises_deadline_exceeded_and_keeps_the_fast_path(self):
         c, theirs = self.client(timeout=0.1)
@@ -597,8 +603,19 @@ class GRPCDeadlineTest(unittest.TestCase):
             c._call(answering, pb.GetInfoRequest())
         self.assertNotIsInstance(e.exception, fx.DeadlineExceeded)
         self.assertIsInstance(e.exception, grpc.RpcError)
+        # A timeout all the same (a stalled peer's lookup raised DeadlineExceeded, a TimeoutError, while gRPC's
+        # deadline fired first; the agent now answers before it): "except TimeoutError" still catches it.
+        self.assertIsInstance(e.exception, TimeoutError)
+        self.assertIsInstance(e.exception, fx.AgentDeadlineExceeded)
         self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
         self.assertEqual(e.exception.details(), "the transfer's 1ns ran out while its peers were resolved")
+        # The fast socket's answer with that code reads the same.
+        c2 = Client.__new__(Client)
+        c2._losses = c2._session = 0
+        with self.assertRaises(TimeoutError) as e:
+            c2._fast_reply(pb.FastReply(code=grpc.StatusCode.DEADLINE_EXCEEDED.value[0], message="node-b: ran out")
+                           .SerializeToString())
+        self.assertIsInstance(e.exception, fx.AgentError)
 
 
 class OlderAgentTest(unittest.TestCase):

@@ -769,7 +769,10 @@ type GetInfoResponse struct {
 	Instance string `protobuf:"bytes,13,opt,name=instance,proto3" json:"instance,omitempty"`
 	// The session of the connection the call came on (regions and layouts belong to it): another session, or
 	// another instance, holds none of what this one registered, and a client that finds either registers again.
-	Session       uint64 `protobuf:"varint,14,opt,name=session,proto3" json:"session,omitempty"`
+	Session uint64 `protobuf:"varint,14,opt,name=session,proto3" json:"session,omitempty"`
+	// What this agent does that older agents of the same API version do not, for clients that adapt to both:
+	// "fast-call-timeout" (it honors FastRequest.call_timeout).
+	Features      []string `protobuf:"bytes,15,rep,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -900,6 +903,13 @@ func (x *GetInfoResponse) GetSession() uint64 {
 		return x.Session
 	}
 	return 0
+}
+
+func (x *GetInfoResponse) GetFeatures() []string {
+	if x != nil {
+		return x.Features
+	}
+	return nil
 }
 
 type RegisterMemoryRequest struct {
@@ -3928,7 +3938,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"free_bytes\x18\x04 \x01(\x04R\tfreeBytes\x12+\n" +
 	"\x11fabric_exportable\x18\x05 \x01(\bR\x10fabricExportable\x12#\n" +
-	"\rfabric_reason\x18\x06 \x01(\tR\ffabricReason\"\xe2\x04\n" +
+	"\rfabric_reason\x18\x06 \x01(\tR\ffabricReason\"\xfe\x04\n" +
 	"\x0fGetInfoResponse\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x124\n" +
@@ -3946,7 +3956,8 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\vpool_memory\x18\f \x01(\v2#.fabricxfer.agent.v1.PoolMemoryInfoR\n" +
 	"poolMemory\x12\x1a\n" +
 	"\binstance\x18\r \x01(\tR\binstance\x12\x18\n" +
-	"\asession\x18\x0e \x01(\x04R\asession\"\x8a\x04\n" +
+	"\asession\x18\x0e \x01(\x04R\asession\x12\x1a\n" +
+	"\bfeatures\x18\x0f \x03(\tR\bfeatures\"\x8a\x04\n" +
 	"\x15RegisterMemoryRequest\x123\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1f.fabricxfer.agent.v1.MemoryKindR\x04kind\x12@\n" +
 	"\vhandle_type\x18\x02 \x01(\x0e2\x1f.fabricxfer.agent.v1.HandleTypeR\n" +
