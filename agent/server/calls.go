@@ -207,13 +207,13 @@ func (s *Server) IssuedDescriptor(id uint64, key []byte) ([]byte, error) {
 	return s.table.IssuedDescriptor(id, key)
 }
 
-// LookupLayout answers a peer asking for a published layout (agent/peers): its geometry and every region's
-// descriptor, when a pod of namespace asker may use it; one it may not use is missing. node (when not empty) is
-// told when the layout goes.
 // FeatureFastCallTimeout (GetInfoResponse.features) says the agent bounds a fast call by its
 // FastRequest.call_timeout.
 const FeatureFastCallTimeout = "fast-call-timeout"
 
+// LookupLayout answers a peer asking for a published layout (agent/peers): its geometry and every region's
+// descriptor, when a pod of namespace asker may use it; one it may not use is missing. node (when not empty) is
+// told when the layout goes.
 func (s *Server) LookupLayout(segment, asker, node string) (*agentv1.LayoutDescriptor, error) {
 	return s.table.LookupLayout(segment, asker, node)
 }
