@@ -159,13 +159,17 @@ class AgentError(_StatusError):
     gives up, or the transfer's own) is also a TimeoutError, as a silent agent's DeadlineExceeded is."""
 
     def __new__(cls, code=None, message: str = ""):
-        if cls is AgentError and code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.DEADLINE_EXCEEDED.value[0]):
+        if cls is AgentError and code in _DEADLINE_CODES:
             cls = AgentDeadlineExceeded
         return super().__new__(cls, code, message)
 
     def __init__(self, code, message: str):
         super().__init__(code if isinstance(code, grpc.StatusCode) else _CODES.get(code, grpc.StatusCode.UNKNOWN),
                          message)
+
+
+# DEADLINE_EXCEEDED as a grpc.StatusCode and as the number a fast reply carries.
+_DEADLINE_CODES = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
 
 
 class AgentDeadlineExceeded(AgentError, TimeoutError):
@@ -187,7 +191,8 @@ def _agent_error(e: grpc.RpcError) -> "_StatusError":
 
 class DeadlineExceeded(_StatusError, TimeoutError):
     """The agent did not answer a call within its deadline; code() is DEADLINE_EXCEEDED, as gRPC's own call would
-    say. (wait_all and notifications raise it too when their time ran out; the rest below is of silent calls.) The session is fine, but what the call asked may still happen (a transfer may land, under
+    say (wait_all and notifications raise it too when their time ran out; the rest is of silent calls). The
+    session is fine, but what the call asked may still happen (a transfer may land, under
     an id the client never learns); the client's next fast call opens a new fast connection."""
 
     def __init__(self, message: str):
