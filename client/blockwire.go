@@ -189,12 +189,9 @@ func appendIDs(b []byte, num protowire.Number, ids []uint32) []byte {
 	return b
 }
 
-// appendCallTimeout appends FastRequest.call_timeout to a fast frame b for a call bounded by ctx (nothing when ctx
-// has no deadline): fields of a message may come in any order.
+// appendCallTimeout appends FastRequest.call_timeout to a fast frame b for a call bounded by ctx: fields of a
+// message may come in any order.
 func appendCallTimeout(ctx context.Context, b []byte) []byte {
 	d := callTimeout(ctx)
-	if d <= 0 {
-		return b
-	}
 	return fastwire.AppendDuration(b, fastRequestCallTimeout, int64(d/time.Second), int32(d%time.Second))
 }

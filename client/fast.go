@@ -382,9 +382,7 @@ func (c *Client) fastWait(ctx context.Context, id, n uint64) (st *Status, ok boo
 // fastRequestLocked sends one request frame over the fast socket, polling for its reply for spin, with the fast
 // lock held and the fast connection open.
 func (c *Client) fastRequestLocked(ctx context.Context, req *agentv1.FastRequest, spin time.Duration) (resp *agentv1.TransferResponse, ok bool, err error) {
-	if d := callTimeout(ctx); d > 0 {
-		req.CallTimeout = durationpb.New(d)
-	}
+	req.CallTimeout = durationpb.New(callTimeout(ctx))
 	payload, err := proto.Marshal(req)
 	if err != nil {
 		return nil, true, err

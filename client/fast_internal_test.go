@@ -163,20 +163,17 @@ func TestBlockFrameIsTheRequestOfTheArguments(t *testing.T) {
 			if !proto.Equal(got, &agentv1.FastRequest{Request: &agentv1.FastRequest_Blocks{Blocks: want}}) {
 				t.Fatalf("the frame decodes to %v, want %v", got, want)
 			}
-			// The frame fastBlocks sends also says when the agent must answer: what the context has left, less
-			// the answer's way back; nothing without a deadline.
+			// The frame fastBlocks sends also says when the agent must answer: what the call waits for its reply
+			// (the context's deadline, else fastDefaultDeadline), less the answer's way back.
 			sent := &agentv1.FastRequest{}
 			if err := proto.Unmarshal(appendCallTimeout(ctx, r.appendFast(nil, ids, remoteIDs, tc.arena)), sent); err != nil {
 				t.Fatal(err)
 			}
-			deadline, has := ctx.Deadline()
-			switch ct := sent.GetCallTimeout(); {
-			case !has && ct != nil:
-				t.Fatalf("call_timeout %v without a deadline", ct)
-			case has && ct == nil:
-				t.Fatal("no call_timeout for a call with a deadline")
-			case has && (ct.AsDuration() > time.Until(deadline) && ct.AsDuration() > time.Millisecond || ct.AsDuration() < time.Until(deadline)-60*time.Millisecond):
-				t.Fatalf("call_timeout %v for a call with %v left: want less than that, by at most 50 ms", ct.AsDuration(), time.Until(deadline))
+			left := time.Until(callDeadline(ctx))
+			if ct := sent.GetCallTimeout(); ct == nil {
+				t.Fatal("no call_timeout")
+			} else if d := ct.AsDuration(); (d > left && d > time.Millisecond) || d < left-60*time.Millisecond {
+				t.Fatalf("call_timeout %v for a call that waits %v: want less than that, by at most 50 ms", d, left)
 			}
 		})
 	}

@@ -224,16 +224,12 @@ func boundedTimeout(ctx context.Context, timeout time.Duration, wait bool) time.
 	return timeout
 }
 
-// callTimeout is how long the agent has to answer a fast call bounded by ctx (FastRequest.call_timeout), zero
-// without a deadline: what ctx has left less a twentieth (at most 50 ms) for the answer to travel, as the agent
-// leaves itself for a gRPC call; half the margin of a waited transfer's own timeout (boundedTimeout), which
-// then fires first and is what the caller hears.
+// callTimeout is how long the agent has to answer a fast call bounded by ctx (FastRequest.call_timeout): what the
+// call waits for its reply (ctx's deadline, or fastDefaultDeadline without one) less a twentieth (at most 50 ms)
+// for the answer to travel, as the agent leaves itself for a gRPC call; half the margin of a waited transfer's
+// own timeout (boundedTimeout), which then fires first and is what the caller hears.
 func callTimeout(ctx context.Context) time.Duration {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		return 0
-	}
-	left := time.Until(deadline)
+	left := time.Until(callDeadline(ctx))
 	left -= min(left/20, 50*time.Millisecond)
 	return max(left, time.Millisecond) // out of time: the agent's answer says so
 }
