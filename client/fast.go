@@ -349,11 +349,12 @@ const maxKeptFrame = 16 << 10
 // GPU copy of 1 GiB ends within it.
 const fastWaitSlice = 2 * time.Millisecond
 
-// fastWait waits on the fast socket for transfer id, of n bytes, for up to fastWaitSlice (less when ctx ends
-// sooner: half of what is left, so the agent answers before the call's deadline), polling for the answer as a
-// waited transfer of n bytes would. ok is false when the transfer is still running then, or the fast connection
-// is busy or absent: the caller waits through gRPC.
-func (c *Client) fastWait(ctx context.Context, id, n uint64) (st *Status, ok bool, err error) {
+// fastWait waits on the fast socket for transfers ids, of n bytes together, for up to fastWaitSlice (less when
+// ctx ends sooner: half of what is left, so the agent answers before the call's deadline), polling for the answer
+// as a waited transfer of n bytes would. st is the first of ids that did not succeed, else the last one's. ok is
+// false when one is still running then (st is then its PENDING status, when the agent answered), or the fast
+// connection is busy or absent: the caller waits through gRPC.
+func (c *Client) fastWait(ctx context.Context, ids []uint64, n uint64) (st *Status, ok bool, err error) {
 	if !c.tryLockFast() {
 		return nil, false, nil
 	}
@@ -369,12 +370,12 @@ func (c *Client) fastWait(ctx context.Context, id, n uint64) (st *Status, ok boo
 		return nil, false, nil
 	}
 	resp, _, err := c.fastRequestLocked(ctx, &agentv1.FastRequest{Request: &agentv1.FastRequest_Wait{
-		Wait: &agentv1.FastWait{TransferIds: []uint64{id}, Timeout: durationpb.New(slice)}}}, min(c.spinFor(true, n), max(c.spin, slice)))
+		Wait: &agentv1.FastWait{TransferIds: ids, Timeout: durationpb.New(slice)}}}, min(c.spinFor(true, n), max(c.spin, slice)))
 	if err != nil {
 		return nil, true, err
 	}
 	if resp.Status == nil || resp.Status.State == agentv1.TransferState_TRANSFER_STATE_PENDING {
-		return nil, false, nil
+		return resp.Status, false, nil
 	}
 	return resp.Status, true, nil
 }

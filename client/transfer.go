@@ -346,7 +346,7 @@ func statusErr(st *Status) error {
 // without a gRPC round trip; one still running then is waited for through gRPC, so the client's other calls
 // are not held behind it.
 func (t *Transfer) Wait(ctx context.Context) (*Status, error) {
-	st, fast, err := t.c.fastWait(ctx, t.ID, t.bytes)
+	st, fast, err := t.c.fastWait(ctx, []uint64{t.ID}, t.bytes)
 	if !fast {
 		st, err = t.c.api.Wait(ctx, &agentv1.WaitRequest{TransferId: t.ID})
 	}
@@ -354,6 +354,63 @@ func (t *Transfer) Wait(ctx context.Context) (*Status, error) {
 		return nil, t.c.wrap(ctx, fmt.Sprintf("waiting for transfer %d", t.ID), t.gen, err)
 	}
 	return st, statusErr(st)
+}
+
+// maxWaitIDs is the most transfers one FastWait names (agent.proto).
+const maxWaitIDs = 1024
+
+// WaitAll waits for every transfer of ts, submitted by this client, as Wait does for each, in one round trip on
+// the fast socket for those that ended (per 1,024): the last one's status when every one succeeded, else the
+// status of the first (in ts's order) that did not, with a *TransferError; a call that failed (its context
+// ended, the session was lost) returns its error. One still running after the fast socket's moment is waited for
+// alone, through gRPC, and those after it in one round trip again: 64 transfers that ended cost one round trip,
+// not 64.
+func (c *Client) WaitAll(ctx context.Context, ts ...*Transfer) (*Status, error) {
+	if len(ts) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "waiting for no transfers")
+	}
+	gen := c.generation()
+	for _, t := range ts {
+		switch {
+		case t == nil || t.c != c:
+			return nil, status.Error(codes.InvalidArgument, "waiting for a transfer this client did not submit (nil, or another client's)")
+		case t.gen != gen:
+			return t.Wait(ctx) // of a session lost since: it says so
+		}
+	}
+	var last *Status
+	ids := make([]uint64, 0, min(len(ts), maxWaitIDs))
+	for len(ts) > 0 {
+		batch := ts[:min(len(ts), maxWaitIDs)]
+		ids, n := ids[:0], uint64(0)
+		for _, t := range batch {
+			ids, n = append(ids, t.ID), n+t.bytes
+		}
+		st, fast, err := c.fastWait(ctx, ids, n)
+		if err != nil {
+			return nil, c.wrap(ctx, fmt.Sprintf("waiting for %d transfers", len(batch)), gen, err)
+		}
+		if fast {
+			if err := statusErr(st); err != nil {
+				return st, err
+			}
+			last, ts = st, ts[len(batch):]
+			continue
+		}
+		// One still running (those before it succeeded), or no fast connection: that one alone.
+		k := 0
+		for i, t := range batch {
+			if st != nil && t.ID == st.TransferId {
+				k = i
+				break
+			}
+		}
+		if last, err = batch[k].Wait(ctx); err != nil {
+			return last, err
+		}
+		ts = ts[k+1:]
+	}
+	return last, nil
 }
 
 // Cancel stops the transfer and returns its status (still PENDING if it did not stop within the call).

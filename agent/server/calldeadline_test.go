@@ -149,11 +149,11 @@ func (p slowLayoutPeers) ResolveLayout(ctx context.Context, _, _, _ string) (*ag
 	}
 }
 
-// TestABlockTransfersTimeoutCountsTheLayoutLookup: a waited block transfer to a layout another node published,
-// whose lookup took a while and whose copy never ends (a peer's data address that never answers), fails on its own
-// timeout, and the caller hears that failure with its state, before its deadline. Its timeout was counted from
-// after the lookup: it outlived the caller's deadline, the call ended first, and the caller heard "still pending".
-func TestABlockTransfersTimeoutCountsTheLayoutLookup(t *testing.T) {
+// unreachablePeerAgent starts an agent whose peers publish layout "kv" on node-z (a region of 4 KiB in blocks of
+// 1 KiB), answering a lookup after lookup, at a data address the tcp engine never reaches: a transfer to it
+// stays pending until its timeout.
+func unreachablePeerAgent(t *testing.T, lookup time.Duration) *agent {
+	t.Helper()
 	mem, err := engines.MarshalDesc(engines.MemoryDesc{ID: "node-z/00112233445566778899aabbccddeeff", Node: "node-z",
 		Location: engines.Location{Kind: engines.LocationHost}, Size: 4096, Handles: engines.Handles{TCP: "10.0.0.9:7443"}})
 	if err != nil {
@@ -171,8 +171,16 @@ func TestABlockTransfersTimeoutCountsTheLayoutLookup(t *testing.T) {
 	}
 	opts := baseOptions(t, newProcFixture(t))
 	opts.Engine = hostComposite(t, "node-a", never)
-	opts.Peers = slowLayoutPeers{delay: 300 * time.Millisecond, ld: &agentv1.LayoutDescriptor{BlockBytes: 1024, Blocks: 4, Regions: [][]byte{desc}}}
-	a := startAgent(t, opts)
+	opts.Peers = slowLayoutPeers{delay: lookup, ld: &agentv1.LayoutDescriptor{BlockBytes: 1024, Blocks: 4, Regions: [][]byte{desc}}}
+	return startAgent(t, opts)
+}
+
+// TestABlockTransfersTimeoutCountsTheLayoutLookup: a waited block transfer to a layout another node published,
+// whose lookup took a while and whose copy never ends (a peer's data address that never answers), fails on its own
+// timeout, and the caller hears that failure with its state, before its deadline. Its timeout was counted from
+// after the lookup: it outlived the caller's deadline, the call ended first, and the caller heard "still pending".
+func TestABlockTransfersTimeoutCountsTheLayoutLookup(t *testing.T) {
+	a := unreachablePeerAgent(t, 300*time.Millisecond)
 	for name, c := range map[string]*client.Client{"fast socket": dial(t, a), "grpc": dialNoFast(t, a)} {
 		l, _ := hostLayout(t, c, rand.New(rand.NewPCG(7, 8)), 1, 4, 1024)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
