@@ -404,11 +404,19 @@ func (s *Server) serveFastFrame(ctx context.Context, sess *session, fc *fastConn
 	// Block transfers, the large frames, are read without copying their ids.
 	blocks, err := fc.blocks.Decode(frame)
 	if err == nil {
-		ctx, cancel, err := withCallTimeout(ctx, fc.blocks.CallTimeout())
-		if err != nil {
-			return nil, err
+		// The call's deadline bounds what the call may wait for beside its transfer, whose own timeout bounds the
+		// rest: another node's layout. Between this node's layouts (the latency-bound call) the context is left as
+		// it is, saving the deadline's allocations.
+		if ct := fc.blocks.CallTimeout(); ct != nil {
+			if err := checkCallTimeout(ct); err != nil {
+				return nil, err
+			}
+			if ref := blocks.Remote; ref != nil && ref.Node != "" && ref.Node != s.opts.NodeName {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, ct.AsDuration())
+				defer cancel()
+			}
 		}
-		defer cancel()
 		return s.xfer.TransferBlocks(ctx, &sess.Session, blocks, fc.arena.IDs(), early)
 	}
 	if !errors.Is(err, fastwire.ErrNotBlocks) {
@@ -450,11 +458,19 @@ func withCallTimeout(ctx context.Context, d *durationpb.Duration) (context.Conte
 	if d == nil {
 		return ctx, func() {}, nil
 	}
-	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
-		return ctx, nil, status.Errorf(codes.InvalidArgument, "call_timeout %ds %dns: a positive duration, or none", d.GetSeconds(), d.GetNanos())
+	if err := checkCallTimeout(d); err != nil {
+		return ctx, nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.AsDuration())
 	return ctx, cancel, nil
+}
+
+// checkCallTimeout refuses a call_timeout that is not a positive duration.
+func checkCallTimeout(d *durationpb.Duration) error {
+	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
+		return status.Errorf(codes.InvalidArgument, "call_timeout %ds %dns: a positive duration, or none", d.GetSeconds(), d.GetNanos())
+	}
+	return nil
 }
 
 // setMailbox maps the memfd the caller passed as the connection's mailbox, read-write, replacing the one it had.
