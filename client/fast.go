@@ -270,6 +270,17 @@ func decodeReply(body []byte) (*agentv1.FastReply, error) {
 // earlier mailbox calls that the agent sent after their replies.
 func socketCall(ctx context.Context, conn *net.UnixConn, payload []byte, spin time.Duration) ([]byte, error) {
 	_ = conn.SetDeadline(callDeadline(ctx))
+	if ctx.Done() != nil {
+		// A context cancelled before its deadline ends the wait too: the call then drops the connection, which
+		// tells the agent to stop a waited transfer nobody waits for.
+		fired := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Unix(1, 0)); close(fired) })
+		defer func() {
+			if !stop() {
+				<-fired // set before the next call sets its own
+			}
+		}()
+	}
 	if err := sockio.WriteFrame(conn, payload); err != nil {
 		return nil, err
 	}

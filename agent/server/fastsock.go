@@ -202,9 +202,13 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 	}
 	_ = conn.SetDeadline(time.Time{})
 
-	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying.
-	callCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// Requests are served in order on this goroutine: no hand-off between reading, transferring and replying. A
+	// caller that closes the connection during a call that lasts ends the connection's context, and with it the
+	// call's waited transfer (hangupWatch).
+	callCtx, endCalls := context.WithCancelCause(ctx)
+	defer endCalls(nil)
+	watch := newHangupWatch(conn, func() { endCalls(transfers.ErrCallerGone) })
+	defer watch.disarm()
 	fc := fastConn{conn: conn, replyTimeout: s.opts.FastReplyTimeout}
 	defer fc.arena.Unmap()
 	defer fc.mailbox.Unmap()
@@ -214,7 +218,10 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		if errors.Is(err, sockio.ErrRung) || (err == nil && len(frame) == 0 && fc.mailbox.Attached()) {
 			// A request in the mailbox, or an empty frame (its doorbell) that may have found it taken already.
 			if fc.mailbox.Rung() {
-				if err := s.serveMailbox(callCtx, sess, &fc); err != nil {
+				watch.arm()
+				err := s.serveMailbox(callCtx, sess, &fc)
+				watch.disarm()
+				if err != nil {
 					return
 				}
 			}
@@ -234,7 +241,9 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 			return
 		}
 		fc.inMailbox = false
+		watch.arm()
 		resp, serr := s.serveFastFrame(callCtx, sess, &fc, frame)
+		watch.disarm()
 		if serr != nil && callCtx.Err() != nil {
 			// The agent is stopping (the connection's context ends with the server's) and cut the call short: no
 			// answer, the connection ends, which clients read as the end of their session and recover from. An

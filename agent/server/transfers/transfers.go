@@ -250,18 +250,29 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 			}
 			resp.Status = x.status
 		case <-ctx.Done():
-			go s.settle(x, t) // the transfer goes on; its status is recorded when it ends
-			// A call that ran out of time is DeadlineExceeded; one cut short otherwise (the agent stopping, the
-			// connection closing) is Unavailable, so clients retry or recover instead of blaming their deadline.
+			// A call that ran out of time is DeadlineExceeded, and its transfer goes on (its own timeout bounds it):
+			// wait for it by id. One cancelled (its caller cancelled or went away, the agent stops) is Unavailable,
+			// so clients retry or recover instead of blaming their deadline, and its transfer is stopped: nobody
+			// waits for it, and nobody was told its id.
 			code := codes.Unavailable
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				code = codes.DeadlineExceeded
+			} else {
+				t.Cancel()
+			}
+			go s.settle(x, t) // its status is recorded when it ends
+			if code == codes.Unavailable {
+				return nil, status.Errorf(code, "transfer %d cancelled with its call: %v", x.id, context.Cause(ctx))
 			}
 			return nil, status.Errorf(code, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
 		}
 	}
 	return resp, nil
 }
+
+// ErrCallerGone is the cause of a call's context its caller ended by going away (a fast call whose connection
+// closed while it was served): its waited transfer is stopped.
+var ErrCallerGone = errors.New("the caller closed its connection during the call")
 
 // waitSpin is how long a waited transfer's call polls for completion before parking: a GPU copy of tens of
 // microseconds ends on another thread, and waking a parked goroutine costs about as much again.
