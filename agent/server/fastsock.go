@@ -218,7 +218,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 		if errors.Is(err, sockio.ErrRung) || (err == nil && len(frame) == 0 && fc.mailbox.Attached()) {
 			// A request in the mailbox, or an empty frame (its doorbell) that may have found it taken already.
 			if fc.mailbox.Rung() {
-				watch.arm()
+				watch.arm(in.Buffered() == 0, true)
 				err := s.serveMailbox(callCtx, sess, &fc)
 				watch.disarm()
 				if err != nil {
@@ -241,7 +241,7 @@ func (s *Server) handleFast(ctx context.Context, conn *net.UnixConn) {
 			return
 		}
 		fc.inMailbox = false
-		watch.arm()
+		watch.arm(in.Buffered() == 0, fc.mailbox.Attached())
 		resp, serr := s.serveFastFrame(callCtx, sess, &fc, frame)
 		watch.disarm()
 		if serr != nil && callCtx.Err() != nil {

@@ -25,9 +25,10 @@ type hangupWatch struct {
 	gone  func()
 	timer *time.Timer
 
-	mu      sync.Mutex
-	armed   bool          // a call is being served
-	running chan struct{} // a watch runs; closed when it returned
+	mu        sync.Mutex
+	armed     bool          // a call is being served, and the socket's next byte starts a frame
+	doorbells bool          // the connection has a mailbox: empty frames are its doorbells
+	running   chan struct{} // a watch runs; closed when it returned
 }
 
 func newHangupWatch(conn *net.UnixConn, gone func()) *hangupWatch {
@@ -37,10 +38,16 @@ func newHangupWatch(conn *net.UnixConn, gone func()) *hangupWatch {
 	return w
 }
 
-// arm starts the watch's clock for a call: it watches once the call lasts hangupWatchAfter.
-func (w *hangupWatch) arm() {
+// arm starts the watch's clock for a call: it watches once the call lasts hangupWatchAfter. atFrame says the
+// socket's next byte starts a frame (the connection's reader holds none of the next one: a caller that sent it is
+// there, and the watch would read the middle of it); doorbells, that empty frames are doorbells to read (a
+// connection with a mailbox; without one an empty frame is a request, answered in its turn).
+func (w *hangupWatch) arm(atFrame, doorbells bool) {
+	if !atFrame {
+		return
+	}
 	w.mu.Lock()
-	w.armed = true
+	w.armed, w.doorbells = true, doorbells
 	w.mu.Unlock()
 	w.timer.Reset(hangupWatchAfter)
 }
@@ -73,18 +80,19 @@ func (w *hangupWatch) fire() {
 	}
 	done := make(chan struct{})
 	w.running = done
+	doorbells := w.doorbells
 	w.mu.Unlock()
 	defer close(done)
-	if w.closed() {
+	if w.closed(doorbells) {
 		w.gone()
 	}
 }
 
 // closed parks until the socket is readable and reports whether that is its end (or a reset); false when a frame
-// waits there, or the watch was ended (disarm's deadline). Doorbells (empty frames, four zero bytes) are read and
-// the watch goes on: a mailbox caller rings before the agent takes its request, and after an early reply, for
+// waits there, or the watch was ended (disarm's deadline). With doorbells, empty frames (four zero bytes) are read
+// and the watch goes on: a mailbox caller rings before the agent takes its request, and after an early reply, for
 // its next request, which the connection's reader finds in the mailbox without them.
-func (w *hangupWatch) closed() bool {
+func (w *hangupWatch) closed(doorbells bool) bool {
 	rc, err := w.conn.SyscallConn()
 	if err != nil {
 		return false
@@ -106,10 +114,12 @@ func (w *hangupWatch) closed() bool {
 				return true
 			}
 			bells := 0
-			for bells+4 <= n && buf[bells]|buf[bells+1]|buf[bells+2]|buf[bells+3] == 0 {
+			for doorbells && bells+4 <= n && buf[bells]|buf[bells+1]|buf[bells+2]|buf[bells+3] == 0 {
 				bells += 4
 			}
 			switch {
+			case !doorbells:
+				return true // a frame: the connection's reader's
 			case bells > 0:
 				if _, err := syscall.Read(int(fd), buf[:bells]); err != nil && err != syscall.EINTR && err != syscall.EAGAIN {
 					gone = true

@@ -67,6 +67,10 @@ type FrameReader struct {
 	start, end int // unread bytes are buf[start:end]
 }
 
+// Buffered is how many bytes of frames not returned yet the reader holds: the socket's next byte is the start of
+// a frame only when none.
+func (f *FrameReader) Buffered() int { return f.end - f.start }
+
 // Next returns the next frame's payload, valid until the following call.
 func (f *FrameReader) Next() ([]byte, error) {
 	if f.buf == nil {

@@ -251,23 +251,36 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 			resp.Status = x.status
 		case <-ctx.Done():
 			// A call that ran out of time is DeadlineExceeded, and its transfer goes on (its own timeout bounds it):
-			// wait for it by id. One cancelled (its caller cancelled or went away, the agent stops) is Unavailable,
-			// so clients retry or recover instead of blaming their deadline, and its transfer is stopped: nobody
-			// waits for it, and nobody was told its id.
-			code := codes.Unavailable
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				code = codes.DeadlineExceeded
-			} else {
-				t.Cancel()
-			}
+			// wait for it by id. One cut short otherwise is Unavailable, so clients retry or recover instead of
+			// blaming their deadline; when its caller cancelled it or went away (not the agent stopping, which
+			// lets transfers end as a shutdown does), its transfer is stopped: nobody waits for it, and nobody was
+			// told its id.
 			go s.settle(x, t) // its status is recorded when it ends
-			if code == codes.Unavailable {
-				return nil, status.Errorf(code, "transfer %d cancelled with its call: %v", x.id, context.Cause(ctx))
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, status.Errorf(codes.DeadlineExceeded, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
 			}
-			return nil, status.Errorf(code, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
+			if s.callerEnded(ctx) {
+				t.Cancel()
+				return nil, status.Errorf(codes.Unavailable, "transfer %d cancelled with its call: %v", x.id, context.Cause(ctx))
+			}
+			return nil, status.Errorf(codes.Unavailable, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
 		}
 	}
 	return resp, nil
+}
+
+// callerEnded says whether a call's cancelled context was its caller's doing (gRPC's cancel of the call, or
+// ErrCallerGone), not the agent's stopping.
+func (s *Service) callerEnded(ctx context.Context) bool {
+	if errors.Is(context.Cause(ctx), ErrCallerGone) {
+		return true
+	}
+	select {
+	case <-s.stopping:
+		return false
+	default:
+		return true
+	}
 }
 
 // ErrCallerGone is the cause of a call's context its caller ended by going away (a fast call whose connection
