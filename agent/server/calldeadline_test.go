@@ -12,11 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
-	"github.com/fabricxfer/fabricxfer/engines"
 	"github.com/fabricxfer/fabricxfer/engines/tcp"
 )
 
@@ -154,16 +151,7 @@ func (p slowLayoutPeers) ResolveLayout(ctx context.Context, _, _, _ string) (*ag
 // stays pending until its timeout.
 func unreachablePeerAgent(t *testing.T, lookup time.Duration) *agent {
 	t.Helper()
-	mem, err := engines.MarshalDesc(engines.MemoryDesc{ID: "node-z/00112233445566778899aabbccddeeff", Node: "node-z",
-		Location: engines.Location{Kind: engines.LocationHost}, Size: 4096, Handles: engines.Handles{TCP: "10.0.0.9:7443"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	desc, err := proto.Marshal(&agentv1.SegmentDescriptor{Node: "node-z", PoolNamespace: "infer", PoolName: "kv", RegionId: 7,
-		Length: 4096, Kind: agentv1.MemoryKind_MEMORY_KIND_HOST, Memory: mem})
-	if err != nil {
-		t.Fatal(err)
-	}
+	desc := nodeZDescriptor(t)
 	never, err := tcp.New(tcp.Options{Node: "node-a", DialTimeout: time.Minute,
 		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) { <-ctx.Done(); return nil, ctx.Err() }})
 	if err != nil {
