@@ -271,6 +271,9 @@ func (c *Client) Close() error {
 		// have EndSession is left to do it then; one that did not end it within closeWait is said.
 		ctx, cancel := context.WithTimeout(context.Background(), closeWait)
 		if _, err := c.api.EndSession(ctx, &agentv1.EndSessionRequest{}); err != nil && status.Code(err) != codes.Unimplemented {
+			if status.Code(err) == codes.DeadlineExceeded {
+				err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded) // as every call's deadline reads
+			}
 			ending = fmt.Errorf("ending the session within %v: %w: its regions and names are freed once their transfers in flight settle", closeWait, err)
 		}
 		cancel()

@@ -13,7 +13,8 @@
 //
 // Transfers are asynchronous (Submit, then Transfer.Wait) or one round trip (Write, Read). Every call takes a
 // context; its deadline bounds the call, and a waited transfer's too (the agent fails it then; copies already
-// started may still land); TransferOptions.Timeout bounds the transfer itself. A TransferError reads as its
+// started may still land); TransferOptions.Timeout bounds the transfer itself. Cancelling a waited call's context
+// stops its transfer; an unwaited one (Submit) stops only by Transfer.Cancel, and WaitAll waits for many. A TransferError reads as its
 // state (Code, and errors.Is with context.DeadlineExceeded or context.Canceled). Transfers and
 // block transfers go over the agent's fast socket, their frames through shared memory both sides poll (a
 // mailbox) where they fit; WithSpin bounds the client's polling, WithoutMailbox and WithoutFastPath turn the

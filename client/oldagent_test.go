@@ -168,5 +168,8 @@ func TestCloseSaysWhenTheSessionDidNotEndInTime(t *testing.T) {
 		if client.Code(err) != tc.want || time.Since(start) > 5*time.Second {
 			t.Errorf("%s: Close after %v: %v, want %v", tc.name, time.Since(start), err, tc.want)
 		}
+		if tc.want == codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s: Close's %v does not match context.DeadlineExceeded, as every call's deadline does", tc.name, err)
+		}
 	}
 }

@@ -287,7 +287,7 @@ func itemBytes(items []Item) (n uint64) {
 }
 
 // Do submits a transfer and waits for it in one round trip; a transfer that did not succeed returns its
-// status and a *TransferError.
+// status and a *TransferError. Cancelling ctx stops the transfer.
 func (c *Client) Do(ctx context.Context, op Op, items []Item, opts TransferOptions) (*Status, error) {
 	resp, _, err := c.send(ctx, op, items, itemBytes(items), opts, true)
 	if err != nil {
@@ -344,7 +344,7 @@ func statusErr(st *Status) error {
 // Wait blocks until the transfer settles or ctx ends. A transfer that did not succeed returns its status and
 // a *TransferError. The wait starts on the fast socket, where a transfer that ends within fastWaitSlice is seen
 // without a gRPC round trip; one still running then is waited for through gRPC, so the client's other calls
-// are not held behind it.
+// are not held behind it. Ending ctx ends the wait, not the transfer (Cancel stops it).
 func (t *Transfer) Wait(ctx context.Context) (*Status, error) {
 	st, fast, err := t.c.fastWait(ctx, []uint64{t.ID}, t.bytes)
 	if !fast {

@@ -80,9 +80,11 @@ stop_one() { # name signal: the agent stopped with signal, waited for up to 10 s
 restart() { # a|b [TERM|KILL]
   local name=${1:-} sig=${2:-TERM} n=1
   case $name in a | b) ;; *) die "usage: hack/two-agents.sh restart a|b [TERM|KILL]" ;; esac
-  case $sig in TERM | KILL | INT) ;; *) die "restart stops an agent with TERM, INT or KILL, not $sig" ;; esac
+  case $sig in TERM | KILL) ;; *) die "restart stops an agent with TERM or KILL, not $sig" ;; esac
   [ -f "$DIR/tls/ca.crt" ] || die "not up in $DIR (hack/two-agents.sh up first)"
   stop_one "$name" "$sig"
+  # A killed agent leaves its sockets: the new one's are waited for, not those.
+  rm -f "$DIR/$name/kv/agent.sock" "$DIR/$name/kv/agent.fd.sock"
   while [ -e "$DIR/$name.log.$n" ]; do n=$((n + 1)); done
   if [ -f "$DIR/$name.log" ]; then mv "$DIR/$name.log" "$DIR/$name.log.$n"; fi
   start_node "$name"

@@ -193,7 +193,8 @@ class DeadlineExceeded(_StatusError, TimeoutError):
     """The agent did not answer a call within its deadline; code() is DEADLINE_EXCEEDED, as gRPC's own call would
     say (wait_all and notifications raise it too when their time ran out; the rest is of silent calls). The
     session is fine, but what the call asked may still happen (a transfer may land, under
-    an id the client never learns); the client's next fast call opens a new fast connection."""
+    an id the client never learns); a silent call's fast connection is closed, and the next fast call opens a
+    new one."""
 
     def __init__(self, message: str):
         super().__init__(grpc.StatusCode.DEADLINE_EXCEEDED, message)
@@ -1973,8 +1974,8 @@ class Client:
         than one dimension are refused (ValueError), not flattened. The agent refuses (INVALID_ARGUMENT, nothing
         moved) ids out of range, repeated destination ids and layouts of different geometry. Pairs run in any
         order: a block that one pair reads and another writes (a swap within one layout) gets no defined bytes;
-        split such a move into two calls. A transfer that failed on its timeout may still land blocks afterwards (copies
-        already started finish): its destination blocks are undefined."""
+        split such a move into two calls. A transfer that did not succeed (any failure) may still land blocks
+        afterwards (copies already started finish): its destination blocks are undefined."""
         # Every step before the frame is written and after its reply shows in a waited one-block call (each
         # microsecond of the client's is about 2% of a 64 MiB copy on a GPU): the common case takes few of them.
         code = _OPS.get(op) if type(op) is str else None
