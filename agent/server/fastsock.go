@@ -38,10 +38,12 @@ const (
 	// maxFastFrame bounds one frame on the fast socket.
 	maxFastFrame = fastwire.MaxRequest
 	// maxFastPerCaller and maxFastConns bound bound fast connections per caller and in all, and
-	// maxFastTokens the tokens one caller may hold unused: each bound connection can hold a frame in memory.
-	maxFastPerCaller = 8
+	// maxFastTokens the tokens one caller may hold unused: each bound connection can hold a frame in memory. A
+	// caller is a pod (outside Kubernetes, a user): an inference pod of 8 GPUs runs a process per GPU and a few
+	// more, each with a client, and the ninth of 8 was refused.
+	maxFastPerCaller = 32
 	maxFastConns     = 1024
-	maxFastTokens    = 16
+	maxFastTokens    = 32
 	// fastBindTimeout bounds how long a new fast connection may take to present its token.
 	fastBindTimeout = 5 * time.Second
 	// DefaultFastSpin: a fast connection polls 2 ms for its caller's next request. A caller that sends every
