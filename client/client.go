@@ -271,10 +271,7 @@ func (c *Client) Close() error {
 		// have EndSession is left to do it then; one that did not end it within closeWait is said.
 		ctx, cancel := context.WithTimeout(context.Background(), closeWait)
 		if _, err := c.api.EndSession(ctx, &agentv1.EndSessionRequest{}); err != nil && status.Code(err) != codes.Unimplemented {
-			if status.Code(err) == codes.DeadlineExceeded {
-				err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded) // as every call's deadline reads
-			}
-			ending = fmt.Errorf("ending the session within %v: %w: its regions and names are freed once their transfers in flight settle", closeWait, err)
+			ending = fmt.Errorf("ending the session within %v: %w: its regions and names are freed once their transfers in flight settle", closeWait, asDeadline(err))
 		}
 		cancel()
 	}
@@ -339,12 +336,17 @@ func (c *Client) wrap(ctx context.Context, what string, gen uint64, err error) e
 	if ended := ctxEnded(ctx); ended != nil && !errors.Is(err, ended) && endedByDeadline(err) {
 		return fmt.Errorf("%s: %w (%w)", what, err, ended)
 	}
+	return fmt.Errorf("%s: %w", what, asDeadline(err))
+}
+
+// asDeadline is err, matching context.DeadlineExceeded too when it is the agent's answer that a deadline ran out:
+// the call's (it answers a little before the context's, to be heard), or the transfer's own. It reads as the
+// context's would, as a TransferError of that state does.
+func asDeadline(err error) error {
 	if Code(err) == codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
-		// The agent's answer that a deadline ran out: the call's (it answers a little before the context's, to be
-		// heard), or the transfer's own. It reads as the context's would, as a TransferError of that state does.
-		return fmt.Errorf("%s: %w (%w)", what, err, context.DeadlineExceeded)
+		return fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
 	}
-	return fmt.Errorf("%s: %w", what, err)
+	return err
 }
 
 // ctxEnded is ctx's error, or context.DeadlineExceeded once its deadline passed: a call's own waits (gRPC's, the

@@ -112,14 +112,14 @@ func (w *hangupWatch) closed(doorbells bool) bool {
 			case err != nil || n == 0:
 				gone = true // reset, or the caller closed its end
 				return true
+			case !doorbells:
+				return true // a frame: the connection's reader's
 			}
 			bells := 0
-			for doorbells && bells+4 <= n && buf[bells]|buf[bells+1]|buf[bells+2]|buf[bells+3] == 0 {
+			for bells+4 <= n && buf[bells]|buf[bells+1]|buf[bells+2]|buf[bells+3] == 0 {
 				bells += 4
 			}
 			switch {
-			case !doorbells:
-				return true // a frame: the connection's reader's
 			case bells > 0:
 				if _, err := syscall.Read(int(fd), buf[:bells]); err != nil && err != syscall.EINTR && err != syscall.EAGAIN {
 					gone = true

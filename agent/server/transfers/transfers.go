@@ -256,14 +256,14 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 			// lets transfers end as a shutdown does), its transfer is stopped: nobody waits for it, and nobody was
 			// told its id.
 			go s.settle(x, t) // its status is recorded when it ends
+			code := codes.Unavailable
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return nil, status.Errorf(codes.DeadlineExceeded, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
-			}
-			if s.callerEnded(ctx) {
+				code = codes.DeadlineExceeded
+			} else if s.callerEnded(ctx) {
 				t.Cancel()
-				return nil, status.Errorf(codes.Unavailable, "transfer %d cancelled with its call: %v", x.id, context.Cause(ctx))
+				return nil, status.Errorf(code, "transfer %d cancelled with its call: %v", x.id, context.Cause(ctx))
 			}
-			return nil, status.Errorf(codes.Unavailable, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
+			return nil, status.Errorf(code, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
 		}
 	}
 	return resp, nil
