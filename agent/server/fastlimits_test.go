@@ -80,11 +80,15 @@ func TestFastSocketLimits(t *testing.T) {
 		t.Fatalf("%d fast connections bound, then %v; want 32, then ResourceExhausted naming the limit", bound, refused)
 	}
 
-	// Unused tokens: at most 32 held.
+	// Unused tokens: at most 32 held by a caller, 4 by one of its sessions, which then gives up its oldest.
 	var tokErr error
 	tokens := 0
-	for i := 0; i < 40 && tokErr == nil; i++ {
-		if _, tokErr = api.OpenFastPath(ctxT(t), &agentv1.OpenFastPathRequest{}); tokErr == nil {
+	for i := 0; i < 12 && tokErr == nil; i++ {
+		others := dialNoFast(t, a).API()
+		for range 4 {
+			if _, tokErr = others.OpenFastPath(ctxT(t), &agentv1.OpenFastPathRequest{}); tokErr != nil {
+				break
+			}
 			tokens++
 		}
 	}
@@ -94,6 +98,77 @@ func TestFastSocketLimits(t *testing.T) {
 	// Still serving: the caller's own fast path works.
 	if _, err := api.GetInfo(ctxT(t), &agentv1.GetInfoRequest{}); err != nil {
 		t.Fatalf("agent stopped answering: %v", err)
+	}
+}
+
+// TestASessionsUnusedTokensCannotCrowdOutItsCaller: a session that asks for fast path tokens and never binds them
+// (a client interrupted between asking and binding, again and again) holds at most 4: each later one replaces its
+// oldest, which no longer binds, and the caller's other processes still open fast connections. A session that
+// ended holds none.
+func TestASessionsUnusedTokensCannotCrowdOutItsCaller(t *testing.T) {
+	a := startAgent(t, baseOptions(t, newProcFixture(t)))
+	path := a.srv.FastSocketPath()
+	leaky := dialNoFast(t, a).API()
+	var toks []string
+	for i := range 100 {
+		tok, err := leaky.OpenFastPath(ctxT(t), &agentv1.OpenFastPathRequest{})
+		if err != nil {
+			t.Fatalf("token %d of a session that binds none: %v", i, err)
+		}
+		toks = append(toks, tok.Token)
+	}
+	bindToken := func(tok string) *agentv1.FastReply {
+		conn, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		return rawFrame(t, conn, []byte(tok))
+	}
+	if r := bindToken(toks[95]); codes.Code(r.Code) != codes.PermissionDenied || !strings.Contains(r.Message, "unknown, expired, used") {
+		t.Fatalf("a token given up for later ones bound: %v %q", codes.Code(r.Code), r.Message)
+	}
+	if r := bindToken(toks[99]); r.Code != 0 {
+		t.Fatalf("the session's last token: %v %q", codes.Code(r.Code), r.Message)
+	}
+	// Another process of the same caller: its client dials (it asks for a token and binds it) and moves bytes.
+	other := dial(t, a)
+	src, dst := shm(t, 4096), shm(t, 4096)
+	rs, err := other.RegisterHost(ctxT(t), src.File, 0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := other.RegisterHost(ctxT(t), dst.File, 0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(src.Bytes, "landed")
+	if _, err := other.Write(ctxT(t), rs, 0, client.ToRegion(rd), 0, 4096); err != nil || !bytes.Equal(dst.Bytes[:6], []byte("landed")) {
+		t.Fatalf("the caller's other client: %v, %q", err, dst.Bytes[:6])
+	}
+
+	// The leaky session holds 3; seven sessions holding 4 each and one more token fill the caller's 32, and
+	// ending those sessions frees their tokens at once.
+	var held []*client.Client
+	for i := range 8 {
+		c := dialNoFast(t, a)
+		held = append(held, c)
+		for range min(4, 29-4*i) {
+			if _, err := c.API().OpenFastPath(ctxT(t), &agentv1.OpenFastPathRequest{}); err != nil {
+				t.Fatalf("session %d: %v", i, err)
+			}
+		}
+	}
+	if _, err := leaky.OpenFastPath(ctxT(t), &agentv1.OpenFastPathRequest{}); err == nil || !strings.Contains(err.Error(), "unused fast path tokens") {
+		t.Fatalf("a token past the caller's 32: %v", err)
+	}
+	for _, c := range held {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := leaky.OpenFastPath(ctxT(t), &agentv1.OpenFastPathRequest{}); err != nil {
+		t.Fatalf("a token once the sessions holding the caller's others ended: %v", err)
 	}
 }
 

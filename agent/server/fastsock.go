@@ -44,6 +44,10 @@ const (
 	maxFastPerCaller = 32
 	maxFastConns     = 1024
 	maxFastTokens    = 32
+	// maxFastTokensPerSession: a session asking for more unused tokens than this gives up its oldest, so a client
+	// interrupted between asking and binding, again and again, cannot take the caller's 32 from every other
+	// process of its pod (a client reopens one connection at a time; a few allow a burst).
+	maxFastTokensPerSession = 4
 	// fastBindTimeout bounds how long a new fast connection may take to present its token.
 	fastBindTimeout = 5 * time.Second
 	// DefaultFastSpin: a fast connection polls 2 ms for its caller's next request. A caller that sends every
@@ -84,13 +88,23 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 	}
 	s.fast.mu.Lock()
 	now := time.Now()
-	held := 0
+	held, mine, oldest := 0, 0, ""
 	for k, e := range s.fast.entries {
-		if now.After(e.expires) {
+		switch {
+		case now.After(e.expires):
 			delete(s.fast.entries, k)
-		} else if e.sess.Caller.Key == sess.Caller.Key {
+		case e.sess.Caller.Key == sess.Caller.Key:
 			held++
+			if e.sess == sess {
+				if mine++; oldest == "" || e.expires.Before(s.fast.entries[oldest].expires) {
+					oldest = k
+				}
+			}
 		}
+	}
+	if mine >= maxFastTokensPerSession {
+		delete(s.fast.entries, oldest)
+		held--
 	}
 	if held >= maxFastTokens {
 		s.fast.mu.Unlock()
@@ -101,6 +115,18 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 	s.fast.entries[token] = fastToken{sess: sess, expires: now.Add(s.opts.TokenTTL)}
 	s.fast.mu.Unlock()
 	return &agentv1.OpenFastPathResponse{Token: token, Socket: s.FastSocketPath()}, nil
+}
+
+// forgetFastTokens drops the unused tokens of a session that ended: they could bind nothing, and counted against
+// its caller's limit until they expired.
+func (s *Server) forgetFastTokens(sess *session) {
+	s.fast.mu.Lock()
+	defer s.fast.mu.Unlock()
+	for k, e := range s.fast.entries {
+		if e.sess == sess {
+			delete(s.fast.entries, k)
+		}
+	}
 }
 
 // Connections of the fast socket that are not bound yet, per holder (identity.Identifier.HolderOf: a pod, or

@@ -506,6 +506,7 @@ func (s *Server) endSession(sess *session) {
 		allocs = append(allocs, a)
 	}
 	s.table.Unlock()
+	s.forgetFastTokens(sess)
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.SessionGrace)
 	defer cancel()
 	s.xfer.TellLayoutGone(ctx, askers)
