@@ -276,7 +276,7 @@ def blocks_request(op: int, layout_id: int, remote: pb.LayoutRef, local: memoryv
     req = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=remote, local_ids=bytes(local),
                                    remote_ids=bytes(remote_ids), id_bytes=id_bytes, wait=wait, notify=notify or b"")
     if timeout:
-        req.timeout.FromNanoseconds(int(timeout * 1e9))
+        req.timeout.FromNanoseconds(max(int(timeout * 1e9), 1))
     return req
 
 
@@ -306,7 +306,7 @@ def _head(op, layout_id, remote, id_bytes, timeout, notify, wait) -> bytes:
     msg = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=ref, id_bytes=id_bytes, wait=wait,
                                    notify=notify or b"")
     if timeout:
-        msg.timeout.FromNanoseconds(int(timeout * 1e9))
+        msg.timeout.FromNanoseconds(max(int(timeout * 1e9), 1))
     head = msg.SerializeToString()
     if key is not None:
         if len(_HEADS) >= 256:
@@ -383,7 +383,7 @@ def wait_frame(transfer_ids, timeout: float, call_timeout: Optional[float] = Non
     tail = _WAIT_TIMEOUTS.get(timeout)
     if tail is None:
         w = pb.FastWait()
-        w.timeout.FromNanoseconds(int(timeout * 1e9))
+        w.timeout.FromNanoseconds(max(int(timeout * 1e9), 1))
         tail = w.SerializeToString()
         if len(_WAIT_TIMEOUTS) >= 256:
             _WAIT_TIMEOUTS.clear()

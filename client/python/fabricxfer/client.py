@@ -23,6 +23,7 @@ Block layouts (a paged KV cache: every layer's K and V tensor cut into blocks of
 """
 
 import array
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -76,9 +77,10 @@ _FEATURE_CALL_TIMEOUT = "fast-call-timeout"
 
 
 def _seconds(timeout, what: str = "timeout", default: str = " (None or 0: the client's)"):
-    """timeout itself, refused unless None or a number of seconds from 0 to a year (NaN fails both comparisons)."""
+    """timeout itself, refused unless None or a number of seconds from 0 to a year (NaN fails both comparisons; True
+    is not a second). A positive one shorter than a nanosecond travels as one (as 0 it would read as the default)."""
     try:
-        if timeout is None or 0 <= timeout <= _MAX_TIMEOUT:
+        if timeout is None or (0 <= timeout <= _MAX_TIMEOUT and type(timeout) is not bool):
             return timeout
     except TypeError:  # a string, say
         pass
@@ -398,6 +400,45 @@ def status_first(raw) -> Optional[pb.TransferStatus]:
     return pb.TransferStatus.FromString(raw[4:4 + raw[3]])
 
 
+class _StateWatch:
+    """Client._on_state for gRPC's connectivity watch, holding the client weakly until the interpreter exits, then
+    strongly (pinned): gRPC's watch thread then keeps it, and its channel, out of the interpreter's teardown, where
+    the channel's own cleanup would wait for a thread that no longer runs (the process never exited)."""
+
+    __slots__ = ("_ref", "pinned")
+
+    def __init__(self, client: "Client"):
+        self._ref = weakref.ref(client)
+        self.pinned = None
+
+    def __call__(self, state):
+        c = self._ref()
+        if c is not None:
+            c._on_state(state)
+
+
+def _end_dropped_client(stub, channel, watch, owned: dict, session_box: list):
+    """What close() does, for a Client collected without it, in a thread of its own (a collection may happen in
+    any thread, in the middle of anything): the session ends (the agent frees its regions and names), then the
+    client's descriptors close and PyTorch's references go back, then the connection."""
+
+    def end():
+        ended = False
+        try:
+            stub.EndSession(pb.EndSessionRequest(), timeout=_CLOSE_WAIT, metadata=session_box[0])
+            ended = True
+        except (grpc.RpcError, ValueError):
+            pass
+        for how in list(owned.values()):
+            if how is not None:
+                # Without the agent's word that it let go, PyTorch's reference stays: the allocator must not hand
+                # the memory out again while the agent may still reach it.
+                Client._drop(how, release=ended)
+        channel.unsubscribe(watch)
+        channel.close()
+    threading.Thread(target=end, name="fabricxfer-dropped-client", daemon=True).start()
+
+
 class _Forks:
     """What a forked child inherits: the parent's clients and notification streams (their gRPC connection, fast
     socket and mailbox are the parent's, and a child writing to them breaks the parent's calls), and whether gRPC
@@ -412,6 +453,7 @@ class _Forks:
     def after_in_child(self):
         for c in list(self.clients):
             c._forked = True
+            c._finalizer.detach()  # the session is the parent's to end
             c._losses += 1  # the next session check says why
             # A lock another thread of the parent held at the fork stays held here: the child gets its own.
             c._lock, c._fast_lock, c._recover_lock = threading.Lock(), threading.Lock(), threading.Lock()
@@ -425,6 +467,19 @@ class _Forks:
 _FORKS = _Forks()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_FORKS.after_in_child)
+
+
+def _let_clients_go_at_exit():
+    """At the interpreter's exit the agent frees what the process held: clients still open are not ended one by
+    one, and none is collected in the teardown (_StateWatch)."""
+    for c in list(_FORKS.clients):
+        finalizer = getattr(c, "_finalizer", None)
+        if finalizer is not None:
+            finalizer.detach()
+            c._state_watch.pinned = c
+
+
+atexit.register(_let_clients_go_at_exit)
 
 _FORKED_CLIENT = ("this Client belongs to the process that created it; a forked child must create its own (and "
                   "cannot while gRPC ran in the parent without GRPC_ENABLE_FORK_SUPPORT=1: start workers with "
@@ -1095,13 +1150,16 @@ class Client:
         self._owned = {}
         # Layouts this client registered, re-registered by recover().
         self._layouts = []
-        self._channel.subscribe(self._on_state, try_to_connect=True)
+        # Through a weak reference: gRPC's watch holds its callback, and a bound method would keep a client dropped
+        # without close() alive, with its session, regions and fast connection, for the life of the process.
+        self._state_watch = _StateWatch(self)
+        self._channel.subscribe(self._state_watch, try_to_connect=True)
         refused = None
         try:
             self.info = self.stub.GetInfo(pb.GetInfoRequest(api_versions=[API_VERSION], client_name=name),
                                           timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as e:
-            self._channel.unsubscribe(self._on_state)
+            self._channel.unsubscribe(self._state_watch)
             self._channel.close()
             if e.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                 raise AgentUnreachable(e.code(), _unreachable(socket_path, timeout, e.details())) from e
@@ -1109,6 +1167,7 @@ class Client:
         if refused is not None:
             raise refused
         self._session_md = _session_metadata(self.info)
+        self._session_box = [self._session_md]  # the session the collected-client finalizer ends
         self._fast = None
         self._fast_lock = threading.Lock()
         # Framings of short block transfers, by shape (_short_blocks); recover() empties it.
@@ -1117,10 +1176,15 @@ class Client:
             try:
                 self._open_fast()
             except BaseException:  # no Client to close(): its channel would stay open, and subscribed
-                self._channel.unsubscribe(self._on_state)
+                self._channel.unsubscribe(self._state_watch)
                 self._channel.close()
                 raise
         _FORKS.clients.add(self)
+        # A client dropped without close() ends its session when it is collected, as close() would (not at the
+        # interpreter's exit: the agent frees what a process that ended held).
+        self._finalizer = weakref.finalize(self, _end_dropped_client, self.stub, self._channel, self._state_watch,
+                                           self._owned, self._session_box)
+        self._finalizer.atexit = False
 
     def _on_state(self, state):
         with self._lock:
@@ -1235,11 +1299,6 @@ class Client:
             raise
 
     def _recover_session(self, timeout: float):
-        with self._fast_lock:
-            if self._fast is not None:
-                self._fast.close()
-                self._fast = None
-        self._frames.clear()  # the layouts' agent records may be replaced below
         # An agent still stopping or just starting can drop the first connection: keep asking until timeout.
         deadline = time.monotonic() + timeout
         while True:
@@ -1266,7 +1325,16 @@ class Client:
         else:
             restarted = self._session != session
         self.info = info
-        self._session_md = _session_metadata(info)  # what is registered below goes into this session
+        self._session_md = self._session_box[0] = _session_metadata(info)  # what is registered below goes into this session
+        # The session lives on (a recover() with nothing lost, or one that came after another thread's): a fast
+        # connection that works stays, as the calls other threads make on it do (closing it failed them with
+        # SessionLost while nothing was lost).
+        if restarted or self._fast is _DROPPED or (self._fast is None and self._want_fast):
+            with self._fast_lock:
+                if self._fast is not None:
+                    self._fast.close()
+                    self._fast = None
+            self._frames.clear()  # the layouts' agent records may be replaced below
         if restarted:
             with self._lock:
                 for region, how in list(self._owned.items()):
@@ -1275,7 +1343,7 @@ class Client:
                         self._owned.pop(region)
                 self._unregistered = set(self._owned)
                 self._layouts_pending = list(self._layouts)
-        if self._want_fast:
+        if self._want_fast and self._fast is None:
             # After the bookkeeping above, so a recover() that fails here leaves the next one what to register.
             self._open_fast()
         first = self._register_again()
@@ -1448,6 +1516,7 @@ class Client:
                 return self._ended  # another thread closes it (False until it is done)
             live = self._losses == self._session and not self._forked
             self._closed = True
+            self._finalizer.detach()
             self._losses += 1  # every call's session check then looks, and raises ClientClosed
         # A call on the fast connection holds its lock until its reply: its socket is shut down first, so a call
         # the agent does not answer ends now (its wait on the socket sees the end) rather than at its deadline;
@@ -1491,7 +1560,7 @@ class Client:
             # The gRPC connection is the parent's: closing it here could end the parent's session. (The fast
             # socket, the mappings and the fds closed above are this process's copies: closing them sends nothing.)
             return False
-        self._channel.unsubscribe(self._on_state)
+        self._channel.unsubscribe(self._state_watch)
         if ended:
             # gRPC's close waits for its connectivity watch to end (up to 200 ms); the session is gone already.
             threading.Thread(target=self._channel.close, name="fabricxfer-close", daemon=True).start()
@@ -1692,7 +1761,7 @@ class Client:
     def _request(self, op, items: List[Item], timeout: Optional[float], notify: Optional[bytes], wait: bool):
         req = pb.TransferRequest(op=op, wait=wait, notify=notify or b"")
         if timeout:
-            req.timeout.FromNanoseconds(int(timeout * 1e9))
+            req.timeout.FromNanoseconds(max(int(timeout * 1e9), 1))
         for i, it in enumerate(items):
             if type(it.remote) is not Remote or not isinstance(it.local, Region):
                 raise TypeError("an Item's local side is a Region and its remote side to_region(region), "
@@ -1902,6 +1971,8 @@ class Client:
                 self._reopens_failed += 1
                 raise DeadlineExceeded("the agent did not answer within %.1f s while the fast connection was opened "
                                        "again: the next call tries again" % within) from e
+            if isinstance(e, AgentError) and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise  # a limit of the caller's (its fast connections): the session is fine, the next call tries again
             raise SessionLost("the fast socket could not be opened again (%s): call recover() and retry" % e) from e
         return self._fast
 
@@ -2001,7 +2072,7 @@ class Client:
                              "max_items_per_transfer); split the transfer" % (count, self.info.limits.max_items_per_transfer))
         if timeout is not None:
             try:
-                seconds = 0 <= timeout <= _MAX_TIMEOUT
+                seconds = 0 <= timeout <= _MAX_TIMEOUT and type(timeout) is not bool
             except TypeError:  # a string, say (a try costs nothing until it raises)
                 seconds = False
             if not seconds:
@@ -2176,10 +2247,9 @@ class Client:
         deadline = time.perf_counter() + (timeout or self.timeout)
         st = None
         for k in range(0, len(ids), _MAX_WAIT_IDS):
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                st = pb.TransferStatus(transfer_id=ids[k], state=pb.TRANSFER_STATE_PENDING)
-                break
+            # Each share is asked of the agent, however little time is left: transfers that ended are said so, not
+            # taken for pending.
+            left = max(deadline - time.perf_counter(), 1e-6)
             st = self._fast_wait(ids[k:k + _MAX_WAIT_IDS], left)
             if st.state != pb.TRANSFER_STATE_SUCCEEDED:
                 break
@@ -2207,7 +2277,7 @@ class Client:
         for tid in ids:
             left = max(deadline - time.perf_counter(), 1e-6)
             req = pb.WaitRequest(transfer_id=tid)
-            req.timeout.FromNanoseconds(int(left * 1e9))
+            req.timeout.FromNanoseconds(max(int(left * 1e9), 1))
             st = self._call(self.stub.Wait, req, timeout=left + 1.0)
             if st.state != pb.TRANSFER_STATE_SUCCEEDED:
                 break

@@ -112,6 +112,13 @@ class FastConn:
         self._reply_at = _AREAS + self._area
         (self._seq,) = _U64.unpack_from(mm, _REQUEST_SEQ)
 
+    def __del__(self):
+        # One dropped with its client (a Client collected without close()) closes its socket as close() would,
+        # not with a ResourceWarning.
+        sock = getattr(self, "sock", None)
+        if sock is not None:
+            sock.close()
+
     def close(self):
         self.sock.close()
         if self._words is not None:

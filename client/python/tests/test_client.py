@@ -5,6 +5,7 @@
 starts an agent and runs this with /usr/bin/python3)."""
 
 import array
+import gc
 import hashlib
 import os
 import subprocess
@@ -13,6 +14,7 @@ import textwrap
 import threading
 import time
 import unittest
+import weakref
 
 import grpc
 
@@ -369,6 +371,95 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(r.id, before, "recover() of a live session registered the region again")
         c.write(r, 0, to_region(r), 4096, 64)
 
+    def test_recover_of_a_live_session_leaves_other_threads_calls_alone(self):
+        # Nothing was lost: the fast connection stays, and the calls other threads make on it go on (recover()
+        # closed it first, and each call that came meanwhile raised SessionLost).
+        c = Client(SOCKET)
+        self.addCleanup(c.close)
+        fd, _ = self.shm(8192)
+        lay = c.register_layout([c.register_host(fd, 0, 8192)], 4096)
+        fast, stop, errors, calls = c._fast, threading.Event(), [], [0]
+        ids, rids = array.array("q", [0]), array.array("q", [1])
+
+        def loop():
+            while not stop.is_set():
+                try:
+                    c.transfer_blocks("write", lay, ids, to_layout(lay), rids)
+                    calls[0] += 1
+                except Exception as e:  # noqa: BLE001 - any error fails the test
+                    errors.append(repr(e))
+                    return
+        threads = [threading.Thread(target=loop) for _ in range(3)]
+        for th in threads:
+            th.start()
+        try:
+            for _ in range(10):
+                c.recover(timeout=5)
+                time.sleep(0.02)
+        finally:
+            stop.set()
+            for th in threads:
+                th.join(30)
+        self.assertEqual(errors, [], "calls of other threads while recover() ran on a live session")
+        self.assertIs(c._fast, fast, "recover() of a live session replaced its working fast connection")
+        self.assertGreater(calls[0], 0)
+
+    def test_a_client_dropped_without_close_ends_its_session(self):
+        # gRPC's connectivity watch held the client: one dropped without close() kept its session, its names and
+        # its fast connection (one of its caller's 32) for the life of the process.
+        fd, _ = self.shm(8192)
+
+        def dropped():
+            c = Client(SOCKET)
+            c.register_layout([c.register_host(fd, 0, 8192, segment="py-dropped")], 4096, segment="py-dropped-kv")
+            return weakref.ref(c)
+        ref = dropped()
+        gc.collect()
+        self.assertIsNone(ref(), "a client dropped without close() is still alive")
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self.c.resolve_segment("", "py-dropped")
+            except AgentError as e:
+                self.assertEqual(e.code(), grpc.StatusCode.NOT_FOUND)
+                break
+            self.assertLess(time.monotonic(), deadline, "the dropped client's segment is still registered after 5 s")
+            time.sleep(0.02)
+        with self.assertRaises(AgentError) as e:
+            self.c.resolve_layout("", "py-dropped-kv")
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def test_a_fast_connection_refused_on_reopening_is_that_refusal_not_a_lost_session(self):
+        # The caller's fast connections all taken (outside Kubernetes every process of a user is one caller): a
+        # client whose connection was dropped (an interrupted call) hears the agent's RESOURCE_EXHAUSTED when it
+        # opens it again, not SessionLost (its session is fine, and recover() would fail alike), and the next call
+        # opens it once there is room.
+        c = Client(SOCKET)
+        self.addCleanup(c.close)
+        fd, buf = self.shm(8192)
+        r = c.register_host(fd, 0, 8192)
+        with c._fast_lock:
+            c._fast_drop(c._fast)  # what an interrupted call leaves
+        others = []
+        try:
+            for _ in range(40):
+                try:
+                    others.append(Client(SOCKET))
+                except AgentError as e:
+                    self.assertEqual(e.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, e.details())
+                    break
+            else:
+                self.fail("40 clients of one caller bound 40 fast connections")
+            with self.assertRaises(AgentError) as e:
+                c.write(r, 0, to_region(r), 4096, 64)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, e.exception.details())
+            others.pop().close()
+            c.write(r, 0, to_region(r), 4096, 64)
+            self.assertEqual(bytes(buf[4096:4160]), bytes(buf[:64]))
+        finally:
+            for o in others:
+                o.close()
+
     def test_waited_transfers_carry_the_clients_deadline_and_calls_outlast_theirs(self):
         # A waited transfer without a timeout is given the client's, so the agent ends it and answers before the
         # call gives up; a gRPC call waits for its transfer's own timeout, not only the client's.
@@ -580,13 +671,22 @@ class ClientTest(unittest.TestCase):
             "Client": lambda t: Client(SOCKET, timeout=t),
         }
         for name, call in calls.items():
-            for bad in (float("nan"), float("inf"), -1.0, 1e12, "5"):
+            for bad in (float("nan"), float("inf"), -1.0, 1e12, "5", True):
                 with self.assertRaisesRegex(ValueError, "must be .*seconds", msg="%s(timeout=%r)" % (name, bad)):
                     call(bad)
         with self.assertRaisesRegex(ValueError, "positive"):
             Client(SOCKET, timeout=0)
         self.assertEqual(bytes(buf), before, "a refused call moved bytes")
         self.c.transfer_blocks("write", lay, ids, to_layout(lay), other, timeout=2.5)
+        # A timeout shorter than a nanosecond is one nanosecond, not 0 (the agent's default of 60 s), and a wait
+        # that has next to no time asks the agent all the same (a transfer that ended is not called pending).
+        for name in ("transfer_blocks", "transfer"):
+            with self.assertRaises((TransferFailed, AgentError), msg=name) as e:  # its end, or the agent's answer
+                calls[name](1e-12)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED, name)
+        tid = self.c.transfer_blocks("write", lay, ids, to_layout(lay), other, wait=False)
+        self.c.wait(tid)
+        self.assertEqual(self.c.wait_all([tid], timeout=1e-12).state, pb.TRANSFER_STATE_SUCCEEDED)
 
     def test_more_blocks_than_a_call_moves_are_refused_with_the_limit(self):
         # More blocks than the agent moves in a call are refused here with the limit, not by gRPC's message size

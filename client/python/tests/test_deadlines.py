@@ -302,7 +302,10 @@ class ReopenTest(unittest.TestCase):
         c._check_session()  # the session is not lost
         self.assertMoves(c, buf, r)  # the agent answers again
 
-        # A recover() whose reopen is not answered raises, and leaves the fast connection wanted, not gRPC.
+        # A recover() whose reopen is not answered raises, and leaves the fast connection wanted, not gRPC (a
+        # recover() of a live session with a working fast connection keeps it and opens none).
+        with c._fast_lock:
+            c._fast_drop(c._fast)
         with mock.patch.object(c, "_open_fast", not_answering):
             with self.assertRaises(fx.DeadlineExceeded):
                 c.recover()
@@ -362,12 +365,21 @@ class ReopenTest(unittest.TestCase):
 
     def test_a_recover_the_agent_does_not_answer_keeps_the_fast_connection_wanted(self):
         # A recover() that failed before it reached the fast connection (GetInfo of an agent still stopped) left
-        # it None, and every later call went through gRPC unseen.
+        # it None, and every later call went through gRPC unseen. It keeps the one it had (nothing said the session
+        # ended), and a dropped one stays wanted.
         c, buf, r = self.client(timeout=1.0)
 
         def silent(*args, **kwargs):
             raise fx.DeadlineExceeded("Deadline Exceeded")
 
+        kept = c._fast
+        with mock.patch.object(c.stub, "GetInfo", silent):
+            with self.assertRaises(grpc.RpcError):
+                c.recover(timeout=0.5)
+        self.assertIs(c._fast, kept, "a recover() that failed dropped a working fast connection")
+        self.assertMoves(c, buf, r)
+        with c._fast_lock:
+            c._fast_drop(c._fast)
         with mock.patch.object(c.stub, "GetInfo", silent):
             with self.assertRaises(grpc.RpcError):
                 c.recover(timeout=0.5)
