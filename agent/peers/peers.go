@@ -186,6 +186,7 @@ func (p *Peers) Serve(ctx context.Context, local Local) error {
 		// A peer's calls are few and short; one connection's stalled requests (each buffered up to 4 MiB) are
 		// bounded in number and, by the tap's deadline, in time.
 		grpc.MaxConcurrentStreams(maxPeerStreamsPerConn),
+		grpc.MaxHeaderListSize(sockio.MaxHeaderListBytes),
 		grpc.InTapHandle(func(ctx context.Context, _ *tap.Info) (context.Context, error) {
 			ctx, cancel := context.WithTimeout(ctx, p.opts.ServeCallLimit)
 			context.AfterFunc(ctx, cancel)

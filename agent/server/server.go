@@ -291,6 +291,9 @@ func (s *Server) Serve(ctx context.Context) error {
 		// maxStreamsPerConn at once, so a client past it waits rather than fails.
 		grpc.InTapHandle(s.streamTap),
 		grpc.MaxConcurrentStreams(maxStreamsPerConn),
+		// gRPC's own bound is 16 MiB a header block, held before any call (and any limit of ours) exists: 128
+		// connections of one process sending one each, never finished, held 2 GiB of the agent's memory.
+		grpc.MaxHeaderListSize(sockio.MaxHeaderListBytes),
 		grpc.ChainUnaryInterceptor(s.unaryAuth),
 		grpc.ChainStreamInterceptor(s.streamAuth),
 	)
