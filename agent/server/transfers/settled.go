@@ -64,15 +64,19 @@ func (r *settledRing) slot(id uint64, alloc bool) *settledRecord {
 	return &c[i%settledChunk]
 }
 
-// put records st, the status of the owner's transfer, settled at now. It is not kept when its slot holds a
-// newer transfer (it settled after maxFinished newer ones were submitted), or another caller's record within the
-// retention while that caller holds no more records than the owner.
+// put records st, the status of the owner's transfer, settled at now. It is not kept when its slot holds a newer
+// transfer of the owner's (it settled after maxFinished newer ones were submitted), or another caller's record,
+// newer or older, within the retention while that caller holds no more records than the owner: a quiet caller's
+// long transfer that settles after a busier caller's flood went round the ring is kept, and answers its Wait.
 func (r *settledRing) put(owner string, st *agentv1.TransferStatus, now time.Time) {
 	rec := r.slot(st.TransferId, true)
-	if rec.id > st.TransferId {
-		return
-	}
-	if rec.id != 0 && rec.owner != owner && !r.expired(rec, now) && r.held[rec.owner] <= r.held[owner] {
+	switch {
+	case rec.id == 0:
+	case rec.owner == owner:
+		if rec.id > st.TransferId {
+			return
+		}
+	case !r.expired(rec, now) && r.held[rec.owner] <= r.held[owner]:
 		return
 	}
 	r.clear(rec)

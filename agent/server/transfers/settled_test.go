@@ -68,7 +68,9 @@ func TestSettledRingForgetsByAgeAndByNewerTransfers(t *testing.T) {
 	if st := r.get("pod-b", 3+maxFinished, t0); st == nil || st.Bytes != 9 {
 		t.Fatalf("the newer transfer: %v", st)
 	}
-	// An older transfer settling late does not push out a newer one.
+	// An older transfer settling late does not push out a newer one of a caller no busier than its own (one
+	// busier gives way: TestSettledRingKeepsAQuietCallersRecordsThroughAFlood).
+	r.put("pod-a", succeeded(4, 1), t0)
 	r.put("pod-a", succeeded(3, 1), t0)
 	if st := r.get("pod-b", 3+maxFinished, t0); st == nil {
 		t.Fatal("a transfer that settled late pushed out a newer one")
@@ -158,6 +160,23 @@ func TestSettledRingKeepsAQuietCallersRecordsThroughAFlood(t *testing.T) {
 	}
 	if st := r.get("pod-b", last+1-maxFinished, now); st != nil {
 		t.Fatalf("the busier caller's record in pod-c's slot is still answered: %v", st)
+	}
+	// A quiet caller's transfer that settles after the flood went round the ring (it ran while maxFinished newer
+	// ones were submitted) takes its slot from the busier caller's newer record: it was dropped, and its Wait
+	// answered NotFound though its bytes had landed.
+	long := last + 2 - 3*maxFinished
+	r.put("pod-d", succeeded(long, 32<<20), now)
+	if st := r.get("pod-d", long, now); st == nil || st.Bytes != 32<<20 {
+		t.Fatalf("pod-d's long transfer that settled after pod-b's flood: %v", st)
+	}
+	if st := r.get("pod-b", long+3*maxFinished, now); st != nil {
+		t.Fatalf("the busier caller's newer record in pod-d's slot is still answered: %v", st)
+	}
+	// The owner's newer record takes the slot, and its older one does not take it back.
+	r.put("pod-d", succeeded(long+maxFinished, 1), now)
+	r.put("pod-d", succeeded(long, 2), now)
+	if st := r.get("pod-d", long+maxFinished, now); st == nil || st.Bytes != 1 {
+		t.Fatalf("pod-d's newer transfer after its older one settled again: %v", st)
 	}
 	// Past the retention, pod-a's records give way to anyone.
 	later := now.Add(61 * time.Second)
