@@ -283,6 +283,9 @@ type SubmitOptions struct {
 	// copy of a few microseconds ends without a hand-off between threads. A wait that gives up, or none at
 	// all within WaitedHandoff, hands the transfer to a goroutine, so it always completes.
 	Waited bool
+	// Share names whom the transfer is for (the agent's caller): engines whose workers several transfers share
+	// hand them out in turns between shares (Slots), so one share's queue does not hold the others'.
+	Share string
 
 	// onDone is the composite's hook, told that part onDonePart finished: trackers call it after Done closes and
 	// before unpinning regions, so the composite transfer is done before a Deregister waiting for those regions

@@ -8,22 +8,21 @@ import (
 	"sync"
 )
 
-// RunPlans runs every work item of a submission on its own goroutine, at most cap(slots) at once, and finishes
-// each on t with exec's result. An item whose transfer ended (deadline, cancel) before it got a slot or before it
-// started finishes with that error and never reaches exec. RunPlans returns when every item has finished.
-func RunPlans(t *Tracker, work []Work, slots chan struct{}, exec func(context.Context, Work) error) {
+// RunPlans runs every work item of a submission on its own goroutine, as slots allow (in turns between the
+// transfers' shares), and finishes each on t with exec's result. An item whose transfer ended (deadline, cancel)
+// before it got a slot or before it started finishes with that error and never reaches exec. RunPlans returns when
+// every item has finished.
+func RunPlans(t *Tracker, work []Work, slots *Slots, exec func(context.Context, Work) error) {
 	ctx := t.Context()
 	var wg sync.WaitGroup
 	for _, w := range work {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			t.Finish(w.Index, ctx.Err())
+		if err := slots.Take(ctx, t.share); err != nil {
+			t.Finish(w.Index, err)
 			continue
 		}
 		wg.Add(1)
 		go func() {
-			defer func() { <-slots; wg.Done() }()
+			defer func() { slots.Give(); wg.Done() }()
 			if err := ctx.Err(); err != nil {
 				t.Finish(w.Index, err)
 				return

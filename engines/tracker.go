@@ -34,6 +34,7 @@ type Tracker struct {
 	finalize   func(ctx context.Context, outcomes []Outcome)
 	onDone     partWatcher
 	onDonePart int
+	share      string // SubmitOptions.Share: whose turn a slot is (RunPlans)
 	// pinned are the regions Begin pinned for the transfer; reg unpins them once it settles (nil: none).
 	pinned []*region
 	reg    *Registry
@@ -250,6 +251,7 @@ func newTracker(parent context.Context, engine string, plans []Plan, opts Submit
 		finalize:   finalize,
 		onDone:     opts.onDone,
 		onDonePart: opts.onDonePart,
+		share:      opts.Share,
 	}
 	if len(plans) == 1 {
 		t.outcomes, t.finished = t.one.outcome[:], t.one.finished[:]

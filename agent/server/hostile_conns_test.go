@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
+	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/engines/xgmi"
 )
 
 // http2Open connects to the agent's socket as a gRPC client would, up to the HTTP/2 preface, and reports whether
@@ -149,4 +152,61 @@ func TestHostileConnectionFloodIsBounded(t *testing.T) {
 		t.Fatal("a refused process's 17th connection was kept")
 	}
 	b.victimMoves(t, "after the floods")
+}
+
+// TestOneCallersQueuedCopiesDoNotHoldAnothersBehindThem: the host copy workers are shared by every caller of the
+// node, and were handed out in arrival order: a pod that kept long copies queued (within its own memory and
+// limits) held every other pod's copy behind all of them, past its deadline. Workers go in turns between callers:
+// another pod's copy, submitted behind 24 of them, lands while most of them still wait. (One worker here, so the
+// copies leave the machine's other core to the calls.)
+func TestOneCallersQueuedCopiesDoNotHoldAnothersBehindThem(t *testing.T) {
+	const victimPod, busyPod = "00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000c"
+	opts, proc := podOptions(t)
+	x, err := xgmi.New(xgmi.Options{Node: "node-a", Workers: 1}, xgmi.NewHostBackend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Engine, err = engines.NewComposite(engines.CompositeOptions{Node: "node-a"}, x); err != nil {
+		t.Fatal(err)
+	}
+	a, ctx := startAgent(t, opts), ctxT(t)
+	proc.setPod(t, victimPod)
+	victim, m := dial(t, a), shm(t, 1<<20)
+	vsrc, err := victim.RegisterHost(ctx, m.File, 0, 256<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vdst, err := victim.RegisterHost(ctx, m.File, 512<<10, 256<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc.setPod(t, busyPod)
+	busy, mem := dial(t, a), shm(t, 256<<20)
+	r, err := busy.RegisterHost(ctx, mem.File, 0, 256<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const queue = 24 // 128 MiB each
+	var queued []*client.Transfer
+	for range queue {
+		tr, err := busy.Submit(ctx, client.Write, []client.Item{{Local: r, Remote: client.ToRegion(r), RemoteOffset: 128 << 20, Length: 128 << 20}}, client.TransferOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued = append(queued, tr)
+	}
+	copy(m.Bytes[:256<<10], bytes.Repeat([]byte{0x3c}, 256<<10))
+	if _, err := victim.Write(ctx, vsrc, 0, client.ToRegion(vdst), 0, 256<<10); err != nil || !bytes.Equal(m.Bytes[512<<10:768<<10], m.Bytes[:256<<10]) {
+		t.Fatalf("the other pod's 256 KiB copy behind the busy pod's queue: %v", err)
+	}
+	info, err := busy.API().GetInfo(ctx, &agentv1.GetInfoRequest{}) // one look: the busy pod's copies go on
+	if err != nil {
+		t.Fatal(err)
+	}
+	if settled := queue - int(info.Usage.InFlight); settled >= queue/2 {
+		t.Fatalf("the other pod's copy landed after %d of the busy pod's %d queued before it: it waited its turn behind them", settled, queue)
+	}
+	if _, err := busy.WaitAll(ctx, queued...); err != nil {
+		t.Fatalf("the busy pod's own copies: %v", err)
+	}
 }

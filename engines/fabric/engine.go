@@ -40,7 +40,7 @@ type Engine struct {
 	*engines.Base
 	opts        Options
 	reg         engines.Regions
-	slots       chan struct{}
+	slots       *engines.Slots
 	available   bool
 	unavailable string
 
@@ -79,7 +79,7 @@ func New(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, reg: reg, slots: make(chan struct{}, opts.Workers),
+	e := &Engine{opts: opts, reg: reg, slots: engines.NewSlots(opts.Workers),
 		local: map[engines.MemoryID]localRegion{}, notExp: map[engines.MemoryID]string{}, mappings: map[engines.MemoryID]*mapping{}}
 	e.available, e.unavailable = opts.Runtime.Available()
 	// No limits: a plan is one copy call per segment.

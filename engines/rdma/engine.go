@@ -66,7 +66,7 @@ type Engine struct {
 	*engines.Base
 	opts        Options
 	reg         engines.Regions
-	slots       chan struct{}
+	slots       *engines.Slots
 	unavailable string
 	wrIDs       atomic.Uint64
 
@@ -121,7 +121,7 @@ func New(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, reg: reg, slots: make(chan struct{}, opts.Workers),
+	e := &Engine{opts: opts, reg: reg, slots: engines.NewSlots(opts.Workers),
 		devices: map[string]Device{}, sets: map[setKey]*qpSet{}, local: map[engines.MemoryID]*localMR{}, noMR: map[engines.MemoryID]string{}}
 	e.unavailable = unavailableReason(&opts.NICs)
 	if e.unavailable == "" && opts.Exchanger == nil {

@@ -52,7 +52,7 @@ type Engine struct {
 	opts     Options
 	backends []Backend
 	reg      engines.Regions
-	slots    chan struct{}
+	slots    *engines.Slots
 }
 
 var _ engines.Engine = (*Engine)(nil)
@@ -72,7 +72,7 @@ func New(opts Options, backends ...Backend) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: opts, backends: backends, reg: reg, slots: make(chan struct{}, opts.Workers)}
+	e := &Engine{opts: opts, backends: backends, reg: reg, slots: engines.NewSlots(opts.Workers)}
 	var lim engines.Limits
 	for _, b := range backends {
 		lim = tighter(lim, b.Limits())

@@ -195,7 +195,7 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	s.table.Unlock()
 
 	// The transfer outlives this call; its deadline comes from the request's timeout (or the engine default).
-	t, err := s.engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: notify, Waited: wait})
+	t, err := s.engine.Submit(context.Background(), ps, engines.SubmitOptions{Timeout: timeout, Notify: notify, Waited: wait, Share: sess.Caller.Key})
 	trace.Log(ctx, "transfer", "submitted")
 	if err != nil {
 		s.table.Lock()
