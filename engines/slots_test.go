@@ -25,6 +25,7 @@ func TestSlotsTakeTurnsBetweenShares(t *testing.T) {
 	var mu sync.Mutex
 	var served []string
 	var wg sync.WaitGroup
+	want := 1
 	queue := func(share, name string) {
 		wg.Add(1)
 		go func() {
@@ -38,7 +39,8 @@ func TestSlotsTakeTurnsBetweenShares(t *testing.T) {
 			mu.Unlock()
 			s.Give()
 		}()
-		time.Sleep(5 * time.Millisecond) // queued in this order
+		awaitQueued(t, s, want)
+		want++
 	}
 	for _, name := range []string{"b1", "b2", "b3", "b4", "b5"} {
 		queue("busy", name)
@@ -46,7 +48,8 @@ func TestSlotsTakeTurnsBetweenShares(t *testing.T) {
 	gone, cancel := context.WithCancel(ctx)
 	left := make(chan error, 1)
 	go func() { left <- s.Take(gone, "gone") }()
-	time.Sleep(5 * time.Millisecond)
+	awaitQueued(t, s, want)
+	want++
 	queue("quiet", "q1")
 	cancel()
 	if err := <-left; err != context.Canceled {
@@ -89,6 +92,16 @@ func TestSlotsAWaiterThatLeavesAsItIsServedPassesTheSlotOn(t *testing.T) {
 	for range 2 {
 		if err := s.Take(ctx, "after"); err != nil {
 			t.Fatalf("a slot was lost: %v", err)
+		}
+	}
+}
+
+// awaitQueued waits until n Takes wait on s: waiters queued one at a time are queued in that order.
+func awaitQueued(t *testing.T, s *engines.Slots, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); s.Queued() != n; time.Sleep(100 * time.Microsecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waiters queued, want %d", s.Queued(), n)
 		}
 	}
 }

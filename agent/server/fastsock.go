@@ -87,6 +87,10 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	s.fast.mu.Lock()
+	if sess.tokensGone {
+		s.fast.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "the session ended")
+	}
 	now := time.Now()
 	held, mine, oldest := 0, 0, ""
 	for k, e := range s.fast.entries {
@@ -122,6 +126,7 @@ func (s *Server) OpenFastPath(ctx context.Context, _ *agentv1.OpenFastPathReques
 func (s *Server) forgetFastTokens(sess *session) {
 	s.fast.mu.Lock()
 	defer s.fast.mu.Unlock()
+	sess.tokensGone = true
 	for k, e := range s.fast.entries {
 		if e.sess == sess {
 			delete(s.fast.entries, k)

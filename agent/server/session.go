@@ -43,6 +43,9 @@ type session struct {
 	endedByCaller atomic.Bool
 	// fastConns are fast-socket connections bound to the session; closed when it ends.
 	fastConns []net.Conn
+	// tokensGone is set, under the fast socket's lock, once the ended session's unused tokens were dropped: an
+	// OpenFastPath that raced its end gets none.
+	tokensGone bool
 	// conn is the session's gRPC connection, closed to end a revoked session; holder is whom it is counted
 	// against (connCounts).
 	conn   net.Conn

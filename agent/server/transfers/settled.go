@@ -32,9 +32,10 @@ type settledRecord struct {
 // settledRing keeps settled transfers in slot id mod maxFinished (the low bits of the id: its count within the
 // agent's epoch, which fills the high bits; a record answers only its own whole id, so an id of another epoch
 // finds nothing): a lookup is one index, a settlement one store, and nothing sweeps it. A record leaves when a
-// newer transfer takes its slot or, on lookup, once it is older than the retention. A newer transfer of another caller takes the slot only from a caller that holds
-// more records than its own: one caller's flood of transfers pushes out its own records and those of callers
-// busier than it, never a quieter caller's. Its records hold no pointer but the owner's key, so the collector
+// newer transfer of its caller's takes its slot, when another caller's transfer (newer or older) does, which it
+// may only while the record's caller holds more records than its own, or, on lookup, once it is older than the
+// retention: one caller's flood of transfers pushes out its own records and those of callers busier than it,
+// never a quieter caller's. Its records hold no pointer but the owner's key, so the collector
 // has next to nothing to mark however busy the caller is; it lives under the table's lock.
 type settledRing struct {
 	epoch     time.Time

@@ -486,7 +486,7 @@ func (s *Service) ownTransferLocked(sess *regiontable.Session, id uint64) (*tran
 	if !s.handedOutLocked(id) {
 		return nil, s.notHandedOutLocked(id)
 	}
-	return nil, status.Errorf(codes.NotFound, "transfer %d is not known for this caller (settled more than %s ago, pushed out by %d newer transfers of this caller or of busier ones, or never submitted)", id, s.settled.retention, maxFinished)
+	return nil, status.Errorf(codes.NotFound, "transfer %d is not known for this caller (settled more than %s ago, pushed out by %d newer transfers of this caller, or by a caller quieter than it, or never submitted)", id, s.settled.retention, maxFinished)
 }
 
 // handedOutLocked reports whether this agent instance handed out transfer id (epoch+1 to epoch+nextXfer).

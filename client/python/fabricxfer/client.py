@@ -453,7 +453,9 @@ class _Forks:
     def after_in_child(self):
         for c in list(self.clients):
             c._forked = True
-            c._finalizer.detach()  # the session is the parent's to end
+            # The session is the parent's to end, and the client stays (pinned) as long as the child: a gRPC
+            # channel collected here waits in its cleanup for a thread of the parent's, which the child has not.
+            _keep_for_good(c)
             c._losses += 1  # the next session check says why
             # A lock another thread of the parent held at the fork stays held here: the child gets its own.
             c._lock, c._fast_lock, c._recover_lock = threading.Lock(), threading.Lock(), threading.Lock()
@@ -469,14 +471,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_FORKS.after_in_child)
 
 
+def _keep_for_good(c: "Client"):
+    """Detaches c's finalizer and pins c through its connectivity watch, so it is never collected (_StateWatch)."""
+    finalizer = getattr(c, "_finalizer", None)  # None while its __init__ runs
+    if finalizer is not None:
+        finalizer.detach()
+    watch = getattr(c, "_state_watch", None)
+    if watch is not None:
+        watch.pinned = c
+
+
 def _let_clients_go_at_exit():
     """At the interpreter's exit the agent frees what the process held: clients still open are not ended one by
     one, and none is collected in the teardown (_StateWatch)."""
     for c in list(_FORKS.clients):
-        finalizer = getattr(c, "_finalizer", None)
-        if finalizer is not None:
-            finalizer.detach()
-            c._state_watch.pinned = c
+        _keep_for_good(c)
 
 
 atexit.register(_let_clients_go_at_exit)
@@ -712,11 +721,13 @@ class Region:
 
 @dataclass
 class PoolSlice:
-    """Pool memory the agent lent, mapped here."""
+    """Pool memory the agent lent, mapped here. It keeps its client: the loan is the client's session's, and a
+    client collected without close() would end it under the slice."""
 
     region: Region
     buffer: mmap.mmap
     _mapping_offset: int = 0
+    _client: object = field(default=None, repr=False)
 
     @property
     def data(self) -> memoryview:
@@ -1179,12 +1190,12 @@ class Client:
                 self._channel.unsubscribe(self._state_watch)
                 self._channel.close()
                 raise
-        _FORKS.clients.add(self)
         # A client dropped without close() ends its session when it is collected, as close() would (not at the
-        # interpreter's exit: the agent frees what a process that ended held).
+        # interpreter's exit: the agent frees what a process that ended held). Set before a fork can see it.
         self._finalizer = weakref.finalize(self, _end_dropped_client, self.stub, self._channel, self._state_watch,
                                            self._owned, self._session_box)
         self._finalizer.atexit = False
+        _FORKS.clients.add(self)
 
     def _on_state(self, state):
         with self._lock:
@@ -1747,7 +1758,7 @@ class Client:
         region.allocation_id = resp.allocation_id
         with self._lock:
             self._owned[region] = None
-        return PoolSlice(region=region, buffer=buf, _mapping_offset=resp.offset - base)
+        return PoolSlice(region=region, buffer=buf, _mapping_offset=resp.offset - base, _client=self)
 
     def release(self, s: PoolSlice):
         try:

@@ -244,6 +244,21 @@ class ClientTest(unittest.TestCase):
             self.assertFalse(t.is_alive(), "round %d: the loop went on after cancel() and close()" % round_)
             self.assertEqual(ended, ["loop ended"], "round %d" % round_)
 
+    def test_a_pool_slice_keeps_its_client(self):
+        # The loan is the client's session's: a client collected without close() under a slice still in use
+        # ended the loan, and the slice's mapping silently stopped being the agent's memory.
+        if not self.c.info.HasField("pool_memory"):
+            self.skipTest("the agent has no pool memory")
+        c = Client(SOCKET)
+        ref = weakref.ref(c)
+        s = c.allocate_from_pool(4096, segment="py-pool-kept")
+        del c
+        gc.collect()
+        self.assertIsNotNone(ref(), "a client was collected under its pool slice")
+        self.c.resolve_segment("", "py-pool-kept")  # still lent
+        ref().release(s)
+        ref().close()
+
     def test_pool_memory_round_trip(self):
         if not self.c.info.HasField("pool_memory"):
             self.skipTest("the agent has no pool memory")
@@ -756,6 +771,39 @@ class ClientTest(unittest.TestCase):
         slow = Client(SOCKET, fast=False)
         self.addCleanup(slow.close)
         self.assertEqual(slow.info.caller.pid, os.getpid())
+
+    def test_a_forked_child_that_collects_its_parents_clients_exits(self):
+        # A child holds its parent's clients for good: one collected there (dropped, or in a cycle the child's
+        # collector finds, as a multiprocessing worker's does) closed its gRPC channel, whose cleanup waits for a
+        # thread of the parent's: the child never exited.
+        script = textwrap.dedent("""
+            import gc, os, sys, time
+            from fabricxfer.client import Client
+            c = Client(%r)
+            cycle = Client(%r, fast=False)
+            cycle.me = cycle
+            del cycle
+            pid = os.fork()
+            if pid == 0:
+                del c
+                gc.collect()
+                sys.exit(0)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    print("child", os.waitstatus_to_exitcode(status))
+                    break
+                time.sleep(0.05)
+            else:
+                os.kill(pid, 9)
+                print("child hung")
+            c.close()
+        """) % (SOCKET, SOCKET)
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        self.assertEqual(out.stdout.strip(), "child 0", out.stderr[-2000:])
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
 
     def test_a_forked_child_that_exits_leaves_its_parents_notification_stream_open(self):
         # The child's copy of the parent's stream, collected when the child exited through sys.exit, cancelled the
