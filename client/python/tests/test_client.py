@@ -41,6 +41,18 @@ class ClientTest(unittest.TestCase):
             buf[:] = os.urandom(size)
         return fd, buf
 
+    def await_segment_gone(self, segment, what):
+        """Waits up to 5 s for this node's segment to be NOT_FOUND."""
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                self.c.resolve_segment("", segment)
+            except AgentError as e:
+                self.assertEqual(e.code(), grpc.StatusCode.NOT_FOUND)
+                return
+            self.assertLess(time.monotonic(), deadline, "%s still resolves after 5 s" % what)
+            time.sleep(0.01)
+
     def test_info_names_the_caller_and_version(self):
         self.assertEqual(self.c.info.api_version, "v1")
         self.assertEqual(self.c.info.caller.pid, os.getpid())
@@ -431,15 +443,7 @@ class ClientTest(unittest.TestCase):
         ref = dropped()
         gc.collect()
         self.assertIsNone(ref(), "a client dropped without close() is still alive")
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                self.c.resolve_segment("", "py-dropped")
-            except AgentError as e:
-                self.assertEqual(e.code(), grpc.StatusCode.NOT_FOUND)
-                break
-            self.assertLess(time.monotonic(), deadline, "the dropped client's segment is still registered after 5 s")
-            time.sleep(0.02)
+        self.await_segment_gone("py-dropped", "the dropped client's segment")
         with self.assertRaises(AgentError) as e:
             self.c.resolve_layout("", "py-dropped-kv")
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
@@ -877,15 +881,7 @@ class ClientTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "^the client is closed"):
             c.resolve_segment("", "py-close-late")
         # The agent frees the names once it sees the connection go.
-        deadline = time.monotonic() + 5.0
-        while True:
-            try:
-                self.c.resolve_segment("", "py-close-late")
-            except AgentError as e:
-                self.assertEqual(e.code(), grpc.StatusCode.NOT_FOUND)
-                break
-            self.assertLess(time.monotonic(), deadline, "the segment of a closed client still resolves after 5 s")
-            time.sleep(0.01)
+        self.await_segment_gone("py-close-late", "the segment of a closed client")
 
     def test_notifications_are_this_clients_own_and_refusals_raise_at_once(self):
         # The agent's filter is the caller (every client of this process here): by default a client listens to
