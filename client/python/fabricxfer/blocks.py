@@ -269,6 +269,12 @@ def widen(mv: memoryview) -> memoryview:
     return memoryview(a64).cast("B")
 
 
+def nanos(seconds: float) -> int:
+    """A timeout of seconds as a Duration's nanoseconds, at least one: a positive one shorter than a nanosecond
+    would travel as 0, which the agent reads as no timeout given (its default)."""
+    return max(int(seconds * 1e9), 1)
+
+
 def blocks_request(op: int, layout_id: int, remote: pb.LayoutRef, local: memoryview, remote_ids: memoryview,
                    id_bytes: int, timeout: Optional[float] = None, notify: Optional[bytes] = None,
                    wait: bool = True) -> pb.TransferBlocksRequest:
@@ -276,7 +282,7 @@ def blocks_request(op: int, layout_id: int, remote: pb.LayoutRef, local: memoryv
     req = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=remote, local_ids=bytes(local),
                                    remote_ids=bytes(remote_ids), id_bytes=id_bytes, wait=wait, notify=notify or b"")
     if timeout:
-        req.timeout.FromNanoseconds(max(int(timeout * 1e9), 1))
+        req.timeout.FromNanoseconds(nanos(timeout))
     return req
 
 
@@ -306,7 +312,7 @@ def _head(op, layout_id, remote, id_bytes, timeout, notify, wait) -> bytes:
     msg = pb.TransferBlocksRequest(op=op, layout_id=layout_id, remote=ref, id_bytes=id_bytes, wait=wait,
                                    notify=notify or b"")
     if timeout:
-        msg.timeout.FromNanoseconds(max(int(timeout * 1e9), 1))
+        msg.timeout.FromNanoseconds(nanos(timeout))
     head = msg.SerializeToString()
     if key is not None:
         if len(_HEADS) >= 256:
@@ -329,7 +335,7 @@ def call_timeout_field(seconds: Optional[float]) -> bytes:
     field = _CALL_TIMEOUTS.get(seconds)
     if field is None:
         d = pb.FastRequest()
-        d.call_timeout.FromNanoseconds(max(int(seconds * 1e9), 1))
+        d.call_timeout.FromNanoseconds(nanos(seconds))
         field = d.SerializeToString()
         if len(_CALL_TIMEOUTS) >= 256:
             _CALL_TIMEOUTS.clear()
@@ -383,7 +389,7 @@ def wait_frame(transfer_ids, timeout: float, call_timeout: Optional[float] = Non
     tail = _WAIT_TIMEOUTS.get(timeout)
     if tail is None:
         w = pb.FastWait()
-        w.timeout.FromNanoseconds(max(int(timeout * 1e9), 1))
+        w.timeout.FromNanoseconds(nanos(timeout))
         tail = w.SerializeToString()
         if len(_WAIT_TIMEOUTS) >= 256:
             _WAIT_TIMEOUTS.clear()

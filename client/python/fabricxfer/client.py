@@ -1772,7 +1772,7 @@ class Client:
     def _request(self, op, items: List[Item], timeout: Optional[float], notify: Optional[bytes], wait: bool):
         req = pb.TransferRequest(op=op, wait=wait, notify=notify or b"")
         if timeout:
-            req.timeout.FromNanoseconds(max(int(timeout * 1e9), 1))
+            req.timeout.FromNanoseconds(_blocks.nanos(timeout))
         for i, it in enumerate(items):
             if type(it.remote) is not Remote or not isinstance(it.local, Region):
                 raise TypeError("an Item's local side is a Region and its remote side to_region(region), "
@@ -2288,7 +2288,7 @@ class Client:
         for tid in ids:
             left = max(deadline - time.perf_counter(), 1e-6)
             req = pb.WaitRequest(transfer_id=tid)
-            req.timeout.FromNanoseconds(max(int(left * 1e9), 1))
+            req.timeout.FromNanoseconds(_blocks.nanos(left))
             st = self._call(self.stub.Wait, req, timeout=left + 1.0)
             if st.state != pb.TRANSFER_STATE_SUCCEEDED:
                 break
