@@ -487,7 +487,7 @@ type SharedMemory struct {
 }
 
 // NewSharedMemory creates size bytes of shared memory (memfd_create; Size reports size), sealed against
-// shrinking (F_SEAL_SHRINK) as the agent requires.
+// shrinking (F_SEAL_SHRINK) as the agent requires. Its pages are allocated now, charged to this process.
 func NewSharedMemory(name string, size uint64) (*SharedMemory, error) {
 	if size == 0 {
 		return nil, errors.New("creating shared memory: size must be positive")
@@ -496,7 +496,7 @@ func NewSharedMemory(name string, size uint64) (*SharedMemory, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("mapping shared memory %q: %w", name, err)

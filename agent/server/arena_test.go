@@ -58,6 +58,11 @@ func TestIDArenaIsCheckedAndItsIDsCopiedOnce(t *testing.T) {
 	refused("ids in an arena the connection does not have", blocksReq(4, nil, nil), "no id arena")
 	unsealed := memfd(t, 1<<20, unix.MFD_ALLOW_SEALING)
 	refused("unsealed memfd", setArena(put(unsealed), 1<<20), "not sealed against shrinking")
+	untouched := memfd(t, 1<<20, unix.MFD_ALLOW_SEALING)
+	if err := client.SealShrink(untouched); err != nil {
+		t.Fatal(err)
+	}
+	refused("sealed memfd nobody touched", setArena(put(untouched), 1<<20), "nobody has touched")
 	good := shm(t, 1<<20)
 	refused("arena larger than its memfd", setArena(put(good.File), 2<<20), "outside the passed memory")
 	refused("arena past the bound", setArena(put(good.File), 64<<20), "between 1 byte and")

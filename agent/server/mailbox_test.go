@@ -168,6 +168,11 @@ func TestMailboxIsCheckedAndCarriesRequests(t *testing.T) {
 	}
 	unsealed := memfd(t, 64<<10, unix.MFD_ALLOW_SEALING)
 	refused("unsealed memfd", setMailbox(t, conn, put(unsealed), 64<<10), "not sealed against shrinking")
+	untouched := memfd(t, 64<<10, unix.MFD_ALLOW_SEALING)
+	if err := client.SealShrink(untouched); err != nil {
+		t.Fatal(err)
+	}
+	refused("sealed memfd nobody touched", setMailbox(t, conn, put(untouched), 64<<10), "nobody has touched")
 	good := shm(t, 64<<10)
 	refused("a mailbox larger than its memfd", setMailbox(t, conn, put(good.File), 128<<10), "outside the passed memory")
 	refused("a mailbox below the bound", setMailbox(t, conn, put(good.File), 4096), "between")

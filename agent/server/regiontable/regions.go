@@ -23,6 +23,7 @@ import (
 	"github.com/fabricxfer/fabricxfer/agent/server/refusals"
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/engines"
+	"github.com/fabricxfer/fabricxfer/internal/shmem"
 )
 
 // MaxSegmentName bounds segment names.
@@ -112,8 +113,11 @@ func (tab *Table) RegisterMemory(ctx context.Context, sess *Session, req *agentv
 		view, m, err := MapShared(f, req.Offset, req.Length, syscall.PROT_READ|syscall.PROT_WRITE)
 		if err != nil {
 			f.Close()
-			if errors.Is(err, errUnsealed) {
+			switch {
+			case errors.Is(err, errUnsealed):
 				tab.refusals.Edge.Refused("grpc", "unsealed")
+			case errors.Is(err, errSparse):
+				tab.refusals.Edge.Refused("grpc", "untouched_pages")
 			}
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -298,6 +302,16 @@ func MapShared(f *os.File, off, length uint64, prot int) (view, mapping []byte, 
 	if off+length < off || off+length > uint64(st.Size) {
 		return nil, nil, fmt.Errorf("range [%d, %d) is outside the passed memory of %d bytes", off, off+length, st.Size)
 	}
+	hole, err := shmem.FirstHole(f, off, length)
+	if err != nil {
+		return nil, nil, fmt.Errorf("inspecting the passed memfd: %w", err)
+	}
+	if hole < off+length {
+		return nil, nil, fmt.Errorf("%w: byte %d of range [%d, %d) lies in a page of the passed memfd that nobody has touched; "+
+			"the agent's copies would allocate it, charged to the agent's memory limit instead of yours: touch every page of the "+
+			"range first (mmap it with MAP_POPULATE, or read or write a byte of each page; pages set aside by fallocate count as "+
+			"untouched). The Go and Python clients do this when they register memory or create it", errSparse, hole, off, off+length)
+	}
 	page := uint64(os.Getpagesize())
 	base := off / page * page
 	delta := off - base
@@ -310,6 +324,9 @@ func MapShared(f *os.File, off, length uint64, prot int) (view, mapping []byte, 
 
 // errUnsealed marks host memory refused for lack of F_SEAL_SHRINK.
 var errUnsealed = errors.New("unsealed shared memory")
+
+// errSparse marks host memory refused for pages nobody has touched (see package shmem).
+var errSparse = errors.New("shared memory with untouched pages")
 
 // sealHowTo is how a caller makes host memory the agent accepts.
 const sealHowTo = "create host memory with memfd_create(name, MFD_CLOEXEC|MFD_ALLOW_SEALING), size it with ftruncate, " +

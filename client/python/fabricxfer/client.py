@@ -691,15 +691,47 @@ def _release_ipc_counter(counter):
 def shared_memory(name: str, size: int):
     """Creates size bytes of shared memory (memfd) and maps it; returns (fd, mmap). The memfd is sealed
     against shrinking (F_SEAL_SHRINK), which the agent requires of host memory it maps: a file truncated under
-    its mapping would fault the agent."""
+    its mapping would fault the agent. Its pages are allocated now, charged to this process (the agent refuses
+    pages nobody has touched, which its copies would allocate on its own memory limit)."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, size)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
-        return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        return fd, mmap.mmap(fd, size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                             mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException:
         os.close(fd)
         raise
+
+
+def _first_untouched(fd: int, offset: int, length: int) -> int:
+    """The offset of the first byte of [offset, offset+length) of memfd fd in a page nobody has touched (a hole;
+    pages set aside by fallocate count), or offset+length when there is none. Seeks a descriptor of its own, so
+    fd's file offset does not move."""
+    end = offset + length
+    if length <= 0:
+        return end
+    own = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return min(os.lseek(own, offset, os.SEEK_HOLE), end)
+    finally:
+        os.close(own)
+
+
+def _populate(fd: int, offset: int, length: int) -> None:
+    """Reads every page of [offset, offset+length) of memfd fd that nobody has touched, so that it is allocated
+    now and charged to this process: the agent refuses such pages, which its copies would allocate on its own
+    memory limit. Bytes already there do not change. Best effort: what is left (a range past the end, a memory
+    limit reached) the agent's refusal names."""
+    try:
+        start = _first_untouched(fd, offset, length)
+        end = min(offset + length, os.fstat(fd).st_size)
+        start -= start % mmap.PAGESIZE
+        if start >= end:
+            return
+        mmap.mmap(fd, end - start, mmap.MAP_SHARED | mmap.MAP_POPULATE, mmap.PROT_READ, offset=start).close()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 @dataclass(eq=False)
@@ -1588,7 +1620,8 @@ class Client:
     def register_host(self, fd: int, offset: int, length: int, segment: str = "",
                       grants: Sequence[str] = ()) -> Region:
         """Registers [offset, offset+length) of shared memory fd (a memfd, read-write; a sealable one is sealed
-        against shrinking, which the agent requires). The client keeps
+        against shrinking, which the agent requires; pages of the range nobody has touched are read here, so that
+        they count against this process's memory, not the agent's, which refuses them). The client keeps
         a duplicate of fd until deregister() or close(), so recover() can register it again. segment publishes
         it in this pod's namespace; grants lists other namespaces (names, such as "team-b"; "*": every namespace
         the pool admits) whose pods may then reach it as "<this namespace>/<segment>". Without Kubernetes
@@ -1615,6 +1648,7 @@ class Client:
                 raise ValueError("descriptor %d is not open: pass the memory's open descriptor (close it after "
                                  "registering, if at all)" % fd) from None
             # not sealable (or already sealed): the agent's answer says what to do
+        _populate(fd, offset, length)
         region = self._register(req, fd)
         keep = os.dup(fd)
         with self._lock:

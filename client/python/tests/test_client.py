@@ -5,6 +5,7 @@
 starts an agent and runs this with /usr/bin/python3)."""
 
 import array
+import fcntl
 import gc
 import hashlib
 import os
@@ -102,6 +103,39 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.OUT_OF_RANGE)
         self.assertIn('"overrun"', e.exception.details())
         self.assertEqual(bytes(dst), bytes(8192), "a refused batch changed the destination")
+
+    def test_memory_nobody_touched_is_refused_raw_and_populated_by_register_host(self):
+        # shared_memory's pages are allocated when it is made, charged to this process.
+        fd, buf = self.shm(1 << 20, fill=False)
+        self.assertEqual(fabricxfer.client._first_untouched(fd, 0, 1 << 20), 1 << 20)
+        page, size = os.sysconf("SC_PAGE_SIZE"), 16 << 20
+        mine = os.memfd_create("py-untouched", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self.addCleanup(os.close, mine)
+        os.ftruncate(mine, size)
+        fcntl.fcntl(mine, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+        written = os.urandom(4 * page)
+        os.pwrite(mine, written, 8 * page)  # pages 8..11 written, the rest untouched
+        os.lseek(mine, 77, os.SEEK_SET)
+        # Registered without the client's help, as another program might: refused, naming the byte and what to do,
+        # and the agent touched none of the pages.
+        req = pb.RegisterMemoryRequest(kind=pb.MEMORY_KIND_HOST, handle_type=pb.HANDLE_TYPE_SHM_FD, offset=8 * page,
+                                       length=4 * page + 1, fd_token=fabricxfer.client.put_fd(self.c.fd_socket, mine))
+        with self.assertRaises(grpc.RpcError) as e:
+            self.c.stub.RegisterMemory(req, timeout=5.0)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("byte %d of range" % (12 * page), e.exception.details())
+        self.assertIn("MAP_POPULATE", e.exception.details())
+        self.assertEqual(fabricxfer.client._first_untouched(mine, 0, size), 0)
+        # register_host reads the untouched pages first: the whole memfd registers, no byte changed, and the
+        # descriptor's offset is where it was.
+        r = self.c.register_host(mine, 0, size)
+        self.assertEqual(fabricxfer.client._first_untouched(mine, 0, size), size)
+        self.assertEqual(os.lseek(mine, 0, os.SEEK_CUR), 77)
+        want = bytearray(size)
+        want[8 * page:12 * page] = written
+        self.assertEqual(os.pread(mine, size, 0), bytes(want))
+        self.c.write(r, 8 * page, to_region(r), 100 * page, 4 * page)
+        self.assertEqual(os.pread(mine, 4 * page, 100 * page), written)
 
     def _send_two_fds(self):
         import socket

@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package shmem_test
+
+import (
+	"bytes"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fabricxfer/fabricxfer/internal/shmem"
+)
+
+func memfd(t *testing.T, size int64) *os.File {
+	t.Helper()
+	fd, err := unix.MemfdCreate("holes", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "holes")
+	t.Cleanup(func() { f.Close() })
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func firstHole(t *testing.T, f *os.File, off, length uint64) uint64 {
+	t.Helper()
+	h, err := shmem.FirstHole(f, off, length)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// Holes are found inside the range asked about only, the passed descriptor's offset stays where its owner left
+// it, and populating fills them without changing a byte that was there.
+func TestHolesAreFoundAndFilledWithoutChangingBytes(t *testing.T) {
+	page := uint64(os.Getpagesize())
+	f := memfd(t, int64(16*page))
+	if h := firstHole(t, f, 0, 16*page); h != 0 {
+		t.Fatalf("fresh memfd: first hole at %d, want 0", h)
+	}
+	// Pages 2..5 written, page 7 set aside by fallocate only (untouched: a hole to the kernel).
+	data := bytes.Repeat([]byte{0xA5}, int(4*page))
+	if _, err := f.WriteAt(data, int64(2*page)); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, int64(7*page), int64(page)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Seek(123, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ off, length, want uint64 }{
+		{2 * page, 4 * page, 6 * page},       // all written: no hole (off+length)
+		{2*page + 7, 3*page + 1, 5*page + 8}, // unaligned, inside written pages
+		{3 * page, 4 * page, 6 * page},       // runs into page 6
+		{5 * page, 3 * page, 6 * page},
+		{7 * page, page, 7 * page}, // fallocated, untouched
+		{page, 0, page},            // empty range
+	} {
+		if h := firstHole(t, f, c.off, c.length); h != c.want {
+			t.Errorf("first hole of [%d, +%d) at %d, want %d", c.off, c.length, h, c.want)
+		}
+	}
+	if pos, _ := f.Seek(0, 1); pos != 123 {
+		t.Fatalf("looking for holes moved the descriptor's offset to %d", pos)
+	}
+	left, err := shmem.Populate(f, page+5, 10*page)
+	if err != nil || left != 11*page+5 {
+		t.Fatalf("Populate: first hole left %d, %v; want none (%d)", left, err, 11*page+5)
+	}
+	if h := firstHole(t, f, page, 11*page); h != 12*page {
+		t.Fatalf("populated range has a hole at %d", h)
+	}
+	if h := firstHole(t, f, 0, 16*page); h != 0 {
+		t.Fatalf("page 0, outside the populated range, was filled (first hole %d)", h)
+	}
+	got := make([]byte, 16*page)
+	if _, err := f.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, 16*page)
+	copy(want[2*page:], data)
+	if !bytes.Equal(got, want) {
+		t.Fatal("populating changed the memory's bytes")
+	}
+	// A range past the end populates what there is and reports the rest; nothing fails.
+	if left, err := shmem.Populate(f, 14*page, 4*page); err != nil || left != 16*page {
+		t.Fatalf("range past the end: left %d, %v; want %d (the end)", left, err, 16*page)
+	}
+}
