@@ -556,6 +556,9 @@ func (s *Server) mapPassedFile(sess *session, what, token string, size uint64, p
 	defer f.Close() // the mapping keeps the memory
 	view, mapping, err = regiontable.MapShared(f, 0, size, prot)
 	if err != nil {
+		if reason := regiontable.RefusalReason(err); reason != "" {
+			s.metrics.Edge.Refused("fast", reason)
+		}
 		return nil, nil, status.Errorf(codes.InvalidArgument, "%s: %v", what, err)
 	}
 	return view, mapping, nil

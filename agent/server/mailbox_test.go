@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
@@ -24,6 +25,7 @@ import (
 	agentv1 "github.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1"
 	"github.com/fabricxfer/fabricxfer/client"
 	"github.com/fabricxfer/fabricxfer/internal/fdpass"
+	"github.com/fabricxfer/fabricxfer/internal/promtest"
 )
 
 // testMailbox is a caller's side of a fast connection's mailbox (agent.proto, Mailbox), written the way any
@@ -173,6 +175,13 @@ func TestMailboxIsCheckedAndCarriesRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused("sealed memfd nobody touched", setMailbox(t, conn, put(untouched), 64<<10), "nobody has touched")
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(a.srv.Collector())
+	for _, reason := range []string{"unsealed", "untouched_pages"} {
+		if n := promtest.Gather(t, reg)["fabricxfer_agent_edge_refusals_total{reason="+reason+",socket=fast}"]; n != 1 {
+			t.Fatalf("fast socket refusals for %s counted %v, want 1", reason, n)
+		}
+	}
 	good := shm(t, 64<<10)
 	refused("a mailbox larger than its memfd", setMailbox(t, conn, put(good.File), 128<<10), "outside the passed memory")
 	refused("a mailbox below the bound", setMailbox(t, conn, put(good.File), 4096), "between")

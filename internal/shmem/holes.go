@@ -4,6 +4,7 @@
 package shmem
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -11,18 +12,46 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrNotShmem marks a file that is not ordinary shared memory (a regular file of tmpfs, as memfds are): holes
+// are neither looked for nor filled in it, since reopening it could block (a FIFO) and filling it could read a
+// whole sparse disk file in.
+var ErrNotShmem = errors.New("not shared memory")
+
+// checkShmem says whether f is a regular file of tmpfs.
+func checkShmem(f *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("inspecting the memory: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("%w: file type %#o", ErrNotShmem, st.Mode&unix.S_IFMT)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil {
+		return fmt.Errorf("inspecting the memory's file system: %w", err)
+	}
+	if fs.Type != unix.TMPFS_MAGIC {
+		return fmt.Errorf("%w: file system type %#x", ErrNotShmem, fs.Type)
+	}
+	return nil
+}
+
 // FirstHole returns the offset of the first byte of [off, off+length) of memfd f that lies in a page nobody has
 // touched (a hole), or off+length when there is none. It seeks a descriptor of its own, so f's file offset,
 // which the process that passed f shares, does not move. Pages set aside by fallocate without being touched
-// count as holes (the kernel reports them so), as do pages of a range punched out.
+// count as holes (the kernel reports them so), as do pages of a range punched out. The kernel's search runs
+// from off to the first hole or the end of the file, however short the range.
 func FirstHole(f *os.File, off, length uint64) (uint64, error) {
 	end := off + length
 	if length == 0 {
 		return end, nil
 	}
-	own, err := unix.Open("/proc/self/fd/"+strconv.Itoa(int(f.Fd())), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err := checkShmem(f); err != nil {
+		return 0, err
+	}
+	own, err := unix.Open("/proc/self/fd/"+strconv.Itoa(int(f.Fd())), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
-		return 0, fmt.Errorf("opening the memory again to look for holes: %w", err)
+		return 0, fmt.Errorf("opening the memory again to look for holes (leave its mode as memfd_create made it): %w", err)
 	}
 	defer unix.Close(own)
 	hole, err := unix.Seek(own, int64(off), unix.SEEK_HOLE)
@@ -32,27 +61,35 @@ func FirstHole(f *os.File, off, length uint64) (uint64, error) {
 	return min(uint64(hole), end), nil
 }
 
-// Populate touches every hole of [off, off+length) of memfd f by reading it, so that its pages are allocated now
-// and charged to the calling process. Bytes already there do not change; a range past f's end is left to the
-// agent's refusal. It returns the first hole left, off+length when none is (a memory limit the caller reached
-// leaves some).
+// Populate touches every hole of [off, off+length) of memfd f by loading from it through a mapping, so that its
+// pages are allocated now and charged to the calling process. Bytes already there do not change; a range past
+// f's end is left to the agent's refusal, and so is a file that is not shared memory (ErrNotShmem). It returns
+// the first hole left, off+length when none is (a memory limit the caller reached leaves some).
 func Populate(f *os.File, off, length uint64) (uint64, error) {
 	end := off + length
-	hole, err := FirstHole(f, off, length)
-	if err != nil || hole >= end {
-		return hole, err
+	if length == 0 {
+		return end, nil
+	}
+	if err := checkShmem(f); err != nil {
+		return 0, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return 0, fmt.Errorf("sizing the memory to populate: %w", err)
 	}
-	end = min(end, uint64(st.Size))
-	page := uint64(os.Getpagesize())
-	start := hole / page * page
-	if start >= end {
+	hole, err := FirstHole(f, off, length)
+	if err != nil {
+		hole = off // cannot look (a memfd whose mode shuts this process out): touch the whole range
+	}
+	if hole >= end {
 		return hole, nil
 	}
-	m, err := unix.Mmap(int(f.Fd()), int64(start), int(end-start), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+	page := uint64(os.Getpagesize())
+	start, stop := hole/page*page, min(end, uint64(st.Size))
+	if start >= stop {
+		return hole, nil
+	}
+	m, err := unix.Mmap(int(f.Fd()), int64(start), int(stop-start), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		return 0, fmt.Errorf("mapping the memory to populate it: %w", err)
 	}

@@ -5,8 +5,10 @@ package shmem_test
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -92,5 +94,57 @@ func TestHolesAreFoundAndFilledWithoutChangingBytes(t *testing.T) {
 	// A range past the end populates what there is and reports the rest; nothing fails.
 	if left, err := shmem.Populate(f, 14*page, 4*page); err != nil || left != 16*page {
 		t.Fatalf("range past the end: left %d, %v; want %d (the end)", left, err, 16*page)
+	}
+}
+
+// What is not shared memory is neither reopened nor filled: a FIFO without a writer would block the reopen for
+// good, and filling a sparse disk file would read all of it in. Both are refused at once.
+func TestFilesThatAreNotSharedMemoryAreLeftAlone(t *testing.T) {
+	dir := t.TempDir()
+	fifo := dir + "/fifo"
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(fifo, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipe := os.NewFile(uintptr(fd), fifo)
+	defer pipe.Close()
+	disk, err := os.Create(dir + "/sparse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer disk.Close()
+	if err := disk.Truncate(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	files := []*os.File{pipe, disk}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(int(disk.Fd()), &fs); err != nil || fs.Type == unix.TMPFS_MAGIC {
+		t.Logf("the test's directory is on tmpfs (%v): no disk file to try", err)
+		files = files[:1]
+	}
+	for _, f := range files {
+		done := make(chan error, 2)
+		go func() {
+			_, err := shmem.FirstHole(f, 0, 4096)
+			done <- err
+			_, err = shmem.Populate(f, 0, 1<<30)
+			done <- err
+		}()
+		for range 2 {
+			select {
+			case err := <-done:
+				if !errors.Is(err, shmem.ErrNotShmem) {
+					t.Fatalf("%s: %v, want ErrNotShmem", f.Name(), err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s: still looking after 5 s", f.Name())
+			}
+		}
+	}
+	if data, err := unix.Seek(int(disk.Fd()), 0, unix.SEEK_DATA); len(files) > 1 && err == nil {
+		t.Fatalf("the sparse disk file was filled (data at %d)", data)
 	}
 }

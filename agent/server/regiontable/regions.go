@@ -113,11 +113,8 @@ func (tab *Table) RegisterMemory(ctx context.Context, sess *Session, req *agentv
 		view, m, err := MapShared(f, req.Offset, req.Length, syscall.PROT_READ|syscall.PROT_WRITE)
 		if err != nil {
 			f.Close()
-			switch {
-			case errors.Is(err, errUnsealed):
-				tab.refusals.Edge.Refused("grpc", "unsealed")
-			case errors.Is(err, errSparse):
-				tab.refusals.Edge.Refused("grpc", "untouched_pages")
+			if reason := RefusalReason(err); reason != "" {
+				tab.refusals.Edge.Refused("grpc", reason)
 			}
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -309,8 +306,9 @@ func MapShared(f *os.File, off, length uint64, prot int) (view, mapping []byte, 
 	if hole < off+length {
 		return nil, nil, fmt.Errorf("%w: byte %d of range [%d, %d) lies in a page of the passed memfd that nobody has touched; "+
 			"the agent's copies would allocate it, charged to the agent's memory limit instead of yours: touch every page of the "+
-			"range first (mmap it with MAP_POPULATE, or read or write a byte of each page; pages set aside by fallocate count as "+
-			"untouched). The Go and Python clients do this when they register memory or create it", errSparse, hole, off, off+length)
+			"range first (mmap it with MAP_POPULATE, or load or store a byte of each page through a mapping; read() and pages "+
+			"set aside by fallocate leave them untouched). The Go and Python clients do this when they register memory or "+
+			"create it", errSparse, hole, off, off+length)
 	}
 	page := uint64(os.Getpagesize())
 	base := off / page * page
@@ -327,6 +325,17 @@ var errUnsealed = errors.New("unsealed shared memory")
 
 // errSparse marks host memory refused for pages nobody has touched (see package shmem).
 var errSparse = errors.New("shared memory with untouched pages")
+
+// RefusalReason is the edge refusal counter's reason for a MapShared error that has one ("" for the others).
+func RefusalReason(err error) string {
+	switch {
+	case errors.Is(err, errUnsealed):
+		return "unsealed"
+	case errors.Is(err, errSparse):
+		return "untouched_pages"
+	}
+	return ""
+}
 
 // sealHowTo is how a caller makes host memory the agent accepts.
 const sealHowTo = "create host memory with memfd_create(name, MFD_CLOEXEC|MFD_ALLOW_SEALING), size it with ftruncate, " +

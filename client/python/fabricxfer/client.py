@@ -707,30 +707,49 @@ def shared_memory(name: str, size: int):
 def _first_untouched(fd: int, offset: int, length: int) -> int:
     """The offset of the first byte of [offset, offset+length) of memfd fd in a page nobody has touched (a hole;
     pages set aside by fallocate count), or offset+length when there is none. Seeks a descriptor of its own, so
-    fd's file offset does not move."""
+    fd's file offset does not move. fd must be a memfd (see _is_memfd): reopening a FIFO would block."""
     end = offset + length
     if length <= 0:
         return end
-    own = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY | os.O_CLOEXEC)
+    own = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     try:
         return min(os.lseek(own, offset, os.SEEK_HOLE), end)
     finally:
         os.close(own)
 
 
-def _populate(fd: int, offset: int, length: int) -> None:
-    """Reads every page of [offset, offset+length) of memfd fd that nobody has touched, so that it is allocated
-    now and charged to this process: the agent refuses such pages, which its copies would allocate on its own
-    memory limit. Bytes already there do not change. Best effort: what is left (a range past the end, a memory
-    limit reached) the agent's refusal names."""
+def _is_memfd(fd: int) -> bool:
+    """Whether fd is shared memory sealed against shrinking, as the agent takes: a regular file whose seals say
+    so (only memfds carry seals; a disk file, a FIFO or a /dev/shm file does not)."""
     try:
-        start = _first_untouched(fd, offset, length)
-        end = min(offset + length, os.fstat(fd).st_size)
+        return stat.S_ISREG(os.fstat(fd).st_mode) and bool(fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK)
+    except (OSError, AttributeError):
+        return False
+
+
+def _populate(fd: int, offset: int, length: int) -> None:
+    """Loads from every page of [offset, offset+length) of memfd fd that nobody has touched, so that it is
+    allocated now and charged to this process: the agent refuses such pages, which its copies would allocate on
+    its own memory limit. Bytes already there do not change. Best effort: what is left (a range past the end, a
+    memory limit reached, a descriptor that is no memfd) the agent's refusal names."""
+    if length <= 0 or not _is_memfd(fd):
+        return
+    try:
+        size = os.fstat(fd).st_size
+        if offset >= size:
+            return
+        try:
+            start = _first_untouched(fd, offset, length)
+        except OSError:
+            start = offset  # cannot look (a mode that shuts this process out): touch the whole range
+        if start >= offset + length:
+            return
+        end = min(offset + length, size)
         start -= start % mmap.PAGESIZE
         if start >= end:
             return
         mmap.mmap(fd, end - start, mmap.MAP_SHARED | mmap.MAP_POPULATE, mmap.PROT_READ, offset=start).close()
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, OverflowError, AttributeError):
         pass
 
 

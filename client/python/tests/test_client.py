@@ -11,6 +11,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -136,6 +137,24 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(os.pread(mine, size, 0), bytes(want))
         self.c.write(r, 8 * page, to_region(r), 100 * page, 4 * page)
         self.assertEqual(os.pread(mine, 4 * page, 100 * page), written)
+        # What is no memfd is neither reopened nor filled: a FIFO without a writer (reopening it would block for
+        # good) and a sparse file (filling it would read it all in) get the agent's refusal at once; so does an
+        # offset past 2^63, which the checks must not fail on first.
+        d = self.enterContext(tempfile.TemporaryDirectory())
+        os.mkfifo(d + "/fifo")
+        fifo = os.open(d + "/fifo", os.O_RDONLY | os.O_NONBLOCK)
+        self.addCleanup(os.close, fifo)
+        sparse = os.open(d + "/sparse", os.O_RDWR | os.O_CREAT)
+        self.addCleanup(os.close, sparse)
+        os.ftruncate(sparse, 1 << 30)
+        for what, f, off in (("fifo", fifo, 0), ("sparse file", sparse, 0), ("offset 2^63", mine, 1 << 63)):
+            t0 = time.monotonic()
+            with self.assertRaises(grpc.RpcError) as e:  # the fd socket's refusal (a pipe) or the agent's
+                self.c.register_host(f, off, 4096)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, what)
+            self.assertLess(time.monotonic() - t0, 3.0, what)
+        with self.assertRaises(OSError):  # still sparse: nothing was read in
+            os.lseek(sparse, 0, os.SEEK_DATA)
 
     def _send_two_fds(self):
         import socket
