@@ -158,9 +158,9 @@ func Grant(namespaces ...string) RegionOption {
 // RegisterHost registers [offset, offset+length) of shared memory f: a memfd opened read-write and sealed
 // against shrinking (the agent refuses memory that could shrink under its mapping). NewSharedMemory makes such
 // memory; a memfd created with MFD_ALLOW_SEALING is sealed here (F_SEAL_SHRINK, which cannot be undone). Pages of
-// the range nobody has touched yet are read here, so that they are allocated now and count against this
-// process's memory limit (the agent refuses ranges with such pages). The client keeps a duplicate of f until
-// Deregister or Close.
+// the range nobody has touched yet are loaded from here, within ctx, so that they are allocated now and count
+// against this process's memory limit (the agent refuses ranges with such pages); fresh memory costs about as
+// long as writing it once. The client keeps a duplicate of f until Deregister or Close.
 func (c *Client) RegisterHost(ctx context.Context, f *os.File, offset, length uint64, opts ...RegionOption) (*Region, error) {
 	if f == nil {
 		return nil, status.Errorf(codes.InvalidArgument, "registering host memory: no file")
@@ -168,7 +168,9 @@ func (c *Client) RegisterHost(ctx context.Context, f *os.File, offset, length ui
 	_ = SealShrink(f) // the agent says how to fix memory that cannot be sealed
 	// Pages nobody touched would be allocated by the agent's copies, charged to the agent: they are touched here,
 	// charged to this process. What cannot be (a range past the end, a memory limit reached) the agent refuses.
-	_, _ = shmem.Populate(f, offset, length)
+	if _, err := shmem.Populate(ctx, f, offset, length); err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("registering host memory: %w", status.Error(status.FromContextError(ctx.Err()).Code(), err.Error()))
+	}
 	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if errors.Is(err, unix.EBADF) {
 		return nil, fmt.Errorf("registering host memory: %w (%w)", status.Errorf(codes.InvalidArgument,

@@ -4,6 +4,7 @@
 package shmem
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -61,11 +62,16 @@ func FirstHole(f *os.File, off, length uint64) (uint64, error) {
 	return min(uint64(hole), end), nil
 }
 
+// populateChunk is how much Populate maps at a time, so that a caller's deadline is looked at every few tens
+// of milliseconds however large the range.
+const populateChunk = 64 << 20
+
 // Populate touches every hole of [off, off+length) of memfd f by loading from it through a mapping, so that its
 // pages are allocated now and charged to the calling process. Bytes already there do not change; a range past
-// f's end is left to the agent's refusal, and so is a file that is not shared memory (ErrNotShmem). It returns
-// the first hole left, off+length when none is (a memory limit the caller reached leaves some).
-func Populate(f *os.File, off, length uint64) (uint64, error) {
+// f's end is left to the agent's refusal, and so is a file that is not shared memory (ErrNotShmem). It stops at
+// ctx's end between chunks of the range (ctx's error, wrapped). It returns the first hole left, off+length when
+// none is (a memory limit the caller reached leaves some).
+func Populate(ctx context.Context, f *os.File, off, length uint64) (uint64, error) {
 	end := off + length
 	if length == 0 {
 		return end, nil
@@ -85,16 +91,19 @@ func Populate(f *os.File, off, length uint64) (uint64, error) {
 		return hole, nil
 	}
 	page := uint64(os.Getpagesize())
-	start, stop := hole/page*page, min(end, uint64(st.Size))
-	if start >= stop {
-		return hole, nil
-	}
-	m, err := unix.Mmap(int(f.Fd()), int64(start), int(stop-start), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
-	if err != nil {
-		return 0, fmt.Errorf("mapping the memory to populate it: %w", err)
-	}
-	if err := unix.Munmap(m); err != nil {
-		return 0, fmt.Errorf("unmapping the populated memory: %w", err)
+	stop := min(end, uint64(st.Size))
+	for at := hole / page * page; at < stop; at += populateChunk {
+		if err := ctx.Err(); err != nil {
+			return 0, fmt.Errorf("touching the memory's untouched pages (%d of %d bytes from byte %d left): %w", stop-at, stop-hole, hole, err)
+		}
+		n := min(stop-at, populateChunk)
+		m, err := unix.Mmap(int(f.Fd()), int64(at), int(n), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+		if err != nil {
+			return 0, fmt.Errorf("mapping the memory to populate it: %w", err)
+		}
+		if err := unix.Munmap(m); err != nil {
+			return 0, fmt.Errorf("unmapping the populated memory: %w", err)
+		}
 	}
 	return FirstHole(f, off, length)
 }

@@ -5,6 +5,7 @@ package shmem_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"testing"
@@ -72,7 +73,7 @@ func TestHolesAreFoundAndFilledWithoutChangingBytes(t *testing.T) {
 	if pos, _ := f.Seek(0, 1); pos != 123 {
 		t.Fatalf("looking for holes moved the descriptor's offset to %d", pos)
 	}
-	left, err := shmem.Populate(f, page+5, 10*page)
+	left, err := shmem.Populate(t.Context(), f, page+5, 10*page)
 	if err != nil || left != 11*page+5 {
 		t.Fatalf("Populate: first hole left %d, %v; want none (%d)", left, err, 11*page+5)
 	}
@@ -92,7 +93,7 @@ func TestHolesAreFoundAndFilledWithoutChangingBytes(t *testing.T) {
 		t.Fatal("populating changed the memory's bytes")
 	}
 	// A range past the end populates what there is and reports the rest; nothing fails.
-	if left, err := shmem.Populate(f, 14*page, 4*page); err != nil || left != 16*page {
+	if left, err := shmem.Populate(t.Context(), f, 14*page, 4*page); err != nil || left != 16*page {
 		t.Fatalf("range past the end: left %d, %v; want %d (the end)", left, err, 16*page)
 	}
 }
@@ -130,7 +131,7 @@ func TestFilesThatAreNotSharedMemoryAreLeftAlone(t *testing.T) {
 		go func() {
 			_, err := shmem.FirstHole(f, 0, 4096)
 			done <- err
-			_, err = shmem.Populate(f, 0, 1<<30)
+			_, err = shmem.Populate(t.Context(), f, 0, 1<<30)
 			done <- err
 		}()
 		for range 2 {
@@ -146,5 +147,27 @@ func TestFilesThatAreNotSharedMemoryAreLeftAlone(t *testing.T) {
 	}
 	if data, err := unix.Seek(int(disk.Fd()), 0, unix.SEEK_DATA); len(files) > 1 && err == nil {
 		t.Fatalf("the sparse disk file was filled (data at %d)", data)
+	}
+}
+
+// A caller's deadline bounds the touching of a large range: Populate stops between chunks with the context's
+// error, leaving the rest untouched.
+func TestPopulateEndsWithItsContext(t *testing.T) {
+	const size = 512 << 20
+	f := memfd(t, size)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := shmem.Populate(ctx, f, 0, size); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Populate with a cancelled context: %v, want context.Canceled", err)
+	}
+	if h := firstHole(t, f, 0, size); h != 0 {
+		t.Fatalf("a cancelled Populate touched pages (first hole %d)", h)
+	}
+	ctx, cancel = context.WithTimeout(t.Context(), 5*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := shmem.Populate(ctx, f, 0, size)
+	if took := time.Since(start); err != nil && !errors.Is(err, context.DeadlineExceeded) || took > 2*time.Second {
+		t.Fatalf("Populate under a 5 ms deadline: %v after %v", err, took)
 	}
 }

@@ -727,11 +727,16 @@ def _is_memfd(fd: int) -> bool:
         return False
 
 
-def _populate(fd: int, offset: int, length: int) -> None:
+# How much _populate maps at a time, so that its deadline is looked at every few tens of milliseconds.
+_POPULATE_CHUNK = 64 << 20
+
+
+def _populate(fd: int, offset: int, length: int, deadline: float) -> None:
     """Loads from every page of [offset, offset+length) of memfd fd that nobody has touched, so that it is
     allocated now and charged to this process: the agent refuses such pages, which its copies would allocate on
-    its own memory limit. Bytes already there do not change. Best effort: what is left (a range past the end, a
-    memory limit reached, a descriptor that is no memfd) the agent's refusal names."""
+    its own memory limit. Bytes already there do not change. Raises DeadlineExceeded where time.monotonic()
+    passes deadline first. Otherwise best effort: what is left (a range past the end, a memory limit reached, a
+    descriptor that is no memfd) the agent's refusal names."""
     if length <= 0 or not _is_memfd(fd):
         return
     try:
@@ -745,12 +750,20 @@ def _populate(fd: int, offset: int, length: int) -> None:
         if start >= offset + length:
             return
         end = min(offset + length, size)
-        start -= start % mmap.PAGESIZE
-        if start >= end:
-            return
-        mmap.mmap(fd, end - start, mmap.MAP_SHARED | mmap.MAP_POPULATE, mmap.PROT_READ, offset=start).close()
+        at = start - start % mmap.PAGESIZE
     except (OSError, ValueError, OverflowError, AttributeError):
-        pass
+        return
+    while at < end:
+        if time.monotonic() > deadline:
+            raise DeadlineExceeded("registering host memory: touching its untouched pages ran past the client's "
+                                   "timeout with %d of %d bytes left: make it with shared_memory() (which touches "
+                                   "it) or give the client a longer timeout" % (end - at, end - start))
+        n = min(end - at, _POPULATE_CHUNK)
+        try:
+            mmap.mmap(fd, n, mmap.MAP_SHARED | mmap.MAP_POPULATE, mmap.PROT_READ, offset=at).close()
+        except (OSError, ValueError, OverflowError):
+            return
+        at += n
 
 
 @dataclass(eq=False)
@@ -1667,7 +1680,7 @@ class Client:
                 raise ValueError("descriptor %d is not open: pass the memory's open descriptor (close it after "
                                  "registering, if at all)" % fd) from None
             # not sealable (or already sealed): the agent's answer says what to do
-        _populate(fd, offset, length)
+        _populate(fd, offset, length, time.monotonic() + self.timeout)
         region = self._register(req, fd)
         keep = os.dup(fd)
         with self._lock:

@@ -155,6 +155,22 @@ class ClientTest(unittest.TestCase):
             self.assertLess(time.monotonic() - t0, 3.0, what)
         with self.assertRaises(OSError):  # still sparse: nothing was read in
             os.lseek(sparse, 0, os.SEEK_DATA)
+        # The client's timeout bounds the touching: past it, DeadlineExceeded names what to do, and nothing is
+        # registered.
+        fresh = os.memfd_create("py-untouched-late", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self.addCleanup(os.close, fresh)
+        os.ftruncate(fresh, 256 << 20)
+        usage = lambda: self.c.stub.GetInfo(pb.GetInfoRequest(api_versions=["v1"]), metadata=self.c._session_md).usage
+        held = usage().registered_bytes
+        self.c.timeout, timeout = 1e-9, self.c.timeout
+        try:
+            with self.assertRaises(fabricxfer.client.DeadlineExceeded) as e:
+                self.c.register_host(fresh, 0, 256 << 20)
+        finally:
+            self.c.timeout = timeout
+        self.assertIn("shared_memory()", str(e.exception))
+        self.assertEqual(fabricxfer.client._first_untouched(fresh, 0, 256 << 20), 0)
+        self.assertEqual(usage().registered_bytes, held)
 
     def _send_two_fds(self):
         import socket
