@@ -100,6 +100,10 @@ type dialOptions struct {
 	noFast    bool
 	noMailbox bool
 	spin      time.Duration
+	// idle lets the gRPC channel go idle after this long without gRPC calls (0: never, the default). Only tests
+	// set it: an idle channel closes its connection, the agent ends the session with it, and a client busy on the
+	// fast socket alone (which gRPC does not see) lost its regions and names every 30 minutes, gRPC's default.
+	idle time.Duration
 }
 
 // WithSpin sets how long a fast-path call polls for its reply before sleeping (default DefaultSpin; 0 never
@@ -153,6 +157,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond,
 			Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: time.Second}),
 		grpc.WithChainUnaryInterceptor(c.nameSession), grpc.WithChainStreamInterceptor(c.nameSessionStream),
+		grpc.WithIdleTimeout(o.idle),
 	)
 	if err != nil {
 		c.endLife()

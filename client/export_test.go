@@ -6,6 +6,7 @@ package client
 import (
 	"net"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -62,3 +63,6 @@ func HoldFastLock(c *Client) (release func()) {
 	c.lockFastWait()
 	return c.unlockFast
 }
+
+// WithIdleAfter lets c's gRPC channel go idle after d without gRPC calls (Dial's clients never do).
+func WithIdleAfter(d time.Duration) Option { return func(o *dialOptions) { o.idle = d } }

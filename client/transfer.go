@@ -509,6 +509,9 @@ func (c *Client) Notifications(ctx context.Context, regions ...*Region) (<-chan 
 			case <-ctx.Done():
 				end = ctx.Err()
 				return
+			case <-c.life.Done(): // closed while nobody read the channel: the stream ends as after Close
+				end = fmt.Errorf("notification stream: %w", ErrClosed)
+				return
 			}
 		}
 	}()

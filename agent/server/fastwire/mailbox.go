@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // The mailbox's layout (agent.proto, Mailbox): each word the two sides write lies in a cache line of its own, so
@@ -198,8 +200,8 @@ type CallerMailbox struct {
 	reply   []byte // a checked reply, copied out
 }
 
-// NewCallerMailbox uses mapping (the caller's memfd, MinMailbox to MaxMailbox bytes, mapped shared) as a mailbox
-// to be passed to the agent. checked seals the frames (agent.proto, Mailbox.checked), for an agent asked to.
+// NewCallerMailbox uses mapping (the caller's memfd, MinMailbox to MaxMailbox bytes, mapped shared by
+// golang.org/x/sys/unix.Mmap, which Unmap undoes) as a mailbox to be passed to the agent. checked seals the frames (agent.proto, Mailbox.checked), for an agent asked to.
 func NewCallerMailbox(mapping []byte, checked bool) (*CallerMailbox, error) {
 	if len(mapping) < MinMailbox || len(mapping) > MaxMailbox {
 		return nil, fmt.Errorf("a mailbox of %d bytes: between %d and %d", len(mapping), MinMailbox, MaxMailbox)
@@ -276,7 +278,7 @@ func (m *CallerMailbox) Reply() ([]byte, error) {
 // Unmap unmaps the mailbox; it is unusable afterwards.
 func (m *CallerMailbox) Unmap() {
 	if m.mapping != nil {
-		_ = syscall.Munmap(m.mapping)
+		_ = unix.Munmap(m.mapping) // unix's, as the mapping is: syscall.Munmap refuses a mapping it did not make
 		m.mapping = nil
 	}
 }
