@@ -230,8 +230,24 @@ func (c *Client) nameSessionOf(info *agentv1.GetInfoResponse) {
 }
 
 func (c *Client) nameSession(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	return invoker(c.inSession(ctx), method, req, reply, cc, opts...)
+	var trailer metadata.MD
+	err := invoker(c.inSession(ctx), method, req, reply, cc, append(opts, grpc.Trailer(&trailer))...)
+	if Code(err) == codes.Unavailable && len(trailer.Get(fastwire.AnsweredHeader)) == 0 {
+		// Not the agent's answer: the connection went (an agent that stopped or died under the call), and the
+		// session with it, as a stream's end says (streamEnd).
+		return connectionLost{err}
+	}
+	return err
 }
+
+// connectionLost is a call's Unavailable that the agent did not answer itself: its connection, and so its
+// session, went. wrap reads it as ErrSessionLost.
+type connectionLost struct{ error }
+
+func (e connectionLost) Unwrap() error { return e.error }
+
+// GRPCStatus is the call's status, so Code and status.FromError read it as they did.
+func (e connectionLost) GRPCStatus() *status.Status { return status.Convert(e.error) }
 
 func (c *Client) nameSessionStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	return streamer(c.inSession(ctx), desc, cc, method, opts...)
@@ -335,7 +351,7 @@ func (c *Client) wrap(ctx context.Context, what string, gen uint64, err error) e
 		// What the call met as Close cut it off (a lost session, a closed socket) would only mislead.
 		return fmt.Errorf("%s: %w", what, ErrClosed)
 	}
-	if c.dials.Load() != gen || sessionRefused(err) {
+	if c.dials.Load() != gen || sessionRefused(err) || errors.As(err, new(connectionLost)) {
 		return fmt.Errorf("%s: %w (%v)", what, ErrSessionLost, err)
 	}
 	if ended := ctxEnded(ctx); ended != nil && !errors.Is(err, ended) && endedByDeadline(err) {

@@ -14,7 +14,10 @@
 // Transfers are asynchronous (Submit, then Transfer.Wait) or one round trip (Write, Read). Every call takes a
 // context; its deadline bounds the call, and a waited transfer's too (the agent fails it then; copies already
 // started may still land); TransferOptions.Timeout bounds the transfer itself. Cancelling a waited call's context
-// stops its transfer; an unwaited one (Submit) stops only by Transfer.Cancel, and WaitAll waits for many. A TransferError reads as its
+// ends the call at once and the agent stops its transfer once it notices (on the fast socket, when it sees the
+// connection go), so its copies may go on landing for up to as long as the whole transfer takes: memory a
+// cancelled call wrote to is not the caller's to reuse before then. An unwaited transfer (Submit) stops only by
+// Transfer.Cancel, and WaitAll waits for many. A TransferError reads as its
 // state (Code, and errors.Is with context.DeadlineExceeded or context.Canceled). Transfers and
 // block transfers go over the agent's fast socket, their frames through shared memory both sides poll (a
 // mailbox) where they fit; WithSpin bounds the client's polling, WithoutMailbox and WithoutFastPath turn the

@@ -230,7 +230,7 @@ func hostLittleEndian() bool {
 // same region of remote, in one call, and waits. The agent refuses ids out of range, duplicate destination ids,
 // unequal counts and layouts of another geometry before anything moves. Pairs run in any order: a block one
 // pair reads and another writes (a swap within one layout) gets no defined bytes; split such a move in two.
-// Cancelling ctx stops the transfer.
+// Cancelling ctx ends the call; copies under way may still land for as long as the transfer takes (package doc).
 func (c *Client) TransferBlocks(ctx context.Context, op Op, l *Layout, ids []uint32, remote RemoteLayout, remoteIDs []uint32, opts TransferOptions) (*Status, error) {
 	resp, _, err := c.sendBlocks(ctx, op, l, ids, remote, remoteIDs, opts, true)
 	if err != nil {

@@ -173,3 +173,49 @@ func TestCloseSaysWhenTheSessionDidNotEndInTime(t *testing.T) {
 		}
 	}
 }
+
+// blockingAgent answers ResolveSegment only when the call ends (an agent busy when it dies).
+type blockingAgent struct {
+	olderAgent
+	called chan struct{}
+}
+
+func (a blockingAgent) ResolveSegment(ctx context.Context, _ *agentv1.ResolveSegmentRequest) (*agentv1.ResolveSegmentResponse, error) {
+	a.called <- struct{}{}
+	<-ctx.Done()
+	return nil, status.FromContextError(ctx.Err()).Err()
+}
+
+// TestACallCutByTheAgentsEndIsALostSession: a call in flight when the agent goes (its connection closed under
+// it) fails with ErrSessionLost, as a stream's end and the fast path's do: it read as gRPC's Unavailable ("error
+// reading from server: EOF"), which a "Recover on ErrSessionLost" loop never met. The agent's own Unavailable
+// answers (marked in the trailer) stay what they are.
+func TestACallCutByTheAgentsEndIsALostSession(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := blockingAgent{called: make(chan struct{}, 1)}
+	srv := grpc.NewServer()
+	agentv1.RegisterAgentServer(srv, agent)
+	go srv.Serve(ln)
+	defer srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.ResolveSegment(ctx, "", "kv")
+		done <- err
+	}()
+	<-agent.called
+	srv.Stop() // closes the connection under the call
+	if err := <-done; !errors.Is(err, client.ErrSessionLost) {
+		t.Fatalf("a call whose agent went under it: %v, want ErrSessionLost", err)
+	}
+}

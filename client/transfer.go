@@ -287,7 +287,8 @@ func itemBytes(items []Item) (n uint64) {
 }
 
 // Do submits a transfer and waits for it in one round trip; a transfer that did not succeed returns its
-// status and a *TransferError. Cancelling ctx stops the transfer.
+// status and a *TransferError. Cancelling ctx ends the call; copies under way may still land for as long as the
+// transfer takes (package doc).
 func (c *Client) Do(ctx context.Context, op Op, items []Item, opts TransferOptions) (*Status, error) {
 	resp, _, err := c.send(ctx, op, items, itemBytes(items), opts, true)
 	if err != nil {
@@ -346,6 +347,9 @@ func statusErr(st *Status) error {
 // without a gRPC round trip; one still running then is waited for through gRPC, so the client's other calls
 // are not held behind it. Ending ctx ends the wait, not the transfer (Cancel stops it).
 func (t *Transfer) Wait(ctx context.Context) (*Status, error) {
+	if err := t.ofAnEarlierSession(); err != nil {
+		return nil, err
+	}
 	st, fast, err := t.c.fastWait(ctx, []uint64{t.ID}, t.bytes)
 	if !fast {
 		st, err = t.c.api.Wait(ctx, &agentv1.WaitRequest{TransferId: t.ID})
@@ -354,6 +358,16 @@ func (t *Transfer) Wait(ctx context.Context) (*Status, error) {
 		return nil, t.c.wrap(ctx, fmt.Sprintf("waiting for transfer %d", t.ID), t.gen, err)
 	}
 	return st, statusErr(st)
+}
+
+// ofAnEarlierSession is ErrLost for a transfer submitted in a session Recover has replaced since: the agent that
+// ran it knows nothing of it any more, and calling Recover again (what ErrSessionLost asks) would not change that.
+func (t *Transfer) ofAnEarlierSession() error {
+	if t.gen == t.c.generation() {
+		return nil
+	}
+	return fmt.Errorf("transfer %d: %w (submitted before the agent's restart that Recover recovered from; whether its bytes "+
+		"landed is unknown: submit it again)", t.ID, ErrLost)
 }
 
 // maxWaitIDs is the most transfers one FastWait names (agent.proto).
@@ -415,6 +429,9 @@ func (c *Client) WaitAll(ctx context.Context, ts ...*Transfer) (*Status, error) 
 
 // Cancel stops the transfer and returns its status (still PENDING if it did not stop within the call).
 func (t *Transfer) Cancel(ctx context.Context) (*Status, error) {
+	if err := t.ofAnEarlierSession(); err != nil {
+		return nil, err
+	}
 	st, err := t.c.api.Cancel(ctx, &agentv1.CancelRequest{TransferId: t.ID})
 	if err != nil {
 		return nil, t.c.wrap(ctx, fmt.Sprintf("cancelling transfer %d", t.ID), t.gen, err)

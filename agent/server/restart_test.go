@@ -64,6 +64,11 @@ func TestAgentRestartFailsFastAndClientsReregister(t *testing.T) {
 			}
 		}
 	}()
+	// A transfer submitted and not yet waited for when the agent goes.
+	unwaited, err := c.Submit(ctx, client.Write, []client.Item{{Local: rs, Remote: client.ToRegion(rd), Length: 4096}}, client.TransferOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	a.stop(t)
 	select {
@@ -106,6 +111,20 @@ func TestAgentRestartFailsFastAndClientsReregister(t *testing.T) {
 	if err := c.Recover(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The unwaited transfer went with the old agent: its wait, cancel and WaitAll say so (ErrLost), not "call
+	// Recover and retry", which a Recover-and-retry loop would follow for ever.
+	lost := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, client.ErrLost) || errors.Is(err, client.ErrSessionLost) {
+			t.Fatalf("%s of a transfer of the agent before the restart, after Recover: %v, want ErrLost", what, err)
+		}
+	}
+	_, err = unwaited.Wait(ctx)
+	lost("Wait", err)
+	_, err = unwaited.Cancel(ctx)
+	lost("Cancel", err)
+	_, err = c.WaitAll(ctx, unwaited)
+	lost("WaitAll", err)
 	if rs.ID() == oldID {
 		t.Errorf("region id %d survived a restart: ids must differ between agent instances", oldID)
 	}
