@@ -32,7 +32,7 @@ import (
 
 // ErrSessionLost means the agent restarted (or the connection was re-established) since the regions in use
 // were registered: they are gone on the agent side. Call Recover, then retry.
-var ErrSessionLost = errors.New("agent session lost (agent restarted?): call Recover and retry")
+var ErrSessionLost = errors.New("agent session lost (the agent restarted, or the connection to it closed): call Recover and retry")
 
 // ErrLost means the memory a region or layout names went with a restarted agent and Recover cannot bring it
 // back (a pool slice, a layout over one, or a layout whose region was deregistered since): allocate or register
@@ -291,7 +291,9 @@ func (c *Client) Close() error {
 		// background: a process registering them again at once could find them taken). An agent too old to
 		// have EndSession is left to do it then; one that did not end it within closeWait is said.
 		ctx, cancel := context.WithTimeout(context.Background(), closeWait)
-		if _, err := c.api.EndSession(ctx, &agentv1.EndSessionRequest{}); err != nil && status.Code(err) != codes.Unimplemented {
+		// A connection already gone (the agent stopped) took the session with it: nothing is left to end.
+		if _, err := c.api.EndSession(ctx, &agentv1.EndSessionRequest{}); err != nil && status.Code(err) != codes.Unimplemented &&
+			!errors.As(err, new(connectionLost)) {
 			ending = fmt.Errorf("ending the session within %v: %w: its regions and names are freed once their transfers in flight settle", closeWait, asDeadline(err))
 		}
 		cancel()

@@ -121,6 +121,15 @@ func TestEndedContextsAreTheirErrors(t *testing.T) {
 	if err := c.Release(ctx, &client.PoolSlice{}); err == nil {
 		t.Error("releasing a pool slice the client never allocated succeeded")
 	}
+	// A region of the caller's own memory wrapped as a slice is refused before the client forgets it: it stays
+	// the client's to register again on Recover, and deregistering it works.
+	if err := c.Release(ctx, &client.PoolSlice{Region: rs}); client.Code(err) != codes.InvalidArgument || !client.Holds(c, rs) {
+		t.Errorf("releasing a region of the caller's own memory as a pool slice: %v (still held: %t), want InvalidArgument and held",
+			err, client.Holds(c, rs))
+	}
+	if err := c.Deregister(ctx, rs); err != nil {
+		t.Errorf("deregistering the region a refused Release named: %v", err)
+	}
 }
 
 // startLocal runs an agent with its sockets in a fresh folder until the test ends.

@@ -66,3 +66,11 @@ func HoldFastLock(c *Client) (release func()) {
 
 // WithIdleAfter lets c's gRPC channel go idle after d without gRPC calls (Dial's clients never do).
 func WithIdleAfter(d time.Duration) Option { return func(o *dialOptions) { o.idle = d } }
+
+// Holds reports whether c keeps r to register again on Recover.
+func Holds(c *Client, r *Region) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.regions[r]
+	return ok
+}

@@ -352,8 +352,10 @@ func (c *Client) AllocateFromPool(ctx context.Context, length uint64, opts ...Re
 
 // Release gives the slice back and unmaps it here.
 func (c *Client) Release(ctx context.Context, s *PoolSlice) error {
-	if s == nil || s.Region == nil {
-		return status.Error(codes.InvalidArgument, "releasing a pool slice: not one AllocateFromPool returned")
+	if s == nil || s.Region == nil || s.alloc == "" {
+		// Said before anything is forgotten: a region of the caller's own memory wrapped as a slice stays
+		// registered, and Recover keeps registering it again.
+		return status.Error(codes.InvalidArgument, "releasing a pool slice: not one AllocateFromPool returned (Deregister a region of your own memory)")
 	}
 	defer func() {
 		if s.mapping != nil {
