@@ -201,7 +201,8 @@ type CallerMailbox struct {
 }
 
 // NewCallerMailbox uses mapping (the caller's memfd, MinMailbox to MaxMailbox bytes, mapped shared by
-// golang.org/x/sys/unix.Mmap, which Unmap undoes) as a mailbox to be passed to the agent. checked seals the frames (agent.proto, Mailbox.checked), for an agent asked to.
+// golang.org/x/sys/unix.Mmap, which Unmap undoes) as a mailbox to be passed to the agent. checked seals the
+// frames (agent.proto, Mailbox.checked), for an agent asked to.
 func NewCallerMailbox(mapping []byte, checked bool) (*CallerMailbox, error) {
 	if len(mapping) < MinMailbox || len(mapping) > MaxMailbox {
 		return nil, fmt.Errorf("a mailbox of %d bytes: between %d and %d", len(mapping), MinMailbox, MaxMailbox)
