@@ -18,23 +18,23 @@ import (
 // whole sparse disk file in.
 var ErrNotShmem = errors.New("not shared memory")
 
-// checkShmem says whether f is a regular file of tmpfs.
-func checkShmem(f *os.File) error {
+// checkShmem says whether f is a regular file of tmpfs, and returns its size.
+func checkShmem(f *os.File) (uint64, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return fmt.Errorf("inspecting the memory: %w", err)
+		return 0, fmt.Errorf("inspecting the memory: %w", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fmt.Errorf("%w: file type %#o", ErrNotShmem, st.Mode&unix.S_IFMT)
+		return 0, fmt.Errorf("%w: file type %#o", ErrNotShmem, st.Mode&unix.S_IFMT)
 	}
 	var fs unix.Statfs_t
 	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil {
-		return fmt.Errorf("inspecting the memory's file system: %w", err)
+		return 0, fmt.Errorf("inspecting the memory's file system: %w", err)
 	}
 	if fs.Type != unix.TMPFS_MAGIC {
-		return fmt.Errorf("%w: file system type %#x", ErrNotShmem, fs.Type)
+		return 0, fmt.Errorf("%w: file system type %#x", ErrNotShmem, fs.Type)
 	}
-	return nil
+	return uint64(st.Size), nil
 }
 
 // FirstHole returns the offset of the first byte of [off, off+length) of memfd f that lies in a page nobody has
@@ -43,13 +43,18 @@ func checkShmem(f *os.File) error {
 // count as holes (the kernel reports them so), as do pages of a range punched out. The kernel's search runs
 // from off to the first hole or the end of the file, however short the range.
 func FirstHole(f *os.File, off, length uint64) (uint64, error) {
-	end := off + length
 	if length == 0 {
-		return end, nil
+		return off, nil
 	}
-	if err := checkShmem(f); err != nil {
+	if _, err := checkShmem(f); err != nil {
 		return 0, err
 	}
+	return firstHole(f, off, length)
+}
+
+// firstHole is FirstHole of a file checkShmem passed.
+func firstHole(f *os.File, off, length uint64) (uint64, error) {
+	end := off + length
 	own, err := unix.Open("/proc/self/fd/"+strconv.Itoa(int(f.Fd())), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
 		return 0, fmt.Errorf("opening the memory again to look for holes (leave its mode as memfd_create made it): %w", err)
@@ -76,14 +81,11 @@ func Populate(ctx context.Context, f *os.File, off, length uint64) (uint64, erro
 	if length == 0 {
 		return end, nil
 	}
-	if err := checkShmem(f); err != nil {
+	size, err := checkShmem(f)
+	if err != nil {
 		return 0, err
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return 0, fmt.Errorf("sizing the memory to populate: %w", err)
-	}
-	hole, err := FirstHole(f, off, length)
+	hole, err := firstHole(f, off, length)
 	if err != nil {
 		hole = off // cannot look (a memfd whose mode shuts this process out): touch the whole range
 	}
@@ -91,7 +93,7 @@ func Populate(ctx context.Context, f *os.File, off, length uint64) (uint64, erro
 		return hole, nil
 	}
 	page := uint64(os.Getpagesize())
-	stop := min(end, uint64(st.Size))
+	stop := min(end, size)
 	for at := hole / page * page; at < stop; at += populateChunk {
 		if err := ctx.Err(); err != nil {
 			return 0, fmt.Errorf("touching the memory's untouched pages (%d of %d bytes from byte %d left): %w", stop-at, stop-hole, hole, err)
@@ -105,5 +107,5 @@ func Populate(ctx context.Context, f *os.File, off, length uint64) (uint64, erro
 			return 0, fmt.Errorf("unmapping the populated memory: %w", err)
 		}
 	}
-	return FirstHole(f, off, length)
+	return firstHole(f, off, length)
 }
