@@ -65,6 +65,8 @@ type Client struct {
 	fastWanted bool                    // a fast connection was installed: one dropped is opened again
 	// fastLive is fast, readable without the fast lock: Close closes it under a call that holds the lock.
 	fastLive atomic.Pointer[net.UnixConn]
+	// cuts are fast connections dropped under a call, kept until the agent closes them (Settle).
+	cuts cutCalls
 
 	reopening   atomic.Bool  // a background reopen of the fast connection runs (reopenFastLater)
 	reopenAfter atomic.Int64 // unix nanoseconds before which no reopen is tried (one failed)
@@ -313,6 +315,7 @@ func (c *Client) Close() error {
 		_ = conn.Close()
 	}
 	c.closeFast()
+	c.cuts.abandon()
 	if err := c.conn.Close(); err != nil {
 		return err
 	}

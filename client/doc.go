@@ -16,7 +16,8 @@
 // started may still land); TransferOptions.Timeout bounds the transfer itself. Cancelling a waited call's context
 // ends the call at once and the agent stops its transfer once it notices (on the fast socket, when it sees the
 // connection go), so its copies may go on landing for up to as long as the whole transfer takes: memory a
-// cancelled call wrote to is not the caller's to reuse before then. An unwaited transfer (Submit) stops only by
+// cancelled call wrote to is not the caller's to reuse before Settle returned, which waits until the agent stopped
+// every call cut short before it. An unwaited transfer (Submit) stops only by
 // Transfer.Cancel, and WaitAll waits for many. A TransferError reads as its
 // state (Code, and errors.Is with context.DeadlineExceeded or context.Canceled). Transfers and
 // block transfers go over the agent's fast socket, their frames through shared memory both sides poll (a

@@ -417,8 +417,9 @@ func (c *Client) fastPayloadLocked(ctx context.Context, payload []byte, spin tim
 	}
 	if err != nil {
 		// The stream is out of step (or gone): drop it; the next call opens a new one in the background (and
-		// Recover, after a restart).
-		c.closeFastLocked()
+		// Recover, after a restart). The agent stops a waited transfer whose caller dropped its connection, and
+		// closes its end once the copies stopped (Settle).
+		c.dropFastLocked()
 		var ne net.Error
 		if ended := ctxEnded(ctx); ended != nil {
 			return nil, true, fmt.Errorf("%w (%w)", status.Errorf(status.FromContextError(ended).Code(), "fast path: %v", err), ended)
@@ -438,6 +439,18 @@ func (c *Client) closeFast() {
 	c.lockFastWait()
 	defer c.unlockFast()
 	c.closeFastLocked()
+}
+
+// dropFastLocked closes the fast connection as closeFastLocked does, but keeps the socket, half-closed, until the
+// agent closes its end (cutCalls).
+func (c *Client) dropFastLocked() {
+	conn := c.fast
+	fastParts{mbox: c.mbox, arena: c.arena}.close()
+	c.fast, c.mbox, c.arena = nil, nil, nil
+	c.fastLive.Store(nil)
+	if conn != nil {
+		c.cuts.drop(conn)
+	}
 }
 
 // closeFastLocked closes the fast connection and unmaps its mailbox and id arena; the fast lock is held.

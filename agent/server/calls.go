@@ -160,6 +160,15 @@ func (s *Server) Cancel(ctx context.Context, req *agentv1.CancelRequest) (*agent
 	return s.xfer.Cancel(ctx, &sess.Session, req)
 }
 
+// Settle implements agentv1.AgentServer.
+func (s *Server) Settle(ctx context.Context, _ *agentv1.SettleRequest) (*agentv1.SettleResponse, error) {
+	sess, err := s.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.xfer.Settle(ctx, &sess.Session)
+}
+
 // ResolveSegment implements agentv1.AgentServer.
 func (s *Server) ResolveSegment(ctx context.Context, req *agentv1.ResolveSegmentRequest) (*agentv1.ResolveSegmentResponse, error) {
 	sess, err := s.sessionOf(ctx)

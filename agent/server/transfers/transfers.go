@@ -38,6 +38,9 @@ type transfer struct {
 	err    error // how the engines ended it, set with status
 	// ids hands back memory the plans read (block ids), once the transfer settled.
 	ids idLease
+	// waited says a call waits for the transfer (which Settle waits for); its caller is never told the id when
+	// the call is cut short.
+	waited bool
 	// early answers the waiting caller once the bytes landed (Landed), with resp; landed is the status it
 	// answered, which the record keeps.
 	early  Replier
@@ -187,11 +190,22 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 		s.refusals.LimitHit(refusals.LimitInFlightBytes)
 		return nil, status.Errorf(codes.ResourceExhausted, "caller has %d bytes in flight; %d more would pass the limit of %d", held, total, max)
 	}
+	if wait && ctx.Err() != nil {
+		// Checked under the lock Settle takes: a waited call its caller cut short before this point never
+		// submits, and one cut later is among the transfers a Settle arriving after the cut waits for.
+		s.table.ReleaseUsageLocked(sess.Caller.Key)
+		s.table.Unlock()
+		ids.release()
+		return nil, status.Errorf(status.FromContextError(ctx.Err()).Code(), "transfer not submitted: its call ended first: %v", ctx.Err())
+	}
 	u.InFlight++
 	u.InFlightBytes += total
 	s.nextXfer++
 	x := &transfer{id: s.epoch + s.nextXfer, owner: sess.Caller.Key, tags: tags, bytes: total, start: time.Now(), done: make(chan struct{}),
-		ids: ids}
+		ids: ids, waited: wait}
+	if wait {
+		s.waitedLocked(x.owner)[x] = struct{}{}
+	}
 	s.table.Unlock()
 
 	// The transfer outlives this call; its deadline comes from the request's timeout (or the engine default).
@@ -202,6 +216,7 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 		u.InFlight--
 		u.InFlightBytes -= total
 		s.table.ReleaseUsageLocked(sess.Caller.Key)
+		s.forgetWaitedLocked(x)
 		s.table.Unlock()
 		ids.release()
 		return nil, status.Errorf(regiontable.StatusCode(err), "submitting: %v", err)
@@ -254,19 +269,42 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 			// wait for it by id. One cut short otherwise is Unavailable, so clients retry or recover instead of
 			// blaming their deadline; when its caller cancelled it or went away (not the agent stopping, which
 			// lets transfers end as a shutdown does), its transfer is stopped: nobody waits for it, and nobody was
-			// told its id.
-			go s.settle(x, t) // its status is recorded when it ends
+			// told its id. The call then returns only once the transfer's copies stopped: on the fast socket the
+			// connection closes after that, which is how the caller's client learns that nothing more lands.
 			code := codes.Unavailable
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				code = codes.DeadlineExceeded
 			} else if s.callerEnded(ctx) {
 				t.Cancel()
+				s.awaitStop(x, t)
 				return nil, status.Errorf(code, "transfer %d cancelled with its call: %v", x.id, context.Cause(ctx))
 			}
+			go s.settle(x, t) // its status is recorded when it ends
 			return nil, status.Errorf(code, "transfer %d submitted but still pending when the call ended (wait for it by id): %v", x.id, ctx.Err())
 		}
 	}
 	return resp, nil
+}
+
+// stopAfterCancel bounds how long a call cut short by its caller waits for its cancelled transfer's copies to
+// stop. Engines end a cancelled transfer once nothing of it can still touch memory, and bound that themselves (a
+// launched GPU copy is waited for up to 30 s); this bound only keeps the call's goroutine from outliving an
+// engine that broke that contract.
+const stopAfterCancel = 35 * time.Second
+
+// awaitStop waits for the cancelled transfer t to end and records x; past stopAfterCancel, or when the agent
+// stops, it leaves that to a goroutine.
+func (s *Service) awaitStop(x *transfer, t engines.Transfer) {
+	timer := time.NewTimer(stopAfterCancel)
+	defer timer.Stop()
+	select {
+	case <-t.Done():
+		s.finish(x)
+	case <-timer.C:
+		go s.settle(x, t)
+	case <-s.stopping:
+		go s.settle(x, t)
+	}
 }
 
 // callerEnded says whether a call's cancelled context was its caller's doing (gRPC's cancel of the call, or
@@ -386,6 +424,7 @@ func (s *Service) finish(x *transfer) {
 		x.status, x.err = st, err
 		x.t, x.tags = nil, nil
 		delete(s.running, x.id)
+		s.forgetWaitedLocked(x)
 		s.settled.put(x.owner, st, time.Now())
 		if u := s.table.UsageOfLocked(x.owner); u != nil {
 			u.InFlight--
@@ -697,4 +736,47 @@ func (s *Service) Watch(sess *regiontable.Session, req *agentv1.WatchRequest, st
 		}
 	}
 	return nil
+}
+
+// waitedLocked is the caller's set of waited transfers in flight (s.table's lock held), made when missing.
+func (s *Service) waitedLocked(owner string) map[*transfer]struct{} {
+	w := s.waited[owner]
+	if w == nil {
+		w = map[*transfer]struct{}{}
+		s.waited[owner] = w
+	}
+	return w
+}
+
+// forgetWaitedLocked takes x out of its caller's waited transfers in flight.
+func (s *Service) forgetWaitedLocked(x *transfer) {
+	if !x.waited {
+		return
+	}
+	w := s.waited[x.owner]
+	delete(w, x)
+	if len(w) == 0 {
+		delete(s.waited, x.owner)
+	}
+}
+
+// Settle serves the Agent API call of that name: it waits until every waited transfer of the caller in flight
+// when it arrived has ended. Engines end a transfer once its copies stopped, so nothing such a transfer started
+// lands after the answer. A waited call its caller cut short was cancelled, or checked its context under the lock
+// taken here before it submitted (a gRPC call's cancel reaches the agent before a later call on the connection).
+func (s *Service) Settle(ctx context.Context, sess *regiontable.Session) (*agentv1.SettleResponse, error) {
+	s.table.Lock()
+	xs := make([]*transfer, 0, len(s.waited[sess.Caller.Key]))
+	for x := range s.waited[sess.Caller.Key] {
+		xs = append(xs, x)
+	}
+	s.table.Unlock()
+	for _, x := range xs {
+		select {
+		case <-x.done:
+		case <-ctx.Done():
+			return nil, status.Errorf(status.FromContextError(ctx.Err()).Code(), "settling %d waited transfers: transfer %d still in flight: %v", len(xs), x.id, ctx.Err())
+		}
+	}
+	return &agentv1.SettleResponse{Waited: uint32(len(xs))}, nil
 }

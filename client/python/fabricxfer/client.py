@@ -507,6 +507,17 @@ def _session_metadata(info: pb.GetInfoResponse):
     return ((_SESSION_HEADER, "%s/%d" % (info.instance, info.session)),)
 
 
+def _close_if_ended(sock: socket.socket) -> bool:
+    """Closes a socket _fast_drop kept once the agent closed its end, and says whether it did."""
+    try:
+        ended = _fastconn.await_closed(sock, None)
+    except (OSError, ValueError):
+        ended = True
+    if ended:
+        sock.close()
+    return ended
+
+
 class SessionLost(Exception):
     """The connection to the agent ended (agent restarted?): every region registered through it is gone on the
     agent side. Call Client.recover(), then retry."""
@@ -1134,6 +1145,8 @@ class Client:
     _arena = None
     # Set in a forked child: the client is its parent's.
     _forked = False
+    # Fast connections dropped under a call, half-closed until the agent closes its end (settle()).
+    _cuts = ()
     # The metadata naming the session this client's memory is in (see _session_metadata).
     _session_md = None
     # Set by close(): every later call raises ClientClosed; _ended, whether the agent said the session ended.
@@ -1615,6 +1628,10 @@ class Client:
         finally:
             if held:
                 self._fast_lock.release()
+        with self._lock:
+            cuts, self._cuts = self._cuts, ()
+        for sock in cuts:
+            sock.close()
         ended = False
         if live:
             # The agent frees the session's regions and names before it answers (once the connection is gone it
@@ -2014,11 +2031,17 @@ class Client:
         to calls by their order alone, so its late reply would be read as the next call's (a waited transfer
         reported as landed with another's status). The next fast call opens a new connection in the same session.
         The id arena goes too: the agent may still read the ids of the call it serves."""
-        conn.close()
+        sock = None if self._forked else conn.cut()
+        if self._forked:
+            conn.close()
         self._fast = _DROPPED
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+        if sock is not None:
+            with self._lock:
+                # Kept until the agent closes its end (settle()); those it closed already go now.
+                self._cuts = [c for c in self._cuts if not _close_if_ended(c)] + [sock]
 
     def _fast_again(self, conn, failed: int, within: float):
         """The connection for a fast call where the client holds none (SessionLost, raised) or dropped one (a new
@@ -2311,6 +2334,32 @@ class Client:
         it had already ended (copies already on the wire or queued on a device may still land); PENDING if it had
         not settled within 5 s. Ids the agent does not know as this caller's raise NOT_FOUND."""
         return self._call(self.stub.Cancel, pb.CancelRequest(transfer_id=transfer_id))
+
+    def settle(self, timeout: Optional[float] = None) -> int:
+        """Returns once every call of this client cut short before it (interrupted, or past its deadline while the
+        agent served it) has stopped on the agent: the agent stops such a call's waited transfer, and nothing that
+        transfer started lands in this node's memory after settle() returned. Call it before reusing memory a
+        cut-short call was writing into. It waits for every waited call of this client in flight when it is
+        called (other threads' too), within timeout (None or 0: the client's; DeadlineExceeded, a TimeoutError,
+        when it ran out: the memory may then still be written to); returns how many waited transfers the agent
+        waited for. Transfers submitted with wait=False are not waited for: cancel(id) returns once one stopped.
+        An agent older than settle() raises AgentError (UNIMPLEMENTED)."""
+        _seconds(timeout)
+        deadline = time.perf_counter() + (timeout or self.timeout)
+        with self._lock:
+            cuts = list(self._cuts)
+        # The fast connections first: once the agent closed one, it had read every frame sent on it, so none of
+        # their transfers is submitted after the question below.
+        for sock in cuts:
+            if not _fastconn.await_closed(sock, deadline):
+                raise DeadlineExceeded("a call cut short had not stopped on the agent within the settle's timeout: "
+                                       "its transfer may still land")
+            with self._lock:
+                if sock in self._cuts:
+                    self._cuts.remove(sock)
+            sock.close()
+        left = max(deadline - time.perf_counter(), 1e-3)
+        return self._call(self.stub.Settle, pb.SettleRequest(), timeout=left).waited
 
     def wait_all(self, transfer_ids: Sequence[int], timeout: Optional[float] = None) -> pb.TransferStatus:
         """Waits for every transfer of transfer_ids (submitted with wait=False) within timeout in all (default:

@@ -29,6 +29,7 @@ import socket
 import struct
 import time
 import zlib
+from typing import Optional
 
 _HDR = struct.Struct(">I")
 _U64 = struct.Struct("<Q")
@@ -119,8 +120,22 @@ class FastConn:
         if sock is not None:
             sock.close()
 
+    def cut(self):
+        """Closes the connection as close() does but hands back its socket, half-closed: the agent reads that as
+        the caller gone, stops a waited transfer it serves, and closes its end once the copies stopped (which
+        await_closed sees). None when the socket could not be half-closed (closed already)."""
+        sock, self.sock = self.sock, None
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            sock.close()
+            sock = None
+        self.close()
+        return sock
+
     def close(self):
-        self.sock.close()
+        if self.sock is not None:
+            self.sock.close()
         if self._words is not None:
             self._words.release()
             self._words32.release()
@@ -329,3 +344,26 @@ class FastConn:
                 raise FastConnError("the agent closed the fast socket")
             if n % 4 or self._view[:n].tobytes().strip(b"\xff"):
                 raise FastConnError("a frame on the socket during a mailbox call: the connection is out of step")
+
+
+def await_closed(sock: socket.socket, deadline: Optional[float]) -> bool:
+    """Reads (and drops) what comes on a socket cut() handed back until the agent closes its end; False when
+    deadline (time.perf_counter()) passed first; None: only what is there now."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    while True:
+        if deadline is None:
+            wait = 0
+        else:
+            wait = max(0, int((deadline - time.perf_counter()) * 1e3) + 1)
+        if not poller.poll(wait):
+            if deadline is None or time.perf_counter() >= deadline:
+                return False
+            continue
+        try:
+            if not sock.recv(65536, socket.MSG_DONTWAIT):
+                return True
+        except BlockingIOError:
+            continue
+        except OSError:
+            return True  # reset: the agent's end is gone

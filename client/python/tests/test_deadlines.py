@@ -681,3 +681,62 @@ class OlderAgentServedTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(SOCKET, "FABRICXFER_SOCKET not set: run through go test ./client")
+class SettleTest(unittest.TestCase):
+    def test_settle_returns_once_an_interrupted_calls_copies_stopped(self):
+        # A waited block transfer interrupted while its host copy runs returns at once, and its copies went on
+        # landing after that (memory the caller reused was overwritten). settle() returns once the agent stopped
+        # the transfer: the destination does not change after it. Through the mailbox and socket frames.
+        import array
+        armed = []
+
+        def interrupt(signum, frame):
+            if armed:
+                armed.clear()
+                raise _Interrupt()
+
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        self.addCleanup(signal.signal, signal.SIGALRM, previous)
+        block, blocks = 1 << 20, 192
+        fd, buf = shared_memory("py-settle", 2 * block * blocks)
+        self.addCleanup(os.close, fd)
+        self.addCleanup(buf.close)
+        for i in range(blocks):
+            buf[i * block:(i + 1) * block] = bytes([i + 1]) * block
+        src = array.array("q", range(blocks))
+        dst = array.array("q", range(blocks, 2 * blocks))
+        for mailbox in (True, False):
+            with self.subTest(mailbox=mailbox):
+                c = Client(SOCKET, mailbox=mailbox)
+                self.addCleanup(c.close)
+                self.assertEqual(c.settle(), 0, "nothing was in flight")
+                lay = c.register_layout([c.register_host(fd, 0, 2 * block * blocks)], block)
+                cut = 0
+                for _ in range(6):
+                    if cut >= 2:
+                        break
+                    buf[blocks * block:] = bytes(blocks * block)
+                    try:
+                        armed.append(True)
+                        signal.setitimer(signal.ITIMER_REAL, 0.002)
+                        c.transfer_blocks("write", lay, src, fx.to_layout(lay), dst)
+                    except _Interrupt:
+                        cut += 1
+                    finally:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+                        armed.clear()
+                    if not cut:
+                        continue
+                    c.settle(timeout=10)
+                    seen = bytes(buf[blocks * block:])
+                    time.sleep(0.1)
+                    self.assertEqual(seen, bytes(buf[blocks * block:]), "the destination changed after settle()")
+                self.assertGreater(cut, 0, "no call was interrupted in 6 tries: the copy beat the 2 ms signal")
+                # The client goes on: a call after the cut ones copies every block.
+                buf[blocks * block:] = bytes(blocks * block)
+                c.transfer_blocks("write", lay, src, fx.to_layout(lay), dst)
+                self.assertEqual(bytes(buf[:blocks * block]), bytes(buf[blocks * block:]))
+                c.close()
+                self.assertEqual(len(c._cuts), 0, "close() left cut connections open")

@@ -3264,6 +3264,87 @@ func (*EndSessionResponse) Descriptor() ([]byte, []int) {
 	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
+type SettleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+}
+
+type SettleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many waited transfers the call waited for.
+	Waited        uint32 `protobuf:"varint,1,opt,name=waited,proto3" json:"waited,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResponse) Reset() {
+	*x = SettleResponse{}
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResponse) ProtoMessage() {}
+
+func (x *SettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
+func (*SettleResponse) Descriptor() ([]byte, []int) {
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *SettleResponse) GetWaited() uint32 {
+	if x != nil {
+		return x.Waited
+	}
+	return 0
+}
+
 // LayoutRef names the other side of a block transfer.
 type LayoutRef struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3279,7 +3360,7 @@ type LayoutRef struct {
 
 func (x *LayoutRef) Reset() {
 	*x = LayoutRef{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3291,7 +3372,7 @@ func (x *LayoutRef) String() string {
 func (*LayoutRef) ProtoMessage() {}
 
 func (x *LayoutRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3304,7 +3385,7 @@ func (x *LayoutRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutRef.ProtoReflect.Descriptor instead.
 func (*LayoutRef) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *LayoutRef) GetTarget() isLayoutRef_Target {
@@ -3382,7 +3463,7 @@ type TransferBlocksRequest struct {
 
 func (x *TransferBlocksRequest) Reset() {
 	*x = TransferBlocksRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3394,7 +3475,7 @@ func (x *TransferBlocksRequest) String() string {
 func (*TransferBlocksRequest) ProtoMessage() {}
 
 func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3407,7 +3488,7 @@ func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferBlocksRequest.ProtoReflect.Descriptor instead.
 func (*TransferBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TransferBlocksRequest) GetOp() Op {
@@ -3493,7 +3574,7 @@ type IdArena struct {
 
 func (x *IdArena) Reset() {
 	*x = IdArena{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3505,7 +3586,7 @@ func (x *IdArena) String() string {
 func (*IdArena) ProtoMessage() {}
 
 func (x *IdArena) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3518,7 +3599,7 @@ func (x *IdArena) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdArena.ProtoReflect.Descriptor instead.
 func (*IdArena) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *IdArena) GetFdToken() string {
@@ -3572,7 +3653,7 @@ type Mailbox struct {
 
 func (x *Mailbox) Reset() {
 	*x = Mailbox{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3584,7 +3665,7 @@ func (x *Mailbox) String() string {
 func (*Mailbox) ProtoMessage() {}
 
 func (x *Mailbox) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3597,7 +3678,7 @@ func (x *Mailbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mailbox.ProtoReflect.Descriptor instead.
 func (*Mailbox) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Mailbox) GetFdToken() string {
@@ -3643,7 +3724,7 @@ type FastRequest struct {
 
 func (x *FastRequest) Reset() {
 	*x = FastRequest{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +3736,7 @@ func (x *FastRequest) String() string {
 func (*FastRequest) ProtoMessage() {}
 
 func (x *FastRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +3749,7 @@ func (x *FastRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastRequest.ProtoReflect.Descriptor instead.
 func (*FastRequest) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{48}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FastRequest) GetRequest() isFastRequest_Request {
@@ -3782,7 +3863,7 @@ type FastWait struct {
 
 func (x *FastWait) Reset() {
 	*x = FastWait{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3794,7 +3875,7 @@ func (x *FastWait) String() string {
 func (*FastWait) ProtoMessage() {}
 
 func (x *FastWait) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3807,7 +3888,7 @@ func (x *FastWait) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastWait.ProtoReflect.Descriptor instead.
 func (*FastWait) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{49}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *FastWait) GetTransferIds() []uint64 {
@@ -3841,7 +3922,7 @@ type FastReply struct {
 
 func (x *FastReply) Reset() {
 	*x = FastReply{}
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3853,7 +3934,7 @@ func (x *FastReply) String() string {
 func (*FastReply) ProtoMessage() {}
 
 func (x *FastReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_fabricxfer_agent_v1_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3866,7 +3947,7 @@ func (x *FastReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FastReply.ProtoReflect.Descriptor instead.
 func (*FastReply) Descriptor() ([]byte, []int) {
-	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{50}
+	return file_fabricxfer_agent_v1_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *FastReply) GetCode() uint32 {
@@ -4127,7 +4208,10 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\tlayout_id\x18\x01 \x01(\x04R\blayoutId\"\x1a\n" +
 	"\x18DeregisterLayoutResponse\"\x13\n" +
 	"\x11EndSessionRequest\"\x14\n" +
-	"\x12EndSessionResponse\"d\n" +
+	"\x12EndSessionResponse\"\x0f\n" +
+	"\rSettleRequest\"(\n" +
+	"\x0eSettleResponse\x12\x16\n" +
+	"\x06waited\x18\x01 \x01(\rR\x06waited\"d\n" +
 	"\tLayoutRef\x12\x1d\n" +
 	"\tlayout_id\x18\x01 \x01(\x04H\x00R\blayoutId\x12\x1a\n" +
 	"\asegment\x18\x02 \x01(\tH\x00R\asegment\x12\x12\n" +
@@ -4191,7 +4275,7 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x18TRANSFER_STATE_SUCCEEDED\x10\x02\x12\x19\n" +
 	"\x15TRANSFER_STATE_FAILED\x10\x03\x12\x1c\n" +
 	"\x18TRANSFER_STATE_CANCELLED\x10\x04\x12$\n" +
-	" TRANSFER_STATE_DEADLINE_EXCEEDED\x10\x052\xf5\f\n" +
+	" TRANSFER_STATE_DEADLINE_EXCEEDED\x10\x052\xc8\r\n" +
 	"\x05Agent\x12T\n" +
 	"\aGetInfo\x12#.fabricxfer.agent.v1.GetInfoRequest\x1a$.fabricxfer.agent.v1.GetInfoResponse\x12i\n" +
 	"\x0eRegisterMemory\x12*.fabricxfer.agent.v1.RegisterMemoryRequest\x1a+.fabricxfer.agent.v1.RegisterMemoryResponse\x12o\n" +
@@ -4210,7 +4294,8 @@ const file_fabricxfer_agent_v1_agent_proto_rawDesc = "" +
 	"\x10DeregisterLayout\x12,.fabricxfer.agent.v1.DeregisterLayoutRequest\x1a-.fabricxfer.agent.v1.DeregisterLayoutResponse\x12c\n" +
 	"\x0eTransferBlocks\x12*.fabricxfer.agent.v1.TransferBlocksRequest\x1a%.fabricxfer.agent.v1.TransferResponse\x12]\n" +
 	"\n" +
-	"EndSession\x12&.fabricxfer.agent.v1.EndSessionRequest\x1a'.fabricxfer.agent.v1.EndSessionResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
+	"EndSession\x12&.fabricxfer.agent.v1.EndSessionRequest\x1a'.fabricxfer.agent.v1.EndSessionResponse\x12Q\n" +
+	"\x06Settle\x12\".fabricxfer.agent.v1.SettleRequest\x1a#.fabricxfer.agent.v1.SettleResponseBHZFgithub.com/fabricxfer/fabricxfer/api/proto/fabricxfer/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_fabricxfer_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -4225,7 +4310,7 @@ func file_fabricxfer_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_fabricxfer_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_fabricxfer_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(MemoryKind)(0),                  // 0: fabricxfer.agent.v1.MemoryKind
 	(HandleType)(0),                  // 1: fabricxfer.agent.v1.HandleType
@@ -4275,14 +4360,16 @@ var file_fabricxfer_agent_v1_agent_proto_goTypes = []any{
 	(*DeregisterLayoutResponse)(nil), // 45: fabricxfer.agent.v1.DeregisterLayoutResponse
 	(*EndSessionRequest)(nil),        // 46: fabricxfer.agent.v1.EndSessionRequest
 	(*EndSessionResponse)(nil),       // 47: fabricxfer.agent.v1.EndSessionResponse
-	(*LayoutRef)(nil),                // 48: fabricxfer.agent.v1.LayoutRef
-	(*TransferBlocksRequest)(nil),    // 49: fabricxfer.agent.v1.TransferBlocksRequest
-	(*IdArena)(nil),                  // 50: fabricxfer.agent.v1.IdArena
-	(*Mailbox)(nil),                  // 51: fabricxfer.agent.v1.Mailbox
-	(*FastRequest)(nil),              // 52: fabricxfer.agent.v1.FastRequest
-	(*FastWait)(nil),                 // 53: fabricxfer.agent.v1.FastWait
-	(*FastReply)(nil),                // 54: fabricxfer.agent.v1.FastReply
-	(*durationpb.Duration)(nil),      // 55: google.protobuf.Duration
+	(*SettleRequest)(nil),            // 48: fabricxfer.agent.v1.SettleRequest
+	(*SettleResponse)(nil),           // 49: fabricxfer.agent.v1.SettleResponse
+	(*LayoutRef)(nil),                // 50: fabricxfer.agent.v1.LayoutRef
+	(*TransferBlocksRequest)(nil),    // 51: fabricxfer.agent.v1.TransferBlocksRequest
+	(*IdArena)(nil),                  // 52: fabricxfer.agent.v1.IdArena
+	(*Mailbox)(nil),                  // 53: fabricxfer.agent.v1.Mailbox
+	(*FastRequest)(nil),              // 54: fabricxfer.agent.v1.FastRequest
+	(*FastWait)(nil),                 // 55: fabricxfer.agent.v1.FastWait
+	(*FastReply)(nil),                // 56: fabricxfer.agent.v1.FastReply
+	(*durationpb.Duration)(nil),      // 57: google.protobuf.Duration
 }
 var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: fabricxfer.agent.v1.PoolMemoryInfo.kind:type_name -> fabricxfer.agent.v1.MemoryKind
@@ -4300,12 +4387,12 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	2,  // 12: fabricxfer.agent.v1.TransferRequest.op:type_name -> fabricxfer.agent.v1.Op
 	17, // 13: fabricxfer.agent.v1.TransferRequest.remote:type_name -> fabricxfer.agent.v1.RemoteRef
 	18, // 14: fabricxfer.agent.v1.TransferRequest.items:type_name -> fabricxfer.agent.v1.TransferItem
-	55, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
+	57, // 15: fabricxfer.agent.v1.TransferRequest.timeout:type_name -> google.protobuf.Duration
 	22, // 16: fabricxfer.agent.v1.TransferResponse.status:type_name -> fabricxfer.agent.v1.TransferStatus
 	3,  // 17: fabricxfer.agent.v1.TransferStatus.state:type_name -> fabricxfer.agent.v1.TransferState
 	21, // 18: fabricxfer.agent.v1.TransferStatus.failures:type_name -> fabricxfer.agent.v1.TagFailure
-	55, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
-	55, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	57, // 19: fabricxfer.agent.v1.TransferStatus.elapsed:type_name -> google.protobuf.Duration
+	57, // 20: fabricxfer.agent.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 21: fabricxfer.agent.v1.ResolveSegmentResponse.kind:type_name -> fabricxfer.agent.v1.MemoryKind
 	28, // 22: fabricxfer.agent.v1.ResolveSegmentResponse.layout:type_name -> fabricxfer.agent.v1.LayoutGeometry
 	2,  // 23: fabricxfer.agent.v1.Notification.op:type_name -> fabricxfer.agent.v1.Op
@@ -4317,15 +4404,15 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	13, // 29: fabricxfer.agent.v1.AllocateFromPoolResponse.region:type_name -> fabricxfer.agent.v1.Region
 	42, // 30: fabricxfer.agent.v1.RegisterLayoutResponse.layout:type_name -> fabricxfer.agent.v1.Layout
 	2,  // 31: fabricxfer.agent.v1.TransferBlocksRequest.op:type_name -> fabricxfer.agent.v1.Op
-	48, // 32: fabricxfer.agent.v1.TransferBlocksRequest.remote:type_name -> fabricxfer.agent.v1.LayoutRef
-	55, // 33: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
+	50, // 32: fabricxfer.agent.v1.TransferBlocksRequest.remote:type_name -> fabricxfer.agent.v1.LayoutRef
+	57, // 33: fabricxfer.agent.v1.TransferBlocksRequest.timeout:type_name -> google.protobuf.Duration
 	19, // 34: fabricxfer.agent.v1.FastRequest.transfer:type_name -> fabricxfer.agent.v1.TransferRequest
-	49, // 35: fabricxfer.agent.v1.FastRequest.blocks:type_name -> fabricxfer.agent.v1.TransferBlocksRequest
-	50, // 36: fabricxfer.agent.v1.FastRequest.id_arena:type_name -> fabricxfer.agent.v1.IdArena
-	53, // 37: fabricxfer.agent.v1.FastRequest.wait:type_name -> fabricxfer.agent.v1.FastWait
-	51, // 38: fabricxfer.agent.v1.FastRequest.mailbox:type_name -> fabricxfer.agent.v1.Mailbox
-	55, // 39: fabricxfer.agent.v1.FastRequest.call_timeout:type_name -> google.protobuf.Duration
-	55, // 40: fabricxfer.agent.v1.FastWait.timeout:type_name -> google.protobuf.Duration
+	51, // 35: fabricxfer.agent.v1.FastRequest.blocks:type_name -> fabricxfer.agent.v1.TransferBlocksRequest
+	52, // 36: fabricxfer.agent.v1.FastRequest.id_arena:type_name -> fabricxfer.agent.v1.IdArena
+	55, // 37: fabricxfer.agent.v1.FastRequest.wait:type_name -> fabricxfer.agent.v1.FastWait
+	53, // 38: fabricxfer.agent.v1.FastRequest.mailbox:type_name -> fabricxfer.agent.v1.Mailbox
+	57, // 39: fabricxfer.agent.v1.FastRequest.call_timeout:type_name -> google.protobuf.Duration
+	57, // 40: fabricxfer.agent.v1.FastWait.timeout:type_name -> google.protobuf.Duration
 	20, // 41: fabricxfer.agent.v1.FastReply.response:type_name -> fabricxfer.agent.v1.TransferResponse
 	4,  // 42: fabricxfer.agent.v1.Agent.GetInfo:input_type -> fabricxfer.agent.v1.GetInfoRequest
 	12, // 43: fabricxfer.agent.v1.Agent.RegisterMemory:input_type -> fabricxfer.agent.v1.RegisterMemoryRequest
@@ -4342,27 +4429,29 @@ var file_fabricxfer_agent_v1_agent_proto_depIdxs = []int32{
 	39, // 54: fabricxfer.agent.v1.Agent.OpenFastPath:input_type -> fabricxfer.agent.v1.OpenFastPathRequest
 	41, // 55: fabricxfer.agent.v1.Agent.RegisterLayout:input_type -> fabricxfer.agent.v1.RegisterLayoutRequest
 	44, // 56: fabricxfer.agent.v1.Agent.DeregisterLayout:input_type -> fabricxfer.agent.v1.DeregisterLayoutRequest
-	49, // 57: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
+	51, // 57: fabricxfer.agent.v1.Agent.TransferBlocks:input_type -> fabricxfer.agent.v1.TransferBlocksRequest
 	46, // 58: fabricxfer.agent.v1.Agent.EndSession:input_type -> fabricxfer.agent.v1.EndSessionRequest
-	11, // 59: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
-	14, // 60: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
-	16, // 61: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
-	20, // 62: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
-	22, // 63: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 64: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
-	22, // 65: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
-	27, // 66: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
-	30, // 67: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
-	34, // 68: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
-	36, // 69: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
-	38, // 70: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
-	40, // 71: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
-	43, // 72: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
-	45, // 73: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
-	20, // 74: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
-	47, // 75: fabricxfer.agent.v1.Agent.EndSession:output_type -> fabricxfer.agent.v1.EndSessionResponse
-	59, // [59:76] is the sub-list for method output_type
-	42, // [42:59] is the sub-list for method input_type
+	48, // 59: fabricxfer.agent.v1.Agent.Settle:input_type -> fabricxfer.agent.v1.SettleRequest
+	11, // 60: fabricxfer.agent.v1.Agent.GetInfo:output_type -> fabricxfer.agent.v1.GetInfoResponse
+	14, // 61: fabricxfer.agent.v1.Agent.RegisterMemory:output_type -> fabricxfer.agent.v1.RegisterMemoryResponse
+	16, // 62: fabricxfer.agent.v1.Agent.DeregisterMemory:output_type -> fabricxfer.agent.v1.DeregisterMemoryResponse
+	20, // 63: fabricxfer.agent.v1.Agent.Transfer:output_type -> fabricxfer.agent.v1.TransferResponse
+	22, // 64: fabricxfer.agent.v1.Agent.Wait:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 65: fabricxfer.agent.v1.Agent.Watch:output_type -> fabricxfer.agent.v1.TransferStatus
+	22, // 66: fabricxfer.agent.v1.Agent.Cancel:output_type -> fabricxfer.agent.v1.TransferStatus
+	27, // 67: fabricxfer.agent.v1.Agent.ResolveSegment:output_type -> fabricxfer.agent.v1.ResolveSegmentResponse
+	30, // 68: fabricxfer.agent.v1.Agent.Notifications:output_type -> fabricxfer.agent.v1.Notification
+	34, // 69: fabricxfer.agent.v1.Agent.Explain:output_type -> fabricxfer.agent.v1.ExplainResponse
+	36, // 70: fabricxfer.agent.v1.Agent.AllocateFromPool:output_type -> fabricxfer.agent.v1.AllocateFromPoolResponse
+	38, // 71: fabricxfer.agent.v1.Agent.Release:output_type -> fabricxfer.agent.v1.ReleaseResponse
+	40, // 72: fabricxfer.agent.v1.Agent.OpenFastPath:output_type -> fabricxfer.agent.v1.OpenFastPathResponse
+	43, // 73: fabricxfer.agent.v1.Agent.RegisterLayout:output_type -> fabricxfer.agent.v1.RegisterLayoutResponse
+	45, // 74: fabricxfer.agent.v1.Agent.DeregisterLayout:output_type -> fabricxfer.agent.v1.DeregisterLayoutResponse
+	20, // 75: fabricxfer.agent.v1.Agent.TransferBlocks:output_type -> fabricxfer.agent.v1.TransferResponse
+	47, // 76: fabricxfer.agent.v1.Agent.EndSession:output_type -> fabricxfer.agent.v1.EndSessionResponse
+	49, // 77: fabricxfer.agent.v1.Agent.Settle:output_type -> fabricxfer.agent.v1.SettleResponse
+	60, // [60:78] is the sub-list for method output_type
+	42, // [42:60] is the sub-list for method input_type
 	42, // [42:42] is the sub-list for extension type_name
 	42, // [42:42] is the sub-list for extension extendee
 	0,  // [0:42] is the sub-list for field type_name
@@ -4383,11 +4472,11 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 		(*Endpoint_Segment)(nil),
 		(*Endpoint_Desc)(nil),
 	}
-	file_fabricxfer_agent_v1_agent_proto_msgTypes[44].OneofWrappers = []any{
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[46].OneofWrappers = []any{
 		(*LayoutRef_LayoutId)(nil),
 		(*LayoutRef_Segment)(nil),
 	}
-	file_fabricxfer_agent_v1_agent_proto_msgTypes[48].OneofWrappers = []any{
+	file_fabricxfer_agent_v1_agent_proto_msgTypes[50].OneofWrappers = []any{
 		(*FastRequest_Transfer)(nil),
 		(*FastRequest_Blocks)(nil),
 		(*FastRequest_IdArena)(nil),
@@ -4400,7 +4489,7 @@ func file_fabricxfer_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabricxfer_agent_v1_agent_proto_rawDesc), len(file_fabricxfer_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   51,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

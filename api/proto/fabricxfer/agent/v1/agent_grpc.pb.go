@@ -47,6 +47,7 @@ const (
 	Agent_DeregisterLayout_FullMethodName = "/fabricxfer.agent.v1.Agent/DeregisterLayout"
 	Agent_TransferBlocks_FullMethodName   = "/fabricxfer.agent.v1.Agent/TransferBlocks"
 	Agent_EndSession_FullMethodName       = "/fabricxfer.agent.v1.Agent/EndSession"
+	Agent_Settle_FullMethodName           = "/fabricxfer.agent.v1.Agent/Settle"
 )
 
 // AgentClient is the client API for Agent service.
@@ -104,6 +105,11 @@ type AgentClient interface {
 	// names are free. Later calls on the connection are refused (FAILED_PRECONDITION); its Watch and
 	// Notifications streams end when the connection closes.
 	EndSession(ctx context.Context, in *EndSessionRequest, opts ...grpc.CallOption) (*EndSessionResponse, error)
+	// Settle answers once every waited transfer of the caller that was in flight when it arrived has ended, its
+	// copies stopped: nothing such a transfer started lands in this node's memory after the answer. A waited call
+	// its caller cut short (cancelled, interrupted) stops its transfer, but the caller never learns its id; Settle
+	// is how it learns that the memory is its own again. Bounded by the call's deadline (DEADLINE_EXCEEDED then).
+	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 }
 
 type agentClient struct {
@@ -302,6 +308,16 @@ func (c *agentClient) EndSession(ctx context.Context, in *EndSessionRequest, opt
 	return out, nil
 }
 
+func (c *agentClient) Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleResponse)
+	err := c.cc.Invoke(ctx, Agent_Settle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -357,6 +373,11 @@ type AgentServer interface {
 	// names are free. Later calls on the connection are refused (FAILED_PRECONDITION); its Watch and
 	// Notifications streams end when the connection closes.
 	EndSession(context.Context, *EndSessionRequest) (*EndSessionResponse, error)
+	// Settle answers once every waited transfer of the caller that was in flight when it arrived has ended, its
+	// copies stopped: nothing such a transfer started lands in this node's memory after the answer. A waited call
+	// its caller cut short (cancelled, interrupted) stops its transfer, but the caller never learns its id; Settle
+	// is how it learns that the memory is its own again. Bounded by the call's deadline (DEADLINE_EXCEEDED then).
+	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -417,6 +438,9 @@ func (UnimplementedAgentServer) TransferBlocks(context.Context, *TransferBlocksR
 }
 func (UnimplementedAgentServer) EndSession(context.Context, *EndSessionRequest) (*EndSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EndSession not implemented")
+}
+func (UnimplementedAgentServer) Settle(context.Context, *SettleRequest) (*SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -731,6 +755,24 @@ func _Agent_EndSession_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Settle(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -797,6 +839,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EndSession",
 			Handler:    _Agent_EndSession_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _Agent_Settle_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -99,6 +99,11 @@ class AgentStub(object):
         request_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.EndSessionRequest.SerializeToString,
         response_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.EndSessionResponse.FromString,
         )
+    self.Settle = channel.unary_unary(
+        '/fabricxfer.agent.v1.Agent/Settle',
+        request_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.SettleRequest.SerializeToString,
+        response_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.SettleResponse.FromString,
+        )
 
 
 class AgentServicer(object):
@@ -239,6 +244,16 @@ class AgentServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def Settle(self, request, context):
+    """Settle answers once every waited transfer of the caller that was in flight when it arrived has ended, its
+    copies stopped: nothing such a transfer started lands in this node's memory after the answer. A waited call
+    its caller cut short (cancelled, interrupted) stops its transfer, but the caller never learns its id; Settle
+    is how it learns that the memory is its own again. Bounded by the call's deadline (DEADLINE_EXCEEDED then).
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -326,6 +341,11 @@ def add_AgentServicer_to_server(servicer, server):
           servicer.EndSession,
           request_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.EndSessionRequest.FromString,
           response_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.EndSessionResponse.SerializeToString,
+      ),
+      'Settle': grpc.unary_unary_rpc_method_handler(
+          servicer.Settle,
+          request_deserializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.SettleRequest.FromString,
+          response_serializer=fabricxfer_dot_agent_dot_v1_dot_agent__pb2.SettleResponse.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(
