@@ -484,7 +484,8 @@ func (c *Client) Recover(ctx context.Context) error {
 }
 
 // Code returns the gRPC code of an error from this package (codes.OK for nil). A call whose context ended before
-// the agent answered reads Canceled or DeadlineExceeded, whether or not its request had left.
+// the agent answered reads Canceled or DeadlineExceeded, whether or not its request had left; ErrSessionLost reads
+// Aborted and ErrLost NotFound, whatever gRPC said under them.
 func Code(err error) codes.Code {
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		if st, ok := status.FromError(e); ok {
@@ -502,6 +503,10 @@ func Code(err error) codes.Code {
 		return codes.Canceled
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
+	case errors.Is(err, ErrSessionLost):
+		return codes.Aborted // as the agent's refusal of a call that names a session it does not have
+	case errors.Is(err, ErrLost):
+		return codes.NotFound // as the agent's answer for a transfer id it never handed out
 	}
 	return status.Code(err)
 }

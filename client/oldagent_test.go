@@ -215,8 +215,8 @@ func TestACallCutByTheAgentsEndIsALostSession(t *testing.T) {
 	}()
 	<-agent.called
 	srv.Stop() // closes the connection under the call
-	if err := <-done; !errors.Is(err, client.ErrSessionLost) {
-		t.Fatalf("a call whose agent went under it: %v, want ErrSessionLost", err)
+	if err := <-done; !errors.Is(err, client.ErrSessionLost) || client.Code(err) != codes.Aborted {
+		t.Fatalf("a call whose agent went under it: %v (code %v), want ErrSessionLost, Aborted", err, client.Code(err))
 	}
 	// Closing the client then has no session left to end: nil, not "its regions and names are freed once ...".
 	if err := c.Close(); err != nil {

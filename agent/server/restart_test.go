@@ -94,8 +94,8 @@ func TestAgentRestartFailsFastAndClientsReregister(t *testing.T) {
 	// behind the client's back, where Recover would then find its name taken.
 	b := startAgent(t, opts)
 	late := shm(t, 4096)
-	if _, err := c.RegisterHost(ctx, late.File, 0, 4096, client.Segment("after-restart")); !errors.Is(err, client.ErrSessionLost) {
-		t.Fatalf("a registration on the new agent before Recover: %v, want ErrSessionLost", err)
+	if _, err := c.RegisterHost(ctx, late.File, 0, 4096, client.Segment("after-restart")); !errors.Is(err, client.ErrSessionLost) || client.Code(err) != codes.Aborted {
+		t.Fatalf("a registration on the new agent before Recover: %v (code %v), want ErrSessionLost, Aborted", err, client.Code(err))
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -115,8 +115,8 @@ func TestAgentRestartFailsFastAndClientsReregister(t *testing.T) {
 	// Recover and retry", which a Recover-and-retry loop would follow for ever.
 	lost := func(what string, err error) {
 		t.Helper()
-		if !errors.Is(err, client.ErrLost) || errors.Is(err, client.ErrSessionLost) {
-			t.Fatalf("%s of a transfer of the agent before the restart, after Recover: %v, want ErrLost", what, err)
+		if !errors.Is(err, client.ErrLost) || errors.Is(err, client.ErrSessionLost) || client.Code(err) != codes.NotFound {
+			t.Fatalf("%s of a transfer of the agent before the restart, after Recover: %v (code %v), want ErrLost, NotFound", what, err, client.Code(err))
 		}
 	}
 	_, err = unwaited.Wait(ctx)
