@@ -65,8 +65,10 @@ type Client struct {
 	fastWanted bool                    // a fast connection was installed: one dropped is opened again
 	// fastLive is fast, readable without the fast lock: Close closes it under a call that holds the lock.
 	fastLive atomic.Pointer[net.UnixConn]
-	// cuts are fast connections dropped under a call, kept until the agent closes them (Settle).
-	cuts cutCalls
+	// cuts are fast connections dropped under a call, kept until the agent closes them, and waited the waited
+	// transfer calls in flight (Settle).
+	cuts   cutCalls
+	waited waitedCalls
 
 	reopening   atomic.Bool  // a background reopen of the fast connection runs (reopenFastLater)
 	reopenAfter atomic.Int64 // unix nanoseconds before which no reopen is tried (one failed)
@@ -139,7 +141,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	}
 	c := &Client{socketPath: socketPath,
 		regions: map[*Region]struct{}{}, layouts: map[*Layout]struct{}{}, noFast: o.noFast, noMailbox: o.noMailbox, spin: o.spin,
-		fastSem: make(chan struct{}, 1)}
+		fastSem: make(chan struct{}, 1), waited: waitedCalls{turn: make(chan struct{}, 1)}}
 	c.life, c.endLife = context.WithCancel(context.Background())
 	// gRPC turns a failed dial into an Unavailable status; the dial's own error is kept to explain a refusal.
 	var lastDialErr atomic.Pointer[error]

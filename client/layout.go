@@ -266,6 +266,9 @@ func (c *Client) sendBlocks(ctx context.Context, op Op, l *Layout, ids []uint32,
 	if err != nil {
 		return nil, gen, err
 	}
+	if wait {
+		defer c.waited.leave(c.waited.enter())
+	}
 	resp, fast, err := c.fastBlocks(ctx, &r, ids, remoteIDs, l.bytesOf(len(ids)))
 	if !fast {
 		resp, err = c.grpcBlocks(ctx, &r, ids, remoteIDs)

@@ -61,6 +61,7 @@ func (p *PreparedBlocks) Run(ctx context.Context) (*Status, error) {
 	}
 	r := p.req
 	r.timeout = boundedTimeout(ctx, p.opts.Timeout, true)
+	defer c.waited.leave(c.waited.enter())
 	resp, fast, err := c.fastBlocks(ctx, &r, p.ids, p.remoteIDs, p.bytes)
 	if !fast {
 		// No fast connection, or another call held it: through gRPC from the packed request (TransferBlocks

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -101,19 +102,69 @@ func (cc *cutCalls) abandon() {
 	}
 }
 
+// waitedCalls counts the client's waited transfer calls in flight in two phases, so that Settle can wait for those
+// that started before it without a call paying more than two atomic adds: a goroutine may cancel a call's context
+// and call Settle before that call has even noticed (its connection not yet dropped, its request maybe not yet
+// read by the agent).
+type waitedCalls struct {
+	phase  atomic.Uint32
+	active [2]atomic.Int64
+	turn   chan struct{} // one Settle flips the phase at a time
+}
+
+// enter counts a waited call in the current phase, which it returns for leave.
+func (w *waitedCalls) enter() uint32 {
+	for {
+		p := w.phase.Load() & 1
+		w.active[p].Add(1)
+		if w.phase.Load()&1 == p {
+			return p // counted before any flip that follows: that flip's Settle waits for it
+		}
+		w.active[p].Add(-1)
+	}
+}
+
+func (w *waitedCalls) leave(p uint32) { w.active[p].Add(-1) }
+
+// drain flips the phase and waits, within ctx, until every call counted before the flip has left.
+func (w *waitedCalls) drain(ctx context.Context) error {
+	select {
+	case w.turn <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-w.turn }()
+	old := w.phase.Add(1) - 1
+	// A call cut short returns within the time its goroutine takes to notice (microseconds to a millisecond):
+	// polled, sleeping a little longer each time.
+	for pause := 20 * time.Microsecond; w.active[old&1].Load() > 0; pause = min(2*pause, time.Millisecond) {
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
 // Settle returns nil once every call of this client that was cut short before Settle was called (its context
 // cancelled or expired while the agent served it) has stopped on the agent: the agent stops such a call's waited
 // transfer, and nothing that transfer started lands in this node's memory after Settle returned nil. Call it
-// before reusing memory that a cut-short call was writing into. It waits for every waited call of this client in
-// flight when it is called (other goroutines' too), and returns ctx's error when ctx ends first; an error also
+// before reusing memory that a cut-short call was writing into; a call cancelled by another goroutine is covered
+// from the moment its context was cancelled, whether or not the call has returned. It waits for every waited call
+// of this client in flight when it is called (other goroutines' too), and returns ctx's error when ctx ends first; an error also
 // when the agent did not stop a call within 40 s, or predates Settle: the memory may then still be written to.
 // Unwaited transfers (Submit) are not waited for: Transfer.Cancel returns once one stopped.
 func (c *Client) Settle(ctx context.Context) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
-	// Fast connections first: once the agent closed one, it had read every frame sent on it, so none of their
+	// Waited calls in flight first (those cut short return at once, and drop their fast connections); then the
+	// dropped fast connections: once the agent closed one, it had read every frame sent on it, so none of their
 	// transfers is submitted after the question below.
+	if err := c.waited.drain(ctx); err != nil {
+		return fmt.Errorf("settling the calls cut short: waiting for the waited calls in flight: %w", err)
+	}
 	for _, cut := range c.cuts.pending() {
 		select {
 		case <-cut.ended:

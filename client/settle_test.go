@@ -16,7 +16,8 @@ import (
 // TestSettleReturnsOnceACutShortCallStopped: a waited block transfer whose context is cancelled while its host
 // copy runs returns at once, and its copies went on landing after that (a connector that reused the blocks saw
 // them overwritten). Settle returns once the agent stopped the transfer: the destination does not change after it.
-// Through the mailbox and the socket frames; a client with nothing cut short settles at once.
+// Through the mailbox and the socket frames, and with the call cancelled by another goroutine that settles at once;
+// a client with nothing cut short settles at once.
 func TestSettleReturnsOnceACutShortCallStopped(t *testing.T) {
 	srv := startLocal(t)
 	const block, blocks = 1 << 20, 192
@@ -69,6 +70,28 @@ func TestSettleReturnsOnceACutShortCallStopped(t *testing.T) {
 		}
 		if cut == 0 {
 			t.Fatalf("%s: no call was cut short in 6 tries (the copy of %d MiB always beat a cancel at 2 ms)", tc.name, blocks)
+		}
+		// Cancelled by another goroutine, which settles at once, without waiting for the call to return: the
+		// call may not have dropped its connection yet, nor its request have reached the agent.
+		for try := range 12 {
+			clear(mem.Bytes[blocks*block:])
+			callCtx, cancel := context.WithCancel(ctx)
+			returned := make(chan error, 1)
+			go func() {
+				_, err := c.TransferBlocks(callCtx, client.Write, lay, src, client.ToLayout(lay), dst, client.TransferOptions{})
+				returned <- err
+			}()
+			time.Sleep(time.Duration(try*50) * time.Microsecond)
+			cancel()
+			if err := c.Settle(ctx); err != nil {
+				t.Fatalf("%s: Settle beside a call another goroutine cancelled: %v", tc.name, err)
+			}
+			seen := bytes.Clone(mem.Bytes[blocks*block:])
+			time.Sleep(50 * time.Millisecond)
+			if !bytes.Equal(seen, mem.Bytes[blocks*block:]) {
+				t.Fatalf("%s: the destination changed after Settle returned (cancelled %d µs in by another goroutine)", tc.name, try*50)
+			}
+			<-returned
 		}
 		// The client goes on: a waited call after the cut ones moves every byte.
 		clear(mem.Bytes[blocks*block:])

@@ -315,6 +315,9 @@ func (c *Client) send(ctx context.Context, op Op, items []Item, n uint64, opts T
 	if err != nil {
 		return nil, gen, fmt.Errorf("%s: %w", what, err)
 	}
+	if wait {
+		defer c.waited.leave(c.waited.enter())
+	}
 	resp, fast, err := c.transferFast(ctx, req, c.spinFor(wait, n))
 	if !fast {
 		resp, err = c.api.Transfer(ctx, req)

@@ -19,7 +19,8 @@ import (
 // TestSettleWaitsForTheCallersWaitedTransfers: Settle answers at once when nothing waited is in flight; while a
 // waited transfer runs (a peer's data address that never answers, 30 s of timeout) it waits for it, its deadline
 // bounding the wait (DEADLINE_EXCEEDED naming the transfer, which goes on); once that call is cut short, its
-// transfer stops and Settle answers, having waited for it. An unwaited transfer is not waited for.
+// transfer stops and Settle answers, having waited for it. An unwaited transfer is not waited for, nor another
+// client's of the same caller.
 func TestSettleWaitsForTheCallersWaitedTransfers(t *testing.T) {
 	a := unreachablePeerAgent(t, 0)
 	c := dial(t, a)
@@ -60,6 +61,14 @@ func TestSettleWaitsForTheCallersWaitedTransfers(t *testing.T) {
 	}
 	if client.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "still in flight") {
 		t.Fatalf("Settle beside a waited transfer that does not end: %v, %v; want DEADLINE_EXCEEDED naming it", resp, err)
+	}
+	// Another client of the same caller (another worker of the pod) is not held by it.
+	other := dial(t, a)
+	octx, ocancel := context.WithTimeout(context.Background(), time.Second)
+	resp, err = other.API().Settle(octx, &agentv1.SettleRequest{})
+	ocancel()
+	if err != nil || resp.Waited != 0 {
+		t.Fatalf("another client's Settle beside this one's waited transfer: %v, %v; want nothing waited for", resp, err)
 	}
 	done := make(chan struct{})
 	var settled *agentv1.SettleResponse

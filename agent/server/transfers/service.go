@@ -93,8 +93,8 @@ type Service struct {
 
 	// running are the transfers not settled yet; settled keeps the settled ones' statuses for Wait.
 	running map[uint64]*transfer
-	// waited are the waited transfers in flight, by caller key (Settle).
-	waited  map[string]map[*transfer]struct{}
+	// waited are the waited transfers in flight, by session (Settle).
+	waited  map[*regiontable.Session]map[*transfer]struct{}
 	settled settledRing
 	closed  chan struct{} // closed: the done of a settled transfer looked up again
 	// Transfer ids are epoch+1, epoch+2, …, epoch+nextXfer (past 2^32 transfers the count carries into the
@@ -122,7 +122,7 @@ type Service struct {
 func New(cfg Config) *Service {
 	s := &Service{table: cfg.Table, engine: cfg.Engine, limits: cfg.Limits, node: cfg.Node, peers: cfg.Peers,
 		engines: cfg.Engines, sessionGrace: cfg.SessionGrace, stopping: cfg.Stopping, refusals: cfg.Refusals,
-		epoch: cfg.Epoch, running: map[uint64]*transfer{}, waited: map[string]map[*transfer]struct{}{}, settled: newSettledRing(cfg.FinishedRetention), closed: make(chan struct{}),
+		epoch: cfg.Epoch, running: map[uint64]*transfer{}, waited: map[*regiontable.Session]map[*transfer]struct{}{}, settled: newSettledRing(cfg.FinishedRetention), closed: make(chan struct{}),
 		watchers: map[string]map[*watcher]struct{}{}, listeners: map[string]map[*notifyListener]struct{}{},
 		notifyBytes: map[string]int{},
 		imports:     map[engines.MemoryID]*imported{}, blockTags: []string{blockTag}, oneEngine: map[string][]string{},

@@ -38,9 +38,9 @@ type transfer struct {
 	err    error // how the engines ended it, set with status
 	// ids hands back memory the plans read (block ids), once the transfer settled.
 	ids idLease
-	// waited says a call waits for the transfer (which Settle waits for); its caller is never told the id when
-	// the call is cut short.
-	waited bool
+	// waited is the session whose call waits for the transfer (Settle waits for it there), nil for an unwaited
+	// one: the caller is never told the id of a waited call it cut short.
+	waited *regiontable.Session
 	// early answers the waiting caller once the bytes landed (Landed), with resp; landed is the status it
 	// answered, which the record keeps.
 	early  Replier
@@ -202,9 +202,10 @@ func (s *Service) submit(ctx context.Context, sess *regiontable.Session, ps *eng
 	u.InFlightBytes += total
 	s.nextXfer++
 	x := &transfer{id: s.epoch + s.nextXfer, owner: sess.Caller.Key, tags: tags, bytes: total, start: time.Now(), done: make(chan struct{}),
-		ids: ids, waited: wait}
+		ids: ids}
 	if wait {
-		s.waitedLocked(x.owner)[x] = struct{}{}
+		x.waited = sess
+		s.waitedLocked(sess)[x] = struct{}{}
 	}
 	s.table.Unlock()
 
@@ -738,37 +739,45 @@ func (s *Service) Watch(sess *regiontable.Session, req *agentv1.WatchRequest, st
 	return nil
 }
 
-// waitedLocked is the caller's set of waited transfers in flight (s.table's lock held), made when missing.
-func (s *Service) waitedLocked(owner string) map[*transfer]struct{} {
-	w := s.waited[owner]
+// waitedLocked is the session's set of waited transfers in flight (s.table's lock held), made when missing.
+func (s *Service) waitedLocked(sess *regiontable.Session) map[*transfer]struct{} {
+	w := s.waited[sess]
 	if w == nil {
 		w = map[*transfer]struct{}{}
-		s.waited[owner] = w
+		s.waited[sess] = w
 	}
 	return w
 }
 
-// forgetWaitedLocked takes x out of its caller's waited transfers in flight.
+// forgetWaitedLocked takes x out of its session's waited transfers in flight.
 func (s *Service) forgetWaitedLocked(x *transfer) {
-	if !x.waited {
+	if x.waited == nil {
 		return
 	}
-	w := s.waited[x.owner]
+	w := s.waited[x.waited]
 	delete(w, x)
 	if len(w) == 0 {
-		delete(s.waited, x.owner)
+		delete(s.waited, x.waited)
 	}
+	x.waited = nil
 }
 
-// Settle serves the Agent API call of that name: it waits until every waited transfer of the caller in flight
-// when it arrived has ended. Engines end a transfer once its copies stopped, so nothing such a transfer started
+// Settle serves the Agent API call of that name: it waits until every waited transfer of the session (the client:
+// its gRPC connection and fast connections) in flight when it arrived has ended, and those of the caller's ended
+// sessions; other live clients of the same caller are not waited for. Engines end a transfer once its copies stopped, so nothing such a transfer started
 // lands after the answer. A waited call its caller cut short was cancelled, or checked its context under the lock
 // taken here before it submitted (a gRPC call's cancel reaches the agent before a later call on the connection).
 func (s *Service) Settle(ctx context.Context, sess *regiontable.Session) (*agentv1.SettleResponse, error) {
 	s.table.Lock()
-	xs := make([]*transfer, 0, len(s.waited[sess.Caller.Key]))
-	for x := range s.waited[sess.Caller.Key] {
-		xs = append(xs, x)
+	var xs []*transfer
+	for in, waited := range s.waited {
+		// An ended session of the same caller too: a client whose connection dropped and that recovered on this
+		// agent has its earlier session's calls stopping in the background.
+		if in == sess || (in.Ended && in.Caller.Key == sess.Caller.Key) {
+			for x := range waited {
+				xs = append(xs, x)
+			}
+		}
 	}
 	s.table.Unlock()
 	for _, x := range xs {

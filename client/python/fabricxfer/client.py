@@ -507,6 +507,12 @@ def _session_metadata(info: pb.GetInfoResponse):
     return ((_SESSION_HEADER, "%s/%d" % (info.instance, info.session)),)
 
 
+def _broke(e: BaseException) -> bool:
+    """Whether an OSError met in a fast call is the connection's (the agent's end gone, the stream out of step),
+    not one a signal handler raised into the call (a TimeoutError, say), which the caller should get back."""
+    return isinstance(e, ConnectionError) or type(e) is OSError
+
+
 def _close_if_ended(sock: socket.socket) -> bool:
     """Closes a socket _fast_drop kept once the agent closed its end, and says whether it did."""
     try:
@@ -1980,6 +1986,9 @@ class Client:
             except _fastconn.FastConnTimeout as e:
                 raise self._fast_late(conn, wait) from e
             except (OSError, ConnectionError) as e:
+                if not _broke(e):
+                    self._fast_drop(conn)  # an OSError a signal handler raised (TimeoutError): the caller's own
+                    raise
                 raise self._fast_lost(conn, e) from e
             except BaseException:
                 self._fast_drop(conn)  # interrupted (KeyboardInterrupt): the reply would be read as the next call's
@@ -2005,16 +2014,19 @@ class Client:
             except _fastconn.FastConnTimeout as e:
                 raise self._fast_late(conn, wait) from e
             except (OSError, ConnectionError) as e:
+                if not _broke(e):
+                    self._fast_drop(conn)  # an OSError a signal handler raised (TimeoutError): the caller's own
+                    raise
                 raise self._fast_lost(conn, e) from e
             except BaseException:
                 self._fast_drop(conn)  # interrupted (KeyboardInterrupt): the reply would be read as the next call's
                 raise
 
     def _fast_lost(self, conn, e: Exception) -> "SessionLost":
-        """Closes a fast connection that broke under a call (held under the fast lock) and says so. It is dropped,
-        not forgotten: the next fast call opens a new one if the session lives, and says SessionLost if not."""
-        conn.close()
-        self._fast = _DROPPED
+        """Drops a fast connection that broke under a call (held under the fast lock) as _fast_drop does (settle()
+        still waits for the agent's end, in case it is there) and says so. It is dropped, not forgotten: the next
+        fast call opens a new one if the session lives, and says SessionLost if not."""
+        self._fast_drop(conn)
         if self._closed:
             return ClientClosed()  # close() ended the call
         return SessionLost("the fast connection broke (%s): call recover() and retry" % e)
@@ -2040,8 +2052,12 @@ class Client:
             self._arena = None
         if sock is not None:
             with self._lock:
-                # Kept until the agent closes its end (settle()); those it closed already go now.
-                self._cuts = [c for c in self._cuts if not _close_if_ended(c)] + [sock]
+                # Kept until the agent closes its end (settle()); those it closed already go now, and all of them
+                # once close() ended the call (nobody settles then).
+                if not self._closed:
+                    self._cuts, sock = [c for c in self._cuts if not _close_if_ended(c)] + [sock], None
+            if sock is not None:
+                sock.close()
 
     def _fast_again(self, conn, failed: int, within: float):
         """The connection for a fast call where the client holds none (SessionLost, raised) or dropped one (a new
@@ -2066,6 +2082,9 @@ class Client:
                                   "recover(), which goes on through gRPC, and retry")
         except (grpc.RpcError, OSError, ConnectionError) as e:
             self._fast = _DROPPED
+            if not isinstance(e, grpc.RpcError) and not _broke(e) and type(e) not in (TimeoutError, socket.timeout) \
+                    and not isinstance(e, _fastconn.FastConnTimeout):
+                raise  # an error of the caller's own a signal handler raised (a TimeoutError subclass, say)
             if isinstance(e, (TimeoutError, socket.timeout, _fastconn.FastConnTimeout)) or (
                     isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
                 self._reopens_failed += 1
@@ -2339,8 +2358,8 @@ class Client:
         """Returns once every call of this client cut short before it (interrupted, or past its deadline while the
         agent served it) has stopped on the agent: the agent stops such a call's waited transfer, and nothing that
         transfer started lands in this node's memory after settle() returned. Call it before reusing memory a
-        cut-short call was writing into. It waits for every waited call of this client in flight when it is
-        called (other threads' too), within timeout (None or 0: the client's; DeadlineExceeded, a TimeoutError,
+        cut-short call was writing into. It also waits for every waited transfer the agent serves for this
+        client when it asks (other threads' calls), within timeout (None or 0: the client's; DeadlineExceeded, a TimeoutError,
         when it ran out: the memory may then still be written to); returns how many waited transfers the agent
         waited for. Transfers submitted with wait=False are not waited for: cancel(id) returns once one stopped.
         An agent older than settle() raises AgentError (UNIMPLEMENTED)."""
@@ -2351,7 +2370,13 @@ class Client:
         # The fast connections first: once the agent closed one, it had read every frame sent on it, so none of
         # their transfers is submitted after the question below.
         for sock in cuts:
-            if not _fastconn.await_closed(sock, deadline):
+            try:
+                ended = _fastconn.await_closed(sock, deadline)
+            except (OSError, ValueError):  # closed under this call (close(), or another thread found it ended)
+                ended = True
+            if self._closed:
+                raise ClientClosed()
+            if not ended:
                 raise DeadlineExceeded("a call cut short had not stopped on the agent within the settle's timeout: "
                                        "its transfer may still land")
             with self._lock:

@@ -688,14 +688,18 @@ class SettleTest(unittest.TestCase):
     def test_settle_returns_once_an_interrupted_calls_copies_stopped(self):
         # A waited block transfer interrupted while its host copy runs returns at once, and its copies went on
         # landing after that (memory the caller reused was overwritten). settle() returns once the agent stopped
-        # the transfer: the destination does not change after it. Through the mailbox and socket frames.
+        # the transfer: the destination does not change after it. Through the mailbox and socket frames, and with
+        # a TimeoutError raised by the handler (an OSError: it was read as the connection broken, which dropped the
+        # connection without the fence and raised SessionLost instead of the caller's own error).
         import array
         armed = []
 
+        class _Alarm(TimeoutError):
+            pass
+
         def interrupt(signum, frame):
             if armed:
-                armed.clear()
-                raise _Interrupt()
+                raise armed.pop()()
 
         previous = signal.signal(signal.SIGALRM, interrupt)
         self.addCleanup(signal.signal, signal.SIGALRM, previous)
@@ -707,8 +711,8 @@ class SettleTest(unittest.TestCase):
             buf[i * block:(i + 1) * block] = bytes([i + 1]) * block
         src = array.array("q", range(blocks))
         dst = array.array("q", range(blocks, 2 * blocks))
-        for mailbox in (True, False):
-            with self.subTest(mailbox=mailbox):
+        for mailbox, raised in ((True, _Interrupt), (False, _Interrupt), (True, _Alarm), (False, _Alarm)):
+            with self.subTest(mailbox=mailbox, raised=raised.__name__):
                 c = Client(SOCKET, mailbox=mailbox)
                 self.addCleanup(c.close)
                 self.assertEqual(c.settle(), 0, "nothing was in flight")
@@ -719,10 +723,10 @@ class SettleTest(unittest.TestCase):
                         break
                     buf[blocks * block:] = bytes(blocks * block)
                     try:
-                        armed.append(True)
+                        armed.append(raised)
                         signal.setitimer(signal.ITIMER_REAL, 0.002)
                         c.transfer_blocks("write", lay, src, fx.to_layout(lay), dst)
-                    except _Interrupt:
+                    except raised:
                         cut += 1
                     finally:
                         signal.setitimer(signal.ITIMER_REAL, 0)

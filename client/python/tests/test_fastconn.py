@@ -207,7 +207,7 @@ class WakeTest(unittest.TestCase):
         mm = mmap.mmap(-1, 16 << 10)
         conn.attach_mailbox(mm)  # the agent's polling word is 0: the call rings first
         c = Client.__new__(Client)
-        c._fast_lock, c._fast, c.timeout = threading.Lock(), conn, 5.0
+        c._fast_lock, c._fast, c.timeout, c._lock = threading.Lock(), conn, 5.0, threading.Lock()
         with self.assertRaises(SessionLost):
             c._fast_raw(None, 1.0, lambda conn: [struct.pack(">I", 3) + b"abc"], True)
         self.assertIsNot(c._fast, conn, "the broken fast connection was kept")

@@ -105,10 +105,11 @@ type AgentClient interface {
 	// names are free. Later calls on the connection are refused (FAILED_PRECONDITION); its Watch and
 	// Notifications streams end when the connection closes.
 	EndSession(ctx context.Context, in *EndSessionRequest, opts ...grpc.CallOption) (*EndSessionResponse, error)
-	// Settle answers once every waited transfer of the caller that was in flight when it arrived has ended, its
-	// copies stopped: nothing such a transfer started lands in this node's memory after the answer. A waited call
-	// its caller cut short (cancelled, interrupted) stops its transfer, but the caller never learns its id; Settle
-	// is how it learns that the memory is its own again. Bounded by the call's deadline (DEADLINE_EXCEEDED then).
+	// Settle answers once every waited transfer of the session (this connection, and its fast connections) that
+	// was in flight when it arrived has ended, and those of the caller's ended sessions, their copies stopped:
+	// nothing such a transfer started lands in this node's memory after the answer. A waited call its caller cut
+	// short (cancelled, interrupted) stops its transfer, but the caller never learns its id; Settle is how it
+	// learns that the memory is its own again. Bounded by the call's deadline (DEADLINE_EXCEEDED then).
 	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 }
 
@@ -373,10 +374,11 @@ type AgentServer interface {
 	// names are free. Later calls on the connection are refused (FAILED_PRECONDITION); its Watch and
 	// Notifications streams end when the connection closes.
 	EndSession(context.Context, *EndSessionRequest) (*EndSessionResponse, error)
-	// Settle answers once every waited transfer of the caller that was in flight when it arrived has ended, its
-	// copies stopped: nothing such a transfer started lands in this node's memory after the answer. A waited call
-	// its caller cut short (cancelled, interrupted) stops its transfer, but the caller never learns its id; Settle
-	// is how it learns that the memory is its own again. Bounded by the call's deadline (DEADLINE_EXCEEDED then).
+	// Settle answers once every waited transfer of the session (this connection, and its fast connections) that
+	// was in flight when it arrived has ended, and those of the caller's ended sessions, their copies stopped:
+	// nothing such a transfer started lands in this node's memory after the answer. A waited call its caller cut
+	// short (cancelled, interrupted) stops its transfer, but the caller never learns its id; Settle is how it
+	// learns that the memory is its own again. Bounded by the call's deadline (DEADLINE_EXCEEDED then).
 	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }

@@ -245,10 +245,11 @@ class AgentServicer(object):
     raise NotImplementedError('Method not implemented!')
 
   def Settle(self, request, context):
-    """Settle answers once every waited transfer of the caller that was in flight when it arrived has ended, its
-    copies stopped: nothing such a transfer started lands in this node's memory after the answer. A waited call
-    its caller cut short (cancelled, interrupted) stops its transfer, but the caller never learns its id; Settle
-    is how it learns that the memory is its own again. Bounded by the call's deadline (DEADLINE_EXCEEDED then).
+    """Settle answers once every waited transfer of the session (this connection, and its fast connections) that
+    was in flight when it arrived has ended, and those of the caller's ended sessions, their copies stopped:
+    nothing such a transfer started lands in this node's memory after the answer. A waited call its caller cut
+    short (cancelled, interrupted) stops its transfer, but the caller never learns its id; Settle is how it
+    learns that the memory is its own again. Bounded by the call's deadline (DEADLINE_EXCEEDED then).
     """
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
     context.set_details('Method not implemented!')

@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright The fabricxfer Authors
+
+package client
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestSettleWaitsForTheWaitedCallsThatStartedBeforeIt: drain returns once every call counted before it has left,
+// not before, and never waits for a call that started after it; its context bounds it.
+func TestSettleWaitsForTheWaitedCallsThatStartedBeforeIt(t *testing.T) {
+	w := waitedCalls{turn: make(chan struct{}, 1)}
+	before := w.enter()
+	drained := make(chan error, 1)
+	go func() { drained <- w.drain(context.Background()) }()
+	select {
+	case err := <-drained:
+		t.Fatalf("drain returned (%v) while a call that started before it was in flight", err)
+	case <-time.After(30 * time.Millisecond):
+	}
+	for w.phase.Load() == 0 {
+		time.Sleep(time.Millisecond) // the flip: the call below starts after it
+	}
+	after := w.enter()
+	w.leave(before)
+	select {
+	case err := <-drained:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("drain still waiting 5 s after the call before it left (it waits for one that started after it)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := w.drain(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("drain beside a call that does not leave: %v, want its context's deadline", err)
+	}
+	w.leave(after)
+	if err := w.drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
