@@ -126,7 +126,9 @@ func (w *waitedCalls) enter() uint32 {
 
 func (w *waitedCalls) leave(p uint32) { w.active[p].Add(-1) }
 
-// drain flips the phase and waits, within ctx, until every call counted before the flip has left.
+// drain flips the phase and waits, within ctx, until every call counted before the flip has left. The phase before
+// the current one takes no new calls, but may still hold some when an earlier drain ended with its context: those
+// are waited for first.
 func (w *waitedCalls) drain(ctx context.Context) error {
 	select {
 	case w.turn <- struct{}{}:
@@ -134,10 +136,16 @@ func (w *waitedCalls) drain(ctx context.Context) error {
 		return ctx.Err()
 	}
 	defer func() { <-w.turn }()
-	old := w.phase.Add(1) - 1
-	// A call cut short returns within the time its goroutine takes to notice (microseconds to a millisecond):
-	// polled, sleeping a little longer each time.
-	for pause := 20 * time.Microsecond; w.active[old&1].Load() > 0; pause = min(2*pause, time.Millisecond) {
+	if err := w.awaitNone(ctx, w.phase.Load()+1); err != nil {
+		return err
+	}
+	return w.awaitNone(ctx, w.phase.Add(1)-1)
+}
+
+// awaitNone waits until no call of phase p is in flight. A call cut short returns within the time its goroutine
+// takes to notice (microseconds to a millisecond): polled, sleeping a little longer each time.
+func (w *waitedCalls) awaitNone(ctx context.Context, p uint32) error {
+	for pause := 20 * time.Microsecond; w.active[p&1].Load() > 0; pause = min(2*pause, time.Millisecond) {
 		select {
 		case <-time.After(pause):
 		case <-ctx.Done():
@@ -152,8 +160,9 @@ func (w *waitedCalls) drain(ctx context.Context) error {
 // transfer, and nothing that transfer started lands in this node's memory after Settle returned nil. Call it
 // before reusing memory that a cut-short call was writing into; a call cancelled by another goroutine is covered
 // from the moment its context was cancelled, whether or not the call has returned. It waits for every waited call
-// of this client in flight when it is called (other goroutines' too), and returns ctx's error when ctx ends first; an error also
-// when the agent did not stop a call within 40 s, or predates Settle: the memory may then still be written to.
+// of this client in flight when it is called (other goroutines' too), and returns ctx's error when ctx ends first;
+// an error also when the agent did not stop a call within 40 s, or predates Settle: the memory may then still be
+// written to.
 // Unwaited transfers (Submit) are not waited for: Transfer.Cancel returns once one stopped.
 func (c *Client) Settle(ctx context.Context) error {
 	if c.closed.Load() {

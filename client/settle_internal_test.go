@@ -40,8 +40,17 @@ func TestSettleWaitsForTheWaitedCallsThatStartedBeforeIt(t *testing.T) {
 	if err := w.drain(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("drain beside a call that does not leave: %v, want its context's deadline", err)
 	}
+	// That drain ended early and left "after" behind in the phase before the current one: the next drain waits
+	// for it too, though it started before the last flip, not this one.
+	drained = make(chan error, 1)
+	go func() { drained <- w.drain(context.Background()) }()
+	select {
+	case err := <-drained:
+		t.Fatalf("a drain after one that ended early returned (%v) while a call counted before both was in flight", err)
+	case <-time.After(30 * time.Millisecond):
+	}
 	w.leave(after)
-	if err := w.drain(context.Background()); err != nil {
+	if err := <-drained; err != nil {
 		t.Fatal(err)
 	}
 }
