@@ -762,11 +762,12 @@ func (s *Service) forgetWaitedLocked(x *transfer) {
 	x.waited = nil
 }
 
-// Settle serves the Agent API call of that name: it waits until every waited transfer of the session (the client:
-// its gRPC connection and fast connections) in flight when it arrived has ended, and those of the caller's ended
-// sessions; other live clients of the same caller are not waited for. Engines end a transfer once its copies stopped, so nothing such a transfer started
-// lands after the answer. A waited call its caller cut short was cancelled, or checked its context under the lock
-// taken here before it submitted (a gRPC call's cancel reaches the agent before a later call on the connection).
+// Settle serves the Agent API call of that name: it waits until every waited transfer of the session (the client: its
+// gRPC connection and fast connections) in flight when it arrived has ended, and those of the caller's ended
+// sessions; other live clients of the same caller are not waited for. Engines end a transfer once its copies stopped,
+// so nothing such a transfer started lands after the answer. A waited call its caller cut short was cancelled, or
+// checked its context under the lock taken here before it submitted (a gRPC call's cancel reaches the agent before a
+// later call on the connection).
 func (s *Service) Settle(ctx context.Context, sess *regiontable.Session) (*agentv1.SettleResponse, error) {
 	s.table.Lock()
 	var xs []*transfer

@@ -2043,9 +2043,11 @@ class Client:
         to calls by their order alone, so its late reply would be read as the next call's (a waited transfer
         reported as landed with another's status). The next fast call opens a new connection in the same session.
         The id arena goes too: the agent may still read the ids of the call it serves."""
-        sock = None if self._forked else conn.cut()
         if self._forked:
+            sock = None
             conn.close()
+        else:
+            sock = conn.cut()
         self._fast = _DROPPED
         if self._arena is not None:
             self._arena.close()
@@ -2359,10 +2361,10 @@ class Client:
         agent served it) has stopped on the agent: the agent stops such a call's waited transfer, and nothing that
         transfer started lands in this node's memory after settle() returned. Call it before reusing memory a
         cut-short call was writing into. It also waits for every waited transfer the agent serves for this
-        client when it asks (other threads' calls), within timeout (None or 0: the client's; DeadlineExceeded, a TimeoutError,
-        when it ran out: the memory may then still be written to); returns how many waited transfers the agent
-        waited for. Transfers submitted with wait=False are not waited for: cancel(id) returns once one stopped.
-        An agent older than settle() raises AgentError (UNIMPLEMENTED)."""
+        client when it asks (other threads' calls), within timeout (None or 0: the client's; DeadlineExceeded, a
+        TimeoutError, when it ran out: the memory may then still be written to); returns how many waited
+        transfers the agent waited for. Transfers submitted with wait=False are not waited for: cancel(id)
+        returns once one stopped. An agent older than settle() raises AgentError (UNIMPLEMENTED)."""
         _seconds(timeout)
         deadline = time.perf_counter() + (timeout or self.timeout)
         with self._lock:
