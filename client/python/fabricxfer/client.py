@@ -2364,7 +2364,9 @@ class Client:
         client when it asks (other threads' calls), within timeout (None or 0: the client's; DeadlineExceeded, a
         TimeoutError, when it ran out: the memory may then still be written to); returns how many waited
         transfers the agent waited for. Transfers submitted with wait=False are not waited for: cancel(id)
-        returns once one stopped. An agent older than settle() raises AgentError (UNIMPLEMENTED)."""
+        returns once one stopped. A call interrupted while it went through gRPC (fast=False, or the fast
+        connection held by another thread) is not covered reliably: its request may reach the agent after this
+        one. An agent older than settle() raises AgentError (UNIMPLEMENTED)."""
         _seconds(timeout)
         deadline = time.perf_counter() + (timeout or self.timeout)
         with self._lock:
