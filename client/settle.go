@@ -110,6 +110,10 @@ type waitedCalls struct {
 	phase  atomic.Uint32
 	active [2]atomic.Int64
 	turn   chan struct{} // one Settle flips the phase at a time
+	// flips counts the drains that flipped the phase; drained is the count of the last one that finished. A
+	// Settle that finds a drain which flipped after it arrived finished already shares it, rather than each of
+	// many concurrent Settles waiting for a flip of its own behind the others.
+	flips, drained atomic.Uint64
 }
 
 // enter counts a waited call in the current phase, which it returns for leave.
@@ -130,16 +134,25 @@ func (w *waitedCalls) leave(p uint32) { w.active[p].Add(-1) }
 // the current one takes no new calls, but may still hold some when an earlier drain ended with its context: those
 // are waited for first.
 func (w *waitedCalls) drain(ctx context.Context) error {
+	arrived := w.flips.Load()
 	select {
 	case w.turn <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	defer func() { <-w.turn }()
+	if w.drained.Load() > arrived {
+		return nil // a drain that flipped after this one arrived has finished: it waited for what this one would
+	}
 	if err := w.awaitNone(ctx, w.phase.Load()+1); err != nil {
 		return err
 	}
-	return w.awaitNone(ctx, w.phase.Add(1)-1)
+	n := w.flips.Add(1)
+	if err := w.awaitNone(ctx, w.phase.Add(1)-1); err != nil {
+		return err
+	}
+	w.drained.Store(n)
+	return nil
 }
 
 // awaitNone waits until no call of phase p is in flight. A call cut short returns within the time its goroutine

@@ -11,7 +11,7 @@ import (
 )
 
 // TestSettleWaitsForTheWaitedCallsThatStartedBeforeIt: drain returns once every call counted before it has left,
-// not before, and never waits for a call that started after it; its context bounds it.
+// not before, and never waits for a call that started after it; its context bounds it; concurrent drains share.
 func TestSettleWaitsForTheWaitedCallsThatStartedBeforeIt(t *testing.T) {
 	w := waitedCalls{turn: make(chan struct{}, 1)}
 	before := w.enter()
@@ -52,5 +52,30 @@ func TestSettleWaitsForTheWaitedCallsThatStartedBeforeIt(t *testing.T) {
 	w.leave(after)
 	if err := <-drained; err != nil {
 		t.Fatal(err)
+	}
+
+	// Concurrent drains share a flip: those queued behind one that flipped after they arrived return when it
+	// finishes, not each after a flip of its own waiting for calls that started later (here one that never ends).
+	first := w.enter()
+	results := make(chan error, 5)
+	w.turn <- struct{}{} // as a drain under way would: all five arrive before any of them flips
+	for range 5 {
+		go func() { results <- w.drain(context.Background()) }()
+	}
+	time.Sleep(30 * time.Millisecond)
+	<-w.turn
+	time.Sleep(30 * time.Millisecond) // one of them flipped and waits for first
+	later := w.enter()
+	defer w.leave(later)
+	w.leave(first)
+	for range 5 {
+		select {
+		case err := <-results:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a drain queued behind one that covered it waited for a call that started after it arrived")
+		}
 	}
 }

@@ -508,9 +508,10 @@ def _session_metadata(info: pb.GetInfoResponse):
 
 
 def _broke(e: BaseException) -> bool:
-    """Whether an OSError met in a fast call is the connection's (the agent's end gone, the stream out of step),
-    not one a signal handler raised into the call (a TimeoutError, say), which the caller should get back."""
-    return isinstance(e, ConnectionError) or type(e) is OSError
+    """Whether an OSError met in a fast call is the connection's (the agent's end gone, the stream out of step, the
+    socket missing: the system's errors carry an errno), not one a signal handler raised into the call (a
+    TimeoutError, say), which the caller should get back."""
+    return isinstance(e, ConnectionError) or getattr(e, "errno", None) is not None
 
 
 def _close_if_ended(sock: socket.socket) -> bool:
@@ -1976,8 +1977,11 @@ class Client:
                 if mailbox:
                     try:
                         conn.wake(deadline)
-                    except (OSError, ConnectionError):
-                        pass  # a broken socket: the call below meets it too, and says so
+                    except (OSError, ConnectionError) as e:
+                        if not _broke(e):
+                            self._fast_drop(conn)  # a signal handler's error: the caller's own
+                            raise
+                        # a broken socket: the call below meets it too, and says so
                 parts = build(conn)
                 if parts is None:
                     return None
@@ -2376,8 +2380,10 @@ class Client:
         for sock in cuts:
             try:
                 ended = _fastconn.await_closed(sock, deadline)
-            except (OSError, ValueError):  # closed under this call (close(), or another thread found it ended)
-                ended = True
+            except (OSError, ValueError) as e:
+                if sock.fileno() != -1 and not (isinstance(e, OSError) and _broke(e)):
+                    raise  # a signal handler's error: the cut stays for the next settle()
+                ended = True  # closed under this call (close(), or another thread found it ended)
             if self._closed:
                 raise ClientClosed()
             if not ended:

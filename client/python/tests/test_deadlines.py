@@ -744,3 +744,33 @@ class SettleTest(unittest.TestCase):
                 self.assertEqual(bytes(buf[:blocks * block]), bytes(buf[blocks * block:]))
                 c.close()
                 self.assertEqual(len(c._cuts), 0, "close() left cut connections open")
+
+    def test_a_signal_handlers_error_during_settle_reaches_the_caller(self):
+        # A TimeoutError a signal handler raises while settle() waits for a cut connection is the caller's (a
+        # signal-based timeout around settle()): it was read as the socket closed, the cut dropped, and settle()
+        # returned as if the fence held.
+        class _Alarm(TimeoutError):
+            pass
+
+        def interrupt(signum, frame):
+            raise _Alarm()
+
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        self.addCleanup(signal.signal, signal.SIGALRM, previous)
+        c = Client(SOCKET)
+        self.addCleanup(c.close)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(theirs.close)
+        ours.shutdown(socket.SHUT_WR)  # a cut connection whose other end has not closed yet
+        with c._lock:
+            c._cuts = [ours]
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        try:
+            with self.assertRaises(_Alarm):
+                c.settle(timeout=3)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        self.assertEqual(c._cuts, [ours], "the cut was dropped though its connection had not ended")
+        theirs.close()
+        self.assertEqual(c.settle(timeout=3), 0)
+        self.assertEqual(list(c._cuts), [])
